@@ -1,0 +1,1 @@
+"""tuner: find the fastest parallel configuration for Megatron-LM / DeepSpeed training."""

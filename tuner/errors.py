@@ -1,0 +1,74 @@
+"""One error hierarchy for the whole package.
+
+Every error that reaches the user is a :class:`TunerError`; the CLI prints its one-line message and
+exits 2 (bad input) or 1 (the job failed). Library code never calls ``exit()``.
+"""
+
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    """Base class of every error tuner raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(TunerError):
+    """A study file, preset or command-line value is wrong.
+
+    ``path`` is the YAML path of the offending field (``space.tp[2]``), or empty when the problem is
+    with the whole file. The message always names it.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: str = "", file: str = "") -> None:
+        self.path = path
+        self.file = file
+        where = ""
+        if file:
+            where = f"{file}: "
+        if path:
+            where += f"{path}: "
+        super().__init__(f"{where}{message}")
+        self.reason = message
+
+
+class ValidationError(ConfigError):
+    """A parallel configuration breaks one of the framework's own rules."""
+
+
+class LaunchError(TunerError):
+    """A trial could not be rendered or started (template error, missing file, bad executor)."""
+
+
+class RemoteCommandError(LaunchError):
+    """A command on a node failed; carries the host, the command and the tail of its stderr."""
+
+    def __init__(self, host: str, command: str, exit_code: int | None, stderr_tail: str) -> None:
+        self.host = host
+        self.command = command
+        self.remote_exit_code = exit_code
+        self.stderr_tail = stderr_tail
+        tail = stderr_tail.strip().splitlines()[-1:] if stderr_tail.strip() else []
+        detail = f": {tail[0]}" if tail else ""
+        super().__init__(f"{host}: command exited with {exit_code}{detail}")
+
+
+class NodeError(LaunchError):
+    """A node could not be reached (connection refused, auth refused, dropped connection)."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(f"{host}: {reason}")
+
+
+class ParseError(TunerError):
+    """A log file could not be read or parsed."""
+
+
+class StudyError(TunerError):
+    """The study storage is inconsistent with the spec (changed spec on resume, bad storage URL)."""
+
+    exit_code = 2
