@@ -1,0 +1,149 @@
+"""A strict loader from parsed YAML into frozen dataclasses.
+
+Every problem becomes a :class:`~tuner.errors.ConfigError` whose message names the YAML path of the
+field (``space.tp[2]``) and what is wrong with it: unknown keys, wrong types, missing fields.
+Supported field types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]``, ``X | None``,
+``tuple[X, ...]``, ``dict[str, str]`` and nested dataclasses. Values a type cannot describe
+(ranges, divisibility) are checked by each dataclass's ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from tuner.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def load_dataclass(cls: type[T], data: object, path: str = "") -> T:
+    """Build ``cls`` from a mapping, strictly: unknown keys and missing required fields raise."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a mapping, got {_describe(data)}", path=path or "<top>")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = _hints(cls)
+    unknown = [str(k) for k in data if k not in fields]
+    if unknown:
+        allowed = ", ".join(sorted(fields))
+        raise ConfigError(
+            f"unknown key {unknown[0]!r} (allowed: {allowed})", path=_join(path, unknown[0])
+        )
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        if not field.init:
+            continue
+        if name in data:
+            kwargs[name] = convert(hints[name], data[name], _join(path, name))
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError("required field is missing", path=_join(path, name))
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        if exc.path and path and not exc.path.startswith(path):
+            raise ConfigError(exc.reason, path=_join(path, exc.path)) from None
+        raise
+
+
+def convert(tp: Any, value: object, path: str) -> Any:
+    """Convert one YAML value to the annotated type ``tp`` or raise a ConfigError naming ``path``."""
+    origin = get_origin(tp)
+    if origin is types.UnionType or origin is typing.Union:
+        return _convert_union(tp, value, path)
+    if origin is Literal:
+        choices = get_args(tp)
+        if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
+            shown = ", ".join(str(c) for c in choices)
+            raise ConfigError(f"{_describe(value)} is not one of: {shown}", path=path)
+        return value
+    if origin is tuple:
+        return _convert_tuple(tp, value, path)
+    if origin in (dict, Mapping):
+        return _convert_mapping(tp, value, path)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return load_dataclass(tp, value, path)
+    return _convert_scalar(tp, value, path)
+
+
+def _convert_union(tp: Any, value: object, path: str) -> Any:
+    args = get_args(tp)
+    if value is None:
+        if type(None) in args:
+            return None
+        raise ConfigError("must not be empty", path=path)
+    errors: list[ConfigError] = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return convert(arg, value, path)
+        except ConfigError as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    reasons = " or ".join(e.reason for e in errors)
+    raise ConfigError(reasons, path=path)
+
+
+def _convert_tuple(tp: Any, value: object, path: str) -> tuple[Any, ...]:
+    args = get_args(tp)
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ConfigError(f"expected a list, got {_describe(value)}", path=path)
+    item_type = args[0]
+    return tuple(convert(item_type, item, _join(path, i)) for i, item in enumerate(value))
+
+
+def _convert_mapping(tp: Any, value: object, path: str) -> dict[str, Any]:
+    args = get_args(tp)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"expected a mapping, got {_describe(value)}", path=path)
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"keys must be strings, got {_describe(key)}", path=path)
+        if args[1] is str and isinstance(item, int | float) and not isinstance(item, bool):
+            item = str(item)  # env values such as NCCL_IB_TIMEOUT: 19
+        out[key] = convert(args[1], item, _join(path, key))
+    return out
+
+
+def _convert_scalar(tp: Any, value: object, path: str) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"expected true or false, got {_describe(value)}", path=path)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"expected an integer, got {_describe(value)}", path=path)
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"expected a number, got {_describe(value)}", path=path)
+    if tp is str:
+        if isinstance(value, str) and value:
+            return value
+        raise ConfigError(f"expected a non-empty string, got {_describe(value)}", path=path)
+    if tp is Any or tp is object:
+        return value
+    raise TypeError(f"unsupported field type {tp!r} at {path}")  # a bug in tuner, not in input

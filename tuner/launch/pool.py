@@ -1,0 +1,180 @@
+"""Hands out disjoint groups of nodes so that several trials can run at once.
+
+Each group in use gets its own rendezvous (master) port, so two trials that share nothing but the
+scheduler never collide. A node that keeps failing to be reached is quarantined: it is never handed
+out again and the study reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tuner.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """The nodes one trial runs on, and its rendezvous port."""
+
+    id: int
+    """Unique among the groups this pool handed out."""
+    hosts: tuple[str, ...]
+    """Node names in node-rank order; ``hosts[0]`` hosts the rendezvous."""
+    master_port: int
+    """The rendezvous port; no other group in use at the same time has it."""
+
+    @property
+    def master_host(self) -> str:
+        """The node of rank 0."""
+        return self.hosts[0]
+
+    @property
+    def size(self) -> int:
+        """The number of nodes."""
+        return len(self.hosts)
+
+
+class NodePool:
+    """A thread-safe pool of nodes handed out in groups of ``nodes_per_trial``.
+
+    ``release(group, node_errors=...)`` returns the nodes. A node named in ``node_errors`` on
+    ``quarantine_after`` consecutive releases is quarantined; a clean release resets its count.
+    """
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        nodes_per_trial: int,
+        *,
+        quarantine_after: int = 2,
+        base_port: int = 29500,
+        port_range: int = 100,
+    ) -> None:
+        if not hosts:
+            raise ConfigError("no nodes given", path="cluster.nodes")
+        duplicates = sorted({h for h in hosts if list(hosts).count(h) > 1})
+        if duplicates:
+            raise ConfigError(f"nodes listed twice: {', '.join(duplicates)}", path="cluster.nodes")
+        if not 1 <= nodes_per_trial <= len(hosts):
+            raise ConfigError(
+                f"{nodes_per_trial} nodes per trial, but the cluster has {len(hosts)} nodes",
+                path="search.nodes_per_trial",
+            )
+        if quarantine_after < 1:
+            raise ValueError(f"quarantine_after must be >= 1, got {quarantine_after}")
+        if not 1024 <= base_port <= 65535 - port_range:
+            raise ConfigError(f"master port {base_port} out of range", path="launch.master_port")
+        self._hosts = tuple(hosts)
+        self._per_trial = nodes_per_trial
+        self._quarantine_after = quarantine_after
+        self._base_port = base_port
+        self._port_range = max(port_range, len(hosts) // nodes_per_trial)
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()
+        self._in_use: dict[int, NodeGroup] = {}
+        self._strikes: dict[str, int] = {}
+        self._quarantined: dict[str, str] = {}
+        self._next_id = 0
+        self._next_port = 0
+
+    @property
+    def nodes_per_trial(self) -> int:
+        """The size of every group."""
+        return self._per_trial
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """All nodes, quarantined or not, in the order given."""
+        return self._hosts
+
+    def acquire(self) -> NodeGroup | None:
+        """A group of free, healthy nodes with its own master port, or None when none is free."""
+        with self._lock:
+            free = [h for h in self._hosts if h not in self._busy and h not in self._quarantined]
+            if len(free) < self._per_trial:
+                return None
+            group = NodeGroup(
+                id=self._next_id,
+                hosts=tuple(free[: self._per_trial]),
+                master_port=self._take_port(),
+            )
+            self._next_id += 1
+            self._busy.update(group.hosts)
+            self._in_use[group.id] = group
+            return group
+
+    def _take_port(self) -> int:
+        # Rotate through the range rather than reusing the lowest free port, so a port released a
+        # moment ago (possibly still in TIME_WAIT) is the last one handed out again.
+        used = {g.master_port for g in self._in_use.values()}
+        for _ in range(self._port_range):
+            port = self._base_port + self._next_port
+            self._next_port = (self._next_port + 1) % self._port_range
+            if port not in used:
+                return port
+        raise RuntimeError("no free master port")  # unreachable: range >= number of groups
+
+    def release(
+        self, group: NodeGroup, node_errors: Iterable[str | tuple[str, str]] = ()
+    ) -> list[str]:
+        """Return the nodes of ``group``; returns the nodes quarantined by this release.
+
+        ``node_errors`` holds host names or ``(host, reason)`` pairs (``JobResult.node_errors``).
+        """
+        reasons = dict(_as_pair(e) for e in node_errors)
+        newly: list[str] = []
+        with self._lock:
+            if self._in_use.pop(group.id, None) is None:
+                raise ValueError(f"node group {group.id} is not in use")
+            self._busy.difference_update(group.hosts)
+            for host in group.hosts:
+                if host not in reasons:
+                    self._strikes.pop(host, None)
+                    continue
+                self._strikes[host] = self._strikes.get(host, 0) + 1
+                if self._strikes[host] >= self._quarantine_after and host not in self._quarantined:
+                    self._quarantined[host] = reasons[host]
+                    newly.append(host)
+        for host in newly:
+            logger.warning(
+                "node %s quarantined after %d node errors: %s",
+                host,
+                self._quarantine_after,
+                reasons[host],
+            )
+        return newly
+
+    @property
+    def quarantined(self) -> dict[str, str]:
+        """Quarantined nodes and the last reason each failed."""
+        with self._lock:
+            return dict(self._quarantined)
+
+    @property
+    def in_use(self) -> tuple[NodeGroup, ...]:
+        """The groups handed out and not yet released."""
+        with self._lock:
+            return tuple(self._in_use.values())
+
+    @property
+    def capacity(self) -> int:
+        """How many groups could run at once on the healthy nodes."""
+        with self._lock:
+            healthy = len(self._hosts) - len(self._quarantined)
+        return healthy // self._per_trial
+
+    @property
+    def exhausted(self) -> bool:
+        """True when too few healthy nodes remain to form even one group."""
+        return self.capacity == 0
+
+
+def _as_pair(error: str | tuple[str, str]) -> tuple[str, str]:
+    if isinstance(error, str):
+        return error, "node error"
+    return error[0], error[1]

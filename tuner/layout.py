@@ -1,0 +1,146 @@
+"""Where a study's results live on disk. Nothing else in tuner builds these paths.
+
+::
+
+    <root>/<study>/study.db                     default Optuna storage (SQLite)
+    <root>/<study>/trials/<n>/launch-node-<k>.sh the rendered script node k ran
+    <root>/<study>/trials/<n>/config.yaml        the parallel configuration of the trial
+    <root>/<study>/trials/<n>/node-<k>.log       stdout + stderr of node k, streamed live
+    <root>/<study>/trials/<n>/metrics.json       what the log parser made of the logs
+    <root>/<study>/trials/<n>/<file>             rendered extra files (ds_config.json, ...)
+    <root>/<study>/best/launch-node-<k>.sh       the best configuration, ready to run
+
+The same layout, rooted elsewhere, describes the trial directory on a remote node
+(:meth:`ResultsLayout.rebase`), so templates can point at files the node will really have.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _check_name(kind: str, name: str, pattern: re.Pattern[str]) -> str:
+    if not pattern.match(name) or ".." in name:
+        raise ValueError(
+            f"{kind} {name!r} must be a plain name (letters, digits, '.', '_', '-'), "
+            "not a path"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class TrialPaths:
+    """The files of one trial, all inside :attr:`dir`."""
+
+    dir: Path
+    """The trial directory, ``<root>/<study>/trials/<n>``."""
+
+    def launch_script(self, node_rank: int) -> Path:
+        """The rendered launch script of node ``node_rank`` (``launch-node-<k>.sh``)."""
+        return self.dir / f"launch-node-{_rank(node_rank)}.sh"
+
+    def node_log(self, node_rank: int) -> Path:
+        """stdout and stderr of node ``node_rank`` (``node-<k>.log``)."""
+        return self.dir / f"node-{_rank(node_rank)}.log"
+
+    def pid_file(self, node_rank: int) -> Path:
+        """Where the executor records the process group of node ``node_rank``."""
+        return self.dir / f".node-{_rank(node_rank)}.pid"
+
+    @property
+    def config_yaml(self) -> Path:
+        """The trial's parallel configuration as YAML."""
+        return self.dir / "config.yaml"
+
+    @property
+    def metrics_json(self) -> Path:
+        """The parsed :class:`RunMetrics` of the trial."""
+        return self.dir / "metrics.json"
+
+    @property
+    def result_json(self) -> Path:
+        """The executor's account of the run (exit codes, node errors, duration)."""
+        return self.dir / "result.json"
+
+    @property
+    def files_dir(self) -> Path:
+        """Where rendered extra files (``ds_config.json``, ...) are placed: the trial dir itself."""
+        return self.dir
+
+    def file(self, name: str) -> Path:
+        """The path of the extra file ``name``; ``name`` must be a plain file name."""
+        return self.files_dir / _check_name("extra file name", name, _FILE_NAME)
+
+
+def _rank(node_rank: int) -> int:
+    if node_rank < 0:
+        raise ValueError(f"node rank must be >= 0, got {node_rank}")
+    return node_rank
+
+
+@dataclass(frozen=True, slots=True)
+class ResultsLayout:
+    """The results directory of one study: ``<root>/<study>/``."""
+
+    root: Path
+    """The results root (``./results`` by default)."""
+    study: str
+    """The study name; a plain name, used as a directory name."""
+
+    def __post_init__(self) -> None:
+        _check_name("study name", self.study, _STUDY_NAME)
+
+    @property
+    def study_dir(self) -> Path:
+        """``<root>/<study>``."""
+        return self.root / self.study
+
+    @property
+    def storage_path(self) -> Path:
+        """The default SQLite file of the Optuna study."""
+        return self.study_dir / "study.db"
+
+    @property
+    def storage_url(self) -> str:
+        """:attr:`storage_path` as an SQLAlchemy URL."""
+        return f"sqlite:///{self.storage_path.absolute()}"
+
+    @property
+    def trials_dir(self) -> Path:
+        """``<root>/<study>/trials``."""
+        return self.study_dir / "trials"
+
+    def trial(self, number: int) -> TrialPaths:
+        """The paths of trial ``number`` (Optuna's trial number)."""
+        if number < 0:
+            raise ValueError(f"trial number must be >= 0, got {number}")
+        return TrialPaths(self.trials_dir / str(number))
+
+    def trial_numbers(self) -> list[int]:
+        """The numbers of the trials that have a directory, in ascending order."""
+        if not self.trials_dir.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.trials_dir.iterdir() if p.name.isdigit())
+
+    @property
+    def best_dir(self) -> Path:
+        """Where the best configuration is exported."""
+        return self.study_dir / "best"
+
+    def best_script(self, node_rank: int = 0) -> Path:
+        """The exported launch script of node ``node_rank`` for the best configuration."""
+        return self.best_dir / f"launch-node-{_rank(node_rank)}.sh"
+
+    @property
+    def best_config_yaml(self) -> Path:
+        """The best configuration as YAML."""
+        return self.best_dir / "config.yaml"
+
+    def rebase(self, root: Path) -> ResultsLayout:
+        """The same study laid out under another root (a remote node's work directory)."""
+        return ResultsLayout(root, self.study)

@@ -1,0 +1,328 @@
+"""``ParallelConfig``: one point of the search space, and the frameworks' own validity rules.
+
+DP follows from the world size: dp = world / (tp x pp x cp). The rules below are Megatron-LM's
+``validate_args`` / ``TransformerConfig`` checks and DeepSpeed's engine checks, with the numbers that
+broke them (see shared reference ``megatron-deepspeed-interfaces.md`` section 1e and 3a).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.errors import ValidationError
+from tuner.spec import Framework, ModelSpec, RecomputeGranularity, RecomputeMethod
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """How one training run is split over the GPUs, batched and recomputed."""
+
+    tp: int = 1
+    """Tensor parallel size."""
+    pp: int = 1
+    """Pipeline parallel size."""
+    cp: int = 1
+    """Context parallel size."""
+    dp: int = 1
+    """Data parallel size (derived: world / (tp x pp x cp))."""
+    vp: int = 1
+    """Virtual pipeline chunks per pipeline rank (1: plain 1F1B)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism over the TP group."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch per model replica."""
+    global_batch_size: int = 1
+    """Sequences per optimizer step."""
+    recompute: RecomputeGranularity = "none"
+    """Activation recomputation: none, selective (attention core) or full layers."""
+    recompute_method: RecomputeMethod | None = None
+    """Full recompute only: uniform or block."""
+    recompute_num_layers: int | None = None
+    """Full recompute only: layers per chunk (uniform) or recomputed layers per stage (block)."""
+    distributed_optimizer: bool = False
+    """Megatron distributed optimizer (fp32 master weights and Adam states sharded over DP)."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3."""
+
+    @property
+    def world_size(self) -> int:
+        """GPUs one replica set uses: tp x pp x cp x dp."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def model_parallel_size(self) -> int:
+        """tp x pp x cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Gradient accumulation steps m = global batch / (micro-batch x dp), rounded down."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def grad_accum(self) -> int:
+        """Alias of num_microbatches (DeepSpeed's gradient_accumulation_steps)."""
+        return self.num_microbatches
+
+    def key(self) -> str:
+        """A canonical text key: equal configs have equal keys (used to never run one twice)."""
+        rc = self.recompute
+        if rc == "full":
+            rc = f"full:{self.recompute_method}:{self.recompute_num_layers}"
+        return (
+            f"tp={self.tp},pp={self.pp},cp={self.cp},dp={self.dp},vp={self.vp},"
+            f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"
+            f"gbs={self.global_batch_size},recompute={rc},"
+            f"distopt={int(self.distributed_optimizer)},zero={self.zero_stage}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, plus the derived grad_accum, for JSON, tables and Optuna attributes."""
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "cp": self.cp,
+            "dp": self.dp,
+            "vp": self.vp,
+            "sequence_parallel": self.sequence_parallel,
+            "micro_batch_size": self.micro_batch_size,
+            "global_batch_size": self.global_batch_size,
+            "grad_accum": self.num_microbatches,
+            "recompute": self.recompute,
+            "recompute_method": self.recompute_method,
+            "recompute_num_layers": self.recompute_num_layers,
+            "distributed_optimizer": self.distributed_optimizer,
+            "zero_stage": self.zero_stage,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RuleViolation:
+    """One broken rule: a short stable ``rule`` id (for counts) and a message with the numbers."""
+
+    rule: str
+    message: str
+
+
+def _check_sizes(c: ParallelConfig, world_size: int) -> list[RuleViolation]:
+    out: list[RuleViolation] = []
+    for name in ("tp", "pp", "cp", "dp", "vp", "micro_batch_size", "global_batch_size"):
+        if getattr(c, name) < 1:
+            out.append(RuleViolation("positive", f"{name} must be >= 1, got {getattr(c, name)}"))
+    if out:
+        return out
+    mp = c.model_parallel_size
+    if world_size % mp:
+        out.append(
+            RuleViolation(
+                "world_divisible",
+                f"tp({c.tp}) * pp({c.pp}) * cp({c.cp}) = {mp} does not divide world size "
+                f"{world_size}",
+            )
+        )
+    elif c.dp * mp != world_size:
+        out.append(
+            RuleViolation(
+                "dp_mismatch",
+                f"dp({c.dp}) must be world size {world_size} / (tp*pp*cp = {mp}) = "
+                f"{world_size // mp}",
+            )
+        )
+    return out
+
+
+def _check_model_split(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
+    out: list[RuleViolation] = []
+    a, g = m.num_attention_heads, m.query_groups
+    if a % c.tp:
+        out.append(
+            RuleViolation(
+                "heads_tp",
+                f"num_attention_heads ({a}) must be a multiple of tensor_model_parallel_size "
+                f"({c.tp})",
+            )
+        )
+    if g % c.tp:
+        out.append(
+            RuleViolation(
+                "query_groups_tp",
+                f"num_query_groups ({g}) must be a multiple of tensor_model_parallel_size ({c.tp})",
+            )
+        )
+    if m.ffn_hidden_size % c.tp:
+        out.append(
+            RuleViolation("ffn_tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by {c.tp}")
+        )
+    if c.vp == 1 and m.num_layers % c.pp:
+        out.append(
+            RuleViolation(
+                "layers_pp",
+                f"num_layers ({m.num_layers}) is not divisible by the pipeline-model-parallel "
+                f"size ({c.pp})",
+            )
+        )
+    return out
+
+
+def _check_pipeline(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
+    if c.vp == 1:
+        return []
+    if c.pp == 1:
+        return [
+            RuleViolation(
+                "vp_needs_pp",
+                f"interleaved schedule (vp={c.vp}) needs pipeline-model-parallel size > 1, "
+                f"got pp={c.pp}",
+            )
+        ]
+    if m.num_layers % (c.pp * c.vp):
+        return [
+            RuleViolation(
+                "layers_pp_vp",
+                f"num_layers ({m.num_layers}) is not divisible by pp({c.pp}) * vp({c.vp}) = "
+                f"{c.pp * c.vp} (layers per virtual stage must be whole)",
+            )
+        ]
+    return []
+
+
+def _check_batch(c: ParallelConfig) -> list[RuleViolation]:
+    per_step = c.micro_batch_size * c.dp
+    if c.global_batch_size % per_step:
+        return [
+            RuleViolation(
+                "global_batch",
+                f"global batch size ({c.global_batch_size}) is not divisible by micro batch size "
+                f"({c.micro_batch_size}) times data parallel size ({c.dp})",
+            )
+        ]
+    return []
+
+
+def _check_sequence(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
+    out: list[RuleViolation] = []
+    s = m.seq_length
+    if c.sequence_parallel and c.tp == 1:
+        out.append(
+            RuleViolation(
+                "sp_needs_tp",
+                "sequence parallel needs tp > 1 (Megatron silently disables it at tp=1, so this "
+                "config repeats sp=false)",
+            )
+        )
+    if c.sequence_parallel and (s // c.cp) % c.tp:
+        out.append(
+            RuleViolation(
+                "sp_seq_tp",
+                f"sequence parallel needs seq_length/cp ({s // c.cp}) divisible by tp ({c.tp})",
+            )
+        )
+    if c.cp > 1 and s % (2 * c.cp):
+        out.append(
+            RuleViolation(
+                "cp_seq",
+                f"seq_length ({s}) should be a multiple of 2 * context-parallel-size "
+                f"({2 * c.cp}) if context-parallel-size > 1",
+            )
+        )
+    return out
+
+
+def _check_recompute(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
+    if c.recompute != "full":
+        if c.recompute_method is not None or c.recompute_num_layers is not None:
+            return [
+                RuleViolation(
+                    "recompute_method",
+                    f"recompute method is only used with full recomputation, got "
+                    f"{c.recompute} with method {c.recompute_method}",
+                )
+            ]
+        return []
+    if c.recompute_method not in ("uniform", "block"):
+        return [
+            RuleViolation(
+                "recompute_method",
+                'Using recompute_granularity: full so recompute_method must be "block" or '
+                '"uniform"',
+            )
+        ]
+    per_rank = m.num_layers // (c.pp * c.vp) if c.pp * c.vp else m.num_layers
+    n = c.recompute_num_layers
+    if n is None or not 1 <= n <= per_rank:
+        return [
+            RuleViolation(
+                "recompute_num_layers",
+                f"When using recompute_granularity: full recompute_num_layers must be between "
+                f"1 and num_layers_per_pipeline_rank: {per_rank}, got {n}",
+            )
+        ]
+    return []
+
+
+def _check_framework(c: ParallelConfig, framework: Framework) -> list[RuleViolation]:
+    out: list[RuleViolation] = []
+    if framework == "megatron":
+        if c.zero_stage:
+            out.append(
+                RuleViolation(
+                    "zero_megatron",
+                    f"ZeRO stage {c.zero_stage} is a DeepSpeed setting; Megatron shards the "
+                    "optimizer with distributed_optimizer",
+                )
+            )
+        return out
+    if c.distributed_optimizer:
+        out.append(
+            RuleViolation(
+                "distopt_deepspeed", "distributed_optimizer is Megatron's; use zero_stage"
+            )
+        )
+    if c.tp > 1 or c.cp > 1 or c.vp > 1 or c.sequence_parallel:
+        out.append(
+            RuleViolation(
+                "deepspeed_parallel",
+                f"the DeepSpeed workload has no tensor/context/virtual-pipeline parallelism "
+                f"(tp={c.tp}, cp={c.cp}, vp={c.vp}, sp={c.sequence_parallel})",
+            )
+        )
+    if c.pp > 1 and c.zero_stage >= 2:
+        out.append(
+            RuleViolation(
+                "zero_pipeline",
+                f"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism "
+                f"(zero_stage={c.zero_stage}, pp={c.pp})",
+            )
+        )
+    if c.recompute == "selective":
+        out.append(
+            RuleViolation(
+                "deepspeed_selective",
+                "DeepSpeed checkpoints whole blocks: recompute must be none or full",
+            )
+        )
+    return out
+
+
+def validate(
+    config: ParallelConfig, model: ModelSpec, world_size: int, framework: Framework
+) -> list[RuleViolation]:
+    """Every rule ``config`` breaks for ``model`` on ``world_size`` ranks (empty: valid)."""
+    out = _check_sizes(config, world_size)
+    if out and out[0].rule == "positive":
+        return out
+    out += _check_model_split(config, model)
+    out += _check_pipeline(config, model)
+    out += _check_batch(config)
+    out += _check_sequence(config, model)
+    out += _check_recompute(config, model)
+    out += _check_framework(config, framework)
+    return out
+
+
+def check(config: ParallelConfig, model: ModelSpec, world_size: int, framework: Framework) -> None:
+    """Raise :class:`ValidationError` with every broken rule (``; ``-joined) if any."""
+    errors = validate(config, model, world_size, framework)
+    if errors:
+        raise ValidationError("; ".join(e.message for e in errors))

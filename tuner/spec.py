@@ -1,0 +1,489 @@
+"""The study file: frozen typed dataclasses and the strict YAML loader.
+
+A study names the model, the training batch, the cluster, the framework and how to launch it, the
+knobs to search and the search budget. ``load_study`` reads ``studies/NAME.yaml`` (or a path, or a
+study shipped with the package) and raises :class:`~tuner.errors.ConfigError` naming the YAML path
+of anything wrong. See ``studies/gpt-70b.yaml`` for a documented example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from tuner._loader import load_dataclass
+from tuner.errors import ConfigError
+
+Framework = Literal["megatron", "deepspeed"]
+Precision = Literal["bf16", "fp16", "fp32"]
+RecomputeGranularity = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
+Auto = Literal["auto"]
+
+
+def _positive(value: float | None, path: str) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"must be > 0, got {value}", path=path)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """The transformer being trained (a GPT-style decoder)."""
+
+    name: str = "custom"
+    """A label for tables; presets set it."""
+    num_layers: int
+    """Transformer layers (Megatron ``--num-layers``)."""
+    hidden_size: int
+    """Model width h (``--hidden-size``)."""
+    ffn_hidden_size: int
+    """MLP inner width F (``--ffn-hidden-size``)."""
+    num_attention_heads: int
+    """Attention heads a (``--num-attention-heads``)."""
+    num_query_groups: int | None = None
+    """Key/value groups g for GQA (``--num-query-groups``); None means MHA (g = a)."""
+    vocab_size: int
+    """Tokenizer vocabulary before Megatron pads it to a multiple of 128 x TP."""
+    seq_length: int
+    """Training sequence length s."""
+    max_position_embeddings: int | None = None
+    """Defaults to seq_length."""
+    swiglu: bool = False
+    """Gated SiLU MLP (fc1 is 2F wide)."""
+    tied_embeddings: bool = True
+    """Input embedding and output layer share weights (Megatron default)."""
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """LayerNorm (2h params per norm) or RMSNorm (h)."""
+    position_embedding: Literal["learned_absolute", "rope"] = "learned_absolute"
+    """Learned absolute positions add s x h parameters to the embedding."""
+    dropout: bool = True
+    """Attention and hidden dropout on (stores 1-byte masks, Korthikanti's delta = 1)."""
+    flash_attention: bool = True
+    """FlashAttention / fused attention: the s x s score matrix is never stored."""
+    add_bias_linear: bool = True
+    """Biases in linear layers (Llama-style models disable them)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads"):
+            _positive(getattr(self, name), name)
+        _positive(self.vocab_size, "vocab_size")
+        _positive(self.seq_length, "seq_length")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads})",
+                path="hidden_size",
+            )
+        g = self.query_groups
+        if g <= 0 or self.num_attention_heads % g:
+            raise ConfigError(
+                f"num_query_groups ({g}) must divide num_attention_heads "
+                f"({self.num_attention_heads})",
+                path="num_query_groups",
+            )
+        if self.max_position_embeddings is not None and self.max_position_embeddings < (
+            self.seq_length
+        ):
+            raise ConfigError(
+                f"max_position_embeddings ({self.max_position_embeddings}) must be greater than "
+                f"or equal to seq_length ({self.seq_length})",
+                path="max_position_embeddings",
+            )
+
+    @property
+    def query_groups(self) -> int:
+        """g: the number of key/value heads (a for plain multi-head attention)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def kv_channels(self) -> int:
+        """Per-head width h / a."""
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSpec:
+    """What one optimizer step processes."""
+
+    global_batch_size: int
+    """Sequences per optimizer step (Megatron ``--global-batch-size``)."""
+    precision: Precision = "bf16"
+    """bf16 / fp16 mixed precision with fp32 master weights, or plain fp32."""
+
+    def __post_init__(self) -> None:
+        _positive(self.global_batch_size, "global_batch_size")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SSHSpec:
+    """How to reach the nodes over SSH (paramiko). ``~/.ssh/config`` is honoured."""
+
+    user: str | None = None
+    """Login name; default: from ~/.ssh/config, then the local user."""
+    port: int | None = None
+    """Default: from ~/.ssh/config, then 22."""
+    key_file: str | None = None
+    """Private key; default: IdentityFile from ~/.ssh/config, then the agent and ~/.ssh/id_*."""
+    config_file: str = "~/.ssh/config"
+    """OpenSSH client config to read (missing file: ignored)."""
+    known_hosts: str = "~/.ssh/known_hosts"
+    """Host keys are verified against this file."""
+    accept_new_host_keys: bool = False
+    """Trust and record host keys seen for the first time (never a changed key)."""
+    connect_timeout_s: float = 10.0
+    """TCP + handshake timeout per node."""
+
+    def __post_init__(self) -> None:
+        _positive(self.port, "port")
+        _positive(self.connect_timeout_s, "connect_timeout_s")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """The machines trials run on."""
+
+    gpu: str
+    """GPU catalog name (``tune`` lists them on a bad name), or ``cpu`` for local CPU ranks."""
+    gpus_per_node: int
+    """Ranks per node (torchrun ``--nproc_per_node``)."""
+    nodes: tuple[str, ...] | None = None
+    """Host names; or give ``hostfile`` or ``num_nodes``."""
+    hostfile: str | None = None
+    """A file with one host per line (``# comments`` and DeepSpeed's ``slots=N`` allowed)."""
+    num_nodes: int | None = None
+    """For the local executor: how many local "nodes" (named local-0, local-1, ...)."""
+    executor: Literal["local", "ssh", "slurm"] = "ssh"
+    """Where trials run: subprocesses here, over SSH, or (later) through Slurm."""
+    ssh: SSHSpec = field(default_factory=SSHSpec)
+    """SSH settings for ``executor: ssh``."""
+    gpu_memory_gib: float | None = None
+    """Override the catalog's memory per GPU (per rank for ``cpu``)."""
+
+    def __post_init__(self) -> None:
+        _positive(self.gpus_per_node, "gpus_per_node")
+        _positive(self.num_nodes, "num_nodes")
+        _positive(self.gpu_memory_gib, "gpu_memory_gib")
+        given = [n for n in ("nodes", "hostfile", "num_nodes") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ConfigError(
+                "give exactly one of nodes, hostfile or num_nodes"
+                + (f" (got {', '.join(given)})" if given else ""),
+                path="nodes",
+            )
+        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
+            dup = next(n for n in self.nodes if self.nodes.count(n) > 1)
+            raise ConfigError(f"node {dup!r} is listed twice", path="nodes")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchSpec:
+    """How one trial is started: the template and what it needs."""
+
+    template: str
+    """Launch template name (``megatron_gpt``, ``deepspeed_gpt`` or one of yours)."""
+    python: str = "python"
+    """Interpreter on the nodes; its bin/ directory is put first on PATH."""
+    megatron_path: str | None = None
+    """Megatron-LM checkout holding pretrain_gpt.py (Megatron templates)."""
+    script: str | None = None
+    """Training script for DeepSpeed templates."""
+    script_args: tuple[str, ...] = ()
+    """Extra arguments for ``script``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment exported on every node before launch."""
+    extra_args: tuple[str, ...] = ()
+    """Extra framework arguments appended verbatim (quoted)."""
+    train_iters: int = 30
+    """Iterations per short trial run."""
+    warmup_iters: int = 5
+    """Iterations skipped before taking the median step time."""
+    distributed_timeout_minutes: int = 10
+    """Process-group timeout (Megatron ``--distributed-timeout-minutes``)."""
+    master_port: int = 29500
+    """First rendezvous port; concurrent trials get the next ones."""
+    workdir: str | None = None
+    """Directory the command runs in on the nodes (default: the current directory)."""
+    templates_dir: str | None = None
+    """Where your own templates live (default: ./launch_templates, then the package's)."""
+
+    def __post_init__(self) -> None:
+        _positive(self.train_iters, "train_iters")
+        _positive(self.distributed_timeout_minutes, "distributed_timeout_minutes")
+        if self.warmup_iters < 0 or self.warmup_iters >= self.train_iters:
+            raise ConfigError(
+                f"must be >= 0 and < train_iters ({self.train_iters}), got {self.warmup_iters}",
+                path="warmup_iters",
+            )
+        if not 1024 <= self.master_port <= 65000:
+            raise ConfigError(f"must be in 1024..65000, got {self.master_port}", path="master_port")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceSpec:
+    """The knobs to search: a list of values each, or ``auto``. DP follows from the world size."""
+
+    tp: tuple[int, ...] | Auto = (1,)
+    """Tensor parallel sizes; auto: powers of two up to gpus_per_node dividing the heads."""
+    pp: tuple[int, ...] | Auto = (1,)
+    """Pipeline parallel sizes; auto: divisors of num_layers that fit the world size."""
+    cp: tuple[int, ...] | Auto = (1,)
+    """Context parallel sizes; auto: powers of two up to 8 that divide seq_length / 2."""
+    vp: tuple[int, ...] | Auto = (1,)
+    """Virtual pipeline chunks per rank (interleaved 1F1B); auto: 1, 2, 3, 4."""
+    micro_batch_size: tuple[int, ...] | Auto = (1,)
+    """Micro-batch sizes; auto: powers of two up to 16 that divide the global batch."""
+    sequence_parallel: tuple[bool, ...] = (False,)
+    """Megatron sequence parallelism (only meaningful with tp > 1)."""
+    recompute: tuple[RecomputeGranularity, ...] = ("none",)
+    """Activation recomputation granularity."""
+    recompute_method: tuple[RecomputeMethod, ...] = ("uniform",)
+    """For full recompute: uniform or block."""
+    recompute_num_layers: tuple[int, ...] | Auto = (1,)
+    """For full recompute: layers per chunk (uniform) or per stage (block)."""
+    distributed_optimizer: tuple[bool, ...] = (False,)
+    """Megatron ``--use-distributed-optimizer`` (ZeRO-1-style sharding over DP)."""
+    zero_stage: tuple[int, ...] = (0,)
+    """DeepSpeed ZeRO stage, 0-3."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value == "auto":
+                continue
+            if not value:
+                raise ConfigError("the list is empty", path=f.name)
+            for i, item in enumerate(value):
+                if isinstance(item, int) and not isinstance(item, bool) and item <= 0:
+                    raise ConfigError(f"must be > 0, got {item}", path=f"{f.name}[{i}]")
+        for i, z in enumerate(self.zero_stage):
+            if z > 3:
+                raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}", path=f"zero_stage[{i}]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpec:
+    """How the search runs and when it stops."""
+
+    sampler: Literal["tpe", "gp", "random", "grid"] = "tpe"
+    """Optuna sampler; the top predicted configs are tried first whatever the sampler."""
+    n_trials: int = 20
+    """Budget of launched runs (pruned and invalid configs do not count)."""
+    nodes_per_trial: int | Literal["all"] = "all"
+    """Nodes per trial; fewer than all lets several trials run at once on disjoint nodes."""
+    trial_timeout_min: float = 20.0
+    """A trial running longer is killed and recorded as timeout."""
+    memory_headroom: float = 0.92
+    """Prune when the predicted peak exceeds this fraction of GPU memory."""
+    seed: int | None = None
+    """Sampler seed, for reproducible searches."""
+    max_wall_time_min: float | None = None
+    """Stop launching after this much wall time."""
+    max_node_hours: float | None = None
+    """Stop launching after this many node-hours were spent."""
+    early_stop_trials: int | None = 10
+    """Stop when the best has not improved by 1% in this many launched trials."""
+    enqueue_top: int = 3
+    """How many of the best predicted configs are run before the sampler takes over."""
+
+    def __post_init__(self) -> None:
+        _positive(self.n_trials, "n_trials")
+        if isinstance(self.nodes_per_trial, int):
+            _positive(self.nodes_per_trial, "nodes_per_trial")
+        _positive(self.trial_timeout_min, "trial_timeout_min")
+        if not 0 < self.memory_headroom <= 1:
+            raise ConfigError(
+                f"must be in (0, 1], got {self.memory_headroom}", path="memory_headroom"
+            )
+        _positive(self.max_wall_time_min, "max_wall_time_min")
+        _positive(self.max_node_hours, "max_node_hours")
+        _positive(self.early_stop_trials, "early_stop_trials")
+        if self.enqueue_top < 0:
+            raise ConfigError(f"must be >= 0, got {self.enqueue_top}", path="enqueue_top")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudySpec:
+    """A whole study file."""
+
+    name: str
+    """Study name: results go to results/<name>/."""
+    description: str | None = None
+    """Free text shown by ``tune`` commands."""
+    model: ModelSpec
+    """The model (a preset name plus overrides, or every field)."""
+    training: TrainingSpec
+    """Global batch and precision."""
+    cluster: ClusterSpec
+    """Nodes, GPUs and executor."""
+    framework: Framework
+    """megatron or deepspeed."""
+    launch: LaunchSpec
+    """How a trial is launched."""
+    space: SpaceSpec = field(default_factory=SpaceSpec)
+    """The knobs to search."""
+    search: SearchSpec = field(default_factory=SearchSpec)
+    """Sampler and budget."""
+
+    def __post_init__(self) -> None:
+        if not all(c.isalnum() or c in "-_." for c in self.name):
+            raise ConfigError(
+                f"{self.name!r} may only hold letters, digits, '-', '_' and '.'", path="name"
+            )
+        n = len(self.node_names)
+        if isinstance(self.search.nodes_per_trial, int) and self.search.nodes_per_trial > n:
+            raise ConfigError(
+                f"{self.search.nodes_per_trial} is more than the cluster's {n} nodes",
+                path="search.nodes_per_trial",
+            )
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """The cluster's hosts (local executor: local-0, local-1, ...)."""
+        c = self.cluster
+        if c.nodes is not None:
+            return c.nodes
+        if c.num_nodes is not None:
+            return tuple(f"local-{i}" for i in range(c.num_nodes))
+        return ()  # hostfile: resolved by load_study
+
+    @property
+    def nodes_per_trial(self) -> int:
+        """Nodes each trial uses."""
+        n = self.search.nodes_per_trial
+        return len(self.node_names) if n == "all" else n
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in one trial: nodes_per_trial x gpus_per_node."""
+        return self.nodes_per_trial * self.cluster.gpus_per_node
+
+    def fingerprint(self) -> str:
+        """A hash of everything that changes what a trial measures (not the search budget)."""
+        data = dataclasses.asdict(self)
+        data.pop("search")
+        data.pop("description")
+        text = json.dumps(data, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- presets and loading
+
+
+@functools.cache
+def _model_presets() -> dict[str, dict[str, Any]]:
+    text = resources.files("tuner.catalog").joinpath("models.yaml").read_text()
+    data: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return data
+
+
+def model_preset_names() -> list[str]:
+    """Names of the model presets shipped with the package."""
+    return sorted(_model_presets())
+
+
+def _expand_model(raw: object) -> object:
+    if not isinstance(raw, Mapping) or "preset" not in raw:
+        return raw
+    name = raw["preset"]
+    presets = _model_presets()
+    if name not in presets:
+        raise ConfigError(
+            f"unknown preset {name!r} (available: {', '.join(sorted(presets))})",
+            path="model.preset",
+        )
+    merged = {"name": name, **presets[name]}
+    merged.update({k: v for k, v in raw.items() if k != "preset"})
+    return merged
+
+
+def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read hostfile {str(path)!r}: {exc.strerror}", path=yaml_path)
+    hosts: list[str] = []
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) > 2 or (len(parts) == 2 and not parts[1].startswith("slots=")):
+            raise ConfigError(f"{path}:{number}: bad entry {line!r}", path=yaml_path)
+        if parts[0] in hosts:
+            raise ConfigError(f"{path}:{number}: host {parts[0]!r} listed twice", path=yaml_path)
+        hosts.append(parts[0])
+    if not hosts:
+        raise ConfigError(f"hostfile {str(path)!r} lists no host", path=yaml_path)
+    return tuple(hosts)
+
+
+def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpec:
+    """Build a StudySpec from parsed YAML. Relative hostfile paths are read from ``base_dir``."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("a study file must be a mapping of sections")
+    data = dict(raw)
+    if "model" in data:
+        data["model"] = _expand_model(data["model"])
+    cluster = data.get("cluster")
+    if isinstance(cluster, Mapping) and isinstance(cluster.get("hostfile"), str):
+        hf = Path(cluster["hostfile"]).expanduser()
+        if not hf.is_absolute() and base_dir is not None:
+            hf = base_dir / hf
+        data["cluster"] = {
+            **{k: v for k, v in cluster.items() if k != "hostfile"},
+            "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
+        }
+    return load_dataclass(StudySpec, data)
+
+
+def shipped_study_names() -> list[str]:
+    """Studies shipped inside the package."""
+    root = resources.files("tuner.studies")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
+    """``NAME`` -> ./studies/NAME.yaml, then the package's studies; a path to a file also works."""
+    cwd = cwd or Path.cwd()
+    as_path = Path(name).expanduser()
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        full = as_path if as_path.is_absolute() else cwd / as_path
+        if full.is_file():
+            return full
+        raise ConfigError(f"study file {name!r} does not exist")
+    local = cwd / "studies" / f"{name}.yaml"
+    if local.is_file():
+        return local
+    shipped = resources.files("tuner.studies").joinpath(f"{name}.yaml")
+    if shipped.is_file():
+        return Path(str(shipped))
+    local_names = sorted(p.stem for p in (cwd / "studies").glob("*.yaml"))
+    available = sorted(set(local_names) | set(shipped_study_names()))
+    raise ConfigError(f"unknown study {name!r} (available: {', '.join(available)})")
+
+
+def load_study(name: str, cwd: Path | None = None) -> StudySpec:
+    """Load and strictly check a study by name or path. Errors name the file and the YAML path."""
+    path = resolve_study_path(name, cwd)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{problem}{where}", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    try:
+        return study_from_mapping(raw, base_dir=path.parent)
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, path=exc.path, file=str(path)) from None
