@@ -262,10 +262,12 @@ class SpaceSpec:
             if not value:
                 raise ConfigError("the list is empty", path=f.name)
             for i, item in enumerate(value):
+                if f.name == "zero_stage":
+                    continue
                 if isinstance(item, int) and not isinstance(item, bool) and item <= 0:
                     raise ConfigError(f"must be > 0, got {item}", path=f"{f.name}[{i}]")
         for i, z in enumerate(self.zero_stage):
-            if z > 3:
+            if not 0 <= z <= 3:
                 raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}", path=f"zero_stage[{i}]")
 
 
