@@ -27,8 +27,7 @@ _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 def _check_name(kind: str, name: str, pattern: re.Pattern[str]) -> str:
     if not pattern.match(name) or ".." in name:
         raise ValueError(
-            f"{kind} {name!r} must be a plain name (letters, digits, '.', '_', '-'), "
-            "not a path"
+            f"{kind} {name!r} must be a plain name (letters, digits, '.', '_', '-'), not a path"
         )
     return name
 
@@ -69,7 +68,7 @@ class TrialPaths:
 
     @property
     def files_dir(self) -> Path:
-        """Where rendered extra files (``ds_config.json``, ...) are placed: the trial dir itself."""
+        """Where rendered extra files (``ds_config.json``, ...) go: the trial directory itself."""
         return self.dir
 
     def file(self, name: str) -> Path:

@@ -1,0 +1,19 @@
+"""Running trials on nodes: executors (local, SSH), the node pool and launch templates."""
+
+from __future__ import annotations
+
+from tuner.launch.base import TOKEN_ENV, Executor, Job, JobResult, LaunchRequest, NodeProcess
+from tuner.launch.local import LocalExecutor
+from tuner.launch.pool import NodeGroup, NodePool
+
+__all__ = [
+    "TOKEN_ENV",
+    "Executor",
+    "Job",
+    "JobResult",
+    "LaunchRequest",
+    "LocalExecutor",
+    "NodeGroup",
+    "NodePool",
+    "NodeProcess",
+]

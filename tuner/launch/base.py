@@ -1,0 +1,490 @@
+"""Where trials run: the Executor / Job abstraction shared by the local, SSH and Slurm backends.
+
+An :class:`Executor` turns a :class:`LaunchRequest` (one shell script per node, extra files, a time
+limit) into a running :class:`Job`. The job owns the trial's processes on every node until they are
+gone: :meth:`Job.wait` / :meth:`Job.poll` give a :class:`JobResult`, :meth:`Job.cancel` ends the
+whole process tree on every node and then verifies that nothing of the trial is left.
+
+Every process of a trial carries ``TUNER_TRIAL_TOKEN=<uuid>`` in its environment. torchrun puts
+each worker in its own session, so killing the launcher's process group is not enough; the token
+finds the workers wherever they went. The same small shell program (:data:`PROCESS_SCRIPT`) signals
+and lists them on this machine and over SSH.
+
+Backends fill four hooks: ``_prepare_node`` (place files), ``_start_node`` (start the script and
+stream its output), ``_signal_node`` and ``_survivors`` (run :data:`PROCESS_SCRIPT` on the node).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
+
+from tuner.errors import LaunchError, NodeError
+from tuner.layout import TrialPaths
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "TUNER_TRIAL_TOKEN"
+"""The environment variable that marks every process of a trial."""
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Signals, lists or kills the processes of one trial on one node. POSIX sh, procps `ps`, GNU grep.
+# $1: token, $2: pid file holding the node script's process group, $3: signal name or "-" (list).
+# A process belongs to the trial when its environment holds the token, or when it is in the node
+# script's process group and that group still has a token-carrying member (guards against the pid
+# having been reused). Prints the survivors as "pid stat args", zombies excluded.
+PROCESS_SCRIPT = r"""
+tok=$1 pidfile=$2 sig=$3
+pids=$(grep -lzx "TUNER_TRIAL_TOKEN=$tok" /proc/[0-9]*/environ 2>/dev/null \
+       | sed -e 's|^/proc/||' -e 's|/environ$||' | tr '\n' ' ')
+pg=
+[ -r "$pidfile" ] && pg=$(cat "$pidfile" 2>/dev/null)
+case $pg in ''|*[!0-9]*) pg= ;; esac
+if [ -n "$pg" ] && [ -n "$pids" ]; then
+  if ps -o pgid= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | grep -qx " *$pg"; then
+    pids="$pids $(ps -e -o pid= -o pgid= | awk -v g="$pg" '$2 == g {print $1}' | tr '\n' ' ')"
+  fi
+fi
+pids=$(echo $pids)
+[ -z "$pids" ] && exit 0
+if [ "$sig" != - ]; then
+  kill -s "$sig" $pids 2>/dev/null
+  exit 0
+fi
+ps -o pid= -o stat= -o args= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | awk '$2 !~ /^Z/'
+exit 0
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchRequest:
+    """Everything an executor needs to run one trial."""
+
+    trial: int
+    """The trial number (names the directory and appears in messages)."""
+    hosts: tuple[str, ...]
+    """The nodes, in node-rank order."""
+    scripts: tuple[str, ...]
+    """The text of the bash script node ``k`` runs (one per host)."""
+    paths: TrialPaths
+    """The trial's files on this machine: logs are streamed here, scripts and files copied here."""
+    files: Mapping[str, str] = field(default_factory=dict)
+    """Extra files (name -> content) placed in the trial directory on every node."""
+    node_dir: str | None = None
+    """The trial directory on the nodes; None means the same path as ``paths.dir``."""
+    timeout_s: float | None = None
+    """Wall-clock limit of the trial; past it the job is killed and reported ``timed_out``."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables set for the node scripts (on top of the node's own)."""
+
+    def __post_init__(self) -> None:
+        if not self.hosts:
+            raise LaunchError(f"trial {self.trial}: no nodes to run on")
+        if len(self.scripts) != len(self.hosts):
+            raise LaunchError(
+                f"trial {self.trial}: {len(self.scripts)} scripts for {len(self.hosts)} nodes"
+            )
+        for name in self.files:
+            self.paths.file(name)  # raises on a name that is a path
+
+    @property
+    def remote_dir(self) -> PurePosixPath:
+        """The trial directory on the nodes."""
+        return PurePosixPath(self.node_dir if self.node_dir is not None else str(self.paths.dir))
+
+    def remote_script(self, node_rank: int) -> PurePosixPath:
+        """Where node ``node_rank``'s script lives on that node."""
+        return self.remote_dir / self.paths.launch_script(node_rank).name
+
+    def remote_pid_file(self, node_rank: int) -> PurePosixPath:
+        """Where node ``node_rank`` records its script's process group."""
+        return self.remote_dir / self.paths.pid_file(node_rank).name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    """How a trial's processes ended, node by node."""
+
+    trial: int
+    hosts: tuple[str, ...]
+    exit_codes: tuple[int | None, ...]
+    """Exit code of each node's script; None when it never started or its node was lost."""
+    timed_out: bool
+    """Killed because it ran past ``LaunchRequest.timeout_s``."""
+    cancelled: bool
+    """Killed by :meth:`Job.cancel` (also set when the job was killed for a time out)."""
+    node_errors: tuple[tuple[str, str], ...]
+    """``(host, reason)`` for every node that could not be reached or was lost."""
+    duration_s: float
+    """From submission to the end of the last process, by the executor's clock."""
+    logs: tuple[Path, ...]
+    """The ``node-<k>.log`` files, in node-rank order."""
+    survivors: tuple[str, ...] = ()
+    """``"host: pid stat args"`` of processes still alive after killing; empty when clean."""
+
+    @property
+    def ok(self) -> bool:
+        """Every node's script exited 0, nothing was killed and no node was lost."""
+        return (
+            not self.timed_out
+            and not self.cancelled
+            and not self.node_errors
+            and all(code == 0 for code in self.exit_codes)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (``result.json`` in the trial directory)."""
+        return {
+            "trial": self.trial,
+            "hosts": list(self.hosts),
+            "exit_codes": list(self.exit_codes),
+            "timed_out": self.timed_out,
+            "cancelled": self.cancelled,
+            "node_errors": [list(e) for e in self.node_errors],
+            "duration_s": self.duration_s,
+            "logs": [str(p) for p in self.logs],
+            "survivors": list(self.survivors),
+        }
+
+
+class NodeProcess(abc.ABC):
+    """The running script of one node, as a backend sees it."""
+
+    @abc.abstractmethod
+    def poll(self) -> int | None:
+        """The exit code once the script has ended and its output is in the log, else None.
+
+        Raises :class:`NodeError` when the node is lost (dropped connection).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the process holds on this side (log file, channel)."""
+
+
+class Executor(abc.ABC):
+    """Starts trials on nodes. Subclasses fill the ``_prepare_node`` ... ``_survivors`` hooks.
+
+    ``clock`` measures the trial time limit and durations (tests pass a fake one to fast-forward);
+    ``grace_s`` is how long killed processes get between SIGTERM and SIGKILL.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = time.monotonic,
+        grace_s: float = 10.0,
+        poll_interval_s: float = 0.1,
+        peer_exit_grace_s: float = 60.0,
+        max_parallel: int = 64,
+    ) -> None:
+        self.clock = clock
+        self.grace_s = grace_s
+        self.poll_interval_s = poll_interval_s
+        self.peer_exit_grace_s = peer_exit_grace_s
+        self._threads = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="tuner")
+
+    def submit(self, request: LaunchRequest) -> Job:
+        """Place the files, start the script on every node and return the running job.
+
+        Never raises for an unreachable node: the job then ends at once with a node error.
+        """
+        self._write_local_copies(request)
+        job = Job(self, request, token=uuid.uuid4().hex)
+        job._start()
+        return job
+
+    def master_addr(self, hosts: Sequence[str]) -> str:
+        """The address other nodes use to reach ``hosts[0]`` (the rendezvous host)."""
+        return hosts[0]
+
+    def close(self) -> None:
+        """Release connections and threads. Jobs must be finished first."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- hooks --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
+        """Put the script and extra files into the trial directory of node ``node_rank``."""
+
+    @abc.abstractmethod
+    def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
+        """Start node ``node_rank``'s script with the token in its environment."""
+
+    @abc.abstractmethod
+    def _signal_node(self, request: LaunchRequest, node_rank: int, token: str, sig: str) -> None:
+        """Send ``sig`` ("TERM", "KILL") to every process of the trial on the node."""
+
+    @abc.abstractmethod
+    def _survivors(self, request: LaunchRequest, node_rank: int, token: str) -> list[str]:
+        """The live processes of the trial on the node, as ``"pid stat args"`` lines."""
+
+    # ----- helpers for Job and subclasses -------------------------------------------------------
+
+    def _fanout(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R | BaseException]:
+        """``fn`` over ``items`` in parallel; an exception is returned in place of its result."""
+        futures = [self._threads.submit(fn, item) for item in items]
+        out: list[R | BaseException] = []
+        for f in futures:
+            exc = f.exception()
+            out.append(exc if exc is not None else f.result())
+        return out
+
+    def _write_local_copies(self, request: LaunchRequest) -> None:
+        paths = request.paths
+        paths.dir.mkdir(parents=True, exist_ok=True)
+        for k, script in enumerate(request.scripts):
+            write_atomic(paths.launch_script(k), script, mode=0o755)
+        for name, content in request.files.items():
+            write_atomic(paths.file(name), content)
+
+
+def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> None:
+    # Write-then-rename: a loopback node may be reading the same file while another writes it.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(content)
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+class Job:
+    """One trial running on a group of nodes. Thread-safe; created by :meth:`Executor.submit`."""
+
+    def __init__(self, executor: Executor, request: LaunchRequest, *, token: str) -> None:
+        self._ex = executor
+        self._req = request
+        self.token = token
+        """The value of ``TUNER_TRIAL_TOKEN`` carried by every process of the trial."""
+        self._lock = threading.RLock()
+        self._procs: dict[int, NodeProcess] = {}
+        self._codes: dict[int, int | None] = {}
+        self._errors: dict[int, str] = {}
+        self._started_at = executor.clock()
+        self._first_exit_at: float | None = None
+        self._result: JobResult | None = None
+
+    @property
+    def paths(self) -> TrialPaths:
+        """The trial's files on this machine."""
+        return self._req.paths
+
+    @property
+    def request(self) -> LaunchRequest:
+        """What was submitted."""
+        return self._req
+
+    @property
+    def done(self) -> bool:
+        """True once a result is available."""
+        return self._result is not None
+
+    def _start(self) -> None:
+        ranks = range(len(self._req.hosts))
+        prepared = self._ex._fanout(lambda k: self._ex._prepare_node(self._req, k), ranks)
+        self._note_failures(prepared)
+        if self._errors:  # do not start half a group: the others would wait for rendezvous
+            self._finish(timed_out=False, cancelled=False)
+            return
+        started = self._ex._fanout(lambda k: self._ex._start_node(self._req, k, self.token), ranks)
+        for k, outcome in enumerate(started):
+            if isinstance(outcome, NodeProcess):
+                self._procs[k] = outcome
+        self._note_failures(started)
+        if self._errors:
+            self._kill_all(cancelled=False, timed_out=False)
+
+    def _note_failures(self, outcomes: Sequence[object]) -> None:
+        for k, outcome in enumerate(outcomes):
+            if isinstance(outcome, NodeError):
+                self._errors[k] = outcome.reason
+            elif isinstance(outcome, BaseException):
+                # An unexpected failure on one node must not leave the others running unwatched.
+                logger.error("trial %d node %s: %r", self._req.trial, self._req.hosts[k], outcome)
+                self._errors[k] = f"{type(outcome).__name__}: {outcome}"
+
+    def poll(self) -> JobResult | None:
+        """The result if the trial has ended (or was just killed for its time limit), else None."""
+        with self._lock:
+            if self._result is not None:
+                return self._result
+            self._collect()
+            now = self._ex.clock()
+            limit = self._req.timeout_s
+            if self._errors:
+                self._kill_all(cancelled=False, timed_out=False)
+            elif len(self._codes) == len(self._req.hosts):
+                self._finish(timed_out=False, cancelled=False)
+            elif limit is not None and now - self._started_at > limit:
+                logger.warning("trial %d ran past its limit of %.0f s", self._req.trial, limit)
+                self._kill_all(cancelled=True, timed_out=True)
+            elif self._peers_stuck(now):
+                logger.warning("trial %d: a node failed; ending the others", self._req.trial)
+                self._kill_all(cancelled=False, timed_out=False)
+            return self._result
+
+    def _collect(self) -> None:
+        for k, proc in self._procs.items():
+            if k in self._codes or k in self._errors:
+                continue
+            try:
+                code = proc.poll()
+            except NodeError as e:
+                self._errors[k] = e.reason
+                continue
+            if code is not None:
+                self._codes[k] = code
+                proc.close()
+                if code != 0 and self._first_exit_at is None:
+                    self._first_exit_at = self._ex.clock()
+
+    def _peers_stuck(self, now: float) -> bool:
+        # One node failed; the others usually fail soon after (lost rendezvous). If they hang
+        # instead, do not hold the nodes until the trial's time limit.
+        return (
+            self._first_exit_at is not None
+            and now - self._first_exit_at > self._ex.peer_exit_grace_s
+        )
+
+    def wait(self, timeout: float | None = None) -> JobResult:
+        """Block until the trial ends; :class:`TimeoutError` if ``timeout`` seconds pass first.
+
+        The trial's own time limit is enforced here too: past it the job is killed and its result
+        says ``timed_out``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            result = self.poll()
+            if result is not None:
+                return result
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"trial {self._req.trial} still running after {timeout} s")
+            time.sleep(self._ex.poll_interval_s)
+
+    def cancel(self) -> None:
+        """End the trial's whole process tree on every node and verify nothing of it is left.
+
+        Raises :class:`LaunchError` naming the survivors if some process could not be killed (they
+        are also in ``result.survivors``). Does nothing if the trial has already ended.
+        """
+        with self._lock:
+            if self._result is None:
+                self._kill_all(cancelled=True, timed_out=False)
+            result = self._result
+        if result is not None and result.cancelled and result.survivors:
+            raise LaunchError(
+                f"trial {self._req.trial}: processes survived cancel: "
+                + "; ".join(result.survivors)
+            )
+
+    def result(self) -> JobResult | None:
+        """The result if the trial has ended, without polling."""
+        return self._result
+
+    def _kill_all(self, *, cancelled: bool, timed_out: bool) -> None:
+        """SIGTERM everything, wait up to the grace period, SIGKILL what is left, then verify."""
+        live = [k for k in self._procs if k not in self._codes and k not in self._errors]
+        self._signal(live, "TERM")
+        deadline = time.monotonic() + self._ex.grace_s
+        while time.monotonic() < deadline:
+            self._collect()
+            live = [k for k in live if k not in self._codes and k not in self._errors]
+            if not live:
+                break
+            time.sleep(min(0.05, self._ex.poll_interval_s))
+        if live:
+            self._signal(live, "KILL")
+            self._drain(live, seconds=5.0)
+        self._finish(timed_out=timed_out, cancelled=cancelled)
+
+    def _signal(self, ranks: Sequence[int], sig: str) -> None:
+        outcomes = self._ex._fanout(
+            lambda k: self._ex._signal_node(self._req, k, self.token, sig), ranks
+        )
+        for k, outcome in zip(ranks, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                logger.warning(
+                    "trial %d node %d: SIG%s failed: %s", self._req.trial, k, sig, outcome
+                )
+
+    def _drain(self, ranks: Sequence[int], *, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self._collect()
+            if all(k in self._codes or k in self._errors for k in ranks):
+                return
+            time.sleep(0.05)
+
+    def _finish(self, *, timed_out: bool, cancelled: bool) -> None:
+        """Sweep every reachable node for leftovers (kill them), then freeze the result."""
+        survivors = self._sweep() if self._procs else []
+        for proc in self._procs.values():
+            proc.close()
+        req = self._req
+        self._result = JobResult(
+            trial=req.trial,
+            hosts=req.hosts,
+            exit_codes=tuple(self._codes.get(k) for k in range(len(req.hosts))),
+            timed_out=timed_out,
+            cancelled=cancelled,
+            node_errors=tuple((req.hosts[k], r) for k, r in sorted(self._errors.items())),
+            duration_s=self._ex.clock() - self._started_at,
+            logs=tuple(req.paths.node_log(k) for k in range(len(req.hosts))),
+            survivors=tuple(survivors),
+        )
+        write_atomic(req.paths.result_json, json.dumps(self._result.to_json(), indent=2) + "\n")
+        if survivors:
+            logger.error("trial %d: processes survive: %s", req.trial, "; ".join(survivors))
+
+    def _sweep(self) -> list[str]:
+        # Even a trial that ended by itself may leave background processes behind (a daemonised
+        # helper, a worker torchrun lost track of): they would hold the node's GPUs. Lost nodes
+        # are tried too (the connection may come back); failing to reach them is only logged.
+        ranks = list(self._procs)
+        found = self._scan(ranks)
+        strays = [k for k in ranks if found.get(k)]
+        if strays:
+            logger.warning(
+                "trial %d: killing leftover processes on %d nodes", self._req.trial, len(strays)
+            )
+            self._signal(strays, "KILL")
+            time.sleep(0.2)
+            found.update(self._scan(strays))
+        host = self._req.hosts
+        return [f"{host[k]}: {line}" for k in ranks for line in found.get(k) or []]
+
+    def _scan(self, ranks: Sequence[int]) -> dict[int, list[str] | None]:
+        """Live processes of the trial per node; None where the node could not be checked."""
+        found = self._ex._fanout(lambda k: self._ex._survivors(self._req, k, self.token), ranks)
+        out: dict[int, list[str] | None] = {}
+        for k, lines in zip(ranks, found, strict=True):
+            if isinstance(lines, BaseException):
+                level = logging.INFO if k in self._errors else logging.ERROR
+                logger.log(
+                    level,
+                    "trial %d: cannot check node %s: %s",
+                    self._req.trial,
+                    self._req.hosts[k],
+                    lines,
+                )
+                out[k] = None
+            else:
+                out[k] = lines
+        return out

@@ -1,0 +1,100 @@
+"""Run every "node" of a trial as a bash process on this machine (tests, single-node studies)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from tuner.launch.base import (
+    PROCESS_SCRIPT,
+    TOKEN_ENV,
+    Executor,
+    LaunchRequest,
+    NodeProcess,
+    write_atomic,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class _LocalProcess(NodeProcess):
+    def __init__(self, popen: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+        self._popen = popen
+        self._log = log
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def close(self) -> None:
+        self._log.close()
+
+
+class LocalExecutor(Executor):
+    """Each node of the group is a ``bash launch-node-<k>.sh`` process here, in its own session.
+
+    Output goes straight from the process into ``node-<k>.log`` (no copying thread), so the log is
+    live. ``master_addr`` is the loopback address whatever the host names are.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._base_env = dict(os.environ if env is None else env)
+
+    def master_addr(self, hosts: Sequence[str]) -> str:
+        return "127.0.0.1"
+
+    def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
+        # Executor.submit already wrote the files into paths.dir; copy them only when the "node"
+        # was told to use another directory.
+        target = Path(request.remote_dir)
+        if target.resolve() == request.paths.dir.resolve():
+            return
+        target.mkdir(parents=True, exist_ok=True)
+        script = Path(request.remote_script(node_rank))
+        write_atomic(script, request.scripts[node_rank], mode=0o755)
+        for name, content in request.files.items():
+            write_atomic(target / name, content)
+
+    def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
+        env = {**self._base_env, **request.env, TOKEN_ENV: token}
+        log = request.paths.node_log(node_rank).open("ab", buffering=0)
+        try:
+            popen = subprocess.Popen(
+                ["bash", str(request.remote_script(node_rank))],
+                cwd=str(request.remote_dir),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            log.close()
+            raise
+        # start_new_session: the script's pid is its process group id.
+        Path(request.remote_pid_file(node_rank)).write_text(f"{popen.pid}\n")
+        return _LocalProcess(popen, log)
+
+    def _signal_node(self, request: LaunchRequest, node_rank: int, token: str, sig: str) -> None:
+        _process_script(token, str(request.remote_pid_file(node_rank)), sig)
+
+    def _survivors(self, request: LaunchRequest, node_rank: int, token: str) -> list[str]:
+        out = _process_script(token, str(request.remote_pid_file(node_rank)), "-")
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _process_script(token: str, pid_file: str, sig: str) -> str:
+    done = subprocess.run(
+        ["sh", "-c", PROCESS_SCRIPT, "tuner-procs", token, pid_file, sig],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if done.returncode != 0:
+        logger.warning("process scan exited %d: %s", done.returncode, done.stderr.strip())
+    return done.stdout
