@@ -14,7 +14,7 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, cast, get_args, get_origin
 
 from tuner.errors import ConfigError
 
@@ -33,7 +33,7 @@ def _describe(value: object) -> str:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -42,7 +42,7 @@ def load_dataclass(cls: type[T], data: object, path: str = "") -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping, got {_describe(data)}", path=path or "<top>")
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    hints = _hints(cls)
+    hints = _hints(cast(Any, cls))
     unknown = [str(k) for k in data if k not in fields]
     if unknown:
         allowed = ", ".join(sorted(fields))
@@ -66,7 +66,7 @@ def load_dataclass(cls: type[T], data: object, path: str = "") -> T:
 
 
 def convert(tp: Any, value: object, path: str) -> Any:
-    """Convert one YAML value to the annotated type ``tp`` or raise a ConfigError naming ``path``."""
+    """Convert one YAML value to the type ``tp``, or raise a ConfigError naming ``path``."""
     origin = get_origin(tp)
     if origin is types.UnionType or origin is typing.Union:
         return _convert_union(tp, value, path)

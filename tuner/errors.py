@@ -16,8 +16,8 @@ class TunerError(Exception):
 class ConfigError(TunerError):
     """A study file, preset or command-line value is wrong.
 
-    ``path`` is the YAML path of the offending field (``space.tp[2]``), or empty when the problem is
-    with the whole file. The message always names it.
+    ``path`` is the YAML path of the offending field (``space.tp[2]``), or empty when the
+    problem is with the whole file. The message always names it.
     """
 
     exit_code = 2
@@ -69,6 +69,6 @@ class ParseError(TunerError):
 
 
 class StudyError(TunerError):
-    """The study storage is inconsistent with the spec (changed spec on resume, bad storage URL)."""
+    """The study storage does not match the spec (changed spec on resume, bad storage URL)."""
 
     exit_code = 2

@@ -162,7 +162,9 @@ def param_counts(model: ModelSpec) -> ParamCounts:
     kv = model.kv_channels
     attn = h * (a * kv) + 2 * h * (g * kv) + (a * kv) * h  # Q, K, V and output projection
     mlp = (3 if model.swiglu else 2) * h * f  # SwiGLU fc1 is 2F wide (x1.5)
-    col_bias = (a * kv + 2 * g * kv + (2 * f if model.swiglu else f)) if model.add_bias_linear else 0
+    col_bias = (
+        (a * kv + 2 * g * kv + (2 * f if model.swiglu else f)) if model.add_bias_linear else 0
+    )
     row_bias = 2 * h if model.add_bias_linear else 0
     norm = (2 * h) if model.normalization == "layernorm" else h  # LayerNorm has a bias
     position = h * (model.max_position_embeddings or model.seq_length)
@@ -176,7 +178,7 @@ def param_counts(model: ModelSpec) -> ParamCounts:
 
 
 def padded_vocab(vocab_size: int, tp: int, framework: Framework, divisible_by: int = 128) -> int:
-    """Megatron pads the vocabulary to a multiple of 128 x TP ([M] --make-vocab-size-divisible-by)."""
+    """Pad the vocabulary to a multiple of 128 x TP ([M] make-vocab-size-divisible-by)."""
     if framework != "megatron":
         return vocab_size
     step = divisible_by * tp
@@ -208,7 +210,7 @@ class LayerActivations:
 def layer_activations(
     model: ModelSpec, micro_batch: int, cp: int, precision: Precision
 ) -> LayerActivations:
-    """[K] Table 2 generalised to GQA, SwiGLU, FlashAttention, no-dropout, fp32 and CP (s -> s/c)."""
+    """[K] Table 2 generalised to GQA, SwiGLU, FlashAttention, no dropout, fp32 and CP."""
     s = model.seq_length / cp  # CP splits the sequence ([K] counting with s/c tokens per rank)
     b, h, f = micro_batch, model.hidden_size, model.ffn_hidden_size
     a, g = model.num_attention_heads, model.query_groups
@@ -348,7 +350,11 @@ def _comm_buffers(c: ParallelConfig, gpu: GPUSpec) -> float:
 
 
 def _stage_breakdown(
-    model: ModelSpec, c: ParallelConfig, stage: int, gpu: GPUSpec, framework: Framework,
+    model: ModelSpec,
+    c: ParallelConfig,
+    stage: int,
+    gpu: GPUSpec,
+    framework: Framework,
     precision: Precision,
 ) -> MemoryBreakdown:
     vocab = padded_vocab(model.vocab_size, c.tp, framework)

@@ -6,7 +6,7 @@ import enum
 
 
 class Outcome(enum.StrEnum):
-    """What happened to one configuration. The string values appear in JSON, CSV and the storage."""
+    """What happened to one configuration; the values appear in JSON, CSV and the storage."""
 
     OK = "ok"
     PRUNED_MEMORY = "pruned_memory"  # predicted OOM: never launched

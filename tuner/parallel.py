@@ -1,8 +1,8 @@
 """``ParallelConfig``: one point of the search space, and the frameworks' own validity rules.
 
 DP follows from the world size: dp = world / (tp x pp x cp). The rules below are Megatron-LM's
-``validate_args`` / ``TransformerConfig`` checks and DeepSpeed's engine checks, with the numbers that
-broke them (see shared reference ``megatron-deepspeed-interfaces.md`` section 1e and 3a).
+``validate_args`` / ``TransformerConfig`` checks and DeepSpeed's engine checks, with the numbers
+that broke them (see shared reference ``megatron-deepspeed-interfaces.md`` section 1e and 3a).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class ParallelConfig:
 
     def key(self) -> str:
         """A canonical text key: equal configs have equal keys (used to never run one twice)."""
-        rc = self.recompute
+        rc: str = self.recompute
         if rc == "full":
             rc = f"full:{self.recompute_method}:{self.recompute_num_layers}"
         return (
@@ -147,12 +147,15 @@ def _check_model_split(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
         out.append(
             RuleViolation(
                 "query_groups_tp",
-                f"num_query_groups ({g}) must be a multiple of tensor_model_parallel_size ({c.tp})",
+                f"num_query_groups ({g}) must be a multiple of tensor_model_parallel_size "
+                f"({c.tp})",
             )
         )
     if m.ffn_hidden_size % c.tp:
         out.append(
-            RuleViolation("ffn_tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by {c.tp}")
+            RuleViolation(
+                "ffn_tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by {c.tp}"
+            )
         )
     if c.vp == 1 and m.num_layers % c.pp:
         out.append(

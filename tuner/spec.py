@@ -224,7 +224,9 @@ class LaunchSpec:
                 path="warmup_iters",
             )
         if not 1024 <= self.master_port <= 65000:
-            raise ConfigError(f"must be in 1024..65000, got {self.master_port}", path="master_port")
+            raise ConfigError(
+                f"must be in 1024..65000, got {self.master_port}", path="master_port"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -268,7 +270,9 @@ class SpaceSpec:
                     raise ConfigError(f"must be > 0, got {item}", path=f"{f.name}[{i}]")
         for i, z in enumerate(self.zero_stage):
             if not 0 <= z <= 3:
-                raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {z}", path=f"zero_stage[{i}]")
+                raise ConfigError(
+                    f"ZeRO stage must be 0, 1, 2 or 3, got {z}", path=f"zero_stage[{i}]"
+                )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -411,7 +415,9 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise ConfigError(f"cannot read hostfile {str(path)!r}: {exc.strerror}", path=yaml_path)
+        raise ConfigError(
+            f"cannot read hostfile {str(path)!r}: {exc.strerror}", path=yaml_path
+        ) from None
     hosts: list[str] = []
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
