@@ -1,0 +1,245 @@
+"""The search space: expand ``space`` (lists or ``auto``), enumerate, validate and estimate.
+
+``enumerate_space`` walks every combination of the study's knobs, derives DP from the world
+size, checks the framework's rules (``tuner.parallel``) and, for the valid ones, predicts memory
+(``tuner.memory``). ``config_from_settings`` builds one config from ``--set key=value`` pairs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.catalog import GPUSpec, get_gpu
+from tuner.errors import ConfigError
+from tuner.memory import MemoryBreakdown, estimate_memory, fits
+from tuner.parallel import ParallelConfig, validate
+from tuner.spec import StudySpec
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True, slots=True)
+class Axes:
+    """The concrete values of every knob after ``auto`` is expanded."""
+
+    tp: tuple[int, ...]
+    pp: tuple[int, ...]
+    cp: tuple[int, ...]
+    vp: tuple[int, ...]
+    micro_batch_size: tuple[int, ...]
+    sequence_parallel: tuple[bool, ...]
+    recompute: tuple[tuple[str, str | None, int | None], ...]
+    distributed_optimizer: tuple[bool, ...]
+    zero_stage: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """Number of combinations."""
+        n = 1
+        for name in self.__dataclass_fields__:
+            n *= len(getattr(self, name))
+        return n
+
+
+def expand_axes(spec: StudySpec) -> Axes:
+    """Resolve ``auto`` values against the model and the world size of one trial."""
+    s, m, world = spec.space, spec.model, spec.world_size
+    ds = spec.framework == "deepspeed"
+
+    def pick(value: Any, auto: list[int]) -> tuple[int, ...]:
+        return tuple(auto) if value == "auto" else tuple(value)
+
+    heads_ok = [t for t in _powers_of_two(min(spec.cluster.gpus_per_node, world))]
+    tp_auto = [1] if ds else [t for t in heads_ok if m.query_groups % t == 0]
+    cp_auto = (
+        [1]
+        if ds
+        else [c for c in _powers_of_two(min(8, world)) if m.seq_length % (2 * c) == 0 or c == 1]
+    )
+    mbs_auto = [b for b in _powers_of_two(16) if spec.training.global_batch_size % b == 0]
+    recompute: list[tuple[str, str | None, int | None]] = []
+    for granularity in s.recompute:
+        if granularity != "full":
+            recompute.append((granularity, None, None))
+            continue
+        layers = (0,) if s.recompute_num_layers == "auto" else s.recompute_num_layers
+        for method in s.recompute_method:
+            recompute.extend(("full", method, n) for n in layers)
+    return Axes(
+        tp=pick(s.tp, tp_auto),
+        pp=pick(s.pp, [p for p in _divisors(m.num_layers) if p <= world]),
+        cp=pick(s.cp, cp_auto),
+        vp=pick(s.vp, [1] if ds else [1, 2, 3, 4]),
+        micro_batch_size=pick(s.micro_batch_size, mbs_auto),
+        sequence_parallel=s.sequence_parallel,
+        recompute=tuple(recompute),
+        distributed_optimizer=s.distributed_optimizer,
+        zero_stage=s.zero_stage,
+    )
+
+
+def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:
+    """Every combination of the axes as a ParallelConfig (DP derived; may be invalid)."""
+    axes = axes or expand_axes(spec)
+    world, gbs = spec.world_size, spec.training.global_batch_size
+    layers = spec.model.num_layers
+    for tp, pp, cp, vp in itertools.product(axes.tp, axes.pp, axes.cp, axes.vp):
+        dp = max(world // (tp * pp * cp), 1)
+        per_rank = max(layers // (pp * vp), 1)
+        for mbs, sp, (rc, method, n), dopt, zero in itertools.product(
+            axes.micro_batch_size,
+            axes.sequence_parallel,
+            axes.recompute,
+            axes.distributed_optimizer,
+            axes.zero_stage,
+        ):
+            yield ParallelConfig(
+                tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, sequence_parallel=sp,
+                micro_batch_size=mbs, global_batch_size=gbs, recompute=rc,  # type: ignore[arg-type]
+                recompute_method=method,  # type: ignore[arg-type]
+                recompute_num_layers=(per_rank if n == 0 else n),
+                distributed_optimizer=dopt, zero_stage=zero,
+            )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A valid configuration with its predicted memory and whether it fits."""
+
+    config: ParallelConfig
+    memory: MemoryBreakdown
+    fits: bool
+
+
+@dataclass(slots=True)
+class SpaceReport:
+    """Counts over the whole space, and the viable candidates."""
+
+    total: int = 0
+    invalid: int = 0
+    invalid_by_rule: Counter[str] = field(default_factory=Counter)
+    predicted_oom: int = 0
+    viable: list[Candidate] = field(default_factory=list)
+    oom: list[Candidate] = field(default_factory=list)
+
+    def counts(self) -> dict[str, Any]:
+        """Counts for ``tune space --json``; an invalid config counts under its first rule."""
+        return {
+            "total": self.total,
+            "invalid": self.invalid,
+            "invalid_by_rule": dict(self.invalid_by_rule.most_common()),
+            "predicted_oom": self.predicted_oom,
+            "viable": len(self.viable),
+        }
+
+
+def study_gpu(spec: StudySpec) -> GPUSpec:
+    """The study's GPU catalog entry with its memory override applied."""
+    return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib)
+
+
+def enumerate_space(spec: StudySpec, keep_oom: bool = False) -> SpaceReport:
+    """Validate and memory-estimate every combination of the study's space."""
+    gpu = study_gpu(spec)
+    report = SpaceReport()
+    world, model, fw = spec.world_size, spec.model, spec.framework
+    precision, headroom = spec.training.precision, spec.search.memory_headroom
+    for config in iter_configs(spec):
+        report.total += 1
+        errors = validate(config, model, world, fw)
+        if errors:
+            report.invalid += 1
+            report.invalid_by_rule[errors[0].rule] += 1
+            continue
+        memory = estimate_memory(model, config, gpu, fw, precision)
+        ok = fits(memory, gpu, headroom)
+        if ok:
+            report.viable.append(Candidate(config, memory, True))
+        else:
+            report.predicted_oom += 1
+            if keep_oom:
+                report.oom.append(Candidate(config, memory, False))
+    return report
+
+
+# ----------------------------------------------------------------------------- --set key=value
+
+_ALIASES = {
+    "sp": "sequence_parallel",
+    "mbs": "micro_batch_size",
+    "micro_batch": "micro_batch_size",
+    "distopt": "distributed_optimizer",
+    "dist_opt": "distributed_optimizer",
+    "zero": "zero_stage",
+    "recompute_granularity": "recompute",
+}
+_INT_KEYS = {"tp", "pp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "zero_stage"}
+_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "recompute": ("none", "selective", "full"),
+    "recompute_method": ("uniform", "block"),
+}
+
+
+def _parse_setting(item: str) -> tuple[str, object]:
+    if "=" not in item:
+        raise ConfigError(f"expected key=value, got {item!r}", path="--set")
+    raw_key, raw = (p.strip() for p in item.split("=", 1))
+    key = _ALIASES.get(raw_key, raw_key)
+    where = f"--set {raw_key}"
+    if key in _INT_KEYS:
+        try:
+            return key, int(raw)
+        except ValueError:
+            raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
+    if key in _BOOL_KEYS:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return key, True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return key, False
+        raise ConfigError(f"expected true or false, got {raw!r}", path=where)
+    if key in _CHOICES:
+        if raw not in _CHOICES[key]:
+            raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
+        return key, raw
+    known = sorted(_INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES))
+    raise ConfigError(f"unknown key (known: {', '.join(known)})", path=where)
+
+
+def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig:
+    """Build one config from ``key=value`` strings; unset knobs take the space's first value."""
+    axes = expand_axes(spec)
+    rc, method, n = axes.recompute[0]
+    values: dict[str, Any] = {
+        "tp": axes.tp[0], "pp": axes.pp[0], "cp": axes.cp[0], "vp": axes.vp[0],
+        "micro_batch_size": axes.micro_batch_size[0],
+        "sequence_parallel": axes.sequence_parallel[0], "recompute": rc,
+        "recompute_method": method, "recompute_num_layers": n,
+        "distributed_optimizer": axes.distributed_optimizer[0], "zero_stage": axes.zero_stage[0],
+    }  # fmt: skip
+    given = dict(_parse_setting(item) for item in settings)
+    values.update(given)
+    if values["recompute"] != "full":
+        values["recompute_method"] = given.get("recompute_method")
+        values["recompute_num_layers"] = given.get("recompute_num_layers")
+    else:
+        values["recompute_method"] = values["recompute_method"] or "uniform"
+        if not values["recompute_num_layers"]:
+            values["recompute_num_layers"] = 1
+    mp = values["tp"] * values["pp"] * values["cp"]
+    values["dp"] = max(spec.world_size // mp, 1) if mp > 0 else 1
+    return ParallelConfig(global_batch_size=spec.training.global_batch_size, **values)
