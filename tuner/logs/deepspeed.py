@@ -1,0 +1,231 @@
+"""DeepSpeed log lines, and the ``tuner-step`` line our own workload prints.
+
+Recognised (interfaces reference §3c):
+
+* ThroughputTimer, every generation: ``0/450, SamplesPerSec=X`` (<= v0.5), ``..., MemAllocated=
+  XGB, MaxMemAllocated=YGB`` (v0.6), ``RunningAvgSamplesPerSec=/CurrSamplesPerSec=`` (v0.7) and
+  ``epoch=E/micro_step=M/global_step=G, ...`` (>= v0.8). GB there is GiB (bytes / 1024**3).
+* ``wall_clock_breakdown`` timers ``[rank=0 ]time (ms) | name: ms | ...`` with the old
+  (``forward``/``backward``/``step``) and new (``fwd``/``bwd``/``step``) names; only the lines
+  printed at the gradient-accumulation boundary (no ``_microstep`` suffix) make a step.
+* PipelineEngine ``steps: N loss: X iter time (s): Y samples/sec: Z``.
+* ``see_memory_usage``: ``MA x GB  Max_MA x GB  CA x GB  Max_CA x GB``.
+* Megatron-DeepSpeed / GPT-NeoX iteration lines and Megatron memory reports (via
+  :mod:`tuner.logs.megatron`).
+
+The ``tuner-step`` line, printed once per optimizer step by the workloads tuner ships::
+
+    tuner-step: iter=12 time_s=0.8312 samples_per_s=38.5 max_allocated_gib=3.21 \
+max_reserved_gib=3.5 rank=0
+
+Space-separated ``key=value`` tokens after ``tuner-step:`` (anything may precede it, e.g. a
+logging prefix). ``iter`` (int, 1-based optimizer step) and ``time_s`` (the step's wall time in
+seconds, from the start of the step to the end of the optimizer step) are required; the others are
+optional: ``samples_per_s`` (samples of the global batch per second), ``max_allocated_gib`` and
+``max_reserved_gib`` (the accelerator allocator's peaks so far, GiB; CPU runs may omit them) and
+``rank`` (global rank). Unknown keys are ignored. When several ranks print the same ``iter``, the
+step time is the slowest rank's, memory the largest.
+
+Step time comes from the first source present: tuner-step lines, iteration lines, pipeline
+``iter time (s)``, boundary timers (fwd + bwd + step, or ``train_batch``), and finally
+``global_batch_size / samples per second`` when the caller knows the global batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+
+from tuner.logs import classify, lines, megatron
+from tuner.logs.metrics import RunMetrics, StepSummary, median, steady
+
+_TUNER_STEP = re.compile(r"\btuner-step:((?:\s+[A-Za-z_]+=\S+)+)")
+_PIPELINE = re.compile(
+    r"\bsteps: (\d+) loss: \S+ iter time \(s\): ([-\d.eE+]+) samples/sec: ([-\d.eE+]+)"
+)
+_TIMERS = re.compile(r"\btime \(ms\)\s*\|")
+_THROUGHPUT_PAIR = re.compile(
+    r"\b(global_step|RunningAvgSamplesPerSec|CurrSamplesPerSec|SamplesPerSec|MaxMemAllocated)"
+    r"=([^,\s]+)"
+)
+_OLD_STEP = re.compile(r"\b\d+/(\d+), (?:SamplesPerSec|RunningAvgSamplesPerSec)=")
+_SEE_MEMORY = re.compile(
+    r"\bMA ([\d.]+) GB\s+Max_MA ([\d.]+) GB\s+CA ([\d.]+) GB\s+Max_CA ([\d.]+) GB"
+)
+#: Lines only DeepSpeed (or our DeepSpeed workload) prints: used to auto-detect the framework.
+SIGNATURES = re.compile(
+    r"SamplesPerSec=|_microstep: |iter time \(s\):|see_memory_usage|Max_MA |tuner-step:"
+    r"|\[deepspeed\]|log_dist\]|deepspeed\.|DeepSpeed"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """One step measurement: (order key, seconds, samples/s or None)."""
+
+    key: float
+    time_s: float
+    samples_per_s: float | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class DeepSpeedScan:
+    """Everything the DeepSpeed line parsers found in one log."""
+
+    tuner_steps: dict[int, Step] = dataclasses.field(default_factory=dict)
+    pipeline: list[Step] = dataclasses.field(default_factory=list)
+    timers: list[Step] = dataclasses.field(default_factory=list)
+    throughput: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    allocated_gib: list[float] = dataclasses.field(default_factory=list)
+    reserved_gib: list[float] = dataclasses.field(default_factory=list)
+    megatron: megatron.MegatronScan = dataclasses.field(default_factory=megatron.MegatronScan)
+
+    def feed(self, line: str) -> None:
+        """Read one (prefix-stripped) line."""
+        self.megatron.feed(line)
+        self._tuner_step(line)
+        if match := _PIPELINE.search(line):
+            step = Step(float(match.group(1)), float(match.group(2)), float(match.group(3)))
+            self.pipeline.append(step)
+        if match := _TIMERS.search(line):
+            self._timers(line, match.end())
+        if "SamplesPerSec=" in line:
+            self._throughput(line)
+        if match := _SEE_MEMORY.search(line):
+            self.allocated_gib.append(float(match.group(2)))
+            self.reserved_gib.append(float(match.group(4)))
+
+    def _tuner_step(self, line: str) -> None:
+        match = _TUNER_STEP.search(line)
+        if match is None:
+            return
+        values = dict(token.split("=", 1) for token in match.group(1).split())
+        iteration, time_s = (
+            lines.number(values.get("iter", "")),
+            lines.number(values.get("time_s", "")),
+        )
+        if iteration is None or time_s is None:
+            return
+        samples = lines.number(values.get("samples_per_s", ""))
+        previous = self.tuner_steps.get(int(iteration))
+        if previous is not None:
+            time_s = max(time_s, previous.time_s)
+            if samples is None or (
+                previous.samples_per_s is not None and previous.samples_per_s < samples
+            ):
+                samples = previous.samples_per_s
+        self.tuner_steps[int(iteration)] = Step(iteration, time_s, samples)
+        for key, bucket in (
+            ("max_allocated_gib", self.allocated_gib),
+            ("max_reserved_gib", self.reserved_gib),
+        ):
+            if (value := lines.number(values.get(key, ""))) is not None:
+                bucket.append(value)
+
+    def _timers(self, line: str, start: int) -> None:
+        fields = lines.bar_fields(line[start : lines.segment_end(line, start)] + "|", closed=True)
+        values = {k: v for k, text in fields.items() if (v := lines.number(text)) is not None}
+        if "train_batch" in values:
+            total_ms = values["train_batch"]
+        else:
+            forward = values.get("fwd", values.get("forward"))
+            backward = values.get("bwd", values.get("backward"))
+            if forward is None or backward is None or "step" not in values:
+                return
+            total_ms = forward + backward + values["step"]
+        self.timers.append(Step(float(len(self.timers)), total_ms / 1000.0))
+
+    def _throughput(self, line: str) -> None:
+        pairs = {
+            k: v
+            for k, text in _THROUGHPUT_PAIR.findall(line)
+            if (v := lines.number(text)) is not None
+        }
+        samples = pairs.get("CurrSamplesPerSec", pairs.get("SamplesPerSec"))
+        if samples is not None:
+            old = _OLD_STEP.search(line)
+            key = pairs.get("global_step", float(old.group(1)) if old else len(self.throughput))
+            self.throughput.append((key, samples))
+        if "MaxMemAllocated" in pairs:
+            self.allocated_gib.append(pairs["MaxMemAllocated"])
+
+
+def scan(text: str) -> DeepSpeedScan:
+    """Run the DeepSpeed (and Megatron) line parsers over a whole log."""
+    result = DeepSpeedScan()
+    for line in lines.log_lines(text):
+        result.feed(line)
+    return result
+
+
+def _from_steps(steps: Sequence[Step], warmup: int | None) -> StepSummary:
+    samples = [(s.key, s.samples_per_s) for s in steps if s.samples_per_s is not None]
+    return StepSummary(
+        iterations=len(steps),
+        step_times_s=tuple(s.time_s for s in steps),
+        step_time_s=median(steady([(s.key, s.time_s) for s in steps], warmup)),
+        samples_per_s=median(steady(samples, warmup)),
+    )
+
+
+def summarise(
+    found: DeepSpeedScan, warmup: int | None, global_batch_size: int | None = None
+) -> StepSummary:
+    """Per-step figures from the best source present (see the module docstring)."""
+    if found.tuner_steps:
+        summary = _from_steps(list(found.tuner_steps.values()), warmup)
+    elif any(r.step_time_s is not None for r in found.megatron.iterations):
+        summary = megatron.summarise(found.megatron.iterations, warmup)
+    elif found.pipeline or found.timers:
+        summary = _from_steps(found.pipeline or found.timers, warmup)
+    else:
+        summary = StepSummary(iterations=len(found.throughput))
+    throughput = median(steady(found.throughput, warmup))
+    step = summary.step_time_s
+    if step is None and throughput and global_batch_size:
+        step = global_batch_size / throughput
+    samples = summary.samples_per_s or throughput
+    if samples is None and step and global_batch_size:
+        samples = global_batch_size / step
+    return dataclasses.replace(summary, step_time_s=step, samples_per_s=samples)
+
+
+def parse_deepspeed(
+    text: str,
+    warmup: int | None = None,
+    *,
+    global_batch_size: int | None = None,
+    exit_codes: Sequence[int | None] = (),
+    timed_out: bool = False,
+) -> RunMetrics:
+    """Parse a DeepSpeed (or Megatron-DeepSpeed) log into :class:`RunMetrics`.
+
+    ``global_batch_size`` lets a log with only throughput lines yield a step time.
+    """
+    found = scan(text)
+    summary = summarise(found, warmup, global_batch_size)
+    outcome, reason = classify.decide(
+        classify.find_failure(text),
+        has_step_time=summary.step_time_s is not None,
+        exit_codes=exit_codes,
+        timed_out=timed_out,
+    )
+    reports = found.megatron.memory
+    return RunMetrics(
+        outcome=outcome,
+        reason=reason,
+        iterations=summary.iterations,
+        step_times_s=summary.step_times_s,
+        step_time_s=summary.step_time_s,
+        tflops_per_gpu=summary.tflops_per_gpu,
+        tflops_includes_recompute=summary.tflops_includes_recompute,
+        samples_per_s=summary.samples_per_s,
+        peak_memory_gib=megatron.peak(
+            [*found.allocated_gib, *(m.max_allocated_gib for m in reports)]
+        ),
+        peak_reserved_gib=megatron.peak(
+            [*found.reserved_gib, *(m.max_reserved_gib for m in reports)]
+        ),
+        theoretical_memory_gib=found.megatron.theoretical_gib,
+    )
