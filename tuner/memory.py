@@ -87,6 +87,14 @@ def model_state_bytes(psi: float, dp: int, stage: int, b: ModelStateBytes) -> tu
     return weights, grads, psi * b.optimizer / dp
 
 
+def zero_model_state_total(
+    psi: float, dp: int, stage: int, b: ModelStateBytes, largest_layer_params: float = 0.0
+) -> float:
+    """All model-state bytes per GPU; ZeRO-3 adds the gathered largest layer (4 B/param [DS])."""
+    total = sum(model_state_bytes(psi, dp, stage, b))
+    return total + (4 * largest_layer_params if stage == 3 else 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
     """Per-GPU bytes on the most loaded rank; every term is explained in this module."""
