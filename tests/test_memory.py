@@ -74,7 +74,7 @@ def test_korthikanti_figure1(case: tuple) -> None:
 
 
 # Korthikanti Figure 7: activation memory relative to the TP-only baseline, %. The values were
-# read off the bar chart (as hard-coded in Calculon), so they carry up to +-0.2 point of reading error.
+# read off the bar chart (as hard-coded in Calculon): up to +-0.2 point of reading error.
 FIG7 = [
     ("22B", 48, 6144, 64, 66.84, 49.42, 16.18, 7.64),
     ("175B", 96, 12288, 96, 62.04, 56.53, 18.49, 8.71),
