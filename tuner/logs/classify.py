@@ -117,10 +117,16 @@ class Failure:
 
 
 def _reason(text: str) -> str:
-    text = text.strip().strip("\"'").strip()
+    text = text.strip()
+    for quote in "\"'":  # an unbalanced quote around a pasted message is not part of it
+        if text.count(quote) % 2 and text.endswith(quote):
+            text = text[:-1]
+        if text.count(quote) % 2 and text.startswith(quote):
+            text = text[1:]
     cut = text.find(" If reserved")
     if cut > 0:
         text = text[:cut]
+    text = text.strip()
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
 
 

@@ -1,0 +1,101 @@
+"""``tune parse-log``: run() called directly through a real argparse parser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from tuner.logs import JSON_KEYS
+from tuner.logs.cli import add_parser, run
+
+ITERATION = (
+    " [2025-01-02 03:04:05] iteration        {i}/      10 | consumed samples:           {i} |"
+    " elapsed time per iteration (ms): {ms} | throughput per GPU (TFLOP/s/GPU): 123.4 |"
+    " learning rate: 1.000000E-04 | global batch size:     8 | lm loss: 7.0E+00 |"
+    " loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tune")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["parse-log", *argv])
+    assert args.func is run
+    return args
+
+
+@pytest.fixture
+def ok_log(tmp_path: Path) -> Path:
+    path = tmp_path / "node-0.log"
+    path.write_text("\n".join(ITERATION.format(i=i, ms=ms) for i, ms in [(1, 900.0), (2, 500.0)]))
+    return path
+
+
+@pytest.fixture
+def oom_log(tmp_path: Path) -> Path:
+    path = tmp_path / "oom.log"
+    path.write_text(
+        "Traceback (most recent call last):\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+        "total capacity of 79.10 GiB of which 1.00 GiB is free.\n"
+    )
+    return path
+
+
+def test_json_one_file_is_one_object(ok_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_args(str(ok_log), "--json")) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert tuple(obj) == JSON_KEYS
+    assert obj == {
+        "file": str(ok_log),
+        "outcome": "ok",
+        "iterations": 2,
+        "step_time_s": 0.5,
+        "peak_memory_gib": None,
+        "tflops_per_gpu": 123.4,
+        "samples_per_s": 16.0,
+        "reason": None,
+    }
+
+
+def test_json_several_files_is_a_list(
+    ok_log: Path, oom_log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(_args(str(ok_log), str(oom_log), "--json", "--framework", "megatron")) == 0
+    objs = json.loads(capsys.readouterr().out)
+    assert [o["outcome"] for o in objs] == ["ok", "oom"]
+    assert objs[1]["reason"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
+    assert all(tuple(o) == JSON_KEYS for o in objs)
+
+
+def test_warmup_flag(ok_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_args(str(ok_log), "--json", "--warmup", "0")) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(0.7)
+
+
+def test_table(ok_log: Path, oom_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_args(str(ok_log), str(oom_log))) == 0
+    out = capsys.readouterr().out
+    assert "ok" in out and "oom" in out and "0.500" in out and "123.4" in out
+
+
+@pytest.mark.parametrize("name", ["missing.log", "."])
+def test_unreadable_file_exits_2_with_one_line(
+    ok_log: Path, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / name
+    assert run(_args(str(ok_log), str(target), "--json")) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith("tune parse-log: ") and str(target) in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_bad_framework_is_an_argparse_error(ok_log: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _args(str(ok_log), "--framework", "jax")
+    assert exc.value.code == 2

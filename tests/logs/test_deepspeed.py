@@ -1,0 +1,199 @@
+"""DeepSpeed log parsing: every ThroughputTimer generation, wall-clock timers, pipeline lines,
+see_memory_usage, and the tuner-step line of our own workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.logs import detect_framework, parse_deepspeed, parse_log, parse_log_file
+from tuner.outcome import Outcome
+
+FIXTURES: dict[str, dict[str, object]] = {
+    "deepspeed_2020_timers_deepspeedai-DeepSpeed-255.log": dict(
+        # only per-micro-step timers (no GAS-boundary line) and one SamplesPerSec record
+        outcome=Outcome.NO_METRICS,
+        iterations=1,
+        step_time_s=None,
+        samples_per_s=7.458824487454903,
+    ),
+    "deepspeed_fp16_overflow_deepspeedai-DeepSpeed-5779.log": dict(
+        outcome=Outcome.NO_METRICS, iterations=0, step_time_s=None, samples_per_s=None
+    ),
+    "deepspeed_old_timer_names_gptneox_EleutherAI-gpt-neox-965.log": dict(
+        outcome=Outcome.NO_METRICS,
+        iterations=0,
+        step_time_s=None,  # micro-step timers only
+    ),
+    "deepspeed_old_tput_timer_huggingface-transformers-14531.log": dict(
+        outcome=Outcome.NO_METRICS,
+        iterations=1,
+        step_time_s=None,
+        samples_per_s=9.526738918021234,  # "0/2000, SamplesPerSec=" (<= v0.5)
+    ),
+    "deepspeed_rank0_timers_2021_deepspeedai-DeepSpeed-1436.log": dict(
+        outcome=Outcome.OK,
+        iterations=2,
+        # boundary lines: forward + backward + step; the first (1726.90 ms) is warm-up
+        step_time_s=(316.87 + 740.98 + 659.09) / 1000,
+        peak_memory_gib=None,
+    ),
+    "deepspeed_tput_timer_and_timers_deepspeedai-DeepSpeed-3742.log": dict(
+        outcome=Outcome.OK,
+        iterations=1,
+        step_time_s=4.6229,  # GPT-NeoX iteration line wins over the timers
+        samples_per_s=6.922,  # "samples/sec" before "iteration" on that line
+        tflops_per_gpu=100.2,  # "approx flops per GPU: 100.2TFLOPS"
+        tflops_includes_recompute=True,
+        peak_memory_gib=63.31,  # MaxMemAllocated=63.31GB
+        peak_reserved_gib=None,
+    ),
+    "deepspeed_wall_clock_breakdown_huggingface-accelerate-1589.log": dict(
+        outcome=Outcome.OK,
+        iterations=2,
+        step_time_s=(27.46 + 73.60 + 72.60) / 1000,  # first boundary line is warm-up
+    ),
+}
+
+
+def test_every_deepspeed_fixture_has_expectations(fixtures_dir: Path) -> None:
+    present = {p.name for p in fixtures_dir.glob("deepspeed_*.log")}
+    assert present == set(FIXTURES), "add the new fixture's expected figures to FIXTURES"
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_fixture_figures(fixtures_dir: Path, name: str) -> None:
+    assert detect_framework((fixtures_dir / name).read_text()) == "deepspeed"
+    metrics = parse_log_file(fixtures_dir / name)
+    for field, expected in FIXTURES[name].items():
+        actual = getattr(metrics, field)
+        if isinstance(expected, float):
+            assert actual == pytest.approx(expected, rel=1e-9), field
+        else:
+            assert actual == expected, field
+
+
+def test_samples_per_second_and_known_batch_give_a_step_time(fixtures_dir: Path) -> None:
+    text = (
+        fixtures_dir / "deepspeed_old_tput_timer_huggingface-transformers-14531.log"
+    ).read_text()
+    metrics = parse_deepspeed(text, global_batch_size=32)
+    assert metrics.outcome is Outcome.OK
+    assert metrics.step_time_s == pytest.approx(32 / 9.526738918021234)
+
+
+def test_tuner_step_lines_from_two_ranks() -> None:
+    lines = []
+    for it, (t0, t1) in enumerate([(3.0, 3.1), (1.0, 1.2), (1.1, 1.0), (0.9, 1.05)], start=1):
+        lines.append(
+            f"tuner-step: iter={it} time_s={t0} samples_per_s={8 / t0:.3f} "
+            f"max_allocated_gib=2.5 max_reserved_gib=3.0 rank=0"
+        )
+        lines.append(
+            f"[rank1]: 2025-01-01 INFO tuner-step: iter={it} time_s={t1} "
+            f"samples_per_s={8 / t1:.3f} max_allocated_gib=2.75 max_reserved_gib=3.25 rank=1"
+        )
+    metrics = parse_log("\n".join(lines))
+    assert metrics.outcome is Outcome.OK
+    assert metrics.iterations == 4
+    assert metrics.step_times_s == (3.1, 1.2, 1.1, 1.05)  # slowest rank per step
+    assert metrics.step_time_s == pytest.approx(1.1)  # drop step 1
+    assert metrics.samples_per_s == pytest.approx(8 / 1.1, rel=1e-3)
+    assert metrics.peak_memory_gib == pytest.approx(2.75)
+    assert metrics.peak_reserved_gib == pytest.approx(3.25)
+
+
+def test_tuner_step_without_optional_fields() -> None:
+    text = "tuner-step: iter=1 time_s=0.5\ntuner-step: iter=2 time_s=0.25 extra=x\n"
+    metrics = parse_log(text)
+    assert metrics.step_time_s == pytest.approx(0.25)
+    assert metrics.peak_memory_gib is None
+    assert parse_log("tuner-step: time_s=0.5 rank=0").outcome is Outcome.NO_METRICS
+
+
+def test_pipeline_engine_lines() -> None:
+    text = "\n".join(
+        f"steps: {n} loss: 10.{n}123 iter time (s): {t:.3f} samples/sec: {64 / t:.3f}"
+        for n, t in [(10, 2.5), (20, 1.25), (30, 1.3), (40, 1.2)]
+    )
+    metrics = parse_log(text)
+    assert detect_framework(text) == "deepspeed"
+    assert metrics.iterations == 4
+    assert metrics.step_time_s == pytest.approx(1.25)
+    assert metrics.samples_per_s == pytest.approx(64 / 1.25, rel=1e-3)
+
+
+def test_new_timer_names_at_the_boundary() -> None:
+    prefix = "[2024-04-04 09:09:53,313] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | "
+    text = "\n".join(
+        [
+            prefix + "fwd_microstep: 10.0 | bwd_microstep: 20.0 | step_microstep: 5.0",
+            prefix
+            + "fwd: 100.0 | bwd: 200.0 | bwd_inner: 150.0 | bwd_allreduce: 50.0 | step: 50.0",
+            prefix
+            + "fwd: 60.0 | bwd: 120.0 | bwd_inner: 100.0 | bwd_allreduce: 20.0 | step: 20.0",
+            prefix + "optimizer_allgather: 8.0 | optimizer_gradients: 0.02 | optimizer_step: 6.0",
+        ]
+    )
+    metrics = parse_log(text)
+    assert metrics.iterations == 2
+    assert metrics.step_times_s == pytest.approx((0.35, 0.2))
+    assert metrics.step_time_s == pytest.approx(0.2)
+
+
+def test_pipeline_train_batch_timer() -> None:
+    text = "time (ms) | train_batch: 1500.00 | batch_input: 2.0\n" * 2
+    assert parse_log(text, "deepspeed").step_time_s == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    ("line", "samples", "peak"),
+    [
+        (
+            "[INFO] [timer.py:181:stop] 0/10, SamplesPerSec=12.5, MemAllocated=1.5GB, "
+            "MaxMemAllocated=2.25GB",
+            12.5,
+            2.25,
+        ),
+        (
+            "[INFO] [timer.py:197:stop] 0/10, RunningAvgSamplesPerSec=11.0, "
+            "CurrSamplesPerSec=12.5, MemAllocated=1.5GB, MaxMemAllocated=2.25GB",
+            12.5,
+            2.25,
+        ),
+        (
+            "[INFO] [timer.py:215:stop] epoch=0/micro_step=10/global_step=10, "
+            "RunningAvgSamplesPerSec=11.0, CurrSamplesPerSec=12.5, MemAllocated=1.5GB, "
+            "MaxMemAllocated=2.25GB",
+            12.5,
+            2.25,
+        ),
+    ],
+)
+def test_throughput_timer_generations(line: str, samples: float, peak: float) -> None:
+    metrics = parse_log(line)
+    assert metrics.samples_per_s == pytest.approx(samples)
+    assert metrics.peak_memory_gib == pytest.approx(peak)
+    assert parse_deepspeed(line, global_batch_size=25).step_time_s == pytest.approx(2.0)
+
+
+def test_see_memory_usage_takes_the_max() -> None:
+    text = "\n".join(
+        [
+            "[INFO] [utils.py:828:see_memory_usage] MA 1.5 GB         Max_MA 3.25 GB         "
+            "CA 4.0 GB         Max_CA 5 GB ",
+            "[INFO] [utils.py:828:see_memory_usage] MA 1.0 GB         Max_MA 2.0 GB         "
+            "CA 4.0 GB         Max_CA 6 GB ",
+        ]
+    )
+    metrics = parse_log(text)
+    assert metrics.peak_memory_gib == pytest.approx(3.25)
+    assert metrics.peak_reserved_gib == pytest.approx(6.0)
+
+
+def test_detection_defaults_to_megatron() -> None:
+    assert detect_framework(" iteration 1/ 10 | elapsed time per iteration (ms): 5.0 |") == (
+        "megatron"
+    )
+    assert detect_framework("") == "megatron"

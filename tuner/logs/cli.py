@@ -1,0 +1,86 @@
+"""``tune parse-log FILE... [--framework megatron|deepspeed] [--json]``.
+
+The ``tune`` entry point registers this with :func:`add_parser` and dispatches to :func:`run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, get_args
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.errors import ParseError
+from tuner.logs import Framework, RunMetrics, parse_log, read_log
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``parse-log`` subcommand (its handler is ``args.func``, i.e. :func:`run`)."""
+    parser = subparsers.add_parser(
+        "parse-log",
+        help="read Megatron-LM / DeepSpeed logs: outcome, step time, peak memory, TFLOP/s",
+        description="Parse training logs and print the outcome, iterations seen, median "
+        "steady-state step time, peak memory and TFLOP/s per GPU of each.",
+    )
+    parser.add_argument("files", nargs="+", metavar="FILE", help="log file(s) to read")
+    parser.add_argument(
+        "--framework",
+        choices=get_args(Framework),
+        default=None,
+        help="log format (default: detected from the log)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        metavar="N",
+        help="step records to drop as warm-up (default: max(1, 20%%), at least one kept)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Parse every file; 0 when all were read, 2 (one line on stderr) when one cannot be."""
+    results: list[tuple[str, RunMetrics]] = []
+    for file in args.files:
+        try:
+            text = read_log(file)
+        except ParseError as exc:
+            print(f"tune parse-log: {exc}", file=sys.stderr)
+            return 2
+        results.append((file, parse_log(text, args.framework, args.warmup)))
+    if args.json:
+        objects = [metrics.to_json(file) for file, metrics in results]
+        payload: Any = objects[0] if len(objects) == 1 else objects
+        print(json.dumps(payload, indent=2))
+    else:
+        Console().print(_table(results))
+    return 0
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(results: list[tuple[str, RunMetrics]]) -> Table:
+    table = Table(title="parsed logs")
+    for column in ("file", "outcome", "iters", "step (s)", "peak (GiB)", "TFLOP/s/GPU"):
+        table.add_column(column, justify="left" if column in ("file", "outcome") else "right")
+    table.add_column("samples/s", justify="right")
+    table.add_column("reason", overflow="fold")
+    for file, m in results:
+        table.add_row(
+            file,
+            str(m.outcome),
+            str(m.iterations),
+            _fmt(m.step_time_s, 3),
+            _fmt(m.peak_memory_gib, 2),
+            _fmt(m.tflops_per_gpu, 1),
+            _fmt(m.samples_per_s, 2),
+            m.reason or "",
+        )
+    return table
