@@ -1,0 +1,546 @@
+"""Analytical step-time model: one optimizer step of a ``ParallelConfig`` -> ``TimeBreakdown``.
+
+FLOPs convention (used everywhere in this module, and by ``model_flops_per_step``): a multiply-add
+is 2 FLOPs; the backward pass costs twice the forward; every transformer layer counts its QKV,
+output, MLP GEMMs and the full (not causally halved) attention scores QK^T and scores x V; the LM
+head (logits GEMM) is included; embedding look-ups, norms, softmax and other element-wise work are
+not. For a GPT with F = 4h and multi-head attention this is Korthikanti et al.'s model FLOPs,
+72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)). *Model* FLOPs never count recomputation (MFU); *hardware*
+FLOPs add what recomputation runs again: one more forward of every recomputed layer for full
+recompute (Narayanan et al.'s 96·B·s·L·h²(...) for full uniform recompute), the attention core
+(4·B·s²·h per layer) for selective recompute (HFU).
+
+Time model, per micro-batch and per transformer layer on one GPU: each GEMM costs
+``flops / (peak x GEMM_EFFICIENCY) + bytes / (HBM bandwidth x HBM_EFFICIENCY) + latency``, so the
+small GEMMs that high TP or small micro-batches produce run well below peak (an additive
+roofline); element-wise work (norms, dropout, residuals, activation, unfused softmax) is
+memory-bandwidth bound; TP collectives use a ring cost ``(t-1)/t x bytes / bus bandwidth``. The
+pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch slots; the last stage
+also runs the LM head (``stage_imbalance``); data-parallel gradient traffic overlaps with the last
+micro-batch's backward where the framework does that; the optimizer step streams its states
+through HBM. Every efficiency is a named constant below, with its source.
+
+All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
+it); per-shape work is cached on the frozen ``ModelSpec`` / ``GPUSpec`` values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from tuner.catalog import GPUSpec
+from tuner.parallel import ParallelConfig
+from tuner.spec import ModelSpec, TrainingSpec
+
+# --- Efficiencies (fractions of the catalog's peak figures) -------------------------------------
+
+GEMM_EFFICIENCY = 0.84
+"""Large 16-bit GEMMs reach about 80-88% of dense peak on A100/H100 (cuBLAS). Grid-fitted (step
+0.02) with NVLINK_BUS_EFFICIENCY on the eight Korthikanti et al. 2022 iteration times: MAE 2.3%,
+worst row 3.7%; the optimum is flat (0.84-0.86 x 0.60-0.75 all give MAE < 2.5%)."""
+FLASH_ATTENTION_EFFICIENCY = 0.60
+"""FlashAttention-2 forward reaches 50-73% of A100 peak on the FLOPs it executes (Dao 2023)."""
+FLASH_BACKWARD_RATIO = 2.5
+"""FlashAttention's backward runs 5 GEMMs to the forward's 2 (it recomputes the scores)."""
+HBM_EFFICIENCY = 0.80
+"""Achievable share of HBM bandwidth in streaming kernels (STREAM-like; 80-90% on A100/H100)."""
+NVLINK_BUS_EFFICIENCY = 0.70
+"""NCCL ring bus bandwidth over NVLink is ~70% of the per-direction link rate (nccl-tests
+all_reduce busbw ~210-230 GB/s of 300 on DGX A100); fitted with GEMM_EFFICIENCY (see there)."""
+NETWORK_BUS_EFFICIENCY = 0.80
+"""NCCL over InfiniBand reaches ~80% of the line rate per GPU (nccl-tests, large messages)."""
+FP32_PEAK_FRACTION = 0.5
+"""fp32 training runs on TF32 tensor cores: half the 16-bit dense rate (A100/H100 datasheets)."""
+
+# --- Latencies and fixed costs (seconds) ---------------------------------------------------------
+
+GPU_KERNEL_LATENCY_S = 4e-6
+"""Launch + tail of one GPU kernel; dominates only for tiny kernels."""
+CPU_OP_LATENCY_S = 30e-6
+"""Dispatch cost of one PyTorch op on a CPU rank (eager mode, order of tens of microseconds)."""
+NVLINK_COLLECTIVE_LATENCY_S = 15e-6
+"""Startup of one NCCL collective inside a node (nccl-tests small-message all_reduce)."""
+NETWORK_COLLECTIVE_LATENCY_S = 40e-6
+"""Startup of one NCCL collective or p2p transfer across nodes."""
+CPU_COLLECTIVE_LATENCY_S = 300e-6
+"""One gloo collective between CPU ranks (shared memory / loopback TCP)."""
+GPU_MICROBATCH_OVERHEAD_S = 0.3e-3
+"""Framework work per micro-batch on GPUs (schedule bookkeeping, loss, launch gaps)."""
+CPU_MICROBATCH_OVERHEAD_S = 15e-3
+"""Framework work per micro-batch on CPU ranks (engine forward/backward calls, autograd setup)."""
+GPU_STEP_OVERHEAD_S = 10e-3
+"""Per optimizer step on GPUs: grad-norm reduction, loss scaling checks, logging."""
+CPU_STEP_OVERHEAD_S = 50e-3
+"""Per optimizer step on CPU ranks: the same work in eager Python, plus the engine's step."""
+
+# --- Byte counts -------------------------------------------------------------------------------
+
+OPTIMIZER_BYTES_PER_PARAM = 36.0
+"""HBM traffic of the Adam update per updated parameter: read fp32 grad, master, m, v (16 B),
+write master, m, v (12 B), write the 16-bit copy (2 B) and the unscale/inf-check pass (~6 B)."""
+GRAD_PASS_BYTES_PER_PARAM = 8.0
+"""Per local parameter, sharded or not: grad-norm read (4 B) and zeroing the fp32 grad (4 B)."""
+MEGATRON_GRAD_BYTES = 4
+"""Megatron reduces the fp32 main_grad buffer (accumulate-allreduce-grads-in-fp32 for bf16)."""
+ELEMENTWISE_BACKWARD_RATIO = 2.0
+"""Backward of an element-wise op reads the saved input and the output gradient and writes one."""
+CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
+"""fp32 logits: softmax read/write in forward, gradient read/write in backward."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    """Predicted seconds per optimizer step on the critical path (the slowest pipeline stage).
+
+    The parts add up to ``step``. FLOPs follow this module's convention (see the module
+    docstring): ``model_flops`` excludes recomputation (MFU), ``hardware_flops`` includes it (HFU).
+    """
+
+    compute: float
+    """Forward + backward of the transformer layers (plus the LM head when pp = 1)."""
+    recompute: float
+    """Forward work run again in backward (full or selective recomputation)."""
+    tp_comm: float
+    """Tensor-parallel all-reduce / reduce-scatter + all-gather, including recomputed ones."""
+    cp_comm: float
+    """Context-parallel K/V exchange not hidden behind the attention kernels."""
+    pp_p2p: float
+    """Pipeline point-to-point sends and receives on the critical path."""
+    pp_bubble: float
+    """Pipeline fill and drain: (p - 1) / v micro-batch slots of the stage."""
+    dp_comm: float
+    """Exposed (not overlapped) data-parallel gradient / parameter traffic (ZeRO included)."""
+    optimizer: float
+    """The optimizer step, memory-bandwidth bound."""
+    stage_imbalance: float
+    """Extra work of the last pipeline stage (LM head, loss) and the tied-embedding reduction."""
+    overhead: float
+    """Fixed framework cost per micro-batch and per step (dominates tiny models on CPU ranks)."""
+    step: float
+    """Seconds per optimizer step: the sum of the parts above."""
+    model_flops: float
+    """FLOPs of one step, whole model, no recomputation."""
+    hardware_flops: float
+    """FLOPs of one step, whole model, recomputation included."""
+    tokens_per_s: float
+    """Tokens per second over the whole job."""
+    tokens_per_s_per_gpu: float
+    """Tokens per second per GPU."""
+    model_tflops_per_gpu: float
+    """model_flops / step / GPUs, in TFLOP/s (Megatron-LM's logged figure)."""
+    mfu: float
+    """Model FLOPs utilisation: model_flops / (step x GPUs x peak)."""
+    hfu: float
+    """Hardware FLOPs utilisation: hardware_flops / (step x GPUs x peak)."""
+
+    def to_dict(self) -> dict[str, float]:
+        """Every field by name (for JSON, tables and Optuna attributes)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(TimeBreakdown))
+
+
+# --- FLOPs ---------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _flops_per_sequence(model: ModelSpec) -> tuple[float, float, float]:
+    """Forward FLOPs of one sequence: (one layer, its attention core, the LM head)."""
+    s, h, f = model.seq_length, model.hidden_size, model.ffn_hidden_size
+    kv = 2 * model.query_groups * model.kv_channels
+    mlp_in = 2 * f if model.swiglu else f
+    attn_core = 4.0 * s * s * h
+    layer = 2.0 * s * h * (h + kv) + attn_core + 2.0 * s * h * h + 2.0 * s * (mlp_in + f) * h
+    head = 2.0 * s * h * model.vocab_size
+    return layer, attn_core, head
+
+
+def model_flops_per_step(model: ModelSpec, global_batch_size: int) -> float:
+    """Model FLOPs of one optimizer step (module convention: 2 per MAC, backward = 2x forward,
+    full attention scores, LM head included, no recomputation)."""
+    layer, _, head = _flops_per_sequence(model)
+    return 3.0 * global_batch_size * (model.num_layers * layer + head)
+
+
+def _recompute_fraction(config: ParallelConfig, model: ModelSpec) -> float:
+    """Share of a stage's layers that full recomputation runs again."""
+    if config.recompute != "full" or config.recompute_method != "block":
+        return 1.0
+    per_chunk = max(1, model.num_layers // (config.pp * config.vp))
+    return min(config.recompute_num_layers or per_chunk, per_chunk) / per_chunk
+
+
+def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
+    """Model FLOPs plus the forward work that ``config.recompute`` runs again."""
+    layer, attn_core, _ = _flops_per_sequence(model)
+    base = model_flops_per_step(model, config.global_batch_size)
+    if config.recompute == "full":
+        extra = layer * _recompute_fraction(config, model)
+    elif config.recompute == "selective":
+        extra = attn_core
+    else:
+        return base
+    return base + config.global_batch_size * model.num_layers * extra
+
+
+# --- Device, links and per-layer times -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Device:
+    """Achieved rates of one GPU (or CPU rank) at a precision; bandwidths in bytes/s."""
+
+    peak: float
+    gemm: float
+    flash: float
+    hbm: float
+    op_latency: float
+    intra_bw: float
+    inter_bw: float
+    intra_latency: float
+    inter_latency: float
+    microbatch_overhead: float
+    step_overhead: float
+    elem: int
+
+
+@functools.lru_cache(maxsize=64)
+def _device(gpu: GPUSpec, precision: str) -> _Device:
+    cpu = gpu.name == "cpu"
+    peak = gpu.peak_tflops * 1e12
+    if precision == "fp32" and not cpu:  # the cpu entry's peak is already an fp32 figure
+        peak *= FP32_PEAK_FRACTION
+    return _Device(
+        peak=peak,
+        gemm=peak * GEMM_EFFICIENCY,
+        flash=peak * FLASH_ATTENTION_EFFICIENCY,
+        hbm=gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY,
+        op_latency=CPU_OP_LATENCY_S if cpu else GPU_KERNEL_LATENCY_S,
+        intra_bw=gpu.intra_node_gbps * 1e9 * NVLINK_BUS_EFFICIENCY,
+        inter_bw=gpu.inter_node_gbps * 1e9 * NETWORK_BUS_EFFICIENCY,
+        intra_latency=CPU_COLLECTIVE_LATENCY_S if cpu else NVLINK_COLLECTIVE_LATENCY_S,
+        inter_latency=CPU_COLLECTIVE_LATENCY_S if cpu else NETWORK_COLLECTIVE_LATENCY_S,
+        microbatch_overhead=CPU_MICROBATCH_OVERHEAD_S if cpu else GPU_MICROBATCH_OVERHEAD_S,
+        step_overhead=CPU_STEP_OVERHEAD_S if cpu else GPU_STEP_OVERHEAD_S,
+        elem=4 if precision == "fp32" else 2,
+    )
+
+
+def _link(dev: _Device, span: int, gpus_per_node: int) -> tuple[float, float]:
+    """(bus bandwidth, latency) of a group whose ranks lie within ``span`` consecutive ranks."""
+    if span <= gpus_per_node:
+        return dev.intra_bw, dev.intra_latency
+    return dev.inter_bw, dev.inter_latency
+
+
+def _gemm(dev: _Device, m: float, n: float, k: float, batch: float = 1.0) -> float:
+    """Additive roofline of an (m x k) @ (k x n) GEMM, ``batch`` times, plus one launch."""
+    flops = 2.0 * m * n * k
+    moved = dev.elem * (m * k + k * n + m * n)
+    return batch * (flops / dev.gemm + moved / dev.hbm) + dev.op_latency
+
+
+def _attention_core(
+    model: ModelSpec, dev: _Device, tokens: float, local_seq: float, tp: int
+) -> tuple[float, float]:
+    """Forward and backward seconds of scores, softmax, dropout and scores x V on one GPU."""
+    s, d = model.seq_length, model.kv_channels
+    heads = model.num_attention_heads / tp
+    if model.flash_attention:  # causal kernels skip the masked half of the score matrix
+        fwd = 0.5 * 4.0 * tokens * s * heads * d / dev.flash + dev.op_latency
+        return fwd, FLASH_BACKWARD_RATIO * fwd
+    batch = tokens / local_seq * heads
+    gemms = _gemm(dev, local_seq, s, d, batch) + _gemm(dev, local_seq, d, s, batch)
+    scores = batch * local_seq * s
+    per_score = 2 * dev.elem + (2 * dev.elem + 1 if model.dropout else 0)
+    softmax = scores * per_score / dev.hbm + 2 * dev.op_latency
+    return gemms + softmax, 2.0 * gemms + ELEMENTWISE_BACKWARD_RATIO * softmax
+
+
+def _elementwise(model: ModelSpec, dev: _Device, tokens: float, tp: int, sp: bool) -> float:
+    """Forward seconds of norms, residual adds, dropouts and the MLP activation on one GPU."""
+    h, f, e = model.hidden_size, model.ffn_hidden_size, dev.elem
+    mlp_in = 2 * f if model.swiglu else f
+    # two norms (read + write) and two residual adds (2 reads + write): 10 element passes;
+    # two dropouts: read + write + a 1-byte mask each. TP replicates these unless SP splits them.
+    replicated = tokens * h * (10 * e + (2 * (2 * e + 1) if model.dropout else 0))
+    sharded = tokens * (mlp_in + f) * e / tp
+    return (replicated / (tp if sp else 1) + sharded) / dev.hbm + 8 * dev.op_latency
+
+
+def _tp_collectives(tokens: float, h: int, tp: int, sp: bool, bw: float, lat: float) -> float:
+    """Seconds of one forward pass's TP traffic: 2 all-reduces, or 2 all-gathers + 2
+    reduce-scatters with SP (same bytes on a ring, twice the launches)."""
+    if tp == 1:
+        return 0.0
+    ring = (tp - 1) / tp * tokens * h / bw
+    return 4.0 * (ring + lat) if sp else 2.0 * (2.0 * ring + lat)
+
+
+def _tp_backward(fwd_comm: float, sp: bool, wgrad: float, lat: float) -> float:
+    """Exposed TP traffic of one backward pass. Megatron overlaps the column-parallel layers'
+    input-gradient all-reduce (reduce-scatter with SP) with their weight-gradient GEMMs; with SP
+    the row-parallel layers' gradient all-gathers stay on the critical path."""
+    if fwd_comm == 0.0:
+        return 0.0
+    hideable = fwd_comm / 2.0 if sp else fwd_comm
+    return fwd_comm - hideable + max(2.0 * lat, hideable - wgrad)
+
+
+@functools.lru_cache(maxsize=16384)
+def _layer_times(
+    model: ModelSpec, dev: _Device, tp: int, cp: int, mbs: int, sp: bool, gpus_per_node: int
+) -> tuple[float, float, float, float, float, float, float, float]:
+    """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
+    comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
+    compute fwd + bwd, head TP comm)."""
+    h, e = model.hidden_size, dev.elem
+    local_seq = model.seq_length / cp
+    tokens = mbs * local_seq
+    kv = 2 * model.query_groups * model.kv_channels
+    mlp_in = 2 * model.ffn_hidden_size if model.swiglu else model.ffn_hidden_size
+    column = _gemm(dev, tokens, (h + kv) / tp, h) + _gemm(dev, tokens, mlp_in / tp, h)
+    linear = (
+        column + _gemm(dev, tokens, h, h / tp) + _gemm(dev, tokens, h, model.ffn_hidden_size / tp)
+    )
+    core_f, core_b = _attention_core(model, dev, tokens, local_seq, tp)
+    elem = _elementwise(model, dev, tokens, tp, sp)
+    fwd = linear + core_f + elem
+    bwd = 2.0 * linear + core_b + ELEMENTWISE_BACKWARD_RATIO * elem
+    bw, lat = _link(dev, tp, gpus_per_node)
+    tp_fwd = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
+    tp_bwd = _tp_backward(tp_fwd, sp, column, lat)
+    cp_exposed = 0.0
+    if cp > 1:  # ring attention: K and V blocks travel around the CP group behind the kernels
+        cp_bw, cp_lat = _link(dev, tp * cp, gpus_per_node)
+        ring = (cp - 1) * (tokens * kv / tp * e / cp_bw + cp_lat)
+        cp_exposed = max(0.0, ring - core_f) + max(0.0, 2.0 * ring - core_b)
+    vocab = -(-model.vocab_size // (128 * tp)) * 128 * tp  # Megatron pads to 128 x tp
+    head = 3.0 * _gemm(dev, tokens, vocab / tp, h)
+    head += tokens * (vocab / tp * CROSS_ENTROPY_BYTES_PER_LOGIT + 4 * h * e) / dev.hbm
+    head_comm = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
+    return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm
+
+
+# --- Parameters, data parallelism, optimizer ----------------------------------------------------
+
+MEGATRON_BUCKET_PARAMS = 40e6
+"""Megatron DDP gradient bucket (``--ddp-bucket-size`` default max(40M, 1M x dp)): the last
+bucket's reduction cannot hide behind backward compute."""
+DEEPSPEED_ZERO3_PREFETCH_PARAMS = 5e7
+"""DeepSpeed ``stage3_prefetch_bucket_size`` default: the first gather of a pass is exposed."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _rank_params(model: ModelSpec, tp: int, pp: int) -> tuple[float, float]:
+    """(parameters on the busiest rank, word-embedding parameters per TP rank)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    kv = 2 * model.query_groups * model.kv_channels
+    mlp_in = 2 * f if model.swiglu else f
+    norm = 2 * h if model.normalization == "layernorm" else h
+    bias = (h + kv + h + mlp_in + h) if model.add_bias_linear else 0
+    layer = (h * (h + kv) + h * h + h * (mlp_in + f) + bias) / tp + 2 * norm
+    embedding = model.vocab_size * h / tp
+    position = model.seq_length * h if model.position_embedding == "learned_absolute" else 0
+    if pp == 1:
+        copies = 1 if model.tied_embeddings else 2
+        return model.num_layers * layer + copies * embedding + position + norm, embedding
+    return model.num_layers / pp * layer + embedding + max(position, norm), embedding
+
+
+def _exposed(comm: float, window: float, floor: float) -> float:
+    """What part of ``comm`` cannot hide behind ``window`` of compute (at least ``floor``)."""
+    return max(min(comm, floor), comm - window)
+
+
+def _dp_megatron(
+    config: ParallelConfig,
+    psi: float,
+    dev: _Device,
+    bw: float,
+    lat: float,
+    windows: tuple[float, float],
+) -> float:
+    """Exposed DP traffic of Megatron-Core with --overlap-grad-reduce / --overlap-param-gather:
+    gradients reduce during the last micro-batch's backward, parameters gather during the next
+    step's first forward."""
+    d = config.dp * config.cp
+    if d == 1:
+        return 0.0
+    ring = (d - 1) / d * psi / bw
+    bucket = (d - 1) / d * MEGATRON_BUCKET_PARAMS / bw
+    grads = MEGATRON_GRAD_BYTES
+    if config.distributed_optimizer:
+        reduce = ring * grads + lat
+        gather = ring * dev.elem + lat
+        return _exposed(reduce, windows[1], bucket * grads) + _exposed(
+            gather, windows[0], bucket * dev.elem
+        )
+    return _exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
+
+
+def _dp_deepspeed(
+    config: ParallelConfig,
+    psi: float,
+    dev: _Device,
+    bw: float,
+    lat: float,
+    mb: float,
+    layers: float,
+) -> float:
+    """Exposed DP traffic of DeepSpeed: ZeRO-0 all-reduce and ZeRO-1 reduce-scatter + all-gather
+    after the last micro-batch; ZeRO-2 reduce-scatters every micro-batch (overlap_comm is off by
+    default); ZeRO-3 also gathers parameters in every forward and backward (3x the traffic of
+    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default)."""
+    d, m = config.dp, max(1, config.num_microbatches)
+    if d == 1:
+        return 0.0
+    ring = (d - 1) / d * psi * dev.elem / bw
+    stage = config.zero_stage
+    if stage == 0:
+        return 2.0 * ring + lat
+    if stage == 1:
+        return 2.0 * (ring + lat)
+    if stage == 2:
+        return m * (ring + lat) + ring + lat
+    per_mb = 3.0 * ring + 3.0 * layers * lat
+    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * dev.elem / bw
+    return m * _exposed(per_mb, mb, 2.0 * first)
+
+
+def _optimizer(config: ParallelConfig, psi: float, dev: _Device, framework: str) -> float:
+    """The Adam step streams the (possibly sharded) fp32 states through HBM."""
+    d = config.dp * config.cp
+    sharded = config.distributed_optimizer if framework == "megatron" else config.zero_stage >= 1
+    states = psi / d if sharded else psi
+    grads = psi / d if framework != "megatron" and config.zero_stage >= 2 else psi
+    moved = OPTIMIZER_BYTES_PER_PARAM * states + GRAD_PASS_BYTES_PER_PARAM * grads
+    return moved / dev.hbm + 20 * dev.op_latency
+
+
+# --- The step ------------------------------------------------------------------------------------
+
+
+def _pipeline(
+    config: ParallelConfig, model: ModelSpec, dev: _Device, gpus_per_node: int, stage_mb: float
+) -> tuple[float, float]:
+    """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule."""
+    pp, vp = config.pp, max(1, config.vp)
+    if pp == 1:
+        return 0.0, 0.0
+    stride = config.tp * config.cp * config.dp  # Megatron's rank order: tp, cp, dp, pp
+    bw, lat = _link(dev, pp * stride, gpus_per_node)
+    tokens = config.micro_batch_size * model.seq_length / config.cp
+    # scatter-gather: each TP rank sends a 1/tp slice of the activations between stages
+    transfer = tokens * model.hidden_size * dev.elem / config.tp / bw + lat
+    # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
+    hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
+    bubble = (pp - 1) / vp * (stage_mb + dev.microbatch_overhead)
+    return hops * transfer, bubble
+
+
+def _tied_embedding_sync(
+    model: ModelSpec, config: ParallelConfig, dev: _Device, embedding: float, gpus_per_node: int
+) -> float:
+    """First and last stage all-reduce the shared word-embedding gradient once per step."""
+    if config.pp == 1 or not model.tied_embeddings:
+        return 0.0
+    stride = config.tp * config.cp * config.dp
+    bw, lat = _link(dev, config.pp * stride, gpus_per_node)
+    return embedding * MEGATRON_GRAD_BYTES / bw + lat
+
+
+def _recompute_times(
+    config: ParallelConfig, model: ModelSpec, fwd: float, core: float, tp_fwd: float
+) -> tuple[float, float]:
+    """(compute, TP comm) that recomputation adds to one layer's backward."""
+    if config.recompute == "full":
+        frac = _recompute_fraction(config, model)
+        return frac * fwd, frac * tp_fwd
+    if config.recompute == "selective":
+        return core, 0.0
+    return 0.0, 0.0
+
+
+def estimate_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    config: ParallelConfig,
+    gpu: GPUSpec,
+    gpus_per_node: int,
+    framework: str = "megatron",
+) -> TimeBreakdown:
+    """Predicted time of one optimizer step of ``config`` (``framework``: megatron | deepspeed).
+
+    Pure arithmetic; see the module docstring for the model and the FLOPs convention.
+    """
+    dev = _device(gpu, training.precision)
+    m = max(1, config.num_microbatches)
+    fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
+        model,
+        dev,
+        config.tp,
+        config.cp,
+        config.micro_batch_size,
+        config.sequence_parallel,
+        gpus_per_node,
+    )
+    layers = model.num_layers / config.pp
+    rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
+    tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
+    stage_mb = layers * (fwd + bwd + rec + cp_exposed) + tp_mb
+    compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
+    psi, embedding = _rank_params(model, config.tp, config.pp)
+    if config.pp == 1:
+        compute += m * head
+        tp_comm += m * head_comm
+    else:
+        imbalance = m * (head + head_comm)
+        imbalance += _tied_embedding_sync(model, config, dev, embedding, gpus_per_node)
+    p2p, bubble = _pipeline(config, model, dev, gpus_per_node, stage_mb)
+    bw, lat = _link(dev, config.world_size // config.pp, gpus_per_node)
+    if framework == "megatron":
+        windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
+        dp = _dp_megatron(config, psi, dev, bw, lat, windows)
+    else:
+        dp = _dp_deepspeed(config, psi, dev, bw, lat, stage_mb, layers)
+    parts = (
+        compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
+        _optimizer(config, psi, dev, framework), imbalance,
+        m * dev.microbatch_overhead + dev.step_overhead,
+    )  # fmt: skip
+    return _breakdown(parts, model, config, dev)
+
+
+def _breakdown(
+    parts: tuple[float, ...], model: ModelSpec, config: ParallelConfig, dev: _Device
+) -> TimeBreakdown:
+    step = sum(parts)
+    model_flops = model_flops_per_step(model, config.global_batch_size)
+    hardware_flops = hardware_flops_per_step(model, config)
+    world = config.world_size
+    tokens = config.global_batch_size * model.seq_length / step
+    compute, recompute, tp_comm, cp_comm, p2p, bubble, dp, optimizer, imbalance, overhead = parts
+    return TimeBreakdown(
+        compute=compute,
+        recompute=recompute,
+        tp_comm=tp_comm,
+        cp_comm=cp_comm,
+        pp_p2p=p2p,
+        pp_bubble=bubble,
+        dp_comm=dp,
+        optimizer=optimizer,
+        stage_imbalance=imbalance,
+        overhead=overhead,
+        step=step,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops,
+        tokens_per_s=tokens,
+        tokens_per_s_per_gpu=tokens / world,
+        model_tflops_per_gpu=model_flops / step / world / 1e12,
+        mfu=model_flops / (step * world * dev.peak),
+        hfu=hardware_flops / (step * world * dev.peak),
+    )
