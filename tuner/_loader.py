@@ -98,6 +98,8 @@ def _convert_union(tp: Any, value: object, path: str) -> Any:
         try:
             return convert(arg, value, path)
         except ConfigError as exc:
+            if isinstance(value, list | tuple) and get_origin(arg) is tuple:
+                raise  # a list was meant for the list alternative: its error is the one to show
             errors.append(exc)
     if len(errors) == 1:
         raise errors[0]

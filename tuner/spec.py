@@ -169,6 +169,9 @@ class ClusterSpec:
     """Override the catalog's memory per GPU (per rank for ``cpu``)."""
 
     def __post_init__(self) -> None:
+        from tuner.catalog import get_gpu  # the catalog loads lazily, on first use
+
+        get_gpu(self.gpu)
         _positive(self.gpus_per_node, "gpus_per_node")
         _positive(self.num_nodes, "num_nodes")
         _positive(self.gpu_memory_gib, "gpu_memory_gib")

@@ -1,0 +1,194 @@
+"""Strict study loading: good files load, every bad input names its YAML path."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuner.errors import ConfigError
+from tuner.spec import (
+    StudySpec,
+    load_study,
+    model_preset_names,
+    resolve_study_path,
+    shipped_study_names,
+    study_from_mapping,
+)
+
+GOOD: dict[str, Any] = {
+    "name": "t",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64, "precision": "bf16"},
+    "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nodes": ["a", "b"]},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt", "env": {"NCCL_IB_TIMEOUT": 19}},
+    "space": {"tp": [1, 2, 4], "pp": "auto", "recompute": ["none", "full"]},
+    "search": {"n_trials": 5, "nodes_per_trial": 1},
+}
+
+
+def with_change(path: str, value: Any) -> dict[str, Any]:
+    """GOOD with one key set (value DELETE removes it)."""
+    data = copy.deepcopy(GOOD)
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+DELETE = object()
+
+
+def test_good_study_loads_with_preset_and_defaults() -> None:
+    spec = study_from_mapping(GOOD)
+    assert isinstance(spec, StudySpec)
+    assert spec.model.name == "llama2-7b" and spec.model.num_layers == 32
+    assert spec.space.tp == (1, 2, 4) and spec.space.pp == "auto"
+    assert spec.launch.env == {"NCCL_IB_TIMEOUT": "19"}
+    assert spec.world_size == 8 and spec.nodes_per_trial == 1
+    with pytest.raises(AttributeError):
+        spec.name = "other"  # type: ignore[misc]
+
+
+def test_preset_fields_can_be_overridden() -> None:
+    spec = study_from_mapping(with_change("model", {"preset": "llama2-7b", "seq_length": 2048}))
+    assert spec.model.seq_length == 2048 and spec.model.hidden_size == 4096
+
+
+BAD = [
+    # (change path, value, expected YAML path in the message, words in the message)
+    ("space.tp", [1, 2, "x"], "space.tp[2]", "expected an integer"),
+    ("space.tp", [1, 0], "space.tp[1]", "must be > 0"),
+    ("space.tp", "some", "space.tp", "not one of: auto"),
+    ("space.recompute", ["none", "most"], "space.recompute[1]", "not one of"),
+    ("space.zero_stage", [4], "space.zero_stage[0]", "0, 1, 2 or 3"),
+    ("space.pp", [], "space.pp", "empty"),
+    ("space.tpp", [1], "space.tpp", "unknown key 'tpp'"),
+    ("training.global_batch_size", -8, "training.global_batch_size", "must be > 0"),
+    ("training.global_batch_size", "64", "training.global_batch_size", "expected an integer"),
+    ("training.precision", "fp8", "training.precision", "not one of"),
+    ("training", DELETE, "training", "required field is missing"),
+    ("cluster.gpu", "v100", "cluster.gpu", "unknown GPU"),
+    ("cluster.gpus_per_node", 0, "cluster.gpus_per_node", "must be > 0"),
+    ("cluster.gpus_per_node", True, "cluster.gpus_per_node", "expected an integer"),
+    ("cluster.nodes", ["a", "a"], "cluster.nodes", "listed twice"),
+    ("cluster.executor", "kubernetes", "cluster.executor", "not one of"),
+    ("cluster.ssh", {"prot": 22}, "cluster.ssh.prot", "unknown key"),
+    ("framework", "jax", "framework", "not one of"),
+    ("launch.train_iters", 0, "launch.train_iters", "must be > 0"),
+    ("launch.warmup_iters", 40, "launch.warmup_iters", "< train_iters"),
+    ("launch.env", ["A=1"], "launch.env", "expected a mapping"),
+    ("search.sampler", "cmaes", "search.sampler", "not one of"),
+    ("search.memory_headroom", 1.5, "search.memory_headroom", "(0, 1]"),
+    ("search.nodes_per_trial", 3, "search.nodes_per_trial", "more than the cluster's 2 nodes"),
+    ("model", {"preset": "llama9"}, "model.preset", "unknown preset"),
+    ("model", {"preset": "llama2-7b", "num_query_groups": 5}, "model.num_query_groups", "divide"),
+    ("model", {"preset": "llama2-7b", "hidden_size": 4100}, "model.hidden_size", "divisible"),
+    ("model", {"preset": "llama2-7b", "layers": 2}, "model.layers", "unknown key"),
+    ("name", "a b", "name", "may only hold"),
+]
+
+
+@pytest.mark.parametrize(("where", "value", "path", "words"), BAD, ids=[b[2] for b in BAD])
+def test_bad_input_names_the_yaml_path(where: str, value: Any, path: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(with_change(where, value))
+    assert info.value.path == path
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert words in message
+    assert "\n" not in message
+
+
+def test_cluster_needs_exactly_one_node_source() -> None:
+    data = with_change("cluster.num_nodes", 2)
+    with pytest.raises(ConfigError, match="exactly one of nodes, hostfile or num_nodes"):
+        study_from_mapping(data)
+
+
+def test_hostfile(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("# the cluster\nn1 slots=8\nn2\n\n")
+    data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "hosts"})
+    spec = study_from_mapping(data, base_dir=tmp_path)
+    assert spec.node_names == ("n1", "n2")
+    (tmp_path / "hosts").write_text("n1 slots=8 extra\n")
+    with pytest.raises(ConfigError, match="bad entry"):
+        study_from_mapping(data, base_dir=tmp_path)
+    data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "missing"})
+    with pytest.raises(ConfigError, match="cannot read hostfile"):
+        study_from_mapping(data, base_dir=tmp_path)
+
+
+def test_load_study_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "mine.yaml").write_text(yaml.safe_dump(with_change("framework", 3)))
+    with pytest.raises(ConfigError) as info:
+        load_study("mine", cwd=tmp_path)
+    assert "mine.yaml: framework:" in str(info.value)
+    (tmp_path / "studies" / "broken.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml: .* at line"):
+        load_study("broken", cwd=tmp_path)
+
+
+def test_study_resolution_order(tmp_path: Path) -> None:
+    assert resolve_study_path("gpt-70b", cwd=tmp_path).name == "gpt-70b.yaml"
+    (tmp_path / "studies").mkdir()
+    local = tmp_path / "studies" / "gpt-70b.yaml"
+    local.write_text(yaml.safe_dump(GOOD))
+    assert resolve_study_path("gpt-70b", cwd=tmp_path) == local
+    assert resolve_study_path(str(local)) == local
+    with pytest.raises(ConfigError, match="unknown study 'nope' .*gpt-70b"):
+        resolve_study_path("nope", cwd=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["gpt-70b", "llama3-8b"])
+def test_shipped_studies_load(name: str) -> None:
+    assert name in shipped_study_names()
+    spec = load_study(name)
+    assert spec.cluster.gpu == "h100-sxm-80gb"
+
+
+def test_gpt70b_is_64_nodes_of_8() -> None:
+    spec = load_study("gpt-70b")
+    assert len(spec.node_names) == 64 and spec.world_size == 512
+
+
+def test_all_model_presets_are_valid() -> None:
+    names = model_preset_names()
+    for required in ("gpt3-175b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
+                     "llama3-70b", "llama3-405b", "gpt-70b"):  # fmt: skip
+        assert required in names
+    for name in names:
+        study_from_mapping(with_change("model", {"preset": name}))
+
+
+def test_fingerprint_ignores_budget_but_not_space() -> None:
+    a = study_from_mapping(GOOD)
+    b = study_from_mapping(with_change("search.n_trials", 50))
+    c = study_from_mapping(with_change("space.tp", [1]))
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_cli_bad_study_exits_2_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "bad.yaml").write_text(
+        yaml.safe_dump(with_change("space.tp", [3, "a"]))
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "space", "--study", "bad"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "space.tp[1]" in lines[0] and "Traceback" not in proc.stderr
