@@ -1,0 +1,97 @@
+"""Space expansion, enumeration and --set parsing."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.parallel import validate
+from tuner.space import config_from_settings, enumerate_space, expand_axes, iter_configs
+from tuner.spec import load_study, study_from_mapping
+
+BASE: dict[str, Any] = {
+    "name": "s",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-40gb", "gpus_per_node": 8, "nodes": ["n1", "n2"]},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt"},
+    "space": {
+        "tp": "auto",
+        "pp": "auto",
+        "cp": [1],
+        "vp": [1, 2],
+        "micro_batch_size": [1, 2, 4],
+        "sequence_parallel": [True, False],
+        "recompute": ["none", "selective", "full"],
+        "recompute_method": ["uniform", "block"],
+        "recompute_num_layers": "auto",
+        "distributed_optimizer": [True, False],
+    },  # fmt: skip
+}
+
+
+def spec(**space: Any) -> Any:
+    data = copy.deepcopy(BASE)
+    data["space"].update(space)
+    return study_from_mapping(data)
+
+
+def test_auto_axes() -> None:
+    axes = expand_axes(spec())
+    assert axes.tp == (1, 2, 4, 8)  # powers of two up to gpus_per_node dividing 32 heads
+    assert axes.pp == (1, 2, 4, 8, 16)  # divisors of 32 layers up to 16 ranks
+    # none, selective, then full x {uniform, block} x {1, all layers of the stage}
+    assert len(axes.recompute) == 2 + 2 * 1
+    assert axes.size == 4 * 5 * 1 * 2 * 3 * 2 * 4 * 2
+
+
+def test_enumeration_counts_add_up_and_every_viable_is_valid() -> None:
+    s = spec()
+    report = enumerate_space(s, keep_oom=True)
+    assert report.total == expand_axes(s).size
+    assert report.invalid == sum(report.invalid_by_rule.values())
+    assert report.total == report.invalid + report.predicted_oom + len(report.viable)
+    assert report.predicted_oom > 0 and report.viable
+    for cand in report.viable:
+        assert validate(cand.config, s.model, s.world_size, "megatron") == []
+        assert cand.config.world_size == 16
+    assert all(not c.fits for c in report.oom)
+    keys = [c.key() for c in iter_configs(s)]
+    assert len(keys) == len(set(keys))
+
+
+def test_auto_recompute_layers_uses_the_stage_size() -> None:
+    configs = [c for c in iter_configs(spec()) if c.recompute == "full" and c.pp == 4]
+    assert {c.recompute_num_layers for c in configs if c.vp == 1} == {8}
+
+
+def test_set_builds_one_config() -> None:
+    s = spec()
+    c = config_from_settings(s, ["tp=2", "pp=2", "mbs=4", "sp=true", "recompute=full"])
+    assert (c.tp, c.pp, c.dp, c.micro_batch_size) == (2, 2, 4, 4)
+    assert c.sequence_parallel and c.recompute_method == "uniform" and c.recompute_num_layers
+    c = config_from_settings(s, ["recompute=selective"])
+    assert c.recompute_method is None and c.recompute_num_layers is None
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [("tp", "expected key=value"), ("tp=two", "--set tp: expected an integer"),
+     ("sp=maybe", "--set sp: expected true or false"), ("color=red", "--set color: unknown key"),
+     ("recompute=most", "not one of")],
+)  # fmt: skip
+def test_set_errors(item: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        config_from_settings(spec(), [item])
+
+
+def test_gpt70b_space_has_viable_configs_and_prunes_oom() -> None:
+    report = enumerate_space(load_study("gpt-70b"))
+    counts = report.counts()
+    assert counts["viable"] > 100 and counts["predicted_oom"] > 100
+    # tp=1 without recompute cannot hold a 70B model's activations at 4096 tokens on 80 GB.
+    assert not any(c.config.tp == 1 and c.config.recompute == "none" for c in report.viable)
