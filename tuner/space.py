@@ -233,6 +233,8 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
     }  # fmt: skip
     given = dict(_parse_setting(item) for item in settings)
     values.update(given)
+    if "sequence_parallel" not in given and values["tp"] == 1:
+        values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it
     if values["recompute"] != "full":
         values["recompute_method"] = given.get("recompute_method")
         values["recompute_num_layers"] = given.get("recompute_num_layers")
