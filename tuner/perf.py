@@ -8,7 +8,8 @@ not. For a GPT with F = 4h and multi-head attention this is Korthikanti et al.'s
 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)). *Model* FLOPs never count recomputation (MFU); *hardware*
 FLOPs add what recomputation runs again: one more forward of every recomputed layer for full
 recompute (Narayanan et al.'s 96·B·s·L·h²(...) for full uniform recompute), the attention core
-(4·B·s²·h per layer) for selective recompute (HFU).
+(4·B·s²·h per layer) for selective recompute (HFU). Korthikanti's printed selective-recompute HFU
+formula, 72·B·s·L·h²(1 + s/(3h) + ...), adds three times that; we count what is executed.
 
 Time model, per micro-batch and per transformer layer on one GPU: each GEMM costs
 ``flops / (peak x GEMM_EFFICIENCY) + bytes / (HBM bandwidth x HBM_EFFICIENCY) + latency``, so the

@@ -1,0 +1,351 @@
+"""The step-time model: published iteration times, FLOPs formulas and monotonicity properties."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tuner.catalog import get_gpu
+from tuner.parallel import ParallelConfig
+from tuner.perf import (
+    TimeBreakdown,
+    estimate_time,
+    hardware_flops_per_step,
+    model_flops_per_step,
+)
+from tuner.spec import ModelSpec, TrainingSpec
+
+A100 = get_gpu("a100-80gb")
+H100 = get_gpu("h100-sxm-80gb")
+
+# Korthikanti et al. 2022, Tables 3 and 5 (reference/memory-and-time-formulas.md): A100, FFN 4h,
+# vocab 51200, s 2048, no DP; "full" is TP + full recompute without SP, "selective" is SP +
+# selective recompute. (name, L, h, a, tp, pp, vp, gbs = m, full s/iter, selective s/iter, MFU)
+KORTHIKANTI = [
+    ("22B", 48, 6144, 64, 8, 1, 1, 4, 4, 1.42, 1.10, 0.415),
+    ("175B", 96, 12288, 96, 8, 8, 3, 64, 1, 18.13, 13.75, 0.514),
+    ("530B", 105, 20480, 128, 8, 35, 3, 280, 1, 49.05, 37.83, 0.560),
+    ("1T", 128, 25600, 160, 8, 64, 1, 512, 1, 94.42, 71.49, 0.563),
+]
+
+
+def _korthikanti(row: tuple[object, ...], recompute: str) -> tuple[TimeBreakdown, float]:
+    _, layers, h, heads, tp, pp, vp, gbs, mbs, full_s, sel_s, _ = row
+    assert isinstance(layers, int) and isinstance(h, int) and isinstance(heads, int)
+    assert isinstance(tp, int) and isinstance(pp, int) and isinstance(vp, int)
+    assert isinstance(gbs, int) and isinstance(mbs, int)
+    model = ModelSpec(
+        num_layers=layers,
+        hidden_size=h,
+        ffn_hidden_size=4 * h,
+        num_attention_heads=heads,
+        vocab_size=51200,
+        seq_length=2048,
+        flash_attention=False,
+        dropout=True,
+    )
+    full = recompute == "full"
+    config = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        vp=vp,
+        dp=1,
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        recompute="full" if full else "selective",
+        recompute_method="uniform" if full else None,
+        recompute_num_layers=1 if full else None,
+        sequence_parallel=not full,
+    )
+    result = estimate_time(model, TrainingSpec(global_batch_size=gbs), config, A100, 8)
+    measured = full_s if full else sel_s
+    assert isinstance(measured, float)
+    return result, measured
+
+
+KORTHIKANTI_CASES = [(row, rc) for row in KORTHIKANTI for rc in ("full", "selective")]
+
+
+@pytest.mark.parametrize(
+    ("row", "recompute"), KORTHIKANTI_CASES, ids=[f"{r[0]}-{rc}" for r, rc in KORTHIKANTI_CASES]
+)
+def test_korthikanti_iteration_time_each_within_25_percent(
+    row: tuple[object, ...], recompute: str
+) -> None:
+    result, measured = _korthikanti(row, recompute)
+    assert abs(result.step - measured) / measured < 0.25
+
+
+def test_korthikanti_iteration_times_mean_absolute_error() -> None:
+    errors = [abs(r.step - m) / m for r, m in (_korthikanti(*case) for case in KORTHIKANTI_CASES)]
+    mae = sum(errors) / len(errors)
+    assert mae < 0.15  # the issue's bar
+    assert mae < 0.05, f"calibration drifted: MAE {mae:.1%} (was 2.3% when fitted)"
+
+
+@pytest.mark.parametrize("row", KORTHIKANTI, ids=[r[0] for r in KORTHIKANTI])
+def test_korthikanti_mfu_close_to_paper(row: tuple[object, ...]) -> None:
+    result, _ = _korthikanti(row, "selective")
+    paper_mfu = row[-1]
+    assert isinstance(paper_mfu, float)
+    assert abs(result.mfu - paper_mfu) < 0.04
+    assert result.hfu > result.mfu
+
+
+def _gpt(layers: int = 24, h: int = 2048, heads: int = 16, **kw: object) -> ModelSpec:
+    args: dict[str, object] = {
+        "num_layers": layers,
+        "hidden_size": h,
+        "ffn_hidden_size": 4 * h,
+        "num_attention_heads": heads,
+        "vocab_size": 51200,
+        "seq_length": 2048,
+    }
+    args.update(kw)
+    return ModelSpec(**args)  # type: ignore[arg-type]
+
+
+def test_model_flops_match_korthikanti_formula() -> None:
+    b, s, layers, h, v = 64, 2048, 96, 12288, 51200
+    model = _gpt(layers=layers, h=h, heads=96)
+    expected = 72 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert model_flops_per_step(model, b) == pytest.approx(expected, rel=1e-12)
+    # Selective recompute runs the attention core's forward (QK^T and scores x V: 4·B·s²·h per
+    # layer) again. Korthikanti's printed HFU formula, 72·B·s·L·h²(1 + s/(3h) + ...), adds
+    # 12·B·s²·L·h instead (three times that forward); this module counts what is executed.
+    selective = ParallelConfig(global_batch_size=b, recompute="selective")
+    expected_sel = expected + 4 * b * s * s * h * layers
+    assert hardware_flops_per_step(model, selective) == pytest.approx(expected_sel, rel=1e-12)
+    korthikanti_hfu = 72 * b * s * layers * h**2 * (1 + s / (3 * h) + v / (12 * layers * h))
+    assert korthikanti_hfu - expected == pytest.approx(12 * b * s * s * h * layers, rel=1e-12)
+
+
+def test_hardware_flops_full_recompute_match_narayanan_eq3() -> None:
+    b, s, layers, h, v = 1536, 2048, 96, 12288, 51200
+    model = _gpt(layers=layers, h=h, heads=96)
+    full = ParallelConfig(
+        global_batch_size=b, recompute="full", recompute_method="uniform", recompute_num_layers=1
+    )
+    expected = 96 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
+    assert hardware_flops_per_step(model, full) == pytest.approx(expected, rel=1e-12)
+    assert hardware_flops_per_step(model, ParallelConfig(global_batch_size=b)) == (
+        model_flops_per_step(model, b)
+    )
+
+
+def test_gqa_and_swiglu_flops_count_their_gemms() -> None:
+    mha = _gpt(h=4096, heads=32, ffn_hidden_size=11008, swiglu=True)
+    gqa = dataclasses.replace(mha, num_query_groups=8)
+    s, h, f = 2048, 4096, 11008
+    kv_saved = 2 * s * h * (2 * h - 2 * 8 * 128)  # K and V projections shrink from h to g*d
+    per_layer = 3 * kv_saved
+    assert model_flops_per_step(mha, 1) - model_flops_per_step(gqa, 1) == pytest.approx(
+        24 * per_layer
+    )
+    assert model_flops_per_step(mha, 1) > 3 * 24 * 2 * s * (3 * h * f)  # three MLP GEMMs counted
+
+
+def test_breakdown_parts_sum_to_step_and_dict_has_every_field() -> None:
+    model = _gpt()
+    config = ParallelConfig(
+        tp=2, pp=2, dp=2, vp=2, micro_batch_size=2, global_batch_size=64, sequence_parallel=True,
+        recompute="selective", distributed_optimizer=True,
+    )  # fmt: skip
+    r = estimate_time(model, TrainingSpec(global_batch_size=64), config, H100, 8)
+    d = r.to_dict()
+    parts = ["compute", "recompute", "tp_comm", "cp_comm", "pp_p2p", "pp_bubble", "dp_comm"]
+    parts += ["optimizer", "stage_imbalance", "overhead"]
+    assert sum(d[p] for p in parts) == pytest.approx(d["step"])
+    assert set(d) == {f.name for f in dataclasses.fields(TimeBreakdown)}
+    assert all(v >= 0 for v in d.values())
+    assert r.tokens_per_s == pytest.approx(64 * 2048 / r.step)
+    assert r.tokens_per_s_per_gpu == pytest.approx(r.tokens_per_s / 8)
+    assert r.mfu == pytest.approx(r.model_tflops_per_gpu / H100.peak_tflops)
+    assert 0 < r.mfu < r.hfu < 1
+
+
+def test_cpu_ranks_predict_framework_overhead_for_tiny_models() -> None:
+    tiny = _gpt(layers=4, h=128, heads=4, vocab_size=1024, seq_length=128)
+    config = ParallelConfig(dp=2, micro_batch_size=4, global_batch_size=32, zero_stage=1)
+    r = estimate_time(
+        tiny, TrainingSpec(global_batch_size=32), config, get_gpu("cpu"), 2, "deepspeed"
+    )
+    assert r.overhead > 0.05 and r.step > 0.1  # 4 micro-batches, not ~0 s
+    gpu = estimate_time(tiny, TrainingSpec(global_batch_size=32), config, H100, 2, "deepspeed")
+    assert gpu.step < r.step
+
+
+def test_deepspeed_zero_stages_order_their_traffic() -> None:
+    model = _gpt(layers=24, h=4096, heads=32)
+    training = TrainingSpec(global_batch_size=64)
+    comm = {}
+    for stage in (0, 1, 2, 3):
+        config = ParallelConfig(dp=64, micro_batch_size=1, global_batch_size=64, zero_stage=stage)
+        comm[stage] = estimate_time(model, training, config, A100, 8, "deepspeed").dp_comm
+    assert comm[1] == pytest.approx(comm[0], rel=0.01)  # RS + AG moves what an all-reduce moves
+    assert comm[2] >= comm[1]
+    assert comm[3] > comm[1]  # 3x the model-state traffic, only partly hidden at m = 1
+
+
+def test_distributed_optimizer_makes_the_optimizer_step_cheaper() -> None:
+    model = _gpt()
+    base = ParallelConfig(dp=8, micro_batch_size=1, global_batch_size=64)
+    sharded = dataclasses.replace(base, distributed_optimizer=True)
+    training = TrainingSpec(global_batch_size=64)
+    assert (
+        estimate_time(model, training, sharded, H100, 8).optimizer
+        < estimate_time(model, training, base, H100, 8).optimizer / 3
+    )
+
+
+def test_estimate_time_is_fast() -> None:
+    model = _gpt(layers=80, h=8192, heads=64, num_query_groups=8, swiglu=True)
+    training = TrainingSpec(global_batch_size=1024)
+    configs = [
+        ParallelConfig(
+            tp=tp,
+            pp=pp,
+            dp=512 // (tp * pp),
+            micro_batch_size=b,
+            global_batch_size=1024,
+            recompute=rc,
+        )  # fmt: skip
+        for tp in (1, 2, 4, 8)
+        for pp in (1, 2, 4, 8)
+        for b in (1, 2)
+        for rc in ("none", "selective")
+    ]
+    for c in configs:
+        estimate_time(model, training, c, H100, 8)
+    start = time.perf_counter()
+    for _ in range(20):
+        for c in configs:
+            estimate_time(model, training, c, H100, 8)
+    per_call = (time.perf_counter() - start) / (20 * len(configs))
+    assert per_call < 100e-6  # ~10 us measured; loose for slow CI machines
+
+
+# --- Properties ----------------------------------------------------------------------------------
+
+
+@st.composite
+def _setups(draw: st.DrawFn) -> tuple[ModelSpec, ParallelConfig]:
+    """A random GPT and a (valid-looking) parallel config for it on 8-GPU nodes."""
+    heads = draw(st.sampled_from([8, 16, 32, 64]))
+    head_dim = draw(st.sampled_from([64, 128]))
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if heads % t == 0]))
+    pp = draw(st.sampled_from([1, 2, 4, 8]))
+    vp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    cp = draw(st.sampled_from([1, 1, 2]))
+    layers = pp * vp * draw(st.integers(1, 6))
+    swiglu = draw(st.booleans())
+    h = heads * head_dim
+    model = ModelSpec(
+        num_layers=layers,
+        hidden_size=h,
+        ffn_hidden_size=(8 * h // 3 // 64 * 64) if swiglu else 4 * h,
+        num_attention_heads=heads,
+        num_query_groups=draw(st.sampled_from([None, tp])),
+        vocab_size=draw(st.sampled_from([32000, 51200, 128256])),
+        seq_length=draw(st.sampled_from([512, 2048, 4096, 8192])),
+        swiglu=swiglu,
+        flash_attention=draw(st.booleans()),
+        dropout=draw(st.booleans()),
+    )
+    dp = draw(st.sampled_from([1, 2, 4, 8]))
+    mbs = draw(st.sampled_from([1, 2, 4]))
+    m = draw(st.sampled_from([1, 2, 4, 8, 16, 32]))
+    config = ParallelConfig(
+        tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, micro_batch_size=mbs, global_batch_size=mbs * dp * m,
+        sequence_parallel=tp > 1 and draw(st.booleans()),
+        distributed_optimizer=draw(st.booleans()),
+    )  # fmt: skip
+    return model, config
+
+
+GPUS = st.sampled_from([A100, H100, get_gpu("cpu")])
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _step(model: ModelSpec, config: ParallelConfig, gpu: object, gpn: int = 8) -> TimeBreakdown:
+    assert isinstance(gpu, type(A100))
+    training = TrainingSpec(global_batch_size=config.global_batch_size)
+    return estimate_time(model, training, config, gpu, gpn)
+
+
+def _full(config: ParallelConfig, layers: int) -> ParallelConfig:
+    return dataclasses.replace(
+        config, recompute="full", recompute_method="block", recompute_num_layers=layers
+    )
+
+
+@PROPERTY
+@given(_setups(), GPUS)
+def test_more_recomputation_is_never_faster(
+    setup: tuple[ModelSpec, ParallelConfig], gpu: object
+) -> None:
+    model, config = setup
+    none = _step(model, config, gpu).step
+    selective = _step(model, dataclasses.replace(config, recompute="selective"), gpu).step
+    per_chunk = model.num_layers // (config.pp * config.vp)
+    blocks = [_step(model, _full(config, n), gpu).step for n in range(1, per_chunk + 1)]
+    uniform = dataclasses.replace(
+        config, recompute="full", recompute_method="uniform", recompute_num_layers=1
+    )
+    assert none <= selective <= _step(model, uniform, gpu).step
+    assert all(a <= b for a, b in zip(blocks, blocks[1:], strict=False))
+    assert none <= blocks[0]
+    assert blocks[-1] == pytest.approx(_step(model, uniform, gpu).step)
+
+
+def _bubble_fraction(r: TimeBreakdown) -> float:
+    return r.pp_bubble / r.step
+
+
+@PROPERTY
+@given(_setups(), GPUS)
+def test_more_microbatches_never_increase_the_bubble_fraction(
+    setup: tuple[ModelSpec, ParallelConfig], gpu: object
+) -> None:
+    model, config = setup
+    base = _bubble_fraction(_step(model, config, gpu))
+    bigger_batch = dataclasses.replace(config, global_batch_size=2 * config.global_batch_size)
+    assert _bubble_fraction(_step(model, bigger_batch, gpu)) <= base + 1e-12
+    if config.micro_batch_size > 1:  # same global batch, micro-batches half the size
+        smaller_mbs = dataclasses.replace(config, micro_batch_size=config.micro_batch_size // 2)
+        assert _bubble_fraction(_step(model, smaller_mbs, gpu)) <= base + 1e-12
+
+
+@PROPERTY
+@given(_setups(), GPUS, st.sampled_from([1, 2, 4]))
+def test_tp_group_spanning_nodes_is_slower_than_inside_a_node(
+    setup: tuple[ModelSpec, ParallelConfig], gpu: object, small_node: int
+) -> None:
+    model, config = setup
+    assume(config.tp > small_node)
+    inside = _step(model, config, gpu, gpn=config.tp * config.cp * config.dp * config.pp)
+    spanning = _step(model, config, gpu, gpn=small_node)
+    assert spanning.tp_comm > inside.tp_comm
+    assert spanning.step > inside.step
+
+
+_COMM = ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "stage_imbalance")
+
+
+@PROPERTY
+@given(_setups(), GPUS)
+def test_doubling_the_cluster_costs_at_most_its_extra_communication(
+    setup: tuple[ModelSpec, ParallelConfig], gpu: object
+) -> None:
+    model, config = setup
+    assume(config.num_microbatches % 2 == 0)
+    small = _step(model, config, gpu)
+    large = _step(model, dataclasses.replace(config, dp=2 * config.dp), gpu)
+    extra_comm = sum(max(0.0, getattr(large, k) - getattr(small, k)) for k in _COMM)
+    assert large.step - small.step <= extra_comm + 1e-9 * small.step
+    for part in ("compute", "recompute", "pp_bubble", "optimizer", "overhead"):
+        assert getattr(large, part) <= getattr(small, part) * (1 + 1e-9)
