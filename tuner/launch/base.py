@@ -63,7 +63,7 @@ if [ "$sig" != - ]; then
   kill -s "$sig" $pids 2>/dev/null
   exit 0
 fi
-ps -o pid= -o stat= -o args= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | awk '$2 !~ /^Z/'
+ps -ww -o pid= -o stat= -o args= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | awk '$2 !~ /^Z/'
 exit 0
 """
 

@@ -1,0 +1,221 @@
+"""One contract every Executor must honour; test_local.py and test_ssh.py run it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.launch import Executor, Job, LaunchRequest
+from tuner.layout import ResultsLayout
+
+from .conftest import live_processes, read, wait_for
+
+ALL_REDUCE = """\
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():.0f}", flush=True)
+if os.environ.get("SLEEP"):
+    print(f"ready {dist.get_rank()}", flush=True)
+    time.sleep(600)
+dist.destroy_process_group()
+"""
+
+
+def _torch_missing() -> str | None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed (pip install -e '.[train]')"
+    return None
+
+
+needs_torch = pytest.mark.skipif(_torch_missing() is not None, reason=str(_torch_missing()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ExecutorContract:
+    """Subclasses provide ``make_executor(**kwargs)`` and ``hosts`` (two nodes)."""
+
+    hosts: tuple[str, ...]
+
+    def make_executor(self, **kwargs: Any) -> Executor:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def layout(self, tmp_path: Path) -> ResultsLayout:
+        # A hostile directory name: spaces and quotes must survive every shell on the way.
+        return ResultsLayout(tmp_path / "res ults 'q'", "contract")
+
+    @pytest.fixture
+    def executor(self) -> Any:
+        ex = _tracking(self.make_executor(grace_s=3.0))
+        yield ex
+        _cancel_leftovers(ex)
+        ex.close()
+
+    def request(
+        self, layout: ResultsLayout, n: int, scripts: list[str], **kw: Any
+    ) -> LaunchRequest:
+        return LaunchRequest(
+            trial=n, hosts=self.hosts, scripts=tuple(scripts), paths=layout.trial(n), **kw
+        )
+
+    def test_runs_each_node_script_and_reports_exit_codes(
+        self, executor: Executor, layout: ResultsLayout
+    ) -> None:
+        scripts = ['echo "node 0 in $PWD"; echo oops >&2', 'echo "node 1 $(cat data.txt)"; exit 3']
+        job = executor.submit(self.request(layout, 0, scripts, files={"data.txt": "from file"}))
+        result = job.wait(timeout=60)
+        assert result.exit_codes == (0, 3)
+        assert not result.ok and not result.timed_out and not result.node_errors
+        assert "node 0 in" in read(result.logs[0]) and "oops" in read(result.logs[0])
+        assert "node 1 from file" in read(result.logs[1])
+        assert job.paths.launch_script(1).read_text() == scripts[1]
+        assert job.paths.result_json.exists()
+
+    def test_logs_are_streamed_while_running(
+        self, executor: Executor, layout: ResultsLayout, tmp_path: Path
+    ) -> None:
+        go = tmp_path / "go"
+        script = f"echo started; while [ ! -e {str(go)!r} ]; do sleep 0.05; done; echo finished"
+        job = executor.submit(self.request(layout, 1, [script, script]))
+        for log in (job.paths.node_log(0), job.paths.node_log(1)):
+            wait_for(lambda log=log: "started" in read(log), what="first line in the log")
+        assert job.poll() is None
+        go.touch()
+        result = job.wait(timeout=60)
+        assert result.ok, result
+        assert "finished" in read(result.logs[1])
+
+    def test_cancel_kills_every_process_even_those_that_ignore_term(
+        self, executor: Executor, layout: ResultsLayout
+    ) -> None:
+        marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
+        # A detached grandchild in its own session, and one that ignores SIGTERM.
+        script = (
+            f"setsid bash -c 'exec -a {marker} sleep 3001' >/dev/null 2>&1 &\n"
+            f"(trap '' TERM; exec -a {marker} sleep 3002) &\n"
+            f"echo up; (exec -a {marker} sleep 3003)\n"
+        )
+        job = executor.submit(self.request(layout, 2, [script, script]))
+        wait_for(lambda: len(live_processes(marker)) == 6, what="all six sleeps")
+        started = time.monotonic()
+        job.cancel()
+        assert time.monotonic() - started < 15
+        result = job.result()
+        assert result is not None and result.cancelled and not result.timed_out
+        assert result.survivors == ()
+        assert live_processes(marker) == []
+
+    def test_time_limit_kills_the_trial(self, layout: ResultsLayout) -> None:
+        clock = FakeClock()
+        ex = _tracking(self.make_executor(clock=clock, grace_s=2.0))
+        try:
+            marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
+            script = f"(exec -a {marker} sleep 3004)"
+            job = ex.submit(self.request(layout, 3, [script, script], timeout_s=60))
+            wait_for(lambda: len(live_processes(marker)) == 2, what="both sleeps")
+            assert job.poll() is None
+            clock.now += 61
+            result = job.poll()
+            assert result is not None
+            assert result.timed_out and not result.ok
+            assert result.duration_s >= 61
+            assert live_processes(marker) == []
+        finally:
+            _cancel_leftovers(ex)
+            ex.close()
+
+    @pytest.mark.torch
+    @pytest.mark.slow
+    @needs_torch
+    def test_two_node_torchrun_all_reduce(
+        self, executor: Executor, layout: ResultsLayout, tmp_path: Path
+    ) -> None:
+        scripts = self._torchrun_scripts(executor, tmp_path, sleep=False)
+        result = executor.submit(self.request(layout, 4, scripts)).wait(timeout=180)
+        logs = read(result.logs[0]) + read(result.logs[1])
+        assert result.ok, logs
+        assert "rank 0/2 sum 3" in logs and "rank 1/2 sum 3" in logs
+
+    @pytest.mark.torch
+    @pytest.mark.slow
+    @needs_torch
+    def test_cancel_torchrun_leaves_no_process_on_any_node(
+        self, executor: Executor, layout: ResultsLayout, tmp_path: Path
+    ) -> None:
+        scripts = self._torchrun_scripts(executor, tmp_path, sleep=True)
+        job = executor.submit(self.request(layout, 5, scripts))
+        logs = job.paths.node_log(0), job.paths.node_log(1)
+        wait_for(
+            lambda: "ready 0" in read(logs[0]) and "ready 1" in read(logs[1]),
+            timeout=180,
+            what="both ranks ready",
+        )
+        marker = str(tmp_path / "worker.py")
+        assert len(live_processes(marker)) >= 4, live_processes("worker")  # 2 agents, 2 workers
+        job.cancel()
+        assert live_processes(marker) == []
+
+    def _torchrun_scripts(self, executor: Executor, tmp_path: Path, *, sleep: bool) -> list[str]:
+        worker = tmp_path / "worker.py"
+        worker.write_text(ALL_REDUCE)
+        torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+        assert torchrun is not None
+        addr, port = executor.master_addr(self.hosts), free_port()
+        return [
+            textwrap.dedent(f"""\
+                export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 {"SLEEP=1" if sleep else ""}
+                exec {torchrun} --nnodes 2 --node_rank {k} --nproc_per_node 1 \\
+                    --master_addr {addr} --master_port {port} {worker}
+                """)
+            for k in range(2)
+        ]
+
+
+def _tracking(ex: Executor) -> Executor:
+    """Remember every job, so a failing test does not leave its processes running."""
+    jobs: list[Job] = []
+    submit = ex.submit
+
+    def tracked(request: LaunchRequest) -> Job:
+        job = submit(request)
+        jobs.append(job)
+        return job
+
+    ex.submit = tracked  # type: ignore[method-assign]
+    ex._test_jobs = jobs  # type: ignore[attr-defined]
+    return ex
+
+
+def _cancel_leftovers(ex: Executor) -> None:
+    for job in getattr(ex, "_test_jobs", []):
+        if not job.done:
+            job.cancel()

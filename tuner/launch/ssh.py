@@ -1,0 +1,368 @@
+"""Run each node's script over SSH (paramiko), one cached connection per node.
+
+On a node, a trial's script runs as::
+
+    cd <trial dir> && setsid -w env TUNER_TRIAL_TOKEN=<token> ... bash -c 'echo $$ >pidfile; ...'
+
+so it leads its own process group (recorded in the pid file) and every process it starts carries
+the token. Cancelling opens a second channel and runs :data:`~tuner.launch.base.PROCESS_SCRIPT`
+there: SIGTERM to every process of the trial, SIGKILL after the grace period, then a scan that must
+come back empty. Files travel over SFTP and are renamed into place, so a loopback "node" sharing
+this machine's filesystem never sees a half-written file.
+
+Host keys are checked against ``known_hosts`` (unknown keys are refused unless
+``accept_new_host_keys``, which records them; a changed key is always refused). Anything that goes
+wrong with reaching a node becomes a :class:`~tuner.errors.NodeError` in the job's result.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import shlex
+import socket
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import paramiko
+
+from tuner.errors import NodeError, RemoteCommandError
+from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
+from tuner.spec import SSHSpec
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class SSHTarget:
+    """Where a node name really leads once ``~/.ssh/config`` is applied."""
+
+    name: str
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _RejectPolicy(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+        raise _UnknownHostKey(hostname)
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's ``StrictHostKeyChecking=accept-new``: trust and record keys never seen before.
+
+    Appends one line under a lock (paramiko's own save rewrites the file from one client's view,
+    which loses keys when many nodes connect at once).
+    """
+
+    def __init__(self, path: Path, lock: threading.Lock) -> None:
+        self._path = path
+        self._lock = lock
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with self._lock:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            with self._path.open("a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        logger.warning(
+            "accepted new host key of %s (%s), saved to %s", hostname, key.get_name(), self._path
+        )
+
+
+class _Connection:
+    def __init__(self, client: paramiko.SSHClient) -> None:
+        self.client = client
+        self.lock = threading.Lock()  # guards the SFTP session, which is not thread-safe
+        self._sftp: paramiko.SFTPClient | None = None
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        transport = self.client.get_transport()
+        if transport is None:
+            raise paramiko.SSHException("not connected")
+        return transport
+
+    @property
+    def alive(self) -> bool:
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def sftp(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+        self.client.close()
+
+
+class _RemoteProcess(NodeProcess):
+    """One node's script: a channel whose output a thread copies into ``node-<k>.log``."""
+
+    def __init__(self, host: str, channel: paramiko.Channel, log: Path) -> None:
+        self._host = host
+        self._channel = channel
+        self._reader = threading.Thread(
+            target=self._copy, args=(log,), name=f"log-{host}", daemon=True
+        )
+        self._reader.start()
+
+    def _copy(self, log: Path) -> None:
+        with log.open("ab", buffering=0) as out:
+            while True:
+                data = self._channel.recv(_CHUNK)
+                if not data:
+                    return
+                out.write(data)
+
+    def poll(self) -> int | None:
+        if self._reader.is_alive():
+            if not self._channel.get_transport().is_active():
+                raise NodeError(self._host, "connection lost while the trial was running")
+            return None
+        if not self._channel.exit_status_ready():
+            return None
+        code = self._channel.recv_exit_status()
+        if code == -1 and not self._channel.get_transport().is_active():
+            raise NodeError(self._host, "connection lost while the trial was running")
+        return code
+
+    def close(self) -> None:
+        self._channel.close()
+        self._reader.join(timeout=1.0)
+
+
+class SSHExecutor(Executor):
+    """Runs trials on remote nodes over SSH. One connection per node, reused across trials."""
+
+    def __init__(self, ssh: SSHSpec | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ssh = ssh or SSHSpec()
+        self._config = _load_ssh_config(self.ssh.config_file)
+        self._known_hosts = Path(os.path.expanduser(self.ssh.known_hosts))
+        self._lock = threading.Lock()
+        self._known_hosts_lock = threading.Lock()
+        self._conns: dict[str, _Connection] = {}
+        self._connect_locks: dict[str, threading.Lock] = {}
+
+    # ----- connections --------------------------------------------------------------------------
+
+    def target(self, host: str) -> SSHTarget:
+        """Resolve ``host`` with ``~/.ssh/config``; the study's explicit settings win."""
+        found = self._config.lookup(host) if self._config is not None else {}
+        key_file = self.ssh.key_file
+        keys = [key_file] if key_file else list(found.get("identityfile", []))
+        return SSHTarget(
+            name=host,
+            hostname=str(found.get("hostname", host)),
+            port=self.ssh.port or int(found.get("port", 22)),
+            user=self.ssh.user or str(found.get("user") or getpass.getuser()),
+            key_files=tuple(os.path.expanduser(k) for k in keys),
+        )
+
+    def master_addr(self, hosts: Sequence[str]) -> str:
+        # A node name may be an alias only this machine's ssh config knows.
+        return self.target(hosts[0]).hostname
+
+    def connection(self, host: str) -> _Connection:
+        """The cached, live connection to ``host``; (re)connects when needed. Raises NodeError."""
+        with self._lock:
+            lock = self._connect_locks.setdefault(host, threading.Lock())
+        with lock:
+            conn = self._conns.get(host)
+            if conn is not None and conn.alive:
+                return conn
+            if conn is not None:
+                conn.close()
+            conn = _Connection(self._connect(self.target(host)))
+            self._conns[host] = conn
+            return conn
+
+    def _connect(self, t: SSHTarget) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        try:
+            if self._known_hosts.is_file():
+                client.load_host_keys(str(self._known_hosts))
+            client.set_missing_host_key_policy(
+                _AcceptNewPolicy(self._known_hosts, self._known_hosts_lock)
+                if self.ssh.accept_new_host_keys
+                else _RejectPolicy()
+            )
+            timeout = self.ssh.connect_timeout_s
+            keys: Any = list(t.key_files) or None  # paramiko takes a list; its stubs say str
+            client.connect(
+                t.hostname,
+                port=t.port,
+                username=t.user,
+                key_filename=keys,
+                look_for_keys=not t.key_files,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+            )
+        except Exception as exc:
+            client.close()
+            raise NodeError(t.name, self._explain(t, exc)) from exc
+        return client
+
+    def _explain(self, t: SSHTarget, exc: Exception) -> str:
+        where = f"{t.user}@{t.hostname}:{t.port}"
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return (
+                f"host key mismatch for {where}: the server's {exc.key.get_name()} key is not the "
+                f"one recorded in {self._known_hosts} (node reinstalled, or someone in between); "
+                "remove the old entry if you trust the new key"
+            )
+        if isinstance(exc, _UnknownHostKey):
+            return (
+                f"unknown host key for {where}: not in {self._known_hosts}; add it "
+                "(ssh-keyscan) or set cluster.ssh.accept_new_host_keys"
+            )
+        if isinstance(exc, paramiko.AuthenticationException):
+            keys = ", ".join(t.key_files) or "default keys / agent"
+            return f"authentication refused for {where} ({keys}): {exc}"
+        if isinstance(
+            exc, (OSError, socket.timeout, paramiko.ssh_exception.NoValidConnectionsError)
+        ):
+            return f"cannot connect to {where}: {exc}"
+        return f"ssh to {where} failed: {type(exc).__name__}: {exc}"
+
+    def run(self, host: str, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
+        """Run ``command`` on ``host`` in a fresh channel: (exit code, stdout, stderr)."""
+        try:
+            chan = self.connection(host).transport.open_session(timeout=timeout)
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            chan.shutdown_write()
+            out = chan.makefile("rb").read().decode(errors="replace")
+            err = chan.makefile_stderr("rb").read().decode(errors="replace")
+            code = chan.recv_exit_status()
+            chan.close()
+        except NodeError:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise NodeError(host, f"connection lost: {exc}") from exc
+        return code, out, err
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.close()
+        super().close()
+
+    # ----- hooks --------------------------------------------------------------------------------
+
+    def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
+        host = request.hosts[node_rank]
+        conn = self.connection(host)
+        files = {request.remote_script(node_rank): (request.scripts[node_rank], 0o755)}
+        for name, content in request.files.items():
+            files[request.remote_dir / name] = (content, 0o644)
+        try:
+            with conn.lock:
+                sftp = conn.sftp()
+                _makedirs(sftp, request.remote_dir)
+                for path, (content, mode) in files.items():
+                    _put_atomic(sftp, path, content, mode)
+        except (paramiko.SSHException, EOFError) as exc:
+            raise NodeError(host, f"copying files failed: {exc}") from exc
+        except OSError as exc:
+            raise RemoteCommandError(
+                host, f"sftp put {request.remote_dir}", None, str(exc)
+            ) from exc
+
+    def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
+        host = request.hosts[node_rank]
+        env = " ".join(
+            shlex.quote(f"{k}={v}") for k, v in {**request.env, TOKEN_ENV: token}.items()
+        )
+        command = (
+            # The token goes inside setsid, so setsid itself is never signalled and reports the
+            # script's exit status (a signalled process would give no status over SSH).
+            f"cd {shlex.quote(str(request.remote_dir))} && setsid -w env {env} bash -c "
+            + shlex.quote('echo $$ >"$0" && exec bash "$1"')
+            + f" {shlex.quote(str(request.remote_pid_file(node_rank)))}"
+            + f" {shlex.quote(str(request.remote_script(node_rank)))}"
+        )
+        try:
+            chan = self.connection(host).transport.open_session(timeout=self.ssh.connect_timeout_s)
+            chan.set_combine_stderr(True)
+            chan.exec_command(command)
+            chan.shutdown_write()
+        except NodeError:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise NodeError(host, f"starting the script failed: {exc}") from exc
+        return _RemoteProcess(host, chan, request.paths.node_log(node_rank))
+
+    def _process_command(
+        self, request: LaunchRequest, node_rank: int, token: str, sig: str
+    ) -> str:
+        pid_file = str(request.remote_pid_file(node_rank))
+        args = " ".join(shlex.quote(a) for a in ("tuner-procs", token, pid_file, sig))
+        return f"sh -c {shlex.quote(PROCESS_SCRIPT)} {args}"
+
+    def _signal_node(self, request: LaunchRequest, node_rank: int, token: str, sig: str) -> None:
+        host = request.hosts[node_rank]
+        code, _, err = self.run(host, self._process_command(request, node_rank, token, sig))
+        if code != 0:
+            raise RemoteCommandError(host, f"kill -{sig} (trial {request.trial})", code, err)
+
+    def _survivors(self, request: LaunchRequest, node_rank: int, token: str) -> list[str]:
+        host = request.hosts[node_rank]
+        code, out, err = self.run(host, self._process_command(request, node_rank, token, "-"))
+        if code != 0:
+            raise RemoteCommandError(host, f"process scan (trial {request.trial})", code, err)
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
+    if not path:
+        return None
+    full = Path(os.path.expanduser(path))
+    if not full.is_file():
+        return None
+    return paramiko.SSHConfig.from_path(str(full))
+
+
+def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:
+    missing: list[PurePosixPath] = []
+    current = path
+    while True:
+        try:
+            sftp.stat(str(current))
+            break
+        except FileNotFoundError:
+            missing.append(current)
+            if current.parent == current:
+                break
+            current = current.parent
+    for p in reversed(missing):
+        try:
+            sftp.mkdir(str(p))
+        except OSError:
+            sftp.stat(str(p))  # another connection (a loopback node) made it meanwhile
+
+
+def _put_atomic(sftp: paramiko.SFTPClient, path: PurePosixPath, content: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with sftp.open(str(tmp), "w") as f:
+        f.write(content.encode())
+    sftp.chmod(str(tmp), mode)
+    sftp.posix_rename(str(tmp), str(path))
