@@ -67,13 +67,14 @@ class NodePool:
             )
         if quarantine_after < 1:
             raise ValueError(f"quarantine_after must be >= 1, got {quarantine_after}")
+        port_range = max(port_range, len(hosts) // nodes_per_trial)
         if not 1024 <= base_port <= 65535 - port_range:
             raise ConfigError(f"master port {base_port} out of range", path="launch.master_port")
         self._hosts = tuple(hosts)
         self._per_trial = nodes_per_trial
         self._quarantine_after = quarantine_after
         self._base_port = base_port
-        self._port_range = max(port_range, len(hosts) // nodes_per_trial)
+        self._port_range = port_range
         self._lock = threading.Lock()
         self._busy: set[str] = set()
         self._in_use: dict[int, NodeGroup] = {}

@@ -1,0 +1,109 @@
+"""NodePool: disjoint groups, unique ports, quarantine, thread safety."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from tuner.errors import ConfigError
+from tuner.launch import NodeGroup, NodePool
+
+HOSTS = [f"gpu{i:03d}" for i in range(8)]
+
+
+def test_groups_are_disjoint_until_released() -> None:
+    pool = NodePool(HOSTS, 3)
+    a, b = pool.acquire(), pool.acquire()
+    assert a is not None and b is not None
+    assert a.hosts == ("gpu000", "gpu001", "gpu002") and a.master_host == "gpu000"
+    assert not set(a.hosts) & set(b.hosts)
+    assert pool.acquire() is None  # only 2 nodes left
+    pool.release(a)
+    c = pool.acquire()
+    assert c is not None and not set(c.hosts) & set(b.hosts)
+
+
+def test_concurrent_groups_get_distinct_ports_and_a_released_port_is_not_reused_at_once() -> None:
+    pool = NodePool(HOSTS, 1, base_port=30000)
+    groups = [pool.acquire() for _ in range(8)]
+    ports = [g.master_port for g in groups if g is not None]
+    assert len(set(ports)) == 8 and min(ports) == 30000
+    first = groups[0]
+    assert first is not None
+    pool.release(first)
+    again = pool.acquire()
+    assert again is not None and again.master_port not in ports
+
+
+def test_quarantine_after_repeated_node_errors_and_reset_by_success() -> None:
+    pool = NodePool(HOSTS[:4], 2, quarantine_after=2)
+    g = pool.acquire()
+    assert g is not None
+    assert pool.release(g, node_errors=[("gpu000", "connection refused")]) == []
+    g = pool.acquire()
+    assert g is not None and g.hosts[0] == "gpu000"
+    pool.release(g)  # clean: the strike is forgiven
+    for _ in range(2):
+        g = pool.acquire()
+        assert g is not None
+        newly = pool.release(g, node_errors=[("gpu001", "auth refused")])
+    assert newly == ["gpu001"]
+    assert pool.quarantined == {"gpu001": "auth refused"}
+    assert pool.capacity == 1
+    g = pool.acquire()
+    assert g is not None and "gpu001" not in g.hosts
+    assert g.hosts == ("gpu000", "gpu002")
+    pool.release(g, node_errors=["gpu002", "gpu003"])  # gpu003 is not in the group: ignored
+    g = pool.acquire()
+    assert g is not None
+    pool.release(g, node_errors=["gpu002"])
+    assert sorted(pool.quarantined) == ["gpu001", "gpu002"]
+    g = pool.acquire()
+    assert g is not None and g.hosts == ("gpu000", "gpu003")
+    pool.release(g, node_errors=["gpu000"])
+    pool.release(pool.acquire() or g, node_errors=["gpu000"])
+    assert pool.exhausted and pool.acquire() is None
+
+
+def test_bad_arguments_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="search.nodes_per_trial"):
+        NodePool(HOSTS[:2], 3)
+    with pytest.raises(ConfigError, match="listed twice"):
+        NodePool(["a", "a"], 1)
+    pool = NodePool(HOSTS, 2)
+    with pytest.raises(ValueError, match="not in use"):
+        pool.release(NodeGroup(id=99, hosts=("gpu000",), master_port=29500))
+
+
+def test_thread_safety_no_node_or_port_is_ever_shared() -> None:
+    pool = NodePool(HOSTS, 2)
+    held: dict[int, NodeGroup] = {}
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            g = pool.acquire()
+            if g is None:
+                continue
+            with lock:
+                for other in held.values():
+                    if set(other.hosts) & set(g.hosts) or other.master_port == g.master_port:
+                        errors.append(f"{g} overlaps {other}")
+                held[g.id] = g
+            time.sleep(rng.random() / 10000)
+            with lock:
+                del held[g.id]
+            pool.release(g)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert pool.in_use == ()

@@ -1,0 +1,48 @@
+"""ResultsLayout owns every path under results/<study>/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.layout import ResultsLayout
+
+
+def test_paths(tmp_path: Path) -> None:
+    layout = ResultsLayout(tmp_path / "results", "gpt-70b")
+    assert layout.study_dir == tmp_path / "results" / "gpt-70b"
+    assert layout.storage_path == layout.study_dir / "study.db"
+    assert layout.storage_url.startswith("sqlite:///") and layout.storage_url.endswith("study.db")
+    t = layout.trial(7)
+    assert t.dir == layout.study_dir / "trials" / "7"
+    assert t.launch_script(1).name == "launch-node-1.sh"
+    assert t.node_log(0).name == "node-0.log"
+    assert t.config_yaml.name == "config.yaml" and t.metrics_json.name == "metrics.json"
+    assert t.file("ds_config.json") == t.files_dir / "ds_config.json"
+    assert layout.best_script(0).parent == layout.best_dir
+
+
+def test_trial_numbers_and_rebase(tmp_path: Path) -> None:
+    layout = ResultsLayout(tmp_path, "s")
+    assert layout.trial_numbers() == []
+    for n in (10, 2):
+        layout.trial(n).dir.mkdir(parents=True)
+    assert layout.trial_numbers() == [2, 10]
+    remote = layout.rebase(Path("/scratch/tuner"))
+    assert remote.trial(2).dir == Path("/scratch/tuner/s/trials/2")
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", ".hidden"])
+def test_names_must_not_be_paths(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValueError, match="plain name"):
+        ResultsLayout(tmp_path, bad)
+    with pytest.raises(ValueError, match="plain name"):
+        ResultsLayout(tmp_path, "s").trial(0).file(bad)
+
+
+def test_negative_numbers_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        ResultsLayout(tmp_path, "s").trial(-1)
+    with pytest.raises(ValueError):
+        ResultsLayout(tmp_path, "s").trial(0).node_log(-1)
