@@ -17,6 +17,7 @@ from tuner.catalog import GPUSpec, get_gpu
 from tuner.errors import ConfigError
 from tuner.memory import MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
+from tuner.perf import TimeBreakdown, estimate_time
 from tuner.spec import StudySpec
 
 
@@ -123,6 +124,7 @@ class Candidate:
     config: ParallelConfig
     memory: MemoryBreakdown
     fits: bool
+    time: TimeBreakdown | None = None
 
 
 @dataclass(slots=True)
@@ -135,6 +137,13 @@ class SpaceReport:
     predicted_oom: int = 0
     viable: list[Candidate] = field(default_factory=list)
     oom: list[Candidate] = field(default_factory=list)
+
+    def ranked(self) -> list[Candidate]:
+        """Viable candidates, fastest predicted step first (ties: less memory first)."""
+        return sorted(
+            self.viable,
+            key=lambda c: (c.time.step if c.time else float("inf"), c.memory.peak, c.config.key()),
+        )
 
     def counts(self) -> dict[str, Any]:
         """Counts for ``tune space --json``; an invalid config counts under its first rule."""
@@ -152,12 +161,15 @@ def study_gpu(spec: StudySpec) -> GPUSpec:
     return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib)
 
 
-def enumerate_space(spec: StudySpec, keep_oom: bool = False) -> SpaceReport:
-    """Validate and memory-estimate every combination of the study's space."""
+def enumerate_space(
+    spec: StudySpec, keep_oom: bool = False, with_time: bool = True
+) -> SpaceReport:
+    """Validate and memory-estimate every combination; predict the step time of viable ones."""
     gpu = study_gpu(spec)
     report = SpaceReport()
     world, model, fw = spec.world_size, spec.model, spec.framework
     precision, headroom = spec.training.precision, spec.search.memory_headroom
+    gpn = spec.cluster.gpus_per_node
     for config in iter_configs(spec):
         report.total += 1
         errors = validate(config, model, world, fw)
@@ -168,7 +180,8 @@ def enumerate_space(spec: StudySpec, keep_oom: bool = False) -> SpaceReport:
         memory = estimate_memory(model, config, gpu, fw, precision)
         ok = fits(memory, gpu, headroom)
         if ok:
-            report.viable.append(Candidate(config, memory, True))
+            time = estimate_time(model, spec.training, config, gpu, gpn, fw) if with_time else None
+            report.viable.append(Candidate(config, memory, True, time))
         else:
             report.predicted_oom += 1
             if keep_oom:
