@@ -1,0 +1,1009 @@
+"""A stand-in for Megatron-LM's ``pretrain_gpt.py`` (core_v0.15) that needs no GPU and no torch.
+
+Run it as Megatron is run: ``torchrun --nproc_per_node N tests/standins/pretrain_gpt.py <flags>``
+or as one process (``python tests/standins/pretrain_gpt.py <flags>``). It accepts Megatron's own
+flag names only (an unknown flag fails as Megatron's argparse does: exit 2, ``pretrain_gpt.py:
+error: unrecognized arguments: ...``), applies Megatron's validation rules with their exact texts
+(raising AssertionError / ValueError, so the traceback is a real Python one, exit 1), then prints
+Megatron's startup, per-iteration, memory-report and validation lines. Timings and memory come
+from a *response surface*; each iteration really sleeps ``step_s * TUNER_STANDIN_TIME_SCALE``.
+
+Environment
+-----------
+``WORLD_SIZE`` (default 1) and ``RANK`` come from torchrun. Without ``RANK`` the process plays
+every rank at once: it prints rank 0's startup lines, the last rank's iteration lines and every
+data-parallel-rank-0 memory report. ``CUDA_DEVICE_MAX_CONNECTIONS=1`` is required when TP or CP
+> 1, as in Megatron. ``TUNER_STANDIN_TIME_SCALE`` (default 0.001: a 10 s step sleeps 10 ms)
+scales every sleep; the printed times are unscaled. ``TUNER_STANDIN_SURFACE`` selects the surface:
+
+* a path to a JSON file (format below), or
+* ``module:function`` or ``path/to/file.py:function``: ``function(config: dict) -> dict`` returning
+  the fields of a table entry (below). ``config`` holds the variables listed below.
+
+Without it a built-in surface is used (model FLOPs at 150 TFLOP/s per GPU with pipeline bubble
+and recompute costs; memory from 18 (or 6 + 12/dp) bytes per parameter plus activations).
+
+Surface JSON
+------------
+::
+
+    {
+      "kind": "formula",            # or "table": a config missing from "configs" is an error
+      "step_s": <expr>,             # seconds per iteration (formula kind)
+      "memory_gib": <expr>,         # peak "max allocated" of the busiest rank, GiB
+      "tflops": <expr>,             # optional; default: Megatron's model-FLOPs formula
+      "configs": {"tp=2,pp=4,cp=1,vp=1,mbs=2,recompute=selective,sp=1,distopt=1":
+                  {"step_s": 3.2, "memory_gib": 61.0, "tflops": 410.0, "behaviour": {...}}},
+      "behaviours": [{"when": {"tp": 8, "pp": 2}, "kind": "hang", "after_iterations": 3}],
+      "gpu_memory_gib": 80,         # the GPU the OOM message names
+      "oom_if_memory_above": 80,    # default: gpu_memory_gib
+      "warmup_factor": 1.5,         # iteration 1 takes this much longer
+      "noise": 0.01                 # +-1 % deterministic noise, seeded by the config key
+    }
+
+``<expr>`` is a number or ``{"base": b, "terms": {var: c}, "factors": {var: {value: m}},
+"powers": {var: e}}`` meaning ``(b + sum c*var) * prod factors[var][str(var)] * prod var**e``
+(a value missing from a factor table multiplies by 1). Variables: ``tp pp cp vp dp mbs gbs world
+microbatches`` (ints), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1, SP
+is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab`` and
+``params`` (model parameters). The config key is the canonical string shown above.
+
+Behaviours (``behaviour`` of a table entry, or ``behaviours`` matched on a partial config):
+``{"kind": "hang" | "crash" | "nccl_timeout" | "oom", "after_iterations": N, "ranks": [...],
+"exception": "RuntimeError", "message": "..."}``. ``hang`` sleeps forever after N iterations
+(SIGTERM kills it as it kills any Python process); ``crash`` raises ``exception(message)``;
+``nccl_timeout`` waits ``--distributed-timeout-minutes`` (scaled), prints torch's NCCL watchdog
+lines and aborts (SIGABRT); ``oom`` raises torch's OutOfMemoryError. A peak memory above
+``oom_if_memory_above`` always gives ``oom`` at iteration 1 on the busiest ranks. Ranks that do
+not fail wait for the failed one as NCCL ranks do: the watchdog fires after the time-out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_TOKENIZERS = (
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "GPT2BPETokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "HuggingFaceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+    "MultimodalTokenizer",
+    "NullTokenizer",
+    "NullMultimodalTokenizer",
+    "SFTTokenizer",
+)
+
+
+class OutOfMemoryError(RuntimeError):
+    """Printed by the traceback machinery as ``torch.OutOfMemoryError``, as torch >= 2.5 does."""
+
+
+OutOfMemoryError.__module__ = "torch"
+
+
+# --------------------------------------------------------------------------------------------
+# Flags: Megatron's names, types and defaults (core_v0.15 megatron/training/arguments.py)
+
+
+def _add_parallel(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(title="distributed")
+    group.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    group.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    group.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None)
+    group.add_argument("--pipeline-model-parallel-layout", type=str, default=None)
+    group.add_argument("--decoder-first-pipeline-num-layers", type=int, default=None)
+    group.add_argument("--decoder-last-pipeline-num-layers", type=int, default=None)
+    group.add_argument("--account-for-embedding-in-pipeline-split", action="store_true")
+    group.add_argument("--account-for-loss-in-pipeline-split", action="store_true")
+    group.add_argument(
+        "--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm"
+    )
+    group.add_argument("--sequence-parallel", action="store_true")
+    group.add_argument("--context-parallel-size", type=int, default=1)
+    group.add_argument(
+        "--cp-comm-type", nargs="+", type=str, default=["p2p"]
+    )  # p2p, a2a, allgather, a2a+p2p
+    group.add_argument("--expert-model-parallel-size", type=int, default=1)
+    group.add_argument("--expert-tensor-parallel-size", type=int, default=None)
+    group.add_argument("--num-experts", type=int, default=None)
+    group.add_argument("--moe-router-topk", type=int, default=2)
+    group.add_argument("--use-distributed-optimizer", action="store_true")
+    group.add_argument("--overlap-grad-reduce", action="store_true")
+    group.add_argument("--overlap-param-gather", action="store_true")
+    group.add_argument("--overlap-param-gather-with-optimizer-step", action="store_true")
+    group.add_argument("--tp-comm-overlap", action="store_true")
+    group.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
+    group.add_argument("--distributed-timeout-minutes", type=int, default=10)
+    group.add_argument("--local-rank", type=int, default=int(os.getenv("LOCAL_RANK", "0")))
+    group.add_argument("--use-cpu-initialization", action="store_true", default=None)
+
+
+def _add_batch_and_precision(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(title="training")
+    group.add_argument("--micro-batch-size", type=int, default=None)
+    group.add_argument("--global-batch-size", type=int, default=None)
+    group.add_argument("--rampup-batch-size", nargs="*", default=None)
+    group.add_argument("--recompute-activations", action="store_true")
+    group.add_argument(
+        "--recompute-granularity", type=str, default=None, choices=["full", "selective"]
+    )
+    group.add_argument("--recompute-method", type=str, default=None, choices=["uniform", "block"])
+    group.add_argument("--recompute-num-layers", type=int, default=None)
+    group.add_argument("--recompute-modules", nargs="*", type=str, default=None)
+    group.add_argument("--distribute-saved-activations", action="store_true")
+    group.add_argument("--no-gradient-accumulation-fusion", action="store_false",
+                       dest="gradient_accumulation_fusion")  # fmt: skip
+    group = parser.add_argument_group(title="mixed precision")
+    group.add_argument("--fp16", action="store_true")
+    group.add_argument("--bf16", action="store_true")
+    group.add_argument("--loss-scale", type=float, default=None)
+    group.add_argument("--initial-loss-scale", type=float, default=2**32)
+    group.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
+    group.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=["flash", "fused", "unfused", "local", "auto"],
+    )
+    group.add_argument("--use-flash-attn", action="store_true")
+    group.add_argument(
+        "--transformer-impl", default="transformer_engine", choices=["local", "transformer_engine"]
+    )
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(title="network size")
+    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size"):
+        group.add_argument(flag, type=int, default=None)
+    group.add_argument("--kv-channels", type=int, default=None)
+    group.add_argument("--group-query-attention", action="store_true")
+    group.add_argument("--num-query-groups", type=int, default=1)
+    group.add_argument("--max-position-embeddings", type=int, default=None)
+    group.add_argument("--seq-length", type=int, default=None)
+    group.add_argument("--encoder-seq-length", type=int, default=None)
+    group.add_argument("--swiglu", action="store_true")
+    group.add_argument(
+        "--position-embedding-type",
+        type=str,
+        default="learned_absolute",
+        choices=["learned_absolute", "rope", "mrope", "relative", "none"],
+    )
+    group.add_argument("--rotary-base", type=int, default=10000)
+    group.add_argument("--rotary-percent", type=float, default=1.0)
+    group.add_argument("--use-rotary-position-embeddings", action="store_true")
+    group.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    group.add_argument("--norm-epsilon", type=float, default=1e-5)
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    group.add_argument("--disable-bias-linear", action="store_false", dest="add_bias_linear")
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    group.add_argument("--init-method-std", type=float, default=0.02)
+    group.add_argument("--attention-dropout", type=float, default=0.1)
+    group.add_argument("--hidden-dropout", type=float, default=0.1)
+    group.add_argument("--no-masked-softmax-fusion", action="store_false",
+                       dest="masked_softmax_fusion")  # fmt: skip
+    group.add_argument("--no-bias-swiglu-fusion", action="store_false", dest="bias_swiglu_fusion")
+    group.add_argument("--no-rope-fusion", action="store_false", dest="apply_rope_fusion")
+
+
+def _add_training(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(title="training length and optimizer")
+    group.add_argument("--train-iters", type=int, default=None)
+    group.add_argument("--train-samples", type=int, default=None)
+    group.add_argument("--eval-iters", type=int, default=100)
+    group.add_argument("--eval-interval", type=int, default=1000)
+    group.add_argument("--skip-train", action="store_true")
+    group.add_argument("--exit-interval", type=int, default=None)
+    group.add_argument("--exit-duration-in-mins", type=int, default=None)
+    group.add_argument("--exit-signal-handler", action="store_true")
+    group.add_argument("--lr", type=float, default=None)
+    group.add_argument("--min-lr", type=float, default=0.0)
+    group.add_argument(
+        "--lr-decay-style",
+        type=str,
+        default="linear",
+        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+    )
+    group.add_argument("--lr-decay-iters", type=int, default=None)
+    group.add_argument("--lr-warmup-iters", type=int, default=0)
+    group.add_argument("--lr-warmup-fraction", type=float, default=None)
+    group.add_argument("--weight-decay", type=float, default=0.01)
+    group.add_argument("--clip-grad", type=float, default=1.0)
+    group.add_argument("--adam-beta1", type=float, default=0.9)
+    group.add_argument("--adam-beta2", type=float, default=0.999)
+    group.add_argument("--adam-eps", type=float, default=1e-08)
+    group.add_argument("--optimizer", type=str, default="adam", choices=["adam", "sgd"])
+    group.add_argument("--seed", type=int, default=1234)
+
+
+def _add_data_logging_checkpoint(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(title="data and logging")
+    group.add_argument("--mock-data", action="store_true")
+    group.add_argument("--data-path", nargs="*", default=None)
+    group.add_argument("--split", type=str, default=None)
+    group.add_argument("--data-cache-path", default=None)
+    group.add_argument("--tokenizer-type", type=str, default=None, choices=_TOKENIZERS)
+    group.add_argument("--tokenizer-model", type=str, default=None)
+    group.add_argument("--vocab-size", type=int, default=None)
+    group.add_argument("--vocab-file", type=str, default=None)
+    group.add_argument("--merge-file", type=str, default=None)
+    group.add_argument("--num-workers", type=int, default=2)
+    group.add_argument("--log-interval", type=int, default=100)
+    group.add_argument("--log-throughput", action="store_true")
+    group.add_argument("--timing-log-level", type=int, default=0, choices=range(0, 3))
+    group.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"])
+    group.add_argument("--log-params-norm", action="store_true")
+    group.add_argument("--log-num-zeros-in-grad", action="store_true")
+    group.add_argument("--log-timers-to-tensorboard", action="store_true")
+    group.add_argument("--log-memory-to-tensorboard", action="store_true")
+    group.add_argument("--tensorboard-dir", type=str, default=None)
+    group.add_argument("--wandb-project", type=str, default="")
+    group = parser.add_argument_group(title="checkpointing")
+    group.add_argument("--save", type=str, default=None)
+    group.add_argument("--save-interval", type=int, default=None)
+    group.add_argument("--load", type=str, default=None)
+    group.add_argument("--no-load-optim", action="store_true", default=None)
+    group.add_argument("--no-load-rng", action="store_true", default=None)
+    group.add_argument("--no-save-optim", action="store_true", default=None)
+    group.add_argument("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Megatron's parser: no abbreviations, so ``--tensor-model`` is an unknown flag."""
+    parser = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
+    _add_parallel(parser)
+    _add_batch_and_precision(parser)
+    _add_model(parser)
+    _add_training(parser)
+    _add_data_logging_checkpoint(parser)
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# Validation: Megatron's rules and texts (interfaces reference §1e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The process grid; rank order is Megatron's default tp-cp-ep-dp-pp (tp fastest)."""
+
+    world: int
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    vp: int
+
+    def coords(self, rank: int) -> tuple[int, int, int, int]:
+        """(tp rank, cp rank, dp rank, pp rank) of a global rank."""
+        rest, tp_rank = divmod(rank, self.tp)
+        rest, cp_rank = divmod(rest, self.cp)
+        pp_rank, dp_rank = divmod(rest, self.dp)
+        return tp_rank, cp_rank, dp_rank, pp_rank
+
+
+def _print_rank_0(rank: int | None, text: str) -> None:
+    if rank in (None, 0):
+        print(text, flush=True)
+
+
+def _check_world(args: argparse.Namespace, world: int, rank: int | None) -> None:
+    model_size = (
+        args.tensor_model_parallel_size
+        * args.pipeline_model_parallel_size
+        * args.context_parallel_size
+    )
+    if world % model_size != 0:
+        raise AssertionError(
+            f"world size ({world}) is not divisible by total_model_size "
+            f"(total_model_size={model_size})"
+        )
+    args.data_parallel_size = world // model_size
+    _print_rank_0(
+        rank,
+        f"using world size: {world}, data-parallel size: {args.data_parallel_size}, "
+        f"context-parallel size: {args.context_parallel_size}, hierarchical context-parallel "
+        f"sizes: None, tensor-model-parallel size: {args.tensor_model_parallel_size}, "
+        f"pipeline-model-parallel size: {args.pipeline_model_parallel_size}",
+    )
+
+
+def _check_required(args: argparse.Namespace, rank: int | None) -> None:
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+        if getattr(args, name) is None:
+            raise AssertionError(f"{name} argument is None")
+    if args.micro_batch_size is None or args.micro_batch_size <= 0:
+        raise AssertionError
+    if args.global_batch_size is None:
+        args.global_batch_size = args.micro_batch_size * args.data_parallel_size
+        _print_rank_0(rank, f"setting global batch size to {args.global_batch_size}")
+    if args.fp16 and args.bf16:
+        raise AssertionError
+    if args.seq_length is None:
+        if args.encoder_seq_length is None:
+            raise AssertionError
+        args.seq_length = args.encoder_seq_length
+
+
+def _check_pipeline(args: argparse.Namespace) -> None:
+    pp, layers = args.pipeline_model_parallel_size, args.num_layers
+    vpp_flags = [
+        args.num_layers_per_virtual_pipeline_stage,
+        args.num_virtual_stages_per_pipeline_rank,
+        args.pipeline_model_parallel_layout,
+    ]
+    if sum(flag is not None for flag in vpp_flags) > 1:
+        raise AssertionError(
+            "No more than one of the following arguments can be set at the same time: "
+            "--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,"
+            "--pipeline-model-parallel-layout."
+        )
+    args.virtual_pipeline_model_parallel_size = None
+    if vpp_flags[0] is not None or vpp_flags[1] is not None:
+        if args.overlap_p2p_comm and pp <= 1:
+            raise AssertionError(
+                "When interleaved schedule is used, pipeline-model-parallel size should be "
+                "greater than 1"
+            )
+        if not args.overlap_p2p_comm and pp <= 2:
+            raise AssertionError(
+                "When interleaved schedule is used and p2p communication overlap is disabled, "
+                "pipeline-model-parallel size should be greater than 2 to avoid having multiple "
+                "p2p sends and recvs between same 2 ranks per communication batch"
+            )
+        if layers % pp != 0:
+            raise AssertionError(
+                "number of layers of the model must be divisible pipeline model parallel size"
+            )
+        per_stage = layers // pp
+        per_virtual = vpp_flags[0] or max(1, per_stage // vpp_flags[1])
+        if per_stage % per_virtual != 0 or (vpp_flags[1] and per_stage % vpp_flags[1] != 0):
+            raise AssertionError(
+                "number of layers per pipeline stage must be divisible number of layers per "
+                "virtual pipeline stage"
+            )
+        args.virtual_pipeline_model_parallel_size = per_stage // per_virtual
+    elif args.decoder_first_pipeline_num_layers is None and (
+        args.decoder_last_pipeline_num_layers is None and layers % pp != 0
+    ):
+        raise AssertionError(
+            "Number of layers should be divisible by the pipeline-model-parallel size"
+        )
+
+
+def _check_features(args: argparse.Namespace, rank: int | None) -> None:
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise AssertionError(
+            "--overlap-param-gather only supported with distributed optimizer or megatron fsdp"
+        )
+    if args.overlap_param_gather and not args.overlap_grad_reduce:
+        raise AssertionError("Must use --overlap-param-gather with --overlap-grad-reduce")
+    if args.tensor_model_parallel_size == 1 and args.sequence_parallel:
+        _print_rank_0(
+            rank, "Disabling sequence parallelism because tensor model parallelism is disabled"
+        )
+        args.sequence_parallel = False
+    if args.tp_comm_overlap and not args.sequence_parallel:
+        raise AssertionError(
+            "Tensor parallel communication/GEMM overlap can happen only when sequence "
+            "parallelism is enabled"
+        )
+    if args.recompute_activations:
+        args.recompute_granularity = "selective"
+    if args.recompute_granularity == "selective" and args.recompute_method is not None:
+        raise AssertionError(
+            "recompute method is not yet supported for selective recomputing granularity"
+        )
+    cp = args.context_parallel_size
+    if cp > 1 and args.seq_length % (cp * 2) != 0:
+        raise AssertionError(
+            "seq-length should be a multiple of 2 * context-parallel-size if "
+            "context-parallel-size > 1."
+        )
+    if args.max_position_embeddings < args.seq_length:
+        raise AssertionError(
+            f"max_position_embeddings ({args.max_position_embeddings}) must be greater than or "
+            f"equal to seq_length ({args.seq_length})."
+        )
+    if args.num_experts is None and args.expert_model_parallel_size > 1:
+        raise AssertionError("num_experts must be non None to use expert model parallelism")
+
+
+def _check_env_and_data(args: argparse.Namespace) -> None:
+    if args.tensor_model_parallel_size > 1 or args.context_parallel_size > 1:
+        if os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
+            raise AssertionError(
+                "Using tensor model parallelism or context parallelism require setting the "
+                "environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1"
+            )
+    if bool(args.mock_data) == bool(args.data_path):
+        raise AssertionError("A single data source must be provided in training mode, else None")
+
+
+def validate_args(args: argparse.Namespace, world: int, rank: int | None) -> Topology:
+    """Megatron's validate_args, in its order; returns the process grid."""
+    _check_world(args, world, rank)
+    _check_required(args, rank)
+    _check_pipeline(args)
+    _check_features(args, rank)
+    _check_env_and_data(args)
+    if args.ffn_hidden_size is None:
+        h = args.hidden_size
+        args.ffn_hidden_size = int((4 * h * 2 / 3) / 64) * 64 if args.swiglu else 4 * h
+    if args.kv_channels is None:
+        if args.hidden_size % args.num_attention_heads != 0:
+            raise AssertionError
+        args.kv_channels = args.hidden_size // args.num_attention_heads
+    if not args.group_query_attention:
+        args.num_query_groups = args.num_attention_heads
+    return Topology(
+        world=world,
+        tp=args.tensor_model_parallel_size,
+        pp=args.pipeline_model_parallel_size,
+        cp=args.context_parallel_size,
+        dp=args.data_parallel_size,
+        vp=args.virtual_pipeline_model_parallel_size or 1,
+    )
+
+
+def num_microbatches(args: argparse.Namespace) -> int:
+    """megatron/core/num_microbatches_calculator.py ConstantNumMicroBatchesCalculator."""
+    per_step = args.micro_batch_size * args.data_parallel_size
+    if args.global_batch_size % per_step != 0:
+        raise AssertionError(
+            f"global batch size ({args.global_batch_size}) is not divisible by micro batch "
+            f"size ({args.micro_batch_size}) times data parallel size "
+            f"({args.data_parallel_size})"
+        )
+    return int(args.global_batch_size // per_step)
+
+
+def padded_vocab_size(args: argparse.Namespace) -> int:
+    """Build the tokenizer (NullTokenizer: V + 1 with EOD) and pad as Megatron does."""
+    if args.tokenizer_type == "NullTokenizer":
+        if args.vocab_size is None:
+            raise AssertionError
+        vocab = args.vocab_size + 1
+    elif args.tokenizer_type in (None, "GPT2BPETokenizer"):
+        if args.vocab_file is None or args.merge_file is None:
+            raise AssertionError
+        vocab = 50257
+    else:
+        vocab = args.vocab_size or 32000
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    return int(((vocab + multiple - 1) // multiple) * multiple)
+
+
+def transformer_config(args: argparse.Namespace) -> None:
+    """TransformerConfig.__post_init__ and the linear layers' divide() checks."""
+    tp, layers_per_rank = args.tensor_model_parallel_size, 0
+    if args.num_attention_heads % tp != 0:
+        raise ValueError(
+            f"num_attention_heads ({args.num_attention_heads}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp})."
+        )
+    if args.num_query_groups % tp != 0:
+        raise ValueError(
+            f"num_query_groups ({args.num_query_groups}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp})."
+        )
+    if args.recompute_granularity == "full":
+        layers_per_rank = args.num_layers // args.pipeline_model_parallel_size
+        if args.recompute_method is None:
+            raise ValueError(
+                f"Using recompute_granularity: {args.recompute_granularity} so recompute_method "
+                'must be "block" or "uniform"'
+            )
+        if args.recompute_num_layers is None or not (
+            1 <= args.recompute_num_layers <= layers_per_rank
+        ):
+            raise ValueError(
+                f"When using recompute_granularity: {args.recompute_granularity} "
+                "recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: "
+                f"{layers_per_rank}"
+            )
+    if args.ffn_hidden_size % tp != 0:
+        raise AssertionError(f"{args.ffn_hidden_size} is not divisible by {tp}")
+
+
+# --------------------------------------------------------------------------------------------
+# Model arithmetic (approximate parameter counts; Megatron's model-FLOPs formula, §1f)
+
+
+def layer_params(args: argparse.Namespace) -> int:
+    """Parameters of one transformer layer (whole, before tensor parallelism)."""
+    h, kv = args.hidden_size, args.kv_channels
+    qkv = h * kv * (args.num_attention_heads + 2 * args.num_query_groups)
+    proj = kv * args.num_attention_heads * h
+    mlp = h * args.ffn_hidden_size * (3 if args.swiglu else 2)
+    norms = 2 * h * (1 if args.normalization == "RMSNorm" else 2)
+    return int(qkv + proj + mlp + norms)
+
+
+def stage_params(args: argparse.Namespace, vocab: int, pp_rank: int) -> int:
+    """Parameters held by one (tensor, pipeline) rank."""
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    count = layer_params(args) * (args.num_layers // pp) // tp
+    embedding = vocab * args.hidden_size // tp
+    if pp_rank == 0:
+        count += embedding
+        if args.position_embedding_type == "learned_absolute":
+            count += args.max_position_embeddings * args.hidden_size
+    if pp_rank == pp - 1:
+        count += embedding if (args.untie_embeddings_and_output_weights or pp > 1) else 0
+        count += args.hidden_size
+    return int(count)
+
+
+def model_flops(args: argparse.Namespace, vocab: int) -> float:
+    """FLOPs of one iteration as Megatron counts them (recompute not included)."""
+    b, s, h = args.global_batch_size, args.seq_length, args.hidden_size
+    a, g, layers = args.num_attention_heads, args.num_query_groups, args.num_layers
+    gated = 1.5 if args.swiglu else 1.0
+    mlp = 12 * layers * h * args.ffn_hidden_size * gated
+    attention = 12 * layers * h * h * ((1 + g / a + s / (2 * h)) * (args.kv_channels * a / h))
+    return float(b * s * (mlp + attention + 6 * h * vocab))
+
+
+# --------------------------------------------------------------------------------------------
+# Response surface
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """What the surface says about one configuration."""
+
+    step_s: float
+    memory_gib: float
+    tflops: float | None
+    behaviour: dict[str, Any] | None
+
+
+def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> dict[str, Any]:
+    """The variables a surface sees (see the module docstring)."""
+    return {
+        "tp": topo.tp,
+        "pp": topo.pp,
+        "cp": topo.cp,
+        "vp": topo.vp,
+        "dp": topo.dp,
+        "world": topo.world,
+        "mbs": args.micro_batch_size,
+        "gbs": args.global_batch_size,
+        "microbatches": args.global_batch_size // (args.micro_batch_size * topo.dp),
+        "recompute": args.recompute_granularity or "none",
+        "sp": int(bool(args.sequence_parallel)),
+        "distopt": int(bool(args.use_distributed_optimizer)),
+        "layers": args.num_layers,
+        "hidden": args.hidden_size,
+        "heads": args.num_attention_heads,
+        "seq": args.seq_length,
+        "ffn": args.ffn_hidden_size,
+        "vocab": vocab,
+        "params": layer_params(args) * args.num_layers + vocab * args.hidden_size,
+        "flops": model_flops(args, vocab),
+    }
+
+
+def config_key(v: dict[str, Any]) -> str:
+    """``tp=2,pp=4,cp=1,vp=1,mbs=2,recompute=selective,sp=1,distopt=1``."""
+    names = ("tp", "pp", "cp", "vp", "mbs", "recompute", "sp", "distopt")
+    return ",".join(f"{name}={v[name]}" for name in names)
+
+
+def evaluate(expr: Any, v: dict[str, Any]) -> float:
+    """A surface ``<expr>``: a number or ``{base, terms, factors, powers}``."""
+    if isinstance(expr, int | float):
+        return float(expr)
+    value = float(expr.get("base", 0.0))
+    value += sum(float(c) * float(v[name]) for name, c in expr.get("terms", {}).items())
+    for name, table in expr.get("factors", {}).items():
+        value *= float(table.get(str(v[name]), 1.0))
+    for name, exponent in expr.get("powers", {}).items():
+        value *= float(v[name]) ** float(exponent)
+    return value
+
+
+def default_point(v: dict[str, Any]) -> dict[str, Any]:
+    """The built-in surface: a plausible shape when no surface is configured."""
+    bubble = 1 + (v["pp"] - 1) / (v["microbatches"] * v["vp"])
+    recompute = {"none": 1.0, "selective": 1.03, "full": 1.33}[v["recompute"]]
+    comm = 1 + 0.04 * (v["tp"] - 1) + 0.02 * (v["cp"] - 1)
+    step = v["flops"] / (v["world"] * 150e12) * bubble * recompute * comm
+    bytes_per_param = 6 + 12 / v["dp"] if v["distopt"] else 18
+    weights = v["params"] / (v["tp"] * v["pp"]) * bytes_per_param
+    s, b, h, a = v["seq"], v["mbs"], v["hidden"], v["heads"]
+    per_layer = {"none": 34 + 5 * a * s / h, "selective": 34.0, "full": 2.0}[v["recompute"]]
+    shard = v["tp"] * v["cp"] if (v["sp"] or v["recompute"] == "full") else v["cp"]
+    inflight = min(v["pp"], v["microbatches"])
+    activations = s * b * h * per_layer * (v["layers"] / v["pp"]) * inflight / shard
+    return {"step_s": step, "memory_gib": (weights + activations) / 2**30}
+
+
+class Surface:
+    """The configured response surface (``TUNER_STANDIN_SURFACE``) or the built-in one."""
+
+    def __init__(self, spec: dict[str, Any], function: Callable[..., Any] | None = None) -> None:
+        self.spec = spec
+        self.function = function
+        self.gpu_memory_gib = float(spec.get("gpu_memory_gib", 80.0))
+        self.oom_above = float(spec.get("oom_if_memory_above", self.gpu_memory_gib))
+        self.warmup_factor = float(spec.get("warmup_factor", 1.5))
+        self.noise = float(spec.get("noise", 0.01))
+
+    @classmethod
+    def from_env(cls) -> Surface:
+        """Load from ``TUNER_STANDIN_SURFACE`` (JSON path or ``module:function``)."""
+        where = os.environ.get("TUNER_STANDIN_SURFACE", "")
+        if not where:
+            return cls({"kind": "default"})
+        target, _, name = where.rpartition(":")
+        if target and name.isidentifier() and not os.path.isfile(where):
+            return cls({"kind": "python"}, _load_function(target, name))
+        with open(where, encoding="utf-8") as handle:
+            spec = json.load(handle)
+        if spec.get("kind") == "python":
+            target, _, name = str(spec["function"]).rpartition(":")
+            return cls(spec, _load_function(target, name))
+        return cls(spec)
+
+    def point(self, v: dict[str, Any]) -> Point:
+        """Step time, peak memory, TFLOP/s and behaviour for one configuration."""
+        key = config_key(v)
+        entry = dict(self.spec.get("configs", {}).get(key, {}))
+        if not entry and self.function is not None:
+            entry = dict(self.function(dict(v)))
+        if not entry and self.spec.get("kind") == "table":
+            raise RuntimeError(f"stand-in surface has no entry for {key}")
+        fallback = default_point(v) if self.spec.get("kind") == "default" else {}
+        for name in ("step_s", "memory_gib", "tflops"):
+            if name not in entry and name in self.spec:
+                entry[name] = evaluate(self.spec[name], v)
+            elif name not in entry and name in fallback:
+                entry[name] = fallback[name]
+        if "step_s" not in entry or "memory_gib" not in entry:
+            raise RuntimeError(f"stand-in surface gives no step_s / memory_gib for {key}")
+        tflops = entry.get("tflops")
+        return Point(
+            step_s=float(entry["step_s"]),
+            memory_gib=float(entry["memory_gib"]),
+            tflops=float(tflops) if tflops is not None else None,
+            behaviour=entry.get("behaviour") or self._behaviour(v),
+        )
+
+    def _behaviour(self, v: dict[str, Any]) -> dict[str, Any] | None:
+        for rule in self.spec.get("behaviours", []):
+            when = rule.get("when", {})
+            if all(str(v.get(name)) == str(value) for name, value in when.items()):
+                return dict(rule)
+        return None
+
+
+def _load_function(target: str, name: str) -> Callable[..., Any]:
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("tuner_standin_surface", target)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load surface module {target}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    function: Callable[..., Any] = getattr(module, name)
+    return function
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+
+
+def _now(micro: bool = False) -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S" + (".%f" if micro else ""))
+
+
+def _sleep(seconds: float) -> None:
+    scale = float(os.environ.get("TUNER_STANDIN_TIME_SCALE", "0.001"))
+    if seconds * scale > 0:
+        time.sleep(seconds * scale)
+
+
+@dataclasses.dataclass
+class Run:
+    """One process's view of the job: which ranks it plays and what the surface says."""
+
+    args: argparse.Namespace
+    topo: Topology
+    ranks: list[int]
+    point: Point
+    surface: Surface
+    vocab: int
+    key: str
+
+    @property
+    def first(self) -> bool:
+        return 0 in self.ranks
+
+    @property
+    def last(self) -> bool:
+        return self.topo.world - 1 in self.ranks
+
+    def say(self, text: str, *, last: bool = False) -> None:
+        """print_rank_0 (or print_rank_last with ``last``)."""
+        if self.last if last else self.first:
+            print(text, flush=True)
+
+    def rank_memory_gib(self, rank: int) -> float:
+        """The first pipeline stage holds the most in-flight activations: it peaks highest."""
+        pp_rank = self.topo.coords(rank)[3]
+        return self.point.memory_gib * (1 - 0.05 * pp_rank / max(1, self.topo.pp - 1))
+
+
+def memory_report(run: Run, iteration: int) -> None:
+    """``[Rank N] (after K iterations) memory (MB) | ...`` from every DP-rank-0 rank played."""
+    for rank in run.ranks:
+        if run.topo.coords(rank)[2] != 0:
+            continue
+        peak = round(run.rank_memory_gib(rank) * 2**30 / 512) * 512
+        allocated = round(peak * 0.62 / 512) * 512
+        reserved = float(math.ceil(peak * 1.06 / 2**21) * 2)
+        print(
+            f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: "
+            f"{allocated / 2**20} | max allocated: {peak / 2**20} | reserved: {reserved} | "
+            f"max reserved: {reserved}",
+            flush=True,
+        )
+
+
+def iteration_line(run: Run, iteration: int, elapsed_s: float) -> str:
+    """training_log()'s line, core_v0.15 format."""
+    args = run.args
+    iters = args.train_iters
+    lr = (args.lr or 0.0) - ((args.lr or 0.0) - args.min_lr) * iteration / max(1, iters)
+    loss = 2.0 + 9.0 * math.exp(-iteration / 40)
+    if run.point.tflops is not None:
+        tflops = run.point.tflops * run.point.step_s / elapsed_s
+    else:
+        tflops = model_flops(args, run.vocab) / (elapsed_s * 1e12 * run.topo.world)
+    text = f" [{_now()}] iteration {iteration:8d}/{iters:8d} |"
+    text += f" consumed samples: {iteration * args.global_batch_size:12d} |"
+    text += f" elapsed time per iteration (ms): {elapsed_s * 1000:.1f} |"
+    if args.log_throughput:
+        text += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+    text += f" learning rate: {lr:.6E} | global batch size: {args.global_batch_size:5d} |"
+    text += f" lm loss: {loss:.6E} | loss scale: {65536.0 if args.fp16 else 1.0:.1f} |"
+    text += f" grad norm: {1.0 + 4.0 * math.exp(-iteration / 10):.3f} |"
+    return text + " number of skipped iterations:   0 | number of nan iterations:   0 |"
+
+
+def validation_block(run: Run, iteration: int, where: str = "") -> None:
+    """The framed validation-loss lines (print_rank_last)."""
+    loss = 2.1 + 9.0 * math.exp(-iteration / 40)
+    body = (
+        f" validation loss at iteration {iteration}{where} | lm loss value: {loss:.6E} | "
+        f"lm loss PPL: {math.exp(loss):.6E} | "
+    )
+    rule = "-" * (len(body) + 1)
+    for text in (rule, body, rule):
+        run.say(text, last=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Failures
+
+
+def out_of_memory(run: Run, rank: int) -> None:
+    """Raise torch >= 2.5's OutOfMemoryError with its real message shape."""
+    capacity = run.surface.gpu_memory_gib * 0.98875
+    free_mib = 117.56
+    in_use = capacity - free_mib / 1024
+    allocated = in_use - 0.74
+    wanted = max(0.02, run.rank_memory_gib(rank) - allocated)
+    gpu = rank % int(os.environ.get("LOCAL_WORLD_SIZE", "8"))
+    raise OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {wanted:.2f} GiB. GPU {gpu} has a total capacity "
+        f"of {capacity:.2f} GiB of which {free_mib:.2f} MiB is free. Including non-PyTorch "
+        f"memory, this process has {in_use:.2f} GiB memory in use. Of the allocated memory "
+        f"{allocated:.2f} GiB is allocated by PyTorch, and 613.35 MiB is reserved by PyTorch but "
+        "unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+def nccl_watchdog_abort(run: Run, sequence: int) -> None:
+    """Wait out the process-group time-out, print the NCCL watchdog lines, abort (SIGABRT)."""
+    timeout_ms = run.args.distributed_timeout_minutes * 60_000
+    _sleep(timeout_ms / 1000)
+    now = datetime.datetime.now()
+    stamp = f"E{now:%m%d %H:%M:%S}.{now.microsecond * 1000:09d}"
+    work = (
+        f"WorkNCCL(SeqNum={sequence}, OpType=ALLREDUCE, NumelIn=466119168, "
+        f"NumelOut=466119168, Timeout(ms)={timeout_ms}) ran for {timeout_ms + 61} milliseconds "
+        "before timing out."
+    )
+    for rank in run.ranks:
+        print(
+            f"[rank{rank}]:[{stamp} ProcessGroupNCCL.cpp:607] [Rank {rank}] Watchdog caught "
+            f"collective operation timeout: {work}\n"
+            f"[rank{rank}]:[{stamp} ProcessGroupNCCL.cpp:1664] [PG 1 Rank {rank}] Exception "
+            f"(either an error or timeout) detected by watchdog at work: {sequence}, last "
+            f"enqueued NCCL work: {sequence + 2}, last completed NCCL work: {sequence - 1}.",
+            file=sys.stderr,
+            flush=True,
+        )
+    rank = run.ranks[0]
+    print(
+        "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+        f"  what():  [PG 1 Rank {rank}] Process group watchdog thread terminated with "
+        f"exception: [Rank {rank}] Watchdog caught collective operation timeout: {work}",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.abort()
+
+
+def hang_forever() -> None:
+    """Block as a rank stuck in a collective does; SIGTERM ends it as it ends any Python."""
+    while True:
+        time.sleep(3600)
+
+
+def misbehave(run: Run, behaviour: dict[str, Any], iteration: int) -> None:
+    """Act out a surface behaviour at the start of ``iteration``."""
+    kind = behaviour.get("kind")
+    default_ranks = [0] if kind == "crash" else list(range(run.topo.world))
+    mine = [r for r in run.ranks if r in behaviour.get("ranks", default_ranks)]
+    if kind == "hang":
+        hang_forever()
+    if not mine or kind == "nccl_timeout":
+        nccl_watchdog_abort(run, sequence=40 * iteration + 7)
+    if kind == "oom":
+        out_of_memory(run, mine[0])
+    if kind == "crash":
+        import builtins
+
+        exception = getattr(builtins, str(behaviour.get("exception", "RuntimeError")))
+        if not (isinstance(exception, type) and issubclass(exception, Exception)):
+            exception = RuntimeError
+        raise exception(behaviour.get("message", "CUDA error: an illegal memory access was "
+                                                 "encountered"))  # fmt: skip
+    raise RuntimeError(f"unknown stand-in behaviour {kind!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+
+
+def noise_source(run: Run) -> Iterator[float]:
+    """Deterministic multiplicative noise, seeded by the configuration key."""
+    rng = random.Random(int(hashlib.sha256(run.key.encode()).hexdigest()[:16], 16))
+    while True:
+        yield 1.0 + rng.uniform(-run.surface.noise, run.surface.noise)
+
+
+def train_step(run: Run, iteration: int, noise: Iterator[float]) -> float:
+    """One iteration: fail if the surface says so, else sleep (scaled); returns seconds."""
+    behaviour = run.point.behaviour
+    if behaviour and iteration == int(behaviour.get("after_iterations", 0)) + 1:
+        misbehave(run, behaviour, iteration)
+    if iteration == 1:
+        over = [r for r in range(run.topo.world) if run.rank_memory_gib(r) > run.surface.oom_above]
+        mine = [r for r in run.ranks if r in over]
+        if mine:
+            out_of_memory(run, mine[0])
+        if over:
+            nccl_watchdog_abort(run, sequence=7)
+    elapsed = run.point.step_s * next(noise)
+    if iteration == 1:
+        elapsed *= run.surface.warmup_factor
+    _sleep(elapsed)
+    return elapsed
+
+
+def train(run: Run, start: float) -> int:
+    """The training loop: iteration lines every --log-interval, one memory report."""
+    args, noise, interval, reported = run.args, noise_source(run), [], False
+    iteration = 0
+    for iteration in range(1, (args.train_iters or 0) + 1):
+        interval.append(train_step(run, iteration, noise))
+        if iteration % args.log_interval == 0:
+            run.say(iteration_line(run, iteration, sum(interval) / len(interval)), last=True)
+            interval = []
+            if not reported:
+                memory_report(run, iteration)
+                reported = True
+        if args.eval_iters and args.eval_interval and iteration % args.eval_interval == 0:
+            validation_block(run, iteration)
+        if args.save and args.save_interval and iteration % args.save_interval == 0:
+            run.say(f"saving checkpoint at iteration {iteration:7d} to {args.save} in "
+                    f"{args.ckpt_format} format")  # fmt: skip
+        if args.exit_interval and iteration % args.exit_interval == 0:
+            run.say(f"[exiting program at iteration {iteration}] datetime: {_now()} ")
+            break
+        minutes = (time.time() - start) / 60
+        if args.exit_duration_in_mins and minutes > args.exit_duration_in_mins:
+            run.say(f"[exiting program after {minutes} minutes] datetime: {_now()} ")
+            break
+    return iteration
+
+
+def startup(args: argparse.Namespace, world: int, rank: int | None, start: float) -> Run:
+    """initialize_megatron + setup_model_and_optimizer + dataloaders, with their prints."""
+    topo = validate_args(args, world, rank)
+    ranks = list(range(world)) if rank is None else [rank]
+
+    def say(text: str) -> None:
+        if 0 in ranks:
+            print(text, flush=True)
+
+    say("> initializing torch distributed ...")
+    say(f"> initialized tensor model parallel with size {topo.tp}")
+    say(f"> initialized pipeline model parallel with size {topo.pp}")
+    say(f"> setting random seeds to {args.seed} ...")
+    microbatches = num_microbatches(args)
+    say(f"setting number of microbatches to constant {microbatches}")
+    say(f"> building {args.tokenizer_type or 'GPT2BPETokenizer'} tokenizer ...")
+    vocab = padded_vocab_size(args)
+    raw = args.vocab_size + 1 if args.tokenizer_type == "NullTokenizer" else vocab
+    say(f" > padded vocab (size: {raw}) with {vocab - raw} dummy tokens (new size: {vocab})")
+    say(f"time to initialize megatron (seconds): {time.time() - start:.3f}")
+    say(f"[after megatron is initialized] datetime: {_now()} ")
+    say("building GPT model ...")
+    transformer_config(args)
+    for r in ranks:
+        tp_rank, cp_rank, dp_rank, pp_rank = topo.coords(r)
+        if dp_rank == 0 and cp_rank == 0:
+            count = stage_params(args, vocab, pp_rank)
+            print(
+                " > number of parameters on (tensor, pipeline) model parallel rank "
+                f"({tp_rank}, {pp_rank}): {count}",
+                flush=True,
+            )
+    say(f"[after model, optimizer, and learning rate scheduler are built] datetime: {_now()} ")
+    say("> building train, validation, and test datasets for GPT ...")
+    say(f"[after dataloaders are built] datetime: {_now()} ")
+    say("done with setup ...")
+    surface = Surface.from_env()
+    variables = surface_variables(args, topo, vocab)
+    point = surface.point(variables)
+    return Run(args, topo, ranks, point, surface, vocab, config_key(variables))
+
+
+def pretrain(argv: list[str] | None = None) -> int:
+    """pretrain_gpt.py's main: parse, validate, set up, train, evaluate."""
+    start = time.time()
+    args = build_parser().parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
+    run = startup(args, world, rank, start)
+    run.say("training ...")
+    run.say(f"[before the start of training step] datetime: {_now()} ")
+    iteration = train(run, start) if not args.skip_train else 0
+    run.say(f"[after training is done] datetime: {_now()} ")
+    if args.eval_iters and iteration:
+        validation_block(run, iteration, " on validation set")
+        validation_block(run, iteration, " on test set")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(pretrain())
