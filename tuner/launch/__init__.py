@@ -5,6 +5,13 @@ from __future__ import annotations
 from tuner.launch.base import TOKEN_ENV, Executor, Job, JobResult, LaunchRequest, NodeProcess
 from tuner.launch.local import LocalExecutor
 from tuner.launch.pool import NodeGroup, NodePool
+from tuner.launch.ssh import SSHExecutor
+from tuner.launch.templates import (
+    RenderedLaunch,
+    TemplateRenderer,
+    deepspeed_config,
+    render_launch,
+)
 
 __all__ = [
     "TOKEN_ENV",
@@ -16,4 +23,9 @@ __all__ = [
     "NodeGroup",
     "NodePool",
     "NodeProcess",
+    "RenderedLaunch",
+    "SSHExecutor",
+    "TemplateRenderer",
+    "deepspeed_config",
+    "render_launch",
 ]

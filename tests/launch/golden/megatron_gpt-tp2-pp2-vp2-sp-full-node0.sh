@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Rendered by tuner for node 0 of 2: tp=2,pp=2,cp=1,dp=4,vp=2,sp=1,mbs=1,gbs=64,recompute=full:uniform:1,distopt=1,zero=0
+# Every value below went through the shq filter (shlex.quote): nothing in it is run by the shell.
+set -euo pipefail
+# The nodes' python first, so torchrun and the extension builds (ninja) come from the same venv.
+export PATH=/opt/venv/bin:"$PATH"
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+export NCCL_DEBUG=WARN
+
+args=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 2
+  --context-parallel-size 1
+  --num-layers-per-virtual-pipeline-stage 8
+  --sequence-parallel
+  --micro-batch-size 1
+  --global-batch-size 64
+  --recompute-granularity full
+  --recompute-method uniform
+  --recompute-num-layers 1
+  --use-distributed-optimizer
+  --bf16
+  --num-layers 32
+  --hidden-size 4096
+  --ffn-hidden-size 14336
+  --num-attention-heads 32
+  --group-query-attention
+  --num-query-groups 8
+  --seq-length 8192
+  --max-position-embeddings 8192
+  --swiglu
+  --untie-embeddings-and-output-weights
+  --normalization RMSNorm
+  --position-embedding-type rope
+  --disable-bias-linear
+  --attention-dropout 0
+  --hidden-dropout 0
+  --mock-data
+  --tokenizer-type NullTokenizer
+  --vocab-size 128256
+  --train-iters 30
+  --eval-iters 0
+  --log-interval 1
+  --log-throughput
+  --distributed-timeout-minutes 10
+  --lr 3.0e-4
+  --min-lr 3.0e-5
+  --lr-decay-style cosine
+  --weight-decay 0.1
+  --clip-grad 1.0
+)
+
+exec torchrun \
+  --nnodes 2 \
+  --node_rank 0 \
+  --nproc_per_node 8 \
+  --master_addr 10.0.0.1 \
+  --master_port 29501 \
+  /opt/Megatron-LM/pretrain_gpt.py \
+  "${args[@]}"

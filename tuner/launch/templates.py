@@ -1,0 +1,300 @@
+"""Render launch templates into per-node scripts and extra files.
+
+A study's ``launch.template: NAME`` names ``NAME.sh.j2``, looked up in ``launch.templates_dir``,
+then ``./launch_templates/``, then the templates shipped in the package (``tuner/templates/``).
+The script template is rendered once per node. A template that needs more files declares them at
+top level, ``{% set extra_files = ["ds_config.json"] %}``, and each one is rendered from
+``<file>.j2`` (once, the same for every node) and placed in the trial directory.
+
+Rendering is strict (an undefined name is an error) and every value that reaches a shell goes
+through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``, ``training``,
+``cluster``, ``launch``, ``cfg`` (the :class:`ParallelConfig`), ``nnodes``, ``node_rank``,
+``nproc_per_node``, ``hosts``, ``master_addr``, ``master_port``, ``trial_dir``, ``files`` (name ->
+path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu`` and ``ds_config``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jinja2
+
+from tuner.errors import ConfigError, LaunchError
+from tuner.parallel import ParallelConfig
+from tuner.spec import StudySpec
+
+SCRIPT_SUFFIX = ".sh.j2"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedLaunch:
+    """What one trial runs: a script per node (node-rank order) and the extra files."""
+
+    scripts: tuple[str, ...]
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class _AnyFile(dict[str, str]):
+    def __init__(self, trial_dir: str) -> None:
+        super().__init__()
+        self._dir = trial_dir
+
+    def __missing__(self, name: str) -> str:
+        return str(PurePosixPath(self._dir) / name)
+
+
+def _shq(value: object) -> str:
+    if value is None:
+        raise LaunchError("a template passed None to shq (an unset setting?)")
+    if isinstance(value, bool):
+        value = int(value)
+    return shlex.quote(str(value))
+
+
+def _envname(name: object) -> str:
+    if not isinstance(name, str) or not _ENV_NAME.match(name):
+        raise ConfigError(f"{name!r} is not a valid environment variable name", path="launch.env")
+    return name
+
+
+def _required(value: object, setting: str) -> object:
+    if value is None or value == "":
+        raise ConfigError("this launch template needs it; set it in the study", path=setting)
+    return value
+
+
+def _combine(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _combine(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _tojson_pretty(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=False) + "\n"
+
+
+def search_path(spec: StudySpec | None = None, cwd: Path | None = None) -> list[Path]:
+    """The directories searched for templates before the package's own, in order."""
+    cwd = cwd or Path.cwd()
+    dirs: list[Path] = []
+    if spec is not None and spec.launch.templates_dir:
+        d = Path(spec.launch.templates_dir).expanduser()
+        dirs.append(d if d.is_absolute() else cwd / d)
+    dirs.append(cwd / "launch_templates")
+    return dirs
+
+
+class TemplateRenderer:
+    """A Jinja2 environment over the user's template directories and the package's templates."""
+
+    def __init__(self, dirs: Sequence[Path] = ()) -> None:
+        self.dirs = [d for d in dirs if d.is_dir()]
+        self.env = jinja2.Environment(
+            loader=jinja2.ChoiceLoader(
+                [
+                    jinja2.FileSystemLoader([str(d) for d in self.dirs]),
+                    jinja2.PackageLoader("tuner", "templates"),
+                ]
+            ),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
+        self.env.filters.update(
+            shq=_shq,
+            envname=_envname,
+            required=_required,
+            combine=_combine,
+            tojson_pretty=_tojson_pretty,
+        )
+
+    @classmethod
+    def for_study(cls, spec: StudySpec, cwd: Path | None = None) -> TemplateRenderer:
+        """Look in the study's ``launch.templates_dir``, ``./launch_templates``, the package."""
+        return cls(search_path(spec, cwd))
+
+    def available(self) -> list[str]:
+        """Names of the launch templates found (without ``.sh.j2``)."""
+        names = self.env.list_templates(filter_func=lambda n: n.endswith(SCRIPT_SUFFIX))
+        return sorted({n[: -len(SCRIPT_SUFFIX)] for n in names})
+
+    def render(
+        self,
+        spec: StudySpec,
+        config: ParallelConfig,
+        *,
+        hosts: Sequence[str],
+        master_addr: str,
+        master_port: int,
+        trial_dir: str | PurePosixPath,
+    ) -> RenderedLaunch:
+        """Render ``spec.launch.template`` for one trial on ``hosts``.
+
+        ``trial_dir`` is the trial directory as the nodes see it (extra files are placed there).
+        Raises :class:`ConfigError` for a missing setting, :class:`LaunchError` for a broken or
+        unknown template.
+        """
+        name = spec.launch.template
+        template = self._get(name + SCRIPT_SUFFIX, name)
+        base = context(
+            spec,
+            config,
+            hosts=hosts,
+            master_addr=master_addr,
+            master_port=master_port,
+            trial_dir=trial_dir,
+            extra_files=(),
+        )
+        declared = self._extra_files(template, base, name)
+        ctx = {**base, "files": {f: str(PurePosixPath(trial_dir) / f) for f in declared}}
+        files = {f: self._render(self._get(f + ".j2", name), ctx, f) for f in declared}
+        scripts = tuple(
+            self._render(template, {**ctx, "node_rank": k}, name) for k in range(len(hosts))
+        )
+        return RenderedLaunch(scripts=scripts, files=files)
+
+    def _get(self, filename: str, template: str) -> jinja2.Template:
+        try:
+            return self.env.get_template(filename)
+        except jinja2.TemplateNotFound:
+            where = ", ".join(str(d) for d in self.dirs) or "no template directory"
+            raise ConfigError(
+                f"no template {filename!r} for launch template {template!r} (searched {where} "
+                f"and the package; available: {', '.join(self.available())})",
+                path="launch.template",
+            ) from None
+        except jinja2.TemplateSyntaxError as exc:
+            raise LaunchError(f"template {exc.filename}:{exc.lineno}: {exc.message}") from None
+
+    def _extra_files(self, template: jinja2.Template, ctx: dict[str, Any], name: str) -> list[str]:
+        # Rendering as a module exposes the template's top-level {% set extra_files = [...] %};
+        # until we know them, any file name resolves (the real render is strict).
+        probe = {**ctx, "node_rank": 0, "files": _AnyFile(str(ctx["trial_dir"]))}
+        module = self._guard(lambda: template.make_module(probe), name)
+        declared = getattr(module, "extra_files", [])
+        if not isinstance(declared, list | tuple) or not all(isinstance(f, str) for f in declared):
+            raise LaunchError(f"template {name!r}: extra_files must be a list of file names")
+        for f in declared:
+            if "/" in f or f.startswith("."):
+                raise LaunchError(f"template {name!r}: extra file {f!r} must be a plain name")
+        return list(declared)
+
+    def _render(self, template: jinja2.Template, ctx: dict[str, Any], name: str) -> str:
+        return str(self._guard(lambda: template.render(ctx), name))
+
+    @staticmethod
+    def _guard(fn: Any, name: str) -> Any:
+        try:
+            return fn()
+        except jinja2.UndefinedError as exc:
+            raise LaunchError(f"template {name!r}: {exc.message}") from None
+        except jinja2.TemplateError as exc:
+            raise LaunchError(f"template {name!r}: {exc}") from None
+
+
+def context(
+    spec: StudySpec,
+    config: ParallelConfig,
+    *,
+    hosts: Sequence[str],
+    master_addr: str,
+    master_port: int,
+    trial_dir: str | PurePosixPath,
+    extra_files: Sequence[str],
+) -> dict[str, Any]:
+    """The variables every template sees (``node_rank`` and ``files`` are added per render)."""
+    launch = spec.launch
+    python = launch.python
+    return {
+        "spec": spec,
+        "model": spec.model,
+        "training": spec.training,
+        "cluster": spec.cluster,
+        "launch": launch,
+        "framework": spec.framework,
+        "cfg": config,
+        "nnodes": len(hosts),
+        "nproc_per_node": spec.cluster.gpus_per_node,
+        "hosts": list(hosts),
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "trial_dir": str(trial_dir),
+        "files": {f: str(PurePosixPath(trial_dir) / f) for f in extra_files},
+        "env": dict(launch.env),
+        "extra_args": list(launch.extra_args),
+        "python": python,
+        "python_bin": str(PurePosixPath(python).parent) if "/" in python else None,
+        "cpu": spec.cluster.gpu == "cpu",
+        "ds_config": deepspeed_config(spec, config),
+    }
+
+
+def deepspeed_config(spec: StudySpec, config: ParallelConfig) -> dict[str, Any]:
+    """The ds_config.json of a trial: batch sizes consistent with DP, ZeRO, precision, pipeline.
+
+    ``train_batch_size = micro x grad_accum x dp`` (DeepSpeed checks it against the data-parallel
+    world size). ``wall_clock_breakdown`` is off with pipeline stages (it breaks the pipeline
+    engine); ``torch_adam`` avoids compiling FusedAdam on CPU runs.
+    """
+    c = config
+    gas = c.num_microbatches
+    adam: dict[str, Any] = {"lr": 3.0e-4, "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}
+    if spec.cluster.gpu == "cpu":
+        adam["torch_adam"] = True
+    ds: dict[str, Any] = {
+        "train_batch_size": c.micro_batch_size * gas * c.dp,
+        "train_micro_batch_size_per_gpu": c.micro_batch_size,
+        "gradient_accumulation_steps": gas,
+        "steps_per_print": 1,
+        "log_level": "info",
+        "wall_clock_breakdown": c.pp == 1,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "Adam", "params": adam},
+        "zero_optimization": {"stage": c.zero_stage},
+        "bf16": {"enabled": spec.training.precision == "bf16"},
+    }
+    if spec.training.precision == "fp16":
+        ds["fp16"] = {"enabled": True, "initial_scale_power": 16}
+    if c.recompute != "none":
+        ds["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    if c.pp > 1:
+        ds["pipeline"] = {"stages": c.pp}
+    return ds
+
+
+def render_launch(
+    spec: StudySpec,
+    config: ParallelConfig,
+    *,
+    hosts: Sequence[str],
+    master_addr: str,
+    master_port: int,
+    trial_dir: str | PurePosixPath,
+    cwd: Path | None = None,
+) -> RenderedLaunch:
+    """Shortcut: :meth:`TemplateRenderer.for_study` then :meth:`TemplateRenderer.render`."""
+    return TemplateRenderer.for_study(spec, cwd).render(
+        spec,
+        config,
+        hosts=hosts,
+        master_addr=master_addr,
+        master_port=master_port,
+        trial_dir=trial_dir,
+    )
