@@ -333,6 +333,11 @@ MEGATRON_BUCKET_PARAMS = 40e6
 bucket's reduction cannot hide behind backward compute."""
 DEEPSPEED_ZERO3_PREFETCH_PARAMS = 5e7
 """DeepSpeed ``stage3_prefetch_bucket_size`` default: the first gather of a pass is exposed."""
+DEEPSPEED_ZERO3_OVERLAP = 0.5
+"""Share of a micro-batch's compute that effectively hides ZeRO-3's prefetched gathers and
+reduce-scatters (they contend with compute for SMs and HBM). Fitted (0.25 steps) to Narayanan et
+al. 2021 Table 2's six ZeRO-3 rows, where TFLOP/s fell almost in proportion to the micro-batch:
+full overlap over-predicts them by 13-61%, 0.5 leaves -8..+13%."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -409,7 +414,7 @@ def _dp_deepspeed(
         return m * (ring + lat) + ring + lat
     per_mb = 3.0 * ring + 3.0 * layers * lat
     first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * dev.elem / bw
-    return m * _exposed(per_mb, mb, 2.0 * first)
+    return m * _exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
 
 
 def _optimizer(config: ParallelConfig, psi: float, dev: _Device, framework: str) -> float:
@@ -464,6 +469,25 @@ def _recompute_times(
     if config.recompute == "selective":
         return core, 0.0
     return 0.0, 0.0
+
+
+def layer_step_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    config: ParallelConfig,
+    gpu: GPUSpec,
+    gpus_per_node: int,
+) -> tuple[float, float]:
+    """Forward and backward seconds of one transformer layer for one micro-batch on one GPU, with
+    its exposed TP traffic; the backward includes recomputation and exposed CP traffic
+    (what Korthikanti et al. Table 4 measures)."""
+    dev = _device(gpu, training.precision)
+    fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, _, _ = _layer_times(
+        model, dev, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
+        gpus_per_node,
+    )  # fmt: skip
+    rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
+    return fwd + tp_fwd, bwd + tp_bwd + rec + rec_comm + cp_exposed
 
 
 def estimate_time(
