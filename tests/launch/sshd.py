@@ -70,11 +70,13 @@ class LoopbackCluster:
 
     base: Path
     size: int
+    user: str = ""
+    """Login user on the nodes (default: the current user)."""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        self.user = getpass.getuser()
+        self.user = self.user or getpass.getuser()
         self.client_key = self.base / "id_ed25519"
         self.ssh_config = self.base / "ssh_config"
         self.known_hosts = self.base / "known_hosts"

@@ -7,11 +7,11 @@ whole process tree on every node and then verifies that nothing of the trial is 
 
 Every process of a trial carries ``TUNER_TRIAL_TOKEN=<uuid>`` in its environment. torchrun puts
 each worker in its own session, so killing the launcher's process group is not enough; the token
-finds the workers wherever they went. The same small shell program (:data:`PROCESS_SCRIPT`) signals
-and lists them on this machine and over SSH.
+finds the workers wherever they went. One small shell program (:data:`PROCESS_SCRIPT`) terminates
+and verifies them, in a single command per node, on this machine and over SSH.
 
-Backends fill four hooks: ``_prepare_node`` (place files), ``_start_node`` (start the script and
-stream its output), ``_signal_node`` and ``_survivors`` (run :data:`PROCESS_SCRIPT` on the node).
+Backends fill three hooks: ``_prepare_node`` (place files), ``_start_node`` (start the script and
+stream its output) and ``_reap_node`` (run :data:`PROCESS_SCRIPT` on the node).
 """
 
 from __future__ import annotations
@@ -40,29 +40,49 @@ Clock = Callable[[], float]
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Signals, lists or kills the processes of one trial on one node. POSIX sh, procps `ps`, GNU grep.
-# $1: token, $2: pid file holding the node script's process group, $3: signal name or "-" (list).
+# Ends the processes of one trial on one node and prints what survives. POSIX sh, procps, GNU grep.
+# $1: token, $2: pid file holding the node script's process group, $3: grace seconds.
 # A process belongs to the trial when its environment holds the token, or when it is in the node
-# script's process group and that group still has a token-carrying member (guards against the pid
-# having been reused). Prints the survivors as "pid stat args", zombies excluded.
+# script's process group and that group had a token-carrying member when first seen (guards against
+# a reused pid). SIGTERM to all, up to $3 s for them to go, SIGKILL to the rest, up to 5 s more;
+# prints the survivors as "pid stat args" (zombies are not survivors). One command: over SSH each
+# command costs a login-shell start, which may be slow (~0.3 s with pyenv/conda in .bashrc).
 PROCESS_SCRIPT = r"""
-tok=$1 pidfile=$2 sig=$3
-pids=$(grep -lzx "TUNER_TRIAL_TOKEN=$tok" /proc/[0-9]*/environ 2>/dev/null \
-       | sed -e 's|^/proc/||' -e 's|/environ$||' | tr '\n' ' ')
-pg=
+tok=$1 pidfile=$2 grace=$3 pg= pg_ok=
 [ -r "$pidfile" ] && pg=$(cat "$pidfile" 2>/dev/null)
 case $pg in ''|*[!0-9]*) pg= ;; esac
-if [ -n "$pg" ] && [ -n "$pids" ]; then
-  if ps -o pgid= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | grep -qx " *$pg"; then
-    pids="$pids $(ps -e -o pid= -o pgid= | awk -v g="$pg" '$2 == g {print $1}' | tr '\n' ' ')"
+find_pids() {
+  pids=$(grep -lzx "TUNER_TRIAL_TOKEN=$tok" /proc/[0-9]*/environ 2>/dev/null \
+         | sed -e 's|^/proc/||' -e 's|/environ$||' | tr '\n' ' ')
+  if [ -n "$pg" ] && [ -z "$pg_ok" ] && [ -n "$pids" ]; then
+    ps -o pgid= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | grep -qx " *$pg" && pg_ok=1
   fi
+  if [ -n "$pg_ok" ]; then
+    pids="$pids $(ps -e -o pid= -o pgid= -o stat= \
+                  | awk -v g="$pg" '$2 == g && $3 !~ /^Z/ {print $1}' | tr '\n' ' ')"
+  fi
+  pids=$(echo $pids)
+}
+wait_gone() {
+  n=0
+  while [ "$n" -lt "$1" ]; do
+    find_pids
+    [ -z "$pids" ] && return 0
+    sleep 0.1
+    n=$((n + 1))
+  done
+  find_pids
+}
+find_pids
+if [ -n "$pids" ]; then
+  kill -s TERM $pids 2>/dev/null
+  wait_gone "$(awk -v g="$grace" 'BEGIN { print int(g * 10) }')"
 fi
-pids=$(echo $pids)
+if [ -n "$pids" ]; then
+  kill -s KILL $pids 2>/dev/null
+  wait_gone 50
+fi
 [ -z "$pids" ] && exit 0
-if [ "$sig" != - ]; then
-  kill -s "$sig" $pids 2>/dev/null
-  exit 0
-fi
 ps -ww -o pid= -o stat= -o args= -p "$(echo $pids | tr ' ' ,)" 2>/dev/null | awk '$2 !~ /^Z/'
 exit 0
 """
@@ -174,7 +194,7 @@ class NodeProcess(abc.ABC):
 
 
 class Executor(abc.ABC):
-    """Starts trials on nodes. Subclasses fill the ``_prepare_node`` ... ``_survivors`` hooks.
+    """Starts trials on nodes. Subclasses fill the ``_*_node`` hooks.
 
     ``clock`` measures the trial time limit and durations (tests pass a fake one to fast-forward);
     ``grace_s`` is how long killed processes get between SIGTERM and SIGKILL.
@@ -230,12 +250,13 @@ class Executor(abc.ABC):
         """Start node ``node_rank``'s script with the token in its environment."""
 
     @abc.abstractmethod
-    def _signal_node(self, request: LaunchRequest, node_rank: int, token: str, sig: str) -> None:
-        """Send ``sig`` ("TERM", "KILL") to every process of the trial on the node."""
+    def _reap_node(
+        self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
+    ) -> list[str]:
+        """End every process of the trial on the node (SIGTERM, ``grace_s``, SIGKILL).
 
-    @abc.abstractmethod
-    def _survivors(self, request: LaunchRequest, node_rank: int, token: str) -> list[str]:
-        """The live processes of the trial on the node, as ``"pid stat args"`` lines."""
+        Returns the survivors as ``"pid stat args"`` lines (empty when clean).
+        """
 
     # ----- helpers for Job and subclasses -------------------------------------------------------
 
@@ -399,30 +420,11 @@ class Job:
         return self._result
 
     def _kill_all(self, *, cancelled: bool, timed_out: bool) -> None:
-        """SIGTERM everything, wait up to the grace period, SIGKILL what is left, then verify."""
+        """End everything on every node (one command per node), then freeze the result."""
         live = [k for k in self._procs if k not in self._codes and k not in self._errors]
-        self._signal(live, "TERM")
-        deadline = time.monotonic() + self._ex.grace_s
-        while time.monotonic() < deadline:
-            self._collect()
-            live = [k for k in live if k not in self._codes and k not in self._errors]
-            if not live:
-                break
-            time.sleep(min(0.05, self._ex.poll_interval_s))
-        if live:
-            self._signal(live, "KILL")
-            self._drain(live, seconds=5.0)
-        self._finish(timed_out=timed_out, cancelled=cancelled)
-
-    def _signal(self, ranks: Sequence[int], sig: str) -> None:
-        outcomes = self._ex._fanout(
-            lambda k: self._ex._signal_node(self._req, k, self.token, sig), ranks
-        )
-        for k, outcome in zip(ranks, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                logger.warning(
-                    "trial %d node %d: SIG%s failed: %s", self._req.trial, k, sig, outcome
-                )
+        survivors = self._reap(self._ex.grace_s)
+        self._drain(live, seconds=5.0)
+        self._finish(timed_out=timed_out, cancelled=cancelled, survivors=survivors)
 
     def _drain(self, ranks: Sequence[int], *, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -430,11 +432,18 @@ class Job:
             self._collect()
             if all(k in self._codes or k in self._errors for k in ranks):
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
 
-    def _finish(self, *, timed_out: bool, cancelled: bool) -> None:
-        """Sweep every reachable node for leftovers (kill them), then freeze the result."""
-        survivors = self._sweep() if self._procs else []
+    def _finish(
+        self, *, timed_out: bool, cancelled: bool, survivors: list[str] | None = None
+    ) -> None:
+        """Freeze the result; without ``survivors`` (the trial ended by itself) sweep first.
+
+        Even a trial that ended by itself may leave processes behind (a daemonised helper, a
+        worker torchrun lost track of); they would hold the node's GPUs.
+        """
+        if survivors is None:
+            survivors = self._reap(1.0) if self._procs else []
         for proc in self._procs.values():
             proc.close()
         req = self._req
@@ -453,38 +462,19 @@ class Job:
         if survivors:
             logger.error("trial %d: processes survive: %s", req.trial, "; ".join(survivors))
 
-    def _sweep(self) -> list[str]:
-        # Even a trial that ended by itself may leave background processes behind (a daemonised
-        # helper, a worker torchrun lost track of): they would hold the node's GPUs. Lost nodes
-        # are tried too (the connection may come back); failing to reach them is only logged.
+    def _reap(self, grace_s: float) -> list[str]:
+        """Run the reaper on every node that was started, lost ones too (the connection may be
+        back); a node that cannot be reached is logged, not reported as a survivor."""
         ranks = list(self._procs)
-        found = self._scan(ranks)
-        strays = [k for k in ranks if found.get(k)]
-        if strays:
-            logger.warning(
-                "trial %d: killing leftover processes on %d nodes", self._req.trial, len(strays)
-            )
-            self._signal(strays, "KILL")
-            time.sleep(0.2)
-            found.update(self._scan(strays))
-        host = self._req.hosts
-        return [f"{host[k]}: {line}" for k in ranks for line in found.get(k) or []]
-
-    def _scan(self, ranks: Sequence[int]) -> dict[int, list[str] | None]:
-        """Live processes of the trial per node; None where the node could not be checked."""
-        found = self._ex._fanout(lambda k: self._ex._survivors(self._req, k, self.token), ranks)
-        out: dict[int, list[str] | None] = {}
+        found = self._ex._fanout(
+            lambda k: self._ex._reap_node(self._req, k, self.token, grace_s), ranks
+        )
+        survivors: list[str] = []
         for k, lines in zip(ranks, found, strict=True):
+            host = self._req.hosts[k]
             if isinstance(lines, BaseException):
                 level = logging.INFO if k in self._errors else logging.ERROR
-                logger.log(
-                    level,
-                    "trial %d: cannot check node %s: %s",
-                    self._req.trial,
-                    self._req.hosts[k],
-                    lines,
-                )
-                out[k] = None
+                logger.log(level, "trial %d: cannot check %s: %s", self._req.trial, host, lines)
             else:
-                out[k] = lines
-        return out
+                survivors.extend(f"{host}: {line}" for line in lines)
+        return survivors

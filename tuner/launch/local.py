@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from tuner.errors import LaunchError
 from tuner.launch.base import (
     PROCESS_SCRIPT,
     TOKEN_ENV,
@@ -79,22 +80,17 @@ class LocalExecutor(Executor):
         Path(request.remote_pid_file(node_rank)).write_text(f"{popen.pid}\n")
         return _LocalProcess(popen, log)
 
-    def _signal_node(self, request: LaunchRequest, node_rank: int, token: str, sig: str) -> None:
-        _process_script(token, str(request.remote_pid_file(node_rank)), sig)
-
-    def _survivors(self, request: LaunchRequest, node_rank: int, token: str) -> list[str]:
-        out = _process_script(token, str(request.remote_pid_file(node_rank)), "-")
-        return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def _process_script(token: str, pid_file: str, sig: str) -> str:
-    done = subprocess.run(
-        ["sh", "-c", PROCESS_SCRIPT, "tuner-procs", token, pid_file, sig],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if done.returncode != 0:
-        logger.warning("process scan exited %d: %s", done.returncode, done.stderr.strip())
-    return done.stdout
+    def _reap_node(
+        self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
+    ) -> list[str]:
+        pid_file = str(request.remote_pid_file(node_rank))
+        done = subprocess.run(
+            ["sh", "-c", PROCESS_SCRIPT, "tuner-reap", token, pid_file, str(grace_s)],
+            capture_output=True,
+            text=True,
+            timeout=grace_s + 60,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise LaunchError(f"process reaper exited {done.returncode}: {done.stderr.strip()}")
+        return [line.strip() for line in done.stdout.splitlines() if line.strip()]

@@ -6,9 +6,9 @@ On a node, a trial's script runs as::
 
 so it leads its own process group (recorded in the pid file) and every process it starts carries
 the token. Cancelling opens a second channel and runs :data:`~tuner.launch.base.PROCESS_SCRIPT`
-there: SIGTERM to every process of the trial, SIGKILL after the grace period, then a scan that must
-come back empty. Files travel over SFTP and are renamed into place, so a loopback "node" sharing
-this machine's filesystem never sees a half-written file.
+there, one command per node: SIGTERM to every process of the trial, SIGKILL after the grace
+period, then a scan that must come back empty. Files travel over SFTP and are renamed into place,
+so a loopback "node" sharing this machine's filesystem never sees a half-written file.
 
 Host keys are checked against ``known_hosts`` (unknown keys are refused unless
 ``accept_new_host_keys``, which records them; a changed key is always refused). Anything that goes
@@ -311,24 +311,16 @@ class SSHExecutor(Executor):
             raise NodeError(host, f"starting the script failed: {exc}") from exc
         return _RemoteProcess(host, chan, request.paths.node_log(node_rank))
 
-    def _process_command(
-        self, request: LaunchRequest, node_rank: int, token: str, sig: str
-    ) -> str:
+    def _reap_node(
+        self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
+    ) -> list[str]:
+        host = request.hosts[node_rank]
         pid_file = str(request.remote_pid_file(node_rank))
-        args = " ".join(shlex.quote(a) for a in ("tuner-procs", token, pid_file, sig))
-        return f"sh -c {shlex.quote(PROCESS_SCRIPT)} {args}"
-
-    def _signal_node(self, request: LaunchRequest, node_rank: int, token: str, sig: str) -> None:
-        host = request.hosts[node_rank]
-        code, _, err = self.run(host, self._process_command(request, node_rank, token, sig))
+        args = " ".join(shlex.quote(a) for a in ("tuner-reap", token, pid_file, str(grace_s)))
+        command = f"sh -c {shlex.quote(PROCESS_SCRIPT)} {args}"
+        code, out, err = self.run(host, command, timeout=grace_s + 60)
         if code != 0:
-            raise RemoteCommandError(host, f"kill -{sig} (trial {request.trial})", code, err)
-
-    def _survivors(self, request: LaunchRequest, node_rank: int, token: str) -> list[str]:
-        host = request.hosts[node_rank]
-        code, out, err = self.run(host, self._process_command(request, node_rank, token, "-"))
-        if code != 0:
-            raise RemoteCommandError(host, f"process scan (trial {request.trial})", code, err)
+            raise RemoteCommandError(host, f"process reaper (trial {request.trial})", code, err)
         return [line.strip() for line in out.splitlines() if line.strip()]
 
 
