@@ -17,16 +17,24 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.errors import TunerError
-from tuner.memory import fits
+from tuner.memory import estimate_memory, fits
 from tuner.parallel import validate
-from tuner.space import config_from_settings, enumerate_space, study_gpu
-from tuner.spec import load_study
+from tuner.perf import estimate_time
+from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space, study_gpu
+from tuner.spec import StudySpec, load_study
+
+FLOPS_HELP = (
+    "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
+    "full, LM head included (Korthikanti's 72BsLh^2(1 + s/6h + V/12Lh) for GPT); MFU counts no "
+    "recomputation, HFU does."
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 def _console() -> Console:
-    return Console(highlight=False)
+    # Wide tables stay readable when the output goes to a file or a pipe.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _emit_json(data: Any) -> None:
@@ -41,11 +49,12 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     config = config_from_settings(spec, args.set or [])
     gpu = study_gpu(spec)
     errors = validate(config, spec.model, spec.world_size, spec.framework)
-    memory = None
+    memory = time = None
     if not errors:
-        from tuner.memory import estimate_memory
-
         memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)
+        time = estimate_time(
+            spec.model, spec.training, config, gpu, spec.cluster.gpus_per_node, spec.framework
+        )
     result: dict[str, Any] = {
         "config": config.to_dict(),
         "valid": not errors,
@@ -53,6 +62,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         "memory": memory.to_dict() if memory else None,
         "gpu_memory_gib": gpu.memory_gib,
         "fits": bool(memory and fits(memory, gpu, spec.search.memory_headroom)),
+        "time": time.to_dict() if time else None,
+        "step_s": time.step if time else None,
+        "mfu": time.mfu if time else None,
     }
     if args.json:
         _emit_json(result)
@@ -76,6 +88,18 @@ def _print_estimate(result: dict[str, Any], headroom: float) -> None:
         style = "bold" if key in ("allocated_gib", "peak_gib") else ""
         table.add_row(key, f"{value:.2f}", style=style)
     console.print(table)
+    time = result["time"]
+    table = Table(title="predicted step time (critical path)")
+    table.add_column("term")
+    table.add_column("seconds", justify="right")
+    for key in TIME_TERMS:
+        table.add_row(key, f"{time[key]:.4f}", style="bold" if key == "step" else "")
+    console.print(table)
+    console.print(
+        f"tokens/s {time['tokens_per_s']:,.0f} ({time['tokens_per_s_per_gpu']:,.0f} per GPU), "
+        f"{time['model_tflops_per_gpu']:.1f} model TFLOP/s per GPU, MFU {time['mfu']:.1%}, "
+        f"HFU {time['hfu']:.1%}"
+    )
     verdict = "[green]fits[/]" if result["fits"] else "[red]predicted OOM[/]"
     console.print(
         f"{verdict}: peak {result['memory']['peak_gib']:.2f} GiB vs "
@@ -83,17 +107,63 @@ def _print_estimate(result: dict[str, Any], headroom: float) -> None:
     )
 
 
+TIME_TERMS = (
+    "compute recompute tp_comm cp_comm pp_p2p pp_bubble dp_comm optimizer stage_imbalance "
+    "overhead step"
+).split()
+
 # ----------------------------------------------------------------------------- space
 
 
-def _cmd_space(args: argparse.Namespace) -> int:
-    spec = load_study(args.study)
-    report = enumerate_space(spec)
-    out = report.counts()
-    if args.json:
-        _emit_json(out)
-        return 0
-    console = _console()
+def _candidate_json(c: Candidate) -> dict[str, Any]:
+    t = c.time
+    return {
+        "config": c.config.to_dict(),
+        "step_s": t.step if t else None,
+        "tokens_per_s": t.tokens_per_s if t else None,
+        "mfu": t.mfu if t else None,
+        "peak_gib": c.memory.to_dict()["peak_gib"],
+        "time": t.to_dict() if t else None,
+    }
+
+
+def _short(c: Candidate) -> str:
+    k = c.config
+    rc = (
+        k.recompute
+        if k.recompute != "full"
+        else f"full/{k.recompute_method}/{k.recompute_num_layers}"
+    )
+    parts = [f"tp{k.tp}", f"pp{k.pp}", f"dp{k.dp}"]
+    parts += [f"cp{k.cp}"] if k.cp > 1 else []
+    parts += [f"vp{k.vp}"] if k.vp > 1 else []
+    parts += ["sp"] if k.sequence_parallel else []
+    parts += [f"mbs{k.micro_batch_size}", f"ga{k.num_microbatches}", rc]
+    parts += ["distopt"] if k.distributed_optimizer else []
+    parts += [f"zero{k.zero_stage}"] if k.zero_stage else []
+    return " ".join(parts)
+
+
+def _top_table(title: str, top: list[Candidate]) -> Table:
+    table = Table(title=title)
+    for col in ("#", "config", "step s", "tok/s/GPU", "MFU", "peak GiB", "bubble", "tp comm",
+                "dp comm"):  # fmt: skip
+        if col == "config":
+            table.add_column(col, no_wrap=True)
+        else:
+            table.add_column(col, justify="right")
+    for i, c in enumerate(top, 1):
+        t = c.time
+        assert t is not None
+        table.add_row(
+            str(i), _short(c), f"{t.step:.3f}", f"{t.tokens_per_s_per_gpu:,.0f}", f"{t.mfu:.1%}",
+            f"{c.memory.peak / 2**30:.1f}", f"{t.pp_bubble:.3f}", f"{t.tp_comm:.3f}",
+            f"{t.dp_comm:.3f}",
+        )  # fmt: skip
+    return table
+
+
+def _counts_table(spec: StudySpec, out: dict[str, Any]) -> Table:
     table = Table(title=f"search space of {spec.name} ({spec.world_size} ranks per trial)")
     table.add_column("configs")
     table.add_column("count", justify="right")
@@ -103,7 +173,122 @@ def _cmd_space(args: argparse.Namespace) -> int:
     table.add_row("invalid", str(out["invalid"]))
     table.add_row("predicted OOM", str(out["predicted_oom"]))
     table.add_row("viable", str(out["viable"]), style="bold")
+    return table
+
+
+def _cmd_space(args: argparse.Namespace) -> int:
+    spec = load_study(args.study)
+    report = enumerate_space(spec)
+    out = report.counts()
+    top = report.ranked()[: args.top] if args.top > 0 else []
+    if args.json:
+        if args.top > 0:
+            out["top"] = [_candidate_json(c) for c in top]
+        _emit_json(out)
+        return 0
+    console = _console()
+    console.print(_counts_table(spec, out))
+    if top:
+        console.print(_top_table(f"top {len(top)} by predicted step time", top))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    spec = load_study(args.study)
+    if args.dry_run:
+        return _dry_run(spec, args.json, args.n_trials)
+    return _run(spec, args)
+
+
+def _run(spec: StudySpec, args: argparse.Namespace) -> int:
+    # The launch layer and Optuna load only when something runs.
+    from tuner.report import LiveProgress
+    from tuner.study import build_loop, stop_on_signals
+
+    progress = LiveProgress(quiet=args.quiet)
+    loop = build_loop(
+        spec, storage=args.storage, results=args.results, force=args.force,
+        n_trials=args.n_trials, on_update=progress.update,
+    )  # fmt: skip
+    try:
+        with stop_on_signals(loop), progress:
+            summary = loop.run()
+    finally:
+        loop.executor.close()
+    progress.final(loop, summary)
+    return 130 if summary.stop_reason.startswith("interrupted") else 0
+
+
+def _cmd_leaderboard(args: argparse.Namespace) -> int:
+    from tuner.results import leaderboard
+
+    spec = load_study(args.study)
+    board = leaderboard(spec, include_all=args.all, storage=args.storage, results=args.results)
+    if args.format == "csv":
+        sys.stdout.write(board.to_csv(index=False))
+    elif args.format == "json":
+        sys.stdout.write(board.to_json(orient="records", indent=2) + "\n")
+    elif args.format == "markdown":
+        sys.stdout.write(board.to_markdown(index=False, floatfmt=".4g") + "\n")
+    else:
+        _print_board(spec, board)
+    return 0
+
+
+BOARD_HEADERS = {
+    "trial": "#", "outcome": "outcome", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp",
+    "vp": "vp", "sp": "sp", "micro_batch": "mbs", "grad_accum": "ga", "recompute": "recompute",
+    "distributed_optimizer": "distopt", "zero_stage": "zero", "nodes": "nodes",
+    "predicted_step_s": "pred s", "measured_step_s": "step s", "tokens_per_s_per_gpu": "tok/s/GPU",
+    "tflops_per_gpu": "TFLOP/s", "mfu": "MFU", "predicted_peak_gib": "pred GiB",
+    "measured_peak_gib": "GiB", "duration_s": "took s", "reason": "reason",
+}  # fmt: skip
+
+
+def _print_board(spec: StudySpec, board: Any) -> None:
+    console = _console()
+    shown = [c for c in BOARD_HEADERS if c in board.columns and board[c].notna().any()]
+    table = Table(title=f"leaderboard of {spec.name} ({len(board)} configs)")
+    for col in shown:
+        header = BOARD_HEADERS[col]
+        table.add_column(header, no_wrap=col != "reason", min_width=max(len(header), 2))
+    for _, row in board.iterrows():
+        cells = []
+        for col in shown:
+            v = row[col]
+            text = "" if v is None or v != v else (f"{v:.4g}" if isinstance(v, float) else str(v))
+            cells.append(text)
+        table.add_row(*cells)
     console.print(table)
+
+
+def _cmd_best(args: argparse.Namespace) -> int:
+    from tuner.results import emit_best
+
+    spec = load_study(args.study)
+    sys.stdout.write(emit_best(spec, args.emit, storage=args.storage, results=args.results))
+    return 0
+
+
+def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
+    report: SpaceReport = enumerate_space(spec)
+    k = spec.search.enqueue_top
+    budget = n_trials or spec.search.n_trials
+    ranked = report.ranked()
+    first = ranked[: max(k, 1)]
+    if as_json:
+        out = report.counts()
+        out["launch_first"] = [_candidate_json(c) for c in first]
+        out["n_trials"] = budget
+        _emit_json(out)
+        return 0
+    console = _console()
+    console.print(_counts_table(spec, report.counts()))
+    console.print(_top_table(f"would launch first (top {len(first)} predicted)", first))
+    console.print(
+        f"then the {spec.search.sampler} sampler proposes configs until {budget} runs; "
+        f"nothing was launched (--dry-run)."
+    )
     return 0
 
 
@@ -115,6 +300,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser = argparse.ArgumentParser(
         prog="tune",
         description="Find the fastest Megatron-LM / DeepSpeed parallel configuration.",
+        epilog=FLOPS_HELP,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
@@ -136,6 +322,37 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--json", action="store_true")
     p.add_argument("--top", type=int, default=0, metavar="K", help="show the K fastest predicted")
     handlers["space"] = _cmd_space
+
+    p = sub.add_parser("run", help="search: launch short real runs and record them")
+    p.add_argument("--study", required=True)
+    p.add_argument("--n-trials", type=int, default=None, help="override search.n_trials")
+    p.add_argument("--storage", default=None, help="SQLAlchemy URL or journal file")
+    p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
+    p.add_argument("--force", action="store_true", help="resume even if the study file changed")
+    p.add_argument("--quiet", action="store_true", help="no live display, log lines only")
+    p.add_argument("--results", default="results", help="results directory (default: results)")
+    p.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
+    handlers["run"] = _cmd_run
+
+    p = sub.add_parser("leaderboard", help="every measured config, fastest first")
+    p.add_argument("--study", required=True)
+    p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
+    p.add_argument("--all", action="store_true", help="include pruned and failed trials")
+    p.add_argument("--storage", default=None)
+    p.add_argument("--results", default="results")
+    handlers["leaderboard"] = _cmd_leaderboard
+
+    p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
+    p.add_argument("--study", required=True)
+    p.add_argument("--emit", choices=["script", "args", "ds-config"], default="script")
+    p.add_argument("--storage", default=None)
+    p.add_argument("--results", default="results")
+    handlers["best"] = _cmd_best
+
+    from tuner.logs import cli as logs_cli
+
+    logs_cli.add_parser(sub)
+    handlers["parse-log"] = logs_cli.run
     return parser, handlers
 
 

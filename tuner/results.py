@@ -1,0 +1,171 @@
+"""Study results: the leaderboard DataFrame and the best config's exports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.errors import StudyError
+from tuner.layout import ResultsLayout
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.spec import StudySpec, load_study
+
+COLUMNS = [
+    "trial", "outcome", "tp", "pp", "dp", "cp", "vp", "sp", "micro_batch", "grad_accum",
+    "recompute", "distributed_optimizer", "zero_stage", "nodes", "predicted_step_s",
+    "measured_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+    "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
+]  # fmt: skip
+
+
+def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> optuna.Study:
+    """The stored study of ``spec`` (no new study is created)."""
+    from tuner.study import open_storage
+
+    layout = ResultsLayout(Path(results), spec.name)
+    if storage is None and not layout.storage_path.exists():
+        raise StudyError(f"no results for study {spec.name!r} yet (run: tune run --study ...)")
+    try:
+        return optuna.load_study(study_name=spec.name, storage=open_storage(storage, layout))
+    except KeyError:
+        raise StudyError(f"study {spec.name!r} is not in the storage") from None
+
+
+def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
+    a = t.user_attrs
+    c = ParallelConfig(**a["config"]) if a.get("config") else None
+    tokens = a.get("tokens_per_s")
+    rc: str | None = None
+    if c is not None:
+        full = f"full/{c.recompute_method}/{c.recompute_num_layers}"
+        rc = full if c.recompute == "full" else c.recompute
+    return {
+        "trial": t.number, "outcome": a.get("outcome", t.state.name.lower()),
+        "tp": c.tp if c else None, "pp": c.pp if c else None, "dp": c.dp if c else None,
+        "cp": c.cp if c else None, "vp": c.vp if c else None,
+        "sp": c.sequence_parallel if c else None, "micro_batch": c.micro_batch_size if c else None,
+        "grad_accum": c.num_microbatches if c else None, "recompute": rc,
+        "distributed_optimizer": c.distributed_optimizer if c else None,
+        "zero_stage": c.zero_stage if c else None, "nodes": len(a.get("hosts", [])) or None,
+        "predicted_step_s": a.get("predicted_step_s"), "measured_step_s": a.get("step_time_s"),
+        "tokens_per_s": tokens, "tokens_per_s_per_gpu": tokens / world if tokens else None,
+        "tflops_per_gpu": a.get("tflops_per_gpu"), "mfu": a.get("mfu"),
+        "predicted_mfu": a.get("predicted_mfu"),
+        "predicted_peak_gib": a.get("predicted_peak_gib"),
+        "measured_peak_gib": a.get("peak_memory_gib"), "duration_s": a.get("duration_s"),
+        "reason": a.get("reason"),
+    }  # fmt: skip
+
+
+def leaderboard(
+    study: StudySpec | str, *, include_all: bool = False, storage: str | None = None,
+    results: str = "results",
+) -> pd.DataFrame:  # fmt: skip
+    """Every measured config, fastest first (``include_all``: pruned and failed ones too).
+
+    Duplicates (a config asked again and answered from an earlier run) are never shown twice.
+    """
+    spec = load_study(study) if isinstance(study, str) else study
+    trials = load_optuna_study(spec, storage, results).get_trials(deepcopy=False)
+    rows = []
+    for t in trials:
+        if "duplicate_of" in t.user_attrs or t.state == TrialState.RUNNING:
+            continue
+        ok = t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
+        if ok or include_all:
+            rows.append(_row(t, spec.world_size))
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    if frame.empty:
+        return frame
+    frame["_ok"] = frame["outcome"] == str(Outcome.OK)
+    frame = frame.sort_values(["_ok", "tokens_per_s", "trial"], ascending=[False, False, True])
+    return frame.drop(columns="_ok").reset_index(drop=True)
+
+
+def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTrial:
+    """The fastest measured trial."""
+    board = leaderboard(spec, storage=storage, results=results)
+    if board.empty:
+        raise StudyError(f"study {spec.name!r} has no successful trial yet")
+    number = int(board.iloc[0]["trial"])
+    study = load_optuna_study(spec, storage, results)
+    return study.trials[number]
+
+
+def best_config(
+    spec: StudySpec, storage: str | None = None, results: str = "results"
+) -> ParallelConfig:
+    """The winning ParallelConfig."""
+    return ParallelConfig(**best_trial(spec, storage, results).user_attrs["config"])
+
+
+def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
+    """The parallelism, batch and recompute arguments of ``config`` in Megatron's flag names."""
+    args = [
+        "--tensor-model-parallel-size", str(config.tp),
+        "--pipeline-model-parallel-size", str(config.pp),
+        "--context-parallel-size", str(config.cp),
+        "--micro-batch-size", str(config.micro_batch_size),
+        "--global-batch-size", str(config.global_batch_size),
+    ]  # fmt: skip
+    if config.vp > 1:
+        per_stage = spec.model.num_layers // (config.pp * config.vp)
+        args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
+    if config.sequence_parallel:
+        args.append("--sequence-parallel")
+    if config.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif config.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method",
+                 str(config.recompute_method), "--recompute-num-layers",
+                 str(config.recompute_num_layers)]  # fmt: skip
+    if config.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    return args
+
+
+def emit_best(
+    spec: StudySpec, what: str, storage: str | None = None, results: str = "results"
+) -> str:
+    """``script`` (a runnable launch script for a full run), ``args`` or ``ds-config``."""
+    config = best_config(spec, storage, results)
+    if what == "args":
+        return " ".join(megatron_args(spec, config)) + "\n"
+    if what == "ds-config":
+        from tuner.launch import deepspeed_config
+
+        return json.dumps(deepspeed_config(spec, config), indent=2) + "\n"
+    return _best_script(spec, config, results)
+
+
+def _best_script(spec: StudySpec, config: ParallelConfig, results: str) -> str:
+    from tuner.launch import render_launch
+
+    layout = ResultsLayout(Path(results), spec.name)
+    out = layout.best_dir
+    out.mkdir(parents=True, exist_ok=True)
+    hosts = spec.node_names[: spec.nodes_per_trial]
+    rendered = render_launch(
+        spec, config, hosts=hosts, master_addr=hosts[0], master_port=spec.launch.master_port,
+        trial_dir=str(out.resolve()),
+    )  # fmt: skip
+    for name, content in rendered.files.items():
+        (out / name).write_text(content)
+    parts = ["#!/usr/bin/env bash", f"# Best config of study {spec.name}: {config.key()}",
+             "# Run on every node with NODE_RANK set (0 .. N-1); edit train_iters for a full run.",
+             'case "${NODE_RANK:?set NODE_RANK to this node\'s rank}" in']  # fmt: skip
+    for rank, script in enumerate(rendered.scripts):
+        (out / f"launch-node-{rank}.sh").write_text(script)
+        parts.append(
+            f"  {rank}) exec bash {json.dumps(str((out / f'launch-node-{rank}.sh').resolve()))} ;;"
+        )
+    parts += ['  *) echo "NODE_RANK out of range" >&2; exit 2 ;;', "esac", ""]
+    text = "\n".join(parts)
+    (out / "launch.sh").write_text(text)
+    return text
