@@ -151,9 +151,11 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GridSampler(space, seed=s.seed)
     if s.sampler == "gp":
         return optuna.samplers.GPSampler(seed=s.seed)
-    return optuna.samplers.TPESampler(
-        multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
-    )
+    with warnings.catch_warnings():  # group=True is experimental in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
+        )
 
 
 def open_study(spec: StudySpec, storage: optuna.storages.BaseStorage, force: bool) -> optuna.Study:
@@ -301,7 +303,9 @@ class StudyLoop:
     def seed(self) -> None:
         """Enqueue the top predicted configs on a new study, and re-runs of interrupted trials."""
         if hasattr(self.study._storage, "record_heartbeat"):
-            optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials run again
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials re-run
         trials = self.trials()
         if not trials and self.spec.search.enqueue_top:
             ranked = enumerate_space(self.spec).ranked()[: self.spec.search.enqueue_top]

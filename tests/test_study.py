@@ -1,0 +1,224 @@
+"""End-to-end study loop: local executor, the Megatron stand-in under torchrun, real SQLite."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.results import emit_best, leaderboard
+from tuner.space import enumerate_space
+from tuner.spec import study_from_mapping
+from tuner.study import build_loop, oom_dominates
+
+REPO = Path(__file__).resolve().parents[1]
+STANDINS = REPO / "tests" / "standins"
+
+pytestmark = [pytest.mark.slow]
+
+SURFACE: dict[str, Any] = {
+    "kind": "formula",
+    "step_s": {"base": 1.0, "factors": {
+        "tp": {"1": 1.25, "2": 1.0}, "pp": {"1": 1.0, "2": 1.3},
+        "mbs": {"1": 1.5, "2": 1.2, "4": 1.0, "8": 1.1},
+        "recompute": {"none": 1.0, "selective": 1.08, "full": 1.3},
+        "sp": {"0": 1.05, "1": 1.0}, "distopt": {"0": 1.0, "1": 1.03},
+    }},
+    "memory_gib": 10.0,
+    "noise": 0.0,
+    "warmup_factor": 1.0,
+}  # fmt: skip
+OPTIMUM = "tp=2,pp=1,cp=1,dp=1,vp=1,sp=1,mbs=4,gbs=32,recompute=none,distopt=0,zero=0"
+
+
+def study_data(tmp: Path, surface: dict[str, Any], **search: Any) -> dict[str, Any]:
+    (tmp / "surface.json").write_text(json.dumps(surface))
+    return {
+        "name": "e2e",
+        "model": {"num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
+                  "num_attention_heads": 16, "vocab_size": 32000, "seq_length": 1024},
+        "training": {"global_batch_size": 32},
+        "cluster": {"gpu": "a100-80gb", "gpus_per_node": 2, "num_nodes": 2, "executor": "local"},
+        "framework": "megatron",
+        "launch": {"template": "megatron_gpt", "megatron_path": str(STANDINS),
+                   "python": sys.executable, "train_iters": 5, "warmup_iters": 1,
+                   "env": {"TUNER_STANDIN_SURFACE": str(tmp / "surface.json"),
+                           "TUNER_STANDIN_TIME_SCALE": "0.0001"}},
+        "space": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1, 2, 4, 8],
+                  "sequence_parallel": [True, False], "recompute": ["none", "selective", "full"],
+                  "distributed_optimizer": [True, False]},
+        "search": {"n_trials": 16, "nodes_per_trial": 1, "trial_timeout_min": 2, "seed": 3,
+                   "early_stop_trials": None, **search},
+    }  # fmt: skip
+
+
+def write_study(tmp: Path, data: dict[str, Any]) -> Path:
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def standin_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
+    return [
+        line for line in out.stdout.splitlines() if "pretrain_gpt.py" in line and marker in line
+    ]
+
+
+def test_finds_the_known_optimum(tmp_path: Path) -> None:
+    spec = study_from_mapping(study_data(tmp_path, SURFACE))
+    assert len(enumerate_space(spec).viable) >= 50
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    board = leaderboard(spec, results=str(tmp_path / "results"))
+    assert summary.launched <= 16 and not board.empty
+    best = board.iloc[0]
+    key = ParallelConfig(
+        tp=int(best.tp), pp=int(best.pp), dp=int(best.dp), sequence_parallel=bool(best.sp),
+        micro_batch_size=int(best.micro_batch), global_batch_size=32,
+        recompute=best.recompute, distributed_optimizer=bool(best.distributed_optimizer),
+    ).key()  # fmt: skip
+    assert key == OPTIMUM, board[
+        ["trial", "tp", "pp", "micro_batch", "recompute", "measured_step_s"]
+    ]
+    assert best.measured_step_s == pytest.approx(1.0, rel=0.02)
+    # Every launched config is distinct, and the winner exports as a launch script.
+    all_rows = leaderboard(spec, include_all=True, results=str(tmp_path / "results"))
+    launched = all_rows[all_rows.outcome == "ok"]
+    cols = ["tp", "pp", "micro_batch", "recompute", "sp", "distributed_optimizer"]
+    assert len(launched) == len(launched.drop_duplicates(cols))
+    script = emit_best(spec, "script", results=str(tmp_path / "results"))
+    assert "NODE_RANK" in script
+    assert "--micro-batch-size 4" in emit_best(spec, "args", results=str(tmp_path / "results"))
+
+
+def test_oom_surface_launches_nothing_predicted_to_oom(tmp_path: Path) -> None:
+    surface = dict(SURFACE, memory_gib={"base": 0.0, "terms": {"mbs": 3.0}}, gpu_memory_gib=20,
+                   oom_if_memory_above=20)  # fmt: skip
+    data = study_data(tmp_path, surface, n_trials=8, memory_headroom=0.9)
+    data["cluster"]["gpu_memory_gib"] = 4.0  # the memory model prunes the big micro-batches
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        loop.run()
+    finally:
+        loop.executor.close()
+    rows = leaderboard(spec, include_all=True, results=str(tmp_path / "results"))
+    assert (rows.outcome == str(Outcome.PRUNED_MEMORY)).any()
+    launched = rows[~rows.outcome.isin(["pruned_memory", "invalid"])]
+    assert not launched.empty
+    assert (launched.predicted_peak_gib <= 0.9 * 4.0).all()
+
+
+def test_oom_dominance() -> None:
+    oom = ParallelConfig(tp=2, micro_batch_size=2, recompute="selective", global_batch_size=32)
+    bigger = ParallelConfig(tp=2, micro_batch_size=4, recompute="none", global_batch_size=32)
+    smaller = ParallelConfig(tp=2, micro_batch_size=1, recompute="selective", global_batch_size=32)
+    more_rc = ParallelConfig(
+        tp=2, micro_batch_size=2, recompute="full", recompute_method="uniform",
+        recompute_num_layers=1, global_batch_size=32,
+    )  # fmt: skip
+    other_split = ParallelConfig(tp=1, dp=2, micro_batch_size=4, global_batch_size=32)
+    assert oom_dominates(oom, bigger) and oom_dominates(oom, oom)
+    assert not oom_dominates(oom, smaller) and not oom_dominates(oom, more_rc)
+    assert not oom_dominates(oom, other_split)
+
+
+def tune(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", *args], cwd=cwd, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
+    surface = dict(SURFACE)
+    data = study_data(tmp_path, surface, n_trials=6, enqueue_top=2)
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1.5"  # ~1.5 s per iteration
+    path = write_study(tmp_path, data)
+    results = str(tmp_path / "results")
+    first = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until a trial finished and others are running
+        metrics = list((tmp_path / "results" / "e2e" / "trials").glob("*/metrics.json"))
+        if metrics and standin_processes(str(STANDINS)):
+            break
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 130, out
+    assert standin_processes(str(tmp_path)) == []
+    spec = study_from_mapping(data)
+    before = leaderboard(spec, include_all=True, results=results)
+    finished = set(before[before.outcome == "ok"].trial)
+    interrupted = before[before.outcome == "interrupted"]
+    assert finished and not interrupted.empty
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1.5"
+    second = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out
+    after = leaderboard(spec, include_all=True, results=results)
+    assert finished <= set(after[after.outcome == "ok"].trial)
+    rerun_keys = {tuple(r) for r in interrupted[["tp", "pp", "micro_batch", "recompute"]].values}
+    ok = after[after.outcome == "ok"]
+    ok_keys = {tuple(r) for r in ok[["tp", "pp", "micro_batch", "recompute"]].values}
+    assert rerun_keys <= ok_keys
+    assert standin_processes(str(tmp_path)) == []
+
+
+def test_two_workers_never_run_one_config_twice(tmp_path: Path) -> None:
+    data = study_data(tmp_path, SURFACE, n_trials=8, enqueue_top=4)
+    path = write_study(tmp_path, data)
+    results = str(tmp_path / "results")
+    first = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    time.sleep(1.0)  # the first worker creates the study; the second joins it
+    second = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    for proc in (first, second):
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
+    rows = leaderboard(study_from_mapping(data), include_all=True, results=results)
+    ran = rows[rows.outcome == "ok"]
+    cols = ["tp", "pp", "micro_batch", "recompute", "sp", "distributed_optimizer"]
+    assert len(ran) >= 4
+    assert not ran.duplicated(cols).any(), ran[cols]
+
+
+def test_changed_study_is_refused_without_force(tmp_path: Path) -> None:
+    data = study_data(tmp_path, SURFACE, n_trials=1, enqueue_top=1)
+    path = write_study(tmp_path, data)
+    results = str(tmp_path / "results")
+    proc = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    assert proc.wait(timeout=120) == 0
+    data["space"]["tp"] = [1]
+    write_study(tmp_path, data)
+    proc = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--force" in out
+    proc = tune("run", "--study", str(path), "--results", results, "--quiet", "--force",
+                cwd=tmp_path)  # fmt: skip
+    assert proc.wait(timeout=120) == 0
+
+
+def test_bad_study_file_exits_2(tmp_path: Path) -> None:
+    data = study_data(tmp_path, SURFACE)
+    data["search"]["sampler"] = "annealing"
+    path = write_study(tmp_path, data)
+    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "run", "--study", str(path)],
+                          capture_output=True, text=True, cwd=tmp_path, env=os.environ.copy(),
+                          check=False)  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "search.sampler" in lines[0]
