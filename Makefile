@@ -35,5 +35,25 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# The demo: a real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed
+# from results/demo/study.db when run again, then its leaderboard and best ds_config.
+# The warm-up is one untimed 1-step run of the workload: DeepSpeed compiles its CPU comm op on
+# first use (~45 s, cached in ~/.cache/torch_extensions), which must not land in a trial.
+DEMO_WARMUP := results/.demo-warmup
+demo: $(STAMP)
+	mkdir -p $(DEMO_WARMUP)
+	printf '%s\n' '{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,' \
+	  '"zero_optimization": {"stage": 0},' \
+	  '"optimizer": {"type": "Adam", "params": {"lr": 0.0001, "torch_adam": true}}}' \
+	  > $(DEMO_WARMUP)/ds_config.json
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/torchrun --nproc_per_node 2 \
+	  --master_addr 127.0.0.1 --master_port 29499 workloads/gpt_deepspeed.py \
+	  --deepspeed_config $(DEMO_WARMUP)/ds_config.json --num-layers 1 --hidden-size 64 \
+	  --num-attention-heads 2 --seq-length 32 --vocab-size 128 --train-iters 1 \
+	  > $(DEMO_WARMUP)/warmup.log 2>&1 || { tail -20 $(DEMO_WARMUP)/warmup.log; exit 1; }
+	$(VENV)/bin/tune run --study demo
+	$(VENV)/bin/tune leaderboard --study demo --all
+	$(VENV)/bin/tune best --study demo --emit ds-config
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

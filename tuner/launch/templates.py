@@ -15,6 +15,7 @@ path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -27,7 +28,7 @@ import jinja2
 
 from tuner.errors import ConfigError, LaunchError
 from tuner.parallel import ParallelConfig
-from tuner.spec import StudySpec
+from tuner.spec import LaunchSpec, StudySpec
 
 SCRIPT_SUFFIX = ".sh.j2"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -216,7 +217,7 @@ def context(
     extra_files: Sequence[str],
 ) -> dict[str, Any]:
     """The variables every template sees (``node_rank`` and ``files`` are added per render)."""
-    launch = spec.launch
+    launch = _local_paths(spec)
     python = launch.python
     return {
         "spec": spec,
@@ -240,6 +241,33 @@ def context(
         "cpu": spec.cluster.gpu == "cpu",
         "ds_config": deepspeed_config(spec, config),
     }
+
+
+def _local_paths(spec: StudySpec) -> LaunchSpec:
+    """``launch`` with relative ``python``/``script``/``workdir`` made absolute for local runs.
+
+    Why: the local executor starts each node's script in the trial directory
+    (results/<study>/trials/<n>/), so a study's ``python: .venv/bin/python`` or
+    ``script: workloads/gpt_deepspeed.py`` (relative to where ``tune`` runs, as the demo study
+    writes them) would not be found there. Local "nodes" share this filesystem, so resolving them
+    against the current directory is what the user meant. Remote executors keep them as written.
+    """
+    launch = spec.launch
+    if spec.cluster.executor != "local":
+        return launch
+
+    def absolute(path: str | None) -> str | None:
+        if not path or Path(path).expanduser().is_absolute():
+            return path
+        return str(Path.cwd() / path)
+
+    return dataclasses.replace(
+        launch,
+        # a bare "python" is looked up on PATH: only a path with a directory is resolved
+        python=absolute(launch.python) if "/" in launch.python else launch.python,
+        script=absolute(launch.script),
+        workdir=absolute(launch.workdir),
+    )
 
 
 def deepspeed_config(spec: StudySpec, config: ParallelConfig) -> dict[str, Any]:
