@@ -30,7 +30,7 @@ def main() -> int:
     assert report is not None
     best, median = min(times), statistics.median(times)
     print(f"study {spec.name}: {report.total} configs ({report.counts()})")
-    print(f"enumerate + validate + memory (+ time for viable): median {median:.3f} s, best {best:.3f} s")
+    print(f"enumerate + validate + memory + time: median {median:.3f} s, best {best:.3f} s")
     print(
         f"configs per second: median {report.total / median:,.0f}, best {report.total / best:,.0f}"
     )
