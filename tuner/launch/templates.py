@@ -264,7 +264,9 @@ def _local_paths(spec: StudySpec) -> LaunchSpec:
     return dataclasses.replace(
         launch,
         # a bare "python" is looked up on PATH: only a path with a directory is resolved
-        python=absolute(launch.python) if "/" in launch.python else launch.python,
+        python=(absolute(launch.python) or launch.python)
+        if "/" in launch.python
+        else launch.python,
         script=absolute(launch.script),
         workdir=absolute(launch.workdir),
     )
