@@ -68,11 +68,26 @@ def write_study(tmp: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def standin_processes(marker: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return [
-        line for line in out.stdout.splitlines() if "pretrain_gpt.py" in line and marker in line
-    ]
+def standin_processes(tmp: Path) -> list[str]:
+    """Live (non-zombie) stand-in processes launched by the study under ``tmp``.
+
+    Matched on the environment the template exports (the surface file is unique to each test),
+    read from ``/proc`` so no ``ps`` column width can truncate the match away.
+    """
+    needle = f"TUNER_STANDIN_SURFACE={tmp / 'surface.json'}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError):
+            continue  # exited while we looked, or not ours to read
+        if state != "Z" and needle in environ and b"pretrain_gpt.py" in cmdline:
+            found.append(f"{entry.name} {cmdline.decode(errors='replace')}")
+    return found
 
 
 def test_finds_the_known_optimum(tmp_path: Path) -> None:
@@ -154,13 +169,18 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until a trial finished and others are running
         metrics = list((tmp_path / "results" / "e2e" / "trials").glob("*/metrics.json"))
-        if metrics and standin_processes(str(STANDINS)):
+        if metrics and standin_processes(tmp_path):
             break
+        if first.poll() is not None:
+            pytest.fail("the study ended before it could be interrupted: " + first.communicate()[0])
         time.sleep(0.5)
+    else:
+        first.kill()
+        pytest.fail("no moment with a finished trial and a running stand-in: " + first.stdout.read())
     first.send_signal(signal.SIGINT)
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 130, out
-    assert standin_processes(str(tmp_path)) == []
+    assert standin_processes(tmp_path) == []
     spec = study_from_mapping(data)
     before = leaderboard(spec, include_all=True, results=results)
     finished = set(before[before.outcome == "ok"].trial)
@@ -176,7 +196,7 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     ok = after[after.outcome == "ok"]
     ok_keys = {tuple(r) for r in ok[["tp", "pp", "micro_batch", "recompute"]].values}
     assert rerun_keys <= ok_keys
-    assert standin_processes(str(tmp_path)) == []
+    assert standin_processes(tmp_path) == []
 
 
 def test_two_workers_never_run_one_config_twice(tmp_path: Path) -> None:
