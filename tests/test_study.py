@@ -172,11 +172,13 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
         if metrics and standin_processes(tmp_path):
             break
         if first.poll() is not None:
-            pytest.fail("the study ended before it could be interrupted: " + first.communicate()[0])
+            out = first.communicate()[0]
+            pytest.fail(f"the study ended before it could be interrupted: {out}")
         time.sleep(0.5)
     else:
         first.kill()
-        pytest.fail("no moment with a finished trial and a running stand-in: " + first.stdout.read())
+        out = first.communicate()[0]
+        pytest.fail(f"no moment with a finished trial and a running stand-in: {out}")
     first.send_signal(signal.SIGINT)
     out, _ = first.communicate(timeout=120)
     assert first.returncode == 130, out
