@@ -46,7 +46,8 @@ def test_auto_axes() -> None:
     assert axes.pp == (1, 2, 4, 8, 16)  # divisors of 32 layers up to 16 ranks
     # none, selective, then full x {uniform, block} x {1, all layers of the stage}
     assert len(axes.recompute) == 2 + 2 * 1
-    assert axes.size == 4 * 5 * 1 * 2 * 3 * 2 * 4 * 2
+    # tp 2, 4, 8 with SP on and off, tp=1 with SP off only (Megatron turns it off there)
+    assert axes.size == (3 * 2 + 1) * 5 * 1 * 2 * 3 * 4 * 2
 
 
 def test_enumeration_counts_add_up_and_every_viable_is_valid() -> None:
@@ -62,6 +63,21 @@ def test_enumeration_counts_add_up_and_every_viable_is_valid() -> None:
     assert all(not c.fits for c in report.oom)
     keys = [c.key() for c in iter_configs(s)]
     assert len(keys) == len(set(keys))
+
+
+def test_sequence_parallel_on_keeps_tp1_configs_with_sp_off() -> None:
+    """`sequence_parallel: [true]` means SP where it applies, not "drop every tp=1 config"."""
+    s = spec(tp=[1, 2], pp=[1], vp=[1], micro_batch_size=[1], sequence_parallel=[True],
+             recompute=["none"], distributed_optimizer=[False])  # fmt: skip
+    configs = list(iter_configs(s))
+    assert [(c.tp, c.sequence_parallel) for c in configs] == [(1, False), (2, True)]
+    assert expand_axes(s).size == len(configs) == 2
+    assert all(not validate(c, s.model, s.world_size, s.framework) for c in configs)
+
+    from tuner.study import config_from_params, config_params
+
+    params = config_params(configs[1]) | {"tp": 1}  # what an Optuna sampler may propose
+    assert config_from_params(s, params).sequence_parallel is False
 
 
 def test_auto_recompute_layers_uses_the_stage_size() -> None:

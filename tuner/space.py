@@ -49,11 +49,12 @@ class Axes:
 
     @property
     def size(self) -> int:
-        """Number of combinations."""
+        """Number of combinations (at tp=1 sequence parallelism has one value: off)."""
         n = 1
         for name in self.__dataclass_fields__:
-            n *= len(getattr(self, name))
-        return n
+            if name not in ("tp", "sequence_parallel"):
+                n *= len(getattr(self, name))
+        return n * sum(len(self.sequence_parallel) if tp > 1 else 1 for tp in self.tp)
 
 
 def expand_axes(spec: StudySpec) -> Axes:
@@ -94,16 +95,22 @@ def expand_axes(spec: StudySpec) -> Axes:
 
 
 def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:
-    """Every combination of the axes as a ParallelConfig (DP derived; may be invalid)."""
+    """Every combination of the axes as a ParallelConfig (DP derived; may be invalid).
+
+    At tp=1 sequence parallelism is off whatever the axis says (Megatron turns it off there), so
+    `sequence_parallel: [true]` keeps the tp=1 configs instead of making them all invalid.
+    """
     axes = axes or expand_axes(spec)
     world, gbs = spec.world_size, spec.training.global_batch_size
     layers = spec.model.num_layers
     for tp, pp, cp, vp in itertools.product(axes.tp, axes.pp, axes.cp, axes.vp):
         dp = max(world // (tp * pp * cp), 1)
         per_rank = max(layers // (pp * vp), 1)
+        # Megatron turns SP off at tp=1, so there a wanted SP means "off", listed once.
+        sps = axes.sequence_parallel if tp > 1 else (False,)
         for mbs, sp, (rc, method, n), dopt, zero in itertools.product(
             axes.micro_batch_size,
-            axes.sequence_parallel,
+            sps,
             axes.recompute,
             axes.distributed_optimizer,
             axes.zero_stage,

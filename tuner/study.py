@@ -93,7 +93,7 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
     tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
-        sequence_parallel=bool(params["sequence_parallel"]),
+        sequence_parallel=bool(params["sequence_parallel"]) and tp > 1,  # Megatron: off at tp=1
         micro_batch_size=int(params["micro_batch_size"]),
         global_batch_size=spec.training.global_batch_size, recompute=rc,  # type: ignore[arg-type]
         recompute_method=method,  # type: ignore[arg-type]
