@@ -16,6 +16,7 @@ path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shlex
@@ -96,6 +97,11 @@ def search_path(spec: StudySpec | None = None, cwd: Path | None = None) -> list[
     return dirs
 
 
+@functools.lru_cache(maxsize=16)
+def _renderer(dirs: tuple[Path, ...]) -> TemplateRenderer:
+    return TemplateRenderer(dirs)
+
+
 class TemplateRenderer:
     """A Jinja2 environment over the user's template directories and the package's templates."""
 
@@ -124,8 +130,12 @@ class TemplateRenderer:
 
     @classmethod
     def for_study(cls, spec: StudySpec, cwd: Path | None = None) -> TemplateRenderer:
-        """Look in the study's ``launch.templates_dir``, ``./launch_templates``, the package."""
-        return cls(search_path(spec, cwd))
+        """Look in the study's ``launch.templates_dir``, ``./launch_templates``, the package.
+
+        One renderer per search path is kept, so a template is compiled once per process (Jinja2
+        still reloads a template file that changed on disk).
+        """
+        return _renderer(tuple(d for d in search_path(spec, cwd) if d.is_dir()))
 
     def available(self) -> list[str]:
         """Names of the launch templates found (without ``.sh.j2``)."""
