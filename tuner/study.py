@@ -74,12 +74,19 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
     }
 
 
-def config_params(config: ParallelConfig) -> dict[str, Any]:
-    """The Optuna parameters of a config (inverse of :func:`config_from_params`)."""
+def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str, Any]:
+    """The Optuna parameters of a config (inverse of :func:`config_from_params`).
+
+    At tp=1 SP is off whatever the parameter says, so with ``axes`` a tp=1 config takes the
+    axis' first SP value (``sequence_parallel: [true]`` has no ``false`` to enqueue).
+    """
+    sp = config.sequence_parallel
+    if axes is not None and config.tp == 1 and sp not in axes.sequence_parallel:
+        sp = axes.sequence_parallel[0]
     return {
         "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
         "micro_batch_size": config.micro_batch_size,
-        "sequence_parallel": config.sequence_parallel,
+        "sequence_parallel": sp,
         "recompute": encode_recompute(
             config.recompute, config.recompute_method, config.recompute_num_layers
         ),
@@ -310,7 +317,8 @@ class StudyLoop:
         if not trials and self.spec.search.enqueue_top:
             ranked = enumerate_space(self.spec).ranked()[: self.spec.search.enqueue_top]
             for cand in ranked:
-                self.study.enqueue_trial(config_params(cand.config), skip_if_exists=True)
+                params = config_params(cand.config, expand_axes(self.spec))
+                self.study.enqueue_trial(params, skip_if_exists=True)
             logger.info("enqueued the %d fastest predicted configs", len(ranked))
         requeued = set(self.study.user_attrs.get("requeued", []))
         again = [
