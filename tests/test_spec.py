@@ -192,3 +192,49 @@ def test_cli_bad_study_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "space.tp[1]" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_environment_variables_in_string_values_are_expanded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TUNER_T_ROOT", "/shared/proj")
+    monkeypatch.setenv("TUNER_T_HOST", "gpu001")
+    launch = {
+        "template": "megatron_gpt",
+        "python": "${TUNER_T_ROOT}/venv/bin/python",
+        "megatron_path": "${TUNER_T_ROOT}/Megatron-LM",
+        "env": {"LITERAL": "$${TUNER_T_ROOT}", "NODE_SIDE": "$HOME/x", "N": 19},
+    }
+    data = with_change("launch", launch)
+    data["cluster"]["nodes"] = ["${TUNER_T_HOST}", "gpu002"]
+    spec = study_from_mapping(data)
+    assert spec.launch.python == "/shared/proj/venv/bin/python"
+    assert spec.launch.megatron_path == "/shared/proj/Megatron-LM"
+    # $${ is a literal ${, a plain $ is left for the nodes' shell, non-strings are untouched
+    assert spec.launch.env == {"LITERAL": "${TUNER_T_ROOT}", "NODE_SIDE": "$HOME/x", "N": "19"}
+    assert spec.cluster.nodes == ("gpu001", "gpu002")
+    monkeypatch.setenv("TUNER_T_ROOT", "/elsewhere")
+    assert study_from_mapping(data).fingerprint() != spec.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("${TUNER_T_UNSET}/bin/python", "environment variable TUNER_T_UNSET is not set"),
+        ("${TUNER_T_EMPTY}/bin/python", "environment variable TUNER_T_EMPTY is empty"),
+        ("${TUNER_T_ROOT:-/opt}/python", "only ${NAME} is expanded"),
+        ("${TUNER_T_ROOT/python", "unterminated '${'"),
+    ],
+)
+def test_bad_environment_reference_names_the_field(
+    value: str, words: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TUNER_T_UNSET", raising=False)
+    monkeypatch.setenv("TUNER_T_EMPTY", "")
+    monkeypatch.setenv("TUNER_T_ROOT", "/shared/proj")
+    study = tmp_path / "env.yaml"
+    study.write_text(yaml.safe_dump(with_change("launch.python", value)))
+    with pytest.raises(ConfigError) as err:
+        load_study(str(study))
+    assert err.value.path == "launch.python"
+    assert words in str(err.value) and str(study) in str(err.value)

@@ -12,6 +12,8 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -282,8 +284,9 @@ class SpaceSpec:
 class SearchSpec:
     """How the search runs and when it stops."""
 
-    sampler: Literal["tpe", "gp", "random", "grid"] = "tpe"
-    """Optuna sampler; the top predicted configs are tried first whatever the sampler."""
+    sampler: Literal["model", "tpe", "gp", "random", "grid"] = "model"
+    """``model``: the time model's ranking corrected by each measurement (``tuner.sampler``);
+    or one of Optuna's: ``tpe``, ``gp``, ``random``, ``grid``."""
     n_trials: int = 20
     """Budget of launched runs (pruned and invalid configs do not count)."""
     nodes_per_trial: int | Literal["all"] = "all"
@@ -437,11 +440,61 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
+_ENV_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def expand_env(raw: object, environ: Mapping[str, str] | None = None, path: str = "") -> object:
+    """Replace ``${NAME}`` in every string value of a parsed study with the variable's value.
+
+    Why: a study names paths on the nodes (the interpreter, the training script, a shared
+    checkout, ssh keys) that differ between users and checkouts; ``${NAME}`` lets one study file
+    serve them all. Variables come from the environment of ``tune`` when the study is loaded (not
+    from the nodes), so the values are part of the study's fingerprint. ``$${`` is a literal
+    ``${``; any other ``$`` is left alone. An unset or empty variable is a ConfigError naming the
+    field, never an empty path.
+    """
+    env = os.environ if environ is None else environ
+    if isinstance(raw, str):
+        return _ENV_REF.sub(lambda m: _env_value(m, env, path), raw)
+    if isinstance(raw, Mapping):
+        return {k: expand_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [expand_env(v, env, f"{path}[{i}]") for i, v in enumerate(raw)]
+    return raw
+
+
+def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
+    if match.group(0) == "$${":
+        return "${"
+    name = match.group(1)
+    if name is None:
+        raise ConfigError("unterminated '${' (write '$${' for a literal '${')", path=path)
+    if not _ENV_NAME.match(name):
+        raise ConfigError(
+            f"'${{{name}}}' is not an environment variable reference; only ${{NAME}} is expanded "
+            "(write '$${' for a literal '${')",
+            path=path,
+        )
+    value = env.get(name, "")
+    if not value:
+        raise ConfigError(
+            f"environment variable {name} is {'empty' if name in env else 'not set'} "
+            f"(the study refers to it as ${{{name}}})",
+            path=path,
+        )
+    return value
+
+
 def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpec:
-    """Build a StudySpec from parsed YAML. Relative hostfile paths are read from ``base_dir``."""
+    """Build a StudySpec from parsed YAML. Relative hostfile paths are read from ``base_dir``.
+
+    ``${NAME}`` in any string value is first replaced with that environment variable
+    (:func:`expand_env`).
+    """
     if not isinstance(raw, Mapping):
         raise ConfigError("a study file must be a mapping of sections")
-    data = dict(raw)
+    data = {k: expand_env(v, path=str(k)) for k, v in raw.items()}
     if "model" in data:
         data["model"] = _expand_model(data["model"])
     cluster = data.get("cluster")
