@@ -1,4 +1,5 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# `make demo-ssh` is the multi-node demo (two loopback sshd nodes; needs openssh-server).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ STAMP := $(VENV)/.installed-dev
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install dev test lint typecheck pytest demo clean
+.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-ssh clean
 
 # Login-node install: the tuner alone (no torch, no GPU).
 install:
@@ -35,12 +36,10 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
-# The demo: a real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed
-# from results/demo/study.db when run again, then its leaderboard and best ds_config.
-# The warm-up is one untimed 1-step run of the workload: DeepSpeed compiles its CPU comm op on
+# The demos' warm-up: one untimed 1-step run of the workload. DeepSpeed compiles its CPU comm op on
 # first use (~45 s, cached in ~/.cache/torch_extensions), which must not land in a trial.
 DEMO_WARMUP := results/.demo-warmup
-demo: $(STAMP)
+demo-warmup: $(STAMP)
 	mkdir -p $(DEMO_WARMUP)
 	printf '%s\n' '{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,' \
 	  '"zero_optimization": {"stage": 0},' \
@@ -51,9 +50,27 @@ demo: $(STAMP)
 	  --deepspeed_config $(DEMO_WARMUP)/ds_config.json --num-layers 1 --hidden-size 64 \
 	  --num-attention-heads 2 --seq-length 32 --vocab-size 128 --train-iters 1 \
 	  > $(DEMO_WARMUP)/warmup.log 2>&1 || { tail -20 $(DEMO_WARMUP)/warmup.log; exit 1; }
+
+# The demo: a real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed
+# from results/demo/study.db when run again, then its leaderboard and best ds_config.
+demo: demo-warmup
 	$(VENV)/bin/tune run --study demo
 	$(VENV)/bin/tune leaderboard --study demo --all
 	$(VENV)/bin/tune best --study demo --emit ds-config
+
+# Multi-node over SSH (studies/demo-ssh.yaml): two sshd "nodes" on 127.0.0.2 and 127.0.0.3 with
+# their own host keys and a fresh client key (tools/loopback_sshd.py, files in $(DEMO_SSH_DIR)),
+# 2-node DeepSpeed trials through the SSH executor, the leaderboard; the nodes are always stopped
+# (also when tune fails or on Ctrl-C), and the exit status is tune's.
+DEMO_SSH_DIR := results/.demo-ssh
+DEMO_SSH_ENV := TUNER_DEMO_ROOT="$(CURDIR)" TUNER_DEMO_SSH="$(abspath $(DEMO_SSH_DIR))"
+demo-ssh: demo-warmup
+	@trap 'rc=$$?; $(PY) tools/loopback_sshd.py stop --dir $(DEMO_SSH_DIR) || rc=1; exit $$rc' \
+	  EXIT; trap 'exit 130' INT TERM; \
+	$(PY) tools/loopback_sshd.py start --dir $(DEMO_SSH_DIR) --nodes 2 || exit 1; \
+	$(DEMO_SSH_ENV) $(VENV)/bin/tune run --study demo-ssh; rc=$$?; \
+	$(DEMO_SSH_ENV) $(VENV)/bin/tune leaderboard --study demo-ssh --all; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
