@@ -284,9 +284,8 @@ class SpaceSpec:
 class SearchSpec:
     """How the search runs and when it stops."""
 
-    sampler: Literal["model", "tpe", "gp", "random", "grid"] = "model"
-    """``model``: the time model's ranking corrected by each measurement (``tuner.sampler``);
-    or one of Optuna's: ``tpe``, ``gp``, ``random``, ``grid``."""
+    sampler: Literal["tpe", "gp", "random", "grid"] = "tpe"
+    """Optuna sampler; the top predicted configs are tried first whatever the sampler."""
     n_trials: int = 20
     """Budget of launched runs (pruned and invalid configs do not count)."""
     nodes_per_trial: int | Literal["all"] = "all"
