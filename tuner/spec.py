@@ -284,8 +284,9 @@ class SpaceSpec:
 class SearchSpec:
     """How the search runs and when it stops."""
 
-    sampler: Literal["tpe", "gp", "random", "grid"] = "tpe"
-    """Optuna sampler; the top predicted configs are tried first whatever the sampler."""
+    sampler: Literal["model", "tpe", "gp", "random", "grid"] = "model"
+    """``model``: the time model's ranking corrected by each measurement (``tuner.sampler``);
+    or one of Optuna's: ``tpe``, ``gp``, ``random``, ``grid``."""
     n_trials: int = 20
     """Budget of launched runs (pruned and invalid configs do not count)."""
     nodes_per_trial: int | Literal["all"] = "all"
@@ -303,7 +304,8 @@ class SearchSpec:
     early_stop_trials: int | None = 10
     """Stop when the best has not improved by 1% in this many launched trials."""
     enqueue_top: int = 3
-    """How many of the best predicted configs are run before the sampler takes over."""
+    """With Optuna's samplers: how many of the best predicted configs run before the sampler
+    takes over (the ``model`` sampler starts from the model's ranking by itself)."""
 
     def __post_init__(self) -> None:
         _positive(self.n_trials, "n_trials")

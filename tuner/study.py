@@ -145,8 +145,13 @@ def open_storage(url: str | None, layout: ResultsLayout) -> optuna.storages.Base
 
 
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    """tpe (multivariate, constant liar for parallel trials), gp, random or grid."""
+    """model (the default: :mod:`tuner.sampler`), tpe (multivariate, constant liar for parallel
+    trials), gp, random or grid."""
     s = spec.search
+    if s.sampler == "model":
+        from tuner.sampler import ModelGuidedSampler
+
+        return ModelGuidedSampler(spec, seed=s.seed)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "grid":
@@ -314,7 +319,7 @@ class StudyLoop:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials re-run
         trials = self.trials()
-        if not trials and self.spec.search.enqueue_top:
+        if not trials and self.spec.search.enqueue_top and self.spec.search.sampler != "model":
             ranked = enumerate_space(self.spec).ranked()[: self.spec.search.enqueue_top]
             for cand in ranked:
                 params = config_params(cand.config, expand_axes(self.spec))

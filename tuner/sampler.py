@@ -1,0 +1,286 @@
+"""The model-guided sampler: the analytical time model as a prior, corrected by measurements.
+
+The space of a study is small and discrete (tens to thousands of configs) and every measurement
+is expensive, so the search should use everything it knows. This sampler ranks every config the
+memory model admits by its predicted step time, and learns from each measurement how the real
+machine departs from the model:
+
+    log(measured step) = log(predicted step) + w . features(config) + noise
+
+``features`` are a constant, the log2 of each size (tp, pp, cp, dp, vp, micro-batch: a trend
+seen between two values carries over to the next), one-hot indicators of each knob's value
+(tp=4, pp=2, micro-batch 8, full recomputation, ...) and of each pair of knob values (tp=4 with
+pp=2, ...). The
+weights have a Gaussian prior centred on zero (the model is right until measured otherwise), so
+the posterior is Bayesian linear regression in closed form: one measurement of tp=4 moves the
+estimate of every tp=4 config, which is what lets a handful of runs correct a model that is off
+by tens of percent on one knob.
+
+Each proposal maximises expected improvement (over the best measured log step time) among the
+admitted configs not yet measured, running, pruned, failed or needing at least the memory of a
+config that ran out of memory. A real OOM also shows the memory model is optimistic on this
+machine: configs predicted to need at least as much as one that ran out are tried only when
+nothing else is left. Configs still running count as measured at their posterior mean
+("kriging believer"), so parallel workers spread out. With nothing measured yet the proposal is
+the model's fastest config. When every admitted config has been tried, it proposes nothing and
+Optuna's random sampling takes over (the study loop then finds the space exhausted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.memory import GIB
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.space import enumerate_space, expand_axes
+from tuner.spec import StudySpec
+
+KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
+SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
+RETRYABLE = {str(Outcome.INTERRUPTED), str(Outcome.NODE_ERROR)}
+
+
+def knob_values(config: ParallelConfig) -> dict[str, str]:
+    """The value of each searched knob of ``config``, as a string."""
+    rc: str = config.recompute
+    if rc == "full":
+        rc = f"full:{config.recompute_method}:{config.recompute_num_layers}"
+    return {
+        "tp": str(config.tp), "pp": str(config.pp), "cp": str(config.cp), "dp": str(config.dp),
+        "vp": str(config.vp),
+        "mbs": str(config.micro_batch_size), "sp": str(int(config.sequence_parallel)),
+        "recompute": rc,
+        "sharding": f"{int(config.distributed_optimizer)}:{config.zero_stage}",
+    }  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prior:
+    """Prior standard deviations of the correction weights, on the log of the step time."""
+
+    intercept: float = 0.5
+    """A uniform error of the model (it is often optimistic by tens of percent)."""
+    trend: float = 0.25
+    """The effect of doubling a size (tp, pp, cp, dp, vp, micro-batch): lets a trend seen between
+    two values carry over to values not measured yet."""
+    main: float = 0.2
+    """The effect of one knob value (e.g. tp=8 costs 20 % more than the model thinks)."""
+    pair: float = 0.12
+    """The joint effect of two knob values beyond their separate effects."""
+    noise: float = 0.03
+    """Run-to-run noise of a measured step time."""
+
+
+class Features:
+    """One-hot features of knob values and pairs of knob values, over the study's space."""
+
+    def __init__(self, configs: Sequence[ParallelConfig], prior: Prior) -> None:
+        values: dict[str, set[str]] = {k: set() for k in KNOBS}
+        for c in configs:
+            for k, v in knob_values(c).items():
+                values[k].add(v)
+        searched = [k for k in KNOBS if len(values[k]) > 1]
+        self.index: dict[tuple[str, ...], int] = {}
+        scales = [prior.intercept]
+        self.trends = [k for k in searched if k in SIZES]
+        scales += [prior.trend] * len(self.trends)
+        for k in searched:
+            for v in sorted(values[k]):
+                self.index[(k, v)] = len(scales)
+                scales.append(prior.main)
+        for a, b in itertools.combinations(searched, 2):
+            for va, vb in itertools.product(sorted(values[a]), sorted(values[b])):
+                self.index[(a, va, b, vb)] = len(scales)
+                scales.append(prior.pair)
+        self.searched = searched
+        self.prior_precision = 1.0 / np.square(np.array(scales))
+
+    def __call__(self, config: ParallelConfig) -> np.ndarray:
+        x = np.zeros(len(self.prior_precision))
+        x[0] = 1.0
+        kv = knob_values(config)
+        for j, k in enumerate(self.trends, 1):
+            x[j] = math.log2(int(kv[k]))
+        for k in self.searched:
+            i = self.index.get((k, kv[k]))
+            if i is not None:
+                x[i] = 1.0
+        for a, b in itertools.combinations(self.searched, 2):
+            i = self.index.get((a, kv[a], b, kv[b]))
+            if i is not None:
+                x[i] = 1.0
+        return x
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Posterior:
+    """Gaussian posterior of the correction weights."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the correction for the rows of ``x``."""
+        mu = x @ self.mean
+        var = np.einsum("ij,jk,ik->i", x, self.cov, x)
+        return mu, np.sqrt(np.maximum(var, 1e-12))
+
+
+def fit(prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float) -> Posterior:
+    """Bayesian linear regression with a zero-mean diagonal Gaussian prior."""
+    precision = np.diag(prior_precision) + x.T @ x / noise**2
+    cov = np.linalg.inv(precision)
+    mean = cov @ (x.T @ y) / noise**2
+    return Posterior(mean, cov)
+
+
+def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """Expected decrease below ``best`` of a Gaussian (mean ``mu``, sd ``sd``)."""
+    z = (best - mu) / sd
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
+    return np.asarray((best - mu) * cdf + sd * pdf)
+
+
+class ModelGuidedSampler(BaseSampler):
+    """Optuna sampler over a study's admitted configs; see the module docstring."""
+
+    def __init__(
+        self, spec: StudySpec, seed: int | None = None, prior: Prior | None = None
+    ) -> None:
+        self._spec = spec
+        self._prior = prior or Prior()
+        self._random = RandomSampler(seed=seed)
+        self._rng = np.random.default_rng(seed)
+        self._space: dict[str, BaseDistribution] | None = None
+        self._configs: list[ParallelConfig] | None = None
+
+    # -- the candidates, computed once --------------------------------------------------------
+
+    def _candidates(self) -> list[ParallelConfig]:
+        if self._configs is None:
+            from tuner.study import distributions  # the study module imports this one
+
+            ranked = enumerate_space(self._spec).ranked()
+            self._configs = [c.config for c in ranked]
+            self._log_pred = np.log([c.time.step if c.time else 1.0 for c in ranked])
+            self._peak_gib = np.array([c.memory.peak / GIB for c in ranked])
+            self._features = Features(self._configs, self._prior)
+            self._x = np.array([self._features(c) for c in self._configs])
+            self._space = distributions(self._spec)
+            self._axes = expand_axes(self._spec)
+        return self._configs
+
+    # -- Optuna's sampler interface -------------------------------------------------------------
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        self._candidates()
+        assert self._space is not None
+        return dict(self._space)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if not search_space:
+            return {}
+        choice = self.choose(study.get_trials(deepcopy=False))
+        if choice is None:
+            return {}
+        from tuner.study import config_params
+
+        return config_params(choice, self._axes)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._random.before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._random.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._random.reseed_rng()
+
+    # -- the choice -----------------------------------------------------------------------------
+
+    def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
+        """The admitted config with the highest expected improvement, or None when all tried."""
+        configs = self._candidates()
+        from tuner.study import oom_dominates  # the study module imports this one
+
+        measured: dict[str, float] = {}
+        pending: set[str] = set()
+        tried: set[str] = set()
+        ooms: list[ParallelConfig] = []
+        ceiling = math.inf  # the smallest predicted peak that really ran out of memory
+        for t in trials:
+            key = t.user_attrs.get("key")
+            if key is None:
+                continue
+            outcome = t.user_attrs.get("outcome")
+            if t.state == TrialState.COMPLETE and t.value is not None:
+                measured.setdefault(str(key), float(t.value))
+            elif t.state == TrialState.RUNNING:
+                pending.add(str(key))
+            elif outcome in RETRYABLE:
+                continue  # will run again: still a candidate
+            if outcome == str(Outcome.OOM) and t.user_attrs.get("config"):
+                ooms.append(ParallelConfig(**t.user_attrs["config"]))
+                peak = t.user_attrs.get("predicted_peak_gib")
+                if peak is not None:
+                    ceiling = min(ceiling, float(peak))
+            tried.add(str(key))
+        keys = [c.key() for c in configs]
+        index = {k: i for i, k in enumerate(keys)}
+        open_ = [
+            i for i, c in enumerate(configs)
+            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms)
+        ]  # fmt: skip
+        if not open_:
+            return None
+        below = [i for i in open_ if self._peak_gib[i] < ceiling]
+        open_ = below or open_  # the memory model is optimistic here: avoid larger predictions
+        seen = [index[k] for k in measured if k in index]
+        if not seen:
+            return configs[open_[0]]  # the model's fastest admitted config
+        y = np.array([math.log(measured[keys[i]]) for i in seen]) - self._log_pred[seen]
+        x = self._x[seen]
+        post = fit(self._features.prior_precision, x, y, self._prior.noise)
+        believed = [index[k] for k in pending if k in index]
+        if believed:  # running configs count as measured at their posterior mean
+            mu_b, _ = post.predict(self._x[believed])
+            x = np.vstack([x, self._x[believed]])
+            y = np.concatenate([y, mu_b])
+            post = fit(self._features.prior_precision, x, y, self._prior.noise)
+        mu, sd = post.predict(self._x[open_])
+        mu = mu + self._log_pred[open_]
+        best = min(math.log(v) for v in measured.values())
+        ei = expected_improvement(mu, sd, best)
+        top = np.flatnonzero(ei >= ei.max() * (1 - 1e-9))
+        return configs[open_[int(self._rng.choice(top))]]
