@@ -14,7 +14,9 @@ Environment
 every rank at once: it prints rank 0's startup lines, the last rank's iteration lines and every
 data-parallel-rank-0 memory report. ``CUDA_DEVICE_MAX_CONNECTIONS=1`` is required when TP or CP
 > 1, as in Megatron. ``TUNER_STANDIN_TIME_SCALE`` (default 0.001: a 10 s step sleeps 10 ms)
-scales every sleep; the printed times are unscaled. ``TUNER_STANDIN_SURFACE`` selects the surface:
+scales every sleep; the printed times are unscaled. ``TUNER_STANDIN_NOISE_SEED`` (default empty)
+is mixed into the seed of each config's noise, so repeated studies can see different noise.
+``TUNER_STANDIN_SURFACE`` selects the surface:
 
 * a path to a JSON file (format below), or
 * ``module:function`` or ``path/to/file.py:function``: ``function(config: dict) -> dict`` returning
@@ -895,7 +897,8 @@ def misbehave(run: Run, behaviour: dict[str, Any], iteration: int) -> None:
 
 def noise_source(run: Run) -> Iterator[float]:
     """Deterministic multiplicative noise, seeded by the configuration key."""
-    rng = random.Random(int(hashlib.sha256(run.key.encode()).hexdigest()[:16], 16))
+    seed = run.key + os.environ.get("TUNER_STANDIN_NOISE_SEED", "")
+    rng = random.Random(int(hashlib.sha256(seed.encode()).hexdigest()[:16], 16))
     while True:
         yield 1.0 + rng.uniform(-run.surface.noise, run.surface.noise)
 
