@@ -142,6 +142,24 @@ def test_oom_surface_launches_nothing_predicted_to_oom(tmp_path: Path, sampler: 
     assert (launched.predicted_peak_gib <= 0.9 * 4.0).all()
 
 
+def test_grid_sampler_runs_the_whole_grid_then_stops(tmp_path: Path) -> None:
+    """Optuna's GridSampler stops the study when the grid is visited, which raises under
+    ask/tell; the loop must instead finish the grid and report the space exhausted."""
+    data = study_data(tmp_path, SURFACE, n_trials=10, sampler="grid")
+    data["space"].update(tp=[1, 2], pp=[1], micro_batch_size=[4], recompute=["none"],
+                         distributed_optimizer=[False])  # fmt: skip
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    assert "space exhausted" in summary.stop_reason
+    rows = leaderboard(spec, results=str(tmp_path / "results"))
+    # tp=1 (SP off), tp=2 with SP, tp=2 without: each measured once
+    assert sorted(zip(rows.tp, rows.sp, strict=True)) == [(1, False), (2, False), (2, True)]
+
+
 def test_oom_dominance() -> None:
     oom = ParallelConfig(tp=2, micro_batch_size=2, recompute="selective", global_batch_size=32)
     bigger = ParallelConfig(tp=2, micro_batch_size=4, recompute="none", global_batch_size=32)
@@ -196,6 +214,8 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     second = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
     out, _ = second.communicate(timeout=300)
     assert second.returncode == 0, out
+    space = enumerate_space(spec).counts()
+    assert f"space: {space['total']} configs; {space['invalid']} break a framework rule" in out
     after = leaderboard(spec, include_all=True, results=results)
     assert finished <= set(after[after.outcome == "ok"].trial)
     rerun_keys = {tuple(r) for r in interrupted[["tp", "pp", "micro_batch", "recompute"]].values}

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +144,17 @@ def open_storage(url: str | None, layout: ResultsLayout) -> optuna.storages.Base
         raise StudyError(f"cannot open storage {url!r}: {exc}") from None
 
 
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` once the grid is visited: that works
+    inside ``study.optimize`` only and raises under ask/tell. The loop checks exhaustion."""
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:  # fmt: skip
+        return None
+
+
 def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     """model (the default: :mod:`tuner.sampler`), tpe (multivariate, constant liar for parallel
     trials), gp, random or grid."""
@@ -160,7 +171,7 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
             for k, d in distributions(spec).items()
             if isinstance(d, CategoricalDistribution)
         }
-        return optuna.samplers.GridSampler(space, seed=s.seed)
+        return _GridSampler(space, seed=s.seed)
     if s.sampler == "gp":
         return optuna.samplers.GPSampler(seed=s.seed)
     with warnings.catch_warnings():  # group=True is experimental in Optuna
@@ -274,6 +285,8 @@ class StudyLoop:
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._consecutive_launch_errors = 0
         self._last_beat = float("-inf")
+        self.space_counts: dict[str, Any] = {}
+        """Counts over the whole space (``SpaceReport.counts``), set by :meth:`seed`."""
 
     # -- what the storage says ---------------------------------------------------------------
 
@@ -318,6 +331,7 @@ class StudyLoop:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials re-run
+        self.space_counts = enumerate_space(self.spec, with_time=False).counts()
         trials = self.trials()
         if not trials and self.spec.search.enqueue_top and self.spec.search.sampler != "model":
             ranked = enumerate_space(self.spec).ranked()[: self.spec.search.enqueue_top]
@@ -404,7 +418,12 @@ class StudyLoop:
     def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
         """Ask until a config that may run comes up; None when the space looks exhausted."""
         dists = distributions(self.spec)
+        sampler = self.study.sampler
         for _ in range(max_asks):
+            if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(
+                self.study
+            ):
+                return None
             with warnings.catch_warnings():  # heartbeats are recorded by self.heartbeat()
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 trial = self.study.ask(dists)
