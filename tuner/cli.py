@@ -272,10 +272,16 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
     report: SpaceReport = enumerate_space(spec)
-    k = spec.search.enqueue_top
     budget = n_trials or spec.search.n_trials
     ranked = report.ranked()
-    first = ranked[: max(k, 1)]
+    if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
+        groups = max(len(spec.node_names) // spec.nodes_per_trial, 1)
+        first = ranked[: min(groups, budget)]
+        then = ("then each measurement corrects the time model and the model sampler proposes "
+                "the config with the highest expected improvement")  # fmt: skip
+    else:
+        first = ranked[: max(spec.search.enqueue_top, 1)]
+        then = f"then the {spec.search.sampler} sampler proposes configs"
     if as_json:
         out = report.counts()
         out["launch_first"] = [_candidate_json(c) for c in first]
@@ -285,10 +291,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
     console = _console()
     console.print(_counts_table(spec, report.counts()))
     console.print(_top_table(f"would launch first (top {len(first)} predicted)", first))
-    console.print(
-        f"then the {spec.search.sampler} sampler proposes configs until {budget} runs; "
-        f"nothing was launched (--dry-run)."
-    )
+    console.print(f"{then} until {budget} runs; nothing was launched (--dry-run).")
     return 0
 
 

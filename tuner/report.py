@@ -87,6 +87,13 @@ class LiveProgress:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "none"
         out.print(f"stopped: {summary.stop_reason or 'done'}")
         out.print(f"this run: launched {summary.launched}; outcomes: {counts}")
+        space = loop.space_counts
+        if space:
+            out.print(
+                f"space: {space['total']} configs; {space['invalid']} break a framework rule and "
+                f"{space['predicted_oom']} are predicted to run out of memory (never launched); "
+                f"{space['viable']} fit (tune space --study {loop.spec.name})"
+            )
         if summary.best_step_s is not None:
             out.print(
                 f"best: trial {summary.best_trial}, {summary.best_step_s:.4f} s/step "
