@@ -104,6 +104,24 @@ def test_tuner_step_lines_from_two_ranks() -> None:
     assert metrics.peak_reserved_gib == pytest.approx(3.25)
 
 
+def test_tuner_step_memory_wins_over_deepspeeds_cpu_resident_memory() -> None:
+    """On CPU DeepSpeed's MaxMemAllocated is the process's resident memory (0.55 GB here) while
+    the workload's allocator peak is 0.12 GiB: the tuner-step figure is the one to report."""
+    text = "\n".join([
+        "tuner-step: iter=1 time_s=1.16 samples_per_s=6.9 max_allocated_gib=0.119541 "
+        "max_reserved_gib=0.283203 rank=0",
+        "[2026-11-30 03:15:50,619] [INFO] [timer.py:264:stop] epoch=0/micro_step=6/global_step=3,"
+        " RunningAvgSamplesPerSec=10.56, CurrSamplesPerSec=10.56, MemAllocated=0.55GB, "
+        "MaxMemAllocated=0.55GB",
+        "tuner-step: iter=2 time_s=0.88 samples_per_s=9.1 max_allocated_gib=0.119541 rank=0",
+    ])  # fmt: skip
+    metrics = parse_log(text)
+    assert metrics.peak_memory_gib == pytest.approx(0.119541)
+    assert metrics.peak_reserved_gib == pytest.approx(0.283203)
+    without = "\n".join(line for line in text.splitlines() if "tuner-step" not in line)
+    assert parse_log(without, global_batch_size=8).peak_memory_gib == pytest.approx(0.55)
+
+
 def test_tuner_step_without_optional_fields() -> None:
     text = "tuner-step: iter=1 time_s=0.5\ntuner-step: iter=2 time_s=0.25 extra=x\n"
     metrics = parse_log(text)

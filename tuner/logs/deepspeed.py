@@ -29,6 +29,11 @@ step time is the slowest rank's, memory the largest.
 Step time comes from the first source present: tuner-step lines, iteration lines, pipeline
 ``iter time (s)``, boundary timers (fwd + bwd + step, or ``train_batch``), and finally
 ``global_batch_size / samples per second`` when the caller knows the global batch size.
+
+Peak memory likewise: the ``tuner-step`` figures when present, which are the framework allocator's
+own peaks. Otherwise the largest of DeepSpeed's ``MaxMemAllocated=`` / ``see_memory_usage`` and
+Megatron's memory reports. On a CPU run DeepSpeed's figure is the process's resident memory
+(interpreter, libraries and all), several times what the model's tensors take.
 """
 
 from __future__ import annotations
@@ -78,7 +83,11 @@ class DeepSpeedScan:
     timers: list[Step] = dataclasses.field(default_factory=list)
     throughput: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     allocated_gib: list[float] = dataclasses.field(default_factory=list)
+    """DeepSpeed's own memory figures (``MaxMemAllocated=``, ``see_memory_usage``)."""
     reserved_gib: list[float] = dataclasses.field(default_factory=list)
+    tuner_allocated_gib: list[float] = dataclasses.field(default_factory=list)
+    """The ``tuner-step`` memory figures (the workload's allocator peaks): preferred."""
+    tuner_reserved_gib: list[float] = dataclasses.field(default_factory=list)
     megatron: megatron.MegatronScan = dataclasses.field(default_factory=megatron.MegatronScan)
 
     def feed(self, line: str) -> None:
@@ -86,8 +95,9 @@ class DeepSpeedScan:
         self.megatron.feed(line)
         self._tuner_step(line)
         if match := _PIPELINE.search(line):
-            step = Step(float(match.group(1)), float(match.group(2)), float(match.group(3)))
-            self.pipeline.append(step)
+            seconds, samples = lines.number(match.group(2)), lines.number(match.group(3))
+            if seconds is not None:  # a malformed number ("4.0e") is not a measurement
+                self.pipeline.append(Step(float(match.group(1)), seconds, samples))
         if match := _TIMERS.search(line):
             self._timers(line, match.end())
         if "SamplesPerSec=" in line:
@@ -117,8 +127,8 @@ class DeepSpeedScan:
                 samples = previous.samples_per_s
         self.tuner_steps[int(iteration)] = Step(iteration, time_s, samples)
         for key, bucket in (
-            ("max_allocated_gib", self.allocated_gib),
-            ("max_reserved_gib", self.reserved_gib),
+            ("max_allocated_gib", self.tuner_allocated_gib),
+            ("max_reserved_gib", self.tuner_reserved_gib),
         ):
             if (value := lines.number(values.get(key, ""))) is not None:
                 bucket.append(value)
@@ -222,10 +232,12 @@ def parse_deepspeed(
         tflops_includes_recompute=summary.tflops_includes_recompute,
         samples_per_s=summary.samples_per_s,
         peak_memory_gib=megatron.peak(
-            [*found.allocated_gib, *(m.max_allocated_gib for m in reports)]
+            found.tuner_allocated_gib
+            or [*found.allocated_gib, *(m.max_allocated_gib for m in reports)]
         ),
         peak_reserved_gib=megatron.peak(
-            [*found.reserved_gib, *(m.max_reserved_gib for m in reports)]
+            found.tuner_reserved_gib
+            or [*found.reserved_gib, *(m.max_reserved_gib for m in reports)]
         ),
         theoretical_memory_gib=found.megatron.theoretical_gib,
     )
