@@ -67,7 +67,8 @@ def leaderboard(
     study: StudySpec | str, *, include_all: bool = False, storage: str | None = None,
     results: str = "results",
 ) -> pd.DataFrame:  # fmt: skip
-    """Every measured config, fastest first (``include_all``: pruned and failed ones too).
+    """Every measured config, fastest first (``include_all``: running, pruned and failed ones
+    too, after the measured ones).
 
     Duplicates (a config asked again and answered from an earlier run) are never shown twice.
     """
@@ -75,7 +76,9 @@ def leaderboard(
     trials = load_optuna_study(spec, storage, results).get_trials(deepcopy=False)
     rows = []
     for t in trials:
-        if "duplicate_of" in t.user_attrs or t.state == TrialState.RUNNING:
+        if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
+            continue  # answered from another trial, or queued and never started
+        if t.state == TrialState.RUNNING and not include_all:
             continue
         ok = t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
         if ok or include_all:

@@ -411,6 +411,7 @@ class StudyLoop:
                 continue
             if t.state == TrialState.RUNNING or self.outcome_of(t) not in RETRYABLE:
                 trial.set_user_attr("reason", f"same config as trial {t.number}")
+                trial.set_user_attr("duplicate_of", t.number)  # not a trial of its own
                 self.study.tell(trial, state=TrialState.FAIL)
                 return True
         return False

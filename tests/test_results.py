@@ -1,0 +1,101 @@
+"""The leaderboard and the best-config export, over a real SQLite study written by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.errors import StudyError
+from tuner.layout import ResultsLayout
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.results import best_config, emit_best, leaderboard, megatron_args
+from tuner.space import expand_axes
+from tuner.spec import StudySpec, study_from_mapping
+from tuner.study import config_params, distributions, open_storage
+
+# ask/tell by hand, as the study loop does; the loop records heartbeats itself
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+
+SPEC = study_from_mapping({
+    "name": "board",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-80gb", "gpus_per_node": 8, "num_nodes": 1, "executor": "local"},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
+    "space": {"tp": [1, 2, 4], "micro_batch_size": [1, 2], "sequence_parallel": [True],
+              "distributed_optimizer": [True]},
+})  # fmt: skip
+
+
+def config(tp: int, mbs: int) -> ParallelConfig:
+    return ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=mbs, global_batch_size=64,
+                          sequence_parallel=tp > 1, distributed_optimizer=True)  # fmt: skip
+
+
+def record(study: optuna.Study, spec: StudySpec, c: ParallelConfig, outcome: Outcome | None,
+           step: float | None = None, **attrs: object) -> optuna.Trial:  # fmt: skip
+    """One trial as the loop leaves it; ``outcome`` None: still running."""
+    trial = study.ask(distributions(spec))
+    trial.set_user_attr("config", dataclasses.asdict(c))
+    trial.set_user_attr("key", c.key())
+    if outcome is None:
+        return trial
+    trial.set_user_attr("outcome", str(outcome))
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    if outcome == Outcome.OK and step is not None:
+        tokens = 64 * SPEC.model.seq_length / step
+        trial.set_user_attr("step_time_s", step)
+        trial.set_user_attr("tokens_per_s", tokens)
+        study.tell(trial, step)
+    else:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    return trial
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> str:
+    layout = ResultsLayout(tmp_path, SPEC.name)
+    study = optuna.create_study(study_name=SPEC.name, storage=open_storage(None, layout))
+    record(study, SPEC, config(2, 1), Outcome.OK, 3.0)
+    record(study, SPEC, config(4, 2), Outcome.OK, 2.0)
+    record(study, SPEC, config(1, 2), Outcome.OOM, reason="CUDA out of memory")
+    record(study, SPEC, config(2, 2), None)  # still running
+    dup = record(study, SPEC, config(4, 2), Outcome.OK, 2.0, duplicate_of=1)
+    assert dup.number == 4
+    study.enqueue_trial(config_params(config(1, 1), expand_axes(SPEC)))  # queued, never asked
+    return str(tmp_path)
+
+
+def test_leaderboard_is_measured_configs_fastest_first(results: str) -> None:
+    board = leaderboard(SPEC, results=results)
+    assert list(board.trial) == [1, 0]  # the duplicate of trial 1 is not shown again
+    assert list(board.tp) == [4, 2]
+    assert board.iloc[0].measured_step_s == pytest.approx(2.0)
+
+
+def test_all_adds_running_and_failed_but_never_queued_or_duplicate(results: str) -> None:
+    board = leaderboard(SPEC, include_all=True, results=results)
+    assert list(board.trial) == [1, 0, 2, 3]
+    assert list(board.outcome) == ["ok", "ok", "oom", "running"]
+    assert "waiting" not in set(board.outcome)
+    assert board.iloc[2].reason == "CUDA out of memory"
+
+
+def test_best_exports(results: str) -> None:
+    assert best_config(SPEC, results=results) == config(4, 2)
+    args = emit_best(SPEC, "args", results=results)
+    assert args.split() == megatron_args(SPEC, config(4, 2))
+    script = emit_best(SPEC, "script", results=results)
+    assert config(4, 2).key() in script
+    node0 = (Path(results) / "board" / "best" / "launch-node-0.sh").read_text()
+    assert "--tensor-model-parallel-size 4" in node0 and "/opt/megatron/pretrain_gpt.py" in node0
+    with pytest.raises(StudyError, match="no results"):
+        leaderboard(SPEC, results=str(Path(results) / "elsewhere"))
+    assert json.dumps(list(leaderboard(SPEC, results=results).columns))
