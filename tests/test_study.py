@@ -160,6 +160,21 @@ def test_grid_sampler_runs_the_whole_grid_then_stops(tmp_path: Path) -> None:
     assert sorted(zip(rows.tp, rows.sp, strict=True)) == [(1, False), (2, False), (2, True)]
 
 
+def test_three_launch_errors_stop_the_study_and_exit_1(tmp_path: Path) -> None:
+    data = study_data(tmp_path, SURFACE, n_trials=6)
+    del data["launch"]["megatron_path"]  # the template requires it: every launch fails
+    path = write_study(tmp_path, data)
+    run = tune("run", "--study", str(path), "--results", str(tmp_path / "results"), "--quiet",
+               cwd=tmp_path)  # fmt: skip
+    out, _ = run.communicate(timeout=120)
+    assert run.returncode == 1, out
+    assert "3 launch errors in a row" in out
+    rows = leaderboard(study_from_mapping(data), include_all=True,
+                       results=str(tmp_path / "results"))  # fmt: skip
+    assert list(rows.outcome) == ["launch_error"] * 3
+    assert rows.reason.str.contains("megatron_path").all()
+
+
 def test_oom_dominance() -> None:
     oom = ParallelConfig(tp=2, micro_batch_size=2, recompute="selective", global_batch_size=32)
     bigger = ParallelConfig(tp=2, micro_batch_size=4, recompute="none", global_batch_size=32)

@@ -216,7 +216,9 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     finally:
         loop.executor.close()
     progress.final(loop, summary)
-    return 130 if summary.stop_reason.startswith("interrupted") else 0
+    if summary.stop_reason.startswith("interrupted"):
+        return 130
+    return 1 if summary.failed else 0
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:

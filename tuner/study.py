@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 FINGERPRINT_ATTR = "tuner_spec_fingerprint"
 RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
 HEARTBEAT_S = 30  # running trials are marked alive this often; 4 missed beats fail them
+LAUNCH_ERRORS_STOP = "3 launch errors in a row: check the launch section (see the trial logs)"
 IMPROVEMENT = 0.01  # early stop: the best must improve by 1 % within search.early_stop_trials
 
 
@@ -225,6 +226,11 @@ class Summary:
     stop_reason: str = ""
     best_step_s: float | None = None
     best_trial: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The study stopped because trials cannot be launched: ``tune run`` exits 1."""
+        return self.stop_reason == LAUNCH_ERRORS_STOP
 
     def count(self, outcome: Outcome) -> None:
         """Add one trial with ``outcome``."""
@@ -544,7 +550,7 @@ class StudyLoop:
         if s.max_node_hours and self.node_hours(trials) >= s.max_node_hours:
             return f"node-hour budget of {s.max_node_hours} spent"
         if self._consecutive_launch_errors >= 3:
-            return "3 launch errors in a row: check the launch section (see the trial logs)"
+            return LAUNCH_ERRORS_STOP
         return self._early_stop(trials)
 
     def node_hours(self, trials: list[FrozenTrial]) -> float:
@@ -618,6 +624,8 @@ class StudyLoop:
                 self.launch(*picked, group)
                 self.summary.launched += 1
                 launched += 1
+                if self._consecutive_launch_errors >= 3:
+                    break  # a failed launch frees its nodes at once: don't burn the budget
         elif reason is not None:
             self.summary.stop_reason = reason
         elif self.pool.exhausted:
