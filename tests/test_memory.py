@@ -273,3 +273,29 @@ def test_peak_includes_documented_overheads_and_fits() -> None:
     assert set(d) >= {"weights", "grads", "optimizer", "activations", "peak_gib"}
     tiny = get_gpu("h100-sxm-80gb", memory_gib=8.0)
     assert not fits(m, tiny, 0.92)
+
+
+# Measured on the demo study's workload (workloads/gpt_deepspeed.py, L=4 h=256 a=4 ffn=1024
+# s=256 v=4096 untied, fp32, DeepSpeed 0.19.8 on 2 CPU ranks, dp=2 at pp=1): the largest
+# tuner-step max_allocated_gib of the run. (pp, micro-batch, ZeRO stage, recompute, GiB)
+DEMO_MEASURED = [
+    (1, 2, 3, "none", 0.1009), (1, 1, 0, "none", 0.0994), (2, 1, 0, "full", 0.0441),
+    (2, 1, 0, "none", 0.0558), (1, 1, 2, "none", 0.1002), (2, 2, 1, "none", 0.0815),
+    (2, 1, 1, "full", 0.0541), (1, 1, 3, "full", 0.0652), (1, 2, 2, "none", 0.1203),
+    (1, 2, 0, "none", 0.1194), (1, 1, 1, "none", 0.0895),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DEMO_MEASURED, ids=lambda c: f"pp{c[0]}-mbs{c[1]}-z{c[2]}-{c[3]}")
+def test_demo_deepspeed_runs_within_25_percent(case: tuple) -> None:
+    pp, mbs, zero, rc, measured = case
+    model = ModelSpec(num_layers=4, hidden_size=256, num_attention_heads=4, ffn_hidden_size=1024,
+                      seq_length=256, vocab_size=4096, tied_embeddings=False, dropout=False,
+                      flash_attention=True)  # fmt: skip
+    config = ParallelConfig(
+        pp=pp, dp=2 // pp, micro_batch_size=mbs, global_batch_size=8, zero_stage=zero,
+        recompute=rc, recompute_method="uniform" if rc == "full" else None,
+        recompute_num_layers=1 if rc == "full" else None,
+    )  # fmt: skip
+    peak = estimate_memory(model, config, get_gpu("cpu"), "deepspeed", "fp32").peak / GIB
+    assert peak == pytest.approx(measured, rel=0.25)

@@ -382,13 +382,19 @@ def _stage_breakdown(
     activations = held * saved + working
     extras = _stage_extras(model, c, stage, vocab, precision)
     fragmentation = FRAGMENTATION * (activations + extras)
+    buffers = _framework_buffers(model, c, framework, params)
+    if framework == "deepspeed" and c.zero_stage in (1, 2):
+        # ZeRO-1/2 reduce (and re-gather) gradients after the backward pass, when the
+        # activations are already freed: the buckets reuse that memory and only what exceeds it
+        # raises the peak (measured on the demo: ZeRO-1 peaks below ZeRO-0 at pp=1).
+        buffers = max(0.0, buffers - activations - extras)
     return MemoryBreakdown(
         weights=weights,
         grads=grads,
         optimizer=optimizer,
         activations=activations,
         stage_extras=extras,
-        framework_buffers=_framework_buffers(model, c, framework, params),
+        framework_buffers=buffers,
         comm_buffers=_comm_buffers(c, gpu),
         cuda_context=0.0 if gpu.name == "cpu" else CUDA_CONTEXT_BYTES,
         fragmentation=fragmentation,
