@@ -96,6 +96,10 @@ def test_best_exports(results: str) -> None:
     assert config(4, 2).key() in script
     node0 = (Path(results) / "board" / "best" / "launch-node-0.sh").read_text()
     assert "--tensor-model-parallel-size 4" in node0 and "/opt/megatron/pretrain_gpt.py" in node0
+    assert f"--train-iters {SPEC.launch.train_iters}" in node0
+    emit_best(SPEC, "script", results=results, train_iters=50_000)
+    node0 = (Path(results) / "board" / "best" / "launch-node-0.sh").read_text()
+    assert "--train-iters 50000" in node0
     with pytest.raises(StudyError, match="no results"):
         leaderboard(SPEC, results=str(Path(results) / "elsewhere"))
     assert json.dumps(list(leaderboard(SPEC, results=results).columns))

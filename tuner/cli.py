@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tuner.errors import TunerError
+from tuner.errors import ConfigError, TunerError
 from tuner.memory import estimate_memory, fits
 from tuner.parallel import validate
 from tuner.perf import estimate_time
@@ -268,7 +268,11 @@ def _cmd_best(args: argparse.Namespace) -> int:
     from tuner.results import emit_best
 
     spec = load_study(args.study)
-    sys.stdout.write(emit_best(spec, args.emit, storage=args.storage, results=args.results))
+    if args.train_iters is not None and args.train_iters <= 0:
+        raise ConfigError(f"--train-iters must be > 0, got {args.train_iters}")
+    text = emit_best(spec, args.emit, storage=args.storage, results=args.results,
+                     train_iters=args.train_iters)  # fmt: skip
+    sys.stdout.write(text)
     return 0
 
 
@@ -350,6 +354,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
     p.add_argument("--study", required=True)
     p.add_argument("--emit", choices=["script", "args", "ds-config"], default="script")
+    p.add_argument("--train-iters", type=int, default=None, metavar="N",
+                   help="iterations of the exported script (default: the study's)")  # fmt: skip
     p.add_argument("--storage", default=None)
     p.add_argument("--results", default="results")
     handlers["best"] = _cmd_best

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -134,10 +135,18 @@ def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
 
 
 def emit_best(
-    spec: StudySpec, what: str, storage: str | None = None, results: str = "results"
-) -> str:
-    """``script`` (a runnable launch script for a full run), ``args`` or ``ds-config``."""
+    spec: StudySpec, what: str, storage: str | None = None, results: str = "results",
+    train_iters: int | None = None,
+) -> str:  # fmt: skip
+    """``script`` (a runnable launch script for a full run), ``args`` or ``ds-config``.
+
+    ``train_iters`` replaces the study's (short) ``launch.train_iters`` in the script.
+    """
     config = best_config(spec, storage, results)
+    if train_iters is not None:
+        spec = dataclasses.replace(
+            spec, launch=dataclasses.replace(spec.launch, train_iters=train_iters)
+        )
     if what == "args":
         return " ".join(megatron_args(spec, config)) + "\n"
     if what == "ds-config":
@@ -161,7 +170,8 @@ def _best_script(spec: StudySpec, config: ParallelConfig, results: str) -> str:
     for name, content in rendered.files.items():
         (out / name).write_text(content)
     parts = ["#!/usr/bin/env bash", f"# Best config of study {spec.name}: {config.key()}",
-             "# Run on every node with NODE_RANK set (0 .. N-1); edit train_iters for a full run.",
+             f"# Run on every node with NODE_RANK set (0 .. N-1); {spec.launch.train_iters} "
+             "iterations (tune best --train-iters N to change).",
              'case "${NODE_RANK:?set NODE_RANK to this node\'s rank}" in']  # fmt: skip
     for rank, script in enumerate(rendered.scripts):
         (out / f"launch-node-{rank}.sh").write_text(script)
