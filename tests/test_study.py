@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.postgres import PostgresServer
+from tests.postgres import missing_reason as postgres_missing
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.results import emit_best, leaderboard
@@ -175,6 +178,41 @@ def test_three_launch_errors_stop_the_study_and_exit_1(tmp_path: Path) -> None:
     assert rows.reason.str.contains("megatron_path").all()
 
 
+def test_a_dead_workers_running_trial_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed mid-trial leaves its trial RUNNING; once its heartbeats are stale the next
+    worker fails it, counts it interrupted (not against the budget) and runs its config again."""
+    import tuner.study as study_module
+
+    monkeypatch.setattr(study_module, "HEARTBEAT_S", 1)  # grace period: 4 s
+    spec = study_from_mapping(study_data(tmp_path, SURFACE, n_trials=2))
+    results = str(tmp_path / "results")
+    dead = build_loop(spec, results=results)
+    dead.seed()
+    picked = dead.next_config()
+    assert picked is not None
+    trial, config = picked
+    trial.set_user_attr("launched", True)  # as launch() does, then the worker dies
+    dead.study._storage.record_heartbeat(trial._trial_id)
+    dead.executor.close()
+    time.sleep(4.5)
+    live = build_loop(spec, results=results)
+    try:
+        summary = live.run()
+    finally:
+        live.executor.close()
+    assert summary.launched == 2
+    rows = leaderboard(spec, include_all=True, results=results)
+    lost = rows[rows.trial == trial.number]
+    assert list(lost.outcome) == ["interrupted"]
+    ok = rows[rows.outcome == "ok"]
+    assert len(ok) == 2
+    again = ok[(ok.tp == config.tp) & (ok.micro_batch == config.micro_batch_size)
+               & (ok.recompute == config.recompute) & (ok.pp == config.pp)]  # fmt: skip
+    assert len(again) == 1
+
+
 def test_oom_dominance() -> None:
     oom = ParallelConfig(tp=2, micro_batch_size=2, recompute="selective", global_batch_size=32)
     bigger = ParallelConfig(tp=2, micro_batch_size=4, recompute="none", global_batch_size=32)
@@ -240,17 +278,37 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert standin_processes(tmp_path) == []
 
 
-def test_two_workers_never_run_one_config_twice(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    reason = postgres_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal", "postgresql"])
+def test_two_workers_never_run_one_config_twice(
+    tmp_path: Path, storage: str, request: pytest.FixtureRequest
+) -> None:
     data = study_data(tmp_path, SURFACE, n_trials=8, enqueue_top=4)
     path = write_study(tmp_path, data)
     results = str(tmp_path / "results")
-    first = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    flags = ["--results", results, "--quiet"]
+    if storage == "journal":
+        flags += ["--storage", str(tmp_path / "study.journal")]
+    elif storage == "postgresql":
+        server = request.getfixturevalue("postgres")
+        flags += ["--storage", server.create_database(f"e2e_{os.getpid()}")]
+    first = tune("run", "--study", str(path), *flags, cwd=tmp_path)
     time.sleep(1.0)  # the first worker creates the study; the second joins it
-    second = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
+    second = tune("run", "--study", str(path), *flags, cwd=tmp_path)
     for proc in (first, second):
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
-    rows = leaderboard(study_from_mapping(data), include_all=True, results=results)
+    store = flags[flags.index("--storage") + 1] if "--storage" in flags else None
+    rows = leaderboard(study_from_mapping(data), include_all=True, storage=store,
+                       results=results)  # fmt: skip
     ran = rows[rows.outcome == "ok"]
     cols = ["tp", "pp", "micro_batch", "recompute", "sp", "distributed_optimizer"]
     assert len(ran) >= 4

@@ -16,6 +16,7 @@ from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.spec import StudySpec, load_study
+from tuner.study import trial_outcome
 
 COLUMNS = [
     "trial", "outcome", "tp", "pp", "dp", "cp", "vp", "sp", "micro_batch", "grad_accum",
@@ -47,7 +48,7 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
         full = f"full/{c.recompute_method}/{c.recompute_num_layers}"
         rc = full if c.recompute == "full" else c.recompute
     return {
-        "trial": t.number, "outcome": a.get("outcome", t.state.name.lower()),
+        "trial": t.number, "outcome": str(trial_outcome(t) or t.state.name.lower()),
         "tp": c.tp if c else None, "pp": c.pp if c else None, "dp": c.dp if c else None,
         "cp": c.cp if c else None, "vp": c.vp if c else None,
         "sp": c.sequence_parallel if c else None, "micro_batch": c.micro_batch_size if c else None,

@@ -232,7 +232,7 @@ class ModelGuidedSampler(BaseSampler):
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config with the highest expected improvement, or None when all tried."""
         configs = self._candidates()
-        from tuner.study import oom_dominates  # the study module imports this one
+        from tuner.study import oom_dominates, trial_outcome  # the study module imports us
 
         measured: dict[str, float] = {}
         pending: set[str] = set()
@@ -243,7 +243,8 @@ class ModelGuidedSampler(BaseSampler):
             key = t.user_attrs.get("key")
             if key is None:
                 continue
-            outcome = t.user_attrs.get("outcome")
+            found = trial_outcome(t)
+            outcome = str(found) if found else None
             if t.state == TrialState.COMPLETE and t.value is not None:
                 measured.setdefault(str(key), float(t.value))
             elif t.state == TrialState.RUNNING:

@@ -117,7 +117,8 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
 def open_storage(url: str | None, layout: ResultsLayout) -> optuna.storages.BaseStorage:
     """SQLite under results/ by default; an RDB URL; or a journal file (``*.log``/``journal:``).
 
-    RDB storages get heartbeats, so the trials of a worker that died are failed and retried.
+    RDB storages get heartbeats: the running trials of a worker that died are failed when the
+    next worker starts, which re-runs them as interrupted (:meth:`StudyLoop.seed`).
     """
     if url is None:
         layout.study_dir.mkdir(parents=True, exist_ok=True)
@@ -134,9 +135,6 @@ def open_storage(url: str | None, layout: ResultsLayout) -> optuna.storages.Base
                 url,
                 heartbeat_interval=HEARTBEAT_S,
                 grace_period=4 * HEARTBEAT_S,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=2
-                ),
                 engine_kwargs={"connect_args": {"timeout": 60}}
                 if url.startswith("sqlite")
                 else {},
@@ -237,6 +235,17 @@ class Summary:
         self.outcomes[str(outcome)] = self.outcomes.get(str(outcome), 0) + 1
 
 
+def trial_outcome(t: FrozenTrial) -> Outcome | None:
+    """A trial's recorded outcome, if any. A launched trial failed without one lost its worker
+    (heartbeats stopped: the storage failed it), so it counts as interrupted and runs again."""
+    value = t.user_attrs.get("outcome")
+    if value:
+        return Outcome(value)
+    if t.state == TrialState.FAIL and t.user_attrs.get("launched"):
+        return Outcome.INTERRUPTED
+    return None
+
+
 def oom_dominates(oom: ParallelConfig, other: ParallelConfig) -> bool:
     """Whether ``other`` needs at least as much memory as ``oom`` (same split, a micro-batch at
     least as large, no more recomputation)."""
@@ -291,6 +300,7 @@ class StudyLoop:
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self._consecutive_launch_errors = 0
         self._last_beat = float("-inf")
+        self._last_recover = clock()
         self.space_counts: dict[str, Any] = {}
         """Counts over the whole space (``SpaceReport.counts``), set by :meth:`seed`."""
 
@@ -302,9 +312,8 @@ class StudyLoop:
 
     @staticmethod
     def outcome_of(t: FrozenTrial) -> Outcome | None:
-        """A trial's recorded outcome, if any."""
-        value = t.user_attrs.get("outcome")
-        return Outcome(value) if value else None
+        """A trial's recorded outcome, if any (see :func:`trial_outcome`)."""
+        return trial_outcome(t)
 
     def launched_count(self, trials: list[FrozenTrial]) -> int:
         """Runs that count against n_trials: launched and not to be re-run."""
@@ -333,29 +342,39 @@ class StudyLoop:
 
     def seed(self) -> None:
         """Enqueue the top predicted configs on a new study, and re-runs of interrupted trials."""
-        if hasattr(self.study._storage, "record_heartbeat"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                optuna.storages.fail_stale_trials(self.study)  # a dead worker's trials re-run
         self.space_counts = enumerate_space(self.spec, with_time=False).counts()
-        trials = self.trials()
-        if not trials and self.spec.search.enqueue_top and self.spec.search.sampler != "model":
+        if (
+            not self.trials()
+            and self.spec.search.enqueue_top
+            and self.spec.search.sampler != "model"
+        ):
             ranked = enumerate_space(self.spec).ranked()[: self.spec.search.enqueue_top]
             for cand in ranked:
                 params = config_params(cand.config, expand_axes(self.spec))
                 self.study.enqueue_trial(params, skip_if_exists=True)
             logger.info("enqueued the %d fastest predicted configs", len(ranked))
+        self.recover()
+
+    def recover(self) -> None:
+        """Fail the running trials of dead workers (their heartbeats stopped), then queue every
+        interrupted or node-error trial once to run again."""
+        self._last_recover = self.clock()
+        if hasattr(self.study._storage, "record_heartbeat"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
         requeued = set(self.study.user_attrs.get("requeued", []))
         again = [
-            t for t in trials
+            t for t in self.trials()
             if self.outcome_of(t) in RETRYABLE and t.number not in requeued and t.params
+            and t.state.is_finished()
         ]  # fmt: skip
         for t in again:
             self.study.enqueue_trial(t.params)
             requeued.add(t.number)
         if again:
             self.study.set_user_attr("requeued", sorted(requeued))
-            logger.info("re-running %d interrupted or node-error trials", len(again))
+            logger.info("re-running %d interrupted, lost or node-error trials", len(again))
 
     # -- choosing the next config ----------------------------------------------------------------
 
@@ -506,7 +525,7 @@ class StudyLoop:
         if node_errors:
             reason = "; ".join(f"{h}: {r}" for h, r in node_errors)
             self._finish(run.trial, Outcome.NODE_ERROR, reason, result.duration_s)
-            self.study.enqueue_trial(run.trial.params)  # retried on other nodes
+            self.recover()  # retried on other nodes
             return
         if result.cancelled:
             self._finish(run.trial, Outcome.INTERRUPTED, "the study was stopped",
@@ -607,6 +626,8 @@ class StudyLoop:
         """One pass: record finished jobs, start new ones. False when the loop is over."""
         self.reap()
         self.heartbeat()
+        if self.clock() - self._last_recover >= HEARTBEAT_S:
+            self.recover()  # another worker may have died since
         trials = self.trials()
         reason = self.budget_reason(trials)
         if self.stop_requested:
