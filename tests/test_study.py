@@ -178,39 +178,47 @@ def test_three_launch_errors_stop_the_study_and_exit_1(tmp_path: Path) -> None:
     assert rows.reason.str.contains("megatron_path").all()
 
 
-def test_a_dead_workers_running_trial_runs_again(
+def test_a_dead_workers_trials_are_cleaned_up_and_run_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A worker killed mid-trial leaves its trial RUNNING; once its heartbeats are stale the next
-    worker fails it, counts it interrupted (not against the budget) and runs its config again."""
+    """A worker that dies mid-trial leaves its trials RUNNING and their processes running. Once
+    its heartbeats are stale the next worker fails those trials, ends their processes on their
+    nodes, counts them interrupted (not against the budget) and runs their configs again."""
     import tuner.study as study_module
 
     monkeypatch.setattr(study_module, "HEARTBEAT_S", 1)  # grace period: 4 s
-    spec = study_from_mapping(study_data(tmp_path, SURFACE, n_trials=2))
+    data = study_data(tmp_path, SURFACE, n_trials=2)
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "10"  # a minute per trial
+    spec = study_from_mapping(data)
     results = str(tmp_path / "results")
     dead = build_loop(spec, results=results)
     dead.seed()
-    picked = dead.next_config()
-    assert picked is not None
-    trial, config = picked
-    trial.set_user_attr("launched", True)  # as launch() does, then the worker dies
-    dead.study._storage.record_heartbeat(trial._trial_id)
-    dead.executor.close()
+    dead.step()  # launches one trial per node
+    lost = {n: run.config for n, run in dead.running.items()}
+    assert len(lost) == 2
+    dead.heartbeat()  # its last sign of life; then it "dies" without cleaning up
+    deadline = time.monotonic() + 60
+    while len(standin_processes(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert standin_processes(tmp_path), "the dead worker's trials never started"
     time.sleep(4.5)
-    live = build_loop(spec, results=results)
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "0.0001"
+    live = build_loop(study_from_mapping(data), results=results, force=True)
     try:
+        live.seed()
+        assert standin_processes(tmp_path) == []  # cleaned up before anything else runs
         summary = live.run()
     finally:
         live.executor.close()
+        for run in dead.running.values():
+            run.job.cancel()
+        dead.executor.close()
     assert summary.launched == 2
     rows = leaderboard(spec, include_all=True, results=results)
-    lost = rows[rows.trial == trial.number]
-    assert list(lost.outcome) == ["interrupted"]
+    assert list(rows[rows.trial.isin(list(lost))].outcome) == ["interrupted", "interrupted"]
     ok = rows[rows.outcome == "ok"]
-    assert len(ok) == 2
-    again = ok[(ok.tp == config.tp) & (ok.micro_batch == config.micro_batch_size)
-               & (ok.recompute == config.recompute) & (ok.pp == config.pp)]  # fmt: skip
-    assert len(again) == 1
+    measured = {(r.tp, r.pp, r.micro_batch, r.recompute) for r in ok.itertuples()}
+    assert {(c.tp, c.pp, c.micro_batch_size, c.recompute) for c in lost.values()} == measured
 
 
 def test_oom_dominance() -> None:

@@ -370,11 +370,36 @@ class StudyLoop:
             and t.state.is_finished()
         ]  # fmt: skip
         for t in again:
+            if "outcome" not in t.user_attrs and t.user_attrs.get("token"):
+                self._reap_lost(t)  # its worker died: its processes may still run
+        for t in again:
             self.study.enqueue_trial(t.params)
             requeued.add(t.number)
         if again:
             self.study.set_user_attr("requeued", sorted(requeued))
             logger.info("re-running %d interrupted, lost or node-error trials", len(again))
+
+    def _reap_lost(self, t: FrozenTrial) -> None:
+        """End the processes a dead worker's trial left on its nodes."""
+        from tuner.launch import LaunchRequest
+
+        hosts = tuple(t.user_attrs.get("hosts", ()))
+        if not hosts:
+            return
+        request = LaunchRequest(
+            trial=t.number, hosts=hosts, scripts=("",) * len(hosts),
+            paths=self.layout.trial(t.number), node_dir=t.user_attrs.get("node_dir"),
+        )  # fmt: skip
+        try:
+            survivors = self.executor.reap_lost(request, str(t.user_attrs["token"]))
+        except Exception as exc:  # an unreachable node must not stop the study
+            logger.error("trial %d of a dead worker: %s", t.number, exc)
+            return
+        if survivors:
+            logger.error("trial %d of a dead worker: processes survive: %s", t.number,
+                         "; ".join(survivors))  # fmt: skip
+        else:
+            logger.info("trial %d of a dead worker: its processes are gone", t.number)
 
     # -- choosing the next config ----------------------------------------------------------------
 
@@ -479,6 +504,9 @@ class StudyLoop:
             master = self.executor.master_addr(group.hosts)
             request = self.launcher(self.spec, config, trial.number, group, paths, master)
             job = self.executor.submit(request)
+            trial.set_user_attr("token", job.token)  # lets another worker clean up if we die
+            if request.node_dir is not None:
+                trial.set_user_attr("node_dir", str(request.node_dir))
         except Exception as exc:  # a template or file error must not stop the study
             logger.error("trial %d could not be launched: %s", trial.number, exc)
             self.pool.release(group)

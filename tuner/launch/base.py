@@ -225,6 +225,24 @@ class Executor(abc.ABC):
         job._start()
         return job
 
+    def reap_lost(self, request: LaunchRequest, token: str) -> list[str]:
+        """End every process of a trial whose :class:`Job` is gone (its tuner process died), on
+        every node of ``request`` (its scripts are not used). Returns the survivors as
+        ``"host: pid stat args"``; raises :class:`LaunchError` naming unreachable nodes."""
+        found = self._fanout(
+            lambda k: self._reap_node(request, k, token, self.grace_s), range(len(request.hosts))
+        )
+        survivors: list[str] = []
+        unreachable: list[str] = []
+        for host, lines in zip(request.hosts, found, strict=True):
+            if isinstance(lines, BaseException):
+                unreachable.append(f"{host}: {lines}")
+            else:
+                survivors.extend(f"{host}: {line}" for line in lines)
+        if unreachable:
+            raise LaunchError(f"trial {request.trial}: cannot clean up {'; '.join(unreachable)}")
+        return survivors
+
     def master_addr(self, hosts: Sequence[str]) -> str:
         """The address other nodes use to reach ``hosts[0]`` (the rendezvous host)."""
         return hosts[0]
