@@ -165,3 +165,15 @@ def test_features_encode_each_knob_value_and_size_trends() -> None:
     # one value per searched knob, one per pair of searched knobs
     n = len(f.searched)
     assert int(x[1 + len(f.trends) :].sum()) == n + n * (n - 1) // 2
+
+
+def test_samplers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.errors import StudyError
+    from tuner.study import make_sampler
+
+    assert isinstance(make_sampler(spec()), ModelGuidedSampler)
+    assert isinstance(make_sampler(spec(sampler="tpe")), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler(spec(sampler="grid")), optuna.samplers.GridSampler)
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # a login node without torch
+    with pytest.raises(StudyError, match="'gp' needs torch"):
+        make_sampler(spec(sampler="gp"))

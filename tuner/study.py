@@ -172,6 +172,13 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         }
         return _GridSampler(space, seed=s.seed)
     if s.sampler == "gp":
+        try:
+            import torch  # noqa: F401  # Optuna's GP sampler runs on torch
+        except ImportError:
+            raise StudyError(
+                "search.sampler 'gp' needs torch (pip install torch, or the 'train' extra); "
+                "the default 'model' sampler does not"
+            ) from None
         return optuna.samplers.GPSampler(seed=s.seed)
     with warnings.catch_warnings():  # group=True is experimental in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
