@@ -509,7 +509,9 @@ class StudyLoop:
         trial.set_user_attr("worker", self.worker)
         try:
             master = self.executor.master_addr(group.hosts)
-            request = self.launcher(self.spec, config, trial.number, group, paths, master)
+            port = self.executor.master_port(group.hosts, group.master_port)
+            placed = dataclasses.replace(group, master_port=port)
+            request = self.launcher(self.spec, config, trial.number, placed, paths, master)
             job = self.executor.submit(request)
             trial.set_user_attr("token", job.token)  # lets another worker clean up if we die
             if request.node_dir is not None:

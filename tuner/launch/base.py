@@ -247,6 +247,11 @@ class Executor(abc.ABC):
         """The address other nodes use to reach ``hosts[0]`` (the rendezvous host)."""
         return hosts[0]
 
+    def master_port(self, hosts: Sequence[str], preferred: int) -> int:
+        """The rendezvous port for a trial on ``hosts``: ``preferred`` (the node pool keeps the
+        groups of one worker apart; the nodes' ports are not visible from here)."""
+        return preferred
+
     def close(self) -> None:
         """Release connections and threads. Jobs must be finished first."""
         self._threads.shutdown(wait=False, cancel_futures=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,15 @@ class LocalExecutor(Executor):
 
     def master_addr(self, hosts: Sequence[str]) -> str:
         return "127.0.0.1"
+
+    def master_port(self, hosts: Sequence[str], preferred: int) -> int:
+        """A port free on this machine right now: other studies, tests or jobs here may hold
+        the pool's fixed ports (two workers of one study on one machine would collide)."""
+        if _bindable(preferred):
+            return preferred
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
 
     def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
         # Executor.submit already wrote the files into paths.dir; copy them only when the "node"
@@ -94,3 +104,13 @@ class LocalExecutor(Executor):
         if done.returncode != 0:
             raise LaunchError(f"process reaper exited {done.returncode}: {done.stderr.strip()}")
         return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def _bindable(port: int) -> bool:
+    """Whether a TCP listener could take ``port`` on loopback now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
