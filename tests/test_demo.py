@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -54,6 +55,9 @@ def test_demo_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (ok["pp"] == 2).any(), "no pipeline run"
     pruned = board[board["outcome"] == "pruned_memory"]
     assert len(pruned) >= 1 and (pruned["micro_batch"] == 4).all(), board.to_string()
+    for reason in pruned["reason"]:  # readable at 0.1 GiB scale: "0.134 GiB > 0.11 GiB"
+        peak, limit = map(float, re.findall(r"([0-9.]+) GiB", reason))
+        assert peak > limit, reason
     assert not board[board["outcome"] == "invalid"]["zero_stage"].isin([0, 1]).any()
 
     ds = json.loads(emit_best(spec, "ds-config", results=str(results)))

@@ -433,7 +433,7 @@ class StudyLoop:
         trial.set_user_attr("predicted_mfu", predicted.mfu)
         if not fits(memory, self.gpu, spec.search.memory_headroom):
             limit = spec.search.memory_headroom * self.gpu.memory_gib
-            reason = f"predicted peak {memory.peak / GIB:.1f} GiB > {limit:.1f} GiB"
+            reason = f"predicted peak {memory.peak / GIB:.3g} GiB > {limit:.3g} GiB"
             self._prune(trial, Outcome.PRUNED_MEMORY, reason)
             return False
         return self._screen_history(trial, config)
