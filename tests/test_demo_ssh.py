@@ -22,31 +22,15 @@ DEMO_SSH = REPO / "tuner" / "studies" / "demo-ssh.yaml"
 if str(REPO) not in sys.path:  # tools/ is not part of the installed package
     sys.path.insert(0, str(REPO))
 
+from tests.procs import live_processes  # noqa: E402
 from tools.loopback_sshd import LoopbackCluster, sshd_missing_reason  # noqa: E402
 
 
 def trial_processes(needle: Path) -> list[str]:
-    """Live (non-zombie) processes whose command line or working directory is under ``needle``.
-
-    Every process of a trial has one or the other: the node script runs in the trial directory,
-    and torchrun and its workers carry the trial's ds_config path. Read from ``/proc``, so no
-    ``ps`` column width can truncate a match away.
-    """
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = (
-                (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            )
-            cwd = str((entry / "cwd").readlink())
-        except (OSError, IndexError):
-            continue  # exited while we looked
-        if state != "Z" and (str(needle) in cmdline or cwd.startswith(str(needle))):
-            found.append(f"{entry.name} {cmdline}")
-    return found
+    """Live processes whose command line or working directory is under ``needle``: every
+    process of a trial has one or the other (the node script runs in the trial directory,
+    torchrun and its workers carry the trial's ds_config path)."""
+    return live_processes(lambda p: str(needle) in p.cmdline or p.cwd.startswith(str(needle)))
 
 
 @pytest.mark.slow

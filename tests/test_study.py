@@ -17,6 +17,7 @@ import yaml
 
 from tests.postgres import PostgresServer
 from tests.postgres import missing_reason as postgres_missing
+from tests.procs import live_processes
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.results import emit_best, leaderboard
@@ -72,25 +73,10 @@ def write_study(tmp: Path, data: dict[str, Any]) -> Path:
 
 
 def standin_processes(tmp: Path) -> list[str]:
-    """Live (non-zombie) stand-in processes launched by the study under ``tmp``.
-
-    Matched on the environment the template exports (the surface file is unique to each test),
-    read from ``/proc`` so no ``ps`` column width can truncate the match away.
-    """
-    needle = f"TUNER_STANDIN_SURFACE={tmp / 'surface.json'}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, IndexError):
-            continue  # exited while we looked, or not ours to read
-        if state != "Z" and needle in environ and b"pretrain_gpt.py" in cmdline:
-            found.append(f"{entry.name} {cmdline.decode(errors='replace')}")
-    return found
+    """Live stand-in processes launched by the study under ``tmp``: matched on the environment
+    the template exports (the surface file is unique to each test)."""
+    needle = f"TUNER_STANDIN_SURFACE={tmp / 'surface.json'}"
+    return live_processes(lambda p: needle in p.environ and "pretrain_gpt.py" in p.cmdline)
 
 
 def test_finds_the_known_optimum(tmp_path: Path) -> None:
