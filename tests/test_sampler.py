@@ -177,3 +177,37 @@ def test_samplers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "torch", None)  # a login node without torch
     with pytest.raises(StudyError, match="'gp' needs torch"):
         make_sampler(spec(sampler="gp"))
+
+
+def test_measured_peaks_correct_the_memory_model() -> None:
+    """On this machine runs without recomputation need 1.8x the predicted memory: once one such
+    run reports its peak, configs whose corrected peak is over the limit wait until last."""
+    s = spec()
+    limit = s.search.memory_headroom * 80.0
+    viable = {c.config.key(): c for c in enumerate_space(s).viable}
+
+    def risky(c: ParallelConfig) -> bool:  # would really OOM
+        return c.recompute == "none" and viable[c.key()].memory.peak / GIB * 1.8 > limit
+
+    def proposals(with_measurement: bool) -> list[ParallelConfig]:
+        study = optuna.create_study(sampler=ModelGuidedSampler(s))
+        first = next(c.config for c in enumerate_space(s).ranked() if c.config.recompute == "none")
+        if with_measurement:
+            trial = study.ask(distributions(s))
+            trial.set_user_attr("key", first.key())
+            trial.set_user_attr("config", dataclasses.asdict(first))
+            trial.set_user_attr("outcome", str(Outcome.OK))
+            predicted = viable[first.key()].memory.allocated / GIB
+            trial.set_user_attr("predicted_allocated_gib", predicted)
+            trial.set_user_attr("peak_memory_gib", 1.8 * predicted)
+            study.tell(trial, 1.0)
+        out = []
+        for _ in range(8):
+            trial, config = ask(study, s)
+            trial.set_user_attr("outcome", str(Outcome.OK))
+            study.tell(trial, 1.0)
+            out.append(config)
+        return out
+
+    assert any(risky(c) for c in proposals(with_measurement=False)), "the test needs risky picks"
+    assert not any(risky(c) for c in proposals(with_measurement=True))

@@ -18,9 +18,11 @@ by tens of percent on one knob.
 
 Each proposal maximises expected improvement (over the best measured log step time) among the
 admitted configs not yet measured, running, pruned, failed or needing at least the memory of a
-config that ran out of memory. A real OOM also shows the memory model is optimistic on this
-machine: configs predicted to need at least as much as one that ran out are tried only when
-nothing else is left. Configs still running count as measured at their posterior mean
+config that ran out of memory. Memory gets the same treatment as time: the log of measured over
+predicted peak memory is regressed on the same features, fed by every run that reported its peak
+and by every real OOM (which needed at least the usable memory). A config whose corrected peak is
+over the limit, or that is predicted to need at least as much as one that ran out, is tried only
+when nothing else is left. Configs still running count as measured at their posterior mean
 ("kriging believer"), so parallel workers spread out. With nothing measured yet the proposal is
 the model's fastest config. When every admitted config has been tried, it proposes nothing and
 Optuna's random sampling takes over (the study loop then finds the space exhausted).
@@ -43,7 +45,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.memory import GIB
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
-from tuner.space import enumerate_space, expand_axes
+from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
@@ -80,6 +82,10 @@ class Prior:
     """The joint effect of two knob values beyond their separate effects."""
     noise: float = 0.03
     """Run-to-run noise of a measured step time."""
+    memory_scale: float = 1.0
+    """Prior scale of the memory correction, relative to the time correction's."""
+    memory_noise: float = 0.05
+    """Noise of a measured peak (allocator rounding, fragmentation)."""
 
 
 class Features:
@@ -176,6 +182,10 @@ class ModelGuidedSampler(BaseSampler):
             self._configs = [c.config for c in ranked]
             self._log_pred = np.log([c.time.step if c.time else 1.0 for c in ranked])
             self._peak_gib = np.array([c.memory.peak / GIB for c in ranked])
+            self._alloc_gib = np.array([c.memory.allocated / GIB for c in ranked])
+            gpu = study_gpu(self._spec)
+            self._gpu_gib = gpu.memory_gib
+            self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
             self._features = Features(self._configs, self._prior)
             self._x = np.array([self._features(c) for c in self._configs])
             self._space = distributions(self._spec)
@@ -229,6 +239,29 @@ class ModelGuidedSampler(BaseSampler):
 
     # -- the choice -----------------------------------------------------------------------------
 
+    def _fitting(
+        self, open_: list[int], memory: dict[str, float], index: dict[str, int],
+        oom_keys: set[str],
+    ) -> list[int]:  # fmt: skip
+        """The candidates whose peak, corrected by the memory measured so far, fits."""
+        seen = [(index[k], y) for k, y in memory.items() if k in index]
+        if not seen:
+            return open_
+        x = self._x[[i for i, _ in seen]]
+        y = np.array([v for _, v in seen])
+        bound = np.array([k in oom_keys for k in memory if k in index])
+        precision = self._features.prior_precision / self._prior.memory_scale**2
+        post = fit(precision, x, y, self._prior.memory_noise)
+        for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
+            if not bound.any():
+                break
+            mu_seen, sd_seen = post.predict(x)
+            y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
+            post = fit(precision, x, y, self._prior.memory_noise)
+        mu, _ = post.predict(self._x[open_])
+        corrected = self._peak_gib[open_] * np.exp(mu)
+        return [i for i, peak in zip(open_, corrected, strict=True) if peak <= self._limit_gib]
+
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config with the highest expected improvement, or None when all tried."""
         configs = self._candidates()
@@ -239,6 +272,7 @@ class ModelGuidedSampler(BaseSampler):
         tried: set[str] = set()
         ooms: list[ParallelConfig] = []
         ceiling = math.inf  # the smallest predicted peak that really ran out of memory
+        memory: dict[str, float] = {}  # key -> log(measured / predicted) memory
         for t in trials:
             key = t.user_attrs.get("key")
             if key is None:
@@ -256,6 +290,11 @@ class ModelGuidedSampler(BaseSampler):
                 peak = t.user_attrs.get("predicted_peak_gib")
                 if peak is not None:
                     ceiling = min(ceiling, float(peak))
+                    memory[str(key)] = math.log(self._gpu_gib / float(peak))  # at least
+            measured_gib = t.user_attrs.get("peak_memory_gib")
+            predicted_gib = t.user_attrs.get("predicted_allocated_gib")
+            if outcome == str(Outcome.OK) and measured_gib and predicted_gib:
+                memory[str(key)] = math.log(float(measured_gib) / float(predicted_gib))
             tried.add(str(key))
         keys = [c.key() for c in configs]
         index = {k: i for i, k in enumerate(keys)}
@@ -265,8 +304,9 @@ class ModelGuidedSampler(BaseSampler):
         ]  # fmt: skip
         if not open_:
             return None
-        below = [i for i in open_ if self._peak_gib[i] < ceiling]
-        open_ = below or open_  # the memory model is optimistic here: avoid larger predictions
+        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms})
+        below = [i for i in fitting if self._peak_gib[i] < ceiling]
+        open_ = below or fitting or open_  # likely OOMs only when nothing else is left
         seen = [index[k] for k in measured if k in index]
         if not seen:
             return configs[open_[0]]  # the model's fastest admitted config
