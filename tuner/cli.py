@@ -144,6 +144,11 @@ def _short(c: Candidate) -> str:
     return " ".join(parts)
 
 
+def _gib(value: float) -> str:
+    """GiB with one decimal, or three significant digits below 10 (a CPU demo's 0.106)."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
 def _top_table(title: str, top: list[Candidate]) -> Table:
     table = Table(title=title)
     for col in ("#", "config", "step s", "tok/s/GPU", "MFU", "peak GiB", "bubble", "tp comm",
@@ -157,7 +162,7 @@ def _top_table(title: str, top: list[Candidate]) -> Table:
         assert t is not None
         table.add_row(
             str(i), _short(c), f"{t.step:.3f}", f"{t.tokens_per_s_per_gpu:,.0f}", f"{t.mfu:.1%}",
-            f"{c.memory.peak / 2**30:.1f}", f"{t.pp_bubble:.3f}", f"{t.tp_comm:.3f}",
+            _gib(c.memory.peak / 2**30), f"{t.pp_bubble:.3f}", f"{t.tp_comm:.3f}",
             f"{t.dp_comm:.3f}",
         )  # fmt: skip
     return table
