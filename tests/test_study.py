@@ -263,6 +263,7 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert second.returncode == 0, out
     space = enumerate_space(spec).counts()
     assert f"space: {space['total']} configs; {space['invalid']} break a framework rule" in out
+    assert "measured / predicted step time: median" in out
     after = leaderboard(spec, include_all=True, results=results)
     assert finished <= set(after[after.outcome == "ok"].trial)
     rerun_keys = {tuple(r) for r in interrupted[["tp", "pp", "micro_batch", "recompute"]].values}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -12,6 +14,8 @@ from rich.live import Live
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from tuner.study import StudyLoop, Summary
 
 logger = logging.getLogger(__name__)
@@ -94,8 +98,24 @@ class LiveProgress:
                 f"{space['predicted_oom']} are predicted to run out of memory (never launched); "
                 f"{space['viable']} fit (tune space --study {loop.spec.name})"
             )
+        ratios = model_ratios(loop.measured(loop.trials()).values())
+        if ratios:
+            out.print(
+                f"measured / predicted step time: median {statistics.median(ratios):.2f} "
+                f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} configs)"
+            )
         if summary.best_step_s is not None:
             out.print(
                 f"best: trial {summary.best_trial}, {summary.best_step_s:.4f} s/step "
                 f"(tune leaderboard --study {loop.spec.name})"
             )
+
+
+def model_ratios(trials: Iterable[FrozenTrial]) -> list[float]:
+    """measured / predicted step time of each measured trial: how far to trust the time model."""
+    out = []
+    for t in trials:
+        predicted = t.user_attrs.get("predicted_step_s")
+        if t.value is not None and predicted:
+            out.append(float(t.value) / float(predicted))
+    return out
