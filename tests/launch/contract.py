@@ -134,6 +134,19 @@ class ExecutorContract:
         assert result.survivors == ()
         assert live_processes(marker) == []
 
+    def test_reap_lost_ends_a_trial_known_only_by_its_token(
+        self, executor: Executor, layout: ResultsLayout
+    ) -> None:
+        """What a worker does for a dead worker's trial: no Job, only hosts, paths and token."""
+        marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
+        script = f"echo up; (exec -a {marker} sleep 3004)\n"
+        job = executor.submit(self.request(layout, 5, [script, script]))
+        wait_for(lambda: len(live_processes(marker)) == 2, what="both sleeps")
+        lost = self.request(layout, 5, ["", ""])  # rebuilt from what the trial recorded
+        assert executor.reap_lost(lost, job.token) == []
+        assert live_processes(marker) == []
+        job.wait(timeout=60)
+
     def test_time_limit_kills_the_trial(self, layout: ResultsLayout) -> None:
         clock = FakeClock()
         ex = _tracking(self.make_executor(clock=clock, grace_s=2.0))
