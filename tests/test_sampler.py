@@ -104,7 +104,7 @@ def test_running_trials_are_not_proposed_again() -> None:
     assert len(keys) == 5
 
 
-def test_a_real_oom_steers_away_from_configs_predicted_to_need_as_much() -> None:
+def test_a_real_oom_steers_away_from_configs_like_it() -> None:
     s = spec()
     viable = {c.config.key(): c for c in enumerate_space(s).viable}
     study = optuna.create_study(sampler=ModelGuidedSampler(s))

@@ -20,10 +20,13 @@ Each proposal maximises expected improvement (over the best measured log step ti
 admitted configs not yet measured, running, pruned, failed or needing at least the memory of a
 config that ran out of memory. Memory gets the same treatment as time: the log of measured over
 predicted peak memory is regressed on the same features, fed by every run that reported its peak
-and by every real OOM (which needed at least the usable memory). A config whose corrected peak is
-over the limit, or that is predicted to need at least as much as one that ran out, is tried only
-when nothing else is left. Configs still running count as measured at their posterior mean
-("kriging believer"), so parallel workers spread out. With nothing measured yet the proposal is
+and by every real OOM (which needed at least the GPU's memory). A config whose corrected peak is
+over the limit is tried only when nothing else is left. (A cruder rule, "avoid every config
+predicted to need as much as one that ran out", hid the best config of the stand-in's built-in
+surface: its OOMs came from no-recompute configs, its best used selective recompute.)
+
+Configs still running count as measured at their posterior mean ("kriging believer"), so
+parallel workers spread out. With nothing measured yet the proposal is
 the model's fastest config. When every admitted config has been tried, it proposes nothing and
 Optuna's random sampling takes over (the study loop then finds the space exhausted).
 """
@@ -271,7 +274,6 @@ class ModelGuidedSampler(BaseSampler):
         pending: set[str] = set()
         tried: set[str] = set()
         ooms: list[ParallelConfig] = []
-        ceiling = math.inf  # the smallest predicted peak that really ran out of memory
         memory: dict[str, float] = {}  # key -> log(measured / predicted) memory
         for t in trials:
             key = t.user_attrs.get("key")
@@ -289,7 +291,6 @@ class ModelGuidedSampler(BaseSampler):
                 ooms.append(ParallelConfig(**t.user_attrs["config"]))
                 peak = t.user_attrs.get("predicted_peak_gib")
                 if peak is not None:
-                    ceiling = min(ceiling, float(peak))
                     memory[str(key)] = math.log(self._gpu_gib / float(peak))  # at least
             measured_gib = t.user_attrs.get("peak_memory_gib")
             predicted_gib = t.user_attrs.get("predicted_allocated_gib")
@@ -305,8 +306,7 @@ class ModelGuidedSampler(BaseSampler):
         if not open_:
             return None
         fitting = self._fitting(open_, memory, index, {o.key() for o in ooms})
-        below = [i for i in fitting if self._peak_gib[i] < ceiling]
-        open_ = below or fitting or open_  # likely OOMs only when nothing else is left
+        open_ = fitting or open_  # likely OOMs only when nothing else is left
         seen = [index[k] for k in measured if k in index]
         if not seen:
             return configs[open_[0]]  # the model's fastest admitted config
