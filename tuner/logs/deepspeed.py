@@ -42,7 +42,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from tuner.logs import classify, lines, megatron
+from tuner.logs import lines, megatron
 from tuner.logs.metrics import RunMetrics, StepSummary, median, steady
 
 _TUNER_STEP = re.compile(r"\btuner-step:((?:\s+[A-Za-z_]+=\S+)+)")
@@ -214,23 +214,12 @@ def parse_deepspeed(
     ``global_batch_size`` lets a log with only throughput lines yield a step time.
     """
     found = scan(text)
-    summary = summarise(found, warmup, global_batch_size)
-    outcome, reason = classify.decide(
-        classify.find_failure(text),
-        has_step_time=summary.step_time_s is not None,
+    reports = found.megatron.memory
+    return megatron.run_metrics(
+        text,
+        summarise(found, warmup, global_batch_size),
         exit_codes=exit_codes,
         timed_out=timed_out,
-    )
-    reports = found.megatron.memory
-    return RunMetrics(
-        outcome=outcome,
-        reason=reason,
-        iterations=summary.iterations,
-        step_times_s=summary.step_times_s,
-        step_time_s=summary.step_time_s,
-        tflops_per_gpu=summary.tflops_per_gpu,
-        tflops_includes_recompute=summary.tflops_includes_recompute,
-        samples_per_s=summary.samples_per_s,
         peak_memory_gib=megatron.peak(
             found.tuner_allocated_gib
             or [*found.allocated_gib, *(m.max_allocated_gib for m in reports)]

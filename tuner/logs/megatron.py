@@ -193,7 +193,26 @@ def parse_megatron(
     :func:`tuner.logs.classify.decide`); without them the outcome rests on the log alone.
     """
     found = scan(text)
-    summary = summarise(found.iterations, warmup)
+    return run_metrics(
+        text, summarise(found.iterations, warmup), exit_codes=exit_codes, timed_out=timed_out,
+        peak_memory_gib=peak(m.max_allocated_gib for m in found.memory),
+        peak_reserved_gib=peak(m.max_reserved_gib for m in found.memory),
+        theoretical_memory_gib=found.theoretical_gib,
+    )  # fmt: skip
+
+
+def run_metrics(
+    text: str,
+    summary: StepSummary,
+    *,
+    exit_codes: Sequence[int | None],
+    timed_out: bool,
+    peak_memory_gib: float | None,
+    peak_reserved_gib: float | None,
+    theoretical_memory_gib: float | None,
+) -> RunMetrics:
+    """The outcome of a whole log (failure lines, exit codes, time-out) with its per-step and
+    memory figures: the last step of every parser."""
     outcome, reason = classify.decide(
         classify.find_failure(text),
         has_step_time=summary.step_time_s is not None,
@@ -209,7 +228,7 @@ def parse_megatron(
         tflops_per_gpu=summary.tflops_per_gpu,
         tflops_includes_recompute=summary.tflops_includes_recompute,
         samples_per_s=summary.samples_per_s,
-        peak_memory_gib=peak(m.max_allocated_gib for m in found.memory),
-        peak_reserved_gib=peak(m.max_reserved_gib for m in found.memory),
-        theoretical_memory_gib=found.theoretical_gib,
+        peak_memory_gib=peak_memory_gib,
+        peak_reserved_gib=peak_reserved_gib,
+        theoretical_memory_gib=theoretical_memory_gib,
     )
