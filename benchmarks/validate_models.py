@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import importlib.metadata
 import platform
 import statistics
@@ -27,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuner.launch import NodeGroup
 from tuner.layout import ResultsLayout
-from tuner.logs import parse_log, read_log
 from tuner.memory import GIB, estimate_memory
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -36,7 +35,7 @@ from tuner.perf import estimate_time
 from tuner.results import load_optuna_study
 from tuner.space import enumerate_space, study_gpu
 from tuner.spec import StudySpec, load_study
-from tuner.study import build_loop, make_executor, template_launcher, trial_outcome
+from tuner.study import build_loop, make_executor, parse_result, template_launcher, trial_outcome
 
 FIELDS = [
     "source", "trial", "config", "tp", "pp", "dp", "micro_batch", "recompute", "zero_stage",
@@ -96,7 +95,7 @@ def forced_rows(spec: StudySpec, results: str, n: int) -> list[dict[str, Any]]:
     layout = ResultsLayout(Path(results).resolve(), f"{spec.name}-forced-oom")
     executor = make_executor(spec)
     hosts = spec.node_names[: spec.nodes_per_trial]
-    group = _Group(hosts, executor.master_port(hosts, spec.launch.master_port))
+    group = NodeGroup(0, hosts, executor.master_port(hosts, spec.launch.master_port))
     rows = []
     try:
         for k, cand in enumerate(oom):
@@ -104,11 +103,7 @@ def forced_rows(spec: StudySpec, results: str, n: int) -> list[dict[str, Any]]:
             paths.dir.mkdir(parents=True, exist_ok=True)
             request = template_launcher(spec, cand.config, k, group, paths,
                                         executor.master_addr(hosts))  # fmt: skip
-            result = executor.submit(request).wait()
-            text = "\n".join(read_log(p) for p in result.logs if Path(p).exists())
-            m = parse_log(text, spec.framework, spec.launch.warmup_iters,
-                          exit_codes=result.exit_codes, timed_out=result.timed_out,
-                          global_batch_size=spec.training.global_batch_size)  # fmt: skip
+            m = parse_result(spec, executor.submit(request).wait())
             measured = {
                 "peak_memory_gib": m.peak_memory_gib,
                 "peak_reserved_gib": m.peak_reserved_gib,
@@ -118,14 +113,6 @@ def forced_rows(spec: StudySpec, results: str, n: int) -> list[dict[str, Any]]:
     finally:
         executor.close()
     return rows
-
-
-@dataclasses.dataclass(frozen=True)
-class _Group:
-    """The parts of a node group the template launcher reads."""
-
-    hosts: tuple[str, ...]
-    master_port: int
 
 
 def _error(predicted: Any, measured: Any) -> float | None:

@@ -53,7 +53,6 @@ from tuner.spec import StudySpec
 
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
 SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
-RETRYABLE = {str(Outcome.INTERRUPTED), str(Outcome.NODE_ERROR)}
 
 
 def knob_values(config: ParallelConfig) -> dict[str, str]:
@@ -268,7 +267,7 @@ class ModelGuidedSampler(BaseSampler):
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config with the highest expected improvement, or None when all tried."""
         configs = self._candidates()
-        from tuner.study import oom_dominates, trial_outcome  # the study module imports us
+        from tuner.study import RETRYABLE, oom_dominates, trial_outcome  # study imports us
 
         measured: dict[str, float] = {}
         pending: set[str] = set()
@@ -279,22 +278,21 @@ class ModelGuidedSampler(BaseSampler):
             key = t.user_attrs.get("key")
             if key is None:
                 continue
-            found = trial_outcome(t)
-            outcome = str(found) if found else None
+            outcome = trial_outcome(t)
             if t.state == TrialState.COMPLETE and t.value is not None:
                 measured.setdefault(str(key), float(t.value))
             elif t.state == TrialState.RUNNING:
                 pending.add(str(key))
             elif outcome in RETRYABLE:
                 continue  # will run again: still a candidate
-            if outcome == str(Outcome.OOM) and t.user_attrs.get("config"):
+            if outcome == Outcome.OOM and t.user_attrs.get("config"):
                 ooms.append(ParallelConfig(**t.user_attrs["config"]))
                 peak = t.user_attrs.get("predicted_peak_gib")
                 if peak is not None:
                     memory[str(key)] = math.log(self._gpu_gib / float(peak))  # at least
             measured_gib = t.user_attrs.get("peak_memory_gib")
             predicted_gib = t.user_attrs.get("predicted_allocated_gib")
-            if outcome == str(Outcome.OK) and measured_gib and predicted_gib:
+            if outcome == Outcome.OK and measured_gib and predicted_gib:
                 memory[str(key)] = math.log(float(measured_gib) / float(predicted_gib))
             tried.add(str(key))
         keys = [c.key() for c in configs]

@@ -274,6 +274,17 @@ def oom_dominates(oom: ParallelConfig, other: ParallelConfig) -> bool:
     )  # fmt: skip
 
 
+def parse_result(spec: StudySpec, result: Any) -> Any:
+    """The :class:`~tuner.logs.RunMetrics` of a finished job (``JobResult``): its nodes' logs
+    read together, with the study's warm-up and global batch size and the job's exit codes."""
+    from tuner.logs import parse_log, read_log  # parsers are needed only once jobs finish
+
+    text = "\n".join(read_log(p) for p in result.logs if Path(p).exists())
+    return parse_log(text, spec.framework, spec.launch.warmup_iters,
+                     exit_codes=result.exit_codes, timed_out=result.timed_out,
+                     global_batch_size=spec.training.global_batch_size)  # fmt: skip
+
+
 Launcher = Callable[[StudySpec, ParallelConfig, int, Any, Any, str], Any]
 """(spec, config, trial number, node group, trial paths, master address) -> LaunchRequest."""
 
@@ -349,13 +360,14 @@ class StudyLoop:
 
     def seed(self) -> None:
         """Enqueue the top predicted configs on a new study, and re-runs of interrupted trials."""
-        self.space_counts = enumerate_space(self.spec, with_time=False).counts()
+        report = enumerate_space(self.spec)
+        self.space_counts = report.counts()
         if (
             not self.trials()
             and self.spec.search.enqueue_top
             and self.spec.search.sampler != "model"
         ):
-            ranked = enumerate_space(self.spec).ranked()[: self.spec.search.enqueue_top]
+            ranked = report.ranked()[: self.spec.search.enqueue_top]
             for cand in ranked:
                 params = config_params(cand.config, expand_axes(self.spec))
                 self.study.enqueue_trial(params, skip_if_exists=True)
@@ -457,12 +469,11 @@ class StudyLoop:
         return not self._claimed_elsewhere(trial, key)
 
     def _claimed_elsewhere(self, trial: optuna.Trial, key: str) -> bool:
-        """Claim ``key`` for ``trial``; False if an earlier trial (any worker) holds it.
+        """Whether an earlier trial (any worker) holds ``key``; if so ``trial`` yields.
 
-        Each worker first writes its claim, then reads: of two racing trials at least one sees
-        the other, and the higher-numbered one yields.
+        The claim is the ``key`` attribute, written when the trial was asked and before this
+        read: of two racing trials at least one sees the other, and the higher-numbered yields.
         """
-        trial.set_user_attr("key", key)
         for t in self.trials():
             if t.number >= trial.number or t.user_attrs.get("key") != key:
                 continue
@@ -555,8 +566,6 @@ class StudyLoop:
             self._record(run, result)
 
     def _record(self, run: Running, result: Any) -> None:
-        from tuner.logs import parse_log, read_log  # parsers are needed only once jobs finish
-
         node_errors = tuple(result.node_errors)
         self.pool.release(run.group, node_errors=node_errors)
         if node_errors:
@@ -568,10 +577,7 @@ class StudyLoop:
             self._finish(run.trial, Outcome.INTERRUPTED, "the study was stopped",
                          result.duration_s)  # fmt: skip
             return
-        text = "\n".join(read_log(p) for p in result.logs if Path(p).exists())
-        m = parse_log(text, self.spec.framework, self.spec.launch.warmup_iters,
-                      exit_codes=result.exit_codes, timed_out=result.timed_out,
-                      global_batch_size=self.spec.training.global_batch_size)  # fmt: skip
+        m = parse_result(self.spec, result)
         metrics = self._metrics(m)
         run.job.paths.metrics_json.write_text(json.dumps(metrics | {
             "outcome": str(m.outcome), "reason": m.reason, "duration_s": result.duration_s,
