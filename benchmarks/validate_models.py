@@ -35,7 +35,9 @@ from tuner.perf import estimate_time
 from tuner.results import load_optuna_study
 from tuner.space import enumerate_space, study_gpu
 from tuner.spec import StudySpec, load_study
-from tuner.study import build_loop, make_executor, parse_result, template_launcher, trial_outcome
+from tuner.record import parse_result
+from tuner.study import build_loop, make_executor, template_launcher
+from tuner.trials import trial_outcome
 
 FIELDS = [
     "source", "trial", "config", "tp", "pp", "dp", "micro_batch", "recompute", "zero_stage",

@@ -16,7 +16,8 @@ from tuner.parallel import ParallelConfig
 from tuner.results import best_config, emit_best, leaderboard, megatron_args
 from tuner.space import expand_axes
 from tuner.spec import StudySpec, study_from_mapping
-from tuner.study import config_params, distributions, open_storage
+from tuner.storage import open_storage
+from tuner.trials import config_params, distributions
 
 # ask/tell by hand, as the study loop does; the loop records heartbeats itself
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")

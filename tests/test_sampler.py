@@ -25,7 +25,7 @@ from tuner.sampler import (
 )
 from tuner.space import enumerate_space
 from tuner.spec import StudySpec, study_from_mapping
-from tuner.study import config_from_params, distributions
+from tuner.trials import config_from_params, distributions
 
 BASE: dict[str, Any] = {
     "name": "s",
@@ -169,7 +169,7 @@ def test_features_encode_each_knob_value_and_size_trends() -> None:
 
 def test_samplers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.errors import StudyError
-    from tuner.study import make_sampler
+    from tuner.sampler import make_sampler
 
     assert isinstance(make_sampler(spec()), ModelGuidedSampler)
     assert isinstance(make_sampler(spec(sampler="tpe")), optuna.samplers.TPESampler)

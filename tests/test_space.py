@@ -74,7 +74,7 @@ def test_sequence_parallel_on_keeps_tp1_configs_with_sp_off() -> None:
     assert expand_axes(s).size == len(configs) == 2
     assert all(not validate(c, s.model, s.world_size, s.framework) for c in configs)
 
-    from tuner.study import config_from_params, config_params
+    from tuner.trials import config_from_params, config_params
 
     params = config_params(configs[1]) | {"tp": 1}  # what an Optuna sampler may propose
     assert config_from_params(s, params).sequence_parallel is False

@@ -23,7 +23,8 @@ from tuner.parallel import ParallelConfig
 from tuner.results import emit_best, leaderboard
 from tuner.space import enumerate_space
 from tuner.spec import study_from_mapping
-from tuner.study import build_loop, oom_dominates
+from tuner.study import build_loop
+from tuner.trials import oom_dominates
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"
@@ -164,16 +165,11 @@ def test_three_launch_errors_stop_the_study_and_exit_1(tmp_path: Path) -> None:
     assert rows.reason.str.contains("megatron_path").all()
 
 
-def test_a_dead_workers_trials_are_cleaned_up_and_run_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_dead_workers_trials_are_cleaned_up_and_run_again(tmp_path: Path) -> None:
     """A worker that dies mid-trial leaves its trials RUNNING and their processes running. Once
     its heartbeats are stale the next worker fails those trials, ends their processes on their
     nodes, counts them interrupted (not against the budget) and runs their configs again."""
-    import tuner.study as study_module
-
-    monkeypatch.setattr(study_module, "HEARTBEAT_S", 1)  # grace period: 4 s
-    data = study_data(tmp_path, SURFACE, n_trials=2)
+    data = study_data(tmp_path, SURFACE, n_trials=2, heartbeat_s=1)  # grace period: 4 s
     data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "10"  # a minute per trial
     spec = study_from_mapping(data)
     results = str(tmp_path / "results")
@@ -182,7 +178,7 @@ def test_a_dead_workers_trials_are_cleaned_up_and_run_again(
     dead.step()  # launches one trial per node
     lost = {n: run.config for n, run in dead.running.items()}
     assert len(lost) == 2
-    dead.heartbeat()  # its last sign of life; then it "dies" without cleaning up
+    dead.beat()  # its last sign of life; then it "dies" without cleaning up
     deadline = time.monotonic() + 60
     while len(standin_processes(tmp_path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)

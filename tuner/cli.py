@@ -129,11 +129,7 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
 
 def _short(c: Candidate) -> str:
     k = c.config
-    rc = (
-        k.recompute
-        if k.recompute != "full"
-        else f"full/{k.recompute_method}/{k.recompute_num_layers}"
-    )
+    rc = k.recompute_setting
     parts = [f"tp{k.tp}", f"pp{k.pp}", f"dp{k.dp}"]
     parts += [f"cp{k.cp}"] if k.cp > 1 else []
     parts += [f"vp{k.vp}"] if k.vp > 1 else []

@@ -72,3 +72,8 @@ class StudyError(TunerError):
     """The study storage does not match the spec (changed spec on resume, bad storage URL)."""
 
     exit_code = 2
+
+
+class StorageError(TunerError):
+    """The study storage failed while the study ran (a full disk, a lost database server); the
+    message names the real cause. Finished trials are recovered from their files next time."""

@@ -65,11 +65,17 @@ class ParallelConfig:
         """Alias of num_microbatches (DeepSpeed's gradient_accumulation_steps)."""
         return self.num_microbatches
 
+    @property
+    def recompute_setting(self) -> str:
+        """The recompute knobs as one value: ``none``, ``selective`` or ``full:uniform:1``
+        (method and layer count), the only spelling used in keys, tables and the storage."""
+        if self.recompute != "full":
+            return self.recompute
+        return f"full:{self.recompute_method}:{self.recompute_num_layers}"
+
     def key(self) -> str:
         """A canonical text key: equal configs have equal keys (used to never run one twice)."""
-        rc: str = self.recompute
-        if rc == "full":
-            rc = f"full:{self.recompute_method}:{self.recompute_num_layers}"
+        rc = self.recompute_setting
         return (
             f"tp={self.tp},pp={self.pp},cp={self.cp},dp={self.dp},vp={self.vp},"
             f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"

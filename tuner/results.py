@@ -16,7 +16,8 @@ from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.spec import StudySpec, load_study
-from tuner.study import trial_outcome
+from tuner.storage import open_storage
+from tuner.trials import trial_outcome
 
 COLUMNS = [
     "trial", "outcome", "tp", "pp", "dp", "cp", "vp", "sp", "micro_batch", "grad_accum",
@@ -28,8 +29,6 @@ COLUMNS = [
 
 def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> optuna.Study:
     """The stored study of ``spec`` (no new study is created)."""
-    from tuner.study import open_storage
-
     layout = ResultsLayout(Path(results), spec.name)
     if storage is None and not layout.storage_path.exists():
         raise StudyError(f"no results for study {spec.name!r} yet (run: tune run --study ...)")
@@ -45,8 +44,7 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
     tokens = a.get("tokens_per_s")
     rc: str | None = None
     if c is not None:
-        full = f"full/{c.recompute_method}/{c.recompute_num_layers}"
-        rc = full if c.recompute == "full" else c.recompute
+        rc = c.recompute_setting
     return {
         "trial": t.number, "outcome": str(trial_outcome(t) or t.state.name.lower()),
         "tp": c.tp if c else None, "pp": c.pp if c else None, "dp": c.dp if c else None,

@@ -36,20 +36,23 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.errors import StudyError
 from tuner.memory import GIB
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
+from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
 
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
 SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
@@ -57,9 +60,7 @@ SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
 
 def knob_values(config: ParallelConfig) -> dict[str, str]:
     """The value of each searched knob of ``config``, as a string."""
-    rc: str = config.recompute
-    if rc == "full":
-        rc = f"full:{config.recompute_method}:{config.recompute_num_layers}"
+    rc = config.recompute_setting
     return {
         "tp": str(config.tp), "pp": str(config.pp), "cp": str(config.cp), "dp": str(config.dp),
         "vp": str(config.vp),
@@ -178,8 +179,6 @@ class ModelGuidedSampler(BaseSampler):
 
     def _candidates(self) -> list[ParallelConfig]:
         if self._configs is None:
-            from tuner.study import distributions  # the study module imports this one
-
             ranked = enumerate_space(self._spec).ranked()
             self._configs = [c.config for c in ranked]
             self._log_pred = np.log([c.time.step if c.time else 1.0 for c in ranked])
@@ -211,8 +210,6 @@ class ModelGuidedSampler(BaseSampler):
         choice = self.choose(study.get_trials(deepcopy=False))
         if choice is None:
             return {}
-        from tuner.study import config_params
-
         return config_params(choice, self._axes)
 
     def sample_independent(
@@ -267,7 +264,6 @@ class ModelGuidedSampler(BaseSampler):
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config with the highest expected improvement, or None when all tried."""
         configs = self._candidates()
-        from tuner.study import RETRYABLE, oom_dominates, trial_outcome  # study imports us
 
         measured: dict[str, float] = {}
         pending: set[str] = set()
@@ -323,3 +319,48 @@ class ModelGuidedSampler(BaseSampler):
         ei = expected_improvement(mu, sd, best)
         top = np.flatnonzero(ei >= ei.max() * (1 - 1e-9))
         return configs[open_[int(self._rng.choice(top))]]
+
+
+# ----------------------------------------------------------------------------- every sampler
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler without its ``study.stop()`` once the grid is visited: that works
+    inside ``study.optimize`` only and raises under ask/tell. The loop checks exhaustion."""
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:  # fmt: skip
+        return None
+
+
+def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
+    """model (the default: :mod:`tuner.sampler`), tpe (multivariate, constant liar for parallel
+    trials), gp, random or grid."""
+    s = spec.search
+    if s.sampler == "model":
+        return ModelGuidedSampler(spec, seed=s.seed)
+    if s.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    if s.sampler == "grid":
+        space = {
+            k: list(d.choices)
+            for k, d in distributions(spec).items()
+            if isinstance(d, CategoricalDistribution)
+        }
+        return _GridSampler(space, seed=s.seed)
+    if s.sampler == "gp":
+        try:
+            import torch  # noqa: F401  # Optuna's GP sampler runs on torch
+        except ImportError:
+            raise StudyError(
+                "search.sampler 'gp' needs torch (pip install torch, or the 'train' extra); "
+                "the default 'model' sampler does not"
+            ) from None
+        return optuna.samplers.GPSampler(seed=s.seed)
+    with warnings.catch_warnings():  # group=True is experimental in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
+        )

@@ -306,9 +306,13 @@ class SearchSpec:
     enqueue_top: int = 3
     """With Optuna's samplers: how many of the best predicted configs run before the sampler
     takes over (the ``model`` sampler starts from the model's ranking by itself)."""
+    heartbeat_s: float = 30.0
+    """How often a worker marks its running trials and node leases alive; a worker silent for
+    four periods is taken as dead (its trials re-run, its nodes are cleaned and freed)."""
 
     def __post_init__(self) -> None:
         _positive(self.n_trials, "n_trials")
+        _positive(self.heartbeat_s, "heartbeat_s")
         if isinstance(self.nodes_per_trial, int):
             _positive(self.nodes_per_trial, "nodes_per_trial")
         _positive(self.trial_timeout_min, "trial_timeout_min")

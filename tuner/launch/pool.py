@@ -93,10 +93,17 @@ class NodePool:
         """All nodes, quarantined or not, in the order given."""
         return self._hosts
 
-    def acquire(self) -> NodeGroup | None:
-        """A group of free, healthy nodes with its own master port, or None when none is free."""
+    def acquire(self, avoid: Iterable[str] = ()) -> NodeGroup | None:
+        """A group of free, healthy nodes with its own master port, or None when none is free.
+
+        ``avoid``: nodes not to hand out this time (another worker of the study holds them).
+        """
+        skip = set(avoid)
         with self._lock:
-            free = [h for h in self._hosts if h not in self._busy and h not in self._quarantined]
+            free = [
+                h for h in self._hosts
+                if h not in self._busy and h not in self._quarantined and h not in skip
+            ]  # fmt: skip
             if len(free) < self._per_trial:
                 return None
             group = NodeGroup(

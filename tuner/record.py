@@ -1,0 +1,189 @@
+"""Recording what a trial did: its outcome, reason and metrics, into the study and its folder.
+
+A finished job is parsed into an outcome (:func:`judge`), its metrics are written to
+``metrics.json`` *before* the study is told, and a storage that fails while telling (a full
+disk, a lost database server) stops the study with the real cause (:class:`StorageError`). The
+next worker then finds the trial's ``metrics.json`` (or its ``result.json`` and logs) and
+records the measurement instead of running the config again (:func:`recovered_metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.catalog import GPUSpec
+from tuner.errors import StorageError
+from tuner.launch import JobResult
+from tuner.layout import TrialPaths
+from tuner.outcome import Outcome
+from tuner.perf import model_flops_per_step
+from tuner.spec import StudySpec
+from tuner.storage import root_cause
+from tuner.trials import RETRYABLE
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LAUNCH_ERRORS_STOP = "3 launch errors in a row: check the launch section (see the trial logs)"
+
+
+@dataclass(slots=True)
+class Summary:
+    """What one ``tune run`` did."""
+
+    launched: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    stop_reason: str = ""
+    best_step_s: float | None = None
+    best_trial: int | None = None
+    measured_any: bool = False
+    """Whether the study holds at least one measured config when the run ends."""
+
+    @property
+    def failed(self) -> str | None:
+        """Why ``tune run`` exits 1 (None: it succeeded): trials could not be launched, every
+        node is quarantined, or trials ran and none measured a step time."""
+        if self.stop_reason == LAUNCH_ERRORS_STOP or self.stop_reason.startswith("every node"):
+            return self.stop_reason
+        ran = sum(n for k, n in self.outcomes.items() if Outcome(k).launched)
+        if ran and not self.measured_any:
+            what = ", ".join(f"{n} {k}" for k, n in sorted(self.outcomes.items()))
+            return f"no trial measured a step time ({what})"
+        return None
+
+    def count(self, outcome: Outcome) -> None:
+        """Add one trial with ``outcome``."""
+        self.outcomes[str(outcome)] = self.outcomes.get(str(outcome), 0) + 1
+
+
+@contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Turn a failing storage into one :class:`StorageError` that names the real cause."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        if not _is_storage_error(exc):
+            raise
+        raise StorageError(f"{what}: the study storage failed: {root_cause(exc)}") from exc
+
+
+def _is_storage_error(exc: BaseException) -> bool:
+    import sqlalchemy.exc
+
+    return isinstance(exc, sqlalchemy.exc.SQLAlchemyError | OSError)
+
+
+def parse_result(spec: StudySpec, result: JobResult) -> Any:
+    """The :class:`~tuner.logs.RunMetrics` of a finished job: its nodes' logs read together,
+    with the study's warm-up and global batch size and the job's exit codes."""
+    from tuner.logs import parse_log, read_log  # parsers are needed only once jobs finish
+
+    text = "\n".join(read_log(p) for p in result.logs if Path(p).exists())
+    return parse_log(text, spec.framework, spec.launch.warmup_iters,
+                     exit_codes=result.exit_codes, timed_out=result.timed_out,
+                     global_batch_size=spec.training.global_batch_size)  # fmt: skip
+
+
+def metrics_attrs(spec: StudySpec, gpu: GPUSpec, m: Any) -> dict[str, Any]:
+    """The measured figures of a :class:`~tuner.logs.RunMetrics`, as trial attributes."""
+    out: dict[str, Any] = {
+        "step_time_s": m.step_time_s, "iterations": m.iterations,
+        "peak_memory_gib": m.peak_memory_gib, "peak_reserved_gib": m.peak_reserved_gib,
+        "tflops_per_gpu": m.tflops_per_gpu, "samples_per_s": m.samples_per_s,
+    }  # fmt: skip
+    if m.step_time_s:
+        tokens = spec.training.global_batch_size * spec.model.seq_length
+        out["tokens_per_s"] = tokens / m.step_time_s
+        flops = model_flops_per_step(spec.model, spec.training.global_batch_size)
+        out["mfu"] = flops / (m.step_time_s * gpu.peak_tflops * 1e12 * spec.world_size)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a finished job says about its config."""
+
+    outcome: Outcome
+    reason: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
+    """The outcome of a finished job. A job killed at its own time limit is judged from its
+    logs (``timeout``, or ``hang`` with no iteration line); only a job cancelled because the
+    study stopped is ``interrupted``."""
+    if result.node_errors:
+        reason = "; ".join(f"{h}: {r}" for h, r in result.node_errors)
+        return Verdict(Outcome.NODE_ERROR, reason)
+    if result.cancelled and not result.timed_out:
+        return Verdict(Outcome.INTERRUPTED, "the study was stopped")
+    m = parse_result(spec, result)
+    return Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
+
+
+def write_metrics(paths: TrialPaths, verdict: Verdict, result: JobResult) -> None:
+    """``metrics.json``: the measurement, on disk before the study hears of it."""
+    record = verdict.metrics | {
+        "outcome": str(verdict.outcome), "reason": verdict.reason,
+        "duration_s": result.duration_s, "exit_codes": list(result.exit_codes),
+    }  # fmt: skip
+    paths.metrics_json.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def recovered_metrics(spec: StudySpec, gpu: GPUSpec, paths: TrialPaths) -> Verdict | None:
+    """The verdict of a trial whose job finished but whose result never reached the study:
+    from its ``metrics.json``, else from its ``result.json`` and logs; None when neither."""
+    try:
+        if paths.metrics_json.exists():
+            data = json.loads(paths.metrics_json.read_text())
+            outcome = Outcome(data.pop("outcome"))
+            reason = data.pop("reason", None)
+            for k in ("exit_codes",):
+                data.pop(k, None)
+            return Verdict(outcome, reason, data)
+        if paths.result_json.exists():
+            raw = json.loads(paths.result_json.read_text())
+            raw["hosts"] = tuple(raw["hosts"])
+            raw["exit_codes"] = tuple(raw["exit_codes"])
+            raw["node_errors"] = tuple(tuple(e) for e in raw["node_errors"])
+            raw["logs"] = tuple(Path(p) for p in raw["logs"])
+            raw["survivors"] = tuple(raw.get("survivors", ()))
+            return judge(spec, gpu, JobResult(**raw))
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        logger.warning("cannot recover %s: %s", paths.dir, exc)
+    return None
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: float) -> None:
+    """Write a trial's verdict into the study: value for ``ok``; FAIL for outcomes that run
+    again; PRUNED (measured bad: the sampler steers away) for the rest."""
+    with storage_errors(f"recording trial {trial.number}"):
+        trial.set_user_attr("outcome", str(verdict.outcome))
+        trial.set_user_attr("reason", verdict.reason)
+        trial.set_user_attr("duration_s", round(duration, 3))
+        for k, v in verdict.metrics.items():
+            trial.set_user_attr(k, v)
+        step = verdict.metrics.get("step_time_s")
+        if verdict.outcome == Outcome.OK and step:
+            study.tell(trial, float(step))
+        elif verdict.outcome in RETRYABLE:
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, state=TrialState.PRUNED)
+
+
+def guarded(what: str, fn: Callable[[], T]) -> T:
+    """``fn()`` with storage failures turned into :class:`StorageError`."""
+    with storage_errors(what):
+        return fn()

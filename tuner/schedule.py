@@ -1,0 +1,166 @@
+"""Which nodes the next trial runs on, agreed with every other worker of the study.
+
+This worker's :class:`~tuner.launch.NodePool` knows quarantined nodes and hands out groups with
+their own rendezvous port; the study's :class:`~tuner.storage.Leases` decide, across workers,
+that a node and a port run one trial at a time. A lease whose holder stopped beating is taken
+over only once the dead holder's trial has no process left on its nodes.
+
+A :class:`Heartbeat` thread renews this worker's leases and its running trials' heartbeats, so a
+slow log parse or a slow node in the loop's thread never makes the worker look dead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.launch import LaunchRequest, NodeGroup, NodePool
+from tuner.layout import ResultsLayout
+from tuner.storage import Lease, LeaseConflict, Leases
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """A node group claimed for one trial: the group (with its port) and the leased names."""
+
+    group: NodeGroup
+    resources: tuple[str, ...]
+
+
+class Scheduler:
+    """Hands out node groups that no other worker of the study is using."""
+
+    def __init__(
+        self, pool: NodePool, leases: Leases, executor: Any, layout: ResultsLayout,
+        worker: str, *, heartbeat_s: float, clock: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        self.pool, self.leases, self.executor, self.layout = pool, leases, executor, layout
+        self.worker, self.heartbeat_s, self.clock = worker, heartbeat_s, clock
+        self.waiting_for: set[str] = set()
+        """Nodes last found leased by another worker (shown while nothing can start)."""
+
+    def acquire(self) -> Placement | None:
+        """A group of free nodes and a free port, leased for this worker; None when none is."""
+        avoid: set[str] = set()
+        self.waiting_for = set()
+        for _ in range(2 * len(self.pool.hosts) + 4):
+            group = self.pool.acquire(avoid=avoid)
+            if group is None:
+                return None
+            port = self.executor.master_port(group.hosts, group.master_port)
+            addr = self.executor.master_addr(group.hosts)
+            resources = tuple(f"host:{h}" for h in group.hosts) + (f"port:{addr}:{port}",)
+            try:
+                self.leases.claim(resources, self.worker, hosts=group.hosts)
+            except LeaseConflict as conflict:
+                self.pool.release(group)
+                if not self._take_over(conflict.held):
+                    busy = {r.removeprefix("host:") for x in conflict.held
+                            for r in [x.resource] if r.startswith("host:")}  # fmt: skip
+                    avoid |= busy
+                    self.waiting_for |= busy
+                continue
+            return Placement(dataclasses.replace(group, master_port=port), resources)
+        return None
+
+    def launched(self, placement: Placement, trial: int, token: str, node_dir: str | None) -> None:
+        """Record on the leases which trial runs there (another worker cleans up if we die)."""
+        self.leases.attach(self.worker, placement.resources, trial=trial, token=token,
+                           hosts=placement.group.hosts, node_dir=node_dir)  # fmt: skip
+
+    def release(self, placement: Placement, node_errors: Any = ()) -> None:
+        """Give the nodes back to the pool and the study."""
+        self.pool.release(placement.group, node_errors=node_errors)
+        self.leases.release(self.worker, placement.resources)
+
+    def renew(self) -> None:
+        """This worker's heartbeat on all its leases."""
+        self.leases.renew(self.worker)
+
+    def _take_over(self, held: tuple[Lease, ...]) -> bool:
+        """Free the expired leases among ``held`` once their trial has no process left; True
+        when something was freed (the caller tries the same nodes again)."""
+        now = self.clock()
+        dead = [x for x in held if x.expired(now, self.heartbeat_s)]
+        if not dead:
+            return False
+        freed = False
+        for trial in {(x.holder, x.trial) for x in dead}:
+            leases = [x for x in dead if (x.holder, x.trial) == trial]
+            if self._clean(leases[0]):
+                for x in leases:
+                    self.leases.take_over(x)
+                freed = True
+        return freed
+
+    def _clean(self, lease: Lease) -> bool:
+        """End what the dead holder's trial left on its nodes; True when nothing survives."""
+        if lease.token is None or lease.trial is None or not lease.hosts:
+            return True  # claimed but never launched
+        request = LaunchRequest(
+            trial=lease.trial, hosts=lease.hosts, scripts=("",) * len(lease.hosts),
+            paths=self.layout.trial(lease.trial), node_dir=lease.node_dir,
+        )  # fmt: skip
+        try:
+            survivors = self.executor.reap_lost(request, lease.token)
+        except Exception as exc:  # an unreachable node keeps its lease until it can be checked
+            logger.error("trial %d of dead worker %s: %s", lease.trial, lease.holder, exc)
+            return False
+        if survivors:
+            logger.error("trial %d of dead worker %s: processes survive: %s", lease.trial,
+                         lease.holder, "; ".join(survivors))  # fmt: skip
+            return False
+        logger.info("nodes %s of dead worker %s are free again", ",".join(lease.hosts),
+                    lease.holder)  # fmt: skip
+        return True
+
+
+class Heartbeat:
+    """Calls ``beat`` every ``period_s`` seconds on its own thread until stopped."""
+
+    def __init__(self, beat: Callable[[], None], period_s: float) -> None:
+        self._beat = beat
+        self._period = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self._beat()
+            except Exception as exc:  # a storage hiccup must not end the beats
+                logger.warning("heartbeat failed: %s", exc)
+
+
+def live_running(trials: list[FrozenTrial], leases: Leases, worker: str,
+                 heartbeat_s: float) -> list[FrozenTrial]:  # fmt: skip
+    """The launched trials still RUNNING whose worker is alive: this worker, or one holding a
+    lease on the trial's nodes that it renewed within its last few heartbeats."""
+    running = [t for t in trials if t.state == TrialState.RUNNING
+               and t.user_attrs.get("launched")]  # fmt: skip
+    if not running:
+        return []
+    now = time.time()
+    fresh = {(x.holder, x.resource) for x in leases.held() if not x.expired(now, heartbeat_s)}
+    return [
+        t for t in running
+        if t.user_attrs.get("worker") == worker
+        or any((t.user_attrs.get("worker"), f"host:{h}") in fresh
+               for h in t.user_attrs.get("hosts", ()))
+    ]  # fmt: skip

@@ -1,0 +1,155 @@
+"""Trials as the storage holds them: a config <-> Optuna parameters, and a trial's outcome.
+
+Read by the sampler, the study loop and the leaderboard; imports none of them. A trial's user
+attributes are the record of what happened to it (the ``ATTR_*`` names below are the ones
+other modules read back).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.space import Axes, expand_axes
+from tuner.spec import StudySpec
+
+FINGERPRINT_ATTR = "tuner_spec_fingerprint"
+"""Study attribute: the fingerprint of the study file the study was started with."""
+
+RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
+"""Outcomes whose config runs again (once per trial): the trial said nothing about the config."""
+
+RERUNNABLE = frozenset(Outcome) - {Outcome.OK, Outcome.INVALID, Outcome.PRUNED_MEMORY}
+"""Outcomes a user may ask to run again (``tune run --rerun``): a measured failure."""
+
+
+def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDistribution]:
+    """The Optuna search space: one categorical parameter per knob."""
+    axes = axes or expand_axes(spec)
+    rc = sorted({recompute_setting(*r) for r in axes.recompute})
+    return {
+        "tp": CategoricalDistribution(list(axes.tp)),
+        "pp": CategoricalDistribution(list(axes.pp)),
+        "cp": CategoricalDistribution(list(axes.cp)),
+        "vp": CategoricalDistribution(list(axes.vp)),
+        "micro_batch_size": CategoricalDistribution(list(axes.micro_batch_size)),
+        "sequence_parallel": CategoricalDistribution(list(axes.sequence_parallel)),
+        "recompute": CategoricalDistribution(rc),
+        "distributed_optimizer": CategoricalDistribution(list(axes.distributed_optimizer)),
+        "zero_stage": CategoricalDistribution(list(axes.zero_stage)),
+    }
+
+
+def recompute_setting(rc: str, method: str | None, n: int | None) -> str:
+    """The text of a recompute setting from its three knobs (as
+    :attr:`ParallelConfig.recompute_setting` spells it)."""
+    return ParallelConfig(
+        recompute=rc,  # type: ignore[arg-type]
+        recompute_method=method,  # type: ignore[arg-type]
+        recompute_num_layers=n,
+    ).recompute_setting
+
+
+def recompute_knobs(setting: str) -> tuple[str, str | None, int | None]:
+    """The inverse of :func:`recompute_setting`: ``full:uniform:1`` -> (full, uniform, 1)."""
+    rc, *rest = setting.split(":")
+    method = rest[0] if rest else None
+    n = int(rest[1]) if len(rest) > 1 and rest[1] else None
+    return rc, method, n
+
+
+def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str, Any]:
+    """The Optuna parameters of a config (inverse of :func:`config_from_params`).
+
+    At tp=1 SP is off whatever the parameter says, so with ``axes`` a tp=1 config takes the
+    axis' first SP value (``sequence_parallel: [true]`` has no ``false`` to enqueue).
+    """
+    sp = config.sequence_parallel
+    if axes is not None and config.tp == 1 and sp not in axes.sequence_parallel:
+        sp = axes.sequence_parallel[0]
+    return {
+        "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
+        "micro_batch_size": config.micro_batch_size,
+        "sequence_parallel": sp,
+        "recompute": config.recompute_setting,
+        "distributed_optimizer": config.distributed_optimizer, "zero_stage": config.zero_stage,
+    }  # fmt: skip
+
+
+def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfig:
+    """Build the config a trial's parameters describe (DP derived from the world size)."""
+    rc, method, n = recompute_knobs(str(params["recompute"]))
+    tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
+    return ParallelConfig(
+        tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
+        sequence_parallel=bool(params["sequence_parallel"]) and tp > 1,  # Megatron: off at tp=1
+        micro_batch_size=int(params["micro_batch_size"]),
+        global_batch_size=spec.training.global_batch_size, recompute=rc,  # type: ignore[arg-type]
+        recompute_method=method,  # type: ignore[arg-type]
+        recompute_num_layers=n,
+        distributed_optimizer=bool(params["distributed_optimizer"]),
+        zero_stage=int(params["zero_stage"]),
+    )  # fmt: skip
+
+
+def trial_config(t: FrozenTrial) -> ParallelConfig | None:
+    """The config a trial recorded, if any."""
+    raw = t.user_attrs.get("config")
+    return ParallelConfig(**raw) if raw else None
+
+
+def trial_outcome(t: FrozenTrial) -> Outcome | None:
+    """A trial's recorded outcome, if any. A launched trial failed without one lost its worker
+    (heartbeats stopped: the storage failed it), so it counts as interrupted and runs again."""
+    value = t.user_attrs.get("outcome")
+    if value:
+        return Outcome(value)
+    if t.state == TrialState.FAIL and t.user_attrs.get("launched"):
+        return Outcome.INTERRUPTED
+    return None
+
+
+def is_duplicate(t: FrozenTrial) -> bool:
+    """A trial answered from an earlier one (or yielded to it): not a trial of its own."""
+    return "duplicate_of" in t.user_attrs
+
+
+def counts_as_run(t: FrozenTrial, rerun: frozenset[Outcome] = frozenset()) -> bool:
+    """A finished launched trial that counts against ``n_trials`` (not to be re-run)."""
+    return (
+        bool(t.user_attrs.get("launched")) and t.state.is_finished() and not runs_again(t, rerun)
+    )
+
+
+def oom_dominates(oom: ParallelConfig, other: ParallelConfig) -> bool:
+    """Whether ``other`` needs at least as much memory as ``oom`` (same split, a micro-batch at
+    least as large, no more recomputation)."""
+    level = {"none": 0, "selective": 1, "full": 2}
+    same_split = (oom.tp, oom.pp, oom.cp, oom.vp, oom.sequence_parallel) == (
+        other.tp, other.pp, other.cp, other.vp, other.sequence_parallel
+    )  # fmt: skip
+    same_sharding = (oom.distributed_optimizer, oom.zero_stage) == (
+        other.distributed_optimizer, other.zero_stage
+    )  # fmt: skip
+    if not (same_split and same_sharding) or other.micro_batch_size < oom.micro_batch_size:
+        return False
+    if level[other.recompute] != level[oom.recompute]:
+        return level[other.recompute] < level[oom.recompute]
+    if other.recompute != "full":
+        return True
+    return (other.recompute_method, other.recompute_num_layers) == (
+        oom.recompute_method, oom.recompute_num_layers
+    )  # fmt: skip
+
+
+def runs_again(t: FrozenTrial, rerun: frozenset[Outcome] = frozenset()) -> bool:
+    """Whether a finished trial's config is to run again: it said nothing about the config
+    (:data:`RETRYABLE`), or the user asked to re-run its outcome (``tune run --rerun``)."""
+    outcome = trial_outcome(t)
+    if outcome in RETRYABLE:
+        return True
+    return outcome in rerun and bool(t.user_attrs.get("launched"))
