@@ -296,10 +296,19 @@ def test_more_recomputation_is_never_faster(
     uniform = dataclasses.replace(
         config, recompute="full", recompute_method="uniform", recompute_num_layers=1
     )
-    assert none <= selective <= _step(model, uniform, gpu).step
-    assert all(a <= b for a, b in zip(blocks, blocks[1:], strict=False))
-    assert none <= blocks[0]
+    # Recomputation lengthens the backward that hides DP traffic: with one micro-batch and
+    # traffic longer than the window, the step is mathematically unchanged, and the two float
+    # sums may then differ in the last bit. Compared at a stated rounding (12 digits).
+    le = _at_most
+    assert le(none, selective) and le(selective, _step(model, uniform, gpu).step)
+    assert all(le(a, b) for a, b in zip(blocks, blocks[1:], strict=False))
+    assert le(none, blocks[0])
     assert blocks[-1] == pytest.approx(_step(model, uniform, gpu).step)
+
+
+def _at_most(a: float, b: float) -> bool:
+    """a <= b at 12 significant digits (float sums of equal terms in another order)."""
+    return a <= b * (1 + 1e-12)
 
 
 def _bubble_fraction(r: TimeBreakdown) -> float:

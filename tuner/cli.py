@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tuner.errors import ConfigError, TunerError
 from tuner.memory import estimate_memory, fits
+from tuner.outcome import Outcome
 from tuner.parallel import validate
 from tuner.perf import estimate_time
 from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space, study_gpu
@@ -209,7 +210,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     progress = LiveProgress(quiet=args.quiet)
     loop = build_loop(
         spec, storage=args.storage, results=args.results, force=args.force,
-        n_trials=args.n_trials, on_update=progress.update,
+        n_trials=args.n_trials, on_update=progress.update, rerun=_rerun(args.rerun),
     )  # fmt: skip
     try:
         with stop_on_signals(loop), progress:
@@ -219,7 +220,28 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     progress.final(loop, summary)
     if summary.stop_reason.startswith("interrupted"):
         return 130
-    return 1 if summary.failed else 0
+    failed = summary.failed
+    if failed:
+        sys.stderr.write(f"tune: error: {failed}\n")
+        return 1
+    return 0
+
+
+def _rerun(text: str) -> frozenset[Outcome]:
+    """``--rerun timeout,hang`` -> the outcomes whose configs run again."""
+    from tuner.trials import RERUNNABLE
+
+    out = set()
+    for name in filter(None, (n.strip() for n in text.split(","))):
+        try:
+            outcome = Outcome(name)
+        except ValueError:
+            outcome = None
+        if outcome not in RERUNNABLE:
+            allowed = ", ".join(sorted(str(o) for o in RERUNNABLE))
+            raise ConfigError(f"--rerun: {name!r} is not one of {allowed}")
+        out.add(outcome)
+    return frozenset(out)
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -342,6 +364,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--quiet", action="store_true", help="no live display, log lines only")
     p.add_argument("--results", default="results", help="results directory (default: results)")
     p.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
+    p.add_argument(
+        "--rerun", default="", metavar="OUTCOME[,OUTCOME]",
+        help="run again, once, the configs whose trials ended so (e.g. timeout,hang)",
+    )  # fmt: skip
     handlers["run"] = _cmd_run
 
     p = sub.add_parser("leaderboard", help="every measured config, fastest first")
@@ -386,6 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("tune: interrupted\n")
         return 130
+    except OSError as exc:  # a read-only or full results folder, a file that vanished
+        if args.debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"tune: error: {where}{exc.strerror or exc}\n")
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ def storage_errors(what: str) -> Iterator[None]:
 def _is_storage_error(exc: BaseException) -> bool:
     import sqlalchemy.exc
 
-    return isinstance(exc, sqlalchemy.exc.SQLAlchemyError | OSError)
+    kinds = (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError)
+    return isinstance(exc, kinds)
 
 
 def parse_result(spec: StudySpec, result: JobResult) -> Any:
@@ -129,7 +131,16 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
     if result.cancelled and not result.timed_out:
         return Verdict(Outcome.INTERRUPTED, "the study was stopped")
     m = parse_result(spec, result)
+    if m.outcome == Outcome.LAUNCH_ERROR and _PORT_CLASH.search(m.reason or ""):
+        # Not the config's fault: another job took the rendezvous port between our check and
+        # torchrun's bind. Run it again (on a fresh port), without a strike against the node.
+        return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
     return Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
+
+
+_PORT_CLASH = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
+"""torch's TCPStore (``DistNetworkError: The server socket has failed to listen on any local
+network address. ... name: EADDRINUSE``) and the OS's errno 98 text."""
 
 
 def write_metrics(paths: TrialPaths, verdict: Verdict, result: JobResult) -> None:

@@ -44,6 +44,7 @@ from tuner.record import (
     Verdict,
     guarded,
     judge,
+    storage_errors,
     tell,
     write_metrics,
 )
@@ -495,9 +496,10 @@ class StudyLoop:
         nodes and is raised with the real cause."""
         with Heartbeat(self.beat, self.heartbeat_s / 2):
             try:
-                self.seed()
-                while self.step():
-                    time.sleep(self.poll_s)
+                with storage_errors("running the study"):
+                    self.seed()
+                    while self.step():
+                        time.sleep(self.poll_s)
             except StorageError:
                 self.request_stop("the study storage failed")
                 self.cancel_all()

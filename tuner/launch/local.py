@@ -100,6 +100,7 @@ class LocalExecutor(Executor):
             text=True,
             timeout=grace_s + 60,
             check=False,
+            start_new_session=True,  # a terminal's second Ctrl-C must not end the cleanup
         )
         if done.returncode != 0:
             raise LaunchError(f"process reaper exited {done.returncode}: {done.stderr.strip()}")
