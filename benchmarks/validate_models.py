@@ -32,10 +32,10 @@ from tuner.memory import GIB, estimate_memory
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
+from tuner.record import parse_result
 from tuner.results import load_optuna_study
 from tuner.space import enumerate_space, study_gpu
 from tuner.spec import StudySpec, load_study
-from tuner.record import parse_result
 from tuner.study import build_loop, make_executor, template_launcher
 from tuner.trials import trial_outcome
 
