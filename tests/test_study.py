@@ -291,8 +291,8 @@ def test_two_workers_never_run_one_config_twice(
     elif storage == "postgresql":
         server = request.getfixturevalue("postgres")
         flags += ["--storage", server.create_database(f"e2e_{os.getpid()}")]
+    # Started at the same moment: creating the storage and the study must survive the race.
     first = tune("run", "--study", str(path), *flags, cwd=tmp_path)
-    time.sleep(1.0)  # the first worker creates the study; the second joins it
     second = tune("run", "--study", str(path), *flags, cwd=tmp_path)
     for proc in (first, second):
         out, _ = proc.communicate(timeout=300)

@@ -20,11 +20,11 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.catalog import GPUSpec
 from tuner.launch import LaunchRequest
 from tuner.layout import ResultsLayout
+from tuner.leases import Leases
 from tuner.outcome import Outcome
 from tuner.record import recovered_metrics
 from tuner.schedule import live_running
 from tuner.spec import StudySpec
-from tuner.storage import Leases
 from tuner.trials import RETRYABLE, is_duplicate, runs_again
 
 logger = logging.getLogger(__name__)

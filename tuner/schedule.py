@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.launch import LaunchRequest, NodeGroup, NodePool
 from tuner.layout import ResultsLayout
-from tuner.storage import Lease, LeaseConflict, Leases
+from tuner.leases import Lease, LeaseConflict, Leases
 
 logger = logging.getLogger(__name__)
 

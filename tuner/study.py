@@ -34,10 +34,9 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import StorageError, StudyError
 from tuner.launch import LaunchRequest, NodePool
 from tuner.layout import ResultsLayout
-from tuner.memory import GIB, estimate_memory, fits
+from tuner.leases import Leases, open_leases
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time
+from tuner.parallel import ParallelConfig
 from tuner.record import (
     LAUNCH_ERRORS_STOP,
     Summary,
@@ -51,56 +50,24 @@ from tuner.record import (
 from tuner.recovery import Recovery
 from tuner.sampler import make_sampler
 from tuner.schedule import Heartbeat, Placement, Scheduler, live_running
+from tuner.screen import Screen
 from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
-from tuner.storage import (
-    LeaseConflict,
-    Leases,
-    create_or_load,
-    open_leases,
-    open_storage,
-    record_heartbeats,
-)
+from tuner.storage import check_results_dir, open_storage, open_study, record_heartbeats
 from tuner.trials import (
-    FINGERPRINT_ATTR,
     RETRYABLE,
     config_from_params,
     config_params,
     counts_as_run,
     distributions,
-    is_duplicate,
-    oom_dominates,
-    runs_again,
-    trial_config,
     trial_outcome,
 )
+from tuner.trials import measured as trials_measured
 
 logger = logging.getLogger(__name__)
 
 IMPROVEMENT = 0.01  # early stop: the best must improve by 1 % within search.early_stop_trials
 __all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop", "stop_on_signals"]
-
-
-def open_study(
-    spec: StudySpec, storage: optuna.storages.BaseStorage, force: bool, *,
-    url: str | None = None, layout: ResultsLayout | None = None,
-) -> optuna.Study:  # fmt: skip
-    """Create or resume the Optuna study; refuse a changed spec unless ``force``."""
-    layout = layout or ResultsLayout(Path("results").resolve(), spec.name)
-    study = create_or_load(spec.name, storage, url, layout, make_sampler(spec))
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR)
-    mine = spec.fingerprint()
-    if recorded is None:
-        study.set_user_attr(FINGERPRINT_ATTR, mine)
-    elif recorded != mine:
-        if not force:
-            raise StudyError(
-                f"study {spec.name!r} was started with a different study file (fingerprint "
-                f"{recorded}, now {mine}); resume with --force, or give the study a new name"
-            )
-        logger.warning("study file changed since the study started; resuming (--force)")
-        study.set_user_attr(FINGERPRINT_ATTR, mine)
-    return study
 
 
 @dataclass(slots=True)
@@ -148,6 +115,8 @@ class StudyLoop:
         self.scheduler = Scheduler(pool, leases, executor, layout, self.worker,
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
+        self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
+                             heartbeat_s=self.heartbeat_s, rerun=self.rerun)  # fmt: skip
         self.recovery = Recovery(spec, study, storage, leases, executor, layout, self.gpu,
                                  worker=self.worker, heartbeat_s=self.heartbeat_s,
                                  rerun=self.rerun)  # fmt: skip
@@ -182,11 +151,7 @@ class StudyLoop:
 
     def measured(self, trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
         """Config key -> the trial that measured it (ok outcome, not a duplicate)."""
-        out: dict[str, FrozenTrial] = {}
-        for t in trials:
-            if t.state == TrialState.COMPLETE and not is_duplicate(t):
-                out.setdefault(str(t.user_attrs.get("key")), t)
-        return out
+        return trials_measured(trials)
 
     def best(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
         """The fastest measured trial."""
@@ -218,80 +183,6 @@ class StudyLoop:
 
     # -- choosing the next config ----------------------------------------------------------------
 
-    def _prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
-        trial.set_user_attr("outcome", str(outcome))
-        trial.set_user_attr("reason", reason)
-        self.study.tell(trial, state=TrialState.PRUNED)
-        self.summary.count(outcome)
-
-    def _screen(self, trial: optuna.Trial, config: ParallelConfig) -> bool:
-        """Record ``trial`` without launching when it must not run; True when it may run."""
-        spec = self.spec
-        errors = validate(config, spec.model, spec.world_size, spec.framework)
-        if errors:
-            self._prune(trial, Outcome.INVALID, "; ".join(e.message for e in errors))
-            return False
-        memory = estimate_memory(spec.model, config, self.gpu, spec.framework,
-                                 spec.training.precision)  # fmt: skip
-        predicted = estimate_time(spec.model, spec.training, config, self.gpu,
-                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
-        trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
-        trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
-        trial.set_user_attr("predicted_step_s", predicted.step)
-        trial.set_user_attr("predicted_mfu", predicted.mfu)
-        if not fits(memory, self.gpu, spec.search.memory_headroom):
-            limit = spec.search.memory_headroom * self.gpu.memory_gib
-            reason = f"predicted peak {memory.peak / GIB:.3g} GiB > {limit:.3g} GiB"
-            self._prune(trial, Outcome.PRUNED_MEMORY, reason)
-            return False
-        return self._screen_history(trial, config)
-
-    def _screen_history(self, trial: optuna.Trial, config: ParallelConfig) -> bool:
-        key = config.key()
-        trials = self.trials()
-        for t in trials:
-            oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
-            if oom is not None and oom_dominates(oom, config):
-                reason = f"needs at least the memory of trial {t.number}, which ran out"
-                self._prune(trial, Outcome.PRUNED_MEMORY, reason)
-                return False
-        done = self.measured(trials).get(key)
-        if done is not None and done.value is not None:
-            trial.set_user_attr("duplicate_of", done.number)
-            trial.set_user_attr("outcome", str(Outcome.OK))
-            self.study.tell(trial, done.value)  # the sampler learns; nothing runs again
-            return False
-        return not self._claimed_elsewhere(trial, key, trials)
-
-    def _claimed_elsewhere(self, trial: optuna.Trial, key: str, trials: list[FrozenTrial]) -> bool:
-        """Whether another trial holds ``key``; if so ``trial`` yields.
-
-        A finished trial holds it when its outcome is final; a running one through the
-        config's lease (claimed atomically, released once its result is recorded).
-        """
-        final = [
-            t for t in trials
-            if t.number != trial.number and t.user_attrs.get("key") == key
-            and t.state.is_finished() and not is_duplicate(t) and not runs_again(t, self.rerun)
-        ]  # fmt: skip
-        holder = final[0] if final else None
-        if holder is None:
-            try:
-                self.leases.claim([f"config:{key}"], self.worker, trial=trial.number)
-                return False
-            except LeaseConflict as conflict:
-                lease = conflict.held[0] if conflict.held else None
-                if lease is not None and lease.expired(time.time(), self.heartbeat_s):
-                    self.leases.take_over(lease)  # its trial's nodes are cleaned separately
-                    return self._claimed_elsewhere(trial, key, trials)
-                number = lease.trial if lease is not None else None
-        else:
-            number = holder.number
-        trial.set_user_attr("reason", f"same config as trial {number}")
-        trial.set_user_attr("duplicate_of", number)  # not a trial of its own
-        self.study.tell(trial, state=TrialState.FAIL)
-        return True
-
     def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
         """Ask until a config that may run comes up; None when the space looks exhausted."""
         dists = distributions(self.spec)
@@ -307,7 +198,7 @@ class StudyLoop:
             config = config_from_params(self.spec, trial.params)
             trial.set_user_attr("config", dataclasses.asdict(config))
             trial.set_user_attr("key", config.key())
-            if self._screen(trial, config):
+            if self.screen(trial, config, self.trials()):
                 return trial, config
             if self.stop_requested:
                 return None
@@ -568,31 +459,6 @@ def make_executor(spec: StudySpec) -> Any:
     raise StudyError("executor 'slurm' is not implemented yet: use ssh or local")
 
 
-def check_results_dir(layout: ResultsLayout) -> None:
-    """Refuse to start when the study's results folder cannot take a trial's files."""
-    import shutil
-
-    try:
-        layout.study_dir.mkdir(parents=True, exist_ok=True)
-        probe = layout.study_dir / f".write-test-{os.getpid()}"
-        probe.write_text("ok\n")
-        probe.unlink()
-    except OSError as exc:
-        raise StudyError(f"results folder {layout.study_dir} is not writable: "
-                         f"{exc.strerror or exc}") from None  # fmt: skip
-    free = shutil.disk_usage(layout.study_dir).free
-    if free < MIN_FREE_BYTES:
-        raise StudyError(
-            f"results folder {layout.study_dir} has only {free / 2**20:.1f} MiB free; the study "
-            f"needs at least {MIN_FREE_BYTES // 2**20} MiB for its storage and trial logs"
-        )
-
-
-MIN_FREE_BYTES = 64 * 2**20
-"""A trial's logs are tens of kB to a few MB and SQLite needs room for its journal: below this
-the next trial's result could not be stored (a full disk loses it)."""
-
-
 def build_loop(
     spec: StudySpec, *, storage: str | None = None, results: str = "results", force: bool = False,
     n_trials: int | None = None, launcher: Launcher = template_launcher,
@@ -603,7 +469,7 @@ def build_loop(
     layout = ResultsLayout(Path(results).resolve(), spec.name)
     check_results_dir(layout)
     opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
-    study = open_study(spec, opened, force, url=storage, layout=layout)
+    study = open_study(spec, opened, make_sampler(spec), force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
     return StudyLoop(
         spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,

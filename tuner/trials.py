@@ -17,9 +17,6 @@ from tuner.parallel import ParallelConfig
 from tuner.space import Axes, expand_axes
 from tuner.spec import StudySpec
 
-FINGERPRINT_ATTR = "tuner_spec_fingerprint"
-"""Study attribute: the fingerprint of the study file the study was started with."""
-
 RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
 """Outcomes whose config runs again (once per trial): the trial said nothing about the config."""
 
@@ -153,3 +150,12 @@ def runs_again(t: FrozenTrial, rerun: frozenset[Outcome] = frozenset()) -> bool:
     if outcome in RETRYABLE:
         return True
     return outcome in rerun and bool(t.user_attrs.get("launched"))
+
+
+def measured(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """Config key -> the trial that measured it (ok outcome, not a duplicate)."""
+    out: dict[str, FrozenTrial] = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE and not is_duplicate(t):
+            out.setdefault(str(t.user_attrs.get("key")), t)
+    return out

@@ -1,0 +1,97 @@
+"""The package's shape: dependencies point one way (no import circle, lazy imports included)
+and modules stay small enough to read in one sitting."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tuner"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every tuner module ``path`` imports, at the top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("tuner"):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("tuner"))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for target in _imports(path):
+            # "from tuner.launch import X" may name a submodule or a package attribute
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != name and not name.startswith(target + "."):
+                deps.add(target)
+        graph[name] = deps
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_circle_in_the_package() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_models_and_parsers_never_import_the_loop_or_the_cli() -> None:
+    graph = _graph()
+    lower = ["tuner.memory", "tuner.perf", "tuner.space", "tuner.parallel", "tuner.trials",
+             "tuner.storage", "tuner.logs"]  # fmt: skip
+    upper = {"tuner.study", "tuner.cli", "tuner.report", "tuner.results"}
+    for name in lower:
+        assert not graph[name] & upper, (name, graph[name] & upper)
+
+
+def test_the_study_loop_reads_in_one_sitting() -> None:
+    assert len((PACKAGE / "study.py").read_text().splitlines()) < 500
+
+
+def test_one_place_spells_the_recompute_setting() -> None:
+    """``full:uniform:1`` is built by ParallelConfig.recompute_setting only."""
+    spellers = sorted(
+        str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+        if 'f"full:' in p.read_text() or 'f"full/' in p.read_text()
+    )  # fmt: skip
+    assert spellers == ["parallel.py"]

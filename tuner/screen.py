@@ -1,0 +1,122 @@
+"""Screening a proposed config before any node is spent on it.
+
+In order: the framework's own rules (``invalid``), the memory model (``pruned_memory`` with the
+predicted peak), the OOMs measured so far (a config needing at least the memory of one that ran
+out), configs already measured (answered from that trial), and configs another trial holds
+(finished with a final outcome, or running: claimed through the config's lease).
+"""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.catalog import GPUSpec
+from tuner.leases import LeaseConflict, Leases
+from tuner.memory import GIB, estimate_memory, fits
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig, validate
+from tuner.perf import estimate_time
+from tuner.record import Summary
+from tuner.spec import StudySpec
+from tuner.trials import (
+    is_duplicate,
+    measured,
+    oom_dominates,
+    runs_again,
+    trial_config,
+    trial_outcome,
+)
+
+
+class Screen:
+    """Records a trial that must not run (and why); says which may."""
+
+    def __init__(
+        self, spec: StudySpec, study: optuna.Study, leases: Leases, gpu: GPUSpec,
+        summary: Summary, *, worker: str, heartbeat_s: float, rerun: frozenset[Outcome],
+    ) -> None:  # fmt: skip
+        self.spec, self.study, self.leases, self.gpu = spec, study, leases, gpu
+        self.summary, self.worker, self.heartbeat_s, self.rerun = (
+            summary,
+            worker,
+            heartbeat_s,
+            rerun,
+        )
+
+    def _prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
+        trial.set_user_attr("outcome", str(outcome))
+        trial.set_user_attr("reason", reason)
+        self.study.tell(trial, state=TrialState.PRUNED)
+        self.summary.count(outcome)
+
+    def __call__(self, trial: optuna.Trial, config: ParallelConfig,
+                 trials: list[FrozenTrial]) -> bool:  # fmt: skip
+        """Record ``trial`` without launching when it must not run; True when it may run."""
+        spec = self.spec
+        errors = validate(config, spec.model, spec.world_size, spec.framework)
+        if errors:
+            self._prune(trial, Outcome.INVALID, "; ".join(e.message for e in errors))
+            return False
+        memory = estimate_memory(spec.model, config, self.gpu, spec.framework,
+                                 spec.training.precision)  # fmt: skip
+        predicted = estimate_time(spec.model, spec.training, config, self.gpu,
+                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
+        trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
+        trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
+        trial.set_user_attr("predicted_step_s", predicted.step)
+        trial.set_user_attr("predicted_mfu", predicted.mfu)
+        if not fits(memory, self.gpu, spec.search.memory_headroom):
+            limit = spec.search.memory_headroom * self.gpu.memory_gib
+            reason = f"predicted peak {memory.peak / GIB:.3g} GiB > {limit:.3g} GiB"
+            self._prune(trial, Outcome.PRUNED_MEMORY, reason)
+            return False
+        return self._screen_history(trial, config, trials)
+
+    def _screen_history(self, trial: optuna.Trial, config: ParallelConfig,
+                        trials: list[FrozenTrial]) -> bool:  # fmt: skip
+        key = config.key()
+        for t in trials:
+            oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
+            if oom is not None and oom_dominates(oom, config):
+                reason = f"needs at least the memory of trial {t.number}, which ran out"
+                self._prune(trial, Outcome.PRUNED_MEMORY, reason)
+                return False
+        done = measured(trials).get(key)
+        if done is not None and done.value is not None:
+            trial.set_user_attr("duplicate_of", done.number)
+            trial.set_user_attr("outcome", str(Outcome.OK))
+            self.study.tell(trial, done.value)  # the sampler learns; nothing runs again
+            return False
+        return not self._claimed_elsewhere(trial, key, trials)
+
+    def _claimed_elsewhere(self, trial: optuna.Trial, key: str, trials: list[FrozenTrial]) -> bool:
+        """Whether another trial holds ``key``; if so ``trial`` yields.
+
+        A finished trial holds it when its outcome is final; a running one through the
+        config's lease (claimed atomically, released once its result is recorded).
+        """
+        final = [
+            t for t in trials
+            if t.number != trial.number and t.user_attrs.get("key") == key
+            and t.state.is_finished() and not is_duplicate(t) and not runs_again(t, self.rerun)
+        ]  # fmt: skip
+        holder = final[0] if final else None
+        if holder is None:
+            try:
+                self.leases.claim([f"config:{key}"], self.worker, trial=trial.number)
+                return False
+            except LeaseConflict as conflict:
+                lease = conflict.held[0] if conflict.held else None
+                if lease is not None and lease.expired(time.time(), self.heartbeat_s):
+                    self.leases.take_over(lease)  # its trial's nodes are cleaned separately
+                    return self._claimed_elsewhere(trial, key, trials)
+                number = lease.trial if lease is not None else None
+        else:
+            number = holder.number
+        trial.set_user_attr("reason", f"same config as trial {number}")
+        trial.set_user_attr("duplicate_of", number)  # not a trial of its own
+        self.study.tell(trial, state=TrialState.FAIL)
+        return True
