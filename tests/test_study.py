@@ -89,7 +89,9 @@ def test_finds_the_known_optimum(tmp_path: Path) -> None:
     finally:
         loop.executor.close()
     board = leaderboard(spec, results=str(tmp_path / "results"))
-    assert summary.launched <= 16 and not board.empty
+    # the budget counts runs; a node error (a rendezvous port taken meanwhile) runs again
+    runs = summary.launched - summary.outcomes.get("node_error", 0)
+    assert runs <= 16 and not board.empty
     best = board.iloc[0]
     key = ParallelConfig(
         tp=int(best.tp), pp=int(best.pp), dp=int(best.dp), sequence_parallel=bool(best.sp),

@@ -22,6 +22,9 @@ from tuner.launch.base import (
 
 logger = logging.getLogger(__name__)
 
+PORT_SEARCH = 100
+"""Ports tried upward from the preferred one (the node pool's range is as wide)."""
+
 
 class _LocalProcess(NodeProcess):
     def __init__(self, popen: subprocess.Popen[bytes], log: IO[bytes]) -> None:
@@ -52,8 +55,11 @@ class LocalExecutor(Executor):
     def master_port(self, hosts: Sequence[str], preferred: int) -> int:
         """A port free on this machine right now: other studies, tests or jobs here may hold
         the pool's fixed ports (two workers of one study on one machine would collide)."""
-        if _bindable(preferred):
-            return preferred
+        # Next ports of the pool's range before the kernel's choice: an ephemeral port may be
+        # taken as the source port of some outgoing connection before torchrun binds it.
+        for port in range(preferred, min(preferred + PORT_SEARCH, 65536)):
+            if _bindable(port):
+                return port
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])
