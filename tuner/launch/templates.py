@@ -10,7 +10,9 @@ Rendering is strict (an undefined name is an error) and every value that reaches
 through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``, ``training``,
 ``cluster``, ``launch``, ``cfg`` (the :class:`ParallelConfig`), ``nnodes``, ``node_rank``,
 ``nproc_per_node``, ``hosts``, ``master_addr``, ``master_port``, ``trial_dir``, ``files`` (name ->
-path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu`` and ``ds_config``.
+path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu``, ``ds_config`` and
+``megatron_flags`` (the parallelism, batch, recompute and optimizer flags of ``cfg``, each a tuple
+of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import jinja2
 
 from tuner.errors import ConfigError, LaunchError
+from tuner.launch.megatron_flags import megatron_parallel_flags
 from tuner.parallel import ParallelConfig
 from tuner.spec import LaunchSpec, StudySpec
 
@@ -250,6 +253,7 @@ def context(
         "python_bin": str(PurePosixPath(python).parent) if "/" in python else None,
         "cpu": spec.cluster.gpu == "cpu",
         "ds_config": deepspeed_config(spec, config),
+        "megatron_flags": megatron_parallel_flags(config, spec.model.num_layers),
     }
 
 
