@@ -17,11 +17,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tuner.api import estimate
 from tuner.errors import ConfigError, TunerError
-from tuner.memory import estimate_memory, fits
-from tuner.parallel import validate
-from tuner.perf import estimate_time
-from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space, study_gpu
+from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space
 from tuner.spec import StudySpec, load_study
 
 FLOPS_HELP = (
@@ -47,26 +45,7 @@ def _emit_json(data: Any) -> None:
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    config = config_from_settings(spec, args.set or [])
-    gpu = study_gpu(spec)
-    errors = validate(config, spec.model, spec.world_size, spec.framework)
-    memory = time = None
-    if not errors:
-        memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)
-        time = estimate_time(
-            spec.model, spec.training, config, gpu, spec.cluster.gpus_per_node, spec.framework
-        )
-    result: dict[str, Any] = {
-        "config": config.to_dict(),
-        "valid": not errors,
-        "errors": [e.message for e in errors],
-        "memory": memory.to_dict() if memory else None,
-        "gpu_memory_gib": gpu.memory_gib,
-        "fits": bool(memory and fits(memory, gpu, spec.search.memory_headroom)),
-        "time": time.to_dict() if time else None,
-        "step_s": time.step if time else None,
-        "mfu": time.mfu if time else None,
-    }
+    result = estimate(spec, config_from_settings(spec, args.set or [])).to_dict()
     if args.format == "json":
         _emit_json(result)
     else:
