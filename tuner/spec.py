@@ -487,22 +487,55 @@ def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
     return value
 
 
+STUDY_PATHS = (
+    "cluster.hostfile", "cluster.ssh.config_file", "cluster.ssh.key_file",
+    "cluster.ssh.known_hosts", "launch.python", "launch.megatron_path", "launch.script",
+    "launch.workdir", "launch.templates_dir",
+)  # fmt: skip
+"""The study fields that name a file or directory: a relative one is relative to the study file."""
+
+
+def study_relative(data: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
+    """``data`` with each relative path of :data:`STUDY_PATHS` joined to ``base_dir``.
+
+    Why: a study must mean the same files wherever ``tune`` is started from, and its hostfile,
+    training script or templates usually sit next to it. Absolute paths and ``~/...`` stay as
+    written (``~`` is the home directory of whoever opens the file: on the nodes, theirs), and so
+    does a ``launch.python`` without a ``/`` (looked up on PATH). ``..`` is taken literally.
+    """
+    out = dict(data)
+    for dotted in STUDY_PATHS:
+        *parents, leaf = dotted.split(".")
+        node: Any = out
+        for key in parents:
+            if not isinstance(node.get(key), Mapping):
+                break
+            node[key] = node = dict(node[key])
+        else:
+            value = node.get(leaf)
+            bare = dotted == "launch.python" and isinstance(value, str) and "/" not in value
+            if isinstance(value, str) and value and not bare and not value.startswith("~"):
+                node[leaf] = os.path.normpath(base_dir / value)  # unchanged when absolute
+    return out
+
+
 def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpec:
-    """Build a StudySpec from parsed YAML. Relative hostfile paths are read from ``base_dir``.
+    """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``.
 
     ``${NAME}`` in any string value is first replaced with that environment variable
-    (:func:`expand_env`).
+    (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
+    as written: see :data:`STUDY_PATHS` and :func:`study_relative`.
     """
     if not isinstance(raw, Mapping):
         raise ConfigError("a study file must be a mapping of sections")
     data = {k: expand_env(v, path=str(k)) for k, v in raw.items()}
+    if base_dir is not None:
+        data = study_relative(data, base_dir)
     if "model" in data:
         data["model"] = _expand_model(data["model"])
     cluster = data.get("cluster")
     if isinstance(cluster, Mapping) and isinstance(cluster.get("hostfile"), str):
         hf = Path(cluster["hostfile"]).expanduser()
-        if not hf.is_absolute() and base_dir is not None:
-            hf = base_dir / hf
         data["cluster"] = {
             **{k: v for k, v in cluster.items() if k != "hostfile"},
             "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
@@ -549,6 +582,7 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
     try:
-        return study_from_mapping(raw, base_dir=path.parent)
+        # the folder the file really is in: studies/ may be a link (it is, in this repository)
+        return study_from_mapping(raw, base_dir=path.resolve().parent)
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=exc.path, file=str(path)) from None

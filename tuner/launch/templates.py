@@ -261,9 +261,10 @@ def _local_paths(spec: StudySpec) -> LaunchSpec:
     """``launch`` with relative ``python``/``script``/``workdir`` made absolute for local runs.
 
     Why: the local executor starts each node's script in the trial directory
-    (results/<study>/trials/<n>/), so a study's ``python: .venv/bin/python`` or
-    ``script: workloads/gpt_deepspeed.py`` (relative to where ``tune`` runs, as the demo study
-    writes them) would not be found there. Local "nodes" share this filesystem, so resolving them
+    (results/<study>/trials/<n>/), where a relative path would not be found. A study loaded from
+    a file has its paths made relative to the file's folder already (``tuner.spec.STUDY_PATHS``);
+    this covers a study built in code (``study_from_mapping`` without ``base_dir``), whose paths
+    are relative to where ``tune`` runs. Local "nodes" share this filesystem, so resolving them
     against the current directory is what the user meant. Remote executors keep them as written.
     """
     launch = spec.launch
