@@ -10,7 +10,8 @@ import yaml
 
 from tuner.launch.templates import render_launch
 from tuner.parallel import ParallelConfig
-from tuner.spec import STUDY_PATHS, ClusterSpec, LaunchSpec, SSHSpec, load_study
+from tuner.spec import ClusterSpec, LaunchSpec, SSHSpec, load_study
+from tuner.study_paths import STUDY_PATHS
 
 
 def write_study(folder: Path, **launch: object) -> Path:

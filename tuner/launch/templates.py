@@ -262,7 +262,7 @@ def _local_paths(spec: StudySpec) -> LaunchSpec:
 
     Why: the local executor starts each node's script in the trial directory
     (results/<study>/trials/<n>/), where a relative path would not be found. A study loaded from
-    a file has its paths made relative to the file's folder already (``tuner.spec.STUDY_PATHS``);
+    a file has its paths made relative to the file's folder already (:mod:`tuner.study_paths`);
     this covers a study built in code (``study_from_mapping`` without ``base_dir``), whose paths
     are relative to where ``tune`` runs. Local "nodes" share this filesystem, so resolving them
     against the current directory is what the user meant. Remote executors keep them as written.
