@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from tuner.cli import main
+from tuner.errors import ConfigError
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -65,3 +67,71 @@ def test_bad_input_exits_2_with_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tune: error: ")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import tuner
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"tune {tuner.__version__} (paratune)\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--debug", "estimate", "--study", "missing-study"],
+     ["estimate", "--study", "missing-study", "--debug"],
+     ["-v", "space", "--study", "missing-study", "--debug"]],
+)  # fmt: skip
+def test_global_options_before_or_after_the_command(argv: list[str]) -> None:
+    with pytest.raises(ConfigError, match="unknown study"):  # --debug: the exception itself
+        main(argv)
+
+
+def test_store_options_before_the_command_and_only_where_they_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    elsewhere = str(tmp_path / "elsewhere")
+    for argv in (["--results", elsewhere, "leaderboard", "--study", "gpt-70b"],
+                 ["leaderboard", "--study", "gpt-70b", "--results", elsewhere]):  # fmt: skip
+        assert main(argv) == 2
+        assert "no results for study 'gpt-70b'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--results", elsewhere, "estimate", "--study", "gpt-70b"])
+    assert exc.value.code == 2
+    assert "--results applies to run, leaderboard, best" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["estimate", "--set", "tp=8"], ["space"],
+                                     ["run", "--dry-run"]])  # fmt: skip
+def test_format_json_is_json(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [command[0], "--study", "gpt-70b", *command[1:]]
+    assert run_json(capsys, *argv, "--format", "json") == run_json(capsys, *argv, "--json")
+
+
+@pytest.mark.slow
+def test_run_leaderboard_best_json_and_no_optuna_lines(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_study import SURFACE, study_data, write_study
+
+    data = study_data(tmp_path, SURFACE, n_trials=2)
+    data["space"] = {"tp": [2], "micro_batch_size": [2, 4], "sequence_parallel": [True]}
+    study = str(write_study(tmp_path, data))
+    results = str(tmp_path / "results")
+    assert main(["run", "--study", study, "--results", results, "--format", "json"]) == 0
+    out, err = capfd.readouterr()
+    summary = json.loads(out)
+    assert summary["study"] == "e2e" and summary["launched"] == 2
+    assert summary["outcomes"] == {"ok": 2} and summary["best_trial"] is not None
+    assert "A new study created" not in out + err and "Trial 0 finished" not in out + err
+
+    assert main(["--results", results, "leaderboard", "--study", study, "--format", "json"]) == 0
+    rows = json.loads(capfd.readouterr().out)
+    assert [r["trial"] for r in rows][0] == summary["best_trial"]
+    assert main(["best", "--study", study, "--results", results, "--emit", "args",
+                 "--format", "json"]) == 0  # fmt: skip
+    best = json.loads(capfd.readouterr().out)
+    assert best["trial"] == summary["best_trial"] and best["config"]["tp"] == 2
+    assert best["args"][:2] == ["--tensor-model-parallel-size", "2"]

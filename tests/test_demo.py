@@ -31,13 +31,14 @@ def test_demo_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.spec import load_study
 
     raw = yaml.safe_load(DEMO.read_text())
-    raw["launch"].update(train_iters=4, warmup_iters=1, python=sys.executable)
+    # the copy lives in tmp_path, and its paths would be relative to that folder
+    script = str(REPO / "workloads" / "gpt_deepspeed.py")
+    raw["launch"].update(train_iters=4, warmup_iters=1, python=sys.executable, script=script)
     raw["space"].update(zero_stage=[0, 3], pp=[1, 2], micro_batch_size=[1, 4], recompute=["none"])
     raw["search"].update(sampler="random", n_trials=5, enqueue_top=4)
     study = tmp_path / "demo.yaml"
     study.write_text(yaml.safe_dump(raw))
     results = tmp_path / "results"
-    # the study's script path is relative to the repository root, as `make demo` runs it
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 

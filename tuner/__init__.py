@@ -1,1 +1,102 @@
-"""tuner: find the fastest parallel configuration for Megatron-LM / DeepSpeed training."""
+"""tuner: find the fastest parallel configuration for Megatron-LM / DeepSpeed training.
+
+The Python API, for a notebook or a script (``tune`` is the command line over the same calls)::
+
+    import tuner
+
+    spec = tuner.load_study("gpt-70b")             # a name, or a path to a study file
+    report = tuner.enumerate_space(spec)           # counts and viable configs, ranked
+    print(report.counts(), report.ranked()[0].config)
+    print(tuner.estimate(spec, tp=8, pp=4).to_dict())
+    summary = tuner.run(spec, n_trials=10)         # real short runs (the study's cluster)
+    board = tuner.leaderboard(spec)                # a pandas DataFrame, fastest first
+    config = tuner.best(spec)                      # the fastest measured ParallelConfig
+
+Names load on first use: ``import tuner`` itself imports nothing heavy (no Optuna, no pandas).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.api import Estimate, best, estimate, run
+    from tuner.memory import MemoryBreakdown, estimate_memory
+    from tuner.parallel import ParallelConfig
+    from tuner.perf import TimeBreakdown, estimate_time
+    from tuner.results import leaderboard
+    from tuner.space import SpaceReport, enumerate_space, study_gpu
+    from tuner.spec import StudySpec, load_study
+    from tuner.record import Summary
+
+    __version__: str
+
+DISTRIBUTION = "paratune"
+"""The name this package is installed under (``pip install paratune``); it imports as ``tuner``."""
+
+_LAZY = {
+    "load_study": "tuner.spec",
+    "StudySpec": "tuner.spec",
+    "ParallelConfig": "tuner.parallel",
+    "enumerate_space": "tuner.space",
+    "SpaceReport": "tuner.space",
+    "study_gpu": "tuner.space",
+    "estimate_memory": "tuner.memory",
+    "MemoryBreakdown": "tuner.memory",
+    "estimate_time": "tuner.perf",
+    "TimeBreakdown": "tuner.perf",
+    "estimate": "tuner.api",
+    "Estimate": "tuner.api",
+    "run": "tuner.api",
+    "best": "tuner.api",
+    "leaderboard": "tuner.results",
+    "Summary": "tuner.study",
+}
+
+# Written out (not built from _LAZY) so that linters and type checkers read it; a test checks that
+# the two agree.
+__all__ = [
+    "DISTRIBUTION", "Estimate", "MemoryBreakdown", "ParallelConfig", "SpaceReport", "StudySpec",
+    "Summary", "TimeBreakdown", "__version__", "best", "enumerate_space", "estimate",
+    "estimate_memory", "estimate_time", "leaderboard", "load_study", "run", "study_gpu",
+]  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value: Any = _version()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    globals()[name] = value  # later look-ups don't come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _version() -> str:
+    """The installed distribution's version; in a source checkout, the one in pyproject.toml.
+
+    Why the fallback: running from a checkout (``PYTHONPATH=.``, or a venv holding an older
+    install) has no metadata for this code, and pyproject.toml stays the one place the version
+    is written.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+    return str(project["version"]) if project.get("name") == DISTRIBUTION else "0+unknown"

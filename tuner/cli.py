@@ -7,6 +7,7 @@ traceback only with ``--debug``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -16,12 +17,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tuner.api import estimate
 from tuner.errors import ConfigError, TunerError
-from tuner.memory import estimate_memory, fits
 from tuner.outcome import Outcome
-from tuner.parallel import validate
-from tuner.perf import estimate_time
-from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space, study_gpu
+from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space
 from tuner.spec import StudySpec, load_study
 
 FLOPS_HELP = (
@@ -47,27 +46,8 @@ def _emit_json(data: Any) -> None:
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    config = config_from_settings(spec, args.set or [])
-    gpu = study_gpu(spec)
-    errors = validate(config, spec.model, spec.world_size, spec.framework)
-    memory = time = None
-    if not errors:
-        memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)
-        time = estimate_time(
-            spec.model, spec.training, config, gpu, spec.cluster.gpus_per_node, spec.framework
-        )
-    result: dict[str, Any] = {
-        "config": config.to_dict(),
-        "valid": not errors,
-        "errors": [e.message for e in errors],
-        "memory": memory.to_dict() if memory else None,
-        "gpu_memory_gib": gpu.memory_gib,
-        "fits": bool(memory and fits(memory, gpu, spec.search.memory_headroom)),
-        "time": time.to_dict() if time else None,
-        "step_s": time.step if time else None,
-        "mfu": time.mfu if time else None,
-    }
-    if args.json:
+    result = estimate(spec, config_from_settings(spec, args.set or [])).to_dict()
+    if args.format == "json":
         _emit_json(result)
     else:
         _print_estimate(result, spec.search.memory_headroom)
@@ -183,7 +163,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     report = enumerate_space(spec)
     out = report.counts()
     top = report.ranked()[: args.top] if args.top > 0 else []
-    if args.json:
+    if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
         _emit_json(out)
@@ -198,7 +178,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
-        return _dry_run(spec, args.json, args.n_trials)
+        return _dry_run(spec, args.format == "json", args.n_trials)
     return _run(spec, args)
 
 
@@ -217,7 +197,11 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
             summary = loop.run()
     finally:
         loop.executor.close()
-    progress.final(loop, summary)
+    if args.format == "json":
+        _emit_json({"study": spec.name, **dataclasses.asdict(summary), "failed": summary.failed,
+                    "space": loop.space_counts})  # fmt: skip
+    else:
+        progress.final(loop, summary)
     if summary.stop_reason.startswith("interrupted"):
         return 130
     failed = summary.failed
@@ -288,14 +272,26 @@ def _print_board(spec: StudySpec, board: Any) -> None:
 
 
 def _cmd_best(args: argparse.Namespace) -> int:
-    from tuner.results import emit_best
+    from tuner.results import best_trial, emit_best
 
     spec = load_study(args.study)
     if args.train_iters is not None and args.train_iters <= 0:
         raise ConfigError(f"--train-iters must be > 0, got {args.train_iters}")
     text = emit_best(spec, args.emit, storage=args.storage, results=args.results,
                      train_iters=args.train_iters)  # fmt: skip
-    sys.stdout.write(text)
+    if args.format != "json":
+        sys.stdout.write(text)
+        return 0
+    trial = best_trial(spec, args.storage, args.results)
+    out: dict[str, Any] = {"study": spec.name, "trial": trial.number, "step_s": trial.value,
+                           "config": trial.user_attrs["config"], "emit": args.emit}  # fmt: skip
+    if args.emit == "args":
+        out["args"] = text.split()
+    elif args.emit == "ds-config":
+        out["ds_config"] = json.loads(text)
+    else:
+        out["script"] = text
+    _emit_json(out)
     return 0
 
 
@@ -326,6 +322,62 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
 
 # ----------------------------------------------------------------------------- main
 
+GLOBAL_DEFAULTS: dict[str, Any] = {"debug": False, "verbose": False, "quiet": False}
+"""Options every command takes, before or after its name (``tune --debug run``, ``tune run
+--debug``)."""
+STORE_DEFAULTS: dict[str, Any] = {"results": "results", "storage": None}
+"""Where a study's results live: options of run, leaderboard and best, also accepted before the
+command's name."""
+STORE_COMMANDS = ("run", "leaderboard", "best")
+OPTUNA_COMMANDS = STORE_COMMANDS
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, reading the installed metadata only when asked (it is slow to import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:  # fmt: skip
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+        option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        import tuner
+
+        sys.stdout.write(f"tune {tuner.__version__} ({tuner.DISTRIBUTION})\n")
+        parser.exit()
+
+
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: an option left out after the command must not reset one given before it.
+    s = argparse.SUPPRESS
+    parser.add_argument("--debug", action="store_true", default=s, help="show tracebacks")
+    parser.add_argument("-v", "--verbose", action="store_true", default=s, help="log progress")
+    parser.add_argument("--quiet", action="store_true", default=s,
+                        help="tune run: no live display")  # fmt: skip
+
+
+def _add_store_options(parser: argparse.ArgumentParser) -> None:
+    s = argparse.SUPPRESS
+    parser.add_argument("--storage", default=s, metavar="URL",
+                        help="SQLAlchemy URL or journal file (default: the results directory's "
+                        "STUDY/study.db)")  # fmt: skip
+    parser.add_argument("--results", default=s, metavar="DIR",
+                        help="results directory (default: results)")  # fmt: skip
+
+
+def add_format_option(
+    parser: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json"),
+    json_synonym: bool = True,
+) -> None:  # fmt: skip
+    """``--format`` (the first choice is the default); ``--json`` is ``--format json``."""
+    parser.add_argument("--format", choices=list(choices), default=choices[0],
+                        help=f"output format (default: {choices[0]})")  # fmt: skip
+    if json_synonym:
+        parser.add_argument("--json", dest="format", action="store_const", const="json",
+                            help="one JSON object on stdout (same as --format json)")  # fmt: skip
+
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     """The argument parser and the handler of each subcommand."""
@@ -334,8 +386,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         description="Find the fastest Megatron-LM / DeepSpeed parallel configuration.",
         epilog=FLOPS_HELP,
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    _add_global_options(parser)
+    _add_store_options(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     handlers: dict[str, Handler] = {}
 
@@ -346,24 +399,21 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         help="a knob: tp, pp, cp, vp, sp, mbs, recompute, recompute_method, "
         "recompute_num_layers, distributed_optimizer, zero_stage (repeatable)",
     )  # fmt: skip
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_format_option(p)
     handlers["estimate"] = _cmd_estimate
 
     p = sub.add_parser("space", help="count, validate and prune the study's search space")
     p.add_argument("--study", required=True)
-    p.add_argument("--json", action="store_true")
+    add_format_option(p)
     p.add_argument("--top", type=int, default=0, metavar="K", help="show the K fastest predicted")
     handlers["space"] = _cmd_space
 
     p = sub.add_parser("run", help="search: launch short real runs and record them")
     p.add_argument("--study", required=True)
     p.add_argument("--n-trials", type=int, default=None, help="override search.n_trials")
-    p.add_argument("--storage", default=None, help="SQLAlchemy URL or journal file")
     p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
-    p.add_argument("--quiet", action="store_true", help="no live display, log lines only")
-    p.add_argument("--results", default="results", help="results directory (default: results)")
-    p.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
+    add_format_option(p, ("text", "json"))
     p.add_argument(
         "--rerun", default="", metavar="OUTCOME[,OUTCOME]",
         help="run again, once, the configs whose trials ended so (e.g. timeout,hang)",
@@ -372,10 +422,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     p = sub.add_parser("leaderboard", help="every measured config, fastest first")
     p.add_argument("--study", required=True)
-    p.add_argument("--format", choices=["table", "csv", "json", "markdown"], default="table")
+    add_format_option(p, ("table", "csv", "json", "markdown"), json_synonym=False)
     p.add_argument("--all", action="store_true", help="include pruned and failed trials")
-    p.add_argument("--storage", default=None)
-    p.add_argument("--results", default="results")
     handlers["leaderboard"] = _cmd_leaderboard
 
     p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
@@ -383,25 +431,54 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--emit", choices=["script", "args", "ds-config"], default="script")
     p.add_argument("--train-iters", type=int, default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
-    p.add_argument("--storage", default=None)
-    p.add_argument("--results", default="results")
+    add_format_option(p, ("text", "json"), json_synonym=False)
     handlers["best"] = _cmd_best
 
     from tuner.logs import cli as logs_cli
 
     logs_cli.add_parser(sub)
     handlers["parse-log"] = logs_cli.run
+    for name, command in sub.choices.items():
+        _add_global_options(command)
+        if name in STORE_COMMANDS:
+            _add_store_options(command)
     return parser, handlers
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, then default the options that may come before or after the command's name."""
+    args = parser.parse_args(argv)
+    for key, value in GLOBAL_DEFAULTS.items():
+        args.__dict__.setdefault(key, value)
+    given = [key for key in STORE_DEFAULTS if key in args.__dict__]
+    if args.command not in STORE_COMMANDS and given:
+        parser.error(f"--{given[0]} applies to {', '.join(STORE_COMMANDS)}, not {args.command}")
+    for key, value in STORE_DEFAULTS.items():
+        args.__dict__.setdefault(key, value)
+    return args
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command in OPTUNA_COMMANDS and not getattr(args, "dry_run", False):
+        # Optuna prints its own lines ("A new study created in RDB ...", "Trial 3 finished ...")
+        # through a handler of its own; the CLI owns the output, so they go through ours and
+        # only under --debug.
+        import optuna
+
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
+        optuna.logging.set_verbosity(logging.DEBUG if args.debug else logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tune`` script."""
     parser, handlers = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    args = parse_args(parser, argv)
+    _configure_logging(args)
     try:
         return handlers[args.command](args)
     except TunerError as exc:

@@ -16,7 +16,8 @@ from rich.table import Table
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.study import StudyLoop, Summary
+    from tuner.record import Summary
+    from tuner.study import StudyLoop
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyError
+from tuner.launch.megatron_flags import megatron_parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -109,28 +110,12 @@ def best_config(
 
 
 def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
-    """The parallelism, batch and recompute arguments of ``config`` in Megatron's flag names."""
-    args = [
-        "--tensor-model-parallel-size", str(config.tp),
-        "--pipeline-model-parallel-size", str(config.pp),
-        "--context-parallel-size", str(config.cp),
-        "--micro-batch-size", str(config.micro_batch_size),
-        "--global-batch-size", str(config.global_batch_size),
-    ]  # fmt: skip
-    if config.vp > 1:
-        per_stage = spec.model.num_layers // (config.pp * config.vp)
-        args += ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
-    if config.sequence_parallel:
-        args.append("--sequence-parallel")
-    if config.recompute == "selective":
-        args += ["--recompute-granularity", "selective"]
-    elif config.recompute == "full":
-        args += ["--recompute-granularity", "full", "--recompute-method",
-                 str(config.recompute_method), "--recompute-num-layers",
-                 str(config.recompute_num_layers)]  # fmt: skip
-    if config.distributed_optimizer:
-        args.append("--use-distributed-optimizer")
-    return args
+    """The parallelism, batch and recompute arguments of ``config`` in Megatron's flag names.
+
+    The same words the ``megatron_gpt`` template puts in a trial's script (one definition:
+    :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
+    """
+    return megatron_parallel_args(config, spec.model.num_layers)
 
 
 def emit_best(

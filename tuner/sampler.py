@@ -355,7 +355,7 @@ def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
             import torch  # noqa: F401  # Optuna's GP sampler runs on torch
         except ImportError:
             raise StudyError(
-                "search.sampler 'gp' needs torch (pip install torch, or the 'train' extra); "
+                "search.sampler 'gp' needs torch and scipy (pip install 'paratune[gp]'); "
                 "the default 'model' sampler does not"
             ) from None
         return optuna.samplers.GPSampler(seed=s.seed)

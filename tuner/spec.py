@@ -24,6 +24,7 @@ import yaml
 
 from tuner._loader import load_dataclass
 from tuner.errors import ConfigError
+from tuner.study_paths import study_relative
 
 Framework = Literal["megatron", "deepspeed"]
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -492,21 +493,22 @@ def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
 
 
 def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpec:
-    """Build a StudySpec from parsed YAML. Relative hostfile paths are read from ``base_dir``.
+    """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``.
 
     ``${NAME}`` in any string value is first replaced with that environment variable
-    (:func:`expand_env`).
+    (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
+    as written: see :mod:`tuner.study_paths`.
     """
     if not isinstance(raw, Mapping):
         raise ConfigError("a study file must be a mapping of sections")
     data = {k: expand_env(v, path=str(k)) for k, v in raw.items()}
+    if base_dir is not None:
+        data = study_relative(data, base_dir)
     if "model" in data:
         data["model"] = _expand_model(data["model"])
     cluster = data.get("cluster")
     if isinstance(cluster, Mapping) and isinstance(cluster.get("hostfile"), str):
         hf = Path(cluster["hostfile"]).expanduser()
-        if not hf.is_absolute() and base_dir is not None:
-            hf = base_dir / hf
         data["cluster"] = {
             **{k: v for k, v in cluster.items() if k != "hostfile"},
             "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
@@ -553,6 +555,7 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
     try:
-        return study_from_mapping(raw, base_dir=path.parent)
+        # the folder the file really is in: studies/ may be a link (it is, in this repository)
+        return study_from_mapping(raw, base_dir=path.resolve().parent)
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=exc.path, file=str(path)) from None

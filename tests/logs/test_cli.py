@@ -47,7 +47,9 @@ def oom_log(tmp_path: Path) -> Path:
 
 def test_json_one_file_is_one_object(ok_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_args(str(ok_log), "--json")) == 0
-    obj = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == ["logs"] and len(out["logs"]) == 1
+    obj = out["logs"][0]
     assert tuple(obj) == JSON_KEYS
     assert obj == {
         "file": str(ok_log),
@@ -61,11 +63,12 @@ def test_json_one_file_is_one_object(ok_log: Path, capsys: pytest.CaptureFixture
     }
 
 
-def test_json_several_files_is_a_list(
+def test_json_several_files_is_one_object_with_a_list(
     ok_log: Path, oom_log: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(_args(str(ok_log), str(oom_log), "--json", "--framework", "megatron")) == 0
-    objs = json.loads(capsys.readouterr().out)
+    args = _args(str(ok_log), str(oom_log), "--format", "json", "--framework", "megatron")
+    assert run(args) == 0
+    objs = json.loads(capsys.readouterr().out)["logs"]
     assert [o["outcome"] for o in objs] == ["ok", "oom"]
     assert objs[1]["reason"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
     assert all(tuple(o) == JSON_KEYS for o in objs)
@@ -73,7 +76,7 @@ def test_json_several_files_is_a_list(
 
 def test_warmup_flag(ok_log: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_args(str(ok_log), "--json", "--warmup", "0")) == 0
-    assert json.loads(capsys.readouterr().out)["step_time_s"] == pytest.approx(0.7)
+    assert json.loads(capsys.readouterr().out)["logs"][0]["step_time_s"] == pytest.approx(0.7)
 
 
 def test_table(ok_log: Path, oom_log: Path, capsys: pytest.CaptureFixture[str]) -> None:

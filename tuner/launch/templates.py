@@ -10,7 +10,9 @@ Rendering is strict (an undefined name is an error) and every value that reaches
 through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``, ``training``,
 ``cluster``, ``launch``, ``cfg`` (the :class:`ParallelConfig`), ``nnodes``, ``node_rank``,
 ``nproc_per_node``, ``hosts``, ``master_addr``, ``master_port``, ``trial_dir``, ``files`` (name ->
-path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu`` and ``ds_config``.
+path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu``, ``ds_config`` and
+``megatron_flags`` (the parallelism, batch, recompute and optimizer flags of ``cfg``, each a tuple
+of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import jinja2
 
 from tuner.errors import ConfigError, LaunchError
+from tuner.launch.megatron_flags import megatron_parallel_flags
 from tuner.parallel import ParallelConfig
 from tuner.spec import LaunchSpec, StudySpec
 
@@ -250,6 +253,7 @@ def context(
         "python_bin": str(PurePosixPath(python).parent) if "/" in python else None,
         "cpu": spec.cluster.gpu == "cpu",
         "ds_config": deepspeed_config(spec, config),
+        "megatron_flags": megatron_parallel_flags(config, spec.model.num_layers),
     }
 
 
@@ -257,9 +261,10 @@ def _local_paths(spec: StudySpec) -> LaunchSpec:
     """``launch`` with relative ``python``/``script``/``workdir`` made absolute for local runs.
 
     Why: the local executor starts each node's script in the trial directory
-    (results/<study>/trials/<n>/), so a study's ``python: .venv/bin/python`` or
-    ``script: workloads/gpt_deepspeed.py`` (relative to where ``tune`` runs, as the demo study
-    writes them) would not be found there. Local "nodes" share this filesystem, so resolving them
+    (results/<study>/trials/<n>/), where a relative path would not be found. A study loaded from
+    a file has its paths made relative to the file's folder already (:mod:`tuner.study_paths`);
+    this covers a study built in code (``study_from_mapping`` without ``base_dir``), whose paths
+    are relative to where ``tune`` runs. Local "nodes" share this filesystem, so resolving them
     against the current directory is what the user meant. Remote executors keep them as written.
     """
     launch = spec.launch

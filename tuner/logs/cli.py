@@ -1,4 +1,7 @@
-"""``tune parse-log FILE... [--framework megatron|deepspeed] [--json]``.
+"""``tune parse-log FILE... [--framework megatron|deepspeed] [--format table|json]``.
+
+``--format json`` (or ``--json``) prints ``{"logs": [...]}``, one object per file in the order
+given (keys: :data:`tuner.logs.JSON_KEYS`).
 
 The ``tune`` entry point registers this with :func:`add_parser` and dispatches to :func:`run`.
 """
@@ -8,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, get_args
+from typing import get_args
 
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="N",
         help="step records to drop as warm-up (default: max(1, 20%%), at least one kept)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from tuner.cli import add_format_option
+
+    add_format_option(parser)
     parser.set_defaults(func=run)
 
 
@@ -53,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"tune parse-log: {exc}", file=sys.stderr)
             return 2
         results.append((file, parse_log(text, args.framework, args.warmup)))
-    if args.json:
-        objects = [metrics.to_json(file) for file, metrics in results]
-        payload: Any = objects[0] if len(objects) == 1 else objects
+    if args.format == "json":
+        # One object, as every command prints, however many files were given.
+        payload = {"logs": [metrics.to_json(file) for file, metrics in results]}
         print(json.dumps(payload, indent=2))
     else:
         Console().print(_table(results))

@@ -1,0 +1,107 @@
+"""The Megatron flags a trial's script passes are the ones ``tune best --emit args`` exports.
+
+The script is run for real under bash with a fake ``torchrun`` that records its argv, so what is
+compared is what Megatron would have received, not the template's text.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.launch.megatron_flags import megatron_parallel_args, megatron_parallel_flags
+from tuner.launch.templates import render_launch
+from tuner.parallel import ParallelConfig, validate
+from tuner.results import megatron_args
+from tuner.spec import StudySpec, study_from_mapping
+
+FAKE_TORCHRUN = """#!{python}
+import json, os, sys
+with open(os.environ["FAKE_TORCHRUN_OUT"], "w") as f:
+    json.dump(sys.argv[1:], f)
+"""
+
+CONFIGS = {
+    "tp2-pp2-vp2-sp-full-uniform-1-distopt": ParallelConfig(
+        tp=2, pp=2, dp=4, vp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=64,
+        recompute="full", recompute_method="uniform", recompute_num_layers=1,
+        distributed_optimizer=True,
+    ),
+    "tp1-cp2-selective": ParallelConfig(
+        tp=1, cp=2, dp=8, micro_batch_size=2, global_batch_size=64, recompute="selective"
+    ),
+    "tp4-sp-selective-distopt": ParallelConfig(
+        tp=4, dp=4, sequence_parallel=True, micro_batch_size=4, global_batch_size=64,
+        recompute="selective", distributed_optimizer=True,
+    ),
+    "tp2-pp4-vp4-cp2-full-block-2": ParallelConfig(
+        tp=2, pp=4, cp=2, vp=4, dp=1, micro_batch_size=1, global_batch_size=64,
+        recompute="full", recompute_method="block", recompute_num_layers=2,
+    ),
+    "dp16-plain": ParallelConfig(dp=16, global_batch_size=64),
+}  # fmt: skip
+
+
+def study(tmp_path: Path) -> StudySpec:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    fake = bin_dir / "torchrun"
+    fake.write_text(FAKE_TORCHRUN.format(python=sys.executable))
+    fake.chmod(0o755)
+    return study_from_mapping({
+        "name": "flags",
+        "model": {"preset": "llama3-8b"},
+        "training": {"global_batch_size": 64, "precision": "bf16"},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nodes": ["n1", "n2"],
+                    "executor": "ssh"},
+        "framework": "megatron",
+        "launch": {"template": "megatron_gpt", "python": str(bin_dir / "python"),
+                   "megatron_path": "/opt/Megatron-LM", "extra_args": ["--use-flash-attn"]},
+    })  # fmt: skip
+
+
+def launched_argv(spec: StudySpec, config: ParallelConfig, tmp_path: Path) -> list[str]:
+    """What torchrun was started with when node 0's rendered script ran."""
+    out = render_launch(spec, config, hosts=["n1", "n2"], master_addr="n1", master_port=29500,
+                        trial_dir="/results/flags/trials/0", cwd=tmp_path)  # fmt: skip
+    script = tmp_path / "launch.sh"
+    script.write_text(out.scripts[0])
+    dump = tmp_path / "argv.json"
+    env = {"PATH": "/usr/bin:/bin", "FAKE_TORCHRUN_OUT": str(dump), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    argv: list[str] = json.loads(dump.read_text())
+    return argv[argv.index("/opt/Megatron-LM/pretrain_gpt.py") + 1 :]
+
+
+@pytest.mark.parametrize("case", sorted(CONFIGS))
+def test_script_and_exported_args_agree(case: str, tmp_path: Path) -> None:
+    spec, config = study(tmp_path), CONFIGS[case]
+    assert validate(config, spec.model, spec.world_size, spec.framework) == []
+    exported = megatron_args(spec, config)
+    launched = launched_argv(spec, config, tmp_path)
+    assert launched[: len(exported)] == exported
+    # none of these flags is given a second time further on (the model, precision, extra args)
+    flag_names = {flag[0] for flag in megatron_parallel_flags(config, spec.model.num_layers)}
+    assert not flag_names & set(launched[len(exported) :])
+
+
+def test_flags_follow_the_config() -> None:
+    c = CONFIGS["tp2-pp2-vp2-sp-full-uniform-1-distopt"]
+    flags = dict((f[0], f[1:]) for f in megatron_parallel_flags(c, num_layers=32))
+    assert flags["--num-layers-per-virtual-pipeline-stage"] == ("8",)  # 32 / (pp 2 * vp 2)
+    assert flags["--recompute-granularity"] == ("full",)
+    assert flags["--recompute-method"] == ("uniform",)
+    assert flags["--recompute-num-layers"] == ("1",)
+    assert flags["--sequence-parallel"] == () and flags["--use-distributed-optimizer"] == ()
+    plain = megatron_parallel_args(CONFIGS["dp16-plain"], num_layers=32)
+    assert plain == [
+        "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+        "--context-parallel-size", "1", "--micro-batch-size", "1", "--global-batch-size", "64",
+    ]  # fmt: skip
+    selective = megatron_parallel_args(CONFIGS["tp1-cp2-selective"], num_layers=32)
+    assert "--recompute-method" not in selective and "--sequence-parallel" not in selective

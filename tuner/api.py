@@ -1,0 +1,129 @@
+"""The notebook-sized Python API: estimate a study's configs, run it, read its results.
+
+``import tuner`` exposes these (and the model functions they build on) lazily; see ``tuner``'s
+docstring. Every function takes a :class:`~tuner.spec.StudySpec` or a study name or path, as
+``tune --study`` does. Optuna and pandas are imported only by :func:`run`, :func:`best` and
+:func:`tuner.results.leaderboard`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.memory import MemoryBreakdown, estimate_memory, fits
+from tuner.parallel import ParallelConfig, validate
+from tuner.perf import TimeBreakdown, estimate_time
+from tuner.space import config_from_settings, study_gpu
+from tuner.spec import StudySpec, load_study
+
+if TYPE_CHECKING:
+    from tuner.record import Summary
+
+__all__ = ["Estimate", "best", "estimate", "run", "study_spec"]
+
+
+def study_spec(study: StudySpec | str) -> StudySpec:
+    """``study`` itself, or the study of that name or path loaded (:func:`tuner.load_study`)."""
+    return load_study(study) if isinstance(study, str) else study
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """One config checked against the framework's rules, with predicted memory and step time."""
+
+    config: ParallelConfig
+    """The config estimated."""
+    errors: tuple[str, ...]
+    """The rules it breaks (empty when valid); nothing is predicted for an invalid config."""
+    memory: MemoryBreakdown | None
+    """Predicted memory per GPU of the most loaded rank (bytes)."""
+    time: TimeBreakdown | None
+    """Predicted step time and its terms (seconds), MFU."""
+    gpu_memory_gib: float
+    """The study's GPU memory, after its ``gpu_memory_gib`` override."""
+    fits: bool
+    """Whether the predicted peak stays within ``search.memory_headroom`` of the GPU memory."""
+
+    @property
+    def valid(self) -> bool:
+        """No framework rule is broken."""
+        return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``tune estimate --format json`` object (memory in GiB)."""
+        return {
+            "config": self.config.to_dict(),
+            "valid": self.valid,
+            "errors": list(self.errors),
+            "memory": self.memory.to_dict() if self.memory else None,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "fits": self.fits,
+            "time": self.time.to_dict() if self.time else None,
+            "step_s": self.time.step if self.time else None,
+            "mfu": self.time.mfu if self.time else None,
+        }
+
+
+def estimate(
+    study: StudySpec | str, config: ParallelConfig | None = None, **settings: object
+) -> Estimate:
+    """Validate one config of ``study`` and predict its memory and step time.
+
+    Give a :class:`ParallelConfig`, or knobs as ``tune estimate --set`` takes them (``tp=8,
+    pp=4, sp=True, recompute="selective"``); knobs left out take the first value of the study's
+    space and DP follows from the world size.
+    """
+    spec = study_spec(study)
+    if config is not None and settings:
+        raise TypeError("give a ParallelConfig or knob settings, not both")
+    if config is None:
+        items = [
+            f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()
+        ]
+        config = config_from_settings(spec, items)
+    gpu = study_gpu(spec)
+    errors = tuple(
+        e.message for e in validate(config, spec.model, spec.world_size, spec.framework)
+    )
+    memory = time = None
+    if not errors:
+        memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)
+        time = estimate_time(
+            spec.model, spec.training, config, gpu, spec.cluster.gpus_per_node, spec.framework
+        )
+    return Estimate(
+        config=config, errors=errors, memory=memory, time=time, gpu_memory_gib=gpu.memory_gib,
+        fits=memory is not None and fits(memory, gpu, spec.search.memory_headroom),
+    )  # fmt: skip
+
+
+def run(
+    study: StudySpec | str, *, n_trials: int | None = None, results: str = "results",
+    storage: str | None = None, force: bool = False,
+) -> Summary:  # fmt: skip
+    """Search, as ``tune run`` does: launch short real runs until the budget is spent.
+
+    ``n_trials`` overrides ``search.n_trials``; ``storage`` is an SQLAlchemy URL or journal file
+    (default: ``<results>/<study>/study.db``); ``force`` resumes a study whose file changed. Run
+    again to resume. Ctrl-C (SIGINT) or SIGTERM cancels the running trials and returns. Raises a
+    :class:`~tuner.errors.TunerError` for a bad study or storage.
+    """
+    from tuner.study import build_loop, stop_on_signals
+
+    spec = study_spec(study)
+    loop = build_loop(spec, storage=storage, results=results, force=force, n_trials=n_trials)
+    try:
+        with stop_on_signals(loop):
+            return loop.run()
+    finally:
+        loop.executor.close()
+
+
+def best(
+    study: StudySpec | str, *, storage: str | None = None, results: str = "results"
+) -> ParallelConfig:
+    """The fastest measured config of ``study`` (a :class:`~tuner.errors.StudyError` if none)."""
+    from tuner.results import best_config
+
+    return best_config(study_spec(study), storage, results)
