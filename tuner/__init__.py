@@ -25,10 +25,10 @@ if TYPE_CHECKING:
     from tuner.memory import MemoryBreakdown, estimate_memory
     from tuner.parallel import ParallelConfig
     from tuner.perf import TimeBreakdown, estimate_time
+    from tuner.record import Summary
     from tuner.results import leaderboard
     from tuner.space import SpaceReport, enumerate_space, study_gpu
     from tuner.spec import StudySpec, load_study
-    from tuner.record import Summary
 
     __version__: str
 
