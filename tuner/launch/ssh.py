@@ -10,22 +10,23 @@ there, one command per node: SIGTERM to every process of the trial, SIGKILL afte
 period, then a scan that must come back empty. Files travel over SFTP and are renamed into place,
 so a loopback "node" sharing this machine's filesystem never sees a half-written file.
 
-Host keys are checked against ``known_hosts`` (unknown keys are refused unless
-``accept_new_host_keys``, which records them; a changed key is always refused). Anything that goes
-wrong with reaching a node becomes a :class:`~tuner.errors.NodeError` in the job's result.
+Node names go through the OpenSSH client config (aliases, ``ProxyJump``, ``ProxyCommand``; see
+:mod:`tuner.launch.sshconfig` for which setting wins). Host keys are checked against
+``known_hosts`` (unknown keys are refused unless ``accept_new_host_keys``, which records them; a
+changed key is always refused). Anything that goes wrong with reaching a node becomes a
+:class:`~tuner.errors.NodeError` in the job's result.
 """
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import shlex
 import socket
+import subprocess
 import threading
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -33,22 +34,14 @@ import paramiko
 
 from tuner.errors import NodeError, RemoteCommandError
 from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
+from tuner.launch.sshconfig import MAX_HOPS, SSHResolver, SSHTarget
 from tuner.spec import SSHSpec
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class SSHTarget:
-    """Where a node name really leads once ``~/.ssh/config`` is applied."""
-
-    name: str
-    hostname: str
-    port: int
-    user: str
-    key_files: tuple[str, ...]
+_Key = tuple[str, ...]
+"""A cached connection: ``("node", name)`` or ``("jump", hop, *hops before it)``."""
 
 
 class _UnknownHostKey(paramiko.SSHException):
@@ -111,6 +104,27 @@ class _Connection:
         self.client.close()
 
 
+class _ProxyCommand(paramiko.ProxyCommand):
+    """paramiko's ProxyCommand, but the command's end of output is EOF (paramiko's reads on
+    after it until its timeout, again and again), and closing waits for the command."""
+
+    def recv(self, size: int) -> bytes:
+        out = self.process.stdout
+        if self.process.poll() is not None:
+            return os.read(out.fileno(), size) if out is not None else b""  # its last words
+        data: bytes = super().recv(size)
+        return data
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            super().close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 class _RemoteProcess(NodeProcess):
     """One node's script: a channel whose output a thread copies into ``node-<k>.log``."""
 
@@ -153,27 +167,18 @@ class SSHExecutor(Executor):
     def __init__(self, ssh: SSHSpec | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ssh = ssh or SSHSpec()
-        self._config = _load_ssh_config(self.ssh.config_file)
-        self._known_hosts = Path(os.path.expanduser(self.ssh.known_hosts))
+        self.resolver = SSHResolver(self.ssh)
+        """How node names and jump hosts become destinations (the ssh config and the study)."""
         self._lock = threading.Lock()
         self._known_hosts_lock = threading.Lock()
-        self._conns: dict[str, _Connection] = {}
-        self._connect_locks: dict[str, threading.Lock] = {}
+        self._conns: dict[_Key, _Connection] = {}
+        self._connect_locks: dict[_Key, threading.Lock] = {}
 
     # ----- connections --------------------------------------------------------------------------
 
     def target(self, host: str) -> SSHTarget:
-        """Resolve ``host`` with ``~/.ssh/config``; the study's explicit settings win."""
-        found = self._config.lookup(host) if self._config is not None else {}
-        key_file = self.ssh.key_file
-        keys = [key_file] if key_file else list(found.get("identityfile", []))
-        return SSHTarget(
-            name=host,
-            hostname=str(found.get("hostname", host)),
-            port=self.ssh.port or int(found.get("port", 22)),
-            user=self.ssh.user or str(found.get("user") or getpass.getuser()),
-            key_files=tuple(os.path.expanduser(k) for k in keys),
-        )
+        """Where node ``host`` leads (see :mod:`tuner.launch.sshconfig` for the precedence)."""
+        return self.resolver.node(host)
 
     def master_addr(self, hosts: Sequence[str]) -> str:
         # A node name may be an alias only this machine's ssh config knows.
@@ -181,25 +186,29 @@ class SSHExecutor(Executor):
 
     def connection(self, host: str) -> _Connection:
         """The cached, live connection to ``host``; (re)connects when needed. Raises NodeError."""
+        return self._cached(("node", host), lambda: self.target(host), depth=0)
+
+    def _cached(self, key: _Key, resolve: Callable[[], SSHTarget], *, depth: int) -> _Connection:
         with self._lock:
-            lock = self._connect_locks.setdefault(host, threading.Lock())
+            lock = self._connect_locks.setdefault(key, threading.Lock())
         with lock:
-            conn = self._conns.get(host)
+            conn = self._conns.get(key)
             if conn is not None and conn.alive:
                 return conn
             if conn is not None:
                 conn.close()
-            conn = _Connection(self._connect(self.target(host)))
-            self._conns[host] = conn
+            conn = _Connection(self._connect(resolve(), depth))
+            self._conns[key] = conn
             return conn
 
-    def _connect(self, t: SSHTarget) -> paramiko.SSHClient:
+    def _connect(self, t: SSHTarget, depth: int) -> paramiko.SSHClient:
+        sock = self._proxy(t, depth)
         client = paramiko.SSHClient()
         try:
-            if self._known_hosts.is_file():
-                client.load_host_keys(str(self._known_hosts))
+            if t.known_hosts.is_file():
+                client.load_host_keys(str(t.known_hosts))
             client.set_missing_host_key_policy(
-                _AcceptNewPolicy(self._known_hosts, self._known_hosts_lock)
+                _AcceptNewPolicy(t.known_hosts, self._known_hosts_lock)
                 if self.ssh.accept_new_host_keys
                 else _RejectPolicy()
             )
@@ -210,37 +219,81 @@ class SSHExecutor(Executor):
                 port=t.port,
                 username=t.user,
                 key_filename=keys,
-                look_for_keys=not t.key_files,
+                look_for_keys=t.look_for_keys,
+                allow_agent=t.agent,
+                sock=sock,
                 timeout=timeout,
                 banner_timeout=timeout,
                 auth_timeout=timeout,
             )
         except Exception as exc:
             client.close()
+            if sock is not None:
+                sock.close()
             raise NodeError(t.name, self._explain(t, exc)) from exc
         return client
 
+    def _proxy(self, t: SSHTarget, depth: int) -> paramiko.Channel | _ProxyCommand | None:
+        """The socket to run ``t``'s SSH session over: a ``direct-tcpip`` channel of the last
+        jump host's connection (cached: many nodes share one bastion), a ProxyCommand, or None
+        for a plain TCP connection."""
+        if t.proxy_command:
+            try:
+                return _ProxyCommand(t.proxy_command)
+            except (OSError, ValueError) as exc:
+                raise NodeError(t.name, f"ProxyCommand {t.proxy_command!r}: {exc}") from exc
+        if not t.jump:
+            return None
+        if depth >= MAX_HOPS:
+            raise NodeError(t.name, f"more than {MAX_HOPS} jump hosts: a ProxyJump loop?")
+        *before, last = t.jump
+        via = tuple(before) if before else None
+        try:
+            jump = self._cached(
+                ("jump", last, *(via or ())),
+                lambda: self.resolver.hop(last, via=via),
+                depth=depth + 1,
+            )
+            return jump.transport.open_channel(
+                "direct-tcpip",
+                (t.hostname, t.port),
+                ("127.0.0.1", 0),
+                timeout=self.ssh.connect_timeout_s,
+            )
+        except NodeError as exc:
+            raise NodeError(t.name, f"through jump host {exc.host}: {exc.reason}") from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise NodeError(
+                t.name, f"jump host {last} cannot reach {t.hostname}:{t.port}: {_reason(exc)}"
+            ) from exc
+
     def _explain(self, t: SSHTarget, exc: Exception) -> str:
-        where = f"{t.user}@{t.hostname}:{t.port}"
+        where = t.where
         if isinstance(exc, paramiko.BadHostKeyException):
             return (
                 f"host key mismatch for {where}: the server's {exc.key.get_name()} key is not the "
-                f"one recorded in {self._known_hosts} (node reinstalled, or someone in between); "
+                f"one recorded in {t.known_hosts} (node reinstalled, or someone in between); "
                 "remove the old entry if you trust the new key"
             )
         if isinstance(exc, _UnknownHostKey):
             return (
-                f"unknown host key for {where}: not in {self._known_hosts}; add it "
+                f"unknown host key for {where}: not in {t.known_hosts}; add it "
                 "(ssh-keyscan) or set cluster.ssh.accept_new_host_keys"
             )
         if isinstance(exc, paramiko.AuthenticationException):
-            keys = ", ".join(t.key_files) or "default keys / agent"
-            return f"authentication refused for {where} ({keys}): {exc}"
-        if isinstance(
-            exc, (OSError, socket.timeout, paramiko.ssh_exception.NoValidConnectionsError)
-        ):
-            return f"cannot connect to {where}: {exc}"
-        return f"ssh to {where} failed: {type(exc).__name__}: {exc}"
+            keys = ", ".join(t.key_files) or "default keys"
+            agent = " / agent" if t.agent else ""
+            return f"authentication refused for {where} ({keys}{agent}): {exc}"
+        if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
+            return (
+                f"authentication refused for {where}: no key to offer (cluster.ssh.key_file, "
+                "IdentityFile, ~/.ssh/id_* or an agent allowed by IdentitiesOnly)"
+            )
+        if isinstance(exc, paramiko.ProxyCommandFailure):
+            return f"ProxyCommand for {where} failed: {exc}"
+        if isinstance(exc, OSError):  # refused, unreachable, timed out, name not known
+            return f"cannot connect to {where}: {_reason(exc)}"
+        return f"ssh to {where} failed: {type(exc).__name__}: {_reason(exc)}"
 
     def run(self, host: str, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
         """Run ``command`` on ``host`` in a fresh channel: (exit code, stdout, stderr)."""
@@ -324,13 +377,17 @@ class SSHExecutor(Executor):
         return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def _load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
-    if not path:
-        return None
-    full = Path(os.path.expanduser(path))
-    if not full.is_file():
-        return None
-    return paramiko.SSHConfig.from_path(str(full))
+def _reason(exc: BaseException) -> str:
+    """The message of ``exc``, or its type when it has none (``EOFError()``, ``timeout()``)."""
+    if isinstance(exc, socket.timeout) or type(exc) is TimeoutError:
+        return "timed out"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        # "[Errno None] Unable to connect to port 22 on 10.0.0.5": the real reason is inside
+        return "; ".join(sorted({_reason(e) for e in exc.errors.values()})) or str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip()
+    return text or type(exc).__name__
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:
