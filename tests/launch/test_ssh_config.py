@@ -1,5 +1,5 @@
-"""SSH as users configure it: Host aliases, port precedence, ProxyJump, ProxyCommand, the agent
-and UserKnownHostsFile.
+"""SSH as users configure it: Host aliases, port precedence, ProxyJump, ProxyCommand, the agent,
+UserKnownHostsFile, and one quiet line for a host that does not speak SSH.
 
 The resolver tests need no sshd; the others use the session's loopback sshd nodes (127.0.0.2-4)
 through an ssh config written per test, the way a user's ``~/.ssh/config`` would name them.
@@ -7,8 +7,11 @@ through an ssh config written per test, the way a user's ``~/.ssh/config`` would
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -314,3 +317,56 @@ def test_agent_keys_are_used_unless_identities_only(
         assert ex.run("by-agent", "echo agent")[1].strip() == "agent"
         with pytest.raises(NodeError, match="authentication refused"):
             ex.run("strict", "true")
+
+
+# ----------------------------------------------------------------------------- quiet failures
+
+
+@pytest.fixture
+def not_ssh() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts TCP, writes something that is not SSH, and hangs up."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    server.close()
+
+
+def test_a_port_that_does_not_speak_ssh_is_one_quiet_line(
+    not_ssh: int, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The defect: paramiko's transport thread logged a 30-line traceback for such a host."""
+    logging.getLogger("paramiko").setLevel(logging.NOTSET)  # as in a fresh `tune` process
+    caplog.set_level(logging.DEBUG)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    errors: list[NodeError] = []
+    for port in (not_ssh, closed.getsockname()[1]):
+        with SSHExecutor(SSHSpec(config_file="", port=port, connect_timeout_s=2)) as ex:
+            with pytest.raises(NodeError) as caught:
+                ex.run("127.0.0.1", "true")
+            errors.append(caught.value)
+    closed.close()
+    time.sleep(0.3)  # the transport thread logs as it dies, after connect() has returned
+    assert "no SSH server there" in errors[0].reason
+    assert errors[1].reason.endswith(": Connection refused")
+    assert all(e.host == "127.0.0.1" and "\n" not in str(e) for e in errors)
+    assert not [r for r in caplog.records if r.name.startswith("paramiko")]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "paramiko" not in err

@@ -13,8 +13,8 @@ so a loopback "node" sharing this machine's filesystem never sees a half-written
 Node names go through the OpenSSH client config (aliases, ``ProxyJump``, ``ProxyCommand``; see
 :mod:`tuner.launch.sshconfig` for which setting wins). Host keys are checked against
 ``known_hosts`` (unknown keys are refused unless ``accept_new_host_keys``, which records them; a
-changed key is always refused). Anything that goes wrong with reaching a node becomes a
-:class:`~tuner.errors.NodeError` in the job's result.
+changed key is always refused). Anything that goes wrong with reaching a node becomes one
+:class:`~tuner.errors.NodeError` line in the job's result; paramiko's own log stays quiet.
 """
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ class SSHExecutor(Executor):
         self.ssh = ssh or SSHSpec()
         self.resolver = SSHResolver(self.ssh)
         """How node names and jump hosts become destinations (the ssh config and the study)."""
+        quiet_paramiko()
         self._lock = threading.Lock()
         self._known_hosts_lock = threading.Lock()
         self._conns: dict[_Key, _Connection] = {}
@@ -293,6 +294,11 @@ class SSHExecutor(Executor):
             return f"ProxyCommand for {where} failed: {exc}"
         if isinstance(exc, OSError):  # refused, unreachable, timed out, name not known
             return f"cannot connect to {where}: {_reason(exc)}"
+        if isinstance(exc, (paramiko.SSHException, EOFError)) and _no_ssh_server(exc):
+            return (
+                f"cannot connect to {where}: no SSH server there (no SSH protocol banner "
+                f"within {self.ssh.connect_timeout_s:g} s)"
+            )
         return f"ssh to {where} failed: {type(exc).__name__}: {_reason(exc)}"
 
     def run(self, host: str, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -377,6 +383,19 @@ class SSHExecutor(Executor):
         return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def quiet_paramiko() -> None:
+    """Keep paramiko's own log out of the user's terminal.
+
+    Its transport thread logs a 30-line traceback at ERROR for a host that accepts the TCP
+    connection but never speaks SSH, and more for dropped connections; everything it knows
+    reaches the user as one :class:`NodeError` line instead. An application that set the
+    ``paramiko`` logger's level itself (to debug a connection) keeps its choice.
+    """
+    log = logging.getLogger("paramiko")
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.CRITICAL)
+
+
 def _reason(exc: BaseException) -> str:
     """The message of ``exc``, or its type when it has none (``EOFError()``, ``timeout()``)."""
     if isinstance(exc, socket.timeout) or type(exc) is TimeoutError:
@@ -388,6 +407,15 @@ def _reason(exc: BaseException) -> str:
         return exc.strerror
     text = str(exc).strip()
     return text or type(exc).__name__
+
+
+def _no_ssh_server(exc: BaseException) -> bool:
+    # What paramiko raises when the peer accepted TCP but sent no (or no valid) SSH banner, or
+    # closed before the session was set up.
+    text = str(exc)
+    return isinstance(exc, EOFError) or any(
+        s in text for s in ("protocol banner", "No existing session", "Error reading SSH")
+    )
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:
