@@ -208,12 +208,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
     from tuner.report import LiveProgress
-    from tuner.study import build_loop, stop_on_signals
+    from tuner.study import build_loop, make_executor, stop_on_signals
 
+    executor = make_executor(spec)
+    if not args.skip_preflight and (code := _preflight(spec, executor)):
+        executor.close()
+        return code
     progress = LiveProgress(quiet=args.quiet)
     loop = build_loop(
         spec, storage=args.storage, results=args.results, force=args.force,
-        n_trials=args.n_trials, on_update=progress.update,
+        n_trials=args.n_trials, on_update=progress.update, executor=executor,
     )  # fmt: skip
     try:
         with stop_on_signals(loop), progress:
@@ -224,6 +228,16 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     if summary.stop_reason.startswith("interrupted"):
         return 130
     return 1 if summary.failed else 0
+
+
+def _preflight(spec: StudySpec, executor: Any) -> int:
+    """Every node reachable and ready, before anything is launched: one line per problem."""
+    from tuner.launch.preflight import checks_for, exit_code
+
+    problems = executor.preflight(spec.node_names, checks_for(spec))
+    for problem in problems:
+        sys.stderr.write(f"tune: preflight: {problem}\n")
+    return exit_code(problems)
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -344,6 +358,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
     p.add_argument("--quiet", action="store_true", help="no live display, log lines only")
+    p.add_argument(
+        "--skip-preflight",
+        action="store_true",
+        help="launch without checking every node first (reachable, paths, GPUs)",
+    )
     p.add_argument("--results", default="results", help="results directory (default: results)")
     p.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
     handlers["run"] = _cmd_run

@@ -370,6 +370,10 @@ class SSHExecutor(Executor):
             raise NodeError(host, f"starting the script failed: {exc}") from exc
         return _RemoteProcess(host, chan, request.paths.node_log(node_rank))
 
+    def _run_check(self, host: str, argv: Sequence[str]) -> tuple[int, str, str]:
+        command = " ".join(shlex.quote(a) for a in argv)
+        return self.run(host, command, timeout=self.ssh.connect_timeout_s + 60)
+
     def _reap_node(
         self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
     ) -> list[str]:
