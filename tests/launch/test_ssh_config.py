@@ -370,3 +370,22 @@ def test_a_port_that_does_not_speak_ssh_is_one_quiet_line(
     assert not [r for r in caplog.records if r.name.startswith("paramiko")]
     err = capfd.readouterr().err
     assert "Traceback" not in err and "paramiko" not in err
+
+
+def test_a_failing_proxycommand_is_explained_and_leaves_nothing_running(tmp_path: Path) -> None:
+    marker = "sleep 3008"
+    config = tmp_path / "config"
+    config.write_text(
+        "Host says-why\n  ProxyCommand sh -c 'echo \"bastion: No route to host\" >&2; exit 255'\n"
+        f"Host hangs\n  ProxyCommand sh -c '{marker}; echo never'\n"
+    )
+    with SSHExecutor(SSHSpec(config_file=str(config), connect_timeout_s=1)) as ex:
+        with pytest.raises(NodeError) as said:
+            ex.run("says-why", "true")
+        with pytest.raises(NodeError) as hung:
+            ex.run("hangs", "true")
+    assert said.value.reason.endswith(
+        "ProxyCommand exited with status 255: bastion: No route to host"
+    )
+    assert "no SSH server there" in hung.value.reason
+    assert live_processes(marker) == []  # the shell's child went with the shell's session

@@ -19,11 +19,14 @@ changed key is always refused). Anything that goes wrong with reaching a node be
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -105,8 +108,25 @@ class _Connection:
 
 
 class _ProxyCommand(paramiko.ProxyCommand):
-    """paramiko's ProxyCommand, but the command's end of output is EOF (paramiko's reads on
-    after it until its timeout, again and again), and closing waits for the command."""
+    """paramiko's ProxyCommand, with three changes. The command leads its own session and closing
+    ends the whole session (a shell's children too, as OpenSSH does), then waits for it. Its end of
+    output is EOF (paramiko's reads on after it until each timeout). Its stderr goes to a file
+    (never a full pipe), whose last line explains a failure."""
+
+    def __init__(self, command_line: str) -> None:  # not paramiko's: it starts the process
+        self.cmd = shlex.split(command_line)
+        self._stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            self.cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            bufsize=0,
+            start_new_session=True,
+        )
+        self.timeout: float | None = None
+        self.last_words = ""
+        """The last line the command wrote to stderr, once closed."""
 
     def recv(self, size: int) -> bytes:
         out = self.process.stdout
@@ -115,14 +135,26 @@ class _ProxyCommand(paramiko.ProxyCommand):
         data: bytes = super().recv(size)
         return data
 
+    def explain(self, t: SSHTarget, reason: str, code: int | None) -> str:
+        """Why connecting to ``t`` through this (closed) command failed: ``reason`` as paramiko
+        saw it, ``code`` the command's exit status when it had ended by itself."""
+        said = f": {self.last_words}" if self.last_words else ""
+        if code is not None:
+            return f"cannot connect to {t.where}: ProxyCommand exited with status {code}{said}"
+        return f"{reason} (ProxyCommand said{said})" if said else reason
+
     def close(self) -> None:
-        if self.process.poll() is None:
-            super().close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5.0)
+                break
+        if not self._stderr.closed:
+            self._stderr.seek(0)
+            lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+            self.last_words = lines[-1].strip() if lines else ""
+            self._stderr.close()
 
 
 class _RemoteProcess(NodeProcess):
@@ -228,10 +260,14 @@ class SSHExecutor(Executor):
                 auth_timeout=timeout,
             )
         except Exception as exc:
+            exited = sock.process.poll() if isinstance(sock, _ProxyCommand) else None
             client.close()
             if sock is not None:
                 sock.close()
-            raise NodeError(t.name, self._explain(t, exc)) from exc
+            reason = self._explain(t, exc)
+            if isinstance(sock, _ProxyCommand):
+                reason = sock.explain(t, reason, exited)
+            raise NodeError(t.name, reason) from exc
         return client
 
     def _proxy(self, t: SSHTarget, depth: int) -> paramiko.Channel | _ProxyCommand | None:
