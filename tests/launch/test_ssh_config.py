@@ -389,3 +389,28 @@ def test_a_failing_proxycommand_is_explained_and_leaves_nothing_running(tmp_path
     )
     assert "no SSH server there" in hung.value.reason
     assert live_processes(marker) == []  # the shell's child went with the shell's session
+
+
+def test_a_proxyjump_loop_is_refused_not_waited_on(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text("Host a\n  ProxyJump b\nHost b\n  ProxyJump a\nHost c\n  ProxyJump c\n")
+    errors: dict[str, str] = {}
+
+    def connect(host: str) -> None:
+        with SSHExecutor(SSHSpec(config_file=str(config), connect_timeout_s=1)) as ex:
+            try:
+                ex.run(host, "true")
+            except NodeError as exc:
+                errors[host] = exc.reason
+
+    threads = [threading.Thread(target=connect, args=(h,), daemon=True) for h in "abc"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert not any(t.is_alive() for t in threads), "deadlocked on a ProxyJump loop"
+    assert errors == {
+        "a": "ProxyJump loop: a -> b -> a -> b",
+        "b": "ProxyJump loop: b -> a -> b -> a",
+        "c": "ProxyJump loop: c -> c -> c",
+    }

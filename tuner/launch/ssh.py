@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -127,6 +127,8 @@ class _ProxyCommand(paramiko.ProxyCommand):
         self.timeout: float | None = None
         self.last_words = ""
         """The last line the command wrote to stderr, once closed."""
+        self.exit_status: int | None = None
+        """Its exit status if it ended by itself before it was closed."""
 
     def recv(self, size: int) -> bytes:
         out = self.process.stdout
@@ -135,15 +137,20 @@ class _ProxyCommand(paramiko.ProxyCommand):
         data: bytes = super().recv(size)
         return data
 
-    def explain(self, t: SSHTarget, reason: str, code: int | None) -> str:
-        """Why connecting to ``t`` through this (closed) command failed: ``reason`` as paramiko
-        saw it, ``code`` the command's exit status when it had ended by itself."""
+    def explain(self, t: SSHTarget, reason: str) -> str:
+        """Why connecting to ``t`` through this (closed) command failed; ``reason``: as paramiko
+        saw it."""
         said = f": {self.last_words}" if self.last_words else ""
+        code = self.exit_status
         if code is not None:
             return f"cannot connect to {t.where}: ProxyCommand exited with status {code}{said}"
         return f"{reason} (ProxyCommand said{said})" if said else reason
 
     def close(self) -> None:
+        # paramiko's transport thread may close first (a banner timeout): what counts is whether
+        # the command had ended before anyone closed it.
+        if not self._stderr.closed:
+            self.exit_status = self.process.poll()
         for sig in (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, sig)
@@ -219,9 +226,30 @@ class SSHExecutor(Executor):
 
     def connection(self, host: str) -> _Connection:
         """The cached, live connection to ``host``; (re)connects when needed. Raises NodeError."""
-        return self._cached(("node", host), lambda: self.target(host), depth=0)
+        target = self.target(host)
+        self._check_route(target)
+        return self._cached(("node", host), target)
 
-    def _cached(self, key: _Key, resolve: Callable[[], SSHTarget], *, depth: int) -> _Connection:
+    def _next_hop(self, t: SSHTarget) -> tuple[_Key, SSHTarget] | None:
+        """The jump host ``t`` is reached through (its cache key and destination), if any."""
+        if t.proxy_command or not t.jump:
+            return None
+        *before, last = t.jump
+        return ("jump", last, *before), self.resolver.hop(last, via=tuple(before) or None)
+
+    def _check_route(self, t: SSHTarget) -> None:
+        """Refuse a ProxyJump loop before connecting: two threads walking one loop from two ends
+        would each hold the connection lock the other waits for."""
+        names, keys, hop = [t.name], set(), self._next_hop(t)
+        while hop is not None:
+            key, jump = hop
+            names.append(jump.name)
+            if key in keys or len(names) > MAX_HOPS + 1:
+                raise NodeError(t.name, f"ProxyJump loop: {' -> '.join(names)}")
+            keys.add(key)
+            hop = self._next_hop(jump)
+
+    def _cached(self, key: _Key, target: SSHTarget) -> _Connection:
         with self._lock:
             lock = self._connect_locks.setdefault(key, threading.Lock())
         with lock:
@@ -230,12 +258,12 @@ class SSHExecutor(Executor):
                 return conn
             if conn is not None:
                 conn.close()
-            conn = _Connection(self._connect(resolve(), depth))
+            conn = _Connection(self._connect(target))
             self._conns[key] = conn
             return conn
 
-    def _connect(self, t: SSHTarget, depth: int) -> paramiko.SSHClient:
-        sock = self._proxy(t, depth)
+    def _connect(self, t: SSHTarget) -> paramiko.SSHClient:
+        sock = self._proxy(t)
         client = paramiko.SSHClient()
         try:
             if t.known_hosts.is_file():
@@ -260,17 +288,16 @@ class SSHExecutor(Executor):
                 auth_timeout=timeout,
             )
         except Exception as exc:
-            exited = sock.process.poll() if isinstance(sock, _ProxyCommand) else None
             client.close()
             if sock is not None:
                 sock.close()
             reason = self._explain(t, exc)
             if isinstance(sock, _ProxyCommand):
-                reason = sock.explain(t, reason, exited)
+                reason = sock.explain(t, reason)
             raise NodeError(t.name, reason) from exc
         return client
 
-    def _proxy(self, t: SSHTarget, depth: int) -> paramiko.Channel | _ProxyCommand | None:
+    def _proxy(self, t: SSHTarget) -> paramiko.Channel | _ProxyCommand | None:
         """The socket to run ``t``'s SSH session over: a ``direct-tcpip`` channel of the last
         jump host's connection (cached: many nodes share one bastion), a ProxyCommand, or None
         for a plain TCP connection."""
@@ -279,19 +306,12 @@ class SSHExecutor(Executor):
                 return _ProxyCommand(t.proxy_command)
             except (OSError, ValueError) as exc:
                 raise NodeError(t.name, f"ProxyCommand {t.proxy_command!r}: {exc}") from exc
-        if not t.jump:
+        hop = self._next_hop(t)
+        if hop is None:
             return None
-        if depth >= MAX_HOPS:
-            raise NodeError(t.name, f"more than {MAX_HOPS} jump hosts: a ProxyJump loop?")
-        *before, last = t.jump
-        via = tuple(before) if before else None
+        key, jump_target = hop
         try:
-            jump = self._cached(
-                ("jump", last, *(via or ())),
-                lambda: self.resolver.hop(last, via=via),
-                depth=depth + 1,
-            )
-            return jump.transport.open_channel(
+            return self._cached(key, jump_target).transport.open_channel(
                 "direct-tcpip",
                 (t.hostname, t.port),
                 ("127.0.0.1", 0),
@@ -301,7 +321,8 @@ class SSHExecutor(Executor):
             raise NodeError(t.name, f"through jump host {exc.host}: {exc.reason}") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise NodeError(
-                t.name, f"jump host {last} cannot reach {t.hostname}:{t.port}: {_reason(exc)}"
+                t.name,
+                f"jump host {jump_target.name} cannot reach {t.hostname}:{t.port}: {_reason(exc)}",
             ) from exc
 
     def _explain(self, t: SSHTarget, exc: Exception) -> str:
