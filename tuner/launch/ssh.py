@@ -11,7 +11,8 @@ period, then a scan that must come back empty. Files travel over SFTP and are re
 so a loopback "node" sharing this machine's filesystem never sees a half-written file.
 
 Node names go through the OpenSSH client config (aliases, ``ProxyJump``, ``ProxyCommand``; see
-:mod:`tuner.launch.sshconfig` for which setting wins). Host keys are checked against
+:mod:`tuner.launch.sshconfig` for which setting wins; :mod:`tuner.launch.sshtransport` makes the
+connection). Host keys are checked against
 ``known_hosts`` (unknown keys are refused unless ``accept_new_host_keys``, which records them; a
 changed key is always refused). Anything that goes wrong with reaching a node becomes one
 :class:`~tuner.errors.NodeError` line in the job's result; paramiko's own log stays quiet.
@@ -19,14 +20,8 @@ changed key is always refused). Anything that goes wrong with reaching a node be
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shlex
-import signal
-import socket
-import subprocess
-import tempfile
 import threading
 import uuid
 from collections.abc import Sequence
@@ -38,6 +33,15 @@ import paramiko
 from tuner.errors import NodeError, RemoteCommandError
 from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
 from tuner.launch.sshconfig import MAX_HOPS, SSHResolver, SSHTarget
+from tuner.launch.sshtransport import (
+    AcceptNewPolicy,
+    ProxyCommandSocket,
+    RejectPolicy,
+    UnknownHostKey,
+    exc_reason,
+    no_ssh_server,
+    quiet_paramiko,
+)
 from tuner.spec import SSHSpec
 
 logger = logging.getLogger(__name__)
@@ -45,37 +49,6 @@ logger = logging.getLogger(__name__)
 _CHUNK = 65536
 _Key = tuple[str, ...]
 """A cached connection: ``("node", name)`` or ``("jump", hop, *hops before it)``."""
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    pass
-
-
-class _RejectPolicy(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
-        raise _UnknownHostKey(hostname)
-
-
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's ``StrictHostKeyChecking=accept-new``: trust and record keys never seen before.
-
-    Appends one line under a lock (paramiko's own save rewrites the file from one client's view,
-    which loses keys when many nodes connect at once).
-    """
-
-    def __init__(self, path: Path, lock: threading.Lock) -> None:
-        self._path = path
-        self._lock = lock
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with self._lock:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            with self._path.open("a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        logger.warning(
-            "accepted new host key of %s (%s), saved to %s", hostname, key.get_name(), self._path
-        )
 
 
 class _Connection:
@@ -105,63 +78,6 @@ class _Connection:
         if self._sftp is not None:
             self._sftp.close()
         self.client.close()
-
-
-class _ProxyCommand(paramiko.ProxyCommand):
-    """paramiko's ProxyCommand, with three changes. The command leads its own session and closing
-    ends the whole session (a shell's children too, as OpenSSH does), then waits for it. Its end of
-    output is EOF (paramiko's reads on after it until each timeout). Its stderr goes to a file
-    (never a full pipe), whose last line explains a failure."""
-
-    def __init__(self, command_line: str) -> None:  # not paramiko's: it starts the process
-        self.cmd = shlex.split(command_line)
-        self._stderr = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            self.cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            bufsize=0,
-            start_new_session=True,
-        )
-        self.timeout: float | None = None
-        self.last_words = ""
-        """The last line the command wrote to stderr, once closed."""
-        self.exit_status: int | None = None
-        """Its exit status if it ended by itself before it was closed."""
-
-    def recv(self, size: int) -> bytes:
-        out = self.process.stdout
-        if self.process.poll() is not None:
-            return os.read(out.fileno(), size) if out is not None else b""  # its last words
-        data: bytes = super().recv(size)
-        return data
-
-    def explain(self, t: SSHTarget, reason: str) -> str:
-        """Why connecting to ``t`` through this (closed) command failed; ``reason``: as paramiko
-        saw it."""
-        said = f": {self.last_words}" if self.last_words else ""
-        code = self.exit_status
-        if code is not None:
-            return f"cannot connect to {t.where}: ProxyCommand exited with status {code}{said}"
-        return f"{reason} (ProxyCommand said{said})" if said else reason
-
-    def close(self) -> None:
-        # paramiko's transport thread may close first (a banner timeout): what counts is whether
-        # the command had ended before anyone closed it.
-        if not self._stderr.closed:
-            self.exit_status = self.process.poll()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=5.0)
-                break
-        if not self._stderr.closed:
-            self._stderr.seek(0)
-            lines = self._stderr.read().decode(errors="replace").strip().splitlines()
-            self.last_words = lines[-1].strip() if lines else ""
-            self._stderr.close()
 
 
 class _RemoteProcess(NodeProcess):
@@ -269,9 +185,9 @@ class SSHExecutor(Executor):
             if t.known_hosts.is_file():
                 client.load_host_keys(str(t.known_hosts))
             client.set_missing_host_key_policy(
-                _AcceptNewPolicy(t.known_hosts, self._known_hosts_lock)
+                AcceptNewPolicy(t.known_hosts, self._known_hosts_lock)
                 if self.ssh.accept_new_host_keys
-                else _RejectPolicy()
+                else RejectPolicy()
             )
             timeout = self.ssh.connect_timeout_s
             keys: Any = list(t.key_files) or None  # paramiko takes a list; its stubs say str
@@ -292,18 +208,18 @@ class SSHExecutor(Executor):
             if sock is not None:
                 sock.close()
             reason = self._explain(t, exc)
-            if isinstance(sock, _ProxyCommand):
+            if isinstance(sock, ProxyCommandSocket):
                 reason = sock.explain(t, reason)
             raise NodeError(t.name, reason) from exc
         return client
 
-    def _proxy(self, t: SSHTarget) -> paramiko.Channel | _ProxyCommand | None:
+    def _proxy(self, t: SSHTarget) -> paramiko.Channel | ProxyCommandSocket | None:
         """The socket to run ``t``'s SSH session over: a ``direct-tcpip`` channel of the last
         jump host's connection (cached: many nodes share one bastion), a ProxyCommand, or None
         for a plain TCP connection."""
         if t.proxy_command:
             try:
-                return _ProxyCommand(t.proxy_command)
+                return ProxyCommandSocket(t.proxy_command)
             except (OSError, ValueError) as exc:
                 raise NodeError(t.name, f"ProxyCommand {t.proxy_command!r}: {exc}") from exc
         hop = self._next_hop(t)
@@ -320,9 +236,9 @@ class SSHExecutor(Executor):
         except NodeError as exc:
             raise NodeError(t.name, f"through jump host {exc.host}: {exc.reason}") from exc
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            why = exc_reason(exc)
             raise NodeError(
-                t.name,
-                f"jump host {jump_target.name} cannot reach {t.hostname}:{t.port}: {_reason(exc)}",
+                t.name, f"jump host {jump_target.name} cannot reach {t.hostname}:{t.port}: {why}"
             ) from exc
 
     def _explain(self, t: SSHTarget, exc: Exception) -> str:
@@ -333,7 +249,7 @@ class SSHExecutor(Executor):
                 f"one recorded in {t.known_hosts} (node reinstalled, or someone in between); "
                 "remove the old entry if you trust the new key"
             )
-        if isinstance(exc, _UnknownHostKey):
+        if isinstance(exc, UnknownHostKey):
             return (
                 f"unknown host key for {where}: not in {t.known_hosts}; add it "
                 "(ssh-keyscan) or set cluster.ssh.accept_new_host_keys"
@@ -350,13 +266,13 @@ class SSHExecutor(Executor):
         if isinstance(exc, paramiko.ProxyCommandFailure):
             return f"ProxyCommand for {where} failed: {exc}"
         if isinstance(exc, OSError):  # refused, unreachable, timed out, name not known
-            return f"cannot connect to {where}: {_reason(exc)}"
-        if isinstance(exc, (paramiko.SSHException, EOFError)) and _no_ssh_server(exc):
+            return f"cannot connect to {where}: {exc_reason(exc)}"
+        if isinstance(exc, (paramiko.SSHException, EOFError)) and no_ssh_server(exc):
             return (
                 f"cannot connect to {where}: no SSH server there (no SSH protocol banner "
                 f"within {self.ssh.connect_timeout_s:g} s)"
             )
-        return f"ssh to {where} failed: {type(exc).__name__}: {_reason(exc)}"
+        return f"ssh to {where} failed: {type(exc).__name__}: {exc_reason(exc)}"
 
     def run(self, host: str, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
         """Run ``command`` on ``host`` in a fresh channel: (exit code, stdout, stderr)."""
@@ -442,41 +358,6 @@ class SSHExecutor(Executor):
         if code != 0:
             raise RemoteCommandError(host, f"process reaper (trial {request.trial})", code, err)
         return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def quiet_paramiko() -> None:
-    """Keep paramiko's own log out of the user's terminal.
-
-    Its transport thread logs a 30-line traceback at ERROR for a host that accepts the TCP
-    connection but never speaks SSH, and more for dropped connections; everything it knows
-    reaches the user as one :class:`NodeError` line instead. An application that set the
-    ``paramiko`` logger's level itself (to debug a connection) keeps its choice.
-    """
-    log = logging.getLogger("paramiko")
-    if log.level == logging.NOTSET:
-        log.setLevel(logging.CRITICAL)
-
-
-def _reason(exc: BaseException) -> str:
-    """The message of ``exc``, or its type when it has none (``EOFError()``, ``timeout()``)."""
-    if isinstance(exc, socket.timeout) or type(exc) is TimeoutError:
-        return "timed out"
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        # "[Errno None] Unable to connect to port 22 on 10.0.0.5": the real reason is inside
-        return "; ".join(sorted({_reason(e) for e in exc.errors.values()})) or str(exc)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    text = str(exc).strip()
-    return text or type(exc).__name__
-
-
-def _no_ssh_server(exc: BaseException) -> bool:
-    # What paramiko raises when the peer accepted TCP but sent no (or no valid) SSH banner, or
-    # closed before the session was set up.
-    text = str(exc)
-    return isinstance(exc, EOFError) or any(
-        s in text for s in ("protocol banner", "No existing session", "Error reading SSH")
-    )
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:
