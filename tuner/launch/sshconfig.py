@@ -24,7 +24,9 @@ its nodes (as ``ssh -l`` and ``-i`` override the config).
 A jump host (``ProxyJump``, one or more hops) is resolved the same way, except that the study's
 user and key are only its fallbacks (a bastion usually has its own login and key), and the
 ``user@`` and ``:port`` written in the hop win over everything. As with OpenSSH, the last hop is
-reached through the hops before it, and the first hop through its own config.
+reached through the hops before it, and the first hop through its own config. In a
+``ProxyCommand``, ``%p`` and ``%r`` are the config's Port and User (or 22 and the local user):
+paramiko expands them before ``cluster.ssh`` is applied.
 """
 
 from __future__ import annotations
@@ -85,10 +87,17 @@ class SSHResolver:
     def __init__(self, spec: SSHSpec) -> None:
         self.spec = spec
         self.config = load_ssh_config(spec.config_file)
+        self._found: dict[str, dict[str, Any]] = {}
 
     def lookup(self, host: str) -> dict[str, Any]:
-        """The ssh config's options for ``host`` (lower-case keys), ``{}`` without a config."""
-        return dict(self.config.lookup(host)) if self.config is not None else {}
+        """The ssh config's options for ``host`` (lower-case keys), ``{}`` without a config.
+
+        Looked up once per host: a ``Match exec`` block runs its command on every lookup.
+        """
+        if host not in self._found:
+            found = self.config.lookup(host) if self.config is not None else {}
+            self._found[host] = dict(found)
+        return dict(self._found[host])
 
     def node(self, name: str) -> SSHTarget:
         """The destination of the study's node ``name``."""
