@@ -324,6 +324,12 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid`` (an sshd's per-connection sessions and their children)."""
+    table = _proc_table()
+    return [p for p in _descendants(pid, table) if table[p][1] != "Z"]
+
+
 def _descendants(pid: int, table: dict[int, tuple[int, str]]) -> list[int]:
     found, frontier = [], [pid]
     while frontier:

@@ -185,12 +185,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
     from tuner.report import LiveProgress
-    from tuner.study import build_loop, stop_on_signals
+    from tuner.study import build_loop, make_executor, stop_on_signals
 
+    executor = make_executor(spec)
+    if not args.skip_preflight and (code := _preflight(spec, executor)):
+        executor.close()
+        return code
     progress = LiveProgress(quiet=args.quiet)
     loop = build_loop(
         spec, storage=args.storage, results=args.results, force=args.force,
-        n_trials=args.n_trials, on_update=progress.update, rerun=_rerun(args.rerun),
+        n_trials=args.n_trials, on_update=progress.update, executor=executor,
+        rerun=_rerun(args.rerun),
     )  # fmt: skip
     try:
         with stop_on_signals(loop), progress:
@@ -226,6 +231,16 @@ def _rerun(text: str) -> frozenset[Outcome]:
             raise ConfigError(f"--rerun: {name!r} is not one of {allowed}")
         out.add(outcome)
     return frozenset(out)
+
+
+def _preflight(spec: StudySpec, executor: Any) -> int:
+    """Every node reachable and ready, before anything is launched: one line per problem."""
+    from tuner.launch.preflight import checks_for, exit_code
+
+    problems = executor.preflight(spec.node_names, checks_for(spec))
+    for problem in problems:
+        sys.stderr.write(f"tune: preflight: {problem}\n")
+    return exit_code(problems)
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
@@ -417,6 +432,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument(
         "--rerun", default="", metavar="OUTCOME[,OUTCOME]",
         help="run again, once, the configs whose trials ended so (e.g. timeout,hang)",
+    )  # fmt: skip
+    p.add_argument(
+        "--skip-preflight", action="store_true",
+        help="launch without checking every node first (reachable, paths, GPUs)",
     )  # fmt: skip
     handlers["run"] = _cmd_run
 

@@ -128,22 +128,27 @@ class TrainingSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SSHSpec:
-    """How to reach the nodes over SSH (paramiko). ``~/.ssh/config`` is honoured."""
+    """How to reach the nodes over SSH (paramiko). The OpenSSH client config is honoured: Host
+    aliases, HostName, Port, User, IdentityFile, UserKnownHostsFile, ProxyJump, ProxyCommand.
+
+    Where a host is (address, port, jump hosts) comes from its ssh config first; who logs in and
+    with which key comes from here first (``tuner.launch.sshconfig`` has the whole table).
+    """
 
     user: str | None = None
-    """Login name; default: from ~/.ssh/config, then the local user."""
+    """Login name on every node (wins over the config's User); default: User, then yours."""
     port: int | None = None
-    """Default: from ~/.ssh/config, then 22."""
+    """Port for hosts whose ssh config gives no Port (a host's own Port wins); then 22."""
     key_file: str | None = None
-    """Private key; default: IdentityFile from ~/.ssh/config, then the agent and ~/.ssh/id_*."""
+    """Private key for every node, instead of IdentityFile (default: it, then ~/.ssh/id_*)."""
     config_file: str = "~/.ssh/config"
-    """OpenSSH client config to read (missing file: ignored)."""
+    """OpenSSH client config to read; this default may be missing, a file you name must exist."""
     known_hosts: str = "~/.ssh/known_hosts"
-    """Host keys are verified against this file."""
+    """Host keys are verified against this file (at this default, UserKnownHostsFile wins)."""
     accept_new_host_keys: bool = False
     """Trust and record host keys seen for the first time (never a changed key)."""
     connect_timeout_s: float = 10.0
-    """TCP + handshake timeout per node."""
+    """TCP + handshake timeout per node (and per jump host)."""
 
     def __post_init__(self) -> None:
         _positive(self.port, "port")

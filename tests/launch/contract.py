@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tuner.launch import Executor, Job, LaunchRequest
+from tuner.launch.preflight import PathCheck, PreflightChecks
 from tuner.layout import ResultsLayout
 
 from .conftest import live_processes, read, wait_for
@@ -165,6 +166,48 @@ class ExecutorContract:
         finally:
             _cancel_leftovers(ex)
             ex.close()
+
+    def test_preflight_passes_when_every_path_is_there(
+        self, executor: Executor, tmp_path: Path
+    ) -> None:
+        hostile = tmp_path / "a b 'c'; echo pwned"
+        hostile.mkdir()
+        (hostile / "train.py").write_text("")
+        checks = PreflightChecks(
+            paths=(
+                PathCheck("launch.python", sys.executable, "executable"),
+                PathCheck("launch.python", "sh", "executable"),  # a bare name: on PATH
+                PathCheck("launch.megatron_path", str(hostile), "dir"),
+                PathCheck("launch.script", "train.py", "file"),  # relative: from workdir
+            ),
+            workdir=str(hostile),
+        )
+        assert executor.preflight(self.hosts, checks) == []
+
+    def test_preflight_names_every_node_and_what_is_missing(
+        self, executor: Executor, tmp_path: Path
+    ) -> None:
+        missing = tmp_path / "no venv" / "bin" / "python"
+        checks = PreflightChecks(
+            paths=(
+                PathCheck("launch.python", str(missing), "executable"),
+                PathCheck("launch.python", "no-such-python-3.99", "executable"),
+                PathCheck("launch.script", str(tmp_path), "file"),  # a directory, not a file
+            )
+        )
+        problems = executor.preflight(self.hosts, checks)
+        assert [p.host for p in problems] == [h for h in self.hosts for _ in range(3)]
+        assert all(p.config for p in problems)
+        first = [str(p) for p in problems[:3]]
+        assert first == [
+            f"{self.hosts[0]}: launch.python: {missing} is not an executable file",
+            f"{self.hosts[0]}: launch.python: 'no-such-python-3.99' is not on the node's PATH",
+            f"{self.hosts[0]}: launch.script: {tmp_path} is not a file",
+        ]
+        workdir = PreflightChecks(workdir=str(tmp_path / "gone"))
+        assert [p.message for p in executor.preflight(self.hosts[:1], workdir)] == [
+            f"launch.workdir: {tmp_path / 'gone'} is not a directory"
+        ]
 
     @pytest.mark.torch
     @pytest.mark.slow

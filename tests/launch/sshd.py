@@ -18,6 +18,7 @@ if str(REPO) not in sys.path:  # tools/ is not part of the installed package
 from tools.loopback_sshd import (  # noqa: E402
     LoopbackCluster,
     Node,
+    descendants,
     end_tree,
     keygen,
     login_problem,
@@ -30,6 +31,7 @@ __all__ = [
     "LoopbackCluster",
     "Node",
     "_keygen",
+    "descendants",
     "end_tree",
     "keygen",
     "login_problem",

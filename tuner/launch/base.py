@@ -10,8 +10,9 @@ each worker in its own session, so killing the launcher's process group is not e
 finds the workers wherever they went. One small shell program (:data:`PROCESS_SCRIPT`) terminates
 and verifies them, in a single command per node, on this machine and over SSH.
 
-Backends fill three hooks: ``_prepare_node`` (place files), ``_start_node`` (start the script and
-stream its output) and ``_reap_node`` (run :data:`PROCESS_SCRIPT` on the node).
+Backends fill four hooks: ``_prepare_node`` (place files), ``_start_node`` (start the script and
+stream its output), ``_reap_node`` (run :data:`PROCESS_SCRIPT` on the node) and ``_run_check``
+(one command, for :meth:`Executor.preflight`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from tuner.errors import LaunchError, NodeError
+from tuner.launch.preflight import PreflightChecks, Problem
 from tuner.layout import TrialPaths
 
 logger = logging.getLogger(__name__)
@@ -243,6 +245,14 @@ class Executor(abc.ABC):
             raise LaunchError(f"trial {request.trial}: cannot clean up {'; '.join(unreachable)}")
         return survivors
 
+    def preflight(self, hosts: Sequence[str], checks: PreflightChecks) -> list[Problem]:
+        """Before the first trial: reach every node and run ``checks`` there (one command per
+        node, in parallel). One :class:`Problem` per thing wrong, in host order; an unreachable
+        node is a problem too (``config=False``), never an exception."""
+        return checks.collect(
+            hosts, self._fanout(lambda h: self._run_check(h, checks.argv()), hosts)
+        )
+
     def master_addr(self, hosts: Sequence[str]) -> str:
         """The address other nodes use to reach ``hosts[0]`` (the rendezvous host)."""
         return hosts[0]
@@ -279,6 +289,13 @@ class Executor(abc.ABC):
         """End every process of the trial on the node (SIGTERM, ``grace_s``, SIGKILL).
 
         Returns the survivors as ``"pid stat args"`` lines (empty when clean).
+        """
+
+    @abc.abstractmethod
+    def _run_check(self, host: str, argv: Sequence[str]) -> tuple[int, str, str]:
+        """Run ``argv`` on ``host`` as a node's trial would see it: (exit code, stdout, stderr).
+
+        Raises :class:`NodeError` when the node cannot be reached.
         """
 
     # ----- helpers for Job and subclasses -------------------------------------------------------

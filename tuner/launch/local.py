@@ -64,6 +64,14 @@ class LocalExecutor(Executor):
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])
 
+    def _run_check(self, host: str, argv: Sequence[str]) -> tuple[int, str, str]:
+        # Every local "node" is this machine, in the directory tune runs in: relative paths mean
+        # what the launch templates make of them (resolved against the current directory).
+        done = subprocess.run(
+            list(argv), env=self._base_env, capture_output=True, text=True, timeout=60, check=False
+        )
+        return done.returncode, done.stdout, done.stderr
+
     def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
         # Executor.submit already wrote the files into paths.dir; copy them only when the "node"
         # was told to use another directory.

@@ -10,22 +10,21 @@ there, one command per node: SIGTERM to every process of the trial, SIGKILL afte
 period, then a scan that must come back empty. Files travel over SFTP and are renamed into place,
 so a loopback "node" sharing this machine's filesystem never sees a half-written file.
 
-Host keys are checked against ``known_hosts`` (unknown keys are refused unless
-``accept_new_host_keys``, which records them; a changed key is always refused). Anything that goes
-wrong with reaching a node becomes a :class:`~tuner.errors.NodeError` in the job's result.
+Node names go through the OpenSSH client config (aliases, ``ProxyJump``, ``ProxyCommand``; see
+:mod:`tuner.launch.sshconfig` for which setting wins; :mod:`tuner.launch.sshtransport` makes the
+connection). Host keys are checked against
+``known_hosts`` (unknown keys are refused unless ``accept_new_host_keys``, which records them; a
+changed key is always refused). Anything that goes wrong with reaching a node becomes one
+:class:`~tuner.errors.NodeError` line in the job's result; paramiko's own log stays quiet.
 """
 
 from __future__ import annotations
 
-import getpass
 import logging
-import os
 import shlex
-import socket
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -33,53 +32,23 @@ import paramiko
 
 from tuner.errors import NodeError, RemoteCommandError
 from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
+from tuner.launch.sshconfig import MAX_HOPS, SSHResolver, SSHTarget
+from tuner.launch.sshtransport import (
+    AcceptNewPolicy,
+    ProxyCommandSocket,
+    RejectPolicy,
+    UnknownHostKey,
+    exc_reason,
+    no_ssh_server,
+    quiet_paramiko,
+)
 from tuner.spec import SSHSpec
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class SSHTarget:
-    """Where a node name really leads once ``~/.ssh/config`` is applied."""
-
-    name: str
-    hostname: str
-    port: int
-    user: str
-    key_files: tuple[str, ...]
-
-
-class _UnknownHostKey(paramiko.SSHException):
-    pass
-
-
-class _RejectPolicy(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
-        raise _UnknownHostKey(hostname)
-
-
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's ``StrictHostKeyChecking=accept-new``: trust and record keys never seen before.
-
-    Appends one line under a lock (paramiko's own save rewrites the file from one client's view,
-    which loses keys when many nodes connect at once).
-    """
-
-    def __init__(self, path: Path, lock: threading.Lock) -> None:
-        self._path = path
-        self._lock = lock
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with self._lock:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            with self._path.open("a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        logger.warning(
-            "accepted new host key of %s (%s), saved to %s", hostname, key.get_name(), self._path
-        )
+_Key = tuple[str, ...]
+"""A cached connection: ``("node", name)`` or ``("jump", hop, *hops before it)``."""
 
 
 class _Connection:
@@ -153,27 +122,19 @@ class SSHExecutor(Executor):
     def __init__(self, ssh: SSHSpec | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.ssh = ssh or SSHSpec()
-        self._config = _load_ssh_config(self.ssh.config_file)
-        self._known_hosts = Path(os.path.expanduser(self.ssh.known_hosts))
+        self.resolver = SSHResolver(self.ssh)
+        """How node names and jump hosts become destinations (the ssh config and the study)."""
+        quiet_paramiko()
         self._lock = threading.Lock()
         self._known_hosts_lock = threading.Lock()
-        self._conns: dict[str, _Connection] = {}
-        self._connect_locks: dict[str, threading.Lock] = {}
+        self._conns: dict[_Key, _Connection] = {}
+        self._connect_locks: dict[_Key, threading.Lock] = {}
 
     # ----- connections --------------------------------------------------------------------------
 
     def target(self, host: str) -> SSHTarget:
-        """Resolve ``host`` with ``~/.ssh/config``; the study's explicit settings win."""
-        found = self._config.lookup(host) if self._config is not None else {}
-        key_file = self.ssh.key_file
-        keys = [key_file] if key_file else list(found.get("identityfile", []))
-        return SSHTarget(
-            name=host,
-            hostname=str(found.get("hostname", host)),
-            port=self.ssh.port or int(found.get("port", 22)),
-            user=self.ssh.user or str(found.get("user") or getpass.getuser()),
-            key_files=tuple(os.path.expanduser(k) for k in keys),
-        )
+        """Where node ``host`` leads (see :mod:`tuner.launch.sshconfig` for the precedence)."""
+        return self.resolver.node(host)
 
     def master_addr(self, hosts: Sequence[str]) -> str:
         # A node name may be an alias only this machine's ssh config knows.
@@ -181,27 +142,52 @@ class SSHExecutor(Executor):
 
     def connection(self, host: str) -> _Connection:
         """The cached, live connection to ``host``; (re)connects when needed. Raises NodeError."""
+        target = self.target(host)
+        self._check_route(target)
+        return self._cached(("node", host), target)
+
+    def _next_hop(self, t: SSHTarget) -> tuple[_Key, SSHTarget] | None:
+        """The jump host ``t`` is reached through (its cache key and destination), if any."""
+        if t.proxy_command or not t.jump:
+            return None
+        *before, last = t.jump
+        return ("jump", last, *before), self.resolver.hop(last, via=tuple(before) or None)
+
+    def _check_route(self, t: SSHTarget) -> None:
+        """Refuse a ProxyJump loop before connecting: two threads walking one loop from two ends
+        would each hold the connection lock the other waits for."""
+        names, keys, hop = [t.name], set(), self._next_hop(t)
+        while hop is not None:
+            key, jump = hop
+            names.append(jump.name)
+            if key in keys or len(names) > MAX_HOPS + 1:
+                raise NodeError(t.name, f"ProxyJump loop: {' -> '.join(names)}")
+            keys.add(key)
+            hop = self._next_hop(jump)
+
+    def _cached(self, key: _Key, target: SSHTarget) -> _Connection:
         with self._lock:
-            lock = self._connect_locks.setdefault(host, threading.Lock())
+            lock = self._connect_locks.setdefault(key, threading.Lock())
         with lock:
-            conn = self._conns.get(host)
+            conn = self._conns.get(key)
             if conn is not None and conn.alive:
                 return conn
             if conn is not None:
                 conn.close()
-            conn = _Connection(self._connect(self.target(host)))
-            self._conns[host] = conn
+            conn = _Connection(self._connect(target))
+            self._conns[key] = conn
             return conn
 
     def _connect(self, t: SSHTarget) -> paramiko.SSHClient:
+        sock = self._proxy(t)
         client = paramiko.SSHClient()
         try:
-            if self._known_hosts.is_file():
-                client.load_host_keys(str(self._known_hosts))
+            if t.known_hosts.is_file():
+                client.load_host_keys(str(t.known_hosts))
             client.set_missing_host_key_policy(
-                _AcceptNewPolicy(self._known_hosts, self._known_hosts_lock)
+                AcceptNewPolicy(t.known_hosts, self._known_hosts_lock)
                 if self.ssh.accept_new_host_keys
-                else _RejectPolicy()
+                else RejectPolicy()
             )
             timeout = self.ssh.connect_timeout_s
             keys: Any = list(t.key_files) or None  # paramiko takes a list; its stubs say str
@@ -210,37 +196,83 @@ class SSHExecutor(Executor):
                 port=t.port,
                 username=t.user,
                 key_filename=keys,
-                look_for_keys=not t.key_files,
+                look_for_keys=t.look_for_keys,
+                allow_agent=t.agent,
+                sock=sock,
                 timeout=timeout,
                 banner_timeout=timeout,
                 auth_timeout=timeout,
             )
         except Exception as exc:
             client.close()
-            raise NodeError(t.name, self._explain(t, exc)) from exc
+            if sock is not None:
+                sock.close()
+            reason = self._explain(t, exc)
+            if isinstance(sock, ProxyCommandSocket):
+                reason = sock.explain(t, reason)
+            raise NodeError(t.name, reason) from exc
         return client
 
+    def _proxy(self, t: SSHTarget) -> paramiko.Channel | ProxyCommandSocket | None:
+        """The socket to run ``t``'s SSH session over: a ``direct-tcpip`` channel of the last
+        jump host's connection (cached: many nodes share one bastion), a ProxyCommand, or None
+        for a plain TCP connection."""
+        if t.proxy_command:
+            try:
+                return ProxyCommandSocket(t.proxy_command)
+            except (OSError, ValueError) as exc:
+                raise NodeError(t.name, f"ProxyCommand {t.proxy_command!r}: {exc}") from exc
+        hop = self._next_hop(t)
+        if hop is None:
+            return None
+        key, jump_target = hop
+        try:
+            return self._cached(key, jump_target).transport.open_channel(
+                "direct-tcpip",
+                (t.hostname, t.port),
+                ("127.0.0.1", 0),
+                timeout=self.ssh.connect_timeout_s,
+            )
+        except NodeError as exc:
+            raise NodeError(t.name, f"through jump host {exc.host}: {exc.reason}") from exc
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            why = exc_reason(exc)
+            raise NodeError(
+                t.name, f"jump host {jump_target.name} cannot reach {t.hostname}:{t.port}: {why}"
+            ) from exc
+
     def _explain(self, t: SSHTarget, exc: Exception) -> str:
-        where = f"{t.user}@{t.hostname}:{t.port}"
+        where = t.where
         if isinstance(exc, paramiko.BadHostKeyException):
             return (
                 f"host key mismatch for {where}: the server's {exc.key.get_name()} key is not the "
-                f"one recorded in {self._known_hosts} (node reinstalled, or someone in between); "
+                f"one recorded in {t.known_hosts} (node reinstalled, or someone in between); "
                 "remove the old entry if you trust the new key"
             )
-        if isinstance(exc, _UnknownHostKey):
+        if isinstance(exc, UnknownHostKey):
             return (
-                f"unknown host key for {where}: not in {self._known_hosts}; add it "
+                f"unknown host key for {where}: not in {t.known_hosts}; add it "
                 "(ssh-keyscan) or set cluster.ssh.accept_new_host_keys"
             )
         if isinstance(exc, paramiko.AuthenticationException):
-            keys = ", ".join(t.key_files) or "default keys / agent"
-            return f"authentication refused for {where} ({keys}): {exc}"
-        if isinstance(
-            exc, (OSError, socket.timeout, paramiko.ssh_exception.NoValidConnectionsError)
-        ):
-            return f"cannot connect to {where}: {exc}"
-        return f"ssh to {where} failed: {type(exc).__name__}: {exc}"
+            keys = ", ".join(t.key_files) or "default keys"
+            agent = " / agent" if t.agent else ""
+            return f"authentication refused for {where} ({keys}{agent}): {exc}"
+        if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
+            return (
+                f"authentication refused for {where}: no key to offer (cluster.ssh.key_file, "
+                "IdentityFile, ~/.ssh/id_* or an agent allowed by IdentitiesOnly)"
+            )
+        if isinstance(exc, paramiko.ProxyCommandFailure):
+            return f"ProxyCommand for {where} failed: {exc}"
+        if isinstance(exc, OSError):  # refused, unreachable, timed out, name not known
+            return f"cannot connect to {where}: {exc_reason(exc)}"
+        if isinstance(exc, (paramiko.SSHException, EOFError)) and no_ssh_server(exc):
+            return (
+                f"cannot connect to {where}: no SSH server there (no SSH protocol banner "
+                f"within {self.ssh.connect_timeout_s:g} s)"
+            )
+        return f"ssh to {where} failed: {type(exc).__name__}: {exc_reason(exc)}"
 
     def run(self, host: str, command: str, *, timeout: float = 60.0) -> tuple[int, str, str]:
         """Run ``command`` on ``host`` in a fresh channel: (exit code, stdout, stderr)."""
@@ -311,6 +343,10 @@ class SSHExecutor(Executor):
             raise NodeError(host, f"starting the script failed: {exc}") from exc
         return _RemoteProcess(host, chan, request.paths.node_log(node_rank))
 
+    def _run_check(self, host: str, argv: Sequence[str]) -> tuple[int, str, str]:
+        command = " ".join(shlex.quote(a) for a in argv)
+        return self.run(host, command, timeout=self.ssh.connect_timeout_s + 60)
+
     def _reap_node(
         self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
     ) -> list[str]:
@@ -322,15 +358,6 @@ class SSHExecutor(Executor):
         if code != 0:
             raise RemoteCommandError(host, f"process reaper (trial {request.trial})", code, err)
         return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def _load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
-    if not path:
-        return None
-    full = Path(os.path.expanduser(path))
-    if not full.is_file():
-        return None
-    return paramiko.SSHConfig.from_path(str(full))
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:

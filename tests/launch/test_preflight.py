@@ -1,0 +1,206 @@
+"""The preflight check before the first trial: what a study needs, GPUs, and `tune run` stopping
+with one line per problem before anything is launched (real loopback sshd nodes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuner.launch import LocalExecutor
+from tuner.launch.preflight import PathCheck, PreflightChecks, Problem, checks_for, exit_code
+from tuner.launch.ssh import SSHExecutor
+from tuner.spec import SSHSpec, study_from_mapping
+
+from .sshd import REPO, LoopbackCluster
+
+DEMO_SSH = REPO / "tuner" / "studies" / "demo-ssh.yaml"
+
+
+def demo_ssh(**cluster: Any) -> dict[str, Any]:
+    """The shipped 2-node SSH study, its ${...} paths filled in with this checkout."""
+    text = DEMO_SSH.read_text().replace("${TUNER_DEMO_ROOT}", str(REPO))
+    raw: dict[str, Any] = yaml.safe_load(text.replace("${TUNER_DEMO_SSH}", "/unused"))
+    raw["launch"]["python"] = sys.executable
+    raw["cluster"].update(cluster)
+    return raw
+
+
+def test_checks_for_a_study_name_its_fields() -> None:
+    checks = checks_for(study_from_mapping(demo_ssh()))
+    assert [(c.field, c.kind) for c in checks.paths] == [
+        ("launch.python", "executable"),
+        ("launch.script", "file"),
+    ]
+    assert checks.paths[1].path == str(REPO / "workloads" / "gpt_deepspeed.py")
+    assert checks.gpus == 0  # gpu: cpu
+
+
+def test_megatron_path_and_gpus_on_remote_nodes() -> None:
+    raw = demo_ssh(gpu="h100-sxm-80gb", gpus_per_node=8)
+    raw["framework"] = "megatron"
+    raw["launch"].update(template="megatron_gpt", megatron_path="/shared/Megatron-LM/")
+    del raw["launch"]["script"]
+    raw["space"] = {"tp": [1]}
+    checks = checks_for(study_from_mapping(raw))
+    assert [(c.path, c.kind) for c in checks.paths[1:]] == [
+        ("/shared/Megatron-LM/", "dir"),
+        ("/shared/Megatron-LM/pretrain_gpt.py", "file"),
+    ]
+    assert checks.gpus == 8
+    # The local executor's "nodes" are this machine, where a stand-in plays the GPU cluster.
+    raw["cluster"].update(executor="local", num_nodes=2)
+    del raw["cluster"]["nodes"]
+    assert checks_for(study_from_mapping(raw)).gpus == 0
+
+
+def test_exit_code_2_for_a_config_problem_1_for_unreachable_nodes_only() -> None:
+    down = Problem("gpu1", "cannot connect", config=False)
+    assert exit_code([]) == 0
+    assert exit_code([down]) == 1
+    assert exit_code([down, Problem("gpu2", "launch.python: ...")]) == 2
+
+
+def fake_nvidia_smi(bin_dir: Path, gpus: int) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(gpus))
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 2\n{lines}')
+    script.chmod(0o755)
+
+
+def test_gpus_are_counted_with_nvidia_smi(tmp_path: Path) -> None:
+    fake_nvidia_smi(tmp_path / "bin", 2)
+    ex = LocalExecutor(env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+    try:
+        assert ex.preflight(["local-0"], PreflightChecks(gpus=2)) == []
+        assert [str(p) for p in ex.preflight(["local-0"], PreflightChecks(gpus=4))] == [
+            "local-0: nvidia-smi -L lists 2 GPUs, but cluster.gpus_per_node asks for 4"
+        ]
+    finally:
+        ex.close()
+    if shutil.which("nvidia-smi", path="/usr/bin:/bin") is None:
+        bare = LocalExecutor(env={"PATH": "/usr/bin:/bin"})
+        try:
+            assert [p.message for p in bare.preflight(["local-0"], PreflightChecks(gpus=1))] == [
+                "nvidia-smi not found, but cluster.gpus_per_node asks for 1 GPUs"
+            ]
+        finally:
+            bare.close()
+
+
+# ----------------------------------------------------------------------------- real sshd
+
+
+def write_config(cluster: LoopbackCluster, path: Path, extra: str = "") -> Path:
+    """gpu-a and gpu-b: aliases of node-0 and node-1, as a user's ~/.ssh/config names them."""
+    blocks = [
+        f"Host gpu-{'ab'[k]}\n  HostName {n.address}\n  Port {n.port}\n"
+        for k, n in enumerate(cluster.nodes[:2])
+    ]
+    common = (
+        f"Host *\n  User {cluster.user}\n  IdentityFile {cluster.client_key}\n"
+        f"  UserKnownHostsFile {cluster.known_hosts}\n"
+    )
+    path.write_text(extra + "".join(blocks) + common)
+    return path
+
+
+@pytest.fixture
+def not_ssh() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts TCP, writes something that is not SSH, and hangs up."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    server.close()
+
+
+@pytest.mark.ssh
+def test_ssh_preflight_reports_a_node_it_cannot_reach(
+    sshd_cluster: LoopbackCluster, tmp_path: Path, not_ssh: int
+) -> None:
+    extra = f"Host gpu-dead\n  HostName 127.0.0.1\n  Port {not_ssh}\n"
+    config = write_config(sshd_cluster, tmp_path / "config", extra)
+    checks = PreflightChecks(paths=(PathCheck("launch.python", sys.executable, "executable"),))
+    with SSHExecutor(SSHSpec(config_file=str(config), connect_timeout_s=3)) as ex:
+        problems = ex.preflight(["gpu-a", "gpu-dead", "gpu-b"], checks)
+    assert [(p.host, p.config) for p in problems] == [("gpu-dead", False)]
+    assert "no SSH server there" in problems[0].message
+    assert exit_code(problems) == 1
+
+
+def tune_run(study: Path, results: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}  # this checkout's tuner, whatever is installed
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "run", "--study", str(study), "--results",
+         str(results), "--quiet", *flags],
+        capture_output=True, text=True, cwd=study.parent, env=env, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def write_study(tmp_path: Path, config: Path, nodes: list[str], **launch: Any) -> Path:
+    raw = demo_ssh(nodes=nodes, ssh={"config_file": str(config), "connect_timeout_s": 3})
+    raw["name"] = "preflight"
+    raw["launch"].update(launch)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.ssh
+def test_tune_run_stops_before_launching_when_the_python_is_missing(
+    sshd_cluster: LoopbackCluster, tmp_path: Path
+) -> None:
+    config = write_config(sshd_cluster, tmp_path / "config")
+    missing = tmp_path / "venv" / "bin" / "python"
+    study = write_study(tmp_path, config, ["gpu-a", "gpu-b"], python=str(missing))
+    run = tune_run(study, tmp_path / "results")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        f"tune: preflight: {host}: launch.python: {missing} is not an executable file"
+        for host in ("gpu-a", "gpu-b")
+    ]
+    assert not (tmp_path / "results").exists()  # no study opened, no trial launched
+
+
+@pytest.mark.ssh
+def test_tune_run_names_an_unreachable_node_in_one_quiet_line(
+    sshd_cluster: LoopbackCluster, tmp_path: Path, not_ssh: int
+) -> None:
+    extra = f"Host gpu-dead\n  HostName 127.0.0.1\n  Port {not_ssh}\n"
+    config = write_config(sshd_cluster, tmp_path / "config", extra)
+    study = write_study(tmp_path, config, ["gpu-a", "gpu-dead"])
+    run = tune_run(study, tmp_path / "results")
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.splitlines() == [
+        f"tune: preflight: gpu-dead: cannot connect to {sshd_cluster.user}@127.0.0.1:{not_ssh}: "
+        "no SSH server there (no SSH protocol banner within 3 s)"
+    ]
+    assert not (tmp_path / "results").exists()
