@@ -20,7 +20,14 @@ from tuner.errors import ConfigError, TunerError
 from tuner.memory import estimate_memory, fits
 from tuner.parallel import validate
 from tuner.perf import estimate_time
-from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space, study_gpu
+from tuner.space import (
+    Candidate,
+    SpaceReport,
+    config_from_settings,
+    enumerate_space,
+    require_viable,
+    study_gpu,
+)
 from tuner.spec import StudySpec, load_study
 
 FLOPS_HELP = (
@@ -202,6 +209,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
         return _dry_run(spec, args.json, args.n_trials)
+    require_viable(spec, enumerate_space(spec, with_time=False))  # before any storage exists
     return _run(spec, args)
 
 
@@ -283,6 +291,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
     report: SpaceReport = enumerate_space(spec)
+    require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
     ranked = report.ranked()
     if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
