@@ -35,9 +35,9 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-#: Most combinations ``tune`` enumerates. Why: every one is validated and memory-estimated
-#: (tens of microseconds each), so a space past this would stall ``tune space`` for minutes;
-#: real spaces have a few thousand.
+#: Most combinations ``tune`` enumerates. Why: every one is validated and estimated (about
+#: 20,000 a second, benchmarks/enumerate.py), so this already takes about a minute and a bigger
+#: space would stall ``tune`` for longer; real spaces have a few thousand.
 MAX_SPACE_SIZE = 1_000_000
 
 
