@@ -6,11 +6,12 @@ median of the rest is taken. By default ``warmup`` is the larger of 1 and 20 % o
 (rounded down), and at least one record is always kept. Fixture header lines (``# source:``,
 ``# --- ``) are skipped. No input makes a parser raise.
 
-Parsing is one linear pass: the log is read in chunks, lines are cut to
-:data:`~tuner.logs.lines.MAX_LINE_CHARS`, each line parser and failure signature runs only on
-lines holding a literal it needs, and the framework is detected on the same pass. A file larger
-than :data:`MAX_LOG_BYTES` is read at its start and its end (a trial's iterations and its failure
-signature), never whole.
+Parsing is one linear pass: the log is read in chunks, only the lines holding a literal some
+parser needs are cut out of them (:func:`~tuner.logs.lines.select_lines`, at most
+:data:`~tuner.logs.lines.MAX_LINE_CHARS` each), each line parser and failure signature runs
+only on lines holding its own literal, and the framework is detected on the same pass. A file
+larger than :data:`MAX_LOG_BYTES` is read at its start and its end (a trial's iterations and its
+failure signature), never whole.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from tuner.errors import ParseError
-from tuner.logs import deepspeed, lines, megatron
+from tuner.logs import classify, deepspeed, lines, megatron
 from tuner.logs.classify import Failure, FailureScan, decide, find_failure
 from tuner.logs.metrics import JSON_KEYS, RunMetrics, warmup_count
 
@@ -94,7 +95,8 @@ def parse_chunks(
     detector = _Detector()
     found = deepspeed.DeepSpeedScan()  # holds the Megatron line parsers too
     failures = FailureScan()
-    for line in lines.clean_lines(lines.split_lines(detector.tap(chunks))):
+    markers = (*deepspeed.MARKERS, *classify.MARKERS)  # no other line is read by anything
+    for line in lines.clean_lines(lines.select_lines(detector.tap(chunks), markers)):
         found.feed(line)
         failures.feed(line)
     chosen = framework or ("deepspeed" if detector.deepspeed else "megatron")

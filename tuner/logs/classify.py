@@ -176,6 +176,15 @@ def signal_reason(exit_code: int) -> str:
 _OOM_RANK, _DIVERGED_RANK, _NCCL_RANK, _LAUNCH_RANK, _CRASH_RANK = range(5)
 
 
+#: Every line :meth:`FailureScan.feed` acts on holds one of these (the gates in ``feed``); the
+#: parser hands it no other line.
+MARKERS = (
+    "Traceback", 'File "', "out of memory", "rror", "xception", "Interrupt", "atchdog",
+    "Timed out waiting", "found NaN in local", "found Inf in local", "exitcode",
+    _CANT_OPEN, "No such file", "not found", "Permission denied",
+)  # fmt: skip
+
+
 @dataclasses.dataclass(slots=True)
 class FailureScan:
     """Failure signatures of a log fed line by line (prefix-stripped): the state carried from

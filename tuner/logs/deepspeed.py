@@ -80,6 +80,17 @@ class Step:
     samples_per_s: float | None = None
 
 
+#: Every line :meth:`DeepSpeedScan.feed` reads holds one of these or a Megatron marker.
+MARKERS = (
+    *megatron.MARKERS,
+    "tuner-step:",
+    "iter time (s)",
+    "time (ms)",
+    "SamplesPerSec=",
+    "Max_MA ",
+)
+
+
 @dataclasses.dataclass(slots=True)
 class DeepSpeedScan:
     """Everything the DeepSpeed line parsers found in one log."""

@@ -42,8 +42,8 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf
 MAX_LINE_CHARS = 8192
 #: Size of the pieces a log is read in.
 CHUNK_CHARS = 1 << 20
-# What str.splitlines() ends a line at.
-_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+# Line ends str.splitlines() knows besides "\n" and "\r": rare in logs, turned into "\n".
+_RARE_BREAKS = ("\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
 
 
 def text_chunks(text: str) -> Iterator[str]:
@@ -52,22 +52,72 @@ def text_chunks(text: str) -> Iterator[str]:
         yield text[start : start + CHUNK_CHARS]
 
 
+def _one_break(chunk: str) -> str:
+    """``chunk`` with every line end ``str.splitlines`` knows written as ``"\n"``."""
+    if "\r" in chunk:  # progress bars redrawn in place become lines of their own
+        chunk = chunk.replace("\r\n", "\n").replace("\r", "\n")
+    for brk in _RARE_BREAKS:
+        if brk in chunk:
+            chunk = chunk.replace(brk, "\n")
+    return chunk
+
+
+def _blocks(chunks: Iterable[str]) -> Iterator[str]:
+    """The text of ``chunks`` in blocks of whole lines joined by ``"\n"``. A line that runs over
+    chunks is kept only up to :data:`MAX_LINE_CHARS` (the rest is skipped, never held), so memory
+    stays bounded by one chunk however long a line is; lines inside a block are cut by the caller.
+    """
+    carry = ""  # the start of a line no chunk has ended yet (at most MAX_LINE_CHARS)
+    skipping = False  # that line was cut: drop what follows up to its end
+    for raw in chunks:
+        chunk = _one_break(raw)
+        if skipping:
+            end = chunk.find("\n")
+            if end < 0:
+                continue
+            chunk, skipping = chunk[end:], False
+        last = chunk.rfind("\n")
+        if last < 0:
+            carry += chunk
+        else:
+            yield carry + chunk[: last + 1]
+            carry = chunk[last + 1 :]
+        if len(carry) > MAX_LINE_CHARS:
+            carry, skipping = carry[:MAX_LINE_CHARS], True
+    if carry:
+        yield carry
+
+
 def split_lines(chunks: Iterable[str]) -> Iterator[str]:
     """The lines of text arriving in ``chunks`` (as ``str.splitlines`` splits), each cut to
-    :data:`MAX_LINE_CHARS`. Memory stays bounded by one chunk however long a line is."""
-    head = ""  # the start of a line the previous chunk did not finish (at most MAX_LINE_CHARS)
-    for chunk in chunks:
-        for part in chunk.splitlines(keepends=True):
-            body = part.rstrip(_BREAKS)
-            if len(body) == len(part):  # the chunk ends inside this line
-                if len(head) < MAX_LINE_CHARS:
-                    head += body[: MAX_LINE_CHARS - len(head)]
-                continue
-            line = head + body if head else body
-            head = ""
+    :data:`MAX_LINE_CHARS`."""
+    for block in _blocks(chunks):
+        parts = block.split("\n")
+        if block.endswith("\n"):
+            parts.pop()
+        for line in parts:
             yield line[:MAX_LINE_CHARS] if len(line) > MAX_LINE_CHARS else line
-    if head:
-        yield head
+
+
+def select_lines(chunks: Iterable[str], markers: Iterable[str]) -> Iterator[str]:
+    """The lines of :func:`split_lines` that hold at least one of ``markers``, in order.
+
+    Why: most of a big log is lines no parser reads (NCCL INFO, warnings). Each marker is found
+    with ``str.find`` over a whole block, so those lines cost no Python work at all; only the lines
+    around a hit are cut out. Linear: after a hit the search goes on from the end of its line.
+    """
+    wanted = tuple(markers)
+    for block in _blocks(chunks):
+        starts: set[int] = set()
+        for marker in wanted:
+            hit = block.find(marker)
+            while hit >= 0:
+                starts.add(block.rfind("\n", 0, hit) + 1)
+                end = block.find("\n", hit)
+                hit = block.find(marker, end) if end >= 0 else -1
+        for start in sorted(starts):
+            end = block.find("\n", start, start + MAX_LINE_CHARS)
+            yield block[start : end if end >= 0 else start + MAX_LINE_CHARS]
 
 
 def clean_lines(raw_lines: Iterable[str]) -> Iterator[str]:

@@ -166,6 +166,10 @@ def theoretical_memory_gib(line: str) -> float | None:
     return float(total) / _MB_PER_GIB
 
 
+#: Every line :meth:`MegatronScan.feed` reads holds one of these.
+MARKERS = ("iteration", "Theoretical")
+
+
 @dataclasses.dataclass(slots=True)
 class MegatronScan:
     """Everything the Megatron line parsers found in one log."""
