@@ -127,6 +127,10 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("hostfile-unknown-user", hostfile_case(None, "~no-such-user-xyz/h"), "no such user"),
     *[(f"hostfile-injection-{i}", hostfile_case(None, v), "cluster.hostfile: cannot read")
       for i, v in enumerate(INJECTIONS)],
+    *[(f"host-injection-{i}", changed("cluster.nodes", [v]), "cluster.nodes[0]: ")
+      for i, v in enumerate(INJECTIONS)],
+    ("hostfile-host-injection", hostfile_case(b"n1\n`touch${IFS}PWNED`\n", "hosts"),
+     "is not a host name"),
     ("unknown-key", changed("space.tpp", [1]), "space.tpp: unknown key 'tpp'"),
     ("axis-value-twice", changed("space.tp", [1, 1]), "space.tp[1]: 1 is listed twice"),
     ("axis-value-huge", changed("space.micro_batch_size", [10**30]), "space.micro_batch_size[0]"),

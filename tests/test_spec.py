@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -323,3 +324,23 @@ def test_home_of_an_unknown_user_is_one_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no such user") as info:
         study_from_mapping(data, base_dir=tmp_path)
     assert info.value.path == "cluster.hostfile"
+
+
+@pytest.mark.parametrize("host", ["a b", "$(touch PWNED)", "a'; touch PWNED; '", "h" * 254, ""])
+def test_node_names_must_be_host_names(host: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(with_change("cluster.nodes", ["gpu001", host]))
+    assert info.value.path == "cluster.nodes[1]"
+    assert "not a host name" in str(info.value) or "non-empty" in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["gpu-001.cluster", "10.0.0.1", "::1", "[fe80::1]", "node_7"])
+def test_real_host_names_load(host: str) -> None:
+    assert study_from_mapping(with_change("cluster.nodes", [host])).node_names == (host,)
+
+
+def test_a_fifo_hostfile_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "hosts")
+    data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "hosts"})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        study_from_mapping(data, base_dir=tmp_path)

@@ -50,6 +50,14 @@ MAX_MINUTES = 7 * 24 * 60  # one trial or process-group timeout: a week
 MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or is /dev/zero)
 
 
+# Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+
+
 def _positive(value: float | None, path: str) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"must be > 0, got {value}", path=path)
@@ -230,9 +238,15 @@ class ClusterSpec:
         if self.nodes is not None:
             _at_most(len(self.nodes), MAX_NODES, "nodes", "about a million GPUs")
             seen: set[str] = set()
-            for node in self.nodes:
+            for i, node in enumerate(self.nodes):
                 if node in seen:
                     raise ConfigError(f"node {node!r} is listed twice", path="nodes")
+                if len(node) > 253 or not _HOST_NAME.fullmatch(node):
+                    raise ConfigError(
+                        f"{_short(node)} is not a host name (letters, digits, '.', '-', '_', ':' "
+                        "for IPv6, at most 253 characters)",
+                        path=f"nodes[{i}]",
+                    )
                 seen.add(node)
 
 
@@ -498,6 +512,8 @@ def _template_problem(template: str) -> str | None:
 
 def read_text(path: Path, what: str) -> str:
     """A small UTF-8 text file (a study, a hostfile); ConfigError naming ``what`` otherwise."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
     try:
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
