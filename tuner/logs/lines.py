@@ -203,6 +203,6 @@ def bar_fields(segment: str, *, closed: bool) -> dict[str, str]:
     fields: dict[str, str] = {}
     for piece in pieces:
         key, sep, value = piece.rpartition(":")
-        if sep and key.strip():
-            fields.setdefault(normalise_key(key), value.strip())
+        if sep and (name := normalise_key(key)):
+            fields.setdefault(name, value.strip())
     return fields
