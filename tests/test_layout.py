@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.layout import ResultsLayout
+from tuner.layout import MAX_NAME_LENGTH, ResultsLayout, name_problem
 
 
 def test_paths(tmp_path: Path) -> None:
@@ -46,3 +46,12 @@ def test_negative_numbers_are_rejected(tmp_path: Path) -> None:
         ResultsLayout(tmp_path, "s").trial(-1)
     with pytest.raises(ValueError):
         ResultsLayout(tmp_path, "s").trial(0).node_log(-1)
+
+
+@pytest.mark.parametrize("bad", ["..", "a..b", "ünï", "a" * 101, "a b", "a'; touch PWNED; '"])
+def test_one_name_rule_for_the_layout_and_the_spec(tmp_path: Path, bad: str) -> None:
+    problem = name_problem(bad)
+    assert problem is not None and "plain name" in problem
+    with pytest.raises(ValueError, match="plain name"):
+        ResultsLayout(tmp_path, bad)
+    assert name_problem("a" * MAX_NAME_LENGTH) is None and name_problem("gpt-70b_v1.2") is None

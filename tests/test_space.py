@@ -9,7 +9,13 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.parallel import validate
-from tuner.space import config_from_settings, enumerate_space, expand_axes, iter_configs
+from tuner.space import (
+    config_from_settings,
+    enumerate_space,
+    expand_axes,
+    iter_configs,
+    require_viable,
+)
 from tuner.spec import load_study, study_from_mapping
 
 BASE: dict[str, Any] = {
@@ -115,3 +121,28 @@ def test_gpt70b_space_has_viable_configs_and_prunes_oom() -> None:
     assert counts["viable"] > 100 and counts["predicted_oom"] > 100
     # tp=1 without recompute cannot hold a 70B model's activations at 4096 tokens on 80 GB.
     assert not any(c.config.tp == 1 and c.config.recompute == "none" for c in report.viable)
+
+
+def test_a_space_with_no_viable_config_is_refused_with_its_counts() -> None:
+    s = spec(tp=[1], pp=[1], vp=[1], micro_batch_size=[16], recompute=["none"],
+             sequence_parallel=[False], distributed_optimizer=[False])  # fmt: skip
+    report = enumerate_space(s)
+    assert not report.viable
+    with pytest.raises(ConfigError) as info:
+        require_viable(s, report)
+    message = str(info.value)
+    assert info.value.path == "space" and "\n" not in message
+    assert "search space of s" in message
+    assert f"{report.total} total" in message
+    assert f"{report.predicted_oom} predicted OOM" in message
+    require_viable(spec(), enumerate_space(spec()))  # a space with viable configs passes
+
+
+def test_auto_pp_of_a_deep_model_is_fast_and_an_exploding_space_is_refused() -> None:
+    deep = copy.deepcopy(BASE)
+    deep["model"] = {"preset": "llama2-7b", "num_layers": 4096}
+    assert expand_axes(study_from_mapping(deep)).pp == (1, 2, 4, 8, 16)
+    many = list(range(1, 101))
+    with pytest.raises(ConfigError, match="combinations, more than 1,000,000") as info:
+        expand_axes(spec(tp=many, pp=many, micro_batch_size=many))
+    assert info.value.path == "space"

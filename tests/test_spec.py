@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,38 @@ BAD = [
     ("model", {"preset": "llama2-7b", "hidden_size": 4100}, "model.hidden_size", "divisible"),
     ("model", {"preset": "llama2-7b", "layers": 2}, "model.layers", "unknown key"),
     ("name", "a b", "name", "may only hold"),
+    # hostile or absurd input (issue 11): each is refused at load, naming the field
+    ("name", "..", "name", "plain name"),
+    ("name", "ünï", "name", "plain name"),
+    ("name", "a" * 300, "name", "300 characters long"),
+    ("name", "a'; touch PWNED; '", "name", "plain name"),
+    ("cluster.gpu_memory_gib", float("nan"), "cluster.gpu_memory_gib", "finite number"),
+    ("cluster.gpu_memory_gib", float("inf"), "cluster.gpu_memory_gib", "finite number"),
+    (
+        "cluster.ssh",
+        {"connect_timeout_s": float("nan")},
+        "cluster.ssh.connect_timeout_s",
+        "finite ",
+    ),
+    ("search.trial_timeout_min", float("inf"), "search.trial_timeout_min", "finite number"),
+    ("search.memory_headroom", float("nan"), "search.memory_headroom", "finite number"),
+    ("search.max_node_hours", 10**400, "search.max_node_hours", "finite number"),
+    ("launch.env", {"A B": "1"}, "launch.env", "not an environment variable name"),
+    ("launch.env", {"$(touch PWNED)": "1"}, "launch.env", "not an environment variable name"),
+    ("launch.env", {"1A": "1"}, "launch.env", "not an environment variable name"),
+    ("launch.python", "py\0thon", "launch.python", "NUL"),
+    ("launch.template", "../../etc/passwd", "launch.template", "inside the template folders"),
+    ("launch.template", "/etc/passwd", "launch.template", "inside the template folders"),
+    ("launch.template", "a/../b", "launch.template", "inside the template folders"),
+    ("model", {"preset": "llama2-7b", "num_layers": 10**30}, "model.num_layers", "at most 4,096"),
+    ("model", {"preset": "llama2-7b", "vocab_size": 10**12}, "model.vocab_size", "at most"),
+    ("model", {"preset": "llama2-7b", "seq_length": 10**12}, "model.seq_length", "at most"),
+    ("cluster.gpus_per_node", 10**9, "cluster.gpus_per_node", "at most 1,024"),
+    ("training.global_batch_size", 10**30, "training.global_batch_size", "at most"),
+    ("space.tp", [1, 1], "space.tp[1]", "listed twice"),
+    ("space.micro_batch_size", [10**30], "space.micro_batch_size[0]", "at most"),
+    ("search.n_trials", 10**12, "search.n_trials", "at most 100,000"),
+    ("launch.train_iters", 10**12, "launch.train_iters", "at most"),
 ]
 
 
@@ -238,3 +271,76 @@ def test_bad_environment_reference_names_the_field(
         load_study(str(study))
     assert err.value.path == "launch.python"
     assert words in str(err.value) and str(study) in str(err.value)
+
+
+def test_num_nodes_is_for_the_local_executor_only() -> None:
+    cluster = {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 2}
+    with pytest.raises(ConfigError, match="executor: ssh give the hosts") as info:
+        study_from_mapping(with_change("cluster", {**cluster, "executor": "ssh"}))
+    assert info.value.path == "cluster.num_nodes"
+    with pytest.raises(ConfigError, match="executor: ssh"):  # ssh is the default executor
+        study_from_mapping(with_change("cluster", cluster))
+    spec = study_from_mapping(with_change("cluster", {**cluster, "executor": "local"}))
+    assert spec.node_names == ("local-0", "local-1")
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("name: a\nname: b\n", "duplicate key 'name' at line 2"),
+        ("launch: {template: x, template: y}\n", "duplicate key 'template' at line 1"),
+        ('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n', "aliases (*name) are not allowed"),
+        ("x: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        ("x: " + "9" * 5000 + "\n", "invalid YAML"),
+    ],
+)
+def test_hostile_yaml_is_refused_before_any_walk(tmp_path: Path, text: str, words: str) -> None:
+    study = tmp_path / "s.yaml"
+    study.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_study(str(study))
+    assert words in str(info.value) and str(study) in str(info.value)
+
+
+def test_files_that_are_not_utf8_are_one_error(tmp_path: Path) -> None:
+    study = tmp_path / "s.yaml"
+    study.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="not UTF-8 text .byte 0xff at offset 6"):
+        load_study(str(study))
+    (tmp_path / "hosts").write_bytes(b"n1\n\xc3\x28\n")
+    data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "hosts"})
+    with pytest.raises(ConfigError, match="hostfile .* is not UTF-8") as info:
+        study_from_mapping(data, base_dir=tmp_path)
+    assert info.value.path == "cluster.hostfile"
+    study.write_bytes(b"# " + b"x" * (2 << 20))
+    with pytest.raises(ConfigError, match="larger than 1024 KiB"):
+        load_study(str(study))
+
+
+def test_home_of_an_unknown_user_is_one_error(tmp_path: Path) -> None:
+    data = with_change(
+        "cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "~no-such-user-xyz/hosts"}
+    )
+    with pytest.raises(ConfigError, match="no such user") as info:
+        study_from_mapping(data, base_dir=tmp_path)
+    assert info.value.path == "cluster.hostfile"
+
+
+@pytest.mark.parametrize("host", ["a b", "$(touch PWNED)", "a'; touch PWNED; '", "h" * 254, ""])
+def test_node_names_must_be_host_names(host: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(with_change("cluster.nodes", ["gpu001", host]))
+    assert info.value.path == "cluster.nodes[1]"
+    assert "not a host name" in str(info.value) or "non-empty" in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["gpu-001.cluster", "10.0.0.1", "::1", "[fe80::1]", "node_7"])
+def test_real_host_names_load(host: str) -> None:
+    assert study_from_mapping(with_change("cluster.nodes", [host])).node_names == (host,)
+
+
+def test_a_fifo_hostfile_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "hosts")
+    data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "hosts"})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        study_from_mapping(data, base_dir=tmp_path)

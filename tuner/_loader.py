@@ -3,22 +3,65 @@
 Every problem becomes a :class:`~tuner.errors.ConfigError` whose message names the YAML path of the
 field (``space.tp[2]``) and what is wrong with it: unknown keys, wrong types, missing fields.
 Supported field types: ``int``, ``float``, ``str``, ``bool``, ``Literal[...]``, ``X | None``,
-``tuple[X, ...]``, ``dict[str, str]`` and nested dataclasses. Values a type cannot describe
-(ranges, divisibility) are checked by each dataclass's ``__post_init__``.
+``tuple[X, ...]``, ``dict[str, str]`` and nested dataclasses. Floats must be finite (``.nan`` and
+``.inf`` are refused). Values a type cannot describe (ranges, divisibility) are checked by each
+dataclass's ``__post_init__``.
+
+:func:`load_yaml` parses the text first, refusing what a study never needs and an attacker would
+use: aliases (``*name``: a "billion laughs" file expands exponentially once walked) and duplicate
+keys (YAML keeps the last one silently).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, Literal, TypeVar, cast, get_args, get_origin
+
+import yaml
+from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode, Node
 
 from tuner.errors import ConfigError
 
 T = TypeVar("T")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases and without duplicate keys."""
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise ComposerError(
+                None, None, "aliases (*name) are not allowed in a study file", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the constructor below reports it
+                continue
+            if duplicate:
+                raise ConstructorError(
+                    None, None, f"duplicate key {_describe(key)}", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> object:
+    """Parse one YAML document with :class:`StrictLoader` (raises ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _join(path: str, key: str | int) -> str:
@@ -140,9 +183,17 @@ def _convert_scalar(tp: Any, value: object, path: str) -> Any:
         raise ConfigError(f"expected an integer, got {_describe(value)}", path=path)
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an integer too large for a float
+                number = math.inf
+            if not math.isfinite(number):
+                raise ConfigError(f"must be a finite number, got {_describe(value)}", path=path)
+            return number
         raise ConfigError(f"expected a number, got {_describe(value)}", path=path)
     if tp is str:
+        if isinstance(value, str) and "\0" in value:
+            raise ConfigError("must not contain a NUL character", path=path)
         if isinstance(value, str) and value:
             return value
         raise ConfigError(f"expected a non-empty string, got {_describe(value)}", path=path)

@@ -20,7 +20,13 @@ from rich.table import Table
 from tuner.api import estimate
 from tuner.errors import ConfigError, TunerError
 from tuner.outcome import Outcome
-from tuner.space import Candidate, SpaceReport, config_from_settings, enumerate_space
+from tuner.space import (
+    Candidate,
+    SpaceReport,
+    config_from_settings,
+    enumerate_space,
+    require_viable,
+)
 from tuner.spec import StudySpec, load_study
 
 FLOPS_HELP = (
@@ -179,6 +185,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
         return _dry_run(spec, args.format == "json", args.n_trials)
+    require_viable(spec, enumerate_space(spec, with_time=False))  # before any storage exists
     return _run(spec, args)
 
 
@@ -312,6 +319,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
     report: SpaceReport = enumerate_space(spec)
+    require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
     ranked = report.ranked()
     if spec.search.sampler == "model":  # one trial per node group, fastest predicted first

@@ -20,15 +20,34 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-_STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The one rule for names that become a directory or file name (study names, extra files,
+# template names): ASCII only, so a name means the same bytes on every filesystem and shell.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: Longest plain name. Why: the name is one path component; filesystems refuse components over
+#: 255 bytes (ENAMETOOLONG) and SQLite adds "-journal" beside study.db; 100 leaves room and still
+#: fits a table column.
+MAX_NAME_LENGTH = 100
 
 
-def _check_name(kind: str, name: str, pattern: re.Pattern[str]) -> str:
-    if not pattern.match(name) or ".." in name:
-        raise ValueError(
-            f"{kind} {name!r} must be a plain name (letters, digits, '.', '_', '-'), not a path"
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a plain name (a single safe path component), or None when it is."""
+    shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
+    if len(name) > MAX_NAME_LENGTH:
+        return (
+            f"{shown} is {len(name)} characters long; a plain name has at most {MAX_NAME_LENGTH}"
         )
+    if not _PLAIN_NAME.fullmatch(name) or ".." in name:
+        return (
+            f"{shown} must be a plain name, not a path: it may only hold ASCII letters, digits, "
+            "'.', '_' and '-', start with a letter or digit and not contain '..'"
+        )
+    return None
+
+
+def _check_name(kind: str, name: str) -> str:
+    problem = name_problem(name)
+    if problem is not None:
+        raise ValueError(f"{kind} {problem}")
     return name
 
 
@@ -73,7 +92,7 @@ class TrialPaths:
 
     def file(self, name: str) -> Path:
         """The path of the extra file ``name``; ``name`` must be a plain file name."""
-        return self.files_dir / _check_name("extra file name", name, _FILE_NAME)
+        return self.files_dir / _check_name("extra file name", name)
 
 
 def _rank(node_rank: int) -> int:
@@ -92,7 +111,7 @@ class ResultsLayout:
     """The study name; a plain name, used as a directory name."""
 
     def __post_init__(self) -> None:
-        _check_name("study name", self.study, _STUDY_NAME)
+        _check_name("study name", self.study)
 
     @property
     def study_dir(self) -> Path:

@@ -15,7 +15,9 @@ class Outcome(enum.StrEnum):
     NCCL_TIMEOUT = "nccl_timeout"
     LAUNCH_ERROR = "launch_error"  # bad flag, missing file, import error
     NODE_ERROR = "node_error"  # ssh refused, host down: retried elsewhere
-    TIMEOUT = "timeout"  # ran past the trial limit or hung: killed
+    TIMEOUT = "timeout"  # killed at the trial limit after iteration lines had arrived
+    HANG = "hang"  # killed at the trial limit before any iteration line: hung at start-up
+    DIVERGED = "diverged"  # loss NaN/inf or nan/skipped iterations logged: not a measurement
     NO_METRICS = "no_metrics"  # exited but logged no usable step time
     INTERRUPTED = "interrupted"  # the study was stopped: re-run on resume
 

@@ -8,6 +8,7 @@ size, checks the framework's rules (``tuner.parallel``) and, for the valid ones,
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +31,14 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+#: Most combinations ``tune`` enumerates. Why: every one is validated and estimated (about
+#: 20,000 a second, benchmarks/enumerate.py), so this already takes about a minute and a bigger
+#: space would stall ``tune`` for longer; real spaces have a few thousand.
+MAX_SPACE_SIZE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +89,7 @@ def expand_axes(spec: StudySpec) -> Axes:
         layers = (0,) if s.recompute_num_layers == "auto" else s.recompute_num_layers
         for method in s.recompute_method:
             recompute.extend(("full", method, n) for n in layers)
-    return Axes(
+    axes = Axes(
         tp=pick(s.tp, tp_auto),
         pp=pick(s.pp, [p for p in _divisors(m.num_layers) if p <= world]),
         cp=pick(s.cp, cp_auto),
@@ -92,6 +100,13 @@ def expand_axes(spec: StudySpec) -> Axes:
         distributed_optimizer=s.distributed_optimizer,
         zero_stage=s.zero_stage,
     )
+    if axes.size > MAX_SPACE_SIZE:
+        raise ConfigError(
+            f"the search space of {spec.name} has {axes.size:,} combinations, more than "
+            f"{MAX_SPACE_SIZE:,}: list fewer values",
+            path="space",
+        )
+    return axes
 
 
 def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:
@@ -194,6 +209,19 @@ def enumerate_space(
             if keep_oom:
                 report.oom.append(Candidate(config, memory, False))
     return report
+
+
+def require_viable(spec: StudySpec, report: SpaceReport) -> None:
+    """Raise a one-line ConfigError when no config of the space can run (all invalid or OOM)."""
+    if report.viable:
+        return
+    rules = ", ".join(f"{rule} {n}" for rule, n in report.invalid_by_rule.most_common(3))
+    raise ConfigError(
+        f"no viable config in the search space of {spec.name}: {report.total} total, "
+        f"{report.invalid} invalid by rule{f' ({rules})' if rules else ''}, "
+        f"{report.predicted_oom} predicted OOM; nothing to run",
+        path="space",
+    )
 
 
 # ----------------------------------------------------------------------------- --set key=value

@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 import yaml
 
-from tuner._loader import load_dataclass
+from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
+from tuner.layout import name_problem
 from tuner.study_paths import study_relative
 
 Framework = Literal["megatron", "deepspeed"]
@@ -33,9 +34,45 @@ RecomputeMethod = Literal["uniform", "block"]
 Auto = Literal["auto"]
 
 
+# Upper bounds on sizes. Why: the space is enumerated from these numbers (divisors of num_layers,
+# products of the axes), so an absurd value (num_layers: 10**30) would hang `tune` instead of
+# failing at load. Each bound is far above any model or cluster built so far.
+MAX_LAYERS = 4096  # the deepest published dense LLMs have 96-128 layers
+MAX_WIDTH = 1 << 20  # hidden / FFN width: GPT-3 12288, Llama-3-405B 16384 / 53248
+MAX_HEADS = 4096  # attention heads and query groups: published models have <= 128
+MAX_VOCAB = 1 << 24  # vocabularies are 32k-256k tokens
+MAX_SEQ_LENGTH = 1 << 24  # 16M tokens: above every long-context run published
+MAX_GPUS_PER_NODE = 1024  # 8 on DGX/HGX, 72 for an NVL72 rack used as one node
+MAX_NODES = 1 << 17  # 131072 nodes: about a million GPUs at 8 per node
+MAX_BATCH = 1 << 24  # sequences per step; published runs use a few thousand
+MAX_ITERS = 1_000_000  # iterations of one short trial run (tens are typical)
+MAX_TRIALS = 100_000  # launched runs of one study; each costs node-minutes
+MAX_MINUTES = 7 * 24 * 60  # one trial or process-group timeout: a week
+MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or is /dev/zero)
+
+
+# Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+
+
 def _positive(value: float | None, path: str) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"must be > 0, got {value}", path=path)
+
+
+def _at_most(value: float | None, limit: float, path: str, why: str) -> None:
+    if value is not None and value > limit:
+        raise ConfigError(f"must be at most {limit:,} ({why}), got {value:,}", path=path)
+
+
+def _size(value: int | None, limit: int, path: str, why: str) -> None:
+    """A positive size with a sane upper bound."""
+    _positive(value, path)
+    _at_most(value, limit, path, why)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,10 +113,17 @@ class ModelSpec:
     """Biases in linear layers (Llama-style models disable them)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads"):
-            _positive(getattr(self, name), name)
-        _positive(self.vocab_size, "vocab_size")
-        _positive(self.seq_length, "seq_length")
+        _size(self.num_layers, MAX_LAYERS, "num_layers", "30x the deepest published model")
+        for name in ("hidden_size", "ffn_hidden_size"):
+            _size(getattr(self, name), MAX_WIDTH, name, "far wider than any published model")
+        for name in ("num_attention_heads", "num_query_groups"):
+            _size(getattr(self, name), MAX_HEADS, name, "published models have <= 128")
+        _size(self.vocab_size, MAX_VOCAB, "vocab_size", "vocabularies are 32k-256k tokens")
+        _size(self.seq_length, MAX_SEQ_LENGTH, "seq_length", "a 16M-token context")
+        _at_most(
+            self.max_position_embeddings, MAX_SEQ_LENGTH, "max_position_embeddings",
+            "a 16M-token context",
+        )  # fmt: skip
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
@@ -123,7 +167,7 @@ class TrainingSpec:
     """bf16 / fp16 mixed precision with fp32 master weights, or plain fp32."""
 
     def __post_init__(self) -> None:
-        _positive(self.global_batch_size, "global_batch_size")
+        _size(self.global_batch_size, MAX_BATCH, "global_batch_size", "16M sequences per step")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -180,9 +224,10 @@ class ClusterSpec:
         from tuner.catalog import get_gpu  # the catalog loads lazily, on first use
 
         get_gpu(self.gpu)
-        _positive(self.gpus_per_node, "gpus_per_node")
-        _positive(self.num_nodes, "num_nodes")
+        _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
+        _size(self.num_nodes, MAX_NODES, "num_nodes", "about a million GPUs")
         _positive(self.gpu_memory_gib, "gpu_memory_gib")
+        _at_most(self.gpu_memory_gib, 1 << 20, "gpu_memory_gib", "a PiB per GPU")
         given = [n for n in ("nodes", "hostfile", "num_nodes") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ConfigError(
@@ -190,9 +235,25 @@ class ClusterSpec:
                 + (f" (got {', '.join(given)})" if given else ""),
                 path="nodes",
             )
-        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
-            dup = next(n for n in self.nodes if self.nodes.count(n) > 1)
-            raise ConfigError(f"node {dup!r} is listed twice", path="nodes")
+        if self.num_nodes is not None and self.executor == "ssh":
+            raise ConfigError(
+                "num_nodes makes local ranks (local-0, local-1, ...) for executor: local; "
+                "with executor: ssh give the hosts in nodes or hostfile",
+                path="num_nodes",
+            )
+        if self.nodes is not None:
+            _at_most(len(self.nodes), MAX_NODES, "nodes", "about a million GPUs")
+            seen: set[str] = set()
+            for i, node in enumerate(self.nodes):
+                if node in seen:
+                    raise ConfigError(f"node {node!r} is listed twice", path="nodes")
+                if len(node) > 253 or not _HOST_NAME.fullmatch(node):
+                    raise ConfigError(
+                        f"{_short(node)} is not a host name (letters, digits, '.', '-', '_', ':' "
+                        "for IPv6, at most 253 characters)",
+                        path=f"nodes[{i}]",
+                    )
+                seen.add(node)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -227,8 +288,21 @@ class LaunchSpec:
     """Where your own templates live (default: ./launch_templates, then the package's)."""
 
     def __post_init__(self) -> None:
-        _positive(self.train_iters, "train_iters")
-        _positive(self.distributed_timeout_minutes, "distributed_timeout_minutes")
+        problem = _template_problem(self.template)
+        if problem is not None:
+            raise ConfigError(problem, path="template")
+        for key in self.env:
+            if not _ENV_NAME.match(key):
+                raise ConfigError(
+                    f"{key!r} is not an environment variable name (ASCII letters, digits and "
+                    "'_', not starting with a digit)",
+                    path="env",
+                )
+        _size(self.train_iters, MAX_ITERS, "train_iters", "a short trial run")
+        _size(
+            self.distributed_timeout_minutes, MAX_MINUTES, "distributed_timeout_minutes",
+            "a week",
+        )  # fmt: skip
         if self.warmup_iters < 0 or self.warmup_iters >= self.train_iters:
             raise ConfigError(
                 f"must be >= 0 and < train_iters ({self.train_iters}), got {self.warmup_iters}",
@@ -274,11 +348,16 @@ class SpaceSpec:
                 continue
             if not value:
                 raise ConfigError("the list is empty", path=f.name)
+            seen: set[object] = set()
             for i, item in enumerate(value):
+                if item in seen:
+                    raise ConfigError(f"{item!r} is listed twice", path=f"{f.name}[{i}]")
+                seen.add(item)
                 if f.name == "zero_stage":
                     continue
-                if isinstance(item, int) and not isinstance(item, bool) and item <= 0:
-                    raise ConfigError(f"must be > 0, got {item}", path=f"{f.name}[{i}]")
+                if isinstance(item, int) and not isinstance(item, bool):
+                    # No axis value exceeds the world size or the batch: one bound for all.
+                    _size(item, MAX_BATCH, f"{f.name}[{i}]", "larger than any world or batch")
         for i, z in enumerate(self.zero_stage):
             if not 0 <= z <= 3:
                 raise ConfigError(
@@ -317,11 +396,12 @@ class SearchSpec:
     four periods is taken as dead (its trials re-run, its nodes are cleaned and freed)."""
 
     def __post_init__(self) -> None:
-        _positive(self.n_trials, "n_trials")
+        _size(self.n_trials, MAX_TRIALS, "n_trials", "each launched run costs node-minutes")
         _positive(self.heartbeat_s, "heartbeat_s")
         if isinstance(self.nodes_per_trial, int):
             _positive(self.nodes_per_trial, "nodes_per_trial")
         _positive(self.trial_timeout_min, "trial_timeout_min")
+        _at_most(self.trial_timeout_min, MAX_MINUTES, "trial_timeout_min", "a week")
         if not 0 < self.memory_headroom <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {self.memory_headroom}", path="memory_headroom"
@@ -331,6 +411,7 @@ class SearchSpec:
         _positive(self.early_stop_trials, "early_stop_trials")
         if self.enqueue_top < 0:
             raise ConfigError(f"must be >= 0, got {self.enqueue_top}", path="enqueue_top")
+        _at_most(self.enqueue_top, MAX_TRIALS, "enqueue_top", "more than any budget")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -357,10 +438,9 @@ class StudySpec:
     """Sampler and budget."""
 
     def __post_init__(self) -> None:
-        if not all(c.isalnum() or c in "-_." for c in self.name):
-            raise ConfigError(
-                f"{self.name!r} may only hold letters, digits, '-', '_' and '.'", path="name"
-            )
+        problem = name_problem(self.name)  # the results layout's rule: the name is a directory
+        if problem is not None:
+            raise ConfigError(problem, path="name")
         n = len(self.node_names)
         if isinstance(self.search.nodes_per_trial, int) and self.search.nodes_per_trial > n:
             raise ConfigError(
@@ -428,13 +508,42 @@ def _expand_model(raw: object) -> object:
     return merged
 
 
+def _template_problem(template: str) -> str | None:
+    """Why ``template`` is not a template name inside the template folders, or None."""
+    parts = template.split("/")
+    for part in parts:
+        if name_problem(part) is not None:
+            return (
+                f"{template!r} must name a template inside the template folders: plain names "
+                "(ASCII letters, digits, '.', '_', '-') joined by '/', no '..', not absolute"
+            )
+    return None
+
+
+def read_text(path: Path, what: str) -> str:
+    """A small UTF-8 text file (a study, a hostfile); ConfigError naming ``what`` otherwise."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{what} is larger than {MAX_FILE_BYTES // 1024} KiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
+
+
 def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
     try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read hostfile {str(path)!r}: {exc.strerror}", path=yaml_path
-        ) from None
+        lines = read_text(path, f"hostfile {str(path)!r}").splitlines()
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, path=yaml_path) from None
     hosts: list[str] = []
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
@@ -513,12 +622,21 @@ def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpe
         data["model"] = _expand_model(data["model"])
     cluster = data.get("cluster")
     if isinstance(cluster, Mapping) and isinstance(cluster.get("hostfile"), str):
-        hf = Path(cluster["hostfile"]).expanduser()
+        hf = _expand_user(cluster["hostfile"], "cluster.hostfile")
         data["cluster"] = {
             **{k: v for k, v in cluster.items() if k != "hostfile"},
             "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
         }
     return load_dataclass(StudySpec, data)
+
+
+def _expand_user(path: str, yaml_path: str) -> Path:
+    if "\0" in path:
+        raise ConfigError("a path must not contain a NUL character", path=yaml_path)
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # ~user with no such user
+        raise ConfigError(f"cannot expand {path!r}: no such user", path=yaml_path) from None
 
 
 def shipped_study_names() -> list[str]:
@@ -530,7 +648,7 @@ def shipped_study_names() -> list[str]:
 def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
     """``NAME`` -> ./studies/NAME.yaml, then the package's studies; a path to a file also works."""
     cwd = cwd or Path.cwd()
-    as_path = Path(name).expanduser()
+    as_path = _expand_user(name, "--study")
     if name.endswith((".yaml", ".yml")) or "/" in name:
         full = as_path if as_path.is_absolute() else cwd / as_path
         if full.is_file():
@@ -551,16 +669,21 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
     """Load and strictly check a study by name or path. Errors name the file and the YAML path."""
     path = resolve_study_path(name, cwd)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(read_text(path, "the study file"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{problem}{where}", file=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, file=str(path)) from None
+    except (ValueError, RecursionError) as exc:  # an int of 5000 digits, [[[[...]]]] nesting
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"invalid YAML: {reason}", file=str(path)) from None
     try:
         # the folder the file really is in: studies/ may be a link (it is, in this repository)
         return study_from_mapping(raw, base_dir=path.resolve().parent)
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=exc.path, file=str(path)) from None
+    except RecursionError:
+        raise ConfigError("nested too deeply", file=str(path)) from None

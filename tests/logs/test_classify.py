@@ -287,3 +287,44 @@ def test_real_lines_and_garbage_never_raise(
         assert metrics.iterations >= 0
         if metrics.step_time_s is not None:
             assert math.isfinite(metrics.step_time_s)
+
+
+def test_a_time_out_is_a_hang_when_no_iteration_line_arrived() -> None:
+    timed = parse_log(RUN, timed_out=True)
+    assert (timed.outcome, timed.reason) == (
+        Outcome.TIMEOUT, "killed at the trial time limit after 4 iteration line(s)"
+    )  # fmt: skip
+    startup = "initializing torch distributed ...\n> building GPT model ..."
+    hung = parse_log(startup, timed_out=True, exit_codes=[-15])
+    assert hung.outcome is Outcome.HANG and hung.reason is not None
+    assert "before any iteration line" in hung.reason
+    assert parse_log(f"{startup}\n{CRASH}", timed_out=True).outcome is Outcome.HANG
+    assert decide(None, has_step_time=False, timed_out=True)[0] is Outcome.HANG
+    assert decide(None, has_step_time=False, timed_out=True, iterations=1)[0] is Outcome.TIMEOUT
+    assert Outcome.HANG.launched and Outcome.TIMEOUT.launched
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "a" * 200_000,  # no spaces: the launch-error pattern took 47 s on 50 kB of this
+        "x: error: " * 20_000,
+        "[PG " * 50_000,
+        "gloo" * 50_000 + " Timed out waiting 5ms for send operation to complete",
+        "can't open file " * 20_000,
+        "RuntimeError: " + "Check batch related parameters " * 5_000,
+        "Traceback (most recent call last):\n" + "AssertionError: " + "x" * 200_000,
+        'File "' * 40_000,
+        "iteration 1/ 1 |" * 20_000,
+        " | ".join(["iteration"] * 40_000),
+        "[Rank 0] (after 1 iterations) memory (MB) | max allocated:" * 5_000,
+        "tuner-step: iter=1 " * 20_000,
+    ],
+)
+def test_long_hostile_lines_are_classified_in_linear_time(line: str) -> None:
+    """A guard, not a timing assertion: these took minutes before lines were cut and the
+    patterns rewritten; now each is one bounded pass (pytest would only hang on a regression)."""
+    for framework in ("megatron", "deepspeed"):
+        metrics = parse_log(line, framework)  # type: ignore[arg-type]
+        assert metrics.outcome in Outcome
+    find_failure(line)

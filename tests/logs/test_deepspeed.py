@@ -215,3 +215,18 @@ def test_detection_defaults_to_megatron() -> None:
         "megatron"
     )
     assert detect_framework("") == "megatron"
+
+
+def test_nan_loss_in_deepspeed_lines_is_divergence() -> None:
+    text = "\n".join(
+        f"steps: {n} loss: {loss} iter time (s): 1.000 samples/sec: 64.000"
+        for n, loss in [(10, "10.1"), (20, "nan"), (30, "nan")]
+    )
+    metrics = parse_log(text)
+    assert (metrics.outcome, metrics.reason) == (Outcome.DIVERGED, "loss is nan at step 20")
+    text = "tuner-step: iter=1 time_s=0.5 loss=7.1\ntuner-step: iter=2 time_s=0.5 loss=inf\n"
+    metrics = parse_log(text)
+    assert (metrics.outcome, metrics.reason) == (Outcome.DIVERGED, "loss is inf at iter 2")
+    fp16 = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to"
+    text = f"{fp16} 32768\ntuner-step: iter=1 time_s=0.5\ntuner-step: iter=2 time_s=0.5\n"
+    assert parse_log(text).outcome is Outcome.OK

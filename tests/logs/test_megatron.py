@@ -227,3 +227,51 @@ def test_to_json_has_exactly_the_contract_keys() -> None:
     assert obj["file"] == "run.log"
     assert obj["outcome"] == "ok"
     assert json.loads(json.dumps(obj)) == obj
+
+
+def _line(
+    i: int, loss: str = "2.0E+00", scale: str = "1.0", skipped: int = 0, nan: int = 0
+) -> str:
+    return (
+        f" iteration {i:8d}/      10 | elapsed time per iteration (ms): 1000.0 | "
+        f"lm loss: {loss} | loss scale: {scale} | number of skipped iterations: {skipped:3d} | "
+        f"number of nan iterations: {nan:3d} |"
+    )
+
+
+@pytest.mark.parametrize(
+    ("changed", "reason"),
+    [
+        ({"loss": "NAN"}, "lm loss is NAN at iteration 4"),
+        ({"loss": "INF"}, "lm loss is INF at iteration 4"),
+        ({"nan": 2}, "2 nan iteration(s) logged at iteration 4"),
+        (
+            {"skipped": 1},
+            "1 skipped iteration(s) logged at iteration 4, loss scale 1: inf/NaN gradients",
+        ),
+    ],
+)
+def test_a_diverged_run_is_not_a_measurement(changed: dict[str, object], reason: str) -> None:
+    text = "\n".join(_line(i, **changed) if i == 4 else _line(i) for i in range(1, 6))  # type: ignore[arg-type]
+    for metrics in (parse_log(text), parse_megatron(text), parse_log(text, "deepspeed")):
+        assert (metrics.outcome, metrics.reason) == (Outcome.DIVERGED, reason)
+        assert metrics.step_time_s == 1.0  # the figures stay, the outcome says they mean nothing
+    assert Outcome.DIVERGED.launched
+
+
+def test_fp16_loss_scale_backoff_and_warmup_nans_are_not_divergence() -> None:
+    # fp16: the dynamic loss scaler skips steps while it backs off (real: nccl-743 fixture)
+    text = "\n".join(_line(i, scale="16384.0", skipped=1) for i in range(1, 6))
+    assert parse_log(text).outcome is Outcome.OK
+    # nan/skipped counts in the warm-up records are dropped with them
+    text = "\n".join(_line(i, nan=int(i == 1), skipped=int(i == 1)) for i in range(1, 6))
+    assert parse_log(text).outcome is Outcome.OK
+    # Megatron's NaN check (--check-for-nan-in-loss-and-grad) ending the run
+    check = (
+        "Traceback (most recent call last):\n"
+        "AssertionError: Rank 3: found NaN in local grad norm in backward pass before "
+        "data-parallel communication collective. Device: 3, node: gpu001"
+    )
+    metrics = parse_log(_line(1) + "\n" + check, exit_codes=[1])
+    assert metrics.outcome is Outcome.DIVERGED
+    assert metrics.reason is not None and metrics.reason.startswith("found NaN in local grad norm")

@@ -5,34 +5,50 @@ the first ``warmup`` step records (by iteration number where the log has one) ar
 median of the rest is taken. By default ``warmup`` is the larger of 1 and 20 % of the records
 (rounded down), and at least one record is always kept. Fixture header lines (``# source:``,
 ``# --- ``) are skipped. No input makes a parser raise.
+
+Parsing is one linear pass: the log is read in chunks, only the lines holding a literal some
+parser needs are cut out of them (:func:`~tuner.logs.lines.select_lines`, at most
+:data:`~tuner.logs.lines.MAX_LINE_CHARS` each), each line parser and failure signature runs
+only on lines holding its own literal, and the framework is detected on the same pass. A file
+larger than :data:`MAX_LOG_BYTES` is read at its start and its end (a trial's iterations and its
+failure signature), never whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import codecs
+import itertools
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 from tuner.errors import ParseError
-from tuner.logs.classify import Failure, decide, find_failure
-from tuner.logs.deepspeed import SIGNATURES as _DEEPSPEED_SIGNATURES
-from tuner.logs.deepspeed import parse_deepspeed
-from tuner.logs.megatron import parse_megatron
+from tuner.logs import classify, deepspeed, lines, megatron
+from tuner.logs.classify import Failure, FailureScan, decide, find_failure
 from tuner.logs.metrics import JSON_KEYS, RunMetrics, warmup_count
 
 Framework = Literal["megatron", "deepspeed"]
 
+#: The most of one log file that is read. Why: a trial of tens of iterations logs megabytes; a
+#: bigger file is a runaway job (a loop printing warnings) and reading it all would stall the
+#: study. Beyond this the first and the last half are read.
+MAX_LOG_BYTES = 1 << 30
+
 __all__ = [
     "JSON_KEYS",
+    "MAX_LOG_BYTES",
     "Failure",
     "Framework",
     "RunMetrics",
     "decide",
     "detect_framework",
     "find_failure",
+    "parse_chunks",
     "parse_deepspeed",
     "parse_log",
     "parse_log_file",
+    "parse_log_files",
     "parse_megatron",
     "read_log",
     "warmup_count",
@@ -41,7 +57,68 @@ __all__ = [
 
 def detect_framework(text: str) -> Framework:
     """``deepspeed`` when the log has a line only DeepSpeed prints, else ``megatron``."""
-    return "deepspeed" if _DEEPSPEED_SIGNATURES.search(text) else "megatron"
+    return "deepspeed" if deepspeed.SIGNATURES.search(text) else "megatron"
+
+
+class _Detector:
+    """Passes chunks through and notes whether one holds a DeepSpeed-only line."""
+
+    def __init__(self) -> None:
+        self.deepspeed = False
+
+    def tap(self, chunks: Iterable[str]) -> Iterator[str]:
+        tail = ""  # the end of the previous chunk: a signature may straddle two chunks
+        for chunk in chunks:
+            if not self.deepspeed:
+                self.deepspeed = deepspeed.SIGNATURES.search(tail + chunk[:64]) is not None
+                self.deepspeed = self.deepspeed or bool(deepspeed.SIGNATURES.search(chunk))
+                tail = chunk[-64:]
+            yield chunk
+
+
+def parse_chunks(
+    chunks: Iterable[str],
+    framework: Framework | None = None,
+    warmup: int | None = None,
+    *,
+    exit_codes: Sequence[int | None] = (),
+    timed_out: bool = False,
+    global_batch_size: int | None = None,
+) -> RunMetrics:
+    """Parse one run's log arriving as text ``chunks`` (all ranks' output may be mixed in).
+
+    ``framework`` None detects it. ``exit_codes`` (one per process or node, negative for a signal)
+    and ``timed_out`` (killed at the trial limit) come from the executor and refine the outcome as
+    :func:`tuner.logs.classify.decide` describes. ``global_batch_size`` lets a DeepSpeed log that
+    logs only samples/s yield a step time.
+    """
+    detector = _Detector()
+    found = deepspeed.DeepSpeedScan()  # holds the Megatron line parsers too
+    failures = FailureScan()
+    markers = (*deepspeed.MARKERS, *classify.MARKERS)  # no other line is read by anything
+    for line in lines.clean_lines(lines.select_lines(detector.tap(chunks), markers)):
+        found.feed(line)
+        failures.feed(line)
+    chosen = framework or ("deepspeed" if detector.deepspeed else "megatron")
+    if chosen == "deepspeed":
+        summary = deepspeed.summarise(found, warmup, global_batch_size)
+        allocated, reserved = found.peaks()
+    else:
+        summary = megatron.summarise(found.megatron.iterations, warmup)
+        allocated, reserved = found.megatron.peaks()
+    outcome, reason = decide(
+        failures.result(), has_step_time=summary.step_time_s is not None,
+        exit_codes=exit_codes, timed_out=timed_out, iterations=summary.iterations,
+        diverged=summary.diverged,
+    )  # fmt: skip
+    return RunMetrics(
+        outcome=outcome, reason=reason, iterations=summary.iterations,
+        step_times_s=summary.step_times_s, step_time_s=summary.step_time_s,
+        tflops_per_gpu=summary.tflops_per_gpu,
+        tflops_includes_recompute=summary.tflops_includes_recompute,
+        samples_per_s=summary.samples_per_s, peak_memory_gib=allocated,
+        peak_reserved_gib=reserved, theoretical_memory_gib=found.megatron.theoretical_gib,
+    )  # fmt: skip
 
 
 def parse_log(
@@ -53,31 +130,86 @@ def parse_log(
     timed_out: bool = False,
     global_batch_size: int | None = None,
 ) -> RunMetrics:
-    """Parse one run's log (all ranks' output may be mixed in).
+    """:func:`parse_chunks` over one log's text."""
+    return parse_chunks(
+        lines.text_chunks(text), framework, warmup, exit_codes=exit_codes,
+        timed_out=timed_out, global_batch_size=global_batch_size,
+    )  # fmt: skip
 
-    ``framework`` None detects it. ``exit_codes`` (one per process or node, negative for a signal)
-    and ``timed_out`` (killed at the trial limit) come from the executor and refine the outcome as
-    :func:`tuner.logs.classify.decide` describes. ``global_batch_size`` lets a DeepSpeed log that
-    logs only samples/s yield a step time.
+
+def parse_megatron(
+    text: str,
+    warmup: int | None = None,
+    *,
+    exit_codes: Sequence[int | None] = (),
+    timed_out: bool = False,
+) -> RunMetrics:
+    """Parse a Megatron-LM or Megatron-DeepSpeed log into :class:`RunMetrics`."""
+    return parse_log(text, "megatron", warmup, exit_codes=exit_codes, timed_out=timed_out)
+
+
+def parse_deepspeed(
+    text: str,
+    warmup: int | None = None,
+    *,
+    global_batch_size: int | None = None,
+    exit_codes: Sequence[int | None] = (),
+    timed_out: bool = False,
+) -> RunMetrics:
+    """Parse a DeepSpeed (or Megatron-DeepSpeed) log into :class:`RunMetrics`.
+
+    ``global_batch_size`` lets a log with only throughput lines yield a step time.
     """
-    chosen = framework or detect_framework(text)
-    if chosen == "deepspeed":
-        return parse_deepspeed(
-            text,
-            warmup,
-            global_batch_size=global_batch_size,
-            exit_codes=exit_codes,
-            timed_out=timed_out,
-        )
-    return parse_megatron(text, warmup, exit_codes=exit_codes, timed_out=timed_out)
+    return parse_log(
+        text, "deepspeed", warmup, exit_codes=exit_codes, timed_out=timed_out,
+        global_batch_size=global_batch_size,
+    )  # fmt: skip
+
+
+def file_chunks(path: str | Path) -> Iterator[str]:
+    """A log file's text in chunks (undecodable bytes replaced); only its first and last
+    ``MAX_LOG_BYTES / 2`` when it is larger. :class:`ParseError` when it cannot be read."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    half = MAX_LOG_BYTES // 2
+    try:
+        with open(path, "rb") as f:  # noqa: PTH123
+            size = os.fstat(f.fileno()).st_size
+            budget = half if size > MAX_LOG_BYTES else MAX_LOG_BYTES  # a pipe has size 0
+            while budget > 0 and (data := f.read(min(lines.CHUNK_CHARS, budget))):
+                budget -= len(data)
+                yield decoder.decode(data)
+            if size > MAX_LOG_BYTES:
+                f.seek(size - half)
+                decoder.reset()
+                yield "\n"  # the line cut in the middle ends here
+                while data := f.read(lines.CHUNK_CHARS):
+                    yield decoder.decode(data)
+            yield decoder.decode(b"", final=True)
+    except OSError as exc:
+        raise ParseError(f"{path}: cannot read log: {exc.strerror or exc}") from exc
 
 
 def read_log(path: str | Path) -> str:
-    """A log file's text (undecodable bytes replaced); :class:`ParseError` when unreadable."""
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise ParseError(f"{path}: cannot read log: {exc.strerror or exc}") from exc
+    """A log file's text as the parsers see it: undecodable bytes replaced, lines longer than
+    :data:`~tuner.logs.lines.MAX_LINE_CHARS` cut; :class:`ParseError` when unreadable."""
+    return "\n".join(lines.split_lines(file_chunks(path)))
+
+
+def parse_log_files(
+    paths: Sequence[str | Path],
+    framework: Framework | None = None,
+    warmup: int | None = None,
+    *,
+    exit_codes: Sequence[int | None] = (),
+    timed_out: bool = False,
+    global_batch_size: int | None = None,
+) -> RunMetrics:
+    """:func:`parse_chunks` over several logs of one run (one per node), read in turn."""
+    chunks = itertools.chain.from_iterable(itertools.chain(file_chunks(p), ["\n"]) for p in paths)
+    return parse_chunks(
+        chunks, framework, warmup, exit_codes=exit_codes, timed_out=timed_out,
+        global_batch_size=global_batch_size,
+    )  # fmt: skip
 
 
 def parse_log_file(
@@ -90,11 +222,7 @@ def parse_log_file(
     global_batch_size: int | None = None,
 ) -> RunMetrics:
     """:func:`parse_log` on a file's contents; :class:`ParseError` when it cannot be read."""
-    return parse_log(
-        read_log(path),
-        framework,
-        warmup,
-        exit_codes=exit_codes,
-        timed_out=timed_out,
+    return parse_log_files(
+        [path], framework, warmup, exit_codes=exit_codes, timed_out=timed_out,
         global_batch_size=global_batch_size,
-    )
+    )  # fmt: skip

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.errors import ParseError
-from tuner.logs import Framework, RunMetrics, parse_log, read_log
+from tuner.logs import Framework, RunMetrics, parse_log_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,11 +53,11 @@ def run(args: argparse.Namespace) -> int:
     results: list[tuple[str, RunMetrics]] = []
     for file in args.files:
         try:
-            text = read_log(file)
+            metrics = parse_log_file(file, args.framework, args.warmup)  # streamed, linear
         except ParseError as exc:
             print(f"tune parse-log: {exc}", file=sys.stderr)
             return 2
-        results.append((file, parse_log(text, args.framework, args.warmup)))
+        results.append((file, metrics))
     if args.format == "json":
         # One object, as every command prints, however many files were given.
         payload = {"logs": [metrics.to_json(file) for file, metrics in results]}

@@ -23,12 +23,17 @@ logging prefix). ``iter`` (int, 1-based optimizer step) and ``time_s`` (the step
 seconds, from the start of the step to the end of the optimizer step) are required; the others are
 optional: ``samples_per_s`` (samples of the global batch per second), ``max_allocated_gib`` and
 ``max_reserved_gib`` (the accelerator allocator's peaks so far, GiB; CPU runs may omit them) and
-``rank`` (global rank). Unknown keys are ignored. When several ranks print the same ``iter``, the
+``rank`` (global rank) and ``loss`` (the step's loss: NaN or inf marks the run diverged). Unknown
+keys are ignored. When several ranks print the same ``iter``, the
 step time is the slowest rank's, memory the largest.
 
 Step time comes from the first source present: tuner-step lines, iteration lines, pipeline
 ``iter time (s)``, boundary timers (fwd + bwd + step, or ``train_batch``), and finally
 ``global_batch_size / samples per second`` when the caller knows the global batch size.
+
+A run diverged when a ``tuner-step`` or pipeline ``loss:`` is NaN/inf, or when its Megatron
+iteration lines say so (:func:`tuner.logs.megatron.divergence`). DeepSpeed's fp16 ``OVERFLOW!
+... Skipping step`` lines are its loss scaler at work, not divergence.
 
 Peak memory likewise: the ``tuner-step`` figures when present, which are the framework allocator's
 own peaks. Otherwise the largest of DeepSpeed's ``MaxMemAllocated=`` / ``see_memory_usage`` and
@@ -39,15 +44,16 @@ Megatron's memory reports. On a CPU run DeepSpeed's figure is the process's resi
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 
 from tuner.logs import lines, megatron
-from tuner.logs.metrics import RunMetrics, StepSummary, median, steady
+from tuner.logs.metrics import StepSummary, median, steady
 
 _TUNER_STEP = re.compile(r"\btuner-step:((?:\s+[A-Za-z_]+=\S+)+)")
 _PIPELINE = re.compile(
-    r"\bsteps: (\d+) loss: \S+ iter time \(s\): ([-\d.eE+]+) samples/sec: ([-\d.eE+]+)"
+    r"\bsteps: (\d+) loss: (\S+) iter time \(s\): ([-\d.eE+]+) samples/sec: ([-\d.eE+]+)"
 )
 _TIMERS = re.compile(r"\btime \(ms\)\s*\|")
 _THROUGHPUT_PAIR = re.compile(
@@ -74,6 +80,17 @@ class Step:
     samples_per_s: float | None = None
 
 
+#: Every line :meth:`DeepSpeedScan.feed` reads holds one of these or a Megatron marker.
+MARKERS = (
+    *megatron.MARKERS,
+    "tuner-step:",
+    "iter time (s)",
+    "time (ms)",
+    "SamplesPerSec=",
+    "Max_MA ",
+)
+
+
 @dataclasses.dataclass(slots=True)
 class DeepSpeedScan:
     """Everything the DeepSpeed line parsers found in one log."""
@@ -89,28 +106,54 @@ class DeepSpeedScan:
     """The ``tuner-step`` memory figures (the workload's allocator peaks): preferred."""
     tuner_reserved_gib: list[float] = dataclasses.field(default_factory=list)
     megatron: megatron.MegatronScan = dataclasses.field(default_factory=megatron.MegatronScan)
+    bad_loss: str | None = None
+    """The first NaN/inf loss of a ``tuner-step`` or pipeline line, as a reason."""
 
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
         self.megatron.feed(line)
-        self._tuner_step(line)
-        if match := _PIPELINE.search(line):
-            seconds, samples = lines.number(match.group(2)), lines.number(match.group(3))
+        if "tuner-step:" in line:
+            self._tuner_step(line)
+        if "iter time (s)" in line and (match := _PIPELINE.search(line)):
+            seconds, samples = lines.number(match.group(3)), lines.number(match.group(4))
+            self._loss(match.group(2), f"step {match.group(1)}")
             if seconds is not None:  # a malformed number ("4.0e") is not a measurement
                 self.pipeline.append(Step(float(match.group(1)), seconds, samples))
-        if match := _TIMERS.search(line):
+        if "time (ms)" in line and (match := _TIMERS.search(line)):
             self._timers(line, match.end())
         if "SamplesPerSec=" in line:
             self._throughput(line)
-        if match := _SEE_MEMORY.search(line):
+        if "Max_MA " in line and (match := _SEE_MEMORY.search(line)):
             self.allocated_gib.append(float(match.group(2)))
             self.reserved_gib.append(float(match.group(4)))
+
+    def _loss(self, text: str, where: str) -> None:
+        value = lines.number(text, finite=False)
+        if self.bad_loss is None and value is not None and not math.isfinite(value):
+            self.bad_loss = f"loss is {text} at {where}"
+
+    def peaks(self) -> tuple[float | None, float | None]:
+        """Peak (allocated, reserved) GiB: the ``tuner-step`` figures when present, else the
+        largest of DeepSpeed's and Megatron's own."""
+        reports = self.megatron.memory
+        return (
+            megatron.peak(
+                self.tuner_allocated_gib
+                or [*self.allocated_gib, *(m.max_allocated_gib for m in reports)]
+            ),
+            megatron.peak(
+                self.tuner_reserved_gib
+                or [*self.reserved_gib, *(m.max_reserved_gib for m in reports)]
+            ),
+        )
 
     def _tuner_step(self, line: str) -> None:
         match = _TUNER_STEP.search(line)
         if match is None:
             return
         values = dict(token.split("=", 1) for token in match.group(1).split())
+        if "loss" in values:
+            self._loss(values["loss"], f"iter {values.get('iter', '?')}")
         iteration, time_s = (
             lines.number(values.get("iter", "")),
             lines.number(values.get("time_s", "")),
@@ -161,14 +204,6 @@ class DeepSpeedScan:
             self.allocated_gib.append(pairs["MaxMemAllocated"])
 
 
-def scan(text: str) -> DeepSpeedScan:
-    """Run the DeepSpeed (and Megatron) line parsers over a whole log."""
-    result = DeepSpeedScan()
-    for line in lines.log_lines(text):
-        result.feed(line)
-    return result
-
-
 def _from_steps(steps: Sequence[Step], warmup: int | None) -> StepSummary:
     samples = [(s.key, s.samples_per_s) for s in steps if s.samples_per_s is not None]
     return StepSummary(
@@ -198,35 +233,5 @@ def summarise(
     samples = summary.samples_per_s or throughput
     if samples is None and step and global_batch_size:
         samples = global_batch_size / step
-    return dataclasses.replace(summary, step_time_s=step, samples_per_s=samples)
-
-
-def parse_deepspeed(
-    text: str,
-    warmup: int | None = None,
-    *,
-    global_batch_size: int | None = None,
-    exit_codes: Sequence[int | None] = (),
-    timed_out: bool = False,
-) -> RunMetrics:
-    """Parse a DeepSpeed (or Megatron-DeepSpeed) log into :class:`RunMetrics`.
-
-    ``global_batch_size`` lets a log with only throughput lines yield a step time.
-    """
-    found = scan(text)
-    reports = found.megatron.memory
-    return megatron.run_metrics(
-        text,
-        summarise(found, warmup, global_batch_size),
-        exit_codes=exit_codes,
-        timed_out=timed_out,
-        peak_memory_gib=megatron.peak(
-            found.tuner_allocated_gib
-            or [*found.allocated_gib, *(m.max_allocated_gib for m in reports)]
-        ),
-        peak_reserved_gib=megatron.peak(
-            found.tuner_reserved_gib
-            or [*found.reserved_gib, *(m.max_reserved_gib for m in reports)]
-        ),
-        theoretical_memory_gib=found.megatron.theoretical_gib,
-    )
+    diverged = found.bad_loss or megatron.divergence(found.megatron.iterations, warmup)
+    return dataclasses.replace(summary, step_time_s=step, samples_per_s=samples, diverged=diverged)

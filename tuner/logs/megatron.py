@@ -4,18 +4,28 @@ Iteration lines come in three shapes (no timestamp up to core_r0.5 and in Megatr
 `` [YYYY-mm-dd HH:MM:SS]`` in core_r0.6..v0.15, microseconds from core_v0.16); their fields are
 read generically as ``| key: value |`` because the set of keys varies by version and model.
 Memory reports come from every rank with data-parallel rank 0; the peak is the max over them.
+
+A run *diverged* when an iteration line shows a NaN/inf loss, or, after the warm-up records, a
+non-zero ``number of nan iterations`` or ``number of skipped iterations`` (both count the
+iterations since the previous line). A skipped iteration with a loss scale above 1 is fp16's
+dynamic loss scaler backing off after an overflow, which it does for the first ~20 iterations of
+every fp16 run: that is not divergence. With bf16/fp32 (loss scale 1.0) or a scale that has fallen
+to its minimum, a skipped step means the gradients were inf/NaN.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
-from tuner.logs import classify, lines
-from tuner.logs.metrics import RunMetrics, StepSummary, median, steady
+from tuner.logs import lines
+from tuner.logs.metrics import StepSummary, median, steady
 
-_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+# No leading \b: a pattern that starts with a literal is found by a fast substring search, one
+# that starts with \b is tried at every position (30 us per line). The word start is checked after.
+_ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 _MEMORY = re.compile(
     r"(?:\[Rank\s+(\d+)\]\s*)?\(?after\s+(\d+)\s+iterations\)?\s+memory\s+\((MB|GB)\)"
 )
@@ -46,6 +56,13 @@ class IterationRecord:
     samples_per_s: float | None
     global_batch_size: float | None
     fields: dict[str, str]
+    bad_loss: str | None = None
+    """``lm loss: nan``: the first loss field whose value is NaN or infinite."""
+    nan_iterations: int = 0
+    """``number of nan iterations`` (since the previous line)."""
+    skipped_iterations: int = 0
+    """``number of skipped iterations`` (since the previous line)."""
+    loss_scale: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,9 +79,13 @@ def iteration_records(line: str) -> list[IterationRecord]:
     """Every iteration record in ``line`` (two may be glued on one line)."""
     records = []
     previous_end = 0
+    starts = lines.record_starts(line)
     for match in _ITERATION.finditer(line):
+        start = match.start()
+        if start and (line[start - 1].isalnum() or line[start - 1] == "_"):
+            continue
         fields = lines.bar_fields(line[previous_end : match.start()], closed=True)
-        end = lines.segment_end(line, match.end())
+        end = lines.segment_end(line, match.end(), starts)
         fields.update(lines.bar_fields(line[match.end() : end], closed=True))
         records.append(_record(int(match.group(1)), int(match.group(2)), fields))
         previous_end = end
@@ -79,6 +100,17 @@ def _record(iteration: int, train_iters: int, fields: dict[str, str]) -> Iterati
             includes = counts_recompute
             break
     samples = _first(fields, *_SAMPLES_KEYS)
+    bad_loss = next(
+        (
+            f"{key} is {text}"
+            for key, text in fields.items()
+            if "loss" in key
+            and key != "loss scale"
+            and (value := lines.number(text, finite=False)) is not None
+            and not math.isfinite(value)
+        ),
+        None,
+    )
     return IterationRecord(
         iteration=iteration,
         train_iters=train_iters,
@@ -88,6 +120,10 @@ def _record(iteration: int, train_iters: int, fields: dict[str, str]) -> Iterati
         samples_per_s=samples,
         global_batch_size=_field(fields, "global batch size"),
         fields=fields,
+        bad_loss=bad_loss,
+        nan_iterations=int(_field(fields, "number of nan iterations") or 0),
+        skipped_iterations=int(_field(fields, "number of skipped iterations") or 0),
+        loss_scale=_field(fields, "loss scale"),
     )
 
 
@@ -103,8 +139,9 @@ def _first(fields: dict[str, str], *keys: str) -> float | None:
 def memory_reports(line: str) -> list[MemoryReport]:
     """Megatron's memory reports in ``line`` (any version, MB or the NeMo GB form)."""
     reports = []
+    starts = lines.record_starts(line)
     for match in _MEMORY.finditer(line):
-        end = lines.segment_end(line, match.end())
+        end = lines.segment_end(line, match.end(), starts)
         fields = lines.bar_fields(line[match.end() : end] + "|", closed=True)
         scale = 1.0 / _MB_PER_GIB if match.group(3) == "MB" else 1.0
         allocated = _first(fields, "max allocated", "mem-max-allocated-gigabytes")
@@ -129,6 +166,10 @@ def theoretical_memory_gib(line: str) -> float | None:
     return float(total) / _MB_PER_GIB
 
 
+#: Every line :meth:`MegatronScan.feed` reads holds one of these.
+MARKERS = ("iteration", "Theoretical")
+
+
 @dataclasses.dataclass(slots=True)
 class MegatronScan:
     """Everything the Megatron line parsers found in one log."""
@@ -139,18 +180,19 @@ class MegatronScan:
 
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
-        self.iterations.extend(iteration_records(line))
-        self.memory.extend(memory_reports(line))
-        if (theoretical := theoretical_memory_gib(line)) is not None:
+        if "iteration" in line:  # iteration lines and "(after N iterations) memory" reports
+            self.iterations.extend(iteration_records(line))
+            if "memory" in line:
+                self.memory.extend(memory_reports(line))
+        if "Theoretical" in line and (theoretical := theoretical_memory_gib(line)) is not None:
             self.theoretical_gib = theoretical
 
-
-def scan(text: str) -> MegatronScan:
-    """Run the Megatron line parsers over a whole log."""
-    result = MegatronScan()
-    for line in lines.log_lines(text):
-        result.feed(line)
-    return result
+    def peaks(self) -> tuple[float | None, float | None]:
+        """Max over ranks of (max allocated, max reserved), GiB."""
+        return (
+            peak(m.max_allocated_gib for m in self.memory),
+            peak(m.max_reserved_gib for m in self.memory),
+        )
 
 
 def peak(values: Iterable[float | None]) -> float | None:
@@ -171,6 +213,7 @@ def summarise(records: list[IterationRecord], warmup: int | None) -> StepSummary
         samples_per_s = batch / step
     includes = next((r.tflops_includes_recompute for r in records if r.tflops is not None), None)
     return StepSummary(
+        diverged=divergence(records, warmup),
         iterations=len(records),
         step_times_s=tuple(t for _, t in times),
         step_time_s=step,
@@ -180,55 +223,18 @@ def summarise(records: list[IterationRecord], warmup: int | None) -> StepSummary
     )
 
 
-def parse_megatron(
-    text: str,
-    warmup: int | None = None,
-    *,
-    exit_codes: Sequence[int | None] = (),
-    timed_out: bool = False,
-) -> RunMetrics:
-    """Parse a Megatron-LM or Megatron-DeepSpeed log into :class:`RunMetrics`.
-
-    ``exit_codes`` and ``timed_out`` come from whoever ran the job (see
-    :func:`tuner.logs.classify.decide`); without them the outcome rests on the log alone.
-    """
-    found = scan(text)
-    return run_metrics(
-        text, summarise(found.iterations, warmup), exit_codes=exit_codes, timed_out=timed_out,
-        peak_memory_gib=peak(m.max_allocated_gib for m in found.memory),
-        peak_reserved_gib=peak(m.max_reserved_gib for m in found.memory),
-        theoretical_memory_gib=found.theoretical_gib,
-    )  # fmt: skip
-
-
-def run_metrics(
-    text: str,
-    summary: StepSummary,
-    *,
-    exit_codes: Sequence[int | None],
-    timed_out: bool,
-    peak_memory_gib: float | None,
-    peak_reserved_gib: float | None,
-    theoretical_memory_gib: float | None,
-) -> RunMetrics:
-    """The outcome of a whole log (failure lines, exit codes, time-out) with its per-step and
-    memory figures: the last step of every parser."""
-    outcome, reason = classify.decide(
-        classify.find_failure(text),
-        has_step_time=summary.step_time_s is not None,
-        exit_codes=exit_codes,
-        timed_out=timed_out,
-    )
-    return RunMetrics(
-        outcome=outcome,
-        reason=reason,
-        iterations=summary.iterations,
-        step_times_s=summary.step_times_s,
-        step_time_s=summary.step_time_s,
-        tflops_per_gpu=summary.tflops_per_gpu,
-        tflops_includes_recompute=summary.tflops_includes_recompute,
-        samples_per_s=summary.samples_per_s,
-        peak_memory_gib=peak_memory_gib,
-        peak_reserved_gib=peak_reserved_gib,
-        theoretical_memory_gib=theoretical_memory_gib,
-    )
+def divergence(records: list[IterationRecord], warmup: int | None) -> str | None:
+    """Why these iteration lines show a diverged run (see the module docstring), or None."""
+    for r in records:
+        if r.bad_loss is not None:
+            return f"{r.bad_loss} at iteration {r.iteration}"
+    for r in steady([(r.iteration, r) for r in records], warmup):
+        if r.nan_iterations:
+            return f"{r.nan_iterations} nan iteration(s) logged at iteration {r.iteration}"
+        if r.skipped_iterations and (r.loss_scale is None or r.loss_scale <= 1.0):
+            scale = "" if r.loss_scale is None else f", loss scale {r.loss_scale:g}"
+            return (
+                f"{r.skipped_iterations} skipped iteration(s) logged at iteration {r.iteration}"
+                f"{scale}: inf/NaN gradients"
+            )
+    return None

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner.outcome import Outcome
+
+V = TypeVar("V")
 
 #: Keys of :meth:`RunMetrics.to_json`, in order (the ``tune parse-log --json`` contract).
 JSON_KEYS = (
@@ -27,7 +29,8 @@ class RunMetrics:
     """What one run's log says about it."""
 
     outcome: Outcome
-    """ok, oom, nccl_timeout, launch_error, timeout or no_metrics (the parser never says more)."""
+    """ok, oom, diverged, nccl_timeout, launch_error, timeout, hang or no_metrics (the parser
+    never says more)."""
     iterations: int = 0
     """Per-step records seen (Megatron iteration lines; DeepSpeed steps from the chosen source)."""
     step_times_s: tuple[float, ...] = ()
@@ -73,6 +76,8 @@ class StepSummary:
     tflops_per_gpu: float | None = None
     tflops_includes_recompute: bool | None = None
     samples_per_s: float | None = None
+    diverged: str | None = None
+    """Why the run diverged (a NaN/inf loss, nan or skipped iterations), or None."""
 
 
 def warmup_count(n: int, warmup: int | None = None) -> int:
@@ -87,7 +92,7 @@ def warmup_count(n: int, warmup: int | None = None) -> int:
     return min(k, n - 1)
 
 
-def steady(samples: Sequence[tuple[float, float]], warmup: int | None = None) -> list[float]:
+def steady(samples: Sequence[tuple[float, V]], warmup: int | None = None) -> list[V]:
     """Values of ``(order_key, value)`` samples after dropping the warm-up.
 
     Samples are ordered by key (the iteration number where the log has one, so an excerpt pasted

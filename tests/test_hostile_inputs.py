@@ -1,0 +1,283 @@
+"""Hostile and malformed input through the real ``tune`` command (issue 11).
+
+Every malformed study file must make ``tune space`` and ``tune run --dry-run`` exit 2 with exactly
+one line on stderr that names the field or the file, never a traceback; every malformed log must
+get a classification from ``tune parse-log --json`` (or, when it cannot be read, one line and exit
+2). Nothing in any input is ever executed: several values try shell injection and the test checks
+that no ``PWNED`` file appears. Subprocess timeouts are a guard against hangs, not timings.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuner.outcome import Outcome
+
+REPO = Path(__file__).resolve().parents[1]
+HANG_GUARD_S = 120  # far above the seconds any case takes; only a hang reaches it
+
+BASE: dict[str, Any] = {
+    "name": "hostile",
+    "model": {
+        "num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 4,
+        "vocab_size": 4096, "seq_length": 256,
+    },
+    "training": {"global_batch_size": 8},
+    "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 2, "nodes": ["n1"]},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt"},
+    "space": {"tp": [1, 2], "micro_batch_size": [1, 2]},
+}  # fmt: skip
+INJECTIONS = ("a'; touch PWNED; '", "$(touch PWNED)", "`touch PWNED`", 'x"; touch PWNED #')
+
+
+def tune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("TUNER_HOSTILE_UNSET", None)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], cwd=cwd, env=env, capture_output=True,
+        text=True, errors="replace", timeout=HANG_GUARD_S, check=False,
+    )  # fmt: skip
+
+
+def changed(path: str, value: Any) -> str:
+    """BASE as YAML with ``path`` (dotted) set to ``value``."""
+    data = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return yaml.safe_dump(data, allow_unicode=True)
+
+
+def base_text() -> str:
+    return yaml.safe_dump(BASE)
+
+
+def hostfile_case(content: bytes | None, hostfile: str) -> Callable[[Path], str]:
+    def make(root: Path) -> str:
+        if content is not None:
+            (root / "hosts").write_bytes(content)
+        cluster = {"gpu": "h100-sxm-80gb", "gpus_per_node": 2, "hostfile": hostfile}
+        return changed("cluster", cluster)
+
+    return make
+
+
+# (id, study text or bytes or a function of the folder, words the one stderr line must hold)
+Study = str | bytes | Callable[[Path], str]
+BAD_STUDIES: list[tuple[str, Study, str]] = [
+    ("duplicate-top-key", base_text() + "name: other\n", "duplicate key 'name'"),
+    ("duplicate-nested-key", base_text().replace("  gpus_per_node: 2\n",
+     "  gpus_per_node: 2\n  gpus_per_node: 4\n"), "duplicate key 'gpus_per_node'"),
+    ("alias-bomb", base_text() + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(9)
+    ), "aliases (*name) are not allowed"),
+    ("undefined-alias", base_text() + "x: *nowhere\n", "aliases (*name) are not allowed"),
+    ("merge-key-alias", "b: &b {name: x}\n" + base_text() + "c: {<<: *b}\n", "aliases"),
+    ("not-utf8", base_text().encode().replace(b"hostile", b"host\xffile"), "not UTF-8 text"),
+    ("utf16", base_text().encode("utf-16"), "not UTF-8 text"),
+    ("empty-file", "", "must be a mapping of sections"),
+    ("top-level-list", "- a\n- b\n", "must be a mapping of sections"),
+    ("unclosed-bracket", "name: [unclosed\n", "at line"),
+    ("tab-indent", "cluster:\n\tgpu: x\n", "at line"),
+    ("deep-nesting", "x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
+    ("5000-digit-int", base_text() + "x: " + "9" * 5000 + "\n", "invalid YAML"),
+    ("too-big-file", base_text() + "#" * (2 << 20) + "\n", "larger than 1024 KiB"),
+    ("num-layers-1e30", changed("model.num_layers", 10**30), "model.num_layers: must be at most"),
+    ("num-layers-float", changed("model.num_layers", 1e30), "model.num_layers: expected an int"),
+    ("hidden-size-huge", changed("model.hidden_size", 2**40), "model.hidden_size: must be at"),
+    ("gpus-per-node-huge", changed("cluster.gpus_per_node", 10**9), "cluster.gpus_per_node"),
+    ("batch-huge", changed("training.global_batch_size", 10**20), "training.global_batch_size"),
+    ("nan-gpu-memory", changed("cluster.gpu_memory_gib", float("nan")), "cluster.gpu_memory_gib"),
+    ("inf-timeout", changed("search.trial_timeout_min", float("inf")), "search.trial_timeout_min"),
+    ("neg-inf-headroom", changed("search.memory_headroom", float("-inf")), "memory_headroom"),
+    ("nan-ssh-timeout", changed("cluster.ssh", {"connect_timeout_s": float("nan")}),
+     "cluster.ssh.connect_timeout_s: must be a finite number"),
+    ("name-dotdot", changed("name", ".."), "name: '..' must be a plain name"),
+    ("name-non-ascii", changed("name", "modèle-ünï"), "must be a plain name"),
+    ("name-300-chars", changed("name", "n" * 300), "name: 'nnnn"),
+    ("name-slash", changed("name", "../../etc"), "must be a plain name"),
+    *[(f"name-injection-{i}", changed("name", v), "must be a plain name")
+      for i, v in enumerate(INJECTIONS)],
+    *[(f"env-key-injection-{i}", changed("launch.env", {v: "1"}), "launch.env: ")
+      for i, v in enumerate(INJECTIONS)],
+    ("env-key-space", changed("launch.env", {"A B": "1"}), "not an environment variable name"),
+    ("env-value-nul", changed("launch.env", {"A": "x\0y"}), "launch.env.A: must not contain"),
+    ("env-unset-variable", changed("launch.python", "${TUNER_HOSTILE_UNSET}/python"),
+     "environment variable TUNER_HOSTILE_UNSET is not set"),
+    ("template-escape", changed("launch.template", "../../../etc/passwd"), "launch.template"),
+    ("template-absolute", changed("launch.template", "/etc/passwd"), "launch.template"),
+    ("template-injection", changed("launch.template", INJECTIONS[1]), "launch.template"),
+    ("num-nodes-with-ssh", changed("cluster", {"gpu": "h100-sxm-80gb", "gpus_per_node": 2,
+     "num_nodes": 2, "executor": "ssh"}), "cluster.num_nodes"),
+    ("hostfile-not-utf8", hostfile_case(b"n1\n\xc3\x28\n", "hosts"), "cluster.hostfile"),
+    ("hostfile-is-a-folder", hostfile_case(None, "."), "cluster.hostfile: cannot read"),
+    ("hostfile-unknown-user", hostfile_case(None, "~no-such-user-xyz/h"), "no such user"),
+    *[(f"hostfile-injection-{i}", hostfile_case(None, v), "cluster.hostfile: cannot read")
+      for i, v in enumerate(INJECTIONS)],
+    *[(f"host-injection-{i}", changed("cluster.nodes", [v]), "cluster.nodes[0]: ")
+      for i, v in enumerate(INJECTIONS)],
+    ("hostfile-host-injection", hostfile_case(b"n1\n`touch${IFS}PWNED`\n", "hosts"),
+     "is not a host name"),
+    ("unknown-key", changed("space.tpp", [1]), "space.tpp: unknown key 'tpp'"),
+    ("axis-value-twice", changed("space.tp", [1, 1]), "space.tp[1]: 1 is listed twice"),
+    ("axis-value-huge", changed("space.micro_batch_size", [10**30]), "space.micro_batch_size[0]"),
+    ("space-explodes", changed("space", {"tp": list(range(1, 120)), "pp": list(range(1, 120)),
+     "micro_batch_size": list(range(1, 120))}), "combinations, more than 1,000,000"),
+]  # fmt: skip
+NO_VIABLE = changed("cluster.gpu_memory_gib", 0.001)
+# Hostile but valid: the values are data for the launch layer, which quotes them; loading,
+# ranking and --dry-run run nothing.
+HOSTILE_VALID = changed(
+    "launch",
+    {
+        "template": "megatron_gpt", "python": INJECTIONS[1], "megatron_path": INJECTIONS[0],
+        "env": {"X": INJECTIONS[1], "Y": INJECTIONS[2]}, "extra_args": list(INJECTIONS),
+        "workdir": INJECTIONS[3],
+    },
+)  # fmt: skip
+
+
+def _write(root: Path, study: Study) -> Path:
+    path = root / "study.yaml"
+    text = study(root) if callable(study) else study
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def _assert_one_line(proc: subprocess.CompletedProcess[str], words: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("tune: error: ") and words in lines[0], lines[0][:500]
+
+
+def _assert_nothing_ran(root: Path) -> None:
+    assert not [p for p in root.rglob("*PWNED*") if p.name == "PWNED"]
+    assert not (REPO / "PWNED").exists()
+
+
+def test_enough_hostile_cases() -> None:
+    assert len(BAD_STUDIES) >= 30 and len(LOGS) >= 10
+
+
+@pytest.mark.parametrize(("study", "words"), [c[1:] for c in BAD_STUDIES],
+                         ids=[c[0] for c in BAD_STUDIES])  # fmt: skip
+def test_malformed_study_is_one_line_and_exit_2(tmp_path: Path, study: Study, words: str) -> None:
+    path = _write(tmp_path, study)
+    for command in (["space", "--study", str(path)], ["run", "--study", str(path), "--dry-run"]):
+        proc = tune(*command, cwd=tmp_path)
+        _assert_one_line(proc, words)
+        if not words.startswith("space") and "combinations" not in words:
+            assert str(path) in proc.stderr  # load errors name the file
+    _assert_nothing_ran(tmp_path)
+
+
+def test_no_viable_space_is_refused_before_any_storage(tmp_path: Path) -> None:
+    path = _write(tmp_path, NO_VIABLE)
+    space = tune("space", "--study", str(path), "--json", cwd=tmp_path)
+    counts = json.loads(space.stdout)
+    assert space.returncode == 0 and counts["viable"] == 0  # `tune space` just reports
+    for extra in (["--dry-run"], ["--results", str(tmp_path / "results")]):
+        proc = tune("run", "--study", str(path), *extra, cwd=tmp_path)
+        _assert_one_line(proc, "no viable config in the search space of hostile")
+        assert f"{counts['total']} total" in proc.stderr
+        assert f"{counts['predicted_oom']} predicted OOM" in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_hostile_values_are_data_never_run(tmp_path: Path) -> None:
+    path = _write(tmp_path, HOSTILE_VALID)
+    for command in (["space", "--study", str(path)], ["run", "--study", str(path), "--dry-run"]):
+        proc = tune(*command, cwd=tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for name in INJECTIONS:  # as a study name or path on the command line
+        proc = tune("space", "--study", f"{name}.yaml", cwd=tmp_path)
+        _assert_one_line(proc, "does not exist")
+    _assert_nothing_ran(tmp_path)
+
+
+# ----------------------------------------------------------------------------- logs
+
+ITERATION = (
+    " iteration {i:8d}/     100 | elapsed time per iteration (ms): 1000.0 | lm loss: {loss} |"
+    " loss scale: 1.0 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
+
+
+def _run_lines(n: int, loss: str = "2.0E+00") -> str:
+    return "\n".join(ITERATION.format(i=i, loss=loss) for i in range(1, n + 1)) + "\n"
+
+
+def _big_log(path: Path) -> None:
+    """50 MB: noise lines with an iteration line every ten, then an OOM."""
+    noise = "gpu001:1234:1290 [0] NCCL INFO Channel 00/32 : 0[0] -> 1[1] via P2P/IPC/read\n"
+    block = noise * 9
+    with path.open("w") as f:
+        i = 0
+        while f.tell() < 50 << 20:
+            i += 1
+            f.write(block + ITERATION.format(i=i, loss="2.0E+00") + "\n")
+        f.write(OOM + "\n")
+
+
+# (id, how to write the log, expected outcome or None for "any classification")
+LOGS: list[tuple[str, Callable[[Path], None], Outcome | None]] = [
+    ("2mb-single-line", lambda p: p.write_text("x" * (2 << 20)), Outcome.NO_METRICS),
+    ("2mb-line-no-spaces-error", lambda p: p.write_text("a" * (2 << 20) + ": error: x"), None),
+    ("50mb-file", _big_log, Outcome.OOM),
+    ("binary-garbage", lambda p: p.write_bytes(os.urandom(1 << 20)), None),
+    ("nul-bytes", lambda p: p.write_bytes(b"\0" * (1 << 20)), Outcome.NO_METRICS),
+    ("latin1-oom", lambda p: p.write_bytes(b"caf\xe9 \xff\n" + OOM.encode() + b"\n"), Outcome.OOM),
+    ("carriage-returns-only", lambda p: p.write_text("progress 50%\r" * 100_000), None),
+    ("nan-loss", lambda p: p.write_text(_run_lines(5, "NAN")), Outcome.DIVERGED),
+    ("garbage-numbers", lambda p: p.write_text(_run_lines(5, "1e99999") + "iteration 1/ |||"),
+     None),
+    ("pg-tags-no-close", lambda p: p.write_text("[PG " * 500_000), None),
+    ("argparse-repeated", lambda p: p.write_text("prog: error: " * 200_000 + "\n"), None),
+    ("glued-iterations", lambda p: p.write_text(_run_lines(3).replace("\n", "") * 5_000), None),
+    ("escape-spam", lambda p: p.write_text("\x1b[31m\x1b[0m^[c" * 300_000), None),
+    ("empty", lambda p: p.write_text(""), Outcome.NO_METRICS),
+    ("injection-in-name", lambda p: p.write_text(_run_lines(3)), Outcome.OK),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("write", "expected"), [c[1:] for c in LOGS], ids=[c[0] for c in LOGS])
+def test_malformed_log_is_classified(
+    tmp_path: Path, write: Callable[[Path], None], expected: Outcome | None
+) -> None:
+    path = tmp_path / f"{INJECTIONS[1]} node-0.log"
+    write(path)
+    proc = tune("parse-log", str(path), "--json", cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["file"] == str(path)
+    outcome = Outcome(result["outcome"])
+    assert expected is None or outcome is expected, result
+    _assert_nothing_ran(tmp_path)
+
+
+def test_unreadable_logs_are_one_line(tmp_path: Path) -> None:
+    (tmp_path / "folder.log").mkdir()
+    for name in ("folder.log", "missing.log"):
+        proc = tune("parse-log", str(tmp_path / name), cwd=tmp_path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and name in lines[0] and "cannot read log" in lines[0]
