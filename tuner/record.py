@@ -89,12 +89,12 @@ def _is_storage_error(exc: BaseException) -> bool:
 def parse_result(spec: StudySpec, result: JobResult) -> Any:
     """The :class:`~tuner.logs.RunMetrics` of a finished job: its nodes' logs read together,
     with the study's warm-up and global batch size and the job's exit codes."""
-    from tuner.logs import parse_log, read_log  # parsers are needed only once jobs finish
+    from tuner.logs import parse_log_files  # parsers are needed only once jobs finish
 
-    text = "\n".join(read_log(p) for p in result.logs if Path(p).exists())
-    return parse_log(text, spec.framework, spec.launch.warmup_iters,
-                     exit_codes=result.exit_codes, timed_out=result.timed_out,
-                     global_batch_size=spec.training.global_batch_size)  # fmt: skip
+    logs = [p for p in result.logs if Path(p).exists()]  # streamed: never a whole log in memory
+    return parse_log_files(logs, spec.framework, spec.launch.warmup_iters,
+                           exit_codes=result.exit_codes, timed_out=result.timed_out,
+                           global_batch_size=spec.training.global_batch_size)  # fmt: skip
 
 
 def metrics_attrs(spec: StudySpec, gpu: GPUSpec, m: Any) -> dict[str, Any]:
