@@ -301,3 +301,35 @@ def test_a_result_the_full_disk_refused_is_recovered_next_time(tmp_path: Path) -
         # the measured trial was recovered, not run again; the cancelled one ran once more
         assert len(list((results / "e2e" / "trials").iterdir())) == 3
     assert standin_processes(tmp_path) == []
+
+
+def test_every_node_quarantined_exits_1_with_the_reason(tmp_path: Path) -> None:
+    """Nodes that refuse every connection are retried, quarantined after two node errors each,
+    and then the study stops: exit 1, not 0, and no trial counted as a run."""
+    data = study_data(tmp_path, SURFACE, n_trials=4)
+    closed = _closed_port()
+    data["cluster"] = {
+        "gpu": "a100-80gb", "gpus_per_node": 2, "nodes": ["127.0.0.2", "127.0.0.3"],
+        "executor": "ssh",
+        "ssh": {"port": closed, "config_file": str(tmp_path / "ssh_config"),
+                "known_hosts": str(tmp_path / "known_hosts"), "connect_timeout_s": 2},
+    }  # fmt: skip
+    (tmp_path / "ssh_config").write_text("")
+    (tmp_path / "known_hosts").write_text("")
+    path = write_study(tmp_path, data)
+    results = tmp_path / "results"
+    done = _cli("run", "--study", str(path), "--results", str(results), "--quiet",
+                "--skip-preflight", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "every node is quarantined" in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    rows = _rows(data, results)
+    assert set(rows.outcome) == {"node_error"}, rows[["trial", "outcome", "reason"]]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        return int(s.getsockname()[1])  # nothing listens once the socket is closed

@@ -64,6 +64,7 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
     def __init__(self, command_line: str) -> None:  # not paramiko's: it starts the process
         self.cmd = shlex.split(command_line)
         self._stderr = tempfile.TemporaryFile()
+        self._closing = threading.Lock()
         self.process = subprocess.Popen(
             self.cmd,
             stdin=subprocess.PIPE,
@@ -95,6 +96,12 @@ class ProxyCommandSocket(paramiko.ProxyCommand):
         return f"{reason} (ProxyCommand said{said})" if said else reason
 
     def close(self) -> None:
+        # paramiko's transport thread and the connecting thread may both close it, at the same
+        # moment: the first one does the work, under the lock.
+        with self._closing:
+            self._close()
+
+    def _close(self) -> None:
         # paramiko's transport thread may close first (a banner timeout): what counts is whether
         # the command had ended before anyone closed it.
         if not self._stderr.closed:
