@@ -267,7 +267,7 @@ def test_malformed_log_is_classified(
     write(path)
     proc = tune("parse-log", str(path), "--json", cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    result = json.loads(proc.stdout)
+    (result,) = json.loads(proc.stdout)["logs"]  # one object, one entry per file
     assert result["file"] == str(path)
     outcome = Outcome(result["outcome"])
     assert expected is None or outcome is expected, result

@@ -197,9 +197,10 @@ def test_ctrl_c_twice_cleans_up_and_loses_nothing(tmp_path: Path) -> None:
         time.sleep(0.2)
     assert standin_processes(tmp_path), "no trial started"
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.3)  # the cleanup is under way
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGINT)
+    for _ in range(3):  # impatient presses: while it cleans up, and while it closes down
+        time.sleep(0.3)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "reaper" not in out and "Traceback" not in out, out

@@ -425,8 +425,11 @@ def stop_on_signals(loop: StudyLoop) -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        if loop.stop_requested is None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        # else: stopping; a late second Ctrl-C must not kill the process while it closes down
+        # (a KeyboardInterrupt while the interpreter joins its threads ends it by SIGINT).
 
 
 # ----------------------------------------------------------------------------- wiring
