@@ -12,7 +12,7 @@ import sys
 import time
 
 from tuner.space import enumerate_space
-from tuner.spec import load_study
+from tuner.studyfile import load_study
 
 
 def main() -> int:

@@ -58,8 +58,9 @@ from tests.standins import pretrain_gpt as standin  # noqa: E402
 from tuner.launch import LaunchRequest, render_launch  # noqa: E402
 from tuner.parallel import ParallelConfig  # noqa: E402
 from tuner.space import enumerate_space  # noqa: E402
-from tuner.spec import StudySpec, study_from_mapping  # noqa: E402
+from tuner.spec import StudySpec  # noqa: E402
 from tuner.study import StudyLoop, build_loop  # noqa: E402
+from tuner.studyfile import study_from_mapping  # noqa: E402
 
 SURFACES_PY = REPO / "benchmarks" / "surfaces.py"
 STANDIN = REPO / "tests" / "standins" / "pretrain_gpt.py"

@@ -35,8 +35,9 @@ from tuner.perf import estimate_time
 from tuner.record import parse_result
 from tuner.results import load_optuna_study
 from tuner.space import enumerate_space, study_gpu
-from tuner.spec import StudySpec, load_study
+from tuner.spec import StudySpec
 from tuner.study import build_loop, make_executor, template_launcher
+from tuner.studyfile import load_study
 from tuner.trials import trial_outcome
 
 FIELDS = [

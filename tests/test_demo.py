@@ -28,7 +28,7 @@ def test_demo_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("deepspeed", reason="the demo runs DeepSpeed: needs the train extra")
     from tuner.cli import main
     from tuner.results import emit_best, leaderboard
-    from tuner.spec import load_study
+    from tuner.studyfile import load_study
 
     raw = yaml.safe_load(DEMO.read_text())
     # the copy lives in tmp_path, and its paths would be relative to that folder

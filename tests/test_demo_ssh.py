@@ -44,7 +44,7 @@ def test_demo_ssh_runs_a_two_node_trial(tmp_path: Path, monkeypatch: pytest.Monk
     pytest.importorskip("deepspeed", reason="the demo runs DeepSpeed: needs the train extra")
     from tuner.cli import main
     from tuner.results import leaderboard
-    from tuner.spec import load_study
+    from tuner.studyfile import load_study
 
     raw = yaml.safe_load(DEMO_SSH.read_text())
     # the interpreter running the tests (the study names the checkout's .venv, as make does)

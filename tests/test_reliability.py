@@ -27,7 +27,7 @@ from tests.postgres import missing_reason as postgres_missing
 from tests.procs import Proc, live_processes
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
 from tuner.results import leaderboard
-from tuner.spec import study_from_mapping
+from tuner.studyfile import study_from_mapping
 
 pytestmark = [pytest.mark.slow]
 

@@ -15,8 +15,9 @@ from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.results import best_config, emit_best, leaderboard, megatron_args
 from tuner.space import expand_axes
-from tuner.spec import StudySpec, study_from_mapping
+from tuner.spec import StudySpec
 from tuner.storage import open_storage
+from tuner.studyfile import study_from_mapping
 from tuner.trials import config_params, distributions
 
 # ask/tell by hand, as the study loop does; the loop records heartbeats itself

@@ -24,7 +24,8 @@ from tuner.sampler import (
     knob_values,
 )
 from tuner.space import enumerate_space
-from tuner.spec import StudySpec, study_from_mapping
+from tuner.spec import StudySpec
+from tuner.studyfile import study_from_mapping
 from tuner.trials import config_from_params, distributions
 
 BASE: dict[str, Any] = {

@@ -16,7 +16,7 @@ from tuner.space import (
     iter_configs,
     require_viable,
 )
-from tuner.spec import load_study, study_from_mapping
+from tuner.studyfile import load_study, study_from_mapping
 
 BASE: dict[str, Any] = {
     "name": "s",

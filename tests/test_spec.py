@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tuner.errors import ConfigError
-from tuner.spec import (
-    StudySpec,
+from tuner.spec import StudySpec
+from tuner.studyfile import (
     load_study,
     model_preset_names,
     resolve_study_path,

@@ -22,8 +22,8 @@ from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.results import emit_best, leaderboard
 from tuner.space import enumerate_space
-from tuner.spec import study_from_mapping
 from tuner.study import build_loop
+from tuner.studyfile import study_from_mapping
 from tuner.trials import oom_dominates
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,8 +10,9 @@ import yaml
 
 from tuner.launch.templates import render_launch
 from tuner.parallel import ParallelConfig
-from tuner.spec import ClusterSpec, LaunchSpec, SSHSpec, load_study
+from tuner.spec import ClusterSpec, LaunchSpec, SSHSpec
 from tuner.study_paths import STUDY_PATHS
+from tuner.studyfile import load_study
 
 
 def write_study(folder: Path, **launch: object) -> Path:

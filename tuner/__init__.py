@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from tuner.record import Summary
     from tuner.results import leaderboard
     from tuner.space import SpaceReport, enumerate_space, study_gpu
-    from tuner.spec import StudySpec, load_study
+    from tuner.spec import StudySpec
+    from tuner.studyfile import load_study
 
     __version__: str
 
@@ -36,7 +37,7 @@ DISTRIBUTION = "paratune"
 """The name this package is installed under (``pip install paratune``); it imports as ``tuner``."""
 
 _LAZY = {
-    "load_study": "tuner.spec",
+    "load_study": "tuner.studyfile",
     "StudySpec": "tuner.spec",
     "ParallelConfig": "tuner.parallel",
     "enumerate_space": "tuner.space",

@@ -15,7 +15,8 @@ from tuner.memory import MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import TimeBreakdown, estimate_time
 from tuner.space import config_from_settings, study_gpu
-from tuner.spec import StudySpec, load_study
+from tuner.spec import StudySpec
+from tuner.studyfile import load_study
 
 if TYPE_CHECKING:
     from tuner.record import Summary

@@ -27,7 +27,8 @@ from tuner.space import (
     enumerate_space,
     require_viable,
 )
-from tuner.spec import StudySpec, load_study
+from tuner.spec import StudySpec
+from tuner.studyfile import load_study
 
 FLOPS_HELP = (
     "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "

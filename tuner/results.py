@@ -16,8 +16,9 @@ from tuner.launch.megatron_flags import megatron_parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
-from tuner.spec import StudySpec, load_study
+from tuner.spec import StudySpec
 from tuner.storage import open_storage
+from tuner.studyfile import load_study
 from tuner.trials import trial_outcome
 
 COLUMNS = [

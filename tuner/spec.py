@@ -9,23 +9,14 @@ of anything wrong. See ``studies/gpt-70b.yaml`` for a documented example.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
-import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-
-from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
-from tuner.study_paths import study_relative
 
 Framework = Literal["megatron", "deepspeed"]
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -52,6 +43,8 @@ MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or
 
 
 # Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""A shell identifier: environment variable names and ``${NAME}`` references."""
 _HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
 
 
@@ -478,36 +471,6 @@ class StudySpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-# --------------------------------------------------------------------------- presets and loading
-
-
-@functools.cache
-def _model_presets() -> dict[str, dict[str, Any]]:
-    text = resources.files("tuner.catalog").joinpath("models.yaml").read_text()
-    data: dict[str, dict[str, Any]] = yaml.safe_load(text)
-    return data
-
-
-def model_preset_names() -> list[str]:
-    """Names of the model presets shipped with the package."""
-    return sorted(_model_presets())
-
-
-def _expand_model(raw: object) -> object:
-    if not isinstance(raw, Mapping) or "preset" not in raw:
-        return raw
-    name = raw["preset"]
-    presets = _model_presets()
-    if name not in presets:
-        raise ConfigError(
-            f"unknown preset {name!r} (available: {', '.join(sorted(presets))})",
-            path="model.preset",
-        )
-    merged = {"name": name, **presets[name]}
-    merged.update({k: v for k, v in raw.items() if k != "preset"})
-    return merged
-
-
 def _template_problem(template: str) -> str | None:
     """Why ``template`` is not a template name inside the template folders, or None."""
     parts = template.split("/")
@@ -518,172 +481,3 @@ def _template_problem(template: str) -> str | None:
                 "(ASCII letters, digits, '.', '_', '-') joined by '/', no '..', not absolute"
             )
     return None
-
-
-def read_text(path: Path, what: str) -> str:
-    """A small UTF-8 text file (a study, a hostfile); ConfigError naming ``what`` otherwise."""
-    if path.exists() and not path.is_file() and not path.is_dir():
-        raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{what} is larger than {MAX_FILE_BYTES // 1024} KiB")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
-        ) from None
-
-
-def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
-    try:
-        lines = read_text(path, f"hostfile {str(path)!r}").splitlines()
-    except ConfigError as exc:
-        raise ConfigError(exc.reason, path=yaml_path) from None
-    hosts: list[str] = []
-    for number, line in enumerate(lines, 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) > 2 or (len(parts) == 2 and not parts[1].startswith("slots=")):
-            raise ConfigError(f"{path}:{number}: bad entry {line!r}", path=yaml_path)
-        if parts[0] in hosts:
-            raise ConfigError(f"{path}:{number}: host {parts[0]!r} listed twice", path=yaml_path)
-        hosts.append(parts[0])
-    if not hosts:
-        raise ConfigError(f"hostfile {str(path)!r} lists no host", path=yaml_path)
-    return tuple(hosts)
-
-
-_ENV_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def expand_env(raw: object, environ: Mapping[str, str] | None = None, path: str = "") -> object:
-    """Replace ``${NAME}`` in every string value of a parsed study with the variable's value.
-
-    Why: a study names paths on the nodes (the interpreter, the training script, a shared
-    checkout, ssh keys) that differ between users and checkouts; ``${NAME}`` lets one study file
-    serve them all. Variables come from the environment of ``tune`` when the study is loaded (not
-    from the nodes), so the values are part of the study's fingerprint. ``$${`` is a literal
-    ``${``; any other ``$`` is left alone. An unset or empty variable is a ConfigError naming the
-    field, never an empty path.
-    """
-    env = os.environ if environ is None else environ
-    if isinstance(raw, str):
-        return _ENV_REF.sub(lambda m: _env_value(m, env, path), raw)
-    if isinstance(raw, Mapping):
-        return {k: expand_env(v, env, f"{path}.{k}" if path else str(k)) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [expand_env(v, env, f"{path}[{i}]") for i, v in enumerate(raw)]
-    return raw
-
-
-def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
-    if match.group(0) == "$${":
-        return "${"
-    name = match.group(1)
-    if name is None:
-        raise ConfigError("unterminated '${' (write '$${' for a literal '${')", path=path)
-    if not _ENV_NAME.match(name):
-        raise ConfigError(
-            f"'${{{name}}}' is not an environment variable reference; only ${{NAME}} is expanded "
-            "(write '$${' for a literal '${')",
-            path=path,
-        )
-    value = env.get(name, "")
-    if not value:
-        raise ConfigError(
-            f"environment variable {name} is {'empty' if name in env else 'not set'} "
-            f"(the study refers to it as ${{{name}}})",
-            path=path,
-        )
-    return value
-
-
-def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpec:
-    """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``.
-
-    ``${NAME}`` in any string value is first replaced with that environment variable
-    (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
-    as written: see :mod:`tuner.study_paths`.
-    """
-    if not isinstance(raw, Mapping):
-        raise ConfigError("a study file must be a mapping of sections")
-    data = {k: expand_env(v, path=str(k)) for k, v in raw.items()}
-    if base_dir is not None:
-        data = study_relative(data, base_dir)
-    if "model" in data:
-        data["model"] = _expand_model(data["model"])
-    cluster = data.get("cluster")
-    if isinstance(cluster, Mapping) and isinstance(cluster.get("hostfile"), str):
-        hf = _expand_user(cluster["hostfile"], "cluster.hostfile")
-        data["cluster"] = {
-            **{k: v for k, v in cluster.items() if k != "hostfile"},
-            "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
-        }
-    return load_dataclass(StudySpec, data)
-
-
-def _expand_user(path: str, yaml_path: str) -> Path:
-    if "\0" in path:
-        raise ConfigError("a path must not contain a NUL character", path=yaml_path)
-    try:
-        return Path(path).expanduser()
-    except RuntimeError:  # ~user with no such user
-        raise ConfigError(f"cannot expand {path!r}: no such user", path=yaml_path) from None
-
-
-def shipped_study_names() -> list[str]:
-    """Studies shipped inside the package."""
-    root = resources.files("tuner.studies")
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
-
-
-def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
-    """``NAME`` -> ./studies/NAME.yaml, then the package's studies; a path to a file also works."""
-    cwd = cwd or Path.cwd()
-    as_path = _expand_user(name, "--study")
-    if name.endswith((".yaml", ".yml")) or "/" in name:
-        full = as_path if as_path.is_absolute() else cwd / as_path
-        if full.is_file():
-            return full
-        raise ConfigError(f"study file {name!r} does not exist")
-    local = cwd / "studies" / f"{name}.yaml"
-    if local.is_file():
-        return local
-    shipped = resources.files("tuner.studies").joinpath(f"{name}.yaml")
-    if shipped.is_file():
-        return Path(str(shipped))
-    local_names = sorted(p.stem for p in (cwd / "studies").glob("*.yaml"))
-    available = sorted(set(local_names) | set(shipped_study_names()))
-    raise ConfigError(f"unknown study {name!r} (available: {', '.join(available)})")
-
-
-def load_study(name: str, cwd: Path | None = None) -> StudySpec:
-    """Load and strictly check a study by name or path. Errors name the file and the YAML path."""
-    path = resolve_study_path(name, cwd)
-    try:
-        raw = load_yaml(read_text(path, "the study file"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{problem}{where}", file=str(path)) from None
-    except ConfigError as exc:
-        raise ConfigError(exc.reason, file=str(path)) from None
-    except (ValueError, RecursionError) as exc:  # an int of 5000 digits, [[[[...]]]] nesting
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise ConfigError(f"invalid YAML: {reason}", file=str(path)) from None
-    try:
-        # the folder the file really is in: studies/ may be a link (it is, in this repository)
-        return study_from_mapping(raw, base_dir=path.resolve().parent)
-    except ConfigError as exc:
-        raise ConfigError(exc.reason, path=exc.path, file=str(path)) from None
-    except RecursionError:
-        raise ConfigError("nested too deeply", file=str(path)) from None

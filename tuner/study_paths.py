@@ -1,7 +1,7 @@
 """Which study fields are paths, and what a relative one is relative to: the study file's folder.
 
-:func:`tuner.spec.study_from_mapping` applies :func:`study_relative` to a study read from a file,
-after ``${NAME}`` expansion and before the strict loader.
+:func:`tuner.studyfile.study_from_mapping` applies :func:`study_relative` to a study read from a
+file, after ``${NAME}`` expansion and before the strict loader.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from tuner.launch.megatron_flags import megatron_parallel_args, megatron_paralle
 from tuner.launch.templates import render_launch
 from tuner.parallel import ParallelConfig, validate
 from tuner.results import megatron_args
-from tuner.spec import StudySpec, study_from_mapping
+from tuner.spec import StudySpec
+from tuner.studyfile import study_from_mapping
 
 FAKE_TORCHRUN = """#!{python}
 import json, os, sys

@@ -19,7 +19,8 @@ import yaml
 from tuner.launch import LocalExecutor
 from tuner.launch.preflight import PathCheck, PreflightChecks, Problem, checks_for, exit_code
 from tuner.launch.ssh import SSHExecutor
-from tuner.spec import SSHSpec, study_from_mapping
+from tuner.spec import SSHSpec
+from tuner.studyfile import study_from_mapping
 
 from .sshd import REPO, LoopbackCluster
 

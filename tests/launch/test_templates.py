@@ -17,7 +17,8 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.launch.templates import RenderedLaunch, TemplateRenderer, render_launch
 from tuner.parallel import ParallelConfig
-from tuner.spec import StudySpec, study_from_mapping
+from tuner.spec import StudySpec
+from tuner.studyfile import study_from_mapping
 
 GOLDEN = Path(__file__).parent / "golden"
 
