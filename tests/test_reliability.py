@@ -185,6 +185,7 @@ def test_ctrl_c_twice_cleans_up_and_loses_nothing(tmp_path: Path) -> None:
     tuner's own process reaper must survive and every trial be recorded."""
     data = study_data(tmp_path, SURFACE, n_trials=4)
     data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "3"
+    data["launch"]["env"]["TUNER_STANDIN_IGNORE_SIGTERM"] = "1"  # the reaper waits its grace
     path = write_study(tmp_path, data)
     results = tmp_path / "results"
     proc = subprocess.Popen(
@@ -193,16 +194,21 @@ def test_ctrl_c_twice_cleans_up_and_loses_nothing(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 90
-    while len(standin_processes(tmp_path)) < 2 and time.monotonic() < deadline:
+
+    def training() -> bool:  # past start-up: the ranks now ignore SIGTERM
+        logs = list((results / "e2e" / "trials").glob("*/node-0.log"))
+        return len(logs) >= 2 and all(" iteration " in p.read_text() for p in logs)
+
+    while not training() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert standin_processes(tmp_path), "no trial started"
+    assert training(), "no trial started"
     os.killpg(proc.pid, signal.SIGINT)
-    for _ in range(3):  # impatient presses: while it cleans up, and while it closes down
-        time.sleep(0.3)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(2.0)  # the second press lands while the reaper waits out its grace period
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
+    assert "still stopping" in out, out  # the second press came during the cleanup
     assert "reaper" not in out and "Traceback" not in out, out
     assert standin_processes(tmp_path) == []
     rows = _rows(data, results)

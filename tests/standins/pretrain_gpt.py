@@ -17,6 +17,8 @@ data-parallel-rank-0 memory report. ``CUDA_DEVICE_MAX_CONNECTIONS=1`` is require
 scales every sleep; the printed times are unscaled. ``TUNER_STANDIN_NOISE_SEED`` (default empty)
 is mixed into the seed of each config's noise, so repeated studies can see different noise.
 ``TUNER_STANDIN_SURFACE`` selects the surface:
+``TUNER_STANDIN_IGNORE_SIGTERM=1`` makes every rank ignore SIGTERM, as a rank stuck in a CUDA call
+does: only the executor's SIGKILL after its grace period ends it.
 
 * a path to a JSON file (format below), or
 * ``module:function`` or ``path/to/file.py:function``: ``function(config: dict) -> dict`` returning
@@ -68,6 +70,7 @@ import datetime
 import hashlib
 import importlib
 import importlib.util
+import signal
 import json
 import math
 import os
@@ -994,6 +997,10 @@ def startup(args: argparse.Namespace, world: int, rank: int | None, start: float
 def pretrain(argv: list[str] | None = None) -> int:
     """pretrain_gpt.py's main: parse, validate, set up, train, evaluate."""
     start = time.time()
+    if os.environ.get("TUNER_STANDIN_IGNORE_SIGTERM"):
+        # a rank stuck in a CUDA call or a collective does not act on SIGTERM: only SIGKILL
+        # after the executor's grace period ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     args = build_parser().parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
