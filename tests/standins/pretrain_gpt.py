@@ -70,12 +70,12 @@ import datetime
 import hashlib
 import importlib
 import importlib.util
-import signal
 import json
 import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
