@@ -192,7 +192,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
-    from tuner.report import LiveProgress
+    from tuner.progress import LiveProgress
     from tuner.study import build_loop, make_executor, stop_on_signals
 
     executor = make_executor(spec)
