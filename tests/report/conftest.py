@@ -3,7 +3,6 @@ stand-in under torchrun on the local executor, with real OOMs, a crash and pp = 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_study import SURFACE, study_data
+from tests.test_study import SURFACE, study_data, write_study
 from tuner.spec import StudySpec
 from tuner.study import build_loop
 from tuner.studyfile import study_from_mapping
@@ -33,7 +32,7 @@ class StudyRun:
 
     spec: StudySpec
     results: Path
-    tmp: Path
+    study_file: Path
 
 
 def run_study(tmp: Path) -> StudyRun:
@@ -50,8 +49,7 @@ def run_study(tmp: Path) -> StudyRun:
         loop.run()
     finally:
         loop.executor.close()
-    (tmp / "study.json").write_text(json.dumps(data))
-    return StudyRun(spec, results, tmp)
+    return StudyRun(spec, results, write_study(tmp, data))
 
 
 @pytest.fixture(scope="session")
