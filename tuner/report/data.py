@@ -6,6 +6,7 @@ pure functions, so a row's predicted breakdowns are recomputed from its recorded
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -187,9 +188,16 @@ class ReportData:
             self._breakdowns[row.number] = ([stage_memory(memory)], time_parts(time))
         return self._breakdowns[row.number]
 
-    def launch_args(self, row: TrialRow) -> str:
-        """The Megatron parallelism arguments of a trial's config."""
-        return " ".join(megatron_args(self.spec, row.config)) if row.config else ""
+    def launch_args(self, row: TrialRow) -> tuple[str, str]:
+        """How to launch a trial's config: (what, text): Megatron's parallelism arguments, or
+        the DeepSpeed config as one line of JSON."""
+        if row.config is None:
+            return "launch", ""
+        if self.spec.framework == "deepspeed":
+            from tuner.launch import deepspeed_config
+
+            return "ds_config.json", json.dumps(deepspeed_config(self.spec, row.config))
+        return "Megatron arguments", " ".join(megatron_args(self.spec, row.config))
 
 
 def find_trial(rows: list[TrialRow], request: str) -> TrialRow:
