@@ -94,3 +94,15 @@ def test_breakdowns_add_up_to_the_models_totals(tmp_path: Path) -> None:
     assert stages[0].total == pytest.approx(memory.peak / GIB)
     assert f"stage {memory.stage}" in stages[0].label
     assert list(parts) == list(TIME_PARTS) and sum(parts.values()) == pytest.approx(time.step)
+
+
+def test_the_report_reads_storage_and_never_the_loop() -> None:
+    from tests.test_structure import _graph
+
+    graph = _graph()
+    loop = {"tuner.study", "tuner.cli", "tuner.screen", "tuner.schedule", "tuner.record",
+            "tuner.recovery", "tuner.leases", "tuner.progress"}  # fmt: skip
+    report = [name for name in graph if name.startswith("tuner.report")]
+    assert "tuner.report.data" in report
+    for name in report:
+        assert not graph[name] & loop, (name, graph[name] & loop)
