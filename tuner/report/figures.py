@@ -142,8 +142,11 @@ def stage_memory(data: ReportData) -> go.Figure:
         return _layout(fig, "Memory per stage (no trial to show)", "stage", "GiB")
     labels, values = _memory_trace_values(data, rows[0])
     for i, part in enumerate(MEMORY_PARTS):
-        fig.add_trace(go.Bar(x=labels, y=values[i], name=part, marker_color=PART_COLOURS[i],
-                             hovertemplate=f"{part}: %{{y:.3f}} GiB<extra></extra>"))  # fmt: skip
+        fig.add_trace(go.Bar(
+            x=labels, y=values[i], name=part, marker_color=PART_COLOURS[i],
+            text=[rows[0].hover] * len(labels), textposition="none",
+            hovertemplate=f"%{{text}}<br>{part}: %{{y:.3f}} GiB<extra></extra>",
+        ))  # fmt: skip
     fig.add_trace(_measured_peak(rows[0], labels))
     buttons = []
     for r in rows:
