@@ -114,3 +114,22 @@ def test_a_cdn_page_is_caught(browser: Browser, report: Path, tmp_path: Path) ->
     page, view = browser.open(path)
     page.close()
     assert any("cdn.plot.ly" in p for p in view.problems(FIGURES))
+
+
+def test_the_memory_menu_and_the_leaderboard_sort_work(browser: Browser, report: Path) -> None:
+    page, _ = browser.open(report)
+    try:
+        title = page.locator("#fig-stage_memory .gtitle")
+        first = title.text_content() or ""
+        page.locator("#fig-stage_memory .updatemenu-header").click()
+        page.locator("#fig-stage_memory .updatemenu-dropdown-button").nth(1).click()
+        page.wait_for_timeout(300)
+        second = title.text_content() or ""
+        speed = page.locator("table.sortable th", has_text="tok/s/GPU")
+        speed.click()  # ascending: the slowest first
+        cells = page.locator("table.sortable tbody tr td:nth-child(4)").all_text_contents()
+    finally:
+        page.close()
+    assert first.startswith("Predicted memory of trial") and second != first, (first, second)
+    values = [float(c) for c in cells]
+    assert values == sorted(values) and values[0] < values[-1]
