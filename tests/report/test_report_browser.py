@@ -133,3 +133,19 @@ def test_the_memory_menu_and_the_leaderboard_sort_work(browser: Browser, report:
     assert first.startswith("Predicted memory of trial") and second != first, (first, second)
     values = [float(c) for c in cells]
     assert values == sorted(values) and values[0] < values[-1]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_pages_of_tiny_studies_load_without_errors(browser: Browser, tmp_path: Path) -> None:
+    from tests.report.test_report_data import new_study
+    from tests.test_results import SPEC, config, record
+    from tuner.outcome import Outcome
+
+    study = new_study(tmp_path)
+    empty, _ = build_report(SPEC, results=str(tmp_path), out=tmp_path / "empty.html")
+    record(study, SPEC, config(2, 1), Outcome.OK, 3.0, launched=True, duration_s=60.0)
+    one, _ = build_report(SPEC, results=str(tmp_path), out=tmp_path / "one.html")
+    for path, drawn in ((empty, {"predicted": 2}), (one, {"predicted": 2, "memory": 1})):
+        page, view = browser.open(path)
+        page.close()
+        assert view.problems(drawn) == [], path.name
