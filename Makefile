@@ -52,11 +52,12 @@ demo-warmup: $(STAMP)
 	  > $(DEMO_WARMUP)/warmup.log 2>&1 || { tail -20 $(DEMO_WARMUP)/warmup.log; exit 1; }
 
 # The demo: a real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed
-# from results/demo/study.db when run again, then its leaderboard and best ds_config.
+# from results/demo/study.db when run again, then its leaderboard, best ds_config and report.
 demo: demo-warmup
 	$(VENV)/bin/tune run --study demo
 	$(VENV)/bin/tune leaderboard --study demo --all
 	$(VENV)/bin/tune best --study demo --emit ds-config
+	$(VENV)/bin/tune report --study demo
 
 # Multi-node over SSH (studies/demo-ssh.yaml): two sshd "nodes" on 127.0.0.2 and 127.0.0.3 with
 # their own host keys and a fresh client key (tools/loopback_sshd.py, files in $(DEMO_SSH_DIR)),

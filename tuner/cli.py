@@ -192,7 +192,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
-    from tuner.report import LiveProgress
+    from tuner.progress import LiveProgress
     from tuner.study import build_loop, make_executor, stop_on_signals
 
     executor = make_executor(spec)
@@ -352,7 +352,7 @@ GLOBAL_DEFAULTS: dict[str, Any] = {"debug": False, "verbose": False, "quiet": Fa
 STORE_DEFAULTS: dict[str, Any] = {"results": "results", "storage": None}
 """Where a study's results live: options of run, leaderboard and best, also accepted before the
 command's name."""
-STORE_COMMANDS = ("run", "leaderboard", "best")
+STORE_COMMANDS = ("run", "leaderboard", "best", "report")
 OPTUNA_COMMANDS = STORE_COMMANDS
 
 
@@ -466,6 +466,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     logs_cli.add_parser(sub)
     handlers["parse-log"] = logs_cli.run
+    from tuner.report import cli as report_cli
+
+    report_cli.add_parser(sub)
+    handlers["report"] = report_cli.run
     for name, command in sub.choices.items():
         _add_global_options(command)
         if name in STORE_COMMANDS:

@@ -196,6 +196,9 @@ def open_study(
     mine = spec.fingerprint()
     if recorded is None:
         study.set_user_attr(FINGERPRINT_ATTR, mine)
+        with warnings.catch_warnings():  # experimental in Optuna, stable since 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["step_time_s"])  # optuna-dashboard names the objective
     elif recorded != mine:
         if not force:
             raise StudyError(

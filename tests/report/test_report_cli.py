@@ -1,0 +1,65 @@
+"""``tune report`` through the real CLI over the stand-in study: the page, PNGs, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.report.conftest import StudyRun
+from tuner.cli import main
+from tuner.results import leaderboard
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def tune(study_run: StudyRun, *args: str) -> int:
+    return main(["report", "--study", str(study_run.study_file), "--results",
+                 str(study_run.results), *args])  # fmt: skip
+
+
+def test_report_writes_the_default_file(
+    study_run: StudyRun, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    assert tune(study_run) == 0
+    path = study_run.results / study_run.spec.name / "report.html"
+    assert capsys.readouterr().out == f"report: {path}\n"
+    # the model's first pick (trial 0) ran out of memory: no baseline to pay back against
+    assert "Payback needs a measured best config and a measured baseline." in path.read_text()
+    board = leaderboard(study_run.spec, results=str(study_run.results))
+    slowest = str(int(board.iloc[-1]["trial"]))
+    assert tune(study_run, "--baseline", slowest, "--train-tokens", "2e9") == 0
+    text = path.read_text()
+    assert (
+        "Payback needs" not in text and "2e+09" in text and f"trial {slowest} (--baseline)" in text
+    )
+
+
+def test_png_writes_every_figure(
+    study_run: StudyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    from tests.report.browser import chromium_path, missing
+
+    if chromium_path() is None:
+        missing("no system Chromium for kaleido")
+    out = tmp_path / "figures"
+    assert tune(study_run, "--out", str(tmp_path / "r.html"), "--png", str(out)) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert {"step_time.png", "peak_memory.png", "stage_memory.png", "tp_pp_heatmap.png",
+            "optuna_history.png"} <= set(names)  # fmt: skip
+    assert all((out / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+def test_png_without_a_browser_is_one_line_and_exit_2(
+    study_run: StudyRun, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chromium"))  # kaleido's override
+    assert tune(study_run, "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "p")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs Chrome or Chromium" in err
+
+
+def test_bad_baseline_is_exit_2(study_run: StudyRun, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune(study_run, "--baseline", "9999", "--out", "/dev/null") == 2
+    assert "--baseline '9999' matches no measured trial" in capsys.readouterr().err

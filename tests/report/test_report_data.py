@@ -1,0 +1,108 @@
+"""The report's data and page over small studies written by hand (no browser, no processes)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.test_results import SPEC, config, record
+from tuner.errors import ConfigError, StudyError
+from tuner.layout import ResultsLayout
+from tuner.memory import GIB, estimate_memory
+from tuner.outcome import Outcome
+from tuner.perf import estimate_time
+from tuner.report.build import build_report
+from tuner.report.data import MEMORY_PARTS, TIME_PARTS, gather
+from tuner.report.page import payback_plan
+from tuner.space import study_gpu
+from tuner.storage import open_storage
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+
+
+def new_study(tmp_path: Path) -> optuna.Study:
+    layout = ResultsLayout(tmp_path, SPEC.name)
+    return optuna.create_study(study_name=SPEC.name, storage=open_storage(None, layout))
+
+
+def test_one_measured_trial_builds_and_says_why_optuna_views_are_missing(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 3.0, launched=True, duration_s=60.0)
+    path, parts = build_report(SPEC, results=str(tmp_path))
+    assert path == tmp_path / SPEC.name / "report.html"
+    optuna_section = next(s for s in parts if s.id == "optuna")
+    assert optuna_section.figures == []
+    assert "at least 2 completed trials (1 so far)" in optuna_section.note
+    text = path.read_text()
+    assert text.count('id="plotly-js"') == 1 and "<script src=" not in text
+    assert config(2, 1).key() in text
+
+
+def test_an_empty_study_still_makes_a_page(tmp_path: Path) -> None:
+    new_study(tmp_path)
+    path, parts = build_report(SPEC, results=str(tmp_path), out=tmp_path / "x" / "r.html")
+    assert path.exists() and "No trial has measured a step time yet." in path.read_text()
+    assert payback_plan(gather(SPEC, results=str(tmp_path))) is None
+    with pytest.raises(StudyError, match="no results"):
+        build_report(SPEC, results=str(tmp_path / "nothing"))
+
+
+def test_payback_against_a_baseline(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 4.0, launched=True, duration_s=3600.0)
+    record(study, SPEC, config(4, 2), Outcome.OK, 2.0, launched=True, duration_s=3600.0)
+    data = gather(SPEC, results=str(tmp_path), train_tokens=1e9)
+    assert data.baseline is not None and data.baseline.number == 0  # the model's first pick
+    assert data.gpu_hours == pytest.approx(2 * 8.0)  # two trials, one node of 8 GPUs, 1 h each
+    plan = payback_plan(data)
+    assert plan is not None
+    per_gpu = 64 * SPEC.model.seq_length / 8  # tokens per step per GPU
+    assert plan["found_gpu_hours"] == pytest.approx(1e9 / (per_gpu / 2.0) / 3600)
+    assert plan["baseline_gpu_hours"] == pytest.approx(2 * plan["found_gpu_hours"])
+    saved_per_token = plan["saved_gpu_hours"] / 1e9
+    assert plan["break_even_tokens"] == pytest.approx(16.0 / saved_per_token)
+    same = payback_plan(gather(SPEC, results=str(tmp_path), baseline="tp=4"))
+    assert (
+        same is not None and same["saved_gpu_hours"] == 0 and math.isinf(same["break_even_tokens"])
+    )
+
+
+def test_baseline_must_name_one_measured_trial(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 3.0)
+    record(study, SPEC, config(2, 2), Outcome.OK, 2.0)
+    with pytest.raises(ConfigError, match="matches 2 measured trials"):
+        gather(SPEC, results=str(tmp_path), baseline="tp=2")
+    with pytest.raises(ConfigError, match="matches no measured trial"):
+        gather(SPEC, results=str(tmp_path), baseline="7")
+    assert gather(SPEC, results=str(tmp_path), baseline="tp=2,mbs=2").baseline is not None
+
+
+def test_breakdowns_add_up_to_the_models_totals(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    c = config(2, 2)
+    record(study, SPEC, c, Outcome.OK, 3.0)
+    data = gather(SPEC, results=str(tmp_path))
+    stages, parts = data.breakdowns(data.rows[0])
+    gpu = study_gpu(SPEC)
+    memory = estimate_memory(SPEC.model, c, gpu, SPEC.framework, SPEC.training.precision)
+    time = estimate_time(SPEC.model, SPEC.training, c, gpu, 8, SPEC.framework)
+    assert len(stages) == 1 and list(stages[0].parts) == list(MEMORY_PARTS)
+    assert stages[0].total == pytest.approx(memory.peak / GIB)
+    assert f"stage {memory.stage}" in stages[0].label
+    assert list(parts) == list(TIME_PARTS) and sum(parts.values()) == pytest.approx(time.step)
+
+
+def test_the_report_reads_storage_and_never_the_loop() -> None:
+    from tests.test_structure import _graph
+
+    graph = _graph()
+    loop = {"tuner.study", "tuner.cli", "tuner.screen", "tuner.schedule", "tuner.record",
+            "tuner.recovery", "tuner.leases", "tuner.progress"}  # fmt: skip
+    report = [name for name in graph if name.startswith("tuner.report")]
+    assert "tuner.report.data" in report
+    for name in report:
+        assert not graph[name] & loop, (name, graph[name] & loop)

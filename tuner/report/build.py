@@ -1,0 +1,67 @@
+"""Building the report: gather, draw, write the page (and the PNGs)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tuner.errors import TunerError
+from tuner.layout import ResultsLayout
+from tuner.report.data import gather
+from tuner.report.page import Section, render, sections
+from tuner.spec import StudySpec
+
+logger = logging.getLogger(__name__)
+
+
+class BrowserMissingError(TunerError):
+    """``--png`` needs Chrome or Chromium (kaleido drives it) and none is installed."""
+
+    exit_code = 2
+
+
+def default_path(spec: StudySpec, results: str) -> Path:
+    """``results/<study>/report.html``."""
+    return ResultsLayout(Path(results), spec.name).study_dir / "report.html"
+
+
+def build_report(
+    spec: StudySpec, *, out: Path | None = None, storage: str | None = None,
+    results: str = "results", baseline: str | None = None, train_tokens: float | None = None,
+) -> tuple[Path, list[Section]]:  # fmt: skip
+    """Write the report of ``spec``'s study; the file written and the sections drawn."""
+    data = gather(spec, storage=storage, results=results, baseline=baseline,
+                  train_tokens=train_tokens)  # fmt: skip
+    parts = sections(data)
+    path = out or default_path(spec, results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(data, parts), encoding="utf-8")
+    logger.info("report of %s written to %s", spec.name, path)
+    return path, parts
+
+
+def write_pngs(parts: list[Section], directory: Path) -> list[Path]:
+    """Every figure as ``<directory>/<name>.png`` (kaleido, one browser for all of them)."""
+    import importlib.util
+
+    import plotly.io as pio
+
+    if importlib.util.find_spec("kaleido") is None:
+        raise BrowserMissingError("--png needs kaleido: pip install 'paratune[report]'")
+    named = [(n, f) for s in parts for n, f in s.figures]
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{n}.png" for n, _ in named]
+    if not named:
+        return []
+    try:
+        pio.write_images([f for _, f in named], paths, width=1200, height=600)
+    except Exception as exc:  # kaleido's and choreographer's errors share no base class
+        if "chrome" in f"{type(exc).__name__} {exc}".lower():
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            detail = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+            raise BrowserMissingError(
+                "--png needs Chrome or Chromium installed (apt-get install chromium); "
+                f"none could be started ({detail})"
+            ) from exc
+        raise
+    return paths

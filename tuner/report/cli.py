@@ -1,0 +1,51 @@
+"""``tune report``: the subcommand's options and handler (plotly loads only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tuner.errors import ConfigError
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``report`` subcommand."""
+    p = subparsers.add_parser(
+        "report", help="one self-contained HTML report of a study (works offline)",
+        description="Write an offline HTML report of a study: summary, leaderboard, predicted vs "
+        "measured, Pareto front, memory per stage, where the time goes, search progress and "
+        "payback, Optuna's views.",
+    )  # fmt: skip
+    p.add_argument("--study", required=True)
+    p.add_argument("--out", type=Path, default=None, metavar="FILE.html",
+                   help="where to write it (default: RESULTS/STUDY/report.html)")  # fmt: skip
+    p.add_argument("--png", type=Path, default=None, metavar="DIR",
+                   help="also write every figure as DIR/NAME.png (needs Chromium)")  # fmt: skip
+    p.add_argument("--baseline", default=None, metavar="CONFIG",
+                   help="payback baseline: a trial number or config words (tp=2,pp=2,mbs=4); "
+                   "default: the model's first pick")  # fmt: skip
+    p.add_argument(
+        "--train-tokens",
+        type=float,
+        default=None,
+        metavar="N",
+        help="tokens of the full training run, for the payback (default: 1e12)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report (and the PNGs); print where."""
+    from tuner.report.build import build_report, write_pngs
+    from tuner.studyfile import load_study
+
+    if args.train_tokens is not None and not args.train_tokens > 0:
+        raise ConfigError(f"--train-tokens must be > 0, got {args.train_tokens}")
+    spec = load_study(args.study)
+    path, parts = build_report(spec, out=args.out, storage=args.storage, results=args.results,
+                               baseline=args.baseline, train_tokens=args.train_tokens)  # fmt: skip
+    sys.stdout.write(f"report: {path}\n")
+    if args.png is not None:
+        pngs = write_pngs(parts, args.png)
+        sys.stdout.write(f"figures: {len(pngs)} PNG files in {args.png}\n")
+    return 0

@@ -1,0 +1,262 @@
+"""What the report shows, gathered from the study's storage (read only; never the loop).
+
+Every trial becomes a :class:`TrialRow`; the models (:mod:`tuner.memory`, :mod:`tuner.perf`) are
+pure functions, so a row's predicted breakdowns are recomputed from its recorded config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.catalog import GPUSpec
+from tuner.errors import ConfigError
+from tuner.memory import GIB, MemoryBreakdown, estimate_memory
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.perf import TimeBreakdown, estimate_time
+from tuner.results import load_optuna_study, megatron_args
+from tuner.space import study_gpu
+from tuner.spec import StudySpec
+from tuner.trials import is_duplicate, trial_config, trial_outcome
+
+MEMORY_PARTS = ("weights", "gradients", "optimizer states", "activations", "buffers", "overhead")
+"""The stacked memory components, bottom to top."""
+
+TIME_PARTS = ("compute", "pipeline bubble", "TP / CP comm", "DP comm", "other")
+"""The stacked step-time components, bottom to top."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Predicted GiB per component on one pipeline stage."""
+
+    label: str
+    """What the bar is, in words (``stage 0 (most loaded)``)."""
+    parts: dict[str, float]
+    """:data:`MEMORY_PARTS` -> GiB."""
+
+    @property
+    def total(self) -> float:
+        """The predicted peak of that stage."""
+        return sum(self.parts.values())
+
+
+def stage_memory(b: MemoryBreakdown) -> StageMemory:
+    """One stage's bar from a :class:`MemoryBreakdown`."""
+    parts = {
+        "weights": b.weights, "gradients": b.grads, "optimizer states": b.optimizer,
+        "activations": b.activations + b.stage_extras,
+        "buffers": b.framework_buffers + b.comm_buffers,
+        "overhead": b.cuda_context + b.fragmentation,
+    }  # fmt: skip
+    return StageMemory(f"stage {b.stage} (most loaded)", {k: v / GIB for k, v in parts.items()})
+
+
+def time_parts(t: TimeBreakdown) -> dict[str, float]:
+    """:data:`TIME_PARTS` -> predicted seconds; they add up to ``t.step``."""
+    compute = t.compute + t.recompute + t.optimizer
+    comm = t.tp_comm + t.cp_comm
+    bubble = t.pp_bubble + t.pp_p2p
+    return {
+        "compute": compute, "pipeline bubble": bubble, "TP / CP comm": comm,
+        "DP comm": t.dp_comm, "other": t.step - compute - comm - bubble - t.dp_comm,
+    }  # fmt: skip
+
+
+@dataclass(slots=True)
+class TrialRow:
+    """One trial of the study as the report shows it."""
+
+    number: int
+    outcome: str
+    config: ParallelConfig | None
+    reason: str
+    launched: bool
+    predicted_step_s: float | None
+    measured_step_s: float | None
+    predicted_peak_gib: float | None
+    measured_peak_gib: float | None
+    tokens_per_s_per_gpu: float | None
+    tflops_per_gpu: float | None
+    mfu: float | None
+    gpu_hours: float
+    start: datetime | None
+    end: datetime | None
+
+    @property
+    def key(self) -> str:
+        """The config in words (``tp=2,pp=1,...``), or ``no config``."""
+        return self.config.key() if self.config else "no config"
+
+    @property
+    def ok(self) -> bool:
+        """Whether the trial measured a step time."""
+        return self.outcome == str(Outcome.OK) and self.measured_step_s is not None
+
+    @property
+    def hover(self) -> str:
+        """The hover text of every point of this trial: config, number, outcome and reason."""
+        text = f"trial {self.number}: {self.outcome}<br>{self.key}"
+        return text + (f"<br>{_wrap(self.reason)}" if self.reason else "")
+
+
+def _wrap(text: str, width: int = 80) -> str:
+    return "<br>".join(text[i : i + width] for i in range(0, min(len(text), 4 * width), width))
+
+
+@dataclass
+class ReportData:
+    """Everything the report needs, read once from storage."""
+
+    spec: StudySpec
+    gpu: GPUSpec
+    study: optuna.Study
+    rows: list[TrialRow]
+    baseline_request: str | None = None
+    train_tokens: float | None = None
+    _breakdowns: dict[int, tuple[list[StageMemory], dict[str, float]]] = field(
+        default_factory=dict
+    )
+
+    @cached_property
+    def measured(self) -> list[TrialRow]:
+        """Measured trials, fastest first."""
+        ok = [r for r in self.rows if r.ok]
+        return sorted(ok, key=lambda r: (-(r.tokens_per_s_per_gpu or 0.0), r.number))
+
+    @property
+    def best(self) -> TrialRow | None:
+        """The fastest measured trial."""
+        return self.measured[0] if self.measured else None
+
+    @property
+    def first_pick(self) -> TrialRow | None:
+        """The model's first pick: the first trial launched (the top predicted config, which the
+        loop enqueues first)."""
+        launched = [r for r in self.rows if r.launched]
+        return min(launched, key=lambda r: r.number) if launched else None
+
+    @cached_property
+    def baseline(self) -> TrialRow | None:
+        """The payback's reference: ``--baseline`` (a trial number or config words), else the
+        model's first pick when it was measured."""
+        if self.baseline_request is None:
+            first = self.first_pick
+            return first if first is not None and first.ok else None
+        return find_trial(self.measured, self.baseline_request)
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours spent by every launched trial."""
+        return sum(r.gpu_hours for r in self.rows)
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds from the first trial's start to the last one's end."""
+        starts = [r.start for r in self.rows if r.start is not None]
+        ends = [r.end for r in self.rows if r.end is not None]
+        if not starts or not ends:
+            return 0.0
+        return max(0.0, (max(ends) - min(starts)).total_seconds())
+
+    def outcome_counts(self) -> dict[str, int]:
+        """Trials by outcome, most frequent first."""
+        counts: dict[str, int] = {}
+        for r in self.rows:
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def breakdowns(self, row: TrialRow) -> tuple[list[StageMemory], dict[str, float]]:
+        """The predicted memory (one bar per stage the model describes) and step-time parts of
+        a trial's config."""
+        if row.config is None:
+            return [], {}
+        if row.number not in self._breakdowns:
+            spec, c = self.spec, row.config
+            memory = estimate_memory(spec.model, c, self.gpu, spec.framework,
+                                     spec.training.precision)  # fmt: skip
+            time = estimate_time(spec.model, spec.training, c, self.gpu,
+                                 spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
+            # The memory model describes the most loaded stage only; a per-stage model returns
+            # one StageMemory per stage here and the figure shows them all.
+            self._breakdowns[row.number] = ([stage_memory(memory)], time_parts(time))
+        return self._breakdowns[row.number]
+
+    def launch_args(self, row: TrialRow) -> tuple[str, str]:
+        """How to launch a trial's config: (what, text): Megatron's parallelism arguments, or
+        the DeepSpeed config as one line of JSON."""
+        if row.config is None:
+            return "launch", ""
+        if self.spec.framework == "deepspeed":
+            from tuner.launch import deepspeed_config
+
+            return "ds_config.json", json.dumps(deepspeed_config(self.spec, row.config))
+        return "Megatron arguments", " ".join(megatron_args(self.spec, row.config))
+
+
+def find_trial(rows: list[TrialRow], request: str) -> TrialRow:
+    """The measured trial ``request`` names: its number, or ``k=v`` words of its config key that
+    match exactly one measured config (``tp=2,pp=2,mbs=4``)."""
+    if request.strip().isdigit():
+        hits = [r for r in rows if r.number == int(request)]
+    else:
+        words = {w.strip() for w in request.split(",") if w.strip()}
+        hits = [r for r in rows if words <= set(r.key.split(","))]
+    if len(hits) == 1:
+        return hits[0]
+    if not hits:
+        raise ConfigError(f"--baseline {request!r} matches no measured trial")
+    names = ", ".join(str(r.number) for r in hits[:8])
+    raise ConfigError(f"--baseline {request!r} matches {len(hits)} measured trials ({names})")
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and value == value else None
+
+
+def trial_row(t: FrozenTrial, spec: StudySpec) -> TrialRow:
+    """The report's view of one stored trial."""
+    a = t.user_attrs
+    outcome = trial_outcome(t)
+    step = _float(a.get("step_time_s"))
+    tokens = _float(a.get("tokens_per_s"))
+    if tokens is None and step:
+        tokens = spec.training.global_batch_size * spec.model.seq_length / step
+    duration = _float(a.get("duration_s")) or 0.0
+    hosts = len(a.get("hosts", [])) or spec.nodes_per_trial
+    launched = bool(a.get("launched"))
+    return TrialRow(
+        number=t.number, outcome=str(outcome or t.state.name.lower()), config=trial_config(t),
+        reason=str(a.get("reason") or ""), launched=launched,
+        predicted_step_s=_float(a.get("predicted_step_s")), measured_step_s=step,
+        predicted_peak_gib=_float(a.get("predicted_peak_gib")),
+        measured_peak_gib=_float(a.get("peak_memory_gib")),
+        tokens_per_s_per_gpu=tokens / spec.world_size if tokens else None,
+        tflops_per_gpu=_float(a.get("tflops_per_gpu")), mfu=_float(a.get("mfu")),
+        gpu_hours=duration * hosts * spec.cluster.gpus_per_node / 3600 if launched else 0.0,
+        start=t.datetime_start if launched else None,
+        end=t.datetime_complete if launched else None,
+    )  # fmt: skip
+
+
+def gather(
+    spec: StudySpec, *, storage: str | None = None, results: str = "results",
+    baseline: str | None = None, train_tokens: float | None = None,
+) -> ReportData:  # fmt: skip
+    """Read the study of ``spec``; duplicates and queued trials are left out (not trials of
+    their own)."""
+    study = load_optuna_study(spec, storage, results)
+    rows = [
+        trial_row(t, spec)
+        for t in study.get_trials(deepcopy=False)
+        if not is_duplicate(t) and t.state != TrialState.WAITING
+    ]
+    data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens)
+    _ = data.baseline  # a bad --baseline is an error before anything is drawn
+    return data

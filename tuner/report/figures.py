@@ -1,0 +1,318 @@
+"""The report's plotly figures, one function each, built from :class:`ReportData`.
+
+Every point of a trial carries the trial's hover text (config, number, outcome, reason).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import FrozenTrial, TrialState
+from plotly.subplots import make_subplots
+
+from tuner.report.data import MEMORY_PARTS, TIME_PARTS, ReportData, TrialRow
+
+ERROR_BAND = 0.25
+"""Half-width of the shaded band around y = x on the predicted-vs-measured plots."""
+
+MAX_BARS = 40
+"""Configs in the where-the-time-goes bars (the fastest ones)."""
+
+MAX_MENU = 200
+"""Trials in the memory figure's menu (measured first, then real OOMs)."""
+
+OUTCOME_COLOURS = {
+    "ok": "#2ca02c", "oom": "#d62728", "pruned_memory": "#ff9896", "invalid": "#c7c7c7",
+    "timeout": "#9467bd", "hang": "#8c564b", "nccl_timeout": "#e377c2",
+    "launch_error": "#7f7f7f", "no_metrics": "#bcbd22", "diverged": "#17becf",
+}  # fmt: skip
+PART_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+HOVER = "%{text}<br>%{xaxis.title.text}: %{x:.4g}<br>%{yaxis.title.text}: %{y:.4g}<extra></extra>"
+
+Figures = list[tuple[str, go.Figure]]
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, **kw: Any) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
+                      height=460, margin={"t": 60, "r": 20}, **kw)  # fmt: skip
+    return fig
+
+
+def _by_outcome(
+    fig: go.Figure, rows: Sequence[TrialRow], x: Callable[[TrialRow], float | None],
+    y: Callable[[TrialRow], float | None], symbol: str = "circle", suffix: str = "",
+) -> None:  # fmt: skip
+    """One scatter trace per outcome."""
+    groups: dict[str, list[TrialRow]] = {}
+    for r in rows:
+        if x(r) is not None and y(r) is not None:
+            groups.setdefault(r.outcome, []).append(r)
+    for outcome, group in groups.items():
+        fig.add_trace(go.Scatter(
+            x=[x(r) for r in group], y=[y(r) for r in group], mode="markers",
+            name=outcome + suffix, text=[r.hover for r in group], hovertemplate=HOVER,
+            marker={"color": OUTCOME_COLOURS.get(outcome, "#333"), "size": 9, "symbol": symbol},
+        ))  # fmt: skip
+
+
+def _identity(fig: go.Figure, values: Sequence[float]) -> None:
+    """y = x and the error band over the range of ``values``."""
+    if not values:
+        return
+    lo, hi = min(values) * 0.9, max(values) * 1.1
+    xs = [lo, hi]
+    band = [v * (1 + ERROR_BAND) for v in xs] + [v * (1 - ERROR_BAND) for v in xs[::-1]]
+    fig.add_trace(go.Scatter(x=xs + xs[::-1], y=band, fill="toself", mode="lines",
+                             fillcolor="rgba(31,119,180,0.12)", line={"width": 0},
+                             name=f"±{ERROR_BAND:.0%}", hoverinfo="skip"))  # fmt: skip
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", name="y = x", hoverinfo="skip",
+                             line={"color": "#1f77b4", "dash": "dash"}))  # fmt: skip
+
+
+def step_time(data: ReportData) -> go.Figure:
+    """Predicted vs measured step time of every measured trial."""
+    fig = go.Figure()
+    rows = [r for r in data.rows if r.predicted_step_s and r.measured_step_s]
+    _identity(fig, [v for r in rows for v in (r.predicted_step_s, r.measured_step_s) if v])
+    _by_outcome(fig, rows, lambda r: r.predicted_step_s, lambda r: r.measured_step_s)
+    return _layout(fig, "Step time: predicted vs measured", "predicted s", "measured s")
+
+
+def peak_memory(data: ReportData) -> go.Figure:
+    """Predicted vs measured peak memory; real OOMs at (predicted peak, GPU capacity)."""
+    fig = go.Figure()
+    capacity = data.gpu.memory_gib
+    rows = [r for r in data.rows if r.predicted_peak_gib and r.measured_peak_gib]
+    ooms = [r for r in data.rows if r.outcome == "oom" and r.predicted_peak_gib]
+    values = [v for r in rows for v in (r.predicted_peak_gib, r.measured_peak_gib) if v]
+    _identity(fig, values + [r.predicted_peak_gib or 0.0 for r in ooms])
+    _by_outcome(fig, rows, lambda r: r.predicted_peak_gib, lambda r: r.measured_peak_gib)
+    _by_outcome(fig, ooms, lambda r: r.predicted_peak_gib, lambda r: capacity, "x",
+                " (real OOM, drawn at capacity)")  # fmt: skip
+    fig.add_hline(y=capacity, line={"color": "#d62728", "dash": "dot"},
+                  annotation_text=f"GPU capacity {capacity:.4g} GiB")  # fmt: skip
+    return _layout(fig, "Peak memory: predicted vs measured", "predicted GiB", "measured GiB")
+
+
+def _memory_x(r: TrialRow) -> float | None:
+    return r.measured_peak_gib or r.predicted_peak_gib
+
+
+def pareto(data: ReportData) -> go.Figure:
+    """Throughput vs peak memory of the measured configs, with the Pareto front."""
+    fig = go.Figure()
+    rows = [r for r in data.measured if _memory_x(r) is not None]
+    front: list[TrialRow] = []
+    for r in sorted(rows, key=lambda r: (_memory_x(r) or 0.0, -(r.tokens_per_s_per_gpu or 0))):
+        if not front or (r.tokens_per_s_per_gpu or 0) > (front[-1].tokens_per_s_per_gpu or 0):
+            front.append(r)
+    fig.add_trace(go.Scatter(
+        x=[_memory_x(r) for r in front], y=[r.tokens_per_s_per_gpu for r in front],
+        mode="lines+markers", line={"shape": "hv", "color": "#2ca02c"}, name="Pareto front",
+        hoverinfo="skip",
+    ))  # fmt: skip
+    _by_outcome(fig, rows, _memory_x, lambda r: r.tokens_per_s_per_gpu)
+    return _layout(fig, "Throughput vs peak memory (measured peak, else predicted)",
+                   "peak GiB", "tokens/s/GPU")  # fmt: skip
+
+
+def _memory_rows(data: ReportData) -> list[TrialRow]:
+    ooms = [r for r in data.rows if r.outcome == "oom" and r.config is not None]
+    return (data.measured + ooms)[:MAX_MENU]
+
+
+def _memory_trace_values(data: ReportData, row: TrialRow) -> tuple[list[str], list[list[float]]]:
+    stages, _ = data.breakdowns(row)
+    labels = [s.label for s in stages]
+    return labels, [[s.parts[p] for s in stages] for p in MEMORY_PARTS]
+
+
+def stage_memory(data: ReportData) -> go.Figure:
+    """Predicted memory per stage of the best config, a menu to pick any measured or OOM trial:
+    stacked components against the GPU capacity and the headroom line, measured peak marked."""
+    rows = _memory_rows(data)
+    fig = go.Figure()
+    capacity = data.gpu.memory_gib
+    headroom = data.spec.search.memory_headroom * capacity
+    if not rows:
+        return _layout(fig, "Memory per stage (no trial to show)", "stage", "GiB")
+    labels, values = _memory_trace_values(data, rows[0])
+    for i, part in enumerate(MEMORY_PARTS):
+        fig.add_trace(go.Bar(
+            x=labels, y=values[i], name=part, marker_color=PART_COLOURS[i],
+            text=[rows[0].hover] * len(labels), textposition="none",
+            hovertemplate=f"%{{text}}<br>{part}: %{{y:.3f}} GiB<extra></extra>",
+        ))  # fmt: skip
+    fig.add_trace(_measured_peak(rows[0], labels))
+    buttons = []
+    for r in rows:
+        labels, values = _memory_trace_values(data, r)
+        peak = _measured_peak(r, labels)
+        buttons.append({"label": f"trial {r.number} ({r.outcome})", "method": "update", "args": [
+            {"x": [labels] * (len(MEMORY_PARTS) + 1), "y": values + [list(peak.y)],
+             "text": [[r.hover] * len(labels)] * len(MEMORY_PARTS) + [list(peak.text)]},
+            {"title.text": _memory_title(r)},
+        ]})  # fmt: skip
+    fig.add_hline(y=capacity, line={"color": "#d62728"},
+                  annotation_text=f"GPU capacity {capacity:.4g} GiB")  # fmt: skip
+    fig.add_hline(y=headroom, line={"color": "#ff7f0e", "dash": "dash"},
+                  annotation_text=f"headroom {data.spec.search.memory_headroom:.0%}",
+                  annotation_position="bottom right")  # fmt: skip
+    fig.update_layout(barmode="stack", updatemenus=[{
+        "buttons": buttons, "direction": "down", "x": 1.0, "xanchor": "right", "y": 1.18,
+    }])  # fmt: skip
+    return _layout(fig, _memory_title(rows[0]), "pipeline stage", "GiB")
+
+
+def _memory_title(r: TrialRow) -> str:
+    return f"Predicted memory of trial {r.number} ({r.outcome}): {r.key}"
+
+
+def _measured_peak(r: TrialRow, labels: list[str]) -> go.Scatter:
+    peak = r.measured_peak_gib
+    return go.Scatter(
+        x=labels, y=[peak if peak is not None else math.nan] * len(labels), mode="markers",
+        name="measured peak", text=[r.hover] * len(labels),
+        marker={"symbol": "line-ew-open", "size": 40, "line": {"width": 3}, "color": "#000"},
+        hovertemplate="%{text}<br>measured peak %{y:.3f} GiB<extra></extra>",
+    )  # fmt: skip
+
+
+def time_breakdown(data: ReportData) -> go.Figure:
+    """Predicted step-time parts of the fastest measured configs beside their measured step."""
+    rows = data.measured[:MAX_BARS]
+    names = [f"#{r.number}" for r in rows]
+    parts = [data.breakdowns(r)[1] for r in rows]
+    fig = go.Figure()
+    for i, part in enumerate(TIME_PARTS):
+        fig.add_trace(go.Bar(
+            x=names, y=[p.get(part, 0.0) for p in parts], name=f"predicted {part}",
+            offsetgroup="predicted", marker_color=PART_COLOURS[i], text=[r.hover for r in rows],
+            textposition="none", hovertemplate=f"%{{text}}<br>{part}: %{{y:.4g}} s<extra></extra>",
+        ))  # fmt: skip
+    fig.add_trace(go.Bar(
+        x=names, y=[r.measured_step_s for r in rows], name="measured step", offsetgroup="measured",
+        marker_color="#333", text=[r.hover for r in rows], textposition="none",
+        hovertemplate="%{text}<br>measured %{y:.4g} s<extra></extra>",
+    ))  # fmt: skip
+    fig.update_layout(barmode="relative")
+    return _layout(fig, "Where the time goes: predicted parts (left) vs measured step (right)",
+                   "trial (fastest first)", "seconds per step")  # fmt: skip
+
+
+def tp_pp_heatmap(data: ReportData) -> go.Figure:
+    """Best measured tokens/s/GPU for each (TP, PP)."""
+    best: dict[tuple[int, int], TrialRow] = {}
+    for r in data.measured:
+        if r.config is not None:
+            best.setdefault((r.config.tp, r.config.pp), r)
+    tps = sorted({tp for tp, _ in best})
+    pps = sorted({pp for _, pp in best})
+    z = [[_tput(best.get((tp, pp))) for tp in tps] for pp in pps]
+    text = [[best[(tp, pp)].hover if (tp, pp) in best else "not measured" for tp in tps]
+            for pp in pps]  # fmt: skip
+    fig = go.Figure(go.Heatmap(
+        x=[f"tp={v}" for v in tps], y=[f"pp={v}" for v in pps], z=z, text=text,
+        colorscale="Viridis", colorbar={"title": {"text": "tok/s/GPU"}},
+        hovertemplate="%{text}<br>%{z:.4g} tokens/s/GPU<extra></extra>",
+    ))  # fmt: skip
+    return _layout(fig, "Best measured throughput over TP x PP", "TP", "PP")
+
+
+def _tput(r: TrialRow | None) -> float | None:
+    return r.tokens_per_s_per_gpu if r is not None else None
+
+
+def progress(data: ReportData) -> go.Figure:
+    """Best-so-far throughput against trials and against GPU-hours spent."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("vs trials", "vs GPU-hours"))
+    best, spent = 0.0, 0.0
+    xs: list[int] = []
+    hours: list[float] = []
+    ys: list[float] = []
+    text: list[str] = []
+    leader: TrialRow | None = None
+    for r in sorted(data.rows, key=lambda r: r.number):
+        spent += r.gpu_hours
+        if r.ok and (r.tokens_per_s_per_gpu or 0.0) > best:
+            best, leader = r.tokens_per_s_per_gpu or 0.0, r
+        if leader is not None and r.launched:
+            xs.append(r.number)
+            hours.append(spent)
+            ys.append(best)
+            text.append(f"after trial {r.number}; best so far {leader.hover}")
+    for col, x in ((1, xs), (2, hours)):
+        fig.add_trace(go.Scatter(
+            x=x, y=ys, mode="lines+markers", line={"shape": "hv"}, text=text,
+            name="best so far" if col == 1 else "best so far (GPU-hours)",
+            hovertemplate="%{text}<br>%{y:.4g} tokens/s/GPU<extra></extra>",
+        ), row=1, col=col)  # fmt: skip
+    fig.update_xaxes(title_text="trial", row=1, col=1)
+    fig.update_xaxes(title_text="GPU-hours spent", row=1, col=2)
+    return _layout(fig, "Search progress: best measured tokens/s/GPU so far", "", "tokens/s/GPU")
+
+
+def payback(data: ReportData, plan: dict[str, float]) -> go.Figure:
+    """GPU-hours of the full training run with the found config vs the baseline."""
+    fig = go.Figure(go.Bar(
+        x=["baseline", "found config", "search spent"],
+        y=[plan["baseline_gpu_hours"], plan["found_gpu_hours"], plan["search_gpu_hours"]],
+        marker_color=["#7f7f7f", "#2ca02c", "#ff7f0e"],
+        text=[f"{v:,.4g}" for v in (plan["baseline_gpu_hours"], plan["found_gpu_hours"],
+                                      plan["search_gpu_hours"])],
+        hovertemplate="%{x}: %{y:,.4g} GPU-hours<extra></extra>",
+    ))  # fmt: skip
+    return _layout(fig, f"Full training run of {plan['train_tokens']:.3g} tokens", "",
+                   "GPU-hours")  # fmt: skip
+
+
+def _throughput_target(data: ReportData) -> Callable[[FrozenTrial], float]:
+    tokens_per_step = data.spec.training.global_batch_size * data.spec.model.seq_length
+    world = data.spec.world_size
+
+    def target(t: FrozenTrial) -> float:
+        # The study minimises step time; Optuna ranks what drives low values, so the target is
+        # the negated throughput (the history's axis is negated back below).
+        return -tokens_per_step / float(t.value) / world if t.value else 0.0
+
+    return target
+
+
+def optuna_views(data: ReportData) -> tuple[Figures, str]:
+    """Optuna's optimization history and parameter importances for throughput; with fewer than
+    two completed trials, none and a note why."""
+    import warnings
+
+    import optuna.visualization as ov
+
+    complete = [t for t in data.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if t.value]  # fmt: skip
+    if len(complete) < 2:
+        return [], f"Optuna's views need at least 2 completed trials ({len(complete)} so far)."
+    # Optuna's plots read the study's trials many times over: from an in-memory copy of the
+    # completed ones, not from the storage (seconds for a 500-trial SQLite study).
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(),
+                                study_name=data.spec.name)  # fmt: skip
+    study.add_trials(complete)
+    target = _throughput_target(data)
+    history = ov.plot_optimization_history(study, target=target, target_name="tokens/s/GPU")
+    for trace in history.data:
+        if trace.y is not None:
+            trace.y = [-v for v in trace.y]
+    history.update_layout(yaxis_title="tokens/s/GPU", template="plotly_white")
+    figures: Figures = [("optuna_history", history)]
+    note = ""
+    try:
+        with warnings.catch_warnings():  # the target is negated already (see above)
+            warnings.filterwarnings("ignore", message=".*low `target` values")
+            importances = ov.plot_param_importances(study, target=target,
+                                                    target_name="tokens/s/GPU")  # fmt: skip
+        importances.update_layout(template="plotly_white")
+        figures.append(("optuna_importances", importances))
+    except (RuntimeError, ValueError) as exc:  # e.g. every parameter took one value only
+        note = f"Parameter importances unavailable: {exc}"
+    return figures, note

@@ -1,0 +1,191 @@
+"""The report page: sections, the summary and leaderboard tables, one offline HTML file.
+
+plotly.js is embedded once, in the page's head (no CDN: the file works opened by double-click,
+with no network); every figure is a div drawn by it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import plotly.graph_objects as go
+from jinja2 import Environment
+from markupsafe import Markup
+
+from tuner.report import figures as F
+from tuner.report.data import ReportData, TrialRow
+
+DEFAULT_TRAIN_TOKENS = 1e12
+"""Tokens of the full training run when ``--train-tokens`` is not given (labelled as assumed)."""
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+@dataclass(slots=True)
+class Section:
+    """One numbered section of the page."""
+
+    id: str
+    title: str
+    intro: str = ""
+    tables: list[Markup] = field(default_factory=list)
+    figures: list[tuple[str, go.Figure]] = field(default_factory=list)
+    note: str = ""
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.{digits}g}"
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(header: list[str], rows: list[list[str]], css: str = "") -> Markup:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return Markup(f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+                  "</table>")  # fmt: skip
+
+
+def _kv(pairs: list[tuple[str, str]]) -> Markup:
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                   for k, v in pairs)  # fmt: skip
+    return Markup(f'<table class="kv">{rows}</table>')
+
+
+def payback_plan(data: ReportData) -> dict[str, float] | None:
+    """GPU-hours of the full run with the best config vs the baseline, hours saved and the
+    training tokens at which the search has paid for itself; None without both measured."""
+    best, base = data.best, data.baseline
+    if best is None or base is None or not best.tokens_per_s_per_gpu:
+        return None
+    tokens = data.train_tokens or DEFAULT_TRAIN_TOKENS
+    found = tokens / best.tokens_per_s_per_gpu / 3600
+    baseline = tokens / (base.tokens_per_s_per_gpu or best.tokens_per_s_per_gpu) / 3600
+    saved_per_token = (baseline - found) / tokens
+    return {
+        "train_tokens": tokens, "found_gpu_hours": found, "baseline_gpu_hours": baseline,
+        "saved_gpu_hours": baseline - found, "search_gpu_hours": data.gpu_hours,
+        "break_even_tokens": data.gpu_hours / saved_per_token if saved_per_token > 0 else math.inf,
+        "baseline_trial": base.number,
+    }  # fmt: skip
+
+
+def _summary(data: ReportData) -> Section:
+    best, first = data.best, data.first_pick
+    pairs: list[tuple[str, str]] = []
+    if best is not None:
+        what, launch = data.launch_args(best)
+        pairs += [
+            ("best measured config", f"trial {best.number}: {best.key}"),
+            (what, launch),
+            ("full launch script", f"tune best --study {data.spec.name} --emit script"),
+            ("tokens/s/GPU", _fmt(best.tokens_per_s_per_gpu)),
+            ("TFLOP/s/GPU", _fmt(best.tflops_per_gpu)), ("MFU", _pct(best.mfu)),
+            ("measured step", f"{_fmt(best.measured_step_s)} s"),
+        ]  # fmt: skip
+    if first is not None:
+        gap = ""
+        if best is not None and first.ok and first.tokens_per_s_per_gpu:
+            slower = (best.tokens_per_s_per_gpu or 0) / first.tokens_per_s_per_gpu - 1
+            gap = f"; the best is {100 * slower:.1f}% faster"
+        elif not first.ok:
+            gap = f"; it measured nothing ({(first.reason or first.outcome)[:160]})"
+        pairs.append(("model's first pick", f"trial {first.number}: {first.key}{gap}"))
+    counts = ", ".join(f"{k} {v}" for k, v in data.outcome_counts().items()) or "none"
+    pairs += [("trials by outcome", counts),
+              ("search wall time", f"{data.wall_s / 3600:.3g} h ({data.wall_s:.0f} s)"),
+              ("GPU-hours spent", f"{data.gpu_hours:.4g}")]  # fmt: skip
+    note = "" if best is not None else "No trial has measured a step time yet."
+    return Section("summary", "Summary", tables=[_kv(pairs)], note=note)
+
+
+BOARD = ["#", "outcome", "config", "tok/s/GPU", "TFLOP/s/GPU", "MFU", "step s", "pred. step s",
+         "peak GiB", "pred. peak GiB"]  # fmt: skip
+
+
+def _board_row(r: TrialRow) -> list[str]:
+    return [str(r.number), r.outcome, r.key, _fmt(r.tokens_per_s_per_gpu), _fmt(r.tflops_per_gpu),
+            _pct(r.mfu), _fmt(r.measured_step_s), _fmt(r.predicted_step_s),
+            _fmt(r.measured_peak_gib), _fmt(r.predicted_peak_gib)]  # fmt: skip
+
+
+def _leaderboard(data: ReportData) -> Section:
+    rows = [_board_row(r) for r in data.measured]
+    return Section("leaderboard", "Leaderboard",
+                   intro="Every measured config, fastest first. Click a column to sort.",
+                   tables=[_table(BOARD, rows, "sortable")])  # fmt: skip
+
+
+def _payback(data: ReportData) -> Section:
+    section = Section("progress", "Search progress and payback", figures=[
+        ("progress", F.progress(data))])  # fmt: skip
+    plan = payback_plan(data)
+    if plan is None:
+        section.note = "Payback needs a measured best config and a measured baseline."
+        return section
+    assumed = "" if data.train_tokens else " (assumed; set --train-tokens)"
+    base = "--baseline" if data.baseline_request else "the model's first pick"
+    section.tables.append(_kv([
+        ("training tokens", f"{plan['train_tokens']:.4g}{assumed}"),
+        ("baseline", f"trial {int(plan['baseline_trial'])} ({base})"),
+        ("GPU-hours with the found config", f"{plan['found_gpu_hours']:,.1f}"),
+        ("GPU-hours with the baseline", f"{plan['baseline_gpu_hours']:,.1f}"),
+        ("GPU-hours saved", f"{plan['saved_gpu_hours']:,.1f}"),
+        ("GPU-hours the search cost", f"{plan['search_gpu_hours']:,.3g}"),
+        ("break-even after", f"{plan['break_even_tokens']:.3g} training tokens"),
+    ]))  # fmt: skip
+    section.figures.append(("payback", F.payback(data, plan)))
+    return section
+
+
+def sections(data: ReportData) -> list[Section]:
+    """Every section of the page, in order."""
+    optuna_figures, optuna_note = F.optuna_views(data)
+    return [
+        _summary(data),
+        _leaderboard(data),
+        Section("predicted", "Predicted vs measured",
+                intro=f"Shaded: ±{F.ERROR_BAND:.0%} of y = x. Real OOMs are drawn at their "
+                "predicted peak, at the GPU's capacity.",
+                figures=[("step_time", F.step_time(data)), ("peak_memory", F.peak_memory(data))]),
+        Section("pareto", "Pareto front", figures=[("pareto", F.pareto(data))]),
+        Section("memory", "Memory per stage",
+                intro="The memory model predicts the most loaded pipeline stage (the larger of "
+                "the first and the last); that stage is the bar shown. Pick a trial in the menu.",
+                figures=[("stage_memory", F.stage_memory(data))]),
+        Section("time", "Where the time goes",
+                intro="Predicted by the time model (tuner.perf) beside the measured step.",
+                figures=[("time_breakdown", F.time_breakdown(data)),
+                         ("tp_pp_heatmap", F.tp_pp_heatmap(data))]),
+        _payback(data),
+        Section("optuna", "Optuna views", figures=optuna_figures, note=optuna_note),
+    ]  # fmt: skip
+
+
+def _figure_html(name: str, fig: go.Figure) -> Markup:
+    return Markup(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
+                              config=PLOT_CONFIG))  # fmt: skip
+
+
+def render(data: ReportData, parts: list[Section]) -> str:
+    """The whole page."""
+    from plotly.offline import get_plotlyjs
+
+    source = resources.files("tuner.report").joinpath("page.html.j2").read_text()
+    template = Environment(autoescape=True).from_string(source)
+    context: dict[str, Any] = {
+        "study": data.spec.name,
+        "plotly_js": Markup(get_plotlyjs()),
+        "sections": [(s, [_figure_html(n, f) for n, f in s.figures]) for s in parts],
+    }
+    return template.render(**context)
