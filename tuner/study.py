@@ -215,9 +215,11 @@ class StudyLoop:
                   "predicted_step_s": trial.user_attrs.get("predicted_step_s"),
                   "predicted_peak_gib": trial.user_attrs.get("predicted_peak_gib")}  # fmt: skip
         paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is valid YAML
-        trial.set_user_attr("launched", True)
+        # who and where before "launched": another worker that sees a launched trial must find
+        # its worker's leases, or it takes the trial for a dead worker's
         trial.set_user_attr("hosts", list(group.hosts))
         trial.set_user_attr("worker", self.worker)
+        trial.set_user_attr("launched", True)
         try:
             master = self.executor.master_addr(group.hosts)
             request = self.launcher(self.spec, config, trial.number, group, paths, master)
