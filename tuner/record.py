@@ -179,6 +179,16 @@ def recovered_metrics(spec: StudySpec, gpu: GPUSpec, paths: TrialPaths) -> Verdi
 def tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: float) -> None:
     """Write a trial's verdict into the study: value for ``ok``; FAIL for outcomes that run
     again; PRUNED (measured bad: the sampler steers away) for the rest."""
+    try:
+        _tell(study, trial, verdict, duration)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        # another worker took this worker for dead and ended the trial; the measurement stays
+        # in the trial's metrics.json, from which recovery records it
+        logger.warning("trial %d was ended by another worker meanwhile: not recorded twice",
+                       trial.number)  # fmt: skip
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: float) -> None:
     with storage_errors(f"recording trial {trial.number}"):
         trial.set_user_attr("outcome", str(verdict.outcome))
         trial.set_user_attr("reason", verdict.reason)
