@@ -3,15 +3,25 @@ batch script (golden file) and Slurm's own states."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tuner.launch import Executor
-from tuner.launch.slurm import SlurmExecutor
+from tuner.errors import ConfigError, LaunchError
+from tuner.launch import Executor, LaunchRequest
+from tuner.launch.slurm import SlurmExecutor, SlurmJob
+from tuner.launch.slurm_script import batch_script, sbatch_argv
+from tuner.layout import ResultsLayout
 from tuner.spec import SlurmSpec
 
-from .contract import ExecutorContract
+from .conftest import live_processes, wait_for
+from .contract import ExecutorContract, FakeClock
 from .slurm import LocalSlurm, local_slurm
 
 __all__ = ["local_slurm"]
@@ -29,3 +39,158 @@ class TestSlurmExecutor(ExecutorContract):
 
 def test_cluster_is_up(local_slurm: LocalSlurm) -> None:
     assert local_slurm.conf.exists()
+
+
+# ----------------------------------------------------------------------------- the batch script
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_batch_script_golden_with_hostile_paths(tmp_path: Path) -> None:
+    """A 2-node trial in a directory no shell may split: the golden file says what sbatch gets.
+
+    Re-record after an intended change with ``TUNER_REGOLD=1 pytest tests/launch/test_slurm.py``.
+    """
+    layout = ResultsLayout(Path("/results/a b 'c'; echo pwned"), "golden")
+    spec = SlurmSpec(
+        partition="gpu", account="proj-1", qos="high", gpus_per_node=8,
+        extra_sbatch=("--constraint=h100",), container_image="nvcr.io#nvidia/pytorch:24.05-py3",
+        container_mounts=("/lustre:/lustre",), setup=("module load cuda/12.4",),
+    )  # fmt: skip
+    request = LaunchRequest(
+        trial=3, hosts=("slurm-0", "slurm-1"), scripts=("true", "true"),
+        paths=layout.trial(3), timeout_s=20 * 60, env={"NCCL_DEBUG": "INFO it's"},
+    )  # fmt: skip
+    text = batch_script(spec, request, "0123abcd")
+    path = GOLDEN / "slurm-job-2node.sh"
+    if os.environ.get("TUNER_REGOLD"):
+        path.write_text(text)
+    assert path.exists(), f"record {path.name} with TUNER_REGOLD=1 pytest {__file__}"
+    assert text == path.read_text(), (
+        f"{path.name} differs from its golden file; if the change is intended, re-record with "
+        f"TUNER_REGOLD=1 pytest {__file__}"
+    )
+    assert "#SBATCH --time=25" in text  # the trial's 20 min + the margin
+    argv = sbatch_argv(request)
+    assert argv[2] == f"--chdir={layout.trial(3).dir}"  # a path: argv, never an #SBATCH line
+    assert not any("pwned" in line for line in text.splitlines() if line.startswith("#SBATCH"))
+
+
+def test_bash_parses_the_batch_script_and_keeps_hostile_values_whole(tmp_path: Path) -> None:
+    layout = ResultsLayout(tmp_path / "a b 'c'; echo pwned", "s")
+    request = LaunchRequest(trial=0, hosts=("slurm-0",), scripts=("true",), paths=layout.trial(0),
+                            env={"V": "a'; echo pwned"})  # fmt: skip
+    text = batch_script(SlurmSpec(), request, "tok")
+    head = text.split("cd ", 1)[0] + 'printf "%s\\n" "$V" "$TUNER_TRIAL_TOKEN"\n'
+    done = subprocess.run(["bash", "-c", head], capture_output=True, text=True, check=True)
+    assert done.stdout == "a'; echo pwned\ntok\n"
+
+
+def test_bad_sbatch_lines_are_refused() -> None:
+    with pytest.raises(ConfigError, match="extra_sbatch"):
+        SlurmSpec(extra_sbatch=("--constraint=h100\nrm -rf /",))
+    with pytest.raises(ConfigError, match="partition"):
+        SlurmSpec(partition="gpu; rm")
+
+
+# ----------------------------------------------------------------------------- Slurm's own states
+
+
+def _squeue(name_part: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return [line for line in out.splitlines() if name_part in line]
+
+
+def _request(tmp_path: Path, n: int, script: str, nodes: int = 2, **kw: Any) -> LaunchRequest:
+    layout = ResultsLayout(tmp_path / "res", "states")
+    return LaunchRequest(trial=n, hosts=tuple(f"slurm-{k}" for k in range(nodes)),
+                         scripts=(script,) * nodes, paths=layout.trial(n), **kw)  # fmt: skip
+
+
+def test_failed_job_records_job_id_hosts_and_exit_codes(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.2))
+    try:
+        job = ex.submit(_request(tmp_path, 0, 'echo "rank $SLURM_NODEID"; exit 7'))
+        assert isinstance(job, SlurmJob)
+        result = job.wait(timeout=60)
+        assert result.exit_codes == (7, 7) and not result.ok and not result.node_errors
+        assert result.job_id == job.job_id and result.job_id is not None
+        assert sorted(result.hosts) == ["n1", "n2"]
+        saved = json.loads(job.paths.result_json.read_text())
+        assert saved["job_id"] == job.job_id and sorted(saved["hosts"]) == ["n1", "n2"]
+        assert "rank 1" in job.paths.node_log(1).read_text()
+        assert job.state == "FAILED"
+        assert _squeue(job.token) == []
+    finally:
+        ex.close()
+
+
+def test_setup_line_failing_before_srun_gives_every_node_slurms_exit_code(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.2, setup=("exit 4",)))
+    try:
+        result = ex.submit(_request(tmp_path, 1, "echo never")).wait(timeout=60)
+        assert result.exit_codes == (4, 4) and not result.timed_out
+    finally:
+        ex.close()
+
+
+def test_sbatch_refusal_is_a_launch_error(local_slurm: LocalSlurm, tmp_path: Path) -> None:
+    ex = SlurmExecutor(SlurmSpec(partition="nosuchpartition"))
+    try:
+        with pytest.raises(LaunchError, match="sbatch refused the job.*partition"):
+            ex.submit(_request(tmp_path, 2, "true"))
+    finally:
+        ex.close()
+
+
+def test_queue_time_is_not_trial_time(local_slurm: LocalSlurm, tmp_path: Path) -> None:
+    """A job waiting for nodes never times out; its limit counts from RUNNING."""
+    clock = FakeClock()
+    ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.1), clock=clock, grace_s=1.0)
+    go = tmp_path / "go"
+    try:
+        blocker = ex.submit(
+            _request(tmp_path, 3, f"while [ ! -e {str(go)!r} ]; do sleep 0.1; done")
+        )
+        wait_for(lambda: blocker.poll() is None and getattr(blocker, "state", "") == "RUNNING",
+                 what="the blocker running")  # fmt: skip
+        marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
+        job = ex.submit(_request(tmp_path, 4, f"(exec -a {marker} sleep 3005)", timeout_s=60))
+        wait_for(lambda: job.poll() is None and getattr(job, "state", "") == "PENDING",
+                 what="the second job pending")  # fmt: skip
+        clock.now += 600  # ten minutes in the queue
+        time.sleep(0.3)
+        assert job.poll() is None, "a pending job was timed out"
+        go.touch()
+        assert blocker.wait(timeout=60).ok
+        wait_for(lambda: len(live_processes(marker)) == 2, what="the second job running")
+        wait_for(lambda: job.poll() is None and getattr(job, "state", "") == "RUNNING",
+                 what="RUNNING seen")  # fmt: skip
+        clock.now += 61
+        result = job.poll()
+        assert result is not None and result.timed_out
+        assert live_processes(marker) == [] and _squeue(job.token) == []
+    finally:
+        for j in ("blocker", "job"):
+            if j in locals() and not locals()[j].done:
+                locals()[j].cancel()
+        ex.close()
+
+
+def test_slurms_own_time_limit_is_a_timeout(local_slurm: LocalSlurm, tmp_path: Path) -> None:
+    """The backstop for a dead tuner: Slurm's --time (1 min, its minimum) ends the job."""
+    ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.5, time_limit_min=1))
+    marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
+    try:
+        job = ex.submit(_request(tmp_path, 5, f"(exec -a {marker} sleep 3006)", nodes=1))
+        result = job.wait(timeout=150)
+        assert result.timed_out and not result.ok
+        assert job.state == "TIMEOUT"  # type: ignore[attr-defined]
+        assert live_processes(marker) == [] and _squeue(job.token) == []
+    finally:
+        ex.close()

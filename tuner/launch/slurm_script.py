@@ -95,7 +95,7 @@ def batch_script(spec: SlurmSpec, request: LaunchRequest, token: str) -> str:
     node_dir = str(request.remote_dir)
     out = ["#!/bin/bash", f"# Written by tuner for trial {request.trial}."]
     out += [f"#SBATCH {line}" for line in sbatch_lines(spec, request, token)]
-    out += ["set -u", f"export {TOKEN_ENV}={shlex.quote(token)}"]
+    out += [f"export {TOKEN_ENV}={shlex.quote(token)}"]
     out += [f"export {k}={shlex.quote(v)}" for k, v in sorted(request.env.items())]
     if spec.setup:
         out += ["# cluster.slurm.setup", *spec.setup]
