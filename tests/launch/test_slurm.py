@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -12,13 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
 from tuner.errors import ConfigError, LaunchError
 from tuner.launch import Executor, LaunchRequest
 from tuner.launch.slurm import SlurmExecutor, SlurmJob
 from tuner.launch.slurm_script import batch_script, sbatch_argv
 from tuner.layout import ResultsLayout
+from tuner.results import leaderboard
 from tuner.spec import SlurmSpec
+from tuner.studyfile import study_from_mapping
 
 from .conftest import live_processes, wait_for
 from .contract import ExecutorContract, FakeClock
@@ -194,3 +199,74 @@ def test_slurms_own_time_limit_is_a_timeout(local_slurm: LocalSlurm, tmp_path: P
         assert live_processes(marker) == [] and _squeue(job.token) == []
     finally:
         ex.close()
+
+
+# ----------------------------------------------------------------------------- studies via the CLI
+
+
+def _slurm_study(tmp_path: Path, time_scale: str, n_trials: int) -> Path:
+    data = study_data(tmp_path, SURFACE, n_trials=n_trials, enqueue_top=n_trials)
+    data["cluster"] = {
+        "gpu": "a100-80gb",
+        "gpus_per_node": 2,
+        "num_nodes": 1,
+        "executor": "slurm",
+        "slurm": {"max_jobs": 2, "poll_interval_s": 0.3},
+    }
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = time_scale
+    return write_study(tmp_path, data)  # fmt: skip
+
+
+def _running_tuner_jobs() -> int:
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%j"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return sum(name.startswith("tuner-t") for name in out.split())
+
+
+def _results(tmp_path: Path) -> list[dict[str, Any]]:
+    trials = tmp_path / "results" / "e2e" / "trials"
+    return [json.loads(p.read_text()) for p in sorted(trials.glob("*/result.json"))]
+
+
+def test_study_runs_through_slurm_two_trials_at_once(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    path = _slurm_study(tmp_path, "0.5", n_trials=4)
+    proc = tune("run", "--study", str(path), "--results", str(tmp_path / "results"), "--quiet",
+                "--skip-preflight",  # the stand-in plays GPUs; the nodes have no nvidia-smi
+                cwd=tmp_path)  # fmt: skip
+    most = 0
+    while proc.poll() is None:
+        most = max(most, _running_tuner_jobs())
+        time.sleep(0.2)
+    out = proc.communicate()[0]
+    assert proc.returncode == 0, out
+    assert most == 2, f"at most {most} trial jobs ran at once"
+    results = _results(tmp_path)
+    assert len(results) == 4 and all(r["job_id"] for r in results)
+    assert len({r["job_id"] for r in results}) == 4
+    assert all(r["hosts"][0] in ("n1", "n2") and r["exit_codes"] == [0] for r in results)
+    rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
+                       results=str(tmp_path / "results"))  # fmt: skip
+    assert set(rows.outcome) == {"ok"}, rows
+    assert _running_tuner_jobs() == 0 and standin_processes(tmp_path) == []
+
+
+def test_ctrl_c_cancels_every_job_of_the_study(local_slurm: LocalSlurm, tmp_path: Path) -> None:
+    path = _slurm_study(tmp_path, "5", n_trials=4)
+    proc = tune("run", "--study", str(path), "--results", str(tmp_path / "results"), "--quiet",
+                "--skip-preflight",  # the stand-in plays GPUs; the nodes have no nvidia-smi
+                cwd=tmp_path)  # fmt: skip
+    try:
+        wait_for(lambda: _running_tuner_jobs() == 2 and len(standin_processes(tmp_path)) >= 4,
+                 timeout=90, what="two trial jobs running their stand-ins")  # fmt: skip
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert _squeue("tuner-t") == [] and standin_processes(tmp_path) == []
+    rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
+                       results=str(tmp_path / "results"))  # fmt: skip
+    assert list(rows.outcome).count("interrupted") == 2, rows
