@@ -270,3 +270,54 @@ def test_ctrl_c_cancels_every_job_of_the_study(local_slurm: LocalSlurm, tmp_path
     rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
                        results=str(tmp_path / "results"))  # fmt: skip
     assert list(rows.outcome).count("interrupted") == 2, rows
+
+
+# ----------------------------------------------------------------------------- cluster.slurm
+
+
+def _readme_cluster() -> dict[str, Any]:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## Slurm\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cluster: dict[str, Any] = yaml.safe_load(block)["cluster"]
+    return cluster
+
+
+def test_readme_cluster_example_loads_and_gives_slots(tmp_path: Path) -> None:
+    data = study_data(tmp_path, SURFACE, nodes_per_trial="all")
+    data["cluster"] = _readme_cluster()
+    spec = study_from_mapping(data)
+    assert spec.cluster.slurm.partition == "gpu" and spec.cluster.slurm.max_jobs == 4
+    assert spec.node_names == tuple(f"slurm-{i}" for i in range(8))  # 2 nodes x 4 jobs
+    assert spec.nodes_per_trial == 2 and spec.world_size == 16
+
+
+def test_cluster_slurm_is_strict(tmp_path: Path) -> None:
+    data = study_data(tmp_path, SURFACE)
+    data["cluster"] = {**_readme_cluster(), "slurm": {"partiton": "gpu"}}
+    with pytest.raises(ConfigError, match="partiton"):
+        study_from_mapping(data)
+    data["cluster"] = {k: v for k, v in _readme_cluster().items() if k != "num_nodes"}
+    data["cluster"]["nodes"] = ["gpu001"]
+    with pytest.raises(ConfigError, match="num_nodes"):
+        study_from_mapping(data)
+
+
+def test_allocation_mode_is_refused_for_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner.errors import StudyError
+    from tuner.study import make_executor
+
+    data = study_data(tmp_path, SURFACE)
+    data["cluster"] = {**_readme_cluster(), "slurm": {"mode": "auto"}}
+    spec = study_from_mapping(data)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    with pytest.raises(StudyError, match="allocation"):
+        make_executor(spec)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    ex = make_executor(spec)
+    try:
+        assert isinstance(ex, SlurmExecutor)
+    finally:
+        ex.close()
