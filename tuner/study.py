@@ -469,12 +469,23 @@ def make_executor(spec: StudySpec) -> Any:
     mode = slurm.mode
     if mode == "auto":
         mode = "allocation" if os.environ.get("SLURM_JOB_ID") else "submit"
-    if mode == "allocation":
+    if mode == "submit":
+        return SlurmExecutor(slurm, poll_interval_s=min(1.0, slurm.poll_interval_s))
+    from tuner.launch.slurm_alloc import SlurmAllocationExecutor
+
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
         raise StudyError(
-            "cluster.slurm.mode: allocation (trials as job steps) is not implemented yet; "
-            "run tune on a login node with mode: submit"
+            "cluster.slurm.mode: allocation runs trials inside a Slurm allocation, but "
+            "SLURM_JOB_ID is not set: run tune inside salloc or sbatch, or use mode: submit"
         )
-    return SlurmExecutor(slurm, poll_interval_s=min(1.0, slurm.poll_interval_s))
+    executor = SlurmAllocationExecutor(slurm, job_id=job_id)
+    try:
+        executor.check_slots(spec.node_names)
+    except StudyError:
+        executor.close()
+        raise
+    return executor
 
 
 def build_loop(

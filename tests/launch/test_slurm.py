@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,10 @@ import pytest
 import yaml
 
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
-from tuner.errors import ConfigError, LaunchError
+from tuner.errors import ConfigError, LaunchError, StudyError
 from tuner.launch import Executor, LaunchRequest
 from tuner.launch.slurm import SlurmExecutor, SlurmJob
+from tuner.launch.slurm_alloc import SlurmAllocationExecutor
 from tuner.launch.slurm_script import batch_script, sbatch_argv
 from tuner.layout import ResultsLayout
 from tuner.results import leaderboard
@@ -303,21 +307,92 @@ def test_cluster_slurm_is_strict(tmp_path: Path) -> None:
         study_from_mapping(data)
 
 
-def test_allocation_mode_is_refused_for_now(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from tuner.errors import StudyError
+def test_mode_picks_the_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.study import make_executor
 
     data = study_data(tmp_path, SURFACE)
-    data["cluster"] = {**_readme_cluster(), "slurm": {"mode": "auto"}}
-    spec = study_from_mapping(data)
-    monkeypatch.setenv("SLURM_JOB_ID", "42")
-    with pytest.raises(StudyError, match="allocation"):
-        make_executor(spec)
-    monkeypatch.delenv("SLURM_JOB_ID")
-    ex = make_executor(spec)
+    data["cluster"] = {**_readme_cluster(), "slurm": {"mode": "allocation"}}
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(StudyError, match="SLURM_JOB_ID is not set"):
+        make_executor(study_from_mapping(data))
+    data["cluster"]["slurm"] = {"mode": "auto"}
+    ex = make_executor(study_from_mapping(data))
     try:
         assert isinstance(ex, SlurmExecutor)
     finally:
         ex.close()
+
+
+# ----------------------------------------------------------------------------- allocation mode
+
+
+@pytest.fixture(scope="module")
+def allocation(local_slurm: LocalSlurm) -> Iterator[str]:
+    """A job holding both nodes, as ``salloc`` would; trials run as its steps."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        "-N2",
+        "--exclusive",
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 3000",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    job_id = done.stdout.strip()
+    try:
+        wait_for(lambda: "RUNNING" in subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout,
+            what="the allocation running")  # fmt: skip
+        yield job_id
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+
+
+class TestSlurmAllocationExecutor(ExecutorContract):
+    hosts = ("slurm-0", "slurm-1")
+
+    @pytest.fixture(autouse=True)
+    def _job(self, allocation: str) -> None:
+        self.job_id = allocation
+
+    def make_executor(self, **kwargs: Any) -> Executor:
+        return SlurmAllocationExecutor(SlurmSpec(), job_id=self.job_id, **kwargs)
+
+    def test_slots_are_the_allocations_nodes_in_order(self) -> None:
+        ex = SlurmAllocationExecutor(job_id=self.job_id)
+        try:
+            assert [ex.host(h) for h in self.hosts] == ["n1", "n2"]
+            assert ex.master_addr(("slurm-1",)) == "127.0.0.1"  # n2's NodeAddr
+            with pytest.raises(StudyError, match="has 2"):
+                ex.check_slots(("slurm-0", "slurm-1", "slurm-2"))
+        finally:
+            ex.close()
+
+
+def test_study_inside_an_allocation_runs_trials_as_steps(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """tune run inside sbatch (mode auto -> allocation): each slot is one node of the job."""
+    path = _slurm_study(tmp_path, "0.5", n_trials=4)
+    results = tmp_path / "results"
+    command = shlex.join([sys.executable, "-m", "tuner.cli", "run", "--study", str(path),
+                          "--results", str(results), "--quiet", "--skip-preflight"])  # fmt: skip
+    done = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", f"--chdir={tmp_path}",
+                           f"--output={tmp_path}/tune.out", "--wrap", command],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    job_id = done.stdout.strip()
+    try:
+        wait_for(lambda: _squeue(f"{job_id} ") == [], timeout=240, what="tune's job to end")
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    out = (tmp_path / "tune.out").read_text()
+    state = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, out
+    rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
+                       results=str(results))  # fmt: skip
+    assert list(rows.outcome) == ["ok"] * 4, (rows, out)
+    logs = [p.read_text() for p in sorted(results.glob("e2e/trials/*/node-0.log"))]
+    assert len(logs) == 4 and all(logs)
+    assert _squeue("tuner-t") == [] and standin_processes(tmp_path) == []
