@@ -31,7 +31,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import StorageError, StudyError
+from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool
 from tuner.layout import ResultsLayout
 from tuner.leases import Leases, open_leases
@@ -463,29 +463,9 @@ def make_executor(spec: StudySpec) -> Any:
         return LocalExecutor()
     if spec.cluster.executor == "ssh":
         return SSHExecutor(spec.cluster.ssh)
-    from tuner.launch.slurm import SlurmExecutor
+    from tuner.launch.slurm_alloc import make_slurm_executor
 
-    slurm = spec.cluster.slurm
-    mode = slurm.mode
-    if mode == "auto":
-        mode = "allocation" if os.environ.get("SLURM_JOB_ID") else "submit"
-    if mode == "submit":
-        return SlurmExecutor(slurm, poll_interval_s=min(1.0, slurm.poll_interval_s))
-    from tuner.launch.slurm_alloc import SlurmAllocationExecutor
-
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        raise StudyError(
-            "cluster.slurm.mode: allocation runs trials inside a Slurm allocation, but "
-            "SLURM_JOB_ID is not set: run tune inside salloc or sbatch, or use mode: submit"
-        )
-    executor = SlurmAllocationExecutor(slurm, job_id=job_id)
-    try:
-        executor.check_slots(spec.node_names)
-    except StudyError:
-        executor.close()
-        raise
-    return executor
+    return make_slurm_executor(spec.cluster.slurm, spec.node_names)
 
 
 def build_loop(

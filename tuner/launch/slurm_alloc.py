@@ -12,6 +12,7 @@ run the same way. The master address is the ``NodeAddr`` of the trial's first no
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shlex
 import subprocess
@@ -20,12 +21,35 @@ from typing import IO, Any
 
 from tuner.errors import LaunchError, NodeError, StudyError
 from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
-from tuner.launch.slurm import SlurmCommands
+from tuner.launch.slurm import SlurmCommands, SlurmExecutor
 from tuner.spec import SlurmSpec
 
 logger = logging.getLogger(__name__)
 
 _SLOT = re.compile(r"slurm-(\d+)")
+
+
+def make_slurm_executor(spec: SlurmSpec, slots: Sequence[str]) -> Executor:
+    """The executor for ``cluster.slurm``: submit mode, or job steps of the allocation this
+    process runs in (``mode: auto`` picks allocation when ``SLURM_JOB_ID`` is set)."""
+    mode = spec.mode
+    if mode == "auto":
+        mode = "allocation" if os.environ.get("SLURM_JOB_ID") else "submit"
+    if mode == "submit":
+        return SlurmExecutor(spec, poll_interval_s=min(1.0, spec.poll_interval_s))
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise StudyError(
+            "cluster.slurm.mode: allocation runs trials inside a Slurm allocation, but "
+            "SLURM_JOB_ID is not set: run tune inside salloc or sbatch, or use mode: submit"
+        )
+    executor = SlurmAllocationExecutor(spec, job_id=job_id)
+    try:
+        executor.check_slots(slots)
+    except StudyError:
+        executor.close()
+        raise
+    return executor
 
 
 class _StepProcess(NodeProcess):
