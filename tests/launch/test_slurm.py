@@ -326,9 +326,10 @@ def test_mode_picks_the_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 # ----------------------------------------------------------------------------- allocation mode
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def allocation(local_slurm: LocalSlurm) -> Iterator[str]:
-    """A job holding both nodes, as ``salloc`` would; trials run as its steps."""
+    """A job holding both nodes, as ``salloc`` would; trials run as its steps. Class-scoped:
+    while it runs, no other job of the module gets a node."""
     argv = [
         "sbatch",
         "--parsable",
@@ -347,6 +348,7 @@ def allocation(local_slurm: LocalSlurm) -> Iterator[str]:
         yield job_id
     finally:
         subprocess.run(["scancel", job_id], check=False)
+        wait_for(lambda: _squeue(f"{job_id} ") == [], what="the allocation gone")
 
 
 class TestSlurmAllocationExecutor(ExecutorContract):
