@@ -247,12 +247,16 @@ def test_study_runs_through_slurm_two_trials_at_once(
     assert proc.returncode == 0, out
     assert most == 2, f"at most {most} trial jobs ran at once"
     results = _results(tmp_path)
-    assert len(results) == 4 and all(r["job_id"] for r in results)
-    assert len({r["job_id"] for r in results}) == 4
-    assert all(r["hosts"][0] in ("n1", "n2") and r["exit_codes"] == [0] for r in results)
     rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
                        results=str(tmp_path / "results"))  # fmt: skip
-    assert set(rows.outcome) == {"ok"}, rows
+    # All "nodes" are this machine, shared with other tests: a rendezvous port someone else
+    # holds is a node error and the trial runs again, so a retried job may be extra.
+    outcomes = list(rows.outcome)
+    assert outcomes.count("ok") == 4 and set(outcomes) <= {"ok", "node_error"}, rows.to_dict()
+    assert len(results) >= 4 and all(r["job_id"] for r in results), results
+    assert len({r["job_id"] for r in results}) == len(results)
+    ok = [r for r in results if r["exit_codes"] == [0]]
+    assert len(ok) >= 4 and all(r["hosts"][0] in ("n1", "n2") for r in results)
     assert _running_tuner_jobs() == 0 and standin_processes(tmp_path) == []
 
 
@@ -394,7 +398,8 @@ def test_study_inside_an_allocation_runs_trials_as_steps(
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, out
     rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
                        results=str(results))  # fmt: skip
-    assert list(rows.outcome) == ["ok"] * 4, (rows, out)
+    outcomes = list(rows.outcome)  # node_error: a rendezvous port held by another test
+    assert outcomes.count("ok") == 4 and set(outcomes) <= {"ok", "node_error"}, (rows, out)
     logs = [p.read_text() for p in sorted(results.glob("e2e/trials/*/node-0.log"))]
-    assert len(logs) == 4 and all(logs)
+    assert len(logs) >= 4 and all(logs)
     assert _squeue("tuner-t") == [] and standin_processes(tmp_path) == []
