@@ -21,7 +21,7 @@ import yaml
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
 from tuner.errors import ConfigError, LaunchError, StudyError
 from tuner.launch import Executor, LaunchRequest
-from tuner.launch.slurm import SlurmExecutor, SlurmJob
+from tuner.launch.slurm import SlurmExecutor, SlurmJob, job_state, parse_job
 from tuner.launch.slurm_alloc import SlurmAllocationExecutor
 from tuner.launch.slurm_script import batch_script, sbatch_argv
 from tuner.layout import ResultsLayout
@@ -403,3 +403,15 @@ def test_study_inside_an_allocation_runs_trials_as_steps(
     logs = [p.read_text() for p in sorted(results.glob("e2e/trials/*/node-0.log"))]
     assert len(logs) >= 4 and all(logs)
     assert _squeue("tuner-t") == [] and standin_processes(tmp_path) == []
+
+
+def test_parse_job_keeps_values_with_spaces_whole() -> None:
+    line = ("JobId=12 JobName=tuner-t3-ab JobState=CANCELLED Reason=None ExitCode=0:15 "
+            "NodeList=n[1-2] Command=/r/a b 'c'; echo x=1/slurm-job.sh WorkDir=/r/a b "
+            "StdOut=/r/a b/slurm-12.out")  # fmt: skip
+    fields = parse_job(line + "\n")
+    assert fields["JobState"] == "CANCELLED" and fields["ExitCode"] == "0:15"
+    assert fields["Command"] == "/r/a b 'c'; echo x=1/slurm-job.sh"
+    assert fields["WorkDir"] == "/r/a b" and fields["NodeList"] == "n[1-2]"
+    assert job_state({"JobState": "CANCELLED by 0"}) == "CANCELLED"
+    assert parse_job("") == {}

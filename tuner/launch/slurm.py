@@ -21,7 +21,6 @@ import json
 import logging
 import re
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -55,6 +54,8 @@ ACTIVE = QUEUED | {"RUNNING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT"}
 NODE_LOST = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
 """Terminal states that are the cluster's fault, not the config's: retried as node errors."""
 COMMAND_TIMEOUT_S = 60
+QUERY_FAILURES = 30
+"""Consecutive failed state queries after which a job is given up as a node error."""
 
 
 def parse_job(text: str) -> dict[str, str]:
@@ -232,7 +233,7 @@ class SlurmJob(Job):
         self._running_since: float | None = None
         self._last_query = float("-inf")
         self._cmd = executor.commands
-        self._query_lock = threading.Lock()
+        self._query_failures = 0
 
     def _start(self) -> None:
         req = self._req
@@ -273,7 +274,16 @@ class SlurmJob(Job):
 
     def _observe(self, now: float) -> None:
         assert self.job_id is not None
-        fields = self._cmd.show_job(self.job_id)
+        try:
+            fields = self._cmd.show_job(self.job_id)
+        except LaunchError as exc:  # a busy controller: ask again, give up after a while
+            self._query_failures += 1
+            logger.warning("trial %d: %s", self._req.trial, exc)
+            if self._query_failures >= QUERY_FAILURES:
+                self._errors[0] = f"cannot ask Slurm about job {self.job_id}: {exc}"
+                self._kill_all(cancelled=False, timed_out=False)
+            return
+        self._query_failures = 0
         if fields is None:  # forgotten by Slurm (MinJobAge passed, controller restarted)
             self._end_from_files(f"Slurm job {self.job_id} vanished")
             return
