@@ -231,25 +231,29 @@ class LocalSlurm:
         return [f"{pid} {_cmdline(pid)}" for pid in self._our_processes()]
 
     def _ours(self, pid: int) -> bool:
-        """Whether ``pid`` is alive (not a zombie) and belongs to this cluster."""
-        return _state(pid) not in (None, "Z") and (
-            str(self.dir) in _cmdline(pid) or self._marked(pid)
+        """Whether ``pid`` is alive (not a zombie) and belongs to this cluster: a recorded
+        daemon still naming this DIR, or a slurmstepd or job process of this cluster (its
+        environment holds this ``SLURM_CONF``). Never a process only naming the DIR in its
+        command line (the shell that runs ``stop``)."""
+        if _state(pid) in (None, "Z"):
+            return False
+        if pid in self.pids.values():
+            return str(self.dir) in _cmdline(pid)
+        env = _environ(pid)
+        if f"SLURM_CONF={self.conf}".encode() not in env:
+            return False
+        return _cmdline(pid).startswith("slurmstepd") or any(
+            e.startswith(b"SLURM_JOB_ID=") for e in env
         )
 
-    def _marked(self, pid: int) -> bool:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        return f"SLURM_CONF={self.conf}".encode() in env
-
     def _our_processes(self, *, jobs_only: bool = False) -> list[int]:
-        """Live processes of this cluster: daemons, slurmstepd and job processes."""
+        """Live processes of this cluster: daemons, slurmstepd and job processes (never this
+        process or one it runs under)."""
         daemons = set(self.pids.values())
-        me = os.getpid()
+        mine = _ancestors(os.getpid())
         found = []
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == me:
+            if not entry.name.isdigit() or int(entry.name) in mine:
                 continue
             pid = int(entry.name)
             if self._ours(pid) and not (jobs_only and pid in daemons):
@@ -285,6 +289,26 @@ def _state(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ancestors(pid: int) -> set[int]:
+    """``pid`` and every process it runs under."""
+    found = set()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
 
 
 def _cmdline(pid: int) -> str:
