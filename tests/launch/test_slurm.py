@@ -415,3 +415,12 @@ def test_parse_job_keeps_values_with_spaces_whole() -> None:
     assert fields["WorkDir"] == "/r/a b" and fields["NodeList"] == "n[1-2]"
     assert job_state({"JobState": "CANCELLED by 0"}) == "CANCELLED"
     assert parse_job("") == {}
+
+
+def test_the_shipped_slurm_demo_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.studyfile import load_study
+
+    monkeypatch.setenv("TUNER_DEMO_ROOT", str(Path(__file__).resolve().parents[2]))
+    spec = load_study("demo-slurm", cwd=Path(__file__).resolve().parents[2])
+    assert spec.cluster.executor == "slurm" and spec.cluster.slurm.mode == "submit"
+    assert spec.node_names == ("slurm-0", "slurm-1") and spec.world_size == 2
