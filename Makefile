@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
 # `make demo-ssh` is the multi-node demo (two loopback sshd nodes; needs openssh-server).
+# `make demo-slurm` runs it through a throw-away local Slurm (needs slurmctld, slurmd, munge).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed-dev
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-ssh clean
+.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-ssh demo-slurm clean
 
 # Login-node install: the tuner alone (no torch, no GPU).
 install:
@@ -71,6 +72,20 @@ demo-ssh: demo-warmup
 	$(PY) tools/loopback_sshd.py start --dir $(DEMO_SSH_DIR) --nodes 2 || exit 1; \
 	$(DEMO_SSH_ENV) $(VENV)/bin/tune run --study demo-ssh; rc=$$?; \
 	$(DEMO_SSH_ENV) $(VENV)/bin/tune leaderboard --study demo-ssh --all; \
+	exit $$rc
+
+# Through Slurm (studies/demo-slurm.yaml): a throw-away local Slurm in $(DEMO_SLURM_DIR) (fresh
+# each time: an old state directory recovers old jobs), one sbatch job per trial, the
+# leaderboard; the cluster is always stopped and the exit status is tune's.
+DEMO_SLURM_DIR := results/.demo-slurm
+DEMO_SLURM_ENV := TUNER_DEMO_ROOT="$(CURDIR)" SLURM_CONF="$(abspath $(DEMO_SLURM_DIR))/slurm.conf"
+demo-slurm: demo-warmup
+	@trap 'rc=$$?; $(PY) tools/local_slurm.py stop --dir $(DEMO_SLURM_DIR) || rc=1; exit $$rc' \
+	  EXIT; trap 'exit 130' INT TERM; \
+	rm -rf $(DEMO_SLURM_DIR); \
+	$(PY) tools/local_slurm.py start --dir $(DEMO_SLURM_DIR) --nodes 2 || exit 1; \
+	$(DEMO_SLURM_ENV) $(VENV)/bin/tune run --study demo-slurm; rc=$$?; \
+	$(DEMO_SLURM_ENV) $(VENV)/bin/tune leaderboard --study demo-slurm --all; \
 	exit $$rc
 
 clean:

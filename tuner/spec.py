@@ -192,6 +192,68 @@ class SSHSpec:
         _positive(self.connect_timeout_s, "connect_timeout_s")
 
 
+SlurmMode = Literal["auto", "submit", "allocation"]
+_SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=.*)?")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmSpec:
+    """How trials run through Slurm (``executor: slurm``; ``tuner.launch.slurm``).
+
+    ``submit``: from a login node, one ``sbatch`` job per trial (Slurm picks the nodes);
+    ``allocation``: inside ``salloc``/``sbatch``, trials are job steps on disjoint node subsets
+    of the allocation. ``auto`` is ``allocation`` when ``SLURM_JOB_ID`` is set, else ``submit``.
+    """
+
+    mode: SlurmMode = "auto"
+    """submit | allocation | auto (allocation when ``SLURM_JOB_ID`` is set)."""
+    partition: str | None = None
+    """``--partition`` of every trial job (default: the cluster's default partition)."""
+    account: str | None = None
+    """``--account`` to charge (default: yours)."""
+    qos: str | None = None
+    """``--qos`` of every trial job."""
+    time_limit_min: int | None = None
+    """Slurm ``--time`` per trial; default ``search.trial_timeout_min`` + 5 (the tuner's own
+    limit, counted from RUNNING, fires first; Slurm's is the backstop)."""
+    gpus_per_node: int | None = None
+    """``--gres=gpu:N`` per node; default: none requested (CPU nodes, or GPUs given to whole
+    nodes by ``--exclusive``)."""
+    exclusive: bool = True
+    """``--exclusive``: a trial measures whole nodes, shared with no other job."""
+    extra_sbatch: tuple[str, ...] = ()
+    """More sbatch options, one per entry, e.g. ``--constraint=h100`` (become #SBATCH lines)."""
+    container_image: str | None = None
+    """Run the node scripts in this container (pyxis: ``srun --container-image``)."""
+    container_mounts: tuple[str, ...] = ()
+    """``SRC:DST`` mounts for the container (pyxis: ``srun --container-mounts``)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines run in the batch script before ``srun`` (module loads, venv activation)."""
+    max_jobs: int = 1
+    """Trials in flight at once (queued or running); each trial is one job."""
+    poll_interval_s: float = 2.0
+    """How often ``scontrol`` is asked for a job's state."""
+
+    def __post_init__(self) -> None:
+        _size(self.time_limit_min, 60 * 24 * 365, "time_limit_min", "a year")
+        _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
+        _size(self.max_jobs, 4096, "max_jobs", "4096 trials in flight")
+        _positive(self.poll_interval_s, "poll_interval_s")
+        for i, line in enumerate(self.extra_sbatch):
+            if "\n" in line or not _SBATCH_OPTION.fullmatch(line):
+                raise ConfigError(
+                    f"{_short(line)} is not one sbatch option (like --constraint=h100)",
+                    path=f"extra_sbatch[{i}]",
+                )
+        for name in ("partition", "account", "qos"):
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9_.,-]+", value):
+                raise ConfigError(f"{_short(value)} is not a Slurm name", path=name)
+        for i, line in enumerate((*self.setup, *self.container_mounts)):
+            if "\n" in line:
+                raise ConfigError("one line per entry", path=f"setup[{i}]")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
     """The machines trials run on."""
@@ -207,9 +269,11 @@ class ClusterSpec:
     num_nodes: int | None = None
     """For the local executor: how many local "nodes" (named local-0, local-1, ...)."""
     executor: Literal["local", "ssh", "slurm"] = "ssh"
-    """Where trials run: subprocesses here, over SSH, or (later) through Slurm."""
+    """Where trials run: subprocesses here, over SSH, or through Slurm."""
     ssh: SSHSpec = field(default_factory=SSHSpec)
     """SSH settings for ``executor: ssh``."""
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    """Slurm settings for ``executor: slurm`` (``num_nodes`` is then the nodes per trial)."""
     gpu_memory_gib: float | None = None
     """Override the catalog's memory per GPU (per rank for ``cpu``)."""
 
@@ -232,6 +296,11 @@ class ClusterSpec:
             raise ConfigError(
                 "num_nodes makes local ranks (local-0, local-1, ...) for executor: local; "
                 "with executor: ssh give the hosts in nodes or hostfile",
+                path="num_nodes",
+            )
+        if self.executor == "slurm" and self.num_nodes is None:
+            raise ConfigError(
+                "executor: slurm takes num_nodes (nodes one trial may use; Slurm picks which)",
                 path="num_nodes",
             )
         if self.nodes is not None:
@@ -447,6 +516,9 @@ class StudySpec:
         c = self.cluster
         if c.nodes is not None:
             return c.nodes
+        if c.executor == "slurm" and c.num_nodes is not None:
+            # Abstract slots: leases and parallelism work as for named nodes; Slurm picks hosts.
+            return tuple(f"slurm-{i}" for i in range(c.num_nodes * c.slurm.max_jobs))
         if c.num_nodes is not None:
             return tuple(f"local-{i}" for i in range(c.num_nodes))
         return ()  # hostfile: resolved by load_study
@@ -455,6 +527,8 @@ class StudySpec:
     def nodes_per_trial(self) -> int:
         """Nodes each trial uses."""
         n = self.search.nodes_per_trial
+        if n == "all" and self.cluster.executor == "slurm" and self.cluster.num_nodes:
+            return self.cluster.num_nodes  # "all" of one trial's nodes, not of every slot
         return len(self.node_names) if n == "all" else n
 
     @property

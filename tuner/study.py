@@ -31,7 +31,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.errors import StorageError, StudyError
+from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool
 from tuner.layout import ResultsLayout
 from tuner.leases import Leases, open_leases
@@ -230,6 +230,8 @@ class StudyLoop:
             self._finish(trial, config, placement, verdict, 0.0)
             return
         trial.set_user_attr("token", job.token)  # lets another worker clean up if we die
+        if getattr(job, "job_id", None) is not None:  # a batch job (Slurm): findable after a crash
+            trial.set_user_attr("job_id", job.job_id)
         node_dir = None if request.node_dir is None else str(request.node_dir)
         if node_dir is not None:
             trial.set_user_attr("node_dir", node_dir)
@@ -267,6 +269,8 @@ class StudyLoop:
 
     def _record(self, run: Running, result: Any) -> None:
         verdict = judge(self.spec, self.gpu, result)
+        if result.job_id is not None:  # the hosts the batch scheduler picked, not the pool's slots
+            run.trial.set_user_attr("job_hosts", list(result.hosts))
         if verdict.outcome not in RETRYABLE:
             guarded(f"writing {run.job.paths.metrics_json}",
                     lambda: write_metrics(run.job.paths, verdict, result))  # fmt: skip
@@ -461,7 +465,9 @@ def make_executor(spec: StudySpec) -> Any:
         return LocalExecutor()
     if spec.cluster.executor == "ssh":
         return SSHExecutor(spec.cluster.ssh)
-    raise StudyError("executor 'slurm' is not implemented yet: use ssh or local")
+    from tuner.launch.slurm_alloc import make_slurm_executor
+
+    return make_slurm_executor(spec.cluster.slurm, spec.node_names)
 
 
 def build_loop(

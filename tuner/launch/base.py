@@ -155,6 +155,8 @@ class JobResult:
     """The ``node-<k>.log`` files, in node-rank order."""
     survivors: tuple[str, ...] = ()
     """``"host: pid stat args"`` of processes still alive after killing; empty when clean."""
+    job_id: str | None = None
+    """The batch scheduler's id of the job (Slurm), so it can be found again; else None."""
 
     @property
     def ok(self) -> bool:
@@ -178,6 +180,7 @@ class JobResult:
             "duration_s": self.duration_s,
             "logs": [str(p) for p in self.logs],
             "survivors": list(self.survivors),
+            "job_id": self.job_id,
         }
 
 

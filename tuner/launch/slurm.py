@@ -1,0 +1,373 @@
+"""Run trials through Slurm: one ``sbatch`` job per trial (submit mode, from a login node).
+
+A trial is one batch job (:mod:`tuner.launch.slurm_script`): ``srun --ntasks-per-node=1`` runs
+a wrapper on every node, which picks its node script by ``SLURM_NODEID`` and streams its output
+into ``node-<k>.log`` in the trial directory (a filesystem the login node and the compute nodes
+share). The job is found again by its name, ``tuner-t<trial>-<token>``, so a tuner that lost the
+:class:`~tuner.launch.Job` (a dead worker) still cancels it (:meth:`SlurmExecutor.reap_lost`).
+
+Time in the queue is not trial time: the trial's limit counts from the moment Slurm reports the
+job RUNNING. Slurm's own ``--time`` is the limit plus a margin, a backstop for a dead tuner.
+Node failure and preemption are node errors (the trial runs again); everything else is judged
+from the nodes' exit codes and logs. Cancelling is ``scancel``, then waiting until Slurm has
+ended the job, then the token reaper on this machine for anything that escaped Slurm's process
+tracking (on a cluster, Slurm's ``proctrack/cgroup`` does that on the compute nodes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tuner.errors import LaunchError, NodeError
+from tuner.launch.base import (
+    PROCESS_SCRIPT,
+    Executor,
+    Job,
+    JobResult,
+    LaunchRequest,
+    NodeProcess,
+    write_atomic,
+)
+from tuner.launch.slurm_script import (
+    BATCH_SCRIPT,
+    MASTER_PLACEHOLDER,
+    NODE_WRAPPER,
+    NODE_WRAPPER_TEXT,
+    batch_script,
+    job_name,
+    sbatch_argv,
+)
+from tuner.spec import SlurmSpec
+
+logger = logging.getLogger(__name__)
+
+QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"})
+ACTIVE = QUEUED | {"RUNNING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT"}
+NODE_LOST = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
+"""Terminal states that are the cluster's fault, not the config's: retried as node errors."""
+COMMAND_TIMEOUT_S = 60
+QUERY_FAILURES = 30
+"""Consecutive failed state queries after which a job is given up as a node error."""
+
+
+def parse_job(text: str) -> dict[str, str]:
+    """``scontrol show job -o ID`` output as key -> value (the first job only)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    fields: dict[str, str] = {}
+    # Values may hold spaces (Command=, WorkDir=, StdOut= with a hostile path): a key starts
+    # where " Key=" begins, keys are CamelCase words (some with ':' or '/').
+    for m in re.finditer(r"(?:^| )([A-Z][A-Za-z:/_]*)=(.*?)(?= [A-Z][A-Za-z:/_]*=|$)", line):
+        fields.setdefault(m.group(1), m.group(2))
+    return fields
+
+
+def job_state(fields: Mapping[str, str]) -> str:
+    """The state word (``CANCELLED by 0`` -> ``CANCELLED``)."""
+    return fields.get("JobState", "UNKNOWN").split()[0]
+
+
+class SlurmCommands:
+    """The Slurm client commands, run here with one environment (``SLURM_CONF`` and PATH)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = None if env is None else dict(env)
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float = COMMAND_TIMEOUT_S
+    ) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr); a missing command or a hang is a :class:`LaunchError`."""
+        try:
+            done = subprocess.run(
+                list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
+                check=False, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LaunchError(f"{argv[0]}: {exc}") from None
+        return done.returncode, done.stdout, done.stderr
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """The job's fields, or None when Slurm no longer knows it."""
+        code, out, err = self.run(["scontrol", "show", "job", "-o", job_id])
+        if code != 0:
+            if "Invalid job id" in err:
+                return None
+            raise LaunchError(f"scontrol show job {job_id}: {_tail(err, code)}")
+        return parse_job(out)
+
+    def hostnames(self, nodelist: str) -> tuple[str, ...]:
+        """``n[1-2]`` -> ``("n1", "n2")``."""
+        if not nodelist or nodelist == "(null)":
+            return ()
+        code, out, err = self.run(["scontrol", "show", "hostnames", nodelist])
+        if code != 0:
+            raise LaunchError(f"scontrol show hostnames {nodelist}: {_tail(err, code)}")
+        return tuple(out.split())
+
+    def find_jobs(self, name: str) -> list[str]:
+        """Ids of the live jobs called ``name``."""
+        code, out, err = self.run(["squeue", "-h", "--name", name, "-o", "%i"])
+        if code != 0:
+            raise LaunchError(f"squeue --name {name}: {_tail(err, code)}")
+        return out.split()
+
+    def cancel(self, job_id: str) -> None:
+        """``scancel`` the job (an already finished job is no error)."""
+        code, _out, err = self.run(["scancel", job_id])
+        if code != 0 and "Invalid job id" not in err and "already completing" not in err:
+            raise LaunchError(f"scancel {job_id}: {_tail(err, code)}")
+
+    def wait_gone(self, job_id: str, timeout_s: float) -> bool:
+        """Wait until Slurm reports the job ended (no process of it left on any node)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            fields = self.show_job(job_id)
+            if fields is None or job_state(fields) not in ACTIVE:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+def _tail(err: str, code: int) -> str:
+    lines = err.strip().splitlines()
+    return lines[-1] if lines else f"exit status {code}"
+
+
+class SlurmExecutor(Executor):
+    """Submits each trial as one Slurm batch job (see the module docstring).
+
+    ``hosts`` of a :class:`LaunchRequest` are abstract slots (``slurm-0``, ...) handed out by the
+    node pool; the hosts Slurm picked are in the :class:`JobResult`.
+    """
+
+    def __init__(
+        self, spec: SlurmSpec | None = None, *, env: Mapping[str, str] | None = None,
+        cancel_timeout_s: float = 120.0, **kwargs: Any,
+    ) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        self.spec = spec or SlurmSpec()
+        self.commands = SlurmCommands(env)
+        self.cancel_timeout_s = cancel_timeout_s
+
+    def submit(self, request: LaunchRequest) -> Job:
+        """Write the scripts, ``sbatch`` the job and return it (queued or running).
+
+        Raises :class:`LaunchError` when Slurm refuses the job (bad partition, account, ...).
+        """
+        self._write_local_copies(request)
+        job = SlurmJob(self, request, token=uuid.uuid4().hex)
+        job._start()
+        return job
+
+    def master_addr(self, hosts: Sequence[str]) -> str:
+        """Unknown until Slurm picks the nodes: the wrapper fills it in on the nodes."""
+        return MASTER_PLACEHOLDER
+
+    def reap_lost(self, request: LaunchRequest, token: str) -> list[str]:
+        """Cancel the job of a trial known only by its token, wait until it is gone, then the
+        token reaper here; returns the survivors (see :meth:`Executor.reap_lost`)."""
+        for job_id in self.commands.find_jobs(job_name(request, token)):
+            self.commands.cancel(job_id)
+            if not self.commands.wait_gone(job_id, self.cancel_timeout_s):
+                raise LaunchError(f"trial {request.trial}: Slurm job {job_id} did not end")
+        return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
+
+    # ----- hooks --------------------------------------------------------------------------------
+
+    def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
+        """The trial directory is shared with the nodes: :meth:`submit` wrote everything."""
+
+    def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
+        raise NotImplementedError("a Slurm trial starts as one job (SlurmJob._start)")
+
+    def _reap_node(
+        self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
+    ) -> list[str]:
+        return self._reap_here(request, token, grace_s) if node_rank == 0 else []
+
+    def _reap_here(self, request: LaunchRequest, token: str, grace_s: float) -> list[str]:
+        pid_file = str(request.paths.pid_file(0))  # never written: the token alone decides
+        code, out, err = self.commands.run(
+            ["sh", "-c", PROCESS_SCRIPT, "tuner-reap", token, pid_file, str(grace_s)],
+            timeout=grace_s + 60,
+        )
+        if code != 0:
+            raise LaunchError(f"process reaper exited {code}: {err.strip()}")
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def _run_check(self, host: str, argv: Sequence[str]) -> tuple[int, str, str]:
+        """One short ``srun`` on whatever node Slurm gives (the nodes are alike)."""
+        s = self.spec
+        opts = [f"--{o}={getattr(s, o)}" for o in ("partition", "account", "qos") if getattr(s, o)]
+        if s.container_image:
+            opts.append(f"--container-image={s.container_image}")
+        if s.container_mounts:
+            opts.append(f"--container-mounts={','.join(s.container_mounts)}")
+        code, out, err = self.commands.run(
+            ["srun", "--quiet", "-N1", "-n1", "--time=5", f"--job-name=tuner-preflight-{host}",
+             *opts, *argv], timeout=600,
+        )  # fmt: skip
+        if code != 0 and err.lstrip().startswith("srun: error: Unable to"):
+            raise NodeError(host, f"srun could not start the check: {_tail(err, code)}")
+        return code, out, err
+
+
+class SlurmJob(Job):
+    """One trial as one Slurm batch job. ``job_id`` is Slurm's id once submitted."""
+
+    _ex: SlurmExecutor
+
+    def __init__(self, executor: SlurmExecutor, request: LaunchRequest, *, token: str) -> None:
+        super().__init__(executor, request, token=token)
+        self.job_id: str | None = None
+        self.slurm_hosts: tuple[str, ...] = ()
+        """The nodes Slurm picked (known once the job runs)."""
+        self.state = "UNSUBMITTED"
+        self._running_since: float | None = None
+        self._last_query = float("-inf")
+        self._cmd = executor.commands
+        self._query_failures = 0
+
+    def _start(self) -> None:
+        req = self._req
+        write_atomic(req.paths.file(BATCH_SCRIPT), batch_script(self._ex.spec, req, self.token))
+        write_atomic(req.paths.file(NODE_WRAPPER), NODE_WRAPPER_TEXT, mode=0o755)
+        code, out, err = self._cmd.run(sbatch_argv(req))
+        if code != 0:
+            raise LaunchError(f"trial {req.trial}: sbatch refused the job: {_tail(err, code)}")
+        self.job_id = out.strip().split(";")[0]
+        self.state = "PENDING"
+        logger.info("trial %d: Slurm job %s submitted", req.trial, self.job_id)
+
+    def poll(self) -> JobResult | None:
+        """The result once the job has ended (or was just killed for its limit), else None.
+
+        PENDING is queue time; the trial's limit counts from the first RUNNING seen."""
+        with self._lock:
+            if self._result is not None:
+                return self._result
+            now = self._ex.clock()
+            limit = self._req.timeout_s
+            if self._over_limit(now, limit):
+                logger.warning("trial %d ran past its limit of %.0f s", self._req.trial, limit)
+                self._kill_all(cancelled=True, timed_out=True)
+                return self._result
+            if time.monotonic() - self._last_query < self._ex.spec.poll_interval_s:
+                return None
+            self._last_query = time.monotonic()
+            self._observe(now)
+            return self._result
+
+    def _over_limit(self, now: float, limit: float | None) -> bool:
+        return (
+            limit is not None
+            and self._running_since is not None
+            and now - self._running_since > limit
+        )
+
+    def _observe(self, now: float) -> None:
+        assert self.job_id is not None
+        try:
+            fields = self._cmd.show_job(self.job_id)
+        except LaunchError as exc:  # a busy controller: ask again, give up after a while
+            self._query_failures += 1
+            logger.warning("trial %d: %s", self._req.trial, exc)
+            if self._query_failures >= QUERY_FAILURES:
+                self._errors[0] = f"cannot ask Slurm about job {self.job_id}: {exc}"
+                self._kill_all(cancelled=False, timed_out=False)
+            return
+        self._query_failures = 0
+        if fields is None:  # forgotten by Slurm (MinJobAge passed, controller restarted)
+            self._end_from_files(f"Slurm job {self.job_id} vanished")
+            return
+        self.state = job_state(fields)
+        if self.state not in QUEUED and not self.slurm_hosts:
+            self.slurm_hosts = self._cmd.hostnames(fields.get("NodeList", ""))
+        if self.state in ("RUNNING", "COMPLETING") and self._running_since is None:
+            self._running_since = now
+            logger.info("trial %d: job %s running on %s", self._req.trial, self.job_id,
+                        ",".join(self.slurm_hosts))  # fmt: skip
+        if self.state in ACTIVE:
+            self._check_peers(now)
+            return
+        self._end(self.state, fields)
+
+    def _check_peers(self, now: float) -> None:
+        codes = self._exit_files()
+        if any(c not in (None, 0) for c in codes) and self._first_exit_at is None:
+            self._first_exit_at = now
+        if None in codes and self._peers_stuck(now):
+            logger.warning("trial %d: a node failed; ending the others", self._req.trial)
+            self._kill_all(cancelled=False, timed_out=False)
+
+    def _end(self, state: str, fields: Mapping[str, str]) -> None:
+        codes = self._exit_files()
+        if state in NODE_LOST:
+            self._errors.update(
+                {k: f"Slurm job {self.job_id} {state}" for k in range(len(self._req.hosts))}
+            )
+        elif state in ("FAILED", "OUT_OF_MEMORY") and all(c is None for c in codes):
+            # The wrapper never ran (bad setup line, container image): Slurm's code for all.
+            code = int(fields.get("ExitCode", "1:0").split(":")[0] or 1)
+            codes = [code or 1] * len(codes)
+        self._codes = {k: c for k, c in enumerate(codes) if c is not None}
+        self._finish_slurm(timed_out=state in ("TIMEOUT", "DEADLINE"),
+                           cancelled=state == "CANCELLED", survivors=None)  # fmt: skip
+
+    def _end_from_files(self, why: str) -> None:
+        codes = self._exit_files()
+        if None in codes:
+            self._errors.update({k: why for k, c in enumerate(codes) if c is None})
+        self._codes = {k: c for k, c in enumerate(codes) if c is not None}
+        self._finish_slurm(timed_out=False, cancelled=False, survivors=None)
+
+    def _exit_files(self) -> list[int | None]:
+        codes: list[int | None] = []
+        for k in range(len(self._req.hosts)):
+            path = self._req.paths.dir / f"node-{k}.exit"
+            text = path.read_text().strip() if path.exists() else ""
+            codes.append(int(text) if text.isdigit() else None)
+        return codes
+
+    def _kill_all(self, *, cancelled: bool, timed_out: bool) -> None:
+        """``scancel``, wait until Slurm has ended the job, then the token reaper here."""
+        if self.job_id is not None:
+            try:
+                self._cmd.cancel(self.job_id)
+                if not self._cmd.wait_gone(self.job_id, self._ex.cancel_timeout_s):
+                    logger.error("trial %d: Slurm job %s did not end", self._req.trial,
+                                 self.job_id)  # fmt: skip
+            except LaunchError as exc:
+                logger.error("trial %d: %s", self._req.trial, exc)
+        survivors = [f"localhost: {s}" for s in self._ex._reap_here(
+            self._req, self.token, self._ex.grace_s)]  # fmt: skip
+        codes = self._exit_files()
+        self._codes = {k: c for k, c in enumerate(codes) if c is not None}
+        self._finish_slurm(timed_out=timed_out, cancelled=cancelled, survivors=survivors)
+
+    def _finish_slurm(
+        self, *, timed_out: bool, cancelled: bool, survivors: list[str] | None
+    ) -> None:
+        if survivors is None:
+            survivors = [f"localhost: {s}" for s in self._ex._reap_here(
+                self._req, self.token, 1.0)]  # fmt: skip
+        self._finish(timed_out=timed_out, cancelled=cancelled, survivors=survivors)
+        assert self._result is not None
+        # Report the hosts Slurm picked, not the pool's slots: a node error must never
+        # quarantine a slot (Slurm itself stops scheduling onto a failed node).
+        hosts = self.slurm_hosts or tuple(f"job-{self.job_id}" for _ in self._req.hosts)
+        errors = tuple((hosts[k] if k < len(hosts) else hosts[0], r)
+                       for k, r in sorted(self._errors.items()))  # fmt: skip
+        self._result = dataclasses.replace(
+            self._result, hosts=hosts, node_errors=errors, job_id=self.job_id
+        )
+        write_atomic(
+            self._req.paths.result_json, json.dumps(self._result.to_json(), indent=2) + "\n"
+        )

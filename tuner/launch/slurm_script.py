@@ -1,0 +1,113 @@
+"""The files a Slurm trial runs: the batch script and the per-node wrapper (pure text, no I/O).
+
+The batch script holds only safe values in its ``#SBATCH`` lines; everything naming a path
+(``--output``, ``--chdir``) goes on the ``sbatch`` command line (:func:`sbatch_argv`), where no
+shell or option parser re-reads it. Node scripts are rendered before Slurm picks the nodes, so
+their master address is the placeholder :data:`MASTER_PLACEHOLDER`; the wrapper replaces it with
+the address of the job's first node (its ``NodeAddr``) in a copy it runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from tuner.launch.base import TOKEN_ENV, LaunchRequest
+from tuner.spec import SlurmSpec
+
+MASTER_PLACEHOLDER = "@TUNER_MASTER_ADDR@"
+"""Stands for the master address in node scripts rendered before the job has nodes."""
+BATCH_SCRIPT = "slurm-job.sh"
+NODE_WRAPPER = "slurm-node.sh"
+DEFAULT_MARGIN_MIN = 5
+"""Slurm's own limit is the tuner's trial limit plus this (the tuner's limit fires first)."""
+
+# Runs on every node of the job as one srun task: picks this node's script by SLURM_NODEID,
+# fills in the master address, streams its output into node-<k>.log and records its exit code
+# (srun reports only the worst one). $1: the trial directory on the nodes.
+NODE_WRAPPER_TEXT = r"""#!/bin/bash
+# Written by tuner: runs node $SLURM_NODEID's script of this trial (see slurm-job.sh).
+cd "$1" || exit 97
+k=${SLURM_NODEID:?not inside a Slurm job step}
+addr=${TUNER_MASTER_ADDR:-}
+case $addr in ''|*[!A-Za-z0-9._:-]*) echo "tuner: bad master address '$addr'" >&2; exit 98 ;; esac
+sed "s/@TUNER_MASTER_ADDR@/$addr/g" "launch-node-$k.sh" > ".launch-node-$k.slurm.sh" || exit 99
+bash ".launch-node-$k.slurm.sh" >> "node-$k.log" 2>&1
+code=$?
+echo "$code" > "node-$k.exit"
+exit "$code"
+"""
+
+# The first host of the job and its address (NodeAddr may differ from the node name: one
+# machine running several slurmd, or names that do not resolve).
+_MASTER = r"""first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+addr=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
+export TUNER_MASTER_ADDR=${addr:-$first}
+echo "tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $TUNER_MASTER_ADDR"
+"""
+
+
+def job_name(request: LaunchRequest, token: str) -> str:
+    """The Slurm job name of a trial: finds the job again from its token alone."""
+    return f"tuner-t{request.trial}-{token}"
+
+
+def time_limit_min(spec: SlurmSpec, request: LaunchRequest) -> int:
+    """Slurm ``--time`` in minutes (at least 1, Slurm's minimum)."""
+    if spec.time_limit_min is not None:
+        return spec.time_limit_min
+    trial_min = (request.timeout_s or 0.0) / 60
+    return max(1, int(trial_min + 0.999) + DEFAULT_MARGIN_MIN)
+
+
+def sbatch_lines(spec: SlurmSpec, request: LaunchRequest, token: str) -> list[str]:
+    """The ``#SBATCH`` options (no paths: those are on the command line)."""
+    lines = [
+        f"--job-name={job_name(request, token)}",
+        f"--nodes={len(request.hosts)}",
+        "--ntasks-per-node=1",
+        f"--time={time_limit_min(spec, request)}",
+    ]
+    if spec.exclusive:
+        lines.append("--exclusive")
+    for opt in ("partition", "account", "qos"):
+        value = getattr(spec, opt)
+        if value is not None:
+            lines.append(f"--{opt}={value}")
+    if spec.gpus_per_node:
+        lines.append(f"--gres=gpu:{spec.gpus_per_node}")
+    lines.extend(spec.extra_sbatch)
+    return lines
+
+
+def srun_argv(spec: SlurmSpec, node_dir: str, extra: Sequence[str] = ()) -> list[str]:
+    """The ``srun`` that starts the wrapper once per node of the job."""
+    argv = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", *extra]
+    if spec.container_image:
+        argv.append(f"--container-image={spec.container_image}")
+    if spec.container_mounts:
+        argv.append(f"--container-mounts={','.join(spec.container_mounts)}")
+    return [*argv, "bash", f"{node_dir}/{NODE_WRAPPER}", node_dir]
+
+
+def batch_script(spec: SlurmSpec, request: LaunchRequest, token: str) -> str:
+    """The ``sbatch`` script of one trial (submit mode)."""
+    node_dir = str(request.remote_dir)
+    out = ["#!/bin/bash", f"# Written by tuner for trial {request.trial}."]
+    out += [f"#SBATCH {line}" for line in sbatch_lines(spec, request, token)]
+    out += [f"export {TOKEN_ENV}={shlex.quote(token)}"]
+    out += [f"export {k}={shlex.quote(v)}" for k, v in sorted(request.env.items())]
+    if spec.setup:
+        out += ["# cluster.slurm.setup", *spec.setup]
+    out += [f"cd {shlex.quote(node_dir)} || exit 97", _MASTER.rstrip("\n")]
+    out.append(shlex.join(srun_argv(spec, node_dir)))
+    return "\n".join(out) + "\n"
+
+
+def sbatch_argv(request: LaunchRequest) -> list[str]:
+    """``sbatch`` with the options that name paths, reading the script from the trial dir."""
+    node_dir = str(request.remote_dir)
+    return [
+        "sbatch", "--parsable", f"--chdir={node_dir}", f"--output={node_dir}/slurm-%j.out",
+        f"{node_dir}/{BATCH_SCRIPT}",
+    ]  # fmt: skip
