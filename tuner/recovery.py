@@ -18,12 +18,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
-from tuner.launch import LaunchRequest
 from tuner.layout import ResultsLayout
 from tuner.leases import Leases
 from tuner.outcome import Outcome
 from tuner.record import recovered_metrics
-from tuner.schedule import live_running
+from tuner.schedule import end_lost_trial, live_running
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, is_duplicate, runs_again
 
@@ -36,12 +35,12 @@ class Recovery:
     def __init__(
         self, spec: StudySpec, study: optuna.Study, storage: optuna.storages.BaseStorage,
         leases: Leases, executor: Any, layout: ResultsLayout, gpu: GPUSpec, *,
-        worker: str, heartbeat_s: float, rerun: frozenset[Outcome],
+        study_id: int, worker: str, heartbeat_s: float, rerun: frozenset[Outcome],
     ) -> None:  # fmt: skip
         self.spec, self.study, self.storage, self.leases = spec, study, storage, leases
         self.executor, self.layout, self.gpu = executor, layout, gpu
         self.worker, self.heartbeat_s, self.rerun = worker, heartbeat_s, rerun
-        self._study_id = storage.get_study_id_from_name(spec.name)
+        self._study_id = study_id
 
     def run(self, trials: Callable[[], list[FrozenTrial]]) -> None:
         """Fail dead workers' trials, recover or re-queue every lost one (once)."""
@@ -53,8 +52,17 @@ class Recovery:
             and not is_duplicate(t) and runs_again(t, self.rerun)
         ]  # fmt: skip
         for t in again:
-            if "outcome" not in t.user_attrs and t.user_attrs.get("token"):
-                self._reap_lost(t)  # its worker died: its processes may still run
+            hosts = tuple(t.user_attrs.get("hosts", ()))
+            if "outcome" not in t.user_attrs and t.user_attrs.get("token") and hosts:
+                # its worker died: its processes may still run
+                end_lost_trial(
+                    self.executor,
+                    self.layout,
+                    t.number,
+                    hosts,
+                    str(t.user_attrs["token"]),
+                    t.user_attrs.get("node_dir"),
+                )
         for t in again:
             if not self._recovered(t):
                 self.study.enqueue_trial(t.params)
@@ -104,23 +112,3 @@ class Recovery:
         logger.info("trial %d: its result was recovered from %s", t.number,
                     self.layout.trial(t.number).dir)  # fmt: skip
         return True
-
-    def _reap_lost(self, t: FrozenTrial) -> None:
-        """End the processes a dead worker's trial left on its nodes."""
-        hosts = tuple(t.user_attrs.get("hosts", ()))
-        if not hosts:
-            return
-        request = LaunchRequest(
-            trial=t.number, hosts=hosts, scripts=("",) * len(hosts),
-            paths=self.layout.trial(t.number), node_dir=t.user_attrs.get("node_dir"),
-        )  # fmt: skip
-        try:
-            survivors = self.executor.reap_lost(request, str(t.user_attrs["token"]))
-        except Exception as exc:  # an unreachable node must not stop the study
-            logger.error("trial %d of a dead worker: %s", t.number, exc)
-            return
-        if survivors:
-            logger.error("trial %d of a dead worker: processes survive: %s", t.number,
-                         "; ".join(survivors))  # fmt: skip
-        else:
-            logger.info("trial %d of a dead worker: its processes are gone", t.number)

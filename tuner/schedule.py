@@ -105,22 +105,30 @@ class Scheduler:
         """End what the dead holder's trial left on its nodes; True when nothing survives."""
         if lease.token is None or lease.trial is None or not lease.hosts:
             return True  # claimed but never launched
-        request = LaunchRequest(
-            trial=lease.trial, hosts=lease.hosts, scripts=("",) * len(lease.hosts),
-            paths=self.layout.trial(lease.trial), node_dir=lease.node_dir,
-        )  # fmt: skip
-        try:
-            survivors = self.executor.reap_lost(request, lease.token)
-        except Exception as exc:  # an unreachable node keeps its lease until it can be checked
-            logger.error("trial %d of dead worker %s: %s", lease.trial, lease.holder, exc)
-            return False
-        if survivors:
-            logger.error("trial %d of dead worker %s: processes survive: %s", lease.trial,
-                         lease.holder, "; ".join(survivors))  # fmt: skip
-            return False
-        logger.info("nodes %s of dead worker %s are free again", ",".join(lease.hosts),
-                    lease.holder)  # fmt: skip
-        return True
+        return end_lost_trial(self.executor, self.layout, lease.trial, lease.hosts,
+                              lease.token, lease.node_dir)  # fmt: skip
+
+
+def end_lost_trial(executor: Any, layout: ResultsLayout, trial: int, hosts: tuple[str, ...],
+                   token: str, node_dir: str | None) -> bool:  # fmt: skip
+    """End every process a dead worker's trial left on its nodes; True when none survives (an
+    unreachable node counts as not clean: its nodes keep their lease until it can be checked)."""
+    request = LaunchRequest(
+        trial=trial, hosts=hosts, scripts=("",) * len(hosts), paths=layout.trial(trial),
+        node_dir=node_dir,
+    )  # fmt: skip
+    try:
+        survivors = executor.reap_lost(request, token)
+    except Exception as exc:  # an unreachable node must not stop the study
+        logger.error("trial %d of a dead worker: %s", trial, exc)
+        return False
+    if survivors:
+        logger.error("trial %d of a dead worker: processes survive: %s", trial,
+                     "; ".join(survivors))  # fmt: skip
+        return False
+    logger.info("trial %d of a dead worker: its processes on %s are gone", trial,
+                ",".join(hosts))  # fmt: skip
+    return True
 
 
 class Heartbeat:

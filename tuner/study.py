@@ -60,7 +60,6 @@ from tuner.trials import (
     config_params,
     counts_as_run,
     distributions,
-    trial_outcome,
 )
 from tuner.trials import measured as trials_measured
 
@@ -118,7 +117,8 @@ class StudyLoop:
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
                              heartbeat_s=self.heartbeat_s, rerun=self.rerun)  # fmt: skip
         self.recovery = Recovery(spec, study, storage, leases, executor, layout, self.gpu,
-                                 worker=self.worker, heartbeat_s=self.heartbeat_s,
+                                 study_id=self._study_id, worker=self.worker,
+                                 heartbeat_s=self.heartbeat_s,
                                  rerun=self.rerun)  # fmt: skip
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
@@ -131,11 +131,6 @@ class StudyLoop:
     def trials(self) -> list[FrozenTrial]:
         """All trials of the study (every worker's)."""
         return guarded("reading the study", lambda: self.study.get_trials(deepcopy=False))
-
-    @staticmethod
-    def outcome_of(t: FrozenTrial) -> Outcome | None:
-        """A trial's recorded outcome, if any (see :func:`tuner.trials.trial_outcome`)."""
-        return trial_outcome(t)
 
     def runs_done(self, trials: list[FrozenTrial]) -> int:
         """Finished runs that count against n_trials."""
