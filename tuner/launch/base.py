@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import json
 import logging
+import shlex
 import threading
 import time
 import uuid
@@ -133,6 +134,21 @@ class LaunchRequest:
     def remote_pid_file(self, node_rank: int) -> PurePosixPath:
         """Where node ``node_rank`` records its script's process group."""
         return self.remote_dir / self.paths.pid_file(node_rank).name
+
+    def shell_command(self, node_rank: int, token: str, *, exec_: bool = False) -> str:
+        """The shell line that starts node ``node_rank``'s script on a node: in the trial
+        directory, as the leader of its own process group (recorded in the pid file), with the
+        token and the request's environment. The token goes inside ``setsid``, so setsid itself
+        is never signalled and reports the script's exit status. ``exec_``: setsid replaces the
+        calling shell (a job step whose own exit status is the script's)."""
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in {**self.env, TOKEN_ENV: token}.items())
+        return (
+            f"cd {shlex.quote(str(self.remote_dir))} && {'exec ' if exec_ else ''}setsid -w "
+            f"env {env} bash -c "
+            + shlex.quote('echo $$ >"$0" && exec bash "$1"')
+            + f" {shlex.quote(str(self.remote_pid_file(node_rank)))}"
+            + f" {shlex.quote(str(self.remote_script(node_rank)))}"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,13 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from tuner.errors import LaunchError, NodeError, StudyError
-from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
+from tuner.launch.base import PROCESS_SCRIPT, Executor, LaunchRequest, NodeProcess
 from tuner.launch.slurm import SlurmCommands, SlurmExecutor
 from tuner.spec import SlurmSpec
 
@@ -129,15 +128,7 @@ class SlurmAllocationExecutor(Executor):
 
     def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
         host = self.host(request.hosts[node_rank])
-        env = " ".join(
-            shlex.quote(f"{k}={v}") for k, v in {**request.env, TOKEN_ENV: token}.items()
-        )
-        command = (
-            f"cd {shlex.quote(str(request.remote_dir))} && exec setsid -w env {env} bash -c "
-            + shlex.quote('echo $$ >"$0" && exec bash "$1"')
-            + f" {shlex.quote(str(request.remote_pid_file(node_rank)))}"
-            + f" {shlex.quote(str(request.remote_script(node_rank)))}"
-        )
+        command = request.shell_command(node_rank, token, exec_=True)
         argv = self._step(host, overlap=False, name=f"tuner-t{request.trial}-{token}")
         log = request.paths.node_log(node_rank).open("ab", buffering=0)
         try:

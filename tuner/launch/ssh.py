@@ -31,7 +31,7 @@ from typing import Any
 import paramiko
 
 from tuner.errors import NodeError, RemoteCommandError
-from tuner.launch.base import PROCESS_SCRIPT, TOKEN_ENV, Executor, LaunchRequest, NodeProcess
+from tuner.launch.base import PROCESS_SCRIPT, Executor, LaunchRequest, NodeProcess
 from tuner.launch.sshconfig import MAX_HOPS, SSHResolver, SSHTarget
 from tuner.launch.sshtransport import (
     AcceptNewPolicy,
@@ -321,17 +321,8 @@ class SSHExecutor(Executor):
 
     def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
         host = request.hosts[node_rank]
-        env = " ".join(
-            shlex.quote(f"{k}={v}") for k, v in {**request.env, TOKEN_ENV: token}.items()
-        )
-        command = (
-            # The token goes inside setsid, so setsid itself is never signalled and reports the
-            # script's exit status (a signalled process would give no status over SSH).
-            f"cd {shlex.quote(str(request.remote_dir))} && setsid -w env {env} bash -c "
-            + shlex.quote('echo $$ >"$0" && exec bash "$1"')
-            + f" {shlex.quote(str(request.remote_pid_file(node_rank)))}"
-            + f" {shlex.quote(str(request.remote_script(node_rank)))}"
-        )
+        # a signalled process would give no exit status over SSH: setsid reports the script's
+        command = request.shell_command(node_rank, token)
         try:
             chan = self.connection(host).transport.open_session(timeout=self.ssh.connect_timeout_s)
             chan.set_combine_stderr(True)
