@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-from tests.postgres import PostgresServer
-from tests.postgres import missing_reason as postgres_missing
 from tests.procs import Proc, live_processes
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
 from tuner.results import leaderboard
@@ -109,15 +107,6 @@ def test_a_hung_trial_is_killed_once_and_never_relaunched(tmp_path: Path) -> Non
     out, _ = again.communicate(timeout=120)
     assert len(list((results / "e2e" / "trials").iterdir())) == 1, out
     assert standin_processes(tmp_path) == []
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    reason = postgres_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    with PostgresServer() as server:
-        yield server
 
 
 def _storage_flags(tmp: Path, storage: str, request: pytest.FixtureRequest) -> list[str]:

@@ -8,15 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.postgres import PostgresServer
-from tests.postgres import missing_reason as postgres_missing
 from tests.procs import live_processes
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -269,15 +266,6 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     ok_keys = {tuple(r) for r in ok[["tp", "pp", "micro_batch", "recompute"]].values}
     assert rerun_keys <= ok_keys
     assert standin_processes(tmp_path) == []
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    reason = postgres_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    with PostgresServer() as server:
-        yield server
 
 
 @pytest.mark.parametrize("storage", ["sqlite", "journal", "postgresql"])

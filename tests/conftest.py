@@ -1,0 +1,19 @@
+"""Fixtures shared by the test modules of the study loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.postgres import PostgresServer, missing_reason
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL server for the module (skipped where none can run here)."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server
