@@ -160,8 +160,7 @@ def recovered_metrics(spec: StudySpec, gpu: GPUSpec, paths: TrialPaths) -> Verdi
             data = json.loads(paths.metrics_json.read_text())
             outcome = Outcome(data.pop("outcome"))
             reason = data.pop("reason", None)
-            for k in ("exit_codes",):
-                data.pop(k, None)
+            data.pop("exit_codes", None)  # the executor's, not a trial attribute
             return Verdict(outcome, reason, data)
         if paths.result_json.exists():
             raw = json.loads(paths.result_json.read_text())
