@@ -365,6 +365,8 @@ class StudyLoop:
         return bool(self.running) or not self.summary.stop_reason
 
     def _launch_more(self, trials: list[FrozenTrial]) -> None:
+        if len(self.pool.in_use) >= self.pool.capacity:
+            return  # every node of ours is busy: no need to read the leases on each pass
         launched = self.launched_count(trials)
         while launched < self.n_trials:
             placement = self.scheduler.acquire()
