@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.parallel import ParallelConfig
+from tuner.pipeline import in_flight, stage_layers
 from tuner.spec import Framework, ModelSpec, Precision
 
 GIB = float(2**30)
@@ -262,17 +263,6 @@ def _layers_activation_bytes(
     return chunks * ckpt, n * full
 
 
-def _in_flight(c: ParallelConfig, stage: int) -> float:
-    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak ([K] sec. 4)."""
-    m = max(c.num_microbatches, 1)
-    if c.pp == 1:
-        return 1.0
-    held = float(min(c.pp - stage, m))  # 1F1B: stage i holds min(p - i, m)
-    if c.vp > 1 and m >= c.pp:
-        held *= 1 + (c.pp - 1) / (c.pp * c.vp)  # [N]/[K] interleaved schedule factor
-    return held
-
-
 def _stage_extras(
     model: ModelSpec, c: ParallelConfig, stage: int, vocab: int, precision: Precision
 ) -> float:
@@ -283,7 +273,7 @@ def _stage_extras(
     shard = c.tp if c.sequence_parallel else 1
     extras = 0.0
     if stage == 0 and model.dropout:
-        extras += _in_flight(c, 0) * sbh / shard  # [K] embedding dropout mask, p micro-batches
+        extras += in_flight(c, 0) * sbh / shard  # [K] embedding dropout mask, p micro-batches
     if stage == c.pp - 1:
         extras += 2 * e * sbh / shard  # [K] final-norm input and output-layer input
         # [K] fp32 logits 4sbV/t (vocab-parallel cross entropy), plus their 16-bit copy.
@@ -376,9 +366,9 @@ def _stage_breakdown(
         params, shard, stage_z, _state_bytes(precision, framework, c)
     )
     act = layer_activations(model, c.micro_batch_size, c.cp, precision)
-    layers_per_stage = model.num_layers // c.pp
+    layers_per_stage = stage_layers(model, c, framework)[stage]
     saved, working = _layers_activation_bytes(act, c, layers_per_stage)
-    held = _in_flight(c, stage)
+    held = in_flight(c, stage)
     activations = held * saved + working
     extras = _stage_extras(model, c, stage, vocab, precision)
     fragmentation = FRAGMENTATION * (activations + extras)
