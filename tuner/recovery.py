@@ -24,7 +24,7 @@ from tuner.outcome import Outcome
 from tuner.record import recovered_metrics
 from tuner.schedule import end_lost_trial, live_running
 from tuner.spec import StudySpec
-from tuner.trials import RETRYABLE, is_duplicate, runs_again
+from tuner.trials import RETRYABLE, current_params, is_duplicate, runs_again
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Recovery:
                 )
         for t in again:
             if not self._recovered(t):
-                self.study.enqueue_trial(t.params)
+                self.study.enqueue_trial(current_params(t.params))
             requeued.add(t.number)
         if again:
             self.study.set_user_attr("requeued", sorted(requeued))

@@ -24,8 +24,19 @@ RERUNNABLE = frozenset(Outcome) - {Outcome.OK, Outcome.INVALID, Outcome.PRUNED_M
 """Outcomes a user may ask to run again (``tune run --rerun``): a measured failure."""
 
 
+LEGACY_PARAM_NAMES = {"micro_batch_size": "micro_batch", "sequence_parallel": "sp"}
+"""Parameter names studies stored before they took the leaderboard's column names; read back."""
+
+
+def current_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with any legacy name replaced by today's (see :data:`LEGACY_PARAM_NAMES`)."""
+    return {LEGACY_PARAM_NAMES.get(k, k): v for k, v in params.items()}
+
+
 def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDistribution]:
-    """The Optuna search space: one categorical parameter per knob."""
+    """The Optuna search space: one categorical parameter per knob, named as the leaderboard's
+    column (``micro_batch``, ``sp``, ``recompute`` spelled ``full:uniform:1``), so a dashboard
+    reading the storage shows the same names and values as ``tune leaderboard``."""
     axes = axes or expand_axes(spec)
     rc = sorted({recompute_setting(*r) for r in axes.recompute})
     return {
@@ -33,8 +44,8 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
         "pp": CategoricalDistribution(list(axes.pp)),
         "cp": CategoricalDistribution(list(axes.cp)),
         "vp": CategoricalDistribution(list(axes.vp)),
-        "micro_batch_size": CategoricalDistribution(list(axes.micro_batch_size)),
-        "sequence_parallel": CategoricalDistribution(list(axes.sequence_parallel)),
+        "micro_batch": CategoricalDistribution(list(axes.micro_batch_size)),
+        "sp": CategoricalDistribution(list(axes.sequence_parallel)),
         "recompute": CategoricalDistribution(rc),
         "distributed_optimizer": CategoricalDistribution(list(axes.distributed_optimizer)),
         "zero_stage": CategoricalDistribution(list(axes.zero_stage)),
@@ -70,8 +81,8 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
         sp = axes.sequence_parallel[0]
     return {
         "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
-        "micro_batch_size": config.micro_batch_size,
-        "sequence_parallel": sp,
+        "micro_batch": config.micro_batch_size,
+        "sp": sp,
         "recompute": config.recompute_setting,
         "distributed_optimizer": config.distributed_optimizer, "zero_stage": config.zero_stage,
     }  # fmt: skip
@@ -79,12 +90,13 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
 
 def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfig:
     """Build the config a trial's parameters describe (DP derived from the world size)."""
+    params = current_params(params)
     rc, method, n = recompute_knobs(str(params["recompute"]))
     tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
-        sequence_parallel=bool(params["sequence_parallel"]) and tp > 1,  # Megatron: off at tp=1
-        micro_batch_size=int(params["micro_batch_size"]),
+        sequence_parallel=bool(params["sp"]) and tp > 1,  # Megatron: off at tp=1
+        micro_batch_size=int(params["micro_batch"]),
         global_batch_size=spec.training.global_batch_size, recompute=rc,  # type: ignore[arg-type]
         recompute_method=method,  # type: ignore[arg-type]
         recompute_num_layers=n,
