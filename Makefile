@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-dev
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-ssh demo-slurm clean
+.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-ssh demo-slurm screenshot clean
 
 # Login-node install: the tuner alone (no torch, no GPU).
 install:
@@ -59,6 +59,12 @@ demo: demo-warmup
 	$(VENV)/bin/tune leaderboard --study demo --all
 	$(VENV)/bin/tune best --study demo --emit ds-config
 	$(VENV)/bin/tune report --study demo
+
+# Retake the README's picture (docs/report.png) of the demo's report with the test suite's browser.
+screenshot: $(STAMP)
+	test -f results/demo/report.html || $(MAKE) demo
+	TUNER_SCREENSHOT=results/demo/report.html:docs/report.png $(VENV)/bin/pytest -q \
+		tests/report/test_report_browser.py -k screenshot
 
 # Multi-node over SSH (studies/demo-ssh.yaml): two sshd "nodes" on 127.0.0.2 and 127.0.0.3 with
 # their own host keys and a fresh client key (tools/loopback_sshd.py, files in $(DEMO_SSH_DIR)),

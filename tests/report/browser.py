@@ -92,6 +92,31 @@ class Browser:
         return page, view
 
 
+SCREENSHOT_SIZE = (1280, 1500)
+"""The README's screenshot: the top of the report at this viewport (width, height)."""
+
+
+def screenshot(browser: Browser, report: Path, out: Path) -> tuple[int, int]:
+    """Draw ``report`` and save the top of the page as the PNG ``out``; its (width, height)."""
+    width, height = SCREENSHOT_SIZE
+    page = browser.browser.new_page(viewport={"width": width, "height": height})
+    try:
+        page.goto(report.resolve().as_uri(), wait_until="load")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(out), full_page=False)
+    finally:
+        page.close()
+    return png_size(out)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk; ValueError if ``path`` is no PNG."""
+    head = path.read_bytes()[:24]
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise ValueError(f"{path} is not a PNG")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
 def browser_session() -> Iterator[Browser]:
     """A Playwright-driven system Chromium, or a skip (a failure in CI)."""
     executable = chromium_path()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.report.browser import Browser, browser_session
+from tests.report.browser import SCREENSHOT_SIZE, Browser, browser_session, png_size, screenshot
 from tests.report.conftest import StudyRun
 from tuner.report.build import build_report
 from tuner.results import leaderboard, load_optuna_study
@@ -149,3 +150,19 @@ def test_pages_of_tiny_studies_load_without_errors(browser: Browser, tmp_path: P
         page, view = browser.open(path)
         page.close()
         assert view.problems(drawn) == [], path.name
+
+
+def test_the_readme_screenshot_is_what_this_browser_draws(
+    browser: Browser, report: Path, tmp_path: Path
+) -> None:  # fmt: skip
+    """The browser that runs these tests takes the README's picture. ``make screenshot`` runs this
+    test with TUNER_SCREENSHOT=REPORT.html:OUT.png to retake docs/report.png from the demo."""
+    source, out = report, tmp_path / "report.png"
+    if os.environ.get("TUNER_SCREENSHOT"):
+        given, _, target = os.environ["TUNER_SCREENSHOT"].partition(":")
+        source, out = Path(given), Path(target)
+    assert screenshot(browser, source, out) == SCREENSHOT_SIZE
+    # A drawn page (plots, tables, text) compresses far less than a blank or error page does.
+    assert out.stat().st_size > 50_000, f"{out} looks blank ({out.stat().st_size} bytes)"
+    committed = Path(__file__).resolve().parents[2] / "docs" / "report.png"
+    assert png_size(committed) == SCREENSHOT_SIZE, "docs/report.png is not this browser's view"
