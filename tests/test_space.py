@@ -86,7 +86,7 @@ def test_sequence_parallel_on_keeps_tp1_configs_with_sp_off() -> None:
     assert config_from_params(s, params).sequence_parallel is False
     # enqueuing the tp=1 config must use a value the SP distribution has: True, meaning off
     tp1 = config_params(configs[0], expand_axes(s))
-    assert tp1["sequence_parallel"] is True
+    assert tp1["sp"] is True
     assert config_from_params(s, tp1) == configs[0]
 
 

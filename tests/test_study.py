@@ -17,7 +17,7 @@ import yaml
 from tests.procs import live_processes
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
-from tuner.results import emit_best, leaderboard
+from tuner.results import emit_best, leaderboard, load_optuna_study
 from tuner.space import enumerate_space
 from tuner.study import build_loop
 from tuner.studyfile import study_from_mapping
@@ -322,3 +322,39 @@ def test_bad_study_file_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "search.sampler" in lines[0]
+
+
+def test_a_fast_config_predicted_just_over_the_gpu_is_probed_and_measured(tmp_path: Path) -> None:
+    """The model's fastest config is predicted 3% over the GPU; the stand-in shows it fits. It is
+    launched once, as a memory probe after the first measured peak, and measured as the best;
+    nothing else predicted over the headroom is launched."""
+    factors = {"tp": {"1": 1.0, "2": 1.3}, "pp": {"1": 1.0, "2": 1.3},
+               "mbs": {"1": 1.5, "2": 1.2, "4": 1.0, "8": 0.9},
+               "recompute": {"none": 1.0, "selective": 1.08, "full": 1.3},
+               "distopt": {"0": 1.03, "1": 1.0}}  # fmt: skip
+    data = study_data(tmp_path, SURFACE, n_trials=8)
+    roomy = enumerate_space(study_from_mapping(data)).ranked()[0]
+    assert roomy.time is not None
+    # Measured times near the model's (a 10x gap would be a sampler test, not a probe test).
+    step = {"base": roomy.time.step / 0.9, "factors": factors}
+    data = study_data(tmp_path, dict(SURFACE, memory_gib=1.0, step_s=step), n_trials=8)
+    data["cluster"]["gpu_memory_gib"] = roomy.memory.peak / 2**30 / 1.03
+    spec = study_from_mapping(data)
+    probes = [c.config.key() for c in enumerate_space(spec).probes]
+    assert probes and probes[0] == roomy.config.key()
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        loop.run()
+    finally:
+        loop.executor.close()
+    study = load_optuna_study(spec, None, str(tmp_path / "results"))
+    launched = [t for t in study.trials if t.user_attrs.get("launched")]
+    probed = [t for t in launched if t.user_attrs.get("memory_probe")]
+    assert [t.user_attrs["key"] for t in probed] == [roomy.config.key()]
+    assert probed[0].user_attrs["outcome"] == "ok" and probed[0].number > launched[0].number
+    assert "likely within the GPU" in probed[0].user_attrs["probe_reason"]
+    limit = spec.search.memory_headroom * (spec.cluster.gpu_memory_gib or 0)
+    others = [t for t in launched if not t.user_attrs.get("memory_probe")]
+    assert all(t.user_attrs["predicted_peak_gib"] <= limit for t in others)
+    board = leaderboard(spec, results=str(tmp_path / "results"))
+    assert int(board.iloc[0].trial) == probed[0].number  # the probe was the hidden best

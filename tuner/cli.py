@@ -161,6 +161,7 @@ def _counts_table(spec: StudySpec, out: dict[str, Any]) -> Table:
         table.add_row(f"  invalid: {rule}", str(count))
     table.add_row("invalid", str(out["invalid"]))
     table.add_row("predicted OOM", str(out["predicted_oom"]))
+    table.add_row("  of them memory probes", str(out.get("memory_probes", 0)))
     table.add_row("viable", str(out["viable"]), style="bold")
     return table
 

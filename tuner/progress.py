@@ -96,7 +96,8 @@ class LiveProgress:
         if space:
             out.print(
                 f"space: {space['total']} configs; {space['invalid']} break a framework rule and "
-                f"{space['predicted_oom']} are predicted to run out of memory (never launched); "
+                f"{space['predicted_oom']} are predicted to run out of memory (never launched, "
+                f"but for {space.get('memory_probes', 0)} memory probes); "
                 f"{space['viable']} fit (tune space --study {loop.spec.name})"
             )
         ratios = model_ratios(loop.measured(loop.trials()).values())

@@ -50,6 +50,7 @@ from tuner.errors import StudyError
 from tuner.memory import GIB
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
+from tuner.probe import MEMORY_SIGMA, may_probe
 from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
@@ -179,7 +180,9 @@ class ModelGuidedSampler(BaseSampler):
 
     def _candidates(self) -> list[ParallelConfig]:
         if self._configs is None:
-            ranked = enumerate_space(self._spec).ranked()
+            report = enumerate_space(self._spec)
+            ranked = report.ranked() + report.probes  # probes last: after the first peaks
+            self._probe_index = set(range(len(ranked) - len(report.probes), len(ranked)))
             self._configs = [c.config for c in ranked]
             self._log_pred = np.log([c.time.step if c.time else 1.0 for c in ranked])
             self._peak_gib = np.array([c.memory.peak / GIB for c in ranked])
@@ -242,10 +245,12 @@ class ModelGuidedSampler(BaseSampler):
         self, open_: list[int], memory: dict[str, float], index: dict[str, int],
         oom_keys: set[str],
     ) -> list[int]:  # fmt: skip
-        """The candidates whose peak, corrected by the memory measured so far, fits."""
+        """The candidates whose peak, corrected by the memory measured so far, fits; memory probes
+        (``tuner.probe``) while they still have a real chance of fitting the GPU, and only once
+        a peak was measured (never blind)."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
         if not seen:
-            return open_
+            return [i for i in open_ if i not in self._probe_index]
         x = self._x[[i for i, _ in seen]]
         y = np.array([v for _, v in seen])
         bound = np.array([k in oom_keys for k in memory if k in index])
@@ -257,9 +262,15 @@ class ModelGuidedSampler(BaseSampler):
             mu_seen, sd_seen = post.predict(x)
             y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
             post = fit(precision, x, y, self._prior.memory_noise)
-        mu, _ = post.predict(self._x[open_])
+        mu, sd = post.predict(self._x[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
-        return [i for i, peak in zip(open_, corrected, strict=True) if peak <= self._limit_gib]
+        # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
+        sigma = np.minimum(MEMORY_SIGMA, np.hypot(sd, self._prior.memory_noise))
+        return [
+            i for i, peak, s in zip(open_, corrected, sigma, strict=True)
+            if (may_probe(peak, self._gpu_gib, s) if i in self._probe_index
+                else peak <= self._limit_gib)
+        ]  # fmt: skip
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config with the highest expected improvement, or None when all tried."""

@@ -1,9 +1,10 @@
 """Screening a proposed config before any node is spent on it.
 
 In order: the framework's own rules (``invalid``), the memory model (``pruned_memory`` with the
-predicted peak), the OOMs measured so far (a config needing at least the memory of one that ran
-out), configs already measured (answered from that trial), and configs another trial holds
-(finished with a final outcome, or running: claimed through the config's lease).
+predicted peak, unless the config is one of the study's memory probes: ``tuner.probe``), the
+OOMs measured so far (a config needing at least the memory of one that ran out), configs
+already measured (answered from that trial), and configs another trial holds (finished with a
+final outcome, or running: claimed through the config's lease).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from tuner.memory import GIB, estimate_memory, fits
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import estimate_time
+from tuner.probe import fit_probability
 from tuner.record import Summary
+from tuner.space import enumerate_space
 from tuner.spec import StudySpec
 from tuner.trials import (
     is_duplicate,
@@ -45,6 +48,7 @@ class Screen:
             heartbeat_s,
             rerun,
         )
+        self._probes: frozenset[str] | None = None
 
     def _prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
         trial.set_user_attr("outcome", str(outcome))
@@ -71,9 +75,24 @@ class Screen:
         if not fits(memory, self.gpu, spec.search.memory_headroom):
             limit = spec.search.memory_headroom * self.gpu.memory_gib
             reason = f"predicted peak {memory.peak / GIB:.3g} GiB > {limit:.3g} GiB"
-            self._prune(trial, Outcome.PRUNED_MEMORY, reason)
-            return False
+            if config.key() not in self._probe_keys():
+                self._prune(trial, Outcome.PRUNED_MEMORY, reason)
+                return False
+            chance = fit_probability(memory.peak / GIB, self.gpu.memory_gib)
+            trial.set_user_attr("memory_probe", True)
+            trial.set_user_attr(
+                "probe_reason",
+                f"{reason}, but {chance:.0%} likely within the GPU's {self.gpu.memory_gib:.3g} "
+                "GiB and predicted faster than every config that fits",
+            )
         return self._screen_history(trial, config, trials)
+
+    def _probe_keys(self) -> frozenset[str]:
+        """The study's memory probes (``tuner.probe``), worked out once."""
+        if self._probes is None:
+            report = enumerate_space(self.spec)
+            self._probes = frozenset(c.config.key() for c in report.probes)
+        return self._probes
 
     def _screen_history(self, trial: optuna.Trial, config: ParallelConfig,
                         trials: list[FrozenTrial]) -> bool:  # fmt: skip

@@ -16,9 +16,10 @@ from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.errors import ConfigError
-from tuner.memory import MemoryBreakdown, estimate_memory, fits
+from tuner.memory import GIB, MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import TimeBreakdown, estimate_time
+from tuner.probe import may_probe
 from tuner.spec import StudySpec
 
 
@@ -159,6 +160,9 @@ class SpaceReport:
     predicted_oom: int = 0
     viable: list[Candidate] = field(default_factory=list)
     oom: list[Candidate] = field(default_factory=list)
+    probes: list[Candidate] = field(default_factory=list)
+    """Configs predicted over the headroom that are launched as memory probes (``tuner.probe``;
+    also counted in ``predicted_oom``), fastest first."""
 
     def ranked(self) -> list[Candidate]:
         """Viable candidates, fastest predicted step first (ties: less memory first)."""
@@ -174,6 +178,7 @@ class SpaceReport:
             "invalid": self.invalid,
             "invalid_by_rule": dict(self.invalid_by_rule.most_common()),
             "predicted_oom": self.predicted_oom,
+            "memory_probes": len(self.probes),
             "viable": len(self.viable),
         }
 
@@ -192,6 +197,7 @@ def enumerate_space(
     world, model, fw = spec.world_size, spec.model, spec.framework
     precision, headroom = spec.training.precision, spec.search.memory_headroom
     gpn = spec.cluster.gpus_per_node
+    near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
         errors = validate(config, model, world, fw)
@@ -208,7 +214,24 @@ def enumerate_space(
             report.predicted_oom += 1
             if keep_oom:
                 report.oom.append(Candidate(config, memory, False))
+            if (
+                spec.search.memory_probes
+                and with_time
+                and may_probe(memory.peak / GIB, gpu.memory_gib)
+            ):
+                time = estimate_time(model, spec.training, config, gpu, gpn, fw)
+                near.append(Candidate(config, memory, False, time))
+    report.probes = _probes(near, report, spec.search.memory_probes)
     return report
+
+
+def _probes(near: list[Candidate], report: SpaceReport, limit: int) -> list[Candidate]:
+    """The near-limit configs worth a probe: predicted faster than every config that fits."""
+    ranked = report.ranked()
+    fastest = ranked[0].time.step if ranked and ranked[0].time else float("inf")
+    faster = [c for c in near if c.time is not None and c.time.step < fastest]
+    faster.sort(key=lambda c: (c.time.step if c.time else 0.0, c.memory.peak, c.config.key()))
+    return faster[:limit]
 
 
 def require_viable(spec: StudySpec, report: SpaceReport) -> None:

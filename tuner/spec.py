@@ -441,7 +441,12 @@ class SearchSpec:
     trial_timeout_min: float = 20.0
     """A trial running longer is killed and recorded as timeout."""
     memory_headroom: float = 0.92
-    """Prune when the predicted peak exceeds this fraction of GPU memory."""
+    """Prune when the predicted peak exceeds this fraction of GPU memory (but see
+    ``memory_probes``)."""
+    memory_probes: int = 2
+    """At most this many configs predicted over the headroom, yet within the memory model's
+    error of the GPU's capacity and predicted faster than every config that fits, are launched
+    as memory probes (``tuner.probe``); 0 never launches a config predicted over the headroom."""
     seed: int | None = None
     """Sampler seed, for reproducible searches."""
     max_wall_time_min: float | None = None
@@ -471,6 +476,9 @@ class SearchSpec:
         _positive(self.max_wall_time_min, "max_wall_time_min")
         _positive(self.max_node_hours, "max_node_hours")
         _positive(self.early_stop_trials, "early_stop_trials")
+        if self.memory_probes < 0:
+            raise ConfigError(f"must be >= 0, got {self.memory_probes}", path="memory_probes")
+        _at_most(self.memory_probes, MAX_TRIALS, "memory_probes", "more than any budget")
         if self.enqueue_top < 0:
             raise ConfigError(f"must be >= 0, got {self.enqueue_top}", path="enqueue_top")
         _at_most(self.enqueue_top, MAX_TRIALS, "enqueue_top", "more than any budget")

@@ -1,0 +1,120 @@
+"""Memory probes: the near-limit configs a model error could hide get one launch, the rest none."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.memory import GIB
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.probe import MEMORY_SIGMA, MIN_FIT_PROBABILITY, fit_probability, may_probe
+from tuner.sampler import ModelGuidedSampler
+from tuner.space import enumerate_space
+from tuner.spec import StudySpec
+from tuner.studyfile import study_from_mapping
+from tuner.trials import config_from_params, distributions
+
+BASE: dict[str, Any] = {
+    "name": "probe",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-80gb", "gpus_per_node": 8, "num_nodes": 1, "executor": "local"},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt"},
+    "space": {"tp": [1, 2, 4, 8], "micro_batch_size": [1, 2, 4, 8],
+              "recompute": ["none", "selective", "full"], "sequence_parallel": [True],
+              "distributed_optimizer": [True, False]},
+    "search": {"sampler": "model", "seed": 0},
+}  # fmt: skip
+
+
+def spec(memory_gib: float | None = None, **search: Any) -> StudySpec:
+    data = copy.deepcopy(BASE)
+    if memory_gib is not None:
+        data["cluster"]["gpu_memory_gib"] = memory_gib
+    data["search"].update(search)
+    return study_from_mapping(data)
+
+
+def fastest() -> tuple[ParallelConfig, float]:
+    """The time model's fastest config of the space when memory is no object, and its peak."""
+    best = enumerate_space(spec(memory_gib=10_000.0)).ranked()[0]
+    return best.config, best.memory.peak / GIB
+
+
+def test_the_chance_of_fitting_is_a_log_normal_tail() -> None:
+    assert fit_probability(80.0, 80.0) == pytest.approx(0.5)
+    assert fit_probability(80.0 * math.exp(MEMORY_SIGMA), 80.0) == pytest.approx(0.1587, abs=1e-3)
+    assert fit_probability(60.0, 80.0) > 0.99
+    assert fit_probability(120.0, 80.0) < 1e-6
+    assert may_probe(82.7, 80.0)  # the replayed cluster's hidden best: 3% over
+    assert not may_probe(80.0 * math.exp(2 * MEMORY_SIGMA), 80.0)
+    assert fit_probability(81.0, 80.0, sigma=0.0) == 0.0
+
+
+def test_a_fast_config_just_over_the_limit_is_probed_not_pruned() -> None:
+    config, peak = fastest()
+    s = spec(memory_gib=peak / 1.03)  # 3% over the GPU, far over the 92% headroom
+    report = enumerate_space(s)
+    assert config.key() not in {c.config.key() for c in report.viable}
+    probes = [c.config.key() for c in report.probes]
+    assert probes[0] == config.key()
+    assert len(probes) <= s.search.memory_probes
+    assert report.counts()["memory_probes"] == len(probes)
+    for c in report.probes:  # each is faster than anything that fits, and could fit
+        assert c.time is not None and c.time.step < report.ranked()[0].time.step  # type: ignore[union-attr]
+        assert fit_probability(c.memory.peak / GIB, s.cluster.gpu_memory_gib or 0) >= (
+            MIN_FIT_PROBABILITY
+        )
+
+
+def test_clearly_over_the_limit_stays_pruned() -> None:
+    config, peak = fastest()
+    report = enumerate_space(spec(memory_gib=peak / 1.3))
+    assert config.key() not in {c.config.key() for c in report.probes}
+
+
+def test_probes_can_be_turned_off() -> None:
+    _, peak = fastest()
+    assert enumerate_space(spec(memory_gib=peak / 1.03, memory_probes=0)).probes == []
+
+
+def test_the_sampler_probes_only_after_a_measured_peak_and_drops_a_refuted_probe() -> None:
+    config, peak = fastest()
+    s = spec(memory_gib=peak / 1.03)
+    sampler = ModelGuidedSampler(s, seed=0)
+    study = optuna.create_study(sampler=sampler)
+
+    def ask() -> tuple[optuna.Trial, ParallelConfig]:
+        trial = study.ask(distributions(s))
+        c = config_from_params(s, trial.params)
+        trial.set_user_attr("key", c.key())
+        trial.set_user_attr("config", dataclasses.asdict(c))
+        return trial, c
+
+    trial, first = ask()
+    assert first.key() != config.key()  # never blind: the first run is the fastest that fits
+    predicted = next(c for c in enumerate_space(s).ranked() if c.config.key() == first.key())
+    trial.set_user_attr("outcome", str(Outcome.OK))
+    trial.set_user_attr("predicted_allocated_gib", predicted.memory.allocated / GIB)
+    trial.set_user_attr("peak_memory_gib", predicted.memory.allocated / GIB)  # model exact
+    study.tell(trial, 1.0)
+    assert sampler.choose(study.get_trials(deepcopy=False)) == config  # now worth its probe
+
+    # Measured peaks 30% over the model everywhere: the probe can no longer fit, so it is dropped.
+    study2 = optuna.create_study(sampler=ModelGuidedSampler(s, seed=0))
+    study = study2
+    trial, first = ask()
+    trial.set_user_attr("outcome", str(Outcome.OK))
+    trial.set_user_attr("predicted_allocated_gib", predicted.memory.allocated / GIB)
+    trial.set_user_attr("peak_memory_gib", 1.3 * predicted.memory.allocated / GIB)
+    study.tell(trial, 1.0)
+    sampler2 = study2.sampler
+    assert isinstance(sampler2, ModelGuidedSampler)
+    assert sampler2.choose(study.get_trials(deepcopy=False)) != config

@@ -1,0 +1,46 @@
+"""Memory probes: near-limit configs that the memory model's own error could be hiding.
+
+The memory model is a prediction with an error. Pruning every config predicted over the limit
+would hide a fast config that in fact fits: on a replay of measured A100 clusters the fastest
+config of one cluster ran fine but was predicted at 82.7 GiB on an 80 GiB GPU. So a config
+predicted over the headroom limit is still launched, as a *memory probe*, when
+
+- it could fit: its chance of staying under the GPU's capacity, with the model's relative error
+  taken as log-normal with sd :data:`MEMORY_SIGMA`, is at least :data:`MIN_FIT_PROBABILITY`;
+- it is worth it: the time model predicts it faster than every config that fits (a slower
+  config could not improve the answer even if it fit);
+- the study allows it: at most ``search.memory_probes`` of them, the fastest first.
+
+A probe is an ordinary trial (its outcome is ``oom`` or a measured step time, so a probe that
+fits costs no second launch) and is marked ``memory_probe`` in the storage. The model sampler
+re-judges probes with the memory it has measured: its posterior sd of the memory correction
+replaces :data:`MEMORY_SIGMA` once that is smaller, so the band narrows as peaks arrive.
+"""
+
+from __future__ import annotations
+
+import math
+
+MEMORY_SIGMA = 0.08
+"""Relative error of the predicted device peak, as the sd of log(measured / predicted): the
+memory model's stated accuracy on the public calibration set (benchmarks/memory_accuracy.py
+reports median and max absolute error; a max of ~15% over 40+ rows is about two sd)."""
+
+MIN_FIT_PROBABILITY = 0.2
+"""Below this chance of fitting, a launch is more likely an OOM than a measurement."""
+
+
+def fit_probability(peak_gib: float, capacity_gib: float, sigma: float = MEMORY_SIGMA) -> float:
+    """Chance that a config predicted at ``peak_gib`` stays within ``capacity_gib`` when the
+    true peak is log-normal around the prediction with sd ``sigma``."""
+    if peak_gib <= 0:
+        return 1.0
+    if sigma <= 0:
+        return 1.0 if peak_gib <= capacity_gib else 0.0
+    z = math.log(capacity_gib / peak_gib) / sigma
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def may_probe(peak_gib: float, capacity_gib: float, sigma: float = MEMORY_SIGMA) -> bool:
+    """Whether a near-limit config has a real chance of fitting."""
+    return fit_probability(peak_gib, capacity_gib, sigma) >= MIN_FIT_PROBABILITY
