@@ -67,6 +67,7 @@ class Result:
     measured: float  # bytes
     predicted: float  # bytes, same metric
     fits: bool  # the config passes the prune at the headroom
+    stage: str  # which of the model's stages was compared: "last" or "peak"
 
     @property
     def error(self) -> float:
@@ -152,14 +153,20 @@ def predict(row: dict[str, str], headroom: float) -> Result:
         raise Skip(f"framework {row['framework']!r} not modelled")
     model, config, gpu = row_model(row), row_config(row), row_gpu(row)
     mem = estimate_memory(model, config, gpu, framework, row["precision"])  # type: ignore[arg-type]
-    part: object = mem
-    stages = getattr(mem, "stages", None)
-    if stages and row["stage"].startswith("last pipeline stage"):
-        part = stages[-1]
-    if not hasattr(part, "allocated"):
-        part = mem
+    part, which = _stage_part(mem, row["stage"])
     measured = float(row["value"]) * UNITS[row["unit"]]
-    return Result(row, measured, _figure(part, row["metric"]), fits(mem, gpu, headroom))
+    return Result(row, measured, _figure(part, row["metric"]), fits(mem, gpu, headroom), which)
+
+
+def _stage_part(mem: object, stage: str) -> tuple[object, str]:
+    """The model's figures for the stage a row measured: its last stage when the row covers the
+    last pipeline stage and the model gives per-stage figures (``.stages``), else its peak."""
+    stages = getattr(mem, "stages", None)
+    if stages and stage.startswith("last pipeline stage"):
+        last = list(stages.values() if isinstance(stages, dict) else stages)[-1]
+        if hasattr(last, "allocated"):
+            return last, "last"
+    return mem, "peak"
 
 
 def published_cases_rows(path: Path) -> list[dict[str, str]]:
@@ -211,15 +218,15 @@ def _groups(results: Iterable[Result]) -> dict[tuple[str, str], list[Result]]:
 
 def _print_rows(results: list[Result]) -> None:
     print(f"{'model':44} {'gpu':15} {'tp':>2} {'pp':>2} {'dp':>3} {'vp':>2} {'metric':9} "
-          f"{'measured':>8} {'predict':>8} {'error':>7}  fits")  # fmt: skip
+          f"{'stage':5} {'measured':>8} {'predict':>8} {'error':>7}  fits (GiB)")  # fmt: skip
     for r in results:
         row = r.row
         oom = row["outcome"] == "oom"
         err = "  >" if oom else f"{r.error:+7.1%}"
         print(f"{row['model'][:44]:44} {row['gpu_type'][:15]:15} {row['tp']:>2} {row['pp']:>2} "
-              f"{row['dp']:>3} {row['vp'] or 1:>2} {row['metric']:9} {r.measured / GIB:8.2f} "
-              f"{r.predicted / GIB:8.2f} {err:>7}  {'yes' if r.fits else 'no'}"
-              f"{' (known OOM)' if oom else ''}")  # fmt: skip
+              f"{row['dp']:>3} {row['vp'] or 1:>2} {row['metric']:9} {r.stage:5} "
+              f"{r.measured / GIB:8.2f} {r.predicted / GIB:8.2f} {err:>7}  "
+              f"{'yes' if r.fits else 'no'}{' (known OOM)' if oom else ''}")  # fmt: skip
     print()
 
 
@@ -240,6 +247,9 @@ def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool
     fit_groups, oom_groups = _groups(fit), _groups(ooms)
     for key in sorted(set(fit_groups) | set(oom_groups)):
         print(_summary(f"{key[0]} / {key[1]}", fit_groups.get(key, []), oom_groups.get(key, [])))
+    for metric in sorted({r.row["metric"] for r in results}):
+        print(_summary(f"all / {metric}", [r for r in fit if r.row["metric"] == metric],
+                       [r for r in ooms if r.row["metric"] == metric]))  # fmt: skip
     print(_summary("overall", fit, ooms))
     errs = [abs(r.error) for r in fit]
     ok = (

@@ -91,3 +91,26 @@ def test_rows_build_model_inputs(rows: list[dict[str, str]]) -> None:
         if not row["pipeline_split"]:
             config = bench.row_config(row)
             assert config.world_size == int(row["gpus"])
+
+
+class _Figures:
+    def __init__(self, allocated: float, reserved: float | None = None) -> None:
+        self.allocated, self.peak = allocated, allocated + 10
+        if reserved is not None:
+            self.reserved = self.device = reserved
+
+
+def test_benchmark_compares_like_with_like() -> None:
+    """A last-stage row reads the model's last stage when it has per-stage figures; reserved and
+    device rows read those figures, falling back to the peak of a model that has none."""
+    bench = _benchmark()
+    old = _Figures(5.0)
+    assert bench._stage_part(old, "last pipeline stage (rank 7)") == (old, "peak")
+    assert bench._figure(old, "allocated") == 5.0 and bench._figure(old, "reserved") == 15.0
+    first, last = _Figures(8.0, 9.0), _Figures(3.0, 4.0)
+    new = _Figures(8.0, 9.0)
+    new.stages = (first, last)  # type: ignore[attr-defined]
+    part, which = bench._stage_part(new, "last pipeline stage (rank 7)")
+    assert (part, which) == (last, "last")
+    assert bench._figure(part, "device") == 4.0 and bench._figure(part, "allocated") == 3.0
+    assert bench._stage_part(new, "rank 0") == (new, "peak")
