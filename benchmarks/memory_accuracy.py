@@ -53,6 +53,7 @@ GPUS: dict[str, tuple[str, float | None]] = {
 FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "deepspeed",
               "deepspeed": "deepspeed", "torchtitan-fsdp2": "deepspeed"}  # fmt: skip
 _SPLIT = re.compile(r"megatron:first=(\d+),last=(\d+)")
+_STAGE = re.compile(r"(?:last pipeline stage|pipeline stage (\d+))")
 
 
 class Skip(Exception):
@@ -67,7 +68,7 @@ class Result:
     measured: float  # bytes
     predicted: float  # bytes, same metric
     fits: bool  # the config passes the prune at the headroom
-    stage: str  # which of the model's stages was compared: "last" or "peak"
+    stage: str  # which of the model's stages was compared: "last", its index, or "peak"
 
     @property
     def error(self) -> float:
@@ -159,13 +160,16 @@ def predict(row: dict[str, str], headroom: float) -> Result:
 
 
 def _stage_part(mem: object, stage: str) -> tuple[object, str]:
-    """The model's figures for the stage a row measured: its last stage when the row covers the
-    last pipeline stage and the model gives per-stage figures (``.stages``), else its peak."""
+    """The model's figures for the pipeline stage a row measured ("last pipeline stage ..." or
+    "pipeline stage N ...") when the model gives per-stage figures (``.stages``), else its peak."""
     stages = getattr(mem, "stages", None)
-    if stages and stage.startswith("last pipeline stage"):
-        last = list(stages.values() if isinstance(stages, dict) else stages)[-1]
-        if hasattr(last, "allocated"):
-            return last, "last"
+    match = _STAGE.match(stage)
+    if not stages or match is None:
+        return mem, "peak"
+    seq = list(stages.values() if isinstance(stages, dict) else stages)
+    index = len(seq) - 1 if match.group(1) is None else int(match.group(1))
+    if index < len(seq) and hasattr(seq[index], "allocated"):
+        return seq[index], "last" if index == len(seq) - 1 else str(index)
     return mem, "peak"
 
 

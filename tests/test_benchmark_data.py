@@ -113,4 +113,5 @@ def test_benchmark_compares_like_with_like() -> None:
     part, which = bench._stage_part(new, "last pipeline stage (rank 7)")
     assert (part, which) == (last, "last")
     assert bench._figure(part, "device") == 4.0 and bench._figure(part, "allocated") == 3.0
+    assert bench._stage_part(new, "pipeline stage 0 (rank 0)") == (first, "0")
     assert bench._stage_part(new, "rank 0") == (new, "peak")
