@@ -237,11 +237,15 @@ def _print_rows(results: list[Result]) -> None:
 def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool:
     """Print the tables; True when every target is met."""
     results: list[Result] = []
+    skipped: dict[str, int] = {}
     for row in rows:
         try:
             results.append(predict(row, headroom))
         except Skip as why:
-            print(f"skipped {row['source']}: {row.get('model', '')} ({why})")
+            key = f"{row['source']}: {row.get('model', '')} ({why})"
+            skipped[key] = skipped.get(key, 0) + 1
+    for key, count in skipped.items():
+        print(f"skipped {count} row{'s' if count > 1 else ''} of {key}")
     if show_rows:
         _print_rows(results)
     fit = [r for r in results if r.row["outcome"] != "oom"]
@@ -254,6 +258,9 @@ def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool
     for metric in sorted({r.row["metric"] for r in results}):
         print(_summary(f"all / {metric}", [r for r in fit if r.row["metric"] == metric],
                        [r for r in ooms if r.row["metric"] == metric]))  # fmt: skip
+    recent = ("A100", "H100", "H800", "H200")
+    print(_summary("A100/H100 rows", [r for r in fit if r.row["gpu_type"].startswith(recent)],
+                   [r for r in ooms if r.row["gpu_type"].startswith(recent)]))  # fmt: skip
     print(_summary("overall", fit, ooms))
     errs = [abs(r.error) for r in fit]
     ok = (
