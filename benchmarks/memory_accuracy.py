@@ -45,6 +45,9 @@ GPUS: dict[str, tuple[str, float | None]] = {
     # the catalog's 80 GB parts are.
     "H100-96GB-HBM2e": ("h100-sxm-80gb", 96.0),
     "H100-96GB-HBM2e-500W": ("h100-sxm-80gb", 96.0),
+    # Megatron-LM CI's dgx_gb200 runs: the source states no memory size; the catalog's Blackwell
+    # entry stands in (these rows are allocated peaks far below either capacity).
+    "GB200": ("b200-180gb", None),
     # Megatron-LM issue #525 prints "31.74 GiB total capacity" for its V100.
     "V100-32GB": ("a100-40gb", 31.74),
 }
@@ -258,8 +261,8 @@ def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool
     for metric in sorted({r.row["metric"] for r in results}):
         print(_summary(f"all / {metric}", [r for r in fit if r.row["metric"] == metric],
                        [r for r in ooms if r.row["metric"] == metric]))  # fmt: skip
-    recent = ("A100", "H100", "H800", "H200")
-    print(_summary("A100/H100 rows", [r for r in fit if r.row["gpu_type"].startswith(recent)],
+    recent = ("A100", "H100", "H800", "H200", "GB200", "B200")
+    print(_summary("A100 and newer GPUs", [r for r in fit if r.row["gpu_type"].startswith(recent)],
                    [r for r in ooms if r.row["gpu_type"].startswith(recent)]))  # fmt: skip
     print(_summary("overall", fit, ooms))
     errs = [abs(r.error) for r in fit]
