@@ -1,110 +1,306 @@
-"""Predicted vs published measured peak memory for every usable row of published_cases.csv.
+"""Predicted vs measured per-GPU memory peaks on the public calibration set.
 
-Usage: python benchmarks/memory_accuracy.py [--csv PATH]
+Usage: python benchmarks/memory_accuracy.py [--csv PATH] [--published-cases PATH] [--rows]
+                                            [--headroom F]
 
-Rows whose metric is a measured peak (``peak_mem_GB``, ``peak_mem_GB_max_allocated``,
-``peak_mem_GiB_reserved``) are compared with the model's prediction of the same quantity:
-``max allocated`` against the predicted allocated bytes, ``reserved`` / unspecified against the
-predicted peak. Missing shape fields are filled as the row's notes say and flagged with ``*``.
+Reads benchmarks/data/memory_peaks.csv (see benchmarks/data/README.md) and compares like with like:
+an ``allocated`` row with the model's allocated figure, ``reserved`` with its reserved figure,
+``device`` with its device figure. A row that covers one pipeline stage is compared with that
+stage when the model gives per-stage figures, else with the model's peak stage. ``oom`` rows are
+counted as flagged when the model prunes the config at the study's default headroom; a measured
+row that fit but is pruned is a false OOM. ``--published-cases`` also reads the memory rows of
+the older shared published_cases.csv.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import re
 import statistics
 import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tuner.catalog import get_gpu
-from tuner.memory import GIB, estimate_memory
+from tuner.catalog import GPUSpec, get_gpu
+from tuner.errors import TunerError
+from tuner.memory import GIB, estimate_memory, fits
 from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec
+from tuner.spec import ModelSpec, SearchSpec
 
-DEFAULT_CSV = (
-    Path(__file__).resolve().parents[1] / ".." / "shared" / "reference" / "published_cases.csv"
-)
-METRICS = {
-    "peak_mem_GB": "peak",
-    "peak_mem_GB_max_allocated": "allocated",
-    "peak_mem_GiB_reserved": "peak",
+DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "memory_peaks.csv"
+UNITS = {"bytes": 1.0, "MiB": 2.0**20, "GiB": GIB, "GB": 1e9}
+# Calibration GPU names -> (catalog entry, memory in GiB or None for the catalog's). The memory
+# model reads a GPU only for its capacity (and its stack overheads); a GPU missing from the
+# catalog takes the nearest data-center entry and the capacity its source states.
+GPUS: dict[str, tuple[str, float | None]] = {
+    "A100-SXM4-80GB": ("a100-80gb", None),
+    "A100-SXM4-40GB": ("a100-40gb", None),
+    "H100-SXM5-80GB": ("h100-sxm-80gb", None),
+    "H800-80GB": ("h100-sxm-80gb", None),
+    # torchtitan's Grand Teton H100: "96GB HBM2e" (its hardware section), taken as GiB the way
+    # the catalog's 80 GB parts are.
+    "H100-96GB-HBM2e": ("h100-sxm-80gb", 96.0),
+    "H100-96GB-HBM2e-500W": ("h100-sxm-80gb", 96.0),
+    # Megatron-LM CI's dgx_gb200 runs: the source states no memory size; the catalog's Blackwell
+    # entry stands in (these rows are allocated peaks far below either capacity).
+    "GB200": ("b200-180gb", None),
+    # Megatron-LM issue #525 prints "31.74 GiB total capacity" for its V100.
+    "V100-32GB": ("a100-40gb", 31.74),
 }
-GPUS = {
-    "A100-SXM-80GB": "a100-80gb",
-    "H800-80GB": "h100-sxm-80gb",
-    "H100-96GB-HBM2e-500W": "h100-sxm-80gb",
-}
-# Llama-2-7B shape for rows that leave it out (Megatron-LM PR #482 names a "Llama2-7B-like" model).
-LLAMA2_7B = {"ffn_hidden": "11008", "vocab": "32000", "seq_len": "4096"}
+# Frameworks the model knows; torchtitan's FSDP2 full sharding is modelled as DeepSpeed ZeRO-3
+# (parameters, gradients and optimizer states all sharded over DP).
+FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "deepspeed",
+              "deepspeed": "deepspeed", "torchtitan-fsdp2": "deepspeed"}  # fmt: skip
+_SPLIT = re.compile(r"megatron:first=(\d+),last=(\d+)")
+_STAGE = re.compile(r"(?:last pipeline stage|pipeline stage (\d+))")
 
 
-def _row_model(row: dict[str, str]) -> tuple[ModelSpec, bool]:
-    filled = False
-    if "Llama2-7B" in row["model"]:
-        for key, value in LLAMA2_7B.items():
-            if not row[key]:
-                row[key], filled = value, True
-    llama = "llama" in row["model"].lower()
-    heads, kv = int(row["heads"]), int(row["kv_heads"] or row["heads"])
+class Skip(Exception):
+    """A row the model cannot express yet; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One compared row."""
+
+    row: dict[str, str]
+    measured: float  # bytes
+    predicted: float  # bytes, same metric
+    fits: bool  # the config passes the prune at the headroom
+    stage: str  # which of the model's stages was compared: "last", its index, or "peak"
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+
+def _yes(value: str) -> bool:
+    return value.strip().lower() in ("yes", "true", "1")
+
+
+def row_model(row: dict[str, str]) -> ModelSpec:
+    """The row's transformer as a ModelSpec."""
+    for key in ("n_layers", "hidden", "ffn_hidden", "heads", "vocab", "seq_len"):
+        if not row.get(key):
+            raise Skip(f"incomplete shape: {key} missing")
+    heads = int(row["heads"])
     return ModelSpec(
-        name=row["model"], num_layers=int(row["n_layers"]), hidden_size=int(row["hidden"]),
-        ffn_hidden_size=int(row["ffn_hidden"]), num_attention_heads=heads,
-        num_query_groups=kv, vocab_size=int(row["vocab"]), seq_length=int(row["seq_len"]),
-        swiglu=llama, tied_embeddings=not llama, dropout=not llama, flash_attention=True,
-        normalization="rmsnorm" if llama else "layernorm", add_bias_linear=not llama,
-        position_embedding="rope" if llama else "learned_absolute",
-    ), filled  # fmt: skip
+        name=row.get("model", "row"), num_layers=int(row["n_layers"]),
+        hidden_size=int(row["hidden"]), ffn_hidden_size=int(row["ffn_hidden"]),
+        num_attention_heads=heads, num_query_groups=int(row["kv_heads"] or heads),
+        vocab_size=int(row["vocab"]), seq_length=int(row["seq_len"]),
+        swiglu=row["activation"] == "swiglu", tied_embeddings=_yes(row["tied"]),
+        normalization="rmsnorm" if row["norm"] == "rmsnorm" else "layernorm",
+        position_embedding="rope" if row["position_embedding"] == "rope" else "learned_absolute",
+        dropout=_yes(row["dropout"]), flash_attention=row["attention"] == "flash",
+        add_bias_linear=_yes(row["bias"]),
+    )  # fmt: skip
 
 
-def _row_config(row: dict[str, str]) -> tuple[ParallelConfig, str]:
-    rc = row["recompute"].split()[0] if row["recompute"] else "none"
-    sharding = row["distributed_optimizer"]
-    framework = "deepspeed" if "ZeRO-3" in sharding else "megatron"
-    tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
+def _split_kwargs(row: dict[str, str]) -> dict[str, Any]:
+    """The uneven pipeline split as ParallelConfig keywords, or Skip if it can't be expressed."""
+    split = row.get("pipeline_split", "")
+    if not split:
+        return {}
+    names = {f.name for f in dataclasses.fields(ParallelConfig)}
+    if "pipeline_split" not in names:
+        raise Skip("pipeline_split unsupported by this tuner")
+    match = _SPLIT.match(split)
+    if match is None:
+        raise Skip(f"pipeline split not expressible: {split.split(' (')[0]}")
+    return {"pipeline_split": (int(match.group(1)), int(match.group(2)))}
+
+
+def row_config(row: dict[str, str]) -> ParallelConfig:
+    """The row's parallel layout as a ParallelConfig."""
+    rc = row["recompute"] or "none"
     full = rc == "full"
-    return ParallelConfig(
-        tp=tp, pp=pp, dp=dp, cp=int(row["cp"] or 1), micro_batch_size=int(row["micro_batch"]),
-        global_batch_size=int(row["global_batch"]), recompute=rc,  # type: ignore[arg-type]
-        recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
-        sequence_parallel=row["sequence_parallel"] == "yes",
-        distributed_optimizer=framework == "megatron" and sharding not in ("", "no"),
-        zero_stage=3 if framework == "deepspeed" else 0,
-    ), framework  # fmt: skip
+    method = row.get("recompute_method") or "uniform"
+    try:
+        return ParallelConfig(
+            tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]), cp=int(row["cp"] or 1),
+            vp=int(row["vp"] or 1), micro_batch_size=int(row["micro_batch"]),
+            global_batch_size=int(row["global_batch"]), recompute=rc,  # type: ignore[arg-type]
+            recompute_method=method if full else None,  # type: ignore[arg-type]
+            recompute_num_layers=int(row["recompute_num_layers"] or 1) if full else None,
+            sequence_parallel=_yes(row["sequence_parallel"]),
+            distributed_optimizer=_yes(row["distributed_optimizer"]),
+            zero_stage=int(row["zero_stage"] or 0), **_split_kwargs(row),
+        )  # fmt: skip
+    except (TypeError, TunerError) as exc:
+        raise Skip(f"config not accepted: {exc}") from exc
+
+
+def row_gpu(row: dict[str, str]) -> GPUSpec:
+    """The catalog GPU a row ran on, with the capacity its source states where it differs."""
+    if row["gpu_type"] not in GPUS:
+        raise Skip(f"GPU {row['gpu_type']!r} has no catalog mapping")
+    name, memory = GPUS[row["gpu_type"]]
+    return get_gpu(name, memory)
+
+
+def _figure(part: object, metric: str) -> float:
+    peak = float(part.peak)  # type: ignore[attr-defined]
+    if metric == "allocated":
+        return float(part.allocated)  # type: ignore[attr-defined]
+    return float(getattr(part, metric, peak))  # reserved / device; today's model: peak
+
+
+def predict(row: dict[str, str], headroom: float) -> Result:
+    """Compare one row with the model (raises Skip for rows it can't express)."""
+    framework = FRAMEWORKS.get(row["framework"])
+    if framework is None:
+        raise Skip(f"framework {row['framework']!r} not modelled")
+    model, config, gpu = row_model(row), row_config(row), row_gpu(row)
+    mem = estimate_memory(model, config, gpu, framework, row["precision"])  # type: ignore[arg-type]
+    part, which = _stage_part(mem, row["stage"])
+    measured = float(row["value"]) * UNITS[row["unit"]]
+    return Result(row, measured, _figure(part, row["metric"]), fits(mem, gpu, headroom), which)
+
+
+def _stage_part(mem: object, stage: str) -> tuple[object, str]:
+    """The model's figures for the pipeline stage a row measured ("last pipeline stage ..." or
+    "pipeline stage N ...") when the model gives per-stage figures (``.stages``), else its peak."""
+    stages = getattr(mem, "stages", None)
+    match = _STAGE.match(stage)
+    if not stages or match is None:
+        return mem, "peak"
+    seq = list(stages.values() if isinstance(stages, dict) else stages)
+    index = len(seq) - 1 if match.group(1) is None else int(match.group(1))
+    if index < len(seq) and hasattr(seq[index], "allocated"):
+        return seq[index], "last" if index == len(seq) - 1 else str(index)
+    return mem, "peak"
+
+
+def published_cases_rows(path: Path) -> list[dict[str, str]]:
+    """The memory rows of the older shared published_cases.csv in this file's column layout."""
+    metrics = {"peak_mem_GB_max_allocated": ("allocated", "GB"),
+               "peak_mem_GiB_reserved": ("reserved", "GiB")}  # fmt: skip
+    out = []
+    for old in csv.DictReader(path.open()):
+        if old["metric"] not in metrics:
+            continue
+        llama = "llama" in old["model"].lower()
+        metric, unit = metrics[old["metric"]]
+        sharding = old["distributed_optimizer"]
+        fsdp = "ZeRO-3" in sharding
+        out.append({
+            **old, "source": "published_cases", "metric": metric, "unit": unit, "outcome": "ok",
+            "framework": "torchtitan-fsdp2" if fsdp else "megatron",
+            "zero_stage": "3" if fsdp else "0",
+            "distributed_optimizer": "no" if fsdp or sharding in ("", "no") else "yes",
+            "recompute": (old["recompute"] or "none").split()[0], "recompute_method": "",
+            "recompute_num_layers": "", "activation": "swiglu" if llama else "gelu",
+            "norm": "rmsnorm" if llama else "layernorm", "tied": "no" if llama else "yes",
+            "position_embedding": "rope" if llama else "learned_absolute",
+            "bias": "no" if llama else "yes", "dropout": "no" if llama else "yes",
+            "attention": "flash", "precision": "bf16", "stage": "", "pipeline_split": "",
+        })  # fmt: skip
+    return out
+
+
+def _summary(label: str, results: list[Result], ooms: list[Result]) -> str:
+    errs = [abs(r.error) for r in results]
+    under = sum(r.error < 0 for r in results)
+    false_oom = sum(not r.fits for r in results)
+    flagged = sum(not r.fits for r in ooms)
+    med = f"{statistics.median(errs):6.1%}" if errs else "     -"
+    worst = f"{max(errs):6.1%}" if errs else "     -"
+    share = f"{under / len(results):5.0%}" if results else "    -"
+    fo = f"{false_oom}/{len(results)}" if results else "-"
+    fl = f"{flagged}/{len(ooms)}" if ooms else "-"
+    return f"{label:38} {len(results):>5} {med:>7} {worst:>7} {share:>6} {fl:>7} {fo:>7}"
+
+
+def _groups(results: Iterable[Result]) -> dict[tuple[str, str], list[Result]]:
+    out: dict[tuple[str, str], list[Result]] = {}
+    for r in results:
+        out.setdefault((r.row["source"], r.row["metric"]), []).append(r)
+    return out
+
+
+def _print_rows(results: list[Result]) -> None:
+    print(f"{'model':44} {'gpu':15} {'tp':>2} {'pp':>2} {'dp':>3} {'vp':>2} {'metric':9} "
+          f"{'stage':5} {'measured':>8} {'predict':>8} {'error':>7}  fits (GiB)")  # fmt: skip
+    for r in results:
+        row = r.row
+        oom = row["outcome"] == "oom"
+        err = "  >" if oom else f"{r.error:+7.1%}"
+        print(f"{row['model'][:44]:44} {row['gpu_type'][:15]:15} {row['tp']:>2} {row['pp']:>2} "
+              f"{row['dp']:>3} {row['vp'] or 1:>2} {row['metric']:9} {r.stage:5} "
+              f"{r.measured / GIB:8.2f} {r.predicted / GIB:8.2f} {err:>7}  "
+              f"{'yes' if r.fits else 'no'}{' (known OOM)' if oom else ''}")  # fmt: skip
+    print()
+
+
+def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool:
+    """Print the tables; True when every target is met."""
+    results: list[Result] = []
+    skipped: dict[str, int] = {}
+    for row in rows:
+        try:
+            results.append(predict(row, headroom))
+        except Skip as why:
+            key = f"{row['source']}: {row.get('model', '')} ({why})"
+            skipped[key] = skipped.get(key, 0) + 1
+    for key, count in skipped.items():
+        print(f"skipped {count} row{'s' if count > 1 else ''} of {key}")
+    if show_rows:
+        _print_rows(results)
+    fit = [r for r in results if r.row["outcome"] != "oom"]
+    ooms = [r for r in results if r.row["outcome"] == "oom"]
+    print(f"\n{'source / metric':38} {'rows':>5} {'median':>7} {'max':>7} {'under':>6} "
+          f"{'OOM hit':>7} {'falseOOM':>8}")  # fmt: skip
+    fit_groups, oom_groups = _groups(fit), _groups(ooms)
+    for key in sorted(set(fit_groups) | set(oom_groups)):
+        print(_summary(f"{key[0]} / {key[1]}", fit_groups.get(key, []), oom_groups.get(key, [])))
+    for metric in sorted({r.row["metric"] for r in results}):
+        print(_summary(f"all / {metric}", [r for r in fit if r.row["metric"] == metric],
+                       [r for r in ooms if r.row["metric"] == metric]))  # fmt: skip
+    recent = ("A100", "H100", "H800", "H200", "GB200", "B200")
+    print(_summary("A100 and newer GPUs", [r for r in fit if r.row["gpu_type"].startswith(recent)],
+                   [r for r in ooms if r.row["gpu_type"].startswith(recent)]))  # fmt: skip
+    print(_summary("overall", fit, ooms))
+    errs = [abs(r.error) for r in fit]
+    ok = (
+        bool(errs)
+        and statistics.median(errs) <= 0.05
+        and max(errs) <= 0.15
+        and all(not r.fits for r in ooms)
+        and sum(not r.fits for r in fit) <= 0.05 * len(fit)
+    )
+    print(f"\ntargets (median <= 5%, max <= 15%, every known OOM flagged, <= 5% false OOMs at "
+          f"headroom {headroom:.2f}): {'met' if ok else 'NOT met'}")  # fmt: skip
+    print("errors: (predicted - measured) / measured over rows that fit; 'under': share "
+          "under-predicted; OOM rows' values are lower bounds, not errors.")  # fmt: skip
+    return ok
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    args = parser.parse_args()
-    if not args.csv.is_file():
-        print(f"published_cases.csv not found at {args.csv} (pass --csv)", file=sys.stderr)
-        return 2
-    errors: list[float] = []
-    print(f"{'model':34} {'gpu':14} {'tp':>2} {'pp':>2} {'dp':>3} {'mbs':>3} {'rc':9} {'what':9} "
-          f"{'published':>9} {'predicted':>9} {'error':>7}")  # fmt: skip
-    for row in csv.DictReader(args.csv.open()):
-        what = METRICS.get(row["metric"])
-        if what is None:
-            continue
-        model, filled = _row_model(row)
-        config, framework = _row_config(row)
-        gpu = get_gpu(GPUS[row["gpu_type"]])
-        mem = estimate_memory(model, config, gpu, framework, "bf16")  # type: ignore[arg-type]
-        unit = GIB if "GiB" in row["metric"] else 1e9
-        published = float(row["value"])
-        predicted = (mem.allocated if what == "allocated" else mem.peak) / unit
-        err = (predicted - published) / published
-        errors.append(abs(err))
-        mark = "*" if filled else " "
-        print(f"{row['model'][:33] + mark:34} {gpu.name:14} {config.tp:>2} {config.pp:>2} "
-              f"{config.dp:>3} {config.micro_batch_size:>3} {config.recompute:9} {what:9} "
-              f"{published:9.1f} {predicted:9.1f} {err:+7.1%}")  # fmt: skip
-    if not errors:
-        print("no usable rows")
-        return 1
-    print(f"\nrows: {len(errors)}  median |error|: {statistics.median(errors):.1%}  "
-          f"max |error|: {max(errors):.1%}")  # fmt: skip
-    print("* shape fields the source leaves out were filled with Llama-2-7B's (ffn, vocab, seq).")
+    parser.add_argument(
+        "--published-cases",
+        type=Path,
+        default=None,
+        help="also read the memory rows of an older published_cases.csv",
+    )
+    parser.add_argument("--rows", action="store_true", help="print every compared row")
+    parser.add_argument("--headroom", type=float, default=SearchSpec().memory_headroom)
+    args = parser.parse_args()  # fmt: skip
+    paths = [args.csv] + ([args.published_cases] if args.published_cases else [])
+    for path in paths:
+        if not path.is_file():
+            print(f"{path}: not found", file=sys.stderr)
+            return 2
+    rows = list(csv.DictReader(args.csv.open()))
+    if args.published_cases:
+        rows += published_cases_rows(args.published_cases)
+    report(rows, args.headroom, args.rows)
     return 0
 
 
