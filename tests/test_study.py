@@ -21,7 +21,7 @@ from tuner.results import emit_best, leaderboard, load_optuna_study
 from tuner.space import enumerate_space
 from tuner.study import build_loop
 from tuner.studyfile import study_from_mapping
-from tuner.trials import oom_dominates
+from tuner.trials import counts_as_run, oom_dominates
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"
@@ -294,6 +294,9 @@ def test_two_workers_never_run_one_config_twice(
     cols = ["tp", "pp", "micro_batch", "recompute", "sp", "distributed_optimizer"]
     assert len(ran) >= 4
     assert not ran.duplicated(cols).any(), ran[cols]
+    # Both workers count the runs under one budget lease: together they launch n_trials, no more.
+    study = load_optuna_study(study_from_mapping(data), store, results)
+    assert sum(counts_as_run(t) for t in study.get_trials(deepcopy=False)) <= 8
 
 
 def test_changed_study_is_refused_without_force(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ A lease is claimed atomically (one row per resource under a primary key in the s
 database, or one file beside a journal rewritten under ``flock``), renewed with the holder's
 heartbeat and expires when :data:`MISSED_BEATS` beats are missed; before an expired lease is
 taken over, the dead holder's processes on those nodes are ended (:mod:`tuner.schedule`).
+A study-wide ``budget:`` lease is held (:func:`exclusive`) while a worker counts the runs
+and launches one, so two workers never overshoot ``n_trials`` together.
 Times are the workers' own clocks (NTP-synchronised login nodes differ by far less than a beat).
 """
 
@@ -94,6 +96,32 @@ class Leases:
     def held(self, resources: Sequence[str] | None = None) -> list[Lease]:
         """The leases on ``resources`` (all when None)."""
         return self._b.select(self._study, resources)
+
+
+@contextlib.contextmanager
+def exclusive(leases: Leases, resource: str, holder: str, heartbeat_s: float) -> Iterator[bool]:
+    """Hold ``resource`` alone for the block: yields True, or False when a live worker holds it.
+
+    A lease its holder stopped renewing (a dead worker) is taken over. Released on exit."""
+    try:
+        leases.claim([resource], holder)
+    except LeaseConflict as conflict:
+        now = time.time()
+        stale = [x for x in conflict.held if x.expired(now, heartbeat_s)]
+        if len(stale) < len(conflict.held):
+            yield False
+            return
+        for lease in stale:
+            leases.take_over(lease)
+        try:
+            leases.claim([resource], holder)
+        except LeaseConflict:
+            yield False
+            return
+    try:
+        yield True
+    finally:
+        leases.release(holder, [resource])
 
 
 def open_leases(url: str | None, layout: ResultsLayout) -> Leases:

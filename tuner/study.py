@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool
 from tuner.layout import ResultsLayout
-from tuner.leases import Leases, open_leases
+from tuner.leases import Leases, exclusive, open_leases
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.record import (
@@ -372,12 +372,16 @@ class StudyLoop:
             placement = self.scheduler.acquire()
             if placement is None:
                 return
-            picked = self.next_config()
-            if picked is None:
-                self.scheduler.release(placement)
-                self.summary.stop_reason = "no new config to try (space exhausted)"
-                return
-            self.launch(*picked, placement)
+            with exclusive(self.leases, "budget:", self.worker, self.heartbeat_s) as turn:
+                if turn:  # counted again under the budget lease: no other worker launches now
+                    launched = self.launched_count(self.trials())
+                picked = self.next_config() if turn and launched < self.n_trials else None
+                if picked is None:
+                    self.scheduler.release(placement)
+                    if turn and launched < self.n_trials:
+                        self.summary.stop_reason = "no new config to try (space exhausted)"
+                    return
+                self.launch(*picked, placement)
             self.summary.launched += 1
             launched += 1
             if self._consecutive_launch_errors >= 3:
