@@ -373,10 +373,8 @@ def deepspeed_bounds(method: str, layer_params: tuple[int, ...], pp: int) -> tup
         return partition_balanced(layer_params, pp)
     if method.startswith("type:"):
         pattern = re.compile(method.split(":")[1], re.IGNORECASE)
-        names = (DEEPSPEED_LAYER_NAMES[0],)
-        names += (DEEPSPEED_LAYER_NAMES[1],) * (len(layer_params) - 2) + (
-            DEEPSPEED_LAYER_NAMES[2],
-        )
+        first, block, head = DEEPSPEED_LAYER_NAMES
+        names = (first,) + (block,) * (len(layer_params) - 2) + (head,)
         binary = tuple(int(bool(pattern.search(name))) for name in names)
         if not any(binary):
             raise SplitError(
