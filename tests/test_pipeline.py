@@ -340,3 +340,34 @@ def test_time_model_paces_on_the_slowest_stage() -> None:
     assert light.stage_imbalance < even.stage_imbalance
     assert light.compute == pytest.approx(even.compute * 9 / 8)  # pace: 9 layers, not 8
     assert heavy.compute == pytest.approx(even.compute * 11 / 8)
+
+
+def test_auto_split_tries_the_accepted_first_last_counts() -> None:
+    """30 layers, pp = 4: ceil(30 / 4) = 8, so first and last range over 6..9; Megatron needs
+    (30 - f - l) to split over the 2 middle stages, and auto keeps the ends no heavier than the
+    middle: (6, 6) -> 9, 9 in the middle; (6, 8) and (8, 6) -> 8; (7, 7) -> 8. (8, 8) would leave
+    7 in the middle. embedding+loss builds 7, 8, 8, 7 again, so it is left out. even is refused.
+    pp = 2: f + l = 30: even (15, 15), then (14, 16) and (16, 14)."""
+    s = study(pipeline_split="auto", pp="auto")
+    report = enumerate_space(s)
+    by_pp: dict[int, set[str]] = {}
+    for c in report.viable:
+        by_pp.setdefault(c.config.pp, set()).add(c.config.pipeline_split)
+    assert by_pp[4] == {"first=6,last=6", "first=6,last=8", "first=7,last=7", "first=8,last=6"}
+    assert by_pp[2] == {"even", "first=14,last=16", "first=16,last=14"}
+    assert by_pp[1] == {"even"}
+    assert report.invalid == 0
+
+
+def test_auto_split_on_deepspeed_keeps_distinct_partitions() -> None:
+    """30 blocks on 4 stages (32 layers with the embedding and the head): type:Block 8, 8, 7, 7;
+    uniform: 32 / 4 = 8 layers per stage -> 7, 8, 8, 7 blocks; parameters: the 32000 x 1024
+    embedding and head weigh about 2.7 blocks each -> 6, 9, 9, 6 (oracle test above)."""
+    data = copy.deepcopy(BASE)
+    data.update(framework="deepspeed", launch={"template": "deepspeed_gpt"})
+    data["space"] = {"pp": [4], "pipeline_split": "auto"}
+    spec = study_from_mapping(data)
+    report = enumerate_space(spec)
+    got = {c.config.pipeline_split: stage_layers(spec.model, c.config, "deepspeed")
+           for c in report.viable}  # fmt: skip
+    assert got == {"even": (8, 8, 7, 7), "parameters": (6, 9, 9, 6), "uniform": (7, 8, 8, 7)}

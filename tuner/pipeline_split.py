@@ -404,3 +404,54 @@ def deepspeed_stages(
         blocks = max(0, min(stop, last) - max(start, 1))
         out.append((blocks, start == 0, stop > last))
     return tuple(out)
+
+
+# ----------------------------------------------------------------------------- auto
+
+
+def auto_splits(
+    num_layers: int, pp: int, vp: int, framework: str, layer_params: tuple[int, ...]
+) -> tuple[str, ...]:
+    """The splits ``pipeline_split: auto`` tries at one (pp, vp), each a distinct assignment.
+
+    Megatron-LM: ``even`` where it is allowed, then every first/last-stage pair within two
+    layers below and one above ``ceil(num_layers / pp)`` that the framework accepts and that
+    keeps the first and last stage no heavier than a middle one (they also hold the embedding
+    and the LM head), then the embedding/loss accounting. DeepSpeed: ``even`` (type:Block),
+    ``parameters`` and ``uniform``. A split giving the same layers per chunk as an earlier one is
+    left out (the framework would build the same stages).
+    """
+    if pp == 1:
+        return (EVEN,)
+    seen: set[object] = set()
+    out: list[str] = []
+
+    def add(text: str, assignment: object) -> None:
+        if assignment not in seen:
+            seen.add(assignment)
+            out.append(text)
+
+    if framework == "deepspeed":
+        for method in (DEEPSPEED_DEFAULT_METHOD, "parameters", "uniform"):
+            try:
+                stages = deepspeed_stages(method, layer_params, pp)
+            except SplitError:
+                continue
+            add(EVEN if method == DEEPSPEED_DEFAULT_METHOD else method, stages)
+        return tuple(out)
+    if num_layers % (pp * vp) == 0:
+        add(EVEN, megatron_chunks(num_layers, pp, vp, EVEN))
+    top = -(-num_layers // pp)
+    counts = range(max(1, top - 2), top + 2)
+    candidates = [f"first={f},last={last}" for f in counts for last in counts]
+    candidates += ["embedding", "loss", "embedding+loss"]
+    for text in candidates:
+        try:
+            chunks = megatron_chunks(num_layers, pp, vp, text)
+        except SplitError:
+            continue
+        totals = [sum(c) for c in chunks]
+        if pp > 2 and max(totals[0], totals[-1]) > min(totals[1:-1]):
+            continue
+        add(text, chunks)
+    return tuple(out)

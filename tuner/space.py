@@ -7,6 +7,7 @@ size, checks the framework's rules (``tuner.parallel``) and, for the valid ones,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -19,7 +20,7 @@ from tuner.errors import ConfigError
 from tuner.memory import MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import TimeBreakdown, estimate_time
-from tuner.pipeline_split import EVEN, canonical_split
+from tuner.pipeline_split import EVEN, auto_splits, canonical_split, deepspeed_layer_params
 from tuner.spec import StudySpec
 
 
@@ -56,6 +57,9 @@ class Axes:
     distributed_optimizer: tuple[bool, ...]
     zero_stage: tuple[int, ...]
     pipeline_split: tuple[str, ...] = ("even",)
+    """The listed splits; with ``auto``, every split any (pp, vp) of the space may take."""
+    split_auto: bool = False
+    """``pipeline_split: auto``: each (pp, vp) takes its own ``auto_splits``."""
 
     @property
     def size(self) -> int:
@@ -63,7 +67,7 @@ class Axes:
         the pipeline split has one value: even)."""
         n = 1
         for name in self.__dataclass_fields__:
-            if name not in ("tp", "pp", "sequence_parallel", "pipeline_split"):
+            if name not in ("tp", "pp", "sequence_parallel", "pipeline_split", "split_auto"):
                 n *= len(getattr(self, name))
         n *= sum(len(self.pipeline_split) if pp > 1 else 1 for pp in self.pp)
         return n * sum(len(self.sequence_parallel) if tp > 1 else 1 for tp in self.tp)
@@ -93,9 +97,12 @@ def expand_axes(spec: StudySpec) -> Axes:
         layers = (0,) if s.recompute_num_layers == "auto" else s.recompute_num_layers
         for method in s.recompute_method:
             recompute.extend(("full", method, n) for n in layers)
+    # an uneven split lets pp leave a remainder of layers: auto then tries every pp
+    uneven = s.pipeline_split == "auto" or s.pipeline_split != (EVEN,)
+    pp_auto = [p for p in _divisors(world) if p <= m.num_layers] if uneven else None
     axes = Axes(
         tp=pick(s.tp, tp_auto),
-        pp=pick(s.pp, [p for p in _divisors(m.num_layers) if p <= world]),
+        pp=pick(s.pp, pp_auto or [p for p in _divisors(m.num_layers) if p <= world]),
         cp=pick(s.cp, cp_auto),
         vp=pick(s.vp, [1] if ds else [1, 2, 3, 4]),
         micro_batch_size=pick(s.micro_batch_size, mbs_auto),
@@ -103,8 +110,17 @@ def expand_axes(spec: StudySpec) -> Axes:
         recompute=tuple(recompute),
         distributed_optimizer=s.distributed_optimizer,
         zero_stage=s.zero_stage,
-        pipeline_split=tuple(canonical_split(t) for t in s.pipeline_split),
     )
+    if s.pipeline_split == "auto":
+        union = {
+            t: None
+            for pp, vp in itertools.product(axes.pp, axes.vp)
+            for t in _splits(spec, pp, vp)
+        }
+        axes = dataclasses.replace(axes, pipeline_split=tuple(union), split_auto=True)
+    else:
+        splits = tuple(canonical_split(t) for t in s.pipeline_split)
+        axes = dataclasses.replace(axes, pipeline_split=splits)
     if axes.size > MAX_SPACE_SIZE:
         raise ConfigError(
             f"the search space of {spec.name} has {axes.size:,} combinations, more than "
@@ -112,6 +128,15 @@ def expand_axes(spec: StudySpec) -> Axes:
             path="space",
         )
     return axes
+
+
+def _splits(spec: StudySpec, pp: int, vp: int) -> tuple[str, ...]:
+    """``pipeline_split: auto`` at one (pp, vp)."""
+    m = spec.model
+    params = deepspeed_layer_params(
+        m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.seq_length
+    )
+    return auto_splits(m.num_layers, pp, vp, spec.framework, params)
 
 
 def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:
@@ -129,7 +154,10 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
         per_rank = max(layers // (pp * vp), 1)
         # Megatron turns SP off at tp=1, so there a wanted SP means "off", listed once.
         sps = axes.sequence_parallel if tp > 1 else (False,)
-        splits = axes.pipeline_split if pp > 1 else (EVEN,)
+        if pp == 1:
+            splits: tuple[str, ...] = (EVEN,)
+        else:
+            splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
         for mbs, sp, (rc, method, n), dopt, zero, split in itertools.product(
             axes.micro_batch_size,
             sps,

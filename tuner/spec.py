@@ -403,14 +403,16 @@ class SpaceSpec:
     """Megatron ``--use-distributed-optimizer`` (ZeRO-1-style sharding over DP)."""
     zero_stage: tuple[int, ...] = (0,)
     """DeepSpeed ZeRO stage, 0-3."""
-    pipeline_split: tuple[str, ...] = ("even",)
+    pipeline_split: tuple[str, ...] | Auto = ("even",)
     """How layers go to pipeline stages (used at pp > 1): ``even``; Megatron ``first=N,last=N``
     (or one of them), ``embedding``, ``loss``, ``embedding+loss``, ``layout:STRING``; DeepSpeed
-    ``uniform``, ``parameters``, ``type:REGEX`` (README, "Uneven pipeline splits")."""
+    ``uniform``, ``parameters``, ``type:REGEX``; auto: the framework-accepted first/last counts
+    near ``num_layers / pp`` (README, "Uneven pipeline splits")."""
 
     def __post_init__(self) -> None:
         seen_splits: set[str] = set()
-        for i, text in enumerate(self.pipeline_split):
+        splits = () if self.pipeline_split == "auto" else self.pipeline_split
+        for i, text in enumerate(splits):
             try:
                 canonical = parse_split(text).text
             except ConfigError as e:
@@ -517,7 +519,8 @@ class StudySpec:
         problem = name_problem(self.name)  # the results layout's rule: the name is a directory
         if problem is not None:
             raise ConfigError(problem, path="name")
-        for i, text in enumerate(self.space.pipeline_split):
+        splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split
+        for i, text in enumerate(splits):
             owner = parse_split(text).framework
             if owner not in (None, self.framework):
                 raise ConfigError(
