@@ -425,19 +425,19 @@ def test_under_torchrun_oom_is_an_oom(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("extra", "vp"),
+    "extra",
     [
         (["--num-layers", "10", "--decoder-first-pipeline-num-layers", "2",
-          "--decoder-last-pipeline-num-layers", "2"], 1),
+          "--decoder-last-pipeline-num-layers", "2"]),
         (["--num-layers", "12", "--decoder-first-pipeline-num-layers", "2",
           "--decoder-last-pipeline-num-layers", "2", "--num-virtual-stages-per-pipeline-rank",
-          "2"], 2),
+          "2"]),
         (["--num-layers", "10", "--account-for-embedding-in-pipeline-split",
-          "--account-for-loss-in-pipeline-split"], 1),
-        (["--pipeline-model-parallel-layout", "Et|tt|tt|t|tt|t|t|tL"], 2),
+          "--account-for-loss-in-pipeline-split"]),
+        (["--pipeline-model-parallel-layout", "Et|t|t|t|t|t|t|tL"]),
     ],
 )  # fmt: skip
-def test_uneven_pipeline_flags_are_accepted(extra: list[str], vp: int) -> None:
+def test_uneven_pipeline_flags_are_accepted(extra: list[str]) -> None:
     """Megatron's real flag names for uneven splits; the layout sets the virtual size."""
     layers = extra[1] if extra[0] == "--num-layers" else "8"
     flags = _with(BASE, pipeline_model_parallel_size="4", num_layers=layers)
