@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import ValidationError
+from tuner.errors import ConfigError, ValidationError
+from tuner.pipeline_split import (
+    DEEPSPEED_DEFAULT_METHOD,
+    EVEN,
+    SplitError,
+    deepspeed_layer_params,
+    deepspeed_stages,
+    megatron_chunks,
+    parse_split,
+)
 from tuner.spec import Framework, ModelSpec, RecomputeGranularity, RecomputeMethod
 
 
@@ -44,6 +53,10 @@ class ParallelConfig:
     """Megatron distributed optimizer (fp32 master weights and Adam states sharded over DP)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage 0-3."""
+    pipeline_split: str = EVEN
+    """How layers are assigned to pipeline stages (``tuner.pipeline_split``): ``even``,
+    Megatron ``first=N,last=N`` / ``embedding+loss`` / ``layout:...``, or a DeepSpeed
+    ``partition_method`` (``uniform``, ``parameters``, ``type:REGEX``)."""
 
     @property
     def world_size(self) -> int:
@@ -81,7 +94,7 @@ class ParallelConfig:
             f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"
             f"gbs={self.global_batch_size},recompute={rc},"
             f"distopt={int(self.distributed_optimizer)},zero={self.zero_stage}"
-        )
+        ) + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, plus the derived grad_accum, for JSON, tables and Optuna attributes."""
@@ -100,6 +113,7 @@ class ParallelConfig:
             "recompute_num_layers": self.recompute_num_layers,
             "distributed_optimizer": self.distributed_optimizer,
             "zero_stage": self.zero_stage,
+            "pipeline_split": self.pipeline_split,
         }
 
 
@@ -138,7 +152,9 @@ def _check_sizes(c: ParallelConfig, world_size: int) -> list[RuleViolation]:
     return out
 
 
-def _check_model_split(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
+def _check_model_split(
+    c: ParallelConfig, m: ModelSpec, framework: Framework
+) -> list[RuleViolation]:
     out: list[RuleViolation] = []
     a, g = m.num_attention_heads, m.query_groups
     if a % c.tp:
@@ -163,7 +179,7 @@ def _check_model_split(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
                 "ffn_tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by {c.tp}"
             )
         )
-    if c.vp == 1 and m.num_layers % c.pp:
+    if c.vp == 1 and c.pipeline_split == EVEN and framework == "megatron" and m.num_layers % c.pp:
         out.append(
             RuleViolation(
                 "layers_pp",
@@ -185,7 +201,7 @@ def _check_pipeline(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
                 f"got pp={c.pp}",
             )
         ]
-    if m.num_layers % (c.pp * c.vp):
+    if c.pipeline_split == EVEN and m.num_layers % (c.pp * c.vp):
         return [
             RuleViolation(
                 "layers_pp_vp",
@@ -193,6 +209,67 @@ def _check_pipeline(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
                 f"{c.pp * c.vp} (layers per virtual stage must be whole)",
             )
         ]
+    return []
+
+
+def _check_interleaved_batch(c: ParallelConfig) -> list[RuleViolation]:
+    """megatron/core/pipeline_parallel/schedules.py (interleaved): micro-batches run in groups of
+    ``microbatch_group_size_per_vp_stage`` (default pp), which must lie in [pp, m], and the last
+    group may not be smaller than pp."""
+    m, p = c.num_microbatches, c.pp
+    if c.vp == 1 or p == 1:
+        return []
+    if p > m:
+        message = (
+            "The number of contiguous micro-batches in a virtual pipeline stageshould range in "
+            f"[PP={p} , M={m}]"
+        )
+    elif m % p:
+        message = (
+            "The remainder of M (the total micro-batches) divided by N (number of contiguous "
+            "micro-batches in a virtual pipeline stage) should be 0, or larger than or equal to "
+            f"the pipeline-parallel size, but it is {m % p}. Otherwise, it introduces "
+            "dependency bubbles in the pipeline and reduces throughput."
+        )
+    else:
+        return []
+    return [RuleViolation("interleaved_microbatches", message)]
+
+
+def _check_split(c: ParallelConfig, m: ModelSpec, framework: Framework) -> list[RuleViolation]:
+    """The ``pipeline_split`` with the framework's own rules (``tuner.pipeline_split``)."""
+    try:
+        s = parse_split(c.pipeline_split)
+    except ConfigError as e:
+        return [RuleViolation("split_syntax", f"pipeline_split: {e}")]
+    if s.framework not in (None, framework):
+        return [
+            RuleViolation(
+                "split_framework",
+                f"pipeline_split {c.pipeline_split} is a {s.framework} setting, not {framework}'s",
+            )
+        ]
+    if c.pp == 1:
+        if s.kind == "even":
+            return []
+        return [
+            RuleViolation(
+                "split_needs_pp",
+                f"pipeline_split {c.pipeline_split} needs pipeline-model-parallel size > 1 "
+                "(at pp=1 it repeats the even config)",
+            )
+        ]
+    try:
+        if framework == "deepspeed":
+            params = deepspeed_layer_params(
+                m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.seq_length
+            )
+            method = s.method if s.kind == "deepspeed" else DEEPSPEED_DEFAULT_METHOD
+            deepspeed_stages(str(method), params, c.pp)
+        elif s.kind != "even":
+            megatron_chunks(m.num_layers, c.pp, c.vp, c.pipeline_split)
+    except SplitError as e:
+        return [RuleViolation(e.rule, e.message)]
     return []
 
 
@@ -321,9 +398,11 @@ def validate(
     out = _check_sizes(config, world_size)
     if out and out[0].rule == "positive":
         return out
-    out += _check_model_split(config, model)
+    out += _check_model_split(config, model, framework)
     out += _check_pipeline(config, model)
+    out += _check_split(config, model, framework)
     out += _check_batch(config)
+    out += _check_interleaved_batch(config)
     out += _check_sequence(config, model)
     out += _check_recompute(config, model)
     out += _check_framework(config, framework)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.parallel import ParallelConfig
+from tuner.pipeline import stage_layers
 from tuner.spec import ModelSpec, TrainingSpec
 
 # --- Efficiencies (fractions of the catalog's peak figures) -------------------------------------
@@ -513,7 +514,10 @@ def estimate_time(
         config.sequence_parallel,
         gpus_per_node,
     )
-    layers = model.num_layers / config.pp
+    # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
+    # frameworks' own per-stage counts, uneven splits included)
+    counts = stage_layers(model, config, "deepspeed" if framework == "deepspeed" else "megatron")
+    layers = float(max(counts))
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
     stage_mb = layers * (fwd + bwd + rec + cp_exposed) + tp_mb
@@ -523,7 +527,9 @@ def estimate_time(
         compute += m * head
         tp_comm += m * head_comm
     else:
-        imbalance = m * (head + head_comm)
+        # the last stage adds the LM head; layers it holds fewer than the slowest stage absorb it
+        spare = (layers - counts[-1]) * stage_mb / layers if layers else 0.0
+        imbalance = m * max(0.0, head + head_comm - spare)
         imbalance += _tied_embedding_sync(model, config, dev, embedding, gpus_per_node)
     p2p, bubble = _pipeline(config, model, dev, gpus_per_node, stage_mb)
     bw, lat = _link(dev, config.world_size // config.pp, gpus_per_node)

@@ -1,37 +1,172 @@
 """Pipeline stages: which transformer layers each stage holds, and what its schedule keeps alive.
 
 One definition used by the memory model, the time model, the validity rules and the templates.
+The layer arithmetic itself is :mod:`tuner.pipeline_split` (the frameworks' rules, over ints).
+
+Schedules (what a rank holds at its activation peak):
+
+- Megatron-LM 1F1B (``megatron/core/pipeline_parallel/schedules.py``
+  ``forward_backward_pipelining_without_interleaving``) and DeepSpeed ``TrainSchedule``
+  (``deepspeed/runtime/pipe/schedule.py``): stage i runs ``p - i - 1`` warm-up forwards, then
+  one forward before each backward, so it holds ``min(p - i, m)`` micro-batches.
+- Megatron-LM interleaved 1F1B (``forward_backward_pipelining_with_interleaving``,
+  ``get_pp_rank_microbatches``): rank r runs ``W = (p - r - 1) * 2 + (v - 1) * g`` warm-up
+  chunk-forwards (g = ``microbatch_group_size_per_vp_stage``, default p), capped at ``m v``; in
+  steady state one forward precedes each backward, so ``min(W + 1, m v)`` chunk micro-batches
+  are alive, each of one model chunk's layers. Which chunks they are follows the schedule table
+  (``get_schedule_table``): forwards walk groups of g micro-batches chunk by chunk, backwards the
+  same table with the chunk order reversed.
 """
 
 from __future__ import annotations
 
+from tuner.errors import ValidationError
 from tuner.parallel import ParallelConfig
+from tuner.pipeline_split import (
+    DEEPSPEED_DEFAULT_METHOD,
+    Chunks,
+    SplitError,
+    deepspeed_layer_params,
+    deepspeed_stages,
+    megatron_chunks,
+    parse_split,
+)
 from tuner.spec import Framework, ModelSpec
+
+
+def deepspeed_method(config: ParallelConfig) -> str:
+    """The ``partition_method`` the DeepSpeed workload gets (``even``: its default)."""
+    s = parse_split(config.pipeline_split)
+    return str(s.method) if s.kind == "deepspeed" else DEEPSPEED_DEFAULT_METHOD
+
+
+def _deepspeed(model: ModelSpec, config: ParallelConfig) -> tuple[tuple[int, bool, bool], ...]:
+    params = deepspeed_layer_params(
+        model.num_layers, model.hidden_size, model.ffn_hidden_size, model.vocab_size,
+        model.seq_length,
+    )  # fmt: skip
+    return deepspeed_stages(deepspeed_method(config), params, config.pp)
+
+
+def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework) -> Chunks:
+    """Transformer layers per pipeline rank and model chunk (``[rank][chunk]``, vp chunks).
+
+    Raises :class:`ValidationError` with the framework's message for a split it refuses (the
+    validity rules of ``tuner.parallel`` report the same message first).
+    """
+    try:
+        if framework == "deepspeed":
+            return tuple((blocks,) for blocks, _, _ in _deepspeed(model, config))
+        return megatron_chunks(model.num_layers, config.pp, config.vp, config.pipeline_split)
+    except SplitError as e:
+        raise ValidationError(e.message) from None
 
 
 def stage_layers(
     model: ModelSpec, config: ParallelConfig, framework: Framework
 ) -> tuple[int, ...]:
-    """Transformer layers on each pipeline stage, first to last (``len == config.pp``).
+    """Transformer layers on each pipeline stage, first to last (``len == config.pp``)."""
+    return tuple(sum(chunks) for chunks in chunk_layers(model, config, framework))
 
-    Even split: every stage holds ``num_layers / pp`` layers (the validity rules reject the
-    rest for now).
+
+def stage_holds(
+    model: ModelSpec, config: ParallelConfig, framework: Framework
+) -> tuple[tuple[bool, bool], ...]:
+    """Per stage: (holds the embedding, holds the output layer and loss).
+
+    Megatron-LM builds the embedding on the first and the output layer on the last pp rank
+    (``GPTModel`` pre_process / post_process). DeepSpeed's partition may leave the embedding
+    alone on stage 0, but it is always the first layer and the head the last one.
     """
-    del framework
-    per_stage = model.num_layers // config.pp
-    return (per_stage,) * config.pp
+    if framework == "deepspeed" and config.pp > 1:
+        return tuple((emb, head) for _, emb, head in _deepspeed(model, config))
+    p = config.pp
+    return tuple((stage == 0, stage == p - 1) for stage in range(p))
+
+
+def warmup_microbatches(config: ParallelConfig, stage: int) -> int:
+    """Forward passes (of one model chunk) rank ``stage`` runs before its first backward."""
+    p, v, m = config.pp, max(config.vp, 1), max(config.num_microbatches, 1)
+    if p == 1:
+        return 0
+    if v == 1:
+        return min(p - stage - 1, m)
+    return min((p - stage - 1) * 2 + (v - 1) * p, m * v)
 
 
 def in_flight(config: ParallelConfig, stage: int) -> float:
     """Micro-batches of the stage's layers whose activations ``stage`` holds at its peak.
 
-    1F1B (Korthikanti et al. 2022, section 4): stage i holds min(p - i, m); the interleaved
-    schedule multiplies by 1 + (p - 1) / (p v) (Narayanan et al. 2021).
+    1F1B: ``min(p - i, m)``. Interleaved: ``min(W + 1, m v)`` chunk micro-batches of ``1/v`` of
+    the rank's layers each (equal chunks; :func:`held_layer_microbatches` weighs unequal ones).
     """
-    m = max(config.num_microbatches, 1)
     if config.pp == 1:
         return 1.0
-    held = float(min(config.pp - stage, m))
-    if config.vp > 1 and m >= config.pp:
-        held *= 1 + (config.pp - 1) / (config.pp * config.vp)
-    return held
+    v, m = max(config.vp, 1), max(config.num_microbatches, 1)
+    return min(warmup_microbatches(config, stage) + 1, m * v) / v
+
+
+def schedule_table(config: ParallelConfig) -> list[tuple[int, int]]:
+    """Megatron's interleaved order of (micro-batch, model chunk) forwards (group size p)."""
+    m, v, g = max(config.num_microbatches, 1), max(config.vp, 1), config.pp
+    table: list[tuple[int, int]] = []
+    for start in range(0, m, g):
+        stop = m if start + g >= m else start + g
+        table += [(mb, chunk) for chunk in range(v) for mb in range(start, stop)]
+    return table
+
+
+def in_flight_chunks(config: ParallelConfig, stage: int, weights: tuple[int, ...]) -> list[int]:
+    """Micro-batches held per model chunk when ``sum(held[c] * weights[c])`` is largest.
+
+    Walks the rank's schedule: forwards in table order; after the warm-up, each forward is
+    followed by the backward of the oldest one (chunk order reversed, as Megatron's
+    ``get_model_chunk_id(forward=False)`` does).
+    """
+    v = max(config.vp, 1)
+    if config.pp == 1:
+        return [1] * v
+    table = schedule_table(config) if v > 1 else [(mb, 0) for mb in range(config.num_microbatches)]
+    total, warm = len(table), warmup_microbatches(config, stage)
+    held, best, best_load = [0] * v, [0] * v, -1
+    for k in range(total):
+        held[table[k][1]] += 1
+        if k < warm:
+            continue
+        load = sum(h * w for h, w in zip(held, weights, strict=True))
+        if load > best_load:
+            best, best_load = list(held), load
+        back = k - warm
+        held[v - 1 - table[back][1]] -= 1
+    if best_load < 0:  # every micro-batch in warm-up: all held at once
+        best = list(held)
+    return best
+
+
+def held_layer_microbatches(
+    model: ModelSpec, config: ParallelConfig, framework: Framework, stage: int
+) -> float:
+    """Layer x micro-batch activations ``stage`` holds at its peak (chunks weighed by layers)."""
+    chunks = chunk_layers(model, config, framework)[stage]
+    if config.pp == 1:
+        return float(sum(chunks))
+    if len(chunks) == 1:
+        return in_flight(config, stage) * chunks[0]
+    held = in_flight_chunks(config, stage, chunks)
+    return float(sum(h * n for h, n in zip(held, chunks, strict=True)))
+
+
+def pipe_buffers(config: ParallelConfig, stage: int, framework: Framework) -> int:
+    """Stage-boundary tensors (input and output activation pairs) ``stage`` keeps allocated.
+
+    DeepSpeed ``TrainSchedule.num_pipe_buffers``: ``max(2, min(p - i, m))``, so the last stage
+    keeps two although one micro-batch is in flight. Megatron keeps one input/output pair per
+    in-flight chunk micro-batch (``input_tensors`` / ``output_tensors``), freed at its backward.
+    """
+    if config.pp == 1:
+        return 0
+    m = max(config.num_microbatches, 1)
+    if framework == "deepspeed":
+        return max(2, min(config.pp - stage, m))
+    v = max(config.vp, 1)
+    return min(warmup_microbatches(config, stage) + 1, m * v)

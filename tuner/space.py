@@ -7,6 +7,7 @@ size, checks the framework's rules (``tuner.parallel``) and, for the valid ones,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -19,6 +20,7 @@ from tuner.errors import ConfigError
 from tuner.memory import GIB, MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import TimeBreakdown, estimate_time
+from tuner.pipeline_split import EVEN, auto_splits, canonical_split, deepspeed_layer_params
 from tuner.probe import may_probe
 from tuner.spec import StudySpec
 
@@ -55,14 +57,20 @@ class Axes:
     recompute: tuple[tuple[str, str | None, int | None], ...]
     distributed_optimizer: tuple[bool, ...]
     zero_stage: tuple[int, ...]
+    pipeline_split: tuple[str, ...] = ("even",)
+    """The listed splits; with ``auto``, every split any (pp, vp) of the space may take."""
+    split_auto: bool = False
+    """``pipeline_split: auto``: each (pp, vp) takes its own ``auto_splits``."""
 
     @property
     def size(self) -> int:
-        """Number of combinations (at tp=1 sequence parallelism has one value: off)."""
+        """Number of combinations (at tp=1 sequence parallelism has one value: off; at pp=1
+        the pipeline split has one value: even)."""
         n = 1
         for name in self.__dataclass_fields__:
-            if name not in ("tp", "sequence_parallel"):
+            if name not in ("tp", "pp", "sequence_parallel", "pipeline_split", "split_auto"):
                 n *= len(getattr(self, name))
+        n *= sum(len(self.pipeline_split) if pp > 1 else 1 for pp in self.pp)
         return n * sum(len(self.sequence_parallel) if tp > 1 else 1 for tp in self.tp)
 
 
@@ -90,9 +98,12 @@ def expand_axes(spec: StudySpec) -> Axes:
         layers = (0,) if s.recompute_num_layers == "auto" else s.recompute_num_layers
         for method in s.recompute_method:
             recompute.extend(("full", method, n) for n in layers)
+    # an uneven split lets pp leave a remainder of layers: auto then tries every pp
+    uneven = s.pipeline_split == "auto" or s.pipeline_split != (EVEN,)
+    pp_auto = [p for p in _divisors(world) if p <= m.num_layers] if uneven else None
     axes = Axes(
         tp=pick(s.tp, tp_auto),
-        pp=pick(s.pp, [p for p in _divisors(m.num_layers) if p <= world]),
+        pp=pick(s.pp, pp_auto or [p for p in _divisors(m.num_layers) if p <= world]),
         cp=pick(s.cp, cp_auto),
         vp=pick(s.vp, [1] if ds else [1, 2, 3, 4]),
         micro_batch_size=pick(s.micro_batch_size, mbs_auto),
@@ -101,6 +112,16 @@ def expand_axes(spec: StudySpec) -> Axes:
         distributed_optimizer=s.distributed_optimizer,
         zero_stage=s.zero_stage,
     )
+    if s.pipeline_split == "auto":
+        union = {
+            t: None
+            for pp, vp in itertools.product(axes.pp, axes.vp)
+            for t in _splits(spec, pp, vp)
+        }
+        axes = dataclasses.replace(axes, pipeline_split=tuple(union), split_auto=True)
+    else:
+        splits = tuple(canonical_split(t) for t in s.pipeline_split)
+        axes = dataclasses.replace(axes, pipeline_split=splits)
     if axes.size > MAX_SPACE_SIZE:
         raise ConfigError(
             f"the search space of {spec.name} has {axes.size:,} combinations, more than "
@@ -110,11 +131,21 @@ def expand_axes(spec: StudySpec) -> Axes:
     return axes
 
 
+def _splits(spec: StudySpec, pp: int, vp: int) -> tuple[str, ...]:
+    """``pipeline_split: auto`` at one (pp, vp)."""
+    m = spec.model
+    params = deepspeed_layer_params(
+        m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.seq_length
+    )
+    return auto_splits(m.num_layers, pp, vp, spec.framework, params)
+
+
 def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:
     """Every combination of the axes as a ParallelConfig (DP derived; may be invalid).
 
     At tp=1 sequence parallelism is off whatever the axis says (Megatron turns it off there), so
-    `sequence_parallel: [true]` keeps the tp=1 configs instead of making them all invalid.
+    `sequence_parallel: [true]` keeps the tp=1 configs instead of making them all invalid; at
+    pp=1 likewise the pipeline split is ``even`` (one stage holds every layer).
     """
     axes = axes or expand_axes(spec)
     world, gbs = spec.world_size, spec.training.global_batch_size
@@ -124,19 +155,24 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
         per_rank = max(layers // (pp * vp), 1)
         # Megatron turns SP off at tp=1, so there a wanted SP means "off", listed once.
         sps = axes.sequence_parallel if tp > 1 else (False,)
-        for mbs, sp, (rc, method, n), dopt, zero in itertools.product(
+        if pp == 1:
+            splits: tuple[str, ...] = (EVEN,)
+        else:
+            splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
+        for mbs, sp, (rc, method, n), dopt, zero, split in itertools.product(
             axes.micro_batch_size,
             sps,
             axes.recompute,
             axes.distributed_optimizer,
             axes.zero_stage,
+            splits,
         ):
             yield ParallelConfig(
                 tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, sequence_parallel=sp,
                 micro_batch_size=mbs, global_batch_size=gbs, recompute=rc,  # type: ignore[arg-type]
                 recompute_method=method,  # type: ignore[arg-type]
                 recompute_num_layers=(per_rank if n == 0 else n),
-                distributed_optimizer=dopt, zero_stage=zero,
+                distributed_optimizer=dopt, zero_stage=zero, pipeline_split=split,
             )  # fmt: skip
 
 
@@ -257,6 +293,7 @@ _ALIASES = {
     "dist_opt": "distributed_optimizer",
     "zero": "zero_stage",
     "recompute_granularity": "recompute",
+    "split": "pipeline_split",
 }
 _INT_KEYS = {"tp", "pp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "zero_stage"}
 _BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
@@ -283,11 +320,16 @@ def _parse_setting(item: str) -> tuple[str, object]:
         if raw.lower() in ("0", "false", "no", "off"):
             return key, False
         raise ConfigError(f"expected true or false, got {raw!r}", path=where)
+    if key == "pipeline_split":
+        try:
+            return key, canonical_split(raw)
+        except ConfigError as e:
+            raise ConfigError(e.reason, path=where) from None
     if key in _CHOICES:
         if raw not in _CHOICES[key]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
-    known = sorted(_INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES))
+    known = sorted(_INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split"})
     raise ConfigError(f"unknown key (known: {', '.join(known)})", path=where)
 
 
@@ -301,11 +343,14 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         "sequence_parallel": axes.sequence_parallel[0], "recompute": rc,
         "recompute_method": method, "recompute_num_layers": n,
         "distributed_optimizer": axes.distributed_optimizer[0], "zero_stage": axes.zero_stage[0],
+        "pipeline_split": axes.pipeline_split[0],
     }  # fmt: skip
     given = dict(_parse_setting(item) for item in settings)
     values.update(given)
     if "sequence_parallel" not in given and values["tp"] == 1:
         values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it
+    if "pipeline_split" not in given and values["pp"] == 1:
+        values["pipeline_split"] = EVEN  # one stage: no split to choose
     if values["recompute"] != "full":
         values["recompute_method"] = given.get("recompute_method")
         values["recompute_num_layers"] = given.get("recompute_num_layers")

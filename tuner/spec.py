@@ -17,6 +17,7 @@ from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
+from tuner.pipeline_split import parse_split
 
 Framework = Literal["megatron", "deepspeed"]
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -402,8 +403,23 @@ class SpaceSpec:
     """Megatron ``--use-distributed-optimizer`` (ZeRO-1-style sharding over DP)."""
     zero_stage: tuple[int, ...] = (0,)
     """DeepSpeed ZeRO stage, 0-3."""
+    pipeline_split: tuple[str, ...] | Auto = ("even",)
+    """How layers go to pipeline stages (used at pp > 1): ``even``; Megatron ``first=N,last=N``
+    (or one of them), ``embedding``, ``loss``, ``embedding+loss``, ``layout:STRING``; DeepSpeed
+    ``uniform``, ``parameters``, ``type:REGEX``; auto: the framework-accepted first/last counts
+    near ``num_layers / pp`` (README, "Uneven pipeline splits")."""
 
     def __post_init__(self) -> None:
+        seen_splits: set[str] = set()
+        splits = () if self.pipeline_split == "auto" else self.pipeline_split
+        for i, text in enumerate(splits):
+            try:
+                canonical = parse_split(text).text
+            except ConfigError as e:
+                raise ConfigError(e.reason, path=f"pipeline_split[{i}]") from None
+            if canonical in seen_splits:
+                raise ConfigError(f"{text!r} is listed twice", path=f"pipeline_split[{i}]")
+            seen_splits.add(canonical)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value == "auto":
@@ -511,6 +527,15 @@ class StudySpec:
         problem = name_problem(self.name)  # the results layout's rule: the name is a directory
         if problem is not None:
             raise ConfigError(problem, path="name")
+        splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split
+        for i, text in enumerate(splits):
+            owner = parse_split(text).framework
+            if owner not in (None, self.framework):
+                raise ConfigError(
+                    f"{text!r} is a {owner} pipeline split; this study's framework is "
+                    f"{self.framework}",
+                    path=f"space.pipeline_split[{i}]",
+                )
         n = len(self.node_names)
         if isinstance(self.search.nodes_per_trial, int) and self.search.nodes_per_trial > n:
             raise ConfigError(

@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
+from tuner.pipeline_split import EVEN
 from tuner.space import Axes, expand_axes
 from tuner.spec import StudySpec
 
@@ -39,7 +40,7 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
     reading the storage shows the same names and values as ``tune leaderboard``."""
     axes = axes or expand_axes(spec)
     rc = sorted({recompute_setting(*r) for r in axes.recompute})
-    return {
+    out: dict[str, BaseDistribution] = {
         "tp": CategoricalDistribution(list(axes.tp)),
         "pp": CategoricalDistribution(list(axes.pp)),
         "cp": CategoricalDistribution(list(axes.cp)),
@@ -50,6 +51,10 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
         "distributed_optimizer": CategoricalDistribution(list(axes.distributed_optimizer)),
         "zero_stage": CategoricalDistribution(list(axes.zero_stage)),
     }
+    if axes.pipeline_split != (EVEN,):
+        # only a study that searches the split has the parameter (older studies stay the same)
+        out["pipeline_split"] = CategoricalDistribution(list(axes.pipeline_split))
+    return out
 
 
 def recompute_setting(rc: str, method: str | None, n: int | None) -> str:
@@ -79,7 +84,15 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
     sp = config.sequence_parallel
     if axes is not None and config.tp == 1 and sp not in axes.sequence_parallel:
         sp = axes.sequence_parallel[0]
-    return {
+    split = config.pipeline_split
+    if axes is not None and config.pp == 1 and split not in axes.pipeline_split:
+        split = axes.pipeline_split[0]  # at pp=1 the split is even whatever the parameter says
+    extra = (
+        {}
+        if split == EVEN and (axes is None or axes.pipeline_split == (EVEN,))
+        else {"pipeline_split": split}
+    )
+    return extra | {
         "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
         "micro_batch": config.micro_batch_size,
         "sp": sp,
@@ -102,6 +115,7 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
         recompute_num_layers=n,
         distributed_optimizer=bool(params["distributed_optimizer"]),
         zero_stage=int(params["zero_stage"]),
+        pipeline_split=str(params.get("pipeline_split", EVEN)) if pp > 1 else EVEN,
     )  # fmt: skip
 
 

@@ -7,8 +7,10 @@ Launch with torchrun (one process per device; gloo on CPU, nccl on CUDA)::
 Everything about parallelism and precision comes from the ds_config.json: ZeRO stage 0-3,
 ``train_micro_batch_size_per_gpu`` / ``gradient_accumulation_steps`` / ``train_batch_size``,
 ``bf16.enabled``, an ``activation_checkpointing`` section (only the transformer blocks are
-checkpointed), ``"pipeline": {"stages": P}`` (P > 1 builds a DeepSpeed ``PipelineModule``; ZeRO 0/1
-only), and an optional ``optimizer`` section (without one, ``torch.optim.AdamW`` is created here).
+checkpointed), ``"pipeline": {"stages": P, "partition": METHOD}`` (P > 1 builds a DeepSpeed
+``PipelineModule`` with ``partition_method=METHOD``: ``type:Block`` when absent or DeepSpeed's
+default ``best``, else ``uniform``, ``parameters`` or ``type:REGEX``; ZeRO 0/1 only), and an
+optional ``optimizer`` section (without one, ``torch.optim.AdamW`` is created here).
 Tokens are synthetic and seeded.
 
 Printed lines (besides DeepSpeed's own log, which is switched to INFO level):
@@ -96,6 +98,7 @@ class RunPlan:
     bf16: bool
     checkpointing: bool
     has_optimizer: bool
+    partition_method: str = "type:Block"
 
     @property
     def global_batch(self) -> int:
@@ -252,7 +255,17 @@ def plan_run(config: dict[str, Any], world: int, shape: ModelShape) -> RunPlan:
             "parallelism, which this workload does not have"
         )
     micro, gas = resolve_batch(config, world // stages)
+    partition = _section(config, "pipeline").get("partition", "best")
+    if not isinstance(partition, str):
+        raise WorkloadConfigError(f"pipeline.partition must be a string, got {partition!r}")
+    if partition != "best" and not (
+        partition in ("uniform", "parameters") or partition.startswith("type:")
+    ):
+        raise WorkloadConfigError(
+            f"pipeline.partition must be uniform, parameters or type:REGEX, got {partition!r}"
+        )
     return RunPlan(
+        partition_method="type:Block" if partition == "best" else partition,
         zero_stage=zero,
         pipeline_stages=stages,
         micro_batch=micro,
@@ -378,7 +391,7 @@ def build_model(shape: ModelShape, plan: RunPlan, config: dict[str, Any], seed: 
         layers=layers,
         num_stages=plan.pipeline_stages,
         loss_fn=lm_loss,
-        partition_method="type:Block",
+        partition_method=plan.partition_method,
         activation_checkpoint_interval=1 if checkpoint else 0,
         checkpointable_layers=["Block"],  # never the embedding (integer input) or the head
         base_seed=seed,

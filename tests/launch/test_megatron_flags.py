@@ -44,6 +44,14 @@ CONFIGS = {
         recompute="full", recompute_method="block", recompute_num_layers=2,
     ),
     "dp16-plain": ParallelConfig(dp=16, global_batch_size=64),
+    "pp4-vp2-first6-last6": ParallelConfig(
+        pp=4, dp=4, vp=2, micro_batch_size=1, global_batch_size=64,
+        pipeline_split="first=6,last=6",
+    ),
+    "pp4-layout": ParallelConfig(
+        pp=4, dp=4, micro_batch_size=1, global_batch_size=64,
+        pipeline_split="layout:Et*7|t*9|t*9|t*7L",
+    ),
 }  # fmt: skip
 
 

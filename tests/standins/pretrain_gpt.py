@@ -74,6 +74,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import signal
 import sys
@@ -348,7 +349,15 @@ def _check_required(args: argparse.Namespace, rank: int | None) -> None:
 
 
 def _check_pipeline(args: argparse.Namespace) -> None:
+    """megatron/training/arguments.py validate_args: the virtual pipeline size and the layer
+    divisibility checks (the TransformerConfig checks of uneven splits are tuner's own)."""
     pp, layers = args.pipeline_model_parallel_size, args.num_layers
+    layers += int(args.account_for_embedding_in_pipeline_split)
+    layers += int(args.account_for_loss_in_pipeline_split)
+    uneven = (
+        args.decoder_first_pipeline_num_layers is not None
+        or args.decoder_last_pipeline_num_layers is not None
+    )
     vpp_flags = [
         args.num_layers_per_virtual_pipeline_stage,
         args.num_virtual_stages_per_pipeline_rank,
@@ -361,7 +370,40 @@ def _check_pipeline(args: argparse.Namespace) -> None:
             "--pipeline-model-parallel-layout."
         )
     args.virtual_pipeline_model_parallel_size = None
-    if vpp_flags[0] is not None or vpp_flags[1] is not None:
+    if vpp_flags[2] is not None:
+        stages = _layout_stages(vpp_flags[2])
+        if stages % pp != 0:
+            raise AssertionError(
+                "The length of pipeline_model_parallel_layout must be divisible by "
+                f"pipeline_model_parallel_size (num_stages={stages}, "
+                f"args.pipeline_model_parallel_size={pp})"
+            )
+        args.virtual_pipeline_model_parallel_size = (stages // pp) if stages > pp else None
+    elif vpp_flags[1] is not None:
+        args.virtual_pipeline_model_parallel_size = vpp_flags[1]
+    elif vpp_flags[0] is not None:
+        if uneven:
+            raise AssertionError(
+                "please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline "
+                "parallel degree when enable uneven pipeline parallelism"
+            )
+        if layers % pp != 0:
+            raise AssertionError(
+                "number of layers of the model must be divisible pipeline model parallel size"
+            )
+        if (layers // pp) % vpp_flags[0] != 0:
+            raise AssertionError(
+                "number of layers per pipeline stage must be divisible number of layers per "
+                "virtual pipeline stage"
+            )
+        args.virtual_pipeline_model_parallel_size = layers // pp // vpp_flags[0]
+    elif not uneven and layers % pp != 0:
+        raise AssertionError(
+            "Number of layers should be divisible by the pipeline-model-parallel size"
+        )
+    if args.virtual_pipeline_model_parallel_size == 1:
+        args.virtual_pipeline_model_parallel_size = None
+    if args.virtual_pipeline_model_parallel_size is not None:
         if args.overlap_p2p_comm and pp <= 1:
             raise AssertionError(
                 "When interleaved schedule is used, pipeline-model-parallel size should be "
@@ -373,24 +415,14 @@ def _check_pipeline(args: argparse.Namespace) -> None:
                 "pipeline-model-parallel size should be greater than 2 to avoid having multiple "
                 "p2p sends and recvs between same 2 ranks per communication batch"
             )
-        if layers % pp != 0:
-            raise AssertionError(
-                "number of layers of the model must be divisible pipeline model parallel size"
-            )
-        per_stage = layers // pp
-        per_virtual = vpp_flags[0] or max(1, per_stage // vpp_flags[1])
-        if per_stage % per_virtual != 0 or (vpp_flags[1] and per_stage % vpp_flags[1] != 0):
-            raise AssertionError(
-                "number of layers per pipeline stage must be divisible number of layers per "
-                "virtual pipeline stage"
-            )
-        args.virtual_pipeline_model_parallel_size = per_stage // per_virtual
-    elif args.decoder_first_pipeline_num_layers is None and (
-        args.decoder_last_pipeline_num_layers is None and layers % pp != 0
-    ):
-        raise AssertionError(
-            "Number of layers should be divisible by the pipeline-model-parallel size"
-        )
+
+
+def _layout_stages(layout: str) -> int:
+    """Stages of a --pipeline-model-parallel-layout (pipeline_parallel_layer_layout.py)."""
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    return len(text.split("|"))
 
 
 def _check_features(args: argparse.Namespace, rank: int | None) -> None:

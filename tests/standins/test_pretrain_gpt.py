@@ -422,3 +422,34 @@ def test_under_torchrun_oom_is_an_oom(tmp_path: Path) -> None:
     failure = find_failure(log)
     assert failure is not None and failure.outcome is Outcome.OOM
     assert parse_log(log, exit_codes=[result.returncode]).outcome is Outcome.OOM
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (["--num-layers", "10", "--decoder-first-pipeline-num-layers", "2",
+          "--decoder-last-pipeline-num-layers", "2"]),
+        (["--num-layers", "12", "--decoder-first-pipeline-num-layers", "2",
+          "--decoder-last-pipeline-num-layers", "2", "--num-virtual-stages-per-pipeline-rank",
+          "2"]),
+        (["--num-layers", "10", "--account-for-embedding-in-pipeline-split",
+          "--account-for-loss-in-pipeline-split"]),
+        (["--pipeline-model-parallel-layout", "Et|t|t|t|t|t|t|tL"]),
+    ],
+)  # fmt: skip
+def test_uneven_pipeline_flags_are_accepted(extra: list[str]) -> None:
+    """Megatron's real flag names for uneven splits; the layout sets the virtual size."""
+    layers = extra[1] if extra[0] == "--num-layers" else "8"
+    flags = _with(BASE, pipeline_model_parallel_size="4", num_layers=layers)
+    extra = extra[2:] if extra[0] == "--num-layers" else extra
+    result = _run([*flags, *extra], _env(8))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_layers_per_virtual_stage_flag_is_refused_with_first_last_counts() -> None:
+    flags = _with(BASE, pipeline_model_parallel_size="4")
+    extra = ["--decoder-first-pipeline-num-layers", "1", "--num-layers-per-virtual-pipeline-stage",
+             "1"]  # fmt: skip
+    result = _run([*flags, *extra], _env(8))
+    assert result.returncode == 1
+    assert "please use --num-virtual-stages-per-pipeline-rank" in result.stderr

@@ -8,6 +8,7 @@ the exported arguments can't drift apart.
 from __future__ import annotations
 
 from tuner.parallel import ParallelConfig
+from tuner.pipeline_split import EVEN, parse_split
 
 Flag = tuple[str, ...]
 """One flag and its values, e.g. ``("--tensor-model-parallel-size", "8")``."""
@@ -25,8 +26,7 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
         ("--pipeline-model-parallel-size", str(c.pp)),
         ("--context-parallel-size", str(c.cp)),
     ]
-    if c.vp > 1:
-        flags.append(("--num-layers-per-virtual-pipeline-stage", str(num_layers // (c.pp * c.vp))))
+    flags += megatron_split_flags(c, num_layers)
     if c.sequence_parallel:
         flags.append(("--sequence-parallel",))
     flags.append(("--micro-batch-size", str(c.micro_batch_size)))
@@ -38,6 +38,37 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
         flags.append(("--recompute-num-layers", str(c.recompute_num_layers)))
     if c.distributed_optimizer:
         flags.append(("--use-distributed-optimizer",))
+    return flags
+
+
+def megatron_split_flags(config: ParallelConfig, num_layers: int) -> list[Flag]:
+    """The pipeline split and the virtual pipeline size (``tuner.pipeline_split``).
+
+    Megatron's ``validate_args`` takes the virtual size from a layout, refuses
+    ``--num-layers-per-virtual-pipeline-stage`` with first/last-stage counts and counts the
+    embedding/loss in that flag's division, so every split but ``even`` passes
+    ``--num-virtual-stages-per-pipeline-rank`` instead (megatron/training/arguments.py).
+    """
+    c = config
+    if c.pp == 1 or c.pipeline_split == EVEN:
+        if c.vp > 1:
+            per_chunk = num_layers // (c.pp * c.vp)
+            return [("--num-layers-per-virtual-pipeline-stage", str(per_chunk))]
+        return []
+    s = parse_split(c.pipeline_split)
+    if s.kind == "layout":
+        return [("--pipeline-model-parallel-layout", str(s.layout))]
+    flags: list[Flag] = []
+    if s.first is not None:
+        flags.append(("--decoder-first-pipeline-num-layers", str(s.first)))
+    if s.last is not None:
+        flags.append(("--decoder-last-pipeline-num-layers", str(s.last)))
+    if s.embedding:
+        flags.append(("--account-for-embedding-in-pipeline-split",))
+    if s.loss:
+        flags.append(("--account-for-loss-in-pipeline-split",))
+    if c.vp > 1:
+        flags.append(("--num-virtual-stages-per-pipeline-rank", str(c.vp)))
     return flags
 
 

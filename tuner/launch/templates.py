@@ -32,6 +32,7 @@ import jinja2
 from tuner.errors import ConfigError, LaunchError
 from tuner.launch.megatron_flags import megatron_parallel_flags
 from tuner.parallel import ParallelConfig
+from tuner.pipeline import deepspeed_method
 from tuner.spec import LaunchSpec, StudySpec
 
 SCRIPT_SUFFIX = ".sh.j2"
@@ -320,7 +321,9 @@ def deepspeed_config(spec: StudySpec, config: ParallelConfig) -> dict[str, Any]:
             "cpu_checkpointing": False,
         }
     if c.pp > 1:
-        ds["pipeline"] = {"stages": c.pp}
+        # DeepSpeed's own pipeline section: the workload builds its PipelineModule with
+        # partition_method = this "partition" (tuner.pipeline_split)
+        ds["pipeline"] = {"stages": c.pp, "partition": deepspeed_method(c)}
     return ds
 
 

@@ -1,0 +1,457 @@
+"""How a framework assigns transformer layers to pipeline stages, from a ``pipeline_split`` value.
+
+Pure arithmetic over integers (no config objects), so the validity rules (``tuner.parallel``),
+the study file's loader (``tuner.spec``) and the per-stage views (``tuner.pipeline``) share it.
+
+A ``pipeline_split`` is one text value (the only spelling in keys, tables and the storage):
+
+- ``even``: the framework's default. Megatron-LM: ``num_layers / pp`` layers per stage (it
+  refuses the rest). DeepSpeed: the repo workload's ``partition_method="type:Block"``.
+- Megatron-LM (``megatron/core/transformer/transformer_config.py``, ``transformer_block.py``
+  ``get_num_layers_to_build``):
+
+  - ``first=F,last=L``, ``first=F``, ``last=L``: ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers``; the middle stages split the rest evenly.
+  - ``embedding``, ``loss``, ``embedding+loss``: ``--account-for-embedding-in-pipeline-split``
+    / ``--account-for-loss-in-pipeline-split``: the embedding (loss) counts as one layer of
+    the first (last) stage.
+  - ``layout:STRING``: ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder
+    layer, ``L`` loss, ``|`` stage boundary, ``(..)*n`` and ``x*n`` repeats, ``,`` cosmetic;
+    ``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
+- DeepSpeed ``PipelineModule(partition_method=...)`` (``deepspeed/runtime/pipe/module.py``
+  ``_partition_layers``): ``uniform``, ``parameters``, ``type:REGEX``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from tuner.errors import ConfigError
+
+SplitKind = Literal["even", "first_last", "account", "layout", "deepspeed"]
+Chunks = tuple[tuple[int, ...], ...]
+"""Decoder layers per pipeline rank (outer) and model chunk (inner, ``vp`` long)."""
+
+EVEN = "even"
+DEEPSPEED_DEFAULT_METHOD = "type:Block"
+"""The repo's DeepSpeed workload (``workloads/gpt_deepspeed.py``) partitions by block type."""
+DEEPSPEED_LAYER_NAMES = ("Embedding", "Block", "Head")
+"""The workload's ``PipelineModule`` layer classes: embedding, ``num_layers`` blocks, head."""
+_LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A parsed ``pipeline_split`` value."""
+
+    kind: SplitKind
+    first: int | None = None
+    last: int | None = None
+    embedding: bool = False
+    loss: bool = False
+    layout: str | None = None
+    method: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling (what :func:`parse_split` reads back to the same value)."""
+        if self.kind == "first_last":
+            parts = [f"first={self.first}"] if self.first is not None else []
+            parts += [f"last={self.last}"] if self.last is not None else []
+            return ",".join(parts)
+        if self.kind == "account":
+            return "+".join(
+                n for n, on in (("embedding", self.embedding), ("loss", self.loss)) if on
+            )
+        if self.kind == "layout":
+            return f"layout:{self.layout}"
+        if self.kind == "deepspeed":
+            return str(self.method)
+        return EVEN
+
+    @property
+    def framework(self) -> str | None:
+        """The framework the value belongs to (None: both)."""
+        return (
+            None
+            if self.kind == "even"
+            else "deepspeed"
+            if self.kind == "deepspeed"
+            else "megatron"
+        )
+
+
+class SplitError(Exception):
+    """A split the framework refuses: a stable rule id and the framework's own message."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.message = message
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_split(text: str) -> Split:
+    """Read one ``pipeline_split`` value; raise :class:`ConfigError` (``path``: the field)."""
+    raw = text.strip()
+    if raw == EVEN:
+        return Split("even")
+    if raw.startswith("layout:"):
+        layout = raw[len("layout:") :].strip()
+        if not layout:
+            raise ConfigError("layout: needs a layout string, e.g. layout:Et|tt|tL", path="")
+        parse_layout(layout)  # syntax only; the counts are checked against the model later
+        return Split("layout", layout=layout)
+    if raw in ("uniform", "parameters") or raw.startswith("type:"):
+        if raw.startswith("type:"):
+            pattern = raw[len("type:") :]
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ConfigError(f"type:{pattern} is not a regular expression ({e})") from None
+            if not pattern:
+                raise ConfigError("type: needs a layer class name pattern, e.g. type:Block")
+        return Split("deepspeed", method=raw)
+    if raw.startswith(("first=", "last=")):
+        return _parse_first_last(raw)
+    names = raw.split("+")
+    if names and all(n in ("embedding", "loss") for n in names) and len(set(names)) == len(names):
+        return Split("account", embedding="embedding" in names, loss="loss" in names)
+    raise ConfigError(
+        f"{text!r} is not a pipeline split: even, first=N,last=N (Megatron), embedding, loss, "
+        "embedding+loss, layout:STRING, or a DeepSpeed partition method (uniform, parameters, "
+        "type:REGEX)"
+    )
+
+
+def _parse_first_last(raw: str) -> Split:
+    values: dict[str, int] = {}
+    for part in raw.split(","):
+        name, _, number = part.partition("=")
+        name = name.strip()
+        if name not in ("first", "last") or name in values:
+            raise ConfigError(f"{raw!r}: expected first=N and/or last=N, once each")
+        try:
+            values[name] = int(number)
+        except ValueError:
+            raise ConfigError(f"{raw!r}: {name} must be a whole number of layers") from None
+    return Split("first_last", first=values.get("first"), last=values.get("last"))
+
+
+def canonical_split(text: str) -> str:
+    """The canonical spelling of ``text`` (``last=7,first=7`` -> ``first=7,last=7``)."""
+    return parse_split(text).text
+
+
+# ----------------------------------------------------------------------------- Megatron-LM
+
+
+@functools.lru_cache(maxsize=256)
+def parse_layout(layout: str) -> tuple[tuple[str, ...], ...]:
+    """The stages of a ``--pipeline-model-parallel-layout`` string, each a tuple of layer kinds.
+
+    Same grammar as ``PipelineParallelLayerLayout.parse_str_to_list``: commas are dropped,
+    ``(...)*n`` is unrolled first, then ``x*n``, then the text is split at ``|``.
+    """
+    text = layout.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    stages = []
+    for stage in text.split("|"):
+        for ch in stage:
+            if ch not in _LAYOUT_CHARS:
+                raise ConfigError(
+                    f"Invalid layer character: {ch} (stage={stage!r}, layout_str={text!r}), "
+                    f"known layer characters: {list(_LAYOUT_CHARS)}"
+                )
+        stages.append(tuple(_LAYOUT_CHARS[ch] for ch in stage))
+    return tuple(stages)
+
+
+def _layout_chunks(num_layers: int, pp: int, vp: int, layout: str) -> Chunks:
+    stages = parse_layout(layout)
+    if len(stages) % pp:
+        # megatron/training/arguments.py validate_args
+        raise SplitError(
+            "layout_pp",
+            f"The length of pipeline_model_parallel_layout must be divisible by "
+            f"pipeline_model_parallel_size (num_stages={len(stages)}, "
+            f"args.pipeline_model_parallel_size={pp})",
+        )
+    if len(stages) // pp != vp:
+        raise SplitError(
+            "layout_vp",
+            f"pipeline_model_parallel_layout has {len(stages)} stages = pp({pp}) x "
+            f"{len(stages) // pp} virtual stages per rank, but vp is {vp} (Megatron takes the "
+            f"virtual pipeline size from the layout)",
+        )
+    flat = [kind for stage in stages for kind in stage]
+    # pipeline_parallel_layer_layout.py validate_layer_layout, in its order
+    checks = [
+        (bool(flat) and flat[0] == "embedding", f"The first layer must be embedding, but got "
+         f"{flat[0] if flat else None}"),
+        (bool(flat) and flat[-1] == "loss", f"The last layer must be loss, but got "
+         f"{flat[-1] if flat else None}"),
+        (flat.count("embedding") == 1, "Embedding must be specified exactly once"),
+        (flat.count("loss") == 1, "Loss must be specified exactly once"),
+        (flat.count("decoder") == num_layers, f"Number of decoder layers "
+         f"{flat.count('decoder')}must match num_layers {num_layers}"),
+        ("mtp" not in flat, "Number of mtp layers in layout must match mtp_num_layers"),
+    ]  # fmt: skip
+    for ok, message in checks:
+        if not ok:
+            raise SplitError("layout_layers", message)
+    # layout[vpp_rank * pp + pp_rank] is the vpp_rank-th chunk of pp rank pp_rank
+    return tuple(tuple(stages[v * pp + r].count("decoder") for v in range(vp)) for r in range(pp))
+
+
+def _first_last_counts(num_layers: int, pp: int, vp: int, s: Split) -> list[int]:
+    """Layers per pp rank (transformer_config.py ``__post_init__``'s uneven-PP checks)."""
+    rest, stages = num_layers, pp
+    for name, value in (("first", s.first), ("last", s.last)):
+        if value is None:
+            continue
+        if value <= 0:
+            raise SplitError(
+                "split_first_last", f"num_layers_in_{name}_pipeline_stage must be larger than 0"
+            )
+        if vp > 1 and value % vp:
+            raise SplitError(
+                "split_vp",
+                f"number of layers at {name} stage: {value}must be divisible by virtual "
+                f"pipelineparallel degree {vp}",
+            )
+        rest -= value
+        stages -= 1
+    if bool(rest) != bool(stages):
+        raise SplitError(
+            "split_first_last",
+            f"Mismatch: {rest} middle layers remaining but {stages} middle PP stages available.",
+        )
+    if stages and rest % stages:
+        raise SplitError(
+            "split_first_last",
+            f"number of layers at middle stage: {rest} must be divisible bythe middle pipeline "
+            f"model parallel size {stages}",
+        )
+    middle = rest // stages if stages else 0
+    if stages and vp > 1 and middle % vp:
+        raise SplitError(
+            "split_vp",
+            f"number of layers on each middle pipeline rank:{middle} must be divisible by "
+            f"virtualpipeline parallel degree {vp}",
+        )
+    counts = [middle] * pp
+    if s.first is not None:
+        counts[0] = s.first
+    if s.last is not None:
+        counts[-1] = s.last
+    return counts
+
+
+def _account_chunks(num_layers: int, pp: int, vp: int, s: Split) -> Chunks:
+    """Embedding / loss counted as layers (arguments.py and transformer_block.py)."""
+    total = num_layers + int(s.embedding) + int(s.loss)
+    if total % pp:
+        raise SplitError(
+            "split_account",
+            "Number of layers should be divisible by the pipeline-model-parallel size"
+            if vp == 1
+            else f"num_layers: {total} after enableaccount_for_embedding_in_pipeline_split or "
+            f"account_for_loss_in_pipeline_split must be divisibleby pipeline_model_parallel_size "
+            f"{pp}",
+        )
+    per_rank = total // pp
+    if vp > 1 and per_rank % vp:
+        raise SplitError(
+            "split_vp",
+            f"number of layers on each pipeline rank: {per_rank}(after enable "
+            f"account_for_embedding_in_pipeline_split or account_for_loss_in_pipeline_split) "
+            f"must be divisible byvirtual_pipeline_model_parallel_size{vp}",
+        )
+    chunks = [[per_rank // vp] * vp for _ in range(pp)]
+    if s.embedding:
+        chunks[0][0] -= 1
+    if s.loss:
+        chunks[-1][-1] -= 1
+    for where, count in (("first", chunks[0][0]), ("last", chunks[-1][-1])):
+        if count < 0:
+            raise SplitError(
+                "split_account", f"Not enough layers in the {where} virtual pipeline stage"
+            )
+    return tuple(tuple(c) for c in chunks)
+
+
+def megatron_chunks(num_layers: int, pp: int, vp: int, split: str) -> Chunks:
+    """Decoder layers Megatron-LM builds on each pp rank and model chunk, or :class:`SplitError`
+    with its own message. ``even`` with a remainder is left to ``tuner.parallel``'s rules."""
+    s = parse_split(split)
+    if s.kind == "deepspeed":
+        raise SplitError(
+            "split_framework", f"pipeline_split {split} is a DeepSpeed partition method"
+        )
+    if s.kind == "layout":
+        return _layout_chunks(num_layers, pp, vp, str(s.layout))
+    if s.kind == "account":
+        return _account_chunks(num_layers, pp, vp, s)
+    if s.kind == "first_last":
+        counts = _first_last_counts(num_layers, pp, vp, s)
+    else:
+        counts = [num_layers // pp] * pp
+    return tuple((c // vp,) * vp for c in counts)
+
+
+# ----------------------------------------------------------------------------- DeepSpeed
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """Stage boundaries, as ``deepspeed/runtime/utils.py`` ``partition_uniform`` returns them:
+    ``num_items // num_parts`` each, the first ``num_items % num_parts`` parts one more."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    size, extra = divmod(num_items, num_parts)
+    return [p * size + min(p, extra) for p in range(num_parts + 1)]
+
+
+@functools.lru_cache(maxsize=256)
+def partition_balanced(weights: tuple[int, ...], num_parts: int) -> tuple[int, ...]:
+    """Stage boundaries as ``deepspeed/runtime/utils.py`` ``partition_balanced`` finds them.
+
+    Its dynamic programme minimises the spread (largest minus smallest part weight), not the
+    largest part; among equal spreads the last split point tried wins, and unreachable states
+    carry infinities that compare equal. All of that decides the result, so it is kept.
+    """
+    n, m = len(weights), num_parts
+    if n <= m:
+        return tuple(partition_uniform(n, m))
+    inf = float("inf")
+    prefix = [0.0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + float(w)
+    hi = [[inf] * (m + 1) for _ in range(n + 1)]
+    lo = [[inf] * (m + 1) for _ in range(n + 1)]
+    cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    pos = [[0] * (m + 1) for _ in range(n + 1)]
+    hi[0][0] = cost[0][0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                top, bottom = max(hi[k][j - 1], part), min(lo[k][j - 1], part)
+                spread = top - bottom
+                if cost[i][j] >= spread:
+                    cost[i][j], hi[i][j], lo[i][j], pos[i][j] = spread, top, bottom, k
+    bounds = [n]
+    for j in range(m, 0, -1):
+        bounds.append(pos[bounds[-1]][j])
+    return tuple(reversed(bounds))
+
+
+def deepspeed_layer_params(
+    num_layers: int, hidden: int, ffn: int, vocab: int, seq: int
+) -> tuple[int, ...]:
+    """Trainable parameters of each ``PipelineModule`` layer the repo's workload builds
+    (``workloads/gpt_deepspeed.py``: Embedding, ``num_layers`` x Block, Head), as
+    ``PipelineModule._count_layer_params`` counts them."""
+    h, f = hidden, ffn
+    embedding = vocab * h + seq * h  # token + learned position embeddings
+    # LayerNorm x2 (2h each), qkv (3h^2 + 3h), proj (h^2 + h), fc1 (hf + f), fc2 (fh + h)
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+    head = 2 * h + h * vocab  # final LayerNorm and the bias-free output projection
+    return (embedding,) + (block,) * num_layers + (head,)
+
+
+def deepspeed_bounds(method: str, layer_params: tuple[int, ...], pp: int) -> tuple[int, ...]:
+    """``PipelineModule._partition_layers``: stage boundaries over the layer list."""
+    method = method.lower()
+    if method == "uniform":
+        return tuple(partition_uniform(len(layer_params), pp))
+    if method == "parameters":
+        return partition_balanced(layer_params, pp)
+    if method.startswith("type:"):
+        pattern = re.compile(method.split(":")[1], re.IGNORECASE)
+        first, block, head = DEEPSPEED_LAYER_NAMES
+        names = (first,) + (block,) * (len(layer_params) - 2) + (head,)
+        binary = tuple(int(bool(pattern.search(name))) for name in names)
+        if not any(binary):
+            raise SplitError(
+                "split_type",
+                f"Partitioning '{method.split(':')[1]}' found no valid layers to partition.",
+            )
+        return partition_balanced(binary, pp)
+    raise SplitError("split_method", f"Partitioning method {method} not implemented.")
+
+
+def deepspeed_stages(
+    method: str, layer_params: tuple[int, ...], pp: int
+) -> tuple[tuple[int, bool, bool], ...]:
+    """Per stage: (transformer blocks, holds the embedding, holds the head); a stage with no
+    layer at all is refused (its optimizer would get an empty parameter list)."""
+    bounds = deepspeed_bounds(method, layer_params, pp)
+    last = len(layer_params) - 1
+    out = []
+    for stage in range(pp):
+        start, stop = bounds[stage], bounds[stage + 1]
+        if stop <= start:
+            raise SplitError(
+                "split_empty_stage",
+                f"partition_method {method} leaves pipeline stage {stage} of {pp} without any "
+                f"layer (boundaries {list(bounds)})",
+            )
+        blocks = max(0, min(stop, last) - max(start, 1))
+        out.append((blocks, start == 0, stop > last))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- auto
+
+
+def auto_splits(
+    num_layers: int, pp: int, vp: int, framework: str, layer_params: tuple[int, ...]
+) -> tuple[str, ...]:
+    """The splits ``pipeline_split: auto`` tries at one (pp, vp), each a distinct assignment.
+
+    Megatron-LM: ``even`` where it is allowed, then every first/last-stage pair within two
+    layers below and one above ``ceil(num_layers / pp)`` that the framework accepts and that
+    keeps the first and last stage no heavier than a middle one (they also hold the embedding
+    and the LM head), then the embedding/loss accounting. DeepSpeed: ``even`` (type:Block),
+    ``parameters`` and ``uniform``. A split giving the same layers per chunk as an earlier one is
+    left out (the framework would build the same stages).
+    """
+    if pp == 1:
+        return (EVEN,)
+    seen: set[object] = set()
+    out: list[str] = []
+
+    def add(text: str, assignment: object) -> None:
+        if assignment not in seen:
+            seen.add(assignment)
+            out.append(text)
+
+    if framework == "deepspeed":
+        for method in (DEEPSPEED_DEFAULT_METHOD, "parameters", "uniform"):
+            try:
+                stages = deepspeed_stages(method, layer_params, pp)
+            except SplitError:
+                continue
+            add(EVEN if method == DEEPSPEED_DEFAULT_METHOD else method, stages)
+        return tuple(out)
+    if num_layers % (pp * vp) == 0:
+        add(EVEN, megatron_chunks(num_layers, pp, vp, EVEN))
+    top = -(-num_layers // pp)
+    counts = range(max(1, top - 2), top + 2)
+    candidates = [f"first={f},last={last}" for f in counts for last in counts]
+    candidates += ["embedding", "loss", "embedding+loss"]
+    for text in candidates:
+        try:
+            chunks = megatron_chunks(num_layers, pp, vp, text)
+        except SplitError:
+            continue
+        totals = [sum(c) for c in chunks]
+        if pp > 2 and max(totals[0], totals[-1]) > min(totals[1:-1]):
+            continue
+        add(text, chunks)
+    return tuple(out)
