@@ -117,7 +117,9 @@ class Rates:
     with one NIC per GPU: each ring channel crosses the node boundary on another NIC), or a
     single shared link (gloo over one TCP interface)."""
     microbatch_overhead: float
+    """Fixed framework seconds per micro-batch."""
     step_overhead: float
+    """Fixed framework seconds per optimizer step."""
     elem: int
     """Bytes per activation / parameter element (2 for 16-bit, 4 for fp32)."""
 
