@@ -1,24 +1,29 @@
-"""How well ``tuner.perf`` predicts published training speeds, and how fast it is.
+"""How well ``tuner.perf`` predicts and ranks published training speeds, and how fast it is.
 
-Reads ``<repo>/../shared/reference/published_cases.csv`` and, for every row that describes a
-training speed we can model (iteration time, TFLOP/s per GPU, tokens/s, MFU, per-layer time),
-prints the published figure, the prediction in the *source's own* FLOPs convention, and the error;
-then the mean absolute error (overall, per metric, per source) and the Spearman rank correlation
-within each group of rows that share a model shape and a metric. Run:
+Reads ``benchmarks/data/step_times.csv`` (measured step times / throughputs of real runs, each with
+its citation, cluster and full config; see ``benchmarks/data/STEP_TIMES.md``) and prints, per row,
+the published figure, the prediction in the *source's own* metric and FLOPs convention, and the
+error; then, per group of configs measured on one cluster and per source:
 
-    .venv/bin/python benchmarks/time_accuracy.py
+- MAPE: mean absolute percentage error of the prediction in the row's metric;
+- Spearman rank correlation between measured and predicted speed (model FLOPs per GPU-second, so
+  rows of different GPU counts or models in one group compare fairly; for one model on one GPU
+  count this is the order of the step times);
+- best: whether the config the model predicts fastest is within 2% of the measured best.
 
-FLOPs conventions of the sources: Narayanan et al. (tags [N], Megatron-LM README and MT-NLG), BLOOM
-[B] and the Megatron-DeepSpeed / DeepSpeed posts [D] report hardware TFLOP/s from Eq. 3,
-96·B·s·L·h²(1 + s/(6h) + V/(16·L·h)), which counts full recomputation; Megatron-Core's table [M],
-Llama 3 [L] and torchtitan report model FLOPs (no recomputation); Korthikanti's MFU [K] excludes
-recomputation. Assumptions for fields a row leaves empty are printed beside the row.
+Targets (issue 14): MAPE <= 10%, Spearman >= 0.9 and best within 2% in every group, with the
+catalog alone. The cluster's network is a fact of the cluster, not of the GPU: a row's
+``network_gbps_per_gpu`` (the node's NIC line rate / GPUs per node, from the cited hardware
+description) replaces the catalog's per-GPU network share when given. Run:
+
+    .venv/bin/python benchmarks/time_accuracy.py [--rows]
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
-import sys
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -28,10 +33,10 @@ from scipy.stats import spearmanr
 
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time, layer_step_times
+from tuner.perf import estimate_time, layer_step_times, model_flops_per_step
 from tuner.spec import ModelSpec, TrainingSpec
 
-CSV = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "published_cases.csv"
+CSV = Path(__file__).resolve().parent / "data" / "step_times.csv"
 METRICS = (
     "iter_time_s",
     "tflops_per_gpu",
@@ -40,14 +45,15 @@ METRICS = (
     "mfu_pct",
     "layer_fwd_plus_bwd_ms",
 )
+TIMES = ("iter_time_s", "layer_fwd_plus_bwd_ms")
 GPUS = {
     "A100-SXM-80GB": "a100-80gb",
-    "A100-80GB (Azure NDm A100 v4)": "a100-80gb",
     "H100-SXM-80GB": "h100-sxm-80gb",
     "H100-96GB-HBM2e-500W": "h100-sxm-80gb",
 }
-EQ3_TAGS = ("[N]", "[B]", "[D]")
-MODERN_SOURCES = ("NVIDIA/Megatron-LM README images", "Llama3", "pytorch/torchtitan")
+MODERN = ("[M]", "[L]", "[T]")
+"""Sources whose runs use FlashAttention, RoPE-era kernels and sequence parallelism by default."""
+BEST_WITHIN = 0.02
 
 
 @dataclass
@@ -58,9 +64,11 @@ class Case:
     model: ModelSpec
     config: ParallelConfig
     gpu: GPUSpec
+    gpus_per_node: int
     framework: str
     notes: list[str] = field(default_factory=list)
     predicted: float = 0.0
+    predicted_step: float = 0.0
 
     @property
     def published(self) -> float:
@@ -70,6 +78,17 @@ class Case:
     def error(self) -> float:
         return (self.predicted - self.published) / self.published
 
+    def speed(self, which: str) -> float:
+        """Model FLOPs per GPU-second, measured or predicted (higher is faster)."""
+        if self.row["metric"] == "layer_fwd_plus_bwd_ms":
+            return 1.0 / (self.published if which == "measured" else self.predicted)
+        ratio = self.published / self.predicted if which == "measured" else 1.0
+        if self.row["metric"] in TIMES:
+            ratio = 1.0 / ratio
+        step = self.predicted_step / ratio  # a throughput metric scales as 1 / step time
+        flops = model_flops_per_step(self.model, self.config.global_batch_size)
+        return flops / step / self.config.world_size
+
 
 def _int(row: dict[str, str], key: str, default: int, notes: list[str]) -> int:
     if row[key].strip():
@@ -78,22 +97,25 @@ def _int(row: dict[str, str], key: str, default: int, notes: list[str]) -> int:
     return default
 
 
+def _tag(row: dict[str, str]) -> str:
+    notes = row["notes"]
+    return notes[: notes.index("]") + 1] if notes.startswith("[") else "?"
+
+
 def _skip_reason(row: dict[str, str]) -> str | None:
     if row["metric"] not in METRICS:
         return f"metric {row['metric']} is not a speed"
-    if "FP8" in row["notes"]:
-        return "FP8 run (the model covers 16-bit and fp32)"
     if row["gpu_type"] not in GPUS:
         return f"GPU {row['gpu_type']} not in the catalog"
-    if not row["n_layers"] or not row["hidden"] or not row["heads"]:
-        return "model shape incomplete"
+    tp, pp, dp, cp = (int(row[k] or 1) for k in ("tp", "pp", "dp", "cp"))
+    if int(row["gpus"]) != tp * pp * dp * cp:
+        return "tp x pp x dp x cp differs from the GPU count"
     return None
 
 
 def _model(row: dict[str, str], notes: list[str]) -> ModelSpec:
     h = int(row["hidden"])
     llama = "llama" in row["model"].lower()
-    modern = row["source"].startswith(MODERN_SOURCES)
     heads = int(row["heads"])
     kv = int(row["kv_heads"]) if row["kv_heads"] else heads
     return ModelSpec(
@@ -109,7 +131,7 @@ def _model(row: dict[str, str], notes: list[str]) -> ModelSpec:
         normalization="rmsnorm" if llama else "layernorm",
         position_embedding="rope" if llama else "learned_absolute",
         dropout=not llama,
-        flash_attention=modern,
+        flash_attention=_tag(row) in MODERN,
         add_bias_linear=not llama,
     )
 
@@ -121,16 +143,17 @@ def _recompute(text: str) -> str:
     return "none"
 
 
-def _sharding(text: str) -> tuple[str, bool, int]:
-    """(framework, distributed_optimizer, zero_stage) from the row's optimizer-sharding column."""
+def _sharding(row: dict[str, str]) -> tuple[str, bool, int]:
+    """(framework, distributed_optimizer, zero_stage) from the row's framework and sharding."""
+    text, framework = row["optimizer_sharding"], row["framework"]
     if "ZeRO-3" in text or "FSDP" in text:
-        return "deepspeed", False, 3
-    if "ZeRO-1-like" in text or text.startswith("yes"):
-        return "megatron", True, 0
-    for stage in (1, 2):
-        if f"ZeRO-{stage}" in text:
-            return "deepspeed", False, stage
-    return "megatron", False, 0
+        return "deepspeed", False, 3  # FSDP2 full sharding = ZeRO-3's traffic
+    if framework == "deepspeed":
+        for stage in (1, 2):
+            if f"ZeRO-{stage}" in text:
+                return "deepspeed", False, stage
+        return "deepspeed", False, 0
+    return "megatron", text.startswith("yes"), 0
 
 
 def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, str]:
@@ -145,8 +168,8 @@ def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, str]
     if not row["recompute"]:
         notes.append("recompute=none?")
     sp_text = row["sequence_parallel"]
-    sp = tp > 1 and (sp_text.startswith("yes") or (not sp_text and _modern(row)))
-    framework, distopt, zero = _sharding(row["distributed_optimizer"])
+    sp = tp > 1 and (sp_text.startswith("yes") or (not sp_text and _tag(row) in MODERN))
+    framework, distopt, zero = _sharding(row)
     full = recompute == "full"
     config = ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=dp, vp=int(row["vp"] or 1), sequence_parallel=sp,
@@ -157,8 +180,16 @@ def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, str]
     return config, framework
 
 
-def _modern(row: dict[str, str]) -> bool:
-    return row["source"].startswith(MODERN_SOURCES)
+def _gpu(row: dict[str, str], notes: list[str]) -> GPUSpec:
+    gpu = get_gpu(GPUS[row["gpu_type"]])
+    if row["gpu_type"].startswith("H100-96GB"):
+        notes.append("as H100 SXM 80GB")
+    if row["network_gbps_per_gpu"]:
+        network = float(row["network_gbps_per_gpu"])
+        if network != gpu.inter_node_gbps:
+            notes.append(f"network {network:g} GB/s/GPU")
+        gpu = dataclasses.replace(gpu, inter_node_gbps=network)
+    return gpu
 
 
 def _eq3_flops(model: ModelSpec, batch: int) -> float:
@@ -170,14 +201,16 @@ def _eq3_flops(model: ModelSpec, batch: int) -> float:
 def _predict(case: Case) -> float:
     row, model, config = case.row, case.model, case.config
     training = TrainingSpec(global_batch_size=config.global_batch_size)
+    gpn = case.gpus_per_node
     if row["metric"] == "layer_fwd_plus_bwd_ms":
-        return 1e3 * sum(layer_step_times(model, training, config, case.gpu, 8))
-    r = estimate_time(model, training, config, case.gpu, 8, case.framework)
+        return 1e3 * sum(layer_step_times(model, training, config, case.gpu, gpn))
+    r = estimate_time(model, training, config, case.gpu, gpn, case.framework)
+    case.predicted_step = r.step
     metric = row["metric"]
     if metric == "iter_time_s":
         return r.step
     if metric == "tflops_per_gpu":
-        if row["notes"].startswith(EQ3_TAGS):
+        if row["flops_convention"].startswith("hardware, Narayanan Eq.3"):
             case.notes.append("Eq.3 TFLOP/s")
             return _eq3_flops(model, config.global_batch_size) / r.step / config.world_size / 1e12
         return r.model_tflops_per_gpu
@@ -195,10 +228,6 @@ def load_cases(path: Path) -> tuple[list[Case], dict[str, int]]:
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
             reason = _skip_reason(row)
-            if reason is None and int(row["gpus"]) != int(row["tp"]) * int(row["pp"]) * int(
-                row["dp"]
-            ) * int(row["cp"] or 1):
-                reason = "tp x pp x dp x cp differs from the GPU count"
             if reason is not None:
                 skipped[reason] += 1
                 continue
@@ -213,19 +242,13 @@ def _case(row: dict[str, str]) -> Case:
     for mbs in ("1", "2", "4", "8") if sweep else (row["micro_batch"],):
         this = {**row, "micro_batch": mbs}
         notes = ["best of micro-batch 1/2/4/8"] if sweep else []
-        if row["gpu_type"].startswith("H100-96GB"):
-            notes.append("as H100 SXM 80GB")
         model = _model(this, notes)
         config, framework = _config(this, notes)
-        case = Case(row, model, config, get_gpu(GPUS[row["gpu_type"]]), framework, notes)
+        gpu = _gpu(this, notes)
+        case = Case(row, model, config, gpu, int(row["gpus_per_node"]), framework, notes)
         case.predicted = _predict(case)
         candidates.append(case)
-    return max(candidates, key=lambda c: c.predicted)
-
-
-def _tag(case: Case) -> str:
-    notes = case.row["notes"]
-    return notes[: notes.index("]") + 1] if notes.startswith("[") else "?"
+    return max(candidates, key=lambda c: c.speed("predicted"))
 
 
 def _describe(c: ParallelConfig) -> str:
@@ -239,54 +262,66 @@ def _describe(c: ParallelConfig) -> str:
 
 
 def print_rows(cases: list[Case]) -> None:
-    print(f"{'src':4} {'model':28} {'config':38} {'metric':22} {'published':>10} "
-          f"{'predicted':>10} {'error':>7}  assumptions")  # fmt: skip
+    print(f"{'group':34} {'config':36} {'metric':21} {'published':>10} {'predicted':>10} "
+          f"{'error':>7}  assumptions")  # fmt: skip
     for case in cases:
         print(
-            f"{_tag(case):4} {case.row['model'][:28]:28} {_describe(case.config):38} "
-            f"{case.row['metric']:22} {case.published:10.4g} {case.predicted:10.4g} "
-            f"{case.error:+7.1%}  {', '.join(case.notes)}"
+            f"{case.row['group'][:34]:34} {_describe(case.config):36} {case.row['metric']:21} "
+            f"{case.published:10.4g} {case.predicted:10.4g} {case.error:+7.1%}  "
+            f"{', '.join(case.notes)}"
         )
 
 
-def _mae(cases: list[Case]) -> float:
+def _mape(cases: list[Case]) -> float:
     return sum(abs(c.error) for c in cases) / len(cases)
 
 
-def print_errors(cases: list[Case]) -> None:
-    print(f"\nmean absolute error, all {len(cases)} rows: {_mae(cases):.1%}")
-    for title, key in (("metric", lambda c: c.row["metric"]), ("source", _tag)):
+@dataclass(frozen=True)
+class GroupScore:
+    """The three issue-14 figures of one group."""
+
+    n: int
+    mape: float
+    worst: float
+    rho: float | None
+    best_gap: float | None
+    """Measured shortfall of the predicted-fastest config from the measured best (0 = found)."""
+
+    @property
+    def passed(self) -> bool:
+        rank_ok = self.rho is None or self.rho >= 0.9
+        best_ok = self.best_gap is None or self.best_gap <= BEST_WITHIN
+        return self.mape <= 0.10 and rank_ok and best_ok
+
+
+def score(group: list[Case]) -> GroupScore:
+    mape = _mape(group)
+    worst = max(abs(c.error) for c in group)
+    if len(group) < 2:
+        return GroupScore(len(group), mape, worst, None, None)
+    measured = [c.speed("measured") for c in group]
+    predicted = [c.speed("predicted") for c in group]
+    rho = float(spearmanr(measured, predicted).statistic) if len(set(predicted)) > 1 else 0.0
+    pick = max(range(len(group)), key=lambda i: predicted[i])
+    return GroupScore(len(group), mape, worst, rho, 1.0 - measured[pick] / max(measured))
+
+
+def print_groups(cases: list[Case]) -> None:
+    for title, key in (("group", lambda c: c.row["group"]), ("source", lambda c: _tag(c.row))):
         groups: dict[str, list[Case]] = defaultdict(list)
         for case in cases:
             groups[key(case)].append(case)
+        print(f"\nby {title}: {'':28} n   MAPE  worst  Spearman  best-gap  targets")
+        passed = 0
         for name, group in sorted(groups.items()):
-            worst = max(abs(c.error) for c in group)
-            print(f"  by {title} {name:24} n={len(group):2}  MAE {_mae(group):6.1%}  "
-                  f"worst {worst:6.1%}")  # fmt: skip
-    korthikanti = [c for c in cases if _tag(c) == "[K]" and c.row["metric"] == "iter_time_s"]
-    print(f"  Korthikanti's eight iteration times: MAE {_mae(korthikanti):.1%} "
-          f"(Calculon reports 3.7%)")  # fmt: skip
-
-
-def print_rank_correlation(cases: list[Case]) -> None:
-    """Spearman within rows sharing a model shape (L, h, heads, s) and a metric."""
-    print("\nrank correlation within groups sharing a model shape and metric (n >= 2):")
-    groups: dict[tuple[str, ...], list[Case]] = defaultdict(list)
-    for case in cases:
-        r = case.row
-        groups[(r["n_layers"], r["hidden"], r["heads"], r["seq_len"], r["metric"])].append(case)
-    for key, group in sorted(groups.items(), key=lambda kv: (int(kv[0][0]), kv[0][4])):
-        if len(group) < 2:
-            continue
-        published = [c.published for c in group]
-        predicted = [c.predicted for c in group]
-        label = f"L={key[0]} h={key[1]} s={key[3]} {key[4]} ({group[0].row['model'][:24]})"
-        if len(set(published)) < 2 or len(set(predicted)) < 2:
-            which = "published" if len(set(published)) < 2 else "predicted"
-            print(f"  {label:70} n={len(group)}  {which} values tie")
-            continue
-        rho = spearmanr(published, predicted).statistic
-        print(f"  {label:70} n={len(group)}  Spearman {rho:+.2f}")
+            s = score(group)
+            rho = "     -" if s.rho is None else f"{s.rho:+6.2f}"
+            gap = "      -" if s.best_gap is None else f"{s.best_gap:7.1%}"
+            passed += s.passed
+            print(f"  {name:38} {s.n:2} {s.mape:6.1%} {s.worst:6.1%}    {rho}   {gap}  "
+                  f"{'ok' if s.passed else 'MISS'}")  # fmt: skip
+        print(f"  {passed}/{len(groups)} {title}s meet all three targets; "
+              f"all {len(cases)} rows: MAPE {_mape(cases):.1%}")  # fmt: skip
 
 
 def print_speed() -> None:
@@ -316,15 +351,17 @@ def print_speed() -> None:
 
 
 def main() -> None:
-    if not CSV.is_file():
-        sys.exit(f"time_accuracy: {CSV} not found (expected <repo>/../shared/reference/)")
-    cases, skipped = load_cases(CSV)
-    print_rows(cases)
-    print(f"\nskipped {sum(skipped.values())} rows:")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", action="store_true", help="print every row's prediction")
+    parser.add_argument("--csv", type=Path, default=CSV)
+    args = parser.parse_args()
+    cases, skipped = load_cases(args.csv)
+    if args.rows:
+        print_rows(cases)
+    print(f"{len(cases)} rows used; skipped {sum(skipped.values())}:")
     for reason, n in sorted(skipped.items()):
         print(f"  {n:3}  {reason}")
-    print_errors(cases)
-    print_rank_correlation(cases)
+    print_groups(cases)
     print_speed()
 
 

@@ -11,18 +11,22 @@ recompute (Narayanan et al.'s 96·B·s·L·h²(...) for full uniform recompute),
 (4·B·s²·h per layer) for selective recompute (HFU). Korthikanti's printed selective-recompute HFU
 formula, 72·B·s·L·h²(1 + s/(3h) + ...), adds three times that; we count what is executed.
 
-Time model, per micro-batch and per transformer layer on one GPU: each GEMM costs
-``flops / (peak x GEMM_EFFICIENCY) + bytes / (HBM bandwidth x HBM_EFFICIENCY) + latency``, so the
-small GEMMs that high TP or small micro-batches produce run well below peak (an additive
-roofline); element-wise work (norms, dropout, residuals, activation, unfused softmax) is
-memory-bandwidth bound; TP collectives use a ring cost ``(t-1)/t x bytes / bus bandwidth``. The
-pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch slots; the last stage
-also runs the LM head (``stage_imbalance``); data-parallel gradient traffic overlaps with the last
-micro-batch's backward where the framework does that; the optimizer step streams its states
-through HBM. Every efficiency is a named constant below, with its source.
+Time model, per micro-batch and per transformer layer on one GPU: each GEMM (forward, and the
+backward's input- and weight-gradient GEMMs with their own output shapes) costs
+``flops / achieved rate + bytes / achieved HBM bandwidth + latency``, where the achieved rate is
+a large GEMM's times the share left by tile and wave quantization (``tuner.rates``), so the small
+GEMMs that high TP or small micro-batches produce run below peak; element-wise work (norms,
+dropout, residuals, activation, unfused softmax) is memory-bandwidth bound; collectives are rings
+``(g-1)/g x bytes / bus bandwidth + latency`` over the slowest link of their group, a group that
+spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
+the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
+slots; the last stage also runs the LM head (``stage_imbalance``); data-parallel gradient traffic
+overlaps with the last micro-batch's backward where the framework does that; the optimizer step
+streams its states through HBM. Every rate comes from one ``Rates`` value (the catalog's by
+default, or a measured cluster profile's); every constant is named, with its source.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
-it); per-shape work is cached on the frozen ``ModelSpec`` / ``GPUSpec`` values.
+it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
 """
 
 from __future__ import annotations
@@ -34,48 +38,11 @@ from dataclasses import dataclass
 from tuner.catalog import GPUSpec
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import stage_layers
+from tuner.rates import Link, Rates, catalog_rates, gemm_rate, group_link
 from tuner.spec import ModelSpec, TrainingSpec
 
-# --- Efficiencies (fractions of the catalog's peak figures) -------------------------------------
-
-GEMM_EFFICIENCY = 0.84
-"""Large 16-bit GEMMs reach about 80-88% of dense peak on A100/H100 (cuBLAS). Grid-fitted (step
-0.02) with NVLINK_BUS_EFFICIENCY on the eight Korthikanti et al. 2022 iteration times: MAE 2.3%,
-worst row 3.7%; the optimum is flat (0.84-0.86 x 0.60-0.75 all give MAE < 2.5%)."""
-FLASH_ATTENTION_EFFICIENCY = 0.60
-"""FlashAttention-2 forward reaches 50-73% of A100 peak on the FLOPs it executes (Dao 2023)."""
 FLASH_BACKWARD_RATIO = 2.5
 """FlashAttention's backward runs 5 GEMMs to the forward's 2 (it recomputes the scores)."""
-HBM_EFFICIENCY = 0.80
-"""Achievable share of HBM bandwidth in streaming kernels (STREAM-like; 80-90% on A100/H100)."""
-NVLINK_BUS_EFFICIENCY = 0.70
-"""NCCL ring bus bandwidth over NVLink is ~70% of the per-direction link rate (nccl-tests
-all_reduce busbw ~210-230 GB/s of 300 on DGX A100); fitted with GEMM_EFFICIENCY (see there)."""
-NETWORK_BUS_EFFICIENCY = 0.80
-"""NCCL over InfiniBand reaches ~80% of the line rate per GPU (nccl-tests, large messages)."""
-FP32_PEAK_FRACTION = 0.5
-"""fp32 training runs on TF32 tensor cores: half the 16-bit dense rate (A100/H100 datasheets)."""
-
-# --- Latencies and fixed costs (seconds) ---------------------------------------------------------
-
-GPU_KERNEL_LATENCY_S = 4e-6
-"""Launch + tail of one GPU kernel; dominates only for tiny kernels."""
-CPU_OP_LATENCY_S = 30e-6
-"""Dispatch cost of one PyTorch op on a CPU rank (eager mode, order of tens of microseconds)."""
-NVLINK_COLLECTIVE_LATENCY_S = 15e-6
-"""Startup of one NCCL collective inside a node (nccl-tests small-message all_reduce)."""
-NETWORK_COLLECTIVE_LATENCY_S = 40e-6
-"""Startup of one NCCL collective or p2p transfer across nodes."""
-CPU_COLLECTIVE_LATENCY_S = 300e-6
-"""One gloo collective between CPU ranks (shared memory / loopback TCP)."""
-GPU_MICROBATCH_OVERHEAD_S = 0.3e-3
-"""Framework work per micro-batch on GPUs (schedule bookkeeping, loss, launch gaps)."""
-CPU_MICROBATCH_OVERHEAD_S = 15e-3
-"""Framework work per micro-batch on CPU ranks (engine forward/backward calls, autograd setup)."""
-GPU_STEP_OVERHEAD_S = 10e-3
-"""Per optimizer step on GPUs: grad-norm reduction, loss scaling checks, logging."""
-CPU_STEP_OVERHEAD_S = 50e-3
-"""Per optimizer step on CPU ranks: the same work in eager Python, plus the engine's step."""
 
 # --- Byte counts -------------------------------------------------------------------------------
 
@@ -188,89 +155,48 @@ def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
     return base + config.global_batch_size * model.num_layers * extra
 
 
-# --- Device, links and per-layer times -----------------------------------------------------------
+# --- Per-layer times ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Device:
-    """Achieved rates of one GPU (or CPU rank) at a precision; bandwidths in bytes/s."""
-
-    peak: float
-    gemm: float
-    flash: float
-    hbm: float
-    op_latency: float
-    intra_bw: float
-    inter_bw: float
-    intra_latency: float
-    inter_latency: float
-    microbatch_overhead: float
-    step_overhead: float
-    elem: int
-
-
-@functools.lru_cache(maxsize=64)
-def _device(gpu: GPUSpec, precision: str) -> _Device:
-    cpu = gpu.name == "cpu"
-    peak = gpu.peak_tflops * 1e12
-    if precision == "fp32" and not cpu:  # the cpu entry's peak is already an fp32 figure
-        peak *= FP32_PEAK_FRACTION
-    return _Device(
-        peak=peak,
-        gemm=peak * GEMM_EFFICIENCY,
-        flash=peak * FLASH_ATTENTION_EFFICIENCY,
-        hbm=gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY,
-        op_latency=CPU_OP_LATENCY_S if cpu else GPU_KERNEL_LATENCY_S,
-        intra_bw=gpu.intra_node_gbps * 1e9 * NVLINK_BUS_EFFICIENCY,
-        inter_bw=gpu.inter_node_gbps * 1e9 * NETWORK_BUS_EFFICIENCY,
-        intra_latency=CPU_COLLECTIVE_LATENCY_S if cpu else NVLINK_COLLECTIVE_LATENCY_S,
-        inter_latency=CPU_COLLECTIVE_LATENCY_S if cpu else NETWORK_COLLECTIVE_LATENCY_S,
-        microbatch_overhead=CPU_MICROBATCH_OVERHEAD_S if cpu else GPU_MICROBATCH_OVERHEAD_S,
-        step_overhead=CPU_STEP_OVERHEAD_S if cpu else GPU_STEP_OVERHEAD_S,
-        elem=4 if precision == "fp32" else 2,
-    )
-
-
-def _link(dev: _Device, span: int, gpus_per_node: int) -> tuple[float, float]:
-    """(bus bandwidth, latency) of a group whose ranks lie within ``span`` consecutive ranks."""
-    if span <= gpus_per_node:
-        return dev.intra_bw, dev.intra_latency
-    return dev.inter_bw, dev.inter_latency
-
-
-def _gemm(dev: _Device, m: float, n: float, k: float, batch: float = 1.0) -> float:
+def _gemm(rates: Rates, m: float, n: float, k: float, batch: float = 1.0) -> float:
     """Additive roofline of an (m x k) @ (k x n) GEMM, ``batch`` times, plus one launch."""
     flops = 2.0 * m * n * k
-    moved = dev.elem * (m * k + k * n + m * n)
-    return batch * (flops / dev.gemm + moved / dev.hbm) + dev.op_latency
+    moved = rates.elem * (m * k + k * n + m * n)
+    return batch * (flops / gemm_rate(rates, m, n, k) + moved / rates.hbm) + rates.op_latency
+
+
+def _gemm_backward(rates: Rates, m: float, n: float, k: float) -> tuple[float, float]:
+    """(input gradient, weight gradient) seconds of the GEMM ``_gemm(rates, m, n, k)``: dX (m x k)
+    = dY (m x n) @ W^T and dW (k x n) = X^T @ dY, each with its own output tile grid."""
+    return _gemm(rates, m, k, n), _gemm(rates, k, n, m)
 
 
 def _attention_core(
-    model: ModelSpec, dev: _Device, tokens: float, local_seq: float, tp: int
+    model: ModelSpec, rates: Rates, tokens: float, local_seq: float, tp: int
 ) -> tuple[float, float]:
     """Forward and backward seconds of scores, softmax, dropout and scores x V on one GPU."""
     s, d = model.seq_length, model.kv_channels
     heads = model.num_attention_heads / tp
     if model.flash_attention:  # causal kernels skip the masked half of the score matrix
-        fwd = 0.5 * 4.0 * tokens * s * heads * d / dev.flash + dev.op_latency
+        fwd = 0.5 * 4.0 * tokens * s * heads * d / rates.flash + rates.op_latency
         return fwd, FLASH_BACKWARD_RATIO * fwd
     batch = tokens / local_seq * heads
-    gemms = _gemm(dev, local_seq, s, d, batch) + _gemm(dev, local_seq, d, s, batch)
+    gemms = _gemm(rates, local_seq, s, d, batch) + _gemm(rates, local_seq, d, s, batch)
     scores = batch * local_seq * s
-    per_score = 2 * dev.elem + (2 * dev.elem + 1 if model.dropout else 0)
-    softmax = scores * per_score / dev.hbm + 2 * dev.op_latency
+    per_score = 2 * rates.elem + (2 * rates.elem + 1 if model.dropout else 0)
+    softmax = scores * per_score / rates.hbm + 2 * rates.op_latency
     return gemms + softmax, 2.0 * gemms + ELEMENTWISE_BACKWARD_RATIO * softmax
 
 
-def _elementwise(model: ModelSpec, dev: _Device, tokens: float, tp: int, sp: bool) -> float:
+def _elementwise(model: ModelSpec, rates: Rates, tokens: float, tp: int, sp: bool) -> float:
     """Forward seconds of norms, residual adds, dropouts and the MLP activation on one GPU."""
-    h, f, e = model.hidden_size, model.ffn_hidden_size, dev.elem
+    h, f, e = model.hidden_size, model.ffn_hidden_size, rates.elem
     mlp_in = 2 * f if model.swiglu else f
     # two norms (read + write) and two residual adds (2 reads + write): 10 element passes;
     # two dropouts: read + write + a 1-byte mask each. TP replicates these unless SP splits them.
     replicated = tokens * h * (10 * e + (2 * (2 * e + 1) if model.dropout else 0))
     sharded = tokens * (mlp_in + f) * e / tp
-    return (replicated / (tp if sp else 1) + sharded) / dev.hbm + 8 * dev.op_latency
+    return (replicated / (tp if sp else 1) + sharded) / rates.hbm + 8 * rates.op_latency
 
 
 def _tp_collectives(tokens: float, h: int, tp: int, sp: bool, bw: float, lat: float) -> float:
@@ -294,35 +220,43 @@ def _tp_backward(fwd_comm: float, sp: bool, wgrad: float, lat: float) -> float:
 
 @functools.lru_cache(maxsize=16384)
 def _layer_times(
-    model: ModelSpec, dev: _Device, tp: int, cp: int, mbs: int, sp: bool, gpus_per_node: int
+    model: ModelSpec, rates: Rates, tp: int, cp: int, mbs: int, sp: bool, gpus_per_node: int
 ) -> tuple[float, float, float, float, float, float, float, float]:
     """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
     comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
     compute fwd + bwd, head TP comm)."""
-    h, e = model.hidden_size, dev.elem
+    h, e = model.hidden_size, rates.elem
     local_seq = model.seq_length / cp
     tokens = mbs * local_seq
     kv = 2 * model.query_groups * model.kv_channels
     mlp_in = 2 * model.ffn_hidden_size if model.swiglu else model.ffn_hidden_size
-    column = _gemm(dev, tokens, (h + kv) / tp, h) + _gemm(dev, tokens, mlp_in / tp, h)
-    linear = (
-        column + _gemm(dev, tokens, h, h / tp) + _gemm(dev, tokens, h, model.ffn_hidden_size / tp)
+    # (m, n, k) of QKV and FC1 (column-parallel), attention projection and FC2 (row-parallel)
+    shapes = (
+        (tokens, (h + kv) / tp, h),
+        (tokens, mlp_in / tp, h),
+        (tokens, h, h / tp),
+        (tokens, h, model.ffn_hidden_size / tp),
     )
-    core_f, core_b = _attention_core(model, dev, tokens, local_seq, tp)
-    elem = _elementwise(model, dev, tokens, tp, sp)
+    linear = sum(_gemm(rates, *shape) for shape in shapes)
+    grads = [_gemm_backward(rates, *shape) for shape in shapes]
+    linear_bwd = sum(dgrad + wgrad for dgrad, wgrad in grads)
+    column = grads[0][1] + grads[1][1]  # the weight gradients that hide TP traffic
+    core_f, core_b = _attention_core(model, rates, tokens, local_seq, tp)
+    elem = _elementwise(model, rates, tokens, tp, sp)
     fwd = linear + core_f + elem
-    bwd = 2.0 * linear + core_b + ELEMENTWISE_BACKWARD_RATIO * elem
-    bw, lat = _link(dev, tp, gpus_per_node)
+    bwd = linear_bwd + core_b + ELEMENTWISE_BACKWARD_RATIO * elem
+    link = group_link(rates, tp, 1, gpus_per_node)
+    bw, lat = link.bandwidth, link.latency
     tp_fwd = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
     tp_bwd = _tp_backward(tp_fwd, sp, column, lat)
     cp_exposed = 0.0
     if cp > 1:  # ring attention: K and V blocks travel around the CP group behind the kernels
-        cp_bw, cp_lat = _link(dev, tp * cp, gpus_per_node)
-        ring = (cp - 1) * (tokens * kv / tp * e / cp_bw + cp_lat)
+        cp_link = group_link(rates, cp, tp, gpus_per_node)
+        ring = (cp - 1) * (tokens * kv / tp * e / cp_link.bandwidth + cp_link.latency)
         cp_exposed = max(0.0, ring - core_f) + max(0.0, 2.0 * ring - core_b)
     vocab = -(-model.vocab_size // (128 * tp)) * 128 * tp  # Megatron pads to 128 x tp
-    head = 3.0 * _gemm(dev, tokens, vocab / tp, h)
-    head += tokens * (vocab / tp * CROSS_ENTROPY_BYTES_PER_LOGIT + 4 * h * e) / dev.hbm
+    head = _gemm(rates, tokens, vocab / tp, h) + sum(_gemm_backward(rates, tokens, vocab / tp, h))
+    head += tokens * (vocab / tp * CROSS_ENTROPY_BYTES_PER_LOGIT + 4 * h * e) / rates.hbm
     head_comm = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
     return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm
 
@@ -366,7 +300,7 @@ def _exposed(comm: float, window: float, floor: float) -> float:
 def _dp_megatron(
     config: ParallelConfig,
     psi: float,
-    dev: _Device,
+    rates: Rates,
     bw: float,
     lat: float,
     windows: tuple[float, float],
@@ -382,9 +316,9 @@ def _dp_megatron(
     grads = MEGATRON_GRAD_BYTES
     if config.distributed_optimizer:
         reduce = ring * grads + lat
-        gather = ring * dev.elem + lat
+        gather = ring * rates.elem + lat
         return _exposed(reduce, windows[1], bucket * grads) + _exposed(
-            gather, windows[0], bucket * dev.elem
+            gather, windows[0], bucket * rates.elem
         )
     return _exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
 
@@ -392,7 +326,7 @@ def _dp_megatron(
 def _dp_deepspeed(
     config: ParallelConfig,
     psi: float,
-    dev: _Device,
+    rates: Rates,
     bw: float,
     lat: float,
     mb: float,
@@ -405,7 +339,7 @@ def _dp_deepspeed(
     d, m = config.dp, max(1, config.num_microbatches)
     if d == 1:
         return 0.0
-    ring = (d - 1) / d * psi * dev.elem / bw
+    ring = (d - 1) / d * psi * rates.elem / bw
     stage = config.zero_stage
     if stage == 0:
         return 2.0 * ring + lat
@@ -414,50 +348,63 @@ def _dp_deepspeed(
     if stage == 2:
         return m * (ring + lat) + ring + lat
     per_mb = 3.0 * ring + 3.0 * layers * lat
-    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * dev.elem / bw
+    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * rates.elem / bw
     return m * _exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
 
 
-def _optimizer(config: ParallelConfig, psi: float, dev: _Device, framework: str) -> float:
+def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
     """The Adam step streams the (possibly sharded) fp32 states through HBM."""
     d = config.dp * config.cp
     sharded = config.distributed_optimizer if framework == "megatron" else config.zero_stage >= 1
     states = psi / d if sharded else psi
     grads = psi / d if framework != "megatron" and config.zero_stage >= 2 else psi
     moved = OPTIMIZER_BYTES_PER_PARAM * states + GRAD_PASS_BYTES_PER_PARAM * grads
-    return moved / dev.hbm + 20 * dev.op_latency
+    return moved / rates.hbm + 20 * rates.op_latency
 
 
 # --- The step ------------------------------------------------------------------------------------
 
 
+def _stage_link(config: ParallelConfig, rates: Rates, gpus_per_node: int) -> Link:
+    """Point-to-point between pipeline stages: every GPU of a stage talks to its own peer at once,
+    so a pair crossing nodes gets one GPU's network share; the slowest hop sets the pace."""
+    stride = config.tp * config.cp * config.dp  # Megatron's rank order: tp, cp, dp, pp
+    return rates.intra if config.pp * stride <= gpus_per_node else rates.inter
+
+
 def _pipeline(
-    config: ParallelConfig, model: ModelSpec, dev: _Device, gpus_per_node: int, stage_mb: float
+    config: ParallelConfig,
+    model: ModelSpec,
+    rates: Rates,
+    gpus_per_node: int,
+    stage_mb: float,
+    framework: str,
 ) -> tuple[float, float]:
     """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule."""
     pp, vp = config.pp, max(1, config.vp)
     if pp == 1:
         return 0.0, 0.0
-    stride = config.tp * config.cp * config.dp  # Megatron's rank order: tp, cp, dp, pp
-    bw, lat = _link(dev, pp * stride, gpus_per_node)
+    link = _stage_link(config, rates, gpus_per_node)
     tokens = config.micro_batch_size * model.seq_length / config.cp
-    # scatter-gather: each TP rank sends a 1/tp slice of the activations between stages
-    transfer = tokens * model.hidden_size * dev.elem / config.tp / bw + lat
+    # Megatron's scatter-gather sends a 1/tp slice from each TP rank (Narayanan et al. 2021,
+    # section 4.1); DeepSpeed's pipeline engine sends the whole activation from every rank
+    # (deepspeed/runtime/pipe/engine.py, _exec_send_activations: no TP split).
+    split = config.tp if framework == "megatron" else 1
+    transfer = tokens * model.hidden_size * rates.elem / split / link.bandwidth + link.latency
     # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
     hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
-    bubble = (pp - 1) / vp * (stage_mb + dev.microbatch_overhead)
+    bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
     return hops * transfer, bubble
 
 
 def _tied_embedding_sync(
-    model: ModelSpec, config: ParallelConfig, dev: _Device, embedding: float, gpus_per_node: int
+    model: ModelSpec, config: ParallelConfig, rates: Rates, embedding: float, gpus_per_node: int
 ) -> float:
     """First and last stage all-reduce the shared word-embedding gradient once per step."""
     if config.pp == 1 or not model.tied_embeddings:
         return 0.0
-    stride = config.tp * config.cp * config.dp
-    bw, lat = _link(dev, config.pp * stride, gpus_per_node)
-    return embedding * MEGATRON_GRAD_BYTES / bw + lat
+    link = _stage_link(config, rates, gpus_per_node)
+    return embedding * MEGATRON_GRAD_BYTES / link.bandwidth + link.latency
 
 
 def _recompute_times(
@@ -478,13 +425,14 @@ def layer_step_times(
     config: ParallelConfig,
     gpu: GPUSpec,
     gpus_per_node: int,
+    rates: Rates | None = None,
 ) -> tuple[float, float]:
     """Forward and backward seconds of one transformer layer for one micro-batch on one GPU, with
     its exposed TP traffic; the backward includes recomputation and exposed CP traffic
     (what Korthikanti et al. Table 4 measures)."""
-    dev = _device(gpu, training.precision)
+    rates = rates or catalog_rates(gpu, training.precision)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, _, _ = _layer_times(
-        model, dev, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
+        model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
         gpus_per_node,
     )  # fmt: skip
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
@@ -498,16 +446,18 @@ def estimate_time(
     gpu: GPUSpec,
     gpus_per_node: int,
     framework: str = "megatron",
+    rates: Rates | None = None,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: megatron | deepspeed).
 
+    ``rates``: achieved rates measured on the cluster (a profile); the catalog's by default.
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
     """
-    dev = _device(gpu, training.precision)
+    rates = rates or catalog_rates(gpu, training.precision)
     m = max(1, config.num_microbatches)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
         model,
-        dev,
+        rates,
         config.tp,
         config.cp,
         config.micro_batch_size,
@@ -530,24 +480,30 @@ def estimate_time(
         # the last stage adds the LM head; layers it holds fewer than the slowest stage absorb it
         spare = (layers - counts[-1]) * stage_mb / layers if layers else 0.0
         imbalance = m * max(0.0, head + head_comm - spare)
-        imbalance += _tied_embedding_sync(model, config, dev, embedding, gpus_per_node)
-    p2p, bubble = _pipeline(config, model, dev, gpus_per_node, stage_mb)
-    bw, lat = _link(dev, config.world_size // config.pp, gpus_per_node)
+        imbalance += _tied_embedding_sync(model, config, rates, embedding, gpus_per_node)
+    p2p, bubble = _pipeline(config, model, rates, gpus_per_node, stage_mb, framework)
+    dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
+    if framework != "megatron" and config.zero_stage == 3 and dp_link is not rates.intra:
+        # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
+        # node's: Narayanan et al. 2021 Table 2 (DeepSpeed ZeRO-3, 175B, 384-1536 A100) loses
+        # about 1 TB of per-micro-batch traffic per GPU at ~20 GB/s, the per-GPU HDR rate.
+        dp_link = rates.inter
+    bw, lat = dp_link.bandwidth, dp_link.latency
     if framework == "megatron":
         windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
-        dp = _dp_megatron(config, psi, dev, bw, lat, windows)
+        dp = _dp_megatron(config, psi, rates, bw, lat, windows)
     else:
-        dp = _dp_deepspeed(config, psi, dev, bw, lat, stage_mb, layers)
+        dp = _dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
-        _optimizer(config, psi, dev, framework), imbalance,
-        m * dev.microbatch_overhead + dev.step_overhead,
+        _optimizer(config, psi, rates, framework), imbalance,
+        m * rates.microbatch_overhead + rates.step_overhead,
     )  # fmt: skip
-    return _breakdown(parts, model, config, dev)
+    return _breakdown(parts, model, config, rates)
 
 
 def _breakdown(
-    parts: tuple[float, ...], model: ModelSpec, config: ParallelConfig, dev: _Device
+    parts: tuple[float, ...], model: ModelSpec, config: ParallelConfig, rates: Rates
 ) -> TimeBreakdown:
     step = sum(parts)
     model_flops = model_flops_per_step(model, config.global_batch_size)
@@ -572,6 +528,6 @@ def _breakdown(
         tokens_per_s=tokens,
         tokens_per_s_per_gpu=tokens / world,
         model_tflops_per_gpu=model_flops / step / world / 1e12,
-        mfu=model_flops / (step * world * dev.peak),
-        hfu=hardware_flops / (step * world * dev.peak),
+        mfu=model_flops / (step * world * rates.peak),
+        hfu=hardware_flops / (step * world * rates.peak),
     )

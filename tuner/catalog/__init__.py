@@ -28,6 +28,8 @@ class GPUSpec:
     """Per-GPU, per-direction bandwidth to GPUs of the same node, GB/s."""
     inter_node_gbps: float
     """Per-GPU share of the network to other nodes, GB/s."""
+    sm_count: int = 0
+    """Streaming multiprocessors (the time model's wave quantization); 0 = not a GPU / unknown."""
 
 
 @functools.cache

@@ -1,0 +1,104 @@
+"""Achieved rates: tile / wave quantization of GEMMs, NIC aggregation of groups across nodes,
+and a measured ``Rates`` replacing the catalog's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tuner.catalog import get_gpu
+from tuner.parallel import ParallelConfig
+from tuner.perf import estimate_time
+from tuner.rates import catalog_rates, gemm_rate, group_link, wave_fraction
+from tuner.spec import ModelSpec, TrainingSpec
+
+A100 = get_gpu("a100-80gb")
+SMS = A100.sm_count
+
+
+def test_a_full_wave_of_whole_tiles_keeps_the_whole_rate() -> None:
+    assert SMS == 108
+    assert wave_fraction(SMS, 128, 128 * SMS, 128) == pytest.approx(1.0)
+    assert wave_fraction(SMS, 128 * SMS, 128, 4096) == pytest.approx(1.0)
+
+
+def test_one_tile_past_a_wave_idles_about_half_the_gpu() -> None:
+    # 109 tiles of 128 x 128: two waves for 1.01 waves of work; no tile of GEMM_TILES does better
+    assert wave_fraction(SMS, 128, 128 * (SMS + 1), 128) == pytest.approx(109 / 216, rel=0.02)
+
+
+def test_split_k_rescues_a_sub_wave_grid_with_a_long_reduction() -> None:
+    short = wave_fraction(SMS, 1024, 1024, 512)  # 64 tiles, K too short to split
+    long = wave_fraction(SMS, 1024, 1024, 8192)
+    assert short == pytest.approx(64 / SMS)
+    assert long > short + 0.1
+
+
+def test_padding_to_whole_tiles_costs_the_padded_share() -> None:
+    # 1800 columns (h = 14400 over TP 8) pad to 15 x 128 = 1920 with 128-wide tiles
+    aligned = wave_fraction(SMS, 128 * 108, 1792, 14400)
+    padded = wave_fraction(SMS, 128 * 108, 1800, 14400)
+    assert padded < aligned
+
+
+def test_small_micro_batches_lower_the_achieved_gemm_rate() -> None:
+    rates = catalog_rates(A100, "bf16")
+    big = gemm_rate(rates, 8192, 5376, 14336)  # BLOOM-like QKV at TP 8, micro-batch 4
+    small = gemm_rate(rates, 2048, 5376, 14336)  # micro-batch 1
+    assert small < 0.9 * big <= rates.gemm
+
+
+def test_cpu_ranks_have_no_tiles() -> None:
+    rates = catalog_rates(get_gpu("cpu"), "fp32")
+    assert gemm_rate(rates, 7, 13, 5) == rates.gemm
+
+
+def test_a_ring_across_nodes_uses_the_network_share_of_all_its_ranks_on_a_node() -> None:
+    rates = catalog_rates(A100, "bf16")
+    assert group_link(rates, 8, 1, 8) is rates.intra
+    tp16 = group_link(rates, 16, 1, 8)  # TP over two DGX nodes: 8 NICs per node carry the ring
+    assert tp16.bandwidth == pytest.approx(8 * rates.inter.bandwidth)
+    assert tp16.latency == rates.inter.latency
+    dp = group_link(rates, 4, 8, 8)  # one rank per node: one GPU's share
+    assert dp.bandwidth == rates.inter.bandwidth
+    half = group_link(rates, 8, 2, 8)  # 4 ranks per node
+    assert half.bandwidth == pytest.approx(4 * rates.inter.bandwidth)
+    h100 = catalog_rates(get_gpu("b200-180gb"), "bf16")
+    assert group_link(h100, 16, 1, 8).bandwidth <= h100.intra.bandwidth
+
+
+def test_gloo_ranks_share_one_link() -> None:
+    rates = catalog_rates(get_gpu("cpu"), "fp32")
+    assert group_link(rates, 4, 1, 2).bandwidth == rates.inter.bandwidth
+
+
+def _gpt() -> ModelSpec:
+    return ModelSpec(
+        num_layers=8, hidden_size=4096, ffn_hidden_size=16384, num_attention_heads=32,
+        vocab_size=51200, seq_length=2048,
+    )  # fmt: skip
+
+
+def test_estimate_time_reads_every_rate_from_the_rates_it_is_given() -> None:
+    model, training = _gpt(), TrainingSpec(global_batch_size=64)
+    config = ParallelConfig(tp=2, pp=2, dp=4, micro_batch_size=2, global_batch_size=64)
+    base = estimate_time(model, training, config, A100, 8)
+    rates = catalog_rates(A100, training.precision)
+    assert estimate_time(model, training, config, A100, 8, rates=rates) == base
+    # a profile that measured every GEMM at half the catalog's rate: GEMM time doubles, the rest
+    # (element-wise, attention softmax, communication, optimizer) does not move
+    samples = tuple((m, n, k, rates.gemm / 2) for m in (2e3, 8e3) for n in (1e3, 2e4)
+                    for k in (1e3, 2e4))  # fmt: skip
+    slow = dataclasses.replace(rates, gemm_samples=samples)
+    halved = estimate_time(model, training, config, A100, 8, rates=slow)
+    assert base.compute < halved.compute < 2 * base.compute
+    assert halved.dp_comm == base.dp_comm and halved.optimizer == base.optimizer
+    faster_net = dataclasses.replace(
+        rates, inter=dataclasses.replace(rates.inter, bandwidth=10 * rates.inter.bandwidth)
+    )
+    spanning = ParallelConfig(tp=2, pp=2, dp=4, micro_batch_size=2, global_batch_size=64)
+    assert (
+        estimate_time(model, training, spanning, A100, 2, rates=faster_net).step
+        < estimate_time(model, training, spanning, A100, 2).step
+    )

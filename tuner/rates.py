@@ -1,0 +1,199 @@
+"""Achieved rates the time model reads: one frozen ``Rates`` per GPU type and precision.
+
+``catalog_rates`` builds it from the catalog's datasheet figures and the efficiency constants
+below (each with its source); a measured cluster profile builds its own ``Rates`` (achieved GEMM
+throughput by shape in ``gemm_samples``, alpha-beta costs per link type in ``intra`` / ``inter``)
+and passes it to ``tuner.perf.estimate_time``. Also here: how a GEMM's shape and a collective's
+group placement turn those rates into achieved ones (tile / wave quantization, NIC aggregation).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from tuner.catalog import GPUSpec
+
+# --- Efficiencies (fractions of the catalog's peak figures) -------------------------------------
+
+GEMM_EFFICIENCY = 0.88
+"""A full wave of whole tiles of a large 16-bit GEMM runs at about 85-92% of dense peak on
+A100/H100 (cuBLAS); tile and wave quantization (GEMM_TILES) come on top. Grid-fitted (step 0.02)
+on the eight Korthikanti et al. 2022 iteration times, one Selene group: MAPE 2.6%, worst row 7.6%;
+the optimum is flat (0.88-0.92 all give MAPE < 3%), the low end kept."""
+CPU_GEMM_EFFICIENCY = 0.84
+"""fp32 GEMMs on one CPU core (MKL / OpenBLAS sgemm reach 80-90% of the core's FMA peak on the
+demo's matrices); CPU ranks have no tensor-core tiles, so no quantization either."""
+FLASH_ATTENTION_EFFICIENCY = 0.60
+"""FlashAttention-2 forward reaches 50-73% of A100 peak on the FLOPs it executes (Dao 2023)."""
+HBM_EFFICIENCY = 0.80
+"""Achievable share of HBM bandwidth in streaming kernels (STREAM-like; 80-90% on A100/H100)."""
+NVLINK_BUS_EFFICIENCY = 0.70
+"""NCCL ring bus bandwidth over NVLink is ~70% of the per-direction link rate (nccl-tests
+all_reduce busbw ~210-230 GB/s of 300 on DGX A100); jointly grid-fitted with the earlier flat
+GEMM efficiency on Korthikanti et al. 2022's iteration times (flat over 0.60-0.75), kept."""
+NETWORK_BUS_EFFICIENCY = 0.80
+"""NCCL over InfiniBand reaches ~80% of the line rate per GPU (nccl-tests, large messages)."""
+FP32_PEAK_FRACTION = 0.5
+"""fp32 training runs on TF32 tensor cores: half the 16-bit dense rate (A100/H100 datasheets)."""
+
+# --- Latencies and fixed costs (seconds) ---------------------------------------------------------
+
+GPU_KERNEL_LATENCY_S = 4e-6
+"""Launch + tail of one GPU kernel; dominates only for tiny kernels."""
+CPU_OP_LATENCY_S = 30e-6
+"""Dispatch cost of one PyTorch op on a CPU rank (eager mode, order of tens of microseconds)."""
+NVLINK_COLLECTIVE_LATENCY_S = 15e-6
+"""Startup of one NCCL collective inside a node (nccl-tests small-message all_reduce)."""
+NETWORK_COLLECTIVE_LATENCY_S = 40e-6
+"""Startup of one NCCL collective or p2p transfer across nodes."""
+CPU_COLLECTIVE_LATENCY_S = 300e-6
+"""One gloo collective between CPU ranks (shared memory / loopback TCP)."""
+GPU_MICROBATCH_OVERHEAD_S = 0.3e-3
+"""Framework work per micro-batch on GPUs (schedule bookkeeping, loss, launch gaps)."""
+CPU_MICROBATCH_OVERHEAD_S = 15e-3
+"""Framework work per micro-batch on CPU ranks (engine forward/backward calls, autograd setup)."""
+GPU_STEP_OVERHEAD_S = 10e-3
+"""Per optimizer step on GPUs: grad-norm reduction, loss scaling checks, logging."""
+CPU_STEP_OVERHEAD_S = 50e-3
+"""Per optimizer step on CPU ranks: the same work in eager Python, plus the engine's step."""
+
+# --- Achieved rates: one structure, from the catalog or a measured cluster profile -------------
+
+GEMM_TILES = ((128, 128), (256, 128), (128, 256))
+"""Output tiles (rows, columns) of the 16-bit tensor-core GEMM kernels cuBLAS / CUTLASS choose
+from on Ampere and Hopper (CUTLASS's tensor-op defaults). Each thread block computes one tile, so
+a GEMM runs in ceil(tiles / SMs) waves, the last one partial, and dimensions are padded to whole
+tiles (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background": tile and wave
+quantization); the heuristics pick the tile that wastes least. Small GEMMs from high TP or small
+micro-batches lose most. GEMM_EFFICIENCY is the rate of a whole wave of whole tiles."""
+SPLIT_K_MAX = 4
+"""Most ways cuBLAS's heuristics split K for a sub-wave grid (CUTLASS split-K serial kernels)."""
+SPLIT_K_MIN_DEPTH = 1024
+"""Shortest K slice worth a split: the fp32 partial sums of s slices (4·m·n·s bytes written and
+read back) stay small next to the slices' operand traffic only while the slices stay long."""
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Alpha-beta cost over one kind of link: ``latency + bytes / bandwidth`` per collective
+    (``bandwidth`` is NCCL's *bus* bandwidth per GPU, bytes/s)."""
+
+    bandwidth: float
+    latency: float
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Rates:
+    """Every achieved rate the time model reads, for one GPU type at one precision.
+
+    ``catalog_rates`` builds it from the catalog's datasheet figures and this module's efficiency
+    constants; a measured cluster profile can build its own and pass it to ``estimate_time``.
+    Compared and hashed by identity (the per-shape caches key on it): build one per cluster.
+    """
+
+    peak: float
+    """Dense tensor FLOP/s at the precision."""
+    gemm: float
+    """Achieved FLOP/s of a large, well-quantized GEMM (peak x GEMM_EFFICIENCY)."""
+    sm_count: int
+    """Streaming multiprocessors, for wave quantization; 0 turns it off (CPU ranks)."""
+    gemm_samples: tuple[tuple[float, float, float, float], ...]
+    """Measured (m, n, k, achieved FLOP/s) GEMMs; when given, the nearest in log-shape replaces
+    the tile model (a cluster profile's samples)."""
+    flash: float
+    """Achieved FLOP/s of FlashAttention kernels."""
+    hbm: float
+    """Achieved memory bandwidth of streaming kernels, bytes/s."""
+    op_latency: float
+    """Launch + tail of one kernel (or one eager op on a CPU rank), seconds."""
+    intra: Link
+    """A collective among GPUs of one node (NVLink / NVSwitch)."""
+    inter: Link
+    """A collective across nodes, per GPU: the node's network share of one GPU."""
+    nics_aggregate: bool
+    """Whether a group with several ranks on a node uses all their network shares at once (NCCL
+    with one NIC per GPU: each ring channel crosses the node boundary on another NIC), or a
+    single shared link (gloo over one TCP interface)."""
+    microbatch_overhead: float
+    """Fixed framework seconds per micro-batch."""
+    step_overhead: float
+    """Fixed framework seconds per optimizer step."""
+    elem: int
+    """Bytes per activation / parameter element (2 for 16-bit, 4 for fp32)."""
+
+
+@functools.lru_cache(maxsize=64)
+def catalog_rates(gpu: GPUSpec, precision: str) -> Rates:
+    """The rates of ``gpu`` from the catalog and this module's constants (no measurements)."""
+    cpu = gpu.name == "cpu"
+    peak = gpu.peak_tflops * 1e12
+    if precision == "fp32" and not cpu:  # the cpu entry's peak is already an fp32 figure
+        peak *= FP32_PEAK_FRACTION
+    intra_lat = CPU_COLLECTIVE_LATENCY_S if cpu else NVLINK_COLLECTIVE_LATENCY_S
+    inter_lat = CPU_COLLECTIVE_LATENCY_S if cpu else NETWORK_COLLECTIVE_LATENCY_S
+    return Rates(
+        peak=peak,
+        gemm=peak * (CPU_GEMM_EFFICIENCY if cpu else GEMM_EFFICIENCY),
+        sm_count=0 if cpu else gpu.sm_count,
+        gemm_samples=(),
+        flash=peak * FLASH_ATTENTION_EFFICIENCY,
+        hbm=gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY,
+        op_latency=CPU_OP_LATENCY_S if cpu else GPU_KERNEL_LATENCY_S,
+        intra=Link(gpu.intra_node_gbps * 1e9 * NVLINK_BUS_EFFICIENCY, intra_lat),
+        inter=Link(gpu.inter_node_gbps * 1e9 * NETWORK_BUS_EFFICIENCY, inter_lat),
+        nics_aggregate=not cpu,
+        microbatch_overhead=CPU_MICROBATCH_OVERHEAD_S if cpu else GPU_MICROBATCH_OVERHEAD_S,
+        step_overhead=CPU_STEP_OVERHEAD_S if cpu else GPU_STEP_OVERHEAD_S,
+        elem=4 if precision == "fp32" else 2,
+    )
+
+
+def group_link(rates: Rates, size: int, stride: int, gpus_per_node: int) -> Link:
+    """Cost of a ring over ``size`` ranks ``stride`` apart (Megatron's rank order: tp, cp, dp, pp).
+
+    Inside a node: NVLink. Across nodes a ring enters and leaves every node once per channel, and
+    NCCL spreads its channels over the node's NICs (one per GPU on DGX-class nodes), so the ring's
+    bus bandwidth is the network share of one GPU times the group's ranks on a node, never more
+    than NVLink (nccl-tests: 3 nodes of 8 A100 with 4 HDR NICs reach 85-96 GB/s all-reduce busbw
+    of the nodes' 100 GB/s, NVIDIA/nccl-tests#119; more NICs add bandwidth up to the NVLink rate,
+    NVIDIA/nccl#412). A TP group of 16 over two DGX nodes thus runs at ~8x the per-GPU share.
+    """
+    if size * stride <= gpus_per_node or size == 1:
+        return rates.intra
+    on_node = max(1, min(size, gpus_per_node // stride)) if rates.nics_aggregate else 1
+    bandwidth = min(rates.intra.bandwidth, rates.inter.bandwidth * on_node)
+    return Link(bandwidth, rates.inter.latency)
+
+
+def wave_fraction(sm_count: int, m: float, n: float, k: float) -> float:
+    """Share of GEMM_EFFICIENCY an (m x n)-output, depth-k GEMM keeps after tile and wave
+    quantization with the best tile of GEMM_TILES. A grid smaller than one wave may split the
+    reduction (split-K, up to SPLIT_K_MAX ways, slices of at least SPLIT_K_MIN_DEPTH), as cuBLAS
+    and CUTLASS do for small outputs with a long K (weight gradients of small micro-batches)."""
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        rows, cols = math.ceil(m / tm), math.ceil(n / tn)
+        pad = (m * n) / (rows * tm * cols * tn)
+        splits = 1
+        if rows * cols < sm_count:
+            splits = max(1, min(SPLIT_K_MAX, int(k // SPLIT_K_MIN_DEPTH)))
+        for split in range(1, splits + 1):
+            waves = rows * cols * split / sm_count
+            best = max(best, pad * waves / math.ceil(waves))
+    return best
+
+
+@functools.lru_cache(maxsize=65536)
+def gemm_rate(rates: Rates, m: float, n: float, k: float) -> float:
+    """Achieved FLOP/s of an (m x k) @ (k x n) GEMM."""
+    if rates.gemm_samples:
+        shape = (math.log(m), math.log(n), math.log(k))
+        return min(
+            rates.gemm_samples,
+            key=lambda s: sum((math.log(a) - b) ** 2 for a, b in zip(s[:3], shape, strict=True)),
+        )[3]
+    if rates.sm_count == 0:
+        return rates.gemm
+    return rates.gemm * wave_fraction(rates.sm_count, m, n, k)
