@@ -19,8 +19,9 @@ by tens of percent on one knob.
 Each proposal maximises expected improvement (over the best measured log step time) among the
 admitted configs not yet measured, running, pruned, failed or needing at least the memory of a
 config that ran out of memory. Memory gets the same treatment as time: the log of measured over
-predicted peak memory is regressed on the same features, fed by every run that reported its peak
-and by every real OOM (which needed at least the GPU's memory). A config whose corrected peak is
+predicted peak memory is regressed on the same features (with its own prior: mostly one factor
+shared by every config, see :class:`Prior`), fed by every run that reported its peak and by every
+real OOM (which needed at least the GPU's memory). A config whose corrected peak is
 over the limit is tried only when nothing else is left. (A cruder rule, "avoid every config
 predicted to need as much as one that ran out", hid the best config of the stand-in's built-in
 surface: its OOMs came from no-recompute configs, its best used selective recompute.)
@@ -86,8 +87,17 @@ class Prior:
     """The joint effect of two knob values beyond their separate effects."""
     noise: float = 0.03
     """Run-to-run noise of a measured step time."""
-    memory_scale: float = 1.0
-    """Prior scale of the memory correction, relative to the time correction's."""
+    memory_intercept: float = 1.0
+    """The memory model's error is mostly one factor shared by every config of a study (the
+    CUDA context, communicator buffers and allocator slack of that software stack), so one
+    measured peak moves every config's estimate."""
+    memory_trend: float = 0.02
+    """Memory errors do not grow with log2 of a size the way time errors do: nearly off."""
+    memory_main: float = 0.1
+    """The error of one component (activations under one recompute setting, states under one
+    sharding) shows up as a knob-value effect."""
+    memory_pair: float = 0.05
+    """The joint effect of two knob values on the memory error."""
     memory_noise: float = 0.05
     """Noise of a measured peak (allocator rounding, fragmentation)."""
 
@@ -102,19 +112,29 @@ class Features:
                 values[k].add(v)
         searched = [k for k in KNOBS if len(values[k]) > 1]
         self.index: dict[tuple[str, ...], int] = {}
-        scales = [prior.intercept]
+        groups = ["intercept"]
         self.trends = [k for k in searched if k in SIZES]
-        scales += [prior.trend] * len(self.trends)
+        groups += ["trend"] * len(self.trends)
         for k in searched:
             for v in sorted(values[k]):
-                self.index[(k, v)] = len(scales)
-                scales.append(prior.main)
+                self.index[(k, v)] = len(groups)
+                groups.append("main")
         for a, b in itertools.combinations(searched, 2):
             for va, vb in itertools.product(sorted(values[a]), sorted(values[b])):
-                self.index[(a, va, b, vb)] = len(scales)
-                scales.append(prior.pair)
+                self.index[(a, va, b, vb)] = len(groups)
+                groups.append("pair")
         self.searched = searched
-        self.prior_precision = 1.0 / np.square(np.array(scales))
+        self._groups = np.array(groups)
+        self.prior_precision = self.precision(prior.intercept, prior.trend, prior.main,
+                                              prior.pair)  # fmt: skip
+        self.memory_precision = self.precision(
+            prior.memory_intercept, prior.memory_trend, prior.memory_main, prior.memory_pair
+        )
+
+    def precision(self, intercept: float, trend: float, main: float, pair: float) -> np.ndarray:
+        """Prior precisions of the weights, from one standard deviation per feature group."""
+        sd = {"intercept": intercept, "trend": trend, "main": main, "pair": pair}
+        return np.asarray(1.0 / np.square(np.array([sd[str(g)] for g in self._groups])))
 
     def __call__(self, config: ParallelConfig) -> np.ndarray:
         x = np.zeros(len(self.prior_precision))
@@ -254,7 +274,7 @@ class ModelGuidedSampler(BaseSampler):
         x = self._x[[i for i, _ in seen]]
         y = np.array([v for _, v in seen])
         bound = np.array([k in oom_keys for k in memory if k in index])
-        precision = self._features.prior_precision / self._prior.memory_scale**2
+        precision = self._features.memory_precision
         post = fit(precision, x, y, self._prior.memory_noise)
         for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
             if not bound.any():
