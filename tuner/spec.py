@@ -164,6 +164,47 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OverheadsSpec:
+    """Stack overheads a user measured on their own cluster; each replaces the GPU catalog's
+    figure of the same name (tuner/catalog/gpus.yaml explains each one and its source)."""
+
+    cuda_context_gib: float | None = None
+    """CUDA context + kernel images per process, GiB (nvidia-smi minus max_memory_reserved)."""
+    cublas_workspace_mib: float | None = None
+    """cuBLAS + cuBLASLt workspace per handle, MiB."""
+    nccl_channels: int | None = None
+    """NCCL collective channels per communicator (NCCL_DEBUG=INFO "coll channels")."""
+    nccl_buffer_mib: float | None = None
+    """Device buffer per channel and connection, all protocols, MiB."""
+    nccl_p2p_channels: int | None = None
+    """NCCL channels per send/recv peer."""
+    nccl_p2p_buffer_mib: float | None = None
+    """Device buffer per p2p channel and peer, MiB."""
+    allocator_fragmentation: float | None = None
+    """Reserved above allocated as a share of transient tensors (e.g. lower with
+    expandable_segments)."""
+
+    def __post_init__(self) -> None:
+        for name in ("cuda_context_gib", "cublas_workspace_mib", "nccl_buffer_mib",
+                     "nccl_p2p_buffer_mib", "allocator_fragmentation"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"must be >= 0, got {value}", path=name)
+        _at_most(self.cuda_context_gib, 64, "cuda_context_gib", "more than a whole GPU")
+        _at_most(self.allocator_fragmentation, 1.0, "allocator_fragmentation", "a share")
+        for name in ("nccl_channels", "nccl_p2p_channels"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 64:
+                raise ConfigError(f"must be 0..64 (NCCL MAXCHANNELS is 32), got {value}",
+                                  path=name)  # fmt: skip
+
+    def values(self) -> dict[str, float]:
+        """The fields that were given."""
+        given = {n: getattr(self, n) for n in self.__slots__}
+        return {n: v for n, v in given.items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SSHSpec:
     """How to reach the nodes over SSH (paramiko). The OpenSSH client config is honoured: Host
     aliases, HostName, Port, User, IdentityFile, UserKnownHostsFile, ProxyJump, ProxyCommand.
@@ -276,6 +317,8 @@ class ClusterSpec:
     """Slurm settings for ``executor: slurm`` (``num_nodes`` is then the nodes per trial)."""
     gpu_memory_gib: float | None = None
     """Override the catalog's memory per GPU (per rank for ``cpu``)."""
+    overheads: OverheadsSpec = field(default_factory=OverheadsSpec)
+    """Measured stack overheads replacing the GPU catalog's (CUDA context, NCCL, allocator)."""
 
     def __post_init__(self) -> None:
         from tuner.catalog import get_gpu  # the catalog loads lazily, on first use
