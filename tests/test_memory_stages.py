@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 from typing import Any
 
@@ -49,18 +50,19 @@ def test_every_stage_is_reported_with_its_layers_and_in_flight() -> None:
 
 
 def test_long_sequence_without_recompute_peaks_in_forward_backward() -> None:
-    long = LLAMA.__class__(
-        **{**{f: getattr(LLAMA, f) for f in LLAMA.__slots__}, "seq_length": 16384}
-    )
-    c = ParallelConfig(tp=8, dp=1, micro_batch_size=1, global_batch_size=1)
-    m = estimate_memory(long, c, H100)
-    assert m.phase == "fwd_bwd" and m.activations > 0
+    long = dataclasses.replace(LLAMA, seq_length=16384)
+    # the same ZeRO-1 setting whose step peaks on short sequences (test below)
+    c = ParallelConfig(tp=8, dp=64, micro_batch_size=1, global_batch_size=64, zero_stage=1)
+    m = estimate_memory(long, c, H100, "deepspeed", "bf16")
+    fwd, step = m.stages[0].phases
+    assert m.phase == "fwd_bwd" and fwd.device > step.device
+    assert m.activations > m.weights + m.grads + m.optimizer
 
 
 def test_fp16_optimizer_copies_make_the_step_peak_with_small_activations() -> None:
     # DeepSpeed fp16 without ZeRO -> FP16_Optimizer: the step flattens the 16-bit grads and makes
     # their fp32 copy (6 B per parameter) after the activations are gone.
-    short = ModelSpec(**{**{f: getattr(GPT, f) for f in GPT.__slots__}, "seq_length": 256})
+    short = dataclasses.replace(GPT, seq_length=256)
     c = ParallelConfig(dp=8, micro_batch_size=1, global_batch_size=8, recompute="full",
                        recompute_method="uniform", recompute_num_layers=1)  # fmt: skip
     m = estimate_memory(short, c, H100, "deepspeed", "fp16")
@@ -195,3 +197,32 @@ def test_stated_uncertainty_marks_configs_near_the_limit() -> None:
     far = get_gpu("h100-sxm-80gb", memory_gib=m.peak / GIB * (1 + 3 * MEMORY_UNCERTAINTY) / 0.92)
     assert not near_limit(m, far, 0.92)
     assert m.to_dict()["uncertainty"] == MEMORY_UNCERTAINTY
+
+
+def test_zero1_reduce_bucket_and_fp32_grads_make_the_step_peak_at_large_dp() -> None:
+    # ZeRO-1 reduces the full 16-bit gradients in reduce_bucket_size pieces after backward and
+    # the step adds the fp32 gradient partition; with full recompute on short sequences the
+    # activations are smaller than that bucket.
+    short = dataclasses.replace(GPT, seq_length=512)
+    c = ParallelConfig(
+        dp=64, micro_batch_size=1, global_batch_size=64, zero_stage=1, recompute="full",
+        recompute_method="uniform", recompute_num_layers=1,
+    )  # fmt: skip
+    m = estimate_memory(short, c, H100, "deepspeed", "bf16")
+    assert m.phase == "step"
+    bucket = 2 * min(5e8, m.params)
+    assert m.framework_buffers == pytest.approx(bucket + 4 * m.params / 64)
+    # a smaller bucket in the study's ds_config shrinks it (the one definition is overridable)
+    small = estimate_memory(short, c, H100, "deepspeed", "bf16", {"reduce_bucket_size": 5e7})
+    assert small.stages[0].phases[1].framework_buffers == pytest.approx(1e8 + 4 * m.params / 64)
+
+
+def test_only_first_and_last_stage_join_the_tied_embedding_group() -> None:
+    tied = GPT
+    c = ParallelConfig(tp=2, pp=4, dp=2, micro_batch_size=1, global_batch_size=16)
+    comm = [s.phases[0].comm_buffers for s in estimate_memory(tied, c, H100).stages]
+    ring = H100.nccl_channels * H100.nccl_buffer_mib * 2**20
+    p2p_peer = H100.nccl_p2p_channels * H100.nccl_p2p_buffer_mib * 2**20
+    # first and last: one pipeline neighbour fewer, the embedding group more
+    assert comm[0] == comm[3] == pytest.approx(comm[1] + ring - p2p_peer)
+    assert comm[1] == comm[2]
