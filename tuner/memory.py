@@ -216,11 +216,50 @@ class MemoryBreakdown:
         """Allocator slack of the worst (stage, phase) (the former name of the term)."""
         return self.worst.slack
 
-    def __getattr__(self, name: str) -> float:
-        # weights, grads, optimizer, activations, ...: the worst (stage, phase)'s terms
-        if name in PARTS:
-            return float(getattr(self.worst, name))
-        raise AttributeError(name)
+    @property
+    def weights(self) -> float:
+        """Worst (stage, phase): 16-bit (or fp32) weights."""
+        return self.worst.weights
+
+    @property
+    def grads(self) -> float:
+        """Worst (stage, phase): gradients as the framework keeps them."""
+        return self.worst.grads
+
+    @property
+    def optimizer(self) -> float:
+        """Worst (stage, phase): optimizer states (fp32 master, Adam moments)."""
+        return self.worst.optimizer
+
+    @property
+    def activations(self) -> float:
+        """Worst (stage, phase): saved activations of the transformer layers."""
+        return self.worst.activations
+
+    @property
+    def stage_extras(self) -> float:
+        """Worst (stage, phase): embedding / logits activations."""
+        return self.worst.stage_extras
+
+    @property
+    def framework_buffers(self) -> float:
+        """Worst (stage, phase): buckets, gathered parameters, step temporaries."""
+        return self.worst.framework_buffers
+
+    @property
+    def workspaces(self) -> float:
+        """Worst (stage, phase): cuBLAS workspaces."""
+        return self.worst.workspaces
+
+    @property
+    def cuda_context(self) -> float:
+        """Worst (stage, phase): CUDA context and kernel images."""
+        return self.worst.cuda_context
+
+    @property
+    def comm_buffers(self) -> float:
+        """Worst (stage, phase): NCCL buffers."""
+        return self.worst.comm_buffers
 
     def to_dict(self) -> dict[str, Any]:
         """The worst (stage, phase)'s terms in GiB, the three figures and every stage."""

@@ -17,6 +17,7 @@ from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
+from tuner.overheads_spec import OverheadsSpec
 
 Framework = Literal["megatron", "deepspeed"]
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -161,47 +162,6 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         _size(self.global_batch_size, MAX_BATCH, "global_batch_size", "16M sequences per step")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OverheadsSpec:
-    """Stack overheads a user measured on their own cluster; each replaces the GPU catalog's
-    figure of the same name (tuner/catalog/gpus.yaml explains each one and its source)."""
-
-    cuda_context_gib: float | None = None
-    """CUDA context + kernel images per process, GiB (nvidia-smi minus max_memory_reserved)."""
-    cublas_workspace_mib: float | None = None
-    """cuBLAS + cuBLASLt workspace per handle, MiB."""
-    nccl_channels: int | None = None
-    """NCCL collective channels per communicator (NCCL_DEBUG=INFO "coll channels")."""
-    nccl_buffer_mib: float | None = None
-    """Device buffer per channel and connection, all protocols, MiB."""
-    nccl_p2p_channels: int | None = None
-    """NCCL channels per send/recv peer."""
-    nccl_p2p_buffer_mib: float | None = None
-    """Device buffer per p2p channel and peer, MiB."""
-    allocator_fragmentation: float | None = None
-    """Reserved above allocated as a share of transient tensors (e.g. lower with
-    expandable_segments)."""
-
-    def __post_init__(self) -> None:
-        for name in ("cuda_context_gib", "cublas_workspace_mib", "nccl_buffer_mib",
-                     "nccl_p2p_buffer_mib", "allocator_fragmentation"):  # fmt: skip
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ConfigError(f"must be >= 0, got {value}", path=name)
-        _at_most(self.cuda_context_gib, 64, "cuda_context_gib", "more than a whole GPU")
-        _at_most(self.allocator_fragmentation, 1.0, "allocator_fragmentation", "a share")
-        for name in ("nccl_channels", "nccl_p2p_channels"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 64:
-                raise ConfigError(f"must be 0..64 (NCCL MAXCHANNELS is 32), got {value}",
-                                  path=name)  # fmt: skip
-
-    def values(self) -> dict[str, float]:
-        """The fields that were given."""
-        given = {n: getattr(self, n) for n in self.__slots__}
-        return {n: v for n, v in given.items() if v is not None}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
