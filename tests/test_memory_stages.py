@@ -199,22 +199,32 @@ def test_stated_uncertainty_marks_configs_near_the_limit() -> None:
     assert m.to_dict()["uncertainty"] == MEMORY_UNCERTAINTY
 
 
-def test_zero1_reduce_bucket_and_fp32_grads_make_the_step_peak_at_large_dp() -> None:
-    # ZeRO-1 reduces the full 16-bit gradients in reduce_bucket_size pieces after backward and
-    # the step adds the fp32 gradient partition; with full recompute on short sequences the
-    # activations are smaller than that bucket.
+def test_zero1_reduce_bucket_makes_the_step_peak_at_large_dp() -> None:
+    # ZeRO-1 all-reduces the full 16-bit gradients after backward, each reduce_bucket_size piece
+    # flattened into a new tensor; with full recompute on short sequences the activations are
+    # smaller than that bucket. The later update moment (non-owned gradients freed, owned ones
+    # flattened and made fp32) is smaller at large DP.
     short = dataclasses.replace(GPT, seq_length=512)
     c = ParallelConfig(
         dp=64, micro_batch_size=1, global_batch_size=64, zero_stage=1, recompute="full",
         recompute_method="uniform", recompute_num_layers=1,
     )  # fmt: skip
     m = estimate_memory(short, c, H100, "deepspeed", "bf16")
-    assert m.phase == "step"
-    bucket = 2 * min(5e8, m.params)
-    assert m.framework_buffers == pytest.approx(bucket + 4 * m.params / 64)
+    assert m.phase == "step" and m.activations == 0
+    assert m.grads == pytest.approx(2 * m.params)
+    assert m.framework_buffers == pytest.approx(2 * min(5e8, m.params))
     # a smaller bucket in the study's ds_config shrinks it (the one definition is overridable)
     small = estimate_memory(short, c, H100, "deepspeed", "bf16", {"reduce_bucket_size": 5e7})
-    assert small.stages[0].phases[1].framework_buffers == pytest.approx(1e8 + 4 * m.params / 64)
+    assert small.stages[0].phases[1].framework_buffers == pytest.approx(2 * 5e7)
+
+
+def test_zero1_update_moment_wins_at_small_dp() -> None:
+    c = ParallelConfig(dp=2, micro_batch_size=1, global_batch_size=2, zero_stage=1)
+    step = estimate_memory(GPT, c, H100, "deepspeed", "bf16").stages[0].phases[1]
+    psi = estimate_memory(GPT, c, H100, "deepspeed", "bf16").params
+    # owned 16-bit grads, their flat copy and its fp32 conversion beat the 5e8-element bucket
+    assert step.grads == pytest.approx(2 * psi / 2)
+    assert step.framework_buffers == pytest.approx((2 + 4) * psi / 2)
 
 
 def test_only_first_and_last_stage_join_the_tied_embedding_group() -> None:

@@ -62,6 +62,10 @@ class LayerSizes:
     small: float
 
 
+def _total(s: StateBytes) -> float:
+    return s.weights + s.grads + s.optimizer + s.buffers
+
+
 def _megatron(psi: float, c: ParallelConfig, precision: Precision, shard: int) -> StageStates:
     d = shard if c.distributed_optimizer else 1
     name = "megatron distributed optimizer" if c.distributed_optimizer else "megatron optimizer"
@@ -109,22 +113,26 @@ def _deepspeed_zero(
     d = c.dp
     # A one-rank data-parallel group reduces nothing: no bucket is filled.
     bucket = e * min(settings["reduce_bucket_size"], psi) if d > 1 else 0.0
-    # [DSE] ZeRO-1/2/3 keep an fp32 partition of the parameters (a copy even in fp32) and the
-    # Adam moments: 12 B per owned parameter; the step makes the fp32 gradient partition
-    # (single_grad_partition, 4 B per owned parameter) that the estimator counts as "4 grads32".
+    # [DSE] ZeRO-1/2 keep an fp32 partition of the parameters (a clone even in fp32,
+    # stage_1_and_2.py single_partition_of_fp32_groups) and the Adam moments: 12 B per owned
+    # parameter. step() first frees the gradients this rank does not own, then flattens the
+    # owned ones and converts them to fp32 (single_grad_partition: the estimator's "4 grads32";
+    # no new tensor when they are fp32 already).
     optimizer = 12 * psi / d
-    step_temp = 4 * psi / d
+    to_fp32 = 4 * psi / d if e != 4 else 0.0
     if c.zero_stage == 1:
-        # Full gradients live through backward; they are reduced in reduce_bucket_size pieces
-        # after it (the activations are gone by then), so the bucket belongs to the step phase.
+        # Full gradients live through backward; after it they are all-reduced in
+        # reduce_bucket_size pieces, each flattened into a new tensor (allreduce_bucket), while
+        # the activations are gone. Then the update moment above. The step peaks at the larger.
         fwd = StateBytes(e * psi, e * psi, optimizer, 0.0)
-        step = StateBytes(e * psi, e * psi, optimizer, bucket + step_temp)
-        return StageStates(fwd, step, "deepspeed ZeRO-1")
+        reduce = StateBytes(e * psi, e * psi, optimizer, bucket)
+        update = StateBytes(e * psi, e * psi / d, optimizer, e * psi / d + to_fp32)
+        return StageStates(fwd, max(reduce, update, key=_total), "deepspeed ZeRO-1")
     if c.zero_stage == 2:
         # Gradients are reduced during backward through the reduce bucket into the contiguous
-        # partition buffer (contiguous_gradients: e B per owned parameter).
+        # partition buffer (contiguous_gradients: e B per owned parameter, already flat).
         fwd = StateBytes(e * psi, e * psi / d, optimizer, bucket)
-        step = StateBytes(e * psi, e * psi / d, optimizer, step_temp)
+        step = StateBytes(e * psi, e * psi / d, optimizer, to_fp32)
         return StageStates(fwd, step, "deepspeed ZeRO-2")
     # ZeRO-3: parameters partitioned too; parameters under the persistence threshold stay whole.
     # Backward holds the gathered largest layer with its gradient (4 B per parameter, the [DS]
@@ -135,9 +143,11 @@ def _deepspeed_zero(
     prefetch = min(
         settings["stage3_prefetch_bucket_size"], settings["stage3_max_live_parameters"], psi
     )
+    # stage3.py _create_fp32_partitions: an fp32 model's partition is its own master copy.
+    optimizer = (8 if e == 4 else 12) * psi / d
     weights = e * psi / d + e * sizes.small
     fwd = StateBytes(weights, e * psi / d, optimizer, 4 * sizes.largest + 2 * prefetch)
-    step = StateBytes(weights, e * psi / d, optimizer, step_temp)
+    step = StateBytes(weights, e * psi / d, optimizer, to_fp32)
     return StageStates(fwd, step, "deepspeed ZeRO-3")
 
 
