@@ -236,3 +236,20 @@ def test_only_first_and_last_stage_join_the_tied_embedding_group() -> None:
     # first and last: one pipeline neighbour fewer, the embedding group more
     assert comm[0] == comm[3] == pytest.approx(comm[1] + ring - p2p_peer)
     assert comm[1] == comm[2]
+
+
+def test_zero3_keeps_norms_under_the_persistence_threshold_whole() -> None:
+    c = ParallelConfig(dp=16, micro_batch_size=1, global_batch_size=16, zero_stage=3)
+    keep = estimate_memory(GPT, c, H100, "deepspeed", "bf16").stages[0].phases[0]
+    # a threshold below the hidden size partitions the norms too
+    part = (
+        estimate_memory(
+            GPT, c, H100, "deepspeed", "bf16", {"stage3_param_persistence_threshold": 1000}
+        )
+        .stages[0]
+        .phases[0]
+    )
+    # per layer: two LayerNorms (weight + bias) and the two row-parallel output biases; the final
+    # LayerNorm: 6h per layer + 2h, each tensor h elements
+    small = GPT.num_layers * 6 * GPT.hidden_size + 2 * GPT.hidden_size
+    assert keep.weights - part.weights == pytest.approx(2 * small)

@@ -284,6 +284,7 @@ def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes
     return LayerSizes(
         largest=counts.layer_sharded / c.tp + counts.layer_replicated,
         small=layers * counts.layer_replicated + counts.final_norm,
+        small_tensor=float(model.hidden_size),
     )
 
 

@@ -56,10 +56,12 @@ class StageStates:
 
 @dataclass(frozen=True, slots=True)
 class LayerSizes:
-    """Parameters of the stage's largest layer and its small (persistent under ZeRO-3) ones."""
+    """Parameters of the stage's largest layer and its small ones (norms: ZeRO-3 keeps tensors
+    under stage3_param_persistence_threshold whole on every rank)."""
 
     largest: float
-    small: float
+    small: float  # all small parameters of the stage
+    small_tensor: float  # elements of the largest such tensor (a norm weight: hidden size)
 
 
 def _total(s: StateBytes) -> float:
@@ -145,7 +147,10 @@ def _deepspeed_zero(
     )
     # stage3.py _create_fp32_partitions: an fp32 model's partition is its own master copy.
     optimizer = (8 if e == 4 else 12) * psi / d
-    weights = e * psi / d + e * sizes.small
+    persistent = (
+        sizes.small if sizes.small_tensor < settings["stage3_param_persistence_threshold"] else 0.0
+    )
+    weights = e * psi / d + e * persistent
     fwd = StateBytes(weights, e * psi / d, optimizer, 4 * sizes.largest + 2 * prefetch)
     step = StateBytes(weights, e * psi / d, optimizer, to_fp32)
     return StageStates(fwd, step, "deepspeed ZeRO-3")
