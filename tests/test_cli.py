@@ -28,6 +28,12 @@ def test_estimate_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     mem = out["memory"]
     assert {"weights", "grads", "optimizer", "activations", "peak_gib"} <= set(mem)
     assert mem["peak_gib"] < out["gpu_memory_gib"]
+    # every stage, both phases, three figures; the peak is the worst device figure
+    assert [s["stage"] for s in mem["stages"]] == [0, 1, 2, 3]
+    assert mem["peak_gib"] == max(s["device_gib"] for s in mem["stages"]) == mem["device_gib"]
+    for s in mem["stages"]:
+        assert [p["phase"] for p in s["phases"]] == ["fwd_bwd", "step"]
+        assert s["allocated_gib"] <= s["reserved_gib"] <= s["device_gib"]
 
 
 def test_estimate_invalid_config_is_reported_not_raised(
@@ -42,6 +48,40 @@ def test_estimate_predicted_oom(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "estimate", "--study", "gpt-70b", "--set", "tp=1", "--set", "pp=1",
                    "--json")  # fmt: skip
     assert out["valid"] and not out["fits"] and out["memory"]["peak_gib"] > 80
+
+
+def test_estimate_table_has_a_row_per_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "--study", "gpt-70b", "--set", "tp=8", "--set", "pp=4"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "per pipeline stage" in text
+    for head in (
+        "in-flight",
+        "slack",
+        "overhead",
+        "allocated",
+        "reserved",
+        "device",
+        "peak phase",
+    ):
+        assert head in text
+    stages = json.loads(run_json_text(argv + ["--json"]))["memory"]["stages"]
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.rstrip().endswith(("fwd_bwd    │", "step       │"))
+    ]
+    assert len(rows) == len(stages) == 4
+
+
+def run_json_text(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(argv) == 0
+    return buffer.getvalue()
 
 
 def test_space_json_counts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 
 from tuner.errors import StudyError
@@ -105,3 +106,19 @@ def test_best_exports(results: str) -> None:
     with pytest.raises(StudyError, match="no results"):
         leaderboard(SPEC, results=str(Path(results) / "elsewhere"))
     assert json.dumps(list(leaderboard(SPEC, results=results).columns))
+
+
+def test_leaderboard_says_which_figure_the_measured_peak_is(tmp_path: Path) -> None:
+    layout = ResultsLayout(tmp_path, SPEC.name)
+    study = optuna.create_study(study_name=SPEC.name, storage=open_storage(None, layout))
+    attrs = {"peak_memory_gib": 41.0, "peak_reserved_gib": 44.0, "predicted_peak_gib": 47.5,
+             "predicted_allocated_gib": 42.0, "predicted_reserved_gib": 45.0,
+             "predicted_peak_stage": 0, "predicted_peak_phase": "fwd_bwd"}  # fmt: skip
+    record(study, SPEC, config(2, 1), Outcome.OK, 3.0, **attrs)
+    record(study, SPEC, config(4, 1), Outcome.OK, 3.5)  # a log without memory figures
+    board = leaderboard(SPEC, results=str(tmp_path))
+    row = board.iloc[0]
+    assert row.measured_peak_gib == 41.0 and row.measured_peak_metric == "allocated"
+    assert row.measured_reserved_gib == 44.0 and row.predicted_reserved_gib == 45.0
+    assert row.predicted_peak_gib == 47.5 and row.predicted_peak_phase == "fwd_bwd"
+    assert pd.isna(board.iloc[1].measured_peak_metric)

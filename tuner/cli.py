@@ -69,13 +69,9 @@ def _print_estimate(result: dict[str, Any], headroom: float) -> None:
         for message in result["errors"]:
             console.print(f"[red]invalid[/]: {message}")
         return
-    table = Table(title="predicted memory per GPU (most loaded rank)")
-    table.add_column("term")
-    table.add_column("GiB", justify="right")
-    for key, value in result["memory"].items():
-        style = "bold" if key in ("allocated_gib", "peak_gib") else ""
-        table.add_row(key, f"{value:.2f}", style=style)
-    console.print(table)
+    memory = result["memory"]
+    _print_memory_terms(console, memory)
+    _print_stage_table(console, memory)
     time = result["time"]
     table = Table(title="predicted step time (critical path)")
     table.add_column("term")
@@ -93,6 +89,61 @@ def _print_estimate(result: dict[str, Any], headroom: float) -> None:
         f"{verdict}: peak {result['memory']['peak_gib']:.2f} GiB vs "
         f"{headroom:.0%} of {result['gpu_memory_gib']:.1f} GiB"
     )
+
+
+MEMORY_TERMS = (
+    "weights grads optimizer activations stage_extras framework_buffers workspaces slack "
+    "cuda_context comm_buffers allocated_gib reserved_gib device_gib peak_gib"
+).split()
+
+
+def _print_memory_terms(console: Console, memory: dict[str, Any]) -> None:
+    title = (
+        f"memory per GPU: peak at stage {memory['stage']}, {memory['phase']} "
+        f"(+-{memory['uncertainty']:.0%})"
+    )
+    table = Table(title=title)
+    table.add_column("term")
+    table.add_column("GiB", justify="right")
+    for key in MEMORY_TERMS:
+        style = "bold" if key.endswith("_gib") else ""
+        table.add_row(key, f"{memory[key]:.2f}", style=style)
+    console.print(table)
+
+
+def _print_stage_table(console: Console, memory: dict[str, Any]) -> None:
+    table = Table(title="per pipeline stage, at each stage's peak phase (GiB)")
+    heads = (
+        "stage",
+        "layers",
+        "in-flight",
+        "weights",
+        "grads",
+        "optimizer",
+        "activations",
+        "buffers",
+        "slack",
+        "overhead",
+        "allocated",
+        "reserved",
+        "device",
+        "peak phase",
+    )
+    for head in heads:  # fmt: skip
+        table.add_column(head, justify="left" if head == "peak phase" else "right")
+    for s in memory["stages"]:
+        p = next(p for p in s["phases"] if p["phase"] == s["peak_phase"])
+        row = [
+            str(s["stage"]), str(s["layers"]), f"{s['in_flight']:g}",
+            *(f"{p[k]:.2f}" for k in ("weights", "grads", "optimizer")),
+            f"{p['activations'] + p['stage_extras']:.2f}",
+            f"{p['framework_buffers'] + p['workspaces']:.2f}", f"{p['slack']:.2f}",
+            f"{p['cuda_context'] + p['comm_buffers']:.2f}",
+            *(f"{s[k]:.2f}" for k in ("allocated_gib", "reserved_gib", "device_gib")),
+            s["peak_phase"],
+        ]  # fmt: skip
+        table.add_row(*row)
+    console.print(table)
 
 
 TIME_TERMS = (

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 
-MEMORY_SIGMA = 0.08
+from tuner.memory import MEMORY_UNCERTAINTY
+
+MEMORY_SIGMA = MEMORY_UNCERTAINTY
 """Relative error of the predicted device peak, as the sd of log(measured / predicted): the
-memory model's stated accuracy on the public calibration set (benchmarks/memory_accuracy.py
-reports median and max absolute error; a max of ~15% over 40+ rows is about two sd)."""
+memory model's stated uncertainty (:data:`tuner.memory.MEMORY_UNCERTAINTY`, with its reasons)."""
 
 MIN_FIT_PROBABILITY = 0.2
 """Below this chance of fitting, a launch is more likely an OOM than a measurement."""

@@ -26,7 +26,13 @@ COLUMNS = [
     "recompute", "distributed_optimizer", "zero_stage", "nodes", "predicted_step_s",
     "measured_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
     "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
+    "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
+    "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
 ]  # fmt: skip
+# Which of the memory model's three figures (allocated / reserved / device) a log's peak is:
+# both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
+# max_memory_reserved beside it; the predicted peak is the device figure (nvidia-smi).
+MEASURED_PEAK_METRIC = "allocated"
 
 
 def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> optuna.Study:
@@ -62,6 +68,12 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_peak_gib": a.get("predicted_peak_gib"),
         "measured_peak_gib": a.get("peak_memory_gib"), "duration_s": a.get("duration_s"),
         "reason": a.get("reason"),
+        "measured_peak_metric": MEASURED_PEAK_METRIC if a.get("peak_memory_gib") else None,
+        "measured_reserved_gib": a.get("peak_reserved_gib"),
+        "predicted_allocated_gib": a.get("predicted_allocated_gib"),
+        "predicted_reserved_gib": a.get("predicted_reserved_gib"),
+        "predicted_peak_stage": a.get("predicted_peak_stage"),
+        "predicted_peak_phase": a.get("predicted_peak_phase"),
     }  # fmt: skip
 
 

@@ -70,6 +70,9 @@ class Screen:
                                   spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
         trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
         trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
+        trial.set_user_attr("predicted_reserved_gib", round(memory.reserved / GIB, 3))
+        trial.set_user_attr("predicted_peak_stage", memory.stage)
+        trial.set_user_attr("predicted_peak_phase", memory.phase)
         trial.set_user_attr("predicted_step_s", predicted.step)
         trial.set_user_attr("predicted_mfu", predicted.mfu)
         if not fits(memory, self.gpu, spec.search.memory_headroom):

@@ -221,7 +221,7 @@ class SpaceReport:
 
 def study_gpu(spec: StudySpec) -> GPUSpec:
     """The study's GPU catalog entry with its memory override applied."""
-    return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib)
+    return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib, spec.cluster.overheads.values())
 
 
 def enumerate_space(

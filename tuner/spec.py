@@ -17,6 +17,7 @@ from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
+from tuner.overheads_spec import OverheadsSpec
 from tuner.pipeline_split import parse_split
 
 Framework = Literal["megatron", "deepspeed"]
@@ -277,6 +278,8 @@ class ClusterSpec:
     """Slurm settings for ``executor: slurm`` (``num_nodes`` is then the nodes per trial)."""
     gpu_memory_gib: float | None = None
     """Override the catalog's memory per GPU (per rank for ``cpu``)."""
+    overheads: OverheadsSpec = field(default_factory=OverheadsSpec)
+    """Measured stack overheads replacing the GPU catalog's (CUDA context, NCCL, allocator)."""
 
     def __post_init__(self) -> None:
         from tuner.catalog import get_gpu  # the catalog loads lazily, on first use

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from importlib import resources
 
 import yaml
@@ -30,6 +31,23 @@ class GPUSpec:
     """Per-GPU share of the network to other nodes, GB/s."""
     sm_count: int = 0
     """Streaming multiprocessors (the time model's wave quantization); 0 = not a GPU / unknown."""
+    # The software stack's fixed device memory (0 on ``cpu``: no CUDA context, gloo keeps no
+    # device buffers). tuner.overheads turns these into bytes; a study's ``cluster.overheads``
+    # replaces any of them with what its own stack measured.
+    cuda_context_gib: float = 0.0
+    """CUDA context plus the kernel images a training process loads, GiB (outside PyTorch)."""
+    cublas_workspace_mib: float = 0.0
+    """cuBLAS + cuBLASLt workspaces of one handle, MiB (allocated through PyTorch)."""
+    nccl_channels: int = 0
+    """NCCL collective channels per communicator (``NCCL INFO N coll channels``)."""
+    nccl_buffer_mib: float = 0.0
+    """Device buffer per channel of one collective connection, all protocols, MiB."""
+    nccl_p2p_channels: int = 0
+    """NCCL channels per send/recv peer (``p2p channels per peer``)."""
+    nccl_p2p_buffer_mib: float = 0.0
+    """Device buffer per p2p channel and peer, MiB."""
+    allocator_fragmentation: float = 0.0
+    """Caching-allocator reserve above live transient tensors, as a share of them."""
 
 
 @functools.cache
@@ -46,21 +64,18 @@ def gpu_names() -> list[str]:
     return sorted(_gpus())
 
 
-def get_gpu(name: str, memory_gib: float | None = None) -> GPUSpec:
-    """The catalog entry ``name``, with its memory replaced by ``memory_gib`` when given."""
+def get_gpu(
+    name: str, memory_gib: float | None = None, overheads: Mapping[str, float] | None = None
+) -> GPUSpec:
+    """The catalog entry ``name``, with its memory replaced by ``memory_gib`` when given and any
+    stack-overhead field (``cuda_context_gib``, ``nccl_channels``, ...) by ``overheads``."""
     gpus = _gpus()
     if name not in gpus:
         raise ConfigError(
             f"unknown GPU {name!r} (catalog: {', '.join(sorted(gpus))})", path="cluster.gpu"
         )
     gpu = gpus[name]
-    if memory_gib is None:
-        return gpu
-    return GPUSpec(
-        name=gpu.name,
-        memory_gib=memory_gib,
-        peak_tflops=gpu.peak_tflops,
-        hbm_gbps=gpu.hbm_gbps,
-        intra_node_gbps=gpu.intra_node_gbps,
-        inter_node_gbps=gpu.inter_node_gbps,
-    )
+    changes: dict[str, float] = {k: v for k, v in (overheads or {}).items() if v is not None}
+    if memory_gib is not None:
+        changes["memory_gib"] = memory_gib
+    return replace(gpu, **changes) if changes else gpu  # type: ignore[arg-type]

@@ -52,10 +52,11 @@ def stage_memory(b: MemoryBreakdown) -> StageMemory:
     parts = {
         "weights": b.weights, "gradients": b.grads, "optimizer states": b.optimizer,
         "activations": b.activations + b.stage_extras,
-        "buffers": b.framework_buffers + b.comm_buffers,
+        "buffers": b.framework_buffers + b.workspaces + b.comm_buffers,
         "overhead": b.cuda_context + b.fragmentation,
     }  # fmt: skip
-    return StageMemory(f"stage {b.stage} (most loaded)", {k: v / GIB for k, v in parts.items()})
+    label = f"stage {b.stage} (most loaded, {b.phase})"
+    return StageMemory(label, {k: v / GIB for k, v in parts.items()})
 
 
 def time_parts(t: TimeBreakdown) -> dict[str, float]:

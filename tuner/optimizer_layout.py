@@ -1,0 +1,173 @@
+"""Model-state bytes of one pipeline stage in each phase of a step, per optimizer layout.
+
+Two phases: ``fwd_bwd`` (activations live, gradients being produced and reduced) and ``step``
+(activations freed; the optimizer's own temporaries live). Each returns weights, gradients,
+optimizer states and framework buffers in bytes, for ``psi`` parameters held by the stage.
+
+Sources:
+[M]  Megatron-LM docs (distributed optimizer: 18 B/param bf16, 6 + 12/d; fp16 20 B, 4 + 16/d)
+     and megatron/core/optimizer/optimizer.py (``_copy_model_grads_to_main_grads``: fp16 grads
+     become an fp32 ``main_param.grad`` in the step, freed by the next ``zero_grad``).
+[DSE] DeepSpeed runtime/engine.py ``_do_optimizer_sanity_check`` (which wrapper a ds_config
+     gets), runtime/bf16_optimizer.py, runtime/fp16/fused_optimizer.py,
+     runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, runtime/zero/config.py (defaults).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tuner.parallel import ParallelConfig
+from tuner.spec import Framework, Precision
+
+# DeepSpeed ZeRO bucket settings the rendered ds_config leaves at DeepSpeed's defaults
+# (runtime/zero/config.py: reduce_bucket_size 5e8, allgather_bucket_size 5e8,
+# stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9,
+# stage3_param_persistence_threshold 1e5 elements). A study that sets its own passes them as
+# ``zero_settings`` (the ds_config's ``zero_optimization`` mapping); this is the one definition.
+DEEPSPEED_ZERO_DEFAULTS: Mapping[str, float] = {
+    "reduce_bucket_size": 5e8,
+    "allgather_bucket_size": 5e8,
+    "stage3_prefetch_bucket_size": 5e7,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_param_persistence_threshold": 1e5,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Model-state bytes of one phase: what the allocator holds for the states then."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    buffers: float  # buckets, gathered parameters, step temporaries
+
+
+@dataclass(frozen=True, slots=True)
+class StageStates:
+    """Both phases of one stage, and the optimizer layout's name (for the report)."""
+
+    fwd_bwd: StateBytes
+    step: StateBytes
+    layout: str
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSizes:
+    """Parameters of the stage's largest layer and its small ones (norms: ZeRO-3 keeps tensors
+    under stage3_param_persistence_threshold whole on every rank)."""
+
+    largest: float
+    small: float  # all small parameters of the stage
+    small_tensor: float  # elements of the largest such tensor (a norm weight: hidden size)
+
+
+def _total(s: StateBytes) -> float:
+    return s.weights + s.grads + s.optimizer + s.buffers
+
+
+def _megatron(psi: float, c: ParallelConfig, precision: Precision, shard: int) -> StageStates:
+    d = shard if c.distributed_optimizer else 1
+    name = "megatron distributed optimizer" if c.distributed_optimizer else "megatron optimizer"
+    if precision == "fp32":
+        states = StateBytes(4 * psi, 4 * psi, 8 * psi / d, 0.0)  # [M] fp32: 16 B = 4 + 4 + 8
+        return StageStates(states, states, name)
+    if precision == "bf16":
+        # [M] bf16: 2 B weights, 4 B fp32 main_grad buffer (the step reads it in place), fp32
+        # master + Adam 12 B (sharded over DP x CP by the distributed optimizer).
+        states = StateBytes(2 * psi, 4 * psi, 12 * psi / d, 0.0)
+        return StageStates(states, states, name)
+    # [M] fp16: 16-bit grads; the step makes an fp32 copy of them (of the shard with the
+    # distributed optimizer) that zero_grad frees: 2 + 2 + 12 resident, +4 in the step.
+    fwd = StateBytes(2 * psi, 2 * psi, 12 * psi / d, 0.0)
+    step = StateBytes(2 * psi, 2 * psi, 12 * psi / d, 4 * psi / d)
+    return StageStates(fwd, step, name)
+
+
+def _deepspeed_zero0(psi: float, c: ParallelConfig, precision: Precision) -> StageStates:
+    if precision == "fp32":
+        states = StateBytes(4 * psi, 4 * psi, 8 * psi, 0.0)  # plain torch optimizer, no wrapper
+        return StageStates(states, states, "torch optimizer")
+    if precision == "bf16" and c.pp > 1:
+        # [DSE] bf16 with pipeline stages -> BF16_Optimizer: bf16 grads are accumulated into a
+        # flat fp32 buffer of the whole stage (fp32_groups_gradients_flat) and then cleared;
+        # flat fp32 master + Adam partitioned over DP; the hp grad partition is a view.
+        fwd = StateBytes(2 * psi, 4 * psi + 2 * psi, 12 * psi / c.dp, 0.0)
+        step = StateBytes(2 * psi, 4 * psi, 12 * psi / c.dp, 0.0)
+        return StageStates(fwd, step, "deepspeed BF16_Optimizer")
+    # [DSE] fp16, or bf16 without pipeline -> FP16_Optimizer (fused): flat fp32 master copy +
+    # Adam; the step flattens the 16-bit grads (2 B) and makes their fp32 copy (4 B).
+    fwd = StateBytes(2 * psi, 2 * psi, 12 * psi, 0.0)
+    step = StateBytes(2 * psi, 2 * psi, 12 * psi, 6 * psi)
+    return StageStates(fwd, step, "deepspeed FP16_Optimizer")
+
+
+def _deepspeed_zero(
+    psi: float,
+    c: ParallelConfig,
+    precision: Precision,
+    sizes: LayerSizes,
+    settings: Mapping[str, float],
+) -> StageStates:
+    e = 4.0 if precision == "fp32" else 2.0  # the model's (and its gradients') element size
+    d = c.dp
+    # A one-rank data-parallel group reduces nothing: no bucket is filled.
+    bucket = e * min(settings["reduce_bucket_size"], psi) if d > 1 else 0.0
+    # [DSE] ZeRO-1/2 keep an fp32 partition of the parameters (a clone even in fp32,
+    # stage_1_and_2.py single_partition_of_fp32_groups) and the Adam moments: 12 B per owned
+    # parameter. step() first frees the gradients this rank does not own, then flattens the
+    # owned ones and converts them to fp32 (single_grad_partition: the estimator's "4 grads32";
+    # no new tensor when they are fp32 already).
+    optimizer = 12 * psi / d
+    to_fp32 = 4 * psi / d if e != 4 else 0.0
+    if c.zero_stage == 1:
+        # Full gradients live through backward; after it they are all-reduced in
+        # reduce_bucket_size pieces, each flattened into a new tensor (allreduce_bucket), while
+        # the activations are gone. Then the update moment above. The step peaks at the larger.
+        fwd = StateBytes(e * psi, e * psi, optimizer, 0.0)
+        reduce = StateBytes(e * psi, e * psi, optimizer, bucket)
+        update = StateBytes(e * psi, e * psi / d, optimizer, e * psi / d + to_fp32)
+        return StageStates(fwd, max(reduce, update, key=_total), "deepspeed ZeRO-1")
+    if c.zero_stage == 2:
+        # Gradients are reduced during backward through the reduce bucket into the contiguous
+        # partition buffer (contiguous_gradients: e B per owned parameter, already flat).
+        fwd = StateBytes(e * psi, e * psi / d, optimizer, bucket)
+        step = StateBytes(e * psi, e * psi / d, optimizer, to_fp32)
+        return StageStates(fwd, step, "deepspeed ZeRO-2")
+    # ZeRO-3: parameters partitioned too; parameters under the persistence threshold stay whole.
+    # Backward holds the gathered largest layer with its gradient (4 B per parameter, the [DS]
+    # estimator's largest_layer_memory) and the 16-bit prefetch bucket (capped by
+    # max_live_parameters and by the stage's own parameters). Kept as the estimator counts it:
+    # the demo's measured ZeRO-3 peaks (fp32, tests/test_memory.py) do not show fp32-sized
+    # gathers, so a per-dtype working set is left for measured data to settle.
+    prefetch = min(
+        settings["stage3_prefetch_bucket_size"], settings["stage3_max_live_parameters"], psi
+    )
+    # stage3.py _create_fp32_partitions: an fp32 model's partition is its own master copy.
+    optimizer = (8 if e == 4 else 12) * psi / d
+    persistent = (
+        sizes.small if sizes.small_tensor < settings["stage3_param_persistence_threshold"] else 0.0
+    )
+    weights = e * psi / d + e * persistent
+    fwd = StateBytes(weights, e * psi / d, optimizer, 4 * sizes.largest + 2 * prefetch)
+    step = StateBytes(weights, e * psi / d, optimizer, to_fp32)
+    return StageStates(fwd, step, "deepspeed ZeRO-3")
+
+
+def stage_states(
+    psi: float,
+    c: ParallelConfig,
+    framework: Framework,
+    precision: Precision,
+    sizes: LayerSizes,
+    zero_settings: Mapping[str, float] | None = None,
+) -> StageStates:
+    """Model-state bytes of a stage holding ``psi`` parameters, in both phases."""
+    if framework == "megatron":
+        return _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
+    if c.zero_stage == 0:
+        return _deepspeed_zero0(psi, c, precision)
+    settings = {**DEEPSPEED_ZERO_DEFAULTS, **(zero_settings or {})}
+    return _deepspeed_zero(psi, c, precision, sizes, settings)

@@ -1,0 +1,98 @@
+"""Device memory outside the model's tensors: CUDA context, NCCL buffers, library workspaces, and
+the caching allocator's slack. Figures come from the GPU catalog (tuner/catalog/gpus.yaml, with
+its sources), which a study's ``cluster.overheads`` overrides.
+
+Communicators: PyTorch creates a NCCL communicator for a process group on its first collective,
+and NCCL >= 2.22 connects only what is used (NCCL_RUNTIME_CONNECT), so only the groups a training
+step talks on count. A collective communicator holds ``nccl_channels x nccl_buffer_mib`` (one ring
+connection per channel; NVIDIA/nccl#986: "memory usage is linearly tied to the number of
+channels", ring "only has 2 connections regardless of the scale"); a send/recv communicator holds
+``nccl_p2p_channels x nccl_p2p_buffer_mib`` per peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.catalog import GPUSpec
+from tuner.parallel import ParallelConfig
+from tuner.spec import Framework
+
+MIB = float(2**20)
+GIB = float(2**30)
+# PyTorch CUDACachingAllocator.cpp: requests above kMinLargeAlloc (10 MiB) are rounded up to
+# kRoundLarge (2 MiB), so a large long-lived tensor wastes 1 MiB on average.
+LARGE_TENSOR_ROUNDING = 1.0 * MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Communicators:
+    """The NCCL communicators one rank of a stage uses in a step."""
+
+    collective: tuple[str, ...]  # group names, e.g. ("tp", "dp")
+    p2p_peers: int  # send/recv peers over all p2p communicators (PP neighbours, CP ring)
+
+
+def communicators(
+    c: ParallelConfig, stage: int, framework: Framework, tied: bool
+) -> Communicators:
+    """Which groups a rank of ``stage`` talks on (Megatron parallel_state / DeepSpeed pipe)."""
+    first, last = stage == 0, stage == c.pp - 1
+    neighbours = (0 if first else 1) + (0 if last else 1)
+    groups: list[str] = []
+    peers = 0
+    if c.tp > 1:
+        groups.append("tp")  # activation all-reduce / reduce-scatter / all-gather
+    if c.dp * c.cp > 1:
+        groups.append("dp")  # gradient all-reduce or reduce-scatter + parameter all-gather
+    if c.cp > 1:
+        peers += 2  # Megatron CP attention: send/recv ring (prev and next rank)
+        if c.dp > 1:
+            groups.append("dp-only")  # loss averaging over the DP group without CP
+    if framework == "megatron":
+        peers += neighbours  # batch_isend_irecv with the previous and next stage
+        if c.tp * c.pp > 1:
+            groups.append("model-parallel")  # grad-norm / found-inf all-reduce
+        if c.pp > 1 and tied and (first or last):
+            groups.append("embedding")  # tied word-embedding gradient all-reduce
+    elif c.pp > 1:
+        # DeepSpeed pipe/p2p.py: one 2-rank group per adjacent stage pair, used by broadcast;
+        # the pipeline engine all-reduces the grad norm over the pipeline group.
+        groups += ["pipe-pair"] * neighbours + ["pipe"]
+        if tied and (first or last):
+            groups.append("tied-embedding")
+    if c.world_size > 1:
+        groups.append("world")  # barriers and timers on the default group
+    return Communicators(tuple(groups), peers)
+
+
+def nccl_bytes(comms: Communicators, gpu: GPUSpec) -> float:
+    """Device bytes of the NCCL buffers of ``comms`` on ``gpu`` (0 on CPU: gloo)."""
+    collective = len(comms.collective) * gpu.nccl_channels * gpu.nccl_buffer_mib
+    p2p = comms.p2p_peers * gpu.nccl_p2p_channels * gpu.nccl_p2p_buffer_mib
+    return (collective + p2p) * MIB
+
+
+def context_bytes(gpu: GPUSpec) -> float:
+    """CUDA context and loaded kernel images (outside PyTorch's allocator)."""
+    return gpu.cuda_context_gib * GIB
+
+
+def workspace_bytes(gpu: GPUSpec) -> float:
+    """cuBLAS/cuBLASLt workspace of the compute stream's handle (inside PyTorch's allocator)."""
+    return gpu.cublas_workspace_mib * MIB
+
+
+def allocator_slack(gpu: GPUSpec, transient: float, large_tensors: int) -> float:
+    """Reserved minus allocated bytes at a phase's peak.
+
+    ``transient``: bytes allocated and freed within the step (activations, buckets, gathered
+    parameters, optimizer temporaries): the caching allocator keeps freed blocks cached and
+    splits them for later requests but cannot merge blocks of different segments, so a share
+    ``gpu.allocator_fragmentation`` of them stays reserved but unusable. ``large_tensors``:
+    long-lived state tensors above 10 MiB, each rounded up to 2 MiB. No caching allocator on
+    CPU (plain malloc): no slack there.
+    """
+    if gpu.name == "cpu":
+        return 0.0
+    return gpu.allocator_fragmentation * transient + large_tensors * LARGE_TENSOR_ROUNDING
