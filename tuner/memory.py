@@ -42,7 +42,7 @@ from tuner.overheads import (
     workspace_bytes,
 )
 from tuner.parallel import ParallelConfig
-from tuner.pipeline import in_flight, stage_layers
+from tuner.pipeline import held_layer_microbatches, in_flight, stage_layers
 from tuner.spec import Framework, ModelSpec, Precision
 
 __all__ = [
@@ -315,6 +315,10 @@ def _stage_memory(
     act = layer_activations(model, c.micro_batch_size, c.cp, precision)
     saved, working = layers_activation_bytes(act, c, layers)
     held = in_flight(c, stage)
+    if c.vp > 1 and layers:
+        # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
+        # (Megatron's schedule walked per rank; equal chunks give exactly ``held``).
+        held = held_layer_microbatches(model, c, framework, stage) / layers
     activations = held * saved + working
     extras = stage_extras(model, c, stage, vocab, precision)
     comms = communicators(c, stage, framework, model.tied_embeddings)
