@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import re
 import statistics
 import sys
@@ -55,7 +54,7 @@ GPUS: dict[str, tuple[str, float | None]] = {
 # (parameters, gradients and optimizer states all sharded over DP).
 FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "deepspeed",
               "deepspeed": "deepspeed", "torchtitan-fsdp2": "deepspeed"}  # fmt: skip
-_SPLIT = re.compile(r"megatron:first=(\d+),last=(\d+)")
+_SPLIT = re.compile(r"megatron:(first=\d+,last=\d+|account_for_embedding\+loss)")
 _STAGE = re.compile(r"(?:last pipeline stage|pipeline stage (\d+))")
 
 
@@ -102,17 +101,16 @@ def row_model(row: dict[str, str]) -> ModelSpec:
 
 
 def _split_kwargs(row: dict[str, str]) -> dict[str, Any]:
-    """The uneven pipeline split as ParallelConfig keywords, or Skip if it can't be expressed."""
+    """The row's pipeline split as the study's ``pipeline_split`` value (``first=2,last=2``,
+    ``embedding+loss``), or Skip if it can't be expressed."""
     split = row.get("pipeline_split", "")
     if not split:
         return {}
-    names = {f.name for f in dataclasses.fields(ParallelConfig)}
-    if "pipeline_split" not in names:
-        raise Skip("pipeline_split unsupported by this tuner")
     match = _SPLIT.match(split)
     if match is None:
         raise Skip(f"pipeline split not expressible: {split.split(' (')[0]}")
-    return {"pipeline_split": (int(match.group(1)), int(match.group(2)))}
+    value = match.group(1)
+    return {"pipeline_split": "embedding+loss" if value.startswith("account") else value}
 
 
 def row_config(row: dict[str, str]) -> ParallelConfig:
@@ -144,10 +142,8 @@ def row_gpu(row: dict[str, str]) -> GPUSpec:
 
 
 def _figure(part: object, metric: str) -> float:
-    peak = float(part.peak)  # type: ignore[attr-defined]
-    if metric == "allocated":
-        return float(part.allocated)  # type: ignore[attr-defined]
-    return float(getattr(part, metric, peak))  # reserved / device; today's model: peak
+    """The model's figure a row's metric measures: allocated, reserved or device."""
+    return float(getattr(part, metric))
 
 
 def predict(row: dict[str, str], headroom: float) -> Result:
