@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.launch import LaunchRequest
 from tuner.layout import ResultsLayout
-from tuner.leases import Leases
+from tuner.leases import Lease, Leases
 from tuner.parallel import ParallelConfig
 from tuner.schedule import Placement, Scheduler, live_running
 from tuner.spec import StudySpec
@@ -67,17 +68,33 @@ class Reattach:
     def __init__(
         self, spec: StudySpec, study: optuna.Study, storage: optuna.storages.BaseStorage,
         executor: Any, scheduler: Scheduler, leases: Leases, layout: ResultsLayout, *,
-        study_id: int, worker: str, heartbeat_s: float,
+        study_id: int, worker: str, heartbeat_s: float, on_adopt: Callable[[Adopted], None],
     ) -> None:  # fmt: skip
         self.spec, self.study, self.storage, self.executor = spec, study, storage, executor
         self.scheduler, self.leases, self.layout = scheduler, leases, layout
         self.study_id, self.worker, self.heartbeat_s = study_id, worker, heartbeat_s
+        self.on_adopt = on_adopt
+        if hasattr(executor, "attach"):
+            scheduler.adopt = self.adopt_lease
 
-    def run(self, trials: list[FrozenTrial], watching: set[str]) -> list[Adopted]:
-        """Adopt what can be adopted, cancel the rest of the study's jobs; ``watching``: the
-        tokens of the jobs this worker already watches."""
+    def adopt_lease(self, lease: Lease) -> bool:
+        """Before the scheduler cleans up an expired lease of a dead worker: adopt its trial's
+        job instead, when Slurm still has it; True when adopted (nothing to clean up)."""
+        trials = self.study.get_trials(deepcopy=False)
+        found = [t for t in trials if t.number == lease.trial
+                 and t.user_attrs.get("token") == lease.token]  # fmt: skip
+        if not found or found[0].state != TrialState.RUNNING:
+            return False
+        adopted = self._adopt(found[0])
+        if adopted is not None:
+            self.on_adopt(adopted)
+        return adopted is not None
+
+    def run(self, trials: list[FrozenTrial], watching: set[str]) -> None:
+        """Adopt what can be adopted (``on_adopt`` each), cancel the rest of the study's jobs;
+        ``watching``: the tokens of the jobs this worker already watches."""
         if not hasattr(self.executor, "attach"):
-            return []
+            return
         alive = {t.number for t in live_running(trials, self.leases, self.worker,
                                                 self.heartbeat_s)}  # fmt: skip
         adopted: list[Adopted] = []
@@ -86,11 +103,11 @@ class Reattach:
                 found = self._adopt(t)
                 if found is not None:
                     adopted.append(found)
+                    self.on_adopt(found)
         keep = watching | {a.job.token for a in adopted}
         live = {t.number for t in trials if t.state == TrialState.RUNNING
                 and t.number in alive and not self._lost(t, alive)}  # fmt: skip
         self._cancel_strays(trials, keep, live)
-        return adopted
 
     def _lost(self, t: FrozenTrial, alive: set[int]) -> bool:
         attrs = t.user_attrs

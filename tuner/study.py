@@ -123,7 +123,7 @@ class StudyLoop:
                                  rerun=self.rerun)  # fmt: skip
         self.reattach = Reattach(spec, study, storage, executor, self.scheduler, leases, layout,
                                  study_id=self._study_id, worker=self.worker,
-                                 heartbeat_s=self.heartbeat_s)  # fmt: skip
+                                 heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
@@ -179,12 +179,13 @@ class StudyLoop:
         """Watch dead workers' batch jobs again (:mod:`tuner.reattach`), clean up after them and
         queue what must run again (:mod:`tuner.recovery`)."""
         self._last_recover = self.clock()
-        watching = {r.job.token for r in self.running.values()}
-        for a in self.reattach.run(self.trials(), watching):
-            self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement,
-                                                   self.clock())  # fmt: skip
-            self._beating = tuple(self.running)
+        self.reattach.run(self.trials(), {r.job.token for r in self.running.values()})
         self.recovery.run(self.trials)
+
+    def _watch(self, a: Any) -> None:
+        """Watch a dead worker's job from now on (:class:`tuner.reattach.Adopted`)."""
+        self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement, self.clock())
+        self._beating = tuple(self.running)
 
     # -- choosing the next config ----------------------------------------------------------------
 

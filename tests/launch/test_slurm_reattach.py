@@ -1,6 +1,7 @@
-"""A tuner killed with SIGKILL while its Slurm jobs run, started again, watches the same jobs to
-their end and records their results (no job cancelled, none submitted again); a job of the
-study that belongs to no live trial is cancelled. Real local Slurm (tools/local_slurm.py)."""
+"""A tuner killed with SIGKILL while one Slurm job of it runs and another is queued, started
+again, watches the same jobs to their end and records their results (no job cancelled, none
+submitted again); a job of the study that belongs to no live trial is cancelled. Real local
+Slurm (tools/local_slurm.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 
 from tests.test_study import standin_processes, tune
+from tuner.layout import ResultsLayout
 from tuner.results import leaderboard
+from tuner.storage import open_storage
 from tuner.studyfile import study_from_mapping
 
 from .conftest import wait_for
@@ -34,17 +38,31 @@ def _jobs() -> dict[str, str]:
     }
 
 
+def _sbatch(*opts: str) -> str:
+    return subprocess.run(["sbatch", "--parsable", *opts, "--output=/dev/null", "--wrap",
+                           "sleep 300"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+
+
+def _adopted(results: Path) -> int:
+    """Trials whose job a restarted worker watches (``reattached_from`` in the storage)."""
+    storage = open_storage(None, ResultsLayout(results, "e2e"))
+    trials = optuna.load_study(study_name="e2e", storage=storage).get_trials(deepcopy=False)
+    return sum("reattached_from" in t.user_attrs for t in trials)
+
+
 def test_sigkilled_tuner_reattaches_to_its_running_jobs(
     local_slurm: LocalSlurm, tmp_path: Path
 ) -> None:
     path = _slurm_study(tmp_path, "3", n_trials=2)
     results = tmp_path / "results"
     argv = ("run", "--study", str(path), "--results", str(results), "--quiet", "--skip-preflight")
+    hold = _sbatch("--job-name=hold", "-N1", "--exclusive")  # one node busy: one trial queues
     first = tune(*argv, cwd=tmp_path)
     try:
-        wait_for(lambda: list(_jobs().values()).count("RUNNING") == 2
-                 and len(standin_processes(tmp_path)) >= 4,
-                 timeout=90, what="two trial jobs running their stand-ins")  # fmt: skip
+        wait_for(lambda: sorted(_jobs().values()) == ["PENDING", "RUNNING"]
+                 and len(standin_processes(tmp_path)) >= 2,
+                 timeout=90, what="one trial job running its stand-ins, one queued")  # fmt: skip
         before = set(_jobs())
     finally:
         first.kill()  # SIGKILL: no cleanup of any kind
@@ -53,12 +71,12 @@ def test_sigkilled_tuner_reattaches_to_its_running_jobs(
     # A job of the study no trial knows (the tuner died between sbatch and the storage).
     stray_dir = results / "e2e" / "trials" / "99"
     stray_dir.mkdir(parents=True)
-    stray = subprocess.run(
-        ["sbatch", "--parsable", f"--job-name=tuner-t99-{uuid.uuid4().hex}", "-N1",
-         f"--chdir={stray_dir}", "--output=/dev/null", "--wrap", "sleep 300"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+    stray = _sbatch(f"--job-name=tuner-t99-{uuid.uuid4().hex}", "-N1", f"--chdir={stray_dir}")
     second = tune(*argv, cwd=tmp_path)
+    try:
+        wait_for(lambda: _adopted(results) == 2, timeout=90, what="both trials adopted")
+    finally:
+        subprocess.run(["scancel", hold], check=True)  # now the queued trial can start
     out = second.communicate(timeout=300)[0]
     assert second.returncode == 0, out
     assert _jobs() == {} and standin_processes(tmp_path) == []
