@@ -129,7 +129,10 @@ class Reattach:
 
     def _adopt(self, t: FrozenTrial) -> Adopted | None:
         token = str(t.user_attrs["token"])
-        job = self.executor.attach(self._request(t), token)
+        job_id = t.user_attrs.get("job_id")
+        job = self.executor.attach(
+            self._request(t), token, None if job_id is None else str(job_id)
+        )
         if job is None:
             return None  # Slurm forgot it: tuner.recovery keeps or re-runs its result
         dead = str(t.user_attrs.get("worker"))

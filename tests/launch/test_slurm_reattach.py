@@ -90,3 +90,31 @@ def test_sigkilled_tuner_reattaches_to_its_running_jobs(
     acct = subprocess.run(["scontrol", "show", "job", "-o", stray], capture_output=True,
                           text=True, check=False).stdout  # fmt: skip
     assert "JobState=CANCELLED" in acct, acct
+
+
+def test_a_job_that_ended_while_the_tuner_was_dead_is_recorded_not_run_again(
+    local_slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    path = _slurm_study(tmp_path, "1", n_trials=1)
+    results = tmp_path / "results"
+    argv = ("run", "--study", str(path), "--results", str(results), "--quiet", "--skip-preflight")
+    first = tune(*argv, cwd=tmp_path)
+    try:
+        wait_for(lambda: list(_jobs().values()) == ["RUNNING"], timeout=90,
+                 what="the trial job running")  # fmt: skip
+        before = set(_jobs())
+    finally:
+        first.kill()
+        first.wait()
+    wait_for(lambda: _jobs() == {}, timeout=120, what="the job ending by itself")
+    trial_dir = results / "e2e" / "trials" / "0"
+    assert not (trial_dir / "result.json").exists()  # nobody watched it end
+    second = tune(*argv, cwd=tmp_path)
+    out = second.communicate(timeout=300)[0]
+    assert second.returncode == 0, out
+    done = json.loads((trial_dir / "result.json").read_text())
+    assert {done["job_id"]} == before and done["exit_codes"] == [0]
+    assert sorted(p.name for p in (results / "e2e" / "trials").iterdir()) == ["0"]
+    rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
+                       results=str(results))  # fmt: skip
+    assert list(rows.outcome) == ["ok"], rows.to_dict()

@@ -200,18 +200,22 @@ class SlurmExecutor(Executor):
                 raise LaunchError(f"trial {request.trial}: Slurm job {job_id} did not end")
         return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
 
-    def attach(self, request: LaunchRequest, token: str) -> SlurmJob | None:
-        """The job of a trial whose tuner died, found by its name, to watch on (queued, running
-        or ended but still known to Slurm); None when Slurm has no such job. Its time limit
+    def attach(
+        self, request: LaunchRequest, token: str, job_id: str | None = None
+    ) -> SlurmJob | None:
+        """The job of a trial whose tuner died, to watch on: found by its name while queued or
+        running, else by its recorded ``job_id`` while Slurm still knows it (ended: its result
+        is read from the nodes' files); None when Slurm has no such job. Its time limit
         counts from when Slurm started it (``RunTime``)."""
-        ids = self.commands.find_jobs(job_name(request, token))
+        ids = self.commands.find_jobs(job_name(request, token)) or ([job_id] if job_id else [])
         fields = self.commands.show_job(ids[0]) if ids else None
-        if fields is None:
+        if fields is None or fields.get("JobName") != job_name(request, token):
             return None
         job = SlurmJob(self, request, token=token)
         job.job_id, job.state, job._fields = ids[0], job_state(fields), fields
         if job.state not in QUEUED:
             job._running_since = self.clock() - _seconds(fields.get("RunTime", ""))
+            job._started_at = job._running_since  # its duration: Slurm's run time so far
             job.slurm_hosts = self.commands.hostnames(fields.get("NodeList", ""))
         logger.info("trial %d: re-attached to Slurm job %s (%s)", request.trial, ids[0], job.state)
         return job
