@@ -508,7 +508,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
     p.add_argument("--study", required=True)
-    p.add_argument("--emit", choices=["script", "args", "ds-config"], default="script")
+    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script")
     p.add_argument("--train-iters", type=int, default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)

@@ -135,7 +135,8 @@ def emit_best(
     spec: StudySpec, what: str, storage: str | None = None, results: str = "results",
     train_iters: int | None = None,
 ) -> str:  # fmt: skip
-    """``script`` (a runnable launch script for a full run), ``args`` or ``ds-config``.
+    """``script`` (a runnable launch script for a full run), ``sbatch`` (the same as one Slurm
+    batch job, options from ``cluster.slurm``), ``args`` or ``ds-config``.
 
     ``train_iters`` replaces the study's (short) ``launch.train_iters`` in the script.
     """
@@ -150,7 +151,41 @@ def emit_best(
         from tuner.launch import deepspeed_config
 
         return json.dumps(deepspeed_config(spec, config), indent=2) + "\n"
+    if what == "sbatch":
+        return _best_sbatch(spec, config, results)
     return _best_script(spec, config, results)
+
+
+def _best_sbatch(spec: StudySpec, config: ParallelConfig, results: str) -> str:
+    """``slurm-best.sh`` in the best folder: the full run as one Slurm batch job, the node
+    scripts rendered beside it with the master address the job's first node fills in."""
+    from tuner.launch import render_launch
+    from tuner.launch.slurm_script import (
+        MASTER_PLACEHOLDER,
+        NODE_WRAPPER,
+        NODE_WRAPPER_TEXT,
+        best_batch_script,
+    )  # fmt: skip
+
+    out = ResultsLayout(Path(results), spec.name).best_dir
+    out.mkdir(parents=True, exist_ok=True)
+    node_dir = str(out.resolve())
+    rendered = render_launch(
+        spec, config, hosts=spec.node_names[: spec.nodes_per_trial],
+        master_addr=MASTER_PLACEHOLDER, master_port=spec.launch.master_port, trial_dir=node_dir,
+    )  # fmt: skip
+    for name, content in rendered.files.items():
+        (out / name).write_text(content)
+    for rank, script in enumerate(rendered.scripts):
+        (out / f"launch-node-{rank}.sh").write_text(script)
+    (out / NODE_WRAPPER).write_text(NODE_WRAPPER_TEXT)
+    (out / NODE_WRAPPER).chmod(0o755)
+    text = best_batch_script(
+        spec.cluster.slurm, study=spec.name, key=config.key(), nodes=len(rendered.scripts),
+        node_dir=node_dir, train_iters=spec.launch.train_iters,
+    )  # fmt: skip
+    (out / "slurm-best.sh").write_text(text)
+    return text
 
 
 def _best_script(spec: StudySpec, config: ParallelConfig, results: str) -> str:

@@ -235,8 +235,13 @@ class SlurmSpec:
     """Trials in flight at once (queued or running); each trial is one job."""
     poll_interval_s: float = 2.0
     """How often ``scontrol`` is asked for a job's state."""
+    pending_limit_min: float = 720.0
+    """How long a trial's job may wait in the queue for a reason that can clear (Resources,
+    Priority, ...) before it is cancelled and run again later; a reason that can never clear
+    (PartitionNodeLimit, InvalidAccount, ...) cancels it at once as a launch error."""
 
     def __post_init__(self) -> None:
+        _positive(self.pending_limit_min, "pending_limit_min")
         _size(self.time_limit_min, 60 * 24 * 365, "time_limit_min", "a year")
         _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
         _size(self.max_jobs, 4096, "max_jobs", "4096 trials in flight")

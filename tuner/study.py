@@ -37,6 +37,7 @@ from tuner.layout import ResultsLayout
 from tuner.leases import Leases, exclusive, open_leases
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
+from tuner.reattach import Reattach
 from tuner.record import (
     LAUNCH_ERRORS_STOP,
     Summary,
@@ -120,6 +121,9 @@ class StudyLoop:
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s,
                                  rerun=self.rerun)  # fmt: skip
+        self.reattach = Reattach(spec, study, storage, executor, self.scheduler, leases, layout,
+                                 study_id=self._study_id, worker=self.worker,
+                                 heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
@@ -172,9 +176,16 @@ class StudyLoop:
         self.recover()
 
     def recover(self) -> None:
-        """Clean up after dead workers and queue what must run again (:mod:`tuner.recovery`)."""
+        """Watch dead workers' batch jobs again (:mod:`tuner.reattach`), clean up after them and
+        queue what must run again (:mod:`tuner.recovery`)."""
         self._last_recover = self.clock()
+        self.reattach.run(self.trials(), {r.job.token for r in self.running.values()})
         self.recovery.run(self.trials)
+
+    def _watch(self, a: Any) -> None:
+        """Watch a dead worker's job from now on (:class:`tuner.reattach.Adopted`)."""
+        self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement, self.clock())
+        self._beating = tuple(self.running)
 
     # -- choosing the next config ----------------------------------------------------------------
 
