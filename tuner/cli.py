@@ -245,7 +245,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
     from tuner.progress import LiveProgress
-    from tuner.study import build_loop, make_executor, stop_on_signals
+    from tuner.signals import stop_on_signals
+    from tuner.study import build_loop, make_executor
 
     executor = make_executor(spec)
     if not args.skip_preflight and (code := _preflight(spec, executor)):

@@ -16,14 +16,11 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +64,7 @@ from tuner.trials import measured as trials_measured
 logger = logging.getLogger(__name__)
 
 IMPROVEMENT = 0.01  # early stop: the best must improve by 1 % within search.early_stop_trials
-__all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop", "stop_on_signals"]
+__all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop"]
 
 
 @dataclass(slots=True)
@@ -419,35 +416,6 @@ class StudyLoop:
             self.summary.best_step_s, self.summary.best_trial = best.value, best.number
         self.summary.measured_any = best is not None
         return self.summary
-
-
-@contextmanager
-def stop_on_signals(loop: StudyLoop) -> Iterator[None]:
-    """SIGINT / SIGTERM stop the loop cleanly (running trials cancelled, marked interrupted).
-
-    A second signal while stopping is noted, not acted on: the cleanup must finish (the
-    reapers run in their own sessions, so a terminal's Ctrl-C does not reach them)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        if loop.stop_requested is not None:
-            logger.warning("%s: still stopping; the running trials are being cleaned up", name)
-        loop.request_stop(f"interrupted by {name}")
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        if loop.stop_requested is None:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-        # else: stopping; a late second Ctrl-C must not kill the process while it closes down
-        # (a KeyboardInterrupt while the interpreter joins its threads ends it by SIGINT).
 
 
 # ----------------------------------------------------------------------------- wiring
