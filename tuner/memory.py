@@ -44,6 +44,7 @@ from tuner.overheads import (
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import held_layer_microbatches, in_flight, stage_layers
 from tuner.spec import Framework, ModelSpec, Precision
+from tuner.step_tensors import activation_tensors, step_tensors
 
 __all__ = [
     "DEEPSPEED_ESTIMATOR", "GIB", "MEMORY_UNCERTAINTY", "ZERO_PAPER", "LayerActivations",
@@ -121,11 +122,15 @@ class StageMemory:
     params: float  # parameters one rank of the stage holds (before ZeRO-3 sharding)
     layout: str  # the optimizer layout (e.g. "deepspeed ZeRO-2")
     phases: tuple[PhaseMemory, PhaseMemory]  # (fwd_bwd, step)
+    lazy_optimizer: float = 0.0  # Adam moments the first optimizer step creates (in optimizer)
 
     @property
     def worst(self) -> PhaseMemory:
-        """The phase with the largest device figure (fwd_bwd on a tie)."""
-        return max(self.phases, key=lambda p: p.device)
+        """The phase with the largest device figure (fwd_bwd on a tie: the cache never shrinks,
+        so the step's reserved figure equals the forward/backward's unless the step needs new
+        segments; a byte's tolerance absorbs the float sums of the two phases' terms)."""
+        fwd, step = self.phases
+        return step if step.device > fwd.device + 1.0 else fwd
 
     @property
     def allocated(self) -> float:
@@ -141,6 +146,13 @@ class StageMemory:
     def device(self) -> float:
         """Largest device figure over the phases."""
         return max(p.device for p in self.phases)
+
+    @property
+    def first_iteration_allocated(self) -> float:
+        """Allocated peak of the first iteration alone: its forward/backward runs before the
+        optimizer's lazily created moments exist (what a log printed after iteration 1 shows)."""
+        fwd, step = self.phases
+        return max(fwd.allocated - self.lazy_optimizer, step.allocated)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, GiB."""
@@ -288,15 +300,6 @@ def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes
     )
 
 
-def _large_tensors(layers: int, framework: Framework, c: ParallelConfig) -> int:
-    """Long-lived tensors above 10 MiB: Megatron allocates each weight (QKV, projection, fc1,
-    fc2) and its fp32 master and two Adam moments as tensors; DeepSpeed flattens its states
-    into a few buffers (one per state, ZeRO stage_1_and_2.py / bf16_optimizer.py)."""
-    if framework == "megatron":
-        return (4 * layers + 2) * 4
-    return 4 * layers + 2 if c.zero_stage == 0 else 6
-
-
 def _stage_memory(
     model: ModelSpec,
     c: ParallelConfig,
@@ -327,10 +330,14 @@ def _stage_memory(
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu),
     }
-    large = _large_tensors(layers, framework, c)
+    tensors = step_tensors(
+        model, c, layers, params, states, activation_tensors(model, act, c, layers, held),
+        extras, fixed["workspaces"], precision, stage == c.pp - 1,
+    )  # fmt: skip
+    slacks = dict(zip(("fwd_bwd", "step"), allocator_slack(tensors, gpu), strict=True))
 
     def phase(name: Phase, s: StateBytes, acts: float, ext: float) -> PhaseMemory:
-        slack = allocator_slack(gpu, acts + ext + s.buffers, large)
+        slack = slacks[name]
         return PhaseMemory(
             phase=name, weights=s.weights, grads=s.grads, optimizer=s.optimizer,
             activations=acts, stage_extras=ext, framework_buffers=s.buffers, slack=slack,
@@ -342,7 +349,7 @@ def _stage_memory(
         phase("fwd_bwd", states.fwd_bwd, activations, extras),
         phase("step", states.step, 0.0, 0.0),
     )
-    return StageMemory(stage, layers, held, params, states.layout, phases)
+    return StageMemory(stage, layers, held, params, states.layout, phases, states.moments)
 
 
 def estimate_memory(

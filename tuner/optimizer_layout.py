@@ -16,7 +16,7 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.parallel import ParallelConfig
 from tuner.spec import Framework, Precision
@@ -52,6 +52,17 @@ class StageStates:
     fwd_bwd: StateBytes
     step: StateBytes
     layout: str
+    # Adam's exp_avg and exp_avg_sq (fp32, 8 B per owned parameter), part of ``optimizer``:
+    # torch.optim.Adam(W) (``_init_group``), apex / Transformer Engine / DeepSpeed FusedAdam
+    # create them in the first ``step`` (``if len(state) == 0``), so the first iteration's
+    # forward/backward runs without them. DeepSpeed ZeRO-1/2 no longer steps once at init
+    # (stage_1_and_2.py ``initialize_optimizer_states`` only sets the fp32 grad, v0.14.0).
+    moments: float = 0.0
+    # Whether the states are a few flat buffers (DeepSpeed flattens each group:
+    # stage_1_and_2.py bit16_groups_flat / single_partition_of_fp32_groups, bf16_optimizer.py,
+    # fp16/fused_optimizer.py fp16_groups_flat) rather than one tensor per parameter (Megatron's
+    # optimizer over per-parameter main params; a plain torch optimizer).
+    flat: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +177,12 @@ def stage_states(
 ) -> StageStates:
     """Model-state bytes of a stage holding ``psi`` parameters, in both phases."""
     if framework == "megatron":
-        return _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
+        owned = psi / (c.dp * c.cp if c.distributed_optimizer else 1)
+        states = _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
+        return replace(states, moments=8 * owned)
     if c.zero_stage == 0:
-        return _deepspeed_zero0(psi, c, precision)
+        states = _deepspeed_zero0(psi, c, precision)
+        return replace(states, moments=8 * psi, flat=precision != "fp32")
     settings = {**DEEPSPEED_ZERO_DEFAULTS, **(zero_settings or {})}
-    return _deepspeed_zero(psi, c, precision, sizes, settings)
+    states = _deepspeed_zero(psi, c, precision, sizes, settings)
+    return replace(states, moments=8 * psi / c.dp, flat=True)

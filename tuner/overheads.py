@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.allocator import StepTensors, reserved_bytes, tensor_bytes
 from tuner.catalog import GPUSpec
 from tuner.parallel import ParallelConfig
 from tuner.spec import Framework
 
 MIB = float(2**20)
 GIB = float(2**30)
-# PyTorch CUDACachingAllocator.cpp: requests above kMinLargeAlloc (10 MiB) are rounded up to
-# kRoundLarge (2 MiB), so a large long-lived tensor wastes 1 MiB on average.
-LARGE_TENSOR_ROUNDING = 1.0 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +81,27 @@ def workspace_bytes(gpu: GPUSpec) -> float:
     return gpu.cublas_workspace_mib * MIB
 
 
-def allocator_slack(gpu: GPUSpec, transient: float, large_tensors: int) -> float:
-    """Reserved minus allocated bytes at a phase's peak.
+def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:
+    """Reserved minus allocated bytes at the (fwd_bwd, step) peaks.
 
-    ``transient``: bytes allocated and freed within the step (activations, buckets, gathered
-    parameters, optimizer temporaries): the caching allocator keeps freed blocks cached and
-    splits them for later requests but cannot merge blocks of different segments, so a share
-    ``gpu.allocator_fragmentation`` of them stays reserved but unusable. ``large_tensors``:
-    long-lived state tensors above 10 MiB, each rounded up to 2 MiB. No caching allocator on
-    CPU (plain malloc): no slack there.
+    The caching allocator's segments for the step's tensors (tuner.allocator: rounding, blocks
+    that later requests cannot reuse, the first step's lazily created moments), plus a share
+    ``gpu.allocator_fragmentation`` of the forward/backward's transient bytes for what that
+    phase-level simulation does not see (one phase's tensors carved out of each other's freed
+    blocks as the 1F1B schedule interleaves them). No caching allocator on CPU (plain malloc).
     """
     if gpu.name == "cpu":
-        return 0.0
-    return gpu.allocator_fragmentation * transient + large_tensors * LARGE_TENSOR_ROUNDING
+        return 0.0, 0.0
+    reserved = reserved_bytes(t)
+    states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
+    transient = tensor_bytes(t.fwd_bwd)
+    inside = gpu.allocator_fragmentation * transient
+    total = reserved.total + inside
+    fwd_alloc, step_alloc = states + transient, states + tensor_bytes(t.step)
+    # The cache's peak is charged to the phase with the most live bytes; the other phase
+    # shows the segments its own tensors need.
+    if fwd_alloc >= step_alloc:
+        fwd, step = total, min(reserved.step, total)
+    else:
+        fwd, step = min(reserved.fwd_bwd + inside, total), total
+    return max(fwd - fwd_alloc, 0.0), max(step - step_alloc, 0.0)
