@@ -80,15 +80,47 @@ def _splits(rest: int, small: bool) -> bool:
     return rest >= MIN_BLOCK if small else rest > SMALL_SIZE  # should_split
 
 
+class _Pool:
+    """Free blocks of one pool: a multiset of sizes with its sizes kept sorted (best fit)."""
+
+    __slots__ = ("count", "sizes")
+
+    def __init__(self, count: dict[int, int] | None = None) -> None:
+        self.count: dict[int, int] = dict(count or {})
+        self.sizes: list[int] = sorted(self.count)
+
+    def copy(self) -> _Pool:
+        return _Pool(self.count)
+
+    def add(self, size: int, n: int) -> None:
+        if size in self.count:
+            self.count[size] += n
+        else:
+            self.count[size] = n
+            bisect.insort(self.sizes, size)
+
+    def take(self, size: int, n: int) -> None:
+        left = self.count[size] - n
+        if left:
+            self.count[size] = left
+        else:
+            del self.count[size]
+            del self.sizes[bisect.bisect_left(self.sizes, size)]
+
+    def best_fit(self, size: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, size)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+
 class _Cache:
-    """Free blocks per pool as a multiset of sizes, and the reserved total."""
+    """Free blocks per pool, and the reserved total."""
 
     def __init__(self) -> None:
-        self.free: list[dict[int, int]] = [{}, {}]  # [large pool, small pool]
+        self.free: list[_Pool] = [_Pool(), _Pool()]  # [large pool, small pool]
         self.reserved = 0
 
-    def snapshot(self) -> list[dict[int, int]]:
-        return [dict(pool) for pool in self.free]
+    def snapshot(self) -> list[_Pool]:
+        return [pool.copy() for pool in self.free]
 
     def alloc(self, size: float, count: int, new: list[tuple[int, int, int]]) -> None:
         """Serve ``count`` requests of ``size``; new segments are appended to ``new``."""
@@ -96,27 +128,31 @@ class _Cache:
         small = r <= SMALL_SIZE
         pool = self.free[int(small)]
         while count > 0:
-            keys = sorted(pool)
-            i = bisect.bisect_left(keys, r)
-            if i == len(keys):
+            block = pool.best_fit(r)
+            if block is None:
                 seg = segment_size(r)
                 rest = seg - r
                 n = 1 if (_splits(rest, small) and rest >= r) else count
                 self.reserved += n * seg
                 new.append((int(small), seg, n))
                 if _splits(rest, small):
-                    pool[rest] = pool.get(rest, 0) + n
+                    pool.add(rest, n)
                 count -= n
                 continue
-            block = keys[i]
             rest = block - r
-            reuse = _splits(rest, small) and rest >= r
-            n = 1 if reuse else min(count, pool[block])
-            pool[block] -= n
-            if not pool[block]:
-                del pool[block]
+            if _splits(rest, small) and rest >= r:
+                # Split again and again: each remainder is the next best fit (nothing free lies
+                # between r and the block), so serve the whole run of splits at once.
+                floor = max(r, MIN_BLOCK if small else SMALL_SIZE + 1)
+                n = min(count, (block - floor) // r)
+                pool.take(block, 1)
+                pool.add(block - n * r, 1)
+                count -= n
+                continue
+            n = min(count, pool.count[block])
+            pool.take(block, n)
             if _splits(rest, small):
-                pool[rest] = pool.get(rest, 0) + n
+                pool.add(rest, n)
             count -= n
 
     def transient(self, tensors: Tensors) -> None:
@@ -127,7 +163,7 @@ class _Cache:
             self.alloc(size, count, new)
         self.free = before
         for small, seg, n in new:
-            self.free[small][seg] = self.free[small].get(seg, 0) + n
+            self.free[small].add(seg, n)
 
     def keep(self, tensors: Tensors) -> None:
         """Allocate ``tensors`` for good."""

@@ -13,6 +13,7 @@ DeepSpeed sources); stack overheads and allocator slack in tuner.overheads (GPU 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -367,10 +368,22 @@ def estimate_memory(
     ds_config's ``zero_optimization`` values (bucket sizes) when they differ from DeepSpeed's
     defaults (tuner.optimizer_layout.DEEPSPEED_ZERO_DEFAULTS).
     """
+    zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
+    return _estimate(model, config, gpu, framework, precision, zero)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _estimate(
+    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+    precision: Precision, zero: tuple[tuple[str, float], ...],
+) -> MemoryBreakdown:  # fmt: skip
+    """:func:`estimate_memory` for hashable arguments, cached: the space, the sampler, the
+    screen and the report each ask for the same configs (pure, and the result is frozen)."""
+    settings = dict(zero) or None
     layers = stage_layers(model, config, framework)
     return MemoryBreakdown(
         tuple(
-            _stage_memory(model, config, i, n, gpu, framework, precision, zero_settings)
+            _stage_memory(model, config, i, n, gpu, framework, precision, settings)
             for i, n in enumerate(layers)
         )
     )
