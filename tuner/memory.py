@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tuner.catalog import GPUSpec
+from tuner.frameworks import traits
 from tuner.memory_terms import (
     DEEPSPEED_ESTIMATOR,
     ZERO_PAPER,
@@ -291,8 +292,9 @@ def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes
 def _large_tensors(layers: int, framework: Framework, c: ParallelConfig) -> int:
     """Long-lived tensors above 10 MiB: Megatron allocates each weight (QKV, projection, fc1,
     fc2) and its fp32 master and two Adam moments as tensors; DeepSpeed flattens its states
-    into a few buffers (one per state, ZeRO stage_1_and_2.py / bf16_optimizer.py)."""
-    if framework == "megatron":
+    into a few buffers (one per state, ZeRO stage_1_and_2.py / bf16_optimizer.py), Megatron-
+    DeepSpeed's included (its model's weights are Megatron's, its states DeepSpeed's)."""
+    if not traits(framework).deepspeed_optimizer:
         return (4 * layers + 2) * 4
     return 4 * layers + 2 if c.zero_stage == 0 else 6
 
