@@ -51,8 +51,10 @@ GPUS: dict[str, tuple[str, float | None]] = {
     "V100-32GB": ("a100-40gb", 31.74),
 }
 # Frameworks the model knows; torchtitan's FSDP2 full sharding is modelled as DeepSpeed ZeRO-3
-# (parameters, gradients and optimizer states all sharded over DP).
-FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "deepspeed",
+# (parameters, gradients and optimizer states all sharded over DP). Megatron-DeepSpeed rows
+# (argonne-lcf's fork on Polaris, the BigScience 3D runs) are the megatron-deepspeed framework:
+# Megatron's TP shards and padded vocabulary, GPTModelPipe's stages, DeepSpeed's optimizer.
+FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "megatron-deepspeed",
               "deepspeed": "deepspeed", "torchtitan-fsdp2": "deepspeed"}  # fmt: skip
 _SPLIT = re.compile(r"megatron:(first=\d+,last=\d+|account_for_embedding\+loss)")
 _STAGE = re.compile(r"(?:last pipeline stage|pipeline stage (\d+))")
