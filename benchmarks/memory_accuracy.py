@@ -50,13 +50,15 @@ GPUS: dict[str, tuple[str, float | None]] = {
     # Megatron-LM issue #525 prints "31.74 GiB total capacity" for its V100.
     "V100-32GB": ("a100-40gb", 31.74),
 }
-# Frameworks the model knows. torchtitan's FSDP2 rows are run as DeepSpeed ZeRO-3 (everything
-# sharded over DP) for reference only: FSDP2 is not ZeRO-3 (per-parameter DTensor shards,
-# reshard_after_forward, its own all-gather / reduce-scatter buffers) and torchtitan's op-level
-# selective checkpointing (which ops' outputs it saves) is not Megatron's selective recompute,
-# so no knob of the tuner expresses them: they are reported on a line of their own and kept
-# out of the targets, never dropped.
-FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "deepspeed",
+# Frameworks the model knows. Megatron-DeepSpeed rows (argonne-lcf's fork on Polaris, the
+# BigScience 3D runs) are the megatron-deepspeed framework: Megatron's TP shards and padded
+# vocabulary, GPTModelPipe's stages, DeepSpeed's optimizer. torchtitan's FSDP2 rows are run as
+# DeepSpeed ZeRO-3 (everything sharded over DP) for reference only: FSDP2 is not ZeRO-3
+# (per-parameter DTensor shards, reshard_after_forward, its own all-gather / reduce-scatter
+# buffers) and torchtitan's op-level selective checkpointing (which ops' outputs it saves) is
+# not Megatron's selective recompute, so no knob of the tuner expresses them: they are reported
+# on a line of their own and kept out of the targets, never dropped.
+FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "megatron-deepspeed",
               "deepspeed": "deepspeed", "torchtitan-fsdp2": "deepspeed"}  # fmt: skip
 NOT_EXPRESSIBLE = {"torchtitan-fsdp2": "FSDP2 with op-level selective checkpointing"}
 _SPLIT = re.compile(r"megatron:(first=\d+,last=\d+|account_for_embedding\+loss)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tuner.allocator import StepTensors, reserved_bytes, tensor_bytes
 from tuner.catalog import GPUSpec
+from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
 from tuner.spec import Framework
 
@@ -34,7 +35,8 @@ class Communicators:
 def communicators(
     c: ParallelConfig, stage: int, framework: Framework, tied: bool
 ) -> Communicators:
-    """Which groups a rank of ``stage`` talks on (Megatron parallel_state / DeepSpeed pipe)."""
+    """Which groups a rank of ``stage`` talks on (Megatron parallel_state / DeepSpeed pipe;
+    Megatron-DeepSpeed: Megatron's TP and DP groups, DeepSpeed's pipeline groups)."""
     first, last = stage == 0, stage == c.pp - 1
     neighbours = (0 if first else 1) + (0 if last else 1)
     groups: list[str] = []
@@ -47,7 +49,7 @@ def communicators(
         peers += 2  # Megatron CP attention: send/recv ring (prev and next rank)
         if c.dp > 1:
             groups.append("dp-only")  # loss averaging over the DP group without CP
-    if framework == "megatron":
+    if not traits(framework).deepspeed_pipeline:
         peers += neighbours  # batch_isend_irecv with the previous and next stage
         if c.tp * c.pp > 1:
             groups.append("model-parallel")  # grad-norm / found-inf all-reduce

@@ -12,7 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyError
-from tuner.launch.megatron_flags import megatron_parallel_args
+from tuner.launch.megatron_flags import parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -125,10 +125,10 @@ def best_config(
 def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     """The parallelism, batch and recompute arguments of ``config`` in Megatron's flag names.
 
-    The same words the ``megatron_gpt`` template puts in a trial's script (one definition:
-    :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
+    The same words the ``megatron_gpt`` (``megatron_deepspeed_gpt``) template puts in a trial's
+    script (one definition: :func:`tuner.launch.megatron_flags.parallel_args`).
     """
-    return megatron_parallel_args(config, spec.model.num_layers)
+    return parallel_args(config, spec.model.num_layers, spec.framework)
 
 
 def emit_best(

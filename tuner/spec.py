@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tuner.errors import ConfigError
+from tuner.frameworks import Framework as Framework
+from tuner.frameworks import traits
 from tuner.layout import name_problem
 from tuner.overheads_spec import OverheadsSpec
 from tuner.pipeline_split import parse_split
 
-Framework = Literal["megatron", "deepspeed"]
 Precision = Literal["bf16", "fp16", "fp32"]
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
@@ -523,7 +524,7 @@ class StudySpec:
     cluster: ClusterSpec
     """Nodes, GPUs and executor."""
     framework: Framework
-    """megatron or deepspeed."""
+    """megatron, deepspeed or megatron-deepspeed (``tuner.frameworks``)."""
     launch: LaunchSpec
     """How a trial is launched."""
     space: SpaceSpec = field(default_factory=SpaceSpec)
@@ -538,7 +539,7 @@ class StudySpec:
         splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split
         for i, text in enumerate(splits):
             owner = parse_split(text).framework
-            if owner not in (None, self.framework):
+            if owner not in (None, traits(self.framework).split_family):
                 raise ConfigError(
                     f"{text!r} is a {owner} pipeline split; this study's framework is "
                     f"{self.framework}",

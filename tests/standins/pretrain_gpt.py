@@ -50,7 +50,8 @@ Surface JSON
 (a value missing from a factor table multiplies by 1). Variables: ``tp pp cp vp dp mbs gbs world
 microbatches`` (ints), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1, SP
 is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab`` and
-``params`` (model parameters). The config key is the canonical string shown above.
+``params`` (model parameters), ``zero`` (the ZeRO stage; 0 for Megatron-LM). The config key
+is the canonical string shown above.
 
 Behaviours (``behaviour`` of a table entry, or ``behaviours`` matched on a partial config):
 ``{"kind": "hang" | "crash" | "nccl_timeout" | "oom", "after_iterations": N, "ranks": [...],
@@ -628,6 +629,7 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "recompute": args.recompute_granularity or "none",
         "sp": int(bool(args.sequence_parallel)),
         "distopt": int(bool(args.use_distributed_optimizer)),
+        "zero": int(getattr(args, "zero_stage", 0)),
         "layers": args.num_layers,
         "hidden": args.hidden_size,
         "heads": args.num_attention_heads,
@@ -760,6 +762,20 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds * scale)
 
 
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    """What differs between Megatron-LM and a fork the stand-in plays (its flags, checks, lines).
+
+    ``tests/standins/megatron_deepspeed/pretrain_gpt.py`` passes Megatron-DeepSpeed's.
+    """
+
+    build_parser: Callable[[], argparse.ArgumentParser]
+    validate_args: Callable[[argparse.Namespace, int, int | None], Topology]
+    model_checks: Callable[[argparse.Namespace], None]
+    iteration_line: Callable[[Run, int, float], str]
+    banner: tuple[str, ...] = ()
+
+
 @dataclasses.dataclass
 class Run:
     """One process's view of the job: which ranks it plays and what the surface says."""
@@ -771,6 +787,7 @@ class Run:
     surface: Surface
     vocab: int
     key: str
+    dialect: Dialect | None = None
 
     @property
     def first(self) -> bool:
@@ -964,7 +981,8 @@ def train(run: Run, start: float) -> int:
     for iteration in range(1, (args.train_iters or 0) + 1):
         interval.append(train_step(run, iteration, noise))
         if iteration % args.log_interval == 0:
-            run.say(iteration_line(run, iteration, sum(interval) / len(interval)), last=True)
+            line = run.dialect.iteration_line if run.dialect else iteration_line
+            run.say(line(run, iteration, sum(interval) / len(interval)), last=True)
             interval = []
             if not reported:
                 memory_report(run, iteration)
@@ -984,9 +1002,11 @@ def train(run: Run, start: float) -> int:
     return iteration
 
 
-def startup(args: argparse.Namespace, world: int, rank: int | None, start: float) -> Run:
+def startup(
+    args: argparse.Namespace, world: int, rank: int | None, start: float, dialect: Dialect
+) -> Run:
     """initialize_megatron + setup_model_and_optimizer + dataloaders, with their prints."""
-    topo = validate_args(args, world, rank)
+    topo = dialect.validate_args(args, world, rank)
     ranks = list(range(world)) if rank is None else [rank]
 
     def say(text: str) -> None:
@@ -1006,7 +1026,9 @@ def startup(args: argparse.Namespace, world: int, rank: int | None, start: float
     say(f"time to initialize megatron (seconds): {time.time() - start:.3f}")
     say(f"[after megatron is initialized] datetime: {_now()} ")
     say("building GPT model ...")
-    transformer_config(args)
+    dialect.model_checks(args)
+    for text in dialect.banner:
+        say(text)
     for r in ranks:
         tp_rank, cp_rank, dp_rank, pp_rank = topo.coords(r)
         if dp_rank == 0 and cp_rank == 0:
@@ -1023,20 +1045,23 @@ def startup(args: argparse.Namespace, world: int, rank: int | None, start: float
     surface = Surface.from_env()
     variables = surface_variables(args, topo, vocab)
     point = surface.point(variables)
-    return Run(args, topo, ranks, point, surface, vocab, config_key(variables))
+    return Run(args, topo, ranks, point, surface, vocab, config_key(variables), dialect)
 
 
-def pretrain(argv: list[str] | None = None) -> int:
+MEGATRON = Dialect(build_parser, validate_args, transformer_config, iteration_line)
+
+
+def pretrain(argv: list[str] | None = None, dialect: Dialect = MEGATRON) -> int:
     """pretrain_gpt.py's main: parse, validate, set up, train, evaluate."""
     start = time.time()
     if os.environ.get("TUNER_STANDIN_IGNORE_SIGTERM"):
         # a rank stuck in a CUDA call or a collective does not act on SIGTERM: only SIGKILL
         # after the executor's grace period ends it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    args = build_parser().parse_args(argv)
+    args = dialect.build_parser().parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
-    run = startup(args, world, rank, start)
+    run = startup(args, world, rank, start, dialect)
     run.say("training ...")
     run.say(f"[before the start of training step] datetime: {_now()} ")
     iteration = train(run, start) if not args.skip_train else 0
