@@ -160,6 +160,23 @@ def fit(
     return Posterior(mean, cov)
 
 
+def fit_memory(
+    features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
+    noise: float | np.ndarray,
+) -> Posterior:  # fmt: skip
+    """The memory correction: log(measured / predicted) memory regressed on the features; a
+    row with ``bound`` set (a real OOM) only bounds its ratio from below."""
+    precision = features.prior_precision / prior.memory_scale**2
+    post = fit(precision, x, y, noise)
+    for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
+        if not bound.any():
+            break
+        mu_seen, sd_seen = post.predict(x)
+        y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
+        post = fit(precision, x, y, noise)
+    return post
+
+
 def normal_cdf(z: np.ndarray) -> np.ndarray:
     """The standard normal distribution function, elementwise."""
     return np.asarray(0.5 * (1.0 + np.vectorize(math.erf)(np.asarray(z) / math.sqrt(2.0))))
@@ -283,14 +300,7 @@ class ModelGuidedSampler(BaseSampler):
         noise = np.array(
             [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
-        precision = self._features.prior_precision / self._prior.memory_scale**2
-        post = fit(precision, x, y, noise)
-        for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
-            if not bound.any():
-                break
-            mu_seen, sd_seen = post.predict(x)
-            y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
-            post = fit(precision, x, y, noise)
+        post = fit_memory(self._features, self._prior, x, y, bound, noise)
         mu, _ = post.predict(self._x[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
         return [i for i, peak in zip(open_, corrected, strict=True) if peak <= self._limit_gib]
