@@ -26,6 +26,7 @@ from tuner.calibration import (
     observations_from_trials,
     record_study,
     save_calibration,
+    setup_fingerprint,
 )
 from tuner.cli import main
 from tuner.layout import ClusterLayout
@@ -108,7 +109,7 @@ def off_model(s: StudySpec) -> Truth:
 
 def observations(s: StudySpec, study: optuna.Study) -> tuple[Observation, ...]:
     gpu = study_gpu(s).memory_gib
-    return tuple(observations_from_trials(s.name, s.fingerprint(), study.get_trials(), gpu))
+    return tuple(observations_from_trials(s.name, setup_fingerprint(s), study.get_trials(), gpu))
 
 
 # ----------------------------------------------------------------------------- files
@@ -138,7 +139,8 @@ def test_record_study_saves_under_the_cluster_name(tmp_path: Path) -> None:
     assert len(history(s, tmp_path)) == 3
     named = study_from_mapping({**BASE, "cluster": {**BASE["cluster"], "name": "lab-a"}})
     assert named.cluster_name == "lab-a" and history(named, tmp_path) == ()
-    assert named.fingerprint() == s.fingerprint()  # the name changes no measurement
+    assert setup_fingerprint(named) == setup_fingerprint(s)  # the name changes no measurement
+    assert setup_fingerprint(spec("second")) == setup_fingerprint(s)
 
 
 # ----------------------------------------------------------------------------- a second study
@@ -171,7 +173,7 @@ def test_another_studys_observations_count_as_noisier() -> None:
     s = spec()
     study, _, _ = run(s, off_model(s), 4)
     obs = observations(s, study)
-    assert obs[0].transfer_sd(s.fingerprint()) == 0.0
+    assert obs[0].transfer_sd(setup_fingerprint(s)) == 0.0
     assert obs[0].transfer_sd("other model") == TRANSFER_SD
 
 
@@ -188,7 +190,7 @@ def test_calibration_never_launches_what_the_memory_model_rejects(tmp_path: Path
     study, _, _ = run(s, off_model(s), 6, memory=lambda c: 0.0)
     small = tuple(dataclasses.replace(o, measured_gib=(o.predicted_gib or 1.0) / 3)
                   for o in observations(s, study))  # fmt: skip
-    corrector = Corrector(small, fingerprint=s.fingerprint(),
+    corrector = Corrector(small, fingerprint=setup_fingerprint(s),
                           configs=[c.config for c in report.viable + report.oom],
                           limit_gib=s.search.memory_headroom * 80.0)  # fmt: skip
     notes = memory_notes(corrector, report.viable, report.oom)
@@ -207,7 +209,7 @@ def test_calibrated_memory_over_the_limit_is_tried_last_and_said(tmp_path: Path)
     limit = s.search.memory_headroom * 80.0
     corrector = Corrector(
         big,
-        fingerprint=s.fingerprint(),
+        fingerprint=setup_fingerprint(s),
         configs=[c.config for c in report.viable],
         limit_gib=limit,
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.calibration import Observation, history
+from tuner.calibration import Observation, history, setup_fingerprint
 from tuner.memory import GIB
 from tuner.parallel import ParallelConfig
 from tuner.sampler import Features, Posterior, Prior, fit, fit_memory
@@ -138,7 +138,7 @@ def corrector_for(
 ) -> Corrector:
     """The study's cluster's calibration (falsy when nothing is saved)."""
     limit = spec.search.memory_headroom * study_gpu(spec).memory_gib
-    return Corrector(history(spec, results), fingerprint=spec.fingerprint(), configs=configs,
+    return Corrector(history(spec, results), fingerprint=setup_fingerprint(spec), configs=configs,
                      limit_gib=limit)  # fmt: skip
 
 

@@ -47,7 +47,7 @@ class Observation:
     study: str
     """The study it came from."""
     fingerprint: str
-    """That study's :meth:`~tuner.spec.StudySpec.fingerprint` (model, batch, framework, ...)."""
+    """That study's :func:`setup_fingerprint` (model, batch, framework, launch, ...)."""
     trial: int
     config: Mapping[str, Any]
     """The :class:`ParallelConfig` fields."""
@@ -170,6 +170,12 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
     tmp.replace(path)
 
 
+def setup_fingerprint(spec: Any) -> str:
+    """What makes two studies measure the same thing: the study fingerprint without the name
+    (a study run again under another name is the same measurement)."""
+    return str(dataclasses.replace(spec, name="x").fingerprint())
+
+
 def cluster_layout(spec: Any, results: str | Path) -> ClusterLayout:
     """Where the study's cluster keeps its profile and calibration."""
     return ClusterLayout(Path(results).resolve(), spec.cluster_name)
@@ -188,7 +194,7 @@ def record_study(
     """Add a study's measured trials to its cluster's calibration and save it."""
     layout = cluster_layout(spec, results)
     saved = load_calibration(layout.calibration_yaml, layout.name)
-    new = observations_from_trials(spec.name, spec.fingerprint(), trials, gpu_gib)
+    new = observations_from_trials(spec.name, setup_fingerprint(spec), trials, gpu_gib)
     if not new:
         return saved
     merged = saved.merged(new, now or dt.datetime.now(dt.UTC))

@@ -130,7 +130,7 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from tuner.calibrated import Corrector, error_summary
-    from tuner.calibration import load_calibration
+    from tuner.calibration import load_calibration, setup_fingerprint
     from tuner.layout import ClusterLayout, name_problem
 
     if (args.study is None) == (args.cluster is None):
@@ -146,7 +146,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write(f"calibration of {name} {'cleared' if existed else 'was empty'}\n")
         return 0
     cal = load_calibration(layout.calibration_yaml, name)
-    fingerprint = spec.fingerprint() if spec is not None else ""
+    fingerprint = setup_fingerprint(spec) if spec is not None else ""
     corrector = Corrector(cal.observations, fingerprint=fingerprint)
     loo = corrector.leave_one_out()
     errors = error_summary(loo)

@@ -46,7 +46,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibration import Observation
+from tuner.calibration import Observation, setup_fingerprint
 from tuner.errors import StudyError
 from tuner.memory import GIB
 from tuner.outcome import Outcome
@@ -55,6 +55,9 @@ from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
 
+MIN_ERROR_RUNS = 4
+"""Measured configs needed before the model's error spread is estimated (leave-one-out over
+fewer is noise) and the search may stop on it (:mod:`tuner.stopping`)."""
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
 SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
 
@@ -194,6 +197,13 @@ class Belief:
     """Posterior standard deviation of the correction (weights only, no run noise)."""
     best: float | None
     """log of the best step time measured in this study, or None."""
+    error_sd: float | None = None
+    """How far the corrected model has been off on configs it had not seen: the root mean
+    square of the leave-one-out residuals of log step time over this study's measured configs
+    (None below :data:`MIN_ERROR_RUNS` of them)."""
+    covered: np.ndarray | None = None
+    """Per untried config: every one of its knob values was measured at least once (in this
+    study or the saved calibration), so the model's error there is like the error seen."""
 
 
 def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
@@ -214,7 +224,7 @@ class ModelGuidedSampler(BaseSampler):
         self._spec = spec
         self._prior = prior or Prior()
         self._history = tuple(history)
-        self._fingerprint = spec.fingerprint()
+        self._fingerprint = setup_fingerprint(spec)
         self._random = RandomSampler(seed=seed)
         self._rng = np.random.default_rng(seed)
         self._space: dict[str, BaseDistribution] | None = None
@@ -310,7 +320,7 @@ class ModelGuidedSampler(BaseSampler):
         own = {(t.number, t.user_attrs.get("key")) for t in trials}
         return [
             o for o in self._history
-            if not (o.fingerprint == self._fingerprint
+            if not (o.study == self._spec.name and o.fingerprint == self._fingerprint
                     and (o.trial, o.parallel_config().key()) in own)
         ]  # fmt: skip
 
@@ -379,7 +389,25 @@ class ModelGuidedSampler(BaseSampler):
             sds = np.concatenate([sds, [noise] * len(believed)])
             post = fit(self._features.prior_precision, x, y, sds)
         mu, sd = post.predict(self._x[open_])
-        return Belief(open_, mu + self._log_pred[open_], sd, best)
+        main = [i for key, i in self._features.index.items() if len(key) == 2]
+        measured_values = (x[:, main] != 0).any(axis=0)
+        covered = ~((self._x[open_][:, main] != 0) & ~measured_values).any(axis=1)
+        error_sd = self._error_sd(x, y, sds, seen)
+        return Belief(open_, mu + self._log_pred[open_], sd, best, error_sd, covered)
+
+    def _error_sd(
+        self, x: np.ndarray, y: np.ndarray, sds: np.ndarray, seen: list[int]
+    ) -> float | None:
+        """RMS of the leave-one-out residuals of this study's measured rows (the first
+        ``len(seen)`` rows of ``x``); the saved rows always stay in the fit."""
+        if len(seen) < MIN_ERROR_RUNS:
+            return None
+        residuals = []
+        for i in range(len(seen)):
+            keep = np.arange(len(y)) != i
+            post = fit(self._features.prior_precision, x[keep], y[keep], sds[keep])
+            residuals.append(float(y[i] - post.predict(x[i : i + 1])[0][0]))
+        return math.sqrt(float(np.mean(np.square(residuals))))
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config with the highest expected improvement, or None when all tried.
@@ -398,13 +426,17 @@ class ModelGuidedSampler(BaseSampler):
         self, trials: Sequence[FrozenTrial], margin: float
     ) -> tuple[float, ParallelConfig] | None:
         """The highest probability, over the untried configs, that one runs faster than the best
-        measured by more than ``margin``, and that config; None without a measured best or a
-        fitted correction (then nothing is known yet). The predictive spread of a config's log
-        step time is the posterior's plus the run-to-run noise."""
+        measured by more than ``margin``, and that config; None before :data:`MIN_ERROR_RUNS`
+        measurements (then nothing is known yet). A config's log step time is taken as Gaussian
+        around its corrected prediction, with the spread the corrected model has shown on the
+        configs it had not seen (:attr:`Belief.error_sd`, at least the run-to-run noise); for a
+        config with a knob value never measured, that spread plus the posterior's (the prior's
+        doubt about that value is all there is)."""
         b = self.belief(trials)
-        if b is None or b.best is None or not b.sd.any():
+        if b is None or b.best is None or b.error_sd is None or b.covered is None:
             return None
-        spread = np.sqrt(np.square(b.sd) + self._prior.noise**2)
+        seen = max(b.error_sd, self._prior.noise)
+        spread = np.where(b.covered, seen, np.sqrt(seen**2 + np.square(b.sd)))
         p = normal_cdf((b.best + math.log1p(-margin) - b.mu) / spread)
         i = int(np.argmax(p))
         return float(p[i]), self._candidates()[b.open_[i]]
