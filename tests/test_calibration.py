@@ -33,7 +33,7 @@ from tuner.layout import ClusterLayout
 from tuner.memory import GIB
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
-from tuner.sampler import ModelGuidedSampler
+from tuner.sampler import MIN_ERROR_RUNS, ModelGuidedSampler
 from tuner.space import enumerate_space, study_gpu
 from tuner.spec import StudySpec
 from tuner.stopping import Stopper
@@ -240,9 +240,11 @@ def test_keeps_searching_while_a_config_has_a_chance() -> None:
     s = spec()
     truth = off_model(s)
     sampler = ModelGuidedSampler(s, seed=0)
-    study, _, _ = run(s, truth, 2)
+    few, _, _ = run(s, truth, MIN_ERROR_RUNS - 1)
+    assert sampler.chance_to_beat(few.get_trials(), 0.01) is None  # too few to know its error
+    study, _, _ = run(s, truth, MIN_ERROR_RUNS)
     found = sampler.chance_to_beat(study.get_trials(), 0.01)
-    assert found is not None and found[0] > 0.1  # two runs of a model off by 2x: no answer yet
+    assert found is not None and found[0] > 0.1  # a model off by 2x, 4 runs: no answer yet
     assert Stopper(s, sampler).known(study.get_trials()) is None
     assert Stopper(spec(stop_chance=None), sampler).known(study.get_trials()) is None
 
