@@ -307,3 +307,33 @@ def test_space_and_estimate_show_the_calibrated_model(
     assert dry["calibrated"]["saved_trials"] == 8
     corrector = corrector_for(s, tmp_path / "results")
     assert corrector.factors()[0][0] == "all configs"
+
+
+@pytest.mark.slow
+def test_a_study_saves_its_trials_and_the_next_one_reads_them(tmp_path: Path) -> None:
+    """The real loop (local executor, the Megatron stand-in): ``run`` ends by saving its
+    measured trials for the cluster; the next study's sampler starts from them."""
+    from tests.test_study import SURFACE, study_data
+    from tuner.study import build_loop
+
+    data = study_data(tmp_path, SURFACE, n_trials=3)
+    first = study_from_mapping(data)
+    results = tmp_path / "results"
+    loop = build_loop(first, results=str(results))
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    ok = summary.outcomes.get("ok", 0)
+    assert ok >= 1
+    saved = history(first, results)
+    assert len([o for o in saved if o.outcome == "ok"]) == ok
+    assert all(o.study == "e2e" and o.predicted_step_s for o in saved if o.outcome == "ok")
+    second = study_from_mapping({**data, "name": "e2e-again"})
+    again = build_loop(second, results=str(results))
+    try:
+        sampler = again.study.sampler
+        assert isinstance(sampler, ModelGuidedSampler) and sampler._history == saved
+        assert len(sampler._past([])) == len(saved)  # another study's: all of them count
+    finally:
+        again.executor.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
+
+logger = logging.getLogger(__name__)
 
 TRANSFER_SD = 0.1
 """Extra spread, on the log of a ratio, of a correction measured in another study: a prior choice
@@ -202,11 +205,10 @@ def record_study(
     return merged
 
 
-def reset(spec: Any, results: str | Path) -> bool:
-    """Delete the cluster's calibration; False when there was none."""
-    path = cluster_layout(spec, results).calibration_yaml
+def keep(spec: Any, trials: Sequence[Any], gpu_gib: float, results: str | Path) -> None:
+    """:func:`record_study` at the end of a study: a calibration that cannot be read or written
+    is logged, never a failure of the study that measured it."""
     try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
+        record_study(spec, trials, gpu_gib, results)
+    except (ConfigError, OSError) as exc:
+        logger.warning("calibration of cluster %s not saved: %s", spec.cluster_name, exc)

@@ -31,7 +31,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibration import history, record_study
+from tuner.calibration import history, keep
 from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool
 from tuner.layout import ResultsLayout
@@ -393,7 +393,7 @@ class StudyLoop:
         if best is not None:
             self.summary.best_step_s, self.summary.best_trial = best.value, best.number
         self.summary.measured_any = best is not None
-        record_study(self.spec, trials, self.gpu.memory_gib, self.layout.root)  # for the next
+        keep(self.spec, trials, self.gpu.memory_gib, self.layout.root)  # for the next study
         return self.summary
 
 
