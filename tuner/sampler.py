@@ -25,6 +25,13 @@ over the limit is tried only when nothing else is left. (A cruder rule, "avoid e
 predicted to need as much as one that ran out", hid the best config of the stand-in's built-in
 surface: its OOMs came from no-recompute configs, its best used selective recompute.)
 
+The cluster's saved calibration (:mod:`tuner.calibration`: every measured trial of earlier
+studies on the same cluster) enters both regressions as extra rows, noisier when they come from
+a study with another setup, so a second study starts from the corrected ranking: with nothing
+measured yet in this study, its first proposal is the calibrated model's fastest config.
+:meth:`ModelGuidedSampler.chance_to_beat` tells the study loop when no untried config has a real
+chance left (:mod:`tuner.stopping`).
+
 Configs still running count as measured at their posterior mean ("kriging believer"), so
 parallel workers spread out. With nothing measured yet the proposal is
 the model's fastest config. When every admitted config has been tried, it proposes nothing and
