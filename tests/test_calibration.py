@@ -23,6 +23,7 @@ from tuner.calibration import (
     Observation,
     history,
     load_calibration,
+    memory_fingerprint,
     observations_from_trials,
     record_study,
     save_calibration,
@@ -220,6 +221,27 @@ def test_calibrated_memory_over_the_limit_is_tried_last_and_said(tmp_path: Path)
     assert 0 < len(over) < len(report.viable)
     (first,) = run(spec("second"), off_model(s), 1, past=big)[1]
     assert first.key() not in over
+
+
+def test_a_config_that_ran_on_the_cluster_is_known_to_fit() -> None:
+    """However the calibrated memory extrapolates, a config that ran under the same model and GPU
+    is not pushed back as a likely OOM (the calibrated best of a first study comes first)."""
+    s = spec()
+    study, _, _ = run(s, off_model(s), 6, memory=lambda c: 0.0)
+    ran = tuple(dataclasses.replace(o, measured_gib=(o.predicted_gib or 1.0) * 3,
+                                    memory_setup=memory_fingerprint(s))
+                for o in observations(s, study))  # fmt: skip
+    other = tuple(dataclasses.replace(o, memory_setup="another model") for o in ran)
+    keys = {o.parallel_config().key() for o in ran}
+    kept = {}
+    for name, past in (("ran", ran), ("other", other)):
+        sampler = ModelGuidedSampler(spec("second"), history=past)
+        configs = sampler._candidates()
+        index = {c.key(): i for i, c in enumerate(configs)}
+        fitting = set(sampler._fitting(list(range(len(configs))), {}, index, set(), list(past)))
+        kept[name] = {k for k in keys if index[k] in fitting}
+    assert kept["ran"] == keys
+    assert kept["other"] < keys  # under another model the same peaks would push some back
 
 
 # ----------------------------------------------------------------------------- stopping

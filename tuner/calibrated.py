@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.calibration import Observation, history, setup_fingerprint
+from tuner.calibration import Observation, history, memory_fingerprint, setup_fingerprint
 from tuner.memory import GIB
 from tuner.parallel import ParallelConfig
 from tuner.sampler import Features, Posterior, Prior, fit, fit_memory
@@ -60,10 +60,14 @@ class Corrector:
     def __init__(
         self, observations: Sequence[Observation], *, fingerprint: str = "",
         configs: Sequence[ParallelConfig] = (), limit_gib: float = math.inf,
-        prior: Prior | None = None,
+        prior: Prior | None = None, memory_setup: str | None = None,
     ) -> None:  # fmt: skip
         self.prior = prior or Prior()
         self.observations = tuple(observations)
+        self.ran = {  # ran on the cluster with the same model and GPU: known to fit
+            o.parallel_config().key() for o in observations
+            if o.outcome == "ok" and o.memory_setup == memory_setup
+        }  # fmt: skip
         self.fingerprint, self.limit_gib = fingerprint, limit_gib
         self.features = Features(
             [*configs, *(o.parallel_config() for o in observations)], self.prior
@@ -139,7 +143,7 @@ def corrector_for(
     """The study's cluster's calibration (falsy when nothing is saved)."""
     limit = spec.search.memory_headroom * study_gpu(spec).memory_gib
     return Corrector(history(spec, results), fingerprint=setup_fingerprint(spec), configs=configs,
-                     limit_gib=limit)  # fmt: skip
+                     limit_gib=limit, memory_setup=memory_fingerprint(spec))  # fmt: skip
 
 
 def error_summary(rows: Sequence[LooRow]) -> dict[str, float]:
@@ -162,7 +166,10 @@ def memory_notes(
     if corrector.memory is None:
         return []
     limit = corrector.limit_gib
-    over = sum(corrector.correct(c).calibrated_peak_gib > limit for c in viable)
+    over = sum(
+        corrector.correct(c).calibrated_peak_gib > limit and c.config.key() not in corrector.ran
+        for c in viable
+    )
     under = sum(corrector.correct(c).calibrated_peak_gib <= limit for c in rejected)
     notes = []
     if over:

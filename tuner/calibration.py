@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,6 +64,9 @@ class Observation:
     """Predicted allocated memory (``ok``) or predicted peak (``oom``), GiB."""
     measured_gib: float | None = None
     """Measured peak (``ok``) or the GPU's memory (``oom``: it needed at least that), GiB."""
+    memory_setup: str = ""
+    """:func:`memory_fingerprint` of its study: the same config under the same one needs the
+    same memory, so one that ran is known to fit."""
 
     def parallel_config(self) -> ParallelConfig:
         """The config as a :class:`ParallelConfig`."""
@@ -114,7 +119,7 @@ class Calibration:
 
 
 def observations_from_trials(
-    study: str, fingerprint: str, trials: Iterable[Any], gpu_gib: float
+    study: str, fingerprint: str, trials: Iterable[Any], gpu_gib: float, memory_setup: str = ""
 ) -> list[Observation]:
     """The observations of a study's finished trials (Optuna ``FrozenTrial``): every measured
     step time and peak, and every real OOM, with what the models predicted for them."""
@@ -127,8 +132,8 @@ def observations_from_trials(
             continue
         outcome = trial_outcome(t)
         common: dict[str, Any] = {"study": study, "fingerprint": fingerprint,
-                                  "trial": int(t.number),
-                  "config": dict(a["config"])}  # fmt: skip
+                                  "trial": int(t.number), "memory_setup": memory_setup,
+                                  "config": dict(a["config"])}  # fmt: skip
         if outcome == Outcome.OK and t.value is not None:
             out.append(Observation(
                 **common, outcome="ok", predicted_step_s=_num(a.get("predicted_step_s")),
@@ -173,6 +178,16 @@ def save_calibration(calibration: Calibration, path: Path) -> None:
     tmp.replace(path)
 
 
+def memory_fingerprint(spec: Any) -> str:
+    """What a config's memory depends on: the model, batch and precision, the framework and the
+    GPU (not the launch environment or the study's name)."""
+    c = spec.cluster
+    data = {"model": dataclasses.asdict(spec.model), "training": dataclasses.asdict(spec.training),
+            "framework": spec.framework, "gpu": [c.gpu, c.gpu_memory_gib]}  # fmt: skip
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def setup_fingerprint(spec: Any) -> str:
     """What makes two studies measure the same thing: the study fingerprint without the name
     (a study run again under another name is the same measurement)."""
@@ -197,7 +212,9 @@ def record_study(
     """Add a study's measured trials to its cluster's calibration and save it."""
     layout = cluster_layout(spec, results)
     saved = load_calibration(layout.calibration_yaml, layout.name)
-    new = observations_from_trials(spec.name, setup_fingerprint(spec), trials, gpu_gib)
+    new = observations_from_trials(
+        spec.name, setup_fingerprint(spec), trials, gpu_gib, memory_fingerprint(spec)
+    )
     if not new:
         return saved
     merged = saved.merged(new, now or dt.datetime.now(dt.UTC))

@@ -53,7 +53,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibration import Observation, setup_fingerprint
+from tuner.calibration import Observation, memory_fingerprint, setup_fingerprint
 from tuner.errors import StudyError
 from tuner.memory import GIB
 from tuner.outcome import Outcome
@@ -232,6 +232,7 @@ class ModelGuidedSampler(BaseSampler):
         self._prior = prior or Prior()
         self._history = tuple(history)
         self._fingerprint = setup_fingerprint(spec)
+        self._memory_setup = memory_fingerprint(spec)
         self._random = RandomSampler(seed=seed)
         self._rng = np.random.default_rng(seed)
         self._space: dict[str, BaseDistribution] | None = None
@@ -251,6 +252,7 @@ class ModelGuidedSampler(BaseSampler):
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
             self._features = Features(self._configs, self._prior)
             self._x = np.array([self._features(c) for c in self._configs])
+            self._keys = [c.key() for c in self._configs]
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
         return self._configs
@@ -320,7 +322,14 @@ class ModelGuidedSampler(BaseSampler):
         post = fit_memory(self._features, self._prior, x, y, bound, noise)
         mu, _ = post.predict(self._x[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
-        return [i for i, peak in zip(open_, corrected, strict=True) if peak <= self._limit_gib]
+        ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
+            o.parallel_config().key() for o in past
+            if o.outcome == "ok" and o.memory_setup == self._memory_setup
+        }  # fmt: skip
+        return [
+            i for i, peak in zip(open_, corrected, strict=True)
+            if peak <= self._limit_gib or self._keys[i] in ran
+        ]  # fmt: skip
 
     def _past(self, trials: Sequence[FrozenTrial]) -> list[Observation]:
         """The saved observations, less this study's own trials (those are in ``trials``)."""
