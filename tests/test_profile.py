@@ -27,6 +27,7 @@ from tuner.profile import (
     groups,
     load_profile,
     save_profile,
+    study_profile,
 )
 from tuner.profile_job import bus_factor
 from tuner.spec import StudySpec
@@ -223,6 +224,10 @@ def test_a_stale_saved_profile_is_refused_with_exit_2(
     data = study(cluster={"name": "lab"})
     path, results = write(tmp_path, data), tmp_path / "results"
     target = ClusterLayout(results.resolve(), "lab").profile_yaml
+    spec = study_from_mapping(data)
+    assert study_profile(spec, results) is None  # none saved: the time model uses the catalog
+    save_profile(a_profile(gpu="cpu", created=dt.datetime.now(dt.UTC).isoformat()), target)
+    assert study_profile(spec, results) == load_profile(target)
     old = dt.datetime.now(dt.UTC) - dt.timedelta(days=MAX_AGE_DAYS + 2)
     save_profile(a_profile(gpu="cpu", created=old.isoformat(timespec="seconds")), target)
     assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 2

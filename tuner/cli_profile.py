@@ -4,7 +4,6 @@ and ``run --dry-run``. Registered by :mod:`tuner.cli`; thin like it: parse, call
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -69,10 +68,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     spec = _profile_spec(args)
     layout = cluster_layout(spec, args.results)
     if args.show:
-        profile = prof.load_profile(layout.profile_yaml)
-        local = prof.local_versions() if spec.cluster.executor == "local" else None
-        prof.check_profile(profile, spec, now=dt.datetime.now(dt.UTC), versions=local,
-                           path=str(layout.profile_yaml))  # fmt: skip
+        profile = prof.study_profile(spec, args.results) or prof.load_profile(layout.profile_yaml)
     else:
         profile = _measure(spec, layout, args)
         prof.save_profile(profile, layout.profile_yaml)
@@ -108,7 +104,10 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
 
     sizes = tuple(int(v) for v in args.message_bytes.split(",")) if args.message_bytes else None
     if args.warmup < 0 or args.repeats < 1 or (sizes and min(sizes) < 1):
-        raise ConfigError("--warmup >= 0, --repeats >= 1 and --message-bytes > 0 please")
+        raise ConfigError(
+            f"--warmup must be >= 0, --repeats >= 1 and --message-bytes > 0 (got {args.warmup}, "
+            f"{args.repeats}, {args.message_bytes or 'default'})"
+        )
     options = ProbeOptions(warmup=args.warmup, repeats=args.repeats, message_bytes=sizes)
     executor = make_executor(spec)
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),

@@ -435,6 +435,21 @@ def check_profile(
     return profile
 
 
+def study_profile(
+    spec: StudySpec, results: str | Path = "results", now: dt.datetime | None = None
+) -> ClusterProfile | None:
+    """The saved profile of ``spec``'s cluster, checked (:func:`check_profile`), or None when
+    there is none: what the time model reads (it falls back to the catalog on None)."""
+    layout = ClusterLayout(Path(results).resolve(), spec.cluster_name)
+    if not layout.profile_yaml.is_file():
+        return None
+    local = local_versions() if spec.cluster.executor == "local" else None
+    when = now or dt.datetime.now(dt.UTC)
+    path = str(layout.profile_yaml)
+    return check_profile(load_profile(layout.profile_yaml), spec, now=when, versions=local,
+                         path=path)  # fmt: skip
+
+
 def local_versions() -> dict[str, Any]:
     """This machine's torch (and CUDA / NCCL) versions, for the local executor's check; empty
     when torch is not installed here."""
