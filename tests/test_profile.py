@@ -26,6 +26,7 @@ from tuner.profile import (
     gemm_shapes,
     groups,
     load_profile,
+    local_versions,
     save_profile,
     study_profile,
 )
@@ -226,8 +227,13 @@ def test_a_stale_saved_profile_is_refused_with_exit_2(
     target = ClusterLayout(results.resolve(), "lab").profile_yaml
     spec = study_from_mapping(data)
     assert study_profile(spec, results) is None  # none saved: the time model uses the catalog
-    save_profile(a_profile(gpu="cpu", created=dt.datetime.now(dt.UTC).isoformat()), target)
-    assert study_profile(spec, results) == load_profile(target)
+    fresh = a_profile(gpu="cpu", created=dt.datetime.now(dt.UTC).isoformat(),
+                      versions=local_versions())  # fmt: skip
+    save_profile(fresh, target)
+    assert study_profile(spec, results) == fresh
+    save_profile(dataclasses.replace(fresh, versions={**fresh.versions, "torch": "1.0"}), target)
+    with pytest.raises(ProfileError, match="stale profile: measured with torch 1.0"):
+        study_profile(spec, results)  # the local executor's own torch is compared
     old = dt.datetime.now(dt.UTC) - dt.timedelta(days=MAX_AGE_DAYS + 2)
     save_profile(a_profile(gpu="cpu", created=old.isoformat(timespec="seconds")), target)
     assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 2

@@ -457,9 +457,9 @@ def local_versions() -> dict[str, Any]:
         import torch
     except ImportError:
         return {}
-    out: dict[str, Any] = {"torch": torch.__version__}
+    out: dict[str, Any] = {"torch": str(torch.__version__)}  # a str subclass: plain for YAML
     if torch.cuda.is_available():
-        out["cuda"] = torch.version.cuda
+        out["cuda"] = str(torch.version.cuda)
     out["backend"] = "nccl" if torch.cuda.is_available() else "gloo"
     return out
 
