@@ -119,6 +119,11 @@ def observations(s: StudySpec, study: optuna.Study) -> tuple[Observation, ...]:
 def test_a_calibration_round_trips_and_merges(tmp_path: Path) -> None:
     s = spec()
     study, _, _ = run(s, off_model(s), 4, memory=lambda c: 20.0)
+    copied = study.get_trials()[0]
+    study.add_trial(optuna.trial.create_trial(  # answered from trial 0: not a measurement
+        value=copied.value, params=copied.params, distributions=copied.distributions,
+        user_attrs={**copied.user_attrs, "duplicate_of": 0},
+    ))  # fmt: skip
     obs = observations(s, study)
     assert len(obs) == 4 and all(o.time_ratio is not None for o in obs)
     assert all(o.measured_gib == 20.0 and o.memory_ratio is not None for o in obs)

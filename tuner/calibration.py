@@ -123,13 +123,13 @@ def observations_from_trials(
 ) -> list[Observation]:
     """The observations of a study's finished trials (Optuna ``FrozenTrial``): every measured
     step time and peak, and every real OOM, with what the models predicted for them."""
-    from tuner.trials import trial_outcome
+    from tuner.trials import is_duplicate, trial_outcome
 
     out = []
     for t in trials:
         a = t.user_attrs
-        if not a.get("config") or not t.state.is_finished():
-            continue
+        if not a.get("config") or not t.state.is_finished() or is_duplicate(t):
+            continue  # a duplicate was answered from an earlier trial: not a measurement
         outcome = trial_outcome(t)
         common: dict[str, Any] = {"study": study, "fingerprint": fingerprint,
                                   "trial": int(t.number), "memory_setup": memory_setup,
