@@ -21,7 +21,9 @@ and including the first whose true step time is within 2 % of the best that real
 * ``tune``: default search settings (TPE, top 3 predicted configs enqueued, early stop after 10
   trials without a 1 % gain); only ``n_trials`` is raised to the space size so the count is not
   cut. A study that stops before reaching 2 % counts as a miss, charged the whole space's size.
-* ``tune-no-early-stop``: the same without the early stop, to tell search from stopping apart.
+* ``tune-no-early-stop``: the same without either stop rule, to tell search from stopping apart.
+* ``tune-count-rule``: tune with only the count rule (``stop_chance: null``), to show what the
+  "answer is known" rule saves in launches.
 * ``tpe``: tune with Optuna's TPE sampler instead of the model sampler, other settings default.
 * ``random``: Optuna's RandomSampler through the same loop, nothing enqueued, no early stop.
 * ``grid``: Optuna's GridSampler (it visits the grid in a random order per seed), the same way.
@@ -29,10 +31,10 @@ and including the first whose true step time is within 2 % of the best that real
   noise seeds), without and with the calibration (``tuner.calibration``) that a first tune study
   of the same seed saved for the cluster; a table over seeds compares their runs to within 2 %.
 
-``tune`` and ``tpe`` run on until their own stop rules end them: ``launches`` is every launch
-they paid for (runs to the best plus the launches spent making sure), ``known-stop`` how many
-searches ended because no untried config had a 10 % chance of a 1 % gain (``tuner.stopping``)
-rather than by the count rule or the budget.
+``tune``, ``tune-count-rule`` and ``tpe`` run on until their own stop rules end them:
+``launches`` is every launch they paid for (runs to the best plus the launches spent making
+sure), ``known-stop`` how many searches ended because no untried config had a 10 % chance of a
+1 % gain (``tuner.stopping``) rather than by the count rule or the budget.
 
 The baselines get the memory screen and duplicate skipping too, so the table isolates the search
 strategy; ``grid (no model)`` is the expected count for a shuffled grid that launches every
@@ -94,7 +96,9 @@ def study_data(
     if method in ("tpe", "gp"):  # tune with another of its samplers, other settings default
         search |= {"sampler": method}
     elif method == "tune-no-early-stop":
-        search |= {"early_stop_trials": None}
+        search |= {"early_stop_trials": None, "stop_chance": None}
+    elif method == "tune-count-rule":
+        search |= {"stop_chance": None}
     elif method != "tune":
         search |= {"sampler": method, "enqueue_top": 0, "early_stop_trials": None}
     env = {"TUNER_STANDIN_TIME_SCALE": "0", "TUNER_STANDIN_NOISE_SEED": str(seed)}
@@ -270,7 +274,8 @@ def run_method(
 ) -> list[dict[str, Any]]:
     """Every seed of one method on one surface: one row each.
 
-    ``tune`` and ``tpe`` run on until their own stop rules end them (launches counted).
+    ``tune``, ``tune-count-rule`` and ``tpe`` run on until their own stop rules end them
+    (launches counted).
     ``second`` and ``second-calibrated``: a second tune study on the same surface (sampler seed
     and noise seed + SECOND_SEED), without and with the calibration a first ``tune`` study of
     the same seed saved (in the same results folder, so the same cluster)."""
@@ -286,7 +291,7 @@ def run_method(
             out = search(study_from_mapping(data), t, root)
         else:
             spec = study_from_mapping(study_data(surface, method, seed, t.valid, space))
-            out = search(spec, t, root, until_stop=method in ("tune", "tpe"))
+            out = search(spec, t, root, until_stop=method in ("tune", "tpe", "tune-count-rule"))
         rows.append({"space": space, "surface": surface, "method": method, "seed": seed,
                      "runs": out.runs, "found": out.found, "oom_launches": out.oom_launches,
                      "launches": out.launches, "stop": out.stop,
