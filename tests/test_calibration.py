@@ -64,7 +64,9 @@ def spec(name: str = "first", **search: Any) -> StudySpec:
 
 
 def candidates(s: StudySpec) -> dict[str, Any]:
-    return {c.config.key(): c for c in enumerate_space(s).ranked()}
+    """Every config the sampler may propose: those that fit and the memory probes."""
+    report = enumerate_space(s)
+    return {c.config.key(): c for c in report.ranked() + report.probes}
 
 
 Truth = Callable[[ParallelConfig], float]
@@ -201,9 +203,14 @@ def test_calibration_never_launches_what_the_memory_model_rejects(tmp_path: Path
                           limit_gib=s.search.memory_headroom * 80.0)  # fmt: skip
     notes = memory_notes(corrector, report.viable, report.oom)
     assert any("still never launched" in n for n in notes), notes
-    _, order, _ = run(spec("second"), off_model(s), len(viable), past=small)
-    assert {c.key() for c in order} <= viable
-    assert len({c.key() for c in order}) == len(viable)  # then it proposes nothing new
+    # Beyond what fits only the study's declared memory probes (tuner.probe: from the model's
+    # own stated error, at most search.memory_probes, marked as such), never what the
+    # calibration alone would let fit.
+    probes = {c.config.key() for c in report.probes}
+    assert len(probes) <= s.search.memory_probes
+    _, order, _ = run(spec("second"), off_model(s), len(viable) + len(probes), past=small)
+    assert {c.key() for c in order} <= viable | probes
+    assert len({c.key() for c in order}) == len(viable | probes)  # then it proposes nothing new
 
 
 def test_calibrated_memory_over_the_limit_is_tried_last_and_said(tmp_path: Path) -> None:
@@ -260,7 +267,9 @@ def test_stops_when_no_untried_config_has_a_real_chance() -> None:
     study, order, reason = run(s, lambda c: pred[c.key()], len(pred), stopper=True)
     assert reason is not None and reason.startswith("the answer is known"), reason
     assert len(order) < len(pred) // 2
-    assert min(pred[c.key()] for c in order) == min(pred.values())  # and it has the best
+    # and it has the best of what fits (no run reports a peak here, so no memory probe runs)
+    fitting = [c.time.step for c in enumerate_space(s).ranked() if c.time]
+    assert min(pred[c.key()] for c in order) == min(fitting)
 
 
 def test_keeps_searching_while_a_config_has_a_chance() -> None:

@@ -161,7 +161,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     studies = sorted({o.study for o in cal.observations})
     console.print(f"cluster {name}: {len(cal.observations)} trials from {', '.join(studies)}, "
                   f"updated {cal.updated}")  # fmt: skip
-    table = Table(title="fitted step-time corrections (measured / predicted)")
+    console.print("fitted step-time corrections (measured / predicted):")
+    table = Table()
     table.add_column("applies to")
     table.add_column("factor", justify="right")
     for what, factor in corrector.factors():
