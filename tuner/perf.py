@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.frameworks import Framework, traits
+from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import stage_layers
 from tuner.rates import Link, Rates, catalog_rates, gemm_rate, group_link
@@ -58,6 +59,16 @@ ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
 CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
 """fp32 logits: softmax read/write in forward, gradient read/write in backward."""
+BF16_ACCUMULATE_BYTES_PER_PARAM = 20.0
+"""DeepSpeed BF16_Optimizer, every micro-batch over the stage's parameters: ``backward`` clears
+the bf16 grads (write 2 B), then ``update_hp_grads`` runs ``hp_grad.add_(lp.grad.to(fp32))``: read
+the bf16 grad (2 B), write and read its fp32 cast (8 B), read and write the fp32 accumulator
+(8 B) (deepspeed/runtime/bf16_optimizer.py; the pipeline engine calls it per backward pass)."""
+AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
+"""16-bit grads left to autograd (DeepSpeed's fp16 / ZeRO-0/1 paths): from the second micro-batch
+on, AccumulateGrad adds the new weight gradient into ``.grad`` in place (read 2 + 2 B, write
+2 B). Megatron fuses that add into the weight-gradient GEMM (gradient_accumulation_fusion into
+main_grad), so it pays nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +94,8 @@ class TimeBreakdown:
     dp_comm: float
     """Exposed (not overlapped) data-parallel gradient / parameter traffic (ZeRO included)."""
     optimizer: float
-    """The optimizer step, memory-bandwidth bound."""
+    """The optimizer step, and gradient accumulation outside the GEMMs (DeepSpeed), both
+    memory-bandwidth bound."""
     stage_imbalance: float
     """Extra work of the last pipeline stage (LM head, loss) and the tied-embedding reduction."""
     overhead: float
@@ -332,16 +344,26 @@ def _dp_deepspeed(
     lat: float,
     mb: float,
     layers: float,
+    bf16_optimizer: bool = False,
 ) -> float:
     """Exposed DP traffic of DeepSpeed: ZeRO-0 all-reduce and ZeRO-1 reduce-scatter + all-gather
     after the last micro-batch; ZeRO-2 reduce-scatters every micro-batch (overlap_comm is off by
     default); ZeRO-3 also gathers parameters in every forward and backward (3x the traffic of
-    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default)."""
+    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default). With pipeline stages
+    the reduction runs in the engine's ReduceGrads step after the flush (pipe/engine.py
+    ``_exec_reduce_grads``), never overlapped with backward."""
     d, m = config.dp, max(1, config.num_microbatches)
     if d == 1:
         return 0.0
     ring = (d - 1) / d * psi * rates.elem / bw
     stage = config.zero_stage
+    if bf16_optimizer:
+        # pipe/engine.py _bf16_reduce_grads: buffered_allreduce_fallback over the optimizer's
+        # fp32 grads (BF16_Optimizer.get_grads_for_reduction), a full all-reduce of 4-byte
+        # elements; then BF16_Optimizer.step updates its DP partition and all-gathers the bf16
+        # parameters (all_gather_dp_groups): 2 x 4 B + 2 B per parameter over the ring.
+        unit = (d - 1) / d * psi / bw
+        return 2.0 * 4.0 * unit + 2.0 * unit + 2.0 * lat
     if stage == 0:
         return 2.0 * ring + lat
     if stage == 1:
@@ -351,6 +373,21 @@ def _dp_deepspeed(
     per_mb = 3.0 * ring + 3.0 * layers * lat
     first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * rates.elem / bw
     return m * _exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
+
+
+def _grad_accumulation(
+    config: ParallelConfig, psi: float, rates: Rates, framework: str, bf16_optimizer: bool
+) -> float:
+    """HBM passes over the stage's gradients that DeepSpeed runs every micro-batch outside the
+    GEMMs: BF16_Optimizer's fp32 accumulation, or autograd's in-place add into 16-bit ``.grad``.
+    ZeRO-2/3 reduce each micro-batch's gradients into their partitions instead (not modelled)."""
+    if not traits(framework).deepspeed_optimizer or config.zero_stage >= 2:
+        return 0.0
+    m = max(1, config.num_microbatches)
+    if bf16_optimizer:
+        return m * psi * BF16_ACCUMULATE_BYTES_PER_PARAM / rates.hbm
+    passes = AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM / 2.0  # element passes, at the grads' width
+    return (m - 1) * psi * passes * rates.elem / rates.hbm
 
 
 def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
@@ -388,15 +425,22 @@ def _pipeline(
         return 0.0, 0.0
     link = _stage_link(config, rates, gpus_per_node)
     tokens = config.micro_batch_size * model.seq_length / config.cp
+    activation = tokens * model.hidden_size * rates.elem
     # Megatron's scatter-gather sends a 1/tp slice from each TP rank (Narayanan et al. 2021,
-    # section 4.1); DeepSpeed's pipeline engine sends the whole activation from every rank
-    # (deepspeed/runtime/pipe/engine.py, _exec_send_activations: no TP split); under Megatron-
-    # DeepSpeed's sequence parallelism that activation is already the rank's 1/tp sequence shard.
-    if traits(framework).deepspeed_pipeline:
-        split = config.tp if config.sequence_parallel else 1
-    else:
-        split = config.tp
-    transfer = tokens * model.hidden_size * rates.elem / split / link.bandwidth + link.latency
+    # section 4.1). DeepSpeed's PipelineEngine does the same through its own path: with a
+    # model-parallel group (TP > 1) it sets is_pipe_partitioned / is_grad_partitioned
+    # (deepspeed/runtime/pipe/engine.py __init__; ds_config pipeline.pipe_partitioned and
+    # grad_partitioned default true), _exec_forward_pass wraps the stage output in a
+    # PartitionedTensor over the TP group and sends only the local part, and the receiver's
+    # PartitionedTensor.full() all-gathers it over the TP group before computing (the same for
+    # gradients in _exec_backward_pass): on the critical path, the engine overlaps nothing. Under
+    # Megatron-DeepSpeed's sequence parallelism the activation is already a 1/tp sequence shard.
+    transfer = activation / config.tp / link.bandwidth + link.latency
+    if traits(framework).deepspeed_pipeline and config.tp > 1:
+        local = activation / (config.tp if config.sequence_parallel else 1)
+        tp_link = group_link(rates, config.tp, 1, gpus_per_node)
+        gather = (config.tp - 1) / config.tp * local / tp_link.bandwidth + tp_link.latency
+        transfer = local / config.tp / link.bandwidth + link.latency + gather
     # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
     hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
     bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
@@ -404,13 +448,21 @@ def _pipeline(
 
 
 def _tied_embedding_sync(
-    model: ModelSpec, config: ParallelConfig, rates: Rates, embedding: float, gpus_per_node: int
+    model: ModelSpec,
+    config: ParallelConfig,
+    rates: Rates,
+    embedding: float,
+    gpus_per_node: int,
+    grad_bytes: float = MEGATRON_GRAD_BYTES,
 ) -> float:
-    """First and last stage all-reduce the shared word-embedding gradient once per step."""
+    """First and last stage all-reduce the shared word-embedding gradient once per step, after
+    the flush and before the DP reduction (Megatron's _allreduce_word_embedding_grads on the
+    fp32 main_grad; DeepSpeed's ReduceTiedGrads step, pipe/engine.py _exec_reduce_tied_grads, on
+    ``weight._hp_grad`` (fp32) under BF16_Optimizer, else on the 16-bit ``weight.grad``)."""
     if config.pp == 1 or not model.tied_embeddings:
         return 0.0
     link = _stage_link(config, rates, gpus_per_node)
-    return embedding * MEGATRON_GRAD_BYTES / link.bandwidth + link.latency
+    return embedding * grad_bytes / link.bandwidth + link.latency
 
 
 def _recompute_times(
@@ -481,6 +533,8 @@ def estimate_time(
     stage_mb = layers * (fwd + bwd + rec + cp_exposed) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
     psi, embedding = _rank_params(model, config.tp, config.pp)
+    ds = traits(framework).deepspeed_optimizer
+    bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
     if config.pp == 1:
         compute += m * head
         tp_comm += m * head_comm
@@ -488,10 +542,14 @@ def estimate_time(
         # the last stage adds the LM head; layers it holds fewer than the slowest stage absorb it
         spare = (layers - counts[-1]) * stage_mb / layers if layers else 0.0
         imbalance = m * max(0.0, head + head_comm - spare)
-        imbalance += _tied_embedding_sync(model, config, rates, embedding, gpus_per_node)
+        tied_bytes = float(MEGATRON_GRAD_BYTES)
+        if traits(framework).deepspeed_pipeline and not bf16_opt:
+            tied_bytes = float(rates.elem)
+        imbalance += _tied_embedding_sync(
+            model, config, rates, embedding, gpus_per_node, tied_bytes
+        )
     p2p, bubble = _pipeline(config, model, rates, gpus_per_node, stage_mb, framework)
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
-    ds = traits(framework).deepspeed_optimizer
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
         # node's: Narayanan et al. 2021 Table 2 (DeepSpeed ZeRO-3, 175B, 384-1536 A100) loses
@@ -502,10 +560,12 @@ def estimate_time(
         windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
         dp = _dp_megatron(config, psi, rates, bw, lat, windows)
     else:
-        dp = _dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers)
+        dp = _dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
+    optimizer = _optimizer(config, psi, rates, framework)
+    optimizer += _grad_accumulation(config, psi, rates, framework, bf16_opt)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
-        _optimizer(config, psi, rates, framework), imbalance,
+        optimizer, imbalance,
         m * rates.microbatch_overhead + rates.step_overhead,
     )  # fmt: skip
     return _breakdown(parts, model, config, rates)
