@@ -21,8 +21,9 @@ dropout, residuals, activation, unfused softmax) is memory-bandwidth bound; coll
 spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
 the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
 slots; the last stage also runs the LM head (``stage_imbalance``); data-parallel gradient traffic
-overlaps with the last micro-batch's backward where the framework does that; the optimizer step
-streams its states through HBM. Every rate comes from one ``Rates`` value (the catalog's by
+overlaps with the last micro-batch's backward where the framework does that (Megatron; DeepSpeed's
+pipeline engine reduces after the flush); the optimizer step streams its states through HBM, and
+DeepSpeed's optimizer wrappers add a gradient-accumulation pass per micro-batch. Every rate comes from one ``Rates`` value (the catalog's by
 default, or a measured cluster profile's); every constant is named, with its source.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
