@@ -22,9 +22,10 @@ spans nodes using the network share of all its ranks on a node (NCCL spreads rin
 the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
 slots; the last stage also runs the LM head (``stage_imbalance``); data-parallel gradient traffic
 overlaps with the last micro-batch's backward where the framework does that (Megatron; DeepSpeed's
-pipeline engine reduces after the flush); the optimizer step streams its states through HBM, and
-DeepSpeed's optimizer wrappers add a gradient-accumulation pass per micro-batch. Every rate comes from one ``Rates`` value (the catalog's by
-default, or a measured cluster profile's); every constant is named, with its source.
+pipeline engine reduces after the flush, ``tuner.perf_deepspeed``); the optimizer step streams
+its states through HBM, and DeepSpeed adds a gradient-accumulation pass per micro-batch. Every
+rate comes from one ``Rates`` value (the catalog's by default, or a measured cluster profile's);
+every constant is named, with its source.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
@@ -40,6 +41,7 @@ from tuner.catalog import GPUSpec
 from tuner.frameworks import Framework, traits
 from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
+from tuner.perf_deepspeed import dp_deepspeed, exposed, grad_accumulation
 from tuner.pipeline import stage_layers
 from tuner.rates import Link, Rates, catalog_rates, gemm_rate, group_link
 from tuner.spec import ModelSpec, TrainingSpec
@@ -60,16 +62,6 @@ ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
 CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
 """fp32 logits: softmax read/write in forward, gradient read/write in backward."""
-BF16_ACCUMULATE_BYTES_PER_PARAM = 20.0
-"""DeepSpeed BF16_Optimizer, every micro-batch over the stage's parameters: ``backward`` clears
-the bf16 grads (write 2 B), then ``update_hp_grads`` runs ``hp_grad.add_(lp.grad.to(fp32))``: read
-the bf16 grad (2 B), write and read its fp32 cast (8 B), read and write the fp32 accumulator
-(8 B) (deepspeed/runtime/bf16_optimizer.py; the pipeline engine calls it per backward pass)."""
-AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
-"""16-bit grads left to autograd (DeepSpeed's fp16 / ZeRO-0/1 paths): from the second micro-batch
-on, AccumulateGrad adds the new weight gradient into ``.grad`` in place (read 2 + 2 B, write
-2 B). Megatron fuses that add into the weight-gradient GEMM (gradient_accumulation_fusion into
-main_grad), so it pays nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,13 +272,6 @@ def _layer_times(
 MEGATRON_BUCKET_PARAMS = 40e6
 """Megatron DDP gradient bucket (``--ddp-bucket-size`` default max(40M, 1M x dp)): the last
 bucket's reduction cannot hide behind backward compute."""
-DEEPSPEED_ZERO3_PREFETCH_PARAMS = 5e7
-"""DeepSpeed ``stage3_prefetch_bucket_size`` default: the first gather of a pass is exposed."""
-DEEPSPEED_ZERO3_OVERLAP = 0.5
-"""Share of a micro-batch's compute that effectively hides ZeRO-3's prefetched gathers and
-reduce-scatters (they contend with compute for SMs and HBM). Fitted (0.25 steps) to Narayanan et
-al. 2021 Table 2's six ZeRO-3 rows, where TFLOP/s fell almost in proportion to the micro-batch:
-full overlap over-predicts them by 13-61%, 0.5 leaves -8..+13%."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -304,11 +289,6 @@ def _rank_params(model: ModelSpec, tp: int, pp: int) -> tuple[float, float]:
         copies = 1 if model.tied_embeddings else 2
         return model.num_layers * layer + copies * embedding + position + norm, embedding
     return model.num_layers / pp * layer + embedding + max(position, norm), embedding
-
-
-def _exposed(comm: float, window: float, floor: float) -> float:
-    """What part of ``comm`` cannot hide behind ``window`` of compute (at least ``floor``)."""
-    return max(min(comm, floor), comm - window)
 
 
 def _dp_megatron(
@@ -331,64 +311,10 @@ def _dp_megatron(
     if config.distributed_optimizer:
         reduce = ring * grads + lat
         gather = ring * rates.elem + lat
-        return _exposed(reduce, windows[1], bucket * grads) + _exposed(
+        return exposed(reduce, windows[1], bucket * grads) + exposed(
             gather, windows[0], bucket * rates.elem
         )
-    return _exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
-
-
-def _dp_deepspeed(
-    config: ParallelConfig,
-    psi: float,
-    rates: Rates,
-    bw: float,
-    lat: float,
-    mb: float,
-    layers: float,
-    bf16_optimizer: bool = False,
-) -> float:
-    """Exposed DP traffic of DeepSpeed: ZeRO-0 all-reduce and ZeRO-1 reduce-scatter + all-gather
-    after the last micro-batch; ZeRO-2 reduce-scatters every micro-batch (overlap_comm is off by
-    default); ZeRO-3 also gathers parameters in every forward and backward (3x the traffic of
-    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default). With pipeline stages
-    the reduction runs in the engine's ReduceGrads step after the flush (pipe/engine.py
-    ``_exec_reduce_grads``), never overlapped with backward."""
-    d, m = config.dp, max(1, config.num_microbatches)
-    if d == 1:
-        return 0.0
-    ring = (d - 1) / d * psi * rates.elem / bw
-    stage = config.zero_stage
-    if bf16_optimizer:
-        # pipe/engine.py _bf16_reduce_grads: buffered_allreduce_fallback over the optimizer's
-        # fp32 grads (BF16_Optimizer.get_grads_for_reduction), a full all-reduce of 4-byte
-        # elements; then BF16_Optimizer.step updates its DP partition and all-gathers the bf16
-        # parameters (all_gather_dp_groups): 2 x 4 B + 2 B per parameter over the ring.
-        unit = (d - 1) / d * psi / bw
-        return 2.0 * 4.0 * unit + 2.0 * unit + 2.0 * lat
-    if stage == 0:
-        return 2.0 * ring + lat
-    if stage == 1:
-        return 2.0 * (ring + lat)
-    if stage == 2:
-        return m * (ring + lat) + ring + lat
-    per_mb = 3.0 * ring + 3.0 * layers * lat
-    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * rates.elem / bw
-    return m * _exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
-
-
-def _grad_accumulation(
-    config: ParallelConfig, psi: float, rates: Rates, framework: str, bf16_optimizer: bool
-) -> float:
-    """HBM passes over the stage's gradients that DeepSpeed runs every micro-batch outside the
-    GEMMs: BF16_Optimizer's fp32 accumulation, or autograd's in-place add into 16-bit ``.grad``.
-    ZeRO-2/3 reduce each micro-batch's gradients into their partitions instead (not modelled)."""
-    if not traits(framework).deepspeed_optimizer or config.zero_stage >= 2:
-        return 0.0
-    m = max(1, config.num_microbatches)
-    if bf16_optimizer:
-        return m * psi * BF16_ACCUMULATE_BYTES_PER_PARAM / rates.hbm
-    passes = AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM / 2.0  # element passes, at the grads' width
-    return (m - 1) * psi * passes * rates.elem / rates.hbm
+    return exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
 
 
 def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
@@ -561,9 +487,9 @@ def estimate_time(
         windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
         dp = _dp_megatron(config, psi, rates, bw, lat, windows)
     else:
-        dp = _dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
+        dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
     optimizer = _optimizer(config, psi, rates, framework)
-    optimizer += _grad_accumulation(config, psi, rates, framework, bf16_opt)
+    optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
         optimizer, imbalance,
