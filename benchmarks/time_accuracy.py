@@ -208,6 +208,8 @@ def _precision(row: dict[str, str]) -> Precision:
 def _predict(case: Case) -> float:
     row, model, config = case.row, case.model, case.config
     training = TrainingSpec(global_batch_size=config.global_batch_size, precision=_precision(row))
+    if row["precision"] not in ("fp16", "bf16"):
+        case.notes.append("precision=bf16?")
     gpn = case.gpus_per_node
     if row["metric"] == "layer_fwd_plus_bwd_ms":
         return 1e3 * sum(layer_step_times(model, training, config, case.gpu, gpn))
