@@ -34,7 +34,7 @@ from scipy.stats import spearmanr
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time, layer_step_times, model_flops_per_step
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.spec import ModelSpec, Precision, TrainingSpec
 
 CSV = Path(__file__).resolve().parent / "data" / "step_times.csv"
 METRICS = (
@@ -149,10 +149,12 @@ def _sharding(row: dict[str, str]) -> tuple[str, bool, int]:
     if "ZeRO-3" in text or "FSDP" in text:
         return "deepspeed", False, 3  # FSDP2 full sharding = ZeRO-3's traffic
     if framework == "deepspeed":
+        # the CSV's `deepspeed` rows ran Megatron-DeepSpeed: Megatron's TP inside DeepSpeed's
+        # pipeline engine and ZeRO / BF16_Optimizer (STEP_TIMES.md)
         for stage in (1, 2):
             if f"ZeRO-{stage}" in text:
-                return "deepspeed", False, stage
-        return "deepspeed", False, 0
+                return "megatron-deepspeed", False, stage
+        return "megatron-deepspeed", False, 0
     return "megatron", text.startswith("yes"), 0
 
 
@@ -198,9 +200,16 @@ def _eq3_flops(model: ModelSpec, batch: int) -> float:
     return 96.0 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
+def _precision(row: dict[str, str]) -> Precision:
+    """The row's 16-bit format; "16-bit (not stated)" keeps the default, bf16."""
+    return "fp16" if row["precision"] == "fp16" else "bf16"
+
+
 def _predict(case: Case) -> float:
     row, model, config = case.row, case.model, case.config
-    training = TrainingSpec(global_batch_size=config.global_batch_size)
+    training = TrainingSpec(global_batch_size=config.global_batch_size, precision=_precision(row))
+    if row["precision"] not in ("fp16", "bf16"):
+        case.notes.append("precision=bf16?")
     gpn = case.gpus_per_node
     if row["metric"] == "layer_fwd_plus_bwd_ms":
         return 1e3 * sum(layer_step_times(model, training, config, case.gpu, gpn))

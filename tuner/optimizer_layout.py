@@ -172,6 +172,20 @@ def _deepspeed_zero(
     return StageStates(fwd, step, "deepspeed ZeRO-3")
 
 
+def uses_bf16_optimizer(framework: Framework, precision: Precision, c: ParallelConfig) -> bool:
+    """Whether DeepSpeed wraps the optimizer in BF16_Optimizer (fp32 gradient accumulation, its
+    own DP partitioning of the fp32 states) rather than ZeRO's or FP16_Optimizer."""
+    if not traits(framework).deepspeed_optimizer or precision != "bf16":
+        return False
+    # [DSE] engine.py _do_optimizer_sanity_check: bf16 model, fp32 gradient accumulation
+    # (the ds_config's data_types.grad_accum_dtype, which the megatron-deepspeed template
+    # sets, as BLOOM's configs did) and ZeRO-1 -> BF16_Optimizer, not ZeRO's optimizer;
+    # [DSE] bf16 with pipeline stages and no ZeRO -> BF16_Optimizer.
+    if framework == "megatron-deepspeed" and c.zero_stage == 1:
+        return True
+    return c.zero_stage == 0 and c.pp > 1
+
+
 def stage_states(
     psi: float,
     c: ParallelConfig,
@@ -185,10 +199,7 @@ def stage_states(
         owned = psi / (c.dp * c.cp if c.distributed_optimizer else 1)
         states = _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
         return replace(states, moments=8 * owned)
-    if framework == "megatron-deepspeed" and precision == "bf16" and c.zero_stage == 1:
-        # [DSE] engine.py _do_optimizer_sanity_check: bf16 model, fp32 gradient accumulation
-        # (the ds_config's data_types.grad_accum_dtype, which the megatron-deepspeed template
-        # sets, as BLOOM's configs did) and ZeRO-1 -> BF16_Optimizer, not ZeRO's optimizer.
+    if c.zero_stage == 1 and uses_bf16_optimizer(framework, precision, c):
         return replace(_bf16_optimizer(psi, c), moments=8 * psi / c.dp, flat=True)
     if c.zero_stage == 0:
         states = _deepspeed_zero0(psi, c, precision)

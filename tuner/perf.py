@@ -21,9 +21,11 @@ dropout, residuals, activation, unfused softmax) is memory-bandwidth bound; coll
 spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
 the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
 slots; the last stage also runs the LM head (``stage_imbalance``); data-parallel gradient traffic
-overlaps with the last micro-batch's backward where the framework does that; the optimizer step
-streams its states through HBM. Every rate comes from one ``Rates`` value (the catalog's by
-default, or a measured cluster profile's); every constant is named, with its source.
+overlaps with the last micro-batch's backward where the framework does that (Megatron; DeepSpeed's
+pipeline engine reduces after the flush, ``tuner.perf_deepspeed``); the optimizer step streams
+its states through HBM, and DeepSpeed adds a gradient-accumulation pass per micro-batch. Every
+rate comes from one ``Rates`` value (the catalog's by default, or a measured cluster profile's);
+every constant is named, with its source.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
@@ -37,7 +39,9 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.frameworks import Framework, traits
+from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
+from tuner.perf_deepspeed import dp_deepspeed, exposed, grad_accumulation
 from tuner.pipeline import stage_layers
 from tuner.rates import Link, Rates, catalog_rates, gemm_rate, group_link
 from tuner.spec import ModelSpec, TrainingSpec
@@ -83,7 +87,8 @@ class TimeBreakdown:
     dp_comm: float
     """Exposed (not overlapped) data-parallel gradient / parameter traffic (ZeRO included)."""
     optimizer: float
-    """The optimizer step, memory-bandwidth bound."""
+    """The optimizer step, and gradient accumulation outside the GEMMs (DeepSpeed), both
+    memory-bandwidth bound."""
     stage_imbalance: float
     """Extra work of the last pipeline stage (LM head, loss) and the tied-embedding reduction."""
     overhead: float
@@ -267,13 +272,6 @@ def _layer_times(
 MEGATRON_BUCKET_PARAMS = 40e6
 """Megatron DDP gradient bucket (``--ddp-bucket-size`` default max(40M, 1M x dp)): the last
 bucket's reduction cannot hide behind backward compute."""
-DEEPSPEED_ZERO3_PREFETCH_PARAMS = 5e7
-"""DeepSpeed ``stage3_prefetch_bucket_size`` default: the first gather of a pass is exposed."""
-DEEPSPEED_ZERO3_OVERLAP = 0.5
-"""Share of a micro-batch's compute that effectively hides ZeRO-3's prefetched gathers and
-reduce-scatters (they contend with compute for SMs and HBM). Fitted (0.25 steps) to Narayanan et
-al. 2021 Table 2's six ZeRO-3 rows, where TFLOP/s fell almost in proportion to the micro-batch:
-full overlap over-predicts them by 13-61%, 0.5 leaves -8..+13%."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -291,11 +289,6 @@ def _rank_params(model: ModelSpec, tp: int, pp: int) -> tuple[float, float]:
         copies = 1 if model.tied_embeddings else 2
         return model.num_layers * layer + copies * embedding + position + norm, embedding
     return model.num_layers / pp * layer + embedding + max(position, norm), embedding
-
-
-def _exposed(comm: float, window: float, floor: float) -> float:
-    """What part of ``comm`` cannot hide behind ``window`` of compute (at least ``floor``)."""
-    return max(min(comm, floor), comm - window)
 
 
 def _dp_megatron(
@@ -318,39 +311,10 @@ def _dp_megatron(
     if config.distributed_optimizer:
         reduce = ring * grads + lat
         gather = ring * rates.elem + lat
-        return _exposed(reduce, windows[1], bucket * grads) + _exposed(
+        return exposed(reduce, windows[1], bucket * grads) + exposed(
             gather, windows[0], bucket * rates.elem
         )
-    return _exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
-
-
-def _dp_deepspeed(
-    config: ParallelConfig,
-    psi: float,
-    rates: Rates,
-    bw: float,
-    lat: float,
-    mb: float,
-    layers: float,
-) -> float:
-    """Exposed DP traffic of DeepSpeed: ZeRO-0 all-reduce and ZeRO-1 reduce-scatter + all-gather
-    after the last micro-batch; ZeRO-2 reduce-scatters every micro-batch (overlap_comm is off by
-    default); ZeRO-3 also gathers parameters in every forward and backward (3x the traffic of
-    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default)."""
-    d, m = config.dp, max(1, config.num_microbatches)
-    if d == 1:
-        return 0.0
-    ring = (d - 1) / d * psi * rates.elem / bw
-    stage = config.zero_stage
-    if stage == 0:
-        return 2.0 * ring + lat
-    if stage == 1:
-        return 2.0 * (ring + lat)
-    if stage == 2:
-        return m * (ring + lat) + ring + lat
-    per_mb = 3.0 * ring + 3.0 * layers * lat
-    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * rates.elem / bw
-    return m * _exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
+    return exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
 
 
 def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
@@ -388,15 +352,22 @@ def _pipeline(
         return 0.0, 0.0
     link = _stage_link(config, rates, gpus_per_node)
     tokens = config.micro_batch_size * model.seq_length / config.cp
+    activation = tokens * model.hidden_size * rates.elem
     # Megatron's scatter-gather sends a 1/tp slice from each TP rank (Narayanan et al. 2021,
-    # section 4.1); DeepSpeed's pipeline engine sends the whole activation from every rank
-    # (deepspeed/runtime/pipe/engine.py, _exec_send_activations: no TP split); under Megatron-
-    # DeepSpeed's sequence parallelism that activation is already the rank's 1/tp sequence shard.
-    if traits(framework).deepspeed_pipeline:
-        split = config.tp if config.sequence_parallel else 1
-    else:
-        split = config.tp
-    transfer = tokens * model.hidden_size * rates.elem / split / link.bandwidth + link.latency
+    # section 4.1). DeepSpeed's PipelineEngine does the same through its own path: with a
+    # model-parallel group (TP > 1) it sets is_pipe_partitioned / is_grad_partitioned
+    # (deepspeed/runtime/pipe/engine.py __init__; ds_config pipeline.pipe_partitioned and
+    # grad_partitioned default true), _exec_forward_pass wraps the stage output in a
+    # PartitionedTensor over the TP group and sends only the local part, and the receiver's
+    # PartitionedTensor.full() all-gathers it over the TP group before computing (the same for
+    # gradients in _exec_backward_pass): on the critical path, the engine overlaps nothing. Under
+    # Megatron-DeepSpeed's sequence parallelism the activation is already a 1/tp sequence shard.
+    transfer = activation / config.tp / link.bandwidth + link.latency
+    if traits(framework).deepspeed_pipeline and config.tp > 1:
+        local = activation / (config.tp if config.sequence_parallel else 1)
+        tp_link = group_link(rates, config.tp, 1, gpus_per_node)
+        gather = (config.tp - 1) / config.tp * local / tp_link.bandwidth + tp_link.latency
+        transfer = local / config.tp / link.bandwidth + link.latency + gather
     # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
     hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
     bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
@@ -404,13 +375,21 @@ def _pipeline(
 
 
 def _tied_embedding_sync(
-    model: ModelSpec, config: ParallelConfig, rates: Rates, embedding: float, gpus_per_node: int
+    model: ModelSpec,
+    config: ParallelConfig,
+    rates: Rates,
+    embedding: float,
+    gpus_per_node: int,
+    grad_bytes: float = MEGATRON_GRAD_BYTES,
 ) -> float:
-    """First and last stage all-reduce the shared word-embedding gradient once per step."""
+    """First and last stage all-reduce the shared word-embedding gradient once per step, after
+    the flush and before the DP reduction (Megatron's _allreduce_word_embedding_grads on the
+    fp32 main_grad; DeepSpeed's ReduceTiedGrads step, pipe/engine.py _exec_reduce_tied_grads, on
+    ``weight._hp_grad`` (fp32) under BF16_Optimizer, else on the 16-bit ``weight.grad``)."""
     if config.pp == 1 or not model.tied_embeddings:
         return 0.0
     link = _stage_link(config, rates, gpus_per_node)
-    return embedding * MEGATRON_GRAD_BYTES / link.bandwidth + link.latency
+    return embedding * grad_bytes / link.bandwidth + link.latency
 
 
 def _recompute_times(
@@ -481,6 +460,8 @@ def estimate_time(
     stage_mb = layers * (fwd + bwd + rec + cp_exposed) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
     psi, embedding = _rank_params(model, config.tp, config.pp)
+    ds = traits(framework).deepspeed_optimizer
+    bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
     if config.pp == 1:
         compute += m * head
         tp_comm += m * head_comm
@@ -488,10 +469,14 @@ def estimate_time(
         # the last stage adds the LM head; layers it holds fewer than the slowest stage absorb it
         spare = (layers - counts[-1]) * stage_mb / layers if layers else 0.0
         imbalance = m * max(0.0, head + head_comm - spare)
-        imbalance += _tied_embedding_sync(model, config, rates, embedding, gpus_per_node)
+        tied_bytes = float(MEGATRON_GRAD_BYTES)
+        if traits(framework).deepspeed_pipeline and not bf16_opt:
+            tied_bytes = float(rates.elem)
+        imbalance += _tied_embedding_sync(
+            model, config, rates, embedding, gpus_per_node, tied_bytes
+        )
     p2p, bubble = _pipeline(config, model, rates, gpus_per_node, stage_mb, framework)
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
-    ds = traits(framework).deepspeed_optimizer
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
         # node's: Narayanan et al. 2021 Table 2 (DeepSpeed ZeRO-3, 175B, 384-1536 A100) loses
@@ -502,10 +487,12 @@ def estimate_time(
         windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
         dp = _dp_megatron(config, psi, rates, bw, lat, windows)
     else:
-        dp = _dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers)
+        dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
+    optimizer = _optimizer(config, psi, rates, framework)
+    optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
-        _optimizer(config, psi, rates, framework), imbalance,
+        optimizer, imbalance,
         m * rates.microbatch_overhead + rates.step_overhead,
     )  # fmt: skip
     return _breakdown(parts, model, config, rates)

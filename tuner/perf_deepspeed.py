@@ -1,0 +1,91 @@
+"""DeepSpeed's side of the step-time model: its data-parallel traffic and gradient passes.
+
+What DeepSpeed's engine and optimizer wrappers do around the layers that ``tuner.perf`` times:
+ZeRO's reductions and gathers, the pipeline engine's ReduceGrads step after the flush (never
+overlapped with backward), BF16_Optimizer's fp32 gradient all-reduce and per-micro-batch fp32
+accumulation, and autograd's 16-bit accumulation on the fp16 paths. Pure arithmetic, as in
+``tuner.perf``; each term names the DeepSpeed source it follows.
+"""
+
+from __future__ import annotations
+
+from tuner.frameworks import traits
+from tuner.parallel import ParallelConfig
+from tuner.rates import Rates
+
+BF16_ACCUMULATE_BYTES_PER_PARAM = 20.0
+"""DeepSpeed BF16_Optimizer, every micro-batch over the stage's parameters: ``backward`` clears
+the bf16 grads (write 2 B), then ``update_hp_grads`` runs ``hp_grad.add_(lp.grad.to(fp32))``: read
+the bf16 grad (2 B), write and read its fp32 cast (8 B), read and write the fp32 accumulator
+(8 B) (deepspeed/runtime/bf16_optimizer.py; the pipeline engine calls it per backward pass)."""
+AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
+"""16-bit grads left to autograd (DeepSpeed's fp16 / ZeRO-0/1 paths): from the second micro-batch
+on, AccumulateGrad adds the new weight gradient into ``.grad`` in place (read 2 + 2 B, write
+2 B). Megatron fuses that add into the weight-gradient GEMM (gradient_accumulation_fusion into
+main_grad), so it pays nothing."""
+DEEPSPEED_ZERO3_PREFETCH_PARAMS = 5e7
+"""DeepSpeed ``stage3_prefetch_bucket_size`` default: the first gather of a pass is exposed."""
+DEEPSPEED_ZERO3_OVERLAP = 0.5
+"""Share of a micro-batch's compute that effectively hides ZeRO-3's prefetched gathers and
+reduce-scatters (they contend with compute for SMs and HBM). Fitted (0.25 steps) to Narayanan et
+al. 2021 Table 2's six ZeRO-3 rows, where TFLOP/s fell almost in proportion to the micro-batch:
+full overlap over-predicts them by 13-61%, 0.5 leaves -8..+13%."""
+
+
+def exposed(comm: float, window: float, floor: float) -> float:
+    """What part of ``comm`` cannot hide behind ``window`` of compute (at least ``floor``)."""
+    return max(min(comm, floor), comm - window)
+
+
+def dp_deepspeed(
+    config: ParallelConfig,
+    psi: float,
+    rates: Rates,
+    bw: float,
+    lat: float,
+    mb: float,
+    layers: float,
+    bf16_optimizer: bool = False,
+) -> float:
+    """Exposed DP traffic of DeepSpeed: ZeRO-0 all-reduce and ZeRO-1 reduce-scatter + all-gather
+    after the last micro-batch; ZeRO-2 reduce-scatters every micro-batch (overlap_comm is off by
+    default); ZeRO-3 also gathers parameters in every forward and backward (3x the traffic of
+    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default). With pipeline stages
+    the reduction runs in the engine's ReduceGrads step after the flush (pipe/engine.py
+    ``_exec_reduce_grads``), never overlapped with backward."""
+    d, m = config.dp, max(1, config.num_microbatches)
+    if d == 1:
+        return 0.0
+    ring = (d - 1) / d * psi * rates.elem / bw
+    stage = config.zero_stage
+    if bf16_optimizer:
+        # pipe/engine.py _bf16_reduce_grads: buffered_allreduce_fallback over the optimizer's
+        # fp32 grads (BF16_Optimizer.get_grads_for_reduction), a full all-reduce of 4-byte
+        # elements; then BF16_Optimizer.step updates its DP partition and all-gathers the bf16
+        # parameters (all_gather_dp_groups): 2 x 4 B + 2 B per parameter over the ring.
+        unit = (d - 1) / d * psi / bw
+        return 2.0 * 4.0 * unit + 2.0 * unit + 2.0 * lat
+    if stage == 0:
+        return 2.0 * ring + lat
+    if stage == 1:
+        return 2.0 * (ring + lat)
+    if stage == 2:
+        return m * (ring + lat) + ring + lat
+    per_mb = 3.0 * ring + 3.0 * layers * lat
+    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * rates.elem / bw
+    return m * exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
+
+
+def grad_accumulation(
+    config: ParallelConfig, psi: float, rates: Rates, framework: str, bf16_optimizer: bool
+) -> float:
+    """HBM passes over the stage's gradients that DeepSpeed runs every micro-batch outside the
+    GEMMs: BF16_Optimizer's fp32 accumulation, or autograd's in-place add into 16-bit ``.grad``.
+    ZeRO-2/3 reduce each micro-batch's gradients into their partitions instead (not modelled)."""
+    if not traits(framework).deepspeed_optimizer or config.zero_stage >= 2:
+        return 0.0
+    m = max(1, config.num_microbatches)
+    if bf16_optimizer:
+        return m * psi * BF16_ACCUMULATE_BYTES_PER_PARAM / rates.hbm
+    passes = AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM / 2.0  # element passes, at the grads' width
+    return (m - 1) * psi * passes * rates.elem / rates.hbm
