@@ -12,7 +12,10 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyError
-from tuner.launch.megatron_flags import megatron_parallel_args
+from tuner.launch.megatron_flags import (
+    megatron_moe_flags,
+    megatron_parallel_args,
+)
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -132,7 +135,8 @@ def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     The same words the ``megatron_gpt`` template puts in a trial's script (one definition:
     :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
     """
-    return megatron_parallel_args(config, spec.model.num_layers)
+    moe = [word for flag in megatron_moe_flags(spec.model, config) for word in flag]
+    return megatron_parallel_args(config, spec.model.num_layers) + moe
 
 
 def emit_best(

@@ -12,7 +12,8 @@ through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``
 ``nproc_per_node``, ``hosts``, ``master_addr``, ``master_port``, ``trial_dir``, ``files`` (name ->
 path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu``, ``ds_config`` and
 ``megatron_flags`` (the parallelism, batch, recompute and optimizer flags of ``cfg``, each a tuple
-of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
+of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`) and
+``megatron_model_flags`` (precision and MoE flags, from the same module).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ from typing import Any
 import jinja2
 
 from tuner.errors import ConfigError, LaunchError
-from tuner.launch.megatron_flags import megatron_parallel_flags
+from tuner.launch.megatron_flags import (
+    megatron_moe_flags,
+    megatron_parallel_flags,
+    megatron_precision_flags,
+)
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import deepspeed_method
 from tuner.spec import LaunchSpec, StudySpec
@@ -255,6 +260,8 @@ def context(
         "cpu": spec.cluster.gpu == "cpu",
         "ds_config": deepspeed_config(spec, config),
         "megatron_flags": megatron_parallel_flags(config, spec.model.num_layers),
+        "megatron_model_flags": megatron_precision_flags(spec.training)
+        + megatron_moe_flags(spec.model, config),
     }
 
 
