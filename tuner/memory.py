@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tuner.catalog import GPUSpec
+from tuner.fp8 import fp8_weight_copy_bytes
 from tuner.memory_terms import (
     DEEPSPEED_ESTIMATOR,
     ZERO_PAPER,
@@ -33,7 +34,8 @@ from tuner.memory_terms import (
     stage_params,
     zero_model_state_total,
 )
-from tuner.optimizer_layout import LayerSizes, StateBytes, stage_states
+from tuner.moe import expert_config, moe_stage_memory
+from tuner.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.overheads import (
     allocator_slack,
     communicators,
@@ -307,13 +309,25 @@ def _stage_memory(
     precision: Precision,
     zero_settings: Mapping[str, float] | None,
 ) -> StageMemory:
+    fp8 = precision == "fp8"
+    precision = "bf16" if fp8 else precision  # fp8: bf16 weights, grads, activations (tuner.fp8)
     vocab = padded_vocab(model.vocab_size, c.tp, framework)
-    params = stage_params(model, c, stage, layers, vocab)
-    states = stage_states(
-        params, c, framework, precision, _layer_sizes(model, c, layers), zero_settings
-    )
     act = layer_activations(model, c.micro_batch_size, c.cp, precision)
-    saved, working = layers_activation_bytes(act, c, layers)
+    moe = moe_stage_memory(model, c, stage, layers, framework, precision, act)
+    params = stage_params(model, c, stage, layers, vocab) + moe.nonexpert_delta
+    sizes = _layer_sizes(model, c, layers)
+    states = stage_states(params, c, framework, precision, sizes, zero_settings)
+    if moe.expert_params:  # [MP] expert states shard over the expert-data-parallel group
+        experts = stage_states(
+            moe.expert_params, expert_config(c), framework, precision, sizes, zero_settings
+        )
+        states = _add_states(states, experts)
+    if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.fp8)
+        gemm = layers * param_counts(model).layer_sharded / c.tp + moe.nonexpert_delta
+        states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
+            gemm + moe.expert_params, "delayed"), states.layout))  # fmt: skip
+    saved, working = layers_activation_bytes(moe.activations, c, layers)
+    working += moe.dispatch
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
         # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
@@ -321,7 +335,7 @@ def _stage_memory(
         held = held_layer_microbatches(model, c, framework, stage) / layers
     activations = held * saved + working
     extras = stage_extras(model, c, stage, vocab, precision)
-    comms = communicators(c, stage, framework, model.tied_embeddings)
+    comms = communicators(c, stage, framework, model.tied_embeddings, moe.expert_params > 0)
     fixed = {
         "workspaces": workspace_bytes(gpu),
         "cuda_context": context_bytes(gpu),
@@ -343,6 +357,23 @@ def _stage_memory(
         phase("step", states.step, 0.0, 0.0),
     )
     return StageMemory(stage, layers, held, params, states.layout, phases)
+
+
+def _add_states(a: StageStates, b: StageStates) -> StageStates:
+    """Two parameter groups' states side by side (dense and expert parameters)."""
+
+    def add(x: StateBytes, y: StateBytes) -> StateBytes:
+        return StateBytes(
+            x.weights + y.weights, x.grads + y.grads, x.optimizer + y.optimizer,
+            x.buffers + y.buffers,
+        )  # fmt: skip
+
+    return StageStates(add(a.fwd_bwd, b.fwd_bwd), add(a.step, b.step), a.layout)
+
+
+def _weights_only(weights: float, layout: str) -> StageStates:
+    both = StateBytes(weights, 0.0, 0.0, 0.0)
+    return StageStates(both, both, layout)
 
 
 def estimate_memory(

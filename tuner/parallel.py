@@ -116,11 +116,15 @@ class ParallelConfig:
         """A canonical text key: equal configs have equal keys (used to never run one twice)."""
         rc = self.recompute_setting
         return (
-            f"tp={self.tp},pp={self.pp},cp={self.cp},dp={self.dp},vp={self.vp},"
-            f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"
-            f"gbs={self.global_batch_size},recompute={rc},"
-            f"distopt={int(self.distributed_optimizer)},zero={self.zero_stage}"
-        ) + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "") + self.moe_key
+            (
+                f"tp={self.tp},pp={self.pp},cp={self.cp},dp={self.dp},vp={self.vp},"
+                f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"
+                f"gbs={self.global_batch_size},recompute={rc},"
+                f"distopt={int(self.distributed_optimizer)},zero={self.zero_stage}"
+            )
+            + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "")
+            + self.moe_key
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, plus the derived grad_accum, for JSON, tables and Optuna attributes."""
@@ -439,8 +443,15 @@ def validate(
     out += [
         RuleViolation(rule, message)
         for rule, message in moe_rule_violations(
-            model.moe, model.ffn_hidden_size, tp=c.tp, pp=c.pp, ep=c.ep, etp=c.expert_tp,
-            sp=c.sequence_parallel, dispatcher=c.moe_token_dispatcher, world=world_size,
+            model.moe,
+            model.ffn_hidden_size,
+            tp=c.tp,
+            pp=c.pp,
+            ep=c.ep,
+            etp=c.expert_tp,
+            sp=c.sequence_parallel,
+            dispatcher=c.moe_token_dispatcher,
+            world=world_size,
         )  # fmt: skip
     ]
     return out

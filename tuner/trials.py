@@ -101,7 +101,7 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
         if split == EVEN and (axes is None or axes.pipeline_split == (EVEN,))
         else {"pipeline_split": split}
     )
-    if (axes.moe if axes is not None else bool(config.moe_key)):
+    if axes.moe if axes is not None else bool(config.moe_key):
         extra |= {"ep": config.ep, "etp": _etp_param(config.etp),
                   "dispatcher": config.moe_token_dispatcher}  # fmt: skip
     return extra | {
