@@ -356,7 +356,7 @@ def _stage_memory(
         phase("fwd_bwd", states.fwd_bwd, activations, extras),
         phase("step", states.step, 0.0, 0.0),
     )
-    return StageMemory(stage, layers, held, params, states.layout, phases)
+    return StageMemory(stage, layers, held, params + moe.expert_params, states.layout, phases)
 
 
 def _add_states(a: StageStates, b: StageStates) -> StageStates:

@@ -48,9 +48,11 @@ Surface JSON
 ``<expr>`` is a number or ``{"base": b, "terms": {var: c}, "factors": {var: {value: m}},
 "powers": {var: e}}`` meaning ``(b + sum c*var) * prod factors[var][str(var)] * prod var**e``
 (a value missing from a factor table multiplies by 1). Variables: ``tp pp cp vp dp mbs gbs world
-microbatches`` (ints), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1, SP
-is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab`` and
-``params`` (model parameters). The config key is the canonical string shown above.
+microbatches ep experts`` (ints; ep is ``--expert-model-parallel-size``, experts
+``--num-experts`` or 0), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1,
+SP is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab``,
+``params`` (model parameters) and ``expert_params`` (routed-expert parameters, all layers). The
+config key is the canonical string shown above.
 
 Behaviours (``behaviour`` of a table entry, or ``behaviours`` matched on a partial config):
 ``{"kind": "hang" | "crash" | "nccl_timeout" | "oom", "after_iterations": N, "ranks": [...],
@@ -662,6 +664,8 @@ def _moe_config(args: argparse.Namespace) -> None:
             f"Invalid length of moe_layer_pattern: {len(args.moe_layer_freq)}, expected "
             f"{args.num_layers}, current moe layer pattern: {args.moe_layer_freq}"
         )
+    if args.moe_ffn_hidden_size is None:  # transformer_config.py: the same default, again
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
     tp = args.tensor_model_parallel_size
     etp = args.expert_tensor_parallel_size or tp
     if args.moe_ffn_hidden_size % etp != 0:
@@ -691,6 +695,14 @@ def layer_params(args: argparse.Namespace) -> int:
         shared = args.moe_shared_expert_intermediate_size or 0
         mlp = h * (experts + shared) * (3 if args.swiglu else 2) + h * args.num_experts
     return int(qkv + proj + mlp + norms)
+
+
+def expert_params(args: argparse.Namespace) -> int:
+    """Routed-expert parameters of one layer (0 for a dense model)."""
+    if args.num_experts is None:
+        return 0
+    width = args.moe_ffn_hidden_size or args.ffn_hidden_size
+    return int(args.num_experts * width * args.hidden_size * (3 if args.swiglu else 2))
 
 
 def stage_params(args: argparse.Namespace, vocab: int, pp_rank: int) -> int:
@@ -747,6 +759,8 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "recompute": args.recompute_granularity or "none",
         "sp": int(bool(args.sequence_parallel)),
         "distopt": int(bool(args.use_distributed_optimizer)),
+        "ep": args.expert_model_parallel_size,
+        "experts": args.num_experts or 0,
         "layers": args.num_layers,
         "hidden": args.hidden_size,
         "heads": args.num_attention_heads,
@@ -754,6 +768,7 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "ffn": args.ffn_hidden_size,
         "vocab": vocab,
         "params": layer_params(args) * args.num_layers + vocab * args.hidden_size,
+        "expert_params": expert_params(args) * args.num_layers,
         "flops": model_flops(args, vocab),
     }
 
@@ -784,7 +799,9 @@ def default_point(v: dict[str, Any]) -> dict[str, Any]:
     comm = 1 + 0.04 * (v["tp"] - 1) + 0.02 * (v["cp"] - 1)
     step = v["flops"] / (v["world"] * 150e12) * bubble * recompute * comm
     bytes_per_param = 6 + 12 / v["dp"] if v["distopt"] else 18
-    weights = v["params"] / (v["tp"] * v["pp"]) * bytes_per_param
+    dense = v["params"] - v.get("expert_params", 0)
+    experts = v.get("expert_params", 0) / v.get("ep", 1)  # EP shards the experts
+    weights = (dense + experts) / (v["tp"] * v["pp"]) * bytes_per_param
     s, b, h, a = v["seq"], v["mbs"], v["hidden"], v["heads"]
     per_layer = {"none": 34 + 5 * a * s / h, "selective": 34.0, "full": 2.0}[v["recompute"]]
     shard = v["tp"] * v["cp"] if (v["sp"] or v["recompute"] == "full") else v["cp"]

@@ -260,8 +260,9 @@ def context(
         "cpu": spec.cluster.gpu == "cpu",
         "ds_config": deepspeed_config(spec, config),
         "megatron_flags": megatron_parallel_flags(config, spec.model.num_layers),
-        "megatron_model_flags": megatron_precision_flags(spec.training)
-        + megatron_moe_flags(spec.model, config),
+        # MoE flags first: with the parallel ones they are ``tune best --emit args``
+        "megatron_model_flags": megatron_moe_flags(spec.model, config)
+        + megatron_precision_flags(spec.training),
     }
 
 
