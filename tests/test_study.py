@@ -369,10 +369,17 @@ def test_a_moe_study_searches_expert_parallelism_end_to_end(tmp_path: Path) -> N
     surface = {**SURFACE, "step_s": {"base": 1.0, "factors": {
         "ep": {"1": 1.4, "2": 1.0}, "mbs": {"1": 1.3, "2": 1.0}}}}  # fmt: skip
     data = study_data(tmp_path, surface, n_trials=6)
-    data["model"] = {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 512,
-                     "num_attention_heads": 4, "vocab_size": 1000, "seq_length": 256,
-                     "swiglu": True, "add_bias_linear": False,
-                     "moe": {"num_experts": 4, "router_topk": 2, "aux_loss_coeff": 0.01}}
+    data["model"] = {
+        "num_layers": 4,
+        "hidden_size": 256,
+        "ffn_hidden_size": 512,
+        "num_attention_heads": 4,
+        "vocab_size": 1000,
+        "seq_length": 256,
+        "swiglu": True,
+        "add_bias_linear": False,
+        "moe": {"num_experts": 4, "router_topk": 2, "aux_loss_coeff": 0.01},
+    }
     data["space"] = {"tp": [1], "pp": [1], "ep": "auto", "micro_batch_size": [1, 2],
                      "distributed_optimizer": [True]}  # fmt: skip
     spec = study_from_mapping(data)
