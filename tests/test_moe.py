@@ -286,6 +286,18 @@ def test_fp8_keeps_16_bit_states_and_adds_the_fp8_weight_copies() -> None:
     assert extra == pytest.approx(2 * (middle_bf16.params - norms))  # FP8 copy + transpose
 
 
+def test_fp8_saves_the_gemm_inputs_in_one_byte_by_hand() -> None:
+    """Llama 3 8B, tp 1, one micro-batch of 8192 tokens (TE docs, "Memory usage"): per layer the
+    QKV and fc1 inputs drop to 1 B (-2 s h), the attention output gains an FP8 copy (+s h), the
+    fc2 input drops to 1 B (-s F): -(s h + s F) bytes per layer."""
+    m = preset("llama3-8b")
+    c = ParallelConfig(dp=8, global_batch_size=64, distributed_optimizer=True)
+    bf16 = estimate_memory(m, c, H100, "megatron", "bf16")
+    fp8 = estimate_memory(m, c, H100, "megatron", "fp8")
+    s, h, f = m.seq_length, m.hidden_size, m.ffn_hidden_size
+    assert fp8.activations - bf16.activations == pytest.approx(-m.num_layers * (s * h + s * f))
+
+
 # ----------------------------------------------------------------------------- time
 
 

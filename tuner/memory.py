@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from tuner.catalog import GPUSpec
 from tuner.fp8 import fp8_weight_copy_bytes
+from tuner.fp8_memory import fp8_layer_activations
 from tuner.memory_terms import (
     DEEPSPEED_ESTIMATOR,
     ZERO_PAPER,
@@ -34,7 +35,7 @@ from tuner.memory_terms import (
     stage_params,
     zero_model_state_total,
 )
-from tuner.moe import expert_config, moe_stage_memory
+from tuner.moe import expert_config, moe_layers_on, moe_stage_memory
 from tuner.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.overheads import (
     allocator_slack,
@@ -326,7 +327,11 @@ def _stage_memory(
         gemm = layers * param_counts(model).layer_sharded / c.tp + moe.nonexpert_delta
         states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
             gemm + moe.expert_params, "delayed"), states.layout))  # fmt: skip
-    saved, working = layers_activation_bytes(moe.activations, c, layers)
+    layer_act = moe.activations
+    if fp8:  # TE saves GEMM inputs as FP8 (tuner.fp8_memory)
+        share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
+        layer_act = fp8_layer_activations(model, c, layer_act, share)
+    saved, working = layers_activation_bytes(layer_act, c, layers)
     working += moe.dispatch
     held = in_flight(c, stage)
     if c.vp > 1 and layers:

@@ -85,6 +85,13 @@ def moe_layers_per_stage(
     return tuple(out)
 
 
+def moe_layers_on(model: ModelSpec, c: ParallelConfig, stage: int, framework: Framework) -> int:
+    """MoE layers on pipeline rank ``stage`` (0 for a dense model)."""
+    if model.moe is None:
+        return 0
+    return moe_layers_per_stage(model, c, framework)[stage]
+
+
 # ----------------------------------------------------------------------------- parameters
 
 
@@ -333,7 +340,7 @@ def moe_stage_memory(
     dense: LayerActivations,
 ) -> MoEStageMemory:
     """The MoE terms of rank ``stage`` holding ``layers`` layers (dense model: all zero)."""
-    n = moe_layers_per_stage(model, c, framework)[stage] if model.moe is not None else 0
+    n = moe_layers_on(model, c, stage, framework)
     if n == 0 or layers == 0:
         return MoEStageMemory(0.0, 0.0, dense, 0.0)
     moe_act = moe_layer_activations(model, c, precision, dense)
