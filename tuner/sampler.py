@@ -56,8 +56,10 @@ from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
 
-KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
-SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
+# The MoE knobs come last: a dense study never varies them, so its features stay as they were.
+KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
+         "dispatcher")  # fmt: skip
+SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs", "ep")
 
 
 def knob_values(config: ParallelConfig) -> dict[str, str]:
@@ -69,6 +71,8 @@ def knob_values(config: ParallelConfig) -> dict[str, str]:
         "mbs": str(config.micro_batch_size), "sp": str(int(config.sequence_parallel)),
         "recompute": rc,
         "sharding": f"{int(config.distributed_optimizer)}:{config.zero_stage}",
+        "ep": str(config.ep), "etp": str(config.etp),  # None: etp follows tp
+        "dispatcher": config.moe_token_dispatcher,
     }  # fmt: skip
 
 
