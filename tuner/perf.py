@@ -25,6 +25,11 @@ overlaps with the last micro-batch's backward where the framework does that; the
 streams its states through HBM. Every rate comes from one ``Rates`` value (the catalog's by
 default, or a measured cluster profile's); every constant is named, with its source.
 
+Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the router and the
+grouped expert GEMMs of the busiest rank's routed tokens, and add the dispatch / combine
+collectives over the EP group (``ep_comm``); expert gradients reduce over the expert-data-parallel
+group. With ``precision: fp8`` the GEMMs run at the catalog's FP8 peak (``tuner.rates``).
+
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
 """

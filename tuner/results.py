@@ -105,6 +105,8 @@ def leaderboard(
             rows.append(_row(t, spec.world_size))
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["precision"] = spec.training.precision
+    if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
+        frame[["ep", "etp", "dispatcher"]] = None
     if frame.empty:
         return frame
     frame["_ok"] = frame["outcome"] == str(Outcome.OK)
