@@ -41,6 +41,7 @@ def test_wheel_ships_the_package_data(tmp_path: Path) -> None:
     shipped = [
         "tuner/py.typed", "tuner/catalog/gpus.yaml", "tuner/catalog/models.yaml",
         "tuner/templates/megatron_gpt.sh.j2", "tuner/templates/deepspeed_gpt.sh.j2",
+        "tuner/templates/megatron_deepspeed_gpt.sh.j2",
         "tuner/templates/ds_config.json.j2", "tuner/studies/gpt-70b.yaml",
         "tuner/studies/hostfile-gpt-70b", "tuner/launch/megatron_flags.py",
         "tuner/report/page.html.j2",

@@ -344,3 +344,16 @@ def test_a_fifo_hostfile_is_refused_without_blocking(tmp_path: Path) -> None:
     data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "hosts"})
     with pytest.raises(ConfigError, match="not a regular file"):
         study_from_mapping(data, base_dir=tmp_path)
+
+
+def test_megatron_deepspeed_is_a_framework_with_deepspeed_splits() -> None:
+    data = with_change("framework", "megatron-deepspeed")
+    data["launch"] = {"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"}
+    data["space"] = {"pp": [2], "pipeline_split": ["even", "parameters", "type:transformer"]}
+    spec = study_from_mapping(data)
+    assert spec.framework == "megatron-deepspeed"
+    data["space"] = {"pp": [2], "pipeline_split": ["first=16,last=16"]}
+    with pytest.raises(ConfigError, match=r"space.pipeline_split\[0\].*framework is megatron-"):
+        study_from_mapping(data)
+    with pytest.raises(ConfigError, match="megatron-deepspeed"):  # the choices are listed
+        study_from_mapping(with_change("framework", "megatron_deepspeed"))

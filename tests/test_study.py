@@ -128,6 +128,30 @@ def test_oom_surface_launches_nothing_predicted_to_oom(tmp_path: Path, sampler: 
         assert (rows.outcome == str(Outcome.PRUNED_MEMORY)).any()
     launched = rows[~rows.outcome.isin(["pruned_memory", "invalid"])]
     assert not launched.empty
+    # Over the headroom only the study's memory probes run (tuner.probe): marked, at most
+    # search.memory_probes of them, and each still within the model's error of the GPU.
+    study = load_optuna_study(spec, None, str(tmp_path / "results"))
+    probes = {t.number for t in study.trials if t.user_attrs.get("memory_probe")}
+    assert len(probes) <= spec.search.memory_probes
+    over = launched[launched.predicted_peak_gib > 0.9 * 4.0]
+    assert set(over.trial) <= probes, over[["trial", "predicted_peak_gib"]]
+    assert (launched.predicted_peak_gib <= 4.0).all()
+
+
+def test_without_probes_nothing_predicted_over_the_headroom_is_launched(tmp_path: Path) -> None:
+    surface = dict(SURFACE, memory_gib={"base": 0.0, "terms": {"mbs": 3.0}}, gpu_memory_gib=20,
+                   oom_if_memory_above=20)  # fmt: skip
+    data = study_data(tmp_path, surface, n_trials=8, memory_headroom=0.9, memory_probes=0)
+    data["cluster"]["gpu_memory_gib"] = 4.0
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        loop.run()
+    finally:
+        loop.executor.close()
+    rows = leaderboard(spec, include_all=True, results=str(tmp_path / "results"))
+    launched = rows[~rows.outcome.isin(["pruned_memory", "invalid"])]
+    assert not launched.empty
     assert (launched.predicted_peak_gib <= 0.9 * 4.0).all()
 
 

@@ -110,7 +110,8 @@ def run(
     again to resume. Ctrl-C (SIGINT) or SIGTERM cancels the running trials and returns. Raises a
     :class:`~tuner.errors.TunerError` for a bad study or storage.
     """
-    from tuner.study import build_loop, stop_on_signals
+    from tuner.signals import stop_on_signals
+    from tuner.study import build_loop
 
     spec = study_spec(study)
     loop = build_loop(spec, storage=storage, results=results, force=force, n_trials=n_trials)

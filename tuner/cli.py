@@ -248,7 +248,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
     from tuner.progress import LiveProgress
-    from tuner.study import build_loop, make_executor, stop_on_signals
+    from tuner.signals import stop_on_signals
+    from tuner.study import build_loop, make_executor
 
     executor = make_executor(spec)
     if not args.skip_preflight and (code := _preflight(spec, executor)):
@@ -512,7 +513,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
     p.add_argument("--study", required=True)
-    p.add_argument("--emit", choices=["script", "args", "ds-config"], default="script")
+    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script")
     p.add_argument("--train-iters", type=int, default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)

@@ -13,6 +13,8 @@ DeepSpeed sources); stack overheads and allocator slack in tuner.overheads (GPU 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,6 +49,7 @@ from tuner.overheads import (
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import held_layer_microbatches, in_flight, stage_layers
 from tuner.spec import Framework, ModelSpec, Precision
+from tuner.step_tensors import activation_tensors, step_tensors
 
 __all__ = [
     "DEEPSPEED_ESTIMATOR", "GIB", "MEMORY_UNCERTAINTY", "ZERO_PAPER", "LayerActivations",
@@ -124,11 +127,15 @@ class StageMemory:
     params: float  # parameters one rank of the stage holds (before ZeRO-3 sharding)
     layout: str  # the optimizer layout (e.g. "deepspeed ZeRO-2")
     phases: tuple[PhaseMemory, PhaseMemory]  # (fwd_bwd, step)
+    lazy_optimizer: float = 0.0  # Adam moments the first optimizer step creates (in optimizer)
 
     @property
     def worst(self) -> PhaseMemory:
-        """The phase with the largest device figure (fwd_bwd on a tie)."""
-        return max(self.phases, key=lambda p: p.device)
+        """The phase with the largest device figure (fwd_bwd on a tie: the cache never shrinks,
+        so the step's reserved figure equals the forward/backward's unless the step needs new
+        segments; a byte's tolerance absorbs the float sums of the two phases' terms)."""
+        fwd, step = self.phases
+        return step if step.device > fwd.device + 1.0 else fwd
 
     @property
     def allocated(self) -> float:
@@ -144,6 +151,13 @@ class StageMemory:
     def device(self) -> float:
         """Largest device figure over the phases."""
         return max(p.device for p in self.phases)
+
+    @property
+    def first_iteration_allocated(self) -> float:
+        """Allocated peak of the first iteration alone: its forward/backward runs before the
+        optimizer's lazily created moments exist (what a log printed after iteration 1 shows)."""
+        fwd, step = self.phases
+        return max(fwd.allocated - self.lazy_optimizer, step.allocated)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, GiB."""
@@ -291,15 +305,6 @@ def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes
     )
 
 
-def _large_tensors(layers: int, framework: Framework, c: ParallelConfig) -> int:
-    """Long-lived tensors above 10 MiB: Megatron allocates each weight (QKV, projection, fc1,
-    fc2) and its fp32 master and two Adam moments as tensors; DeepSpeed flattens its states
-    into a few buffers (one per state, ZeRO stage_1_and_2.py / bf16_optimizer.py)."""
-    if framework == "megatron":
-        return (4 * layers + 2) * 4
-    return 4 * layers + 2 if c.zero_stage == 0 else 6
-
-
 def _stage_memory(
     model: ModelSpec,
     c: ParallelConfig,
@@ -346,10 +351,14 @@ def _stage_memory(
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu),
     }
-    large = _large_tensors(layers, framework, c)
+    tensors = step_tensors(
+        model, c, layers, params, states, activation_tensors(model, layer_act, c, layers, held),
+        extras, fixed["workspaces"], precision, stage == c.pp - 1,
+    )  # fmt: skip
+    slacks = dict(zip(("fwd_bwd", "step"), allocator_slack(tensors, gpu), strict=True))
 
     def phase(name: Phase, s: StateBytes, acts: float, ext: float) -> PhaseMemory:
-        slack = allocator_slack(gpu, acts + ext + s.buffers, large)
+        slack = slacks[name]
         return PhaseMemory(
             phase=name, weights=s.weights, grads=s.grads, optimizer=s.optimizer,
             activations=acts, stage_extras=ext, framework_buffers=s.buffers, slack=slack,
@@ -361,7 +370,9 @@ def _stage_memory(
         phase("fwd_bwd", states.fwd_bwd, activations, extras),
         phase("step", states.step, 0.0, 0.0),
     )
-    return StageMemory(stage, layers, held, params + moe.expert_params, states.layout, phases)
+    return StageMemory(
+        stage, layers, held, params + moe.expert_params, states.layout, phases, states.moments
+    )
 
 
 def _add_states(a: StageStates, b: StageStates) -> StageStates:
@@ -373,7 +384,10 @@ def _add_states(a: StageStates, b: StageStates) -> StageStates:
             x.buffers + y.buffers,
         )  # fmt: skip
 
-    return StageStates(add(a.fwd_bwd, b.fwd_bwd), add(a.step, b.step), a.layout)
+    return dataclasses.replace(
+        a, fwd_bwd=add(a.fwd_bwd, b.fwd_bwd), step=add(a.step, b.step),
+        moments=a.moments + b.moments,
+    )  # fmt: skip
 
 
 def _weights_only(weights: float, layout: str) -> StageStates:
@@ -396,10 +410,22 @@ def estimate_memory(
     ds_config's ``zero_optimization`` values (bucket sizes) when they differ from DeepSpeed's
     defaults (tuner.optimizer_layout.DEEPSPEED_ZERO_DEFAULTS).
     """
+    zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
+    return _estimate(model, config, gpu, framework, precision, zero)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _estimate(
+    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+    precision: Precision, zero: tuple[tuple[str, float], ...],
+) -> MemoryBreakdown:  # fmt: skip
+    """:func:`estimate_memory` for hashable arguments, cached: the space, the sampler, the
+    screen and the report each ask for the same configs (pure, and the result is frozen)."""
+    settings = dict(zero) or None
     layers = stage_layers(model, config, framework)
     return MemoryBreakdown(
         tuple(
-            _stage_memory(model, config, i, n, gpu, framework, precision, zero_settings)
+            _stage_memory(model, config, i, n, gpu, framework, precision, settings)
             for i, n in enumerate(layers)
         )
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from tuner import frameworks
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import in_flight
 from tuner.spec import Framework, ModelSpec, Precision
@@ -118,11 +119,9 @@ def param_counts(model: ModelSpec) -> ParamCounts:
 
 
 def padded_vocab(vocab_size: int, tp: int, framework: Framework, divisible_by: int = 128) -> int:
-    """Pad the vocabulary to a multiple of 128 x TP ([M] make-vocab-size-divisible-by)."""
-    if framework != "megatron":
-        return vocab_size
-    step = divisible_by * tp
-    return -(-vocab_size // step) * step
+    """Pad the vocabulary to a multiple of 128 x TP ([M] make-vocab-size-divisible-by) where
+    the framework runs Megatron's model code (:func:`tuner.frameworks.padded_vocab`)."""
+    return frameworks.padded_vocab(vocab_size, tp, framework, divisible_by)
 
 
 # ----------------------------------------------------------------------------- activations

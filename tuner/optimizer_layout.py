@@ -16,8 +16,9 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
 from tuner.spec import Framework, Precision
 
@@ -52,6 +53,17 @@ class StageStates:
     fwd_bwd: StateBytes
     step: StateBytes
     layout: str
+    # Adam's exp_avg and exp_avg_sq (fp32, 8 B per owned parameter), part of ``optimizer``:
+    # torch.optim.Adam(W) (``_init_group``), apex / Transformer Engine / DeepSpeed FusedAdam
+    # create them in the first ``step`` (``if len(state) == 0``), so the first iteration's
+    # forward/backward runs without them. DeepSpeed ZeRO-1/2 no longer steps once at init
+    # (stage_1_and_2.py ``initialize_optimizer_states`` only sets the fp32 grad, v0.14.0).
+    moments: float = 0.0
+    # Whether the states are a few flat buffers (DeepSpeed flattens each group:
+    # stage_1_and_2.py bit16_groups_flat / single_partition_of_fp32_groups, bf16_optimizer.py,
+    # fp16/fused_optimizer.py fp16_groups_flat) rather than one tensor per parameter (Megatron's
+    # optimizer over per-parameter main params; a plain torch optimizer).
+    flat: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,17 +98,21 @@ def _megatron(psi: float, c: ParallelConfig, precision: Precision, shard: int) -
     return StageStates(fwd, step, name)
 
 
+def _bf16_optimizer(psi: float, c: ParallelConfig) -> StageStates:
+    # [DSE] BF16_Optimizer: bf16 grads are accumulated into a flat fp32 buffer of the whole
+    # stage (fp32_groups_gradients_flat) and then cleared; flat fp32 master + Adam partitioned
+    # over DP; the hp grad partition is a view.
+    fwd = StateBytes(2 * psi, 4 * psi + 2 * psi, 12 * psi / c.dp, 0.0)
+    step = StateBytes(2 * psi, 4 * psi, 12 * psi / c.dp, 0.0)
+    return StageStates(fwd, step, "deepspeed BF16_Optimizer")
+
+
 def _deepspeed_zero0(psi: float, c: ParallelConfig, precision: Precision) -> StageStates:
     if precision == "fp32":
         states = StateBytes(4 * psi, 4 * psi, 8 * psi, 0.0)  # plain torch optimizer, no wrapper
         return StageStates(states, states, "torch optimizer")
     if precision == "bf16" and c.pp > 1:
-        # [DSE] bf16 with pipeline stages -> BF16_Optimizer: bf16 grads are accumulated into a
-        # flat fp32 buffer of the whole stage (fp32_groups_gradients_flat) and then cleared;
-        # flat fp32 master + Adam partitioned over DP; the hp grad partition is a view.
-        fwd = StateBytes(2 * psi, 4 * psi + 2 * psi, 12 * psi / c.dp, 0.0)
-        step = StateBytes(2 * psi, 4 * psi, 12 * psi / c.dp, 0.0)
-        return StageStates(fwd, step, "deepspeed BF16_Optimizer")
+        return _bf16_optimizer(psi, c)  # [DSE] bf16 with pipeline stages -> BF16_Optimizer
     # [DSE] fp16, or bf16 without pipeline -> FP16_Optimizer (fused): flat fp32 master copy +
     # Adam; the step flattens the 16-bit grads (2 B) and makes their fp32 copy (4 B).
     fwd = StateBytes(2 * psi, 2 * psi, 12 * psi, 0.0)
@@ -165,9 +181,20 @@ def stage_states(
     zero_settings: Mapping[str, float] | None = None,
 ) -> StageStates:
     """Model-state bytes of a stage holding ``psi`` parameters, in both phases."""
-    if framework == "megatron":
-        return _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
+    if not traits(framework).deepspeed_optimizer:
+        owned = psi / (c.dp * c.cp if c.distributed_optimizer else 1)
+        states = _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
+        return replace(states, moments=8 * owned)
+    if framework == "megatron-deepspeed" and precision == "bf16" and c.zero_stage == 1:
+        # [DSE] engine.py _do_optimizer_sanity_check: bf16 model, fp32 gradient accumulation
+        # (the ds_config's data_types.grad_accum_dtype, which the megatron-deepspeed template
+        # sets, as BLOOM's configs did) and ZeRO-1 -> BF16_Optimizer, not ZeRO's optimizer.
+        return replace(_bf16_optimizer(psi, c), moments=8 * psi / c.dp, flat=True)
     if c.zero_stage == 0:
-        return _deepspeed_zero0(psi, c, precision)
+        states = _deepspeed_zero0(psi, c, precision)
+        # BF16_Optimizer partitions its Adam moments over DP; FP16_Optimizer keeps them whole.
+        owned = psi / c.dp if states.layout == "deepspeed BF16_Optimizer" else psi
+        return replace(states, moments=8 * owned, flat=precision != "fp32")
     settings = {**DEEPSPEED_ZERO_DEFAULTS, **(zero_settings or {})}
-    return _deepspeed_zero(psi, c, precision, sizes, settings)
+    states = _deepspeed_zero(psi, c, precision, sizes, settings)
+    return replace(states, moments=8 * psi / c.dp, flat=True)

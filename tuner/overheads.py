@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.allocator import StepTensors, reserved_bytes, tensor_bytes
 from tuner.catalog import GPUSpec
+from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
 from tuner.spec import Framework
 
 MIB = float(2**20)
 GIB = float(2**30)
-# PyTorch CUDACachingAllocator.cpp: requests above kMinLargeAlloc (10 MiB) are rounded up to
-# kRoundLarge (2 MiB), so a large long-lived tensor wastes 1 MiB on average.
-LARGE_TENSOR_ROUNDING = 1.0 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +35,9 @@ class Communicators:
 def communicators(
     c: ParallelConfig, stage: int, framework: Framework, tied: bool, moe: bool = False
 ) -> Communicators:
-    """Which groups a rank of ``stage`` talks on (Megatron parallel_state / DeepSpeed pipe);
-    ``moe``: the model has expert layers on this stage."""
+    """Which groups a rank of ``stage`` talks on (Megatron parallel_state / DeepSpeed pipe;
+    Megatron-DeepSpeed: Megatron's TP and DP groups, DeepSpeed's pipeline groups); ``moe``: the
+    model has expert layers on this stage."""
     first, last = stage == 0, stage == c.pp - 1
     neighbours = (0 if first else 1) + (0 if last else 1)
     groups: list[str] = []
@@ -50,7 +50,7 @@ def communicators(
         peers += 2  # Megatron CP attention: send/recv ring (prev and next rank)
         if c.dp > 1:
             groups.append("dp-only")  # loss averaging over the DP group without CP
-    if framework == "megatron":
+    if not traits(framework).deepspeed_pipeline:
         peers += neighbours  # batch_isend_irecv with the previous and next stage
         if c.tp * c.pp > 1:
             groups.append("model-parallel")  # grad-norm / found-inf all-reduce
@@ -94,16 +94,27 @@ def workspace_bytes(gpu: GPUSpec) -> float:
     return gpu.cublas_workspace_mib * MIB
 
 
-def allocator_slack(gpu: GPUSpec, transient: float, large_tensors: int) -> float:
-    """Reserved minus allocated bytes at a phase's peak.
+def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:
+    """Reserved minus allocated bytes at the (fwd_bwd, step) peaks.
 
-    ``transient``: bytes allocated and freed within the step (activations, buckets, gathered
-    parameters, optimizer temporaries): the caching allocator keeps freed blocks cached and
-    splits them for later requests but cannot merge blocks of different segments, so a share
-    ``gpu.allocator_fragmentation`` of them stays reserved but unusable. ``large_tensors``:
-    long-lived state tensors above 10 MiB, each rounded up to 2 MiB. No caching allocator on
-    CPU (plain malloc): no slack there.
+    The caching allocator's segments for the step's tensors (tuner.allocator: rounding, blocks
+    that later requests cannot reuse, the first step's lazily created moments), plus a share
+    ``gpu.allocator_fragmentation`` of the forward/backward's transient bytes for what that
+    phase-level simulation does not see (one phase's tensors carved out of each other's freed
+    blocks as the 1F1B schedule interleaves them). No caching allocator on CPU (plain malloc).
     """
     if gpu.name == "cpu":
-        return 0.0
-    return gpu.allocator_fragmentation * transient + large_tensors * LARGE_TENSOR_ROUNDING
+        return 0.0, 0.0
+    reserved = reserved_bytes(t)
+    states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
+    transient = tensor_bytes(t.fwd_bwd)
+    inside = gpu.allocator_fragmentation * transient
+    total = reserved.total + inside
+    fwd_alloc, step_alloc = states + transient, states + tensor_bytes(t.step)
+    # The cache's peak is charged to the phase with the most live bytes; the other phase
+    # shows the segments its own tensors need.
+    if fwd_alloc >= step_alloc:
+        fwd, step = total, min(reserved.step, total)
+    else:
+        fwd, step = min(reserved.fwd_bwd + inside, total), total
+    return max(fwd - fwd_alloc, 0.0), max(step - step_alloc, 0.0)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import ConfigError, ValidationError
+from tuner.frameworks import MEGATRON_DEEPSPEED_FORK, traits
 from tuner.moe_spec import moe_rule_violations
+from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import (
-    DEEPSPEED_DEFAULT_METHOD,
     EVEN,
     SplitError,
-    deepspeed_layer_params,
     deepspeed_stages,
     megatron_chunks,
     parse_split,
@@ -212,7 +212,8 @@ def _check_model_split(
                 "ffn_tp", f"ffn_hidden_size {m.ffn_hidden_size} is not divisible by {c.tp}"
             )
         )
-    if c.vp == 1 and c.pipeline_split == EVEN and framework == "megatron" and m.num_layers % c.pp:
+    ds_pipe = traits(framework).deepspeed_pipeline  # DeepSpeed partitions any remainder
+    if c.vp == 1 and c.pipeline_split == EVEN and not ds_pipe and m.num_layers % c.pp:
         out.append(
             RuleViolation(
                 "layers_pp",
@@ -275,7 +276,8 @@ def _check_split(c: ParallelConfig, m: ModelSpec, framework: Framework) -> list[
         s = parse_split(c.pipeline_split)
     except ConfigError as e:
         return [RuleViolation("split_syntax", f"pipeline_split: {e}")]
-    if s.framework not in (None, framework):
+    t = traits(framework)
+    if s.framework not in (None, t.split_family):
         return [
             RuleViolation(
                 "split_framework",
@@ -293,12 +295,9 @@ def _check_split(c: ParallelConfig, m: ModelSpec, framework: Framework) -> list[
             )
         ]
     try:
-        if framework == "deepspeed":
-            params = deepspeed_layer_params(
-                m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.seq_length
-            )
-            method = s.method if s.kind == "deepspeed" else DEEPSPEED_DEFAULT_METHOD
-            deepspeed_stages(str(method), params, c.pp)
+        if t.deepspeed_pipeline:
+            method = s.method if s.kind == "deepspeed" else t.default_partition
+            deepspeed_stages(str(method), pipe_layers(m, framework, c.tp), c.pp)
         elif s.kind != "even":
             megatron_chunks(m.num_layers, c.pp, c.vp, c.pipeline_split)
     except SplitError as e:
@@ -381,8 +380,9 @@ def _check_recompute(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
 
 
 def _check_framework(c: ParallelConfig, framework: Framework) -> list[RuleViolation]:
+    t = traits(framework)
     out: list[RuleViolation] = []
-    if framework == "megatron":
+    if not t.deepspeed_optimizer:
         if c.zero_stage:
             out.append(
                 RuleViolation(
@@ -398,7 +398,7 @@ def _check_framework(c: ParallelConfig, framework: Framework) -> list[RuleViolat
                 "distopt_deepspeed", "distributed_optimizer is Megatron's; use zero_stage"
             )
         )
-    if c.tp > 1 or c.cp > 1 or c.vp > 1 or c.sequence_parallel:
+    if not t.megatron_model and (c.tp > 1 or c.cp > 1 or c.vp > 1 or c.sequence_parallel):
         out.append(
             RuleViolation(
                 "deepspeed_parallel",
@@ -407,6 +407,7 @@ def _check_framework(c: ParallelConfig, framework: Framework) -> list[RuleViolat
             )
         )
     if c.pp > 1 and c.zero_stage >= 2:
+        # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ asserts it
         out.append(
             RuleViolation(
                 "zero_pipeline",
@@ -414,11 +415,46 @@ def _check_framework(c: ParallelConfig, framework: Framework) -> list[RuleViolat
                 f"(zero_stage={c.zero_stage}, pp={c.pp})",
             )
         )
-    if c.recompute == "selective":
+    if not t.megatron_model and c.recompute == "selective":
         out.append(
             RuleViolation(
                 "deepspeed_selective",
                 "DeepSpeed checkpoints whole blocks: recompute must be none or full",
+            )
+        )
+    if t.megatron_model:
+        out += _check_megatron_deepspeed(c)
+    return out
+
+
+def _check_megatron_deepspeed(c: ParallelConfig) -> list[RuleViolation]:
+    """What microsoft/Megatron-DeepSpeed's arguments.py and GPTModelPipe lack or refuse."""
+    out: list[RuleViolation] = []
+    if c.cp > 1:
+        out.append(
+            RuleViolation(
+                "mds_context_parallel",
+                f"{MEGATRON_DEEPSPEED_FORK} has no context parallelism (no "
+                f"--context-parallel-size; its --ds-sequence-parallel-size is DeepSpeed-Ulysses), "
+                f"got cp={c.cp}",
+            )
+        )
+    if c.vp > 1:
+        out.append(
+            RuleViolation(
+                "mds_interleaved",
+                f"DeepSpeed's PipelineEngine, which runs {MEGATRON_DEEPSPEED_FORK}'s "
+                f"GPTModelPipe, has no interleaved schedule (vp={c.vp})",
+            )
+        )
+    if c.pp > 1 and c.recompute == "full" and c.recompute_method == "block":
+        # megatron/model/gpt_model.py: interval = recompute_num_layers for uniform only
+        out.append(
+            RuleViolation(
+                "mds_recompute_block",
+                "deepspeed's pipeline doesn't support the block recompute method "
+                f"({MEGATRON_DEEPSPEED_FORK} GPTModelPipe checkpoints every "
+                "recompute_num_layers layers: use recompute_method uniform with pp > 1)",
             )
         )
     return out

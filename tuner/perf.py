@@ -41,6 +41,7 @@ import functools
 from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
+from tuner.frameworks import Framework, traits
 from tuner.moe import (
     expert_config,
     expert_params_per_layer,
@@ -367,9 +368,10 @@ def _dp_deepspeed(
 def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
     """The Adam step streams the (possibly sharded) fp32 states through HBM."""
     d = config.dp * config.cp
-    sharded = config.distributed_optimizer if framework == "megatron" else config.zero_stage >= 1
+    ds = traits(framework).deepspeed_optimizer
+    sharded = config.zero_stage >= 1 if ds else config.distributed_optimizer
     states = psi / d if sharded else psi
-    grads = psi / d if framework != "megatron" and config.zero_stage >= 2 else psi
+    grads = psi / d if ds and config.zero_stage >= 2 else psi
     moved = OPTIMIZER_BYTES_PER_PARAM * states + GRAD_PASS_BYTES_PER_PARAM * grads
     return moved / rates.hbm + 20 * rates.op_latency
 
@@ -400,8 +402,12 @@ def _pipeline(
     tokens = config.micro_batch_size * model.seq_length / config.cp
     # Megatron's scatter-gather sends a 1/tp slice from each TP rank (Narayanan et al. 2021,
     # section 4.1); DeepSpeed's pipeline engine sends the whole activation from every rank
-    # (deepspeed/runtime/pipe/engine.py, _exec_send_activations: no TP split).
-    split = config.tp if framework == "megatron" else 1
+    # (deepspeed/runtime/pipe/engine.py, _exec_send_activations: no TP split); under Megatron-
+    # DeepSpeed's sequence parallelism that activation is already the rank's 1/tp sequence shard.
+    if traits(framework).deepspeed_pipeline:
+        split = config.tp if config.sequence_parallel else 1
+    else:
+        split = config.tp
     transfer = tokens * model.hidden_size * rates.elem / split / link.bandwidth + link.latency
     # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
     hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
@@ -457,10 +463,12 @@ def estimate_time(
     config: ParallelConfig,
     gpu: GPUSpec,
     gpus_per_node: int,
-    framework: str = "megatron",
+    framework: Framework = "megatron",
     rates: Rates | None = None,
 ) -> TimeBreakdown:
-    """Predicted time of one optimizer step of ``config`` (``framework``: megatron | deepspeed).
+    """Predicted time of one optimizer step of ``config`` (``framework``: one of
+    ``tuner.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's pipeline,
+    DP and optimizer terms).
 
     ``rates``: achieved rates measured on the cluster (a profile); the catalog's by default.
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
@@ -478,7 +486,7 @@ def estimate_time(
     )
     # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
     # frameworks' own per-stage counts, uneven splits included)
-    counts = stage_layers(model, config, "deepspeed" if framework == "deepspeed" else "megatron")
+    counts = stage_layers(model, config, framework)
     layers = float(max(counts))
     psi, embedding = _rank_params(model, config.tp, config.pp)
     ep_layer, expert_psi = 0.0, 0.0
@@ -504,13 +512,14 @@ def estimate_time(
         imbalance += _tied_embedding_sync(model, config, rates, embedding, gpus_per_node)
     p2p, bubble = _pipeline(config, model, rates, gpus_per_node, stage_mb, framework)
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
-    if framework != "megatron" and config.zero_stage == 3 and dp_link is not rates.intra:
+    ds = traits(framework).deepspeed_optimizer
+    if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
         # node's: Narayanan et al. 2021 Table 2 (DeepSpeed ZeRO-3, 175B, 384-1536 A100) loses
         # about 1 TB of per-micro-batch traffic per GPU at ~20 GB/s, the per-GPU HDR rate.
         dp_link = rates.inter
     bw, lat = dp_link.bandwidth, dp_link.latency
-    if framework == "megatron":
+    if not ds:
         windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
         dp = _dp_megatron(config, psi, rates, bw, lat, windows)
     else:

@@ -21,12 +21,13 @@ Schedules (what a rank holds at its activation peak):
 from __future__ import annotations
 
 from tuner.errors import ValidationError
+from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
+from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import (
     DEEPSPEED_DEFAULT_METHOD,
     Chunks,
     SplitError,
-    deepspeed_layer_params,
     deepspeed_stages,
     megatron_chunks,
     parse_split,
@@ -34,18 +35,20 @@ from tuner.pipeline_split import (
 from tuner.spec import Framework, ModelSpec
 
 
-def deepspeed_method(config: ParallelConfig) -> str:
-    """The ``partition_method`` the DeepSpeed workload gets (``even``: its default)."""
+def deepspeed_method(config: ParallelConfig, framework: Framework = "deepspeed") -> str:
+    """The ``partition_method`` the framework's ``PipelineModule`` gets (``even``: its own
+    default, ``tuner.frameworks``)."""
     s = parse_split(config.pipeline_split)
-    return str(s.method) if s.kind == "deepspeed" else DEEPSPEED_DEFAULT_METHOD
+    if s.kind == "deepspeed":
+        return str(s.method)
+    return traits(framework).default_partition or DEEPSPEED_DEFAULT_METHOD
 
 
-def _deepspeed(model: ModelSpec, config: ParallelConfig) -> tuple[tuple[int, bool, bool], ...]:
-    params = deepspeed_layer_params(
-        model.num_layers, model.hidden_size, model.ffn_hidden_size, model.vocab_size,
-        model.seq_length,
-    )  # fmt: skip
-    return deepspeed_stages(deepspeed_method(config), params, config.pp)
+def _deepspeed(
+    model: ModelSpec, config: ParallelConfig, framework: Framework
+) -> tuple[tuple[int, bool, bool], ...]:
+    layers = pipe_layers(model, framework, config.tp)
+    return deepspeed_stages(deepspeed_method(config, framework), layers, config.pp)
 
 
 def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework) -> Chunks:
@@ -55,8 +58,8 @@ def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework)
     validity rules of ``tuner.parallel`` report the same message first).
     """
     try:
-        if framework == "deepspeed":
-            return tuple((blocks,) for blocks, _, _ in _deepspeed(model, config))
+        if traits(framework).deepspeed_pipeline:
+            return tuple((blocks,) for blocks, _, _ in _deepspeed(model, config, framework))
         return megatron_chunks(model.num_layers, config.pp, config.vp, config.pipeline_split)
     except SplitError as e:
         raise ValidationError(e.message) from None
@@ -76,10 +79,12 @@ def stage_holds(
 
     Megatron-LM builds the embedding on the first and the output layer on the last pp rank
     (``GPTModel`` pre_process / post_process). DeepSpeed's partition may leave the embedding
-    alone on stage 0, but it is always the first layer and the head the last one.
+    alone on stage 0, but it is always the first layer and the head the last one (in
+    Megatron-DeepSpeed's ``GPTModelPipe`` the tied EmbeddingPipe that computes the logits,
+    after the final norm).
     """
-    if framework == "deepspeed" and config.pp > 1:
-        return tuple((emb, head) for _, emb, head in _deepspeed(model, config))
+    if traits(framework).deepspeed_pipeline and config.pp > 1:
+        return tuple((emb, head) for _, emb, head in _deepspeed(model, config, framework))
     p = config.pp
     return tuple((stage == 0, stage == p - 1) for stage in range(p))
 
@@ -166,7 +171,7 @@ def pipe_buffers(config: ParallelConfig, stage: int, framework: Framework) -> in
     if config.pp == 1:
         return 0
     m = max(config.num_microbatches, 1)
-    if framework == "deepspeed":
+    if traits(framework).deepspeed_pipeline:
         return max(2, min(config.pp - stage, m))
     v = max(config.vp, 1)
     return min(warmup_microbatches(config, stage) + 1, m * v)

@@ -6,7 +6,8 @@ the study file's loader (``tuner.spec``) and the per-stage views (``tuner.pipeli
 A ``pipeline_split`` is one text value (the only spelling in keys, tables and the storage):
 
 - ``even``: the framework's default. Megatron-LM: ``num_layers / pp`` layers per stage (it
-  refuses the rest). DeepSpeed: the repo workload's ``partition_method="type:Block"``.
+  refuses the rest). DeepSpeed: the repo workload's ``partition_method="type:Block"``;
+  Megatron-DeepSpeed: ``GPTModelPipe``'s ``type:transformer`` (``tuner.frameworks``).
 - Megatron-LM (``megatron/core/transformer/transformer_config.py``, ``transformer_block.py``
   ``get_num_layers_to_build``):
 
@@ -30,13 +31,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import ConfigError
+from tuner.frameworks import traits
 
 SplitKind = Literal["even", "first_last", "account", "layout", "deepspeed"]
 Chunks = tuple[tuple[int, ...], ...]
 """Decoder layers per pipeline rank (outer) and model chunk (inner, ``vp`` long)."""
 
 EVEN = "even"
-DEEPSPEED_DEFAULT_METHOD = "type:Block"
+DEEPSPEED_DEFAULT_METHOD = str(traits("deepspeed").default_partition)
 """The repo's DeepSpeed workload (``workloads/gpt_deepspeed.py``) partitions by block type."""
 DEEPSPEED_LAYER_NAMES = ("Embedding", "Block", "Head")
 """The workload's ``PipelineModule`` layer classes: embedding, ``num_layers`` blocks, head."""
@@ -364,18 +366,78 @@ def deepspeed_layer_params(
     return (embedding,) + (block,) * num_layers + (head,)
 
 
-def deepspeed_bounds(method: str, layer_params: tuple[int, ...], pp: int) -> tuple[int, ...]:
+LayerRole = Literal["embedding", "block", "norm", "head", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class PipeLayer:
+    """One entry of a ``PipelineModule``'s layer list."""
+
+    name: str
+    """The class (or function) name ``type:REGEX`` is matched against (re.search, no case)."""
+    params: int
+    """Trainable parameters on one rank, as ``PipelineModule._count_layer_params`` counts."""
+    role: LayerRole
+
+
+def workload_layers(
+    num_layers: int, hidden: int, ffn: int, vocab: int, seq: int
+) -> tuple[PipeLayer, ...]:
+    """The repo workload's layer list: Embedding, ``num_layers`` x Block, Head."""
+    params = deepspeed_layer_params(num_layers, hidden, ffn, vocab, seq)
+    first, block, head = DEEPSPEED_LAYER_NAMES
+    roles: tuple[tuple[str, LayerRole], ...] = (
+        ((first, "embedding"),) + ((block, "block"),) * num_layers + ((head, "head"),)
+    )
+    return tuple(PipeLayer(n, p, r) for (n, r), p in zip(roles, params, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class GPTPipeShape:
+    """What sets the sizes of Megatron-DeepSpeed's ``GPTModelPipe`` layers on one TP rank."""
+
+    num_layers: int
+    block: int  # one ParallelTransformerLayer's parameters on a TP rank
+    embedding: int  # EmbeddingPipe: word embeddings (padded vocab / tp) + learned positions
+    norm: int  # the final LayerNorm (2h) or RMSNorm (h)
+    output: int  # LMHeadPipe (padded vocab / tp x h) when untied
+    tied: bool  # the last stage holds a second EmbeddingPipe (TiedLayerSpec 'embed')
+    rmsnorm: bool
+    half: bool  # fp16/bf16: a trailing float16_to_fp32 function layer
+
+
+def gpt_model_pipe_layers(shape: GPTPipeShape) -> tuple[PipeLayer, ...]:
+    """``GPTModelPipe.specs`` (microsoft/Megatron-DeepSpeed megatron/model/gpt_model.py, dense
+    model): the ``_to_float16`` function, EmbeddingPipe (a TiedLayerSpec when tied), one
+    ParallelTransformerLayerPipe per layer, the final norm (``MixedFusedLayerNorm`` on CUDA,
+    megatron/model/__init__.py, or ``MixedFusedRMSNorm``), then the tied EmbeddingPipe again
+    (it computes the logits) or LMHeadPipe, then ``float16_to_fp32`` in 16-bit runs. Function
+    layers have no parameters; a TiedLayerSpec is counted on each stage that builds it."""
+    norm = "MixedFusedRMSNorm" if shape.rmsnorm else "MixedFusedLayerNorm"
+    layers = [PipeLayer("_to_float16", 0, "other"), PipeLayer("EmbeddingPipe", shape.embedding,
+              "embedding")]  # fmt: skip
+    layers += [PipeLayer("ParallelTransformerLayerPipe", shape.block, "block")] * shape.num_layers
+    layers.append(PipeLayer(norm, shape.norm, "norm"))
+    if shape.tied:
+        layers.append(PipeLayer("EmbeddingPipe", shape.embedding, "head"))
+    else:
+        layers.append(PipeLayer("LMHeadPipe", shape.output, "head"))
+    if shape.half:
+        layers.append(PipeLayer("float16_to_fp32", 0, "other"))
+    return tuple(layers)
+
+
+def deepspeed_bounds(method: str, layers: tuple[PipeLayer, ...], pp: int) -> tuple[int, ...]:
     """``PipelineModule._partition_layers``: stage boundaries over the layer list."""
     method = method.lower()
     if method == "uniform":
-        return tuple(partition_uniform(len(layer_params), pp))
+        return tuple(partition_uniform(len(layers), pp))
     if method == "parameters":
-        return partition_balanced(layer_params, pp)
+        return partition_balanced(tuple(layer.params for layer in layers), pp)
     if method.startswith("type:"):
+        # _find_layer_type: re.search(pattern, class name, IGNORECASE)
         pattern = re.compile(method.split(":")[1], re.IGNORECASE)
-        first, block, head = DEEPSPEED_LAYER_NAMES
-        names = (first,) + (block,) * (len(layer_params) - 2) + (head,)
-        binary = tuple(int(bool(pattern.search(name))) for name in names)
+        binary = tuple(int(bool(pattern.search(layer.name))) for layer in layers)
         if not any(binary):
             raise SplitError(
                 "split_type",
@@ -386,12 +448,11 @@ def deepspeed_bounds(method: str, layer_params: tuple[int, ...], pp: int) -> tup
 
 
 def deepspeed_stages(
-    method: str, layer_params: tuple[int, ...], pp: int
+    method: str, layers: tuple[PipeLayer, ...], pp: int
 ) -> tuple[tuple[int, bool, bool], ...]:
     """Per stage: (transformer blocks, holds the embedding, holds the head); a stage with no
     layer at all is refused (its optimizer would get an empty parameter list)."""
-    bounds = deepspeed_bounds(method, layer_params, pp)
-    last = len(layer_params) - 1
+    bounds = deepspeed_bounds(method, layers, pp)
     out = []
     for stage in range(pp):
         start, stop = bounds[stage], bounds[stage + 1]
@@ -401,8 +462,8 @@ def deepspeed_stages(
                 f"partition_method {method} leaves pipeline stage {stage} of {pp} without any "
                 f"layer (boundaries {list(bounds)})",
             )
-        blocks = max(0, min(stop, last) - max(start, 1))
-        out.append((blocks, start == 0, stop > last))
+        roles = [layer.role for layer in layers[start:stop]]
+        out.append((roles.count("block"), "embedding" in roles, "head" in roles))
     return tuple(out)
 
 
@@ -410,15 +471,16 @@ def deepspeed_stages(
 
 
 def auto_splits(
-    num_layers: int, pp: int, vp: int, framework: str, layer_params: tuple[int, ...]
+    num_layers: int, pp: int, vp: int, framework: str, layers: tuple[PipeLayer, ...]
 ) -> tuple[str, ...]:
     """The splits ``pipeline_split: auto`` tries at one (pp, vp), each a distinct assignment.
 
     Megatron-LM: ``even`` where it is allowed, then every first/last-stage pair within two
     layers below and one above ``ceil(num_layers / pp)`` that the framework accepts and that
     keeps the first and last stage no heavier than a middle one (they also hold the embedding
-    and the LM head), then the embedding/loss accounting. DeepSpeed: ``even`` (type:Block),
-    ``parameters`` and ``uniform``. A split giving the same layers per chunk as an earlier one is
+    and the LM head), then the embedding/loss accounting. DeepSpeed's pipeline (``deepspeed``,
+    ``megatron-deepspeed``): ``even`` (the framework's own partition method), ``parameters``
+    and ``uniform``. A split giving the same layers per chunk as an earlier one is
     left out (the framework would build the same stages).
     """
     if pp == 1:
@@ -431,13 +493,14 @@ def auto_splits(
             seen.add(assignment)
             out.append(text)
 
-    if framework == "deepspeed":
-        for method in (DEEPSPEED_DEFAULT_METHOD, "parameters", "uniform"):
+    default = traits(framework).default_partition
+    if traits(framework).deepspeed_pipeline and default is not None:
+        for method in (default, "parameters", "uniform"):
             try:
-                stages = deepspeed_stages(method, layer_params, pp)
+                stages = deepspeed_stages(method, layers, pp)
             except SplitError:
                 continue
-            add(EVEN if method == DEEPSPEED_DEFAULT_METHOD else method, stages)
+            add(EVEN if method == default else method, stages)
         return tuple(out)
     if num_layers % (pp * vp) == 0:
         add(EVEN, megatron_chunks(num_layers, pp, vp, EVEN))

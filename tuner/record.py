@@ -128,6 +128,9 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
     if result.node_errors:
         reason = "; ".join(f"{h}: {r}" for h, r in result.node_errors)
         return Verdict(Outcome.NODE_ERROR, reason)
+    if result.scheduler_verdict is not None:  # Slurm killed it for host memory, preempted it...
+        outcome, why = result.scheduler_verdict
+        return Verdict(Outcome(outcome), why)
     if result.cancelled and not result.timed_out:
         return Verdict(Outcome.INTERRUPTED, "the study was stopped")
     m = parse_result(spec, result)
@@ -169,6 +172,8 @@ def recovered_metrics(spec: StudySpec, gpu: GPUSpec, paths: TrialPaths) -> Verdi
             raw["node_errors"] = tuple(tuple(e) for e in raw["node_errors"])
             raw["logs"] = tuple(Path(p) for p in raw["logs"])
             raw["survivors"] = tuple(raw.get("survivors", ()))
+            if raw.get("scheduler_verdict") is not None:
+                raw["scheduler_verdict"] = tuple(raw["scheduler_verdict"])
             return judge(spec, gpu, JobResult(**raw))
     except (ValueError, KeyError, TypeError, OSError) as exc:
         logger.warning("cannot recover %s: %s", paths.dir, exc)

@@ -12,10 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyError
-from tuner.launch.megatron_flags import (
-    megatron_moe_flags,
-    megatron_parallel_args,
-)
+from tuner.launch.megatron_flags import megatron_moe_flags, parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -134,18 +131,19 @@ def best_config(
 def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     """The parallelism, batch and recompute arguments of ``config`` in Megatron's flag names.
 
-    The same words the ``megatron_gpt`` template puts in a trial's script (one definition:
-    :func:`tuner.launch.megatron_flags.megatron_parallel_flags`).
+    The same words the ``megatron_gpt`` (``megatron_deepspeed_gpt``) template puts in a trial's
+    script (one definition: :func:`tuner.launch.megatron_flags.parallel_args`).
     """
     moe = [word for flag in megatron_moe_flags(spec.model, config) for word in flag]
-    return megatron_parallel_args(config, spec.model.num_layers) + moe
+    return parallel_args(config, spec.model.num_layers, spec.framework) + moe
 
 
 def emit_best(
     spec: StudySpec, what: str, storage: str | None = None, results: str = "results",
     train_iters: int | None = None,
 ) -> str:  # fmt: skip
-    """``script`` (a runnable launch script for a full run), ``args`` or ``ds-config``.
+    """``script`` (a runnable launch script for a full run), ``sbatch`` (the same as one Slurm
+    batch job, options from ``cluster.slurm``), ``args`` or ``ds-config``.
 
     ``train_iters`` replaces the study's (short) ``launch.train_iters`` in the script.
     """
@@ -160,7 +158,41 @@ def emit_best(
         from tuner.launch import deepspeed_config
 
         return json.dumps(deepspeed_config(spec, config), indent=2) + "\n"
+    if what == "sbatch":
+        return _best_sbatch(spec, config, results)
     return _best_script(spec, config, results)
+
+
+def _best_sbatch(spec: StudySpec, config: ParallelConfig, results: str) -> str:
+    """``slurm-best.sh`` in the best folder: the full run as one Slurm batch job, the node
+    scripts rendered beside it with the master address the job's first node fills in."""
+    from tuner.launch import render_launch
+    from tuner.launch.slurm_script import (
+        MASTER_PLACEHOLDER,
+        NODE_WRAPPER,
+        NODE_WRAPPER_TEXT,
+        best_batch_script,
+    )  # fmt: skip
+
+    out = ResultsLayout(Path(results), spec.name).best_dir
+    out.mkdir(parents=True, exist_ok=True)
+    node_dir = str(out.resolve())
+    rendered = render_launch(
+        spec, config, hosts=spec.node_names[: spec.nodes_per_trial],
+        master_addr=MASTER_PLACEHOLDER, master_port=spec.launch.master_port, trial_dir=node_dir,
+    )  # fmt: skip
+    for name, content in rendered.files.items():
+        (out / name).write_text(content)
+    for rank, script in enumerate(rendered.scripts):
+        (out / f"launch-node-{rank}.sh").write_text(script)
+    (out / NODE_WRAPPER).write_text(NODE_WRAPPER_TEXT)
+    (out / NODE_WRAPPER).chmod(0o755)
+    text = best_batch_script(
+        spec.cluster.slurm, study=spec.name, key=config.key(), nodes=len(rendered.scripts),
+        node_dir=node_dir, train_iters=spec.launch.train_iters,
+    )  # fmt: skip
+    (out / "slurm-best.sh").write_text(text)
+    return text
 
 
 def _best_script(spec: StudySpec, config: ParallelConfig, results: str) -> str:

@@ -46,6 +46,9 @@ class Scheduler:
         self.worker, self.heartbeat_s, self.clock = worker, heartbeat_s, clock
         self.waiting_for: set[str] = set()
         """Nodes last found leased by another worker (shown while nothing can start)."""
+        self.adopt: Callable[[Lease], bool] | None = None
+        """Takes over a dead holder's still-queued or running batch job instead of ending it
+        (:mod:`tuner.reattach`); True when it did."""
 
     def acquire(self) -> Placement | None:
         """A group of free nodes and a free port, leased for this worker; None when none is."""
@@ -105,6 +108,8 @@ class Scheduler:
         """End what the dead holder's trial left on its nodes; True when nothing survives."""
         if lease.token is None or lease.trial is None or not lease.hosts:
             return True  # claimed but never launched
+        if self.adopt is not None and self.adopt(lease):
+            return True  # its job is watched by this worker now
         return end_lost_trial(self.executor, self.layout, lease.trial, lease.hosts,
                               lease.token, lease.node_dir)  # fmt: skip
 

@@ -17,10 +17,12 @@ from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.errors import ConfigError
+from tuner.frameworks import traits
 from tuner.memory import GIB, MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import TimeBreakdown, estimate_time
-from tuner.pipeline_split import EVEN, auto_splits, canonical_split, deepspeed_layer_params
+from tuner.pipe_layers import pipe_layers
+from tuner.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.probe import may_probe
 from tuner.spec import StudySpec
 
@@ -85,17 +87,17 @@ class Axes:
 def expand_axes(spec: StudySpec) -> Axes:
     """Resolve ``auto`` values against the model and the world size of one trial."""
     s, m, world = spec.space, spec.model, spec.world_size
-    ds = spec.framework == "deepspeed"
+    t = traits(spec.framework)
 
     def pick(value: Any, auto: list[int]) -> tuple[int, ...]:
         return tuple(auto) if value == "auto" else tuple(value)
 
     heads_ok = [t for t in _powers_of_two(min(spec.cluster.gpus_per_node, world))]
-    tp_auto = [1] if ds else [t for t in heads_ok if m.query_groups % t == 0]
+    tp_auto = [n for n in heads_ok if m.query_groups % n == 0] if t.megatron_model else [1]
     cp_auto = (
-        [1]
-        if ds
-        else [c for c in _powers_of_two(min(8, world)) if m.seq_length % (2 * c) == 0 or c == 1]
+        [c for c in _powers_of_two(min(8, world)) if m.seq_length % (2 * c) == 0 or c == 1]
+        if t.context_parallel
+        else [1]
     )
     mbs_auto = [b for b in _powers_of_two(16) if spec.training.global_batch_size % b == 0]
     recompute: list[tuple[str, str | None, int | None]] = []
@@ -113,7 +115,7 @@ def expand_axes(spec: StudySpec) -> Axes:
         tp=pick(s.tp, tp_auto),
         pp=pick(s.pp, pp_auto or [p for p in _divisors(m.num_layers) if p <= world]),
         cp=pick(s.cp, cp_auto),
-        vp=pick(s.vp, [1] if ds else [1, 2, 3, 4]),
+        vp=pick(s.vp, [1] if t.deepspeed_pipeline else [1, 2, 3, 4]),
         micro_batch_size=pick(s.micro_batch_size, mbs_auto),
         sequence_parallel=s.sequence_parallel,
         recompute=tuple(recompute),
@@ -154,10 +156,8 @@ def _ep_auto(spec: StudySpec) -> list[int]:
 def _splits(spec: StudySpec, pp: int, vp: int) -> tuple[str, ...]:
     """``pipeline_split: auto`` at one (pp, vp)."""
     m = spec.model
-    params = deepspeed_layer_params(
-        m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.seq_length
-    )
-    return auto_splits(m.num_layers, pp, vp, spec.framework, params)
+    layers = pipe_layers(m, spec.framework)  # one TP rank of tp=1: the splits' names
+    return auto_splits(m.num_layers, pp, vp, spec.framework, layers)
 
 
 def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:

@@ -17,12 +17,13 @@ from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.fp8 import Fp8Format, Fp8Recipe
+from tuner.frameworks import Framework as Framework
+from tuner.frameworks import traits
 from tuner.layout import name_problem
 from tuner.moe_spec import MoESpec, TokenDispatcher
 from tuner.overheads_spec import OverheadsSpec
 from tuner.pipeline_split import parse_split
 
-Framework = Literal["megatron", "deepspeed"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
@@ -247,8 +248,13 @@ class SlurmSpec:
     """Trials in flight at once (queued or running); each trial is one job."""
     poll_interval_s: float = 2.0
     """How often ``scontrol`` is asked for a job's state."""
+    pending_limit_min: float = 720.0
+    """How long a trial's job may wait in the queue for a reason that can clear (Resources,
+    Priority, ...) before it is cancelled and run again later; a reason that can never clear
+    (PartitionNodeLimit, InvalidAccount, ...) cancels it at once as a launch error."""
 
     def __post_init__(self) -> None:
+        _positive(self.pending_limit_min, "pending_limit_min")
         _size(self.time_limit_min, 60 * 24 * 365, "time_limit_min", "a year")
         _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
         _size(self.max_jobs, 4096, "max_jobs", "4096 trials in flight")
@@ -537,7 +543,7 @@ class StudySpec:
     cluster: ClusterSpec
     """Nodes, GPUs and executor."""
     framework: Framework
-    """megatron or deepspeed."""
+    """megatron, deepspeed or megatron-deepspeed (``tuner.frameworks``)."""
     launch: LaunchSpec
     """How a trial is launched."""
     space: SpaceSpec = field(default_factory=SpaceSpec)
@@ -552,7 +558,7 @@ class StudySpec:
         splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split
         for i, text in enumerate(splits):
             owner = parse_split(text).framework
-            if owner not in (None, self.framework):
+            if owner not in (None, traits(self.framework).split_family):
                 raise ConfigError(
                     f"{text!r} is a {owner} pipeline split; this study's framework is "
                     f"{self.framework}",
@@ -578,10 +584,10 @@ class StudySpec:
                 "Expert parallelism is not supported with fp16 training. (use bf16)",
                 path="space.ep",
             )
-        if self.framework == "deepspeed" and (self.model.moe is not None or max(eps) > 1):
+        if self.framework != "megatron" and (self.model.moe is not None or max(eps) > 1):
             raise ConfigError(
-                "the DeepSpeed workload is a dense GPT: it has no MoE layers (DeepSpeed-MoE "
-                "ep_size is not supported); use framework: megatron",
+                f"MoE runs with framework: megatron; {self.framework}'s workload is a dense GPT "
+                "(DeepSpeed-MoE ep_size is not supported)",
                 path="model.moe",
             )
         if self.training.precision == "fp8":

@@ -16,14 +16,11 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import socket
-import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ from tuner.layout import ResultsLayout
 from tuner.leases import Leases, exclusive, open_leases
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
+from tuner.reattach import Reattach
 from tuner.record import (
     LAUNCH_ERRORS_STOP,
     Summary,
@@ -66,7 +64,7 @@ from tuner.trials import measured as trials_measured
 logger = logging.getLogger(__name__)
 
 IMPROVEMENT = 0.01  # early stop: the best must improve by 1 % within search.early_stop_trials
-__all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop", "stop_on_signals"]
+__all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop"]
 
 
 @dataclass(slots=True)
@@ -120,6 +118,9 @@ class StudyLoop:
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s,
                                  rerun=self.rerun)  # fmt: skip
+        self.reattach = Reattach(spec, study, storage, executor, self.scheduler, leases, layout,
+                                 study_id=self._study_id, worker=self.worker,
+                                 heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
@@ -172,9 +173,16 @@ class StudyLoop:
         self.recover()
 
     def recover(self) -> None:
-        """Clean up after dead workers and queue what must run again (:mod:`tuner.recovery`)."""
+        """Watch dead workers' batch jobs again (:mod:`tuner.reattach`), clean up after them and
+        queue what must run again (:mod:`tuner.recovery`)."""
         self._last_recover = self.clock()
+        self.reattach.run(self.trials(), {r.job.token for r in self.running.values()})
         self.recovery.run(self.trials)
+
+    def _watch(self, a: Any) -> None:
+        """Watch a dead worker's job from now on (:class:`tuner.reattach.Adopted`)."""
+        self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement, self.clock())
+        self._beating = tuple(self.running)
 
     # -- choosing the next config ----------------------------------------------------------------
 
@@ -408,35 +416,6 @@ class StudyLoop:
             self.summary.best_step_s, self.summary.best_trial = best.value, best.number
         self.summary.measured_any = best is not None
         return self.summary
-
-
-@contextmanager
-def stop_on_signals(loop: StudyLoop) -> Iterator[None]:
-    """SIGINT / SIGTERM stop the loop cleanly (running trials cancelled, marked interrupted).
-
-    A second signal while stopping is noted, not acted on: the cleanup must finish (the
-    reapers run in their own sessions, so a terminal's Ctrl-C does not reach them)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        if loop.stop_requested is not None:
-            logger.warning("%s: still stopping; the running trials are being cleaned up", name)
-        loop.request_stop(f"interrupted by {name}")
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        if loop.stop_requested is None:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-        # else: stopping; a late second Ctrl-C must not kill the process while it closes down
-        # (a KeyboardInterrupt while the interpreter joins its threads ends it by SIGINT).
 
 
 # ----------------------------------------------------------------------------- wiring

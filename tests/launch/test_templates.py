@@ -24,7 +24,8 @@ GOLDEN = Path(__file__).parent / "golden"
 
 
 def study(framework: str = "megatron", **launch: Any) -> StudySpec:
-    template = {"megatron": "megatron_gpt", "deepspeed": "deepspeed_gpt"}[framework]
+    template = {"megatron": "megatron_gpt", "deepspeed": "deepspeed_gpt",
+                "megatron-deepspeed": "megatron_deepspeed_gpt"}[framework]  # fmt: skip
     defaults: dict[str, Any] = {
         "template": template,
         "python": "/opt/venv/bin/python",
@@ -215,7 +216,7 @@ with open(os.environ["FAKE_TORCHRUN_OUT"], "w") as f:
 """
 
 
-@pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed", "megatron-deepspeed"])
 def test_hostile_values_arrive_verbatim_and_never_run(framework: str, tmp_path: Path) -> None:
     weird = tmp_path / "we ird $(touch pwned) 'dir'"
     bin_dir = weird / "venv bin"
@@ -237,11 +238,11 @@ def test_hostile_values_arrive_verbatim_and_never_run(framework: str, tmp_path: 
         workdir=str(workdir),
     )
     trial_dir = weird / "trial `touch pwned`"
-    cfg = (
-        MEGATRON_CONFIGS["tp1-cp2-selective"]
-        if framework == "megatron"
-        else DEEPSPEED_CONFIGS["zero2-dp4"]
-    )
+    cfg = {
+        "megatron": MEGATRON_CONFIGS["tp1-cp2-selective"],
+        "deepspeed": DEEPSPEED_CONFIGS["zero2-dp4"],
+        "megatron-deepspeed": ParallelConfig(tp=2, pp=2, dp=4, global_batch_size=64, zero_stage=1),
+    }[framework]
     out = render(spec, cfg, tmp_path, trial_dir=str(trial_dir))
     script = tmp_path / "launch.sh"
     script.write_text(out.scripts[1])
@@ -259,9 +260,11 @@ def test_hostile_values_arrive_verbatim_and_never_run(framework: str, tmp_path: 
     for name, value in env.items():
         assert seen_env[name] == value
     assert argv[-len(HOSTILE) :] == HOSTILE  # extra args last, verbatim
-    if framework == "megatron":
+    if framework != "deepspeed":
         assert str(weird / "Megatron $(touch pwned)" / "pretrain_gpt.py") in argv
-    else:
+    if framework == "megatron-deepspeed":
+        assert str(trial_dir / "ds_config.json") in argv
+    if framework == "deepspeed":
         assert str(weird / "train'; touch pwned.py") in argv
         assert str(trial_dir / "ds_config.json") in argv
         assert argv[-2 * len(HOSTILE) : -len(HOSTILE)] == HOSTILE  # script args, then extra args

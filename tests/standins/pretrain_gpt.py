@@ -51,8 +51,9 @@ Surface JSON
 microbatches ep experts`` (ints; ep is ``--expert-model-parallel-size``, experts
 ``--num-experts`` or 0), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1,
 SP is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab``,
-``params`` (model parameters) and ``expert_params`` (routed-expert parameters, all layers). The
-config key is the canonical string shown above.
+``params`` (model parameters), ``expert_params`` (routed-expert parameters, all layers) and
+``zero`` (the ZeRO stage; 0 for Megatron-LM). The config key is the canonical string shown
+above.
 
 Behaviours (``behaviour`` of a table entry, or ``behaviours`` matched on a partial config):
 ``{"kind": "hang" | "crash" | "nccl_timeout" | "oom", "after_iterations": N, "ranks": [...],
@@ -375,8 +376,10 @@ def _check_world(args: argparse.Namespace, world: int, rank: int | None) -> None
             f"(total_model_size={model_size})"
         )
     args.data_parallel_size = world // model_size
-    etp = args.expert_tensor_parallel_size or args.tensor_model_parallel_size
-    expert_grid = etp * args.expert_model_parallel_size * args.pipeline_model_parallel_size
+    # getattr: the Megatron-DeepSpeed stand-in shares this code and has no MoE flags
+    etp = getattr(args, "expert_tensor_parallel_size", None) or args.tensor_model_parallel_size
+    ep = getattr(args, "expert_model_parallel_size", 1)
+    expert_grid = etp * ep * args.pipeline_model_parallel_size
     if world % expert_grid != 0:  # megatron/core/parallel_state.py initialize_model_parallel
         raise RuntimeError(
             f"world_size ({world}) is not divisible by expert_tensor_model_pipeline_parallel "
@@ -690,7 +693,7 @@ def layer_params(args: argparse.Namespace) -> int:
     proj = kv * args.num_attention_heads * h
     mlp = h * args.ffn_hidden_size * (3 if args.swiglu else 2)
     norms = 2 * h * (1 if args.normalization == "RMSNorm" else 2)
-    if args.num_experts is not None:  # every layer MoE (the stand-in ignores --moe-layer-freq)
+    if getattr(args, "num_experts", None) is not None:  # all layers MoE (ignores layer freq)
         experts = args.num_experts * (args.moe_ffn_hidden_size or args.ffn_hidden_size)
         shared = args.moe_shared_expert_intermediate_size or 0
         mlp = h * (experts + shared) * (3 if args.swiglu else 2) + h * args.num_experts
@@ -699,7 +702,7 @@ def layer_params(args: argparse.Namespace) -> int:
 
 def expert_params(args: argparse.Namespace) -> int:
     """Routed-expert parameters of one layer (0 for a dense model)."""
-    if args.num_experts is None:
+    if getattr(args, "num_experts", None) is None:
         return 0
     width = args.moe_ffn_hidden_size or args.ffn_hidden_size
     return int(args.num_experts * width * args.hidden_size * (3 if args.swiglu else 2))
@@ -759,8 +762,9 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "recompute": args.recompute_granularity or "none",
         "sp": int(bool(args.sequence_parallel)),
         "distopt": int(bool(args.use_distributed_optimizer)),
-        "ep": args.expert_model_parallel_size,
-        "experts": args.num_experts or 0,
+        "ep": getattr(args, "expert_model_parallel_size", 1),
+        "experts": getattr(args, "num_experts", None) or 0,
+        "zero": int(getattr(args, "zero_stage", 0)),
         "layers": args.num_layers,
         "hidden": args.hidden_size,
         "heads": args.num_attention_heads,
@@ -896,6 +900,20 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds * scale)
 
 
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    """What differs between Megatron-LM and a fork the stand-in plays (its flags, checks, lines).
+
+    ``tests/standins/megatron_deepspeed/pretrain_gpt.py`` passes Megatron-DeepSpeed's.
+    """
+
+    build_parser: Callable[[], argparse.ArgumentParser]
+    validate_args: Callable[[argparse.Namespace, int, int | None], Topology]
+    model_checks: Callable[[argparse.Namespace], None]
+    iteration_line: Callable[[Run, int, float], str]
+    banner: tuple[str, ...] = ()
+
+
 @dataclasses.dataclass
 class Run:
     """One process's view of the job: which ranks it plays and what the surface says."""
@@ -907,6 +925,7 @@ class Run:
     surface: Surface
     vocab: int
     key: str
+    dialect: Dialect | None = None
 
     @property
     def first(self) -> bool:
@@ -1105,7 +1124,8 @@ def train(run: Run, start: float) -> int:
     for iteration in range(1, (args.train_iters or 0) + 1):
         interval.append(train_step(run, iteration, noise))
         if iteration % args.log_interval == 0:
-            run.say(iteration_line(run, iteration, sum(interval) / len(interval)), last=True)
+            line = run.dialect.iteration_line if run.dialect else iteration_line
+            run.say(line(run, iteration, sum(interval) / len(interval)), last=True)
             interval = []
             if not reported:
                 memory_report(run, iteration)
@@ -1125,9 +1145,11 @@ def train(run: Run, start: float) -> int:
     return iteration
 
 
-def startup(args: argparse.Namespace, world: int, rank: int | None, start: float) -> Run:
+def startup(
+    args: argparse.Namespace, world: int, rank: int | None, start: float, dialect: Dialect
+) -> Run:
     """initialize_megatron + setup_model_and_optimizer + dataloaders, with their prints."""
-    topo = validate_args(args, world, rank)
+    topo = dialect.validate_args(args, world, rank)
     ranks = list(range(world)) if rank is None else [rank]
 
     def say(text: str) -> None:
@@ -1147,7 +1169,9 @@ def startup(args: argparse.Namespace, world: int, rank: int | None, start: float
     say(f"time to initialize megatron (seconds): {time.time() - start:.3f}")
     say(f"[after megatron is initialized] datetime: {_now()} ")
     say("building GPT model ...")
-    transformer_config(args)
+    dialect.model_checks(args)
+    for text in dialect.banner:
+        say(text)
     for r in ranks:
         tp_rank, cp_rank, dp_rank, pp_rank = topo.coords(r)
         if dp_rank == 0 and cp_rank == 0:
@@ -1164,20 +1188,23 @@ def startup(args: argparse.Namespace, world: int, rank: int | None, start: float
     surface = Surface.from_env()
     variables = surface_variables(args, topo, vocab)
     point = surface.point(variables)
-    return Run(args, topo, ranks, point, surface, vocab, config_key(variables))
+    return Run(args, topo, ranks, point, surface, vocab, config_key(variables), dialect)
 
 
-def pretrain(argv: list[str] | None = None) -> int:
+MEGATRON = Dialect(build_parser, validate_args, transformer_config, iteration_line)
+
+
+def pretrain(argv: list[str] | None = None, dialect: Dialect = MEGATRON) -> int:
     """pretrain_gpt.py's main: parse, validate, set up, train, evaluate."""
     start = time.time()
     if os.environ.get("TUNER_STANDIN_IGNORE_SIGTERM"):
         # a rank stuck in a CUDA call or a collective does not act on SIGTERM: only SIGKILL
         # after the executor's grace period ends it
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    args = build_parser().parse_args(argv)
+    args = dialect.build_parser().parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ["RANK"]) if "RANK" in os.environ else None
-    run = startup(args, world, rank, start)
+    run = startup(args, world, rank, start, dialect)
     run.say("training ...")
     run.say(f"[before the start of training step] datetime: {_now()} ")
     iteration = train(run, start) if not args.skip_train else 0

@@ -173,6 +173,11 @@ class JobResult:
     """``"host: pid stat args"`` of processes still alive after killing; empty when clean."""
     job_id: str | None = None
     """The batch scheduler's id of the job (Slurm), so it can be found again; else None."""
+    scheduler_verdict: tuple[str, str] | None = None
+    """``(outcome, reason)`` the batch scheduler decided (host memory limit, preemption, a job
+    that can never start); None when the exit codes and logs decide."""
+    accounting: Mapping[str, str] = field(default_factory=dict)
+    """The batch scheduler's final record (Slurm: State, ExitCode, Elapsed, MaxRSS, source)."""
 
     @property
     def ok(self) -> bool:
@@ -197,6 +202,10 @@ class JobResult:
             "logs": [str(p) for p in self.logs],
             "survivors": list(self.survivors),
             "job_id": self.job_id,
+            "scheduler_verdict": None
+            if self.scheduler_verdict is None
+            else list(self.scheduler_verdict),
+            "accounting": dict(self.accounting),
         }
 
 

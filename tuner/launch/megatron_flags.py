@@ -7,6 +7,7 @@ the exported arguments can't drift apart.
 
 from __future__ import annotations
 
+from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
 from tuner.pipeline_split import EVEN, parse_split
 from tuner.spec import ModelSpec, TrainingSpec
@@ -133,3 +134,57 @@ def megatron_precision_flags(training: TrainingSpec) -> list[Flag]:
             ("--fp8-recipe", training.fp8_recipe),
         ]
     return []
+
+
+# --- Megatron-DeepSpeed -------------------------------------------------------------------------
+# microsoft/Megatron-DeepSpeed @f4157bea megatron/arguments.py (line numbers of that commit):
+# --tensor-model-parallel-size (1149), --pipeline-model-parallel-size (1154),
+# --no-pipeline-parallel (954: GPTModel with DeepSpeed's plain engine instead of GPTModelPipe),
+# --sequence-parallel (972), --micro-batch-size (801), --global-batch-size (808),
+# --recompute-granularity / --recompute-method / --recompute-num-layers (830-851; GPTModelPipe
+# turns full + uniform into its activation_checkpoint_interval, megatron/model/gpt_model.py),
+# --zero-stage (1487), --deepspeed-activation-checkpointing (1524; Megatron's checkpoint calls
+# go through deepspeed.checkpointing, configured by the ds_config). The same flags as the fork's
+# examples_deepspeed/pretrain_llama2_distributed.sh. The partition method has no flag there
+# (GPTModelPipe hardcodes type:transformer); bigscience-workshop/Megatron-DeepSpeed @8387ae1
+# (the BLOOM-176B fork) spells it --pp-partition-method (megatron/arguments.py:578,
+# megatron/model/gpt_model.py:310), so only a non-default split passes it.
+MEGATRON_DEEPSPEED_PARTITION_FLAG = "--pp-partition-method"
+
+
+def megatron_deepspeed_parallel_flags(
+    config: ParallelConfig, default_partition: str
+) -> list[Flag]:
+    """Parallel sizes, batch sizes, recomputation, ZeRO stage and the pipeline partition in
+    Megatron-DeepSpeed's flag names (``--deepspeed --deepspeed_config`` and precision are the
+    template's). ``default_partition``: the fork's own (``tuner.frameworks``)."""
+    c = config
+    flags: list[Flag] = [("--tensor-model-parallel-size", str(c.tp))]
+    flags.append(("--pipeline-model-parallel-size", str(c.pp)))
+    if c.pp == 1:
+        flags.append(("--no-pipeline-parallel",))
+    else:
+        split = parse_split(c.pipeline_split)
+        if split.kind == "deepspeed" and split.method != default_partition:
+            flags.append((MEGATRON_DEEPSPEED_PARTITION_FLAG, str(split.method)))
+    if c.sequence_parallel:
+        flags.append(("--sequence-parallel",))
+    flags.append(("--micro-batch-size", str(c.micro_batch_size)))
+    flags.append(("--global-batch-size", str(c.global_batch_size)))
+    flags.append(("--zero-stage", str(c.zero_stage)))
+    if c.recompute != "none":
+        flags.append(("--recompute-granularity", c.recompute))
+    if c.recompute == "full":
+        flags.append(("--recompute-method", str(c.recompute_method)))
+        flags.append(("--recompute-num-layers", str(c.recompute_num_layers)))
+        flags.append(("--deepspeed-activation-checkpointing",))
+    return flags
+
+
+def parallel_args(config: ParallelConfig, num_layers: int, framework: str) -> list[str]:
+    """The parallelism words of ``config`` for ``framework`` (``tune best --emit args``)."""
+    t = traits(framework)
+    if t.megatron_model and t.deepspeed_pipeline:
+        flags = megatron_deepspeed_parallel_flags(config, str(t.default_partition))
+        return [word for flag in flags for word in flag]
+    return megatron_parallel_args(config, num_layers)

@@ -153,7 +153,7 @@ def checks_for(spec: StudySpec) -> PreflightChecks:
     paths = [PathCheck("launch.python", launch.python, "executable")]
     if launch.megatron_path:
         paths.append(PathCheck("launch.megatron_path", launch.megatron_path, "dir"))
-        if launch.template == "megatron_gpt":
+        if launch.template in ("megatron_gpt", "megatron_deepspeed_gpt"):
             script = f"{launch.megatron_path.rstrip('/')}/pretrain_gpt.py"
             paths.append(PathCheck("launch.megatron_path", script, "file"))
     if launch.script:

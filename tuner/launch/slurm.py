@@ -23,7 +23,8 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from tuner.errors import LaunchError, NodeError
@@ -45,14 +46,17 @@ from tuner.launch.slurm_script import (
     job_name,
     sbatch_argv,
 )
+from tuner.launch.slurm_states import Accounting, never_starts, pending_reason, scheduler_verdict
+from tuner.outcome import Outcome
 from tuner.spec import SlurmSpec
 
 logger = logging.getLogger(__name__)
 
 QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"})
 ACTIVE = QUEUED | {"RUNNING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT"}
-NODE_LOST = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
-"""Terminal states that are the cluster's fault, not the config's: retried as node errors."""
+NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+"""Terminal states that are the cluster's fault, not the config's: retried as node errors
+(PREEMPTED is ``interrupted``: the nodes are fine, someone else needed them)."""
 COMMAND_TIMEOUT_S = 60
 QUERY_FAILURES = 30
 """Consecutive failed state queries after which a job is given up as a node error."""
@@ -135,6 +139,22 @@ class SlurmCommands:
         return False
 
 
+_JOB_NAME = re.compile(r"tuner-t(\d+)-([0-9a-f]+)")
+"""A trial's job name (:func:`~tuner.launch.slurm_script.job_name`)."""
+
+
+def _seconds(text: str) -> float:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; 0 when unreadable."""
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not (days or "0").isdigit():
+        return 0.0
+    total = 0
+    for p in parts:
+        total = total * 60 + int(p)
+    return float(total + int(days or 0) * 86400)
+
+
 def _tail(err: str, code: int) -> str:
     lines = err.strip().splitlines()
     return lines[-1] if lines else f"exit status {code}"
@@ -154,6 +174,7 @@ class SlurmExecutor(Executor):
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
         self.commands = SlurmCommands(env)
+        self.accounting = Accounting(self.commands.run)
         self.cancel_timeout_s = cancel_timeout_s
 
     def submit(self, request: LaunchRequest) -> Job:
@@ -178,6 +199,42 @@ class SlurmExecutor(Executor):
             if not self.commands.wait_gone(job_id, self.cancel_timeout_s):
                 raise LaunchError(f"trial {request.trial}: Slurm job {job_id} did not end")
         return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
+
+    def attach(
+        self, request: LaunchRequest, token: str, job_id: str | None = None
+    ) -> SlurmJob | None:
+        """The job of a trial whose tuner died, to watch on: found by its name while queued or
+        running, else by its recorded ``job_id`` while Slurm still knows it (ended: its result
+        is read from the nodes' files); None when Slurm has no such job. Its time limit
+        counts from when Slurm started it (``RunTime``)."""
+        ids = self.commands.find_jobs(job_name(request, token)) or ([job_id] if job_id else [])
+        fields = self.commands.show_job(ids[0]) if ids else None
+        if fields is None or fields.get("JobName") != job_name(request, token):
+            return None
+        job = SlurmJob(self, request, token=token)
+        job.job_id, job.state, job._fields = ids[0], job_state(fields), fields
+        if job.state not in QUEUED:
+            job._running_since = self.clock() - _seconds(fields.get("RunTime", ""))
+            job._started_at = job._running_since  # its duration: Slurm's run time so far
+            job.slurm_hosts = self.commands.hostnames(fields.get("NodeList", ""))
+        logger.info("trial %d: re-attached to Slurm job %s (%s)", request.trial, ids[0], job.state)
+        return job
+
+    def study_jobs(self, trial_dirs: Collection[str]) -> list[tuple[str, int, str]]:
+        """``(job id, trial, token)`` of every live tuner job whose working directory is one
+        of ``trial_dirs``' parents' children (the study's trial folders on the nodes)."""
+        code, out, err = self.commands.run(["squeue", "-h", "-o", "%i|%j|%Z"])
+        if code != 0:
+            raise LaunchError(f"squeue: {_tail(err, code)}")
+        roots = {str(PurePosixPath(d).parent) for d in trial_dirs}
+        found = []
+        for line in out.splitlines():
+            job_id, _, rest = line.partition("|")
+            name, _, workdir = rest.partition("|")
+            m = _JOB_NAME.fullmatch(name)
+            if m and str(PurePosixPath(workdir).parent) in roots:
+                found.append((job_id, int(m.group(1)), m.group(2)))
+        return found
 
     # ----- hooks --------------------------------------------------------------------------------
 
@@ -234,6 +291,11 @@ class SlurmJob(Job):
         self._last_query = float("-inf")
         self._cmd = executor.commands
         self._query_failures = 0
+        self._verdict: tuple[str, str] | None = None
+        self._fields: dict[str, str] | None = None
+        """What ``scontrol show job`` said last."""
+        self.pending_reason = ""
+        self._accounting: dict[str, str] = {}
 
     def _start(self) -> None:
         req = self._req
@@ -285,8 +347,13 @@ class SlurmJob(Job):
             return
         self._query_failures = 0
         if fields is None:  # forgotten by Slurm (MinJobAge passed, controller restarted)
-            self._end_from_files(f"Slurm job {self.job_id} vanished")
+            record = self._accounting = self._ex.accounting.final(self.job_id, None)
+            if "State" in record:
+                self._end(record["State"].split()[0], record["State"], record)
+            else:
+                self._end_from_files(f"Slurm job {self.job_id} vanished")
             return
+        self._fields = fields
         self.state = job_state(fields)
         if self.state not in QUEUED and not self.slurm_hosts:
             self.slurm_hosts = self._cmd.hostnames(fields.get("NodeList", ""))
@@ -294,10 +361,39 @@ class SlurmJob(Job):
             self._running_since = now
             logger.info("trial %d: job %s running on %s", self._req.trial, self.job_id,
                         ",".join(self.slurm_hosts))  # fmt: skip
+        if self.state == "PENDING" and self._running_since is None:
+            self._check_pending(now, fields)
+            return
         if self.state in ACTIVE:
             self._check_peers(now)
             return
-        self._end(self.state, fields)
+        record = self._accounting = self._ex.accounting.final(self.job_id, fields)
+        raw = record.get("State", fields.get("JobState", self.state))
+        self._end(raw.split()[0], raw, {**fields, **record})
+
+    def _check_pending(self, now: float, fields: Mapping[str, str]) -> None:
+        """Cancel a job that can never start (a launch error) or that waited past the pending
+        limit for a reason that may clear (interrupted: it runs again later)."""
+        reason = pending_reason(fields)
+        if reason != self.pending_reason:
+            self.pending_reason = reason
+            logger.info("trial %d: job %s pending (%s)", self._req.trial, self.job_id, reason)
+        limit_s = self._ex.spec.pending_limit_min * 60
+        if never_starts(reason, self._cmd.run):
+            self._verdict = (
+                str(Outcome.LAUNCH_ERROR),
+                f"Slurm job {self.job_id} can never start as submitted: pending for {reason}",
+            )
+        elif now - self._started_at > limit_s:
+            self._verdict = (
+                str(Outcome.INTERRUPTED),
+                f"Slurm job {self.job_id} still pending ({reason}) after the pending limit "
+                f"of {self._ex.spec.pending_limit_min:g} min (cluster.slurm.pending_limit_min)",
+            )
+        else:
+            return
+        logger.warning("trial %d: %s; cancelling it", self._req.trial, self._verdict[1])
+        self._kill_all(cancelled=False, timed_out=False)
 
     def _check_peers(self, now: float) -> None:
         codes = self._exit_files()
@@ -307,7 +403,10 @@ class SlurmJob(Job):
             logger.warning("trial %d: a node failed; ending the others", self._req.trial)
             self._kill_all(cancelled=False, timed_out=False)
 
-    def _end(self, state: str, fields: Mapping[str, str]) -> None:
+    def _end(self, state: str, raw_state: str, fields: Mapping[str, str]) -> None:
+        """The job ended without the tuner cancelling it: Slurm's final ``state``."""
+        self.state = state
+        self._verdict = scheduler_verdict(state, raw_state)
         codes = self._exit_files()
         if state in NODE_LOST:
             self._errors.update(
@@ -365,9 +464,13 @@ class SlurmJob(Job):
         hosts = self.slurm_hosts or tuple(f"job-{self.job_id}" for _ in self._req.hosts)
         errors = tuple((hosts[k] if k < len(hosts) else hosts[0], r)
                        for k, r in sorted(self._errors.items()))  # fmt: skip
+        accounting = self._accounting
+        if not accounting and self.job_id is not None:
+            accounting = self._ex.accounting.final(self.job_id, self._fields)
         self._result = dataclasses.replace(
-            self._result, hosts=hosts, node_errors=errors, job_id=self.job_id
-        )
+            self._result, hosts=hosts, node_errors=errors, job_id=self.job_id,
+            scheduler_verdict=self._verdict, accounting=accounting,
+        )  # fmt: skip
         write_atomic(
             self._req.paths.result_json, json.dumps(self._result.to_json(), indent=2) + "\n"
         )

@@ -9,6 +9,7 @@ the address of the job's first node (its ``NodeAddr``) in a copy it runs.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 
@@ -97,11 +98,39 @@ def batch_script(spec: SlurmSpec, request: LaunchRequest, token: str) -> str:
     out += [f"#SBATCH {line}" for line in sbatch_lines(spec, request, token)]
     out += [f"export {TOKEN_ENV}={shlex.quote(token)}"]
     out += [f"export {k}={shlex.quote(v)}" for k, v in sorted(request.env.items())]
-    if spec.setup:
-        out += ["# cluster.slurm.setup", *spec.setup]
+    return "\n".join(out + _body(spec, node_dir)) + "\n"
+
+
+def _body(spec: SlurmSpec, node_dir: str) -> list[str]:
+    """Setup lines, the master address and the ``srun`` of the wrapper on every node."""
+    out = ["# cluster.slurm.setup", *spec.setup] if spec.setup else []
     out += [f"cd {shlex.quote(node_dir)} || exit 97", _MASTER.rstrip("\n")]
-    out.append(shlex.join(srun_argv(spec, node_dir)))
-    return "\n".join(out) + "\n"
+    return [*out, shlex.join(srun_argv(spec, node_dir))]
+
+
+def best_batch_script(
+    spec: SlurmSpec, *, study: str, key: str, nodes: int, node_dir: str, train_iters: int
+) -> str:
+    """A ready-to-submit batch script for the full run of a study's best config (``tune best
+    --emit sbatch``): the trial's options without the trial's time limit, running the node
+    scripts rendered into ``node_dir`` (each node's output goes to ``node-<k>.log`` there)."""
+    name = study if re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", study) else "tuner"
+    lines = [f"--job-name={name}-best", f"--nodes={nodes}", "--ntasks-per-node=1"]
+    if spec.exclusive:
+        lines.append("--exclusive")
+    lines += [f"--{o}={getattr(spec, o)}" for o in ("partition", "account", "qos")
+              if getattr(spec, o) is not None]  # fmt: skip
+    if spec.gpus_per_node:
+        lines.append(f"--gres=gpu:{spec.gpus_per_node}")
+    out = [
+        "#!/bin/bash",
+        f"# Best config of study {name}: {key}",
+        f"# {train_iters} iterations (tune best --emit sbatch --train-iters N to change).",
+        "# Submit with: sbatch <this file>. No --time: the partition's default limit applies;",
+        "# add '#SBATCH --time=...' for a run longer than that.",
+        *(f"#SBATCH {line}" for line in [*lines, *spec.extra_sbatch]),
+    ]
+    return "\n".join(out + _body(spec, node_dir)) + "\n"
 
 
 def sbatch_argv(request: LaunchRequest) -> list[str]:

@@ -12,8 +12,10 @@ through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``
 ``nproc_per_node``, ``hosts``, ``master_addr``, ``master_port``, ``trial_dir``, ``files`` (name ->
 path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu``, ``ds_config`` and
 ``megatron_flags`` (the parallelism, batch, recompute and optimizer flags of ``cfg``, each a tuple
-of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`) and
-``megatron_model_flags`` (precision and MoE flags, from the same module).
+of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`),
+``megatron_model_flags`` (precision and MoE flags, from the same module) and
+``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
+:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from typing import Any
 import jinja2
 
 from tuner.errors import ConfigError, LaunchError
+from tuner.frameworks import traits
 from tuner.launch.megatron_flags import (
+    megatron_deepspeed_parallel_flags,
     megatron_moe_flags,
     megatron_parallel_flags,
     megatron_precision_flags,
@@ -263,6 +267,9 @@ def context(
         # MoE flags first: with the parallel ones they are ``tune best --emit args``
         "megatron_model_flags": megatron_moe_flags(spec.model, config)
         + megatron_precision_flags(spec.training),
+        "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
+            config, str(traits("megatron-deepspeed").default_partition)
+        ),
     }
 
 
@@ -328,10 +335,26 @@ def deepspeed_config(spec: StudySpec, config: ParallelConfig) -> dict[str, Any]:
             "contiguous_memory_optimization": False,
             "cpu_checkpointing": False,
         }
+    if spec.framework == "megatron-deepspeed":
+        return _megatron_deepspeed_config(ds, spec, c)
     if c.pp > 1:
         # DeepSpeed's own pipeline section: the workload builds its PipelineModule with
         # partition_method = this "partition" (tuner.pipeline_split)
-        ds["pipeline"] = {"stages": c.pp, "partition": deepspeed_method(c)}
+        ds["pipeline"] = {"stages": c.pp, "partition": deepspeed_method(c, spec.framework)}
+    return ds
+
+
+def _megatron_deepspeed_config(
+    ds: dict[str, Any], spec: StudySpec, c: ParallelConfig
+) -> dict[str, Any]:
+    """Megatron-DeepSpeed's ds_config: Megatron builds the optimizer (``--optimizer adam``, the
+    learning-rate flags) and GPTModelPipe its own partition, so there is no ``optimizer`` or
+    ``pipeline`` section (the fork's examples_deepspeed/*.sh configs have neither). bf16 with
+    ZeRO-1 accumulates gradients in fp32 (``data_types.grad_accum_dtype``), which makes DeepSpeed
+    pick its BF16_Optimizer (runtime/engine.py ``_do_optimizer_sanity_check``), as BLOOM ran."""
+    del ds["optimizer"]
+    if spec.training.precision == "bf16" and c.zero_stage == 1:
+        ds["data_types"] = {"grad_accum_dtype": "fp32"}
     return ds
 
 

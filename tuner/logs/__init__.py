@@ -21,14 +21,14 @@ import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
 
+from tuner import frameworks
 from tuner.errors import ParseError
 from tuner.logs import classify, deepspeed, lines, megatron
 from tuner.logs.classify import Failure, FailureScan, decide, find_failure
 from tuner.logs.metrics import JSON_KEYS, RunMetrics, warmup_count
 
-Framework = Literal["megatron", "deepspeed"]
+Framework = frameworks.Framework
 
 #: The most of one log file that is read. Why: a trial of tens of iterations logs megabytes; a
 #: bigger file is a runaway job (a loop printing warnings) and reading it all would stall the
@@ -100,7 +100,9 @@ def parse_chunks(
         found.feed(line)
         failures.feed(line)
     chosen = framework or ("deepspeed" if detector.deepspeed else "megatron")
-    if chosen == "deepspeed":
+    # A DeepSpeed engine (deepspeed, megatron-deepspeed) prints its own throughput, timer and
+    # memory lines beside the iteration lines: its summary reads both.
+    if frameworks.traits(chosen).deepspeed_optimizer:
         summary = deepspeed.summarise(found, warmup, global_batch_size)
         allocated, reserved = found.peaks()
     else:

@@ -1,0 +1,202 @@
+"""PyTorch's CUDA caching allocator, reduced to what sets its reserved bytes in a training step.
+
+Rules (pytorch/pytorch ``c10/cuda/CUDACachingAllocator.cpp``; the constants now live in
+``c10/core/AllocatorConfig.h``):
+
+- every request is rounded up to ``kMinBlockSize`` (512 B);
+- requests up to ``kSmallSize`` (1 MiB) come from the small pool, whose segments are
+  ``kSmallBuffer`` (2 MiB); larger ones from the large pool, where a new segment (one
+  ``cudaMalloc``) is ``kLargeBuffer`` (20 MiB) for requests under ``kMinLargeAlloc`` (10 MiB), else
+  the request rounded up to ``kRoundLarge`` (2 MiB) (``get_allocation_size``);
+- a request takes the smallest cached free block of its pool that holds it (best fit,
+  ``get_free_block``) and splits off the rest when the rest is over ``kSmallSize`` in the large
+  pool, at least ``kMinBlockSize`` in the small one (``should_split``; ``max_split_size`` is
+  unlimited by default);
+- a freed block merges only with free neighbours of its own segment (``try_merge_blocks``);
+  segments are never merged, and never returned unless ``empty_cache`` or a failed ``cudaMalloc``
+  releases whole free segments.
+
+So the reserved peak is the largest set of segments a step ever needs at once: the first
+iteration's forward/backward creates one segment per large tensor (nothing is cached yet); the
+first optimizer step then needs segments for what cannot be carved out of those freed blocks
+(Adam creates its moments there: torch.optim.Adam and apex / DeepSpeed FusedAdam initialise their
+state lazily, in the first ``step``); later iterations reuse the cache. The simulation works per
+phase: inside a phase all its tensors are live together at the phase's peak (the model's peak
+set), at its end they are freed and each segment merges back to its state before the phase.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+MIB = 2**20
+MIN_BLOCK = 512  # kMinBlockSize
+SMALL_SIZE = MIB  # kSmallSize
+SMALL_BUFFER = 2 * MIB  # kSmallBuffer
+LARGE_BUFFER = 20 * MIB  # kLargeBuffer
+MIN_LARGE_ALLOC = 10 * MIB  # kMinLargeAlloc
+ROUND_LARGE = 2 * MIB  # kRoundLarge
+
+# (bytes per tensor, number of such tensors), in allocation order.
+Tensors = tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTensors:
+    """One rank's tensors in a training step, grouped by lifetime."""
+
+    resident: Tensors  # allocated before the first step, live throughout (weights, grads, master)
+    lazy: Tensors  # created by the first optimizer step and kept (Adam moments)
+    fwd_bwd: Tensors  # live together at the forward/backward peak, freed by its end
+    step: Tensors  # the optimizer step's temporaries
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """Reserved bytes (``torch.cuda.memory_reserved``) of a step's steady state."""
+
+    total: float  # the cache's peak: every segment the step ever needed (it never shrinks)
+    fwd_bwd: float  # the segments the forward/backward's own tensors need
+    step: float  # the segments the step's own tensors need beside the states
+
+
+def round_size(size: float) -> int:
+    """The block size a request of ``size`` bytes takes (``round_size``)."""
+    n = max(int(-(-size // 1)), 1)
+    return -(-n // MIN_BLOCK) * MIN_BLOCK
+
+
+def segment_size(size: int) -> int:
+    """The segment a new ``cudaMalloc`` makes for a rounded request (``get_allocation_size``)."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _splits(rest: int, small: bool) -> bool:
+    return rest >= MIN_BLOCK if small else rest > SMALL_SIZE  # should_split
+
+
+class _Pool:
+    """Free blocks of one pool: a multiset of sizes with its sizes kept sorted (best fit)."""
+
+    __slots__ = ("count", "sizes")
+
+    def __init__(self, count: dict[int, int] | None = None) -> None:
+        self.count: dict[int, int] = dict(count or {})
+        self.sizes: list[int] = sorted(self.count)
+
+    def copy(self) -> _Pool:
+        return _Pool(self.count)
+
+    def add(self, size: int, n: int) -> None:
+        if size in self.count:
+            self.count[size] += n
+        else:
+            self.count[size] = n
+            bisect.insort(self.sizes, size)
+
+    def take(self, size: int, n: int) -> None:
+        left = self.count[size] - n
+        if left:
+            self.count[size] = left
+        else:
+            del self.count[size]
+            del self.sizes[bisect.bisect_left(self.sizes, size)]
+
+    def best_fit(self, size: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, size)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+
+class _Cache:
+    """Free blocks per pool, and the reserved total."""
+
+    def __init__(self) -> None:
+        self.free: list[_Pool] = [_Pool(), _Pool()]  # [large pool, small pool]
+        self.reserved = 0
+
+    def snapshot(self) -> list[_Pool]:
+        return [pool.copy() for pool in self.free]
+
+    def alloc(self, size: float, count: int, new: list[tuple[int, int, int]]) -> None:
+        """Serve ``count`` requests of ``size``; new segments are appended to ``new``."""
+        r = round_size(size)
+        small = r <= SMALL_SIZE
+        pool = self.free[int(small)]
+        while count > 0:
+            block = pool.best_fit(r)
+            if block is None:
+                seg = segment_size(r)
+                rest = seg - r
+                n = 1 if (_splits(rest, small) and rest >= r) else count
+                self.reserved += n * seg
+                new.append((int(small), seg, n))
+                if _splits(rest, small):
+                    pool.add(rest, n)
+                count -= n
+                continue
+            rest = block - r
+            if _splits(rest, small) and rest >= r:
+                # Split again and again: each remainder is the next best fit (nothing free lies
+                # between r and the block), so serve the whole run of splits at once.
+                floor = max(r, MIN_BLOCK if small else SMALL_SIZE + 1)
+                n = min(count, (block - floor) // r)
+                pool.take(block, 1)
+                pool.add(block - n * r, 1)
+                count -= n
+                continue
+            n = min(count, pool.count[block])
+            pool.take(block, n)
+            if _splits(rest, small):
+                pool.add(rest, n)
+            count -= n
+
+    def transient(self, tensors: Tensors) -> None:
+        """Allocate ``tensors`` together, then free them: every segment merges back."""
+        before = self.snapshot()
+        new: list[tuple[int, int, int]] = []
+        for size, count in tensors:
+            self.alloc(size, count, new)
+        self.free = before
+        for small, seg, n in new:
+            self.free[small].add(seg, n)
+
+    def keep(self, tensors: Tensors) -> None:
+        """Allocate ``tensors`` for good."""
+        new: list[tuple[int, int, int]] = []
+        for size, count in tensors:
+            self.alloc(size, count, new)
+
+
+def tensor_bytes(tensors: Tensors) -> float:
+    """Bytes of ``tensors`` as requested (before rounding)."""
+    return sum(size * count for size, count in tensors)
+
+
+def reserved_bytes(t: StepTensors) -> Reserved:
+    """The cache's peak and each phase's own share of it.
+
+    Order: the resident states; iteration 1's forward/backward (fresh segments); its step (the
+    lazy moments, kept, then the temporaries, which get new segments for what the freed
+    activation blocks cannot hold); iteration 2's forward/backward and step (a third finds the
+    same cache).
+    """
+    cache = _Cache()
+    cache.keep(t.resident)
+    states = cache.reserved
+    cache.transient(t.fwd_bwd)
+    cache.keep(t.lazy)  # resident from here on: charged to the states
+    with_moments = cache.reserved
+    cache.transient(t.step)
+    first_step = cache.reserved
+    cache.transient(t.fwd_bwd)
+    fwd_bwd = with_moments + cache.reserved - first_step
+    cache.transient(t.step)
+    alone = _Cache()
+    alone.keep(t.lazy)
+    alone.keep(t.step)
+    return Reserved(float(cache.reserved), float(fwd_bwd), float(states + alone.reserved))

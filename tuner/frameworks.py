@@ -1,0 +1,92 @@
+"""The frameworks tuner drives, and which of Megatron-LM's and DeepSpeed's parts each one uses.
+
+One table that the validity rules, the memory and time models, the pipeline splits and the
+templates read, so "uses DeepSpeed's pipeline" or "shards with Megatron's tensor parallelism"
+is decided in one place:
+
+- ``megatron``: Megatron-LM (megatron-core) end to end.
+- ``deepspeed``: DeepSpeed with the repo's own GPT workload (``workloads/gpt_deepspeed.py``): its
+  ``PipelineModule``, ZeRO and DeepSpeed's optimizer wrappers; no tensor parallelism.
+- ``megatron-deepspeed``: microsoft/Megatron-DeepSpeed (the BLOOM-176B stack, forked from
+  Megatron-LM v2-v3): Megatron's model code and tensor parallelism (``megatron/mpu`` /
+  ``megatron/core/tensor_parallel``), with ``GPTModelPipe`` (``megatron/model/gpt_model.py``) a
+  DeepSpeed ``PipelineModule`` run by DeepSpeed's ``PipelineEngine``, and DeepSpeed's ZeRO and
+  BF16 optimizer (``pretrain_gpt.py`` -> ``deepspeed.initialize``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Framework = Literal["megatron", "deepspeed", "megatron-deepspeed"]
+FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
+PipelineModuleKind = Literal["workload", "gpt_model_pipe"]
+
+MEGATRON_DEEPSPEED_FORK = "microsoft/Megatron-DeepSpeed"
+"""The fork the ``megatron-deepspeed`` template and rules follow (HEAD f4157bea, 2024-12)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Traits:
+    """What one framework takes from Megatron-LM and from DeepSpeed."""
+
+    megatron_model: bool
+    """Megatron's model code: tensor parallelism (heads / FFN divisibility), sequence
+    parallelism, the vocabulary padded to 128 x TP, Megatron's iteration log lines."""
+    deepspeed_pipeline: bool
+    """DeepSpeed's ``PipelineModule`` / ``PipelineEngine``: ``partition_method`` splits,
+    ``TrainSchedule`` buffers, whole activations sent between stages, one process group per
+    adjacent stage pair; no interleaved schedule."""
+    deepspeed_optimizer: bool
+    """ZeRO stages and DeepSpeed's optimizer wrappers (``tuner.optimizer_layout``); otherwise
+    Megatron's (distributed) optimizer."""
+    context_parallel: bool
+    """Megatron-core context parallelism (``--context-parallel-size``)."""
+    pipeline_module: PipelineModuleKind | None
+    """Which ``PipelineModule`` layer list is partitioned (``tuner.pipeline_split``)."""
+    default_partition: str | None
+    """The ``partition_method`` the framework's pipeline module uses (``pipeline_split: even``)."""
+    split_family: Literal["megatron", "deepspeed"]
+    """Whose ``pipeline_split`` values the framework takes."""
+
+
+TRAITS: dict[Framework, Traits] = {
+    "megatron": Traits(
+        megatron_model=True, deepspeed_pipeline=False, deepspeed_optimizer=False,
+        context_parallel=True, pipeline_module=None, default_partition=None,
+        split_family="megatron",
+    ),
+    "deepspeed": Traits(
+        megatron_model=False, deepspeed_pipeline=True, deepspeed_optimizer=True,
+        context_parallel=False, pipeline_module="workload",
+        default_partition="type:Block",  # workloads/gpt_deepspeed.py partitions by block type
+        split_family="deepspeed",
+    ),
+    "megatron-deepspeed": Traits(
+        megatron_model=True, deepspeed_pipeline=True, deepspeed_optimizer=True,
+        context_parallel=False, pipeline_module="gpt_model_pipe",
+        # megatron/model/gpt_model.py GPTModelPipe: partition_method='type:transformer'
+        default_partition="type:transformer",
+        split_family="deepspeed",
+    ),
+}  # fmt: skip
+
+
+def traits(framework: str) -> Traits:
+    """The traits of ``framework`` (one of :data:`FRAMEWORKS`)."""
+    try:
+        return TRAITS[framework]  # type: ignore[index]
+    except KeyError:
+        raise ValueError(f"unknown framework {framework!r}: one of {FRAMEWORKS}") from None
+
+
+def padded_vocab(vocab_size: int, tp: int, framework: str, divisible_by: int = 128) -> int:
+    """The vocabulary rows the framework builds: Megatron's model code pads to a multiple of
+    ``--make-vocab-size-divisible-by`` (128) x TP (megatron/training/tokenizer
+    ``_vocab_size_with_padding``; the same function in Megatron-DeepSpeed's
+    megatron/tokenizer/tokenizer.py); DeepSpeed's workload uses the vocabulary as it is."""
+    if not traits(framework).megatron_model:
+        return vocab_size
+    step = divisible_by * tp
+    return -(-vocab_size // step) * step

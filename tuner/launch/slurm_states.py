@@ -1,0 +1,155 @@
+"""What Slurm says about a trial's job, turned into facts the study can use (no job handling).
+
+* **Pending reasons** (``squeue %r`` / ``scontrol``'s ``Reason=``): some can never clear while the
+  job stays as submitted (more nodes than the partition has, an account that does not exist, a
+  GRES limit of the association or QOS): :func:`never_starts` says so, and the job is cancelled
+  at once instead of waiting for the trial's limit. Temporary reasons (Resources, Priority,
+  Dependency, ...) wait up to ``cluster.slurm.pending_limit_min``. Reason names: Slurm's
+  ``squeue(1)`` "JOB REASON CODES" and ``src/common/slurm_protocol_defs.c`` (job_reason_string).
+* **Final records** from ``sacct`` (State, ExitCode, Elapsed, MaxRSS of the steps) where
+  accounting storage exists; without it (no slurmdbd: ``sacct`` fails with "accounting storage
+  is disabled") the fields ``scontrol show job`` still had are used, and the log says so once.
+* **Outcomes** decided by Slurm itself (:func:`scheduler_verdict`): the host killed the job for
+  memory, the job was preempted or cancelled by someone else. Everything else is judged from the
+  nodes' exit codes and logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from tuner.outcome import Outcome
+
+logger = logging.getLogger(__name__)
+
+Run = Callable[[Sequence[str]], tuple[int, str, str]]
+"""Runs one Slurm client command: argv -> (exit code, stdout, stderr)."""
+
+NEVER_STARTS = frozenset({
+    "PartitionConfig",  # asks for more than the partition's configuration allows
+    "PartitionNodeLimit",  # more (or fewer) nodes than the partition's limits
+    "PartitionTimeLimit",  # --time above the partition's MaxTime
+    "PartitionDown", "PartitionInactive",  # no job of it starts until an admin acts
+    "BadConstraints",  # no node has the features asked for
+    "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+    "QOSMaxGRESPerJob", "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit",
+    "QOSMaxWallDurationPerJobLimit", "AssocMaxGRESPerJob", "AssocMaxNodesPerJob",
+    "AssocMaxWallDurationPerJobLimit", "AssocGrpGRES", "AssocGrpNodeLimit",
+    "AssocGrpCpuLimit", "QOSGrpGRES", "QOSGrpNodeLimit",
+    # *Grp* limits cap the whole group's usage: a job asking more than the cap alone never
+    # fits; Slurm gives the same reason while others' jobs hold the cap, which is a
+    # permanent "no" for a tuner that submits the same shape again and again.
+    "JobHeldAdmin",  # held by an administrator: not ours to release
+})  # fmt: skip
+"""Pending reasons that cannot clear while the job waits as submitted (module docstring)."""
+
+_DOWN = re.compile(r"\bState=\S*(DOWN|DRAIN|FAIL|FUTURE|NOT_RESPONDING)")
+
+
+def pending_reason(fields: Mapping[str, str]) -> str:
+    """The reason word of a pending job (``ReqNodeNotAvail, UnavailableNodes:n3`` keeps all)."""
+    return fields.get("Reason", "None").strip()
+
+
+def never_starts(reason: str, run: Run) -> bool:
+    """Whether a job pending for ``reason`` can never start. ``ReqNodeNotAvail`` is permanent
+    only when every node it names is down or drained (a reservation or a busy node clears)."""
+    word = reason.split(",")[0].strip()
+    if word in NEVER_STARTS:
+        return True
+    if word != "ReqNodeNotAvail":
+        return False
+    m = re.search(r"UnavailableNodes:(\S+)", reason)
+    if m is None:
+        return False
+    code, out, _err = run(["scontrol", "show", "node", "-o", m.group(1)])
+    lines = [line for line in out.splitlines() if line.strip()]
+    return code == 0 and bool(lines) and all(_DOWN.search(line) for line in lines)
+
+
+class Accounting:
+    """Final job records from ``sacct``, or from ``scontrol`` where accounting is absent."""
+
+    FIELDS = ("State", "ExitCode", "Elapsed", "MaxRSS")
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self.disabled: str | None = None
+        """Why ``sacct`` cannot be used here (set after the first failure), else None."""
+        self._lock = threading.Lock()
+
+    def final(self, job_id: str, fields: Mapping[str, str] | None) -> dict[str, str]:
+        """State, ExitCode, Elapsed, MaxRSS (where known) and ``source`` (sacct | scontrol).
+
+        ``fields``: what ``scontrol show job`` last said (None once Slurm forgot the job)."""
+        if self.disabled is None:
+            record = self._sacct(job_id)
+            if record:
+                return record
+        out = {"source": "scontrol"}
+        if fields:
+            out["State"] = fields.get("JobState", "UNKNOWN")
+            out["ExitCode"] = fields.get("ExitCode", "")
+            out["Elapsed"] = fields.get("RunTime", "")
+        return out
+
+    def _sacct(self, job_id: str) -> dict[str, str]:
+        argv = ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID," + ",".join(self.FIELDS)]
+        try:
+            code, out, err = self._run(argv)
+        except Exception as exc:  # no sacct binary: the same as no accounting
+            code, out, err = 127, "", str(exc)
+        if code != 0:
+            self._disable(err.strip().splitlines()[-1] if err.strip() else f"exit {code}")
+            return {}
+        record: dict[str, str] = {}
+        rss = 0
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) != 1 + len(self.FIELDS):
+                continue
+            if parts[0] == job_id:
+                record.update(zip(self.FIELDS[:3], parts[1:4], strict=True))
+            rss = max(rss, _bytes(parts[4]))
+        if not record:  # not (yet) in the database: slurmdbd gets records with a delay
+            return {}
+        if rss:
+            record["MaxRSS"] = str(rss)
+        record["source"] = "sacct"
+        return record
+
+    def _disable(self, why: str) -> None:
+        with self._lock:
+            if self.disabled is None:
+                self.disabled = why
+                logger.warning(
+                    "sacct cannot be used (%s): final job states come from scontrol and squeue "
+                    "(no MaxRSS); configure Slurm accounting (slurmdbd) to get them",
+                    why,
+                )
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _bytes(text: str) -> int:
+    """``sacct``'s MaxRSS (``2048K``, ``1.5G``) in bytes; 0 when empty or unreadable."""
+    m = re.fullmatch(r"([0-9.]+)([KMGT]?)", text.strip())
+    return int(float(m.group(1)) * _UNITS[m.group(2)]) if m else 0
+
+
+def scheduler_verdict(state: str, raw_state: str) -> tuple[str, str] | None:
+    """(outcome, reason) Slurm decided for a job that ended without the tuner cancelling it;
+    None when the nodes' exit codes and logs decide. ``raw_state``: ``CANCELLED by 1000``."""
+    if state == "OUT_OF_MEMORY":
+        # The node's cgroup memory limit killed a step (host RAM, not the GPU's).
+        return str(Outcome.OOM), f"Slurm: {raw_state} (host memory limit of the job)"
+    if state == "PREEMPTED":
+        return str(Outcome.INTERRUPTED), "Slurm preempted the job"
+    if state == "CANCELLED":
+        who = raw_state.removeprefix("CANCELLED").strip() or "outside the tuner"
+        return str(Outcome.INTERRUPTED), f"Slurm job cancelled {who} (not by the tuner)"
+    return None

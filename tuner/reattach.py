@@ -1,0 +1,174 @@
+"""A restarted worker takes over the batch jobs (Slurm) a dead predecessor left queued or running.
+
+A batch job outlives the tuner that submitted it: killing ``tune run`` with SIGKILL leaves its
+Slurm jobs in the queue. When ``tune run`` starts again, every launched trial still RUNNING in the
+storage whose worker is dead (its process is gone from this machine, or its leases expired) and
+whose job Slurm still knows (found by the job name the trial's token gives) is adopted: this
+worker holds a node slot and the leases for it, beats for it, watches the job and records its
+result like its own. Jobs of the study that belong to no live trial (the tuner died between
+``sbatch`` and recording the trial's token, or the trial was already ended) are cancelled.
+
+Executors without batch jobs (local, SSH: their processes die with the tuner's session or are
+reaped by the token) have no ``attach`` and are left to :mod:`tuner.recovery`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.launch import LaunchRequest
+from tuner.layout import ResultsLayout
+from tuner.leases import Lease, Leases
+from tuner.parallel import ParallelConfig
+from tuner.schedule import Placement, Scheduler, live_running
+from tuner.spec import StudySpec
+from tuner.storage import record_heartbeats
+from tuner.trials import config_from_params
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """A dead worker's trial whose job this worker now watches."""
+
+    trial: optuna.Trial
+    config: ParallelConfig
+    job: Any  # tuner.launch.Job
+    placement: Placement
+
+
+def worker_dead(worker: str) -> bool:
+    """Whether a worker (``host:pid:nonce``) of this machine has no process any more (other
+    machines' workers are judged by their leases)."""
+    host, _, rest = worker.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Reattach:
+    """Adopts a dead worker's batch jobs and cancels the study's stray ones (module docstring)."""
+
+    def __init__(
+        self, spec: StudySpec, study: optuna.Study, storage: optuna.storages.BaseStorage,
+        executor: Any, scheduler: Scheduler, leases: Leases, layout: ResultsLayout, *,
+        study_id: int, worker: str, heartbeat_s: float, on_adopt: Callable[[Adopted], None],
+    ) -> None:  # fmt: skip
+        self.spec, self.study, self.storage, self.executor = spec, study, storage, executor
+        self.scheduler, self.leases, self.layout = scheduler, leases, layout
+        self.study_id, self.worker, self.heartbeat_s = study_id, worker, heartbeat_s
+        self.on_adopt = on_adopt
+        if hasattr(executor, "attach"):
+            scheduler.adopt = self.adopt_lease
+
+    def adopt_lease(self, lease: Lease) -> bool:
+        """Before the scheduler cleans up an expired lease of a dead worker: adopt its trial's
+        job instead, when Slurm still has it; True when adopted (nothing to clean up)."""
+        trials = self.study.get_trials(deepcopy=False)
+        found = [t for t in trials if t.number == lease.trial
+                 and t.user_attrs.get("token") == lease.token]  # fmt: skip
+        if not found or found[0].state != TrialState.RUNNING:
+            return False
+        adopted = self._adopt(found[0])
+        if adopted is not None:
+            self.on_adopt(adopted)
+        return adopted is not None
+
+    def run(self, trials: list[FrozenTrial], watching: set[str]) -> None:
+        """Adopt what can be adopted (``on_adopt`` each), cancel the rest of the study's jobs;
+        ``watching``: the tokens of the jobs this worker already watches."""
+        if not hasattr(self.executor, "attach"):
+            return
+        alive = {t.number for t in live_running(trials, self.leases, self.worker,
+                                                self.heartbeat_s)}  # fmt: skip
+        adopted: list[Adopted] = []
+        for t in trials:
+            if self._lost(t, alive):
+                found = self._adopt(t)
+                if found is not None:
+                    adopted.append(found)
+                    self.on_adopt(found)
+        keep = watching | {a.job.token for a in adopted}
+        live = {t.number for t in trials if t.state == TrialState.RUNNING
+                and t.number in alive and not self._lost(t, alive)}  # fmt: skip
+        self._cancel_strays(trials, keep, live)
+
+    def _lost(self, t: FrozenTrial, alive: set[int]) -> bool:
+        attrs = t.user_attrs
+        worker = str(attrs.get("worker", ""))
+        return (
+            t.state == TrialState.RUNNING
+            and bool(attrs.get("launched") and attrs.get("token") and attrs.get("hosts"))
+            and worker != self.worker
+            and (t.number not in alive or worker_dead(worker))
+        )
+
+    def _request(self, t: FrozenTrial) -> LaunchRequest:
+        hosts = tuple(t.user_attrs.get("hosts", ())) or ("slurm-0",)
+        return LaunchRequest(
+            trial=t.number, hosts=hosts, scripts=("",) * len(hosts),
+            paths=self.layout.trial(t.number), node_dir=t.user_attrs.get("node_dir"),
+            timeout_s=self.spec.search.trial_timeout_min * 60,
+        )  # fmt: skip
+
+    def _adopt(self, t: FrozenTrial) -> Adopted | None:
+        token = str(t.user_attrs["token"])
+        job_id = t.user_attrs.get("job_id")
+        job = self.executor.attach(
+            self._request(t), token, None if job_id is None else str(job_id)
+        )
+        if job is None:
+            return None  # Slurm forgot it: tuner.recovery keeps or re-runs its result
+        dead = str(t.user_attrs.get("worker"))
+        for lease in self.leases.held():
+            if lease.holder == dead and lease.trial == t.number:
+                self.leases.take_over(lease)
+        placement = self.scheduler.acquire()
+        if placement is None:  # more lost jobs than slots: end it, recovery re-runs it
+            logger.warning("trial %d: no free slot to watch its job on; cancelling it", t.number)
+            job.cancel()
+            return None
+        node_dir = t.user_attrs.get("node_dir")
+        self.scheduler.launched(placement, t.number, token, node_dir)
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
+        trial = optuna.Trial(self.study, trial_id)
+        trial.set_user_attr("worker", self.worker)
+        trial.set_user_attr("reattached_from", dead)
+        record_heartbeats(self.storage, self.study_id, (t.number,))
+        logger.info("trial %d: watching its job again (worker %s died)", t.number, dead)
+        return Adopted(trial, config_from_params(self.spec, t.params), job, placement)
+
+    def _cancel_strays(self, trials: list[FrozenTrial], keep: set[str], live: set[int]) -> None:
+        dirs = [str(self.layout.trial(0).dir.resolve())]
+        dirs += [str(t.user_attrs["node_dir"]) for t in trials if t.user_attrs.get("node_dir")]
+        by_number = {t.number: t for t in trials}
+        for job_id, number, token in self.executor.study_jobs(dirs):
+            if token in keep or number in live:
+                continue
+            t = by_number.get(number)
+            request = self._request(t) if t is not None else LaunchRequest(
+                trial=number, hosts=("slurm-0",), scripts=("",),
+                paths=self.layout.trial(number),
+            )  # fmt: skip
+            logger.warning("Slurm job %s (trial %d) belongs to no live trial: cancelling it",
+                           job_id, number)  # fmt: skip
+            try:
+                self.executor.reap_lost(request, token)
+            except Exception as exc:  # a stuck job must not stop the study
+                logger.error("cannot cancel Slurm job %s: %s", job_id, exc)

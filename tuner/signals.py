@@ -1,0 +1,44 @@
+"""SIGINT / SIGTERM during ``tune run``: the study loop stops cleanly instead of dying."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tuner.study import StudyLoop
+
+logger = logging.getLogger("tuner.study")
+
+
+@contextmanager
+def stop_on_signals(loop: StudyLoop) -> Iterator[None]:
+    """SIGINT / SIGTERM stop the loop cleanly (running trials cancelled, marked interrupted).
+
+    A second signal while stopping is noted, not acted on: the cleanup must finish (the
+    reapers run in their own sessions, so a terminal's Ctrl-C does not reach them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if loop.stop_requested is not None:
+            logger.warning("%s: still stopping; the running trials are being cleaned up", name)
+        loop.request_stop(f"interrupted by {name}")
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        if loop.stop_requested is None:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        # else: stopping; a late second Ctrl-C must not kill the process while it closes down
+        # (a KeyboardInterrupt while the interpreter joins its threads ends it by SIGINT).
