@@ -342,3 +342,24 @@ def test_load_imbalance_and_fp8_change_the_step() -> None:
     faster = estimate_time(m, fp8, c, H100, 8, rates=catalog_rates(H100, "fp8"))
     assert faster.compute < even.compute and faster.mfu > even.mfu
     assert catalog_rates(H100, "fp8").peak == catalog_rates(H100, "bf16").peak
+
+
+def test_a_nan_load_balancing_loss_is_divergence() -> None:
+    """Megatron prints MoE aux losses as ``| load_balancing_loss: X |`` beside ``lm loss``
+    (training.py track_moe_metrics); a NaN there is a diverged run like a NaN lm loss."""
+    from tuner.logs import parse_log
+    from tuner.outcome import Outcome
+
+    line = (
+        " [2026-01-01 00:00:00] iteration {i:8d}/      10 | consumed samples: {s:12d} | "
+        "elapsed time per iteration (ms): 1000.0 | learning rate: 3.0E-04 | "
+        "global batch size:    16 | lm loss: 2.5E+00 | load_balancing_loss: {aux} | "
+        "loss scale: 1.0 | grad norm: 1.0 | number of skipped iterations:   0 | "
+        "number of nan iterations:   0 |"
+    )
+    ok = "\n".join(line.format(i=i, s=16 * i, aux="1.01E+00") for i in range(1, 6))
+    assert parse_log(ok, "megatron", exit_codes=[0]).outcome is Outcome.OK
+    bad = ok + "\n" + line.format(i=6, s=96, aux="nan")
+    metrics = parse_log(bad, "megatron", exit_codes=[1])
+    assert metrics.outcome is Outcome.DIVERGED
+    assert "load_balancing_loss" in str(metrics.reason)
