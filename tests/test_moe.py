@@ -363,3 +363,19 @@ def test_a_nan_load_balancing_loss_is_divergence() -> None:
     metrics = parse_log(bad, "megatron", exit_codes=[1])
     assert metrics.outcome is Outcome.DIVERGED
     assert "load_balancing_loss" in str(metrics.reason)
+
+
+def test_the_mixtral_study_ranks_megatrons_published_mapping_first() -> None:
+    """studies/mixtral-8x7b.yaml: Megatron's MoE README gives TP1 EP8 PP4 as the best mapping
+    for Mixtral 8x7B on 64 H100 ("EP8TP1 is better than EP4TP2 for 8x7B"); the model agrees."""
+    from tuner.space import enumerate_space
+    from tuner.studyfile import load_study
+
+    report = enumerate_space(load_study("mixtral-8x7b"))
+    assert report.invalid_by_rule["expert_grid"] > 0
+    best = report.ranked()[0].config
+    assert (best.tp, best.ep, best.pp) == (1, 8, 4)
+    by_key = {c.config.key(): c for c in report.viable}
+    ep4tp2 = dataclasses.replace(best, tp=2, ep=4, sequence_parallel=True, dp=8)
+    slower, fastest = by_key[ep4tp2.key()].time, report.ranked()[0].time
+    assert slower is not None and fastest is not None and slower.step > fastest.step
