@@ -316,6 +316,10 @@ def test_expert_parallel_all_to_all_costs_more_across_nodes() -> None:
     ))  # fmt: skip
     # EP shards the experts' optimizer states: the step streams fewer of them
     assert ep8.optimizer < ep1.optimizer
+    # full recompute reruns each layer's forward, its dispatch and combine included: 2 of 4
+    full = dataclasses.replace(base, ep=8, recompute="full", recompute_method="uniform",
+                               recompute_num_layers=1)  # fmt: skip
+    assert estimate_time(m, t, full, H100, 8).ep_comm == pytest.approx(1.5 * ep8.ep_comm)
 
 
 def test_top_k_routing_sets_the_model_flops() -> None:

@@ -496,6 +496,8 @@ def estimate_time(
         mt = moe_layer_times(model, rates, config, gpus_per_node, ring)
         fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
         ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
+        if config.recompute == "full":  # the checkpointed layer's forward dispatches again
+            ep_layer += _recompute_fraction(config, model) * share * mt.comm_fwd
         psi += layers * share * nonexpert_delta_per_layer(model, config)
         expert_psi = layers * share * expert_params_per_layer(model, config)
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
