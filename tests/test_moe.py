@@ -260,6 +260,9 @@ def test_moe_activations_worked_by_hand() -> None:
     assert moe.sharded - dense.sharded == pytest.approx(-196608 + 1536 + 263168)
     assert moe.replicated == dense.replicated
     assert dispatch_buffer_bytes(SMALL, c, "bf16") == pytest.approx(65536)
+    # allgather: the 2 EP ranks' 128 tokens gathered (h e = 128 B each) and the reduce-scatter
+    gather = dataclasses.replace(c, moe_token_dispatcher="allgather")
+    assert dispatch_buffer_bytes(SMALL, gather, "bf16") == pytest.approx(2 * 256 * 128)
     # a stated imbalance of 1.5 scales the routed-token terms; a capacity factor caps it
     skewed = dataclasses.replace(SMALL, moe=dataclasses.replace(SMALL.moe, imbalance=1.5))  # type: ignore[type-var]
     assert moe_layer_activations(skewed, c, "bf16", dense).sharded - moe.sharded == (

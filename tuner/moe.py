@@ -187,11 +187,15 @@ def moe_layer_activations(
 def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
     """Transient bytes of one MoE layer's dispatch: the permuted send buffer of the dispatch
     all-to-all and the expert output before the combine all-to-all ([MD]); with ETP > 1 also
-    the all-gathered copy. Live while one layer's forward (or backward) runs."""
+    the all-gathered copy; the allgather dispatcher holds the TP x EP group's gathered tokens.
+    Live while one layer's forward (or backward) runs."""
     if model.moe is None:
         return 0.0
     e = 4.0 if precision == "fp32" else 2.0
     h = model.hidden_size
+    if c.moe_token_dispatcher == "allgather":
+        # [MD] the hidden states gathered over TP x EP, and the reduce-scatter's input
+        return 2.0 * _rank_tokens(model, c) * c.tp * c.ep * h * e
     sent = _rank_tokens(model, c) * model.moe.router_topk * load_factor(model.moe)
     return 2.0 * sent * h * e + (expert_tokens(model, c) * h * e if c.expert_tp > 1 else 0.0)
 
