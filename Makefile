@@ -52,9 +52,11 @@ demo-warmup: $(STAMP)
 	  --num-attention-heads 2 --seq-length 32 --vocab-size 128 --train-iters 1 \
 	  > $(DEMO_WARMUP)/warmup.log 2>&1 || { tail -20 $(DEMO_WARMUP)/warmup.log; exit 1; }
 
-# The demo: a real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed
-# from results/demo/study.db when run again, then its leaderboard, best ds_config and report.
+# The demo: a short cluster profile (GEMM and gloo collective speeds, results/clusters/), then a
+# real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed from
+# results/demo/study.db when run again, then its leaderboard, best ds_config and report.
 demo: demo-warmup
+	$(VENV)/bin/tune profile --study demo --warmup 2 --repeats 5
 	$(VENV)/bin/tune run --study demo
 	$(VENV)/bin/tune leaderboard --study demo --all
 	$(VENV)/bin/tune best --study demo --emit ds-config

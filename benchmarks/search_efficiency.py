@@ -21,10 +21,20 @@ and including the first whose true step time is within 2 % of the best that real
 * ``tune``: default search settings (TPE, top 3 predicted configs enqueued, early stop after 10
   trials without a 1 % gain); only ``n_trials`` is raised to the space size so the count is not
   cut. A study that stops before reaching 2 % counts as a miss, charged the whole space's size.
-* ``tune-no-early-stop``: the same without the early stop, to tell search from stopping apart.
+* ``tune-no-early-stop``: the same without either stop rule, to tell search from stopping apart.
+* ``tune-count-rule``: tune with only the count rule (``stop_chance: null``), to show what the
+  "answer is known" rule saves in launches.
 * ``tpe``: tune with Optuna's TPE sampler instead of the model sampler, other settings default.
 * ``random``: Optuna's RandomSampler through the same loop, nothing enqueued, no early stop.
 * ``grid``: Optuna's GridSampler (it visits the grid in a random order per seed), the same way.
+* ``second`` / ``second-calibrated``: a second tune study on the same surface (other sampler and
+  noise seeds), without and with the calibration (``tuner.calibration``) that a first tune study
+  of the same seed saved for the cluster; a table over seeds compares their runs to within 2 %.
+
+``tune``, ``tune-count-rule`` and ``tpe`` run on until their own stop rules end them:
+``launches`` is every launch they paid for (runs to the best plus the launches spent making
+sure), ``known-stop`` how many searches ended because no untried config had a 10 % chance of a
+1 % gain (``tuner.stopping``) rather than by the count rule or the budget.
 
 The baselines get the memory screen and duplicate skipping too, so the table isolates the search
 strategy; ``grid (no model)`` is the expected count for a shuffled grid that launches every
@@ -55,6 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.standins import pretrain_gpt as standin  # noqa: E402
+from tuner.calibration import record_study  # noqa: E402
 from tuner.launch import LaunchRequest, render_launch  # noqa: E402
 from tuner.parallel import ParallelConfig  # noqa: E402
 from tuner.space import enumerate_space  # noqa: E402
@@ -85,7 +96,9 @@ def study_data(
     if method in ("tpe", "gp"):  # tune with another of its samplers, other settings default
         search |= {"sampler": method}
     elif method == "tune-no-early-stop":
-        search |= {"early_stop_trials": None}
+        search |= {"early_stop_trials": None, "stop_chance": None}
+    elif method == "tune-count-rule":
+        search |= {"stop_chance": None}
     elif method != "tune":
         search |= {"sampler": method, "enqueue_top": 0, "early_stop_trials": None}
     env = {"TUNER_STANDIN_TIME_SCALE": "0", "TUNER_STANDIN_NOISE_SEED": str(seed)}
@@ -203,26 +216,41 @@ class Outcome:
     found: bool
     oom_launches: int
     wall_s: float
+    launches: int | None = None
+    """Every launch until the study stopped by itself; None when cut at the target."""
+    stop: str = ""
 
 
-def search(spec: StudySpec, t: Truth, results: Path) -> Outcome:
-    """Drive the real study loop until a good config is measured or the loop stops."""
+def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -> Outcome:
+    """Drive the real study loop until a good config is measured or the loop stops; with
+    ``until_stop``, on until it stops by itself (its stop rules), counting every launch, and
+    its trials are saved to the cluster's calibration as ``tune run`` does at its end."""
     start = time.perf_counter()
     loop = build_loop(spec, results=str(results), launcher=fast_launcher)
     loop.poll_s = 0.0
+    first: tuple[int, bool] | None = None
     try:
         loop.seed()
         while True:
             alive = loop.step()
             runs, found, ooms = tally(loop, t)
-            if found or not alive:
+            if found and first is None:
+                first = (runs, found)
+            if (found and not until_stop) or not alive:
                 break
             time.sleep(0.01)
+        stop = loop.summary.stop_reason  # before the benchmark's own stop replaces it
         loop.request_stop("benchmark: target reached")
         loop.step()
+        trials = loop.trials()
+        if until_stop:
+            record_study(spec, trials, loop.gpu.memory_gib, results)
     finally:
         loop.executor.close()
-    return Outcome(runs if found else t.valid, found, ooms, time.perf_counter() - start)
+    runs, found = first or (t.valid, False)
+    launched = sum(bool(x.user_attrs.get("launched")) for x in trials)
+    return Outcome(runs, found, ooms, time.perf_counter() - start,
+                   launched if until_stop else None, stop)  # fmt: skip
 
 
 def tally(loop: StudyLoop, t: Truth) -> tuple[int, bool, int]:
@@ -237,16 +265,36 @@ def tally(loop: StudyLoop, t: Truth) -> tuple[int, bool, int]:
     return len(launched), False, ooms
 
 
+SECOND_SEED = 100
+"""The second study of the calibration comparison: another sampler seed and other noise."""
+
+
 def run_method(
     surface: str, space: str, method: str, t: Truth, seeds: int, tmp: Path
 ) -> list[dict[str, Any]]:
-    """Every seed of one method on one surface: one row each."""
+    """Every seed of one method on one surface: one row each.
+
+    ``tune``, ``tune-count-rule`` and ``tpe`` run on until their own stop rules end them
+    (launches counted).
+    ``second`` and ``second-calibrated``: a second tune study on the same surface (sampler seed
+    and noise seed + SECOND_SEED), without and with the calibration a first ``tune`` study of
+    the same seed saved (in the same results folder, so the same cluster)."""
     rows = []
     for seed in range(seeds):
-        spec = study_from_mapping(study_data(surface, method, seed, t.valid, space))
-        out = search(spec, t, tmp / f"{space}-{surface}-{method}-{seed}")
+        root = tmp / f"{space}-{surface}-{method}-{seed}"
+        if method in ("second", "second-calibrated"):
+            if method == "second-calibrated":
+                first = study_from_mapping(study_data(surface, "tune", seed, t.valid, space))
+                search(first, t, root, until_stop=True)
+            data = study_data(surface, "tune", seed + SECOND_SEED, t.valid, space)
+            data["name"] = f"eff-{surface}-{method}-{seed}"
+            out = search(study_from_mapping(data), t, root)
+        else:
+            spec = study_from_mapping(study_data(surface, method, seed, t.valid, space))
+            out = search(spec, t, root, until_stop=method in ("tune", "tpe", "tune-count-rule"))
         rows.append({"space": space, "surface": surface, "method": method, "seed": seed,
                      "runs": out.runs, "found": out.found, "oom_launches": out.oom_launches,
+                     "launches": out.launches, "stop": out.stop,
                      "wall_s": round(out.wall_s, 2)})  # fmt: skip
     return rows
 
@@ -254,10 +302,40 @@ def run_method(
 def summary_row(space: str, surface: str, method: str, rows: list[dict[str, Any]]) -> list[str]:
     """One line of the table for one method on one surface."""
     runs = [r["runs"] for r in rows]
+    launches = [r["launches"] for r in rows if r.get("launches") is not None]
+    known = sum(r.get("stop", "").startswith("the answer is known") for r in rows)
     return [space, surface, method, f"{statistics.mean(runs):.1f}",
             f"{statistics.median(runs):g}", f"{min(runs)}-{max(runs)}",
             str(sum(not r["found"] for r in rows)), str(sum(r["oom_launches"] for r in rows)),
+            f"{statistics.mean(launches):.1f}" if launches else "",
+            f"{known}/{len(rows)}" if launches else "",
             f"{statistics.mean(r['wall_s'] for r in rows):.1f}"]  # fmt: skip
+
+
+def print_calibration_table(rows: list[dict[str, Any]]) -> None:
+    """Runs to within 2 % of the best of the second study, per seed: without and with the
+    calibration the first study saved."""
+    runs = {(r["space"], r["surface"], r["seed"], r["method"]): r["runs"] for r in rows}
+    cases = sorted({k[:3] for k in runs if k[3] == "second-calibrated" and (*k[:3], "second")
+                    in runs})  # fmt: skip
+    if not cases:
+        return
+    groups = sorted({c[:2] for c in cases})
+    seeds = sorted({c[2] for c in cases})
+    print("\nsecond study on the same surface, runs to within 2 % of the best: "
+          "without / with the saved calibration")  # fmt: skip
+    print("  ".join(["space/surface".ljust(22), *(f"seed {s}".ljust(8) for s in seeds), "mean"]))
+    for space, surface in groups:
+        cells, cold, warm = [], [], []
+        for seed in seeds:
+            a, b = runs.get((space, surface, seed, "second")), runs.get(
+                (space, surface, seed, "second-calibrated"))  # fmt: skip
+            cells.append(f"{a}/{b}".ljust(8))
+            if a is not None and b is not None:
+                cold.append(a)
+                warm.append(b)
+        mean = f"{statistics.mean(cold):.1f}/{statistics.mean(warm):.1f}"
+        print("  ".join([f"{space}/{surface}".ljust(22), *cells, mean]))
 
 
 def main() -> int:
@@ -265,7 +343,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--spaces", default="small,full")
     parser.add_argument("--surfaces", default="high_tp,pipeline,micro_batch,rugged,builtin")
-    parser.add_argument("--methods", default="tune,tune-no-early-stop,tpe,random,grid")
+    parser.add_argument(
+        "--methods", default="tune,tune-no-early-stop,tpe,random,grid,second,second-calibrated"
+    )
     parser.add_argument("--json", help="write every search's figures here")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -290,14 +370,14 @@ def main() -> int:
                     table.append(summary_row(space, surface, method, mine))
                 naive = (t.valid + 1) / (t.n_good + 1)
                 table.append([space, surface, "grid, no memory model (expected)",
-                              f"{naive:.1f}", "", "", "", "", ""])  # fmt: skip
+                              f"{naive:.1f}", "", "", "", "", "", "", ""])  # fmt: skip
                 if "tune" in means and "grid" in means:
                     share = means["tune"] / means["grid"]
                     ratios.setdefault(space, {})[surface] = share
                     table.append([space, surface, "tune / grid", f"{share:.0%}",
-                                  "", "", "", "", ""])  # fmt: skip
+                                  "", "", "", "", "", "", ""])  # fmt: skip
     header = ["space", "surface", "method", "mean runs", "median", "range", "misses",
-              "OOM launches", "s/search"]  # fmt: skip
+              "OOM launches", "launches", "known-stop", "s/search"]  # fmt: skip
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
     print()
     for r in [header, ["-" * w for w in widths], *table]:
@@ -311,6 +391,7 @@ def main() -> int:
                 print(f"{space}, {group}: tune needs {statistics.mean(mine):.0%} of the grid's "
                       f"runs on average (target <= 25 %), {statistics.mean(tune):.1f} runs "
                       "(target <= 8 on ~50 configs)")  # fmt: skip
+    print_calibration_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -138,9 +138,12 @@ def test_store_options_before_the_command_and_only_where_they_apply(
         assert main(argv) == 2
         assert "no results for study 'gpt-70b'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
-        main(["--results", elsewhere, "estimate", "--study", "gpt-70b"])
+        main(["--results", elsewhere, "parse-log", str(tmp_path / "x.log")])
     assert exc.value.code == 2
     assert "--results applies to run, leaderboard, best" in capsys.readouterr().err
+    # estimate reads the cluster's saved calibration under --results (none here)
+    assert main(["--results", elsewhere, "estimate", "--study", "gpt-70b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibrated"] is None
 
 
 @pytest.mark.parametrize("command", [["estimate", "--set", "tp=8"], ["space"],

@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tuner import cli_profile
 from tuner.api import estimate
 from tuner.errors import ConfigError, TunerError
 from tuner.outcome import Outcome
@@ -53,11 +54,15 @@ def _emit_json(data: Any) -> None:
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    result = estimate(spec, config_from_settings(spec, args.set or [])).to_dict()
+    found = estimate(spec, config_from_settings(spec, args.set or []))
+    result = found.to_dict()
+    line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
         _emit_json(result)
     else:
         _print_estimate(result, spec.search.memory_headroom)
+        if line:
+            _console().print(line)
     return 0
 
 
@@ -222,9 +227,10 @@ def _counts_table(spec: StudySpec, out: dict[str, Any]) -> Table:
 
 def _cmd_space(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    report = enumerate_space(spec)
+    report = enumerate_space(spec, keep_oom=True)
     out = report.counts()
     top = report.ranked()[: args.top] if args.top > 0 else []
+    lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results)
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
@@ -234,13 +240,15 @@ def _cmd_space(args: argparse.Namespace) -> int:
     console.print(_counts_table(spec, out))
     if top:
         console.print(_top_table(f"top {len(top)} by predicted step time", top))
+    for line in lines:
+        console.print(line)
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
-        return _dry_run(spec, args.format == "json", args.n_trials)
+        return _dry_run(spec, args.format == "json", args.n_trials, args.results)
     require_viable(spec, enumerate_space(spec, with_time=False))  # before any storage exists
     return _run(spec, args)
 
@@ -375,8 +383,9 @@ def _cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
-    report: SpaceReport = enumerate_space(spec)
+def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
+    report: SpaceReport = enumerate_space(spec, keep_oom=True)
+    lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results)
     require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
     ranked = report.ranked()
@@ -392,11 +401,17 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None) -> int:
         out = report.counts()
         out["launch_first"] = [_candidate_json(c) for c in first]
         out["n_trials"] = budget
+        out["calibrated"] = calibrated
         _emit_json(out)
         return 0
     console = _console()
     console.print(_counts_table(spec, report.counts()))
     console.print(_top_table(f"would launch first (top {len(first)} predicted)", first))
+    if lines and spec.search.sampler == "model":
+        for line in lines:
+            console.print(line)
+        console.print("the saved calibration reorders them: the model sampler starts from the "
+                      "calibrated ranking")  # fmt: skip
     console.print(f"{then} until {budget} runs; nothing was launched (--dry-run).")
     return 0
 
@@ -409,8 +424,9 @@ GLOBAL_DEFAULTS: dict[str, Any] = {"debug": False, "verbose": False, "quiet": Fa
 STORE_DEFAULTS: dict[str, Any] = {"results": "results", "storage": None}
 """Where a study's results live: options of run, leaderboard and best, also accepted before the
 command's name."""
-STORE_COMMANDS = ("run", "leaderboard", "best", "report")
-OPTUNA_COMMANDS = STORE_COMMANDS
+STORE_COMMANDS = ("run", "leaderboard", "best", "report", "profile", "calibrate", "space",
+                  "estimate")  # fmt: skip
+OPTUNA_COMMANDS = STORE_COMMANDS[:4]
 
 
 class _VersionAction(argparse.Action):
@@ -518,6 +534,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)
     handlers["best"] = _cmd_best
+    cli_profile.add_parsers(sub, handlers, add_format_option)
 
     from tuner.logs import cli as logs_cli
 

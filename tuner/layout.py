@@ -162,3 +162,41 @@ class ResultsLayout:
     def rebase(self, root: Path) -> ResultsLayout:
         """The same study laid out under another root (a remote node's work directory)."""
         return ResultsLayout(root, self.study)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLayout:
+    """What tuner keeps about one cluster, shared by every study on it::
+
+    <root>/clusters/<name>.yaml              the measured cluster profile (tune profile)
+    <root>/clusters/<name>.calibration.yaml  model corrections learned from measured trials
+    <root>/clusters/<name>.probe/            the profile job's files (scripts, node logs)
+    """
+
+    root: Path
+    """The results root (``./results`` by default)."""
+    name: str
+    """The cluster name (``cluster.name`` or its default); a plain name."""
+
+    def __post_init__(self) -> None:
+        _check_name("cluster name", self.name)
+
+    @property
+    def dir(self) -> Path:
+        """``<root>/clusters``."""
+        return self.root / "clusters"
+
+    @property
+    def profile_yaml(self) -> Path:
+        """The cluster profile."""
+        return self.dir / f"{self.name}.yaml"
+
+    @property
+    def calibration_yaml(self) -> Path:
+        """The saved calibration."""
+        return self.dir / f"{self.name}.calibration.yaml"
+
+    @property
+    def probe(self) -> TrialPaths:
+        """The profile job's directory, laid out as a trial's."""
+        return TrialPaths(self.dir / f"{self.name}.probe")

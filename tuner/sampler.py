@@ -26,6 +26,13 @@ over the limit is tried only when nothing else is left. (A cruder rule, "avoid e
 predicted to need as much as one that ran out", hid the best config of the stand-in's built-in
 surface: its OOMs came from no-recompute configs, its best used selective recompute.)
 
+The cluster's saved calibration (:mod:`tuner.calibration`: every measured trial of earlier
+studies on the same cluster) enters both regressions as extra rows, noisier when they come from
+a study with another setup, so a second study starts from the corrected ranking: with nothing
+measured yet in this study, its first proposal is the calibrated model's fastest config.
+:meth:`ModelGuidedSampler.chance_to_beat` tells the study loop when no untried config has a real
+chance left (:mod:`tuner.stopping`).
+
 Configs still running count as measured at their posterior mean ("kriging believer"), so
 parallel workers spread out. With nothing measured yet the proposal is
 the model's fastest config. When every admitted config has been tried, it proposes nothing and
@@ -47,6 +54,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.calibration import Observation, memory_fingerprint, setup_fingerprint
 from tuner.errors import StudyError
 from tuner.memory import GIB
 from tuner.outcome import Outcome
@@ -56,6 +64,9 @@ from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
 
+MIN_ERROR_RUNS = 4
+"""Measured configs needed before the model's error spread is estimated (leave-one-out over
+fewer is noise) and the search may stop on it (:mod:`tuner.stopping`)."""
 # The MoE knobs come last: a dense study never varies them, so its features stay as they were.
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
          "dispatcher")  # fmt: skip
@@ -171,18 +182,66 @@ class Posterior:
         return mu, np.sqrt(np.maximum(var, 1e-12))
 
 
-def fit(prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float) -> Posterior:
-    """Bayesian linear regression with a zero-mean diagonal Gaussian prior."""
-    precision = np.diag(prior_precision) + x.T @ x / noise**2
+def fit(
+    prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
+) -> Posterior:
+    """Bayesian linear regression with a zero-mean diagonal Gaussian prior; ``noise``: one
+    standard deviation for every row, or one per row (a saved measurement from another study
+    is noisier, :mod:`tuner.calibration`)."""
+    w = np.broadcast_to(1.0 / np.square(np.asarray(noise, dtype=float)), y.shape)
+    precision = np.diag(prior_precision) + x.T @ (x * w[:, None])
     cov = np.linalg.inv(precision)
-    mean = cov @ (x.T @ y) / noise**2
+    mean = cov @ (x.T @ (y * w))
     return Posterior(mean, cov)
+
+
+def fit_memory(
+    features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
+    noise: float | np.ndarray,
+) -> Posterior:  # fmt: skip
+    """The memory correction: log(measured / predicted) memory regressed on the features; a
+    row with ``bound`` set (a real OOM) only bounds its ratio from below."""
+    precision = features.memory_precision
+    post = fit(precision, x, y, noise)
+    for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
+        if not bound.any():
+            break
+        mu_seen, sd_seen = post.predict(x)
+        y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
+        post = fit(precision, x, y, noise)
+    return post
+
+
+def normal_cdf(z: np.ndarray) -> np.ndarray:
+    """The standard normal distribution function, elementwise."""
+    return np.asarray(0.5 * (1.0 + np.vectorize(math.erf)(np.asarray(z) / math.sqrt(2.0))))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Belief:
+    """What the corrected time model believes about the configs not tried yet."""
+
+    open_: list[int]
+    """Indices (into the ranked candidates) of the configs still to try."""
+    mu: np.ndarray
+    """Posterior mean of the log step time of each."""
+    sd: np.ndarray
+    """Posterior standard deviation of the correction (weights only, no run noise)."""
+    best: float | None
+    """log of the best step time measured in this study, or None."""
+    error_sd: float | None = None
+    """How far the corrected model has been off on configs it had not seen: the root mean
+    square of the leave-one-out residuals of log step time over this study's measured configs
+    (None below :data:`MIN_ERROR_RUNS` of them)."""
+    covered: np.ndarray | None = None
+    """Per untried config: every one of its knob values was measured at least once (in this
+    study or the saved calibration), so the model's error there is like the error seen."""
 
 
 def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     """Expected decrease below ``best`` of a Gaussian (mean ``mu``, sd ``sd``)."""
     z = (best - mu) / sd
-    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    cdf = normal_cdf(z)
     pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
     return np.asarray((best - mu) * cdf + sd * pdf)
 
@@ -191,10 +250,14 @@ class ModelGuidedSampler(BaseSampler):
     """Optuna sampler over a study's admitted configs; see the module docstring."""
 
     def __init__(
-        self, spec: StudySpec, seed: int | None = None, prior: Prior | None = None
-    ) -> None:
+        self, spec: StudySpec, seed: int | None = None, prior: Prior | None = None,
+        history: Sequence[Observation] = (),
+    ) -> None:  # fmt: skip
         self._spec = spec
         self._prior = prior or Prior()
+        self._history = tuple(history)
+        self._fingerprint = setup_fingerprint(spec)
+        self._memory_setup = memory_fingerprint(spec)
         self._random = RandomSampler(seed=seed)
         self._rng = np.random.default_rng(seed)
         self._space: dict[str, BaseDistribution] | None = None
@@ -216,6 +279,7 @@ class ModelGuidedSampler(BaseSampler):
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
             self._features = Features(self._configs, self._prior)
             self._x = np.array([self._features(c) for c in self._configs])
+            self._keys = [c.key() for c in self._configs]
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
         return self._configs
@@ -267,37 +331,50 @@ class ModelGuidedSampler(BaseSampler):
 
     def _fitting(
         self, open_: list[int], memory: dict[str, float], index: dict[str, int],
-        oom_keys: set[str],
+        oom_keys: set[str], past: Sequence[Observation],
     ) -> list[int]:  # fmt: skip
         """The candidates whose peak, corrected by the memory measured so far, fits; memory probes
         (``tuner.probe``) while they still have a real chance of fitting the GPU, and only once
         a peak was measured (never blind)."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
-        if not seen:
+        rows = [(self._features(o.parallel_config()), o) for o in past if o.memory_ratio]
+        if not seen and not rows:
             return [i for i in open_ if i not in self._probe_index]
-        x = self._x[[i for i, _ in seen]]
-        y = np.array([v for _, v in seen])
-        bound = np.array([k in oom_keys for k in memory if k in index])
-        precision = self._features.memory_precision
-        post = fit(precision, x, y, self._prior.memory_noise)
-        for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
-            if not bound.any():
-                break
-            mu_seen, sd_seen = post.predict(x)
-            y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
-            post = fit(precision, x, y, self._prior.memory_noise)
+        x = np.array([self._x[i] for i, _ in seen] + [r for r, _ in rows])
+        y = np.array([v for _, v in seen] + [o.memory_ratio or 0.0 for _, o in rows])
+        bound = np.array([k in oom_keys for k in memory if k in index]
+                         + [o.outcome == "oom" for _, o in rows], dtype=bool)  # fmt: skip
+        m = self._prior.memory_noise
+        noise = np.array(
+            [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for _, o in rows]
+        )
+        post = fit_memory(self._features, self._prior, x, y, bound, noise)
         mu, sd = post.predict(self._x[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
+        ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
+            o.parallel_config().key() for o in past
+            if o.outcome == "ok" and o.memory_setup == self._memory_setup
+        }  # fmt: skip
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
-        sigma = np.minimum(MEMORY_SIGMA, np.hypot(sd, self._prior.memory_noise))
+        sigma = np.minimum(MEMORY_SIGMA, np.hypot(sd, m))
         return [
             i for i, peak, s in zip(open_, corrected, sigma, strict=True)
-            if (may_probe(peak, self._gpu_gib, s) if i in self._probe_index
+            if self._keys[i] in ran
+            or (may_probe(peak, self._gpu_gib, s) if i in self._probe_index
                 else peak <= self._limit_gib)
         ]  # fmt: skip
 
-    def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
-        """The admitted config with the highest expected improvement, or None when all tried."""
+    def _past(self, trials: Sequence[FrozenTrial]) -> list[Observation]:
+        """The saved observations, less this study's own trials (those are in ``trials``)."""
+        own = {(t.number, t.user_attrs.get("key")) for t in trials}
+        return [
+            o for o in self._history
+            if not (o.study == self._spec.name and o.fingerprint == self._fingerprint
+                    and (o.trial, o.parallel_config().key()) in own)
+        ]  # fmt: skip
+
+    def belief(self, trials: Sequence[FrozenTrial]) -> Belief | None:
+        """The corrected model's belief about the untried configs; None when all were tried."""
         configs = self._candidates()
 
         measured: dict[str, float] = {}
@@ -334,26 +411,84 @@ class ModelGuidedSampler(BaseSampler):
         ]  # fmt: skip
         if not open_:
             return None
-        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms})
+        past = self._past(trials)
+        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms}, past)
         open_ = fitting or open_  # likely OOMs only when nothing else is left
+        best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]
-        if not seen:
-            return configs[open_[0]]  # the model's fastest admitted config
-        y = np.array([math.log(measured[keys[i]]) for i in seen]) - self._log_pred[seen]
-        x = self._x[seen]
-        post = fit(self._features.prior_precision, x, y, self._prior.noise)
+        rows = [(self._features(o.parallel_config()), o) for o in past if o.time_ratio]
+        if not seen and not rows:  # the model alone: its own ranking, no spread learned yet
+            return Belief(open_, self._log_pred[open_], np.zeros(len(open_)), best)
+        noise = self._prior.noise
+        x = np.array([self._x[i] for i in seen] + [r for r, _ in rows])
+        y = np.concatenate([
+            np.array([math.log(measured[keys[i]]) for i in seen]) - self._log_pred[seen],
+            [o.time_ratio or 0.0 for _, o in rows],
+        ])  # fmt: skip
+        sds = np.array(
+            [noise] * len(seen)
+            + [math.hypot(noise, o.transfer_sd(self._fingerprint)) for _, o in rows]
+        )
+        post = fit(self._features.prior_precision, x, y, sds)
         believed = [index[k] for k in pending if k in index]
         if believed:  # running configs count as measured at their posterior mean
             mu_b, _ = post.predict(self._x[believed])
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
-            post = fit(self._features.prior_precision, x, y, self._prior.noise)
+            sds = np.concatenate([sds, [noise] * len(believed)])
+            post = fit(self._features.prior_precision, x, y, sds)
         mu, sd = post.predict(self._x[open_])
-        mu = mu + self._log_pred[open_]
-        best = min(math.log(v) for v in measured.values())
-        ei = expected_improvement(mu, sd, best)
+        main = [i for key, i in self._features.index.items() if len(key) == 2]
+        measured_values = (x[:, main] != 0).any(axis=0)
+        covered = ~((self._x[open_][:, main] != 0) & ~measured_values).any(axis=1)
+        error_sd = self._error_sd(x, y, sds, seen)
+        return Belief(open_, mu + self._log_pred[open_], sd, best, error_sd, covered)
+
+    def _error_sd(
+        self, x: np.ndarray, y: np.ndarray, sds: np.ndarray, seen: list[int]
+    ) -> float | None:
+        """RMS of the leave-one-out residuals of this study's measured rows (the first
+        ``len(seen)`` rows of ``x``); the saved rows always stay in the fit."""
+        if len(seen) < MIN_ERROR_RUNS:
+            return None
+        residuals = []
+        for i in range(len(seen)):
+            keep = np.arange(len(y)) != i
+            post = fit(self._features.prior_precision, x[keep], y[keep], sds[keep])
+            residuals.append(float(y[i] - post.predict(x[i : i + 1])[0][0]))
+        return math.sqrt(float(np.mean(np.square(residuals))))
+
+    def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
+        """The admitted config with the highest expected improvement, or None when all tried.
+        With nothing measured in this study, the fastest by the (calibrated) model."""
+        configs = self._candidates()
+        b = self.belief(trials)
+        if b is None:
+            return None
+        if b.best is None:
+            return configs[b.open_[int(np.argmin(b.mu))]]  # argmin: the first of ties
+        ei = expected_improvement(b.mu, b.sd, b.best)
         top = np.flatnonzero(ei >= ei.max() * (1 - 1e-9))
-        return configs[open_[int(self._rng.choice(top))]]
+        return configs[b.open_[int(self._rng.choice(top))]]
+
+    def chance_to_beat(
+        self, trials: Sequence[FrozenTrial], margin: float
+    ) -> tuple[float, ParallelConfig] | None:
+        """The highest probability, over the untried configs, that one runs faster than the best
+        measured by more than ``margin``, and that config; None before :data:`MIN_ERROR_RUNS`
+        measurements (then nothing is known yet). A config's log step time is taken as Gaussian
+        around its corrected prediction, with the spread the corrected model has shown on the
+        configs it had not seen (:attr:`Belief.error_sd`, at least the run-to-run noise); for a
+        config with a knob value never measured, that spread plus the posterior's (the prior's
+        doubt about that value is all there is)."""
+        b = self.belief(trials)
+        if b is None or b.best is None or b.error_sd is None or b.covered is None:
+            return None
+        seen = max(b.error_sd, self._prior.noise)
+        spread = np.where(b.covered, seen, np.sqrt(seen**2 + np.square(b.sd)))
+        p = normal_cdf((b.best + math.log1p(-margin) - b.mu) / spread)
+        i = int(np.argmax(p))
+        return float(p[i]), self._candidates()[b.open_[i]]
 
 
 # ----------------------------------------------------------------------------- every sampler
@@ -370,12 +505,14 @@ class _GridSampler(optuna.samplers.GridSampler):
         return None
 
 
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    """model (the default: :mod:`tuner.sampler`), tpe (multivariate, constant liar for parallel
-    trials), gp, random or grid."""
+def make_sampler(
+    spec: StudySpec, history: Sequence[Observation] = ()
+) -> optuna.samplers.BaseSampler:
+    """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``),
+    tpe (multivariate, constant liar for parallel trials), gp, random or grid."""
     s = spec.search
     if s.sampler == "model":
-        return ModelGuidedSampler(spec, seed=s.seed)
+        return ModelGuidedSampler(spec, seed=s.seed, history=history)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "grid":

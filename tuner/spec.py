@@ -298,11 +298,16 @@ class ClusterSpec:
     """Override the catalog's memory per GPU (per rank for ``cpu``)."""
     overheads: OverheadsSpec = field(default_factory=OverheadsSpec)
     """Measured stack overheads replacing the GPU catalog's (CUDA context, NCCL, allocator)."""
+    name: str | None = None
+    """Names the cluster's profile and calibration (``results/clusters/<name>.*``), shared by
+    every study on it; default ``<gpu>-<executor>-<nodes>x<gpus_per_node>``."""
 
     def __post_init__(self) -> None:
         from tuner.catalog import get_gpu  # the catalog loads lazily, on first use
 
         get_gpu(self.gpu)
+        if self.name is not None and (problem := name_problem(self.name)) is not None:
+            raise ConfigError(problem, path="name")
         _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
         _size(self.num_nodes, MAX_NODES, "num_nodes", "about a million GPUs")
         _positive(self.gpu_memory_gib, "gpu_memory_gib")
@@ -499,6 +504,9 @@ class SearchSpec:
     """Stop launching after this many node-hours were spent."""
     early_stop_trials: int | None = 10
     """Stop when the best has not improved by 1% in this many launched trials."""
+    stop_chance: float | None = 0.1
+    """Model sampler: stop when no untried config has this chance of beating the best measured
+    by 1% (:mod:`tuner.stopping`); null: only ``early_stop_trials``."""
     enqueue_top: int = 3
     """With Optuna's samplers: how many of the best predicted configs run before the sampler
     takes over (the ``model`` sampler starts from the model's ranking by itself)."""
@@ -523,6 +531,8 @@ class SearchSpec:
         if self.memory_probes < 0:
             raise ConfigError(f"must be >= 0, got {self.memory_probes}", path="memory_probes")
         _at_most(self.memory_probes, MAX_TRIALS, "memory_probes", "more than any budget")
+        if self.stop_chance is not None and not 0 < self.stop_chance < 1:
+            raise ConfigError(f"must be in (0, 1), got {self.stop_chance}", path="stop_chance")
         if self.enqueue_top < 0:
             raise ConfigError(f"must be >= 0, got {self.enqueue_top}", path="enqueue_top")
         _at_most(self.enqueue_top, MAX_TRIALS, "enqueue_top", "more than any budget")
@@ -623,6 +633,13 @@ class StudySpec:
         return len(self.node_names) if n == "all" else n
 
     @property
+    def cluster_name(self) -> str:
+        """``cluster.name``, or one made of the GPU, executor and node count: the key of the
+        cluster's saved profile and calibration."""
+        c = self.cluster
+        return c.name or f"{c.gpu}-{c.executor}-{len(self.node_names)}x{c.gpus_per_node}"
+
+    @property
     def world_size(self) -> int:
         """Ranks in one trial: nodes_per_trial x gpus_per_node."""
         return self.nodes_per_trial * self.cluster.gpus_per_node
@@ -632,6 +649,7 @@ class StudySpec:
         data = dataclasses.asdict(self)
         data.pop("search")
         data.pop("description")
+        data["cluster"].pop("name")  # names the saved calibration; changes no measurement
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

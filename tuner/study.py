@@ -28,6 +28,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.calibration import history, keep
 from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool
 from tuner.layout import ResultsLayout
@@ -51,6 +52,7 @@ from tuner.schedule import Heartbeat, Placement, Scheduler, live_running
 from tuner.screen import Screen
 from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
+from tuner.stopping import Stopper
 from tuner.storage import check_results_dir, open_storage, open_study, record_heartbeats
 from tuner.trials import (
     RETRYABLE,
@@ -63,7 +65,6 @@ from tuner.trials import measured as trials_measured
 
 logger = logging.getLogger(__name__)
 
-IMPROVEMENT = 0.01  # early stop: the best must improve by 1 % within search.early_stop_trials
 __all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop"]
 
 
@@ -121,6 +122,7 @@ class StudyLoop:
         self.reattach = Reattach(spec, study, storage, executor, self.scheduler, leases, layout,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
+        self.stopper = Stopper(spec, study.sampler)
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
@@ -297,7 +299,7 @@ class StudyLoop:
             return f"node-hour budget of {s.max_node_hours} spent"
         if self._consecutive_launch_errors >= 3:
             return LAUNCH_ERRORS_STOP
-        return self._early_stop(trials)
+        return self.stopper(trials)
 
     def node_hours(self, trials: list[FrozenTrial]) -> float:
         """Node-hours of every finished launched trial plus this worker's running ones."""
@@ -308,18 +310,6 @@ class StudyLoop:
         now = self.clock()
         live = sum((now - r.started) * len(r.group.hosts) for r in self.running.values()) / 3600
         return done + live
-
-    def _early_stop(self, trials: list[FrozenTrial]) -> str | None:
-        k = self.spec.search.early_stop_trials
-        launched = [t for t in trials if t.user_attrs.get("launched") and t.state.is_finished()]
-        if not k or len(launched) <= k:
-            return None
-        launched.sort(key=lambda t: t.number)
-        before = [t.value for t in launched[:-k] if t.value is not None]
-        recent = [t.value for t in launched[-k:] if t.value is not None]
-        if before and (not recent or min(recent) > min(before) * (1 - IMPROVEMENT)):
-            return f"no 1% improvement in the last {k} trials (early stop)"
-        return None
 
     # -- main loop -----------------------------------------------------------------------------
 
@@ -415,6 +405,7 @@ class StudyLoop:
         if best is not None:
             self.summary.best_step_s, self.summary.best_trial = best.value, best.number
         self.summary.measured_any = best is not None
+        keep(self.spec, trials, self.gpu.memory_gib, self.layout.root)  # for the next study
         return self.summary
 
 
@@ -460,7 +451,8 @@ def build_loop(
     layout = ResultsLayout(Path(results).resolve(), spec.name)
     check_results_dir(layout)
     opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
-    study = open_study(spec, opened, make_sampler(spec), force=force, url=storage, layout=layout)
+    sampler = make_sampler(spec, history(spec, results))  # the cluster's saved calibration
+    study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
     return StudyLoop(
         spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,

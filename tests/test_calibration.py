@@ -1,0 +1,375 @@
+"""Calibration kept per cluster: saved observations, a second study that starts calibrated, the
+memory model's last word, ``tune calibrate``, and the stop rule that uses the corrected model."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from tuner.calibrated import Corrector, corrector_for, memory_notes
+from tuner.calibration import (
+    TRANSFER_SD,
+    Calibration,
+    Observation,
+    history,
+    load_calibration,
+    memory_fingerprint,
+    observations_from_trials,
+    record_study,
+    save_calibration,
+    setup_fingerprint,
+)
+from tuner.cli import main
+from tuner.layout import ClusterLayout
+from tuner.memory import GIB
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+from tuner.sampler import MIN_ERROR_RUNS, ModelGuidedSampler
+from tuner.space import enumerate_space, study_gpu
+from tuner.spec import StudySpec
+from tuner.stopping import Stopper
+from tuner.studyfile import study_from_mapping
+from tuner.trials import config_from_params, distributions
+
+BASE: dict[str, Any] = {
+    "name": "first",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-80gb", "gpus_per_node": 8, "num_nodes": 2, "executor": "local"},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt"},
+    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
+              "recompute": ["none", "selective", "full"], "sequence_parallel": [True],
+              "distributed_optimizer": [True]},
+    "search": {"sampler": "model", "seed": 0},
+}  # fmt: skip
+NOW = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+
+
+def spec(name: str = "first", **search: Any) -> StudySpec:
+    data = copy.deepcopy(BASE)
+    data["name"] = name
+    data["search"].update(search)
+    return study_from_mapping(data)
+
+
+def candidates(s: StudySpec) -> dict[str, Any]:
+    """Every config the sampler may propose: those that fit and the memory probes."""
+    report = enumerate_space(s)
+    return {c.config.key(): c for c in report.ranked() + report.probes}
+
+
+Truth = Callable[[ParallelConfig], float]
+
+
+def run(
+    s: StudySpec, truth: Truth, n: int, past: tuple[Observation, ...] = (),
+    memory: Callable[[ParallelConfig], float] | None = None,
+    stopper: bool = False,
+) -> tuple[optuna.Study, list[ParallelConfig], str | None]:  # fmt: skip
+    """Ask and tell up to ``n`` times as the study loop does (predictions recorded on the
+    trial), measuring ``truth``; with ``stopper`` the stop rules are asked before each ask."""
+    sampler = ModelGuidedSampler(s, seed=s.search.seed, history=past)
+    study = optuna.create_study(sampler=sampler)
+    known = candidates(s)
+    stop = Stopper(s, sampler)
+    order: list[ParallelConfig] = []
+    for _ in range(n):
+        if stopper and (reason := stop(study.get_trials(deepcopy=False))):
+            return study, order, reason
+        trial = study.ask(distributions(s))
+        config = config_from_params(s, trial.params)
+        cand = known[config.key()]
+        for key, value in {
+            "key": config.key(), "config": dataclasses.asdict(config),
+            "predicted_step_s": cand.time.step,
+            "predicted_allocated_gib": cand.memory.allocated / GIB,
+            "predicted_peak_gib": cand.memory.peak / GIB, "outcome": str(Outcome.OK),
+        }.items():  # fmt: skip
+            trial.set_user_attr(key, value)
+        if memory is not None:
+            trial.set_user_attr("peak_memory_gib", memory(config))
+        study.tell(trial, truth(config))
+        order.append(config)
+    return study, order, None
+
+
+def off_model(s: StudySpec) -> Truth:
+    """A machine on which pipelining is much cheaper and TP dearer than the model thinks."""
+    pred = {k: c.time.step for k, c in candidates(s).items()}
+    return lambda c: pred[c.key()] * (0.6 if c.pp == 4 else 1.0) * 1.6 ** math.log2(c.tp)
+
+
+def observations(s: StudySpec, study: optuna.Study) -> tuple[Observation, ...]:
+    gpu = study_gpu(s).memory_gib
+    return tuple(observations_from_trials(s.name, setup_fingerprint(s), study.get_trials(), gpu))
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_a_calibration_round_trips_and_merges(tmp_path: Path) -> None:
+    s = spec()
+    study, _, _ = run(s, off_model(s), 4, memory=lambda c: 20.0)
+    copied = study.get_trials()[0]
+    study.add_trial(optuna.trial.create_trial(  # answered from trial 0: not a measurement
+        value=copied.value, params=copied.params, distributions=copied.distributions,
+        user_attrs={**copied.user_attrs, "duplicate_of": 0},
+    ))  # fmt: skip
+    obs = observations(s, study)
+    assert len(obs) == 4 and all(o.time_ratio is not None for o in obs)
+    assert all(o.measured_gib == 20.0 and o.memory_ratio is not None for o in obs)
+    path = tmp_path / "c.calibration.yaml"
+    cal = Calibration(cluster="c").merged(obs[:3], NOW)
+    save_calibration(cal, path)
+    assert load_calibration(path, "c") == cal
+    again = load_calibration(path, "c").merged(obs[2:], NOW)  # trial 2 is replaced, 3 added
+    assert [o.trial for o in again.observations] == [0, 1, 2, 3]
+    assert load_calibration(tmp_path / "none.yaml", "c") == Calibration(cluster="c")
+
+
+def test_record_study_saves_under_the_cluster_name(tmp_path: Path) -> None:
+    s = spec()
+    study, _, _ = run(s, off_model(s), 3)
+    record_study(s, study.get_trials(), 80.0, tmp_path, now=NOW)
+    layout = ClusterLayout(tmp_path.resolve(), "a100-80gb-local-2x8")
+    assert s.cluster_name == layout.name and layout.calibration_yaml.is_file()
+    assert len(history(s, tmp_path)) == 3
+    named = study_from_mapping({**BASE, "cluster": {**BASE["cluster"], "name": "lab-a"}})
+    assert named.cluster_name == "lab-a" and history(named, tmp_path) == ()
+    assert setup_fingerprint(named) == setup_fingerprint(s)  # the name changes no measurement
+    assert setup_fingerprint(spec("second")) == setup_fingerprint(s)
+
+
+# ----------------------------------------------------------------------------- a second study
+
+
+def test_a_second_study_on_the_same_cluster_starts_calibrated() -> None:
+    first = spec()
+    truth = off_model(first)
+    study, _, _ = run(first, truth, 10)
+    past = observations(first, study)
+    measured_best = min(truth(o.parallel_config()) for o in past)
+    true_best = min(truth(c.config) for c in candidates(first).values())
+    assert measured_best <= true_best * 1.02, "the first study must have found the best"
+
+    second = spec("second")
+    (cold,) = run(second, truth, 1)[1]
+    (warm,) = run(second, truth, 1, past=past)[1]
+    assert truth(cold) > true_best * 1.2  # the model alone starts far off
+    assert truth(warm) <= true_best * 1.02  # the saved calibration starts at the answer
+
+
+def test_own_trials_in_the_saved_calibration_are_not_counted_twice() -> None:
+    s = spec()
+    study, _, _ = run(s, off_model(s), 4)
+    sampler = ModelGuidedSampler(s, history=observations(s, study))
+    assert sampler._past(study.get_trials()) == []  # its own: already in the study
+
+
+def test_another_studys_observations_count_as_noisier() -> None:
+    s = spec()
+    study, _, _ = run(s, off_model(s), 4)
+    obs = observations(s, study)
+    assert obs[0].transfer_sd(setup_fingerprint(s)) == 0.0
+    assert obs[0].transfer_sd("other model") == TRANSFER_SD
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_calibration_never_launches_what_the_memory_model_rejects(tmp_path: Path) -> None:
+    """Saved peaks a third of the predictions would let predicted-OOM configs fit; they are
+    still never proposed, and ``tune space`` says so."""
+    s = spec()
+    report = enumerate_space(s, keep_oom=True)
+    assert report.oom, "the test needs configs the memory model rejects"
+    viable = {c.config.key() for c in report.viable}
+    study, _, _ = run(s, off_model(s), 6, memory=lambda c: 0.0)
+    small = tuple(dataclasses.replace(o, measured_gib=(o.predicted_gib or 1.0) / 3)
+                  for o in observations(s, study))  # fmt: skip
+    corrector = Corrector(small, fingerprint=setup_fingerprint(s),
+                          configs=[c.config for c in report.viable + report.oom],
+                          limit_gib=s.search.memory_headroom * 80.0)  # fmt: skip
+    notes = memory_notes(corrector, report.viable, report.oom)
+    assert any("still never launched" in n for n in notes), notes
+    # Beyond what fits only the study's declared memory probes (tuner.probe: from the model's
+    # own stated error, at most search.memory_probes, marked as such), never what the
+    # calibration alone would let fit.
+    probes = {c.config.key() for c in report.probes}
+    assert len(probes) <= s.search.memory_probes
+    _, order, _ = run(spec("second"), off_model(s), len(viable) + len(probes), past=small)
+    assert {c.key() for c in order} <= viable | probes
+    assert len({c.key() for c in order}) == len(viable | probes)  # then it proposes nothing new
+
+
+def test_calibrated_memory_over_the_limit_is_tried_last_and_said(tmp_path: Path) -> None:
+    s = spec()
+    report = enumerate_space(s, keep_oom=True)
+    study, _, _ = run(s, off_model(s), 6, memory=lambda c: 0.0)
+    big = tuple(dataclasses.replace(o, measured_gib=(o.predicted_gib or 1.0) * 3)
+                for o in observations(s, study))  # fmt: skip
+    limit = s.search.memory_headroom * 80.0
+    corrector = Corrector(
+        big,
+        fingerprint=setup_fingerprint(s),
+        configs=[c.config for c in report.viable],
+        limit_gib=limit,
+    )
+    notes = memory_notes(corrector, report.viable, report.oom)
+    assert any("tried only when nothing else is left" in n for n in notes), notes
+    over = {c.config.key() for c in report.viable
+            if corrector.correct(c).calibrated_peak_gib > limit}  # fmt: skip
+    assert 0 < len(over) < len(report.viable)
+    (first,) = run(spec("second"), off_model(s), 1, past=big)[1]
+    assert first.key() not in over
+
+
+def test_a_config_that_ran_on_the_cluster_is_known_to_fit() -> None:
+    """However the calibrated memory extrapolates, a config that ran under the same model and GPU
+    is not pushed back as a likely OOM (the calibrated best of a first study comes first)."""
+    s = spec()
+    study, _, _ = run(s, off_model(s), 6, memory=lambda c: 0.0)
+    ran = tuple(dataclasses.replace(o, measured_gib=(o.predicted_gib or 1.0) * 3,
+                                    memory_setup=memory_fingerprint(s))
+                for o in observations(s, study))  # fmt: skip
+    other = tuple(dataclasses.replace(o, memory_setup="another model") for o in ran)
+    keys = {o.parallel_config().key() for o in ran}
+    kept = {}
+    for name, past in (("ran", ran), ("other", other)):
+        sampler = ModelGuidedSampler(spec("second"), history=past)
+        configs = sampler._candidates()
+        index = {c.key(): i for i, c in enumerate(configs)}
+        fitting = set(sampler._fitting(list(range(len(configs))), {}, index, set(), list(past)))
+        kept[name] = {k for k in keys if index[k] in fitting}
+    assert kept["ran"] == keys
+    assert kept["other"] < keys  # under another model the same peaks would push some back
+
+
+# ----------------------------------------------------------------------------- stopping
+
+
+def test_stops_when_no_untried_config_has_a_real_chance() -> None:
+    """The model is right about this machine: after a few runs no untried config has a 10 %
+    chance of beating the best by 1 %, long before the space is used up."""
+    s = spec()
+    pred = {k: c.time.step for k, c in candidates(s).items()}
+    study, order, reason = run(s, lambda c: pred[c.key()], len(pred), stopper=True)
+    assert reason is not None and reason.startswith("the answer is known"), reason
+    assert len(order) < len(pred) // 2
+    # and it has the best of what fits (no run reports a peak here, so no memory probe runs)
+    fitting = [c.time.step for c in enumerate_space(s).ranked() if c.time]
+    assert min(pred[c.key()] for c in order) == min(fitting)
+
+
+def test_keeps_searching_while_a_config_has_a_chance() -> None:
+    s = spec()
+    truth = off_model(s)
+    sampler = ModelGuidedSampler(s, seed=0)
+    few, _, _ = run(s, truth, MIN_ERROR_RUNS - 1)
+    assert sampler.chance_to_beat(few.get_trials(), 0.01) is None  # too few to know its error
+    study, _, _ = run(s, truth, MIN_ERROR_RUNS)
+    found = sampler.chance_to_beat(study.get_trials(), 0.01)
+    assert found is not None and found[0] > 0.1  # a model off by 2x, 4 runs: no answer yet
+    assert Stopper(s, sampler).known(study.get_trials()) is None
+    assert Stopper(spec(stop_chance=None), sampler).known(study.get_trials()) is None
+
+
+def test_count_rule_is_the_fallback() -> None:
+    s = spec(sampler="random", early_stop_trials=3)
+    study = optuna.create_study()
+    for value in (1.0, 2.0, 2.0, 2.0):
+        trial = study.ask()
+        trial.set_user_attr("launched", True)
+        study.tell(trial, value)
+    assert Stopper(s, study.sampler)(study.get_trials()) == (
+        "no 1% improvement in the last 3 trials (early stop)"
+    )
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+
+def test_tune_calibrate_shows_and_resets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = spec()
+    study, _, _ = run(s, off_model(s), 8)
+    record_study(s, study.get_trials(), 80.0, tmp_path, now=NOW)
+    args = ["calibrate", "--cluster", s.cluster_name, "--results", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "8 trials from first" in out and "fitted step-time corrections" in out
+    assert "step-time error:" in out and "leave-one-out" in out
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["error"]["mape_after"] < data["error"]["mape_before"]
+    assert len(data["trials"]) == 8
+    assert main([*args, "--reset"]) == 0
+    assert "cleared" in capsys.readouterr().out
+    assert history(s, tmp_path) == ()
+    assert main(["calibrate", "--cluster", "../x", "--results", str(tmp_path)]) == 2
+
+
+def test_space_and_estimate_show_the_calibrated_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = spec()
+    path = tmp_path / "first.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    study, _, _ = run(s, off_model(s), 8)
+    record_study(s, study.get_trials(), 80.0, tmp_path / "results", now=NOW)
+    results = ["--results", str(tmp_path / "results")]
+    assert main(["space", "--study", str(path), "--top", "3", *results]) == 0
+    out = capsys.readouterr().out
+    assert "by calibrated step time (cluster a100-80gb-local-2x8, 8 saved trials)" in out
+    assert main(["estimate", "--study", str(path), "--set", "tp=2", "--set", "pp=4",
+                 *results]) == 0  # fmt: skip
+    assert "calibrated (cluster a100-80gb-local-2x8, 8 saved trials): step" in (
+        capsys.readouterr().out
+    )
+    assert main(["run", "--study", str(path), "--dry-run", "--json", *results]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert dry["calibrated"]["saved_trials"] == 8
+    corrector = corrector_for(s, tmp_path / "results")
+    assert corrector.factors()[0][0] == "all configs"
+
+
+@pytest.mark.slow
+def test_a_study_saves_its_trials_and_the_next_one_reads_them(tmp_path: Path) -> None:
+    """The real loop (local executor, the Megatron stand-in): ``run`` ends by saving its
+    measured trials for the cluster; the next study's sampler starts from them."""
+    from tests.test_study import SURFACE, study_data
+    from tuner.study import build_loop
+
+    data = study_data(tmp_path, SURFACE, n_trials=3)
+    first = study_from_mapping(data)
+    results = tmp_path / "results"
+    loop = build_loop(first, results=str(results))
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    ok = summary.outcomes.get("ok", 0)
+    assert ok >= 1
+    saved = history(first, results)
+    assert len([o for o in saved if o.outcome == "ok"]) == ok
+    assert all(o.study == "e2e" and o.predicted_step_s for o in saved if o.outcome == "ok")
+    second = study_from_mapping({**data, "name": "e2e-again"})
+    again = build_loop(second, results=str(results))
+    try:
+        sampler = again.study.sampler
+        assert isinstance(sampler, ModelGuidedSampler) and sampler._history == saved
+        assert len(sampler._past([])) == len(saved)  # another study's: all of them count
+    finally:
+        again.executor.close()

@@ -1,0 +1,285 @@
+"""``tune profile``: the plan, the real probe (local gloo ranks and loopback SSH nodes), the
+saved profile's round trip and the refusal of stale and foreign profiles."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.procs import live_processes
+from tuner.cli import main
+from tuner.layout import ClusterLayout
+from tuner.profile import (
+    MAX_AGE_DAYS,
+    ClusterProfile,
+    CollectiveSample,
+    GemmSample,
+    ProfileError,
+    check_profile,
+    gemm_shapes,
+    groups,
+    load_profile,
+    local_versions,
+    save_profile,
+    study_profile,
+)
+from tuner.profile_job import bus_factor
+from tuner.spec import StudySpec
+from tuner.studyfile import study_from_mapping
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # tools/ is not part of the installed package
+    sys.path.insert(0, str(REPO))
+
+from tools.loopback_sshd import LoopbackCluster, sshd_missing_reason  # noqa: E402
+
+CPU_STUDY: dict[str, Any] = {
+    "name": "prof",
+    "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+              "ffn_hidden_size": 256, "seq_length": 32, "vocab_size": 128},
+    "training": {"global_batch_size": 4, "precision": "fp32"},
+    "cluster": {"gpu": "cpu", "gpus_per_node": 2, "num_nodes": 1, "executor": "local"},
+    "framework": "deepspeed",
+    "launch": {"template": "deepspeed_gpt", "python": sys.executable, "master_port": 29731},
+    "space": {"pp": [1, 2], "micro_batch_size": [1, 2]},
+}  # fmt: skip
+QUICK = ["--warmup", "1", "--repeats", "2", "--message-bytes", "4096,65536", "--quiet"]
+
+
+def study(**changes: Any) -> dict[str, Any]:
+    data = copy.deepcopy(CPU_STUDY)
+    for section, values in changes.items():
+        data[section] = {**data[section], **values}
+    return data
+
+
+def write(tmp: Path, data: dict[str, Any]) -> Path:
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def probe_processes(root: Path) -> list[str]:
+    """Live processes of a profile job under ``root`` (they run in its probe directory)."""
+    return live_processes(lambda p: p.cwd.startswith(str(root)) or str(root) in p.cmdline)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def test_gemm_shapes_follow_tp_and_micro_batch() -> None:
+    data = study(space={"tp": [1, 2], "micro_batch_size": [1, 4]})
+    data["framework"], data["launch"] = "megatron", {"template": "megatron_gpt"}
+    spec = study_from_mapping(data)
+    shapes = {g["label"]: (g["m"], g["k"], g["n"]) for g in gemm_shapes(spec)}
+    # QKV is column-parallel (n = 3h / tp), the MLP's second GEMM row-parallel (k = ffn / tp);
+    # tokens per rank are mbs x seq
+    assert shapes["qkv mbs=1 tp=1 cp=1"] == (32, 64, 192)
+    assert shapes["qkv mbs=4 tp=2 cp=1"] == (128, 64, 96)
+    assert shapes["fc2 mbs=1 tp=2 cp=1"] == (32, 128, 64)
+    assert shapes["lm_head mbs=4 tp=1 cp=1"] == (128, 64, 128)
+
+
+def test_groups_are_placed_within_and_across_nodes() -> None:
+    data = study(cluster={"gpus_per_node": 2, "num_nodes": 2},
+                 space={"tp": [1, 2], "pp": [1, 2]})  # fmt: skip
+    data["framework"], data["launch"] = "megatron", {"template": "megatron_gpt"}
+    spec = study_from_mapping(data)
+    placed = {(g["link"], tuple(g["ranks"]), g["ops"][0]) for g in groups(spec)}
+    assert ("intra", (0, 1), "all_reduce") in placed  # tp=2 (or dp=2) on one node
+    assert ("inter", (0, 2), "all_reduce") in placed  # the same size across the two nodes
+    assert ("inter", (0, 1, 2, 3), "all_reduce") in placed  # dp=4 spans both nodes
+    assert ("inter", (0, 2), "send_recv") in placed  # pipeline neighbours on two nodes
+    assert not any(op == "send_recv" and len(r) != 2 for _, r, op in placed)
+
+
+def test_bus_bandwidth_factors_are_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
+    assert bus_factor("send_recv", 2) == 1.0
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def a_profile(**changes: Any) -> ClusterProfile:
+    base = ClusterProfile(
+        cluster="c", gpu="h100-sxm-80gb", created="2026-01-01T00:00:00+00:00",
+        versions={"torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3", "driver": "570.1",
+                  "backend": "nccl", "gpu_name": "NVIDIA H100 80GB HBM3"},
+        hosts=2, world_size=16, dtype="bfloat16",
+        gemm=(GemmSample(label="qkv", m=4096, k=4096, n=12288, samples_s=(1e-3, 1.1e-3),
+                         median_s=1.05e-3, tflops=393.0),),
+        collectives=tuple(
+            CollectiveSample(op="all_reduce", link="inter", group_size=16,
+                             ranks=tuple(range(16)), bytes=b, samples_s=(t,), median_s=t,
+                             busbw_gbps=b * 2 * 15 / 16 / t / 1e9)
+            for b, t in ((1 << 20, 1e-4), (1 << 24, 5e-4), (1 << 28, 6.5e-3))
+        ),
+        tool={"warmup": 3, "repeats": 10},
+    )  # fmt: skip
+    return dataclasses.replace(base, **changes)
+
+
+def test_profile_round_trips(tmp_path: Path) -> None:
+    profile = a_profile()
+    path = tmp_path / "clusters" / "c.yaml"
+    save_profile(profile, path)
+    assert load_profile(path) == profile
+    assert "alpha_beta" in yaml.safe_load(path.read_text())  # written for readers
+
+
+def test_alpha_beta_fit_recovers_latency_and_bandwidth() -> None:
+    alpha, bw = 20e-6, 100e9  # t = alpha + busbytes / bw
+    rows = []
+    for b in (1 << 16, 1 << 20, 1 << 24, 1 << 28):
+        bus = b * 2 * 7 / 8
+        t = alpha + bus / bw
+        rows.append(CollectiveSample(op="all_reduce", link="intra", group_size=8,
+                                     ranks=tuple(range(8)), bytes=b, samples_s=(t,),
+                                     median_s=t, busbw_gbps=bus / t / 1e9))  # fmt: skip
+    (fit,) = a_profile(collectives=tuple(rows)).alpha_beta()
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.busbw_gbps == pytest.approx(bw / 1e9, rel=1e-6)
+
+
+def gpu_spec() -> StudySpec:
+    data = study(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 2})
+    data["training"]["precision"] = "bf16"
+    return study_from_mapping(data)
+
+
+def test_a_foreign_profile_is_refused() -> None:
+    spec = gpu_spec()
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    assert check_profile(a_profile(), spec, now=now) is not None
+    with pytest.raises(ProfileError, match="foreign profile: measured on a100-80gb"):
+        check_profile(a_profile(gpu="a100-80gb"), spec, now=now)
+
+
+def test_a_stale_profile_is_refused() -> None:
+    spec, profile = gpu_spec(), a_profile()
+    late = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(days=MAX_AGE_DAYS + 1)
+    with pytest.raises(ProfileError, match=f"stale profile.*more than {MAX_AGE_DAYS}"):
+        check_profile(profile, spec, now=late)
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    with pytest.raises(ProfileError, match="stale profile: measured with nccl 2.27.3.*2.28.1"):
+        check_profile(profile, spec, now=now, versions={"nccl": "2.28.1", "torch": "2.13.0"})
+    assert check_profile(profile, spec, now=now, versions={"torch": "2.13.0"}) == profile
+
+
+# ----------------------------------------------------------------------------- for real
+
+
+def run_profile(args: list[str]) -> int:
+    return main(["profile", *args])
+
+
+@pytest.mark.torch
+def test_profile_runs_on_local_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch", reason="the probe runs torch.distributed (gloo)")
+    path, results = write(tmp_path, study()), tmp_path / "results"
+    rc = run_profile(["--study", str(path), "--results", str(results), *QUICK])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert probe_processes(tmp_path) == [], "profile processes left behind"
+    spec = study_from_mapping(study())
+    layout = ClusterLayout(results.resolve(), spec.cluster_name)
+    profile = load_profile(layout.profile_yaml)
+    assert (profile.gpu, profile.world_size, profile.hosts) == ("cpu", 2, 1)
+    assert profile.versions["backend"] == "gloo" and profile.versions["torch"]
+    assert dt.datetime.fromisoformat(profile.created).tzinfo is not None
+    assert len(profile.gemm) == len(gemm_shapes(spec))
+    assert all(g.tflops > 0 and len(g.samples_s) == 2 for g in profile.gemm)
+    ops = {(c.op, c.link, c.group_size) for c in profile.collectives}
+    # dp=2 (all-reduce / ZeRO's reduce-scatter + all-gather) and pp=2 (send/recv) on one node
+    assert ops == {("all_reduce", "intra", 2), ("all_gather", "intra", 2),
+                   ("reduce_scatter", "intra", 2), ("send_recv", "intra", 2)}  # fmt: skip
+    for c in profile.collectives:
+        factor = bus_factor(c.op, c.group_size)
+        assert c.busbw_gbps == pytest.approx(c.bytes / c.median_s * factor / 1e9)
+    assert "all_reduce intra n=2" in out.out
+    # --show checks and prints the saved profile; a foreign one is refused with exit 2
+    assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 0
+    other = write(tmp_path, study(cluster={"gpu": "a100-80gb"}))
+    capsys.readouterr()
+    assert run_profile(["--study", str(other), "--results", str(results), "--show",
+                        "--quiet"]) == 2  # fmt: skip
+    # the default cluster name holds the GPU, so a foreign profile needs a shared cluster.name
+    assert "no cluster profile" in capsys.readouterr().err
+
+
+def test_a_stale_saved_profile_is_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = study(cluster={"name": "lab"})
+    path, results = write(tmp_path, data), tmp_path / "results"
+    target = ClusterLayout(results.resolve(), "lab").profile_yaml
+    spec = study_from_mapping(data)
+    assert study_profile(spec, results) is None  # none saved: the time model uses the catalog
+    fresh = a_profile(gpu="cpu", created=dt.datetime.now(dt.UTC).isoformat(),
+                      versions=local_versions())  # fmt: skip
+    save_profile(fresh, target)
+    assert study_profile(spec, results) == fresh
+    save_profile(dataclasses.replace(fresh, versions={**fresh.versions, "torch": "1.0"}), target)
+    with pytest.raises(ProfileError, match="stale profile: measured with torch 1.0"):
+        study_profile(spec, results)  # the local executor's own torch is compared
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=MAX_AGE_DAYS + 2)
+    save_profile(a_profile(gpu="cpu", created=old.isoformat(timespec="seconds")), target)
+    assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stale profile" in err and str(target) in err
+    save_profile(a_profile(gpu="a100-80gb"), target)
+    assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 2
+    assert "foreign profile: measured on a100-80gb, the study's cluster.gpu is cpu" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.ssh
+def test_profile_runs_on_loopback_ssh_nodes(tmp_path: Path) -> None:
+    reason = sshd_missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    pytest.importorskip("torch", reason="the probe runs torch.distributed (gloo)")
+    cluster = LoopbackCluster(tmp_path / "nodes", 2)
+    data = study(
+        cluster={"gpus_per_node": 1, "nodes": list(cluster.addresses), "executor": "ssh",
+                 "ssh": {"config_file": str(cluster.base / "ssh_config"),
+                         "known_hosts": str(cluster.base / "known_hosts")}},
+        launch={"env": {"GLOO_SOCKET_IFNAME": "lo"}, "master_port": 29741},
+    )  # fmt: skip
+    del data["cluster"]["num_nodes"]
+    path, results = write(tmp_path, data), tmp_path / "results"
+    cluster.start()
+    try:
+        rc = run_profile(["--study", str(path), "--results", str(results), *QUICK])
+        left = probe_processes(results)
+    finally:
+        survivors = cluster.stop()
+    assert rc == 0
+    assert left == [], "profile processes left on the nodes"
+    assert survivors == [] and probe_processes(tmp_path) == [], "sshd left running"
+    spec = study_from_mapping(data)
+    profile = load_profile(ClusterLayout(results.resolve(), spec.cluster_name).profile_yaml)
+    assert spec.cluster_name == "cpu-ssh-2x1" and profile.world_size == 2
+    # one rank per node: every group spans the two nodes
+    assert {c.link for c in profile.collectives} == {"inter"}
+    assert {c.op for c in profile.collectives} == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "send_recv",
+    }

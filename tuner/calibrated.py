@@ -1,0 +1,185 @@
+"""The models corrected by a cluster's saved calibration: for ``tune space``, ``tune estimate``,
+``tune run --dry-run`` and ``tune calibrate``.
+
+The correction is the model sampler's (:mod:`tuner.sampler`): log(measured / predicted) step time
+and memory, regressed on the features of each config's knob values, Bayesian with a prior centred
+on "the model is right". Fitted here on the saved observations (:mod:`tuner.calibration`) only.
+
+The memory model keeps the last word on what may launch: a config it predicts to run out of
+memory is never launched, whatever the calibrated memory says (``tune space`` lists how many the
+calibration would have let through), and a config it admits but whose calibrated peak is over the
+limit is tried only when nothing else is left (the sampler's rule), which ``tune space`` and
+``tune run --dry-run`` say.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tuner.calibration import Observation, history, memory_fingerprint, setup_fingerprint
+from tuner.memory import GIB
+from tuner.parallel import ParallelConfig
+from tuner.sampler import Features, Posterior, Prior, fit, fit_memory
+from tuner.space import Candidate, study_gpu
+from tuner.spec import StudySpec
+
+
+@dataclass(frozen=True, slots=True)
+class Corrected:
+    """One config's predictions, before and after the calibration."""
+
+    config: ParallelConfig
+    step_s: float
+    calibrated_step_s: float
+    step_spread: float
+    """Standard deviation of the log of the calibrated step time (correction + run noise)."""
+    peak_gib: float
+    calibrated_peak_gib: float
+
+
+@dataclass(frozen=True, slots=True)
+class LooRow:
+    """One saved trial, predicted from all the others (leave-one-out)."""
+
+    observation: Observation
+    before: float
+    """measured / predicted step time by the model alone."""
+    after: float
+    """measured / calibrated step time, the calibration fitted without this trial."""
+
+
+class Corrector:
+    """Corrections fitted to saved observations, applicable to the configs of a space."""
+
+    def __init__(
+        self, observations: Sequence[Observation], *, fingerprint: str = "",
+        configs: Sequence[ParallelConfig] = (), limit_gib: float = math.inf,
+        prior: Prior | None = None, memory_setup: str | None = None,
+    ) -> None:  # fmt: skip
+        self.prior = prior or Prior()
+        self.observations = tuple(observations)
+        self.ran = {  # ran on the cluster with the same model and GPU: known to fit
+            o.parallel_config().key() for o in observations
+            if o.outcome == "ok" and o.memory_setup == memory_setup
+        }  # fmt: skip
+        self.fingerprint, self.limit_gib = fingerprint, limit_gib
+        self.features = Features(
+            [*configs, *(o.parallel_config() for o in observations)], self.prior
+        )
+        self.time = self._fit_time(self.observations, fingerprint)
+        self.memory = self._fit_memory(self.observations)
+
+    def _noise(self, obs: Sequence[Observation], base: float, fingerprint: str) -> np.ndarray:
+        return np.array([math.hypot(base, o.transfer_sd(fingerprint)) for o in obs])
+
+    def _fit_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
+        rows = [o for o in obs if o.time_ratio is not None]
+        if not rows:
+            return None
+        x = np.array([self.features(o.parallel_config()) for o in rows])
+        y = np.array([o.time_ratio or 0.0 for o in rows])
+        noise = self._noise(rows, self.prior.noise, fingerprint)
+        return fit(self.features.prior_precision, x, y, noise)
+
+    def _fit_memory(self, obs: Sequence[Observation]) -> Posterior | None:
+        rows = [o for o in obs if o.memory_ratio is not None]
+        if not rows:
+            return None
+        x = np.array([self.features(o.parallel_config()) for o in rows])
+        y = np.array([o.memory_ratio or 0.0 for o in rows])
+        bound = np.array([o.outcome == "oom" for o in rows], dtype=bool)
+        noise = self._noise(rows, self.prior.memory_noise, self.fingerprint)
+        return fit_memory(self.features, self.prior, x, y, bound, noise)
+
+    def __bool__(self) -> bool:
+        return self.time is not None or self.memory is not None
+
+    def correct(self, candidate: Candidate) -> Corrected:
+        """``candidate``'s step time and peak, corrected."""
+        x = self.features(candidate.config)[None, :]
+        step = candidate.time.step if candidate.time else float("nan")
+        peak = candidate.memory.peak / GIB
+        t_mu, t_sd = self.time.predict(x) if self.time else (np.zeros(1), np.zeros(1))
+        m_mu, _ = self.memory.predict(x) if self.memory else (np.zeros(1), np.zeros(1))
+        spread = math.hypot(float(t_sd[0]), self.prior.noise)
+        return Corrected(candidate.config, step, step * math.exp(float(t_mu[0])), spread,
+                         peak, peak * math.exp(float(m_mu[0])))  # fmt: skip
+
+    def factors(self) -> list[tuple[str, float]]:
+        """The fitted time corrections: ``("all configs", x1.3)``, ``("tp=4", x1.1)``, ...;
+        the one-knob factors that moved by more than 1 %."""
+        if self.time is None:
+            return []
+        out = [("all configs", math.exp(float(self.time.mean[0])))]
+        for key, i in self.features.index.items():
+            factor = math.exp(float(self.time.mean[i]))
+            if len(key) == 2 and abs(factor - 1) > 0.01:
+                out.append((f"{key[0]}={key[1]}", factor))
+        return out
+
+    def leave_one_out(self) -> list[LooRow]:
+        """Each saved measurement predicted by the calibration fitted to all the others."""
+        rows = []
+        timed = [o for o in self.observations if o.time_ratio is not None]
+        for i, o in enumerate(timed):
+            post = self._fit_time(timed[:i] + timed[i + 1 :], o.fingerprint)
+            y = o.time_ratio or 0.0
+            mu = 0.0
+            if post is not None:
+                mu = float(post.predict(self.features(o.parallel_config())[None, :])[0][0])
+            rows.append(LooRow(o, math.exp(y), math.exp(y - mu)))
+        return rows
+
+
+def corrector_for(
+    spec: StudySpec, results: str | Path, configs: Sequence[ParallelConfig] = ()
+) -> Corrector:
+    """The study's cluster's calibration (falsy when nothing is saved)."""
+    limit = spec.search.memory_headroom * study_gpu(spec).memory_gib
+    return Corrector(history(spec, results), fingerprint=setup_fingerprint(spec), configs=configs,
+                     limit_gib=limit, memory_setup=memory_fingerprint(spec))  # fmt: skip
+
+
+def error_summary(rows: Sequence[LooRow]) -> dict[str, float]:
+    """Mean absolute percentage error and median ratio, before and after calibration."""
+    if not rows:
+        return {}
+    return {
+        "mape_before": statistics.fmean(abs(r.before - 1) for r in rows),
+        "mape_after": statistics.fmean(abs(r.after - 1) for r in rows),
+        "median_ratio_before": statistics.median(r.before for r in rows),
+        "median_ratio_after": statistics.median(r.after for r in rows),
+    }
+
+
+def memory_notes(
+    corrector: Corrector, viable: Sequence[Candidate], rejected: Sequence[Candidate]
+) -> list[str]:
+    """What the calibrated memory would change, said out loud (it never launches a config the
+    memory model rejects; it only moves admitted ones to the back of the queue)."""
+    if corrector.memory is None:
+        return []
+    limit = corrector.limit_gib
+    over = sum(
+        corrector.correct(c).calibrated_peak_gib > limit and c.config.key() not in corrector.ran
+        for c in viable
+    )
+    under = sum(corrector.correct(c).calibrated_peak_gib <= limit for c in rejected)
+    notes = []
+    if over:
+        notes.append(
+            f"calibrated memory: {over} of the {len(viable)} configs the memory model admits "
+            f"would exceed {limit:.3g} GiB; they are tried only when nothing else is left"
+        )
+    if under:
+        notes.append(
+            f"calibrated memory: {under} configs the memory model predicts to run out of memory "
+            "would fit; they are still never launched (the memory model decides what launches)"
+        )
+    return notes

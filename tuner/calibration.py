@@ -1,0 +1,231 @@
+"""Calibration that lasts: what measured trials taught the models, kept per cluster.
+
+The model sampler (:mod:`tuner.sampler`) corrects the time and memory models with every measured
+trial of a study. This module keeps those measurements, per cluster
+(``results/clusters/<name>.calibration.yaml``, :class:`~tuner.layout.ClusterLayout`; the name is
+``cluster.name`` or its default), so that ``tune space``, ``tune estimate``, ``tune run --dry-run``
+and the next study on the same cluster start from the corrected models.
+
+What is saved are the observations, not fitted weights: for each measured trial its config, the
+predicted and measured step time, and the predicted and measured memory (or, for a real OOM, the
+GPU's memory as a lower bound). The fit is redone wherever they are used, on the features of the
+space at hand (:class:`tuner.sampler.Features`), so a calibration made on one space applies to
+another with other knob values.
+
+An observation from another study (another fingerprint: other model, batch or framework) counts
+as a noisier measurement: :data:`TRANSFER_SD` is added in quadrature to the run-to-run noise,
+because how the machine departs from the model depends in part on the model being trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError
+from tuner.layout import ClusterLayout
+from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
+
+logger = logging.getLogger(__name__)
+
+TRANSFER_SD = 0.1
+"""Extra spread, on the log of a ratio, of a correction measured in another study: a prior choice
+(a tenth of the step time), wide enough that the new study's own runs outweigh it after a few
+measurements, narrow enough that a correction of tens of percent still carries over."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """One measured trial, as the calibration keeps it."""
+
+    study: str
+    """The study it came from."""
+    fingerprint: str
+    """That study's :func:`setup_fingerprint` (model, batch, framework, launch, ...)."""
+    trial: int
+    config: Mapping[str, Any]
+    """The :class:`ParallelConfig` fields."""
+    outcome: str
+    """``ok`` (measured) or ``oom`` (ran out of memory: only a lower bound on memory)."""
+    predicted_step_s: float | None = None
+    measured_step_s: float | None = None
+    predicted_gib: float | None = None
+    """Predicted allocated memory (``ok``) or predicted peak (``oom``), GiB."""
+    measured_gib: float | None = None
+    """Measured peak (``ok``) or the GPU's memory (``oom``: it needed at least that), GiB."""
+    memory_setup: str = ""
+    """:func:`memory_fingerprint` of its study: the same config under the same one needs the
+    same memory, so one that ran is known to fit."""
+
+    def parallel_config(self) -> ParallelConfig:
+        """The config as a :class:`ParallelConfig`."""
+        return ParallelConfig(**dict(self.config))
+
+    @property
+    def time_ratio(self) -> float | None:
+        """log(measured / predicted step time), or None."""
+        if self.outcome != "ok" or not self.measured_step_s or not self.predicted_step_s:
+            return None
+        return math.log(self.measured_step_s / self.predicted_step_s)
+
+    @property
+    def memory_ratio(self) -> float | None:
+        """log(measured / predicted memory) (a lower bound for an OOM), or None."""
+        if not self.measured_gib or not self.predicted_gib:
+            return None
+        return math.log(self.measured_gib / self.predicted_gib)
+
+    def transfer_sd(self, fingerprint: str) -> float:
+        """Extra spread of this observation when used for a study of ``fingerprint``."""
+        return 0.0 if fingerprint == self.fingerprint else TRANSFER_SD
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """Every observation kept for one cluster."""
+
+    cluster: str
+    updated: str = ""
+    """UTC time of the last change, ISO 8601."""
+    observations: tuple[Observation, ...] = ()
+
+    def merged(self, new: Iterable[Observation], now: dt.datetime) -> Calibration:
+        """This calibration with ``new`` added; a trial already kept is replaced."""
+        kept = {(o.study, o.trial): o for o in self.observations}
+        for o in new:
+            kept[(o.study, o.trial)] = o
+        return Calibration(
+            cluster=self.cluster, updated=now.astimezone(dt.UTC).isoformat(timespec="seconds"),
+            observations=tuple(sorted(kept.values(), key=lambda o: (o.study, o.trial))),
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for YAML."""
+        out = dataclasses.asdict(self)
+        for o in out["observations"]:
+            o["config"] = dict(o["config"])
+        return out
+
+
+def observations_from_trials(
+    study: str, fingerprint: str, trials: Iterable[Any], gpu_gib: float, memory_setup: str = ""
+) -> list[Observation]:
+    """The observations of a study's finished trials (Optuna ``FrozenTrial``): every measured
+    step time and peak, and every real OOM, with what the models predicted for them."""
+    from tuner.trials import is_duplicate, trial_outcome
+
+    out = []
+    for t in trials:
+        a = t.user_attrs
+        if not a.get("config") or not t.state.is_finished() or is_duplicate(t):
+            continue  # a duplicate was answered from an earlier trial: not a measurement
+        outcome = trial_outcome(t)
+        common: dict[str, Any] = {"study": study, "fingerprint": fingerprint,
+                                  "trial": int(t.number), "memory_setup": memory_setup,
+                                  "config": dict(a["config"])}  # fmt: skip
+        if outcome == Outcome.OK and t.value is not None:
+            out.append(Observation(
+                **common, outcome="ok", predicted_step_s=_num(a.get("predicted_step_s")),
+                measured_step_s=float(t.value),
+                predicted_gib=_num(a.get("predicted_allocated_gib")),
+                measured_gib=_num(a.get("peak_memory_gib")),
+            ))  # fmt: skip
+        elif outcome == Outcome.OOM and a.get("predicted_peak_gib"):
+            out.append(Observation(**common, outcome="oom",
+                                   predicted_gib=_num(a.get("predicted_peak_gib")),
+                                   measured_gib=gpu_gib))  # fmt: skip
+    return out
+
+
+def _num(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def load_calibration(path: Path, cluster: str) -> Calibration:
+    """The saved calibration at ``path``; an empty one when there is none."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return Calibration(cluster=cluster)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not YAML: {str(exc).splitlines()[0]}", file=str(path)) from None
+    try:
+        obs = tuple(Observation(**o) for o in data.get("observations") or ())
+        return Calibration(cluster=str(data["cluster"]), updated=str(data.get("updated", "")),
+                           observations=obs)  # fmt: skip
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"not a calibration file ({exc}); tune calibrate --reset clears it", file=str(path)
+        ) from None
+
+
+def save_calibration(calibration: Calibration, path: Path) -> None:
+    """Write ``calibration`` (atomically: a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(calibration.to_dict(), sort_keys=False))
+    tmp.replace(path)
+
+
+def memory_fingerprint(spec: Any) -> str:
+    """What a config's memory depends on: the model, batch and precision, the framework and the
+    GPU (not the launch environment or the study's name)."""
+    c = spec.cluster
+    data = {"model": dataclasses.asdict(spec.model), "training": dataclasses.asdict(spec.training),
+            "framework": spec.framework, "gpu": [c.gpu, c.gpu_memory_gib]}  # fmt: skip
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def setup_fingerprint(spec: Any) -> str:
+    """What makes two studies measure the same thing: the study fingerprint without the name
+    (a study run again under another name is the same measurement)."""
+    return str(dataclasses.replace(spec, name="x").fingerprint())
+
+
+def cluster_layout(spec: Any, results: str | Path) -> ClusterLayout:
+    """Where the study's cluster keeps its profile and calibration."""
+    return ClusterLayout(Path(results).resolve(), spec.cluster_name)
+
+
+def history(spec: Any, results: str | Path) -> tuple[Observation, ...]:
+    """The saved observations of ``spec``'s cluster (empty when none)."""
+    layout = cluster_layout(spec, results)
+    return load_calibration(layout.calibration_yaml, layout.name).observations
+
+
+def record_study(
+    spec: Any, trials: Sequence[Any], gpu_gib: float, results: str | Path,
+    now: dt.datetime | None = None,
+) -> Calibration:  # fmt: skip
+    """Add a study's measured trials to its cluster's calibration and save it."""
+    layout = cluster_layout(spec, results)
+    saved = load_calibration(layout.calibration_yaml, layout.name)
+    new = observations_from_trials(
+        spec.name, setup_fingerprint(spec), trials, gpu_gib, memory_fingerprint(spec)
+    )
+    if not new:
+        return saved
+    merged = saved.merged(new, now or dt.datetime.now(dt.UTC))
+    save_calibration(merged, layout.calibration_yaml)
+    return merged
+
+
+def keep(spec: Any, trials: Sequence[Any], gpu_gib: float, results: str | Path) -> None:
+    """:func:`record_study` at the end of a study: a calibration that cannot be read or written
+    is logged, never a failure of the study that measured it."""
+    try:
+        record_study(spec, trials, gpu_gib, results)
+    except (ConfigError, OSError) as exc:
+        logger.warning("calibration of cluster %s not saved: %s", spec.cluster_name, exc)

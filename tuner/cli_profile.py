@@ -1,0 +1,279 @@
+"""``tune profile`` and ``tune calibrate``, and the calibrated lines of ``space``, ``estimate``
+and ``run --dry-run``. Registered by :mod:`tuner.cli`; thin like it: parse, call, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.errors import ConfigError
+from tuner.spec import StudySpec
+from tuner.studyfile import load_study
+
+Handlers = dict[str, Any]
+
+
+def _console() -> Console:
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+def cluster_study(path: str) -> StudySpec:
+    """A cluster file (``cluster:``, ``model:``, optional ``launch:``, ``training:``,
+    ``space:``) as a study, so its cluster can be profiled for that model. A study file works
+    too."""
+    from tuner._loader import load_yaml
+    from tuner.studyfile import read_text, study_from_mapping
+
+    file = Path(path)
+    raw = load_yaml(read_text(file, "the cluster file"))
+    if not isinstance(raw, dict) or "cluster" not in raw:
+        raise ConfigError("a cluster file needs a cluster: section", file=path)
+    if "model" not in raw:
+        raise ConfigError("model: the model to be searched (its GEMM shapes are measured)",
+                          file=path)  # fmt: skip
+    data = dict(raw)
+    data.setdefault("name", "profile")
+    data.setdefault("framework", "megatron")
+    data["launch"] = {"template": "megatron_gpt", **(data.get("launch") or {})}
+    data.setdefault("training", {"global_batch_size": 1024})
+    try:
+        return study_from_mapping(data, base_dir=file.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, path=exc.path, file=path) from None
+
+
+def _profile_spec(args: argparse.Namespace) -> StudySpec:
+    if (args.study is None) == (args.cluster is None):
+        raise ConfigError("give --study NAME or --cluster FILE")
+    return load_study(args.study) if args.study else cluster_study(args.cluster)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from tuner import profile as prof
+    from tuner.calibration import cluster_layout
+
+    spec = _profile_spec(args)
+    layout = cluster_layout(spec, args.results)
+    if args.show:
+        profile = prof.study_profile(spec, args.results) or prof.load_profile(layout.profile_yaml)
+    else:
+        profile = _measure(spec, layout, args)
+        prof.save_profile(profile, layout.profile_yaml)
+    if args.format == "json":
+        _emit_json({"path": str(layout.profile_yaml), **profile.to_dict(),
+                    "alpha_beta": [_fields(f) for f in profile.alpha_beta()]})  # fmt: skip
+        return 0
+    table = Table(title=f"cluster {profile.cluster}: {profile.hosts} host(s), "
+                  f"{profile.world_size} ranks, {profile.created}")  # fmt: skip
+    table.add_column("measured")
+    table.add_column("figure")
+    for what, figure in prof.summary_rows(profile):
+        table.add_row(what, figure)
+    console = _console()
+    console.print(table)
+    versions = ", ".join(f"{k} {v}" for k, v in profile.versions.items() if v is not None)
+    console.print(f"software: {versions}")
+    console.print(f"saved: {layout.profile_yaml}")
+    return 0
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from tuner.profile import ProbeOptions, run_probe
+    from tuner.study import make_executor
+
+    sizes = tuple(int(v) for v in args.message_bytes.split(",")) if args.message_bytes else None
+    if args.warmup < 0 or args.repeats < 1 or (sizes and min(sizes) < 1):
+        raise ConfigError(
+            f"--warmup must be >= 0, --repeats >= 1 and --message-bytes > 0 (got {args.warmup}, "
+            f"{args.repeats}, {args.message_bytes or 'default'})"
+        )
+    options = ProbeOptions(warmup=args.warmup, repeats=args.repeats, message_bytes=sizes)
+    executor = make_executor(spec)
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    try:
+        with Progress(*columns, disable=args.quiet, transient=True) as bar:
+            task = bar.add_task(f"profiling {spec.cluster_name}", total=None)
+
+            def update(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            return run_probe(spec, executor, layout, options, on_progress=update)
+    finally:
+        executor.close()
+
+
+# ----------------------------------------------------------------------------- calibrate
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from tuner.calibrated import Corrector, error_summary
+    from tuner.calibration import load_calibration, setup_fingerprint
+    from tuner.layout import ClusterLayout, name_problem
+
+    if (args.study is None) == (args.cluster is None):
+        raise ConfigError("give --cluster NAME or --study NAME")
+    spec = load_study(args.study) if args.study else None
+    name = spec.cluster_name if spec is not None else str(args.cluster)
+    if (problem := name_problem(name)) is not None:
+        raise ConfigError(f"--cluster {problem}")
+    layout = ClusterLayout(Path(args.results).resolve(), name)
+    if args.reset:
+        existed = layout.calibration_yaml.exists()
+        layout.calibration_yaml.unlink(missing_ok=True)
+        sys.stdout.write(f"calibration of {name} {'cleared' if existed else 'was empty'}\n")
+        return 0
+    cal = load_calibration(layout.calibration_yaml, name)
+    fingerprint = setup_fingerprint(spec) if spec is not None else ""
+    corrector = Corrector(cal.observations, fingerprint=fingerprint)
+    loo = corrector.leave_one_out()
+    errors = error_summary(loo)
+    if args.format == "json":
+        _emit_json({"cluster": name, "path": str(layout.calibration_yaml),
+                    "updated": cal.updated, "factors": dict(corrector.factors()),
+                    "error": errors, "trials": [_loo_json(r) for r in loo]})  # fmt: skip
+        return 0
+    console = _console()
+    if not cal.observations:
+        console.print(f"cluster {name}: no calibration saved yet ({layout.calibration_yaml})")
+        return 0
+    studies = sorted({o.study for o in cal.observations})
+    console.print(f"cluster {name}: {len(cal.observations)} trials from {', '.join(studies)}, "
+                  f"updated {cal.updated}")  # fmt: skip
+    console.print("fitted step-time corrections (measured / predicted):")
+    table = Table()
+    table.add_column("applies to")
+    table.add_column("factor", justify="right")
+    for what, factor in corrector.factors():
+        table.add_row(what, f"x{factor:.3f}")
+    console.print(table)
+    table = Table(title="trials (each predicted from all the others)")
+    for col in ("study", "trial", "config", "measured s", "model", "calibrated"):
+        table.add_column(col, justify="left" if col in ("study", "config") else "right")
+    for r in loo:
+        o = r.observation
+        table.add_row(
+            o.study,
+            str(o.trial),
+            o.parallel_config().key(),
+            f"{o.measured_step_s:.4g}",
+            f"x{r.before:.3f}",
+            f"x{r.after:.3f}",
+        )
+    console.print(table)
+    if errors:
+        console.print(
+            f"step-time error: {errors['mape_before']:.1%} by the model alone, "
+            f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
+            f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
+        )
+    return 0
+
+
+def _loo_json(row: Any) -> dict[str, Any]:
+    o = row.observation
+    return {"study": o.study, "trial": o.trial, "config": dict(o.config),
+            "measured_step_s": o.measured_step_s, "predicted_step_s": o.predicted_step_s,
+            "ratio_model": row.before, "ratio_calibrated": row.after}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- other commands
+
+
+def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "results") -> Any:
+    """The calibrated ranking and memory notes for ``space`` and ``run --dry-run``: a list of
+    printable things (empty without a saved calibration) and their JSON."""
+    from tuner.calibrated import corrector_for, memory_notes
+
+    ranked = report.ranked()
+    corrector = corrector_for(spec, results, [c.config for c in ranked])
+    if not corrector:
+        return [], None
+    rows = sorted((corrector.correct(c) for c in ranked), key=lambda r: r.calibrated_step_s)
+    notes = memory_notes(corrector, ranked, report.oom)
+    table = Table(title=f"top {min(top, len(rows))} by calibrated step time (cluster "
+                  f"{spec.cluster_name}, {len(corrector.observations)} saved trials)")  # fmt: skip
+    for col in ("#", "config", "model s", "calibrated s", "calibrated GiB"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for i, r in enumerate(rows[:top], 1):
+        over = " (over)" if r.calibrated_peak_gib > corrector.limit_gib else ""
+        table.add_row(str(i), r.config.key(), f"{r.step_s:.4g}", f"{r.calibrated_step_s:.4g}",
+                      f"{r.calibrated_peak_gib:.3g}{over}")  # fmt: skip
+    data = {"cluster": spec.cluster_name, "saved_trials": len(corrector.observations),
+            "notes": notes, "top": [{"config": r.config.to_dict(), "step_s": r.step_s,
+                                     "calibrated_step_s": r.calibrated_step_s,
+                                     "calibrated_peak_gib": r.calibrated_peak_gib}
+                                    for r in rows[:top]]}  # fmt: skip
+    return [table, *notes], data
+
+
+def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results") -> Any:
+    """One config's calibrated step and peak for ``tune estimate``: (line or None, JSON)."""
+    from tuner.calibrated import corrector_for
+
+    if candidate.time is None:  # invalid: nothing predicted, nothing to correct
+        return None, None
+    corrector = corrector_for(spec, results, [candidate.config])
+    if not corrector:
+        return None, None
+    r = corrector.correct(candidate)
+    fits = r.calibrated_peak_gib <= corrector.limit_gib
+    verdict = "fits" if fits else "over the limit (tried last)"
+    if not candidate.fits:
+        verdict = "the memory model's OOM stands: never launched"
+    line = (
+        f"calibrated (cluster {spec.cluster_name}, {len(corrector.observations)} saved trials): "
+        f"step {r.calibrated_step_s:.4g} s (x{r.calibrated_step_s / r.step_s:.3f}, spread "
+        f"{r.step_spread:.1%}), peak {r.calibrated_peak_gib:.3g} GiB: {verdict}"
+    )
+    return line, {"step_s": r.calibrated_step_s, "step_spread": r.step_spread,
+                  "peak_gib": r.calibrated_peak_gib, "fits": fits and candidate.fits}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
+    """Register ``profile`` and ``calibrate`` on ``tune``'s subparsers."""
+    p = sub.add_parser("profile", help="measure the cluster's GEMM and collective speeds")
+    p.add_argument("--study", help="profile this study's cluster for its model and space")
+    p.add_argument("--cluster", metavar="FILE", help="a cluster file (cluster:, model:, ...)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions (default 3)")
+    p.add_argument("--repeats", type=int, default=10, help="timed repetitions (default 10)")
+    p.add_argument("--message-bytes", metavar="N[,N]", default="",
+                   help="collective sizes in bytes (default: by device)")  # fmt: skip
+    p.add_argument(
+        "--show",
+        action="store_true",
+        help="print the saved profile after checking it is current; measure nothing",
+    )
+    add_format_option(p, ("text", "json"))
+    handlers["profile"] = _cmd_profile
+
+    p = sub.add_parser("calibrate", help="the model corrections saved for a cluster")
+    p.add_argument("--cluster", metavar="NAME", help="the cluster name (cluster.name)")
+    p.add_argument("--study", help="the cluster of this study")
+    p.add_argument("--reset", action="store_true", help="clear the saved corrections")
+    add_format_option(p, ("text", "json"))
+    handlers["calibrate"] = _cmd_calibrate

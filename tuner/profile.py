@@ -1,0 +1,479 @@
+"""Cluster profiles: what ``tune profile`` measures, how the job is launched, and when to trust it.
+
+The probe itself is :mod:`tuner.profile_job` (torch only), shipped to the nodes as an extra file
+of an ordinary :class:`~tuner.launch.LaunchRequest` and started by torchrun on each node through
+the study's own executor (local processes, SSH or Slurm): no second launcher. The plan it runs
+comes from the study: the GEMM shapes of the model per micro-batch size, TP and CP degree, and
+the collectives of every group size the space can form (TP, CP and DP groups; send/recv between
+pipeline neighbours), placed within a node and across nodes.
+
+A saved profile (``results/clusters/<name>.yaml``, :class:`~tuner.layout.ClusterLayout`) holds the
+date, the software versions, the host count and every raw sample; :func:`check_profile` refuses a
+profile that is stale (older than :data:`MAX_AGE_DAYS`, or measured under other software than the
+cluster runs now) or foreign (another GPU type than the study's ``cluster.gpu``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from tuner.errors import ConfigError, LaunchError
+from tuner.layout import ClusterLayout
+from tuner.space import expand_axes
+from tuner.spec import StudySpec
+
+MAX_AGE_DAYS = 30
+"""A profile older than this is refused: drivers, NCCL and firmware change under a cluster (and a
+re-profile costs minutes)."""
+VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "backend")
+"""The software a profile's figures depend on; any difference makes it stale."""
+PROGRESS = "TUNER_PROFILE_PROGRESS"  # the probe's line prefixes (tuner.profile_job, torch only)
+RESULT = "TUNER_PROFILE_RESULT"
+
+
+class ProfileError(ConfigError):
+    """A cluster profile cannot be used (missing, stale, foreign or malformed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeOptions:
+    """How much the probe measures: more repeats and sizes cost minutes, not hours."""
+
+    warmup: int = 3
+    """Untimed repetitions before each measurement (first calls set up buffers and kernels)."""
+    repeats: int = 10
+    """Timed repetitions; the median is reported."""
+    message_bytes: tuple[int, ...] | None = None
+    """Collective message sizes; default: 64 KiB to 256 MiB on GPUs, 4 KiB to 1 MiB on CPUs."""
+    timeout_s: float = 900.0
+    """The job is killed past this."""
+
+
+GPU_MESSAGES = tuple(1 << k for k in range(16, 29, 2))  # 64 KiB ... 256 MiB, x4 apart
+CPU_MESSAGES = tuple(1 << k for k in range(12, 21, 2))  # 4 KiB ... 1 MiB: gloo over TCP is slow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GemmSample:
+    """One GEMM shape ``[m, k] @ [k, n]`` and its timings."""
+
+    label: str
+    m: int
+    k: int
+    n: int
+    samples_s: tuple[float, ...]
+    median_s: float
+    tflops: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveSample:
+    """One collective at one message size on one group, and its timings."""
+
+    op: str
+    link: str
+    """``intra`` (all ranks on one node) or ``inter`` (the group spans nodes)."""
+    group_size: int
+    ranks: tuple[int, ...]
+    bytes: int
+    samples_s: tuple[float, ...]
+    median_s: float
+    busbw_gbps: float
+    """nccl-tests' bus bandwidth, GB/s (see :mod:`tuner.profile_job`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlphaBeta:
+    """``time = alpha + bytes * factor / busbw``: latency and bus bandwidth of one collective
+    on one kind of group, fitted by least squares over the message sizes (Hockney's model)."""
+
+    op: str
+    link: str
+    group_size: int
+    alpha_s: float
+    busbw_gbps: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterProfile:
+    """A measured cluster profile (``results/clusters/<name>.yaml``)."""
+
+    cluster: str
+    gpu: str
+    """The study's ``cluster.gpu`` when it was measured."""
+    created: str
+    """UTC time of the measurement, ISO 8601."""
+    versions: Mapping[str, Any]
+    """torch, CUDA, NCCL or gloo, GPU name, driver, python: as rank 0 saw them."""
+    hosts: int
+    """Distinct host names among the job's ranks."""
+    world_size: int
+    dtype: str
+    gemm: tuple[GemmSample, ...]
+    collectives: tuple[CollectiveSample, ...]
+    tool: Mapping[str, Any] = field(default_factory=dict)
+    """How it was measured (warm-up, repeats, message sizes)."""
+
+    def alpha_beta(self) -> list[AlphaBeta]:
+        """The alpha-beta fit of each (op, link, group size) over its message sizes."""
+        groups: dict[tuple[str, str, int], list[CollectiveSample]] = {}
+        for s in self.collectives:
+            groups.setdefault((s.op, s.link, s.group_size), []).append(s)
+        return [_fit(key, rows) for key, rows in sorted(groups.items())]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for YAML."""
+        out = dataclasses.asdict(self)
+        out["versions"] = dict(self.versions)
+        out["tool"] = dict(self.tool)
+        for key in ("gemm", "collectives"):
+            for row in out[key]:
+                row["samples_s"] = list(row["samples_s"])
+                if "ranks" in row:
+                    row["ranks"] = list(row["ranks"])
+        return out
+
+
+def _fit(key: tuple[str, str, int], rows: Sequence[CollectiveSample]) -> AlphaBeta:
+    op, link, size = key
+    # bus bytes = bytes x nccl-tests' factor = busbw x time: the bytes one link really carries
+    x = [r.busbw_gbps * 1e9 * r.median_s for r in rows]
+    y = [r.median_s for r in rows]
+    if len(rows) < 2 or len(set(x)) < 2:
+        only = rows[0]
+        return AlphaBeta(op=op, link=link, group_size=size, alpha_s=0.0,
+                         busbw_gbps=only.busbw_gbps)  # fmt: skip
+    slope, intercept = _least_squares(x, y)
+    bw = 1.0 / slope / 1e9 if slope > 0 else max(r.busbw_gbps for r in rows)
+    return AlphaBeta(op=op, link=link, group_size=size, alpha_s=max(intercept, 0.0),
+                     busbw_gbps=bw)  # fmt: skip
+
+
+def _least_squares(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    sxx = sum((a - mx) ** 2 for a in x)
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx
+    return slope, my - slope * mx
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def gemm_shapes(spec: StudySpec) -> list[dict[str, Any]]:
+    """The per-layer GEMMs of the model (and its LM head) at every micro-batch size, TP and CP
+    degree of the space: Megatron's column/row-parallel split of QKV, attention output and MLP
+    (Shoeybi et al. 2019, section 3), tokens per rank ``mbs * seq / cp``."""
+    m, axes = spec.model, expand_axes(spec)
+    h, kv = m.hidden_size, m.query_groups * m.kv_channels
+    fc1 = m.ffn_hidden_size * (2 if m.swiglu else 1)  # SwiGLU: gate and up in one GEMM
+    out: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for mbs in axes.micro_batch_size:
+        for tp in axes.tp:
+            for cp in axes.cp:
+                tokens = max(mbs * m.seq_length // cp, 1)
+                tag = f"mbs={mbs} tp={tp} cp={cp}"
+                for label, k, n in (
+                    ("qkv", h, (m.num_attention_heads * m.kv_channels + 2 * kv) // tp),
+                    ("attn_out", m.num_attention_heads * m.kv_channels // tp, h),
+                    ("fc1", h, fc1 // tp),
+                    ("fc2", m.ffn_hidden_size // tp, h),
+                    ("lm_head", h, m.vocab_size // tp),
+                ):
+                    shape = (tokens, k, max(n, 1))
+                    out.setdefault(shape, {"label": f"{label} {tag}", "m": shape[0],
+                                           "k": shape[1], "n": shape[2]})  # fmt: skip
+    return list(out.values())
+
+
+def group_sizes(spec: StudySpec) -> dict[int, set[str]]:
+    """Group size -> the collectives configs of the space run on groups of that size."""
+    axes, world = expand_axes(spec), spec.world_size
+    sizes: dict[int, set[str]] = {}
+    for tp in axes.tp:
+        for pp in axes.pp:
+            for cp in axes.cp:
+                dp = world // (tp * pp * cp)
+                if dp < 1 or tp * pp * cp * dp != world:
+                    continue
+                # TP: all-reduce (and all-gather / reduce-scatter with sequence parallelism);
+                # DP: gradient all-reduce, or reduce-scatter + all-gather with ZeRO / distopt;
+                # CP: ring attention exchanges (send/recv) plus all-gathers of K/V.
+                for g in (tp, dp, cp):
+                    if g > 1:
+                        sizes.setdefault(g, set()).update(
+                            ("all_reduce", "all_gather", "reduce_scatter")
+                        )
+                if pp > 1 or cp > 1:
+                    sizes.setdefault(2, set()).add("send_recv")
+    return sizes
+
+
+def groups(spec: StudySpec) -> list[dict[str, Any]]:
+    """The probe's groups: each size placed on one node and across nodes, where it can be."""
+    gpn, nodes = spec.cluster.gpus_per_node, spec.nodes_per_trial
+    out = []
+    for size, ops in sorted(group_sizes(spec).items()):
+        placements = []
+        if size <= gpn:
+            placements.append(("intra", list(range(size))))
+            if nodes > 1 and size <= nodes:
+                placements.append(("inter", [i * gpn for i in range(size)]))
+        elif size <= gpn * nodes:
+            placements.append(("inter", list(range(size))))
+        for link, ranks in placements:
+            for op in sorted(ops):
+                sub = ranks[:2] if op == "send_recv" else ranks
+                out.append({"link": link, "ranks": sub, "ops": [op]})
+    return out
+
+
+def make_plan(spec: StudySpec, options: ProbeOptions) -> dict[str, Any]:
+    """The probe's input (``plan.json``)."""
+    cpu = spec.cluster.gpu == "cpu"
+    return {
+        "device": "cpu" if cpu else "cuda",
+        "dtype": "fp32" if cpu else spec.training.precision,
+        "warmup": options.warmup,
+        "repeats": options.repeats,
+        "message_bytes": list(options.message_bytes or (CPU_MESSAGES if cpu else GPU_MESSAGES)),
+        "gemms": gemm_shapes(spec),
+        "groups": groups(spec),
+    }
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def probe_source() -> str:
+    """The text of :mod:`tuner.profile_job`, shipped to the nodes as a file."""
+    return resources.files("tuner").joinpath("profile_job.py").read_text()
+
+
+def node_script(spec: StudySpec, node_rank: int, master_addr: str, master_port: int) -> str:
+    """The bash script node ``node_rank`` runs: torchrun on the probe, in the job directory."""
+    import shlex
+
+    q = shlex.quote
+    python = spec.launch.python
+    lines = ["#!/usr/bin/env bash", "set -euo pipefail"]
+    if "/" in python:  # the nodes' venv first, as the study's templates do
+        lines.append(f'export PATH={q(str(PurePosixPath(python).parent))}:"$PATH"')
+    lines += [f"export {k}={q(v)}" for k, v in sorted(spec.launch.env.items())]
+    lines.append(
+        f"exec {q(python)} -m torch.distributed.run --nnodes {spec.nodes_per_trial} "
+        f"--node_rank {node_rank} --nproc_per_node {spec.cluster.gpus_per_node} "
+        f"--master_addr {q(master_addr)} --master_port {master_port} profile_job.py plan.json"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def run_probe(
+    spec: StudySpec, executor: Any, layout: ClusterLayout, options: ProbeOptions,
+    on_progress: Callable[[int, int], None] | None = None,
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    poll_s: float = 0.2,
+) -> ClusterProfile:  # fmt: skip
+    """Run the probe on the study's first node group through ``executor``; the profile."""
+    import time
+
+    from tuner.launch import LaunchRequest
+
+    hosts = tuple(spec.node_names[: spec.nodes_per_trial])
+    master = executor.master_addr(hosts)
+    port = executor.master_port(hosts, spec.launch.master_port)
+    plan = make_plan(spec, options)
+    paths = layout.probe
+    paths.dir.mkdir(parents=True, exist_ok=True)
+    request = LaunchRequest(
+        trial=0, hosts=hosts, paths=paths, timeout_s=options.timeout_s,
+        scripts=tuple(node_script(spec, k, master, port) for k in range(len(hosts))),
+        files={"profile_job.py": probe_source(), "plan.json": json.dumps(plan, indent=1)},
+    )  # fmt: skip
+    created = now()
+    job = executor.submit(request)
+    try:
+        while (result := job.poll()) is None:
+            if on_progress is not None:
+                on_progress(*_progress(paths.node_log(0)))
+            time.sleep(poll_s)
+    except BaseException:
+        job.cancel()
+        raise
+    text = _read(paths.node_log(0))
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith(RESULT)), None)
+    if not result.ok or line is None:
+        tail = " | ".join(text.strip().splitlines()[-3:]) or "no output"
+        raise LaunchError(f"the profile job failed (see {paths.node_log(0)}): {tail}")
+    return from_probe(spec, json.loads(line[len(RESULT) :]), created, options, plan)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _progress(log: Path) -> tuple[int, int]:
+    for line in reversed(_read(log).splitlines()):
+        if line.startswith(PROGRESS):
+            done, total = line.split()[1:3]
+            return int(done), int(total)
+    return 0, 1
+
+
+def from_probe(
+    spec: StudySpec, data: Mapping[str, Any], created: dt.datetime, options: ProbeOptions,
+    plan: Mapping[str, Any],
+) -> ClusterProfile:  # fmt: skip
+    """The profile made of the probe's result line."""
+    tool = {"warmup": options.warmup, "repeats": options.repeats,
+            "message_bytes": list(plan["message_bytes"])}  # fmt: skip
+    return ClusterProfile(
+        cluster=spec.cluster_name, gpu=spec.cluster.gpu,
+        created=created.astimezone(dt.UTC).isoformat(timespec="seconds"),
+        versions=dict(data["versions"]), hosts=int(data["hosts"]),
+        world_size=int(data["world_size"]), dtype=str(data["dtype"]),
+        gemm=tuple(_gemm(g) for g in data["gemm"]),
+        collectives=tuple(_collective(c) for c in data["collectives"]), tool=tool,
+    )  # fmt: skip
+
+
+def _gemm(row: Mapping[str, Any]) -> GemmSample:
+    return GemmSample(label=str(row["label"]), m=int(row["m"]), k=int(row["k"]),
+                      n=int(row["n"]), samples_s=tuple(float(v) for v in row["samples_s"]),
+                      median_s=float(row["median_s"]), tflops=float(row["tflops"]))  # fmt: skip
+
+
+def _collective(row: Mapping[str, Any]) -> CollectiveSample:
+    return CollectiveSample(
+        op=str(row["op"]), link=str(row["link"]), group_size=int(row["group_size"]),
+        ranks=tuple(int(r) for r in row["ranks"]), bytes=int(row["bytes"]),
+        samples_s=tuple(float(v) for v in row["samples_s"]), median_s=float(row["median_s"]),
+        busbw_gbps=float(row["busbw_gbps"]),
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def save_profile(profile: ClusterProfile, path: Path) -> None:
+    """Write ``profile`` as YAML (the alpha-beta fits are written too, for readers; they are
+    recomputed from the samples on load)."""
+    data = profile.to_dict()
+    data["alpha_beta"] = [dataclasses.asdict(f) for f in profile.alpha_beta()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+
+
+def load_profile(path: Path) -> ClusterProfile:
+    """Read a saved profile; a missing or malformed file is a one-line :class:`ProfileError`."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError("no cluster profile (run tune profile)", file=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"not YAML: {str(exc).splitlines()[0]}", file=str(path)) from None
+    names = {f.name for f in dataclasses.fields(ClusterProfile)} | {"alpha_beta"}
+    if not isinstance(data, dict) or set(data) - names:
+        extra = sorted(set(data) - names) if isinstance(data, dict) else []
+        raise ProfileError(f"not a cluster profile (unknown keys {extra})", file=str(path))
+    try:
+        return ClusterProfile(
+            cluster=str(data["cluster"]), gpu=str(data["gpu"]), created=str(data["created"]),
+            versions=dict(data["versions"]), hosts=int(data["hosts"]),
+            world_size=int(data["world_size"]), dtype=str(data["dtype"]),
+            gemm=tuple(_gemm(g) for g in data["gemm"]),
+            collectives=tuple(_collective(c) for c in data["collectives"]),
+            tool=dict(data.get("tool") or {}),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileError(f"malformed cluster profile: {exc!r}", file=str(path)) from None
+
+
+def check_profile(
+    profile: ClusterProfile, spec: StudySpec, *, now: dt.datetime,
+    versions: Mapping[str, Any] | None = None, path: str = "",
+) -> ClusterProfile:  # fmt: skip
+    """``profile`` when it may be used for ``spec``'s cluster; else a one-line ProfileError.
+
+    ``versions``: the software the cluster runs now, where the caller knows it (the local
+    executor's own torch; on remote clusters the latest probe or trial log); keys missing on
+    either side are not compared."""
+    where = path or profile.cluster
+    if profile.gpu != spec.cluster.gpu:
+        raise ProfileError(
+            f"foreign profile: measured on {profile.gpu}, the study's cluster.gpu is "
+            f"{spec.cluster.gpu} (run tune profile --study {spec.name})", file=where,
+        )  # fmt: skip
+    age = now - dt.datetime.fromisoformat(profile.created)
+    if age > dt.timedelta(days=MAX_AGE_DAYS):
+        raise ProfileError(
+            f"stale profile: measured {profile.created}, {age.days} days ago (more than "
+            f"{MAX_AGE_DAYS}); run tune profile --study {spec.name}", file=where,
+        )  # fmt: skip
+    for key in VERSION_KEYS:
+        then, current = profile.versions.get(key), (versions or {}).get(key)
+        if then is not None and current is not None and str(then) != str(current):
+            raise ProfileError(
+                f"stale profile: measured with {key} {then}, the cluster now has {current}; "
+                f"run tune profile --study {spec.name}", file=where,
+            )  # fmt: skip
+    return profile
+
+
+def study_profile(
+    spec: StudySpec, results: str | Path = "results", now: dt.datetime | None = None
+) -> ClusterProfile | None:
+    """The saved profile of ``spec``'s cluster, checked (:func:`check_profile`), or None when
+    there is none: what the time model reads (it falls back to the catalog on None)."""
+    layout = ClusterLayout(Path(results).resolve(), spec.cluster_name)
+    if not layout.profile_yaml.is_file():
+        return None
+    local = local_versions() if spec.cluster.executor == "local" else None
+    when = now or dt.datetime.now(dt.UTC)
+    path = str(layout.profile_yaml)
+    return check_profile(load_profile(layout.profile_yaml), spec, now=when, versions=local,
+                         path=path)  # fmt: skip
+
+
+def local_versions() -> dict[str, Any]:
+    """This machine's torch (and CUDA / NCCL) versions, for the local executor's check; empty
+    when torch is not installed here."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    out: dict[str, Any] = {"torch": str(torch.__version__)}  # a str subclass: plain for YAML
+    if torch.cuda.is_available():
+        out["cuda"] = str(torch.version.cuda)
+    out["backend"] = "nccl" if torch.cuda.is_available() else "gloo"
+    return out
+
+
+def summary_rows(profile: ClusterProfile) -> list[tuple[str, str]]:
+    """(what, figure) lines for the CLI: GEMM throughput range and each alpha-beta fit."""
+    rows = []
+    if profile.gemm:
+        tf = [g.tflops for g in profile.gemm]
+        best = max(profile.gemm, key=lambda g: g.tflops)
+        rows.append((f"GEMM ({len(tf)} shapes, {profile.dtype})",
+                     f"{min(tf):.3g}-{max(tf):.3g} TFLOP/s (best {best.label})"))  # fmt: skip
+    for f in profile.alpha_beta():
+        lat = f"{f.alpha_s * 1e6:.1f} us" if math.isfinite(f.alpha_s) else "?"
+        rows.append((f"{f.op} {f.link} n={f.group_size}",
+                     f"{f.busbw_gbps:.3g} GB/s bus, {lat} latency"))  # fmt: skip
+    return rows

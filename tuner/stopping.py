@@ -1,0 +1,78 @@
+"""When a search stops by itself: once the answer is known, or once it stops improving.
+
+Two rules, checked before each launch (:meth:`tuner.study.StudyLoop.budget_reason`):
+
+1. **The answer is known** (model sampler only, ``search.stop_chance``): the corrected time model
+   (:meth:`tuner.sampler.ModelGuidedSampler.chance_to_beat`) gives every untried config less than
+   ``stop_chance`` (10 % by default) probability of beating the best measured step time by more
+   than :data:`IMPROVEMENT`. The probability comes from the sampler's Gaussian belief about the
+   log step time of each config: the posterior of the correction fitted to measured/predicted
+   ratios (this study's and the cluster's saved calibration), plus the run-to-run noise. A config
+   whose corrected prediction is 5 % slower than the best, with a spread of 2 %, has about a 0.1 %
+   chance; one predicted as fast as the best, with any spread, has about 40 % or more.
+2. **No improvement** (every sampler, ``search.early_stop_trials``: the fallback): the best has
+   not improved by :data:`IMPROVEMENT` within the last N launched trials.
+
+The model rule is only asked when the trials changed since it last answered (a fit costs
+milliseconds to a second on big spaces, and the loop checks several times a second).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from tuner.spec import StudySpec
+
+IMPROVEMENT = 0.01
+"""A gain smaller than this (1 % of the step time) is within run-to-run noise of a short run."""
+
+
+class Stopper:
+    """The stop rules of one study loop; call it with the study's trials."""
+
+    def __init__(self, spec: StudySpec, sampler: Any) -> None:
+        self.spec = spec
+        self.sampler = sampler
+        self._seen: tuple[int, int] | None = None
+        self._answer: str | None = None
+
+    def __call__(self, trials: Sequence[FrozenTrial]) -> str | None:
+        """Why the search should stop launching (None: go on)."""
+        return self.known(trials) or self.no_improvement(trials)
+
+    def known(self, trials: Sequence[FrozenTrial]) -> str | None:
+        """Rule 1, or None when it does not apply."""
+        chance = self.spec.search.stop_chance
+        if not chance or not hasattr(self.sampler, "chance_to_beat"):
+            return None
+        state = (sum(t.state.is_finished() for t in trials), len(trials))
+        if state == self._seen:
+            return self._answer
+        self._seen = state
+        self._answer = None
+        if any(not t.state.is_finished() and t.user_attrs.get("launched") for t in trials):
+            return None  # a running trial may still move the best: wait for it
+        found = self.sampler.chance_to_beat(trials, IMPROVEMENT)
+        if found is not None and found[0] < chance:
+            p, config = found
+            self._answer = (
+                f"the answer is known: no untried config has a {chance:.0%} chance of beating "
+                f"the best by {IMPROVEMENT:.0%} (likeliest: {config.key()}, {p:.1%})"
+            )
+        return self._answer
+
+    def no_improvement(self, trials: Sequence[FrozenTrial]) -> str | None:
+        """Rule 2, or None."""
+        k = self.spec.search.early_stop_trials
+        launched = [t for t in trials if t.user_attrs.get("launched") and t.state.is_finished()]
+        if not k or len(launched) <= k:
+            return None
+        launched.sort(key=lambda t: t.number)
+        before = [t.value for t in launched[:-k] if t.value is not None]
+        recent = [t.value for t in launched[-k:] if t.value is not None]
+        if before and (not recent or min(recent) > min(before) * (1 - IMPROVEMENT)):
+            return f"no 1% improvement in the last {k} trials (early stop)"
+        return None
