@@ -78,7 +78,7 @@ BAD = [
     ("space.tpp", [1], "space.tpp", "unknown key 'tpp'"),
     ("training.global_batch_size", -8, "training.global_batch_size", "must be > 0"),
     ("training.global_batch_size", "64", "training.global_batch_size", "expected an integer"),
-    ("training.precision", "fp8", "training.precision", "not one of"),
+    ("training.precision", "fp4", "training.precision", "not one of"),
     ("training", DELETE, "training", "required field is missing"),
     ("cluster.gpu", "v100", "cluster.gpu", "unknown GPU"),
     ("cluster.gpus_per_node", 0, "cluster.gpus_per_node", "must be > 0"),

@@ -385,3 +385,38 @@ def test_a_fast_config_predicted_just_over_the_gpu_is_probed_and_measured(tmp_pa
     assert all(t.user_attrs["predicted_peak_gib"] <= limit for t in others)
     board = leaderboard(spec, results=str(tmp_path / "results"))
     assert int(board.iloc[0].trial) == probed[0].number  # the probe was the hidden best
+
+
+def test_a_moe_study_searches_expert_parallelism_end_to_end(tmp_path: Path) -> None:
+    """An MoE model on the stand-in: EP is a searched knob, its flags reach Megatron's argv (the
+    stand-in applies Megatron's expert-parallel checks), the leaderboard shows ep."""
+    surface = {**SURFACE, "step_s": {"base": 1.0, "factors": {
+        "ep": {"1": 1.4, "2": 1.0}, "mbs": {"1": 1.3, "2": 1.0}}}}  # fmt: skip
+    data = study_data(tmp_path, surface, n_trials=6)
+    data["model"] = {
+        "num_layers": 4,
+        "hidden_size": 256,
+        "ffn_hidden_size": 512,
+        "num_attention_heads": 4,
+        "vocab_size": 1000,
+        "seq_length": 256,
+        "swiglu": True,
+        "add_bias_linear": False,
+        "moe": {"num_experts": 4, "router_topk": 2, "aux_loss_coeff": 0.01},
+    }
+    data["space"] = {"tp": [1], "pp": [1], "ep": "auto", "micro_batch_size": [1, 2],
+                     "distributed_optimizer": [True]}  # fmt: skip
+    spec = study_from_mapping(data)
+    assert {c.config.ep for c in enumerate_space(spec).viable} == {1, 2}
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        loop.run()
+    finally:
+        loop.executor.close()
+    board = leaderboard(spec, results=str(tmp_path / "results"))
+    assert set(board.outcome) == {"ok"} and len(board) == 4
+    best = board.iloc[0]
+    assert (int(best.ep), int(best.micro_batch), best.dispatcher) == (2, 2, "alltoall")
+    assert best.measured_step_s == pytest.approx(1.0, rel=0.02)
+    args = emit_best(spec, "args", results=str(tmp_path / "results"))
+    assert "--num-experts 4" in args and "--expert-model-parallel-size 2" in args

@@ -178,6 +178,9 @@ def _short(c: Candidate) -> str:
     parts += [f"cp{k.cp}"] if k.cp > 1 else []
     parts += [f"vp{k.vp}"] if k.vp > 1 else []
     parts += ["sp"] if k.sequence_parallel else []
+    parts += [f"ep{k.ep}"] if k.moe_key else []
+    parts += [f"etp{k.etp}"] if k.etp is not None else []
+    parts += [k.moe_token_dispatcher] if k.moe_token_dispatcher != "alltoall" else []
     parts += [f"mbs{k.micro_batch_size}", f"ga{k.num_microbatches}", rc]
     parts += ["distopt"] if k.distributed_optimizer else []
     parts += [f"zero{k.zero_stage}"] if k.zero_stage else []
@@ -331,7 +334,8 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
 BOARD_HEADERS = {
     "trial": "#", "outcome": "outcome", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp",
     "vp": "vp", "sp": "sp", "micro_batch": "mbs", "grad_accum": "ga", "recompute": "recompute",
-    "distributed_optimizer": "distopt", "zero_stage": "zero", "nodes": "nodes",
+    "distributed_optimizer": "distopt", "zero_stage": "zero", "ep": "ep", "etp": "etp",
+    "dispatcher": "dispatcher", "nodes": "nodes",
     "predicted_step_s": "pred s", "measured_step_s": "step s", "tokens_per_s_per_gpu": "tok/s/GPU",
     "tflops_per_gpu": "TFLOP/s", "mfu": "MFU", "predicted_peak_gib": "pred GiB",
     "measured_peak_gib": "GiB", "duration_s": "took s", "reason": "reason",

@@ -13,12 +13,15 @@ DeepSpeed sources); stack overheads and allocator slack in tuner.overheads (GPU 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tuner.catalog import GPUSpec
+from tuner.fp8 import fp8_weight_copy_bytes
+from tuner.fp8_memory import fp8_layer_activations
 from tuner.memory_terms import (
     DEEPSPEED_ESTIMATOR,
     ZERO_PAPER,
@@ -34,7 +37,8 @@ from tuner.memory_terms import (
     stage_params,
     zero_model_state_total,
 )
-from tuner.optimizer_layout import LayerSizes, StateBytes, stage_states
+from tuner.moe import expert_config, moe_layers_on, moe_stage_memory
+from tuner.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.overheads import (
     allocator_slack,
     communicators,
@@ -311,13 +315,29 @@ def _stage_memory(
     precision: Precision,
     zero_settings: Mapping[str, float] | None,
 ) -> StageMemory:
+    fp8 = precision == "fp8"
+    precision = "bf16" if fp8 else precision  # fp8: bf16 weights, grads, activations (tuner.fp8)
     vocab = padded_vocab(model.vocab_size, c.tp, framework)
-    params = stage_params(model, c, stage, layers, vocab)
-    states = stage_states(
-        params, c, framework, precision, _layer_sizes(model, c, layers), zero_settings
-    )
     act = layer_activations(model, c.micro_batch_size, c.cp, precision)
-    saved, working = layers_activation_bytes(act, c, layers)
+    moe = moe_stage_memory(model, c, stage, layers, framework, precision, act)
+    params = stage_params(model, c, stage, layers, vocab) + moe.nonexpert_delta
+    sizes = _layer_sizes(model, c, layers)
+    states = stage_states(params, c, framework, precision, sizes, zero_settings)
+    if moe.expert_params:  # [MP] expert states shard over the expert-data-parallel group
+        experts = stage_states(
+            moe.expert_params, expert_config(c), framework, precision, sizes, zero_settings
+        )
+        states = _add_states(states, experts)
+    if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.fp8)
+        gemm = layers * param_counts(model).layer_sharded / c.tp + moe.nonexpert_delta
+        states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
+            gemm + moe.expert_params, "delayed"), states.layout))  # fmt: skip
+    layer_act = moe.activations
+    if fp8:  # TE saves GEMM inputs as FP8 (tuner.fp8_memory)
+        share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
+        layer_act = fp8_layer_activations(model, c, layer_act, share)
+    saved, working = layers_activation_bytes(layer_act, c, layers)
+    working += moe.dispatch
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
         # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
@@ -325,14 +345,14 @@ def _stage_memory(
         held = held_layer_microbatches(model, c, framework, stage) / layers
     activations = held * saved + working
     extras = stage_extras(model, c, stage, vocab, precision)
-    comms = communicators(c, stage, framework, model.tied_embeddings)
+    comms = communicators(c, stage, framework, model.tied_embeddings, moe.expert_params > 0)
     fixed = {
         "workspaces": workspace_bytes(gpu),
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu),
     }
     tensors = step_tensors(
-        model, c, layers, params, states, activation_tensors(model, act, c, layers, held),
+        model, c, layers, params, states, activation_tensors(model, layer_act, c, layers, held),
         extras, fixed["workspaces"], precision, stage == c.pp - 1,
     )  # fmt: skip
     slacks = dict(zip(("fwd_bwd", "step"), allocator_slack(tensors, gpu), strict=True))
@@ -350,7 +370,29 @@ def _stage_memory(
         phase("fwd_bwd", states.fwd_bwd, activations, extras),
         phase("step", states.step, 0.0, 0.0),
     )
-    return StageMemory(stage, layers, held, params, states.layout, phases, states.moments)
+    return StageMemory(
+        stage, layers, held, params + moe.expert_params, states.layout, phases, states.moments
+    )
+
+
+def _add_states(a: StageStates, b: StageStates) -> StageStates:
+    """Two parameter groups' states side by side (dense and expert parameters)."""
+
+    def add(x: StateBytes, y: StateBytes) -> StateBytes:
+        return StateBytes(
+            x.weights + y.weights, x.grads + y.grads, x.optimizer + y.optimizer,
+            x.buffers + y.buffers,
+        )  # fmt: skip
+
+    return dataclasses.replace(
+        a, fwd_bwd=add(a.fwd_bwd, b.fwd_bwd), step=add(a.step, b.step),
+        moments=a.moments + b.moments,
+    )  # fmt: skip
+
+
+def _weights_only(weights: float, layout: str) -> StageStates:
+    both = StateBytes(weights, 0.0, 0.0, 0.0)
+    return StageStates(both, both, layout)
 
 
 def estimate_memory(

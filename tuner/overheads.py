@@ -33,10 +33,11 @@ class Communicators:
 
 
 def communicators(
-    c: ParallelConfig, stage: int, framework: Framework, tied: bool
+    c: ParallelConfig, stage: int, framework: Framework, tied: bool, moe: bool = False
 ) -> Communicators:
     """Which groups a rank of ``stage`` talks on (Megatron parallel_state / DeepSpeed pipe;
-    Megatron-DeepSpeed: Megatron's TP and DP groups, DeepSpeed's pipeline groups)."""
+    Megatron-DeepSpeed: Megatron's TP and DP groups, DeepSpeed's pipeline groups); ``moe``: the
+    model has expert layers on this stage."""
     first, last = stage == 0, stage == c.pp - 1
     neighbours = (0 if first else 1) + (0 if last else 1)
     groups: list[str] = []
@@ -61,6 +62,16 @@ def communicators(
         groups += ["pipe-pair"] * neighbours + ["pipe"]
         if tied and (first or last):
             groups.append("tied-embedding")
+    if moe:
+        # megatron/core/parallel_state.py expert groups: the token dispatch all-to-all (or
+        # all-gather) over EP, the experts' TP collectives over ETP when it differs from TP,
+        # and the expert parameters' gradient reduction over the expert-data-parallel group.
+        if c.ep > 1:
+            groups.append("ep")
+        if c.expert_tp > 1 and c.expert_tp != c.tp:
+            groups.append("etp")
+        if c.expert_dp > 1:
+            groups.append("expert-dp")
     if c.world_size > 1:
         groups.append("world")  # barriers and timers on the default group
     return Communicators(tuple(groups), peers)

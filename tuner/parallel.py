@@ -12,6 +12,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, ValidationError
 from tuner.frameworks import MEGATRON_DEEPSPEED_FORK, traits
+from tuner.moe_spec import moe_rule_violations
 from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import (
     EVEN,
@@ -57,6 +58,31 @@ class ParallelConfig:
     """How layers are assigned to pipeline stages (``tuner.pipeline_split``): ``even``,
     Megatron ``first=N,last=N`` / ``embedding+loss`` / ``layout:...``, or a DeepSpeed
     ``partition_method`` (``uniform``, ``parameters``, ``type:REGEX``)."""
+    ep: int = 1
+    """Expert parallel size (MoE layers): experts are split over ``ep`` ranks."""
+    etp: int | None = None
+    """Expert tensor parallel size; None: the same as ``tp`` (Megatron's default)."""
+    moe_token_dispatcher: str = "alltoall"
+    """MoE token dispatcher (``--moe-token-dispatcher-type``): alltoall, allgather or flex."""
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor parallel size of the expert layers (``etp``, or ``tp`` when unset)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel size: world / (etp x ep x pp) (megatron/core/parallel_state.py
+        folds the expert grid etp-ep-dp-pp over the same ranks as tp-cp-dp-pp)."""
+        return max(1, self.world_size // (self.expert_tp * self.ep * self.pp))
+
+    @property
+    def moe_key(self) -> str:
+        """The MoE knobs in a key (empty at their defaults, so dense keys stay as they were)."""
+        if self.ep == 1 and self.etp is None and self.moe_token_dispatcher == "alltoall":
+            return ""
+        etp = f",etp={self.etp}" if self.etp is not None else ""
+        return f",ep={self.ep}{etp},dispatcher={self.moe_token_dispatcher}"
 
     @property
     def world_size(self) -> int:
@@ -90,11 +116,15 @@ class ParallelConfig:
         """A canonical text key: equal configs have equal keys (used to never run one twice)."""
         rc = self.recompute_setting
         return (
-            f"tp={self.tp},pp={self.pp},cp={self.cp},dp={self.dp},vp={self.vp},"
-            f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"
-            f"gbs={self.global_batch_size},recompute={rc},"
-            f"distopt={int(self.distributed_optimizer)},zero={self.zero_stage}"
-        ) + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "")
+            (
+                f"tp={self.tp},pp={self.pp},cp={self.cp},dp={self.dp},vp={self.vp},"
+                f"sp={int(self.sequence_parallel)},mbs={self.micro_batch_size},"
+                f"gbs={self.global_batch_size},recompute={rc},"
+                f"distopt={int(self.distributed_optimizer)},zero={self.zero_stage}"
+            )
+            + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "")
+            + self.moe_key
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, plus the derived grad_accum, for JSON, tables and Optuna attributes."""
@@ -114,6 +144,9 @@ class ParallelConfig:
             "distributed_optimizer": self.distributed_optimizer,
             "zero_stage": self.zero_stage,
             "pipeline_split": self.pipeline_split,
+            "ep": self.ep,
+            "etp": self.etp,
+            "moe_token_dispatcher": self.moe_token_dispatcher,
         }
 
 
@@ -127,7 +160,7 @@ class RuleViolation:
 
 def _check_sizes(c: ParallelConfig, world_size: int) -> list[RuleViolation]:
     out: list[RuleViolation] = []
-    for name in ("tp", "pp", "cp", "dp", "vp", "micro_batch_size", "global_batch_size"):
+    for name in ("tp", "pp", "cp", "dp", "vp", "ep", "micro_batch_size", "global_batch_size"):
         if getattr(c, name) < 1:
             out.append(RuleViolation("positive", f"{name} must be >= 1, got {getattr(c, name)}"))
     if out:
@@ -442,6 +475,21 @@ def validate(
     out += _check_sequence(config, model)
     out += _check_recompute(config, model)
     out += _check_framework(config, framework)
+    c = config
+    out += [
+        RuleViolation(rule, message)
+        for rule, message in moe_rule_violations(
+            model.moe,
+            model.ffn_hidden_size,
+            tp=c.tp,
+            pp=c.pp,
+            ep=c.ep,
+            etp=c.expert_tp,
+            sp=c.sequence_parallel,
+            dispatcher=c.moe_token_dispatcher,
+            world=world_size,
+        )  # fmt: skip
+    ]
     return out
 
 

@@ -27,6 +27,11 @@ its states through HBM, and DeepSpeed adds a gradient-accumulation pass per micr
 rate comes from one ``Rates`` value (the catalog's by default, or a measured cluster profile's);
 every constant is named, with its source.
 
+Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the router and the
+grouped expert GEMMs of the busiest rank's routed tokens, and add the dispatch / combine
+collectives over the EP group (``ep_comm``); expert gradients reduce over the expert-data-parallel
+group. With ``precision: fp8`` the GEMMs run at the catalog's FP8 peak (``tuner.rates``).
+
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
 """
@@ -39,11 +44,19 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.frameworks import Framework, traits
+from tuner.moe import (
+    expert_config,
+    expert_params_per_layer,
+    mlp_flops_per_token,
+    moe_layer_flags,
+    moe_layer_times,
+    nonexpert_delta_per_layer,
+)
 from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
 from tuner.perf_deepspeed import dp_deepspeed, exposed, grad_accumulation
 from tuner.pipeline import stage_layers
-from tuner.rates import Link, Rates, catalog_rates, gemm_rate, group_link
+from tuner.rates import Link, Rates, catalog_rates, gemm_seconds, group_link
 from tuner.spec import ModelSpec, TrainingSpec
 
 FLASH_BACKWARD_RATIO = 2.5
@@ -80,6 +93,9 @@ class TimeBreakdown:
     """Tensor-parallel all-reduce / reduce-scatter + all-gather, including recomputed ones."""
     cp_comm: float
     """Context-parallel K/V exchange not hidden behind the attention kernels."""
+    ep_comm: float
+    """MoE token dispatch and combine (all-to-all over EP, or all-gather / reduce-scatter),
+    forward and backward, on the critical path (tuner.moe)."""
     pp_p2p: float
     """Pipeline point-to-point sends and receives on the critical path."""
     pp_bubble: float
@@ -124,11 +140,11 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(TimeBreakdown))
 @functools.lru_cache(maxsize=256)
 def _flops_per_sequence(model: ModelSpec) -> tuple[float, float, float]:
     """Forward FLOPs of one sequence: (one layer, its attention core, the LM head)."""
-    s, h, f = model.seq_length, model.hidden_size, model.ffn_hidden_size
+    s, h = model.seq_length, model.hidden_size
     kv = 2 * model.query_groups * model.kv_channels
-    mlp_in = 2 * f if model.swiglu else f
     attn_core = 4.0 * s * s * h
-    layer = 2.0 * s * h * (h + kv) + attn_core + 2.0 * s * h * h + 2.0 * s * (mlp_in + f) * h
+    mlp = s * mlp_flops_per_token(model)  # 2 s (mlp_in + F) h dense; MoE: tuner.moe
+    layer = 2.0 * s * h * (h + kv) + attn_core + 2.0 * s * h * h + mlp
     head = 2.0 * s * h * model.vocab_size
     return layer, attn_core, head
 
@@ -164,11 +180,7 @@ def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
 # --- Per-layer times ---------------------------------------------------------------------------
 
 
-def _gemm(rates: Rates, m: float, n: float, k: float, batch: float = 1.0) -> float:
-    """Additive roofline of an (m x k) @ (k x n) GEMM, ``batch`` times, plus one launch."""
-    flops = 2.0 * m * n * k
-    moved = rates.elem * (m * k + k * n + m * n)
-    return batch * (flops / gemm_rate(rates, m, n, k) + moved / rates.hbm) + rates.op_latency
+_gemm = gemm_seconds  # the additive GEMM roofline (tuner.rates: one definition)
 
 
 def _gemm_backward(rates: Rates, m: float, n: float, k: float) -> tuple[float, float]:
@@ -455,11 +467,22 @@ def estimate_time(
     # frameworks' own per-stage counts, uneven splits included)
     counts = stage_layers(model, config, framework)
     layers = float(max(counts))
+    psi, embedding = _rank_params(model, config.tp, config.pp)
+    ep_layer, expert_psi = 0.0, 0.0
+    share = sum(moe_layer_flags(model)) / model.num_layers
+    if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
+        ring = group_link(rates, config.tp * config.ep, 1, gpus_per_node)
+        mt = moe_layer_times(model, rates, config, gpus_per_node, ring)
+        fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
+        ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
+        if config.recompute == "full":  # the checkpointed layer's forward dispatches again
+            ep_layer += _recompute_fraction(config, model) * share * mt.comm_fwd
+        psi += layers * share * nonexpert_delta_per_layer(model, config)
+        expert_psi = layers * share * expert_params_per_layer(model, config)
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
-    stage_mb = layers * (fwd + bwd + rec + cp_exposed) + tp_mb
+    stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
-    psi, embedding = _rank_params(model, config.tp, config.pp)
     ds = traits(framework).deepspeed_optimizer
     bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
     if config.pp == 1:
@@ -490,10 +513,15 @@ def estimate_time(
         dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
     optimizer = _optimizer(config, psi, rates, framework)
     optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
+    if expert_psi:  # expert grads reduce over the expert-DP group (tuner.moe [MP])
+        ec = expert_config(config)
+        e_link = group_link(rates, ec.dp, config.expert_tp * config.ep, gpus_per_node)
+        dp += _dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
+        optimizer += _optimizer(ec, expert_psi, rates, framework)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
-        optimizer, imbalance,
-        m * rates.microbatch_overhead + rates.step_overhead,
+        optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
+        m * layers * ep_layer,
     )  # fmt: skip
     return _breakdown(parts, model, config, rates)
 
@@ -506,12 +534,16 @@ def _breakdown(
     hardware_flops = hardware_flops_per_step(model, config)
     world = config.world_size
     tokens = config.global_batch_size * model.seq_length / step
-    compute, recompute, tp_comm, cp_comm, p2p, bubble, dp, optimizer, imbalance, overhead = parts
+    compute, recompute, tp_comm, cp_comm, p2p, bubble, dp, optimizer, imbalance, overhead = parts[
+        :10
+    ]
+    ep_comm = parts[10]
     return TimeBreakdown(
         compute=compute,
         recompute=recompute,
         tp_comm=tp_comm,
         cp_comm=cp_comm,
+        ep_comm=ep_comm,
         pp_p2p=p2p,
         pp_bubble=bubble,
         dp_comm=dp,

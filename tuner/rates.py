@@ -133,9 +133,13 @@ def catalog_rates(gpu: GPUSpec, precision: str) -> Rates:
         peak *= FP32_PEAK_FRACTION
     intra_lat = CPU_COLLECTIVE_LATENCY_S if cpu else NVLINK_COLLECTIVE_LATENCY_S
     inter_lat = CPU_COLLECTIVE_LATENCY_S if cpu else NETWORK_COLLECTIVE_LATENCY_S
+    # fp8: Transformer Engine runs the linear layers' GEMMs at the FP8 tensor-core peak (the
+    # catalog's datasheet figure); attention (flash) and element-wise work stay bf16, and MFU
+    # stays relative to the 16-bit peak (the convention of Megatron's and NeMo's FP8 figures).
+    gemm_peak = gpu.fp8_peak_tflops * 1e12 if precision == "fp8" and gpu.fp8_peak_tflops else peak
     return Rates(
         peak=peak,
-        gemm=peak * (CPU_GEMM_EFFICIENCY if cpu else GEMM_EFFICIENCY),
+        gemm=gemm_peak * (CPU_GEMM_EFFICIENCY if cpu else GEMM_EFFICIENCY),
         sm_count=0 if cpu else gpu.sm_count,
         gemm_samples=(),
         flash=peak * FLASH_ATTENTION_EFFICIENCY,
@@ -183,6 +187,14 @@ def wave_fraction(sm_count: int, m: float, n: float, k: float) -> float:
             waves = rows * cols * split / sm_count
             best = max(best, pad * waves / math.ceil(waves))
     return best
+
+
+def gemm_seconds(rates: Rates, m: float, n: float, k: float, batch: float = 1.0) -> float:
+    """Additive roofline of an (m x k) @ (k x n) GEMM, ``batch`` times, plus one launch: FLOPs at
+    the achieved rate of its shape, operand and result bytes at the achieved HBM bandwidth."""
+    flops = 2.0 * m * n * k
+    moved = rates.elem * (m * k + k * n + m * n)
+    return batch * (flops / gemm_rate(rates, m, n, k) + moved / rates.hbm) + rates.op_latency
 
 
 @functools.lru_cache(maxsize=65536)

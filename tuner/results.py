@@ -12,7 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyError
-from tuner.launch.megatron_flags import parallel_args
+from tuner.launch.megatron_flags import megatron_moe_flags, parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -28,6 +28,7 @@ COLUMNS = [
     "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
     "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
+    "ep", "etp", "dispatcher", "precision",
 ]  # fmt: skip
 # Which of the memory model's three figures (allocated / reserved / device) a log's peak is:
 # both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
@@ -74,6 +75,8 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_reserved_gib": a.get("predicted_reserved_gib"),
         "predicted_peak_stage": a.get("predicted_peak_stage"),
         "predicted_peak_phase": a.get("predicted_peak_phase"),
+        "ep": c.ep if c else None, "etp": c.expert_tp if c else None,
+        "dispatcher": c.moe_token_dispatcher if c else None,
     }  # fmt: skip
 
 
@@ -98,6 +101,9 @@ def leaderboard(
         if ok or include_all:
             rows.append(_row(t, spec.world_size))
     frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame["precision"] = spec.training.precision
+    if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
+        frame[["ep", "etp", "dispatcher"]] = None
     if frame.empty:
         return frame
     frame["_ok"] = frame["outcome"] == str(Outcome.OK)
@@ -128,7 +134,8 @@ def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     The same words the ``megatron_gpt`` (``megatron_deepspeed_gpt``) template puts in a trial's
     script (one definition: :func:`tuner.launch.megatron_flags.parallel_args`).
     """
-    return parallel_args(config, spec.model.num_layers, spec.framework)
+    moe = [word for flag in megatron_moe_flags(spec.model, config) for word in flag]
+    return parallel_args(config, spec.model.num_layers, spec.framework) + moe
 
 
 def emit_best(

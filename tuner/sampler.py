@@ -67,8 +67,10 @@ from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates,
 MIN_ERROR_RUNS = 4
 """Measured configs needed before the model's error spread is estimated (leave-one-out over
 fewer is noise) and the search may stop on it (:mod:`tuner.stopping`)."""
-KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding")
-SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs")
+# The MoE knobs come last: a dense study never varies them, so its features stay as they were.
+KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
+         "dispatcher")  # fmt: skip
+SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs", "ep")
 
 
 def knob_values(config: ParallelConfig) -> dict[str, str]:
@@ -80,6 +82,8 @@ def knob_values(config: ParallelConfig) -> dict[str, str]:
         "mbs": str(config.micro_batch_size), "sp": str(int(config.sequence_parallel)),
         "recompute": rc,
         "sharding": f"{int(config.distributed_optimizer)}:{config.zero_stage}",
+        "ep": str(config.ep), "etp": str(config.etp),  # None: etp follows tp
+        "dispatcher": config.moe_token_dispatcher,
     }  # fmt: skip
 
 

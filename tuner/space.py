@@ -59,10 +59,16 @@ class Axes:
     recompute: tuple[tuple[str, str | None, int | None], ...]
     distributed_optimizer: tuple[bool, ...]
     zero_stage: tuple[int, ...]
+    ep: tuple[int, ...] = (1,)
+    etp: tuple[int | None, ...] = (None,)
+    """Expert tensor parallel sizes; None: equal to tp."""
+    moe_token_dispatcher: tuple[str, ...] = ("alltoall",)
     pipeline_split: tuple[str, ...] = ("even",)
     """The listed splits; with ``auto``, every split any (pp, vp) of the space may take."""
     split_auto: bool = False
     """``pipeline_split: auto``: each (pp, vp) takes its own ``auto_splits``."""
+    moe: bool = False
+    """The model has experts: the MoE knobs (ep, etp, dispatcher) are trial parameters."""
 
     @property
     def size(self) -> int:
@@ -70,7 +76,9 @@ class Axes:
         the pipeline split has one value: even)."""
         n = 1
         for name in self.__dataclass_fields__:
-            if name not in ("tp", "pp", "sequence_parallel", "pipeline_split", "split_auto"):
+            if name not in (
+                "tp", "pp", "sequence_parallel", "pipeline_split", "split_auto", "moe"
+            ):  # fmt: skip
                 n *= len(getattr(self, name))
         n *= sum(len(self.pipeline_split) if pp > 1 else 1 for pp in self.pp)
         return n * sum(len(self.sequence_parallel) if tp > 1 else 1 for tp in self.tp)
@@ -113,6 +121,10 @@ def expand_axes(spec: StudySpec) -> Axes:
         recompute=tuple(recompute),
         distributed_optimizer=s.distributed_optimizer,
         zero_stage=s.zero_stage,
+        ep=pick(s.ep, _ep_auto(spec)),
+        etp=(None,) if s.etp is None else tuple(s.etp),
+        moe_token_dispatcher=s.moe_token_dispatcher,
+        moe=m.moe is not None,
     )
     if s.pipeline_split == "auto":
         union = {
@@ -131,6 +143,14 @@ def expand_axes(spec: StudySpec) -> Axes:
             path="space",
         )
     return axes
+
+
+def _ep_auto(spec: StudySpec) -> list[int]:
+    """``ep: auto``: powers of two dividing num_experts within the world (1 for dense models)."""
+    moe = spec.model.moe
+    if moe is None:
+        return [1]
+    return [e for e in _powers_of_two(spec.world_size) if moe.num_experts % e == 0]
 
 
 def _splits(spec: StudySpec, pp: int, vp: int) -> tuple[str, ...]:
@@ -159,13 +179,16 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             splits: tuple[str, ...] = (EVEN,)
         else:
             splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
-        for mbs, sp, (rc, method, n), dopt, zero, split in itertools.product(
+        for mbs, sp, (rc, method, n), dopt, zero, split, ep, etp, disp in itertools.product(
             axes.micro_batch_size,
             sps,
             axes.recompute,
             axes.distributed_optimizer,
             axes.zero_stage,
             splits,
+            axes.ep,
+            axes.etp,
+            axes.moe_token_dispatcher,
         ):
             yield ParallelConfig(
                 tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, sequence_parallel=sp,
@@ -173,6 +196,7 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
                 recompute_method=method,  # type: ignore[arg-type]
                 recompute_num_layers=(per_rank if n == 0 else n),
                 distributed_optimizer=dopt, zero_stage=zero, pipeline_split=split,
+                ep=ep, etp=etp, moe_token_dispatcher=disp,
             )  # fmt: skip
 
 
@@ -294,12 +318,16 @@ _ALIASES = {
     "zero": "zero_stage",
     "recompute_granularity": "recompute",
     "split": "pipeline_split",
+    "dispatcher": "moe_token_dispatcher",
 }
-_INT_KEYS = {"tp", "pp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "zero_stage"}
+_INT_KEYS = {
+    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage"
+}  # fmt: skip
 _BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "recompute": ("none", "selective", "full"),
     "recompute_method": ("uniform", "block"),
+    "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
 }
 
 
@@ -343,7 +371,8 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         "sequence_parallel": axes.sequence_parallel[0], "recompute": rc,
         "recompute_method": method, "recompute_num_layers": n,
         "distributed_optimizer": axes.distributed_optimizer[0], "zero_stage": axes.zero_stage[0],
-        "pipeline_split": axes.pipeline_split[0],
+        "pipeline_split": axes.pipeline_split[0], "ep": axes.ep[0], "etp": axes.etp[0],
+        "moe_token_dispatcher": axes.moe_token_dispatcher[0],
     }  # fmt: skip
     given = dict(_parse_setting(item) for item in settings)
     values.update(given)

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tuner.errors import ConfigError
+from tuner.fp8 import Fp8Format, Fp8Recipe
 from tuner.frameworks import Framework as Framework
 from tuner.frameworks import traits
 from tuner.layout import name_problem
+from tuner.moe_spec import MoESpec, TokenDispatcher
 from tuner.overheads_spec import OverheadsSpec
 from tuner.pipeline_split import parse_split
 
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 Auto = Literal["auto"]
@@ -107,6 +109,8 @@ class ModelSpec:
     """FlashAttention / fused attention: the s x s score matrix is never stored."""
     add_bias_linear: bool = True
     """Biases in linear layers (Llama-style models disable them)."""
+    moe: MoESpec | None = None
+    """Mixture of experts (``tuner.moe_spec``): routed experts replace the MLP of MoE layers."""
 
     def __post_init__(self) -> None:
         _size(self.num_layers, MAX_LAYERS, "num_layers", "30x the deepest published model")
@@ -141,6 +145,8 @@ class ModelSpec:
                 f"or equal to seq_length ({self.seq_length})",
                 path="max_position_embeddings",
             )
+        if self.moe is not None:
+            self.moe.moe_layers(self.num_layers)  # the layer pattern must cover every layer
 
     @property
     def query_groups(self) -> int:
@@ -160,7 +166,13 @@ class TrainingSpec:
     global_batch_size: int
     """Sequences per optimizer step (Megatron ``--global-batch-size``)."""
     precision: Precision = "bf16"
-    """bf16 / fp16 mixed precision with fp32 master weights, or plain fp32."""
+    """bf16 / fp16 mixed precision with fp32 master weights, plain fp32, or fp8: bf16 with the
+    linear layers' GEMMs in FP8 (Transformer Engine; ``tuner.fp8``)."""
+    fp8_recipe: Fp8Recipe = "delayed"
+    """With fp8: Megatron ``--fp8-recipe`` (delayed, tensorwise, blockwise on Hopper; mxfp8 on
+    Blackwell)."""
+    fp8_format: Fp8Format = "hybrid"
+    """With fp8: Megatron ``--fp8-format`` (hybrid: E4M3 forward, E5M2 gradients)."""
 
     def __post_init__(self) -> None:
         _size(self.global_batch_size, MAX_BATCH, "global_batch_size", "16M sequences per step")
@@ -417,6 +429,13 @@ class SpaceSpec:
     """Megatron ``--use-distributed-optimizer`` (ZeRO-1-style sharding over DP)."""
     zero_stage: tuple[int, ...] = (0,)
     """DeepSpeed ZeRO stage, 0-3."""
+    ep: tuple[int, ...] | Auto = (1,)
+    """Expert parallel sizes (``--expert-model-parallel-size``; MoE models); auto: powers of two
+    dividing num_experts."""
+    etp: tuple[int, ...] | None = None
+    """Expert tensor parallel sizes (``--expert-tensor-parallel-size``); None: equal to tp."""
+    moe_token_dispatcher: tuple[TokenDispatcher, ...] = ("alltoall",)
+    """MoE token dispatchers (``--moe-token-dispatcher-type``): alltoall, allgather, flex."""
     pipeline_split: tuple[str, ...] | Auto = ("even",)
     """How layers go to pipeline stages (used at pp > 1): ``even``; Megatron ``first=N,last=N``
     (or one of them), ``embedding``, ``loss``, ``embedding+loss``, ``layout:STRING``; DeepSpeed
@@ -436,7 +455,7 @@ class SpaceSpec:
             seen_splits.add(canonical)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value == "auto":
+            if value == "auto" or (f.name == "etp" and value is None):
                 continue
             if not value:
                 raise ConfigError("the list is empty", path=f.name)
@@ -555,12 +574,42 @@ class StudySpec:
                     f"{self.framework}",
                     path=f"space.pipeline_split[{i}]",
                 )
+        self._check_moe_and_fp8()
         n = len(self.node_names)
         if isinstance(self.search.nodes_per_trial, int) and self.search.nodes_per_trial > n:
             raise ConfigError(
                 f"{self.search.nodes_per_trial} is more than the cluster's {n} nodes",
                 path="search.nodes_per_trial",
             )
+
+    def _check_moe_and_fp8(self) -> None:
+        """Study-wide rules of expert parallelism and FP8 (per-config ones: tuner.parallel)."""
+        from tuner.catalog import get_gpu
+        from tuner.fp8 import fp8_problem
+
+        eps = (2,) if self.space.ep == "auto" else self.space.ep
+        if self.training.precision == "fp16" and any(e > 1 for e in eps):
+            # megatron/training/arguments.py (core_v0.15) validate_args
+            raise ConfigError(
+                "Expert parallelism is not supported with fp16 training. (use bf16)",
+                path="space.ep",
+            )
+        if self.framework != "megatron" and (self.model.moe is not None or max(eps) > 1):
+            raise ConfigError(
+                f"MoE runs with framework: megatron; {self.framework}'s workload is a dense GPT "
+                "(DeepSpeed-MoE ep_size is not supported)",
+                path="model.moe",
+            )
+        if self.training.precision == "fp8":
+            if self.framework != "megatron":
+                raise ConfigError(
+                    "fp8 runs through Transformer Engine in Megatron-LM; the DeepSpeed "
+                    "workload has no FP8 path",
+                    path="training.precision",
+                )
+            problem = fp8_problem(self.training.fp8_recipe, get_gpu(self.cluster.gpu))
+            if problem is not None:
+                raise ConfigError(problem, path="training.precision")
 
     @property
     def node_names(self) -> tuple[str, ...]:

@@ -54,7 +54,16 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
     if axes.pipeline_split != (EVEN,):
         # only a study that searches the split has the parameter (older studies stay the same)
         out["pipeline_split"] = CategoricalDistribution(list(axes.pipeline_split))
+    if axes.moe:  # MoE knobs: only MoE studies have them (dense stay the same)
+        out["ep"] = CategoricalDistribution(list(axes.ep))
+        out["etp"] = CategoricalDistribution([_etp_param(e) for e in axes.etp])
+        out["dispatcher"] = CategoricalDistribution(list(axes.moe_token_dispatcher))
     return out
+
+
+def _etp_param(etp: int | None) -> int:
+    """Optuna categoricals hold no None: 0 stands for "etp = tp"."""
+    return 0 if etp is None else etp
 
 
 def recompute_setting(rc: str, method: str | None, n: int | None) -> str:
@@ -87,11 +96,14 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
     split = config.pipeline_split
     if axes is not None and config.pp == 1 and split not in axes.pipeline_split:
         split = axes.pipeline_split[0]  # at pp=1 the split is even whatever the parameter says
-    extra = (
+    extra: dict[str, Any] = (
         {}
         if split == EVEN and (axes is None or axes.pipeline_split == (EVEN,))
         else {"pipeline_split": split}
     )
+    if axes.moe if axes is not None else bool(config.moe_key):
+        extra |= {"ep": config.ep, "etp": _etp_param(config.etp),
+                  "dispatcher": config.moe_token_dispatcher}  # fmt: skip
     return extra | {
         "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
         "micro_batch": config.micro_batch_size,
@@ -116,6 +128,8 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
         distributed_optimizer=bool(params["distributed_optimizer"]),
         zero_stage=int(params["zero_stage"]),
         pipeline_split=str(params.get("pipeline_split", EVEN)) if pp > 1 else EVEN,
+        ep=int(params.get("ep", 1)), etp=int(params.get("etp", 0)) or None,
+        moe_token_dispatcher=str(params.get("dispatcher", "alltoall")),
     )  # fmt: skip
 
 

@@ -6,10 +6,13 @@ compared is what Megatron would have received, not the template's text.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,12 +59,16 @@ CONFIGS = {
 
 
 def study(tmp_path: Path) -> StudySpec:
+    return study_from_mapping(_mapping(tmp_path))
+
+
+def _mapping(tmp_path: Path) -> dict[str, Any]:
     bin_dir = tmp_path / "venv" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     fake = bin_dir / "torchrun"
     fake.write_text(FAKE_TORCHRUN.format(python=sys.executable))
     fake.chmod(0o755)
-    return study_from_mapping({
+    return {
         "name": "flags",
         "model": {"preset": "llama3-8b"},
         "training": {"global_batch_size": 64, "precision": "bf16"},
@@ -70,7 +77,7 @@ def study(tmp_path: Path) -> StudySpec:
         "framework": "megatron",
         "launch": {"template": "megatron_gpt", "python": str(bin_dir / "python"),
                    "megatron_path": "/opt/Megatron-LM", "extra_args": ["--use-flash-attn"]},
-    })  # fmt: skip
+    }  # fmt: skip
 
 
 def launched_argv(spec: StudySpec, config: ParallelConfig, tmp_path: Path) -> list[str]:
@@ -114,3 +121,37 @@ def test_flags_follow_the_config() -> None:
     ]  # fmt: skip
     selective = megatron_parallel_args(CONFIGS["tp1-cp2-selective"], num_layers=32)
     assert "--recompute-method" not in selective and "--sequence-parallel" not in selective
+
+
+def test_moe_fp8_script_matches_the_export_and_the_standin_accepts_it(tmp_path: Path) -> None:
+    """A Mixtral study in fp8 with EP 8: the script's flags start with the exported ones, carry
+    the MoE and Transformer Engine flags, and the Megatron stand-in accepts every one of them."""
+    dense = study(tmp_path)
+    spec = dataclasses.replace(
+        dense,
+        model=study_from_mapping(
+            {**_mapping(tmp_path), "model": {"preset": "mixtral-8x7b"}}
+        ).model,
+        training=dataclasses.replace(dense.training, precision="fp8", fp8_recipe="tensorwise"),
+    )
+    config = ParallelConfig(pp=2, dp=8, ep=8, global_batch_size=64, distributed_optimizer=True,
+                            recompute="full", recompute_method="uniform",
+                            recompute_num_layers=1)  # fmt: skip
+    assert validate(config, spec.model, spec.world_size, spec.framework) == []
+    exported = megatron_args(spec, config)
+    launched = launched_argv(spec, config, tmp_path)
+    assert launched[: len(exported)] == exported
+    text = " ".join(launched)
+    for words in ("--num-experts 8", "--moe-router-topk 2", "--expert-model-parallel-size 8",
+                  "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm",
+                  "--bf16 --fp8-format hybrid --fp8-recipe tensorwise"):  # fmt: skip
+        assert words in text
+    standin = Path(__file__).resolve().parents[1] / "standins" / "pretrain_gpt.py"
+    env = {**os.environ, "WORLD_SIZE": "16", "TUNER_STANDIN_TIME_SCALE": "0.0001"}
+    env.pop("RANK", None)
+    argv = [a if a != "30" or launched[i - 1] != "--train-iters" else "3"
+            for i, a in enumerate(launched)]  # fmt: skip
+    done = subprocess.run([sys.executable, str(standin), *argv], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "load_balancing_loss:" in done.stdout

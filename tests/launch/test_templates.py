@@ -268,3 +268,22 @@ def test_hostile_values_arrive_verbatim_and_never_run(framework: str, tmp_path: 
         assert str(weird / "train'; touch pwned.py") in argv
         assert str(trial_dir / "ds_config.json") in argv
         assert argv[-2 * len(HOSTILE) : -len(HOSTILE)] == HOSTILE  # script args, then extra args
+
+
+def test_megatron_moe_fp8_golden(tmp_path: Path) -> None:
+    """DeepSeekMoE 16B in fp8 with EP 8 and ETP 1: the MoE and Transformer Engine flags."""
+    dense = study()
+    moe = study_from_mapping({
+        "name": "golden", "model": {"preset": "deepseek-moe-16b"},
+        "training": {"global_batch_size": 64, "precision": "fp8", "fp8_recipe": "blockwise"},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nodes": ["gpu001", "gpu002"],
+                    "executor": "ssh"},
+        "framework": "megatron", "launch": {"template": "megatron_gpt",
+                                            "python": dense.launch.python,
+                                            "megatron_path": "/opt/Megatron-LM"},
+    })  # fmt: skip
+    cfg = ParallelConfig(tp=2, pp=2, dp=4, ep=8, etp=1, sequence_parallel=True,
+                         micro_batch_size=1, global_batch_size=64,
+                         distributed_optimizer=True)  # fmt: skip
+    out = render(moe, cfg, tmp_path)
+    check_golden("megatron_gpt-deepseek-moe-fp8-ep8-node0.sh", out.scripts[0])

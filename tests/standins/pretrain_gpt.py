@@ -48,10 +48,12 @@ Surface JSON
 ``<expr>`` is a number or ``{"base": b, "terms": {var: c}, "factors": {var: {value: m}},
 "powers": {var: e}}`` meaning ``(b + sum c*var) * prod factors[var][str(var)] * prod var**e``
 (a value missing from a factor table multiplies by 1). Variables: ``tp pp cp vp dp mbs gbs world
-microbatches`` (ints), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1, SP
-is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab`` and
-``params`` (model parameters), ``zero`` (the ZeRO stage; 0 for Megatron-LM). The config key
-is the canonical string shown above.
+microbatches ep experts`` (ints; ep is ``--expert-model-parallel-size``, experts
+``--num-experts`` or 0), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1,
+SP is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab``,
+``params`` (model parameters), ``expert_params`` (routed-expert parameters, all layers) and
+``zero`` (the ZeRO stage; 0 for Megatron-LM). The config key is the canonical string shown
+above.
 
 Behaviours (``behaviour`` of a table entry, or ``behaviours`` matched on a partial config):
 ``{"kind": "hang" | "crash" | "nccl_timeout" | "oom", "after_iterations": N, "ranks": [...],
@@ -129,10 +131,6 @@ def _add_parallel(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--cp-comm-type", nargs="+", type=str, default=["p2p"]
     )  # p2p, a2a, allgather, a2a+p2p
-    group.add_argument("--expert-model-parallel-size", type=int, default=1)
-    group.add_argument("--expert-tensor-parallel-size", type=int, default=None)
-    group.add_argument("--num-experts", type=int, default=None)
-    group.add_argument("--moe-router-topk", type=int, default=2)
     group.add_argument("--use-distributed-optimizer", action="store_true")
     group.add_argument("--overlap-grad-reduce", action="store_true")
     group.add_argument("--overlap-param-gather", action="store_true")
@@ -142,6 +140,60 @@ def _add_parallel(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--distributed-timeout-minutes", type=int, default=10)
     group.add_argument("--local-rank", type=int, default=int(os.getenv("LOCAL_RANK", "0")))
     group.add_argument("--use-cpu-initialization", action="store_true", default=None)
+
+
+def _add_moe(parser: argparse.ArgumentParser) -> None:
+    """core_v0.15 arguments.py ``_add_moe_args`` (the flags the tuner passes, and neighbours)."""
+    group = parser.add_argument_group(title="moe")
+    group.add_argument("--expert-model-parallel-size", type=int, default=1)
+    group.add_argument("--expert-tensor-parallel-size", type=int, default=None)
+    group.add_argument("--num-experts", type=int, default=None)
+    group.add_argument("--moe-layer-freq", type=_moe_freq, default=1)
+    group.add_argument("--moe-ffn-hidden-size", type=int, default=None)
+    group.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
+    group.add_argument("--moe-shared-expert-overlap", action="store_true")
+    group.add_argument("--moe-grouped-gemm", action="store_true")
+    group.add_argument("--moe-router-load-balancing-type", nargs="+", type=str,
+                       choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn",
+                                "none"], default="aux_loss")  # fmt: skip
+    group.add_argument("--moe-router-dtype", type=str, choices=["fp32", "fp64"], default=None)
+    group.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"],
+                       default="softmax")  # fmt: skip
+    group.add_argument("--moe-router-topk", type=int, default=2)
+    group.add_argument("--moe-router-pre-softmax", action="store_true")
+    group.add_argument("--moe-aux-loss-coeff", type=float, nargs="+", default=0.0)
+    group.add_argument("--moe-z-loss-coeff", type=float, default=None)
+    group.add_argument("--moe-token-dispatcher-type", type=str,
+                       choices=["allgather", "alltoall", "flex"], default="allgather")  # fmt: skip
+    group.add_argument("--moe-enable-deepep", action="store_true")
+    group.add_argument("--moe-permute-fusion", action="store_true")
+    group.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    group.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    group.add_argument("--moe-token-drop-policy", type=str, default="probs",
+                       choices=["probs", "position"])  # fmt: skip
+    group = parser.add_argument_group(title="Transformer-Engine")
+    group.add_argument("--fp8-format", default=None, choices=["e4m3", "hybrid"], dest="fp8")
+    group.add_argument("--fp8-recipe", default="delayed",
+                       choices=["tensorwise", "delayed", "mxfp8", "blockwise"])  # fmt: skip
+    group.add_argument("--fp8-margin", type=int, default=0)
+    group.add_argument("--fp8-amax-history-len", type=int, default=1)
+    group.add_argument("--fp8-amax-compute-algo", default="most_recent",
+                       choices=["most_recent", "max"])  # fmt: skip
+    group.add_argument("--fp8-param-gather", action="store_true")
+
+
+def _moe_freq(text: str) -> int | list[int]:
+    """arguments.py ``moe_freq_type``: an int, or a list pattern such as ``([0]+[1]*23)`` (Megatron
+    evals it; the stand-in accepts the same two shapes without eval)."""
+    if text.strip().isdigit():
+        return int(text)
+    compact = text.replace(" ", "")
+    match = re.fullmatch(r"\(?\[([01])\]\*(\d+)(?:\+\[([01])\]\*(\d+))?\)?(?:\*(\d+))?", compact)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid moe_freq_type value: {text!r}")
+    a, na, b, nb, rep = match.groups()
+    unit = [int(a)] * int(na) + ([int(b)] * int(nb) if b is not None else [])
+    return unit * int(rep or 1)
 
 
 def _add_batch_and_precision(parser: argparse.ArgumentParser) -> None:
@@ -277,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Megatron-LM Arguments", allow_abbrev=False)
     _add_parallel(parser)
     _add_batch_and_precision(parser)
+    _add_moe(parser)
     _add_model(parser)
     _add_training(parser)
     _add_data_logging_checkpoint(parser)
@@ -323,6 +376,15 @@ def _check_world(args: argparse.Namespace, world: int, rank: int | None) -> None
             f"(total_model_size={model_size})"
         )
     args.data_parallel_size = world // model_size
+    # getattr: the Megatron-DeepSpeed stand-in shares this code and has no MoE flags
+    etp = getattr(args, "expert_tensor_parallel_size", None) or args.tensor_model_parallel_size
+    ep = getattr(args, "expert_model_parallel_size", 1)
+    expert_grid = etp * ep * args.pipeline_model_parallel_size
+    if world % expert_grid != 0:  # megatron/core/parallel_state.py initialize_model_parallel
+        raise RuntimeError(
+            f"world_size ({world}) is not divisible by expert_tensor_model_pipeline_parallel "
+            f"size ({expert_grid})"
+        )
     _print_rank_0(
         rank,
         f"using world size: {world}, data-parallel size: {args.data_parallel_size}, "
@@ -460,8 +522,25 @@ def _check_features(args: argparse.Namespace, rank: int | None) -> None:
             f"max_position_embeddings ({args.max_position_embeddings}) must be greater than or "
             f"equal to seq_length ({args.seq_length})."
         )
-    if args.num_experts is None and args.expert_model_parallel_size > 1:
-        raise AssertionError("num_experts must be non None to use expert model parallelism")
+    _check_moe(args)
+
+
+def _check_moe(args: argparse.Namespace) -> None:
+    """validate_args' MoE checks (core_v0.15 arguments.py), in its order."""
+    if args.num_experts == 0:
+        args.num_experts = None
+    if args.num_experts is not None and args.moe_ffn_hidden_size is None:
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+        print("Warning: moe_ffn_hidden_size is not set, using ffn_hidden_size for MoE instead.")
+    if args.expert_model_parallel_size > 1:
+        if args.num_experts is None:
+            raise AssertionError("num_experts must be non None to use expert model parallelism")
+        if args.num_experts % args.expert_model_parallel_size != 0:
+            raise AssertionError(
+                "Number of experts should be a multiple of expert model parallel_size."
+            )
+        if args.fp16:
+            raise AssertionError("Expert parallelism is not supported with fp16 training.")
 
 
 def _check_env_and_data(args: argparse.Namespace) -> None:
@@ -559,6 +638,48 @@ def transformer_config(args: argparse.Namespace) -> None:
             )
     if args.ffn_hidden_size % tp != 0:
         raise AssertionError(f"{args.ffn_hidden_size} is not divisible by {tp}")
+    _moe_config(args)
+
+
+def _moe_config(args: argparse.Namespace) -> None:
+    """TransformerConfig's MoE checks, the experts' divide() and MoELayer.forward's SP check."""
+    if args.num_experts is None:
+        if args.moe_ffn_hidden_size is not None:
+            raise AssertionError("moe_ffn_hidden_size must be None when num_experts is not set.")
+        return
+    if args.moe_enable_deepep and args.moe_token_dispatcher_type != "flex":
+        raise ValueError("DeepEP backend is only supported with flex token dispatcher.")
+    if args.moe_token_dispatcher_type == "flex" and args.moe_pad_expert_input_to_capacity:
+        raise ValueError("Flex token dispatcher does not support moe_pad_expert_input_to_capacity")
+    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
+        raise ValueError(
+            "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity"
+        )
+    if (
+        args.moe_router_topk == 1
+        and args.moe_router_score_function == "softmax"
+        and not args.moe_router_pre_softmax
+        and args.moe_router_load_balancing_type != "sinkhorn"
+    ):
+        raise ValueError("Please use --moe-router-pre-softmax when topk is 1.")
+    if isinstance(args.moe_layer_freq, list) and len(args.moe_layer_freq) != args.num_layers:
+        raise AssertionError(
+            f"Invalid length of moe_layer_pattern: {len(args.moe_layer_freq)}, expected "
+            f"{args.num_layers}, current moe layer pattern: {args.moe_layer_freq}"
+        )
+    if args.moe_ffn_hidden_size is None:  # transformer_config.py: the same default, again
+        args.moe_ffn_hidden_size = args.ffn_hidden_size
+    tp = args.tensor_model_parallel_size
+    etp = args.expert_tensor_parallel_size or tp
+    if args.moe_ffn_hidden_size % etp != 0:
+        raise AssertionError(f"{args.moe_ffn_hidden_size} is not divisible by {etp}")
+    if args.moe_token_dispatcher_type == "flex" and etp * args.expert_model_parallel_size <= 1:
+        raise AssertionError("Flex token dispatcher requires TPxEP > 1")
+    if tp > 1 and not args.sequence_parallel:
+        raise ValueError(
+            "During training, performance may degrade if MoE and tensor parallelism"
+            "are enabled without also enabling sequence parallelism."
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,7 +693,19 @@ def layer_params(args: argparse.Namespace) -> int:
     proj = kv * args.num_attention_heads * h
     mlp = h * args.ffn_hidden_size * (3 if args.swiglu else 2)
     norms = 2 * h * (1 if args.normalization == "RMSNorm" else 2)
+    if getattr(args, "num_experts", None) is not None:  # all layers MoE (ignores layer freq)
+        experts = args.num_experts * (args.moe_ffn_hidden_size or args.ffn_hidden_size)
+        shared = args.moe_shared_expert_intermediate_size or 0
+        mlp = h * (experts + shared) * (3 if args.swiglu else 2) + h * args.num_experts
     return int(qkv + proj + mlp + norms)
+
+
+def expert_params(args: argparse.Namespace) -> int:
+    """Routed-expert parameters of one layer (0 for a dense model)."""
+    if getattr(args, "num_experts", None) is None:
+        return 0
+    width = args.moe_ffn_hidden_size or args.ffn_hidden_size
+    return int(args.num_experts * width * args.hidden_size * (3 if args.swiglu else 2))
 
 
 def stage_params(args: argparse.Namespace, vocab: int, pp_rank: int) -> int:
@@ -629,6 +762,8 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "recompute": args.recompute_granularity or "none",
         "sp": int(bool(args.sequence_parallel)),
         "distopt": int(bool(args.use_distributed_optimizer)),
+        "ep": getattr(args, "expert_model_parallel_size", 1),
+        "experts": getattr(args, "num_experts", None) or 0,
         "zero": int(getattr(args, "zero_stage", 0)),
         "layers": args.num_layers,
         "hidden": args.hidden_size,
@@ -637,6 +772,7 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "ffn": args.ffn_hidden_size,
         "vocab": vocab,
         "params": layer_params(args) * args.num_layers + vocab * args.hidden_size,
+        "expert_params": expert_params(args) * args.num_layers,
         "flops": model_flops(args, vocab),
     }
 
@@ -667,7 +803,9 @@ def default_point(v: dict[str, Any]) -> dict[str, Any]:
     comm = 1 + 0.04 * (v["tp"] - 1) + 0.02 * (v["cp"] - 1)
     step = v["flops"] / (v["world"] * 150e12) * bubble * recompute * comm
     bytes_per_param = 6 + 12 / v["dp"] if v["distopt"] else 18
-    weights = v["params"] / (v["tp"] * v["pp"]) * bytes_per_param
+    dense = v["params"] - v.get("expert_params", 0)
+    experts = v.get("expert_params", 0) / v.get("ep", 1)  # EP shards the experts
+    weights = (dense + experts) / (v["tp"] * v["pp"]) * bytes_per_param
     s, b, h, a = v["seq"], v["mbs"], v["hidden"], v["heads"]
     per_layer = {"none": 34 + 5 * a * s / h, "selective": 34.0, "full": 2.0}[v["recompute"]]
     shard = v["tp"] * v["cp"] if (v["sp"] or v["recompute"] == "full") else v["cp"]
@@ -840,7 +978,12 @@ def iteration_line(run: Run, iteration: int, elapsed_s: float) -> str:
     if args.log_throughput:
         text += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
     text += f" learning rate: {lr:.6E} | global batch size: {args.global_batch_size:5d} |"
-    text += f" lm loss: {loss:.6E} | loss scale: {65536.0 if args.fp16 else 1.0:.1f} |"
+    text += f" lm loss: {loss:.6E} |"
+    coeff = args.moe_aux_loss_coeff
+    if args.num_experts is not None and (coeff[0] if isinstance(coeff, list) else coeff) > 0:
+        # training.py track_moe_metrics: the summed aux loss over MoE layers / num layers
+        text += f" load_balancing_loss: {1.0 + 0.1 * math.exp(-iteration / 20):.6E} |"
+    text += f" loss scale: {65536.0 if args.fp16 else 1.0:.1f} |"
     text += f" grad norm: {1.0 + 4.0 * math.exp(-iteration / 10):.3f} |"
     return text + " number of skipped iterations:   0 | number of nan iterations:   0 |"
 

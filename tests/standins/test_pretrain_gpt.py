@@ -208,6 +208,51 @@ RULES: list[tuple[list[str], dict[str, str], int, str]] = [
         {}, 8,
         "AssertionError: 4098 is not divisible by 4",
     ),
+    (
+        _with(BASE, expert_model_parallel_size="2"),
+        {}, 8,
+        "AssertionError: num_experts must be non None to use expert model parallelism",
+    ),
+    (
+        _with(BASE, num_experts="6", expert_model_parallel_size="4"),
+        {}, 8,
+        "AssertionError: Number of experts should be a multiple of expert model parallel_size.",
+    ),
+    (
+        [*(f if f != "--bf16" else "--fp16" for f in BASE), "--num-experts", "8",
+         "--expert-model-parallel-size", "2"],
+        {}, 8,
+        "AssertionError: Expert parallelism is not supported with fp16 training.",
+    ),
+    (
+        _with(BASE, num_experts="8", expert_model_parallel_size="8",
+              tensor_model_parallel_size="2"),
+        {}, 8,
+        "RuntimeError: world_size (8) is not divisible by expert_tensor_model_pipeline_parallel "
+        "size (16)",
+    ),
+    (
+        _with(BASE, num_experts="8", tensor_model_parallel_size="2"),
+        {}, 8,
+        "ValueError: During training, performance may degrade if MoE and tensor parallelismare "
+        "enabled without also enabling sequence parallelism.",
+    ),
+    (
+        _with(BASE, num_experts="8", moe_router_topk="1"),
+        {}, 8,
+        "ValueError: Please use --moe-router-pre-softmax when topk is 1.",
+    ),
+    (
+        _with(BASE, num_experts="8", moe_token_dispatcher_type="flex"),
+        {}, 1,
+        "AssertionError: Flex token dispatcher requires TPxEP > 1",
+    ),
+    (
+        [*_with(BASE, num_experts="8", moe_ffn_hidden_size="1002", tensor_model_parallel_size="2",
+                expert_tensor_parallel_size="8"), "--sequence-parallel"],
+        {}, 8,
+        "AssertionError: 1002 is not divisible by 8",
+    ),
 ]  # fmt: skip
 
 
@@ -222,6 +267,18 @@ def test_validation_rule_fails_with_megatrons_text(
     metrics = parse_log(result.stdout + result.stderr, exit_codes=[1])
     assert metrics.outcome is Outcome.LAUNCH_ERROR
     assert metrics.reason == line
+
+
+def test_moe_flags_are_accepted_and_the_aux_loss_is_logged() -> None:
+    flags = _with(BASE, num_experts="8", expert_model_parallel_size="4", moe_router_topk="2",
+                  moe_ffn_hidden_size="2048", moe_token_dispatcher_type="alltoall",
+                  moe_aux_loss_coeff="0.01", moe_layer_freq="([0]*1+[1]*7)",
+                  fp8_format="hybrid", fp8_recipe="delayed")  # fmt: skip
+    result = _run([*flags, "--moe-grouped-gemm", "--moe-permute-fusion"])
+    assert result.returncode == 0, result.stderr
+    assert "load_balancing_loss:" in result.stdout
+    metrics = parse_log(result.stdout, exit_codes=[0])
+    assert metrics.outcome is Outcome.OK
 
 
 def test_query_groups_flag_pair_is_accepted() -> None:

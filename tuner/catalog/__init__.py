@@ -29,6 +29,11 @@ class GPUSpec:
     """Per-GPU, per-direction bandwidth to GPUs of the same node, GB/s."""
     inter_node_gbps: float
     """Per-GPU share of the network to other nodes, GB/s."""
+    fp8_peak_tflops: float = 0.0
+    """Peak dense FP8 tensor TFLOP/s (no sparsity); 0 = no FP8 tensor cores (A100, CPU)."""
+    compute_capability: float = 0.0
+    """CUDA compute capability (8.0 A100, 9.0 Hopper, 10.0 Blackwell); Transformer Engine's FP8
+    recipes need 8.9+, MXFP8 10.0+. 0 = not a CUDA GPU."""
     sm_count: int = 0
     """Streaming multiprocessors (the time model's wave quantization); 0 = not a GPU / unknown."""
     # The software stack's fixed device memory (0 on ``cpu``: no CUDA context, gloo keeps no

@@ -10,6 +10,7 @@ from __future__ import annotations
 from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
 from tuner.pipeline_split import EVEN, parse_split
+from tuner.spec import ModelSpec, TrainingSpec
 
 Flag = tuple[str, ...]
 """One flag and its values, e.g. ``("--tensor-model-parallel-size", "8")``."""
@@ -76,6 +77,63 @@ def megatron_split_flags(config: ParallelConfig, num_layers: int) -> list[Flag]:
 def megatron_parallel_args(config: ParallelConfig, num_layers: int) -> list[str]:
     """:func:`megatron_parallel_flags` as one list of words (an argv fragment)."""
     return [word for flag in megatron_parallel_flags(config, num_layers) for word in flag]
+
+
+def megatron_moe_flags(model: ModelSpec, config: ParallelConfig) -> list[Flag]:
+    """The model's experts and the config's expert parallelism (core_v0.15 arguments.py
+    ``_add_moe_args``); empty for a dense model. The dispatcher is always passed: Megatron's
+    default is ``allgather``, the tuner's ``alltoall``."""
+    moe = model.moe
+    if moe is None:
+        return []
+    flags: list[Flag] = [
+        ("--num-experts", str(moe.num_experts)),
+        ("--moe-router-topk", str(moe.router_topk)),
+        ("--moe-ffn-hidden-size", str(moe.ffn_hidden_size or model.ffn_hidden_size)),
+    ]
+    if moe.layer_freq != 1:
+        flags.append(("--moe-layer-freq", str(moe.layer_freq)))
+    if moe.shared_expert_ffn_hidden_size:
+        flags.append(("--moe-shared-expert-intermediate-size", str(moe.shared)))
+    if moe.capacity_factor is not None:
+        flags.append(("--moe-expert-capacity-factor", str(moe.capacity_factor)))
+        flags.append(("--moe-token-drop-policy", moe.token_drop_policy))
+    if moe.pad_to_capacity:
+        flags.append(("--moe-pad-expert-input-to-capacity",))
+    if moe.router_dtype is not None:
+        flags.append(("--moe-router-dtype", moe.router_dtype))
+    if moe.router_pre_softmax:
+        flags.append(("--moe-router-pre-softmax",))
+    if moe.aux_loss_coeff:
+        flags.append(("--moe-aux-loss-coeff", str(moe.aux_loss_coeff)))
+    if moe.grouped_gemm:
+        flags.append(("--moe-grouped-gemm",))
+    if moe.permute_fusion:
+        flags.append(("--moe-permute-fusion",))
+    flags.append(("--expert-model-parallel-size", str(config.ep)))
+    if config.etp is not None:
+        flags.append(("--expert-tensor-parallel-size", str(config.etp)))
+    flags.append(("--moe-token-dispatcher-type", config.moe_token_dispatcher))
+    if config.moe_token_dispatcher == "flex":
+        flags.append(("--moe-enable-deepep",))  # core_v0.15: DeepEP is flex's only backend
+    return flags
+
+
+def megatron_precision_flags(training: TrainingSpec) -> list[Flag]:
+    """``--bf16`` / ``--fp16``; fp8 is bf16 plus Transformer Engine's FP8 GEMMs (core_v0.15
+    arguments.py ``_add_transformer_engine_args``: ``--fp8-format``, ``--fp8-recipe``)."""
+    p = training.precision
+    if p == "bf16":
+        return [("--bf16",)]
+    if p == "fp16":
+        return [("--fp16",)]
+    if p == "fp8":
+        return [
+            ("--bf16",),
+            ("--fp8-format", training.fp8_format),
+            ("--fp8-recipe", training.fp8_recipe),
+        ]
+    return []
 
 
 # --- Megatron-DeepSpeed -------------------------------------------------------------------------

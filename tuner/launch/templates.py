@@ -12,7 +12,8 @@ through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``
 ``nproc_per_node``, ``hosts``, ``master_addr``, ``master_port``, ``trial_dir``, ``files`` (name ->
 path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu``, ``ds_config`` and
 ``megatron_flags`` (the parallelism, batch, recompute and optimizer flags of ``cfg``, each a tuple
-of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`) and
+of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`),
+``megatron_model_flags`` (precision and MoE flags, from the same module) and
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
 :func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`).
 """
@@ -35,7 +36,9 @@ from tuner.errors import ConfigError, LaunchError
 from tuner.frameworks import traits
 from tuner.launch.megatron_flags import (
     megatron_deepspeed_parallel_flags,
+    megatron_moe_flags,
     megatron_parallel_flags,
+    megatron_precision_flags,
 )
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import deepspeed_method
@@ -261,6 +264,9 @@ def context(
         "cpu": spec.cluster.gpu == "cpu",
         "ds_config": deepspeed_config(spec, config),
         "megatron_flags": megatron_parallel_flags(config, spec.model.num_layers),
+        # MoE flags first: with the parallel ones they are ``tune best --emit args``
+        "megatron_model_flags": megatron_moe_flags(spec.model, config)
+        + megatron_precision_flags(spec.training),
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),

@@ -1,0 +1,362 @@
+"""Mixture-of-experts terms of the memory and time models (one place; memory and perf call it).
+
+Sources:
+[MT] Megatron-LM core_v0.15 megatron/training/theoretical_memory_usage.py (MoE layer parameters:
+     experts x 2h x F_e x gated, shared experts 2h x F_s x gated, moe_layer_pattern) and
+     megatron/training/training.py ``num_floating_point_operations`` (routed experts count
+     top-k times per token, shared experts once, the router's h x E GEMM).
+[MP] megatron/core/parallel_state.py: the expert grid etp-ep-dp-pp is folded over the same ranks
+     as tp-cp-dp-pp; expert parameters' gradients are reduced and their optimizer states sharded
+     over the expert-data-parallel group (world / (etp x ep x pp)), the others' over dp x cp
+     (megatron/core/distributed/distributed_data_parallel.py: ``expert_data_parallel_group``
+     buffers for params with ``allreduce = False``).
+[MD] megatron/core/transformer/moe/token_dispatcher.py: alltoall dispatcher = permute ->
+     all-to-all over EP -> (ETP > 1: all-gather over ETP) -> experts -> (reduce-scatter) ->
+     all-to-all -> unpermute; allgather dispatcher = all-gather the tokens over TP x EP, run the
+     local experts on all of them, reduce-scatter the outputs. Backward mirrors both.
+[MR] megatron/core/transformer/moe/router.py (router weight E x h, replicated over TP; scores
+     in ``moe_router_dtype``), moe_utils.py ``get_capacity`` (ceil(tokens x topk / E x factor)).
+[K]  Korthikanti et al. 2022 Table 2 (saved activations of an MLP), as in tuner.memory_terms.
+
+Tokens per rank: a rank enters an MoE layer with its sequence-parallel shard, T = b s / (cp tp)
+(Megatron requires SP with TP and MoE). Of the T x topk assignments of the EP x ETP ranks, one EP
+rank's local experts receive 1/ep, all of which each ETP rank sees: T x topk x etp on average,
+times the stated load factor (``MoESpec.imbalance``, capped by a capacity factor; with
+``pad_to_capacity`` exactly that factor). No overlap of the all-to-alls with compute: the flags
+that enable it (``--overlap-moe-expert-parallel-comm``, ``--moe-shared-expert-overlap``) are not
+passed by the tuner's templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from tuner.memory_terms import LayerActivations
+from tuner.moe_spec import MoESpec
+from tuner.parallel import ParallelConfig
+from tuner.pipeline import chunk_layers
+from tuner.rates import Link, Rates, gemm_seconds
+from tuner.spec import Framework, ModelSpec, Precision
+
+ROUTER_MAP_BYTES = 1.0
+"""The routing map (tokens x experts bools) the router keeps for its backward ([MR])."""
+PERMUTE_INDEX_BYTES = 4.0
+"""Per routed token: the int32 row-id map permute/unpermute keep (moe_utils.py permute)."""
+
+
+def _moe(model: ModelSpec) -> MoESpec:
+    if model.moe is None:
+        raise ValueError("not an MoE model")
+    return model.moe
+
+
+def gated(model: ModelSpec) -> int:
+    """Weight matrices' width factor of an MLP: SwiGLU fc1 is 2F wide (3 h F), GeLU 2 h F."""
+    return 3 if model.swiglu else 2
+
+
+@functools.lru_cache(maxsize=256)
+def moe_layer_flags(model: ModelSpec) -> tuple[bool, ...]:
+    """Per layer: is it MoE ([MT] moe_layer_pattern); all False for a dense model."""
+    if model.moe is None:
+        return (False,) * model.num_layers
+    return model.moe.moe_layers(model.num_layers)
+
+
+def moe_layers_per_stage(
+    model: ModelSpec, c: ParallelConfig, framework: Framework
+) -> tuple[int, ...]:
+    """MoE layers on each pipeline rank: the virtual stages in Megatron's order (chunk j of rank
+    i is virtual stage j x pp + i) laid over the layer pattern."""
+    flags = moe_layer_flags(model)
+    if not any(flags):
+        return (0,) * c.pp
+    chunks = chunk_layers(model, c, framework)
+    order = sorted(
+        ((j * c.pp + i, i, n) for i, rank in enumerate(chunks) for j, n in enumerate(rank))
+    )
+    out = [0] * c.pp
+    start = 0
+    for _, rank, n in order:
+        out[rank] += sum(flags[start : start + n])
+        start += n
+    return tuple(out)
+
+
+def moe_layers_on(model: ModelSpec, c: ParallelConfig, stage: int, framework: Framework) -> int:
+    """MoE layers on pipeline rank ``stage`` (0 for a dense model)."""
+    if model.moe is None:
+        return 0
+    return moe_layers_per_stage(model, c, framework)[stage]
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def expert_params_per_layer(model: ModelSpec, c: ParallelConfig) -> float:
+    """Routed-expert parameters of one MoE layer on one rank: E / ep experts of gated x h x F_e,
+    each split over ETP ([MT]; biases when the model has them)."""
+    moe = _moe(model)
+    h, fe = model.hidden_size, moe.ffn_hidden_size or model.ffn_hidden_size
+    bias = ((2 * fe if model.swiglu else fe) + h) if model.add_bias_linear else 0
+    per_expert = (gated(model) * h * fe + bias) / c.expert_tp
+    return moe.num_experts / c.ep * per_expert
+
+
+def nonexpert_delta_per_layer(model: ModelSpec, c: ParallelConfig) -> float:
+    """What an MoE layer holds besides its experts, minus the dense MLP ``param_counts`` counted
+    for it, per rank: + router (E x h, replicated over TP) + shared experts (TP-sharded) - MLP."""
+    moe = _moe(model)
+    h, f = model.hidden_size, model.ffn_hidden_size
+
+    def bias(w: float) -> float:
+        return ((2 * w if model.swiglu else w) + h) if model.add_bias_linear else 0.0
+
+    dense = (gated(model) * h * f + bias(f)) / c.tp
+    shared = (gated(model) * h * moe.shared + bias(moe.shared)) / c.tp if moe.shared else 0.0
+    return moe.num_experts * h + shared - dense
+
+
+def expert_config(c: ParallelConfig) -> ParallelConfig:
+    """The config as the expert parameters see it: their data-parallel group is the expert-DP
+    group ([MP]), so optimizer sharding and gradient reduction run over ``expert_dp`` ranks."""
+    return dataclasses.replace(c, tp=c.expert_tp, cp=1, dp=c.expert_dp)
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def _rank_tokens(model: ModelSpec, c: ParallelConfig) -> float:
+    """Tokens one rank feeds an MoE layer: its sequence-parallel shard b s / (cp tp)."""
+    shard = c.tp if c.sequence_parallel else 1
+    return c.micro_batch_size * model.seq_length / c.cp / shard
+
+
+def load_factor(moe: MoESpec) -> float:
+    """Tokens of the busiest expert rank / the mean: the stated imbalance, at most the capacity
+    factor when tokens are dropped, exactly it when inputs are padded to capacity ([MR])."""
+    if moe.capacity_factor is None:
+        return moe.imbalance
+    if moe.pad_to_capacity:
+        return moe.capacity_factor
+    return min(moe.imbalance, moe.capacity_factor)
+
+
+def expert_tokens(model: ModelSpec, c: ParallelConfig) -> float:
+    """Routed tokens the busiest rank's local experts compute (see the module docstring)."""
+    moe = _moe(model)
+    if c.moe_token_dispatcher == "allgather":
+        # [MD] allgather: every rank sees the tokens of the whole TP x EP group; its local
+        # experts take their topk / E share of them.
+        group = _rank_tokens(model, c) * c.tp * c.ep
+        return group * moe.router_topk / c.ep * load_factor(moe)
+    return _rank_tokens(model, c) * moe.router_topk * c.expert_tp * load_factor(moe)
+
+
+def moe_layer_activations(
+    model: ModelSpec, c: ParallelConfig, precision: Precision, dense: LayerActivations
+) -> LayerActivations:
+    """``dense`` ([K], one layer, one micro-batch) with its MLP replaced by the MoE block.
+
+    The MoE terms are per rank; ``LayerActivations.stored`` divides ``sharded`` by tp, so they
+    enter it multiplied by tp. Kept: the router's fp32 (router_dtype) scores and routing map; per
+    routed token the dispatched input (fc1 input, h), fc1's output (2F_e with SwiGLU) and fc2's
+    input (F_e) split over ETP, the expert output unpermute weighs by the probs (h), the permute
+    index; the shared experts as a dense MLP of width F_s ([K]).
+    """
+    moe = _moe(model)
+    e = 4.0 if precision == "fp32" else 2.0
+    tp = c.tp
+    s, b = model.seq_length / c.cp, c.micro_batch_size
+    f, fe = model.ffn_hidden_size, moe.ffn_hidden_size or model.ffn_hidden_size
+    mlp_factor = 3 * e if model.swiglu else 2 * e  # [K] MLP intermediates per width element
+    dense_mlp = s * b * f * mlp_factor
+    shared = s * b * moe.shared * mlp_factor
+    router_e = 4.0 if moe.router_dtype == "fp32" else 8.0 if moe.router_dtype == "fp64" else e
+    tokens = _rank_tokens(model, c)
+    router = tokens * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
+    routed = expert_tokens(model, c)
+    experts = routed * (2 * model.hidden_size * e + fe / c.expert_tp * mlp_factor)
+    experts += routed * PERMUTE_INDEX_BYTES
+    sharded = dense.sharded - dense_mlp + shared + tp * (router + experts)
+    return dataclasses.replace(dense, sharded=sharded)
+
+
+def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
+    """Transient bytes of one MoE layer's dispatch: the permuted send buffer of the dispatch
+    all-to-all and the expert output before the combine all-to-all ([MD]); with ETP > 1 also
+    the all-gathered copy; the allgather dispatcher holds the TP x EP group's gathered tokens.
+    Live while one layer's forward (or backward) runs."""
+    if model.moe is None:
+        return 0.0
+    e = 4.0 if precision == "fp32" else 2.0
+    h = model.hidden_size
+    if c.moe_token_dispatcher == "allgather":
+        # [MD] the hidden states gathered over TP x EP, and the reduce-scatter's input
+        return 2.0 * _rank_tokens(model, c) * c.tp * c.ep * h * e
+    sent = _rank_tokens(model, c) * model.moe.router_topk * load_factor(model.moe)
+    return 2.0 * sent * h * e + (expert_tokens(model, c) * h * e if c.expert_tp > 1 else 0.0)
+
+
+# ----------------------------------------------------------------------------- time
+
+
+@dataclass(frozen=True, slots=True)
+class MoETimes:
+    """Seconds per micro-batch of one MoE layer on one rank, against the dense layer."""
+
+    fwd_delta: float
+    """Forward compute added: router + experts (+ shared) - the dense MLP."""
+    bwd_delta: float
+    """Backward compute added, same terms."""
+    comm_fwd: float
+    """Dispatch + combine (all-to-all or all-gather / reduce-scatter) in the forward."""
+    comm_bwd: float
+    """The same in the backward (the transposed collectives)."""
+
+
+def _mlp_seconds(
+    rates: Rates, tokens: float, h: float, f: float, swiglu: bool
+) -> tuple[float, float]:
+    """(forward, backward) GEMM seconds of an MLP of width f on ``tokens`` (fc1, fc2)."""
+    fc1 = (tokens, (2 * f if swiglu else f), h)
+    fc2 = (tokens, h, f)
+    fwd = gemm_seconds(rates, *fc1) + gemm_seconds(rates, *fc2)
+    bwd = sum(
+        gemm_seconds(rates, m, k, n) + gemm_seconds(rates, k, n, m) for m, n, k in (fc1, fc2)
+    )
+    return fwd, bwd
+
+
+def _all_to_all(rates: Rates, bytes_out: float, ep: int, etp: int, gpus_per_node: int) -> float:
+    """One all-to-all over the EP group (ranks etp apart): each rank sends (ep-1)/ep of its
+    buffer; peers on its node over NVLink, the others over its own share of the network (an
+    all-to-all cannot use the ring's NIC aggregation: every GPU's off-node bytes leave through
+    its own NIC)."""
+    if ep == 1:
+        return 0.0
+    on_node = max(1, min(ep, gpus_per_node // max(etp, 1)))
+    per_peer = bytes_out / ep
+    intra = (on_node - 1) * per_peer / rates.intra.bandwidth
+    inter = (ep - on_node) * per_peer / rates.inter.bandwidth
+    latency = rates.intra.latency if on_node == ep else rates.inter.latency
+    return max(intra, inter) + latency
+
+
+def _ring(link: Link, size: int, size_bytes: float) -> float:
+    """All-gather or reduce-scatter of a ``size_bytes`` result over ``size`` ranks."""
+    if size == 1:
+        return 0.0
+    return (size - 1) / size * size_bytes / link.bandwidth + link.latency
+
+
+@functools.lru_cache(maxsize=4096)
+def moe_layer_times(
+    model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
+) -> MoETimes:
+    """One MoE layer against the dense layer ``perf`` costs (``group_link``: the ring link of
+    the TP x EP group, for the allgather dispatcher).
+
+    Expert GEMMs: the busiest rank's routed tokens over its E / ep local experts, each an MLP of
+    width F_e / etp; one grouped GEMM launch with ``grouped_gemm``, one per expert without.
+    """
+    moe = _moe(model)
+    h, e = model.hidden_size, rates.elem
+    tokens = _rank_tokens(model, c)
+    full_tokens = tokens * (c.tp if c.sequence_parallel else 1)  # the dense MLP's input
+    dense_f, dense_b = _mlp_seconds(rates, full_tokens, h, model.ffn_hidden_size / c.tp,
+                                    model.swiglu)  # fmt: skip
+    local = max(1, moe.num_experts // c.ep)
+    routed = expert_tokens(model, c)
+    fe = (moe.ffn_hidden_size or model.ffn_hidden_size) / c.expert_tp
+    if moe.grouped_gemm:
+        # one grouped GEMM per projection: the experts' tiles share the SMs' waves, one launch
+        exp_f, exp_b = _mlp_seconds(rates, max(routed, 1.0), h, fe, model.swiglu)
+    else:  # SequentialMLP: one GEMM per local expert on its share of the tokens
+        per_f, per_b = _mlp_seconds(rates, max(routed / local, 1.0), h, fe, model.swiglu)
+        exp_f, exp_b = local * per_f, local * per_b
+    router_f = gemm_seconds(rates, tokens, moe.num_experts, h)
+    router_b = gemm_seconds(rates, tokens, h, moe.num_experts) + gemm_seconds(
+        rates, h, moe.num_experts, tokens
+    )
+    shared_f = shared_b = 0.0
+    if moe.shared:
+        shared_f, shared_b = _mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
+    # permute / unpermute and the expert activation: streaming passes over the routed tokens
+    act = routed * fe * (3 if model.swiglu else 2) * e
+    permute = 2.0 * (tokens + routed) * h * e + tokens * moe.num_experts * 4.0
+    stream = (act + permute) / rates.hbm + 6 * rates.op_latency
+    fwd = router_f + exp_f + shared_f + stream - dense_f
+    bwd = router_b + exp_b + shared_b + 2.0 * stream - dense_b
+    if c.moe_token_dispatcher == "allgather":
+        g = c.tp * c.ep
+        comm = 2.0 * _ring(group_link, g, tokens * g * h * e)  # all-gather + reduce-scatter
+    else:
+        sent = tokens * moe.router_topk * load_factor(moe) * h * e
+        comm = 2.0 * _all_to_all(rates, sent, c.ep, c.expert_tp, gpus_per_node)
+        if c.expert_tp > 1:  # [MD] all-gather / reduce-scatter over ETP around the experts
+            link = rates.intra if c.expert_tp <= gpus_per_node else rates.inter
+            comm += 2.0 * _ring(link, c.expert_tp, routed * h * e)
+    return MoETimes(fwd, bwd, comm, comm)
+
+
+def mlp_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of the MLP block per token, averaged over the layers ([MT] training.py
+    num_floating_point_operations: top-k routed experts, shared experts once, the router)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    per_width = 2.0 * h * (3 if model.swiglu else 2)  # fc1 (2F with SwiGLU) + fc2, 2 FLOPs/MAC
+    dense = per_width * f
+    if model.moe is None:
+        return dense
+    moe = model.moe
+    fe = moe.ffn_hidden_size or f
+    routed = per_width * (fe * moe.router_topk + moe.shared) + 2.0 * h * moe.num_experts
+    share = sum(moe_layer_flags(model)) / model.num_layers
+    return share * routed + (1 - share) * dense
+
+
+# ----------------------------------------------------------------------------- one stage
+
+
+@dataclass(frozen=True, slots=True)
+class MoEStageMemory:
+    """What the MoE layers change on one pipeline rank (tuner.memory adds it in one place)."""
+
+    nonexpert_delta: float
+    """Parameters added to the dense count: router + shared experts - the replaced MLPs."""
+    expert_params: float
+    """Routed-expert parameters on the rank (their states shard over the expert-DP group)."""
+    activations: LayerActivations
+    """Saved activations of the stage's average layer (dense and MoE layers weighed)."""
+    dispatch: float
+    """Transient dispatch / combine buffers of one MoE layer (0 without MoE layers)."""
+
+
+def moe_stage_memory(
+    model: ModelSpec,
+    c: ParallelConfig,
+    stage: int,
+    layers: int,
+    framework: Framework,
+    precision: Precision,
+    dense: LayerActivations,
+) -> MoEStageMemory:
+    """The MoE terms of rank ``stage`` holding ``layers`` layers (dense model: all zero)."""
+    n = moe_layers_on(model, c, stage, framework)
+    if n == 0 or layers == 0:
+        return MoEStageMemory(0.0, 0.0, dense, 0.0)
+    moe_act = moe_layer_activations(model, c, precision, dense)
+    w = n / layers
+
+    def mix(name: str) -> float:
+        return float((1 - w) * getattr(dense, name) + w * getattr(moe_act, name))
+
+    average = LayerActivations(*(mix(f.name) for f in dataclasses.fields(LayerActivations)))
+    return MoEStageMemory(
+        nonexpert_delta=n * nonexpert_delta_per_layer(model, c),
+        expert_params=n * expert_params_per_layer(model, c),
+        activations=average,
+        dispatch=dispatch_buffer_bytes(model, c, precision),
+    )
