@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.memory import MemoryBreakdown, estimate_memory, fits
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import TimeBreakdown, estimate_time
+from tuner.rates import Rates
 from tuner.space import config_from_settings, study_gpu
 from tuner.spec import StudySpec
 from tuner.studyfile import load_study
@@ -67,13 +68,18 @@ class Estimate:
 
 
 def estimate(
-    study: StudySpec | str, config: ParallelConfig | None = None, **settings: object
+    study: StudySpec | str,
+    config: ParallelConfig | None = None,
+    *,
+    rates: Rates | None = None,
+    **settings: object,
 ) -> Estimate:
     """Validate one config of ``study`` and predict its memory and step time.
 
     Give a :class:`ParallelConfig`, or knobs as ``tune estimate --set`` takes them (``tp=8,
     pp=4, sp=True, recompute="selective"``); knobs left out take the first value of the study's
-    space and DP follows from the world size.
+    space and DP follows from the world size. ``rates``: the cluster's measured rates
+    (``tuner.profile_rates.study_rates``); the catalog's when None.
     """
     spec = study_spec(study)
     if config is not None and settings:
@@ -91,7 +97,13 @@ def estimate(
     if not errors:
         memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)
         time = estimate_time(
-            spec.model, spec.training, config, gpu, spec.cluster.gpus_per_node, spec.framework
+            spec.model,
+            spec.training,
+            config,
+            gpu,
+            spec.cluster.gpus_per_node,
+            spec.framework,
+            rates,
         )
     return Estimate(
         config=config, errors=errors, memory=memory, time=time, gpu_memory_gib=gpu.memory_gib,

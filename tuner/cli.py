@@ -54,13 +54,16 @@ def _emit_json(data: Any) -> None:
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    found = estimate(spec, config_from_settings(spec, args.set or []))
+    rates, source = cli_profile.time_source(spec, args.results)
+    found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates)
     result = found.to_dict()
+    result["time_source"] = source
     line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
         _emit_json(result)
     else:
         _print_estimate(result, spec.search.memory_headroom)
+        _console().print(f"time model rates: {source}")
         if line:
             _console().print(line)
     return 0
@@ -227,8 +230,10 @@ def _counts_table(spec: StudySpec, out: dict[str, Any]) -> Table:
 
 def _cmd_space(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    report = enumerate_space(spec, keep_oom=True)
+    rates, out_source = cli_profile.time_source(spec, args.results)
+    report = enumerate_space(spec, keep_oom=True, rates=rates)
     out = report.counts()
+    out["time_source"] = out_source
     top = report.ranked()[: args.top] if args.top > 0 else []
     lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results)
     if args.format == "json":
@@ -238,6 +243,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
         return 0
     console = _console()
     console.print(_counts_table(spec, out))
+    console.print(f"time model rates: {out_source}")
     if top:
         console.print(_top_table(f"top {len(top)} by predicted step time", top))
     for line in lines:

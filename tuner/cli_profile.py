@@ -251,6 +251,24 @@ def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results
                   "peak_gib": r.calibrated_peak_gib, "fits": fits and candidate.fits}  # fmt: skip
 
 
+def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
+    """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
+    the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""
+    from tuner.profile import study_profile
+    from tuner.profile_rates import study_rates
+
+    rates = study_rates(spec, results)
+    if rates is None:
+        return None, (f"catalog ({spec.cluster.gpu} datasheet figures; tune profile --study "
+                      f"{spec.name} measures this cluster's)")  # fmt: skip
+    profile = study_profile(spec, results)
+    when = profile.created if profile is not None else "?"
+    return rates, (
+        f"cluster profile {spec.cluster_name} (measured {when}): GEMMs by shape and "
+        "all-reduce latency and bandwidth; attention, HBM and overheads from the catalog"
+    )
+
+
 # ----------------------------------------------------------------------------- registration
 
 

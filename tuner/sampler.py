@@ -60,6 +60,7 @@ from tuner.memory import GIB
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.probe import MEMORY_SIGMA, may_probe
+from tuner.rates import Rates
 from tuner.space import enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
@@ -251,9 +252,10 @@ class ModelGuidedSampler(BaseSampler):
 
     def __init__(
         self, spec: StudySpec, seed: int | None = None, prior: Prior | None = None,
-        history: Sequence[Observation] = (),
+        history: Sequence[Observation] = (), rates: Rates | None = None,
     ) -> None:  # fmt: skip
         self._spec = spec
+        self._rates = rates
         self._prior = prior or Prior()
         self._history = tuple(history)
         self._fingerprint = setup_fingerprint(spec)
@@ -267,7 +269,7 @@ class ModelGuidedSampler(BaseSampler):
 
     def _candidates(self) -> list[ParallelConfig]:
         if self._configs is None:
-            report = enumerate_space(self._spec)
+            report = enumerate_space(self._spec, rates=self._rates)
             ranked = report.ranked() + report.probes  # probes last: after the first peaks
             self._probe_index = set(range(len(ranked) - len(report.probes), len(ranked)))
             self._configs = [c.config for c in ranked]
@@ -506,13 +508,13 @@ class _GridSampler(optuna.samplers.GridSampler):
 
 
 def make_sampler(
-    spec: StudySpec, history: Sequence[Observation] = ()
+    spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None
 ) -> optuna.samplers.BaseSampler:
     """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``),
     tpe (multivariate, constant liar for parallel trials), gp, random or grid."""
     s = spec.search
     if s.sampler == "model":
-        return ModelGuidedSampler(spec, seed=s.seed, history=history)
+        return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "grid":

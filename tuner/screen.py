@@ -21,6 +21,7 @@ from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig, validate
 from tuner.perf import estimate_time
 from tuner.probe import fit_probability
+from tuner.rates import Rates
 from tuner.record import Summary
 from tuner.space import enumerate_space
 from tuner.spec import StudySpec
@@ -40,7 +41,9 @@ class Screen:
     def __init__(
         self, spec: StudySpec, study: optuna.Study, leases: Leases, gpu: GPUSpec,
         summary: Summary, *, worker: str, heartbeat_s: float, rerun: frozenset[Outcome],
+        rates: Rates | None = None,
     ) -> None:  # fmt: skip
+        self.rates = rates
         self.spec, self.study, self.leases, self.gpu = spec, study, leases, gpu
         self.summary, self.worker, self.heartbeat_s, self.rerun = (
             summary,
@@ -67,7 +70,8 @@ class Screen:
         memory = estimate_memory(spec.model, config, self.gpu, spec.framework,
                                  spec.training.precision)  # fmt: skip
         predicted = estimate_time(spec.model, spec.training, config, self.gpu,
-                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
+                                  spec.cluster.gpus_per_node, spec.framework,
+                                  self.rates)  # fmt: skip
         trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
         trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
         trial.set_user_attr("predicted_reserved_gib", round(memory.reserved / GIB, 3))
@@ -93,7 +97,7 @@ class Screen:
     def _probe_keys(self) -> frozenset[str]:
         """The study's memory probes (``tuner.probe``), worked out once."""
         if self._probes is None:
-            report = enumerate_space(self.spec)
+            report = enumerate_space(self.spec, rates=self.rates)
             self._probes = frozenset(c.config.key() for c in report.probes)
         return self._probes
 

@@ -24,6 +24,7 @@ from tuner.perf import TimeBreakdown, estimate_time
 from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.probe import may_probe
+from tuner.rates import Rates
 from tuner.spec import StudySpec
 
 
@@ -249,9 +250,10 @@ def study_gpu(spec: StudySpec) -> GPUSpec:
 
 
 def enumerate_space(
-    spec: StudySpec, keep_oom: bool = False, with_time: bool = True
+    spec: StudySpec, keep_oom: bool = False, with_time: bool = True, rates: Rates | None = None
 ) -> SpaceReport:
-    """Validate and memory-estimate every combination; predict the step time of viable ones."""
+    """Validate and memory-estimate every combination; predict the step time of viable ones
+    (``rates``: the cluster's measured rates, ``tuner.profile_rates``; the catalog's if None)."""
     gpu = study_gpu(spec)
     report = SpaceReport()
     world, model, fw = spec.world_size, spec.model, spec.framework
@@ -268,7 +270,11 @@ def enumerate_space(
         memory = estimate_memory(model, config, gpu, fw, precision)
         ok = fits(memory, gpu, headroom)
         if ok:
-            time = estimate_time(model, spec.training, config, gpu, gpn, fw) if with_time else None
+            time = (
+                estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
+                if with_time
+                else None
+            )
             report.viable.append(Candidate(config, memory, True, time))
         else:
             report.predicted_oom += 1
@@ -279,7 +285,7 @@ def enumerate_space(
                 and with_time
                 and may_probe(memory.peak / GIB, gpu.memory_gib)
             ):
-                time = estimate_time(model, spec.training, config, gpu, gpn, fw)
+                time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
                 near.append(Candidate(config, memory, False, time))
     report.probes = _probes(near, report, spec.search.memory_probes)
     return report

@@ -35,6 +35,8 @@ from tuner.layout import ResultsLayout
 from tuner.leases import Leases, exclusive, open_leases
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
+from tuner.profile_rates import study_rates
+from tuner.rates import Rates
 from tuner.reattach import Reattach
 from tuner.record import (
     LAUNCH_ERRORS_STOP,
@@ -96,7 +98,7 @@ class StudyLoop:
         layout: ResultsLayout, launcher: Launcher, *, storage: optuna.storages.BaseStorage,
         leases: Leases, n_trials: int | None = None, clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.2, on_update: Callable[[StudyLoop], None] | None = None,
-        rerun: Collection[Outcome] = (),
+        rerun: Collection[Outcome] = (), rates: Rates | None = None,
     ) -> None:  # fmt: skip
         self.spec, self.study, self.executor, self.pool = spec, study, executor, pool
         self.layout, self.launcher, self.clock, self.poll_s = layout, launcher, clock, poll_s
@@ -114,7 +116,8 @@ class StudyLoop:
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
-                             heartbeat_s=self.heartbeat_s, rerun=self.rerun)  # fmt: skip
+                             heartbeat_s=self.heartbeat_s, rerun=self.rerun,
+                             rates=rates)  # fmt: skip
         self.recovery = Recovery(spec, study, storage, leases, executor, layout, self.gpu,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s,
@@ -451,10 +454,12 @@ def build_loop(
     layout = ResultsLayout(Path(results).resolve(), spec.name)
     check_results_dir(layout)
     opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
-    sampler = make_sampler(spec, history(spec, results))  # the cluster's saved calibration
+    rates = study_rates(spec, results)  # the cluster's measured profile, if any
+    sampler = make_sampler(spec, history(spec, results), rates)  # and its saved calibration
     study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
     return StudyLoop(
         spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,
         leases=open_leases(storage, layout), n_trials=n_trials, on_update=on_update, rerun=rerun,
+        rates=rates,
     )  # fmt: skip

@@ -1,0 +1,115 @@
+"""A measured cluster profile as the time model's rates, and the study that ranks with them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from tuner.layout import ClusterLayout
+from tuner.parallel import ParallelConfig
+from tuner.perf import estimate_time
+from tuner.profile import ClusterProfile, CollectiveSample, GemmSample, save_profile
+from tuner.profile_rates import rates_from_profile, study_rates
+from tuner.rates import catalog_rates
+from tuner.space import enumerate_space, study_gpu
+from tuner.studyfile import study_from_mapping
+
+SPEC = study_from_mapping({
+    "name": "measured",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-80gb", "gpus_per_node": 8, "executor": "ssh",
+                "nodes": ["n0", "n1"]},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
+    "space": {"tp": [1, 2, 4, 8], "micro_batch_size": [1, 2], "sequence_parallel": [True],
+              "distributed_optimizer": [True]},
+})  # fmt: skip
+CONFIG = ParallelConfig(tp=2, dp=8, micro_batch_size=2, global_batch_size=64,
+                        sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+
+
+def all_reduce(link: str, size: int, busbw_gbps: float, alpha_s: float) -> list[CollectiveSample]:
+    """Samples that follow time = alpha + bus bytes / busbw exactly, at three message sizes."""
+    out = []
+    for nbytes in (1 << 20, 1 << 24, 1 << 28):
+        bus = nbytes * 2 * (size - 1) / size
+        t = alpha_s + bus / (busbw_gbps * 1e9)
+        out.append(CollectiveSample(op="all_reduce", link=link, group_size=size,
+                                    ranks=tuple(range(size)), bytes=nbytes, samples_s=(t,),
+                                    median_s=t, busbw_gbps=bus / t / 1e9))  # fmt: skip
+    return out
+
+
+def profile(gemm_tflops: float, created: str | None = None) -> ClusterProfile:
+    gemm = tuple(
+        GemmSample(
+            label=f"g{m}", m=m, k=4096, n=4096, samples_s=(1.0,), median_s=1.0, tflops=gemm_tflops
+        )  # fmt: skip
+        for m in (1024, 4096, 16384)
+    )
+    return ClusterProfile(
+        cluster=SPEC.cluster_name, gpu="a100-80gb",
+        created=created or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        versions={}, hosts=2, world_size=16, dtype="bf16", gemm=gemm,
+        collectives=tuple(all_reduce("intra", 8, 150.0, 20e-6)
+                          + all_reduce("inter", 16, 80.0, 60e-6)),
+    )  # fmt: skip
+
+
+def test_measured_gemms_and_links_replace_the_catalogs() -> None:
+    gpu = study_gpu(SPEC)
+    base = catalog_rates(gpu, "bf16")
+    rates = rates_from_profile(profile(100.0), gpu, "bf16")
+    assert {s[3] for s in rates.gemm_samples} == {100e12}
+    assert rates.intra.bandwidth == pytest.approx(150e9, rel=1e-6)
+    assert rates.intra.latency == pytest.approx(20e-6, rel=1e-3)
+    assert rates.inter.bandwidth == pytest.approx(80e9 / 8, rel=1e-6)  # per GPU: 8 ranks a node
+    assert rates.hbm == base.hbm and rates.flash == base.flash  # not measured: the catalog's
+
+
+def test_a_slower_cluster_predicts_slower_steps() -> None:
+    gpu = study_gpu(SPEC)
+
+    def step(tflops: float) -> float:
+        rates = rates_from_profile(profile(tflops), gpu, "bf16")
+        return estimate_time(SPEC.model, SPEC.training, CONFIG, gpu, 8, "megatron", rates).step
+
+    catalog = estimate_time(SPEC.model, SPEC.training, CONFIG, gpu, 8, "megatron").step
+    assert step(100.0) > catalog > step(300.0)
+    assert step(100.0) / step(200.0) > 1.5  # the compute-bound step scales with the GEMM rate
+
+
+def test_the_study_ranks_with_its_saved_profile(tmp_path: Path) -> None:
+    assert study_rates(SPEC, tmp_path) is None  # none saved: the catalog
+    save_profile(profile(100.0), ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)
+    rates = study_rates(SPEC, tmp_path)
+    assert rates is not None and rates is study_rates(SPEC, tmp_path)  # one object per profile
+    slow = enumerate_space(SPEC, rates=rates).ranked()[0]
+    fast = enumerate_space(SPEC).ranked()[0]
+    assert slow.time is not None and fast.time is not None
+    assert slow.time.step > fast.time.step
+
+
+def test_a_stale_profile_is_refused_in_one_line(tmp_path: Path) -> None:
+    from tuner.profile import ProfileError
+
+    old = (dt.datetime.now(dt.UTC) - dt.timedelta(days=400)).isoformat(timespec="seconds")
+    save_profile(
+        profile(100.0, created=old), ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml
+    )
+    with pytest.raises(ProfileError) as info:
+        study_rates(SPEC, tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
+    from tuner.cli_profile import time_source
+
+    rates, said = time_source(SPEC, str(tmp_path))
+    assert rates is None and said.startswith("catalog") and "tune profile" in said
+    save_profile(profile(100.0), ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)
+    rates, said = time_source(SPEC, str(tmp_path))
+    assert rates is not None and said.startswith(f"cluster profile {SPEC.cluster_name}")

@@ -1,0 +1,67 @@
+"""A measured cluster profile as the time model's rates (``tuner.rates.Rates``).
+
+``tune profile`` measures GEMMs of the study's shapes and the collectives of its groups on the
+cluster itself (:mod:`tuner.profile`). Here those measurements replace the catalog's datasheet
+figures: the GEMM samples replace the tile model (the nearest measured shape gives the achieved
+FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies. What the
+profile does not measure (flash attention, HBM streaming, framework overheads) stays the
+catalog's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from tuner.catalog import GPUSpec
+from tuner.profile import AlphaBeta, ClusterProfile, study_profile
+from tuner.rates import Link, Rates, catalog_rates
+from tuner.space import study_gpu
+from tuner.spec import StudySpec
+
+
+def _link(fits: list[AlphaBeta], link: str, hosts: int) -> Link | None:
+    """The all-reduce fit of the largest group on ``link`` as a per-GPU link: a group spanning
+    ``hosts`` nodes used the network shares of its ranks on each node (tuner.rates.group_link
+    multiplies them back)."""
+    rows = [f for f in fits if f.op == "all_reduce" and f.link == link and f.busbw_gbps > 0]
+    if not rows:
+        return None
+    best = max(rows, key=lambda f: f.group_size)
+    on_node = max(1, best.group_size // max(hosts, 1)) if link == "inter" else 1
+    return Link(best.busbw_gbps * 1e9 / on_node, max(best.alpha_s, 0.0))
+
+
+def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) -> Rates:
+    """The catalog's rates of ``gpu`` with every figure the profile measured replaced."""
+    base = catalog_rates(gpu, precision)
+    fits = profile.alpha_beta()
+    samples = tuple(
+        (float(g.m), float(g.n), float(g.k), g.tflops * 1e12) for g in profile.gemm if g.tflops > 0
+    )
+    return dataclasses.replace(
+        base,
+        gemm_samples=samples or base.gemm_samples,
+        intra=_link(fits, "intra", profile.hosts) or base.intra,
+        inter=_link(fits, "inter", profile.hosts) or base.inter,
+    )
+
+
+_BUILT: dict[tuple[str, str, str, str, str], Rates] = {}
+
+
+def study_rates(spec: StudySpec, results: str | Path = "results") -> Rates | None:
+    """The rates of ``spec``'s cluster from its saved profile (checked: a stale or foreign one is
+    a one-line error), or None when there is none (the time model then uses the catalog).
+
+    One ``Rates`` object per profile and precision: they compare by identity, and the time
+    model's per-shape caches key on them."""
+    profile = study_profile(spec, results)
+    if profile is None:
+        return None
+    gpu = study_gpu(spec)
+    key = (str(Path(results).resolve()), profile.cluster, profile.created, gpu.name,
+           spec.training.precision)  # fmt: skip
+    if key not in _BUILT:
+        _BUILT[key] = rates_from_profile(profile, gpu, spec.training.precision)
+    return _BUILT[key]
