@@ -11,66 +11,40 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tuner.cluster_spec import ClusterSpec as ClusterSpec
+from tuner.cluster_spec import SlurmSpec as SlurmSpec
+from tuner.cluster_spec import SSHSpec as SSHSpec
 from tuner.errors import ConfigError
 from tuner.fp8 import Fp8Format, Fp8Recipe
 from tuner.frameworks import Framework as Framework
 from tuner.frameworks import traits
 from tuner.layout import name_problem
 from tuner.moe_spec import MoESpec, TokenDispatcher
-from tuner.overheads_spec import OverheadsSpec
 from tuner.pipeline_split import parse_split
+from tuner.spec_bounds import _ENV_NAME as _ENV_NAME
+from tuner.spec_bounds import (
+    MAX_BATCH,
+    MAX_HEADS,
+    MAX_ITERS,
+    MAX_LAYERS,
+    MAX_MINUTES,
+    MAX_SEQ_LENGTH,
+    MAX_TRIALS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    _at_most,
+    _positive,
+    _size,
+)
+from tuner.spec_bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 Auto = Literal["auto"]
-
-
-# Upper bounds on sizes. Why: the space is enumerated from these numbers (divisors of num_layers,
-# products of the axes), so an absurd value (num_layers: 10**30) would hang `tune` instead of
-# failing at load. Each bound is far above any model or cluster built so far.
-MAX_LAYERS = 4096  # the deepest published dense LLMs have 96-128 layers
-MAX_WIDTH = 1 << 20  # hidden / FFN width: GPT-3 12288, Llama-3-405B 16384 / 53248
-MAX_HEADS = 4096  # attention heads and query groups: published models have <= 128
-MAX_VOCAB = 1 << 24  # vocabularies are 32k-256k tokens
-MAX_SEQ_LENGTH = 1 << 24  # 16M tokens: above every long-context run published
-MAX_GPUS_PER_NODE = 1024  # 8 on DGX/HGX, 72 for an NVL72 rack used as one node
-MAX_NODES = 1 << 17  # 131072 nodes: about a million GPUs at 8 per node
-MAX_BATCH = 1 << 24  # sequences per step; published runs use a few thousand
-MAX_ITERS = 1_000_000  # iterations of one short trial run (tens are typical)
-MAX_TRIALS = 100_000  # launched runs of one study; each costs node-minutes
-MAX_MINUTES = 7 * 24 * 60  # one trial or process-group timeout: a week
-MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or is /dev/zero)
-
-
-# Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-"""A shell identifier: environment variable names and ``${NAME}`` references."""
-_HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
-
-
-def _short(text: str) -> str:
-    return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
-
-
-def _positive(value: float | None, path: str) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"must be > 0, got {value}", path=path)
-
-
-def _at_most(value: float | None, limit: float, path: str, why: str) -> None:
-    if value is not None and value > limit:
-        raise ConfigError(f"must be at most {limit:,} ({why}), got {value:,}", path=path)
-
-
-def _size(value: int | None, limit: int, path: str, why: str) -> None:
-    """A positive size with a sane upper bound."""
-    _positive(value, path)
-    _at_most(value, limit, path, why)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,173 +150,6 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         _size(self.global_batch_size, MAX_BATCH, "global_batch_size", "16M sequences per step")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SSHSpec:
-    """How to reach the nodes over SSH (paramiko). The OpenSSH client config is honoured: Host
-    aliases, HostName, Port, User, IdentityFile, UserKnownHostsFile, ProxyJump, ProxyCommand.
-
-    Where a host is (address, port, jump hosts) comes from its ssh config first; who logs in and
-    with which key comes from here first (``tuner.launch.sshconfig`` has the whole table).
-    """
-
-    user: str | None = None
-    """Login name on every node (wins over the config's User); default: User, then yours."""
-    port: int | None = None
-    """Port for hosts whose ssh config gives no Port (a host's own Port wins); then 22."""
-    key_file: str | None = None
-    """Private key for every node, instead of IdentityFile (default: it, then ~/.ssh/id_*)."""
-    config_file: str = "~/.ssh/config"
-    """OpenSSH client config to read; this default may be missing, a file you name must exist."""
-    known_hosts: str = "~/.ssh/known_hosts"
-    """Host keys are verified against this file (at this default, UserKnownHostsFile wins)."""
-    accept_new_host_keys: bool = False
-    """Trust and record host keys seen for the first time (never a changed key)."""
-    connect_timeout_s: float = 10.0
-    """TCP + handshake timeout per node (and per jump host)."""
-
-    def __post_init__(self) -> None:
-        _positive(self.port, "port")
-        _positive(self.connect_timeout_s, "connect_timeout_s")
-
-
-SlurmMode = Literal["auto", "submit", "allocation"]
-_SBATCH_OPTION = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=.*)?")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SlurmSpec:
-    """How trials run through Slurm (``executor: slurm``; ``tuner.launch.slurm``).
-
-    ``submit``: from a login node, one ``sbatch`` job per trial (Slurm picks the nodes);
-    ``allocation``: inside ``salloc``/``sbatch``, trials are job steps on disjoint node subsets
-    of the allocation. ``auto`` is ``allocation`` when ``SLURM_JOB_ID`` is set, else ``submit``.
-    """
-
-    mode: SlurmMode = "auto"
-    """submit | allocation | auto (allocation when ``SLURM_JOB_ID`` is set)."""
-    partition: str | None = None
-    """``--partition`` of every trial job (default: the cluster's default partition)."""
-    account: str | None = None
-    """``--account`` to charge (default: yours)."""
-    qos: str | None = None
-    """``--qos`` of every trial job."""
-    time_limit_min: int | None = None
-    """Slurm ``--time`` per trial; default ``search.trial_timeout_min`` + 5 (the tuner's own
-    limit, counted from RUNNING, fires first; Slurm's is the backstop)."""
-    gpus_per_node: int | None = None
-    """``--gres=gpu:N`` per node; default: none requested (CPU nodes, or GPUs given to whole
-    nodes by ``--exclusive``)."""
-    exclusive: bool = True
-    """``--exclusive``: a trial measures whole nodes, shared with no other job."""
-    extra_sbatch: tuple[str, ...] = ()
-    """More sbatch options, one per entry, e.g. ``--constraint=h100`` (become #SBATCH lines)."""
-    container_image: str | None = None
-    """Run the node scripts in this container (pyxis: ``srun --container-image``)."""
-    container_mounts: tuple[str, ...] = ()
-    """``SRC:DST`` mounts for the container (pyxis: ``srun --container-mounts``)."""
-    setup: tuple[str, ...] = ()
-    """Shell lines run in the batch script before ``srun`` (module loads, venv activation)."""
-    max_jobs: int = 1
-    """Trials in flight at once (queued or running); each trial is one job."""
-    poll_interval_s: float = 2.0
-    """How often ``scontrol`` is asked for a job's state."""
-    pending_limit_min: float = 720.0
-    """How long a trial's job may wait in the queue for a reason that can clear (Resources,
-    Priority, ...) before it is cancelled and run again later; a reason that can never clear
-    (PartitionNodeLimit, InvalidAccount, ...) cancels it at once as a launch error."""
-
-    def __post_init__(self) -> None:
-        _positive(self.pending_limit_min, "pending_limit_min")
-        _size(self.time_limit_min, 60 * 24 * 365, "time_limit_min", "a year")
-        _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
-        _size(self.max_jobs, 4096, "max_jobs", "4096 trials in flight")
-        _positive(self.poll_interval_s, "poll_interval_s")
-        for i, line in enumerate(self.extra_sbatch):
-            if "\n" in line or not _SBATCH_OPTION.fullmatch(line):
-                raise ConfigError(
-                    f"{_short(line)} is not one sbatch option (like --constraint=h100)",
-                    path=f"extra_sbatch[{i}]",
-                )
-        for name in ("partition", "account", "qos"):
-            value = getattr(self, name)
-            if value is not None and not re.fullmatch(r"[A-Za-z0-9_.,-]+", value):
-                raise ConfigError(f"{_short(value)} is not a Slurm name", path=name)
-        for i, line in enumerate((*self.setup, *self.container_mounts)):
-            if "\n" in line:
-                raise ConfigError("one line per entry", path=f"setup[{i}]")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ClusterSpec:
-    """The machines trials run on."""
-
-    gpu: str
-    """GPU catalog name (``tune`` lists them on a bad name), or ``cpu`` for local CPU ranks."""
-    gpus_per_node: int
-    """Ranks per node (torchrun ``--nproc_per_node``)."""
-    nodes: tuple[str, ...] | None = None
-    """Host names; or give ``hostfile`` or ``num_nodes``."""
-    hostfile: str | None = None
-    """A file with one host per line (``# comments`` and DeepSpeed's ``slots=N`` allowed)."""
-    num_nodes: int | None = None
-    """For the local executor: how many local "nodes" (named local-0, local-1, ...)."""
-    executor: Literal["local", "ssh", "slurm"] = "ssh"
-    """Where trials run: subprocesses here, over SSH, or through Slurm."""
-    ssh: SSHSpec = field(default_factory=SSHSpec)
-    """SSH settings for ``executor: ssh``."""
-    slurm: SlurmSpec = field(default_factory=SlurmSpec)
-    """Slurm settings for ``executor: slurm`` (``num_nodes`` is then the nodes per trial)."""
-    gpu_memory_gib: float | None = None
-    """Override the catalog's memory per GPU (per rank for ``cpu``)."""
-    overheads: OverheadsSpec = field(default_factory=OverheadsSpec)
-    """Measured stack overheads replacing the GPU catalog's (CUDA context, NCCL, allocator)."""
-    name: str | None = None
-    """Names the cluster's profile and calibration (``results/clusters/<name>.*``), shared by
-    every study on it; default ``<gpu>-<executor>-<nodes>x<gpus_per_node>``."""
-
-    def __post_init__(self) -> None:
-        from tuner.catalog import get_gpu  # the catalog loads lazily, on first use
-
-        get_gpu(self.gpu)
-        if self.name is not None and (problem := name_problem(self.name)) is not None:
-            raise ConfigError(problem, path="name")
-        _size(self.gpus_per_node, MAX_GPUS_PER_NODE, "gpus_per_node", "an NVL72 rack has 72")
-        _size(self.num_nodes, MAX_NODES, "num_nodes", "about a million GPUs")
-        _positive(self.gpu_memory_gib, "gpu_memory_gib")
-        _at_most(self.gpu_memory_gib, 1 << 20, "gpu_memory_gib", "a PiB per GPU")
-        given = [n for n in ("nodes", "hostfile", "num_nodes") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ConfigError(
-                "give exactly one of nodes, hostfile or num_nodes"
-                + (f" (got {', '.join(given)})" if given else ""),
-                path="nodes",
-            )
-        if self.num_nodes is not None and self.executor == "ssh":
-            raise ConfigError(
-                "num_nodes makes local ranks (local-0, local-1, ...) for executor: local; "
-                "with executor: ssh give the hosts in nodes or hostfile",
-                path="num_nodes",
-            )
-        if self.executor == "slurm" and self.num_nodes is None:
-            raise ConfigError(
-                "executor: slurm takes num_nodes (nodes one trial may use; Slurm picks which)",
-                path="num_nodes",
-            )
-        if self.nodes is not None:
-            _at_most(len(self.nodes), MAX_NODES, "nodes", "about a million GPUs")
-            seen: set[str] = set()
-            for i, node in enumerate(self.nodes):
-                if node in seen:
-                    raise ConfigError(f"node {node!r} is listed twice", path="nodes")
-                if len(node) > 253 or not _HOST_NAME.fullmatch(node):
-                    raise ConfigError(
-                        f"{_short(node)} is not a host name (letters, digits, '.', '-', '_', ':' "
-                        "for IPv6, at most 253 characters)",
-                        path=f"nodes[{i}]",
-                    )
-                seen.add(node)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

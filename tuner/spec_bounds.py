@@ -1,0 +1,49 @@
+"""Bounds and checks every part of the study file shares (one definition of each limit)."""
+
+from __future__ import annotations
+
+import re
+
+from tuner.errors import ConfigError
+
+# Upper bounds on sizes. Why: the space is enumerated from these numbers (divisors of num_layers,
+# products of the axes), so an absurd value (num_layers: 10**30) would hang `tune` instead of
+# failing at load. Each bound is far above any model or cluster built so far.
+MAX_LAYERS = 4096  # the deepest published dense LLMs have 96-128 layers
+MAX_WIDTH = 1 << 20  # hidden / FFN width: GPT-3 12288, Llama-3-405B 16384 / 53248
+MAX_HEADS = 4096  # attention heads and query groups: published models have <= 128
+MAX_VOCAB = 1 << 24  # vocabularies are 32k-256k tokens
+MAX_SEQ_LENGTH = 1 << 24  # 16M tokens: above every long-context run published
+MAX_GPUS_PER_NODE = 1024  # 8 on DGX/HGX, 72 for an NVL72 rack used as one node
+MAX_NODES = 1 << 17  # 131072 nodes: about a million GPUs at 8 per node
+MAX_BATCH = 1 << 24  # sequences per step; published runs use a few thousand
+MAX_ITERS = 1_000_000  # iterations of one short trial run (tens are typical)
+MAX_TRIALS = 100_000  # launched runs of one study; each costs node-minutes
+MAX_MINUTES = 7 * 24 * 60  # one trial or process-group timeout: a week
+MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or is /dev/zero)
+
+
+# Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+"""A shell identifier: environment variable names and ``${NAME}`` references."""
+_HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
+
+
+def _short(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+
+
+def _positive(value: float | None, path: str) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"must be > 0, got {value}", path=path)
+
+
+def _at_most(value: float | None, limit: float, path: str, why: str) -> None:
+    if value is not None and value > limit:
+        raise ConfigError(f"must be at most {limit:,} ({why}), got {value:,}", path=path)
+
+
+def _size(value: int | None, limit: int, path: str, why: str) -> None:
+    """A positive size with a sane upper bound."""
+    _positive(value, path)
+    _at_most(value, limit, path, why)
