@@ -4,27 +4,18 @@ and ``run --dry-run``. Registered by :mod:`tuner.cli`; thin like it: parse, call
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
+from tuner.cli_tables import _console, _emit_json
 from tuner.errors import ConfigError
 from tuner.spec import StudySpec
 from tuner.studyfile import load_study
 
 Handlers = dict[str, Any]
-
-
-def _console() -> Console:
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-
-
-def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 # ----------------------------------------------------------------------------- profile
