@@ -106,3 +106,24 @@ def test_the_report_reads_storage_and_never_the_loop() -> None:
     assert "tuner.report.data" in report
     for name in report:
         assert not graph[name] & loop, (name, graph[name] & loop)
+
+
+def test_the_memory_bars_are_one_per_pipeline_stage() -> None:
+    from tuner.catalog import get_gpu
+    from tuner.memory import estimate_memory
+    from tuner.parallel import ParallelConfig
+    from tuner.report.data import stage_memory
+    from tuner.spec import ModelSpec
+
+    model = ModelSpec(num_layers=30, hidden_size=1024, num_attention_heads=16,
+                      ffn_hidden_size=4096, vocab_size=32000, seq_length=1024)  # fmt: skip
+    c = ParallelConfig(pp=4, dp=2, micro_batch_size=1, global_batch_size=16,
+                       pipeline_split="first=7,last=7")  # fmt: skip
+    memory = estimate_memory(model, c, get_gpu("a100-80gb"))
+    bars = stage_memory(memory)
+    assert [b.label.split(" (")[0] for b in bars] == ["stage 0", "stage 1", "stage 2", "stage 3"]
+    assert [b.label.count("most loaded") for b in bars].count(1) == 1
+    assert "7 layers" in bars[0].label and "8 layers" in bars[1].label
+    worst = max(bars, key=lambda b: b.total)
+    assert "most loaded" in worst.label
+    assert worst.total * 2**30 <= memory.peak * (1 + 1e-9)

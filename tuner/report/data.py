@@ -47,16 +47,22 @@ class StageMemory:
         return sum(self.parts.values())
 
 
-def stage_memory(b: MemoryBreakdown) -> StageMemory:
-    """One stage's bar from a :class:`MemoryBreakdown`."""
-    parts = {
-        "weights": b.weights, "gradients": b.grads, "optimizer states": b.optimizer,
-        "activations": b.activations + b.stage_extras,
-        "buffers": b.framework_buffers + b.workspaces + b.comm_buffers,
-        "overhead": b.cuda_context + b.fragmentation,
-    }  # fmt: skip
-    label = f"stage {b.stage} (most loaded, {b.phase})"
-    return StageMemory(label, {k: v / GIB for k, v in parts.items()})
+def stage_memory(b: MemoryBreakdown) -> list[StageMemory]:
+    """One bar per pipeline stage, each at its own peak phase (forward/backward or the
+    optimizer step), the config's most loaded stage marked."""
+    bars = []
+    for st in b.stages:
+        p = st.worst
+        parts = {
+            "weights": p.weights, "gradients": p.grads, "optimizer states": p.optimizer,
+            "activations": p.activations + p.stage_extras,
+            "buffers": p.framework_buffers + p.workspaces + p.comm_buffers,
+            "overhead": p.cuda_context + p.slack,
+        }  # fmt: skip
+        most = ", most loaded" if st.stage == b.stage else ""
+        label = f"stage {st.stage} ({st.layers} layers, {p.phase}{most})"
+        bars.append(StageMemory(label, {k: v / GIB for k, v in parts.items()}))
+    return bars
 
 
 def time_parts(t: TimeBreakdown) -> dict[str, float]:
@@ -184,9 +190,7 @@ class ReportData:
                                      spec.training.precision)  # fmt: skip
             time = estimate_time(spec.model, spec.training, c, self.gpu,
                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
-            # The memory model describes the most loaded stage only; a per-stage model returns
-            # one StageMemory per stage here and the figure shows them all.
-            self._breakdowns[row.number] = ([stage_memory(memory)], time_parts(time))
+            self._breakdowns[row.number] = (stage_memory(memory), time_parts(time))
         return self._breakdowns[row.number]
 
     def launch_args(self, row: TrialRow) -> tuple[str, str]:
