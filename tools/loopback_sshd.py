@@ -215,6 +215,11 @@ class LoopbackCluster:
                 "Subsystem sftp internal-sftp",
                 "MaxStartups 200:30:400",
                 "MaxSessions 200",
+                # The nodes log in as a real user with their dotfiles. A shell start-up that runs
+                # `pyenv rehash` and is killed mid-way (a cancel test ending a session) leaves
+                # pyenv's lock behind, and every later login would wait 60 s on it
+                # (PYENV_REHASH_TIMEOUT, libexec/pyenv-rehash): cap that wait for the test nodes.
+                "SetEnv PYENV_REHASH_TIMEOUT=2",
                 "LogLevel ERROR",
                 "",
             ]
