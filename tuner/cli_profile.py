@@ -246,14 +246,13 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
     the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""
     from tuner.profile import study_profile
-    from tuner.profile_rates import study_rates
+    from tuner.profile_rates import profile_rates
 
-    rates = study_rates(spec, results)
-    if rates is None:
+    profile = study_profile(spec, results)  # read and checked once
+    if profile is None:
         return None, (f"catalog ({spec.cluster.gpu} datasheet figures; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
-    profile = study_profile(spec, results)
-    when = profile.created if profile is not None else "?"
+    rates, when = profile_rates(spec, profile), profile.created
     return rates, (
         f"cluster profile {spec.cluster_name} (measured {when}): GEMMs by shape and "
         "all-reduce latency and bandwidth; attention, HBM and overheads from the catalog"

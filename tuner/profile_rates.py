@@ -47,21 +47,21 @@ def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) ->
     )
 
 
-_BUILT: dict[tuple[str, str, str, str, str], Rates] = {}
+_BUILT: dict[tuple[str, str, str, str], Rates] = {}
 
 
 def study_rates(spec: StudySpec, results: str | Path = "results") -> Rates | None:
     """The rates of ``spec``'s cluster from its saved profile (checked: a stale or foreign one is
-    a one-line error), or None when there is none (the time model then uses the catalog).
-
-    One ``Rates`` object per profile and precision: they compare by identity, and the time
-    model's per-shape caches key on them."""
+    a one-line error), or None when there is none (the time model then uses the catalog)."""
     profile = study_profile(spec, results)
-    if profile is None:
-        return None
+    return None if profile is None else profile_rates(spec, profile)
+
+
+def profile_rates(spec: StudySpec, profile: ClusterProfile) -> Rates:
+    """:func:`rates_from_profile` for ``spec``'s GPU and precision, one object per profile: rates
+    compare by identity, and the time model's per-shape caches key on them."""
     gpu = study_gpu(spec)
-    key = (str(Path(results).resolve()), profile.cluster, profile.created, gpu.name,
-           spec.training.precision)  # fmt: skip
+    key = (profile.cluster, profile.created, gpu.name, spec.training.precision)
     if key not in _BUILT:
         _BUILT[key] = rates_from_profile(profile, gpu, spec.training.precision)
     return _BUILT[key]
