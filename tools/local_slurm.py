@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,11 +52,39 @@ def _which(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path=os.pathsep.join(SBIN))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out as an outgoing connection's source port."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
+def _free_port(taken: set[int]) -> int:
+    """A port below the kernel's ephemeral range that nothing listens on now.
+
+    The daemons bind their ports seconds after the configuration is written. A port from the
+    ephemeral range (what ``bind(0)`` returns) can be taken meanwhile as the source port of any
+    outgoing connection (slurmctld's own pings, the suite's SSH and gloo traffic), and the daemon
+    then dies before writing its pid file; below the range only a listener can take it."""
+    high = max(LOWEST_PORT + 1, _ephemeral_low())
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(LOWEST_PORT, high)
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
         return port
+    raise RuntimeError(f"local Slurm: no free port in {LOWEST_PORT}..{high - 1}")
 
 
 class LocalSlurm:
@@ -104,27 +133,32 @@ class LocalSlurm:
             _need("munged"), "--force", f"--key-file={key}", f"--socket={m / 'munge.sock'}",
             f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
             f"--seed-file={m / 'munge.seed'}",
-        ], m / "munged.pid")  # fmt: skip
+        ], m / "munged.pid", timeout_s)  # fmt: skip
         self._wait(lambda: (m / "munge.sock").exists(), timeout_s, "munged's socket")
         self.conf.write_text(self._slurm_conf())
         self._run_daemon(
-            "slurmctld", [_need("slurmctld"), "-f", str(self.conf)], self.dir / "slurmctld.pid"
+            "slurmctld",
+            [_need("slurmctld"), "-f", str(self.conf)],
+            self.dir / "slurmctld.pid",
+            timeout_s,
         )
         for node in self.nodes:
             self._run_daemon(
                 f"slurmd-{node}",
                 [_need("slurmd"), "-f", str(self.conf), "-N", node],
                 self.dir / f"slurmd-{node}.pid",
+                timeout_s,
             )
         self._save()
         self._wait(self._all_idle, timeout_s, "every node idle (see DIR/log)")
 
     def _slurm_conf(self) -> str:
         d = self.dir
+        taken: set[int] = set()
         lines = [
             "ClusterName=tunerlocal",
             "SlurmctldHost=localhost",
-            f"SlurmctldPort={_free_port()}",
+            f"SlurmctldPort={_free_port(taken)}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"AuthInfo=socket={d / 'munge' / 'munge.sock'}",
@@ -155,12 +189,12 @@ class LocalSlurm:
         for node in self.nodes:
             lines.append(
                 f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                f"Port={_free_port()} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
+                f"Port={_free_port(taken)} CPUs={self.cpus} RealMemory=1000 State=UNKNOWN"
             )
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
-    def _run_daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
+    def _run_daemon(self, name: str, argv: list[str], pid_file: Path, timeout_s: float) -> None:
         # The daemons fork into the background themselves; their own session keeps a terminal's
         # Ctrl-C from taking them down while tune still needs them to cancel its jobs.
         log = self.dir / "log" / f"{name}.start.log"
@@ -169,10 +203,27 @@ class LocalSlurm:
                 argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, check=True,
                 stdin=subprocess.DEVNULL, start_new_session=True, timeout=30,
             )  # fmt: skip
-        self._wait(lambda: _read_pid(pid_file) is not None, 10.0, f"{name}'s pid file")
+        try:
+            self._wait(lambda: _read_pid(pid_file) is not None, timeout_s, f"{name}'s pid file")
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; {self._log_tail(name, log)}") from None
         pid = _read_pid(pid_file)
         assert pid is not None  # _wait returned
         self.pids[name] = pid
+
+    def _log_tail(self, name: str, start_log: Path, lines: int = 5) -> str:
+        """The last lines of what ``name`` logged (its own log file, else its start-up output),
+        so a daemon that died before writing its pid file says why."""
+        # munged's --log-file; slurm.conf's SlurmctldLogFile and SlurmdLogFile (slurmd-%n.log)
+        log = self.dir / ("munge/munged.log" if name == "munged" else f"log/{name}.log")
+        for path in (log, start_log):
+            try:
+                text = path.read_text(errors="replace").strip().splitlines()
+            except OSError:
+                continue
+            if text:
+                return f"{path.name} ends: " + " | ".join(text[-lines:])
+        return f"neither {log.name} nor {start_log.name} says anything"
 
     def _all_idle(self) -> bool:
         done = subprocess.run(
