@@ -54,7 +54,8 @@ from tuner.moe import (
 )
 from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
-from tuner.perf_deepspeed import dp_deepspeed, exposed, grad_accumulation
+from tuner.perf_deepspeed import dp_deepspeed, grad_accumulation
+from tuner.perf_dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
 from tuner.pipeline import stage_layers
 from tuner.rates import Link, Rates, catalog_rates, gemm_seconds, group_link
 from tuner.spec import ModelSpec, TrainingSpec
@@ -64,13 +65,6 @@ FLASH_BACKWARD_RATIO = 2.5
 
 # --- Byte counts -------------------------------------------------------------------------------
 
-OPTIMIZER_BYTES_PER_PARAM = 36.0
-"""HBM traffic of the Adam update per updated parameter: read fp32 grad, master, m, v (16 B),
-write master, m, v (12 B), write the 16-bit copy (2 B) and the unscale/inf-check pass (~6 B)."""
-GRAD_PASS_BYTES_PER_PARAM = 8.0
-"""Per local parameter, sharded or not: grad-norm read (4 B) and zeroing the fp32 grad (4 B)."""
-MEGATRON_GRAD_BYTES = 4
-"""Megatron reduces the fp32 main_grad buffer (accumulate-allreduce-grads-in-fp32 for bf16)."""
 ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
 CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
@@ -280,66 +274,6 @@ def _layer_times(
 
 
 # --- Parameters, data parallelism, optimizer ----------------------------------------------------
-
-MEGATRON_BUCKET_PARAMS = 40e6
-"""Megatron DDP gradient bucket (``--ddp-bucket-size`` default max(40M, 1M x dp)): the last
-bucket's reduction cannot hide behind backward compute."""
-
-
-@functools.lru_cache(maxsize=1024)
-def _rank_params(model: ModelSpec, tp: int, pp: int) -> tuple[float, float]:
-    """(parameters on the busiest rank, word-embedding parameters per TP rank)."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    kv = 2 * model.query_groups * model.kv_channels
-    mlp_in = 2 * f if model.swiglu else f
-    norm = 2 * h if model.normalization == "layernorm" else h
-    bias = (h + kv + h + mlp_in + h) if model.add_bias_linear else 0
-    layer = (h * (h + kv) + h * h + h * (mlp_in + f) + bias) / tp + 2 * norm
-    embedding = model.vocab_size * h / tp
-    position = model.seq_length * h if model.position_embedding == "learned_absolute" else 0
-    if pp == 1:
-        copies = 1 if model.tied_embeddings else 2
-        return model.num_layers * layer + copies * embedding + position + norm, embedding
-    return model.num_layers / pp * layer + embedding + max(position, norm), embedding
-
-
-def _dp_megatron(
-    config: ParallelConfig,
-    psi: float,
-    rates: Rates,
-    bw: float,
-    lat: float,
-    windows: tuple[float, float],
-) -> float:
-    """Exposed DP traffic of Megatron-Core with --overlap-grad-reduce / --overlap-param-gather:
-    gradients reduce during the last micro-batch's backward, parameters gather during the next
-    step's first forward."""
-    d = config.dp * config.cp
-    if d == 1:
-        return 0.0
-    ring = (d - 1) / d * psi / bw
-    bucket = (d - 1) / d * MEGATRON_BUCKET_PARAMS / bw
-    grads = MEGATRON_GRAD_BYTES
-    if config.distributed_optimizer:
-        reduce = ring * grads + lat
-        gather = ring * rates.elem + lat
-        return exposed(reduce, windows[1], bucket * grads) + exposed(
-            gather, windows[0], bucket * rates.elem
-        )
-    return exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
-
-
-def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
-    """The Adam step streams the (possibly sharded) fp32 states through HBM."""
-    d = config.dp * config.cp
-    ds = traits(framework).deepspeed_optimizer
-    sharded = config.zero_stage >= 1 if ds else config.distributed_optimizer
-    states = psi / d if sharded else psi
-    grads = psi / d if ds and config.zero_stage >= 2 else psi
-    moved = OPTIMIZER_BYTES_PER_PARAM * states + GRAD_PASS_BYTES_PER_PARAM * grads
-    return moved / rates.hbm + 20 * rates.op_latency
-
-
 # --- The step ------------------------------------------------------------------------------------
 
 
@@ -467,7 +401,7 @@ def estimate_time(
     # frameworks' own per-stage counts, uneven splits included)
     counts = stage_layers(model, config, framework)
     layers = float(max(counts))
-    psi, embedding = _rank_params(model, config.tp, config.pp)
+    psi, embedding = rank_params(model, config.tp, config.pp)
     ep_layer, expert_psi = 0.0, 0.0
     share = sum(moe_layer_flags(model)) / model.num_layers
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
@@ -508,16 +442,16 @@ def estimate_time(
     bw, lat = dp_link.bandwidth, dp_link.latency
     if not ds:
         windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
-        dp = _dp_megatron(config, psi, rates, bw, lat, windows)
+        dp = dp_megatron(config, psi, rates, bw, lat, windows)
     else:
         dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
-    optimizer = _optimizer(config, psi, rates, framework)
+    optimizer = optimizer_seconds(config, psi, rates, framework)
     optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
     if expert_psi:  # expert grads reduce over the expert-DP group (tuner.moe [MP])
         ec = expert_config(config)
         e_link = group_link(rates, ec.dp, config.expert_tp * config.ep, gpus_per_node)
-        dp += _dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
-        optimizer += _optimizer(ec, expert_psi, rates, framework)
+        dp += dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
+        optimizer += optimizer_seconds(ec, expert_psi, rates, framework)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
         optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
