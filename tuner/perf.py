@@ -27,10 +27,14 @@ its states through HBM, and DeepSpeed adds a gradient-accumulation pass per micr
 rate comes from one ``Rates`` value (the catalog's by default, or a measured cluster profile's);
 every constant is named, with its source.
 
-Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the router and the
-grouped expert GEMMs of the busiest rank's routed tokens, and add the dispatch / combine
-collectives over the EP group (``ep_comm``); expert gradients reduce over the expert-data-parallel
-group. With ``precision: fp8`` the GEMMs run at the catalog's FP8 peak (``tuner.rates``).
+Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the grouped expert
+GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collectives over the EP
+group (``ep_comm``) and the routing around them (router, scores, aux loss, permute / unpermute:
+``tuner.perf_moe``, ``moe_routing``); expert gradients reduce over the expert-data-parallel group
+(``tuner.perf_dp``). With ``precision: fp8`` the linear layers' GEMMs run at the catalog's FP8
+peak (``tuner.rates``) and Transformer Engine's quantize passes around them are costed
+(``tuner.perf_fp8``, ``fp8_cast``). Both run inside each micro-batch, so they also lengthen the
+pipeline bubble and the windows that hide DP traffic.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
@@ -56,6 +60,8 @@ from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
 from tuner.perf_deepspeed import dp_deepspeed, grad_accumulation
 from tuner.perf_dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
+from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts
+from tuner.perf_moe import moe_routing_times
 from tuner.pipeline import stage_layers
 from tuner.rates import Link, Rates, catalog_rates, gemm_seconds, group_link
 from tuner.spec import ModelSpec, TrainingSpec
@@ -103,6 +109,11 @@ class TimeBreakdown:
     """Extra work of the last pipeline stage (LM head, loss) and the tied-embedding reduction."""
     overhead: float
     """Fixed framework cost per micro-batch and per step (dominates tiny models on CPU ranks)."""
+    fp8_cast: float
+    """Transformer Engine's FP8 quantize / transpose passes and amax reductions (tuner.perf_fp8;
+    0 unless precision is fp8)."""
+    moe_routing: float
+    """MoE router GEMM, scores, aux loss and token permute / unpermute (tuner.perf_moe)."""
     step: float
     """Seconds per optimizer step: the sum of the parts above."""
     model_flops: float
@@ -402,20 +413,30 @@ def estimate_time(
     counts = stage_layers(model, config, framework)
     layers = float(max(counts))
     psi, embedding = rank_params(model, config.tp, config.pp)
-    ep_layer, expert_psi = 0.0, 0.0
+    ep_layer, expert_psi, route_f, route_b = 0.0, 0.0, 0.0, 0.0
     share = sum(moe_layer_flags(model)) / model.num_layers
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
         ring = group_link(rates, config.tp * config.ep, 1, gpus_per_node)
         mt = moe_layer_times(model, rates, config, gpus_per_node, ring)
+        tp_cp = group_link(rates, config.tp * config.cp, 1, gpus_per_node)
+        rt = moe_routing_times(model, rates, config, tp_cp, ring)
+        route_f, route_b = share * rt.fwd, share * rt.bwd
         fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
         ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
         if config.recompute == "full":  # the checkpointed layer's forward dispatches again
             ep_layer += _recompute_fraction(config, model) * share * mt.comm_fwd
         psi += layers * share * nonexpert_delta_per_layer(model, config)
         expert_psi = layers * share * expert_params_per_layer(model, config)
+    cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
+    if training.precision == "fp8":
+        recipe = training.fp8_recipe
+        cast = layer_casts(model, rates, config, recipe, gpus_per_node, share)
+        amax = amax_sync_seconds(rates, config, recipe, gpus_per_node)
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
+    redo = _recompute_fraction(config, model) if config.recompute == "full" else 0.0
+    extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
-    stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer) + tp_mb
+    stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer + extra_f + extra_b) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
     ds = traits(framework).deepspeed_optimizer
     bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
@@ -441,7 +462,10 @@ def estimate_time(
         dp_link = rates.inter
     bw, lat = dp_link.bandwidth, dp_link.latency
     if not ds:
-        windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
+        windows = (
+            layers * (fwd + tp_fwd + extra_f),
+            layers * (bwd + rec + tp_bwd + rec_comm + extra_b),
+        )
         dp = dp_megatron(config, psi, rates, bw, lat, windows)
     else:
         dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
@@ -456,6 +480,8 @@ def estimate_time(
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
         optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
         m * layers * ep_layer,
+        m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
+        m * layers * ((1 + redo) * route_f + route_b),
     )  # fmt: skip
     return _breakdown(parts, model, config, rates)
 
@@ -471,7 +497,7 @@ def _breakdown(
     compute, recompute, tp_comm, cp_comm, p2p, bubble, dp, optimizer, imbalance, overhead = parts[
         :10
     ]
-    ep_comm = parts[10]
+    ep_comm, fp8_cast, moe_routing = parts[10:13]
     return TimeBreakdown(
         compute=compute,
         recompute=recompute,
@@ -484,6 +510,8 @@ def _breakdown(
         optimizer=optimizer,
         stage_imbalance=imbalance,
         overhead=overhead,
+        fp8_cast=fp8_cast,
+        moe_routing=moe_routing,
         step=step,
         model_flops=model_flops,
         hardware_flops=hardware_flops,
