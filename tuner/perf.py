@@ -20,12 +20,12 @@ dropout, residuals, activation, unfused softmax) is memory-bandwidth bound; coll
 ``(g-1)/g x bytes / bus bandwidth + latency`` over the slowest link of their group, a group that
 spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
 the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
-slots; the last stage also runs the LM head (``stage_imbalance``); data-parallel gradient traffic
-overlaps with the last micro-batch's backward where the framework does that (Megatron; DeepSpeed's
-pipeline engine reduces after the flush, ``tuner.perf_deepspeed``); the optimizer step streams
-its states through HBM, and DeepSpeed adds a gradient-accumulation pass per micro-batch. Every
-rate comes from one ``Rates`` value (the catalog's by default, or a measured cluster profile's);
-every constant is named, with its source.
+slots (``tuner.perf_pipeline``); the last stage also runs the LM head (``stage_imbalance``);
+data-parallel gradient traffic overlaps with the last micro-batch's backward where the framework
+does that (Megatron, ``tuner.perf_dp``; DeepSpeed's pipeline engine reduces after the flush,
+``tuner.perf_deepspeed``); the optimizer step streams its states through HBM, and DeepSpeed
+adds a gradient-accumulation pass per micro-batch. Every rate comes from one ``Rates`` value (the
+catalog's by default, or a measured cluster profile's); every constant is named, with its source.
 
 Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the grouped expert
 GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collectives over the EP
@@ -62,8 +62,9 @@ from tuner.perf_deepspeed import dp_deepspeed, grad_accumulation
 from tuner.perf_dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
 from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts
 from tuner.perf_moe import moe_routing_times
+from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.pipeline import stage_layers
-from tuner.rates import Link, Rates, catalog_rates, gemm_seconds, group_link
+from tuner.rates import Rates, catalog_rates, gemm_seconds, group_link
 from tuner.spec import ModelSpec, TrainingSpec
 
 FLASH_BACKWARD_RATIO = 2.5
@@ -284,69 +285,7 @@ def _layer_times(
     return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm
 
 
-# --- Parameters, data parallelism, optimizer ----------------------------------------------------
 # --- The step ------------------------------------------------------------------------------------
-
-
-def _stage_link(config: ParallelConfig, rates: Rates, gpus_per_node: int) -> Link:
-    """Point-to-point between pipeline stages: every GPU of a stage talks to its own peer at once,
-    so a pair crossing nodes gets one GPU's network share; the slowest hop sets the pace."""
-    stride = config.tp * config.cp * config.dp  # Megatron's rank order: tp, cp, dp, pp
-    return rates.intra if config.pp * stride <= gpus_per_node else rates.inter
-
-
-def _pipeline(
-    config: ParallelConfig,
-    model: ModelSpec,
-    rates: Rates,
-    gpus_per_node: int,
-    stage_mb: float,
-    framework: str,
-) -> tuple[float, float]:
-    """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule."""
-    pp, vp = config.pp, max(1, config.vp)
-    if pp == 1:
-        return 0.0, 0.0
-    link = _stage_link(config, rates, gpus_per_node)
-    tokens = config.micro_batch_size * model.seq_length / config.cp
-    activation = tokens * model.hidden_size * rates.elem
-    # Megatron's scatter-gather sends a 1/tp slice from each TP rank (Narayanan et al. 2021,
-    # section 4.1). DeepSpeed's PipelineEngine does the same through its own path: with a
-    # model-parallel group (TP > 1) it sets is_pipe_partitioned / is_grad_partitioned
-    # (deepspeed/runtime/pipe/engine.py __init__; ds_config pipeline.pipe_partitioned and
-    # grad_partitioned default true), _exec_forward_pass wraps the stage output in a
-    # PartitionedTensor over the TP group and sends only the local part, and the receiver's
-    # PartitionedTensor.full() all-gathers it over the TP group before computing (the same for
-    # gradients in _exec_backward_pass): on the critical path, the engine overlaps nothing. Under
-    # Megatron-DeepSpeed's sequence parallelism the activation is already a 1/tp sequence shard.
-    transfer = activation / config.tp / link.bandwidth + link.latency
-    if traits(framework).deepspeed_pipeline and config.tp > 1:
-        local = activation / (config.tp if config.sequence_parallel else 1)
-        tp_link = group_link(rates, config.tp, 1, gpus_per_node)
-        gather = (config.tp - 1) / config.tp * local / tp_link.bandwidth + tp_link.latency
-        transfer = local / config.tp / link.bandwidth + link.latency + gather
-    # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
-    hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
-    bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
-    return hops * transfer, bubble
-
-
-def _tied_embedding_sync(
-    model: ModelSpec,
-    config: ParallelConfig,
-    rates: Rates,
-    embedding: float,
-    gpus_per_node: int,
-    grad_bytes: float = MEGATRON_GRAD_BYTES,
-) -> float:
-    """First and last stage all-reduce the shared word-embedding gradient once per step, after
-    the flush and before the DP reduction (Megatron's _allreduce_word_embedding_grads on the
-    fp32 main_grad; DeepSpeed's ReduceTiedGrads step, pipe/engine.py _exec_reduce_tied_grads, on
-    ``weight._hp_grad`` (fp32) under BF16_Optimizer, else on the 16-bit ``weight.grad``)."""
-    if config.pp == 1 or not model.tied_embeddings:
-        return 0.0
-    link = _stage_link(config, rates, gpus_per_node)
-    return embedding * grad_bytes / link.bandwidth + link.latency
 
 
 def _recompute_times(
@@ -450,10 +389,10 @@ def estimate_time(
         tied_bytes = float(MEGATRON_GRAD_BYTES)
         if traits(framework).deepspeed_pipeline and not bf16_opt:
             tied_bytes = float(rates.elem)
-        imbalance += _tied_embedding_sync(
+        imbalance += tied_embedding_sync(
             model, config, rates, embedding, gpus_per_node, tied_bytes
         )
-    p2p, bubble = _pipeline(config, model, rates, gpus_per_node, stage_mb, framework)
+    p2p, bubble = pipeline_seconds(config, model, rates, gpus_per_node, stage_mb, framework)
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
