@@ -49,6 +49,10 @@ the probs scatter's write."""
 AUX_SCORE_PASSES = 3
 """Passes of the aux loss ([MA]): its softmax read + write and the probs sum's read (the
 routing-map sum reads ROUTING_MAP_BYTES per score on top)."""
+PERMUTE_LAUNCHES = {False: 9, True: 3}
+"""Kernels of permute + unpermute ([MU]), unfused: map and probs transposes, argsort,
+index_select; probs transpose, masked_select, multiply, zero fill, scatter-add. Fused (TE): the
+row-id map, the permute, the unpermute."""
 UNFUSED_UNPERMUTE_ROW_PASSES = 3
 """Row passes of the unfused unpermute per routed token ([MU]): the probs multiply's read and
 write, the scatter-add's read; the zero-filled output is written and updated once per token."""
@@ -114,7 +118,7 @@ def moe_routing_times(
     router_f = gemm_seconds(rates, tokens, experts, h)
     router_b = gemm_seconds(rates, tokens, h, experts) + gemm_seconds(rates, h, experts, tokens)
     scores, rows = routing_bytes(model, c, rates.elem)
-    launches = SCORE_PASSES + (4 if moe.permute_fusion else 8)
+    launches = SCORE_PASSES + PERMUTE_LAUNCHES[moe.permute_fusion]
     collectives = 0.0  # forward only: the backward treats the counts as constants
     if moe.aux_loss_coeff > 0:
         launches += AUX_SCORE_PASSES + 1
