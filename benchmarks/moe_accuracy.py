@@ -62,7 +62,8 @@ def main() -> None:
         print(
             f"{label}: published {published:.0f} TFLOP/s/GPU ({source}); predicted "
             f"{t.model_tflops_per_gpu:.0f} ({err:+.1%}); step {t.step:.3f} s, ep_comm "
-            f"{t.ep_comm:.3f} s, bubble {t.pp_bubble:.3f} s; predicted peak "
+            f"{t.ep_comm:.3f} s, moe_routing {t.moe_routing:.3f} s, bubble {t.pp_bubble:.3f} s; "
+            "predicted peak "
             f"{mem.peak / GIB:.1f} GiB (fits 80 GB: {mem.peak / GIB <= gpu.memory_gib})"
         )
         for imbalance in (1.0, 1.1, 1.25):

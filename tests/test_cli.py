@@ -84,6 +84,28 @@ def run_json_text(argv: list[str]) -> str:
     return buffer.getvalue()
 
 
+def test_estimate_lists_the_fp8_cast_and_moe_routing_terms(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The step-time table names every term; Mixtral in FP8 pays both the TE casts and the
+    routing (tuner.perf_fp8, tuner.perf_moe)."""
+    from tuner.studyfile import resolve_study_path
+
+    text = resolve_study_path("mixtral-8x7b").read_text()
+    assert "precision: bf16" in text
+    study = tmp_path / "mixtral-fp8.yaml"
+    study.write_text(text.replace("precision: bf16", "precision: fp8"))
+    argv = ["estimate", "--study", str(study), "--set", "tp=1", "--set", "pp=4",
+            "--set", "ep=8"]  # fmt: skip
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    rows = {line.split()[1]: line for line in table.splitlines() if line.startswith("│")}
+    for term in ("ep_comm", "fp8_cast", "moe_routing"):
+        assert term in rows and float(rows[term].split()[3]) > 0, rows.get(term)
+    time = json.loads(run_json_text(argv + ["--json"]))["time"]
+    assert time["fp8_cast"] > 0 and time["moe_routing"] > 0
+
+
 def test_space_json_counts(capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "space", "--study", "gpt-70b", "--json")
     assert {"total", "invalid", "invalid_by_rule", "predicted_oom", "viable"} <= set(out)

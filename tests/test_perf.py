@@ -158,7 +158,7 @@ def test_breakdown_parts_sum_to_step_and_dict_has_every_field() -> None:
     r = estimate_time(model, TrainingSpec(global_batch_size=64), config, H100, 8)
     d = r.to_dict()
     parts = ["compute", "recompute", "tp_comm", "cp_comm", "pp_p2p", "pp_bubble", "dp_comm"]
-    parts += ["optimizer", "stage_imbalance", "overhead"]
+    parts += ["optimizer", "stage_imbalance", "overhead", "ep_comm", "fp8_cast", "moe_routing"]
     assert sum(d[p] for p in parts) == pytest.approx(d["step"])
     assert set(d) == {f.name for f in dataclasses.fields(TimeBreakdown)}
     assert all(v >= 0 for v in d.values())

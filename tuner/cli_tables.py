@@ -22,8 +22,8 @@ MEMORY_TERMS = (
 
 
 TIME_TERMS = (
-    "compute recompute tp_comm cp_comm pp_p2p pp_bubble dp_comm optimizer stage_imbalance "
-    "overhead step"
+    "compute recompute tp_comm cp_comm ep_comm pp_p2p pp_bubble dp_comm optimizer stage_imbalance "
+    "overhead fp8_cast moe_routing step"
 ).split()
 
 

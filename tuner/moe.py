@@ -128,7 +128,7 @@ def expert_config(c: ParallelConfig) -> ParallelConfig:
 # ----------------------------------------------------------------------------- activations
 
 
-def _rank_tokens(model: ModelSpec, c: ParallelConfig) -> float:
+def rank_tokens(model: ModelSpec, c: ParallelConfig) -> float:
     """Tokens one rank feeds an MoE layer: its sequence-parallel shard b s / (cp tp)."""
     shard = c.tp if c.sequence_parallel else 1
     return c.micro_batch_size * model.seq_length / c.cp / shard
@@ -150,9 +150,9 @@ def expert_tokens(model: ModelSpec, c: ParallelConfig) -> float:
     if c.moe_token_dispatcher == "allgather":
         # [MD] allgather: every rank sees the tokens of the whole TP x EP group; its local
         # experts take their topk / E share of them.
-        group = _rank_tokens(model, c) * c.tp * c.ep
+        group = rank_tokens(model, c) * c.tp * c.ep
         return group * moe.router_topk / c.ep * load_factor(moe)
-    return _rank_tokens(model, c) * moe.router_topk * c.expert_tp * load_factor(moe)
+    return rank_tokens(model, c) * moe.router_topk * c.expert_tp * load_factor(moe)
 
 
 def moe_layer_activations(
@@ -175,7 +175,7 @@ def moe_layer_activations(
     dense_mlp = s * b * f * mlp_factor
     shared = s * b * moe.shared * mlp_factor
     router_e = 4.0 if moe.router_dtype == "fp32" else 8.0 if moe.router_dtype == "fp64" else e
-    tokens = _rank_tokens(model, c)
+    tokens = rank_tokens(model, c)
     router = tokens * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
     routed = expert_tokens(model, c)
     experts = routed * (2 * model.hidden_size * e + fe / c.expert_tp * mlp_factor)
@@ -195,8 +195,8 @@ def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precis
     h = model.hidden_size
     if c.moe_token_dispatcher == "allgather":
         # [MD] the hidden states gathered over TP x EP, and the reduce-scatter's input
-        return 2.0 * _rank_tokens(model, c) * c.tp * c.ep * h * e
-    sent = _rank_tokens(model, c) * model.moe.router_topk * load_factor(model.moe)
+        return 2.0 * rank_tokens(model, c) * c.tp * c.ep * h * e
+    sent = rank_tokens(model, c) * model.moe.router_topk * load_factor(model.moe)
     return 2.0 * sent * h * e + (expert_tokens(model, c) * h * e if c.expert_tp > 1 else 0.0)
 
 
@@ -208,7 +208,7 @@ class MoETimes:
     """Seconds per micro-batch of one MoE layer on one rank, against the dense layer."""
 
     fwd_delta: float
-    """Forward compute added: router + experts (+ shared) - the dense MLP."""
+    """Forward compute added: experts (+ shared) - the dense MLP (routing: tuner.perf_moe)."""
     bwd_delta: float
     """Backward compute added, same terms."""
     comm_fwd: float
@@ -264,7 +264,7 @@ def moe_layer_times(
     """
     moe = _moe(model)
     h, e = model.hidden_size, rates.elem
-    tokens = _rank_tokens(model, c)
+    tokens = rank_tokens(model, c)
     full_tokens = tokens * (c.tp if c.sequence_parallel else 1)  # the dense MLP's input
     dense_f, dense_b = _mlp_seconds(rates, full_tokens, h, model.ffn_hidden_size / c.tp,
                                     model.swiglu)  # fmt: skip
@@ -277,19 +277,15 @@ def moe_layer_times(
     else:  # SequentialMLP: one GEMM per local expert on its share of the tokens
         per_f, per_b = _mlp_seconds(rates, max(routed / local, 1.0), h, fe, model.swiglu)
         exp_f, exp_b = local * per_f, local * per_b
-    router_f = gemm_seconds(rates, tokens, moe.num_experts, h)
-    router_b = gemm_seconds(rates, tokens, h, moe.num_experts) + gemm_seconds(
-        rates, h, moe.num_experts, tokens
-    )
     shared_f = shared_b = 0.0
     if moe.shared:
         shared_f, shared_b = _mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
-    # permute / unpermute and the expert activation: streaming passes over the routed tokens
+    # the expert activation: a streaming pass over the routed tokens (the router, scores and
+    # permute / unpermute are tuner.perf_moe's routing term)
     act = routed * fe * (3 if model.swiglu else 2) * e
-    permute = 2.0 * (tokens + routed) * h * e + tokens * moe.num_experts * 4.0
-    stream = (act + permute) / rates.hbm + 6 * rates.op_latency
-    fwd = router_f + exp_f + shared_f + stream - dense_f
-    bwd = router_b + exp_b + shared_b + 2.0 * stream - dense_b
+    stream = act / rates.hbm + 2 * rates.op_latency
+    fwd = exp_f + shared_f + stream - dense_f
+    bwd = exp_b + shared_b + 2.0 * stream - dense_b
     if c.moe_token_dispatcher == "allgather":
         g = c.tp * c.ep
         comm = 2.0 * _ring(group_link, g, tokens * g * h * e)  # all-gather + reduce-scatter

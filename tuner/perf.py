@@ -20,17 +20,21 @@ dropout, residuals, activation, unfused softmax) is memory-bandwidth bound; coll
 ``(g-1)/g x bytes / bus bandwidth + latency`` over the slowest link of their group, a group that
 spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
 the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
-slots; the last stage also runs the LM head (``stage_imbalance``); data-parallel gradient traffic
-overlaps with the last micro-batch's backward where the framework does that (Megatron; DeepSpeed's
-pipeline engine reduces after the flush, ``tuner.perf_deepspeed``); the optimizer step streams
-its states through HBM, and DeepSpeed adds a gradient-accumulation pass per micro-batch. Every
-rate comes from one ``Rates`` value (the catalog's by default, or a measured cluster profile's);
-every constant is named, with its source.
+slots (``tuner.perf_pipeline``); the last stage also runs the LM head (``stage_imbalance``);
+data-parallel gradient traffic overlaps with the last micro-batch's backward where the framework
+does that (Megatron, ``tuner.perf_dp``; DeepSpeed's pipeline engine reduces after the flush,
+``tuner.perf_deepspeed``); the optimizer step streams its states through HBM, and DeepSpeed
+adds a gradient-accumulation pass per micro-batch. Every rate comes from one ``Rates`` value (the
+catalog's by default, or a measured cluster profile's); every constant is named, with its source.
 
-Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the router and the
-grouped expert GEMMs of the busiest rank's routed tokens, and add the dispatch / combine
-collectives over the EP group (``ep_comm``); expert gradients reduce over the expert-data-parallel
-group. With ``precision: fp8`` the GEMMs run at the catalog's FP8 peak (``tuner.rates``).
+Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the grouped expert
+GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collectives over the EP
+group (``ep_comm``) and the routing around them (router, scores, aux loss, permute / unpermute:
+``tuner.perf_moe``, ``moe_routing``); expert gradients reduce over the expert-data-parallel group
+(``tuner.perf_dp``). With ``precision: fp8`` the linear layers' GEMMs run at the catalog's FP8
+peak (``tuner.rates``) and Transformer Engine's quantize passes around them are costed
+(``tuner.perf_fp8``, ``fp8_cast``). Both run inside each micro-batch, so they also lengthen the
+pipeline bubble and the windows that hide DP traffic.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
@@ -54,9 +58,13 @@ from tuner.moe import (
 )
 from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
-from tuner.perf_deepspeed import dp_deepspeed, exposed, grad_accumulation
+from tuner.perf_deepspeed import dp_deepspeed, grad_accumulation
+from tuner.perf_dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
+from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts
+from tuner.perf_moe import moe_routing_times
+from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.pipeline import stage_layers
-from tuner.rates import Link, Rates, catalog_rates, gemm_seconds, group_link
+from tuner.rates import Rates, catalog_rates, gemm_seconds, group_link
 from tuner.spec import ModelSpec, TrainingSpec
 
 FLASH_BACKWARD_RATIO = 2.5
@@ -64,13 +72,6 @@ FLASH_BACKWARD_RATIO = 2.5
 
 # --- Byte counts -------------------------------------------------------------------------------
 
-OPTIMIZER_BYTES_PER_PARAM = 36.0
-"""HBM traffic of the Adam update per updated parameter: read fp32 grad, master, m, v (16 B),
-write master, m, v (12 B), write the 16-bit copy (2 B) and the unscale/inf-check pass (~6 B)."""
-GRAD_PASS_BYTES_PER_PARAM = 8.0
-"""Per local parameter, sharded or not: grad-norm read (4 B) and zeroing the fp32 grad (4 B)."""
-MEGATRON_GRAD_BYTES = 4
-"""Megatron reduces the fp32 main_grad buffer (accumulate-allreduce-grads-in-fp32 for bf16)."""
 ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
 CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
@@ -109,6 +110,11 @@ class TimeBreakdown:
     """Extra work of the last pipeline stage (LM head, loss) and the tied-embedding reduction."""
     overhead: float
     """Fixed framework cost per micro-batch and per step (dominates tiny models on CPU ranks)."""
+    fp8_cast: float
+    """Transformer Engine's FP8 quantize / transpose passes and amax reductions (tuner.perf_fp8;
+    0 unless precision is fp8)."""
+    moe_routing: float
+    """MoE router GEMM, scores, aux loss and token permute / unpermute (tuner.perf_moe)."""
     step: float
     """Seconds per optimizer step: the sum of the parts above."""
     model_flops: float
@@ -279,129 +285,7 @@ def _layer_times(
     return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm
 
 
-# --- Parameters, data parallelism, optimizer ----------------------------------------------------
-
-MEGATRON_BUCKET_PARAMS = 40e6
-"""Megatron DDP gradient bucket (``--ddp-bucket-size`` default max(40M, 1M x dp)): the last
-bucket's reduction cannot hide behind backward compute."""
-
-
-@functools.lru_cache(maxsize=1024)
-def _rank_params(model: ModelSpec, tp: int, pp: int) -> tuple[float, float]:
-    """(parameters on the busiest rank, word-embedding parameters per TP rank)."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    kv = 2 * model.query_groups * model.kv_channels
-    mlp_in = 2 * f if model.swiglu else f
-    norm = 2 * h if model.normalization == "layernorm" else h
-    bias = (h + kv + h + mlp_in + h) if model.add_bias_linear else 0
-    layer = (h * (h + kv) + h * h + h * (mlp_in + f) + bias) / tp + 2 * norm
-    embedding = model.vocab_size * h / tp
-    position = model.seq_length * h if model.position_embedding == "learned_absolute" else 0
-    if pp == 1:
-        copies = 1 if model.tied_embeddings else 2
-        return model.num_layers * layer + copies * embedding + position + norm, embedding
-    return model.num_layers / pp * layer + embedding + max(position, norm), embedding
-
-
-def _dp_megatron(
-    config: ParallelConfig,
-    psi: float,
-    rates: Rates,
-    bw: float,
-    lat: float,
-    windows: tuple[float, float],
-) -> float:
-    """Exposed DP traffic of Megatron-Core with --overlap-grad-reduce / --overlap-param-gather:
-    gradients reduce during the last micro-batch's backward, parameters gather during the next
-    step's first forward."""
-    d = config.dp * config.cp
-    if d == 1:
-        return 0.0
-    ring = (d - 1) / d * psi / bw
-    bucket = (d - 1) / d * MEGATRON_BUCKET_PARAMS / bw
-    grads = MEGATRON_GRAD_BYTES
-    if config.distributed_optimizer:
-        reduce = ring * grads + lat
-        gather = ring * rates.elem + lat
-        return exposed(reduce, windows[1], bucket * grads) + exposed(
-            gather, windows[0], bucket * rates.elem
-        )
-    return exposed(2.0 * ring * grads + lat, windows[1], 2.0 * bucket * grads)
-
-
-def _optimizer(config: ParallelConfig, psi: float, rates: Rates, framework: str) -> float:
-    """The Adam step streams the (possibly sharded) fp32 states through HBM."""
-    d = config.dp * config.cp
-    ds = traits(framework).deepspeed_optimizer
-    sharded = config.zero_stage >= 1 if ds else config.distributed_optimizer
-    states = psi / d if sharded else psi
-    grads = psi / d if ds and config.zero_stage >= 2 else psi
-    moved = OPTIMIZER_BYTES_PER_PARAM * states + GRAD_PASS_BYTES_PER_PARAM * grads
-    return moved / rates.hbm + 20 * rates.op_latency
-
-
 # --- The step ------------------------------------------------------------------------------------
-
-
-def _stage_link(config: ParallelConfig, rates: Rates, gpus_per_node: int) -> Link:
-    """Point-to-point between pipeline stages: every GPU of a stage talks to its own peer at once,
-    so a pair crossing nodes gets one GPU's network share; the slowest hop sets the pace."""
-    stride = config.tp * config.cp * config.dp  # Megatron's rank order: tp, cp, dp, pp
-    return rates.intra if config.pp * stride <= gpus_per_node else rates.inter
-
-
-def _pipeline(
-    config: ParallelConfig,
-    model: ModelSpec,
-    rates: Rates,
-    gpus_per_node: int,
-    stage_mb: float,
-    framework: str,
-) -> tuple[float, float]:
-    """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule."""
-    pp, vp = config.pp, max(1, config.vp)
-    if pp == 1:
-        return 0.0, 0.0
-    link = _stage_link(config, rates, gpus_per_node)
-    tokens = config.micro_batch_size * model.seq_length / config.cp
-    activation = tokens * model.hidden_size * rates.elem
-    # Megatron's scatter-gather sends a 1/tp slice from each TP rank (Narayanan et al. 2021,
-    # section 4.1). DeepSpeed's PipelineEngine does the same through its own path: with a
-    # model-parallel group (TP > 1) it sets is_pipe_partitioned / is_grad_partitioned
-    # (deepspeed/runtime/pipe/engine.py __init__; ds_config pipeline.pipe_partitioned and
-    # grad_partitioned default true), _exec_forward_pass wraps the stage output in a
-    # PartitionedTensor over the TP group and sends only the local part, and the receiver's
-    # PartitionedTensor.full() all-gathers it over the TP group before computing (the same for
-    # gradients in _exec_backward_pass): on the critical path, the engine overlaps nothing. Under
-    # Megatron-DeepSpeed's sequence parallelism the activation is already a 1/tp sequence shard.
-    transfer = activation / config.tp / link.bandwidth + link.latency
-    if traits(framework).deepspeed_pipeline and config.tp > 1:
-        local = activation / (config.tp if config.sequence_parallel else 1)
-        tp_link = group_link(rates, config.tp, 1, gpus_per_node)
-        gather = (config.tp - 1) / config.tp * local / tp_link.bandwidth + tp_link.latency
-        transfer = local / config.tp / link.bandwidth + link.latency + gather
-    # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
-    hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
-    bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
-    return hops * transfer, bubble
-
-
-def _tied_embedding_sync(
-    model: ModelSpec,
-    config: ParallelConfig,
-    rates: Rates,
-    embedding: float,
-    gpus_per_node: int,
-    grad_bytes: float = MEGATRON_GRAD_BYTES,
-) -> float:
-    """First and last stage all-reduce the shared word-embedding gradient once per step, after
-    the flush and before the DP reduction (Megatron's _allreduce_word_embedding_grads on the
-    fp32 main_grad; DeepSpeed's ReduceTiedGrads step, pipe/engine.py _exec_reduce_tied_grads, on
-    ``weight._hp_grad`` (fp32) under BF16_Optimizer, else on the 16-bit ``weight.grad``)."""
-    if config.pp == 1 or not model.tied_embeddings:
-        return 0.0
-    link = _stage_link(config, rates, gpus_per_node)
-    return embedding * grad_bytes / link.bandwidth + link.latency
 
 
 def _recompute_times(
@@ -467,21 +351,31 @@ def estimate_time(
     # frameworks' own per-stage counts, uneven splits included)
     counts = stage_layers(model, config, framework)
     layers = float(max(counts))
-    psi, embedding = _rank_params(model, config.tp, config.pp)
-    ep_layer, expert_psi = 0.0, 0.0
+    psi, embedding = rank_params(model, config.tp, config.pp)
+    ep_layer, expert_psi, route_f, route_b = 0.0, 0.0, 0.0, 0.0
     share = sum(moe_layer_flags(model)) / model.num_layers
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
         ring = group_link(rates, config.tp * config.ep, 1, gpus_per_node)
         mt = moe_layer_times(model, rates, config, gpus_per_node, ring)
+        tp_cp = group_link(rates, config.tp * config.cp, 1, gpus_per_node)
+        rt = moe_routing_times(model, rates, config, tp_cp, ring)
+        route_f, route_b = share * rt.fwd, share * rt.bwd
         fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
         ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
         if config.recompute == "full":  # the checkpointed layer's forward dispatches again
             ep_layer += _recompute_fraction(config, model) * share * mt.comm_fwd
         psi += layers * share * nonexpert_delta_per_layer(model, config)
         expert_psi = layers * share * expert_params_per_layer(model, config)
+    cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
+    if training.precision == "fp8":
+        recipe = training.fp8_recipe
+        cast = layer_casts(model, rates, config, recipe, gpus_per_node, share)
+        amax = amax_sync_seconds(rates, config, recipe, gpus_per_node)
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
+    redo = _recompute_fraction(config, model) if config.recompute == "full" else 0.0
+    extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
-    stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer) + tp_mb
+    stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer + extra_f + extra_b) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
     ds = traits(framework).deepspeed_optimizer
     bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
@@ -495,10 +389,10 @@ def estimate_time(
         tied_bytes = float(MEGATRON_GRAD_BYTES)
         if traits(framework).deepspeed_pipeline and not bf16_opt:
             tied_bytes = float(rates.elem)
-        imbalance += _tied_embedding_sync(
+        imbalance += tied_embedding_sync(
             model, config, rates, embedding, gpus_per_node, tied_bytes
         )
-    p2p, bubble = _pipeline(config, model, rates, gpus_per_node, stage_mb, framework)
+    p2p, bubble = pipeline_seconds(config, model, rates, gpus_per_node, stage_mb, framework)
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
@@ -507,21 +401,26 @@ def estimate_time(
         dp_link = rates.inter
     bw, lat = dp_link.bandwidth, dp_link.latency
     if not ds:
-        windows = (layers * (fwd + tp_fwd), layers * (bwd + rec + tp_bwd + rec_comm))
-        dp = _dp_megatron(config, psi, rates, bw, lat, windows)
+        windows = (
+            layers * (fwd + tp_fwd + extra_f),
+            layers * (bwd + rec + tp_bwd + rec_comm + extra_b),
+        )
+        dp = dp_megatron(config, psi, rates, bw, lat, windows)
     else:
         dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
-    optimizer = _optimizer(config, psi, rates, framework)
+    optimizer = optimizer_seconds(config, psi, rates, framework)
     optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
     if expert_psi:  # expert grads reduce over the expert-DP group (tuner.moe [MP])
         ec = expert_config(config)
         e_link = group_link(rates, ec.dp, config.expert_tp * config.ep, gpus_per_node)
-        dp += _dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
-        optimizer += _optimizer(ec, expert_psi, rates, framework)
+        dp += dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
+        optimizer += optimizer_seconds(ec, expert_psi, rates, framework)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
         optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
         m * layers * ep_layer,
+        m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
+        m * layers * ((1 + redo) * route_f + route_b),
     )  # fmt: skip
     return _breakdown(parts, model, config, rates)
 
@@ -537,7 +436,7 @@ def _breakdown(
     compute, recompute, tp_comm, cp_comm, p2p, bubble, dp, optimizer, imbalance, overhead = parts[
         :10
     ]
-    ep_comm = parts[10]
+    ep_comm, fp8_cast, moe_routing = parts[10:13]
     return TimeBreakdown(
         compute=compute,
         recompute=recompute,
@@ -550,6 +449,8 @@ def _breakdown(
         optimizer=optimizer,
         stage_imbalance=imbalance,
         overhead=overhead,
+        fp8_cast=fp8_cast,
+        moe_routing=moe_routing,
         step=step,
         model_flops=model_flops,
         hardware_flops=hardware_flops,

@@ -1,0 +1,149 @@
+"""Transformer Engine's FP8 casts in the step-time model: bytes by hand, recipes, the breakdown."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tuner._loader import load_dataclass
+from tuner.catalog import get_gpu
+from tuner.parallel import ParallelConfig
+from tuner.perf import estimate_time
+from tuner.perf_fp8 import (
+    amax_sync_seconds,
+    fp8_cast_times,
+    fp8_moe_cast_delta,
+    gathered_bytes,
+    quantize_bytes,
+)
+from tuner.rates import catalog_rates
+from tuner.spec import ModelSpec, TrainingSpec
+from tuner.studyfile import _expand_model
+
+H100 = get_gpu("h100-sxm-80gb")
+RATES = catalog_rates(H100, "fp8")
+
+
+def _small() -> ModelSpec:
+    """h 64, FFN 256 GeLU, 4 heads of 16 (multi-head: K and V are h wide each), sequence 128."""
+    return ModelSpec(
+        num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+        vocab_size=1024, seq_length=128,
+    )  # fmt: skip
+
+
+def test_one_gemm_input_costs_a_read_and_two_one_byte_copies() -> None:
+    """A 1024-element bf16 tensor: read 2 B, write the row-wise and column-wise FP8 copies."""
+    n = 1024.0
+    assert quantize_bytes("delayed", n) == n * (2 + 1 + 1)
+    assert quantize_bytes("tensorwise", n) == n * (2 + 2 + 1 + 1)  # the amax pass reads it first
+    assert quantize_bytes("blockwise", n) == pytest.approx(n * (2 + 2 + 2 * 4 / 128))
+    assert quantize_bytes("mxfp8", n) == pytest.approx(n * (2 + 2 + 2 / 32))
+    # behind the norm: delayed scaling's norm writes FP8 itself, the transpose is left (1 + 1 B);
+    # current scaling's norm finds the amax, so the cast skips its amax pass
+    assert quantize_bytes("delayed", n, fused_norm=True) == n * 2
+    assert quantize_bytes("tensorwise", n, fused_norm=True) == n * 4
+
+
+def test_a_gathered_input_casts_its_shard_and_transposes_the_whole() -> None:
+    """Sequence parallel over 4 ranks: per-tensor recipes gather row-wise FP8 only, so the
+    local quarter is cast row-wise (read 2 + write 1) and the gathered tensor transposed in the
+    backward (read 1 + write 1); block recipes cast both copies of the shard."""
+    n = 4096.0
+    assert gathered_bytes("delayed", n, 4) == (n / 4 * 3, n * 2)
+    assert gathered_bytes("delayed", n, 4, fused_norm=True) == (0.0, n * 2)
+    assert gathered_bytes("tensorwise", n, 4) == (n / 4 * 5, n * 2)
+    assert gathered_bytes("mxfp8", n, 4) == (quantize_bytes("mxfp8", n / 4), 0.0)
+
+
+def test_a_dense_layer_by_hand() -> None:
+    """tp 1, delayed scaling, T = 128 tokens, h 64, F 256, K and V 2h wide.
+    forward: QKV and fc1 inputs behind the norms (2 B each), proj input (4 B x h), fc2 input
+    (4 B x F); backward: output gradients of proj and fc2 (h), QKV (3h), fc1 (F), 4 B each;
+    weights once per step: 4h^2 + 2hF elements, read 2 B, write 2 x 1 B; one launch per cast."""
+    model = _small()
+    c = ParallelConfig(micro_batch_size=1, global_batch_size=8)
+    t, h, f = 128.0, 64.0, 256.0
+    fwd = t * (2 * h + 4 * h + 2 * h + 4 * f)
+    bwd = t * (4 * h + 4 * 3 * h + 4 * h + 4 * f)
+    weights = (4 * h * h + 2 * h * f) * 4
+    lat = RATES.op_latency
+    cast = fp8_cast_times(model, RATES, c, "delayed", 8)
+    assert cast.fwd == pytest.approx(fwd / RATES.hbm + 4 * lat)
+    assert cast.bwd == pytest.approx(bwd / RATES.hbm + 4 * lat)
+    assert cast.weights == pytest.approx(weights / RATES.hbm + 4 * lat)
+
+
+def test_recipes_order_by_the_bytes_they_move() -> None:
+    model = _small()
+    c = ParallelConfig(tp=2, sequence_parallel=True, micro_batch_size=2, global_batch_size=8)
+    delayed, tensorwise, blockwise = (
+        fp8_cast_times(model, RATES, c, r, 8) for r in ("delayed", "tensorwise", "blockwise")
+    )
+    assert tensorwise.fwd > delayed.fwd and tensorwise.weights > delayed.weights
+    assert blockwise.weights > delayed.weights  # the block scales beside the copies
+    # delayed scaling alone reduces amaxes once per model chunk, forward and backward
+    assert amax_sync_seconds(RATES, c, "delayed", 8) > 0.0
+    assert amax_sync_seconds(RATES, c, "tensorwise", 8) == 0.0
+    interleaved = dataclasses.replace(c, vp=2)
+    assert amax_sync_seconds(RATES, interleaved, "delayed", 8) == pytest.approx(
+        2 * amax_sync_seconds(RATES, c, "delayed", 8)
+    )
+
+
+def test_bf16_pays_no_cast_and_fp8_pays_it_in_the_step() -> None:
+    model = _small()
+    c = ParallelConfig(tp=2, pp=2, sequence_parallel=True, micro_batch_size=1,
+                       global_batch_size=8)  # fmt: skip
+    bf16 = estimate_time(model, TrainingSpec(global_batch_size=8), c, H100, 8)
+    assert bf16.fp8_cast == 0.0 and bf16.moe_routing == 0.0
+    fp8 = estimate_time(model, TrainingSpec(global_batch_size=8, precision="fp8"), c, H100, 8)
+    layers, m = model.num_layers / c.pp, c.num_microbatches
+    cast = fp8_cast_times(model, RATES, c, "delayed", 8)
+    amax = amax_sync_seconds(RATES, c, "delayed", 8)
+    assert fp8.fp8_cast == pytest.approx(
+        m * layers * (cast.fwd + cast.bwd) + layers * cast.weights + m * amax
+    )
+    parts = (
+        "compute",
+        "recompute",
+        "tp_comm",
+        "cp_comm",
+        "ep_comm",
+        "pp_p2p",
+        "pp_bubble",
+        "dp_comm",
+        "optimizer",
+        "stage_imbalance",
+        "overhead",
+        "fp8_cast",
+        "moe_routing",
+    )
+    assert fp8.step == pytest.approx(sum(getattr(fp8, p) for p in parts))  # fmt: skip
+
+
+def test_full_recompute_casts_the_rerun_forward_again() -> None:
+    model = _small()
+    c = ParallelConfig(micro_batch_size=1, global_batch_size=8)
+    full = dataclasses.replace(c, recompute="full", recompute_method="uniform",
+                               recompute_num_layers=1)  # fmt: skip
+    t = TrainingSpec(global_batch_size=8, precision="fp8")
+    cast = fp8_cast_times(model, RATES, c, "delayed", 8)
+    extra = (
+        estimate_time(model, t, full, H100, 8).fp8_cast
+        - estimate_time(model, t, c, H100, 8).fp8_cast
+    )
+    assert extra == pytest.approx(c.num_microbatches * model.num_layers * cast.fwd)
+
+
+def test_moe_layers_cast_the_routed_tokens_for_their_experts() -> None:
+    """Mixtral at EP 8: each rank's experts see topk = 2 x its tokens, and their fc1 input is
+    the permuted rows (a full cast, not the norm's fused one), so the experts' casts exceed the
+    dense MLP's they replace; their weights (one expert per rank, 3 h F_e with F_e = F) cost
+    what the dense MLP's did."""
+    model = load_dataclass(ModelSpec, _expand_model({"preset": "mixtral-8x7b"}), "model")
+    c = ParallelConfig(pp=4, dp=16, ep=8, global_batch_size=256, distributed_optimizer=True)
+    delta = fp8_moe_cast_delta(model, RATES, c, "delayed", 8)
+    assert delta.fwd > 0 and delta.bwd > 0
+    assert delta.weights == pytest.approx(0.0, abs=1e-7)  # same width, one expert per rank
