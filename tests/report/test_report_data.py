@@ -13,6 +13,7 @@ from tuner.errors import ConfigError, StudyError
 from tuner.layout import ResultsLayout
 from tuner.memory import GIB, estimate_memory
 from tuner.outcome import Outcome
+from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.report.build import build_report
 from tuner.report.data import MEMORY_PARTS, TIME_PARTS, gather
@@ -127,3 +128,25 @@ def test_the_memory_bars_are_one_per_pipeline_stage() -> None:
     worst = max(bars, key=lambda b: b.total)
     assert "most loaded" in worst.label
     assert worst.total * 2**30 <= memory.peak * (1 + 1e-9)
+
+
+def test_moe_and_fp8_parts_are_their_own_bars_and_dense_studies_leave_them_out() -> None:
+    from tuner.catalog import get_gpu
+    from tuner.moe_spec import MoESpec
+    from tuner.report.data import MOE_FP8_TIME_PARTS, time_parts
+    from tuner.spec import ModelSpec, TrainingSpec
+
+    h100 = get_gpu("h100-sxm-80gb")
+    moe = ModelSpec(
+        num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+        vocab_size=1024, seq_length=128, swiglu=True,
+        moe=MoESpec(num_experts=4, router_topk=2),
+    )  # fmt: skip
+    c = ParallelConfig(dp=2, ep=2, micro_batch_size=1, global_batch_size=8)
+    t = estimate_time(moe, TrainingSpec(global_batch_size=8, precision="fp8"), c, h100, 2)
+    parts = time_parts(t)
+    assert parts["EP comm"] == t.ep_comm > 0
+    assert parts["FP8 casts, MoE routing"] == t.fp8_cast + t.moe_routing > t.moe_routing > 0
+    assert sum(parts.values()) == pytest.approx(t.step) and parts["other"] >= 0
+    dense = time_parts(estimate_time(SPEC.model, SPEC.training, config(2, 2), study_gpu(SPEC), 8))
+    assert all(dense[p] == 0 for p in MOE_FP8_TIME_PARTS)

@@ -28,8 +28,14 @@ from tuner.trials import is_duplicate, trial_config, trial_outcome
 MEMORY_PARTS = ("weights", "gradients", "optimizer states", "activations", "buffers", "overhead")
 """The stacked memory components, bottom to top."""
 
-TIME_PARTS = ("compute", "pipeline bubble", "TP / CP comm", "DP comm", "other")
+TIME_PARTS = (
+    "compute", "pipeline bubble", "TP / CP comm", "DP comm", "EP comm", "FP8 casts, MoE routing",
+    "other",
+)  # fmt: skip
 """The stacked step-time components, bottom to top."""
+
+MOE_FP8_TIME_PARTS = frozenset({"EP comm", "FP8 casts, MoE routing"})
+"""Parts only MoE or FP8 configs have: the figure leaves them out when no shown config has them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +73,16 @@ def stage_memory(b: MemoryBreakdown) -> list[StageMemory]:
 
 def time_parts(t: TimeBreakdown) -> dict[str, float]:
     """:data:`TIME_PARTS` -> predicted seconds; they add up to ``t.step``."""
-    compute = t.compute + t.recompute + t.optimizer
-    comm = t.tp_comm + t.cp_comm
-    bubble = t.pp_bubble + t.pp_p2p
-    return {
-        "compute": compute, "pipeline bubble": bubble, "TP / CP comm": comm,
-        "DP comm": t.dp_comm, "other": t.step - compute - comm - bubble - t.dp_comm,
-    }  # fmt: skip
+    parts = {
+        "compute": t.compute + t.recompute + t.optimizer,
+        "pipeline bubble": t.pp_bubble + t.pp_p2p,
+        "TP / CP comm": t.tp_comm + t.cp_comm,
+        "DP comm": t.dp_comm,
+        "EP comm": t.ep_comm,
+        "FP8 casts, MoE routing": t.fp8_cast + t.moe_routing,
+    }
+    parts["other"] = t.step - sum(parts.values())
+    return parts
 
 
 @dataclass(slots=True)

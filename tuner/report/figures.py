@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from tuner.report.data import MEMORY_PARTS, TIME_PARTS, ReportData, TrialRow
+from tuner.report.data import MEMORY_PARTS, MOE_FP8_TIME_PARTS, TIME_PARTS, ReportData, TrialRow
 
 ERROR_BAND = 0.25
 """Half-width of the shaded band around y = x on the predicted-vs-measured plots."""
@@ -30,7 +30,7 @@ OUTCOME_COLOURS = {
     "timeout": "#9467bd", "hang": "#8c564b", "nccl_timeout": "#e377c2",
     "launch_error": "#7f7f7f", "no_metrics": "#bcbd22", "diverged": "#17becf",
 }  # fmt: skip
-PART_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+PART_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
 HOVER = "%{text}<br>%{xaxis.title.text}: %{x:.4g}<br>%{yaxis.title.text}: %{y:.4g}<extra></extra>"
 
 Figures = list[tuple[str, go.Figure]]
@@ -189,6 +189,8 @@ def time_breakdown(data: ReportData) -> go.Figure:
     parts = [data.breakdowns(r)[1] for r in rows]
     fig = go.Figure()
     for i, part in enumerate(TIME_PARTS):
+        if part in MOE_FP8_TIME_PARTS and not any(p.get(part, 0.0) for p in parts):
+            continue
         fig.add_trace(go.Bar(
             x=names, y=[p.get(part, 0.0) for p in parts], name=f"predicted {part}",
             offsetgroup="predicted", marker_color=PART_COLOURS[i], text=[r.hover for r in rows],
