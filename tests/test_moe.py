@@ -250,14 +250,16 @@ def test_moe_activations_worked_by_hand() -> None:
 
     Dense [K] MLP terms (removed): s b F x 3e = 128 x 256 x 6 = 196608.
     Router: T x E x (e + 1 B map) = 128 x 4 x 3 = 1536.
-    Routed tokens per rank: T x topk x etp = 256: each keeps the dispatched input and the
-    unpermuted output (2 h e = 256 B), fc1 out + fc2 in (F_e x 3e = 768 B), the permute index
-    (4 B): 256 x 1028 = 263168. Dispatch buffers: 2 x T x topk x h x e = 65536.
+    Routed tokens per rank: T x topk x etp = 256: each keeps the dispatched input (h e = 128 B),
+    three F_e-wide tensors (SwiGLU's fused weighted kernel: fc1 out 2F_e, fc2 in F_e: 3 x 128 x
+    e = 768 B), its routing prob (e = 2 B) and the permute index (4 B): 256 x 902 = 230912; the
+    probs weigh the activation inside the experts, so unpermute keeps no output (Megatron
+    experts.py activation_func_with_probs). Dispatch buffers: 2 x T x topk x h x e = 65536.
     """
     c = ParallelConfig(dp=4, ep=2, global_batch_size=8)
     dense = layer_activations(SMALL, 1, 1, "bf16")
     moe = moe_layer_activations(SMALL, c, "bf16", dense)
-    assert moe.sharded - dense.sharded == pytest.approx(-196608 + 1536 + 263168)
+    assert moe.sharded - dense.sharded == pytest.approx(-196608 + 1536 + 230912)
     assert moe.replicated == dense.replicated
     assert dispatch_buffer_bytes(SMALL, c, "bf16") == pytest.approx(65536)
     # allgather: the 2 EP ranks' 128 tokens gathered (h e = 128 B each) and the reduce-scatter
@@ -266,13 +268,20 @@ def test_moe_activations_worked_by_hand() -> None:
     # a stated imbalance of 1.5 scales the routed-token terms; a capacity factor caps it
     skewed = dataclasses.replace(SMALL, moe=dataclasses.replace(SMALL.moe, imbalance=1.5))  # type: ignore[type-var]
     assert moe_layer_activations(skewed, c, "bf16", dense).sharded - moe.sharded == (
-        pytest.approx(0.5 * 263168)
+        pytest.approx(0.5 * 230912)
     )
     capped = dataclasses.replace(
         SMALL, moe=MoESpec(num_experts=4, ffn_hidden_size=128, imbalance=1.5, capacity_factor=1.2)
     )
     assert moe_layer_activations(capped, c, "bf16", dense).sharded - moe.sharded == (
-        pytest.approx(0.2 * 263168)
+        pytest.approx(0.2 * 230912)
+    )
+    # GeLU experts keep three F_e-wide tensors too: fc1 out, GeLU out (kept by the multiply
+    # with the probs) and the product; the dense GeLU MLP [K] kept two (s b F x 2e removed)
+    gelu = dataclasses.replace(SMALL, swiglu=False)
+    dense_gelu = layer_activations(gelu, 1, 1, "bf16")
+    assert moe_layer_activations(gelu, c, "bf16", dense_gelu).sharded - dense_gelu.sharded == (
+        pytest.approx(-128 * 256 * 4 + 1536 + 230912)
     )
 
 

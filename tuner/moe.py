@@ -16,6 +16,10 @@ Sources:
      local experts on all of them, reduce-scatter the outputs. Backward mirrors both.
 [MR] megatron/core/transformer/moe/router.py (router weight E x h, replicated over TP; scores
      in ``moe_router_dtype``), moe_utils.py ``get_capacity`` (ceil(tokens x topk / E x factor)).
+[ME] megatron/core/transformer/moe/experts.py (core_v0.15 and main): TEGroupedMLP /
+     SequentialMLP take the permuted probs and apply them after the activation
+     (``activation_func_with_probs``: ``activation(x) * probs``; ``weighted_bias_swiglu_impl``);
+     the dispatchers' ``unpermute`` gets no probs.
 [K]  Korthikanti et al. 2022 Table 2 (saved activations of an MLP), as in tuner.memory_terms.
 
 Tokens per rank: a rank enters an MoE layer with its sequence-parallel shard, T = b s / (cp tp)
@@ -44,6 +48,12 @@ ROUTER_MAP_BYTES = 1.0
 """The routing map (tokens x experts bools) the router keeps for its backward ([MR])."""
 PERMUTE_INDEX_BYTES = 4.0
 """Per routed token: the int32 row-id map permute/unpermute keep (moe_utils.py permute)."""
+EXPERT_WIDTH_TENSORS = 3
+"""F_e-wide tensors an expert keeps per routed token ([ME]): the routing probs multiply the
+activation output, so GeLU keeps fc1's output (GeLU's input), the GeLU output (the multiply's
+other operand) and the product (fc2's input); SwiGLU's fused weighted kernel
+(``weighted_bias_swiglu_impl``, the default ``bias_swiglu_fusion``) keeps fc1's 2F_e output and
+fc2 its F_e input. Three either way (the dense [K] MLP keeps 2 with GeLU)."""
 
 
 def _moe(model: ModelSpec) -> MoESpec:
@@ -162,9 +172,10 @@ def moe_layer_activations(
 
     The MoE terms are per rank; ``LayerActivations.stored`` divides ``sharded`` by tp, so they
     enter it multiplied by tp. Kept: the router's fp32 (router_dtype) scores and routing map; per
-    routed token the dispatched input (fc1 input, h), fc1's output (2F_e with SwiGLU) and fc2's
-    input (F_e) split over ETP, the expert output unpermute weighs by the probs (h), the permute
-    index; the shared experts as a dense MLP of width F_s ([K]).
+    routed token the dispatched input (fc1 input, h), three F_e-wide tensors split over ETP (see
+    EXPERT_WIDTH_TENSORS), its routing prob and the permute index; the shared experts as a dense
+    MLP of width F_s ([K]). The probs weigh the activation inside the experts ([ME]), so
+    unpermute only scatters the expert outputs back and keeps none of them.
     """
     moe = _moe(model)
     e = 4.0 if precision == "fp32" else 2.0
@@ -178,8 +189,8 @@ def moe_layer_activations(
     tokens = _rank_tokens(model, c)
     router = tokens * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
     routed = expert_tokens(model, c)
-    experts = routed * (2 * model.hidden_size * e + fe / c.expert_tp * mlp_factor)
-    experts += routed * PERMUTE_INDEX_BYTES
+    width = fe / c.expert_tp * EXPERT_WIDTH_TENSORS * e
+    experts = routed * (model.hidden_size * e + width + router_e + PERMUTE_INDEX_BYTES)
     sharded = dense.sharded - dense_mlp + shared + tp * (router + experts)
     return dataclasses.replace(dense, sharded=sharded)
 
