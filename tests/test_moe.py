@@ -16,6 +16,7 @@ from tuner.memory_terms import layer_activations, param_counts
 from tuner.moe import (
     dispatch_buffer_bytes,
     expert_params_per_layer,
+    expert_tokens,
     moe_layer_activations,
     moe_layer_flags,
     moe_layers_per_stage,
@@ -265,6 +266,12 @@ def test_moe_activations_worked_by_hand() -> None:
     # allgather: the 2 EP ranks' 128 tokens gathered (h e = 128 B each) and the reduce-scatter
     gather = dataclasses.replace(c, moe_token_dispatcher="allgather")
     assert dispatch_buffer_bytes(SMALL, gather, "bf16") == pytest.approx(2 * 256 * 128)
+    # the gather spans ETP x EP, not TP x EP (token_dispatcher.py tp_ep_group = the expert grid's
+    # tp-ep group): tp 2 (SP shards of 64 tokens) with etp 1, ep 2 gathers 2 x 64 tokens
+    split = ParallelConfig(tp=2, dp=2, ep=2, etp=1, sequence_parallel=True, global_batch_size=8,
+                           moe_token_dispatcher="allgather")  # fmt: skip
+    assert dispatch_buffer_bytes(SMALL, split, "bf16") == pytest.approx(2 * 128 * 128)
+    assert expert_tokens(SMALL, split) == pytest.approx(128 * 2 / 2)
     # a stated imbalance of 1.5 scales the routed-token terms; a capacity factor caps it
     skewed = dataclasses.replace(SMALL, moe=dataclasses.replace(SMALL.moe, imbalance=1.5))  # type: ignore[type-var]
     assert moe_layer_activations(skewed, c, "bf16", dense).sharded - moe.sharded == (

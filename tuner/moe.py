@@ -12,7 +12,7 @@ Sources:
      buffers for params with ``allreduce = False``).
 [MD] megatron/core/transformer/moe/token_dispatcher.py: alltoall dispatcher = permute ->
      all-to-all over EP -> (ETP > 1: all-gather over ETP) -> experts -> (reduce-scatter) ->
-     all-to-all -> unpermute; allgather dispatcher = all-gather the tokens over TP x EP, run the
+     all-to-all -> unpermute; allgather dispatcher = all-gather the tokens over ETP x EP, run the
      local experts on all of them, reduce-scatter the outputs. Backward mirrors both.
 [MR] megatron/core/transformer/moe/router.py (router weight E x h, replicated over TP; scores
      in ``moe_router_dtype``), moe_utils.py ``get_capacity`` (ceil(tokens x topk / E x factor)).
@@ -144,6 +144,13 @@ def _rank_tokens(model: ModelSpec, c: ParallelConfig) -> float:
     return c.micro_batch_size * model.seq_length / c.cp / shard
 
 
+def tp_ep_group_size(c: ParallelConfig) -> int:
+    """Ranks the allgather dispatcher gathers tokens over: the expert grid's tensor-and-expert
+    group, ETP x EP ([MD] ``self.tp_ep_group = pg_collection.tp_ep``; parallel_state.py builds
+    it from the expert rank generator's ``tp-ep``, whose tp is the expert TP)."""
+    return c.expert_tp * c.ep
+
+
 def load_factor(moe: MoESpec) -> float:
     """Tokens of the busiest expert rank / the mean: the stated imbalance, at most the capacity
     factor when tokens are dropped, exactly it when inputs are padded to capacity ([MR])."""
@@ -158,9 +165,9 @@ def expert_tokens(model: ModelSpec, c: ParallelConfig) -> float:
     """Routed tokens the busiest rank's local experts compute (see the module docstring)."""
     moe = _moe(model)
     if c.moe_token_dispatcher == "allgather":
-        # [MD] allgather: every rank sees the tokens of the whole TP x EP group; its local
+        # [MD] allgather: every rank sees the tokens of the whole ETP x EP group; its local
         # experts take their topk / E share of them.
-        group = _rank_tokens(model, c) * c.tp * c.ep
+        group = _rank_tokens(model, c) * tp_ep_group_size(c)
         return group * moe.router_topk / c.ep * load_factor(moe)
     return _rank_tokens(model, c) * moe.router_topk * c.expert_tp * load_factor(moe)
 
@@ -198,15 +205,15 @@ def moe_layer_activations(
 def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
     """Transient bytes of one MoE layer's dispatch: the permuted send buffer of the dispatch
     all-to-all and the expert output before the combine all-to-all ([MD]); with ETP > 1 also
-    the all-gathered copy; the allgather dispatcher holds the TP x EP group's gathered tokens.
+    the all-gathered copy; the allgather dispatcher holds the ETP x EP group's gathered tokens.
     Live while one layer's forward (or backward) runs."""
     if model.moe is None:
         return 0.0
     e = 4.0 if precision == "fp32" else 2.0
     h = model.hidden_size
     if c.moe_token_dispatcher == "allgather":
-        # [MD] the hidden states gathered over TP x EP, and the reduce-scatter's input
-        return 2.0 * _rank_tokens(model, c) * c.tp * c.ep * h * e
+        # [MD] the hidden states gathered over ETP x EP, and the reduce-scatter's input
+        return 2.0 * _rank_tokens(model, c) * tp_ep_group_size(c) * h * e
     sent = _rank_tokens(model, c) * model.moe.router_topk * load_factor(model.moe)
     return 2.0 * sent * h * e + (expert_tokens(model, c) * h * e if c.expert_tp > 1 else 0.0)
 
@@ -268,7 +275,7 @@ def moe_layer_times(
     model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
 ) -> MoETimes:
     """One MoE layer against the dense layer ``perf`` costs (``group_link``: the ring link of
-    the TP x EP group, for the allgather dispatcher).
+    the ETP x EP group, for the allgather dispatcher).
 
     Expert GEMMs: the busiest rank's routed tokens over its E / ep local experts, each an MLP of
     width F_e / etp; one grouped GEMM launch with ``grouped_gemm``, one per expert without.
@@ -302,7 +309,7 @@ def moe_layer_times(
     fwd = router_f + exp_f + shared_f + stream - dense_f
     bwd = router_b + exp_b + shared_b + 2.0 * stream - dense_b
     if c.moe_token_dispatcher == "allgather":
-        g = c.tp * c.ep
+        g = tp_ep_group_size(c)
         comm = 2.0 * _ring(group_link, g, tokens * g * h * e)  # all-gather + reduce-scatter
     else:
         sent = tokens * moe.router_topk * load_factor(moe) * h * e
