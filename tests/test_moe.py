@@ -246,6 +246,26 @@ def test_expert_states_shard_over_the_expert_data_parallel_group_by_hand() -> No
     assert mem.comm_buffers - mem1.comm_buffers == pytest.approx(320 * 2**20)
 
 
+def test_grouped_gemm_holds_transformer_engines_multi_stream_workspaces() -> None:
+    """TE's grouped GEMM allocates one cuBLAS workspace per compute stream (4): 32 MiB + 1 KiB
+    each on Hopper and newer, 4 MiB on Ampere; SequentialMLP (no grouped GEMM) and a stage
+    without MoE layers hold none."""
+    c = ParallelConfig(dp=4, ep=2, global_batch_size=8)
+    a100 = get_gpu("a100-80gb")
+    loop = dataclasses.replace(SMALL, moe=dataclasses.replace(SMALL.moe, grouped_gemm=False))  # type: ignore[type-var]
+    for gpu, each in ((H100, 32 * 2**20 + 1024), (a100, 4 * 2**20)):
+        grouped = estimate_memory(SMALL, c, gpu, "megatron", "bf16").workspaces
+        assert grouped - estimate_memory(loop, c, gpu, "megatron", "bf16").workspaces == (
+            pytest.approx(4 * each)
+        )
+    # layers 0-1 dense, 2-3 MoE: only the second pipeline stage runs grouped GEMMs
+    mixed = dataclasses.replace(SMALL, num_layers=4, moe=dataclasses.replace(
+        SMALL.moe, layer_freq="([0]*2+[1]*2)"))  # type: ignore[type-var]  # fmt: skip
+    stages = estimate_memory(mixed, ParallelConfig(pp=2, dp=2, global_batch_size=8), H100).stages
+    first, last = (s.phases[0].workspaces for s in stages)
+    assert last - first == pytest.approx(4 * (32 * 2**20 + 1024))
+
+
 def test_moe_activations_worked_by_hand() -> None:
     """SMALL, one micro-batch of 1 x 128 tokens, tp 1, ep 2, bf16 (e = 2), dropless.
 
