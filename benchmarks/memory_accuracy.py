@@ -106,10 +106,7 @@ def row_moe(row: dict[str, str]) -> MoESpec | None:
         layer_freq=int(freq) if freq.isdigit() else freq,
         router_dtype=row["moe_router_dtype"] or None,  # type: ignore[arg-type]
         grouped_gemm=_yes(row["moe_grouped_gemm"]),
-        # Megatron exempts sinkhorn routing from its top-1 pre-softmax rule
-        # (transformer_config.py); MoESpec has no load-balancing field, and pre-softmax
-        # changes no tensor the memory model counts, so a sinkhorn top-1 row sets it.
-        router_pre_softmax=topk == 1 and row["moe_load_balancing"] == "sinkhorn",
+        load_balancing=row["moe_load_balancing"] or "aux_loss",  # type: ignore[arg-type]
     )  # fmt: skip
 
 

@@ -109,6 +109,17 @@ def test_bad_moe_settings_name_the_field(changes: dict[str, Any], path: str, wor
     assert info.value.path == path and words in str(info.value)
 
 
+def test_sinkhorn_top1_needs_no_pre_softmax_and_is_passed_on() -> None:
+    """Megatron exempts sinkhorn routing from its top-1 pre-softmax rule (transformer_config.py)
+    and the launch passes the load-balancing type when it is not Megatron's default."""
+    m = dataclasses.replace(SMALL, moe=MoESpec(num_experts=4, router_topk=1,
+                                               load_balancing="sinkhorn"))  # fmt: skip
+    flags = megatron_moe_flags(m, ParallelConfig(dp=4, ep=2, global_batch_size=8))
+    assert ("--moe-router-load-balancing-type", "sinkhorn") in flags
+    assert not any(f[0] == "--moe-router-load-balancing-type" for f in megatron_moe_flags(
+        SMALL, ParallelConfig(dp=4, ep=2, global_batch_size=8)))  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- rules
 
 
