@@ -1,6 +1,7 @@
 """The public memory calibration set (benchmarks/data/memory_peaks.csv) parses and covers what the
 memory benchmark needs: cited rows from several sources, both GPU generations, both frameworks,
-pipeline parallelism, an uneven split and runs that went out of memory."""
+pipeline parallelism, an uneven split, runs that went out of memory and mixture-of-experts runs
+(expert parallelism, expert TP, both dispatchers)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,47 @@ def test_every_row_is_complete_and_cited(rows: list[dict[str, str]]) -> None:
         assert row["precision"] in ("bf16", "fp16", "fp32"), where
 
 
+DISPATCHERS = {"alltoall", "allgather", "flex"}
+
+
+def test_moe_rows_are_consistent(rows: list[dict[str, str]]) -> None:
+    """An MoE row names its experts and a Megatron-valid expert grid; a dense row leaves every
+    MoE column empty."""
+    moe_columns = ("ep", "etp", "num_experts", "moe_topk", "moe_ffn_hidden", "moe_shared_ffn",
+                   "moe_layer_freq", "moe_dispatcher", "moe_grouped_gemm", "moe_router_dtype",
+                   "moe_load_balancing")  # fmt: skip
+    for i, row in enumerate(rows, start=2):
+        where = f"memory_peaks.csv line {i}"
+        if not row["num_experts"]:
+            assert not any(row[k] for k in moe_columns), f"{where}: MoE fields on a dense row"
+            continue
+        experts, ep, topk = int(row["num_experts"]), int(row["ep"]), int(row["moe_topk"])
+        etp = int(row["etp"] or row["tp"])
+        assert experts % ep == 0 and 1 <= topk <= experts, where
+        assert int(row["gpus"]) % (etp * ep * int(row["pp"])) == 0, f"{where}: expert grid"
+        assert row["moe_dispatcher"] in DISPATCHERS, where
+        assert row["moe_grouped_gemm"] in ("yes", "no"), where
+        assert row["moe_router_dtype"] in ("", "fp32", "fp64"), where
+        assert row["moe_load_balancing"], where
+        if int(row["tp"]) > 1:  # Megatron refuses MoE with TP but no sequence parallelism
+            assert row["sequence_parallel"] == "yes", where
+
+
+def test_moe_coverage(rows: list[dict[str, str]]) -> None:
+    """Measured MoE peaks with expert parallelism, expert TP different from TP, both the
+    all-to-all and all-gather dispatchers, shared experts and PP; rows with a feature the tuner
+    cannot express say which."""
+    moe = [r for r in rows if r["num_experts"]]
+    plain = [r for r in moe if not r["unmodelled"]]
+    assert len(plain) >= 40
+    assert any(int(r["ep"]) > 1 for r in plain)
+    assert any(r["etp"] and r["etp"] != r["tp"] for r in plain)
+    assert {r["moe_dispatcher"] for r in plain} >= {"alltoall", "allgather"}
+    assert any(r["moe_shared_ffn"] for r in plain) and any(int(r["pp"]) > 1 for r in plain)
+    assert all(r["unmodelled"] for r in moe if r not in plain)
+    assert all(not r["unmodelled"] for r in rows if not r["num_experts"])
+
+
 def test_coverage(rows: list[dict[str, str]]) -> None:
     assert len(rows) >= 40
     assert len({r["source"] for r in rows}) >= 3
@@ -87,10 +129,12 @@ def test_rows_build_model_inputs(rows: list[dict[str, str]]) -> None:
     for row in rows:
         model = bench.row_model(row)
         assert model.num_layers == int(row["n_layers"])
+        assert (model.moe is None) == (not row["num_experts"])
         assert row["gpu_type"] in bench.GPUS and row["framework"] in bench.FRAMEWORKS
         if not row["pipeline_split"]:
             config = bench.row_config(row)
             assert config.world_size == int(row["gpus"])
+            assert config.ep == int(row["ep"] or 1)
 
 
 class _Figures:
@@ -98,6 +142,15 @@ class _Figures:
         self.allocated, self.peak = allocated, allocated + 10
         if reserved is not None:
             self.reserved = self.device = reserved
+
+
+def test_unmodelled_rows_stay_out_of_the_targets() -> None:
+    """A row whose ``unmodelled`` column names a feature, or whose framework the tuner cannot
+    express, is reported apart from the targets."""
+    bench = _benchmark()
+    assert bench._unmodelled({"framework": "megatron", "unmodelled": "Muon optimizer"})
+    assert bench._unmodelled({"framework": "torchtitan-fsdp2", "unmodelled": ""})
+    assert not bench._unmodelled({"framework": "megatron", "unmodelled": ""})
 
 
 def test_benchmark_compares_like_with_like() -> None:

@@ -16,6 +16,7 @@ from tuner.memory_terms import layer_activations, param_counts
 from tuner.moe import (
     dispatch_buffer_bytes,
     expert_params_per_layer,
+    expert_tokens,
     moe_layer_activations,
     moe_layer_flags,
     moe_layers_per_stage,
@@ -106,6 +107,17 @@ def test_bad_moe_settings_name_the_field(changes: dict[str, Any], path: str, wor
     with pytest.raises(ConfigError) as info:
         MoESpec(**{"num_experts": 8, **changes})
     assert info.value.path == path and words in str(info.value)
+
+
+def test_sinkhorn_top1_needs_no_pre_softmax_and_is_passed_on() -> None:
+    """Megatron exempts sinkhorn routing from its top-1 pre-softmax rule (transformer_config.py)
+    and the launch passes the load-balancing type when it is not Megatron's default."""
+    m = dataclasses.replace(SMALL, moe=MoESpec(num_experts=4, router_topk=1,
+                                               load_balancing="sinkhorn"))  # fmt: skip
+    flags = megatron_moe_flags(m, ParallelConfig(dp=4, ep=2, global_batch_size=8))
+    assert ("--moe-router-load-balancing-type", "sinkhorn") in flags
+    assert not any(f[0] == "--moe-router-load-balancing-type" for f in megatron_moe_flags(
+        SMALL, ParallelConfig(dp=4, ep=2, global_batch_size=8)))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- rules
@@ -245,34 +257,69 @@ def test_expert_states_shard_over_the_expert_data_parallel_group_by_hand() -> No
     assert mem.comm_buffers - mem1.comm_buffers == pytest.approx(320 * 2**20)
 
 
+def test_grouped_gemm_holds_transformer_engines_multi_stream_workspaces() -> None:
+    """TE's grouped GEMM allocates one cuBLAS workspace per compute stream (4): 32 MiB + 1 KiB
+    each on Hopper and newer, 4 MiB on Ampere; SequentialMLP (no grouped GEMM) and a stage
+    without MoE layers hold none."""
+    c = ParallelConfig(dp=4, ep=2, global_batch_size=8)
+    a100 = get_gpu("a100-80gb")
+    loop = dataclasses.replace(SMALL, moe=dataclasses.replace(SMALL.moe, grouped_gemm=False))  # type: ignore[type-var]
+    for gpu, each in ((H100, 32 * 2**20 + 1024), (a100, 4 * 2**20)):
+        grouped = estimate_memory(SMALL, c, gpu, "megatron", "bf16").workspaces
+        assert grouped - estimate_memory(loop, c, gpu, "megatron", "bf16").workspaces == (
+            pytest.approx(4 * each)
+        )
+    # layers 0-1 dense, 2-3 MoE: only the second pipeline stage runs grouped GEMMs
+    mixed = dataclasses.replace(SMALL, num_layers=4, moe=dataclasses.replace(
+        SMALL.moe, layer_freq="([0]*2+[1]*2)"))  # type: ignore[type-var]  # fmt: skip
+    stages = estimate_memory(mixed, ParallelConfig(pp=2, dp=2, global_batch_size=8), H100).stages
+    first, last = (s.phases[0].workspaces for s in stages)
+    assert last - first == pytest.approx(4 * (32 * 2**20 + 1024))
+
+
 def test_moe_activations_worked_by_hand() -> None:
     """SMALL, one micro-batch of 1 x 128 tokens, tp 1, ep 2, bf16 (e = 2), dropless.
 
     Dense [K] MLP terms (removed): s b F x 3e = 128 x 256 x 6 = 196608.
     Router: T x E x (e + 1 B map) = 128 x 4 x 3 = 1536.
-    Routed tokens per rank: T x topk x etp = 256: each keeps the dispatched input and the
-    unpermuted output (2 h e = 256 B), fc1 out + fc2 in (F_e x 3e = 768 B), the permute index
-    (4 B): 256 x 1028 = 263168. Dispatch buffers: 2 x T x topk x h x e = 65536.
+    Routed tokens per rank: T x topk x etp = 256: each keeps the dispatched input (h e = 128 B),
+    three F_e-wide tensors (SwiGLU's fused weighted kernel: fc1 out 2F_e, fc2 in F_e: 3 x 128 x
+    e = 768 B), its routing prob (e = 2 B) and the permute index (4 B): 256 x 902 = 230912; the
+    probs weigh the activation inside the experts, so unpermute keeps no output (Megatron
+    experts.py activation_func_with_probs). Dispatch buffers: 2 x T x topk x h x e = 65536.
     """
     c = ParallelConfig(dp=4, ep=2, global_batch_size=8)
     dense = layer_activations(SMALL, 1, 1, "bf16")
     moe = moe_layer_activations(SMALL, c, "bf16", dense)
-    assert moe.sharded - dense.sharded == pytest.approx(-196608 + 1536 + 263168)
+    assert moe.sharded - dense.sharded == pytest.approx(-196608 + 1536 + 230912)
     assert moe.replicated == dense.replicated
     assert dispatch_buffer_bytes(SMALL, c, "bf16") == pytest.approx(65536)
     # allgather: the 2 EP ranks' 128 tokens gathered (h e = 128 B each) and the reduce-scatter
     gather = dataclasses.replace(c, moe_token_dispatcher="allgather")
     assert dispatch_buffer_bytes(SMALL, gather, "bf16") == pytest.approx(2 * 256 * 128)
+    # the gather spans ETP x EP, not TP x EP (token_dispatcher.py tp_ep_group = the expert grid's
+    # tp-ep group): tp 2 (SP shards of 64 tokens) with etp 1, ep 2 gathers 2 x 64 tokens
+    split = ParallelConfig(tp=2, dp=2, ep=2, etp=1, sequence_parallel=True, global_batch_size=8,
+                           moe_token_dispatcher="allgather")  # fmt: skip
+    assert dispatch_buffer_bytes(SMALL, split, "bf16") == pytest.approx(2 * 128 * 128)
+    assert expert_tokens(SMALL, split) == pytest.approx(128 * 2 / 2)
     # a stated imbalance of 1.5 scales the routed-token terms; a capacity factor caps it
     skewed = dataclasses.replace(SMALL, moe=dataclasses.replace(SMALL.moe, imbalance=1.5))  # type: ignore[type-var]
     assert moe_layer_activations(skewed, c, "bf16", dense).sharded - moe.sharded == (
-        pytest.approx(0.5 * 263168)
+        pytest.approx(0.5 * 230912)
     )
     capped = dataclasses.replace(
         SMALL, moe=MoESpec(num_experts=4, ffn_hidden_size=128, imbalance=1.5, capacity_factor=1.2)
     )
     assert moe_layer_activations(capped, c, "bf16", dense).sharded - moe.sharded == (
-        pytest.approx(0.2 * 263168)
+        pytest.approx(0.2 * 230912)
+    )
+    # GeLU experts keep three F_e-wide tensors too: fc1 out, GeLU out (kept by the multiply
+    # with the probs) and the product; the dense GeLU MLP [K] kept two (s b F x 2e removed)
+    gelu = dataclasses.replace(SMALL, swiglu=False)
+    dense_gelu = layer_activations(gelu, 1, 1, "bf16")
+    assert moe_layer_activations(gelu, c, "bf16", dense_gelu).sharded - dense_gelu.sharded == (
+        pytest.approx(-128 * 256 * 4 + 1536 + 230912)
     )
 
 

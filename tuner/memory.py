@@ -43,6 +43,7 @@ from tuner.overheads import (
     allocator_slack,
     communicators,
     context_bytes,
+    grouped_gemm_workspace_bytes,
     nccl_bytes,
     workspace_bytes,
 )
@@ -346,8 +347,9 @@ def _stage_memory(
     activations = held * saved + working
     extras = stage_extras(model, c, stage, vocab, precision)
     comms = communicators(c, stage, framework, model.tied_embeddings, moe.expert_params > 0)
+    grouped = model.moe is not None and model.moe.grouped_gemm and moe.expert_params > 0
     fixed = {
-        "workspaces": workspace_bytes(gpu),
+        "workspaces": workspace_bytes(gpu) + (grouped_gemm_workspace_bytes(gpu) if grouped else 0),
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu),
     }

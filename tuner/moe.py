@@ -12,10 +12,14 @@ Sources:
      buffers for params with ``allreduce = False``).
 [MD] megatron/core/transformer/moe/token_dispatcher.py: alltoall dispatcher = permute ->
      all-to-all over EP -> (ETP > 1: all-gather over ETP) -> experts -> (reduce-scatter) ->
-     all-to-all -> unpermute; allgather dispatcher = all-gather the tokens over TP x EP, run the
+     all-to-all -> unpermute; allgather dispatcher = all-gather the tokens over ETP x EP, run the
      local experts on all of them, reduce-scatter the outputs. Backward mirrors both.
 [MR] megatron/core/transformer/moe/router.py (router weight E x h, replicated over TP; scores
      in ``moe_router_dtype``), moe_utils.py ``get_capacity`` (ceil(tokens x topk / E x factor)).
+[ME] megatron/core/transformer/moe/experts.py (core_v0.15 and main): TEGroupedMLP /
+     SequentialMLP take the permuted probs and apply them after the activation
+     (``activation_func_with_probs``: ``activation(x) * probs``; ``weighted_bias_swiglu_impl``);
+     the dispatchers' ``unpermute`` gets no probs.
 [K]  Korthikanti et al. 2022 Table 2 (saved activations of an MLP), as in tuner.memory_terms.
 
 Tokens per rank: a rank enters an MoE layer with its sequence-parallel shard, T = b s / (cp tp)
@@ -44,6 +48,12 @@ ROUTER_MAP_BYTES = 1.0
 """The routing map (tokens x experts bools) the router keeps for its backward ([MR])."""
 PERMUTE_INDEX_BYTES = 4.0
 """Per routed token: the int32 row-id map permute/unpermute keep (moe_utils.py permute)."""
+EXPERT_WIDTH_TENSORS = 3
+"""F_e-wide tensors an expert keeps per routed token ([ME]): the routing probs multiply the
+activation output, so GeLU keeps fc1's output (GeLU's input), the GeLU output (the multiply's
+other operand) and the product (fc2's input); SwiGLU's fused weighted kernel
+(``weighted_bias_swiglu_impl``, the default ``bias_swiglu_fusion``) keeps fc1's 2F_e output and
+fc2 its F_e input. Three either way (the dense [K] MLP keeps 2 with GeLU)."""
 
 
 def _moe(model: ModelSpec) -> MoESpec:
@@ -134,6 +144,13 @@ def rank_tokens(model: ModelSpec, c: ParallelConfig) -> float:
     return c.micro_batch_size * model.seq_length / c.cp / shard
 
 
+def tp_ep_group_size(c: ParallelConfig) -> int:
+    """Ranks the allgather dispatcher gathers tokens over: the expert grid's tensor-and-expert
+    group, ETP x EP ([MD] ``self.tp_ep_group = pg_collection.tp_ep``; parallel_state.py builds
+    it from the expert rank generator's ``tp-ep``, whose tp is the expert TP)."""
+    return c.expert_tp * c.ep
+
+
 def load_factor(moe: MoESpec) -> float:
     """Tokens of the busiest expert rank / the mean: the stated imbalance, at most the capacity
     factor when tokens are dropped, exactly it when inputs are padded to capacity ([MR])."""
@@ -148,9 +165,9 @@ def expert_tokens(model: ModelSpec, c: ParallelConfig) -> float:
     """Routed tokens the busiest rank's local experts compute (see the module docstring)."""
     moe = _moe(model)
     if c.moe_token_dispatcher == "allgather":
-        # [MD] allgather: every rank sees the tokens of the whole TP x EP group; its local
+        # [MD] allgather: every rank sees the tokens of the whole ETP x EP group; its local
         # experts take their topk / E share of them.
-        group = rank_tokens(model, c) * c.tp * c.ep
+        group = rank_tokens(model, c) * tp_ep_group_size(c)
         return group * moe.router_topk / c.ep * load_factor(moe)
     return rank_tokens(model, c) * moe.router_topk * c.expert_tp * load_factor(moe)
 
@@ -162,9 +179,10 @@ def moe_layer_activations(
 
     The MoE terms are per rank; ``LayerActivations.stored`` divides ``sharded`` by tp, so they
     enter it multiplied by tp. Kept: the router's fp32 (router_dtype) scores and routing map; per
-    routed token the dispatched input (fc1 input, h), fc1's output (2F_e with SwiGLU) and fc2's
-    input (F_e) split over ETP, the expert output unpermute weighs by the probs (h), the permute
-    index; the shared experts as a dense MLP of width F_s ([K]).
+    routed token the dispatched input (fc1 input, h), three F_e-wide tensors split over ETP (see
+    EXPERT_WIDTH_TENSORS), its routing prob and the permute index; the shared experts as a dense
+    MLP of width F_s ([K]). The probs weigh the activation inside the experts ([ME]), so
+    unpermute only scatters the expert outputs back and keeps none of them.
     """
     moe = _moe(model)
     e = 4.0 if precision == "fp32" else 2.0
@@ -178,8 +196,8 @@ def moe_layer_activations(
     tokens = rank_tokens(model, c)
     router = tokens * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
     routed = expert_tokens(model, c)
-    experts = routed * (2 * model.hidden_size * e + fe / c.expert_tp * mlp_factor)
-    experts += routed * PERMUTE_INDEX_BYTES
+    width = fe / c.expert_tp * EXPERT_WIDTH_TENSORS * e
+    experts = routed * (model.hidden_size * e + width + router_e + PERMUTE_INDEX_BYTES)
     sharded = dense.sharded - dense_mlp + shared + tp * (router + experts)
     return dataclasses.replace(dense, sharded=sharded)
 
@@ -187,15 +205,15 @@ def moe_layer_activations(
 def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
     """Transient bytes of one MoE layer's dispatch: the permuted send buffer of the dispatch
     all-to-all and the expert output before the combine all-to-all ([MD]); with ETP > 1 also
-    the all-gathered copy; the allgather dispatcher holds the TP x EP group's gathered tokens.
+    the all-gathered copy; the allgather dispatcher holds the ETP x EP group's gathered tokens.
     Live while one layer's forward (or backward) runs."""
     if model.moe is None:
         return 0.0
     e = 4.0 if precision == "fp32" else 2.0
     h = model.hidden_size
     if c.moe_token_dispatcher == "allgather":
-        # [MD] the hidden states gathered over TP x EP, and the reduce-scatter's input
-        return 2.0 * rank_tokens(model, c) * c.tp * c.ep * h * e
+        # [MD] the hidden states gathered over ETP x EP, and the reduce-scatter's input
+        return 2.0 * rank_tokens(model, c) * tp_ep_group_size(c) * h * e
     sent = rank_tokens(model, c) * model.moe.router_topk * load_factor(model.moe)
     return 2.0 * sent * h * e + (expert_tokens(model, c) * h * e if c.expert_tp > 1 else 0.0)
 
@@ -257,7 +275,7 @@ def moe_layer_times(
     model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
 ) -> MoETimes:
     """One MoE layer against the dense layer ``perf`` costs (``group_link``: the ring link of
-    the TP x EP group, for the allgather dispatcher).
+    the ETP x EP group, for the allgather dispatcher).
 
     Expert GEMMs: the busiest rank's routed tokens over its E / ep local experts, each an MLP of
     width F_e / etp; one grouped GEMM launch with ``grouped_gemm``, one per expert without.
@@ -287,7 +305,7 @@ def moe_layer_times(
     fwd = exp_f + shared_f + stream - dense_f
     bwd = exp_b + shared_b + 2.0 * stream - dense_b
     if c.moe_token_dispatcher == "allgather":
-        g = c.tp * c.ep
+        g = tp_ep_group_size(c)
         comm = 2.0 * _ring(group_link, g, tokens * g * h * e)  # all-gather + reduce-scatter
     else:
         sent = tokens * moe.router_topk * load_factor(moe) * h * e

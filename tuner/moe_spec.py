@@ -21,6 +21,8 @@ TokenDispatcher = Literal["alltoall", "allgather", "flex"]
 """Megatron ``--moe-token-dispatcher-type`` (flex: DeepEP, ``--moe-enable-deepep``)."""
 TokenDropPolicy = Literal["probs", "position"]
 RouterDtype = Literal["fp32", "fp64"]
+LoadBalancing = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
+"""Megatron ``--moe-router-load-balancing-type`` (core_v0.15 arguments.py choices)."""
 
 MAX_EXPERTS = 1 << 14  # published MoEs route over 8-384 experts (DeepSeek-V3: 256, Kimi K2: 384)
 _PATTERN = re.compile(r"\(?\[([01])\]\*(\d+)(?:\+\[([01])\]\*(\d+))?\)?(?:\*(\d+))?")
@@ -53,6 +55,9 @@ class MoESpec:
     """``--moe-router-dtype``: router logits in fp32 / fp64; None: the model's dtype."""
     router_pre_softmax: bool = False
     """``--moe-router-pre-softmax`` (Megatron requires it at top-1 with softmax scores)."""
+    load_balancing: LoadBalancing = "aux_loss"
+    """``--moe-router-load-balancing-type``: GShard's auxiliary loss (aux_loss), per sequence
+    (seq_aux_loss) or global (global_aux_loss), S-BASE's sinkhorn balancing, or none."""
     aux_loss_coeff: float = 0.0
     """``--moe-aux-loss-coeff``: load-balancing loss weight (logged as load_balancing_loss)."""
     grouped_gemm: bool = True
@@ -92,9 +97,12 @@ class MoESpec:
                 "moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity",
                 path="pad_to_capacity",
             )
-        if self.router_topk == 1 and not self.router_pre_softmax:
+        # transformer_config.py: sinkhorn routing is exempt (it normalises the scores itself)
+        sinkhorn = self.load_balancing == "sinkhorn"
+        if self.router_topk == 1 and not self.router_pre_softmax and not sinkhorn:
             raise ConfigError(
-                "Please use --moe-router-pre-softmax when topk is 1. (set router_pre_softmax)",
+                "Please use --moe-router-pre-softmax when topk is 1. (set router_pre_softmax, "
+                "or load_balancing: sinkhorn)",
                 path="router_topk",
             )
         if not 1.0 <= self.imbalance <= self.num_experts:

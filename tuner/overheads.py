@@ -94,6 +94,25 @@ def workspace_bytes(gpu: GPUSpec) -> float:
     return gpu.cublas_workspace_mib * MIB
 
 
+TE_COMPUTE_STREAMS = 4
+"""Transformer Engine's compute streams (common/util/multi_stream.cpp ``num_compute_streams``)."""
+
+
+def grouped_gemm_workspace_bytes(gpu: GPUSpec) -> float:
+    """cuBLAS workspaces Transformer Engine's grouped GEMM (Megatron's TEGroupedMLP,
+    ``--moe-grouped-gemm``) allocates once per process with ``torch.empty``, one per compute
+    stream: ``get_cublas_workspace_size_bytes()`` = 32 MiB + 1 KiB on compute capability >= 9,
+    4 MiB before (NVIDIA/TransformerEngine v2.8-v2.9 pytorch/module/base.py
+    ``get_multi_stream_cublas_workspace``; main: cpp_extensions/gemm.py ``get_cublas_workspace``
+    with ``grouped_gemm=True``). Megatron-LM CI's MoE peaks show it: grouped-GEMM cases hold
+    ~90 MiB more resident bytes on H100 / GB200 than on A100 (112 MiB expected), cases with
+    SequentialMLP none."""
+    if gpu.name == "cpu":
+        return 0.0
+    each = 32 * MIB + 1024 if gpu.compute_capability >= 9 else 4 * MIB
+    return TE_COMPUTE_STREAMS * each
+
+
 def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:
     """Reserved minus allocated bytes at the (fwd_bwd, step) peaks.
 

@@ -55,6 +55,7 @@ from tuner.moe import (
     moe_layer_flags,
     moe_layer_times,
     nonexpert_delta_per_layer,
+    tp_ep_group_size,
 )
 from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
@@ -355,7 +356,7 @@ def estimate_time(
     ep_layer, expert_psi, route_f, route_b = 0.0, 0.0, 0.0, 0.0
     share = sum(moe_layer_flags(model)) / model.num_layers
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
-        ring = group_link(rates, config.tp * config.ep, 1, gpus_per_node)
+        ring = group_link(rates, tp_ep_group_size(config), 1, gpus_per_node)
         mt = moe_layer_times(model, rates, config, gpus_per_node, ring)
         tp_cp = group_link(rates, config.tp * config.cp, 1, gpus_per_node)
         rt = moe_routing_times(model, rates, config, tp_cp, ring)

@@ -18,10 +18,10 @@ the work between them, per MoE layer, micro-batch and rank (Megatron-LM core_v0.
      a zero-filled output and ``scatter_add_`` of every routed row into it. With
      ``--moe-permute-fusion`` TE's fused kernels read each row once and write it once.
 [MD] token_dispatcher.py ``MoEAlltoAllTokenDispatcher``: ``preprocess`` all-gathers the
-     per-expert token counts over TP x EP and moves them to the host (a synchronising
-     collective); with several local experts the received tokens are regrouped by expert
-     (``sort_chunks_by_idxs``, read + write per row) after the dispatch and back before the
-     combine.
+     per-expert token counts over ETP x EP (its tp_ep_group) and moves them to the host (a
+     synchronising collective); with several local experts the received tokens are regrouped
+     by expert (``sort_chunks_by_idxs``, read + write per row) after the dispatch and back
+     before the combine.
 
 Backward: each gather becomes a scatter over the same rows and each scatter a gather, the
 unpermute's backward also reduces every row against its saved copy for the probs gradient, and
@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tuner.moe import expert_tokens, rank_tokens
+from tuner.moe import expert_tokens, rank_tokens, tp_ep_group_size
 from tuner.parallel import ParallelConfig
 from tuner.rates import Link, Rates, gemm_seconds
 from tuner.spec import ModelSpec
@@ -86,10 +86,10 @@ def routing_bytes(model: ModelSpec, c: ParallelConfig, elem: int) -> tuple[float
     if moe.aux_loss_coeff > 0:
         scores += tokens * experts * (AUX_SCORE_PASSES * score + ROUTING_MAP_BYTES)
     # alltoall: the rank permutes its own (token, expert) rows (dropless); allgather: the
-    # gathered TP x EP tokens' rows for its local experts, unpermuted into the gathered shape
+    # gathered ETP x EP tokens' rows for its local experts, unpermuted into the gathered shape
     sent, out = tokens * moe.router_topk, tokens
     if c.moe_token_dispatcher == "allgather":
-        sent, out = expert_tokens(model, c), tokens * c.tp * c.ep
+        sent, out = expert_tokens(model, c), tokens * tp_ep_group_size(c)
     row = h * elem
     if moe.permute_fusion:  # TE fused permute / unpermute: each row read once, written once
         rows = 2.0 * sent * row + (sent * row + out * row)

@@ -104,6 +104,8 @@ def megatron_moe_flags(model: ModelSpec, config: ParallelConfig) -> list[Flag]:
         flags.append(("--moe-router-dtype", moe.router_dtype))
     if moe.router_pre_softmax:
         flags.append(("--moe-router-pre-softmax",))
+    if moe.load_balancing != "aux_loss":  # Megatron's default
+        flags.append(("--moe-router-load-balancing-type", moe.load_balancing))
     if moe.aux_loss_coeff:
         flags.append(("--moe-aux-loss-coeff", str(moe.aux_loss_coeff)))
     if moe.grouped_gemm:
