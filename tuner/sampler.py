@@ -61,7 +61,7 @@ from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.probe import MEMORY_SIGMA, may_probe
 from tuner.rates import Rates
-from tuner.space import enumerate_space, expand_axes, study_gpu
+from tuner.space import SharedSpace, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
 
@@ -253,9 +253,12 @@ class ModelGuidedSampler(BaseSampler):
     def __init__(
         self, spec: StudySpec, seed: int | None = None, prior: Prior | None = None,
         history: Sequence[Observation] = (), rates: Rates | None = None,
+        space: SharedSpace | None = None,
     ) -> None:  # fmt: skip
+        """``space``: the study loop's shared enumeration (its rates are the ones used); one
+        of the study's own under ``rates`` when None."""
         self._spec = spec
-        self._rates = rates
+        self._shared = space or SharedSpace(spec, rates)
         self._prior = prior or Prior()
         self._history = tuple(history)
         self._fingerprint = setup_fingerprint(spec)
@@ -269,7 +272,7 @@ class ModelGuidedSampler(BaseSampler):
 
     def _candidates(self) -> list[ParallelConfig]:
         if self._configs is None:
-            report = enumerate_space(self._spec, rates=self._rates)
+            report = self._shared.report()
             ranked = report.ranked() + report.probes  # probes last: after the first peaks
             self._probe_index = set(range(len(ranked) - len(report.probes), len(ranked)))
             self._configs = [c.config for c in ranked]
@@ -508,22 +511,24 @@ class _GridSampler(optuna.samplers.GridSampler):
 
 
 def make_sampler(
-    spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None
-) -> optuna.samplers.BaseSampler:
-    """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``),
-    tpe (multivariate, constant liar for parallel trials), gp, random or grid."""
+    spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None,
+    space: SharedSpace | None = None,
+) -> optuna.samplers.BaseSampler:  # fmt: skip
+    """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``
+    and reading ``space``, the loop's shared enumeration), tpe (multivariate, constant liar for
+    parallel trials), gp, random or grid."""
     s = spec.search
     if s.sampler == "model":
-        return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates)
+        return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates, space=space)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "grid":
-        space = {
+        grid = {
             k: list(d.choices)
             for k, d in distributions(spec).items()
             if isinstance(d, CategoricalDistribution)
         }
-        return _GridSampler(space, seed=s.seed)
+        return _GridSampler(grid, seed=s.seed)
     if s.sampler == "gp":
         try:
             import torch  # noqa: F401  # Optuna's GP sampler runs on torch
