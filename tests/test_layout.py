@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.layout import MAX_NAME_LENGTH, ResultsLayout, name_problem
+from tuner.layout import (
+    MAX_NAME_LENGTH,
+    ClusterLayout,
+    ResultsLayout,
+    name_problem,
+    study_name_problem,
+)
 
 
 def test_paths(tmp_path: Path) -> None:
@@ -55,3 +61,15 @@ def test_one_name_rule_for_the_layout_and_the_spec(tmp_path: Path, bad: str) -> 
     with pytest.raises(ValueError, match="plain name"):
         ResultsLayout(tmp_path, bad)
     assert name_problem("a" * MAX_NAME_LENGTH) is None and name_problem("gpt-70b_v1.2") is None
+
+
+def test_no_study_may_take_the_cluster_profiles_directory(tmp_path: Path) -> None:
+    clusters = ClusterLayout(tmp_path, "clusters")  # a cluster may be named so: clusters/*.yaml
+    assert clusters.dir == tmp_path / "clusters" and name_problem("clusters") is None
+    for name in ("clusters", "CLUSTERS"):
+        problem = study_name_problem(name)
+        assert problem is not None and "reserved" in problem and "\n" not in problem
+        with pytest.raises(ValueError, match="study name .* is reserved"):
+            ResultsLayout(tmp_path, name)
+    assert study_name_problem("clusters-a100") is None
+    assert study_name_problem("..") == name_problem("..")  # the one name rule first

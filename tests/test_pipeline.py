@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tuner.deepspeed_partition import deepspeed_layer_params
 from tuner.errors import ConfigError
 from tuner.launch.megatron_flags import megatron_split_flags
 from tuner.parallel import ParallelConfig, validate
@@ -27,7 +28,7 @@ from tuner.pipeline import (
     stage_holds,
     stage_layers,
 )
-from tuner.pipeline_split import canonical_split, deepspeed_layer_params, parse_split
+from tuner.pipeline_split import canonical_split, parse_split
 from tuner.space import config_from_settings, enumerate_space
 from tuner.spec import ModelSpec, TrainingSpec
 from tuner.studyfile import study_from_mapping

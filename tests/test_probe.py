@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -17,6 +18,7 @@ from tuner.probe import MEMORY_SIGMA, MIN_FIT_PROBABILITY, fit_probability, may_
 from tuner.sampler import ModelGuidedSampler
 from tuner.space import enumerate_space
 from tuner.spec import StudySpec
+from tuner.study import build_loop
 from tuner.studyfile import study_from_mapping
 from tuner.trials import config_from_params, distributions
 
@@ -118,3 +120,36 @@ def test_the_sampler_probes_only_after_a_measured_peak_and_drops_a_refuted_probe
     sampler2 = study2.sampler
     assert isinstance(sampler2, ModelGuidedSampler)
     assert sampler2.choose(study.get_trials(deepcopy=False)) != config
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_the_sampler_and_the_screen_share_one_enumeration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The space is walked (every config's memory and time estimated) once per loop: the model
+    sampler's candidates and the screen's memory probes come from the same enumeration."""
+    import tuner.space
+
+    walks = []
+    walk = tuner.space.iter_configs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        walks.append(1)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(tuner.space, "iter_configs", counted)
+    config, peak = fastest()
+    walks.clear()
+    s = spec(memory_gib=peak / 1.03)
+    loop = build_loop(s, results=str(tmp_path))
+    try:
+        sampler = loop.study.sampler
+        assert isinstance(sampler, ModelGuidedSampler)
+        first = sampler.choose([])
+        assert first is not None and first.key() != config.key()  # the fastest that fits
+        trial = loop.study.ask(distributions(s))
+        assert loop.screen(trial, config, [])  # over the headroom, but the study's probe
+        assert trial.user_attrs["memory_probe"] is True
+    finally:
+        loop.executor.close()
+    assert len(walks) == 1

@@ -103,6 +103,9 @@ BAD = [
     ("name", "ünï", "name", "plain name"),
     ("name", "a" * 300, "name", "300 characters long"),
     ("name", "a'; touch PWNED; '", "name", "plain name"),
+    # results/clusters/ holds the cluster profiles (tuner.layout.ClusterLayout)
+    ("name", "clusters", "name", "'clusters' is reserved: <results>/clusters/ holds the cluster"),
+    ("name", "Clusters", "name", "is reserved"),  # the same directory on a case-blind filesystem
     ("cluster.gpu_memory_gib", float("nan"), "cluster.gpu_memory_gib", "finite number"),
     ("cluster.gpu_memory_gib", float("inf"), "cluster.gpu_memory_gib", "finite number"),
     (

@@ -88,6 +88,22 @@ def test_the_study_loop_reads_in_one_sitting() -> None:
     assert len((PACKAGE / "study.py").read_text().splitlines()) < 500
 
 
+MAX_MODULE_LINES = 520
+"""No module of the package is longer (the aim is ~500: one sitting), so a module that grows
+past it is split along a seam rather than left to become the 2,800-line kind."""
+OVERSIZED = {"perf.py": "the step-time model, being reworked now; to be split along a seam next"}
+"""Modules allowed over :data:`MAX_MODULE_LINES` for now, each with the reason."""
+
+
+def test_every_module_stays_under_the_size_limit() -> None:
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")
+    }
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES and name not in OVERSIZED}
+    assert not over, f"over {MAX_MODULE_LINES} lines (split them along a seam): {over}"
+    assert set(OVERSIZED) <= set(sizes), "an exception names a module that is gone"
+
+
 def test_one_place_spells_the_recompute_setting() -> None:
     """``full:uniform:1`` is built by ParallelConfig.recompute_setting only."""
     spellers = sorted(

@@ -9,7 +9,7 @@ and the next study on the same cluster start from the corrected models.
 What is saved are the observations, not fitted weights: for each measured trial its config, the
 predicted and measured step time, and the predicted and measured memory (or, for a real OOM, the
 GPU's memory as a lower bound). The fit is redone wherever they are used, on the features of the
-space at hand (:class:`tuner.sampler.Features`), so a calibration made on one space applies to
+space at hand (:class:`tuner.correction.Features`), so a calibration made on one space applies to
 another with other knob values.
 
 An observation from another study (another fingerprint: other model, batch or framework) counts

@@ -64,6 +64,20 @@ class NodeError(LaunchError):
         super().__init__(f"{host}: {reason}")
 
 
+class SplitError(Exception):
+    """A pipeline split the framework refuses (:mod:`tuner.pipeline_split`,
+    :mod:`tuner.deepspeed_partition`): a stable rule id and the framework's own message.
+
+    Not a :class:`TunerError`: it never reaches the user as is; the validity rules report it as
+    a rule violation and the per-stage views raise :class:`ValidationError` with its message.
+    """
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.message = message
+
+
 class ParseError(TunerError):
     """A log file could not be read or parsed."""
 

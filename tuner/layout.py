@@ -9,6 +9,8 @@
     <root>/<study>/trials/<n>/metrics.json       what the log parser made of the logs
     <root>/<study>/trials/<n>/<file>             rendered extra files (ds_config.json, ...)
     <root>/<study>/best/launch-node-<k>.sh       the best configuration, ready to run
+    <root>/clusters/                             cluster profiles (:class:`ClusterLayout`), so
+                                                 no study may be named ``clusters``
 
 The same layout, rooted elsewhere, describes the trial directory on a remote node
 (:meth:`ResultsLayout.rebase`), so templates can point at files the node will really have.
@@ -42,6 +44,25 @@ def name_problem(name: str) -> str | None:
             "'.', '_' and '-', start with a letter or digit and not contain '..'"
         )
     return None
+
+
+CLUSTERS_DIR = "clusters"
+"""The results root's directory of cluster profiles and calibrations (:class:`ClusterLayout`)."""
+
+RESERVED_STUDY_NAMES = frozenset({CLUSTERS_DIR})
+"""Directories of the results root that are not a study's, so no study may take their name."""
+
+
+def study_name_problem(name: str) -> str | None:
+    """:func:`name_problem`, and a study name must not be one of :data:`RESERVED_STUDY_NAMES`
+    (compared without case: a case-insensitive filesystem would collide ``Clusters`` too)."""
+    problem = name_problem(name)
+    if problem is None and name.lower() in RESERVED_STUDY_NAMES:
+        return (
+            f"{name!r} is reserved: <results>/{name.lower()}/ holds the cluster profiles; "
+            "choose another study name"
+        )
+    return problem
 
 
 def _check_name(kind: str, name: str) -> str:
@@ -111,7 +132,9 @@ class ResultsLayout:
     """The study name; a plain name, used as a directory name."""
 
     def __post_init__(self) -> None:
-        _check_name("study name", self.study)
+        problem = study_name_problem(self.study)
+        if problem is not None:
+            raise ValueError(f"study name {problem}")
 
     @property
     def study_dir(self) -> Path:
@@ -184,7 +207,7 @@ class ClusterLayout:
     @property
     def dir(self) -> Path:
         """``<root>/clusters``."""
-        return self.root / "clusters"
+        return self.root / CLUSTERS_DIR
 
     @property
     def profile_yaml(self) -> Path:

@@ -10,17 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import ConfigError, ValidationError
+from tuner.deepspeed_partition import deepspeed_stages
+from tuner.errors import ConfigError, SplitError, ValidationError
 from tuner.frameworks import MEGATRON_DEEPSPEED_FORK, traits
 from tuner.moe_spec import moe_rule_violations
 from tuner.pipe_layers import pipe_layers
-from tuner.pipeline_split import (
-    EVEN,
-    SplitError,
-    deepspeed_stages,
-    megatron_chunks,
-    parse_split,
-)
+from tuner.pipeline_split import EVEN, megatron_chunks, parse_split
 from tuner.spec import Framework, ModelSpec, RecomputeGranularity, RecomputeMethod
 
 

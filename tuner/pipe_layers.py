@@ -9,13 +9,13 @@ them equal to :func:`tuner.memory_terms.param_counts` (one formula, two callers)
 
 from __future__ import annotations
 
-from tuner.frameworks import padded_vocab, traits
-from tuner.pipeline_split import (
+from tuner.deepspeed_partition import (
     GPTPipeShape,
     PipeLayer,
     gpt_model_pipe_layers,
     workload_layers,
 )
+from tuner.frameworks import padded_vocab, traits
 from tuner.spec import ModelSpec
 
 

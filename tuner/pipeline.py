@@ -20,15 +20,14 @@ Schedules (what a rank holds at its activation peak):
 
 from __future__ import annotations
 
-from tuner.errors import ValidationError
+from tuner.deepspeed_partition import deepspeed_stages
+from tuner.errors import SplitError, ValidationError
 from tuner.frameworks import traits
 from tuner.parallel import ParallelConfig
 from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import (
     DEEPSPEED_DEFAULT_METHOD,
     Chunks,
-    SplitError,
-    deepspeed_stages,
     megatron_chunks,
     parse_split,
 )

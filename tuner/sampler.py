@@ -7,6 +7,8 @@ machine departs from the model:
 
     log(measured step) = log(predicted step) + w . features(config) + noise
 
+(the regression itself, features, prior and closed-form posterior: :mod:`tuner.correction`)
+
 ``features`` are a constant, the log2 of each size (tp, pp, cp, dp, vp, micro-batch: a trend
 seen between two values carries over to the next), one-hot indicators of each knob's value
 (tp=4, pp=2, micro-batch 8, full recomputation, ...) and of each pair of knob values (tp=4 with
@@ -42,7 +44,6 @@ Optuna's random sampling takes over (the study loop then finds the space exhaust
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import warnings
 from collections.abc import Sequence
@@ -55,167 +56,28 @@ from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.calibration import Observation, memory_fingerprint, setup_fingerprint
+from tuner.correction import (
+    Features,
+    Prior,
+    expected_improvement,
+    fit,
+    fit_memory,
+    normal_cdf,
+)
+from tuner.correction import knob_values as knob_values
 from tuner.errors import StudyError
 from tuner.memory import GIB
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.probe import MEMORY_SIGMA, may_probe
 from tuner.rates import Rates
-from tuner.space import enumerate_space, expand_axes, study_gpu
+from tuner.space import SharedSpace, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
 
 MIN_ERROR_RUNS = 4
 """Measured configs needed before the model's error spread is estimated (leave-one-out over
 fewer is noise) and the search may stop on it (:mod:`tuner.stopping`)."""
-# The MoE knobs come last: a dense study never varies them, so its features stay as they were.
-KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
-         "dispatcher")  # fmt: skip
-SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs", "ep")
-
-
-def knob_values(config: ParallelConfig) -> dict[str, str]:
-    """The value of each searched knob of ``config``, as a string."""
-    rc = config.recompute_setting
-    return {
-        "tp": str(config.tp), "pp": str(config.pp), "cp": str(config.cp), "dp": str(config.dp),
-        "vp": str(config.vp),
-        "mbs": str(config.micro_batch_size), "sp": str(int(config.sequence_parallel)),
-        "recompute": rc,
-        "sharding": f"{int(config.distributed_optimizer)}:{config.zero_stage}",
-        "ep": str(config.ep), "etp": str(config.etp),  # None: etp follows tp
-        "dispatcher": config.moe_token_dispatcher,
-    }  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Prior:
-    """Prior standard deviations of the correction weights, on the log of the step time."""
-
-    intercept: float = 0.5
-    """A uniform error of the model (it is often optimistic by tens of percent)."""
-    trend: float = 0.25
-    """The effect of doubling a size (tp, pp, cp, dp, vp, micro-batch): lets a trend seen between
-    two values carry over to values not measured yet."""
-    main: float = 0.2
-    """The effect of one knob value (e.g. tp=8 costs 20 % more than the model thinks)."""
-    pair: float = 0.12
-    """The joint effect of two knob values beyond their separate effects."""
-    noise: float = 0.03
-    """Run-to-run noise of a measured step time."""
-    memory_intercept: float = 1.0
-    """The memory model's error is mostly one factor shared by every config of a study (the
-    CUDA context, communicator buffers and allocator slack of that software stack), so one
-    measured peak moves every config's estimate."""
-    memory_trend: float = 0.02
-    """Memory errors do not grow with log2 of a size the way time errors do: nearly off."""
-    memory_main: float = 0.1
-    """The error of one component (activations under one recompute setting, states under one
-    sharding) shows up as a knob-value effect."""
-    memory_pair: float = 0.05
-    """The joint effect of two knob values on the memory error."""
-    memory_noise: float = 0.05
-    """Noise of a measured peak (allocator rounding, fragmentation)."""
-
-
-class Features:
-    """One-hot features of knob values and pairs of knob values, over the study's space."""
-
-    def __init__(self, configs: Sequence[ParallelConfig], prior: Prior) -> None:
-        values: dict[str, set[str]] = {k: set() for k in KNOBS}
-        for c in configs:
-            for k, v in knob_values(c).items():
-                values[k].add(v)
-        searched = [k for k in KNOBS if len(values[k]) > 1]
-        self.index: dict[tuple[str, ...], int] = {}
-        groups = ["intercept"]
-        self.trends = [k for k in searched if k in SIZES]
-        groups += ["trend"] * len(self.trends)
-        for k in searched:
-            for v in sorted(values[k]):
-                self.index[(k, v)] = len(groups)
-                groups.append("main")
-        for a, b in itertools.combinations(searched, 2):
-            for va, vb in itertools.product(sorted(values[a]), sorted(values[b])):
-                self.index[(a, va, b, vb)] = len(groups)
-                groups.append("pair")
-        self.searched = searched
-        self._groups = np.array(groups)
-        self.prior_precision = self.precision(prior.intercept, prior.trend, prior.main,
-                                              prior.pair)  # fmt: skip
-        self.memory_precision = self.precision(
-            prior.memory_intercept, prior.memory_trend, prior.memory_main, prior.memory_pair
-        )
-
-    def precision(self, intercept: float, trend: float, main: float, pair: float) -> np.ndarray:
-        """Prior precisions of the weights, from one standard deviation per feature group."""
-        sd = {"intercept": intercept, "trend": trend, "main": main, "pair": pair}
-        return np.asarray(1.0 / np.square(np.array([sd[str(g)] for g in self._groups])))
-
-    def __call__(self, config: ParallelConfig) -> np.ndarray:
-        x = np.zeros(len(self.prior_precision))
-        x[0] = 1.0
-        kv = knob_values(config)
-        for j, k in enumerate(self.trends, 1):
-            x[j] = math.log2(int(kv[k]))
-        for k in self.searched:
-            i = self.index.get((k, kv[k]))
-            if i is not None:
-                x[i] = 1.0
-        for a, b in itertools.combinations(self.searched, 2):
-            i = self.index.get((a, kv[a], b, kv[b]))
-            if i is not None:
-                x[i] = 1.0
-        return x
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Posterior:
-    """Gaussian posterior of the correction weights."""
-
-    mean: np.ndarray
-    cov: np.ndarray
-
-    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and standard deviation of the correction for the rows of ``x``."""
-        mu = x @ self.mean
-        var = np.einsum("ij,jk,ik->i", x, self.cov, x)
-        return mu, np.sqrt(np.maximum(var, 1e-12))
-
-
-def fit(
-    prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
-) -> Posterior:
-    """Bayesian linear regression with a zero-mean diagonal Gaussian prior; ``noise``: one
-    standard deviation for every row, or one per row (a saved measurement from another study
-    is noisier, :mod:`tuner.calibration`)."""
-    w = np.broadcast_to(1.0 / np.square(np.asarray(noise, dtype=float)), y.shape)
-    precision = np.diag(prior_precision) + x.T @ (x * w[:, None])
-    cov = np.linalg.inv(precision)
-    mean = cov @ (x.T @ (y * w))
-    return Posterior(mean, cov)
-
-
-def fit_memory(
-    features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
-    noise: float | np.ndarray,
-) -> Posterior:  # fmt: skip
-    """The memory correction: log(measured / predicted) memory regressed on the features; a
-    row with ``bound`` set (a real OOM) only bounds its ratio from below."""
-    precision = features.memory_precision
-    post = fit(precision, x, y, noise)
-    for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
-        if not bound.any():
-            break
-        mu_seen, sd_seen = post.predict(x)
-        y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
-        post = fit(precision, x, y, noise)
-    return post
-
-
-def normal_cdf(z: np.ndarray) -> np.ndarray:
-    """The standard normal distribution function, elementwise."""
-    return np.asarray(0.5 * (1.0 + np.vectorize(math.erf)(np.asarray(z) / math.sqrt(2.0))))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -239,23 +101,18 @@ class Belief:
     study or the saved calibration), so the model's error there is like the error seen."""
 
 
-def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
-    """Expected decrease below ``best`` of a Gaussian (mean ``mu``, sd ``sd``)."""
-    z = (best - mu) / sd
-    cdf = normal_cdf(z)
-    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-    return np.asarray((best - mu) * cdf + sd * pdf)
-
-
 class ModelGuidedSampler(BaseSampler):
     """Optuna sampler over a study's admitted configs; see the module docstring."""
 
     def __init__(
         self, spec: StudySpec, seed: int | None = None, prior: Prior | None = None,
         history: Sequence[Observation] = (), rates: Rates | None = None,
+        space: SharedSpace | None = None,
     ) -> None:  # fmt: skip
+        """``space``: the study loop's shared enumeration (its rates are the ones used); one
+        of the study's own under ``rates`` when None."""
         self._spec = spec
-        self._rates = rates
+        self._shared = space or SharedSpace(spec, rates)
         self._prior = prior or Prior()
         self._history = tuple(history)
         self._fingerprint = setup_fingerprint(spec)
@@ -269,7 +126,7 @@ class ModelGuidedSampler(BaseSampler):
 
     def _candidates(self) -> list[ParallelConfig]:
         if self._configs is None:
-            report = enumerate_space(self._spec, rates=self._rates)
+            report = self._shared.report()
             ranked = report.ranked() + report.probes  # probes last: after the first peaks
             self._probe_index = set(range(len(ranked) - len(report.probes), len(ranked)))
             self._configs = [c.config for c in ranked]
@@ -508,22 +365,24 @@ class _GridSampler(optuna.samplers.GridSampler):
 
 
 def make_sampler(
-    spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None
-) -> optuna.samplers.BaseSampler:
-    """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``),
-    tpe (multivariate, constant liar for parallel trials), gp, random or grid."""
+    spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None,
+    space: SharedSpace | None = None,
+) -> optuna.samplers.BaseSampler:  # fmt: skip
+    """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``
+    and reading ``space``, the loop's shared enumeration), tpe (multivariate, constant liar for
+    parallel trials), gp, random or grid."""
     s = spec.search
     if s.sampler == "model":
-        return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates)
+        return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates, space=space)
     if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     if s.sampler == "grid":
-        space = {
+        grid = {
             k: list(d.choices)
             for k, d in distributions(spec).items()
             if isinstance(d, CategoricalDistribution)
         }
-        return _GridSampler(space, seed=s.seed)
+        return _GridSampler(grid, seed=s.seed)
     if s.sampler == "gp":
         try:
             import torch  # noqa: F401  # Optuna's GP sampler runs on torch

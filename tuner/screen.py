@@ -23,7 +23,7 @@ from tuner.perf import estimate_time
 from tuner.probe import fit_probability
 from tuner.rates import Rates
 from tuner.record import Summary
-from tuner.space import enumerate_space
+from tuner.space import SharedSpace
 from tuner.spec import StudySpec
 from tuner.trials import (
     is_duplicate,
@@ -41,9 +41,12 @@ class Screen:
     def __init__(
         self, spec: StudySpec, study: optuna.Study, leases: Leases, gpu: GPUSpec,
         summary: Summary, *, worker: str, heartbeat_s: float, rerun: frozenset[Outcome],
-        rates: Rates | None = None,
+        rates: Rates | None = None, space: SharedSpace | None = None,
     ) -> None:  # fmt: skip
+        """``space``: the loop's shared enumeration (the model sampler's), which holds the
+        memory probes; one of the study's own under ``rates`` when None."""
         self.rates = rates
+        self.space = space or SharedSpace(spec, rates)
         self.spec, self.study, self.leases, self.gpu = spec, study, leases, gpu
         self.summary, self.worker, self.heartbeat_s, self.rerun = (
             summary,
@@ -95,10 +98,9 @@ class Screen:
         return self._screen_history(trial, config, trials)
 
     def _probe_keys(self) -> frozenset[str]:
-        """The study's memory probes (``tuner.probe``), worked out once."""
+        """The study's memory probes (``tuner.probe``), from the shared enumeration."""
         if self._probes is None:
-            report = enumerate_space(self.spec, rates=self.rates)
-            self._probes = frozenset(c.config.key() for c in report.probes)
+            self._probes = frozenset(c.config.key() for c in self.space.report().probes)
         return self._probes
 
     def _screen_history(self, trial: optuna.Trial, config: ParallelConfig,

@@ -2,7 +2,8 @@
 
 ``enumerate_space`` walks every combination of the study's knobs, derives DP from the world
 size, checks the framework's rules (``tuner.parallel``) and, for the valid ones, predicts memory
-(``tuner.memory``). ``config_from_settings`` builds one config from ``--set key=value`` pairs.
+(``tuner.memory``); :class:`SharedSpace` keeps one enumeration for the parts of a study loop
+that read it. ``config_from_settings`` builds one config from ``--set key=value`` pairs.
 """
 
 from __future__ import annotations
@@ -289,6 +290,28 @@ def enumerate_space(
                 near.append(Candidate(config, memory, False, time))
     report.probes = _probes(near, report, spec.search.memory_probes)
     return report
+
+
+class SharedSpace:
+    """One :func:`enumerate_space` of a study under ``rates``, made on first use and kept.
+
+    The model sampler's candidates and the screen's memory probes read the same one: the
+    enumeration estimates every config's memory and time (about 0.1 s for the 70B space), and
+    both need it with the same rates, so a study loop builds it once and hands it to both.
+    """
+
+    __slots__ = ("_report", "rates", "spec")
+
+    def __init__(self, spec: StudySpec, rates: Rates | None = None) -> None:
+        self.spec, self.rates = spec, rates
+        self._report: SpaceReport | None = None
+
+    def report(self) -> SpaceReport:
+        """The enumeration (viable configs with their times, and the memory probes); shared, so
+        callers must not change it."""
+        if self._report is None:
+            self._report = enumerate_space(self.spec, rates=self.rates)
+        return self._report
 
 
 def _probes(near: list[Candidate], report: SpaceReport, limit: int) -> list[Candidate]:

@@ -21,7 +21,7 @@ from tuner.errors import ConfigError
 from tuner.fp8 import Fp8Format, Fp8Recipe
 from tuner.frameworks import Framework as Framework
 from tuner.frameworks import traits
-from tuner.layout import name_problem
+from tuner.layout import name_problem, study_name_problem
 from tuner.moe_spec import MoESpec, TokenDispatcher
 from tuner.pipeline_split import parse_split
 from tuner.spec_bounds import _ENV_NAME as _ENV_NAME
@@ -369,7 +369,7 @@ class StudySpec:
     """Sampler and budget."""
 
     def __post_init__(self) -> None:
-        problem = name_problem(self.name)  # the results layout's rule: the name is a directory
+        problem = study_name_problem(self.name)  # the results layout's: the name is a directory
         if problem is not None:
             raise ConfigError(problem, path="name")
         splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split

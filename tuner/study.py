@@ -52,7 +52,7 @@ from tuner.recovery import Recovery
 from tuner.sampler import make_sampler
 from tuner.schedule import Heartbeat, Placement, Scheduler, live_running
 from tuner.screen import Screen
-from tuner.space import enumerate_space, expand_axes, study_gpu
+from tuner.space import SharedSpace, enumerate_space, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.stopping import Stopper
 from tuner.storage import check_results_dir, open_storage, open_study, record_heartbeats
@@ -99,6 +99,7 @@ class StudyLoop:
         leases: Leases, n_trials: int | None = None, clock: Callable[[], float] = time.monotonic,
         poll_s: float = 0.2, on_update: Callable[[StudyLoop], None] | None = None,
         rerun: Collection[Outcome] = (), rates: Rates | None = None,
+        space: SharedSpace | None = None,
     ) -> None:  # fmt: skip
         self.spec, self.study, self.executor, self.pool = spec, study, executor, pool
         self.layout, self.launcher, self.clock, self.poll_s = layout, launcher, clock, poll_s
@@ -117,7 +118,7 @@ class StudyLoop:
         self._study_id = storage.get_study_id_from_name(spec.name)
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
                              heartbeat_s=self.heartbeat_s, rerun=self.rerun,
-                             rates=rates)  # fmt: skip
+                             rates=rates, space=space)  # fmt: skip
         self.recovery = Recovery(spec, study, storage, leases, executor, layout, self.gpu,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s,
@@ -455,11 +456,12 @@ def build_loop(
     check_results_dir(layout)
     opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
     rates = study_rates(spec, results)  # the cluster's measured profile, if any
-    sampler = make_sampler(spec, history(spec, results), rates)  # and its saved calibration
+    space = SharedSpace(spec, rates)  # one enumeration for the model sampler and the screen
+    sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
     study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
     return StudyLoop(
         spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,
         leases=open_leases(storage, layout), n_trials=n_trials, on_update=on_update, rerun=rerun,
-        rates=rates,
+        rates=rates, space=space,
     )  # fmt: skip

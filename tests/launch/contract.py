@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tuner.launch import Executor, Job, LaunchRequest
-from tuner.launch.preflight import PathCheck, PreflightChecks
+from tuner.launch.preflight import STALE_LOCK_MINUTES, BuildLocks, PathCheck, PreflightChecks
 from tuner.layout import ResultsLayout
 
 from .conftest import live_processes, read, wait_for
@@ -208,6 +208,21 @@ class ExecutorContract:
         assert [p.message for p in executor.preflight(self.hosts[:1], workdir)] == [
             f"launch.workdir: {tmp_path / 'gone'} is not a directory"
         ]
+
+    def test_preflight_finds_a_stale_torch_extension_build_lock(
+        self, executor: Executor, tmp_path: Path
+    ) -> None:
+        lock = tmp_path / "ext dir" / "deepspeed_shm_comm" / "lock"  # <TORCH_EXTENSIONS_DIR>/<op>
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+        then = time.time() - 60 * 2 * STALE_LOCK_MINUTES  # left by a killed build
+        os.utime(lock, (then, then))
+        checks = PreflightChecks(locks=BuildLocks(extensions_dir=str(lock.parent.parent)))
+        problems = executor.preflight(self.hosts, checks)
+        assert [(p.host, p.message) for p in problems] == [
+            (h, BuildLocks.problem(str(lock.resolve()))) for h in self.hosts
+        ]
+        assert all(p.config for p in problems)
 
     @pytest.mark.torch
     @pytest.mark.slow

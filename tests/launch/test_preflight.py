@@ -4,11 +4,13 @@ with one line per problem before anything is launched (real loopback sshd nodes)
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,15 @@ import pytest
 import yaml
 
 from tuner.launch import LocalExecutor
-from tuner.launch.preflight import PathCheck, PreflightChecks, Problem, checks_for, exit_code
+from tuner.launch.preflight import (
+    STALE_LOCK_MINUTES,
+    BuildLocks,
+    PathCheck,
+    PreflightChecks,
+    Problem,
+    checks_for,
+    exit_code,
+)
 from tuner.launch.ssh import SSHExecutor
 from tuner.spec import SSHSpec
 from tuner.studyfile import study_from_mapping
@@ -97,6 +107,70 @@ def test_gpus_are_counted_with_nvidia_smi(tmp_path: Path) -> None:
             ]
         finally:
             bare.close()
+
+
+def plant_lock(root: Path, *parts: str, age_min: float = 2 * STALE_LOCK_MINUTES) -> Path:
+    """A build lock as torch.utils.file_baton leaves it when its build is killed: an empty file
+    under the op's build directory, last touched ``age_min`` minutes ago."""
+    lock = root.joinpath(*parts, "lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.touch()
+    then = time.time() - 60 * age_min
+    os.utime(lock, (then, then))
+    return lock
+
+
+def stale(lock: Path) -> str:
+    path = str(lock.resolve())
+    return (
+        f"stale torch-extension build lock {path} (an op build was killed; every DeepSpeed "
+        f"start on this node would wait on it forever): remove it with rm {shlex.quote(path)}"
+    )
+
+
+def test_deepspeed_studies_look_for_build_locks_where_their_trials_build() -> None:
+    raw = demo_ssh()
+    assert checks_for(study_from_mapping(raw)).locks == BuildLocks()  # the nodes' own dirs
+    raw["launch"]["env"] = {"TORCH_EXTENSIONS_DIR": "/scratch/ext", "XDG_CACHE_HOME": "/c"}
+    assert checks_for(study_from_mapping(raw)).locks == BuildLocks(
+        extensions_dir="/scratch/ext", cache_home="/c"
+    )
+    raw["framework"] = "megatron"
+    raw["launch"].update(template="megatron_gpt", megatron_path="/shared/Megatron-LM/")
+    del raw["launch"]["script"]
+    raw["space"] = {"tp": [1]}
+    assert checks_for(study_from_mapping(raw)).locks is None
+
+
+def test_a_stale_build_lock_is_found_a_live_or_recent_one_is_not(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"  # the node's XDG_CACHE_HOME: torch's default layout under it
+    lock = plant_lock(cache / "torch_extensions", "py311_cpu", "deepspeed_shm_comm")
+    ex = LocalExecutor(env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+                            "XDG_CACHE_HOME": str(cache)})  # fmt: skip
+    try:
+        assert ex.preflight(["local-0"], PreflightChecks()) == []  # not asked: no look
+        problems = ex.preflight(["local-0"], PreflightChecks(locks=BuildLocks()))
+        assert [str(p) for p in problems] == [f"local-0: {stale(lock)}"]
+        assert exit_code(problems) == 2
+        os.utime(lock)  # a build that started a moment ago
+        assert ex.preflight(["local-0"], PreflightChecks(locks=BuildLocks())) == []
+        # An old lock its build still holds open (a long op build) is not stale.
+        old = plant_lock(tmp_path / "ext", "fused_adam")
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys, time; os.open(sys.argv[1], os.O_RDONLY); "
+             "print(flush=True); time.sleep(120)", str(old)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "\n"
+            held = PreflightChecks(locks=BuildLocks(extensions_dir=str(tmp_path / "ext")))
+            assert ex.preflight(["local-0"], held) == []
+        finally:
+            holder.kill()
+            holder.wait()
+        assert [p.message for p in ex.preflight(["local-0"], held)] == [stale(old)]
+    finally:
+        ex.close()
 
 
 # ----------------------------------------------------------------------------- real sshd
@@ -203,5 +277,22 @@ def test_tune_run_names_an_unreachable_node_in_one_quiet_line(
     assert run.stderr.splitlines() == [
         f"tune: preflight: gpu-dead: cannot connect to {sshd_cluster.user}@127.0.0.1:{not_ssh}: "
         "no SSH server there (no SSH protocol banner within 3 s)"
+    ]
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.ssh
+def test_tune_run_stops_on_a_stale_build_lock_on_the_nodes(
+    sshd_cluster: LoopbackCluster, tmp_path: Path
+) -> None:
+    config = write_config(sshd_cluster, tmp_path / "config")
+    ext = tmp_path / "torch ext"  # the study's TORCH_EXTENSIONS_DIR: <dir>/<op>/lock
+    lock = plant_lock(ext, "deepspeed_shm_comm")
+    study = write_study(tmp_path, config, ["gpu-a", "gpu-b"],
+                        env={"TORCH_EXTENSIONS_DIR": str(ext)})  # fmt: skip
+    run = tune_run(study, tmp_path / "results")
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        f"tune: preflight: {host}: {stale(lock)}" for host in ("gpu-a", "gpu-b")
     ]
     assert not (tmp_path / "results").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from tuner.report.build import build_report
 from tuner.report.data import MEMORY_PARTS, TIME_PARTS, gather
 from tuner.report.page import payback_plan
 from tuner.space import study_gpu
+from tuner.spec import StudySpec
 from tuner.storage import open_storage
+from tuner.studyfile import study_from_mapping
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
@@ -95,6 +98,50 @@ def test_breakdowns_add_up_to_the_models_totals(tmp_path: Path) -> None:
     assert stages[0].total == pytest.approx(memory.peak / GIB)
     assert f"stage {memory.stage}" in stages[0].label
     assert list(parts) == list(TIME_PARTS) and sum(parts.values()) == pytest.approx(time.step)
+
+
+LAUNCH = {
+    "megatron": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
+    "deepspeed": {"template": "deepspeed_gpt", "script": "train.py"},
+    "megatron-deepspeed": {"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"},
+}
+
+
+def framework_spec(framework: str) -> StudySpec:
+    return study_from_mapping({
+        "name": f"launch-{framework}", "model": {"preset": "llama2-7b"},
+        "training": {"global_batch_size": 64},
+        "cluster": {"gpu": "a100-80gb", "gpus_per_node": 8, "num_nodes": 1, "executor": "local"},
+        "framework": framework, "launch": LAUNCH[framework],
+        "space": {"micro_batch_size": [1, 2]},
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("framework", "shown"),
+    [("megatron", ["Megatron arguments"]), ("deepspeed", ["ds_config.json"]),
+     ("megatron-deepspeed", ["Megatron arguments", "ds_config.json"])],
+)  # fmt: skip
+def test_the_launch_line_follows_what_the_framework_takes(
+    tmp_path: Path, framework: str, shown: list[str]
+) -> None:
+    """megatron-deepspeed runs Megatron's model code under DeepSpeed's engine: its launch
+    needs the fork's arguments and the ds_config (ZeRO stage, batch sizes) both."""
+    spec = framework_spec(framework)
+    layout = ResultsLayout(tmp_path, spec.name)
+    study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
+    c = config(1, 2)
+    record(study, spec, c, Outcome.OK, 3.0, launched=True, duration_s=60.0)
+    data = gather(spec, results=str(tmp_path))
+    assert data.best is not None
+    got = dict(data.launch_args(data.best))
+    assert list(got) == shown
+    if "ds_config.json" in got:
+        assert json.loads(got["ds_config.json"])["zero_optimization"] == {"stage": c.zero_stage}
+    if "Megatron arguments" in got:
+        assert "--micro-batch-size 2" in got["Megatron arguments"]
+    text = build_report(spec, results=str(tmp_path))[0].read_text()
+    assert all(what in text for what in shown)
 
 
 def test_the_report_reads_storage_and_never_the_loop() -> None:

@@ -6,25 +6,38 @@ node with one command per node (:data:`CHECK_SCRIPT`, POSIX sh) and returns one
 :class:`Problem` per thing wrong. ``tune run`` prints each as one line and exits before launching
 anything: 2 when a problem is in the study or on the nodes (a missing path, too few GPUs: fix the
 study or the nodes), 1 when a node cannot be reached at all (like a failed job).
+
+DeepSpeed studies are also checked for a stale torch-extension build lock (:class:`BuildLocks`):
+``torch.utils.cpp_extension.load`` (how DeepSpeed's op builders JIT-compile an op) creates
+``<build dir>/lock`` with ``O_CREAT | O_EXCL`` (``torch.utils.file_baton.FileBaton``), keeps it
+open while it builds and removes it when done; every other process waits, with no timeout,
+until the file is gone. A build that was killed leaves the file behind, and every later DeepSpeed
+start on that node then waits forever (the trials end as ``hang``).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import NodeError
+from tuner.frameworks import traits
 from tuner.spec import StudySpec
 
 PathKind = Literal["executable", "dir", "file"]
 
 # $1: the directory relative paths are checked from ('' : where the command runs), $2: GPUs
-# needed (0: no check), then one kind and path per check. Prints one line per failure, naming the
-# check by its index: "<i>", "workdir", "gpu <count>" or "gpu -" (no nvidia-smi).
+# needed (0: no check), $3: report build locks older than this many minutes (0: no check), $4 and
+# $5: the study's TORCH_EXTENSIONS_DIR and XDG_CACHE_HOME ('': the node's), then one kind and path
+# per check. Prints one line per failure, naming the check by its index: "<i>", "workdir",
+# "gpu <count>", "gpu -" (no nvidia-smi) or "lock <path>".
 CHECK_SCRIPT = r"""
-workdir=$1 gpus=$2
-shift 2
+workdir=$1 gpus=$2 lock_min=$3
+[ -n "$4" ] && TORCH_EXTENSIONS_DIR=$4
+[ -n "$5" ] && XDG_CACHE_HOME=$5
+shift 5
 if [ -n "$workdir" ] && ! cd "$workdir" 2>/dev/null; then
   echo workdir
   exit 0
@@ -52,8 +65,32 @@ if [ "$gpus" -gt 0 ]; then
     echo "gpu -"
   fi
 fi
+# torch.utils.cpp_extension._get_build_directory: $TORCH_EXTENSIONS_DIR/<op>, else
+# <user cache>/torch_extensions/py<XY>_<accelerator>/<op>; the lock is that directory's "lock".
+# A lock is stale when no process has it open (/proc/*/fd; the builder keeps its fd open).
+if [ "$lock_min" -gt 0 ] && [ -d /proc/self/fd ]; then
+  if [ -n "${TORCH_EXTENSIONS_DIR:-}" ]; then
+    root=$TORCH_EXTENSIONS_DIR depth=2
+  else
+    root=${XDG_CACHE_HOME:-$HOME/.cache}/torch_extensions depth=3
+  fi
+  if [ -d "$root" ]; then
+    find "$root" -mindepth $depth -maxdepth $depth -type f -name lock -mmin +"$lock_min" \
+        2>/dev/null | while IFS= read -r lock; do
+      real=$(cd "${lock%/lock}" 2>/dev/null && pwd -P)/lock
+      ls -l /proc/[0-9]*/fd/ 2>/dev/null | awk -v p="$real" '
+        { i = index($0, " -> "); if (i && substr($0, i + 4) == p) held = 1 }
+        END { exit held ? 0 : 1 }' || echo "lock $real"
+    done
+  fi
+fi
 exit 0
 """
+
+STALE_LOCK_MINUTES = 5
+"""A build lock older than this that no process holds is stale. Why the age too: a build in
+another PID namespace (a container sharing the home directory) holds the lock unseen; DeepSpeed's
+CPU ops build in well under a minute, so a lock this old is almost never a build in progress."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +111,26 @@ class PathCheck:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BuildLocks:
+    """Look for stale torch-extension build locks (DeepSpeed's JIT-built ops)."""
+
+    minutes: int = STALE_LOCK_MINUTES
+    """Only locks older than this, and held by no process, are stale."""
+    extensions_dir: str = ""
+    """The study's ``launch.env`` TORCH_EXTENSIONS_DIR ('': the node's environment)."""
+    cache_home: str = ""
+    """The study's ``launch.env`` XDG_CACHE_HOME ('': the node's environment)."""
+
+    @staticmethod
+    def problem(path: str) -> str:
+        """One line naming the stale lock and how to clear it."""
+        return (
+            f"stale torch-extension build lock {path} (an op build was killed; every DeepSpeed "
+            f"start on this node would wait on it forever): remove it with rm {shlex.quote(path)}"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PreflightChecks:
     """What every node must offer before trials are launched on it."""
 
@@ -83,10 +140,17 @@ class PreflightChecks:
     gpus: int = 0
     """``nvidia-smi -L`` must list at least this many GPUs (0: no GPU check)."""
     gpu_field: str = "cluster.gpus_per_node"
+    locks: BuildLocks | None = None
+    """Stale torch-extension build locks are a problem (DeepSpeed studies); None: not checked."""
 
     def argv(self) -> list[str]:
         """The command that checks one node (for ``sh``: no quoting has happened yet)."""
+        locks = self.locks
         args = [self.workdir or "", str(self.gpus)]
+        if locks is None:
+            args += ["0", "", ""]
+        else:
+            args += [str(locks.minutes), locks.extensions_dir, locks.cache_home]
         for check in self.paths:
             args += [check.kind, check.path]
         return ["sh", "-c", CHECK_SCRIPT, "tuner-preflight", *args]
@@ -120,6 +184,8 @@ class PreflightChecks:
                 found.append(Problem(host, f"launch.workdir: {self.workdir} is not a directory"))
             elif word == "gpu":
                 found.append(Problem(host, self._gpu_problem(rest)))
+            elif word == "lock" and rest:
+                found.append(Problem(host, BuildLocks.problem(rest)))
         return found
 
     def _gpu_problem(self, count: str) -> str:
@@ -145,9 +211,11 @@ def checks_for(spec: StudySpec) -> PreflightChecks:
     """The checks a study's trials need on every node.
 
     Only paths the study sets are checked (a template's own requirements are its error to
-    report). GPUs are counted on remote nodes when ``cluster.gpu`` is not ``cpu``; the local
-    executor runs on this machine, where the tests' Megatron stand-in plays a GPU cluster on
-    CPUs, so it is not asked for GPUs.
+    report); DeepSpeed studies are checked for stale build locks where the trials would build
+    their ops (the study's TORCH_EXTENSIONS_DIR / XDG_CACHE_HOME, else the node's). GPUs are
+    counted on remote nodes when ``cluster.gpu`` is not ``cpu``; the local executor runs on this
+    machine, where the tests' Megatron stand-in plays a GPU cluster on CPUs, so it is not asked
+    for GPUs.
     """
     launch = spec.launch
     paths = [PathCheck("launch.python", launch.python, "executable")]
@@ -160,7 +228,13 @@ def checks_for(spec: StudySpec) -> PreflightChecks:
         paths.append(PathCheck("launch.script", launch.script, "file"))
     remote = spec.cluster.executor != "local"
     gpus = spec.cluster.gpus_per_node if remote and spec.cluster.gpu != "cpu" else 0
-    return PreflightChecks(paths=tuple(paths), workdir=launch.workdir, gpus=gpus)
+    t = traits(spec.framework)
+    locks = None
+    if t.deepspeed_optimizer or t.deepspeed_pipeline:  # DeepSpeed JIT-builds its ops
+        env = launch.env
+        locks = BuildLocks(extensions_dir=env.get("TORCH_EXTENSIONS_DIR", ""),
+                           cache_home=env.get("XDG_CACHE_HOME", ""))  # fmt: skip
+    return PreflightChecks(paths=tuple(paths), workdir=launch.workdir, gpus=gpus, locks=locks)
 
 
 def exit_code(problems: Sequence[Problem]) -> int:

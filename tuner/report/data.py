@@ -16,6 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
 from tuner.errors import ConfigError
+from tuner.frameworks import traits
 from tuner.memory import GIB, MemoryBreakdown, estimate_memory
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -202,16 +203,23 @@ class ReportData:
             self._breakdowns[row.number] = (stage_memory(memory), time_parts(time))
         return self._breakdowns[row.number]
 
-    def launch_args(self, row: TrialRow) -> tuple[str, str]:
-        """How to launch a trial's config: (what, text): Megatron's parallelism arguments, or
-        the DeepSpeed config as one line of JSON."""
+    def launch_args(self, row: TrialRow) -> list[tuple[str, str]]:
+        """How to launch a trial's config, as (what, text) pairs read from the framework's
+        traits (:mod:`tuner.frameworks`): the parallelism arguments in the flag names of
+        Megatron's model code (Megatron-LM's or Megatron-DeepSpeed's), and the ds_config as one
+        line of JSON where DeepSpeed's engine runs the training (``megatron-deepspeed`` takes
+        both)."""
         if row.config is None:
-            return "launch", ""
-        if self.spec.framework == "deepspeed":
+            return [("launch", "")]
+        t = traits(self.spec.framework)
+        out = []
+        if t.megatron_model:
+            out.append(("Megatron arguments", " ".join(megatron_args(self.spec, row.config))))
+        if t.deepspeed_optimizer:
             from tuner.launch import deepspeed_config
 
-            return "ds_config.json", json.dumps(deepspeed_config(self.spec, row.config))
-        return "Megatron arguments", " ".join(megatron_args(self.spec, row.config))
+            out.append(("ds_config.json", json.dumps(deepspeed_config(self.spec, row.config))))
+        return out
 
 
 def find_trial(rows: list[TrialRow], request: str) -> TrialRow:

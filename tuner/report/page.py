@@ -84,10 +84,9 @@ def _summary(data: ReportData) -> Section:
     best, first = data.best, data.first_pick
     pairs: list[tuple[str, str]] = []
     if best is not None:
-        what, launch = data.launch_args(best)
         pairs += [
             ("best measured config", f"trial {best.number}: {best.key}"),
-            (what, launch),
+            *data.launch_args(best),
             ("full launch script", f"tune best --study {data.spec.name} --emit script"),
             ("tokens/s/GPU", _fmt(best.tokens_per_s_per_gpu)),
             ("TFLOP/s/GPU", _fmt(best.tflops_per_gpu)), ("MFU", _pct(best.mfu)),
