@@ -217,7 +217,7 @@ class MoETimes:
     """The same in the backward (the transposed collectives)."""
 
 
-def _mlp_seconds(
+def mlp_seconds(
     rates: Rates, tokens: float, h: float, f: float, swiglu: bool
 ) -> tuple[float, float]:
     """(forward, backward) GEMM seconds of an MLP of width f on ``tokens`` (fc1, fc2)."""
@@ -266,16 +266,16 @@ def moe_layer_times(
     h, e = model.hidden_size, rates.elem
     tokens = _rank_tokens(model, c)
     full_tokens = tokens * (c.tp if c.sequence_parallel else 1)  # the dense MLP's input
-    dense_f, dense_b = _mlp_seconds(rates, full_tokens, h, model.ffn_hidden_size / c.tp,
+    dense_f, dense_b = mlp_seconds(rates, full_tokens, h, model.ffn_hidden_size / c.tp,
                                     model.swiglu)  # fmt: skip
     local = max(1, moe.num_experts // c.ep)
     routed = expert_tokens(model, c)
     fe = (moe.ffn_hidden_size or model.ffn_hidden_size) / c.expert_tp
     if moe.grouped_gemm:
         # one grouped GEMM per projection: the experts' tiles share the SMs' waves, one launch
-        exp_f, exp_b = _mlp_seconds(rates, max(routed, 1.0), h, fe, model.swiglu)
+        exp_f, exp_b = mlp_seconds(rates, max(routed, 1.0), h, fe, model.swiglu)
     else:  # SequentialMLP: one GEMM per local expert on its share of the tokens
-        per_f, per_b = _mlp_seconds(rates, max(routed / local, 1.0), h, fe, model.swiglu)
+        per_f, per_b = mlp_seconds(rates, max(routed / local, 1.0), h, fe, model.swiglu)
         exp_f, exp_b = local * per_f, local * per_b
     router_f = gemm_seconds(rates, tokens, moe.num_experts, h)
     router_b = gemm_seconds(rates, tokens, h, moe.num_experts) + gemm_seconds(
@@ -283,7 +283,7 @@ def moe_layer_times(
     )
     shared_f = shared_b = 0.0
     if moe.shared:
-        shared_f, shared_b = _mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
+        shared_f, shared_b = mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
     # permute / unpermute and the expert activation: streaming passes over the routed tokens
     act = routed * fe * (3 if model.swiglu else 2) * e
     permute = 2.0 * (tokens + routed) * h * e + tokens * moe.num_experts * 4.0
