@@ -483,7 +483,7 @@ def validate(
     out += [RuleViolation(rule, message) for rule, message in rules]
     out += _check_framework(config, framework)
     rules = module_rule_violations(
-        c.recompute, c.recompute_modules, model, framework,
+        c.recompute, c.recompute_modules, model.moe, model.num_layers, framework,
         *((t.precision, t.fp8_recipe) if t else ()),
     )  # fmt: skip
     out += [RuleViolation(rule, message) for rule, message in rules]

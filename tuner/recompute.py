@@ -22,14 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError
 from tuner.frameworks import traits
 from tuner.moe_spec import MoESpec
-
-if TYPE_CHECKING:  # tuner.spec reads the spelling from here: no import at run time
-    from tuner.spec import ModelSpec
 
 RECOMPUTE_MODULES = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
@@ -138,13 +134,15 @@ def recompute_rule_violations(
 def module_rule_violations(
     granularity: str,
     modules: tuple[str, ...] | None,
-    model: ModelSpec,
+    moe: MoESpec | None,
+    num_layers: int,
     framework: str,
     precision: str = "bf16",
     fp8_recipe: str = "delayed",
 ) -> list[tuple[str, str]]:
     """(rule id, message) for every rule the modules break: Megatron's own (its messages), and
-    the tuner's for a module that does nothing on this model (the config would repeat another)."""
+    the tuner's for a module that does nothing on the model (``moe``: its experts, None for a
+    dense one; ``num_layers``: its layers), whose config would repeat another."""
     if modules is None:
         return []
     if granularity != "selective":
@@ -162,7 +160,7 @@ def module_rule_violations(
     if unknown:  # transformer_config.py asserts it
         return [("recompute_modules_invalid", invalid_modules_message(unknown))]
     out: list[tuple[str, str]] = []
-    mods, moe = set(modules), model.moe
+    mods = set(modules)
     if "moe_act" in mods and (moe is None or not moe.grouped_gemm):
         text = "moe_act in recompute_modules is only supported with moe_grouped_gemm."
         out.append(("moe_act_grouped_gemm", text))
@@ -172,7 +170,7 @@ def module_rule_violations(
     if precision == "fp8" and fp8_recipe == "delayed" and mods & {"moe_act", "layernorm"}:
         text = "Delayed scaling does not support moe_act and layernorm recompute for fp8."
         out.append(("fp8_delayed_recompute", text))
-    all_moe = moe is not None and all(moe.moe_layers(model.num_layers))
+    all_moe = moe is not None and all(moe.moe_layers(num_layers))
     return out + _noop_modules(mods, moe, all_moe)
 
 

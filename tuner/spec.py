@@ -448,7 +448,8 @@ class StudySpec:
         for i, text in enumerate(self.space.recompute):
             knobs = parse_recompute(text)
             found = module_rule_violations(
-                knobs.granularity, knobs.modules, self.model, self.framework,
+                knobs.granularity, knobs.modules, self.model.moe, self.model.num_layers,
+                self.framework,
                 self.training.precision, self.training.fp8_recipe,
             )  # fmt: skip
             if found:
