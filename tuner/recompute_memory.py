@@ -8,7 +8,8 @@ terms of tuner.memory_terms ([K] Table 2), tuner.moe and tuner.fp8_memory:
 - ``core_attn``: the attention scores (``LayerActivations.scores``), as before.
 - ``layernorm``: transformer_layer.py wraps ``input_layernorm`` and ``pre_mlp_layernorm`` in
   ``CheckpointWithoutOutput`` and frees the norm's output once its consumer ran (the storage
-  every user saved goes: ``discard_output_and_register_recompute``). Under TE only MoE layers
+  every user saved goes: tensor_parallel/random.py ``discard_output_and_register_recompute``
+  resizes its storage to 0 and recomputes it from a gradient hook). Under TE only MoE layers
   have a separate norm, the pre-MLP one (gpt_layer_specs.py: the input norm is fused into
   linear_qkv, a dense layer's pre-MLP norm into linear_fc1; transformer_layer.py skips an
   IdentityOp): the MoE layers' fc1-input term ([K] "fc1 input", the norm output the router and
