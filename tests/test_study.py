@@ -420,3 +420,35 @@ def test_a_moe_study_searches_expert_parallelism_end_to_end(tmp_path: Path) -> N
     assert best.measured_step_s == pytest.approx(1.0, rel=0.02)
     args = emit_best(spec, "args", results=str(tmp_path / "results"))
     assert "--num-experts 4" in args and "--expert-model-parallel-size 2" in args
+
+
+def test_a_moe_study_searches_selective_recompute_modules_end_to_end(tmp_path: Path) -> None:
+    """Selective recompute's modules are one searched knob: each config's
+    --recompute-modules reach the stand-in (Megatron's checks run on them), the leaderboard and
+    the exported arguments spell the winner as the study does."""
+    surface = {**SURFACE, "step_s": {"base": 1.0, "factors": {"recompute_modules": {
+        "core_attn": 1.0, "core_attn+moe_act": 0.9, "core_attn+moe": 1.2}}}}  # fmt: skip
+    data = study_data(tmp_path, surface, n_trials=3)
+    data["model"] = {
+        "num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,
+        "vocab_size": 1000, "seq_length": 256, "swiglu": True, "add_bias_linear": False,
+        "moe": {"num_experts": 4, "router_topk": 2, "aux_loss_coeff": 0.01},
+    }  # fmt: skip
+    data["space"] = {"tp": [1], "pp": [1], "ep": [2], "micro_batch_size": [2],
+                     "recompute": ["selective", "selective:core_attn+moe_act",
+                                   "selective:moe+core_attn"]}  # fmt: skip
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        loop.run()
+    finally:
+        loop.executor.close()
+    board = leaderboard(spec, results=str(tmp_path / "results"))
+    assert set(board.outcome) == {"ok"}
+    assert set(board.recompute) == {"selective", "selective:core_attn+moe_act",
+                                    "selective:core_attn+moe"}  # fmt: skip
+    best = board.iloc[0]
+    assert best.recompute == "selective:core_attn+moe_act"
+    assert best.measured_step_s == pytest.approx(0.9, rel=0.02)
+    args = emit_best(spec, "args", results=str(tmp_path / "results"))
+    assert "--recompute-granularity selective --recompute-modules core_attn moe_act" in args

@@ -91,7 +91,8 @@ def estimate(
         config = config_from_settings(spec, items)
     gpu = study_gpu(spec)
     errors = tuple(
-        e.message for e in validate(config, spec.model, spec.world_size, spec.framework)
+        e.message
+        for e in validate(config, spec.model, spec.world_size, spec.framework, spec.training)
     )
     memory = time = None
     if not errors:

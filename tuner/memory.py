@@ -49,6 +49,7 @@ from tuner.overheads import (
 )
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import held_layer_microbatches, in_flight, stage_layers
+from tuner.recompute_memory import selective_activations
 from tuner.spec import Framework, ModelSpec, Precision
 from tuner.step_tensors import activation_tensors, step_tensors
 
@@ -334,11 +335,13 @@ def _stage_memory(
         states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
             gemm + moe.expert_params, "delayed"), states.layout))  # fmt: skip
     layer_act = moe.activations
+    share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
     if fp8:  # TE saves GEMM inputs as FP8 (tuner.fp8_memory)
-        share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
         layer_act = fp8_layer_activations(model, c, layer_act, share)
+    # selective recompute's modules (tuner.recompute_memory)
+    layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
     saved, working = layers_activation_bytes(layer_act, c, layers)
-    working += moe.dispatch
+    working += moe.dispatch + rebuilt
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
         # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers

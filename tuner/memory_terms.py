@@ -174,13 +174,22 @@ def layer_activations(
     )
 
 
+def saved_mode(c: ParallelConfig) -> str:
+    """How ``LayerActivations.stored`` counts a layer under ``c``: full, selective (the attention
+    core recomputed, [K]) or none (other selective modules drop their own terms first:
+    tuner.recompute_memory)."""
+    if c.recompute == "full":
+        return "full"
+    return "selective" if "core_attn" in c.recomputed_modules else "none"
+
+
 def layers_activation_bytes(
     act: LayerActivations, c: ParallelConfig, layers_per_stage: int
 ) -> tuple[float, float]:
     """(saved bytes for one micro-batch over the stage's layers, recompute working set)."""
     full = act.stored(c.tp, c.sequence_parallel, "none")
     if c.recompute != "full":
-        return layers_per_stage * act.stored(c.tp, c.sequence_parallel, c.recompute), 0.0
+        return layers_per_stage * act.stored(c.tp, c.sequence_parallel, saved_mode(c)), 0.0
     ckpt = act.stored(c.tp, c.sequence_parallel, "full")
     n = c.recompute_num_layers or 1
     if c.recompute_method == "block":

@@ -188,18 +188,29 @@ def moe_layer_activations(
     e = 4.0 if precision == "fp32" else 2.0
     tp = c.tp
     s, b = model.seq_length / c.cp, c.micro_batch_size
-    f, fe = model.ffn_hidden_size, moe.ffn_hidden_size or model.ffn_hidden_size
+    f = model.ffn_hidden_size
     mlp_factor = 3 * e if model.swiglu else 2 * e  # [K] MLP intermediates per width element
     dense_mlp = s * b * f * mlp_factor
     shared = s * b * moe.shared * mlp_factor
-    router_e = 4.0 if moe.router_dtype == "fp32" else 8.0 if moe.router_dtype == "fp64" else e
-    tokens = rank_tokens(model, c)
-    router = tokens * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
-    routed = expert_tokens(model, c)
-    width = fe / c.expert_tp * EXPERT_WIDTH_TENSORS * e
-    experts = routed * (model.hidden_size * e + width + router_e + PERMUTE_INDEX_BYTES)
-    sharded = dense.sharded - dense_mlp + shared + tp * (router + experts)
+    sharded = dense.sharded - dense_mlp + shared + tp * moe_block_bytes(model, c, e, e)
     return dataclasses.replace(dense, sharded=sharded)
+
+
+def moe_block_bytes(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> float:
+    """What one rank's MoE block (less its shared experts) keeps for the backward of one
+    micro-batch: the router's scores (router_dtype) and routing map; per routed token the
+    dispatched input (fc1's input), EXPERT_WIDTH_TENSORS F_e / etp-wide tensors (the last is
+    fc2's input), its routing prob and the permute index. ``e``: the activations' bytes; ``eg``:
+    a GEMM input's (1 under FP8, tuner.fp8_memory; ``e`` otherwise). The one count
+    ``moe_layer_activations`` and selective recompute's ``moe`` region (tuner.recompute_memory)
+    both read."""
+    moe = _moe(model)
+    router_e = 4.0 if moe.router_dtype == "fp32" else 8.0 if moe.router_dtype == "fp64" else e
+    router = rank_tokens(model, c) * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
+    fe = (moe.ffn_hidden_size or model.ffn_hidden_size) / c.expert_tp
+    width = fe * ((EXPERT_WIDTH_TENSORS - 1) * e + eg)
+    per_token = model.hidden_size * eg + width + router_e + PERMUTE_INDEX_BYTES
+    return router + expert_tokens(model, c) * per_token
 
 
 def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
@@ -235,7 +246,7 @@ class MoETimes:
     """The same in the backward (the transposed collectives)."""
 
 
-def _mlp_seconds(
+def mlp_seconds(
     rates: Rates, tokens: float, h: float, f: float, swiglu: bool
 ) -> tuple[float, float]:
     """(forward, backward) GEMM seconds of an MLP of width f on ``tokens`` (fc1, fc2)."""
@@ -284,20 +295,20 @@ def moe_layer_times(
     h, e = model.hidden_size, rates.elem
     tokens = rank_tokens(model, c)
     full_tokens = tokens * (c.tp if c.sequence_parallel else 1)  # the dense MLP's input
-    dense_f, dense_b = _mlp_seconds(rates, full_tokens, h, model.ffn_hidden_size / c.tp,
+    dense_f, dense_b = mlp_seconds(rates, full_tokens, h, model.ffn_hidden_size / c.tp,
                                     model.swiglu)  # fmt: skip
     local = max(1, moe.num_experts // c.ep)
     routed = expert_tokens(model, c)
     fe = (moe.ffn_hidden_size or model.ffn_hidden_size) / c.expert_tp
     if moe.grouped_gemm:
         # one grouped GEMM per projection: the experts' tiles share the SMs' waves, one launch
-        exp_f, exp_b = _mlp_seconds(rates, max(routed, 1.0), h, fe, model.swiglu)
+        exp_f, exp_b = mlp_seconds(rates, max(routed, 1.0), h, fe, model.swiglu)
     else:  # SequentialMLP: one GEMM per local expert on its share of the tokens
-        per_f, per_b = _mlp_seconds(rates, max(routed / local, 1.0), h, fe, model.swiglu)
+        per_f, per_b = mlp_seconds(rates, max(routed / local, 1.0), h, fe, model.swiglu)
         exp_f, exp_b = local * per_f, local * per_b
     shared_f = shared_b = 0.0
     if moe.shared:
-        shared_f, shared_b = _mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
+        shared_f, shared_b = mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
     # the expert activation: a streaming pass over the routed tokens (the router, scores and
     # permute / unpermute are tuner.perf_moe's routing term)
     act = routed * fe * (3 if model.swiglu else 2) * e

@@ -16,7 +16,14 @@ from tuner.frameworks import MEGATRON_DEEPSPEED_FORK, traits
 from tuner.moe_spec import moe_rule_violations
 from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import EVEN, megatron_chunks, parse_split
-from tuner.spec import Framework, ModelSpec, RecomputeGranularity, RecomputeMethod
+from tuner.recompute import (
+    DEFAULT_MODULES,
+    canonical_modules,
+    module_rule_violations,
+    recompute_rule_violations,
+    recompute_text,
+)
+from tuner.spec import Framework, ModelSpec, RecomputeGranularity, RecomputeMethod, TrainingSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +52,9 @@ class ParallelConfig:
     """Full recompute only: uniform or block."""
     recompute_num_layers: int | None = None
     """Full recompute only: layers per chunk (uniform) or recomputed layers per stage (block)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """Selective only: Megatron ``--recompute-modules`` (``tuner.recompute``), kept in its order;
+    None: its default, core_attn."""
     distributed_optimizer: bool = False
     """Megatron distributed optimizer (fp32 master weights and Adam states sharded over DP)."""
     zero_stage: int = 0
@@ -59,6 +69,20 @@ class ParallelConfig:
     """Expert tensor parallel size; None: the same as ``tp`` (Megatron's default)."""
     moe_token_dispatcher: str = "alltoall"
     """MoE token dispatcher (``--moe-token-dispatcher-type``): alltoall, allgather or flex."""
+
+    def __post_init__(self) -> None:
+        # One value per setting: a stored list reads back as the same tuple, core_attn alone
+        # as the default.
+        modules = canonical_modules(self.recompute_modules)
+        if modules != self.recompute_modules:
+            object.__setattr__(self, "recompute_modules", modules)
+
+    @property
+    def recomputed_modules(self) -> tuple[str, ...]:
+        """What selective recompute checkpoints (empty unless selective)."""
+        if self.recompute != "selective":
+            return ()
+        return DEFAULT_MODULES if self.recompute_modules is None else self.recompute_modules
 
     @property
     def expert_tp(self) -> int:
@@ -101,11 +125,13 @@ class ParallelConfig:
 
     @property
     def recompute_setting(self) -> str:
-        """The recompute knobs as one value: ``none``, ``selective`` or ``full:uniform:1``
-        (method and layer count), the only spelling used in keys, tables and the storage."""
-        if self.recompute != "full":
-            return self.recompute
-        return f"full:{self.recompute_method}:{self.recompute_num_layers}"
+        """The recompute knobs as one value: ``none``, ``selective``,
+        ``selective:core_attn+moe_act`` or ``full:uniform:1`` (``tuner.recompute``), the only
+        spelling used in keys, tables and the storage."""
+        return recompute_text(
+            self.recompute, self.recompute_method, self.recompute_num_layers,
+            self.recompute_modules,
+        )  # fmt: skip
 
     def key(self) -> str:
         """A canonical text key: equal configs have equal keys (used to never run one twice)."""
@@ -136,6 +162,9 @@ class ParallelConfig:
             "recompute": self.recompute,
             "recompute_method": self.recompute_method,
             "recompute_num_layers": self.recompute_num_layers,
+            "recompute_modules": (
+                None if self.recompute_modules is None else list(self.recompute_modules)
+            ),
             "distributed_optimizer": self.distributed_optimizer,
             "zero_stage": self.zero_stage,
             "pipeline_split": self.pipeline_split,
@@ -342,38 +371,6 @@ def _check_sequence(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
     return out
 
 
-def _check_recompute(c: ParallelConfig, m: ModelSpec) -> list[RuleViolation]:
-    if c.recompute != "full":
-        if c.recompute_method is not None or c.recompute_num_layers is not None:
-            return [
-                RuleViolation(
-                    "recompute_method",
-                    f"recompute method is only used with full recomputation, got "
-                    f"{c.recompute} with method {c.recompute_method}",
-                )
-            ]
-        return []
-    if c.recompute_method not in ("uniform", "block"):
-        return [
-            RuleViolation(
-                "recompute_method",
-                'Using recompute_granularity: full so recompute_method must be "block" or '
-                '"uniform"',
-            )
-        ]
-    per_rank = m.num_layers // (c.pp * c.vp) if c.pp * c.vp else m.num_layers
-    n = c.recompute_num_layers
-    if n is None or not 1 <= n <= per_rank:
-        return [
-            RuleViolation(
-                "recompute_num_layers",
-                f"When using recompute_granularity: full recompute_num_layers must be between "
-                f"1 and num_layers_per_pipeline_rank: {per_rank}, got {n}",
-            )
-        ]
-    return []
-
-
 def _check_framework(c: ParallelConfig, framework: Framework) -> list[RuleViolation]:
     t = traits(framework)
     out: list[RuleViolation] = []
@@ -456,9 +453,14 @@ def _check_megatron_deepspeed(c: ParallelConfig) -> list[RuleViolation]:
 
 
 def validate(
-    config: ParallelConfig, model: ModelSpec, world_size: int, framework: Framework
+    config: ParallelConfig,
+    model: ModelSpec,
+    world_size: int,
+    framework: Framework,
+    training: TrainingSpec | None = None,
 ) -> list[RuleViolation]:
-    """Every rule ``config`` breaks for ``model`` on ``world_size`` ranks (empty: valid)."""
+    """Every rule ``config`` breaks for ``model`` on ``world_size`` ranks (empty: valid);
+    ``training``: the study's precision and FP8 recipe, which some recompute modules need."""
     out = _check_sizes(config, world_size)
     if out and out[0].rule == "positive":
         return out
@@ -468,9 +470,18 @@ def validate(
     out += _check_batch(config)
     out += _check_interleaved_batch(config)
     out += _check_sequence(config, model)
-    out += _check_recompute(config, model)
+    c, t = config, training
+    per_rank = model.num_layers // (c.pp * c.vp) if c.pp * c.vp else model.num_layers
+    rules = recompute_rule_violations(
+        c.recompute, c.recompute_method, c.recompute_num_layers, per_rank
+    )
+    out += [RuleViolation(rule, message) for rule, message in rules]
     out += _check_framework(config, framework)
-    c = config
+    rules = module_rule_violations(
+        c.recompute, c.recompute_modules, model.moe, model.num_layers, framework,
+        *((t.precision, t.fp8_recipe) if t else ()),
+    )  # fmt: skip
+    out += [RuleViolation(rule, message) for rule, message in rules]
     out += [
         RuleViolation(rule, message)
         for rule, message in moe_rule_violations(

@@ -66,6 +66,7 @@ from tuner.perf_moe import moe_routing_times
 from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.pipeline import stage_layers
 from tuner.rates import Rates, catalog_rates, gemm_seconds, group_link
+from tuner.recompute_time import selective_flops_per_sequence, selective_times
 from tuner.spec import ModelSpec, TrainingSpec
 
 FLASH_BACKWARD_RATIO = 2.5
@@ -177,8 +178,9 @@ def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
     base = model_flops_per_step(model, config.global_batch_size)
     if config.recompute == "full":
         extra = layer * _recompute_fraction(config, model)
-    elif config.recompute == "selective":
-        extra = attn_core
+    elif config.recompute == "selective":  # the modules' FLOPs: tuner.recompute_time
+        core = attn_core if "core_attn" in config.recomputed_modules else 0.0
+        extra = core + selective_flops_per_sequence(model, config)
     else:
         return base
     return base + config.global_batch_size * model.num_layers * extra
@@ -296,8 +298,8 @@ def _recompute_times(
     if config.recompute == "full":
         frac = _recompute_fraction(config, model)
         return frac * fwd, frac * tp_fwd
-    if config.recompute == "selective":
-        return core, 0.0
+    if config.recompute == "selective":  # the other modules: tuner.recompute_time
+        return (core if "core_attn" in config.recomputed_modules else 0.0), 0.0
     return 0.0, 0.0
 
 
@@ -353,7 +355,7 @@ def estimate_time(
     counts = stage_layers(model, config, framework)
     layers = float(max(counts))
     psi, embedding = rank_params(model, config.tp, config.pp)
-    ep_layer, expert_psi, route_f, route_b = 0.0, 0.0, 0.0, 0.0
+    ep_layer, expert_psi, route_f, route_b, mt = 0.0, 0.0, 0.0, 0.0, None
     share = sum(moe_layer_flags(model)) / model.num_layers
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
         ring = group_link(rates, tp_ep_group_size(config), 1, gpus_per_node)
@@ -373,8 +375,12 @@ def estimate_time(
         cast = layer_casts(model, rates, config, recipe, gpus_per_node, share)
         amax = amax_sync_seconds(rates, config, recipe, gpus_per_node)
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
+    sel = selective_times(model, config, rates, tp_fwd, mt)  # tuner.recompute_time
+    rec, rec_comm, ep_layer = rec + sel.compute, rec_comm + sel.tp_comm, ep_layer + sel.ep_comm
     redo = _recompute_fraction(config, model) if config.recompute == "full" else 0.0
     extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
+    if "moe" in config.recomputed_modules:  # the checkpointed MoE block routes again
+        extra_b += route_f
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
     stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer + extra_f + extra_b) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0

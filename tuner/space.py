@@ -26,6 +26,7 @@ from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.probe import may_probe
 from tuner.rates import Rates
+from tuner.recompute import parse_recompute
 from tuner.spec import StudySpec
 
 
@@ -58,7 +59,8 @@ class Axes:
     vp: tuple[int, ...]
     micro_batch_size: tuple[int, ...]
     sequence_parallel: tuple[bool, ...]
-    recompute: tuple[tuple[str, str | None, int | None], ...]
+    recompute: tuple[tuple[str, str | None, int | None, tuple[str, ...] | None], ...]
+    """(granularity, method, layers, selective modules) per setting (``tuner.recompute``)."""
     distributed_optimizer: tuple[bool, ...]
     zero_stage: tuple[int, ...]
     ep: tuple[int, ...] = (1,)
@@ -102,14 +104,15 @@ def expand_axes(spec: StudySpec) -> Axes:
         else [1]
     )
     mbs_auto = [b for b in _powers_of_two(16) if spec.training.global_batch_size % b == 0]
-    recompute: list[tuple[str, str | None, int | None]] = []
-    for granularity in s.recompute:
-        if granularity != "full":
-            recompute.append((granularity, None, None))
+    recompute: list[tuple[str, str | None, int | None, tuple[str, ...] | None]] = []
+    for text in s.recompute:
+        knobs = parse_recompute(text)
+        if knobs.granularity != "full":
+            recompute.append((knobs.granularity, None, None, knobs.modules))
             continue
         layers = (0,) if s.recompute_num_layers == "auto" else s.recompute_num_layers
         for method in s.recompute_method:
-            recompute.extend(("full", method, n) for n in layers)
+            recompute.extend(("full", method, n, None) for n in layers)
     # an uneven split lets pp leave a remainder of layers: auto then tries every pp
     uneven = s.pipeline_split == "auto" or s.pipeline_split != (EVEN,)
     pp_auto = [p for p in _divisors(world) if p <= m.num_layers] if uneven else None
@@ -181,7 +184,7 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             splits: tuple[str, ...] = (EVEN,)
         else:
             splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
-        for mbs, sp, (rc, method, n), dopt, zero, split, ep, etp, disp in itertools.product(
+        for mbs, sp, (rc, method, n, mods), dopt, zero, split, ep, etp, disp in itertools.product(
             axes.micro_batch_size,
             sps,
             axes.recompute,
@@ -196,7 +199,7 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
                 tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, sequence_parallel=sp,
                 micro_batch_size=mbs, global_batch_size=gbs, recompute=rc,  # type: ignore[arg-type]
                 recompute_method=method,  # type: ignore[arg-type]
-                recompute_num_layers=(per_rank if n == 0 else n),
+                recompute_num_layers=(per_rank if n == 0 else n), recompute_modules=mods,
                 distributed_optimizer=dopt, zero_stage=zero, pipeline_split=split,
                 ep=ep, etp=etp, moe_token_dispatcher=disp,
             )  # fmt: skip
@@ -263,7 +266,7 @@ def enumerate_space(
     near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
-        errors = validate(config, model, world, fw)
+        errors = validate(config, model, world, fw, spec.training)
         if errors:
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1
@@ -354,7 +357,6 @@ _INT_KEYS = {
 }  # fmt: skip
 _BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "recompute": ("none", "selective", "full"),
     "recompute_method": ("uniform", "block"),
     "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
 }
@@ -382,23 +384,31 @@ def _parse_setting(item: str) -> tuple[str, object]:
             return key, canonical_split(raw)
         except ConfigError as e:
             raise ConfigError(e.reason, path=where) from None
+    if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.recompute)
+        try:
+            parse_recompute(raw)
+        except ConfigError as e:
+            raise ConfigError(e.reason, path=where) from None
+        return key, raw
     if key in _CHOICES:
         if raw not in _CHOICES[key]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
-    known = sorted(_INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split"})
+    known = sorted(
+        _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split", "recompute"}
+    )
     raise ConfigError(f"unknown key (known: {', '.join(known)})", path=where)
 
 
 def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig:
     """Build one config from ``key=value`` strings; unset knobs take the space's first value."""
     axes = expand_axes(spec)
-    rc, method, n = axes.recompute[0]
+    rc, method, n, mods = axes.recompute[0]
     values: dict[str, Any] = {
         "tp": axes.tp[0], "pp": axes.pp[0], "cp": axes.cp[0], "vp": axes.vp[0],
         "micro_batch_size": axes.micro_batch_size[0],
         "sequence_parallel": axes.sequence_parallel[0], "recompute": rc,
-        "recompute_method": method, "recompute_num_layers": n,
+        "recompute_method": method, "recompute_num_layers": n, "recompute_modules": mods,
         "distributed_optimizer": axes.distributed_optimizer[0], "zero_stage": axes.zero_stage[0],
         "pipeline_split": axes.pipeline_split[0], "ep": axes.ep[0], "etp": axes.etp[0],
         "moe_token_dispatcher": axes.moe_token_dispatcher[0],
@@ -409,6 +419,14 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it
     if "pipeline_split" not in given and values["pp"] == 1:
         values["pipeline_split"] = EVEN  # one stage: no split to choose
+    if "recompute" in given:  # selective:MOD+MOD carries its modules, full:METHOD:N its knobs
+        knobs = parse_recompute(str(given["recompute"]))
+        values["recompute"], values["recompute_modules"] = knobs.granularity, knobs.modules
+        for name, value in (("recompute_method", knobs.method),
+                            ("recompute_num_layers", knobs.num_layers)):  # fmt: skip
+            if value is not None:
+                given.setdefault(name, value)
+                values[name] = given[name]
     if values["recompute"] != "full":
         values["recompute_method"] = given.get("recompute_method")
         values["recompute_num_layers"] = given.get("recompute_num_layers")

@@ -24,6 +24,7 @@ from tuner.frameworks import traits
 from tuner.layout import name_problem, study_name_problem
 from tuner.moe_spec import MoESpec, TokenDispatcher
 from tuner.pipeline_split import parse_split
+from tuner.recompute import module_rule_violations, parse_recompute, recompute_text
 from tuner.spec_bounds import _ENV_NAME as _ENV_NAME
 from tuner.spec_bounds import (
     MAX_BATCH,
@@ -226,8 +227,11 @@ class SpaceSpec:
     """Micro-batch sizes; auto: powers of two up to 16 that divide the global batch."""
     sequence_parallel: tuple[bool, ...] = (False,)
     """Megatron sequence parallelism (only meaningful with tp > 1)."""
-    recompute: tuple[RecomputeGranularity, ...] = ("none",)
-    """Activation recomputation granularity."""
+    recompute: tuple[str, ...] = ("none",)
+    """Activation recomputation: none, selective (the attention core), ``selective:MOD+MOD``
+    (Megatron ``--recompute-modules``: core_attn, moe_act, layernorm, mlp, moe,
+    shared_experts; ``tuner.recompute``) or full (with ``recompute_method`` /
+    ``recompute_num_layers``)."""
     recompute_method: tuple[RecomputeMethod, ...] = ("uniform",)
     """For full recompute: uniform or block."""
     recompute_num_layers: tuple[int, ...] | Auto = (1,)
@@ -250,6 +254,10 @@ class SpaceSpec:
     near ``num_layers / pp`` (README, "Uneven pipeline splits")."""
 
     def __post_init__(self) -> None:
+        recompute = [_recompute_entry(text, i) for i, text in enumerate(self.recompute)]
+        if len(set(recompute)) != len(recompute):
+            i = next(i for i, t in enumerate(recompute) if t in recompute[:i])
+            raise ConfigError(f"{self.recompute[i]!r} is listed twice", path=f"recompute[{i}]")
         seen_splits: set[str] = set()
         splits = () if self.pipeline_split == "auto" else self.pipeline_split
         for i, text in enumerate(splits):
@@ -281,6 +289,21 @@ class SpaceSpec:
                 raise ConfigError(
                     f"ZeRO stage must be 0, 1, 2 or 3, got {z}", path=f"zero_stage[{i}]"
                 )
+
+
+def _recompute_entry(text: str, i: int) -> str:
+    """One ``space.recompute`` value in its canonical spelling (``tuner.recompute``)."""
+    try:
+        knobs = parse_recompute(text)
+    except ConfigError as e:
+        raise ConfigError(e.reason, path=f"recompute[{i}]") from None
+    if knobs.method is not None:
+        raise ConfigError(
+            "full takes its method and layers from recompute_method and recompute_num_layers; "
+            "list plain full",
+            path=f"recompute[{i}]",
+        )
+    return recompute_text(knobs.granularity, None, None, knobs.modules)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -382,6 +405,7 @@ class StudySpec:
                     path=f"space.pipeline_split[{i}]",
                 )
         self._check_moe_and_fp8()
+        self._check_recompute_modules()
         n = len(self.node_names)
         if isinstance(self.search.nodes_per_trial, int) and self.search.nodes_per_trial > n:
             raise ConfigError(
@@ -417,6 +441,19 @@ class StudySpec:
             problem = fp8_problem(self.training.fp8_recipe, get_gpu(self.cluster.gpu))
             if problem is not None:
                 raise ConfigError(problem, path="training.precision")
+
+    def _check_recompute_modules(self) -> None:
+        """Selective-recompute modules the model, precision or framework rules out for every
+        config (the same rules tuner.parallel applies to one config)."""
+        for i, text in enumerate(self.space.recompute):
+            knobs = parse_recompute(text)
+            found = module_rule_violations(
+                knobs.granularity, knobs.modules, self.model.moe, self.model.num_layers,
+                self.framework,
+                self.training.precision, self.training.fp8_recipe,
+            )  # fmt: skip
+            if found:
+                raise ConfigError(found[0][1], path=f"space.recompute[{i}]")
 
     @property
     def node_names(self) -> tuple[str, ...]:

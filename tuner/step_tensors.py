@@ -20,7 +20,7 @@ this module only says how each term is cut into tensors, which is what the cachi
 from __future__ import annotations
 
 from tuner.allocator import StepTensors, Tensors
-from tuner.memory_terms import LayerActivations, param_counts
+from tuner.memory_terms import LayerActivations, param_counts, saved_mode
 from tuner.optimizer_layout import StageStates
 from tuner.parallel import ParallelConfig
 from tuner.spec import ModelSpec, Precision
@@ -80,7 +80,7 @@ def activation_tensors(
     layer counts of tuner.memory_terms.layers_activation_bytes."""
     if c.recompute != "full":
         count = max(int(round(held * layers)), 0)
-        return tuple((x, count) for x in layer_tensors(model, act, c, c.recompute)), ()
+        return tuple((x, count) for x in layer_tensors(model, act, c, saved_mode(c))), ()
     full = [(x, 1) for x in layer_tensors(model, act, c, "none")]
     ckpt = act.stored(c.tp, c.sequence_parallel, "full")
     n = c.recompute_num_layers or 1

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
 from tuner.pipeline_split import EVEN
+from tuner.recompute import parse_recompute, recompute_text
 from tuner.space import Axes, expand_axes
 from tuner.spec import StudySpec
 
@@ -66,22 +67,19 @@ def _etp_param(etp: int | None) -> int:
     return 0 if etp is None else etp
 
 
-def recompute_setting(rc: str, method: str | None, n: int | None) -> str:
-    """The text of a recompute setting from its three knobs (as
+def recompute_setting(
+    rc: str, method: str | None, n: int | None, modules: tuple[str, ...] | None = None
+) -> str:
+    """The text of a recompute setting from its knobs (``tuner.recompute``, as
     :attr:`ParallelConfig.recompute_setting` spells it)."""
-    return ParallelConfig(
-        recompute=rc,  # type: ignore[arg-type]
-        recompute_method=method,  # type: ignore[arg-type]
-        recompute_num_layers=n,
-    ).recompute_setting
+    return recompute_text(rc, method, n, modules)
 
 
-def recompute_knobs(setting: str) -> tuple[str, str | None, int | None]:
-    """The inverse of :func:`recompute_setting`: ``full:uniform:1`` -> (full, uniform, 1)."""
-    rc, *rest = setting.split(":")
-    method = rest[0] if rest else None
-    n = int(rest[1]) if len(rest) > 1 and rest[1] else None
-    return rc, method, n
+def recompute_knobs(setting: str) -> tuple[str, str | None, int | None, tuple[str, ...] | None]:
+    """The inverse of :func:`recompute_setting`: ``full:uniform:1`` -> (full, uniform, 1, None),
+    ``selective:core_attn+moe_act`` -> (selective, None, None, (core_attn, moe_act))."""
+    k = parse_recompute(setting)
+    return k.granularity, k.method, k.num_layers, k.modules
 
 
 def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str, Any]:
@@ -116,7 +114,7 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
 def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfig:
     """Build the config a trial's parameters describe (DP derived from the world size)."""
     params = current_params(params)
-    rc, method, n = recompute_knobs(str(params["recompute"]))
+    rc, method, n, mods = recompute_knobs(str(params["recompute"]))
     tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
@@ -124,7 +122,7 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
         micro_batch_size=int(params["micro_batch"]),
         global_batch_size=spec.training.global_batch_size, recompute=rc,  # type: ignore[arg-type]
         recompute_method=method,  # type: ignore[arg-type]
-        recompute_num_layers=n,
+        recompute_num_layers=n, recompute_modules=mods,
         distributed_optimizer=bool(params["distributed_optimizer"]),
         zero_stage=int(params["zero_stage"]),
         pipeline_split=str(params.get("pipeline_split", EVEN)) if pp > 1 else EVEN,
@@ -176,6 +174,8 @@ def oom_dominates(oom: ParallelConfig, other: ParallelConfig) -> bool:
         return False
     if level[other.recompute] != level[oom.recompute]:
         return level[other.recompute] < level[oom.recompute]
+    if other.recompute == "selective":  # recomputing fewer modules keeps more
+        return set(other.recomputed_modules) <= set(oom.recomputed_modules)
     if other.recompute != "full":
         return True
     return (other.recompute_method, other.recompute_num_layers) == (

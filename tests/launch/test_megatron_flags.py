@@ -46,6 +46,10 @@ CONFIGS = {
         tp=2, pp=4, cp=2, vp=4, dp=1, micro_batch_size=1, global_batch_size=64,
         recompute="full", recompute_method="block", recompute_num_layers=2,
     ),
+    "tp4-sp-selective-core_attn-mlp": ParallelConfig(
+        tp=4, dp=4, sequence_parallel=True, micro_batch_size=1, global_batch_size=64,
+        recompute="selective", recompute_modules=("mlp", "core_attn"),
+    ),
     "dp16-plain": ParallelConfig(dp=16, global_batch_size=64),
     "pp4-vp2-first6-last6": ParallelConfig(
         pp=4, dp=4, vp=2, micro_batch_size=1, global_batch_size=64,
@@ -121,6 +125,50 @@ def test_flags_follow_the_config() -> None:
     ]  # fmt: skip
     selective = megatron_parallel_args(CONFIGS["tp1-cp2-selective"], num_layers=32)
     assert "--recompute-method" not in selective and "--sequence-parallel" not in selective
+    assert "--recompute-modules" not in selective  # Megatron's default, core_attn
+    modules = megatron_parallel_args(CONFIGS["tp4-sp-selective-core_attn-mlp"], num_layers=32)
+    i = modules.index("--recompute-granularity")
+    assert modules[i : i + 5] == [
+        "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"
+    ]  # fmt: skip
+
+
+def _run_standin(launched: list[str], world: int) -> subprocess.CompletedProcess[str]:
+    standin = Path(__file__).resolve().parents[1] / "standins" / "pretrain_gpt.py"
+    env = {**os.environ, "WORLD_SIZE": str(world), "TUNER_STANDIN_TIME_SCALE": "0.0001"}
+    env.pop("RANK", None)
+    argv = [a if a != "30" or launched[i - 1] != "--train-iters" else "3"
+            for i, a in enumerate(launched)]  # fmt: skip
+    return subprocess.run([sys.executable, str(standin), *argv], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_moe_selective_modules_reach_megatron_and_the_standin_accepts_them(
+    tmp_path: Path,
+) -> None:
+    """Mixtral with selective recompute of the attention core, the expert activation and the
+    norms: the script passes Megatron's --recompute-modules in its order, as exported."""
+    dense = study(tmp_path)
+    spec = dataclasses.replace(dense, model=study_from_mapping(
+        {**_mapping(tmp_path), "model": {"preset": "mixtral-8x7b"}}).model)  # fmt: skip
+    config = ParallelConfig(pp=2, dp=8, ep=8, global_batch_size=64, distributed_optimizer=True,
+                            recompute="selective",
+                            recompute_modules=("layernorm", "moe_act", "core_attn"))  # fmt: skip
+    assert validate(config, spec.model, spec.world_size, spec.framework, spec.training) == []
+    exported = megatron_args(spec, config)
+    launched = launched_argv(spec, config, tmp_path)
+    assert launched[: len(exported)] == exported
+    assert ("--recompute-granularity selective --recompute-modules core_attn moe_act layernorm"
+            in " ".join(launched))  # fmt: skip
+    done = _run_standin(launched, 16)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the stand-in applies Megatron's checks: without grouped GEMM moe_act is refused
+    argv = [a for a in launched if a != "--moe-grouped-gemm"]
+    refused = _run_standin(argv, 16)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "ValueError: moe_act in recompute_modules is only supported with moe_grouped_gemm."
+    )
 
 
 def test_moe_fp8_script_matches_the_export_and_the_standin_accepts_it(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ Re-record the golden files after an intended change with ``TUNER_REGOLD=1 pytest
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.launch.templates import RenderedLaunch, TemplateRenderer, render_launch
-from tuner.parallel import ParallelConfig
+from tuner.parallel import ParallelConfig, validate
 from tuner.spec import StudySpec
 from tuner.studyfile import study_from_mapping
 
@@ -287,3 +288,10 @@ def test_megatron_moe_fp8_golden(tmp_path: Path) -> None:
                          distributed_optimizer=True)  # fmt: skip
     out = render(moe, cfg, tmp_path)
     check_golden("megatron_gpt-deepseek-moe-fp8-ep8-node0.sh", out.scripts[0])
+    # the same with selective recompute of MoE modules: --recompute-granularity selective
+    # --recompute-modules core_attn moe_act layernorm shared_experts (Megatron's order)
+    modules = dataclasses.replace(cfg, recompute="selective", recompute_modules=(
+        "shared_experts", "moe_act", "core_attn", "layernorm"))  # fmt: skip
+    assert validate(modules, moe.model, moe.world_size, moe.framework, moe.training) == []
+    out = render(moe, modules, tmp_path)
+    check_golden("megatron_gpt-deepseek-moe-fp8-ep8-selective-modules-node0.sh", out.scripts[0])

@@ -16,6 +16,8 @@ data-parallel-rank-0 memory report. ``CUDA_DEVICE_MAX_CONNECTIONS=1`` is require
 > 1, as in Megatron. ``TUNER_STANDIN_TIME_SCALE`` (default 0.001: a 10 s step sleeps 10 ms)
 scales every sleep; the printed times are unscaled. ``TUNER_STANDIN_NOISE_SEED`` (default empty)
 is mixed into the seed of each config's noise, so repeated studies can see different noise.
+``TUNER_STANDIN_TE_VERSION`` (default 2.8.0) is the Transformer Engine version Megatron's
+checks see.
 ``TUNER_STANDIN_SURFACE`` selects the surface:
 ``TUNER_STANDIN_IGNORE_SIGTERM=1`` makes every rank ignore SIGTERM, as a rank stuck in a CUDA call
 does: only the executor's SIGKILL after its grace period ends it.
@@ -49,7 +51,9 @@ Surface JSON
 "powers": {var: e}}`` meaning ``(b + sum c*var) * prod factors[var][str(var)] * prod var**e``
 (a value missing from a factor table multiplies by 1). Variables: ``tp pp cp vp dp mbs gbs world
 microbatches ep experts`` (ints; ep is ``--expert-model-parallel-size``, experts
-``--num-experts`` or 0), ``recompute`` (``none|selective|full``), ``sp`` and ``distopt`` (0/1,
+``--num-experts`` or 0), ``recompute`` (``none|selective|full``), ``recompute_modules``
+(selective's modules joined by ``+``, e.g. ``core_attn+moe_act``; empty otherwise), ``sp`` and
+``distopt`` (0/1,
 SP is 0 when tp is 1, as Megatron turns it off), ``layers hidden heads seq ffn vocab``,
 ``params`` (model parameters), ``expert_params`` (routed-expert parameters, all layers) and
 ``zero`` (the ZeRO stage; 0 for Megatron-LM). The config key is the canonical string shown
@@ -152,6 +156,7 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-ffn-hidden-size", type=int, default=None)
     group.add_argument("--moe-shared-expert-intermediate-size", type=int, default=None)
     group.add_argument("--moe-shared-expert-overlap", action="store_true")
+    group.add_argument("--moe-layer-recompute", action="store_true")
     group.add_argument("--moe-grouped-gemm", action="store_true")
     group.add_argument("--moe-router-load-balancing-type", nargs="+", type=str,
                        choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn",
@@ -239,6 +244,7 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seq-length", type=int, default=None)
     group.add_argument("--encoder-seq-length", type=int, default=None)
     group.add_argument("--swiglu", action="store_true")
+    group.add_argument("--multi-latent-attention", action="store_true")
     group.add_argument(
         "--position-embedding-type",
         type=str,
@@ -636,9 +642,79 @@ def transformer_config(args: argparse.Namespace) -> None:
                 "recompute_num_layers must be between 1 and num_layers_per_pipeline_rank: "
                 f"{layers_per_rank}"
             )
+    elif args.recompute_granularity == "selective" and args.recompute_num_layers is not None:
+        raise ValueError(
+            f"When using recompute_granularity: {args.recompute_granularity} "
+            "recompute_num_layers must be None."
+        )
+    _recompute_modules_config(args)
     if args.ffn_hidden_size % tp != 0:
         raise AssertionError(f"{args.ffn_hidden_size} is not divisible by {tp}")
     _moe_config(args)
+
+
+_RECOMPUTE_MODULES = (
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
+)  # fmt: skip
+
+
+def _te_at_least(version: str) -> bool:
+    """``is_te_min_version``: the stand-in's Transformer Engine is TUNER_STANDIN_TE_VERSION."""
+    have = os.environ.get("TUNER_STANDIN_TE_VERSION", "2.8.0")
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", text.split("dev")[0])[:3])
+
+    return parts(have) >= parts(version)
+
+
+def _recompute_modules_config(args: argparse.Namespace) -> None:
+    """TransformerConfig.__post_init__'s recompute_modules checks (core_v0.15), in its order."""
+    if args.recompute_modules is None:
+        args.recompute_modules = ["core_attn"]
+    modules = args.recompute_modules
+    if args.recompute_granularity == "selective":
+        invalid = set(modules) - set(_RECOMPUTE_MODULES)
+        if modules and invalid:
+            raise AssertionError(
+                f"Invalid choices for recompute_modules: {invalid}. "
+                f"Allowed modules are: {set(_RECOMPUTE_MODULES)}"
+            )
+        if "moe_act" in modules and not args.moe_grouped_gemm:
+            raise ValueError(
+                "moe_act in recompute_modules is only supported with moe_grouped_gemm."
+            )
+        if "mla_up_proj" in modules and not args.multi_latent_attention:
+            raise ValueError(
+                "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
+            )
+        if "shared_experts" in modules and (
+            args.moe_shared_expert_intermediate_size is not None and args.moe_shared_expert_overlap
+        ):
+            raise ValueError(
+                "shared_experts recompute cannot work with --moe-shared-expert-overlap."
+            )
+        if args.fp8 and ("moe_act" in modules or "layernorm" in modules):
+            if args.fp8_recipe == "delayed":
+                raise ValueError(
+                    "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+                )
+            if not _te_at_least("2.6.0dev0"):
+                raise ValueError(
+                    "moe_act and layernorm recompute for fp8 needs transformer-engine>=2.6.0dev0, "
+                    f"but your version is {os.environ.get('TUNER_STANDIN_TE_VERSION')}."
+                )
+    if args.moe_layer_recompute:
+        print(
+            "UserWarning: --moe-layer-recompute is deprecated. Use --recompute-granularity "
+            "selective --recompute-modules moe_layer instead.",
+            file=sys.stderr,
+        )
+        if args.recompute_granularity == "full":
+            raise ValueError("Do not set --moe-layer-recompute with full recompute granularity. ")
+        args.recompute_granularity = "selective"
+        if "moe" not in modules:
+            modules.append("moe")
 
 
 def _moe_config(args: argparse.Namespace) -> None:
@@ -760,6 +836,11 @@ def surface_variables(args: argparse.Namespace, topo: Topology, vocab: int) -> d
         "gbs": args.global_batch_size,
         "microbatches": args.global_batch_size // (args.micro_batch_size * topo.dp),
         "recompute": args.recompute_granularity or "none",
+        "recompute_modules": (
+            "+".join(getattr(args, "recompute_modules", None) or ())
+            if args.recompute_granularity == "selective"
+            else ""
+        ),
         "sp": int(bool(args.sequence_parallel)),
         "distopt": int(bool(args.use_distributed_optimizer)),
         "ep": getattr(args, "expert_model_parallel_size", 1),

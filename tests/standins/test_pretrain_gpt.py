@@ -30,6 +30,11 @@ BASE = [
 ]  # fmt: skip
 
 
+# selective recompute on an 8-expert model; the modules follow
+SELECTIVE_MOE = [*BASE, "--num-experts", "8", "--recompute-granularity", "selective",
+                 "--recompute-modules"]  # fmt: skip
+
+
 def _env(world: int | None = 8, surface: Path | str | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(TUNER_STANDIN_TIME_SCALE="0.0001", CUDA_DEVICE_MAX_CONNECTIONS="1")
@@ -253,6 +258,47 @@ RULES: list[tuple[list[str], dict[str, str], int, str]] = [
         {}, 8,
         "AssertionError: 1002 is not divisible by 8",
     ),
+    (
+        [*SELECTIVE_MOE, "moe_act"],
+        {}, 8,
+        "ValueError: moe_act in recompute_modules is only supported with moe_grouped_gemm.",
+    ),
+    (
+        [*SELECTIVE_MOE, "mla_up_proj"],
+        {}, 8,
+        "ValueError: mla_up_proj in recompute_modules is only supported with "
+        "multi_latent_attention.",
+    ),
+    (
+        ["--moe-shared-expert-intermediate-size", "1024", "--moe-shared-expert-overlap",
+         *SELECTIVE_MOE, "shared_experts"],
+        {}, 8,
+        "ValueError: shared_experts recompute cannot work with --moe-shared-expert-overlap.",
+    ),
+    (
+        ["--fp8-format", "hybrid", *SELECTIVE_MOE, "layernorm"],
+        {}, 8,
+        "ValueError: Delayed scaling does not support moe_act and layernorm recompute for fp8.",
+    ),
+    (
+        ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--moe-grouped-gemm",
+         *SELECTIVE_MOE, "moe_act"],
+        {"TUNER_STANDIN_TE_VERSION": "2.5.0"}, 8,
+        "ValueError: moe_act and layernorm recompute for fp8 needs transformer-engine>=2.6.0dev0, "
+        "but your version is 2.5.0.",
+    ),
+    (
+        [*_with(BASE, num_experts="8", recompute_granularity="full", recompute_method="uniform",
+                recompute_num_layers="1"), "--moe-layer-recompute"],
+        {}, 8,
+        "ValueError: Do not set --moe-layer-recompute with full recompute granularity.",
+    ),
+    (
+        _with(BASE, recompute_granularity="selective", recompute_num_layers="1"),
+        {}, 8,
+        "ValueError: When using recompute_granularity: selective recompute_num_layers must be "
+        "None.",
+    ),
 ]  # fmt: skip
 
 
@@ -267,6 +313,23 @@ def test_validation_rule_fails_with_megatrons_text(
     metrics = parse_log(result.stdout + result.stderr, exit_codes=[1])
     assert metrics.outcome is Outcome.LAUNCH_ERROR
     assert metrics.reason == line
+
+
+def test_recompute_modules_are_megatrons() -> None:
+    """Megatron's allowed modules run; an unknown one fails with its assertion (the allowed set
+    prints in Python's set order, so only its start is fixed)."""
+    ok = _run([*SELECTIVE_MOE, "core_attn", "moe_act", "layernorm", "moe", "--moe-grouped-gemm"])
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    bad = _run([*SELECTIVE_MOE, "core_attn", "attn"])
+    last = bad.stderr.strip().splitlines()[-1]
+    assert bad.returncode == 1
+    assert last.startswith("AssertionError: Invalid choices for recompute_modules: {'attn'}. "
+                           "Allowed modules are: {")  # fmt: skip
+    assert parse_log(bad.stdout + bad.stderr, exit_codes=[1]).outcome is Outcome.LAUNCH_ERROR
+    deprecated = _run([*_with(BASE, num_experts="8"), "--moe-layer-recompute"])
+    assert deprecated.returncode == 0 and "--moe-layer-recompute is deprecated" in (
+        deprecated.stderr
+    )
 
 
 def test_moe_flags_are_accepted_and_the_aux_loss_is_logged() -> None:

@@ -35,6 +35,9 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
     flags.append(("--global-batch-size", str(c.global_batch_size)))
     if c.recompute != "none":
         flags.append(("--recompute-granularity", c.recompute))
+    if c.recompute == "selective" and c.recompute_modules is not None:
+        # nargs="*" (arguments.py); left out, Megatron takes its default core_attn
+        flags.append(("--recompute-modules", *c.recompute_modules))
     if c.recompute == "full":
         flags.append(("--recompute-method", str(c.recompute_method)))
         flags.append(("--recompute-num-layers", str(c.recompute_num_layers)))
