@@ -17,7 +17,7 @@ from tuner.perf_fp8 import (
     gathered_bytes,
     quantize_bytes,
 )
-from tuner.rates import catalog_rates
+from tuner.rates import catalog_rates, wave_fraction
 from tuner.spec import ModelSpec, TrainingSpec
 from tuner.studyfile import _expand_model
 
@@ -147,3 +147,24 @@ def test_moe_layers_cast_the_routed_tokens_for_their_experts() -> None:
     delta = fp8_moe_cast_delta(model, RATES, c, "delayed", 8)
     assert delta.fwd > 0 and delta.bwd > 0
     assert delta.weights == pytest.approx(0.0, abs=1e-7)  # same width, one expert per rank
+
+
+def test_the_lm_head_runs_at_16_bits_under_fp8() -> None:
+    """Megatron's output layer is its own ColumnParallelLinear, not a TE module: under fp8 the
+    last stage's head (T = 128 tokens, h 64, vocab 1024, its GEMM and two gradient GEMMs) costs
+    what it costs in bf16, by hand: the 16-bit rate, 2-byte operands, the fp32 logits' loss."""
+    model = dataclasses.replace(_small(), tied_embeddings=False)
+    c = ParallelConfig(pp=2, micro_batch_size=1, global_batch_size=8)
+    fp8 = estimate_time(model, TrainingSpec(global_batch_size=8, precision="fp8"), c, H100, 8)
+    bf16 = estimate_time(model, TrainingSpec(global_batch_size=8), c, H100, 8)
+    t, h, v = 128.0, 64.0, 1024.0
+
+    def gemm16(m: float, n: float, k: float) -> float:
+        rate = RATES.gemm16 * wave_fraction(H100.sm_count, m, n, k)
+        return 2 * m * n * k / rate + 2 * (m * k + k * n + m * n) / RATES.hbm + RATES.op_latency
+
+    head = gemm16(t, v, h) + gemm16(t, h, v) + gemm16(h, v, t)
+    head += t * (v * 16 + 4 * h * 2) / RATES.hbm  # fp32 logits, the last norm and its input
+    # pp 2, even stages, tp 1, untied: the last stage's extra work is the head alone
+    assert fp8.stage_imbalance == pytest.approx(c.num_microbatches * head, rel=1e-12)
+    assert fp8.stage_imbalance == pytest.approx(bf16.stage_imbalance, rel=1e-12)

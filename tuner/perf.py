@@ -32,7 +32,8 @@ GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collec
 group (``ep_comm``) and the routing around them (router, scores, aux loss, permute / unpermute:
 ``tuner.perf_moe``, ``moe_routing``); expert gradients reduce over the expert-data-parallel group
 (``tuner.perf_dp``). With ``precision: fp8`` the linear layers' GEMMs run at the catalog's FP8
-peak (``tuner.rates``) and Transformer Engine's quantize passes around them are costed
+peak with 1-byte operands (``tuner.rates``; the LM head, router and unfused attention, no
+Transformer Engine modules, stay 16-bit) and TE's quantize passes around them are costed
 (``tuner.perf_fp8``, ``fp8_cast``). Both run inside each micro-batch, so they also lengthen the
 pipeline bubble and the windows that hide DP traffic.
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
@@ -65,7 +67,7 @@ from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts
 from tuner.perf_moe import moe_routing_times
 from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.pipeline import stage_layers
-from tuner.rates import Rates, catalog_rates, gemm_seconds, group_link
+from tuner.rates import Rates, catalog_rates, gemm16_seconds, gemm_seconds, group_link
 from tuner.spec import ModelSpec, TrainingSpec
 
 FLASH_BACKWARD_RATIO = 2.5
@@ -188,12 +190,15 @@ def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
 
 
 _gemm = gemm_seconds  # the additive GEMM roofline (tuner.rates: one definition)
+_gemm16 = gemm16_seconds  # the same for GEMMs outside Transformer Engine's FP8 layers
 
 
-def _gemm_backward(rates: Rates, m: float, n: float, k: float) -> tuple[float, float]:
-    """(input gradient, weight gradient) seconds of the GEMM ``_gemm(rates, m, n, k)``: dX (m x k)
+def _gemm_backward(
+    rates: Rates, m: float, n: float, k: float, gemm: Callable[..., float] = _gemm
+) -> tuple[float, float]:
+    """(input gradient, weight gradient) seconds of the GEMM ``gemm(rates, m, n, k)``: dX (m x k)
     = dY (m x n) @ W^T and dW (k x n) = X^T @ dY, each with its own output tile grid."""
-    return _gemm(rates, m, k, n), _gemm(rates, k, n, m)
+    return gemm(rates, m, k, n), gemm(rates, k, n, m)
 
 
 def _attention_core(
@@ -206,7 +211,7 @@ def _attention_core(
         fwd = 0.5 * 4.0 * tokens * s * heads * d / rates.flash + rates.op_latency
         return fwd, FLASH_BACKWARD_RATIO * fwd
     batch = tokens / local_seq * heads
-    gemms = _gemm(rates, local_seq, s, d, batch) + _gemm(rates, local_seq, d, s, batch)
+    gemms = _gemm16(rates, local_seq, s, d, batch) + _gemm16(rates, local_seq, d, s, batch)
     scores = batch * local_seq * s
     per_score = 2 * rates.elem + (2 * rates.elem + 1 if model.dropout else 0)
     softmax = scores * per_score / rates.hbm + 2 * rates.op_latency
@@ -280,7 +285,9 @@ def _layer_times(
         ring = (cp - 1) * (tokens * kv / tp * e / cp_link.bandwidth + cp_link.latency)
         cp_exposed = max(0.0, ring - core_f) + max(0.0, 2.0 * ring - core_b)
     vocab = -(-model.vocab_size // (128 * tp)) * 128 * tp  # Megatron pads to 128 x tp
-    head = _gemm(rates, tokens, vocab / tp, h) + sum(_gemm_backward(rates, tokens, vocab / tp, h))
+    # the LM head is Megatron's own ColumnParallelLinear, 16-bit even under fp8 (tuner.rates)
+    head = _gemm16(rates, tokens, vocab / tp, h)
+    head += sum(_gemm_backward(rates, tokens, vocab / tp, h, _gemm16))
     head += tokens * (vocab / tp * CROSS_ENTROPY_BYTES_PER_LOGIT + 4 * h * e) / rates.hbm
     head_comm = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
     return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm

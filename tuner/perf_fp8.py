@@ -37,9 +37,11 @@ the sequence-parallel inputs and gradients above, all-reduces it over TP
 (``set_quantizer_amax_reduction_group``). Blockwise (1x128 / 128x128) and MXFP8 (1x32) compute
 their block scales inside the quantize kernel and write them beside the data.
 
+The FP8 GEMMs' 1-byte operands are ``tuner.rates.gemm_seconds``'; the LM head and the router
+stay 16-bit (``gemm16_seconds``).
+
 Not subtracted: the norm's 1-byte write replacing its 2-byte one under delayed scaling
-(``tuner.perf`` counts norms at 16 bits), and the FP8 GEMMs' 1-byte operand reads below the 2
-bytes ``tuner.rates.gemm_seconds`` counts; both leave the FP8 step slightly long. Not costed
+(``tuner.perf`` counts norms at 16 bits): it leaves the FP8 step slightly long. Not costed
 either: the FP8 (1-byte) TP all-gathers being half the 16-bit ones ``tuner.perf`` times.
 """
 
