@@ -8,6 +8,7 @@ import pytest
 
 from tuner._loader import load_dataclass
 from tuner.catalog import get_gpu
+from tuner.fp8 import Fp8Recipe
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.perf_fp8 import (
@@ -16,9 +17,10 @@ from tuner.perf_fp8 import (
     fp8_moe_cast_delta,
     gathered_bytes,
     quantize_bytes,
+    tp_gather_ratios,
 )
-from tuner.rates import catalog_rates
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.rates import catalog_rates, wave_fraction
+from tuner.spec import ModelSpec, Precision, TrainingSpec
 from tuner.studyfile import _expand_model
 
 H100 = get_gpu("h100-sxm-80gb")
@@ -147,3 +149,60 @@ def test_moe_layers_cast_the_routed_tokens_for_their_experts() -> None:
     delta = fp8_moe_cast_delta(model, RATES, c, "delayed", 8)
     assert delta.fwd > 0 and delta.bwd > 0
     assert delta.weights == pytest.approx(0.0, abs=1e-7)  # same width, one expert per rank
+
+
+def test_the_lm_head_runs_at_16_bits_under_fp8() -> None:
+    """Megatron's output layer is its own ColumnParallelLinear, not a TE module: under fp8 the
+    last stage's head (T = 128 tokens, h 64, vocab 1024, its GEMM and two gradient GEMMs) costs
+    what it costs in bf16, by hand: the 16-bit rate, 2-byte operands, the fp32 logits' loss."""
+    model = dataclasses.replace(_small(), tied_embeddings=False)
+    c = ParallelConfig(pp=2, micro_batch_size=1, global_batch_size=8)
+    fp8 = estimate_time(model, TrainingSpec(global_batch_size=8, precision="fp8"), c, H100, 8)
+    bf16 = estimate_time(model, TrainingSpec(global_batch_size=8), c, H100, 8)
+    t, h, v = 128.0, 64.0, 1024.0
+
+    def gemm16(m: float, n: float, k: float) -> float:
+        rate = RATES.gemm16 * wave_fraction(H100.sm_count, m, n, k)
+        return 2 * m * n * k / rate + 2 * (m * k + k * n + m * n) / RATES.hbm + RATES.op_latency
+
+    head = gemm16(t, v, h) + gemm16(t, h, v) + gemm16(h, v, t)
+    head += t * (v * 16 + 4 * h * 2) / RATES.hbm  # fp32 logits, the last norm and its input
+    # pp 2, even stages, tp 1, untied: the last stage's extra work is the head alone
+    assert fp8.stage_imbalance == pytest.approx(c.num_microbatches * head, rel=1e-12)
+    assert fp8.stage_imbalance == pytest.approx(bf16.stage_imbalance, rel=1e-12)
+
+
+def test_fp8_gathers_halve_the_sequence_parallel_all_gathers() -> None:
+    """tp 2 with SP, T = 128 tokens of h 64: every ring moves (tp-1)/tp x T h x 2 B at 16 bits.
+    Forward: the QKV and fc1 inputs' all-gathers carry FP8 (1 B) under delayed scaling, the
+    proj and fc2 reduce-scatters 16 bits; backward: the proj and fc2 output gradients'
+    all-gathers FP8 on the critical path, the QKV and fc1 input gradients' reduce-scatters
+    behind the weight-gradient GEMMs (this layer's are shorter than two launches, so 2 x the
+    latency is left). The LM head's gathers stay 16-bit."""
+    model = _small()
+    c = ParallelConfig(tp=2, sequence_parallel=True, micro_batch_size=1, global_batch_size=8)
+    link = RATES.intra
+    ring, lat = 0.5 * 128 * 64 * 2 / link.bandwidth, link.latency
+    layers, m = model.num_layers, c.num_microbatches
+    head = 4 * (ring + lat)
+    for precision, g in (("bf16", 1.0), ("fp8", 0.5)):
+        t = estimate_time(model, TrainingSpec(global_batch_size=8, precision=precision), c,
+                          H100, 8)  # fmt: skip
+        fwd = 2 * (g * ring + lat) + 2 * (ring + lat)
+        bwd = 2 * (g * ring + lat) + 2 * lat
+        assert t.tp_comm == pytest.approx(m * (layers * (fwd + bwd) + head), rel=1e-12)
+
+
+def test_which_gathers_each_recipe_quantizes() -> None:
+    """Bytes per gathered element over bf16's 2: the forward gathers row-wise FP8 with its
+    scales (1x128 fp32, 1x32 E8M0); the backward gathers row-wise data under per-tensor
+    recipes, both copies under block-scaled ones; bf16 gathers bf16."""
+
+    def ratios(precision: Precision, recipe: Fp8Recipe) -> tuple[float, float]:
+        training = TrainingSpec(global_batch_size=8, precision=precision, fp8_recipe=recipe)
+        return tp_gather_ratios(training, 2)
+
+    assert ratios("bf16", "delayed") == (1.0, 1.0)
+    assert ratios("fp8", "delayed") == ratios("fp8", "tensorwise") == (0.5, 0.5)
+    assert ratios("fp8", "blockwise") == pytest.approx(((1 + 4 / 128) / 2, (2 + 8 / 128) / 2))
+    assert ratios("fp8", "mxfp8") == pytest.approx(((1 + 1 / 32) / 2, (2 + 2 / 32) / 2))

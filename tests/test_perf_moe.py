@@ -11,7 +11,7 @@ from tuner.moe_spec import MoESpec
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.perf_moe import moe_routing_times, routing_bytes
-from tuner.rates import catalog_rates, gemm_seconds
+from tuner.rates import catalog_rates, gemm16_seconds, gemm_seconds
 from tuner.spec import ModelSpec, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
@@ -68,6 +68,18 @@ def test_router_term_by_hand() -> None:
     assert rt.fwd == pytest.approx(gemm_seconds(RATES, T, E, H) + stream)
     backward = gemm_seconds(RATES, T, H, E) + gemm_seconds(RATES, H, E, T) + 2 * stream
     assert rt.bwd == pytest.approx(backward)
+
+
+def test_the_router_gemm_stays_16_bit_under_fp8() -> None:
+    """The router is no TE module (moe_utils.py RouterGatingLinearFunction): under fp8 its GEMMs
+    run at the 16-bit rate with 2-byte operands, so the routing costs what it costs in bf16,
+    while an FP8 GEMM of the router's shape would be faster."""
+    model, fp8 = _moe(), catalog_rates(H100, "fp8")
+    rt8 = moe_routing_times(model, fp8, C, fp8.intra, fp8.intra)
+    rt16 = moe_routing_times(model, RATES, C, RATES.intra, RATES.intra)
+    assert (rt8.fwd, rt8.bwd) == (rt16.fwd, rt16.bwd)
+    assert gemm16_seconds(fp8, T, E, H) == gemm_seconds(RATES, T, E, H)
+    assert gemm16_seconds(fp8, T, E, H) > gemm_seconds(fp8, T, E, H)
 
 
 def test_the_step_carries_the_routing_of_every_moe_layer() -> None:

@@ -21,16 +21,18 @@ from tuner.profile import (
     ClusterProfile,
     CollectiveSample,
     GemmSample,
+    ProbeOptions,
     ProfileError,
     check_profile,
     gemm_shapes,
     groups,
     load_profile,
     local_versions,
+    make_plan,
     save_profile,
     study_profile,
 )
-from tuner.profile_job import bus_factor
+from tuner.profile_job import DTYPES, bus_factor
 from tuner.spec import StudySpec
 from tuner.studyfile import study_from_mapping
 
@@ -85,6 +87,18 @@ def test_gemm_shapes_follow_tp_and_micro_batch() -> None:
     assert shapes["qkv mbs=4 tp=2 cp=1"] == (128, 64, 96)
     assert shapes["fc2 mbs=1 tp=2 cp=1"] == (32, 128, 64)
     assert shapes["lm_head mbs=4 tp=1 cp=1"] == (128, 64, 128)
+
+
+def test_an_fp8_study_is_probed_in_bf16() -> None:
+    """Megatron's FP8 training runs --bf16 with TE's linear layers in FP8; the probe's
+    torch.matmul has no FP8 dtype, so it measures bf16 (the 16-bit GEMMs' rate)."""
+    data = study(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
+                 training={"precision": "fp8"})  # fmt: skip
+    data["framework"], data["launch"] = "megatron", {"template": "megatron_gpt"}
+    plan = make_plan(study_from_mapping(data), ProbeOptions())
+    assert plan["dtype"] == "bf16" and plan["dtype"] in DTYPES
+    data["training"]["precision"] = "bf16"
+    assert make_plan(study_from_mapping(data), ProbeOptions())["dtype"] == "bf16"
 
 
 def test_groups_are_placed_within_and_across_nodes() -> None:

@@ -10,7 +10,15 @@ import pytest
 from tuner.catalog import get_gpu
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
-from tuner.rates import catalog_rates, gemm_rate, group_link, wave_fraction
+from tuner.rates import (
+    GEMM_EFFICIENCY,
+    catalog_rates,
+    gemm16_seconds,
+    gemm_rate,
+    gemm_seconds,
+    group_link,
+    wave_fraction,
+)
 from tuner.spec import ModelSpec, TrainingSpec
 
 A100 = get_gpu("a100-80gb")
@@ -102,3 +110,46 @@ def test_estimate_time_reads_every_rate_from_the_rates_it_is_given() -> None:
         estimate_time(model, training, spanning, A100, 2, rates=faster_net).step
         < estimate_time(model, training, spanning, A100, 2).step
     )
+
+
+H100 = get_gpu("h100-sxm-80gb")
+
+
+def test_fp8_linear_gemms_read_one_byte_operands_and_write_16_bits() -> None:
+    """Transformer Engine's FP8 GEMM of (4096 x 8192) @ (8192 x 1024): 2mnk FLOPs at the FP8
+    tile-model rate, 1 B per input and weight element, 2 B per output element; bf16 reads 2 B."""
+    m, n, k = 4096.0, 1024.0, 8192.0
+    fp8, bf16 = catalog_rates(H100, "fp8"), catalog_rates(H100, "bf16")
+    assert fp8.fp8 and not bf16.fp8
+    rate = fp8.gemm * wave_fraction(H100.sm_count, m, n, k)
+    moved = 1 * (m * k + k * n) + 2 * m * n
+    by_hand = 2 * m * n * k / rate + moved / fp8.hbm + fp8.op_latency
+    assert gemm_seconds(fp8, m, n, k) == pytest.approx(by_hand, rel=1e-12)
+    moved16 = 2 * (m * k + k * n + m * n)
+    rate16 = bf16.gemm * wave_fraction(H100.sm_count, m, n, k)
+    by_hand16 = 2 * m * n * k / rate16 + moved16 / bf16.hbm + bf16.op_latency
+    assert gemm_seconds(bf16, m, n, k) == pytest.approx(by_hand16, rel=1e-12)
+
+
+def test_16_bit_gemms_under_fp8_run_at_the_16_bit_rate() -> None:
+    """The LM head / router under fp8: the bf16 rate (dense 16-bit peak x GEMM_EFFICIENCY) and
+    2-byte operands, exactly what the same GEMM costs in a bf16 run; under bf16 both functions
+    are one GEMM."""
+    fp8, bf16 = catalog_rates(H100, "fp8"), catalog_rates(H100, "bf16")
+    assert fp8.gemm16 == bf16.gemm == H100.peak_tflops * 1e12 * GEMM_EFFICIENCY
+    assert fp8.gemm == H100.fp8_peak_tflops * 1e12 * GEMM_EFFICIENCY
+    for shape in ((2048.0, 32064.0, 8192.0), (8192.0, 8.0, 4096.0), (8192.0, 4096.0, 32064.0)):
+        assert gemm16_seconds(fp8, *shape) == gemm_seconds(bf16, *shape)
+        assert gemm16_seconds(bf16, *shape) == gemm_seconds(bf16, *shape)
+        assert gemm16_seconds(fp8, *shape) > gemm_seconds(fp8, *shape)
+
+
+def test_measured_16_bit_samples_price_only_the_16_bit_gemms_under_fp8() -> None:
+    """A profile's samples are bf16 torch.matmul: under fp8 they replace the 16-bit rate, while
+    Transformer Engine's FP8 GEMMs keep the catalog's FP8 tile model."""
+    fp8 = catalog_rates(H100, "fp8")
+    measured = dataclasses.replace(fp8, gemm_samples=((4096.0, 4096.0, 4096.0, 500e12),))
+    assert gemm_rate(measured, 4096, 4096, 4096, True) == 500e12
+    assert gemm_rate(measured, 4096, 4096, 4096) == gemm_rate(fp8, 4096, 4096, 4096)
+    bf16 = dataclasses.replace(catalog_rates(H100, "bf16"), gemm_samples=measured.gemm_samples)
+    assert gemm_rate(bf16, 4096, 4096, 4096) == gemm_rate(bf16, 4096, 4096, 4096, True) == 500e12

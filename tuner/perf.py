@@ -32,9 +32,11 @@ GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collec
 group (``ep_comm``) and the routing around them (router, scores, aux loss, permute / unpermute:
 ``tuner.perf_moe``, ``moe_routing``); expert gradients reduce over the expert-data-parallel group
 (``tuner.perf_dp``). With ``precision: fp8`` the linear layers' GEMMs run at the catalog's FP8
-peak (``tuner.rates``) and Transformer Engine's quantize passes around them are costed
-(``tuner.perf_fp8``, ``fp8_cast``). Both run inside each micro-batch, so they also lengthen the
-pipeline bubble and the windows that hide DP traffic.
+peak with 1-byte operands (``tuner.rates``; the LM head, router and unfused attention, no
+Transformer Engine modules, stay 16-bit), the sequence-parallel all-gathers carry FP8 where TE
+gathers it, and TE's quantize passes around the GEMMs are costed (``tuner.perf_fp8``,
+``fp8_cast``). Both run inside each micro-batch, so they also lengthen the pipeline bubble and
+the windows that hide DP traffic.
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
@@ -61,11 +64,11 @@ from tuner.optimizer_layout import uses_bf16_optimizer
 from tuner.parallel import ParallelConfig
 from tuner.perf_deepspeed import dp_deepspeed, grad_accumulation
 from tuner.perf_dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
-from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts
+from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_ratios
 from tuner.perf_moe import moe_routing_times
 from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.pipeline import stage_layers
-from tuner.rates import Rates, catalog_rates, gemm_seconds, group_link
+from tuner.rates import Rates, catalog_rates, gemm16_seconds, gemm_seconds, group_link
 from tuner.recompute_time import selective_flops_per_sequence, selective_times
 from tuner.spec import ModelSpec, TrainingSpec
 
@@ -190,12 +193,15 @@ def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
 
 
 _gemm = gemm_seconds  # the additive GEMM roofline (tuner.rates: one definition)
+_gemm16 = gemm16_seconds  # the same for GEMMs outside Transformer Engine's FP8 layers
 
 
-def _gemm_backward(rates: Rates, m: float, n: float, k: float) -> tuple[float, float]:
-    """(input gradient, weight gradient) seconds of the GEMM ``_gemm(rates, m, n, k)``: dX (m x k)
+def _gemm_backward(
+    rates: Rates, m: float, n: float, k: float, gemm: Callable[..., float] = _gemm
+) -> tuple[float, float]:
+    """(input gradient, weight gradient) seconds of the GEMM ``gemm(rates, m, n, k)``: dX (m x k)
     = dY (m x n) @ W^T and dW (k x n) = X^T @ dY, each with its own output tile grid."""
-    return _gemm(rates, m, k, n), _gemm(rates, k, n, m)
+    return gemm(rates, m, k, n), gemm(rates, k, n, m)
 
 
 def _attention_core(
@@ -208,7 +214,7 @@ def _attention_core(
         fwd = 0.5 * 4.0 * tokens * s * heads * d / rates.flash + rates.op_latency
         return fwd, FLASH_BACKWARD_RATIO * fwd
     batch = tokens / local_seq * heads
-    gemms = _gemm(rates, local_seq, s, d, batch) + _gemm(rates, local_seq, d, s, batch)
+    gemms = _gemm16(rates, local_seq, s, d, batch) + _gemm16(rates, local_seq, d, s, batch)
     scores = batch * local_seq * s
     per_score = 2 * rates.elem + (2 * rates.elem + 1 if model.dropout else 0)
     softmax = scores * per_score / rates.hbm + 2 * rates.op_latency
@@ -226,32 +232,50 @@ def _elementwise(model: ModelSpec, rates: Rates, tokens: float, tp: int, sp: boo
     return (replicated / (tp if sp else 1) + sharded) / rates.hbm + 8 * rates.op_latency
 
 
-def _tp_collectives(tokens: float, h: int, tp: int, sp: bool, bw: float, lat: float) -> float:
-    """Seconds of one forward pass's TP traffic: 2 all-reduces, or 2 all-gathers + 2
-    reduce-scatters with SP (same bytes on a ring, twice the launches)."""
+def _tp_rings(
+    tokens: float, h: int, tp: int, sp: bool, bw: float, lat: float, gather: float = 1.0
+) -> tuple[float, float]:
+    """(all-gathers, reductions) seconds of one pass's TP traffic: 2 all-reduces, or 2
+    all-gathers + 2 reduce-scatters with SP (same bytes on a ring, twice the launches);
+    ``gather``: bytes of an all-gathered element per 16-bit one (FP8: tuner.perf_fp8)."""
     if tp == 1:
-        return 0.0
+        return 0.0, 0.0
     ring = (tp - 1) / tp * tokens * h / bw
-    return 4.0 * (ring + lat) if sp else 2.0 * (2.0 * ring + lat)
+    if sp:
+        return 2.0 * (gather * ring + lat), 2.0 * (ring + lat)
+    return 0.0, 2.0 * (2.0 * ring + lat)
 
 
-def _tp_backward(fwd_comm: float, sp: bool, wgrad: float, lat: float) -> float:
+def _tp_collectives(tokens: float, h: int, tp: int, sp: bool, bw: float, lat: float) -> float:
+    """Seconds of one forward pass's 16-bit TP traffic (``_tp_rings``)."""
+    return sum(_tp_rings(tokens, h, tp, sp, bw, lat))
+
+
+def _tp_backward(rings: tuple[float, float], wgrad: float, lat: float) -> float:
     """Exposed TP traffic of one backward pass. Megatron overlaps the column-parallel layers'
     input-gradient all-reduce (reduce-scatter with SP) with their weight-gradient GEMMs; with SP
     the row-parallel layers' gradient all-gathers stay on the critical path."""
-    if fwd_comm == 0.0:
+    gathers, reductions = rings
+    if gathers + reductions == 0.0:
         return 0.0
-    hideable = fwd_comm / 2.0 if sp else fwd_comm
-    return fwd_comm - hideable + max(2.0 * lat, hideable - wgrad)
+    return gathers + max(2.0 * lat, reductions - wgrad)
 
 
 @functools.lru_cache(maxsize=16384)
 def _layer_times(
-    model: ModelSpec, rates: Rates, tp: int, cp: int, mbs: int, sp: bool, gpus_per_node: int
+    model: ModelSpec,
+    rates: Rates,
+    tp: int,
+    cp: int,
+    mbs: int,
+    sp: bool,
+    gpus_per_node: int,
+    gather: tuple[float, float] = (1.0, 1.0),
 ) -> tuple[float, float, float, float, float, float, float, float]:
     """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
     comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
-    compute fwd + bwd, head TP comm)."""
+    compute fwd + bwd, head TP comm); ``gather``: the forward and backward all-gathers' bytes
+    per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``)."""
     h, e = model.hidden_size, rates.elem
     local_seq = model.seq_length / cp
     tokens = mbs * local_seq
@@ -274,15 +298,17 @@ def _layer_times(
     bwd = linear_bwd + core_b + ELEMENTWISE_BACKWARD_RATIO * elem
     link = group_link(rates, tp, 1, gpus_per_node)
     bw, lat = link.bandwidth, link.latency
-    tp_fwd = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
-    tp_bwd = _tp_backward(tp_fwd, sp, column, lat)
+    tp_fwd = sum(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[0]))
+    tp_bwd = _tp_backward(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[1]), column, lat)
     cp_exposed = 0.0
     if cp > 1:  # ring attention: K and V blocks travel around the CP group behind the kernels
         cp_link = group_link(rates, cp, tp, gpus_per_node)
         ring = (cp - 1) * (tokens * kv / tp * e / cp_link.bandwidth + cp_link.latency)
         cp_exposed = max(0.0, ring - core_f) + max(0.0, 2.0 * ring - core_b)
     vocab = -(-model.vocab_size // (128 * tp)) * 128 * tp  # Megatron pads to 128 x tp
-    head = _gemm(rates, tokens, vocab / tp, h) + sum(_gemm_backward(rates, tokens, vocab / tp, h))
+    # the LM head is Megatron's own ColumnParallelLinear, 16-bit even under fp8 (tuner.rates)
+    head = _gemm16(rates, tokens, vocab / tp, h)
+    head += sum(_gemm_backward(rates, tokens, vocab / tp, h, _gemm16))
     head += tokens * (vocab / tp * CROSS_ENTROPY_BYTES_PER_LOGIT + 4 * h * e) / rates.hbm
     head_comm = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
     return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm
@@ -317,7 +343,7 @@ def layer_step_times(
     rates = rates or catalog_rates(gpu, training.precision)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, _, _ = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
-        gpus_per_node,
+        gpus_per_node, tp_gather_ratios(training, rates.elem),
     )  # fmt: skip
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     return fwd + tp_fwd, bwd + tp_bwd + rec + rec_comm + cp_exposed
@@ -349,6 +375,7 @@ def estimate_time(
         config.micro_batch_size,
         config.sequence_parallel,
         gpus_per_node,
+        tp_gather_ratios(training, rates.elem),
     )
     # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
     # frameworks' own per-stage counts, uneven splits included)

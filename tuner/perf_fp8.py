@@ -37,10 +37,19 @@ the sequence-parallel inputs and gradients above, all-reduces it over TP
 (``set_quantizer_amax_reduction_group``). Blockwise (1x128 / 128x128) and MXFP8 (1x32) compute
 their block scales inside the quantize kernel and write them beside the data.
 
+The gathers themselves (``tp_gather_ratios``; transformer_engine/pytorch/distributed.py
+``gather_along_first_dim``): the forward gather of a column-parallel input carries its row-wise
+FP8 data and scales only, under every recipe (linear.py / layernorm_linear.py set the gather's
+quantizer to ``rowwise=True, columnwise=False``); the backward gather of a row-parallel output
+gradient asks for both usages, which per-tensor recipes drop to row-wise (``_all_gather_fp8``
+then transposes) while block-scaled ones gather both copies with their scales
+(``_all_gather_mxfp8``, ``_start_all_gather_fp8_blockwise``). The reduce-scatters of the
+row-parallel outputs and the column-parallel input gradients stay 16-bit: they reduce GEMM
+outputs, which TE writes in the activation dtype. The FP8 GEMMs' 1-byte operands are
+``tuner.rates.gemm_seconds``'; the LM head and the router stay 16-bit (``gemm16_seconds``).
+
 Not subtracted: the norm's 1-byte write replacing its 2-byte one under delayed scaling
-(``tuner.perf`` counts norms at 16 bits), and the FP8 GEMMs' 1-byte operand reads below the 2
-bytes ``tuner.rates.gemm_seconds`` counts; both leave the FP8 step slightly long. Not costed
-either: the FP8 (1-byte) TP all-gathers being half the 16-bit ones ``tuner.perf`` times.
+(``tuner.perf`` counts norms at 16 bits): it leaves the FP8 step slightly long.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from tuner.fp8 import FP8_WEIGHT_COPY_BYTES
 from tuner.moe import expert_params_per_layer, expert_tokens
 from tuner.parallel import ParallelConfig
 from tuner.rates import Rates, group_link
-from tuner.spec import ModelSpec
+from tuner.spec import ModelSpec, TrainingSpec
 
 SOURCE_BYTES = 2.0
 """The 16-bit (bf16) tensor every cast reads; FP8 training keeps activations and weights in it."""
@@ -70,6 +79,17 @@ PER_TENSOR = ("delayed", "tensorwise")
 """Recipes with one scale per tensor: FP8 all-gathers carry row-wise data only."""
 AMAX_PASS = {"tensorwise": SOURCE_BYTES}
 """Bytes per element read only to find the amax before casting (current scaling)."""
+
+
+def tp_gather_ratios(training: TrainingSpec, elem: int) -> tuple[float, float]:
+    """Bytes per element of the sequence-parallel TP all-gathers over the 16-bit ``elem``:
+    (forward, of the column-parallel inputs; backward, of the row-parallel output gradients);
+    1 unless ``training`` runs fp8 (module docstring)."""
+    if training.precision != "fp8":
+        return 1.0, 1.0
+    both = ACTIVATION_COPY_BYTES[training.fp8_recipe]  # row-wise + column-wise, with scales
+    backward = both / 2 if training.fp8_recipe in PER_TENSOR else both
+    return both / 2 / elem, backward / elem
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from tuner.moe import expert_tokens, rank_tokens, tp_ep_group_size
 from tuner.parallel import ParallelConfig
-from tuner.rates import Link, Rates, gemm_seconds
+from tuner.rates import Link, Rates, gemm16_seconds
 from tuner.spec import ModelSpec
 
 ROUTING_BACKWARD_RATIO = 2.0
@@ -115,8 +115,10 @@ def moe_routing_times(
     moe = model.moe
     assert moe is not None
     tokens, experts, h = rank_tokens(model, c), moe.num_experts, model.hidden_size
-    router_f = gemm_seconds(rates, tokens, experts, h)
-    router_b = gemm_seconds(rates, tokens, h, experts) + gemm_seconds(rates, h, experts, tokens)
+    # not a Transformer Engine module: 16-bit even under fp8 ([MR], tuner.rates.gemm16_seconds)
+    router_f = gemm16_seconds(rates, tokens, experts, h)
+    router_b = gemm16_seconds(rates, tokens, h, experts)
+    router_b += gemm16_seconds(rates, h, experts, tokens)
     scores, rows = routing_bytes(model, c, rates.elem)
     launches = SCORE_PASSES + PERMUTE_LAUNCHES[moe.permute_fusion]
     collectives = 0.0  # forward only: the backward treats the counts as constants

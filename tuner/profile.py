@@ -239,11 +239,15 @@ def groups(spec: StudySpec) -> list[dict[str, Any]]:
 
 
 def make_plan(spec: StudySpec, options: ProbeOptions) -> dict[str, Any]:
-    """The probe's input (``plan.json``)."""
+    """The probe's input (``plan.json``). Under fp8 the probe measures bf16: Megatron's FP8
+    training is ``--bf16`` with Transformer Engine's linear layers in FP8 (tuner.fp8), and the
+    probe's torch.matmul has no FP8 path; its samples price the 16-bit GEMMs and the collectives
+    (tuner.rates.gemm_rate)."""
     cpu = spec.cluster.gpu == "cpu"
+    precision = spec.training.precision
     return {
         "device": "cpu" if cpu else "cuda",
-        "dtype": "fp32" if cpu else spec.training.precision,
+        "dtype": "fp32" if cpu else "bf16" if precision == "fp8" else precision,
         "warmup": options.warmup,
         "repeats": options.repeats,
         "message_bytes": list(options.message_bytes or (CPU_MESSAGES if cpu else GPU_MESSAGES)),

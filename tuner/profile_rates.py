@@ -5,7 +5,8 @@ cluster itself (:mod:`tuner.profile`). Here those measurements replace the catal
 figures: the GEMM samples replace the tile model (the nearest measured shape gives the achieved
 FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies. What the
 profile does not measure (flash attention, HBM streaming, framework overheads) stays the
-catalog's.
+catalog's; so do the FP8 GEMMs of ``precision: fp8``, since the probe times bf16 torch.matmul
+(``tuner.profile.make_plan``): its samples then price the 16-bit GEMMs only (LM head, router).
 """
 
 from __future__ import annotations

@@ -70,6 +70,11 @@ quantization); the heuristics pick the tile that wastes least. Small GEMMs from 
 micro-batches lose most. GEMM_EFFICIENCY is the rate of a whole wave of whole tiles."""
 SPLIT_K_MAX = 4
 """Most ways cuBLAS's heuristics split K for a sub-wave grid (CUTLASS split-K serial kernels)."""
+FP8_OPERAND_BYTES = 1.0
+"""Bytes per operand element of Transformer Engine's FP8 GEMMs: ``general_gemm`` reads the
+quantized (E4M3 / E5M2) inputs, weights and output gradients, 1 byte each, and writes its output
+in the 16-bit activation dtype (transformer_engine/pytorch/module/linear.py ``_Linear``: fprop,
+dgrad and wgrad all take quantized operands under every FP8 recipe)."""
 SPLIT_K_MIN_DEPTH = 1024
 """Shortest K slice worth a split: the fp32 partial sums of s slices (4·m·n·s bytes written and
 read back) stay small next to the slices' operand traffic only while the slices stay long."""
@@ -96,7 +101,15 @@ class Rates:
     peak: float
     """Dense tensor FLOP/s at the precision."""
     gemm: float
-    """Achieved FLOP/s of a large, well-quantized GEMM (peak x GEMM_EFFICIENCY)."""
+    """Achieved FLOP/s of a large, well-quantized GEMM of the linear layers (peak x
+    GEMM_EFFICIENCY; under fp8 the FP8 peak's: Transformer Engine's layers)."""
+    gemm16: float
+    """The same for a 16-bit GEMM: equal to ``gemm`` unless ``fp8``, where it prices the GEMMs
+    outside Transformer Engine's FP8 layers (``gemm16_seconds``)."""
+    fp8: bool
+    """Whether ``gemm`` is an FP8 rate: the linear layers' GEMMs then read FP8_OPERAND_BYTES per
+    operand element, and ``gemm_samples`` (measured with 16-bit torch.matmul) price only the
+    16-bit GEMMs; the FP8 ones keep the tile model."""
     sm_count: int
     """Streaming multiprocessors, for wave quantization; 0 turns it off (CPU ranks)."""
     gemm_samples: tuple[tuple[float, float, float, float], ...]
@@ -136,10 +149,14 @@ def catalog_rates(gpu: GPUSpec, precision: str) -> Rates:
     # fp8: Transformer Engine runs the linear layers' GEMMs at the FP8 tensor-core peak (the
     # catalog's datasheet figure); attention (flash) and element-wise work stay bf16, and MFU
     # stays relative to the 16-bit peak (the convention of Megatron's and NeMo's FP8 figures).
-    gemm_peak = gpu.fp8_peak_tflops * 1e12 if precision == "fp8" and gpu.fp8_peak_tflops else peak
+    fp8 = precision == "fp8" and gpu.fp8_peak_tflops > 0
+    gemm_peak = gpu.fp8_peak_tflops * 1e12 if fp8 else peak
+    efficiency = CPU_GEMM_EFFICIENCY if cpu else GEMM_EFFICIENCY
     return Rates(
         peak=peak,
-        gemm=gemm_peak * (CPU_GEMM_EFFICIENCY if cpu else GEMM_EFFICIENCY),
+        gemm=gemm_peak * efficiency,
+        gemm16=peak * efficiency,
+        fp8=fp8,
         sm_count=0 if cpu else gpu.sm_count,
         gemm_samples=(),
         flash=peak * FLASH_ATTENTION_EFFICIENCY,
@@ -190,22 +207,43 @@ def wave_fraction(sm_count: int, m: float, n: float, k: float) -> float:
 
 
 def gemm_seconds(rates: Rates, m: float, n: float, k: float, batch: float = 1.0) -> float:
-    """Additive roofline of an (m x k) @ (k x n) GEMM, ``batch`` times, plus one launch: FLOPs at
-    the achieved rate of its shape, operand and result bytes at the achieved HBM bandwidth."""
-    flops = 2.0 * m * n * k
+    """Additive roofline of an (m x k) @ (k x n) GEMM of a linear layer, ``batch`` times, plus
+    one launch: FLOPs at the achieved rate of its shape, operand and result bytes at the achieved
+    HBM bandwidth. Under fp8 (``rates.fp8``) this is Transformer Engine's FP8 GEMM: the FP8
+    rate, 1-byte operands (FP8_OPERAND_BYTES), a 16-bit result."""
+    operand = FP8_OPERAND_BYTES if rates.fp8 else rates.elem
+    moved = operand * (m * k + k * n) + rates.elem * m * n
+    return _roofline(rates, m, n, k, batch, gemm_rate(rates, m, n, k), moved)
+
+
+def gemm16_seconds(rates: Rates, m: float, n: float, k: float, batch: float = 1.0) -> float:
+    """``gemm_seconds`` of a GEMM that runs in 16 bits even under fp8, because no Transformer
+    Engine module runs it: Megatron's LM head (``tensor_parallel.ColumnParallelLinear``,
+    megatron/core/models/gpt/gpt_model.py ``output_layer``), the MoE router (moe_utils.py
+    ``RouterGatingLinearFunction``: the 16-bit input and weight through ``te_general_gemm``
+    without a quantizer), the unfused attention's score and context batched GEMMs."""
     moved = rates.elem * (m * k + k * n + m * n)
-    return batch * (flops / gemm_rate(rates, m, n, k) + moved / rates.hbm) + rates.op_latency
+    return _roofline(rates, m, n, k, batch, gemm_rate(rates, m, n, k, True), moved)
+
+
+def _roofline(
+    rates: Rates, m: float, n: float, k: float, batch: float, rate: float, moved: float
+) -> float:
+    return batch * (2.0 * m * n * k / rate + moved / rates.hbm) + rates.op_latency
 
 
 @functools.lru_cache(maxsize=65536)
-def gemm_rate(rates: Rates, m: float, n: float, k: float) -> float:
-    """Achieved FLOP/s of an (m x k) @ (k x n) GEMM."""
-    if rates.gemm_samples:
+def gemm_rate(rates: Rates, m: float, n: float, k: float, wide: bool = False) -> float:
+    """Achieved FLOP/s of an (m x k) @ (k x n) GEMM: a linear layer's, or (``wide``) a 16-bit
+    one (``gemm16_seconds``). Measured samples are 16-bit GEMMs (the profile's torch.matmul):
+    under fp8 they price only the 16-bit ones; the FP8 GEMMs keep the tile model's FP8 rate."""
+    if rates.gemm_samples and (wide or not rates.fp8):
         shape = (math.log(m), math.log(n), math.log(k))
         return min(
             rates.gemm_samples,
             key=lambda s: sum((math.log(a) - b) ** 2 for a, b in zip(s[:3], shape, strict=True)),
         )[3]
+    peak = rates.gemm16 if wide else rates.gemm
     if rates.sm_count == 0:
-        return rates.gemm
-    return rates.gemm * wave_fraction(rates.sm_count, m, n, k)
+        return peak
+    return peak * wave_fraction(rates.sm_count, m, n, k)
