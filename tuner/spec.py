@@ -22,7 +22,7 @@ from tuner.fp8 import Fp8Format, Fp8Recipe
 from tuner.frameworks import Framework as Framework
 from tuner.frameworks import traits
 from tuner.layout import name_problem
-from tuner.moe_spec import MoESpec, TokenDispatcher
+from tuner.moe_spec import MoESpec, TokenDispatcher, deepspeed_moe_problems
 from tuner.pipeline_split import parse_split
 from tuner.spec_bounds import _ENV_NAME as _ENV_NAME
 from tuner.spec_bounds import (
@@ -395,18 +395,30 @@ class StudySpec:
         from tuner.fp8 import fp8_problem
 
         eps = (2,) if self.space.ep == "auto" else self.space.ep
-        if self.training.precision == "fp16" and any(e > 1 for e in eps):
+        moe = self.model.moe
+        megatron = self.framework == "megatron"
+        if megatron and self.training.precision == "fp16" and any(e > 1 for e in eps):
             # megatron/training/arguments.py (core_v0.15) validate_args
             raise ConfigError(
                 "Expert parallelism is not supported with fp16 training. (use bf16)",
                 path="space.ep",
             )
-        if self.framework != "megatron" and (self.model.moe is not None or max(eps) > 1):
+        if self.framework == "megatron-deepspeed" and (moe is not None or max(eps) > 1):
             raise ConfigError(
-                f"MoE runs with framework: megatron; {self.framework}'s workload is a dense GPT "
-                "(DeepSpeed-MoE ep_size is not supported)",
+                "MoE runs with framework megatron or deepspeed (DeepSpeed-MoE); the "
+                "megatron-deepspeed template passes no expert flags",
                 path="model.moe",
             )
+        if megatron and moe is not None and moe.min_capacity is not None:
+            raise ConfigError(
+                "min_capacity is DeepSpeed-MoE's; Megatron's capacity has no minimum",
+                path="model.moe.min_capacity",
+            )
+        if self.framework == "deepspeed" and moe is not None:
+            etps = self.space.etp or (None,)
+            problems = deepspeed_moe_problems(moe, etps, self.space.moe_token_dispatcher)
+            if problems:
+                raise ConfigError(problems[0][1], path=problems[0][0])
         if self.training.precision == "fp8":
             if self.framework != "megatron":
                 raise ConfigError(
