@@ -22,7 +22,7 @@ MEMORY_TERMS = (
 
 
 TIME_TERMS = (
-    "compute recompute tp_comm cp_comm pp_p2p pp_bubble dp_comm optimizer stage_imbalance "
+    "compute recompute tp_comm cp_comm ep_comm pp_p2p pp_bubble dp_comm optimizer stage_imbalance "
     "overhead step"
 ).split()
 
