@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed-dev
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-ssh demo-slurm screenshot clean
+.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-moe demo-ssh demo-slurm screenshot \
+	clean
 
 # Login-node install: the tuner alone (no torch, no GPU).
 install:
@@ -61,6 +62,16 @@ demo: demo-warmup
 	$(VENV)/bin/tune leaderboard --study demo --all
 	$(VENV)/bin/tune best --study demo --emit ds-config
 	$(VENV)/bin/tune report --study demo
+
+# The MoE demo (studies/demo-moe.yaml): the GPT's MLPs are DeepSpeed-MoE layers (4 experts,
+# top-2); expert parallelism ep 1 and 2 x micro-batch 1 and 2 trained for real on the same 2 CPU
+# ranks after the same cluster profile, then the leaderboard (ep column), best ds_config, report.
+demo-moe: demo-warmup
+	$(VENV)/bin/tune profile --study demo-moe --warmup 2 --repeats 5
+	$(VENV)/bin/tune run --study demo-moe
+	$(VENV)/bin/tune leaderboard --study demo-moe --all
+	$(VENV)/bin/tune best --study demo-moe --emit ds-config
+	$(VENV)/bin/tune report --study demo-moe
 
 # Retake the README's picture (docs/report.png) of the demo's report with the test suite's browser.
 screenshot: $(STAMP)

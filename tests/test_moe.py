@@ -187,8 +187,11 @@ def study(**changes: Any) -> dict[str, Any]:
         ({"training": {"global_batch_size": 64, "precision": "fp8", "fp8_recipe": "blockwise"},
           "cluster": {"gpu": "b200-180gb"}}, "training.precision",
          "FP8 block scaled GEMM requires Hopper"),
+        ({"framework": "megatron-deepspeed",
+          "launch": {"template": "megatron_deepspeed_gpt", "megatron_path": "/m"}},
+         "model.moe", "the megatron-deepspeed template passes no expert flags"),
         ({"framework": "deepspeed", "launch": {"template": "deepspeed_gpt", "script": "t.py"}},
-         "model.moe", "DeepSpeed-MoE ep_size is not supported"),
+         "model.moe.grouped_gemm", "DeepSpeed-MoE's Experts runs its local experts one after"),
     ],
 )  # fmt: skip
 def test_study_wide_rules_are_one_line_errors(

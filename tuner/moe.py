@@ -21,6 +21,15 @@ Sources:
      (``activation_func_with_probs``: ``activation(x) * probs``; ``weighted_bias_swiglu_impl``);
      the dispatchers' ``unpermute`` gets no probs.
 [K]  Korthikanti et al. 2022 Table 2 (saved activations of an MLP), as in tuner.memory_terms.
+[DS] DeepSpeed 0.19.8 deepspeed/moe/sharded_moe.py: TopKGate computes the logits and softmax in
+     fp32; every expert takes a [capacity, h] slice of the dispatched [E, C, h] buffer, C =
+     max(ceil(T x topk / E x factor), min_capacity) (``_capacity``) or, dropless, the busiest
+     expert's count; one all-to-all over the EP group each way (``_AllToAll``);
+     deepspeed/moe/experts.py runs the local experts one after another; utils/groups.py: expert
+     parameters reduce over the expert-data-parallel group (dp / ep ranks).
+
+Framework ``deepspeed`` (DeepSpeed-MoE) takes the same terms through :func:`framework_moe`, which
+states [DS] in Megatron's knobs: router in fp32, inputs padded to capacity, no grouped GEMM.
 
 Tokens per rank: a rank enters an MoE layer with its sequence-parallel shard, T = b s / (cp tp)
 (Megatron requires SP with TP and MoE). Of the T x topk assignments of the EP x ETP ranks, one EP
@@ -60,6 +69,24 @@ def _moe(model: ModelSpec) -> MoESpec:
     if model.moe is None:
         raise ValueError("not an MoE model")
     return model.moe
+
+
+@functools.lru_cache(maxsize=256)
+def framework_moe(model: ModelSpec, c: ParallelConfig, framework: Framework) -> ModelSpec:
+    """``model`` as the MoE terms must see it under ``framework``: itself for Megatron; for
+    DeepSpeed-MoE ([DS]) the router in fp32, the local experts looped (no grouped GEMM), and
+    with a capacity factor every expert padded to its capacity, the factor raised to what
+    ``min_capacity`` forces when that is more: min_capacity x E / (T x topk)."""
+    moe = model.moe
+    if framework != "deepspeed" or moe is None:
+        return model
+    ds = dataclasses.replace(moe, router_dtype="fp32", grouped_gemm=False)
+    if moe.capacity_factor is not None:
+        tokens = rank_tokens(model, c) * moe.router_topk
+        floor = moe.deepspeed_min_capacity * moe.num_experts / tokens
+        factor = max(moe.capacity_factor, floor)
+        ds = dataclasses.replace(ds, capacity_factor=factor, pad_to_capacity=True)
+    return dataclasses.replace(model, moe=ds)
 
 
 def gated(model: ModelSpec) -> int:
@@ -131,8 +158,11 @@ def nonexpert_delta_per_layer(model: ModelSpec, c: ParallelConfig) -> float:
 
 def expert_config(c: ParallelConfig) -> ParallelConfig:
     """The config as the expert parameters see it: their data-parallel group is the expert-DP
-    group ([MP]), so optimizer sharding and gradient reduction run over ``expert_dp`` ranks."""
-    return dataclasses.replace(c, tp=c.expert_tp, cp=1, dp=c.expert_dp)
+    group ([MP], [DS]), so optimizer sharding and gradient reduction run over ``expert_dp``
+    ranks; the global batch is the group's share, so the micro-batches per step (which set
+    DeepSpeed's per-micro-batch reductions) stay the config's."""
+    gbs = c.micro_batch_size * c.num_microbatches * c.expert_dp
+    return dataclasses.replace(c, tp=c.expert_tp, cp=1, dp=c.expert_dp, global_batch_size=gbs)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -372,6 +402,7 @@ def moe_stage_memory(
     n = moe_layers_on(model, c, stage, framework)
     if n == 0 or layers == 0:
         return MoEStageMemory(0.0, 0.0, dense, 0.0)
+    model = framework_moe(model, c, framework)
     moe_act = moe_layer_activations(model, c, precision, dense)
     w = n / layers
 

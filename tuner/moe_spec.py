@@ -7,6 +7,11 @@ token, plus optional shared experts every token sees. The names follow Megatron-
 that file's ``validate_args``, of megatron/core/transformer/transformer_config.py, of
 megatron/core/transformer/moe/moe_layer.py and of megatron/core/parallel_state.py, with their
 messages. The rules take plain numbers: tuner.parallel calls them (this module sits below it).
+
+DeepSpeed-MoE (framework ``deepspeed``: ``deepspeed.moe.layer.MoE`` in the repo's workload) takes
+the same section with DeepSpeed's rules and messages (DeepSpeed 0.19.8, :data:`DS_SOURCES`): the
+fields that have no DeepSpeed counterpart are refused by name (:func:`deepspeed_moe_problems`),
+the per-config rules are :func:`deepspeed_moe_rule_violations`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ RouterDtype = Literal["fp32", "fp64"]
 LoadBalancing = Literal["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"]
 """Megatron ``--moe-router-load-balancing-type`` (core_v0.15 arguments.py choices)."""
 
+DS_SOURCES = (
+    "deepspeed/moe/layer.py MoE.__init__; deepspeed/moe/sharded_moe.py TopKGate, top1gating, "
+    "MOELayer; deepspeed/moe/experts.py Experts; deepspeed/utils/groups.py "
+    "_create_expert_and_data_parallel; deepspeed/runtime/engine.py "
+    "_validate_zero3_moe_compatibility"
+)
+"""Where DeepSpeed-MoE's rules below come from (DeepSpeed 0.19.8)."""
+DS_MIN_CAPACITY = 4
+"""deepspeed/moe/layer.py MoE.__init__ default ``min_capacity``."""
 MAX_EXPERTS = 1 << 14  # published MoEs route over 8-384 experts (DeepSeek-V3: 256, Kimi K2: 384)
 _PATTERN = re.compile(r"\(?\[([01])\]\*(\d+)(?:\+\[([01])\]\*(\d+))?\)?(?:\*(\d+))?")
 
@@ -64,6 +78,9 @@ class MoESpec:
     """``--moe-grouped-gemm``: one grouped GEMM over the local experts instead of a loop."""
     permute_fusion: bool = False
     """``--moe-permute-fusion``: fused token permutation kernels (Transformer Engine)."""
+    min_capacity: int | None = None
+    """DeepSpeed-MoE's ``min_capacity`` (framework deepspeed only; None: DeepSpeed's MoE
+    default, 4): an expert's capacity is at least this many tokens."""
     imbalance: float = 1.0
     """Stated load imbalance: tokens of the busiest expert rank / the mean (>= 1). Dropless
     routing with an auxiliary loss leaves some; with a capacity factor it is at most that
@@ -110,6 +127,10 @@ class MoESpec:
                 f"must be in 1..num_experts ({self.num_experts}), got {self.imbalance}",
                 path="imbalance",
             )
+        if self.min_capacity is not None and not 0 <= self.min_capacity <= 1 << 20:
+            raise ConfigError(
+                f"must be in 0..{1 << 20}, got {self.min_capacity}", path="min_capacity"
+            )
         if isinstance(self.layer_freq, int):
             if not 1 <= self.layer_freq <= 4096:
                 raise ConfigError(f"must be in 1..4096, got {self.layer_freq}", path="layer_freq")
@@ -128,6 +149,11 @@ class MoESpec:
                 path="moe.layer_freq",
             )
         return pattern
+
+    @property
+    def deepspeed_min_capacity(self) -> int:
+        """``min_capacity`` as DeepSpeed's MoE layer takes it (its default: 4)."""
+        return DS_MIN_CAPACITY if self.min_capacity is None else self.min_capacity
 
     @property
     def shared(self) -> int:
@@ -200,3 +226,146 @@ def moe_rule_violations(
         out.append(("flex_padding", "Flex token dispatcher does not support "
                     "moe_pad_expert_input_to_capacity"))  # fmt: skip
     return out
+
+
+def deepspeed_moe_problems(
+    moe: MoESpec, etps: tuple[int | None, ...], dispatchers: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """(field path, message) for every MoE setting DeepSpeed-MoE has no counterpart of."""
+    checks = [
+        (
+            moe.shared > 0,
+            "model.moe.shared_expert_ffn_hidden_size",
+            "DeepSpeed-MoE has no shared experts (its use_residual is the gated Residual-MoE, "
+            "not a shared MLP)",
+        ),
+        (
+            moe.router_dtype == "fp64",
+            "model.moe.router_dtype",
+            "DeepSpeed's TopKGate computes the gate in fp32 (sharded_moe.py); set fp32 or "
+            "leave it out",
+        ),
+        (
+            moe.grouped_gemm,
+            "model.moe.grouped_gemm",
+            "DeepSpeed-MoE's Experts runs its local experts one after another "
+            "(deepspeed/moe/experts.py): set grouped_gemm: false",
+        ),
+        (
+            moe.permute_fusion,
+            "model.moe.permute_fusion",
+            "fused permutation is Transformer Engine's (Megatron); DeepSpeed-MoE has none",
+        ),
+        (
+            any(e not in (None, 1) for e in etps),
+            "space.etp",
+            "DeepSpeed-MoE here has no expert tensor parallelism (the DeepSpeed workload has "
+            "no tensor parallelism): leave etp out",
+        ),
+        (
+            any(d != "alltoall" for d in dispatchers),
+            "space.moe_token_dispatcher",
+            "DeepSpeed-MoE dispatches with one all-to-all over the EP group (sharded_moe.py "
+            "_AllToAll); the dispatcher is Megatron's knob: leave it out",
+        ),
+    ]
+    return [(path, message) for broken, path, message in checks if broken]
+
+
+def deepspeed_moe_rule_violations(
+    moe: MoESpec | None,
+    *,
+    ep: int,
+    etp: int | None,
+    dispatcher: str,
+    dp: int,
+    pp: int,
+    zero_stage: int,
+    tokens: int,
+) -> list[tuple[str, str]]:
+    """(rule id, DeepSpeed's message) for every DeepSpeed-MoE rule the sizes break (``dp``: the
+    data-parallel world, world / pp; ``tokens``: one rank's micro-batch x sequence)."""
+    knobs = [
+        (
+            etp not in (None, 1),
+            "deepspeed_etp",
+            f"DeepSpeed-MoE here has no expert tensor parallelism (etp={etp})",
+        ),
+        (
+            dispatcher != "alltoall",
+            "deepspeed_dispatcher",
+            f"DeepSpeed-MoE has one all-to-all dispatcher (moe_token_dispatcher={dispatcher})",
+        ),
+    ]
+    out = [(rule, message) for broken, rule, message in knobs if broken]
+    if moe is None:
+        if ep > 1:
+            out.append(("ep_needs_moe", f"ep_size ({ep}) > 1 needs model.moe (a dense model "
+                        "has no experts to split)"))  # fmt: skip
+        return out
+    min_cap = moe.deepspeed_min_capacity
+    checks = [
+        (  # moe/layer.py MoE.__init__
+            moe.num_experts % ep != 0,
+            "experts_ep",
+            f"Number of experts ({moe.num_experts}) should be divisible by expert parallel "
+            f"size ({ep})",
+        ),
+        (  # utils/groups.py _create_expert_and_data_parallel: _ensure_divisibility(world/pp, ep)
+            dp % ep != 0,
+            "ep_dp",
+            f"{dp} is not divisible by {ep} (DeepSpeed's expert-parallel groups split the "
+            f"data-parallel ranks: dp={dp}, ep={ep})",
+        ),
+        (  # runtime/engine.py _validate_zero3_moe_compatibility
+            zero_stage == 3,
+            "moe_zero3",
+            "Native DeepSpeed MoE is not supported with ZeRO Stage 3. Use AutoEP or choose "
+            "ZeRO stage 1/2.",
+        ),
+        (  # the workload's PipelineModule passes one tensor between stages
+            pp > 1,
+            "moe_pipeline",
+            f"the DeepSpeed workload's MoE layers run without pipeline stages (pp={pp}): no "
+            "path for their aux loss between stages",
+        ),
+        (  # moe/sharded_moe.py top1gating asserts it
+            moe.router_topk == 1 and tokens < min_cap,
+            "moe_min_capacity",
+            "No. of tokens (batch-size) should be greater than min_capacity. "
+            f"(tokens={tokens}, min_capacity={min_cap})",
+        ),
+    ]
+    return out + [(rule, message) for broken, rule, message in checks if broken]
+
+
+def moe_study_problem(
+    framework: str,
+    precision: str,
+    moe: MoESpec | None,
+    eps: tuple[int, ...],
+    etps: tuple[int | None, ...],
+    dispatchers: tuple[str, ...],
+) -> tuple[str, str] | None:
+    """(field path, message) of the first study-wide MoE rule the study breaks, or None (the
+    per-config rules: :func:`moe_rule_violations`, :func:`deepspeed_moe_rule_violations`)."""
+    megatron = framework == "megatron"
+    if megatron and precision == "fp16" and any(e > 1 for e in eps):
+        # megatron/training/arguments.py (core_v0.15) validate_args
+        return "space.ep", "Expert parallelism is not supported with fp16 training. (use bf16)"
+    if framework == "megatron-deepspeed" and (moe is not None or max(eps) > 1):
+        return "model.moe", (
+            "MoE runs with framework megatron or deepspeed (DeepSpeed-MoE); the "
+            "megatron-deepspeed template passes no expert flags"
+        )
+    if moe is None:
+        return None
+    if megatron and moe.min_capacity is not None:
+        return "model.moe.min_capacity", (
+            "min_capacity is DeepSpeed-MoE's; Megatron's capacity has no minimum"
+        )
+    if framework == "deepspeed":
+        problems = deepspeed_moe_problems(moe, etps, dispatchers)
+        if problems:
+            return problems[0]
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 from tuner.deepspeed_partition import deepspeed_stages
 from tuner.errors import ConfigError, SplitError, ValidationError
 from tuner.frameworks import MEGATRON_DEEPSPEED_FORK, traits
-from tuner.moe_spec import moe_rule_violations
+from tuner.moe_spec import deepspeed_moe_rule_violations, moe_rule_violations
 from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import EVEN, megatron_chunks, parse_split
 from tuner.recompute import (
@@ -482,21 +482,22 @@ def validate(
         *((t.precision, t.fp8_recipe) if t else ()),
     )  # fmt: skip
     out += [RuleViolation(rule, message) for rule, message in rules]
-    out += [
-        RuleViolation(rule, message)
-        for rule, message in moe_rule_violations(
-            model.moe,
-            model.ffn_hidden_size,
-            tp=c.tp,
-            pp=c.pp,
-            ep=c.ep,
-            etp=c.expert_tp,
-            sp=c.sequence_parallel,
-            dispatcher=c.moe_token_dispatcher,
-            world=world_size,
+    return out + [RuleViolation(r, m) for r, m in _moe_rules(config, model, world_size, framework)]
+
+
+def _moe_rules(
+    c: ParallelConfig, model: ModelSpec, world: int, framework: Framework
+) -> list[tuple[str, str]]:
+    """Megatron's expert-parallel rules, or DeepSpeed-MoE's for framework deepspeed."""
+    if framework == "deepspeed":
+        return deepspeed_moe_rule_violations(
+            model.moe, ep=c.ep, etp=c.etp, dispatcher=c.moe_token_dispatcher, dp=world // c.pp,
+            pp=c.pp, zero_stage=c.zero_stage, tokens=c.micro_batch_size * model.seq_length,
         )  # fmt: skip
-    ]
-    return out
+    return moe_rule_violations(
+        model.moe, model.ffn_hidden_size, tp=c.tp, pp=c.pp, ep=c.ep, etp=c.expert_tp,
+        sp=c.sequence_parallel, dispatcher=c.moe_token_dispatcher, world=world,
+    )  # fmt: skip
 
 
 def check(config: ParallelConfig, model: ModelSpec, world_size: int, framework: Framework) -> None:

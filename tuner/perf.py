@@ -54,6 +54,7 @@ from tuner.frameworks import Framework, traits
 from tuner.moe import (
     expert_config,
     expert_params_per_layer,
+    framework_moe,
     mlp_flops_per_token,
     moe_layer_flags,
     moe_layer_times,
@@ -385,10 +386,11 @@ def estimate_time(
     ep_layer, expert_psi, route_f, route_b, mt = 0.0, 0.0, 0.0, 0.0, None
     share = sum(moe_layer_flags(model)) / model.num_layers
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
+        moe_model = framework_moe(model, config, framework)
         ring = group_link(rates, tp_ep_group_size(config), 1, gpus_per_node)
-        mt = moe_layer_times(model, rates, config, gpus_per_node, ring)
+        mt = moe_layer_times(moe_model, rates, config, gpus_per_node, ring)
         tp_cp = group_link(rates, config.tp * config.cp, 1, gpus_per_node)
-        rt = moe_routing_times(model, rates, config, tp_cp, ring)
+        rt = moe_routing_times(moe_model, rates, config, tp_cp, ring)
         route_f, route_b = share * rt.fwd, share * rt.bwd
         fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
         ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
@@ -447,7 +449,12 @@ def estimate_time(
     if expert_psi:  # expert grads reduce over the expert-DP group (tuner.moe [MP])
         ec = expert_config(config)
         e_link = group_link(rates, ec.dp, config.expert_tp * config.ep, gpus_per_node)
-        dp += dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
+        if not ds:
+            dp += dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
+        else:  # DeepSpeed reduces the expert groups' grads by its ZeRO stage's rule too
+            dp += dp_deepspeed(
+                ec, expert_psi, rates, e_link.bandwidth, e_link.latency, stage_mb, layers, bf16_opt
+            )
         optimizer += optimizer_seconds(ec, expert_psi, rates, framework)
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,

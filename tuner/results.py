@@ -12,7 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyError
-from tuner.launch.megatron_flags import megatron_moe_flags, parallel_args
+from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.parallel import ParallelConfig
@@ -134,7 +134,7 @@ def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     The same words the ``megatron_gpt`` (``megatron_deepspeed_gpt``) template puts in a trial's
     script (one definition: :func:`tuner.launch.megatron_flags.parallel_args`).
     """
-    moe = [word for flag in megatron_moe_flags(spec.model, config) for word in flag]
+    moe = [word for flag in moe_flags(spec.model, config, spec.framework) for word in flag]
     return parallel_args(config, spec.model.num_layers, spec.framework) + moe
 
 

@@ -22,7 +22,7 @@ from tuner.fp8 import Fp8Format, Fp8Recipe
 from tuner.frameworks import Framework as Framework
 from tuner.frameworks import traits
 from tuner.layout import name_problem, study_name_problem
-from tuner.moe_spec import MoESpec, TokenDispatcher
+from tuner.moe_spec import MoESpec, TokenDispatcher, moe_study_problem
 from tuner.pipeline_split import parse_split
 from tuner.recompute import module_rule_violations, parse_recompute, recompute_text
 from tuner.spec_bounds import _ENV_NAME as _ENV_NAME
@@ -419,18 +419,12 @@ class StudySpec:
         from tuner.fp8 import fp8_problem
 
         eps = (2,) if self.space.ep == "auto" else self.space.ep
-        if self.training.precision == "fp16" and any(e > 1 for e in eps):
-            # megatron/training/arguments.py (core_v0.15) validate_args
-            raise ConfigError(
-                "Expert parallelism is not supported with fp16 training. (use bf16)",
-                path="space.ep",
-            )
-        if self.framework != "megatron" and (self.model.moe is not None or max(eps) > 1):
-            raise ConfigError(
-                f"MoE runs with framework: megatron; {self.framework}'s workload is a dense GPT "
-                "(DeepSpeed-MoE ep_size is not supported)",
-                path="model.moe",
-            )
+        found = moe_study_problem(
+            self.framework, self.training.precision, self.model.moe, eps,
+            self.space.etp or (None,), self.space.moe_token_dispatcher,
+        )  # fmt: skip
+        if found is not None:
+            raise ConfigError(found[1], path=found[0])
         if self.training.precision == "fp8":
             if self.framework != "megatron":
                 raise ConfigError(

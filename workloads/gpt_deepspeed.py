@@ -13,11 +13,23 @@ default ``best``, else ``uniform``, ``parameters`` or ``type:REGEX``; ZeRO 0/1 o
 optional ``optimizer`` section (without one, ``torch.optim.AdamW`` is created here).
 Tokens are synthetic and seeded.
 
+Mixture of experts (``--num-experts E``): the MLP of the blocks ``--moe-layer-freq`` picks is a
+``deepspeed.moe.layer.MoE`` over E copies of the MLP (width ``--moe-ffn-hidden-size``), split over
+``--ep-size`` expert-parallel ranks, top-``--moe-router-topk`` gating with
+``--moe-capacity-factor`` / ``--moe-min-capacity`` (no factor: dropless), the gates' summed
+``l_aux`` times ``--moe-aux-loss-coeff`` added to the loss; the expert parameters get their own
+optimizer groups (``split_params_into_different_moe_groups_for_optimizer``). Refused, one line,
+exit 2: ZeRO-3 (DeepSpeed's native MoE does not run under it), pipeline stages, and a
+data-parallel world that ``--ep-size`` does not divide.
+
 Printed lines (besides DeepSpeed's own log, which is switched to INFO level):
 
 - every optimizer step, from every rank::
 
     tuner-step: iter=N time_s=S samples_per_s=X max_allocated_gib=A max_reserved_gib=R rank=K
+
+  (MoE runs add ``aux_loss=L`` before ``rank``: the summed ``l_aux`` of the step's last
+  micro-batch, unscaled.)
 
   ``time_s`` is the wall clock of all micro-steps of the global batch, between two barriers;
   ``samples_per_s`` is the global batch size divided by it.
@@ -54,6 +66,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -75,6 +88,20 @@ class WorkloadConfigError(Exception):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MoEShape:
+    """DeepSpeed-MoE layers (``deepspeed.moe.layer.MoE``) replacing the MLP of some blocks."""
+
+    num_experts: int
+    ep_size: int
+    top_k: int
+    capacity_factor: float | None  # None: dropless (MoE(drop_tokens=False))
+    min_capacity: int
+    aux_loss_coeff: float
+    ffn_hidden_size: int
+    layers: tuple[bool, ...]  # per block: is its MLP an MoE layer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelShape:
     """The GPT's dimensions."""
 
@@ -84,6 +111,7 @@ class ModelShape:
     ffn_hidden_size: int
     seq_length: int
     vocab_size: int
+    moe: MoEShape | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +127,7 @@ class RunPlan:
     checkpointing: bool
     has_optimizer: bool
     partition_method: str = "type:Block"
+    moe: bool = False
 
     @property
     def global_batch(self) -> int:
@@ -119,6 +148,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--train-iters", type=int, default=8)
     p.add_argument("--seed", type=int, default=1234)
+    moe = p.add_argument_group("mixture of experts (deepspeed.moe.layer.MoE)")
+    moe.add_argument("--num-experts", type=int, default=None, help="default: a dense model")
+    moe.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks")
+    moe.add_argument("--moe-router-topk", type=int, default=2, help="experts per token (k)")
+    moe.add_argument("--moe-ffn-hidden-size", type=int, default=None, help="default: FFN width")
+    moe.add_argument("--moe-capacity-factor", type=float, default=None, help="default: dropless")
+    moe.add_argument("--moe-min-capacity", type=int, default=4)
+    moe.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    moe.add_argument("--moe-layer-freq", default="1", help="N (every N-th block) or [1,0,...]")
     # The `deepspeed` launcher appends --local_rank; torchrun sets LOCAL_RANK instead.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -133,6 +171,7 @@ def model_shape(args: argparse.Namespace) -> ModelShape:
         ffn_hidden_size=ffn,
         seq_length=args.seq_length,
         vocab_size=args.vocab_size,
+        moe=moe_shape(args, args.num_layers, ffn),
     )
     for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"):
         if getattr(shape, name) < 1:
@@ -145,6 +184,51 @@ def model_shape(args: argparse.Namespace) -> ModelShape:
             f"--num-attention-heads ({shape.num_attention_heads})"
         )
     return shape
+
+
+def moe_layers(text: str, num_layers: int) -> tuple[bool, ...]:
+    """``--moe-layer-freq``: N (block i is MoE when i % N == 0, Megatron's --moe-layer-freq) or
+    a 0/1 list with one entry per block."""
+    compact = text.replace(" ", "")
+    if compact.isdigit() and int(compact) >= 1:
+        return tuple(i % int(compact) == 0 for i in range(num_layers))
+    if re.fullmatch(r"\[[01](,[01])*\]", compact):
+        flags = tuple(ch == "1" for ch in compact[1:-1].split(","))
+        if len(flags) == num_layers:
+            return flags
+    raise WorkloadConfigError(
+        f"--moe-layer-freq must be N >= 1 or a 0/1 list of --num-layers ({num_layers}) "
+        f"entries, got {text!r}"
+    )
+
+
+def moe_shape(args: argparse.Namespace, num_layers: int, ffn: int) -> MoEShape | None:
+    if args.num_experts is None:
+        if args.ep_size != 1:
+            raise WorkloadConfigError(f"--ep-size ({args.ep_size}) needs --num-experts")
+        return None
+    e, ep = args.num_experts, args.ep_size
+    if e < 1 or ep < 1:
+        raise WorkloadConfigError("--num-experts and --ep-size must be >= 1")
+    if e % ep:  # deepspeed/moe/layer.py MoE.__init__ asserts it
+        raise WorkloadConfigError(
+            f"Number of experts ({e}) should be divisible by expert parallel size ({ep})"
+        )
+    if not 1 <= args.moe_router_topk <= e:
+        raise WorkloadConfigError(f"--moe-router-topk must be in 1..{e}")
+    cf = args.moe_capacity_factor
+    if (cf is not None and cf <= 0) or args.moe_min_capacity < 0:
+        raise WorkloadConfigError("--moe-capacity-factor must be > 0, --moe-min-capacity >= 0")
+    return MoEShape(
+        num_experts=e,
+        ep_size=ep,
+        top_k=args.moe_router_topk,
+        capacity_factor=cf,
+        min_capacity=args.moe_min_capacity,
+        aux_loss_coeff=args.moe_aux_loss_coeff,
+        ffn_hidden_size=args.moe_ffn_hidden_size or ffn,
+        layers=moe_layers(args.moe_layer_freq, num_layers),
+    )
 
 
 # --------------------------------------------------------------------------- ds_config
@@ -254,6 +338,8 @@ def plan_run(config: dict[str, Any], world: int, shape: ModelShape) -> RunPlan:
             "activation_checkpointing.partition_activations / cpu_checkpointing need tensor "
             "parallelism, which this workload does not have"
         )
+    if shape.moe is not None:
+        check_moe(shape.moe, zero, stages, world // stages)
     micro, gas = resolve_batch(config, world // stages)
     partition = _section(config, "pipeline").get("partition", "best")
     if not isinstance(partition, str):
@@ -274,7 +360,28 @@ def plan_run(config: dict[str, Any], world: int, shape: ModelShape) -> RunPlan:
         bf16=bool(_section(config, "bf16").get("enabled", False)),
         checkpointing="activation_checkpointing" in config,
         has_optimizer="optimizer" in config,
+        moe=shape.moe is not None,
     )
+
+
+def check_moe(moe: MoEShape, zero: int, stages: int, dp: int) -> None:
+    """What DeepSpeed-MoE (0.19.8) refuses, or this workload does not build, with its words."""
+    if zero == 3:  # runtime/engine.py _validate_zero3_moe_compatibility
+        raise WorkloadConfigError(
+            "Native DeepSpeed MoE is not supported with ZeRO Stage 3 "
+            "(zero_optimization.stage 3 with --num-experts; use stage 0-2)"
+        )
+    if stages > 1:
+        raise WorkloadConfigError(
+            f"--num-experts cannot be combined with pipeline.stages ({stages}) > 1: the "
+            "PipelineModule passes one activation tensor between stages, with no path for the "
+            "MoE layers' aux loss"
+        )
+    if dp % moe.ep_size:  # utils/groups.py _create_expert_and_data_parallel
+        raise WorkloadConfigError(
+            f"{dp} is not divisible by {moe.ep_size} (the data-parallel world, {dp} ranks, "
+            f"must split into expert-parallel groups of --ep-size {moe.ep_size})"
+        )
 
 
 def engine_config(config: dict[str, Any], plan: RunPlan) -> dict[str, Any]:
@@ -291,6 +398,18 @@ def engine_config(config: dict[str, Any], plan: RunPlan) -> dict[str, Any]:
 # --------------------------------------------------------------------------- model
 
 
+class MLP(nn.Module):
+    """fc1 -> GELU -> fc2 (the dense MLP, and each DeepSpeed-MoE expert)."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
 class Block(nn.Module):
     """Pre-LN transformer block: causal self-attention and a GELU MLP."""
 
@@ -302,16 +421,50 @@ class Block(nn.Module):
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
         self.ln2 = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, shape.ffn_hidden_size)
-        self.fc2 = nn.Linear(shape.ffn_hidden_size, h)
+        self.mlp = self.make_mlp(shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def make_mlp(self, shape: ModelShape) -> nn.Module:
+        return MLP(shape.hidden_size, shape.ffn_hidden_size)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
         q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x)
+        return x + self.mlp(self.ln2(x))
+
+
+class MoEBlock(Block):
+    """A block whose MLP is ``deepspeed.moe.layer.MoE`` over copies of the MLP; returns the
+    output and the gate's load-balancing loss (``l_aux``)."""
+
+    def make_mlp(self, shape: ModelShape) -> nn.Module:
+        from deepspeed.moe.layer import MoE
+
+        moe = shape.moe
+        if moe is None:
+            raise ValueError("MoEBlock needs ModelShape.moe")
+        cf = moe.capacity_factor
+        return MoE(
+            hidden_size=shape.hidden_size,
+            expert=MLP(shape.hidden_size, moe.ffn_hidden_size),
+            num_experts=moe.num_experts,
+            ep_size=moe.ep_size,
+            k=moe.top_k,
+            capacity_factor=cf or 1.0,
+            eval_capacity_factor=cf or 1.0,
+            min_capacity=moe.min_capacity,
+            drop_tokens=cf is not None,
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        x = self.attention(x)
+        out, l_aux, _ = self.mlp(self.ln2(x))
+        return x + out, l_aux
 
 
 class Embedding(nn.Module):
@@ -345,15 +498,26 @@ class GPT(nn.Module):
     def __init__(self, shape: ModelShape, checkpoint: Callable[..., Any] | None) -> None:
         super().__init__()
         self.embed = Embedding(shape)
-        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.num_layers))
+        moe = shape.moe.layers if shape.moe else (False,) * shape.num_layers
+        self.blocks = nn.ModuleList(MoEBlock(shape) if m else Block(shape) for m in moe)
         self.head = Head(shape)
         self.checkpoint = checkpoint
+        self.aux_loss_coeff = shape.moe.aux_loss_coeff if shape.moe else 0.0
+        self.last_aux_loss = 0.0  # the MoE layers' summed l_aux of the last forward
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         x = self.embed(ids)
+        aux = torch.zeros((), device=x.device)
         for block in self.blocks:
-            x = self.checkpoint(block, x) if self.checkpoint else block(x)
-        return lm_loss(self.head(x), labels)
+            out = self.checkpoint(block, x) if self.checkpoint else block(x)
+            if isinstance(out, tuple):  # an MoEBlock: (output, l_aux)
+                x, l_aux = out
+                aux = aux + l_aux
+            else:
+                x = out
+        self.last_aux_loss = float(aux.detach())
+        loss = lm_loss(self.head(x), labels)
+        return loss + self.aux_loss_coeff * aux if self.aux_loss_coeff else loss
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -651,10 +815,13 @@ def run_steps(s: Session, iters: int) -> None:
                 f"optimizer={a.optimizer} activations={a.activations}"
             )
         allocated, reserved = memory_gib(s)
+        # MoE runs add the last micro-batch's summed gate loss (a key the parser skips)
+        aux = f" aux_loss={s.engine.module.last_aux_loss:.6f}" if s.plan.moe else ""
         emit(
             f"tuner-step: iter={step} time_s={elapsed:.6f} "
             f"samples_per_s={s.plan.global_batch / elapsed:.3f} "
-            f"max_allocated_gib={allocated:.6f} max_reserved_gib={reserved:.6f} rank={s.rank}"
+            f"max_allocated_gib={allocated:.6f} max_reserved_gib={reserved:.6f}{aux} "
+            f"rank={s.rank}"
         )
     emit(f"tuner-done: iters={iters} rank={s.rank}")
 
@@ -710,7 +877,15 @@ def start_engine(model: Any, plan: RunPlan, config: dict[str, Any]) -> tuple[Any
     def make_adamw(params: Any) -> Any:
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    params: list[Any] = [p for p in model.parameters() if p.requires_grad]
+    if plan.moe:
+        # Expert parameters in their own groups: ZeRO partitions (and the engine reduces) them
+        # over the expert-data-parallel group, the others over the whole data-parallel group.
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        params = split_params_into_different_moe_groups_for_optimizer(
+            {"params": params, "name": "dense-params"}
+        )
     try:
         engine, _, _, _ = deepspeed.initialize(
             model=model,

@@ -218,3 +218,75 @@ def test_sigterm_to_torchrun_stops_the_run_promptly(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# --------------------------------------------------------------------------- DeepSpeed-MoE
+
+MOE_STEP_RE = re.compile(
+    r"^tuner-step: iter=(\d+) time_s=[\d.]+ samples_per_s=[\d.]+ max_allocated_gib=[\d.]+ "
+    r"max_reserved_gib=[\d.]+ aux_loss=([\d.]+) rank=(\d+)$",
+    re.MULTILINE,
+)
+EXPERTS, HIDDEN, FFN, LAYERS = 4, 64, 256, 2  # MODEL_ARGS: h=64, ffn 4h, 2 layers
+
+
+def run_moe(directory: Path, name: str, zero: int, *moe_args: str) -> Run:
+    path = write_config(directory, name, {"zero_optimization": {"stage": zero}})
+    cmd = [*torchrun_command(path), "--num-experts", str(EXPERTS), "--moe-capacity-factor",
+           "1.0", "--moe-aux-loss-coeff", "0.01", *moe_args]  # fmt: skip
+    start = time.monotonic()
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=workload_env(), timeout=300, check=False
+    )
+    return Run(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
+
+
+@pytest.fixture(scope="module")
+def moe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Run]:
+    """ZeRO-1 with the experts replicated (ep 1) and split over both ranks (ep 2)."""
+    directory = tmp_path_factory.mktemp("moe")
+    return {ep: run_moe(directory, f"ep{ep}", 1, "--ep-size", str(ep)) for ep in (1, 2)}
+
+
+def test_moe_ep2_trains_with_aux_loss_on_every_rank(moe_runs: dict[int, Run]) -> None:
+    from tuner.logs import parse_deepspeed
+    from tuner.outcome import Outcome
+
+    run = moe_runs[2]
+    assert run.rc == 0, run.output[-4000:]
+    steps = MOE_STEP_RE.findall(run.output)
+    assert sorted((int(r), int(i)) for i, _, r in steps) == [
+        (r, i) for r in range(WORLD) for i in range(1, ITERS + 1)
+    ], run.output[-3000:]
+    # DeepSpeed's l_aux = E * sum_e(mean gate_e * routed share_e) / k per layer, >= 1 per layer
+    # at any routing (sharded_moe.py topkgating), summed over the MoE layers
+    assert all(float(aux) >= LAYERS * 0.99 for _, aux, _ in steps)
+    assert "creating expert parallel process group named ep_size_2 with ranks: [0, 1]" in (
+        run.output
+    )
+    metrics = parse_deepspeed(run.output, warmup=1)
+    assert metrics.outcome is Outcome.OK and metrics.step_time_s and metrics.step_time_s > 0
+
+
+def test_moe_ep2_holds_half_the_experts(moe_runs: dict[int, Run]) -> None:
+    assert moe_runs[1].rc == 0, moe_runs[1].output[-4000:]
+    expert = (HIDDEN * FFN + FFN) + (FFN * HIDDEN + HIDDEN)  # fc1 + fc2 with biases
+    ep1, ep2 = moe_runs[1].memory(0), moe_runs[2].memory(0)
+    assert ep1["params"] - ep2["params"] == 4 * LAYERS * (EXPERTS - EXPERTS // 2) * expert
+
+
+@pytest.mark.parametrize(
+    ("zero", "extra", "message"),
+    [
+        (3, ("--ep-size", "2"), "Native DeepSpeed MoE is not supported with ZeRO Stage 3"),
+        (1, ("--ep-size", "3"), "Number of experts (4) should be divisible by expert parallel"),
+    ],
+)
+def test_moe_refusals_are_one_line(
+    tmp_path: Path, zero: int, extra: tuple[str, ...], message: str
+) -> None:
+    run = run_moe(tmp_path, "bad", zero, *extra)
+    assert run.rc != 0
+    errors = [line for line in run.output.splitlines() if line.startswith("gpt_deepspeed: error:")]
+    assert len(errors) == 1 and message in errors[0], run.output[-3000:]
+    assert "tuner-step:" not in run.output

@@ -124,6 +124,38 @@ def megatron_moe_flags(model: ModelSpec, config: ParallelConfig) -> list[Flag]:
     return flags
 
 
+def deepspeed_moe_flags(model: ModelSpec, config: ParallelConfig) -> list[Flag]:
+    """The DeepSpeed workload's MoE flags (``workloads/gpt_deepspeed.py``, which passes them to
+    ``deepspeed.moe.layer.MoE``); empty for a dense model. A layer pattern is passed expanded,
+    one 0/1 per layer (the workload does not parse Megatron's pattern language)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    freq = moe.layer_freq
+    if not isinstance(freq, int):
+        freq = "[" + ",".join("1" if m else "0" for m in moe.moe_layers(model.num_layers)) + "]"
+    flags: list[Flag] = [
+        ("--num-experts", str(moe.num_experts)),
+        ("--ep-size", str(config.ep)),
+        ("--moe-router-topk", str(moe.router_topk)),
+        ("--moe-ffn-hidden-size", str(moe.ffn_hidden_size or model.ffn_hidden_size)),
+        ("--moe-min-capacity", str(moe.deepspeed_min_capacity)),
+        ("--moe-layer-freq", str(freq)),
+    ]
+    if moe.capacity_factor is not None:
+        flags.append(("--moe-capacity-factor", str(moe.capacity_factor)))
+    if moe.aux_loss_coeff:
+        flags.append(("--moe-aux-loss-coeff", str(moe.aux_loss_coeff)))
+    return flags
+
+
+def moe_flags(model: ModelSpec, config: ParallelConfig, framework: str) -> list[Flag]:
+    """The MoE flags of ``framework``'s launch: the DeepSpeed workload's or Megatron's."""
+    if framework == "deepspeed":
+        return deepspeed_moe_flags(model, config)
+    return megatron_moe_flags(model, config)
+
+
 def megatron_precision_flags(training: TrainingSpec) -> list[Flag]:
     """``--bf16`` / ``--fp16``; fp8 is bf16 plus Transformer Engine's FP8 GEMMs (core_v0.15
     arguments.py ``_add_transformer_engine_args``: ``--fp8-format``, ``--fp8-recipe``)."""

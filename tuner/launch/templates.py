@@ -13,7 +13,8 @@ through the ``shq`` filter (``shlex.quote``). Templates see: ``spec``, ``model``
 path on the node), ``env``, ``extra_args``, ``python``, ``python_bin``, ``cpu``, ``ds_config`` and
 ``megatron_flags`` (the parallelism, batch, recompute and optimizer flags of ``cfg``, each a tuple
 of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel_flags`),
-``megatron_model_flags`` (precision and MoE flags, from the same module) and
+``megatron_model_flags`` (precision and MoE flags, from the same module),
+``deepspeed_moe_flags`` (the DeepSpeed workload's MoE flags, same module) and
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
 :func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`).
 """
@@ -35,6 +36,7 @@ import jinja2
 from tuner.errors import ConfigError, LaunchError
 from tuner.frameworks import traits
 from tuner.launch.megatron_flags import (
+    deepspeed_moe_flags,
     megatron_deepspeed_parallel_flags,
     megatron_moe_flags,
     megatron_parallel_flags,
@@ -267,6 +269,7 @@ def context(
         # MoE flags first: with the parallel ones they are ``tune best --emit args``
         "megatron_model_flags": megatron_moe_flags(spec.model, config)
         + megatron_precision_flags(spec.training),
+        "deepspeed_moe_flags": deepspeed_moe_flags(spec.model, config),
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
