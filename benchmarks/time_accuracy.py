@@ -31,10 +31,12 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
+from tuner._loader import load_dataclass
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time, layer_step_times, model_flops_per_step
 from tuner.spec import ModelSpec, Precision, TrainingSpec
+from tuner.studyfile import _expand_model
 
 CSV = Path(__file__).resolve().parent / "data" / "step_times.csv"
 METRICS = (
@@ -51,7 +53,7 @@ GPUS = {
     "H100-SXM-80GB": "h100-sxm-80gb",
     "H100-96GB-HBM2e-500W": "h100-sxm-80gb",
 }
-MODERN = ("[M]", "[L]", "[T]")
+MODERN = ("[M]", "[L]", "[T]", "[X]")
 """Sources whose runs use FlashAttention, RoPE-era kernels and sequence parallelism by default."""
 BEST_WITHIN = 0.02
 
@@ -114,6 +116,9 @@ def _skip_reason(row: dict[str, str]) -> str | None:
 
 
 def _model(row: dict[str, str], notes: list[str]) -> ModelSpec:
+    if row.get("preset"):  # an MoE model: the catalog's preset, its published architecture
+        model = load_dataclass(ModelSpec, _expand_model({"preset": row["preset"]}), "model")
+        return dataclasses.replace(model, seq_length=int(row["seq_len"]))
     h = int(row["hidden"])
     llama = "llama" in row["model"].lower()
     heads = int(row["heads"])
@@ -177,7 +182,7 @@ def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, str]
         tp=tp, pp=pp, cp=cp, dp=dp, vp=int(row["vp"] or 1), sequence_parallel=sp,
         micro_batch_size=mbs, global_batch_size=gbs, recompute=recompute,  # type: ignore[arg-type]
         recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
-        distributed_optimizer=distopt, zero_stage=zero,
+        distributed_optimizer=distopt, zero_stage=zero, ep=int(row.get("ep") or 1),
     )  # fmt: skip
     return config, framework
 

@@ -165,3 +165,21 @@ def test_benchmark_compares_like_with_like() -> None:
     assert bench._figure(part, "device") == 4.0 and bench._figure(part, "allocated") == 3.0
     assert bench._stage_part(new, "pipeline stage 0 (rank 0)") == (first, "0")
     assert bench._stage_part(new, "rank 0") == (new, "peak")
+
+
+def test_the_step_time_set_has_an_moe_row_predicted_as_moe() -> None:
+    """benchmarks/data/step_times.csv: the MoE rows name a catalog preset and an EP size, and
+    time_accuracy predicts them with the experts (not as the dense model of the same shape)."""
+    path = DATA.parent / "time_accuracy.py"
+    spec = importlib.util.spec_from_file_location("time_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["time_accuracy"] = bench
+    spec.loader.exec_module(bench)
+    cases, skipped = bench.load_cases(DATA / "step_times.csv")
+    assert not skipped
+    moe = [c for c in cases if c.row["preset"]]
+    assert moe, "no MoE row in step_times.csv"
+    for case in moe:
+        assert case.model.moe is not None and case.config.ep == int(case.row["ep"]) > 1
+        assert case.predicted > 0
