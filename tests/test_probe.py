@@ -126,8 +126,8 @@ def test_the_sampler_probes_only_after_a_measured_peak_and_drops_a_refuted_probe
 def test_the_sampler_and_the_screen_share_one_enumeration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The space is walked (every config's memory and time estimated) once per loop: the model
-    sampler's candidates and the screen's memory probes come from the same enumeration."""
+    """The space is walked (every config's memory and time estimated) once per loop: the seeding,
+    the model sampler's candidates and the screen's memory probes come from one enumeration."""
     import tuner.space
 
     walks = []
@@ -143,6 +143,7 @@ def test_the_sampler_and_the_screen_share_one_enumeration(
     s = spec(memory_gib=peak / 1.03)
     loop = build_loop(s, results=str(tmp_path))
     try:
+        loop.seed()  # the space's counts for the summary, from the same enumeration
         sampler = loop.study.sampler
         assert isinstance(sampler, ModelGuidedSampler)
         first = sampler.choose([])

@@ -52,7 +52,7 @@ from tuner.recovery import Recovery
 from tuner.sampler import make_sampler
 from tuner.schedule import Heartbeat, Placement, Scheduler, live_running
 from tuner.screen import Screen
-from tuner.space import SharedSpace, enumerate_space, expand_axes, study_gpu
+from tuner.space import SharedSpace, expand_axes, study_gpu
 from tuner.spec import StudySpec
 from tuner.stopping import Stopper
 from tuner.storage import check_results_dir, open_storage, open_study, record_heartbeats
@@ -163,8 +163,10 @@ class StudyLoop:
     # -- seeding and recovery ------------------------------------------------------------------
 
     def seed(self) -> None:
-        """Enqueue the top predicted configs on a new study, and re-runs of interrupted trials."""
-        report = enumerate_space(self.spec)
+        """Enqueue the top predicted configs on a new study, and re-runs of interrupted trials.
+        The ranking is the loop's one enumeration (the screen's, under the cluster profile's
+        rates when there is one), so it is the order ``tune space`` prints."""
+        report = self.screen.space.report()
         self.space_counts = report.counts()
         if (
             not self.trials()
