@@ -104,3 +104,22 @@ def test_full_recompute_routes_the_rerun_forward_again() -> None:
         - estimate_time(model, t, C, H100, 8).moe_routing
     )
     assert extra == pytest.approx(C.num_microbatches * model.num_layers * rt.fwd)
+
+
+def test_moe_layers_drop_the_dense_mlp_blocks_tp_traffic() -> None:
+    """With TP 2 and SP, an MoE layer keeps the attention block's TP all-gather and
+    reduce-scatter, but its routed experts gather over ETP only: half the dense layer's TP
+    traffic. Shared experts (a TP-split MLP) bring the other half back."""
+    model = dataclasses.replace(_moe(), num_layers=4)
+    dense = dataclasses.replace(model, moe=None)
+    c = ParallelConfig(tp=2, pp=2, sequence_parallel=True, micro_batch_size=1,
+                       global_batch_size=8)  # fmt: skip
+    t = TrainingSpec(global_batch_size=8)
+    tp_dense = estimate_time(dense, t, c, H100, 8).tp_comm
+    assert tp_dense > 0
+    assert estimate_time(model, t, c, H100, 8).tp_comm == pytest.approx(tp_dense / 2)
+    assert model.moe is not None
+    shared = dataclasses.replace(
+        model, moe=dataclasses.replace(model.moe, shared_expert_ffn_hidden_size=128)
+    )
+    assert estimate_time(shared, t, c, H100, 8).tp_comm == pytest.approx(tp_dense)

@@ -394,6 +394,13 @@ def estimate_time(
         route_f, route_b = share * rt.fwd, share * rt.bwd
         fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
         ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
+        if moe_model.moe is not None and not moe_model.moe.shared:
+            # An MoE layer's routed experts gather their tokens over ETP only (Megatron-core
+            # token_dispatcher.py: its tp_group is expt_tp; that is mt's comm) and its input
+            # stays sequence-parallel, so the dense MLP block's TP all-gather and reduce-scatter
+            # (half of a layer's TP traffic) are gone. Shared experts, a TP-split MLP under SP
+            # (moe/shared_experts.py), keep them.
+            tp_fwd, tp_bwd = tp_fwd * (1.0 - share / 2.0), tp_bwd * (1.0 - share / 2.0)
         if config.recompute == "full":  # the checkpointed layer's forward dispatches again
             ep_layer += _recompute_fraction(config, model) * share * mt.comm_fwd
         psi += layers * share * nonexpert_delta_per_layer(model, config)
