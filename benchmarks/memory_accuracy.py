@@ -171,12 +171,26 @@ def row_config(row: dict[str, str]) -> ParallelConfig:
         raise Skip(f"config not accepted: {exc}") from exc
 
 
+_WORKSPACE_CONFIG = re.compile(r":(\d+):(\d+)")
+
+
+def cublas_workspace_mib(config: str) -> float | None:
+    """PyTorch's cuBLAS workspace per handle that ``CUBLAS_WORKSPACE_CONFIG`` sets, MiB: the sum
+    of SIZE KiB x COUNT over its ``:SIZE:COUNT`` pairs (aten/src/ATen/cuda/CublasHandlePool.cpp
+    parseChosenWorkspaceSize); None when the row's run left it unset (the catalog's default)."""
+    pairs = _WORKSPACE_CONFIG.findall(config)
+    return sum(int(size) * int(count) for size, count in pairs) / 1024 if pairs else None
+
+
 def row_gpu(row: dict[str, str]) -> GPUSpec:
-    """The catalog GPU a row ran on, with the capacity its source states where it differs."""
+    """The catalog GPU a row ran on, with the capacity its source states where it differs and
+    the cuBLAS workspace its run's ``CUBLAS_WORKSPACE_CONFIG`` set (Megatron-LM's CI sets
+    ``:4096:8`` in most model_config.yaml ENV_VARS)."""
     if row["gpu_type"] not in GPUS:
         raise Skip(f"GPU {row['gpu_type']!r} has no catalog mapping")
     name, memory = GPUS[row["gpu_type"]]
-    return get_gpu(name, memory)
+    workspace = cublas_workspace_mib(row.get("cublas_workspace_config", ""))
+    return get_gpu(name, memory, {"cublas_workspace_mib": workspace} if workspace else None)
 
 
 # A log printed after the first iteration (Megatron's report_memory at iteration 1) shows that

@@ -165,3 +165,18 @@ def test_benchmark_compares_like_with_like() -> None:
     assert bench._figure(part, "device") == 4.0 and bench._figure(part, "allocated") == 3.0
     assert bench._stage_part(new, "pipeline stage 0 (rank 0)") == (first, "0")
     assert bench._stage_part(new, "rank 0") == (new, "peak")
+
+
+def test_rows_carry_their_runs_cublas_workspace_config(rows: list[dict[str, str]]) -> None:
+    """``cublas_workspace_config`` is PyTorch's ``:SIZE:COUNT`` syntax (SIZE KiB, summed over
+    pairs) or empty; a set value resizes the GPU's per-handle cuBLAS workspace."""
+    bench = _benchmark()
+    assert bench.cublas_workspace_mib(":4096:8") == 32.0  # Megatron-LM CI's ENV_VARS
+    assert bench.cublas_workspace_mib(":4096:2:16:8") == 8.125  # PyTorch's pre-sm90 default
+    assert bench.cublas_workspace_mib("") is None
+    for row in rows:
+        value = row["cublas_workspace_config"]
+        assert not value or bench.cublas_workspace_mib(value), value
+    ci = next(r for r in rows if r["cublas_workspace_config"] and r["gpu_type"].startswith("A100"))
+    assert bench.row_gpu(ci).cublas_workspace_mib == 32.0
+    assert bench.row_gpu({**ci, "cublas_workspace_config": ""}).cublas_workspace_mib == 8.125

@@ -349,7 +349,8 @@ def _stage_memory(
     comms = communicators(c, stage, framework, model.tied_embeddings, moe.expert_params > 0)
     grouped = model.moe is not None and model.moe.grouped_gemm and moe.expert_params > 0
     fixed = {
-        "workspaces": workspace_bytes(gpu) + (grouped_gemm_workspace_bytes(gpu) if grouped else 0),
+        "workspaces": workspace_bytes(gpu, framework)
+        + (grouped_gemm_workspace_bytes(gpu) if grouped else 0),
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu),
     }
