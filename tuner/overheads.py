@@ -113,8 +113,10 @@ def workspace_bytes(gpu: GPUSpec, framework: Framework = "megatron") -> float:
     PyTorch's cuBLAS workspace for each of the :data:`BLAS_THREADS` handles. Its cuBLASLt
     workspace only where the model's layers run PyTorch's cuBLASLt GEMMs (``nn.Linear`` with a
     bias: addmm's ``gemm_and_bias``), i.e. not on Megatron-core, whose layers run their GEMMs in
-    Transformer Engine and whose output layer and router are bias-free ``torch.matmul`` / linear
-    calls (megatron/core/tensor_parallel/layers.py), the cuBLAS path. Megatron-core instead
+    Transformer Engine, whose output layer is a bias-free ``torch.matmul``
+    (megatron/core/tensor_parallel/layers.py ``_linear_forward``) and whose MoE router a TE GEMM
+    or a bias-free ``torch.mm`` (moe/moe_utils.py ``RouterGatingLinearFunction``), the cuBLAS
+    path. Megatron-core instead
     holds Transformer Engine's own workspace, one tensor per process (``get_workspace()``,
     module/base.py ``_cublas_workspace``; ``--transformer-impl transformer_engine``, the
     default of megatron/training/arguments.py).
