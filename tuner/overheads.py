@@ -97,7 +97,11 @@ PyTorch hands each thread its own handle (aten/src/ATen/cuda/CublasHandlePool.cp
 ``thread_local`` ``PoolWindow`` of the ``DeviceThreadHandlePool``) and keeps one workspace per
 (handle, stream) pair, allocated through its caching allocator on the handle's first GEMM and
 never freed (``cublas_handle_stream_to_workspace``, ``cublaslt_handle_stream_to_workspace``;
-PyTorch docs notes/cuda.rst "cuBLAS workspaces")."""
+PyTorch docs notes/cuda.rst "cuBLAS workspaces"). Megatron-LM CI's resident bytes show both:
+its ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` cases hold ~48 MiB (2 x (32 - 8.125)) more on A100 than
+its cases without it. PyTorch builds that stop caching them by default
+(``TORCH_CUBLAS_WORKSPACE_CACHE``) keep none between GEMMs: a study on such a stack sets
+``cluster.overheads.cublas_workspace_mib: 0``."""
 
 
 def te_workspace_bytes(gpu: GPUSpec) -> float:
