@@ -12,13 +12,16 @@ row that fit but is pruned is a false OOM. ``--published-cases`` also reads the 
 the older shared published_cases.csv. Mixture-of-experts rows (``num_experts`` and the ``moe_*``
 columns) run through the same model with their experts and expert grid; targets are judged for
 dense and MoE rows apart. A row whose ``unmodelled`` column names a feature no knob expresses is
-predicted without it and reported on a "not expressible" line, out of the targets.
+predicted without it and reported on a "not expressible" line, out of the targets. Rows with a
+``resident`` figure (Megatron's mem-allocated-bytes after the optimizer step) are also compared
+with the model's step-phase allocated figure, on a "resident" line outside the targets.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import re
 import statistics
 import sys
@@ -82,6 +85,7 @@ class Result:
     predicted: float  # bytes, same metric
     fits: bool  # the config passes the prune at the headroom
     stage: str  # which of the model's stages was compared: "last", its index, or "peak"
+    resident: float = 0.0  # predicted bytes alive after the optimizer step, same stage
 
     @property
     def error(self) -> float:
@@ -171,12 +175,26 @@ def row_config(row: dict[str, str]) -> ParallelConfig:
         raise Skip(f"config not accepted: {exc}") from exc
 
 
+_WORKSPACE_CONFIG = re.compile(r":(\d+):(\d+)")
+
+
+def cublas_workspace_mib(config: str) -> float | None:
+    """PyTorch's cuBLAS workspace per handle that ``CUBLAS_WORKSPACE_CONFIG`` sets, MiB: the sum
+    of SIZE KiB x COUNT over its ``:SIZE:COUNT`` pairs (aten/src/ATen/cuda/CublasHandlePool.cpp
+    parseChosenWorkspaceSize); None when the row's run left it unset (the catalog's default)."""
+    pairs = _WORKSPACE_CONFIG.findall(config)
+    return sum(int(size) * int(count) for size, count in pairs) / 1024 if pairs else None
+
+
 def row_gpu(row: dict[str, str]) -> GPUSpec:
-    """The catalog GPU a row ran on, with the capacity its source states where it differs."""
+    """The catalog GPU a row ran on, with the capacity its source states where it differs and
+    the cuBLAS workspace its run's ``CUBLAS_WORKSPACE_CONFIG`` set (Megatron-LM's CI sets
+    ``:4096:8`` in most model_config.yaml ENV_VARS)."""
     if row["gpu_type"] not in GPUS:
         raise Skip(f"GPU {row['gpu_type']!r} has no catalog mapping")
     name, memory = GPUS[row["gpu_type"]]
-    return get_gpu(name, memory)
+    workspace = cublas_workspace_mib(row.get("cublas_workspace_config", ""))
+    return get_gpu(name, memory, {"cublas_workspace_mib": workspace} if workspace else None)
 
 
 # A log printed after the first iteration (Megatron's report_memory at iteration 1) shows that
@@ -206,7 +224,19 @@ def predict(row: dict[str, str], headroom: float) -> Result:
     measured = float(row["value"]) * UNITS[row["unit"]]
     first = bool(_FIRST_ITERATION.search(row.get("notes", "")))
     figure = _figure(part, row["metric"], first)
-    return Result(row, measured, figure, fits(mem, gpu, headroom), which)
+    return Result(row, measured, figure, fits(mem, gpu, headroom), which, _resident(part))
+
+
+def _resident(part: object) -> float:
+    """The model's step-phase allocated figure (largest over stages for a whole breakdown):
+    states, workspaces and what the step leaves until the next ``zero_grad``. Megatron logs
+    ``mem-allocated-bytes`` (torch ``allocated_bytes.all.current``) in training_log, after
+    train_step has returned (megatron/training/training.py), when just these are alive."""
+    stages = getattr(part, "stages", None)
+    if stages:
+        return max(_resident(s) for s in stages)
+    phases = getattr(part, "phases", None)
+    return float(phases[1].allocated) if phases else 0.0
 
 
 def _stage_part(mem: object, stage: str) -> tuple[object, str]:
@@ -361,6 +391,11 @@ def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool
     print(_summary("overall", fit, ooms))
     print("\nnot in the targets:")
     print(_summary("OOM on one stack, fits on another", [], stack))
+    held = [dataclasses.replace(r, measured=float(r.row["resident"]), predicted=r.resident)
+            for r in fit if r.row.get("resident")]  # fmt: skip
+    for source in sorted({r.row["source"] for r in held}):
+        of = [r for r in held if r.row["source"] == source]
+        print(_summary(f"{source} / resident", of, []) + "  (mem-allocated-bytes after the step)")
     for framework, why in NOT_EXPRESSIBLE.items():
         rows_of = [r for r in other if r.row["framework"] == framework]
         label = f"not expressible: {framework}"

@@ -183,3 +183,43 @@ def test_the_step_time_set_has_an_moe_row_predicted_as_moe() -> None:
     for case in moe:
         assert case.model.moe is not None and case.config.ep == int(case.row["ep"]) > 1
         assert case.predicted > 0
+
+
+def test_rows_carry_their_runs_cublas_workspace_config(rows: list[dict[str, str]]) -> None:
+    """``cublas_workspace_config`` is PyTorch's ``:SIZE:COUNT`` syntax (SIZE KiB, summed over
+    pairs) or empty; a set value resizes the GPU's per-handle cuBLAS workspace."""
+    bench = _benchmark()
+    assert bench.cublas_workspace_mib(":4096:8") == 32.0  # Megatron-LM CI's ENV_VARS
+    assert bench.cublas_workspace_mib(":4096:2:16:8") == 8.125  # PyTorch's pre-sm90 default
+    assert bench.cublas_workspace_mib("") is None
+    for row in rows:
+        value = row["cublas_workspace_config"]
+        assert not value or bench.cublas_workspace_mib(value), value
+    ci = next(r for r in rows if r["cublas_workspace_config"] and r["gpu_type"].startswith("A100"))
+    assert bench.row_gpu(ci).cublas_workspace_mib == 32.0
+    assert bench.row_gpu({**ci, "cublas_workspace_config": ""}).cublas_workspace_mib == 8.125
+
+
+def test_resident_rows_compare_with_the_step_phase(rows: list[dict[str, str]]) -> None:
+    """``resident`` (Megatron-LM CI's mem-allocated-bytes, bytes) sits only on Megatron rows that
+    also carry a peak, and is below it; the benchmark reads the compared stage's step phase."""
+    bench = _benchmark()
+    held = [r for r in rows if r["resident"]]
+    assert len(held) > 100
+    for row in held:
+        assert row["source"].startswith("megatron-ci") and row["metric"] == "allocated"
+        assert 0 < int(row["resident"]) < float(row["value"]) * bench.UNITS[row["unit"]]
+
+    class _Phase:
+        def __init__(self, allocated: float) -> None:
+            self.allocated = allocated
+
+    class _Stage:
+        def __init__(self, fwd: float, step: float) -> None:
+            self.phases = (_Phase(fwd), _Phase(step))
+
+    class _Breakdown:
+        stages = (_Stage(9.0, 4.0), _Stage(7.0, 5.0))
+
+    assert bench._resident(_Stage(9.0, 4.0)) == 4.0
+    assert bench._resident(_Breakdown()) == 5.0  # a whole breakdown: its largest step phase

@@ -22,6 +22,7 @@ from tuner.memory import (
     param_counts,
     zero_model_state_total,
 )
+from tuner.memory_terms import global_buffer_bytes
 from tuner.parallel import ParallelConfig
 from tuner.spec import ModelSpec
 
@@ -299,3 +300,30 @@ def test_demo_deepspeed_runs_within_25_percent(case: tuple) -> None:
     )  # fmt: skip
     peak = estimate_memory(model, config, get_gpu("cpu"), "deepspeed", "fp32").peak / GIB
     assert peak == pytest.approx(measured, rel=0.25)
+
+
+def test_sequence_parallel_output_layer_gathers_into_megatrons_global_buffer() -> None:
+    """Megatron's output layer (tensor_parallel ColumnParallelLinear) all-gathers its
+    sequence-parallel input into the global memory buffer, kept for the whole run: s/cp x b x h x
+    e on the last stage = 128 x 2 x 64 x 2 = 32768 B; none on other stages, without SP, at
+    tp = 1 (Megatron turns SP off), or outside Megatron-core; a larger MoE gather takes the
+    same tensor."""
+    tiny = ModelSpec(
+        name="t", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+        vocab_size=512, seq_length=128,
+    )  # fmt: skip
+    sp = ParallelConfig(tp=2, pp=2, micro_batch_size=2, global_batch_size=8,
+                        sequence_parallel=True)  # fmt: skip
+    assert global_buffer_bytes(tiny, sp, 1, "bf16", 0.0) == 32768
+    assert global_buffer_bytes(tiny, sp, 0, "bf16", 0.0) == 0.0
+    assert global_buffer_bytes(tiny, sp, 1, "fp32", 0.0) == 65536
+    assert global_buffer_bytes(tiny, sp, 1, "bf16", 40000.0) == 40000.0  # max, one tensor
+    no_sp = ParallelConfig(tp=2, pp=2, micro_batch_size=2, global_batch_size=8)
+    assert global_buffer_bytes(tiny, no_sp, 1, "bf16", 0.0) == 0.0
+    a100 = get_gpu("a100-80gb")
+    with_sp, without = (estimate_memory(tiny, x, a100).stages for x in (sp, no_sp))
+    assert with_sp[1].phases[1].workspaces - without[1].phases[1].workspaces == 32768
+    assert with_sp[0].phases[1].workspaces == without[0].phases[1].workspaces
+    ds = estimate_memory(tiny, sp, a100, "megatron-deepspeed").stages[1].phases[1]
+    ds_no = estimate_memory(tiny, no_sp, a100, "megatron-deepspeed").stages[1].phases[1]
+    assert ds.workspaces == ds_no.workspaces

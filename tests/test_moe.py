@@ -14,6 +14,7 @@ from tuner.launch.megatron_flags import megatron_moe_flags, megatron_precision_f
 from tuner.memory import estimate_memory
 from tuner.memory_terms import layer_activations, param_counts
 from tuner.moe import (
+    allgather_gathered_bytes,
     dispatch_buffer_bytes,
     expert_params_per_layer,
     expert_tokens,
@@ -436,3 +437,22 @@ def test_the_mixtral_study_ranks_megatrons_published_mapping_first() -> None:
     ep4tp2 = dataclasses.replace(best, tp=2, ep=4, sequence_parallel=True, dp=8)
     slower, fastest = by_key[ep4tp2.key()].time, report.ranked()[0].time
     assert slower is not None and fastest is not None and slower.step > fastest.step
+
+
+def test_allgather_dispatch_gathers_into_megatrons_global_buffer() -> None:
+    """token_dispatch gathers the hidden states with use_global_buffer=True: SMALL, dp 4, ep 2,
+    allgather, 1 x 128 tokens per rank -> 2 x 128 tokens x h 64 x 2 B = 32768 B, held from the
+    first forward on (the step phase keeps it), no longer inside the dispatch transient."""
+    alltoall = ParallelConfig(dp=4, ep=2, global_batch_size=8)
+    c = dataclasses.replace(alltoall, moe_token_dispatcher="allgather")
+    assert allgather_gathered_bytes(SMALL, c, "bf16") == pytest.approx(2 * 128 * 64 * 2)
+    assert allgather_gathered_bytes(SMALL, alltoall, "bf16") == 0.0
+    one_rank = ParallelConfig(dp=8, global_batch_size=8, moe_token_dispatcher="allgather")
+    assert allgather_gathered_bytes(SMALL, one_rank, "bf16") == 0.0  # ETP x EP of 1: no gather
+    stage = estimate_memory(SMALL, c, H100).stages[0]
+    fwd, step = stage.phases
+    base = estimate_memory(SMALL, alltoall, H100).stages[0].phases[1]
+    assert step.workspaces - base.workspaces == pytest.approx(32768)
+    assert fwd.workspaces == step.workspaces
+    # the transient keeps the reduce-scatter's input only: 2 x 256 x 128 B - the gathered copy
+    assert dispatch_buffer_bytes(SMALL, c, "bf16") - 32768 == pytest.approx(32768)

@@ -28,6 +28,7 @@ from tuner.memory_terms import (
     LayerActivations,
     ModelStateBytes,
     ParamCounts,
+    global_buffer_bytes,
     layer_activations,
     layers_activation_bytes,
     model_state_bytes,
@@ -37,7 +38,7 @@ from tuner.memory_terms import (
     stage_params,
     zero_model_state_total,
 )
-from tuner.moe import expert_config, moe_layers_on, moe_stage_memory
+from tuner.moe import allgather_gathered_bytes, expert_config, moe_layers_on, moe_stage_memory
 from tuner.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.overheads import (
     allocator_slack,
@@ -87,7 +88,7 @@ class PhaseMemory:
     activations: float  # transformer layers' saved activations (all in-flight micro-batches)
     stage_extras: float  # embedding output, final norm, output-layer input, fp32 logits
     framework_buffers: float  # buckets, gathered ZeRO-3 parameters, optimizer-step temporaries
-    workspaces: float  # cuBLAS / cuBLASLt workspaces (through PyTorch's allocator)
+    workspaces: float  # GEMM workspaces, Megatron's global memory buffer (persistent scratch)
     slack: float  # caching allocator: reserved but not allocated
     cuda_context: float  # CUDA context and kernel images
     comm_buffers: float  # NCCL communicators' buffers
@@ -341,7 +342,13 @@ def _stage_memory(
     # selective recompute's modules (tuner.recompute_memory)
     layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
     saved, working = layers_activation_bytes(layer_act, c, layers)
-    working += moe.dispatch + rebuilt
+    # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
+    # buffer, a persistent scratch tensor (tuner.memory_terms.global_buffer_bytes), not in the
+    # dispatch transient.
+    core = framework == "megatron"
+    gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
+    working += moe.dispatch - gathered + rebuilt
+    scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
         # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
@@ -352,7 +359,9 @@ def _stage_memory(
     comms = communicators(c, stage, framework, model.tied_embeddings, moe.expert_params > 0)
     grouped = model.moe is not None and model.moe.grouped_gemm and moe.expert_params > 0
     fixed = {
-        "workspaces": workspace_bytes(gpu) + (grouped_gemm_workspace_bytes(gpu) if grouped else 0),
+        "workspaces": workspace_bytes(gpu, framework)
+        + (grouped_gemm_workspace_bytes(gpu) if grouped else 0)
+        + scratch,
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu),
     }

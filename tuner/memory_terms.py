@@ -240,3 +240,25 @@ def stage_params(
         if not model.tied_embeddings or c.pp > 1:
             params += embed
     return params
+
+
+def global_buffer_bytes(
+    model: ModelSpec, c: ParallelConfig, stage: int, precision: Precision, moe_gathered: float
+) -> float:
+    """Megatron-core's global memory buffer on ``stage``: one tensor per (name, dtype), grown to
+    the largest request and never freed (megatron/core/utils.py ``GlobalMemoryBuffer``,
+    parallel_state.py ``get_global_memory_buffer``). Its "mpu" tensor takes
+
+    - the output layer's sequence-parallel all-gather of its input, s/cp x b x h, on the last
+      stage (megatron/core/tensor_parallel/layers.py
+      ``LinearWithGradAccumulationAndAsyncCommunication`` forward and backward; the layer
+      saves its local shard, the gathered copy lives in the buffer); TE's layers gather into
+      their own tensors;
+    - the allgather MoE dispatcher's gathered tokens, ``moe_gathered`` (tuner.moe).
+
+    Megatron turns sequence parallelism off at tp = 1 (megatron/training/arguments.py).
+    """
+    e = 4.0 if precision == "fp32" else 2.0
+    sp = c.sequence_parallel and c.tp > 1 and stage == c.pp - 1
+    output = model.seq_length / c.cp * c.micro_batch_size * model.hidden_size * e if sp else 0.0
+    return max(output, moe_gathered)

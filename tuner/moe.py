@@ -243,6 +243,16 @@ def moe_block_bytes(model: ModelSpec, c: ParallelConfig, e: float, eg: float) ->
     return router + expert_tokens(model, c) * per_token
 
 
+def allgather_gathered_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
+    """The allgather dispatcher's gathered hidden states, the ETP x EP group's tokens x h: [MD]
+    token_dispatch gathers them with ``use_global_buffer=True``, into Megatron's global memory
+    buffer (tuner.memory_terms.global_buffer_bytes), when the group has more than one rank."""
+    if model.moe is None or c.moe_token_dispatcher != "allgather" or tp_ep_group_size(c) == 1:
+        return 0.0
+    e = 4.0 if precision == "fp32" else 2.0
+    return rank_tokens(model, c) * tp_ep_group_size(c) * model.hidden_size * e
+
+
 def dispatch_buffer_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
     """Transient bytes of one MoE layer's dispatch: the permuted send buffer of the dispatch
     all-to-all and the expert output before the combine all-to-all ([MD]); with ETP > 1 also

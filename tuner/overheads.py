@@ -89,9 +89,47 @@ def context_bytes(gpu: GPUSpec) -> float:
     return gpu.cuda_context_gib * GIB
 
 
-def workspace_bytes(gpu: GPUSpec) -> float:
-    """cuBLAS/cuBLASLt workspace of the compute stream's handle (inside PyTorch's allocator)."""
-    return gpu.cublas_workspace_mib * MIB
+BLAS_THREADS = 2
+"""Threads that run GEMMs in a training step, each with its own cuBLAS handle: the Python thread
+(forward, optimizer step) and the autograd engine's worker thread of the CUDA device, which
+runs the backward (torch/csrc/autograd/engine.cpp ``thread_main`` on the device threads).
+PyTorch hands each thread its own handle (aten/src/ATen/cuda/CublasHandlePool.cpp: a
+``thread_local`` ``PoolWindow`` of the ``DeviceThreadHandlePool``) and keeps one workspace per
+(handle, stream) pair, allocated through its caching allocator on the handle's first GEMM and
+never freed (``cublas_handle_stream_to_workspace``, ``cublaslt_handle_stream_to_workspace``;
+PyTorch docs notes/cuda.rst "cuBLAS workspaces"). Megatron-LM CI's resident bytes show both:
+its ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` cases hold ~48 MiB (2 x (32 - 8.125)) more on A100 than
+its cases without it. PyTorch builds that stop caching them by default
+(``TORCH_CUBLAS_WORKSPACE_CACHE``) keep none between GEMMs: a study on such a stack sets
+``cluster.overheads.cublas_workspace_mib: 0``."""
+
+
+def te_workspace_bytes(gpu: GPUSpec) -> float:
+    """One Transformer Engine cuBLAS workspace, ``get_cublas_workspace_size_bytes()``: 32 MiB +
+    1 KiB on compute capability >= 9, 4 MiB before (NVIDIA/TransformerEngine v2.8-v2.9
+    pytorch/module/base.py)."""
+    return 32 * MIB + 1024 if gpu.compute_capability >= 9 else 4 * MIB
+
+
+def workspace_bytes(gpu: GPUSpec, framework: Framework = "megatron") -> float:
+    """GEMM workspaces held through PyTorch's allocator on every stage (0 on CPU).
+
+    PyTorch's cuBLAS workspace for each of the :data:`BLAS_THREADS` handles. Its cuBLASLt
+    workspace only where the model's layers run PyTorch's cuBLASLt GEMMs (``nn.Linear`` with a
+    bias: addmm's ``gemm_and_bias``), i.e. not on Megatron-core, whose layers run their GEMMs in
+    Transformer Engine, whose output layer is a bias-free ``torch.matmul``
+    (megatron/core/tensor_parallel/layers.py ``_linear_forward``) and whose MoE router a TE GEMM
+    or a bias-free ``torch.mm`` (moe/moe_utils.py ``RouterGatingLinearFunction``), the cuBLAS
+    path. Megatron-core instead
+    holds Transformer Engine's own workspace, one tensor per process (``get_workspace()``,
+    module/base.py ``_cublas_workspace``; ``--transformer-impl transformer_engine``, the
+    default of megatron/training/arguments.py).
+    """
+    if gpu.name == "cpu":
+        return 0.0
+    megatron = framework == "megatron"  # Megatron-core end to end (tuner.frameworks)
+    per_handle = gpu.cublas_workspace_mib + (0.0 if megatron else gpu.cublaslt_workspace_mib)
+    return BLAS_THREADS * per_handle * MIB + (te_workspace_bytes(gpu) if megatron else 0.0)
 
 
 TE_COMPUTE_STREAMS = 4
@@ -101,16 +139,14 @@ TE_COMPUTE_STREAMS = 4
 def grouped_gemm_workspace_bytes(gpu: GPUSpec) -> float:
     """cuBLAS workspaces Transformer Engine's grouped GEMM (Megatron's TEGroupedMLP,
     ``--moe-grouped-gemm``) allocates once per process with ``torch.empty``, one per compute
-    stream: ``get_cublas_workspace_size_bytes()`` = 32 MiB + 1 KiB on compute capability >= 9,
-    4 MiB before (NVIDIA/TransformerEngine v2.8-v2.9 pytorch/module/base.py
-    ``get_multi_stream_cublas_workspace``; main: cpp_extensions/gemm.py ``get_cublas_workspace``
-    with ``grouped_gemm=True``). Megatron-LM CI's MoE peaks show it: grouped-GEMM cases hold
-    ~90 MiB more resident bytes on H100 / GB200 than on A100 (112 MiB expected), cases with
-    SequentialMLP none."""
+    stream, each of :func:`te_workspace_bytes` (NVIDIA/TransformerEngine v2.8-v2.9
+    pytorch/module/base.py ``get_multi_stream_cublas_workspace``; main: cpp_extensions/gemm.py
+    ``get_cublas_workspace`` with ``grouped_gemm=True``). Megatron-LM CI's MoE peaks show it:
+    grouped-GEMM cases hold ~90 MiB more resident bytes on H100 / GB200 than on A100 (112 MiB
+    expected), cases with SequentialMLP none."""
     if gpu.name == "cpu":
         return 0.0
-    each = 32 * MIB + 1024 if gpu.compute_capability >= 9 else 4 * MIB
-    return TE_COMPUTE_STREAMS * each
+    return TE_COMPUTE_STREAMS * te_workspace_bytes(gpu)
 
 
 def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:

@@ -15,7 +15,9 @@ class OverheadsSpec:
     cuda_context_gib: float | None = None
     """CUDA context + kernel images per process, GiB (nvidia-smi minus max_memory_reserved)."""
     cublas_workspace_mib: float | None = None
-    """cuBLAS + cuBLASLt workspace per handle, MiB."""
+    """PyTorch's cuBLAS workspace per handle and stream, MiB (CUBLAS_WORKSPACE_CONFIG)."""
+    cublaslt_workspace_mib: float | None = None
+    """PyTorch's cuBLASLt workspace per handle and stream, MiB (CUBLASLT_WORKSPACE_SIZE)."""
     nccl_channels: int | None = None
     """NCCL collective channels per communicator (NCCL_DEBUG=INFO "coll channels")."""
     nccl_buffer_mib: float | None = None
@@ -29,8 +31,9 @@ class OverheadsSpec:
     expandable_segments)."""
 
     def __post_init__(self) -> None:
-        for name in ("cuda_context_gib", "cublas_workspace_mib", "nccl_buffer_mib",
-                     "nccl_p2p_buffer_mib", "allocator_fragmentation"):  # fmt: skip
+        sizes = ("cuda_context_gib", "cublas_workspace_mib", "cublaslt_workspace_mib",
+                 "nccl_buffer_mib", "nccl_p2p_buffer_mib", "allocator_fragmentation")  # fmt: skip
+        for name in sizes:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"must be >= 0, got {value}", path=name)

@@ -42,7 +42,9 @@ class GPUSpec:
     cuda_context_gib: float = 0.0
     """CUDA context plus the kernel images a training process loads, GiB (outside PyTorch)."""
     cublas_workspace_mib: float = 0.0
-    """cuBLAS + cuBLASLt workspaces of one handle, MiB (allocated through PyTorch)."""
+    """PyTorch's cuBLAS workspace of one (handle, stream) pair, MiB (through its allocator)."""
+    cublaslt_workspace_mib: float = 0.0
+    """PyTorch's cuBLASLt workspace of one (handle, stream) pair, MiB (through its allocator)."""
     nccl_channels: int = 0
     """NCCL collective channels per communicator (``NCCL INFO N coll channels``)."""
     nccl_buffer_mib: float = 0.0
