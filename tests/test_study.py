@@ -173,6 +173,29 @@ def test_grid_sampler_runs_the_whole_grid_then_stops(tmp_path: Path) -> None:
     assert sorted(zip(rows.tp, rows.sp, strict=True)) == [(1, False), (2, False), (2, True)]
 
 
+@pytest.mark.parametrize("sampler", ["model", "random"])
+def test_a_space_smaller_than_the_budget_stops_once_every_config_ran(
+    tmp_path: Path, sampler: str
+) -> None:
+    """Three configs, a budget of ten: once all three are measured the loop stops and says the
+    space is exhausted, without asking the sampler hundreds of times (each refusal a trial)."""
+    data = study_data(tmp_path, SURFACE, n_trials=10, sampler=sampler)
+    data["space"].update(tp=[1, 2], pp=[1], micro_batch_size=[4], recompute=["none"],
+                         distributed_optimizer=[False])  # fmt: skip
+    spec = study_from_mapping(data)
+    assert len(enumerate_space(spec).viable) == 3
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    assert "space exhausted" in summary.stop_reason
+    rows = leaderboard(spec, include_all=True, results=str(tmp_path / "results"))
+    assert (rows.outcome == "ok").sum() == 3
+    # the model sampler never proposes a taken config; random may, a few times, not 300
+    assert len(loop.study.trials) < 30
+
+
 def test_three_launch_errors_stop_the_study_and_exit_1(tmp_path: Path) -> None:
     data = study_data(tmp_path, SURFACE, n_trials=6)
     del data["launch"]["megatron_path"]  # the template requires it: every launch fails

@@ -10,6 +10,7 @@ final outcome, or running: claimed through the config's lease).
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -96,6 +97,26 @@ class Screen:
                 "GiB and predicted faster than every config that fits",
             )
         return self._screen_history(trial, config, trials)
+
+    def exhausted(self, trials: list[FrozenTrial], running: Collection[str]) -> bool:
+        """Whether no config of the space may launch any more (``running``: the keys this worker
+        runs now): every viable config and memory probe is held by a finished trial with a
+        final outcome (what :meth:`_claimed_elsewhere` refuses), runs here, or needs at least
+        the memory of a config that ran out. Asking the sampler again would only record
+        refusals. Other workers' running trials hold nothing here: one may still end as a
+        config to run again."""
+        report = self.space.report()
+        left = {c.config.key(): c.config for c in (*report.viable, *report.probes)}
+        for key in running:
+            left.pop(key, None)
+        ooms = []
+        for t in trials:
+            if t.state.is_finished() and not is_duplicate(t) and not runs_again(t, self.rerun):
+                left.pop(str(t.user_attrs.get("key")), None)
+            oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
+            if oom is not None:
+                ooms.append(oom)
+        return all(any(oom_dominates(o, c) for o in ooms) for c in left.values())
 
     def _probe_keys(self) -> frozenset[str]:
         """The study's memory probes (``tuner.probe``), from the shared enumeration."""

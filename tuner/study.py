@@ -195,7 +195,10 @@ class StudyLoop:
     # -- choosing the next config ----------------------------------------------------------------
 
     def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
-        """Ask until a config that may run comes up; None when the space looks exhausted."""
+        """Ask until a config that may run comes up; None when the space looks exhausted (at
+        once when every config of the space is taken: :meth:`Screen.exhausted`)."""
+        if self.screen.exhausted(self.trials(), {r.config.key() for r in self.running.values()}):
+            return None
         dists = distributions(self.spec)
         sampler = self.study.sampler
         for _ in range(max_asks):
