@@ -187,26 +187,25 @@ def test_the_demo_moe_script_passes_the_flags_to_the_workload() -> None:
 # ----------------------------------------------------------------------------- models
 
 
-def _workload() -> Any:
-    path = REPO / "workloads" / "gpt_deepspeed.py"
-    spec = importlib.util.spec_from_file_location("gpt_deepspeed_moe_tests", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+def _workload(name: str) -> Any:
+    """A module of workloads/, imported as gpt_deepspeed.py imports its siblings: by name, with
+    their directory on sys.path (a script's own directory is there when it runs)."""
+    workloads = str(REPO / "workloads")
+    if workloads not in sys.path:
+        sys.path.insert(0, workloads)
+    return importlib.import_module(name)
 
 
 @pytest.mark.parametrize("ep", [1, 2, 4])
 def test_expert_and_router_params_are_the_workloads(ep: int) -> None:
     pytest.importorskip("deepspeed")
-    w = _workload()
-    args = w.parse_args(["--deepspeed_config", "unused", "--num-layers", "2", "--hidden-size",
+    w, a = _workload("gpt_deepspeed_model"), _workload("gpt_deepspeed_args")
+    args = a.parse_args(["--deepspeed_config", "unused", "--num-layers", "2", "--hidden-size",
                          "128", "--ffn-hidden-size", "512", "--num-experts", "4", "--ep-size",
                          str(ep)])  # fmt: skip
     from deepspeed.moe.utils import is_moe_param
 
-    shape = w.model_shape(args)
+    shape = a.model_shape(args)
     block, dense = w.MoEBlock(shape), w.Block(shape)
     experts = sum(p.numel() for p in block.parameters() if is_moe_param(p))
     others = sum(p.numel() for p in block.parameters() if not is_moe_param(p))

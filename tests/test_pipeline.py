@@ -7,7 +7,7 @@ and the repo workload's real layer classes as the oracle.
 from __future__ import annotations
 
 import copy
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -149,21 +149,20 @@ def test_megatron_flags_for_each_split() -> None:
 # ----------------------------------------------------------------------------- DeepSpeed
 
 
-def _workload() -> Any:
-    path = Path(__file__).parent.parent / "workloads" / "gpt_deepspeed.py"
-    spec = importlib.util.spec_from_file_location("gpt_deepspeed_for_tests", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+def _workload(name: str) -> Any:
+    """A module of workloads/, imported as gpt_deepspeed.py imports its siblings: by name, with
+    their directory on sys.path (a script's own directory is there when it runs)."""
+    workloads = str(Path(__file__).resolve().parent.parent / "workloads")
+    if workloads not in sys.path:
+        sys.path.insert(0, workloads)
+    return importlib.import_module(name)
 
 
 def test_deepspeed_layer_params_are_the_workloads() -> None:
     pytest.importorskip("torch")
-    w = _workload()
+    w = _workload("gpt_deepspeed_model")
     m = model(3, hidden_size=64, ffn_hidden_size=192, vocab_size=500, seq_length=32)
-    shape = w.ModelShape(
+    shape = _workload("gpt_deepspeed_args").ModelShape(
         num_layers=3, hidden_size=64, num_attention_heads=4, ffn_hidden_size=192,
         seq_length=32, vocab_size=500,
     )  # fmt: skip

@@ -107,6 +107,30 @@ def test_every_module_stays_under_the_size_limit() -> None:
     assert not needless, f"exceptions no longer needed: {needless}"
 
 
+WORKLOADS = PACKAGE.parent / "workloads"
+"""The training scripts tuner ships next to the package (run by torchrun, not installed)."""
+
+
+def test_every_workload_module_stays_under_the_size_limit() -> None:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in WORKLOADS.glob("*.py")}
+    assert "gpt_deepspeed.py" in sizes
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"over {MAX_MODULE_LINES} lines (split them along a seam): {over}"
+
+
+def test_no_workload_module_imports_the_entry_script() -> None:
+    """gpt_deepspeed.py runs as ``__main__``; a sibling importing it would run it a second time
+    as another module, with a second WorkloadConfigError class that ``main`` does not catch."""
+    importers = sorted(
+        p.name
+        for p in WORKLOADS.glob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if (isinstance(node, ast.ImportFrom) and node.module == "gpt_deepspeed")
+        or (isinstance(node, ast.Import) and any(a.name == "gpt_deepspeed" for a in node.names))
+    )
+    assert importers == []
+
+
 def test_one_place_spells_the_recompute_setting() -> None:
     """``full:uniform:1`` (and ``selective:core_attn+moe_act``) is built by
     tuner.recompute.recompute_text only: ParallelConfig.recompute_setting and the study loader
