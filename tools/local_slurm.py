@@ -203,19 +203,8 @@ class LocalSlurm:
                 argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, check=True,
                 stdin=subprocess.DEVNULL, start_new_session=True, timeout=30,
             )  # fmt: skip
-        command = " ".join(argv)
-
-        def written() -> bool:
-            if _read_pid(pid_file) is not None:
-                return True
-            # the daemon forked into the background; if no process runs its command any more,
-            # it died before writing the pid file (a port taken, a bad setting): say so now
-            if not any(_cmdline(pid).strip() == command for pid in _live_pids()):
-                raise RuntimeError(f"local Slurm: {name} exited before writing its pid file")
-            return False
-
         try:
-            self._wait(written, timeout_s, f"{name}'s pid file")
+            self._wait(lambda: _read_pid(pid_file) is not None, timeout_s, f"{name}'s pid file")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; {self._log_tail(name, log)}") from None
         pid = _read_pid(pid_file)
@@ -351,12 +340,6 @@ def _state(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[0]
-
-
-def _live_pids() -> list[int]:
-    """Every process of this machine that is not a zombie."""
-    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-    return [pid for pid in pids if _state(pid) not in (None, "Z")]
 
 
 def _environ(pid: int) -> list[bytes]:
