@@ -92,7 +92,7 @@ def test_a_slurmd_that_cannot_bind_its_port_fails_the_start_with_its_log(
     monkeypatch.setattr(cluster, "_slurm_conf", conf_with_n2_port_taken)
     try:
         with pytest.raises(RuntimeError, match=r"slurmd-n2's pid file; slurmd-n2\.log ends: .*"):
-            cluster.start(timeout_s=8.0)
+            cluster.start(timeout_s=10.0)
     finally:
         held.close()
     assert cluster.stop() == []  # start() stopped what it had started
