@@ -101,7 +101,7 @@ class Screen:
     def exhausted(self, trials: list[FrozenTrial], running: Collection[str]) -> bool:
         """Whether no config of the space may launch any more (``running``: the keys this worker
         runs now): every viable config and memory probe is held by a finished trial with a
-        final outcome (what :meth:`_claimed_elsewhere` refuses), runs here, or needs at least
+        final outcome (:func:`_holds`), runs here, or needs at least
         the memory of a config that ran out. Asking the sampler again would only record
         refusals. Other workers' running trials hold nothing here: one may still end as a
         config to run again."""
@@ -111,7 +111,7 @@ class Screen:
             left.pop(key, None)
         ooms = []
         for t in trials:
-            if t.state.is_finished() and not is_duplicate(t) and not runs_again(t, self.rerun):
+            if _holds(t, self.rerun):
                 left.pop(str(t.user_attrs.get("key")), None)
             oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
             if oom is not None:
@@ -150,7 +150,7 @@ class Screen:
         final = [
             t for t in trials
             if t.number != trial.number and t.user_attrs.get("key") == key
-            and t.state.is_finished() and not is_duplicate(t) and not runs_again(t, self.rerun)
+            and _holds(t, self.rerun)
         ]  # fmt: skip
         holder = final[0] if final else None
         if holder is None:
@@ -169,3 +169,9 @@ class Screen:
         trial.set_user_attr("duplicate_of", number)  # not a trial of its own
         self.study.tell(trial, state=TrialState.FAIL)
         return True
+
+
+def _holds(t: FrozenTrial, rerun: frozenset[Outcome]) -> bool:
+    """Whether finished trial ``t`` holds its config for good: a result of its own (not a
+    duplicate) that is not to run again."""
+    return t.state.is_finished() and not is_duplicate(t) and not runs_again(t, rerun)
