@@ -146,6 +146,14 @@ class LayerActivations:
         return rep + (self.sharded + self.scores) / tp
 
 
+def mlp_width_bytes(model: ModelSpec, e: float, eg: float | None = None) -> float:
+    """Bytes a dense MLP keeps per token per element of its width F ([K]): fc1's output (2F wide
+    with SwiGLU) at ``e`` and fc2's input at ``eg`` (a GEMM input's bytes: 1 under FP8,
+    tuner.fp8_memory; ``e`` by default). GeLU: input and output of the activation (4F/h with
+    e = 2); SwiGLU: the 2F-wide fc1 output and the F-wide fc2 input (6sbF with e = 2)."""
+    return (2 if model.swiglu else 1) * e + (e if eg is None else eg)
+
+
 def layer_activations(
     model: ModelSpec, micro_batch: int, cp: int, precision: Precision
 ) -> LayerActivations:
@@ -160,9 +168,7 @@ def layer_activations(
     replicated = sbh * (4 * e + 2 * mask)
     # [K]: Q (e) and K, V (e g/a each), output-projection input (e).
     attn = sbh * (e + 2 * e * g / a + e)
-    # [K]: GeLU MLP keeps its input and output (4F/h with e = 2); SwiGLU keeps the 2F-wide fc1
-    # output and the F-wide fc2 input (6sbF with e = 2).
-    mlp = s * b * f * (3 * e if model.swiglu else 2 * e)
+    mlp = s * b * f * mlp_width_bytes(model, e)
     if model.flash_attention:
         scores = 4.0 * s * b * a  # FlashAttention keeps only the fp32 log-sum-exp per row
     else:

@@ -46,7 +46,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from tuner.memory_terms import LayerActivations
+from tuner.memory_terms import LayerActivations, mlp_width_bytes
 from tuner.moe_spec import MoESpec
 from tuner.parallel import ParallelConfig
 from tuner.pipeline import chunk_layers
@@ -219,11 +219,17 @@ def moe_layer_activations(
     tp = c.tp
     s, b = model.seq_length / c.cp, c.micro_batch_size
     f = model.ffn_hidden_size
-    mlp_factor = 3 * e if model.swiglu else 2 * e  # [K] MLP intermediates per width element
+    mlp_factor = mlp_width_bytes(model, e)  # [K] MLP intermediates per width element
     dense_mlp = s * b * f * mlp_factor
     shared = s * b * moe.shared * mlp_factor
     sharded = dense.sharded - dense_mlp + shared + tp * moe_block_bytes(model, c, e, e)
     return dataclasses.replace(dense, sharded=sharded)
+
+
+def router_score_bytes(moe: MoESpec, e: float) -> float:
+    """Bytes of one router score (and routing prob): ``moe_router_dtype`` (fp32 / fp64), else
+    the model's ``e``."""
+    return {"fp32": 4.0, "fp64": 8.0}.get(moe.router_dtype or "", e)
 
 
 def moe_block_bytes(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> float:
@@ -235,7 +241,7 @@ def moe_block_bytes(model: ModelSpec, c: ParallelConfig, e: float, eg: float) ->
     ``moe_layer_activations`` and selective recompute's ``moe`` region (tuner.recompute_memory)
     both read."""
     moe = _moe(model)
-    router_e = 4.0 if moe.router_dtype == "fp32" else 8.0 if moe.router_dtype == "fp64" else e
+    router_e = router_score_bytes(moe, e)
     router = rank_tokens(model, c) * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
     fe = (moe.ffn_hidden_size or model.ffn_hidden_size) / c.expert_tp
     width = fe * ((EXPERT_WIDTH_TENSORS - 1) * e + eg)

@@ -34,21 +34,25 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tuner.moe import expert_tokens, rank_tokens, tp_ep_group_size
+from tuner.moe import (
+    ROUTER_MAP_BYTES,
+    expert_tokens,
+    rank_tokens,
+    router_score_bytes,
+    tp_ep_group_size,
+)
 from tuner.parallel import ParallelConfig
 from tuner.rates import Link, Rates, gemm16_seconds
 from tuner.spec import ModelSpec
 
 ROUTING_BACKWARD_RATIO = 2.0
 """Backward bytes of the routing passes per forward byte (module docstring)."""
-ROUTING_MAP_BYTES = 1.0
-"""One bool per (token, expert) of the routing map ([MR])."""
 SCORE_PASSES = 4
 """Passes over the (tokens x E) scores in the forward ([MR]): softmax read + write, top-k read,
 the probs scatter's write."""
 AUX_SCORE_PASSES = 3
 """Passes of the aux loss ([MA]): its softmax read + write and the probs sum's read (the
-routing-map sum reads ROUTING_MAP_BYTES per score on top)."""
+routing-map sum reads ROUTER_MAP_BYTES per score on top)."""
 PERMUTE_LAUNCHES = {False: 9, True: 3}
 """Kernels of permute + unpermute ([MU]), unfused: map and probs transposes, argsort,
 index_select; probs transpose, masked_select, multiply, zero fill, scatter-add. Fused (TE): the
@@ -68,23 +72,16 @@ class RoutingTimes:
     """Their backward."""
 
 
-def _router_dtype_bytes(model: ModelSpec, elem: int) -> float:
-    """Bytes of one router score: ``moe_router_dtype`` (fp32 / fp64), else the model's dtype."""
-    moe = model.moe
-    assert moe is not None
-    return {"fp32": 4.0, "fp64": 8.0}.get(moe.router_dtype or "", float(elem))
-
-
 def routing_bytes(model: ModelSpec, c: ParallelConfig, elem: int) -> tuple[float, float]:
     """Forward bytes moved by one rank's routing of one MoE layer: (scores and aux loss over the
     (tokens x E) matrix, token rows permuted and unpermuted); see the module docstring."""
     moe = model.moe
     assert moe is not None
     tokens, experts, h = rank_tokens(model, c), moe.num_experts, model.hidden_size
-    score = _router_dtype_bytes(model, elem)
-    scores = tokens * experts * (SCORE_PASSES * score + ROUTING_MAP_BYTES)
+    score = router_score_bytes(moe, float(elem))
+    scores = tokens * experts * (SCORE_PASSES * score + ROUTER_MAP_BYTES)
     if moe.aux_loss_coeff > 0:
-        scores += tokens * experts * (AUX_SCORE_PASSES * score + ROUTING_MAP_BYTES)
+        scores += tokens * experts * (AUX_SCORE_PASSES * score + ROUTER_MAP_BYTES)
     # alltoall: the rank permutes its own (token, expert) rows (dropless); allgather: the
     # gathered ETP x EP tokens' rows for its local experts, unpermuted into the gathered shape
     sent, out = tokens * moe.router_topk, tokens
@@ -95,7 +92,7 @@ def routing_bytes(model: ModelSpec, c: ParallelConfig, elem: int) -> tuple[float
         rows = 2.0 * sent * row + (sent * row + out * row)
     else:
         # permute: map and probs transposed (read + write each), index_select read + write
-        scores += 2.0 * tokens * experts * (ROUTING_MAP_BYTES + score)
+        scores += 2.0 * tokens * experts * (ROUTER_MAP_BYTES + score)
         rows = 2.0 * sent * row
         # unpermute: probs gathered again (read + write), multiply, scatter-add, zero fill
         scores += 2.0 * tokens * experts * score

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 
 from tuner.fp8_memory import SAVED_FP8
-from tuner.memory_terms import LayerActivations
+from tuner.memory_terms import LayerActivations, mlp_width_bytes
 from tuner.moe import expert_tokens, moe_block_bytes
 from tuner.parallel import ParallelConfig
 from tuner.spec import ModelSpec, Precision
@@ -66,7 +66,7 @@ def _dense_mlp(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> _Reg
         model.ffn_hidden_size,
     )
     rep = s * b * h * eg
-    sharded = s * b * f * ((2 if model.swiglu else 1) * e + eg)
+    sharded = s * b * f * mlp_width_bytes(model, e, eg)
     return _Region(rep, sharded, rep / (c.tp if c.sequence_parallel else 1) + sharded / c.tp)
 
 
@@ -79,7 +79,7 @@ def _moe_parts(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> dict
     s, b, h = model.seq_length / c.cp, c.micro_batch_size, model.hidden_size
     fe = (moe.ffn_hidden_size or model.ffn_hidden_size) / c.expert_tp
     routed = expert_tokens(model, c)  # per rank
-    inter = (2 if model.swiglu else 1) * e + eg  # fc1 output + fc2 input, per width element
+    inter = mlp_width_bytes(model, e, eg)  # the shared experts: a dense MLP
     sp = c.tp if c.sequence_parallel else 1
     norm = _Region(replicated=s * b * h * eg, rank=s * b * h * eg / sp)
     # the checkpointed activation's outputs: SwiGLU's fused weighted kernel writes fc2's input;
