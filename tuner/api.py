@@ -92,7 +92,14 @@ def estimate(
     gpu = study_gpu(spec)
     errors = tuple(
         e.message
-        for e in validate(config, spec.model, spec.world_size, spec.framework, spec.training)
+        for e in validate(
+            config,
+            spec.model,
+            spec.world_size,
+            spec.framework,
+            spec.training,
+            spec.cluster.gpus_per_node,
+        )
     )
     memory = time = None
     if not errors:

@@ -134,6 +134,7 @@ def _short(c: Candidate) -> str:
     parts += [f"cp{k.cp}"] if k.cp > 1 else []
     parts += [f"vp{k.vp}"] if k.vp > 1 else []
     parts += ["sp"] if k.sequence_parallel else []
+    parts += ["tpo"] if k.tp_comm_overlap else []
     parts += [f"ep{k.ep}"] if k.moe_key else []
     parts += [f"etp{k.etp}"] if k.etp is not None else []
     parts += [k.moe_token_dispatcher] if k.moe_token_dispatcher != "alltoall" else []

@@ -25,7 +25,7 @@ from tuner.parallel import ParallelConfig
 
 # The MoE knobs come last: a dense study never varies them, so its features stay as they were.
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
-         "dispatcher")  # fmt: skip
+         "dispatcher", "tpo")  # fmt: skip
 SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs", "ep")
 
 
@@ -40,6 +40,7 @@ def knob_values(config: ParallelConfig) -> dict[str, str]:
         "sharding": f"{int(config.distributed_optimizer)}:{config.zero_stage}",
         "ep": str(config.ep), "etp": str(config.etp),  # None: etp follows tp
         "dispatcher": config.moe_token_dispatcher,
+        "tpo": str(int(config.tp_comm_overlap)),
     }  # fmt: skip
 
 

@@ -53,6 +53,7 @@ from tuner.pipeline import held_layer_microbatches, in_flight, stage_layers
 from tuner.recompute_memory import selective_activations
 from tuner.spec import Framework, ModelSpec, Precision
 from tuner.step_tensors import activation_tensors, step_tensors
+from tuner.tp_overlap import ub_buffer_bytes
 
 __all__ = [
     "DEEPSPEED_ESTIMATOR", "GIB", "MEMORY_UNCERTAINTY", "ZERO_PAPER", "LayerActivations",
@@ -91,7 +92,7 @@ class PhaseMemory:
     workspaces: float  # GEMM workspaces, Megatron's global memory buffer (persistent scratch)
     slack: float  # caching allocator: reserved but not allocated
     cuda_context: float  # CUDA context and kernel images
-    comm_buffers: float  # NCCL communicators' buffers
+    comm_buffers: float  # NCCL communicators' buffers, TE userbuffers
 
     @property
     def allocated(self) -> float:
@@ -349,6 +350,10 @@ def _stage_memory(
     gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
     working += moe.dispatch - gathered + rebuilt
     scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0
+    ub = 0.0
+    if c.tp_comm_overlap and core:  # TE userbuffers, allocated outside PyTorch's allocator
+        tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.tp_overlap)
+        ub = ub_buffer_bytes(tokens, model.hidden_size, fp8)
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
         # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
@@ -363,7 +368,7 @@ def _stage_memory(
         + (grouped_gemm_workspace_bytes(gpu) if grouped else 0)
         + scratch,
         "cuda_context": context_bytes(gpu),
-        "comm_buffers": nccl_bytes(comms, gpu),
+        "comm_buffers": nccl_bytes(comms, gpu) + ub,
     }
     tensors = step_tensors(
         model, c, layers, params, states, activation_tensors(model, layer_act, c, layers, held),

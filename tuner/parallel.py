@@ -24,6 +24,7 @@ from tuner.recompute import (
     recompute_text,
 )
 from tuner.spec import Framework, ModelSpec, RecomputeGranularity, RecomputeMethod, TrainingSpec
+from tuner.tp_overlap import tp_overlap_rule_violations
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +70,8 @@ class ParallelConfig:
     """Expert tensor parallel size; None: the same as ``tp`` (Megatron's default)."""
     moe_token_dispatcher: str = "alltoall"
     """MoE token dispatcher (``--moe-token-dispatcher-type``): alltoall, allgather or flex."""
+    tp_comm_overlap: bool = False
+    """Megatron ``--tp-comm-overlap``: TE userbuffers under the GEMMs (``tuner.tp_overlap``)."""
 
     def __post_init__(self) -> None:
         # One value per setting: a stored list reads back as the same tuple, core_attn alone
@@ -145,6 +148,7 @@ class ParallelConfig:
             )
             + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "")
             + self.moe_key
+            + (",tpo=1" if self.tp_comm_overlap else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +175,7 @@ class ParallelConfig:
             "ep": self.ep,
             "etp": self.etp,
             "moe_token_dispatcher": self.moe_token_dispatcher,
+            "tp_comm_overlap": self.tp_comm_overlap,
         }
 
 
@@ -458,9 +463,11 @@ def validate(
     world_size: int,
     framework: Framework,
     training: TrainingSpec | None = None,
+    gpus_per_node: int | None = None,
 ) -> list[RuleViolation]:
     """Every rule ``config`` breaks for ``model`` on ``world_size`` ranks (empty: valid);
-    ``training``: the study's precision and FP8 recipe, which some recompute modules need."""
+    ``training``: the study's precision and FP8 recipe, which some recompute modules need;
+    ``gpus_per_node``: the cluster's, for the rules that need a group inside a node."""
     out = _check_sizes(config, world_size)
     if out and out[0].rule == "positive":
         return out
@@ -481,6 +488,10 @@ def validate(
         c.recompute, c.recompute_modules, model.moe, model.num_layers, framework,
         *((t.precision, t.fp8_recipe) if t else ()),
     )  # fmt: skip
+    out += [RuleViolation(rule, message) for rule, message in rules]
+    rules = tp_overlap_rule_violations(
+        c.tp_comm_overlap, c.tp, c.sequence_parallel, framework, model.moe, gpus_per_node
+    )
     out += [RuleViolation(rule, message) for rule, message in rules]
     return out + [RuleViolation(r, m) for r, m in _moe_rules(config, model, world_size, framework)]
 

@@ -72,6 +72,7 @@ from tuner.pipeline import stage_layers
 from tuner.rates import Rates, catalog_rates, gemm16_seconds, gemm_seconds, group_link
 from tuner.recompute_time import selective_flops_per_sequence, selective_times
 from tuner.spec import ModelSpec, TrainingSpec
+from tuner.tp_overlap import ub_exposed
 
 FLASH_BACKWARD_RATIO = 2.5
 """FlashAttention's backward runs 5 GEMMs to the forward's 2 (it recomputes the scores)."""
@@ -272,11 +273,12 @@ def _layer_times(
     sp: bool,
     gpus_per_node: int,
     gather: tuple[float, float] = (1.0, 1.0),
+    ub: bool = False,
 ) -> tuple[float, float, float, float, float, float, float, float]:
     """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
     comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
     compute fwd + bwd, head TP comm); ``gather``: the forward and backward all-gathers' bytes
-    per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``)."""
+    per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``); ``ub``: --tp-comm-overlap."""
     h, e = model.hidden_size, rates.elem
     local_seq = model.seq_length / cp
     tokens = mbs * local_seq
@@ -301,6 +303,8 @@ def _layer_times(
     bw, lat = link.bandwidth, link.latency
     tp_fwd = sum(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[0]))
     tp_bwd = _tp_backward(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[1]), column, lat)
+    if ub and tp > 1:  # userbuffers run the collectives inside the GEMMs (tuner.tp_overlap)
+        tp_fwd, tp_bwd = ub_exposed(rates, shapes, tp, h, link, gather)
     cp_exposed = 0.0
     if cp > 1:  # ring attention: K and V blocks travel around the CP group behind the kernels
         cp_link = group_link(rates, cp, tp, gpus_per_node)
@@ -344,7 +348,7 @@ def layer_step_times(
     rates = rates or catalog_rates(gpu, training.precision)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, _, _ = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
-        gpus_per_node, tp_gather_ratios(training, rates.elem),
+        gpus_per_node, tp_gather_ratios(training, rates.elem), config.tp_comm_overlap,
     )  # fmt: skip
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     return fwd + tp_fwd, bwd + tp_bwd + rec + rec_comm + cp_exposed
@@ -377,6 +381,7 @@ def estimate_time(
         config.sequence_parallel,
         gpus_per_node,
         tp_gather_ratios(training, rates.elem),
+        config.tp_comm_overlap,
     )
     # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
     # frameworks' own per-stage counts, uneven splits included)

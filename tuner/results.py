@@ -28,7 +28,7 @@ COLUMNS = [
     "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
     "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
-    "ep", "etp", "dispatcher", "precision",
+    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
 ]  # fmt: skip
 # Which of the memory model's three figures (allocated / reserved / device) a log's peak is:
 # both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
@@ -61,7 +61,9 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "sp": c.sequence_parallel if c else None, "micro_batch": c.micro_batch_size if c else None,
         "grad_accum": c.num_microbatches if c else None, "recompute": rc,
         "distributed_optimizer": c.distributed_optimizer if c else None,
-        "zero_stage": c.zero_stage if c else None, "nodes": len(a.get("hosts", [])) or None,
+        "zero_stage": c.zero_stage if c else None,
+        "tp_comm_overlap": c.tp_comm_overlap if c else None,
+        "nodes": len(a.get("hosts", [])) or None,
         "predicted_step_s": a.get("predicted_step_s"), "measured_step_s": a.get("step_time_s"),
         "tokens_per_s": tokens, "tokens_per_s_per_gpu": tokens / world if tokens else None,
         "tflops_per_gpu": a.get("tflops_per_gpu"), "mfu": a.get("mfu"),

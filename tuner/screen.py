@@ -67,7 +67,14 @@ class Screen:
                  trials: list[FrozenTrial]) -> bool:  # fmt: skip
         """Record ``trial`` without launching when it must not run; True when it may run."""
         spec = self.spec
-        errors = validate(config, spec.model, spec.world_size, spec.framework, spec.training)
+        errors = validate(
+            config,
+            spec.model,
+            spec.world_size,
+            spec.framework,
+            spec.training,
+            spec.cluster.gpus_per_node,
+        )
         if errors:
             self._prune(trial, Outcome.INVALID, "; ".join(e.message for e in errors))
             return False

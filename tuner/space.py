@@ -73,6 +73,8 @@ class Axes:
     """``pipeline_split: auto``: each (pp, vp) takes its own ``auto_splits``."""
     moe: bool = False
     """The model has experts: the MoE knobs (ep, etp, dispatcher) are trial parameters."""
+    tp_comm_overlap: tuple[bool, ...] = (False,)
+    """TE userbuffers overlap; only sequence-parallel configs take it (others: off)."""
 
     @property
     def size(self) -> int:
@@ -81,11 +83,13 @@ class Axes:
         n = 1
         for name in self.__dataclass_fields__:
             if name not in (
-                "tp", "pp", "sequence_parallel", "pipeline_split", "split_auto", "moe"
+                "tp", "pp", "sequence_parallel", "pipeline_split", "split_auto", "moe",
+                "tp_comm_overlap",
             ):  # fmt: skip
                 n *= len(getattr(self, name))
         n *= sum(len(self.pipeline_split) if pp > 1 else 1 for pp in self.pp)
-        return n * sum(len(self.sequence_parallel) if tp > 1 else 1 for tp in self.tp)
+        sp = sum(len(self.tp_comm_overlap) if on else 1 for on in self.sequence_parallel)
+        return n * sum(sp if tp > 1 else 1 for tp in self.tp)
 
 
 def expand_axes(spec: StudySpec) -> Axes:
@@ -130,6 +134,7 @@ def expand_axes(spec: StudySpec) -> Axes:
         etp=(None,) if s.etp is None else tuple(s.etp),
         moe_token_dispatcher=s.moe_token_dispatcher,
         moe=m.moe is not None,
+        tp_comm_overlap=s.tp_comm_overlap,
     )
     if s.pipeline_split == "auto":
         union = {
@@ -180,13 +185,15 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
         per_rank = max(layers // (pp * vp), 1)
         # Megatron turns SP off at tp=1, so there a wanted SP means "off", listed once.
         sps = axes.sequence_parallel if tp > 1 else (False,)
+        # userbuffers need SP (Megatron asserts it): without it, one value, off
+        pairs = [(sp, o) for sp in sps for o in (axes.tp_comm_overlap if sp else (False,))]
         if pp == 1:
             splits: tuple[str, ...] = (EVEN,)
         else:
             splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
-        for mbs, sp, (rc, method, n, mods), dopt, zero, split, ep, etp, disp in itertools.product(
+        for mbs, (sp, tpo), knobs, dopt, zero, split, ep, etp, disp in itertools.product(
             axes.micro_batch_size,
-            sps,
+            pairs,
             axes.recompute,
             axes.distributed_optimizer,
             axes.zero_stage,
@@ -195,13 +202,14 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             axes.etp,
             axes.moe_token_dispatcher,
         ):
+            rc, method, n, mods = knobs
             yield ParallelConfig(
                 tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, sequence_parallel=sp,
                 micro_batch_size=mbs, global_batch_size=gbs, recompute=rc,  # type: ignore[arg-type]
                 recompute_method=method,  # type: ignore[arg-type]
                 recompute_num_layers=(per_rank if n == 0 else n), recompute_modules=mods,
                 distributed_optimizer=dopt, zero_stage=zero, pipeline_split=split,
-                ep=ep, etp=etp, moe_token_dispatcher=disp,
+                ep=ep, etp=etp, moe_token_dispatcher=disp, tp_comm_overlap=tpo,
             )  # fmt: skip
 
 
@@ -266,7 +274,7 @@ def enumerate_space(
     near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
-        errors = validate(config, model, world, fw, spec.training)
+        errors = validate(config, model, world, fw, spec.training, spec.cluster.gpus_per_node)
         if errors:
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1
@@ -351,11 +359,12 @@ _ALIASES = {
     "recompute_granularity": "recompute",
     "split": "pipeline_split",
     "dispatcher": "moe_token_dispatcher",
+    "tpo": "tp_comm_overlap",
 }
 _INT_KEYS = {
     "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage"
 }  # fmt: skip
-_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer"}
+_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap"}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "recompute_method": ("uniform", "block"),
     "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
@@ -412,11 +421,14 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         "distributed_optimizer": axes.distributed_optimizer[0], "zero_stage": axes.zero_stage[0],
         "pipeline_split": axes.pipeline_split[0], "ep": axes.ep[0], "etp": axes.etp[0],
         "moe_token_dispatcher": axes.moe_token_dispatcher[0],
+        "tp_comm_overlap": axes.tp_comm_overlap[0],
     }  # fmt: skip
     given = dict(_parse_setting(item) for item in settings)
     values.update(given)
     if "sequence_parallel" not in given and values["tp"] == 1:
         values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it
+    if "tp_comm_overlap" not in given and not values["sequence_parallel"]:
+        values["tp_comm_overlap"] = False  # userbuffers need SP: don't default into it
     if "pipeline_split" not in given and values["pp"] == 1:
         values["pipeline_split"] = EVEN  # one stage: no split to choose
     if "recompute" in given:  # selective:MOD+MOD carries its modules, full:METHOD:N its knobs

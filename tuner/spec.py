@@ -238,6 +238,8 @@ class SpaceSpec:
     """For full recompute: layers per chunk (uniform) or per stage (block)."""
     distributed_optimizer: tuple[bool, ...] = (False,)
     """Megatron ``--use-distributed-optimizer`` (ZeRO-1-style sharding over DP)."""
+    tp_comm_overlap: tuple[bool, ...] = (False,)
+    """Megatron ``--tp-comm-overlap`` (TE userbuffers; only with sequence parallelism)."""
     zero_stage: tuple[int, ...] = (0,)
     """DeepSpeed ZeRO stage, 0-3."""
     ep: tuple[int, ...] | Auto = (1,)

@@ -59,6 +59,8 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
         out["ep"] = CategoricalDistribution(list(axes.ep))
         out["etp"] = CategoricalDistribution([_etp_param(e) for e in axes.etp])
         out["dispatcher"] = CategoricalDistribution(list(axes.moe_token_dispatcher))
+    if axes.tp_comm_overlap != (False,):  # only a study that searches userbuffers has it
+        out["tp_comm_overlap"] = CategoricalDistribution(list(axes.tp_comm_overlap))
     return out
 
 
@@ -102,6 +104,11 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
     if axes.moe if axes is not None else bool(config.moe_key):
         extra |= {"ep": config.ep, "etp": _etp_param(config.etp),
                   "dispatcher": config.moe_token_dispatcher}  # fmt: skip
+    if axes.tp_comm_overlap != (False,) if axes is not None else config.tp_comm_overlap:
+        tpo = config.tp_comm_overlap  # without SP it is off whatever the parameter says
+        if axes is not None and tpo not in axes.tp_comm_overlap:
+            tpo = axes.tp_comm_overlap[0]
+        extra["tp_comm_overlap"] = tpo
     return extra | {
         "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
         "micro_batch": config.micro_batch_size,
@@ -114,11 +121,12 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
 def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfig:
     """Build the config a trial's parameters describe (DP derived from the world size)."""
     params = current_params(params)
+    sp = bool(params["sp"]) and int(params["tp"]) > 1  # Megatron: off at tp=1
     rc, method, n, mods = recompute_knobs(str(params["recompute"]))
     tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
-        sequence_parallel=bool(params["sp"]) and tp > 1,  # Megatron: off at tp=1
+        sequence_parallel=sp,
         micro_batch_size=int(params["micro_batch"]),
         global_batch_size=spec.training.global_batch_size, recompute=rc,  # type: ignore[arg-type]
         recompute_method=method,  # type: ignore[arg-type]
@@ -128,6 +136,7 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
         pipeline_split=str(params.get("pipeline_split", EVEN)) if pp > 1 else EVEN,
         ep=int(params.get("ep", 1)), etp=int(params.get("etp", 0)) or None,
         moe_token_dispatcher=str(params.get("dispatcher", "alltoall")),
+        tp_comm_overlap=bool(params.get("tp_comm_overlap", False)) and sp,  # needs SP
     )  # fmt: skip
 
 

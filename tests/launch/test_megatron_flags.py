@@ -203,3 +203,23 @@ def test_moe_fp8_script_matches_the_export_and_the_standin_accepts_it(tmp_path: 
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "load_balancing_loss:" in done.stdout
+
+
+def test_tp_comm_overlap_reaches_megatron_and_the_standin_accepts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--tp-comm-overlap (TE userbuffers, tuner.tp_overlap) rides with --sequence-parallel."""
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the script exports it (TP > 1)
+    spec = study(tmp_path)
+    config = ParallelConfig(tp=8, dp=2, sequence_parallel=True, tp_comm_overlap=True,
+                            global_batch_size=64, distributed_optimizer=True)  # fmt: skip
+    assert validate(config, spec.model, spec.world_size, spec.framework, spec.training, 8) == []
+    assert "--tp-comm-overlap" in megatron_parallel_args(config, spec.model.num_layers)
+    assert (
+        ",tpo=1" in config.key()
+        and ",tpo" not in ParallelConfig(tp=2, dp=8, global_batch_size=64).key()
+    )
+    launched = launched_argv(spec, config, tmp_path)
+    assert "--tp-comm-overlap" in launched and "--sequence-parallel" in launched
+    done = _run_standin(launched, 16)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -31,6 +31,8 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
     flags += megatron_split_flags(c, num_layers)
     if c.sequence_parallel:
         flags.append(("--sequence-parallel",))
+    if c.tp_comm_overlap:
+        flags.append(("--tp-comm-overlap",))
     flags.append(("--micro-batch-size", str(c.micro_batch_size)))
     flags.append(("--global-batch-size", str(c.global_batch_size)))
     if c.recompute != "none":
