@@ -166,6 +166,13 @@ def test_dist_backend_error_alone_is_an_nccl_failure() -> None:
             "No such file or directory",
             "can't open file '/shared/Megatron-LM/pretrain_gpt.py'",
         ),
+        (
+            "[rank3]: Traceback (most recent call last):\n"
+            "[rank3]: RuntimeError: CUDA device, driver and/or toolkit version does not support "
+            "comm+GEMM overlap with CUDA Multicast. Launch app with UB_SKIPMC=1 to try CUDA IPC "
+            "instead.",
+            "Launch app with UB_SKIPMC=1",
+        ),
         ("bash: /shared/run.sh: No such file or directory", "/shared/run.sh"),
         ("bash: line 1: torchrun: command not found", "torchrun: command not found"),
     ],
