@@ -122,7 +122,10 @@ def test_flags_follow_the_config() -> None:
     assert plain == [
         "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
         "--context-parallel-size", "1", "--micro-batch-size", "1", "--global-batch-size", "64",
+        "--overlap-grad-reduce",
     ]  # fmt: skip
+    # the distributed optimizer gathers its parameters behind the next forward (tuner.perf_dp)
+    assert flags["--overlap-param-gather"] == () and flags["--overlap-grad-reduce"] == ()
     selective = megatron_parallel_args(CONFIGS["tp1-cp2-selective"], num_layers=32)
     assert "--recompute-method" not in selective and "--sequence-parallel" not in selective
     assert "--recompute-modules" not in selective  # Megatron's default, core_attn

@@ -43,8 +43,12 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
     if c.recompute == "full":
         flags.append(("--recompute-method", str(c.recompute_method)))
         flags.append(("--recompute-num-layers", str(c.recompute_num_layers)))
+    # The DP terms of the time model are Megatron-Core's overlapped reduction and gather
+    # (tuner.perf_dp); both are off unless asked (megatron/training/arguments.py), so ask.
+    flags.append(("--overlap-grad-reduce",))
     if c.distributed_optimizer:
         flags.append(("--use-distributed-optimizer",))
+        flags.append(("--overlap-param-gather",))
     return flags
 
 

@@ -13,7 +13,9 @@ args=(
   --sequence-parallel
   --micro-batch-size 1
   --global-batch-size 64
+  --overlap-grad-reduce
   --use-distributed-optimizer
+  --overlap-param-gather
   --num-experts 64
   --moe-router-topk 6
   --moe-ffn-hidden-size 1408

@@ -15,7 +15,9 @@ args=(
   --global-batch-size 64
   --recompute-granularity selective
   --recompute-modules core_attn moe_act layernorm shared_experts
+  --overlap-grad-reduce
   --use-distributed-optimizer
+  --overlap-param-gather
   --num-experts 64
   --moe-router-topk 6
   --moe-ffn-hidden-size 1408

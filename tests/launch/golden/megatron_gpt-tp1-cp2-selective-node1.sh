@@ -14,6 +14,7 @@ args=(
   --micro-batch-size 2
   --global-batch-size 64
   --recompute-granularity selective
+  --overlap-grad-reduce
   --bf16
   --num-layers 32
   --hidden-size 4096

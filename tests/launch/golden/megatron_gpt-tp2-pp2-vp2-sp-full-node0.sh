@@ -18,7 +18,9 @@ args=(
   --recompute-granularity full
   --recompute-method uniform
   --recompute-num-layers 1
+  --overlap-grad-reduce
   --use-distributed-optimizer
+  --overlap-param-gather
   --bf16
   --num-layers 32
   --hidden-size 4096
