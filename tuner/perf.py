@@ -36,7 +36,8 @@ peak with 1-byte operands (``tuner.rates``; the LM head, router and unfused atte
 Transformer Engine modules, stay 16-bit), the sequence-parallel all-gathers carry FP8 where TE
 gathers it, and TE's quantize passes around the GEMMs are costed (``tuner.perf_fp8``,
 ``fp8_cast``). Both run inside each micro-batch, so they also lengthen the pipeline bubble and
-the windows that hide DP traffic.
+the windows that hide DP traffic. With ``tp_comm_overlap`` the layers' TP collectives run inside
+their GEMMs as Transformer Engine's userbuffers do (``tuner.tp_overlap``).
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
