@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.memory import MemoryBreakdown, estimate_memory, fits
-from tuner.parallel import ParallelConfig, validate
+from tuner.parallel import ParallelConfig
 from tuner.perf import TimeBreakdown, estimate_time
 from tuner.rates import Rates
-from tuner.space import config_from_settings, study_gpu
+from tuner.space import config_from_settings, study_gpu, study_violations
 from tuner.spec import StudySpec
 from tuner.studyfile import load_study
 
@@ -90,17 +90,7 @@ def estimate(
         ]
         config = config_from_settings(spec, items)
     gpu = study_gpu(spec)
-    errors = tuple(
-        e.message
-        for e in validate(
-            config,
-            spec.model,
-            spec.world_size,
-            spec.framework,
-            spec.training,
-            spec.cluster.gpus_per_node,
-        )
-    )
+    errors = tuple(e.message for e in study_violations(config, spec))
     memory = time = None
     if not errors:
         memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)

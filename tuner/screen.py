@@ -19,12 +19,12 @@ from tuner.catalog import GPUSpec
 from tuner.leases import LeaseConflict, Leases
 from tuner.memory import GIB, estimate_memory, fits
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig, validate
+from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.probe import fit_probability
 from tuner.rates import Rates
 from tuner.record import Summary
-from tuner.space import SharedSpace
+from tuner.space import SharedSpace, study_violations
 from tuner.spec import StudySpec
 from tuner.trials import (
     is_duplicate,
@@ -67,14 +67,7 @@ class Screen:
                  trials: list[FrozenTrial]) -> bool:  # fmt: skip
         """Record ``trial`` without launching when it must not run; True when it may run."""
         spec = self.spec
-        errors = validate(
-            config,
-            spec.model,
-            spec.world_size,
-            spec.framework,
-            spec.training,
-            spec.cluster.gpus_per_node,
-        )
+        errors = study_violations(config, spec)
         if errors:
             self._prune(trial, Outcome.INVALID, "; ".join(e.message for e in errors))
             return False

@@ -20,7 +20,7 @@ from tuner.catalog import GPUSpec, get_gpu
 from tuner.errors import ConfigError
 from tuner.frameworks import traits
 from tuner.memory import GIB, MemoryBreakdown, estimate_memory, fits
-from tuner.parallel import ParallelConfig, validate
+from tuner.parallel import ParallelConfig, RuleViolation, validate
 from tuner.perf import TimeBreakdown, estimate_time
 from tuner.pipe_layers import pipe_layers
 from tuner.pipeline_split import EVEN, auto_splits, canonical_split
@@ -261,6 +261,15 @@ def study_gpu(spec: StudySpec) -> GPUSpec:
     return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib, spec.cluster.overheads.values())
 
 
+def study_violations(config: ParallelConfig, spec: StudySpec) -> list[RuleViolation]:
+    """Every rule ``config`` breaks in ``spec``: its model, world size, framework, training and
+    the cluster facts some rules need (``tuner.parallel.validate``)."""
+    return validate(
+        config, spec.model, spec.world_size, spec.framework, spec.training,
+        spec.cluster.gpus_per_node,
+    )  # fmt: skip
+
+
 def enumerate_space(
     spec: StudySpec, keep_oom: bool = False, with_time: bool = True, rates: Rates | None = None
 ) -> SpaceReport:
@@ -268,13 +277,13 @@ def enumerate_space(
     (``rates``: the cluster's measured rates, ``tuner.profile_rates``; the catalog's if None)."""
     gpu = study_gpu(spec)
     report = SpaceReport()
-    world, model, fw = spec.world_size, spec.model, spec.framework
+    model, fw = spec.model, spec.framework
     precision, headroom = spec.training.precision, spec.search.memory_headroom
     gpn = spec.cluster.gpus_per_node
     near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
-        errors = validate(config, model, world, fw, spec.training, spec.cluster.gpus_per_node)
+        errors = study_violations(config, spec)
         if errors:
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1

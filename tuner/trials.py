@@ -121,9 +121,9 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
 def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfig:
     """Build the config a trial's parameters describe (DP derived from the world size)."""
     params = current_params(params)
-    sp = bool(params["sp"]) and int(params["tp"]) > 1  # Megatron: off at tp=1
     rc, method, n, mods = recompute_knobs(str(params["recompute"]))
     tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
+    sp = bool(params["sp"]) and tp > 1  # Megatron: off at tp=1
     return ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
         sequence_parallel=sp,
