@@ -53,7 +53,7 @@ GPUS = {
     "H100-SXM-80GB": "h100-sxm-80gb",
     "H100-96GB-HBM2e-500W": "h100-sxm-80gb",
 }
-MODERN = ("[M]", "[L]", "[T]", "[X]")
+MODERN = ("[M]", "[L]", "[T]", "[X]", "[G]")
 """Sources whose runs use FlashAttention, RoPE-era kernels and sequence parallelism by default."""
 BEST_WITHIN = 0.02
 
@@ -120,7 +120,11 @@ def _model(row: dict[str, str], notes: list[str]) -> ModelSpec:
         model = load_dataclass(ModelSpec, _expand_model({"preset": row["preset"]}), "model")
         return dataclasses.replace(model, seq_length=int(row["seq_len"]))
     h = int(row["hidden"])
-    llama = "llama" in row["model"].lower()
+    name = row["model"].lower()
+    llama = "llama" in name
+    # Nemotron (NeMo's nemotron*.yaml): RoPE, no biases, untied output, squared-ReLU MLP (not
+    # gated: one fc1 output, as GPT's GeLU), LayerNorm (layernorm1p: the same kernel)
+    modern = llama or "nemotron" in name
     heads = int(row["heads"])
     kv = int(row["kv_heads"]) if row["kv_heads"] else heads
     return ModelSpec(
@@ -132,12 +136,12 @@ def _model(row: dict[str, str], notes: list[str]) -> ModelSpec:
         vocab_size=_int(row, "vocab", 51200, notes),
         seq_length=int(row["seq_len"]),
         swiglu=llama,
-        tied_embeddings=not llama,
+        tied_embeddings=not modern,
         normalization="rmsnorm" if llama else "layernorm",
-        position_embedding="rope" if llama else "learned_absolute",
-        dropout=not llama,
+        position_embedding="rope" if modern else "learned_absolute",
+        dropout=not modern,
         flash_attention=_tag(row) in MODERN,
-        add_bias_linear=not llama,
+        add_bias_linear=not modern,
     )
 
 
@@ -178,11 +182,13 @@ def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, str]
     sp = tp > 1 and (sp_text.startswith("yes") or (not sp_text and _tag(row) in MODERN))
     framework, distopt, zero = _sharding(row)
     full = recompute == "full"
+    tpo = row["tp_comm_overlap"] == "yes" and sp
     config = ParallelConfig(
         tp=tp, pp=pp, cp=cp, dp=dp, vp=int(row["vp"] or 1), sequence_parallel=sp,
         micro_batch_size=mbs, global_batch_size=gbs, recompute=recompute,  # type: ignore[arg-type]
         recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
         distributed_optimizer=distopt, zero_stage=zero, ep=int(row.get("ep") or 1),
+        tp_comm_overlap=tpo, pipeline_split=row["pipeline_split"] or "even",
     )  # fmt: skip
     return config, framework
 
@@ -206,14 +212,28 @@ def _eq3_flops(model: ModelSpec, batch: int) -> float:
 
 
 def _precision(row: dict[str, str]) -> Precision:
-    """The row's 16-bit format; "16-bit (not stated)" keeps the default, bf16."""
-    return "fp16" if row["precision"] == "fp16" else "bf16"
+    """The row's format: fp16, fp8 (Transformer Engine's linear layers, ``fp8_recipe``), else
+    bf16 ("16-bit (not stated)" keeps the default)."""
+    if row["precision"] in ("fp16", "fp8"):
+        return row["precision"]  # type: ignore[return-value]
+    return "bf16"
+
+
+def _training(row: dict[str, str], config: ParallelConfig) -> TrainingSpec:
+    precision = _precision(row)
+    if precision != "fp8":
+        return TrainingSpec(global_batch_size=config.global_batch_size, precision=precision)
+    recipe = row["fp8_recipe"] or "delayed"
+    return TrainingSpec(
+        global_batch_size=config.global_batch_size, precision="fp8",
+        fp8_recipe=recipe,  # type: ignore[arg-type]
+    )  # fmt: skip
 
 
 def _predict(case: Case) -> float:
     row, model, config = case.row, case.model, case.config
-    training = TrainingSpec(global_batch_size=config.global_batch_size, precision=_precision(row))
-    if row["precision"] not in ("fp16", "bf16"):
+    training = _training(row, config)
+    if row["precision"] not in ("fp16", "bf16", "fp8"):
         case.notes.append("precision=bf16?")
     gpn = case.gpus_per_node
     if row["metric"] == "layer_fwd_plus_bwd_ms":
@@ -272,6 +292,7 @@ def _describe(c: ParallelConfig) -> str:
     text += f" b{c.micro_batch_size} g{c.global_batch_size} {c.recompute}"
     text += " sp" if c.sequence_parallel else ""
     text += " dopt" if c.distributed_optimizer else ""
+    text += " tpo" if c.tp_comm_overlap else ""
     return text + (f" z{c.zero_stage}" if c.zero_stage else "")
 
 
