@@ -11,7 +11,11 @@ from tuner.catalog import get_gpu
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.rates import (
+    FLASH_ATTENTION_EFFICIENCY,
     GEMM_EFFICIENCY,
+    HOPPER_ATTENTION,
+    attention_rates,
+    attention_seconds,
     catalog_rates,
     gemm16_seconds,
     gemm_rate,
@@ -153,3 +157,36 @@ def test_measured_16_bit_samples_price_only_the_16_bit_gemms_under_fp8() -> None
     assert gemm_rate(measured, 4096, 4096, 4096) == gemm_rate(fp8, 4096, 4096, 4096)
     bf16 = dataclasses.replace(catalog_rates(H100, "bf16"), gemm_samples=measured.gemm_samples)
     assert gemm_rate(bf16, 4096, 4096, 4096) == gemm_rate(bf16, 4096, 4096, 4096, True) == 500e12
+
+
+def test_attention_before_hopper_runs_at_flashattention_2s_rate_at_every_length() -> None:
+    rates = catalog_rates(A100, "bf16")
+    peak = A100.peak_tflops * 1e12
+    for seq in (256, 2048, 32768):
+        assert attention_rates(rates, seq) == (peak * FLASH_ATTENTION_EFFICIENCY,) * 2
+
+
+def test_hopper_attention_follows_cudnns_measured_speed_by_sequence_length() -> None:
+    """Transformer Engine's cuDNN attention on H100: slower than A100's FlashAttention-2 share,
+    slower still for short sequences, the backward below the forward; between the measured
+    lengths the rate is interpolated, beyond them held."""
+    h100 = get_gpu("h100-sxm-80gb")
+    rates = catalog_rates(h100, "bf16")
+    peak = h100.peak_tflops * 1e12
+    seq, fwd, bwd = HOPPER_ATTENTION[3]
+    assert attention_rates(rates, seq) == pytest.approx((peak * fwd, peak * bwd))
+    low, high = attention_rates(rates, 2048), attention_rates(rates, 4096)
+    middle = attention_rates(rates, 2896)  # ~ geometric middle
+    assert low[0] < middle[0] < high[0] and low[1] < middle[1] < high[1]
+    assert attention_rates(rates, 100) == attention_rates(rates, 512)
+    assert attention_rates(rates, 1 << 20) == attention_rates(rates, 16384)
+    assert all(f < FLASH_ATTENTION_EFFICIENCY and b <= f for _, f, b in HOPPER_ATTENTION)
+    assert catalog_rates(h100, "fp8").attention == rates.attention  # attention stays 16-bit
+
+
+def test_attention_backward_is_two_and_a_half_forwards_at_the_backward_rate() -> None:
+    rates = catalog_rates(get_gpu("h100-sxm-80gb"), "bf16")
+    fwd_rate, bwd_rate = attention_rates(rates, 8192)
+    fwd, bwd = attention_seconds(rates, 1e12, 8192)
+    assert fwd == pytest.approx(1e12 / fwd_rate + rates.op_latency)
+    assert bwd == pytest.approx(2.5e12 / bwd_rate + rates.op_latency)

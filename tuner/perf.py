@@ -70,13 +70,17 @@ from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_
 from tuner.perf_moe import moe_routing_times
 from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.pipeline import stage_layers
-from tuner.rates import Rates, catalog_rates, gemm16_seconds, gemm_seconds, group_link
+from tuner.rates import (
+    Rates,
+    attention_seconds,
+    catalog_rates,
+    gemm16_seconds,
+    gemm_seconds,
+    group_link,
+)
 from tuner.recompute_time import selective_flops_per_sequence, selective_times
 from tuner.spec import ModelSpec, TrainingSpec
 from tuner.tp_overlap import ub_exposed
-
-FLASH_BACKWARD_RATIO = 2.5
-"""FlashAttention's backward runs 5 GEMMs to the forward's 2 (it recomputes the scores)."""
 
 # --- Byte counts -------------------------------------------------------------------------------
 
@@ -214,8 +218,7 @@ def _attention_core(
     s, d = model.seq_length, model.kv_channels
     heads = model.num_attention_heads / tp
     if model.flash_attention:  # causal kernels skip the masked half of the score matrix
-        fwd = 0.5 * 4.0 * tokens * s * heads * d / rates.flash + rates.op_latency
-        return fwd, FLASH_BACKWARD_RATIO * fwd
+        return attention_seconds(rates, 0.5 * 4.0 * tokens * s * heads * d, s)
     batch = tokens / local_seq * heads
     gemms = _gemm16(rates, local_seq, s, d, batch) + _gemm16(rates, local_seq, d, s, batch)
     scores = batch * local_seq * s

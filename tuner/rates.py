@@ -26,7 +26,29 @@ CPU_GEMM_EFFICIENCY = 0.84
 """fp32 GEMMs on one CPU core (MKL / OpenBLAS sgemm reach 80-90% of the core's FMA peak on the
 demo's matrices); CPU ranks have no tensor-core tiles, so no quantization either."""
 FLASH_ATTENTION_EFFICIENCY = 0.60
-"""FlashAttention-2 forward reaches 50-73% of A100 peak on the FLOPs it executes (Dao 2023)."""
+"""FlashAttention-2 forward reaches 50-73% of A100 peak on the FLOPs it executes (Dao 2023);
+the rate of attention on GPUs before Hopper (and on CPU ranks), forward and backward."""
+HOPPER_ATTENTION = (
+    (512, 0.32, 0.31),
+    (1024, 0.41, 0.41),
+    (2048, 0.49, 0.47),
+    (4096, 0.52, 0.50),
+    (8192, 0.53, 0.52),
+    (16384, 0.54, 0.52),
+)
+"""(sequence length, forward, backward) shares of the 16-bit dense peak that attention reaches on
+Hopper and later GPUs. Transformer Engine runs cuDNN's fused attention there: when both it and
+FlashAttention could run, it drops FlashAttention "to give FusedAttention preference on Hopper+"
+(transformer_engine/pytorch/attention/dot_product_attention/utils.py
+``get_attention_backend``). cuDNN's measured speeds on an H100 SXM5, head dim 128, BF16, from
+Shah et al. 2024 (FlashAttention-3, arXiv:2407.08608, Figs. 5-6): forward with the causal mask
+315 / 410 / 484 / 518 / 529 / 539 TFLOP/s and backward 305 / 408 / 465 / 499 / 518 / 516 at
+0.5k-16k tokens, over 989 dense. FlashAttention-2 on the same GPU stays at 35% (the paper's
+abstract): Hopper attention runs well below A100's FLASH_ATTENTION_EFFICIENCY."""
+HOPPER_COMPUTE_CAPABILITY = 9.0
+FLASH_BACKWARD_RATIO = 2.5
+"""FlashAttention's backward runs 5 GEMMs to the forward's 2 (it recomputes the scores); the
+FlashAttention papers' backward TFLOP/s count the same 2.5x the forward's FLOPs."""
 HBM_EFFICIENCY = 0.80
 """Achievable share of HBM bandwidth in streaming kernels (STREAM-like; 80-90% on A100/H100)."""
 NVLINK_BUS_EFFICIENCY = 0.70
@@ -115,8 +137,9 @@ class Rates:
     gemm_samples: tuple[tuple[float, float, float, float], ...]
     """Measured (m, n, k, achieved FLOP/s) GEMMs; when given, the nearest in log-shape replaces
     the tile model (a cluster profile's samples)."""
-    flash: float
-    """Achieved FLOP/s of FlashAttention kernels."""
+    attention: tuple[tuple[float, float, float], ...]
+    """Achieved FLOP/s of fused (flash) attention by sequence length: ``(tokens, forward,
+    backward)`` rows, ascending; ``attention_rates`` interpolates them."""
     hbm: float
     """Achieved memory bandwidth of streaming kernels, bytes/s."""
     op_latency: float
@@ -135,6 +158,36 @@ class Rates:
     """Fixed framework seconds per optimizer step."""
     elem: int
     """Bytes per activation / parameter element (2 for 16-bit, 4 for fp32)."""
+
+
+def _attention_table(
+    gpu: GPUSpec, peak: float, cpu: bool
+) -> tuple[tuple[float, float, float], ...]:
+    if cpu or gpu.compute_capability < HOPPER_COMPUTE_CAPABILITY:
+        flash = peak * FLASH_ATTENTION_EFFICIENCY
+        return ((1.0, flash, flash),)
+    return tuple((float(s), peak * fwd, peak * bwd) for s, fwd, bwd in HOPPER_ATTENTION)
+
+
+def attention_rates(rates: Rates, seq: float) -> tuple[float, float]:
+    """(forward, backward) FLOP/s of fused attention over ``seq`` tokens: ``rates.attention``
+    interpolated in log(tokens), held flat beyond its ends."""
+    table = rates.attention
+    if seq <= table[0][0] or len(table) == 1:
+        return table[0][1], table[0][2]
+    for (s0, f0, b0), (s1, f1, b1) in zip(table, table[1:], strict=False):
+        if seq <= s1:
+            w = math.log(seq / s0) / math.log(s1 / s0)
+            return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
+    return table[-1][1], table[-1][2]
+
+
+def attention_seconds(rates: Rates, flops: float, seq: float) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention executing ``flops`` forward over ``seq``
+    tokens (backward: FLASH_BACKWARD_RATIO times the FLOPs at the backward rate)."""
+    fwd_rate, bwd_rate = attention_rates(rates, seq)
+    fwd = flops / fwd_rate + rates.op_latency
+    return fwd, FLASH_BACKWARD_RATIO * flops / bwd_rate + rates.op_latency
 
 
 @functools.lru_cache(maxsize=64)
@@ -159,7 +212,7 @@ def catalog_rates(gpu: GPUSpec, precision: str) -> Rates:
         fp8=fp8,
         sm_count=0 if cpu else gpu.sm_count,
         gemm_samples=(),
-        flash=peak * FLASH_ATTENTION_EFFICIENCY,
+        attention=_attention_table(gpu, peak, cpu),
         hbm=gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY,
         op_latency=CPU_OP_LATENCY_S if cpu else GPU_KERNEL_LATENCY_S,
         intra=Link(gpu.intra_node_gbps * 1e9 * NVLINK_BUS_EFFICIENCY, intra_lat),
