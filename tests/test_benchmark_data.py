@@ -223,3 +223,20 @@ def test_resident_rows_compare_with_the_step_phase(rows: list[dict[str, str]]) -
 
     assert bench._resident(_Stage(9.0, 4.0)) == 4.0
     assert bench._resident(_Breakdown()) == 5.0  # a whole breakdown: its largest step phase
+
+
+def test_measured_gemm_rates_are_cited_and_below_the_datasheet_peak() -> None:
+    """benchmarks/data/gemm_rates.csv: every row cites its table, names a catalog GPU, and its
+    rate is a dense GEMM's (at most the catalog peak of its precision)."""
+    from tuner.catalog import get_gpu
+
+    with (DATA / "gemm_rates.csv").open(newline="") as fh:
+        gemms = list(csv.DictReader(fh))
+    assert {r["precision"] for r in gemms} >= {"bf16", "fp8"}
+    for i, row in enumerate(gemms, start=2):
+        where = f"gemm_rates.csv line {i}"
+        assert CITATION.search(row["citation"]), f"{where}: no citation"
+        gpu = get_gpu(row["catalog_gpu"])
+        peak = gpu.fp8_peak_tflops if row["precision"] == "fp8" else gpu.peak_tflops
+        assert 0 < float(row["tflops"]) <= peak, f"{where}: {row['tflops']} > peak {peak}"
+        assert all(int(row[k]) > 0 for k in ("batch", "m", "n", "k")), where
