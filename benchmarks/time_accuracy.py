@@ -33,6 +33,7 @@ from scipy.stats import spearmanr
 
 from tuner._loader import load_dataclass
 from tuner.catalog import GPUSpec, get_gpu
+from tuner.frameworks import Framework
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time, layer_step_times, model_flops_per_step
 from tuner.spec import ModelSpec, Precision, TrainingSpec
@@ -67,7 +68,7 @@ class Case:
     config: ParallelConfig
     gpu: GPUSpec
     gpus_per_node: int
-    framework: str
+    framework: Framework
     notes: list[str] = field(default_factory=list)
     predicted: float = 0.0
     predicted_step: float = 0.0
@@ -152,7 +153,7 @@ def _recompute(text: str) -> str:
     return "none"
 
 
-def _sharding(row: dict[str, str]) -> tuple[str, bool, int]:
+def _sharding(row: dict[str, str]) -> tuple[Framework, bool, int]:
     """(framework, distributed_optimizer, zero_stage) from the row's framework and sharding."""
     text, framework = row["optimizer_sharding"], row["framework"]
     if "ZeRO-3" in text or "FSDP" in text:
@@ -167,7 +168,7 @@ def _sharding(row: dict[str, str]) -> tuple[str, bool, int]:
     return "megatron", text.startswith("yes"), 0
 
 
-def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, str]:
+def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, Framework]:
     tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     cp = int(row["cp"] or 1)
     mbs = _int(row, "micro_batch", 1, notes)
