@@ -190,3 +190,20 @@ def test_attention_backward_is_two_and_a_half_forwards_at_the_backward_rate() ->
     fwd, bwd = attention_seconds(rates, 1e12, 8192)
     assert fwd == pytest.approx(1e12 / fwd_rate + rates.op_latency)
     assert bwd == pytest.approx(2.5e12 / bwd_rate + rates.op_latency)
+
+
+def test_context_parallel_attention_runs_at_the_rate_of_its_shorter_ring_steps() -> None:
+    """Under CP each rank's fused attention calls cover s/cp tokens: on Hopper, where the rate
+    grows with the call length, the same attention FLOPs take longer split over cp ranks."""
+    from tuner.perf import _attention_core
+
+    model = ModelSpec(num_layers=2, hidden_size=4096, ffn_hidden_size=16384,
+                      num_attention_heads=32, vocab_size=32000, seq_length=4096)  # fmt: skip
+    h100 = catalog_rates(get_gpu("h100-sxm-80gb"), "bf16")
+    whole = _attention_core(model, h100, 4096, 4096, 1)
+    split = _attention_core(model, h100, 2048, 2048, 1)  # one of two CP ranks: half the queries
+    assert split[0] > whole[0] / 2 and split[1] > whole[1] / 2
+    a100 = catalog_rates(A100, "bf16")  # flat rate: the halves add up to the whole
+    halves = _attention_core(model, a100, 2048, 2048, 1)
+    whole_a100 = _attention_core(model, a100, 4096, 4096, 1)
+    assert 2 * halves[0] - whole_a100[0] == pytest.approx(a100.op_latency)

@@ -214,11 +214,12 @@ def _gemm_backward(
 def _attention_core(
     model: ModelSpec, rates: Rates, tokens: float, local_seq: float, tp: int
 ) -> tuple[float, float]:
-    """Forward and backward seconds of scores, softmax, dropout and scores x V on one GPU."""
+    """Forward and backward seconds of scores, softmax, dropout and scores x V on one GPU (fused
+    kernels at the rate of their call length: under CP, each ring step's s/cp tokens)."""
     s, d = model.seq_length, model.kv_channels
     heads = model.num_attention_heads / tp
     if model.flash_attention:  # causal kernels skip the masked half of the score matrix
-        return attention_seconds(rates, 0.5 * 4.0 * tokens * s * heads * d, s)
+        return attention_seconds(rates, 0.5 * 4.0 * tokens * s * heads * d, local_seq)
     batch = tokens / local_seq * heads
     gemms = _gemm16(rates, local_seq, s, d, batch) + _gemm16(rates, local_seq, d, s, batch)
     scores = batch * local_seq * s
