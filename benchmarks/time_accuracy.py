@@ -221,13 +221,11 @@ def _precision(row: dict[str, str]) -> Precision:
 
 
 def _training(row: dict[str, str], config: ParallelConfig) -> TrainingSpec:
-    precision = _precision(row)
-    if precision != "fp8":
-        return TrainingSpec(global_batch_size=config.global_batch_size, precision=precision)
-    recipe = row["fp8_recipe"] or "delayed"
+    """The row's batch and precision; ``fp8_recipe`` is read only under fp8 (delayed unless
+    given, TrainingSpec's default)."""
     return TrainingSpec(
-        global_batch_size=config.global_batch_size, precision="fp8",
-        fp8_recipe=recipe,  # type: ignore[arg-type]
+        global_batch_size=config.global_batch_size, precision=_precision(row),
+        fp8_recipe=row["fp8_recipe"] or "delayed",  # type: ignore[arg-type]
     )  # fmt: skip
 
 

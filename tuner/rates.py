@@ -173,7 +173,7 @@ def attention_rates(rates: Rates, seq: float) -> tuple[float, float]:
     """(forward, backward) FLOP/s of fused attention over ``seq`` tokens: ``rates.attention``
     interpolated in log(tokens), held flat beyond its ends."""
     table = rates.attention
-    if seq <= table[0][0] or len(table) == 1:
+    if seq <= table[0][0]:
         return table[0][1], table[0][2]
     for (s0, f0, b0), (s1, f1, b1) in zip(table, table[1:], strict=False):
         if seq <= s1:
