@@ -1,15 +1,6 @@
 """Analytical step-time model: one optimizer step of a ``ParallelConfig`` -> ``TimeBreakdown``.
 
-FLOPs convention (used everywhere in this module, and by ``model_flops_per_step``): a multiply-add
-is 2 FLOPs; the backward pass costs twice the forward; every transformer layer counts its QKV,
-output, MLP GEMMs and the full (not causally halved) attention scores QK^T and scores x V; the LM
-head (logits GEMM) is included; embedding look-ups, norms, softmax and other element-wise work are
-not. For a GPT with F = 4h and multi-head attention this is Korthikanti et al.'s model FLOPs,
-72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)). *Model* FLOPs never count recomputation (MFU); *hardware*
-FLOPs add what recomputation runs again: one more forward of every recomputed layer for full
-recompute (Narayanan et al.'s 96·B·s·L·h²(...) for full uniform recompute), the attention core
-(4·B·s²·h per layer) for selective recompute (HFU). Korthikanti's printed selective-recompute HFU
-formula, 72·B·s·L·h²(1 + s/(3h) + ...), adds three times that; we count what is executed.
+The FLOPs convention and the result type are ``tuner.time_breakdown``'s.
 
 Time model, per micro-batch and per transformer layer on one GPU: each GEMM (forward, and the
 backward's input- and weight-gradient GEMMs with their own output shapes) costs
@@ -45,10 +36,8 @@ it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.frameworks import Framework, traits
@@ -56,7 +45,6 @@ from tuner.moe import (
     expert_config,
     expert_params_per_layer,
     framework_moe,
-    mlp_flops_per_token,
     moe_layer_flags,
     moe_layer_times,
     nonexpert_delta_per_layer,
@@ -78,9 +66,24 @@ from tuner.rates import (
     gemm_seconds,
     group_link,
 )
-from tuner.recompute_time import selective_flops_per_sequence, selective_times
+from tuner.recompute_time import selective_times
 from tuner.spec import ModelSpec, TrainingSpec
+from tuner.time_breakdown import (
+    TimeBreakdown,
+    breakdown,
+    hardware_flops_per_step,
+    model_flops_per_step,
+    recompute_fraction,
+)
 from tuner.tp_overlap import ub_exposed
+
+__all__ = [
+    "TimeBreakdown",
+    "estimate_time",
+    "hardware_flops_per_step",
+    "layer_step_times",
+    "model_flops_per_step",
+]
 
 # --- Byte counts -------------------------------------------------------------------------------
 
@@ -88,112 +91,6 @@ ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
 CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
 """fp32 logits: softmax read/write in forward, gradient read/write in backward."""
-
-
-@dataclass(frozen=True, slots=True)
-class TimeBreakdown:
-    """Predicted seconds per optimizer step on the critical path (the slowest pipeline stage).
-
-    The parts add up to ``step``. FLOPs follow this module's convention (see the module
-    docstring): ``model_flops`` excludes recomputation (MFU), ``hardware_flops`` includes it (HFU).
-    """
-
-    compute: float
-    """Forward + backward of the transformer layers (plus the LM head when pp = 1)."""
-    recompute: float
-    """Forward work run again in backward (full or selective recomputation)."""
-    tp_comm: float
-    """Tensor-parallel all-reduce / reduce-scatter + all-gather, including recomputed ones."""
-    cp_comm: float
-    """Context-parallel K/V exchange not hidden behind the attention kernels."""
-    ep_comm: float
-    """MoE token dispatch and combine (all-to-all over EP, or all-gather / reduce-scatter),
-    forward and backward, on the critical path (tuner.moe)."""
-    pp_p2p: float
-    """Pipeline point-to-point sends and receives on the critical path."""
-    pp_bubble: float
-    """Pipeline fill and drain: (p - 1) / v micro-batch slots of the stage."""
-    dp_comm: float
-    """Exposed (not overlapped) data-parallel gradient / parameter traffic (ZeRO included)."""
-    optimizer: float
-    """The optimizer step, and gradient accumulation outside the GEMMs (DeepSpeed), both
-    memory-bandwidth bound."""
-    stage_imbalance: float
-    """Extra work of the last pipeline stage (LM head, loss) and the tied-embedding reduction."""
-    overhead: float
-    """Fixed framework cost per micro-batch and per step (dominates tiny models on CPU ranks)."""
-    fp8_cast: float
-    """Transformer Engine's FP8 quantize / transpose passes and amax reductions (tuner.perf_fp8;
-    0 unless precision is fp8)."""
-    moe_routing: float
-    """MoE router GEMM, scores, aux loss and token permute / unpermute (tuner.perf_moe)."""
-    step: float
-    """Seconds per optimizer step: the sum of the parts above."""
-    model_flops: float
-    """FLOPs of one step, whole model, no recomputation."""
-    hardware_flops: float
-    """FLOPs of one step, whole model, recomputation included."""
-    tokens_per_s: float
-    """Tokens per second over the whole job."""
-    tokens_per_s_per_gpu: float
-    """Tokens per second per GPU."""
-    model_tflops_per_gpu: float
-    """model_flops / step / GPUs, in TFLOP/s (Megatron-LM's logged figure)."""
-    mfu: float
-    """Model FLOPs utilisation: model_flops / (step x GPUs x peak)."""
-    hfu: float
-    """Hardware FLOPs utilisation: hardware_flops / (step x GPUs x peak)."""
-
-    def to_dict(self) -> dict[str, float]:
-        """Every field by name (for JSON, tables and Optuna attributes)."""
-        return {name: getattr(self, name) for name in _FIELDS}
-
-
-_FIELDS = tuple(f.name for f in dataclasses.fields(TimeBreakdown))
-
-
-# --- FLOPs ---------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=256)
-def _flops_per_sequence(model: ModelSpec) -> tuple[float, float, float]:
-    """Forward FLOPs of one sequence: (one layer, its attention core, the LM head)."""
-    s, h = model.seq_length, model.hidden_size
-    kv = 2 * model.query_groups * model.kv_channels
-    attn_core = 4.0 * s * s * h
-    mlp = s * mlp_flops_per_token(model)  # 2 s (mlp_in + F) h dense; MoE: tuner.moe
-    layer = 2.0 * s * h * (h + kv) + attn_core + 2.0 * s * h * h + mlp
-    head = 2.0 * s * h * model.vocab_size
-    return layer, attn_core, head
-
-
-def model_flops_per_step(model: ModelSpec, global_batch_size: int) -> float:
-    """Model FLOPs of one optimizer step (module convention: 2 per MAC, backward = 2x forward,
-    full attention scores, LM head included, no recomputation)."""
-    layer, _, head = _flops_per_sequence(model)
-    return 3.0 * global_batch_size * (model.num_layers * layer + head)
-
-
-def _recompute_fraction(config: ParallelConfig, model: ModelSpec) -> float:
-    """Share of a stage's layers that full recomputation runs again."""
-    if config.recompute != "full" or config.recompute_method != "block":
-        return 1.0
-    per_chunk = max(1, model.num_layers // (config.pp * config.vp))
-    return min(config.recompute_num_layers or per_chunk, per_chunk) / per_chunk
-
-
-def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
-    """Model FLOPs plus the forward work that ``config.recompute`` runs again."""
-    layer, attn_core, _ = _flops_per_sequence(model)
-    base = model_flops_per_step(model, config.global_batch_size)
-    if config.recompute == "full":
-        extra = layer * _recompute_fraction(config, model)
-    elif config.recompute == "selective":  # the modules' FLOPs: tuner.recompute_time
-        core = attn_core if "core_attn" in config.recomputed_modules else 0.0
-        extra = core + selective_flops_per_sequence(model, config)
-    else:
-        return base
-    return base + config.global_batch_size * model.num_layers * extra
 
 
 # --- Per-layer times ---------------------------------------------------------------------------
@@ -332,7 +229,7 @@ def _recompute_times(
 ) -> tuple[float, float]:
     """(compute, TP comm) that recomputation adds to one layer's backward."""
     if config.recompute == "full":
-        frac = _recompute_fraction(config, model)
+        frac = recompute_fraction(config, model)
         return frac * fwd, frac * tp_fwd
     if config.recompute == "selective":  # the other modules: tuner.recompute_time
         return (core if "core_attn" in config.recomputed_modules else 0.0), 0.0
@@ -412,7 +309,7 @@ def estimate_time(
             # (moe/shared_experts.py), keep them.
             tp_fwd, tp_bwd = tp_fwd * (1.0 - share / 2.0), tp_bwd * (1.0 - share / 2.0)
         if config.recompute == "full":  # the checkpointed layer's forward dispatches again
-            ep_layer += _recompute_fraction(config, model) * share * mt.comm_fwd
+            ep_layer += recompute_fraction(config, model) * share * mt.comm_fwd
         psi += layers * share * nonexpert_delta_per_layer(model, config)
         expert_psi = layers * share * expert_params_per_layer(model, config)
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
@@ -423,7 +320,7 @@ def estimate_time(
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     sel = selective_times(model, config, rates, tp_fwd, mt)  # tuner.recompute_time
     rec, rec_comm, ep_layer = rec + sel.compute, rec_comm + sel.tp_comm, ep_layer + sel.ep_comm
-    redo = _recompute_fraction(config, model) if config.recompute == "full" else 0.0
+    redo = recompute_fraction(config, model) if config.recompute == "full" else 0.0
     extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
     if "moe" in config.recomputed_modules:  # the checkpointed MoE block routes again
         extra_b += route_f
@@ -480,41 +377,4 @@ def estimate_time(
         m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
         m * layers * ((1 + redo) * route_f + route_b),
     )  # fmt: skip
-    return _breakdown(parts, model, config, rates)
-
-
-def _breakdown(
-    parts: tuple[float, ...], model: ModelSpec, config: ParallelConfig, rates: Rates
-) -> TimeBreakdown:
-    step = sum(parts)
-    model_flops = model_flops_per_step(model, config.global_batch_size)
-    hardware_flops = hardware_flops_per_step(model, config)
-    world = config.world_size
-    tokens = config.global_batch_size * model.seq_length / step
-    compute, recompute, tp_comm, cp_comm, p2p, bubble, dp, optimizer, imbalance, overhead = parts[
-        :10
-    ]
-    ep_comm, fp8_cast, moe_routing = parts[10:13]
-    return TimeBreakdown(
-        compute=compute,
-        recompute=recompute,
-        tp_comm=tp_comm,
-        cp_comm=cp_comm,
-        ep_comm=ep_comm,
-        pp_p2p=p2p,
-        pp_bubble=bubble,
-        dp_comm=dp,
-        optimizer=optimizer,
-        stage_imbalance=imbalance,
-        overhead=overhead,
-        fp8_cast=fp8_cast,
-        moe_routing=moe_routing,
-        step=step,
-        model_flops=model_flops,
-        hardware_flops=hardware_flops,
-        tokens_per_s=tokens,
-        tokens_per_s_per_gpu=tokens / world,
-        model_tflops_per_gpu=model_flops / step / world / 1e12,
-        mfu=model_flops / (step * world * rates.peak),
-        hfu=hardware_flops / (step * world * rates.peak),
-    )
+    return breakdown(parts, model, config, rates)
