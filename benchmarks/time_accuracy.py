@@ -237,7 +237,9 @@ def _predict(case: Case) -> float:
     gpn = case.gpus_per_node
     if row["metric"] == "layer_fwd_plus_bwd_ms":
         return 1e3 * sum(layer_step_times(model, training, config, case.gpu, gpn))
-    r = estimate_time(model, training, config, case.gpu, gpn, case.framework)
+    # Megatron before 2023-10 (Korthikanti's, Narayanan's runs) waited on every pipeline transfer
+    overlap = row["p2p_overlap"] != "no"
+    r = estimate_time(model, training, config, case.gpu, gpn, case.framework, None, overlap)
     case.predicted_step = r.step
     metric = row["metric"]
     if metric == "iter_time_s":

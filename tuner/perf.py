@@ -264,12 +264,15 @@ def estimate_time(
     gpus_per_node: int,
     framework: Framework = "megatron",
     rates: Rates | None = None,
+    p2p_overlap: bool = True,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: one of
     ``tuner.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's pipeline,
     DP and optimizer terms).
 
     ``rates``: achieved rates measured on the cluster (a profile); the catalog's by default.
+    ``p2p_overlap``: Megatron's ``overlap_p2p_comm`` (its default; False for code before 2023-10
+    or ``--no-overlap-p2p-communication``: ``tuner.perf_pipeline.exposed_hops``).
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
     """
     rates = rates or catalog_rates(gpu, training.precision)
@@ -342,7 +345,13 @@ def estimate_time(
         imbalance += tied_embedding_sync(
             model, config, rates, embedding, gpus_per_node, tied_bytes
         )
-    p2p, bubble = pipeline_seconds(config, model, rates, gpus_per_node, stage_mb, framework)
+    windows = (  # one micro-batch's forward and backward on the stage: what hides traffic
+        layers * (fwd + tp_fwd + extra_f),
+        layers * (bwd + rec + tp_bwd + rec_comm + extra_b),
+    )
+    p2p, bubble = pipeline_seconds(
+        config, model, rates, gpus_per_node, stage_mb, framework, windows, p2p_overlap
+    )
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
@@ -351,10 +360,6 @@ def estimate_time(
         dp_link = rates.inter
     bw, lat = dp_link.bandwidth, dp_link.latency
     if not ds:
-        windows = (
-            layers * (fwd + tp_fwd + extra_f),
-            layers * (bwd + rec + tp_bwd + rec_comm + extra_b),
-        )
         dp = dp_megatron(config, psi, rates, bw, lat, windows)
     else:
         dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)

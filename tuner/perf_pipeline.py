@@ -26,8 +26,14 @@ def pipeline_seconds(
     gpus_per_node: int,
     stage_mb: float,
     framework: str,
+    chunks: tuple[float, float] | None = None,
+    p2p_overlap: bool = True,
 ) -> tuple[float, float]:
-    """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule."""
+    """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule.
+
+    ``chunks``: one micro-batch's (forward, backward) seconds on the stage, all its model chunks;
+    with ``p2p_overlap`` (Megatron's ``overlap_p2p_comm``) the interleaved schedule's steady-state
+    transfers hide behind them (``exposed_hops``)."""
     pp, vp = config.pp, max(1, config.vp)
     if pp == 1:
         return 0.0, 0.0
@@ -50,9 +56,25 @@ def pipeline_seconds(
         gather = (config.tp - 1) / config.tp * local / tp_link.bandwidth + tp_link.latency
         transfer = local / config.tp / link.bandwidth + link.latency + gather
     # per micro-batch: a send/recv pair forward and backward per model chunk, plus fill/drain
-    hops = 2.0 * vp * max(1, config.num_microbatches) + 2.0 * (pp - 1)
+    steady = vp * max(1, config.num_microbatches)
     bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
-    return hops * transfer, bubble
+    fill = 2.0 * (pp - 1) * transfer
+    if vp > 1 and p2p_overlap and chunks is not None and not traits(framework).deepspeed_pipeline:
+        return fill + steady * exposed_hops(transfer, chunks[0] / vp, chunks[1] / vp), bubble
+    return fill + 2.0 * steady * transfer, bubble
+
+
+def exposed_hops(transfer: float, forward: float, backward: float) -> float:
+    """Exposed seconds of one model chunk's two steady-state transfers in Megatron's interleaved
+    1F1B schedule with ``overlap_p2p_comm`` (Megatron-LM's default since 2023-10, commit
+    4eeff55d1f "Make overlap_p2p_comm the default"; ``--no-overlap-p2p-communication`` turns it
+    off; without interleaving arguments.py forces it off). In
+    ``forward_backward_pipelining_with_interleaving`` each steady-state step runs a forward chunk,
+    posts its activation send and the next activation receive asynchronously
+    (``send_forward_recv_forward(..., overlap_p2p_comm=True)``), runs a backward chunk, posts the
+    gradient send / receive, and waits for a receive only before the chunk that consumes it: the
+    activation travels behind a backward chunk, the gradient behind a forward chunk."""
+    return max(0.0, transfer - backward) + max(0.0, transfer - forward)
 
 
 def tied_embedding_sync(
