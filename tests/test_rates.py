@@ -13,11 +13,13 @@ from tuner.perf import estimate_time
 from tuner.rates import (
     FLASH_ATTENTION_EFFICIENCY,
     GEMM_EFFICIENCY,
+    GEMM_EFFICIENCY_GPU,
     HOPPER_ATTENTION,
     attention_rates,
     attention_seconds,
     catalog_rates,
     gemm16_seconds,
+    gemm_efficiency,
     gemm_rate,
     gemm_seconds,
     group_link,
@@ -136,12 +138,12 @@ def test_fp8_linear_gemms_read_one_byte_operands_and_write_16_bits() -> None:
 
 
 def test_16_bit_gemms_under_fp8_run_at_the_16_bit_rate() -> None:
-    """The LM head / router under fp8: the bf16 rate (dense 16-bit peak x GEMM_EFFICIENCY) and
+    """The LM head / router under fp8: the bf16 rate (dense 16-bit peak x its efficiency) and
     2-byte operands, exactly what the same GEMM costs in a bf16 run; under bf16 both functions
     are one GEMM."""
     fp8, bf16 = catalog_rates(H100, "fp8"), catalog_rates(H100, "bf16")
-    assert fp8.gemm16 == bf16.gemm == H100.peak_tflops * 1e12 * GEMM_EFFICIENCY
-    assert fp8.gemm == H100.fp8_peak_tflops * 1e12 * GEMM_EFFICIENCY
+    assert fp8.gemm16 == bf16.gemm == H100.peak_tflops * 1e12 * gemm_efficiency(H100)
+    assert fp8.gemm == H100.fp8_peak_tflops * 1e12 * gemm_efficiency(H100, fp8=True)
     for shape in ((2048.0, 32064.0, 8192.0), (8192.0, 8.0, 4096.0), (8192.0, 4096.0, 32064.0)):
         assert gemm16_seconds(fp8, *shape) == gemm_seconds(bf16, *shape)
         assert gemm16_seconds(bf16, *shape) == gemm_seconds(bf16, *shape)
@@ -207,3 +209,20 @@ def test_context_parallel_attention_runs_at_the_rate_of_its_shorter_ring_steps()
     halves = _attention_core(model, a100, 2048, 2048, 1)
     whole_a100 = _attention_core(model, a100, 4096, 4096, 1)
     assert 2 * halves[0] - whole_a100[0] == pytest.approx(a100.op_latency)
+
+
+def test_gemm_efficiency_carries_the_a100_fit_over_by_measured_matmul_ceilings() -> None:
+    """The fitted efficiency holds on the A100 it was fitted on; the H100 gets it scaled by the
+    measured maximum achievable matmul rates (ml-engineering's MAMF table: A100 SXM 271.2 of 312
+    BF16, H100 SXM 794.5 of 989 BF16 and 1402.6 of 1979 FP8); an unmeasured GPU keeps it."""
+    assert GEMM_EFFICIENCY_GPU == "a100-80gb"
+    assert gemm_efficiency(get_gpu("a100-80gb")) == GEMM_EFFICIENCY
+    a100 = 271.2 / 312.0
+    assert gemm_efficiency(H100) == pytest.approx(GEMM_EFFICIENCY * (794.5 / 989.0) / a100)
+    assert gemm_efficiency(H100, fp8=True) == pytest.approx(
+        GEMM_EFFICIENCY * (1402.6 / 1979.0) / a100
+    )
+    assert gemm_efficiency(H100, fp8=True) < gemm_efficiency(H100) < GEMM_EFFICIENCY
+    unmeasured = dataclasses.replace(H100, mamf_tflops=0.0, mamf_fp8_tflops=0.0)
+    assert gemm_efficiency(unmeasured) == gemm_efficiency(unmeasured, fp8=True) == GEMM_EFFICIENCY
+    assert catalog_rates(H100, "bf16").gemm == pytest.approx(794.5e12 * GEMM_EFFICIENCY / a100)

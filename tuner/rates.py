@@ -13,7 +13,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from tuner.catalog import GPUSpec
+from tuner.catalog import GPUSpec, get_gpu
 
 # --- Efficiencies (fractions of the catalog's peak figures) -------------------------------------
 
@@ -21,7 +21,11 @@ GEMM_EFFICIENCY = 0.88
 """A full wave of whole tiles of a large 16-bit GEMM runs at about 85-92% of dense peak on
 A100/H100 (cuBLAS); tile and wave quantization (GEMM_TILES) come on top. Grid-fitted (step 0.02)
 on the eight Korthikanti et al. 2022 iteration times, one Selene group: MAPE 2.6%, worst row 7.6%;
-the optimum is flat (0.88-0.92 all give MAPE < 3%), the low end kept."""
+the optimum is flat (0.88-0.92 all give MAPE < 3%), the low end kept. That is the A100's
+(GEMM_EFFICIENCY_GPU); other GPUs get it scaled by their measured matmul ceiling
+(``gemm_efficiency``)."""
+GEMM_EFFICIENCY_GPU = "a100-80gb"
+"""The catalog GPU GEMM_EFFICIENCY was fitted on (Selene's DGX A100 80GB)."""
 CPU_GEMM_EFFICIENCY = 0.84
 """fp32 GEMMs on one CPU core (MKL / OpenBLAS sgemm reach 80-90% of the core's FMA peak on the
 demo's matrices); CPU ranks have no tensor-core tiles, so no quantization either."""
@@ -124,7 +128,7 @@ class Rates:
     """Dense tensor FLOP/s at the precision."""
     gemm: float
     """Achieved FLOP/s of a large, well-quantized GEMM of the linear layers (peak x
-    GEMM_EFFICIENCY; under fp8 the FP8 peak's: Transformer Engine's layers)."""
+    ``gemm_efficiency``; under fp8 the FP8 peak's: Transformer Engine's layers)."""
     gemm16: float
     """The same for a 16-bit GEMM: equal to ``gemm`` unless ``fp8``, where it prices the GEMMs
     outside Transformer Engine's FP8 layers (``gemm16_seconds``)."""
@@ -190,6 +194,21 @@ def attention_seconds(rates: Rates, flops: float, seq: float) -> tuple[float, fl
     return fwd, FLASH_BACKWARD_RATIO * flops / bwd_rate + rates.op_latency
 
 
+def gemm_efficiency(gpu: GPUSpec, fp8: bool = False) -> float:
+    """Share of ``gpu``'s dense peak (its FP8 peak with ``fp8``) that a full wave of a large GEMM
+    reaches: GEMM_EFFICIENCY on the GPU it was fitted on, scaled elsewhere by the measured
+    maximum achievable matmul rate (``mamf_tflops``, as a share of peak) relative to that GPU's.
+    The same sweep of the same benchmark puts the A100 SXM at 86.9% of its BF16 peak and the
+    H100 SXM at 80.3% (its FP8 at 70.9%): Hopper's tensor cores outrun what its power, clocks and
+    memory system let a GEMM sustain. A GPU without a measurement keeps GEMM_EFFICIENCY."""
+    measured = gpu.mamf_fp8_tflops if fp8 else gpu.mamf_tflops
+    peak = gpu.fp8_peak_tflops if fp8 else gpu.peak_tflops
+    reference = get_gpu(GEMM_EFFICIENCY_GPU)
+    if measured <= 0.0 or peak <= 0.0:
+        return GEMM_EFFICIENCY
+    return GEMM_EFFICIENCY * (measured / peak) / (reference.mamf_tflops / reference.peak_tflops)
+
+
 @functools.lru_cache(maxsize=64)
 def catalog_rates(gpu: GPUSpec, precision: str) -> Rates:
     """The rates of ``gpu`` from the catalog and this module's constants (no measurements)."""
@@ -203,12 +222,12 @@ def catalog_rates(gpu: GPUSpec, precision: str) -> Rates:
     # catalog's datasheet figure); attention (flash) and element-wise work stay bf16, and MFU
     # stays relative to the 16-bit peak (the convention of Megatron's and NeMo's FP8 figures).
     fp8 = precision == "fp8" and gpu.fp8_peak_tflops > 0
-    gemm_peak = gpu.fp8_peak_tflops * 1e12 if fp8 else peak
-    efficiency = CPU_GEMM_EFFICIENCY if cpu else GEMM_EFFICIENCY
+    # fp32 runs TF32 tensor cores at half the 16-bit rate: the 16-bit ceiling's share carries over
+    gemm16 = peak * (CPU_GEMM_EFFICIENCY if cpu else gemm_efficiency(gpu))
     return Rates(
         peak=peak,
-        gemm=gemm_peak * efficiency,
-        gemm16=peak * efficiency,
+        gemm=gpu.fp8_peak_tflops * 1e12 * gemm_efficiency(gpu, fp8=True) if fp8 else gemm16,
+        gemm16=gemm16,
         fp8=fp8,
         sm_count=0 if cpu else gpu.sm_count,
         gemm_samples=(),

@@ -36,6 +36,11 @@ class GPUSpec:
     recipes need 8.9+, MXFP8 10.0+. 0 = not a CUDA GPU."""
     sm_count: int = 0
     """Streaming multiprocessors (the time model's wave quantization); 0 = not a GPU / unknown."""
+    mamf_tflops: float = 0.0
+    """Maximum achievable matmul TFLOP/s at 16 bits, measured (the best of a shape sweep of
+    ``torch.matmul``); 0 = not measured. ``tuner.rates.gemm_efficiency`` reads it."""
+    mamf_fp8_tflops: float = 0.0
+    """The same for FP8 (``float8_e4m3fn``) matmuls; 0 = not measured / no FP8."""
     # The software stack's fixed device memory (0 on ``cpu``: no CUDA context, gloo keeps no
     # device buffers). tuner.overheads turns these into bytes; a study's ``cluster.overheads``
     # replaces any of them with what its own stack measured.
