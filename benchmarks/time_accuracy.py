@@ -226,6 +226,7 @@ def _training(row: dict[str, str], config: ParallelConfig) -> TrainingSpec:
     return TrainingSpec(
         global_batch_size=config.global_batch_size, precision=_precision(row),
         fp8_recipe=row["fp8_recipe"] or "delayed",  # type: ignore[arg-type]
+        cross_entropy_fusion=row["cross_entropy_fusion"] == "yes",
     )  # fmt: skip
 
 

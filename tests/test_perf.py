@@ -12,11 +12,15 @@ from hypothesis import strategies as st
 from tuner.catalog import get_gpu
 from tuner.parallel import ParallelConfig
 from tuner.perf import (
+    CROSS_ENTROPY_BYTES_PER_LOGIT,
+    FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
     TimeBreakdown,
     estimate_time,
     hardware_flops_per_step,
+    loss_bytes_per_logit,
     model_flops_per_step,
 )
+from tuner.rates import catalog_rates
 from tuner.spec import ModelSpec, TrainingSpec
 
 A100 = get_gpu("a100-80gb")
@@ -405,3 +409,22 @@ def test_small_micro_batches_cost_more_per_sample_at_high_tp() -> None:
         return estimate_time(model, training, config, A100, 8).compute / 64
 
     assert per_sample(1) > 1.07 * per_sample(4)  # the roofline bytes alone give ~1.055
+
+
+def test_the_loss_passes_over_fp32_logits_fewer_times_fused() -> None:
+    """The LM head's loss streams the fp32 logits: Megatron's unfused vocab-parallel cross
+    entropy (its default) makes more passes than --cross-entropy-loss-fusion; only Megatron-LM
+    has the switch, so the DeepSpeed paths keep the unfused count whatever the study says."""
+    model = _gpt(layers=2, h=1024, heads=8, vocab_size=128000, seq_length=4096)
+    config = ParallelConfig(micro_batch_size=1, global_batch_size=8)
+    plain = TrainingSpec(global_batch_size=8)
+    fused = TrainingSpec(global_batch_size=8, cross_entropy_fusion=True)
+    unfused_step = estimate_time(model, plain, config, H100, 8)
+    fused_step = estimate_time(model, fused, config, H100, 8)
+    logits = 8 * 4096 * 128000  # a multiple of 128: no vocabulary padding at tp 1
+    saved = logits * (CROSS_ENTROPY_BYTES_PER_LOGIT - FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT)
+    rates = catalog_rates(H100, "bf16")
+    assert unfused_step.compute - fused_step.compute == pytest.approx(saved / rates.hbm)
+    assert loss_bytes_per_logit(fused, "megatron") == FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
+    for framework in ("deepspeed", "megatron-deepspeed"):
+        assert loss_bytes_per_logit(fused, framework) == CROSS_ENTROPY_BYTES_PER_LOGIT

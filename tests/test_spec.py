@@ -360,3 +360,14 @@ def test_megatron_deepspeed_is_a_framework_with_deepspeed_splits() -> None:
         study_from_mapping(data)
     with pytest.raises(ConfigError, match="megatron-deepspeed"):  # the choices are listed
         study_from_mapping(with_change("framework", "megatron_deepspeed"))
+
+
+def test_cross_entropy_fusion_is_megatron_lms_switch() -> None:
+    fused = with_change("training.cross_entropy_fusion", True)
+    assert study_from_mapping(fused).training.cross_entropy_fusion
+    fused["framework"] = "megatron-deepspeed"
+    fused["launch"] = {"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"}
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(fused)
+    assert info.value.path == "training.cross_entropy_fusion"
+    assert "--cross-entropy-loss-fusion" in str(info.value)

@@ -89,8 +89,18 @@ __all__ = [
 
 ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
-CROSS_ENTROPY_BYTES_PER_LOGIT = 16.0
-"""fp32 logits: softmax read/write in forward, gradient read/write in backward."""
+CROSS_ENTROPY_BYTES_PER_LOGIT = 52.0
+"""HBM bytes per logit of Megatron's vocab-parallel cross entropy, unfused (its default):
+forward ``.float()`` of the 16-bit logits (read 2, write 4), the max (read 4), ``-= max`` in
+place (8), ``exp`` in place (8), the sum (4), the softmax ``div_`` (8); backward ``mul_`` by the
+loss gradient (8) and the cast back to 16 bits for the head's GEMMs (read 4, write 2):
+megatron/core/tensor_parallel/cross_entropy.py ``VocabParallelCrossEntropy``. The DeepSpeed
+workload's ``F.cross_entropy(logits.float())`` makes about as many passes."""
+FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT = 32.0
+"""The same with ``--cross-entropy-loss-fusion`` (megatron/core/fusions/fused_cross_entropy.py,
+each step one ``jit_fuser`` kernel): cast + max (read 2, write 4), subtract + exp + sum in one
+pass (8), the softmax division (8), backward scale + 16-bit cast (read 4, write 4 in place,
+write 2). NeMo 2 and Megatron-Bridge turn it on by default."""
 
 
 # --- Per-layer times ---------------------------------------------------------------------------
@@ -176,11 +186,13 @@ def _layer_times(
     gpus_per_node: int,
     gather: tuple[float, float] = (1.0, 1.0),
     ub: bool = False,
+    loss_bytes: float = CROSS_ENTROPY_BYTES_PER_LOGIT,
 ) -> tuple[float, float, float, float, float, float, float, float]:
     """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
     comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
     compute fwd + bwd, head TP comm); ``gather``: the forward and backward all-gathers' bytes
-    per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``); ``ub``: --tp-comm-overlap."""
+    per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``); ``ub``: --tp-comm-overlap;
+    ``loss_bytes``: HBM bytes per logit of the loss (``loss_bytes_per_logit``)."""
     h, e = model.hidden_size, rates.elem
     local_seq = model.seq_length / cp
     tokens = mbs * local_seq
@@ -216,9 +228,17 @@ def _layer_times(
     # the LM head is Megatron's own ColumnParallelLinear, 16-bit even under fp8 (tuner.rates)
     head = _gemm16(rates, tokens, vocab / tp, h)
     head += sum(_gemm_backward(rates, tokens, vocab / tp, h, _gemm16))
-    head += tokens * (vocab / tp * CROSS_ENTROPY_BYTES_PER_LOGIT + 4 * h * e) / rates.hbm
+    head += tokens * (vocab / tp * loss_bytes + 4 * h * e) / rates.hbm
     head_comm = _tp_collectives(tokens, h * e, tp, sp, bw, lat)
     return fwd, bwd, core_f, tp_fwd, tp_bwd, cp_exposed, head, head_comm
+
+
+def loss_bytes_per_logit(training: TrainingSpec, framework: Framework) -> float:
+    """HBM bytes the loss moves per logit: Megatron's fused kernels with
+    ``training.cross_entropy_fusion``, else the unfused passes."""
+    if training.cross_entropy_fusion and framework == "megatron":
+        return FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
+    return CROSS_ENTROPY_BYTES_PER_LOGIT
 
 
 # --- The step ------------------------------------------------------------------------------------
@@ -251,6 +271,7 @@ def layer_step_times(
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, _, _ = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
         gpus_per_node, tp_gather_ratios(training, rates.elem), config.tp_comm_overlap,
+        loss_bytes_per_logit(training, "megatron"),
     )  # fmt: skip
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     return fwd + tp_fwd, bwd + tp_bwd + rec + rec_comm + cp_exposed
@@ -287,6 +308,7 @@ def estimate_time(
         gpus_per_node,
         tp_gather_ratios(training, rates.elem),
         config.tp_comm_overlap,
+        loss_bytes_per_logit(training, framework),
     )
     # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
     # frameworks' own per-stage counts, uneven splits included)

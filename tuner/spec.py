@@ -148,6 +148,9 @@ class TrainingSpec:
     Blackwell)."""
     fp8_format: Fp8Format = "hybrid"
     """With fp8: Megatron ``--fp8-format`` (hybrid: E4M3 forward, E5M2 gradients)."""
+    cross_entropy_fusion: bool = False
+    """Megatron ``--cross-entropy-loss-fusion`` (its native fused loss kernels; Megatron-LM
+    only): fewer passes over the fp32 logits (``tuner.perf``)."""
 
     def __post_init__(self) -> None:
         _size(self.global_batch_size, MAX_BATCH, "global_batch_size", "16M sequences per step")
@@ -427,6 +430,12 @@ class StudySpec:
         )  # fmt: skip
         if found is not None:
             raise ConfigError(found[1], path=found[0])
+        if self.training.cross_entropy_fusion and self.framework != "megatron":
+            raise ConfigError(
+                "cross_entropy_fusion is Megatron-LM's --cross-entropy-loss-fusion; "
+                f"{self.framework} has no such switch",
+                path="training.cross_entropy_fusion",
+            )
         if self.training.precision == "fp8":
             if self.framework != "megatron":
                 raise ConfigError(

@@ -175,15 +175,18 @@ def test_moe_selective_modules_reach_megatron_and_the_standin_accepts_them(
 
 
 def test_moe_fp8_script_matches_the_export_and_the_standin_accepts_it(tmp_path: Path) -> None:
-    """A Mixtral study in fp8 with EP 8: the script's flags start with the exported ones, carry
-    the MoE and Transformer Engine flags, and the Megatron stand-in accepts every one of them."""
+    """A Mixtral study in fp8 with EP 8 and the fused loss: the script's flags start with the
+    exported ones, carry the MoE, Transformer Engine and loss-fusion flags, and the Megatron
+    stand-in accepts every one of them."""
     dense = study(tmp_path)
     spec = dataclasses.replace(
         dense,
         model=study_from_mapping(
             {**_mapping(tmp_path), "model": {"preset": "mixtral-8x7b"}}
         ).model,
-        training=dataclasses.replace(dense.training, precision="fp8", fp8_recipe="tensorwise"),
+        training=dataclasses.replace(
+            dense.training, precision="fp8", fp8_recipe="tensorwise", cross_entropy_fusion=True
+        ),
     )
     config = ParallelConfig(pp=2, dp=8, ep=8, global_batch_size=64, distributed_optimizer=True,
                             recompute="full", recompute_method="uniform",
@@ -195,7 +198,8 @@ def test_moe_fp8_script_matches_the_export_and_the_standin_accepts_it(tmp_path: 
     text = " ".join(launched)
     for words in ("--num-experts 8", "--moe-router-topk 2", "--expert-model-parallel-size 8",
                   "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm",
-                  "--bf16 --fp8-format hybrid --fp8-recipe tensorwise"):  # fmt: skip
+                  "--bf16 --fp8-format hybrid --fp8-recipe tensorwise",
+                  "--cross-entropy-loss-fusion"):  # fmt: skip
         assert words in text
     standin = Path(__file__).resolve().parents[1] / "standins" / "pretrain_gpt.py"
     env = {**os.environ, "WORLD_SIZE": "16", "TUNER_STANDIN_TIME_SCALE": "0.0001"}

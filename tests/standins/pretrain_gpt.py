@@ -216,6 +216,9 @@ def _add_batch_and_precision(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--distribute-saved-activations", action="store_true")
     group.add_argument("--no-gradient-accumulation-fusion", action="store_false",
                        dest="gradient_accumulation_fusion")  # fmt: skip
+    group.add_argument("--cross-entropy-loss-fusion", action="store_true")
+    group.add_argument("--cross-entropy-fusion-impl", type=str, default="native",
+                       choices=["native", "te"])  # fmt: skip
     group = parser.add_argument_group(title="mixed precision")
     group.add_argument("--fp16", action="store_true")
     group.add_argument("--bf16", action="store_true")

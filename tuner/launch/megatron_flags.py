@@ -179,6 +179,12 @@ def megatron_precision_flags(training: TrainingSpec) -> list[Flag]:
     return []
 
 
+def megatron_loss_flags(training: TrainingSpec) -> list[Flag]:
+    """``--cross-entropy-loss-fusion`` when the study asks for it (core_v0.15 arguments.py; its
+    default implementation, ``native``, is what ``tuner.perf`` prices)."""
+    return [("--cross-entropy-loss-fusion",)] if training.cross_entropy_fusion else []
+
+
 # --- Megatron-DeepSpeed -------------------------------------------------------------------------
 # microsoft/Megatron-DeepSpeed @f4157bea megatron/arguments.py (line numbers of that commit):
 # --tensor-model-parallel-size (1149), --pipeline-model-parallel-size (1154),

@@ -38,6 +38,7 @@ from tuner.frameworks import traits
 from tuner.launch.megatron_flags import (
     deepspeed_moe_flags,
     megatron_deepspeed_parallel_flags,
+    megatron_loss_flags,
     megatron_moe_flags,
     megatron_parallel_flags,
     megatron_precision_flags,
@@ -268,7 +269,8 @@ def context(
         "megatron_flags": megatron_parallel_flags(config, spec.model.num_layers),
         # MoE flags first: with the parallel ones they are ``tune best --emit args``
         "megatron_model_flags": megatron_moe_flags(spec.model, config)
-        + megatron_precision_flags(spec.training),
+        + megatron_precision_flags(spec.training)
+        + megatron_loss_flags(spec.training),
         "deepspeed_moe_flags": deepspeed_moe_flags(spec.model, config),
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
