@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from pathlib import Path
 
@@ -111,6 +112,9 @@ def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
 
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is None and said.startswith("catalog") and "tune profile" in said
+    assert "measured matmul ceiling" in said  # the A100's MAMF figure (tuner.rates)
+    cpu = dataclasses.replace(SPEC, cluster=dataclasses.replace(SPEC.cluster, gpu="cpu"))
+    assert "ceiling" not in time_source(cpu, str(tmp_path))[1]  # no measurement: datasheet only
     save_profile(profile(100.0), ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is not None and said.startswith(f"cluster profile {SPEC.cluster_name}")

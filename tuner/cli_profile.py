@@ -245,12 +245,16 @@ def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results
 def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
     the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""
+    from tuner.catalog import get_gpu
     from tuner.profile import study_profile
     from tuner.profile_rates import profile_rates
 
     profile = study_profile(spec, results)  # read and checked once
     if profile is None:
-        return None, (f"catalog ({spec.cluster.gpu} datasheet figures; tune profile --study "
+        gpu = spec.cluster.gpu
+        measured = get_gpu(gpu).mamf_tflops > 0  # tuner.rates.gemm_efficiency
+        ceiling = ", GEMMs scaled by its published measured matmul ceiling" if measured else ""
+        return None, (f"catalog ({gpu} datasheet figures{ceiling}; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
     return rates, (
