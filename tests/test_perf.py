@@ -17,6 +17,7 @@ from tuner.perf import (
     TimeBreakdown,
     estimate_time,
     hardware_flops_per_step,
+    layer_step_times,
     loss_bytes_per_logit,
     model_flops_per_step,
 )
@@ -428,3 +429,18 @@ def test_the_loss_passes_over_fp32_logits_fewer_times_fused() -> None:
     assert loss_bytes_per_logit(fused, "megatron") == FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
     for framework in ("deepspeed", "megatron-deepspeed"):
         assert loss_bytes_per_logit(fused, framework) == CROSS_ENTROPY_BYTES_PER_LOGIT
+
+
+def test_rotary_embeddings_stream_query_and_key_once_each_way() -> None:
+    """RoPE reads and writes the query and the key (Megatron's apply_rotary_pos_emb on each):
+    per token (heads + query groups) x head dim x 2 passes x 2 B over TP, forward; the backward
+    pays the element-wise ratio on top."""
+    absolute = _gpt(layers=2, h=4096, heads=32, num_query_groups=8)
+    rope = dataclasses.replace(absolute, position_embedding="rope")
+    config = ParallelConfig(tp=2, micro_batch_size=1, global_batch_size=8)
+    training = TrainingSpec(global_batch_size=8)
+    f0, b0 = layer_step_times(absolute, training, config, H100, 8)
+    f1, b1 = layer_step_times(rope, training, config, H100, 8)
+    extra = 2048 * (32 + 8) * 128 * 2 * 2 / 2 / catalog_rates(H100, "bf16").hbm
+    assert f1 - f0 == pytest.approx(extra)
+    assert b1 - b0 == pytest.approx(2.0 * extra)

@@ -136,13 +136,18 @@ def _attention_core(
 
 
 def _elementwise(model: ModelSpec, rates: Rates, tokens: float, tp: int, sp: bool) -> float:
-    """Forward seconds of norms, residual adds, dropouts and the MLP activation on one GPU."""
+    """Forward seconds of norms, residual adds, dropouts, rotary embeddings and the MLP
+    activation on one GPU."""
     h, f, e = model.hidden_size, model.ffn_hidden_size, rates.elem
     mlp_in = 2 * f if model.swiglu else f
     # two norms (read + write) and two residual adds (2 reads + write): 10 element passes;
     # two dropouts: read + write + a 1-byte mask each. TP replicates these unless SP splits them.
     replicated = tokens * h * (10 * e + (2 * (2 * e + 1) if model.dropout else 0))
     sharded = tokens * (mlp_in + f) * e / tp
+    if model.position_embedding == "rope":  # query and key rotated: read + write each
+        # (megatron/core/transformer/attention.py: apply_rotary_pos_emb on query, then key)
+        qk = (model.num_attention_heads + model.query_groups) * model.kv_channels
+        sharded += tokens * qk * 2 * e / tp
     return (replicated / (tp if sp else 1) + sharded) / rates.hbm + 8 * rates.op_latency
 
 
