@@ -7,11 +7,13 @@ backward's input- and weight-gradient GEMMs with their own output shapes) costs
 ``flops / achieved rate + bytes / achieved HBM bandwidth + latency``, where the achieved rate is
 a large GEMM's times the share left by tile and wave quantization (``tuner.rates``), so the small
 GEMMs that high TP or small micro-batches produce run below peak; element-wise work (norms,
-dropout, residuals, activation, unfused softmax) is memory-bandwidth bound; collectives are rings
+dropout, residuals, rotary embeddings, activation, unfused softmax, the loss's passes over the
+fp32 logits) is memory-bandwidth bound; collectives are rings
 ``(g-1)/g x bytes / bus bandwidth + latency`` over the slowest link of their group, a group that
 spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
-the node's NICs). The pipeline adds point-to-point transfers and the bubble (p-1)/v micro-batch
-slots (``tuner.perf_pipeline``); the last stage also runs the LM head (``stage_imbalance``);
+the node's NICs). The pipeline adds point-to-point transfers (Megatron's interleaved schedule
+hides its steady-state ones behind the next chunk) and the bubble (p-1)/v micro-batch slots
+(``tuner.perf_pipeline``); the last stage also runs the LM head (``stage_imbalance``);
 data-parallel gradient traffic overlaps with the last micro-batch's backward where the framework
 does that (Megatron, ``tuner.perf_dp``; DeepSpeed's pipeline engine reduces after the flush,
 ``tuner.perf_deepspeed``); the optimizer step streams its states through HBM, and DeepSpeed
