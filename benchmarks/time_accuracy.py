@@ -240,7 +240,7 @@ def _predict(case: Case) -> float:
         return 1e3 * sum(layer_step_times(model, training, config, case.gpu, gpn))
     # Megatron before 2023-10 (Korthikanti's, Narayanan's runs) waited on every pipeline transfer
     overlap = row["p2p_overlap"] != "no"
-    r = estimate_time(model, training, config, case.gpu, gpn, case.framework, None, overlap)
+    r = estimate_time(model, training, config, case.gpu, gpn, case.framework, p2p_overlap=overlap)
     case.predicted_step = r.step
     metric = row["metric"]
     if metric == "iter_time_s":

@@ -26,7 +26,7 @@ def pipeline_seconds(
     gpus_per_node: int,
     stage_mb: float,
     framework: str,
-    chunks: tuple[float, float] | None = None,
+    chunks: tuple[float, float],
     p2p_overlap: bool = True,
 ) -> tuple[float, float]:
     """(point-to-point seconds, bubble seconds) of the (interleaved) 1F1B schedule.
@@ -59,7 +59,7 @@ def pipeline_seconds(
     steady = vp * max(1, config.num_microbatches)
     bubble = (pp - 1) / vp * (stage_mb + rates.microbatch_overhead)
     fill = 2.0 * (pp - 1) * transfer
-    if vp > 1 and p2p_overlap and chunks is not None and not traits(framework).deepspeed_pipeline:
+    if vp > 1 and p2p_overlap and not traits(framework).deepspeed_pipeline:
         return fill + steady * exposed_hops(transfer, chunks[0] / vp, chunks[1] / vp), bubble
     return fill + 2.0 * steady * transfer, bubble
 

@@ -204,9 +204,9 @@ def gemm_efficiency(gpu: GPUSpec, fp8: bool = False) -> float:
     memory system let a GEMM sustain. A GPU without a measurement keeps GEMM_EFFICIENCY."""
     measured = gpu.mamf_fp8_tflops if fp8 else gpu.mamf_tflops
     peak = gpu.fp8_peak_tflops if fp8 else gpu.peak_tflops
-    reference = get_gpu(GEMM_EFFICIENCY_GPU)
     if measured <= 0.0 or peak <= 0.0:
         return GEMM_EFFICIENCY
+    reference = get_gpu(GEMM_EFFICIENCY_GPU)
     return GEMM_EFFICIENCY * (measured / peak) / (reference.mamf_tflops / reference.peak_tflops)
 
 
