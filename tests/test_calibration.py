@@ -95,6 +95,7 @@ def run(
             "predicted_step_s": cand.time.step,
             "predicted_allocated_gib": cand.memory.allocated / GIB,
             "predicted_peak_gib": cand.memory.peak / GIB, "outcome": str(Outcome.OK),
+            "predicted_activation_share": cand.memory.activation_share,
         }.items():  # fmt: skip
             trial.set_user_attr(key, value)
         if memory is not None:
@@ -129,6 +130,10 @@ def test_a_calibration_round_trips_and_merges(tmp_path: Path) -> None:
     obs = observations(s, study)
     assert len(obs) == 4 and all(o.time_ratio is not None for o in obs)
     assert all(o.measured_gib == 20.0 and o.memory_ratio is not None for o in obs)
+    known = candidates(s)  # each keeps the share of its predicted peak that is activations
+    assert all(
+        o.activation_share == known[o.parallel_config().key()].memory.activation_share for o in obs
+    )
     path = tmp_path / "c.calibration.yaml"
     cal = Calibration(cluster="c").merged(obs[:3], NOW)
     save_calibration(cal, path)

@@ -206,6 +206,16 @@ def test_recompute_orders_activation_memory() -> None:
     assert sel == pytest.approx(none, rel=0.01)
 
 
+def test_activation_share_is_the_activations_part_of_the_allocated_peak() -> None:
+    none = estimate_memory(LLAMA70, cfg(), H100)
+    w = none.worst
+    assert none.activation_share == pytest.approx((w.activations + w.stage_extras) / w.allocated)
+    full = estimate_memory(
+        LLAMA70, cfg(recompute="full", recompute_method="uniform", recompute_num_layers=1), H100
+    )
+    assert 0 < full.activation_share < none.activation_share < 1
+
+
 def test_full_recompute_block_between_none_and_all_layers() -> None:
     def act(n: int) -> float:
         c = cfg(recompute="full", recompute_method="block", recompute_num_layers=n)

@@ -92,7 +92,8 @@ class Corrector:
         rows = [o for o in obs if o.memory_ratio is not None]
         if not rows:
             return None
-        x = np.array([self.features(o.parallel_config()) for o in rows])
+        x = np.array([self.features.memory_row(o.parallel_config(), o.activation_share)
+                      for o in rows])  # fmt: skip
         y = np.array([o.memory_ratio or 0.0 for o in rows])
         bound = np.array([o.outcome == "oom" for o in rows], dtype=bool)
         noise = self._noise(rows, self.prior.memory_noise, self.fingerprint)
@@ -107,7 +108,8 @@ class Corrector:
         step = candidate.time.step if candidate.time else float("nan")
         peak = candidate.memory.peak / GIB
         t_mu, t_sd = self.time.predict(x) if self.time else (np.zeros(1), np.zeros(1))
-        m_mu, _ = self.memory.predict(x) if self.memory else (np.zeros(1), np.zeros(1))
+        xm = self.features.memory_row(candidate.config, candidate.memory.activation_share)
+        m_mu, _ = self.memory.predict(xm[None, :]) if self.memory else (np.zeros(1), np.zeros(1))
         spread = math.hypot(float(t_sd[0]), self.prior.noise)
         return Corrected(candidate.config, step, step * math.exp(float(t_mu[0])), spread,
                          peak, peak * math.exp(float(m_mu[0])))  # fmt: skip

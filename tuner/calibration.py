@@ -67,6 +67,10 @@ class Observation:
     memory_setup: str = ""
     """:func:`memory_fingerprint` of its study: the same config under the same one needs the
     same memory, so one that ran is known to fit."""
+    activation_share: float | None = None
+    """The share of the predicted allocated memory (peak, for an OOM) that is activations
+    (:attr:`tuner.memory.MemoryBreakdown.activation_share`); None in calibrations saved before
+    it was kept (its memory error then counts as spread over the whole peak)."""
 
     def parallel_config(self) -> ParallelConfig:
         """The config as a :class:`ParallelConfig`."""
@@ -131,9 +135,11 @@ def observations_from_trials(
         if not a.get("config") or not t.state.is_finished() or is_duplicate(t):
             continue  # a duplicate was answered from an earlier trial: not a measurement
         outcome = trial_outcome(t)
-        common: dict[str, Any] = {"study": study, "fingerprint": fingerprint,
-                                  "trial": int(t.number), "memory_setup": memory_setup,
-                                  "config": dict(a["config"])}  # fmt: skip
+        share = _num(a.get("predicted_activation_share"))
+        common: dict[str, Any] = {
+            "study": study, "fingerprint": fingerprint, "trial": int(t.number),
+            "memory_setup": memory_setup, "config": dict(a["config"]), "activation_share": share,
+        }  # fmt: skip
         if outcome == Outcome.OK and t.value is not None:
             out.append(Observation(
                 **common, outcome="ok", predicted_step_s=_num(a.get("predicted_step_s")),

@@ -4,7 +4,9 @@
 
 for the step time and for the peak memory. ``features`` are a constant, the log2 of each size
 (tp, pp, cp, dp, vp, micro-batch: a trend seen between two values carries over to the next),
-one-hot indicators of each knob's value and of each pair of knob values (:class:`Features`). The
+one-hot indicators of each knob's value and of each pair of knob values (:class:`Features`);
+for memory each indicator is weighted by the share of the predicted peak that the component the
+knob sizes takes (:meth:`Features.memory_row`). The
 weights have a Gaussian prior centred on zero, "the model is right until measured otherwise"
 (:class:`Prior`), so the posterior is Bayesian linear regression in closed form (:func:`fit`,
 :func:`fit_memory`). The model sampler (:mod:`tuner.sampler`) fits it on the study's
@@ -27,6 +29,9 @@ from tuner.parallel import ParallelConfig
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
          "dispatcher", "tpo")  # fmt: skip
 SIZES = ("tp", "pp", "cp", "dp", "vp", "mbs", "ep")
+CHOICES = ("sp", "recompute", "sharding", "dispatcher", "tpo")
+"""The knobs that choose which tensors a rank keeps (which of the memory model's formulas
+applies); the others are sizes, which enter those formulas as exact factors."""
 
 
 def knob_values(config: ParallelConfig) -> dict[str, str]:
@@ -65,11 +70,24 @@ class Prior:
     measured peak moves every config's estimate."""
     memory_trend: float = 0.02
     """Memory errors do not grow with log2 of a size the way time errors do: nearly off."""
-    memory_main: float = 0.1
-    """The error of one component (activations under one recompute setting, states under one
-    sharding) shows up as a knob-value effect."""
-    memory_pair: float = 0.05
-    """The joint effect of two knob values on the memory error."""
+    memory_main: float = 0.25
+    """The error of one component under one knob value (the activations under one recompute
+    setting, the states under one sharding), on the log of that component: a memory feature is
+    the knob's indicator times the component's share of the predicted peak
+    (:meth:`Features.memory_row`). The same 0.1 on the whole peak that one-hot features had, for
+    a config whose activations are 40 % of it; a config with a larger share now moves more."""
+    memory_pair: float = 0.12
+    """The joint effect of two such choices on that component's error (half the main effect's,
+    as before)."""
+    memory_size: float = 0.05
+    """The effect on a component's error of a size's value (tp, pp, micro-batch, ...) or of a
+    pair involving one: the memory formulas divide or multiply by the sizes exactly (activations
+    by micro-batch / tp / cp, states by tp x pp and, sharded, by dp), so an error in a formula's
+    coefficient is the same factor at every size and belongs to the intercept or to a choice
+    (:data:`CHOICES`); what depends on the size itself (allocator rounding, communicator
+    buffers) is a few percent. Without this, one config's miss is shared out equally among its
+    tp, pp, dp, micro-batch and recomputation values and the next config with the same
+    recomputation but other sizes is barely corrected."""
     memory_noise: float = 0.05
     """Noise of a measured peak (allocator rounding, fragmentation)."""
 
@@ -97,11 +115,21 @@ class Features:
                 groups.append("pair")
         self.searched = searched
         self._groups = np.array(groups)
+        scaled = self._groups != "intercept"
+        scaled &= self._groups != "trend"
+        states = np.zeros(len(groups), dtype=bool)  # the sharding knob sets the states' size
+        for key, i in self.index.items():
+            states[i] = "sharding" in key
+        self._on_activations = scaled & ~states
+        self._on_states = scaled & states
         self.prior_precision = self.precision(prior.intercept, prior.trend, prior.main,
                                               prior.pair)  # fmt: skip
         self.memory_precision = self.precision(
             prior.memory_intercept, prior.memory_trend, prior.memory_main, prior.memory_pair
         )
+        for key, i in self.index.items():  # the sizes: see Prior.memory_size
+            if any(k not in CHOICES for k in key[::2]):
+                self.memory_precision[i] = 1.0 / prior.memory_size**2
 
     def precision(self, intercept: float, trend: float, main: float, pair: float) -> np.ndarray:
         """Prior precisions of the weights, from one standard deviation per feature group."""
@@ -122,6 +150,23 @@ class Features:
             i = self.index.get((a, kv[a], b, kv[b]))
             if i is not None:
                 x[i] = 1.0
+        return x
+
+    def memory_row(self, config: ParallelConfig, activation_share: float | None) -> np.ndarray:
+        """The memory features of ``config``: a knob value's error lies in the component it
+        sizes, so its indicator is weighted by that component's share of the predicted peak
+        (the activations' for recomputation, micro-batch, tp, ...; the rest, mostly weights,
+        gradients and optimizer states, for the sharding). A measured error under full
+        recomputation then says little about a config whose peak is mostly states, and a miss on
+        one config carries over in proportion to each config's activations. The intercept (one
+        factor on the whole peak) and the size trends stay unweighted; ``activation_share`` None
+        (a saved observation from before it was kept) leaves the indicators whole."""
+        x = self(config)
+        if activation_share is None:
+            return x
+        share = min(max(activation_share, 0.0), 1.0)
+        x[self._on_activations] *= share
+        x[self._on_states] *= 1.0 - share
         return x
 
 

@@ -233,6 +233,15 @@ class MemoryBreakdown:
         return self.device
 
     @property
+    def activation_share(self) -> float:
+        """The share of the worst (stage, phase)'s allocated bytes that are activations (the
+        layers' saved tensors and the stage's embedding / logits ones): the part of the peak
+        that a knob like recomputation or the micro-batch size scales (:mod:`tuner.correction`
+        apportions a measured memory error by it)."""
+        w = self.worst
+        return (w.activations + w.stage_extras) / w.allocated if w.allocated > 0 else 0.0
+
+    @property
     def fragmentation(self) -> float:
         """Allocator slack of the worst (stage, phase) (the former name of the term)."""
         return self.worst.slack

@@ -21,9 +21,12 @@ by tens of percent on one knob.
 Each proposal maximises expected improvement (over the best measured log step time) among the
 admitted configs not yet measured, running, pruned, failed or needing at least the memory of a
 config that ran out of memory. Memory gets the same treatment as time: the log of measured over
-predicted peak memory is regressed on the same features (with its own prior: mostly one factor
-shared by every config, see :class:`Prior`), fed by every run that reported its peak and by every
-real OOM (which needed at least the GPU's memory). A config whose corrected peak is
+predicted peak memory is regressed on the same features, each knob's weighted by the share of the
+peak that the component it sizes takes (activations for recomputation, micro-batch, tp, ...;
+states for the sharding: :meth:`Features.memory_row`), with its own prior (mostly one factor
+shared by every config; a size's own effect held near zero, since the formulas scale by sizes
+exactly: see :class:`Prior`), fed by every run that reported its peak and by every real OOM
+(which needed at least the GPU's memory). A config whose corrected peak is
 over the limit is tried only when nothing else is left. (A cruder rule, "avoid every config
 predicted to need as much as one that ran out", hid the best config of the stand-in's built-in
 surface: its OOMs came from no-recompute configs, its best used selective recompute.)
@@ -138,6 +141,9 @@ class ModelGuidedSampler(BaseSampler):
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
             self._features = Features(self._configs, self._prior)
             self._x = np.array([self._features(c) for c in self._configs])
+            self._xm = np.array([  # memory features: knob errors weighted by component share
+                self._features.memory_row(c.config, c.memory.activation_share) for c in ranked
+            ])  # fmt: skip
             self._keys = [c.key() for c in self._configs]
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
@@ -196,10 +202,13 @@ class ModelGuidedSampler(BaseSampler):
         (``tuner.probe``) while they still have a real chance of fitting the GPU, and only once
         a peak was measured (never blind)."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
-        rows = [(self._features(o.parallel_config()), o) for o in past if o.memory_ratio]
+        rows = [
+            (self._features.memory_row(o.parallel_config(), o.activation_share), o)
+            for o in past if o.memory_ratio
+        ]  # fmt: skip
         if not seen and not rows:
             return [i for i in open_ if i not in self._probe_index]
-        x = np.array([self._x[i] for i, _ in seen] + [r for r, _ in rows])
+        x = np.array([self._xm[i] for i, _ in seen] + [r for r, _ in rows])
         y = np.array([v for _, v in seen] + [o.memory_ratio or 0.0 for _, o in rows])
         bound = np.array([k in oom_keys for k in memory if k in index]
                          + [o.outcome == "oom" for _, o in rows], dtype=bool)  # fmt: skip
@@ -208,7 +217,7 @@ class ModelGuidedSampler(BaseSampler):
             [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
         post = fit_memory(self._features, self._prior, x, y, bound, noise)
-        mu, sd = post.predict(self._x[open_])
+        mu, sd = post.predict(self._xm[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
         ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
             o.parallel_config().key() for o in past

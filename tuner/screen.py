@@ -79,6 +79,7 @@ class Screen:
         trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
         trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
         trial.set_user_attr("predicted_reserved_gib", round(memory.reserved / GIB, 3))
+        trial.set_user_attr("predicted_activation_share", round(memory.activation_share, 4))
         trial.set_user_attr("predicted_peak_stage", memory.stage)
         trial.set_user_attr("predicted_peak_phase", memory.phase)
         trial.set_user_attr("predicted_step_s", predicted.step)
