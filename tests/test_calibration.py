@@ -309,17 +309,30 @@ def test_tune_calibrate_shows_and_resets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s = spec()
-    study, _, _ = run(s, off_model(s), 8)
+    known = candidates(s)
+
+    def peak(c: ParallelConfig) -> float:  # without recomputation: 1.4 x the activations
+        m = known[c.key()].memory
+        return (m.allocated + (0.4 * m.activation_share * m.allocated if c.recompute == "none"
+                               else 0.0)) / GIB  # fmt: skip
+
+    study, _, _ = run(s, off_model(s), 8, memory=peak)
+    kinds = {config_from_params(s, t.params).recompute for t in study.trials}
+    assert "none" in kinds and len(kinds) > 1  # the miss shows against another setting
     record_study(s, study.get_trials(), 80.0, tmp_path, now=NOW)
     args = ["calibrate", "--cluster", s.cluster_name, "--results", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "8 trials from first" in out and "fitted step-time corrections" in out
     assert "step-time error:" in out and "leave-one-out" in out
+    assert "fitted memory corrections" in out and "peak-memory error:" in out
     assert main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["error"]["mape_after"] < data["error"]["mape_before"]
     assert len(data["trials"]) == 8
+    assert data["memory_error"]["mape_after"] < data["memory_error"]["mape_before"]
+    assert data["memory_factors"]["activations, recompute=none"] > 1.05
+    assert len(data["memory_trials"]) == 8
     assert main([*args, "--reset"]) == 0
     assert "cleared" in capsys.readouterr().out
     assert history(s, tmp_path) == ()

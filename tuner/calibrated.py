@@ -50,9 +50,9 @@ class LooRow:
 
     observation: Observation
     before: float
-    """measured / predicted step time by the model alone."""
+    """measured / predicted step time (or peak memory) by the model alone."""
     after: float
-    """measured / calibrated step time, the calibration fitted without this trial."""
+    """measured / calibrated step time (or peak), the calibration fitted without this trial."""
 
 
 class Corrector:
@@ -125,6 +125,37 @@ class Corrector:
             if len(key) == 2 and abs(factor - 1) > 0.01:
                 out.append((f"{key[0]}={key[1]}", factor))
         return out
+
+    def memory_factors(self) -> list[tuple[str, float]]:
+        """The fitted memory corrections: ``("whole peak", x1.02)``, then each knob value's
+        factor on the component it sizes (``("activations, recompute=none", x1.5)``,
+        ``("states, sharding=1:0", x0.9)``) that moved by more than 1 %."""
+        if self.memory is None:
+            return []
+        out = [("whole peak", math.exp(float(self.memory.mean[0])))]
+        for key, i in self.features.index.items():
+            factor = math.exp(float(self.memory.mean[i]))
+            if len(key) == 2 and abs(factor - 1) > 0.01:
+                part = "states" if key[0] == "sharding" else "activations"
+                out.append((f"{part}, {key[0]}={key[1]}", factor))
+        return out
+
+    def memory_leave_one_out(self) -> list[LooRow]:
+        """Each saved measured peak predicted by the memory calibration fitted to all the other
+        observations (OOMs stay in as lower bounds; they are not predicted themselves)."""
+        rows = []
+        kept = [o for o in self.observations if o.memory_ratio is not None]
+        for i, o in enumerate(kept):
+            if o.outcome != "ok":
+                continue
+            post = self._fit_memory(kept[:i] + kept[i + 1 :])
+            y = o.memory_ratio or 0.0
+            mu = 0.0
+            if post is not None:
+                x = self.features.memory_row(o.parallel_config(), o.activation_share)
+                mu = float(post.predict(x[None, :])[0][0])
+            rows.append(LooRow(o, math.exp(y), math.exp(y - mu)))
+        return rows
 
     def leave_one_out(self) -> list[LooRow]:
         """Each saved measurement predicted by the calibration fitted to all the others."""

@@ -138,12 +138,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     cal = load_calibration(layout.calibration_yaml, name)
     fingerprint = setup_fingerprint(spec) if spec is not None else ""
     corrector = Corrector(cal.observations, fingerprint=fingerprint)
-    loo = corrector.leave_one_out()
-    errors = error_summary(loo)
+    loo, memory_loo = corrector.leave_one_out(), corrector.memory_leave_one_out()
+    errors, memory_errors = error_summary(loo), error_summary(memory_loo)
     if args.format == "json":
         _emit_json({"cluster": name, "path": str(layout.calibration_yaml),
                     "updated": cal.updated, "factors": dict(corrector.factors()),
-                    "error": errors, "trials": [_loo_json(r) for r in loo]})  # fmt: skip
+                    "error": errors, "trials": [_loo_json(r) for r in loo],
+                    "memory_factors": dict(corrector.memory_factors()),
+                    "memory_error": memory_errors,
+                    "memory_trials": [_loo_json(r, memory=True) for r in memory_loo]})  # fmt: skip
         return 0
     console = _console()
     if not cal.observations:
@@ -179,13 +182,46 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
             f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
         )
+    if memory_loo:
+        _print_memory(console, corrector.memory_factors(), memory_loo, memory_errors)
     return 0
 
 
-def _loo_json(row: Any) -> dict[str, Any]:
+def _print_memory(
+    console: Any, factors: list[tuple[str, float]], loo: list[Any], errors: dict[str, float]
+) -> None:
+    """The memory half of ``tune calibrate``: factors and the measured peaks they come from."""
+    console.print("fitted memory corrections (measured / predicted peak; a knob's factor is on "
+                  "the part of the peak it sizes):")  # fmt: skip
+    table = Table()
+    table.add_column("applies to")
+    table.add_column("factor", justify="right")
+    for what, factor in factors:
+        table.add_row(what, f"x{factor:.3f}")
+    console.print(table)
+    table = Table(title="measured peaks (each predicted from all the other trials)")
+    for col in ("study", "trial", "config", "measured GiB", "model", "calibrated"):
+        table.add_column(col, justify="left" if col in ("study", "config") else "right")
+    for r in loo:
+        o = r.observation
+        table.add_row(o.study, str(o.trial), o.parallel_config().key(), f"{o.measured_gib:.4g}",
+                      f"x{r.before:.3f}", f"x{r.after:.3f}")  # fmt: skip
+    console.print(table)
+    console.print(
+        f"peak-memory error: {errors['mape_before']:.1%} by the model alone, "
+        f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
+        f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
+    )
+
+
+def _loo_json(row: Any, memory: bool = False) -> dict[str, Any]:
     o = row.observation
-    return {"study": o.study, "trial": o.trial, "config": dict(o.config),
-            "measured_step_s": o.measured_step_s, "predicted_step_s": o.predicted_step_s,
+    measured = (
+        {"measured_gib": o.measured_gib, "predicted_gib": o.predicted_gib}
+        if memory
+        else {"measured_step_s": o.measured_step_s, "predicted_step_s": o.predicted_step_s}
+    )
+    return {"study": o.study, "trial": o.trial, "config": dict(o.config), **measured,
             "ratio_model": row.before, "ratio_calibrated": row.after}  # fmt: skip
 
 
