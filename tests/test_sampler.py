@@ -215,28 +215,34 @@ def test_measured_peaks_correct_the_memory_model() -> None:
     def risky(c: ParallelConfig) -> bool:  # would really OOM
         return c.recompute == "none" and viable[c.key()].memory.peak / GIB * 1.8 > limit
 
-    def proposals(with_measurement: bool) -> list[ParallelConfig]:
-        study = optuna.create_study(sampler=ModelGuidedSampler(s))
-        first = next(c.config for c in enumerate_space(s).ranked() if c.config.recompute == "none")
-        if with_measurement:
-            trial = study.ask(distributions(s))
-            trial.set_user_attr("key", first.key())
-            trial.set_user_attr("config", dataclasses.asdict(first))
-            trial.set_user_attr("outcome", str(Outcome.OK))
-            predicted = viable[first.key()].memory.allocated / GIB
-            trial.set_user_attr("predicted_allocated_gib", predicted)
-            trial.set_user_attr("peak_memory_gib", 1.8 * predicted)
-            study.tell(trial, 1.0)
-        out = []
-        for _ in range(8):
-            trial, config = ask(study, s)
-            trial.set_user_attr("outcome", str(Outcome.OK))
-            study.tell(trial, 1.0)
-            out.append(config)
-        return out
+    first = next(c.config for c in enumerate_space(s).ranked() if c.config.recompute == "none")
+    predicted = viable[first.key()].memory.allocated / GIB
+    assert any(risky(c) for c in proposals_after(s, {})), "the test needs risky picks"
+    assert not any(risky(c) for c in proposals_after(s, {first: (predicted, 1.8 * predicted)}))
 
-    assert any(risky(c) for c in proposals(with_measurement=False)), "the test needs risky picks"
-    assert not any(risky(c) for c in proposals(with_measurement=True))
+
+def proposals_after(
+    s: StudySpec, peaks: dict[ParallelConfig, tuple[float, float]], n: int = 8
+) -> list[ParallelConfig]:
+    """The next ``n`` proposals once each config of ``peaks`` ran and reported its peak
+    (predicted allocated GiB, measured GiB)."""
+    study = optuna.create_study(sampler=ModelGuidedSampler(s))
+    for config, (predicted, measured) in peaks.items():
+        trial = study.ask(distributions(s))
+        for key, value in {
+            "key": config.key(), "config": dataclasses.asdict(config),
+            "outcome": str(Outcome.OK), "predicted_allocated_gib": predicted,
+            "peak_memory_gib": measured,
+        }.items():  # fmt: skip
+            trial.set_user_attr(key, value)
+        study.tell(trial, 1.0)
+    out = []
+    for _ in range(n):
+        trial, config = ask(study, s)
+        trial.set_user_attr("outcome", str(Outcome.OK))
+        study.tell(trial, 1.0)
+        out.append(config)
+    return out
 
 
 def test_a_memory_miss_under_one_recompute_setting_carries_to_its_other_sizes() -> None:
@@ -267,26 +273,9 @@ def test_a_memory_miss_under_one_recompute_setting_carries_to_its_other_sizes() 
 
     none, selective = fastest("none", 0.4), fastest("selective", 0.0)
 
-    def proposals(measured: list[ParallelConfig]) -> list[ParallelConfig]:
-        study = optuna.create_study(sampler=ModelGuidedSampler(s))
-        for config in measured:
-            trial = study.ask(distributions(s))
-            m = known[config.key()].memory
-            for key, value in {
-                "key": config.key(), "config": dataclasses.asdict(config),
-                "outcome": str(Outcome.OK), "predicted_allocated_gib": m.allocated / GIB,
-                "peak_memory_gib": true_gib(config),
-            }.items():  # fmt: skip
-                trial.set_user_attr(key, value)
-            study.tell(trial, 1.0)
-        out = []
-        for _ in range(8):
-            trial, config = ask(study, s)
-            trial.set_user_attr("outcome", str(Outcome.OK))
-            study.tell(trial, 1.0)
-            out.append(config)
-        return out
+    def ran(*configs: ParallelConfig) -> dict[ParallelConfig, tuple[float, float]]:
+        return {c: (known[c.key()].memory.allocated / GIB, true_gib(c)) for c in configs}
 
     assert true_gib(none) > 1.2 * known[none.key()].memory.allocated / GIB
-    assert any(risky(c) for c in proposals([selective])), "the test needs risky picks"
-    assert not any(risky(c) for c in proposals([selective, none]))
+    assert any(risky(c) for c in proposals_after(s, ran(selective))), "the test needs risky picks"
+    assert not any(risky(c) for c in proposals_after(s, ran(selective, none)))

@@ -155,63 +155,47 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     studies = sorted({o.study for o in cal.observations})
     console.print(f"cluster {name}: {len(cal.observations)} trials from {', '.join(studies)}, "
                   f"updated {cal.updated}")  # fmt: skip
-    console.print("fitted step-time corrections (measured / predicted):")
-    table = Table()
-    table.add_column("applies to")
-    table.add_column("factor", justify="right")
-    for what, factor in corrector.factors():
-        table.add_row(what, f"x{factor:.3f}")
-    console.print(table)
-    table = Table(title="trials (each predicted from all the others)")
-    for col in ("study", "trial", "config", "measured s", "model", "calibrated"):
-        table.add_column(col, justify="left" if col in ("study", "config") else "right")
-    for r in loo:
-        o = r.observation
-        table.add_row(
-            o.study,
-            str(o.trial),
-            o.parallel_config().key(),
-            f"{o.measured_step_s:.4g}",
-            f"x{r.before:.3f}",
-            f"x{r.after:.3f}",
-        )
-    console.print(table)
-    if errors:
-        console.print(
-            f"step-time error: {errors['mape_before']:.1%} by the model alone, "
-            f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
-            f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
-        )
+    _print_corrections(console, "step time", "fitted step-time corrections (measured / "
+                       "predicted):", corrector.factors(), loo, errors)  # fmt: skip
     if memory_loo:
-        _print_memory(console, corrector.memory_factors(), memory_loo, memory_errors)
+        _print_corrections(console, "peak memory", "fitted memory corrections (measured / "
+                           "predicted peak; a knob's factor is on the part of the peak it "
+                           "sizes):", corrector.memory_factors(), memory_loo,
+                           memory_errors)  # fmt: skip
     return 0
 
 
-def _print_memory(
-    console: Any, factors: list[tuple[str, float]], loo: list[Any], errors: dict[str, float]
-) -> None:
-    """The memory half of ``tune calibrate``: factors and the measured peaks they come from."""
-    console.print("fitted memory corrections (measured / predicted peak; a knob's factor is on "
-                  "the part of the peak it sizes):")  # fmt: skip
+def _print_corrections(
+    console: Any, what: str, heading: str, factors: list[tuple[str, float]], loo: list[Any],
+    errors: dict[str, float],
+) -> None:  # fmt: skip
+    """One half of ``tune calibrate`` (``what``: step time or peak memory): the fitted factors,
+    each trial predicted from all the others, and the error before and after."""
+    console.print(heading)
     table = Table()
     table.add_column("applies to")
     table.add_column("factor", justify="right")
-    for what, factor in factors:
-        table.add_row(what, f"x{factor:.3f}")
+    for applies, factor in factors:
+        table.add_row(applies, f"x{factor:.3f}")
     console.print(table)
-    table = Table(title="measured peaks (each predicted from all the other trials)")
-    for col in ("study", "trial", "config", "measured GiB", "model", "calibrated"):
+    memory = what == "peak memory"
+    title = "measured peaks" if memory else "trials"
+    table = Table(title=f"{title} (each predicted from all the others)")
+    for col in ("study", "trial", "config", "measured GiB" if memory else "measured s", "model",
+                "calibrated"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("study", "config") else "right")
     for r in loo:
         o = r.observation
-        table.add_row(o.study, str(o.trial), o.parallel_config().key(), f"{o.measured_gib:.4g}",
+        measured = o.measured_gib if memory else o.measured_step_s
+        table.add_row(o.study, str(o.trial), o.parallel_config().key(), f"{measured:.4g}",
                       f"x{r.before:.3f}", f"x{r.after:.3f}")  # fmt: skip
     console.print(table)
-    console.print(
-        f"peak-memory error: {errors['mape_before']:.1%} by the model alone, "
-        f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
-        f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
-    )
+    if errors:
+        console.print(
+            f"{what.replace(' ', '-')} error: {errors['mape_before']:.1%} by the model alone, "
+            f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
+            f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
+        )
 
 
 def _loo_json(row: Any, memory: bool = False) -> dict[str, Any]:
