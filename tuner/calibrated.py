@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,28 +117,13 @@ class Corrector:
     def factors(self) -> list[tuple[str, float]]:
         """The fitted time corrections: ``("all configs", x1.3)``, ``("tp=4", x1.1)``, ...;
         the one-knob factors that moved by more than 1 %."""
-        if self.time is None:
-            return []
-        out = [("all configs", math.exp(float(self.time.mean[0])))]
-        for key, i in self.features.index.items():
-            factor = math.exp(float(self.time.mean[i]))
-            if len(key) == 2 and abs(factor - 1) > 0.01:
-                out.append((f"{key[0]}={key[1]}", factor))
-        return out
+        return _factors(self.features, self.time, "all configs", lambda _knob: "")
 
     def memory_factors(self) -> list[tuple[str, float]]:
         """The fitted memory corrections: ``("whole peak", x1.02)``, then each knob value's
         factor on the component it sizes (``("activations, recompute=none", x1.5)``,
         ``("states, sharding=1:0", x0.9)``) that moved by more than 1 %."""
-        if self.memory is None:
-            return []
-        out = [("whole peak", math.exp(float(self.memory.mean[0])))]
-        for key, i in self.features.index.items():
-            factor = math.exp(float(self.memory.mean[i]))
-            if len(key) == 2 and abs(factor - 1) > 0.01:
-                part = "states" if key[0] == "sharding" else "activations"
-                out.append((f"{part}, {key[0]}={key[1]}", factor))
-        return out
+        return _factors(self.features, self.memory, "whole peak", _component)
 
     def memory_leave_one_out(self) -> list[LooRow]:
         """Each saved measured peak predicted by the memory calibration fitted to all the other
@@ -169,6 +154,26 @@ class Corrector:
                 mu = float(post.predict(self.features(o.parallel_config())[None, :])[0][0])
             rows.append(LooRow(o, math.exp(y), math.exp(y - mu)))
         return rows
+
+
+def _factors(
+    features: Features, post: Posterior | None, whole: str, part: Callable[[str], str]
+) -> list[tuple[str, float]]:
+    """``post``'s factor on every config (labelled ``whole``), then each one-knob factor that
+    moved by more than 1 %, labelled ``part(knob)`` + ``knob=value``."""
+    if post is None:
+        return []
+    out = [(whole, math.exp(float(post.mean[0])))]
+    for key, i in features.index.items():
+        factor = math.exp(float(post.mean[i]))
+        if len(key) == 2 and abs(factor - 1) > 0.01:
+            out.append((f"{part(key[0])}{key[0]}={key[1]}", factor))
+    return out
+
+
+def _component(knob: str) -> str:
+    """The part of the peak a knob's memory factor applies to (:meth:`Features.memory_row`)."""
+    return "states, " if knob == "sharding" else "activations, "
 
 
 def corrector_for(

@@ -153,21 +153,26 @@ class Features:
         return x
 
     def memory_row(self, config: ParallelConfig, activation_share: float | None) -> np.ndarray:
-        """The memory features of ``config``: a knob value's error lies in the component it
-        sizes, so its indicator is weighted by that component's share of the predicted peak
-        (the activations' for recomputation, micro-batch, tp, ...; the rest, mostly weights,
-        gradients and optimizer states, for the sharding). A measured error under full
-        recomputation then says little about a config whose peak is mostly states, and a miss on
-        one config carries over in proportion to each config's activations. The intercept (one
-        factor on the whole peak) and the size trends stay unweighted; ``activation_share`` None
-        (a saved observation from before it was kept) leaves the indicators whole."""
-        x = self(config)
+        """The memory features of ``config``: its features times :meth:`memory_weights`."""
+        return np.asarray(self(config) * self.memory_weights(activation_share))
+
+    def memory_weights(self, activation_share: float | None) -> np.ndarray:
+        """Per feature, what a config's memory row multiplies it by: a knob value's error lies
+        in the component it sizes, so its indicator is weighted by that component's share of the
+        predicted peak (the activations' for recomputation, micro-batch, tp, ...; the rest,
+        mostly weights, gradients and optimizer states, for the sharding). A measured error
+        under full recomputation then says little about a config whose peak is mostly states,
+        and a miss on one config carries over in proportion to each config's activations. The
+        intercept (one factor on the whole peak) and the size trends stay whole;
+        ``activation_share`` None (a saved observation from before it was kept) leaves every
+        indicator whole."""
+        w = np.ones(len(self.prior_precision))
         if activation_share is None:
-            return x
+            return w
         share = min(max(activation_share, 0.0), 1.0)
-        x[self._on_activations] *= share
-        x[self._on_states] *= 1.0 - share
-        return x
+        w[self._on_activations] = share
+        w[self._on_states] = 1.0 - share
+        return w
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -141,8 +141,8 @@ class ModelGuidedSampler(BaseSampler):
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
             self._features = Features(self._configs, self._prior)
             self._x = np.array([self._features(c) for c in self._configs])
-            self._xm = np.array([  # memory features: knob errors weighted by component share
-                self._features.memory_row(c.config, c.memory.activation_share) for c in ranked
+            self._xm = self._x * np.array([  # memory features: knob errors weighted by share
+                self._features.memory_weights(c.memory.activation_share) for c in ranked
             ])  # fmt: skip
             self._keys = [c.key() for c in self._configs]
             self._space = distributions(self._spec)
