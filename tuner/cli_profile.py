@@ -268,11 +268,12 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     from tuner.catalog import get_gpu
     from tuner.profile import study_profile
     from tuner.profile_rates import profile_rates
+    from tuner.rates import ceiling_share
 
     profile = study_profile(spec, results)  # read and checked once
     if profile is None:
         gpu = spec.cluster.gpu
-        measured = get_gpu(gpu).mamf_tflops > 0  # tuner.rates.gemm_efficiency
+        measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.rates.gemm_efficiency scales by
         ceiling = ", GEMMs scaled by its published measured matmul ceiling" if measured else ""
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip

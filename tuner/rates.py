@@ -202,12 +202,18 @@ def gemm_efficiency(gpu: GPUSpec, fp8: bool = False) -> float:
     The same sweep of the same benchmark puts the A100 SXM at 86.9% of its BF16 peak and the
     H100 SXM at 80.3% (its FP8 at 70.9%): Hopper's tensor cores outrun what its power, clocks and
     memory system let a GEMM sustain. A GPU without a measurement keeps GEMM_EFFICIENCY."""
+    share = ceiling_share(gpu, fp8)
+    if share <= 0.0:
+        return GEMM_EFFICIENCY
+    return GEMM_EFFICIENCY * share / ceiling_share(get_gpu(GEMM_EFFICIENCY_GPU))
+
+
+def ceiling_share(gpu: GPUSpec, fp8: bool = False) -> float:
+    """``gpu``'s measured matmul ceiling as a share of its peak (its FP8 ones with ``fp8``); 0
+    when the catalog has no measurement."""
     measured = gpu.mamf_fp8_tflops if fp8 else gpu.mamf_tflops
     peak = gpu.fp8_peak_tflops if fp8 else gpu.peak_tflops
-    if measured <= 0.0 or peak <= 0.0:
-        return GEMM_EFFICIENCY
-    reference = get_gpu(GEMM_EFFICIENCY_GPU)
-    return GEMM_EFFICIENCY * (measured / peak) / (reference.mamf_tflops / reference.peak_tflops)
+    return measured / peak if measured > 0.0 and peak > 0.0 else 0.0
 
 
 @functools.lru_cache(maxsize=64)
