@@ -44,17 +44,41 @@ def write_pngs(parts: list[Section], directory: Path) -> list[Path]:
     """Every figure as ``<directory>/<name>.png`` (kaleido, one browser for all of them)."""
     import importlib.util
 
-    import plotly.io as pio
-
     if importlib.util.find_spec("kaleido") is None:
         raise BrowserMissingError("--png needs kaleido: pip install 'paratune[report]'")
     named = [(n, f) for s in parts for n, f in s.figures]
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"{n}.png" for n, _ in named]
-    if not named:
-        return []
+    for p in paths:
+        p.unlink(missing_ok=True)  # what exists afterwards was written by this call
+    todo = list(range(len(named)))
+    for _ in range(PNG_ATTEMPTS):
+        _write_images([named[i][1] for i in todo], [paths[i] for i in todo])
+        todo = [i for i in todo if not paths[i].exists()]
+        if not todo:
+            return paths
+    missing = ", ".join(paths[i].name for i in todo)
+    raise TunerError(
+        f"--png: no image rendered for {missing} in {PNG_ATTEMPTS} tries (kaleido gives up on a "
+        "figure after 90 s); run again on a less busy machine"
+    )
+
+
+PNG_ATTEMPTS = 2
+"""Renders of a figure before ``--png`` gives up. kaleido (1.x) returns a figure's render error,
+its 90 s per-figure timeout included, instead of raising it, and plotly's ``write_images``
+drops that return: a figure that timed out on a busy machine just has no file. One more try
+covers a passing stall."""
+
+
+def _write_images(figures: list[object], paths: list[Path]) -> None:
+    """plotly's batch export (one browser for all), with Chromium's absence said in one line."""
+    import plotly.io as pio
+
+    if not figures:
+        return
     try:
-        pio.write_images([f for _, f in named], paths, width=1200, height=600)
+        pio.write_images(figures, paths, width=1200, height=600)
     except Exception as exc:  # kaleido's and choreographer's errors share no base class
         if "chrome" in f"{type(exc).__name__} {exc}".lower():
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -64,4 +88,3 @@ def write_pngs(parts: list[Section], directory: Path) -> list[Path]:
                 f"none could be started ({detail})"
             ) from exc
         raise
-    return paths
