@@ -15,6 +15,7 @@ from tuner.perf import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
     TimeBreakdown,
+    _attention_core,
     estimate_time,
     hardware_flops_per_step,
     layer_step_times,
@@ -444,3 +445,31 @@ def test_rotary_embeddings_stream_query_and_key_once_each_way() -> None:
     extra = 2048 * (32 + 8) * 128 * 2 * 2 / 2 / catalog_rates(H100, "bf16").hbm
     assert f1 - f0 == pytest.approx(extra)
     assert b1 - b0 == pytest.approx(2.0 * extra)
+
+
+def test_unfused_softmax_backward_streams_three_passes_and_dropout_as_many_as_forward() -> None:
+    """Without FlashAttention the scores' softmax and dropout are element-wise kernels over
+    b x heads x s x s values: forward, the softmax reads the scores and writes the probabilities
+    (2 x 2 B) and dropout reads them and writes its output and a 1-byte mask (2 x 2 B + 1);
+    backward, dropout multiplies the gradient by the mask (2 x 2 B + 1 again) and the fused
+    softmax reads the gradient and its saved output and writes the input gradient (3 x 2 B).
+    Dropout's share is the difference between a model with it and one without."""
+    plain = _gpt(layers=2, h=2048, heads=16, seq_length=2048)
+    plain = dataclasses.replace(plain, flash_attention=False, dropout=False)
+    dropped = dataclasses.replace(plain, dropout=True)
+    config = ParallelConfig(tp=1, micro_batch_size=2, global_batch_size=8)
+    training = TrainingSpec(global_batch_size=8)
+    hbm = catalog_rates(A100, "bf16").hbm
+    scores = 2 * 16 * 2048 * 2048
+    f0, b0 = layer_step_times(plain, training, config, A100, 8)
+    f1, b1 = layer_step_times(dropped, training, config, A100, 8)
+    hidden = 2 * 2048 * 2048  # the two hidden-state dropouts (_elementwise), 5 B each way
+    mask_f = (scores * 5 + hidden * 5 * 2) / hbm
+    assert f1 - f0 == pytest.approx(mask_f)
+    # the hidden-state dropouts keep the element-wise ratio of 2 in backward
+    assert b1 - b0 == pytest.approx((scores * 5 + 2.0 * hidden * 5 * 2) / hbm)
+    # the softmax: backward minus twice forward cancels the score GEMMs (backward runs two per
+    # forward one) and leaves 3 - 2 x 2 passes over the scores
+    rates = catalog_rates(A100, "bf16")
+    forward, backward = _attention_core(plain, rates, 2 * 2048, 2048, 1)
+    assert backward - 2 * forward == pytest.approx(-scores * 2 / hbm)

@@ -91,6 +91,13 @@ __all__ = [
 
 ELEMENTWISE_BACKWARD_RATIO = 2.0
 """Backward of an element-wise op reads the saved input and the output gradient and writes one."""
+SOFTMAX_BACKWARD_PASSES = 3
+"""Element passes of the unfused attention's softmax backward: Megatron's fused kernels
+(``ScaledUpperTriangMaskedSoftmax`` / ``ScaledMaskedSoftmax``, megatron/core/fusions/
+fused_softmax.py, and the same kernels in Megatron-DeepSpeed) read the output gradient and the
+saved probabilities and write the input gradient in place: 3 passes to the forward's 2, not
+ELEMENTWISE_BACKWARD_RATIO x 2. PyTorch's dropout backward (``native_dropout_backward``) is one
+multiply by the saved 1-byte mask: as many bytes as its forward."""
 CROSS_ENTROPY_BYTES_PER_LOGIT = 52.0
 """HBM bytes per logit of Megatron's vocab-parallel cross entropy, unfused (its default):
 forward ``.float()`` of the 16-bit logits (read 2, write 4), the max (read 4), ``-= max`` in
@@ -131,10 +138,15 @@ def _attention_core(
         return attention_seconds(rates, 0.5 * 4.0 * tokens * s * heads * d, local_seq)
     batch = tokens / local_seq * heads
     gemms = _gemm16(rates, local_seq, s, d, batch) + _gemm16(rates, local_seq, d, s, batch)
-    scores = batch * local_seq * s
-    per_score = 2 * rates.elem + (2 * rates.elem + 1 if model.dropout else 0)
-    softmax = scores * per_score / rates.hbm + 2 * rates.op_latency
-    return gemms + softmax, 2.0 * gemms + ELEMENTWISE_BACKWARD_RATIO * softmax
+    scores, e = batch * local_seq * s, rates.elem
+    # forward: the fused softmax reads the scores and writes the probabilities, dropout reads
+    # them and writes its output and a 1-byte mask; backward (SOFTMAX_BACKWARD_PASSES): dropout
+    # multiplies the gradient by the mask, the softmax reads the gradient and its saved output
+    dropout = 2 * e + 1 if model.dropout else 0
+    softmax_f = scores * (2 * e + dropout) / rates.hbm
+    softmax_b = scores * (SOFTMAX_BACKWARD_PASSES * e + dropout) / rates.hbm
+    latency = 2 * rates.op_latency
+    return gemms + softmax_f + latency, 2.0 * gemms + softmax_b + 2 * latency
 
 
 def _elementwise(model: ModelSpec, rates: Rates, tokens: float, tp: int, sp: bool) -> float:
