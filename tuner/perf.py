@@ -149,20 +149,28 @@ def _attention_core(
     return gemms + softmax_f + latency, 2.0 * gemms + softmax_b + 2 * latency
 
 
-def _elementwise(model: ModelSpec, rates: Rates, tokens: float, tp: int, sp: bool) -> float:
-    """Forward seconds of norms, residual adds, dropouts, rotary embeddings and the MLP
-    activation on one GPU."""
+def _elementwise(
+    model: ModelSpec, rates: Rates, tokens: float, tp: int, sp: bool
+) -> tuple[float, float]:
+    """Forward and backward seconds of norms, residual adds, dropouts, rotary embeddings and the
+    MLP activation on one GPU."""
     h, f, e = model.hidden_size, model.ffn_hidden_size, rates.elem
     mlp_in = 2 * f if model.swiglu else f
-    # two norms (read + write) and two residual adds (2 reads + write): 10 element passes;
-    # two dropouts: read + write + a 1-byte mask each. TP replicates these unless SP splits them.
-    replicated = tokens * h * (10 * e + (2 * (2 * e + 1) if model.dropout else 0))
+    # two norms (read + write) and two residual adds (2 reads + write): 10 element passes, their
+    # backward ELEMENTWISE_BACKWARD_RATIO times that; two dropouts: read + write + a 1-byte mask
+    # each, as many bytes backward (SOFTMAX_BACKWARD_PASSES). TP replicates these unless SP
+    # splits them.
+    dropout = tokens * h * 2 * (2 * e + 1) if model.dropout else 0.0
+    passes = tokens * h * 10 * e
     sharded = tokens * (mlp_in + f) * e / tp
     if model.position_embedding == "rope":  # query and key rotated: read + write each
         # (megatron/core/transformer/attention.py: apply_rotary_pos_emb on query, then key)
         qk = (model.num_attention_heads + model.query_groups) * model.kv_channels
         sharded += tokens * qk * 2 * e / tp
-    return (replicated / (tp if sp else 1) + sharded) / rates.hbm + 8 * rates.op_latency
+    split = tp if sp else 1
+    forward = ((passes + dropout) / split + sharded) / rates.hbm + 8 * rates.op_latency
+    backward = ELEMENTWISE_BACKWARD_RATIO * (forward - dropout / split / rates.hbm)
+    return forward, backward + dropout / split / rates.hbm
 
 
 def _tp_rings(
@@ -229,9 +237,9 @@ def _layer_times(
     linear_bwd = sum(dgrad + wgrad for dgrad, wgrad in grads)
     column = grads[0][1] + grads[1][1]  # the weight gradients that hide TP traffic
     core_f, core_b = _attention_core(model, rates, tokens, local_seq, tp)
-    elem = _elementwise(model, rates, tokens, tp, sp)
-    fwd = linear + core_f + elem
-    bwd = linear_bwd + core_b + ELEMENTWISE_BACKWARD_RATIO * elem
+    elem_f, elem_b = _elementwise(model, rates, tokens, tp, sp)
+    fwd = linear + core_f + elem_f
+    bwd = linear_bwd + core_b + elem_b
     link = group_link(rates, tp, 1, gpus_per_node)
     bw, lat = link.bandwidth, link.latency
     tp_fwd = sum(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[0]))
