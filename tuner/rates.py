@@ -14,19 +14,17 @@ import functools
 import math
 from dataclasses import dataclass
 
-from tuner.catalog import GPUSpec, get_gpu
+from tuner.catalog import GPUSpec
 
 # --- Efficiencies (fractions of the catalog's peak figures) -------------------------------------
 
-GEMM_EFFICIENCY = 0.88
-"""A full wave of whole tiles of a large 16-bit GEMM runs at about 85-92% of dense peak on
-A100/H100 (cuBLAS); tile and wave quantization (GEMM_TILES) come on top. Grid-fitted (step 0.02)
-on the eight Korthikanti et al. 2022 iteration times, one Selene group: MAPE 2.6%, worst row 7.6%;
-the optimum is flat (0.88-0.92 all give MAPE < 3%), the low end kept. That is the A100's
-(GEMM_EFFICIENCY_GPU); other GPUs get it scaled by their measured matmul ceiling
-(``gemm_efficiency``)."""
-GEMM_EFFICIENCY_GPU = "a100-80gb"
-"""The catalog GPU GEMM_EFFICIENCY was fitted on (Selene's DGX A100 80GB)."""
+GEMM_EFFICIENCY = 271.2 / 312.0
+"""Share of dense peak that a full wave of whole tiles of a large 16-bit GEMM reaches on a GPU
+without a measured matmul ceiling in the catalog: the A100 SXM's measured one (ml-engineering's
+Maximum Achievable Matmul FLOPS table, 271.2 of 312 BF16 TFLOP/s, the best of its shape sweep).
+A measured GPU uses its own (``gemm_efficiency``); tile and wave quantization (GEMM_TILES) come
+on top. Before, 0.88 grid-fitted on Korthikanti et al. 2022's iteration times; the measurement
+replaces the fit (its optimum was flat over 0.88-0.92)."""
 CPU_GEMM_EFFICIENCY = 0.84
 """fp32 GEMMs on one CPU core (MKL / OpenBLAS sgemm reach 80-90% of the core's FMA peak on the
 demo's matrices); CPU ranks have no tensor-core tiles, so no quantization either."""
@@ -197,15 +195,12 @@ def attention_seconds(rates: Rates, flops: float, seq: float) -> tuple[float, fl
 
 def gemm_efficiency(gpu: GPUSpec, fp8: bool = False) -> float:
     """Share of ``gpu``'s dense peak (its FP8 peak with ``fp8``) that a full wave of a large GEMM
-    reaches: GEMM_EFFICIENCY on the GPU it was fitted on, scaled elsewhere by the measured
-    maximum achievable matmul rate (``mamf_tflops``, as a share of peak) relative to that GPU's.
+    reaches: its measured maximum achievable matmul rate (``mamf_tflops``, as a share of peak).
     The same sweep of the same benchmark puts the A100 SXM at 86.9% of its BF16 peak and the
     H100 SXM at 80.3% (its FP8 at 70.9%): Hopper's tensor cores outrun what its power, clocks and
-    memory system let a GEMM sustain. A GPU without a measurement keeps GEMM_EFFICIENCY."""
+    memory system let a GEMM sustain. A GPU without a measurement gets GEMM_EFFICIENCY."""
     share = ceiling_share(gpu, fp8)
-    if share <= 0.0:
-        return GEMM_EFFICIENCY
-    return GEMM_EFFICIENCY * share / ceiling_share(get_gpu(GEMM_EFFICIENCY_GPU))
+    return share if share > 0.0 else GEMM_EFFICIENCY
 
 
 def ceiling_share(gpu: GPUSpec, fp8: bool = False) -> float:
