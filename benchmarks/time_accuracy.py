@@ -237,10 +237,18 @@ def _predict(case: Case) -> float:
         case.notes.append("precision=bf16?")
     gpn = case.gpus_per_node
     if row["metric"] == "layer_fwd_plus_bwd_ms":
-        return 1e3 * sum(layer_step_times(model, training, config, case.gpu, gpn))
+        tp_async = row["tp_bwd_overlap"] != "no"
+        return 1e3 * sum(
+            layer_step_times(model, training, config, case.gpu, gpn, tp_backward_overlap=tp_async)
+        )
     # Megatron before 2023-10 (Korthikanti's, Narayanan's runs) waited on every pipeline transfer
     overlap = row["p2p_overlap"] != "no"
-    r = estimate_time(model, training, config, case.gpu, gpn, case.framework, p2p_overlap=overlap)
+    # Megatron before 2021-08 (Narayanan's runs, the BigScience fork) reduced TP synchronously
+    tp_async = row["tp_bwd_overlap"] != "no"
+    r = estimate_time(
+        model, training, config, case.gpu, gpn, case.framework, p2p_overlap=overlap,
+        tp_backward_overlap=tp_async,
+    )  # fmt: skip
     case.predicted_step = r.step
     metric = row["metric"]
     if metric == "iter_time_s":

@@ -16,6 +16,7 @@ from tuner.perf import (
     FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
     TimeBreakdown,
     _attention_core,
+    _layer_times,
     estimate_time,
     hardware_flops_per_step,
     layer_step_times,
@@ -473,3 +474,22 @@ def test_softmax_backward_streams_three_passes_and_dropout_as_many_bytes_as_forw
     rates = catalog_rates(A100, "bf16")
     forward, backward = _attention_core(plain, rates, 2 * 2048, 2048, 1)
     assert backward - 2 * forward == pytest.approx(-scores * 2 / hbm)
+
+
+def test_tp_backward_reductions_are_exposed_without_the_async_all_reduce() -> None:
+    """Megatron-LM before 2021-08 (and the BigScience Megatron-DeepSpeed fork) all-reduced the
+    column-parallel layers' input gradients synchronously: the backward then waits on the same
+    two all-reduces the forward does; since, they run beside the weight-gradient GEMMs and only
+    their launches stay on the critical path."""
+    model = _gpt(layers=2, h=6144, heads=48, seq_length=2048)
+    rates = catalog_rates(A100, "bf16")
+    sync = _layer_times(model, rates, 8, 1, 4, False, 8, tp_async=False)
+    overlapped = _layer_times(model, rates, 8, 1, 4, False, 8)
+    assert sync[4] == pytest.approx(sync[3])  # backward TP = forward TP: two all-reduces
+    assert overlapped[4] < 0.1 * sync[4]  # hidden behind the weight gradients
+    assert sync[:4] == overlapped[:4]  # nothing else changes
+    config = ParallelConfig(tp=8, micro_batch_size=4, global_batch_size=4)
+    training = TrainingSpec(global_batch_size=4)
+    slow = estimate_time(model, training, config, A100, 8, tp_backward_overlap=False)
+    fast = estimate_time(model, training, config, A100, 8)
+    assert slow.tp_comm - fast.tp_comm == pytest.approx(2 * (sync[4] - overlapped[4]))

@@ -214,12 +214,14 @@ def _layer_times(
     gather: tuple[float, float] = (1.0, 1.0),
     ub: bool = False,
     loss_bytes: float = CROSS_ENTROPY_BYTES_PER_LOGIT,
+    tp_async: bool = True,
 ) -> tuple[float, float, float, float, float, float, float, float]:
     """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
     comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
     compute fwd + bwd, head TP comm); ``gather``: the forward and backward all-gathers' bytes
     per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``); ``ub``: --tp-comm-overlap;
-    ``loss_bytes``: HBM bytes per logit of the loss (``loss_bytes_per_logit``)."""
+    ``loss_bytes``: HBM bytes per logit of the loss (``loss_bytes_per_logit``); ``tp_async``:
+    the backward's TP reductions overlap the weight-gradient GEMMs (``_tp_backward``)."""
     h, e = model.hidden_size, rates.elem
     local_seq = model.seq_length / cp
     tokens = mbs * local_seq
@@ -243,7 +245,8 @@ def _layer_times(
     link = group_link(rates, tp, 1, gpus_per_node)
     bw, lat = link.bandwidth, link.latency
     tp_fwd = sum(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[0]))
-    tp_bwd = _tp_backward(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[1]), column, lat)
+    rings = _tp_rings(tokens, h * e, tp, sp, bw, lat, gather[1])
+    tp_bwd = _tp_backward(rings, column, lat) if tp_async else sum(rings)
     if ub and tp > 1:  # userbuffers run the collectives inside the GEMMs (tuner.tp_overlap)
         tp_fwd, tp_bwd = ub_exposed(rates, shapes, tp, h, link, gather)
     cp_exposed = 0.0
@@ -290,6 +293,7 @@ def layer_step_times(
     gpu: GPUSpec,
     gpus_per_node: int,
     rates: Rates | None = None,
+    tp_backward_overlap: bool = True,
 ) -> tuple[float, float]:
     """Forward and backward seconds of one transformer layer for one micro-batch on one GPU, with
     its exposed TP traffic; the backward includes recomputation and exposed CP traffic
@@ -298,7 +302,7 @@ def layer_step_times(
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, _, _ = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
         gpus_per_node, tp_gather_ratios(training, rates.elem), config.tp_comm_overlap,
-        loss_bytes_per_logit(training, "megatron"),
+        loss_bytes_per_logit(training, "megatron"), tp_backward_overlap,
     )  # fmt: skip
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
     return fwd + tp_fwd, bwd + tp_bwd + rec + rec_comm + cp_exposed
@@ -313,6 +317,7 @@ def estimate_time(
     framework: Framework = "megatron",
     rates: Rates | None = None,
     p2p_overlap: bool = True,
+    tp_backward_overlap: bool = True,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: one of
     ``tuner.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's pipeline,
@@ -321,6 +326,10 @@ def estimate_time(
     ``rates``: achieved rates measured on the cluster (a profile); the catalog's by default.
     ``p2p_overlap``: Megatron's ``overlap_p2p_comm`` (its default; False for code before 2023-10
     or ``--no-overlap-p2p-communication``: ``tuner.perf_pipeline.exposed_hops``).
+    ``tp_backward_overlap``: the column-parallel layers' input-gradient all-reduce runs beside
+    their weight-gradient GEMMs (Megatron-LM since 2021-08, ``ColumnParallelLinearWithAsync
+    Allreduce``, commit cf7efd4f; False for code before it, e.g. the BigScience fork of
+    Megatron-DeepSpeed, which reduces synchronously in ``_CopyToModelParallelRegion.backward``).
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
     """
     rates = rates or catalog_rates(gpu, training.precision)
@@ -336,6 +345,7 @@ def estimate_time(
         tp_gather_ratios(training, rates.elem),
         config.tp_comm_overlap,
         loss_bytes_per_logit(training, framework),
+        tp_backward_overlap,
     )
     # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
     # frameworks' own per-stage counts, uneven splits included)
