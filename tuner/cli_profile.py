@@ -273,8 +273,8 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     profile = study_profile(spec, results)  # read and checked once
     if profile is None:
         gpu = spec.cluster.gpu
-        measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.rates.gemm_efficiency scales by
-        ceiling = ", GEMMs scaled by its published measured matmul ceiling" if measured else ""
+        measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.rates.gemm_efficiency reads
+        ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
