@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -351,6 +352,29 @@ def score(group: list[Case]) -> GroupScore:
     return GroupScore(len(group), mape, worst, rho, 1.0 - measured[pick] / max(measured))
 
 
+def _key(case: Case) -> str:
+    """What the model sees of a row: model, config, precision, GPU, framework."""
+    c = case
+    return f"{c.model!r} {_describe(c.config)} {c.row['precision']} {c.gpu.name} {c.framework}"
+
+
+def repeat_bound(group: list[Case]) -> GroupScore | None:
+    """The figures an exact model would reach where rows it cannot tell apart (a setup measured
+    again, or runs that differ only in what the model does not see) were measured at different
+    speeds: it can only predict their mean, so their spread bounds its rank correlation and best
+    gap. None when no two rows look the same to the model."""
+    runs: dict[str, list[float]] = defaultdict(list)
+    for case in group:
+        runs[_key(case)].append(case.speed("measured"))
+    if all(len(v) == 1 for v in runs.values()):
+        return None
+    measured = [c.speed("measured") for c in group]
+    exact = [statistics.fmean(runs[_key(c)]) for c in group]
+    rho = float(spearmanr(measured, exact).statistic)
+    pick = max(range(len(group)), key=lambda i: exact[i])
+    return GroupScore(len(group), 0.0, 0.0, rho, 1.0 - measured[pick] / max(measured))
+
+
 def print_groups(cases: list[Case]) -> None:
     for title, key in (("group", lambda c: c.row["group"]), ("source", lambda c: _tag(c.row))):
         groups: dict[str, list[Case]] = defaultdict(list)
@@ -367,6 +391,12 @@ def print_groups(cases: list[Case]) -> None:
                   f"{'ok' if s.passed else 'MISS'}")  # fmt: skip
         print(f"  {passed}/{len(groups)} {title}s meet all three targets; "
               f"all {len(cases)} rows: MAPE {_mape(cases):.1%}")  # fmt: skip
+        for name, group in sorted(groups.items()):
+            bound = repeat_bound(group) if title == "group" else None
+            if bound is not None and bound.rho is not None and bound.best_gap is not None:
+                print(f"  {name}: rows the model cannot tell apart ran at different speeds; "
+                      f"predicting their mean exactly reaches Spearman {bound.rho:+.2f}, best gap "
+                      f"{bound.best_gap:.1%}")  # fmt: skip
 
 
 def print_speed() -> None:

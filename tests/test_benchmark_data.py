@@ -240,3 +240,28 @@ def test_measured_gemm_rates_are_cited_and_below_the_datasheet_peak() -> None:
         peak = gpu.fp8_peak_tflops if row["precision"] == "fp8" else gpu.peak_tflops
         assert 0 < float(row["tflops"]) <= peak, f"{where}: {row['tflops']} > peak {peak}"
         assert all(int(row[k]) > 0 for k in ("batch", "m", "n", "k")), where
+
+
+def test_repeat_bound_is_what_an_exact_model_of_repeated_setups_reaches() -> None:
+    """Where one setup was measured twice at different speeds, a model can only predict their
+    mean: the bound's best gap is the repeat below the best, and groups without repeats have
+    no bound (benchmarks/time_accuracy.py ``repeat_bound``)."""
+    path = DATA.parent / "time_accuracy.py"
+    spec = importlib.util.spec_from_file_location("time_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["time_accuracy"] = bench
+    spec.loader.exec_module(bench)
+    cases, _ = bench.load_cases(DATA / "step_times.csv")
+    bridge = [c for c in cases if c.row["group"] == "megatron-bridge-dgx-h100-fp8cs"]
+    bound = bench.repeat_bound(bridge)
+    assert bound is not None and bound.best_gap is not None and bound.rho is not None
+    speeds = {}
+    for case in bridge:
+        speeds.setdefault(bench._key(case), []).append(case.speed("measured"))
+    best = max(speeds.values(), key=lambda v: sum(v) / len(v))
+    fastest = max(c.speed("measured") for c in bridge)
+    assert bound.best_gap == pytest.approx(1.0 - best[0] / fastest)
+    assert bound.rho < 1.0  # the repeats' spread costs rank correlation
+    single = [c for c in cases if c.row["group"] == "selene-narayanan2021-t1"]
+    assert bench.repeat_bound(single) is None
