@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -375,6 +376,17 @@ def repeat_bound(group: list[Case]) -> GroupScore | None:
     return GroupScore(len(group), 0.0, 0.0, rho, 1.0 - measured[pick] / max(measured))
 
 
+def step_log_error(case: Case) -> float:
+    """log(measured / predicted step time) of a row, whatever its metric."""
+    ratio = case.published / case.predicted
+    return math.log(ratio if case.row["metric"] in TIMES else 1.0 / ratio)
+
+
+def rms_step_error(cases: list[Case]) -> float:
+    """The rms of ``step_log_error`` (``tuner.rates.CATALOG_STEP_ERROR`` states it)."""
+    return math.sqrt(statistics.fmean(step_log_error(c) ** 2 for c in cases))
+
+
 def print_groups(cases: list[Case]) -> None:
     for title, key in (("group", lambda c: c.row["group"]), ("source", lambda c: _tag(c.row))):
         groups: dict[str, list[Case]] = defaultdict(list)
@@ -437,6 +449,8 @@ def main() -> None:
     for reason, n in sorted(skipped.items()):
         print(f"  {n:3}  {reason}")
     print_groups(cases)
+    print(f"\nall {len(cases)} rows: rms of log(measured / predicted step time) "
+          f"{rms_step_error(cases):.3f} (tuner.rates.CATALOG_STEP_ERROR)")  # fmt: skip
     print_speed()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import math
 import re
 import sys
 from pathlib import Path
@@ -265,3 +266,21 @@ def test_repeat_bound_is_what_an_exact_model_of_repeated_setups_reaches() -> Non
     assert bound.rho < 1.0  # the repeats' spread costs rank correlation
     single = [c for c in cases if c.row["group"] == "selene-narayanan2021-t1"]
     assert bench.repeat_bound(single) is None
+
+
+def test_the_catalogs_stated_step_time_error_is_the_benchmarks() -> None:
+    """``tuner.rates.CATALOG_STEP_ERROR`` (what tune estimate states beside a catalog
+    prediction) is the rms log error of the step-time set as time_accuracy computes it: a change
+    to the time model or the set that moves it must restate it."""
+    from tuner.rates import CATALOG_STEP_ERROR
+
+    path = DATA.parent / "time_accuracy.py"
+    spec = importlib.util.spec_from_file_location("time_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["time_accuracy"] = bench
+    spec.loader.exec_module(bench)
+    cases, _ = bench.load_cases(DATA / "step_times.csv")
+    assert bench.rms_step_error(cases) == pytest.approx(CATALOG_STEP_ERROR, abs=0.01)
+    slow = next(c for c in cases if c.row["metric"] == "iter_time_s")
+    assert bench.step_log_error(slow) == pytest.approx(math.log(slow.published / slow.predicted))

@@ -9,6 +9,7 @@ import pytest
 
 from tuner.cli import main
 from tuner.errors import ConfigError
+from tuner.rates import CATALOG_STEP_ERROR
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -25,6 +26,7 @@ def test_estimate_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"config", "valid", "errors", "memory", "gpu_memory_gib", "fits"} <= set(out)
     assert out["valid"] and out["errors"] == [] and out["fits"]
     assert out["config"]["dp"] == 16 and out["config"]["grad_accum"] == 64
+    assert out["time_error"] == CATALOG_STEP_ERROR  # catalog rates: their stated error
     mem = out["memory"]
     assert {"weights", "grads", "optimizer", "activations", "peak_gib"} <= set(mem)
     assert mem["peak_gib"] < out["gpu_memory_gib"]

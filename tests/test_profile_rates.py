@@ -13,7 +13,7 @@ from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.profile import ClusterProfile, CollectiveSample, GemmSample, save_profile
 from tuner.profile_rates import rates_from_profile, study_rates
-from tuner.rates import catalog_rates
+from tuner.rates import CATALOG_STEP_ERROR, catalog_rates
 from tuner.space import enumerate_space, study_gpu
 from tuner.studyfile import study_from_mapping
 
@@ -113,8 +113,10 @@ def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is None and said.startswith("catalog") and "tune profile" in said
     assert "measured matmul ceiling" in said  # the A100's MAMF figure (tuner.rates)
+    assert f"off by {CATALOG_STEP_ERROR:.0%} rms on published runs" in said
     cpu = dataclasses.replace(SPEC, cluster=dataclasses.replace(SPEC.cluster, gpu="cpu"))
     assert "ceiling" not in time_source(cpu, str(tmp_path))[1]  # no measurement: datasheet only
     save_profile(profile(100.0), ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is not None and said.startswith(f"cluster profile {SPEC.cluster_name}")
+    assert "rms" not in said  # the catalog's error is not a profile's

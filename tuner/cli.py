@@ -27,6 +27,7 @@ from tuner.cli_tables import (
 )
 from tuner.errors import ConfigError, TunerError
 from tuner.outcome import Outcome
+from tuner.rates import CATALOG_STEP_ERROR
 from tuner.space import (
     SpaceReport,
     config_from_settings,
@@ -54,6 +55,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates)
     result = found.to_dict()
     result["time_source"] = source
+    result["time_error"] = CATALOG_STEP_ERROR if rates is None else None
     line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
         _emit_json(result)

@@ -268,14 +268,15 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     from tuner.catalog import get_gpu
     from tuner.profile import study_profile
     from tuner.profile_rates import profile_rates
-    from tuner.rates import ceiling_share
+    from tuner.rates import CATALOG_STEP_ERROR, ceiling_share
 
     profile = study_profile(spec, results)  # read and checked once
     if profile is None:
         gpu = spec.cluster.gpu
         measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.rates.gemm_efficiency reads
         ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
-        return None, (f"catalog ({gpu} datasheet figures{ceiling}; tune profile --study "
+        return None, (f"catalog ({gpu} datasheet figures{ceiling}; its step times are off by "
+                      f"{CATALOG_STEP_ERROR:.0%} rms on published runs; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
     return rates, (

@@ -54,6 +54,10 @@ def _print_estimate(result: dict[str, Any], headroom: float) -> None:
     for key in TIME_TERMS:
         table.add_row(key, f"{time[key]:.4f}", style="bold" if key == "step" else "")
     console.print(table)
+    error = result.get("time_error")
+    if error:
+        console.print(f"step {time['step']:.4g} s, +-{error:.0%} (the catalog rates' rms error "
+                      "on published runs)")  # fmt: skip
     console.print(
         f"tokens/s {time['tokens_per_s']:,.0f} ({time['tokens_per_s_per_gpu']:,.0f} per GPU), "
         f"{time['model_tflops_per_gpu']:.1f} model TFLOP/s per GPU, MFU {time['mfu']:.1%}, "
