@@ -114,9 +114,9 @@ def test_uneven_split_adds_up(rows: list[dict[str, str]]) -> None:
         assert rest > 0 and rest % middle == 0, row["model"]
 
 
-def _benchmark() -> ModuleType:
-    path = DATA.parent / "memory_accuracy.py"
-    spec = importlib.util.spec_from_file_location("memory_accuracy", path)
+def _benchmark(name: str = "memory_accuracy") -> ModuleType:
+    path = DATA.parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
@@ -171,12 +171,7 @@ def test_benchmark_compares_like_with_like() -> None:
 def test_the_step_time_set_has_an_moe_row_predicted_as_moe() -> None:
     """benchmarks/data/step_times.csv: the MoE rows name a catalog preset and an EP size, and
     time_accuracy predicts them with the experts (not as the dense model of the same shape)."""
-    path = DATA.parent / "time_accuracy.py"
-    spec = importlib.util.spec_from_file_location("time_accuracy", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["time_accuracy"] = bench
-    spec.loader.exec_module(bench)
+    bench = _benchmark("time_accuracy")
     cases, skipped = bench.load_cases(DATA / "step_times.csv")
     assert not skipped
     moe = [c for c in cases if c.row["preset"]]
@@ -247,12 +242,7 @@ def test_repeat_bound_is_what_an_exact_model_of_repeated_setups_reaches() -> Non
     """Where one setup was measured twice at different speeds, a model can only predict their
     mean: the bound's best gap is the repeat below the best, and groups without repeats have
     no bound (benchmarks/time_accuracy.py ``repeat_bound``)."""
-    path = DATA.parent / "time_accuracy.py"
-    spec = importlib.util.spec_from_file_location("time_accuracy", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["time_accuracy"] = bench
-    spec.loader.exec_module(bench)
+    bench = _benchmark("time_accuracy")
     cases, _ = bench.load_cases(DATA / "step_times.csv")
     bridge = [c for c in cases if c.row["group"] == "megatron-bridge-dgx-h100-fp8cs"]
     bound = bench.repeat_bound(bridge)
@@ -274,12 +264,7 @@ def test_the_catalogs_stated_step_time_error_is_the_benchmarks() -> None:
     to the time model or the set that moves it must restate it."""
     from tuner.rates import CATALOG_STEP_ERROR
 
-    path = DATA.parent / "time_accuracy.py"
-    spec = importlib.util.spec_from_file_location("time_accuracy", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["time_accuracy"] = bench
-    spec.loader.exec_module(bench)
+    bench = _benchmark("time_accuracy")
     cases, _ = bench.load_cases(DATA / "step_times.csv")
     assert bench.rms_step_error(cases) == pytest.approx(CATALOG_STEP_ERROR, abs=0.01)
     slow = next(c for c in cases if c.row["metric"] == "iter_time_s")
