@@ -238,15 +238,14 @@ def _predict(case: Case) -> float:
     if row["precision"] not in ("fp16", "bf16", "fp8"):
         case.notes.append("precision=bf16?")
     gpn = case.gpus_per_node
+    # Megatron before 2021-08 (Narayanan's runs, the BigScience fork) reduced TP synchronously
+    tp_async = row["tp_bwd_overlap"] != "no"
     if row["metric"] == "layer_fwd_plus_bwd_ms":
-        tp_async = row["tp_bwd_overlap"] != "no"
         return 1e3 * sum(
             layer_step_times(model, training, config, case.gpu, gpn, tp_backward_overlap=tp_async)
         )
     # Megatron before 2023-10 (Korthikanti's, Narayanan's runs) waited on every pipeline transfer
     overlap = row["p2p_overlap"] != "no"
-    # Megatron before 2021-08 (Narayanan's runs, the BigScience fork) reduced TP synchronously
-    tp_async = row["tp_bwd_overlap"] != "no"
     r = estimate_time(
         model, training, config, case.gpu, gpn, case.framework, p2p_overlap=overlap,
         tp_backward_overlap=tp_async,
@@ -347,33 +346,36 @@ def score(group: list[Case]) -> GroupScore:
     if len(group) < 2:
         return GroupScore(len(group), mape, worst, None, None)
     measured = [c.speed("measured") for c in group]
-    predicted = [c.speed("predicted") for c in group]
+    rho, gap = _rank(measured, [c.speed("predicted") for c in group])
+    return GroupScore(len(group), mape, worst, rho, gap)
+
+
+def _rank(measured: list[float], predicted: list[float]) -> tuple[float, float]:
+    """(Spearman of the two speed lists, measured shortfall of the predicted-fastest row from
+    the measured best)."""
     rho = float(spearmanr(measured, predicted).statistic) if len(set(predicted)) > 1 else 0.0
-    pick = max(range(len(group)), key=lambda i: predicted[i])
-    return GroupScore(len(group), mape, worst, rho, 1.0 - measured[pick] / max(measured))
+    pick = max(range(len(measured)), key=lambda i: predicted[i])
+    return rho, 1.0 - measured[pick] / max(measured)
 
 
 def _key(case: Case) -> str:
     """What the model sees of a row: model, config, precision, GPU, framework."""
-    c = case
-    return f"{c.model!r} {_describe(c.config)} {c.row['precision']} {c.gpu.name} {c.framework}"
+    config, precision = _describe(case.config), case.row["precision"]
+    return f"{case.model!r} {config} {precision} {case.gpu.name} {case.framework}"
 
 
-def repeat_bound(group: list[Case]) -> GroupScore | None:
+def repeat_bound(group: list[Case]) -> tuple[float, float] | None:
     """The figures an exact model would reach where rows it cannot tell apart (a setup measured
     again, or runs that differ only in what the model does not see) were measured at different
     speeds: it can only predict their mean, so their spread bounds its rank correlation and best
-    gap. None when no two rows look the same to the model."""
+    gap: (Spearman, best gap), or None when no two rows look the same to the model."""
     runs: dict[str, list[float]] = defaultdict(list)
     for case in group:
         runs[_key(case)].append(case.speed("measured"))
     if all(len(v) == 1 for v in runs.values()):
         return None
     measured = [c.speed("measured") for c in group]
-    exact = [statistics.fmean(runs[_key(c)]) for c in group]
-    rho = float(spearmanr(measured, exact).statistic)
-    pick = max(range(len(group)), key=lambda i: exact[i])
-    return GroupScore(len(group), 0.0, 0.0, rho, 1.0 - measured[pick] / max(measured))
+    return _rank(measured, [statistics.fmean(runs[_key(c)]) for c in group])
 
 
 def step_log_error(case: Case) -> float:
@@ -405,10 +407,10 @@ def print_groups(cases: list[Case]) -> None:
               f"all {len(cases)} rows: MAPE {_mape(cases):.1%}")  # fmt: skip
         for name, group in sorted(groups.items()):
             bound = repeat_bound(group) if title == "group" else None
-            if bound is not None and bound.rho is not None and bound.best_gap is not None:
+            if bound is not None:
                 print(f"  {name}: rows the model cannot tell apart ran at different speeds; "
-                      f"predicting their mean exactly reaches Spearman {bound.rho:+.2f}, best gap "
-                      f"{bound.best_gap:.1%}")  # fmt: skip
+                      f"predicting their mean exactly reaches Spearman {bound[0]:+.2f}, best gap "
+                      f"{bound[1]:.1%}")  # fmt: skip
 
 
 def print_speed() -> None:

@@ -127,6 +127,13 @@ def _gemm_backward(
     return gemm(rates, m, k, n), gemm(rates, k, n, m)
 
 
+def _dropout_bytes(model: ModelSpec, elem: int) -> float:
+    """HBM bytes per element of one dropout, forward and backward alike: read + write + a 1-byte
+    mask forward; backward multiplies the gradient by the saved mask (SOFTMAX_BACKWARD_PASSES).
+    0 without dropout (PyTorch returns its input at p = 0)."""
+    return 2 * elem + 1 if model.dropout else 0.0
+
+
 def _attention_core(
     model: ModelSpec, rates: Rates, tokens: float, local_seq: float, tp: int
 ) -> tuple[float, float]:
@@ -139,10 +146,10 @@ def _attention_core(
     batch = tokens / local_seq * heads
     gemms = _gemm16(rates, local_seq, s, d, batch) + _gemm16(rates, local_seq, d, s, batch)
     scores, e = batch * local_seq * s, rates.elem
-    # forward: the fused softmax reads the scores and writes the probabilities, dropout reads
-    # them and writes its output and a 1-byte mask; backward (SOFTMAX_BACKWARD_PASSES): dropout
-    # multiplies the gradient by the mask, the softmax reads the gradient and its saved output
-    dropout = 2 * e + 1 if model.dropout else 0
+    # forward: the fused softmax reads the scores and writes the probabilities, then dropout;
+    # backward (SOFTMAX_BACKWARD_PASSES): dropout's, then the softmax reads the gradient and its
+    # saved output and writes the input gradient
+    dropout = _dropout_bytes(model, e)
     softmax_f = scores * (2 * e + dropout) / rates.hbm
     softmax_b = scores * (SOFTMAX_BACKWARD_PASSES * e + dropout) / rates.hbm
     latency = 2 * rates.op_latency
@@ -157,20 +164,17 @@ def _elementwise(
     h, f, e = model.hidden_size, model.ffn_hidden_size, rates.elem
     mlp_in = 2 * f if model.swiglu else f
     # two norms (read + write) and two residual adds (2 reads + write): 10 element passes, their
-    # backward ELEMENTWISE_BACKWARD_RATIO times that; two dropouts: read + write + a 1-byte mask
-    # each, as many bytes backward (SOFTMAX_BACKWARD_PASSES). TP replicates these unless SP
-    # splits them.
-    dropout = tokens * h * 2 * (2 * e + 1) if model.dropout else 0.0
-    passes = tokens * h * 10 * e
+    # backward ELEMENTWISE_BACKWARD_RATIO times that; two dropouts (_dropout_bytes), as many
+    # bytes backward. TP replicates these unless SP splits them.
+    split = tp if sp else 1
+    dropout = tokens * h * 2 * _dropout_bytes(model, e) / split / rates.hbm
     sharded = tokens * (mlp_in + f) * e / tp
     if model.position_embedding == "rope":  # query and key rotated: read + write each
         # (megatron/core/transformer/attention.py: apply_rotary_pos_emb on query, then key)
         qk = (model.num_attention_heads + model.query_groups) * model.kv_channels
         sharded += tokens * qk * 2 * e / tp
-    split = tp if sp else 1
-    forward = ((passes + dropout) / split + sharded) / rates.hbm + 8 * rates.op_latency
-    backward = ELEMENTWISE_BACKWARD_RATIO * (forward - dropout / split / rates.hbm)
-    return forward, backward + dropout / split / rates.hbm
+    rest = (tokens * h * 10 * e / split + sharded) / rates.hbm + 8 * rates.op_latency
+    return rest + dropout, ELEMENTWISE_BACKWARD_RATIO * rest + dropout
 
 
 def _tp_rings(
