@@ -11,7 +11,13 @@ import pytest
 from tuner.layout import ClusterLayout
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
-from tuner.profile import ClusterProfile, CollectiveSample, GemmSample, save_profile
+from tuner.profile import (
+    ClusterProfile,
+    CollectiveSample,
+    GemmSample,
+    StreamSample,
+    save_profile,
+)
 from tuner.profile_rates import rates_from_profile, study_rates
 from tuner.rates import CATALOG_STEP_ERROR, catalog_rates
 from tuner.space import enumerate_space, study_gpu
@@ -44,7 +50,9 @@ def all_reduce(link: str, size: int, busbw_gbps: float, alpha_s: float) -> list[
     return out
 
 
-def profile(gemm_tflops: float, created: str | None = None) -> ClusterProfile:
+def profile(
+    gemm_tflops: float, created: str | None = None, stream_gbps: float | None = None
+) -> ClusterProfile:
     gemm = tuple(
         GemmSample(
             label=f"g{m}", m=m, k=4096, n=4096, samples_s=(1.0,), median_s=1.0, tflops=gemm_tflops
@@ -57,6 +65,9 @@ def profile(gemm_tflops: float, created: str | None = None) -> ClusterProfile:
         versions={}, hosts=2, world_size=16, dtype="bf16", gemm=gemm,
         collectives=tuple(all_reduce("intra", 8, 150.0, 20e-6)
                           + all_reduce("inter", 16, 80.0, 60e-6)),
+        stream=None if stream_gbps is None else StreamSample(
+            bytes=3 << 28, samples_s=(1.0,), median_s=(3 << 28) / stream_gbps / 1e9,
+            gbps=stream_gbps),
     )  # fmt: skip
 
 
@@ -70,6 +81,23 @@ def test_measured_gemms_and_links_replace_the_catalogs() -> None:
     assert rates.inter.bandwidth == pytest.approx(80e9 / 8, rel=1e-6)  # per GPU: 8 ranks a node
     assert rates.hbm == base.hbm  # not measured: the catalog's
     assert rates.attention == base.attention
+
+
+def test_measured_memory_streaming_replaces_the_datasheet_bandwidth() -> None:
+    gpu = study_gpu(SPEC)
+    base = catalog_rates(gpu, "bf16")
+    assert rates_from_profile(profile(200.0, stream_gbps=1500.0), gpu, "bf16").hbm == 1500e9
+    assert base.hbm != 1500e9  # the catalog's is the datasheet's times HBM_EFFICIENCY
+
+    def step(gbps: float) -> tuple[float, float]:
+        rates = rates_from_profile(profile(200.0, stream_gbps=gbps), gpu, "bf16")
+        t = estimate_time(SPEC.model, SPEC.training, CONFIG, gpu, 8, "megatron", rates)
+        return t.step, t.compute
+
+    (slow, slow_compute), (fast, fast_compute) = step(500.0), step(2000.0)
+    # the element-wise kernels (norms, residual adds, dropouts, softmax, the loss) stream memory:
+    # a slower memory makes the step slower, and only through them
+    assert slow > fast and slow_compute > fast_compute
 
 
 def test_a_slower_cluster_predicts_slower_steps() -> None:
@@ -120,3 +148,8 @@ def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is not None and said.startswith(f"cluster profile {SPEC.cluster_name}")
     assert "rms" not in said  # the catalog's error is not a profile's
+    assert "HBM" in said and "memory streaming" not in said  # saved before the stream probe
+    save_profile(profile(100.0, stream_gbps=1500.0),
+                 ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)  # fmt: skip
+    said = time_source(SPEC, str(tmp_path))[1]
+    assert "memory streaming" in said and "HBM" not in said

@@ -90,7 +90,8 @@ def _fields(obj: Any) -> dict[str, Any]:
 def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from tuner.profile import ProbeOptions, run_probe
+    from tuner.profile import run_probe
+    from tuner.profile_plan import ProbeOptions
     from tuner.study import make_executor
 
     sizes = tuple(int(v) for v in args.message_bytes.split(",")) if args.message_bytes else None
@@ -279,9 +280,13 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
                       f"{CATALOG_STEP_ERROR:.0%} rms on published runs; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
+    streamed = profile.stream is not None  # None: saved before the probe streamed memory
+    said = "GEMMs by shape, all-reduce latency and bandwidth" + (
+        ", memory streaming" if streamed else ""
+    )
     return rates, (
-        f"cluster profile {spec.cluster_name} (measured {when}): GEMMs by shape and "
-        "all-reduce latency and bandwidth; attention, HBM and overheads from the catalog"
+        f"cluster profile {spec.cluster_name} (measured {when}): {said}; attention, "
+        f"{'' if streamed else 'HBM, '}kernel launches and overheads from the catalog"
     )
 
 
@@ -296,7 +301,7 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed repetitions (default 3)")
     p.add_argument("--repeats", type=int, default=10, help="timed repetitions (default 10)")
     p.add_argument("--message-bytes", metavar="N[,N]", default="",
-                   help="collective sizes in bytes (default: by device)")  # fmt: skip
+                   help="collective sizes in bytes (default: x4 apart up to the space's largest)")  # fmt: skip
     p.add_argument(
         "--show",
         action="store_true",

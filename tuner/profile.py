@@ -3,9 +3,7 @@
 The probe itself is :mod:`tuner.profile_job` (torch only), shipped to the nodes as an extra file
 of an ordinary :class:`~tuner.launch.LaunchRequest` and started by torchrun on each node through
 the study's own executor (local processes, SSH or Slurm): no second launcher. The plan it runs
-comes from the study: the GEMM shapes of the model per micro-batch size, TP and CP degree, and
-the collectives of every group size the space can form (TP, CP and DP groups; send/recv between
-pipeline neighbours), placed within a node and across nodes.
+comes from the study (:mod:`tuner.profile_plan`).
 
 A saved profile (``results/clusters/<name>.yaml``, :class:`~tuner.layout.ClusterLayout`) holds the
 date, the software versions, the host count and every raw sample; :func:`check_profile` refuses a
@@ -30,7 +28,7 @@ import yaml
 
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout
-from tuner.space import expand_axes
+from tuner.profile_plan import ProbeOptions, make_plan
 from tuner.spec import StudySpec
 
 MAX_AGE_DAYS = 30
@@ -47,24 +45,6 @@ class ProfileError(ConfigError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeOptions:
-    """How much the probe measures: more repeats and sizes cost minutes, not hours."""
-
-    warmup: int = 3
-    """Untimed repetitions before each measurement (first calls set up buffers and kernels)."""
-    repeats: int = 10
-    """Timed repetitions; the median is reported."""
-    message_bytes: tuple[int, ...] | None = None
-    """Collective message sizes; default: 64 KiB to 256 MiB on GPUs, 4 KiB to 1 MiB on CPUs."""
-    timeout_s: float = 900.0
-    """The job is killed past this."""
-
-
-GPU_MESSAGES = tuple(1 << k for k in range(16, 29, 2))  # 64 KiB ... 256 MiB, x4 apart
-CPU_MESSAGES = tuple(1 << k for k in range(12, 21, 2))  # 4 KiB ... 1 MiB: gloo over TCP is slow
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class GemmSample:
     """One GEMM shape ``[m, k] @ [k, n]`` and its timings."""
 
@@ -75,6 +55,18 @@ class GemmSample:
     samples_s: tuple[float, ...]
     median_s: float
     tflops: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamSample:
+    """STREAM's Add kernel (``z = x + y``) on buffers past the caches, as every rank ran it."""
+
+    bytes: int
+    """Moved per call: two buffers read, one written."""
+    samples_s: tuple[float, ...]
+    median_s: float
+    gbps: float
+    """Achieved memory bandwidth, GB/s: what the time model's streaming kernels get."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +114,8 @@ class ClusterProfile:
     dtype: str
     gemm: tuple[GemmSample, ...]
     collectives: tuple[CollectiveSample, ...]
+    stream: StreamSample | None = None
+    """The memory-streaming measurement; None in profiles saved before it was measured."""
     tool: Mapping[str, Any] = field(default_factory=dict)
     """How it was measured (warm-up, repeats, message sizes)."""
 
@@ -142,6 +136,8 @@ class ClusterProfile:
                 row["samples_s"] = list(row["samples_s"])
                 if "ranks" in row:
                     row["ranks"] = list(row["ranks"])
+        if out["stream"] is not None:
+            out["stream"]["samples_s"] = list(out["stream"]["samples_s"])
         return out
 
 
@@ -165,95 +161,6 @@ def _least_squares(x: Sequence[float], y: Sequence[float]) -> tuple[float, float
     sxx = sum((a - mx) ** 2 for a in x)
     slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sxx
     return slope, my - slope * mx
-
-
-# ----------------------------------------------------------------------------- the plan
-
-
-def gemm_shapes(spec: StudySpec) -> list[dict[str, Any]]:
-    """The per-layer GEMMs of the model (and its LM head) at every micro-batch size, TP and CP
-    degree of the space: Megatron's column/row-parallel split of QKV, attention output and MLP
-    (Shoeybi et al. 2019, section 3), tokens per rank ``mbs * seq / cp``."""
-    m, axes = spec.model, expand_axes(spec)
-    h, kv = m.hidden_size, m.query_groups * m.kv_channels
-    fc1 = m.ffn_hidden_size * (2 if m.swiglu else 1)  # SwiGLU: gate and up in one GEMM
-    out: dict[tuple[int, int, int], dict[str, Any]] = {}
-    for mbs in axes.micro_batch_size:
-        for tp in axes.tp:
-            for cp in axes.cp:
-                tokens = max(mbs * m.seq_length // cp, 1)
-                tag = f"mbs={mbs} tp={tp} cp={cp}"
-                for label, k, n in (
-                    ("qkv", h, (m.num_attention_heads * m.kv_channels + 2 * kv) // tp),
-                    ("attn_out", m.num_attention_heads * m.kv_channels // tp, h),
-                    ("fc1", h, fc1 // tp),
-                    ("fc2", m.ffn_hidden_size // tp, h),
-                    ("lm_head", h, m.vocab_size // tp),
-                ):
-                    shape = (tokens, k, max(n, 1))
-                    out.setdefault(shape, {"label": f"{label} {tag}", "m": shape[0],
-                                           "k": shape[1], "n": shape[2]})  # fmt: skip
-    return list(out.values())
-
-
-def group_sizes(spec: StudySpec) -> dict[int, set[str]]:
-    """Group size -> the collectives configs of the space run on groups of that size."""
-    axes, world = expand_axes(spec), spec.world_size
-    sizes: dict[int, set[str]] = {}
-    for tp in axes.tp:
-        for pp in axes.pp:
-            for cp in axes.cp:
-                dp = world // (tp * pp * cp)
-                if dp < 1 or tp * pp * cp * dp != world:
-                    continue
-                # TP: all-reduce (and all-gather / reduce-scatter with sequence parallelism);
-                # DP: gradient all-reduce, or reduce-scatter + all-gather with ZeRO / distopt;
-                # CP: ring attention exchanges (send/recv) plus all-gathers of K/V.
-                for g in (tp, dp, cp):
-                    if g > 1:
-                        sizes.setdefault(g, set()).update(
-                            ("all_reduce", "all_gather", "reduce_scatter")
-                        )
-                if pp > 1 or cp > 1:
-                    sizes.setdefault(2, set()).add("send_recv")
-    return sizes
-
-
-def groups(spec: StudySpec) -> list[dict[str, Any]]:
-    """The probe's groups: each size placed on one node and across nodes, where it can be."""
-    gpn, nodes = spec.cluster.gpus_per_node, spec.nodes_per_trial
-    out = []
-    for size, ops in sorted(group_sizes(spec).items()):
-        placements = []
-        if size <= gpn:
-            placements.append(("intra", list(range(size))))
-            if nodes > 1 and size <= nodes:
-                placements.append(("inter", [i * gpn for i in range(size)]))
-        elif size <= gpn * nodes:
-            placements.append(("inter", list(range(size))))
-        for link, ranks in placements:
-            for op in sorted(ops):
-                sub = ranks[:2] if op == "send_recv" else ranks
-                out.append({"link": link, "ranks": sub, "ops": [op]})
-    return out
-
-
-def make_plan(spec: StudySpec, options: ProbeOptions) -> dict[str, Any]:
-    """The probe's input (``plan.json``). Under fp8 the probe measures bf16: Megatron's FP8
-    training is ``--bf16`` with Transformer Engine's linear layers in FP8 (tuner.fp8), and the
-    probe's torch.matmul has no FP8 path; its samples price the 16-bit GEMMs and the collectives
-    (tuner.rates.gemm_rate)."""
-    cpu = spec.cluster.gpu == "cpu"
-    precision = spec.training.precision
-    return {
-        "device": "cpu" if cpu else "cuda",
-        "dtype": "fp32" if cpu else "bf16" if precision == "fp8" else precision,
-        "warmup": options.warmup,
-        "repeats": options.repeats,
-        "message_bytes": list(options.message_bytes or (CPU_MESSAGES if cpu else GPU_MESSAGES)),
-        "gemms": gemm_shapes(spec),
-        "groups": groups(spec),
-    }
 
 
 # ----------------------------------------------------------------------------- the job
@@ -350,7 +257,8 @@ def from_probe(
         versions=dict(data["versions"]), hosts=int(data["hosts"]),
         world_size=int(data["world_size"]), dtype=str(data["dtype"]),
         gemm=tuple(_gemm(g) for g in data["gemm"]),
-        collectives=tuple(_collective(c) for c in data["collectives"]), tool=tool,
+        collectives=tuple(_collective(c) for c in data["collectives"]),
+        stream=_stream(data.get("stream")), tool=tool,
     )  # fmt: skip
 
 
@@ -358,6 +266,14 @@ def _gemm(row: Mapping[str, Any]) -> GemmSample:
     return GemmSample(label=str(row["label"]), m=int(row["m"]), k=int(row["k"]),
                       n=int(row["n"]), samples_s=tuple(float(v) for v in row["samples_s"]),
                       median_s=float(row["median_s"]), tflops=float(row["tflops"]))  # fmt: skip
+
+
+def _stream(row: Mapping[str, Any] | None) -> StreamSample | None:
+    if row is None:
+        return None
+    samples = tuple(float(v) for v in row["samples_s"])
+    return StreamSample(bytes=int(row["bytes"]), samples_s=samples,
+                        median_s=float(row["median_s"]), gbps=float(row["gbps"]))  # fmt: skip
 
 
 def _collective(row: Mapping[str, Any]) -> CollectiveSample:
@@ -402,7 +318,7 @@ def load_profile(path: Path) -> ClusterProfile:
             world_size=int(data["world_size"]), dtype=str(data["dtype"]),
             gemm=tuple(_gemm(g) for g in data["gemm"]),
             collectives=tuple(_collective(c) for c in data["collectives"]),
-            tool=dict(data.get("tool") or {}),
+            stream=_stream(data.get("stream")), tool=dict(data.get("tool") or {}),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"malformed cluster profile: {exc!r}", file=str(path)) from None
@@ -476,6 +392,10 @@ def summary_rows(profile: ClusterProfile) -> list[tuple[str, str]]:
         best = max(profile.gemm, key=lambda g: g.tflops)
         rows.append((f"GEMM ({len(tf)} shapes, {profile.dtype})",
                      f"{min(tf):.3g}-{max(tf):.3g} TFLOP/s (best {best.label})"))  # fmt: skip
+    if profile.stream is not None:
+        mib = profile.stream.bytes / 3 / 2**20
+        rows.append((f"memory stream (add, 3 x {mib:.0f} MiB)",
+                     f"{profile.stream.gbps:.4g} GB/s"))  # fmt: skip
     for f in profile.alpha_beta():
         lat = f"{f.alpha_s * 1e6:.1f} us" if math.isfinite(f.alpha_s) else "?"
         rows.append((f"{f.op} {f.link} n={f.group_size}",

@@ -14,6 +14,11 @@ needs, in the spirit of nccl-tests:
   the algorithm bandwidth (bytes / time) times nccl-tests' factor (``PERFORMANCE.md`` of
   NVIDIA/nccl-tests: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n with the size of
   the whole gathered buffer, send/recv 1), so figures compare with nccl-tests' ``busbw``.
+- **Memory streaming**: every rank at once times STREAM's "Add" kernel (McCalpin's STREAM
+  benchmark: ``z = x + y``, two reads and a write per element) on buffers of the plan's
+  ``stream_bytes`` each, far larger than the device's last-level cache, so the figure is the
+  memory bandwidth that the norms, residual adds, dropouts and softmax of a step get. All ranks
+  run it together because a node's CPU ranks share one memory system (a GPU's HBM is its own).
 
 Rank 0 prints ``TUNER_PROFILE_PROGRESS <done> <total>`` lines while it works and one
 ``TUNER_PROFILE_RESULT <json>`` line at the end; nothing else is parsed. No tuner import: the nodes
@@ -76,6 +81,21 @@ def gemm(shape: dict[str, Any], dtype: torch.dtype, device: torch.device,
     median = statistics.median(samples)
     return {**shape, "samples_s": samples, "median_s": median,
             "tflops": 2.0 * m * k * n / median / 1e12}  # fmt: skip
+
+
+def stream(nbytes: int, dtype: torch.dtype, device: torch.device,
+           warmup: int, repeats: int) -> dict[str, Any]:  # fmt: skip
+    """Times ``torch.add(x, y, out=z)`` on ``nbytes``-byte buffers: 3 x ``nbytes`` moved."""
+    elem = torch.tensor([], dtype=dtype).element_size()
+    numel = max(int(nbytes) // elem, 1)
+    x = torch.ones(numel, dtype=dtype, device=device)
+    y = torch.ones(numel, dtype=dtype, device=device)
+    z = torch.empty_like(x)
+    samples = _median_time(lambda: torch.add(x, y, out=z), device, warmup, repeats)
+    median = statistics.median(samples)
+    moved = 3 * numel * elem
+    return {"bytes": moved, "samples_s": samples, "median_s": median,
+            "gbps": moved / median / 1e9}  # fmt: skip
 
 
 def _collective(op: str, group: Any, ranks: list[int], numel: int, dtype: torch.dtype,
@@ -174,8 +194,10 @@ def main(argv: list[str]) -> int:
     dist.init_process_group(backend)
     me = dist.get_rank()
     dtype = DTYPES[plan["dtype"]] if cuda else torch.float32  # CPU GEMMs: fp32
-    total = len(plan["gemms"]) + sum(
-        len(g["ops"]) * len(plan["message_bytes"]) for g in plan["groups"]
+    total = (
+        len(plan["gemms"])
+        + 1
+        + sum(len(g["ops"]) * len(plan["message_bytes"]) for g in plan["groups"])
     )
     done = [0]
 
@@ -188,6 +210,9 @@ def main(argv: list[str]) -> int:
     for shape in plan["gemms"]:
         gemms.append(gemm(shape, dtype, device, plan["warmup"], plan["repeats"]))
         progress()
+    dist.barrier()  # every rank streams at once (shared memory on CPU nodes)
+    memory = stream(plan["stream_bytes"], dtype, device, plan["warmup"], plan["repeats"])
+    progress()
     dist.barrier()
     rows = _gather_rows(collectives(plan, dtype, device, progress))
     hosts: list[Any] = [None] * dist.get_world_size()
@@ -195,7 +220,7 @@ def main(argv: list[str]) -> int:
     if me == 0:
         result = {"versions": versions(device, backend), "dtype": str(dtype).split(".")[-1],
                   "world_size": dist.get_world_size(), "hosts": len(set(hosts)),
-                  "gemm": gemms, "collectives": rows}  # fmt: skip
+                  "gemm": gemms, "stream": memory, "collectives": rows}  # fmt: skip
         print(f"{RESULT} {json.dumps(result)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

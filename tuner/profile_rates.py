@@ -3,10 +3,13 @@
 ``tune profile`` measures GEMMs of the study's shapes and the collectives of its groups on the
 cluster itself (:mod:`tuner.profile`). Here those measurements replace the catalog's datasheet
 figures: the GEMM samples replace the tile model (the nearest measured shape gives the achieved
-FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies. What the
-profile does not measure (flash attention, HBM streaming, framework overheads) stays the
-catalog's; so do the FP8 GEMMs of ``precision: fp8``, since the probe times bf16 torch.matmul
-(``tuner.profile.make_plan``): its samples then price the 16-bit GEMMs only (LM head, router).
+FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies, the
+memory-streaming figure replaces the datasheet bandwidth times HBM_EFFICIENCY that prices the
+element-wise kernels (norms, residual adds, dropouts, softmax). What the profile does not
+measure (flash attention, kernel launches, framework overheads) stays the catalog's; so do the
+FP8 GEMMs of ``precision: fp8``, since the probe times bf16 torch.matmul
+(``tuner.profile_plan.make_plan``): its samples then price the 16-bit GEMMs only (LM head,
+router).
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) ->
     samples = tuple(
         (float(g.m), float(g.n), float(g.k), g.tflops * 1e12) for g in profile.gemm if g.tflops > 0
     )
+    stream = profile.stream
     return dataclasses.replace(
         base,
         gemm_samples=samples or base.gemm_samples,
+        hbm=stream.gbps * 1e9 if stream is not None and stream.gbps > 0 else base.hbm,
         intra=_link(fits, "intra", profile.hosts) or base.intra,
         inter=_link(fits, "inter", profile.hosts) or base.inter,
     )
