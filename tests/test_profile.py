@@ -18,6 +18,7 @@ from tuner.cli import main
 from tuner.layout import ClusterLayout
 from tuner.profile import (
     MAX_AGE_DAYS,
+    AttentionSample,
     ClusterProfile,
     CollectiveSample,
     GemmSample,
@@ -30,7 +31,7 @@ from tuner.profile import (
     study_profile,
 )
 from tuner.profile_job import bus_factor
-from tuner.profile_plan import CPU_STREAM_BYTES, gemm_shapes
+from tuner.profile_plan import CPU_STREAM_BYTES, attention_shapes, gemm_shapes
 from tuner.spec import StudySpec
 from tuner.studyfile import study_from_mapping
 
@@ -100,6 +101,11 @@ def a_profile(**changes: Any) -> ClusterProfile:
         ),
         stream=StreamSample(bytes=3 << 28, samples_s=(3.1e-4, 3.0e-4), median_s=3.05e-4,
                             gbps=(3 << 28) / 3.05e-4 / 1e9),
+        attention=(AttentionSample(label="attention mbs=1 tp=8 cp=1", batch=1, heads=8,
+                                   seq=4096, head_dim=128, backend="cudnn",
+                                   forward_samples_s=(1.1e-3,), forward_backward_samples_s=(4e-3,),
+                                   forward_s=1.1e-3, backward_s=2.9e-3, forward_tflops=250.0,
+                                   backward_tflops=237.0),),
         tool={"warmup": 3, "repeats": 10},
     )  # fmt: skip
     return dataclasses.replace(base, **changes)
@@ -111,16 +117,18 @@ def test_profile_round_trips(tmp_path: Path) -> None:
     save_profile(profile, path)
     assert load_profile(path) == profile
     assert "alpha_beta" in yaml.safe_load(path.read_text())  # written for readers
-    assert load_profile(path).stream is not None
+    assert load_profile(path).stream is not None and load_profile(path).attention
 
 
-def test_a_profile_saved_before_the_stream_probe_still_loads(tmp_path: Path) -> None:
+def test_a_profile_saved_before_the_stream_and_attention_probes_still_loads(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "clusters" / "c.yaml"
     save_profile(a_profile(), path)
     data = yaml.safe_load(path.read_text())
-    del data["stream"]  # what a profile written before the memory-streaming probe holds
+    del data["stream"], data["attention"]  # what a profile written before those probes holds
     path.write_text(yaml.safe_dump(data))
-    assert load_profile(path) == a_profile(stream=None)
+    assert load_profile(path) == a_profile(stream=None, attention=())
 
 
 def test_alpha_beta_fit_recovers_latency_and_bandwidth() -> None:
@@ -222,6 +230,17 @@ def test_profile_runs_on_local_processes(
         profile.stream.bytes / profile.stream.median_s / 1e9
     )
     assert "memory stream (add, 3 x 64 MiB)" in out.out
+    # causal SDPA on each (mbs, heads / tp, seq / cp): forward, and forward + backward
+    shapes = attention_shapes(spec)
+    assert [(a.batch, a.heads, a.seq) for a in profile.attention] == [
+        (s["batch"], s["heads"], s["seq"]) for s in shapes
+    ] and len(shapes) == 2  # micro-batch 1 and 2
+    for a in profile.attention:
+        assert a.backend == "default" and a.forward_tflops > 0 and a.backward_tflops > 0
+        flops = 0.5 * 4 * a.batch * a.seq**2 * a.heads * a.head_dim
+        assert a.forward_tflops == pytest.approx(flops / a.forward_s / 1e12)
+        assert a.backward_tflops == pytest.approx(2.5 * flops / a.backward_s / 1e12)
+    assert "attention (2 shapes, causal, default)" in out.out
     # --show checks and prints the saved profile; a foreign one is refused with exit 2
     assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 0
     other = write(tmp_path, study(cluster={"gpu": "a100-80gb"}))

@@ -21,6 +21,8 @@ from tuner.profile_plan import (
     GRAD_BYTES,
     MESSAGE_STEP,
     ProbeOptions,
+    attention_backend,
+    attention_shapes,
     gemm_shapes,
     groups,
     largest_message,
@@ -131,3 +133,24 @@ def test_the_probe_runs_the_studys_16_bit_dtype(precision: str) -> None:
     data = megatron(cluster={"gpu": "a100-80gb", "gpus_per_node": 8},
                     training={"precision": precision})  # fmt: skip
     assert make_plan(study_from_mapping(data), ProbeOptions())["dtype"] == precision
+
+
+def test_attention_is_probed_per_call_shape_with_the_frameworks_kernels() -> None:
+    data = megatron(space={"tp": [1, 2], "cp": [1, 2], "micro_batch_size": [1, 2]})
+    spec = study_from_mapping(data)  # 4 heads of 16 over 32 tokens
+    shapes = {(a["batch"], a["heads"], a["seq"], a["head_dim"]) for a in attention_shapes(spec)}
+    assert shapes == {(b, 4 // tp, 32 // cp, 16) for b in (1, 2) for tp in (1, 2) for cp in (1, 2)}
+    assert make_plan(spec, ProbeOptions())["attention"] == attention_shapes(spec)
+    data["model"]["flash_attention"] = False  # unfused scores: GEMMs and streaming kernels
+    assert attention_shapes(study_from_mapping(data)) == []
+    # Transformer Engine prefers cuDNN's fused attention on Hopper (tuner.rates.HOPPER_ATTENTION)
+    assert attention_backend(spec) == "default"  # the CPU kernel
+    hopper = megatron(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
+                      training={"precision": "bf16"})  # fmt: skip
+    assert attention_backend(study_from_mapping(hopper)) == "cudnn"
+    ampere = megatron(cluster={"gpu": "a100-80gb", "gpus_per_node": 8},
+                      training={"precision": "bf16"})  # fmt: skip
+    assert attention_backend(study_from_mapping(ampere)) == "default"
+    workload = study(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
+                     training={"precision": "bf16"})  # fmt: skip
+    assert attention_backend(study_from_mapping(workload)) == "default"  # torch's own SDPA

@@ -12,13 +12,14 @@ from tuner.layout import ClusterLayout
 from tuner.parallel import ParallelConfig
 from tuner.perf import estimate_time
 from tuner.profile import (
+    AttentionSample,
     ClusterProfile,
     CollectiveSample,
     GemmSample,
     StreamSample,
     save_profile,
 )
-from tuner.profile_rates import rates_from_profile, study_rates
+from tuner.profile_rates import attention_table, rates_from_profile, study_rates
 from tuner.rates import CATALOG_STEP_ERROR, catalog_rates
 from tuner.space import enumerate_space, study_gpu
 from tuner.studyfile import study_from_mapping
@@ -100,6 +101,36 @@ def test_measured_memory_streaming_replaces_the_datasheet_bandwidth() -> None:
     assert slow > fast and slow_compute > fast_compute
 
 
+def attention(seq: int, fwd: float, bwd: float, batch: int = 1) -> AttentionSample:
+    return AttentionSample(label=f"a{seq}x{batch}", batch=batch, heads=16, seq=seq, head_dim=128,
+                           backend="default", forward_samples_s=(1.0,),
+                           forward_backward_samples_s=(2.0,), forward_s=1.0, backward_s=1.0,
+                           forward_tflops=fwd, backward_tflops=bwd)  # fmt: skip
+
+
+def test_measured_attention_replaces_the_catalogs_efficiency() -> None:
+    gpu = study_gpu(SPEC)
+    samples = (attention(4096, 150.0, 120.0), attention(4096, 170.0, 140.0, batch=2),
+               attention(4096, 160.0, 100.0, batch=4), attention(1024, 90.0, 80.0))  # fmt: skip
+    slow = dataclasses.replace(profile(200.0), attention=samples)
+    # one row per call length, ascending, the median of the shapes measured at it
+    assert attention_table(slow) == ((1024.0, 90e12, 80e12), (4096.0, 160e12, 120e12))
+    assert rates_from_profile(slow, gpu, "bf16").attention == attention_table(slow)
+    assert rates_from_profile(profile(200.0), gpu, "bf16").attention == (
+        catalog_rates(gpu, "bf16").attention  # nothing measured: the catalog's
+    )
+    fast = dataclasses.replace(slow, attention=tuple(
+        dataclasses.replace(a, forward_tflops=2 * a.forward_tflops,
+                            backward_tflops=2 * a.backward_tflops) for a in samples))  # fmt: skip
+
+    def attention_time(p: ClusterProfile) -> float:
+        t = estimate_time(SPEC.model, SPEC.training, CONFIG, gpu, 8, "megatron",
+                          rates_from_profile(p, gpu, "bf16"))  # fmt: skip
+        return t.compute
+
+    assert attention_time(slow) > attention_time(fast)
+
+
 def test_a_slower_cluster_predicts_slower_steps() -> None:
     gpu = study_gpu(SPEC)
 
@@ -148,8 +179,17 @@ def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is not None and said.startswith(f"cluster profile {SPEC.cluster_name}")
     assert "rms" not in said  # the catalog's error is not a profile's
-    assert "HBM" in said and "memory streaming" not in said  # saved before the stream probe
+    assert "HBM bandwidth" in said and "memory streaming" not in said  # before the stream probe
+    assert "; attention, HBM bandwidth, kernel launches and overheads from the catalog" in said
     save_profile(profile(100.0, stream_gbps=1500.0),
                  ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)  # fmt: skip
     said = time_source(SPEC, str(tmp_path))[1]
     assert "memory streaming" in said and "HBM" not in said
+    with_attention = dataclasses.replace(profile(100.0, stream_gbps=1500.0),
+                                         attention=(attention(4096, 150.0, 120.0),))  # fmt: skip
+    save_profile(with_attention, ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)
+    said = time_source(SPEC, str(tmp_path))[1]
+    assert said.endswith(
+        "GEMMs by shape, all-reduce latency and bandwidth, fused attention by call length, "
+        "memory streaming; kernel launches and overheads from the catalog"
+    )

@@ -280,13 +280,18 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
                       f"{CATALOG_STEP_ERROR:.0%} rms on published runs; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
-    streamed = profile.stream is not None  # None: saved before the probe streamed memory
-    said = "GEMMs by shape, all-reduce latency and bandwidth" + (
-        ", memory streaming" if streamed else ""
-    )
+    # a profile saved before the probe measured attention and memory streaming has neither
+    measures = ["GEMMs by shape", "all-reduce latency and bandwidth"]
+    catalog: list[str] = []
+    for has, name, otherwise in (
+        (bool(profile.attention), "fused attention by call length", "attention"),
+        (profile.stream is not None, "memory streaming", "HBM bandwidth"),
+    ):
+        (measures if has else catalog).append(name if has else otherwise)
+    catalog += ["kernel launches", "overheads"]
     return rates, (
-        f"cluster profile {spec.cluster_name} (measured {when}): {said}; attention, "
-        f"{'' if streamed else 'HBM, '}kernel launches and overheads from the catalog"
+        f"cluster profile {spec.cluster_name} (measured {when}): {', '.join(measures)}; "
+        f"{', '.join(catalog[:-1])} and {catalog[-1]} from the catalog"
     )
 
 
@@ -300,8 +305,12 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     p.add_argument("--cluster", metavar="FILE", help="a cluster file (cluster:, model:, ...)")
     p.add_argument("--warmup", type=int, default=3, help="untimed repetitions (default 3)")
     p.add_argument("--repeats", type=int, default=10, help="timed repetitions (default 10)")
-    p.add_argument("--message-bytes", metavar="N[,N]", default="",
-                   help="collective sizes in bytes (default: x4 apart up to the space's largest)")  # fmt: skip
+    p.add_argument(
+        "--message-bytes",
+        metavar="N[,N]",
+        default="",
+        help="collective sizes in bytes (default: x4 apart up to the space's largest message)",
+    )
     p.add_argument(
         "--show",
         action="store_true",

@@ -58,6 +58,27 @@ class GemmSample:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionSample:
+    """Causal fused attention on one ``(batch, heads, seq, head_dim)`` call, forward and backward,
+    at the rates the time model reads (``tuner.rates.attention_seconds``'s FLOP convention)."""
+
+    label: str
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    backend: str
+    """The kernels that ran: ``cudnn`` (asked for on Hopper under Megatron) or ``default``."""
+    forward_samples_s: tuple[float, ...]
+    forward_backward_samples_s: tuple[float, ...]
+    forward_s: float
+    backward_s: float
+    """Median forward + backward minus median forward."""
+    forward_tflops: float
+    backward_tflops: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamSample:
     """STREAM's Add kernel (``z = x + y``) on buffers past the caches, as every rank ran it."""
 
@@ -116,6 +137,9 @@ class ClusterProfile:
     collectives: tuple[CollectiveSample, ...]
     stream: StreamSample | None = None
     """The memory-streaming measurement; None in profiles saved before it was measured."""
+    attention: tuple[AttentionSample, ...] = ()
+    """Fused attention per call shape; empty without flash attention, or in profiles saved
+    before it was measured."""
     tool: Mapping[str, Any] = field(default_factory=dict)
     """How it was measured (warm-up, repeats, message sizes)."""
 
@@ -136,6 +160,9 @@ class ClusterProfile:
                 row["samples_s"] = list(row["samples_s"])
                 if "ranks" in row:
                     row["ranks"] = list(row["ranks"])
+        for row in out["attention"]:
+            for key in ("forward_samples_s", "forward_backward_samples_s"):
+                row[key] = list(row[key])
         if out["stream"] is not None:
             out["stream"]["samples_s"] = list(out["stream"]["samples_s"])
         return out
@@ -258,7 +285,8 @@ def from_probe(
         world_size=int(data["world_size"]), dtype=str(data["dtype"]),
         gemm=tuple(_gemm(g) for g in data["gemm"]),
         collectives=tuple(_collective(c) for c in data["collectives"]),
-        stream=_stream(data.get("stream")), tool=tool,
+        stream=_stream(data.get("stream")),
+        attention=tuple(_attention(a) for a in data.get("attention") or ()), tool=tool,
     )  # fmt: skip
 
 
@@ -266,6 +294,21 @@ def _gemm(row: Mapping[str, Any]) -> GemmSample:
     return GemmSample(label=str(row["label"]), m=int(row["m"]), k=int(row["k"]),
                       n=int(row["n"]), samples_s=tuple(float(v) for v in row["samples_s"]),
                       median_s=float(row["median_s"]), tflops=float(row["tflops"]))  # fmt: skip
+
+
+def _attention(row: Mapping[str, Any]) -> AttentionSample:
+    def samples(key: str) -> tuple[float, ...]:
+        return tuple(float(v) for v in row[key])
+
+    return AttentionSample(
+        label=str(row["label"]), batch=int(row["batch"]), heads=int(row["heads"]),
+        seq=int(row["seq"]), head_dim=int(row["head_dim"]), backend=str(row["backend"]),
+        forward_samples_s=samples("forward_samples_s"),
+        forward_backward_samples_s=samples("forward_backward_samples_s"),
+        forward_s=float(row["forward_s"]), backward_s=float(row["backward_s"]),
+        forward_tflops=float(row["forward_tflops"]),
+        backward_tflops=float(row["backward_tflops"]),
+    )  # fmt: skip
 
 
 def _stream(row: Mapping[str, Any] | None) -> StreamSample | None:
@@ -318,7 +361,9 @@ def load_profile(path: Path) -> ClusterProfile:
             world_size=int(data["world_size"]), dtype=str(data["dtype"]),
             gemm=tuple(_gemm(g) for g in data["gemm"]),
             collectives=tuple(_collective(c) for c in data["collectives"]),
-            stream=_stream(data.get("stream")), tool=dict(data.get("tool") or {}),
+            stream=_stream(data.get("stream")),
+            attention=tuple(_attention(a) for a in data.get("attention") or ()),
+            tool=dict(data.get("tool") or {}),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"malformed cluster profile: {exc!r}", file=str(path)) from None
@@ -392,6 +437,13 @@ def summary_rows(profile: ClusterProfile) -> list[tuple[str, str]]:
         best = max(profile.gemm, key=lambda g: g.tflops)
         rows.append((f"GEMM ({len(tf)} shapes, {profile.dtype})",
                      f"{min(tf):.3g}-{max(tf):.3g} TFLOP/s (best {best.label})"))  # fmt: skip
+    if profile.attention:
+        fwd = [a.forward_tflops for a in profile.attention]
+        bwd = [a.backward_tflops for a in profile.attention]
+        ran = ", ".join(sorted({a.backend for a in profile.attention}))
+        rows.append((f"attention ({len(fwd)} shapes, causal, {ran})",
+                     f"fwd {min(fwd):.3g}-{max(fwd):.3g}, bwd {min(bwd):.3g}-{max(bwd):.3g} "
+                     "TFLOP/s"))  # fmt: skip
     if profile.stream is not None:
         mib = profile.stream.bytes / 3 / 2**20
         rows.append((f"memory stream (add, 3 x {mib:.0f} MiB)",

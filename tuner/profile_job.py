@@ -14,6 +14,13 @@ needs, in the spirit of nccl-tests:
   the algorithm bandwidth (bytes / time) times nccl-tests' factor (``PERFORMANCE.md`` of
   NVIDIA/nccl-tests: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n with the size of
   the whole gathered buffer, send/recv 1), so figures compare with nccl-tests' ``busbw``.
+- **Fused attention**: ``scaled_dot_product_attention`` with the causal mask on each planned
+  ``(batch, heads, seq, head_dim)``, forward alone and forward + backward (``torch.autograd.grad``,
+  so nothing accumulates); FLOPs counted as the time model counts them (``tuner.perf``: forward
+  4 x b x s^2 x heads x d / 2 for the causal half, backward 2.5 times that: FlashAttention's five
+  GEMMs to the forward's two). The plan's ``attention_backend`` ``cudnn`` asks for cuDNN's kernels
+  (Transformer Engine's choice on Hopper); where they cannot run, the default kernels run and the
+  sample says so.
 - **Memory streaming**: every rank at once times STREAM's "Add" kernel (McCalpin's STREAM
   benchmark: ``z = x + y``, two reads and a write per element) on buffers of the plan's
   ``stream_bytes`` each, far larger than the device's last-level cache, so the figure is the
@@ -96,6 +103,55 @@ def stream(nbytes: int, dtype: torch.dtype, device: torch.device,
     moved = 3 * numel * elem
     return {"bytes": moved, "samples_s": samples, "median_s": median,
             "gbps": moved / median / 1e9}  # fmt: skip
+
+
+FLASH_BACKWARD_RATIO = 2.5  # tuner.rates.FLASH_BACKWARD_RATIO (no tuner import on the nodes)
+
+
+def _sdpa_context(backend: str) -> tuple[Any, str]:
+    """A context manager that restricts SDPA to ``backend``'s kernels, and the name that ran."""
+    import contextlib
+
+    if backend == "cudnn":
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            return sdpa_kernel([SDPBackend.CUDNN_ATTENTION]), "cudnn"
+        except (ImportError, AttributeError):  # a torch without cuDNN attention
+            pass
+    return contextlib.nullcontext(), "default"
+
+
+def attention(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, backend: str,
+              warmup: int, repeats: int) -> dict[str, Any]:  # fmt: skip
+    """Times causal fused attention forward, and forward + backward, on one planned shape."""
+    import torch.nn.functional as F
+
+    b, n, s, d = (int(shape[k]) for k in ("batch", "heads", "seq", "head_dim"))
+    q, k, v = (torch.randn(b, n, s, d, device=device).to(dtype).requires_grad_() for _ in "qkv")
+    grad = torch.randn(b, n, s, d, device=device).to(dtype)
+
+    def forward() -> Any:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def both() -> Any:
+        return torch.autograd.grad(forward(), (q, k, v), grad)
+
+    context, ran = _sdpa_context(backend)
+    try:
+        with context:
+            fwd = _median_time(forward, device, warmup, repeats)
+            fb = _median_time(both, device, warmup, repeats)
+    except RuntimeError:  # no cuDNN kernel for this shape or GPU: the default ones
+        ran = "default"
+        fwd = _median_time(forward, device, warmup, repeats)
+        fb = _median_time(both, device, warmup, repeats)
+    flops = 0.5 * 4.0 * b * s * s * n * d
+    f, fwd_bwd = statistics.median(fwd), statistics.median(fb)
+    bwd = max(fwd_bwd - f, 1e-9)
+    return {**shape, "backend": ran, "forward_samples_s": fwd, "forward_backward_samples_s": fb,
+            "forward_s": f, "backward_s": bwd, "forward_tflops": flops / f / 1e12,
+            "backward_tflops": FLASH_BACKWARD_RATIO * flops / bwd / 1e12}  # fmt: skip
 
 
 def _collective(op: str, group: Any, ranks: list[int], numel: int, dtype: torch.dtype,
@@ -196,6 +252,7 @@ def main(argv: list[str]) -> int:
     dtype = DTYPES[plan["dtype"]] if cuda else torch.float32  # CPU GEMMs: fp32
     total = (
         len(plan["gemms"])
+        + len(plan.get("attention", ()))
         + 1
         + sum(len(g["ops"]) * len(plan["message_bytes"]) for g in plan["groups"])
     )
@@ -210,6 +267,11 @@ def main(argv: list[str]) -> int:
     for shape in plan["gemms"]:
         gemms.append(gemm(shape, dtype, device, plan["warmup"], plan["repeats"]))
         progress()
+    attn = []
+    for shape in plan.get("attention", ()):
+        attn.append(attention(shape, dtype, device, plan.get("attention_backend", "default"),
+                              plan["warmup"], plan["repeats"]))  # fmt: skip
+        progress()
     dist.barrier()  # every rank streams at once (shared memory on CPU nodes)
     memory = stream(plan["stream_bytes"], dtype, device, plan["warmup"], plan["repeats"])
     progress()
@@ -220,7 +282,8 @@ def main(argv: list[str]) -> int:
     if me == 0:
         result = {"versions": versions(device, backend), "dtype": str(dtype).split(".")[-1],
                   "world_size": dist.get_world_size(), "hosts": len(set(hosts)),
-                  "gemm": gemms, "stream": memory, "collectives": rows}  # fmt: skip
+                  "gemm": gemms, "attention": attn, "stream": memory,
+                  "collectives": rows}  # fmt: skip
         print(f"{RESULT} {json.dumps(result)}", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -4,8 +4,9 @@ The plan comes from the study: the GEMM shapes of the model per micro-batch size
 the collectives of every group size the space can form (TP, CP and DP groups; send/recv between
 pipeline neighbours), placed within a node and across nodes, at message sizes from a few KiB up to
 the largest message a config of the space sends (a DP gradient bucket or a TP activation), so the
-alpha-beta fits are measured where the time model uses them instead of extrapolated; and one
-memory-streaming buffer size past the device's last-level cache.
+alpha-beta fits are measured where the time model uses them instead of extrapolated; the
+causal fused attention of every micro-batch size, TP and CP degree (with the kernel family the
+framework runs); and one memory-streaming buffer size past the device's last-level cache.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.catalog import get_gpu
 from tuner.frameworks import traits
 from tuner.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
 from tuner.perf_dp import MEGATRON_BUCKET_PARAMS, rank_params
+from tuner.rates import HOPPER_COMPUTE_CAPABILITY
 from tuner.space import expand_axes
 from tuner.spec import StudySpec
 
@@ -113,6 +116,36 @@ def gemm_shapes(spec: StudySpec) -> list[dict[str, Any]]:
     return list(out.values())
 
 
+def attention_shapes(spec: StudySpec) -> list[dict[str, Any]]:
+    """The fused attention calls of the space, ``(batch, heads, seq, head_dim)`` causal: one
+    micro-batch, the heads of one TP rank, each CP rank's ``seq / cp`` tokens (the length of one
+    ring step's call). None for a model without flash attention: its scores are GEMMs and
+    streaming kernels, which the GEMM and stream probes price."""
+    m, axes = spec.model, expand_axes(spec)
+    if not m.flash_attention:
+        return []
+    out: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for mbs in axes.micro_batch_size:
+        for tp in axes.tp:
+            for cp in axes.cp:
+                key = (mbs, max(m.num_attention_heads // tp, 1), max(m.seq_length // cp, 1))
+                out.setdefault(key, {"label": f"attention mbs={mbs} tp={tp} cp={cp}",
+                                     "batch": key[0], "heads": key[1], "seq": key[2],
+                                     "head_dim": m.kv_channels})  # fmt: skip
+    return list(out.values())
+
+
+def attention_backend(spec: StudySpec) -> str:
+    """Which kernels the probe asks torch's ``scaled_dot_product_attention`` for: ``cudnn`` where
+    Megatron's model code runs on Hopper or later (Transformer Engine prefers cuDNN's fused
+    attention there: tuner.rates.HOPPER_ATTENTION), else ``default`` (FlashAttention-2 on GPUs,
+    as TE and the DeepSpeed workload run it elsewhere; the CPU kernel on CPUs)."""
+    if spec.cluster.gpu == "cpu" or not traits(spec.framework).megatron_model:
+        return "default"
+    hopper = get_gpu(spec.cluster.gpu).compute_capability >= HOPPER_COMPUTE_CAPABILITY
+    return "cudnn" if hopper else "default"
+
+
 def group_sizes(spec: StudySpec) -> dict[int, set[str]]:
     """Group size -> the collectives configs of the space run on groups of that size."""
     axes, world = expand_axes(spec), spec.world_size
@@ -170,5 +203,7 @@ def make_plan(spec: StudySpec, options: ProbeOptions) -> dict[str, Any]:
         "message_bytes": list(options.message_bytes or message_sizes(spec)),
         "stream_bytes": CPU_STREAM_BYTES if cpu else GPU_STREAM_BYTES,
         "gemms": gemm_shapes(spec),
+        "attention": attention_shapes(spec),
+        "attention_backend": attention_backend(spec),
         "groups": groups(spec),
     }

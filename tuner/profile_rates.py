@@ -5,8 +5,9 @@ cluster itself (:mod:`tuner.profile`). Here those measurements replace the catal
 figures: the GEMM samples replace the tile model (the nearest measured shape gives the achieved
 FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies, the
 memory-streaming figure replaces the datasheet bandwidth times HBM_EFFICIENCY that prices the
-element-wise kernels (norms, residual adds, dropouts, softmax). What the profile does not
-measure (flash attention, kernel launches, framework overheads) stays the catalog's; so do the
+element-wise kernels (norms, residual adds, dropouts, softmax), and the fused attention samples
+replace the catalog's attention efficiency by call length. What the profile does not measure
+(kernel launches, framework overheads) stays the catalog's; so do the
 FP8 GEMMs of ``precision: fp8``, since the probe times bf16 torch.matmul
 (``tuner.profile_plan.make_plan``): its samples then price the 16-bit GEMMs only (LM head,
 router).
@@ -15,10 +16,11 @@ router).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 
 from tuner.catalog import GPUSpec
-from tuner.profile import AlphaBeta, ClusterProfile, study_profile
+from tuner.profile import AlphaBeta, AttentionSample, ClusterProfile, study_profile
 from tuner.rates import Link, Rates, catalog_rates
 from tuner.space import study_gpu
 from tuner.spec import StudySpec
@@ -36,6 +38,21 @@ def _link(fits: list[AlphaBeta], link: str, hosts: int) -> Link | None:
     return Link(best.busbw_gbps * 1e9 / on_node, max(best.alpha_s, 0.0))
 
 
+def attention_table(profile: ClusterProfile) -> tuple[tuple[float, float, float], ...]:
+    """The measured attention as ``tuner.rates.Rates.attention`` rows, ``(tokens, forward,
+    backward)`` FLOP/s ascending in the call's length: per length, the median over the shapes
+    measured at it (micro-batch sizes and TP degrees run one kernel on more or fewer heads)."""
+    by_seq: dict[int, list[AttentionSample]] = {}
+    for a in profile.attention:
+        if a.forward_tflops > 0 and a.backward_tflops > 0:
+            by_seq.setdefault(a.seq, []).append(a)
+    return tuple(
+        (float(seq), statistics.median(a.forward_tflops for a in rows) * 1e12,
+         statistics.median(a.backward_tflops for a in rows) * 1e12)
+        for seq, rows in sorted(by_seq.items())
+    )  # fmt: skip
+
+
 def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) -> Rates:
     """The catalog's rates of ``gpu`` with every figure the profile measured replaced."""
     base = catalog_rates(gpu, precision)
@@ -47,6 +64,7 @@ def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) ->
     return dataclasses.replace(
         base,
         gemm_samples=samples or base.gemm_samples,
+        attention=attention_table(profile) or base.attention,
         hbm=stream.gbps * 1e9 if stream is not None and stream.gbps > 0 else base.hbm,
         intra=_link(fits, "intra", profile.hosts) or base.intra,
         inter=_link(fits, "inter", profile.hosts) or base.inter,
