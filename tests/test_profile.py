@@ -30,7 +30,7 @@ from tuner.profile import (
     save_profile,
     study_profile,
 )
-from tuner.profile_job import bus_factor
+from tuner.profile_job import attention, bus_factor
 from tuner.profile_plan import CPU_STREAM_BYTES, attention_shapes, gemm_shapes
 from tuner.spec import StudySpec
 from tuner.studyfile import study_from_mapping
@@ -80,6 +80,17 @@ def test_bus_bandwidth_factors_are_nccl_tests() -> None:
     assert bus_factor("all_gather", 4) == pytest.approx(3 / 4)
     assert bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
     assert bus_factor("send_recv", 2) == 1.0
+
+
+@pytest.mark.torch
+def test_attention_runs_the_default_kernels_where_cudnn_cannot() -> None:
+    """The plan asks for cuDNN's attention under Megatron on Hopper; a device where it cannot run
+    (here a CPU: torch raises "No viable backend") measures the default kernels and says so."""
+    torch = pytest.importorskip("torch")
+    shape = {"label": "a", "batch": 1, "heads": 2, "seq": 16, "head_dim": 8}
+    row = attention(shape, torch.float32, torch.device("cpu"), "cudnn", 1, 2)
+    assert row["backend"] == "default" and len(row["forward_samples_s"]) == 2
+    assert row["forward_tflops"] > 0 and row["backward_tflops"] > 0
 
 
 # ----------------------------------------------------------------------------- files
