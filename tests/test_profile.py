@@ -22,6 +22,7 @@ from tuner.profile import (
     ClusterProfile,
     CollectiveSample,
     GemmSample,
+    LaunchSample,
     ProfileError,
     StreamSample,
     check_profile,
@@ -31,7 +32,7 @@ from tuner.profile import (
     study_profile,
 )
 from tuner.profile_job import attention, bus_factor
-from tuner.profile_plan import CPU_STREAM_BYTES, attention_shapes, gemm_shapes
+from tuner.profile_plan import CPU_STREAM_BYTES, LAUNCH_OPS, attention_shapes, gemm_shapes
 from tuner.spec import StudySpec
 from tuner.studyfile import study_from_mapping
 
@@ -112,6 +113,8 @@ def a_profile(**changes: Any) -> ClusterProfile:
         ),
         stream=StreamSample(bytes=3 << 28, samples_s=(3.1e-4, 3.0e-4), median_s=3.05e-4,
                             gbps=(3 << 28) / 3.05e-4 / 1e9),
+        launch=LaunchSample(ops=1000, samples_s=(6.1e-3, 6.0e-3), median_s=6.05e-3,
+                            per_op_s=6.05e-6),
         attention=(AttentionSample(label="attention mbs=1 tp=8 cp=1", batch=1, heads=8,
                                    seq=4096, head_dim=128, backend="cudnn",
                                    forward_samples_s=(1.1e-3,), forward_backward_samples_s=(4e-3,),
@@ -131,15 +134,15 @@ def test_profile_round_trips(tmp_path: Path) -> None:
     assert load_profile(path).stream is not None and load_profile(path).attention
 
 
-def test_a_profile_saved_before_the_stream_and_attention_probes_still_loads(
+def test_a_profile_saved_before_the_stream_attention_and_launch_probes_still_loads(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "clusters" / "c.yaml"
     save_profile(a_profile(), path)
     data = yaml.safe_load(path.read_text())
-    del data["stream"], data["attention"]  # what a profile written before those probes holds
+    del data["stream"], data["attention"], data["launch"]  # written before those probes
     path.write_text(yaml.safe_dump(data))
-    assert load_profile(path) == a_profile(stream=None, attention=())
+    assert load_profile(path) == a_profile(stream=None, attention=(), launch=None)
 
 
 def test_alpha_beta_fit_recovers_latency_and_bandwidth() -> None:
@@ -252,6 +255,11 @@ def test_profile_runs_on_local_processes(
         assert a.forward_tflops == pytest.approx(flops / a.forward_s / 1e12)
         assert a.backward_tflops == pytest.approx(2.5 * flops / a.backward_s / 1e12)
     assert "attention (2 shapes, causal, default)" in out.out
+    # LAUNCH_OPS tiny multiplications forward, as many backward: microseconds each
+    assert profile.launch is not None and profile.launch.ops == 2 * LAUNCH_OPS
+    assert 0 < profile.launch.per_op_s == pytest.approx(profile.launch.median_s / (2 * LAUNCH_OPS))
+    assert profile.launch.per_op_s < 1e-3
+    assert f"kernel launch ({2 * LAUNCH_OPS} tiny ops, forward and backward)" in out.out
     # --show checks and prints the saved profile; a foreign one is refused with exit 2
     assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 0
     other = write(tmp_path, study(cluster={"gpu": "a100-80gb"}))

@@ -16,11 +16,12 @@ from tuner.profile import (
     ClusterProfile,
     CollectiveSample,
     GemmSample,
+    LaunchSample,
     StreamSample,
     save_profile,
 )
 from tuner.profile_rates import attention_table, rates_from_profile, study_rates
-from tuner.rates import CATALOG_STEP_ERROR, catalog_rates
+from tuner.rates import CATALOG_STEP_ERROR, Rates, catalog_rates
 from tuner.space import enumerate_space, study_gpu
 from tuner.studyfile import study_from_mapping
 
@@ -108,6 +109,24 @@ def attention(seq: int, fwd: float, bwd: float, batch: int = 1) -> AttentionSamp
                            forward_tflops=fwd, backward_tflops=bwd)  # fmt: skip
 
 
+def test_the_measured_launch_cost_replaces_the_catalogs_kernel_latency() -> None:
+    gpu = study_gpu(SPEC)
+    base = catalog_rates(gpu, "bf16")
+
+    def rates(per_op_s: float) -> Rates:
+        launch = LaunchSample(ops=1000, samples_s=(per_op_s * 1000,), median_s=per_op_s * 1000,
+                              per_op_s=per_op_s)  # fmt: skip
+        return rates_from_profile(dataclasses.replace(profile(200.0), launch=launch), gpu, "bf16")
+
+    assert rates(9e-6).op_latency == 9e-6 and base.op_latency != 9e-6
+    assert rates_from_profile(profile(200.0), gpu, "bf16").op_latency == base.op_latency
+
+    def step(r: Rates) -> float:
+        return estimate_time(SPEC.model, SPEC.training, CONFIG, gpu, 8, "megatron", r).step
+
+    assert step(rates(50e-6)) > step(rates(5e-6))  # every kernel pays it
+
+
 def test_measured_attention_replaces_the_catalogs_efficiency() -> None:
     gpu = study_gpu(SPEC)
     samples = (attention(4096, 150.0, 120.0), attention(4096, 170.0, 140.0, batch=2),
@@ -180,7 +199,10 @@ def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
     assert rates is not None and said.startswith(f"cluster profile {SPEC.cluster_name}")
     assert "rms" not in said  # the catalog's error is not a profile's
     assert "HBM bandwidth" in said and "memory streaming" not in said  # before the stream probe
-    assert "; attention, HBM bandwidth, kernel launches and overheads from the catalog" in said
+    assert (
+        "; attention, HBM bandwidth, kernel launches and framework overheads from the catalog"
+        in (said)
+    )
     save_profile(profile(100.0, stream_gbps=1500.0),
                  ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)  # fmt: skip
     said = time_source(SPEC, str(tmp_path))[1]
@@ -191,5 +213,10 @@ def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
     said = time_source(SPEC, str(tmp_path))[1]
     assert said.endswith(
         "GEMMs by shape, all-reduce latency and bandwidth, fused attention by call length, "
-        "memory streaming; kernel launches and overheads from the catalog"
+        "memory streaming; kernel launches and framework overheads from the catalog"
     )
+    launch = LaunchSample(ops=10, samples_s=(1e-4,), median_s=1e-4, per_op_s=1e-5)
+    save_profile(dataclasses.replace(with_attention, launch=launch),
+                 ClusterLayout(tmp_path, SPEC.cluster_name).profile_yaml)  # fmt: skip
+    said = time_source(SPEC, str(tmp_path))[1]
+    assert said.endswith("memory streaming, kernel launches; framework overheads from the catalog")

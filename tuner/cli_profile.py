@@ -286,12 +286,13 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     for has, name, otherwise in (
         (bool(profile.attention), "fused attention by call length", "attention"),
         (profile.stream is not None, "memory streaming", "HBM bandwidth"),
+        (profile.launch is not None, "kernel launches", "kernel launches"),
     ):
         (measures if has else catalog).append(name if has else otherwise)
-    catalog += ["kernel launches", "overheads"]
+    catalog.append("framework overheads")
     return rates, (
         f"cluster profile {spec.cluster_name} (measured {when}): {', '.join(measures)}; "
-        f"{', '.join(catalog[:-1])} and {catalog[-1]} from the catalog"
+        f"{' and '.join(filter(None, (', '.join(catalog[:-1]), catalog[-1])))} from the catalog"
     )
 
 

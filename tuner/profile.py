@@ -91,6 +91,18 @@ class StreamSample:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchSample:
+    """Tiny ops back to back (:mod:`tuner.profile_job`): what an eager op costs beyond its work."""
+
+    ops: int
+    """Forward and backward ops of one chain."""
+    samples_s: tuple[float, ...]
+    """Seconds per chain."""
+    median_s: float
+    per_op_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CollectiveSample:
     """One collective at one message size on one group, and its timings."""
 
@@ -137,6 +149,8 @@ class ClusterProfile:
     collectives: tuple[CollectiveSample, ...]
     stream: StreamSample | None = None
     """The memory-streaming measurement; None in profiles saved before it was measured."""
+    launch: LaunchSample | None = None
+    """The per-op launch cost; None in profiles saved before it was measured."""
     attention: tuple[AttentionSample, ...] = ()
     """Fused attention per call shape; empty without flash attention, or in profiles saved
     before it was measured."""
@@ -163,8 +177,9 @@ class ClusterProfile:
         for row in out["attention"]:
             for key in ("forward_samples_s", "forward_backward_samples_s"):
                 row[key] = list(row[key])
-        if out["stream"] is not None:
-            out["stream"]["samples_s"] = list(out["stream"]["samples_s"])
+        for key in ("stream", "launch"):
+            if out[key] is not None:
+                out[key]["samples_s"] = list(out[key]["samples_s"])
         return out
 
 
@@ -285,7 +300,7 @@ def from_probe(
         world_size=int(data["world_size"]), dtype=str(data["dtype"]),
         gemm=tuple(_gemm(g) for g in data["gemm"]),
         collectives=tuple(_collective(c) for c in data["collectives"]),
-        stream=_stream(data.get("stream")),
+        stream=_stream(data.get("stream")), launch=_launch(data.get("launch")),
         attention=tuple(_attention(a) for a in data.get("attention") or ()), tool=tool,
     )  # fmt: skip
 
@@ -309,6 +324,14 @@ def _attention(row: Mapping[str, Any]) -> AttentionSample:
         forward_tflops=float(row["forward_tflops"]),
         backward_tflops=float(row["backward_tflops"]),
     )  # fmt: skip
+
+
+def _launch(row: Mapping[str, Any] | None) -> LaunchSample | None:
+    if row is None:
+        return None
+    samples = tuple(float(v) for v in row["samples_s"])
+    return LaunchSample(ops=int(row["ops"]), samples_s=samples, median_s=float(row["median_s"]),
+                        per_op_s=float(row["per_op_s"]))  # fmt: skip
 
 
 def _stream(row: Mapping[str, Any] | None) -> StreamSample | None:
@@ -361,7 +384,7 @@ def load_profile(path: Path) -> ClusterProfile:
             world_size=int(data["world_size"]), dtype=str(data["dtype"]),
             gemm=tuple(_gemm(g) for g in data["gemm"]),
             collectives=tuple(_collective(c) for c in data["collectives"]),
-            stream=_stream(data.get("stream")),
+            stream=_stream(data.get("stream")), launch=_launch(data.get("launch")),
             attention=tuple(_attention(a) for a in data.get("attention") or ()),
             tool=dict(data.get("tool") or {}),
         )  # fmt: skip
@@ -448,6 +471,9 @@ def summary_rows(profile: ClusterProfile) -> list[tuple[str, str]]:
         mib = profile.stream.bytes / 3 / 2**20
         rows.append((f"memory stream (add, 3 x {mib:.0f} MiB)",
                      f"{profile.stream.gbps:.4g} GB/s"))  # fmt: skip
+    if profile.launch is not None:
+        rows.append((f"kernel launch ({profile.launch.ops} tiny ops, forward and backward)",
+                     f"{profile.launch.per_op_s * 1e6:.3g} us per op"))  # fmt: skip
     for f in profile.alpha_beta():
         lat = f"{f.alpha_s * 1e6:.1f} us" if math.isfinite(f.alpha_s) else "?"
         rows.append((f"{f.op} {f.link} n={f.group_size}",

@@ -21,6 +21,11 @@ needs, in the spirit of nccl-tests:
   GEMMs to the forward's two). The plan's ``attention_backend`` ``cudnn`` asks for cuDNN's kernels
   (Transformer Engine's choice on Hopper); where they cannot run, the default kernels run and the
   sample says so.
+- **Kernel launches**: a chain of ``launch_ops`` multiplications of a one-element tensor that
+  requires grad, then its backward (as many multiplications again), one synchronisation at the
+  end: what one eager training op costs when its work is nil (PyTorch's dispatch, autograd's
+  bookkeeping and, on a GPU, the kernel launch), which a step's many small kernels pay beyond
+  their bytes and FLOPs.
 - **Memory streaming**: every rank at once times STREAM's "Add" kernel (McCalpin's STREAM
   benchmark: ``z = x + y``, two reads and a write per element) on buffers of the plan's
   ``stream_bytes`` each, far larger than the device's last-level cache, so the figure is the
@@ -154,6 +159,24 @@ def attention(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, b
             "backward_tflops": FLASH_BACKWARD_RATIO * flops / bwd / 1e12}  # fmt: skip
 
 
+def launch(ops: int, dtype: torch.dtype, device: torch.device,
+           warmup: int, repeats: int) -> dict[str, Any]:  # fmt: skip
+    """Times ``ops`` multiplications of a one-element tensor with autograd, forward then backward
+    (``2 * ops`` ops in all); seconds per op."""
+    x = torch.ones(1, dtype=dtype, device=device, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(ops):
+            y = y * 1.0
+        torch.autograd.grad(y, x, torch.ones_like(y))  # each MulBackward: one kernel apiece
+
+    samples = _median_time(chain, device, warmup, repeats)
+    median = statistics.median(samples)
+    return {"ops": 2 * ops, "samples_s": samples, "median_s": median,
+            "per_op_s": median / (2 * ops)}  # fmt: skip
+
+
 def _collective(op: str, group: Any, ranks: list[int], numel: int, dtype: torch.dtype,
                 device: torch.device) -> Any:  # fmt: skip
     n = len(ranks)
@@ -253,7 +276,7 @@ def main(argv: list[str]) -> int:
     total = (
         len(plan["gemms"])
         + len(plan.get("attention", ()))
-        + 1
+        + 2
         + sum(len(g["ops"]) * len(plan["message_bytes"]) for g in plan["groups"])
     )
     done = [0]
@@ -275,6 +298,8 @@ def main(argv: list[str]) -> int:
     dist.barrier()  # every rank streams at once (shared memory on CPU nodes)
     memory = stream(plan["stream_bytes"], dtype, device, plan["warmup"], plan["repeats"])
     progress()
+    ops = launch(int(plan.get("launch_ops", 1000)), dtype, device, plan["warmup"], plan["repeats"])
+    progress()
     dist.barrier()
     rows = _gather_rows(collectives(plan, dtype, device, progress))
     hosts: list[Any] = [None] * dist.get_world_size()
@@ -282,7 +307,7 @@ def main(argv: list[str]) -> int:
     if me == 0:
         result = {"versions": versions(device, backend), "dtype": str(dtype).split(".")[-1],
                   "world_size": dist.get_world_size(), "hosts": len(set(hosts)),
-                  "gemm": gemms, "attention": attn, "stream": memory,
+                  "gemm": gemms, "attention": attn, "stream": memory, "launch": ops,
                   "collectives": rows}  # fmt: skip
         print(f"{RESULT} {json.dumps(result)}", flush=True)
     dist.barrier()

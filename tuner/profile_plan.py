@@ -6,7 +6,8 @@ pipeline neighbours), placed within a node and across nodes, at message sizes fr
 the largest message a config of the space sends (a DP gradient bucket or a TP activation), so the
 alpha-beta fits are measured where the time model uses them instead of extrapolated; the
 causal fused attention of every micro-batch size, TP and CP degree (with the kernel family the
-framework runs); and one memory-streaming buffer size past the device's last-level cache.
+framework runs); one memory-streaming buffer size past the device's last-level cache; and a chain
+of tiny ops for the cost of launching one.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ GPU_STREAM_BYTES = 1 << 28
 and six times the A100's 40 MB (NVIDIA's Hopper and Ampere whitepapers): it streams HBM."""
 CPU_STREAM_BYTES = 1 << 26
 """Each buffer on a CPU rank: 64 MiB, three per rank and every rank at once, past a node's L3."""
+
+
+LAUNCH_OPS = 1000
+"""Tiny element-wise ops timed back to back for the per-op launch cost: enough that the one
+synchronisation at the end is a rounding error (a few microseconds of several milliseconds)."""
 
 
 def largest_message(spec: StudySpec) -> int:
@@ -202,6 +208,7 @@ def make_plan(spec: StudySpec, options: ProbeOptions) -> dict[str, Any]:
         "repeats": options.repeats,
         "message_bytes": list(options.message_bytes or message_sizes(spec)),
         "stream_bytes": CPU_STREAM_BYTES if cpu else GPU_STREAM_BYTES,
+        "launch_ops": LAUNCH_OPS,
         "gemms": gemm_shapes(spec),
         "attention": attention_shapes(spec),
         "attention_backend": attention_backend(spec),

@@ -6,8 +6,9 @@ figures: the GEMM samples replace the tile model (the nearest measured shape giv
 FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies, the
 memory-streaming figure replaces the datasheet bandwidth times HBM_EFFICIENCY that prices the
 element-wise kernels (norms, residual adds, dropouts, softmax), and the fused attention samples
-replace the catalog's attention efficiency by call length. What the profile does not measure
-(kernel launches, framework overheads) stays the catalog's; so do the
+replace the catalog's attention efficiency by call length, and the tiny-op chain's time per op the
+catalog's kernel latency. What the profile does not measure (the framework's fixed per-step and
+per-micro-batch overheads) stays the catalog's; so do the
 FP8 GEMMs of ``precision: fp8``, since the probe times bf16 torch.matmul
 (``tuner.profile_plan.make_plan``): its samples then price the 16-bit GEMMs only (LM head,
 router).
@@ -60,12 +61,15 @@ def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) ->
     samples = tuple(
         (float(g.m), float(g.n), float(g.k), g.tflops * 1e12) for g in profile.gemm if g.tflops > 0
     )
-    stream = profile.stream
+    stream, launch = profile.stream, profile.launch
     return dataclasses.replace(
         base,
         gemm_samples=samples or base.gemm_samples,
         attention=attention_table(profile) or base.attention,
         hbm=stream.gbps * 1e9 if stream is not None and stream.gbps > 0 else base.hbm,
+        op_latency=launch.per_op_s
+        if launch is not None and launch.per_op_s > 0
+        else base.op_latency,
         intra=_link(fits, "intra", profile.hosts) or base.intra,
         inter=_link(fits, "inter", profile.hosts) or base.inter,
     )

@@ -424,3 +424,30 @@ def test_the_shipped_slurm_demo_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = load_study("demo-slurm", cwd=Path(__file__).resolve().parents[2])
     assert spec.cluster.executor == "slurm" and spec.cluster.slurm.mode == "submit"
     assert spec.node_names == ("slurm-0", "slurm-1") and spec.world_size == 2
+
+
+@pytest.mark.torch
+def test_profile_runs_through_slurm(local_slurm: LocalSlurm, tmp_path: Path) -> None:
+    """``tune profile`` is one sbatch job like a trial: torchrun on both nodes (gloo), the
+    profile saved, nothing left queued or running."""
+    pytest.importorskip("torch", reason="the probe runs torch.distributed (gloo)")
+    from tests.test_profile import QUICK, probe_processes, study
+    from tuner.layout import ClusterLayout
+    from tuner.profile import load_profile
+
+    data = study(
+        cluster={"gpus_per_node": 1, "num_nodes": 2, "executor": "slurm",
+                 "slurm": {"poll_interval_s": 0.3}},
+        launch={"env": {"GLOO_SOCKET_IFNAME": "lo"}, "master_port": 29771},
+    )  # fmt: skip
+    path, results = write_study(tmp_path, data), tmp_path / "results"
+    proc = tune("profile", "--study", str(path), "--results", str(results), *QUICK, cwd=tmp_path)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, out
+    assert _squeue("tuner-") == [] and probe_processes(tmp_path) == []
+    spec = study_from_mapping(data)
+    profile = load_profile(ClusterLayout(results.resolve(), spec.cluster_name).profile_yaml)
+    assert profile.world_size == 2 and profile.versions["backend"] == "gloo"
+    # one rank per node: every group spans the two nodes
+    assert {c.link for c in profile.collectives} == {"inter"}
+    assert profile.stream is not None and profile.attention and profile.gemm
