@@ -90,8 +90,21 @@ def test_attention_runs_the_default_kernels_where_cudnn_cannot() -> None:
     torch = pytest.importorskip("torch")
     shape = {"label": "a", "batch": 1, "heads": 2, "seq": 16, "head_dim": 8}
     row = attention(shape, torch.float32, torch.device("cpu"), "cudnn", 1, 2)
-    assert row["backend"] == "default" and len(row["forward_samples_s"]) == 2
+    assert row is not None and row["backend"] == "default" and len(row["forward_samples_s"]) == 2
     assert row["forward_tflops"] > 0 and row["backward_tflops"] > 0
+
+
+@pytest.mark.torch
+def test_an_attention_shape_that_does_not_fit_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    import tuner.profile_job as job
+
+    def too_big(*args: Any) -> dict[str, Any]:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+
+    monkeypatch.setattr(job, "_attention", too_big)
+    shape = {"label": "a", "batch": 64, "heads": 64, "seq": 32768, "head_dim": 128}
+    assert job.attention(shape, torch.float32, torch.device("cpu"), "cudnn", 1, 2) is None
 
 
 # ----------------------------------------------------------------------------- files

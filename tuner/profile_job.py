@@ -128,8 +128,19 @@ def _sdpa_context(backend: str) -> tuple[Any, str]:
 
 
 def attention(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, backend: str,
-              warmup: int, repeats: int) -> dict[str, Any]:  # fmt: skip
-    """Times causal fused attention forward, and forward + backward, on one planned shape."""
+              warmup: int, repeats: int) -> dict[str, Any] | None:  # fmt: skip
+    """Times causal fused attention forward, and forward + backward, on one planned shape; None
+    when its tensors do not fit the device (that shape's config could not train either)."""
+    try:
+        return _attention(shape, dtype, device, backend, warmup, repeats)
+    except torch.OutOfMemoryError:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+
+
+def _attention(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, backend: str,
+               warmup: int, repeats: int) -> dict[str, Any]:  # fmt: skip
     import torch.nn.functional as F
 
     b, n, s, d = (int(shape[k]) for k in ("batch", "heads", "seq", "head_dim"))
@@ -147,6 +158,8 @@ def attention(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, b
         with context:
             fwd = _median_time(forward, device, warmup, repeats)
             fb = _median_time(both, device, warmup, repeats)
+    except torch.OutOfMemoryError:
+        raise
     except RuntimeError:  # no cuDNN kernel for this shape or GPU: the default ones
         ran = "default"
         fwd = _median_time(forward, device, warmup, repeats)
@@ -292,8 +305,10 @@ def main(argv: list[str]) -> int:
         progress()
     attn = []
     for shape in plan.get("attention", ()):
-        attn.append(attention(shape, dtype, device, plan.get("attention_backend", "default"),
-                              plan["warmup"], plan["repeats"]))  # fmt: skip
+        row = attention(shape, dtype, device, plan.get("attention_backend", "default"),
+                        plan["warmup"], plan["repeats"])  # fmt: skip
+        if row is not None:  # out of memory: left out, the others still measured
+            attn.append(row)
         progress()
     dist.barrier()  # every rank streams at once (shared memory on CPU nodes)
     memory = stream(plan["stream_bytes"], dtype, device, plan["warmup"], plan["repeats"])
