@@ -172,6 +172,29 @@ def test_alpha_beta_fit_recovers_latency_and_bandwidth() -> None:
     assert fit.busbw_gbps == pytest.approx(bw / 1e9, rel=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(extra=1), r"not a cluster profile \(unknown keys \['extra'\]\)"),
+        (lambda d: d["gemm"][0].pop("tflops"), "malformed cluster profile: KeyError"),
+        (lambda d: d["stream"].update(samples_s=["fast"]), "malformed cluster profile"),
+        (lambda d: d["attention"][0].update(seq="long"), "malformed cluster profile"),
+        (lambda d: d.update(launch=[1, 2]), "malformed cluster profile"),
+    ],
+)
+def test_a_malformed_profile_is_one_line_naming_the_file(
+    tmp_path: Path, edit: Any, message: str
+) -> None:
+    path = tmp_path / "clusters" / "c.yaml"
+    save_profile(a_profile(), path)
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError, match=message) as info:
+        load_profile(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
 def test_large_messages_need_large_samples() -> None:
     """Gloo's two-rank all-reduce on this project's 2-core machine (4 KiB ... 64 MiB, measured
     with torch.distributed): its bandwidth keeps rising past 1 MiB, so a fit over the old CPU

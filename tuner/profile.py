@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -38,6 +38,7 @@ VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "backend")
 """The software a profile's figures depend on; any difference makes it stale."""
 PROGRESS = "TUNER_PROFILE_PROGRESS"  # the probe's line prefixes (tuner.profile_job, torch only)
 RESULT = "TUNER_PROFILE_RESULT"
+S = TypeVar("S")
 
 
 class ProfileError(ConfigError):
@@ -293,62 +294,48 @@ def from_probe(
     """The profile made of the probe's result line."""
     tool = {"warmup": options.warmup, "repeats": options.repeats,
             "message_bytes": list(plan["message_bytes"])}  # fmt: skip
+    return _profile({**data, "cluster": spec.cluster_name, "gpu": spec.cluster.gpu,
+                     "created": created.astimezone(dt.UTC).isoformat(timespec="seconds"),
+                     "tool": tool})  # fmt: skip
+
+
+def _profile(data: Mapping[str, Any]) -> ClusterProfile:
+    """A profile from plain data (the probe's result line plus what tune knows, or a saved file);
+    the probes added later (stream, launch, attention) may be missing."""
     return ClusterProfile(
-        cluster=spec.cluster_name, gpu=spec.cluster.gpu,
-        created=created.astimezone(dt.UTC).isoformat(timespec="seconds"),
+        cluster=str(data["cluster"]), gpu=str(data["gpu"]), created=str(data["created"]),
         versions=dict(data["versions"]), hosts=int(data["hosts"]),
         world_size=int(data["world_size"]), dtype=str(data["dtype"]),
-        gemm=tuple(_gemm(g) for g in data["gemm"]),
-        collectives=tuple(_collective(c) for c in data["collectives"]),
-        stream=_stream(data.get("stream")), launch=_launch(data.get("launch")),
-        attention=tuple(_attention(a) for a in data.get("attention") or ()), tool=tool,
+        gemm=_samples(GemmSample, data["gemm"]),
+        collectives=_samples(CollectiveSample, data["collectives"]),
+        stream=_optional(StreamSample, data.get("stream")),
+        launch=_optional(LaunchSample, data.get("launch")),
+        attention=_samples(AttentionSample, data.get("attention")),
+        tool=dict(data.get("tool") or {}),
     )  # fmt: skip
 
 
-def _gemm(row: Mapping[str, Any]) -> GemmSample:
-    return GemmSample(label=str(row["label"]), m=int(row["m"]), k=int(row["k"]),
-                      n=int(row["n"]), samples_s=tuple(float(v) for v in row["samples_s"]),
-                      median_s=float(row["median_s"]), tflops=float(row["tflops"]))  # fmt: skip
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "tuple[float, ...]": lambda v: tuple(float(x) for x in v),
+    "tuple[int, ...]": lambda v: tuple(int(x) for x in v),
+}
 
 
-def _attention(row: Mapping[str, Any]) -> AttentionSample:
-    def samples(key: str) -> tuple[float, ...]:
-        return tuple(float(v) for v in row[key])
-
-    return AttentionSample(
-        label=str(row["label"]), batch=int(row["batch"]), heads=int(row["heads"]),
-        seq=int(row["seq"]), head_dim=int(row["head_dim"]), backend=str(row["backend"]),
-        forward_samples_s=samples("forward_samples_s"),
-        forward_backward_samples_s=samples("forward_backward_samples_s"),
-        forward_s=float(row["forward_s"]), backward_s=float(row["backward_s"]),
-        forward_tflops=float(row["forward_tflops"]),
-        backward_tflops=float(row["backward_tflops"]),
-    )  # fmt: skip
+def _sample(cls: type[S], row: Mapping[str, Any]) -> S:
+    """One sample from its saved mapping, every field converted by its declared type."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    return cls(**{f.name: _CONVERT[str(f.type)](row[f.name]) for f in fields})
 
 
-def _launch(row: Mapping[str, Any] | None) -> LaunchSample | None:
-    if row is None:
-        return None
-    samples = tuple(float(v) for v in row["samples_s"])
-    return LaunchSample(ops=int(row["ops"]), samples_s=samples, median_s=float(row["median_s"]),
-                        per_op_s=float(row["per_op_s"]))  # fmt: skip
+def _samples(cls: type[S], rows: Sequence[Mapping[str, Any]] | None) -> tuple[S, ...]:
+    return tuple(_sample(cls, row) for row in rows or ())
 
 
-def _stream(row: Mapping[str, Any] | None) -> StreamSample | None:
-    if row is None:
-        return None
-    samples = tuple(float(v) for v in row["samples_s"])
-    return StreamSample(bytes=int(row["bytes"]), samples_s=samples,
-                        median_s=float(row["median_s"]), gbps=float(row["gbps"]))  # fmt: skip
-
-
-def _collective(row: Mapping[str, Any]) -> CollectiveSample:
-    return CollectiveSample(
-        op=str(row["op"]), link=str(row["link"]), group_size=int(row["group_size"]),
-        ranks=tuple(int(r) for r in row["ranks"]), bytes=int(row["bytes"]),
-        samples_s=tuple(float(v) for v in row["samples_s"]), median_s=float(row["median_s"]),
-        busbw_gbps=float(row["busbw_gbps"]),
-    )  # fmt: skip
+def _optional(cls: type[S], row: Mapping[str, Any] | None) -> S | None:
+    return None if row is None else _sample(cls, row)
 
 
 # ----------------------------------------------------------------------------- files
@@ -378,16 +365,7 @@ def load_profile(path: Path) -> ClusterProfile:
         extra = sorted(set(data) - names) if isinstance(data, dict) else []
         raise ProfileError(f"not a cluster profile (unknown keys {extra})", file=str(path))
     try:
-        return ClusterProfile(
-            cluster=str(data["cluster"]), gpu=str(data["gpu"]), created=str(data["created"]),
-            versions=dict(data["versions"]), hosts=int(data["hosts"]),
-            world_size=int(data["world_size"]), dtype=str(data["dtype"]),
-            gemm=tuple(_gemm(g) for g in data["gemm"]),
-            collectives=tuple(_collective(c) for c in data["collectives"]),
-            stream=_stream(data.get("stream")), launch=_launch(data.get("launch")),
-            attention=tuple(_attention(a) for a in data.get("attention") or ()),
-            tool=dict(data.get("tool") or {}),
-        )  # fmt: skip
+        return _profile(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProfileError(f"malformed cluster profile: {exc!r}", file=str(path)) from None
 
