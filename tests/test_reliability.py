@@ -332,3 +332,33 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0))
         return int(s.getsockname()[1])  # nothing listens once the socket is closed
+
+
+def test_a_trials_token_is_recorded_before_its_processes_start(tmp_path: Path) -> None:
+    """A worker killed between starting a trial's processes and recording their token left
+    processes no other worker could find: the expired lease read as "claimed, never launched",
+    and the next worker put a second trial on the node (seen under load in the test above). The
+    token is now on the trial and its leases before the executor starts anything."""
+    from tuner.launch import LaunchRequest, LocalExecutor
+    from tuner.study import build_loop
+
+    spec = study_from_mapping(study_data(tmp_path, SURFACE, n_trials=2))
+    seen: list[tuple[str | None, list[str | None], Any]] = []
+
+    class Recording(LocalExecutor):
+        def submit(self, request: LaunchRequest, token: str | None = None) -> Any:
+            trial = loop.study.get_trials(deepcopy=False)[request.trial]
+            held = [x.token for x in loop.leases.held()  # the nodes' leases (not the config's)
+                    if x.trial == request.trial and x.resource.startswith("host:")]  # fmt: skip
+            seen.append((token, held, trial.user_attrs.get("token")))
+            return super().submit(request, token)
+
+    loop = build_loop(spec, results=str(tmp_path / "results"), executor=Recording())
+    try:
+        loop.run()
+    finally:
+        loop.executor.close()
+    assert len(seen) >= 2
+    for token, held, recorded in seen:
+        assert token is not None and recorded == token and held and set(held) == {token}
+    assert standin_processes(tmp_path) == []

@@ -5,8 +5,9 @@ Slurm jobs in the queue. When ``tune run`` starts again, every launched trial st
 storage whose worker is dead (its process is gone from this machine, or its leases expired) and
 whose job Slurm still knows (found by the job name the trial's token gives) is adopted: this
 worker holds a node slot and the leases for it, beats for it, watches the job and records its
-result like its own. Jobs of the study that belong to no live trial (the tuner died between
-``sbatch`` and recording the trial's token, or the trial was already ended) are cancelled.
+result like its own. Jobs of the study that belong to no live trial (the trial was already
+ended; or, for a trial launched by an older tuner that recorded the token after ``sbatch``, the
+tuner died in between) are cancelled.
 
 Executors without batch jobs (local, SSH: their processes die with the tuner's session or are
 reaped by the token) have no ``attach`` and are left to :mod:`tuner.recovery`.

@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.calibration import history, keep
 from tuner.errors import StorageError
-from tuner.launch import LaunchRequest, NodePool
+from tuner.launch import LaunchRequest, NodePool, new_token
 from tuner.layout import ResultsLayout
 from tuner.leases import Leases, exclusive, open_leases
 from tuner.outcome import Outcome
@@ -237,19 +237,23 @@ class StudyLoop:
         try:
             master = self.executor.master_addr(group.hosts)
             request = self.launcher(self.spec, config, trial.number, group, paths, master)
-            job = self.executor.submit(request)
+            # the token on the trial and the leases before any process starts: a worker killed
+            # between the start and the record would leave processes no other worker could find
+            # (an expired lease without a token reads as "claimed, never launched")
+            token = new_token()
+            node_dir = None if request.node_dir is None else str(request.node_dir)
+            trial.set_user_attr("token", token)  # lets another worker clean up if we die
+            if node_dir is not None:
+                trial.set_user_attr("node_dir", node_dir)
+            self.scheduler.launched(placement, trial.number, token, node_dir)
+            job = self.executor.submit(request, token=token)
         except Exception as exc:  # a template or file error must not stop the study
             logger.error("trial %d could not be launched: %s", trial.number, exc)
             verdict = Verdict(Outcome.LAUNCH_ERROR, str(exc).splitlines()[0])
             self._finish(trial, config, placement, verdict, 0.0)
             return
-        trial.set_user_attr("token", job.token)  # lets another worker clean up if we die
         if getattr(job, "job_id", None) is not None:  # a batch job (Slurm): findable after a crash
             trial.set_user_attr("job_id", job.job_id)
-        node_dir = None if request.node_dir is None else str(request.node_dir)
-        if node_dir is not None:
-            trial.set_user_attr("node_dir", node_dir)
-        self.scheduler.launched(placement, trial.number, job.token, node_dir)
         self.running[trial.number] = Running(trial, config, job, placement, self.clock())
         self._beating = tuple(self.running)
         logger.info(

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from tuner.launch.base import TOKEN_ENV, Executor, Job, JobResult, LaunchRequest, NodeProcess
+from tuner.launch.base import (
+    TOKEN_ENV,
+    Executor,
+    Job,
+    JobResult,
+    LaunchRequest,
+    NodeProcess,
+    new_token,
+)
 from tuner.launch.local import LocalExecutor
 from tuner.launch.pool import NodeGroup, NodePool
 from tuner.launch.ssh import SSHExecutor
@@ -27,5 +35,6 @@ __all__ = [
     "SSHExecutor",
     "TemplateRenderer",
     "deepspeed_config",
+    "new_token",
     "render_launch",
 ]

@@ -92,6 +92,11 @@ exit 0
 """
 
 
+def new_token() -> str:
+    """The mark a job's processes carry, by which :meth:`Executor.reap_lost` finds them."""
+    return uuid.uuid4().hex
+
+
 class NodeProcess(abc.ABC):
     """The running script of one node, as a backend sees it."""
 
@@ -128,13 +133,15 @@ class Executor(abc.ABC):
         self.peer_exit_grace_s = peer_exit_grace_s
         self._threads = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="tuner")
 
-    def submit(self, request: LaunchRequest) -> Job:
-        """Place the files, start the script on every node and return the running job.
+    def submit(self, request: LaunchRequest, token: str | None = None) -> Job:
+        """Place the files, start the script on every node and return the running job, marked
+        with ``token`` (:func:`new_token`; a fresh one when None). A caller that records the
+        token before the processes start can always find them again if it dies meanwhile.
 
         Never raises for an unreachable node: the job then ends at once with a node error.
         """
         self._write_local_copies(request)
-        job = Job(self, request, token=uuid.uuid4().hex)
+        job = Job(self, request, token=token or new_token())
         job._start()
         return job
 

@@ -22,7 +22,6 @@ import logging
 import re
 import subprocess
 import time
-import uuid
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
@@ -35,6 +34,7 @@ from tuner.launch.base import (
     JobResult,
     LaunchRequest,
     NodeProcess,
+    new_token,
     write_atomic,
 )
 from tuner.launch.slurm_script import (
@@ -177,13 +177,14 @@ class SlurmExecutor(Executor):
         self.accounting = Accounting(self.commands.run)
         self.cancel_timeout_s = cancel_timeout_s
 
-    def submit(self, request: LaunchRequest) -> Job:
-        """Write the scripts, ``sbatch`` the job and return it (queued or running).
+    def submit(self, request: LaunchRequest, token: str | None = None) -> Job:
+        """Write the scripts, ``sbatch`` the job and return it (queued or running), named with
+        ``token`` (a fresh one when None; see :meth:`Executor.submit`).
 
         Raises :class:`LaunchError` when Slurm refuses the job (bad partition, account, ...).
         """
         self._write_local_copies(request)
-        job = SlurmJob(self, request, token=uuid.uuid4().hex)
+        job = SlurmJob(self, request, token=token or new_token())
         job._start()
         return job
 
