@@ -83,6 +83,13 @@ def test_bus_bandwidth_factors_are_nccl_tests() -> None:
     assert bus_factor("send_recv", 2) == 1.0
 
 
+def test_the_probe_counts_attention_flops_as_the_time_model_does() -> None:
+    """The probe imports no tuner module, so it carries its own copy of the backward ratio."""
+    from tuner import profile_job, rates
+
+    assert profile_job.FLASH_BACKWARD_RATIO == rates.FLASH_BACKWARD_RATIO
+
+
 @pytest.mark.torch
 def test_attention_runs_the_default_kernels_where_cudnn_cannot() -> None:
     """The plan asks for cuDNN's attention under Megatron on Hopper; a device where it cannot run

@@ -290,9 +290,10 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     ):
         (measures if has else catalog).append(name if has else otherwise)
     catalog.append("framework overheads")
+    from_catalog = ", ".join(catalog[:-1]) + " and " if len(catalog) > 1 else ""
     return rates, (
         f"cluster profile {spec.cluster_name} (measured {when}): {', '.join(measures)}; "
-        f"{' and '.join(filter(None, (', '.join(catalog[:-1]), catalog[-1])))} from the catalog"
+        f"{from_catalog}{catalog[-1]} from the catalog"
     )
 
 

@@ -166,22 +166,18 @@ class ClusterProfile:
         return [_fit(key, rows) for key, rows in sorted(groups.items())]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for YAML."""
-        out = dataclasses.asdict(self)
-        out["versions"] = dict(self.versions)
-        out["tool"] = dict(self.tool)
-        for key in ("gemm", "collectives"):
-            for row in out[key]:
-                row["samples_s"] = list(row["samples_s"])
-                if "ranks" in row:
-                    row["ranks"] = list(row["ranks"])
-        for row in out["attention"]:
-            for key in ("forward_samples_s", "forward_backward_samples_s"):
-                row[key] = list(row[key])
-        for key in ("stream", "launch"):
-            if out[key] is not None:
-                out[key]["samples_s"] = list(out[key]["samples_s"])
+        """Plain data for YAML (mappings and lists: safe_dump takes no tuples or proxies)."""
+        out: dict[str, Any] = _plain(dataclasses.asdict(self))
         return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping a dict and every tuple a list, all the way down."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _fit(key: tuple[str, str, int], rows: Sequence[CollectiveSample]) -> AlphaBeta:

@@ -153,17 +153,19 @@ def _attention(shape: dict[str, Any], dtype: torch.dtype, device: torch.device, 
     def both() -> Any:
         return torch.autograd.grad(forward(), (q, k, v), grad)
 
+    def timed() -> tuple[list[float], list[float]]:
+        return (_median_time(forward, device, warmup, repeats),
+                _median_time(both, device, warmup, repeats))  # fmt: skip
+
     context, ran = _sdpa_context(backend)
     try:
         with context:
-            fwd = _median_time(forward, device, warmup, repeats)
-            fb = _median_time(both, device, warmup, repeats)
+            fwd, fb = timed()
     except torch.OutOfMemoryError:
         raise
     except RuntimeError:  # no cuDNN kernel for this shape or GPU: the default ones
         ran = "default"
-        fwd = _median_time(forward, device, warmup, repeats)
-        fb = _median_time(both, device, warmup, repeats)
+        fwd, fb = timed()
     flops = 0.5 * 4.0 * b * s * s * n * d
     f, fwd_bwd = statistics.median(fwd), statistics.median(fb)
     bwd = max(fwd_bwd - f, 1e-9)

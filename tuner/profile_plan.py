@@ -19,7 +19,7 @@ from tuner.catalog import get_gpu
 from tuner.frameworks import traits
 from tuner.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
 from tuner.perf_dp import MEGATRON_BUCKET_PARAMS, rank_params
-from tuner.rates import HOPPER_COMPUTE_CAPABILITY
+from tuner.rates import cudnn_attention
 from tuner.space import expand_axes
 from tuner.spec import StudySpec
 
@@ -144,12 +144,10 @@ def attention_shapes(spec: StudySpec) -> list[dict[str, Any]]:
 def attention_backend(spec: StudySpec) -> str:
     """Which kernels the probe asks torch's ``scaled_dot_product_attention`` for: ``cudnn`` where
     Megatron's model code runs on Hopper or later (Transformer Engine prefers cuDNN's fused
-    attention there: tuner.rates.HOPPER_ATTENTION), else ``default`` (FlashAttention-2 on GPUs,
+    attention there: tuner.rates.cudnn_attention), else ``default`` (FlashAttention-2 on GPUs,
     as TE and the DeepSpeed workload run it elsewhere; the CPU kernel on CPUs)."""
-    if spec.cluster.gpu == "cpu" or not traits(spec.framework).megatron_model:
-        return "default"
-    hopper = get_gpu(spec.cluster.gpu).compute_capability >= HOPPER_COMPUTE_CAPABILITY
-    return "cudnn" if hopper else "default"
+    megatron = traits(spec.framework).megatron_model
+    return "cudnn" if megatron and cudnn_attention(get_gpu(spec.cluster.gpu)) else "default"
 
 
 def group_sizes(spec: StudySpec) -> dict[int, set[str]]:

@@ -170,10 +170,16 @@ class Rates:
     """Bytes per activation / parameter element (2 for 16-bit, 4 for fp32)."""
 
 
+def cudnn_attention(gpu: GPUSpec) -> bool:
+    """Whether Transformer Engine runs cuDNN's fused attention on ``gpu`` (Hopper and later; see
+    HOPPER_ATTENTION), not FlashAttention."""
+    return gpu.name != "cpu" and gpu.compute_capability >= HOPPER_COMPUTE_CAPABILITY
+
+
 def _attention_table(
     gpu: GPUSpec, peak: float, cpu: bool
 ) -> tuple[tuple[float, float, float], ...]:
-    if cpu or gpu.compute_capability < HOPPER_COMPUTE_CAPABILITY:
+    if cpu or not cudnn_attention(gpu):
         flash = peak * FLASH_ATTENTION_EFFICIENCY
         return ((1.0, flash, flash),)
     return tuple((float(s), peak * fwd, peak * bwd) for s, fwd, bwd in HOPPER_ATTENTION)
