@@ -11,8 +11,8 @@ import statistics
 import sys
 import time
 
-from tuner.space import enumerate_space
-from tuner.studyfile import load_study
+from tuner.space.enumerate import enumerate_space
+from tuner.spec.file import load_study
 
 
 def main() -> int:

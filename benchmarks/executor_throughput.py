@@ -35,7 +35,7 @@ from tuner.launch import LaunchRequest  # noqa: E402
 from tuner.launch.slurm import SlurmExecutor  # noqa: E402
 from tuner.launch.ssh import SSHExecutor  # noqa: E402
 from tuner.layout import ResultsLayout  # noqa: E402
-from tuner.spec import SlurmSpec, SSHSpec  # noqa: E402
+from tuner.spec.study import SlurmSpec, SSHSpec  # noqa: E402
 
 
 class Bench:

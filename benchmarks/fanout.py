@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.launch.sshd import LoopbackCluster, sshd_missing_reason  # noqa: E402
 from tuner.launch import LaunchRequest, SSHExecutor  # noqa: E402
 from tuner.layout import ResultsLayout  # noqa: E402
-from tuner.spec import SSHSpec  # noqa: E402
+from tuner.spec.study import SSHSpec  # noqa: E402
 
 SCRIPT = "echo running on $(hostname) pid $$\nsleep 600 & sleep 601\n"
 

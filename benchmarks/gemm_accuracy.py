@@ -2,7 +2,7 @@
 
 Reads ``benchmarks/data/gemm_rates.csv`` (measured matmul TFLOP/s from public benchmark tables,
 each row with its citation) and prints, per row, the measured rate, the rate of
-``tuner.rates.gemm_seconds`` on the catalog GPU (tile / wave quantization and the additive
+``tuner.models.rates.gemm_seconds`` on the catalog GPU (tile / wave quantization and the additive
 roofline, the terms every step-time prediction uses) and their ratio; then the median ratio per
 source. Nothing in the model reads this file: it shows where the catalog GEMM model stands
 against measurements, so a revision of it can cite them. Run:
@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tuner.catalog import get_gpu
-from tuner.rates import catalog_rates, gemm_seconds
+from tuner.models.rates import catalog_rates, gemm_seconds
 
 CSV = Path(__file__).resolve().parent / "data" / "gemm_rates.csv"
 

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import TunerError
-from tuner.memory import GIB, estimate_memory, fits
-from tuner.moe_spec import MoESpec
-from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec, SearchSpec
+from tuner.models.memory.estimate import GIB, estimate_memory, fits
+from tuner.spec.moe import MoESpec
+from tuner.spec.study import ModelSpec, SearchSpec
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "memory_peaks.csv"
 UNITS = {"bytes": 1.0, "MiB": 2.0**20, "GiB": GIB, "GB": 1e9}

@@ -1,4 +1,5 @@
-"""How ``tuner.perf`` / ``tuner.memory`` predict published mixture-of-experts training runs.
+"""How ``tuner.models.time.estimate`` / ``tuner.models.memory.estimate`` predict published
+mixture-of-experts training runs.
 
 Published measured figures (each with its source):
 
@@ -8,8 +9,8 @@ Published measured figures (each with its source):
   bf16 training" with MCore v0.9 and the "Reference Best Parallel Mapping" table).
 
 The TFLOP/s are Megatron's own (training.py num_floating_point_operations: k routed experts per
-token); ours follow tuner.perf's convention, which counts the same GEMMs (plus the small router
-GEMM). Target: the dense models' 10 % (issue 14). Run:
+token); ours follow tuner.models.time.estimate's convention, which counts the same GEMMs (plus the
+small router GEMM). Target: the dense models' 10 % (issue 14). Run:
 
     .venv/bin/python benchmarks/moe_accuracy.py
 """
@@ -20,11 +21,12 @@ import dataclasses
 
 from tuner._loader import load_dataclass
 from tuner.catalog import get_gpu
-from tuner.memory import GIB, estimate_memory
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.studyfile import _expand_model
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
+from tuner.models.memory.estimate import GIB, estimate_memory
+from tuner.models.time.estimate import estimate_time
+from tuner.spec.file import _expand_model
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 CASES = [
     # (label, preset, gpu, gpus per node, config, published TFLOP/s per GPU, source)

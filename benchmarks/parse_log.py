@@ -61,7 +61,7 @@ def parse(path: Path) -> tuple[float, dict[str, object]]:
     """Seconds ``tune parse-log PATH --json`` took, and its JSON object."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "parse-log", str(path), "--json"],
+        [sys.executable, "-m", "tuner.cli.main", "parse-log", str(path), "--json"],
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     seconds = time.perf_counter() - start

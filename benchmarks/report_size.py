@@ -24,13 +24,13 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState, create_trial
 
 from tuner.layout import ResultsLayout
-from tuner.memory import GIB
+from tuner.models.memory.estimate import GIB
 from tuner.report.build import build_report
-from tuner.space import Candidate, enumerate_space
-from tuner.spec import StudySpec
-from tuner.storage import open_storage
-from tuner.studyfile import load_study
-from tuner.trials import config_params, distributions
+from tuner.space.enumerate import Candidate, enumerate_space
+from tuner.space.trials import config_params, distributions
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
+from tuner.study.storage import open_storage
 
 
 def synthetic_trial(

@@ -11,10 +11,10 @@ surfaces of different shape (``benchmarks/surfaces.py``): large TP wins, PP wins
 matters; and two held out, on which the sampler was never tuned: ``rugged`` (random factors per
 knob value and pair) and ``builtin`` (the stand-in's own default surface).
 
-Every method is the real study loop (``tuner.study.build_loop``: Optuna with SQLite storage, the
-local executor, the memory screen, the Megatron log parser) launching the Megatron stand-in as a
-real process per trial, with the flags the ``megatron_gpt`` template renders; only ``torchrun`` is
-left out (one process plays every rank) so a trial takes a fraction of a second. Trials run one
+Every method is the real study loop (``tuner.study.loop.build_loop``: Optuna with SQLite storage,
+the local executor, the memory screen, the Megatron log parser) launching the Megatron stand-in as
+a real process per trial, with the flags the ``megatron_gpt`` template renders; only ``torchrun``
+is left out (one process plays every rank) so a trial takes a fraction of a second. Trials run one
 at a time (``nodes_per_trial: all``, the default), so "runs" is the count of launched trials up to
 and including the first whose true step time is within 2 % of the best that really fits.
 
@@ -28,13 +28,14 @@ and including the first whose true step time is within 2 % of the best that real
 * ``random``: Optuna's RandomSampler through the same loop, nothing enqueued, no early stop.
 * ``grid``: Optuna's GridSampler (it visits the grid in a random order per seed), the same way.
 * ``second`` / ``second-calibrated``: a second tune study on the same surface (other sampler and
-  noise seeds), without and with the calibration (``tuner.calibration``) that a first tune study
-  of the same seed saved for the cluster; a table over seeds compares their runs to within 2 %.
+  noise seeds), without and with the calibration (``tuner.calibrate.store``) that a first tune
+  study of the same seed saved for the cluster; a table over seeds compares their runs to within 2
+  %.
 
 ``tune``, ``tune-count-rule`` and ``tpe`` run on until their own stop rules end them:
 ``launches`` is every launch they paid for (runs to the best plus the launches spent making
 sure), ``known-stop`` how many searches ended because no untried config had a 10 % chance of a
-1 % gain (``tuner.stopping``) rather than by the count rule or the budget.
+1 % gain (``tuner.search.stopping``) rather than by the count rule or the budget.
 
 The baselines get the memory screen and duplicate skipping too, so the table isolates the search
 strategy; ``grid (no model)`` is the expected count for a shuffled grid that launches every
@@ -65,13 +66,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.standins import pretrain_gpt as standin  # noqa: E402
-from tuner.calibration import record_study  # noqa: E402
+from tuner.calibrate.store import record_study  # noqa: E402
+from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import LaunchRequest, render_launch  # noqa: E402
-from tuner.parallel import ParallelConfig  # noqa: E402
-from tuner.space import enumerate_space  # noqa: E402
-from tuner.spec import StudySpec  # noqa: E402
-from tuner.study import StudyLoop, build_loop  # noqa: E402
-from tuner.studyfile import study_from_mapping  # noqa: E402
+from tuner.space.enumerate import enumerate_space  # noqa: E402
+from tuner.spec.file import study_from_mapping  # noqa: E402
+from tuner.spec.study import StudySpec  # noqa: E402
+from tuner.study.loop import StudyLoop, build_loop  # noqa: E402
 
 SURFACES_PY = REPO / "benchmarks" / "surfaces.py"
 STANDIN = REPO / "tests" / "standins" / "pretrain_gpt.py"

@@ -32,7 +32,7 @@ from tools.local_slurm import LocalSlurm, slurm_missing_reason  # noqa: E402
 from tuner.launch import LaunchRequest  # noqa: E402
 from tuner.launch.slurm import SlurmExecutor, SlurmJob  # noqa: E402
 from tuner.layout import ResultsLayout  # noqa: E402
-from tuner.spec import SlurmSpec  # noqa: E402
+from tuner.spec.study import SlurmSpec  # noqa: E402
 
 # The node script stamps the moment it is done, just before exiting.
 FINISH = 'sleep 1\ndate +%s.%N > "finished-$SLURM_NODEID"\n'

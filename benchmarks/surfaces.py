@@ -6,7 +6,7 @@ returns ``{"step_s", "memory_gib"}``. The stand-in loads them in every trial pro
 library only.
 
 The shape is the same for all three, a plain performance model written independently of
-``tuner.perf`` and ``tuner.memory``:
+``tuner.models.time.estimate`` and ``tuner.models.memory.estimate``:
 
 * compute: the model FLOPs at an achievable 700 TFLOP/s per GPU, scaled by a GEMM efficiency
   that grows with the per-GPU GEMM size ``micro_batch * seq * hidden / tp`` (``size / (size +

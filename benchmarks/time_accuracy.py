@@ -1,4 +1,5 @@
-"""How well ``tuner.perf`` predicts and ranks published training speeds, and how fast it is.
+"""How well ``tuner.models.time.estimate`` predicts and ranks published training speeds, and how
+fast it is.
 
 Reads ``benchmarks/data/step_times.csv`` (measured step times / throughputs of real runs, each with
 its citation, cluster and full config; see ``benchmarks/data/STEP_TIMES.md``) and prints, per row,
@@ -35,11 +36,11 @@ from scipy.stats import spearmanr
 
 from tuner._loader import load_dataclass
 from tuner.catalog import GPUSpec, get_gpu
-from tuner.frameworks import Framework
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time, layer_step_times, model_flops_per_step
-from tuner.spec import ModelSpec, Precision, TrainingSpec
-from tuner.studyfile import _expand_model
+from tuner.config.parallel import ParallelConfig
+from tuner.models.time.estimate import estimate_time, layer_step_times, model_flops_per_step
+from tuner.spec.file import _expand_model
+from tuner.spec.frameworks import Framework
+from tuner.spec.study import ModelSpec, Precision, TrainingSpec
 
 CSV = Path(__file__).resolve().parent / "data" / "step_times.csv"
 METRICS = (
@@ -385,7 +386,7 @@ def step_log_error(case: Case) -> float:
 
 
 def rms_step_error(cases: list[Case]) -> float:
-    """The rms of ``step_log_error`` (``tuner.rates.CATALOG_STEP_ERROR`` states it)."""
+    """The rms of ``step_log_error`` (``tuner.models.rates.CATALOG_STEP_ERROR`` states it)."""
     return math.sqrt(statistics.fmean(step_log_error(c) ** 2 for c in cases))
 
 
@@ -452,7 +453,7 @@ def main() -> None:
         print(f"  {n:3}  {reason}")
     print_groups(cases)
     print(f"\nall {len(cases)} rows: rms of log(measured / predicted step time) "
-          f"{rms_step_error(cases):.3f} (tuner.rates.CATALOG_STEP_ERROR)")  # fmt: skip
+          f"{rms_step_error(cases):.3f} (tuner.models.rates.CATALOG_STEP_ERROR)")  # fmt: skip
     print_speed()
 
 

@@ -26,19 +26,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuner.config.parallel import ParallelConfig
 from tuner.launch import NodeGroup
 from tuner.layout import ResultsLayout
-from tuner.memory import GIB, estimate_memory
+from tuner.models.memory.estimate import GIB, estimate_memory
+from tuner.models.time.estimate import estimate_time
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
-from tuner.record import parse_result
-from tuner.results import load_optuna_study
-from tuner.space import enumerate_space, study_gpu
-from tuner.spec import StudySpec
-from tuner.study import build_loop, make_executor, template_launcher
-from tuner.studyfile import load_study
-from tuner.trials import trial_outcome
+from tuner.report.leaderboard import load_optuna_study
+from tuner.space.enumerate import enumerate_space, study_gpu
+from tuner.space.trials import trial_outcome
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
+from tuner.study.loop import build_loop, make_executor, template_launcher
+from tuner.study.record import parse_result
 
 FIELDS = [
     "source", "trial", "config", "tp", "pp", "dp", "micro_batch", "recompute", "zero_stage",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from tuner.allocator import MIB, StepTensors, reserved_bytes, round_size, segment_size
+from tuner.models.memory.allocator import (
+    MIB,
+    StepTensors,
+    reserved_bytes,
+    round_size,
+    segment_size,
+)
 
 
 def test_rounding_and_segment_sizes() -> None:

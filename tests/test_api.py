@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import re
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def test_every_public_name_resolves() -> None:
     assert set(tuner.__all__) == {"DISTRIBUTION", "__version__", *tuner._LAZY}
     for name in tuner.__all__:
         assert getattr(tuner, name) is not None, name
-    assert tuner.leaderboard is __import__("tuner.results").results.leaderboard
+    assert tuner.leaderboard is importlib.import_module("tuner.report.leaderboard").leaderboard
     with pytest.raises(AttributeError):
         tuner.no_such_name  # noqa: B018
 

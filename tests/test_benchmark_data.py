@@ -260,10 +260,10 @@ def test_repeat_bound_is_what_an_exact_model_of_repeated_setups_reaches() -> Non
 
 
 def test_the_catalogs_stated_step_time_error_is_the_benchmarks() -> None:
-    """``tuner.rates.CATALOG_STEP_ERROR`` (what tune estimate states beside a catalog
+    """``tuner.models.rates.CATALOG_STEP_ERROR`` (what tune estimate states beside a catalog
     prediction) is the rms log error of the step-time set as time_accuracy computes it: a change
     to the time model or the set that moves it must restate it."""
-    from tuner.rates import CATALOG_STEP_ERROR
+    from tuner.models.rates import CATALOG_STEP_ERROR
 
     bench = _benchmark("time_accuracy")
     cases, _ = bench.load_cases(DATA / "step_times.csv")

@@ -11,13 +11,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.cli import main
+from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
 from tuner.layout import ResultsLayout
-from tuner.parallel import ParallelConfig
-from tuner.results import emit_best
-from tuner.storage import open_storage
-from tuner.studyfile import study_from_mapping
-from tuner.trials import distributions
+from tuner.report.leaderboard import emit_best
+from tuner.space.trials import distributions
+from tuner.spec.file import study_from_mapping
+from tuner.study.storage import open_storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 

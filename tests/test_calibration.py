@@ -16,8 +16,8 @@ import optuna
 import pytest
 import yaml
 
-from tuner.calibrated import Corrector, corrector_for, memory_notes
-from tuner.calibration import (
+from tuner.calibrate.calibrated import Corrector, corrector_for, memory_notes
+from tuner.calibrate.store import (
     TRANSFER_SD,
     Calibration,
     Observation,
@@ -29,17 +29,17 @@ from tuner.calibration import (
     save_calibration,
     setup_fingerprint,
 )
-from tuner.cli import main
+from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
 from tuner.layout import ClusterLayout
-from tuner.memory import GIB
+from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.sampler import MIN_ERROR_RUNS, ModelGuidedSampler
-from tuner.space import enumerate_space, study_gpu
-from tuner.spec import StudySpec
-from tuner.stopping import Stopper
-from tuner.studyfile import study_from_mapping
-from tuner.trials import config_from_params, distributions
+from tuner.search.sampler import MIN_ERROR_RUNS, ModelGuidedSampler
+from tuner.search.stopping import Stopper
+from tuner.space.enumerate import enumerate_space, study_gpu
+from tuner.space.trials import config_from_params, distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
 
 BASE: dict[str, Any] = {
     "name": "first",
@@ -208,8 +208,8 @@ def test_calibration_never_launches_what_the_memory_model_rejects(tmp_path: Path
                           limit_gib=s.search.memory_headroom * 80.0)  # fmt: skip
     notes = memory_notes(corrector, report.viable, report.oom)
     assert any("still never launched" in n for n in notes), notes
-    # Beyond what fits only the study's declared memory probes (tuner.probe: from the model's
-    # own stated error, at most search.memory_probes, marked as such), never what the
+    # Beyond what fits only the study's declared memory probes (tuner.space.probes: from the
+    # model's own stated error, at most search.memory_probes, marked as such), never what the
     # calibration alone would let fit.
     probes = {c.config.key() for c in report.probes}
     assert len(probes) <= s.search.memory_probes
@@ -368,7 +368,7 @@ def test_a_study_saves_its_trials_and_the_next_one_reads_them(tmp_path: Path) ->
     """The real loop (local executor, the Megatron stand-in): ``run`` ends by saving its
     measured trials for the cluster; the next study's sampler starts from them."""
     from tests.test_study import SURFACE, study_data
-    from tuner.study import build_loop
+    from tuner.study.loop import build_loop
 
     data = study_data(tmp_path, SURFACE, n_trials=3)
     first = study_from_mapping(data)

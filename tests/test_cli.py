@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner.errors import ConfigError
-from tuner.rates import CATALOG_STEP_ERROR
+from tuner.models.rates import CATALOG_STEP_ERROR
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
@@ -90,8 +90,8 @@ def test_estimate_lists_the_fp8_cast_and_moe_routing_terms(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The step-time table names every term; Mixtral in FP8 pays both the TE casts and the
-    routing (tuner.perf_fp8, tuner.perf_moe)."""
-    from tuner.studyfile import resolve_study_path
+    routing (tuner.models.time.fp8, tuner.models.time.moe)."""
+    from tuner.spec.file import resolve_study_path
 
     text = resolve_study_path("mixtral-8x7b").read_text()
     assert "precision: bf16" in text

@@ -27,10 +27,10 @@ DEMO = REPO / "tuner" / "studies" / "demo.yaml"
 def test_demo_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch", reason="the demo trains for real: needs the train extra")
     pytest.importorskip("deepspeed", reason="the demo runs DeepSpeed: needs the train extra")
-    from tuner.cli import main
-    from tuner.results import emit_best, leaderboard
-    from tuner.space import enumerate_space
-    from tuner.studyfile import load_study
+    from tuner.cli.main import main
+    from tuner.report.leaderboard import emit_best, leaderboard
+    from tuner.space.enumerate import enumerate_space
+    from tuner.spec.file import load_study
 
     raw = yaml.safe_load(DEMO.read_text())
     # the copy lives in tmp_path, and its paths would be relative to that folder

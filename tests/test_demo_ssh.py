@@ -42,9 +42,9 @@ def test_demo_ssh_runs_a_two_node_trial(tmp_path: Path, monkeypatch: pytest.Monk
         pytest.skip(reason)
     pytest.importorskip("torch", reason="the demo trains for real: needs the train extra")
     pytest.importorskip("deepspeed", reason="the demo runs DeepSpeed: needs the train extra")
-    from tuner.cli import main
-    from tuner.results import leaderboard
-    from tuner.studyfile import load_study
+    from tuner.cli.main import main
+    from tuner.report.leaderboard import leaderboard
+    from tuner.spec.file import load_study
 
     raw = yaml.safe_load(DEMO_SSH.read_text())
     # the interpreter running the tests (the study names the checkout's .venv, as make does)

@@ -45,7 +45,7 @@ def tune(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("TUNER_HOSTILE_UNSET", None)
     return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", *args], cwd=cwd, env=env, capture_output=True,
+        [sys.executable, "-m", "tuner.cli.main", *args], cwd=cwd, env=env, capture_output=True,
         text=True, errors="replace", timeout=HANG_GUARD_S, check=False,
     )  # fmt: skip
 

@@ -14,16 +14,17 @@ from typing import Any
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.frameworks import FRAMEWORKS, padded_vocab, traits
-from tuner.memory import estimate_memory
-from tuner.memory_terms import param_counts
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time
-from tuner.pipe_layers import pipe_layers
-from tuner.pipeline import pipe_buffers, stage_holds, stage_layers
-from tuner.space import enumerate_space
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.studyfile import study_from_mapping
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipe_layers import pipe_layers
+from tuner.config.pipeline import pipe_buffers, stage_holds, stage_layers
+from tuner.config.rules import validate
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.memory.terms import param_counts
+from tuner.models.time.estimate import estimate_time
+from tuner.space.enumerate import enumerate_space
+from tuner.spec.file import study_from_mapping
+from tuner.spec.frameworks import FRAMEWORKS, padded_vocab, traits
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 MDS = "megatron-deepspeed"
 H100 = get_gpu("h100-sxm-80gb")

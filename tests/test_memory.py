@@ -9,7 +9,8 @@ import re
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.memory import (
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import (
     DEEPSPEED_ESTIMATOR,
     GIB,
     ZERO_PAPER,
@@ -22,9 +23,8 @@ from tuner.memory import (
     param_counts,
     zero_model_state_total,
 )
-from tuner.memory_terms import global_buffer_bytes
-from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec
+from tuner.models.memory.terms import global_buffer_bytes
+from tuner.spec.study import ModelSpec
 
 A100 = get_gpu("a100-80gb")
 MEGATRON_BF16 = ModelStateBytes(param=2, grad=4, grad_fp32=0, optimizer=12)  # 18 B/param

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from tuner.catalog import get_gpu
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import in_flight, stage_layers
 from tuner.errors import ConfigError
-from tuner.memory import GIB, MEMORY_UNCERTAINTY, estimate_memory
-from tuner.parallel import ParallelConfig
-from tuner.pipeline import in_flight, stage_layers
-from tuner.probe import MEMORY_SIGMA
-from tuner.space import study_gpu
-from tuner.spec import ModelSpec
-from tuner.studyfile import study_from_mapping
+from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY, estimate_memory
+from tuner.space.enumerate import study_gpu
+from tuner.space.probes import MEMORY_SIGMA
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import ModelSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 GPT = ModelSpec(

@@ -9,11 +9,14 @@ import pytest
 
 from tuner._loader import load_dataclass
 from tuner.catalog import get_gpu
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
 from tuner.errors import ConfigError
 from tuner.launch.megatron_flags import megatron_moe_flags, megatron_precision_flags
-from tuner.memory import estimate_memory
-from tuner.memory_terms import layer_activations, param_counts
-from tuner.moe import (
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.memory.overheads import communicators
+from tuner.models.memory.terms import layer_activations, param_counts
+from tuner.models.moe import (
     allgather_gathered_bytes,
     dispatch_buffer_bytes,
     expert_params_per_layer,
@@ -23,13 +26,11 @@ from tuner.moe import (
     moe_layers_per_stage,
     nonexpert_delta_per_layer,
 )
-from tuner.moe_spec import MoESpec, parse_pattern
-from tuner.overheads import communicators
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time, model_flops_per_step
-from tuner.rates import catalog_rates
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.studyfile import _expand_model, study_from_mapping
+from tuner.models.rates import catalog_rates
+from tuner.models.time.estimate import estimate_time, model_flops_per_step
+from tuner.spec.file import _expand_model, study_from_mapping
+from tuner.spec.moe import MoESpec, parse_pattern
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 
@@ -205,7 +206,7 @@ def test_study_wide_rules_are_one_line_errors(
 
 
 def test_ep_auto_takes_the_divisors_of_the_experts() -> None:
-    from tuner.space import expand_axes
+    from tuner.space.enumerate import expand_axes
 
     spec = study_from_mapping(study())
     assert expand_axes(spec).ep == (1, 2, 4, 8)
@@ -426,8 +427,8 @@ def test_a_nan_load_balancing_loss_is_divergence() -> None:
 def test_the_mixtral_study_ranks_megatrons_published_mapping_first() -> None:
     """studies/mixtral-8x7b.yaml: Megatron's MoE README gives TP1 EP8 PP4 as the best mapping
     for Mixtral 8x7B on 64 H100 ("EP8TP1 is better than EP4TP2 for 8x7B"); the model agrees."""
-    from tuner.space import enumerate_space
-    from tuner.studyfile import load_study
+    from tuner.space.enumerate import enumerate_space
+    from tuner.spec.file import load_study
 
     report = enumerate_space(load_study("mixtral-8x7b"))
     assert report.invalid_by_rule["expert_grid"] > 0

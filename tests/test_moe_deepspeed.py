@@ -12,16 +12,17 @@ from typing import Any
 import pytest
 
 from tuner.catalog import get_gpu
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
 from tuner.errors import ConfigError
 from tuner.launch.megatron_flags import deepspeed_moe_flags, moe_flags
 from tuner.launch.templates import render_launch
-from tuner.memory import estimate_memory
-from tuner.moe import expert_params_per_layer, framework_moe, nonexpert_delta_per_layer
-from tuner.moe_spec import MoESpec
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.studyfile import load_study, study_from_mapping
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.moe import expert_params_per_layer, framework_moe, nonexpert_delta_per_layer
+from tuner.models.time.estimate import estimate_time
+from tuner.spec.file import load_study, study_from_mapping
+from tuner.spec.moe import MoESpec
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_MOE = REPO / "tuner" / "studies" / "demo-moe.yaml"

@@ -1,15 +1,16 @@
-"""GEMM workspaces the memory model counts inside PyTorch's allocator (tuner.overheads), worked by
-hand from the sizes PyTorch and Transformer Engine allocate."""
+"""GEMM workspaces the memory model counts inside PyTorch's allocator
+(tuner.models.memory.overheads), worked by hand from the sizes PyTorch and Transformer Engine
+allocate."""
 
 from __future__ import annotations
 
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.memory import estimate_memory
-from tuner.overheads import BLAS_THREADS, te_workspace_bytes, workspace_bytes
-from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.memory.overheads import BLAS_THREADS, te_workspace_bytes, workspace_bytes
+from tuner.spec.study import ModelSpec
 
 MIB = 2**20
 A100, H100, CPU = get_gpu("a100-80gb"), get_gpu("h100-sxm-80gb"), get_gpu("cpu")

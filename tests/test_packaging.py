@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_distribution_name_is_written_once() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["name"] == tuner.DISTRIBUTION
-    assert project["scripts"] == {"tune": "tuner.cli:main"}
+    assert project["scripts"] == {"tune": "tuner.cli.main:main"}
 
 
 @pytest.mark.slow
@@ -50,4 +50,4 @@ def test_wheel_ships_the_package_data(tmp_path: Path) -> None:
     assert not any(n.startswith(("tests/", "benchmarks/", "workloads/")) for n in names)
     info = f"{tuner.DISTRIBUTION}-{tuner.__version__}.dist-info"
     entry_points = zipfile.ZipFile(wheel).read(f"{info}/entry_points.txt").decode()
-    assert "tune = tuner.cli:main" in entry_points
+    assert "tune = tuner.cli.main:main" in entry_points

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import check, validate
 from tuner.errors import ValidationError
-from tuner.parallel import ParallelConfig, check, validate
-from tuner.spec import ModelSpec
+from tuner.spec.study import ModelSpec
 
 MODEL = ModelSpec(
     num_layers=24, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=16,

@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tuner.catalog import get_gpu
-from tuner.parallel import ParallelConfig
-from tuner.perf import (
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import catalog_rates
+from tuner.models.time.estimate import (
     CROSS_ENTROPY_BYTES_PER_LOGIT,
     FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT,
     TimeBreakdown,
@@ -23,8 +24,7 @@ from tuner.perf import (
     loss_bytes_per_logit,
     model_flops_per_step,
 )
-from tuner.rates import catalog_rates
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 A100 = get_gpu("a100-80gb")
 H100 = get_gpu("h100-sxm-80gb")

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.frameworks import Framework
-from tuner.parallel import ParallelConfig
-from tuner.perf import TimeBreakdown, estimate_time
-from tuner.spec import ModelSpec, Precision, TrainingSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.spec.frameworks import Framework
+from tuner.spec.study import ModelSpec, Precision, TrainingSpec
 
 A100 = get_gpu("a100-80gb")
 # BLOOM-176B (bigscience tr11-176B-ml.slurm): 70 layers, h 14336, 112 heads, vocab 250880

@@ -8,10 +8,10 @@ import pytest
 
 from tuner._loader import load_dataclass
 from tuner.catalog import get_gpu
-from tuner.fp8 import Fp8Recipe
-from tuner.parallel import ParallelConfig
-from tuner.perf import CROSS_ENTROPY_BYTES_PER_LOGIT, estimate_time
-from tuner.perf_fp8 import (
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import catalog_rates, wave_fraction
+from tuner.models.time.estimate import CROSS_ENTROPY_BYTES_PER_LOGIT, estimate_time
+from tuner.models.time.fp8 import (
     amax_sync_seconds,
     fp8_cast_times,
     fp8_moe_cast_delta,
@@ -19,9 +19,9 @@ from tuner.perf_fp8 import (
     quantize_bytes,
     tp_gather_ratios,
 )
-from tuner.rates import catalog_rates, wave_fraction
-from tuner.spec import ModelSpec, Precision, TrainingSpec
-from tuner.studyfile import _expand_model
+from tuner.spec.file import _expand_model
+from tuner.spec.fp8 import Fp8Recipe
+from tuner.spec.study import ModelSpec, Precision, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 RATES = catalog_rates(H100, "fp8")

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.moe_spec import MoESpec
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
-from tuner.perf_moe import moe_routing_times, routing_bytes
-from tuner.rates import catalog_rates, gemm16_seconds, gemm_seconds
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import catalog_rates, gemm16_seconds, gemm_seconds
+from tuner.models.time.estimate import estimate_time
+from tuner.models.time.moe import moe_routing_times, routing_bytes
+from tuner.spec.moe import MoESpec
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 RATES = catalog_rates(H100, "bf16")

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
-from tuner.perf_pipeline import exposed_hops
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.time.estimate import estimate_time
+from tuner.models.time.pipeline import exposed_hops
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 MODEL = ModelSpec(

@@ -14,12 +14,8 @@ from typing import Any
 
 import pytest
 
-from tuner.deepspeed_partition import deepspeed_layer_params
-from tuner.errors import ConfigError
-from tuner.launch.megatron_flags import megatron_split_flags
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time
-from tuner.pipeline import (
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import (
     chunk_layers,
     held_layer_microbatches,
     in_flight,
@@ -28,10 +24,15 @@ from tuner.pipeline import (
     stage_holds,
     stage_layers,
 )
-from tuner.pipeline_split import canonical_split, parse_split
-from tuner.space import config_from_settings, enumerate_space
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.studyfile import study_from_mapping
+from tuner.config.rules import validate
+from tuner.errors import ConfigError
+from tuner.launch.megatron_flags import megatron_split_flags
+from tuner.models.time.estimate import estimate_time
+from tuner.space.enumerate import config_from_settings, enumerate_space
+from tuner.spec.deepspeed_partition import deepspeed_layer_params
+from tuner.spec.file import study_from_mapping
+from tuner.spec.pipeline_split import canonical_split, parse_split
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 M30 = ModelSpec(
     num_layers=30, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,

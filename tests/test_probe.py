@@ -11,16 +11,16 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.memory import GIB
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.probe import MEMORY_SIGMA, MIN_FIT_PROBABILITY, fit_probability, may_probe
-from tuner.sampler import ModelGuidedSampler
-from tuner.space import enumerate_space
-from tuner.spec import StudySpec
-from tuner.study import build_loop
-from tuner.studyfile import study_from_mapping
-from tuner.trials import config_from_params, distributions
+from tuner.search.sampler import ModelGuidedSampler
+from tuner.space.enumerate import enumerate_space
+from tuner.space.probes import MEMORY_SIGMA, MIN_FIT_PROBABILITY, fit_probability, may_probe
+from tuner.space.trials import config_from_params, distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+from tuner.study.loop import build_loop
 
 BASE: dict[str, Any] = {
     "name": "probe",
@@ -128,16 +128,16 @@ def test_the_sampler_and_the_screen_share_one_enumeration(
 ) -> None:
     """The space is walked (every config's memory and time estimated) once per loop: the seeding,
     the model sampler's candidates and the screen's memory probes come from one enumeration."""
-    import tuner.space
+    import tuner.space.enumerate
 
     walks = []
-    walk = tuner.space.iter_configs
+    walk = tuner.space.enumerate.iter_configs
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         walks.append(1)
         return walk(*args, **kwargs)
 
-    monkeypatch.setattr(tuner.space, "iter_configs", counted)
+    monkeypatch.setattr(tuner.space.enumerate, "iter_configs", counted)
     config, peak = fastest()
     walks.clear()
     s = spec(memory_gib=peak / 1.03)

@@ -14,9 +14,11 @@ import pytest
 import yaml
 
 from tests.procs import live_processes
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner.layout import ClusterLayout
-from tuner.profile import (
+from tuner.profile.job import attention, bus_factor
+from tuner.profile.plan import CPU_STREAM_BYTES, LAUNCH_OPS, attention_shapes, gemm_shapes
+from tuner.profile.run import (
     MAX_AGE_DAYS,
     AttentionSample,
     ClusterProfile,
@@ -31,10 +33,8 @@ from tuner.profile import (
     save_profile,
     study_profile,
 )
-from tuner.profile_job import attention, bus_factor
-from tuner.profile_plan import CPU_STREAM_BYTES, LAUNCH_OPS, attention_shapes, gemm_shapes
-from tuner.spec import StudySpec
-from tuner.studyfile import study_from_mapping
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tools/ is not part of the installed package
@@ -85,7 +85,8 @@ def test_bus_bandwidth_factors_are_nccl_tests() -> None:
 
 def test_the_probe_counts_attention_flops_as_the_time_model_does() -> None:
     """The probe imports no tuner module, so it carries its own copy of the backward ratio."""
-    from tuner import profile_job, rates
+    from tuner.models import rates
+    from tuner.profile import job as profile_job
 
     assert profile_job.FLASH_BACKWARD_RATIO == rates.FLASH_BACKWARD_RATIO
 
@@ -104,7 +105,7 @@ def test_attention_runs_the_default_kernels_where_cudnn_cannot() -> None:
 @pytest.mark.torch
 def test_an_attention_shape_that_does_not_fit_is_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    import tuner.profile_job as job
+    import tuner.profile.job as job
 
     def too_big(*args: Any) -> dict[str, Any]:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
@@ -206,7 +207,7 @@ def test_large_messages_need_large_samples() -> None:
     """Gloo's two-rank all-reduce on this project's 2-core machine (4 KiB ... 64 MiB, measured
     with torch.distributed): its bandwidth keeps rising past 1 MiB, so a fit over the old CPU
     ladder (4 KiB ... 1 MiB) puts a 16 MiB bucket at 2.47x its time; with the ladder reaching the
-    study's bucket (tuner.profile_plan.message_sizes) the large messages are within 10%."""
+    study's bucket (tuner.profile.plan.message_sizes) the large messages are within 10%."""
     measured = ((1 << 12, 0.914e-3), (1 << 16, 1.638e-3), (1 << 20, 4.026e-3),
                 (1 << 22, 6.975e-3), (1 << 24, 19.06e-3), (1 << 26, 72.0e-3))  # fmt: skip
     rows = tuple(CollectiveSample(op="all_reduce", link="intra", group_size=2, ranks=(0, 1),

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from tests.test_profile import study
-from tuner.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
-from tuner.perf_dp import MEGATRON_BUCKET_PARAMS, rank_params
-from tuner.profile_job import DTYPES
-from tuner.profile_plan import (
+from tuner.models.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
+from tuner.models.time.dp import MEGATRON_BUCKET_PARAMS, rank_params
+from tuner.profile.job import DTYPES
+from tuner.profile.plan import (
     CPU_MAX_MESSAGE,
     CPU_MESSAGES,
     CPU_STREAM_BYTES,
@@ -29,7 +29,7 @@ from tuner.profile_plan import (
     make_plan,
     message_sizes,
 )
-from tuner.studyfile import study_from_mapping
+from tuner.spec.file import study_from_mapping
 
 
 def test_gemm_shapes_follow_tp_and_micro_batch() -> None:
@@ -143,7 +143,8 @@ def test_attention_is_probed_per_call_shape_with_the_frameworks_kernels() -> Non
     assert make_plan(spec, ProbeOptions())["attention"] == attention_shapes(spec)
     data["model"]["flash_attention"] = False  # unfused scores: GEMMs and streaming kernels
     assert attention_shapes(study_from_mapping(data)) == []
-    # Transformer Engine prefers cuDNN's fused attention on Hopper (tuner.rates.HOPPER_ATTENTION)
+    # Transformer Engine prefers cuDNN's fused attention on Hopper
+    # (tuner.models.rates.HOPPER_ATTENTION)
     assert attention_backend(spec) == "default"  # the CPU kernel
     hopper = megatron(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
                       training={"precision": "bf16"})  # fmt: skip

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from tuner.config.parallel import ParallelConfig
 from tuner.layout import ClusterLayout
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
-from tuner.profile import (
+from tuner.models.rates import CATALOG_STEP_ERROR, Rates, catalog_rates
+from tuner.models.time.estimate import estimate_time
+from tuner.profile.rates import attention_table, rates_from_profile, study_rates
+from tuner.profile.run import (
     AttentionSample,
     ClusterProfile,
     CollectiveSample,
@@ -20,10 +22,8 @@ from tuner.profile import (
     StreamSample,
     save_profile,
 )
-from tuner.profile_rates import attention_table, rates_from_profile, study_rates
-from tuner.rates import CATALOG_STEP_ERROR, Rates, catalog_rates
-from tuner.space import enumerate_space, study_gpu
-from tuner.studyfile import study_from_mapping
+from tuner.space.enumerate import enumerate_space, study_gpu
+from tuner.spec.file import study_from_mapping
 
 SPEC = study_from_mapping({
     "name": "measured",
@@ -174,7 +174,7 @@ def test_the_study_ranks_with_its_saved_profile(tmp_path: Path) -> None:
 
 
 def test_a_stale_profile_is_refused_in_one_line(tmp_path: Path) -> None:
-    from tuner.profile import ProfileError
+    from tuner.profile.run import ProfileError
 
     old = (dt.datetime.now(dt.UTC) - dt.timedelta(days=400)).isoformat(timespec="seconds")
     save_profile(
@@ -186,11 +186,11 @@ def test_a_stale_profile_is_refused_in_one_line(tmp_path: Path) -> None:
 
 
 def test_estimate_and_space_say_which_rates_they_used(tmp_path: Path) -> None:
-    from tuner.cli_profile import time_source
+    from tuner.cli.profile import time_source
 
     rates, said = time_source(SPEC, str(tmp_path))
     assert rates is None and said.startswith("catalog") and "tune profile" in said
-    assert "measured matmul ceiling" in said  # the A100's MAMF figure (tuner.rates)
+    assert "measured matmul ceiling" in said  # the A100's MAMF figure (tuner.models.rates)
     assert f"off by {CATALOG_STEP_ERROR:.0%} rms on published runs" in said
     cpu = dataclasses.replace(SPEC, cluster=dataclasses.replace(SPEC.cluster, gpu="cpu"))
     assert "ceiling" not in time_source(cpu, str(tmp_path))[1]  # no measurement: datasheet only

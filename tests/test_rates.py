@@ -8,9 +8,8 @@ import dataclasses
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
-from tuner.rates import (
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import (
     FLASH_ATTENTION_EFFICIENCY,
     GEMM_EFFICIENCY,
     HOPPER_ATTENTION,
@@ -24,7 +23,8 @@ from tuner.rates import (
     group_link,
     wave_fraction,
 )
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.models.time.estimate import estimate_time
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 A100 = get_gpu("a100-80gb")
 SMS = A100.sm_count
@@ -196,7 +196,7 @@ def test_attention_backward_is_two_and_a_half_forwards_at_the_backward_rate() ->
 def test_context_parallel_attention_runs_at_the_rate_of_its_shorter_ring_steps() -> None:
     """Under CP each rank's fused attention calls cover s/cp tokens: on Hopper, where the rate
     grows with the call length, the same attention FLOPs take longer split over cp ranks."""
-    from tuner.perf import _attention_core
+    from tuner.models.time.estimate import _attention_core
 
     model = ModelSpec(num_layers=2, hidden_size=4096, ffn_hidden_size=16384,
                       num_attention_heads=32, vocab_size=32000, seq_length=4096)  # fmt: skip

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
 from tuner.errors import ConfigError
-from tuner.parallel import ParallelConfig, validate
-from tuner.recompute import RECOMPUTE_MODULES, parse_recompute, recompute_text
-from tuner.space import config_from_settings, enumerate_space, expand_axes
-from tuner.spec import StudySpec, TrainingSpec
-from tuner.studyfile import study_from_mapping
-from tuner.trials import config_from_params, config_params, distributions, oom_dominates
+from tuner.space.enumerate import config_from_settings, enumerate_space, expand_axes
+from tuner.space.trials import config_from_params, config_params, distributions, oom_dominates
+from tuner.spec.file import study_from_mapping
+from tuner.spec.recompute import RECOMPUTE_MODULES, parse_recompute, recompute_text
+from tuner.spec.study import StudySpec, TrainingSpec
 
 # A small MoE (the stand-in runs it end to end in tests/test_study.py): 4 layers, 4 experts,
 # top-2, no shared experts, grouped GEMM (the tuner's default).

@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.memory import estimate_memory
-from tuner.memory_terms import layer_activations
-from tuner.moe import moe_layer_activations
-from tuner.moe_spec import MoESpec
-from tuner.parallel import ParallelConfig
-from tuner.recompute_memory import selective_activations
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.memory.recompute import selective_activations
+from tuner.models.memory.terms import layer_activations
+from tuner.models.moe import moe_layer_activations
+from tuner.spec.moe import MoESpec
+from tuner.spec.study import ModelSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 
@@ -60,7 +60,7 @@ def test_each_module_of_one_small_moe_layer() -> None:
     assert drops(sel("moe", "moe_act")) == drops(sel("moe"))
     # core_attn alone changes nothing here (it is LayerActivations.scores, as before)
     assert drops(sel("core_attn")) == (0.0, 0.0)
-    # FP8: fc2's input was its 1-byte copy (tuner.fp8_memory), so that is what goes
+    # FP8: fc2's input was its 1-byte copy (tuner.models.memory.fp8), so that is what goes
     assert drops(sel("moe_act"), fp8=True)[0] == MOE_ACT / 2
     # GeLU: the checkpointed activation's output and the probs-weighted product (fc2's input)
     # both go, 256 routed x 128 x (2 + 2) B
@@ -69,8 +69,8 @@ def test_each_module_of_one_small_moe_layer() -> None:
 
 
 def test_moe_drops_exactly_what_the_moe_block_adds() -> None:
-    """The moe region is tuner.moe's MoE terms: the layer less them is the dense layer without
-    its MLP."""
+    """The moe region is tuner.models.moe's MoE terms: the layer less them is the dense layer
+    without its MLP."""
     c = sel("moe")
     dense = layer_activations(SMALL, 1, 1, "bf16")
     moe = moe_layer_activations(SMALL, c, "bf16", dense)
@@ -93,7 +93,7 @@ def test_tensor_and_sequence_parallel_divide_the_drops() -> None:
     c = sel("layernorm", "moe_act", tp=2, sequence_parallel=True, dp=1)
     saved, rebuilt = drops(c)
     # SP splits the norm output over tp; each rank's experts see their ETP share (etp = tp):
-    # tuner.moe expert_tokens = 64 tokens x top-2 x etp 2 = 256, of width 128 / 2
+    # tuner.models.moe expert_tokens = 64 tokens x top-2 x etp 2 = 256, of width 128 / 2
     assert saved == pytest.approx(LAYERNORM / 2 + MOE_ACT / 2)
     assert rebuilt == saved
 

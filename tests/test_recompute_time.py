@@ -8,12 +8,12 @@ import pytest
 
 from tests.test_recompute_memory import SMALL
 from tuner.catalog import get_gpu
-from tuner.moe import mlp_seconds, moe_layer_times
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time, hardware_flops_per_step
-from tuner.rates import catalog_rates, group_link
-from tuner.recompute_time import NORM_PASSES
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.moe import mlp_seconds, moe_layer_times
+from tuner.models.rates import catalog_rates, group_link
+from tuner.models.time.estimate import estimate_time, hardware_flops_per_step
+from tuner.models.time.recompute import NORM_PASSES
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 TRAINING = TrainingSpec(global_batch_size=8)

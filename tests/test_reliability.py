@@ -24,8 +24,8 @@ import pytest
 
 from tests.procs import Proc, live_processes
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
-from tuner.results import leaderboard
-from tuner.studyfile import study_from_mapping
+from tuner.report.leaderboard import leaderboard
+from tuner.spec.file import study_from_mapping
 
 pytestmark = [pytest.mark.slow]
 
@@ -181,7 +181,7 @@ def test_ctrl_c_twice_cleans_up_and_loses_nothing(tmp_path: Path) -> None:
     path = write_study(tmp_path, data)
     results = tmp_path / "results"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", "run", "--study", str(path), "--results",
+        [sys.executable, "-m", "tuner.cli.main", "run", "--study", str(path), "--results",
          str(results), "--quiet"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -221,7 +221,7 @@ def _mounted(args: list[str], target: Path) -> Iterator[None]:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "tuner.cli.main", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
 
 
@@ -251,7 +251,7 @@ def test_a_nearly_full_results_folder_is_refused_before_launching(tmp_path: Path
     results = tmp_path / "small"
     with _mounted(["-t", "tmpfs", "-o", "size=2m", "tmpfs"], results):
         done = subprocess.run(
-            [sys.executable, "-m", "tuner.cli", "run", "--study", str(path), "--results",
+            [sys.executable, "-m", "tuner.cli.main", "run", "--study", str(path), "--results",
              str(results)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
             check=False,
         )  # fmt: skip
@@ -340,7 +340,7 @@ def test_a_trials_token_is_recorded_before_its_processes_start(tmp_path: Path) -
     and the next worker put a second trial on the node (seen under load in the test above). The
     token is now on the trial and its leases before the executor starts anything."""
     from tuner.launch import LaunchRequest, LocalExecutor
-    from tuner.study import build_loop
+    from tuner.study.loop import build_loop
 
     spec = study_from_mapping(study_data(tmp_path, SURFACE, n_trials=2))
     seen: list[tuple[str | None, list[str | None], Any]] = []

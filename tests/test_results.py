@@ -10,16 +10,16 @@ import optuna
 import pandas as pd
 import pytest
 
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.results import best_config, emit_best, leaderboard, megatron_args
-from tuner.space import expand_axes
-from tuner.spec import StudySpec
-from tuner.storage import open_storage
-from tuner.studyfile import study_from_mapping
-from tuner.trials import config_params, distributions
+from tuner.report.leaderboard import best_config, emit_best, leaderboard, megatron_args
+from tuner.space.enumerate import expand_axes
+from tuner.space.trials import config_params, distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+from tuner.study.storage import open_storage
 
 # ask/tell by hand, as the study loop does; the loop records heartbeats itself
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")

@@ -12,10 +12,10 @@ import numpy as np
 import optuna
 import pytest
 
-from tuner.memory import GIB
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.sampler import (
+from tuner.search.sampler import (
     Features,
     ModelGuidedSampler,
     Prior,
@@ -23,10 +23,10 @@ from tuner.sampler import (
     fit,
     knob_values,
 )
-from tuner.space import enumerate_space
-from tuner.spec import StudySpec
-from tuner.studyfile import study_from_mapping
-from tuner.trials import config_from_params, distributions
+from tuner.space.enumerate import enumerate_space
+from tuner.space.trials import config_from_params, distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
 
 BASE: dict[str, Any] = {
     "name": "s",
@@ -195,7 +195,7 @@ def test_memory_features_weigh_each_knob_by_the_component_it_sizes() -> None:
 
 def test_samplers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.errors import StudyError
-    from tuner.sampler import make_sampler
+    from tuner.search.sampler import make_sampler
 
     assert isinstance(make_sampler(spec()), ModelGuidedSampler)
     assert isinstance(make_sampler(spec(sampler="tpe")), optuna.samplers.TPESampler)

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
+from tuner.config.rules import validate
 from tuner.errors import ConfigError
-from tuner.parallel import validate
-from tuner.space import (
+from tuner.space.enumerate import (
     config_from_settings,
     enumerate_space,
     expand_axes,
     iter_configs,
     require_viable,
 )
-from tuner.studyfile import load_study, study_from_mapping
+from tuner.spec.file import load_study, study_from_mapping
 
 BASE: dict[str, Any] = {
     "name": "s",
@@ -80,7 +80,7 @@ def test_sequence_parallel_on_keeps_tp1_configs_with_sp_off() -> None:
     assert expand_axes(s).size == len(configs) == 2
     assert all(not validate(c, s.model, s.world_size, s.framework) for c in configs)
 
-    from tuner.trials import config_from_params, config_params
+    from tuner.space.trials import config_from_params, config_params
 
     params = config_params(configs[1]) | {"tp": 1}  # what an Optuna sampler may propose
     assert config_from_params(s, params).sequence_parallel is False

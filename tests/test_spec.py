@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from tuner.errors import ConfigError
-from tuner.spec import StudySpec
-from tuner.studyfile import (
+from tuner.spec.file import (
     load_study,
     model_preset_names,
     resolve_study_path,
     shipped_study_names,
     study_from_mapping,
 )
+from tuner.spec.study import StudySpec
 
 GOOD: dict[str, Any] = {
     "name": "t",
@@ -222,7 +222,7 @@ def test_cli_bad_study_exits_2_with_one_line(tmp_path: Path) -> None:
         yaml.safe_dump(with_change("space.tp", [3, "a"]))
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "space", "--study", "bad"],
+        [sys.executable, "-m", "tuner.cli.main", "space", "--study", "bad"],
         cwd=tmp_path, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2

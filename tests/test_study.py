@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from tests.procs import live_processes
+from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.results import emit_best, leaderboard, load_optuna_study
-from tuner.space import enumerate_space
-from tuner.study import build_loop
-from tuner.studyfile import study_from_mapping
-from tuner.trials import counts_as_run, oom_dominates
+from tuner.report.leaderboard import emit_best, leaderboard, load_optuna_study
+from tuner.space.enumerate import enumerate_space
+from tuner.space.trials import counts_as_run, oom_dominates
+from tuner.spec.file import study_from_mapping
+from tuner.study.loop import build_loop
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"
@@ -128,7 +128,7 @@ def test_oom_surface_launches_nothing_predicted_to_oom(tmp_path: Path, sampler: 
         assert (rows.outcome == str(Outcome.PRUNED_MEMORY)).any()
     launched = rows[~rows.outcome.isin(["pruned_memory", "invalid"])]
     assert not launched.empty
-    # Over the headroom only the study's memory probes run (tuner.probe): marked, at most
+    # Over the headroom only the study's memory probes run (tuner.space.probes): marked, at most
     # search.memory_probes of them, and each still within the model's error of the GPU.
     study = load_optuna_study(spec, None, str(tmp_path / "results"))
     probes = {t.number for t in study.trials if t.user_attrs.get("memory_probe")}
@@ -265,7 +265,7 @@ def test_oom_dominance() -> None:
 
 def tune(*args: str, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", *args], cwd=cwd, text=True,
+        [sys.executable, "-m", "tuner.cli.main", *args], cwd=cwd, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
@@ -366,7 +366,7 @@ def test_bad_study_file_exits_2(tmp_path: Path) -> None:
     data = study_data(tmp_path, SURFACE)
     data["search"]["sampler"] = "annealing"
     path = write_study(tmp_path, data)
-    proc = subprocess.run([sys.executable, "-m", "tuner.cli", "run", "--study", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "tuner.cli.main", "run", "--study", str(path)],
                           capture_output=True, text=True, cwd=tmp_path, env=os.environ.copy(),
                           check=False)  # fmt: skip
     assert proc.returncode == 2

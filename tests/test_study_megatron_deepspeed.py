@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tuner.parallel import ParallelConfig
-from tuner.results import emit_best, leaderboard
-from tuner.study import build_loop
-from tuner.studyfile import study_from_mapping
+from tuner.config.parallel import ParallelConfig
+from tuner.report.leaderboard import emit_best, leaderboard
+from tuner.spec.file import study_from_mapping
+from tuner.study.loop import build_loop
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "megatron_deepspeed"

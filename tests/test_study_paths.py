@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuner.config.parallel import ParallelConfig
 from tuner.launch.templates import render_launch
-from tuner.parallel import ParallelConfig
-from tuner.spec import ClusterSpec, LaunchSpec, SSHSpec
-from tuner.study_paths import STUDY_PATHS
-from tuner.studyfile import load_study
+from tuner.spec.file import load_study
+from tuner.spec.paths import STUDY_PATHS
+from tuner.spec.study import ClusterSpec, LaunchSpec, SSHSpec
 
 
 def write_study(folder: Path, **launch: object) -> Path:

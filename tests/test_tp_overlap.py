@@ -10,14 +10,12 @@ from typing import Any
 import pytest
 
 from tuner.catalog import get_gpu
-from tuner.memory import estimate_memory
-from tuner.parallel import ParallelConfig, validate
-from tuner.perf import estimate_time
-from tuner.rates import Link, catalog_rates, gemm_seconds
-from tuner.space import config_from_settings, enumerate_space, expand_axes, iter_configs
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.studyfile import study_from_mapping
-from tuner.tp_overlap import (
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.rates import Link, catalog_rates, gemm_seconds
+from tuner.models.time.estimate import estimate_time
+from tuner.models.time.tp_overlap import (
     UB_COMM_SMS,
     UB_PIPELINE_SPLITS,
     Block,
@@ -26,7 +24,10 @@ from tuner.tp_overlap import (
     ring_exchange,
     ub_buffer_bytes,
 )
-from tuner.trials import config_from_params, config_params, distributions
+from tuner.space.enumerate import config_from_settings, enumerate_space, expand_axes, iter_configs
+from tuner.space.trials import config_from_params, config_params, distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 H100 = get_gpu("h100-sxm-80gb")
 MODEL = ModelSpec(num_layers=32, hidden_size=8192, ffn_hidden_size=28672,

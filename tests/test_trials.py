@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tuner.parallel import ParallelConfig
-from tuner.results import COLUMNS
-from tuner.studyfile import study_from_mapping
-from tuner.trials import config_from_params, config_params, distributions
+from tuner.config.parallel import ParallelConfig
+from tuner.report.leaderboard import COLUMNS
+from tuner.space.trials import config_from_params, config_params, distributions
+from tuner.spec.file import study_from_mapping
 
 SPEC = study_from_mapping({
     "name": "params",

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tuner.api import Estimate, best, estimate, run
-    from tuner.memory import MemoryBreakdown, estimate_memory
-    from tuner.parallel import ParallelConfig
-    from tuner.perf import TimeBreakdown, estimate_time
-    from tuner.record import Summary
-    from tuner.results import leaderboard
-    from tuner.space import SpaceReport, enumerate_space, study_gpu
-    from tuner.spec import StudySpec
-    from tuner.studyfile import load_study
+    from tuner.config.parallel import ParallelConfig
+    from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory
+    from tuner.models.time.estimate import TimeBreakdown, estimate_time
+    from tuner.report.leaderboard import leaderboard
+    from tuner.space.enumerate import SpaceReport, enumerate_space, study_gpu
+    from tuner.spec.file import load_study
+    from tuner.spec.study import StudySpec
+    from tuner.study.record import Summary
 
     __version__: str
 
@@ -37,22 +37,22 @@ DISTRIBUTION = "paratune"
 """The name this package is installed under (``pip install paratune``); it imports as ``tuner``."""
 
 _LAZY = {
-    "load_study": "tuner.studyfile",
-    "StudySpec": "tuner.spec",
-    "ParallelConfig": "tuner.parallel",
-    "enumerate_space": "tuner.space",
-    "SpaceReport": "tuner.space",
-    "study_gpu": "tuner.space",
-    "estimate_memory": "tuner.memory",
-    "MemoryBreakdown": "tuner.memory",
-    "estimate_time": "tuner.perf",
-    "TimeBreakdown": "tuner.perf",
+    "load_study": "tuner.spec.file",
+    "StudySpec": "tuner.spec.study",
+    "ParallelConfig": "tuner.config.parallel",
+    "enumerate_space": "tuner.space.enumerate",
+    "SpaceReport": "tuner.space.enumerate",
+    "study_gpu": "tuner.space.enumerate",
+    "estimate_memory": "tuner.models.memory.estimate",
+    "MemoryBreakdown": "tuner.models.memory.estimate",
+    "estimate_time": "tuner.models.time.estimate",
+    "TimeBreakdown": "tuner.models.time.estimate",
     "estimate": "tuner.api",
     "Estimate": "tuner.api",
     "run": "tuner.api",
     "best": "tuner.api",
-    "leaderboard": "tuner.results",
-    "Summary": "tuner.study",
+    "leaderboard": "tuner.report.leaderboard",
+    "Summary": "tuner.study.loop",
 }
 
 # Written out (not built from _LAZY) so that linters and type checkers read it; a test checks that

@@ -1,9 +1,9 @@
 """The notebook-sized Python API: estimate a study's configs, run it, read its results.
 
 ``import tuner`` exposes these (and the model functions they build on) lazily; see ``tuner``'s
-docstring. Every function takes a :class:`~tuner.spec.StudySpec` or a study name or path, as
+docstring. Every function takes a :class:`~tuner.spec.study.StudySpec` or a study name or path, as
 ``tune --study`` does. Optuna and pandas are imported only by :func:`run`, :func:`best` and
-:func:`tuner.results.leaderboard`.
+:func:`tuner.report.leaderboard.leaderboard`.
 """
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.memory import MemoryBreakdown, estimate_memory, fits
-from tuner.parallel import ParallelConfig
-from tuner.perf import TimeBreakdown, estimate_time
-from tuner.rates import Rates
-from tuner.space import config_from_settings, study_gpu, study_violations
-from tuner.spec import StudySpec
-from tuner.studyfile import load_study
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory, fits
+from tuner.models.rates import Rates
+from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.space.enumerate import config_from_settings, study_gpu, study_violations
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
-    from tuner.record import Summary
+    from tuner.study.record import Summary
 
 __all__ = ["Estimate", "best", "estimate", "run", "study_spec"]
 
@@ -79,7 +79,7 @@ def estimate(
     Give a :class:`ParallelConfig`, or knobs as ``tune estimate --set`` takes them (``tp=8,
     pp=4, sp=True, recompute="selective"``); knobs left out take the first value of the study's
     space and DP follows from the world size. ``rates``: the cluster's measured rates
-    (``tuner.profile_rates.study_rates``); the catalog's when None.
+    (``tuner.profile.rates.study_rates``); the catalog's when None.
     """
     spec = study_spec(study)
     if config is not None and settings:
@@ -120,8 +120,8 @@ def run(
     again to resume. Ctrl-C (SIGINT) or SIGTERM cancels the running trials and returns. Raises a
     :class:`~tuner.errors.TunerError` for a bad study or storage.
     """
-    from tuner.signals import stop_on_signals
-    from tuner.study import build_loop
+    from tuner.study.loop import build_loop
+    from tuner.study.signals import stop_on_signals
 
     spec = study_spec(study)
     loop = build_loop(spec, storage=storage, results=results, force=force, n_trials=n_trials)
@@ -136,6 +136,6 @@ def best(
     study: StudySpec | str, *, storage: str | None = None, results: str = "results"
 ) -> ParallelConfig:
     """The fastest measured config of ``study`` (a :class:`~tuner.errors.StudyError` if none)."""
-    from tuner.results import best_config
+    from tuner.report.leaderboard import best_config
 
     return best_config(study_spec(study), storage, results)

@@ -65,8 +65,8 @@ class NodeError(LaunchError):
 
 
 class SplitError(Exception):
-    """A pipeline split the framework refuses (:mod:`tuner.pipeline_split`,
-    :mod:`tuner.deepspeed_partition`): a stable rule id and the framework's own message.
+    """A pipeline split the framework refuses (:mod:`tuner.spec.pipeline_split`,
+    :mod:`tuner.spec.deepspeed_partition`): a stable rule id and the framework's own message.
 
     Not a :class:`TunerError`: it never reaches the user as is; the validity rules report it as
     a rule violation and the per-stage views raise :class:`ValidationError` with its message.

@@ -17,14 +17,15 @@ from typing import Any
 import pytest
 
 from tests.launch.test_templates import check_golden
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import stage_layers
+from tuner.config.rules import validate
 from tuner.launch.megatron_flags import megatron_deepspeed_parallel_flags, parallel_args
 from tuner.launch.templates import RenderedLaunch, render_launch
 from tuner.logs import parse_log
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig, validate
-from tuner.pipeline import stage_layers
-from tuner.spec import StudySpec
-from tuner.studyfile import study_from_mapping
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "standins" / "megatron_deepspeed"

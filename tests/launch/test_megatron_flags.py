@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
 from tuner.launch.megatron_flags import megatron_parallel_args, megatron_parallel_flags
 from tuner.launch.templates import render_launch
-from tuner.parallel import ParallelConfig, validate
-from tuner.results import megatron_args
-from tuner.spec import StudySpec
-from tuner.studyfile import study_from_mapping
+from tuner.report.leaderboard import megatron_args
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
 
 FAKE_TORCHRUN = """#!{python}
 import json, os, sys
@@ -124,7 +125,8 @@ def test_flags_follow_the_config() -> None:
         "--context-parallel-size", "1", "--micro-batch-size", "1", "--global-batch-size", "64",
         "--overlap-grad-reduce",
     ]  # fmt: skip
-    # the distributed optimizer gathers its parameters behind the next forward (tuner.perf_dp)
+    # the distributed optimizer gathers its parameters behind the next forward
+    # (tuner.models.time.dp)
     assert flags["--overlap-param-gather"] == () and flags["--overlap-grad-reduce"] == ()
     selective = megatron_parallel_args(CONFIGS["tp1-cp2-selective"], num_layers=32)
     assert "--recompute-method" not in selective and "--sequence-parallel" not in selective
@@ -215,7 +217,8 @@ def test_moe_fp8_script_matches_the_export_and_the_standin_accepts_it(tmp_path: 
 def test_tp_comm_overlap_reaches_megatron_and_the_standin_accepts_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--tp-comm-overlap (TE userbuffers, tuner.tp_overlap) rides with --sequence-parallel."""
+    """--tp-comm-overlap (TE userbuffers, tuner.models.time.tp_overlap) rides with
+    --sequence-parallel."""
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the script exports it (TP > 1)
     spec = study(tmp_path)
     config = ParallelConfig(tp=8, dp=2, sequence_parallel=True, tp_comm_overlap=True,

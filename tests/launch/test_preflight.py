@@ -29,8 +29,8 @@ from tuner.launch.preflight import (
     exit_code,
 )
 from tuner.launch.ssh import SSHExecutor
-from tuner.spec import SSHSpec
-from tuner.studyfile import study_from_mapping
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import SSHSpec
 
 from .sshd import REPO, LoopbackCluster
 
@@ -234,7 +234,7 @@ def tune_run(study: Path, results: Path, *flags: str) -> subprocess.CompletedPro
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}  # this checkout's tuner, whatever is installed
     return subprocess.run(
-        [sys.executable, "-m", "tuner.cli", "run", "--study", str(study), "--results",
+        [sys.executable, "-m", "tuner.cli.main", "run", "--study", str(study), "--results",
          str(results), "--quiet", *flags],
         capture_output=True, text=True, cwd=study.parent, env=env, timeout=120, check=False,
     )  # fmt: skip

@@ -25,9 +25,9 @@ from tuner.launch.slurm import SlurmExecutor, SlurmJob, job_state, parse_job
 from tuner.launch.slurm_alloc import SlurmAllocationExecutor
 from tuner.launch.slurm_script import batch_script, sbatch_argv
 from tuner.layout import ResultsLayout
-from tuner.results import leaderboard
-from tuner.spec import SlurmSpec
-from tuner.studyfile import study_from_mapping
+from tuner.report.leaderboard import leaderboard
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import SlurmSpec
 
 from .conftest import live_processes, wait_for
 from .contract import ExecutorContract, FakeClock
@@ -312,7 +312,7 @@ def test_cluster_slurm_is_strict(tmp_path: Path) -> None:
 
 
 def test_mode_picks_the_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.study import make_executor
+    from tuner.study.loop import make_executor
 
     data = study_data(tmp_path, SURFACE)
     data["cluster"] = {**_readme_cluster(), "slurm": {"mode": "allocation"}}
@@ -382,7 +382,7 @@ def test_study_inside_an_allocation_runs_trials_as_steps(
     """tune run inside sbatch (mode auto -> allocation): each slot is one node of the job."""
     path = _slurm_study(tmp_path, "0.5", n_trials=4)
     results = tmp_path / "results"
-    command = shlex.join([sys.executable, "-m", "tuner.cli", "run", "--study", str(path),
+    command = shlex.join([sys.executable, "-m", "tuner.cli.main", "run", "--study", str(path),
                           "--results", str(results), "--quiet", "--skip-preflight"])  # fmt: skip
     done = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", f"--chdir={tmp_path}",
                            f"--output={tmp_path}/tune.out", "--wrap", command],
@@ -418,7 +418,7 @@ def test_parse_job_keeps_values_with_spaces_whole() -> None:
 
 
 def test_the_shipped_slurm_demo_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.studyfile import load_study
+    from tuner.spec.file import load_study
 
     monkeypatch.setenv("TUNER_DEMO_ROOT", str(Path(__file__).resolve().parents[2]))
     spec = load_study("demo-slurm", cwd=Path(__file__).resolve().parents[2])
@@ -433,7 +433,7 @@ def test_profile_runs_through_slurm(local_slurm: LocalSlurm, tmp_path: Path) -> 
     pytest.importorskip("torch", reason="the probe runs torch.distributed (gloo)")
     from tests.test_profile import QUICK, probe_processes, study
     from tuner.layout import ClusterLayout
-    from tuner.profile import load_profile
+    from tuner.profile.run import load_profile
 
     data = study(
         cluster={"gpus_per_node": 1, "num_nodes": 2, "executor": "slurm",

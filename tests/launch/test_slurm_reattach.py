@@ -16,9 +16,9 @@ import yaml
 
 from tests.test_study import standin_processes, tune
 from tuner.layout import ResultsLayout
-from tuner.results import leaderboard
-from tuner.storage import open_storage
-from tuner.studyfile import study_from_mapping
+from tuner.report.leaderboard import leaderboard
+from tuner.spec.file import study_from_mapping
+from tuner.study.storage import open_storage
 
 from .conftest import wait_for
 from .slurm import LocalSlurm, local_slurm

@@ -21,8 +21,8 @@ from tuner.launch.slurm import SlurmExecutor, SlurmJob
 from tuner.launch.slurm_states import NEVER_STARTS, Accounting, never_starts, scheduler_verdict
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
-from tuner.record import judge
-from tuner.spec import SlurmSpec, StudySpec
+from tuner.spec.study import SlurmSpec, StudySpec
+from tuner.study.record import judge
 
 from .contract import FakeClock
 from .slurm import LocalSlurm, local_slurm

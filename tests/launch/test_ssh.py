@@ -14,7 +14,7 @@ import pytest
 from tuner.launch import Executor, LaunchRequest
 from tuner.launch.ssh import SSHExecutor
 from tuner.layout import ResultsLayout
-from tuner.spec import SSHSpec
+from tuner.spec.study import SSHSpec
 
 from .conftest import live_processes, read, wait_for
 from .contract import ExecutorContract

@@ -22,7 +22,7 @@ import pytest
 from tuner.errors import ConfigError, NodeError
 from tuner.launch.ssh import SSHExecutor
 from tuner.launch.sshconfig import SSHResolver, parse_hop
-from tuner.spec import SSHSpec
+from tuner.spec.study import SSHSpec
 
 from .conftest import live_processes
 from .sshd import LoopbackCluster, descendants

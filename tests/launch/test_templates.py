@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from tuner.config.parallel import ParallelConfig
+from tuner.config.rules import validate
 from tuner.errors import ConfigError
 from tuner.launch.templates import RenderedLaunch, TemplateRenderer, render_launch
-from tuner.parallel import ParallelConfig, validate
-from tuner.spec import StudySpec
-from tuner.studyfile import study_from_mapping
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.cli.parse_log import add_parser, run
 from tuner.logs import JSON_KEYS
-from tuner.logs.cli import add_parser, run
 
 ITERATION = (
     " [2025-01-02 03:04:05] iteration        {i}/      10 | consumed samples:           {i} |"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tuner.cli.parse_log import add_parser, run
 from tuner.logs import parse_log, parse_log_file
-from tuner.logs.cli import add_parser, run
 from tuner.outcome import Outcome
 
 MB = 1024.0

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from tests.report.browser import SCREENSHOT_SIZE, Browser, browser_session, png_size, screenshot
 from tests.report.conftest import StudyRun
 from tuner.report.build import build_report
-from tuner.results import leaderboard, load_optuna_study
+from tuner.report.leaderboard import leaderboard, load_optuna_study
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.report.conftest import StudyRun
-from tuner.cli import main
-from tuner.results import leaderboard
+from tuner.cli.main import main
+from tuner.report.leaderboard import leaderboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

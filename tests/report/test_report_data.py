@@ -10,19 +10,19 @@ import optuna
 import pytest
 
 from tests.test_results import SPEC, config, record
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError, StudyError
 from tuner.layout import ResultsLayout
-from tuner.memory import GIB, estimate_memory
+from tuner.models.memory.estimate import GIB, estimate_memory
+from tuner.models.time.estimate import estimate_time
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
 from tuner.report.build import build_report
 from tuner.report.data import MEMORY_PARTS, TIME_PARTS, gather
 from tuner.report.page import payback_plan
-from tuner.space import study_gpu
-from tuner.spec import StudySpec
-from tuner.storage import open_storage
-from tuner.studyfile import study_from_mapping
+from tuner.space.enumerate import study_gpu
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+from tuner.study.storage import open_storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
@@ -148,8 +148,9 @@ def test_the_report_reads_storage_and_never_the_loop() -> None:
     from tests.test_structure import _graph
 
     graph = _graph()
-    loop = {"tuner.study", "tuner.cli", "tuner.screen", "tuner.schedule", "tuner.record",
-            "tuner.recovery", "tuner.leases", "tuner.progress"}  # fmt: skip
+    loop = {"tuner.study.loop", "tuner.cli.main", "tuner.study.screen", "tuner.study.schedule",
+            "tuner.study.record", "tuner.study.recovery", "tuner.study.leases",
+            "tuner.cli.progress"}  # fmt: skip
     report = [name for name in graph if name.startswith("tuner.report")]
     assert "tuner.report.data" in report
     for name in report:
@@ -158,10 +159,10 @@ def test_the_report_reads_storage_and_never_the_loop() -> None:
 
 def test_the_memory_bars_are_one_per_pipeline_stage() -> None:
     from tuner.catalog import get_gpu
-    from tuner.memory import estimate_memory
-    from tuner.parallel import ParallelConfig
+    from tuner.config.parallel import ParallelConfig
+    from tuner.models.memory.estimate import estimate_memory
     from tuner.report.data import stage_memory
-    from tuner.spec import ModelSpec
+    from tuner.spec.study import ModelSpec
 
     model = ModelSpec(num_layers=30, hidden_size=1024, num_attention_heads=16,
                       ffn_hidden_size=4096, vocab_size=32000, seq_length=1024)  # fmt: skip
@@ -179,9 +180,9 @@ def test_the_memory_bars_are_one_per_pipeline_stage() -> None:
 
 def test_moe_and_fp8_parts_are_their_own_bars_and_dense_studies_leave_them_out() -> None:
     from tuner.catalog import get_gpu
-    from tuner.moe_spec import MoESpec
     from tuner.report.data import MOE_FP8_TIME_PARTS, time_parts
-    from tuner.spec import ModelSpec, TrainingSpec
+    from tuner.spec.moe import MoESpec
+    from tuner.spec.study import ModelSpec, TrainingSpec
 
     h100 = get_gpu("h100-sxm-80gb")
     moe = ModelSpec(

@@ -1,10 +1,10 @@
 """The models corrected by a cluster's saved calibration: for ``tune space``, ``tune estimate``,
 ``tune run --dry-run`` and ``tune calibrate``.
 
-The correction is the model sampler's (:mod:`tuner.correction`): log(measured / predicted) step
-time and memory, regressed on the features of each config's knob values, Bayesian with a prior
-centred on "the model is right". Fitted here on the saved observations (:mod:`tuner.calibration`)
-only.
+The correction is the model sampler's (:mod:`tuner.calibrate.correction`): log(measured /
+predicted) step time and memory, regressed on the features of each config's knob values, Bayesian
+with a prior centred on "the model is right". Fitted here on the saved observations
+(:mod:`tuner.calibrate.store`) only.
 
 The memory model keeps the last word on what may launch: a config it predicts to run out of
 memory is never launched, whatever the calibrated memory says (``tune space`` lists how many the
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.calibration import Observation, history, memory_fingerprint, setup_fingerprint
-from tuner.correction import Features, Posterior, Prior, fit, fit_memory
-from tuner.memory import GIB
-from tuner.parallel import ParallelConfig
-from tuner.space import Candidate, study_gpu
-from tuner.spec import StudySpec
+from tuner.calibrate.correction import Features, Posterior, Prior, fit, fit_memory
+from tuner.calibrate.store import Observation, history, memory_fingerprint, setup_fingerprint
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import GIB
+from tuner.space.enumerate import Candidate, study_gpu
+from tuner.spec.study import StudySpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ for memory each indicator is weighted by the share of the predicted peak that th
 knob sizes takes (:meth:`Features.memory_row`). The
 weights have a Gaussian prior centred on zero, "the model is right until measured otherwise"
 (:class:`Prior`), so the posterior is Bayesian linear regression in closed form (:func:`fit`,
-:func:`fit_memory`). The model sampler (:mod:`tuner.sampler`) fits it on the study's
-measurements and the cluster's saved calibration; :mod:`tuner.calibrated` on the calibration
-alone. Pure numpy over configs: no Optuna, no storage.
+:func:`fit_memory`). The model sampler (:mod:`tuner.search.sampler`) fits it on the study's
+measurements and the cluster's saved calibration; :mod:`tuner.calibrate.calibrated` on the
+calibration alone. Pure numpy over configs: no Optuna, no storage.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tuner.parallel import ParallelConfig
+from tuner.config.parallel import ParallelConfig
 
 # The MoE knobs come last: a dense study never varies them, so its features stay as they were.
 KNOBS = ("tp", "pp", "cp", "dp", "vp", "mbs", "sp", "recompute", "sharding", "ep", "etp",
@@ -194,7 +194,7 @@ def fit(
 ) -> Posterior:
     """Bayesian linear regression with a zero-mean diagonal Gaussian prior; ``noise``: one
     standard deviation for every row, or one per row (a saved measurement from another study
-    is noisier, :mod:`tuner.calibration`)."""
+    is noisier, :mod:`tuner.calibrate.store`)."""
     w = np.broadcast_to(1.0 / np.square(np.asarray(noise, dtype=float)), y.shape)
     precision = np.diag(prior_precision) + x.T @ (x * w[:, None])
     cov = np.linalg.inv(precision)

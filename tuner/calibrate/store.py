@@ -1,7 +1,7 @@
 """Calibration that lasts: what measured trials taught the models, kept per cluster.
 
-The model sampler (:mod:`tuner.sampler`) corrects the time and memory models with every measured
-trial of a study. This module keeps those measurements, per cluster
+The model sampler (:mod:`tuner.search.sampler`) corrects the time and memory models with every
+measured trial of a study. This module keeps those measurements, per cluster
 (``results/clusters/<name>.calibration.yaml``, :class:`~tuner.layout.ClusterLayout`; the name is
 ``cluster.name`` or its default), so that ``tune space``, ``tune estimate``, ``tune run --dry-run``
 and the next study on the same cluster start from the corrected models.
@@ -9,8 +9,8 @@ and the next study on the same cluster start from the corrected models.
 What is saved are the observations, not fitted weights: for each measured trial its config, the
 predicted and measured step time, and the predicted and measured memory (or, for a real OOM, the
 GPU's memory as a lower bound). The fit is redone wherever they are used, on the features of the
-space at hand (:class:`tuner.correction.Features`), so a calibration made on one space applies to
-another with other knob values.
+space at hand (:class:`tuner.calibrate.correction.Features`), so a calibration made on one space
+applies to another with other knob values.
 
 An observation from another study (another fingerprint: other model, batch or framework) counts
 as a noisier measurement: :data:`TRANSFER_SD` is added in quadrature to the run-to-run noise,
@@ -32,10 +32,10 @@ from typing import Any
 
 import yaml
 
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ class Observation:
     same memory, so one that ran is known to fit."""
     activation_share: float | None = None
     """The share of the predicted allocated memory (peak, for an OOM) that is activations
-    (:attr:`tuner.memory.MemoryBreakdown.activation_share`); None in calibrations saved before
-    it was kept (its memory error then counts as spread over the whole peak)."""
+    (:attr:`tuner.models.memory.estimate.MemoryBreakdown.activation_share`); None in calibrations
+    saved before it was kept (its memory error then counts as spread over the whole peak)."""
 
     def parallel_config(self) -> ParallelConfig:
         """The config as a :class:`ParallelConfig`."""
@@ -127,7 +127,7 @@ def observations_from_trials(
 ) -> list[Observation]:
     """The observations of a study's finished trials (Optuna ``FrozenTrial``): every measured
     step time and peak, and every real OOM, with what the models predicted for them."""
-    from tuner.trials import is_duplicate, trial_outcome
+    from tuner.space.trials import is_duplicate, trial_outcome
 
     out = []
     for t in trials:

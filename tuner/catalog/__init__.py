@@ -38,12 +38,12 @@ class GPUSpec:
     """Streaming multiprocessors (the time model's wave quantization); 0 = not a GPU / unknown."""
     mamf_tflops: float = 0.0
     """Maximum achievable matmul TFLOP/s at 16 bits, measured (the best of a shape sweep of
-    ``torch.matmul``); 0 = not measured. ``tuner.rates.gemm_efficiency`` reads it."""
+    ``torch.matmul``); 0 = not measured. ``tuner.models.rates.gemm_efficiency`` reads it."""
     mamf_fp8_tflops: float = 0.0
     """The same for FP8 (``float8_e4m3fn``) matmuls; 0 = not measured / no FP8."""
     # The software stack's fixed device memory (0 on ``cpu``: no CUDA context, gloo keeps no
-    # device buffers). tuner.overheads turns these into bytes; a study's ``cluster.overheads``
-    # replaces any of them with what its own stack measured.
+    # device buffers). tuner.models.memory.overheads turns these into bytes; a study's
+    # ``cluster.overheads`` replaces any of them with what its own stack measured.
     cuda_context_gib: float = 0.0
     """CUDA context plus the kernel images a training process loads, GiB (outside PyTorch)."""
     cublas_workspace_mib: float = 0.0

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuner import cli_profile
 from tuner.api import estimate
-from tuner.cli_tables import (
+from tuner.cli import profile as cli_profile
+from tuner.cli.options import add_format_option
+from tuner.cli.tables import (
     _candidate_json,
     _console,
     _counts_table,
@@ -26,16 +27,16 @@ from tuner.cli_tables import (
     _top_table,
 )
 from tuner.errors import ConfigError, TunerError
+from tuner.models.rates import CATALOG_STEP_ERROR
 from tuner.outcome import Outcome
-from tuner.rates import CATALOG_STEP_ERROR
-from tuner.space import (
+from tuner.space.enumerate import (
     SpaceReport,
     config_from_settings,
     enumerate_space,
     require_viable,
 )
-from tuner.spec import StudySpec
-from tuner.studyfile import load_study
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
 
 FLOPS_HELP = (
     "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
@@ -103,9 +104,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
-    from tuner.progress import LiveProgress
-    from tuner.signals import stop_on_signals
-    from tuner.study import build_loop, make_executor
+    from tuner.cli.progress import LiveProgress
+    from tuner.study.loop import build_loop, make_executor
+    from tuner.study.signals import stop_on_signals
 
     executor = make_executor(spec)
     if not args.skip_preflight and (code := _preflight(spec, executor)):
@@ -138,7 +139,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
 
 def _rerun(text: str) -> frozenset[Outcome]:
     """``--rerun timeout,hang`` -> the outcomes whose configs run again."""
-    from tuner.trials import RERUNNABLE
+    from tuner.space.trials import RERUNNABLE
 
     out = set()
     for name in filter(None, (n.strip() for n in text.split(","))):
@@ -164,7 +165,7 @@ def _preflight(spec: StudySpec, executor: Any) -> int:
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
-    from tuner.results import leaderboard
+    from tuner.report.leaderboard import leaderboard
 
     spec = load_study(args.study)
     board = leaderboard(spec, include_all=args.all, storage=args.storage, results=args.results)
@@ -180,7 +181,7 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_best(args: argparse.Namespace) -> int:
-    from tuner.results import best_trial, emit_best
+    from tuner.report.leaderboard import best_trial, emit_best
 
     spec = load_study(args.study)
     if args.train_iters is not None and args.train_iters <= 0:
@@ -284,18 +285,6 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
                         help="results directory (default: results)")  # fmt: skip
 
 
-def add_format_option(
-    parser: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json"),
-    json_synonym: bool = True,
-) -> None:  # fmt: skip
-    """``--format`` (the first choice is the default); ``--json`` is ``--format json``."""
-    parser.add_argument("--format", choices=list(choices), default=choices[0],
-                        help=f"output format (default: {choices[0]})")  # fmt: skip
-    if json_synonym:
-        parser.add_argument("--json", dest="format", action="store_const", const="json",
-                            help="one JSON object on stdout (same as --format json)")  # fmt: skip
-
-
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     """The argument parser and the handler of each subcommand."""
     parser = argparse.ArgumentParser(
@@ -356,11 +345,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers["best"] = _cmd_best
     cli_profile.add_parsers(sub, handlers, add_format_option)
 
-    from tuner.logs import cli as logs_cli
+    from tuner.cli import parse_log as logs_cli
 
     logs_cli.add_parser(sub)
     handlers["parse-log"] = logs_cli.run
-    from tuner.report import cli as report_cli
+    from tuner.cli import report as report_cli
 
     report_cli.add_parser(sub)
     handlers["report"] = report_cli.run

@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="N",
         help="step records to drop as warm-up (default: max(1, 20%%), at least one kept)",
     )
-    from tuner.cli import add_format_option
+    from tuner.cli.options import add_format_option
 
     add_format_option(parser)
     parser.set_defaults(func=run)

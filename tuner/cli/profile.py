@@ -1,5 +1,5 @@
 """``tune profile`` and ``tune calibrate``, and the calibrated lines of ``space``, ``estimate``
-and ``run --dry-run``. Registered by :mod:`tuner.cli`; thin like it: parse, call, print."""
+and ``run --dry-run``. Registered by :mod:`tuner.cli.main`; thin like it: parse, call, print."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 from rich.table import Table
 
-from tuner.cli_tables import _console, _emit_json
+from tuner.cli.tables import _console, _emit_json
 from tuner.errors import ConfigError
-from tuner.spec import StudySpec
-from tuner.studyfile import load_study
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
 
 Handlers = dict[str, Any]
 
@@ -26,7 +26,7 @@ def cluster_study(path: str) -> StudySpec:
     ``space:``) as a study, so its cluster can be profiled for that model. A study file works
     too."""
     from tuner._loader import load_yaml
-    from tuner.studyfile import read_text, study_from_mapping
+    from tuner.spec.file import read_text, study_from_mapping
 
     file = Path(path)
     raw = load_yaml(read_text(file, "the cluster file"))
@@ -53,8 +53,8 @@ def _profile_spec(args: argparse.Namespace) -> StudySpec:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from tuner import profile as prof
-    from tuner.calibration import cluster_layout
+    from tuner.calibrate.store import cluster_layout
+    from tuner.profile import run as prof
 
     spec = _profile_spec(args)
     layout = cluster_layout(spec, args.results)
@@ -90,9 +90,9 @@ def _fields(obj: Any) -> dict[str, Any]:
 def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from tuner.profile import run_probe
-    from tuner.profile_plan import ProbeOptions
-    from tuner.study import make_executor
+    from tuner.profile.plan import ProbeOptions
+    from tuner.profile.run import run_probe
+    from tuner.study.loop import make_executor
 
     sizes = tuple(int(v) for v in args.message_bytes.split(",")) if args.message_bytes else None
     if args.warmup < 0 or args.repeats < 1 or (sizes and min(sizes) < 1):
@@ -120,8 +120,8 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from tuner.calibrated import Corrector, error_summary
-    from tuner.calibration import load_calibration, setup_fingerprint
+    from tuner.calibrate.calibrated import Corrector, error_summary
+    from tuner.calibrate.store import load_calibration, setup_fingerprint
     from tuner.layout import ClusterLayout, name_problem
 
     if (args.study is None) == (args.cluster is None):
@@ -216,7 +216,7 @@ def _loo_json(row: Any, memory: bool = False) -> dict[str, Any]:
 def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "results") -> Any:
     """The calibrated ranking and memory notes for ``space`` and ``run --dry-run``: a list of
     printable things (empty without a saved calibration) and their JSON."""
-    from tuner.calibrated import corrector_for, memory_notes
+    from tuner.calibrate.calibrated import corrector_for, memory_notes
 
     ranked = report.ranked()
     corrector = corrector_for(spec, results, [c.config for c in ranked])
@@ -242,7 +242,7 @@ def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "res
 
 def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results") -> Any:
     """One config's calibrated step and peak for ``tune estimate``: (line or None, JSON)."""
-    from tuner.calibrated import corrector_for
+    from tuner.calibrate.calibrated import corrector_for
 
     if candidate.time is None:  # invalid: nothing predicted, nothing to correct
         return None, None
@@ -267,14 +267,14 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
     the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""
     from tuner.catalog import get_gpu
-    from tuner.profile import study_profile
-    from tuner.profile_rates import profile_rates
-    from tuner.rates import CATALOG_STEP_ERROR, ceiling_share
+    from tuner.models.rates import CATALOG_STEP_ERROR, ceiling_share
+    from tuner.profile.rates import profile_rates
+    from tuner.profile.run import study_profile
 
     profile = study_profile(spec, results)  # read and checked once
     if profile is None:
         gpu = spec.cluster.gpu
-        measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.rates.gemm_efficiency reads
+        measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.models.rates.gemm_efficiency reads
         ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; its step times are off by "
                       f"{CATALOG_STEP_ERROR:.0%} rms on published runs; tune profile --study "

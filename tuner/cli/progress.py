@@ -16,8 +16,8 @@ from rich.table import Table
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.record import Summary
-    from tuner.study import StudyLoop
+    from tuner.study.loop import StudyLoop
+    from tuner.study.record import Summary
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     """Write the report (and the PNGs); print where."""
     from tuner.report.build import build_report, write_pngs
-    from tuner.studyfile import load_study
+    from tuner.spec.file import load_study
 
     if args.train_tokens is not None and not args.train_tokens > 0:
         raise ConfigError(f"--train-tokens must be > 0, got {args.train_tokens}")

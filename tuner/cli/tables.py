@@ -1,6 +1,6 @@
 """What ``tune`` prints: rich tables of estimates, spaces and leaderboards, and JSON.
 
-Shared by ``tuner.cli`` and ``tuner.cli_profile`` (which cannot import the CLI itself).
+Shared by ``tuner.cli.main`` and ``tuner.cli.profile`` (which cannot import the CLI itself).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tuner.space import Candidate
-from tuner.spec import StudySpec
+from tuner.space.enumerate import Candidate
+from tuner.spec.study import StudySpec
 
 MEMORY_TERMS = (
     "weights grads optimizer activations stage_extras framework_buffers workspaces slack "

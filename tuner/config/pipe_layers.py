@@ -1,22 +1,22 @@
 """The layer list a framework's DeepSpeed ``PipelineModule`` partitions, for a study's model.
 
-``tuner.pipeline_split`` partitions layer lists over ints; this module builds them from a
-:class:`~tuner.spec.ModelSpec` (it is read by the validity rules, the per-stage views, the
+``tuner.spec.pipeline_split`` partitions layer lists over ints; this module builds them from a
+:class:`~tuner.spec.study.ModelSpec` (it is read by the validity rules, the per-stage views, the
 search space and so the memory and time models). Parameter counts are one TP rank's, as
 ``PipelineModule._count_layer_params`` counts the layers it builds on that rank; a test holds
-them equal to :func:`tuner.memory_terms.param_counts` (one formula, two callers).
+them equal to :func:`tuner.models.memory.terms.param_counts` (one formula, two callers).
 """
 
 from __future__ import annotations
 
-from tuner.deepspeed_partition import (
+from tuner.spec.deepspeed_partition import (
     GPTPipeShape,
     PipeLayer,
     gpt_model_pipe_layers,
     workload_layers,
 )
-from tuner.frameworks import padded_vocab, traits
-from tuner.spec import ModelSpec
+from tuner.spec.frameworks import padded_vocab, traits
+from tuner.spec.study import ModelSpec
 
 
 def gpt_pipe_shape(model: ModelSpec, tp: int) -> GPTPipeShape:

@@ -1,7 +1,7 @@
 """Pipeline stages: which transformer layers each stage holds, and what its schedule keeps alive.
 
 One definition used by the memory model, the time model, the validity rules and the templates.
-The layer arithmetic itself is :mod:`tuner.pipeline_split` (the frameworks' rules, over ints).
+The layer arithmetic itself is :mod:`tuner.spec.pipeline_split` (the frameworks' rules, over ints).
 
 Schedules (what a rank holds at its activation peak):
 
@@ -20,23 +20,23 @@ Schedules (what a rank holds at its activation peak):
 
 from __future__ import annotations
 
-from tuner.deepspeed_partition import deepspeed_stages
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipe_layers import pipe_layers
 from tuner.errors import SplitError, ValidationError
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.pipe_layers import pipe_layers
-from tuner.pipeline_split import (
+from tuner.spec.deepspeed_partition import deepspeed_stages
+from tuner.spec.frameworks import traits
+from tuner.spec.pipeline_split import (
     DEEPSPEED_DEFAULT_METHOD,
     Chunks,
     megatron_chunks,
     parse_split,
 )
-from tuner.spec import Framework, ModelSpec
+from tuner.spec.study import Framework, ModelSpec
 
 
 def deepspeed_method(config: ParallelConfig, framework: Framework = "deepspeed") -> str:
     """The ``partition_method`` the framework's ``PipelineModule`` gets (``even``: its own
-    default, ``tuner.frameworks``)."""
+    default, ``tuner.spec.frameworks``)."""
     s = parse_split(config.pipeline_split)
     if s.kind == "deepspeed":
         return str(s.method)
@@ -54,7 +54,7 @@ def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework)
     """Transformer layers per pipeline rank and model chunk (``[rank][chunk]``, vp chunks).
 
     Raises :class:`ValidationError` with the framework's message for a split it refuses (the
-    validity rules of ``tuner.parallel`` report the same message first).
+    validity rules of ``tuner.config.parallel`` report the same message first).
     """
     try:
         if traits(framework).deepspeed_pipeline:

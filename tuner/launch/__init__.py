@@ -1,4 +1,9 @@
-"""Running trials on nodes: executors (local, SSH), the node pool and launch templates."""
+"""Running trials on nodes: executors (local, SSH, Slurm) behind one Executor/Job abstraction, the
+node pool, preflight checks and launch templates (with the frameworks' flags).
+
+May import: :mod:`tuner.config`, :mod:`tuner.spec` and below. Never a model, the search, the
+loop, the report or the CLI: a launcher never sees Optuna.
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """The Megatron-LM arguments a :class:`ParallelConfig` stands for: the one place they are spelt.
 
 The ``megatron_gpt`` launch template receives them as ``megatron_flags`` and ``tune best --emit
-args`` prints the same words (:func:`tuner.results.megatron_args`), so the script a trial ran and
-the exported arguments can't drift apart.
+args`` prints the same words (:func:`tuner.report.leaderboard.megatron_args`), so the script a
+trial ran and the exported arguments can't drift apart.
 """
 
 from __future__ import annotations
 
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.pipeline_split import EVEN, parse_split
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.spec.frameworks import traits
+from tuner.spec.pipeline_split import EVEN, parse_split
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 Flag = tuple[str, ...]
 """One flag and its values, e.g. ``("--tensor-model-parallel-size", "8")``."""
@@ -44,7 +44,7 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
         flags.append(("--recompute-method", str(c.recompute_method)))
         flags.append(("--recompute-num-layers", str(c.recompute_num_layers)))
     # The DP terms of the time model are Megatron-Core's overlapped reduction and gather
-    # (tuner.perf_dp); both are off unless asked (megatron/training/arguments.py), so ask.
+    # (tuner.models.time.dp); both are off unless asked (megatron/training/arguments.py), so ask.
     flags.append(("--overlap-grad-reduce",))
     if c.distributed_optimizer:
         flags.append(("--use-distributed-optimizer",))
@@ -53,7 +53,7 @@ def megatron_parallel_flags(config: ParallelConfig, num_layers: int) -> list[Fla
 
 
 def megatron_split_flags(config: ParallelConfig, num_layers: int) -> list[Flag]:
-    """The pipeline split and the virtual pipeline size (``tuner.pipeline_split``).
+    """The pipeline split and the virtual pipeline size (``tuner.spec.pipeline_split``).
 
     Megatron's ``validate_args`` takes the virtual size from a layout, refuses
     ``--num-layers-per-virtual-pipeline-stage`` with first/last-stage counts and counts the
@@ -181,7 +181,7 @@ def megatron_precision_flags(training: TrainingSpec) -> list[Flag]:
 
 def megatron_loss_flags(training: TrainingSpec) -> list[Flag]:
     """``--cross-entropy-loss-fusion`` when the study asks for it (core_v0.15 arguments.py; its
-    default implementation, ``native``, is what ``tuner.perf`` prices)."""
+    default implementation, ``native``, is what ``tuner.models.time.estimate`` prices)."""
     return [("--cross-entropy-loss-fusion",)] if training.cross_entropy_fusion else []
 
 
@@ -206,7 +206,7 @@ def megatron_deepspeed_parallel_flags(
 ) -> list[Flag]:
     """Parallel sizes, batch sizes, recomputation, ZeRO stage and the pipeline partition in
     Megatron-DeepSpeed's flag names (``--deepspeed --deepspeed_config`` and precision are the
-    template's). ``default_partition``: the fork's own (``tuner.frameworks``)."""
+    template's). ``default_partition``: the fork's own (``tuner.spec.frameworks``)."""
     c = config
     flags: list[Flag] = [("--tensor-model-parallel-size", str(c.tp))]
     flags.append(("--pipeline-model-parallel-size", str(c.pp)))

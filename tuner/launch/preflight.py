@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import NodeError
-from tuner.frameworks import traits
-from tuner.spec import StudySpec
+from tuner.spec.frameworks import traits
+from tuner.spec.study import StudySpec
 
 PathKind = Literal["executable", "dir", "file"]
 

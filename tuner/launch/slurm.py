@@ -48,7 +48,7 @@ from tuner.launch.slurm_script import (
 )
 from tuner.launch.slurm_states import Accounting, never_starts, pending_reason, scheduler_verdict
 from tuner.outcome import Outcome
-from tuner.spec import SlurmSpec
+from tuner.spec.study import SlurmSpec
 
 logger = logging.getLogger(__name__)
 

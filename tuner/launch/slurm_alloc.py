@@ -21,7 +21,7 @@ from typing import IO, Any
 from tuner.errors import LaunchError, NodeError, StudyError
 from tuner.launch.base import PROCESS_SCRIPT, Executor, LaunchRequest, NodeProcess
 from tuner.launch.slurm import SlurmCommands, SlurmExecutor
-from tuner.spec import SlurmSpec
+from tuner.spec.study import SlurmSpec
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Sequence
 
 from tuner.launch.base import TOKEN_ENV, LaunchRequest
-from tuner.spec import SlurmSpec
+from tuner.spec.study import SlurmSpec
 
 MASTER_PLACEHOLDER = "@TUNER_MASTER_ADDR@"
 """Stands for the master address in node scripts rendered before the job has nodes."""

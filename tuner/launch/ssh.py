@@ -42,7 +42,7 @@ from tuner.launch.sshtransport import (
     no_ssh_server,
     quiet_paramiko,
 )
-from tuner.spec import SSHSpec
+from tuner.spec.study import SSHSpec
 
 logger = logging.getLogger(__name__)
 

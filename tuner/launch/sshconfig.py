@@ -40,7 +40,7 @@ from typing import Any
 import paramiko
 
 from tuner.errors import ConfigError
-from tuner.spec import SSHSpec
+from tuner.spec.study import SSHSpec
 
 MAX_HOPS = 10
 """More jump hosts than this in one chain is taken for a ``ProxyJump`` loop."""

@@ -33,8 +33,9 @@ from typing import Any
 
 import jinja2
 
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import deepspeed_method
 from tuner.errors import ConfigError, LaunchError
-from tuner.frameworks import traits
 from tuner.launch.megatron_flags import (
     deepspeed_moe_flags,
     megatron_deepspeed_parallel_flags,
@@ -43,9 +44,8 @@ from tuner.launch.megatron_flags import (
     megatron_parallel_flags,
     megatron_precision_flags,
 )
-from tuner.parallel import ParallelConfig
-from tuner.pipeline import deepspeed_method
-from tuner.spec import LaunchSpec, StudySpec
+from tuner.spec.frameworks import traits
+from tuner.spec.study import LaunchSpec, StudySpec
 
 SCRIPT_SUFFIX = ".sh.j2"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -283,7 +283,7 @@ def _local_paths(spec: StudySpec) -> LaunchSpec:
 
     Why: the local executor starts each node's script in the trial directory
     (results/<study>/trials/<n>/), where a relative path would not be found. A study loaded from
-    a file has its paths made relative to the file's folder already (:mod:`tuner.study_paths`);
+    a file has its paths made relative to the file's folder already (:mod:`tuner.spec.paths`);
     this covers a study built in code (``study_from_mapping`` without ``base_dir``), whose paths
     are relative to where ``tune`` runs. Local "nodes" share this filesystem, so resolving them
     against the current directory is what the user meant. Remote executors keep them as written.
@@ -344,7 +344,7 @@ def deepspeed_config(spec: StudySpec, config: ParallelConfig) -> dict[str, Any]:
         return _megatron_deepspeed_config(ds, spec, c)
     if c.pp > 1:
         # DeepSpeed's own pipeline section: the workload builds its PipelineModule with
-        # partition_method = this "partition" (tuner.pipeline_split)
+        # partition_method = this "partition" (tuner.spec.pipeline_split)
         ds["pipeline"] = {"stages": c.pp, "partition": deepspeed_method(c, spec.framework)}
     return ds
 

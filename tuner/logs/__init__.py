@@ -12,6 +12,9 @@ parser needs are cut out of them (:func:`~tuner.logs.lines.select_lines`, at mos
 only on lines holding its own literal, and the framework is detected on the same pass. A file
 larger than :data:`MAX_LOG_BYTES` is read at its start and its end (a trial's iterations and its
 failure signature), never whole.
+
+May import: :mod:`tuner.spec` (framework names), :mod:`tuner.errors`, :mod:`tuner.outcome`. The
+``tune parse-log`` command is :mod:`tuner.cli.parse_log`.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tuner import frameworks
 from tuner.errors import ParseError
 from tuner.logs import classify, deepspeed, lines, megatron
 from tuner.logs.classify import Failure, FailureScan, decide, find_failure
 from tuner.logs.metrics import JSON_KEYS, RunMetrics, warmup_count
+from tuner.spec import frameworks
 
 Framework = frameworks.Framework
 

@@ -108,7 +108,8 @@ _VALIDATION_PHRASES = (
     "only supported with distributed optimizer",
     "Must use --overlap-param-gather with --overlap-grad-reduce",
     "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism",
-    # TE initialize_ub without CUDA multicast (tuner.tp_overlap; UB_SKIPMC=1 uses CUDA IPC)
+    # TE initialize_ub without CUDA multicast (tuner.models.time.tp_overlap; UB_SKIPMC=1 uses CUDA
+    # IPC)
     "does not support comm+GEMM overlap with CUDA Multicast",
     "argument is None",
     "A single data source must be provided",

@@ -20,8 +20,9 @@ Sources:
      SequentialMLP take the permuted probs and apply them after the activation
      (``activation_func_with_probs``: ``activation(x) * probs``; ``weighted_bias_swiglu_impl``);
      the dispatchers' ``unpermute`` gets no probs.
-[K]  Korthikanti et al. 2022 Table 2 (saved activations of an MLP), as in tuner.memory_terms.
-[DS] DeepSpeed 0.19.8 deepspeed/moe/sharded_moe.py: TopKGate computes the logits and softmax in
+[K]  Korthikanti et al. 2022 Table 2 (saved activations of an MLP), as in
+tuner.models.memory.terms. [DS] DeepSpeed 0.19.8 deepspeed/moe/sharded_moe.py: TopKGate computes
+the logits and softmax in
      fp32; every expert takes a [capacity, h] slice of the dispatched [E, C, h] buffer, C =
      max(ceil(T x topk / E x factor), min_capacity) (``_capacity``) or, dropless, the busiest
      expert's count; one all-to-all over the EP group each way (``_AllToAll``);
@@ -46,12 +47,12 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from tuner.memory_terms import LayerActivations, mlp_width_bytes
-from tuner.moe_spec import MoESpec
-from tuner.parallel import ParallelConfig
-from tuner.pipeline import chunk_layers
-from tuner.rates import Link, Rates, gemm_seconds
-from tuner.spec import Framework, ModelSpec, Precision
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import chunk_layers
+from tuner.models.memory.terms import LayerActivations, mlp_width_bytes
+from tuner.models.rates import Link, Rates, gemm_seconds
+from tuner.spec.moe import MoESpec
+from tuner.spec.study import Framework, ModelSpec, Precision
 
 ROUTER_MAP_BYTES = 1.0
 """The routing map (tokens x experts bools) the router keeps for its backward ([MR])."""
@@ -237,9 +238,9 @@ def moe_block_bytes(model: ModelSpec, c: ParallelConfig, e: float, eg: float) ->
     micro-batch: the router's scores (router_dtype) and routing map; per routed token the
     dispatched input (fc1's input), EXPERT_WIDTH_TENSORS F_e / etp-wide tensors (the last is
     fc2's input), its routing prob and the permute index. ``e``: the activations' bytes; ``eg``:
-    a GEMM input's (1 under FP8, tuner.fp8_memory; ``e`` otherwise). The one count
-    ``moe_layer_activations`` and selective recompute's ``moe`` region (tuner.recompute_memory)
-    both read."""
+    a GEMM input's (1 under FP8, tuner.models.memory.fp8; ``e`` otherwise). The one count
+    ``moe_layer_activations`` and selective recompute's ``moe`` region
+    (tuner.models.memory.recompute) both read."""
     moe = _moe(model)
     router_e = router_score_bytes(moe, e)
     router = rank_tokens(model, c) * moe.num_experts * (router_e + ROUTER_MAP_BYTES)
@@ -252,7 +253,8 @@ def moe_block_bytes(model: ModelSpec, c: ParallelConfig, e: float, eg: float) ->
 def allgather_gathered_bytes(model: ModelSpec, c: ParallelConfig, precision: Precision) -> float:
     """The allgather dispatcher's gathered hidden states, the ETP x EP group's tokens x h: [MD]
     token_dispatch gathers them with ``use_global_buffer=True``, into Megatron's global memory
-    buffer (tuner.memory_terms.global_buffer_bytes), when the group has more than one rank."""
+    buffer (tuner.models.memory.terms.global_buffer_bytes), when the group has more than one
+    rank."""
     if model.moe is None or c.moe_token_dispatcher != "allgather" or tp_ep_group_size(c) == 1:
         return 0.0
     e = 4.0 if precision == "fp32" else 2.0
@@ -283,7 +285,8 @@ class MoETimes:
     """Seconds per micro-batch of one MoE layer on one rank, against the dense layer."""
 
     fwd_delta: float
-    """Forward compute added: experts (+ shared) - the dense MLP (routing: tuner.perf_moe)."""
+    """Forward compute added: experts (+ shared) - the dense MLP (routing:
+    tuner.models.time.moe)."""
     bwd_delta: float
     """Backward compute added, same terms."""
     comm_fwd: float
@@ -356,7 +359,7 @@ def moe_layer_times(
     if moe.shared:
         shared_f, shared_b = mlp_seconds(rates, full_tokens, h, moe.shared / c.tp, model.swiglu)
     # the expert activation: a streaming pass over the routed tokens (the router, scores and
-    # permute / unpermute are tuner.perf_moe's routing term)
+    # permute / unpermute are tuner.models.time.moe's routing term)
     act = routed * fe * (3 if model.swiglu else 2) * e
     stream = act / rates.hbm + 2 * rates.op_latency
     fwd = exp_f + shared_f + stream - dense_f
@@ -393,7 +396,8 @@ def mlp_flops_per_token(model: ModelSpec) -> float:
 
 @dataclass(frozen=True, slots=True)
 class MoEStageMemory:
-    """What the MoE layers change on one pipeline rank (tuner.memory adds it in one place)."""
+    """What the MoE layers change on one pipeline rank (tuner.models.memory.estimate adds it in one
+    place)."""
 
     nonexpert_delta: float
     """Parameters added to the dense count: router + shared experts - the replaced MLPs."""

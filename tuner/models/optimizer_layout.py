@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.spec import Framework, Precision
+from tuner.config.parallel import ParallelConfig
+from tuner.spec.frameworks import traits
+from tuner.spec.study import Framework, Precision
 
 # DeepSpeed ZeRO bucket settings the rendered ds_config leaves at DeepSpeed's defaults
 # (runtime/zero/config.py: reduce_bucket_size 5e8, allgather_bucket_size 5e8,

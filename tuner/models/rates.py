@@ -4,8 +4,8 @@
 matmul ceilings (``gemm_efficiency``) and the efficiency constants below (each with its source); a
 measured cluster profile builds its own ``Rates`` (achieved GEMM throughput by shape in
 ``gemm_samples``, alpha-beta costs per link type in ``intra`` / ``inter``) and passes it to
-``tuner.perf.estimate_time``. Also here: how a GEMM's shape and a collective's group placement turn
-those rates into achieved ones (tile / wave quantization, NIC aggregation).
+``tuner.models.time.estimate.estimate_time``. Also here: how a GEMM's shape and a collective's
+group placement turn those rates into achieved ones (tile / wave quantization, NIC aggregation).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The cluster probe: one short job, started by torchrun on every node, using only torch.
 
 ``python -m torch.distributed.run ... profile_job.py PLAN.json`` on each node of the profile job
-(:mod:`tuner.profile` writes the plan and builds the launch). It measures what the time model
+(:mod:`tuner.profile.run` writes the plan and builds the launch). It measures what the time model
 needs, in the spirit of nccl-tests:
 
 - **GEMM throughput**: every rank times ``torch.matmul`` on the plan's shapes (the model's
@@ -16,11 +16,11 @@ needs, in the spirit of nccl-tests:
   the whole gathered buffer, send/recv 1), so figures compare with nccl-tests' ``busbw``.
 - **Fused attention**: ``scaled_dot_product_attention`` with the causal mask on each planned
   ``(batch, heads, seq, head_dim)``, forward alone and forward + backward (``torch.autograd.grad``,
-  so nothing accumulates); FLOPs counted as the time model counts them (``tuner.perf``: forward
-  4 x b x s^2 x heads x d / 2 for the causal half, backward 2.5 times that: FlashAttention's five
-  GEMMs to the forward's two). The plan's ``attention_backend`` ``cudnn`` asks for cuDNN's kernels
-  (Transformer Engine's choice on Hopper); where they cannot run, the default kernels run and the
-  sample says so.
+  so nothing accumulates); FLOPs counted as the time model counts them
+  (``tuner.models.time.estimate``: forward 4 x b x s^2 x heads x d / 2 for the causal half,
+  backward 2.5 times that: FlashAttention's five GEMMs to the forward's two). The plan's
+  ``attention_backend`` ``cudnn`` asks for cuDNN's kernels (Transformer Engine's choice on Hopper);
+  where they cannot run, the default kernels run and the sample says so.
 - **Kernel launches**: a chain of ``launch_ops`` multiplications of a one-element tensor that
   requires grad, then its backward (as many multiplications again), one synchronisation at the
   end: what one eager training op costs when its work is nil (PyTorch's dispatch, autograd's
@@ -110,7 +110,9 @@ def stream(nbytes: int, dtype: torch.dtype, device: torch.device,
             "gbps": moved / median / 1e9}  # fmt: skip
 
 
-FLASH_BACKWARD_RATIO = 2.5  # tuner.rates.FLASH_BACKWARD_RATIO (no tuner import on the nodes)
+FLASH_BACKWARD_RATIO = (
+    2.5  # tuner.models.rates.FLASH_BACKWARD_RATIO (no tuner import on the nodes)
+)
 
 
 def _sdpa_context(backend: str) -> tuple[Any, str]:

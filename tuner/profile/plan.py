@@ -1,4 +1,4 @@
-"""What ``tune profile`` measures: the plan that the probe (:mod:`tuner.profile_job`) runs.
+"""What ``tune profile`` measures: the plan that the probe (:mod:`tuner.profile.job`) runs.
 
 The plan comes from the study: the GEMM shapes of the model per micro-batch size, TP and CP degree;
 the collectives of every group size the space can form (TP, CP and DP groups; send/recv between
@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.catalog import get_gpu
-from tuner.frameworks import traits
-from tuner.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
-from tuner.perf_dp import MEGATRON_BUCKET_PARAMS, rank_params
-from tuner.rates import cudnn_attention
-from tuner.space import expand_axes
-from tuner.spec import StudySpec
+from tuner.models.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
+from tuner.models.rates import cudnn_attention
+from tuner.models.time.dp import MEGATRON_BUCKET_PARAMS, rank_params
+from tuner.space.enumerate import expand_axes
+from tuner.spec.frameworks import traits
+from tuner.spec.study import StudySpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,8 +50,8 @@ local ranks (measured with ``tune profile`` on the demo's machine): longer bucke
 stretch the probe."""
 GRAD_BYTES = 4
 """Bytes a gradient element takes in the DP reduction, at most: Megatron reduces its fp32
-``main_grad`` buffer (tuner.perf_dp.MEGATRON_GRAD_BYTES), fp32 training fp32 gradients; DeepSpeed's
-16-bit gradients take half, so the ladder then reaches one step further than needed."""
+``main_grad`` buffer (tuner.models.time.dp.MEGATRON_GRAD_BYTES), fp32 training fp32 gradients;
+DeepSpeed's 16-bit gradients take half, so the ladder then reaches one step further than needed."""
 GPU_STREAM_BYTES = 1 << 28
 """Each buffer of the memory-streaming probe on a GPU: 256 MiB, five times the H100's 50 MB L2
 and six times the A100's 40 MB (NVIDIA's Hopper and Ampere whitepapers): it streams HBM."""
@@ -144,8 +144,8 @@ def attention_shapes(spec: StudySpec) -> list[dict[str, Any]]:
 def attention_backend(spec: StudySpec) -> str:
     """Which kernels the probe asks torch's ``scaled_dot_product_attention`` for: ``cudnn`` where
     Megatron's model code runs on Hopper or later (Transformer Engine prefers cuDNN's fused
-    attention there: tuner.rates.cudnn_attention), else ``default`` (FlashAttention-2 on GPUs,
-    as TE and the DeepSpeed workload run it elsewhere; the CPU kernel on CPUs)."""
+    attention there: tuner.models.rates.cudnn_attention), else ``default`` (FlashAttention-2 on
+    GPUs, as TE and the DeepSpeed workload run it elsewhere; the CPU kernel on CPUs)."""
     megatron = traits(spec.framework).megatron_model
     return "cudnn" if megatron and cudnn_attention(get_gpu(spec.cluster.gpu)) else "default"
 
@@ -194,9 +194,9 @@ def groups(spec: StudySpec) -> list[dict[str, Any]]:
 
 def make_plan(spec: StudySpec, options: ProbeOptions) -> dict[str, Any]:
     """The probe's input (``plan.json``). Under fp8 the probe measures bf16: Megatron's FP8
-    training is ``--bf16`` with Transformer Engine's linear layers in FP8 (tuner.fp8), and the
+    training is ``--bf16`` with Transformer Engine's linear layers in FP8 (tuner.spec.fp8), and the
     probe's torch.matmul has no FP8 path; its samples price the 16-bit GEMMs and the collectives
-    (tuner.rates.gemm_rate)."""
+    (tuner.models.rates.gemm_rate)."""
     cpu = spec.cluster.gpu == "cpu"
     precision = spec.training.precision
     return {

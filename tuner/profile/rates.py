@@ -1,7 +1,7 @@
-"""A measured cluster profile as the time model's rates (``tuner.rates.Rates``).
+"""A measured cluster profile as the time model's rates (``tuner.models.rates.Rates``).
 
 ``tune profile`` measures GEMMs of the study's shapes and the collectives of its groups on the
-cluster itself (:mod:`tuner.profile`). Here those measurements replace the catalog's datasheet
+cluster itself (:mod:`tuner.profile.run`). Here those measurements replace the catalog's datasheet
 figures: the GEMM samples replace the tile model (the nearest measured shape gives the achieved
 FLOP/s), the all-reduce alpha-beta fits replace the catalog's link rates and latencies, the
 memory-streaming figure replaces the datasheet bandwidth times HBM_EFFICIENCY that prices the
@@ -10,7 +10,7 @@ replace the catalog's attention efficiency by call length, and the tiny-op chain
 catalog's kernel latency. What the profile does not measure (the framework's fixed per-step and
 per-micro-batch overheads) stays the catalog's; so do the
 FP8 GEMMs of ``precision: fp8``, since the probe times bf16 torch.matmul
-(``tuner.profile_plan.make_plan``): its samples then price the 16-bit GEMMs only (LM head,
+(``tuner.profile.plan.make_plan``): its samples then price the 16-bit GEMMs only (LM head,
 router).
 """
 
@@ -21,16 +21,16 @@ import statistics
 from pathlib import Path
 
 from tuner.catalog import GPUSpec
-from tuner.profile import AlphaBeta, AttentionSample, ClusterProfile, study_profile
-from tuner.rates import Link, Rates, catalog_rates
-from tuner.space import study_gpu
-from tuner.spec import StudySpec
+from tuner.models.rates import Link, Rates, catalog_rates
+from tuner.profile.run import AlphaBeta, AttentionSample, ClusterProfile, study_profile
+from tuner.space.enumerate import study_gpu
+from tuner.spec.study import StudySpec
 
 
 def _link(fits: list[AlphaBeta], link: str, hosts: int) -> Link | None:
     """The all-reduce fit of the largest group on ``link`` as a per-GPU link: a group spanning
-    ``hosts`` nodes used the network shares of its ranks on each node (tuner.rates.group_link
-    multiplies them back)."""
+    ``hosts`` nodes used the network shares of its ranks on each node
+    (tuner.models.rates.group_link multiplies them back)."""
     rows = [f for f in fits if f.op == "all_reduce" and f.link == link and f.busbw_gbps > 0]
     if not rows:
         return None
@@ -40,7 +40,7 @@ def _link(fits: list[AlphaBeta], link: str, hosts: int) -> Link | None:
 
 
 def attention_table(profile: ClusterProfile) -> tuple[tuple[float, float, float], ...]:
-    """The measured attention as ``tuner.rates.Rates.attention`` rows, ``(tokens, forward,
+    """The measured attention as ``tuner.models.rates.Rates.attention`` rows, ``(tokens, forward,
     backward)`` FLOP/s ascending in the call's length: per length, the median over the shapes
     measured at it (micro-batch sizes and TP degrees run one kernel on more or fewer heads)."""
     by_seq: dict[int, list[AttentionSample]] = {}

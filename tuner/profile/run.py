@@ -1,9 +1,9 @@
 """Cluster profiles: what ``tune profile`` measures, how the job is launched, and when to trust it.
 
-The probe itself is :mod:`tuner.profile_job` (torch only), shipped to the nodes as an extra file
+The probe itself is :mod:`tuner.profile.job` (torch only), shipped to the nodes as an extra file
 of an ordinary :class:`~tuner.launch.LaunchRequest` and started by torchrun on each node through
 the study's own executor (local processes, SSH or Slurm): no second launcher. The plan it runs
-comes from the study (:mod:`tuner.profile_plan`).
+comes from the study (:mod:`tuner.profile.plan`).
 
 A saved profile (``results/clusters/<name>.yaml``, :class:`~tuner.layout.ClusterLayout`) holds the
 date, the software versions, the host count and every raw sample; :func:`check_profile` refuses a
@@ -28,15 +28,15 @@ import yaml
 
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout
-from tuner.profile_plan import ProbeOptions, make_plan
-from tuner.spec import StudySpec
+from tuner.profile.plan import ProbeOptions, make_plan
+from tuner.spec.study import StudySpec
 
 MAX_AGE_DAYS = 30
 """A profile older than this is refused: drivers, NCCL and firmware change under a cluster (and a
 re-profile costs minutes)."""
 VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "backend")
 """The software a profile's figures depend on; any difference makes it stale."""
-PROGRESS = "TUNER_PROFILE_PROGRESS"  # the probe's line prefixes (tuner.profile_job, torch only)
+PROGRESS = "TUNER_PROFILE_PROGRESS"  # the probe's line prefixes (tuner.profile.job, torch only)
 RESULT = "TUNER_PROFILE_RESULT"
 S = TypeVar("S")
 
@@ -61,7 +61,8 @@ class GemmSample:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionSample:
     """Causal fused attention on one ``(batch, heads, seq, head_dim)`` call, forward and backward,
-    at the rates the time model reads (``tuner.rates.attention_seconds``'s FLOP convention)."""
+    at the rates the time model reads (``tuner.models.rates.attention_seconds``'s FLOP
+    convention)."""
 
     label: str
     batch: int
@@ -93,7 +94,7 @@ class StreamSample:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchSample:
-    """Tiny ops back to back (:mod:`tuner.profile_job`): what an eager op costs beyond its work."""
+    """Tiny ops back to back (:mod:`tuner.profile.job`): what an eager op costs beyond its work."""
 
     ops: int
     """Forward and backward ops of one chain."""
@@ -116,7 +117,7 @@ class CollectiveSample:
     samples_s: tuple[float, ...]
     median_s: float
     busbw_gbps: float
-    """nccl-tests' bus bandwidth, GB/s (see :mod:`tuner.profile_job`)."""
+    """nccl-tests' bus bandwidth, GB/s (see :mod:`tuner.profile.job`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,8 +207,8 @@ def _least_squares(x: Sequence[float], y: Sequence[float]) -> tuple[float, float
 
 
 def probe_source() -> str:
-    """The text of :mod:`tuner.profile_job`, shipped to the nodes as a file."""
-    return resources.files("tuner").joinpath("profile_job.py").read_text()
+    """The text of :mod:`tuner.profile.job`, shipped to the nodes as a file."""
+    return resources.files("tuner.profile").joinpath("job.py").read_text()
 
 
 def node_script(spec: StudySpec, node_rank: int, master_addr: str, master_port: int) -> str:

@@ -9,7 +9,7 @@ from tuner.errors import TunerError
 from tuner.layout import ResultsLayout
 from tuner.report.data import gather
 from tuner.report.page import Section, render, sections
-from tuner.spec import StudySpec
+from tuner.spec.study import StudySpec
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """What the report shows, gathered from the study's storage (read only; never the loop).
 
-Every trial becomes a :class:`TrialRow`; the models (:mod:`tuner.memory`, :mod:`tuner.perf`) are
-pure functions, so a row's predicted breakdowns are recomputed from its recorded config.
+Every trial becomes a :class:`TrialRow`; the models (:mod:`tuner.models.memory.estimate`,
+:mod:`tuner.models.time.estimate`) are pure functions, so a row's predicted breakdowns are
+recomputed from its recorded config.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
-from tuner.frameworks import traits
-from tuner.memory import GIB, MemoryBreakdown, estimate_memory
+from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory
+from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.perf import TimeBreakdown, estimate_time
-from tuner.results import load_optuna_study, megatron_args
-from tuner.space import study_gpu
-from tuner.spec import StudySpec
-from tuner.trials import is_duplicate, trial_config, trial_outcome
+from tuner.report.leaderboard import load_optuna_study, megatron_args
+from tuner.space.enumerate import study_gpu
+from tuner.space.trials import is_duplicate, trial_config, trial_outcome
+from tuner.spec.frameworks import traits
+from tuner.spec.study import StudySpec
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer states", "activations", "buffers", "overhead")
 """The stacked memory components, bottom to top."""
@@ -205,7 +206,7 @@ class ReportData:
 
     def launch_args(self, row: TrialRow) -> list[tuple[str, str]]:
         """How to launch a trial's config, as (what, text) pairs read from the framework's
-        traits (:mod:`tuner.frameworks`): the parallelism arguments in the flag names of
+        traits (:mod:`tuner.spec.frameworks`): the parallelism arguments in the flag names of
         Megatron's model code (Megatron-LM's or Megatron-DeepSpeed's), and the ds_config as one
         line of JSON where DeepSpeed's engine runs the training (``megatron-deepspeed`` takes
         both)."""

@@ -11,15 +11,15 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.spec import StudySpec
-from tuner.storage import open_storage
-from tuner.studyfile import load_study
-from tuner.trials import trial_outcome
+from tuner.space.trials import trial_outcome
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
+from tuner.study.storage import open_storage
 
 COLUMNS = [
     "trial", "outcome", "tp", "pp", "dp", "cp", "vp", "sp", "micro_batch", "grad_accum",

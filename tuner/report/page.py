@@ -163,7 +163,8 @@ def sections(data: ReportData) -> list[Section]:
                 "the first and the last); that stage is the bar shown. Pick a trial in the menu.",
                 figures=[("stage_memory", F.stage_memory(data))]),
         Section("time", "Where the time goes",
-                intro="Predicted by the time model (tuner.perf) beside the measured step.",
+                intro="Predicted by the time model (tuner.models.time.estimate) beside the "
+                "measured step.",
                 figures=[("time_breakdown", F.time_breakdown(data)),
                          ("tp_pp_heatmap", F.tp_pp_heatmap(data))]),
         _payback(data),

@@ -7,7 +7,8 @@ machine departs from the model:
 
     log(measured step) = log(predicted step) + w . features(config) + noise
 
-(the regression itself, features, prior and closed-form posterior: :mod:`tuner.correction`)
+(the regression itself, features, prior and closed-form posterior:
+:mod:`tuner.calibrate.correction`)
 
 ``features`` are a constant, the log2 of each size (tp, pp, cp, dp, vp, micro-batch: a trend
 seen between two values carries over to the next), one-hot indicators of each knob's value
@@ -31,12 +32,12 @@ over the limit is tried only when nothing else is left. (A cruder rule, "avoid e
 predicted to need as much as one that ran out", hid the best config of the stand-in's built-in
 surface: its OOMs came from no-recompute configs, its best used selective recompute.)
 
-The cluster's saved calibration (:mod:`tuner.calibration`: every measured trial of earlier
+The cluster's saved calibration (:mod:`tuner.calibrate.store`: every measured trial of earlier
 studies on the same cluster) enters both regressions as extra rows, noisier when they come from
 a study with another setup, so a second study starts from the corrected ranking: with nothing
 measured yet in this study, its first proposal is the calibrated model's fastest config.
 :meth:`ModelGuidedSampler.chance_to_beat` tells the study loop when no untried config has a real
-chance left (:mod:`tuner.stopping`).
+chance left (:mod:`tuner.search.stopping`).
 
 Configs still running count as measured at their posterior mean ("kriging believer"), so
 parallel workers spread out. With nothing measured yet the proposal is
@@ -58,8 +59,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibration import Observation, memory_fingerprint, setup_fingerprint
-from tuner.correction import (
+from tuner.calibrate.correction import (
     Features,
     Prior,
     expected_improvement,
@@ -67,20 +67,27 @@ from tuner.correction import (
     fit_memory,
     normal_cdf,
 )
-from tuner.correction import knob_values as knob_values
+from tuner.calibrate.correction import knob_values as knob_values
+from tuner.calibrate.store import Observation, memory_fingerprint, setup_fingerprint
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
-from tuner.memory import GIB
+from tuner.models.memory.estimate import GIB
+from tuner.models.rates import Rates
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.probe import MEMORY_SIGMA, may_probe
-from tuner.rates import Rates
-from tuner.space import SharedSpace, expand_axes, study_gpu
-from tuner.spec import StudySpec
-from tuner.trials import RETRYABLE, config_params, distributions, oom_dominates, trial_outcome
+from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
+from tuner.space.probes import MEMORY_SIGMA, may_probe
+from tuner.space.trials import (
+    RETRYABLE,
+    config_params,
+    distributions,
+    oom_dominates,
+    trial_outcome,
+)
+from tuner.spec.study import StudySpec
 
 MIN_ERROR_RUNS = 4
 """Measured configs needed before the model's error spread is estimated (leave-one-out over
-fewer is noise) and the search may stop on it (:mod:`tuner.stopping`)."""
+fewer is noise) and the search may stop on it (:mod:`tuner.search.stopping`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,8 +206,8 @@ class ModelGuidedSampler(BaseSampler):
         oom_keys: set[str], past: Sequence[Observation],
     ) -> list[int]:  # fmt: skip
         """The candidates whose peak, corrected by the memory measured so far, fits; memory probes
-        (``tuner.probe``) while they still have a real chance of fitting the GPU, and only once
-        a peak was measured (never blind)."""
+        (``tuner.space.probes``) while they still have a real chance of fitting the GPU, and only
+        once a peak was measured (never blind)."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
         rows = [
             (self._features.memory_row(o.parallel_config(), o.activation_share), o)
@@ -377,9 +384,9 @@ def make_sampler(
     spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None,
     space: SharedSpace | None = None,
 ) -> optuna.samplers.BaseSampler:  # fmt: skip
-    """model (the default: :mod:`tuner.sampler`, starting from the cluster's saved ``history``
-    and reading ``space``, the loop's shared enumeration), tpe (multivariate, constant liar for
-    parallel trials), gp, random or grid."""
+    """model (the default: :mod:`tuner.search.sampler`, starting from the cluster's saved
+    ``history`` and reading ``space``, the loop's shared enumeration), tpe (multivariate, constant
+    liar for parallel trials), gp, random or grid."""
     s = spec.search
     if s.sampler == "model":
         return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates, space=space)

@@ -1,12 +1,12 @@
 """When a search stops by itself: once the answer is known, or once it stops improving.
 
-Two rules, checked before each launch (:meth:`tuner.study.StudyLoop.budget_reason`):
+Two rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budget_reason`):
 
 1. **The answer is known** (model sampler only, ``search.stop_chance``): the corrected time model
-   (:meth:`tuner.sampler.ModelGuidedSampler.chance_to_beat`) gives every untried config less than
-   ``stop_chance`` (10 % by default) probability of beating the best measured step time by more
-   than :data:`IMPROVEMENT`. The probability comes from the sampler's Gaussian belief about the
-   log step time of each config: the posterior of the correction fitted to measured/predicted
+   (:meth:`tuner.search.sampler.ModelGuidedSampler.chance_to_beat`) gives every untried config less
+   than ``stop_chance`` (10 % by default) probability of beating the best measured step time by
+   more than :data:`IMPROVEMENT`. The probability comes from the sampler's Gaussian belief about
+   the log step time of each config: the posterior of the correction fitted to measured/predicted
    ratios (this study's and the cluster's saved calibration), plus the run-to-run noise. A config
    whose corrected prediction is 5 % slower than the best, with a spread of 2 %, has about a 0.1 %
    chance; one predicted as fast as the best, with any spread, has about 40 % or more.
@@ -24,7 +24,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from tuner.spec import StudySpec
+from tuner.spec.study import StudySpec
 
 IMPROVEMENT = 0.01
 """A gain smaller than this (1 % of the step time) is within run-to-run noise of a short run."""

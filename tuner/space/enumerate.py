@@ -1,9 +1,10 @@
 """The search space: expand ``space`` (lists or ``auto``), enumerate, validate and estimate.
 
 ``enumerate_space`` walks every combination of the study's knobs, derives DP from the world
-size, checks the framework's rules (``tuner.parallel``) and, for the valid ones, predicts memory
-(``tuner.memory``); :class:`SharedSpace` keeps one enumeration for the parts of a study loop
-that read it. ``config_from_settings`` builds one config from ``--set key=value`` pairs.
+size, checks the framework's rules (``tuner.config.parallel``) and, for the valid ones, predicts
+memory (``tuner.models.memory.estimate``); :class:`SharedSpace` keeps one enumeration for the parts
+of a study loop that read it. ``config_from_settings`` builds one config from ``--set key=value``
+pairs.
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipe_layers import pipe_layers
+from tuner.config.rules import RuleViolation, validate
 from tuner.errors import ConfigError
-from tuner.frameworks import traits
-from tuner.memory import GIB, MemoryBreakdown, estimate_memory, fits
-from tuner.parallel import ParallelConfig, RuleViolation, validate
-from tuner.perf import TimeBreakdown, estimate_time
-from tuner.pipe_layers import pipe_layers
-from tuner.pipeline_split import EVEN, auto_splits, canonical_split
-from tuner.probe import may_probe
-from tuner.rates import Rates
-from tuner.recompute import parse_recompute
-from tuner.spec import StudySpec
+from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory, fits
+from tuner.models.rates import Rates
+from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.space.probes import may_probe
+from tuner.spec.frameworks import traits
+from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
+from tuner.spec.recompute import parse_recompute
+from tuner.spec.study import StudySpec
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -60,7 +62,7 @@ class Axes:
     micro_batch_size: tuple[int, ...]
     sequence_parallel: tuple[bool, ...]
     recompute: tuple[tuple[str, str | None, int | None, tuple[str, ...] | None], ...]
-    """(granularity, method, layers, selective modules) per setting (``tuner.recompute``)."""
+    """(granularity, method, layers, selective modules) per setting (``tuner.spec.recompute``)."""
     distributed_optimizer: tuple[bool, ...]
     zero_stage: tuple[int, ...]
     ep: tuple[int, ...] = (1,)
@@ -234,8 +236,8 @@ class SpaceReport:
     viable: list[Candidate] = field(default_factory=list)
     oom: list[Candidate] = field(default_factory=list)
     probes: list[Candidate] = field(default_factory=list)
-    """Configs predicted over the headroom that are launched as memory probes (``tuner.probe``;
-    also counted in ``predicted_oom``), fastest first."""
+    """Configs predicted over the headroom that are launched as memory probes
+    (``tuner.space.probes``; also counted in ``predicted_oom``), fastest first."""
 
     def ranked(self) -> list[Candidate]:
         """Viable candidates, fastest predicted step first (ties: less memory first)."""
@@ -263,7 +265,7 @@ def study_gpu(spec: StudySpec) -> GPUSpec:
 
 def study_violations(config: ParallelConfig, spec: StudySpec) -> list[RuleViolation]:
     """Every rule ``config`` breaks in ``spec``: its model, world size, framework, training and
-    the cluster facts some rules need (``tuner.parallel.validate``)."""
+    the cluster facts some rules need (``tuner.config.rules.validate``)."""
     return validate(
         config, spec.model, spec.world_size, spec.framework, spec.training,
         spec.cluster.gpus_per_node,
@@ -274,7 +276,7 @@ def enumerate_space(
     spec: StudySpec, keep_oom: bool = False, with_time: bool = True, rates: Rates | None = None
 ) -> SpaceReport:
     """Validate and memory-estimate every combination; predict the step time of viable ones
-    (``rates``: the cluster's measured rates, ``tuner.profile_rates``; the catalog's if None)."""
+    (``rates``: the cluster's measured rates, ``tuner.profile.rates``; the catalog's if None)."""
     gpu = study_gpu(spec)
     report = SpaceReport()
     model, fw = spec.model, spec.framework
@@ -402,7 +404,7 @@ def _parse_setting(item: str) -> tuple[str, object]:
             return key, canonical_split(raw)
         except ConfigError as e:
             raise ConfigError(e.reason, path=where) from None
-    if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.recompute)
+    if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.spec.recompute)
         try:
             parse_recompute(raw)
         except ConfigError as e:

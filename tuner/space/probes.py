@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 
-from tuner.memory import MEMORY_UNCERTAINTY
+from tuner.models.memory.estimate import MEMORY_UNCERTAINTY
 
 MEMORY_SIGMA = MEMORY_UNCERTAINTY
 """Relative error of the predicted device peak, as the sd of log(measured / predicted): the
-memory model's stated uncertainty (:data:`tuner.memory.MEMORY_UNCERTAINTY`, with its reasons)."""
+memory model's stated uncertainty (:data:`tuner.models.memory.estimate.MEMORY_UNCERTAINTY`, with
+its reasons)."""
 
 MIN_FIT_PROBABILITY = 0.2
 """Below this chance of fitting, a launch is more likely an OOM than a measurement."""

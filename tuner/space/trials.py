@@ -12,12 +12,12 @@ from typing import Any
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.pipeline_split import EVEN
-from tuner.recompute import parse_recompute, recompute_text
-from tuner.space import Axes, expand_axes
-from tuner.spec import StudySpec
+from tuner.space.enumerate import Axes, expand_axes
+from tuner.spec.pipeline_split import EVEN
+from tuner.spec.recompute import parse_recompute, recompute_text
+from tuner.spec.study import StudySpec
 
 RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
 """Outcomes whose config runs again (once per trial): the trial said nothing about the config."""
@@ -72,7 +72,7 @@ def _etp_param(etp: int | None) -> int:
 def recompute_setting(
     rc: str, method: str | None, n: int | None, modules: tuple[str, ...] | None = None
 ) -> str:
-    """The text of a recompute setting from its knobs (``tuner.recompute``, as
+    """The text of a recompute setting from its knobs (``tuner.spec.recompute``, as
     :attr:`ParallelConfig.recompute_setting` spells it)."""
     return recompute_text(rc, method, n, modules)
 

@@ -8,8 +8,7 @@ from typing import Literal
 
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
-from tuner.overheads_spec import OverheadsSpec
-from tuner.spec_bounds import (
+from tuner.spec.bounds import (
     _HOST_NAME,
     MAX_GPUS_PER_NODE,
     MAX_NODES,
@@ -18,6 +17,7 @@ from tuner.spec_bounds import (
     _short,
     _size,
 )
+from tuner.spec.overheads import OverheadsSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,7 +5,7 @@
 (``partition_balanced`` over parameter counts or over 0/1 matches of the layer class names), and
 the layer lists it partitions: the repo workload's (``workloads/gpt_deepspeed.py``) and
 Megatron-DeepSpeed's ``GPTModelPipe``. Pure arithmetic over integers; which method a
-``pipeline_split`` value names is :mod:`tuner.pipeline_split`'s.
+``pipeline_split`` value names is :mod:`tuner.spec.pipeline_split`'s.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Reading a study file: presets, ``${NAME}`` expansion, hostfiles, paths relative to the
 study file, and finding a study by name (``studies/NAME.yaml``, then the shipped ones).
 
-Everything here turns text the user wrote into a :class:`~tuner.spec.StudySpec`, refusing what
-cannot be one with a :class:`~tuner.errors.ConfigError` that names the file and the field.
+Everything here turns text the user wrote into a :class:`~tuner.spec.study.StudySpec`, refusing
+what cannot be one with a :class:`~tuner.errors.ConfigError` that names the file and the field.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import yaml
 
 from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
-from tuner.spec import _ENV_NAME, MAX_FILE_BYTES, StudySpec
-from tuner.study_paths import study_relative
+from tuner.spec.paths import study_relative
+from tuner.spec.study import _ENV_NAME, MAX_FILE_BYTES, StudySpec
 
 
 @functools.cache
@@ -140,7 +140,7 @@ def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpe
 
     ``${NAME}`` in any string value is first replaced with that environment variable
     (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
-    as written: see :mod:`tuner.study_paths`.
+    as written: see :mod:`tuner.spec.paths`.
     """
     if not isinstance(raw, Mapping):
         raise ConfigError("a study file must be a mapping of sections")

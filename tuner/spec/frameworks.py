@@ -39,12 +39,12 @@ class Traits:
     ``TrainSchedule`` buffers, whole activations sent between stages, one process group per
     adjacent stage pair; no interleaved schedule."""
     deepspeed_optimizer: bool
-    """ZeRO stages and DeepSpeed's optimizer wrappers (``tuner.optimizer_layout``); otherwise
-    Megatron's (distributed) optimizer."""
+    """ZeRO stages and DeepSpeed's optimizer wrappers (``tuner.models.optimizer_layout``);
+    otherwise Megatron's (distributed) optimizer."""
     context_parallel: bool
     """Megatron-core context parallelism (``--context-parallel-size``)."""
     pipeline_module: PipelineModuleKind | None
-    """Which ``PipelineModule`` layer list is partitioned (``tuner.pipeline_split``)."""
+    """Which ``PipelineModule`` layer list is partitioned (``tuner.spec.pipeline_split``)."""
     default_partition: str | None
     """The ``partition_method`` the framework's pipeline module uses (``pipeline_split: even``)."""
     split_family: Literal["megatron", "deepspeed"]

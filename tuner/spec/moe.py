@@ -6,7 +6,8 @@ token, plus optional shared experts every token sees. The names follow Megatron-
 (core_v0.15 megatron/training/arguments.py ``_add_moe_args``); the rules below are the checks of
 that file's ``validate_args``, of megatron/core/transformer/transformer_config.py, of
 megatron/core/transformer/moe/moe_layer.py and of megatron/core/parallel_state.py, with their
-messages. The rules take plain numbers: tuner.parallel calls them (this module sits below it).
+messages. The rules take plain numbers: tuner.config.parallel calls them (this module sits below
+it).
 
 DeepSpeed-MoE (framework ``deepspeed``: ``deepspeed.moe.layer.MoE`` in the repo's workload) takes
 the same section with DeepSpeed's rules and messages (DeepSpeed 0.19.8, :data:`DS_SOURCES`): the

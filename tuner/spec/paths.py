@@ -1,6 +1,6 @@
 """Which study fields are paths, and what a relative one is relative to: the study file's folder.
 
-:func:`tuner.studyfile.study_from_mapping` applies :func:`study_relative` to a study read from a
+:func:`tuner.spec.file.study_from_mapping` applies :func:`study_relative` to a study read from a
 file, after ``${NAME}`` expansion and before the strict loader.
 """
 

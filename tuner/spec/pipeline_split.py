@@ -1,13 +1,14 @@
 """How a framework assigns transformer layers to pipeline stages, from a ``pipeline_split`` value.
 
-Pure arithmetic over integers (no config objects), so the validity rules (``tuner.parallel``),
-the study file's loader (``tuner.spec``) and the per-stage views (``tuner.pipeline``) share it.
+Pure arithmetic over integers (no config objects), so the validity rules
+(``tuner.config.parallel``), the study file's loader (``tuner.spec.study``) and the per-stage views
+(``tuner.config.pipeline``) share it.
 
 A ``pipeline_split`` is one text value (the only spelling in keys, tables and the storage):
 
 - ``even``: the framework's default. Megatron-LM: ``num_layers / pp`` layers per stage (it
   refuses the rest). DeepSpeed: the repo workload's ``partition_method="type:Block"``;
-  Megatron-DeepSpeed: ``GPTModelPipe``'s ``type:transformer`` (``tuner.frameworks``).
+  Megatron-DeepSpeed: ``GPTModelPipe``'s ``type:transformer`` (``tuner.spec.frameworks``).
 - Megatron-LM (``megatron/core/transformer/transformer_config.py``, ``transformer_block.py``
   ``get_num_layers_to_build``):
 
@@ -21,7 +22,7 @@ A ``pipeline_split`` is one text value (the only spelling in keys, tables and th
     ``megatron/core/transformer/pipeline_parallel_layer_layout.py``).
 - DeepSpeed ``PipelineModule(partition_method=...)`` (``deepspeed/runtime/pipe/module.py``
   ``_partition_layers``): ``uniform``, ``parameters``, ``type:REGEX``; how DeepSpeed partitions
-  a layer list is :mod:`tuner.deepspeed_partition`.
+  a layer list is :mod:`tuner.spec.deepspeed_partition`.
 
 A split a framework refuses raises :class:`~tuner.errors.SplitError` (a rule id and the
 framework's message), which the validity rules report.
@@ -34,9 +35,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from tuner.deepspeed_partition import PipeLayer, deepspeed_stages
 from tuner.errors import ConfigError, SplitError
-from tuner.frameworks import traits
+from tuner.spec.deepspeed_partition import PipeLayer, deepspeed_stages
+from tuner.spec.frameworks import traits
 
 SplitKind = Literal["even", "first_last", "account", "layout", "deepspeed"]
 Chunks = tuple[tuple[int, ...], ...]
@@ -283,7 +284,8 @@ def _account_chunks(num_layers: int, pp: int, vp: int, s: Split) -> Chunks:
 
 def megatron_chunks(num_layers: int, pp: int, vp: int, split: str) -> Chunks:
     """Decoder layers Megatron-LM builds on each pp rank and model chunk, or :class:`SplitError`
-    with its own message. ``even`` with a remainder is left to ``tuner.parallel``'s rules."""
+    with its own message. ``even`` with a remainder is left to ``tuner.config.parallel``'s
+    rules."""
     s = parse_split(split)
     if s.kind == "deepspeed":
         raise SplitError(

@@ -10,12 +10,12 @@ The modules and rules are Megatron-LM core_v0.15's (megatron/core/transformer/
 transformer_config.py ``__post_init__``, megatron/training/arguments.py ``--recompute-modules``):
 core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; default ``["core_attn"]``;
 checked only with selective granularity. What each one drops from the saved activations is in
-``tuner.recompute_memory``, what it runs again in ``tuner.recompute_time``.
+``tuner.models.memory.recompute``, what it runs again in ``tuner.models.time.recompute``.
 
 Not checked here, with the reason: ``shared_experts recompute cannot work with
---moe-shared-expert-overlap.`` (the tuner never passes that flag, ``tuner.moe``); TE >= 2.6.0dev0
-for moe_act / layernorm in fp8 (the tuner does not know the nodes' Transformer Engine; the run
-fails with Megatron's message and is recorded as a launch error).
+--moe-shared-expert-overlap.`` (the tuner never passes that flag, ``tuner.models.moe``); TE >=
+2.6.0dev0 for moe_act / layernorm in fp8 (the tuner does not know the nodes' Transformer Engine;
+the run fails with Megatron's message and is recorded as a launch error).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
-from tuner.frameworks import traits
-from tuner.moe_spec import MoESpec
+from tuner.spec.frameworks import traits
+from tuner.spec.moe import MoESpec
 
 RECOMPUTE_MODULES = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"

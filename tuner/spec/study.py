@@ -14,146 +14,34 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tuner.cluster_spec import ClusterSpec as ClusterSpec
-from tuner.cluster_spec import SlurmSpec as SlurmSpec
-from tuner.cluster_spec import SSHSpec as SSHSpec
 from tuner.errors import ConfigError
-from tuner.fp8 import Fp8Format, Fp8Recipe
-from tuner.frameworks import Framework as Framework
-from tuner.frameworks import traits
 from tuner.layout import name_problem, study_name_problem
-from tuner.moe_spec import MoESpec, TokenDispatcher, moe_study_problem
-from tuner.pipeline_split import parse_split
-from tuner.recompute import module_rule_violations, parse_recompute, recompute_text
-from tuner.spec_bounds import _ENV_NAME as _ENV_NAME
-from tuner.spec_bounds import (
+from tuner.spec.bounds import _ENV_NAME as _ENV_NAME
+from tuner.spec.bounds import (
     MAX_BATCH,
-    MAX_HEADS,
     MAX_ITERS,
-    MAX_LAYERS,
     MAX_MINUTES,
-    MAX_SEQ_LENGTH,
     MAX_TRIALS,
-    MAX_VOCAB,
-    MAX_WIDTH,
     _at_most,
     _positive,
     _size,
 )
-from tuner.spec_bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
+from tuner.spec.bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
+from tuner.spec.cluster import ClusterSpec as ClusterSpec
+from tuner.spec.cluster import SlurmSpec as SlurmSpec
+from tuner.spec.cluster import SSHSpec as SSHSpec
+from tuner.spec.frameworks import Framework as Framework
+from tuner.spec.frameworks import traits
+from tuner.spec.model import ModelSpec as ModelSpec
+from tuner.spec.model import Precision as Precision
+from tuner.spec.model import TrainingSpec as TrainingSpec
+from tuner.spec.moe import TokenDispatcher, moe_study_problem
+from tuner.spec.pipeline_split import parse_split
+from tuner.spec.recompute import module_rule_violations, parse_recompute, recompute_text
 
-Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 Auto = Literal["auto"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ModelSpec:
-    """The transformer being trained (a GPT-style decoder)."""
-
-    name: str = "custom"
-    """A label for tables; presets set it."""
-    num_layers: int
-    """Transformer layers (Megatron ``--num-layers``)."""
-    hidden_size: int
-    """Model width h (``--hidden-size``)."""
-    ffn_hidden_size: int
-    """MLP inner width F (``--ffn-hidden-size``)."""
-    num_attention_heads: int
-    """Attention heads a (``--num-attention-heads``)."""
-    num_query_groups: int | None = None
-    """Key/value groups g for GQA (``--num-query-groups``); None means MHA (g = a)."""
-    vocab_size: int
-    """Tokenizer vocabulary before Megatron pads it to a multiple of 128 x TP."""
-    seq_length: int
-    """Training sequence length s."""
-    max_position_embeddings: int | None = None
-    """Defaults to seq_length."""
-    swiglu: bool = False
-    """Gated SiLU MLP (fc1 is 2F wide)."""
-    tied_embeddings: bool = True
-    """Input embedding and output layer share weights (Megatron default)."""
-    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
-    """LayerNorm (2h params per norm) or RMSNorm (h)."""
-    position_embedding: Literal["learned_absolute", "rope"] = "learned_absolute"
-    """Learned absolute positions add s x h parameters to the embedding."""
-    dropout: bool = True
-    """Attention and hidden dropout on (stores 1-byte masks, Korthikanti's delta = 1)."""
-    flash_attention: bool = True
-    """FlashAttention / fused attention: the s x s score matrix is never stored."""
-    add_bias_linear: bool = True
-    """Biases in linear layers (Llama-style models disable them)."""
-    moe: MoESpec | None = None
-    """Mixture of experts (``tuner.moe_spec``): routed experts replace the MLP of MoE layers."""
-
-    def __post_init__(self) -> None:
-        _size(self.num_layers, MAX_LAYERS, "num_layers", "30x the deepest published model")
-        for name in ("hidden_size", "ffn_hidden_size"):
-            _size(getattr(self, name), MAX_WIDTH, name, "far wider than any published model")
-        for name in ("num_attention_heads", "num_query_groups"):
-            _size(getattr(self, name), MAX_HEADS, name, "published models have <= 128")
-        _size(self.vocab_size, MAX_VOCAB, "vocab_size", "vocabularies are 32k-256k tokens")
-        _size(self.seq_length, MAX_SEQ_LENGTH, "seq_length", "a 16M-token context")
-        _at_most(
-            self.max_position_embeddings, MAX_SEQ_LENGTH, "max_position_embeddings",
-            "a 16M-token context",
-        )  # fmt: skip
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                f"({self.num_attention_heads})",
-                path="hidden_size",
-            )
-        g = self.query_groups
-        if g <= 0 or self.num_attention_heads % g:
-            raise ConfigError(
-                f"num_query_groups ({g}) must divide num_attention_heads "
-                f"({self.num_attention_heads})",
-                path="num_query_groups",
-            )
-        if self.max_position_embeddings is not None and self.max_position_embeddings < (
-            self.seq_length
-        ):
-            raise ConfigError(
-                f"max_position_embeddings ({self.max_position_embeddings}) must be greater than "
-                f"or equal to seq_length ({self.seq_length})",
-                path="max_position_embeddings",
-            )
-        if self.moe is not None:
-            self.moe.moe_layers(self.num_layers)  # the layer pattern must cover every layer
-
-    @property
-    def query_groups(self) -> int:
-        """g: the number of key/value heads (a for plain multi-head attention)."""
-        return self.num_query_groups or self.num_attention_heads
-
-    @property
-    def kv_channels(self) -> int:
-        """Per-head width h / a."""
-        return self.hidden_size // self.num_attention_heads
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainingSpec:
-    """What one optimizer step processes."""
-
-    global_batch_size: int
-    """Sequences per optimizer step (Megatron ``--global-batch-size``)."""
-    precision: Precision = "bf16"
-    """bf16 / fp16 mixed precision with fp32 master weights, plain fp32, or fp8: bf16 with the
-    linear layers' GEMMs in FP8 (Transformer Engine; ``tuner.fp8``)."""
-    fp8_recipe: Fp8Recipe = "delayed"
-    """With fp8: Megatron ``--fp8-recipe`` (delayed, tensorwise, blockwise on Hopper; mxfp8 on
-    Blackwell)."""
-    fp8_format: Fp8Format = "hybrid"
-    """With fp8: Megatron ``--fp8-format`` (hybrid: E4M3 forward, E5M2 gradients)."""
-    cross_entropy_fusion: bool = False
-    """Megatron ``--cross-entropy-loss-fusion`` (its native fused loss kernels; Megatron-LM
-    only): fewer passes over the fp32 logits (``tuner.perf``)."""
-
-    def __post_init__(self) -> None:
-        _size(self.global_batch_size, MAX_BATCH, "global_batch_size", "16M sequences per step")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -233,7 +121,7 @@ class SpaceSpec:
     recompute: tuple[str, ...] = ("none",)
     """Activation recomputation: none, selective (the attention core), ``selective:MOD+MOD``
     (Megatron ``--recompute-modules``: core_attn, moe_act, layernorm, mlp, moe,
-    shared_experts; ``tuner.recompute``) or full (with ``recompute_method`` /
+    shared_experts; ``tuner.spec.recompute``) or full (with ``recompute_method`` /
     ``recompute_num_layers``)."""
     recompute_method: tuple[RecomputeMethod, ...] = ("uniform",)
     """For full recompute: uniform or block."""
@@ -297,7 +185,7 @@ class SpaceSpec:
 
 
 def _recompute_entry(text: str, i: int) -> str:
-    """One ``space.recompute`` value in its canonical spelling (``tuner.recompute``)."""
+    """One ``space.recompute`` value in its canonical spelling (``tuner.spec.recompute``)."""
     try:
         knobs = parse_recompute(text)
     except ConfigError as e:
@@ -316,8 +204,8 @@ class SearchSpec:
     """How the search runs and when it stops."""
 
     sampler: Literal["model", "tpe", "gp", "random", "grid"] = "model"
-    """``model``: the time model's ranking corrected by each measurement (``tuner.sampler``);
-    or one of Optuna's: ``tpe``, ``gp``, ``random``, ``grid``."""
+    """``model``: the time model's ranking corrected by each measurement
+    (``tuner.search.sampler``); or one of Optuna's: ``tpe``, ``gp``, ``random``, ``grid``."""
     n_trials: int = 20
     """Budget of launched runs (pruned and invalid configs do not count)."""
     nodes_per_trial: int | Literal["all"] = "all"
@@ -330,7 +218,8 @@ class SearchSpec:
     memory_probes: int = 2
     """At most this many configs predicted over the headroom, yet within the memory model's
     error of the GPU's capacity and predicted faster than every config that fits, are launched
-    as memory probes (``tuner.probe``); 0 never launches a config predicted over the headroom."""
+    as memory probes (``tuner.space.probes``); 0 never launches a config predicted over the
+    headroom."""
     seed: int | None = None
     """Sampler seed, for reproducible searches."""
     max_wall_time_min: float | None = None
@@ -341,7 +230,7 @@ class SearchSpec:
     """Stop when the best has not improved by 1% in this many launched trials."""
     stop_chance: float | None = 0.1
     """Model sampler: stop when no untried config has this chance of beating the best measured
-    by 1% (:mod:`tuner.stopping`); null: only ``early_stop_trials``."""
+    by 1% (:mod:`tuner.search.stopping`); null: only ``early_stop_trials``."""
     enqueue_top: int = 3
     """With Optuna's samplers: how many of the best predicted configs run before the sampler
     takes over (the ``model`` sampler starts from the model's ranking by itself)."""
@@ -388,7 +277,7 @@ class StudySpec:
     cluster: ClusterSpec
     """Nodes, GPUs and executor."""
     framework: Framework
-    """megatron, deepspeed or megatron-deepspeed (``tuner.frameworks``)."""
+    """megatron, deepspeed or megatron-deepspeed (``tuner.spec.frameworks``)."""
     launch: LaunchSpec
     """How a trial is launched."""
     space: SpaceSpec = field(default_factory=SpaceSpec)
@@ -419,9 +308,10 @@ class StudySpec:
             )
 
     def _check_moe_and_fp8(self) -> None:
-        """Study-wide rules of expert parallelism and FP8 (per-config ones: tuner.parallel)."""
+        """Study-wide rules of expert parallelism and FP8 (per-config ones:
+        tuner.config.parallel)."""
         from tuner.catalog import get_gpu
-        from tuner.fp8 import fp8_problem
+        from tuner.spec.fp8 import fp8_problem
 
         eps = (2,) if self.space.ep == "auto" else self.space.ep
         found = moe_study_problem(
@@ -449,7 +339,7 @@ class StudySpec:
 
     def _check_recompute_modules(self) -> None:
         """Selective-recompute modules the model, precision or framework rules out for every
-        config (the same rules tuner.parallel applies to one config)."""
+        config (the same rules tuner.config.parallel applies to one config)."""
         for i, text in enumerate(self.space.recompute):
             knobs = parse_recompute(text)
             found = module_rule_violations(

@@ -4,7 +4,7 @@ time, whichever worker of the study launched it.
 A lease is claimed atomically (one row per resource under a primary key in the study's SQL
 database, or one file beside a journal rewritten under ``flock``), renewed with the holder's
 heartbeat and expires when :data:`MISSED_BEATS` beats are missed; before an expired lease is
-taken over, the dead holder's processes on those nodes are ended (:mod:`tuner.schedule`).
+taken over, the dead holder's processes on those nodes are ended (:mod:`tuner.study.schedule`).
 A study-wide ``budget:`` lease is held (:func:`exclusive`) while a worker counts the runs
 and launches one, so two workers never overshoot ``n_trials`` together.
 Times are the workers' own clocks (NTP-synchronised login nodes differ by far less than a beat).
@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from tuner.layout import ResultsLayout
-from tuner.storage import MISSED_BEATS, resolve_url, retrying
+from tuner.study.storage import MISSED_BEATS, resolve_url, retrying
 
 
 @dataclass(frozen=True, slots=True)

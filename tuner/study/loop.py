@@ -1,13 +1,14 @@
 """The study loop: ask -> config -> validate -> predict -> prune or launch -> parse -> tell.
 
-One Optuna study per tuner study (:mod:`tuner.storage`), shared by any number of ``tune run``
+One Optuna study per tuner study (:mod:`tuner.study.storage`), shared by any number of ``tune run``
 workers. The objective is the measured steady-state step time in seconds (lower is better).
 
 What never reaches a node: configs that break a framework rule, configs the memory model predicts
 to OOM (recorded as pruned with their predicted peak), configs that need at least as much memory
 as one that really ran out of memory, and configs already measured or running (answered from
-that trial). Nodes are leased through the storage (:mod:`tuner.schedule`), so two workers never
-run two trials on one node; what a finished trial measured is recorded by :mod:`tuner.record`.
+that trial). Nodes are leased through the storage (:mod:`tuner.study.schedule`), so two workers
+never run two trials on one node; what a finished trial measured is recorded by
+:mod:`tuner.study.record`.
 """
 
 from __future__ import annotations
@@ -28,17 +29,29 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibration import history, keep
+from tuner.calibrate.store import history, keep
+from tuner.config.parallel import ParallelConfig
 from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool, new_token
 from tuner.layout import ResultsLayout
-from tuner.leases import Leases, exclusive, open_leases
+from tuner.models.rates import Rates
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.profile_rates import study_rates
-from tuner.rates import Rates
-from tuner.reattach import Reattach
-from tuner.record import (
+from tuner.profile.rates import study_rates
+from tuner.search.sampler import make_sampler
+from tuner.search.stopping import Stopper
+from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
+from tuner.space.trials import (
+    RETRYABLE,
+    config_from_params,
+    config_params,
+    counts_as_run,
+    distributions,
+)
+from tuner.space.trials import measured as trials_measured
+from tuner.spec.study import StudySpec
+from tuner.study.leases import Leases, exclusive, open_leases
+from tuner.study.reattach import Reattach
+from tuner.study.record import (
     LAUNCH_ERRORS_STOP,
     Summary,
     Verdict,
@@ -48,22 +61,10 @@ from tuner.record import (
     tell,
     write_metrics,
 )
-from tuner.recovery import Recovery
-from tuner.sampler import make_sampler
-from tuner.schedule import Heartbeat, Placement, Scheduler, live_running
-from tuner.screen import Screen
-from tuner.space import SharedSpace, expand_axes, study_gpu
-from tuner.spec import StudySpec
-from tuner.stopping import Stopper
-from tuner.storage import check_results_dir, open_storage, open_study, record_heartbeats
-from tuner.trials import (
-    RETRYABLE,
-    config_from_params,
-    config_params,
-    counts_as_run,
-    distributions,
-)
-from tuner.trials import measured as trials_measured
+from tuner.study.recovery import Recovery
+from tuner.study.schedule import Heartbeat, Placement, Scheduler, live_running
+from tuner.study.screen import Screen
+from tuner.study.storage import check_results_dir, open_storage, open_study, record_heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -181,14 +182,14 @@ class StudyLoop:
         self.recover()
 
     def recover(self) -> None:
-        """Watch dead workers' batch jobs again (:mod:`tuner.reattach`), clean up after them and
-        queue what must run again (:mod:`tuner.recovery`)."""
+        """Watch dead workers' batch jobs again (:mod:`tuner.study.reattach`), clean up after them
+        and queue what must run again (:mod:`tuner.study.recovery`)."""
         self._last_recover = self.clock()
         self.reattach.run(self.trials(), {r.job.token for r in self.running.values()})
         self.recovery.run(self.trials)
 
     def _watch(self, a: Any) -> None:
-        """Watch a dead worker's job from now on (:class:`tuner.reattach.Adopted`)."""
+        """Watch a dead worker's job from now on (:class:`tuner.study.reattach.Adopted`)."""
         self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement, self.clock())
         self._beating = tuple(self.running)
 

@@ -10,7 +10,7 @@ ended; or, for a trial launched by an older tuner that recorded the token after 
 tuner died in between) are cancelled.
 
 Executors without batch jobs (local, SSH: their processes die with the tuner's session or are
-reaped by the token) have no ``attach`` and are left to :mod:`tuner.recovery`.
+reaped by the token) have no ``attach`` and are left to :mod:`tuner.study.recovery`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.config.parallel import ParallelConfig
 from tuner.launch import LaunchRequest
 from tuner.layout import ResultsLayout
-from tuner.leases import Lease, Leases
-from tuner.parallel import ParallelConfig
-from tuner.schedule import Placement, Scheduler, live_running
-from tuner.spec import StudySpec
-from tuner.storage import record_heartbeats
-from tuner.trials import config_from_params
+from tuner.space.trials import config_from_params
+from tuner.spec.study import StudySpec
+from tuner.study.leases import Lease, Leases
+from tuner.study.schedule import Placement, Scheduler, live_running
+from tuner.study.storage import record_heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class Reattach:
             self._request(t), token, None if job_id is None else str(job_id)
         )
         if job is None:
-            return None  # Slurm forgot it: tuner.recovery keeps or re-runs its result
+            return None  # Slurm forgot it: tuner.study.recovery keeps or re-runs its result
         dead = str(t.user_attrs.get("worker"))
         for lease in self.leases.held():
             if lease.holder == dead and lease.trial == t.number:

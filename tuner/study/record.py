@@ -25,11 +25,11 @@ from tuner.catalog import GPUSpec
 from tuner.errors import StorageError
 from tuner.launch import JobResult
 from tuner.layout import TrialPaths
+from tuner.models.time.estimate import model_flops_per_step
 from tuner.outcome import Outcome
-from tuner.perf import model_flops_per_step
-from tuner.spec import StudySpec
-from tuner.storage import root_cause
-from tuner.trials import RETRYABLE
+from tuner.space.trials import RETRYABLE
+from tuner.spec.study import StudySpec
+from tuner.study.storage import root_cause
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

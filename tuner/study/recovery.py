@@ -19,12 +19,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
 from tuner.layout import ResultsLayout
-from tuner.leases import Leases
 from tuner.outcome import Outcome
-from tuner.record import recovered_metrics
-from tuner.schedule import end_lost_trial, live_running
-from tuner.spec import StudySpec
-from tuner.trials import RETRYABLE, current_params, is_duplicate, runs_again
+from tuner.space.trials import RETRYABLE, current_params, is_duplicate, runs_again
+from tuner.spec.study import StudySpec
+from tuner.study.leases import Leases
+from tuner.study.record import recovered_metrics
+from tuner.study.schedule import end_lost_trial, live_running
 
 logger = logging.getLogger(__name__)
 

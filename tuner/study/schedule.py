@@ -1,7 +1,7 @@
 """Which nodes the next trial runs on, agreed with every other worker of the study.
 
 This worker's :class:`~tuner.launch.NodePool` knows quarantined nodes and hands out groups with
-their own rendezvous port; the study's :class:`~tuner.storage.Leases` decide, across workers,
+their own rendezvous port; the study's :class:`~tuner.study.storage.Leases` decide, across workers,
 that a node and a port run one trial at a time. A lease whose holder stopped beating is taken
 over only once the dead holder's trial has no process left on its nodes.
 
@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.launch import LaunchRequest, NodeGroup, NodePool
 from tuner.layout import ResultsLayout
-from tuner.leases import Lease, LeaseConflict, Leases
+from tuner.study.leases import Lease, LeaseConflict, Leases
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Scheduler:
         """Nodes last found leased by another worker (shown while nothing can start)."""
         self.adopt: Callable[[Lease], bool] | None = None
         """Takes over a dead holder's still-queued or running batch job instead of ending it
-        (:mod:`tuner.reattach`); True when it did."""
+        (:mod:`tuner.study.reattach`); True when it did."""
 
     def acquire(self) -> Placement | None:
         """A group of free nodes and a free port, leased for this worker; None when none is."""

@@ -1,7 +1,7 @@
 """Screening a proposed config before any node is spent on it.
 
 In order: the framework's own rules (``invalid``), the memory model (``pruned_memory`` with the
-predicted peak, unless the config is one of the study's memory probes: ``tuner.probe``), the
+predicted peak, unless the config is one of the study's memory probes: ``tuner.space.probes``), the
 OOMs measured so far (a config needing at least the memory of one that ran out), configs
 already measured (answered from that trial), and configs another trial holds (finished with a
 final outcome, or running: claimed through the config's lease).
@@ -16,17 +16,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
-from tuner.leases import LeaseConflict, Leases
-from tuner.memory import GIB, estimate_memory, fits
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import GIB, estimate_memory, fits
+from tuner.models.rates import Rates
+from tuner.models.time.estimate import estimate_time
 from tuner.outcome import Outcome
-from tuner.parallel import ParallelConfig
-from tuner.perf import estimate_time
-from tuner.probe import fit_probability
-from tuner.rates import Rates
-from tuner.record import Summary
-from tuner.space import SharedSpace, study_violations
-from tuner.spec import StudySpec
-from tuner.trials import (
+from tuner.space.enumerate import SharedSpace, study_violations
+from tuner.space.probes import fit_probability
+from tuner.space.trials import (
     is_duplicate,
     measured,
     oom_dominates,
@@ -34,6 +31,9 @@ from tuner.trials import (
     trial_config,
     trial_outcome,
 )
+from tuner.spec.study import StudySpec
+from tuner.study.leases import LeaseConflict, Leases
+from tuner.study.record import Summary
 
 
 class Screen:
@@ -120,7 +120,7 @@ class Screen:
         return all(any(oom_dominates(o, c) for o in ooms) for c in left.values())
 
     def _probe_keys(self) -> frozenset[str]:
-        """The study's memory probes (``tuner.probe``), from the shared enumeration."""
+        """The study's memory probes (``tuner.space.probes``), from the shared enumeration."""
         if self._probes is None:
             self._probes = frozenset(c.config.key() for c in self.space.report().probes)
         return self._probes

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tuner.study import StudyLoop
+    from tuner.study.loop import StudyLoop
 
-logger = logging.getLogger("tuner.study")
+logger = logging.getLogger("tuner.study.loop")
 
 
 @contextmanager

@@ -13,7 +13,7 @@ worker's memory:
   launched it. A lease is claimed atomically (one row per resource under a primary key, or one
   file rewritten under ``flock`` for a journal), renewed with the holder's heartbeat and
   expires when four beats are missed; before an expired lease is taken over, the dead
-  holder's processes on those nodes are ended (:mod:`tuner.schedule`).
+  holder's processes on those nodes are ended (:mod:`tuner.study.schedule`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from optuna.storages.journal import JournalFileBackend
 
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
-from tuner.spec import StudySpec
+from tuner.spec.study import StudySpec
 
 logger = logging.getLogger(__name__)
 

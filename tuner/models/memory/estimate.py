@@ -6,9 +6,10 @@ Per stage and phase (``fwd_bwd``: activations live; ``step``: the optimizer's te
 (reserved + CUDA context + NCCL buffers: what nvidia-smi shows and what decides OOM). The
 config's ``peak`` is the largest ``device`` figure over all stages and phases.
 
-Terms: parameter counts and activations in tuner.memory_terms ([K] Korthikanti et al. 2022,
-[Z] ZeRO, [M] Megatron-LM); optimizer layouts per framework in tuner.optimizer_layout ([DSE]
-DeepSpeed sources); stack overheads and allocator slack in tuner.overheads (GPU catalog).
+Terms: parameter counts and activations in tuner.models.memory.terms ([K] Korthikanti et al. 2022,
+[Z] ZeRO, [M] Megatron-LM); optimizer layouts per framework in tuner.models.optimizer_layout ([DSE]
+DeepSpeed sources); stack overheads and allocator slack in tuner.models.memory.overheads (GPU
+catalog).
 """
 
 from __future__ import annotations
@@ -20,9 +21,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tuner.catalog import GPUSpec
-from tuner.fp8 import fp8_weight_copy_bytes
-from tuner.fp8_memory import fp8_layer_activations
-from tuner.memory_terms import (
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import held_layer_microbatches, in_flight, stage_layers
+from tuner.models.memory.fp8 import fp8_layer_activations
+from tuner.models.memory.overheads import (
+    allocator_slack,
+    communicators,
+    context_bytes,
+    grouped_gemm_workspace_bytes,
+    nccl_bytes,
+    workspace_bytes,
+)
+from tuner.models.memory.recompute import selective_activations
+from tuner.models.memory.step_tensors import activation_tensors, step_tensors
+from tuner.models.memory.terms import (
     DEEPSPEED_ESTIMATOR,
     ZERO_PAPER,
     LayerActivations,
@@ -38,22 +50,16 @@ from tuner.memory_terms import (
     stage_params,
     zero_model_state_total,
 )
-from tuner.moe import allgather_gathered_bytes, expert_config, moe_layers_on, moe_stage_memory
-from tuner.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
-from tuner.overheads import (
-    allocator_slack,
-    communicators,
-    context_bytes,
-    grouped_gemm_workspace_bytes,
-    nccl_bytes,
-    workspace_bytes,
+from tuner.models.moe import (
+    allgather_gathered_bytes,
+    expert_config,
+    moe_layers_on,
+    moe_stage_memory,
 )
-from tuner.parallel import ParallelConfig
-from tuner.pipeline import held_layer_microbatches, in_flight, stage_layers
-from tuner.recompute_memory import selective_activations
-from tuner.spec import Framework, ModelSpec, Precision
-from tuner.step_tensors import activation_tensors, step_tensors
-from tuner.tp_overlap import ub_buffer_bytes
+from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
+from tuner.models.time.tp_overlap import ub_buffer_bytes
+from tuner.spec.fp8 import fp8_weight_copy_bytes
+from tuner.spec.study import Framework, ModelSpec, Precision
 
 __all__ = [
     "DEEPSPEED_ESTIMATOR", "GIB", "MEMORY_UNCERTAINTY", "ZERO_PAPER", "LayerActivations",
@@ -65,9 +71,9 @@ __all__ = [
 GIB = float(2**30)
 Phase = Literal["fwd_bwd", "step"]
 # Relative uncertainty of a predicted device peak: the sd of log(measured / predicted) that
-# tuner.probe uses to decide which near-limit configs get a memory probe. Reason: the terms that
-# are not counted exactly vary by that much between stacks: allocator fragmentation spans 5-15 %
-# of transient bytes (catalog header), the CUDA context 0.3-1.0 GiB across driver / PyTorch
+# tuner.space.probes uses to decide which near-limit configs get a memory probe. Reason: the terms
+# that are not counted exactly vary by that much between stacks: allocator fragmentation spans 5-15
+# % of transient bytes (catalog header), the CUDA context 0.3-1.0 GiB across driver / PyTorch
 # builds (pytorch#107667, pytorch#109888, NVIDIA/nccl#1685), NCCL channel counts 8-32 by
 # topology; on an 80 GiB peak these add up to about +-8 %. A measured peak of the same stack
 # replaces the catalog figures (cluster.overheads) and should narrow it.
@@ -236,8 +242,8 @@ class MemoryBreakdown:
     def activation_share(self) -> float:
         """The share of the worst (stage, phase)'s allocated bytes that are activations (the
         layers' saved tensors and the stage's embedding / logits ones): the part of the peak
-        that a knob like recomputation or the micro-batch size scales (:mod:`tuner.correction`
-        apportions a measured memory error by it)."""
+        that a knob like recomputation or the micro-batch size scales
+        (:mod:`tuner.calibrate.correction` apportions a measured memory error by it)."""
         w = self.worst
         return (w.activations + w.stage_extras) / w.allocated if w.allocated > 0 else 0.0
 
@@ -329,7 +335,9 @@ def _stage_memory(
     zero_settings: Mapping[str, float] | None,
 ) -> StageMemory:
     fp8 = precision == "fp8"
-    precision = "bf16" if fp8 else precision  # fp8: bf16 weights, grads, activations (tuner.fp8)
+    precision = (
+        "bf16" if fp8 else precision
+    )  # fp8: bf16 weights, grads, activations (tuner.spec.fp8)
     vocab = padded_vocab(model.vocab_size, c.tp, framework)
     act = layer_activations(model, c.micro_batch_size, c.cp, precision)
     moe = moe_stage_memory(model, c, stage, layers, framework, precision, act)
@@ -341,27 +349,27 @@ def _stage_memory(
             moe.expert_params, expert_config(c), framework, precision, sizes, zero_settings
         )
         states = _add_states(states, experts)
-    if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.fp8)
+    if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.spec.fp8)
         gemm = layers * param_counts(model).layer_sharded / c.tp + moe.nonexpert_delta
         states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
             gemm + moe.expert_params, "delayed"), states.layout))  # fmt: skip
     layer_act = moe.activations
     share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
-    if fp8:  # TE saves GEMM inputs as FP8 (tuner.fp8_memory)
+    if fp8:  # TE saves GEMM inputs as FP8 (tuner.models.memory.fp8)
         layer_act = fp8_layer_activations(model, c, layer_act, share)
-    # selective recompute's modules (tuner.recompute_memory)
+    # selective recompute's modules (tuner.models.memory.recompute)
     layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
     saved, working = layers_activation_bytes(layer_act, c, layers)
     # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
-    # buffer, a persistent scratch tensor (tuner.memory_terms.global_buffer_bytes), not in the
-    # dispatch transient.
+    # buffer, a persistent scratch tensor (tuner.models.memory.terms.global_buffer_bytes), not in
+    # the dispatch transient.
     core = framework == "megatron"
     gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
     working += moe.dispatch - gathered + rebuilt
     scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0
     ub = 0.0
     if c.tp_comm_overlap and core:  # TE userbuffers, allocated outside PyTorch's allocator
-        tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.tp_overlap)
+        tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.models.time.tp_overlap)
         ub = ub_buffer_bytes(tokens, model.hidden_size, fp8)
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
@@ -433,10 +441,10 @@ def estimate_memory(
 ) -> MemoryBreakdown:
     """Per-stage, per-phase memory of ``config``; ``.peak`` is the worst device figure.
 
-    Layer counts per stage come from tuner.pipeline.stage_layers (uneven splits included), the
-    in-flight micro-batches per stage from tuner.pipeline.in_flight. ``zero_settings``: the
-    ds_config's ``zero_optimization`` values (bucket sizes) when they differ from DeepSpeed's
-    defaults (tuner.optimizer_layout.DEEPSPEED_ZERO_DEFAULTS).
+    Layer counts per stage come from tuner.config.pipeline.stage_layers (uneven splits included),
+    the in-flight micro-batches per stage from tuner.config.pipeline.in_flight. ``zero_settings``:
+    the ds_config's ``zero_optimization`` values (bucket sizes) when they differ from DeepSpeed's
+    defaults (tuner.models.optimizer_layout.DEEPSPEED_ZERO_DEFAULTS).
     """
     zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
     return _estimate(model, config, gpu, framework, precision, zero)

@@ -5,7 +5,7 @@ Transformer Engine's docs (docs/features/low_precision_training/performance_cons
 for the weight gradient as its FP8 (columnwise) copy, 1 byte per element, instead of the bf16
 tensor; but "if the high precision tensor also needs to be saved for backward - for example if
 it is the attention output which is saved anyway" the FP8 copy comes on top of it. So per layer,
-against [K]'s bf16 counting (tuner.memory_terms):
+against [K]'s bf16 counting (tuner.models.memory.terms):
 
 - QKV input and fc1 input (the norms' outputs, saved only for those GEMMs): 2 B -> 1 B;
 - the attention output (projection input; the attention kernel keeps its bf16 copy): + 1 B;
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from tuner.memory_terms import LayerActivations
-from tuner.moe import expert_tokens
-from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.terms import LayerActivations
+from tuner.models.moe import expert_tokens
+from tuner.spec.study import ModelSpec
 
 SAVED_BF16 = 2.0
 SAVED_FP8 = 1.0

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.allocator import StepTensors, reserved_bytes, tensor_bytes
 from tuner.catalog import GPUSpec
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.spec import Framework
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.allocator import StepTensors, reserved_bytes, tensor_bytes
+from tuner.spec.frameworks import traits
+from tuner.spec.study import Framework
 
 MIB = float(2**20)
 GIB = float(2**30)
@@ -127,7 +127,7 @@ def workspace_bytes(gpu: GPUSpec, framework: Framework = "megatron") -> float:
     """
     if gpu.name == "cpu":
         return 0.0
-    megatron = framework == "megatron"  # Megatron-core end to end (tuner.frameworks)
+    megatron = framework == "megatron"  # Megatron-core end to end (tuner.spec.frameworks)
     per_handle = gpu.cublas_workspace_mib + (0.0 if megatron else gpu.cublaslt_workspace_mib)
     return BLAS_THREADS * per_handle * MIB + (te_workspace_bytes(gpu) if megatron else 0.0)
 
@@ -152,10 +152,10 @@ def grouped_gemm_workspace_bytes(gpu: GPUSpec) -> float:
 def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:
     """Reserved minus allocated bytes at the (fwd_bwd, step) peaks.
 
-    The caching allocator's segments for the step's tensors (tuner.allocator: rounding, blocks
-    that later requests cannot reuse, the first step's lazily created moments), plus a share
-    ``gpu.allocator_fragmentation`` of the forward/backward's transient bytes for what that
-    phase-level simulation does not see (one phase's tensors carved out of each other's freed
+    The caching allocator's segments for the step's tensors (tuner.models.memory.allocator:
+    rounding, blocks that later requests cannot reuse, the first step's lazily created moments),
+    plus a share ``gpu.allocator_fragmentation`` of the forward/backward's transient bytes for what
+    that phase-level simulation does not see (one phase's tensors carved out of each other's freed
     blocks as the 1F1B schedule interleaves them). No caching allocator on CPU (plain malloc).
     """
     if gpu.name == "cpu":

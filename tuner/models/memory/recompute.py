@@ -1,9 +1,10 @@
-"""What selective recompute's modules drop from a layer's saved activations (``tuner.memory``).
+"""What selective recompute's modules drop from a layer's saved activations
+(``tuner.models.memory.estimate``).
 
 A recomputed module's forward runs again in backward, so what it saved is not kept between the
 two; its input stays (it is the checkpoint's). Per module, in Megatron-LM core_v0.15 and with
 Transformer Engine (``--transformer-impl`` default, which the templates keep), counted with the
-terms of tuner.memory_terms ([K] Table 2), tuner.moe and tuner.fp8_memory:
+terms of tuner.models.memory.terms ([K] Table 2), tuner.models.moe and tuner.models.memory.fp8:
 
 - ``core_attn``: the attention scores (``LayerActivations.scores``), as before.
 - ``layernorm``: transformer_layer.py wraps ``input_layernorm`` and ``pre_mlp_layernorm`` in
@@ -14,15 +15,15 @@ terms of tuner.memory_terms ([K] Table 2), tuner.moe and tuner.fp8_memory:
   linear_qkv, a dense layer's pre-MLP norm into linear_fc1; transformer_layer.py skips an
   IdentityOp): the MoE layers' fc1-input term ([K] "fc1 input", the norm output the router and
   the experts read) goes; in FP8 Megatron saves the original input of the consumers
-  (``set_for_recompute_pre_mlp_layernorm``), so what goes is what tuner.fp8_memory counts.
+  (``set_for_recompute_pre_mlp_layernorm``), so what goes is what tuner.models.memory.fp8 counts.
 - ``mlp``: ``tensor_parallel.checkpoint(self.mlp, ...)`` in a dense layer (transformer_layer.py
   ``_forward_mlp``; not in MoE layers). It keeps its input, the pre-norm hidden states (the
   norm is fused into TE's fc1, and [K] counts that tensor as the norm's input), and drops fc1's
   input (the fused norm's output) and the MLP intermediates.
 - ``moe``: ``tensor_parallel.checkpoint(custom_forward, hidden_states)`` in
   moe/moe_layer.py ``MoELayer.forward``: keeps the norm output and drops everything the MoE
-  block adds (tuner.moe ``moe_block_bytes``): the router's scores and routing map, per routed
-  token the dispatched input, the experts' three F_e-wide tensors, its prob and the permute
+  block adds (tuner.models.moe ``moe_block_bytes``): the router's scores and routing map, per
+  routed token the dispatched input, the experts' three F_e-wide tensors, its prob and the permute
   index, and the shared experts' intermediates.
 - ``moe_act``: moe/experts.py ``TEGroupedMLP.forward`` wraps the activation (with the probs
   weighting) in ``CheckpointWithoutOutput``: fc2's input per routed token goes (FP8:
@@ -38,11 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from tuner.fp8_memory import SAVED_FP8
-from tuner.memory_terms import LayerActivations, mlp_width_bytes
-from tuner.moe import expert_tokens, moe_block_bytes
-from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec, Precision
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.fp8 import SAVED_FP8
+from tuner.models.memory.terms import LayerActivations, mlp_width_bytes
+from tuner.models.moe import expert_tokens, moe_block_bytes
+from tuner.spec.study import ModelSpec, Precision
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ class _Region:
 
 def _dense_mlp(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> _Region:
     """``mlp``: fc1's input (replicated) and the intermediates: fc1's output (2F with SwiGLU)
-    and fc2's input ([K]; GEMM inputs at ``eg`` bytes: 1 under FP8, tuner.fp8_memory)."""
+    and fc2's input ([K]; GEMM inputs at ``eg`` bytes: 1 under FP8, tuner.models.memory.fp8)."""
     s, b, h, f = (
         model.seq_length / c.cp,
         c.micro_batch_size,
@@ -72,7 +73,7 @@ def _dense_mlp(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> _Reg
 
 def _moe_parts(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> dict[str, _Region]:
     """The MoE layer's regions: ``layernorm`` (the pre-MLP norm output), ``moe_act`` (fc2's
-    input per routed token), ``shared_experts`` and ``moe`` (everything tuner.moe adds)."""
+    input per routed token), ``shared_experts`` and ``moe`` (everything tuner.models.moe adds)."""
     moe = model.moe
     if moe is None:
         return {}
@@ -83,10 +84,11 @@ def _moe_parts(model: ModelSpec, c: ParallelConfig, e: float, eg: float) -> dict
     sp = c.tp if c.sequence_parallel else 1
     norm = _Region(replicated=s * b * h * eg, rank=s * b * h * eg / sp)
     # the checkpointed activation's outputs: SwiGLU's fused weighted kernel writes fc2's input;
-    # GeLU its output and the probs-weighted product (fc2's input; tuner.moe EXPERT_WIDTH_TENSORS)
+    # GeLU its output and the probs-weighted product (fc2's input; tuner.models.moe
+    # EXPERT_WIDTH_TENSORS)
     act = routed * fe * (eg if model.swiglu else e + eg)
     shared = s * b * moe.shared * inter
-    block = moe_block_bytes(model, c, e, eg)  # everything tuner.moe's block keeps
+    block = moe_block_bytes(model, c, e, eg)  # everything tuner.models.moe's block keeps
     return {
         "layernorm": norm,
         "moe_act": _Region(sharded=c.tp * act, rank=act),
@@ -111,8 +113,8 @@ def selective_activations(
 ) -> tuple[LayerActivations, float]:
     """(``act`` less what the recomputed modules drop, the bytes one rank rebuilds for one layer
     in backward). ``act``: the stage's average layer for one micro-batch (``moe_share`` of its
-    layers MoE), after tuner.fp8_memory when ``fp8``; ``precision`` is the activations' (bf16
-    under FP8). core_attn is tuner.memory_terms' (``LayerActivations.scores``)."""
+    layers MoE), after tuner.models.memory.fp8 when ``fp8``; ``precision`` is the activations'
+    (bf16 under FP8). core_attn is tuner.models.memory.terms' (``LayerActivations.scores``)."""
     mods = set(c.recomputed_modules) - {"core_attn"}
     if not mods:
         return act, 0.0

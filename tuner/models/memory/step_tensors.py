@@ -1,15 +1,15 @@
 """The tensors one rank allocates in a training step, by lifetime, for the allocator model.
 
-Every size comes from the memory model's own terms (tuner.memory_terms, tuner.optimizer_layout);
-this module only says how each term is cut into tensors, which is what the caching allocator
-(tuner.allocator) sees:
+Every size comes from the memory model's own terms (tuner.models.memory.terms,
+tuner.models.optimizer_layout); this module only says how each term is cut into tensors, which is
+what the caching allocator (tuner.models.memory.allocator) sees:
 
 - parameters: one tensor per weight matrix of a layer (QKV, attention output, fc1, fc2), the
   word embeddings / output layer, and the small norm and bias vectors ([M] layer structure);
   Megatron keeps its fp32 main params and Adam states per parameter (of the parameter's shard
   with the distributed optimizer) and its gradients in one contiguous buffer per dtype
   (megatron/core/distributed/param_and_grad_buffer.py ``grad_data``); DeepSpeed flattens each
-  state into one buffer (tuner.optimizer_layout ``StageStates.flat``);
+  state into one buffer (tuner.models.optimizer_layout ``StageStates.flat``);
 - activations: [K] Table 2's saved tensors of one layer and micro-batch (the two LayerNorm
   inputs, the QKV and fc1 inputs, dropout masks, Q, K, V, the projection input, the MLP
   intermediates, the attention scores), each a separate allocation; full recompute keeps the
@@ -19,11 +19,11 @@ this module only says how each term is cut into tensors, which is what the cachi
 
 from __future__ import annotations
 
-from tuner.allocator import StepTensors, Tensors
-from tuner.memory_terms import LayerActivations, param_counts, saved_mode
-from tuner.optimizer_layout import StageStates
-from tuner.parallel import ParallelConfig
-from tuner.spec import ModelSpec, Precision
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.allocator import StepTensors, Tensors
+from tuner.models.memory.terms import LayerActivations, param_counts, saved_mode
+from tuner.models.optimizer_layout import StageStates
+from tuner.spec.study import ModelSpec, Precision
 
 
 def param_tensors(model: ModelSpec, c: ParallelConfig, layers: int, params: float) -> Tensors:
@@ -77,7 +77,7 @@ def activation_tensors(
     model: ModelSpec, act: LayerActivations, c: ParallelConfig, layers: int, held: float
 ) -> tuple[Tensors, Tensors]:
     """(saved tensors of the stage's held micro-batches, the recompute working set), with the
-    layer counts of tuner.memory_terms.layers_activation_bytes."""
+    layer counts of tuner.models.memory.terms.layers_activation_bytes."""
     if c.recompute != "full":
         count = max(int(round(held * layers)), 0)
         return tuple((x, count) for x in layer_tensors(model, act, c, saved_mode(c))), ()
@@ -114,7 +114,7 @@ def step_tensors(
     precision: Precision,
     last: bool,
 ) -> StepTensors:
-    """The stage's tensors grouped as tuner.allocator needs them."""
+    """The stage's tensors grouped as tuner.models.memory.allocator needs them."""
     shapes = param_tensors(model, c, layers, params)
     flat = states.flat
     fwd, step = states.fwd_bwd, states.step

@@ -16,10 +16,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tuner import frameworks
-from tuner.parallel import ParallelConfig
-from tuner.pipeline import in_flight
-from tuner.spec import Framework, ModelSpec, Precision
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import in_flight
+from tuner.spec import frameworks
+from tuner.spec.study import Framework, ModelSpec, Precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +120,7 @@ def param_counts(model: ModelSpec) -> ParamCounts:
 
 def padded_vocab(vocab_size: int, tp: int, framework: Framework, divisible_by: int = 128) -> int:
     """Pad the vocabulary to a multiple of 128 x TP ([M] make-vocab-size-divisible-by) where
-    the framework runs Megatron's model code (:func:`tuner.frameworks.padded_vocab`)."""
+    the framework runs Megatron's model code (:func:`tuner.spec.frameworks.padded_vocab`)."""
     return frameworks.padded_vocab(vocab_size, tp, framework, divisible_by)
 
 
@@ -149,7 +149,7 @@ class LayerActivations:
 def mlp_width_bytes(model: ModelSpec, e: float, eg: float | None = None) -> float:
     """Bytes a dense MLP keeps per token per element of its width F ([K]): fc1's output (2F wide
     with SwiGLU) at ``e`` and fc2's input at ``eg`` (a GEMM input's bytes: 1 under FP8,
-    tuner.fp8_memory; ``e`` by default). GeLU: input and output of the activation (4F/h with
+    tuner.models.memory.fp8; ``e`` by default). GeLU: input and output of the activation (4F/h with
     e = 2); SwiGLU: the 2F-wide fc1 output and the F-wide fc2 input (6sbF with e = 2)."""
     return (2 if model.swiglu else 1) * e + (e if eg is None else eg)
 
@@ -183,7 +183,7 @@ def layer_activations(
 def saved_mode(c: ParallelConfig) -> str:
     """How ``LayerActivations.stored`` counts a layer under ``c``: full, selective (the attention
     core recomputed, [K]) or none (other selective modules drop their own terms first:
-    tuner.recompute_memory)."""
+    tuner.models.memory.recompute)."""
     if c.recompute == "full":
         return "full"
     return "selective" if "core_attn" in c.recomputed_modules else "none"
@@ -232,7 +232,7 @@ def stage_params(
     """Parameters one rank of ``stage`` holds with ``layers`` transformer layers on it.
 
     [M] most-loaded shard (block/p + hV)/t, with the stage's own layer count (uneven splits
-    come from tuner.pipeline.stage_layers) instead of num_layers / pp.
+    come from tuner.config.pipeline.stage_layers) instead of num_layers / pp.
     """
     counts = param_counts(model)
     params = layers * (counts.layer_sharded / c.tp + counts.layer_replicated)
@@ -260,7 +260,7 @@ def global_buffer_bytes(
       ``LinearWithGradAccumulationAndAsyncCommunication`` forward and backward; the layer
       saves its local shard, the gathered copy lives in the buffer); TE's layers gather into
       their own tensors;
-    - the allgather MoE dispatcher's gathered tokens, ``moe_gathered`` (tuner.moe).
+    - the allgather MoE dispatcher's gathered tokens, ``moe_gathered`` (tuner.models.moe).
 
     Megatron turns sequence parallelism off at tp = 1 (megatron/training/arguments.py).
     """

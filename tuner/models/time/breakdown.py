@@ -1,6 +1,6 @@
 """The step-time model's result, ``TimeBreakdown``, and the FLOPs it reports.
 
-FLOPs convention (``tuner.perf``'s breakdowns, ``model_flops_per_step``,
+FLOPs convention (``tuner.models.time.estimate``'s breakdowns, ``model_flops_per_step``,
 ``hardware_flops_per_step``): a multiply-add is 2 FLOPs; the backward pass costs twice the forward;
 every transformer layer counts its QKV, output, MLP GEMMs and the full (not causally halved)
 attention scores QK^T and scores x V; the LM head (logits GEMM) is included; embedding look-ups,
@@ -19,11 +19,11 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from tuner.moe import mlp_flops_per_token
-from tuner.parallel import ParallelConfig
-from tuner.rates import Rates
-from tuner.recompute_time import selective_flops_per_sequence
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.moe import mlp_flops_per_token
+from tuner.models.rates import Rates
+from tuner.models.time.recompute import selective_flops_per_sequence
+from tuner.spec.study import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class TimeBreakdown:
     """Context-parallel K/V exchange not hidden behind the attention kernels."""
     ep_comm: float
     """MoE token dispatch and combine (all-to-all over EP, or all-gather / reduce-scatter),
-    forward and backward, on the critical path (tuner.moe)."""
+    forward and backward, on the critical path (tuner.models.moe)."""
     pp_p2p: float
     """Pipeline point-to-point sends and receives on the critical path."""
     pp_bubble: float
@@ -59,10 +59,10 @@ class TimeBreakdown:
     overhead: float
     """Fixed framework cost per micro-batch and per step (dominates tiny models on CPU ranks)."""
     fp8_cast: float
-    """Transformer Engine's FP8 quantize / transpose passes and amax reductions (tuner.perf_fp8;
-    0 unless precision is fp8)."""
+    """Transformer Engine's FP8 quantize / transpose passes and amax reductions
+    (tuner.models.time.fp8; 0 unless precision is fp8)."""
     moe_routing: float
-    """MoE router GEMM, scores, aux loss and token permute / unpermute (tuner.perf_moe)."""
+    """MoE router GEMM, scores, aux loss and token permute / unpermute (tuner.models.time.moe)."""
     step: float
     """Seconds per optimizer step: the sum of the parts above."""
     model_flops: float
@@ -97,7 +97,7 @@ def _flops_per_sequence(model: ModelSpec) -> tuple[float, float, float]:
     s, h = model.seq_length, model.hidden_size
     kv = 2 * model.query_groups * model.kv_channels
     attn_core = 4.0 * s * s * h
-    mlp = s * mlp_flops_per_token(model)  # 2 s (mlp_in + F) h dense; MoE: tuner.moe
+    mlp = s * mlp_flops_per_token(model)  # 2 s (mlp_in + F) h dense; MoE: tuner.models.moe
     layer = 2.0 * s * h * (h + kv) + attn_core + 2.0 * s * h * h + mlp
     head = 2.0 * s * h * model.vocab_size
     return layer, attn_core, head
@@ -124,7 +124,7 @@ def hardware_flops_per_step(model: ModelSpec, config: ParallelConfig) -> float:
     base = model_flops_per_step(model, config.global_batch_size)
     if config.recompute == "full":
         extra = layer * recompute_fraction(config, model)
-    elif config.recompute == "selective":  # the modules' FLOPs: tuner.recompute_time
+    elif config.recompute == "selective":  # the modules' FLOPs: tuner.models.time.recompute
         core = attn_core if "core_attn" in config.recomputed_modules else 0.0
         extra = core + selective_flops_per_sequence(model, config)
     else:

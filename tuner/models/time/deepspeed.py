@@ -1,17 +1,18 @@
 """DeepSpeed's side of the step-time model: its data-parallel traffic and gradient passes.
 
-What DeepSpeed's engine and optimizer wrappers do around the layers that ``tuner.perf`` times:
-ZeRO's reductions and gathers, the pipeline engine's ReduceGrads step after the flush (never
-overlapped with backward), BF16_Optimizer's fp32 gradient all-reduce and per-micro-batch fp32
-accumulation, and autograd's 16-bit accumulation on the fp16 paths. Pure arithmetic, as in
-``tuner.perf``; each term names the DeepSpeed source it follows.
+What DeepSpeed's engine and optimizer wrappers do around the layers that
+``tuner.models.time.estimate`` times: ZeRO's reductions and gathers, the pipeline engine's
+ReduceGrads step after the flush (never overlapped with backward), BF16_Optimizer's fp32 gradient
+all-reduce and per-micro-batch fp32 accumulation, and autograd's 16-bit accumulation on the fp16
+paths. Pure arithmetic, as in ``tuner.models.time.estimate``; each term names the DeepSpeed source
+it follows.
 """
 
 from __future__ import annotations
 
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.rates import Rates
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import Rates
+from tuner.spec.frameworks import traits
 
 BF16_ACCUMULATE_BYTES_PER_PARAM = 20.0
 """DeepSpeed BF16_Optimizer, every micro-batch over the stage's parameters: ``backward`` clears

@@ -1,18 +1,18 @@
 """Megatron's data-parallel side of the step-time model: the parameters a rank holds, the
 gradient reduction and parameter gather its distributed data parallel overlaps with the first
 and last micro-batch, and the optimizer step's pass over the states (DeepSpeed's own terms are in
-``tuner.perf_deepspeed``). Pure arithmetic, as in ``tuner.perf``.
+``tuner.models.time.deepspeed``). Pure arithmetic, as in ``tuner.models.time.estimate``.
 """
 
 from __future__ import annotations
 
 import functools
 
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.perf_deepspeed import exposed
-from tuner.rates import Rates
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import Rates
+from tuner.models.time.deepspeed import exposed
+from tuner.spec.frameworks import traits
+from tuner.spec.study import ModelSpec
 
 OPTIMIZER_BYTES_PER_PARAM = 36.0
 """HBM traffic of the Adam update per updated parameter: read fp32 grad, master, m, v (16 B),

@@ -1,36 +1,37 @@
 """Analytical step-time model: one optimizer step of a ``ParallelConfig`` -> ``TimeBreakdown``.
 
-The FLOPs convention and the result type are ``tuner.time_breakdown``'s.
+The FLOPs convention and the result type are ``tuner.models.time.breakdown``'s.
 
 Time model, per micro-batch and per transformer layer on one GPU: each GEMM (forward, and the
 backward's input- and weight-gradient GEMMs with their own output shapes) costs
 ``flops / achieved rate + bytes / achieved HBM bandwidth + latency``, where the achieved rate is
-a large GEMM's times the share left by tile and wave quantization (``tuner.rates``), so the small
-GEMMs that high TP or small micro-batches produce run below peak; element-wise work (norms,
+a large GEMM's times the share left by tile and wave quantization (``tuner.models.rates``), so the
+small GEMMs that high TP or small micro-batches produce run below peak; element-wise work (norms,
 dropout, residuals, rotary embeddings, activation, unfused softmax, the loss's passes over the
 fp32 logits) is memory-bandwidth bound; collectives are rings
 ``(g-1)/g x bytes / bus bandwidth + latency`` over the slowest link of their group, a group that
 spans nodes using the network share of all its ranks on a node (NCCL spreads ring channels over
 the node's NICs). The pipeline adds point-to-point transfers (Megatron's interleaved schedule
 hides its steady-state ones behind the next chunk) and the bubble (p-1)/v micro-batch slots
-(``tuner.perf_pipeline``); the last stage also runs the LM head (``stage_imbalance``);
+(``tuner.models.time.pipeline``); the last stage also runs the LM head (``stage_imbalance``);
 data-parallel gradient traffic overlaps with the last micro-batch's backward where the framework
-does that (Megatron, ``tuner.perf_dp``; DeepSpeed's pipeline engine reduces after the flush,
-``tuner.perf_deepspeed``); the optimizer step streams its states through HBM, and DeepSpeed
+does that (Megatron, ``tuner.models.time.dp``; DeepSpeed's pipeline engine reduces after the flush,
+``tuner.models.time.deepspeed``); the optimizer step streams its states through HBM, and DeepSpeed
 adds a gradient-accumulation pass per micro-batch. Every rate comes from one ``Rates`` value (the
 catalog's by default, or a measured cluster profile's); every constant is named, with its source.
 
-Mixture-of-experts layers (``tuner.moe``) replace the dense MLP's GEMMs by the grouped expert
-GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collectives over the EP
-group (``ep_comm``) and the routing around them (router, scores, aux loss, permute / unpermute:
-``tuner.perf_moe``, ``moe_routing``); expert gradients reduce over the expert-data-parallel group
-(``tuner.perf_dp``). With ``precision: fp8`` the linear layers' GEMMs run at the catalog's FP8
-peak with 1-byte operands (``tuner.rates``; the LM head, router and unfused attention, no
-Transformer Engine modules, stay 16-bit), the sequence-parallel all-gathers carry FP8 where TE
-gathers it, and TE's quantize passes around the GEMMs are costed (``tuner.perf_fp8``,
-``fp8_cast``). Both run inside each micro-batch, so they also lengthen the pipeline bubble and
-the windows that hide DP traffic. With ``tp_comm_overlap`` the layers' TP collectives run inside
-their GEMMs as Transformer Engine's userbuffers do (``tuner.tp_overlap``).
+Mixture-of-experts layers (``tuner.models.moe``) replace the dense MLP's GEMMs by the grouped
+expert GEMMs of the busiest rank's routed tokens, and add the dispatch / combine collectives over
+the EP group (``ep_comm``) and the routing around them (router, scores, aux loss, permute /
+unpermute: ``tuner.models.time.moe``, ``moe_routing``); expert gradients reduce over the
+expert-data-parallel group (``tuner.models.time.dp``). With ``precision: fp8`` the linear layers'
+GEMMs run at the catalog's FP8 peak with 1-byte operands (``tuner.models.rates``; the LM head,
+router and unfused attention, no Transformer Engine modules, stay 16-bit), the sequence-parallel
+all-gathers carry FP8 where TE gathers it, and TE's quantize passes around the GEMMs are costed
+(``tuner.models.time.fp8``, ``fp8_cast``). Both run inside each micro-batch, so they also lengthen
+the pipeline bubble and the windows that hide DP traffic. With ``tp_comm_overlap`` the layers' TP
+collectives run inside their GEMMs as Transformer Engine's userbuffers do
+(``tuner.models.time.tp_overlap``).
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
 it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
@@ -42,8 +43,10 @@ import functools
 from collections.abc import Callable
 
 from tuner.catalog import GPUSpec
-from tuner.frameworks import Framework, traits
-from tuner.moe import (
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import stage_layers
+from tuner.models.moe import (
+    MoETimes,
     expert_config,
     expert_params_per_layer,
     framework_moe,
@@ -52,15 +55,8 @@ from tuner.moe import (
     nonexpert_delta_per_layer,
     tp_ep_group_size,
 )
-from tuner.optimizer_layout import uses_bf16_optimizer
-from tuner.parallel import ParallelConfig
-from tuner.perf_deepspeed import dp_deepspeed, grad_accumulation
-from tuner.perf_dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
-from tuner.perf_fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_ratios
-from tuner.perf_moe import moe_routing_times
-from tuner.perf_pipeline import pipeline_seconds, tied_embedding_sync
-from tuner.pipeline import stage_layers
-from tuner.rates import (
+from tuner.models.optimizer_layout import uses_bf16_optimizer
+from tuner.models.rates import (
     Rates,
     attention_seconds,
     catalog_rates,
@@ -68,16 +64,22 @@ from tuner.rates import (
     gemm_seconds,
     group_link,
 )
-from tuner.recompute_time import selective_times
-from tuner.spec import ModelSpec, TrainingSpec
-from tuner.time_breakdown import (
+from tuner.models.time.breakdown import (
     TimeBreakdown,
     breakdown,
     hardware_flops_per_step,
     model_flops_per_step,
     recompute_fraction,
 )
-from tuner.tp_overlap import ub_exposed
+from tuner.models.time.deepspeed import dp_deepspeed, grad_accumulation
+from tuner.models.time.dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
+from tuner.models.time.fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_ratios
+from tuner.models.time.moe import moe_routing_times
+from tuner.models.time.pipeline import pipeline_seconds, tied_embedding_sync
+from tuner.models.time.recompute import selective_times
+from tuner.models.time.tp_overlap import ub_exposed
+from tuner.spec.frameworks import Framework, traits
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 __all__ = [
     "TimeBreakdown",
@@ -115,7 +117,7 @@ write 2). NeMo 2 and Megatron-Bridge turn it on by default."""
 # --- Per-layer times ---------------------------------------------------------------------------
 
 
-_gemm = gemm_seconds  # the additive GEMM roofline (tuner.rates: one definition)
+_gemm = gemm_seconds  # the additive GEMM roofline (tuner.models.rates: one definition)
 _gemm16 = gemm16_seconds  # the same for GEMMs outside Transformer Engine's FP8 layers
 
 
@@ -182,7 +184,7 @@ def _tp_rings(
 ) -> tuple[float, float]:
     """(all-gathers, reductions) seconds of one pass's TP traffic: 2 all-reduces, or 2
     all-gathers + 2 reduce-scatters with SP (same bytes on a ring, twice the launches);
-    ``gather``: bytes of an all-gathered element per 16-bit one (FP8: tuner.perf_fp8)."""
+    ``gather``: bytes of an all-gathered element per 16-bit one (FP8: tuner.models.time.fp8)."""
     if tp == 1:
         return 0.0, 0.0
     ring = (tp - 1) / tp * tokens * h / bw
@@ -223,7 +225,7 @@ def _layer_times(
     """Seconds per micro-batch on one GPU: (layer fwd, layer bwd, attention-core fwd, layer TP
     comm of one forward, exposed TP comm of one backward, exposed CP comm fwd + bwd, LM head
     compute fwd + bwd, head TP comm); ``gather``: the forward and backward all-gathers' bytes
-    per 16-bit element (``tuner.perf_fp8.tp_gather_ratios``); ``ub``: --tp-comm-overlap;
+    per 16-bit element (``tuner.models.time.fp8.tp_gather_ratios``); ``ub``: --tp-comm-overlap;
     ``loss_bytes``: HBM bytes per logit of the loss (``loss_bytes_per_logit``); ``tp_async``:
     the backward's TP reductions overlap the weight-gradient GEMMs (``_tp_backward``)."""
     h, e = model.hidden_size, rates.elem
@@ -251,7 +253,9 @@ def _layer_times(
     tp_fwd = sum(_tp_rings(tokens, h * e, tp, sp, bw, lat, gather[0]))
     rings = _tp_rings(tokens, h * e, tp, sp, bw, lat, gather[1])
     tp_bwd = _tp_backward(rings, column, lat) if tp_async else sum(rings)
-    if ub and tp > 1:  # userbuffers run the collectives inside the GEMMs (tuner.tp_overlap)
+    if (
+        ub and tp > 1
+    ):  # userbuffers run the collectives inside the GEMMs (tuner.models.time.tp_overlap)
         tp_fwd, tp_bwd = ub_exposed(rates, shapes, tp, h, link, gather)
     cp_exposed = 0.0
     if cp > 1:  # ring attention: K and V blocks travel around the CP group behind the kernels
@@ -259,7 +263,8 @@ def _layer_times(
         ring = (cp - 1) * (tokens * kv / tp * e / cp_link.bandwidth + cp_link.latency)
         cp_exposed = max(0.0, ring - core_f) + max(0.0, 2.0 * ring - core_b)
     vocab = -(-model.vocab_size // (128 * tp)) * 128 * tp  # Megatron pads to 128 x tp
-    # the LM head is Megatron's own ColumnParallelLinear, 16-bit even under fp8 (tuner.rates)
+    # the LM head is Megatron's own ColumnParallelLinear, 16-bit even under fp8
+    # (tuner.models.rates)
     head = _gemm16(rates, tokens, vocab / tp, h)
     head += sum(_gemm_backward(rates, tokens, vocab / tp, h, _gemm16))
     head += tokens * (vocab / tp * loss_bytes + 4 * h * e) / rates.hbm
@@ -285,7 +290,7 @@ def _recompute_times(
     if config.recompute == "full":
         frac = recompute_fraction(config, model)
         return frac * fwd, frac * tp_fwd
-    if config.recompute == "selective":  # the other modules: tuner.recompute_time
+    if config.recompute == "selective":  # the other modules: tuner.models.time.recompute
         return (core if "core_attn" in config.recomputed_modules else 0.0), 0.0
     return 0.0, 0.0
 
@@ -324,12 +329,12 @@ def estimate_time(
     tp_backward_overlap: bool = True,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: one of
-    ``tuner.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's pipeline,
-    DP and optimizer terms).
+    ``tuner.spec.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's
+    pipeline, DP and optimizer terms).
 
     ``rates``: achieved rates measured on the cluster (a profile); the catalog's by default.
     ``p2p_overlap``: Megatron's ``overlap_p2p_comm`` (its default; False for code before 2023-10
-    or ``--no-overlap-p2p-communication``: ``tuner.perf_pipeline.exposed_hops``).
+    or ``--no-overlap-p2p-communication``: ``tuner.models.time.pipeline.exposed_hops``).
     ``tp_backward_overlap``: the column-parallel layers' input-gradient all-reduce runs beside
     their weight-gradient GEMMs (Megatron-LM since 2021-08, ``ColumnParallelLinearWithAsync
     Allreduce``, commit cf7efd4f; False for code before it, e.g. the BigScience fork of
@@ -339,52 +344,29 @@ def estimate_time(
     rates = rates or catalog_rates(gpu, training.precision)
     m = max(1, config.num_microbatches)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
-        model,
-        rates,
-        config.tp,
-        config.cp,
-        config.micro_batch_size,
-        config.sequence_parallel,
-        gpus_per_node,
-        tp_gather_ratios(training, rates.elem),
-        config.tp_comm_overlap,
-        loss_bytes_per_logit(training, framework),
-        tp_backward_overlap,
-    )
-    # the slowest stage sets the pace: the one with the most layers (tuner.pipeline: the
+        model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
+        gpus_per_node, tp_gather_ratios(training, rates.elem), config.tp_comm_overlap,
+        loss_bytes_per_logit(training, framework), tp_backward_overlap,
+    )  # fmt: skip
+    # the slowest stage sets the pace: the one with the most layers (tuner.config.pipeline: the
     # frameworks' own per-stage counts, uneven splits included)
     counts = stage_layers(model, config, framework)
     layers = float(max(counts))
     psi, embedding = rank_params(model, config.tp, config.pp)
-    ep_layer, expert_psi, route_f, route_b, mt = 0.0, 0.0, 0.0, 0.0, None
     share = sum(moe_layer_flags(model)) / model.num_layers
+    ep_layer, expert_psi, route_f, route_b, mt = 0.0, 0.0, 0.0, 0.0, None
     if share:  # MoE layers replace the dense MLP (averaged over the stage's layers)
-        moe_model = framework_moe(model, config, framework)
-        ring = group_link(rates, tp_ep_group_size(config), 1, gpus_per_node)
-        mt = moe_layer_times(moe_model, rates, config, gpus_per_node, ring)
-        tp_cp = group_link(rates, config.tp * config.cp, 1, gpus_per_node)
-        rt = moe_routing_times(moe_model, rates, config, tp_cp, ring)
-        route_f, route_b = share * rt.fwd, share * rt.bwd
-        fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
-        ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
-        if moe_model.moe is not None and not moe_model.moe.shared:
-            # An MoE layer's routed experts gather their tokens over ETP only (Megatron-core
-            # token_dispatcher.py: its tp_group is expt_tp; that is mt's comm) and its input
-            # stays sequence-parallel, so the dense MLP block's TP all-gather and reduce-scatter
-            # (half of a layer's TP traffic) are gone. Shared experts, a TP-split MLP under SP
-            # (moe/shared_experts.py), keep them.
-            tp_fwd, tp_bwd = tp_fwd * (1.0 - share / 2.0), tp_bwd * (1.0 - share / 2.0)
-        if config.recompute == "full":  # the checkpointed layer's forward dispatches again
-            ep_layer += recompute_fraction(config, model) * share * mt.comm_fwd
-        psi += layers * share * nonexpert_delta_per_layer(model, config)
-        expert_psi = layers * share * expert_params_per_layer(model, config)
+        fwd, bwd, tp_fwd, tp_bwd, ep_layer, psi, expert_psi, route_f, route_b, mt = _moe_terms(
+            model, config, framework, rates, gpus_per_node, share, layers,
+            (fwd, bwd, tp_fwd, tp_bwd, psi),
+        )  # fmt: skip
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
     if training.precision == "fp8":
         recipe = training.fp8_recipe
         cast = layer_casts(model, rates, config, recipe, gpus_per_node, share)
         amax = amax_sync_seconds(rates, config, recipe, gpus_per_node)
     rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
-    sel = selective_times(model, config, rates, tp_fwd, mt)  # tuner.recompute_time
+    sel = selective_times(model, config, rates, tp_fwd, mt)  # tuner.models.time.recompute
     rec, rec_comm, ep_layer = rec + sel.compute, rec_comm + sel.tp_comm, ep_layer + sel.ep_comm
     redo = recompute_fraction(config, model) if config.recompute == "full" else 0.0
     extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
@@ -393,7 +375,6 @@ def estimate_time(
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
     stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer + extra_f + extra_b) + tp_mb
     compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
-    ds = traits(framework).deepspeed_optimizer
     bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
     if config.pp == 1:
         compute += m * head
@@ -415,6 +396,43 @@ def estimate_time(
     p2p, bubble = pipeline_seconds(
         config, model, rates, gpus_per_node, stage_mb, framework, windows, p2p_overlap
     )
+    dp, optimizer = _dp_and_optimizer(
+        config,
+        rates,
+        gpus_per_node,
+        framework,
+        psi,
+        expert_psi,
+        windows,
+        stage_mb,
+        layers,
+        bf16_opt,
+    )
+    parts = (
+        compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
+        optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
+        m * layers * ep_layer,
+        m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
+        m * layers * ((1 + redo) * route_f + route_b),
+    )  # fmt: skip
+    return breakdown(parts, model, config, rates)
+
+
+def _dp_and_optimizer(
+    config: ParallelConfig,
+    rates: Rates,
+    gpus_per_node: int,
+    framework: Framework,
+    psi: float,
+    expert_psi: float,
+    windows: tuple[float, float],
+    stage_mb: float,
+    layers: float,
+    bf16_opt: bool,
+) -> tuple[float, float]:
+    """Exposed data-parallel traffic (dense and expert gradients) and the optimizer step's
+    seconds, by the framework's engine (Megatron's DDP or DeepSpeed's ZeRO)."""
+    ds = traits(framework).deepspeed_optimizer
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
         # ZeRO-3 / FSDP parameter gathers across nodes run at one GPU's network share, not the
@@ -428,7 +446,7 @@ def estimate_time(
         dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
     optimizer = optimizer_seconds(config, psi, rates, framework)
     optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
-    if expert_psi:  # expert grads reduce over the expert-DP group (tuner.moe [MP])
+    if expert_psi:  # expert grads reduce over the expert-DP group (tuner.models.moe [MP])
         ec = expert_config(config)
         e_link = group_link(rates, ec.dp, config.expert_tp * config.ep, gpus_per_node)
         if not ds:
@@ -438,11 +456,39 @@ def estimate_time(
                 ec, expert_psi, rates, e_link.bandwidth, e_link.latency, stage_mb, layers, bf16_opt
             )
         optimizer += optimizer_seconds(ec, expert_psi, rates, framework)
-    parts = (
-        compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
-        optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
-        m * layers * ep_layer,
-        m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
-        m * layers * ((1 + redo) * route_f + route_b),
-    )  # fmt: skip
-    return breakdown(parts, model, config, rates)
+    return dp, optimizer
+
+
+def _moe_terms(
+    model: ModelSpec,
+    config: ParallelConfig,
+    framework: Framework,
+    rates: Rates,
+    gpus_per_node: int,
+    share: float,
+    layers: float,
+    dense: tuple[float, float, float, float, float],
+) -> tuple[float, float, float, float, float, float, float, float, float, MoETimes]:
+    """The dense layer's (fwd, bwd, tp_fwd, tp_bwd, psi) as changed by its ``share`` of MoE layers,
+    with the EP traffic per layer, the expert parameters and the routing's forward and backward."""
+    fwd, bwd, tp_fwd, tp_bwd, psi = dense
+    moe_model = framework_moe(model, config, framework)
+    ring = group_link(rates, tp_ep_group_size(config), 1, gpus_per_node)
+    mt = moe_layer_times(moe_model, rates, config, gpus_per_node, ring)
+    tp_cp = group_link(rates, config.tp * config.cp, 1, gpus_per_node)
+    rt = moe_routing_times(moe_model, rates, config, tp_cp, ring)
+    route_f, route_b = share * rt.fwd, share * rt.bwd
+    fwd, bwd = fwd + share * mt.fwd_delta, bwd + share * mt.bwd_delta
+    ep_layer = share * (mt.comm_fwd + mt.comm_bwd)
+    if moe_model.moe is not None and not moe_model.moe.shared:
+        # An MoE layer's routed experts gather their tokens over ETP only (Megatron-core
+        # token_dispatcher.py: its tp_group is expt_tp; that is mt's comm) and its input
+        # stays sequence-parallel, so the dense MLP block's TP all-gather and reduce-scatter
+        # (half of a layer's TP traffic) are gone. Shared experts, a TP-split MLP under SP
+        # (moe/shared_experts.py), keep them.
+        tp_fwd, tp_bwd = tp_fwd * (1.0 - share / 2.0), tp_bwd * (1.0 - share / 2.0)
+    if config.recompute == "full":  # the checkpointed layer's forward dispatches again
+        ep_layer += recompute_fraction(config, model) * share * mt.comm_fwd
+    psi += layers * share * nonexpert_delta_per_layer(model, config)
+    expert_psi = layers * share * expert_params_per_layer(model, config)
+    return fwd, bwd, tp_fwd, tp_bwd, ep_layer, psi, expert_psi, route_f, route_b, mt

@@ -1,7 +1,7 @@
 """FP8 casts in the step-time model: Transformer Engine's quantize passes around each FP8 GEMM.
 
-``tuner.rates`` runs the linear layers' GEMMs at the FP8 tensor-core peak; their operands must
-first be written in FP8, by memory-bound kernels this module times at the achieved HBM
+``tuner.models.rates`` runs the linear layers' GEMMs at the FP8 tensor-core peak; their operands
+must first be written in FP8, by memory-bound kernels this module times at the achieved HBM
 bandwidth. Per FP8 GEMM, in Transformer Engine 2.x (transformer_engine/pytorch/module/linear.py,
 layernorm_linear.py, grouped_linear.py ``_Linear`` / ``_LayerNormLinear`` / ``_GroupedLinear``):
 
@@ -46,10 +46,10 @@ then transposes) while block-scaled ones gather both copies with their scales
 (``_all_gather_mxfp8``, ``_start_all_gather_fp8_blockwise``). The reduce-scatters of the
 row-parallel outputs and the column-parallel input gradients stay 16-bit: they reduce GEMM
 outputs, which TE writes in the activation dtype. The FP8 GEMMs' 1-byte operands are
-``tuner.rates.gemm_seconds``'; the LM head and the router stay 16-bit (``gemm16_seconds``).
+``tuner.models.rates.gemm_seconds``'; the LM head and the router stay 16-bit (``gemm16_seconds``).
 
 Not subtracted: the norm's 1-byte write replacing its 2-byte one under delayed scaling
-(``tuner.perf`` counts norms at 16 bits): it leaves the FP8 step slightly long.
+(``tuner.models.time.estimate`` counts norms at 16 bits): it leaves the FP8 step slightly long.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tuner.fp8 import FP8_WEIGHT_COPY_BYTES
-from tuner.moe import expert_params_per_layer, expert_tokens
-from tuner.parallel import ParallelConfig
-from tuner.rates import Rates, group_link
-from tuner.spec import ModelSpec, TrainingSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.moe import expert_params_per_layer, expert_tokens
+from tuner.models.rates import Rates, group_link
+from tuner.spec.fp8 import FP8_WEIGHT_COPY_BYTES
+from tuner.spec.study import ModelSpec, TrainingSpec
 
 SOURCE_BYTES = 2.0
 """The 16-bit (bf16) tensor every cast reads; FP8 training keeps activations and weights in it."""
@@ -74,7 +74,7 @@ ACTIVATION_COPY_BYTES: dict[str, float] = {
     "mxfp8": 2.0 + 2.0 / 32,  # E8M0 scale per 32 elements of each copy
 }
 """Bytes written per element of an activation or gradient: its row-wise and column-wise FP8
-copies with their scales (the weights' are ``tuner.fp8.FP8_WEIGHT_COPY_BYTES``)."""
+copies with their scales (the weights' are ``tuner.spec.fp8.FP8_WEIGHT_COPY_BYTES``)."""
 PER_TENSOR = ("delayed", "tensorwise")
 """Recipes with one scale per tensor: FP8 all-gathers carry row-wise data only."""
 AMAX_PASS = {"tensorwise": SOURCE_BYTES}

@@ -1,7 +1,7 @@
 """MoE routing in the step-time model: what runs around the experts of one MoE layer.
 
-``tuner.moe`` times the expert GEMMs and the dispatch / combine collectives; this module times
-the work between them, per MoE layer, micro-batch and rank (Megatron-LM core_v0.15):
+``tuner.models.moe`` times the expert GEMMs and the dispatch / combine collectives; this module
+times the work between them, per MoE layer, micro-batch and rank (Megatron-LM core_v0.15):
 
 [MR] megatron/core/transformer/moe/router.py ``TopKRouter``: the router GEMM (tokens x h) @
      (h x E), replicated over TP, logits in ``moe_router_dtype``; then
@@ -34,16 +34,16 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tuner.moe import (
+from tuner.config.parallel import ParallelConfig
+from tuner.models.moe import (
     ROUTER_MAP_BYTES,
     expert_tokens,
     rank_tokens,
     router_score_bytes,
     tp_ep_group_size,
 )
-from tuner.parallel import ParallelConfig
-from tuner.rates import Link, Rates, gemm16_seconds
-from tuner.spec import ModelSpec
+from tuner.models.rates import Link, Rates, gemm16_seconds
+from tuner.spec.study import ModelSpec
 
 ROUTING_BACKWARD_RATIO = 2.0
 """Backward bytes of the routing passes per forward byte (module docstring)."""
@@ -112,7 +112,8 @@ def moe_routing_times(
     moe = model.moe
     assert moe is not None
     tokens, experts, h = rank_tokens(model, c), moe.num_experts, model.hidden_size
-    # not a Transformer Engine module: 16-bit even under fp8 ([MR], tuner.rates.gemm16_seconds)
+    # not a Transformer Engine module: 16-bit even under fp8 ([MR],
+    # tuner.models.rates.gemm16_seconds)
     router_f = gemm16_seconds(rates, tokens, experts, h)
     router_b = gemm16_seconds(rates, tokens, h, experts)
     router_b += gemm16_seconds(rates, h, experts, tokens)

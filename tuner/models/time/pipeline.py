@@ -1,15 +1,16 @@
 """The pipeline's side of the step-time model: point-to-point transfers between stages, the
 1F1B fill / drain bubble and the tied-embedding gradient reduction between the first and last
-stage (Megatron's and DeepSpeed's pipeline engines). Pure arithmetic, as in ``tuner.perf``.
+stage (Megatron's and DeepSpeed's pipeline engines). Pure arithmetic, as in
+``tuner.models.time.estimate``.
 """
 
 from __future__ import annotations
 
-from tuner.frameworks import traits
-from tuner.parallel import ParallelConfig
-from tuner.perf_dp import MEGATRON_GRAD_BYTES
-from tuner.rates import Link, Rates, group_link
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import Link, Rates, group_link
+from tuner.models.time.dp import MEGATRON_GRAD_BYTES
+from tuner.spec.frameworks import traits
+from tuner.spec.study import ModelSpec
 
 
 def stage_link(config: ParallelConfig, rates: Rates, gpus_per_node: int) -> Link:

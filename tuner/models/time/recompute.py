@@ -1,26 +1,28 @@
-"""What selective recompute's modules run again in backward (``tuner.perf``), and their FLOPs.
+"""What selective recompute's modules run again in backward (``tuner.models.time.estimate``), and
+their FLOPs.
 
 Each recomputed module's forward runs once more before its backward (the checkpoints of
-tuner.recompute_memory), so its forward time joins the layer's backward, as full recompute's
-whole-layer forward does in tuner.perf. Costed with the same terms as the forward itself:
+tuner.models.memory.recompute), so its forward time joins the layer's backward, as full recompute's
+whole-layer forward does in tuner.models.time.estimate. Costed with the same terms as the forward
+itself:
 
-- ``core_attn``: the attention core (tuner.perf, as before).
-- ``mlp`` (dense layers): fc1 and fc2 (tuner.moe ``mlp_seconds``), the activation's and the
-  fused norm's element passes (tuner.perf ``_elementwise``: the activation reads fc1's output
-  and writes F, a norm reads and writes h), and the MLP block's TP collectives, which run inside
-  the checkpointed module (TE's fc1 all-gathers its input under SP, fc2 reduce-scatters or
-  all-reduces): half of the layer's forward TP traffic (one of its two blocks).
+- ``core_attn``: the attention core (tuner.models.time.estimate, as before).
+- ``mlp`` (dense layers): fc1 and fc2 (tuner.models.moe ``mlp_seconds``), the activation's and the
+  fused norm's element passes (tuner.models.time.estimate ``_elementwise``: the activation reads
+  fc1's output and writes F, a norm reads and writes h), and the MLP block's TP collectives, which
+  run inside the checkpointed module (TE's fc1 all-gathers its input under SP, fc2 reduce-scatters
+  or all-reduces): half of the layer's forward TP traffic (one of its two blocks).
 - ``moe`` (MoE layers): the whole MoE block's forward (router, experts, shared experts,
-  permutes: tuner.moe ``moe_layer_times``) and its dispatch and combine, which run again inside
-  the checkpoint (moe_layer.py ``custom_forward`` holds ``dispatch`` and ``combine``).
+  permutes: tuner.models.moe ``moe_layer_times``) and its dispatch and combine, which run again
+  inside the checkpoint (moe_layer.py ``custom_forward`` holds ``dispatch`` and ``combine``).
 - ``moe_act``: the activation's element pass over the routed tokens (experts.py: the
   checkpointed ``bias_act_func``).
 - ``shared_experts``: the shared experts' GEMMs (their TP traffic is not in the model, as in
-  tuner.moe).
+  tuner.models.moe).
 - ``layernorm``: the MoE layers' pre-MLP norm (the only separate norm under TE,
-  tuner.recompute_memory).
+  tuner.models.memory.recompute).
 
-FLOPs (HFU): the GEMMs that run again, by tuner.moe ``mlp_flops_per_token``'s count.
+FLOPs (HFU): the GEMMs that run again, by tuner.models.moe ``mlp_flops_per_token``'s count.
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tuner.moe import MoETimes, expert_tokens, mlp_flops_per_token, mlp_seconds, moe_layer_flags
-from tuner.parallel import ParallelConfig
-from tuner.rates import Rates
-from tuner.spec import ModelSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.moe import (
+    MoETimes,
+    expert_tokens,
+    mlp_flops_per_token,
+    mlp_seconds,
+    moe_layer_flags,
+)
+from tuner.models.rates import Rates
+from tuner.spec.study import ModelSpec
 
 NORM_PASSES = 2.0
-"""A norm's forward reads its input and writes its output (tuner.perf ``_elementwise``)."""
+"""A norm's forward reads its input and writes its output (tuner.models.time.estimate
+``_elementwise``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +67,7 @@ def selective_times(
     moe_times: MoETimes | None,
 ) -> RecomputeTimes:
     """The modules other than core_attn (``tp_fwd``: one layer's forward TP traffic;
-    ``moe_times``: tuner.moe's for the MoE layers, None for a dense model)."""
+    ``moe_times``: tuner.models.moe's for the MoE layers, None for a dense model)."""
     mods = set(c.recomputed_modules) - {"core_attn"}
     if not mods:
         return RecomputeTimes()

@@ -1,6 +1,6 @@
 """Megatron's ``--tp-comm-overlap``: Transformer Engine's userbuffers overlap of the TP
-collectives with the GEMMs of the linear layers, as one concern: its rules, its device memory
-and its step time.
+collectives with the GEMMs of the linear layers: its device memory and its step time (its rules,
+which judge a config before any model runs, are :mod:`tuner.config.tp_overlap`).
 
 Facts, from NVIDIA/TransformerEngine ``transformer_engine/pytorch/module/base.py``
 ``initialize_ub`` (its default configuration, the one Megatron uses without
@@ -32,9 +32,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from tuner.frameworks import traits
-from tuner.moe_spec import MoESpec
-from tuner.rates import Link, Rates, gemm_seconds
+from tuner.models.rates import Link, Rates, gemm_seconds
 
 UB_COMMUNICATORS = 12
 """Communicators ``initialize_ub`` creates by default (4 ring_exchange, 2 pipeline, 4 bulk,
@@ -46,35 +44,6 @@ UB_PIPELINE_SPLITS = 4
 UB_COMM_SMS = 16
 """SMs the pipelined and bulk overlaps run their communication kernels on (``num_sm``), taken from
 the GEMM (``set_sm_margin``)."""
-
-
-def tp_overlap_rule_violations(
-    enabled: bool,
-    tp: int,
-    sequence_parallel: bool,
-    framework: str,
-    moe: MoESpec | None,
-    gpus_per_node: int | None = None,
-) -> list[tuple[str, str]]:
-    """(rule, message) for each rule ``--tp-comm-overlap`` breaks (empty: none or not asked)."""
-    if not enabled:
-        return []
-    t = traits(framework)
-    if not t.megatron_model or t.deepspeed_pipeline:
-        return [("tp_overlap_framework", "tp_comm_overlap is Megatron-LM core's "
-                 "(--tp-comm-overlap, Transformer Engine userbuffers)")]  # fmt: skip
-    out: list[tuple[str, str]] = []
-    if tp == 1 or not sequence_parallel:
-        out.append(("tp_overlap_sp", "Tensor parallel communication/GEMM overlap can happen "
-                    "only when sequence parallelism is enabled"))  # fmt: skip
-    if moe is not None:
-        out.append(("tp_overlap_moe", "tp_comm_overlap with MoE layers is not modelled (the "
-                    "tuner prices userbuffers for dense layers only)"))  # fmt: skip
-    if gpus_per_node is not None and tp > gpus_per_node:
-        text = f"tp={tp} > {gpus_per_node} GPUs per node"
-        out.append(("tp_overlap_node", "tp_comm_overlap needs the TP group inside one node "
-                    f"(userbuffers over NVLink): {text}"))  # fmt: skip
-    return out
 
 
 def ub_buffer_bytes(tokens: float, hidden: int, fp8: bool, elem: float = 2.0) -> float:
@@ -151,8 +120,9 @@ def ub_exposed(
     """(forward, backward) seconds userbuffers add to one layer's GEMMs: each overlapped block's
     time less its plain GEMM's (the exposed communication, the chunking's and the SM margin's
     cost). ``shapes``: (m, n, k) of QKV, FC1 (column-parallel), projection and FC2
-    (row-parallel) as ``tuner.perf`` runs them; ``gather``: bytes of an all-gathered element per
-    16-bit one, forward and backward (FP8 buffers: ``tuner.perf_fp8.tp_gather_ratios``)."""
+    (row-parallel) as ``tuner.models.time.estimate`` runs them; ``gather``: bytes of an
+    all-gathered element per 16-bit one, forward and backward (FP8 buffers:
+    ``tuner.models.time.fp8.tp_gather_ratios``)."""
     tokens = shapes[0][0]
     full = tokens * hidden * rates.elem  # the gathered / reduced activation of the TP group
     fwd = bwd = 0.0
