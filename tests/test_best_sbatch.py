@@ -14,7 +14,7 @@ import pytest
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
 from tuner.layout import ResultsLayout
-from tuner.report.leaderboard import emit_best
+from tuner.report.export import emit_best
 from tuner.space.trials import distributions
 from tuner.spec.file import study_from_mapping
 from tuner.study.storage import open_storage

@@ -26,7 +26,11 @@ def test_paths(tmp_path: Path) -> None:
     assert t.node_log(0).name == "node-0.log"
     assert t.config_yaml.name == "config.yaml" and t.metrics_json.name == "metrics.json"
     assert t.file("ds_config.json") == t.files_dir / "ds_config.json"
-    assert layout.best_script(0).parent == layout.best_dir
+    exports = layout.export(7)
+    assert exports.dir == layout.study_dir / "exports" / "trial-7"
+    kinds = [exports.script, exports.script_files, exports.sbatch, exports.sbatch_node,
+             exports.sbatch_files, exports.args, exports.ds_config]  # fmt: skip
+    assert len(set(kinds)) == len(kinds) and {p.parent for p in kinds} == {exports.dir}
 
 
 def test_trial_numbers_and_rebase(tmp_path: Path) -> None:

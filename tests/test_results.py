@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 from tuner.config.parallel import ParallelConfig
-from tuner.errors import StudyError
+from tuner.errors import ConfigError, StudyError
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
-from tuner.report.leaderboard import best_config, emit_best, leaderboard, megatron_args
+from tuner.report.export import emit_best
+from tuner.report.leaderboard import best_config, leaderboard, megatron_args
 from tuner.space.enumerate import expand_axes
 from tuner.space.trials import config_params, distributions
 from tuner.spec.file import study_from_mapping
@@ -95,14 +96,20 @@ def test_best_exports(results: str) -> None:
     assert best_config(SPEC, results=results) == config(4, 2)
     args = emit_best(SPEC, "args", results=results)
     assert args.split() == megatron_args(SPEC, config(4, 2))
-    script = emit_best(SPEC, "script", results=results)
-    assert config(4, 2).key() in script
-    node0 = (Path(results) / "board" / "best" / "launch-node-0.sh").read_text()
-    assert "--tensor-model-parallel-size 4" in node0 and "/opt/megatron/pretrain_gpt.py" in node0
-    assert f"--train-iters {SPEC.launch.train_iters}" in node0
-    emit_best(SPEC, "script", results=results, train_iters=50_000)
-    node0 = (Path(results) / "board" / "best" / "launch-node-0.sh").read_text()
-    assert "--train-iters 50000" in node0
+    exports = ResultsLayout(Path(results), SPEC.name).export(1)
+    assert exports.args.read_text() == args
+    # a Megatron full run needs the study's own data: never the trials' mock data by default
+    with pytest.raises(ConfigError, match="launch.train_args"):
+        emit_best(SPEC, "script", results=results)
+    spec = dataclasses.replace(SPEC, launch=dataclasses.replace(
+        SPEC.launch, train_args=("--data-path", "/data/web_text_document")))  # fmt: skip
+    script = emit_best(spec, "script", results=results)
+    assert config(4, 2).key() in script and exports.script.read_text() == script
+    assert "--tensor-model-parallel-size 4" in script and "/opt/megatron/pretrain_gpt.py" in script
+    assert f"--train-iters {SPEC.launch.train_iters}" in script
+    assert "/data/web_text_document" in script and "--mock-data" not in script
+    emit_best(spec, "script", results=results, train_iters=50_000)
+    assert "--train-iters 50000" in exports.script.read_text()
     with pytest.raises(StudyError, match="no results"):
         leaderboard(SPEC, results=str(Path(results) / "elsewhere"))
     assert json.dumps(list(leaderboard(SPEC, results=results).columns))

@@ -17,7 +17,8 @@ import yaml
 from tests.procs import live_processes
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
-from tuner.report.leaderboard import emit_best, leaderboard, load_optuna_study
+from tuner.report.export import emit_best
+from tuner.report.leaderboard import leaderboard, load_optuna_study
 from tuner.space.enumerate import enumerate_space
 from tuner.space.trials import counts_as_run, oom_dominates
 from tuner.spec.file import study_from_mapping

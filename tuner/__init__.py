@@ -10,7 +10,9 @@ The Python API, for a notebook or a script (``tune`` is the command line over th
     print(tuner.estimate(spec, tp=8, pp=4).to_dict())
     summary = tuner.run(spec, n_trials=10)         # real short runs (the study's cluster)
     board = tuner.leaderboard(spec)                # a pandas DataFrame, fastest first
-    config = tuner.best(spec)                      # the fastest measured ParallelConfig
+    best = tuner.best(spec)                        # the fastest measured trial: a TrialRecord
+    best.config, best.measured["measured_step_s"]  # what tune best shows
+    best.export("script").path                     # results/<study>/exports/trial-<n>/launch.sh
 
 Names load on first use: ``import tuner`` itself imports nothing heavy (no Optuna, no pandas).
 """
@@ -20,11 +22,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from tuner._version import DISTRIBUTION, tuner_version
+
 if TYPE_CHECKING:
     from tuner.api import Estimate, best, estimate, run
     from tuner.config.parallel import ParallelConfig
     from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory
     from tuner.models.time.estimate import TimeBreakdown, estimate_time
+    from tuner.report.export import TrialRecord
     from tuner.report.leaderboard import leaderboard
     from tuner.space.enumerate import SpaceReport, enumerate_space, study_gpu
     from tuner.spec.file import load_study
@@ -32,9 +37,6 @@ if TYPE_CHECKING:
     from tuner.study.record import Summary
 
     __version__: str
-
-DISTRIBUTION = "paratune"
-"""The name this package is installed under (``pip install paratune``); it imports as ``tuner``."""
 
 _LAZY = {
     "load_study": "tuner.spec.file",
@@ -52,6 +54,7 @@ _LAZY = {
     "run": "tuner.api",
     "best": "tuner.api",
     "leaderboard": "tuner.report.leaderboard",
+    "TrialRecord": "tuner.report.export",
     "Summary": "tuner.study.loop",
 }
 
@@ -59,14 +62,15 @@ _LAZY = {
 # the two agree.
 __all__ = [
     "DISTRIBUTION", "Estimate", "MemoryBreakdown", "ParallelConfig", "SpaceReport", "StudySpec",
-    "Summary", "TimeBreakdown", "__version__", "best", "enumerate_space", "estimate",
-    "estimate_memory", "estimate_time", "leaderboard", "load_study", "run", "study_gpu",
+    "Summary", "TimeBreakdown", "TrialRecord", "__version__", "best", "enumerate_space",
+    "estimate", "estimate_memory", "estimate_time", "leaderboard", "load_study", "run",
+    "study_gpu",
 ]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value: Any = _version()
+        value: Any = tuner_version()
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:
@@ -76,28 +80,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
-
-
-def _version() -> str:
-    """The installed distribution's version; in a source checkout, the one in pyproject.toml.
-
-    Why the fallback: running from a checkout (``PYTHONPATH=.``, or a venv holding an older
-    install) has no metadata for this code, and pyproject.toml stays the one place the version
-    is written.
-    """
-    from importlib import metadata
-
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        pass
-    import tomllib
-    from pathlib import Path
-
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    try:
-        project = tomllib.loads(pyproject.read_text())["project"]
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return "0+unknown"
-    return str(project["version"]) if project.get("name") == DISTRIBUTION else "0+unknown"
+    """Only the public names (not the imports and helpers of this module)."""
+    return sorted(__all__)

@@ -20,6 +20,7 @@ from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
+    from tuner.report.export import TrialRecord
     from tuner.study.record import Summary
 
 __all__ = ["Estimate", "best", "estimate", "run", "study_spec"]
@@ -133,9 +134,16 @@ def run(
 
 
 def best(
-    study: StudySpec | str, *, storage: str | None = None, results: str = "results"
-) -> ParallelConfig:
-    """The fastest measured config of ``study`` (a :class:`~tuner.errors.StudyError` if none)."""
-    from tuner.report.leaderboard import best_config
+    study: StudySpec | str, *, trial: int | None = None, storage: str | None = None,
+    results: str = "results",
+) -> TrialRecord:  # fmt: skip
+    """The fastest measured trial of ``study`` (or trial number ``trial``), as ``tune best``
+    shows it: its ``config``, ``trial`` number, ``measured`` and ``predicted`` figures, and
+    ``export(kind)`` for its full run (``script``, ``sbatch``, ``args``, ``ds-config``).
 
-    return best_config(study_spec(study), storage, results)
+    A :class:`~tuner.errors.StudyError` if nothing was measured yet; a
+    :class:`~tuner.errors.ConfigError` if ``trial`` measured nothing.
+    """
+    from tuner.report.export import trial_record
+
+    return trial_record(study_spec(study), trial, storage=storage, results=results)

@@ -8,7 +8,8 @@
     <root>/<study>/trials/<n>/node-<k>.log       stdout + stderr of node k, streamed live
     <root>/<study>/trials/<n>/metrics.json       what the log parser made of the logs
     <root>/<study>/trials/<n>/<file>             rendered extra files (ds_config.json, ...)
-    <root>/<study>/best/launch-node-<k>.sh       the best configuration, ready to run
+    <root>/<study>/exports/trial-<n>/launch.sh   a trial's config as a full run (tune best;
+                                                 :class:`ExportPaths` names every kind's files)
     <root>/clusters/                             cluster profiles (:class:`ClusterLayout`), so
                                                  no study may be named ``clusters``
 
@@ -123,6 +124,50 @@ def _rank(node_rank: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class ExportPaths:
+    """The exports of one trial's config (``tune best``): each kind has its own files, so writing
+    one kind never rewrites another's."""
+
+    dir: Path
+    """``<root>/<study>/exports/trial-<n>``."""
+
+    @property
+    def script(self) -> Path:
+        """``--emit script``: one launch script for every node of the full run."""
+        return self.dir / "launch.sh"
+
+    @property
+    def script_files(self) -> Path:
+        """The extra files (``ds_config.json``, ...) the launch script reads."""
+        return self.dir / "launch-files"
+
+    @property
+    def sbatch(self) -> Path:
+        """``--emit sbatch``: the Slurm batch script of the full run."""
+        return self.dir / "sbatch.sh"
+
+    @property
+    def sbatch_node(self) -> Path:
+        """What the batch script starts on every node of its job."""
+        return self.dir / "sbatch-node.sh"
+
+    @property
+    def sbatch_files(self) -> Path:
+        """The extra files the batch job's node script reads."""
+        return self.dir / "sbatch-files"
+
+    @property
+    def args(self) -> Path:
+        """``--emit args``: the framework's own arguments."""
+        return self.dir / "args.txt"
+
+    @property
+    def ds_config(self) -> Path:
+        """``--emit ds-config``: the DeepSpeed config."""
+        return self.dir / "ds_config.json"
+
+
+@dataclass(frozen=True, slots=True)
 class ResultsLayout:
     """The results directory of one study: ``<root>/<study>/``."""
 
@@ -168,19 +213,11 @@ class ResultsLayout:
             return []
         return sorted(int(p.name) for p in self.trials_dir.iterdir() if p.name.isdigit())
 
-    @property
-    def best_dir(self) -> Path:
-        """Where the best configuration is exported."""
-        return self.study_dir / "best"
-
-    def best_script(self, node_rank: int = 0) -> Path:
-        """The exported launch script of node ``node_rank`` for the best configuration."""
-        return self.best_dir / f"launch-node-{_rank(node_rank)}.sh"
-
-    @property
-    def best_config_yaml(self) -> Path:
-        """The best configuration as YAML."""
-        return self.best_dir / "config.yaml"
+    def export(self, number: int) -> ExportPaths:
+        """Where ``tune best`` writes the full run of trial ``number``."""
+        if number < 0:
+            raise ValueError(f"trial number must be >= 0, got {number}")
+        return ExportPaths(self.study_dir / "exports" / f"trial-{number}")
 
     def rebase(self, root: Path) -> ResultsLayout:
         """The same study laid out under another root (a remote node's work directory)."""

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -181,25 +182,23 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_best(args: argparse.Namespace) -> int:
-    from tuner.report.leaderboard import best_trial, emit_best
+    from tuner.report.export import trial_record
 
     spec = load_study(args.study)
-    if args.train_iters is not None and args.train_iters <= 0:
-        raise ConfigError(f"--train-iters must be > 0, got {args.train_iters}")
-    text = emit_best(spec, args.emit, storage=args.storage, results=args.results,
-                     train_iters=args.train_iters)  # fmt: skip
+    record = trial_record(spec, args.trial, storage=args.storage, results=args.results)
+    export = record.export(args.emit, train_iters=args.train_iters)
     if args.format != "json":
-        sys.stdout.write(text)
+        sys.stdout.write(export.text)
+        sys.stderr.write(f"tune best: wrote {', '.join(str(p) for p in export.files)}\n")
         return 0
-    trial = best_trial(spec, args.storage, args.results)
-    out: dict[str, Any] = {"study": spec.name, "trial": trial.number, "step_s": trial.value,
-                           "config": trial.user_attrs["config"], "emit": args.emit}  # fmt: skip
+    out: dict[str, Any] = {**record.to_dict(), "step_s": record.measured["measured_step_s"],
+                           "emit": args.emit, "files": [str(p) for p in export.files]}  # fmt: skip
     if args.emit == "args":
-        out["args"] = text.split()
+        out["args"] = shlex.split(export.text)
     elif args.emit == "ds-config":
-        out["ds_config"] = json.loads(text)
+        out["ds_config"] = json.loads(export.text)
     else:
-        out["script"] = text
+        out["script"] = export.text
     _emit_json(out)
     return 0
 
@@ -336,9 +335,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--all", action="store_true", help="include pruned and failed trials")
     handlers["leaderboard"] = _cmd_leaderboard
 
-    p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
+    p = sub.add_parser("best", help="a measured config as a full run: launch script, sbatch job, "
+                       "framework arguments or ds_config (docs/exports.md)")  # fmt: skip
     p.add_argument("--study", required=True)
-    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script")
+    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script",
+                   help="what to write (each kind to its own file under "
+                   "results/STUDY/exports/trial-N/)")  # fmt: skip
+    p.add_argument("--trial", type=int, default=None, metavar="N",
+                   help="export trial N instead of the fastest measured one")  # fmt: skip
     p.add_argument("--train-iters", type=int, default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)

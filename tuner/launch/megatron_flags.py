@@ -130,6 +130,21 @@ def megatron_moe_flags(model: ModelSpec, config: ParallelConfig) -> list[Flag]:
     return flags
 
 
+def deepspeed_script_flags(
+    model: ModelSpec, config: ParallelConfig, train_iters: int
+) -> list[Flag]:
+    """The DeepSpeed workload's arguments besides its ds_config: the model's shape, the run's
+    length and the MoE flags (the ``deepspeed_gpt`` template and ``tune best --emit args``)."""
+    m = model
+    return [
+        ("--num-layers", str(m.num_layers)), ("--hidden-size", str(m.hidden_size)),
+        ("--num-attention-heads", str(m.num_attention_heads)),
+        ("--ffn-hidden-size", str(m.ffn_hidden_size)), ("--seq-length", str(m.seq_length)),
+        ("--vocab-size", str(m.vocab_size)), ("--train-iters", str(train_iters)),
+        *deepspeed_moe_flags(m, config),
+    ]  # fmt: skip
+
+
 def deepspeed_moe_flags(model: ModelSpec, config: ParallelConfig) -> list[Flag]:
     """The DeepSpeed workload's MoE flags (``workloads/gpt_deepspeed.py``, which passes them to
     ``deepspeed.moe.layer.MoE``); empty for a dense model. A layer pattern is passed expanded,

@@ -41,11 +41,15 @@ exit "$code"
 
 # The first host of the job and its address (NodeAddr may differ from the node name: one
 # machine running several slurmd, or names that do not resolve).
-_MASTER = r"""first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-addr=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
-export TUNER_MASTER_ADDR=${addr:-$first}
-echo "tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $TUNER_MASTER_ADDR"
-"""
+SLURM_FIRST_NODE = r"""first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+addr=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')"""
+"""Sets ``first`` (the allocation's first node) and ``addr`` (its NodeAddr, maybe empty)."""
+_MASTER = "\n".join([
+    SLURM_FIRST_NODE,
+    "export TUNER_MASTER_ADDR=${addr:-$first}",
+    'echo "tuner: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, master $TUNER_MASTER_ADDR"',
+    "",
+])  # fmt: skip
 
 
 def job_name(request: LaunchRequest, token: str) -> str:
@@ -83,11 +87,7 @@ def sbatch_lines(spec: SlurmSpec, request: LaunchRequest, token: str) -> list[st
 
 def srun_argv(spec: SlurmSpec, node_dir: str, extra: Sequence[str] = ()) -> list[str]:
     """The ``srun`` that starts the wrapper once per node of the job."""
-    argv = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", *extra]
-    if spec.container_image:
-        argv.append(f"--container-image={spec.container_image}")
-    if spec.container_mounts:
-        argv.append(f"--container-mounts={','.join(spec.container_mounts)}")
+    argv = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", *extra, *_container(spec)]
     return [*argv, "bash", f"{node_dir}/{NODE_WRAPPER}", node_dir]
 
 
@@ -109,11 +109,12 @@ def _body(spec: SlurmSpec, node_dir: str) -> list[str]:
 
 
 def best_batch_script(
-    spec: SlurmSpec, *, study: str, key: str, nodes: int, node_dir: str, train_iters: int
+    spec: SlurmSpec, *, study: str, comments: Sequence[str], nodes: int, node_script: str
 ) -> str:
-    """A ready-to-submit batch script for the full run of a study's best config (``tune best
-    --emit sbatch``): the trial's options without the trial's time limit, running the node
-    scripts rendered into ``node_dir`` (each node's output goes to ``node-<k>.log`` there)."""
+    """A ready-to-submit batch script for a full run (``tune best --emit sbatch``): the trial's
+    options without the trial's time limit, starting ``node_script`` once on every node of the
+    job (it finds its rank in ``SLURM_NODEID`` and the master address in the allocation).
+    ``comments``: the header's lines, each a shell comment already."""
     name = study if re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", study) else "tuner"
     lines = [f"--job-name={name}-best", f"--nodes={nodes}", "--ntasks-per-node=1"]
     if spec.exclusive:
@@ -124,13 +125,21 @@ def best_batch_script(
         lines.append(f"--gres=gpu:{spec.gpus_per_node}")
     out = [
         "#!/bin/bash",
-        f"# Best config of study {name}: {key}",
-        f"# {train_iters} iterations (tune best --emit sbatch --train-iters N to change).",
+        *comments,
         "# Submit with: sbatch <this file>. No --time: the partition's default limit applies;",
         "# add '#SBATCH --time=...' for a run longer than that.",
         *(f"#SBATCH {line}" for line in [*lines, *spec.extra_sbatch]),
     ]
-    return "\n".join(out + _body(spec, node_dir)) + "\n"
+    out += ["# cluster.slurm.setup", *spec.setup] if spec.setup else []
+    argv = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *_container(spec)]
+    return "\n".join([*out, shlex.join([*argv, "bash", node_script])]) + "\n"
+
+
+def _container(spec: SlurmSpec) -> list[str]:
+    out = [f"--container-image={spec.container_image}"] if spec.container_image else []
+    if spec.container_mounts:
+        out.append(f"--container-mounts={','.join(spec.container_mounts)}")
+    return out
 
 
 def sbatch_argv(request: LaunchRequest) -> list[str]:

@@ -16,7 +16,10 @@ of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel
 ``megatron_model_flags`` (precision and MoE flags, from the same module),
 ``deepspeed_moe_flags`` (the DeepSpeed workload's MoE flags, same module) and
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
-:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`).
+:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`),
+``deepspeed_script_flags`` (the DeepSpeed workload's shape, length and MoE flags), ``full_run``
+(true when ``tune best`` renders the full run) and ``train_args`` (``launch.train_args`` in a
+full run, empty in a trial).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from tuner.config.pipeline import deepspeed_method
 from tuner.errors import ConfigError, LaunchError
 from tuner.launch.megatron_flags import (
     deepspeed_moe_flags,
+    deepspeed_script_flags,
     megatron_deepspeed_parallel_flags,
     megatron_loss_flags,
     megatron_moe_flags,
@@ -48,6 +52,12 @@ from tuner.spec.frameworks import traits
 from tuner.spec.study import LaunchSpec, StudySpec
 
 SCRIPT_SUFFIX = ".sh.j2"
+TRAIN_ARGS_HINT = (
+    "the full run needs the study's data, tokenizer and schedule (e.g. --data-path PREFIX "
+    "--tokenizer-type ... --lr ...); a short trial's mock data is no training run (put "
+    "--mock-data there to train on it anyway)"
+)
+"""Why a Megatron template's full run refuses an empty ``launch.train_args``."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -82,9 +92,10 @@ def _envname(name: object) -> str:
     return name
 
 
-def _required(value: object, setting: str) -> object:
-    if value is None or value == "":
-        raise ConfigError("this launch template needs it; set it in the study", path=setting)
+def _required(value: object, setting: str, why: str = "") -> object:
+    if value is None or (isinstance(value, str | list | tuple) and not value):
+        raise ConfigError(why or "this launch template needs it; set it in the study",
+                          path=setting)  # fmt: skip
     return value
 
 
@@ -167,10 +178,13 @@ class TemplateRenderer:
         master_addr: str,
         master_port: int,
         trial_dir: str | PurePosixPath,
+        full_run: bool = False,
     ) -> RenderedLaunch:
         """Render ``spec.launch.template`` for one trial on ``hosts``.
 
         ``trial_dir`` is the trial directory as the nodes see it (extra files are placed there).
+        ``full_run``: render the full run of ``tune best`` instead (``launch.train_args`` in
+        place of what a short trial uses).
         Raises :class:`ConfigError` for a missing setting, :class:`LaunchError` for a broken or
         unknown template.
         """
@@ -184,6 +198,7 @@ class TemplateRenderer:
             master_port=master_port,
             trial_dir=trial_dir,
             extra_files=(),
+            full_run=full_run,
         )
         declared = self._extra_files(template, base, name)
         ctx = {**base, "files": {f: str(PurePosixPath(trial_dir) / f) for f in declared}}
@@ -241,6 +256,7 @@ def context(
     master_port: int,
     trial_dir: str | PurePosixPath,
     extra_files: Sequence[str],
+    full_run: bool = False,
 ) -> dict[str, Any]:
     """The variables every template sees (``node_rank`` and ``files`` are added per render)."""
     launch = _local_paths(spec)
@@ -272,6 +288,10 @@ def context(
         + megatron_precision_flags(spec.training)
         + megatron_loss_flags(spec.training),
         "deepspeed_moe_flags": deepspeed_moe_flags(spec.model, config),
+        "deepspeed_script_flags": deepspeed_script_flags(spec.model, config, launch.train_iters),
+        "full_run": full_run,
+        "train_args": list(launch.train_args) if full_run else [],
+        "TRAIN_ARGS_HINT": TRAIN_ARGS_HINT,
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
@@ -372,6 +392,7 @@ def render_launch(
     master_port: int,
     trial_dir: str | PurePosixPath,
     cwd: Path | None = None,
+    full_run: bool = False,
 ) -> RenderedLaunch:
     """Shortcut: :meth:`TemplateRenderer.for_study` then :meth:`TemplateRenderer.render`."""
     return TemplateRenderer.for_study(spec, cwd).render(
@@ -381,4 +402,5 @@ def render_launch(
         master_addr=master_addr,
         master_port=master_port,
         trial_dir=trial_dir,
+        full_run=full_run,
     )

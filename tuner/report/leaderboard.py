@@ -1,9 +1,7 @@
-"""Study results: the leaderboard DataFrame and the best config's exports."""
+"""Study results: the leaderboard DataFrame, the best trial (its exports: :mod:`.export`)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from tuner.errors import StudyError
 from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
+from tuner.space.columns import config_columns
 from tuner.space.trials import trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
@@ -47,23 +46,14 @@ def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> opt
         raise StudyError(f"study {spec.name!r} is not in the storage") from None
 
 
-def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
+def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
+    """Trial ``t`` as a row of the leaderboard (:data:`COLUMNS`; ``world``: GPUs)."""
     a = t.user_attrs
     c = ParallelConfig(**a["config"]) if a.get("config") else None
     tokens = a.get("tokens_per_s")
-    rc: str | None = None
-    if c is not None:
-        rc = c.recompute_setting
     return {
         "trial": t.number, "outcome": str(trial_outcome(t) or t.state.name.lower()),
-        "tp": c.tp if c else None, "pp": c.pp if c else None, "dp": c.dp if c else None,
-        "cp": c.cp if c else None, "vp": c.vp if c else None,
-        "sp": c.sequence_parallel if c else None, "micro_batch": c.micro_batch_size if c else None,
-        "grad_accum": c.num_microbatches if c else None, "recompute": rc,
-        "distributed_optimizer": c.distributed_optimizer if c else None,
-        "zero_stage": c.zero_stage if c else None,
-        "tp_comm_overlap": c.tp_comm_overlap if c else None,
-        "nodes": len(a.get("hosts", [])) or None,
+        **config_columns(c), "nodes": len(a.get("hosts", [])) or None,
         "predicted_step_s": a.get("predicted_step_s"), "measured_step_s": a.get("step_time_s"),
         "tokens_per_s": tokens, "tokens_per_s_per_gpu": tokens / world if tokens else None,
         "tflops_per_gpu": a.get("tflops_per_gpu"), "mfu": a.get("mfu"),
@@ -77,8 +67,6 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_reserved_gib": a.get("predicted_reserved_gib"),
         "predicted_peak_stage": a.get("predicted_peak_stage"),
         "predicted_peak_phase": a.get("predicted_peak_phase"),
-        "ep": c.ep if c else None, "etp": c.expert_tp if c else None,
-        "dispatcher": c.moe_token_dispatcher if c else None,
     }  # fmt: skip
 
 
@@ -101,7 +89,7 @@ def leaderboard(
             continue
         ok = t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
         if ok or include_all:
-            rows.append(_row(t, spec.world_size))
+            rows.append(leaderboard_row(t, spec.world_size))
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["precision"] = spec.training.precision
     if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
@@ -138,88 +126,3 @@ def megatron_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     """
     moe = [word for flag in moe_flags(spec.model, config, spec.framework) for word in flag]
     return parallel_args(config, spec.model.num_layers, spec.framework) + moe
-
-
-def emit_best(
-    spec: StudySpec, what: str, storage: str | None = None, results: str = "results",
-    train_iters: int | None = None,
-) -> str:  # fmt: skip
-    """``script`` (a runnable launch script for a full run), ``sbatch`` (the same as one Slurm
-    batch job, options from ``cluster.slurm``), ``args`` or ``ds-config``.
-
-    ``train_iters`` replaces the study's (short) ``launch.train_iters`` in the script.
-    """
-    config = best_config(spec, storage, results)
-    if train_iters is not None:
-        spec = dataclasses.replace(
-            spec, launch=dataclasses.replace(spec.launch, train_iters=train_iters)
-        )
-    if what == "args":
-        return " ".join(megatron_args(spec, config)) + "\n"
-    if what == "ds-config":
-        from tuner.launch import deepspeed_config
-
-        return json.dumps(deepspeed_config(spec, config), indent=2) + "\n"
-    if what == "sbatch":
-        return _best_sbatch(spec, config, results)
-    return _best_script(spec, config, results)
-
-
-def _best_sbatch(spec: StudySpec, config: ParallelConfig, results: str) -> str:
-    """``slurm-best.sh`` in the best folder: the full run as one Slurm batch job, the node
-    scripts rendered beside it with the master address the job's first node fills in."""
-    from tuner.launch import render_launch
-    from tuner.launch.slurm_script import (
-        MASTER_PLACEHOLDER,
-        NODE_WRAPPER,
-        NODE_WRAPPER_TEXT,
-        best_batch_script,
-    )  # fmt: skip
-
-    out = ResultsLayout(Path(results), spec.name).best_dir
-    out.mkdir(parents=True, exist_ok=True)
-    node_dir = str(out.resolve())
-    rendered = render_launch(
-        spec, config, hosts=spec.node_names[: spec.nodes_per_trial],
-        master_addr=MASTER_PLACEHOLDER, master_port=spec.launch.master_port, trial_dir=node_dir,
-    )  # fmt: skip
-    for name, content in rendered.files.items():
-        (out / name).write_text(content)
-    for rank, script in enumerate(rendered.scripts):
-        (out / f"launch-node-{rank}.sh").write_text(script)
-    (out / NODE_WRAPPER).write_text(NODE_WRAPPER_TEXT)
-    (out / NODE_WRAPPER).chmod(0o755)
-    text = best_batch_script(
-        spec.cluster.slurm, study=spec.name, key=config.key(), nodes=len(rendered.scripts),
-        node_dir=node_dir, train_iters=spec.launch.train_iters,
-    )  # fmt: skip
-    (out / "slurm-best.sh").write_text(text)
-    return text
-
-
-def _best_script(spec: StudySpec, config: ParallelConfig, results: str) -> str:
-    from tuner.launch import render_launch
-
-    layout = ResultsLayout(Path(results), spec.name)
-    out = layout.best_dir
-    out.mkdir(parents=True, exist_ok=True)
-    hosts = spec.node_names[: spec.nodes_per_trial]
-    rendered = render_launch(
-        spec, config, hosts=hosts, master_addr=hosts[0], master_port=spec.launch.master_port,
-        trial_dir=str(out.resolve()),
-    )  # fmt: skip
-    for name, content in rendered.files.items():
-        (out / name).write_text(content)
-    parts = ["#!/usr/bin/env bash", f"# Best config of study {spec.name}: {config.key()}",
-             f"# Run on every node with NODE_RANK set (0 .. N-1); {spec.launch.train_iters} "
-             "iterations (tune best --train-iters N to change).",
-             'case "${NODE_RANK:?set NODE_RANK to this node\'s rank}" in']  # fmt: skip
-    for rank, script in enumerate(rendered.scripts):
-        (out / f"launch-node-{rank}.sh").write_text(script)
-        parts.append(
-            f"  {rank}) exec bash {json.dumps(str((out / f'launch-node-{rank}.sh').resolve()))} ;;"
-        )
-    parts += ['  *) echo "NODE_RANK out of range" >&2; exit 2 ;;', "esac", ""]
-    text = "\n".join(parts)
-    (out / "launch.sh").write_text(text)
-    return text

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.parallel import ParallelConfig
@@ -30,6 +30,9 @@ from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
 from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -245,6 +248,13 @@ class SpaceReport:
             self.viable,
             key=lambda c: (c.time.step if c.time else float("inf"), c.memory.peak, c.config.key()),
         )
+
+    def to_frame(self, include_oom: bool = False) -> pd.DataFrame:
+        """The viable configs, fastest predicted first, as a pandas DataFrame (the knobs under
+        the leaderboard's column names; ``include_oom``: the predicted-OOM ones after them)."""
+        from tuner.space.columns import space_frame
+
+        return space_frame(self.ranked() + (self.oom if include_oom else []))
 
     def counts(self) -> dict[str, Any]:
         """Counts for ``tune space --json``; an invalid config counts under its first rule."""

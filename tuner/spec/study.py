@@ -62,6 +62,9 @@ class LaunchSpec:
     """Environment exported on every node before launch."""
     extra_args: tuple[str, ...] = ()
     """Extra framework arguments appended verbatim (quoted)."""
+    train_args: tuple[str, ...] = ()
+    """Arguments of the full run only (``tune best``): data, tokenizer, schedule. They replace
+    what a short trial uses instead (Megatron: mock data, NullTokenizer, a fixed schedule)."""
     train_iters: int = 30
     """Iterations per short trial run."""
     warmup_iters: int = 5
@@ -389,6 +392,7 @@ class StudySpec:
         data.pop("search")
         data.pop("description")
         data["cluster"].pop("name")  # names the saved calibration; changes no measurement
+        data["launch"].pop("train_args")  # the full run's only: no trial sees them
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -1,0 +1,248 @@
+"""``tune best``'s exports run as they are: each kind in its own files, a launch script that bash
+parses and that finds its master address when it runs, and a Megatron full run that the
+stand-in (which checks every flag and Megatron's rules) trains with the study's own data."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
+from tuner.errors import ConfigError
+from tuner.layout import ResultsLayout
+from tuner.report.export import trial_record
+from tuner.space.trials import distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+from tuner.study.storage import open_storage
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "standins"
+FAKE_TORCHRUN = """#!{python}
+import json, os, sys
+with open(os.environ["FAKE_TORCHRUN_OUT"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
+"""
+TRAIN_ARGS = ["--data-path", "/data/web text_document", "--split", "99,1,0",
+              "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "/data/vocab.json",
+              "--merge-file", "/data/merges.txt", "--lr", "1.5e-4", "--min-lr", "1.5e-5",
+              "--lr-decay-style", "cosine", "--lr-warmup-iters", "2", "--eval-interval", "1000",
+              "--eval-iters", "10"]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def megatron_study(tmp: Path, *, nodes: int, fake: bool = True, **launch: Any) -> dict[str, Any]:
+    """A small Megatron study on local "nodes" of 2 ranks each, run by the stand-in; ``fake``:
+    its interpreter's folder (first on the scripts' PATH) holds :func:`fake_torchrun`'s."""
+    return {
+        "name": "exports",
+        "model": {"num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 2048,
+                  "num_attention_heads": 8, "vocab_size": 32000, "seq_length": 512},
+        "training": {"global_batch_size": 8},
+        "cluster": {"gpu": "a100-80gb", "gpus_per_node": 2, "num_nodes": nodes,
+                    "executor": "local"},
+        "framework": "megatron",
+        "launch": {"template": "megatron_gpt", "megatron_path": str(STANDINS),
+                   "python": str(tmp / "fakebin" / "python") if fake else sys.executable,
+                   "train_iters": 6, "warmup_iters": 1,
+                   "env": {"TUNER_STANDIN_TIME_SCALE": "0.0001", "NCCL_DEBUG": "WARN"},
+                   **launch},
+        "space": {"tp": [1, 2], "micro_batch_size": [1, 2], "sequence_parallel": [True]},
+        "search": {"nodes_per_trial": nodes},
+    }  # fmt: skip
+
+
+def record_trials(spec: StudySpec, results: Path, measured: Mapping[int, float]) -> None:
+    """Trials as the study loop leaves them: one per tp in ``measured`` (tp -> step s), plus an
+    OOM trial at the end."""
+    layout = ResultsLayout(results, spec.name)
+    study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
+    hosts = spec.node_names[: spec.nodes_per_trial]
+    for tp, step in [*measured.items(), (0, 0.0)]:
+        c = ParallelConfig(tp=max(tp, 1), dp=spec.world_size // max(tp, 1), micro_batch_size=1,
+                           global_batch_size=8, sequence_parallel=tp > 1)  # fmt: skip
+        trial = study.ask(distributions(spec))
+        for key, value in {"config": dataclasses.asdict(c), "key": c.key(), "hosts": hosts,
+                           "predicted_step_s": 0.9, "predicted_peak_gib": 12.5}.items():
+            trial.set_user_attr(key, value)  # fmt: skip
+        if tp == 0:
+            trial.set_user_attr("outcome", "oom")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        for key, value in {"outcome": "ok", "step_time_s": step, "tokens_per_s": 4096 / step,
+                           "peak_memory_gib": 10.0, "mfu": 0.41}.items():
+            trial.set_user_attr(key, value)  # fmt: skip
+        study.tell(trial, step)
+
+
+def fake_torchrun(tmp: Path) -> dict[str, str]:
+    """An environment whose ``torchrun`` records its argv and environment in ``argv.json``."""
+    bin_dir = tmp / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "torchrun").write_text(FAKE_TORCHRUN.format(python=sys.executable))
+    (bin_dir / "torchrun").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp),
+            "FAKE_TORCHRUN_OUT": str(tmp / "argv.json")}  # fmt: skip
+
+
+def run_script(script: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], Any]:
+    out = Path(env["FAKE_TORCHRUN_OUT"])
+    out.unlink(missing_ok=True)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    return done, json.loads(out.read_text()) if out.exists() else None
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> tuple[StudySpec, Path]:
+    spec = study_from_mapping(megatron_study(tmp_path, nodes=2, train_args=TRAIN_ARGS))
+    record_trials(spec, tmp_path / "results", {2: 2.0, 1: 3.0})
+    return spec, tmp_path / "results"
+
+
+def test_each_kind_writes_its_own_files(two_nodes: tuple[StudySpec, Path]) -> None:
+    spec, results = two_nodes
+    record = trial_record(spec, results=str(results))
+    assert record.trial == 0 and record.best and record.config.tp == 2
+    written: dict[str, dict[Path, bytes]] = {}
+    for kind in ("script", "sbatch", "args"):
+        export = record.export(kind)
+        assert export.path in export.files and export.path.read_text() == export.text
+        written[kind] = {p: p.read_bytes() for p in export.files if p.is_file()}
+        for script in (p for p in export.files if p.suffix == ".sh"):
+            subprocess.run(["bash", "-n", str(script)], check=True)
+    files = [p for kind in written.values() for p in kind]
+    assert len(files) == len(set(files)), "two kinds wrote the same file"
+    for kind, contents in written.items():  # later kinds rewrote nothing of an earlier one
+        assert {p: p.read_bytes() for p in contents} == contents, kind
+    with pytest.raises(ConfigError, match="no DeepSpeed config"):
+        record.export("ds-config")
+
+
+def test_the_header_says_what_was_measured_and_what_was_not(
+    two_nodes: tuple[StudySpec, Path],
+) -> None:
+    spec, results = two_nodes
+    text = trial_record(spec, results=str(results)).export("script", train_iters=500).text
+    header = " ".join(line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#"))
+    for words in ("trial 0 (the fastest measured trial)", ParallelConfig(
+            tp=2, dp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True).key(),
+            "2 s/step (median)", "41.0% MFU", "10 GiB peak allocated", "0.9 s/step",
+            "Software: tuner ", "500 iterations", "--data-path '/data/web text_document'",
+            "NCCL_DEBUG=WARN", "evaluation", "checkpoint", "data loading at scale"):  # fmt: skip
+        assert words in header, words
+    assert "--mock-data" not in text and "NullTokenizer" not in text
+
+
+def test_another_trial_and_the_ones_that_measured_nothing(
+    two_nodes: tuple[StudySpec, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, results = two_nodes
+    record = trial_record(spec, 1, results=str(results))
+    assert (record.trial, record.best, record.config.tp) == (1, False, 1)
+    text = record.export("script").text
+    assert "trial 1 (chosen with --trial)" in text and "--tensor-model-parallel-size 1" in text
+    assert record.paths.dir.name == "trial-1"
+    with pytest.raises(ConfigError, match=r"--trial: trial 2 measured nothing \(outcome oom\)"):
+        trial_record(spec, 2, results=str(results))
+    with pytest.raises(ConfigError, match="--trial: study 'exports' has no trial 9"):
+        trial_record(spec, 9, results=str(results))
+    study = results.parent / "study.yaml"
+    study.write_text(json.dumps(megatron_study(results.parent, nodes=2, train_args=TRAIN_ARGS)))
+    assert main(["best", "--study", str(study), "--results", str(results), "--trial", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "trial 2 measured nothing" in err
+
+
+def test_master_address_and_rank_are_found_when_the_script_runs(
+    two_nodes: tuple[StudySpec, Path], tmp_path: Path
+) -> None:
+    spec, results = two_nodes
+    script = trial_record(spec, results=str(results)).export("script").path
+    env = fake_torchrun(tmp_path)
+    done, _ = run_script(script, env)  # two nodes: neither rank nor address can be guessed
+    assert done.returncode == 2 and "set NODE_RANK" in done.stderr
+    done, _ = run_script(script, {**env, "NODE_RANK": "1"})
+    assert done.returncode == 2 and "set MASTER_ADDR" in done.stderr
+    done, ran = run_script(script, {**env, "NODE_RANK": "1", "MASTER_ADDR": "10.1.2.3"})
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--master_addr") == "10.1.2.3"
+    assert flag(ran["argv"], "--node_rank") == "1" and flag(ran["argv"], "--nnodes") == "2"
+    assert ran["env"]["NCCL_DEBUG"] == "WARN" and ran["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the job's nodes\n\n  gpu017 slots=8\ngpu018 slots=8\n")
+    done, ran = run_script(script, {**env, "SLURM_NODEID": "0", "HOSTFILE": str(hostfile)})
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--master_addr") == "gpu017" and flag(ran["argv"], "--node_rank") == "0"
+    done, _ = run_script(script, {**env, "NODE_RANK": "2", "MASTER_ADDR": "h"})
+    assert done.returncode == 2 and "NODE_RANK 2 is not in 0..1" in done.stderr
+
+
+def test_hostile_values_stay_values(tmp_path: Path) -> None:
+    evil = "a'; touch pwned; echo '\n$(touch pwned2)"
+    data = megatron_study(tmp_path, nodes=1, train_args=["--data-path", evil],
+                          env={"NCCL_SOCKET_IFNAME": evil})  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {1: 1.0})
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    env = fake_torchrun(tmp_path)
+    done, ran = run_script(script, env)
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--data-path") == evil and ran["env"]["NCCL_SOCKET_IFNAME"] == evil
+    assert flag(ran["argv"], "--master_addr") == "127.0.0.1"  # one node: loopback
+    assert not list(tmp_path.rglob("pwned*"))
+
+
+def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:
+    spec = study_from_mapping(megatron_study(tmp_path, nodes=1))
+    record_trials(spec, tmp_path / "results", {1: 1.0})
+    record = trial_record(spec, results=str(tmp_path / "results"))
+    with pytest.raises(ConfigError, match="launch.train_args: the full run needs"):
+        record.export("script")
+    assert "--tensor-model-parallel-size 1" in record.export("args").text  # args need no data
+
+
+@pytest.mark.slow
+def test_the_megatron_export_trains_through_the_standin(tmp_path: Path) -> None:
+    """The exported script, run as it is: torchrun starts the stand-in on 2 ranks, which parses
+    every flag with Megatron's own names, applies its rules (one data source, a tokenizer with
+    its files) and runs the full run's iterations."""
+    data = megatron_study(tmp_path, nodes=1, fake=False, train_args=TRAIN_ARGS,
+                          master_port=free_port())  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {2: 1.0, 1: 2.0})
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script", train_iters=3)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("MASTER_ADDR", None)
+    env.pop("NODE_RANK", None)
+    done = subprocess.run(["bash", str(script.path)], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-3000:]
+    assert "building GPT2BPETokenizer tokenizer" in log and "master 127.0.0.1" in log
+    iterations = [line for line in log.splitlines() if "consumed samples" in line]
+    assert len(iterations) == 3 and "iteration        3/       3" in iterations[-1], log[-3000:]
+    assert "validation loss at iteration 3 on test set" in log  # the study's --eval-iters 10

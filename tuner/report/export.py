@@ -1,0 +1,303 @@
+"""A measured trial as a record, and its config exported as a full run (``tune best``).
+
+:func:`trial_record` reads one trial (the fastest measured one unless a number is given) into a
+:class:`TrialRecord`: the config, the figures the leaderboard shows for it, the hosts it ran on
+and the software versions its logs name. :meth:`TrialRecord.export` writes one kind of export
+into the trial's own export folder (:class:`tuner.layout.ExportPaths`), each kind to its own
+files:
+
+- ``script``: ``launch.sh``, one script for every node, which finds this node's rank and the
+  master address when it runs (:mod:`tuner.launch.export_script`);
+- ``sbatch``: ``sbatch.sh``, a Slurm batch job running ``sbatch-node.sh`` (the same script) on
+  every node of its allocation;
+- ``args``: ``args.txt``, the framework's own arguments (Megatron's flags; for DeepSpeed the
+  launcher line of the training script and its ds_config);
+- ``ds-config``: ``ds_config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from optuna.trial import FrozenTrial
+
+from tuner._version import tuner_version
+from tuner.config.parallel import ParallelConfig
+from tuner.errors import ConfigError
+from tuner.launch.export_script import MasterSources, comment_block, launch_script
+from tuner.launch.megatron_flags import deepspeed_script_flags
+from tuner.launch.slurm_script import MASTER_PLACEHOLDER, best_batch_script
+from tuner.launch.templates import TemplateRenderer, deepspeed_config
+from tuner.layout import ExportPaths, ResultsLayout
+from tuner.logs.versions import versions_in_logs
+from tuner.outcome import Outcome
+from tuner.report.leaderboard import best_trial, leaderboard_row, load_optuna_study, megatron_args
+from tuner.spec.frameworks import traits
+from tuner.spec.study import StudySpec
+
+ExportKind = Literal["script", "sbatch", "args", "ds-config"]
+EXPORT_KINDS: tuple[str, ...] = get_args(ExportKind)
+
+MEASURED = ("measured_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+            "measured_peak_gib", "measured_reserved_gib", "duration_s")  # fmt: skip
+"""The leaderboard columns that hold a trial's measurement."""
+PREDICTED = ("predicted_step_s", "predicted_mfu", "predicted_peak_gib", "predicted_allocated_gib",
+             "predicted_reserved_gib")  # fmt: skip
+"""The leaderboard columns that hold what the models predicted for it."""
+NOT_MEASURED = (
+    "A short trial does not measure: evaluation, checkpoint saving and loading, data loading at "
+    "scale (trials read mock or cached data), the learning-rate schedule's effect on "
+    "convergence, or a long run's stability (memory growth, stragglers, failing nodes)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """One kind of export, written: its main file and every file written with it."""
+
+    kind: str
+    path: Path
+    text: str
+    """The main file's content (what ``tune best`` prints)."""
+    files: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialRecord:
+    """One measured trial, as ``tune best`` shows it; :meth:`export` writes its full run."""
+
+    study: str
+    trial: int
+    """The trial's number (Optuna's)."""
+    config: ParallelConfig
+    measured: Mapping[str, Any]
+    """The leaderboard's measured figures (step time s, tokens/s, TFLOP/s per GPU, MFU, peak)."""
+    predicted: Mapping[str, Any]
+    """What the memory and time models predicted for the config."""
+    hosts: tuple[str, ...]
+    """The nodes the trial ran on."""
+    versions: Mapping[str, str]
+    """Software versions the trial's logs name (``{}`` when they name none)."""
+    best: bool
+    """Whether this is the fastest measured trial of the study."""
+    spec: StudySpec = field(repr=False, compare=False)
+    results: str = field(default="results", repr=False, compare=False)
+
+    @property
+    def paths(self) -> ExportPaths:
+        """Where this trial's exports go."""
+        return ResultsLayout(Path(self.results), self.study).export(self.trial)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data (``tune best --format json``)."""
+        return {
+            "study": self.study, "trial": self.trial, "best": self.best,
+            "config": self.config.to_dict(), "key": self.config.key(),
+            "measured": dict(self.measured), "predicted": dict(self.predicted),
+            "hosts": list(self.hosts), "versions": dict(self.versions),
+        }  # fmt: skip
+
+    def export(self, kind: str = "script", *, train_iters: int | None = None) -> Export:
+        """Write the ``kind`` export (``script``, ``sbatch``, ``args``, ``ds-config``) of this
+        trial's config; ``train_iters`` sets the full run's length (the study's otherwise)."""
+        if kind not in EXPORT_KINDS:
+            raise ConfigError(f"unknown export {kind!r}; one of {', '.join(EXPORT_KINDS)}",
+                              path="--emit")  # fmt: skip
+        if train_iters is not None and train_iters <= 0:
+            raise ConfigError(f"must be > 0, got {train_iters}", path="--train-iters")
+        spec = self.spec
+        if train_iters is not None:  # warm-up only shapes a trial's median: keep it valid
+            warmup = min(spec.launch.warmup_iters, train_iters - 1)
+            launch = dataclasses.replace(spec.launch, train_iters=train_iters, warmup_iters=warmup)
+            spec = dataclasses.replace(spec, launch=launch)
+        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        writer = {"script": _script, "sbatch": _sbatch, "args": _args, "ds-config": _ds_config}
+        return writer[kind](self, spec)
+
+
+def trial_record(
+    spec: StudySpec, trial: int | None = None, *, storage: str | None = None,
+    results: str = "results",
+) -> TrialRecord:  # fmt: skip
+    """Trial ``trial`` of ``spec`` (the fastest measured one when None) as a record.
+
+    A trial that measured nothing (failed, pruned, running, or answered from another trial)
+    raises :class:`ConfigError` naming its outcome.
+    """
+    fastest = best_trial(spec, storage, results)
+    if trial is None or trial == fastest.number:
+        t = fastest
+    else:
+        t = _measured_trial(spec, trial, storage, results)
+    row = leaderboard_row(t, spec.world_size)
+    paths = ResultsLayout(Path(results), spec.name).trial(t.number)
+    logs = sorted(paths.dir.glob("node-*.log")) if paths.dir.is_dir() else []
+    return TrialRecord(
+        study=spec.name, trial=t.number, config=ParallelConfig(**t.user_attrs["config"]),
+        measured={k: row[k] for k in MEASURED}, predicted={k: row[k] for k in PREDICTED},
+        hosts=tuple(t.user_attrs.get("hosts", ())), versions=versions_in_logs(logs),
+        best=t.number == fastest.number, spec=spec, results=results,
+    )  # fmt: skip
+
+
+def _measured_trial(
+    spec: StudySpec, number: int, storage: str | None, results: str
+) -> FrozenTrial:
+    trials = load_optuna_study(spec, storage, results).get_trials(deepcopy=False)
+    found = [t for t in trials if t.number == number]
+    if not found:
+        raise ConfigError(f"study {spec.name!r} has no trial {number}", path="--trial")
+    t = found[0]
+    outcome = t.user_attrs.get("outcome") or t.state.name.lower()
+    if "duplicate_of" in t.user_attrs:
+        raise ConfigError(f"trial {number} ran no config of its own: it repeats trial "
+                          f"{t.user_attrs['duplicate_of']}", path="--trial")  # fmt: skip
+    if outcome != Outcome.OK or t.value is None:
+        raise ConfigError(f"trial {number} measured nothing (outcome {outcome})", path="--trial")
+    return t
+
+
+def emit_best(
+    spec: StudySpec, what: str, storage: str | None = None, results: str = "results",
+    train_iters: int | None = None, trial: int | None = None,
+) -> str:  # fmt: skip
+    """The text of one export of the best trial (or of ``trial``), written to its files."""
+    record = trial_record(spec, trial, storage=storage, results=results)
+    return record.export(what, train_iters=train_iters).text
+
+
+# ----------------------------------------------------------------------------- the header
+
+
+def _figure(value: Any, fmt: str, unit: str) -> str | None:
+    return None if value is None else f"{value:{fmt}}{unit}"
+
+
+def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
+    """What the export says about itself: which config and trial, what was measured, with which
+    software, how long the run is, and what a short trial does not measure."""
+    m, p = record.measured, record.predicted
+    which = "the fastest measured trial" if record.best else "chosen with --trial"
+    got = [_figure(m["measured_step_s"], ".4g", " s/step (median)"),
+           _figure(m["tokens_per_s"], ",.0f", " tokens/s"),
+           _figure(m["tflops_per_gpu"], ".4g", " TFLOP/s per GPU"),
+           _figure(m["mfu"], ".1%", " MFU"),
+           _figure(m["measured_peak_gib"], ".3g", " GiB peak allocated")]  # fmt: skip
+    want = [_figure(p["predicted_step_s"], ".4g", " s/step"),
+            _figure(p["predicted_peak_gib"], ".3g", " GiB peak")]  # fmt: skip
+    software = ", ".join([f"tuner {tuner_version()}"]
+                         + [f"{k} {v}" for k, v in record.versions.items()])  # fmt: skip
+    if not record.versions:
+        software += " (the trial's logs name no framework version)"
+    gpus = spec.cluster.gpus_per_node
+    return [
+        f"Full run of study {spec.name}, trial {record.trial} ({which}).",
+        f"Config: {record.config.key()}",
+        f"Framework: {spec.framework}, template {spec.launch.template}; {nodes} node(s) x {gpus} "
+        f"GPUs per node.",
+        f"Measured by trial {record.trial} over {record.spec.launch.train_iters} iterations "
+        f"(the first {record.spec.launch.warmup_iters} skipped): "
+        + ", ".join(x for x in got if x) + ".",
+        "Predicted: " + (", ".join(x for x in want if x) or "nothing recorded") + ".",
+        f"Software: {software}.",
+        f"This run: {spec.launch.train_iters} iterations (tune best --train-iters N to change); "
+        + ("launch.train_args: " + shlex.join(spec.launch.train_args) if spec.launch.train_args
+           else "no launch.train_args (the training script's own data and schedule)") + ".",
+        "Environment: " + (", ".join(f"{k}={v}" for k, v in sorted(spec.launch.env.items()))
+                           or "none set by the study") + " (as the trial ran; see each node).",
+        NOT_MEASURED,
+        "Run on every node: NODE_RANK=<k> bash launch.sh (one node: bash launch.sh; in a Slurm "
+        "job SLURM_NODEID is the rank). Master address: MASTER_ADDR, else the first node of the "
+        "Slurm allocation, else the first host of HOSTFILE (default: the study's hostfile), else "
+        "the study's first SSH node, else 127.0.0.1 for one node.",
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the kinds
+
+
+def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[str, list[Path]]:
+    """The launch script of the full run, with its extra files written into ``files_dir``."""
+    nodes = len(record.hosts) or spec.nodes_per_trial
+    hosts = (list(record.hosts) or spec.node_names)[:nodes]
+    rendered = TemplateRenderer.for_study(spec).render(
+        spec, record.config, hosts=hosts, master_addr=MASTER_PLACEHOLDER,
+        master_port=spec.launch.master_port, trial_dir=str(files_dir.resolve()), full_run=True,
+    )  # fmt: skip
+    written = []
+    if rendered.files:
+        files_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in rendered.files.items():
+        (files_dir / name).write_text(content)
+        written.append(files_dir / name)
+    sources = MasterSources(
+        hostfile=spec.cluster.hostfile,
+        study_host=spec.node_names[0] if spec.cluster.executor == "ssh" else None,
+    )
+    text = launch_script(header(record, spec, len(rendered.scripts)), rendered.scripts, sources)
+    return text, written
+
+
+def _script(record: TrialRecord, spec: StudySpec) -> Export:
+    paths = record.paths
+    text, files = _render_run(record, spec, paths.script_files)
+    paths.script.write_text(text)
+    paths.script.chmod(0o755)
+    return Export("script", paths.script, text, (paths.script, *files))
+
+
+def _sbatch(record: TrialRecord, spec: StudySpec) -> Export:
+    paths = record.paths
+    node_text, files = _render_run(record, spec, paths.sbatch_files)
+    paths.sbatch_node.write_text(node_text)
+    paths.sbatch_node.chmod(0o755)
+    nodes = len(record.hosts) or spec.nodes_per_trial
+    text = best_batch_script(
+        spec.cluster.slurm, study=spec.name, nodes=nodes,
+        comments=comment_block(header(record, spec, nodes)[:-1]),
+        node_script=str(paths.sbatch_node.resolve()),
+    )  # fmt: skip
+    paths.sbatch.write_text(text)
+    return Export("sbatch", paths.sbatch, text, (paths.sbatch, paths.sbatch_node, *files))
+
+
+def framework_args(record: TrialRecord, spec: StudySpec) -> list[str]:
+    """The framework's own arguments: Megatron's flags, or (DeepSpeed) the training script's
+    arguments after its ``--deepspeed_config``."""
+    if not traits(spec.framework).megatron_model:
+        flags = deepspeed_script_flags(spec.model, record.config, spec.launch.train_iters)
+        words = [w for flag in flags for w in flag]
+        return [*words, *spec.launch.script_args, *spec.launch.train_args,
+                *spec.launch.extra_args]  # fmt: skip
+    return megatron_args(spec, record.config)
+
+
+def _args(record: TrialRecord, spec: StudySpec) -> Export:
+    paths = record.paths
+    words = framework_args(record, spec)
+    if traits(spec.framework).megatron_model:
+        text = shlex.join(words) + "\n"
+    else:  # the launcher line; its ds_config is the ds-config export
+        script = spec.launch.script or "<launch.script>"
+        launcher = ["torchrun", "--nnodes", str(len(record.hosts) or spec.nodes_per_trial),
+                    "--nproc_per_node", str(spec.cluster.gpus_per_node), script,
+                    "--deepspeed_config", str(paths.ds_config.resolve()), *words]  # fmt: skip
+        text = shlex.join(launcher) + "\n"
+    paths.args.write_text(text)
+    return Export("args", paths.args, text, (paths.args,))
+
+
+def _ds_config(record: TrialRecord, spec: StudySpec) -> Export:
+    if not traits(spec.framework).deepspeed_optimizer:
+        raise ConfigError(f"a {spec.framework} study has no DeepSpeed config; use --emit args",
+                          path="--emit")  # fmt: skip
+    paths = record.paths
+    text = json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n"
+    paths.ds_config.write_text(text)
+    return Export("ds-config", paths.ds_config, text, (paths.ds_config,))
