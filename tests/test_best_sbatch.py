@@ -1,25 +1,33 @@
 """``tune best --emit sbatch``: the winning config as a Slurm batch script for the full run, with
-the study's cluster.slurm options (golden file) and node scripts that bash accepts."""
+the study's cluster.slurm options (golden file), and the same export submitted to a real local
+Slurm, where the Megatron stand-in trains on both nodes of the job."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 
+import tuner
+from tests.launch.slurm import LocalSlurm, local_slurm
+from tests.report.test_exports import TRAIN_ARGS, free_port, megatron_study, record_trials
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
 from tuner.layout import ResultsLayout
-from tuner.report.export import emit_best
+from tuner.report.export import emit_best, trial_record
 from tuner.space.trials import distributions
 from tuner.spec.file import study_from_mapping
 from tuner.study.storage import open_storage
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+__all__ = ["local_slurm"]  # a fixture, used by name
 
 GOLDEN = Path(__file__).parent / "launch" / "golden" / "slurm-best-2node.sh"
 
@@ -32,7 +40,8 @@ SPEC = study_from_mapping({
                           "gpus_per_node": 8, "extra_sbatch": ["--constraint=h100"],
                           "setup": ["module load cuda/12.4"]}},
     "framework": "megatron",
-    "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
+    "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron",
+               "train_args": ["--data-path", "/data/corpus_text_document", "--lr", "1e-4"]},
     "space": {"tp": [4, 8], "micro_batch_size": [1], "sequence_parallel": [True],
               "distributed_optimizer": [True]},
 })  # fmt: skip
@@ -57,9 +66,11 @@ def results(tmp_path: Path) -> Path:
 
 def test_best_sbatch_golden(results: Path) -> None:
     """Re-record after an intended change: ``TUNER_REGOLD=1 pytest tests/test_best_sbatch.py``."""
+    script = emit_best(SPEC, "script", results=str(results), train_iters=50_000)
     text = emit_best(SPEC, "sbatch", results=str(results), train_iters=50_000)
-    best = (results / SPEC.name / "best").resolve()
-    generic = text.replace(str(best), "RESULTS/llama-best/best")
+    exports = ResultsLayout(results, SPEC.name).export(1)
+    generic = text.replace(str(exports.dir.resolve()), "RESULTS/llama-best/exports/trial-1")
+    generic = generic.replace(f"tuner {tuner.__version__}", "tuner VERSION")
     if os.environ.get("TUNER_REGOLD"):
         GOLDEN.write_text(generic)
     assert GOLDEN.exists(), f"record {GOLDEN.name} with TUNER_REGOLD=1 pytest {__file__}"
@@ -71,13 +82,14 @@ def test_best_sbatch_golden(results: Path) -> None:
                  "#SBATCH --qos=high", "#SBATCH --gres=gpu:8", "#SBATCH --constraint=h100",
                  "module load cuda/12.4"):  # fmt: skip
         assert line in text.splitlines(), line
-    assert (best / "slurm-best.sh").read_text() == text
-    node1 = (best / "launch-node-1.sh").read_text()
-    assert "--tensor-model-parallel-size 4" in node1 and "--train-iters 50000" in node1
-    assert "@TUNER_MASTER_ADDR@" in node1  # the wrapper puts the job's first node there
-    assert (best / "slurm-node.sh").stat().st_mode & 0o111
-    for script in ("slurm-best.sh", "slurm-node.sh", "launch-node-0.sh"):
-        subprocess.run(["bash", "-n", str(best / script)], check=True)
+    assert exports.sbatch.read_text() == text
+    node = exports.sbatch_node.read_text()
+    assert "--tensor-model-parallel-size 4" in node and "--train-iters 50000" in node
+    assert '--master_addr "${MASTER_ADDR}"' in node and "SLURM_JOB_NODELIST" in node
+    assert node.replace(str(exports.sbatch_files), str(exports.script_files)) == script
+    assert exports.script.read_text() == script  # the sbatch export rewrote nothing of it
+    for path in (exports.sbatch, exports.sbatch_node, exports.script):
+        subprocess.run(["bash", "-n", str(path)], check=True)
 
 
 def test_cli_best_emit_sbatch(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,7 +110,44 @@ def _as_mapping() -> dict[str, object]:
         "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 2,
                     "executor": "slurm", "slurm": {"partition": "gpu"}},
         "framework": "megatron",
-        "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
+        "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron",
+                   "train_args": ["--data-path", "/data/corpus_text_document"]},
         "space": {"tp": [4, 8], "micro_batch_size": [1], "sequence_parallel": [True],
                   "distributed_optimizer": [True]},
     }  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_the_sbatch_export_runs_on_a_local_slurm(local_slurm: LocalSlurm, tmp_path: Path) -> None:
+    """Submitted as it is: Slurm starts the node script on both nodes of the job; each finds its
+    rank in SLURM_NODEID and the master address in the allocation (NodeAddr 127.0.0.1), and
+    torchrun runs the Megatron stand-in over the two nodes for the full run's iterations."""
+    data = megatron_study(tmp_path, nodes=2, fake=False, train_args=TRAIN_ARGS,
+                          master_port=free_port())  # fmt: skip
+    data["cluster"] = {"gpu": "a100-80gb", "gpus_per_node": 1, "num_nodes": 2,
+                       "executor": "slurm", "slurm": {"exclusive": False}}  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {1: 1.0})
+    export = trial_record(spec, results=str(tmp_path / "results")).export("sbatch", train_iters=3)
+    out = tmp_path / "job.out"
+    env = {k: v for k, v in local_slurm.env.items() if k not in ("MASTER_ADDR", "NODE_RANK")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(export.path)],
+                               env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
+    job = submitted.stdout.strip().split(";")[0]
+    state = ""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                               text=True).stdout  # fmt: skip
+        state = (re.findall(r"JobState=(\S+)", shown) or ["?"])[0]
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(1)
+    log = out.read_text() if out.exists() else ""
+    assert state == "COMPLETED", f"job {job}: {state}\n{log[-3000:]}"
+    assert "tuner: node 0 of 2, master 127.0.0.1" in log, log[-3000:]
+    assert "tuner: node 1 of 2, master 127.0.0.1" in log, log[-3000:]
+    iterations = [line for line in log.splitlines() if "consumed samples" in line]
+    assert len(iterations) == 3 and "iteration        3/       3" in iterations[-1], log[-3000:]
