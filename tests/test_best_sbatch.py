@@ -134,7 +134,8 @@ def test_the_sbatch_export_runs_on_a_local_slurm(local_slurm: LocalSlurm, tmp_pa
     env = {k: v for k, v in local_slurm.env.items() if k not in ("MASTER_ADDR", "NODE_RANK")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     submitted = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(export.path)],
-                               env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
+                               env=env, capture_output=True, text=True, check=True,
+                               cwd=tmp_path)  # fmt: skip
     job = submitted.stdout.strip().split(";")[0]
     state = ""
     deadline = time.monotonic() + 240

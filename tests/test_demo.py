@@ -29,7 +29,7 @@ def test_demo_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("deepspeed", reason="the demo runs DeepSpeed: needs the train extra")
     from tuner.cli.main import main
     from tuner.report.export import emit_best
-from tuner.report.leaderboard import leaderboard
+    from tuner.report.leaderboard import leaderboard
     from tuner.space.enumerate import enumerate_space
     from tuner.spec.file import load_study
 

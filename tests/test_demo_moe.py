@@ -26,7 +26,7 @@ def test_demo_moe_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     pytest.importorskip("deepspeed", reason="the demo runs DeepSpeed: needs the train extra")
     from tuner.cli.main import main
     from tuner.report.export import emit_best
-from tuner.report.leaderboard import leaderboard
+    from tuner.report.leaderboard import leaderboard
     from tuner.spec.file import load_study
 
     raw = yaml.safe_load(DEMO_MOE.read_text())

@@ -76,7 +76,7 @@ def test_no_import_circle_in_the_package() -> None:
 
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("tuner.errors", "tuner.outcome", "tuner.layout", "tuner._loader", "tuner._version"),
+    ("tuner.errors", "tuner.outcome", "tuner.layout", "tuner._loader"),
     ("tuner.catalog",),
     ("tuner.spec",),
     ("tuner.config",),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -105,8 +106,10 @@ def test_finds_the_known_optimum(tmp_path: Path) -> None:
     launched = all_rows[all_rows.outcome == "ok"]
     cols = ["tp", "pp", "micro_batch", "recompute", "sp", "distributed_optimizer"]
     assert len(launched) == len(launched.drop_duplicates(cols))
-    script = emit_best(spec, "script", results=str(tmp_path / "results"))
-    assert "NODE_RANK" in script
+    full = dataclasses.replace(spec, launch=dataclasses.replace(
+        spec.launch, train_args=("--data-path", "/data/text_document")))  # fmt: skip
+    script = emit_best(full, "script", results=str(tmp_path / "results"))
+    assert "NODE_RANK" in script and "/data/text_document" in script
     assert "--micro-batch-size 4" in emit_best(spec, "args", results=str(tmp_path / "results"))
 
 

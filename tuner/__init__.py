@@ -22,11 +22,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from tuner._version import DISTRIBUTION, tuner_version
-
 if TYPE_CHECKING:
     from tuner.api import Estimate, best, estimate, run
     from tuner.config.parallel import ParallelConfig
+    from tuner.logs.versions import DISTRIBUTION
     from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory
     from tuner.models.time.estimate import TimeBreakdown, estimate_time
     from tuner.report.export import TrialRecord
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     __version__: str
 
 _LAZY = {
+    "DISTRIBUTION": "tuner.logs.versions",
     "load_study": "tuner.spec.file",
     "StudySpec": "tuner.spec.study",
     "ParallelConfig": "tuner.config.parallel",
@@ -70,7 +70,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        value: Any = tuner_version()
+        value: Any = importlib.import_module("tuner.logs.versions").tuner_version()
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:

@@ -80,16 +80,18 @@ def record_trials(spec: StudySpec, results: Path, measured: Mapping[int, float])
         c = ParallelConfig(tp=max(tp, 1), dp=spec.world_size // max(tp, 1), micro_batch_size=1,
                            global_batch_size=8, sequence_parallel=tp > 1)  # fmt: skip
         trial = study.ask(distributions(spec))
-        for key, value in {"config": dataclasses.asdict(c), "key": c.key(), "hosts": hosts,
-                           "predicted_step_s": 0.9, "predicted_peak_gib": 12.5}.items():
-            trial.set_user_attr(key, value)  # fmt: skip
+        planned = {"config": dataclasses.asdict(c), "key": c.key(), "hosts": hosts,
+                   "predicted_step_s": 0.9, "predicted_peak_gib": 12.5}  # fmt: skip
+        for key, value in planned.items():
+            trial.set_user_attr(key, value)
         if tp == 0:
             trial.set_user_attr("outcome", "oom")
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
-        for key, value in {"outcome": "ok", "step_time_s": step, "tokens_per_s": 4096 / step,
-                           "peak_memory_gib": 10.0, "mfu": 0.41}.items():
-            trial.set_user_attr(key, value)  # fmt: skip
+        measured = {"outcome": "ok", "step_time_s": step, "tokens_per_s": 4096 / step,
+                    "peak_memory_gib": 10.0, "mfu": 0.41}  # fmt: skip
+        for key, value in measured.items():
+            trial.set_user_attr(key, value)
         study.tell(trial, step)
 
 
@@ -195,7 +197,8 @@ def test_master_address_and_rank_are_found_when_the_script_runs(
     hostfile.write_text("# the job's nodes\n\n  gpu017 slots=8\ngpu018 slots=8\n")
     done, ran = run_script(script, {**env, "SLURM_NODEID": "0", "HOSTFILE": str(hostfile)})
     assert done.returncode == 0, done.stderr
-    assert flag(ran["argv"], "--master_addr") == "gpu017" and flag(ran["argv"], "--node_rank") == "0"
+    assert flag(ran["argv"], "--master_addr") == "gpu017"
+    assert flag(ran["argv"], "--node_rank") == "0"
     done, _ = run_script(script, {**env, "NODE_RANK": "2", "MASTER_ADDR": "h"})
     assert done.returncode == 2 and "NODE_RANK 2 is not in 0..1" in done.stderr
 

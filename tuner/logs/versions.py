@@ -1,4 +1,5 @@
-"""The software versions a training log names (for the header of an exported full run).
+"""Software versions, for the header of an exported full run: this package's own, and the ones
+a trial's training log names.
 
 Only lines a framework prints by itself are read: DeepSpeed's engine logs ``DeepSpeed info:
 version=0.19.8, git-hash=...`` when it starts (deepspeed/runtime/engine.py). Megatron-LM prints
@@ -7,9 +8,38 @@ no version line, so a Megatron log yields nothing, and the export says so rather
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
+
+DISTRIBUTION = "paratune"
+"""The name this package is installed under (``pip install paratune``); it imports as ``tuner``."""
+
+
+@functools.cache
+def tuner_version() -> str:
+    """The installed distribution's version; in a source checkout, the one in pyproject.toml.
+
+    Why the fallback: running from a checkout (``PYTHONPATH=.``, or a venv holding an older
+    install) has no metadata for this code, and pyproject.toml stays the one place the version
+    is written.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+    return str(project["version"]) if project.get("name") == DISTRIBUTION else "0+unknown"
+
 
 _PATTERNS = {
     "deepspeed": re.compile(r"DeepSpeed info: version=([0-9][0-9A-Za-z.+_-]{0,40})"),

@@ -27,7 +27,6 @@ from typing import Any, Literal, get_args
 
 from optuna.trial import FrozenTrial
 
-from tuner._version import tuner_version
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.launch.export_script import MasterSources, comment_block, launch_script
@@ -35,7 +34,7 @@ from tuner.launch.megatron_flags import deepspeed_script_flags
 from tuner.launch.slurm_script import MASTER_PLACEHOLDER, best_batch_script
 from tuner.launch.templates import TemplateRenderer, deepspeed_config
 from tuner.layout import ExportPaths, ResultsLayout
-from tuner.logs.versions import versions_in_logs
+from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import best_trial, leaderboard_row, load_optuna_study, megatron_args
 from tuner.spec.frameworks import traits
