@@ -10,7 +10,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,26 +71,38 @@ def megatron_study(tmp: Path, *, nodes: int, fake: bool = True, **launch: Any) -
 
 
 def record_trials(spec: StudySpec, results: Path, measured: Mapping[int, float]) -> None:
-    """Trials as the study loop leaves them: one per tp in ``measured`` (tp -> step s), plus an
-    OOM trial at the end."""
+    """One measured trial per tp in ``measured`` (tp -> step s), then an OOM trial."""
+
+    def config(tp: int) -> ParallelConfig:
+        return ParallelConfig(tp=tp, dp=spec.world_size // tp, micro_batch_size=1,
+                              global_batch_size=8, sequence_parallel=tp > 1)  # fmt: skip
+
+    record_measured(spec, results, [(config(tp), step) for tp, step in measured.items()],
+                    failed=[config(1)])  # fmt: skip
+
+
+def record_measured(
+    spec: StudySpec, results: Path, measured: Sequence[tuple[ParallelConfig, float]],
+    failed: Sequence[ParallelConfig] = (),
+) -> None:  # fmt: skip
+    """Trials as the study loop leaves them: ``measured`` (config, step s) in order, then the
+    ``failed`` ones (OOM)."""
     layout = ResultsLayout(results, spec.name)
     study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
     hosts = spec.node_names[: spec.nodes_per_trial]
-    for tp, step in [*measured.items(), (0, 0.0)]:
-        c = ParallelConfig(tp=max(tp, 1), dp=spec.world_size // max(tp, 1), micro_batch_size=1,
-                           global_batch_size=8, sequence_parallel=tp > 1)  # fmt: skip
+    for c, step in [*measured, *((c, 0.0) for c in failed)]:
         trial = study.ask(distributions(spec))
         planned = {"config": dataclasses.asdict(c), "key": c.key(), "hosts": hosts,
                    "predicted_step_s": 0.9, "predicted_peak_gib": 12.5}  # fmt: skip
         for key, value in planned.items():
             trial.set_user_attr(key, value)
-        if tp == 0:
+        if not step:
             trial.set_user_attr("outcome", "oom")
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
-        measured = {"outcome": "ok", "step_time_s": step, "tokens_per_s": 4096 / step,
-                    "peak_memory_gib": 10.0, "mfu": 0.41}  # fmt: skip
-        for key, value in measured.items():
+        got = {"outcome": "ok", "step_time_s": step, "tokens_per_s": 4096 / step,
+               "peak_memory_gib": 10.0, "mfu": 0.41}  # fmt: skip
+        for key, value in got.items():
             trial.set_user_attr(key, value)
         study.tell(trial, step)
 
