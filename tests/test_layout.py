@@ -29,7 +29,8 @@ def test_paths(tmp_path: Path) -> None:
     exports = layout.export(7)
     assert exports.dir == layout.study_dir / "exports" / "trial-7"
     kinds = [exports.script, exports.script_files, exports.sbatch, exports.sbatch_node,
-             exports.sbatch_files, exports.args, exports.ds_config]  # fmt: skip
+             exports.sbatch_files, exports.args, exports.args_files,
+             exports.ds_config]  # fmt: skip
     assert len(set(kinds)) == len(kinds) and {p.parent for p in kinds} == {exports.dir}
 
 

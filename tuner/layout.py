@@ -162,6 +162,11 @@ class ExportPaths:
         return self.dir / "args.txt"
 
     @property
+    def args_files(self) -> Path:
+        """The DeepSpeed config the arguments of a DeepSpeed study name."""
+        return self.dir / "args-files"
+
+    @property
     def ds_config(self) -> Path:
         """``--emit ds-config``: the DeepSpeed config."""
         return self.dir / "ds_config.json"

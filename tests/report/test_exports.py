@@ -261,3 +261,23 @@ def test_the_megatron_export_trains_through_the_standin(tmp_path: Path) -> None:
     iterations = [line for line in log.splitlines() if "consumed samples" in line]
     assert len(iterations) == 3 and "iteration        3/       3" in iterations[-1], log[-3000:]
     assert "validation loss at iteration 3 on test set" in log  # the study's --eval-iters 10
+
+
+def test_a_deepspeed_studys_args_are_its_launcher_line_and_ds_config(tmp_path: Path) -> None:
+    from tuner.space.enumerate import enumerate_space
+    from tuner.spec.file import load_study
+
+    spec = load_study(str(REPO / "tuner" / "studies" / "demo-moe.yaml"))
+    best = enumerate_space(spec).ranked()[0].config
+    record_measured(spec, tmp_path / "results", [(best, 0.5)])
+    record = trial_record(spec, results=str(tmp_path / "results"))
+    args = record.export("args", train_iters=100)
+    words = args.text.split()
+    assert words[:6] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", spec.launch.script]
+    assert not [w for w in words if w.startswith(("--tensor-model", "--pipeline-model"))]
+    assert flag(words, "--ep-size") == str(best.ep) and flag(words, "--train-iters") == "100"
+    config = Path(flag(words, "--deepspeed_config"))
+    assert config in args.files and config.parent == record.paths.args_files
+    ds = record.export("ds-config")
+    assert json.loads(config.read_text()) == json.loads(ds.text)
+    assert ds.path != config  # each kind its own file

@@ -11,7 +11,7 @@ files:
 - ``sbatch``: ``sbatch.sh``, a Slurm batch job running ``sbatch-node.sh`` (the same script) on
   every node of its allocation;
 - ``args``: ``args.txt``, the framework's own arguments (Megatron's flags; for DeepSpeed the
-  launcher line of the training script and its ds_config);
+  launcher line of the training script, and the ds_config it names in ``args-files/``);
 - ``ds-config``: ``ds_config.json``.
 """
 
@@ -281,15 +281,18 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
     paths = record.paths
     words = framework_args(record, spec)
     if traits(spec.framework).megatron_model:
-        text = shlex.join(words) + "\n"
-    else:  # the launcher line; its ds_config is the ds-config export
-        script = spec.launch.script or "<launch.script>"
-        launcher = ["torchrun", "--nnodes", str(len(record.hosts) or spec.nodes_per_trial),
-                    "--nproc_per_node", str(spec.cluster.gpus_per_node), script,
-                    "--deepspeed_config", str(paths.ds_config.resolve()), *words]  # fmt: skip
-        text = shlex.join(launcher) + "\n"
-    paths.args.write_text(text)
-    return Export("args", paths.args, text, (paths.args,))
+        paths.args.write_text(shlex.join(words) + "\n")
+        return Export("args", paths.args, paths.args.read_text(), (paths.args,))
+    # DeepSpeed: the training script's launcher line and the ds_config it names
+    paths.args_files.mkdir(exist_ok=True)
+    config = paths.args_files / "ds_config.json"
+    config.write_text(json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n")
+    script = spec.launch.script or "<launch.script>"
+    launcher = ["torchrun", "--nnodes", str(len(record.hosts) or spec.nodes_per_trial),
+                "--nproc_per_node", str(spec.cluster.gpus_per_node), script,
+                "--deepspeed_config", str(config.resolve()), *words]  # fmt: skip
+    paths.args.write_text(shlex.join(launcher) + "\n")
+    return Export("args", paths.args, paths.args.read_text(), (paths.args, config))
 
 
 def _ds_config(record: TrialRecord, spec: StudySpec) -> Export:
