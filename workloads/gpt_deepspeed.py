@@ -22,7 +22,8 @@ optimizer groups (``split_params_into_different_moe_groups_for_optimizer``). Ref
 exit 2: ZeRO-3 (DeepSpeed's native MoE does not run under it), pipeline stages, and a
 data-parallel world that ``--ep-size`` does not divide.
 
-The printed lines (``tuner-step``, ``tuner-memory``, ``tuner-done``) and how memory is
+Rank 0 first prints ``tuner-versions: python=... torch=... deepspeed=...``. The other printed
+lines (``tuner-step``, ``tuner-memory``, ``tuner-done``) and how memory is
 measured on CPU: ``gpt_deepspeed_train``. This file starts the process group and the engine;
 its siblings, imported from this directory (on ``sys.path`` when it runs as a script), hold
 the command line and ds_config checks (``gpt_deepspeed_args``), the model
@@ -52,7 +53,7 @@ from gpt_deepspeed_args import (
 )
 from gpt_deepspeed_memory import rss_kib
 from gpt_deepspeed_model import build_model
-from gpt_deepspeed_train import Session, run_steps
+from gpt_deepspeed_train import Session, emit, run_steps
 
 
 def prefer_own_ninja() -> None:
@@ -130,6 +131,17 @@ def data_parallel_rank(engine: Any, rank: int) -> int:
     return int(grid.get_data_parallel_id()) if grid is not None else rank
 
 
+def versions_line() -> str:
+    """The software this run uses, as ``tuner-versions: name=version ...`` (tuner reads it back
+    into the header of an exported full run: ``tuner.logs.versions``)."""
+    import platform
+
+    import deepspeed
+
+    return (f"tuner-versions: python={platform.python_version()} torch={torch.__version__} "
+            f"deepspeed={deepspeed.__version__}")  # fmt: skip
+
+
 def fail(exc: Exception) -> int:
     """One line on stderr from the first process of each node; exit code 2 (bad input)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -146,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkloadConfigError as exc:
         return fail(exc)
     device, rank = start_distributed()
+    if rank == 0:
+        emit(versions_line())
     rss_base = rss_kib("VmRSS")
     try:
         model = build_model(shape, plan, config, args.seed)

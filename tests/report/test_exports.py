@@ -159,12 +159,16 @@ def test_the_header_says_what_was_measured_and_what_was_not(
     two_nodes: tuple[StudySpec, Path],
 ) -> None:
     spec, results = two_nodes
+    log = ResultsLayout(results, spec.name).trial(0).node_log(0)
+    log.parent.mkdir(parents=True)
+    log.write_text("tuner-versions: python=3.11.7 torch=2.13.0+cpu\n iteration 1/ 6 |\n")
     text = trial_record(spec, results=str(results)).export("script", train_iters=500).text
     header = " ".join(line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#"))
     for words in ("trial 0 (the fastest measured trial)", ParallelConfig(
             tp=2, dp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True).key(),
             "2 s/step (median)", "41.0% MFU", "10 GiB peak allocated", "0.9 s/step",
-            "Software: tuner ", "500 iterations", "--data-path '/data/web text_document'",
+            "Software: tuner ", "python 3.11.7, torch 2.13.0+cpu.", "500 iterations",
+            "--data-path '/data/web text_document'",
             "NCCL_DEBUG=WARN", "evaluation", "checkpoint", "data loading at scale"):  # fmt: skip
         assert words in header, words
     assert "--mock-data" not in text and "NullTokenizer" not in text

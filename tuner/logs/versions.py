@@ -1,9 +1,12 @@
 """Software versions, for the header of an exported full run: this package's own, and the ones
 a trial's training log names.
 
-Only lines a framework prints by itself are read: DeepSpeed's engine logs ``DeepSpeed info:
-version=0.19.8, git-hash=...`` when it starts (deepspeed/runtime/engine.py). Megatron-LM prints
-no version line, so a Megatron log yields nothing, and the export says so rather than guess.
+Two kinds of line are read: ``tuner-versions: name=version name=version ...``, which a training
+script prints to have its software named (the repository's DeepSpeed workload prints python,
+torch and deepspeed), and DeepSpeed's own ``DeepSpeed info: version=0.19.8, git-hash=...``, which
+``deepspeed.initialize`` logs when DeepSpeed's logger is at INFO from the start (Megatron-DeepSpeed
+sets that up). Megatron-LM prints no version line, so a Megatron log yields nothing, and the
+export says so rather than guess.
 """
 
 from __future__ import annotations
@@ -48,13 +51,22 @@ _PATTERNS = {
 HEAD_BYTES = 1 << 20
 
 
+_OWN_LINE = re.compile(r"^tuner-versions:(.*)$", re.M)
+_PAIR = re.compile(r"\s([A-Za-z][A-Za-z0-9_.-]{0,40})=([0-9][0-9A-Za-z.+_-]{0,40})(?=\s|$)")
+
+
 def versions_in_text(text: str) -> dict[str, str]:
-    """``{"deepspeed": "0.19.8"}`` for each version line found in ``text`` (the first of each)."""
+    """``{"torch": "2.13.0", "deepspeed": "0.19.8"}``: the versions ``text`` names (the first
+    of each name)."""
     out: dict[str, str] = {}
+    line = _OWN_LINE.search(text)
+    if line:
+        for name, version in _PAIR.findall(" " + line.group(1)):
+            out.setdefault(name, version)
     for name, pattern in _PATTERNS.items():
         match = pattern.search(text)
         if match:
-            out[name] = match.group(1).rstrip(".,")
+            out.setdefault(name, match.group(1).rstrip(".,"))
     return out
 
 
