@@ -5,6 +5,7 @@ demo's GPT for 2 iterations over gloo, 1 CPU rank per node."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -56,6 +57,9 @@ def test_the_ssh_demos_best_script_runs_on_both_nodes(
     text = script.read_text()
     assert '--master_addr "${MASTER_ADDR}"' in text and "--master_addr 127.0.0.2" not in text
 
+    # the nodes build DeepSpeed's CPU ops where this process would (ssh passes no environment)
+    cache = os.environ.get("TORCH_EXTENSIONS_DIR")
+    prefix = f"TORCH_EXTENSIONS_DIR={shlex.quote(cache)} " if cache else ""
     cluster.start()
     try:
         nodes = [
@@ -64,8 +68,12 @@ def test_the_ssh_demos_best_script_runs_on_both_nodes(
                     "ssh",
                     "-F",
                     str(cluster.ssh_config),
+                    "-o",
+                    "BatchMode=yes",
+                    "-o",
+                    f"UserKnownHostsFile={cluster.known_hosts}",
                     address,
-                    f"cd {shlex.quote(str(tmp_path))} && NODE_RANK={k} bash "
+                    f"cd {shlex.quote(str(tmp_path))} && {prefix}NODE_RANK={k} bash "
                     f"{shlex.quote(str(script))}",
                 ],
                 stdout=subprocess.PIPE,
