@@ -285,3 +285,29 @@ def test_a_deepspeed_studys_args_are_its_launcher_line_and_ds_config(tmp_path: P
     ds = record.export("ds-config")
     assert json.loads(config.read_text()) == json.loads(ds.text)
     assert ds.path != config  # each kind its own file
+
+
+@pytest.mark.parametrize(
+    ("framework", "template"),
+    [("megatron", "megatron_gpt"), ("megatron-deepspeed", "megatron_deepspeed_gpt"),
+     ("deepspeed", "deepspeed_gpt")],
+)  # fmt: skip
+def test_every_shipped_template_renders_the_full_run(
+    framework: str, template: str, tmp_path: Path
+) -> None:
+    data = megatron_study(tmp_path, nodes=1, train_args=["--data-path", "/data/full_document"])
+    data["framework"] = framework
+    data["launch"].update(template=template, script="/opt/train.py")
+    data["space"] = {"micro_batch_size": [1], "zero_stage": [1]} if framework != "megatron" else {}
+    spec = study_from_mapping(data)
+    config = ParallelConfig(tp=1, dp=2, micro_batch_size=1, global_batch_size=8,
+                            zero_stage=0 if framework == "megatron" else 1)  # fmt: skip
+    record_measured(spec, tmp_path / "results", [(config, 1.0)])
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    done, ran = run_script(script, fake_torchrun(tmp_path))
+    assert done.returncode == 0, done.stderr
+    argv = ran["argv"]
+    assert flag(argv, "--data-path") == "/data/full_document"
+    assert flag(argv, "--master_addr") == "127.0.0.1" and flag(argv, "--train-iters") == "6"
+    assert not {"--mock-data", "NullTokenizer", "--eval-iters"} & set(argv), argv
