@@ -123,6 +123,10 @@ def _rank(node_rank: int) -> int:
     return node_rank
 
 
+EXPORT_KINDS = ("script", "sbatch", "args", "ds-config")
+"""What ``tune best --emit`` writes; :class:`ExportPaths` names each one's files."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExportPaths:
     """The exports of one trial's config (``tune best``): each kind has its own files, so writing

@@ -28,6 +28,7 @@ from tuner.cli.tables import (
     _top_table,
 )
 from tuner.errors import ConfigError, TunerError
+from tuner.layout import EXPORT_KINDS
 from tuner.models.rates import CATALOG_STEP_ERROR
 from tuner.outcome import Outcome
 from tuner.space.enumerate import (
@@ -340,7 +341,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("best", help="a measured config as a full run: launch script, sbatch job, "
                        "framework arguments or ds_config (docs/exports.md)")  # fmt: skip
     p.add_argument("--study", required=True)
-    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script",
+    p.add_argument("--emit", choices=EXPORT_KINDS, default="script",
                    help="what to write (each kind to its own file under "
                    "results/STUDY/exports/trial-N/)")  # fmt: skip
     p.add_argument("--trial", type=int, default=None, metavar="N",

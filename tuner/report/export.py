@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from optuna.trial import FrozenTrial
 
@@ -33,15 +33,12 @@ from tuner.launch.export_script import MasterSources, comment_block, launch_scri
 from tuner.launch.megatron_flags import deepspeed_script_flags
 from tuner.launch.slurm_script import MASTER_PLACEHOLDER, best_batch_script
 from tuner.launch.templates import TemplateRenderer, deepspeed_config
-from tuner.layout import ExportPaths, ResultsLayout
+from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout
 from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import best_trial, leaderboard_row, load_optuna_study, megatron_args
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
-
-ExportKind = Literal["script", "sbatch", "args", "ds-config"]
-EXPORT_KINDS: tuple[str, ...] = get_args(ExportKind)
 
 MEASURED = ("measured_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
             "measured_peak_gib", "measured_reserved_gib", "duration_s")  # fmt: skip
