@@ -38,6 +38,9 @@ from tuner.space.enumerate import (
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
+BRIDGE_EMITS = ("bridge-overrides", "bridge-recipe")
+"""``tuner.launch.bridge.EMITS``, spelt here so ``tune --help`` does not import the launchers."""
+
 FLOPS_HELP = (
     "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
     "full, LM head included (Korthikanti's 72BsLh^2(1 + s/6h + V/12Lh) for GPT); MFU counts no "
@@ -186,6 +189,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.train_iters is not None and args.train_iters <= 0:
         raise ConfigError(f"--train-iters must be > 0, got {args.train_iters}")
+    if args.emit in BRIDGE_EMITS:
+        return _best_bridge(args, spec)
     text = emit_best(spec, args.emit, storage=args.storage, results=args.results,
                      train_iters=args.train_iters)  # fmt: skip
     if args.format != "json":
@@ -200,6 +205,26 @@ def _cmd_best(args: argparse.Namespace) -> int:
         out["ds_config"] = json.loads(text)
     else:
         out["script"] = text
+    _emit_json(out)
+    return 0
+
+
+def _best_bridge(args: argparse.Namespace, spec: StudySpec) -> int:
+    """``--emit bridge-overrides|bridge-recipe``: the best config in Megatron-Bridge's fields."""
+    from tuner.launch import bridge
+    from tuner.report.leaderboard import best_config
+
+    config = best_config(spec, args.storage, args.results)
+    text = bridge.emit(spec, config, args.emit)
+    if args.format != "json":
+        sys.stdout.write(text)
+        return 0
+    out: dict[str, Any] = {"study": spec.name, "config": dataclasses.asdict(config),
+                           "emit": args.emit}  # fmt: skip
+    if args.emit == "bridge-overrides":
+        out["overrides"] = text.split()
+    else:
+        out["recipe"] = text
     _emit_json(out)
     return 0
 
@@ -338,7 +363,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
     p.add_argument("--study", required=True)
-    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script")
+    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config", *BRIDGE_EMITS],
+                   default="script")  # fmt: skip
     p.add_argument("--train-iters", type=int, default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)

@@ -16,7 +16,8 @@ of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel
 ``megatron_model_flags`` (precision and MoE flags, from the same module),
 ``deepspeed_moe_flags`` (the DeepSpeed workload's MoE flags, same module) and
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
-:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`).
+:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`) and ``bridge_overrides``
+(a recipe trial's ``field=value`` words, :func:`tuner.launch.bridge.trial_overrides`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import jinja2
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import deepspeed_method
 from tuner.errors import ConfigError, LaunchError
+from tuner.launch.bridge import override_words, trial_overrides
 from tuner.launch.megatron_flags import (
     deepspeed_moe_flags,
     megatron_deepspeed_parallel_flags,
@@ -275,7 +277,16 @@ def context(
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
+        "bridge_overrides": _bridge_words(spec, config),
     }
+
+
+def _bridge_words(spec: StudySpec, config: ParallelConfig) -> list[str]:
+    """A recipe trial's overrides (:func:`tuner.launch.bridge.trial_overrides`); empty for other
+    frameworks, whose precision Bridge may have no recipe for."""
+    if not traits(spec.framework).recipe_launch:
+        return []
+    return override_words(trial_overrides(spec, config))
 
 
 def _local_paths(spec: StudySpec) -> LaunchSpec:
