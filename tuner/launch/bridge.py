@@ -103,8 +103,9 @@ def recompute_overrides(c: ParallelConfig) -> list[Override]:
         ("model.recompute_method", c.recompute_method if full else None),
         ("model.recompute_num_layers", c.recompute_num_layers if full else None),
     ]
-    if c.recompute == "selective" and c.recompute_modules is not None:
-        out.append(("model.recompute_modules", tuple(c.recompute_modules)))
+    if c.recompute == "selective":  # None: TransformerConfig's default, core_attn
+        modules = None if c.recompute_modules is None else tuple(c.recompute_modules)
+        out.append(("model.recompute_modules", modules))
     return out
 
 
