@@ -334,7 +334,8 @@ class StudySpec:
             )
         if self.training.cross_entropy_fusion and not traits(self.framework).megatron_core:
             raise ConfigError(
-                "cross_entropy_fusion is Megatron-Core's cross_entropy_loss_fusion; "
+                "cross_entropy_fusion is Megatron-LM's --cross-entropy-loss-fusion (Core's "
+                "cross_entropy_loss_fusion); "
                 f"{self.framework} has no such switch",
                 path="training.cross_entropy_fusion",
             )
