@@ -254,5 +254,5 @@ def emit(spec: StudySpec, config: ParallelConfig, what: str) -> str:
     overrides = parallel_overrides(config, spec.model)
     if what == "bridge-overrides":
         return " ".join(override_words(overrides)) + "\n"
-    note = f"The fastest config of study {spec.name} ({config.key()}), from tuner."
+    note = f"The fastest config of study {spec.name}, from tuner:\n    {config.key()}\n    "
     return recipe_function(overrides, recipe=spec.launch.recipe, note=note)
