@@ -248,3 +248,18 @@ def test_bridges_own_translator_agrees(case: str) -> None:
     compared = [k for k in theirs if k in ours]
     assert len(compared) >= 6, theirs
     assert {k: theirs[k] for k in compared} == {k: ours[k] for k in compared}
+
+
+@pytest.mark.parametrize("case", ["tp2-pp2-vp2-sp-full-uniform-1-distopt", "moe-ep4-flex"])
+def test_bridge_is_modelled_as_megatron(case: str) -> None:
+    """The rules, memory and time models read Megatron-Core's traits from the framework table:
+    a Bridge study of a config predicts what the Megatron-LM study of it predicts."""
+    from tuner.api import estimate
+
+    config, moe = CASES[case]
+    ours = _spec(moe)
+    megatron = dataclasses.replace(ours, framework="megatron")
+    a, b = estimate(ours, config), estimate(megatron, config)
+    assert a.errors == b.errors == ()
+    assert a.memory is not None and a.time is not None
+    assert a.memory == b.memory and a.time == b.time
