@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -263,3 +264,39 @@ def test_bridge_is_modelled_as_megatron(case: str) -> None:
     assert a.errors == b.errors == ()
     assert a.memory is not None and a.time is not None
     assert a.memory == b.memory and a.time == b.time
+
+
+def test_the_script_passes_the_overrides_intact_with_hostile_paths(tmp_path: Path) -> None:
+    """Node 0's script, run under bash with a fake torchrun: the recipe script, the recipe and
+    every override reach it word for word, after the extra arguments, whatever the quoting."""
+    from tests.launch.test_megatron_flags import FAKE_TORCHRUN
+    from tuner.launch.templates import render_launch
+
+    bin_dir = tmp_path / "venv dir" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "torchrun").write_text(FAKE_TORCHRUN.format(python=sys.executable))
+    (bin_dir / "torchrun").chmod(0o755)
+    spec = _spec(False)
+    hostile = "/opt/Bridge 'x'; echo pwned"
+    launch = dataclasses.replace(
+        spec.launch, python=str(bin_dir / "python"), bridge_path=hostile,
+        recipe="llama3_8b'; touch pwned", extra_args=("--deterministic",),
+    )  # fmt: skip
+    spec = dataclasses.replace(spec, launch=launch)
+    config = CONFIGS["pp4-layout"]
+    out = render_launch(spec, config, hosts=["n1"], master_addr="n1", master_port=29500,
+                        trial_dir="/results/t/0", cwd=tmp_path)  # fmt: skip
+    (tmp_path / "launch.sh").write_text(out.scripts[0])
+    dump = tmp_path / "argv.json"
+    env = {"PATH": "/usr/bin:/bin", "FAKE_TORCHRUN_OUT": str(dump), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(tmp_path / "launch.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = json.loads(dump.read_text())
+    script = argv.index(hostile + "/scripts/training/run_recipe.py")
+    assert argv[script + 1 :] == [
+        "--recipe", "llama3_8b'; touch pwned", "--mode", "pretrain", "--dataset", "mock",
+        "--deterministic", *bridge.override_words(bridge.trial_overrides(spec, config)),
+    ]  # fmt: skip
+    assert "model.pipeline_model_parallel_layout='Et*7|t*9|t*9|t*7L'" in argv
+    assert not (tmp_path / "pwned").exists()
