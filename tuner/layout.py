@@ -123,7 +123,9 @@ def _rank(node_rank: int) -> int:
     return node_rank
 
 
-EXPORT_KINDS = ("script", "sbatch", "args", "ds-config")
+EXPORT_KINDS = (
+    "script", "sbatch", "args", "ds-config", "bridge-overrides", "bridge-recipe",
+)  # fmt: skip
 """What ``tune best --emit`` writes; :class:`ExportPaths` names each one's files."""
 
 
@@ -174,6 +176,16 @@ class ExportPaths:
     def ds_config(self) -> Path:
         """``--emit ds-config``: the DeepSpeed config."""
         return self.dir / "ds_config.json"
+
+    @property
+    def bridge_overrides(self) -> Path:
+        """``--emit bridge-overrides``: the config as Megatron-Bridge recipe overrides."""
+        return self.dir / "bridge-overrides.txt"
+
+    @property
+    def bridge_recipe(self) -> Path:
+        """``--emit bridge-recipe``: a Python function that sets the config on a recipe."""
+        return self.dir / "bridge_recipe.py"
 
 
 @dataclass(frozen=True, slots=True)

@@ -996,6 +996,8 @@ class Dialect:
     model_checks: Callable[[argparse.Namespace], None]
     iteration_line: Callable[[Run, int, float], str]
     banner: tuple[str, ...] = ()
+    memory_report: Callable[[Run, int], None] | None = None
+    """The memory lines after the first logged iteration (None: Megatron-LM's MB report)."""
 
 
 @dataclasses.dataclass
@@ -1212,7 +1214,8 @@ def train(run: Run, start: float) -> int:
             run.say(line(run, iteration, sum(interval) / len(interval)), last=True)
             interval = []
             if not reported:
-                memory_report(run, iteration)
+                report = run.dialect.memory_report if run.dialect else None
+                (report or memory_report)(run, iteration)
                 reported = True
         if args.eval_iters and args.eval_interval and iteration % args.eval_interval == 0:
             validation_block(run, iteration)

@@ -200,6 +200,10 @@ def _cmd_best(args: argparse.Namespace) -> int:
             out["ds_config"] = json.loads(path.read_text())
     elif args.emit == "ds-config":
         out["ds_config"] = json.loads(export.text)
+    elif args.emit == "bridge-overrides":
+        out["overrides"] = export.text.split()
+    elif args.emit == "bridge-recipe":
+        out["recipe"] = export.text
     else:
         out["script"] = export.text
     _emit_json(out)

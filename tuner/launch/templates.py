@@ -17,9 +17,10 @@ of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel
 ``deepspeed_moe_flags`` (the DeepSpeed workload's MoE flags, same module) and
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
 :func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`),
-``deepspeed_script_flags`` (the DeepSpeed workload's shape, length and MoE flags), ``full_run``
-(true when ``tune best`` renders the full run) and ``train_args`` (``launch.train_args`` in a
-full run, empty in a trial).
+``deepspeed_script_flags`` (the DeepSpeed workload's shape, length and MoE flags),
+``bridge_overrides`` (a recipe trial's ``field=value`` words,
+:func:`tuner.launch.bridge.trial_overrides`), ``full_run`` (true when ``tune best`` renders the
+full run) and ``train_args`` (``launch.train_args`` in a full run, empty in a trial).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import jinja2
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import deepspeed_method
 from tuner.errors import ConfigError, LaunchError
+from tuner.launch.bridge import override_words, trial_overrides
 from tuner.launch.megatron_flags import (
     deepspeed_moe_flags,
     deepspeed_script_flags,
@@ -295,7 +297,16 @@ def context(
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
+        "bridge_overrides": _bridge_words(spec, config),
     }
+
+
+def _bridge_words(spec: StudySpec, config: ParallelConfig) -> list[str]:
+    """A recipe trial's overrides (:func:`tuner.launch.bridge.trial_overrides`); empty for other
+    frameworks, whose precision Bridge may have no recipe for."""
+    if not traits(spec.framework).recipe_launch:
+        return []
+    return override_words(trial_overrides(spec, config))
 
 
 def _local_paths(spec: StudySpec) -> LaunchSpec:

@@ -4,6 +4,11 @@ Iteration lines come in three shapes (no timestamp up to core_r0.5 and in Megatr
 `` [YYYY-mm-dd HH:MM:SS]`` in core_r0.6..v0.15, microseconds from core_v0.16); their fields are
 read generically as ``| key: value |`` because the set of keys varies by version and model.
 Memory reports come from every rank with data-parallel rank 0; the peak is the max over them.
+Megatron-Bridge (and NeMo) print the same iteration line, a ``memory (GB)`` report whose
+``mem-*-gigabytes`` values are 1e9 bytes (Bridge v0.6.0 training/utils/train_utils.py
+``report_memory``), and before each iteration line a ``Step Time : 14.26s GPU utilization:
+58.2MODEL_TFLOP/s/GPU`` line (``TFLOP/s/GPU`` before 2026), whose throughput stands in when the
+iteration line has none (``logger.log_throughput`` off).
 
 A run *diverged* when an iteration line shows a NaN/inf loss, or, after the warm-up records, a
 non-zero ``number of nan iterations`` or ``number of skipped iterations`` (both count the
@@ -29,6 +34,7 @@ _ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
 _MEMORY = re.compile(
     r"(?:\[Rank\s+(\d+)\]\s*)?\(?after\s+(\d+)\s+iterations\)?\s+memory\s+\((MB|GB)\)"
 )
+_STEP_TIME = re.compile(r"Step Time\s*:\s*([\d.]+)s\s+GPU utilization:\s*([\d.]+)")
 _THEORETICAL = re.compile(
     r"Theoretical memory footprints: weight and optimizer=([\d.]+) MB"
     r"(?:, activation=([\d.]+) MB, total=([\d.]+) MB)?"
@@ -42,6 +48,7 @@ _TFLOPS_KEYS = (
 )
 _SAMPLES_KEYS = ("samples per second", "samples/sec")
 _MB_PER_GIB = 1024.0
+_GB_PER_GIB = 2**30 / 1e9
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +150,7 @@ def memory_reports(line: str) -> list[MemoryReport]:
     for match in _MEMORY.finditer(line):
         end = lines.segment_end(line, match.end(), starts)
         fields = lines.bar_fields(line[match.end() : end] + "|", closed=True)
-        scale = 1.0 / _MB_PER_GIB if match.group(3) == "MB" else 1.0
+        scale = 1.0 / (_MB_PER_GIB if match.group(3) == "MB" else _GB_PER_GIB)
         allocated = _first(fields, "max allocated", "mem-max-allocated-gigabytes")
         reserved = _first(fields, "max reserved", "mem-max-reserved-gigabytes")
         reports.append(
@@ -167,7 +174,7 @@ def theoretical_memory_gib(line: str) -> float | None:
 
 
 #: Every line :meth:`MegatronScan.feed` reads holds one of these.
-MARKERS = ("iteration", "Theoretical")
+MARKERS = ("iteration", "Theoretical", "Step Time")
 
 
 @dataclasses.dataclass(slots=True)
@@ -177,11 +184,21 @@ class MegatronScan:
     iterations: list[IterationRecord] = dataclasses.field(default_factory=list)
     memory: list[MemoryReport] = dataclasses.field(default_factory=list)
     theoretical_gib: float | None = None
+    utilization: float | None = None
+    """The last ``Step Time ... GPU utilization`` TFLOP/s/GPU (Bridge), not yet used."""
 
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
+        if "Step Time" in line and (step := _STEP_TIME.search(line)) is not None:
+            self.utilization = float(step.group(2))
         if "iteration" in line:  # iteration lines and "(after N iterations) memory" reports
-            self.iterations.extend(iteration_records(line))
+            for record in iteration_records(line):
+                if record.tflops is None and self.utilization is not None:
+                    record = dataclasses.replace(
+                        record, tflops=self.utilization, tflops_includes_recompute=False
+                    )
+                self.utilization = None
+                self.iterations.append(record)
             if "memory" in line:
                 self.memory.extend(memory_reports(line))
         if "Theoretical" in line and (theoretical := theoretical_memory_gib(line)) is not None:

@@ -113,7 +113,10 @@ class TrialRecord:
             launch = dataclasses.replace(spec.launch, train_iters=train_iters, warmup_iters=warmup)
             spec = dataclasses.replace(spec, launch=launch)
         self.paths.dir.mkdir(parents=True, exist_ok=True)
-        writer = {"script": _script, "sbatch": _sbatch, "args": _args, "ds-config": _ds_config}
+        writer = {
+            "script": _script, "sbatch": _sbatch, "args": _args, "ds-config": _ds_config,
+            "bridge-overrides": _bridge_overrides, "bridge-recipe": _bridge_recipe,
+        }  # fmt: skip
         return writer[kind](self, spec)
 
 
@@ -300,3 +303,22 @@ def _ds_config(record: TrialRecord, spec: StudySpec) -> Export:
     text = json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n"
     paths.ds_config.write_text(text)
     return Export("ds-config", paths.ds_config, text, (paths.ds_config,))
+
+
+def _bridge_overrides(record: TrialRecord, spec: StudySpec) -> Export:
+    return _bridge(record, spec, "bridge-overrides")
+
+
+def _bridge_recipe(record: TrialRecord, spec: StudySpec) -> Export:
+    return _bridge(record, spec, "bridge-recipe")
+
+
+def _bridge(record: TrialRecord, spec: StudySpec, kind: str) -> Export:
+    """Megatron-Bridge's overrides or a recipe function, for any Megatron-Core config."""
+    from tuner.launch import bridge
+
+    paths = record.paths
+    path = paths.bridge_overrides if kind == "bridge-overrides" else paths.bridge_recipe
+    text = bridge.emit(spec, record.config, kind)
+    path.write_text(text)
+    return Export(kind, path, text, (path,))

@@ -12,6 +12,10 @@ is decided in one place:
   ``megatron/core/tensor_parallel``), with ``GPTModelPipe`` (``megatron/model/gpt_model.py``) a
   DeepSpeed ``PipelineModule`` run by DeepSpeed's ``PipelineEngine``, and DeepSpeed's ZeRO and
   BF16 optimizer (``pretrain_gpt.py`` -> ``deepspeed.initialize``).
+- ``megatron-bridge``: NVIDIA-NeMo/Megatron-Bridge (:data:`MEGATRON_BRIDGE_RELEASE`), Megatron-Core
+  underneath: the same model code, parallel-state rules, optimizer and time and memory terms as
+  ``megatron``, launched as a recipe (``launch.recipe``) run by Bridge's recipe script with one
+  ``section.field=value`` override per setting (``tuner.launch.bridge``).
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Framework = Literal["megatron", "deepspeed", "megatron-deepspeed"]
+Framework = Literal["megatron", "deepspeed", "megatron-deepspeed", "megatron-bridge"]
 FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
 PipelineModuleKind = Literal["workload", "gpt_model_pipe"]
 
 MEGATRON_DEEPSPEED_FORK = "microsoft/Megatron-DeepSpeed"
 """The fork the ``megatron-deepspeed`` template and rules follow (HEAD f4157bea, 2024-12)."""
+
+MEGATRON_BRIDGE_RELEASE = "NVIDIA-NeMo/Megatron-Bridge v0.6.0 (51885cf1)"
+"""The release whose config dataclasses and recipe script the ``megatron-bridge`` overrides
+follow; its Megatron-Core is the 3rdparty/Megatron-LM submodule commit cd4afffa."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +57,19 @@ class Traits:
     """The ``partition_method`` the framework's pipeline module uses (``pipeline_split: even``)."""
     split_family: Literal["megatron", "deepspeed"]
     """Whose ``pipeline_split`` values the framework takes."""
+    megatron_core: bool = False
+    """Megatron-Core's training stack end to end: its optimizer and DDP buffers, global memory
+    buffer, Transformer Engine workspaces, fused cross entropy, expert-parallel and FP8 rules
+    (the memory and time models and the rules treat these frameworks alike)."""
+    recipe_launch: bool = False
+    """Launched as a recipe (``launch.recipe``) whose config fields are overridden one by one."""
 
 
 TRAITS: dict[Framework, Traits] = {
     "megatron": Traits(
         megatron_model=True, deepspeed_pipeline=False, deepspeed_optimizer=False,
         context_parallel=True, pipeline_module=None, default_partition=None,
-        split_family="megatron",
+        split_family="megatron", megatron_core=True,
     ),
     "deepspeed": Traits(
         megatron_model=False, deepspeed_pipeline=True, deepspeed_optimizer=True,
@@ -69,6 +83,11 @@ TRAITS: dict[Framework, Traits] = {
         # megatron/model/gpt_model.py GPTModelPipe: partition_method='type:transformer'
         default_partition="type:transformer",
         split_family="deepspeed",
+    ),
+    "megatron-bridge": Traits(
+        megatron_model=True, deepspeed_pipeline=False, deepspeed_optimizer=False,
+        context_parallel=True, pipeline_module=None, default_partition=None,
+        split_family="megatron", megatron_core=True, recipe_launch=True,
     ),
 }  # fmt: skip
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import ConfigError
+from tuner.spec.frameworks import traits
 
 TokenDispatcher = Literal["alltoall", "allgather", "flex"]
 """Megatron ``--moe-token-dispatcher-type`` (flex: DeepEP, ``--moe-enable-deepep``)."""
@@ -350,7 +351,7 @@ def moe_study_problem(
 ) -> tuple[str, str] | None:
     """(field path, message) of the first study-wide MoE rule the study breaks, or None (the
     per-config rules: :func:`moe_rule_violations`, :func:`deepspeed_moe_rule_violations`)."""
-    megatron = framework == "megatron"
+    megatron = traits(framework).megatron_core
     if megatron and precision == "fp16" and any(e > 1 for e in eps):
         # megatron/training/arguments.py (core_v0.15) validate_args
         return "space.ep", "Expert parallelism is not supported with fp16 training. (use bf16)"

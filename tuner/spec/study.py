@@ -54,6 +54,12 @@ class LaunchSpec:
     """Interpreter on the nodes; its bin/ directory is put first on PATH."""
     megatron_path: str | None = None
     """Megatron-LM checkout holding pretrain_gpt.py (Megatron templates)."""
+    bridge_path: str | None = None
+    """Megatron-Bridge checkout holding scripts/training/run_recipe.py (megatron_bridge)."""
+    recipe: str | None = None
+    """Megatron-Bridge recipe function the trials run (framework megatron-bridge)."""
+    dataset: str | None = "mock"
+    """Megatron-Bridge ``--dataset`` preset (``mock``: synthetic data; None: the recipe's own)."""
     script: str | None = None
     """Training script for DeepSpeed templates."""
     script_args: tuple[str, ...] = ()
@@ -280,7 +286,7 @@ class StudySpec:
     cluster: ClusterSpec
     """Nodes, GPUs and executor."""
     framework: Framework
-    """megatron, deepspeed or megatron-deepspeed (``tuner.spec.frameworks``)."""
+    """megatron, deepspeed, megatron-deepspeed or megatron-bridge (``tuner.spec.frameworks``)."""
     launch: LaunchSpec
     """How a trial is launched."""
     space: SpaceSpec = field(default_factory=SpaceSpec)
@@ -323,13 +329,26 @@ class StudySpec:
         )  # fmt: skip
         if found is not None:
             raise ConfigError(found[1], path=found[0])
-        if self.training.cross_entropy_fusion and self.framework != "megatron":
+        if traits(self.framework).recipe_launch and not self.launch.recipe:
             raise ConfigError(
-                "cross_entropy_fusion is Megatron-LM's --cross-entropy-loss-fusion; "
+                f"framework {self.framework} runs a recipe: name its function (for example "
+                "llama3_8b_pretrain_config)",
+                path="launch.recipe",
+            )
+        if self.training.cross_entropy_fusion and not traits(self.framework).megatron_core:
+            raise ConfigError(
+                "cross_entropy_fusion is Megatron-LM's --cross-entropy-loss-fusion (Core's "
+                "cross_entropy_loss_fusion); "
                 f"{self.framework} has no such switch",
                 path="training.cross_entropy_fusion",
             )
         if self.training.precision == "fp8":
+            if self.framework == "megatron-bridge":
+                raise ConfigError(
+                    "fp8 is not rendered for megatron-bridge yet: set the recipe's "
+                    "mixed_precision in launch.extra_args and study bf16",
+                    path="training.precision",
+                )
             if self.framework != "megatron":
                 raise ConfigError(
                     "fp8 runs through Transformer Engine in Megatron-LM; the DeepSpeed "

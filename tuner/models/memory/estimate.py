@@ -59,6 +59,7 @@ from tuner.models.moe import (
 from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.models.time.tp_overlap import ub_buffer_bytes
 from tuner.spec.fp8 import fp8_weight_copy_bytes
+from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework, ModelSpec, Precision
 
 __all__ = [
@@ -363,7 +364,7 @@ def _stage_memory(
     # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
     # buffer, a persistent scratch tensor (tuner.models.memory.terms.global_buffer_bytes), not in
     # the dispatch transient.
-    core = framework == "megatron"
+    core = traits(framework).megatron_core
     gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
     working += moe.dispatch - gathered + rebuilt
     scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0

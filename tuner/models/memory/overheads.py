@@ -127,7 +127,7 @@ def workspace_bytes(gpu: GPUSpec, framework: Framework = "megatron") -> float:
     """
     if gpu.name == "cpu":
         return 0.0
-    megatron = framework == "megatron"  # Megatron-core end to end (tuner.spec.frameworks)
+    megatron = traits(framework).megatron_core  # tuner.spec.frameworks
     per_handle = gpu.cublas_workspace_mib + (0.0 if megatron else gpu.cublaslt_workspace_mib)
     return BLAS_THREADS * per_handle * MIB + (te_workspace_bytes(gpu) if megatron else 0.0)
 

@@ -275,7 +275,7 @@ def _layer_times(
 def loss_bytes_per_logit(training: TrainingSpec, framework: Framework) -> float:
     """HBM bytes the loss moves per logit: Megatron's fused kernels with
     ``training.cross_entropy_fusion``, else the unfused passes."""
-    if training.cross_entropy_fusion and framework == "megatron":
+    if training.cross_entropy_fusion and traits(framework).megatron_core:
         return FUSED_CROSS_ENTROPY_BYTES_PER_LOGIT
     return CROSS_ENTROPY_BYTES_PER_LOGIT
 
