@@ -281,3 +281,106 @@ def test_unreadable_logs_are_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and name in lines[0] and "cannot read log" in lines[0]
+
+
+# ----------------------------------------------------------------------------- issue 31
+
+
+def test_parse_log_reads_only_regular_files(tmp_path: Path) -> None:
+    """A FIFO would block the reader forever and a device never ends: both are one line."""
+    fifo = tmp_path / "f.log"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        proc = tune("parse-log", path, "--json", cwd=tmp_path)  # the hang guard catches a block
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and path in lines[0] and "not a regular file" in lines[0], lines
+
+
+def test_parse_log_warmup_must_leave_a_step(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text(_run_lines(10))
+    ok = tune("parse-log", str(log), "--warmup", "9", "--json", cwd=tmp_path)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["logs"][0]["outcome"] == "ok"
+    cases = (("10", "has 10 step record(s); drop at most 9"), ("1000000", "--warmup 1000000"),
+             ("-5", "--warmup: must be >= 0"))  # fmt: skip
+    for warmup, words in cases:
+        proc = tune("parse-log", str(log), "--warmup", warmup, "--json", cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], lines
+
+
+def _template(root: Path, name: str, text: str) -> None:
+    (root / "launch_templates").mkdir(exist_ok=True)
+    (root / "launch_templates" / f"{name}.sh.j2").write_text(text)
+
+
+def _own_template(framework: str) -> Callable[[Path], str]:
+    def make(root: Path) -> str:
+        _template(root, "mine", f"{{#- framework: {framework} -#}}\nrun {{{{ cfg.tp }}}}\n")
+        return changed("launch.template", "mine")
+
+    return make
+
+
+def _two(path: str, value: Any, path2: str, value2: Any) -> str:
+    data = yaml.safe_load(changed(path, value))
+    *parents, last = path2.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    node[last] = value2
+    return yaml.safe_dump(data)
+
+
+# Accepted before, could never run: each is refused at load, naming the field.
+CANNOT_RUN: list[tuple[str, Study, str]] = [
+    ("hostfile-slots-abc", hostfile_case(b"n1 slots=abc\n", "hosts"),
+     "cluster.hostfile: " ),
+    ("hostfile-slots-zero", hostfile_case(b"n1 slots=0\n", "hosts"), "slots must be"),
+    ("nodes-empty", changed("cluster.nodes", []), "cluster.nodes: the list is empty"),
+    ("megatron-with-deepspeed-template", changed("launch.template", "deepspeed_gpt"),
+     "launch.template: 'deepspeed_gpt' is a template for deepspeed"),
+    ("deepspeed-with-megatron-template", changed("framework", "deepspeed"),
+     "launch.template: 'megatron_gpt' is a template for megatron ("),
+    ("megatron-deepspeed-with-megatron-template", changed("framework", "megatron-deepspeed"),
+     "this study's framework is megatron-deepspeed"),
+    ("own-template-for-deepspeed", _own_template("deepspeed"), "'mine' is a template for"),
+    ("own-template-unknown-framework", _own_template("jax"), "declares framework 'jax'"),
+    ("split-first-negative", _two("space.pp", [2], "space.pipeline_split", ["first=-1"]),
+     "space.pipeline_split[0]: 'first=-1': first must be >= 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("study", "words"), [c[1:] for c in CANNOT_RUN],
+                         ids=[c[0] for c in CANNOT_RUN])  # fmt: skip
+def test_accepted_but_cannot_run_is_refused_at_load(
+    tmp_path: Path, study: Study, words: str
+) -> None:
+    path = _write(tmp_path, study)
+    for command in (["space", "--study", str(path)], ["estimate", "--study", str(path)],
+                    ["run", "--study", str(path), "--dry-run"]):  # fmt: skip
+        proc = tune(*command, cwd=tmp_path)
+        _assert_one_line(proc, words)
+        assert str(path) in proc.stderr
+
+
+def test_own_template_for_its_framework_is_accepted(tmp_path: Path) -> None:
+    for framework in ("megatron", "megatron, megatron-deepspeed"):
+        path = _write(tmp_path, _own_template(framework))
+        proc = tune("run", "--study", str(path), "--dry-run", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, base_text())
+    cases = (
+        (["estimate", "--study", str(path), "--set", f"tp={2**63}"], "--set tp: must be at most"),
+        (["estimate", "--study", str(path), "--set", "tp=0"], "--set tp: must be > 0"),
+        (["estimate", "--study", str(path), "--set", "zero_stage=7"], "--set zero_stage"),
+        (["report", "--study", str(path), "--train-tokens", "inf"], "--train-tokens must be"),
+        (["report", "--study", str(path), "--train-tokens", "nan"], "--train-tokens must be"),
+    )
+    for command, words in cases:
+        _assert_one_line(tune(*command, cwd=tmp_path), words)
