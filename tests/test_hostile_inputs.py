@@ -436,6 +436,7 @@ def _one_storage_line(code: int, err: str, *words: str) -> str:
     assert code == 1 and len(lines) == 1, err[-3000:]
     assert lines[0].startswith("tune: error: ") and "Traceback" not in err
     assert all(w in lines[0] for w in words), lines[0]
+    print(lines[0])  # with -s: what the user sees
     return lines[0]
 
 

@@ -340,13 +340,13 @@ class StudyLoop:
             self.stop_requested = reason
 
     def cancel_all(self, level: int = logging.ERROR) -> None:
-        """Cancel every running trial of this worker and record it as interrupted; what fails
-        on the way is logged at ``level``."""
+        """Cancel every running trial of this worker and record it as interrupted; a file or
+        the storage failing on the way is logged at ``level`` (processes surviving: errors)."""
         for number, run in list(self.running.items()):
             try:
                 run.job.cancel()
             except Exception as exc:  # survivors are named; the others must still be cancelled
-                logger.log(level, "%s", exc)
+                logger.log(level if isinstance(exc, OSError) else logging.ERROR, "%s", exc)
             result = run.job.wait(timeout=60)
             del self.running[number]
             verdict = Verdict(Outcome.INTERRUPTED, self.stop_requested or "stopped")
