@@ -12,16 +12,22 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.test_reliability import _mounted
+from tests.test_study import SURFACE, standin_processes, study_data, write_study
 from tuner.outcome import Outcome
+from tuner.report.leaderboard import leaderboard
+from tuner.spec.file import study_from_mapping
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_GUARD_S = 120  # far above the seconds any case takes; only a hang reaches it
@@ -281,3 +287,287 @@ def test_unreadable_logs_are_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and name in lines[0] and "cannot read log" in lines[0]
+
+
+# ----------------------------------------------------------------------------- issue 31
+
+
+def test_parse_log_reads_only_regular_files(tmp_path: Path) -> None:
+    """A FIFO would block the reader forever and a device never ends: both are one line."""
+    fifo = tmp_path / "f.log"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        proc = tune("parse-log", path, "--json", cwd=tmp_path)  # the hang guard catches a block
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and path in lines[0] and "not a regular file" in lines[0], lines
+
+
+def test_parse_log_warmup_must_leave_a_step(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    log.write_text(_run_lines(10))
+    ok = tune("parse-log", str(log), "--warmup", "9", "--json", cwd=tmp_path)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["logs"][0]["outcome"] == "ok"
+    cases = (("10", "has 10 step record(s); drop at most 9"), ("1000000", "--warmup 1000000"),
+             ("-5", "--warmup: must be >= 0"))  # fmt: skip
+    for warmup, words in cases:
+        proc = tune("parse-log", str(log), "--warmup", warmup, "--json", cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], lines
+
+
+def _template(root: Path, name: str, text: str) -> None:
+    (root / "launch_templates").mkdir(exist_ok=True)
+    (root / "launch_templates" / f"{name}.sh.j2").write_text(text)
+
+
+def _own_template(framework: str) -> Callable[[Path], str]:
+    def make(root: Path) -> str:
+        _template(root, "mine", f"{{#- framework: {framework} -#}}\nrun {{{{ cfg.tp }}}}\n")
+        return changed("launch.template", "mine")
+
+    return make
+
+
+def _two(path: str, value: Any, path2: str, value2: Any) -> str:
+    data = yaml.safe_load(changed(path, value))
+    *parents, last = path2.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    node[last] = value2
+    return yaml.safe_dump(data)
+
+
+# Accepted before, could never run: each is refused at load, naming the field.
+CANNOT_RUN: list[tuple[str, Study, str]] = [
+    ("hostfile-slots-abc", hostfile_case(b"n1 slots=abc\n", "hosts"),
+     "cluster.hostfile: " ),
+    ("hostfile-slots-zero", hostfile_case(b"n1 slots=0\n", "hosts"), "slots must be"),
+    ("nodes-empty", changed("cluster.nodes", []), "cluster.nodes: the list is empty"),
+    ("megatron-with-deepspeed-template", changed("launch.template", "deepspeed_gpt"),
+     "launch.template: 'deepspeed_gpt' is a template for deepspeed"),
+    ("deepspeed-with-megatron-template", changed("framework", "deepspeed"),
+     "launch.template: 'megatron_gpt' is a template for megatron ("),
+    ("megatron-deepspeed-with-megatron-template", changed("framework", "megatron-deepspeed"),
+     "this study's framework is megatron-deepspeed"),
+    ("own-template-for-deepspeed", _own_template("deepspeed"), "'mine' is a template for"),
+    ("own-template-unknown-framework", _own_template("jax"), "declares framework 'jax'"),
+    ("split-first-negative", _two("space.pp", [2], "space.pipeline_split", ["first=-1"]),
+     "space.pipeline_split[0]: 'first=-1': first must be >= 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("study", "words"), [c[1:] for c in CANNOT_RUN],
+                         ids=[c[0] for c in CANNOT_RUN])  # fmt: skip
+def test_accepted_but_cannot_run_is_refused_at_load(
+    tmp_path: Path, study: Study, words: str
+) -> None:
+    path = _write(tmp_path, study)
+    for command in (["space", "--study", str(path)], ["estimate", "--study", str(path)],
+                    ["run", "--study", str(path), "--dry-run"]):  # fmt: skip
+        proc = tune(*command, cwd=tmp_path)
+        _assert_one_line(proc, words)
+        assert str(path) in proc.stderr
+
+
+def test_own_template_for_its_framework_is_accepted(tmp_path: Path) -> None:
+    for framework in ("megatron", "megatron, megatron-deepspeed"):
+        path = _write(tmp_path, _own_template(framework))
+        proc = tune("run", "--study", str(path), "--dry-run", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, base_text())
+    cases = (
+        (["estimate", "--study", str(path), "--set", f"tp={2**63}"], "--set tp: must be at most"),
+        (["estimate", "--study", str(path), "--set", "tp=0"], "--set tp: must be > 0"),
+        (["estimate", "--study", str(path), "--set", "zero_stage=7"], "--set zero_stage"),
+        (["report", "--study", str(path), "--train-tokens", "inf"], "--train-tokens must be"),
+        (["report", "--study", str(path), "--train-tokens", "nan"], "--train-tokens must be"),
+    )
+    for command, words in cases:
+        _assert_one_line(tune(*command, cwd=tmp_path), words)
+
+
+# ------------------------------------------------------- issue 31: the storage fails mid-study
+
+
+def _as_plain_user() -> list[str]:
+    """A prefix that runs a command without root's right to write anywhere (so that a folder
+    made read-only is read-only to it), or nothing when this is not root."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's file-permission override")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
+
+
+def _faulted_study(
+    tmp_path: Path, fault: Callable[[Path], None], *flags: str, prefix: Sequence[str] = ()
+) -> tuple[int, str]:
+    """Start a real stand-in study (two trials at once), apply ``fault`` to the results folder
+    once both run; the exit status and stderr of the worker. Nothing may be left running."""
+    data = study_data(tmp_path, SURFACE, n_trials=4, heartbeat_s=2)
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1"  # ~5 s per trial
+    path = write_study(tmp_path, data)
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "tuner.cli.main", "run", "--study", str(path),
+         "--results", str(results), "--quiet", *flags], cwd=tmp_path, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + HANG_GUARD_S
+    while len(standin_processes(tmp_path)) < 2 and proc.poll() is None:
+        assert time.monotonic() < deadline, "the trials never started"
+        time.sleep(0.1)
+    fault(results)
+    _, err = proc.communicate(timeout=HANG_GUARD_S)
+    assert standin_processes(tmp_path) == []
+    return proc.returncode, err
+
+
+def _one_storage_line(code: int, err: str, *words: str) -> str:
+    """The README's promise: a failed storage is exit 1 and one line naming cause and file."""
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("tune: error: ") and "Traceback" not in err
+    assert all(w in lines[0] for w in words), lines[0]
+    print(lines[0])  # with -s: what the user sees
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_results_made_read_only_mid_trial_is_one_line_and_resumes_at_once(
+    tmp_path: Path,
+) -> None:
+    """The folder turns read-only under running trials: one line naming a file under it. The
+    worker could not give its leases back; the next start (an hour's heartbeat, so waiting them
+    out would show as this test's timeout) proves the holder dead and takes them over."""
+    prefix = _as_plain_user()
+    results = tmp_path / "results"
+
+    def read_only(folder: Path) -> None:
+        subprocess.run(["chmod", "-R", "a-w", str(folder)], check=True)
+
+    try:
+        code, err = _faulted_study(tmp_path, read_only, prefix=prefix)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(results)], check=True)
+    line = _one_storage_line(code, err, str(results / "e2e"))
+    assert "Permission denied" in line or "read-only" in line, line
+    data = yaml.safe_load((tmp_path / "study.yaml").read_text())
+    data["search"]["heartbeat_s"] = 3600
+    write_study(tmp_path, data)
+    again = tune("run", "--study", str(tmp_path / "study.yaml"), "--results", str(results),
+                 "--quiet", cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    rows = leaderboard(study_from_mapping(data), include_all=True, results=str(results))
+    assert (rows.outcome == "ok").sum() == 4, rows[["trial", "outcome", "reason"]]
+    assert standin_processes(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_study_db_deleted_mid_run_says_deleted(tmp_path: Path) -> None:
+    code, err = _faulted_study(tmp_path, lambda r: (r / "e2e" / "study.db").unlink())
+    _one_storage_line(code, err, f"{tmp_path / 'results' / 'e2e' / 'study.db'} was deleted")
+
+
+@pytest.mark.slow
+def test_study_db_overwritten_mid_run_is_one_line(tmp_path: Path) -> None:
+    def overwrite(results: Path) -> None:
+        (results / "e2e" / "study.db").write_bytes(b"not a database\n" * 4096)
+
+    code, err = _faulted_study(tmp_path, overwrite)
+    _one_storage_line(code, err, str(tmp_path / "results" / "e2e" / "study.db"))
+
+
+@pytest.mark.slow
+def test_full_disk_mid_run_is_one_line_and_details_under_debug(tmp_path: Path) -> None:
+    """Quick beats (the heartbeat thread is the first to meet the full disk) used to add a
+    misleading "heartbeat failed: ... exceeding max length" per beat."""
+    for root, flags in ((tmp_path / "quiet", ()), (tmp_path / "debug", ("--debug",))):
+        root.mkdir()
+        db_dir, db = root / "db", root / "db" / "study.db"
+
+        def fill(results: Path, db_dir: Path = db_dir) -> None:
+            subprocess.run(["dd", "if=/dev/zero", f"of={db_dir / 'filler'}", "bs=64k"],
+                           capture_output=True, check=False)  # fmt: skip
+
+        with _mounted(["-t", "tmpfs", "-o", "size=4m", "tmpfs"], db_dir):
+            code, err = _faulted_study(root, fill, "--storage", f"sqlite:///{db}", *flags)
+        if not flags:
+            line = _one_storage_line(code, err, str(db), "full")
+            assert "exceeding max length" not in line
+        else:  # the details, traceback included, only when asked for
+            assert code == 1 and "Traceback" in err and len(err.strip().splitlines()) > 1, err
+
+
+# ------------------------------------------------------- issue 31: hosts that never answer
+
+# Run inside a network namespace of its own: 10.77.0.0/24 is routed into the loopback link, where
+# a packet for an address nobody holds is dropped without a word (no forwarding, no reset), so a
+# TCP connect there can only time out; two sockets on 127.0.0.1 listen and are never accepted
+# from, so the kernel completes the handshake and nothing is ever said (an SSH client waits for
+# the banner). Then the real `tune run`.
+_NETNS_SETUP = 'ip link set lo up && ip route add 10.77.0.0/24 dev lo && exec "$@"'
+
+_SILENT_LISTENERS = (
+    "import socket, subprocess, sys\n"
+    "socks = [socket.create_server(('127.0.0.1', p), backlog=16) for p in (2201, 2202)]\n"
+    "sys.exit(subprocess.run(sys.argv[1:]).returncode)\n"
+)
+
+
+def _in_own_netns() -> list[str]:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (iproute2) to make a network namespace")
+    prefix = ["unshare", "--net"] + (["--map-root-user"] if os.geteuid() != 0 else [])
+    probe = subprocess.run([*prefix, "sh", "-c", _NETNS_SETUP, "sh", "true"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {probe.stderr.strip()}")
+    return [*prefix, "sh", "-c", _NETNS_SETUP, "sh"]
+
+
+@pytest.mark.ssh
+def test_hosts_that_drop_packets_or_never_speak_time_out_together(tmp_path: Path) -> None:
+    """Two hosts that drop every packet (TCP connect timeout) and two that accept and never
+    send a banner (SSH banner timeout), checked at once by `tune run`'s preflight: one line per
+    node naming why, exit 1, nothing launched. The preflight's duration is printed (-s)."""
+    timeout_s = 3
+    (tmp_path / "ssh_config").write_text(
+        "".join(f"Host silent-{p}\n  HostName 127.0.0.1\n  Port {p}\n" for p in (2201, 2202))
+    )
+    nodes = ["10.77.0.2", "silent-2201", "10.77.0.3", "silent-2202"]
+    data = copy.deepcopy(BASE)
+    data["cluster"] = {
+        "gpu": "h100-sxm-80gb", "gpus_per_node": 2, "nodes": nodes, "executor": "ssh",
+        "ssh": {"config_file": str(tmp_path / "ssh_config"), "connect_timeout_s": timeout_s,
+                "known_hosts": str(tmp_path / "known_hosts")},
+    }  # fmt: skip
+    data["launch"]["megatron_path"] = str(tmp_path)
+    path = _write(tmp_path, yaml.safe_dump(data))
+    command = [*_in_own_netns(), sys.executable, "-c", _SILENT_LISTENERS, sys.executable, "-m",
+               "tuner.cli.main", "run", "--study", str(path), "--results",
+               str(tmp_path / "results"), "--quiet"]  # fmt: skip
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S, check=False)  # fmt: skip
+    took = time.monotonic() - started
+    print(f"preflight of {len(nodes)} unreachable nodes ({timeout_s} s timeout): {took:.1f} s")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == len(nodes), proc.stderr
+    by_node = {node: [x for x in lines if x.startswith(f"tune: preflight: {node}: ")]
+               for node in nodes}  # fmt: skip
+    assert all(len(found) == 1 for found in by_node.values()), lines
+    for node in ("10.77.0.2", "10.77.0.3"):
+        assert "cannot connect to" in by_node[node][0] and "timed out" in by_node[node][0]
+    for node in ("silent-2201", "silent-2202"):
+        assert f"no SSH protocol banner within {timeout_s} s" in by_node[node][0]
+    assert not (tmp_path / "results").exists()

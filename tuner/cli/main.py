@@ -389,6 +389,8 @@ def _configure_logging(args: argparse.Namespace) -> None:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.debug:  # the details behind a one-line error (a failing storage's every error)
+        logging.getLogger("tuner").setLevel(logging.DEBUG)
     if args.command in OPTUNA_COMMANDS and not getattr(args, "dry_run", False):
         # Optuna prints its own lines ("A new study created in RDB ...", "Trial 3 finished ...")
         # through a handler of its own; the CLI owns the output, so they go through ours and

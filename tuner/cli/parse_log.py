@@ -50,10 +50,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     """Parse every file; 0 when all were read, 2 (one line on stderr) when one cannot be."""
+    if args.warmup is not None and args.warmup < 0:
+        print(f"tune parse-log: --warmup: must be >= 0, got {args.warmup}", file=sys.stderr)
+        return 2
     results: list[tuple[str, RunMetrics]] = []
     for file in args.files:
         try:
             metrics = parse_log_file(file, args.framework, args.warmup)  # streamed, linear
+            _check_warmup(file, metrics, args.warmup)
         except ParseError as exc:
             print(f"tune parse-log: {exc}", file=sys.stderr)
             return 2
@@ -65,6 +69,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         Console().print(_table(results))
     return 0
+
+
+def _check_warmup(file: str, metrics: RunMetrics, warmup: int | None) -> None:
+    """An explicit ``--warmup`` must leave a step record to measure. Why: the parsers keep one
+    record whatever the warm-up (a trial's short log still measures), so a warm-up longer than
+    the log would report a warm-up step as the steady-state time."""
+    records = len(metrics.step_times_s)
+    if warmup is not None and records and warmup >= records:
+        raise ParseError(
+            f"--warmup {warmup}: {file} has {records} step record(s); drop at most {records - 1}"
+        )
 
 
 def _fmt(value: float | None, digits: int) -> str:

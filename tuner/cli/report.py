@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -39,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from tuner.report.build import build_report, write_pngs
     from tuner.spec.file import load_study
 
-    if args.train_tokens is not None and not args.train_tokens > 0:
-        raise ConfigError(f"--train-tokens must be > 0, got {args.train_tokens}")
+    tokens = args.train_tokens
+    if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
+        raise ConfigError(f"--train-tokens must be a finite number > 0, got {tokens}")
     spec = load_study(args.study)
     path, parts = build_report(spec, out=args.out, storage=args.storage, results=args.results,
                                baseline=args.baseline, train_tokens=args.train_tokens)  # fmt: skip

@@ -52,8 +52,8 @@ from tuner.launch.megatron_flags import (
 )
 from tuner.spec.frameworks import traits
 from tuner.spec.study import LaunchSpec, StudySpec
+from tuner.spec.template_owner import SCRIPT_SUFFIX, template_dirs
 
-SCRIPT_SUFFIX = ".sh.j2"
 TRAIN_ARGS_HINT = (
     "the full run needs the study's data, tokenizer and schedule (e.g. --data-path PREFIX "
     "--tokenizer-type ... --lr ...); a short trial's mock data is no training run (put "
@@ -117,13 +117,7 @@ def _tojson_pretty(value: object) -> str:
 
 def search_path(spec: StudySpec | None = None, cwd: Path | None = None) -> list[Path]:
     """The directories searched for templates before the package's own, in order."""
-    cwd = cwd or Path.cwd()
-    dirs: list[Path] = []
-    if spec is not None and spec.launch.templates_dir:
-        d = Path(spec.launch.templates_dir).expanduser()
-        dirs.append(d if d.is_absolute() else cwd / d)
-    dirs.append(cwd / "launch_templates")
-    return dirs
+    return template_dirs(spec.launch.templates_dir if spec is not None else None, cwd)
 
 
 @functools.lru_cache(maxsize=16)

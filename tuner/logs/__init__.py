@@ -22,8 +22,10 @@ from __future__ import annotations
 import codecs
 import itertools
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from tuner.errors import ParseError
 from tuner.logs import classify, deepspeed, lines, megatron
@@ -171,15 +173,37 @@ def parse_deepspeed(
     )  # fmt: skip
 
 
+def _open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading when it is a regular file; :class:`ParseError` otherwise.
+
+    Why: a FIFO blocks the reader until a writer comes (forever, for a stray ``mkfifo``) and a
+    device (``/dev/zero``) never ends; a log is always a regular file. The open does not block
+    (``O_NONBLOCK``) and the type is checked on the open file, so nothing swapped in between a
+    check and the open is read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ParseError(f"{path}: cannot read log: {kind}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def file_chunks(path: str | Path) -> Iterator[str]:
     """A log file's text in chunks (undecodable bytes replaced); only its first and last
-    ``MAX_LOG_BYTES / 2`` when it is larger. :class:`ParseError` when it cannot be read."""
+    ``MAX_LOG_BYTES / 2`` when it is larger. :class:`ParseError` when it cannot be read or is
+    not a regular file (a FIFO, a device, a folder)."""
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     half = MAX_LOG_BYTES // 2
     try:
-        with open(path, "rb") as f:  # noqa: PTH123
+        with _open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size
-            budget = half if size > MAX_LOG_BYTES else MAX_LOG_BYTES  # a pipe has size 0
+            budget = half if size > MAX_LOG_BYTES else MAX_LOG_BYTES
             while budget > 0 and (data := f.read(min(lines.CHUNK_CHARS, budget))):
                 budget -= len(data)
                 yield decoder.decode(data)

@@ -26,6 +26,7 @@ from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory, 
 from tuner.models.rates import Rates
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.space.probes import may_probe
+from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
@@ -400,9 +401,14 @@ def _parse_setting(item: str) -> tuple[str, object]:
     where = f"--set {raw_key}"
     if key in _INT_KEYS:
         try:
-            return key, int(raw)
+            value = int(raw)
         except ValueError:
             raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
+        if key == "zero_stage" and not 0 <= value <= 3:
+            raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
+        if key != "zero_stage":  # the space file's bound on every axis value
+            _size(value, MAX_BATCH, where, "larger than any world or batch")
+        return key, value
     if key in _BOOL_KEYS:
         if raw.lower() in ("1", "true", "yes", "on"):
             return key, True

@@ -173,6 +173,8 @@ class ClusterSpec:
                 path="num_nodes",
             )
         if self.nodes is not None:
+            if not self.nodes:
+                raise ConfigError("the list is empty: name at least one host", path="nodes")
             _at_most(len(self.nodes), MAX_NODES, "nodes", "about a million GPUs")
             seen: set[str] = set()
             for i, node in enumerate(self.nodes):

@@ -19,8 +19,10 @@ import yaml
 
 from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
+from tuner.spec.bounds import MAX_GPUS_PER_NODE
 from tuner.spec.paths import study_relative
 from tuner.spec.study import _ENV_NAME, MAX_FILE_BYTES, StudySpec
+from tuner.spec.template_owner import check_template_framework
 
 
 @functools.cache
@@ -82,12 +84,23 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
         parts = line.split()
         if len(parts) > 2 or (len(parts) == 2 and not parts[1].startswith("slots=")):
             raise ConfigError(f"{path}:{number}: bad entry {line!r}", path=yaml_path)
+        if len(parts) == 2 and not _slots_ok(parts[1].removeprefix("slots=")):
+            raise ConfigError(
+                f"{path}:{number}: {parts[1]!r}: slots must be a whole number of GPUs, 1 to "
+                f"{MAX_GPUS_PER_NODE}",
+                path=yaml_path,
+            )
         if parts[0] in hosts:
             raise ConfigError(f"{path}:{number}: host {parts[0]!r} listed twice", path=yaml_path)
         hosts.append(parts[0])
     if not hosts:
         raise ConfigError(f"hostfile {str(path)!r} lists no host", path=yaml_path)
     return tuple(hosts)
+
+
+def _slots_ok(text: str) -> bool:
+    """DeepSpeed's ``slots=N``: N GPUs on the host (ASCII digits, 1..MAX_GPUS_PER_NODE)."""
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_GPUS_PER_NODE
 
 
 _ENV_REF = re.compile(r"\$\$\{|\$\{([^}]*)\}|\$\{")
@@ -211,7 +224,10 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
         raise ConfigError(f"invalid YAML: {reason}", file=str(path)) from None
     try:
         # the folder the file really is in: studies/ may be a link (it is, in this repository)
-        return study_from_mapping(raw, base_dir=path.resolve().parent)
+        spec = study_from_mapping(raw, base_dir=path.resolve().parent)
+        launch = spec.launch
+        check_template_framework(spec.framework, launch.template, launch.templates_dir, cwd)
+        return spec
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=exc.path, file=str(path)) from None
     except RecursionError:

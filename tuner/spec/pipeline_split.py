@@ -135,6 +135,8 @@ def _parse_first_last(raw: str) -> Split:
             values[name] = int(number)
         except ValueError:
             raise ConfigError(f"{raw!r}: {name} must be a whole number of layers") from None
+        if values[name] < 0:
+            raise ConfigError(f"{raw!r}: {name} must be >= 0 layers, got {values[name]}")
     return Split("first_last", first=values.get("first"), last=values.get("last"))
 
 

@@ -3,8 +3,9 @@ time, whichever worker of the study launched it.
 
 A lease is claimed atomically (one row per resource under a primary key in the study's SQL
 database, or one file beside a journal rewritten under ``flock``), renewed with the holder's
-heartbeat and expires when :data:`MISSED_BEATS` beats are missed; before an expired lease is
-taken over, the dead holder's processes on those nodes are ended (:mod:`tuner.study.schedule`).
+heartbeat and expires when :data:`MISSED_BEATS` beats are missed, or at once when its holder is
+provably dead (:mod:`tuner.study.holder`); before such a lease is taken over, the dead holder's
+processes on those nodes are ended (:mod:`tuner.study.schedule`).
 A study-wide ``budget:`` lease is held (:func:`exclusive`) while a worker counts the runs
 and launches one, so two workers never overshoot ``n_trials`` together.
 Times are the workers' own clocks (NTP-synchronised login nodes differ by far less than a beat).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -24,7 +26,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from tuner.layout import ResultsLayout
+from tuner.study.holder import provably_dead
 from tuner.study.storage import MISSED_BEATS, resolve_url, retrying
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +38,7 @@ class Lease:
 
     resource: str
     holder: str
-    """The worker (``host:pid:nonce``) that holds it."""
+    """The worker that holds it (:func:`tuner.study.holder.worker_name`)."""
     renewed_at: float
     """Unix time of the holder's last heartbeat for it."""
     trial: int | None = None
@@ -48,6 +53,11 @@ class Lease:
     def expired(self, now: float, heartbeat_s: float) -> bool:
         """Whether its holder missed :data:`MISSED_BEATS` heartbeats."""
         return now - self.renewed_at > MISSED_BEATS * heartbeat_s
+
+    def lost(self, now: float, heartbeat_s: float) -> bool:
+        """Whether its holder is gone: it missed :data:`MISSED_BEATS` heartbeats, or it is
+        provably dead (:func:`tuner.study.holder.provably_dead`) and need not be waited out."""
+        return self.expired(now, heartbeat_s) or provably_dead(self.holder)
 
 
 class LeaseConflict(Exception):
@@ -89,6 +99,12 @@ class Leases:
         """Give ``resources`` back."""
         self._b.delete(self._study, holder, resources, None)
 
+    def release_all(self, holder: str) -> None:
+        """Give back every lease ``holder`` still has (a worker on its way out)."""
+        mine = [x.resource for x in self.held() if x.holder == holder]
+        if mine:
+            self.release(holder, mine)
+
     def take_over(self, lease: Lease) -> None:
         """Remove ``lease`` if it is still exactly as read (same holder, not renewed since)."""
         self._b.delete(self._study, lease.holder, [lease.resource], lease.renewed_at)
@@ -107,7 +123,7 @@ def exclusive(leases: Leases, resource: str, holder: str, heartbeat_s: float) ->
         leases.claim([resource], holder)
     except LeaseConflict as conflict:
         now = time.time()
-        stale = [x for x in conflict.held if x.expired(now, heartbeat_s)]
+        stale = [x for x in conflict.held if x.lost(now, heartbeat_s)]
         if len(stale) < len(conflict.held):
             yield False
             return
@@ -122,6 +138,16 @@ def exclusive(leases: Leases, resource: str, holder: str, heartbeat_s: float) ->
         yield True
     finally:
         leases.release(holder, [resource])
+
+
+def give_back(leases: Leases, holder: str) -> None:
+    """Release every lease ``holder`` still has, when the storage lets it: a worker on its way
+    out. When it cannot, the next start on this machine takes them over at once
+    (:mod:`tuner.study.holder`), elsewhere once they expire."""
+    try:
+        leases.release_all(holder)
+    except Exception as exc:  # a failed storage: the error on its way out already says so
+        logger.debug("could not give back the leases of %s: %s", holder, exc)
 
 
 def open_leases(url: str | None, layout: ResultsLayout) -> Leases:

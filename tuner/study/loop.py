@@ -16,10 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import socket
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -49,7 +46,9 @@ from tuner.space.trials import (
 )
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
-from tuner.study.leases import Leases, exclusive, open_leases
+from tuner.study.faults import StorageWatch
+from tuner.study.holder import worker_name
+from tuner.study.leases import Leases, exclusive, give_back, open_leases
 from tuner.study.reattach import Reattach
 from tuner.study.record import (
     LAUNCH_ERRORS_STOP,
@@ -64,7 +63,13 @@ from tuner.study.record import (
 from tuner.study.recovery import Recovery
 from tuner.study.schedule import Heartbeat, Placement, Scheduler, live_running
 from tuner.study.screen import Screen
-from tuner.study.storage import check_results_dir, open_storage, open_study, record_heartbeats
+from tuner.study.storage import (
+    check_results_dir,
+    open_storage,
+    open_study,
+    record_heartbeats,
+    resolve_url,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ class StudyLoop:
         self.summary = Summary()
         self.stop_requested: str | None = None
         self.started = clock()
-        self.worker = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.worker = worker_name()
         self.scheduler = Scheduler(pool, leases, executor, layout, self.worker,
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
@@ -131,6 +136,8 @@ class StudyLoop:
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
+        self.storage_watch = StorageWatch(None, "the study storage")
+        """What became of the storage file when it fails (set by :func:`build_loop`)."""
         self.space_counts: dict[str, Any] = {}
         """Counts over the whole space (``SpaceReport.counts``), set by :meth:`seed`."""
 
@@ -332,20 +339,21 @@ class StudyLoop:
         if self.stop_requested is None:
             self.stop_requested = reason
 
-    def cancel_all(self) -> None:
-        """Cancel every running trial of this worker and record it as interrupted."""
+    def cancel_all(self, level: int = logging.ERROR) -> None:
+        """Cancel every running trial of this worker and record it as interrupted; a file or
+        the storage failing on the way is logged at ``level`` (processes surviving: errors)."""
         for number, run in list(self.running.items()):
             try:
                 run.job.cancel()
             except Exception as exc:  # survivors are named; the others must still be cancelled
-                logger.error("%s", exc)
+                logger.log(level if isinstance(exc, OSError) else logging.ERROR, "%s", exc)
             result = run.job.wait(timeout=60)
             del self.running[number]
             verdict = Verdict(Outcome.INTERRUPTED, self.stop_requested or "stopped")
             try:
                 self._finish(run.trial, run.config, run.placement, verdict, result.duration_s)
             except StorageError as exc:
-                logger.error("%s", exc)
+                logger.log(level, "%s", exc)
         self._beating = ()
 
     def beat(self) -> None:
@@ -404,16 +412,20 @@ class StudyLoop:
 
         A failing storage (:class:`StorageError`) cancels this worker's trials, frees their
         nodes and is raised with the real cause."""
-        with Heartbeat(self.beat, self.heartbeat_s / 2):
+        with Heartbeat(self.beat, self.heartbeat_s / 2) as heartbeat:
             try:
                 with storage_errors("running the study"):
                     self.seed()
                     while self.step():
+                        if (failed := heartbeat.failing()) is not None:
+                            raise failed
                         time.sleep(self.poll_s)
-            except StorageError:
+            except StorageError as exc:
                 self.request_stop("the study storage failed")
-                self.cancel_all()
-                raise
+                self.cancel_all(logging.DEBUG)  # the one line is the storage's
+                raise self.storage_watch.explain(exc) from exc
+            finally:
+                give_back(self.leases, self.worker)
         trials = self.trials()
         best = self.best(trials)
         if best is not None:
@@ -470,8 +482,11 @@ def build_loop(
     sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
     study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
-    return StudyLoop(
+    loop = StudyLoop(
         spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,
         leases=open_leases(storage, layout), n_trials=n_trials, on_update=on_update, rerun=rerun,
         rates=rates, space=space,
     )  # fmt: skip
+    where = resolve_url(storage, layout)
+    loop.storage_watch = StorageWatch(where.local_file, where.url)
+    return loop

@@ -29,7 +29,7 @@ from tuner.models.time.estimate import model_flops_per_step
 from tuner.outcome import Outcome
 from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
-from tuner.study.storage import root_cause
+from tuner.study.faults import StorageFailure
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,7 +76,7 @@ def storage_errors(what: str) -> Iterator[None]:
     except Exception as exc:
         if not _is_storage_error(exc):
             raise
-        raise StorageError(f"{what}: the study storage failed: {root_cause(exc)}") from exc
+        raise StorageFailure(what, exc) from exc
 
 
 def _is_storage_error(exc: BaseException) -> bool:

@@ -92,7 +92,7 @@ class Scheduler:
         """Free the expired leases among ``held`` once their trial has no process left; True
         when something was freed (the caller tries the same nodes again)."""
         now = self.clock()
-        dead = [x for x in held if x.expired(now, self.heartbeat_s)]
+        dead = [x for x in held if x.lost(now, self.heartbeat_s)]
         if not dead:
             return False
         freed = False
@@ -137,13 +137,20 @@ def end_lost_trial(executor: Any, layout: ResultsLayout, trial: int, hosts: tupl
 
 
 class Heartbeat:
-    """Calls ``beat`` every ``period_s`` seconds on its own thread until stopped."""
+    """Calls ``beat`` every ``period_s`` seconds on its own thread until stopped.
+
+    A failed beat is logged at debug level and kept: :meth:`failing` hands the loop the error
+    once :data:`FAILED_BEATS` beats in a row failed, so a storage that broke stops the worker
+    with its real cause instead of a warning per beat."""
+
+    FAILED_BEATS = 2
 
     def __init__(self, beat: Callable[[], None], period_s: float) -> None:
         self._beat = beat
         self._period = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tuner-heartbeat", daemon=True)
+        self._failed: tuple[int, Exception | None] = (0, None)  # beats failed in a row, last
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -153,12 +160,20 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=30)
 
+    def failing(self) -> Exception | None:
+        """The last error when the last :data:`FAILED_BEATS` beats all failed, else None."""
+        count, last = self._failed  # one read: the thread replaces the tuple whole
+        return last if count >= self.FAILED_BEATS else None
+
     def _run(self) -> None:
         while not self._stop.wait(self._period):
             try:
                 self._beat()
             except Exception as exc:  # a storage hiccup must not end the beats
-                logger.warning("heartbeat failed: %s", exc)
+                logger.debug("heartbeat failed: %s", exc, exc_info=True)
+                self._failed = (self._failed[0] + 1, exc)
+            else:
+                self._failed = (0, None)
 
 
 def live_running(trials: list[FrozenTrial], leases: Leases, worker: str,
@@ -170,7 +185,7 @@ def live_running(trials: list[FrozenTrial], leases: Leases, worker: str,
     if not running:
         return []
     now = time.time()
-    fresh = {(x.holder, x.resource) for x in leases.held() if not x.expired(now, heartbeat_s)}
+    fresh = {(x.holder, x.resource) for x in leases.held() if not x.lost(now, heartbeat_s)}
     return [
         t for t in running
         if t.user_attrs.get("worker") == worker

@@ -160,7 +160,7 @@ class Screen:
                 return False
             except LeaseConflict as conflict:
                 lease = conflict.held[0] if conflict.held else None
-                if lease is not None and lease.expired(time.time(), self.heartbeat_s):
+                if lease is not None and lease.lost(time.time(), self.heartbeat_s):
                     self.leases.take_over(lease)  # its trial's nodes are cleaned separately
                     return self._claimed_elsewhere(trial, key, trials)
                 number = lease.trial if lease is not None else None

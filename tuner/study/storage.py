@@ -152,7 +152,9 @@ def root_cause(exc: BaseException) -> str:
     "(Background on this error at: ...)"."""
     inner: BaseException = exc
     while True:
-        nxt = getattr(inner, "orig", None) or inner.__cause__ or inner.__context__
+        # Not __context__: that is whatever was being handled when it was raised (another
+        # trial's file, say), not what made it fail.
+        nxt = getattr(inner, "orig", None) or inner.__cause__
         if nxt is None or nxt is inner:
             break
         inner = nxt
