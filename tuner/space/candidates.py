@@ -1,0 +1,153 @@
+"""A config of the space with its predictions, the counts over a space, and the fast OOM verdict.
+
+:class:`Candidate` holds its memory breakdown, or the way to compute it when first read: a
+config the enumeration judged out of memory on a lower bound of its peak
+(:class:`OomJudge`) is kept without running the allocator simulation, and its exact breakdown
+is the one :func:`~tuner.models.memory.estimate.estimate_memory` gives, whenever something reads
+it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.catalog import GPUSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.bound import peak_bounds
+from tuner.models.memory.estimate import (
+    GIB,
+    MemoryBreakdown,
+    estimate_memory,
+    stage_plans,
+    with_slack,
+)
+from tuner.models.time.estimate import TimeBreakdown
+from tuner.space.probes import probe_ceiling_gib
+from tuner.spec.study import Framework, ModelSpec, Precision
+
+
+class DeferredMemory:
+    """The exact memory breakdown of one config, computed on first use and then kept."""
+
+    __slots__ = ("_args", "_value")
+
+    def __init__(
+        self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+        precision: Precision,
+    ) -> None:  # fmt: skip
+        self._args = (model, config, gpu, framework, precision)
+        self._value: MemoryBreakdown | None = None
+
+    def __call__(self) -> MemoryBreakdown:
+        if self._value is None:
+            self._value = estimate_memory(*self._args)
+        return self._value
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A valid configuration with its predicted memory and whether it fits."""
+
+    config: ParallelConfig
+    breakdown: MemoryBreakdown | DeferredMemory
+    """The predicted memory, or how to compute it (configs judged out of memory on a bound)."""
+    fits: bool
+    time: TimeBreakdown | None = None
+
+    @property
+    def memory(self) -> MemoryBreakdown:
+        """The predicted memory per stage and phase (``estimate_memory``'s, exactly)."""
+        b = self.breakdown
+        return b if isinstance(b, MemoryBreakdown) else b()
+
+
+@dataclass(frozen=True, slots=True)
+class OomJudge:
+    """Says, without the allocator simulation, that a config is predicted out of memory and is
+    no memory probe either: its peak's lower bound (``tuner.models.memory.bound``) is over both
+    the headroom limit and, when probes are wanted, the probes' ceiling
+    (``tuner.space.probes.probe_ceiling_gib``). Configs it does not condemn get the exact
+    estimate, so every verdict is the exact path's."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    framework: Framework
+    precision: Precision
+    limit: float
+    """Bytes: a peak up to this fits (``tuner.models.memory.estimate.fits``)."""
+    ceiling: float
+    """Bytes: a peak over this neither fits nor may be probed."""
+
+    @classmethod
+    def of(
+        cls, model: ModelSpec, gpu: GPUSpec, framework: Framework, precision: Precision,
+        headroom: float, probes: bool,
+    ) -> OomJudge:  # fmt: skip
+        """The judge for a study's GPU, headroom and whether it launches memory probes."""
+        limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
+        ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
+        return cls(model, gpu, framework, precision, limit, ceiling)
+
+    def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | None, bool]:
+        """(``config``'s exact breakdown, whether it fits the headroom limit), with the
+        allocator simulation only where bounds on the peak (``tuner.models.memory.bound``)
+        leave the verdict open: None instead of the breakdown when they settle it (over the
+        ceiling: no fit and no probe; under the limit: a fit)."""
+        plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
+        low, high = peak_bounds(plans, self.gpu)
+        if low > self.ceiling:
+            return None, False
+        if high <= self.limit:
+            return None, True
+        memory = MemoryBreakdown(with_slack(plans, self.gpu))
+        return memory, memory.peak <= self.limit
+
+    def deferred(self, config: ParallelConfig) -> DeferredMemory:
+        """The exact breakdown of ``config``, when read."""
+        return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision)
+
+
+def _step(c: Candidate) -> float:
+    return c.time.step if c.time else float("inf")
+
+
+@dataclass(slots=True)
+class SpaceReport:
+    """Counts over the whole space, and the viable candidates."""
+
+    total: int = 0
+    invalid: int = 0
+    invalid_by_rule: Counter[str] = field(default_factory=Counter)
+    predicted_oom: int = 0
+    viable: list[Candidate] = field(default_factory=list)
+    oom: list[Candidate] = field(default_factory=list)
+    probes: list[Candidate] = field(default_factory=list)
+    """Configs predicted over the headroom that are launched as memory probes
+    (``tuner.space.probes``; also counted in ``predicted_oom``), fastest first."""
+
+    def ranked(self) -> list[Candidate]:
+        """Viable candidates, fastest predicted step first (ties: less memory first, then by
+        key). The peak is read only where the steps tie, so a breakdown that waits until read
+        (:class:`DeferredMemory`) is computed for those alone."""
+        out: list[Candidate] = []
+        by_step = sorted(self.viable, key=lambda c: (_step(c), c.config.key()))
+        for _, run in itertools.groupby(by_step, key=_step):
+            tied = list(run)
+            if len(tied) > 1:
+                tied.sort(key=lambda c: (c.memory.peak, c.config.key()))
+            out += tied
+        return out
+
+    def counts(self) -> dict[str, Any]:
+        """Counts for ``tune space --json``; an invalid config counts under its first rule."""
+        return {
+            "total": self.total,
+            "invalid": self.invalid,
+            "invalid_by_rule": dict(self.invalid_by_rule.most_common()),
+            "predicted_oom": self.predicted_oom,
+            "memory_probes": len(self.probes),
+            "viable": len(self.viable),
+        }
