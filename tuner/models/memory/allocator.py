@@ -183,10 +183,18 @@ def _least_most(tensors: Tensors) -> tuple[int, int]:
     segments they can make at the most: one new segment per request)."""
     least = most = 0
     for size, count in tensors:
-        r = round_size(size)
+        r, seg = _block(size)
         least += r * count
-        most += segment_size(r) * count
+        most += seg * count
     return least, most
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _block(size: float) -> tuple[int, int]:
+    """(the block, the new segment) of one request of ``size`` bytes; tensor sizes repeat
+    across the stages and configs of a space."""
+    r = round_size(size)
+    return r, segment_size(r)
 
 
 def reserved_bounds(t: StepTensors) -> tuple[Reserved, Reserved]:

@@ -485,9 +485,13 @@ def with_slack(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[StageMemory,
     out = []
     for stage, tensors in plans:
         slacks = zip(stage.phases, allocator_slack(tensors, gpu), strict=True)
-        phases = tuple(dataclasses.replace(p, slack=x) for p, x in slacks)
-        out.append(dataclasses.replace(stage, phases=phases))
+        phases = tuple(PhaseMemory(**{**_fields(p), "slack": x}) for p, x in slacks)
+        out.append(StageMemory(**{**_fields(stage), "phases": phases}))
     return tuple(out)
+
+
+def _fields(obj: Any) -> dict[str, Any]:  # dataclasses.replace's work, without its checks
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
 def fits(breakdown: MemoryBreakdown, gpu: GPUSpec, headroom: float) -> bool:
