@@ -40,8 +40,8 @@ def moe_space(size: str) -> StudySpec:
         sequence_parallel=(True, False), ep=(1, 2, 4, 8), etp=(1, 2, 4),
         recompute=("none", "selective", "selective:core_attn+moe_act", "full"),
         recompute_method=("uniform", "block"), recompute_num_layers=(1, 2),
-        distributed_optimizer=(True, False), moe_token_dispatcher=("alltoall", "allgather", "flex"),
-        tp_comm_overlap=(False, True),
+        distributed_optimizer=(True, False), tp_comm_overlap=(False, True),
+        moe_token_dispatcher=("alltoall", "allgather", "flex"),
     )  # fmt: skip
     if size == "moe-1e6":
         knobs.update(cp=(1, 2, 4), vp=(1, 2, 4), micro_batch_size=(1, 2, 4, 8),

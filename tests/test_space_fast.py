@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -148,3 +150,29 @@ def test_the_probe_ceiling_is_where_may_probe_turns_false() -> None:
     ceiling = probe_ceiling_gib(80.0)
     assert fit_probability(ceiling, 80.0) < MIN_FIT_PROBABILITY
     assert fit_probability(ceiling / (1 + 1e-5), 80.0) >= MIN_FIT_PROBABILITY
+
+
+HEAVY = ("optuna", "pandas", "torch", "sqlalchemy")
+
+
+@pytest.mark.parametrize(
+    ("argv", "unused"),
+    [
+        (["--version"], (*HEAVY, "numpy", "tuner.models")),
+        (["space", "--help"], (*HEAVY, "numpy", "tuner.models")),
+        (["space", "--study", "llama3-8b", "--results", "{tmp}"], HEAVY),
+    ],
+)
+def test_a_dry_look_imports_nothing_it_does_not_use(
+    argv: list[str], unused: tuple[str, ...], tmp_path: Any
+) -> None:
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code = (
+        "import sys\nfrom tuner.cli.main import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)  # fmt: skip
+    loaded = out.stdout.splitlines()[-1].split()
+    assert not [m for m in loaded for u in unused if m == u or m.startswith(u + ".")]
