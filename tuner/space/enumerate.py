@@ -24,7 +24,9 @@ from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, estimate_memory, fits
 from tuner.models.rates import Rates
 from tuner.models.time.estimate import estimate_time
-from tuner.space.candidates import Candidate, DeferredMemory, OomJudge, SpaceReport
+from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
+from tuner.space.candidates import DeferredMemory, OomJudge
+from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.probes import may_probe
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
