@@ -1,8 +1,8 @@
-"""A config of the space with its predictions, the counts over a space, and the fast OOM verdict.
+"""A config of the space with its predictions, the counts over a space, and the memory verdict.
 
 :class:`Candidate` holds its memory breakdown, or the way to compute it when first read: a
-config the enumeration judged out of memory on a lower bound of its peak
-(:class:`OomJudge`) is kept without running the allocator simulation, and its exact breakdown
+config whose verdict bounds on its peak settled (:class:`MemoryJudge`) is kept without
+running the allocator simulation, and its exact breakdown
 is the one :func:`~tuner.models.memory.estimate.estimate_memory` gives, whenever something reads
 it.
 """
@@ -65,12 +65,14 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class OomJudge:
-    """Says, without the allocator simulation, that a config is predicted out of memory and is
-    no memory probe either: its peak's lower bound (``tuner.models.memory.bound``) is over both
-    the headroom limit and, when probes are wanted, the probes' ceiling
-    (``tuner.space.probes.probe_ceiling_gib``). Configs it does not condemn get the exact
-    estimate, so every verdict is the exact path's."""
+class MemoryJudge:
+    """Whether a config fits, with the allocator simulation only where it can change the verdict.
+
+    Bounds on the peak (``tuner.models.memory.bound``) settle most configs: a lower bound over
+    both the headroom limit and, when probes are wanted, the probes' ceiling
+    (``tuner.space.probes.probe_ceiling_gib``) means out of memory and no probe; an upper bound
+    within the limit means a fit. The others get the exact estimate, so every verdict is the
+    exact path's; ``fast=False`` is that path for every config."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -80,22 +82,27 @@ class OomJudge:
     """Bytes: a peak up to this fits (``tuner.models.memory.estimate.fits``)."""
     ceiling: float
     """Bytes: a peak over this neither fits nor may be probed."""
+    fast: bool = True
+    """Settle verdicts on the bounds where they can; False: simulate every config."""
 
     @classmethod
     def of(
         cls, model: ModelSpec, gpu: GPUSpec, framework: Framework, precision: Precision,
-        headroom: float, probes: bool,
-    ) -> OomJudge:  # fmt: skip
+        headroom: float, probes: bool, fast: bool = True,
+    ) -> MemoryJudge:  # fmt: skip
         """The judge for a study's GPU, headroom and whether it launches memory probes."""
         limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
         ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
-        return cls(model, gpu, framework, precision, limit, ceiling)
+        return cls(model, gpu, framework, precision, limit, ceiling, fast)
 
     def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | None, bool]:
         """(``config``'s exact breakdown, whether it fits the headroom limit), with the
         allocator simulation only where bounds on the peak (``tuner.models.memory.bound``)
         leave the verdict open: None instead of the breakdown when they settle it (over the
         ceiling: no fit and no probe; under the limit: a fit)."""
+        if not self.fast:
+            exact = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
+            return exact, exact.peak <= self.limit
         plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
         low, high = peak_bounds(plans, self.gpu)
         if low > self.ceiling:

@@ -21,11 +21,11 @@ from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rules import RuleViolation, validate
 from tuner.errors import ConfigError
-from tuner.models.memory.estimate import GIB, estimate_memory, fits
+from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
 from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
-from tuner.space.candidates import DeferredMemory, OomJudge
+from tuner.space.candidates import MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.probes import may_probe
 from tuner.spec.frameworks import traits
@@ -243,7 +243,7 @@ def enumerate_space(
 
     ``fast``: a config whose verdict bounds on its peak settle (over the limit and the memory
     probes' ceiling, or under the limit) skips the allocator simulation
-    (:class:`~tuner.space.candidates.OomJudge`); its exact breakdown is computed when read. The
+    (:class:`~tuner.space.candidates.MemoryJudge`); its exact breakdown is computed when read. The
     report is the same as with ``fast=False`` (the exact path everywhere):
     tests/test_space_fast.py holds the two equal."""
     gpu = study_gpu(spec)
@@ -252,7 +252,7 @@ def enumerate_space(
     precision, headroom = spec.training.precision, spec.search.memory_headroom
     gpn = spec.cluster.gpus_per_node
     probing = bool(spec.search.memory_probes and with_time)
-    judge = OomJudge.of(model, gpu, fw, precision, headroom, probing) if fast else None
+    judge = MemoryJudge.of(model, gpu, fw, precision, headroom, probing, fast)
     near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
@@ -261,33 +261,23 @@ def enumerate_space(
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1
             continue
-        if judge:  # None: the bounds settle the verdict, the breakdown waits until read
-            memory, ok = judge.memory(config)
-        else:
-            memory = estimate_memory(model, config, gpu, fw, precision)
-            ok = fits(memory, gpu, headroom)
+        memory, ok = judge.memory(config)  # None: the bounds settled it, computed when read
         if ok:
             time = (
                 estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
                 if with_time
                 else None
             )
-            report.viable.append(Candidate(config, memory or _deferred(judge, config), True, time))
+            report.viable.append(Candidate(config, memory or judge.deferred(config), True, time))
             continue
         report.predicted_oom += 1
         if keep_oom:
-            report.oom.append(Candidate(config, memory or _deferred(judge, config), False))
+            report.oom.append(Candidate(config, memory or judge.deferred(config), False))
         if memory and probing and may_probe(memory.peak / GIB, gpu.memory_gib):
             time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
             near.append(Candidate(config, memory, False, time))
     report.probes = _probes(near, report, spec.search.memory_probes)
     return report
-
-
-def _deferred(judge: OomJudge | None, config: ParallelConfig) -> DeferredMemory:
-    if judge is None:  # the exact path always has the breakdown
-        raise AssertionError("no breakdown and no judge")
-    return judge.deferred(config)
 
 
 class SharedSpace:
