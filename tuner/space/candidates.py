@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.bound import peak_bounds
+from tuner.models.memory.bound import peak_between, stage_bounds, stage_peak
 from tuner.models.memory.estimate import (
     GIB,
     MemoryBreakdown,
@@ -104,11 +104,21 @@ class MemoryJudge:
             exact = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
             return exact, exact.peak <= self.limit
         plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
-        low, high = peak_bounds(plans, self.gpu)
-        if low > self.ceiling:
-            return None, False
-        if high <= self.limit:
-            return None, True
+        stages = stage_bounds(plans, self.gpu)
+        # the stages that could be over the limit, most loaded first, each simulated alone
+        # until the verdict is settled (the simulation is cached, so the full estimate below
+        # reuses them)
+        doubtful = sorted((i for i, (_, hi) in enumerate(stages) if hi > self.limit),
+                          key=lambda i: -stages[i][1])  # fmt: skip
+        for i in (None, *doubtful):
+            if i is not None:
+                exact = stage_peak(plans[i], self.gpu)
+                stages[i] = (exact, exact)
+            low, high = peak_between(stages)
+            if low > self.ceiling:
+                return None, False
+            if high <= self.limit:
+                return None, True
         memory = MemoryBreakdown(with_slack(plans, self.gpu))
         return memory, memory.peak <= self.limit
 
