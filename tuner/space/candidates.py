@@ -101,8 +101,8 @@ class MemoryJudge:
         leave the verdict open: None instead of the breakdown when they settle it (over the
         ceiling: no fit and no probe; under the limit: a fit)."""
         if not self.fast:
-            exact = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
-            return exact, exact.peak <= self.limit
+            every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
+            return every, every.peak <= self.limit
         plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
         stages = stage_bounds(plans, self.gpu)
         # the stages that could be over the limit, most loaded first, each simulated alone
@@ -112,8 +112,8 @@ class MemoryJudge:
                           key=lambda i: -stages[i][1])  # fmt: skip
         for i in (None, *doubtful):
             if i is not None:
-                exact = stage_peak(plans[i], self.gpu)
-                stages[i] = (exact, exact)
+                figure = stage_peak(plans[i], self.gpu)
+                stages[i] = (figure, figure)
             low, high = peak_between(stages)
             if low > self.ceiling:
                 return None, False
