@@ -1,10 +1,9 @@
 """A config of the space with its predictions, the counts over a space, and the memory verdict.
 
 :class:`Candidate` holds its memory breakdown, or the way to compute it when first read: a
-config whose verdict bounds on its peak settled (:class:`MemoryJudge`) is kept without
-running the allocator simulation, and its exact breakdown
-is the one :func:`~tuner.models.memory.estimate.estimate_memory` gives, whenever something reads
-it.
+config whose verdict bounds on its peak settled (:class:`MemoryJudge`) is kept without running
+the allocator simulation, and its breakdown, whenever something reads it, is the one
+:func:`~tuner.models.memory.estimate.estimate_memory` gives.
 """
 
 from __future__ import annotations
