@@ -13,9 +13,8 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tuner.api import estimate
 from tuner.cli import profile as cli_profile
 from tuner.cli.options import add_format_option
 from tuner.cli.tables import (
@@ -29,16 +28,12 @@ from tuner.cli.tables import (
 )
 from tuner.errors import ConfigError, TunerError
 from tuner.layout import EXPORT_KINDS
-from tuner.models.rates import CATALOG_STEP_ERROR
 from tuner.outcome import Outcome
-from tuner.space.enumerate import (
-    SpaceReport,
-    config_from_settings,
-    enumerate_space,
-    require_viable,
-)
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    from tuner.space.enumerate import SpaceReport
 
 FLOPS_HELP = (
     "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
@@ -53,6 +48,11 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    # The models load with the commands that use them: `tune --version` and `--help` stay quick.
+    from tuner.api import estimate
+    from tuner.models.rates import CATALOG_STEP_ERROR
+    from tuner.space.enumerate import config_from_settings
+
     spec = load_study(args.study)
     rates, source = cli_profile.time_source(spec, args.results)
     found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates)
@@ -74,6 +74,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_space(args: argparse.Namespace) -> int:
+    from tuner.space.enumerate import enumerate_space
+
     spec = load_study(args.study)
     rates, out_source = cli_profile.time_source(spec, args.results)
     report = enumerate_space(spec, keep_oom=True, rates=rates)
@@ -100,6 +102,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
         return _dry_run(spec, args.format == "json", args.n_trials, args.results)
+    from tuner.space.enumerate import enumerate_space, require_viable
+
     require_viable(spec, enumerate_space(spec, with_time=False))  # before any storage exists
     return _run(spec, args)
 
@@ -211,6 +215,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 
 def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
+    from tuner.space.enumerate import enumerate_space, require_viable
+
     report: SpaceReport = enumerate_space(spec, keep_oom=True)
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results)
     require_viable(spec, report)

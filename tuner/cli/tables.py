@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from tuner.space.enumerate import Candidate
 from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:  # annotations only: `tune --version` and `--help` load no model
+    from tuner.space.enumerate import Candidate
 
 MEMORY_TERMS = (
     "weights grads optimizer activations stage_extras framework_buffers workspaces slack "

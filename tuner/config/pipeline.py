@@ -20,6 +20,8 @@ Schedules (what a rank holds at its activation peak):
 
 from __future__ import annotations
 
+import functools
+
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.errors import SplitError, ValidationError
@@ -112,12 +114,17 @@ def in_flight(config: ParallelConfig, stage: int) -> float:
 
 def schedule_table(config: ParallelConfig) -> list[tuple[int, int]]:
     """Megatron's interleaved order of (micro-batch, model chunk) forwards (group size p)."""
-    m, v, g = max(config.num_microbatches, 1), max(config.vp, 1), config.pp
+    m, v = max(config.num_microbatches, 1), max(config.vp, 1)
+    return list(_schedule_table(m, v, config.pp))
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _schedule_table(m: int, v: int, g: int) -> tuple[tuple[int, int], ...]:
     table: list[tuple[int, int]] = []
     for start in range(0, m, g):
         stop = m if start + g >= m else start + g
         table += [(mb, chunk) for chunk in range(v) for mb in range(start, stop)]
-    return table
+    return tuple(table)
 
 
 def in_flight_chunks(config: ParallelConfig, stage: int, weights: tuple[int, ...]) -> list[int]:
@@ -130,8 +137,17 @@ def in_flight_chunks(config: ParallelConfig, stage: int, weights: tuple[int, ...
     v = max(config.vp, 1)
     if config.pp == 1:
         return [1] * v
-    table = schedule_table(config) if v > 1 else [(mb, 0) for mb in range(config.num_microbatches)]
-    total, warm = len(table), warmup_microbatches(config, stage)
+    warm = warmup_microbatches(config, stage)
+    m = max(config.num_microbatches, 1) if v > 1 else config.num_microbatches
+    return list(_held_chunks(m, v, config.pp, warm, weights))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _held_chunks(m: int, v: int, pp: int, warm: int, weights: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`in_flight_chunks` over plain ints, cached: many configs of a space share a
+    schedule (it depends on pp, vp, the micro-batch count and the stage's chunk sizes only)."""
+    table = _schedule_table(m, v, pp) if v > 1 else tuple((mb, 0) for mb in range(m))
+    total = len(table)
     held, best, best_load = [0] * v, [0] * v, -1
     for k in range(total):
         held[table[k][1]] += 1
@@ -144,7 +160,7 @@ def in_flight_chunks(config: ParallelConfig, stage: int, weights: tuple[int, ...
         held[v - 1 - table[back][1]] -= 1
     if best_load < 0:  # every micro-batch in warm-up: all held at once
         best = list(held)
-    return best
+    return tuple(best)
 
 
 def held_layer_microbatches(

@@ -12,28 +12,27 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rules import RuleViolation, validate
 from tuner.errors import ConfigError
-from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory, fits
+from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
-from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.models.time.estimate import estimate_time
+from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
+from tuner.space.candidates import MemoryJudge
+from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.probes import may_probe
 from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
 from tuner.spec.study import StudySpec
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -219,56 +218,6 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A valid configuration with its predicted memory and whether it fits."""
-
-    config: ParallelConfig
-    memory: MemoryBreakdown
-    fits: bool
-    time: TimeBreakdown | None = None
-
-
-@dataclass(slots=True)
-class SpaceReport:
-    """Counts over the whole space, and the viable candidates."""
-
-    total: int = 0
-    invalid: int = 0
-    invalid_by_rule: Counter[str] = field(default_factory=Counter)
-    predicted_oom: int = 0
-    viable: list[Candidate] = field(default_factory=list)
-    oom: list[Candidate] = field(default_factory=list)
-    probes: list[Candidate] = field(default_factory=list)
-    """Configs predicted over the headroom that are launched as memory probes
-    (``tuner.space.probes``; also counted in ``predicted_oom``), fastest first."""
-
-    def ranked(self) -> list[Candidate]:
-        """Viable candidates, fastest predicted step first (ties: less memory first)."""
-        return sorted(
-            self.viable,
-            key=lambda c: (c.time.step if c.time else float("inf"), c.memory.peak, c.config.key()),
-        )
-
-    def to_frame(self, include_oom: bool = False) -> pd.DataFrame:
-        """The viable configs, fastest predicted first, as a pandas DataFrame (the knobs under
-        the leaderboard's column names; ``include_oom``: the predicted-OOM ones after them)."""
-        from tuner.space.columns import space_frame
-
-        return space_frame(self.ranked() + (self.oom if include_oom else []))
-
-    def counts(self) -> dict[str, Any]:
-        """Counts for ``tune space --json``; an invalid config counts under its first rule."""
-        return {
-            "total": self.total,
-            "invalid": self.invalid,
-            "invalid_by_rule": dict(self.invalid_by_rule.most_common()),
-            "predicted_oom": self.predicted_oom,
-            "memory_probes": len(self.probes),
-            "viable": len(self.viable),
-        }
-
-
 def study_gpu(spec: StudySpec) -> GPUSpec:
     """The study's GPU catalog entry with its memory override applied."""
     return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib, spec.cluster.overheads.values())
@@ -284,15 +233,27 @@ def study_violations(config: ParallelConfig, spec: StudySpec) -> list[RuleViolat
 
 
 def enumerate_space(
-    spec: StudySpec, keep_oom: bool = False, with_time: bool = True, rates: Rates | None = None
+    spec: StudySpec,
+    keep_oom: bool = False,
+    with_time: bool = True,
+    rates: Rates | None = None,
+    fast: bool = True,
 ) -> SpaceReport:
     """Validate and memory-estimate every combination; predict the step time of viable ones
-    (``rates``: the cluster's measured rates, ``tuner.profile.rates``; the catalog's if None)."""
+    (``rates``: the cluster's measured rates, ``tuner.profile.rates``; the catalog's if None).
+
+    ``fast``: a config whose verdict bounds on its peak settle (over the limit and the memory
+    probes' ceiling, or under the limit) skips the allocator simulation
+    (:class:`~tuner.space.candidates.MemoryJudge`); its exact breakdown is computed when read. The
+    report is the same as with ``fast=False`` (the exact path everywhere):
+    tests/test_space_fast.py holds the two equal."""
     gpu = study_gpu(spec)
     report = SpaceReport()
     model, fw = spec.model, spec.framework
     precision, headroom = spec.training.precision, spec.search.memory_headroom
     gpn = spec.cluster.gpus_per_node
+    probing = bool(spec.search.memory_probes and with_time)
+    judge = MemoryJudge.of(model, gpu, fw, precision, headroom, probing, fast)
     near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
@@ -301,26 +262,21 @@ def enumerate_space(
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1
             continue
-        memory = estimate_memory(model, config, gpu, fw, precision)
-        ok = fits(memory, gpu, headroom)
+        memory, ok = judge.memory(config)  # None: the bounds settled it, computed when read
         if ok:
             time = (
                 estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
                 if with_time
                 else None
             )
-            report.viable.append(Candidate(config, memory, True, time))
-        else:
-            report.predicted_oom += 1
-            if keep_oom:
-                report.oom.append(Candidate(config, memory, False))
-            if (
-                spec.search.memory_probes
-                and with_time
-                and may_probe(memory.peak / GIB, gpu.memory_gib)
-            ):
-                time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
-                near.append(Candidate(config, memory, False, time))
+            report.viable.append(Candidate(config, memory or judge.deferred(config), True, time))
+            continue
+        report.predicted_oom += 1
+        if keep_oom:
+            report.oom.append(Candidate(config, memory or judge.deferred(config), False))
+        if memory and probing and may_probe(memory.peak / GIB, gpu.memory_gib):
+            time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
+            near.append(Candidate(config, memory, False, time))
     report.probes = _probes(near, report, spec.search.memory_probes)
     return report
 

@@ -20,6 +20,7 @@ replaces :data:`MEMORY_SIGMA` once that is smaller, so the band narrows as peaks
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 from tuner.models.memory.estimate import MEMORY_UNCERTAINTY
 
@@ -46,3 +47,12 @@ def fit_probability(peak_gib: float, capacity_gib: float, sigma: float = MEMORY_
 def may_probe(peak_gib: float, capacity_gib: float, sigma: float = MEMORY_SIGMA) -> bool:
     """Whether a near-limit config has a real chance of fitting."""
     return fit_probability(peak_gib, capacity_gib, sigma) >= MIN_FIT_PROBABILITY
+
+
+def probe_ceiling_gib(capacity_gib: float, sigma: float = MEMORY_SIGMA) -> float:
+    """A peak above which :func:`may_probe` is false: the peak where the chance of fitting is
+    :data:`MIN_FIT_PROBABILITY`, raised by a millionth so that floating-point rounding in
+    :func:`fit_probability` cannot move a config across it (the enumeration's fast path rejects a
+    config on a lower bound of its peak above this, ``tuner.space.enumerate``)."""
+    z = NormalDist().inv_cdf(MIN_FIT_PROBABILITY)
+    return capacity_gib * math.exp(-sigma * z) * (1.0 + 1e-6)

@@ -28,6 +28,7 @@ set), at its end they are freed and each segment merges back to its state before
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -177,8 +178,58 @@ def tensor_bytes(tensors: Tensors) -> float:
     return sum(size * count for size, count in tensors)
 
 
+def _least_most(tensors: Tensors) -> tuple[int, int]:
+    """(bytes of the blocks ``tensors`` take at the least: each request rounded, bytes of the
+    segments they can make at the most: one new segment per request)."""
+    least = most = 0
+    for size, count in tensors:
+        r, seg = _block(size)
+        least += r * count
+        most += seg * count
+    return least, most
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _block(size: float) -> tuple[int, int]:
+    """(the block, the new segment) of one request of ``size`` bytes; tensor sizes repeat
+    across the stages and configs of a space."""
+    r = round_size(size)
+    return r, segment_size(r)
+
+
+def reserved_bounds(t: StepTensors) -> tuple[Reserved, Reserved]:
+    """Two :class:`Reserved`, each figure of the first at most and of the second at least
+    :func:`reserved_bytes`'s, from a sum per phase (no simulation).
+
+    Lower: every live request holds its own block of at least ``round_size`` bytes inside a
+    segment, blocks do not overlap, and no segment is ever given back. So ``total`` is at least
+    the blocks live at iteration 2's forward/backward peak (resident, moments, activations) and
+    at its step's (resident, moments, temporaries); ``fwd_bwd`` is at least the cache once the
+    moments exist, which held the resident blocks with the activations (iteration 1's peak) and
+    then with the moments; ``step`` is the resident segments plus a fresh cache that holds the
+    moments and temporaries together.
+
+    Upper: a request that finds no free block makes one segment of ``segment_size`` (``alloc``
+    makes ``n`` for ``n`` requests), so a phase adds at most one segment per request: ``total``
+    at most the resident, moments and both iterations' activations and temporaries each in
+    segments of their own; ``fwd_bwd`` is at most ``total``; ``step`` at most the resident,
+    moments and one step's temporaries so.
+    """
+    (res, res_hi), (lazy, lazy_hi) = _least_most(t.resident), _least_most(t.lazy)
+    (fwd, fwd_hi), (step, step_hi) = _least_most(t.fwd_bwd), _least_most(t.step)
+    low = Reserved(float(res + lazy + max(fwd, step)), float(res + max(fwd, lazy)),
+                   float(res + lazy + step))  # fmt: skip
+    total = res_hi + lazy_hi + 2 * (fwd_hi + step_hi)
+    return low, Reserved(float(total), float(total), float(res_hi + lazy_hi + step_hi))
+
+
+@functools.lru_cache(maxsize=1 << 14)
 def reserved_bytes(t: StepTensors) -> Reserved:
     """The cache's peak and each phase's own share of it.
+
+    Cached: a pure function of its (hashable, frozen) argument, and the stages of many configs
+    of one space cut into the same tensors (configs that differ only in knobs the tensors do
+    not depend on).
 
     Order: the resident states; iteration 1's forward/backward (fresh segments); its step (the
     lazy moments, kept, then the temporaries, which get new segments for what the freed

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import held_layer_microbatches, in_flight, stage_layers
+from tuner.models.memory.allocator import StepTensors
 from tuner.models.memory.fp8 import fp8_layer_activations
 from tuner.models.memory.overheads import (
     allocator_slack,
@@ -79,6 +80,8 @@ Phase = Literal["fwd_bwd", "step"]
 # topology; on an 80 GiB peak these add up to about +-8 %. A measured peak of the same stack
 # replaces the catalog figures (cluster.overheads) and should narrow it.
 MEMORY_UNCERTAINTY = 0.08
+PHASE_TIE_BYTES = 1.0
+"""Device figures of a stage's two phases this close count as a tie (``StageMemory.worst``)."""
 PARTS = (
     "weights grads optimizer activations stage_extras framework_buffers workspaces slack "
     "cuda_context comm_buffers"
@@ -117,7 +120,11 @@ class PhaseMemory:
     @property
     def device(self) -> float:
         """What nvidia-smi shows for the process: reserved + context + NCCL."""
-        return self.reserved + self.cuda_context + self.comm_buffers
+        return self.device_with(self.slack)
+
+    def device_with(self, slack: float) -> float:
+        """The device figure were the allocator's slack ``slack`` (the same sum, in order)."""
+        return self.allocated + slack + self.cuda_context + self.comm_buffers
 
     def to_dict(self) -> dict[str, Any]:
         """Each term in GiB plus the three figures."""
@@ -146,7 +153,7 @@ class StageMemory:
         so the step's reserved figure equals the forward/backward's unless the step needs new
         segments; a byte's tolerance absorbs the float sums of the two phases' terms)."""
         fwd, step = self.phases
-        return step if step.device > fwd.device + 1.0 else fwd
+        return step if step.device > fwd.device + PHASE_TIE_BYTES else fwd
 
     @property
     def allocated(self) -> float:
@@ -334,7 +341,7 @@ def _stage_memory(
     framework: Framework,
     precision: Precision,
     zero_settings: Mapping[str, float] | None,
-) -> StageMemory:
+) -> StagePlan:
     fp8 = precision == "fp8"
     precision = (
         "bf16" if fp8 else precision
@@ -392,13 +399,11 @@ def _stage_memory(
         model, c, layers, params, states, activation_tensors(model, layer_act, c, layers, held),
         extras, fixed["workspaces"], precision, stage == c.pp - 1,
     )  # fmt: skip
-    slacks = dict(zip(("fwd_bwd", "step"), allocator_slack(tensors, gpu), strict=True))
 
     def phase(name: Phase, s: StateBytes, acts: float, ext: float) -> PhaseMemory:
-        slack = slacks[name]
         return PhaseMemory(
             phase=name, weights=s.weights, grads=s.grads, optimizer=s.optimizer,
-            activations=acts, stage_extras=ext, framework_buffers=s.buffers, slack=slack,
+            activations=acts, stage_extras=ext, framework_buffers=s.buffers, slack=0.0,
             **fixed,
         )  # fmt: skip
 
@@ -407,9 +412,10 @@ def _stage_memory(
         phase("fwd_bwd", states.fwd_bwd, activations, extras),
         phase("step", states.step, 0.0, 0.0),
     )
-    return StageMemory(
+    memory = StageMemory(
         stage, layers, held, params + moe.expert_params, states.layout, phases, states.moments
     )
+    return memory, tensors
 
 
 def _add_states(a: StageStates, b: StageStates) -> StageStates:
@@ -458,14 +464,35 @@ def _estimate(
 ) -> MemoryBreakdown:  # fmt: skip
     """:func:`estimate_memory` for hashable arguments, cached: the space, the sampler, the
     screen and the report each ask for the same configs (pure, and the result is frozen)."""
-    settings = dict(zero) or None
-    layers = stage_layers(model, config, framework)
-    return MemoryBreakdown(
-        tuple(
-            _stage_memory(model, config, i, n, gpu, framework, precision, settings)
-            for i, n in enumerate(layers)
-        )
-    )
+    plans = stage_plans(model, config, gpu, framework, precision, dict(zero))
+    return MemoryBreakdown(with_slack(plans, gpu))
+
+
+StagePlan = tuple[StageMemory, StepTensors]  # a stage with no slack yet, and its tensors
+
+
+def stage_plans(
+    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+    precision: Precision, zero_settings: Mapping[str, float] | None = None,
+) -> tuple[StagePlan, ...]:  # fmt: skip
+    """Every stage of ``config`` but the allocator's slack (uncached; :func:`with_slack`)."""
+    layers, z = enumerate(stage_layers(model, config, framework)), zero_settings or None
+    return tuple(_stage_memory(model, config, i, n, gpu, framework, precision, z)
+                 for i, n in layers)  # fmt: skip
+
+
+def with_slack(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[StageMemory, ...]:
+    """The stages with their allocator slack (``overheads.allocator_slack``, simulated)."""
+    out = []
+    for stage, tensors in plans:
+        slacks = zip(stage.phases, allocator_slack(tensors, gpu), strict=True)
+        phases = tuple(PhaseMemory(**{**_fields(p), "slack": x}) for p, x in slacks)
+        out.append(StageMemory(**{**_fields(stage), "phases": phases}))
+    return tuple(out)
+
+
+def _fields(obj: Any) -> dict[str, Any]:  # dataclasses.replace's work, without its checks
+    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
 
 
 def fits(breakdown: MemoryBreakdown, gpu: GPUSpec, headroom: float) -> bool:

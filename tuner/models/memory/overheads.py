@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.allocator import StepTensors, reserved_bytes, tensor_bytes
+from tuner.models.memory.allocator import Reserved, StepTensors, reserved_bytes, tensor_bytes
 from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework
 
@@ -149,7 +149,9 @@ def grouped_gemm_workspace_bytes(gpu: GPUSpec) -> float:
     return TE_COMPUTE_STREAMS * te_workspace_bytes(gpu)
 
 
-def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:
+def allocator_slack(
+    t: StepTensors, gpu: GPUSpec, reserved: Reserved | None = None
+) -> tuple[float, float]:
     """Reserved minus allocated bytes at the (fwd_bwd, step) peaks.
 
     The caching allocator's segments for the step's tensors (tuner.models.memory.allocator:
@@ -157,10 +159,15 @@ def allocator_slack(t: StepTensors, gpu: GPUSpec) -> tuple[float, float]:
     plus a share ``gpu.allocator_fragmentation`` of the forward/backward's transient bytes for what
     that phase-level simulation does not see (one phase's tensors carved out of each other's freed
     blocks as the 1F1B schedule interleaves them). No caching allocator on CPU (plain malloc).
+
+    ``reserved``: the simulation's (:func:`~tuner.models.memory.allocator.reserved_bytes`) when
+    None, or a bound on it (``allocator.reserved_bounds``); both slacks are non-decreasing in
+    each of its figures (sums, min and max only), so a bound there gives a bound here.
     """
     if gpu.name == "cpu":
         return 0.0, 0.0
-    reserved = reserved_bytes(t)
+    if reserved is None:
+        reserved = reserved_bytes(t)
     states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
     transient = tensor_bytes(t.fwd_bwd)
     inside = gpu.allocator_fragmentation * transient

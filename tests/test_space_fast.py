@@ -1,0 +1,181 @@
+"""The enumeration's fast path (bounds on the allocator instead of its simulation, breakdowns
+computed when read) against the exact path, config by config, on spaces with many configs near
+the fit limit; and the bounds themselves against the simulation."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tuner.cli.tables import _candidate_json
+from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
+from tuner.models.memory.bound import peak_bounds
+from tuner.models.memory.estimate import GIB, MemoryBreakdown, stage_plans, with_slack
+from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport
+from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
+from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, probe_ceiling_gib
+from tuner.spec.file import load_study, study_from_mapping
+from tuner.spec.study import StudySpec
+
+DENSE: dict[str, Any] = {
+    "name": "dense",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-40gb", "gpus_per_node": 8, "nodes": ["n1", "n2"]},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt"},
+    "space": {
+        "tp": "auto",
+        "pp": "auto",
+        "cp": [1],
+        "vp": [1, 2],
+        "micro_batch_size": [1, 2, 4],
+        "sequence_parallel": [True, False],
+        "recompute": ["none", "selective", "full"],
+        "recompute_method": ["uniform", "block"],
+        "recompute_num_layers": [1],
+        "distributed_optimizer": [True, False],
+    },  # fmt: skip
+}
+
+
+def _variant(raw: dict[str, Any], gib: float | None = None, **space: Any) -> StudySpec:
+    out = copy.deepcopy(raw)
+    out["space"].update(space)
+    if gib is not None:
+        out["cluster"]["gpu_memory_gib"] = gib
+    return study_from_mapping(out)
+
+
+def _mixtral(gib: float) -> StudySpec:
+    spec = load_study("mixtral-8x7b")
+    space = dataclasses.replace(
+        spec.space, tp=(1, 2), pp=(1, 2, 4), vp=(1,), ep=(1, 2, 4, 8),
+        recompute=("none", "selective", "selective:core_attn+moe_act", "full"),
+        moe_token_dispatcher=("alltoall", "allgather", "flex"),
+    )  # fmt: skip
+    cluster = dataclasses.replace(spec.cluster, gpu_memory_gib=gib)
+    return dataclasses.replace(spec, space=space, cluster=cluster)
+
+
+def _deepspeed(gib: float) -> StudySpec:
+    raw = copy.deepcopy(DENSE)
+    raw.update(framework="deepspeed", launch={"template": "deepspeed_gpt", "script": "t.py"})
+    raw["space"] = {"tp": [1], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4, 8],
+                    "zero_stage": [0, 1, 2, 3], "recompute": ["none", "full"]}  # fmt: skip
+    raw["cluster"]["gpu_memory_gib"] = gib
+    return study_from_mapping(raw)
+
+
+SPACES: dict[str, Callable[[], StudySpec]] = {
+    # the 40 GB GPU and two tighter ones: the fit limit cuts through the middle of each space
+    "dense-40": lambda: _variant(DENSE, tp_comm_overlap=[False, True]),
+    "dense-24": lambda: _variant(DENSE, 24.0, cp=[1, 2], vp=[1]),
+    "dense-16": lambda: _variant(DENSE, 16.0),
+    "moe-80": lambda: _mixtral(80.0),
+    "moe-48": lambda: _mixtral(48.0),
+    "deepspeed-20": lambda: _deepspeed(20.0),
+}
+
+
+def _printed(c: Candidate) -> str:
+    """What ``tune space --json`` prints of a candidate, and every stage's figures."""
+    return json.dumps([_candidate_json(c), c.memory.to_dict(), c.fits], sort_keys=True)
+
+
+def _same(fast: SpaceReport, exact: SpaceReport) -> None:
+    assert fast.counts() == exact.counts()
+    for name in ("viable", "oom", "probes"):
+        mine, theirs = getattr(fast, name), getattr(exact, name)
+        assert [c.config for c in mine] == [c.config for c in theirs], name
+    ranked = fast.ranked()
+    assert [c.config for c in ranked] == [c.config for c in exact.ranked()]
+    # every figure, read through the deferred breakdowns too
+    for mine, theirs in zip(ranked + fast.oom, exact.ranked() + exact.oom, strict=True):
+        assert mine.memory == theirs.memory and mine.time == theirs.time
+        assert _printed(mine) == _printed(theirs)
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_fast_and_exact_paths_agree_on_every_config(name: str) -> None:
+    spec = SPACES[name]()
+    fast = enumerate_space(spec, keep_oom=True)
+    exact = enumerate_space(spec, keep_oom=True, fast=False)
+    deferred = sum(isinstance(c.breakdown, DeferredMemory) for c in fast.viable + fast.oom)
+    _same(fast, exact)
+    assert deferred, "the bounds settled no verdict: the fast path was not exercised"
+    assert exact.viable and exact.predicted_oom, "the limit cuts through the space"
+
+
+def test_the_spaces_have_many_configs_near_the_fit_limit() -> None:
+    near = 0
+    for make in SPACES.values():
+        spec = make()
+        limit = spec.search.memory_headroom * study_gpu(spec).memory_gib * GIB
+        report = enumerate_space(spec, keep_oom=True, fast=False)
+        near += sum(abs(c.memory.peak / limit - 1) < 0.1 for c in report.viable + report.oom)
+    assert near >= 300
+
+
+def test_fast_and_exact_agree_without_time_or_kept_ooms() -> None:
+    spec = SPACES["dense-24"]()
+    _same(
+        enumerate_space(spec, with_time=False), enumerate_space(spec, with_time=False, fast=False)
+    )
+    _same(enumerate_space(spec), enumerate_space(spec, fast=False))
+
+
+@pytest.mark.parametrize("name", ["dense-24", "moe-48", "deepspeed-20"])
+def test_bounds_enclose_the_simulation_for_every_stage(name: str) -> None:
+    spec = SPACES[name]()
+    gpu = study_gpu(spec)
+    for config in iter_configs(spec):
+        if study_violations(config, spec):
+            continue
+        plans = stage_plans(spec.model, config, gpu, spec.framework, spec.training.precision)
+        for _, tensors in plans:
+            low, high = reserved_bounds(tensors)
+            exact = reserved_bytes(tensors)
+            for field in ("total", "fwd_bwd", "step"):
+                assert getattr(low, field) <= getattr(exact, field) <= getattr(high, field)
+        least, most = peak_bounds(plans, gpu)
+        assert least <= MemoryBreakdown(with_slack(plans, gpu)).peak <= most
+
+
+def test_the_probe_ceiling_is_where_may_probe_turns_false() -> None:
+    ceiling = probe_ceiling_gib(80.0)
+    assert fit_probability(ceiling, 80.0) < MIN_FIT_PROBABILITY
+    assert fit_probability(ceiling / (1 + 1e-5), 80.0) >= MIN_FIT_PROBABILITY
+
+
+HEAVY = ("optuna", "pandas", "torch", "sqlalchemy")
+
+
+@pytest.mark.parametrize(
+    ("argv", "unused"),
+    [
+        (["--version"], (*HEAVY, "numpy", "tuner.models")),
+        (["space", "--help"], (*HEAVY, "numpy", "tuner.models")),
+        (["space", "--study", "llama3-8b", "--results", "{tmp}"], HEAVY),
+    ],
+)
+def test_a_dry_look_imports_nothing_it_does_not_use(
+    argv: list[str], unused: tuple[str, ...], tmp_path: Any
+) -> None:
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code = (
+        "import sys\nfrom tuner.cli.main import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)  # fmt: skip
+    loaded = out.stdout.splitlines()[-1].split()
+    assert not [m for m in loaded for u in unused if m == u or m.startswith(u + ".")]

@@ -1,0 +1,64 @@
+"""Bounds on the predicted peak, for judging a config without the allocator simulation.
+
+The caching-allocator simulation (:mod:`tuner.models.memory.allocator`) is most of the cost of a
+memory estimate, while most configs of a space are further from the GPU's limit than the
+allocator's slack could move them: far over it, or far under. :func:`peak_bounds` takes the
+stages' plans (``estimate.stage_plans``: every term of the exact estimate but the slack, and the
+tensors the allocator sees) and finishes them with the allocator's reserved bytes at their
+bounds (``allocator.reserved_bounds``) instead of simulated. Why ``low <= peak <= high``:
+
+- each figure of the lower ``Reserved`` is at most the simulation's, of the upper at least;
+- the allocator's slack is non-decreasing in each of them (``overheads.allocator_slack``: sums,
+  ``min`` and ``max``), and a phase's device figure is its allocated bytes plus the slack plus
+  fixed terms, summed in the same order (``PhaseMemory.device_with``; floating-point addition is
+  monotone), so every (stage, phase) device figure lies between its two bounds;
+- the exact ``peak`` is the device figure of the worst stage's worst phase: at most the largest
+  figure, and at least that less ``PHASE_TIE_BYTES`` (``StageMemory.worst`` may pick the other
+  phase within it) and a rounding, so the lower bound subtracts twice that.
+
+So ``low > limit`` proves the exact estimate is over ``limit``, and ``high <= limit`` that it
+fits, whatever the simulation would say. A stage simulated alone (:func:`stage_peak`) narrows
+its own interval to its exact figure, so a verdict the bounds leave open often needs only the
+stages near the limit simulated.
+"""
+
+from __future__ import annotations
+
+from tuner.catalog import GPUSpec
+from tuner.models.memory.allocator import reserved_bounds
+from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan, with_slack
+from tuner.models.memory.overheads import allocator_slack
+
+
+def stage_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> list[tuple[float, float]]:
+    """Per stage, bytes (least, most) between which its exact largest device figure lies (the
+    largest over its phases of ``MemoryBreakdown(with_slack(plans, gpu))``)."""
+    out = []
+    for stage, tensors in plans:
+        least, most = (
+            max(p.device_with(x) for p, x in zip(stage.phases, slacks, strict=True))
+            for slacks in (allocator_slack(tensors, gpu, r) for r in reserved_bounds(tensors))
+        )
+        out.append((least, most))
+    return out
+
+
+def stage_peak(plan: StagePlan, gpu: GPUSpec) -> float:
+    """One stage's exact largest device figure (its allocator simulated)."""
+    (stage,) = with_slack((plan,), gpu)
+    return max(p.device for p in stage.phases)
+
+
+def peak_between(stages: list[tuple[float, float]]) -> tuple[float, float]:
+    """Bytes (low, high) with ``low <= peak <= high`` for the config's exact ``peak``, from
+    each stage's (least, most) largest device figure: the peak is the worst stage's worst
+    phase, at most the largest figure and at least that less ``PHASE_TIE_BYTES`` and a
+    rounding (``StageMemory.worst``), so ``low`` subtracts twice that."""
+    return max(lo for lo, _ in stages) - 2 * PHASE_TIE_BYTES, max(hi for _, hi in stages)
+
+
+def peak_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[float, float]:
+    """Bytes (low, high) with ``low <= peak <= high`` for the ``peak`` of
+    ``MemoryBreakdown(with_slack(plans, gpu))``, the exact estimate (see the module docstring
+    for why), without simulating the allocator."""
+    return peak_between(stage_bounds(plans, gpu))
