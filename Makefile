@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-dev
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install dev test lint typecheck pytest demo-warmup demo demo-moe demo-ssh demo-slurm screenshot \
+.PHONY: install dev test lint typecheck docs pytest demo-warmup demo demo-moe demo-ssh demo-slurm screenshot \
 	clean
 
 # Login-node install: the tuner alone (no torch, no GPU).
@@ -21,7 +21,7 @@ install:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,train]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,train,docs]'
 	touch $(STAMP)
 
 dev: $(STAMP)
@@ -33,10 +33,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# The documentation site (docs/, Sphinx + MyST) into docs/_build/html, offline. Every warning is
+# an error, a broken link between pages or to a heading included; the references are generated
+# from the code as it builds.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -q -W --keep-going -n -b html docs docs/_build/html
+
 pytest: $(STAMP)
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
 
 # The demos' warm-up: one untimed 1-step run of the workload. DeepSpeed compiles its CPU comm op on
 # first use (~45 s, cached in ~/.cache/torch_extensions), which must not land in a trial.

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tuner.cli.options import add_study_option
 from tuner.errors import ConfigError
 
 
@@ -17,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "measured, Pareto front, memory per stage, where the time goes, search progress and "
         "payback, Optuna's views.",
     )  # fmt: skip
-    p.add_argument("--study", required=True)
+    add_study_option(p)
     p.add_argument("--out", type=Path, default=None, metavar="FILE.html",
                    help="where to write it (default: RESULTS/STUDY/report.html)")  # fmt: skip
     p.add_argument("--png", type=Path, default=None, metavar="DIR",

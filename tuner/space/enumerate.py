@@ -414,10 +414,14 @@ def _parse_setting(item: str) -> tuple[str, object]:
         if raw not in _CHOICES[key]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
-    known = sorted(
+    raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
+
+
+def settable_keys() -> list[str]:
+    """Every key ``--set KEY=VALUE`` takes: the knobs' names and their short aliases."""
+    return sorted(
         _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split", "recompute"}
     )
-    raise ConfigError(f"unknown key (known: {', '.join(known)})", path=where)
 
 
 def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig:
