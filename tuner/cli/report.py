@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=float,
         default=None,
         metavar="N",
-        help="tokens of the full training run, for the payback (default: 1e12)",
+        help="tokens of the full training run; the payback is shown only with it",
     )
 
 
