@@ -286,7 +286,8 @@ def gather(
         for t in study.get_trials(deepcopy=False)
         if not is_duplicate(t) and t.state != TrialState.WAITING
     ]
-    counts = enumerate_space(spec, with_time=False).counts()
+    recorded = study.user_attrs.get("space_counts")  # the loop's, when it ran (tuner.study.loop)
+    counts = recorded or enumerate_space(spec, with_time=False).counts()
     data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens, results, counts)
     _ = data.baseline  # a bad --baseline is an error before anything is drawn
     return data
