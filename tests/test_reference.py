@@ -18,7 +18,8 @@ from tuner.cli.reference import (
 )
 from tuner.spec.cluster import ClusterSpec
 from tuner.spec.file import model_preset_names
-from tuner.spec.study import SearchSpec
+from tuner.spec.model import ModelSpec
+from tuner.spec.study import SearchSpec, StudySpec
 
 
 def test_every_study_field_has_a_docstring() -> None:
@@ -64,6 +65,9 @@ def test_bounds_are_read_from_the_checks() -> None:
     assert search["memory_headroom"] == "0 < memory_headroom <= 1"
     assert search["n_trials"] == "> 0; <= 100,000"
     assert field_bounds(ClusterSpec)["gpus_per_node"] == "> 0; <= 1,024"
+    assert field_bounds(ModelSpec)["hidden_size"] == "> 0; <= 1,048,576"  # set in a loop
+    assert field_bounds(SearchSpec)["stop_chance"] == "0 < stop_chance < 1"  # given: checked
+    assert "split_family" not in str(field_bounds(StudySpec))  # rules across fields: guides
     rows = {f.path: f for f in study_fields()}
     assert rows["search.memory_headroom"].default == "`0.92`"
     assert rows["cluster.gpu"].default == "required"

@@ -85,38 +85,93 @@ def _self_field(node: ast.expr) -> str | None:
     return None
 
 
+def _loops(tree: ast.AST) -> dict[int, list[str]]:
+    """Calls inside ``for NAME in ("a", "b"): ...`` loops: id(call) -> the fields NAME takes
+    there (``getattr(self, NAME)`` in the call)."""
+    out: dict[int, list[str]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.For)
+            and isinstance(node.target, ast.Name)
+            and isinstance(node.iter, ast.Tuple)
+            and all(isinstance(e, ast.Constant) for e in node.iter.elts)
+        ):
+            names = [str(e.value) for e in node.iter.elts]  # type: ignore[attr-defined]
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call) and sub.args and _is_getattr(sub.args[0]):
+                    out[id(sub)] = names
+    return out
+
+
+def _is_getattr(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) == 2
+    )
+
+
+_INVERSE = {ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=", ast.GtE: "<"}
+
+
+def _allowed(test: ast.expr) -> str:
+    """What must hold for a raising ``if TEST`` not to raise, in the field's words."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return ast.unparse(test.operand)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _INVERSE:
+        op = _INVERSE[type(test.ops[0])]
+        return f"{ast.unparse(test.left)} {op} {ast.unparse(test.comparators[0])}"
+    if (
+        isinstance(test, ast.BoolOp)
+        and isinstance(test.op, ast.And)
+        and len(test.values) == 2
+        and isinstance(first := test.values[0], ast.Compare)
+        and isinstance(first.ops[0], ast.IsNot)
+    ):
+        return _allowed(test.values[1])  # "X is not None and BAD": only a given value is checked
+    return f"not ({ast.unparse(test)})"
+
+
+def _fields_of(call: ast.Call, loops: dict[int, list[str]]) -> list[str]:
+    """The fields a bound call checks: ``self.NAME``, or each field of its loop."""
+    if (name := _self_field(call.args[0])) is not None:
+        return [name]
+    return loops.get(id(call), [])
+
+
+def _if_rule(node: ast.If) -> tuple[str, str] | None:
+    """``(field, rule)`` of an ``if`` on one field and constants alone that raises."""
+    if not any(isinstance(s, ast.Raise) for s in node.body):
+        return None
+    names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+    fields = {f for n in ast.walk(node.test) if isinstance(n, ast.expr) and (f := _self_field(n))}
+    if names != {"self"} or len(fields) != 1:
+        return None
+    return fields.pop(), _allowed(node.test).replace("self.", "")
+
+
 @functools.cache
 def field_bounds(cls: type) -> dict[str, str]:
     """The checks ``cls.__post_init__`` makes on one field: ``_positive``, ``_size``,
-    ``_at_most`` calls and ``if`` tests on ``self.FIELD`` alone that raise."""
+    ``_at_most`` calls and ``if`` tests on one field and constants that raise."""
     post = getattr(cls, "__post_init__", None)
     if post is None:
         return {}
     tree = ast.parse(textwrap.dedent(inspect.getsource(post)))
+    loops = _loops(tree)
     out: dict[str, list[str]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
             kind = _BOUND_CALLS.get(node.func.id)
-            name = _self_field(node.args[0]) if kind and node.args else None
-            if name is None:
-                continue
-            rules = out.setdefault(name, [])
-            if kind == "> 0":
-                rules.append("> 0")
-            if node.func.id != "_positive":
-                rules.append(f"<= {_limit_text(node.args[1])}")
-        elif isinstance(node, ast.If) and any(isinstance(s, ast.Raise) for s in node.body):
-            names = {n for sub in ast.walk(node.test) if (n := _self_field(sub))}  # type: ignore[arg-type]
-            if len(names) != 1 or not isinstance(node.test, ast.UnaryOp | ast.Compare):
-                continue
-            (name,) = names
-            test = node.test
-            rule = (
-                ast.unparse(test.operand)
-                if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
-                else f"not {ast.unparse(test)}"
-            )
-            out.setdefault(name, []).append(rule.replace("self.", ""))
+            for name in _fields_of(node, loops) if kind else []:
+                rules = out.setdefault(name, [])
+                if kind == "> 0":
+                    rules.append("> 0")
+                if node.func.id != "_positive":
+                    rules.append(f"<= {_limit_text(node.args[1])}")
+        elif isinstance(node, ast.If) and (found := _if_rule(node)) is not None:
+            out.setdefault(found[0], []).append(found[1])
     return {name: "; ".join(dict.fromkeys(rules)) for name, rules in out.items()}
 
 
