@@ -210,15 +210,16 @@ def test_a_failed_trial_has_a_row_and_its_view_opens_with_its_log(
 
 
 def test_the_docs_screenshots_are_what_this_browser_draws(
-    browser: Browser, report: Path, tmp_path: Path
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:  # fmt: skip
     """The browser that runs these tests takes the docs' pictures. ``make screenshot`` runs this
     test with TUNER_SCREENSHOT="REPORT.html:OUT.png ..." to retake docs/images/ and record the
     template they show (tests/report/screenshots.py)."""
     from tests.report import screenshots
 
-    pairs = [(report, tmp_path / "report.png")]
-    if os.environ.get("TUNER_SCREENSHOT"):
+    if not os.environ.get("TUNER_SCREENSHOT"):  # the stand-in study's report (runs it)
+        pairs = [(request.getfixturevalue("report"), tmp_path / "report.png")]
+    else:
         pairs = [(Path(a), Path(b)) for a, _, b in
                  (p.partition(":") for p in os.environ["TUNER_SCREENSHOT"].split())]  # fmt: skip
     for source, out in pairs:
