@@ -59,3 +59,15 @@ def test_a_wrong_figure_fails(tmp_path: Path) -> None:
     page.write_text("```console\n$ tune space --study demo\ntotal 1\n```\n")
     block = Block(REPO / "README.md", 1, "console", blocks(page)[0].text)
     assert check(block, tmp_path)
+
+
+def test_the_readme_links_point_at_files() -> None:
+    """The README is read on its own (outside the docs site): its relative links must resolve."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links into the docs"
+    missing = [link for link in local if not (REPO / link).exists()]
+    assert missing == []
