@@ -124,17 +124,18 @@ def _payback(data: ReportData) -> Section:
     section = Section("progress", "Search progress and payback", figures=[
         ("progress", F.progress(data))])  # fmt: skip
     plan = payback_plan(data)
+    notes = []
+    if data.best is None or data.baseline is None:
+        notes.append("Payback needs a measured best config and a measured baseline.")
     if not data.train_tokens:
-        section.note = ("Payback is left out: it needs the full training run's length "
-                        f"(tune report --study {data.spec.name} --train-tokens N).")  # fmt: skip
-        return section
+        notes.append("Payback is left out: it needs the full training run's length "
+                     f"(tune report --study {data.spec.name} --train-tokens N).")  # fmt: skip
     if plan is None:
-        section.note = "Payback needs a measured best config and a measured baseline."
+        section.note = " ".join(notes)
         return section
-    assumed = ""
     base = "--baseline" if data.baseline_request else "the model's first pick"
     section.tables.append(_kv([
-        ("training tokens", f"{plan['train_tokens']:.4g}{assumed}"),
+        ("training tokens", f"{plan['train_tokens']:.4g}"),
         ("baseline", f"trial {int(plan['baseline_trial'])} ({base})"),
         ("GPU-hours with the found config", f"{plan['found_gpu_hours']:,.1f}"),
         ("GPU-hours with the baseline", f"{plan['baseline_gpu_hours']:,.1f}"),
