@@ -85,6 +85,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         layout = ResultsLayout(Path(tmp), spec.name)
         study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
+        study.set_user_attr("space_counts", space.counts())  # as the loop records them
         study.add_trials([synthetic_trial(spec, c, dists, i, rng) for i, c in enumerate(picks)])
         start = time.perf_counter()
         path, parts = build_report(spec, results=tmp, out=args.out)

@@ -51,12 +51,15 @@ def test_estimate_takes_a_config_or_knobs() -> None:
     assert not invalid.valid and not invalid.fits and invalid.time is None
 
 
+API_PAGE = REPO / "docs" / "guides" / "python-api.md"
+"""The Python API's page of the docs (it was the README's "Python API" section)."""
+
+
 def readme_examples() -> list[tuple[int, str]]:
-    """The ``python`` blocks of the README's "Python API" section, with their line numbers."""
-    text = (REPO / "README.md").read_text()
-    start = text.index("\n## Python API\n")
-    section = text[start : text.index("\n## ", start + 1)]
-    first_line = text[:start].count("\n") + 1
+    """The ``python`` blocks of the Python API page, with their line numbers."""
+    text = API_PAGE.read_text()
+    section = text
+    first_line = 1
     return [
         (first_line + section[: m.start()].count("\n") + 1, m.group(1))
         for m in re.finditer(r"```python\n(.*?)```", section, re.S)
@@ -64,7 +67,8 @@ def readme_examples() -> list[tuple[int, str]]:
 
 
 def run_doctest(source: str, line: int, globs: dict[str, object] | None = None) -> None:
-    test = doctest.DocTestParser().get_doctest(source, globs or {}, "README.md", "README.md", line)
+    name = str(API_PAGE.relative_to(REPO))
+    test = doctest.DocTestParser().get_doctest(source, globs or {}, name, name, line)
     report: list[str] = []
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     result = runner.run(test, out=report.append)

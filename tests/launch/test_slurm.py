@@ -284,8 +284,9 @@ def test_ctrl_c_cancels_every_job_of_the_study(local_slurm: LocalSlurm, tmp_path
 
 
 def _readme_cluster() -> dict[str, Any]:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("## Slurm\n", 1)[1].split("\n## ", 1)[0]
+    """The cluster of the first study in the Slurm guide (docs/guides/slurm.md)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "slurm.md").read_text()
+    section = text.split("## Submit mode\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     cluster: dict[str, Any] = yaml.safe_load(block)["cluster"]
     return cluster

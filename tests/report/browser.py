@@ -76,10 +76,10 @@ class Browser:
     def __init__(self, browser: Any) -> None:
         self.browser = browser
 
-    def open(self, path: Path) -> tuple[Any, PageView]:
+    def open(self, path: Path, width: int = 1400) -> tuple[Any, PageView]:
         """Load ``path`` from file:// and wait for plotly to draw; the page stays open."""
         view = PageView()
-        page = self.browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = self.browser.new_page(viewport={"width": width, "height": 1000})
         page.on("request", lambda r: None if r.url.startswith(LOCAL_SCHEMES)
                 else view.requests.append(r.url))  # fmt: skip
         page.on("pageerror", lambda e: view.errors.append(str(e)))
@@ -92,18 +92,17 @@ class Browser:
         return page, view
 
 
-SCREENSHOT_SIZE = (1280, 1500)
-"""The README's screenshot: the top of the report at this viewport (width, height)."""
+SCREENSHOT_WIDTH = 1280
+"""The docs' screenshots: the whole report at this viewport width."""
 
 
 def screenshot(browser: Browser, report: Path, out: Path) -> tuple[int, int]:
-    """Draw ``report`` and save the top of the page as the PNG ``out``; its (width, height)."""
-    width, height = SCREENSHOT_SIZE
-    page = browser.browser.new_page(viewport={"width": width, "height": height})
+    """Draw ``report`` and save the whole page as the PNG ``out``; its (width, height)."""
+    page = browser.browser.new_page(viewport={"width": SCREENSHOT_WIDTH, "height": 1000})
     try:
         page.goto(report.resolve().as_uri(), wait_until="load")
         page.wait_for_timeout(500)
-        page.screenshot(path=str(out), full_page=False)
+        page.screenshot(path=str(out), full_page=True)
     finally:
         page.close()
     return png_size(out)

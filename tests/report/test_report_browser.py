@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.report.browser import SCREENSHOT_SIZE, Browser, browser_session, png_size, screenshot
+from tests.report.browser import SCREENSHOT_WIDTH, Browser, browser_session, png_size, screenshot
 from tests.report.conftest import StudyRun
 from tuner.report.build import build_report
+from tuner.report.data import gather
 from tuner.report.leaderboard import leaderboard, load_optuna_study
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -54,7 +55,8 @@ def test_the_page_loads_offline_and_draws_every_section(
     measured = len(board)
     ooms = int((leaderboard(study_run.spec, include_all=True, results=str(study_run.results))
                 .outcome == "oom").sum())  # fmt: skip
-    assert view.table_rows == measured
+    trials = gather(study_run.spec, results=str(study_run.results)).rows
+    assert view.table_rows == len(trials) > measured  # every trial, failed ones included
     assert view.points["fig-step_time"] == measured
     assert view.points["fig-peak_memory"] == measured + ooms  # OOMs at their predicted peak
     assert view.points["fig-pareto"] >= measured
@@ -133,8 +135,9 @@ def test_the_memory_menu_and_the_leaderboard_sort_work(browser: Browser, report:
     finally:
         page.close()
     assert first.startswith("Predicted memory of trial") and second != first, (first, second)
-    values = [float(c) for c in cells]
+    values = [float(c) for c in cells if c.strip()]  # failed trials have none: sorted last
     assert values == sorted(values) and values[0] < values[-1]
+    assert all(c.strip() for c in cells[: len(values)])
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
@@ -153,17 +156,78 @@ def test_pages_of_tiny_studies_load_without_errors(browser: Browser, tmp_path: P
         assert view.problems(drawn) == [], path.name
 
 
-def test_the_readme_screenshot_is_what_this_browser_draws(
-    browser: Browser, report: Path, tmp_path: Path
+LAYOUT_JS = """() => ({
+  overflow: document.documentElement.scrollWidth - window.innerWidth,
+  meta: (document.querySelector('#meta') || {}).textContent || '',
+  cards: document.querySelectorAll('.cards .card').length,
+  funnel: Array.from(document.querySelectorAll('#funnel tr')).map(r => r.textContent),
+  side: document.querySelectorAll('#side-by-side thead a').length,
+  wide: Array.from(document.querySelectorAll('body *')).filter(
+    e => e.getBoundingClientRect().right > window.innerWidth + 1).map(e => e.tagName).slice(0, 5),
+})"""
+
+
+def test_header_cards_funnel_and_side_by_side_fit_1280_px(
+    browser: Browser, report: Path, study_run: StudyRun
 ) -> None:  # fmt: skip
-    """The browser that runs these tests takes the README's picture. ``make screenshot`` runs this
-    test with TUNER_SCREENSHOT=REPORT.html:OUT.png to retake docs/report.png from the demo."""
-    source, out = report, tmp_path / "report.png"
+    page, view = browser.open(report, width=1280)
+    try:
+        seen = page.evaluate(LAYOUT_JS)
+    finally:
+        page.close()
+    assert view.problems(FIGURES) == []
+    assert seen["overflow"] <= 0 and seen["wide"] == [], seen
+    spec = study_run.spec
+    for fact in (spec.model.name, spec.cluster.gpu, spec.framework, "report written"):
+        assert fact in seen["meta"], fact
+    assert seen["cards"] >= 4
+    data = gather(spec, results=str(study_run.results))
+    total = f"{data.space_counts['total']:,}"
+    assert seen["funnel"][0] == f"configs in the space{total}", seen["funnel"]
+    assert any(f"launched{sum(r.launched for r in data.rows)}" in row for row in seen["funnel"])
+    assert seen["side"] == min(3, len(data.measured))
+
+
+def test_a_failed_trial_has_a_row_and_its_view_opens_with_its_log(
+    browser: Browser, report: Path, study_run: StudyRun
+) -> None:  # fmt: skip
+    data = gather(study_run.spec, results=str(study_run.results))
+    failed = next(r for r in data.rows if r.launched and not r.ok)
+    page, _ = browser.open(report, width=1280)
+    try:
+        row = page.locator(f"table.sortable tr.outcome-{failed.outcome}").first
+        row_text = row.text_content() or ""
+        row.locator("a", has_text="view").click()
+        view = page.locator(f"#trial-{failed.number}")
+        page.wait_for_timeout(200)
+        opened = view.get_attribute("open") is not None and view.is_visible()
+        text = view.text_content() or ""
+    finally:
+        page.close()
+    assert failed.outcome in row_text and failed.reason[:40] in row_text
+    assert opened, f"trial {failed.number}'s view did not open"
+    assert "log tail" in text and "command" in text and "(no log)" not in text
+
+
+def test_the_docs_screenshots_are_what_this_browser_draws(
+    browser: Browser, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:  # fmt: skip
+    """The browser that runs these tests takes the docs' pictures. ``make screenshot`` runs this
+    test with TUNER_SCREENSHOT="REPORT.html:OUT.png ..." to retake docs/images/ and record the
+    template they show (tests/report/screenshots.py)."""
+    from tests.report import screenshots
+
+    if not os.environ.get("TUNER_SCREENSHOT"):  # the stand-in study's report (runs it)
+        pairs = [(request.getfixturevalue("report"), tmp_path / "report.png")]
+    else:
+        pairs = [(Path(a), Path(b)) for a, _, b in
+                 (p.partition(":") for p in os.environ["TUNER_SCREENSHOT"].split())]  # fmt: skip
+    for source, out in pairs:
+        width, height = screenshot(browser, source, out)
+        assert width == SCREENSHOT_WIDTH and height > 1000, (out, width, height)
+        # A drawn page (plots, tables, text) compresses far less than a blank or error page.
+        assert out.stat().st_size > 50_000, f"{out} looks blank ({out.stat().st_size} bytes)"
     if os.environ.get("TUNER_SCREENSHOT"):
-        given, _, target = os.environ["TUNER_SCREENSHOT"].partition(":")
-        source, out = Path(given), Path(target)
-    assert screenshot(browser, source, out) == SCREENSHOT_SIZE
-    # A drawn page (plots, tables, text) compresses far less than a blank or error page does.
-    assert out.stat().st_size > 50_000, f"{out} looks blank ({out.stat().st_size} bytes)"
-    committed = Path(__file__).resolve().parents[2] / "docs" / "report.png"
-    assert png_size(committed) == SCREENSHOT_SIZE, "docs/report.png is not this browser's view"
+        screenshots.record()
+    for name in screenshots.SHOTS:
+        assert png_size(screenshots.IMAGES / name)[0] == SCREENSHOT_WIDTH, name

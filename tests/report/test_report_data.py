@@ -68,10 +68,21 @@ def test_payback_against_a_baseline(tmp_path: Path) -> None:
     assert plan["baseline_gpu_hours"] == pytest.approx(2 * plan["found_gpu_hours"])
     saved_per_token = plan["saved_gpu_hours"] / 1e9
     assert plan["break_even_tokens"] == pytest.approx(16.0 / saved_per_token)
-    same = payback_plan(gather(SPEC, results=str(tmp_path), baseline="tp=4"))
+    same = payback_plan(gather(SPEC, results=str(tmp_path), baseline="tp=4", train_tokens=1e9))
     assert (
         same is not None and same["saved_gpu_hours"] == 0 and math.isinf(same["break_even_tokens"])
     )
+
+
+def test_no_payback_without_the_training_length(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 4.0, launched=True, duration_s=3600.0)
+    record(study, SPEC, config(4, 2), Outcome.OK, 2.0, launched=True, duration_s=3600.0)
+    assert payback_plan(gather(SPEC, results=str(tmp_path))) is None
+    path, parts = build_report(SPEC, results=str(tmp_path))
+    progress = next(s for s in parts if s.id == "progress")
+    assert [n for n, _ in progress.figures] == ["progress"]
+    assert "--train-tokens N" in progress.note and "1e+12" not in path.read_text()
 
 
 def test_baseline_must_name_one_measured_trial(tmp_path: Path) -> None:

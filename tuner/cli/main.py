@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.cli import profile as cli_profile
-from tuner.cli.options import add_format_option
+from tuner.cli.options import add_format_option, add_study_option
 from tuner.cli.tables import (
     _candidate_json,
     _console,
@@ -26,6 +26,7 @@ from tuner.cli.tables import (
     _print_estimate,
     _top_table,
 )
+from tuner.config.settings import settable_keys
 from tuner.errors import ConfigError, TunerError
 from tuner.layout import EXPORT_KINDS
 from tuner.outcome import Outcome
@@ -311,23 +312,23 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers: dict[str, Handler] = {}
 
     p = sub.add_parser("estimate", help="validate one config and predict its memory and time")
-    p.add_argument("--study", required=True, help="study name, or a path to a YAML file")
+    add_study_option(p)
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE",
-        help="a knob: tp, pp, cp, vp, sp, mbs, recompute, recompute_method, "
-        "recompute_num_layers, distributed_optimizer, zero_stage (repeatable)",
+        help="a knob, repeatable; knobs not set take the first value of the study's space: "
+        + ", ".join(settable_keys()),
     )  # fmt: skip
     add_format_option(p)
     handlers["estimate"] = _cmd_estimate
 
     p = sub.add_parser("space", help="count, validate and prune the study's search space")
-    p.add_argument("--study", required=True)
+    add_study_option(p)
     add_format_option(p)
     p.add_argument("--top", type=int, default=0, metavar="K", help="show the K fastest predicted")
     handlers["space"] = _cmd_space
 
     p = sub.add_parser("run", help="search: launch short real runs and record them")
-    p.add_argument("--study", required=True)
+    add_study_option(p)
     p.add_argument("--n-trials", type=int, default=None, help="override search.n_trials")
     p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
@@ -343,14 +344,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers["run"] = _cmd_run
 
     p = sub.add_parser("leaderboard", help="every measured config, fastest first")
-    p.add_argument("--study", required=True)
+    add_study_option(p)
     add_format_option(p, ("table", "csv", "json", "markdown"), json_synonym=False)
     p.add_argument("--all", action="store_true", help="include pruned and failed trials")
     handlers["leaderboard"] = _cmd_leaderboard
 
     p = sub.add_parser("best", help="a measured config as a full run: launch script, sbatch job, "
                        "framework arguments or ds_config (docs/exports.md)")  # fmt: skip
-    p.add_argument("--study", required=True)
+    add_study_option(p)
     p.add_argument("--emit", choices=EXPORT_KINDS, default="script",
                    help="what to write (each kind to its own file under "
                    "results/STUDY/exports/trial-N/)")  # fmt: skip

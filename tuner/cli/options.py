@@ -17,3 +17,13 @@ def add_format_option(
     if json_synonym:
         parser.add_argument("--json", dest="format", action="store_const", const="json",
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
+
+
+STUDY_HELP = (
+    "study name (studies/NAME.yaml here, else a study shipped with tuner) or a path to a YAML file"
+)
+
+
+def add_study_option(parser: argparse.ArgumentParser) -> None:
+    """The required ``--study`` every study command takes."""
+    parser.add_argument("--study", required=True, metavar="NAME", help=STUDY_HELP)

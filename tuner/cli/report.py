@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+from tuner.cli.options import add_study_option
 from tuner.errors import ConfigError
 
 
@@ -18,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "measured, Pareto front, memory per stage, where the time goes, search progress and "
         "payback, Optuna's views.",
     )  # fmt: skip
-    p.add_argument("--study", required=True)
+    add_study_option(p)
     p.add_argument("--out", type=Path, default=None, metavar="FILE.html",
                    help="where to write it (default: RESULTS/STUDY/report.html)")  # fmt: skip
     p.add_argument("--png", type=Path, default=None, metavar="DIR",
@@ -31,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=float,
         default=None,
         metavar="N",
-        help="tokens of the full training run, for the payback (default: 1e12)",
+        help="tokens of the full training run; the payback is shown only with it",
     )
 
 

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -22,7 +23,7 @@ from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import load_optuna_study, megatron_args
-from tuner.space.enumerate import study_gpu
+from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import is_duplicate, trial_config, trial_outcome
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
@@ -138,6 +139,11 @@ class ReportData:
     rows: list[TrialRow]
     baseline_request: str | None = None
     train_tokens: float | None = None
+    results: str = "results"
+    """The results folder the trials' logs and scripts are in."""
+    space_counts: dict[str, Any] = field(default_factory=dict)
+    """The space's counts (``SpaceReport.counts``): total, invalid by rule, predicted OOM,
+    viable."""
     _breakdowns: dict[int, tuple[list[StageMemory], dict[str, float]]] = field(
         default_factory=dict
     )
@@ -280,6 +286,8 @@ def gather(
         for t in study.get_trials(deepcopy=False)
         if not is_duplicate(t) and t.state != TrialState.WAITING
     ]
-    data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens)
+    recorded = study.user_attrs.get("space_counts")  # the loop's, when it ran (tuner.study.loop)
+    counts = recorded or enumerate_space(spec, with_time=False).counts()
+    data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens, results, counts)
     _ = data.baseline  # a bad --baseline is an error before anything is drawn
     return data

@@ -29,7 +29,12 @@ OUTCOME_COLOURS = {
     "ok": "#2ca02c", "oom": "#d62728", "pruned_memory": "#ff9896", "invalid": "#c7c7c7",
     "timeout": "#9467bd", "hang": "#8c564b", "nccl_timeout": "#e377c2",
     "launch_error": "#7f7f7f", "no_metrics": "#bcbd22", "diverged": "#17becf",
+    "node_error": "#aec7e8", "interrupted": "#ffbb78",
 }  # fmt: skip
+"""One colour per outcome, in every figure and table of the report."""
+
+MIN_IMPORTANCE_TRIALS = 8
+"""Completed trials before parameter importances are drawn: fewer say nothing about a knob."""
 PART_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
 HOVER = "%{text}<br>%{xaxis.title.text}: %{x:.4g}<br>%{yaxis.title.text}: %{y:.4g}<extra></extra>"
 
@@ -220,6 +225,7 @@ def tp_pp_heatmap(data: ReportData) -> go.Figure:
     fig = go.Figure(go.Heatmap(
         x=[f"tp={v}" for v in tps], y=[f"pp={v}" for v in pps], z=z, text=text,
         colorscale="Viridis", colorbar={"title": {"text": "tok/s/GPU"}},
+        texttemplate="%{z:.4g}", textfont={"size": 13},
         hovertemplate="%{text}<br>%{z:.4g} tokens/s/GPU<extra></extra>",
     ))  # fmt: skip
     return _layout(fig, "Best measured throughput over TP x PP", "TP", "PP")
@@ -307,14 +313,28 @@ def optuna_views(data: ReportData) -> tuple[Figures, str]:
             trace.y = [-v for v in trace.y]
     history.update_layout(yaxis_title="tokens/s/GPU", template="plotly_white")
     figures: Figures = [("optuna_history", history)]
+    searched = searched_params(complete)
+    if len(complete) < MIN_IMPORTANCE_TRIALS or not searched:
+        why = (f"{len(complete)} completed trials, {MIN_IMPORTANCE_TRIALS} needed"
+               if searched else "no knob took more than one value")  # fmt: skip
+        return figures, f"Parameter importances are left out: {why}."
     note = ""
     try:
         with warnings.catch_warnings():  # the target is negated already (see above)
             warnings.filterwarnings("ignore", message=".*low `target` values")
-            importances = ov.plot_param_importances(study, target=target,
+            importances = ov.plot_param_importances(study, target=target, params=searched,
                                                     target_name="tokens/s/GPU")  # fmt: skip
         importances.update_layout(template="plotly_white")
         figures.append(("optuna_importances", importances))
     except (RuntimeError, ValueError) as exc:  # e.g. every parameter took one value only
         note = f"Parameter importances unavailable: {exc}"
     return figures, note
+
+
+def searched_params(trials: Sequence[FrozenTrial]) -> list[str]:
+    """The knobs the search varied: parameters that took more than one value in ``trials``."""
+    values: dict[str, set[object]] = {}
+    for t in trials:
+        for name, value in t.params.items():
+            values.setdefault(name, set()).add(value)
+    return sorted(name for name, seen in values.items() if len(seen) > 1)

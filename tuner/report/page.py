@@ -17,10 +17,8 @@ from jinja2 import Environment
 from markupsafe import Markup
 
 from tuner.report import figures as F
-from tuner.report.data import ReportData, TrialRow
-
-DEFAULT_TRAIN_TOKENS = 1e12
-"""Tokens of the full training run when ``--train-tokens`` is not given (labelled as assumed)."""
+from tuner.report import views as V
+from tuner.report.data import ReportData
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -47,15 +45,6 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}%"
 
 
-def _table(header: list[str], rows: list[list[str]], css: str = "") -> Markup:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return Markup(f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
-                  "</table>")  # fmt: skip
-
-
 def _kv(pairs: list[tuple[str, str]]) -> Markup:
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                    for k, v in pairs)  # fmt: skip
@@ -64,11 +53,13 @@ def _kv(pairs: list[tuple[str, str]]) -> Markup:
 
 def payback_plan(data: ReportData) -> dict[str, float] | None:
     """GPU-hours of the full run with the best config vs the baseline, hours saved and the
-    training tokens at which the search has paid for itself; None without both measured."""
+    training tokens at which the search has paid for itself; None without both measured or
+    without the training run's length (``--train-tokens``): a payback on an assumed length would
+    be a number about nothing."""
     best, base = data.best, data.baseline
-    if best is None or base is None or not best.tokens_per_s_per_gpu:
+    if best is None or base is None or not best.tokens_per_s_per_gpu or not data.train_tokens:
         return None
-    tokens = data.train_tokens or DEFAULT_TRAIN_TOKENS
+    tokens = data.train_tokens
     found = tokens / best.tokens_per_s_per_gpu / 3600
     baseline = tokens / (base.tokens_per_s_per_gpu or best.tokens_per_s_per_gpu) / 3600
     saved_per_token = (baseline - found) / tokens
@@ -108,34 +99,43 @@ def _summary(data: ReportData) -> Section:
     return Section("summary", "Summary", tables=[_kv(pairs)], note=note)
 
 
-BOARD = ["#", "outcome", "config", "tok/s/GPU", "TFLOP/s/GPU", "MFU", "step s", "pred. step s",
-         "peak GiB", "pred. peak GiB"]  # fmt: skip
-
-
-def _board_row(r: TrialRow) -> list[str]:
-    return [str(r.number), r.outcome, r.key, _fmt(r.tokens_per_s_per_gpu), _fmt(r.tflops_per_gpu),
-            _pct(r.mfu), _fmt(r.measured_step_s), _fmt(r.predicted_step_s),
-            _fmt(r.measured_peak_gib), _fmt(r.predicted_peak_gib)]  # fmt: skip
-
-
 def _leaderboard(data: ReportData) -> Section:
-    rows = [_board_row(r) for r in data.measured]
     return Section("leaderboard", "Leaderboard",
-                   intro="Every measured config, fastest first. Click a column to sort.",
-                   tables=[_table(BOARD, rows, "sortable")])  # fmt: skip
+                   intro="Every trial: the measured ones fastest first, then the others with "
+                   "their outcome and reason. Click a column to sort, 'view' for the trial.",
+                   tables=[V.leaderboard(data)])  # fmt: skip
+
+
+def _explain(data: ReportData) -> list[Section]:
+    return [
+        Section("funnel", "From the space to the measured configs",
+                intro="Every combination of the study's knobs, the framework's rules, the "
+                "memory model's pruning, and what was launched and measured.",
+                tables=[V.funnel(data)]),
+        _leaderboard(data),
+        Section("side", "The fastest configs side by side",
+                intro="Cells that differ between the configs are marked.",
+                tables=[V.side_by_side(data)],
+                note="" if data.measured else "No measured config to compare yet."),
+    ]  # fmt: skip
 
 
 def _payback(data: ReportData) -> Section:
     section = Section("progress", "Search progress and payback", figures=[
         ("progress", F.progress(data))])  # fmt: skip
     plan = payback_plan(data)
+    notes = []
+    if data.best is None or data.baseline is None:
+        notes.append("Payback needs a measured best config and a measured baseline.")
+    if not data.train_tokens:
+        notes.append("Payback is left out: it needs the full training run's length "
+                     f"(tune report --study {data.spec.name} --train-tokens N).")  # fmt: skip
     if plan is None:
-        section.note = "Payback needs a measured best config and a measured baseline."
+        section.note = " ".join(notes)
         return section
-    assumed = "" if data.train_tokens else " (assumed; set --train-tokens)"
     base = "--baseline" if data.baseline_request else "the model's first pick"
     section.tables.append(_kv([
-        ("training tokens", f"{plan['train_tokens']:.4g}{assumed}"),
+        ("training tokens", f"{plan['train_tokens']:.4g}"),
         ("baseline", f"trial {int(plan['baseline_trial'])} ({base})"),
         ("GPU-hours with the found config", f"{plan['found_gpu_hours']:,.1f}"),
         ("GPU-hours with the baseline", f"{plan['baseline_gpu_hours']:,.1f}"),
@@ -152,7 +152,7 @@ def sections(data: ReportData) -> list[Section]:
     optuna_figures, optuna_note = F.optuna_views(data)
     return [
         _summary(data),
-        _leaderboard(data),
+        *_explain(data),
         Section("predicted", "Predicted vs measured",
                 intro=f"Shaded: ±{F.ERROR_BAND:.0%} of y = x. Real OOMs are drawn at their "
                 "predicted peak, at the GPU's capacity.",
@@ -169,6 +169,10 @@ def sections(data: ReportData) -> list[Section]:
                          ("tp_pp_heatmap", F.tp_pp_heatmap(data))]),
         _payback(data),
         Section("optuna", "Optuna views", figures=optuna_figures, note=optuna_note),
+        Section("trials", "Trials",
+                intro="One per trial: its reason, the command node 0 ran, the predicted memory "
+                "and time, and the tail of its log.",
+                tables=[V.trial_views(data)]),
     ]  # fmt: skip
 
 
@@ -185,6 +189,8 @@ def render(data: ReportData, parts: list[Section]) -> str:
     template = Environment(autoescape=True).from_string(source)
     context: dict[str, Any] = {
         "study": data.spec.name,
+        "header": V.header(data),
+        "cards": V.cards(data),
         "plotly_js": Markup(get_plotlyjs()),
         "sections": [(s, [_figure_html(n, f) for n, f in s.figures]) for s in parts],
     }

@@ -20,6 +20,7 @@ from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rules import RuleViolation, validate
+from tuner.config.settings import parse_setting
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
@@ -28,7 +29,6 @@ from tuner.space.candidates import Candidate as Candidate  # re-exported: its ho
 from tuner.space.candidates import MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.probes import may_probe
-from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
@@ -325,73 +325,6 @@ def require_viable(spec: StudySpec, report: SpaceReport) -> None:
     )
 
 
-# ----------------------------------------------------------------------------- --set key=value
-
-_ALIASES = {
-    "sp": "sequence_parallel",
-    "mbs": "micro_batch_size",
-    "micro_batch": "micro_batch_size",
-    "distopt": "distributed_optimizer",
-    "dist_opt": "distributed_optimizer",
-    "zero": "zero_stage",
-    "recompute_granularity": "recompute",
-    "split": "pipeline_split",
-    "dispatcher": "moe_token_dispatcher",
-    "tpo": "tp_comm_overlap",
-}
-_INT_KEYS = {
-    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage"
-}  # fmt: skip
-_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap"}
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "recompute_method": ("uniform", "block"),
-    "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
-}
-
-
-def _parse_setting(item: str) -> tuple[str, object]:
-    if "=" not in item:
-        raise ConfigError(f"expected key=value, got {item!r}", path="--set")
-    raw_key, raw = (p.strip() for p in item.split("=", 1))
-    key = _ALIASES.get(raw_key, raw_key)
-    where = f"--set {raw_key}"
-    if key in _INT_KEYS:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
-        if key == "zero_stage" and not 0 <= value <= 3:
-            raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
-        if key != "zero_stage":  # the space file's bound on every axis value
-            _size(value, MAX_BATCH, where, "larger than any world or batch")
-        return key, value
-    if key in _BOOL_KEYS:
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return key, True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return key, False
-        raise ConfigError(f"expected true or false, got {raw!r}", path=where)
-    if key == "pipeline_split":
-        try:
-            return key, canonical_split(raw)
-        except ConfigError as e:
-            raise ConfigError(e.reason, path=where) from None
-    if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.spec.recompute)
-        try:
-            parse_recompute(raw)
-        except ConfigError as e:
-            raise ConfigError(e.reason, path=where) from None
-        return key, raw
-    if key in _CHOICES:
-        if raw not in _CHOICES[key]:
-            raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
-        return key, raw
-    known = sorted(
-        _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split", "recompute"}
-    )
-    raise ConfigError(f"unknown key (known: {', '.join(known)})", path=where)
-
-
 def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig:
     """Build one config from ``key=value`` strings; unset knobs take the space's first value."""
     axes = expand_axes(spec)
@@ -406,7 +339,7 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         "moe_token_dispatcher": axes.moe_token_dispatcher[0],
         "tp_comm_overlap": axes.tp_comm_overlap[0],
     }  # fmt: skip
-    given = dict(_parse_setting(item) for item in settings)
+    given = dict(parse_setting(item) for item in settings)
     values.update(given)
     if "sequence_parallel" not in given and values["tp"] == 1:
         values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it

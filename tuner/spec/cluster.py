@@ -129,7 +129,8 @@ class ClusterSpec:
     hostfile: str | None = None
     """A file with one host per line (``# comments`` and DeepSpeed's ``slots=N`` allowed)."""
     num_nodes: int | None = None
-    """For the local executor: how many local "nodes" (named local-0, local-1, ...)."""
+    """``executor: local``: how many local "nodes" (local-0, local-1, ...); ``executor: slurm``:
+    the nodes one trial uses (Slurm picks which). Not for ``ssh``, which names its hosts."""
     executor: Literal["local", "ssh", "slurm"] = "ssh"
     """Where trials run: subprocesses here, over SSH, or through Slurm."""
     ssh: SSHSpec = field(default_factory=SSHSpec)

@@ -153,7 +153,7 @@ class SpaceSpec:
     """How layers go to pipeline stages (used at pp > 1): ``even``; Megatron ``first=N,last=N``
     (or one of them), ``embedding``, ``loss``, ``embedding+loss``, ``layout:STRING``; DeepSpeed
     ``uniform``, ``parameters``, ``type:REGEX``; auto: the framework-accepted first/last counts
-    near ``num_layers / pp`` (README, "Uneven pipeline splits")."""
+    near ``num_layers / pp`` (docs/guides/frameworks.md, "Uneven pipeline splits")."""
 
     def __post_init__(self) -> None:
         recompute = [_recompute_entry(text, i) for i, text in enumerate(self.recompute)]

@@ -176,6 +176,10 @@ class StudyLoop:
         rates when there is one), so it is the order ``tune space`` prints."""
         report = self.screen.space.report()
         self.space_counts = report.counts()
+        # The report's funnel reads them from the storage (enumerating a large space again
+        # there would cost seconds).
+        counts = self.space_counts
+        guarded("recording the space", lambda: self.study.set_user_attr("space_counts", counts))
         if (
             not self.trials()
             and self.spec.search.enqueue_top

@@ -1,0 +1,110 @@
+"""The parts of the report that explain a study, over small studies written by hand (no browser):
+the header, the key figures, the funnel, every trial in the leaderboard, the trial views, the
+fastest configs side by side, the heat map's values and the importances' knobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.report.test_report_data import new_study
+from tests.test_results import SPEC, config, record
+from tuner.layout import ResultsLayout
+from tuner.outcome import Outcome
+from tuner.report import figures as F
+from tuner.report import views as V
+from tuner.report.data import gather
+from tuner.space.enumerate import enumerate_space
+from tuner.space.trials import distributions
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+
+
+def _study(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 4.0, launched=True, duration_s=600.0)
+    record(study, SPEC, config(4, 2), Outcome.OK, 2.0, launched=True, duration_s=600.0)
+    record(study, SPEC, config(1, 2), Outcome.OOM, reason="CUDA out of memory on rank 3",
+           launched=True, duration_s=60.0)  # fmt: skip
+    record(study, SPEC, config(2, 2), Outcome.LAUNCH_ERROR, reason="No module named megatron",
+           launched=True, duration_s=5.0)  # fmt: skip
+    trial = ResultsLayout(tmp_path, SPEC.name).trial(3)
+    trial.node_log(0).parent.mkdir(parents=True, exist_ok=True)
+    trial.node_log(0).write_text("".join(f"line {i}\n" for i in range(100)) + "ModuleNotFound\n")
+    trial.launch_script(0).write_text("#!/bin/bash\nexec torchrun pretrain_gpt.py --tp 2\n")
+
+
+def test_the_header_names_the_study(tmp_path: Path) -> None:
+    _study(tmp_path)
+    text = V.header(gather(SPEC, results=str(tmp_path)))
+    for fact in (SPEC.model.name, SPEC.cluster.gpu, SPEC.framework, SPEC.search.sampler,
+                 f"budget {SPEC.search.n_trials} runs", "report written", "tuner"):  # fmt: skip
+        assert fact in text, fact
+
+
+def test_the_cards_and_the_funnel_count_what_happened(tmp_path: Path) -> None:
+    _study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    cards = V.cards(data)
+    assert "trials launched" in cards and ">4<" in cards and "2 measured, 2 failed" in cards
+    assert "+100.0%" in cards  # the best (2 s) against the first pick (4 s)
+    counts = enumerate_space(SPEC, with_time=False).counts()
+    funnel = V.funnel(data)
+    assert f'<td class="num">{counts["total"]:,}</td>' in funnel
+    assert f'<td class="num">{counts["viable"]:,}</td>' in funnel
+    assert 'launched</th><td class="num">4</td>' in funnel
+    assert 'measured</th><td class="num">2</td>' in funnel
+
+
+def test_every_trial_is_in_the_leaderboard_with_its_reason_and_view(tmp_path: Path) -> None:
+    _study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    board = V.leaderboard(data)
+    assert board.count("<tr class=") == 4
+    assert [r.number for r in V.board_rows(data)] == [1, 0, 2, 3]  # fastest, then the failed
+    assert "CUDA out of memory on rank 3" in board and "No module named megatron" in board
+    for n in range(4):
+        assert f'href="#trial-{n}"' in board
+    assert V.badge("oom") in board and F.OUTCOME_COLOURS["oom"] in V.badge("oom")
+
+
+def test_a_trial_view_shows_its_command_breakdowns_and_log_tail(tmp_path: Path) -> None:
+    _study(tmp_path)
+    views = V.trial_views(gather(SPEC, results=str(tmp_path)))
+    failed = views[views.index('id="trial-3"') :]
+    assert "exec torchrun pretrain_gpt.py --tp 2" in failed
+    assert "ModuleNotFound" in failed and "line 99" in failed and "line 70\n" not in failed
+    assert "predicted memory</b>: stage" in failed and "compute" in failed
+    assert views.count("<details") == 4
+
+
+def test_the_fastest_configs_side_by_side(tmp_path: Path) -> None:
+    _study(tmp_path)
+    table = V.side_by_side(gather(SPEC, results=str(tmp_path)))
+    assert table.index('href="#trial-1"') < table.index('href="#trial-0"')
+    assert '<td class="diff">4</td>' in table  # tp differs: marked
+    assert "<th>predicted compute s</th>" in table
+
+
+def test_the_heat_map_shows_its_values(tmp_path: Path) -> None:
+    _study(tmp_path)
+    heat = F.tp_pp_heatmap(gather(SPEC, results=str(tmp_path))).data[0]
+    assert heat.texttemplate == "%{z:.4g}"
+
+
+def test_importances_only_over_searched_knobs_and_enough_trials(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    for i, (tp, mbs) in enumerate([(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2), (8, 1)]):
+        record(study, SPEC, config(tp, mbs), Outcome.OK, 1.0 + i, launched=True)
+    figures, note = F.optuna_views(gather(SPEC, results=str(tmp_path)))
+    assert [n for n, _ in figures] == ["optuna_history"]
+    assert f"7 completed trials, {F.MIN_IMPORTANCE_TRIALS} needed" in note
+    record(study, SPEC, config(8, 2), Outcome.OK, 9.0, launched=True)
+    figures, note = F.optuna_views(gather(SPEC, results=str(tmp_path)))
+    assert note == "" and [n for n, _ in figures] == ["optuna_history", "optuna_importances"]
+    searched = F.searched_params(study.get_trials())
+    fixed = {n for n, d in distributions(SPEC).items() if len(getattr(d, "choices", ())) == 1}
+    assert searched and fixed and not fixed & set(searched)
+    shown = set(figures[1][1].data[0].y)
+    assert shown and shown <= set(searched)

@@ -1,0 +1,79 @@
+"""The ``--set KEY=VALUE`` vocabulary of ``tune estimate``: every knob's name, its short aliases,
+and one value parsed and bounded as the study file's space bounds it. Kept apart from the
+enumeration so that the command line can name the keys in its help without loading a model."""
+
+from __future__ import annotations
+
+from tuner.errors import ConfigError
+from tuner.spec.bounds import MAX_BATCH, _size
+from tuner.spec.pipeline_split import canonical_split
+from tuner.spec.recompute import parse_recompute
+
+_ALIASES = {
+    "sp": "sequence_parallel",
+    "mbs": "micro_batch_size",
+    "micro_batch": "micro_batch_size",
+    "distopt": "distributed_optimizer",
+    "dist_opt": "distributed_optimizer",
+    "zero": "zero_stage",
+    "recompute_granularity": "recompute",
+    "split": "pipeline_split",
+    "dispatcher": "moe_token_dispatcher",
+    "tpo": "tp_comm_overlap",
+}
+_INT_KEYS = {
+    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage"
+}  # fmt: skip
+_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap"}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "recompute_method": ("uniform", "block"),
+    "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
+}
+
+
+def parse_setting(item: str) -> tuple[str, object]:
+    """One ``key=value`` as (the knob's name, its value), or a one-line error naming the key."""
+    if "=" not in item:
+        raise ConfigError(f"expected key=value, got {item!r}", path="--set")
+    raw_key, raw = (p.strip() for p in item.split("=", 1))
+    key = _ALIASES.get(raw_key, raw_key)
+    where = f"--set {raw_key}"
+    if key in _INT_KEYS:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
+        if key == "zero_stage" and not 0 <= value <= 3:
+            raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
+        if key != "zero_stage":  # the space file's bound on every axis value
+            _size(value, MAX_BATCH, where, "larger than any world or batch")
+        return key, value
+    if key in _BOOL_KEYS:
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return key, True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return key, False
+        raise ConfigError(f"expected true or false, got {raw!r}", path=where)
+    if key == "pipeline_split":
+        try:
+            return key, canonical_split(raw)
+        except ConfigError as e:
+            raise ConfigError(e.reason, path=where) from None
+    if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.spec.recompute)
+        try:
+            parse_recompute(raw)
+        except ConfigError as e:
+            raise ConfigError(e.reason, path=where) from None
+        return key, raw
+    if key in _CHOICES:
+        if raw not in _CHOICES[key]:
+            raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
+        return key, raw
+    raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
+
+
+def settable_keys() -> list[str]:
+    """Every key ``--set KEY=VALUE`` takes: the knobs' names and their short aliases."""
+    return sorted(
+        _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split", "recompute"}
+    )

@@ -1,0 +1,255 @@
+"""The report's HTML parts that explain the study: the header, the key figures, the funnel of the
+space, the leaderboard of every trial, one view per trial and the top configs side by side.
+
+Each returns markup for ``page.html.j2``; the colours of the outcomes are the figures' own
+(:data:`tuner.report.figures.OUTCOME_COLOURS`), so an outcome looks the same everywhere.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from datetime import UTC, datetime
+
+from markupsafe import Markup
+
+from tuner.layout import ResultsLayout
+from tuner.report.data import ReportData, TrialRow
+from tuner.report.figures import OUTCOME_COLOURS
+
+LOG_TAIL_LINES = 25
+"""Lines of a trial's node-0 log shown in its view."""
+
+SIDE_BY_SIDE = 3
+"""Measured configs compared column by column."""
+
+REASON_CHARS = 90
+"""Characters of a failure's reason in the leaderboard (the trial view has all of it)."""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    """A number for a table cell; empty when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.{digits}g}"
+
+
+def pct(value: float | None) -> str:
+    """A share as a percentage; empty when missing."""
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def badge(outcome: str) -> str:
+    """An outcome in its colour."""
+    colour = OUTCOME_COLOURS.get(outcome, "#333")
+    return f'<span class="badge" style="background:{colour}">{_e(outcome)}</span>'
+
+
+def _version() -> str:
+    try:
+        import tuner
+
+        return str(tuner.__version__)
+    except Exception:  # an uninstalled checkout: no distribution metadata
+        return "unknown"
+
+
+def header(data: ReportData) -> Markup:
+    """What was studied: model, GPUs, nodes, framework, search settings, tuner version, date."""
+    s = data.spec
+    m, c = s.model, s.cluster
+    model = (
+        f"{m.name}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
+        f"seq {m.seq_length}" + (f", {m.moe.num_experts} experts" if m.moe else "")
+    )
+    search = (
+        f"{s.search.sampler} sampler, budget {s.search.n_trials} runs, "
+        f"{s.nodes_per_trial} node(s) per trial, limit {s.search.trial_timeout_min:g} min"
+    )
+    items = [
+        ("model", model),
+        ("GPUs", f"{c.gpu} x {c.gpus_per_node} per node ({s.world_size} ranks per trial)"),
+        ("nodes", f"{len(s.node_names) or 'hostfile'} ({c.executor})"),
+        (
+            "framework",
+            f"{s.framework}, {s.training.precision}, global batch {s.training.global_batch_size}",
+        ),  # fmt: skip
+        ("search", search),
+        (
+            "tuner",
+            f"{_version()}; report written {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        ),  # fmt: skip
+    ]
+    cells = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in items)
+    return Markup(f'<dl class="meta" id="meta">{cells}</dl>')
+
+
+def cards(data: ReportData) -> Markup:
+    """The key figures, one card each."""
+    best, first = data.best, data.first_pick
+    out: list[tuple[str, str, str]] = []
+    if best is not None:
+        out.append(("best tokens/s/GPU", fmt(best.tokens_per_s_per_gpu), f"trial {best.number}"))
+        out.append(("best MFU", pct(best.mfu) or "n/a", f"step {fmt(best.measured_step_s)} s"))
+        if first is not None and first.ok and first.tokens_per_s_per_gpu:
+            gain = (best.tokens_per_s_per_gpu or 0) / first.tokens_per_s_per_gpu - 1
+            out.append(
+                ("vs the model's first pick", f"+{100 * gain:.1f}%", f"trial {first.number}")
+            )
+    launched = sum(r.launched for r in data.rows)
+    ok = sum(r.ok for r in data.rows)
+    out.append(("trials launched", str(launched), f"{ok} measured, {launched - ok} failed"))
+    out.append(("GPU-hours spent", f"{data.gpu_hours:.3g}", f"{data.wall_s / 3600:.2g} h wall"))
+    html_cards = "".join(
+        f'<div class="card"><div class="label">{_e(a)}</div><div class="value">{_e(b)}</div>'
+        f'<div class="sub">{_e(c)}</div></div>'
+        for a, b, c in out
+    )
+    return Markup(f'<div class="cards" id="cards">{html_cards}</div>')
+
+
+def funnel(data: ReportData) -> Markup:
+    """The space from every combination down to the measured configs, one bar per stage."""
+    counts = data.space_counts
+    launched = sum(r.launched for r in data.rows)
+    ok = sum(r.ok for r in data.rows)
+    steps = [("configs in the space", counts["total"], "#1f77b4")]
+    steps += [
+        (f"invalid: {rule}", n, OUTCOME_COLOURS["invalid"])
+        for rule, n in counts["invalid_by_rule"].items()
+    ]
+    steps += [
+        ("predicted OOM (pruned)", counts["predicted_oom"], OUTCOME_COLOURS["pruned_memory"]),
+        ("viable", counts["viable"], "#1f77b4"),
+        ("launched", launched, "#ff7f0e"),
+        ("measured", ok, OUTCOME_COLOURS["ok"]),
+    ]
+    top = max(counts["total"], 1)
+    rows = "".join(
+        f'<tr><th>{_e(label)}</th><td class="num">{n:,}</td><td class="bar"><span '
+        f'style="width:{max(100 * n / top, 0.4 if n else 0):.1f}%;background:{colour}"></span>'
+        "</td></tr>"
+        for label, n, colour in steps
+    )
+    return Markup(f'<table class="funnel" id="funnel"><tbody>{rows}</tbody></table>')
+
+
+BOARD = ["#", "outcome", "config", "tok/s/GPU", "MFU", "step s", "pred. step s", "peak GiB",
+         "pred. peak GiB", "reason", "trial"]  # fmt: skip
+
+
+def board_rows(data: ReportData) -> list[TrialRow]:
+    """Every trial: the measured ones fastest first, then the rest by number."""
+    rest = sorted((r for r in data.rows if not r.ok), key=lambda r: r.number)
+    return [*data.measured, *rest]
+
+
+def leaderboard(data: ReportData) -> Markup:
+    """Every trial with its outcome, reason and a link to its view."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in BOARD)
+    body = []
+    for r in board_rows(data):
+        reason = (
+            r.reason if len(r.reason) <= REASON_CHARS else r.reason[: REASON_CHARS - 3] + "..."
+        )
+        cells = [
+            _e(r.number), badge(r.outcome), f'<span class="config">{_e(spaced(r.key))}</span>',
+            fmt(r.tokens_per_s_per_gpu), pct(r.mfu), fmt(r.measured_step_s),
+            fmt(r.predicted_step_s), fmt(r.measured_peak_gib), fmt(r.predicted_peak_gib),
+            _e(reason), f'<a href="#trial-{r.number}">view</a>',
+        ]  # fmt: skip
+        tds = "".join(f"<td>{c}</td>" for c in cells)
+        body.append(f'<tr class="outcome-{_e(r.outcome)}">{tds}</tr>')
+    return Markup(f'<table class="sortable board-table"><thead><tr>{head}</tr></thead><tbody>'
+                  f'{"".join(body)}</tbody></table>')  # fmt: skip
+
+
+def spaced(key: str) -> str:
+    """A config key that wraps between its knobs."""
+    return key.replace(",", ", ")
+
+
+def _tail(path: object, lines: int) -> str:
+    from pathlib import Path
+
+    p = Path(str(path))
+    if not p.is_file():
+        return ""
+    with p.open("rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 64 * 1024))
+        text = f.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
+    """One trial: outcome, reason, the command node 0 ran, the predicted breakdowns, its log."""
+    paths = layout.trial(row.number)
+    command = _tail(paths.launch_script(0), 12) or "(never launched: no command)"
+    log = _tail(paths.node_log(0), LOG_TAIL_LINES) or "(no log)"
+    stages, parts = data.breakdowns(row)
+    memory = ""
+    if stages:
+        worst = max(stages, key=lambda s: s.total)
+        memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
+        memory = f"{_e(worst.label)}: {_e(memory)} GiB"
+    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    return (
+        f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
+        f"{badge(row.outcome)} {_e(spaced(row.key))}</summary>"
+        f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
+        f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
+        f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
+        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s, peak "
+        f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
+        f"<p><b>command</b> ({_e(paths.launch_script(0).name)}, last lines):</p>"
+        f"<pre>{_e(command)}</pre>"
+        f"<p><b>log tail</b> ({_e(paths.node_log(0).name)}):</p><pre>{_e(log)}</pre></details>"
+    )
+
+
+def trial_views(data: ReportData) -> Markup:
+    """Every trial's view, in leaderboard order (closed until a link or a click opens one)."""
+    from pathlib import Path
+
+    layout = ResultsLayout(Path(data.results), data.spec.name)
+    return Markup("".join(trial_view(data, r, layout) for r in board_rows(data)))
+
+
+def side_by_side(data: ReportData) -> Markup:
+    """The fastest measured configs in columns: knobs, measurements and predicted parts."""
+    top = data.measured[:SIDE_BY_SIDE]
+    if not top:
+        return Markup("")
+    knobs = ["tp", "pp", "dp", "cp", "vp", "sequence_parallel", "micro_batch_size", "grad_accum",
+             "recompute", "distributed_optimizer", "zero_stage"]  # fmt: skip
+    rows: list[tuple[str, list[str]]] = []
+    for k in knobs:
+        values = [str(getattr(r.config, k, "")) if r.config else "" for r in top]
+        rows.append((k, values))
+    rows += [
+        ("tokens/s/GPU", [fmt(r.tokens_per_s_per_gpu) for r in top]),
+        ("MFU", [pct(r.mfu) for r in top]),
+        ("step s (measured)", [fmt(r.measured_step_s) for r in top]),
+        ("step s (predicted)", [fmt(r.predicted_step_s) for r in top]),
+        ("peak GiB (measured)", [fmt(r.measured_peak_gib) for r in top]),
+        ("peak GiB (predicted)", [fmt(r.predicted_peak_gib) for r in top]),
+    ]
+    names = sorted({k for r in top for k, v in data.breakdowns(r)[1].items() if abs(v) > 1e-9})
+    for name in names:
+        rows.append((f"predicted {name} s", [fmt(data.breakdowns(r)[1].get(name)) for r in top]))
+    head = "<th></th>" + "".join(
+        f'<th><a href="#trial-{r.number}">trial {r.number}</a></th>' for r in top
+    )
+    body = "".join(
+        f"<tr><th>{_e(k)}</th>"
+        + "".join(f'<td class="{"diff" if len(set(v)) > 1 else ""}">{_e(x)}</td>' for x in v)
+        + "</tr>"
+        for k, v in rows
+    )
+    return Markup(f'<table class="side" id="side-by-side"><thead><tr>{head}</tr></thead>'
+                  f"<tbody>{body}</tbody></table>")  # fmt: skip
