@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuner.errors import ConfigError
 from tuner.spec.study import StudySpec
 
 RECORDS_PER_BATCH = 2
@@ -52,7 +53,9 @@ class TrialCost:
     nodes: int
     """Nodes the trial holds."""
     fits: bool
-    """The shortest useful trial fits the time limit."""
+    """The predicted iterations of the shortest useful trial (warm-up and the estimator's
+    minimum) fit the time limit. Start-up is left out of this check: it is the user's estimate
+    (``search.startup_min``), not the model's, and a limit shorter than it is the user's call."""
 
     @property
     def node_hours(self) -> float:
@@ -70,13 +73,14 @@ def trial_cost(spec: StudySpec, step_s: float | None) -> TrialCost:
     only)."""
     step = step_s or 0.0
     startup = spec.search.startup_min
-    minutes = startup + useful_iterations(spec) * step / 60
+    iterations = useful_iterations(spec) * step / 60
+    minutes = startup + iterations
     cap = startup + spec.launch.train_iters * step / 60
     limit = spec.search.trial_timeout_min
     if limit is None:
         limit = max(MIN_LIMIT_MIN, LIMIT_MARGIN * minutes)
     return TrialCost(minutes=minutes, cap_minutes=cap, limit_minutes=limit,
-                     nodes=spec.nodes_per_trial, fits=minutes <= limit)  # fmt: skip
+                     nodes=spec.nodes_per_trial, fits=iterations <= limit)  # fmt: skip
 
 
 def trial_limit_s(spec: StudySpec, step_s: float | None) -> float:
@@ -88,10 +92,12 @@ def too_slow_reason(spec: StudySpec, cost: TrialCost) -> str:
     """Why a config whose shortest useful trial does not fit the limit is not launched, and the
     fix."""
     need = math.ceil(cost.minutes)
+    iterations = cost.minutes - spec.search.startup_min
     return (
-        f"the shortest useful trial takes {cost.minutes:.1f} min (start-up "
-        f"{spec.search.startup_min:g} + {useful_iterations(spec)} iterations) > "
-        f"search.trial_timeout_min {spec.search.trial_timeout_min:g}: raise "
+        f"its shortest useful trial takes {cost.minutes:.1f} min (start-up "
+        f"{spec.search.startup_min:g} + {useful_iterations(spec)} iterations in "
+        f"{iterations:.1f}), and the iterations alone exceed search.trial_timeout_min "
+        f"{spec.search.trial_timeout_min:g}: raise "
         f"search.trial_timeout_min to {need} or more (or leave it unset for a limit per config), "
         "or lower training.global_batch_size to measure fewer micro-batches per step"
     )
@@ -120,3 +126,16 @@ def budget_cost(costs_fastest_first: Sequence[TrialCost], n_trials: int) -> Budg
         launches=n, expected_node_hours=sum(c.node_hours for c in fitting[:n]),
         worst_node_hours=sum(worst),
     )  # fmt: skip
+
+
+def require_measurable(spec: StudySpec, costs: Sequence[TrialCost]) -> None:
+    """:class:`ConfigError` when not one viable config's shortest useful trial fits the time
+    limit the user set: the study would launch nothing but time-outs."""
+    if not costs or any(c.fits for c in costs):
+        return
+    quickest = min(costs, key=lambda c: c.minutes)
+    raise ConfigError(
+        f"no config can be measured within {spec.search.trial_timeout_min:g} min: "
+        + too_slow_reason(spec, quickest),
+        path="search.trial_timeout_min",
+    )

@@ -146,9 +146,21 @@ def measured_anyway(spec: StudySpec, verdict: Any, logs: Sequence[Path], stopped
     if not records:
         return verdict
     found = steady_estimate(spec, records)
+    if verdict.outcome == Outcome.TIMEOUT:
+        found = settled(spec, records, precise=stopped == "precise") or found
     metrics = {**verdict.metrics, **steady_attrs(found)}
     if verdict.outcome == Outcome.TIMEOUT and found.enough and verdict.metrics.get("step_time_s"):
-        why = stopped or "limit"
-        metrics["ended"] = why
+        metrics["ended"] = stopped or "limit"
         return replace(verdict, outcome=Outcome.OK, reason=None, metrics=metrics)
     return replace(verdict, metrics=metrics)
+
+
+def settled(spec: StudySpec, records: Sequence[Record], *, precise: bool) -> SteadyEstimate | None:
+    """The estimate over the longest prefix of ``records`` that is precise (``precise``) or has
+    enough batches: what the watch saw when it ended the trial, or the most a trial cut at its
+    limit can say. The batch size follows the records, so a longer prefix may say less."""
+    for n in range(len(records), 0, -1):
+        found = steady_estimate(spec, records[:n])
+        if found.precise or (found.enough and not precise):
+            return found
+    return None
