@@ -150,9 +150,10 @@ def one_process(spec: StudySpec, config: Any, number: int, group: Any, paths: An
                          timeout_s=None)  # fmt: skip
 
 
-@pytest.mark.slow
-def test_a_paced_study_ends_every_trial_ok_at_the_stated_precision(tmp_path: Path) -> None:
-    data = scenario(n_trials=4, seed=1)
+def paced_study(tmp_path: Path, **search: Any) -> tuple[StudySpec, Any, list[Any]]:
+    """The scenario on this machine's 16 local "nodes", paced by the predictions: (spec, the
+    run's summary, every trial of the study)."""
+    data = scenario(n_trials=4, seed=1, **search)
     data["cluster"] = dict(data["cluster"], executor="local")
     spec = study_from_mapping(data)
     (tmp_path / "surface.json").write_text(json.dumps(paced_surface(spec)))
@@ -164,8 +165,13 @@ def test_a_paced_study_ends_every_trial_ok_at_the_stated_precision(tmp_path: Pat
         summary = loop.run()
     finally:
         loop.executor.close()
-    trials = [t for t in load_optuna_study(spec, None, str(tmp_path / "results")).trials
-              if t.user_attrs.get("launched")]  # fmt: skip
+    return spec, summary, load_optuna_study(spec, None, str(tmp_path / "results")).trials
+
+
+@pytest.mark.slow
+def test_a_paced_study_ends_every_trial_ok_at_the_stated_precision(tmp_path: Path) -> None:
+    spec, summary, everything = paced_study(tmp_path)
+    trials = [t for t in everything if t.user_attrs.get("launched")]
     assert len(trials) == summary.launched >= 2, summary
     precision = spec.search.precision
     for t in trials:
@@ -181,3 +187,18 @@ def test_a_paced_study_ends_every_trial_ok_at_the_stated_precision(tmp_path: Pat
         limit = trial_cost(spec, a["predicted_step_s"]).limit_minutes
         assert limit > trial_cost(spec, a["predicted_step_s"]).minutes
     assert any(t.user_attrs["ended"] == "precise" for t in trials)
+
+
+@pytest.mark.slow
+def test_the_node_hour_budget_stops_a_launch_that_could_pass_it(tmp_path: Path) -> None:
+    spec = study_from_mapping(scenario())
+    first = enumerate_space(spec).ranked()[0]
+    budget = trial_cost(spec, first.time.step if first.time else None).worst_node_hours
+    # the first trial's worst case is exactly the budget: it may run; after it, anything spent
+    # plus the next trial's worst case (no smaller: the search starts from the fastest) is over
+    spec, summary, trials = paced_study(tmp_path, max_node_hours=budget)
+    launched = [t for t in trials if t.user_attrs.get("launched")]
+    assert len(launched) == 1 and launched[0].user_attrs["outcome"] == "ok"
+    refused = [t for t in trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert len(refused) == 1 and "node-hour budget" in refused[0].user_attrs["reason"]
+    assert summary.stop_reason.startswith("node-hour budget")
