@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tuner.cli.cost import spent_json
 from tuner.cli.main import main
 from tuner.launch import LaunchRequest, render_launch
 from tuner.report.leaderboard import load_optuna_study
@@ -187,6 +188,10 @@ def test_a_paced_study_ends_every_trial_ok_at_the_stated_precision(tmp_path: Pat
         limit = trial_cost(spec, a["predicted_step_s"]).limit_minutes
         assert limit > trial_cost(spec, a["predicted_step_s"]).minutes
     assert any(t.user_attrs["ended"] == "precise" for t in trials)
+    spent = spent_json(everything)  # what the end of tune run says was spent, and on what
+    assert spent["node_hours"] > 0 and set(spent["by_outcome"]) == {"ok"}
+    assert sum(spent["measured_ended"].values()) == len(trials)
+    assert "cap" not in spent["measured_ended"]
 
 
 @pytest.mark.slow

@@ -98,3 +98,34 @@ def measurable(spec: StudySpec, ranked: Sequence[Candidate]) -> list[Candidate]:
     costs = [trial_cost(spec, _step(c)) for c in ranked]
     require_measurable(spec, costs)
     return [c for c, k in zip(ranked, costs, strict=True) if k.fits]
+
+
+def spent_json(trials: Sequence[Any]) -> dict[str, Any]:
+    """What a study's launched trials (Optuna ``FrozenTrial``) spent, in node-hours: in all, by
+    outcome, and how the measured ones ended (``precise``, ``raced``, ``limit``, or ``cap``:
+    they ran all ``train_iters``)."""
+    by_outcome: dict[str, float] = {}
+    by_end: dict[str, int] = {}
+    for t in trials:
+        a = t.user_attrs
+        if not a.get("launched") or "outcome" not in a:
+            continue
+        hours = float(a.get("duration_s", 0.0)) * len(a.get("hosts", ())) / 3600
+        by_outcome[a["outcome"]] = by_outcome.get(a["outcome"], 0.0) + hours
+        if a["outcome"] == "ok":
+            end = str(a.get("ended", "cap"))
+            by_end[end] = by_end.get(end, 0) + 1
+    return {
+        "node_hours": round(sum(by_outcome.values()), 4),
+        "by_outcome": {k: round(v, 4) for k, v in sorted(by_outcome.items())},
+        "measured_ended": dict(sorted(by_end.items())),
+    }
+
+
+def spent_line(trials: Sequence[Any]) -> str:
+    """:func:`spent_json` as one line for the end of ``tune run``."""
+    spent = spent_json(trials)
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in spent["by_outcome"].items()) or "nothing"
+    ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
+    tail = f"; measured trials ended: {ends}" if ends else ""
+    return f"spent: {spent['node_hours']:.2f} node-hours ({parts}){tail}"

@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner.api import estimate
 from tuner.cli import profile as cli_profile
-from tuner.cli.cost import cost_json, measurable, print_cost
+from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
 from tuner.cli.options import add_format_option
 from tuner.cli.tables import (
     _candidate_json,
@@ -130,7 +130,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         loop.executor.close()
     if args.format == "json":
         _emit_json({"study": spec.name, **dataclasses.asdict(summary), "failed": summary.failed,
-                    "space": loop.space_counts})  # fmt: skip
+                    "space": loop.space_counts, "spent": spent_json(loop.trials())})  # fmt: skip
     else:
         progress.final(loop, summary)
     if summary.stop_reason.startswith("interrupted"):
