@@ -89,6 +89,17 @@ def test_the_dry_run_states_each_trial_and_the_budget_in_node_hours(
     assert code == 0 and "node-hours" in text and "trial min" in text
 
 
+def test_tune_space_shows_the_cost_of_its_top_configs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["space", "--study", write(tmp_path, scenario()), "--json", "--top", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["cost"]["configs"]
+    assert [r["predicted_step_s"] for r in rows] == [t["step_s"] for t in out["top"]]
+    assert all(r["trial_min"] > 3.0 and r["node_hours"] > 0 for r in rows)
+    assert out["cost"]["worst_node_hours"] >= out["cost"]["expected_node_hours"] > 0
+
+
 def test_a_limit_no_config_fits_is_refused_with_the_minutes_and_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
