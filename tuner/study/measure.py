@@ -104,11 +104,17 @@ class Watch:
     def __init__(self, spec: StudySpec) -> None:
         self.spec = spec
         self._tails: dict[int, LogTail] = {}
+        self._seen: dict[int, tuple[int, float | None]] = {}
 
     def why_stop(self, number: int, logs: Sequence[Path], best_high: float | None) -> str | None:
         """``precise``, ``raced`` or None (go on) for trial ``number`` logging to ``logs``."""
         tail = self._tails.setdefault(number, LogTail(logs))
-        found = steady_estimate(self.spec, tail.read())
+        records = tail.read()
+        seen = (len(records), best_high)
+        if self._seen.get(number) == seen:
+            return None  # nothing new since the last look
+        self._seen[number] = seen
+        found = steady_estimate(self.spec, records)
         if found.precise:
             return "precise"
         low = found.low_s
@@ -124,6 +130,7 @@ class Watch:
         complete; ``trials`` reads the study's trials (only when a job runs)."""
         for gone in set(self._tails) - set(jobs):
             del self._tails[gone]  # the trial ended
+            self._seen.pop(gone, None)
         if not jobs:
             return
         high = incumbent_high(trials(), self.spec.search.precision)
