@@ -11,6 +11,7 @@ class Outcome(enum.StrEnum):
     OK = "ok"
     PRUNED_MEMORY = "pruned_memory"  # predicted OOM: never launched
     INVALID = "invalid"  # breaks a rule of the framework: never launched
+    PRUNED_TIME = "pruned_time"  # its shortest useful trial exceeds the user's time limit
     OOM = "oom"  # real CUDA out-of-memory
     NCCL_TIMEOUT = "nccl_timeout"
     LAUNCH_ERROR = "launch_error"  # bad flag, missing file, import error
@@ -24,4 +25,4 @@ class Outcome(enum.StrEnum):
     @property
     def launched(self) -> bool:
         """Whether a trial with this outcome used nodes (counts against the run budget)."""
-        return self not in (Outcome.PRUNED_MEMORY, Outcome.INVALID)
+        return self not in (Outcome.PRUNED_MEMORY, Outcome.INVALID, Outcome.PRUNED_TIME)

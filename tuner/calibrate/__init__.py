@@ -7,10 +7,35 @@ May import: :mod:`tuner.space` and below. Never the sampler, the loop, launchers
 
 from __future__ import annotations
 
-from tuner.calibrate.calibrated import Corrector, corrector_for
-from tuner.calibrate.store import Calibration, Observation, load_calibration, save_calibration
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.calibrate.calibrated import Corrector, corrector_for
+    from tuner.calibrate.store import Calibration, Observation, load_calibration, save_calibration
+
+_EXPORTS = {
+    "Calibration": "tuner.calibrate.store",
+    "Corrector": "tuner.calibrate.calibrated",
+    "Observation": "tuner.calibrate.store",
+    "corrector_for": "tuner.calibrate.calibrated",
+    "load_calibration": "tuner.calibrate.store",
+    "save_calibration": "tuner.calibrate.store",
+}
+"""Each public name and its module, imported on first use: importing one light module of this
+package does not load the heavy ones."""
 
 __all__ = [
-    "Calibration", "Corrector", "Observation", "corrector_for", "load_calibration",
+    "Calibration",
+    "Corrector",
+    "Observation",
+    "corrector_for",
+    "load_calibration",
     "save_calibration",
-]  # fmt: skip
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

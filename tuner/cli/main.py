@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.cli import profile as cli_profile
+from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
 from tuner.cli.options import add_format_option, add_study_option
 from tuner.cli.tables import (
     _candidate_json,
@@ -84,6 +85,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     out["time_source"] = out_source
     top = report.ranked()[: args.top] if args.top > 0 else []
     lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results)
+    out["cost"] = cost_json(spec, report.ranked(), top, spec.search.n_trials)
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
@@ -94,6 +96,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     console.print(f"time model rates: {out_source}")
     if top:
         console.print(_top_table(f"top {len(top)} by predicted step time", top))
+    print_cost(console, spec, out["cost"])
     for line in lines:
         console.print(line)
     return 0
@@ -106,6 +109,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from tuner.space.enumerate import enumerate_space, require_viable
 
     require_viable(spec, enumerate_space(spec, with_time=False))  # before any storage exists
+    if spec.search.trial_timeout_min is not None:  # some config must fit the user's limit
+        measurable(spec, enumerate_space(spec).ranked())
     return _run(spec, args)
 
 
@@ -132,7 +137,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         loop.executor.close()
     if args.format == "json":
         _emit_json({"study": spec.name, **dataclasses.asdict(summary), "failed": summary.failed,
-                    "space": loop.space_counts})  # fmt: skip
+                    "space": loop.space_counts, "spent": spent_json(loop.trials())})  # fmt: skip
     else:
         progress.final(loop, summary)
     if summary.stop_reason.startswith("interrupted"):
@@ -222,7 +227,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results)
     require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
-    ranked = report.ranked()
+    ranked = measurable(spec, report.ranked())  # the others are never launched
     if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
         groups = max(len(spec.node_names) // spec.nodes_per_trial, 1)
         first = ranked[: min(groups, budget)]
@@ -236,11 +241,13 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         out["launch_first"] = [_candidate_json(c) for c in first]
         out["n_trials"] = budget
         out["calibrated"] = calibrated
+        out["cost"] = cost_json(spec, report.ranked(), first, budget)
         _emit_json(out)
         return 0
     console = _console()
     console.print(_counts_table(spec, report.counts()))
     console.print(_top_table(f"would launch first (top {len(first)} predicted)", first))
+    print_cost(console, spec, cost_json(spec, report.ranked(), first, budget))
     if lines and spec.search.sampler == "model":
         for line in lines:
             console.print(line)

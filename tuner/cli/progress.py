@@ -13,6 +13,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from tuner.cli.cost import spent_line
+
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
@@ -92,6 +94,7 @@ class LiveProgress:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "none"
         out.print(f"stopped: {summary.stop_reason or 'done'}")
         out.print(f"this run: launched {summary.launched}; outcomes: {counts}")
+        out.print(spent_line(loop.trials()))  # the whole study's, every worker's
         space = loop.space_counts
         if space:
             out.print(

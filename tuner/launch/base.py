@@ -259,6 +259,7 @@ class Job:
         self._started_at = executor.clock()
         self._first_exit_at: float | None = None
         self._result: JobResult | None = None
+        self._stopped: str | None = None
 
     @property
     def paths(self) -> TrialPaths:
@@ -373,6 +374,16 @@ class Job:
                 + "; ".join(result.survivors)
             )
 
+    def stop(self, why: str) -> None:
+        """End the trial because its measurement is complete (``why``: ``precise`` or
+        ``raced``): killed as :meth:`cancel` does, with ``result.stopped`` saying why, so the
+        log is judged as a measurement and not as an interrupted run. Does nothing if the
+        trial has already ended."""
+        with self._lock:
+            if self._result is None:
+                self._stopped = why
+                self._kill_all(cancelled=True, timed_out=False)
+
     def result(self) -> JobResult | None:
         """The result if the trial has ended, without polling."""
         return self._result
@@ -415,6 +426,7 @@ class Job:
             duration_s=self._ex.clock() - self._started_at,
             logs=tuple(req.paths.node_log(k) for k in range(len(req.hosts))),
             survivors=tuple(survivors),
+            stopped=self._stopped,
         )
         write_atomic(req.paths.result_json, json.dumps(self._result.to_json(), indent=2) + "\n")
         if survivors:

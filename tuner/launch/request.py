@@ -108,6 +108,9 @@ class JobResult:
     that can never start); None when the exit codes and logs decide."""
     accounting: Mapping[str, str] = field(default_factory=dict)
     """The batch scheduler's final record (Slurm: State, ExitCode, Elapsed, MaxRSS, source)."""
+    stopped: str | None = None
+    """Why the tuner ended the trial early because its measurement was complete (``precise``,
+    ``raced``: :meth:`Job.stop`); None otherwise. Such a job is also ``cancelled``."""
 
     @property
     def ok(self) -> bool:
@@ -136,4 +139,5 @@ class JobResult:
             if self.scheduler_verdict is None
             else list(self.scheduler_verdict),
             "accounting": dict(self.accounting),
+            "stopped": self.stopped,
         }

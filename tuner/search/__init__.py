@@ -7,7 +7,25 @@ never sees a host, a job or a log.
 
 from __future__ import annotations
 
-from tuner.search.sampler import ModelGuidedSampler, make_sampler
-from tuner.search.stopping import Stopper
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.search.sampler import ModelGuidedSampler, make_sampler
+    from tuner.search.stopping import Stopper
+
+_EXPORTS = {
+    "ModelGuidedSampler": "tuner.search.sampler",
+    "Stopper": "tuner.search.stopping",
+    "make_sampler": "tuner.search.sampler",
+}
+"""Each public name and its module, imported on first use: importing one light module of this
+package does not load the heavy ones."""
 
 __all__ = ["ModelGuidedSampler", "Stopper", "make_sampler"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

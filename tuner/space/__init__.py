@@ -10,6 +10,26 @@ the CLI.
 
 from __future__ import annotations
 
-from tuner.space.enumerate import Candidate, SpaceReport, enumerate_space, study_gpu
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.space.candidates import Candidate, SpaceReport
+    from tuner.space.enumerate import enumerate_space, study_gpu
+
+_EXPORTS = {
+    "Candidate": "tuner.space.candidates",
+    "SpaceReport": "tuner.space.candidates",
+    "enumerate_space": "tuner.space.enumerate",
+    "study_gpu": "tuner.space.enumerate",
+}
+"""Each public name and its module, imported on first use: importing one light module of this
+package does not load the heavy ones."""
 
 __all__ = ["Candidate", "SpaceReport", "enumerate_space", "study_gpu"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -219,8 +219,20 @@ class SearchSpec:
     """Budget of launched runs (pruned and invalid configs do not count)."""
     nodes_per_trial: int | Literal["all"] = "all"
     """Nodes per trial; fewer than all lets several trials run at once on disjoint nodes."""
-    trial_timeout_min: float = 20.0
-    """A trial running longer is killed and recorded as timeout."""
+    trial_timeout_min: float | None = None
+    """A trial running longer is ended: recorded with its figure when its log already holds
+    ``min_batches`` steady batches, else as timeout. Unset: per config, 1.5 x its predicted
+    shortest useful trial (``tuner.space.cost``)."""
+    precision: float = 0.02
+    """A trial ends, recorded ok, once the 95 % interval of its steady step time is within this
+    fraction of the mean (``tuner.logs.steady``); ``launch.train_iters`` is the cap."""
+    min_batches: int = 4
+    """Fewest batches of the steady-state estimator before a step time counts as known."""
+    race: bool = True
+    """End a trial as soon as its interval lies entirely above the best measured one's."""
+    startup_min: float = 3.0
+    """Predicted minutes from launch to the first iteration (processes, rendezvous, model build,
+    data loaders), for the time limit and the cost preview."""
     memory_headroom: float = 0.92
     """Prune when the predicted peak exceeds this fraction of GPU memory (but see
     ``memory_probes``)."""
@@ -254,6 +266,12 @@ class SearchSpec:
             _positive(self.nodes_per_trial, "nodes_per_trial")
         _positive(self.trial_timeout_min, "trial_timeout_min")
         _at_most(self.trial_timeout_min, MAX_MINUTES, "trial_timeout_min", "a week")
+        if not 0 < self.precision < 1:
+            raise ConfigError(f"must be in (0, 1), got {self.precision}", path="precision")
+        if not 2 <= self.min_batches <= 100:
+            raise ConfigError(f"must be in 2..100, got {self.min_batches}", path="min_batches")
+        _positive(self.startup_min, "startup_min")
+        _at_most(self.startup_min, MAX_MINUTES, "startup_min", "a week")
         if not 0 < self.memory_headroom <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {self.memory_headroom}", path="memory_headroom"

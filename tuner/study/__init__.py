@@ -11,7 +11,25 @@ Never the report or the CLI.
 
 from __future__ import annotations
 
-from tuner.study.loop import StudyLoop, build_loop
-from tuner.study.record import Summary
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuner.study.loop import StudyLoop, build_loop
+    from tuner.study.record import Summary
+
+_EXPORTS = {
+    "StudyLoop": "tuner.study.loop",
+    "Summary": "tuner.study.record",
+    "build_loop": "tuner.study.loop",
+}
+"""Each public name and its module, imported on first use: importing one light module of this
+package does not load the heavy ones."""
 
 __all__ = ["StudyLoop", "Summary", "build_loop"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

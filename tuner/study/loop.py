@@ -29,13 +29,14 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.calibrate.store import history, keep
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import StorageError
-from tuner.launch import LaunchRequest, NodePool, new_token
+from tuner.launch import NodePool, new_token
 from tuner.layout import ResultsLayout
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.profile.rates import study_rates
 from tuner.search.sampler import make_sampler
 from tuner.search.stopping import Stopper
+from tuner.space.cost import trial_limit_s
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.trials import (
     RETRYABLE,
@@ -46,9 +47,13 @@ from tuner.space.trials import (
 )
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
+from tuner.study.budget import node_hour_refusal, pending_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
+from tuner.study.launchers import make_executor as make_executor
+from tuner.study.launchers import template_launcher as template_launcher
 from tuner.study.leases import Leases, exclusive, give_back, open_leases
+from tuner.study.measure import Watch
 from tuner.study.reattach import Reattach
 from tuner.study.record import (
     LAUNCH_ERRORS_STOP,
@@ -133,6 +138,8 @@ class StudyLoop:
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self.stopper = Stopper(spec, study.sampler)
+        self.watch = Watch(spec)
+        self._over_budget: str | None = None
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
@@ -258,6 +265,9 @@ class StudyLoop:
             if node_dir is not None:
                 trial.set_user_attr("node_dir", node_dir)
             self.scheduler.launched(placement, trial.number, token, node_dir)
+            if request.timeout_s is None:  # the study's limit for this config
+                limit = trial_limit_s(self.spec, trial.user_attrs.get("predicted_step_s"))
+                request = dataclasses.replace(request, timeout_s=limit)
             job = self.executor.submit(request, token=token)
         except Exception as exc:  # a template or file error must not stop the study
             logger.error("trial %d could not be launched: %s", trial.number, exc)
@@ -288,7 +298,8 @@ class StudyLoop:
         self.leases.release(self.worker, [f"config:{config.key()}"])
 
     def reap(self) -> None:
-        """Record every finished job of this worker."""
+        """End the trials whose measurement is complete, then record every finished job."""
+        self.watch.end_complete({n: r.job for n, r in self.running.items()}, self.trials)
         for number, run in list(self.running.items()):
             result = run.job.poll()
             if result is None:
@@ -322,9 +333,20 @@ class StudyLoop:
             return f"wall time limit of {s.max_wall_time_min} min"
         if s.max_node_hours and self.node_hours(trials) >= s.max_node_hours:
             return f"node-hour budget of {s.max_node_hours} spent"
+        if self._over_budget:
+            return self._over_budget
         if self._consecutive_launch_errors >= 3:
             return LAUNCH_ERRORS_STOP
         return self.stopper(trials)
+
+    def _refused_for_node_hours(self, trial: optuna.Trial, config: ParallelConfig) -> bool:
+        """Whether ``config`` could pass ``max_node_hours``: recorded ``interrupted`` if so."""
+        committed = self.node_hours(self.trials()) + pending_node_hours(self.running, self.clock())
+        why = node_hour_refusal(self.spec, committed, trial.user_attrs, config.key())
+        if why is not None:
+            self._over_budget = why
+            self._finish(trial, config, None, Verdict(Outcome.INTERRUPTED, why), 0.0)
+        return why is not None
 
     def node_hours(self, trials: list[FrozenTrial]) -> float:
         """Node-hours of every finished launched trial plus this worker's running ones."""
@@ -400,6 +422,8 @@ class StudyLoop:
                 if turn:  # counted again under the budget lease: no other worker launches now
                     launched = self.launched_count(self.trials())
                 picked = self.next_config() if turn and launched < self.n_trials else None
+                if picked is not None and self._refused_for_node_hours(*picked):
+                    return self.scheduler.release(placement)
                 if picked is None:
                     self.scheduler.release(placement)
                     if turn and launched < self.n_trials:
@@ -440,35 +464,6 @@ class StudyLoop:
 
 
 # ----------------------------------------------------------------------------- wiring
-
-
-def template_launcher(spec: StudySpec, config: ParallelConfig, number: int, group: Any,
-                      paths: Any, master_addr: str) -> Any:  # fmt: skip
-    """The default :data:`Launcher`: render the study's template for the node group."""
-    from tuner.launch import render_launch
-
-    trial_dir = str(paths.dir.resolve())
-    rendered = render_launch(
-        spec, config, hosts=group.hosts, master_addr=master_addr,
-        master_port=group.master_port, trial_dir=trial_dir,
-    )  # fmt: skip
-    return LaunchRequest(
-        trial=number, hosts=tuple(group.hosts), scripts=rendered.scripts, paths=paths,
-        files=rendered.files, timeout_s=spec.search.trial_timeout_min * 60,
-    )  # fmt: skip
-
-
-def make_executor(spec: StudySpec) -> Any:
-    """The executor the study's cluster section names."""
-    from tuner.launch import LocalExecutor, SSHExecutor
-
-    if spec.cluster.executor == "local":
-        return LocalExecutor()
-    if spec.cluster.executor == "ssh":
-        return SSHExecutor(spec.cluster.ssh)
-    from tuner.launch.slurm_alloc import make_slurm_executor
-
-    return make_slurm_executor(spec.cluster.slurm, spec.node_names)
 
 
 def build_loop(

@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config.parallel import ParallelConfig
 from tuner.launch import LaunchRequest
 from tuner.layout import ResultsLayout
+from tuner.space.cost import trial_limit_s
 from tuner.space.trials import config_from_params
 from tuner.spec.study import StudySpec
 from tuner.study.leases import Lease, Leases
@@ -125,7 +126,7 @@ class Reattach:
         return LaunchRequest(
             trial=t.number, hosts=hosts, scripts=("",) * len(hosts),
             paths=self.layout.trial(t.number), node_dir=t.user_attrs.get("node_dir"),
-            timeout_s=self.spec.search.trial_timeout_min * 60,
+            timeout_s=trial_limit_s(self.spec, t.user_attrs.get("predicted_step_s")),
         )  # fmt: skip
 
     def _adopt(self, t: FrozenTrial) -> Adopted | None:

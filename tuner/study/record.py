@@ -30,6 +30,7 @@ from tuner.outcome import Outcome
 from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
 from tuner.study.faults import StorageFailure
+from tuner.study.measure import measured_anyway
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,9 +92,10 @@ def parse_result(spec: StudySpec, result: JobResult) -> Any:
     with the study's warm-up and global batch size and the job's exit codes."""
     from tuner.logs import parse_log_files  # parsers are needed only once jobs finish
 
-    logs = [p for p in result.logs if Path(p).exists()]  # streamed: never a whole log in memory
+    logs = logs_of(result)  # streamed: never a whole log in memory
     return parse_log_files(logs, spec.framework, spec.launch.warmup_iters,
-                           exit_codes=result.exit_codes, timed_out=result.timed_out,
+                           exit_codes=result.exit_codes,
+                           timed_out=result.timed_out or result.stopped is not None,
                            global_batch_size=spec.training.global_batch_size)  # fmt: skip
 
 
@@ -131,14 +133,21 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
     if result.scheduler_verdict is not None:  # Slurm killed it for host memory, preempted it...
         outcome, why = result.scheduler_verdict
         return Verdict(Outcome(outcome), why)
-    if result.cancelled and not result.timed_out:
+    if result.cancelled and not result.timed_out and result.stopped is None:
         return Verdict(Outcome.INTERRUPTED, "the study was stopped")
     m = parse_result(spec, result)
     if m.outcome == Outcome.LAUNCH_ERROR and _PORT_CLASH.search(m.reason or ""):
         # Not the config's fault: another job took the rendezvous port between our check and
         # torchrun's bind. Run it again (on a fresh port), without a strike against the node.
         return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
-    return Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
+    verdict = Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
+    measured: Verdict = measured_anyway(spec, verdict, logs_of(result), result.stopped)
+    return measured
+
+
+def logs_of(result: JobResult) -> list[Path]:
+    """The job's node logs that exist."""
+    return [Path(p) for p in result.logs if Path(p).exists()]
 
 
 _PORT_CLASH = re.compile(r"EADDRINUSE|[Aa]ddress already in use")

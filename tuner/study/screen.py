@@ -21,6 +21,7 @@ from tuner.models.memory.estimate import GIB, estimate_memory, fits
 from tuner.models.rates import Rates
 from tuner.models.time.estimate import estimate_time
 from tuner.outcome import Outcome
+from tuner.space.cost import too_slow_reason, trial_cost
 from tuner.space.enumerate import SharedSpace, study_violations
 from tuner.space.probes import fit_probability
 from tuner.space.trials import (
@@ -84,6 +85,10 @@ class Screen:
         trial.set_user_attr("predicted_peak_phase", memory.phase)
         trial.set_user_attr("predicted_step_s", predicted.step)
         trial.set_user_attr("predicted_mfu", predicted.mfu)
+        cost = trial_cost(spec, predicted.step)
+        if not cost.fits:  # it would only time out: say so, with the fix
+            self._prune(trial, Outcome.PRUNED_TIME, too_slow_reason(spec, cost))
+            return False
         if not fits(memory, self.gpu, spec.search.memory_headroom):
             limit = spec.search.memory_headroom * self.gpu.memory_gib
             reason = f"predicted peak {memory.peak / GIB:.3g} GiB > {limit:.3g} GiB"

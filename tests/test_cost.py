@@ -1,0 +1,220 @@
+"""Paying only for what answers the question: the cost preview and trials sized to their need.
+
+The scenario of issue 33: Llama-3-70B on 16 nodes x 8 H100 over Slurm, global batch 2048. At
+~115 s per step, 30 iterations do not fit the old 20-minute default limit: every trial would have
+timed out. Through the real CLI the dry run must state each trial's minutes and node-hours and
+the budget's, adapt the limit per config when the user set none, and refuse (naming the minutes
+and the fix) when the user's limit fits no config. Then the same space runs for real: the
+Megatron stand-in, launched by the real loop as a process per trial, paced at the tuner's own
+predicted step times (scaled down), and every trial must end ``ok`` as soon as its step time is
+known to the stated precision, before ``train_iters``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuner.cli.cost import spent_json
+from tuner.cli.main import main
+from tuner.launch import LaunchRequest, render_launch
+from tuner.report.leaderboard import load_optuna_study
+from tuner.space.cost import RECORDS_PER_BATCH, trial_cost
+from tuner.space.enumerate import enumerate_space
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+from tuner.study.loop import build_loop
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "standins" / "pretrain_gpt.py"
+TIME_SCALE = 0.002  # a 115 s step sleeps 0.23 s
+
+
+def scenario(**search: Any) -> dict[str, Any]:
+    return {
+        "name": "llama3-70b-16n",
+        "model": {"preset": "llama3-70b"},
+        "training": {"global_batch_size": 2048},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 16,
+                    "executor": "slurm"},
+        "framework": "megatron",
+        "launch": {"template": "megatron_gpt", "megatron_path": str(STANDIN.parent),
+                   "python": sys.executable},
+        "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8], "micro_batch_size": [1, 2],
+                  "sequence_parallel": [True], "recompute": ["none", "selective", "full"],
+                  "distributed_optimizer": [True]},
+        "search": {"n_trials": 8, **search},
+    }  # fmt: skip
+
+
+def write(tmp: Path, data: dict[str, Any]) -> str:
+    path = tmp / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def dry_run(tmp: Path, capsys: pytest.CaptureFixture[str], data: dict[str, Any]) -> Any:
+    code = main(["run", "--study", write(tmp, data), "--dry-run", "--json",
+                 "--results", str(tmp / "results")])  # fmt: skip
+    captured = capsys.readouterr()
+    return code, captured
+
+
+def test_the_dry_run_states_each_trial_and_the_budget_in_node_hours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, captured = dry_run(tmp_path, capsys, scenario())
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    cost = out["cost"]
+    first = out["launch_first"][0]
+    assert first["step_s"] > 100  # the scenario: about two minutes per step
+    row = cost["configs"][0]
+    needed = 5 + 4 * RECORDS_PER_BATCH  # warm-up floor + min_batches batches of two records
+    assert row["trial_min"] == pytest.approx(3.0 + needed * first["step_s"] / 60, abs=0.01)
+    assert row["trial_min"] > 20  # what the old fixed 20-minute limit would have killed
+    assert row["fits"] and row["limit_min"] >= row["trial_min"]  # adapted: a limit per config
+    assert row["node_hours"] == pytest.approx(row["trial_min"] * 16 / 60, abs=0.01)
+    assert 0 < cost["expected_node_hours"] <= cost["worst_node_hours"]
+    assert cost["launches"] == 8 and not cost["too_slow"]
+    # the text form says the same
+    code = main(["run", "--study", write(tmp_path, scenario()), "--dry-run",
+                 "--results", str(tmp_path / "results")])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0 and "node-hours" in text and "trial min" in text
+
+
+def test_tune_space_shows_the_cost_of_its_top_configs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["space", "--study", write(tmp_path, scenario()), "--json", "--top", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["cost"]["configs"]
+    assert [r["predicted_step_s"] for r in rows] == [t["step_s"] for t in out["top"]]
+    assert all(r["trial_min"] > 3.0 and r["node_hours"] > 0 for r in rows)
+    assert out["cost"]["worst_node_hours"] >= out["cost"]["expected_node_hours"] > 0
+
+
+def test_a_limit_no_config_fits_is_refused_with_the_minutes_and_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=20))
+    assert code == 2 and captured.out == ""
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1
+    assert "search.trial_timeout_min" in err and "min (start-up" in err
+    assert "raise search.trial_timeout_min to" in err
+    code = main(["run", "--study", write(tmp_path, scenario(trial_timeout_min=20)),
+                 "--results", str(tmp_path / "results"), "--skip-preflight"])  # fmt: skip
+    assert code == 2  # the real run refuses too, before anything is created
+    assert not (tmp_path / "results").exists()
+
+
+def test_configs_too_slow_for_the_limit_are_named_and_never_launched_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=30))
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    slow = {item["config"]: item for item in out["cost"]["too_slow"]}
+    assert slow, "some configs of the scenario need more than 30 min of iterations"
+    for item in slow.values():  # the iterations alone (start-up is 3 min) exceed the limit
+        assert item["trial_min"] - 3.0 > 30 and "raise search.trial_timeout_min" in item["reason"]
+    assert not {c["config"] for c in out["cost"]["configs"]} & set(slow)  # never launched first
+    assert out["cost"]["configs"] and all(c["fits"] for c in out["cost"]["configs"])
+
+
+# ----------------------------------------------------------------------------- a paced study
+
+
+def paced_surface(spec: StudySpec) -> dict[str, Any]:
+    """The stand-in's table: every config at the tuner's own predicted step time and peak."""
+    report = enumerate_space(spec)
+    configs = {}
+    for c in (*report.ranked(), *report.probes):
+        config = c.config
+        key = (f"tp={config.tp},pp={config.pp},cp={config.cp},vp={config.vp},"
+               f"mbs={config.micro_batch_size},recompute={config.recompute},"
+               f"sp={int(config.sequence_parallel and config.tp > 1)},"
+               f"distopt={int(config.distributed_optimizer)}")  # fmt: skip
+        configs[key] = {"step_s": c.time.step if c.time else 200.0,
+                        "memory_gib": c.memory.peak / 2**30}  # fmt: skip
+    return {"kind": "formula", "step_s": 200.0, "memory_gib": 10.0, "configs": configs,
+            "noise": 0.01, "warmup_factor": 1.5}  # fmt: skip
+
+
+def one_process(spec: StudySpec, config: Any, number: int, group: Any, paths: Any,
+                master: str) -> LaunchRequest:  # fmt: skip
+    """The template's script with ``torchrun`` swapped for one stand-in process playing every
+    rank on the first node (128 ranks on this machine would be 128 processes)."""
+    rendered = render_launch(spec, config, hosts=group.hosts, master_addr=master,
+                             master_port=group.master_port,
+                             trial_dir=str(paths.dir.resolve()))  # fmt: skip
+    head = rendered.scripts[0].split("exec torchrun", 1)[0]
+    node0 = head + f'WORLD_SIZE={spec.world_size} exec {sys.executable} {STANDIN} "${{args[@]}}"\n'
+    scripts = (node0,) + ("exit 0\n",) * (len(group.hosts) - 1)
+    return LaunchRequest(trial=number, hosts=tuple(group.hosts), scripts=scripts, paths=paths,
+                         timeout_s=None)  # fmt: skip
+
+
+def paced_study(tmp_path: Path, **search: Any) -> tuple[StudySpec, Any, list[Any]]:
+    """The scenario on this machine's 16 local "nodes", paced by the predictions: (spec, the
+    run's summary, every trial of the study)."""
+    data = scenario(n_trials=4, seed=1, **search)
+    data["cluster"] = dict(data["cluster"], executor="local")
+    spec = study_from_mapping(data)
+    (tmp_path / "surface.json").write_text(json.dumps(paced_surface(spec)))
+    data["launch"]["env"] = {"TUNER_STANDIN_SURFACE": str(tmp_path / "surface.json"),
+                             "TUNER_STANDIN_TIME_SCALE": str(TIME_SCALE)}  # fmt: skip
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"), launcher=one_process)
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    return spec, summary, load_optuna_study(spec, None, str(tmp_path / "results")).trials
+
+
+@pytest.mark.slow
+def test_a_paced_study_ends_every_trial_ok_at_the_stated_precision(tmp_path: Path) -> None:
+    spec, summary, everything = paced_study(tmp_path)
+    trials = [t for t in everything if t.user_attrs.get("launched")]
+    assert len(trials) == summary.launched >= 2, summary
+    precision = spec.search.precision
+    for t in trials:
+        a = t.user_attrs
+        assert a["outcome"] == "ok", (t.number, a.get("reason"))
+        assert a["ended"] in ("precise", "raced"), a
+        assert a["iterations"] < spec.launch.train_iters  # ended before the cap
+        assert a["steady_batches"] >= spec.search.min_batches
+        if a["ended"] == "precise":
+            assert a["steady_halfwidth_s"] <= precision * a["steady_step_s"]
+        assert a["steady_step_s"] == pytest.approx(a["predicted_step_s"], rel=0.03)
+        # its limit and its cost were the predicted ones: start-up + iterations, with a margin
+        limit = trial_cost(spec, a["predicted_step_s"]).limit_minutes
+        assert limit > trial_cost(spec, a["predicted_step_s"]).minutes
+    assert any(t.user_attrs["ended"] == "precise" for t in trials)
+    spent = spent_json(everything)  # what the end of tune run says was spent, and on what
+    assert spent["node_hours"] > 0 and set(spent["by_outcome"]) == {"ok"}
+    assert sum(spent["measured_ended"].values()) == len(trials)
+    assert "cap" not in spent["measured_ended"]
+
+
+@pytest.mark.slow
+def test_the_node_hour_budget_stops_a_launch_that_could_pass_it(tmp_path: Path) -> None:
+    spec = study_from_mapping(scenario())
+    first = enumerate_space(spec).ranked()[0]
+    budget = trial_cost(spec, first.time.step if first.time else None).worst_node_hours
+    # the first trial's worst case is exactly the budget: it may run; after it, anything spent
+    # plus the next trial's worst case (no smaller: the search starts from the fastest) is over
+    spec, summary, trials = paced_study(tmp_path, max_node_hours=budget)
+    launched = [t for t in trials if t.user_attrs.get("launched")]
+    assert len(launched) == 1 and launched[0].user_attrs["outcome"] == "ok"
+    refused = [t for t in trials if t.user_attrs.get("outcome") == "interrupted"]
+    assert len(refused) == 1 and "node-hour budget" in refused[0].user_attrs["reason"]
+    assert summary.stop_reason.startswith("node-hour budget")

@@ -1,0 +1,133 @@
+"""The cost preview of ``tune run --dry-run`` and ``tune space``: minutes and node-hours.
+
+Per config: the predicted minutes of its shortest useful trial (start-up, warm-up and the
+iterations the steady-state estimator needs), its time limit and its node-hours
+(:mod:`tuner.space.cost`). For the study: the expected and worst-case node-hours of its budget,
+and every config that cannot be measured within the time limit the user set, with the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.space.cost import budget_cost, require_measurable, too_slow_reason, trial_cost
+from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    from tuner.space.candidates import Candidate
+
+SHOWN_TOO_SLOW = 10
+"""The most configs named one by one as too slow to measure (the rest are counted)."""
+
+
+def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Candidate],
+              n_trials: int) -> dict[str, Any]:  # fmt: skip
+    """The preview as one JSON object: ``shown`` configs one by one, the budget over
+    ``ranked`` (every viable config, fastest predicted first)."""
+    costs = [trial_cost(spec, c.time.step if c.time else None) for c in ranked]
+    budget = budget_cost(costs, n_trials)
+    slow = [(c, k) for c, k in zip(ranked, costs, strict=True) if not k.fits]
+    by_key = {c.config.key(): k for c, k in zip(ranked, costs, strict=True)}
+    return {
+        "configs": [
+            _row(c, by_key.get(c.config.key()) or trial_cost(spec, _step(c))) for c in shown
+        ],  # fmt: skip
+        "launches": budget.launches,
+        "expected_node_hours": round(budget.expected_node_hours, 3),
+        "worst_node_hours": round(budget.worst_node_hours, 3),
+        "max_node_hours": spec.search.max_node_hours,
+        "startup_min": spec.search.startup_min,
+        "precision": spec.search.precision,
+        "too_slow": [
+            {
+                "config": c.config.key(),
+                "trial_min": round(k.minutes, 2),
+                "reason": too_slow_reason(spec, k),
+            }
+            for c, k in slow
+        ],  # fmt: skip
+    }
+
+
+def _step(c: Candidate) -> float | None:
+    return c.time.step if c.time else None
+
+
+def _row(c: Candidate, k: Any) -> dict[str, Any]:
+    return {
+        "config": c.config.key(), "predicted_step_s": _step(c),
+        "trial_min": round(k.minutes, 2), "limit_min": round(k.limit_minutes, 2),
+        "node_hours": round(k.node_hours, 3), "worst_node_hours": round(k.worst_node_hours, 3),
+        "fits": k.fits,
+    }  # fmt: skip
+
+
+def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
+    """The preview for a terminal."""
+    if cost["configs"]:
+        table = Table(title="cost of one trial (shortest useful trial: start-up + warm-up + "
+                      "the iterations the step-time estimate needs)")  # fmt: skip
+        for col in ("config", "step s", "trial min", "limit min", "node-h", "worst node-h"):
+            table.add_column(col, justify="left" if col == "config" else "right")
+        for row in cost["configs"]:
+            table.add_row(
+                row["config"], f"{row['predicted_step_s'] or 0:.3f}", f"{row['trial_min']:.1f}",
+                f"{row['limit_min']:.1f}", f"{row['node_hours']:.2f}",
+                f"{row['worst_node_hours']:.2f}",
+            )  # fmt: skip
+        console.print(table)
+    budget = f" (max_node_hours {cost['max_node_hours']:g})" if cost["max_node_hours"] else ""
+    console.print(
+        f"budget of {cost['launches']} launches: expected {cost['expected_node_hours']:.2f} "
+        f"node-hours (each ended once its step time is known to "
+        f"±{spec.search.precision:.0%}), worst case {cost['worst_node_hours']:.2f} "
+        f"(each running to its time limit or train_iters){budget}"
+    )
+    slow = cost["too_slow"]
+    for item in slow[:SHOWN_TOO_SLOW]:
+        console.print(f"not launched: {item['config']}: {item['reason']}")
+    if len(slow) > SHOWN_TOO_SLOW:
+        console.print(f"... and {len(slow) - SHOWN_TOO_SLOW} more configs too slow to measure")
+
+
+def measurable(spec: StudySpec, ranked: Sequence[Candidate]) -> list[Candidate]:
+    """The configs whose shortest useful trial fits the time limit (all, without a user's
+    limit), in the given order; :class:`~tuner.errors.ConfigError` when there is none."""
+    costs = [trial_cost(spec, _step(c)) for c in ranked]
+    require_measurable(spec, costs)
+    return [c for c, k in zip(ranked, costs, strict=True) if k.fits]
+
+
+def spent_json(trials: Sequence[Any]) -> dict[str, Any]:
+    """What a study's launched trials (Optuna ``FrozenTrial``) spent, in node-hours: in all, by
+    outcome, and how the measured ones ended (``precise``, ``raced``, ``limit``, or ``cap``:
+    they ran all ``train_iters``)."""
+    by_outcome: dict[str, float] = {}
+    by_end: dict[str, int] = {}
+    for t in trials:
+        a = t.user_attrs
+        if not a.get("launched") or "outcome" not in a:
+            continue
+        hours = float(a.get("duration_s", 0.0)) * len(a.get("hosts", ())) / 3600
+        by_outcome[a["outcome"]] = by_outcome.get(a["outcome"], 0.0) + hours
+        if a["outcome"] == "ok":
+            end = str(a.get("ended", "cap"))
+            by_end[end] = by_end.get(end, 0) + 1
+    return {
+        "node_hours": round(sum(by_outcome.values()), 4),
+        "by_outcome": {k: round(v, 4) for k, v in sorted(by_outcome.items())},
+        "measured_ended": dict(sorted(by_end.items())),
+    }
+
+
+def spent_line(trials: Sequence[Any]) -> str:
+    """:func:`spent_json` as one line for the end of ``tune run``."""
+    spent = spent_json(trials)
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in spent["by_outcome"].items()) or "nothing"
+    ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
+    tail = f"; measured trials ended: {ends}" if ends else ""
+    return f"spent: {spent['node_hours']:.2f} node-hours ({parts}){tail}"

@@ -1,0 +1,141 @@
+"""What a trial costs before it runs: its predicted minutes, its time limit and its node-hours.
+
+A trial is start-up (``search.startup_min``: processes, rendezvous, model build, data loaders),
+then the warm-up (``launch.warmup_iters``), then the iterations the steady-state estimator
+(:mod:`tuner.logs.steady`) needs before the step time can be known: ``search.min_batches``
+batches of at least :data:`RECORDS_PER_BATCH` records each (Megatron logs one record per
+iteration in the shipped templates). That is the *shortest useful trial*; the study loop ends a
+trial as soon as its step time is known to ``search.precision``, and ``launch.train_iters`` caps
+it. The trial time limit is ``search.trial_timeout_min`` when the user set one, else
+:data:`LIMIT_MARGIN` times the predicted shortest useful trial (never less than
+:data:`MIN_LIMIT_MIN`): noisy step times that need more iterations are cut there, and the
+figure is recorded when the log already holds enough steady batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tuner.errors import ConfigError
+from tuner.spec.study import StudySpec
+
+RECORDS_PER_BATCH = 2
+"""The fewest records per batch: the estimator's batch is ``ceil(2 * tau)`` records and the
+autocorrelation time ``tau`` is at least 1."""
+
+LIMIT_MARGIN = 1.5
+"""Default time limit over the predicted shortest useful trial: room for a slower start-up, a
+slower first step and a noisier step time than predicted."""
+
+MIN_LIMIT_MIN = 2.0
+"""The shortest default time limit, minutes (a trial of a tiny model still needs its start-up)."""
+
+
+def useful_iterations(spec: StudySpec) -> int:
+    """Iterations of the shortest useful trial (warm-up + the estimator's minimum), capped by
+    ``train_iters``."""
+    needed = spec.launch.warmup_iters + spec.search.min_batches * RECORDS_PER_BATCH
+    return min(needed, spec.launch.train_iters)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialCost:
+    """The predicted duration and cost of one config's trial."""
+
+    minutes: float
+    """The shortest useful trial: start-up + warm-up + the estimator's minimum iterations."""
+    cap_minutes: float
+    """The trial if it runs all ``train_iters`` (its precision never reached)."""
+    limit_minutes: float
+    """The trial time limit (the user's, or the default from ``minutes``)."""
+    nodes: int
+    """Nodes the trial holds."""
+    fits: bool
+    """The predicted iterations of the shortest useful trial (warm-up and the estimator's
+    minimum) fit the time limit. Start-up is left out of this check: it is the user's estimate
+    (``search.startup_min``), not the model's, and a limit shorter than it is the user's call."""
+
+    @property
+    def node_hours(self) -> float:
+        """Expected node-hours: the shortest useful trial on its nodes."""
+        return self.minutes * self.nodes / 60
+
+    @property
+    def worst_node_hours(self) -> float:
+        """Node-hours if the trial runs to its time limit or its cap, whichever comes first."""
+        return min(self.limit_minutes, self.cap_minutes) * self.nodes / 60
+
+
+def trial_cost(spec: StudySpec, step_s: float | None) -> TrialCost:
+    """The cost of a trial whose predicted step time is ``step_s`` (None: unknown, start-up
+    only)."""
+    step = step_s or 0.0
+    startup = spec.search.startup_min
+    iterations = useful_iterations(spec) * step / 60
+    minutes = startup + iterations
+    cap = startup + spec.launch.train_iters * step / 60
+    limit = spec.search.trial_timeout_min
+    if limit is None:
+        limit = max(MIN_LIMIT_MIN, LIMIT_MARGIN * minutes)
+    return TrialCost(minutes=minutes, cap_minutes=cap, limit_minutes=limit,
+                     nodes=spec.nodes_per_trial, fits=iterations <= limit)  # fmt: skip
+
+
+def trial_limit_s(spec: StudySpec, step_s: float | None) -> float:
+    """The time limit of a trial whose predicted step time is ``step_s``, seconds."""
+    return trial_cost(spec, step_s).limit_minutes * 60
+
+
+def too_slow_reason(spec: StudySpec, cost: TrialCost) -> str:
+    """Why a config whose shortest useful trial does not fit the limit is not launched, and the
+    fix."""
+    need = math.ceil(cost.minutes)
+    iterations = cost.minutes - spec.search.startup_min
+    return (
+        f"its shortest useful trial takes {cost.minutes:.1f} min (start-up "
+        f"{spec.search.startup_min:g} + {useful_iterations(spec)} iterations in "
+        f"{iterations:.1f}), and the iterations alone exceed search.trial_timeout_min "
+        f"{spec.search.trial_timeout_min:g}: raise "
+        f"search.trial_timeout_min to {need} or more (or leave it unset for a limit per config), "
+        "or lower training.global_batch_size to measure fewer micro-batches per step"
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetCost:
+    """The node-hours a study's budget may spend."""
+
+    launches: int
+    """Launches counted: ``n_trials``, or fewer when the space has fewer configs that fit."""
+    expected_node_hours: float
+    """The configs launched first (predicted fastest), each stopped at its shortest useful
+    trial."""
+    worst_node_hours: float
+    """Every launch running to its limit (or cap), the costliest configs counted."""
+
+
+def budget_cost(costs_fastest_first: Sequence[TrialCost], n_trials: int) -> BudgetCost:
+    """The budget's node-hours over the viable configs' costs, in predicted-step order (the
+    order the search starts from); configs that do not fit are never launched."""
+    fitting = [c for c in costs_fastest_first if c.fits]
+    n = min(n_trials, len(fitting))
+    worst = sorted((c.worst_node_hours for c in fitting), reverse=True)[:n]
+    return BudgetCost(
+        launches=n, expected_node_hours=sum(c.node_hours for c in fitting[:n]),
+        worst_node_hours=sum(worst),
+    )  # fmt: skip
+
+
+def require_measurable(spec: StudySpec, costs: Sequence[TrialCost]) -> None:
+    """:class:`ConfigError` when not one viable config's shortest useful trial fits the time
+    limit the user set: the study would launch nothing but time-outs."""
+    if not costs or any(c.fits for c in costs):
+        return
+    quickest = min(costs, key=lambda c: c.minutes)
+    raise ConfigError(
+        f"no config can be measured within {spec.search.trial_timeout_min:g} min: "
+        + too_slow_reason(spec, quickest),
+        path="search.trial_timeout_min",
+    )

@@ -1,0 +1,42 @@
+"""``max_node_hours`` enforced before a launch that could pass it, not after.
+
+A launch is refused when what was spent, plus what the running trials may still spend up to
+their time limits, plus the new trial's worst case (its limit, or its ``train_iters`` cap when
+that comes first: :class:`tuner.space.cost.TrialCost`) would pass the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tuner.space.cost import trial_cost
+from tuner.spec.study import StudySpec
+
+
+def pending_node_hours(running: Mapping[int, Any], now: float) -> float:
+    """What running trials (:class:`tuner.study.loop.Running` by number) may still spend up to
+    their time limits, node-hours."""
+    seconds = 0.0
+    for r in running.values():
+        left = float(r.job.request.timeout_s or 0.0) - (now - float(r.started))
+        seconds += max(0.0, left) * len(r.group.hosts)
+    return seconds / 3600
+
+
+def node_hour_refusal(
+    spec: StudySpec, committed: float, attrs: Mapping[str, Any], key: str
+) -> str | None:
+    """Why the trial of config ``key`` (its attributes ``attrs`` hold its predicted step time)
+    must not start under ``search.max_node_hours`` with ``committed`` node-hours spent or held
+    by running trials; None: it may."""
+    budget = spec.search.max_node_hours
+    if not budget:
+        return None
+    worst = trial_cost(spec, attrs.get("predicted_step_s")).worst_node_hours
+    if committed + worst <= budget:
+        return None
+    return (
+        f"node-hour budget of {budget:g}: {committed:.2f} spent or committed, and the next "
+        f"trial ({key}) could take {worst:.2f}"
+    )

@@ -1,0 +1,173 @@
+"""A trial lasts as long as its measurement needs: watching running trials' logs.
+
+The loop (:mod:`tuner.study.loop`) asks :class:`Watch` about each running trial a few times a
+second. The watch reads what the trial's node logs gained since it last looked (the executors
+stream them into the trial folder), keeps Megatron's iteration records, and runs the
+steady-state estimator (:mod:`tuner.logs.steady`) over them. A trial is ended cleanly:
+
+- ``precise``: its step time is known (``search.min_batches`` batches, 95 % interval within
+  ``search.precision`` of the mean);
+- ``raced`` (``search.race``): its interval lies entirely above the best measured trial's, so
+  it cannot win.
+
+A trial that runs to its time limit is recorded with its figure when its log holds enough steady
+batches (:func:`measured_anyway`). Logs without Megatron iteration lines (DeepSpeed's own) are
+never ended early.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import FrozenTrial
+
+from tuner.logs.megatron import iteration_records
+from tuner.logs.steady import ESTIMATOR, Record, SteadyEstimate, estimate
+from tuner.outcome import Outcome
+from tuner.spec.study import StudySpec
+
+logger = logging.getLogger(__name__)
+
+_READ_CHUNK = 1 << 20
+
+
+class LogTail:
+    """The iteration records of one trial's node logs, read incrementally."""
+
+    def __init__(self, logs: Sequence[Path]) -> None:
+        self.logs = list(logs)
+        self._offsets = [0] * len(self.logs)
+        self._partial = [""] * len(self.logs)
+        self.records: dict[int, float] = {}
+        """Iteration -> average seconds per iteration of the record ending there."""
+
+    def read(self) -> list[Record]:
+        """Read what the logs gained; every record so far, in iteration order."""
+        for k, path in enumerate(self.logs):
+            try:
+                with path.open("rb") as f:
+                    f.seek(self._offsets[k])
+                    while data := f.read(_READ_CHUNK):
+                        self._offsets[k] += len(data)
+                        self._feed(k, data.decode("utf-8", errors="replace"))
+            except OSError:
+                continue  # not created yet
+        return [Record(iteration=i, step_s=s) for i, s in sorted(self.records.items())]
+
+    def _feed(self, k: int, text: str) -> None:
+        *lines, self._partial[k] = (self._partial[k] + text).split("\n")
+        for line in lines:
+            if "iteration" not in line:
+                continue
+            for r in iteration_records(line):
+                if r.step_time_s is not None:
+                    self.records.setdefault(r.iteration, r.step_time_s)
+
+
+def steady_estimate(spec: StudySpec, records: Sequence[Record]) -> SteadyEstimate:
+    """The estimator with the study's warm-up floor, precision and minimum batches."""
+    s = spec.search
+    return estimate(records, warmup_iters=spec.launch.warmup_iters, precision=s.precision,
+                    min_batches=s.min_batches)  # fmt: skip
+
+
+def steady_attrs(found: SteadyEstimate) -> dict[str, Any]:
+    """The estimate as trial attributes (``metrics.json`` too)."""
+    return {
+        "steady_step_s": found.mean_s, "steady_halfwidth_s": found.half_width_s,
+        "steady_batches": found.batches, "steady_iterations": found.steady_iterations,
+        "steady_estimator": ESTIMATOR,
+    }  # fmt: skip
+
+
+def incumbent_high(trials: Sequence[FrozenTrial], precision: float) -> float | None:
+    """The upper end of the best measured trial's interval (its step time plus ``precision``
+    when it recorded no interval); None before any measurement."""
+    done = [t for t in trials if t.value is not None and t.user_attrs.get("outcome") == "ok"]
+    if not done:
+        return None
+    best = min(done, key=lambda t: float(t.value or 0.0))
+    mean = best.user_attrs.get("steady_step_s")
+    half = best.user_attrs.get("steady_halfwidth_s")
+    if mean is not None and half is not None:
+        return float(mean) + float(half)
+    return float(best.value or 0.0) * (1 + precision)
+
+
+class Watch:
+    """Decides when a running trial's measurement is complete."""
+
+    def __init__(self, spec: StudySpec) -> None:
+        self.spec = spec
+        self._tails: dict[int, LogTail] = {}
+        self._seen: dict[int, tuple[int, float | None]] = {}
+
+    def why_stop(self, number: int, logs: Sequence[Path], best_high: float | None) -> str | None:
+        """``precise``, ``raced`` or None (go on) for trial ``number`` logging to ``logs``."""
+        tail = self._tails.setdefault(number, LogTail(logs))
+        records = tail.read()
+        seen = (len(records), best_high)
+        if self._seen.get(number) == seen:
+            return None  # nothing new since the last look
+        self._seen[number] = seen
+        found = steady_estimate(self.spec, records)
+        if found.precise:
+            return "precise"
+        low = found.low_s
+        if self.spec.search.race and found.enough and best_high is not None and low is not None:
+            if low > best_high:
+                return "raced"
+        return None
+
+    def end_complete(
+        self, jobs: Mapping[int, Any], trials: Callable[[], Sequence[FrozenTrial]]
+    ) -> None:
+        """Stop every job (:class:`tuner.launch.Job`, by trial number) whose measurement is
+        complete; ``trials`` reads the study's trials (only when a job runs)."""
+        for gone in set(self._tails) - set(jobs):
+            del self._tails[gone]  # the trial ended
+            self._seen.pop(gone, None)
+        if not jobs:
+            return
+        high = incumbent_high(trials(), self.spec.search.precision)
+        for number, job in jobs.items():
+            if job.result() is not None:
+                continue
+            logs = [job.paths.node_log(k) for k in range(len(job.request.hosts))]
+            why = self.why_stop(number, logs, high)
+            if why is not None:
+                logger.info("trial %d: measurement complete (%s); ending it", number, why)
+                job.stop(why)
+
+
+def measured_anyway(spec: StudySpec, verdict: Any, logs: Sequence[Path], stopped: str | None,
+                    ) -> Any:  # fmt: skip
+    """A trial ended at its time limit or by the watch is ``ok`` with its figure when its log
+    holds enough steady batches; the estimate's attributes go on every verdict with records.
+    ``verdict``: :class:`tuner.study.record.Verdict`."""
+    records = LogTail([Path(p) for p in logs]).read()
+    if not records:
+        return verdict
+    found = steady_estimate(spec, records)
+    if verdict.outcome == Outcome.TIMEOUT:
+        found = settled(spec, records, precise=stopped == "precise") or found
+    metrics = {**verdict.metrics, **steady_attrs(found)}
+    if verdict.outcome == Outcome.TIMEOUT and found.enough and verdict.metrics.get("step_time_s"):
+        metrics["ended"] = stopped or "limit"
+        return replace(verdict, outcome=Outcome.OK, reason=None, metrics=metrics)
+    return replace(verdict, metrics=metrics)
+
+
+def settled(spec: StudySpec, records: Sequence[Record], *, precise: bool) -> SteadyEstimate | None:
+    """The estimate over the longest prefix of ``records`` that is precise (``precise``) or has
+    enough batches: what the watch saw when it ended the trial, or the most a trial cut at its
+    limit can say. The batch size follows the records, so a longer prefix may say less."""
+    for n in range(len(records), 0, -1):
+        found = steady_estimate(spec, records[:n])
+        if found.precise or (found.enough and not precise):
+            return found
+    return None
