@@ -306,7 +306,7 @@ class StudyLoop:
         if self.stop_requested:
             return self.stop_requested
         if self.runs_done(trials) >= self.n_trials:
-            return f"ran {self.n_trials} trials (n_trials)"
+            return f"ran {self.n_trials} trial{'' if self.n_trials == 1 else 's'} (n_trials)"
         if s.max_wall_time_min and self.clock() - self.started >= s.max_wall_time_min * 60:
             return f"wall time limit of {s.max_wall_time_min} min"
         if s.max_node_hours and self.node_hours(trials) >= s.max_node_hours:
