@@ -17,3 +17,12 @@ def add_format_option(
     if json_synonym:
         parser.add_argument("--json", dest="format", action="store_const", const="json",
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
+
+
+def add_columns_option(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """``--columns a,b``: which of a table's columns to show, in that order."""
+    parser.add_argument(
+        "--columns", metavar="NAME[,NAME]", default=None,
+        help=f"the table's columns, in this order (default: as many as fit; names: "
+        f"{', '.join(names)})",
+    )  # fmt: skip

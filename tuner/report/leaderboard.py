@@ -28,8 +28,10 @@ COLUMNS = [
     "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
     "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
-    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
+    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap", "key",
 ]  # fmt: skip
+# "key" is the config's full machine key (ParallelConfig.key) for CSV and JSON; the table spells
+# the config compactly (tuner.config.spelling).
 # Which of the memory model's three figures (allocated / reserved / device) a log's peak is:
 # both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
 # max_memory_reserved beside it; the predicted peak is the device figure (nvidia-smi).
@@ -78,7 +80,7 @@ def _row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_peak_stage": a.get("predicted_peak_stage"),
         "predicted_peak_phase": a.get("predicted_peak_phase"),
         "ep": c.ep if c else None, "etp": c.expert_tp if c else None,
-        "dispatcher": c.moe_token_dispatcher if c else None,
+        "dispatcher": c.moe_token_dispatcher if c else None, "key": c.key() if c else None,
     }  # fmt: skip
 
 
