@@ -251,7 +251,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
             render.show(console, line)
         console.print("the saved calibration reorders them: the model sampler starts from the "
                       "calibrated ranking")  # fmt: skip
-    console.print(f"{then} until {budget} runs; nothing was launched (--dry-run).")
+    console.print(f"{then} until {units.plural(budget, 'run')}; nothing was launched (--dry-run).")
     return 0
 
 

@@ -31,6 +31,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.calibrate.store import history, keep
 from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import spell
 from tuner.errors import StorageError
 from tuner.launch import LaunchRequest, NodePool, new_token
 from tuner.layout import ResultsLayout
@@ -258,7 +259,7 @@ class StudyLoop:
         self.running[trial.number] = Running(trial, config, job, placement, self.clock())
         self._beating = tuple(self.running)
         logger.info(
-            "trial %d started on %s: %s", trial.number, ",".join(group.hosts), config.key()
+            "trial %d started on %s: %s", trial.number, ",".join(group.hosts), spell(config)
         )
 
     def _finish(
