@@ -68,3 +68,34 @@ def test_the_budget_eta() -> None:
     assert (
         clock_text(59.4) == "0:59" and clock_text(3723) == "1:02:03" and clock_text(-5) == "0:00"
     )
+
+
+def test_the_live_display_shows_phase_eta_and_job(tmp_path: Path) -> None:
+    """The live table and status of a loop with one queued Slurm trial and one finished."""
+    from optuna.trial import create_trial
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.config.parallel import ParallelConfig
+
+    finished = create_trial(value=1.5, user_attrs={"duration_s": 120.0, "predicted_step_s": 1.4})
+    finished.number = 0
+    paths = SimpleNamespace(node_log=lambda rank: tmp_path / f"node-{rank}.log")
+    job = SimpleNamespace(job_id="4242", state="PENDING", pending_reason="Priority", paths=paths)
+    config = ParallelConfig(tp=2, dp=4, sequence_parallel=True, global_batch_size=64)
+    run = SimpleNamespace(job=job, started=500.0, config=config,
+                          group=SimpleNamespace(hosts=("slurm-0",)))  # fmt: skip
+    loop = SimpleNamespace(
+        spec=SPEC, clock=lambda: 560.0, started=0.0, running={1: run}, n_trials=1,
+        trials=lambda: [finished], best=lambda trials: finished,
+        summary=SimpleNamespace(outcomes={"ok": 1}), launched_count=lambda trials: 2,
+        node_hours=lambda trials: 0.05,
+    )  # fmt: skip
+    console = Console(record=True, width=120)
+    console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
+    text = console.export_text()
+    assert "tp2 pp1 dp4 sp mbs1 ga16" in text and "queued (Priority)" in text
+    assert "4242" in text and "2/1 run, 0.05 node-hours, 9:20 elapsed" in text
+    assert "about 1:00 left" in text  # nothing more to launch: the queued one's 120 - 60 s
+    line = LiveProgress()._line(loop)  # type: ignore[arg-type]
+    assert line == "running 1 (trial 1 queued (Priority)); ok 1; best 1.500 s (trial 0)"

@@ -71,7 +71,7 @@ class LiveProgress:
         now = loop.clock()
         running = Table(title="running trials")
         for col in ("trial", "nodes", "config", "phase", "elapsed", "left", "Slurm job"):
-            running.add_column(col, no_wrap=col != "config")
+            running.add_column(col, no_wrap=col != "config", overflow="fold")
         for number, run in sorted(loop.running.items()):
             job, phase, left = running_cells(loop, run)
             running.add_row(str(number), ",".join(run.group.hosts), spell(run.config), phase,
