@@ -112,21 +112,38 @@ def _check_golden(name: str, text: str, results: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("width", [80, 160])
+@pytest.mark.parametrize("width", [80, 160, None])
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_tables_fit_and_match_their_golden_files(
-    command: str, width: int, stored: Path, capsys: pytest.CaptureFixture[str],
+    command: str, width: int | None, stored: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    """At 80 and 160 columns every table line fits; without a width (a file) the plain form;
+    never an ellipsis, never the machine key."""
     text = run([*COMMANDS[command], "--results", str(stored)], width, capsys, monkeypatch)
     lines = text.splitlines()
     table_lines = [ln for ln in lines if "─" in ln or "  " in ln.strip()]
     assert table_lines, text
-    for line in table_lines:
+    for line in table_lines if width else ():
         assert len(line.rstrip()) <= width, line
     assert "…" not in text and "..." not in text
     assert "tp=" not in text  # the machine key never reaches a person
-    _check_golden(f"{command}-{width}.txt", text, stored)
+    _check_golden(f"{command}-{width or 'plain'}.txt", text, stored)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_the_json_form_keeps_every_field(
+    command: str, stored: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    argv = [*COMMANDS[command], "--results", str(stored)]
+    flag = ["--format", "json"]
+    data = json.loads(run([*argv, *flag], 80, capsys, monkeypatch))
+    configs = {"space": lambda d: d["top"][0]["config"], "estimate": lambda d: d["config"],
+               "calibrate": lambda d: d["trials"][0]["config"],
+               "leaderboard": lambda d: d[0]}  # fmt: skip
+    config = configs[command](data)
+    assert {"tp", "pp", "dp"} <= set(config)  # every knob by its full name
 
 
 def test_a_file_gets_the_plain_form_with_every_column(
