@@ -190,7 +190,9 @@ def test_machine_formats_keep_the_full_key(
     assert space["top"][0]["config"]["tp"] == 4
 
 
-@pytest.mark.parametrize("command", ["estimate", "space", "run", "leaderboard", "catalog"])
+@pytest.mark.parametrize(
+    "command", ["estimate", "space", "run", "leaderboard", "catalog", "calibrate"]
+)
 def test_help_explains_every_abbreviation(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -214,3 +216,37 @@ def test_counts_in_correct_english() -> None:
 
     assert plural(1, "trial") == "1 trial" and plural(2, "trial") == "2 trials"
     assert plural(0, "config") == "0 configs"
+
+
+def _grid(minor: bool) -> object:
+    from tuner.cli.render import Column, Grid
+
+    return Grid(
+        title="t",
+        columns=(Column(name="a", header="a"), Column(name="text", header="text", wrap=2),
+                 Column(name="b", header="bbbbbb"), Column(name="c", header="cccccc", minor=minor),
+                 Column(name="d", header="dddddddddd")),
+        rows=(("1", "one two three four", "2", "3", "4"),),
+    )  # fmt: skip
+
+
+def test_fit_keeps_priority_order_folds_only_text_and_names_what_it_leaves_out() -> None:
+    from tuner.cli.render import GAP, fit
+
+    wide = 1 + 18 + 6 + 6 + 10 + 4 * GAP
+    assert fit(_grid(False), wide) == ([0, 1, 2, 3, 4], [None] * 5, [])  # type: ignore[arg-type]
+    # one column short: the text folds onto two lines before anything is left out
+    assert fit(_grid(False), wide - 1) == (  # type: ignore[arg-type]
+        [0, 1, 2, 3, 4],
+        [None, 17, None, None, None],
+        [],
+    )
+    # narrower: the lowest priority goes first and is named
+    kept, _, dropped = fit(_grid(False), 1 + 16 + 6 + 6 + 3 * GAP)  # type: ignore[arg-type]
+    assert kept == [0, 1, 2, 3] and dropped == ["d"]
+    # a minor column below the text gives way rather than fold it
+    assert fit(_grid(True), wide - 1) == (  # type: ignore[arg-type]
+        [0, 1, 2, 4],
+        [None] * 4,
+        ["c"],
+    )

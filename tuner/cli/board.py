@@ -51,11 +51,17 @@ BOARD_COLUMNS = (
         meaning="the memory model's peak device memory",
     ),
     render.Column(
-        name="tflops_per_gpu", header="TFLOP/s/GPU", meaning="measured model TFLOP/s per GPU"
+        name="tflops_per_gpu",
+        header="TFLOP/s/GPU",
+        minor=True,
+        meaning="measured model TFLOP/s per GPU",
     ),
-    render.Column(name="nodes", header="nodes", meaning="nodes the trial ran on"),
+    render.Column(name="nodes", header="nodes", minor=True, meaning="nodes the trial ran on"),
     render.Column(
-        name="duration_s", header="took s", meaning="wall time of the trial, launch to exit"
+        name="duration_s",
+        header="took s",
+        minor=True,
+        meaning="wall time of the trial, launch to exit",
     ),
     render.Column(
         name="reason",

@@ -12,12 +12,14 @@ UNITS = ("numbers: s seconds, GiB 2^30 bytes, % percent, tok/s tokens per second
          "FLOP per second")  # fmt: skip
 
 
-def epilog(columns: Sequence[Column] = (), extra: str = "") -> str:
-    """A command's ``--help`` epilog: the config spelling, its table's columns and units."""
+def epilog(columns: Sequence[Column] = (), extra: str = "", choose: bool = True) -> str:
+    """A command's ``--help`` epilog: the config spelling, its table's columns (``choose``:
+    the command takes ``--columns``) and units."""
     parts = ["config spelling (knobs equal in every row are named once above a table):",
              glossary()]  # fmt: skip
     if columns:
-        parts += ["columns (--columns NAME,...; those that do not fit are named under the table):",
+        how = "--columns NAME,...; " if choose else ""
+        parts += [f"columns ({how}those that do not fit are named under the table):",
                   legend(columns)]  # fmt: skip
     parts.append(UNITS)
     if extra:

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tuner.cli import render, units
+from tuner.cli import help_text, render, units
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
@@ -169,6 +169,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+CALIBRATE_MORE = (
+    "applies to: 'all configs' / 'whole peak' is the factor on every config; 'KNOB=VALUE' the "
+    "further factor of configs with that value (tp, pp, cp, dp, vp, mbs, sp, recompute, ep, "
+    "etp, dispatcher, tpo; sharding=D:Z is the distributed optimizer (0 or 1) and the ZeRO "
+    "stage); a memory factor is on the part of the peak its knob sizes ('states, ' the weights' "
+    "gradients and optimizer states, 'activations, ' the activations)"
+)
 FACTOR_COLUMNS = (
     render.Column(
         name="applies_to",
@@ -206,7 +213,7 @@ def _print_corrections(
     console.print(heading)
     render.render(console, render.Grid(
         title="", columns=FACTOR_COLUMNS,
-        rows=tuple((applies, units.factor(f)) for applies, f in factors),
+        rows=tuple((applies, units.factor(f)) for applies, f in factors), choosable=False,
     ))  # fmt: skip
     memory = what == "peak memory"
     studies = sorted({r.observation.study for r in loo})
@@ -229,7 +236,7 @@ def _print_corrections(
         columns, rows = columns[:-1], [row[:-1] for row in rows]
     render.render(console, render.Grid(
         title=f"{title} (each predicted from all the others)", columns=columns,
-        rows=tuple(rows), constant=constant,
+        rows=tuple(rows), constant=constant, choosable=False,
     ))  # fmt: skip
     if errors:
         console.print(
@@ -290,7 +297,7 @@ def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "res
         cells.append((str(i), config, units.seconds(r.step_s), units.seconds(r.calibrated_step_s),
                       f"{units.gib(r.calibrated_peak_gib)}{over}"))  # fmt: skip
     table = render.Grid(title=title, columns=CALIBRATED_COLUMNS, rows=tuple(cells),
-                        constant=constant)  # fmt: skip
+                        constant=constant, choosable=False)  # fmt: skip
     data = {"cluster": spec.cluster_name, "saved_trials": len(corrector.observations),
             "notes": notes, "top": [{"config": r.config.to_dict(), "step_s": r.step_s,
                                      "calibrated_step_s": r.calibrated_step_s,
@@ -385,7 +392,11 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     add_format_option(p, ("text", "json"))
     handlers["profile"] = _cmd_profile
 
-    p = sub.add_parser("calibrate", help="the model corrections saved for a cluster")
+    p = sub.add_parser(
+        "calibrate", help="the model corrections saved for a cluster",
+        epilog=help_text.epilog(FACTOR_COLUMNS + TRIAL_COLUMNS, CALIBRATE_MORE, choose=False),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     p.add_argument("--cluster", metavar="NAME", help="the cluster name (cluster.name)")
     p.add_argument("--study", help="the cluster of this study")
     p.add_argument("--reset", action="store_true", help="clear the saved corrections")

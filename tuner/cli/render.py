@@ -43,6 +43,9 @@ class Column:
     folds)."""
     meaning: str = ""
     """What the header means, for ``tune <cmd> --help``."""
+    minor: bool = False
+    """A secondary figure: left out, least important first, rather than fold the text of a
+    folding column."""
 
 
 CONFIG = Column(
@@ -63,6 +66,8 @@ class Grid:
     """Knobs equal in every row, named once above the table."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """Lines printed under the table."""
+    choosable: bool = True
+    """The command takes ``--columns`` for this table (the footer then says so)."""
 
 
 def output_width() -> int | None:
@@ -105,7 +110,7 @@ def choose(grid: Grid, names: Sequence[str] | None) -> Grid:
     return Grid(
         title=grid.title, columns=tuple(grid.columns[i] for i in index),
         rows=tuple(tuple(row[i] for i in index) for row in grid.rows), constant=grid.constant,
-        notes=grid.notes,
+        notes=grid.notes, choosable=grid.choosable,
     )  # fmt: skip
 
 
@@ -137,8 +142,8 @@ def fit(grid: Grid, width: int) -> tuple[list[int], list[int | None], list[str]]
 
     Every column is first taken at its narrowest (a folding one may be narrower than its text),
     in priority order while they fit; the width left over then widens the folding ones. When a
-    folding column is still folded, the columns ranked below every folding column give way to
-    it, least important first."""
+    folding column is still folded, the minor columns ranked below every folding column give
+    way to it, least important first."""
     kept: list[int] = []
     used = 0
     for i in range(len(grid.columns)):
@@ -149,7 +154,7 @@ def fit(grid: Grid, width: int) -> tuple[list[int], list[int | None], list[str]]
     while True:
         widths = _grow(grid, kept, width - used)
         folding = [i for i in kept if grid.columns[i].wrap]
-        tail = [i for i in kept if folding and i > folding[-1]]
+        tail = [i for i in kept if folding and i > folding[-1] and grid.columns[i].minor]
         if not tail or all(w is None for i, w in zip(kept, widths, strict=True) if i in folding):
             break
         kept.remove(tail[-1])
@@ -202,7 +207,7 @@ def _boxed(out: Console, grid: Grid, width: int, explicit: bool) -> None:
         table.add_row(*(Text(row[i]) for i in kept))
     out.print(table)
     if dropped:
-        how = "" if explicit else "; --columns chooses"
+        how = "; --columns chooses" if grid.choosable and not explicit else ""
         out.print(f"left out to fit {width} columns: {', '.join(dropped)}{how}")
 
 
