@@ -250,3 +250,16 @@ def test_fit_keeps_priority_order_folds_only_text_and_names_what_it_leaves_out()
         [None] * 4,
         ["c"],
     )
+
+
+def test_columns_of_zeros_are_named_not_shown() -> None:
+    from tuner.cli.render import Column, Grid, without_zeros
+
+    grid = Grid(
+        title="t", columns=(Column(name="a", header="a"), Column(name="z", header="z s"),
+                            Column(name="w", header="w", right=False)),
+        rows=(("1", "0", "0"), ("2", "0", "x")),
+    )  # fmt: skip
+    out = without_zeros(grid)
+    assert [c.name for c in out.columns] == ["a", "w"] and out.rows == (("1", "0"), ("2", "x"))
+    assert out.notes == ("0 in every row: z",)

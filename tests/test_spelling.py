@@ -37,3 +37,4 @@ def test_one_format_per_quantity() -> None:
         "1.538", "0.01235", "12.35", "1,234", "0"]  # fmt: skip
     assert units.percent(0.5635) == "56.4" and units.rate(1990.4) == "1,990"
     assert units.gib(61.26) == "61.3" and units.gib(0.1061) == "0.106"
+    assert units.gib(8.1) == "8.10" and units.gib(0.1) == "0.100"  # the same digits everywhere

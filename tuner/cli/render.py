@@ -175,9 +175,25 @@ def _grow(grid: Grid, kept: list[int], spare: int) -> list[int | None]:
     return widths
 
 
+def without_zeros(grid: Grid) -> Grid:
+    """The grid without the figure columns that are 0 in every row, named in a note instead."""
+    zero = [i for i, c in enumerate(grid.columns)
+            if c.right and grid.rows and all(row[i] == "0" for row in grid.rows)]  # fmt: skip
+    if not zero:
+        return grid
+    keep = [i for i in range(len(grid.columns)) if i not in zero]
+    note = f"0 in every row: {', '.join(grid.columns[i].name for i in zero)}"
+    return Grid(
+        title=grid.title, columns=tuple(grid.columns[i] for i in keep),
+        rows=tuple(tuple(row[i] for i in keep) for row in grid.rows), constant=grid.constant,
+        notes=(note, *grid.notes), choosable=grid.choosable,
+    )  # fmt: skip
+
+
 def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None:
-    """Print ``grid``: fitted to the output's width, or plain when there is none."""
-    grid = choose(grid, names)
+    """Print ``grid``: fitted to the output's width, or plain when there is none (without the
+    columns that are 0 in every row, unless ``names`` asks for them)."""
+    grid = choose(grid, names) if names is not None else without_zeros(grid)
     if grid.title:  # a line of its own: a table's title would wrap to the table's width
         out.print(grid.title, markup=False)
     if grid.constant:

@@ -16,8 +16,9 @@ def seconds(value: float) -> str:
 
 
 def gib(value: float) -> str:
-    """GiB with one decimal, or three significant digits below 10 (a CPU demo's 0.106)."""
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
+    """GiB with one decimal, or three significant digits below 10 (``8.10``, a CPU demo's
+    ``0.106``)."""
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:#.3g}"
 
 
 def percent(share: float) -> str:
