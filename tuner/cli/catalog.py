@@ -29,6 +29,8 @@ MODEL_COLUMNS = (
     render.Column(name="name", header="name", right=False, meaning="model.preset"),
     render.Column(name="params_b", header="params\nB",
                   meaning="parameters, billions (dense models; MoE: see experts)"),
+    render.Column(name="experts", header="experts", right=False,
+                  meaning="MoE: routed experts, top-k"),
     render.Column(name="num_layers", header="layers", meaning="transformer layers"),
     render.Column(name="hidden_size", header="hidden", meaning="model width h"),
     render.Column(name="ffn_hidden_size", header="ffn", meaning="MLP inner width"),
@@ -36,13 +38,13 @@ MODEL_COLUMNS = (
     render.Column(name="query_groups", header="kv\nheads", meaning="key/value heads (GQA)"),
     render.Column(name="vocab_size", header="vocab", meaning="tokenizer vocabulary"),
     render.Column(name="seq_length", header="seq", meaning="training sequence length"),
-    render.Column(name="experts", header="experts", right=False,
-                  meaning="MoE: routed experts, top-k"),
 )  # fmt: skip
 
 
-def _figure(value: float) -> str:
-    return "" if not value else f"{value:g}"
+def _figure(name: str, value: float) -> str:
+    if not value:
+        return ""
+    return f"{value:.1f}" if name == "compute_capability" else f"{value:g}"
 
 
 def gpu_rows() -> list[dict[str, Any]]:
@@ -82,7 +84,7 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
             params = row["params"]
             row = row | {"params_b": "" if params is None else f"{params / 1e9:.1f}"}
         cells.append(tuple(
-            row[c.name] if isinstance(row[c.name], str) else _figure(row[c.name])
+            row[c.name] if isinstance(row[c.name], str) else _figure(c.name, row[c.name])
             for c in columns
         ))  # fmt: skip
     noun = "GPU preset" if args.what == "gpus" else "model preset"
