@@ -124,6 +124,8 @@ def convert(tp: Any, value: object, path: str) -> Any:
     if origin in (dict, Mapping):
         return _convert_mapping(tp, value, path)
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):  # built already by a reader that knows more (a GPU's preset)
+            return value
         return load_dataclass(tp, value, path)
     return _convert_scalar(tp, value, path)
 

@@ -218,7 +218,8 @@ def memory_notes(
         )
     if under:
         notes.append(
-            f"calibrated memory: {under} configs the memory model predicts to run out of memory "
-            "would fit; they are still never launched (the memory model decides what launches)"
+            f"calibrated memory: {under} config{'' if under == 1 else 's'} the memory model "
+            "predicts to run out of memory would fit; they are still never launched (the memory "
+            "model decides what launches)"
         )
     return notes

@@ -36,6 +36,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
+from tuner.spec.model import model_data
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +189,7 @@ def memory_fingerprint(spec: Any) -> str:
     """What a config's memory depends on: the model, batch and precision, the framework and the
     GPU (not the launch environment or the study's name)."""
     c = spec.cluster
-    data = {"model": dataclasses.asdict(spec.model), "training": dataclasses.asdict(spec.training),
+    data = {"model": model_data(spec.model), "training": dataclasses.asdict(spec.training),
             "framework": spec.framework, "gpu": [c.gpu, c.gpu_memory_gib]}  # fmt: skip
     text = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
 
 import yaml
 
 from tuner._loader import load_dataclass
 from tuner.errors import ConfigError
+from tuner.layout import name_problem
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,17 +78,68 @@ def gpu_names() -> list[str]:
 
 
 def get_gpu(
-    name: str, memory_gib: float | None = None, overheads: Mapping[str, float] | None = None
-) -> GPUSpec:
-    """The catalog entry ``name``, with its memory replaced by ``memory_gib`` when given and any
-    stack-overhead field (``cuda_context_gib``, ``nccl_channels``, ...) by ``overheads``."""
+    name: str | GPUSpec, memory_gib: float | None = None,
+    overheads: Mapping[str, float] | None = None,
+) -> GPUSpec:  # fmt: skip
+    """The catalog entry ``name`` (or a GPU described by its figures, :func:`gpu_from_mapping`),
+    with its memory replaced by ``memory_gib`` when given and any stack-overhead field
+    (``cuda_context_gib``, ``nccl_channels``, ...) by ``overheads``."""
     gpus = _gpus()
-    if name not in gpus:
+    if isinstance(name, GPUSpec):
+        gpu = name
+    elif name not in gpus:
         raise ConfigError(
-            f"unknown GPU {name!r} (catalog: {', '.join(sorted(gpus))})", path="cluster.gpu"
-        )
-    gpu = gpus[name]
+            f"unknown GPU {name!r} (catalog: {', '.join(sorted(gpus))}; or describe it: "
+            "{name: ..., memory_gib: ..., peak_tflops: ..., ...})", path="cluster.gpu"
+        )  # fmt: skip
+    else:
+        gpu = gpus[name]
     changes: dict[str, float] = {k: v for k, v in (overheads or {}).items() if v is not None}
     if memory_gib is not None:
         changes["memory_gib"] = memory_gib
     return replace(gpu, **changes) if changes else gpu  # type: ignore[arg-type]
+
+
+POSITIVE = ("memory_gib", "peak_tflops", "hbm_gbps", "intra_node_gbps", "inter_node_gbps")
+"""The figures a GPU described in a study must give (or take from its ``preset``), all > 0."""
+
+
+def gpu_from_mapping(data: Mapping[str, object], path: str = "cluster.gpu") -> GPUSpec:
+    """A GPU described in a study by its figures: ``name`` (its own, not a preset's), optionally
+    ``preset`` to start from (its stack overheads too), and any :class:`GPUSpec` field; errors
+    name the field (``cluster.gpu.peak_tflops: required field is missing``)."""
+    entry = dict(data)
+    preset = entry.pop("preset", None)
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("a GPU given by its figures needs a name of its own (e.g. h100-nvl)",
+                          path=f"{path}.name")  # fmt: skip
+    if (problem := name_problem(name)) is not None:
+        raise ConfigError(problem, path=f"{path}.name")
+    if name in _gpus():
+        raise ConfigError(f"{name!r} is a preset's name: write preset: {name} and give this GPU "
+                          "a name of its own", path=f"{path}.name")  # fmt: skip
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in _gpus():
+            raise ConfigError(f"unknown GPU preset {preset!r} (catalog: "
+                              f"{', '.join(gpu_names())})", path=f"{path}.preset")  # fmt: skip
+        entry = {**asdict(_gpus()[preset]), **entry}
+    gpu = load_dataclass(GPUSpec, entry, path)
+    for key in POSITIVE:
+        if getattr(gpu, key) <= 0:
+            raise ConfigError(f"must be > 0, got {getattr(gpu, key)}", path=f"{path}.{key}")
+    for f in fields(GPUSpec):
+        value = getattr(gpu, f.name)
+        if isinstance(value, int | float) and value < 0:
+            raise ConfigError(f"must be >= 0, got {value}", path=f"{path}.{f.name}")
+    if gpu.fp8_peak_tflops and gpu.compute_capability and gpu.compute_capability < 8.9:
+        raise ConfigError(
+            f"FP8 tensor cores need compute capability 8.9 or more (got "
+            f"{gpu.compute_capability})", path=f"{path}.fp8_peak_tflops",
+        )  # fmt: skip
+    return gpu
+
+
+def gpu_presets() -> list[GPUSpec]:
+    """Every GPU preset, by name."""
+    return [_gpus()[name] for name in gpu_names()]

@@ -15,19 +15,23 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
+from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
-from tuner.cli.options import add_format_option, add_study_option
+from tuner.cli.options import add_columns_option, add_format_option, add_study_option
 from tuner.cli.tables import (
+    STAGE_COLUMNS,
+    TOP_COLUMNS,
     _candidate_json,
     _console,
     _counts_table,
     _emit_json,
-    _print_board,
     _print_estimate,
     _top_table,
 )
 from tuner.config.settings import settable_keys
+from tuner.config.spelling import spell
 from tuner.errors import ConfigError, TunerError
 from tuner.layout import EXPORT_KINDS
 from tuner.outcome import Outcome
@@ -44,6 +48,8 @@ FLOPS_HELP = (
 )
 
 Handler = Callable[[argparse.Namespace], int]
+BOARD_MORE = ("--format csv and json keep every field, the config as its full key; --columns "
+              "takes those field names too (tp, zero_stage, predicted_mfu, ...)")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- estimate
@@ -64,11 +70,16 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
         _emit_json(result)
-    else:
-        _print_estimate(result, spec.search.memory_headroom)
+    elif found.valid:
+        _print_estimate(result, spec.search.memory_headroom, render.parse_columns(args.columns))
         _console().print(f"time model rates: {source}")
         if line:
             _console().print(line)
+    if not found.valid:  # bad input: the rules it breaks, one line, exit 2
+        sys.stderr.write(f"tune: error: {spell(found.config)} breaks "
+                         f"{units.plural(len(found.errors), 'rule')}: "
+                         f"{'; '.join(found.errors)}\n")  # fmt: skip
+        return 2
     return 0
 
 
@@ -92,13 +103,14 @@ def _cmd_space(args: argparse.Namespace) -> int:
         _emit_json(out)
         return 0
     console = _console()
-    console.print(_counts_table(spec, out))
+    render.render(console, _counts_table(spec, out))
     console.print(f"time model rates: {out_source}")
     if top:
-        console.print(_top_table(f"top {len(top)} by predicted step time", top))
+        render.render(console, _top_table(f"top {len(top)} by predicted step time", top),
+                      render.parse_columns(args.columns))  # fmt: skip
     print_cost(console, spec, out["cost"])
     for line in lines:
-        console.print(line)
+        render.show(console, line)
     return 0
 
 
@@ -188,7 +200,13 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         sys.stdout.write(board.to_markdown(index=False, floatfmt=".4g") + "\n")
     else:
-        _print_board(spec, board)
+        from tuner.cli.board import print_board, stored_configs
+
+        title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"
+        configs = stored_configs(spec, board, args.storage, args.results)
+        print_board(
+            _console(), title, board, configs, args.all, render.parse_columns(args.columns)
+        )
     return 0
 
 
@@ -245,15 +263,15 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         _emit_json(out)
         return 0
     console = _console()
-    console.print(_counts_table(spec, report.counts()))
-    console.print(_top_table(f"would launch first (top {len(first)} predicted)", first))
+    render.render(console, _counts_table(spec, report.counts()))
+    render.render(console, _top_table(f"would launch first (top {len(first)} predicted)", first))
     print_cost(console, spec, cost_json(spec, report.ranked(), first, budget))
     if lines and spec.search.sampler == "model":
         for line in lines:
-            console.print(line)
+            render.show(console, line)
         console.print("the saved calibration reorders them: the model sampler starts from the "
                       "calibrated ranking")  # fmt: skip
-    console.print(f"{then} until {budget} runs; nothing was launched (--dry-run).")
+    console.print(f"{then} until {units.plural(budget, 'run')}; nothing was launched (--dry-run).")
     return 0
 
 
@@ -318,7 +336,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     sub = parser.add_subparsers(dest="command", required=True)
     handlers: dict[str, Handler] = {}
 
-    p = sub.add_parser("estimate", help="validate one config and predict its memory and time")
+    raw = argparse.RawDescriptionHelpFormatter
+    stage = tuple(render.Column(name=n, header=h) for n, h in STAGE_COLUMNS)
+    p = sub.add_parser("estimate", help="validate one config and predict its memory and time",
+                       epilog=help_text.epilog(stage), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE",
@@ -326,15 +347,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         + ", ".join(settable_keys()),
     )  # fmt: skip
     add_format_option(p)
+    add_columns_option(p, [n for n, _ in STAGE_COLUMNS])
     handlers["estimate"] = _cmd_estimate
 
-    p = sub.add_parser("space", help="count, validate and prune the study's search space")
+    p = sub.add_parser("space", help="count, validate and prune the study's search space",
+                       epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     add_format_option(p)
+    add_columns_option(p, [c.name for c in TOP_COLUMNS])
     p.add_argument("--top", type=int, default=0, metavar="K", help="show the K fastest predicted")
     handlers["space"] = _cmd_space
 
-    p = sub.add_parser("run", help="search: launch short real runs and record them")
+    p = sub.add_parser("run", help="search: launch short real runs and record them",
+                       epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument("--n-trials", type=int, default=None, help="override search.n_trials")
     p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
@@ -350,9 +375,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     )  # fmt: skip
     handlers["run"] = _cmd_run
 
-    p = sub.add_parser("leaderboard", help="every measured config, fastest first")
+    p = sub.add_parser(
+        "leaderboard",
+        help="every measured config, fastest first",
+        epilog=help_text.epilog(BOARD_COLUMNS, BOARD_MORE),
+        formatter_class=raw,
+    )
     add_study_option(p)
     add_format_option(p, ("table", "csv", "json", "markdown"), json_synonym=False)
+    add_columns_option(p, ["any column of --format csv"])
     p.add_argument("--all", action="store_true", help="include pruned and failed trials")
     handlers["leaderboard"] = _cmd_leaderboard
 
@@ -369,6 +400,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     add_format_option(p, ("text", "json"), json_synonym=False)
     handlers["best"] = _cmd_best
     cli_profile.add_parsers(sub, handlers, add_format_option)
+    from tuner.cli import catalog as catalog_cli
+
+    catalog_cli.add_parser(sub, handlers, add_format_option, add_columns_option)
 
     from tuner.cli import parse_log as logs_cli
 

@@ -27,3 +27,12 @@ STUDY_HELP = (
 def add_study_option(parser: argparse.ArgumentParser) -> None:
     """The required ``--study`` every study command takes."""
     parser.add_argument("--study", required=True, metavar="NAME", help=STUDY_HELP)
+
+
+def add_columns_option(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """``--columns a,b``: which of a table's columns to show, in that order."""
+    parser.add_argument(
+        "--columns", metavar="NAME[,NAME]", default=None,
+        help=f"the table's columns, in this order (default: as many as fit; names: "
+        f"{', '.join(names)})",
+    )  # fmt: skip

@@ -10,7 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
+from tuner.cli import help_text, render, units
 from tuner.cli.tables import _console, _emit_json
+from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
@@ -154,7 +156,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         console.print(f"cluster {name}: no calibration saved yet ({layout.calibration_yaml})")
         return 0
     studies = sorted({o.study for o in cal.observations})
-    console.print(f"cluster {name}: {len(cal.observations)} trials from {', '.join(studies)}, "
+    console.print(f"cluster {name}: {units.plural(len(cal.observations), 'trial')} from "
+                  f"{', '.join(studies)}, "
                   f"updated {cal.updated}")  # fmt: skip
     _print_corrections(console, "step time", "fitted step-time corrections (measured / "
                        "predicted):", corrector.factors(), loo, errors)  # fmt: skip
@@ -166,6 +169,41 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+CALIBRATE_MORE = (
+    "applies to: 'all configs' / 'whole peak' is the factor on every config; 'KNOB=VALUE' the "
+    "further factor of configs with that value (tp, pp, cp, dp, vp, mbs, sp, recompute, ep, "
+    "etp, dispatcher, tpo; sharding=D:Z is the distributed optimizer (0 or 1) and the ZeRO "
+    "stage); a memory factor is on the part of the peak its knob sizes ('states, ' the weights' "
+    "gradients and optimizer states, 'activations, ' the activations)"
+)
+FACTOR_COLUMNS = (
+    render.Column(
+        name="applies_to",
+        header="applies to",
+        right=False,
+        meaning="the knob value or setting a correction factor is fitted for",
+    ),
+    render.Column(name="factor", header="factor", meaning="measured / predicted, fitted"),
+)
+TRIAL_COLUMNS = (
+    render.Column(name="trial", header="trial", meaning="the trial's number in its study"),
+    render.CONFIG,
+    render.Column(
+        name="ratio_model",
+        header="measured/\nmodel",
+        meaning="measured over the model's prediction",
+    ),
+    render.Column(
+        name="ratio_calibrated",
+        header="measured/\ncalibrated",
+        meaning="measured over the calibrated prediction from all the other trials",
+    ),
+    render.Column(name="study", header="study", right=False, meaning="the trial's study"),
+)
+"""``tune calibrate``'s tables (the measured column sits between config and the ratios; the
+study only when the calibration has several)."""
+
+
 def _print_corrections(
     console: Any, what: str, heading: str, factors: list[tuple[str, float]], loo: list[Any],
     errors: dict[str, float],
@@ -173,24 +211,33 @@ def _print_corrections(
     """One half of ``tune calibrate`` (``what``: step time or peak memory): the fitted factors,
     each trial predicted from all the others, and the error before and after."""
     console.print(heading)
-    table = Table()
-    table.add_column("applies to")
-    table.add_column("factor", justify="right")
-    for applies, factor in factors:
-        table.add_row(applies, f"x{factor:.3f}")
-    console.print(table)
+    render.render(console, render.Grid(
+        title="", columns=FACTOR_COLUMNS,
+        rows=tuple((applies, units.factor(f)) for applies, f in factors), choosable=False,
+    ))  # fmt: skip
     memory = what == "peak memory"
-    title = "measured peaks" if memory else "trials"
-    table = Table(title=f"{title} (each predicted from all the others)")
-    for col in ("study", "trial", "config", "measured GiB" if memory else "measured s", "model",
-                "calibrated"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("study", "config") else "right")
-    for r in loo:
+    studies = sorted({r.observation.study for r in loo})
+    title = ("measured peaks" if memory else "trials") + (
+        f" of {studies[0]}" if len(studies) == 1 else ""
+    )
+    constant, spelled = split_constant([r.observation.parallel_config() for r in loo])
+    rows: list[tuple[str, ...]] = []
+    for r, config in zip(loo, spelled, strict=True):
         o = r.observation
-        measured = o.measured_gib if memory else o.measured_step_s
-        table.add_row(o.study, str(o.trial), o.parallel_config().key(), f"{measured:.4g}",
-                      f"x{r.before:.3f}", f"x{r.after:.3f}")  # fmt: skip
-    console.print(table)
+        measured = units.gib(o.measured_gib) if memory else units.seconds(o.measured_step_s)
+        rows.append((str(o.trial), config, measured, units.factor(r.before),
+                     units.factor(r.after), o.study))  # fmt: skip
+    columns: tuple[render.Column, ...] = TRIAL_COLUMNS[:2] + (
+        render.Column(name="measured_gib" if memory else "measured_step_s",
+                      header="measured\nGiB" if memory else "measured\ns"),
+        *TRIAL_COLUMNS[2:],
+    )  # fmt: skip
+    if len(studies) == 1:  # named in the title instead
+        columns, rows = columns[:-1], [row[:-1] for row in rows]
+    render.render(console, render.Grid(
+        title=f"{title} (each predicted from all the others)", columns=columns,
+        rows=tuple(rows), constant=constant, choosable=False,
+    ))  # fmt: skip
     if errors:
         console.print(
             f"{what.replace(' ', '-')} error: {errors['mape_before']:.1%} by the model alone, "
@@ -213,6 +260,23 @@ def _loo_json(row: Any, memory: bool = False) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- other commands
 
 
+CALIBRATED_COLUMNS = (
+    render.Column(name="rank", header="rank", meaning="place in the calibrated ranking"),
+    render.CONFIG,
+    render.Column(name="step_s", header="model\nstep s", meaning="the time model's step time"),
+    render.Column(
+        name="calibrated_step_s",
+        header="calibrated\nstep s",
+        meaning="the step time corrected by the cluster's saved measurements",
+    ),
+    render.Column(
+        name="calibrated_peak_gib",
+        header="calibrated\npeak GiB",
+        meaning="the peak memory so corrected; (over): above the limit",
+    ),
+)
+
+
 def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "results") -> Any:
     """The calibrated ranking and memory notes for ``space`` and ``run --dry-run``: a list of
     printable things (empty without a saved calibration) and their JSON."""
@@ -224,14 +288,16 @@ def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "res
         return [], None
     rows = sorted((corrector.correct(c) for c in ranked), key=lambda r: r.calibrated_step_s)
     notes = memory_notes(corrector, ranked, report.oom)
-    table = Table(title=f"top {min(top, len(rows))} by calibrated step time (cluster "
-                  f"{spec.cluster_name}, {len(corrector.observations)} saved trials)")  # fmt: skip
-    for col in ("#", "config", "model s", "calibrated s", "calibrated GiB"):
-        table.add_column(col, justify="left" if col == "config" else "right")
-    for i, r in enumerate(rows[:top], 1):
+    title = (f"top {min(top, len(rows))} by calibrated step time (cluster {spec.cluster_name}, "
+             f"{units.plural(len(corrector.observations), 'saved trial')})")  # fmt: skip
+    constant, spelled = split_constant([r.config for r in rows[:top]])
+    cells = []
+    for i, (r, config) in enumerate(zip(rows[:top], spelled, strict=True), 1):
         over = " (over)" if r.calibrated_peak_gib > corrector.limit_gib else ""
-        table.add_row(str(i), r.config.key(), f"{r.step_s:.4g}", f"{r.calibrated_step_s:.4g}",
-                      f"{r.calibrated_peak_gib:.3g}{over}")  # fmt: skip
+        cells.append((str(i), config, units.seconds(r.step_s), units.seconds(r.calibrated_step_s),
+                      f"{units.gib(r.calibrated_peak_gib)}{over}"))  # fmt: skip
+    table = render.Grid(title=title, columns=CALIBRATED_COLUMNS, rows=tuple(cells),
+                        constant=constant, choosable=False)  # fmt: skip
     data = {"cluster": spec.cluster_name, "saved_trials": len(corrector.observations),
             "notes": notes, "top": [{"config": r.config.to_dict(), "step_s": r.step_s,
                                      "calibrated_step_s": r.calibrated_step_s,
@@ -255,9 +321,12 @@ def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results
     if not candidate.fits:
         verdict = "the memory model's OOM stands: never launched"
     line = (
-        f"calibrated (cluster {spec.cluster_name}, {len(corrector.observations)} saved trials): "
-        f"step {r.calibrated_step_s:.4g} s (x{r.calibrated_step_s / r.step_s:.3f}, spread "
-        f"{r.step_spread:.1%}), peak {r.calibrated_peak_gib:.3g} GiB: {verdict}"
+        f"calibrated (cluster {spec.cluster_name}, "
+        f"{units.plural(len(corrector.observations), 'saved trial')}): "
+        f"step {units.seconds(r.calibrated_step_s)} s "
+        f"({units.factor(r.calibrated_step_s / r.step_s)}, spread "
+        f"{units.percent(r.step_spread)}%), peak {units.gib(r.calibrated_peak_gib)} GiB: "
+        f"{verdict}"
     )
     return line, {"step_s": r.calibrated_step_s, "step_spread": r.step_spread,
                   "peak_gib": r.calibrated_peak_gib, "fits": fits and candidate.fits}  # fmt: skip
@@ -273,8 +342,10 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
 
     profile = study_profile(spec, results)  # read and checked once
     if profile is None:
-        gpu = spec.cluster.gpu
-        measured = ceiling_share(get_gpu(gpu)) > 0  # what tuner.models.rates.gemm_efficiency reads
+        gpu = spec.cluster.gpu_name
+        measured = (
+            ceiling_share(get_gpu(spec.cluster.gpu)) > 0
+        )  # what tuner.models.rates.gemm_efficiency reads
         ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; its step times are off by "
                       f"{CATALOG_STEP_ERROR:.0%} rms on published runs; tune profile --study "
@@ -321,7 +392,11 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     add_format_option(p, ("text", "json"))
     handlers["profile"] = _cmd_profile
 
-    p = sub.add_parser("calibrate", help="the model corrections saved for a cluster")
+    p = sub.add_parser(
+        "calibrate", help="the model corrections saved for a cluster",
+        epilog=help_text.epilog(FACTOR_COLUMNS + TRIAL_COLUMNS, CALIBRATE_MORE, choose=False),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     p.add_argument("--cluster", metavar="NAME", help="the cluster name (cluster.name)")
     p.add_argument("--study", help="the cluster of this study")
     p.add_argument("--reset", action="store_true", help="clear the saved corrections")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -13,12 +12,16 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from tuner.cli import units
 from tuner.cli.cost import spent_line
+from tuner.config.spelling import spell
+from tuner.logs.progress import log_iteration
+from tuner.space.cost import trial_limit_s
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.study.loop import StudyLoop
+    from tuner.study.loop import Running, StudyLoop
     from tuner.study.record import Summary
 
 logger = logging.getLogger(__name__)
@@ -59,32 +62,41 @@ class LiveProgress:
     def _line(self, loop: StudyLoop) -> str:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(loop.summary.outcomes.items()))
         best = loop.best(loop.trials())
-        best_text = f"best {best.value:.3f} s (trial {best.number})" if best else "no result yet"
-        return f"running {len(loop.running)}; {outcomes or 'nothing finished'}; {best_text}"
+        best_text = (f"best {units.seconds(best.value)} s (trial {best.number})"
+                     if best and best.value is not None else "no result yet")  # fmt: skip
+        phases = "; ".join(f"trial {n} {running_cells(loop, r)[1]}"
+                           for n, r in sorted(loop.running.items()))  # fmt: skip
+        running = f"running {len(loop.running)}" + (f" ({phases})" if phases else "")
+        return f"{running}; {outcomes or 'nothing finished'}; {best_text}"
 
     def _render(self, loop: StudyLoop) -> Group:
         now = loop.clock()
         running = Table(title="running trials")
-        for col in ("trial", "nodes", "config", "elapsed"):
-            running.add_column(col)
+        for col in ("trial", "nodes", "config", "phase", "elapsed", "left", "Slurm job"):
+            running.add_column(col, no_wrap=col != "config", overflow="fold")
         for number, run in sorted(loop.running.items()):
-            running.add_row(str(number), ",".join(run.group.hosts), run.config.key(),
-                            f"{now - run.started:.0f} s")  # fmt: skip
+            job, phase, left = running_cells(loop, run)
+            running.add_row(str(number), ",".join(run.group.hosts), spell(run.config), phase,
+                            clock_text(now - run.started), left, job)  # fmt: skip
         trials = loop.trials()
         best = loop.best(trials)
         status = Table.grid(padding=(0, 2))
         status.add_row(
             "outcomes", ", ".join(f"{k}: {v}" for k, v in loop.summary.outcomes.items())
         )
-        if best is not None:
+        if best is not None and best.value is not None:
+            predicted = best.user_attrs.get("predicted_step_s")
             status.add_row(
                 "best measured",
-                f"{best.value:.3f} s/step (trial {best.number}, predicted "
-                f"{best.user_attrs.get('predicted_step_s', float('nan')):.3f} s)",
+                f"{units.seconds(best.value)} s/step (trial {best.number}, predicted "
+                f"{units.seconds(predicted) if predicted else '?'} s)",
             )
-        elapsed = time.strftime("%H:%M:%S", time.gmtime(now - loop.started))
-        budget = f"{loop.launched_count(trials)}/{loop.n_trials} runs, "
-        budget += f"{loop.node_hours(trials):.2f} node-hours, {elapsed} elapsed"
+        launched = loop.launched_count(trials)
+        budget = f"{launched}/{units.plural(loop.n_trials, 'run')}, "
+        budget += f"{loop.node_hours(trials):.2f} node-hours, {clock_text(now - loop.started)} "
+        eta = loop_eta(loop, trials, now)
+        budget += "elapsed, " + (f"about {clock_text(eta)} left" if eta is not None
+                                 else "time left known after the first trial")  # fmt: skip
         status.add_row("budget", budget)
         return Group(running, status)
 
@@ -93,12 +105,14 @@ class LiveProgress:
         out = Console(highlight=False)
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "none"
         out.print(f"stopped: {summary.stop_reason or 'done'}")
-        out.print(f"this run: launched {summary.launched}; outcomes: {counts}")
+        out.print(f"this run: launched {units.plural(summary.launched, 'trial')}; outcomes: "
+                  f"{counts}")  # fmt: skip
         out.print(spent_line(loop.trials()))  # the whole study's, every worker's
         space = loop.space_counts
         if space:
             out.print(
-                f"space: {space['total']} configs; {space['invalid']} break a framework rule and "
+                f"space: {units.plural(space['total'], 'config')}; {space['invalid']} break a "
+                "framework rule and "
                 f"{space['predicted_oom']} are predicted to run out of memory (never launched, "
                 f"but for {space.get('memory_probes', 0)} memory probes); "
                 f"{space['viable']} fit (tune space --study {loop.spec.name})"
@@ -107,11 +121,12 @@ class LiveProgress:
         if ratios:
             out.print(
                 f"measured / predicted step time: median {statistics.median(ratios):.2f} "
-                f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} configs)"
+                f"(range {min(ratios):.2f}-{max(ratios):.2f}, "
+                f"{units.plural(len(ratios), 'config')})"
             )
         if summary.best_step_s is not None:
             out.print(
-                f"best: trial {summary.best_trial}, {summary.best_step_s:.4f} s/step "
+                f"best: trial {summary.best_trial}, {units.seconds(summary.best_step_s)} s/step "
                 f"(tune leaderboard --study {loop.spec.name})"
             )
 
@@ -124,3 +139,64 @@ def model_ratios(trials: Iterable[FrozenTrial]) -> list[float]:
         if t.value is not None and predicted:
             out.append(float(t.value) / float(predicted))
     return out
+
+
+QUEUED_STATES = frozenset({"UNSUBMITTED", "PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD"})
+"""A Slurm job's states before it runs (the local and SSH jobs have no state: they start at
+once)."""
+
+
+def clock_text(seconds: float) -> str:
+    """``1:02:03`` / ``2:03``: elapsed and remaining times of the live display."""
+    whole = max(int(seconds), 0)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def running_cells(loop: StudyLoop, run: Running) -> tuple[str, str, str]:
+    """A running trial's Slurm job id (empty elsewhere), its phase (queued, starting, iteration
+    k of n) and the time left before its limit."""
+    job = run.job
+    job_id = str(getattr(job, "job_id", None) or "")
+    state = str(getattr(job, "state", ""))
+    if state in QUEUED_STATES:
+        reason = str(getattr(job, "pending_reason", "") or "")
+        return job_id, "queued" + (f" ({reason})" if reason else ""), ""
+    iteration = log_iteration(job.paths.node_log(0))
+    total = loop.spec.launch.train_iters
+    phase = "starting" if iteration is None else f"iteration {iteration} of {total}"
+    limit = trial_limit_s(loop.spec, run.trial.user_attrs.get("predicted_step_s"))
+    return job_id, phase, clock_text(limit - (loop.clock() - run.started))
+
+
+def budget_eta(
+    durations: Sequence[float], to_launch: int, running_elapsed: Sequence[float], slots: int,
+    wall_left: float | None = None,
+) -> float | None:  # fmt: skip
+    """Seconds until the budget is spent: the trials not yet launched at the mean duration of
+    the finished ones, ``slots`` at a time, after what the running ones have left; capped by
+    the wall-time limit. None until a trial has finished (nothing to go by)."""
+    if not durations:
+        return wall_left
+    mean = statistics.fmean(durations)
+    left = [max(mean - e, 0.0) for e in running_elapsed]
+    if to_launch <= 0:
+        eta = max(left, default=0.0)
+    else:
+        eta = (sum(left) + to_launch * mean) / max(slots, 1)
+    return eta if wall_left is None else min(eta, wall_left)
+
+
+def loop_eta(loop: StudyLoop, trials: Sequence[FrozenTrial], now: float) -> float | None:
+    """:func:`budget_eta` of a running study loop."""
+    durations = [float(t.user_attrs["duration_s"]) for t in trials
+                 if t.user_attrs.get("duration_s") and t.number not in loop.running]  # fmt: skip
+    spec = loop.spec
+    groups = max(len(spec.node_names) // max(spec.nodes_per_trial, 1), 1)
+    slots = max(groups, len(loop.running), 1)
+    wall = spec.search.max_wall_time_min
+    wall_left = wall * 60 - (now - loop.started) if wall else None
+    to_launch = max(loop.n_trials - loop.launched_count(list(trials)), 0)
+    elapsed = [now - r.started for r in loop.running.values()]
+    return budget_eta(durations, to_launch, elapsed, slots, wall_left)

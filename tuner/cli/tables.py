@@ -10,8 +10,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
+from tuner.cli import render, units
+from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import spell, split_constant
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:  # annotations only: `tune --version` and `--help` load no model
@@ -30,45 +32,52 @@ TIME_TERMS = (
 
 
 def _console() -> Console:
-    # Wide tables stay readable when the output goes to a file or a pipe.
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return render.console()
 
 
 def _emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def _print_estimate(result: dict[str, Any], headroom: float) -> None:
+def config_of(data: dict[str, Any]) -> ParallelConfig:
+    """A config back from its JSON form (``ParallelConfig.to_dict``, which adds grad_accum)."""
+    return ParallelConfig(**{k: v for k, v in data.items() if k != "grad_accum"})
+
+
+def _print_estimate(
+    result: dict[str, Any], headroom: float, stage_columns: list[str] | None = None
+) -> None:
+    """``tune estimate``'s tables (``stage_columns``: ``--columns`` of the per-stage one)."""
     console = _console()
-    cfg = ", ".join(f"{k}={v}" for k, v in result["config"].items() if v is not None)
-    console.print(f"[bold]config[/]: {cfg}")
+    console.print(f"config: {spell(config_of(result['config']))}", markup=False)
     if not result["valid"]:
-        for message in result["errors"]:
-            console.print(f"[red]invalid[/]: {message}")
         return
     memory = result["memory"]
     _print_memory_terms(console, memory)
-    _print_stage_table(console, memory)
+    _print_stage_table(console, memory, stage_columns)
     time = result["time"]
-    table = Table(title="predicted step time (critical path)")
-    table.add_column("term")
-    table.add_column("seconds", justify="right")
-    for key in TIME_TERMS:
-        table.add_row(key, f"{time[key]:.4f}", style="bold" if key == "step" else "")
-    console.print(table)
+    rows = [(key, units.seconds(time[key])) for key in TIME_TERMS if time[key] or key == "step"]
+    zero = [key for key in TIME_TERMS if not time[key] and key != "step"]
+    notes = (f"0 s in this config: {', '.join(zero)}",) if zero else ()
+    render.render(console, render.Grid(
+        title="predicted step time (critical path)",
+        columns=(render.Column(name="term", header="term", right=False),
+                 render.Column(name="seconds", header="s")),
+        rows=tuple(rows), notes=notes,
+    ))  # fmt: skip
     error = result.get("time_error")
     if error:
-        console.print(f"step {time['step']:.4g} s, +-{error:.0%} (the catalog rates' rms error "
-                      "on published runs)")  # fmt: skip
+        console.print(f"step {units.seconds(time['step'])} s, +-{error:.0%} (the catalog rates' "
+                      "rms error on published runs)")  # fmt: skip
     console.print(
-        f"tokens/s {time['tokens_per_s']:,.0f} ({time['tokens_per_s_per_gpu']:,.0f} per GPU), "
-        f"{time['model_tflops_per_gpu']:.1f} model TFLOP/s per GPU, MFU {time['mfu']:.1%}, "
-        f"HFU {time['hfu']:.1%}"
+        f"tokens/s {units.rate(time['tokens_per_s'])} ({units.rate(time['tokens_per_s_per_gpu'])} "
+        f"per GPU), {units.tflops(time['model_tflops_per_gpu'])} model TFLOP/s per GPU, MFU "
+        f"{units.percent(time['mfu'])}%, HFU {units.percent(time['hfu'])}%"
     )
     verdict = "[green]fits[/]" if result["fits"] else "[red]predicted OOM[/]"
     console.print(
-        f"{verdict}: peak {result['memory']['peak_gib']:.2f} GiB vs "
-        f"{headroom:.0%} of {result['gpu_memory_gib']:.1f} GiB"
+        f"{verdict}: peak {units.gib(result['memory']['peak_gib'])} GiB vs "
+        f"{headroom:.0%} of {units.gib(result['gpu_memory_gib'])} GiB"
     )
 
 
@@ -77,48 +86,56 @@ def _print_memory_terms(console: Console, memory: dict[str, Any]) -> None:
         f"memory per GPU: peak at stage {memory['stage']}, {memory['phase']} "
         f"(+-{memory['uncertainty']:.0%})"
     )
-    table = Table(title=title)
-    table.add_column("term")
-    table.add_column("GiB", justify="right")
-    for key in MEMORY_TERMS:
-        style = "bold" if key.endswith("_gib") else ""
-        table.add_row(key, f"{memory[key]:.2f}", style=style)
-    console.print(table)
+    rows = [(k, units.gib(memory[k])) for k in MEMORY_TERMS if memory[k] or k.endswith("_gib")]
+    zero = [k for k in MEMORY_TERMS if not memory[k] and not k.endswith("_gib")]
+    notes = (f"0 GiB in this config: {', '.join(zero)}",) if zero else ()
+    render.render(console, render.Grid(
+        title=title, columns=(render.Column(name="term", header="term", right=False),
+                              render.Column(name="gib", header="GiB")),
+        rows=tuple(rows), notes=notes,
+    ))  # fmt: skip
 
 
-def _print_stage_table(console: Console, memory: dict[str, Any]) -> None:
-    table = Table(title="per pipeline stage, at each stage's peak phase (GiB)")
-    heads = (
-        "stage",
-        "layers",
-        "in-flight",
-        "weights",
-        "grads",
-        "optimizer",
-        "activations",
-        "buffers",
-        "slack",
-        "overhead",
-        "allocated",
-        "reserved",
-        "device",
-        "peak phase",
-    )
-    for head in heads:  # fmt: skip
-        table.add_column(head, justify="left" if head == "peak phase" else "right")
-    for s in memory["stages"]:
-        p = next(p for p in s["phases"] if p["phase"] == s["peak_phase"])
-        row = [
-            str(s["stage"]), str(s["layers"]), f"{s['in_flight']:g}",
-            *(f"{p[k]:.2f}" for k in ("weights", "grads", "optimizer")),
-            f"{p['activations'] + p['stage_extras']:.2f}",
-            f"{p['framework_buffers'] + p['workspaces']:.2f}", f"{p['slack']:.2f}",
-            f"{p['cuda_context'] + p['comm_buffers']:.2f}",
-            *(f"{s[k]:.2f}" for k in ("allocated_gib", "reserved_gib", "device_gib")),
-            s["peak_phase"],
-        ]  # fmt: skip
-        table.add_row(*row)
-    console.print(table)
+STAGE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("stage", "stage"),
+    ("layers", "layers"),
+    ("device_gib", "device\nGiB"),
+    ("peak_phase", "peak\nphase"),
+    ("weights", "weights\nGiB"),
+    ("optimizer", "optimizer\nGiB"),
+    ("activations", "activations\nGiB"),
+    ("grads", "grads\nGiB"),
+    ("in_flight", "in-flight\nmicro-b."),
+    ("allocated_gib", "allocated\nGiB"),
+    ("reserved_gib", "reserved\nGiB"),
+    ("buffers", "buffers\nGiB"),
+    ("slack", "slack\nGiB"),
+    ("overhead", "overhead\nGiB"),
+)
+"""The per-stage table's columns, most important first (what ``--columns`` would name)."""
+
+
+def _stage_cells(s: dict[str, Any]) -> dict[str, str]:
+    p = next(p for p in s["phases"] if p["phase"] == s["peak_phase"])
+    cells = {k: units.gib(p[k]) for k in ("weights", "grads", "optimizer", "slack")}
+    cells |= {k: units.gib(s[k]) for k in ("allocated_gib", "reserved_gib", "device_gib")}
+    return cells | {
+        "stage": str(s["stage"]), "layers": str(s["layers"]), "in_flight": f"{s['in_flight']:g}",
+        "activations": units.gib(p["activations"] + p["stage_extras"]),
+        "buffers": units.gib(p["framework_buffers"] + p["workspaces"]),
+        "overhead": units.gib(p["cuda_context"] + p["comm_buffers"]),
+        "peak_phase": s["peak_phase"],
+    }  # fmt: skip
+
+
+def _print_stage_table(console: Console, memory: dict[str, Any], names: list[str] | None) -> None:
+    cells = [_stage_cells(s) for s in memory["stages"]]
+    columns = tuple(render.Column(name=n, header=h, right=n != "peak_phase")
+                    for n, h in STAGE_COLUMNS)  # fmt: skip
+    render.render(console, render.Grid(
+        title="per pipeline stage, at each stage's peak phase",
+        columns=columns, rows=tuple(tuple(c[n] for n, _ in STAGE_COLUMNS) for c in cells),
+    ), names)  # fmt: skip
 
 
 def _candidate_json(c: Candidate) -> dict[str, Any]:
@@ -133,84 +150,64 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
     }
 
 
-def _short(c: Candidate) -> str:
-    k = c.config
-    rc = k.recompute_setting
-    parts = [f"tp{k.tp}", f"pp{k.pp}", f"dp{k.dp}"]
-    parts += [f"cp{k.cp}"] if k.cp > 1 else []
-    parts += [f"vp{k.vp}"] if k.vp > 1 else []
-    parts += ["sp"] if k.sequence_parallel else []
-    parts += ["tpo"] if k.tp_comm_overlap else []
-    parts += [f"ep{k.ep}"] if k.moe_key else []
-    parts += [f"etp{k.etp}"] if k.etp is not None else []
-    parts += [k.moe_token_dispatcher] if k.moe_token_dispatcher != "alltoall" else []
-    parts += [f"mbs{k.micro_batch_size}", f"ga{k.num_microbatches}", rc]
-    parts += ["distopt"] if k.distributed_optimizer else []
-    parts += [f"zero{k.zero_stage}"] if k.zero_stage else []
-    return " ".join(parts)
+TOP_COLUMNS = (
+    render.Column(name="rank", header="rank", meaning="place in the predicted ranking"),
+    render.CONFIG,
+    render.Column(name="step_s", header="step s", meaning="predicted time of one optimizer step"),
+    render.Column(
+        name="tokens_per_s_per_gpu",
+        header="tok/s/GPU",
+        meaning="predicted tokens per second per GPU",
+    ),
+    render.Column(
+        name="mfu",
+        header="MFU %",
+        meaning="model FLOPs utilisation: model FLOP/s over the GPUs' peak",
+    ),
+    render.Column(
+        name="peak_gib",
+        header="peak GiB",
+        meaning="predicted peak device memory of the busiest GPU",
+    ),
+    render.Column(name="pp_bubble", header="bubble s", meaning="pipeline bubble per step"),
+    render.Column(
+        name="tp_comm",
+        header="tp comm s",
+        meaning="tensor-parallel communication on the critical path per step",
+    ),
+    render.Column(
+        name="dp_comm",
+        header="dp comm s",
+        meaning="data-parallel gradient communication not hidden by compute",
+    ),
+)
+"""``tune space --top`` and ``run --dry-run``: the predicted ranking, most important first."""
 
 
-def _gib(value: float) -> str:
-    """GiB with one decimal, or three significant digits below 10 (a CPU demo's 0.106)."""
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
-
-
-def _top_table(title: str, top: list[Candidate]) -> Table:
-    table = Table(title=title)
-    for col in ("#", "config", "step s", "tok/s/GPU", "MFU", "peak GiB", "bubble", "tp comm",
-                "dp comm"):  # fmt: skip
-        if col == "config":
-            table.add_column(col, no_wrap=True)
-        else:
-            table.add_column(col, justify="right")
-    for i, c in enumerate(top, 1):
+def _top_table(title: str, top: list[Candidate]) -> render.Grid:
+    constant, spelled = split_constant([c.config for c in top])
+    rows = []
+    for i, (c, config) in enumerate(zip(top, spelled, strict=True), 1):
         t = c.time
-        assert t is not None
-        table.add_row(
-            str(i), _short(c), f"{t.step:.3f}", f"{t.tokens_per_s_per_gpu:,.0f}", f"{t.mfu:.1%}",
-            _gib(c.memory.peak / 2**30), f"{t.pp_bubble:.3f}", f"{t.tp_comm:.3f}",
-            f"{t.dp_comm:.3f}",
-        )  # fmt: skip
-    return table
+        if t is None:
+            raise ValueError("a ranked candidate always has a predicted time")
+        rows.append((
+            str(i), config, units.seconds(t.step), units.rate(t.tokens_per_s_per_gpu),
+            units.percent(t.mfu), units.gib(c.memory.peak / 2**30), units.seconds(t.pp_bubble),
+            units.seconds(t.tp_comm), units.seconds(t.dp_comm),
+        ))  # fmt: skip
+    return render.Grid(title=title, columns=TOP_COLUMNS, rows=tuple(rows), constant=constant)
 
 
-def _counts_table(spec: StudySpec, out: dict[str, Any]) -> Table:
-    table = Table(title=f"search space of {spec.name} ({spec.world_size} ranks per trial)")
-    table.add_column("configs")
-    table.add_column("count", justify="right")
-    table.add_row("total", str(out["total"]))
-    for rule, count in out["invalid_by_rule"].items():
-        table.add_row(f"  invalid: {rule}", str(count))
-    table.add_row("invalid", str(out["invalid"]))
-    table.add_row("predicted OOM", str(out["predicted_oom"]))
-    table.add_row("  of them memory probes", str(out.get("memory_probes", 0)))
-    table.add_row("viable", str(out["viable"]), style="bold")
-    return table
-
-
-BOARD_HEADERS = {
-    "trial": "#", "outcome": "outcome", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp",
-    "vp": "vp", "sp": "sp", "micro_batch": "mbs", "grad_accum": "ga", "recompute": "recompute",
-    "distributed_optimizer": "distopt", "zero_stage": "zero", "ep": "ep", "etp": "etp",
-    "dispatcher": "dispatcher", "nodes": "nodes",
-    "predicted_step_s": "pred s", "measured_step_s": "step s", "tokens_per_s_per_gpu": "tok/s/GPU",
-    "tflops_per_gpu": "TFLOP/s", "mfu": "MFU", "predicted_peak_gib": "pred GiB",
-    "measured_peak_gib": "GiB", "duration_s": "took s", "reason": "reason",
-}  # fmt: skip
-
-
-def _print_board(spec: StudySpec, board: Any) -> None:
-    console = _console()
-    shown = [c for c in BOARD_HEADERS if c in board.columns and board[c].notna().any()]
-    table = Table(title=f"leaderboard of {spec.name} ({len(board)} configs)")
-    for col in shown:
-        header = BOARD_HEADERS[col]
-        table.add_column(header, no_wrap=col != "reason", min_width=max(len(header), 2))
-    for _, row in board.iterrows():
-        cells = []
-        for col in shown:
-            v = row[col]
-            text = "" if v is None or v != v else (f"{v:.4g}" if isinstance(v, float) else str(v))
-            cells.append(text)
-        table.add_row(*cells)
-    console.print(table)
+def _counts_table(spec: StudySpec, out: dict[str, Any]) -> render.Grid:
+    rows = [("total", str(out["total"]))]
+    rows += [(f"  invalid: {rule}", str(n)) for rule, n in out["invalid_by_rule"].items()]
+    rows += [("invalid", str(out["invalid"])), ("predicted OOM", str(out["predicted_oom"])),
+             ("  of them memory probes", str(out.get("memory_probes", 0))),
+             ("viable", str(out["viable"]))]  # fmt: skip
+    return render.Grid(
+        title=f"search space of {spec.name} ({spec.world_size} ranks per trial)",
+        columns=(render.Column(name="configs", header="configs", right=False),
+                 render.Column(name="count", header="count")),
+        rows=tuple(rows),
+    )  # fmt: skip

@@ -29,7 +29,7 @@ def gpt_pipe_shape(model: ModelSpec, tp: int) -> GPTPipeShape:
     gated = 2 if model.swiglu else 1
     bias = model.add_bias_linear
     sharded = h * (a + 2 * g) * kv + a * kv * h + (gated + 1) * h * f
-    sharded += ((a + 2 * g) * kv + gated * f) if bias else 0
+    sharded += model.qkv_bias + (gated * f if bias else 0)
     norm = 2 * h if model.normalization == "layernorm" else h
     block = sharded // tp + (2 * h if bias else 0) + 2 * norm
     vocab = padded_vocab(model.vocab_size, tp, "megatron-deepspeed")

@@ -291,7 +291,7 @@ def from_probe(
     """The profile made of the probe's result line."""
     tool = {"warmup": options.warmup, "repeats": options.repeats,
             "message_bytes": list(plan["message_bytes"])}  # fmt: skip
-    return _profile({**data, "cluster": spec.cluster_name, "gpu": spec.cluster.gpu,
+    return _profile({**data, "cluster": spec.cluster_name, "gpu": spec.cluster.gpu_name,
                      "created": created.astimezone(dt.UTC).isoformat(timespec="seconds"),
                      "tool": tool})  # fmt: skip
 
@@ -377,10 +377,10 @@ def check_profile(
     executor's own torch; on remote clusters the latest probe or trial log); keys missing on
     either side are not compared."""
     where = path or profile.cluster
-    if profile.gpu != spec.cluster.gpu:
+    if profile.gpu != spec.cluster.gpu_name:
         raise ProfileError(
             f"foreign profile: measured on {profile.gpu}, the study's cluster.gpu is "
-            f"{spec.cluster.gpu} (run tune profile --study {spec.name})", file=where,
+            f"{spec.cluster.gpu_name} (run tune profile --study {spec.name})", file=where,
         )  # fmt: skip
     age = now - dt.datetime.fromisoformat(profile.created)
     if age > dt.timedelta(days=MAX_AGE_DAYS):

@@ -27,8 +27,10 @@ COLUMNS = [
     "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
     "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
-    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
+    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap", "key",
 ]  # fmt: skip
+# "key" is the config's full machine key (ParallelConfig.key) for CSV and JSON; the table spells
+# the config compactly (tuner.config.spelling).
 # Which of the memory model's three figures (allocated / reserved / device) a log's peak is:
 # both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
 # max_memory_reserved beside it; the predicted peak is the device figure (nvidia-smi).
@@ -67,6 +69,7 @@ def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_reserved_gib": a.get("predicted_reserved_gib"),
         "predicted_peak_stage": a.get("predicted_peak_stage"),
         "predicted_peak_phase": a.get("predicted_peak_phase"),
+        "key": c.key() if c else None,
     }  # fmt: skip
 
 

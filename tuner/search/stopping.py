@@ -24,6 +24,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
+from tuner.config.spelling import spell
 from tuner.spec.study import StudySpec
 
 IMPROVEMENT = 0.01
@@ -60,7 +61,7 @@ class Stopper:
             p, config = found
             self._answer = (
                 f"the answer is known: no untried config has a {chance:.0%} chance of beating "
-                f"the best by {IMPROVEMENT:.0%} (likeliest: {config.key()}, {p:.1%})"
+                f"the best by {IMPROVEMENT:.0%} (likeliest: {spell(config)}, {p:.1%})"
             )
         return self._answer
 

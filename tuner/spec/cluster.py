@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tuner.catalog import GPUSpec
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
 from tuner.spec.bounds import (
@@ -120,8 +121,10 @@ class SlurmSpec:
 class ClusterSpec:
     """The machines trials run on."""
 
-    gpu: str
-    """GPU catalog name (``tune`` lists them on a bad name), or ``cpu`` for local CPU ranks."""
+    gpu: str | GPUSpec
+    """GPU catalog name (``tune catalog gpus`` lists them), ``cpu`` for local CPU ranks, or a
+    GPU described by its figures: ``{name, preset?, memory_gib, peak_tflops, fp8_peak_tflops,
+    hbm_gbps, intra_node_gbps, inter_node_gbps, compute_capability, ...}``."""
     gpus_per_node: int
     """Ranks per node (torchrun ``--nproc_per_node``)."""
     nodes: tuple[str, ...] | None = None
@@ -144,6 +147,11 @@ class ClusterSpec:
     name: str | None = None
     """Names the cluster's profile and calibration (``results/clusters/<name>.*``), shared by
     every study on it; default ``<gpu>-<executor>-<nodes>x<gpus_per_node>``."""
+
+    @property
+    def gpu_name(self) -> str:
+        """The GPU's name: the preset's, or the one a GPU described by its figures was given."""
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
 
     def __post_init__(self) -> None:
         from tuner.catalog import get_gpu  # the catalog loads lazily, on first use

@@ -20,6 +20,7 @@ import yaml
 from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
 from tuner.spec.bounds import MAX_GPUS_PER_NODE
+from tuner.spec.model import ModelSpec
 from tuner.spec.paths import study_relative
 from tuner.spec.study import _ENV_NAME, MAX_FILE_BYTES, StudySpec
 from tuner.spec.template_owner import check_template_framework
@@ -50,6 +51,11 @@ def _expand_model(raw: object) -> object:
     merged = {"name": name, **presets[name]}
     merged.update({k: v for k, v in raw.items() if k != "preset"})
     return merged
+
+
+def study_model(raw: Mapping[str, Any]) -> ModelSpec:
+    """A ``model:`` section (a preset and overrides, or every field) as a ModelSpec."""
+    return load_dataclass(ModelSpec, _expand_model(raw), "model")
 
 
 def read_text(path: Path, what: str) -> str:
@@ -169,6 +175,11 @@ def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpe
             **{k: v for k, v in cluster.items() if k != "hostfile"},
             "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
         }
+    cluster = data.get("cluster")
+    if isinstance(cluster, Mapping) and isinstance(cluster.get("gpu"), Mapping):
+        from tuner.catalog import gpu_from_mapping  # a GPU given by its figures
+
+        data["cluster"] = {**cluster, "gpu": gpu_from_mapping(cluster["gpu"])}
     return load_dataclass(StudySpec, data)
 
 

@@ -3,7 +3,7 @@ and checked field by field (:mod:`tuner.spec.study` holds the whole study)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from tuner.errors import ConfigError
@@ -65,6 +65,9 @@ class ModelSpec:
     """FlashAttention / fused attention: the s x s score matrix is never stored."""
     add_bias_linear: bool = True
     """Biases in linear layers (Llama-style models disable them)."""
+    add_qkv_bias: bool = False
+    """Biases in the QKV projection only (Megatron ``--add-qkv-bias``; Qwen-style models):
+    with ``add_bias_linear: false``, (a + 2g) x h/a more parameters per layer."""
     moe: MoESpec | None = None
     """Mixture of experts (``tuner.spec.moe``): routed experts replace the MLP of MoE layers."""
 
@@ -110,9 +113,32 @@ class ModelSpec:
         return self.num_query_groups or self.num_attention_heads
 
     @property
+    def qkv_bias(self) -> int:
+        """Bias parameters of one layer's QKV projection: (a + 2g) x h/a when the QKV
+        projection has a bias (``add_bias_linear`` or ``add_qkv_bias``), else 0."""
+        if not (self.add_bias_linear or self.add_qkv_bias):
+            return 0
+        return (self.num_attention_heads + 2 * self.query_groups) * self.kv_channels
+
+    @property
     def kv_channels(self) -> int:
         """Per-head width h / a."""
         return self.hidden_size // self.num_attention_heads
+
+
+LATER_FIELDS = {"add_qkv_bias": False}
+"""Model fields added after studies were stored, with their defaults: at the default they are
+left out of a study's fingerprint, so a study stored before them still resumes as the same."""
+
+
+def model_data(model: ModelSpec) -> dict[str, object]:
+    """The model's fields as plain data for a fingerprint (:data:`LATER_FIELDS` at their
+    defaults left out)."""
+    data = asdict(model)
+    for key, default in LATER_FIELDS.items():
+        if data.get(key) == default:
+            data.pop(key)
+    return data
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,6 +35,7 @@ from tuner.spec.frameworks import traits
 from tuner.spec.model import ModelSpec as ModelSpec
 from tuner.spec.model import Precision as Precision
 from tuner.spec.model import TrainingSpec as TrainingSpec
+from tuner.spec.model import model_data
 from tuner.spec.moe import TokenDispatcher, moe_study_problem
 from tuner.spec.pipeline_split import parse_split
 from tuner.spec.recompute import module_rule_violations, parse_recompute, recompute_text
@@ -316,6 +317,9 @@ class StudySpec:
         problem = study_name_problem(self.name)  # the results layout's: the name is a directory
         if problem is not None:
             raise ConfigError(problem, path="name")
+        if self.model.add_qkv_bias and self.framework != "megatron":
+            raise ConfigError(f"--add-qkv-bias is a Megatron-LM flag; {self.framework} has no "
+                              "QKV-only bias", path="model.add_qkv_bias")  # fmt: skip
         splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split
         for i, text in enumerate(splits):
             owner = parse_split(text).framework
@@ -416,7 +420,7 @@ class StudySpec:
         """``cluster.name``, or one made of the GPU, executor and node count: the key of the
         cluster's saved profile and calibration."""
         c = self.cluster
-        return c.name or f"{c.gpu}-{c.executor}-{len(self.node_names)}x{c.gpus_per_node}"
+        return c.name or f"{c.gpu_name}-{c.executor}-{len(self.node_names)}x{c.gpus_per_node}"
 
     @property
     def world_size(self) -> int:
@@ -426,6 +430,7 @@ class StudySpec:
     def fingerprint(self) -> str:
         """A hash of everything that changes what a trial measures (not the search budget)."""
         data = dataclasses.asdict(self)
+        data["model"] = model_data(self.model)
         data.pop("search")
         data.pop("description")
         data["cluster"].pop("name")  # names the saved calibration; changes no measurement

@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.calibrate.store import history, keep
 from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import spell
 from tuner.errors import StorageError
 from tuner.launch import NodePool, new_token
 from tuner.layout import ResultsLayout
@@ -279,7 +280,7 @@ class StudyLoop:
         self.running[trial.number] = Running(trial, config, job, placement, self.clock())
         self._beating = tuple(self.running)
         logger.info(
-            "trial %d started on %s: %s", trial.number, ",".join(group.hosts), config.key()
+            "trial %d started on %s: %s", trial.number, ",".join(group.hosts), spell(config)
         )
 
     def _finish(
@@ -328,7 +329,7 @@ class StudyLoop:
         if self.stop_requested:
             return self.stop_requested
         if self.runs_done(trials) >= self.n_trials:
-            return f"ran {self.n_trials} trials (n_trials)"
+            return f"ran {self.n_trials} trial{'' if self.n_trials == 1 else 's'} (n_trials)"
         if s.max_wall_time_min and self.clock() - self.started >= s.max_wall_time_min * 60:
             return f"wall time limit of {s.max_wall_time_min} min"
         if s.max_node_hours and self.node_hours(trials) >= s.max_node_hours:

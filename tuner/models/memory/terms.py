@@ -103,9 +103,7 @@ def param_counts(model: ModelSpec) -> ParamCounts:
     kv = model.kv_channels
     attn = h * (a * kv) + 2 * h * (g * kv) + (a * kv) * h  # Q, K, V and output projection
     mlp = (3 if model.swiglu else 2) * h * f  # SwiGLU fc1 is 2F wide (x1.5)
-    col_bias = (
-        (a * kv + 2 * g * kv + (2 * f if model.swiglu else f)) if model.add_bias_linear else 0
-    )
+    col_bias = model.qkv_bias + ((2 * f if model.swiglu else f) if model.add_bias_linear else 0)
     row_bias = 2 * h if model.add_bias_linear else 0
     norm = (2 * h) if model.normalization == "layernorm" else h  # LayerNorm has a bias
     position = h * (model.max_position_embeddings or model.seq_length)

@@ -33,7 +33,7 @@ def rank_params(model: ModelSpec, tp: int, pp: int) -> tuple[float, float]:
     kv = 2 * model.query_groups * model.kv_channels
     mlp_in = 2 * f if model.swiglu else f
     norm = 2 * h if model.normalization == "layernorm" else h
-    bias = (h + kv + h + mlp_in + h) if model.add_bias_linear else 0
+    bias = model.qkv_bias + ((h + mlp_in + h) if model.add_bias_linear else 0)
     layer = (h * (h + kv) + h * h + h * (mlp_in + f) + bias) / tp + 2 * norm
     embedding = model.vocab_size * h / tp
     position = model.seq_length * h if model.position_embedding == "learned_absolute" else 0

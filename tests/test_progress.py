@@ -1,0 +1,101 @@
+"""Live progress of ``tune run``: a running trial's phase from its real log, the time it has
+left, its Slurm job id, and the budget's ETA."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.logs.conftest import FIXTURES
+from tuner.cli.progress import budget_eta, clock_text, running_cells
+from tuner.logs.progress import last_iteration, log_iteration
+from tuner.spec.file import study_from_mapping
+
+SPEC = study_from_mapping({
+    "name": "progress",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-80gb", "gpus_per_node": 8, "num_nodes": 1, "executor": "local"},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron", "train_iters": 20},
+    "search": {"trial_timeout_min": 10},
+})  # fmt: skip
+
+
+def test_the_last_iteration_of_real_logs() -> None:
+    megatron = FIXTURES / "megatron_iter_NVIDIA-Megatron-LM-756.log"
+    if not megatron.exists():
+        pytest.skip(f"shared log fixtures not found at {FIXTURES}")
+    printed = [int(n) for n in re.findall(r"\] iteration\s+(\d+)/", megatron.read_text())]
+    assert len(printed) > 2 and log_iteration(megatron) == max(printed)
+    assert last_iteration("tuner-step: iter=3 time_s=0.5\ntuner-step: iter=4 time_s=0.5") == 4
+    assert last_iteration("steps: 12 loss: 2.5 iter time (s): 0.9 samples/sec: 11.0") == 12
+    assert last_iteration("loading checkpoint ...\n") is None
+    assert log_iteration(Path("/nonexistent/node-0.log")) is None
+
+
+def _loop(now: float) -> SimpleNamespace:
+    return SimpleNamespace(spec=SPEC, clock=lambda: now)
+
+
+def test_a_running_trial_shows_its_phase_time_left_and_job(tmp_path: Path) -> None:
+    log = tmp_path / "node-0.log"
+    paths = SimpleNamespace(node_log=lambda rank: tmp_path / f"node-{rank}.log")
+    queued = SimpleNamespace(job=SimpleNamespace(job_id="4242", state="PENDING",
+                                                 pending_reason="Resources", paths=paths),
+                             started=0.0)  # fmt: skip
+    assert running_cells(_loop(30.0), queued) == ("4242", "queued (Resources)", "")  # type: ignore[arg-type]
+    local = SimpleNamespace(job=SimpleNamespace(paths=paths), started=100.0)
+    assert running_cells(_loop(130.0), local) == ("", "starting", "9:30")  # type: ignore[arg-type]
+    megatron = FIXTURES / "megatron_iter_NVIDIA-Megatron-LM-756.log"
+    if megatron.exists():
+        shutil.copy(megatron, log)
+        k = log_iteration(log)
+        assert running_cells(_loop(400.0), local) == ("", f"iteration {k} of 20", "5:00")  # type: ignore[arg-type]
+
+
+def test_the_budget_eta() -> None:
+    assert budget_eta([], 5, [10.0], 1) is None  # nothing finished: nothing to go by
+    assert budget_eta([], 5, [10.0], 1, wall_left=600.0) == 600.0
+    # 4 more at 100 s, two at a time, after the running one's 40 s left: (40 + 400) / 2
+    assert budget_eta([90.0, 110.0], 4, [60.0], 2) == 220.0
+    assert budget_eta([100.0], 0, [30.0, 90.0], 2) == 70.0  # the last running one
+    assert budget_eta([100.0], 10, [], 1, wall_left=300.0) == 300.0
+    assert (
+        clock_text(59.4) == "0:59" and clock_text(3723) == "1:02:03" and clock_text(-5) == "0:00"
+    )
+
+
+def test_the_live_display_shows_phase_eta_and_job(tmp_path: Path) -> None:
+    """The live table and status of a loop with one queued Slurm trial and one finished."""
+    from optuna.trial import create_trial
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.config.parallel import ParallelConfig
+
+    finished = create_trial(value=1.5, user_attrs={"duration_s": 120.0, "predicted_step_s": 1.4})
+    finished.number = 0
+    paths = SimpleNamespace(node_log=lambda rank: tmp_path / f"node-{rank}.log")
+    job = SimpleNamespace(job_id="4242", state="PENDING", pending_reason="Priority", paths=paths)
+    config = ParallelConfig(tp=2, dp=4, sequence_parallel=True, global_batch_size=64)
+    run = SimpleNamespace(job=job, started=500.0, config=config,
+                          group=SimpleNamespace(hosts=("slurm-0",)))  # fmt: skip
+    loop = SimpleNamespace(
+        spec=SPEC, clock=lambda: 560.0, started=0.0, running={1: run}, n_trials=1,
+        trials=lambda: [finished], best=lambda trials: finished,
+        summary=SimpleNamespace(outcomes={"ok": 1}), launched_count=lambda trials: 2,
+        node_hours=lambda trials: 0.05,
+    )  # fmt: skip
+    console = Console(record=True, width=120)
+    console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
+    text = console.export_text()
+    assert "tp2 pp1 dp4 sp mbs1 ga16" in text and "queued (Priority)" in text
+    assert "4242" in text and "2/1 run, 0.05 node-hours, 9:20 elapsed" in text
+    assert "about 1:00 left" in text  # nothing more to launch: the queued one's 120 - 60 s
+    line = LiveProgress()._line(loop)  # type: ignore[arg-type]
+    assert line == "running 1 (trial 1 queued (Priority)); ok 1; best 1.500 s (trial 0)"

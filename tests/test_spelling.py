@@ -1,0 +1,40 @@
+"""The one compact spelling of a config (tuner.config.spelling) and the number formats."""
+
+from __future__ import annotations
+
+from tuner.cli import units
+from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import KNOBS, glossary, spell, split_constant
+
+
+def test_one_config_spells_every_knob_off_its_default() -> None:
+    c = ParallelConfig(tp=4, pp=4, dp=32, vp=4, sequence_parallel=True, micro_batch_size=1,
+                       global_batch_size=1024)  # fmt: skip
+    assert spell(c) == "tp4 pp4 dp32 vp4 sp mbs1 ga32"
+    full = ParallelConfig(tp=2, pp=2, cp=2, dp=2, recompute="full", recompute_method="uniform",
+                          recompute_num_layers=1, distributed_optimizer=True, zero_stage=1,
+                          global_batch_size=8, tp_comm_overlap=True)  # fmt: skip
+    assert spell(full) == "tp2 pp2 dp2 cp2 tpo mbs1 ga4 full:uniform:1 distopt zero1"
+
+
+def test_rows_show_what_differs_and_the_rest_is_named_once() -> None:
+    a = ParallelConfig(tp=1, pp=2, dp=4, micro_batch_size=1, global_batch_size=64)
+    b = ParallelConfig(tp=1, pp=2, dp=4, micro_batch_size=2, global_batch_size=64,
+                       recompute="selective")  # fmt: skip
+    constant, rows = split_constant([a, b])
+    assert constant == "tp1 pp2 dp4 no sp no tpo no distopt"
+    assert rows == ["mbs1 ga16", "mbs2 ga8 selective"]
+    assert split_constant([a]) == ("", [spell(a)])
+
+
+def test_every_knob_is_in_the_glossary() -> None:
+    text = glossary()
+    assert all(k.name in text and k.meaning in text for k in KNOBS)
+
+
+def test_one_format_per_quantity() -> None:
+    assert [units.seconds(v) for v in (1.5383, 0.012345, 12.345, 1234.5, 0.0)] == [
+        "1.538", "0.01235", "12.35", "1,234", "0"]  # fmt: skip
+    assert units.percent(0.5635) == "56.4" and units.rate(1990.4) == "1,990"
+    assert units.gib(61.26) == "61.3" and units.gib(0.1061) == "0.106"
+    assert units.gib(8.1) == "8.10" and units.gib(0.1) == "0.100"  # the same digits everywhere

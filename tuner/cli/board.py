@@ -1,0 +1,157 @@
+"""``tune leaderboard`` as a table: the leaderboard DataFrame's rows, each config in the compact
+spelling, columns in priority order (``--columns`` takes any of the DataFrame's names too)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+
+from tuner.cli import render, units
+from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import split_constant
+
+BOARD_COLUMNS = (
+    render.Column(name="rank", header="rank", meaning="place on the board, fastest first"),
+    render.Column(name="trial", header="trial", meaning="the trial's number in the study"),
+    render.Column(
+        name="outcome",
+        header="outcome",
+        right=False,
+        meaning="ok, oom, timeout, ... (--all shows the failed ones)",
+    ),
+    render.CONFIG,
+    render.Column(
+        name="measured_step_s", header="step s", meaning="measured time of one optimizer step"
+    ),
+    render.Column(
+        name="tokens_per_s_per_gpu",
+        header="tok/s/GPU",
+        meaning="measured tokens per second per GPU",
+    ),
+    render.Column(
+        name="mfu",
+        header="MFU %",
+        meaning="model FLOPs utilisation: model FLOP/s over the GPUs' peak",
+    ),
+    render.Column(
+        name="measured_peak_gib",
+        header="peak GiB",
+        meaning="measured peak allocated memory of the busiest GPU",
+    ),
+    render.Column(
+        name="predicted_step_s",
+        header="pred step s",
+        meaning="the time model's step time for this config",
+    ),
+    render.Column(
+        name="predicted_peak_gib",
+        header="pred peak GiB",
+        meaning="the memory model's peak device memory",
+    ),
+    render.Column(
+        name="tflops_per_gpu",
+        header="TFLOP/s/GPU",
+        minor=True,
+        meaning="measured model TFLOP/s per GPU",
+    ),
+    render.Column(name="nodes", header="nodes", minor=True, meaning="nodes the trial ran on"),
+    render.Column(
+        name="duration_s",
+        header="took s",
+        minor=True,
+        meaning="wall time of the trial, launch to exit",
+    ),
+    render.Column(
+        name="reason",
+        header="reason",
+        right=False,
+        wrap=6,
+        meaning="why a trial failed or was pruned",
+    ),
+)
+"""The table's columns, most important first; the rest of the DataFrame's are there for
+``--columns``."""
+
+
+def _formatter(name: str) -> Callable[[Any], str]:
+    """One number format per quantity, chosen by the DataFrame column's name."""
+    if name in ("mfu", "predicted_mfu"):
+        return units.percent
+    if name.startswith("tokens_per_s"):
+        return units.rate
+    if name == "tflops_per_gpu":
+        return units.tflops
+    if name.endswith("_s"):
+        return units.seconds
+    if name.endswith("_gib"):
+        return units.gib
+    return str
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None or value != value:  # None or NaN: nothing measured
+        return ""
+    if isinstance(value, float) and value.is_integer() and not name.endswith(("_s", "_gib")):
+        value = int(value)  # a count pandas stored as float beside a NaN
+    return _formatter(name)(value)
+
+
+def board_grid(
+    title: str, board: Any, configs: Sequence[ParallelConfig | None], include_all: bool,
+    names: Sequence[str] | None = None,
+) -> render.Grid:  # fmt: skip
+    """The leaderboard as a :class:`render.Grid`: the default columns (outcome only with
+    ``--all``, empty ones left out) or, with ``names``, those asked for."""
+    known = [c.name for c in BOARD_COLUMNS]
+    extra = tuple(render.Column(name=n, header=n, right=n not in ("recompute", "dispatcher"))
+                  for n in board.columns if n not in known)  # fmt: skip
+    present = [c for c in configs if c is not None]
+    constant, spelled = split_constant(present)
+    spelling = iter(spelled)
+    by_config = [next(spelling) if c is not None else "" for c in configs]
+    columns = []
+    order: tuple[render.Column, ...] = BOARD_COLUMNS
+    if include_all:  # failures shown: why they failed comes before the secondary figures
+        order = tuple(c for c in order if c.name != "reason")
+        at = [c.name for c in order].index("predicted_peak_gib") + 1
+        order = (*order[:at], BOARD_COLUMNS[-1], *order[at:])
+    for column in order + extra:
+        if names is not None:
+            columns.append(column)
+        elif column in extra:
+            continue
+        elif column.name in ("rank", "config") or (
+            column.name in board.columns and board[column.name].notna().any()
+            and (column.name != "outcome" or include_all)
+        ):  # fmt: skip
+            columns.append(column)
+    rows = []
+    for rank, (config, (_, row)) in enumerate(zip(by_config, board.iterrows(), strict=True), 1):
+        cells = {"rank": str(rank), "config": config}
+        rows.append(tuple(cells.get(c.name) or _cell(c.name, row.get(c.name)) for c in columns))
+    return render.Grid(title=title, columns=tuple(columns), rows=tuple(rows), constant=constant)
+
+
+def print_board(out: Console, title: str, board: Any, configs: Sequence[ParallelConfig | None],
+                include_all: bool, names: Sequence[str] | None) -> None:  # fmt: skip
+    """Print the leaderboard table (``names``: ``--columns``)."""
+    render.render(out, board_grid(title, board, configs, include_all, names), names)
+
+
+def stored_configs(
+    spec: Any, board: Any, storage: str | None, results: str
+) -> list[ParallelConfig | None]:
+    """Each leaderboard row's config, read back from its stored trial (None: it has none)."""
+    from tuner.report.leaderboard import load_optuna_study
+
+    if board.empty:
+        return []
+    trials = {t.number: t for t in load_optuna_study(spec, storage, results).get_trials(
+        deepcopy=False)}  # fmt: skip
+    out: list[ParallelConfig | None] = []
+    for number in board["trial"]:
+        data = trials[int(number)].user_attrs.get("config")
+        out.append(ParallelConfig(**data) if data else None)
+    return out

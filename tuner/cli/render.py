@@ -1,0 +1,255 @@
+"""Tables that fit: every table ``tune`` prints goes through :func:`render`.
+
+The width is the terminal's; when the output is piped, ``COLUMNS`` if it is set; otherwise (a
+file) there is no width and tables come out plain, one line per row, never wrapped. Columns are
+given in priority order: those that do not fit at their full width are left out and named in a
+footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only a column marked
+``wrap`` (free text, such as a failure's reason) may fold onto more lines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tuner.errors import ConfigError
+
+MIN_WIDTH = 80
+"""Tables are laid out for at least this many columns, even on a narrower terminal."""
+WRAP_MIN = 16
+"""The narrowest a folding column is made before it is left out instead."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Column:
+    """One column: its name for ``--columns``, its header (with the unit) and layout."""
+
+    name: str
+    """The name ``--columns`` takes (the JSON / CSV field where there is one)."""
+    header: str
+    """What the table shows on top, unit included (``step s``)."""
+    right: bool = True
+    """Right-aligned (numbers); text columns are left-aligned."""
+    wrap: int = 0
+    """Free text that may fold onto at most this many lines rather than be left out (0: never
+    folds)."""
+    meaning: str = ""
+    """What the header means, for ``tune <cmd> --help``."""
+    minor: bool = False
+    """A secondary figure: left out, least important first, rather than fold the text of a
+    folding column."""
+
+
+CONFIG = Column(
+    name="config", header="config", right=False, wrap=2,
+    meaning="the knobs that differ between rows (see 'config spelling'; at most two lines)",
+)  # fmt: skip
+"""The config column of every table: the compact spelling (:mod:`tuner.config.spelling`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Grid:
+    """A table to print: columns in priority order and rows of finished cell texts."""
+
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[str, ...], ...]
+    constant: str = ""
+    """Knobs equal in every row, named once above the table."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Lines printed under the table."""
+    choosable: bool = True
+    """The command takes ``--columns`` for this table (the footer then says so)."""
+
+
+def output_width() -> int | None:
+    """The width to fit: the terminal's, else ``COLUMNS`` (piped), else None (plain)."""
+    columns = os.environ.get("COLUMNS", "")
+    if sys.stdout.isatty():
+        width = int(columns) if columns.isdigit() else shutil.get_terminal_size().columns
+        return max(width, MIN_WIDTH)
+    if columns.isdigit() and int(columns) > 0:
+        return max(int(columns), MIN_WIDTH)
+    return None
+
+
+def console() -> Console:
+    """The console every command prints through, as wide as :func:`output_width` (a plain
+    file gets lines as long as they are)."""
+    width = output_width()
+    return Console(highlight=False, width=width or 10_000, soft_wrap=width is None)
+
+
+def parse_columns(text: str | None) -> list[str] | None:
+    """``--columns a,b,c`` -> ``["a", "b", "c"]`` (None: the default choice)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--columns: give column names separated by commas")
+    return names
+
+
+def choose(grid: Grid, names: Sequence[str] | None) -> Grid:
+    """The grid with only the ``--columns`` asked for, in that order."""
+    if names is None:
+        return grid
+    known = {c.name: i for i, c in enumerate(grid.columns)}
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"--columns: no column {name!r} here (columns: {', '.join(known)})")
+    index = [known[n] for n in names]
+    return Grid(
+        title=grid.title, columns=tuple(grid.columns[i] for i in index),
+        rows=tuple(tuple(row[i] for i in index) for row in grid.rows), constant=grid.constant,
+        notes=grid.notes, choosable=grid.choosable,
+    )  # fmt: skip
+
+
+def _natural(grid: Grid, i: int) -> int:
+    heads = grid.columns[i].header.split("\n")
+    return max([*(len(h) for h in heads), *(len(row[i]) for row in grid.rows)])
+
+
+GAP = 2
+"""Spaces between two columns (a rule under the header, no vertical lines: the width goes to
+the numbers)."""
+
+
+def _least(grid: Grid, i: int) -> int:
+    """The narrowest a column is shown: its natural width, or for a folding one the width that
+    holds each cell in ``wrap`` lines, never under its longest word or :data:`WRAP_MIN`."""
+    natural = _natural(grid, i)
+    column = grid.columns[i]
+    if not column.wrap:
+        return natural
+    words = [len(w) for row in grid.rows for w in row[i].split()]
+    words += [len(h) for h in column.header.split("\n")]
+    return min(natural, max(WRAP_MIN, -(-natural // column.wrap), *words))
+
+
+def fit(grid: Grid, width: int) -> tuple[list[int], list[int | None], list[str]]:
+    """Which columns a table of ``width`` holds: their indexes, each folding column's width
+    (None: its natural width) and the names of those left out, in priority order.
+
+    Every column is first taken at its narrowest (a folding one may be narrower than its text),
+    in priority order while they fit; the width left over then widens the folding ones. When a
+    folding column is still folded, the minor columns ranked below every folding column give
+    way to it, least important first."""
+    kept: list[int] = []
+    used = 0
+    for i in range(len(grid.columns)):
+        cost = _least(grid, i) + (GAP if kept else 0)
+        if used + cost <= width:
+            kept.append(i)
+            used += cost
+    while True:
+        widths = _grow(grid, kept, width - used)
+        folding = [i for i in kept if grid.columns[i].wrap]
+        tail = [i for i in kept if folding and i > folding[-1] and grid.columns[i].minor]
+        if not tail or all(w is None for i, w in zip(kept, widths, strict=True) if i in folding):
+            break
+        kept.remove(tail[-1])
+        used -= _least(grid, tail[-1]) + GAP
+    dropped = [c.name for i, c in enumerate(grid.columns) if i not in kept]
+    return kept, widths, dropped
+
+
+def _grow(grid: Grid, kept: list[int], spare: int) -> list[int | None]:
+    """Each kept column's width (None: natural), the ``spare`` width going to the folding
+    columns in priority order."""
+    widths: list[int | None] = []
+    for i in kept:
+        least, natural = _least(grid, i), _natural(grid, i)
+        grow = min(natural - least, spare)
+        spare -= grow
+        widths.append(None if least + grow == natural else least + grow)
+    return widths
+
+
+def without_zeros(grid: Grid) -> Grid:
+    """The grid without the figure columns that are 0 in every row, named in a note instead."""
+    zero = [i for i, c in enumerate(grid.columns)
+            if c.right and grid.rows and all(row[i] == "0" for row in grid.rows)]  # fmt: skip
+    if not zero:
+        return grid
+    keep = [i for i in range(len(grid.columns)) if i not in zero]
+    note = f"0 in every row: {', '.join(grid.columns[i].name for i in zero)}"
+    return Grid(
+        title=grid.title, columns=tuple(grid.columns[i] for i in keep),
+        rows=tuple(tuple(row[i] for i in keep) for row in grid.rows), constant=grid.constant,
+        notes=(note, *grid.notes), choosable=grid.choosable,
+    )  # fmt: skip
+
+
+def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None:
+    """Print ``grid``: fitted to the output's width, or plain when there is none (without the
+    columns that are 0 in every row, unless ``names`` asks for them)."""
+    grid = choose(grid, names) if names is not None else without_zeros(grid)
+    if grid.title:  # a line of its own: a table's title would wrap to the table's width
+        out.print(grid.title, markup=False)
+    if grid.constant:
+        out.print(f"in every row: {grid.constant}", markup=False)
+    width = output_width()
+    if width is None:
+        _plain(out, grid)
+    else:
+        _boxed(out, grid, width, explicit=names is not None)
+    for note in grid.notes:
+        out.print(note)
+
+
+def _boxed(out: Console, grid: Grid, width: int, explicit: bool) -> None:
+    kept, widths, dropped = fit(grid, width)
+    table = Table(
+        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, GAP - 1, 0, 0),
+    )  # fmt: skip
+    for i, fold in zip(kept, widths, strict=True):
+        column = grid.columns[i]
+        table.add_column(
+            column.header, justify="right" if column.right else "left",
+            no_wrap=fold is None, overflow="fold", max_width=fold, min_width=_natural(grid, i)
+            if fold is None else None,
+        )  # fmt: skip
+    for row in grid.rows:
+        table.add_row(*(Text(row[i]) for i in kept))
+    out.print(table)
+    if dropped:
+        how = "; --columns chooses" if grid.choosable and not explicit else ""
+        out.print(f"left out to fit {width} columns: {', '.join(dropped)}{how}")
+
+
+def _plain(out: Console, grid: Grid) -> None:
+    widths = [_natural(grid, i) for i in range(len(grid.columns))]
+    depth = max((c.header.count("\n") + 1 for c in grid.columns), default=1)
+    heads = [(["", *([""] * depth)] + c.header.split("\n"))[-depth:] for c in grid.columns]
+    lines = [[h[k] for h in heads] for k in range(depth)] + [list(r) for r in grid.rows]
+    for cells in lines:
+        parts = [
+            cell.rjust(w) if column.right else cell.ljust(w)
+            for cell, w, column in zip(cells, widths, grid.columns, strict=True)
+        ]
+        out.print("  ".join(parts).rstrip(), markup=False)
+
+
+def legend(columns: Sequence[Column]) -> str:
+    """The columns' headers and meanings, one per line, for a command's ``--help``."""
+    return "\n".join(
+        f"  {c.name:<22} {c.header.replace(chr(10), ' '):<16} {c.meaning}" for c in columns
+    )
+
+
+def show(out: Console, thing: Grid | str) -> None:
+    """Print a grid (fitted) or a line."""
+    if isinstance(thing, Grid):
+        render(out, thing)
+    else:
+        out.print(thing)

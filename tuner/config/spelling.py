@@ -1,0 +1,132 @@
+"""The one compact spelling of a config that people read: ``tp4 pp4 dp32 vp4 sp mbs1 ga32``.
+
+:meth:`ParallelConfig.key` stays the machine key (JSON, CSV, the storage); every table, progress
+line and heading a person reads spells a config with :func:`spell`. Across several configs,
+:func:`split_constant` names the knobs that are the same in every row once, and each row shows
+only the knobs that differ.
+
+Each knob has a token: a value knob is its abbreviation glued to its value (``tp4``); an on/off
+knob is its abbreviation when on (``sp``) and nothing when off; a knob at its default is left out
+of a single config's spelling. :data:`GLOSSARY` explains every abbreviation; ``tune <cmd> --help``
+and docs/output.md print it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tuner.config.parallel import ParallelConfig
+from tuner.spec.pipeline_split import EVEN
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Knob:
+    """One knob of the spelling: how it reads and what it means."""
+
+    name: str
+    """The abbreviation (``tp``)."""
+    meaning: str
+    """What it stands for, for ``--help`` and docs/output.md."""
+    token: Callable[[ParallelConfig], str]
+    """The config's token (``tp4``; ``""`` for an on/off knob that is off)."""
+    default: str
+    """The token at the knob's default, left out of a single config's spelling ("" for none)."""
+    off: str = ""
+    """How the constant line names an on/off knob that is off in every row (``no sp``)."""
+
+
+def _value(
+    prefix: str, get: Callable[[ParallelConfig], object]
+) -> Callable[[ParallelConfig], str]:
+    return lambda c: f"{prefix}{get(c)}"
+
+
+def _flag(word: str, get: Callable[[ParallelConfig], bool]) -> Callable[[ParallelConfig], str]:
+    return lambda c: word if get(c) else ""
+
+
+def _recompute(c: ParallelConfig) -> str:
+    return "" if c.recompute == "none" else c.recompute_setting
+
+
+def _split(c: ParallelConfig) -> str:
+    return "" if c.pipeline_split == EVEN else f"split:{c.pipeline_split}"
+
+
+def _dispatcher(c: ParallelConfig) -> str:
+    return "" if c.moe_token_dispatcher == "alltoall" else c.moe_token_dispatcher
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(name="tp", meaning="tensor parallel size", token=_value("tp", lambda c: c.tp),
+         default=""),
+    Knob(name="pp", meaning="pipeline parallel size (stages)", token=_value("pp", lambda c: c.pp),
+         default=""),
+    Knob(name="dp", meaning="data parallel size (world / (tp x pp x cp))",
+         token=_value("dp", lambda c: c.dp), default=""),
+    Knob(name="cp", meaning="context parallel size", token=_value("cp", lambda c: c.cp),
+         default="cp1"),
+    Knob(name="vp", meaning="virtual pipeline chunks per stage (interleaved 1F1B)",
+         token=_value("vp", lambda c: c.vp), default="vp1"),
+    Knob(name="ep", meaning="expert parallel size (MoE)", token=_value("ep", lambda c: c.ep),
+         default="ep1"),
+    Knob(name="etp", meaning="expert tensor parallel size (MoE; default: tp)",
+         token=lambda c: "" if c.etp is None else f"etp{c.etp}", default=""),
+    Knob(name="sp", meaning="sequence parallelism over the TP group",
+         token=_flag("sp", lambda c: c.sequence_parallel), default="", off="no sp"),
+    Knob(name="tpo", meaning="TP communication overlapped with the GEMMs",
+         token=_flag("tpo", lambda c: c.tp_comm_overlap), default="", off="no tpo"),
+    Knob(name="mbs", meaning="micro-batch size (sequences)",
+         token=_value("mbs", lambda c: c.micro_batch_size), default=""),
+    Knob(name="ga", meaning="gradient accumulation steps (micro-batches per step)",
+         token=_value("ga", lambda c: c.num_microbatches), default=""),
+    Knob(name="selective / full:METHOD:N",
+         meaning="activation recompute (selective: attention core; full: whole layers, "
+         "uniform or block, N layers)", token=_recompute, default="", off="no recompute"),
+    Knob(name="distopt", meaning="Megatron distributed optimizer (states sharded over dp)",
+         token=_flag("distopt", lambda c: c.distributed_optimizer), default="",
+         off="no distopt"),
+    Knob(name="zero", meaning="DeepSpeed ZeRO stage", token=_value("zero", lambda c: c.zero_stage),
+         default="zero0"),
+    Knob(name="split", meaning="how layers are assigned to pipeline stages (default: even)",
+         token=_split, default=""),
+    Knob(name="allgather / flex", meaning="MoE token dispatcher (default: alltoall)",
+         token=_dispatcher, default=""),
+)  # fmt: skip
+
+
+def tokens(config: ParallelConfig) -> list[str]:
+    """Every knob's token, in :data:`KNOBS` order (``""`` for an on/off knob that is off)."""
+    return [knob.token(config) for knob in KNOBS]
+
+
+def spell(config: ParallelConfig) -> str:
+    """One config on its own: every knob not at its default (``tp4 pp4 dp32 vp4 sp mbs1 ga32``)."""
+    words = [t for knob, t in zip(KNOBS, tokens(config), strict=True) if t and t != knob.default]
+    return " ".join(words)
+
+
+def split_constant(configs: Sequence[ParallelConfig]) -> tuple[str, list[str]]:
+    """Several configs (a table's rows): the knobs equal in every row, spelled once, and each
+    row's spelling of the knobs that differ. One row: nothing constant, the row spelled whole."""
+    if len(configs) < 2:
+        return "", [spell(c) for c in configs]
+    rows = [tokens(c) for c in configs]
+    varying = [len({row[i] for row in rows}) > 1 for i in range(len(KNOBS))]
+    constant = []
+    for i, knob in enumerate(KNOBS):
+        if varying[i]:
+            continue
+        token = rows[0][i]
+        if token and token != knob.default:
+            constant.append(token)
+        elif not token and knob.off:
+            constant.append(knob.off)
+    spelled = [" ".join(t for t, v in zip(row, varying, strict=True) if v and t) for row in rows]
+    return " ".join(constant), spelled
+
+
+def glossary() -> str:
+    """Every abbreviation of the spelling, one per line, for ``--help`` and docs/output.md."""
+    return "\n".join(f"  {knob.name:<26} {knob.meaning}" for knob in KNOBS)
