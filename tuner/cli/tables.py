@@ -145,6 +145,10 @@ def _short(c: Candidate) -> str:
     parts += [f"mbs{k.micro_batch_size}", f"ga{k.num_microbatches}", rc]
     parts += ["distopt"] if k.distributed_optimizer else []
     parts += [f"zero{k.zero_stage}"] if k.zero_stage else []
+    parts += [f"hsdp{k.dp_replicate}"] if k.dp_replicate > 1 else []  # torchtitan's knobs
+    parts += [k.pp_schedule] if k.pp_schedule else []
+    parts += [f"reshard-{k.reshard_after_forward}"] if k.reshard_after_forward != "default" else []
+    parts += ["compile"] if k.compile else []
     return " ".join(parts)
 
 

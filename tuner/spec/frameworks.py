@@ -12,6 +12,10 @@ is decided in one place:
   ``megatron/core/tensor_parallel``), with ``GPTModelPipe`` (``megatron/model/gpt_model.py``) a
   DeepSpeed ``PipelineModule`` run by DeepSpeed's ``PipelineEngine``, and DeepSpeed's ZeRO and
   BF16 optimizer (``pretrain_gpt.py`` -> ``deepspeed.initialize``).
+- ``torchtitan``: pytorch/torchtitan (release :data:`TORCHTITAN_RELEASE`): FSDP2 ``fully_shard``
+  over dp_shard x cp (HSDP with dp_replicate), DTensor tensor and sequence parallelism,
+  ``torch.distributed.pipelining`` schedules, context parallelism; its own options
+  (``tuner.spec.torchtitan``).
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Framework = Literal["megatron", "deepspeed", "megatron-deepspeed"]
+Framework = Literal["megatron", "deepspeed", "megatron-deepspeed", "torchtitan"]
 FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
 PipelineModuleKind = Literal["workload", "gpt_model_pipe"]
 
 MEGATRON_DEEPSPEED_FORK = "microsoft/Megatron-DeepSpeed"
 """The fork the ``megatron-deepspeed`` template and rules follow (HEAD f4157bea, 2024-12)."""
+
+
+TORCHTITAN_RELEASE = "torchtitan 0.3.0"
+"""The torchtitan release whose options the ``torchtitan`` framework emits and checks (PyPI
+``torchtitan==0.3.0``; its option table: ``tuner.spec.torchtitan``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +58,10 @@ class Traits:
     """The ``partition_method`` the framework's pipeline module uses (``pipeline_split: even``)."""
     split_family: Literal["megatron", "deepspeed"]
     """Whose ``pipeline_split`` values the framework takes."""
+    fsdp2: bool = False
+    """PyTorch FSDP2 (``fully_shard``) shards parameters, gradients and optimizer states over
+    dp_shard x cp with no separate master copy; DTensor TP/SP; ``torch.distributed.pipelining``
+    schedules chosen by name (``pp_schedule``)."""
 
 
 TRAITS: dict[Framework, Traits] = {
@@ -69,6 +82,11 @@ TRAITS: dict[Framework, Traits] = {
         # megatron/model/gpt_model.py GPTModelPipe: partition_method='type:transformer'
         default_partition="type:transformer",
         split_family="deepspeed",
+    ),
+    "torchtitan": Traits(
+        megatron_model=False, deepspeed_pipeline=False, deepspeed_optimizer=False,
+        context_parallel=True, pipeline_module=None, default_partition=None,
+        split_family="megatron", fsdp2=True,
     ),
 }  # fmt: skip
 

@@ -59,6 +59,7 @@ from tuner.models.moe import (
 from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.models.time.tp_overlap import ub_buffer_bytes
 from tuner.spec.fp8 import fp8_weight_copy_bytes
+from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework, ModelSpec, Precision
 
 __all__ = [
@@ -343,6 +344,9 @@ def _stage_memory(
     moe = moe_stage_memory(model, c, stage, layers, framework, precision, act)
     params = stage_params(model, c, stage, layers, vocab) + moe.nonexpert_delta
     sizes = _layer_sizes(model, c, layers)
+    if traits(framework).fsdp2:  # FSDP2 gathers whole units: the output layer may be largest
+        output = vocab * model.hidden_size / c.tp
+        sizes = dataclasses.replace(sizes, largest=max(sizes.largest, output))
     states = stage_states(params, c, framework, precision, sizes, zero_settings)
     if moe.expert_params:  # [MP] expert states shard over the expert-data-parallel group
         experts = stage_states(

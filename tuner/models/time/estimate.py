@@ -74,6 +74,7 @@ from tuner.models.time.breakdown import (
 from tuner.models.time.deepspeed import dp_deepspeed, grad_accumulation
 from tuner.models.time.dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
 from tuner.models.time.fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_ratios
+from tuner.models.time.fsdp2 import fsdp2_dp_and_optimizer
 from tuner.models.time.moe import moe_routing_times
 from tuner.models.time.pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.models.time.recompute import selective_times
@@ -432,6 +433,8 @@ def _dp_and_optimizer(
 ) -> tuple[float, float]:
     """Exposed data-parallel traffic (dense and expert gradients) and the optimizer step's
     seconds, by the framework's engine (Megatron's DDP or DeepSpeed's ZeRO)."""
+    if traits(framework).fsdp2:  # torchtitan (tuner.models.time.fsdp2)
+        return fsdp2_dp_and_optimizer(config, psi, layers, rates, gpus_per_node, windows)
     ds = traits(framework).deepspeed_optimizer
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:
