@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -196,6 +197,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
                            "config": trial.user_attrs["config"], "emit": args.emit}  # fmt: skip
     if args.emit == "args":
         out["args"] = text.split()
+    elif args.emit == "torchtitan":
+        out["args"] = shlex.split(text)
     elif args.emit == "ds-config":
         out["ds_config"] = json.loads(text)
     else:
@@ -338,7 +341,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     p = sub.add_parser("best", help="the winning config as a launch script, args or ds_config")
     p.add_argument("--study", required=True)
-    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config"], default="script")
+    p.add_argument("--emit", choices=["script", "sbatch", "args", "ds-config", "torchtitan"],
+                   default="script")  # fmt: skip
     p.add_argument("--train-iters", type=int, default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)

@@ -16,7 +16,9 @@ of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel
 ``megatron_model_flags`` (precision and MoE flags, from the same module),
 ``deepspeed_moe_flags`` (the DeepSpeed workload's MoE flags, same module) and
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
-:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`).
+:func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`) and ``torchtitan_flags``
+(torchtitan's overrides, the activation-checkpoint subcommand last:
+:func:`tuner.launch.torchtitan_flags.torchtitan_flags`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tuner.launch.megatron_flags import (
     megatron_parallel_flags,
     megatron_precision_flags,
 )
+from tuner.launch.torchtitan_flags import torchtitan_flags
 from tuner.spec.frameworks import traits
 from tuner.spec.study import LaunchSpec, StudySpec
 
@@ -275,6 +278,7 @@ def context(
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
+        "torchtitan_flags": torchtitan_flags(spec, config) if traits(spec.framework).fsdp2 else [],
     }
 
 

@@ -154,6 +154,10 @@ def emit_best(
         spec = dataclasses.replace(
             spec, launch=dataclasses.replace(spec.launch, train_iters=train_iters)
         )
+    if what == "torchtitan":  # the pinned release's command line (tuner.report.torchtitan_export)
+        from tuner.report.torchtitan_export import torchtitan_export
+
+        return torchtitan_export(spec, config)
     if what == "args":
         return " ".join(megatron_args(spec, config)) + "\n"
     if what == "ds-config":

@@ -365,6 +365,12 @@ class StudySpec:
                         path=f"space.{name}",
                     )
             return
+        if self.training.precision not in ("bf16", "fp32"):
+            raise ConfigError(
+                "torchtitan trains bf16 (mixed_precision_param bfloat16) or fp32; its float8 is a "
+                "model converter chosen by the config function (launch.script_args)",
+                path="training.precision",
+            )
         others = {"vp": (1,), "distributed_optimizer": (False,), "zero_stage": (0,)}
         why = {
             "vp": "torchtitan's stages per rank follow space.pp_schedule",
