@@ -23,7 +23,8 @@ TITAN: dict[str, Any] = {
     "training": {"global_batch_size": 64, "precision": "bf16"},
     "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 1, "executor": "local"},
     "framework": "torchtitan",
-    "launch": {"template": "torchtitan_llama"},
+    "launch": {"template": "torchtitan_llama",
+               "script_args": ["--module", "llama3", "--config", "llama3_8b"]},
     "space": {
         "tp": [1, 2], "pp": [1, 2], "cp": [1, 2], "micro_batch_size": [1, 2],
         "sequence_parallel": [True], "recompute": ["none", "selective", "full"],

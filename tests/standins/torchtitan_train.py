@@ -46,7 +46,8 @@ OPTIONS: dict[str, object] = {
     "metrics.log-freq": INT,
 }  # fmt: skip
 SWITCHES = {
-    "training.enable-cpu-offload", "parallelism.enable-sequence-parallel", "compile.enable",
+    "training.enable-cpu-offload", "training.disable-cuda-graphs",
+    "parallelism.enable-sequence-parallel", "compile.enable",
     "compile.enable-async-tensor-parallel", "metrics.disable-color-printing",
 }  # fmt: skip
 DEFAULTS: dict[str, object] = {
@@ -58,6 +59,7 @@ DEFAULTS: dict[str, object] = {
     "parallelism.pipeline-parallel-schedule": "1F1B",
     "parallelism.pipeline-parallel-microbatch-size": 1, "parallelism.context-parallel-degree": 1,
     "compile.enable": False, "compile.enable-async-tensor-parallel": False,
+    "training.disable-cuda-graphs": False,
     "metrics.log-freq": 10, "metrics.disable-color-printing": False,
 }  # fmt: skip
 
@@ -136,6 +138,11 @@ def check(v: dict[str, object], world: int) -> dict[str, int]:
         f"Invalid parallel dims: dp_replicate({r}) * dp_shard({s}) * cp({cp}) * tp({tp}) * "
         f"pp({pp}) != WORLD_SIZE({world})"
     )
+    if pp > 1 and not v["training.disable-cuda-graphs"]:
+        raise ValueError(
+            "CUDA graphs do not support pipeline parallelism yet. "
+            "Set --training.disable_cuda_graphs."
+        )
     local, dp = g["local-batch-size"], r * s
     gbs = g["global-batch-size"] if g["global-batch-size"] > 0 else local * dp
     assert gbs % (local * dp) == 0, (

@@ -38,6 +38,9 @@ def torchtitan_flags(spec: StudySpec, c: ParallelConfig, gc_freq: int | None = N
         ("--training.steps", str(spec.launch.train_iters)),
         ("--training.mixed-precision-param", DTYPES[spec.training.precision]),
         ("--training.gc-freq", str(gc_freq or 50)),
+        # 0.3.0 captures CUDA graphs by default and refuses them with PP (Trainer.Config
+        # _validate_cuda_graphs: "CUDA graphs do not support pipeline parallelism yet")
+        _switch("training.disable-cuda-graphs", c.pp > 1),
         ("--parallelism.data-parallel-replicate-degree", str(c.dp_replicate)),
         ("--parallelism.data-parallel-shard-degree", str(c.dp_shard)),
         ("--parallelism.fsdp-reshard-after-forward", c.reshard_after_forward),
