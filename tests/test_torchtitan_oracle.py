@@ -24,6 +24,7 @@ try:
 except ImportError as exc:  # torchtitan, or what its llama3 registry imports, is not installed
     pytest.skip(f"torchtitan 0.3.0 not importable: {exc}", allow_module_level=True)
 
+
 def parse(spec: Any, c: ParallelConfig) -> Any:
     return ConfigManager().parse_args(torchtitan_args(spec, c))
 

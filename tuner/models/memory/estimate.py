@@ -24,6 +24,7 @@ from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import held_layer_microbatches, in_flight, stage_layers
 from tuner.models.memory.fp8 import fp8_layer_activations
+from tuner.models.memory.fsdp2 import op_sac_bytes
 from tuner.models.memory.overheads import (
     allocator_slack,
     communicators,
@@ -364,6 +365,8 @@ def _stage_memory(
     # selective recompute's modules (tuner.models.memory.recompute)
     layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
     saved, working = layers_activation_bytes(layer_act, c, layers)
+    if c.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
+        saved, working = op_sac_bytes(model, c, precision, layers, layer_act)
     # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
     # buffer, a persistent scratch tensor (tuner.models.memory.terms.global_buffer_bytes), not in
     # the dispatch transient.

@@ -27,6 +27,7 @@ from __future__ import annotations
 from tuner.config.parallel import ParallelConfig
 from tuner.models.rates import Link, Rates, group_link
 from tuner.models.time.deepspeed import exposed
+from tuner.spec.study import ModelSpec
 from tuner.spec.torchtitan import reshards_after_forward
 
 REDUCE_BYTES = 4.0
@@ -95,3 +96,25 @@ def fsdp2_dp_and_optimizer(
     replicas = group_link(rates, c.dp_replicate, c.tp * f, gpus_per_node)
     dp = fsdp2_dp_seconds(c, psi, layers + 1, rates, fsdp, replicas, windows)
     return dp, fsdp2_optimizer_seconds(c, psi, rates)
+
+
+def op_sac_gemms(model: ModelSpec) -> tuple[tuple[str, float], ...]:
+    """A block's linear layers in torchtitan's forward order, with FLOPs per token / 2
+    (``models/llama3``: ``wq, wk, wv`` then ``wo``; ``w2(silu(w1(x)) * w3(x))`` runs w1, w3, w2;
+    a non-gated MLP has w1, w2)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    kv = model.query_groups * model.kv_channels
+    mlp = (("w1", h * f), ("w3", h * f), ("w2", f * h)) if model.swiglu else (
+        ("w1", h * f), ("w2", f * h),
+    )  # fmt: skip
+    return (("wq", h * h), ("wk", h * kv), ("wv", h * kv), ("wo", h * h), *mlp)
+
+
+def op_sac_fraction(model: ModelSpec) -> float:
+    """Share of a block's forward GEMM FLOPs that torchtitan's per-op SAC recomputes in backward:
+    its policy (``distributed/activation_checkpoint.py`` ``SelectiveAC``) counts the block's mm /
+    linear ops in forward order and recomputes every second one (wk, wo, w3 for Llama), saving
+    the others and attention. The element-wise ops it also recomputes are not counted."""
+    gemms = op_sac_gemms(model)
+    redone = sum(flops for i, (_, flops) in enumerate(gemms) if (i + 1) % 2 == 0)
+    return redone / sum(flops for _, flops in gemms)
