@@ -26,6 +26,7 @@ from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory, 
 from tuner.models.rates import Rates
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.space.probes import may_probe
+from tuner.spec import torchtitan as titan_spec
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
@@ -397,12 +398,15 @@ _ALIASES = {
     "tpo": "tp_comm_overlap",
 }
 _INT_KEYS = {
-    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage"
+    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage",
+    "dp_shard", "dp_replicate",
 }  # fmt: skip
-_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap"}
+_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap", "compile"}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "recompute_method": ("uniform", "block"),
     "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
+    "pp_schedule": titan_spec.PP_SCHEDULES,
+    "reshard_after_forward": titan_spec.RESHARD_POLICIES,
 }
 
 
@@ -483,4 +487,12 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
             values["recompute_num_layers"] = 1
     mp = values["tp"] * values["pp"] * values["cp"]
     values["dp"] = max(spec.world_size // mp, 1) if mp > 0 else 1
+    if axes.fsdp2:  # torchtitan: dp = dp_shard x dp_replicate, vp from the schedule
+        names = ("dp_shard", "dp_replicate", "pp_schedule", "reshard_after_forward", "compile")
+        own = tuple(given.get(n, d) for n, d in zip(names, axes.fsdp[0], strict=True))
+        values["dp"], values["vp"], fields = config_fields(
+            own, spec.world_size, values["tp"], values["pp"], values["cp"], 1, str(own[2])  # type: ignore[arg-type]
+        )  # fmt: skip
+        values.update(fields or {})
+    values.pop("dp_shard", None)
     return ParallelConfig(global_batch_size=spec.training.global_batch_size, **values)
