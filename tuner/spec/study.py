@@ -365,6 +365,12 @@ class StudySpec:
                         path=f"space.{name}",
                     )
             return
+        if not {"--module", "--config"} <= {a.split("=")[0] for a in self.launch.script_args}:
+            raise ConfigError(
+                "torchtitan's trainer needs --module and --config (the config function that "
+                "builds the model), e.g. [--module, llama3, --config, llama3_8b]",
+                path="launch.script_args",
+            )
         if self.training.precision not in ("bf16", "fp32"):
             raise ConfigError(
                 "torchtitan trains bf16 (mixed_precision_param bfloat16) or fp32; its float8 is a "
