@@ -1,5 +1,5 @@
-"""The ``torchtitan_llama`` template: golden scripts for an HSDP + TP + interleaved-PP config and an
-FSDP-only one, hostile values kept as data, and the rendered arguments read by the stand-in.
+"""The ``torchtitan_llama`` template: golden scripts for an HSDP + TP + interleaved-PP config and
+an FSDP-only one, hostile values kept as data, and the rendered arguments read by the stand-in.
 
 Re-record the golden files after an intended change with ``TUNER_REGOLD=1 pytest tests/launch``.
 """
