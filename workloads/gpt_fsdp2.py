@@ -9,8 +9,9 @@ It takes the torchtitan 0.3.0 options tune renders (tyro's spelling, ``--x`` / `
 switches, the activation-checkpoint subcommand last) and refuses the parallelism it does not
 build (pp, cp, async TP, per-op SAC) with a one-line error, exit 2. What it builds on gloo:
 ``fully_shard`` on every block and the root over the dp_shard mesh (HSDP over dp_replicate x
-dp_shard), ``reshard_after_forward`` per torchtitan's policy, tensor parallelism of the blocks'
-attention and MLP with ``parallelize_module`` (colwise / rowwise, no sequence parallelism),
+dp_shard), ``reshard_after_forward`` per torchtitan's policy, tensor parallelism with
+``parallelize_module`` (colwise / rowwise in the blocks, the embedding by rows and the output by
+columns as torchtitan's llama3 plan, no sequence parallelism),
 ``checkpoint_wrapper`` around every block for full activation checkpointing, gradient
 accumulation as torchtitan does it (sync every micro-step), AdamW over the sharded fp32
 parameters. Tokens are synthetic and seeded.
@@ -40,6 +41,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -195,6 +197,12 @@ def build(config: str, p: Plan, world: int) -> tuple[GPT, int]:
         plan_ |= {n: RowwiseParallel() for n in ("wo", "w2")}
         for block in model.layers:
             parallelize_module(block, mesh["tp"], plan_)
+        # as torchtitan's llama3 TP plan (without SP or loss parallelism): the embedding split
+        # by rows, the output layer by columns, its logits gathered whole
+        parallelize_module(model, mesh["tp"], {
+            "embed": RowwiseParallel(input_layouts=Replicate()),
+            "out": ColwiseParallel(output_layouts=Replicate()),
+        })  # fmt: skip
     dp_mesh = mesh["dp_replicate", "dp_shard"] if p.replicate > 1 else mesh["dp_shard"]
     for i, block in enumerate(model.layers):
         wrapped = checkpoint_wrapper(block) if p.full_ac else block
