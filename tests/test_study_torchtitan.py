@@ -34,12 +34,12 @@ def study_data() -> dict[str, Any]:
         "framework": "torchtitan",
         "launch": {"template": "torchtitan_llama", "script": str(STANDIN),
                    "script_args": ["--module", "llama3", "--config", "llama3_debugmodel"],
-                   "python": sys.executable, "train_iters": 6, "warmup_iters": 1,
+                   "python": sys.executable, "train_iters": 4, "warmup_iters": 1,
                    "env": {"TUNER_STANDIN_TIME_SCALE": "0.01"}},
         "space": {"tp": [1, 2], "pp": [1, 2], "micro_batch_size": [1, 2],
                   "sequence_parallel": [True], "recompute": ["none", "full"],
                   "reshard_after_forward": ["default", "never"]},
-        "search": {"n_trials": 5, "nodes_per_trial": 1, "trial_timeout_min": 2, "seed": 3,
+        "search": {"n_trials": 4, "nodes_per_trial": 1, "trial_timeout_min": 2, "seed": 3,
                    "early_stop_trials": None, "stop_chance": None},
     }  # fmt: skip
 

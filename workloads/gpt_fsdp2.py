@@ -50,7 +50,7 @@ from torch.distributed.tensor.parallel import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-CONFIGS = {"demo": (4, 256, 4, 1024, 4096), "tiny": (2, 64, 2, 256, 512)}
+CONFIGS = {"demo": (4, 256, 4, 1024, 4096)}
 """--config -> (layers, hidden, heads, ffn, vocab): the demo study's model (studies/demo-fsdp)."""
 INTS = {
     "training.local-batch-size": 8, "training.global-batch-size": -1, "training.seq-len": 2048,
