@@ -70,3 +70,17 @@ def test_validation_lines_are_not_steps_and_nan_loss_diverges() -> None:
 def test_no_tokens_no_step_time() -> None:
     m = parse_log(REAL, "torchtitan")
     assert m.step_time_s is None and m.outcome == Outcome.NO_METRICS
+
+
+def test_tyro_parse_errors_are_launch_errors() -> None:
+    # what torchtitan 0.3.0's command line prints (tyro's box on stderr), then torchrun's report
+    for box, reason in (
+        ("│ Unrecognized options: --training.bogus      │",
+         "Unrecognized options: --training.bogus"),
+        ("│ Error parsing Config: CUDA graphs do not support pipeline parallelism yet.   │",
+         "Error parsing Config: CUDA graphs do not support pipeline parallelism yet."),
+    ):  # fmt: skip
+        text = f"╭─ Parsing error ─╮\n{box}\n╰─────╯\n  exitcode  : 2 (pid: 5390)\n"
+        m = parse_log(text, "torchtitan", exit_codes=[1], step_tokens=1.0)
+        assert m.outcome == Outcome.LAUNCH_ERROR
+        assert m.reason == f"tyro: {reason}"
