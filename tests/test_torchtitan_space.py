@@ -115,6 +115,14 @@ def test_every_config_round_trips_through_its_trial_parameters() -> None:
         assert back.key() == c.key()
 
 
+def test_every_torchtitan_knob_is_a_leaderboard_column() -> None:
+    from tuner.report.leaderboard import COLUMNS
+
+    names = set(distributions(titan()))
+    assert {"dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile"} <= names
+    assert names <= set(COLUMNS), names - set(COLUMNS)
+
+
 def test_torchtitan_knobs_belong_to_torchtitan_studies() -> None:
     data = copy.deepcopy(TITAN)
     data["framework"], data["launch"] = "megatron", {"template": "megatron_gpt"}

@@ -194,10 +194,12 @@ BOARD_HEADERS = {
     "trial": "#", "outcome": "outcome", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp",
     "vp": "vp", "sp": "sp", "micro_batch": "mbs", "grad_accum": "ga", "recompute": "recompute",
     "distributed_optimizer": "distopt", "zero_stage": "zero", "ep": "ep", "etp": "etp",
-    "dispatcher": "dispatcher", "nodes": "nodes",
+    "dispatcher": "dispatcher", "dp_replicate": "hsdp", "pp_schedule": "schedule",
+    "reshard": "reshard", "compile": "compile", "nodes": "nodes",
     "predicted_step_s": "pred s", "measured_step_s": "step s", "tokens_per_s_per_gpu": "tok/s/GPU",
     "tflops_per_gpu": "TFLOP/s", "mfu": "MFU", "predicted_peak_gib": "pred GiB",
-    "measured_peak_gib": "GiB", "duration_s": "took s", "reason": "reason",
+    "measured_peak_gib": "GiB", "measured_reserved_gib": "reserved GiB", "duration_s": "took s",
+    "reason": "reason",
 }  # fmt: skip
 
 
