@@ -133,6 +133,10 @@ def test_torchtitan_knobs_belong_to_torchtitan_studies() -> None:
         titan(zero_stage=[0, 3])
     with pytest.raises(ConfigError, match="space.vp.*pp_schedule"):
         titan(vp=[1, 2])
+    fp16 = copy.deepcopy(TITAN)
+    fp16["training"]["precision"] = "fp16"
+    with pytest.raises(ConfigError, match="training.precision.*bf16.*fp32"):
+        study_from_mapping(fp16)
 
 
 def test_stage_split_follows_torchtitan() -> None:
