@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed-dev
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install dev test lint typecheck docs pytest demo-warmup demo demo-moe demo-ssh demo-slurm screenshot \
-	clean
+.PHONY: install dev test lint typecheck docs pytest demo-warmup demo demo-moe demo-fsdp demo-ssh \
+	demo-slurm screenshot clean
 
 # Login-node install: the tuner alone (no torch, no GPU).
 install:
@@ -78,6 +78,19 @@ demo-moe: demo-warmup
 	$(VENV)/bin/tune leaderboard --study demo-moe --all
 	$(VENV)/bin/tune best --study demo-moe --emit ds-config
 	$(VENV)/bin/tune report --study demo-moe
+
+# The FSDP2 demo (studies/demo-fsdp.yaml, docs/torchtitan.md): the small GPT on fully_shard (and
+# parallelize_module at tp 2) on 2 CPU ranks over gloo, launched as torchtitan 0.3.0's trainer
+# would be (workloads/gpt_fsdp2.py reads its options and prints its metric line); tp, micro-batch,
+# checkpointing and resharding searched for real after the same cluster profile, then the
+# leaderboard (measured and predicted step time and memory), the winner as torchtitan's command
+# line, and the report.
+demo-fsdp: $(STAMP)
+	$(VENV)/bin/tune profile --study demo-fsdp --warmup 2 --repeats 5
+	$(VENV)/bin/tune run --study demo-fsdp
+	$(VENV)/bin/tune leaderboard --study demo-fsdp --all
+	$(VENV)/bin/tune best --study demo-fsdp --emit torchtitan
+	$(VENV)/bin/tune report --study demo-fsdp
 
 # Retake the docs' full-page pictures of the report (docs/images/) with the test suite's browser:
 # the demo's report (make demo first, when it has not run) and a generated 200-trial study's.

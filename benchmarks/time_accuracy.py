@@ -159,6 +159,8 @@ def _recompute(text: str) -> str:
 def _sharding(row: dict[str, str]) -> tuple[Framework, bool, int]:
     """(framework, distributed_optimizer, zero_stage) from the row's framework and sharding."""
     text, framework = row["optimizer_sharding"], row["framework"]
+    if framework == "torch-fsdp2":  # torchtitan's FSDP2: tuner's torchtitan framework
+        return "torchtitan", False, 0
     if "ZeRO-3" in text or "FSDP" in text:
         return "deepspeed", False, 3  # FSDP2 full sharding = ZeRO-3's traffic
     if framework == "deepspeed":

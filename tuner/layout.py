@@ -124,7 +124,7 @@ def _rank(node_rank: int) -> int:
 
 
 EXPORT_KINDS = (
-    "script", "sbatch", "args", "ds-config", "bridge-overrides", "bridge-recipe",
+    "script", "sbatch", "args", "ds-config", "bridge-overrides", "bridge-recipe", "torchtitan",
 )  # fmt: skip
 """What ``tune best --emit`` writes; :class:`ExportPaths` names each one's files."""
 
@@ -176,6 +176,11 @@ class ExportPaths:
     def ds_config(self) -> Path:
         """``--emit ds-config``: the DeepSpeed config."""
         return self.dir / "ds_config.json"
+
+    @property
+    def torchtitan(self) -> Path:
+        """``--emit torchtitan``: the pinned torchtitan release's trainer arguments."""
+        return self.dir / "torchtitan-args.txt"
 
     @property
     def bridge_overrides(self) -> Path:

@@ -226,6 +226,8 @@ def _cmd_best(args: argparse.Namespace) -> int:
         out["args"] = shlex.split(export.text)
         for path in export.files[1:]:  # a DeepSpeed study's: the ds_config the line names
             out["ds_config"] = json.loads(path.read_text())
+    elif args.emit == "torchtitan":
+        out["args"] = shlex.split(export.text)
     elif args.emit == "ds-config":
         out["ds_config"] = json.loads(export.text)
     elif args.emit == "bridge-overrides":

@@ -66,7 +66,17 @@ class ParallelConfig:
     """MoE token dispatcher (``--moe-token-dispatcher-type``): alltoall, allgather or flex."""
     tp_comm_overlap: bool = False
     """Megatron ``--tp-comm-overlap``: TE userbuffers under the GEMMs
-    (``tuner.models.time.tp_overlap``)."""
+    (``tuner.models.time.tp_overlap``); for torchtitan: async TP
+    (``compile.enable_async_tensor_parallel``)."""
+    dp_replicate: int = 1
+    """torchtitan: HSDP replicas (``data_parallel_replicate_degree``); dp_shard = dp / this."""
+    pp_schedule: str | None = None
+    """torchtitan: the pipeline schedule by name (``tuner.spec.torchtitan``); None at pp=1 and
+    for the other frameworks (their schedule follows vp)."""
+    reshard_after_forward: str = "default"
+    """torchtitan: ``fsdp_reshard_after_forward`` (default, always, never)."""
+    compile: bool = False
+    """torchtitan: ``torch.compile`` of the model and loss (``compile.enable``)."""
 
     def __post_init__(self) -> None:
         # One value per setting: a stored list reads back as the same tuple, core_attn alone
@@ -100,6 +110,23 @@ class ParallelConfig:
             return ""
         etp = f",etp={self.etp}" if self.etp is not None else ""
         return f",ep={self.ep}{etp},dispatcher={self.moe_token_dispatcher}"
+
+    @property
+    def dp_shard(self) -> int:
+        """FSDP degree (torchtitan ``data_parallel_shard_degree``): dp / dp_replicate."""
+        return max(self.dp // max(self.dp_replicate, 1), 1)
+
+    @property
+    def fsdp_key(self) -> str:
+        """torchtitan's own knobs in a key (empty at their defaults, so other keys stay)."""
+        if (self.dp_replicate, self.pp_schedule, self.reshard_after_forward, self.compile) == (
+            1, None, "default", False,
+        ):  # fmt: skip
+            return ""
+        return (
+            f",dpr={self.dp_replicate},sched={self.pp_schedule},"
+            f"reshard={self.reshard_after_forward},compile={int(self.compile)}"
+        )
 
     @property
     def world_size(self) -> int:
@@ -144,6 +171,7 @@ class ParallelConfig:
             + (f",split={self.pipeline_split}" if self.pipeline_split != EVEN else "")
             + self.moe_key
             + (",tpo=1" if self.tp_comm_overlap else "")
+            + self.fsdp_key
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,4 +199,12 @@ class ParallelConfig:
             "etp": self.etp,
             "moe_token_dispatcher": self.moe_token_dispatcher,
             "tp_comm_overlap": self.tp_comm_overlap,
-        }
+        } | (self._fsdp_dict() if self.fsdp_key else {})
+
+    def _fsdp_dict(self) -> dict[str, Any]:
+        """torchtitan's knobs (only when one is off its default: other records stay as they
+        were, and ``ParallelConfig(**d)`` reads either back)."""
+        return {
+            "dp_replicate": self.dp_replicate, "pp_schedule": self.pp_schedule,
+            "reshard_after_forward": self.reshard_after_forward, "compile": self.compile,
+        }  # fmt: skip

@@ -34,6 +34,7 @@ from tuner.spec.pipeline_split import (
     parse_split,
 )
 from tuner.spec.study import Framework, ModelSpec
+from tuner.spec.torchtitan import rank_chunks
 
 
 def deepspeed_method(config: ParallelConfig, framework: Framework = "deepspeed") -> str:
@@ -58,6 +59,13 @@ def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework)
     Raises :class:`ValidationError` with the framework's message for a split it refuses (the
     validity rules of ``tuner.config.parallel`` report the same message first).
     """
+    if traits(framework).fsdp2:  # torchtitan's own split (tuner.spec.torchtitan)
+        if config.pp * config.vp > model.num_layers + 2:
+            raise ValidationError(
+                f"Number of stages ({config.pp * config.vp}) cannot be greater than effective "
+                f"layers ({model.num_layers + 2})"
+            )
+        return rank_chunks(model.num_layers, config.pp, config.vp)
     try:
         if traits(framework).deepspeed_pipeline:
             return tuple((blocks,) for blocks, _, _ in _deepspeed(model, config, framework))
@@ -109,6 +117,8 @@ def in_flight(config: ParallelConfig, stage: int) -> float:
     if config.pp == 1:
         return 1.0
     v, m = max(config.vp, 1), max(config.num_microbatches, 1)
+    if config.pp_schedule == "GPipe":  # all forwards before any backward: every micro-batch
+        return float(m)
     return min(warmup_microbatches(config, stage) + 1, m * v) / v
 
 

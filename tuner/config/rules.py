@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
+from tuner.config.torchtitan_rules import torchtitan_violations
 from tuner.config.tp_overlap import tp_overlap_rule_violations
 from tuner.errors import ConfigError, SplitError, ValidationError
 from tuner.spec.deepspeed_partition import deepspeed_stages
@@ -317,6 +318,8 @@ def validate(
     """Every rule ``config`` breaks for ``model`` on ``world_size`` ranks (empty: valid);
     ``training``: the study's precision and FP8 recipe, which some recompute modules need;
     ``gpus_per_node``: the cluster's, for the rules that need a group inside a node."""
+    if traits(framework).fsdp2:  # torchtitan checks its own way (tuner.config.torchtitan_rules)
+        return [RuleViolation(r, m) for r, m in torchtitan_violations(config, model, world_size)]
     out = _check_sizes(config, world_size)
     if out and out[0].rule == "positive":
         return out

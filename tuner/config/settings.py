@@ -5,6 +5,7 @@ enumeration so that the command line can name the keys in its help without loadi
 from __future__ import annotations
 
 from tuner.errors import ConfigError
+from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.pipeline_split import canonical_split
 from tuner.spec.recompute import parse_recompute
@@ -22,12 +23,15 @@ _ALIASES = {
     "tpo": "tp_comm_overlap",
 }
 _INT_KEYS = {
-    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage"
+    "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage",
+    "dp_shard", "dp_replicate",
 }  # fmt: skip
-_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap"}
+_BOOL_KEYS = {"sequence_parallel", "distributed_optimizer", "tp_comm_overlap", "compile"}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "recompute_method": ("uniform", "block"),
     "moe_token_dispatcher": ("alltoall", "allgather", "flex"),
+    "pp_schedule": titan_spec.PP_SCHEDULES,
+    "reshard_after_forward": titan_spec.RESHARD_POLICIES,
 }
 
 
@@ -45,6 +49,8 @@ def parse_setting(item: str) -> tuple[str, object]:
             raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
         if key == "zero_stage" and not 0 <= value <= 3:
             raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
+        if key == "dp_shard" and value == -1:  # torchtitan: the ranks left over
+            return key, value
         if key != "zero_stage":  # the space file's bound on every axis value
             _size(value, MAX_BATCH, where, "larger than any world or batch")
         return key, value

@@ -93,6 +93,16 @@ KNOBS: tuple[Knob, ...] = (
          token=_split, default=""),
     Knob(name="allgather / flex", meaning="MoE token dispatcher (default: alltoall)",
          token=_dispatcher, default=""),
+    Knob(name="hsdp", meaning="torchtitan: HSDP replicas (FSDP2 shards over dp / hsdp)",
+         token=_value("hsdp", lambda c: c.dp_replicate), default="hsdp1"),
+    Knob(name="1F1B / GPipe / Interleaved1F1B", meaning="torchtitan: pipeline schedule",
+         token=lambda c: c.pp_schedule or "", default=""),
+    Knob(name="reshard-always / reshard-never",
+         meaning="torchtitan: FSDP2 resharding after forward (default: by pipeline parallelism)",
+         token=lambda c: "" if c.reshard_after_forward == "default"
+         else f"reshard-{c.reshard_after_forward}", default=""),
+    Knob(name="compile", meaning="torchtitan: torch.compile of the model and loss",
+         token=_flag("compile", lambda c: c.compile), default="", off="no compile"),
 )  # fmt: skip
 
 

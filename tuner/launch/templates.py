@@ -18,7 +18,9 @@ of the flag and its values: :func:`tuner.launch.megatron_flags.megatron_parallel
 ``megatron_deepspeed_flags`` (the same in Megatron-DeepSpeed's names,
 :func:`~tuner.launch.megatron_flags.megatron_deepspeed_parallel_flags`),
 ``deepspeed_script_flags`` (the DeepSpeed workload's shape, length and MoE flags),
-``bridge_overrides`` (a recipe trial's ``field=value`` words,
+``torchtitan_flags`` (torchtitan's overrides, the activation-checkpoint subcommand last:
+:func:`tuner.launch.torchtitan_flags.torchtitan_flags`), ``bridge_overrides`` (a recipe trial's
+``field=value`` words,
 :func:`tuner.launch.bridge.trial_overrides`), ``full_run`` (true when ``tune best`` renders the
 full run) and ``train_args`` (``launch.train_args`` in a full run, empty in a trial).
 """
@@ -50,6 +52,7 @@ from tuner.launch.megatron_flags import (
     megatron_parallel_flags,
     megatron_precision_flags,
 )
+from tuner.launch.torchtitan_flags import torchtitan_flags
 from tuner.spec.frameworks import traits
 from tuner.spec.study import LaunchSpec, StudySpec
 from tuner.spec.template_owner import SCRIPT_SUFFIX, template_dirs
@@ -292,6 +295,7 @@ def context(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
         "bridge_overrides": _bridge_words(spec, config),
+        "torchtitan_flags": torchtitan_flags(spec, config) if traits(spec.framework).fsdp2 else [],
     }
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tuner.errors import ParseError
-from tuner.logs import classify, deepspeed, lines, megatron
+from tuner.logs import classify, deepspeed, lines, megatron, torchtitan
 from tuner.logs.classify import Failure, FailureScan, decide, find_failure
 from tuner.logs.metrics import JSON_KEYS, RunMetrics, warmup_count
 from tuner.spec import frameworks
@@ -89,25 +89,32 @@ def parse_chunks(
     exit_codes: Sequence[int | None] = (),
     timed_out: bool = False,
     global_batch_size: int | None = None,
+    step_tokens: float | None = None,
 ) -> RunMetrics:
     """Parse one run's log arriving as text ``chunks`` (all ranks' output may be mixed in).
 
     ``framework`` None detects it. ``exit_codes`` (one per process or node, negative for a signal)
     and ``timed_out`` (killed at the trial limit) come from the executor and refine the outcome as
     :func:`tuner.logs.classify.decide` describes. ``global_batch_size`` lets a DeepSpeed log that
-    logs only samples/s yield a step time.
+    logs only samples/s yield a step time; ``step_tokens`` (global tokens per step / ranks) lets
+    a torchtitan log, which prints tokens/s per device, yield one.
     """
     detector = _Detector()
     found = deepspeed.DeepSpeedScan()  # holds the Megatron line parsers too
+    titan = torchtitan.TitanScan()
     failures = FailureScan()
-    markers = (*deepspeed.MARKERS, *classify.MARKERS)  # no other line is read by anything
+    markers = (*deepspeed.MARKERS, *torchtitan.MARKERS, *classify.MARKERS)
     for line in lines.clean_lines(lines.select_lines(detector.tap(chunks), markers)):
         found.feed(line)
+        titan.feed(line)
         failures.feed(line)
     chosen = framework or ("deepspeed" if detector.deepspeed else "megatron")
     # A DeepSpeed engine (deepspeed, megatron-deepspeed) prints its own throughput, timer and
     # memory lines beside the iteration lines: its summary reads both.
-    if frameworks.traits(chosen).deepspeed_optimizer:
+    if frameworks.traits(chosen).fsdp2:  # torchtitan logs the max reserved bytes only
+        summary = torchtitan.summarise(titan, warmup, step_tokens)
+        allocated, reserved = None, titan.reserved_peak()
+    elif frameworks.traits(chosen).deepspeed_optimizer:
         summary = deepspeed.summarise(found, warmup, global_batch_size)
         allocated, reserved = found.peaks()
     else:
@@ -136,11 +143,12 @@ def parse_log(
     exit_codes: Sequence[int | None] = (),
     timed_out: bool = False,
     global_batch_size: int | None = None,
+    step_tokens: float | None = None,
 ) -> RunMetrics:
     """:func:`parse_chunks` over one log's text."""
     return parse_chunks(
         lines.text_chunks(text), framework, warmup, exit_codes=exit_codes,
-        timed_out=timed_out, global_batch_size=global_batch_size,
+        timed_out=timed_out, global_batch_size=global_batch_size, step_tokens=step_tokens,
     )  # fmt: skip
 
 
@@ -232,12 +240,13 @@ def parse_log_files(
     exit_codes: Sequence[int | None] = (),
     timed_out: bool = False,
     global_batch_size: int | None = None,
+    step_tokens: float | None = None,
 ) -> RunMetrics:
     """:func:`parse_chunks` over several logs of one run (one per node), read in turn."""
     chunks = itertools.chain.from_iterable(itertools.chain(file_chunks(p), ["\n"]) for p in paths)
     return parse_chunks(
         chunks, framework, warmup, exit_codes=exit_codes, timed_out=timed_out,
-        global_batch_size=global_batch_size,
+        global_batch_size=global_batch_size, step_tokens=step_tokens,
     )  # fmt: skip
 
 

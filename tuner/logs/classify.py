@@ -82,6 +82,7 @@ _ARGPARSE = re.compile(
     r"(?<!\S)(\S+): error: (?:unrecognized arguments: |the following arguments are required: |"
     r"argument \S+|one of the arguments |not allowed with argument ).*"
 )
+_TYRO = re.compile(r"(?:Unrecognized options|Error parsing \S+): [^│|]*")
 _IMPORT = re.compile(r"^(?:ModuleNotFoundError|ImportError): .*")
 # Megatron-LM argument/config validation (core_v0.15 arguments.py, transformer_config.py,
 # num_microbatches_calculator.py, parallel_state.py) and DeepSpeed's batch-size check.
@@ -189,6 +190,7 @@ _OOM_RANK, _DIVERGED_RANK, _NCCL_RANK, _LAUNCH_RANK, _CRASH_RANK = range(5)
 MARKERS = (
     "Traceback", 'File "', "out of memory", "rror", "xception", "Interrupt", "atchdog",
     "Timed out waiting", "found NaN in local", "found Inf in local", "exitcode",
+    "Unrecognized options",
     _CANT_OPEN, "No such file", "not found", "Permission denied",
 )  # fmt: skip
 
@@ -222,6 +224,8 @@ class FailureScan:
             self._diverged(line)
         if "atchdog" in line or "Timed out waiting" in line or "DistBackendError" in line:
             self._nccl(line)
+        if "Unrecognized options" in line or "Error parsing " in line:
+            self._tyro(line)
         # Lines an exception ends a traceback with; all launch and crash signatures hold one of
         # these words or a missing-file phrase.
         exception = "Error" in line or "Exception" in line or "Interrupt" in line
@@ -253,6 +257,13 @@ class FailureScan:
                 text = match.group()
             self.hit(_NCCL_RANK, sub, Failure(Outcome.NCCL_TIMEOUT, _reason(text)))
             return
+
+    def _tyro(self, line: str) -> None:
+        """tyro's parse errors (torchtitan's command line), printed in a box on stderr:
+        ``Unrecognized options: --x`` and ``Error parsing Config: <the config's ValueError>``."""
+        if match := _TYRO.search(line):
+            text = f"tyro: {match.group().strip(' │|')}"
+            self.hit(_LAUNCH_RANK, 0, Failure(Outcome.LAUNCH_ERROR, _reason(text)))
 
     def _launch(self, line: str) -> None:
         stripped = line.strip()

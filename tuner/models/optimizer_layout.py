@@ -8,6 +8,13 @@ Sources:
 [M]  Megatron-LM docs (distributed optimizer: 18 B/param bf16, 6 + 12/d; fp16 20 B, 4 + 16/d)
      and megatron/core/optimizer/optimizer.py (``_copy_model_grads_to_main_grads``: fp16 grads
      become an fp32 ``main_param.grad`` in the step, freed by the next ``zero_grad``).
+[F2]  torch.distributed.fsdp ``fully_shard`` (FSDP2) as torchtitan 0.3.0 applies it
+     (torchtitan/distributed/fsdp.py, config/configs.py): fp32 parameters sharded over the
+     FSDP mesh dp_shard x cp (torchtitan ParallelDims.build_mesh: "fsdp ... includes dp_shard and
+     cp"), MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), the optimizer steps the
+     fp32 shard itself (no master copy), each block an FSDP unit all-gathered before use and
+     freed after it unless reshard_after_forward is off; gradients reduce-scattered in fp32
+     after each backward (torchtitan never defers the sync), so they stay sharded.
 [DSE] DeepSpeed runtime/engine.py ``_do_optimizer_sanity_check`` (which wrapper a ds_config
      gets), runtime/bf16_optimizer.py, runtime/fp16/fused_optimizer.py,
      runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py, runtime/zero/config.py (defaults).
@@ -21,6 +28,7 @@ from dataclasses import dataclass, replace
 from tuner.config.parallel import ParallelConfig
 from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework, Precision
+from tuner.spec.torchtitan import reshards_after_forward
 
 # DeepSpeed ZeRO bucket settings the rendered ds_config leaves at DeepSpeed's defaults
 # (runtime/zero/config.py: reduce_bucket_size 5e8, allgather_bucket_size 5e8,
@@ -172,6 +180,33 @@ def _deepspeed_zero(
     return StageStates(fwd, step, "deepspeed ZeRO-3")
 
 
+def _fsdp2(psi: float, c: ParallelConfig, precision: Precision, sizes: LayerSizes) -> StageStates:
+    """[F2] States of a stage under FSDP2: 4 B fp32 shard + 4 B fp32 sharded gradient + 8 B Adam
+    per parameter over the FSDP degree f; in flight (buffers) the unsharded units."""
+    f = c.dp_shard * c.cp
+    gathered = 4.0 if precision == "fp32" else 2.0  # param_dtype of the all-gather output
+    unit = sizes.largest
+    # Forward: the unit computing and the next one prefetched (FSDP2's implicit forward
+    # prefetch issues unit i+1's all-gather while i computes). Backward: the unit's unsharded
+    # parameters and the prefetched previous one, its unsharded gradient in param_dtype, the
+    # fp32 reduce-scatter input (a cast copy, skipped when already fp32) and its output shard.
+    cast = 4.0 if gathered != 4.0 else 0.0
+    backward = unit * (2 * gathered + gathered + cast) + 4.0 * unit / f
+    if c.pp > 1 and c.num_microbatches > 1:
+        # torch.distributed.pipelining stage.py turns off gradient sync and reshard-after-
+        # backward for all but the last micro-batch: the stage's parameters stay gathered and
+        # its gradients accumulate unsharded in reduce_dtype (_fsdp_param.py
+        # unsharded_accumulated_grad) until the last backward.
+        backward = gathered * psi + 4.0 * psi + 4.0 * unit / f
+    elif not reshards_after_forward(c.reshard_after_forward, c.pp):
+        # Not resharded after forward: every unit of the stage stays gathered until its
+        # backward; the two in-flight copies above are among them.
+        backward += gathered * (psi - 2 * unit)
+    states = StateBytes(4.0 * psi / f, 4.0 * psi / f, 8.0 * psi / f, max(backward, 0.0))
+    step = StateBytes(4.0 * psi / f, 4.0 * psi / f, 8.0 * psi / f, 0.0)
+    return StageStates(states, step, "fsdp2", moments=8.0 * psi / f)
+
+
 def uses_bf16_optimizer(framework: Framework, precision: Precision, c: ParallelConfig) -> bool:
     """Whether DeepSpeed wraps the optimizer in BF16_Optimizer (fp32 gradient accumulation, its
     own DP partitioning of the fp32 states) rather than ZeRO's or FP16_Optimizer."""
@@ -195,6 +230,8 @@ def stage_states(
     zero_settings: Mapping[str, float] | None = None,
 ) -> StageStates:
     """Model-state bytes of a stage holding ``psi`` parameters, in both phases."""
+    if traits(framework).fsdp2:
+        return _fsdp2(psi, c, precision, sizes)
     if not traits(framework).deepspeed_optimizer:
         owned = psi / (c.dp * c.cp if c.distributed_optimizer else 1)
         states = _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP

@@ -116,6 +116,7 @@ class TrialRecord:
         writer = {
             "script": _script, "sbatch": _sbatch, "args": _args, "ds-config": _ds_config,
             "bridge-overrides": _bridge_overrides, "bridge-recipe": _bridge_recipe,
+            "torchtitan": _torchtitan,
         }  # fmt: skip
         return writer[kind](self, spec)
 
@@ -269,6 +270,10 @@ def _sbatch(record: TrialRecord, spec: StudySpec) -> Export:
 def framework_args(record: TrialRecord, spec: StudySpec) -> list[str]:
     """The framework's own arguments: Megatron's flags, or (DeepSpeed) the training script's
     arguments after its ``--deepspeed_config``."""
+    if traits(spec.framework).fsdp2:  # torchtitan's trainer options
+        from tuner.launch.torchtitan_flags import torchtitan_args
+
+        return torchtitan_args(spec, record.config)
     if not traits(spec.framework).megatron_model:
         flags = deepspeed_script_flags(spec.model, record.config, spec.launch.train_iters)
         words = [w for flag in flags for w in flag]
@@ -322,3 +327,13 @@ def _bridge(record: TrialRecord, spec: StudySpec, kind: str) -> Export:
     text = bridge.emit(spec, record.config, kind)
     path.write_text(text)
     return Export(kind, path, text, (path,))
+
+
+def _torchtitan(record: TrialRecord, spec: StudySpec) -> Export:
+    """The pinned torchtitan release's trainer arguments, one shell-quoted line."""
+    from tuner.report.torchtitan_export import torchtitan_export
+
+    path = record.paths.torchtitan
+    text = torchtitan_export(spec, record.config)
+    path.write_text(text)
+    return Export("torchtitan", path, text, (path,))

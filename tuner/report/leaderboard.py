@@ -17,6 +17,7 @@ from tuner.outcome import Outcome
 from tuner.space.columns import config_columns
 from tuner.space.trials import trial_outcome
 from tuner.spec.file import load_study
+from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 from tuner.study.storage import open_storage
 
@@ -27,10 +28,13 @@ COLUMNS = [
     "predicted_mfu", "predicted_peak_gib", "measured_peak_gib", "duration_s", "reason",
     "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
-    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap", "key",
+    "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
+    "dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile", "key",
 ]  # fmt: skip
 # "key" is the config's full machine key (ParallelConfig.key) for CSV and JSON; the table spells
 # the config compactly (tuner.config.spelling).
+TORCHTITAN_COLUMNS = ["dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile"]
+"""torchtitan's knobs (``tuner.space.trials.FSDP_PARAMS``): empty for the other frameworks."""
 # Which of the memory model's three figures (allocated / reserved / device) a log's peak is:
 # both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
 # max_memory_reserved beside it; the predicted peak is the device figure (nvidia-smi).
@@ -69,6 +73,9 @@ def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_reserved_gib": a.get("predicted_reserved_gib"),
         "predicted_peak_stage": a.get("predicted_peak_stage"),
         "predicted_peak_phase": a.get("predicted_peak_phase"),
+        "dp_shard": c.dp_shard if c else None, "dp_replicate": c.dp_replicate if c else None,
+        "pp_schedule": c.pp_schedule if c else None,
+        "reshard": c.reshard_after_forward if c else None, "compile": c.compile if c else None,
         "key": c.key() if c else None,
     }  # fmt: skip
 
@@ -97,6 +104,8 @@ def leaderboard(
     frame["precision"] = spec.training.precision
     if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
         frame[["ep", "etp", "dispatcher"]] = None
+    if not traits(spec.framework).fsdp2:  # torchtitan's knobs: empty for the others
+        frame[TORCHTITAN_COLUMNS] = None
     if frame.empty:
         return frame
     frame["_ok"] = frame["outcome"] == str(Outcome.OK)

@@ -33,6 +33,7 @@ from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
 from tuner.spec.study import StudySpec
+from tuner.spec.torchtitan import FSDP_DEFAULT, FsdpKnobs, config_fields
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -80,6 +81,11 @@ class Axes:
     """The model has experts: the MoE knobs (ep, etp, dispatcher) are trial parameters."""
     tp_comm_overlap: tuple[bool, ...] = (False,)
     """TE userbuffers overlap; only sequence-parallel configs take it (others: off)."""
+    fsdp: tuple[FsdpKnobs, ...] = (FSDP_DEFAULT,)
+    """torchtitan: (dp_shard, dp_replicate, pp_schedule, reshard_after_forward, compile) per
+    combination of the space's lists; the other frameworks: the one default."""
+    fsdp2: bool = False
+    """torchtitan: its knobs are trial parameters (other studies stay the same)."""
 
     @property
     def size(self) -> int:
@@ -89,7 +95,7 @@ class Axes:
         for name in self.__dataclass_fields__:
             if name not in (
                 "tp", "pp", "sequence_parallel", "pipeline_split", "split_auto", "moe",
-                "tp_comm_overlap",
+                "tp_comm_overlap", "fsdp2",
             ):  # fmt: skip
                 n *= len(getattr(self, name))
         n *= sum(len(self.pipeline_split) if pp > 1 else 1 for pp in self.pp)
@@ -140,6 +146,16 @@ def expand_axes(spec: StudySpec) -> Axes:
         moe_token_dispatcher=s.moe_token_dispatcher,
         moe=m.moe is not None,
         tp_comm_overlap=s.tp_comm_overlap,
+        fsdp=(
+            tuple(
+                itertools.product(
+                    s.dp_shard, s.dp_replicate, s.pp_schedule, s.reshard_after_forward, s.compile
+                )
+            )  # fmt: skip
+            if t.fsdp2
+            else (FSDP_DEFAULT,)
+        ),
+        fsdp2=t.fsdp2,
     )
     if s.pipeline_split == "auto":
         union = {
@@ -185,8 +201,16 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
     axes = axes or expand_axes(spec)
     world, gbs = spec.world_size, spec.training.global_batch_size
     layers = spec.model.num_layers
-    for tp, pp, cp, vp in itertools.product(axes.tp, axes.pp, axes.cp, axes.vp):
-        dp = max(world // (tp * pp * cp), 1)
+    fsdp = traits(spec.framework).fsdp2
+    seen: set[tuple[Any, ...]] = set()
+    for tp, pp, cp, vp_axis, own in itertools.product(
+        axes.tp, axes.pp, axes.cp, axes.vp, axes.fsdp if fsdp else (None,)
+    ):
+        dp, vp, titan = config_fields(own, world, tp, pp, cp, vp_axis, axes.fsdp[0][2])
+        if titan is None or (fsdp and (tp, pp, cp, dp, vp, *titan.values()) in seen):
+            continue  # a schedule at pp=1 repeats the first; dp_shard -1 may repeat a listed one
+        if fsdp:
+            seen.add((tp, pp, cp, dp, vp, *titan.values()))
         per_rank = max(layers // (pp * vp), 1)
         # Megatron turns SP off at tp=1, so there a wanted SP means "off", listed once.
         sps = axes.sequence_parallel if tp > 1 else (False,)
@@ -214,7 +238,7 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
                 recompute_method=method,  # type: ignore[arg-type]
                 recompute_num_layers=(per_rank if n == 0 else n), recompute_modules=mods,
                 distributed_optimizer=dopt, zero_stage=zero, pipeline_split=split,
-                ep=ep, etp=etp, moe_token_dispatcher=disp, tp_comm_overlap=tpo,
+                ep=ep, etp=etp, moe_token_dispatcher=disp, tp_comm_overlap=tpo, **titan,
             )  # fmt: skip
 
 
@@ -364,4 +388,12 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
             values["recompute_num_layers"] = 1
     mp = values["tp"] * values["pp"] * values["cp"]
     values["dp"] = max(spec.world_size // mp, 1) if mp > 0 else 1
+    if axes.fsdp2:  # torchtitan: dp = dp_shard x dp_replicate, vp from the schedule
+        names = ("dp_shard", "dp_replicate", "pp_schedule", "reshard_after_forward", "compile")
+        own = tuple(given.get(n, d) for n, d in zip(names, axes.fsdp[0], strict=True))
+        values["dp"], values["vp"], fields = config_fields(
+            own, spec.world_size, values["tp"], values["pp"], values["cp"], 1, str(own[2])  # type: ignore[arg-type]
+        )  # fmt: skip
+        values.update(fields or {})
+    values.pop("dp_shard", None)
     return ParallelConfig(global_batch_size=spec.training.global_batch_size, **values)

@@ -15,9 +15,11 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
 from tuner.space.enumerate import Axes, expand_axes
+from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN
 from tuner.spec.recompute import parse_recompute, recompute_text
 from tuner.spec.study import StudySpec
+from tuner.spec.torchtitan import FSDP_DEFAULT, config_fields
 
 RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
 """Outcomes whose config runs again (once per trial): the trial said nothing about the config."""
@@ -61,7 +63,41 @@ def distributions(spec: StudySpec, axes: Axes | None = None) -> dict[str, BaseDi
         out["dispatcher"] = CategoricalDistribution(list(axes.moe_token_dispatcher))
     if axes.tp_comm_overlap != (False,):  # only a study that searches userbuffers has it
         out["tp_comm_overlap"] = CategoricalDistribution(list(axes.tp_comm_overlap))
+    if axes.fsdp2:  # torchtitan's own knobs: only its studies have them
+        for i, name in enumerate(FSDP_PARAMS):
+            out[name] = CategoricalDistribution(list(dict.fromkeys(k[i] for k in axes.fsdp)))
     return out
+
+
+FSDP_PARAMS = ("dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile")
+"""torchtitan's trial parameters, in the order of ``Axes.fsdp``'s tuples."""
+
+
+def _fsdp_params(config: ParallelConfig, axes: Axes | None) -> dict[str, Any]:
+    """torchtitan's knobs as trial parameters: dp_shard -1 when the axis lists -1 and not the
+    resolved degree; at pp=1 the axis' first schedule (none runs there)."""
+    knobs = axes.fsdp if axes is not None else ()
+    shard = config.dp_shard
+    if knobs and shard not in {k[0] for k in knobs}:
+        shard = -1
+    schedule = config.pp_schedule or (knobs[0][2] if knobs else FSDP_DEFAULT[2])
+    values = (
+        shard, config.dp_replicate, schedule, config.reshard_after_forward, config.compile
+    )  # fmt: skip
+    return dict(zip(FSDP_PARAMS, values, strict=True))
+
+
+def _fsdp_fields(spec: StudySpec, params: dict[str, Any], tp: int, pp: int, cp: int) -> Any:
+    """(dp, vp, ParallelConfig fields) from a trial's parameters (``config_fields``)."""
+    if not traits(spec.framework).fsdp2:
+        return max(spec.world_size // (tp * pp * cp), 1), int(params["vp"]), {}
+    d = FSDP_DEFAULT
+    knobs = (
+        int(params.get("dp_shard", d[0])), int(params.get("dp_replicate", d[1])),
+        str(params.get("pp_schedule", d[2])), str(params.get("reshard", d[3])),
+        bool(params.get("compile", d[4])),
+    )  # fmt: skip
+    return config_fields(knobs, spec.world_size, tp, pp, cp, 1, knobs[2])
 
 
 def _etp_param(etp: int | None) -> int:
@@ -104,13 +140,16 @@ def config_params(config: ParallelConfig, axes: Axes | None = None) -> dict[str,
     if axes.moe if axes is not None else bool(config.moe_key):
         extra |= {"ep": config.ep, "etp": _etp_param(config.etp),
                   "dispatcher": config.moe_token_dispatcher}  # fmt: skip
+    if axes.fsdp2 if axes is not None else bool(config.fsdp_key):
+        extra |= _fsdp_params(config, axes)
     if axes.tp_comm_overlap != (False,) if axes is not None else config.tp_comm_overlap:
         tpo = config.tp_comm_overlap  # without SP it is off whatever the parameter says
         if axes is not None and tpo not in axes.tp_comm_overlap:
             tpo = axes.tp_comm_overlap[0]
         extra["tp_comm_overlap"] = tpo
     return extra | {
-        "tp": config.tp, "pp": config.pp, "cp": config.cp, "vp": config.vp,
+        "tp": config.tp, "pp": config.pp, "cp": config.cp,
+        "vp": axes.vp[0] if axes is not None and axes.fsdp2 else config.vp,  # from the schedule
         "micro_batch": config.micro_batch_size,
         "sp": sp,
         "recompute": config.recompute_setting,
@@ -124,8 +163,9 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
     rc, method, n, mods = recompute_knobs(str(params["recompute"]))
     tp, pp, cp = int(params["tp"]), int(params["pp"]), int(params["cp"])
     sp = bool(params["sp"]) and tp > 1  # Megatron: off at tp=1
+    dp, vp, titan = _fsdp_fields(spec, params, tp, pp, cp)
     return ParallelConfig(
-        tp=tp, pp=pp, cp=cp, dp=max(spec.world_size // (tp * pp * cp), 1), vp=int(params["vp"]),
+        tp=tp, pp=pp, cp=cp, dp=dp, vp=vp,
         sequence_parallel=sp,
         micro_batch_size=int(params["micro_batch"]),
         global_batch_size=spec.training.global_batch_size, recompute=rc,  # type: ignore[arg-type]
@@ -137,6 +177,7 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
         ep=int(params.get("ep", 1)), etp=int(params.get("etp", 0)) or None,
         moe_token_dispatcher=str(params.get("dispatcher", "alltoall")),
         tp_comm_overlap=bool(params.get("tp_comm_overlap", False)) and sp,  # needs SP
+        **titan,
     )  # fmt: skip
 
 

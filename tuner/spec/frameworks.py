@@ -16,6 +16,10 @@ is decided in one place:
   underneath: the same model code, parallel-state rules, optimizer and time and memory terms as
   ``megatron``, launched as a recipe (``launch.recipe``) run by Bridge's recipe script with one
   ``section.field=value`` override per setting (``tuner.launch.bridge``).
+- ``torchtitan``: pytorch/torchtitan (release :data:`TORCHTITAN_RELEASE`): FSDP2 ``fully_shard``
+  over dp_shard x cp (HSDP with dp_replicate), DTensor tensor and sequence parallelism,
+  ``torch.distributed.pipelining`` schedules, context parallelism; its own options
+  (``tuner.spec.torchtitan``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Framework = Literal["megatron", "deepspeed", "megatron-deepspeed", "megatron-bridge"]
+Framework = Literal["megatron", "deepspeed", "megatron-deepspeed", "megatron-bridge", "torchtitan"]
 FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
 PipelineModuleKind = Literal["workload", "gpt_model_pipe"]
 
@@ -33,6 +37,11 @@ MEGATRON_DEEPSPEED_FORK = "microsoft/Megatron-DeepSpeed"
 MEGATRON_BRIDGE_RELEASE = "NVIDIA-NeMo/Megatron-Bridge v0.6.0 (51885cf1)"
 """The release whose config dataclasses and recipe script the ``megatron-bridge`` overrides
 follow; its Megatron-Core is the 3rdparty/Megatron-LM submodule commit cd4afffa."""
+
+
+TORCHTITAN_RELEASE = "torchtitan 0.3.0"
+"""The torchtitan release whose options the ``torchtitan`` framework emits and checks (PyPI
+``torchtitan==0.3.0``; its option table: ``tuner.spec.torchtitan``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,10 @@ class Traits:
     (the memory and time models and the rules treat these frameworks alike)."""
     recipe_launch: bool = False
     """Launched as a recipe (``launch.recipe``) whose config fields are overridden one by one."""
+    fsdp2: bool = False
+    """PyTorch FSDP2 (``fully_shard``) shards parameters, gradients and optimizer states over
+    dp_shard x cp with no separate master copy; DTensor TP/SP; ``torch.distributed.pipelining``
+    schedules chosen by name (``pp_schedule``)."""
 
 
 TRAITS: dict[Framework, Traits] = {
@@ -88,6 +101,11 @@ TRAITS: dict[Framework, Traits] = {
         megatron_model=True, deepspeed_pipeline=False, deepspeed_optimizer=False,
         context_parallel=True, pipeline_module=None, default_partition=None,
         split_family="megatron", megatron_core=True, recipe_launch=True,
+    ),
+    "torchtitan": Traits(
+        megatron_model=False, deepspeed_pipeline=False, deepspeed_optimizer=False,
+        context_parallel=True, pipeline_module=None, default_partition=None,
+        split_family="megatron", fsdp2=True,
     ),
 }  # fmt: skip
 

@@ -39,6 +39,7 @@ from tuner.spec.model import model_data
 from tuner.spec.moe import TokenDispatcher, moe_study_problem
 from tuner.spec.pipeline_split import parse_split
 from tuner.spec.recompute import module_rule_violations, parse_recompute, recompute_text
+from tuner.spec.torchtitan import PPSchedule, Reshard
 
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
@@ -155,6 +156,17 @@ class SpaceSpec:
     (or one of them), ``embedding``, ``loss``, ``embedding+loss``, ``layout:STRING``; DeepSpeed
     ``uniform``, ``parameters``, ``type:REGEX``; auto: the framework-accepted first/last counts
     near ``num_layers / pp`` (docs/guides/frameworks.md, "Uneven pipeline splits")."""
+    dp_shard: tuple[int, ...] = (-1,)
+    """torchtitan: FSDP2 degrees (``data_parallel_shard_degree``); -1: the ranks left after
+    dp_replicate, tp, pp and cp."""
+    dp_replicate: tuple[int, ...] = (1,)
+    """torchtitan: HSDP replica counts (``data_parallel_replicate_degree``)."""
+    pp_schedule: tuple[PPSchedule, ...] = ("1F1B",)
+    """torchtitan: pipeline schedules at pp > 1 (1F1B, GPipe, Interleaved1F1B)."""
+    reshard_after_forward: tuple[Reshard, ...] = ("default",)
+    """torchtitan: ``fsdp_reshard_after_forward`` policies (default, always, never)."""
+    compile: tuple[bool, ...] = (False,)
+    """torchtitan: ``torch.compile`` off / on."""
 
     def __post_init__(self) -> None:
         recompute = [_recompute_entry(text, i) for i, text in enumerate(self.recompute)]
@@ -182,7 +194,7 @@ class SpaceSpec:
                 if item in seen:
                     raise ConfigError(f"{item!r} is listed twice", path=f"{f.name}[{i}]")
                 seen.add(item)
-                if f.name == "zero_stage":
+                if f.name == "zero_stage" or (f.name == "dp_shard" and item == -1):
                     continue
                 if isinstance(item, int) and not isinstance(item, bool):
                     # No axis value exceeds the world size or the batch: one bound for all.
@@ -305,7 +317,8 @@ class StudySpec:
     cluster: ClusterSpec
     """Nodes, GPUs and executor."""
     framework: Framework
-    """megatron, deepspeed, megatron-deepspeed or megatron-bridge (``tuner.spec.frameworks``)."""
+    """megatron, deepspeed, megatron-deepspeed, megatron-bridge or torchtitan
+    (``tuner.spec.frameworks``)."""
     launch: LaunchSpec
     """How a trial is launched."""
     space: SpaceSpec = field(default_factory=SpaceSpec)
@@ -331,6 +344,7 @@ class StudySpec:
                 )
         self._check_moe_and_fp8()
         self._check_recompute_modules()
+        self._check_torchtitan_knobs()
         n = len(self.node_names)
         if isinstance(self.search.nodes_per_trial, int) and self.search.nodes_per_trial > n:
             raise ConfigError(
@@ -380,6 +394,49 @@ class StudySpec:
             problem = fp8_problem(self.training.fp8_recipe, get_gpu(self.cluster.gpu))
             if problem is not None:
                 raise ConfigError(problem, path="training.precision")
+
+    def _check_torchtitan_knobs(self) -> None:
+        """torchtitan's knobs only in a torchtitan study; there, none of the others' knobs."""
+        sp = self.space
+        titan = {
+            "dp_shard": (-1,), "dp_replicate": (1,), "pp_schedule": ("1F1B",),
+            "reshard_after_forward": ("default",), "compile": (False,),
+        }  # fmt: skip
+        if not traits(self.framework).fsdp2:
+            for name, default in titan.items():
+                if getattr(sp, name) != default:
+                    raise ConfigError(
+                        f"is a torchtitan knob; this study's framework is {self.framework}",
+                        path=f"space.{name}",
+                    )
+            return
+        if not {"--module", "--config"} <= {a.split("=")[0] for a in self.launch.script_args}:
+            raise ConfigError(
+                "torchtitan's trainer needs --module and --config (the config function that "
+                "builds the model), e.g. [--module, llama3, --config, llama3_8b]",
+                path="launch.script_args",
+            )
+        if self.training.precision not in ("bf16", "fp32"):
+            raise ConfigError(
+                "torchtitan trains bf16 (mixed_precision_param bfloat16) or fp32; its float8 is a "
+                "model converter chosen by the config function (launch.script_args)",
+                path="training.precision",
+            )
+        others = {"vp": (1,), "distributed_optimizer": (False,), "zero_stage": (0,)}
+        why = {
+            "vp": "torchtitan's stages per rank follow space.pp_schedule",
+            "distributed_optimizer": "torchtitan shards with FSDP2: search space.dp_shard",
+            "zero_stage": "torchtitan shards with FSDP2: search space.dp_shard",
+        }
+        for name, default in others.items():
+            if getattr(sp, name) != default:
+                raise ConfigError(f"{why[name]}; list only {list(default)}", path=f"space.{name}")
+        if sp.pipeline_split != ("even",):
+            raise ConfigError(
+                "torchtitan splits stages by its own rule (embedding and output weigh one layer "
+                "each); list only ['even']",
+                path="space.pipeline_split",
+            )
 
     def _check_recompute_modules(self) -> None:
         """Selective-recompute modules the model, precision or framework rules out for every

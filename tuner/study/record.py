@@ -93,10 +93,12 @@ def parse_result(spec: StudySpec, result: JobResult) -> Any:
     from tuner.logs import parse_log_files  # parsers are needed only once jobs finish
 
     logs = logs_of(result)  # streamed: never a whole log in memory
+    tokens = spec.training.global_batch_size * spec.model.seq_length / spec.world_size
     return parse_log_files(logs, spec.framework, spec.launch.warmup_iters,
                            exit_codes=result.exit_codes,
                            timed_out=result.timed_out or result.stopped is not None,
-                           global_batch_size=spec.training.global_batch_size)  # fmt: skip
+                           global_batch_size=spec.training.global_batch_size,
+                           step_tokens=tokens)  # fmt: skip
 
 
 def metrics_attrs(spec: StudySpec, gpu: GPUSpec, m: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import held_layer_microbatches, in_flight, stage_layers
 from tuner.models.memory.allocator import StepTensors
 from tuner.models.memory.fp8 import fp8_layer_activations
+from tuner.models.memory.fsdp2 import op_sac_bytes
 from tuner.models.memory.overheads import (
     allocator_slack,
     communicators,
@@ -351,6 +352,9 @@ def _stage_memory(
     moe = moe_stage_memory(model, c, stage, layers, framework, precision, act)
     params = stage_params(model, c, stage, layers, vocab) + moe.nonexpert_delta
     sizes = _layer_sizes(model, c, layers)
+    if traits(framework).fsdp2:  # FSDP2 gathers whole units: the output layer may be largest
+        output = vocab * model.hidden_size / c.tp
+        sizes = dataclasses.replace(sizes, largest=max(sizes.largest, output))
     states = stage_states(params, c, framework, precision, sizes, zero_settings)
     if moe.expert_params:  # [MP] expert states shard over the expert-data-parallel group
         experts = stage_states(
@@ -368,6 +372,8 @@ def _stage_memory(
     # selective recompute's modules (tuner.models.memory.recompute)
     layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
     saved, working = layers_activation_bytes(layer_act, c, layers)
+    if c.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
+        saved, working = op_sac_bytes(model, c, precision, layers, layer_act)
     # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
     # buffer, a persistent scratch tensor (tuner.models.memory.terms.global_buffer_bytes), not in
     # the dispatch transient.

@@ -74,6 +74,7 @@ from tuner.models.time.breakdown import (
 from tuner.models.time.deepspeed import dp_deepspeed, grad_accumulation
 from tuner.models.time.dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
 from tuner.models.time.fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_ratios
+from tuner.models.time.fsdp2 import fsdp2_dp_and_optimizer, op_sac_fraction
 from tuner.models.time.moe import moe_routing_times
 from tuner.models.time.pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.models.time.recompute import selective_times
@@ -284,9 +285,12 @@ def loss_bytes_per_logit(training: TrainingSpec, framework: Framework) -> float:
 
 
 def _recompute_times(
-    config: ParallelConfig, model: ModelSpec, fwd: float, core: float, tp_fwd: float
-) -> tuple[float, float]:
+    config: ParallelConfig, model: ModelSpec, fwd: float, core: float, tp_fwd: float,
+    framework: Framework = "megatron",
+) -> tuple[float, float]:  # fmt: skip
     """(compute, TP comm) that recomputation adds to one layer's backward."""
+    if config.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
+        return op_sac_fraction(model) * (fwd - core), 0.0
     if config.recompute == "full":
         frac = recompute_fraction(config, model)
         return frac * fwd, frac * tp_fwd
@@ -365,7 +369,7 @@ def estimate_time(
         recipe = training.fp8_recipe
         cast = layer_casts(model, rates, config, recipe, gpus_per_node, share)
         amax = amax_sync_seconds(rates, config, recipe, gpus_per_node)
-    rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd)
+    rec, rec_comm = _recompute_times(config, model, fwd, core, tp_fwd, framework)
     sel = selective_times(model, config, rates, tp_fwd, mt)  # tuner.models.time.recompute
     rec, rec_comm, ep_layer = rec + sel.compute, rec_comm + sel.tp_comm, ep_layer + sel.ep_comm
     redo = recompute_fraction(config, model) if config.recompute == "full" else 0.0
@@ -432,6 +436,8 @@ def _dp_and_optimizer(
 ) -> tuple[float, float]:
     """Exposed data-parallel traffic (dense and expert gradients) and the optimizer step's
     seconds, by the framework's engine (Megatron's DDP or DeepSpeed's ZeRO)."""
+    if traits(framework).fsdp2:  # torchtitan (tuner.models.time.fsdp2)
+        return fsdp2_dp_and_optimizer(config, psi, layers, rates, gpus_per_node, windows)
     ds = traits(framework).deepspeed_optimizer
     dp_link = group_link(rates, config.dp * config.cp, config.tp, gpus_per_node)
     if ds and config.zero_stage == 3 and dp_link is not rates.intra:

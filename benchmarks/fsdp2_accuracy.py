@@ -1,0 +1,82 @@
+"""FSDP2 (torchtitan) accuracy: the memory and time models on the published torchtitan rows.
+
+Reads the torchtitan rows of ``benchmarks/data/memory_peaks.csv`` (framework ``torchtitan-fsdp2``:
+torchtitan's logged max reserved memory) and ``benchmarks/data/step_times.csv`` (framework
+``torch-fsdp2``: torchtitan docs/performance.md tokens/s per GPU), predicts them with tuner's
+``torchtitan`` framework exactly as ``memory_accuracy.py`` and ``time_accuracy.py`` do, and
+prints each row and, per source, the median and max absolute error. For comparison the same rows
+are also predicted the way they were before the framework existed (DeepSpeed ZeRO-3). Run:
+
+    .venv/bin/python benchmarks/fsdp2_accuracy.py
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import statistics
+from pathlib import Path
+
+import memory_accuracy as mem
+import time_accuracy as tim
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _line(label: str, errors: list[float]) -> str:
+    a = [abs(e) for e in errors]
+    return f"  {label:44} {len(a):4} {100 * statistics.median(a):7.1f}% {100 * max(a):7.1f}%"
+
+
+def memory_table() -> None:
+    rows = [r for r in csv.DictReader((DATA / "memory_peaks.csv").open())
+            if r["framework"] == "torchtitan-fsdp2"]  # fmt: skip
+    print("memory (max reserved GiB)                          measured  torchtitan  error  "
+          "as ZeRO-3  error")  # fmt: skip
+    errs: dict[str, list[float]] = {}
+    old: dict[str, list[float]] = {}
+    for row in rows:
+        new = mem.predict(row, 0.92)
+        mem.FRAMEWORKS["torchtitan-fsdp2"] = "deepspeed"
+        was = mem.predict({**row, "zero_stage": "3"}, 0.92)
+        mem.FRAMEWORKS["torchtitan-fsdp2"] = "torchtitan"
+        label = row["citation"].split(" (")[0].split(" ")[-1].split("/")[-1][:48]
+        figures = f"{new.measured / mem.GIB:8.2f} {new.predicted / mem.GIB:10.2f}"
+        before = f"{was.predicted / mem.GIB:9.2f} {100 * was.error:+6.1f}%"
+        print(f"  {label:48} {figures} {100 * new.error:+6.1f}% {before}")
+        errs.setdefault(row["source"], []).append(new.error)
+        old.setdefault(row["source"], []).append(was.error)
+    print(f"  {'source':44} {'rows':>4} {'median':>8} {'max':>8}")
+    for source in errs:
+        print(_line(f"{source} (torchtitan)", errs[source]))
+        print(_line(f"{source} (as DeepSpeed ZeRO-3, before)", old[source]))
+
+
+def time_table() -> None:
+    cases, _ = tim.load_cases(DATA / "step_times.csv")
+    cases = [c for c in cases if c.row["framework"] == "torch-fsdp2"]
+    print("\ntime (tokens/s per GPU)                            measured  torchtitan  error  "
+          "as ZeRO-3  error")  # fmt: skip
+    errs: dict[str, list[float]] = {}
+    old: dict[str, list[float]] = {}
+    for case in cases:
+        was = dataclasses.replace(
+            case, config=dataclasses.replace(case.config, zero_stage=3), framework="deepspeed",
+            notes=[],
+        )  # fmt: skip
+        was.predicted = tim._predict(was)
+        label = f"{case.row['group']} {case.row['model']} {case.row['recompute']}"[:48]
+        figures = f"{case.published:8.0f} {case.predicted:10.0f}"
+        before = f"{was.predicted:9.0f} {100 * was.error:+6.1f}%"
+        print(f"  {label:48} {figures} {100 * case.error:+6.1f}% {before}")
+        errs.setdefault(case.row["group"], []).append(case.error)
+        old.setdefault(case.row["group"], []).append(was.error)
+    print(f"  {'source':44} {'rows':>4} {'median':>8} {'max':>8}")
+    for group in errs:
+        print(_line(f"{group} (torchtitan)", errs[group]))
+        print(_line(f"{group} (as DeepSpeed ZeRO-3, before)", old[group]))
+
+
+if __name__ == "__main__":
+    memory_table()
+    time_table()

@@ -1,0 +1,28 @@
+"""``tune best --emit torchtitan``: the winning config as the pinned torchtitan release reads it.
+
+torchtitan 0.3.0 reads no config file of tune's making: its trainer takes ``--module/--config``
+(the study's ``launch.script_args``) and ``--section.option`` overrides on the command line
+(``tuner.launch.torchtitan_flags``). The export is that argument list, shell-quoted on one line,
+for ``torchrun ... -m torchtitan.train``.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from tuner.config.parallel import ParallelConfig
+from tuner.errors import ConfigError
+from tuner.launch.torchtitan_flags import torchtitan_args
+from tuner.spec.frameworks import traits
+from tuner.spec.study import StudySpec
+
+
+def torchtitan_export(spec: StudySpec, config: ParallelConfig) -> str:
+    """The trainer's arguments for ``config``, one shell-quoted line."""
+    if not traits(spec.framework).fsdp2:
+        raise ConfigError(
+            f"--emit torchtitan needs a torchtitan study; this one's framework is "
+            f"{spec.framework}",
+            path="framework",
+        )
+    return shlex.join(torchtitan_args(spec, config)) + "\n"
