@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
+from tuner.cli import render, units
+from tuner.config.spelling import spell
 from tuner.space.cost import budget_cost, require_measurable, too_slow_reason, trial_cost
 from tuner.spec.study import StudySpec
 
@@ -45,6 +46,7 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
         "too_slow": [
             {
                 "config": c.config.key(),
+                "spelled": spell(c.config),
                 "trial_min": round(k.minutes, 2),
                 "reason": too_slow_reason(spec, k),
             }
@@ -59,7 +61,7 @@ def _step(c: Candidate) -> float | None:
 
 def _row(c: Candidate, k: Any) -> dict[str, Any]:
     return {
-        "config": c.config.key(), "predicted_step_s": _step(c),
+        "config": c.config.key(), "spelled": spell(c.config), "predicted_step_s": _step(c),
         "trial_min": round(k.minutes, 2), "limit_min": round(k.limit_minutes, 2),
         "node_hours": round(k.node_hours, 3), "worst_node_hours": round(k.worst_node_hours, 3),
         "fits": k.fits,
@@ -69,17 +71,27 @@ def _row(c: Candidate, k: Any) -> dict[str, Any]:
 def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
     """The preview for a terminal."""
     if cost["configs"]:
-        table = Table(title="cost of one trial (shortest useful trial: start-up + warm-up + "
-                      "the iterations the step-time estimate needs)")  # fmt: skip
-        for col in ("config", "step s", "trial min", "limit min", "node-h", "worst node-h"):
-            table.add_column(col, justify="left" if col == "config" else "right")
-        for row in cost["configs"]:
-            table.add_row(
-                row["config"], f"{row['predicted_step_s'] or 0:.3f}", f"{row['trial_min']:.1f}",
-                f"{row['limit_min']:.1f}", f"{row['node_hours']:.2f}",
-                f"{row['worst_node_hours']:.2f}",
-            )  # fmt: skip
-        console.print(table)
+        columns = (
+            render.CONFIG,
+            render.Column(name="step_s", header="step s", meaning="predicted step time"),
+            render.Column(name="trial_min", header="trial min",
+                          meaning="predicted minutes of the shortest useful trial"),
+            render.Column(name="limit_min", header="limit min", meaning="the trial's time limit"),
+            render.Column(name="node_hours", header="node-h",
+                          meaning="node-hours of the shortest useful trial"),
+            render.Column(name="worst_node_hours", header="worst node-h",
+                          meaning="node-hours if it runs to its limit or train_iters"),
+        )  # fmt: skip
+        rows = tuple(
+            (row["spelled"], units.seconds(row["predicted_step_s"] or 0.0),
+             f"{row['trial_min']:.1f}", f"{row['limit_min']:.1f}", f"{row['node_hours']:.2f}",
+             f"{row['worst_node_hours']:.2f}")
+            for row in cost["configs"]
+        )  # fmt: skip
+        render.render(console, render.Grid(
+            title="cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
+            "the step-time estimate needs)", columns=columns, rows=rows, choosable=False,
+        ))  # fmt: skip
     budget = f" (max_node_hours {cost['max_node_hours']:g})" if cost["max_node_hours"] else ""
     console.print(
         f"budget of {cost['launches']} launches: expected {cost['expected_node_hours']:.2f} "
@@ -89,9 +101,10 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
     )
     slow = cost["too_slow"]
     for item in slow[:SHOWN_TOO_SLOW]:
-        console.print(f"not launched: {item['config']}: {item['reason']}")
+        console.print(f"not launched: {item['spelled']}: {item['reason']}")
     if len(slow) > SHOWN_TOO_SLOW:
-        console.print(f"... and {len(slow) - SHOWN_TOO_SLOW} more configs too slow to measure")
+        more = units.plural(len(slow) - SHOWN_TOO_SLOW, "more config")
+        console.print(f"... and {more} too slow to measure")
 
 
 def measurable(spec: StudySpec, ranked: Sequence[Candidate]) -> list[Candidate]:
