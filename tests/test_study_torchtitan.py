@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.standins import torchtitan_train as standin
-from tuner.report.leaderboard import emit_best, leaderboard
+from tuner.report.export import emit_best
+from tuner.report.leaderboard import leaderboard
 from tuner.spec.file import study_from_mapping
 from tuner.study.loop import build_loop
 

@@ -102,7 +102,8 @@ def add_parser(sub: Any, handlers: dict[str, Any], add_format_option: Any,
         epilog=help_text.epilog(GPU_COLUMNS + MODEL_COLUMNS[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    p.add_argument("what", choices=["gpus", "models"])
+    p.add_argument("what", choices=["gpus", "models"],
+                   help="which presets to list: the GPUs or the models")  # fmt: skip
     add_format_option(p)
     add_columns_option(p, ["see below"])
     handlers["catalog"] = _cmd_catalog

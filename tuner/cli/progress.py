@@ -166,7 +166,9 @@ def running_cells(loop: StudyLoop, run: Running) -> tuple[str, str, str]:
     iteration = log_iteration(job.paths.node_log(0))
     total = loop.spec.launch.train_iters
     phase = "starting" if iteration is None else f"iteration {iteration} of {total}"
-    limit = trial_limit_s(loop.spec, run.trial.user_attrs.get("predicted_step_s"))
+    trial = getattr(run, "trial", None)  # the config's own limit follows its predicted step
+    step = trial.user_attrs.get("predicted_step_s") if trial is not None else None
+    limit = trial_limit_s(loop.spec, step)
     return job_id, phase, clock_text(limit - (loop.clock() - run.started))
 
 

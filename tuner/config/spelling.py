@@ -102,7 +102,7 @@ KNOBS: tuple[Knob, ...] = (
          token=lambda c: "" if c.reshard_after_forward == "default"
          else f"reshard-{c.reshard_after_forward}", default=""),
     Knob(name="compile", meaning="torchtitan: torch.compile of the model and loss",
-         token=_flag("compile", lambda c: c.compile), default="", off="no compile"),
+         token=_flag("compile", lambda c: c.compile), default=""),
 )  # fmt: skip
 
 

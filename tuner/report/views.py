@@ -68,11 +68,14 @@ def header(data: ReportData) -> Markup:
     )
     search = (
         f"{s.search.sampler} sampler, budget {s.search.n_trials} runs, "
-        f"{s.nodes_per_trial} node(s) per trial, limit {s.search.trial_timeout_min:g} min"
-    )
+        f"{s.nodes_per_trial} node(s) per trial, " + (
+            f"limit {s.search.trial_timeout_min:g} min" if s.search.trial_timeout_min is not None
+            else "each config's limit from its predicted trial"
+        )
+    )  # fmt: skip
     items = [
         ("model", model),
-        ("GPUs", f"{c.gpu} x {c.gpus_per_node} per node ({s.world_size} ranks per trial)"),
+        ("GPUs", f"{c.gpu_name} x {c.gpus_per_node} per node ({s.world_size} ranks per trial)"),
         ("nodes", f"{len(s.node_names) or 'hostfile'} ({c.executor})"),
         (
             "framework",
