@@ -108,3 +108,20 @@ def test_importances_only_over_searched_knobs_and_enough_trials(tmp_path: Path) 
     assert searched and fixed and not fixed & set(searched)
     shown = set(figures[1][1].data[0].y)
     assert shown and shown <= set(searched)
+
+
+def test_a_person_reads_the_compact_spelling_and_machines_the_key(tmp_path: Path) -> None:
+    """The leaderboard and trial views show ``tp4 pp2 ...``; the long key is only a tooltip."""
+    import re
+
+    from tuner.config.spelling import spell
+
+    _study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    html = str(V.leaderboard(data)) + str(V.trial_views(data))
+    visible = re.sub(r"<[^>]*>", " ", html)  # text only: attributes (the tooltip) dropped
+    assert "tp=" not in visible
+    for row in data.rows:
+        if row.config is not None:
+            assert spell(row.config) in visible
+            assert f'title="{row.key}"' in html

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import spell
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
@@ -114,6 +115,13 @@ class TrialRow:
         return self.config.key() if self.config else "no config"
 
     @property
+    def label(self) -> str:
+        """The config as a person reads it (``tp2 pp1 dp4 mbs2 ga4``,
+        :mod:`tuner.config.spelling`); :attr:`key` stays the machine form that baselines and
+        links match on."""
+        return spell(self.config) if self.config else "no config"
+
+    @property
     def ok(self) -> bool:
         """Whether the trial measured a step time."""
         return self.outcome == str(Outcome.OK) and self.measured_step_s is not None
@@ -121,7 +129,7 @@ class TrialRow:
     @property
     def hover(self) -> str:
         """The hover text of every point of this trial: config, number, outcome and reason."""
-        text = f"trial {self.number}: {self.outcome}<br>{self.key}"
+        text = f"trial {self.number}: {self.outcome}<br>{self.label}"
         return text + (f"<br>{_wrap(self.reason)}" if self.reason else "")
 
 

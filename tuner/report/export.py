@@ -28,6 +28,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import spell
 from tuner.errors import ConfigError
 from tuner.launch.export_script import MasterSources, comment_block, launch_script
 from tuner.launch.megatron_flags import deepspeed_script_flags
@@ -198,7 +199,8 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
     gpus = spec.cluster.gpus_per_node
     return [
         f"Full run of study {spec.name}, trial {record.trial} ({which}).",
-        f"Config: {record.config.key()}",
+        f"Config: {spell(record.config)}",
+        f"Config key: {record.config.key()}",
         f"Framework: {spec.framework}, template {spec.launch.template}; {nodes} node(s) x {gpus} "
         f"GPUs per node.",
         f"Measured by trial {record.trial} over {record.spec.launch.train_iters} iterations "

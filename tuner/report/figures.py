@@ -174,7 +174,7 @@ def stage_memory(data: ReportData) -> go.Figure:
 
 
 def _memory_title(r: TrialRow) -> str:
-    return f"Predicted memory of trial {r.number} ({r.outcome}): {r.key}"
+    return f"Predicted memory of trial {r.number} ({r.outcome}): {r.label}"
 
 
 def _measured_peak(r: TrialRow, labels: list[str]) -> go.Scatter:

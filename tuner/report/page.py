@@ -76,7 +76,7 @@ def _summary(data: ReportData) -> Section:
     pairs: list[tuple[str, str]] = []
     if best is not None:
         pairs += [
-            ("best measured config", f"trial {best.number}: {best.key}"),
+            ("best measured config", f"trial {best.number}: {best.label}"),
             *data.launch_args(best),
             ("full launch script", f"tune best --study {data.spec.name} --emit script"),
             ("tokens/s/GPU", _fmt(best.tokens_per_s_per_gpu)),
@@ -90,7 +90,7 @@ def _summary(data: ReportData) -> Section:
             gap = f"; the best is {100 * slower:.1f}% faster"
         elif not first.ok:
             gap = f"; it measured nothing ({(first.reason or first.outcome)[:160]})"
-        pairs.append(("model's first pick", f"trial {first.number}: {first.key}{gap}"))
+        pairs.append(("model's first pick", f"trial {first.number}: {first.label}{gap}"))
     counts = ", ".join(f"{k} {v}" for k, v in data.outcome_counts().items()) or "none"
     pairs += [("trials by outcome", counts),
               ("search wall time", f"{data.wall_s / 3600:.3g} h ({data.wall_s:.0f} s)"),

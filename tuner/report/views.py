@@ -160,7 +160,8 @@ def leaderboard(data: ReportData) -> Markup:
             r.reason if len(r.reason) <= REASON_CHARS else r.reason[: REASON_CHARS - 3] + "..."
         )
         cells = [
-            _e(r.number), badge(r.outcome), f'<span class="config">{_e(spaced(r.key))}</span>',
+            _e(r.number), badge(r.outcome),
+            f'<span class="config" title="{_e(r.key)}">{_e(r.label)}</span>',
             fmt(r.tokens_per_s_per_gpu), pct(r.mfu), fmt(r.measured_step_s),
             fmt(r.predicted_step_s), fmt(r.measured_peak_gib), fmt(r.predicted_peak_gib),
             _e(reason), f'<a href="#trial-{r.number}">view</a>',
@@ -169,11 +170,6 @@ def leaderboard(data: ReportData) -> Markup:
         body.append(f'<tr class="outcome-{_e(r.outcome)}">{tds}</tr>')
     return Markup(f'<table class="sortable board-table"><thead><tr>{head}</tr></thead><tbody>'
                   f'{"".join(body)}</tbody></table>')  # fmt: skip
-
-
-def spaced(key: str) -> str:
-    """A config key that wraps between its knobs."""
-    return key.replace(",", ", ")
 
 
 def _tail(path: object, lines: int) -> str:
@@ -203,7 +199,7 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
     time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
     return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
-        f"{badge(row.outcome)} {_e(spaced(row.key))}</summary>"
+        f"{badge(row.outcome)} {_e(row.label)}</summary>"
         f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
         f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
         f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
