@@ -12,6 +12,8 @@ from optuna.trial import TrialState
 
 from tests.report.browser import SCREENSHOT_WIDTH, Browser, browser_session, png_size, screenshot
 from tests.report.conftest import StudyRun
+from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import spell
 from tuner.report.build import build_report
 from tuner.report.data import gather
 from tuner.report.leaderboard import leaderboard, load_optuna_study
@@ -86,7 +88,8 @@ def test_hovering_a_point_names_its_config(
     number = re.search(r"trial (\d+): ok", text)
     assert number, text
     study = load_optuna_study(study_run.spec, None, str(study_run.results))
-    assert study.trials[int(number.group(1))].user_attrs["key"] in text
+    config = ParallelConfig(**study.trials[int(number.group(1))].user_attrs["config"])
+    assert spell(config) in text  # the compact spelling a person reads (the key is for JSON)
 
 
 def test_a_page_without_plotly_js_is_caught(
