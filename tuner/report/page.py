@@ -35,16 +35,6 @@ class Section:
     note: str = ""
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return f"{value:.{digits}g}"
-
-
-def _pct(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:.1f}%"
-
-
 def _kv(pairs: list[tuple[str, str]]) -> Markup:
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
                    for k, v in pairs)  # fmt: skip
@@ -79,9 +69,9 @@ def _summary(data: ReportData) -> Section:
             ("best measured config", f"trial {best.number}: {best.label}"),
             *data.launch_args(best),
             ("full launch script", f"tune best --study {data.spec.name} --emit script"),
-            ("tokens/s/GPU", _fmt(best.tokens_per_s_per_gpu)),
-            ("TFLOP/s/GPU", _fmt(best.tflops_per_gpu)), ("MFU", _pct(best.mfu)),
-            ("measured step", f"{_fmt(best.measured_step_s)} s"),
+            ("tokens/s/GPU", V.fmt(best.tokens_per_s_per_gpu)),
+            ("TFLOP/s/GPU", V.fmt(best.tflops_per_gpu)), ("MFU", V.pct(best.mfu)),
+            ("measured step", f"{V.fmt(best.measured_step_s)} s"),
         ]  # fmt: skip
     if first is not None:
         gap = ""
