@@ -120,9 +120,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _dry_run(spec, args.format == "json", args.n_trials, args.results)
     from tuner.space.enumerate import enumerate_space, require_viable
 
-    require_viable(spec, enumerate_space(spec, with_time=False))  # before any storage exists
-    if spec.search.trial_timeout_min is not None:  # some config must fit the user's limit
-        measurable(spec, enumerate_space(spec).ranked())
+    # Before any storage exists: some config is viable and, under a limit the user set, some
+    # config can be measured within it (one enumeration; step times only when they are needed).
+    limited = spec.search.trial_timeout_min is not None
+    report = enumerate_space(spec, with_time=limited)
+    require_viable(spec, report)
+    if limited:
+        measurable(spec, report.ranked())
     return _run(spec, args)
 
 
