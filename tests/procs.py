@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -37,3 +42,23 @@ def live_processes(match: Callable[[Proc], bool]) -> list[str]:
         if state != "Z" and match(proc):
             found.append(proc.line())
     return found
+
+
+def run_in_group(
+    argv: list[str], timeout: float, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` in a session of its own, text output captured; on timeout the whole
+    session is killed (the launcher's ranks under torchrun included) before the error is raised,
+    so a test that gives up leaves no training process behind."""
+    with subprocess.Popen(
+        argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        **kwargs,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

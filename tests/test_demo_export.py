@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.procs import run_in_group
 from tests.report.test_exports import free_port
 from tuner.logs.versions import versions_in_text
 
@@ -38,8 +38,7 @@ def test_the_demos_best_script_trains(tmp_path: Path) -> None:
     record_measured(spec, tmp_path / "results", [(best, 0.5)])
     export = trial_record(spec, results=str(tmp_path / "results")).export("script", train_iters=2)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "NODE_RANK")}
-    done = subprocess.run(["bash", str(export.path)], env=env, capture_output=True, text=True,
-                          timeout=540, cwd=tmp_path)  # fmt: skip
+    done = run_in_group(["bash", str(export.path)], timeout=540, env=env, cwd=tmp_path)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     assert "tuner: node 0 of 1, master 127.0.0.1" in log

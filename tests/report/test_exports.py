@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 import pytest
 
+from tests.procs import run_in_group
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
@@ -257,8 +258,7 @@ def test_the_megatron_export_trains_through_the_standin(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env.pop("MASTER_ADDR", None)
     env.pop("NODE_RANK", None)
-    done = subprocess.run(["bash", str(script.path)], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)  # fmt: skip
+    done = run_in_group(["bash", str(script.path)], timeout=300, env=env, cwd=tmp_path)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
     assert "building GPT2BPETokenizer tokenizer" in log and "master 127.0.0.1" in log
