@@ -195,6 +195,7 @@ def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, Fram
         recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
         distributed_optimizer=distopt, zero_stage=zero, ep=int(row.get("ep") or 1),
         tp_comm_overlap=tpo, pipeline_split=row["pipeline_split"] or "even",
+        compile=framework == "torchtitan" and "torch.compile" in row["notes"],
     )  # fmt: skip
     return config, framework
 

@@ -92,3 +92,14 @@ def test_the_published_h100_part_sits_between_nvl_and_sxm() -> None:
     assert part.mamf_tflops / part.peak_tflops == pytest.approx(
         sxm.mamf_tflops / sxm.peak_tflops, abs=1e-3
     )
+
+
+def test_torchtitan_attention_is_sdpa_flash2_on_hopper_and_unchanged_before() -> None:
+    from tuner.models.time.fsdp2 import SDPA_HOPPER_FLASH2_EFFICIENCY, sdpa_rates
+
+    hopper = catalog_rates(get_gpu("h100-sxm-80gb"), "bf16")
+    flash2 = sdpa_rates(hopper).attention
+    assert flash2 == ((1.0,) + (hopper.peak * SDPA_HOPPER_FLASH2_EFFICIENCY,) * 2,)
+    assert len(hopper.attention) > 1  # Transformer Engine's cuDNN table stays Megatron's
+    ampere = catalog_rates(get_gpu("a100-80gb"), "bf16")
+    assert sdpa_rates(ampere) is ampere

@@ -78,6 +78,7 @@ from tuner.models.time.fsdp2 import (
     eager_elementwise_seconds,
     fsdp2_dp_and_optimizer,
     op_sac_fraction,
+    sdpa_rates,
 )
 from tuner.models.time.moe import moe_routing_times
 from tuner.models.time.pipeline import pipeline_seconds, tied_embedding_sync
@@ -353,6 +354,8 @@ def estimate_time(
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
     """
     rates = rates or catalog_rates(gpu, training.precision)
+    if traits(framework).fsdp2:  # torchtitan's attention is SDPA's (tuner.models.time.fsdp2)
+        rates = sdpa_rates(rates)
     m = max(1, config.num_microbatches)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,

@@ -24,6 +24,9 @@ torch.distributed.pipelining ``stage.py``):
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from tuner.config.parallel import ParallelConfig
 from tuner.models.rates import Link, Rates, group_link
 from tuner.models.time.deepspeed import exposed
@@ -187,3 +190,27 @@ def eager_elementwise_seconds(
     fwd = tokens * eager_elementwise_bytes(model, c.tp, c.sequence_parallel, rates.elem, code_2024)
     fwd = fwd / rates.hbm + 6 * rates.op_latency
     return fwd, 2.0 * fwd, fwd if c.recompute != "none" else 0.0
+
+
+# --- torchtitan's attention kernel ------------------------------------------------------------
+
+SDPA_HOPPER_FLASH2_EFFICIENCY = 0.35
+"""Share of the 16-bit dense peak that FlashAttention-2 reaches on an H100, forward and backward
+("FlashAttention-2 achieving only 35% utilization on H100 GPUs", Shah et al. 2024,
+arXiv:2407.08608, abstract)."""
+
+
+@functools.lru_cache(maxsize=64)
+def sdpa_rates(rates: Rates) -> Rates:
+    """``rates`` with attention at torchtitan's kernel. Its Llama attention is PyTorch's
+    ``F.scaled_dot_product_attention``, whose backend order is FlashAttention-2, memory-efficient,
+    math, then cuDNN, with FlashAttention-3 off (torch 2.13 ``torch._C._get_sdp_priority_order()``
+    = [FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH, CUDNN_ATTENTION, OVERRIDEABLE],
+    ``_get_fa3_sdp_enabled()`` False): on Hopper it runs FlashAttention-2, not the cuDNN kernels
+    ``tuner.models.rates.HOPPER_ATTENTION`` prices for Transformer Engine. The catalog's
+    Hopper table is the only one with several rows; other tables (pre-Hopper: FlashAttention
+    already; CPU) are kept."""
+    if rates.sm_count == 0 or len(rates.attention) < 2:
+        return rates
+    flash = rates.peak * SDPA_HOPPER_FLASH2_EFFICIENCY
+    return dataclasses.replace(rates, attention=((1.0, flash, flash),))
