@@ -98,8 +98,10 @@ def test_torchtitan_attention_is_sdpa_flash2_on_hopper_and_unchanged_before() ->
     from tuner.models.time.fsdp2 import SDPA_HOPPER_FLASH2_EFFICIENCY, sdpa_rates
 
     hopper = catalog_rates(get_gpu("h100-sxm-80gb"), "bf16")
-    flash2 = sdpa_rates(hopper).attention
+    flash2 = sdpa_rates(hopper, 9.0).attention
     assert flash2 == ((1.0,) + (hopper.peak * SDPA_HOPPER_FLASH2_EFFICIENCY,) * 2,)
     assert len(hopper.attention) > 1  # Transformer Engine's cuDNN table stays Megatron's
     ampere = catalog_rates(get_gpu("a100-80gb"), "bf16")
-    assert sdpa_rates(ampere) is ampere
+    assert sdpa_rates(ampere, 8.0) is ampere
+    blackwell = catalog_rates(get_gpu("b200-180gb"), "bf16")
+    assert sdpa_rates(blackwell, 10.0) is blackwell  # no measured FlashAttention-2 figure

@@ -355,7 +355,7 @@ def estimate_time(
     """
     rates = rates or catalog_rates(gpu, training.precision)
     if traits(framework).fsdp2:  # torchtitan's attention is SDPA's (tuner.models.time.fsdp2)
-        rates = sdpa_rates(rates)
+        rates = sdpa_rates(rates, gpu.compute_capability)
     m = max(1, config.num_microbatches)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,

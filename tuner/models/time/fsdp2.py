@@ -200,8 +200,12 @@ SDPA_HOPPER_FLASH2_EFFICIENCY = 0.35
 arXiv:2407.08608, abstract)."""
 
 
+HOPPER = (9.0, 10.0)
+"""Compute capabilities where the FlashAttention-2 figure above was measured (sm_90)."""
+
+
 @functools.lru_cache(maxsize=64)
-def sdpa_rates(rates: Rates) -> Rates:
+def sdpa_rates(rates: Rates, capability: float) -> Rates:
     """``rates`` with attention at torchtitan's kernel. Its Llama attention is PyTorch's
     ``F.scaled_dot_product_attention``, whose backend order is FlashAttention-2, memory-efficient,
     math, then cuDNN, with FlashAttention-3 off (torch 2.13 ``torch._C._get_sdp_priority_order()``
@@ -209,8 +213,10 @@ def sdpa_rates(rates: Rates) -> Rates:
     ``_get_fa3_sdp_enabled()`` False): on Hopper it runs FlashAttention-2, not the cuDNN kernels
     ``tuner.models.rates.HOPPER_ATTENTION`` prices for Transformer Engine. The catalog's
     Hopper table is the only one with several rows; other tables (pre-Hopper: FlashAttention
-    already; CPU) are kept."""
-    if rates.sm_count == 0 or len(rates.attention) < 2:
+    already; CPU) are kept, and so is Blackwell's (``capability`` 10 and up), where no measured
+    FlashAttention-2 figure is at hand."""
+    hopper = HOPPER[0] <= capability < HOPPER[1]
+    if rates.sm_count == 0 or len(rates.attention) < 2 or not hopper:
         return rates
     flash = rates.peak * SDPA_HOPPER_FLASH2_EFFICIENCY
     return dataclasses.replace(rates, attention=((1.0, flash, flash),))
