@@ -55,7 +55,7 @@ TIMES = ("iter_time_s", "layer_fwd_plus_bwd_ms")
 GPUS = {
     "A100-SXM-80GB": "a100-80gb",
     "H100-SXM-80GB": "h100-sxm-80gb",
-    "H100-96GB-HBM2e-500W": "h100-sxm-80gb",
+    "H100-96GB-HBM2e-500W": "h100-hbm2e-96gb-500w",
 }
 MODERN = ("[M]", "[L]", "[T]", "[X]", "[G]")
 """Sources whose runs use FlashAttention, RoPE-era kernels and sequence parallelism by default."""
@@ -195,14 +195,13 @@ def _config(row: dict[str, str], notes: list[str]) -> tuple[ParallelConfig, Fram
         recompute_method="uniform" if full else None, recompute_num_layers=1 if full else None,
         distributed_optimizer=distopt, zero_stage=zero, ep=int(row.get("ep") or 1),
         tp_comm_overlap=tpo, pipeline_split=row["pipeline_split"] or "even",
+        compile=framework == "torchtitan" and "torch.compile" in row["notes"],
     )  # fmt: skip
     return config, framework
 
 
 def _gpu(row: dict[str, str], notes: list[str]) -> GPUSpec:
     gpu = get_gpu(GPUS[row["gpu_type"]])
-    if row["gpu_type"].startswith("H100-96GB"):
-        notes.append("as H100 SXM 80GB")
     if row["network_gbps_per_gpu"]:
         network = float(row["network_gbps_per_gpu"])
         if network != gpu.inter_node_gbps:
@@ -249,9 +248,10 @@ def _predict(case: Case) -> float:
         )
     # Megatron before 2023-10 (Korthikanti's, Narayanan's runs) waited on every pipeline transfer
     overlap = row["p2p_overlap"] != "no"
+    # every torchtitan row ran its 2024 code (tuner.models.time.fsdp2 eager_elementwise_bytes)
     r = estimate_time(
         model, training, config, case.gpu, gpn, case.framework, p2p_overlap=overlap,
-        tp_backward_overlap=tp_async,
+        tp_backward_overlap=tp_async, torchtitan_2024=case.framework == "torchtitan",
     )  # fmt: skip
     case.predicted_step = r.step
     metric = row["metric"]

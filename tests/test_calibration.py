@@ -143,6 +143,27 @@ def test_a_calibration_round_trips_and_merges(tmp_path: Path) -> None:
     assert load_calibration(tmp_path / "none.yaml", "c") == Calibration(cluster="c")
 
 
+def test_a_log_with_reserved_memory_only_feeds_the_correction_by_reserved() -> None:
+    """torchtitan logs the printing rank's max reserved, no allocated peak: the observation
+    compares it with the predicted reserved figure (a Megatron trial keeps allocated)."""
+    s = spec()
+    study, _, _ = run(s, off_model(s), 2, memory=lambda c: 20.0)
+    first, second = study.get_trials()
+    attrs = {k: v for k, v in first.user_attrs.items() if k != "peak_memory_gib"}
+    attrs |= {"peak_reserved_gib": 30.0, "predicted_reserved_gib": 24.0}
+    titan = optuna.study.create_study()
+    titan.add_trial(optuna.trial.create_trial(
+        value=first.value, params=first.params, distributions=first.distributions,
+        user_attrs=attrs,
+    ))  # fmt: skip
+    titan.add_trial(second)
+    reserved, allocated = observations(s, titan)
+    assert (reserved.predicted_gib, reserved.measured_gib) == (24.0, 30.0)
+    assert reserved.memory_ratio == pytest.approx(math.log(30.0 / 24.0))
+    assert allocated.measured_gib == 20.0
+    assert allocated.predicted_gib == second.user_attrs["predicted_allocated_gib"]
+
+
 def test_record_study_saves_under_the_cluster_name(tmp_path: Path) -> None:
     s = spec()
     study, _, _ = run(s, off_model(s), 3)

@@ -7,9 +7,14 @@ Launch it where ``python -m torchtitan.train`` would go (``launch.script`` of a 
 
 It takes the torchtitan 0.3.0 options tune renders (tyro's spelling, ``--x`` / ``--no-x``
 switches, the activation-checkpoint subcommand last) and refuses the parallelism it does not
-build (pp, cp, async TP, per-op SAC) with a one-line error, exit 2. What it builds on gloo:
-``fully_shard`` on every block and the root over the dp_shard mesh (HSDP over dp_replicate x
-dp_shard), ``reshard_after_forward`` per torchtitan's policy, tensor parallelism with
+build (cp, SP, async TP, per-op SAC, looped pipeline schedules) with a one-line error, exit 2.
+What it builds on gloo: ``fully_shard`` on every block and the root over the dp_shard mesh (HSDP
+over dp_replicate x dp_shard; none at a data-parallel degree of 1, as torchtitan applies FSDP only
+when dp_shard or cp > 1), ``reshard_after_forward`` per torchtitan's policy, pipeline stages with
+``torch.distributed.pipelining`` (``PipelineStage`` per rank, torchtitan's layer split with the
+embedding and the output weighing one layer each, ``Schedule1F1B`` or ``ScheduleGPipe`` over
+``local_batch / pipeline_parallel_microbatch_size`` micro-batches, one flush per step; the
+non-last stages print loss -1 as torchtitan's do), tensor parallelism with
 ``parallelize_module`` (colwise / rowwise in the blocks, the embedding by rows and the output by
 columns as torchtitan's llama3 plan, no sequence parallelism),
 ``checkpoint_wrapper`` around every block for full activation checkpointing, gradient
@@ -41,6 +46,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -69,6 +75,8 @@ SWITCHES = {
     "metrics.disable-color-printing": False,
 }  # fmt: skip
 PROG = "gpt_fsdp2.py"
+SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
+"""The single-stage schedules this workload runs (torchtitan's names)."""
 
 
 def fail(message: str) -> None:
@@ -115,6 +123,9 @@ class Plan:
     log_freq: int
     reshard: bool
     full_ac: bool
+    pp: int = 1
+    micro: int = 1
+    schedule: str = "1F1B"
 
 
 def plan(opts: dict[str, object], ac: str, world: int) -> Plan:
@@ -125,16 +136,20 @@ def plan(opts: dict[str, object], ac: str, world: int) -> Plan:
         n["data-parallel-shard-degree"],
         n["tensor-parallel-degree"],
     )
-    if n["pipeline-parallel-degree"] > 1 or n["context-parallel-degree"] > 1:
-        fail("pipeline and context parallelism are not built by this CPU workload")
+    pp, micro = n["pipeline-parallel-degree"], n["pipeline-parallel-microbatch-size"]
+    if n["context-parallel-degree"] > 1:
+        fail("context parallelism is not built by this CPU workload")
+    schedule = str(opts["parallelism.pipeline-parallel-schedule"])
+    if pp > 1 and schedule not in SCHEDULES:
+        fail(f"pipeline schedule {schedule}: this workload builds {sorted(SCHEDULES)}")
     if ac not in ("none", "full"):
         fail(f"activation-checkpoint:{ac}: this workload checkpoints whole blocks or nothing")
     sp = opts["parallelism.enable-sequence-parallel"] and tp > 1
     if sp or opts["compile.enable-async-tensor-parallel"]:
         fail("sequence parallelism and async TP are not built by this CPU workload")
-    s = world // (r * tp) if s < 0 else s
-    assert r * s * tp == world, (
-        f"Invalid parallel dims: dp_replicate({r}) * dp_shard({s}) * cp(1) * tp({tp}) * pp(1) "
+    s = world // (r * tp * pp) if s < 0 else s
+    assert r * s * tp * pp == world, (
+        f"Invalid parallel dims: dp_replicate({r}) * dp_shard({s}) * cp(1) * tp({tp}) * pp({pp}) "
         f"!= WORLD_SIZE({world})"
     )
     local, dp = n["local-batch-size"], r * s
@@ -143,10 +158,14 @@ def plan(opts: dict[str, object], ac: str, world: int) -> Plan:
         "global batch size must be multiple of local batch size times data-parallel degree "
         f"({gbs} % ({local} * {dp}) != 0)"
     )
+    if pp > 1 and local % micro:
+        fail(f"local batch size {local} is not divisible by the pipeline microbatch size {micro}")
+    policy = opts["parallelism.fsdp-reshard-after-forward"]
     return Plan(
         replicate=r, shard=s, tp=tp, local=local, accum=gbs // (local * dp), seq=n["seq-len"],
         steps=n["steps"], log_freq=n["log-freq"],
-        reshard=opts["parallelism.fsdp-reshard-after-forward"] != "never", full_ac=ac == "full",
+        reshard=policy == "always" or (policy == "default" and pp == 1), full_ac=ac == "full",
+        pp=pp, micro=micro, schedule=schedule,
     )  # fmt: skip
 
 
@@ -185,13 +204,51 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def build(config: str, p: Plan, world: int) -> tuple[GPT, int]:
+class Stage(nn.Module):
+    """One pipeline stage of the GPT: its blocks, with the embedding on the first and the norm
+    and output layer on the last; the last returns logits (the schedule applies the loss)."""
+
+    def __init__(self, model: GPT, blocks: range, first: bool, last: bool) -> None:
+        super().__init__()
+        self.embed = model.embed if first else None
+        self.layers = nn.ModuleList(model.layers[i] for i in blocks)
+        self.norm, self.out = (model.norm, model.out) if last else (None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(self.norm(x)) if self.out is not None and self.norm is not None else x
+
+
+def stage_blocks(layers: int, stages: int, index: int) -> range:
+    """torchtitan 0.3.0's default split (``_generate_llm_fqn_per_model_part``): the embedding and
+    the norm + output weigh one layer each; ``L + 2`` dealt out evenly, the remainder first."""
+    per, extra = divmod(layers + 2, stages)
+    start = 0
+    for i in range(stages):
+        take = per + (1 if i < extra else 0) - (1 if i in (0, stages - 1) else 0)
+        take = min(max(take, 0), layers - start)
+        if i == index:
+            return range(start, start + take)
+        start += take
+    return range(0)
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def build(config: str, p: Plan, world: int) -> tuple[nn.Module, int, Any]:
+    """(the rank's model or stage, the whole model's parameter count, the pipeline schedule or
+    None)."""
     layers, h, heads, ffn, vocab = CONFIGS[config]
     torch.manual_seed(0)
     model = GPT(layers, h, heads, ffn, vocab)
     params = sum(x.numel() for x in model.parameters())
-    names = ("dp_replicate", "dp_shard", "tp")
-    mesh = init_device_mesh("cpu", (p.replicate, p.shard, p.tp), mesh_dim_names=names)
+    names = ("pp", "dp_replicate", "dp_shard", "tp")
+    mesh = init_device_mesh("cpu", (p.pp, p.replicate, p.shard, p.tp), mesh_dim_names=names)
     if p.tp > 1:
         plan_ = {n: ColwiseParallel() for n in ("wq", "wk", "wv", "w1")}
         plan_ |= {n: RowwiseParallel() for n in ("wo", "w2")}
@@ -203,14 +260,25 @@ def build(config: str, p: Plan, world: int) -> tuple[GPT, int]:
             "embed": RowwiseParallel(input_layouts=Replicate()),
             "out": ColwiseParallel(output_layouts=Replicate()),
         })  # fmt: skip
-    dp_mesh = mesh["dp_replicate", "dp_shard"] if p.replicate > 1 else mesh["dp_shard"]
-    for i, block in enumerate(model.layers):
-        wrapped = checkpoint_wrapper(block) if p.full_ac else block
-        model.layers[i] = wrapped
-        # the last block is resharded anyway when its backward starts (torchtitan's choice)
-        fully_shard(wrapped, mesh=dp_mesh, reshard_after_forward=p.reshard and i < layers - 1)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=p.reshard)
-    return model, params
+    module: nn.Module = model
+    index = mesh["pp"].get_local_rank() if p.pp > 1 else 0
+    if p.pp > 1:
+        module = Stage(model, stage_blocks(layers, p.pp, index), index == 0, index == p.pp - 1)
+    blocks = module.layers
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block) if p.full_ac else block
+    if p.replicate * p.shard > 1:  # torchtitan applies FSDP only to a data-parallel mesh
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if p.replicate > 1 else mesh["dp_shard"]
+        for i, block in enumerate(blocks):
+            # the last block is resharded anyway when its backward starts (torchtitan's choice)
+            last = i == len(blocks) - 1
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=p.reshard and not last)
+        fully_shard(module, mesh=dp_mesh, reshard_after_forward=p.reshard)
+    if p.pp == 1:
+        return module, params, None
+    stage = PipelineStage(module, index, p.pp, torch.device("cpu"), group=mesh["pp"].get_group())
+    schedule = SCHEDULES[p.schedule](stage, p.local // p.micro, loss_fn=loss_fn)
+    return module, params, schedule
 
 
 def main() -> None:
@@ -218,10 +286,11 @@ def main() -> None:
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     p = plan(opts, ac, world)
-    model, params = build(config, p, world)
+    model, params, schedule = build(config, p, world)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
     vocab = CONFIGS[config][4]
-    dp_rank = rank // p.tp
+    dp_rank = (rank // p.tp) % (p.replicate * p.shard)  # mesh order pp, dp_replicate, dp_shard, tp
+    pp_rank = rank // (p.replicate * p.shard * p.tp)
     gen = torch.Generator().manual_seed(1000 + dp_rank)
     flops_per_token = 6 * params + 12 * CONFIGS[config][0] * CONFIGS[config][1] * p.seq
     peak = 0.0
@@ -231,20 +300,31 @@ def main() -> None:
         tracker = PeakBytes(_state_bytes(model, optim)) if step == min(2, p.steps) else None
         start = time.perf_counter()
         with tracker or contextlib.nullcontext():
-            for _ in range(p.accum):
+            if schedule is None:
+                for _ in range(p.accum):
+                    ids = torch.randint(0, vocab, (p.local, p.seq + 1), generator=gen)
+                    loss = model(ids[:, :-1], ids[:, 1:]) / p.accum
+                    loss.backward()
+            else:  # every stage draws the DP rank's batch; the first feeds it, the last scores it
                 ids = torch.randint(0, vocab, (p.local, p.seq + 1), generator=gen)
-                loss = model(ids[:, :-1], ids[:, 1:]) / p.accum
-                loss.backward()
-            norm = clip_grad_norm(model, 1.0)
+                losses: list[torch.Tensor] = []
+                if pp_rank == 0:
+                    schedule.step(ids[:, :-1])
+                elif pp_rank == p.pp - 1:
+                    schedule.step(target=ids[:, 1:], losses=losses)
+                else:
+                    schedule.step()
+                loss = torch.stack(losses).mean() if losses else torch.tensor(-1.0)
+            norm = clip_grad_norm(model, 1.0, p.pp)
             optim.step()
             optim.zero_grad()
         elapsed = time.perf_counter() - start
         peak = tracker.peak if tracker is not None else peak
         if rank == 0 and (step == 1 or step % p.log_freq == 0):
-            tps = p.local * p.seq * p.accum / (elapsed * p.tp)
+            tps = p.local * p.seq * p.accum / (elapsed * p.tp * p.pp)
             tflops = flops_per_token * tps / 1e12
             norm_value = float(norm)
-            value = float(loss) * p.accum
+            value = float(loss) * (p.accum if schedule is None else 1)
             print(
                 f"[titan] - root - INFO - step: {step:2}  loss: {value:8.5f}  grad_norm: "
                 f"{norm_value if math.isfinite(norm_value) else float('nan'):7.4f}  memory: "
@@ -255,13 +335,19 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(model: nn.Module, max_norm: float, pp: int = 1) -> torch.Tensor:
     """The global gradient norm over gradients on different meshes (FSDP's and FSDP x TP's,
-    which ``torch.nn.utils.clip_grad_norm_`` cannot stack), and the clip."""
+    which ``torch.nn.utils.clip_grad_norm_`` cannot stack) and over the pipeline stages (their
+    squares summed across ranks, as torchtitan's ``clip_grad_norm_`` does with PP), and the clip.
+    """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     norms = [torch.linalg.vector_norm(g) for g in grads]
     total = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms])
-    norm = torch.linalg.vector_norm(total)
+    squares = torch.linalg.vector_norm(total) ** 2
+    if pp > 1:  # each stage rank holds its own blocks: sum over all ranks, / the copies of each
+        dist.all_reduce(squares)
+        squares = squares / (dist.get_world_size() // pp)
+    norm = squares.sqrt()
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef)

@@ -142,17 +142,27 @@ def observations_from_trials(
             "memory_setup": memory_setup, "config": dict(a["config"]), "activation_share": share,
         }  # fmt: skip
         if outcome == Outcome.OK and t.value is not None:
+            predicted, measured = _memory_pair(a)
             out.append(Observation(
                 **common, outcome="ok", predicted_step_s=_num(a.get("predicted_step_s")),
-                measured_step_s=float(t.value),
-                predicted_gib=_num(a.get("predicted_allocated_gib")),
-                measured_gib=_num(a.get("peak_memory_gib")),
+                measured_step_s=float(t.value), predicted_gib=predicted, measured_gib=measured,
             ))  # fmt: skip
         elif outcome == Outcome.OOM and a.get("predicted_peak_gib"):
             out.append(Observation(**common, outcome="oom",
                                    predicted_gib=_num(a.get("predicted_peak_gib")),
                                    measured_gib=gpu_gib))  # fmt: skip
     return out
+
+
+def _memory_pair(a: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(predicted, measured) memory of a measured trial, GiB: the allocated peaks where the log
+    gives one; else the reserved ones (torchtitan logs only the printing rank's
+    ``max_memory_reserved``, ``tuner.logs.torchtitan``), against the predicted reserved peak."""
+    if a.get("peak_memory_gib") is not None:
+        return _num(a.get("predicted_allocated_gib")), _num(a.get("peak_memory_gib"))
+    if a.get("peak_reserved_gib") is not None and a.get("predicted_reserved_gib") is not None:
+        return _num(a.get("predicted_reserved_gib")), _num(a.get("peak_reserved_gib"))
+    return _num(a.get("predicted_allocated_gib")), None
 
 
 def _num(value: object) -> float | None:

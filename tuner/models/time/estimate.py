@@ -74,7 +74,12 @@ from tuner.models.time.breakdown import (
 from tuner.models.time.deepspeed import dp_deepspeed, grad_accumulation
 from tuner.models.time.dp import MEGATRON_GRAD_BYTES, dp_megatron, optimizer_seconds, rank_params
 from tuner.models.time.fp8 import CastTimes, amax_sync_seconds, layer_casts, tp_gather_ratios
-from tuner.models.time.fsdp2 import fsdp2_dp_and_optimizer, op_sac_fraction
+from tuner.models.time.fsdp2 import (
+    eager_elementwise_seconds,
+    fsdp2_dp_and_optimizer,
+    op_sac_fraction,
+    sdpa_rates,
+)
 from tuner.models.time.moe import moe_routing_times
 from tuner.models.time.pipeline import pipeline_seconds, tied_embedding_sync
 from tuner.models.time.recompute import selective_times
@@ -331,6 +336,7 @@ def estimate_time(
     rates: Rates | None = None,
     p2p_overlap: bool = True,
     tp_backward_overlap: bool = True,
+    torchtitan_2024: bool = False,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: one of
     ``tuner.spec.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's
@@ -339,6 +345,8 @@ def estimate_time(
     ``rates``: achieved rates measured on the cluster (a profile); the catalog's by default.
     ``p2p_overlap``: Megatron's ``overlap_p2p_comm`` (its default; False for code before 2023-10
     or ``--no-overlap-p2p-communication``: ``tuner.models.time.pipeline.exposed_hops``).
+    ``torchtitan_2024``: torchtitan's 2024 model code (``tuner.models.time.fsdp2``
+    ``eager_elementwise_bytes``), for its published runs; the pinned release's otherwise.
     ``tp_backward_overlap``: the column-parallel layers' input-gradient all-reduce runs beside
     their weight-gradient GEMMs (Megatron-LM since 2021-08, ``ColumnParallelLinearWithAsync
     Allreduce``, commit cf7efd4f; False for code before it, e.g. the BigScience fork of
@@ -346,6 +354,8 @@ def estimate_time(
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
     """
     rates = rates or catalog_rates(gpu, training.precision)
+    if traits(framework).fsdp2:  # torchtitan's attention is SDPA's (tuner.models.time.fsdp2)
+        rates = sdpa_rates(rates, gpu.compute_capability)
     m = max(1, config.num_microbatches)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
         model, rates, config.tp, config.cp, config.micro_batch_size, config.sequence_parallel,
@@ -374,11 +384,15 @@ def estimate_time(
     rec, rec_comm, ep_layer = rec + sel.compute, rec_comm + sel.tp_comm, ep_layer + sel.ep_comm
     redo = recompute_fraction(config, model) if config.recompute == "full" else 0.0
     extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
+    eager = (0.0,) * 3  # torchtitan's unfused element-wise kernels (tuner.models.time.fsdp2)
+    if traits(framework).fsdp2:
+        eager = eager_elementwise_seconds(model, config, rates, torchtitan_2024)
+    extra_f, extra_b = extra_f + eager[0], extra_b + eager[1] + eager[2]
     if "moe" in config.recomputed_modules:  # the checkpointed MoE block routes again
         extra_b += route_f
     tp_mb = layers * (tp_fwd + tp_bwd + rec_comm)
     stage_mb = layers * (fwd + bwd + rec + cp_exposed + ep_layer + extra_f + extra_b) + tp_mb
-    compute, tp_comm, imbalance = m * layers * (fwd + bwd), m * tp_mb, 0.0
+    compute, tp_comm, imbalance = m * layers * (fwd + bwd + eager[0] + eager[1]), m * tp_mb, 0.0
     bf16_opt = uses_bf16_optimizer(framework, training.precision, config)
     if config.pp == 1:
         compute += m * head
@@ -401,19 +415,11 @@ def estimate_time(
         config, model, rates, gpus_per_node, stage_mb, framework, windows, p2p_overlap
     )
     dp, optimizer = _dp_and_optimizer(
-        config,
-        rates,
-        gpus_per_node,
-        framework,
-        psi,
-        expert_psi,
-        windows,
-        stage_mb,
-        layers,
+        config, rates, gpus_per_node, framework, psi, expert_psi, windows, stage_mb, layers,
         bf16_opt,
-    )
+    )  # fmt: skip
     parts = (
-        compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
+        compute, m * layers * (rec + eager[2]), tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
         optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
         m * layers * ep_layer,
         m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
@@ -423,17 +429,10 @@ def estimate_time(
 
 
 def _dp_and_optimizer(
-    config: ParallelConfig,
-    rates: Rates,
-    gpus_per_node: int,
-    framework: Framework,
-    psi: float,
-    expert_psi: float,
-    windows: tuple[float, float],
-    stage_mb: float,
-    layers: float,
+    config: ParallelConfig, rates: Rates, gpus_per_node: int, framework: Framework, psi: float,
+    expert_psi: float, windows: tuple[float, float], stage_mb: float, layers: float,
     bf16_opt: bool,
-) -> tuple[float, float]:
+) -> tuple[float, float]:  # fmt: skip
     """Exposed data-parallel traffic (dense and expert gradients) and the optimizer step's
     seconds, by the framework's engine (Megatron's DDP or DeepSpeed's ZeRO)."""
     if traits(framework).fsdp2:  # torchtitan (tuner.models.time.fsdp2)
