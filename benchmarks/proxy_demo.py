@@ -36,7 +36,12 @@ def _study(base: dict[str, object], name: str, nodes: list[str], gbs: int) -> di
     data["training"] = dict(base["training"], global_batch_size=gbs)  # type: ignore[arg-type]
     data["space"] = {"micro_batch_size": [MBS], "zero_stage": [ZERO]}
     data["search"] = dict(base["search"], n_trials=1, nodes_per_trial=len(nodes))  # type: ignore[arg-type]
-    data["launch"] = dict(base["launch"], train_iters=20)  # type: ignore[arg-type]
+    # the nodes build DeepSpeed's CPU ops on first use (minutes on a busy machine): a cache of
+    # this checkout's, and a limit that leaves room for the build
+    launch = dict(base["launch"], train_iters=20)  # type: ignore[arg-type]
+    launch["env"] = dict(launch["env"], TORCH_EXTENSIONS_DIR=str(ROOT / ".torch_ext"))
+    data["launch"] = launch
+    data["search"]["trial_timeout_min"] = 20  # type: ignore[index]
     return data
 
 

@@ -145,3 +145,16 @@ def test_auto_uses_a_proxy_only_where_it_saves_node_hours() -> None:
     # a 2-node study: auto never proxies, on does
     small = ParallelConfig(tp=4, dp=4, micro_batch_size=1, global_batch_size=512)
     assert study_proxy(spec(nodes=2, proxy="auto", model="llama3-8b"), small, gpu) is None
+
+
+def test_an_moe_proxy_carves_ep_from_its_own_dp() -> None:
+    s = spec(nodes=8, model="mixtral-8x7b")
+    gpu = study_gpu(s)
+    for ep in (4, 8):
+        full = ParallelConfig(tp=2, pp=2, dp=16, ep=ep, sequence_parallel=True,
+                              micro_batch_size=1, global_batch_size=512,
+                              distributed_optimizer=True)  # fmt: skip
+        proxy = choose_proxy(s, full, gpu)
+        assert proxy is not None and proxy.nodes < 8 and proxy.config.ep == ep
+        assert (proxy.config.dp * proxy.config.cp) % ep == 0  # dp 10 would not hold ep 4 or 8
+        assert proxy.config.dp == 8
