@@ -158,3 +158,36 @@ def test_an_moe_proxy_carves_ep_from_its_own_dp() -> None:
         assert proxy is not None and proxy.nodes < 8 and proxy.config.ep == ep
         assert (proxy.config.dp * proxy.config.cp) % ep == 0  # dp 10 would not hold ep 4 or 8
         assert proxy.config.dp == 8
+
+
+def _trial(number: int, key: str, value: float, **attrs: Any) -> Any:
+    import optuna
+    from optuna.distributions import IntDistribution
+
+    t = optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(1, 2)}, value=value,
+        user_attrs={"key": key, "outcome": "ok", "launched": True, **attrs},
+    )  # fmt: skip
+    t.number = number
+    return t
+
+
+def test_the_best_proxies_are_confirmed_once_each_and_the_best_is_full_scale() -> None:
+    from tuner.study.proxy import Proxies, full_scale_first
+
+    s = spec()
+    proxies = Proxies(s, study_gpu(s), None)
+    trials = [_trial(0, "a", 1.0, proxy=True), _trial(1, "b", 1.1, proxy=True),
+              _trial(2, "c", 1.2, proxy=True), _trial(3, "d", 1.5)]  # fmt: skip
+    assert [t.number for t in proxies.due(trials)] == [0, 1]  # proxy_confirm: 2
+    # a's confirmation came out slower than b and c's figures: c is due in turn, a never again
+    trials.append(_trial(4, "a", 1.3, confirms=0))
+    assert [t.number for t in proxies.due(trials)] == [1, 2]
+    trials.append(_trial(5, "b", 1.25, confirms=1))
+    assert [t.number for t in proxies.due(trials)] == [2]
+    assert [t.number for t in full_scale_first(trials)] == [3, 4, 5]
+    # at most twice proxy_confirm confirmations
+    trials += [_trial(6, "c", 1.4, confirms=2), _trial(7, "e", 0.9, proxy=True),
+               _trial(8, "f", 0.8, proxy=True), _trial(9, "e", 1.6, confirms=7)]  # fmt: skip
+    assert proxies.due(trials) == []
+    assert Proxies(spec(proxy=False), study_gpu(s), None).due(trials[:3]) == []

@@ -37,7 +37,7 @@ from tuner.models.time.proxy import extrapolate
 from tuner.outcome import Outcome
 from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_spec, study_proxy
-from tuner.space.trials import config_params, distributions
+from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
 
@@ -181,12 +181,11 @@ class Proxies:
             return []
         done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
                 and t.user_attrs.get("outcome") == str(Outcome.OK)]  # fmt: skip
-        best: dict[str, FrozenTrial] = {}
-        for t in sorted(done, key=lambda t: float(t.value or 0.0)):
-            best.setdefault(str(t.user_attrs.get("key")), t)
+        figure = measured(done)  # per config: its full-scale measurement, else its proxy's
         attempted = {str(t.user_attrs.get("key")) for t in tried}
         full = {str(t.user_attrs.get("key")) for t in done if not is_proxy(t)}
-        top = list(best.values())[: self.spec.search.proxy_confirm]
+        ranked = sorted(figure.values(), key=lambda t: float(t.value or 0.0))
+        top = ranked[: self.spec.search.proxy_confirm]
         return [t for t in top if is_proxy(t) and str(t.user_attrs.get("key")) not in
                 full | attempted]  # fmt: skip
 
