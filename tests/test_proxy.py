@@ -191,3 +191,29 @@ def test_the_best_proxies_are_confirmed_once_each_and_the_best_is_full_scale() -
                _trial(8, "f", 0.8, proxy=True), _trial(9, "e", 1.6, confirms=7)]  # fmt: skip
     assert proxies.due(trials) == []
     assert Proxies(spec(proxy=False), study_gpu(s), None).due(trials[:3]) == []
+
+
+def test_a_recorded_proxy_verdict_carries_both_figures() -> None:
+    from tuner.outcome import Outcome
+    from tuner.study.proxy import extrapolated, recorded_proxy
+    from tuner.study.record import Verdict
+
+    s = spec()
+    gpu = study_gpu(s)
+    attrs = {"proxy": True, "proxy_dp": 6, "proxy_nodes": 6, "proxy_predicted_peak_gib": 70.0}
+    proxy = recorded_proxy(s, attrs, TP8_DP16)
+    assert proxy is not None and proxy.config == proxy_config(TP8_DP16, 6) and proxy.nodes == 6
+    assert recorded_proxy(s, {}, TP8_DP16) is None
+    measured = {"step_time_s": 40.0, "tokens_per_s": 1.0, "mfu": 0.5, "steady_step_s": 40.0,
+                "steady_halfwidth_s": 0.4, "peak_memory_gib": 60.0}  # fmt: skip
+    ok = Verdict(Outcome.OK, None, measured)
+    got = extrapolated(s, gpu, None, proxy, TP8_DP16, ok).metrics
+    full = _extrapolate(s, TP8_DP16, proxy.config, 40.0).step_s
+    assert got["step_time_s"] == pytest.approx(full) and got["proxy_step_s"] == 40.0
+    assert got["proxy_tokens_per_s"] == 1.0 and got["proxy_mfu"] == 0.5
+    assert got["tokens_per_s"] == pytest.approx(512 * s.model.seq_length / full)
+    assert got["steady_halfwidth_s"] / got["steady_step_s"] == pytest.approx(0.01)
+    assert got["peak_memory_gib"] == 60.0 and got["proxy_extrapolation"]["step_s"] == full
+    assert extrapolated(s, gpu, None, None, TP8_DP16, ok) is ok  # a full-scale trial
+    oom = Verdict(Outcome.OOM, "out of memory", {})
+    assert extrapolated(s, gpu, None, proxy, TP8_DP16, oom) is oom

@@ -312,7 +312,7 @@ class StudyLoop:
             self._record(run, result)
 
     def _record(self, run: Running, result: Any) -> None:
-        verdict = self.proxies.judge(run.trial.number, run.config, result)  # extrapolated if proxy
+        verdict = self.proxies.judge(run.trial, run.config, result)  # extrapolated if a proxy
         if result.job_id is not None:  # the hosts the batch scheduler picked, not the pool's slots
             run.trial.set_user_attr("job_hosts", list(result.hosts))
         if verdict.outcome not in RETRYABLE:

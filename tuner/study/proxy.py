@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from tuner.models.rates import Rates
 from tuner.models.time.proxy import extrapolate
 from tuner.outcome import Outcome
 from tuner.space.enumerate import expand_axes
-from tuner.space.proxy import Proxy, proxy_spec, study_proxy
+from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
@@ -131,41 +131,17 @@ class Proxies:
         trial.set_user_attr("proxy_predicted_peak_gib", round(proxy.peak_gib, 3))
         return proxy_spec(self.spec, proxy), proxy.config
 
-    def judge(self, number: int, config: ParallelConfig, result: JobResult) -> Verdict:
-        """The verdict of trial ``number``'s finished job as the study records it: a proxy's
-        log is read with its own global batch, and its measured step becomes the extrapolated
-        full-scale step; the measured figures stay under ``proxy_*`` names."""
-        proxy = self._proxy.pop(number, None)
+    def judge(self, trial: Any, config: ParallelConfig, result: JobResult) -> Verdict:
+        """The verdict of ``trial``'s finished job as the study records it: a proxy's log is
+        read with its own global batch, and its measured step becomes the extrapolated
+        full-scale step (:func:`extrapolated`). A proxy this worker did not launch (a dead
+        worker's job it watches now) is known from the trial's attributes."""
+        proxy = self._proxy.pop(trial.number, None) or recorded_proxy(
+            self.spec, trial.user_attrs, config
+        )
         spec = self.spec if proxy is None else proxy_spec(self.spec, proxy)
-        return self._extrapolated(proxy, config, judge(spec, self.gpu, result))
-
-    def _extrapolated(self, proxy: Proxy | None, config: ParallelConfig,
-                      verdict: Verdict) -> Verdict:  # fmt: skip
-        measured = verdict.metrics.get("step_time_s")
-        if proxy is None or verdict.outcome != Outcome.OK or not measured:
-            return verdict
-        spec = self.spec
-        found = extrapolate(spec.model, spec.training, config, proxy.config, float(measured),
-                            self.gpu, spec.cluster.gpus_per_node, spec.framework,
-                            self.rates)  # fmt: skip
-        step = found.step_s
-        full = metrics_attrs(spec, self.gpu, SimpleNamespace(
-            step_time_s=step, iterations=None, peak_memory_gib=None, peak_reserved_gib=None,
-            tflops_per_gpu=None, samples_per_s=None))  # fmt: skip
-        m = dict(verdict.metrics)
-        for name in MEASURED:  # what the proxy itself measured
-            if m.get(name) is not None:
-                m[f"proxy_{name.removesuffix('_time_s')}" + ("_s" if "time" in name else "")] = m[
-                    name
-                ]
-        ratio = step / float(measured)
-        for name in ("steady_step_s", "steady_halfwidth_s"):  # racing reads full-scale figures
-            if m.get(name) is not None:
-                m[name] = float(m[name]) * ratio
-        m.update(step_time_s=step, tokens_per_s=full["tokens_per_s"], mfu=full["mfu"],
-                 tflops_per_gpu=None, samples_per_s=None,
-                 proxy_extrapolation=found.to_dict())  # fmt: skip
-        return dataclasses.replace(verdict, metrics=m)
+        verdict = judge(spec, self.gpu, result)
+        return extrapolated(self.spec, self.gpu, self.rates, proxy, config, verdict)
 
     # -- confirming at full scale -------------------------------------------------------------
 
@@ -217,3 +193,46 @@ class Proxies:
             loop.summary.launched += 1
             running = True
         return running or bool(due)
+
+
+def recorded_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,
+                   ) -> Proxy | None:  # fmt: skip
+    """The proxy a trial ran as, from its attributes (None: it ran at full scale)."""
+    if not attrs.get("proxy"):
+        return None
+    config = proxy_config(full, int(attrs["proxy_dp"]))
+    peak = float(attrs.get("proxy_predicted_peak_gib") or 0.0)
+    return Proxy(config, int(attrs["proxy_nodes"]), spec.nodes_per_trial, peak)
+
+
+def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Proxy | None,
+                 config: ParallelConfig, verdict: Verdict) -> Verdict:  # fmt: skip
+    """``verdict`` with a proxy's measured step replaced by the extrapolated full-scale one
+    (and the tokens/s and MFU of the full run); what the proxy measured stays under
+    ``proxy_*`` names (:data:`MEASURED`). Unchanged for a full-scale trial or a failed one."""
+    measured = verdict.metrics.get("step_time_s")
+    if proxy is None or verdict.outcome != Outcome.OK or not measured:
+        return verdict
+    found = extrapolate(spec.model, spec.training, config, proxy.config, float(measured), gpu,
+                        spec.cluster.gpus_per_node, spec.framework, rates)  # fmt: skip
+    step = found.step_s
+    full = metrics_attrs(spec, gpu, SimpleNamespace(
+        step_time_s=step, iterations=None, peak_memory_gib=None, peak_reserved_gib=None,
+        tflops_per_gpu=None, samples_per_s=None))  # fmt: skip
+    m = dict(verdict.metrics)
+    for name in MEASURED:  # step_time_s -> proxy_step_s, tokens_per_s -> proxy_tokens_per_s
+        if m.get(name) is not None:
+            m["proxy_" + name.replace("step_time_s", "step_s")] = m[name]
+    ratio = step / float(measured)
+    for name in ("steady_step_s", "steady_halfwidth_s"):  # racing reads full-scale figures
+        if m.get(name) is not None:
+            m[name] = float(m[name]) * ratio
+    m.update(
+        step_time_s=step,
+        tokens_per_s=full["tokens_per_s"],
+        mfu=full["mfu"],
+        tflops_per_gpu=None,
+        samples_per_s=None,
+        proxy_extrapolation=found.to_dict(),
+    )
+    return dataclasses.replace(verdict, metrics=m)
