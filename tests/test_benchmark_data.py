@@ -270,3 +270,34 @@ def test_the_catalogs_stated_step_time_error_is_the_benchmarks() -> None:
     assert bench.rms_step_error(cases) == pytest.approx(CATALOG_STEP_ERROR, abs=0.01)
     slow = next(c for c in cases if c.row["metric"] == "iter_time_s")
     assert bench.step_log_error(slow) == pytest.approx(math.log(slow.published / slow.predicted))
+
+
+def test_the_proxy_pairs_keep_per_replica_work_and_say_their_hierarchy() -> None:
+    """benchmarks/data/proxy_pairs.csv: each pair is one config at two DP sizes with the same
+    tp, pp, cp, micro-batch and micro-batches per step (weak scaling in DP), cites its source,
+    states truly whether the smaller run's DP group crosses nodes as the larger's does, and
+    proxy_accuracy extrapolates every pair."""
+    from tuner.config.parallel import ParallelConfig
+    from tuner.space.proxy import dp_crosses_nodes
+
+    bench = _benchmark("proxy_accuracy")
+    pairs: dict[str, dict[str, dict[str, str]]] = {}
+    with (DATA / "proxy_pairs.csv").open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            assert row["citation"] and row["value"]
+            pairs.setdefault(row["pair"], {})[row["role"]] = row
+    assert len(pairs) >= 2
+    for sides in pairs.values():
+        small, big = sides["proxy"], sides["full"]
+        for key in ("model", "tp", "pp", "cp", "micro_batch", "seq_len", "gpus_per_node",
+                    "recompute", "optimizer_sharding", "compile"):  # fmt: skip
+            assert small[key] == big[key], key
+        per_step = [int(r["global_batch"]) // (int(r["micro_batch"]) * int(r["dp"]))
+                    for r in (small, big)]  # fmt: skip
+        assert per_step[0] == per_step[1] and int(small["dp"]) < int(big["dp"])
+        gpn = int(big["gpus_per_node"])
+        cross = [dp_crosses_nodes(ParallelConfig(tp=int(r["tp"]), dp=int(r["dp"])), gpn)
+                 for r in (small, big)]  # fmt: skip
+        assert (cross[0] == cross[1]) == (small["hierarchy_kept"] == "yes")
+    rows = bench.pair_errors()
+    assert len(rows) == len(pairs) and all(math.isfinite(float(r["error"])) for r in rows)

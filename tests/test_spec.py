@@ -371,3 +371,25 @@ def test_cross_entropy_fusion_is_megatron_lms_switch() -> None:
         study_from_mapping(fused)
     assert info.value.path == "training.cross_entropy_fusion"
     assert "--cross-entropy-loss-fusion" in str(info.value)
+
+
+def test_search_proxy_reads_on_off_auto_and_refuses_anything_else(tmp_path: Path) -> None:
+    for text, value in (("on", True), ("off", False), ("auto", "auto")):
+        data = yaml.safe_load(yaml.safe_dump(with_change("search.proxy", "X")).replace("X", text))
+        assert study_from_mapping(data).search.proxy == value
+    assert study_from_mapping(GOOD).search.proxy is False  # off unless asked
+    with pytest.raises(ConfigError, match=r"search\.proxy"):
+        study_from_mapping(with_change("search.proxy", "sometimes"))
+    with pytest.raises(ConfigError, match=r"search\.proxy_confirm"):
+        study_from_mapping(with_change("search.proxy_confirm", 0))
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "bad.yaml").write_text(
+        yaml.safe_dump(with_change("search.proxy", "sometimes"))
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner.cli.main", "space", "--study", "bad"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "search.proxy" in lines[0] and "Traceback" not in proc.stderr

@@ -107,3 +107,16 @@ def test_thread_safety_no_node_or_port_is_ever_shared() -> None:
         t.join()
     assert errors == []
     assert pool.in_use == ()
+
+
+def test_smaller_groups_for_proxy_trials_share_the_nodes_disjointly() -> None:
+    pool = NodePool([f"n{i}" for i in range(4)], 4)
+    a = pool.acquire(size=2)
+    b = pool.acquire(size=2)
+    assert a is not None and b is not None and a.size == b.size == 2
+    assert not set(a.hosts) & set(b.hosts) and a.master_port != b.master_port
+    assert pool.free_count == 0 and pool.acquire(size=1) is None and pool.acquire() is None
+    pool.release(a)
+    assert pool.free_count == 2 and pool.acquire() is None  # a full group needs all 4
+    c = pool.acquire(size=1)
+    assert c is not None and c.hosts == (a.hosts[0],) and pool.free_count == 1

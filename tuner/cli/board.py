@@ -56,6 +56,13 @@ BOARD_COLUMNS = (
         minor=True,
         meaning="measured model TFLOP/s per GPU",
     ),
+    render.Column(
+        name="scale",
+        header="scale",
+        right=False,
+        meaning="full: measured at full scale; proxy: extrapolated from a run at a smaller DP "
+        "size (marked ~ in the step column; proxy_dp, proxy_nodes, proxy_step_s)",
+    ),
     render.Column(name="nodes", header="nodes", minor=True, meaning="nodes the trial ran on"),
     render.Column(
         name="duration_s",
@@ -130,6 +137,8 @@ def board_grid(
     rows = []
     for rank, (config, (_, row)) in enumerate(zip(by_config, board.iterrows(), strict=True), 1):
         cells = {"rank": str(rank), "config": config}
+        if row.get("scale") == "proxy":  # an extrapolated figure, not a full-scale measurement
+            cells["measured_step_s"] = "~" + _cell("measured_step_s", row.get("measured_step_s"))
         rows.append(tuple(cells.get(c.name) or _cell(c.name, row.get(c.name)) for c in columns))
     return render.Grid(title=title, columns=tuple(columns), rows=tuple(rows), constant=constant)
 

@@ -67,7 +67,7 @@ class NodePool:
             )
         if quarantine_after < 1:
             raise ValueError(f"quarantine_after must be >= 1, got {quarantine_after}")
-        port_range = max(port_range, len(hosts) // nodes_per_trial)
+        port_range = max(port_range, len(hosts))  # groups may be smaller (proxy trials)
         if not 1024 <= base_port <= 65535 - port_range:
             raise ConfigError(f"master port {base_port} out of range", path="launch.master_port")
         self._hosts = tuple(hosts)
@@ -93,22 +93,24 @@ class NodePool:
         """All nodes, quarantined or not, in the order given."""
         return self._hosts
 
-    def acquire(self, avoid: Iterable[str] = ()) -> NodeGroup | None:
+    def acquire(self, avoid: Iterable[str] = (), size: int | None = None) -> NodeGroup | None:
         """A group of free, healthy nodes with its own master port, or None when none is free.
 
-        ``avoid``: nodes not to hand out this time (another worker of the study holds them).
+        ``avoid``: nodes not to hand out this time (another worker of the study holds them);
+        ``size``: nodes in the group (default ``nodes_per_trial``; a proxy trial takes fewer).
         """
         skip = set(avoid)
+        want = self._per_trial if size is None else size
         with self._lock:
             free = [
                 h for h in self._hosts
                 if h not in self._busy and h not in self._quarantined and h not in skip
             ]  # fmt: skip
-            if len(free) < self._per_trial:
+            if len(free) < want:
                 return None
             group = NodeGroup(
                 id=self._next_id,
-                hosts=tuple(free[: self._per_trial]),
+                hosts=tuple(free[:want]),
                 master_port=self._take_port(),
             )
             self._next_id += 1
@@ -175,6 +177,12 @@ class NodePool:
         with self._lock:
             healthy = len(self._hosts) - len(self._quarantined)
         return healthy // self._per_trial
+
+    @property
+    def free_count(self) -> int:
+        """Healthy nodes not in use."""
+        with self._lock:
+            return len(set(self._hosts) - self._busy - set(self._quarantined))
 
     @property
     def exhausted(self) -> bool:

@@ -108,6 +108,9 @@ class TrialRow:
     gpu_hours: float
     start: datetime | None
     end: datetime | None
+    proxy: str = ""
+    """How a proxy figure was measured (``proxy dp4 on 2 nodes: 12.3 s measured``); empty for a
+    full-scale measurement (``tuner.study.proxy``)."""
 
     @property
     def key(self) -> str:
@@ -278,8 +281,17 @@ def trial_row(t: FrozenTrial, spec: StudySpec) -> TrialRow:
         tflops_per_gpu=_float(a.get("tflops_per_gpu")), mfu=_float(a.get("mfu")),
         gpu_hours=duration * hosts * spec.cluster.gpus_per_node / 3600 if launched else 0.0,
         start=t.datetime_start if launched else None,
-        end=t.datetime_complete if launched else None,
+        end=t.datetime_complete if launched else None, proxy=proxy_note(a),
     )  # fmt: skip
+
+
+def proxy_note(a: dict[str, Any]) -> str:
+    """A proxy trial's words (its DP size, nodes and measured step), empty for a full-scale one."""
+    if not a.get("proxy"):
+        return ""
+    step = _float(a.get("proxy_step_s"))
+    measured = f": {step:.4g} s measured" if step else ""
+    return f"proxy dp{a.get('proxy_dp')} on {a.get('proxy_nodes')} nodes{measured}"
 
 
 def gather(

@@ -29,8 +29,12 @@ COLUMNS = [
     "measured_peak_metric", "measured_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
     "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
-    "dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile", "key",
+    "dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile", "scale", "proxy_dp",
+    "proxy_nodes", "proxy_step_s", "key",
 ]  # fmt: skip
+PROXY_COLUMNS = ["scale", "proxy_dp", "proxy_nodes", "proxy_step_s"]
+"""How a figure was measured (``scale``: ``full`` or ``proxy``, ``tuner.study.proxy``): empty in a
+study without proxy trials."""
 # "key" is the config's full machine key (ParallelConfig.key) for CSV and JSON; the table spells
 # the config compactly (tuner.config.spelling).
 TORCHTITAN_COLUMNS = ["dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile"]
@@ -76,6 +80,8 @@ def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "dp_shard": c.dp_shard if c else None, "dp_replicate": c.dp_replicate if c else None,
         "pp_schedule": c.pp_schedule if c else None,
         "reshard": c.reshard_after_forward if c else None, "compile": c.compile if c else None,
+        "scale": "proxy" if a.get("proxy") else "full", "proxy_dp": a.get("proxy_dp"),
+        "proxy_nodes": a.get("proxy_nodes"), "proxy_step_s": a.get("proxy_step_s"),
         "key": c.key() if c else None,
     }  # fmt: skip
 
@@ -106,6 +112,8 @@ def leaderboard(
         frame[["ep", "etp", "dispatcher"]] = None
     if not traits(spec.framework).fsdp2:  # torchtitan's knobs: empty for the others
         frame[TORCHTITAN_COLUMNS] = None
+    if not (frame["scale"] == "proxy").any():
+        frame[PROXY_COLUMNS] = None
     if frame.empty:
         return frame
     frame["_ok"] = frame["outcome"] == str(Outcome.OK)
@@ -118,7 +126,8 @@ def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTria
     board = leaderboard(spec, storage=storage, results=results)
     if board.empty:
         raise StudyError(f"study {spec.name!r} has no successful trial yet")
-    number = int(board.iloc[0]["trial"])
+    full = board[board["scale"] != "proxy"]  # a proxy's figure is never called best over a
+    number = int((full if not full.empty else board).iloc[0]["trial"])  # full-scale one
     study = load_optuna_study(spec, storage, results)
     return study.trials[number]
 

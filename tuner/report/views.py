@@ -151,6 +151,15 @@ def board_rows(data: ReportData) -> list[TrialRow]:
     return [*data.measured, *rest]
 
 
+def proxy_mark(row: TrialRow) -> str:
+    """After a step extrapolated from a proxy: a marker whose title says how it was measured
+    (a number stays first in the cell, so the table still sorts by it)."""
+    if not row.proxy:
+        return ""
+    title = f"extrapolated to full scale from a {row.proxy}"
+    return f' <sup class="proxy" title="{_e(title)}">proxy</sup>'
+
+
 def leaderboard(data: ReportData) -> Markup:
     """Every trial with its outcome, reason and a link to its view."""
     head = "".join(f"<th>{_e(h)}</th>" for h in BOARD)
@@ -162,7 +171,7 @@ def leaderboard(data: ReportData) -> Markup:
         cells = [
             _e(r.number), badge(r.outcome),
             f'<span class="config" title="{_e(r.key)}">{_e(r.label)}</span>',
-            fmt(r.tokens_per_s_per_gpu), pct(r.mfu), fmt(r.measured_step_s),
+            fmt(r.tokens_per_s_per_gpu), pct(r.mfu), fmt(r.measured_step_s) + proxy_mark(r),
             fmt(r.predicted_step_s), fmt(r.measured_peak_gib), fmt(r.predicted_peak_gib),
             _e(reason), f'<a href="#trial-{r.number}">view</a>',
         ]  # fmt: skip
@@ -203,7 +212,7 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
         f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
         f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
         f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
-        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s, peak "
+        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
         f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
         f"<p><b>command</b> ({_e(paths.launch_script(0).name)}, last lines):</p>"
         f"<pre>{_e(command)}</pre>"

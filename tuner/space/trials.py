@@ -247,5 +247,7 @@ def measured(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
     out: dict[str, FrozenTrial] = {}
     for t in trials:
         if t.state == TrialState.COMPLETE and not is_duplicate(t):
-            out.setdefault(str(t.user_attrs.get("key")), t)
+            key = str(t.user_attrs.get("key"))
+            if key not in out or out[key].user_attrs.get("proxy"):  # full scale over a proxy
+                out[key] = t
     return out

@@ -158,6 +158,14 @@ class SearchSpec:
     enqueue_top: int = 3
     """With Optuna's samplers: how many of the best predicted configs run before the sampler
     takes over (the ``model`` sampler starts from the model's ranking by itself)."""
+    proxy: bool | Literal["auto"] = False
+    """Measure each config first as a *proxy*: the same per-rank work at a smaller data-parallel
+    size on fewer nodes, DP still crossing nodes (``tuner.space.proxy``); its full-scale step is
+    extrapolated (``tuner.models.time.proxy``) and the best few run again at full scale
+    (``proxy_confirm``) before one is called best. ``on``, ``off``, or ``auto``: on for a config
+    whose proxy takes at most half of a trial's nodes when a trial takes at least 4."""
+    proxy_confirm: int = 2
+    """With proxies: how many of the best extrapolated configs run at full scale at the end."""
     heartbeat_s: float = 30.0
     """How often a worker marks its running trials and node leases alive; a worker silent for
     four periods is taken as dead (its trials re-run, its nodes are cleaned and freed)."""
@@ -190,6 +198,9 @@ class SearchSpec:
         if self.enqueue_top < 0:
             raise ConfigError(f"must be >= 0, got {self.enqueue_top}", path="enqueue_top")
         _at_most(self.enqueue_top, MAX_TRIALS, "enqueue_top", "more than any budget")
+        if not 1 <= self.proxy_confirm <= MAX_TRIALS:
+            raise ConfigError(f"must be in 1..{MAX_TRIALS}, got {self.proxy_confirm}",
+                              path="proxy_confirm")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

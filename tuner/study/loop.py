@@ -55,13 +55,13 @@ from tuner.study.launchers import make_executor as make_executor
 from tuner.study.launchers import template_launcher as template_launcher
 from tuner.study.leases import Leases, exclusive, give_back, open_leases
 from tuner.study.measure import Watch
+from tuner.study.proxy import Proxies, full_scale_first
 from tuner.study.reattach import Reattach
 from tuner.study.record import (
     LAUNCH_ERRORS_STOP,
     Summary,
     Verdict,
     guarded,
-    judge,
     storage_errors,
     tell,
     write_metrics,
@@ -140,6 +140,7 @@ class StudyLoop:
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self.stopper = Stopper(spec, study.sampler)
         self.watch = Watch(spec)
+        self.proxies = Proxies(spec, self.gpu, rates)  # search.proxy (tuner.study.proxy)
         self._over_budget: str | None = None
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
@@ -173,7 +174,7 @@ class StudyLoop:
 
     def best(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
         """The fastest measured trial."""
-        done = [t for t in self.measured(trials).values() if t.value is not None]
+        done = full_scale_first([t for t in self.measured(trials).values() if t.value is not None])
         return min(done, key=lambda t: float(t.value or 0.0)) if done else None
 
     # -- seeding and recovery ------------------------------------------------------------------
@@ -245,7 +246,8 @@ class StudyLoop:
         group = placement.group
         paths = self.layout.trial(trial.number)
         paths.dir.mkdir(parents=True, exist_ok=True)
-        record = {"trial": trial.number, "config": config.to_dict(), "hosts": list(group.hosts),
+        spec, runs = self.proxies.launch_as(trial, config)  # a proxy's, or the config itself
+        record = {"trial": trial.number, "config": runs.to_dict(), "hosts": list(group.hosts),
                   "predicted_step_s": trial.user_attrs.get("predicted_step_s"),
                   "predicted_peak_gib": trial.user_attrs.get("predicted_peak_gib")}  # fmt: skip
         paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is valid YAML
@@ -256,7 +258,7 @@ class StudyLoop:
         trial.set_user_attr("launched", True)
         try:
             master = self.executor.master_addr(group.hosts)
-            request = self.launcher(self.spec, config, trial.number, group, paths, master)
+            request = self.launcher(spec, runs, trial.number, group, paths, master)
             # the token on the trial and the leases before any process starts: a worker killed
             # between the start and the record would leave processes no other worker could find
             # (an expired lease without a token reads as "claimed, never launched")
@@ -310,7 +312,7 @@ class StudyLoop:
             self._record(run, result)
 
     def _record(self, run: Running, result: Any) -> None:
-        verdict = judge(self.spec, self.gpu, result)
+        verdict = self.proxies.judge(run.trial, run.config, result)  # extrapolated if a proxy
         if result.job_id is not None:  # the hosts the batch scheduler picked, not the pool's slots
             run.trial.set_user_attr("job_hosts", list(result.hosts))
         if verdict.outcome not in RETRYABLE:
@@ -405,6 +407,7 @@ class StudyLoop:
             self.summary.stop_reason = "every node is quarantined"
         else:
             self._launch_more(trials)
+        self.proxies.confirm(self, trials)  # the best proxies run at full scale before the end
         if self.on_update:
             self.on_update(self)
         # Nothing of ours runs: done once a stop reason is set; else wait for nodes or for the
@@ -412,25 +415,29 @@ class StudyLoop:
         return bool(self.running) or not self.summary.stop_reason
 
     def _launch_more(self, trials: list[FrozenTrial]) -> None:
-        if len(self.pool.in_use) >= self.pool.capacity:
+        if self.pool.free_count < self.proxies.size():
             return  # every node of ours is busy: no need to read the leases on each pass
         launched = self.launched_count(trials)
         while launched < self.n_trials:
-            placement = self.scheduler.acquire()
+            placement = self.scheduler.acquire(self.proxies.size())
             if placement is None:
                 return
             with exclusive(self.leases, "budget:", self.worker, self.heartbeat_s) as turn:
                 if turn:  # counted again under the budget lease: no other worker launches now
                     launched = self.launched_count(self.trials())
-                picked = self.next_config() if turn and launched < self.n_trials else None
+                go = turn and launched < self.n_trials
+                picked = (self.proxies.pending() or self.next_config()) if go else None
                 if picked is not None and self._refused_for_node_hours(*picked):
                     return self.scheduler.release(placement)
                 if picked is None:
                     self.scheduler.release(placement)
-                    if turn and launched < self.n_trials:
+                    if go:
                         self.summary.stop_reason = "no new config to try (space exhausted)"
                     return
-                self.launch(*picked, placement)
+                placed = self.proxies.place(self.scheduler, picked[0], picked[1], placement)
+                if placed is None:
+                    return  # its nodes are busy: it waits (Proxies.pending)
+                self.launch(picked[0], picked[1], placed)
             self.summary.launched += 1
             launched += 1
             if self._consecutive_launch_errors >= 3:

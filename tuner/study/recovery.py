@@ -20,9 +20,16 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.catalog import GPUSpec
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
-from tuner.space.trials import RETRYABLE, current_params, is_duplicate, runs_again
+from tuner.space.trials import (
+    RETRYABLE,
+    config_from_params,
+    current_params,
+    is_duplicate,
+    runs_again,
+)
 from tuner.spec.study import StudySpec
 from tuner.study.leases import Leases
+from tuner.study.proxy import extrapolated, recorded_proxy
 from tuner.study.record import recovered_metrics
 from tuner.study.schedule import end_lost_trial, live_running
 
@@ -101,6 +108,9 @@ class Recovery:
         verdict = recovered_metrics(self.spec, self.gpu, self.layout.trial(t.number))
         if verdict is None or verdict.outcome in RETRYABLE:
             return False
+        config = config_from_params(self.spec, t.params)  # a proxy's figure is extrapolated
+        proxy = recorded_proxy(self.spec, t.user_attrs, config)
+        verdict = extrapolated(self.spec, self.gpu, None, proxy, config, verdict)
         attrs = {**t.user_attrs, **verdict.metrics, "outcome": str(verdict.outcome),
                  "reason": verdict.reason, "recovered_from": t.number}  # fmt: skip
         step = verdict.metrics.get("step_time_s")

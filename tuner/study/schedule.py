@@ -50,12 +50,13 @@ class Scheduler:
         """Takes over a dead holder's still-queued or running batch job instead of ending it
         (:mod:`tuner.study.reattach`); True when it did."""
 
-    def acquire(self) -> Placement | None:
-        """A group of free nodes and a free port, leased for this worker; None when none is."""
+    def acquire(self, size: int | None = None) -> Placement | None:
+        """A group of free nodes (``size`` of them, default the pool's group size) and a free
+        port, leased for this worker; None when none is."""
         avoid: set[str] = set()
         self.waiting_for = set()
         for _ in range(2 * len(self.pool.hosts) + 4):
-            group = self.pool.acquire(avoid=avoid)
+            group = self.pool.acquire(avoid=avoid, size=size)
             if group is None:
                 return None
             port = self.executor.master_port(group.hosts, group.master_port)

@@ -1,0 +1,219 @@
+"""Proxy trials: the extrapolation (tuner.models.time.proxy) and the choice of a config's proxy
+(tuner.space.proxy), on the Llama-3-70B / 16 x 8 H100 study the README shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.breakdown import GIB
+from tuner.models.memory.estimate import estimate_memory
+from tuner.models.time.estimate import estimate_time
+from tuner.models.time.proxy import MIN_SCALE, extrapolate
+from tuner.space.enumerate import study_gpu
+from tuner.space.proxy import (
+    choose_proxy,
+    dp_crosses_nodes,
+    proxy_config,
+    proxy_spec,
+    study_proxy,
+)
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+
+
+def spec(nodes: int = 16, proxy: Any = True, model: str = "llama3-70b") -> StudySpec:
+    return study_from_mapping({
+        "name": "p", "model": {"preset": model}, "training": {"global_batch_size": 512},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": nodes,
+                    "executor": "local"},
+        "framework": "megatron", "launch": {"template": "megatron_gpt", "megatron_path": "/m"},
+        "search": {"proxy": proxy},
+    })  # fmt: skip
+
+
+TP8_DP16 = ParallelConfig(
+    tp=8, dp=16, sequence_parallel=True, micro_batch_size=1, global_batch_size=512,
+    distributed_optimizer=True, recompute="full", recompute_method="uniform",
+    recompute_num_layers=1,
+)  # fmt: skip
+
+
+def _extrapolate(s: StudySpec, full: ParallelConfig, proxy: ParallelConfig, step: float) -> Any:
+    gpu = study_gpu(s)
+    return extrapolate(s.model, s.training, full, proxy, step, gpu, 8)
+
+
+def test_a_proxy_measured_as_predicted_extrapolates_to_the_full_prediction() -> None:
+    s = spec()
+    proxy = proxy_config(TP8_DP16, 6)
+    gpu = study_gpu(s)
+    at_proxy = estimate_time(s.model, s.training, proxy, gpu, 8).step
+    at_full = estimate_time(s.model, s.training, TP8_DP16, gpu, 8).step
+    found = _extrapolate(s, TP8_DP16, proxy, at_proxy)
+    assert found.scale == pytest.approx(1.0, rel=1e-9) and not found.clamped
+    assert found.step_s == pytest.approx(at_full, rel=1e-9)
+    # the distributed optimizer's states shard over 16 ranks, not 6: a shorter optimizer step
+    assert found.optimizer[1] < found.optimizer[0]
+    assert found.to_dict()["step_s"] == found.step_s
+
+
+def test_the_difference_is_not_additive_the_measured_windows_hide_dp_traffic() -> None:
+    """A proxy measured faster than the model says has shorter backward windows: more of the
+    larger group's gradient traffic is exposed at full scale. A slower one hides it all."""
+    s = spec()
+    proxy = proxy_config(TP8_DP16, 6)
+    gpu = study_gpu(s)
+    predicted = estimate_time(s.model, s.training, proxy, gpu, 8).step
+    fast = _extrapolate(s, TP8_DP16, proxy, 0.8 * predicted)
+    slow = _extrapolate(s, TP8_DP16, proxy, 1.3 * predicted)
+    assert fast.scale < 1 < slow.scale
+    assert fast.dp_comm[1] - fast.dp_comm[0] > 10 * (slow.dp_comm[1] - slow.dp_comm[0])
+    assert fast.difference_s > slow.difference_s + 0.05
+    # an additive correction (model's full minus model's proxy at its own rates) misses it
+    additive = estimate_time(s.model, s.training, TP8_DP16, gpu, 8).step - predicted
+    assert abs(fast.difference_s - additive) > 0.05
+
+
+def test_a_measurement_no_rescale_explains_is_clamped_and_kept() -> None:
+    s = spec()
+    proxy = proxy_config(TP8_DP16, 6)
+    found = _extrapolate(s, TP8_DP16, proxy, 1e-4)
+    assert found.clamped and found.scale == MIN_SCALE
+    assert found.measured_proxy_s == 1e-4
+    with pytest.raises(ValueError):
+        _extrapolate(s, TP8_DP16, proxy, 0.0)
+
+
+def test_the_proxy_keeps_per_replica_work_and_scales_the_global_batch() -> None:
+    proxy = proxy_config(TP8_DP16, 4)
+    assert proxy.num_microbatches == TP8_DP16.num_microbatches == 32
+    assert (proxy.dp, proxy.global_batch_size) == (4, 128)
+    assert proxy.key().replace("dp=4", "dp=16").replace("gbs=128", "gbs=512") == TP8_DP16.key()
+
+
+def test_the_proxy_keeps_the_hierarchy_never_dp_inside_one_node_for_a_cross_node_run() -> None:
+    s = spec(nodes=4, model="llama3-8b")
+    gpu = study_gpu(s)
+    full = ParallelConfig(tp=4, dp=8, micro_batch_size=1, global_batch_size=512,
+                          distributed_optimizer=True)  # fmt: skip
+    assert dp_crosses_nodes(full, 8)
+    proxy = choose_proxy(s, full, gpu)
+    assert proxy is not None
+    # one node would hold dp 2 inside the node (its gradients over NVLink): two are needed
+    assert (proxy.nodes, proxy.config.dp) == (2, 4) and dp_crosses_nodes(proxy.config, 8)
+    # tp 8 on 2 nodes: the only smaller run is dp 1, which is no proxy
+    two = spec(nodes=2, model="llama3-8b")
+    assert choose_proxy(two, ParallelConfig(tp=8, dp=2, global_batch_size=512), gpu) is None
+    # a DP group inside one node (pipeline across nodes) stays inside one node
+    inside = ParallelConfig(tp=2, pp=4, dp=4, micro_batch_size=1, global_batch_size=512)
+    assert not dp_crosses_nodes(inside, 8)
+    found = choose_proxy(s, inside, gpu)
+    assert found is not None and found.config.dp == 2 and not dp_crosses_nodes(found.config, 8)
+
+
+def test_a_proxy_whose_less_sharded_states_do_not_fit_runs_at_the_smallest_dp_that_fits() -> None:
+    s = spec()
+    gpu = study_gpu(s)
+    proxy = choose_proxy(s, TP8_DP16, gpu)
+    assert proxy is not None
+    limit = s.search.memory_headroom * gpu.memory_gib
+    assert proxy.peak_gib <= limit and proxy.config.dp == proxy.nodes
+    # every smaller DP that keeps the hierarchy (dp >= 2: it crosses nodes at tp 8) does not fit
+    assert proxy.nodes > 2
+    for dp in range(2, proxy.config.dp):
+        smaller = proxy_config(TP8_DP16, dp)
+        assert estimate_memory(s.model, smaller, gpu).peak / GIB > limit
+    assert proxy_spec(s, proxy).world_size == proxy.nodes * 8
+    assert proxy_spec(s, proxy).training.global_batch_size == proxy.config.global_batch_size
+
+
+def test_auto_uses_a_proxy_only_where_it_saves_node_hours() -> None:
+    gpu = study_gpu(spec())
+    assert study_proxy(spec(proxy=False), TP8_DP16, gpu) is None
+    on = study_proxy(spec(proxy=True), TP8_DP16, gpu)
+    assert on is not None and on.nodes <= 8
+    assert study_proxy(spec(proxy="auto"), TP8_DP16, gpu) == on
+    # the pipeline-heavy config's proxy needs 12 of 16 nodes: not worth it under auto
+    deep = ParallelConfig(tp=4, pp=8, dp=4, sequence_parallel=True, micro_batch_size=1,
+                          global_batch_size=512, distributed_optimizer=True)  # fmt: skip
+    big = study_proxy(spec(proxy=True), deep, gpu)
+    assert big is not None and big.nodes == 12
+    assert study_proxy(spec(proxy="auto"), deep, gpu) is None
+    # a 2-node study: auto never proxies, on does
+    small = ParallelConfig(tp=4, dp=4, micro_batch_size=1, global_batch_size=512)
+    assert study_proxy(spec(nodes=2, proxy="auto", model="llama3-8b"), small, gpu) is None
+
+
+def test_an_moe_proxy_carves_ep_from_its_own_dp() -> None:
+    s = spec(nodes=8, model="mixtral-8x7b")
+    gpu = study_gpu(s)
+    for ep in (4, 8):
+        full = ParallelConfig(tp=2, pp=2, dp=16, ep=ep, sequence_parallel=True,
+                              micro_batch_size=1, global_batch_size=512,
+                              distributed_optimizer=True)  # fmt: skip
+        proxy = choose_proxy(s, full, gpu)
+        assert proxy is not None and proxy.nodes < 8 and proxy.config.ep == ep
+        assert (proxy.config.dp * proxy.config.cp) % ep == 0  # dp 10 would not hold ep 4 or 8
+        assert proxy.config.dp == 8
+
+
+def _trial(number: int, key: str, value: float, **attrs: Any) -> Any:
+    import optuna
+    from optuna.distributions import IntDistribution
+
+    t = optuna.trial.create_trial(
+        params={"x": 1}, distributions={"x": IntDistribution(1, 2)}, value=value,
+        user_attrs={"key": key, "outcome": "ok", "launched": True, **attrs},
+    )  # fmt: skip
+    t.number = number
+    return t
+
+
+def test_the_best_proxies_are_confirmed_once_each_and_the_best_is_full_scale() -> None:
+    from tuner.study.proxy import Proxies, full_scale_first
+
+    s = spec()
+    proxies = Proxies(s, study_gpu(s), None)
+    trials = [_trial(0, "a", 1.0, proxy=True), _trial(1, "b", 1.1, proxy=True),
+              _trial(2, "c", 1.2, proxy=True), _trial(3, "d", 1.5)]  # fmt: skip
+    assert [t.number for t in proxies.due(trials)] == [0, 1]  # proxy_confirm: 2
+    # a's confirmation came out slower than b and c's figures: c is due in turn, a never again
+    trials.append(_trial(4, "a", 1.3, confirms=0))
+    assert [t.number for t in proxies.due(trials)] == [1, 2]
+    trials.append(_trial(5, "b", 1.25, confirms=1))
+    assert [t.number for t in proxies.due(trials)] == [2]
+    assert [t.number for t in full_scale_first(trials)] == [3, 4, 5]
+    # at most twice proxy_confirm confirmations
+    trials += [_trial(6, "c", 1.4, confirms=2), _trial(7, "e", 0.9, proxy=True),
+               _trial(8, "f", 0.8, proxy=True), _trial(9, "e", 1.6, confirms=7)]  # fmt: skip
+    assert proxies.due(trials) == []
+    assert Proxies(spec(proxy=False), study_gpu(s), None).due(trials[:3]) == []
+
+
+def test_a_recorded_proxy_verdict_carries_both_figures() -> None:
+    from tuner.outcome import Outcome
+    from tuner.study.proxy import extrapolated, recorded_proxy
+    from tuner.study.record import Verdict
+
+    s = spec()
+    gpu = study_gpu(s)
+    attrs = {"proxy": True, "proxy_dp": 6, "proxy_nodes": 6, "proxy_predicted_peak_gib": 70.0}
+    proxy = recorded_proxy(s, attrs, TP8_DP16)
+    assert proxy is not None and proxy.config == proxy_config(TP8_DP16, 6) and proxy.nodes == 6
+    assert recorded_proxy(s, {}, TP8_DP16) is None
+    measured = {"step_time_s": 40.0, "tokens_per_s": 1.0, "mfu": 0.5, "steady_step_s": 40.0,
+                "steady_halfwidth_s": 0.4, "peak_memory_gib": 60.0}  # fmt: skip
+    ok = Verdict(Outcome.OK, None, measured)
+    got = extrapolated(s, gpu, None, proxy, TP8_DP16, ok).metrics
+    full = _extrapolate(s, TP8_DP16, proxy.config, 40.0).step_s
+    assert got["step_time_s"] == pytest.approx(full) and got["proxy_step_s"] == 40.0
+    assert got["proxy_tokens_per_s"] == 1.0 and got["proxy_mfu"] == 0.5
+    assert got["tokens_per_s"] == pytest.approx(512 * s.model.seq_length / full)
+    assert got["steady_halfwidth_s"] / got["steady_step_s"] == pytest.approx(0.01)
+    assert got["peak_memory_gib"] == 60.0 and got["proxy_extrapolation"]["step_s"] == full
+    assert extrapolated(s, gpu, None, None, TP8_DP16, ok) is ok  # a full-scale trial
+    oom = Verdict(Outcome.OOM, "out of memory", {})
+    assert extrapolated(s, gpu, None, proxy, TP8_DP16, oom) is oom

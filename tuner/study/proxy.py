@@ -1,0 +1,238 @@
+"""Proxy trials in the study loop (``search.proxy``): launch a config's proxy on a fraction of
+the nodes, record its extrapolated full-scale figure, confirm the best few at full scale.
+
+A config the sampler proposes runs as its proxy (:func:`tuner.space.proxy.study_proxy`) on the
+proxy's node count; the pool hands out groups of that size, so several proxies run at once on
+disjoint nodes. When the proxy finishes, its log is read with the proxy's own global batch, and
+the trial is told the full-scale step predicted from it (:func:`tuner.models.time.proxy.
+extrapolate`): the sampler, the stop rules and the racing of other trials all see full-scale
+figures. The record keeps both: ``proxy: true``, ``proxy_dp``, ``proxy_nodes``,
+``proxy_step_s`` (measured) and ``step_time_s`` (extrapolated), with the extrapolation's
+breakdown under ``proxy_extrapolation``.
+
+When the search would stop (its budget of runs, its stop rules, an exhausted space), the
+``search.proxy_confirm`` configs with the best figures that were measured only as proxies run at
+full scale first, each once (a confirmation trial carries ``confirms``: the proxy trial's
+number); a confirmation slower than another proxy's figure brings that one into the top in turn,
+up to twice ``proxy_confirm`` confirmations in all. The best config is the best full-scale
+measurement (:func:`full_scale_first`). A study stopped by the user, by its wall-time or
+node-hour budget or by launch errors confirms nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.catalog import GPUSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.launch import JobResult
+from tuner.models.rates import Rates
+from tuner.models.time.proxy import extrapolate
+from tuner.outcome import Outcome
+from tuner.space.enumerate import expand_axes
+from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
+from tuner.space.trials import config_params, distributions, measured
+from tuner.spec.study import StudySpec
+from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
+
+if TYPE_CHECKING:
+    from tuner.study.schedule import Placement, Scheduler
+
+logger = logging.getLogger(__name__)
+
+MEASURED = (
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "tflops_per_gpu",
+    "steady_step_s",
+    "steady_halfwidth_s",
+)
+"""A proxy's own figures, kept as ``proxy_step_s``, ``proxy_tokens_per_s``, ... beside the
+full-scale ones the trial is ranked by."""
+HARD_STOPS = (LAUNCH_ERRORS_STOP, "every node", "wall time", "node-hour")
+"""Stop reasons (their beginnings) after which nothing more is launched, confirmations included."""
+
+
+def is_proxy(t: FrozenTrial) -> bool:
+    """Whether ``t``'s figure was extrapolated from a proxy, not measured at full scale."""
+    return bool(t.user_attrs.get("proxy"))
+
+
+def full_scale_first(done: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The measured trials a best may be chosen from: the full-scale ones when there are any."""
+    full = [t for t in done if not is_proxy(t)]
+    return full or list(done)
+
+
+class Proxies:
+    """Which of the loop's trials run as proxies, and what their figures say."""
+
+    def __init__(self, spec: StudySpec, gpu: GPUSpec, rates: Rates | None) -> None:
+        self.spec, self.gpu, self.rates = spec, gpu, rates
+        self.on = spec.search.proxy is not False
+        self._proxy: dict[int, Proxy] = {}
+        self._pending: tuple[Any, ParallelConfig] | None = None
+        self._size = spec.nodes_per_trial
+
+    # -- placing and launching ----------------------------------------------------------------
+
+    def size(self) -> int:
+        """Nodes to ask the pool for next: what the waiting config needs, else the size of the
+        last proxy (configs of one study mostly share it)."""
+        if self._pending is not None:
+            return self._need(*self._pending)
+        return self._size
+
+    def pending(self) -> tuple[Any, ParallelConfig] | None:
+        """A config asked earlier whose nodes were busy: it is launched before a new one."""
+        picked, self._pending = self._pending, None
+        return picked
+
+    def _need(self, trial: Any, config: ParallelConfig) -> int:
+        proxy = self._proxy.get(trial.number)
+        return proxy.nodes if proxy is not None else self.spec.nodes_per_trial
+
+    def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
+              placement: Placement) -> Placement | None:  # fmt: skip
+        """The placement ``config`` runs on: ``placement`` when it has the right size, else a
+        group of the size its proxy (or the full run) needs; None when those nodes are busy (the
+        config waits: :meth:`pending`)."""
+        if self.on and "confirms" not in trial.user_attrs and trial.number not in self._proxy:
+            proxy = study_proxy(self.spec, config, self.gpu)
+            if proxy is not None:
+                self._proxy[trial.number] = proxy
+                self._size = proxy.nodes
+        need = self._need(trial, config)
+        if placement.group.size == need:
+            return placement
+        sched.release(placement)
+        placed = sched.acquire(need)
+        if placed is None:
+            self._pending = (trial, config)
+        return placed
+
+    def launch_as(self, trial: Any, config: ParallelConfig) -> tuple[StudySpec, ParallelConfig]:
+        """The spec and config the launcher renders for ``trial``: its proxy's, if it has one
+        (recorded on the trial before it starts)."""
+        proxy = self._proxy.get(trial.number)
+        if proxy is None:
+            return self.spec, config
+        trial.set_user_attr("proxy", True)
+        trial.set_user_attr("proxy_dp", proxy.config.dp)
+        trial.set_user_attr("proxy_nodes", proxy.nodes)
+        trial.set_user_attr("proxy_global_batch", proxy.config.global_batch_size)
+        trial.set_user_attr("proxy_predicted_peak_gib", round(proxy.peak_gib, 3))
+        return proxy_spec(self.spec, proxy), proxy.config
+
+    def judge(self, trial: Any, config: ParallelConfig, result: JobResult) -> Verdict:
+        """The verdict of ``trial``'s finished job as the study records it: a proxy's log is
+        read with its own global batch, and its measured step becomes the extrapolated
+        full-scale step (:func:`extrapolated`). A proxy this worker did not launch (a dead
+        worker's job it watches now) is known from the trial's attributes."""
+        proxy = self._proxy.pop(trial.number, None) or recorded_proxy(
+            self.spec, trial.user_attrs, config
+        )
+        spec = self.spec if proxy is None else proxy_spec(self.spec, proxy)
+        verdict = judge(spec, self.gpu, result)
+        return extrapolated(self.spec, self.gpu, self.rates, proxy, config, verdict)
+
+    # -- confirming at full scale -------------------------------------------------------------
+
+    def due(self, trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+        """The proxy trials to confirm now: among the ``proxy_confirm`` best configs, those
+        measured only as proxies and not confirmed (or tried) yet; empty while a proxy runs."""
+        if not self.on or any(
+            t.state == TrialState.RUNNING and is_proxy(t) for t in trials
+        ):  # fmt: skip
+            return []
+        tried = [t for t in trials if "confirms" in t.user_attrs]
+        if len(tried) >= 2 * self.spec.search.proxy_confirm:
+            return []
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+                and t.user_attrs.get("outcome") == str(Outcome.OK)]  # fmt: skip
+        figure = measured(done)  # per config: its full-scale measurement, else its proxy's
+        attempted = {str(t.user_attrs.get("key")) for t in tried}
+        full = {str(t.user_attrs.get("key")) for t in done if not is_proxy(t)}
+        ranked = sorted(figure.values(), key=lambda t: float(t.value or 0.0))
+        top = ranked[: self.spec.search.proxy_confirm]
+        return [t for t in top if is_proxy(t) and str(t.user_attrs.get("key")) not in
+                full | attempted]  # fmt: skip
+
+    def confirm(self, loop: Any, trials: list[FrozenTrial]) -> None:
+        """Once ``loop`` (a :class:`tuner.study.loop.StudyLoop`) has a stop reason, launch the
+        confirmations its nodes allow, and clear the reason while some are due or running."""
+        if self._confirming(loop, trials):
+            loop.summary.stop_reason = ""
+
+    def _confirming(self, loop: Any, trials: list[FrozenTrial]) -> bool:
+        reason = loop.summary.stop_reason
+        if not self.on or not reason or loop.stop_requested or reason.startswith(HARD_STOPS):
+            return False
+        due = self.due(trials)
+        running = any("confirms" in r.trial.user_attrs for r in loop.running.values())
+        for target in due:
+            placement = loop.scheduler.acquire(self.spec.nodes_per_trial)
+            if placement is None:
+                return True
+            config = ParallelConfig(**target.user_attrs["config"])
+            params = config_params(config, expand_axes(self.spec))
+            attrs = {k: v for k, v in target.user_attrs.items()
+                     if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
+            loop.study.enqueue_trial(params, user_attrs={**attrs, "confirms": target.number})
+            trial = loop.study.ask(distributions(self.spec))
+            logger.info("trial %d confirms trial %d's proxy figure at full scale",
+                        trial.number, target.number)  # fmt: skip
+            loop.launch(trial, config, placement)
+            loop.summary.launched += 1
+            running = True
+        return running or bool(due)
+
+
+def recorded_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,
+                   ) -> Proxy | None:  # fmt: skip
+    """The proxy a trial ran as, from its attributes (None: it ran at full scale)."""
+    if not attrs.get("proxy"):
+        return None
+    config = proxy_config(full, int(attrs["proxy_dp"]))
+    peak = float(attrs.get("proxy_predicted_peak_gib") or 0.0)
+    return Proxy(config, int(attrs["proxy_nodes"]), spec.nodes_per_trial, peak)
+
+
+def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Proxy | None,
+                 config: ParallelConfig, verdict: Verdict) -> Verdict:  # fmt: skip
+    """``verdict`` with a proxy's measured step replaced by the extrapolated full-scale one
+    (and the tokens/s and MFU of the full run); what the proxy measured stays under
+    ``proxy_*`` names (:data:`MEASURED`). Unchanged for a full-scale trial or a failed one."""
+    measured = verdict.metrics.get("step_time_s")
+    if proxy is None or verdict.outcome != Outcome.OK or not measured:
+        return verdict
+    found = extrapolate(spec.model, spec.training, config, proxy.config, float(measured), gpu,
+                        spec.cluster.gpus_per_node, spec.framework, rates)  # fmt: skip
+    step = found.step_s
+    full = metrics_attrs(spec, gpu, SimpleNamespace(
+        step_time_s=step, iterations=None, peak_memory_gib=None, peak_reserved_gib=None,
+        tflops_per_gpu=None, samples_per_s=None))  # fmt: skip
+    m = dict(verdict.metrics)
+    for name in MEASURED:  # step_time_s -> proxy_step_s, tokens_per_s -> proxy_tokens_per_s
+        if m.get(name) is not None:
+            m["proxy_" + name.replace("step_time_s", "step_s")] = m[name]
+    ratio = step / float(measured)
+    for name in ("steady_step_s", "steady_halfwidth_s"):  # racing reads full-scale figures
+        if m.get(name) is not None:
+            m[name] = float(m[name]) * ratio
+    m.update(
+        step_time_s=step,
+        tokens_per_s=full["tokens_per_s"],
+        mfu=full["mfu"],
+        tflops_per_gpu=None,
+        samples_per_s=None,
+        proxy_extrapolation=found.to_dict(),
+    )
+    return dataclasses.replace(verdict, metrics=m)
