@@ -42,6 +42,30 @@ strategy; ``grid (no model)`` is the expected count for a shuffled grid that lau
 valid config, OOM or not: ``(valid + 1) / (good + 1)``.
 
 Targets (issue 5): tune's mean at most 25 % of the grid's and at most 8 runs on a 50-config space.
+
+**Node-hours** (issue 33), ``--node-hours``::
+
+    python benchmarks/search_efficiency.py --node-hours [--seeds 5] [--spaces full]
+
+per method and surface, the median over seeds of the node-hours to a config within 2 % of the
+best and of the node-hours in all. Every launch is charged ``search.startup_min`` (3 minutes,
+once per launch) plus the iterations it runs (the warm-up and the estimator's minimum, capped by
+``train_iters``) at the surface's true step time, on the trial's 2 nodes; a launch that runs out
+of memory is charged its start-up. ``tune`` is the real study loop, default settings, run until
+its own stop rules end it. Beside it, emulations of the field's strategies on the same truth
+(``benchmarks/anchors.py``, each citing the upstream file and commit it follows):
+
+* ``nemo-autoconfig``: NeMo Auto Configurator, every candidate of its grid in its order, no
+  memory model, no early stop;
+* ``flagscale-autotuner``: FlagScale AutoTuner, its grid sorted by modelled memory (largest
+  first), memory-model and history pruning, no early stop;
+* ``deepspeed-autotuning``: DeepSpeed Autotuning's model-based tuner, early stop after 5;
+* ``random``: random search over the configs the memory model admits, to the end;
+* ``shuffled-grid``: every valid config in a random order, to the end.
+
+The targets printed under the table: tune's node-hours in all at most its node-hours to the best
+plus 1.5 median launches, and its node-hours to the best below every anchor's, on every surface
+(the exit status is 1 when one fails).
 """
 
 from __future__ import annotations
@@ -51,7 +75,9 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -65,10 +91,13 @@ import optuna
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.anchors import ANCHORS, Space  # noqa: E402
 from tests.standins import pretrain_gpt as standin  # noqa: E402
 from tuner.calibrate.store import record_study  # noqa: E402
 from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import LaunchRequest, render_launch  # noqa: E402
+from tuner.models.memory.estimate import GIB  # noqa: E402
+from tuner.space.cost import trial_cost  # noqa: E402
 from tuner.space.enumerate import enumerate_space  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
@@ -170,9 +199,14 @@ class Truth:
     best_key: str
     best_step: float
     true_best_step: float
+    space: Space
+    """Every valid config, its predicted peak and its true step time: what the anchors see."""
 
     def good(self, key: str) -> bool:
-        return key in self.step and self.step[key] <= self.best_step * (1 + WITHIN)
+        """Within 2 % of the best (a config the screen prunes counts too, for the anchors that
+        have no screen)."""
+        step = self.space.step.get(key)
+        return step is not None and step <= self.best_step * (1 + WITHIN)
 
     @property
     def n_good(self) -> int:
@@ -204,10 +238,16 @@ def truth(spec: StudySpec, surface: str) -> Truth:
             steps[cand.config.key()] = point["step_s"]
     reachable = {k: v for k, v in steps.items() if k in admitted}
     best_key = min(reachable, key=reachable.__getitem__)
+    every = [*report.viable, *report.oom]
+    space = Space(
+        configs={c.config.key(): c.config for c in every},
+        peak_gib={c.config.key(): c.memory.peak / GIB for c in every},
+        admitted=admitted, gpu_gib=80.0, step=steps,
+    )  # fmt: skip
     return Truth(
         step=reachable, oom=oom, falsely_pruned=set(steps) - admitted,
         valid=len(report.viable) + len(report.oom), best_key=best_key,
-        best_step=reachable[best_key], true_best_step=min(steps.values()),
+        best_step=reachable[best_key], true_best_step=min(steps.values()), space=space,
     )  # fmt: skip
 
 
@@ -220,6 +260,8 @@ class Outcome:
     launches: int | None = None
     """Every launch until the study stopped by itself; None when cut at the target."""
     stop: str = ""
+    keys: tuple[str, ...] = ()
+    """The configs launched, in launch order."""
 
 
 def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -> Outcome:
@@ -249,9 +291,10 @@ def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -
     finally:
         loop.executor.close()
     runs, found = first or (t.valid, False)
-    launched = sum(bool(x.user_attrs.get("launched")) for x in trials)
+    order = sorted((x for x in trials if x.user_attrs.get("launched")), key=lambda x: x.number)
+    keys = tuple(str(x.user_attrs.get("key")) for x in order)
     return Outcome(runs, found, ooms, time.perf_counter() - start,
-                   launched if until_stop else None, stop)  # fmt: skip
+                   len(keys) if until_stop else None, stop, keys)  # fmt: skip
 
 
 def tally(loop: StudyLoop, t: Truth) -> tuple[int, bool, int]:
@@ -265,6 +308,9 @@ def tally(loop: StudyLoop, t: Truth) -> tuple[int, bool, int]:
             return i, True, ooms
     return len(launched), False, ooms
 
+
+DEFAULT_METHODS = "tune,tune-no-early-stop,tpe,random,grid,second,second-calibrated"
+"""The runs table's methods; with ``--node-hours`` the default is tune and every anchor."""
 
 SECOND_SEED = 100
 """The second study of the calibration comparison: another sampler seed and other noise."""
@@ -339,18 +385,126 @@ def print_calibration_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join([f"{space}/{surface}".ljust(22), *cells, mean]))
 
 
+# ----------------------------------------------------------------------------- node-hours
+
+
+def launch_node_hours(spec: StudySpec, t: Truth, key: str) -> float:
+    """What launching ``key`` costs: start-up (``search.startup_min``, charged per launch) plus
+    the iterations it runs (the warm-up and the estimator's minimum, capped by ``train_iters``:
+    :func:`tuner.space.cost.trial_cost`) at its true step time; a config that runs out of memory
+    fails in its first step: start-up only."""
+    return trial_cost(spec, t.space.step.get(key)).node_hours
+
+
+def spending(spec: StudySpec, t: Truth, keys: tuple[str, ...] | list[str]
+             ) -> tuple[float | None, float]:  # fmt: skip
+    """(node-hours up to and including the first launch within 2 % of the best, None when none
+    was; node-hours of every launch)."""
+    total, to_best = 0.0, None
+    for key in keys:
+        total += launch_node_hours(spec, t, key)
+        if to_best is None and t.good(key):
+            to_best = total
+    return to_best, total
+
+
+ANCHOR_NAMES = tuple(ANCHORS)
+
+
+def node_hour_rows(surface: str, space: str, t: Truth, seeds: int, tmp: Path,
+                   methods: tuple[str, ...]) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per method and seed: node-hours to within 2 % of the best and in all. ``tune``
+    runs the real study loop until its own stop rules end it; the anchors are emulated
+    (``benchmarks/anchors.py``) on the same truth."""
+    rows = []
+    spec = study_from_mapping(study_data(surface, "tune", 0, t.valid, space))
+    for method in methods:
+        for seed in range(seeds):
+            if method == "tune":
+                data = study_data(surface, "tune", seed, t.valid, space)
+                data["name"] = f"nh-{surface}-{seed}"
+                out = search(study_from_mapping(data), t, tmp / f"nh-{space}-{surface}-{seed}",
+                             until_stop=True)  # fmt: skip
+                keys, stop = list(out.keys), out.stop
+            else:
+                keys = ANCHORS[method](t.space, random.Random(seed))
+                stop = "its own end"
+            to_best, total = spending(spec, t, keys)
+            rows.append({"space": space, "surface": surface, "method": method, "seed": seed,
+                         "to_best_nh": to_best, "all_nh": total, "launches": len(keys),
+                         "launch_nh": [launch_node_hours(spec, t, k) for k in keys],
+                         "stop": stop})  # fmt: skip
+    return rows
+
+
+def _median(values: list[float | None]) -> float:
+    """The median, a miss (None) counted as infinitely costly."""
+    return statistics.median(math.inf if v is None else v for v in values)
+
+
+def print_node_hour_table(rows: list[dict[str, Any]]) -> bool:
+    """The per-surface table and the targets of issue 33; True when every target holds."""
+    groups = sorted({(r["space"], r["surface"]) for r in rows})
+    header = ["space", "surface", "method", "to best (median)", "in all (median)",
+              "launches (median)", "misses", "stop (tune)"]  # fmt: skip
+    table, verdicts, ok = [], [], True
+    for space, surface in groups:
+        mine = [r for r in rows if (r["space"], r["surface"]) == (space, surface)]
+        medians: dict[str, float] = {}
+        for method in dict.fromkeys(r["method"] for r in mine):
+            rs = [r for r in mine if r["method"] == method]
+            medians[method] = _median([r["to_best_nh"] for r in rs])
+            stops = ""
+            if method == "tune":
+                kinds = [r["stop"].split(":")[0] for r in rs]
+                stops = ", ".join(f"{k} {kinds.count(k)}" for k in dict.fromkeys(kinds))
+            table.append([space, surface, method, f"{medians[method]:.3f}",
+                          f"{_median([r['all_nh'] for r in rs]):.3f}",
+                          f"{statistics.median(r['launches'] for r in rs):g}",
+                          str(sum(r["to_best_nh"] is None for r in rs)), stops])  # fmt: skip
+        tune = [r for r in mine if r["method"] == "tune"]
+        if not tune:
+            continue
+        launch = statistics.median(x for r in tune for x in r["launch_nh"])
+        in_all, to_best = _median([r["all_nh"] for r in tune]), medians["tune"]
+        first = in_all <= to_best + 1.5 * launch
+        anchors = [m for m in medians if m != "tune"]
+        second = all(to_best < medians[m] for m in anchors)
+        ok = ok and first and second
+        verdicts.append(
+            f"{space}/{surface}: tune in all {in_all:.3f} <= to best {to_best:.3f} + 1.5 x "
+            f"median launch {launch:.3f} = {to_best + 1.5 * launch:.3f}: "
+            f"{'yes' if first else 'NO'}; to best below every anchor's "
+            f"({', '.join(f'{m} {medians[m]:.3f}' for m in anchors)}): "
+            f"{'yes' if second else 'NO'}"
+        )
+    widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
+    print("\nnode-hours (2 nodes per trial; start-up charged per launch plus the iterations run)")
+    for r in [header, ["-" * w for w in widths], *table]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    print()
+    for line in verdicts:
+        print(line)
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--spaces", default="small,full")
     parser.add_argument("--surfaces", default="high_tp,pipeline,micro_batch,rugged,builtin")
-    parser.add_argument(
-        "--methods", default="tune,tune-no-early-stop,tpe,random,grid,second,second-calibrated"
-    )
+    parser.add_argument("--methods", default=DEFAULT_METHODS)
     parser.add_argument("--json", help="write every search's figures here")
+    parser.add_argument(
+        "--node-hours",
+        action="store_true",
+        help="node-hours of tune and the anchors' emulations (issue 33)",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("tuner").setLevel(logging.WARNING)
+    if args.node_hours:
+        return node_hours_main(args)
     rows: list[dict[str, Any]] = []
     table: list[list[str]] = []
     ratios: dict[str, dict[str, float]] = {}
@@ -396,6 +550,24 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0
+
+
+def node_hours_main(args: argparse.Namespace) -> int:
+    """``--node-hours``: tune and the anchors on every surface; exit 1 when a target fails."""
+    methods = ("tune", *ANCHOR_NAMES) if args.methods == DEFAULT_METHODS else tuple(
+        args.methods.split(","))  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tuner-eff-") as tmp:
+        for space in args.spaces.split(","):
+            for surface in args.surfaces.split(","):
+                t = truth(study_from_mapping(study_data(surface, "tune", 0, 1, space)), surface)
+                print(f"{space}/{surface}: {t.valid} valid configs, best {t.best_step:.3f} s, "
+                      f"{t.n_good} within 2 %", flush=True)  # fmt: skip
+                rows += node_hour_rows(surface, space, t, args.seeds, Path(tmp), methods)
+    ok = print_node_hour_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -287,13 +287,29 @@ def test_a_config_that_ran_on_the_cluster_is_known_to_fit() -> None:
 
 def test_stops_when_no_untried_config_has_a_real_chance() -> None:
     """The model is right about this machine: after a few runs no untried config has a 10 %
-    chance of beating the best by 1 %, long before the space is used up."""
-    s = spec()
+    chance of beating the best by 1 %, long before the space is used up. (A training run
+    worth a million node-hours keeps the cost rule, which fires first at the default exchange
+    rate, from answering: :func:`test_stops_sooner_when_a_launch_is_not_worth_its_cost`.)"""
+    s = spec(train_node_hours=1e6)
     pred = {k: c.time.step for k, c in candidates(s).items()}
     study, order, reason = run(s, lambda c: pred[c.key()], len(pred), stopper=True)
     assert reason is not None and reason.startswith("the answer is known"), reason
     assert len(order) < len(pred) // 2
     # and it has the best of what fits (no run reports a peak here, so no memory probe runs)
+    fitting = [c.time.step for c in enumerate_space(s).ranked() if c.time]
+    assert min(pred[c.key()] for c in order) == min(fitting)
+
+
+def test_stops_sooner_when_a_launch_is_not_worth_its_cost() -> None:
+    """The same right model at the default exchange rate (a launch must be expected to gain
+    0.5 % of the step): the cost rule ends the search no later, with the best already run."""
+    s = spec()
+    pred = {k: c.time.step for k, c in candidates(s).items()}
+    _, known, _ = run(spec(train_node_hours=1e6), lambda c: pred[c.key()], len(pred),
+                      stopper=True)  # fmt: skip
+    _, order, reason = run(s, lambda c: pred[c.key()], len(pred), stopper=True)
+    assert reason is not None and reason.startswith("not worth another launch"), reason
+    assert len(order) <= len(known)
     fitting = [c.time.step for c in enumerate_space(s).ranked() if c.time]
     assert min(pred[c.key()] for c in order) == min(fitting)
 

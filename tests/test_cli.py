@@ -204,6 +204,10 @@ def test_run_leaderboard_best_json_and_no_optuna_lines(
     summary = json.loads(out)
     assert summary["study"] == "e2e" and summary["launched"] == 2
     assert summary["outcomes"] == {"ok": 2} and summary["best_trial"] is not None
+    spent = summary["spent"]  # what was spent, per outcome and on what (the model sampler says)
+    assert spent["launches"] == 2 and spent["launches_by_outcome"] == {"ok": 2}
+    assert spent["by_purpose"]["exploitation"]["launches"] >= 1  # the first: the model's fastest
+    assert sum(v["launches"] for v in spent["by_purpose"].values()) == 2
     assert "A new study created" not in out + err and "Trial 0 finished" not in out + err
 
     assert main(["--results", results, "leaderboard", "--study", study, "--format", "json"]) == 0

@@ -117,9 +117,15 @@ def measurable(spec: StudySpec, ranked: Sequence[Candidate]) -> list[Candidate]:
 
 def spent_json(trials: Sequence[Any]) -> dict[str, Any]:
     """What a study's launched trials (Optuna ``FrozenTrial``) spent, in node-hours: in all, by
-    outcome, and how the measured ones ended (``precise``, ``raced``, ``limit``, or ``cap``:
+    outcome (node-hours and launches), on what (``exploitation``, ``exploration``,
+    ``confirmation``: :data:`tuner.search.value.Purpose`; ``unlabelled`` for samplers that do
+    not say), and how the measured ones ended (``precise``, ``raced``, ``limit``, or ``cap``:
     they ran all ``train_iters``)."""
+    from tuner.search.value import purpose_of  # numpy: not at the command line's start-up
+
     by_outcome: dict[str, float] = {}
+    launches: dict[str, int] = {}
+    by_purpose: dict[str, dict[str, float]] = {}
     by_end: dict[str, int] = {}
     for t in trials:
         a = t.user_attrs
@@ -127,20 +133,43 @@ def spent_json(trials: Sequence[Any]) -> dict[str, Any]:
             continue
         hours = float(a.get("duration_s", 0.0)) * len(a.get("hosts", ())) / 3600
         by_outcome[a["outcome"]] = by_outcome.get(a["outcome"], 0.0) + hours
+        launches[a["outcome"]] = launches.get(a["outcome"], 0) + 1
+        why = purpose_of(t.system_attrs, a) or "unlabelled"
+        spent = by_purpose.setdefault(why, {"launches": 0, "node_hours": 0.0})
+        spent["launches"] += 1
+        spent["node_hours"] += hours
         if a["outcome"] == "ok":
             end = str(a.get("ended", "cap"))
             by_end[end] = by_end.get(end, 0) + 1
     return {
         "node_hours": round(sum(by_outcome.values()), 4),
+        "launches": sum(launches.values()),
         "by_outcome": {k: round(v, 4) for k, v in sorted(by_outcome.items())},
+        "launches_by_outcome": dict(sorted(launches.items())),
+        "by_purpose": {
+            k: {"launches": int(v["launches"]), "node_hours": round(v["node_hours"], 4)}
+            for k, v in sorted(by_purpose.items())
+        },  # fmt: skip
         "measured_ended": dict(sorted(by_end.items())),
     }
 
 
 def spent_line(trials: Sequence[Any]) -> str:
-    """:func:`spent_json` as one line for the end of ``tune run``."""
+    """:func:`spent_json` as the lines that end ``tune run``: what was spent, per outcome, and
+    on what."""
     spent = spent_json(trials)
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in spent["by_outcome"].items()) or "nothing"
+    parts = ", ".join(
+        f"{k} {spent['launches_by_outcome'][k]}: {v:.2f}" for k, v in spent["by_outcome"].items()
+    ) or "nothing"  # fmt: skip
     ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
     tail = f"; measured trials ended: {ends}" if ends else ""
-    return f"spent: {spent['node_hours']:.2f} node-hours ({parts}){tail}"
+    on = ", ".join(
+        f"{k} {units.plural(v['launches'], 'launch', 'launches')} {v['node_hours']:.2f}"
+        for k, v in spent["by_purpose"].items()
+    )  # fmt: skip
+    on_line = f"\nspent on: {on} (node-hours)" if on else ""
+    launches = units.plural(spent["launches"], "launch", "launches")
+    return (
+        f"spent: {spent['node_hours']:.2f} node-hours in {launches} (per outcome, launches: "
+        f"node-hours: {parts}){tail}{on_line}"
+    )

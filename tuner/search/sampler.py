@@ -59,14 +59,8 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibrate.correction import (
-    Features,
-    Prior,
-    expected_improvement,
-    fit,
-    fit_memory,
-    normal_cdf,
-)
+from tuner.calibrate.correction import Features, Prior, fit, fit_memory
+from tuner.calibrate.correction import expected_improvement as expected_improvement
 from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import Observation, memory_fingerprint, setup_fingerprint
 from tuner.config.parallel import ParallelConfig
@@ -74,6 +68,16 @@ from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
+from tuner.search.value import (
+    DEFAULT_RUN_TRIALS,
+    PURPOSE_ATTR,
+    Purpose,
+    Worth,
+    best_worth,
+    chance,
+    pick,
+)
+from tuner.space.cost import trial_cost
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import MEMORY_SIGMA, may_probe
 from tuner.space.trials import (
@@ -109,6 +113,17 @@ class Belief:
     covered: np.ndarray | None = None
     """Per untried config: every one of its knob values was measured at least once (in this
     study or the saved calibration), so the model's error there is like the error seen."""
+
+    def spread(self, noise: float) -> np.ndarray:
+        """How far each untried config's log step time may be from ``mu``: the spread the
+        corrected model has shown on configs it had not seen (:attr:`error_sd`, at least the
+        run-to-run ``noise``); for a config with a knob value never measured, that spread plus
+        the posterior's (the prior's doubt about that value is all there is). Before the error
+        is known (:data:`MIN_ERROR_RUNS`): the posterior's spread plus the noise."""
+        if self.error_sd is None or self.covered is None:
+            return np.asarray(np.sqrt(np.square(self.sd) + noise**2))
+        seen = max(self.error_sd, noise)
+        return np.where(self.covered, seen, np.sqrt(seen**2 + np.square(self.sd)))
 
 
 class ModelGuidedSampler(BaseSampler):
@@ -170,10 +185,12 @@ class ModelGuidedSampler(BaseSampler):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
-        choice = self.choose(study.get_trials(deepcopy=False))
-        if choice is None:
+        chosen = self.choose_why(study.get_trials(deepcopy=False))
+        if chosen is None:
             return {}
-        return config_params(choice, self._axes)
+        # as Optuna's own samplers record their state: on the trial, read back by the summary
+        study._storage.set_trial_system_attr(trial._trial_id, PURPOSE_ATTR, chosen[1])
+        return config_params(chosen[0], self._axes)
 
     def sample_independent(
         self,
@@ -334,17 +351,58 @@ class ModelGuidedSampler(BaseSampler):
         return math.sqrt(float(np.mean(np.square(residuals))))
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
-        """The admitted config with the highest expected improvement, or None when all tried.
-        With nothing measured in this study, the fastest by the (calibrated) model."""
+        """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
+        chosen = self.choose_why(trials)
+        return None if chosen is None else chosen[0]
+
+    def choose_why(self, trials: Sequence[FrozenTrial]) -> tuple[ParallelConfig, Purpose] | None:
+        """The admitted config with the highest expected improvement per node-hour of its trial,
+        among those with a more than negligible chance of beating the best by 1 %
+        (:func:`tuner.search.value.pick`), and why; None when all were tried. With nothing
+        measured in this study, the fastest by the (calibrated) model."""
         configs = self._candidates()
         b = self.belief(trials)
         if b is None:
             return None
         if b.best is None:
-            return configs[b.open_[int(np.argmin(b.mu))]]  # argmin: the first of ties
-        ei = expected_improvement(b.mu, b.sd, b.best)
-        top = np.flatnonzero(ei >= ei.max() * (1 - 1e-9))
-        return configs[b.open_[int(self._rng.choice(top))]]
+            return configs[b.open_[int(np.argmin(b.mu))]], "exploitation"  # argmin: first of ties
+        chosen, top = pick(b.mu, b.sd, b.spread(self._prior.noise), self.trial_node_hours(b.mu),
+                           b.best)  # fmt: skip
+        i = int(self._rng.choice(top)) if len(top) > 1 else chosen.index
+        purpose: Purpose = "exploitation" if b.mu[i] <= b.best else "exploration"
+        return configs[b.open_[i]], purpose
+
+    def trial_node_hours(self, log_step: np.ndarray) -> np.ndarray:
+        """Predicted node-hours of one trial at each step time ``exp(log_step)``: start-up
+        charged per launch plus the warm-up and the iterations the estimate needs
+        (:func:`tuner.space.cost.trial_cost`, linear in the step time)."""
+        startup = trial_cost(self._spec, None).node_hours
+        per_second = trial_cost(self._spec, 1.0).node_hours - startup
+        return np.asarray(startup + per_second * np.exp(log_step))
+
+    def run_node_hours(self) -> float:
+        """What the training run the answer is for is worth, node-hours: ``search.
+        train_node_hours``, or :data:`~tuner.search.value.DEFAULT_RUN_TRIALS` trials of the
+        model's fastest config."""
+        given = self._spec.search.train_node_hours
+        if given is not None:
+            return given
+        self._candidates()
+        first = self._log_pred[:1]  # the ranking's first: the model's fastest admitted config
+        return DEFAULT_RUN_TRIALS * float(self.trial_node_hours(first).sum())
+
+    def next_launch_worth(
+        self, trials: Sequence[FrozenTrial]
+    ) -> tuple[Worth, ParallelConfig] | None:
+        """The untried config whose launch is worth most against its cost
+        (:func:`tuner.search.value.best_worth`), and that config; None before
+        :data:`MIN_ERROR_RUNS` measurements (the spread is not known yet) or when all tried."""
+        b = self.belief(trials)
+        if b is None or b.best is None or b.error_sd is None:
+            return None
+        worth = best_worth(b.mu, b.spread(self._prior.noise), self.trial_node_hours(b.mu),
+                           b.best, self.run_node_hours())  # fmt: skip
+        return worth, self._candidates()[b.open_[worth.index]]
 
     def chance_to_beat(
         self, trials: Sequence[FrozenTrial], margin: float
@@ -352,16 +410,11 @@ class ModelGuidedSampler(BaseSampler):
         """The highest probability, over the untried configs, that one runs faster than the best
         measured by more than ``margin``, and that config; None before :data:`MIN_ERROR_RUNS`
         measurements (then nothing is known yet). A config's log step time is taken as Gaussian
-        around its corrected prediction, with the spread the corrected model has shown on the
-        configs it had not seen (:attr:`Belief.error_sd`, at least the run-to-run noise); for a
-        config with a knob value never measured, that spread plus the posterior's (the prior's
-        doubt about that value is all there is)."""
+        around its corrected prediction with :meth:`Belief.spread`."""
         b = self.belief(trials)
         if b is None or b.best is None or b.error_sd is None or b.covered is None:
             return None
-        seen = max(b.error_sd, self._prior.noise)
-        spread = np.where(b.covered, seen, np.sqrt(seen**2 + np.square(b.sd)))
-        p = normal_cdf((b.best + math.log1p(-margin) - b.mu) / spread)
+        p = chance(b.mu, b.spread(self._prior.noise), b.best, margin)
         i = int(np.argmax(p))
         return float(p[i]), self._candidates()[b.open_[i]]
 

@@ -1,6 +1,6 @@
 """When a search stops by itself: once the answer is known, or once it stops improving.
 
-Two rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budget_reason`):
+Three rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budget_reason`):
 
 1. **The answer is known** (model sampler only, ``search.stop_chance``): the corrected time model
    (:meth:`tuner.search.sampler.ModelGuidedSampler.chance_to_beat`) gives every untried config less
@@ -10,7 +10,12 @@ Two rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budget_
    ratios (this study's and the cluster's saved calibration), plus the run-to-run noise. A config
    whose corrected prediction is 5 % slower than the best, with a spread of 2 %, has about a 0.1 %
    chance; one predicted as fast as the best, with any spread, has about 40 % or more.
-2. **No improvement** (every sampler, ``search.early_stop_trials``: the fallback): the best has
+2. **Not worth its cost** (model sampler only, on with ``stop_chance``): the untried config
+   whose launch is worth most still has an expected gain below its predicted node-hours
+   (:func:`tuner.search.value.best_worth`: expected improvement of the step time, under the
+   spread of rule 1, times ``search.train_node_hours``, the training run the answer is for).
+   Rule 1 asks "can anything still win?"; this one "is what it might win worth a launch?".
+3. **No improvement** (every sampler, ``search.early_stop_trials``: the fallback): the best has
    not improved by :data:`IMPROVEMENT` within the last N launched trials.
 
 The model rule is only asked when the trials changed since it last answered (a fit costs
@@ -25,10 +30,8 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from tuner.config.spelling import spell
+from tuner.search.value import IMPROVEMENT
 from tuner.spec.study import StudySpec
-
-IMPROVEMENT = 0.01
-"""A gain smaller than this (1 % of the step time) is within run-to-run noise of a short run."""
 
 
 class Stopper:
@@ -45,7 +48,7 @@ class Stopper:
         return self.known(trials) or self.no_improvement(trials)
 
     def known(self, trials: Sequence[FrozenTrial]) -> str | None:
-        """Rule 1, or None when it does not apply."""
+        """Rule 1, then rule 2, or None when neither applies."""
         chance = self.spec.search.stop_chance
         if not chance or not hasattr(self.sampler, "chance_to_beat"):
             return None
@@ -63,10 +66,24 @@ class Stopper:
                 f"the answer is known: no untried config has a {chance:.0%} chance of beating "
                 f"the best by {IMPROVEMENT:.0%} (likeliest: {spell(config)}, {p:.1%})"
             )
+        elif hasattr(self.sampler, "next_launch_worth"):
+            self._answer = self.not_worth(trials)
         return self._answer
 
+    def not_worth(self, trials: Sequence[FrozenTrial]) -> str | None:
+        """Rule 2, or None (asked by :meth:`known`, which caches the answer)."""
+        found = self.sampler.next_launch_worth(trials)
+        if found is None or found[0].pays:
+            return None
+        worth, config = found
+        return (
+            f"not worth another launch: the most promising untried config ({spell(config)}) "
+            f"is expected to save {worth.gain_node_hours:.2f} node-hours of the training run "
+            f"and would cost {worth.cost_node_hours:.2f}"
+        )
+
     def no_improvement(self, trials: Sequence[FrozenTrial]) -> str | None:
-        """Rule 2, or None."""
+        """Rule 3, or None."""
         k = self.spec.search.early_stop_trials
         launched = [t for t in trials if t.user_attrs.get("launched") and t.state.is_finished()]
         if not k or len(launched) <= k:

@@ -154,7 +154,13 @@ class SearchSpec:
     """Stop when the best has not improved by 1% in this many launched trials."""
     stop_chance: float | None = 0.1
     """Model sampler: stop when no untried config has this chance of beating the best measured
-    by 1% (:mod:`tuner.search.stopping`); null: only ``early_stop_trials``."""
+    by 1%, or when no launch is worth its node-hours (``train_node_hours``;
+    :mod:`tuner.search.stopping`); null: neither, only ``early_stop_trials``."""
+    train_node_hours: float | None = None
+    """Node-hours of the training run the answer is for: the model sampler launches a config
+    only while its expected step-time gain (the expected improvement, a fraction of the step)
+    times this exceeds its predicted trial node-hours (:mod:`tuner.search.value`); null: 200
+    trials of the model's fastest config, i.e. a launch must be expected to gain 0.5 %."""
     enqueue_top: int = 3
     """With Optuna's samplers: how many of the best predicted configs run before the sampler
     takes over (the ``model`` sampler starts from the model's ranking by itself)."""
@@ -190,6 +196,7 @@ class SearchSpec:
         _positive(self.max_wall_time_min, "max_wall_time_min")
         _positive(self.max_node_hours, "max_node_hours")
         _positive(self.early_stop_trials, "early_stop_trials")
+        _positive(self.train_node_hours, "train_node_hours")
         if self.memory_probes < 0:
             raise ConfigError(f"must be >= 0, got {self.memory_probes}", path="memory_probes")
         _at_most(self.memory_probes, MAX_TRIALS, "memory_probes", "more than any budget")

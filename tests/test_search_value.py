@@ -1,0 +1,174 @@
+"""The node-hour-aware choice and stop (tuner.search.value, tuner.search.stopping's rule 2) and
+the end-of-run spend summary, on small fakes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+
+from tests.test_sampler import BASE, spec
+from tuner.cli.cost import spent_json, spent_line
+from tuner.config.parallel import ParallelConfig
+from tuner.errors import ConfigError
+from tuner.search.stopping import Stopper
+from tuner.search.value import (
+    NEGLIGIBLE_CHANCE,
+    PURPOSE_ATTR,
+    Worth,
+    best_worth,
+    chance,
+    pick,
+)
+from tuner.space.cost import trial_cost
+from tuner.space.enumerate import enumerate_space
+from tuner.spec.file import study_from_mapping
+
+BEST = math.log(10.0)
+
+
+def test_equal_chances_the_cheaper_trial_wins() -> None:
+    mu = np.array([BEST, BEST])
+    sd = np.array([0.1, 0.1])
+    chosen, top = pick(mu, sd, sd, np.array([2.0, 1.0]), BEST)
+    assert chosen.index == 1 and list(top) == [1]
+    # the same with the costs swapped: the choice follows the cost, not the position
+    assert pick(mu, sd, sd, np.array([1.0, 2.0]), BEST)[0].index == 0
+
+
+def test_expected_improvement_is_weighed_per_node_hour() -> None:
+    """A config with more expected improvement but three times the trial cost loses to one
+    with a little less per launch and more per node-hour; at equal cost it wins."""
+    mu = np.array([BEST - 0.02, BEST])
+    sd = np.array([0.1, 0.1])
+    assert pick(mu, sd, sd, np.array([1.0, 1.0]), BEST)[0].index == 0
+    assert pick(mu, sd, sd, np.array([3.0, 1.0]), BEST)[0].index == 1
+
+
+def test_a_long_shot_is_never_launched_just_to_explore() -> None:
+    """Config 0's wide posterior gives it the highest expected improvement, but the error the
+    model has shown (``spread``) leaves it no real chance of beating the best by 1 %."""
+    mu = np.array([BEST + 0.3, BEST + 0.01])
+    sd = np.array([0.5, 0.02])
+    spread = np.array([0.05, 0.02])
+    assert chance(mu, spread, BEST)[0] < NEGLIGIBLE_CHANCE < chance(mu, spread, BEST)[1]
+    chosen, _ = pick(mu, sd, spread, np.ones(2), BEST)
+    assert chosen.index == 1 and chosen.purpose == "exploration"
+    # with nothing that has a chance, the best per node-hour of them all (the loop stops first)
+    far = np.array([BEST + 0.3, BEST + 0.4])
+    assert pick(far, sd, spread, np.ones(2), BEST)[0].index == 0
+
+
+def test_purpose_says_whether_the_mean_beats_the_best() -> None:
+    sd = np.array([0.05])
+    assert pick(np.array([BEST - 0.01]), sd, sd, np.ones(1), BEST)[0].purpose == "exploitation"
+    assert pick(np.array([BEST + 0.01]), sd, sd, np.ones(1), BEST)[0].purpose == "exploration"
+
+
+def test_a_launch_is_worth_its_expected_gain_over_the_run_against_its_cost() -> None:
+    mu = np.array([BEST, BEST + 0.05])
+    spread = np.array([0.02, 0.02])
+    cost = np.array([0.1, 0.1])
+    ei = 0.02 / math.sqrt(2 * math.pi)  # expected improvement of a config predicted at the best
+    worth = best_worth(mu, spread, cost, BEST, run_node_hours=100.0)
+    assert worth.index == 0
+    assert worth.gain_node_hours == pytest.approx(ei * 100.0)
+    assert worth.pays  # 0.80 node-hours expected saved for 0.1 spent
+    small = best_worth(mu, spread, cost, BEST, run_node_hours=0.1 / ei * 0.9)
+    assert not small.pays  # the same launch, for a run where the gain is worth 0.09
+
+
+class FakeSampler:
+    """What the stop rules ask of the model sampler, with answers set by the test."""
+
+    def __init__(self, p: float, worth: Worth) -> None:
+        self.p, self.worth = p, worth
+        self.config = ParallelConfig(tp=2, pp=1, dp=8, micro_batch_size=1, global_batch_size=64)
+
+    def chance_to_beat(self, trials: Any, margin: float) -> tuple[float, ParallelConfig]:
+        return self.p, self.config
+
+    def next_launch_worth(self, trials: Any) -> tuple[Worth, ParallelConfig]:
+        return self.worth, self.config
+
+
+def test_the_search_stops_when_the_next_launch_costs_more_than_it_may_gain() -> None:
+    s = spec()
+    still_a_chance = 0.4  # rule 1 does not fire
+    stop = Stopper(s, FakeSampler(still_a_chance, Worth(0, gain_node_hours=0.05,
+                                                        cost_node_hours=0.2)))  # fmt: skip
+    reason = stop.known([])
+    assert reason is not None and reason.startswith("not worth another launch"), reason
+    assert "0.05 node-hours" in reason and "cost 0.20" in reason
+    pays = Stopper(s, FakeSampler(still_a_chance, Worth(0, 3.0, 0.2)))
+    assert pays.known([]) is None
+    # stop_chance null turns the model's rules off, this one with it
+    off = Stopper(spec(stop_chance=None), FakeSampler(still_a_chance, Worth(0, 0.05, 0.2)))
+    assert off.known([]) is None
+    # no chance left: rule 1's reason, whatever the worth
+    known = Stopper(s, FakeSampler(0.01, Worth(0, 3.0, 0.2))).known([])
+    assert known is not None and known.startswith("the answer is known")
+
+
+def test_train_node_hours_is_strictly_loaded() -> None:
+    data = {**BASE, "search": {**BASE["search"], "train_node_hours": 500}}
+    assert study_from_mapping(data).search.train_node_hours == 500
+    with pytest.raises(ConfigError, match="train_node_hours"):
+        study_from_mapping({**BASE, "search": {**BASE["search"], "train_node_hours": -1}})
+
+
+def test_the_model_sampler_values_the_run_at_the_default_exchange_rate() -> None:
+    from tuner.search.sampler import ModelGuidedSampler
+
+    s = spec()
+    sampler = ModelGuidedSampler(s, seed=0)
+    first = enumerate_space(s).ranked()[0].time
+    assert first is not None
+    one_trial = trial_cost(s, first.step).node_hours
+    assert sampler.run_node_hours() == pytest.approx(200 * one_trial)
+    assert ModelGuidedSampler(spec(train_node_hours=42.0)).run_node_hours() == 42.0
+    # a slower config's trial costs more: start-up once, then its iterations
+    costs = sampler.trial_node_hours(np.log([1.0, 100.0]))
+    assert costs[1] > costs[0] > 0
+
+
+def trial(outcome: str, hours: float, purpose: str | None, user: bool = False) -> Any:
+    attrs: dict[str, Any] = {"launched": True, "outcome": outcome, "duration_s": hours * 3600,
+                             "hosts": ["n0"]}  # fmt: skip
+    system: dict[str, Any] = {}
+    if purpose is not None:
+        (attrs if user else system)[PURPOSE_ATTR] = purpose
+    if outcome == "ok":
+        attrs["ended"] = "precise"
+    return optuna.trial.create_trial(
+        value=1.0 if outcome == "ok" else None, params={"x": 0.0},
+        distributions={"x": FloatDistribution(0, 1)}, user_attrs=attrs, system_attrs=system,
+        state=TrialState.COMPLETE if outcome == "ok" else TrialState.FAIL,
+    )  # fmt: skip
+
+
+def test_the_summary_says_what_was_spent_per_outcome_and_on_what() -> None:
+    trials = [trial("ok", 1.0, "exploitation"), trial("ok", 0.5, "exploration"),
+              trial("oom", 0.25, "exploration"), trial("ok", 2.0, "confirmation", user=True),
+              trial("ok", 0.75, None)]  # fmt: skip
+    spent = spent_json(trials)
+    assert spent["node_hours"] == 4.5 and spent["launches"] == 5
+    assert spent["launches_by_outcome"] == {"ok": 4, "oom": 1}
+    assert spent["by_purpose"] == {
+        "confirmation": {"launches": 1, "node_hours": 2.0},
+        "exploitation": {"launches": 1, "node_hours": 1.0},
+        "exploration": {"launches": 2, "node_hours": 0.75},
+        "unlabelled": {"launches": 1, "node_hours": 0.75},
+    }
+    text = spent_line(trials)
+    assert text.splitlines() == [
+        "spent: 4.50 node-hours in 5 launches (per outcome, launches: node-hours: ok 4: 4.25, "
+        "oom 1: 0.25); measured trials ended: precise 4",
+        "spent on: confirmation 1 launch 2.00, exploitation 1 launch 1.00, exploration 2 "
+        "launches 0.75, unlabelled 1 launch 0.75 (node-hours)",
+    ]

@@ -1,0 +1,132 @@
+"""What one more launch is worth: expected improvement per node-hour, and when to stop paying.
+
+The model sampler (:mod:`tuner.search.sampler`) holds, for every untried config, a Gaussian
+belief about its log step time (mean ``mu``; ``sd``, the posterior spread of the correction;
+``spread``, how far the corrected model has really been off, :meth:`~.sampler.Belief.spread`).
+From these and a config's predicted trial node-hours (:func:`tuner.space.cost.trial_cost`:
+start-up charged per launch, plus the warm-up and the iterations the step-time estimate needs,
+at the corrected predicted step time) this module decides three things:
+
+1. **Which config next**: the highest expected improvement (over the best measured log step
+   time) *per node-hour* of its trial. Two configs equally likely to win are not equally worth
+   launching when one trial costs twice the other.
+2. **Never a long shot just to explore**: a config whose chance of beating the best by
+   :data:`IMPROVEMENT` is under :data:`NEGLIGIBLE_CHANCE` is not launched while any config has
+   more. Expected improvement alone would pick an uncertain config that is all but sure to be
+   slower, only because its spread is wide.
+3. **When the next launch is not worth its cost**: its expected gain, valued as
+   ``expected improvement x search.train_node_hours`` (a fraction of the step time saved over the
+   training run the answer is for), is below its predicted node-hours, for every config left.
+   The expected improvement here uses ``spread`` (the error the model has shown), not the
+   posterior alone, so a model that keeps being wrong keeps the search going.
+
+The exchange rate. A launch pays off when the node-hours it is expected to save on the training
+run exceed its own. With ``search.train_node_hours`` unset, the run is taken to be
+:data:`DEFAULT_RUN_TRIALS` trials long (of the model's fastest config): one more launch must be
+expected to save at least 1/200 = 0.5 % of the step time. Set ``train_node_hours`` to the real
+run's size (a 1,000-node-hour run and 2-node-hour trials: a launch must be expected to gain 0.2 %).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from tuner.calibrate.correction import expected_improvement, normal_cdf
+
+IMPROVEMENT = 0.01
+"""A gain smaller than this (1 % of the step time) is within run-to-run noise of a short run."""
+
+NEGLIGIBLE_CHANCE = 0.01
+"""A config with less than this chance of beating the best by :data:`IMPROVEMENT` is never
+launched while another has more: exploring it would almost surely buy a slower figure."""
+
+DEFAULT_RUN_TRIALS = 200.0
+"""With ``search.train_node_hours`` unset: the training run is worth this many trials of the
+model's fastest config, so a launch must be expected to gain 1/200 = 0.5 % of the step time."""
+
+Purpose = Literal["exploitation", "exploration", "confirmation"]
+"""Why a config was launched: *exploitation*, the belief's mean says it beats the best measured
+(or nothing is measured yet and it is the model's fastest); *exploration*, its mean is slower and
+it was picked for its spread; *confirmation*, a full-scale run of a config already measured at a
+smaller scale (proxy trials, ``search.proxy``)."""
+
+PURPOSE_ATTR = "purpose"
+"""The trial attribute (a system attribute set by the model sampler; a user attribute set by
+whoever launches a confirmation) that holds the trial's :data:`Purpose`."""
+
+
+def purpose_of(system_attrs: dict[str, Any], user_attrs: dict[str, Any]) -> str | None:
+    """A trial's :data:`Purpose` from its attributes, or None when no one recorded it (another
+    sampler than the model's)."""
+    found = user_attrs.get(PURPOSE_ATTR) or system_attrs.get(PURPOSE_ATTR)
+    return None if found is None else str(found)
+
+
+def chance(
+    mu: np.ndarray, spread: np.ndarray, best: float, margin: float = IMPROVEMENT
+) -> np.ndarray:
+    """Probability that each config's log step time (Gaussian: ``mu``, ``spread``) is below
+    ``best`` by more than ``margin`` (a fraction of the step time)."""
+    return np.asarray(normal_cdf((best + math.log1p(-margin) - mu) / spread))
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """The config chosen among the open ones, and why."""
+
+    index: int
+    """Position in the arrays passed to :func:`pick`."""
+    purpose: Purpose
+    per_node_hour: float
+    """Its expected improvement of the log step time per node-hour of its trial."""
+
+
+def pick(
+    mu: np.ndarray, sd: np.ndarray, spread: np.ndarray, cost: np.ndarray, best: float,
+) -> tuple[Pick, np.ndarray]:  # fmt: skip
+    """The config with the highest expected improvement per node-hour (``cost``) among those with
+    at least :data:`NEGLIGIBLE_CHANCE` of beating ``best`` by :data:`IMPROVEMENT` (all of them
+    when none has), and the indices of the ties (the caller breaks them at random).
+    ``sd`` is the spread the expected improvement ranks by (the posterior's); ``spread`` the one
+    the chance is judged by."""
+    p = chance(mu, spread, best)
+    eligible = p >= NEGLIGIBLE_CHANCE
+    if not eligible.any():
+        eligible = np.ones_like(eligible)
+    score = np.where(eligible, expected_improvement(mu, np.maximum(sd, 1e-12), best) / cost, -1.0)
+    top = np.flatnonzero(score >= score.max() * (1 - 1e-9))
+    i = int(top[0])
+    purpose: Purpose = "exploitation" if mu[i] <= best else "exploration"
+    return Pick(i, purpose, float(score[i])), top
+
+
+@dataclass(frozen=True, slots=True)
+class Worth:
+    """The best next launch judged by what it is expected to save against what it costs."""
+
+    index: int
+    """Position of the config with the highest expected net worth."""
+    gain_node_hours: float
+    """Its expected improvement (a fraction of the step time) times the run's node-hours."""
+    cost_node_hours: float
+    """Its predicted trial node-hours."""
+
+    @property
+    def pays(self) -> bool:
+        """Whether the launch is expected to save more than it costs."""
+        return self.gain_node_hours > self.cost_node_hours
+
+
+def best_worth(
+    mu: np.ndarray, spread: np.ndarray, cost: np.ndarray, best: float, run_node_hours: float
+) -> Worth:
+    """The open config whose launch is worth most: expected improvement (under ``spread``, in
+    log step time, i.e. about the fraction of the step saved) times ``run_node_hours``, less its
+    ``cost`` in node-hours."""
+    gain = expected_improvement(mu, spread, best) * run_node_hours
+    i = int(np.argmax(gain - cost))
+    return Worth(i, float(gain[i]), float(cost[i]))
