@@ -78,6 +78,7 @@ def test_proxies_run_on_half_the_nodes_and_the_best_is_confirmed_at_full_scale(
     assert len(confirm) == 1 and len(confirm[0].user_attrs["hosts"]) == 4
     assert confirm[0].user_attrs["key"] == best_proxy.user_attrs["key"]
     assert confirm[0].user_attrs["outcome"] == "ok"
+    assert confirm[0].user_attrs["purpose"] == "confirmation"  # the spend summary's third kind
     # best is a full-scale measurement; the board marks the proxies
     assert not best_trial(spec, None, results).user_attrs.get("proxy")
     assert summary.best_trial == confirm[0].number

@@ -35,6 +35,7 @@ from tuner.launch import JobResult
 from tuner.models.rates import Rates
 from tuner.models.time.proxy import extrapolate
 from tuner.outcome import Outcome
+from tuner.search.value import PURPOSE_ATTR
 from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
@@ -185,7 +186,8 @@ class Proxies:
             params = config_params(config, expand_axes(self.spec))
             attrs = {k: v for k, v in target.user_attrs.items()
                      if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
-            loop.study.enqueue_trial(params, user_attrs={**attrs, "confirms": target.number})
+            attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
+            loop.study.enqueue_trial(params, user_attrs=attrs)
             trial = loop.study.ask(distributions(self.spec))
             logger.info("trial %d confirms trial %d's proxy figure at full scale",
                         trial.number, target.number)  # fmt: skip
