@@ -64,6 +64,7 @@ from tuner.models.rates import (
     gemm_seconds,
     group_link,
 )
+from tuner.models.stack import StackTerms, scaled_layer_times
 from tuner.models.time.breakdown import (
     TimeBreakdown,
     breakdown,
@@ -331,6 +332,7 @@ def estimate_time(
     rates: Rates | None = None,
     p2p_overlap: bool = True,
     tp_backward_overlap: bool = True,
+    terms: StackTerms | None = None,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: one of
     ``tuner.spec.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's
@@ -343,6 +345,7 @@ def estimate_time(
     their weight-gradient GEMMs (Megatron-LM since 2021-08, ``ColumnParallelLinearWithAsync
     Allreduce``, commit cf7efd4f; False for code before it, e.g. the BigScience fork of
     Megatron-DeepSpeed, which reduces synchronously in ``_CopyToModelParallelRegion.backward``).
+    ``terms``: what a framework probe measured on the stack (``tuner.models.stack``).
     Pure arithmetic; see the module docstring for the model and the FLOPs convention.
     """
     rates = rates or catalog_rates(gpu, training.precision)
@@ -364,6 +367,9 @@ def estimate_time(
             model, config, framework, rates, gpus_per_node, share, layers,
             (fwd, bwd, tp_fwd, tp_bwd, psi),
         )  # fmt: skip
+    fwd, bwd, core, head = scaled_layer_times(
+        terms, config, fwd, bwd, core, head, rates.microbatch_overhead
+    )
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
     if training.precision == "fp8":
         recipe = training.fp8_recipe
@@ -401,17 +407,9 @@ def estimate_time(
         config, model, rates, gpus_per_node, stage_mb, framework, windows, p2p_overlap
     )
     dp, optimizer = _dp_and_optimizer(
-        config,
-        rates,
-        gpus_per_node,
-        framework,
-        psi,
-        expert_psi,
-        windows,
-        stage_mb,
-        layers,
+        config, rates, gpus_per_node, framework, psi, expert_psi, windows, stage_mb, layers,
         bf16_opt,
-    )
+    )  # fmt: skip
     parts = (
         compute, m * layers * rec, tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
         optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
