@@ -45,6 +45,8 @@ class StackPoint:
     recompute: str
     zero_stage: int = 0
     ep: int = 1
+    distopt: bool = False
+    """Megatron's distributed optimizer (its sharding, as the ZeRO stage is DeepSpeed's)."""
     layer_scale: float | None = None
     """Measured / model seconds of one layer's forward + backward (+ recomputation) per
     micro-batch; None where not measured."""
@@ -70,7 +72,8 @@ class StackPoint:
         """How estimates name the point: ``tp1 mbs2 none zero0``."""
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         ep = f" ep{self.ep}" if self.ep > 1 else ""
-        return f"tp{self.tp}{cp}{ep} mbs{self.mbs} {self.recompute} zero{self.zero_stage}"
+        shard = " distopt" if self.distopt else ""
+        return f"tp{self.tp}{cp}{ep} mbs{self.mbs} {self.recompute} zero{self.zero_stage}{shard}"
 
     def distance(self, config: ParallelConfig) -> float:
         """How far ``config`` is from this point: recomputation weighs most (it changes what a
@@ -80,6 +83,7 @@ class StackPoint:
             4.0 * (self.recompute != config.recompute)
             + 2.0 * (self.ep != config.ep)
             + 2.0 * (self.zero_stage != config.zero_stage)
+            + 2.0 * (self.distopt != config.distributed_optimizer)
             + abs(math.log2(self.mbs / max(config.micro_batch_size, 1)))
         )
 

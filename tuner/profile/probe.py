@@ -87,7 +87,7 @@ def reduced(spec: StudySpec, config: ParallelConfig, depth: int) -> StudySpec:
 
 def _knobs(c: ParallelConfig) -> tuple[Any, ...]:
     """What a point varies besides TP, CP, micro-batch, recompute, ZeRO stage and EP."""
-    return (c.pp, c.vp, c.sequence_parallel, c.distributed_optimizer, c.tp_comm_overlap,
+    return (c.pp, c.vp, c.sequence_parallel, c.tp_comm_overlap,
             )  # fmt: skip
 
 
@@ -106,14 +106,24 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
         mbs = sizes[(len(sizes) - 1) // 2] if len(sizes) > 2 else sizes[-1]
         base = min(
             (c for c in group if c.micro_batch_size == mbs),
-            key=lambda c: (c.recompute != "none", c.zero_stage, c.ep, str(_knobs(c))),
+            key=lambda c: (
+                c.recompute != "none",
+                c.zero_stage,
+                c.distributed_optimizer,
+                c.ep,
+                str(_knobs(c)),
+            ),
         )
         runs += [ProbeRun(base, d) for d in DEPTHS]
         seen = {base.key()}
         for c in group:
             same = c.micro_batch_size == mbs and _knobs(c) == _knobs(base)
-            changed = [c.recompute != base.recompute, c.zero_stage != base.zero_stage,
-                       c.ep != base.ep]  # fmt: skip
+            changed = [
+                c.recompute != base.recompute,
+                c.zero_stage != base.zero_stage,
+                c.ep != base.ep,
+                c.distributed_optimizer != base.distributed_optimizer,
+            ]
             if same and sum(changed) == 1 and c.key() not in seen:
                 seen.add(c.key())
                 runs.append(ProbeRun(c, max(DEPTHS)))

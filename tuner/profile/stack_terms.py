@@ -121,7 +121,7 @@ def _point(
             slack = max(deep.reserved_gib - deep.peak_gib, 0.0) * GIB
     return StackPoint(
         tp=c.tp, cp=c.cp, mbs=c.micro_batch_size, recompute=c.recompute,
-        zero_stage=c.zero_stage, ep=c.ep, slack_bytes=slack,
+        zero_stage=c.zero_stage, ep=c.ep, distopt=c.distributed_optimizer, slack_bytes=slack,
         time_spread=max(spread(r.samples_s) for r in rows), layer_scale=layer_scale,
         fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
     )  # fmt: skip
