@@ -71,7 +71,14 @@ def _memory_parts(spec: StudySpec, c: ParallelConfig, depth: int) -> tuple[float
 
 
 def _ratio(measured: float, model: float) -> float | None:
+    """A time's measured / model ratio; None when either is not positive (no measurement)."""
     return measured / model if measured > 0 and model > 0 else None
+
+
+def _bytes_ratio(measured: float, model: float) -> float | None:
+    """A memory term's measured / model ratio: bytes measured at or under nothing are nothing
+    (a checkpointed layer that keeps no more than its input); None when the model has none."""
+    return max(measured, 0.0) / model if model > 0 else None
 
 
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
@@ -84,11 +91,11 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     rest = (t1 - s1) / m - layer
     (o1, a1, e1), (o2, a2, e2) = (_memory_parts(spec, c, d) for d in (1, 2))
     p1, p2 = rows[1].peak_gib * GIB, rows[2].peak_gib * GIB
-    k_act = _ratio((p2 - o2) - (p1 - o1), a2 - a1)
+    k_act = _bytes_ratio((p2 - o2) - (p1 - o1), a2 - a1)
     extras = p1 - o1 - (k_act or 1.0) * a1
     return _point(spec, c, rows.values(), layer_scale=_ratio(layer, v2 - v1),
                   fixed_scale=_ratio(rest, 2 * v1 - v2), activation_scale=k_act,
-                  extras_scale=_ratio(extras, e1))  # fmt: skip
+                  extras_scale=_bytes_ratio(extras, e1))  # fmt: skip
 
 
 def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
@@ -105,7 +112,7 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
     acts = row.peak_gib * GIB - other - k_ext * ext
     return _point(spec, c, (row,), layer_scale=_ratio(layer, lay_model),
                   fixed_scale=base.fixed_scale if base else None,
-                  activation_scale=_ratio(acts, act),
+                  activation_scale=_bytes_ratio(acts, act),
                   extras_scale=base.extras_scale if base else None)  # fmt: skip
 
 
