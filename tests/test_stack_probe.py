@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.launch.slurm import LocalSlurm, local_slurm
 from tuner.api import estimate
 from tuner.cli.main import main
 from tuner.layout import ClusterLayout
@@ -23,6 +24,7 @@ from tuner.profile.stack_terms import load_probe, study_terms
 from tuner.spec.file import study_from_mapping
 
 pytestmark = [pytest.mark.slow]
+__all__ = ["local_slurm"]  # the fixture, imported for this module
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"
@@ -99,3 +101,28 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
     out = capsys.readouterr().out
     assert "layer_time: measured at tp1 mbs2 none zero0" in out
     assert "optimizer_step: catalog" in out
+
+
+@pytest.mark.slurm
+def test_every_probe_point_runs_in_one_slurm_allocation(
+    local_slurm: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through Slurm: one batch job whose node script starts each point in turn, on the two
+    nodes of the allocation (a 2-node point: the trial shape of this study)."""
+    data = study_data(tmp_path)
+    data["cluster"] = {"gpu": "a100-80gb", "gpus_per_node": 1, "num_nodes": 2,
+                       "executor": "slurm", "slurm": {"poll_interval_s": 0.3}}  # fmt: skip
+    data["search"]["nodes_per_trial"] = 2
+    data["space"]["distributed_optimizer"] = [False]
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    spec = study_from_mapping(data)
+    assert main(["profile", "--study", str(path), "--probe"]) == 0
+    job = ClusterLayout(tmp_path / "results", spec.cluster_name).stack_probe(spec.name)
+    result = json.loads(job.result_json.read_text())
+    assert result["job_id"] and sorted(result["hosts"]) == ["n1", "n2"]
+    for node in (0, 1):  # both nodes ran both points, in the one job
+        assert job.node_log(node).read_text().count("rc=0") == len(probe_runs(spec)) == 2
+    terms = study_terms(spec, tmp_path / "results")
+    assert [p.layer_scale is not None for p in terms.points] == [True]

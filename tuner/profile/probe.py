@@ -37,6 +37,7 @@ DEPTHS = (1, 2)
 """Layers per stage of the base points: the difference is one layer, the rest is fixed."""
 PROBE_TIMEOUT_MIN = 10.0
 """Minutes each run may take when the study sets no ``search.trial_timeout_min``."""
+HEREDOC = "TUNER_PROBE_POINT_SCRIPT"
 POINT = "TUNER_STACK_POINT"
 """The line that frames each point's output in the node logs: ``TUNER_STACK_POINT <k> start``
 and ``TUNER_STACK_POINT <k> end rc=<code>``."""
@@ -135,8 +136,8 @@ def bundle(
     master_ports: Sequence[int], node_dir: str,
 ) -> tuple[tuple[str, ...], dict[str, str]]:  # fmt: skip
     """(one script per node, the files): each run rendered by the study's template into its own
-    sub-directory ``p<k>``, its scripts and files shipped as ``p<k>.<name>``; every node's script
-    runs the points in order, each framed by :data:`POINT` lines."""
+    sub-directory ``p<k>``, its files shipped as ``p<k>.<name>``; every node's script writes each
+    point's script (inline) and runs the points in order, each framed by :data:`POINT` lines."""
     from tuner.launch import render_launch
 
     files: dict[str, str] = {}
@@ -151,8 +152,11 @@ def bundle(
             files[f"p{k}.{name}"] = text
             copies.append(f"cp p{k}.{name} p{k}/{name}")
         for n, script in enumerate(rendered.scripts):
-            files[f"p{k}.node-{n}.sh"] = script
-            bodies[n] += [*copies, f"run {k} p{k}.node-{n}.sh"]
+            # inline, so what an executor fills in a node's script (Slurm's master address)
+            # reaches the point's script too
+            name = f"p{k}.node-{n}.sh"
+            inline = [f"cat > {name} <<'{HEREDOC}'", script.rstrip("\n"), HEREDOC]
+            bodies[n] += [*copies, *inline, f"run {k} {name}"]
     head = [
         "#!/usr/bin/env bash",
         "set -uo pipefail",
