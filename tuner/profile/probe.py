@@ -37,6 +37,10 @@ DEPTHS = (1, 2)
 """Layers per stage of the base points: the difference is one layer, the rest is fixed."""
 PROBE_TIMEOUT_MIN = 10.0
 """Minutes each run may take when the study sets no ``search.trial_timeout_min``."""
+PORT_OFFSET = 100
+"""The points' rendezvous ports start this far above ``launch.master_port``: each is chosen
+when the job is submitted and bound minutes later, so they stay clear of the ports that trials
+and demos on the same machine start from."""
 HEREDOC = "TUNER_PROBE_POINT_SCRIPT"
 POINT = "TUNER_STACK_POINT"
 """The line that frames each point's output in the node logs: ``TUNER_STACK_POINT <k> start``
@@ -230,7 +234,7 @@ def run_stack_probe(
         raise LaunchError("the probe found no config without pipeline stages in the space")
     hosts = tuple(spec.node_names[: spec.nodes_per_trial])
     master = executor.master_addr(hosts)
-    ports = [executor.master_port(hosts, spec.launch.master_port)]
+    ports = [executor.master_port(hosts, spec.launch.master_port + PORT_OFFSET)]
     for _ in runs[1:]:  # one port each: a finished run's may linger, another job may take one
         ports.append(executor.master_port(hosts, ports[-1] + 1))
     paths.dir.mkdir(parents=True, exist_ok=True)
