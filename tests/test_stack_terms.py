@@ -198,3 +198,40 @@ def test_a_stale_or_foreign_probe_is_refused_in_one_line(tmp_path: Path) -> None
     with pytest.raises(ProfileError) as exc:
         study_terms(spec, tmp_path, now=now)
     assert "stale probe" in one_line(exc) and "--probe" in one_line(exc)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_probe_check_prints_measured_over_predicted_per_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_check.py, as the demos run it: a trial measured at exactly what the models
+    with the probe predict reads 1.000, and a config the probe never ran is marked kept out."""
+    import yaml
+
+    from tests.report.test_exports import record_measured
+    from tools.probe_check import main as probe_check
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["python"] = "python3"  # local executor: versions compared with this torch
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    from tuner.layout import ClusterLayout
+    from tuner.profile.run import local_versions
+    from tuner.spec.file import load_study
+
+    spec = load_study("standin")  # as the tool loads it: the script's path is the study file's
+    now = dt.datetime.now(dt.UTC)
+    torch = str(local_versions().get("torch", "none"))
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=61.0, nodes=1,
+                         versions={"torch": torch})  # fmt: skip
+    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
+               .stack_yaml(spec.name), now)  # fmt: skip
+    terms = study_terms(spec, tmp_path / "results")
+    probed, kept_out = probe_runs(spec)[0].config, next(c for c in iter_configs(spec) if c.pp == 2)
+    record_measured(spec, tmp_path / "results", [(c, predicted(spec, c, terms)[0])
+                                                   for c in (probed, kept_out)])  # fmt: skip
+    assert probe_check(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert "step measured / predicted: 1.000-1.000 (kept out: 1.000-1.000)" in out
+    assert " yes " in out and "   - " in out
