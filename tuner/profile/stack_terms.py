@@ -104,7 +104,7 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
     m, depth = max(c.num_microbatches, 1), row.depth
     (v1, _), (v2, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
     lay_model, rest_model = v2 - v1, 2 * v1 - v2
-    vd, sd = _time_parts(spec, c, depth, rates)
+    _, sd = _time_parts(spec, c, depth, rates)
     k_rest = base.fixed_scale if base and base.fixed_scale is not None else 1.0
     layer = ((row.step_s - sd) / m - k_rest * rest_model) / depth
     other, act, ext = _memory_parts(spec, c, depth)
