@@ -59,25 +59,31 @@ demo-warmup: $(STAMP)
 	  --num-attention-heads 2 --seq-length 32 --vocab-size 128 --train-iters 1 \
 	  > $(DEMO_WARMUP)/warmup.log 2>&1 || { tail -20 $(DEMO_WARMUP)/warmup.log; exit 1; }
 
-# The demo: a short cluster profile (GEMM and gloo collective speeds, results/clusters/), then a
+# The demo: a short cluster profile (GEMM and gloo collective speeds, results/clusters/), the
+# framework probe (the study's own launch at 1 and 2 layers on a few configs, one job), then a
 # real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed from
-# results/demo/study.db when run again, then its leaderboard, best ds_config and report.
+# results/demo/study.db when run again, then its leaderboard, best ds_config and report, and how
+# far each trial was from what the models with the probe predicted (tools/probe_check.py).
 demo: demo-warmup
 	$(VENV)/bin/tune profile --study demo --warmup 2 --repeats 5
+	$(VENV)/bin/tune profile --study demo --probe
 	$(VENV)/bin/tune run --study demo
 	$(VENV)/bin/tune leaderboard --study demo --all
 	$(VENV)/bin/tune best --study demo --emit ds-config
 	$(VENV)/bin/tune report --study demo
+	$(PY) tools/probe_check.py --study demo
 
 # The MoE demo (studies/demo-moe.yaml): the GPT's MLPs are DeepSpeed-MoE layers (4 experts,
 # top-2); expert parallelism ep 1 and 2 x micro-batch 1 and 2 trained for real on the same 2 CPU
 # ranks after the same cluster profile, then the leaderboard (ep column), best ds_config, report.
 demo-moe: demo-warmup
 	$(VENV)/bin/tune profile --study demo-moe --warmup 2 --repeats 5
+	$(VENV)/bin/tune profile --study demo-moe --probe
 	$(VENV)/bin/tune run --study demo-moe
 	$(VENV)/bin/tune leaderboard --study demo-moe --all
 	$(VENV)/bin/tune best --study demo-moe --emit ds-config
 	$(VENV)/bin/tune report --study demo-moe
+	$(PY) tools/probe_check.py --study demo-moe
 
 # The FSDP2 demo (studies/demo-fsdp.yaml, docs/torchtitan.md): the small GPT on fully_shard (and
 # parallelize_module at tp 2) on 2 CPU ranks over gloo, launched as torchtitan 0.3.0's trainer
@@ -113,8 +119,10 @@ demo-ssh: demo-warmup
 	@trap 'rc=$$?; $(PY) tools/loopback_sshd.py stop --dir $(DEMO_SSH_DIR) || rc=1; exit $$rc' \
 	  EXIT; trap 'exit 130' INT TERM; \
 	$(PY) tools/loopback_sshd.py start --dir $(DEMO_SSH_DIR) --nodes 2 || exit 1; \
+	$(DEMO_SSH_ENV) $(VENV)/bin/tune profile --study demo-ssh --probe || exit 1; \
 	$(DEMO_SSH_ENV) $(VENV)/bin/tune run --study demo-ssh; rc=$$?; \
 	$(DEMO_SSH_ENV) $(VENV)/bin/tune leaderboard --study demo-ssh --all; \
+	$(DEMO_SSH_ENV) $(PY) tools/probe_check.py --study demo-ssh; \
 	exit $$rc
 
 # Through Slurm (studies/demo-slurm.yaml): a throw-away local Slurm in $(DEMO_SLURM_DIR) (fresh

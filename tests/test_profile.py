@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import test_stack_probe as stack_probe
 from tests.procs import live_processes
 from tuner.cli.main import main
 from tuner.layout import ClusterLayout
@@ -33,6 +34,7 @@ from tuner.profile.run import (
     save_profile,
     study_profile,
 )
+from tuner.profile.stack_terms import study_terms
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
 
@@ -358,13 +360,27 @@ def test_profile_runs_on_loopback_ssh_nodes(tmp_path: Path) -> None:
     )  # fmt: skip
     del data["cluster"]["num_nodes"]
     path, results = write(tmp_path, data), tmp_path / "results"
+    # the framework probe on the same nodes: the Megatron stand-in (tests/test_stack_probe.py)
+    # at 1 and 2 layers, both 2-node points in one SSH session per node
+    probe_data = stack_probe.study_data(tmp_path)
+    probe_data["cluster"] = {**data["cluster"]}
+    probe_data["space"]["distributed_optimizer"] = [False]
+    probe_data["search"]["nodes_per_trial"] = 2
+    probe_path = tmp_path / "probe.yaml"
+    probe_path.write_text(yaml.safe_dump(probe_data))
     cluster.start()
     try:
         rc = run_profile(["--study", str(path), "--results", str(results), *QUICK])
+        probe_rc = run_profile(["--study", str(probe_path), "--results", str(results), "--probe"])
         left = probe_processes(results)
     finally:
         survivors = cluster.stop()
-    assert rc == 0
+    assert rc == 0 and probe_rc == 0
+    probe_spec = study_from_mapping(probe_data)
+    terms = study_terms(probe_spec, results)
+    assert len(terms.points) == 1 and terms.points[0].layer_scale is not None
+    job = ClusterLayout(results.resolve(), probe_spec.cluster_name).stack_probe(probe_spec.name)
+    assert [job.node_log(n).read_text().count("rc=0") for n in (0, 1)] == [2, 2]
     assert left == [], "profile processes left on the nodes"
     assert survivors == [] and probe_processes(tmp_path) == [], "sshd left running"
     spec = study_from_mapping(data)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory, fits
 from tuner.models.rates import Rates
+from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.space.enumerate import config_from_settings, study_gpu, study_violations
 from tuner.spec.file import load_study
@@ -73,6 +74,7 @@ def estimate(
     config: ParallelConfig | None = None,
     *,
     rates: Rates | None = None,
+    terms: StackTerms | None = None,
     **settings: object,
 ) -> Estimate:
     """Validate one config of ``study`` and predict its memory and step time.
@@ -80,7 +82,8 @@ def estimate(
     Give a :class:`ParallelConfig`, or knobs as ``tune estimate --set`` takes them (``tp=8,
     pp=4, sp=True, recompute="selective"``); knobs left out take the first value of the study's
     space and DP follows from the world size. ``rates``: the cluster's measured rates
-    (``tuner.profile.rates.study_rates``); the catalog's when None.
+    (``tuner.profile.rates.study_rates``); the catalog's when None. ``terms``: what the
+    framework probe measured (``tuner.profile.stack_terms.study_terms``); the catalog's when None.
     """
     spec = study_spec(study)
     if config is not None and settings:
@@ -94,16 +97,10 @@ def estimate(
     errors = tuple(e.message for e in study_violations(config, spec))
     memory = time = None
     if not errors:
-        memory = estimate_memory(spec.model, config, gpu, spec.framework, spec.training.precision)
-        time = estimate_time(
-            spec.model,
-            spec.training,
-            config,
-            gpu,
-            spec.cluster.gpus_per_node,
-            spec.framework,
-            rates,
-        )
+        memory = estimate_memory(spec.model, config, gpu, spec.framework,
+                                 spec.training.precision, terms=terms)  # fmt: skip
+        time = estimate_time(spec.model, spec.training, config, gpu, spec.cluster.gpus_per_node,
+                             spec.framework, rates, terms=terms)  # fmt: skip
     return Estimate(
         config=config, errors=errors, memory=memory, time=time, gpu_memory_gib=gpu.memory_gib,
         fits=memory is not None and fits(memory, gpu, spec.search.memory_headroom),

@@ -257,6 +257,8 @@ class ClusterLayout:
     <root>/clusters/<name>.yaml              the measured cluster profile (tune profile)
     <root>/clusters/<name>.calibration.yaml  model corrections learned from measured trials
     <root>/clusters/<name>.probe/            the profile job's files (scripts, node logs)
+    <root>/clusters/<name>.<study>.stack.yaml  a study's framework probe (tune profile --probe)
+    <root>/clusters/<name>.<study>.stack/      its job's files
     """
 
     root: Path
@@ -286,3 +288,11 @@ class ClusterLayout:
     def probe(self) -> TrialPaths:
         """The profile job's directory, laid out as a trial's."""
         return TrialPaths(self.dir / f"{self.name}.probe")
+
+    def stack_yaml(self, study: str) -> Path:
+        """The framework probe's measurements for ``study``."""
+        return self.dir / f"{self.name}.{study}.stack.yaml"
+
+    def stack_probe(self, study: str) -> TrialPaths:
+        """The framework probe's job directory, laid out as a trial's."""
+        return TrialPaths(self.dir / f"{self.name}.{study}.stack")

@@ -57,15 +57,21 @@ BOARD_MORE = ("--format csv and json keep every field, the config as its full ke
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     # The models load with the commands that use them: `tune --version` and `--help` stay quick.
+    import dataclasses
+
     from tuner.api import estimate
+    from tuner.cli.probe import source_lines
     from tuner.models.rates import CATALOG_STEP_ERROR
+    from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import config_from_settings
 
     spec = load_study(args.study)
     rates, source = cli_profile.time_source(spec, args.results)
-    found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates)
+    terms = study_terms(spec, args.results, rates)
+    found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates, terms=terms)
     result = found.to_dict()
     result["time_source"] = source
+    result["term_sources"] = [dataclasses.asdict(s) for s in terms.sources(found.config)]
     result["time_error"] = CATALOG_STEP_ERROR if rates is None else None
     line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
@@ -73,6 +79,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     elif found.valid:
         _print_estimate(result, spec.search.memory_headroom, render.parse_columns(args.columns))
         _console().print(f"time model rates: {source}")
+        for text in source_lines(spec, found.config, terms):
+            _console().print(text)
         if line:
             _console().print(line)
     if not found.valid:  # bad input: the rules it breaks, one line, exit 2
@@ -87,11 +95,13 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_space(args: argparse.Namespace) -> int:
+    from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import enumerate_space
 
     spec = load_study(args.study)
     rates, out_source = cli_profile.time_source(spec, args.results)
-    report = enumerate_space(spec, keep_oom=True, rates=rates)
+    terms = study_terms(spec, args.results, rates)
+    report = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
     out = report.counts()
     out["time_source"] = out_source
     top = report.ranked()[: args.top] if args.top > 0 else []

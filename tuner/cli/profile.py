@@ -60,6 +60,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     spec = _profile_spec(args)
     layout = cluster_layout(spec, args.results)
+    if args.probe:
+        from tuner.cli.probe import run_probe
+
+        return run_probe(spec, layout, args)
     if args.show:
         profile = prof.study_profile(spec, args.results) or prof.load_profile(layout.profile_yaml)
     else:
@@ -388,6 +392,12 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
         "--show",
         action="store_true",
         help="print the saved profile after checking it is current; measure nothing",
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="run the study's own launch at 1 and 2 layers per stage on a few points of its "
+        "space (one job) and save the per-layer time, activations and extras it measures",
     )
     add_format_option(p, ("text", "json"))
     handlers["profile"] = _cmd_profile

@@ -23,6 +23,7 @@ from tuner.models.memory.estimate import (
     stage_plans,
     with_slack,
 )
+from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import TimeBreakdown
 from tuner.space.probes import probe_ceiling_gib
 from tuner.spec.study import Framework, ModelSpec, Precision
@@ -34,18 +35,19 @@ if TYPE_CHECKING:
 class DeferredMemory:
     """The exact memory breakdown of one config, computed on first use and then kept."""
 
-    __slots__ = ("_args", "_value")
+    __slots__ = ("_args", "_terms", "_value")
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
-        precision: Precision,
+        precision: Precision, terms: StackTerms | None = None,
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
+        self._terms = terms
         self._value: MemoryBreakdown | None = None
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
-            self._value = estimate_memory(*self._args)
+            self._value = estimate_memory(*self._args, terms=self._terms)
         return self._value
 
 
@@ -86,16 +88,18 @@ class MemoryJudge:
     """Bytes: a peak over this neither fits nor may be probed."""
     fast: bool = True
     """Settle verdicts on the bounds where they can; False: simulate every config."""
+    terms: StackTerms | None = None
+    """Measured terms (tuner.models.stack); the bounds are the catalog's, so give fast=False."""
 
     @classmethod
     def of(
         cls, model: ModelSpec, gpu: GPUSpec, framework: Framework, precision: Precision,
-        headroom: float, probes: bool, fast: bool = True,
+        headroom: float, probes: bool, fast: bool = True, terms: StackTerms | None = None,
     ) -> MemoryJudge:  # fmt: skip
         """The judge for a study's GPU, headroom and whether it launches memory probes."""
         limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
         ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
-        return cls(model, gpu, framework, precision, limit, ceiling, fast)
+        return cls(model, gpu, framework, precision, limit, ceiling, fast, terms)
 
     def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | None, bool]:
         """(``config``'s exact breakdown, whether it fits the headroom limit), with the
@@ -103,7 +107,8 @@ class MemoryJudge:
         leave the verdict open: None instead of the breakdown when they settle it (over the
         ceiling: no fit and no probe; under the limit: a fit)."""
         if not self.fast:
-            every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
+            every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision,
+                                    terms=self.terms)  # fmt: skip
             return every, every.peak <= self.limit
         plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
         stages = stage_bounds(plans, self.gpu)
@@ -126,7 +131,8 @@ class MemoryJudge:
 
     def deferred(self, config: ParallelConfig) -> DeferredMemory:
         """The exact breakdown of ``config``, when read."""
-        return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision)
+        return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision,
+                              self.terms)  # fmt: skip
 
 
 def _step(c: Candidate) -> float:

@@ -24,6 +24,7 @@ from tuner.config.settings import parse_setting
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
+from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import MemoryJudge
@@ -262,6 +263,7 @@ def enumerate_space(
     with_time: bool = True,
     rates: Rates | None = None,
     fast: bool = True,
+    terms: StackTerms | None = None,
 ) -> SpaceReport:
     """Validate and memory-estimate every combination; predict the step time of viable ones
     (``rates``: the cluster's measured rates, ``tuner.profile.rates``; the catalog's if None).
@@ -270,14 +272,17 @@ def enumerate_space(
     probes' ceiling, or under the limit) skips the allocator simulation
     (:class:`~tuner.space.candidates.MemoryJudge`); its exact breakdown is computed when read. The
     report is the same as with ``fast=False`` (the exact path everywhere):
-    tests/test_space_fast.py holds the two equal."""
+    tests/test_space_fast.py holds the two equal. ``terms``: what the framework probe measured
+    (``tuner.models.stack``); measured terms take the exact path for every config."""
     gpu = study_gpu(spec)
     report = SpaceReport()
     model, fw = spec.model, spec.framework
     precision, headroom = spec.training.precision, spec.search.memory_headroom
     gpn = spec.cluster.gpus_per_node
     probing = bool(spec.search.memory_probes and with_time)
-    judge = MemoryJudge.of(model, gpu, fw, precision, headroom, probing, fast)
+    measured = terms is not None and not terms.is_catalog
+    judge = MemoryJudge.of(model, gpu, fw, precision, headroom, probing, fast and not measured,
+                           terms)  # fmt: skip
     near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
@@ -289,7 +294,7 @@ def enumerate_space(
         memory, ok = judge.memory(config)  # None: the bounds settled it, computed when read
         if ok:
             time = (
-                estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
+                estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
                 if with_time
                 else None
             )
@@ -299,7 +304,7 @@ def enumerate_space(
         if keep_oom:
             report.oom.append(Candidate(config, memory or judge.deferred(config), False))
         if memory and probing and may_probe(memory.peak / GIB, gpu.memory_gib):
-            time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
+            time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
             near.append(Candidate(config, memory, False, time))
     report.probes = _probes(near, report, spec.search.memory_probes)
     return report
@@ -313,17 +318,19 @@ class SharedSpace:
     both need it with the same rates, so a study loop builds it once and hands it to both.
     """
 
-    __slots__ = ("_report", "rates", "spec")
+    __slots__ = ("_report", "rates", "spec", "terms")
 
-    def __init__(self, spec: StudySpec, rates: Rates | None = None) -> None:
-        self.spec, self.rates = spec, rates
+    def __init__(
+        self, spec: StudySpec, rates: Rates | None = None, terms: StackTerms | None = None
+    ) -> None:
+        self.spec, self.rates, self.terms = spec, rates, terms
         self._report: SpaceReport | None = None
 
     def report(self) -> SpaceReport:
         """The enumeration (viable configs with their times, and the memory probes); shared, so
         callers must not change it."""
         if self._report is None:
-            self._report = enumerate_space(self.spec, rates=self.rates)
+            self._report = enumerate_space(self.spec, rates=self.rates, terms=self.terms)
         return self._report
 
 

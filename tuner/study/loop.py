@@ -35,6 +35,7 @@ from tuner.layout import ResultsLayout
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.profile.rates import study_rates
+from tuner.profile.stack_terms import study_terms
 from tuner.search.sampler import make_sampler
 from tuner.search.stopping import Stopper
 from tuner.space.cost import trial_limit_s
@@ -485,7 +486,8 @@ def build_loop(
     check_results_dir(layout)
     opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
     rates = study_rates(spec, results)  # the cluster's measured profile, if any
-    space = SharedSpace(spec, rates)  # one enumeration for the model sampler and the screen
+    terms = study_terms(spec, results, rates)  # the framework probe's measured terms, if any
+    space = SharedSpace(spec, rates, terms)  # one enumeration for the sampler and the screen
     sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
     study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)

@@ -72,11 +72,12 @@ class Screen:
         if errors:
             self._prune(trial, Outcome.INVALID, "; ".join(e.message for e in errors))
             return False
+        terms = self.space.terms
         memory = estimate_memory(spec.model, config, self.gpu, spec.framework,
-                                 spec.training.precision)  # fmt: skip
+                                 spec.training.precision, terms=terms)  # fmt: skip
         predicted = estimate_time(spec.model, spec.training, config, self.gpu,
                                   spec.cluster.gpus_per_node, spec.framework,
-                                  self.rates)  # fmt: skip
+                                  self.rates, terms=terms)  # fmt: skip
         trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
         trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
         trial.set_user_attr("predicted_reserved_gib", round(memory.reserved / GIB, 3))

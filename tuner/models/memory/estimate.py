@@ -58,6 +58,7 @@ from tuner.models.moe import (
     moe_stage_memory,
 )
 from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
+from tuner.models.stack import StackTerms, composed_memory
 from tuner.models.time.tp_overlap import ub_buffer_bytes
 from tuner.spec.fp8 import fp8_weight_copy_bytes
 from tuner.spec.frameworks import traits
@@ -208,16 +209,19 @@ def estimate_memory(
     framework: Framework = "megatron",
     precision: Precision = "bf16",
     zero_settings: Mapping[str, float] | None = None,
+    terms: StackTerms | None = None,
 ) -> MemoryBreakdown:
     """Per-stage, per-phase memory of ``config``; ``.peak`` is the worst device figure.
 
     Layer counts per stage come from tuner.config.pipeline.stage_layers (uneven splits included),
     the in-flight micro-batches per stage from tuner.config.pipeline.in_flight. ``zero_settings``:
     the ds_config's ``zero_optimization`` values (bucket sizes) when they differ from DeepSpeed's
-    defaults (tuner.models.optimizer_layout.DEEPSPEED_ZERO_DEFAULTS).
+    defaults (tuner.models.optimizer_layout.DEEPSPEED_ZERO_DEFAULTS). ``terms``: what a
+    framework probe measured on the stack (tuner.models.stack.composed_memory).
     """
     zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
-    return _estimate(model, config, gpu, framework, precision, zero)
+    memory = _estimate(model, config, gpu, framework, precision, zero)
+    return memory if terms is None else composed_memory(memory, config, terms)
 
 
 @functools.lru_cache(maxsize=1 << 16)

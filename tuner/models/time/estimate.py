@@ -1,7 +1,5 @@
 """Analytical step-time model: one optimizer step of a ``ParallelConfig`` -> ``TimeBreakdown``.
 
-The FLOPs convention and the result type are ``tuner.models.time.breakdown``'s.
-
 Time model, per micro-batch and per transformer layer on one GPU: each GEMM (forward, and the
 backward's input- and weight-gradient GEMMs with their own output shapes) costs
 ``flops / achieved rate + bytes / achieved HBM bandwidth + latency``, where the achieved rate is
@@ -34,7 +32,8 @@ collectives run inside their GEMMs as Transformer Engine's userbuffers do
 (``tuner.models.time.tp_overlap``).
 
 All functions here are pure arithmetic on Python floats (the study ranks 10^4-10^5 configs with
-it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values.
+it); per-shape work is cached on the frozen ``ModelSpec`` and ``Rates`` values. The FLOPs
+convention and the result type are ``tuner.models.time.breakdown``'s.
 """
 
 from __future__ import annotations
@@ -64,6 +63,7 @@ from tuner.models.rates import (
     gemm_seconds,
     group_link,
 )
+from tuner.models.stack import StackTerms, scaled_layer_times
 from tuner.models.time.breakdown import (
     TimeBreakdown,
     breakdown,
@@ -337,6 +337,7 @@ def estimate_time(
     p2p_overlap: bool = True,
     tp_backward_overlap: bool = True,
     torchtitan_2024: bool = False,
+    terms: StackTerms | None = None,
 ) -> TimeBreakdown:
     """Predicted time of one optimizer step of ``config`` (``framework``: one of
     ``tuner.spec.frameworks``; Megatron-DeepSpeed takes Megatron's TP terms and DeepSpeed's
@@ -351,7 +352,7 @@ def estimate_time(
     their weight-gradient GEMMs (Megatron-LM since 2021-08, ``ColumnParallelLinearWithAsync
     Allreduce``, commit cf7efd4f; False for code before it, e.g. the BigScience fork of
     Megatron-DeepSpeed, which reduces synchronously in ``_CopyToModelParallelRegion.backward``).
-    Pure arithmetic; see the module docstring for the model and the FLOPs convention.
+    ``terms``: what a framework probe measured (``tuner.models.stack``). Pure arithmetic.
     """
     rates = rates or catalog_rates(gpu, training.precision)
     if traits(framework).fsdp2:  # torchtitan's attention is SDPA's (tuner.models.time.fsdp2)
@@ -374,6 +375,9 @@ def estimate_time(
             model, config, framework, rates, gpus_per_node, share, layers,
             (fwd, bwd, tp_fwd, tp_bwd, psi),
         )  # fmt: skip
+    fwd, bwd, core, head = scaled_layer_times(
+        terms, config, fwd, bwd, core, head, rates.microbatch_overhead
+    )
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
     if training.precision == "fp8":
         recipe = training.fp8_recipe
@@ -401,12 +405,9 @@ def estimate_time(
         # the last stage adds the LM head; layers it holds fewer than the slowest stage absorb it
         spare = (layers - counts[-1]) * stage_mb / layers if layers else 0.0
         imbalance = m * max(0.0, head + head_comm - spare)
-        tied_bytes = float(MEGATRON_GRAD_BYTES)
-        if traits(framework).deepspeed_pipeline and not bf16_opt:
-            tied_bytes = float(rates.elem)
-        imbalance += tied_embedding_sync(
-            model, config, rates, embedding, gpus_per_node, tied_bytes
-        )
+        ds_fp16 = traits(framework).deepspeed_pipeline and not bf16_opt  # fp16 tied grads
+        tied = float(rates.elem if ds_fp16 else MEGATRON_GRAD_BYTES)
+        imbalance += tied_embedding_sync(model, config, rates, embedding, gpus_per_node, tied)
     windows = (  # one micro-batch's forward and backward on the stage: what hides traffic
         layers * (fwd + tp_fwd + extra_f),
         layers * (bwd + rec + tp_bwd + rec_comm + extra_b),

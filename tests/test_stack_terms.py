@@ -1,0 +1,237 @@
+"""The framework probe's composition (tuner.models.stack, tuner.profile.stack_terms): a stand-in
+stack with a known per-layer surface, probed at 1 and 2 layers, must predict depth N and configs
+the probe never ran; the saved probe round-trips and a stale or foreign one is refused in one
+line."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import GIB, estimate_memory
+from tuner.models.rates import Rates, catalog_rates
+from tuner.models.stack import CATALOG, StackTerms
+from tuner.models.time.estimate import estimate_time
+from tuner.profile.probe import ProbeResult, ProbeRow, probe_runs, split_points
+from tuner.profile.run import MAX_AGE_DAYS, ProfileError
+from tuner.profile.stack_terms import (
+    check_probe,
+    derive_terms,
+    load_probe,
+    save_probe,
+    study_terms,
+)
+from tuner.space.enumerate import iter_configs, study_gpu
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+
+STUDY: dict[str, Any] = {
+    "name": "standin",
+    "model": {"num_layers": 8, "hidden_size": 256, "num_attention_heads": 4,
+              "ffn_hidden_size": 1024, "seq_length": 256, "vocab_size": 4096,
+              "tied_embeddings": False, "dropout": False, "flash_attention": True},
+    "training": {"global_batch_size": 8, "precision": "fp32"},
+    "cluster": {"gpu": "cpu", "gpus_per_node": 2, "num_nodes": 1, "executor": "local",
+                "gpu_memory_gib": 4.0},
+    "framework": "deepspeed",
+    "launch": {"template": "deepspeed_gpt", "script": "train.py", "python": "python"},
+    "space": {"pp": [1, 2], "micro_batch_size": [1, 2, 4], "recompute": ["none", "full"],
+              "recompute_method": ["uniform"], "recompute_num_layers": [1],
+              "zero_stage": [0, 1]},
+}  # fmt: skip
+ACTIVATIONS, EXTRAS = 1.3, 0.7
+"""The stand-in's saved activations and extras against the catalog's: a stack that keeps more
+per layer (an unfused kernel's extra saved tensor) and a loss that keeps less (a fused one)."""
+
+
+def spec_of(data: dict[str, Any] | None = None) -> StudySpec:
+    return study_from_mapping(copy.deepcopy(data or STUDY), base_dir=Path.cwd())
+
+
+def standin_rates(spec: StudySpec) -> Rates:
+    """The stand-in's true speeds: GEMMs at 60% of the catalog's, streaming kernels at 70%, and
+    a per-micro-batch framework cost the catalog does not have."""
+    base = catalog_rates(study_gpu(spec), spec.training.precision)
+    return dataclasses.replace(base, gemm=base.gemm * 0.6, gemm16=base.gemm16 * 0.6,
+                               hbm=base.hbm * 0.7, microbatch_overhead=0.004)  # fmt: skip
+
+
+def at_depth(spec: StudySpec, layers: int) -> Any:
+    return dataclasses.replace(spec.model, num_layers=layers)
+
+
+def true_step(spec: StudySpec, c: ParallelConfig, layers: int) -> float:
+    gpn, rates = spec.cluster.gpus_per_node, standin_rates(spec)
+    model = at_depth(spec, layers)
+    return estimate_time(model, spec.training, c, study_gpu(spec), gpn, spec.framework,
+                         rates).step  # fmt: skip
+
+
+def true_peak(spec: StudySpec, c: ParallelConfig, layers: int) -> float:
+    """Bytes: the largest phase of any stage with the stand-in's activations and extras."""
+    mem = estimate_memory(at_depth(spec, layers), c, study_gpu(spec), spec.framework,
+                          spec.training.precision)  # fmt: skip
+    return max(
+        p.allocated + (ACTIVATIONS - 1) * p.activations + (EXTRAS - 1) * p.stage_extras
+        for s in mem.stages for p in s.phases
+    )  # fmt: skip
+
+
+def probe_rows(spec: StudySpec) -> list[ProbeRow]:
+    """What the probe would measure on the stand-in at its own points."""
+    rows = []
+    for run in probe_runs(spec):
+        step = true_step(spec, run.config, run.depth)
+        rows.append(ProbeRow(key=run.config.key(), depth=run.depth, step_s=step,
+                             samples_s=(step * 0.99, step, step * 1.01),
+                             peak_gib=true_peak(spec, run.config, run.depth) / GIB,
+                             reserved_gib=None))  # fmt: skip
+    return rows
+
+
+def predicted(spec: StudySpec, c: ParallelConfig, terms: StackTerms) -> tuple[float, float]:
+    gpu, rates = study_gpu(spec), catalog_rates(study_gpu(spec), spec.training.precision)
+    step = estimate_time(spec.model, spec.training, c, gpu, spec.cluster.gpus_per_node,
+                         spec.framework, rates, terms=terms).step  # fmt: skip
+    peak = estimate_memory(spec.model, c, gpu, spec.framework, spec.training.precision,
+                           terms=terms).peak  # fmt: skip
+    return step, peak
+
+
+def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> None:
+    spec = spec_of()
+    terms = derive_terms(spec, probe_rows(spec))
+    probed = {r.config.key() for r in probe_runs(spec)}
+    checked = kept_out = 0
+    catalog_off = 0.0
+    for c in iter_configs(spec):
+        step, peak = predicted(spec, c, terms)
+        truth_step = true_step(spec, c, spec.model.num_layers)
+        truth_peak = true_peak(spec, c, spec.model.num_layers)
+        catalog_step, catalog_peak = predicted(spec, c, CATALOG)
+        # the catalog alone is far off the stand-in, the composition is not
+        assert catalog_step / truth_step < 0.8
+        catalog_off = max(catalog_off, abs(catalog_peak / truth_peak - 1))
+        # another micro-batch size changes the mix of GEMMs, streaming kernels and fixed costs
+        # that the stand-in prices unlike the catalog: the model's own scaling carries most of it
+        near = 0.02 if c.micro_batch_size == 2 else 0.06
+        assert step / truth_step == pytest.approx(1.0, rel=near), c.key()
+        assert peak / truth_peak == pytest.approx(1.0, rel=0.005), c.key()
+        checked += 1
+        kept_out += c.key() not in probed
+        if c.key() in probed:  # the probed config itself, at 8 layers instead of 1 or 2
+            assert step / truth_step == pytest.approx(1.0, rel=0.005)
+            assert peak / truth_peak == pytest.approx(1.0, rel=0.005)
+    assert catalog_off > 0.1
+    assert checked >= 20 and kept_out == checked - len(probed)
+
+
+def test_a_probe_without_a_measured_point_leaves_the_catalog() -> None:
+    spec = spec_of()
+    terms = derive_terms(spec, probe_rows(spec))
+    c = next(iter_configs(spec))
+    sources = {s.term: s for s in terms.sources(c)}
+    assert sources["layer_time"].source == "measured" and sources["layer_time"].spread
+    assert sources["slack"].source == "catalog"  # CPU ranks report no allocator cache
+    assert sources["optimizer_step"].source == "catalog"
+    other_tp = dataclasses.replace(c, tp=2, dp=1)
+    assert {s.source for s in terms.sources(other_tp)} == {"catalog"}
+    assert CATALOG.is_catalog and not terms.is_catalog
+
+
+def test_points_are_framed_per_run_in_the_node_logs() -> None:
+    log = ("noise\nTUNER_STACK_POINT 0 start\na\nb\nTUNER_STACK_POINT 0 end rc=0\n"
+           "TUNER_STACK_POINT 1 start\nc\nTUNER_STACK_POINT 1 end rc=1\ntail\n")  # fmt: skip
+    assert split_points(log) == {0: "a\nb\n", 1: "c\n"}
+
+
+def saved(tmp_path: Path, spec: StudySpec, now: dt.datetime) -> Path:
+    from tuner.layout import ClusterLayout
+
+    path = ClusterLayout(tmp_path, spec.cluster_name).stack_yaml(spec.name)
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=61.0, nodes=1,
+                         versions={"torch": "0.0-not-this-one", "deepspeed": "0.1"})  # fmt: skip
+    save_probe(spec, result, path, now)
+    return path
+
+
+def test_a_saved_probe_round_trips(tmp_path: Path) -> None:
+    spec = spec_of()
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    path = saved(tmp_path, spec, now)
+    data = load_probe(path)
+    assert data["rows"] == tuple(probe_rows(spec))
+    assert data["cost"] == {"wall_s": 61.0, "nodes": 1, "node_hours": round(61 / 3600, 5)}
+    check_probe(data, spec, now=now, versions={"torch": "0.0-not-this-one"})
+    assert derive_terms(spec, data["rows"]) == derive_terms(spec, probe_rows(spec))
+
+
+def one_line(exc: pytest.ExceptionInfo[ProfileError]) -> str:
+    text = str(exc.value)
+    assert "\n" not in text
+    return text
+
+
+def test_a_stale_or_foreign_probe_is_refused_in_one_line(tmp_path: Path) -> None:
+    spec = spec_of()
+    now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    data = load_probe(saved(tmp_path, spec, now))
+    later = now + dt.timedelta(days=MAX_AGE_DAYS + 1)
+    with pytest.raises(ProfileError) as exc:
+        check_probe(data, spec, now=later)
+    assert "stale probe" in one_line(exc)
+    with pytest.raises(ProfileError) as exc:
+        check_probe(data, spec, now=now, versions={"torch": "9.9"})
+    assert "stale probe: measured with torch 0.0-not-this-one" in one_line(exc)
+    other = copy.deepcopy(STUDY)
+    other["model"]["hidden_size"] = 512
+    with pytest.raises(ProfileError) as exc:
+        check_probe(data, spec_of(other), now=now)
+    assert "foreign probe" in one_line(exc)
+    # the local executor's own torch is compared on load: this probe's is not it
+    with pytest.raises(ProfileError) as exc:
+        study_terms(spec, tmp_path, now=now)
+    assert "stale probe" in one_line(exc) and "--probe" in one_line(exc)
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_probe_check_prints_measured_over_predicted_per_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_check.py, as the demos run it: a trial measured at exactly what the models
+    with the probe predict reads 1.000, and a config the probe never ran is marked kept out."""
+    import yaml
+
+    from tests.report.test_exports import record_measured
+    from tools.probe_check import main as probe_check
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["python"] = "python3"  # local executor: versions compared with this torch
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    from tuner.layout import ClusterLayout
+    from tuner.profile.run import local_versions
+    from tuner.spec.file import load_study
+
+    spec = load_study("standin")  # as the tool loads it: the script's path is the study file's
+    now = dt.datetime.now(dt.UTC)
+    torch = str(local_versions().get("torch", "none"))
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=61.0, nodes=1,
+                         versions={"torch": torch})  # fmt: skip
+    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
+               .stack_yaml(spec.name), now)  # fmt: skip
+    terms = study_terms(spec, tmp_path / "results")
+    probed, kept_out = probe_runs(spec)[0].config, next(c for c in iter_configs(spec) if c.pp == 2)
+    record_measured(spec, tmp_path / "results", [(c, predicted(spec, c, terms)[0])
+                                                   for c in (probed, kept_out)])  # fmt: skip
+    assert probe_check(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert "step measured / predicted: 1.000-1.000 (kept out: 1.000-1.000)" in out
+    assert " yes " in out and "   - " in out

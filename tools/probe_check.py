@@ -1,0 +1,81 @@
+"""How well the framework probe predicted a study's trials: measured / predicted per config.
+
+    python tools/probe_check.py --study demo [--results results]
+
+For every measured trial of the study: its config, whether the probe ran that config (at 1 or 2
+layers; ``-`` = kept out of everything the probe ran), and measured / predicted step time and
+peak memory, where the prediction is the models' with the saved probe's terms (what the study's
+screen recorded before the trial ran, unrounded) and, beside it, the catalog's alone. Then the
+range of each ratio. The demos (``make demo``, ``make demo-moe``, ``make demo-ssh``) print it
+after their trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def rows(study: str, results: str) -> list[dict[str, Any]]:
+    """One dict per measured trial: the config's spelling, probed or not, and the ratios."""
+    from tuner.api import estimate
+    from tuner.config.parallel import ParallelConfig
+    from tuner.config.spelling import spell
+    from tuner.models.memory.estimate import GIB
+    from tuner.profile.probe import probe_runs
+    from tuner.profile.rates import study_rates
+    from tuner.profile.stack_terms import study_terms
+    from tuner.report.leaderboard import load_optuna_study
+    from tuner.spec.file import load_study
+
+    spec = load_study(study)
+    rates = study_rates(spec, results)
+    terms = study_terms(spec, results, rates)
+    probed = {r.config.key() for r in probe_runs(spec)}
+    out = []
+    for t in load_optuna_study(spec, None, results).get_trials(deepcopy=False):
+        a = t.user_attrs
+        if not a.get("config") or a.get("step_time_s") is None or not a.get("peak_memory_gib"):
+            continue
+        c = ParallelConfig(**a["config"])
+        with_probe = estimate(spec, c, rates=rates, terms=terms)
+        catalog = estimate(spec, c, rates=rates)
+        assert with_probe.time and with_probe.memory and catalog.time and catalog.memory
+        step, peak = float(a["step_time_s"]), float(a["peak_memory_gib"]) * GIB
+        out.append({
+            "trial": t.number, "config": spell(c), "probed": c.key() in probed,
+            "step": step / with_probe.time.step, "peak": peak / with_probe.memory.peak,
+            "catalog_step": step / catalog.time.step, "catalog_peak": peak / catalog.memory.peak,
+        })  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--results", default="results")
+    args = parser.parse_args(argv)
+    found = rows(args.study, args.results)
+    if not found:
+        print(f"{args.study}: no measured trial to check")
+        return 0
+    print(f"measured / predicted before any trial, {args.study} (probe: the probe ran it at 1-2 "
+          "layers; -: kept out of the probe)")  # fmt: skip
+    print(f"{'trial':>5}  {'config':<40} probe  {'step':>6} {'peak':>6}   catalog step   peak")
+    for r in sorted(found, key=lambda r: r["trial"]):
+        print(f"{r['trial']:>5}  {r['config']:<40} {'yes' if r['probed'] else '-':>5}  "
+              f"{r['step']:6.3f} {r['peak']:6.3f}   {r['catalog_step']:12.3f} "
+              f"{r['catalog_peak']:6.3f}")  # fmt: skip
+    for name, key in (("step", "step"), ("peak", "peak")):
+        values = [r[key] for r in found]
+        kept = [r[key] for r in found if not r["probed"]]
+        out = f" (kept out: {min(kept):.3f}-{max(kept):.3f})" if kept else ""
+        print(f"{name} measured / predicted: {min(values):.3f}-{max(values):.3f}{out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Terms measured on the user's own stack, as an explicit input of the memory and time models.
+
+``tune profile --probe`` (:mod:`tuner.profile.probe`) runs the study's own launch template with the
+study's model cut to 1 and 2 layers per stage, at a few points of the space, and derives from the
+differences between depths what a formula cannot know about the stack: how long one transformer
+layer's forward and backward really take per micro-batch, how long the per-micro-batch rest (the
+embedding, LM head, loss and the framework's per-micro-batch work) takes, how many bytes one
+layer's saved activations and the stage's extras (logits, embedding output) really hold, the
+allocator's slack (reserved - allocated) and the memory held outside the allocator (device -
+reserved: CUDA context, NCCL, workspaces) where the stack reports them.
+
+Each measured figure is stored as the ratio of the measurement to the model's own term at the
+probed point (:class:`StackPoint`), so the model's structure carries it to every other config:
+layers per stage, micro-batches in flight, the pipeline's bubble (which is made of per-layer
+time), TP and CP splits and the micro-batch size scale the measured term exactly as they scale
+the catalog's, and the collectives stay the collective profile's. Each term of an estimate says
+where it came from (:meth:`StackTerms.sources`): ``measured`` at a probed point, with the probe's
+own spread, or ``catalog``.
+
+:data:`CATALOG` (no points) is the default everywhere: the models then are exactly the catalog's,
+and a fast path may use its own arithmetic only when ``terms.is_catalog``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.breakdown import MemoryBreakdown, PhaseMemory, StageMemory
+
+TIME_TERMS = ("layer_time", "fixed_time", "optimizer_step")
+MEMORY_TERMS = ("activations", "stage_extras", "slack", "outside_allocator", "optimizer_temps")
+TERMS = TIME_TERMS + MEMORY_TERMS
+"""Every term an estimate reports the source of (:meth:`StackTerms.sources`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StackPoint:
+    """What the probe measured at one point ``(tp, cp, micro-batch, recompute, zero stage)``."""
+
+    tp: int
+    cp: int = 1
+    mbs: int
+    recompute: str
+    zero_stage: int = 0
+    ep: int = 1
+    distopt: bool = False
+    """Megatron's distributed optimizer (its sharding, as the ZeRO stage is DeepSpeed's)."""
+    layer_scale: float | None = None
+    """Measured / model seconds of one layer's forward + backward (+ recomputation) per
+    micro-batch; None where not measured."""
+    fixed_scale: float | None = None
+    """Measured / model seconds of the per-micro-batch rest (embedding, LM head, loss, the
+    framework's per-micro-batch overhead)."""
+    activation_scale: float | None = None
+    """Measured / model bytes of one layer's saved activations."""
+    extras_scale: float | None = None
+    """Measured / model bytes of the stage's extras (embedding output, logits, loss)."""
+    slack_bytes: float | None = None
+    """The allocator's slack, reserved - allocated (None: not reported, e.g. CPU ranks)."""
+    outside_bytes: float | None = None
+    """Device - reserved: CUDA context, NCCL, workspaces (None: not reported)."""
+    time_spread: float = 0.0
+    """Relative spread of the probe's own step-time samples (median absolute deviation /
+    median, worst depth)."""
+    memory_spread: float = 0.0
+    """Relative spread of the probe's peak-memory figures over its ranks."""
+
+    @property
+    def label(self) -> str:
+        """How estimates name the point: ``tp1 mbs2 none zero0``."""
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
+        shard = " distopt" if self.distopt else ""
+        return f"tp{self.tp}{cp}{ep} mbs{self.mbs} {self.recompute} zero{self.zero_stage}{shard}"
+
+    def distance(self, config: ParallelConfig) -> float:
+        """How far ``config`` is from this point: recomputation weighs most (it changes what a
+        layer does), then the expert and optimizer sharding (what a layer computes and gathers),
+        then the micro-batch size (log2 steps)."""
+        return (
+            4.0 * (self.recompute != config.recompute)
+            + 2.0 * (self.ep != config.ep)
+            + 2.0 * (self.zero_stage != config.zero_stage)
+            + 2.0 * (self.distopt != config.distributed_optimizer)
+            + abs(math.log2(self.mbs / max(config.micro_batch_size, 1)))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TermSource:
+    """Where one term of an estimate came from."""
+
+    term: str
+    source: str
+    """``measured`` or ``catalog``."""
+    spread: float | None = None
+    """The measurement's own relative spread (``measured`` only)."""
+    point: str | None = None
+    """The probed point it was measured at (:attr:`StackPoint.label`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StackTerms:
+    """The probe's points; empty (:data:`CATALOG`): every term is the catalog's."""
+
+    points: tuple[StackPoint, ...] = ()
+
+    @property
+    def is_catalog(self) -> bool:
+        """Whether nothing was measured (the models are exactly the catalog's)."""
+        return not self.points
+
+    def point(self, config: ParallelConfig) -> StackPoint | None:
+        """The probed point nearest ``config`` with its TP and CP degrees (per-layer work splits
+        by them, and their collectives are the collective profile's), or None."""
+        same = [p for p in self.points if p.tp == config.tp and p.cp == config.cp]
+        return min(same, key=lambda p: p.distance(config)) if same else None
+
+    def sources(self, config: ParallelConfig) -> tuple[TermSource, ...]:
+        """Each of :data:`TERMS` for ``config``: measured (and where) or catalog."""
+        p = self.point(config)
+        values = {
+            "layer_time": p and p.layer_scale, "fixed_time": p and p.fixed_scale,
+            "activations": p and p.activation_scale, "stage_extras": p and p.extras_scale,
+            "slack": p and p.slack_bytes, "outside_allocator": p and p.outside_bytes,
+        }  # fmt: skip
+        out = []
+        for term in TERMS:
+            if p is None or values.get(term) is None:
+                out.append(TermSource(term, "catalog"))
+                continue
+            spread = p.time_spread if term in TIME_TERMS else p.memory_spread
+            out.append(TermSource(term, "measured", spread, p.label))
+        return tuple(out)
+
+
+CATALOG = StackTerms()
+"""No measured term: the models' default."""
+
+
+def scaled_layer_times(
+    terms: StackTerms | None, config: ParallelConfig, fwd: float, bwd: float, core: float,
+    head: float, microbatch_overhead: float,
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """(fwd, bwd, attention core, head) of one micro-batch with the measured terms: the layer's
+    times times ``layer_scale`` (recomputation, being a share of the forward, follows), and the
+    head such that head + the per-micro-batch overhead is ``fixed_scale`` times the model's."""
+    p = None if terms is None else terms.point(config)
+    if p is None:
+        return fwd, bwd, core, head
+    k = p.layer_scale if p.layer_scale is not None else 1.0
+    if p.fixed_scale is not None:
+        head = max(p.fixed_scale * (head + microbatch_overhead) - microbatch_overhead, 0.0)
+    return fwd * k, bwd * k, core * k, head
+
+
+def composed_memory(
+    memory: MemoryBreakdown, config: ParallelConfig, terms: StackTerms | None
+) -> MemoryBreakdown:
+    """``memory`` with the measured terms: activations and extras scaled by what one layer and
+    the stage's extras measured, slack and the memory outside the allocator replaced where the
+    stack reported them."""
+    p = None if terms is None else terms.point(config)
+    if p is None:
+        return memory
+    return MemoryBreakdown(tuple(_stage(s, p) for s in memory.stages))
+
+
+def _stage(stage: StageMemory, p: StackPoint) -> StageMemory:
+    fwd, step = (_phase(ph, p) for ph in stage.phases)
+    return StageMemory(
+        stage.stage, stage.layers, stage.in_flight, stage.params, stage.layout, (fwd, step),
+        stage.lazy_optimizer,
+    )  # fmt: skip
+
+
+def _phase(ph: PhaseMemory, p: StackPoint) -> PhaseMemory:
+    a = p.activation_scale if p.activation_scale is not None else 1.0
+    x = p.extras_scale if p.extras_scale is not None else 1.0
+    context, comm = ph.cuda_context, ph.comm_buffers
+    if p.outside_bytes is not None:  # measured as one figure: kept in the context's place
+        context, comm = p.outside_bytes, 0.0
+    return PhaseMemory(
+        phase=ph.phase, weights=ph.weights, grads=ph.grads, optimizer=ph.optimizer,
+        activations=ph.activations * a, stage_extras=ph.stage_extras * x,
+        framework_buffers=ph.framework_buffers, workspaces=ph.workspaces,
+        slack=ph.slack if p.slack_bytes is None else p.slack_bytes,
+        cuda_context=context, comm_buffers=comm,
+    )  # fmt: skip

@@ -1,0 +1,282 @@
+"""The framework probe (``tune profile --probe``): the study's own launch, cut to 1 and 2 layers.
+
+A few points of the space (:func:`probe_runs`) run the study's launch template, with the study's
+model at reduced depth (1 and 2 layers per stage; hidden size, heads, sequence and vocabulary
+unchanged) and :data:`PROBE_ITERS` iterations each, through the study's own executor. All of them
+are one :class:`~tuner.launch.LaunchRequest`: each node runs one script that starts the points
+one after the other, so the local executor starts one process group, SSH one session per node
+and Slurm one allocation (one batch job whose steps are the points), never one queued job per
+point. Each point's output is framed by :data:`POINT` lines in the node logs and parsed by the
+framework's own log parser; :mod:`tuner.profile.stack_terms` turns the differences into measured
+terms, and :mod:`tuner.profile.stack_file` saves them beside the cluster profile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.config.parallel import ParallelConfig
+from tuner.errors import LaunchError
+from tuner.layout import TrialPaths
+from tuner.logs import parse_log
+from tuner.space.enumerate import iter_configs, study_violations
+from tuner.spec.study import StudySpec
+
+PROBE_ITERS = 10
+"""Iterations of each probe run: enough for a steady median past the warm-up on every stack."""
+PROBE_WARMUP = 3
+"""Iterations left out of the median (allocator warm-up, first-step graph builds, ZeRO's lazy
+state)."""
+DEPTHS = (1, 2)
+"""Layers per stage of the base points: the difference is one layer, the rest is fixed."""
+PROBE_TIMEOUT_MIN = 10.0
+"""Minutes each run may take when the study sets no ``search.trial_timeout_min``."""
+PORT_OFFSET = 100
+"""The points' rendezvous ports start this far above ``launch.master_port``: each is chosen
+when the job is submitted and bound minutes later, so they stay clear of the ports that trials
+and demos on the same machine start from."""
+HEREDOC = "TUNER_PROBE_POINT_SCRIPT"
+POINT = "TUNER_STACK_POINT"
+"""The line that frames each point's output in the node logs: ``TUNER_STACK_POINT <k> start``
+and ``TUNER_STACK_POINT <k> end rc=<code>``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRun:
+    """One run of the probe: a config of the space at ``depth`` layers per stage."""
+
+    config: ParallelConfig
+    depth: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeRow:
+    """What one probe run measured (as the study's log parser read it)."""
+
+    key: str
+    """The config's key (``ParallelConfig.key``): found again in the space on load."""
+    depth: int
+    step_s: float
+    samples_s: tuple[float, ...]
+    peak_gib: float
+    reserved_gib: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult:
+    """The probe's rows and what it cost."""
+
+    rows: tuple[ProbeRow, ...]
+    wall_s: float
+    nodes: int
+    versions: dict[str, str]
+
+    @property
+    def node_hours(self) -> float:
+        """Wall time x nodes held."""
+        return self.wall_s * self.nodes / 3600.0
+
+
+def reduced(spec: StudySpec, config: ParallelConfig, depth: int) -> StudySpec:
+    """``spec`` with ``depth`` layers per pipeline stage and the probe's iteration count."""
+    model = dataclasses.replace(spec.model, num_layers=depth * config.pp * config.vp)
+    launch = dataclasses.replace(spec.launch, train_iters=PROBE_ITERS, warmup_iters=PROBE_WARMUP)
+    return dataclasses.replace(spec, model=model, launch=launch)
+
+
+def _knobs(c: ParallelConfig) -> tuple[Any, ...]:
+    """What a point varies besides TP, CP, micro-batch, recompute, ZeRO stage and EP."""
+    return (c.pp, c.vp, c.sequence_parallel, c.tp_comm_overlap,
+            )  # fmt: skip
+
+
+def probe_runs(spec: StudySpec) -> list[ProbeRun]:
+    """The probe's runs: per (TP, CP) of the space without pipeline stages, a base point (no
+    recomputation where the space has it, the middle micro-batch size, the lowest ZeRO stage and
+    EP) at 1 and 2 layers, then the base's neighbours that change one knob (each other
+    recomputation, ZeRO stage and EP) at 2 layers. Configs with pipeline stages are not run: they
+    compose from the same per-layer terms (tuner.models.stack)."""
+    flat = [c for c in iter_configs(spec) if c.pp == 1 and c.vp == 1]
+    flat = [c for c in flat if not study_violations(c, reduced(spec, c, max(DEPTHS)))]
+    runs: list[ProbeRun] = []
+    for tp, cp in sorted({(c.tp, c.cp) for c in flat}):
+        group = [c for c in flat if (c.tp, c.cp) == (tp, cp)]
+        sizes = sorted({c.micro_batch_size for c in group})
+        mbs = sizes[(len(sizes) - 1) // 2] if len(sizes) > 2 else sizes[-1]
+        base = min(
+            (c for c in group if c.micro_batch_size == mbs),
+            key=lambda c: (
+                c.recompute != "none",
+                c.zero_stage,
+                c.distributed_optimizer,
+                c.ep,
+                str(_knobs(c)),
+            ),
+        )
+        runs += [ProbeRun(base, d) for d in DEPTHS]
+        seen = {base.key()}
+        for c in group:
+            same = c.micro_batch_size == mbs and _knobs(c) == _knobs(base)
+            changed = [
+                c.recompute != base.recompute,
+                c.zero_stage != base.zero_stage,
+                c.ep != base.ep,
+                c.distributed_optimizer != base.distributed_optimizer,
+            ]
+            if same and sum(changed) == 1 and c.key() not in seen:
+                seen.add(c.key())
+                runs.append(ProbeRun(c, max(DEPTHS)))
+    return runs
+
+
+def bundle(
+    spec: StudySpec, runs: Sequence[ProbeRun], hosts: Sequence[str], master_addr: str,
+    master_ports: Sequence[int], node_dir: str,
+) -> tuple[tuple[str, ...], dict[str, str]]:  # fmt: skip
+    """(one script per node, the files): each run rendered by the study's template into its own
+    sub-directory ``p<k>``, its files shipped as ``p<k>.<name>``; every node's script writes each
+    point's script (inline) and runs the points in order, each framed by :data:`POINT` lines."""
+    from tuner.launch import render_launch
+
+    files: dict[str, str] = {}
+    bodies: list[list[str]] = [[] for _ in hosts]
+    for k, run in enumerate(runs):
+        rendered = render_launch(
+            reduced(spec, run.config, run.depth), run.config, hosts=hosts,
+            master_addr=master_addr, master_port=master_ports[k], trial_dir=f"{node_dir}/p{k}",
+        )  # fmt: skip
+        copies = [f"mkdir -p p{k}"]
+        for name, text in rendered.files.items():
+            files[f"p{k}.{name}"] = text
+            copies.append(f"cp p{k}.{name} p{k}/{name}")
+        for n, script in enumerate(rendered.scripts):
+            # inline, so what an executor fills in a node's script (Slurm's master address)
+            # reaches the point's script too
+            name = f"p{k}.node-{n}.sh"
+            inline = [f"cat > {name} <<'{HEREDOC}'", script.rstrip("\n"), HEREDOC]
+            bodies[n] += [*copies, *inline, f"run {k} {name}"]
+    head = [
+        "#!/usr/bin/env bash",
+        "set -uo pipefail",
+        f"cd {_quote(node_dir)}",
+        f'run() {{ echo "{POINT} $1 start"; bash "$2"; echo "{POINT} $1 end rc=$?"; }}',
+    ]
+    return tuple("\n".join([*head, *body]) + "\n" for body in bodies), files
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def split_points(text: str) -> dict[int, str]:
+    """Each point's lines of one node log, by point index."""
+    out: dict[int, list[str]] = {}
+    current: int | None = None
+    for line in text.splitlines():
+        if line.startswith(POINT):
+            parts = line.split()
+            current = int(parts[1]) if parts[2] == "start" else None
+            continue
+        if current is not None:
+            out.setdefault(current, []).append(line)
+    return {k: "\n".join(v) + "\n" for k, v in out.items()}
+
+
+def versions(text: str) -> dict[str, str]:
+    """The stack's versions from a workload's ``tuner-versions: python=... torch=...`` line."""
+    for line in text.splitlines():
+        if "tuner-versions:" in line:
+            words = line.split("tuner-versions:", 1)[1].split()
+            return dict(w.split("=", 1) for w in words if "=" in w)
+    return {}
+
+
+def rows_from_logs(
+    spec: StudySpec, runs: Sequence[ProbeRun], logs: Sequence[str]
+) -> list[ProbeRow]:
+    """The rows of every run, each parsed from its part of all node logs; a run without a step
+    time is a one-line :class:`LaunchError` naming it."""
+    parts = [split_points(text) for text in logs]
+    rows = []
+    for k, run in enumerate(runs):
+        text = "".join(p.get(k, "") for p in parts)
+        m = parse_log(
+            text, spec.framework, PROBE_WARMUP, global_batch_size=spec.training.global_batch_size
+        )
+        if m.step_time_s is None or m.peak_memory_gib is None:
+            tail = " | ".join(text.strip().splitlines()[-2:]) or "no output"
+            raise LaunchError(f"probe run p{k} ({run.config.key()}, {run.depth} layers) measured "
+                              f"nothing ({m.outcome}): {tail}")  # fmt: skip
+        steady = m.step_times_s[PROBE_WARMUP:] or m.step_times_s
+        rows.append(ProbeRow(key=run.config.key(), depth=run.depth, step_s=m.step_time_s,
+                             samples_s=tuple(steady), peak_gib=m.peak_memory_gib,
+                             reserved_gib=m.peak_reserved_gib))  # fmt: skip
+    return rows
+
+
+def run_stack_probe(
+    spec: StudySpec, executor: Any, paths: TrialPaths,
+    on_progress: Callable[[int, int], None] | None = None, poll_s: float = 0.2,
+) -> ProbeResult:  # fmt: skip
+    """Run every point of :func:`probe_runs` as one job through ``executor``; the rows."""
+    from tuner.launch import LaunchRequest
+
+    runs = probe_runs(spec)
+    if not runs:
+        raise LaunchError("the probe found no config without pipeline stages in the space")
+    hosts = tuple(spec.node_names[: spec.nodes_per_trial])
+    master = executor.master_addr(hosts)
+    ports = [executor.master_port(hosts, spec.launch.master_port + PORT_OFFSET)]
+    for _ in runs[1:]:  # one port each: a finished run's may linger, another job may take one
+        ports.append(executor.master_port(hosts, ports[-1] + 1))
+    paths.dir.mkdir(parents=True, exist_ok=True)
+    node_dir = str(paths.dir.resolve())
+    scripts, files = bundle(spec, runs, hosts, master, ports, node_dir)
+    limit = (spec.search.trial_timeout_min or PROBE_TIMEOUT_MIN) * 60.0 * len(runs)
+    request = LaunchRequest(trial=0, hosts=hosts, paths=paths, scripts=scripts, files=files,
+                            timeout_s=limit)  # fmt: skip
+    start = time.monotonic()
+    job = executor.submit(request)
+    try:
+        while (result := job.poll()) is None:
+            if on_progress is not None:
+                on_progress(_done(paths.node_log(0)), len(runs))
+            time.sleep(poll_s)
+    except BaseException:
+        job.cancel()
+        raise
+    wall = time.monotonic() - start
+    logs = [_read(paths.node_log(n)) for n in range(len(hosts))]
+    if not result.ok:
+        tail = " | ".join(logs[0].strip().splitlines()[-3:]) or "no output"
+        raise LaunchError(f"the probe job failed (see {paths.node_log(0)}): {tail}")
+    rows = rows_from_logs(spec, runs, logs)
+    return ProbeResult(rows=tuple(rows), wall_s=wall, nodes=len(hosts),
+                       versions=versions(logs[0]))  # fmt: skip
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _done(log: Path) -> int:
+    return sum(1 for ln in _read(log).splitlines() if ln.startswith(POINT) and " end " in ln)
+
+
+def spread(samples: Sequence[float]) -> float:
+    """Median absolute deviation over the median: the probe's own relative spread."""
+    if len(samples) < 2:
+        return 0.0
+    mid = statistics.median(samples)
+    return statistics.median(abs(s - mid) for s in samples) / mid if mid > 0 else 0.0

@@ -1,0 +1,246 @@
+"""The framework probe's measurements as the models' measured terms, and its saved file.
+
+Derivation (each figure from differences, none fitted): the study's own models are evaluated at
+the probed config and depth, and split by their own structure into what the probe measures and
+what it does not. For time, one optimizer step of ``m`` micro-batches at ``L`` layers per stage
+is ``m x V(L) + S(L)``, where ``V(L) = L x layer + rest`` is what each micro-batch computes (the
+layers' forward, backward and recomputation; the embedding, LM head, loss and the framework's
+per-micro-batch work) and ``S(L)`` everything else (optimizer step, gradient reduction, step
+overhead: the catalog's and the collective profile's). The measured step times at 1 and 2 layers
+less ``S`` give the measured ``layer`` (their difference over ``m``) and ``rest``; each is kept as
+its ratio to the model's (:class:`tuner.models.stack.StackPoint`). For memory the peak allocated
+bytes at 1 and 2 layers less the model's weights, gradients, optimizer states and buffers give one
+layer's activations (the difference) and the stage's extras (what is left at 1 layer). A point run
+at one depth takes the rest and the extras of its base point (same TP and CP) and measures its own
+per-layer figures. Slack (reserved - allocated) comes from GPU runs only: on CPU ranks the
+workloads' reserved figure is the growth of the resident set, not an allocator's.
+
+The file (``<root>/clusters/<cluster>.<study>.stack.yaml``) keeps the raw rows, the stack's
+versions, what the probe cost and a fingerprint of what it ran (model, framework, template,
+precision, GPU, ranks); the terms are derived again on load, under the current cluster profile's
+rates. A probe of another model or launch (foreign), older than the cluster profile's limit or
+of other software than the local stack (stale) is a one-line :class:`ProfileError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.config.parallel import ParallelConfig
+from tuner.layout import ClusterLayout
+from tuner.models.memory.estimate import GIB, estimate_memory
+from tuner.models.rates import Rates, catalog_rates
+from tuner.models.stack import CATALOG, StackPoint, StackTerms
+from tuner.models.time.estimate import estimate_time
+from tuner.profile.probe import ProbeResult, ProbeRow, reduced, spread
+from tuner.profile.run import MAX_AGE_DAYS, ProfileError, local_versions
+from tuner.space.enumerate import iter_configs, study_gpu
+from tuner.spec.study import StudySpec
+
+# ----------------------------------------------------------------------------- derivation
+
+
+def _time_parts(
+    spec: StudySpec, c: ParallelConfig, depth: int, rates: Rates
+) -> tuple[float, float]:
+    """(V, S) of the model at ``depth`` layers: per micro-batch compute, and the step's rest."""
+    small = reduced(spec, c, depth)
+    b = estimate_time(small.model, spec.training, c, study_gpu(spec), spec.cluster.gpus_per_node,
+                      spec.framework, rates)  # fmt: skip
+    m = max(c.num_microbatches, 1)
+    v = (b.compute + b.recompute) / m + rates.microbatch_overhead
+    return v, b.step - m * v
+
+
+def _memory_parts(spec: StudySpec, c: ParallelConfig, depth: int) -> tuple[float, float, float]:
+    """(other, activations, extras) bytes of the model's phase with the largest allocated figure
+    (the one a peak-allocated measurement sees) at ``depth`` layers."""
+    small = reduced(spec, c, depth)
+    mem = estimate_memory(small.model, c, study_gpu(spec), spec.framework,
+                          spec.training.precision)  # fmt: skip
+    ph = max((p for s in mem.stages for p in s.phases), key=lambda p: p.allocated)
+    return ph.allocated - ph.activations - ph.stage_extras, ph.activations, ph.stage_extras
+
+
+def _ratio(measured: float, model: float) -> float | None:
+    """A time's measured / model ratio; None when either is not positive (no measurement)."""
+    return measured / model if measured > 0 and model > 0 else None
+
+
+def _bytes_ratio(measured: float, model: float) -> float | None:
+    """A memory term's measured / model ratio: bytes measured at or under nothing are nothing
+    (a checkpointed layer that keeps no more than its input); None when the model has none."""
+    return max(measured, 0.0) / model if model > 0 else None
+
+
+def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
+                rates: Rates) -> StackPoint:  # fmt: skip
+    """A point run at 1 and 2 layers: every term from the two depths."""
+    m = max(c.num_microbatches, 1)
+    (v1, s1), (v2, s2) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    t1, t2 = rows[1].step_s, rows[2].step_s
+    layer = ((t2 - s2) - (t1 - s1)) / m
+    rest = (t1 - s1) / m - layer
+    (o1, a1, e1), (o2, a2, e2) = (_memory_parts(spec, c, d) for d in (1, 2))
+    p1, p2 = rows[1].peak_gib * GIB, rows[2].peak_gib * GIB
+    k_act = _bytes_ratio((p2 - o2) - (p1 - o1), a2 - a1)
+    extras = p1 - o1 - (k_act or 1.0) * a1
+    return _point(spec, c, rows.values(), layer_scale=_ratio(layer, v2 - v1),
+                  fixed_scale=_ratio(rest, 2 * v1 - v2), activation_scale=k_act,
+                  extras_scale=_bytes_ratio(extras, e1))  # fmt: skip
+
+
+def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
+                     rates: Rates) -> StackPoint:  # fmt: skip
+    """A point run at one depth: the base point's rest and extras, its own per-layer terms."""
+    m, depth = max(c.num_microbatches, 1), row.depth
+    (v1, _), (v2, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    lay_model, rest_model = v2 - v1, 2 * v1 - v2
+    _, sd = _time_parts(spec, c, depth, rates)
+    k_rest = base.fixed_scale if base and base.fixed_scale is not None else 1.0
+    layer = ((row.step_s - sd) / m - k_rest * rest_model) / depth
+    other, act, ext = _memory_parts(spec, c, depth)
+    k_ext = base.extras_scale if base and base.extras_scale is not None else 1.0
+    acts = row.peak_gib * GIB - other - k_ext * ext
+    return _point(spec, c, (row,), layer_scale=_ratio(layer, lay_model),
+                  fixed_scale=base.fixed_scale if base else None,
+                  activation_scale=_bytes_ratio(acts, act),
+                  extras_scale=base.extras_scale if base else None)  # fmt: skip
+
+
+def _point(
+    spec: StudySpec, c: ParallelConfig, rows: Any, *, layer_scale: float | None,
+    fixed_scale: float | None, activation_scale: float | None, extras_scale: float | None,
+) -> StackPoint:  # fmt: skip
+    rows = list(rows)
+    slack = None
+    if spec.cluster.gpu != "cpu":  # reserved on CPU ranks is the RSS growth, not a cache's
+        deep = max(rows, key=lambda r: r.depth)
+        if deep.reserved_gib is not None:
+            slack = max(deep.reserved_gib - deep.peak_gib, 0.0) * GIB
+    return StackPoint(
+        tp=c.tp, cp=c.cp, mbs=c.micro_batch_size, recompute=c.recompute,
+        zero_stage=c.zero_stage, ep=c.ep, distopt=c.distributed_optimizer, slack_bytes=slack,
+        time_spread=max(spread(r.samples_s) for r in rows), layer_scale=layer_scale,
+        fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
+    )  # fmt: skip
+
+
+def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None = None,
+                 where: str = "") -> StackTerms:  # fmt: skip
+    """The measured terms of the probe's ``rows`` for ``spec`` (``rates``: the cluster
+    profile's, or the catalog's); a row whose config is not in the space is foreign."""
+    rates = rates or catalog_rates(study_gpu(spec), spec.training.precision)
+    configs = {c.key(): c for c in iter_configs(spec)}
+    by_key: dict[str, dict[int, ProbeRow]] = {}
+    for row in rows:
+        if row.key not in configs:
+            raise ProfileError(f"foreign probe: its config {row.key} is not in the study's "
+                               f"space; run tune profile --study {spec.name} --probe",
+                               file=where)  # fmt: skip
+        by_key.setdefault(row.key, {})[row.depth] = row
+    bases: dict[tuple[int, int], StackPoint] = {}
+    points = []
+    for key, depths in by_key.items():
+        if 1 in depths and 2 in depths:
+            c = configs[key]
+            bases[(c.tp, c.cp)] = _base_point(spec, c, depths, rates)
+            points.append(bases[(c.tp, c.cp)])
+    for key, depths in by_key.items():
+        if not (1 in depths and 2 in depths):
+            c = configs[key]
+            row = depths[max(depths)]
+            points.append(_neighbour_point(spec, c, row, bases.get((c.tp, c.cp)), rates))
+    return StackTerms(tuple(points))
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+def fingerprint(spec: StudySpec) -> str:
+    """What the probe's figures depend on: the model, framework, launch template and script,
+    precision, GPU and ranks per trial (a change makes a saved probe foreign)."""
+    what = {
+        "model": dataclasses.asdict(spec.model), "framework": spec.framework,
+        "template": spec.launch.template, "script": spec.launch.script,
+        "precision": spec.training.precision, "gpu": spec.cluster.gpu_name,
+        "ranks": [spec.cluster.gpus_per_node, spec.nodes_per_trial],
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def save_probe(spec: StudySpec, result: ProbeResult, path: Path, now: dt.datetime) -> None:
+    """Write the probe's rows, versions, cost and fingerprint as YAML."""
+    data = {
+        "study": spec.name, "fingerprint": fingerprint(spec),
+        "created": now.astimezone(dt.UTC).isoformat(timespec="seconds"),
+        "versions": dict(result.versions),
+        "cost": {"wall_s": round(result.wall_s, 2), "nodes": result.nodes,
+                 "node_hours": round(result.node_hours, 5)},
+        "rows": [{**dataclasses.asdict(r), "samples_s": list(r.samples_s)} for r in result.rows],
+    }  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+
+
+def load_probe(path: Path) -> dict[str, Any]:
+    """A saved probe as plain data with its rows; malformed is a one-line ProfileError."""
+    try:
+        data = yaml.safe_load(path.read_text())
+        rows = tuple(
+            ProbeRow(key=str(r["key"]), depth=int(r["depth"]), step_s=float(r["step_s"]),
+                     samples_s=tuple(float(x) for x in r["samples_s"]),
+                     peak_gib=float(r["peak_gib"]),
+                     reserved_gib=None if r["reserved_gib"] is None else float(r["reserved_gib"]))
+            for r in data["rows"]
+        )  # fmt: skip
+        return {**data, "rows": rows, "versions": dict(data.get("versions") or {})}
+    except FileNotFoundError:
+        raise ProfileError(
+            "no framework probe (run tune profile --probe)", file=str(path)
+        ) from None
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ProfileError(f"malformed framework probe: {first}", file=str(path)) from None
+
+
+def check_probe(data: Mapping[str, Any], spec: StudySpec, *, now: dt.datetime,
+                versions: Mapping[str, Any] | None = None, path: str = "") -> None:  # fmt: skip
+    """A one-line ProfileError when the saved probe is foreign or stale for ``spec``."""
+    again = f"run tune profile --study {spec.name} --probe"
+    if data.get("fingerprint") != fingerprint(spec):
+        raise ProfileError(f"foreign probe: measured for another model, framework, launch or "
+                           f"cluster shape than study {spec.name}'s now; {again}",
+                           file=path)  # fmt: skip
+    age = now - dt.datetime.fromisoformat(str(data["created"]))
+    if age > dt.timedelta(days=MAX_AGE_DAYS):
+        raise ProfileError(f"stale probe: measured {data['created']}, {age.days} days ago (more "
+                           f"than {MAX_AGE_DAYS}); {again}", file=path)  # fmt: skip
+    for key, then in data["versions"].items():
+        current = (versions or {}).get(key)
+        if current is not None and str(current) != str(then):
+            raise ProfileError(f"stale probe: measured with {key} {then}, the stack now has "
+                               f"{current}; {again}", file=path)  # fmt: skip
+
+
+def study_terms(spec: StudySpec, results: str | Path = "results", rates: Rates | None = None,
+                now: dt.datetime | None = None) -> StackTerms:  # fmt: skip
+    """The measured terms of ``spec``'s saved probe (checked), or :data:`CATALOG` without one."""
+    layout = ClusterLayout(Path(results).resolve(), spec.cluster_name)
+    path = layout.stack_yaml(spec.name)
+    if not path.is_file():
+        return CATALOG
+    data = load_probe(path)
+    local = local_versions() if spec.cluster.executor == "local" else None
+    check_probe(data, spec, now=now or dt.datetime.now(dt.UTC), versions=local, path=str(path))
+    return derive_terms(spec, data["rows"], rates, str(path))
