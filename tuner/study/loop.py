@@ -19,7 +19,6 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ from tuner.study.budget import node_hour_refusal, pending_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
 from tuner.study.launchers import make_executor as make_executor
-from tuner.study.launchers import template_launcher as template_launcher
+from tuner.study.launchers import template_launcher
 from tuner.study.leases import Leases, exclusive, give_back, open_leases
 from tuner.study.measure import Watch
 from tuner.study.proxy import Proxies, full_scale_first
@@ -83,7 +82,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop"]
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class Running:
     """A launched trial this worker is watching."""
 
@@ -486,8 +485,7 @@ def build_loop(
     check_results_dir(layout)
     opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
     rates = study_rates(spec, results)  # the cluster's measured profile, if any
-    terms = study_terms(spec, results, rates)  # the framework probe's measured terms, if any
-    space = SharedSpace(spec, rates, terms)  # one enumeration for the sampler and the screen
+    space = SharedSpace(spec, rates, study_terms(spec, results, rates))  # + the probe's terms
     sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
     study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)

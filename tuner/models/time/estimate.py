@@ -355,7 +355,7 @@ def estimate_time(
     ``terms``: what a framework probe measured (``tuner.models.stack``). Pure arithmetic.
     """
     rates = rates or catalog_rates(gpu, training.precision)
-    if traits(framework).fsdp2:  # torchtitan's attention is SDPA's (tuner.models.time.fsdp2)
+    if fsdp2 := traits(framework).fsdp2:  # torchtitan's attention is SDPA's (time.fsdp2)
         rates = sdpa_rates(rates, gpu.compute_capability)
     m = max(1, config.num_microbatches)
     fwd, bwd, core, tp_fwd, tp_bwd, cp_exposed, head, head_comm = _layer_times(
@@ -375,9 +375,8 @@ def estimate_time(
             model, config, framework, rates, gpus_per_node, share, layers,
             (fwd, bwd, tp_fwd, tp_bwd, psi),
         )  # fmt: skip
-    fwd, bwd, core, head = scaled_layer_times(
-        terms, config, fwd, bwd, core, head, rates.microbatch_overhead
-    )
+    fwd, bwd, core, head = scaled_layer_times(terms, config, fwd, bwd, core, head,
+                                              rates.microbatch_overhead)  # fmt: skip
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
     if training.precision == "fp8":
         recipe = training.fp8_recipe
@@ -389,7 +388,7 @@ def estimate_time(
     redo = recompute_fraction(config, model) if config.recompute == "full" else 0.0
     extra_f, extra_b = cast.fwd + route_f, cast.bwd + route_b + redo * (cast.fwd + route_f)
     eager = (0.0,) * 3  # torchtitan's unfused element-wise kernels (tuner.models.time.fsdp2)
-    if traits(framework).fsdp2:
+    if fsdp2:
         eager = eager_elementwise_seconds(model, config, rates, torchtitan_2024)
     extra_f, extra_b = extra_f + eager[0], extra_b + eager[1] + eager[2]
     if "moe" in config.recomputed_modules:  # the checkpointed MoE block routes again
