@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -17,10 +18,17 @@ import pytest
 from tuner.cli.tables import _candidate_json
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
 from tuner.models.memory.bound import peak_bounds
-from tuner.models.memory.estimate import GIB, MemoryBreakdown, stage_plans, with_slack
-from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport
+from tuner.models.memory.estimate import (
+    GIB,
+    PHASE_TIE_BYTES,
+    MemoryBreakdown,
+    stage_plans,
+    with_slack,
+)
+from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport, _meeting, step_of
 from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
 from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, probe_ceiling_gib
+from tuner.space.stream import stream_space
 from tuner.spec.file import load_study, study_from_mapping
 from tuner.spec.study import StudySpec
 
@@ -54,13 +62,14 @@ def _variant(raw: dict[str, Any], gib: float | None = None, **space: Any) -> Stu
     return study_from_mapping(out)
 
 
-def _mixtral(gib: float) -> StudySpec:
+def _mixtral(gib: float, **knobs: Any) -> StudySpec:
     spec = load_study("mixtral-8x7b")
-    space = dataclasses.replace(
-        spec.space, tp=(1, 2), pp=(1, 2, 4), vp=(1,), ep=(1, 2, 4, 8),
-        recompute=("none", "selective", "selective:core_attn+moe_act", "full"),
-        moe_token_dispatcher=("alltoall", "allgather", "flex"),
-    )  # fmt: skip
+    knobs = {
+        "tp": (1, 2), "pp": (1, 2, 4), "vp": (1,), "ep": (1, 2, 4, 8),
+        "recompute": ("none", "selective", "selective:core_attn+moe_act", "full"),
+        "moe_token_dispatcher": ("alltoall", "allgather", "flex"), **knobs,
+    }  # fmt: skip
+    space = dataclasses.replace(spec.space, **knobs)
     cluster = dataclasses.replace(spec.cluster, gpu_memory_gib=gib)
     return dataclasses.replace(spec, space=space, cluster=cluster)
 
@@ -81,6 +90,11 @@ SPACES: dict[str, Callable[[], StudySpec]] = {
     "dense-16": lambda: _variant(DENSE, 16.0),
     "moe-80": lambda: _mixtral(80.0),
     "moe-48": lambda: _mixtral(48.0),
+    # full recompute of every layer in chunks of 1 or 2: the same step, peaks apart by less
+    # than the bounds' width, so the ranking's ties are settled by narrowed bounds
+    "moe-ties-64": lambda: _mixtral(
+        64.0, pp=(2, 4), recompute=("full",), recompute_num_layers=(1, 2)
+    ),  # fmt: skip
     "deepspeed-20": lambda: _deepspeed(20.0),
 }
 
@@ -103,11 +117,17 @@ def _same(fast: SpaceReport, exact: SpaceReport) -> None:
         assert _printed(mine) == _printed(theirs)
 
 
+@functools.cache
+def _exact(name: str) -> SpaceReport:
+    """The exact path's report of a space (shared by the tests; nothing changes it)."""
+    return enumerate_space(SPACES[name](), keep_oom=True, fast=False)
+
+
 @pytest.mark.parametrize("name", sorted(SPACES))
 def test_fast_and_exact_paths_agree_on_every_config(name: str) -> None:
     spec = SPACES[name]()
     fast = enumerate_space(spec, keep_oom=True)
-    exact = enumerate_space(spec, keep_oom=True, fast=False)
+    exact = _exact(name)
     deferred = sum(isinstance(c.breakdown, DeferredMemory) for c in fast.viable + fast.oom)
     _same(fast, exact)
     assert deferred, "the bounds settled no verdict: the fast path was not exercised"
@@ -116,12 +136,51 @@ def test_fast_and_exact_paths_agree_on_every_config(name: str) -> None:
 
 def test_the_spaces_have_many_configs_near_the_fit_limit() -> None:
     near = 0
-    for make in SPACES.values():
+    for name, make in SPACES.items():
         spec = make()
         limit = spec.search.memory_headroom * study_gpu(spec).memory_gib * GIB
-        report = enumerate_space(spec, keep_oom=True, fast=False)
+        report = _exact(name)
         near += sum(abs(c.memory.peak / limit - 1) < 0.1 for c in report.viable + report.oom)
     assert near >= 300
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+@pytest.mark.parametrize("top", [1, 5])
+def test_the_streamed_space_keeps_the_top_of_the_exact_ranking(name: str, top: int) -> None:
+    streamed, exact = stream_space(SPACES[name](), top), _exact(name)
+    ranked = exact.ranked()
+    assert [c.config for c in streamed.viable[:top]] == [c.config for c in ranked[:top]]
+    # the rest are the last one's ties on the step, in the ranking's order
+    assert [c.config for c in streamed.viable] == [
+        c.config for c in ranked[: len(streamed.viable)]
+    ]
+    assert {step_of(c) for c in streamed.viable[top:]} <= {
+        step_of(ranked[min(top, len(ranked)) - 1])
+    }
+    for mine, theirs in zip(streamed.viable, ranked, strict=False):
+        assert _printed(mine) == _printed(theirs)
+    assert [c.config for c in streamed.probes] == [c.config for c in exact.probes]
+    counts = {**exact.counts(), "viable": len(streamed.viable)}
+    assert streamed.counts() == counts
+
+
+def test_tied_steps_are_ordered_by_narrowed_bounds_without_their_breakdowns() -> None:
+    fast = enumerate_space(SPACES["moe-ties-64"]())
+    steps = [step_of(c) for c in fast.ranked()]
+    assert len(set(steps)) < len(steps), "the space has ties on the step"
+    deferred = [c.breakdown for c in fast.viable if isinstance(c.breakdown, DeferredMemory)]
+    # narrowed to a few bytes, and not computed (a computed peak leaves low == high)
+    narrowed = [d for d in deferred if 0 < d.high - d.low <= 2 * PHASE_TIE_BYTES]
+    assert len(narrowed) >= len(fast.viable) / 2, "ties were settled on narrowed bounds"
+    for d in narrowed:  # the narrowed bounds hold the exact peak
+        low, high = d.low, d.high
+        assert low <= d().peak <= high
+
+
+def test_ranges_meet_when_they_touch_or_overlap() -> None:
+    assert _meeting([(0.0, 1.0), (2.0, 3.0), (3.0, 4.0)]) == [False, True, True]
+    assert _meeting([(0.0, 5.0), (1.0, 2.0), (6.0, 6.0)]) == [True, True, False]
+    assert _meeting([(4.0, 4.0), (1.0, 9.0), (10.0, 11.0)]) == [True, True, False]
 
 
 def test_fast_and_exact_agree_without_time_or_kept_ooms() -> None:

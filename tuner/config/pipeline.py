@@ -59,6 +59,17 @@ def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework)
     Raises :class:`ValidationError` with the framework's message for a split it refuses (the
     validity rules of ``tuner.config.parallel`` report the same message first).
     """
+    return _chunk_layers(model, framework, config.pp, config.vp, config.pipeline_split, config.tp)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _chunk_layers(
+    model: ModelSpec, framework: Framework, pp: int, vp: int, split: str, tp: int
+) -> Chunks:
+    """:func:`chunk_layers` from the knobs it reads (pp, vp, the split, and tp for DeepSpeed's
+    layer list), cached: the configs of a space share a few of these and the memory and time
+    models ask for them per stage."""
+    config = ParallelConfig(tp=tp, pp=pp, vp=vp, pipeline_split=split)
     if traits(framework).fsdp2:  # torchtitan's own split (tuner.spec.torchtitan)
         if config.pp * config.vp > model.num_layers + 2:
             raise ValidationError(

@@ -18,13 +18,14 @@ from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.bound import peak_between, stage_bounds, stage_peak
 from tuner.models.memory.estimate import (
     GIB,
+    PHASE_TIE_BYTES,
     MemoryBreakdown,
     estimate_memory,
     stage_plans,
     with_slack,
 )
 from tuner.models.time.estimate import TimeBreakdown
-from tuner.space.probes import probe_ceiling_gib
+from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.study import Framework, ModelSpec, Precision
 
 if TYPE_CHECKING:
@@ -32,21 +33,42 @@ if TYPE_CHECKING:
 
 
 class DeferredMemory:
-    """The exact memory breakdown of one config, computed on first use and then kept."""
+    """The exact memory breakdown of one config, computed on first use and then kept, with
+    bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
-    __slots__ = ("_args", "_value")
+    __slots__ = ("_args", "_value", "high", "low")
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
-        precision: Precision,
+        precision: Precision, low: float = 0.0, high: float = float("inf"),
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
         self._value: MemoryBreakdown | None = None
+        self.low, self.high = low, high
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args)
+            self.low = self.high = self._value.peak
         return self._value
+
+    def narrow(self) -> None:
+        """Tighten the bounds on the peak to within ``2 * PHASE_TIE_BYTES``, simulating the
+        allocator of the stages with the largest upper bound until that stage's figure is
+        exact (usually one stage, not all: ``tuner.models.memory.bound``)."""
+        if self._value is not None or self.high - self.low <= 2 * PHASE_TIE_BYTES:
+            return
+        model, config, gpu, framework, precision = self._args
+        plans = stage_plans(model, config, gpu, framework, precision)
+        stages = stage_bounds(plans, gpu)
+        while True:
+            i = max(range(len(stages)), key=lambda j: stages[j][1])
+            if stages[i][0] == stages[i][1]:
+                break
+            figure = stage_peak(plans[i], gpu)
+            stages[i] = (figure, figure)
+        low, high = peak_between(stages)
+        self.low, self.high = max(self.low, low), min(self.high, high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +119,12 @@ class MemoryJudge:
         ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
         return cls(model, gpu, framework, precision, limit, ceiling, fast)
 
-    def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | None, bool]:
+    def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | DeferredMemory, bool]:
         """(``config``'s exact breakdown, whether it fits the headroom limit), with the
         allocator simulation only where bounds on the peak (``tuner.models.memory.bound``)
-        leave the verdict open: None instead of the breakdown when they settle it (over the
-        ceiling: no fit and no probe; under the limit: a fit)."""
+        leave the verdict open: a :class:`DeferredMemory` holding the bounds instead of the
+        breakdown when they settle it (over the limit: no fit; under it: a fit). Whether an
+        out-of-memory one may be a memory probe is :meth:`may_probe`'s."""
         if not self.fast:
             every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
             return every, every.peak <= self.limit
@@ -117,20 +140,68 @@ class MemoryJudge:
                 figure = stage_peak(plans[i], self.gpu)
                 stages[i] = (figure, figure)
             low, high = peak_between(stages)
-            if low > self.ceiling:
-                return None, False
-            if high <= self.limit:
-                return None, True
+            if low > self.limit or high <= self.limit:
+                return self.deferred(config, low, high), high <= self.limit
         memory = MemoryBreakdown(with_slack(plans, self.gpu))
         return memory, memory.peak <= self.limit
 
-    def deferred(self, config: ParallelConfig) -> DeferredMemory:
-        """The exact breakdown of ``config``, when read."""
-        return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision)
+    def may_probe(self, memory: MemoryBreakdown | DeferredMemory) -> bool:
+        """Whether an out-of-memory config may be a memory probe: exactly for a breakdown
+        (``probes.may_probe``), and for one still deferred unless its lower bound is over the
+        probes' ceiling (the caller decides on the exact peak, ``enumerate.probes_of``, for the
+        few that the step time leaves in the running)."""
+        if isinstance(memory, MemoryBreakdown):
+            return may_probe(memory.peak / GIB, self.gpu.memory_gib)
+        return memory.low <= self.ceiling
+
+    def deferred(
+        self, config: ParallelConfig, low: float = 0.0, high: float = float("inf")
+    ) -> DeferredMemory:
+        """The exact breakdown of ``config``, when read (its peak known to lie in [low, high])."""
+        return DeferredMemory(
+            self.model, config, self.gpu, self.framework, self.precision, low, high
+        )
 
 
-def _step(c: Candidate) -> float:
+def step_of(c: Candidate) -> float:
+    """``c``'s predicted step seconds (inf without a time: last in the ranking)."""
     return c.time.step if c.time else float("inf")
+
+
+def _peak_range(c: Candidate) -> tuple[float, float]:
+    """Bytes (low, high) between which ``c``'s exact peak lies: the peak itself once known."""
+    b = c.breakdown
+    if isinstance(b, MemoryBreakdown):
+        return b.peak, b.peak
+    return b.low, b.high
+
+
+def _tied_peaks(tied: list[Candidate]) -> list[float]:
+    """A figure per candidate that orders them as their exact peaks do: the exact peak of each
+    whose bounds meet another's, the lower bound of the others. Why that is exact: a peak lies
+    within its bounds, so a candidate whose bounds are strictly apart from every other's
+    compares with each of them the same way through any figure within its own (and equals
+    none); only the ones whose bounds meet need the breakdown computed."""
+    meets = _meeting([_peak_range(c) for c in tied])
+    for c, m in zip(tied, meets, strict=True):  # narrow the bounds that meet, then look again
+        if m and isinstance(c.breakdown, DeferredMemory):
+            c.breakdown.narrow()
+    ranges = [_peak_range(c) for c in tied]
+    meets = _meeting(ranges)
+    return [tied[i].memory.peak if meets[i] else ranges[i][0] for i in range(len(tied))]
+
+
+def _meeting(ranges: list[tuple[float, float]]) -> list[bool]:
+    """Per closed range, whether it meets another of ``ranges``."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i])
+    meets = [True] * len(ranges)
+    reach = -float("inf")  # the largest high bound of the ranges before (in low order)
+    for n, i in enumerate(order):
+        low, high = ranges[i]
+        after = ranges[order[n + 1]][0] if n + 1 < len(order) else float("inf")
+        meets[i] = low <= reach or high >= after
+        reach = max(reach, high)
+    return meets
 
 
 @dataclass(slots=True)
@@ -152,11 +223,13 @@ class SpaceReport:
         key). The peak is read only where the steps tie, so a breakdown that waits until read
         (:class:`DeferredMemory`) is computed for those alone."""
         out: list[Candidate] = []
-        by_step = sorted(self.viable, key=lambda c: (_step(c), c.config.key()))
-        for _, run in itertools.groupby(by_step, key=_step):
+        by_step = sorted(self.viable, key=lambda c: (step_of(c), c.config.key()))
+        for _, run in itertools.groupby(by_step, key=step_of):
             tied = list(run)
             if len(tied) > 1:
-                tied.sort(key=lambda c: (c.memory.peak, c.config.key()))
+                peaks = _tied_peaks(tied)
+                order = sorted(range(len(tied)), key=lambda i: (peaks[i], tied[i].config.key()))
+                tied = [tied[i] for i in order]
             out += tied
         return out
 
