@@ -20,7 +20,9 @@ from tuner.models.memory.estimate import (
     GIB,
     PHASE_TIE_BYTES,
     MemoryBreakdown,
+    StagePlan,
     estimate_memory,
+    iter_stage_plans,
     stage_plans,
     with_slack,
 )
@@ -36,7 +38,7 @@ class DeferredMemory:
     """The exact memory breakdown of one config, computed on first use and then kept, with
     bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
-    __slots__ = ("_args", "_value", "high", "low")
+    __slots__ = ("_args", "_plans", "_stages", "_value", "high", "low")
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
@@ -45,30 +47,45 @@ class DeferredMemory:
         self._args = (model, config, gpu, framework, precision)
         self._value: MemoryBreakdown | None = None
         self.low, self.high = low, high
+        self._plans: tuple[StagePlan, ...] | None = None
+        self._stages: list[tuple[float, float]] = []
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args)
             self.low = self.high = self._value.peak
+            self.forget()
         return self._value
 
-    def narrow(self) -> None:
-        """Tighten the bounds on the peak to within ``2 * PHASE_TIE_BYTES``, simulating the
-        allocator of the stages with the largest upper bound until that stage's figure is
-        exact (usually one stage, not all: ``tuner.models.memory.bound``)."""
-        if self._value is not None or self.high - self.low <= 2 * PHASE_TIE_BYTES:
-            return
+    @property
+    def known(self) -> bool:
+        """Whether the breakdown has been computed."""
+        return self._value is not None
+
+    def narrow(self) -> bool:
+        """Tighten the bounds on the peak by simulating the allocator of one more stage, the
+        one with the largest upper bound (``tuner.models.memory.bound``); False when that
+        stage is exact already (the bounds are as tight as stages make them: within
+        ``2 * PHASE_TIE_BYTES``). Keeps the stages' plans until :meth:`forget`."""
+        if self._value is not None:
+            return False
         model, config, gpu, framework, precision = self._args
-        plans = stage_plans(model, config, gpu, framework, precision)
-        stages = stage_bounds(plans, gpu)
-        while True:
-            i = max(range(len(stages)), key=lambda j: stages[j][1])
-            if stages[i][0] == stages[i][1]:
-                break
-            figure = stage_peak(plans[i], gpu)
-            stages[i] = (figure, figure)
+        if self._plans is None:
+            self._plans = stage_plans(model, config, gpu, framework, precision)
+            self._stages = stage_bounds(self._plans, gpu)
+        stages = self._stages
+        i = max(range(len(stages)), key=lambda j: stages[j][1])
+        if stages[i][0] == stages[i][1]:
+            return False
+        figure = stage_peak(self._plans[i], gpu)
+        stages[i] = (figure, figure)
         low, high = peak_between(stages)
         self.low, self.high = max(self.low, low), min(self.high, high)
+        return True
+
+    def forget(self) -> None:
+        """Drop the plans :meth:`narrow` keeps (the bounds stay)."""
+        self._plans, self._stages = None, []
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +145,16 @@ class MemoryJudge:
         if not self.fast:
             every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision)
             return every, every.peak <= self.limit
-        plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
-        stages = stage_bounds(plans, self.gpu)
+        plans: list[StagePlan] = []
+        stages: list[tuple[float, float]] = []
+        for plan in iter_stage_plans(
+            self.model, config, self.gpu, self.framework, self.precision
+        ):  # fmt: skip
+            plans.append(plan)
+            stages += stage_bounds((plan,), self.gpu)
+            low = stages[-1][0] - 2 * PHASE_TIE_BYTES  # the peak is at least this (peak_between)
+            if low > self.ceiling:  # out of memory and no probe, whatever the other stages hold
+                return self.deferred(config, low), False
         # the stages that could be over the limit, most loaded first, each simulated alone
         # until the verdict is settled (the simulation is cached, so the full estimate below
         # reuses them)
@@ -142,7 +167,7 @@ class MemoryJudge:
             low, high = peak_between(stages)
             if low > self.limit or high <= self.limit:
                 return self.deferred(config, low, high), high <= self.limit
-        memory = MemoryBreakdown(with_slack(plans, self.gpu))
+        memory = MemoryBreakdown(with_slack(tuple(plans), self.gpu))
         return memory, memory.peak <= self.limit
 
     def may_probe(self, memory: MemoryBreakdown | DeferredMemory) -> bool:
@@ -182,12 +207,16 @@ def _tied_peaks(tied: list[Candidate]) -> list[float]:
     within its bounds, so a candidate whose bounds are strictly apart from every other's
     compares with each of them the same way through any figure within its own (and equals
     none); only the ones whose bounds meet need the breakdown computed."""
-    meets = _meeting([_peak_range(c) for c in tied])
-    for c, m in zip(tied, meets, strict=True):  # narrow the bounds that meet, then look again
-        if m and isinstance(c.breakdown, DeferredMemory):
-            c.breakdown.narrow()
+    deferred = [c.breakdown for c in tied if isinstance(c.breakdown, DeferredMemory)]
+    while True:  # narrow the bounds that meet another's, a stage at a time, then look again
+        meets = _meeting([_peak_range(c) for c in tied])
+        narrowed = [m and isinstance(c.breakdown, DeferredMemory) and c.breakdown.narrow()
+                    for c, m in zip(tied, meets, strict=True)]  # fmt: skip
+        if not any(narrowed):
+            break
+    for d in deferred:
+        d.forget()
     ranges = [_peak_range(c) for c in tied]
-    meets = _meeting(ranges)
     return [tied[i].memory.peak if meets[i] else ranges[i][0] for i in range(len(tied))]
 
 
