@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tuner.cli.tables import _candidate_json
+from tuner.config.pipeline import chunk_layers, chunk_layers_uncached
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
 from tuner.models.memory.bound import peak_bounds
 from tuner.models.memory.estimate import (
@@ -236,3 +237,32 @@ def test_a_dry_look_imports_nothing_it_does_not_use(
                          check=True, timeout=300)  # fmt: skip
     loaded = out.stdout.splitlines()[-1].split()
     assert not [m for m in loaded for u in unused if m == u or m.startswith(u + ".")]
+
+
+def _megatron_deepspeed() -> StudySpec:
+    raw = copy.deepcopy(DENSE)
+    raw.update(
+        framework="megatron-deepspeed",
+        launch={"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"},
+    )
+    raw["space"] = {
+        "tp": [1, 2, 4],
+        "pp": [2, 4],
+        "micro_batch_size": [1],
+        "pipeline_split": ["uniform", "parameters", "type:ParallelTransformerLayerPipe"],
+    }
+    return study_from_mapping(raw)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make", [*SPACES.values(), _megatron_deepspeed, lambda: load_study("demo-fsdp")]
+)
+def test_the_cached_splits_are_the_splits_of_every_config(make: Callable[[], StudySpec]) -> None:
+    # chunk_layers keys its cache on the knobs it reads: a knob it missed would hand one
+    # config another's split
+    spec = make()
+    for config in iter_configs(spec):
+        if study_violations(config, spec):
+            continue
+        cached = chunk_layers(spec.model, config, spec.framework)
+        assert cached == chunk_layers_uncached(spec.model, config, spec.framework)

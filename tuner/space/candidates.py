@@ -3,7 +3,9 @@
 :class:`Candidate` holds its memory breakdown, or the way to compute it when first read: a
 config whose verdict bounds on its peak settled (:class:`MemoryJudge`) is kept without running
 the allocator simulation, and its breakdown, whenever something reads it, is the one
-:func:`~tuner.models.memory.estimate.estimate_memory` gives.
+:func:`~tuner.models.memory.estimate.estimate_memory` gives. The ranking orders configs whose
+steps tie by their bounds where those are apart (:func:`_tied_peaks`), narrowing them a
+simulated stage at a time, and computes a breakdown only where they still meet.
 """
 
 from __future__ import annotations
@@ -110,10 +112,12 @@ class MemoryJudge:
     """Whether a config fits, with the allocator simulation only where it can change the verdict.
 
     Bounds on the peak (``tuner.models.memory.bound``) settle most configs: a lower bound over
-    both the headroom limit and, when probes are wanted, the probes' ceiling
-    (``tuner.space.probes.probe_ceiling_gib``) means out of memory and no probe; an upper bound
-    within the limit means a fit. The others get the exact estimate, so every verdict is the
-    exact path's; ``fast=False`` is that path for every config."""
+    the headroom limit means out of memory (one stage's lower bound over the probes' ceiling,
+    ``tuner.space.probes.probe_ceiling_gib``, settles it before the other stages' terms are
+    computed), an upper bound within the limit a fit. The others get the exact estimate, so
+    every verdict is the exact path's; ``fast=False`` is that path for every config. Whether
+    an out-of-memory config may be a memory probe is decided on its exact peak, later and only
+    for the few the step time leaves in the running (:meth:`may_probe`)."""
 
     model: ModelSpec
     gpu: GPUSpec
