@@ -22,6 +22,7 @@ from tuner.models.memory.bound import peak_bounds
 from tuner.models.memory.estimate import (
     GIB,
     MemoryBreakdown,
+    estimate_memory,
     stage_plans,
     with_slack,
 )
@@ -174,6 +175,23 @@ def test_tied_steps_are_ordered_by_narrowed_bounds_without_their_breakdowns() ->
     for d in settled:  # the narrowed bounds hold the exact peak
         low, high = d.low, d.high
         assert low <= d().peak <= high
+
+
+@pytest.mark.parametrize("name", ["dense-40", "moe-48", "deepspeed-20"])
+def test_the_peak_of_a_narrowed_config_is_the_exact_peak(name: str) -> None:
+    spec = SPACES[name]()
+    alone = 0
+    for c in enumerate_space(spec, keep_oom=True).viable:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory) or d.known:
+            continue
+        while d.narrow():
+            pass
+        peak = d.peak()  # from the stage that sets it, where the bounds prove it does
+        alone += not d.known
+        d.forget()
+        assert peak == estimate_memory(*d._args).peak
+    assert alone, "some peaks came from one stage, without the whole breakdown"
 
 
 def test_ranges_meet_when_they_touch_or_overlap() -> None:

@@ -85,6 +85,20 @@ class DeferredMemory:
         self.low, self.high = max(self.low, low), min(self.high, high)
         return True
 
+    def peak(self) -> float:
+        """The exact peak (``estimate_memory``'s), from the stage that sets it alone when
+        narrowing has left that stage exact and every other stage's upper bound below its
+        figure (that stage is then the worst, and the peak its worst phase's device figure:
+        ``MemoryBreakdown.peak``); from the whole breakdown otherwise."""
+        stages = self._stages
+        if self._value is None and self._plans is not None and stages:
+            i = max(range(len(stages)), key=lambda j: stages[j][1])
+            if stages[i][0] == stages[i][1]:
+                (top,) = with_slack((self._plans[i],), self._args[2])
+                if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
+                    return top.worst.device
+        return self().peak
+
     def forget(self) -> None:
         """Drop the plans :meth:`narrow` keeps (the bounds stay)."""
         self._plans, self._stages = None, []
@@ -218,10 +232,16 @@ def _tied_peaks(tied: list[Candidate]) -> list[float]:
                     for c, m in zip(tied, meets, strict=True)]  # fmt: skip
         if not any(narrowed):
             break
+    ranges = [_peak_range(c) for c in tied]
+    out = [_exact_peak(c) if meets[i] else ranges[i][0] for i, c in enumerate(tied)]
     for d in deferred:
         d.forget()
-    ranges = [_peak_range(c) for c in tied]
-    return [tied[i].memory.peak if meets[i] else ranges[i][0] for i in range(len(tied))]
+    return out
+
+
+def _exact_peak(c: Candidate) -> float:
+    b = c.breakdown
+    return b.peak() if isinstance(b, DeferredMemory) else b.peak
 
 
 def _meeting(ranges: list[tuple[float, float]]) -> list[bool]:
