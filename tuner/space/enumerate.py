@@ -49,9 +49,9 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-#: Most combinations ``tune`` enumerates. Why: every one is validated and estimated (about
-#: 20,000 a second, benchmarks/enumerate.py), so this already takes about a minute and a bigger
-#: space would stall ``tune`` for longer; real spaces have a few thousand.
+#: Most combinations ``tune`` enumerates. Why: every one is validated and the valid ones
+#: estimated (a MoE space of 10^6 takes about 2 minutes of CPU streamed, docs/speed.md), so a
+#: bigger space would stall ``tune`` for longer; real spaces have a few thousand.
 MAX_SPACE_SIZE = 1_000_000
 
 
@@ -326,7 +326,7 @@ class SharedSpace:
     """One :func:`enumerate_space` of a study under ``rates``, made on first use and kept.
 
     The model sampler's candidates and the screen's memory probes read the same one: the
-    enumeration estimates every config's memory and time (about 0.1 s for the 70B space), and
+    enumeration estimates every config's memory and time (about 1 s of CPU for the 70B space), and
     both need it with the same rates, so a study loop builds it once and hands it to both.
     """
 
