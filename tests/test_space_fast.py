@@ -112,6 +112,7 @@ def _same(fast: SpaceReport, exact: SpaceReport) -> None:
         assert [c.config for c in mine] == [c.config for c in theirs], name
     ranked = fast.ranked()
     assert [c.config for c in ranked] == [c.config for c in exact.ranked()]
+    assert [c.config for c in fast.ranked()] == [c.config for c in ranked]  # read twice (the CLI)
     # every figure, read through the deferred breakdowns too
     for mine, theirs in zip(ranked + fast.oom, exact.ranked() + exact.oom, strict=True):
         assert mine.memory == theirs.memory and mine.time == theirs.time

@@ -69,7 +69,7 @@ class DeferredMemory:
         one with the largest upper bound (``tuner.models.memory.bound``); False when that
         stage is exact already (the bounds are as tight as stages make them: within
         ``2 * PHASE_TIE_BYTES``). Keeps the stages' plans until :meth:`forget`."""
-        if self._value is not None:
+        if self._value is not None or self.low == self.high:  # the peak is known
             return False
         model, config, gpu, framework, precision = self._args
         if self._plans is None:
@@ -90,13 +90,16 @@ class DeferredMemory:
         narrowing has left that stage exact and every other stage's upper bound below its
         figure (that stage is then the worst, and the peak its worst phase's device figure:
         ``MemoryBreakdown.peak``); from the whole breakdown otherwise."""
+        if self.low == self.high:  # bounds that meet hold only the peak
+            return self.low
         stages = self._stages
         if self._value is None and self._plans is not None and stages:
             i = max(range(len(stages)), key=lambda j: stages[j][1])
             if stages[i][0] == stages[i][1]:
                 (top,) = with_slack((self._plans[i],), self._args[2])
                 if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
-                    return top.worst.device
+                    self.low = self.high = top.worst.device  # kept for the next ranking
+                    return self.low
         return self().peak
 
     def forget(self) -> None:
