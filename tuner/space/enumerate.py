@@ -50,7 +50,7 @@ def _divisors(n: int) -> list[int]:
 
 
 #: Most combinations ``tune`` enumerates. Why: every one is validated and the valid ones
-#: estimated (a MoE space of 10^6 takes about 2 minutes of CPU streamed, docs/speed.md), so a
+#: estimated (a MoE space of 10^6 takes about 90 s of CPU streamed, docs/speed.md), so a
 #: bigger space would stall ``tune`` for longer; real spaces have a few thousand.
 MAX_SPACE_SIZE = 1_000_000
 
