@@ -1,17 +1,21 @@
 """How fast a study's whole space is enumerated, validated, estimated and ranked: fast vs exact.
 
-Usage: python benchmarks/enumerate.py [--spaces gpt-70b,moe-1e5] [--repeat 3] [--timeout 600]
+Usage: python benchmarks/enumerate.py [--spaces gpt-70b,moe-1e5] [--paths exact,fast,stream]
+[--repeat 3] [--timeout 600]
 
 Each measurement runs in a fresh process (cold caches, its own peak RSS): ``enumerate_space(spec,
-keep_oom=True)`` and its ranking, as ``tune space`` does, once on the fast path (bounds on the
-allocator settle most verdicts, breakdowns computed when read: docs/speed.md) and once on the
-exact path (``fast=False``: the allocator simulated for every valid config, as before the fast
-path). Prints configs/s and peak RSS of each and the ratio of the two times, measured in the same
-run. Spaces: the shipped studies, and MoE spaces generated from mixtral-8x7b with EP, ETP, the
-three dispatchers and selective-recompute modules, of about 10^5 (``moe-1e5``) and 10^6
-(``moe-1e6``) configs. A measurement past ``--timeout`` seconds is stopped and shown as a bound.
-Targets (issue 36): 10^5 configs in under 1 s, the shipped studies in under 0.2 s each, under
-1 GiB for 10^6.
+keep_oom=True)`` and its ranking, as ``tune space`` does, on the fast path (bounds on the
+allocator settle most verdicts, breakdowns computed when read: docs/speed.md) and on the exact
+path (``fast=False``: the allocator simulated for every valid config, as before the fast path);
+``stream``: ``stream_space(spec, top=20)``, the fast path holding only the counts, the memory
+probes and the 20 first of the ranking. Prints configs/s, peak RSS, CPU seconds and the allocator
+simulations run (a count the machine's load does not move) of each, and the ratio of each CPU
+time to the exact path's, measured in the same run (CPU time: on a shared machine the wall time
+of the same work varies several-fold with the load). Spaces: the shipped studies, and MoE
+spaces generated from mixtral-8x7b with EP, ETP, the three dispatchers and selective-recompute
+modules, of about 10^5 (``moe-1e5``) and 10^6 (``moe-1e6``) configs. A measurement past
+``--timeout`` seconds is stopped and shown as a bound. Targets (issue 36): 10^5 configs in
+under 1 s, the shipped studies in under 0.2 s each, under 1 GiB for 10^6.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import subprocess
 import sys
 import time
 
+from tuner.models.memory.allocator import reserved_bytes
 from tuner.space.enumerate import enumerate_space, expand_axes
+from tuner.space.stream import stream_space
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
@@ -53,20 +59,29 @@ def study(name: str) -> StudySpec:
     return moe_space(name) if name in GENERATED else load_study(name)
 
 
-def measure(name: str, fast: bool) -> dict[str, float]:
+PATHS = ("exact", "fast", "stream")
+
+
+def measure(name: str, path: str) -> dict[str, float]:
     """One enumeration and ranking in this process: configs, seconds, peak RSS (MiB)."""
     spec = study(name)
-    start = time.perf_counter()
-    report = enumerate_space(spec, keep_oom=True, fast=fast)
-    report.ranked()
-    seconds = time.perf_counter() - start
+    start, cpu = time.perf_counter(), time.process_time()
+    if path == "stream":
+        report = stream_space(spec, top=20)
+    else:
+        report = enumerate_space(spec, keep_oom=True, fast=path == "fast")
+        report.ranked()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"configs": report.total, "seconds": seconds, "rss_mib": rss,
-            "viable": len(report.viable)}  # fmt: skip
+    # allocator simulations run (distinct stages' tensors): a count the machine's load does
+    # not move
+    sims = reserved_bytes.cache_info().misses
+    return {"configs": report.total, "seconds": seconds, "cpu": cpu, "rss_mib": rss,
+            "viable": len(report.viable), "simulations": sims}  # fmt: skip
 
 
-def run_child(name: str, fast: bool, timeout: float) -> dict[str, float] | None:
-    cmd = [sys.executable, __file__, "--child", name, "--path", "fast" if fast else "exact"]
+def run_child(name: str, path: str, timeout: float) -> dict[str, float] | None:
+    cmd = [sys.executable, __file__, "--child", name, "--path", path]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
     except subprocess.TimeoutExpired:
@@ -74,54 +89,57 @@ def run_child(name: str, fast: bool, timeout: float) -> dict[str, float] | None:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def best_of(name: str, repeat: int, timeout: float) -> dict[bool, dict[str, float] | None]:
-    """The quickest of ``repeat`` runs of each path, the two paths taking turns (so that a
-    shared machine's load falls on both alike)."""
-    best: dict[bool, dict[str, float] | None] = {False: None, True: None}
-    timed_out = {False: False, True: False}
+def best_of(
+    name: str, paths: list[str], repeat: int, timeout: float
+) -> dict[str, dict[str, float] | None]:
+    """The quickest (CPU seconds) of ``repeat`` runs of each path, the paths taking turns (so
+    that a shared machine's load falls on all alike)."""
+    best: dict[str, dict[str, float] | None] = dict.fromkeys(paths)
+    timed_out = dict.fromkeys(paths, False)
     for _ in range(repeat):
-        for fast in (False, True):
-            if timed_out[fast]:
+        for path in paths:
+            if timed_out[path]:
                 continue
-            row = run_child(name, fast, timeout)
-            timed_out[fast] = row is None
-            old = best[fast]
-            if row is not None and (old is None or row["seconds"] < old["seconds"]):
-                best[fast] = row
+            row = run_child(name, path, timeout)
+            timed_out[path] = row is None
+            old = best[path]
+            if row is not None and (old is None or row["cpu"] < old["cpu"]):
+                best[path] = row
     return best
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spaces", default=",".join(SHIPPED + GENERATED))
+    parser.add_argument("--paths", default=",".join(PATHS), help="of exact, fast, stream")
     parser.add_argument("--timeout", type=float, default=600.0, help="per measurement, seconds")
     parser.add_argument("--repeat", type=int, default=3, help="runs per path; the best is shown")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--path", choices=("fast", "exact"), help=argparse.SUPPRESS)
+    parser.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.path == "fast")))
+        print(json.dumps(measure(args.child, args.path)))
         return 0
+    paths = args.paths.split(",")
     head = f"{'space':<14}{'configs':>9}{'path':>7}{'time s':>10}{'configs/s':>11}{'RSS MiB':>9}"
-    print(head + f"{'speed-up':>10}")
+    print(head + f"{'CPU s':>8}{'sims':>8}{'vs exact':>10}")
     for name in args.spaces.split(","):
         size = expand_axes(study(name)).size
-        rows = best_of(name, args.repeat, args.timeout)
-        for fast, row in rows.items():
-            path = "fast" if fast else "exact"
+        rows = best_of(name, paths, args.repeat, args.timeout)
+        exact = rows.get("exact")
+        for path, row in rows.items():
             if row is None:
                 line = f"{name:<14}{size:>9,}{path:>7}{'>' + format(args.timeout, '.0f'):>10}"
                 print(line + f"{'<' + format(size / args.timeout, ',.0f'):>11}")
                 continue
             rate = row["configs"] / row["seconds"]
             line = f"{name:<14}{row['configs']:>9,.0f}{path:>7}{row['seconds']:>10.2f}"
-            print(line + f"{rate:>11,.0f}{row['rss_mib']:>9.0f}", end="")
-            exact = rows[False]
-            if fast:
-                t = exact["seconds"] if exact else args.timeout
-                print(f"{('>' if exact is None else '') + format(t / row['seconds'], '.1f'):>9}x")
+            line += f"{rate:>11,.0f}{row['rss_mib']:>9.0f}{row['cpu']:>8.2f}"
+            print(line + f"{row['simulations']:>8,.0f}", end="")
+            if path != "exact" and exact:  # CPU seconds: what a shared machine's load moves least
+                print(f"{exact['cpu'] / row['cpu']:>9.1f}x")
             else:
-                print()
+                print(f"{'-' if path != 'exact' else '':>10}")
     return 0
 
 

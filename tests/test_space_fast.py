@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -15,12 +16,20 @@ from typing import Any
 import pytest
 
 from tuner.cli.tables import _candidate_json
+from tuner.config.pipeline import chunk_layers, chunk_layers_uncached
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
 from tuner.models.memory.bound import peak_bounds
-from tuner.models.memory.estimate import GIB, MemoryBreakdown, stage_plans, with_slack
-from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport
+from tuner.models.memory.estimate import (
+    GIB,
+    MemoryBreakdown,
+    estimate_memory,
+    stage_plans,
+    with_slack,
+)
+from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport, _meeting, step_of
 from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
 from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, probe_ceiling_gib
+from tuner.space.stream import stream_space
 from tuner.spec.file import load_study, study_from_mapping
 from tuner.spec.study import StudySpec
 
@@ -54,13 +63,14 @@ def _variant(raw: dict[str, Any], gib: float | None = None, **space: Any) -> Stu
     return study_from_mapping(out)
 
 
-def _mixtral(gib: float) -> StudySpec:
+def _mixtral(gib: float, **knobs: Any) -> StudySpec:
     spec = load_study("mixtral-8x7b")
-    space = dataclasses.replace(
-        spec.space, tp=(1, 2), pp=(1, 2, 4), vp=(1,), ep=(1, 2, 4, 8),
-        recompute=("none", "selective", "selective:core_attn+moe_act", "full"),
-        moe_token_dispatcher=("alltoall", "allgather", "flex"),
-    )  # fmt: skip
+    knobs = {
+        "tp": (1, 2), "pp": (1, 2, 4), "vp": (1,), "ep": (1, 2, 4, 8),
+        "recompute": ("none", "selective", "selective:core_attn+moe_act", "full"),
+        "moe_token_dispatcher": ("alltoall", "allgather", "flex"), **knobs,
+    }  # fmt: skip
+    space = dataclasses.replace(spec.space, **knobs)
     cluster = dataclasses.replace(spec.cluster, gpu_memory_gib=gib)
     return dataclasses.replace(spec, space=space, cluster=cluster)
 
@@ -81,6 +91,11 @@ SPACES: dict[str, Callable[[], StudySpec]] = {
     "dense-16": lambda: _variant(DENSE, 16.0),
     "moe-80": lambda: _mixtral(80.0),
     "moe-48": lambda: _mixtral(48.0),
+    # full recompute of every layer in chunks of 1 or 2: the same step, peaks apart by less
+    # than the bounds' width, so the ranking's ties are settled by narrowed bounds
+    "moe-ties-64": lambda: _mixtral(
+        64.0, pp=(2, 4), recompute=("full",), recompute_num_layers=(1, 2)
+    ),  # fmt: skip
     "deepspeed-20": lambda: _deepspeed(20.0),
 }
 
@@ -97,17 +112,24 @@ def _same(fast: SpaceReport, exact: SpaceReport) -> None:
         assert [c.config for c in mine] == [c.config for c in theirs], name
     ranked = fast.ranked()
     assert [c.config for c in ranked] == [c.config for c in exact.ranked()]
+    assert [c.config for c in fast.ranked()] == [c.config for c in ranked]  # read twice (the CLI)
     # every figure, read through the deferred breakdowns too
     for mine, theirs in zip(ranked + fast.oom, exact.ranked() + exact.oom, strict=True):
         assert mine.memory == theirs.memory and mine.time == theirs.time
         assert _printed(mine) == _printed(theirs)
 
 
+@functools.cache
+def _exact(name: str) -> SpaceReport:
+    """The exact path's report of a space (shared by the tests; nothing changes it)."""
+    return enumerate_space(SPACES[name](), keep_oom=True, fast=False)
+
+
 @pytest.mark.parametrize("name", sorted(SPACES))
 def test_fast_and_exact_paths_agree_on_every_config(name: str) -> None:
     spec = SPACES[name]()
     fast = enumerate_space(spec, keep_oom=True)
-    exact = enumerate_space(spec, keep_oom=True, fast=False)
+    exact = _exact(name)
     deferred = sum(isinstance(c.breakdown, DeferredMemory) for c in fast.viable + fast.oom)
     _same(fast, exact)
     assert deferred, "the bounds settled no verdict: the fast path was not exercised"
@@ -116,12 +138,67 @@ def test_fast_and_exact_paths_agree_on_every_config(name: str) -> None:
 
 def test_the_spaces_have_many_configs_near_the_fit_limit() -> None:
     near = 0
-    for make in SPACES.values():
+    for name, make in SPACES.items():
         spec = make()
         limit = spec.search.memory_headroom * study_gpu(spec).memory_gib * GIB
-        report = enumerate_space(spec, keep_oom=True, fast=False)
+        report = _exact(name)
         near += sum(abs(c.memory.peak / limit - 1) < 0.1 for c in report.viable + report.oom)
     assert near >= 300
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+@pytest.mark.parametrize("top", [1, 5])
+def test_the_streamed_space_keeps_the_top_of_the_exact_ranking(name: str, top: int) -> None:
+    streamed, exact = stream_space(SPACES[name](), top), _exact(name)
+    ranked = exact.ranked()
+    assert [c.config for c in streamed.viable[:top]] == [c.config for c in ranked[:top]]
+    # the rest are the last one's ties on the step, in the ranking's order
+    assert [c.config for c in streamed.viable] == [
+        c.config for c in ranked[: len(streamed.viable)]
+    ]
+    assert {step_of(c) for c in streamed.viable[top:]} <= {
+        step_of(ranked[min(top, len(ranked)) - 1])
+    }
+    for mine, theirs in zip(streamed.viable, ranked, strict=False):
+        assert _printed(mine) == _printed(theirs)
+    assert [c.config for c in streamed.probes] == [c.config for c in exact.probes]
+    counts = {**exact.counts(), "viable": len(streamed.viable)}
+    assert streamed.counts() == counts
+
+
+def test_tied_steps_are_ordered_by_narrowed_bounds_without_their_breakdowns() -> None:
+    fast = enumerate_space(SPACES["moe-ties-64"]())
+    steps = [step_of(c) for c in fast.ranked()]
+    assert len(set(steps)) < len(steps), "the space has ties on the step"
+    deferred = [c.breakdown for c in fast.viable if isinstance(c.breakdown, DeferredMemory)]
+    settled = [d for d in deferred if not d.known]  # tied, yet ranked without a breakdown
+    assert len(settled) >= len(fast.viable) / 2, "ties were settled on narrowed bounds"
+    for d in settled:  # the narrowed bounds hold the exact peak
+        low, high = d.low, d.high
+        assert low <= d().peak <= high
+
+
+@pytest.mark.parametrize("name", ["dense-40", "moe-48", "deepspeed-20"])
+def test_the_peak_of_a_narrowed_config_is_the_exact_peak(name: str) -> None:
+    spec = SPACES[name]()
+    alone = 0
+    for c in enumerate_space(spec, keep_oom=True).viable:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory) or d.known:
+            continue
+        while d.narrow():
+            pass
+        peak = d.peak()  # from the stage that sets it, where the bounds prove it does
+        alone += not d.known
+        d.forget()
+        assert peak == estimate_memory(*d._args).peak
+    assert alone, "some peaks came from one stage, without the whole breakdown"
+
+
+def test_ranges_meet_when_they_touch_or_overlap() -> None:
+    assert _meeting([(0.0, 1.0), (2.0, 3.0), (3.0, 4.0)]) == [False, True, True]
+    assert _meeting([(0.0, 5.0), (1.0, 2.0), (6.0, 6.0)]) == [True, True, False]
+    assert _meeting([(4.0, 4.0), (1.0, 9.0), (10.0, 11.0)]) == [True, True, False]
 
 
 def test_fast_and_exact_agree_without_time_or_kept_ooms() -> None:
@@ -179,3 +256,32 @@ def test_a_dry_look_imports_nothing_it_does_not_use(
                          check=True, timeout=300)  # fmt: skip
     loaded = out.stdout.splitlines()[-1].split()
     assert not [m for m in loaded for u in unused if m == u or m.startswith(u + ".")]
+
+
+def _megatron_deepspeed() -> StudySpec:
+    raw = copy.deepcopy(DENSE)
+    raw.update(
+        framework="megatron-deepspeed",
+        launch={"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"},
+    )
+    raw["space"] = {
+        "tp": [1, 2, 4],
+        "pp": [2, 4],
+        "micro_batch_size": [1],
+        "pipeline_split": ["uniform", "parameters", "type:ParallelTransformerLayerPipe"],
+    }
+    return study_from_mapping(raw)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "make", [*SPACES.values(), _megatron_deepspeed, lambda: load_study("demo-fsdp")]
+)
+def test_the_cached_splits_are_the_splits_of_every_config(make: Callable[[], StudySpec]) -> None:
+    # chunk_layers keys its cache on the knobs it reads: a knob it missed would hand one
+    # config another's split
+    spec = make()
+    for config in iter_configs(spec):
+        if study_violations(config, spec):
+            continue
+        cached = chunk_layers(spec.model, config, spec.framework)
+        assert cached == chunk_layers_uncached(spec.model, config, spec.framework)

@@ -59,6 +59,29 @@ def chunk_layers(model: ModelSpec, config: ParallelConfig, framework: Framework)
     Raises :class:`ValidationError` with the framework's message for a split it refuses (the
     validity rules of ``tuner.config.parallel`` report the same message first).
     """
+    key = (model, framework, config.pp, config.vp, config.pipeline_split, config.tp)
+    chunks = _CHUNKS.get(key)
+    if chunks is None:
+        chunks = chunk_layers_uncached(model, config, framework)
+        if len(_CHUNKS) >= MAX_CACHED_SPLITS:
+            _CHUNKS.clear()
+        _CHUNKS[key] = chunks
+    return chunks
+
+
+MAX_CACHED_SPLITS = 4096
+"""Splits :func:`chunk_layers` keeps; a space has one per (pp, vp, split, tp) at most, so a few
+dozen: the cap only bounds a process that walks many studies."""
+_CHUNKS: dict[tuple[ModelSpec, Framework, int, int, str, int], Chunks] = {}
+
+
+def chunk_layers_uncached(
+    model: ModelSpec, config: ParallelConfig, framework: Framework
+) -> Chunks:
+    """:func:`chunk_layers` computed afresh. It reads only pp, vp, the split and (DeepSpeed's
+    layer list) tp of ``config``, which is what :func:`chunk_layers` keys its cache on (the
+    configs of a space share a few splits, and the memory and time models ask per stage);
+    tests/test_space_fast.py holds the two equal over whole spaces."""
     if traits(framework).fsdp2:  # torchtitan's own split (tuner.spec.torchtitan)
         if config.pp * config.vp > model.num_layers + 2:
             raise ValidationError(

@@ -108,14 +108,19 @@ def moe_layers_per_stage(
 ) -> tuple[int, ...]:
     """MoE layers on each pipeline rank: the virtual stages in Megatron's order (chunk j of rank
     i is virtual stage j x pp + i) laid over the layer pattern."""
-    flags = moe_layer_flags(model)
-    if not any(flags):
+    if not any(moe_layer_flags(model)):
         return (0,) * c.pp
-    chunks = chunk_layers(model, c, framework)
+    return _per_stage(model, c.pp, chunk_layers(model, c, framework))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _per_stage(model: ModelSpec, pp: int, chunks: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """:func:`moe_layers_per_stage` from the chunks (cached: asked per stage and config)."""
+    flags = moe_layer_flags(model)
     order = sorted(
-        ((j * c.pp + i, i, n) for i, rank in enumerate(chunks) for j, n in enumerate(rank))
+        ((j * pp + i, i, n) for i, rank in enumerate(chunks) for j, n in enumerate(rank))
     )
-    out = [0] * c.pp
+    out = [0] * pp
     start = 0
     for _, rank, n in order:
         out[rank] += sum(flags[start : start + n])
@@ -163,7 +168,14 @@ def expert_config(c: ParallelConfig) -> ParallelConfig:
     ranks; the global batch is the group's share, so the micro-batches per step (which set
     DeepSpeed's per-micro-batch reductions) stay the config's."""
     gbs = c.micro_batch_size * c.num_microbatches * c.expert_dp
-    return dataclasses.replace(c, tp=c.expert_tp, cp=1, dp=c.expert_dp, global_batch_size=gbs)
+    return _replace(c, c.expert_tp, c.expert_dp, gbs)
+
+
+@functools.lru_cache(maxsize=1 << 10)
+def _replace(c: ParallelConfig, tp: int, dp: int, gbs: int) -> ParallelConfig:
+    """``c`` with the expert grid's sizes (cached: the memory model asks per stage, the time
+    model again, for the same config)."""
+    return dataclasses.replace(c, tp=tp, cp=1, dp=dp, global_batch_size=gbs)
 
 
 # ----------------------------------------------------------------------------- activations

@@ -3,7 +3,9 @@
 :class:`Candidate` holds its memory breakdown, or the way to compute it when first read: a
 config whose verdict bounds on its peak settled (:class:`MemoryJudge`) is kept without running
 the allocator simulation, and its breakdown, whenever something reads it, is the one
-:func:`~tuner.models.memory.estimate.estimate_memory` gives.
+:func:`~tuner.models.memory.estimate.estimate_memory` gives. The ranking orders configs whose
+steps tie by their bounds where those are apart (:func:`_tied_peaks`), narrowing them a
+simulated stage at a time, and computes a breakdown only where they still meet.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.bound import peak_between, stage_bounds, stage_peak
 from tuner.models.memory.estimate import (
     GIB,
+    PHASE_TIE_BYTES,
     MemoryBreakdown,
+    StagePlan,
     estimate_memory,
+    iter_stage_plans,
     stage_plans,
     with_slack,
 )
 from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import TimeBreakdown
-from tuner.space.probes import probe_ceiling_gib
+from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.study import Framework, ModelSpec, Precision
 
 if TYPE_CHECKING:
@@ -33,22 +38,79 @@ if TYPE_CHECKING:
 
 
 class DeferredMemory:
-    """The exact memory breakdown of one config, computed on first use and then kept."""
+    """The exact memory breakdown of one config, computed on first use and then kept, with
+    bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
-    __slots__ = ("_args", "_terms", "_value")
+    __slots__ = ("_args", "_plans", "_stages", "_terms", "_value", "high", "low")
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
-        precision: Precision, terms: StackTerms | None = None,
+        precision: Precision, low: float = 0.0, high: float = float("inf"),
+        terms: StackTerms | None = None,
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
         self._terms = terms
         self._value: MemoryBreakdown | None = None
+        self.low, self.high = low, high
+        self._plans: tuple[StagePlan, ...] | None = None
+        self._stages: list[tuple[float, float]] = []
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args, terms=self._terms)
+            self.low = self.high = self._value.peak
+            self.forget()
         return self._value
+
+    @property
+    def known(self) -> bool:
+        """Whether the breakdown has been computed."""
+        return self._value is not None
+
+    def narrow(self) -> bool:
+        """Tighten the bounds on the peak by simulating the allocator of one more stage, the
+        one with the largest upper bound (``tuner.models.memory.bound``); False when that
+        stage is exact already (the bounds are as tight as stages make them: within
+        ``2 * PHASE_TIE_BYTES``). Keeps the stages' plans until :meth:`forget`."""
+        if self._value is not None or self.low == self.high:  # the peak is known
+            return False
+        if self._terms is not None and not self._terms.is_catalog:  # plans hold no measured terms
+            self()
+            return False
+        model, config, gpu, framework, precision = self._args
+        if self._plans is None:
+            self._plans = stage_plans(model, config, gpu, framework, precision)
+            self._stages = stage_bounds(self._plans, gpu)
+        stages = self._stages
+        i = max(range(len(stages)), key=lambda j: stages[j][1])
+        if stages[i][0] == stages[i][1]:
+            return False
+        figure = stage_peak(self._plans[i], gpu)
+        stages[i] = (figure, figure)
+        low, high = peak_between(stages)
+        self.low, self.high = max(self.low, low), min(self.high, high)
+        return True
+
+    def peak(self) -> float:
+        """The exact peak (``estimate_memory``'s), from the stage that sets it alone when
+        narrowing has left that stage exact and every other stage's upper bound below its
+        figure (that stage is then the worst, and the peak its worst phase's device figure:
+        ``MemoryBreakdown.peak``); from the whole breakdown otherwise."""
+        if self.low == self.high:  # bounds that meet hold only the peak
+            return self.low
+        stages = self._stages
+        if self._value is None and self._plans is not None and stages:
+            i = max(range(len(stages)), key=lambda j: stages[j][1])
+            if stages[i][0] == stages[i][1]:
+                (top,) = with_slack((self._plans[i],), self._args[2])
+                if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
+                    self.low = self.high = top.worst.device  # kept for the next ranking
+                    return self.low
+        return self().peak
+
+    def forget(self) -> None:
+        """Drop the plans :meth:`narrow` keeps (the bounds stay)."""
+        self._plans, self._stages = None, []
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +135,12 @@ class MemoryJudge:
     """Whether a config fits, with the allocator simulation only where it can change the verdict.
 
     Bounds on the peak (``tuner.models.memory.bound``) settle most configs: a lower bound over
-    both the headroom limit and, when probes are wanted, the probes' ceiling
-    (``tuner.space.probes.probe_ceiling_gib``) means out of memory and no probe; an upper bound
-    within the limit means a fit. The others get the exact estimate, so every verdict is the
-    exact path's; ``fast=False`` is that path for every config."""
+    the headroom limit means out of memory (one stage's lower bound over the probes' ceiling,
+    ``tuner.space.probes.probe_ceiling_gib``, settles it before the other stages' terms are
+    computed), an upper bound within the limit a fit. The others get the exact estimate, so
+    every verdict is the exact path's; ``fast=False`` is that path for every config. Whether
+    an out-of-memory config may be a memory probe is decided on its exact peak, later and only
+    for the few the step time leaves in the running (:meth:`may_probe`)."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -101,17 +165,26 @@ class MemoryJudge:
         ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
         return cls(model, gpu, framework, precision, limit, ceiling, fast, terms)
 
-    def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | None, bool]:
+    def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | DeferredMemory, bool]:
         """(``config``'s exact breakdown, whether it fits the headroom limit), with the
         allocator simulation only where bounds on the peak (``tuner.models.memory.bound``)
-        leave the verdict open: None instead of the breakdown when they settle it (over the
-        ceiling: no fit and no probe; under the limit: a fit)."""
+        leave the verdict open: a :class:`DeferredMemory` holding the bounds instead of the
+        breakdown when they settle it (over the limit: no fit; under it: a fit). Whether an
+        out-of-memory one may be a memory probe is :meth:`may_probe`'s."""
         if not self.fast:
             every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision,
                                     terms=self.terms)  # fmt: skip
             return every, every.peak <= self.limit
-        plans = stage_plans(self.model, config, self.gpu, self.framework, self.precision)
-        stages = stage_bounds(plans, self.gpu)
+        plans: list[StagePlan] = []
+        stages: list[tuple[float, float]] = []
+        for plan in iter_stage_plans(
+            self.model, config, self.gpu, self.framework, self.precision
+        ):  # fmt: skip
+            plans.append(plan)
+            stages += stage_bounds((plan,), self.gpu)
+            low = stages[-1][0] - 2 * PHASE_TIE_BYTES  # the peak is at least this (peak_between)
+            if low > self.ceiling:  # out of memory and no probe, whatever the other stages hold
+                return self.deferred(config, low), False
         # the stages that could be over the limit, most loaded first, each simulated alone
         # until the verdict is settled (the simulation is cached, so the full estimate below
         # reuses them)
@@ -122,21 +195,77 @@ class MemoryJudge:
                 figure = stage_peak(plans[i], self.gpu)
                 stages[i] = (figure, figure)
             low, high = peak_between(stages)
-            if low > self.ceiling:
-                return None, False
-            if high <= self.limit:
-                return None, True
-        memory = MemoryBreakdown(with_slack(plans, self.gpu))
+            if low > self.limit or high <= self.limit:
+                return self.deferred(config, low, high), high <= self.limit
+        memory = MemoryBreakdown(with_slack(tuple(plans), self.gpu))
         return memory, memory.peak <= self.limit
 
-    def deferred(self, config: ParallelConfig) -> DeferredMemory:
-        """The exact breakdown of ``config``, when read."""
+    def may_probe(self, memory: MemoryBreakdown | DeferredMemory) -> bool:
+        """Whether an out-of-memory config may be a memory probe: exactly for a breakdown
+        (``probes.may_probe``), and for one still deferred unless its lower bound is over the
+        probes' ceiling (the caller decides on the exact peak, ``enumerate.probes_of``, for the
+        few that the step time leaves in the running)."""
+        if isinstance(memory, MemoryBreakdown):
+            return may_probe(memory.peak / GIB, self.gpu.memory_gib)
+        return memory.low <= self.ceiling
+
+    def deferred(
+        self, config: ParallelConfig, low: float = 0.0, high: float = float("inf")
+    ) -> DeferredMemory:
+        """The exact breakdown of ``config``, when read (its peak known to lie in [low, high])."""
         return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision,
-                              self.terms)  # fmt: skip
+                              low, high, self.terms)  # fmt: skip
 
 
-def _step(c: Candidate) -> float:
+def step_of(c: Candidate) -> float:
+    """``c``'s predicted step seconds (inf without a time: last in the ranking)."""
     return c.time.step if c.time else float("inf")
+
+
+def _peak_range(c: Candidate) -> tuple[float, float]:
+    """Bytes (low, high) between which ``c``'s exact peak lies: the peak itself once known."""
+    b = c.breakdown
+    if isinstance(b, MemoryBreakdown):
+        return b.peak, b.peak
+    return b.low, b.high
+
+
+def _tied_peaks(tied: list[Candidate]) -> list[float]:
+    """A figure per candidate that orders them as their exact peaks do: the exact peak of each
+    whose bounds meet another's, the lower bound of the others. Why that is exact: a peak lies
+    within its bounds, so a candidate whose bounds are strictly apart from every other's
+    compares with each of them the same way through any figure within its own (and equals
+    none); only the ones whose bounds meet need the breakdown computed."""
+    deferred = [c.breakdown for c in tied if isinstance(c.breakdown, DeferredMemory)]
+    while True:  # narrow the bounds that meet another's, a stage at a time, then look again
+        meets = _meeting([_peak_range(c) for c in tied])
+        narrowed = [m and isinstance(c.breakdown, DeferredMemory) and c.breakdown.narrow()
+                    for c, m in zip(tied, meets, strict=True)]  # fmt: skip
+        if not any(narrowed):
+            break
+    ranges = [_peak_range(c) for c in tied]
+    out = [_exact_peak(c) if meets[i] else ranges[i][0] for i, c in enumerate(tied)]
+    for d in deferred:
+        d.forget()
+    return out
+
+
+def _exact_peak(c: Candidate) -> float:
+    b = c.breakdown
+    return b.peak() if isinstance(b, DeferredMemory) else b.peak
+
+
+def _meeting(ranges: list[tuple[float, float]]) -> list[bool]:
+    """Per closed range, whether it meets another of ``ranges``."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i])
+    meets = [True] * len(ranges)
+    reach = -float("inf")  # the largest high bound of the ranges before (in low order)
+    for n, i in enumerate(order):
+        low, high = ranges[i]
+        after = ranges[order[n + 1]][0] if n + 1 < len(order) else float("inf")
+        meets[i] = low <= reach or high >= after
+        reach = max(reach, high)
+    return meets
 
 
 @dataclass(slots=True)
@@ -158,11 +287,13 @@ class SpaceReport:
         key). The peak is read only where the steps tie, so a breakdown that waits until read
         (:class:`DeferredMemory`) is computed for those alone."""
         out: list[Candidate] = []
-        by_step = sorted(self.viable, key=lambda c: (_step(c), c.config.key()))
-        for _, run in itertools.groupby(by_step, key=_step):
+        by_step = sorted(self.viable, key=lambda c: (step_of(c), c.config.key()))
+        for _, run in itertools.groupby(by_step, key=step_of):
             tied = list(run)
             if len(tied) > 1:
-                tied.sort(key=lambda c: (c.memory.peak, c.config.key()))
+                peaks = _tied_peaks(tied)
+                order = sorted(range(len(tied)), key=lambda i: (peaks[i], tied[i].config.key()))
+                tied = [tied[i] for i in order]
             out += tied
         return out
 

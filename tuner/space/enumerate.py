@@ -50,9 +50,9 @@ def _divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-#: Most combinations ``tune`` enumerates. Why: every one is validated and estimated (about
-#: 20,000 a second, benchmarks/enumerate.py), so this already takes about a minute and a bigger
-#: space would stall ``tune`` for longer; real spaces have a few thousand.
+#: Most combinations ``tune`` enumerates. Why: every one is validated and the valid ones
+#: estimated (a MoE space of 10^6 takes about 90 s of CPU streamed, docs/speed.md), so a
+#: bigger space would stall ``tune`` for longer; real spaces have a few thousand.
 MAX_SPACE_SIZE = 1_000_000
 
 
@@ -274,8 +274,30 @@ def enumerate_space(
     report is the same as with ``fast=False`` (the exact path everywhere):
     tests/test_space_fast.py holds the two equal. ``terms``: what the framework probe measured
     (``tuner.models.stack``); measured terms take the exact path for every config."""
-    gpu = study_gpu(spec)
     report = SpaceReport()
+    near: list[Candidate] = []
+    for candidate in judged(spec, report, with_time, rates, fast, near, terms):
+        (report.viable if candidate.fits else report.oom if keep_oom else []).append(candidate)
+    report.probes = probes_of(
+        near, fastest_fit(report), spec.search.memory_probes, study_gpu(spec).memory_gib
+    )
+    return report
+
+
+def judged(
+    spec: StudySpec,
+    report: SpaceReport,
+    with_time: bool = True,
+    rates: Rates | None = None,
+    fast: bool = True,
+    near: list[Candidate] | None = None,
+    terms: StackTerms | None = None,
+) -> Iterator[Candidate]:
+    """Every valid config of the space as a :class:`Candidate`, in the enumeration's order,
+    counted into ``report`` (total, invalid by rule, predicted OOM; not its lists); the
+    out-of-memory ones worth a memory probe (with their time) also go to ``near``. What
+    :func:`enumerate_space` and :func:`~tuner.space.stream.stream_space` share."""
+    gpu = study_gpu(spec)
     model, fw = spec.model, spec.framework
     precision, headroom = spec.training.precision, spec.search.memory_headroom
     gpn = spec.cluster.gpus_per_node
@@ -283,7 +305,6 @@ def enumerate_space(
     measured = terms is not None and not terms.is_catalog
     judge = MemoryJudge.of(model, gpu, fw, precision, headroom, probing, fast and not measured,
                            terms)  # fmt: skip
-    near: list[Candidate] = []
     for config in iter_configs(spec):
         report.total += 1
         errors = study_violations(config, spec)
@@ -291,30 +312,27 @@ def enumerate_space(
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1
             continue
-        memory, ok = judge.memory(config)  # None: the bounds settled it, computed when read
+        memory, ok = judge.memory(config)  # deferred: the bounds settled it, computed when read
         if ok:
             time = (
                 estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
                 if with_time
                 else None
             )
-            report.viable.append(Candidate(config, memory or judge.deferred(config), True, time))
+            yield Candidate(config, memory, True, time)
             continue
         report.predicted_oom += 1
-        if keep_oom:
-            report.oom.append(Candidate(config, memory or judge.deferred(config), False))
-        if memory and probing and may_probe(memory.peak / GIB, gpu.memory_gib):
+        yield Candidate(config, memory, False)
+        if near is not None and probing and judge.may_probe(memory):
             time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
             near.append(Candidate(config, memory, False, time))
-    report.probes = _probes(near, report, spec.search.memory_probes)
-    return report
 
 
 class SharedSpace:
     """One :func:`enumerate_space` of a study under ``rates``, made on first use and kept.
 
     The model sampler's candidates and the screen's memory probes read the same one: the
-    enumeration estimates every config's memory and time (about 0.1 s for the 70B space), and
+    enumeration estimates every config's memory and time (about 1 s of CPU for the 70B space), and
     both need it with the same rates, so a study loop builds it once and hands it to both.
     """
 
@@ -334,13 +352,21 @@ class SharedSpace:
         return self._report
 
 
-def _probes(near: list[Candidate], report: SpaceReport, limit: int) -> list[Candidate]:
-    """The near-limit configs worth a probe: predicted faster than every config that fits."""
-    ranked = report.ranked()
-    fastest = ranked[0].time.step if ranked and ranked[0].time else float("inf")
+def probes_of(
+    near: list[Candidate], fastest: float, limit: int, capacity_gib: float
+) -> list[Candidate]:
+    """The near-limit configs worth a probe, fastest first: predicted faster than ``fastest``
+    (the fastest config that fits) and with a chance of fitting (``probes.may_probe``, on the
+    exact peak, computed here for those the step leaves in the running), at most ``limit``."""
     faster = [c for c in near if c.time is not None and c.time.step < fastest]
+    faster = [c for c in faster if may_probe(c.memory.peak / GIB, capacity_gib)]
     faster.sort(key=lambda c: (c.time.step if c.time else 0.0, c.memory.peak, c.config.key()))
     return faster[:limit]
+
+
+def fastest_fit(report: SpaceReport) -> float:
+    """The predicted step of the fastest viable config (inf: none, or no times)."""
+    return min((c.time.step for c in report.viable if c.time), default=float("inf"))
 
 
 def require_viable(spec: StudySpec, report: SpaceReport) -> None:

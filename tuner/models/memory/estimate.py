@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tuner.catalog import GPUSpec
@@ -243,9 +243,17 @@ def stage_plans(
     precision: Precision, zero_settings: Mapping[str, float] | None = None,
 ) -> tuple[StagePlan, ...]:  # fmt: skip
     """Every stage of ``config`` but the allocator's slack (uncached; :func:`with_slack`)."""
+    return tuple(iter_stage_plans(model, config, gpu, framework, precision, zero_settings))
+
+
+def iter_stage_plans(
+    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+    precision: Precision, zero_settings: Mapping[str, float] | None = None,
+) -> Iterator[StagePlan]:  # fmt: skip
+    """:func:`stage_plans` one stage at a time, first to last (a caller that has seen enough
+    stops early)."""
     layers, z = enumerate(stage_layers(model, config, framework)), zero_settings or None
-    return tuple(_stage_memory(model, config, i, n, gpu, framework, precision, z)
-                 for i, n in layers)  # fmt: skip
+    return (_stage_memory(model, config, i, n, gpu, framework, precision, z) for i, n in layers)
 
 
 def with_slack(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[StageMemory, ...]:
