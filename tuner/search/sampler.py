@@ -63,8 +63,6 @@ from tuner.calibrate.correction import (
     Features,
     Prior,
     expected_improvement,
-    fit,
-    fit_memory,
     normal_cdf,
 )
 from tuner.calibrate.correction import knob_values as knob_values
@@ -74,6 +72,7 @@ from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
+from tuner.search.ranking import fit, fit_memory  # each refit in the rows' space: cheap
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import MEMORY_SIGMA, may_probe
 from tuner.space.trials import (
@@ -278,7 +277,7 @@ class ModelGuidedSampler(BaseSampler):
             if outcome == Outcome.OK and measured_gib and predicted_gib:
                 memory[str(key)] = math.log(float(measured_gib) / float(predicted_gib))
             tried.add(str(key))
-        keys = [c.key() for c in configs]
+        keys = self._keys  # cached with the candidates
         index = {k: i for i, k in enumerate(keys)}
         open_ = [
             i for i, c in enumerate(configs)
