@@ -90,16 +90,18 @@ def main() -> int:
         n, f = sampler._x.shape
         for k in (int(v) for v in args.measured.split(",")):
             trials = trials_after(s, sampler, k, args.running)
-            now = best_of(args.repeat, lambda t=trials: sampler.choose(t))
+            now = best_of(args.repeat, lambda t=trials, m=sampler: m.choose(t))
             sampler_module.fit, sampler_module.fit_memory = correction.fit, correction.fit_memory
             try:
-                before = best_of(args.repeat, lambda t=trials: sampler.choose(t))
+                before = best_of(args.repeat, lambda t=trials, m=sampler: m.choose(t))
             finally:
                 sampler_module.fit, sampler_module.fit_memory = ranking.fit, ranking.fit_memory
             print(f"{name:14s}{n:8d}{f:9d}{first:9.2f}{k:9d}{before:10.3f}{now:8.3f}"
                   f"{now / first:10.1%}{before / now:10.0f}x")  # fmt: skip
-    print(f"({args.running} more running in each; before: every fit in the weights' space; "
-          f"best of {args.repeat})")
+    print(
+        f"({args.running} more running in each; before: every fit in the weights' space; "
+        f"best of {args.repeat})"
+    )
     return 0
 
 

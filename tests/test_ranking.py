@@ -17,7 +17,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
 from tuner.search import sampler as sampler_module
-from tuner.search.ranking import RowPosterior, fit
+from tuner.search.ranking import RowPosterior, fit, loo_residuals
 from tuner.search.sampler import Belief, ModelGuidedSampler
 from tuner.space.enumerate import SharedSpace, enumerate_space
 from tuner.space.trials import config_from_params, distributions
@@ -129,3 +129,23 @@ def test_the_space_is_enumerated_once_whatever_is_measured(
     study = _study_with_history(s)
     assert len(study.trials) == 10
     assert calls == [True]  # enumerated for the first ask, never again
+
+
+@pytest.mark.parametrize("rows", [9, 60])  # the rows' form, the weights' form
+def test_leave_one_out_residuals_equal_refits_without_each_row(rows: int) -> None:
+    rng = np.random.default_rng(5)
+    features = 40
+    precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
+    x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
+    y = rng.normal(0, 0.3, rows)
+    noise = rng.uniform(0.02, 0.1, rows)
+    post = fit(precision, x, y, noise)
+    assert isinstance(post, RowPosterior if rows < features else correction.Posterior)
+    k = rows - 3  # the last rows stay in every fit (saved observations, believed configs)
+    fast = loo_residuals(post, x, y, noise, k)
+    slow = []
+    for i in range(k):
+        keep = np.arange(rows) != i
+        without = correction.fit(precision, x[keep], y[keep], noise[keep])
+        slow.append(y[i] - without.predict(x[i : i + 1])[0][0])
+    assert np.allclose(fast, slow, rtol=1e-7, atol=1e-10)

@@ -49,7 +49,9 @@ class RowPosterior:
         self._xs = x * self._prior_var  # X S
         k = self._xs @ x.T + np.diag(variance)
         self._k_inv = np.linalg.inv(k)
-        self.mean = self._xs.T @ (self._k_inv @ y)
+        self.alpha = self._k_inv @ y
+        """``K^-1 y``: with ``K^-1``'s diagonal, each row's leave-one-out residual."""
+        self.mean = self._xs.T @ self.alpha
         """The posterior mean of the weights (as :attr:`Posterior.mean`)."""
 
     def predict(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -76,3 +78,21 @@ def fit_memory(
 ) -> Posterior | RowPosterior:  # fmt: skip
     """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`."""
     return lift_ooms(fit, features.memory_precision, x, y, bound, noise)
+
+
+def loo_residuals(
+    post: Posterior | RowPosterior, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray,
+    rows: int,
+) -> np.ndarray:  # fmt: skip
+    """``y - mean`` of each of the first ``rows`` rows of the fit ``post`` (of ``x``, ``y``,
+    ``noise``), the mean predicted by the same fit without that row, all from the one fit:
+    removing row i rescales its residual by ``1 / (1 - h_i)``, ``h_i = var_i / noise_i^2``
+    its leverage (the Sherman-Morrison update of the posterior; the leave-one-out identity
+    of ridge regression, which a Gaussian prior is). One fit instead of ``rows`` refits. In
+    the rows' space the same residual is ``(K^-1 y)_i / (K^-1)_ii`` (no difference of nearly
+    equal numbers when a row has a leverage near 1)."""
+    if isinstance(post, RowPosterior):
+        return np.asarray(post.alpha[:rows] / np.diag(post._k_inv)[:rows])
+    mu, sd = post.predict(x[:rows])
+    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)[:rows]
+    return np.asarray((y[:rows] - mu) / (1.0 - np.square(sd) / noise_sq))

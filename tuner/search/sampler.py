@@ -72,7 +72,11 @@ from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
-from tuner.search.ranking import fit, fit_memory  # each refit in the rows' space: cheap
+from tuner.search.ranking import (  # each refit in the rows' space: cheap
+    fit,
+    fit_memory,
+    loo_residuals,
+)
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import MEMORY_SIGMA, may_probe
 from tuner.space.trials import (
@@ -325,11 +329,8 @@ class ModelGuidedSampler(BaseSampler):
         ``len(seen)`` rows of ``x``); the saved rows always stay in the fit."""
         if len(seen) < MIN_ERROR_RUNS:
             return None
-        residuals = []
-        for i in range(len(seen)):
-            keep = np.arange(len(y)) != i
-            post = fit(self._features.prior_precision, x[keep], y[keep], sds[keep])
-            residuals.append(float(y[i] - post.predict(x[i : i + 1])[0][0]))
+        post = fit(self._features.prior_precision, x, y, sds)  # one fit, not one per row
+        residuals = loo_residuals(post, x, y, sds, len(seen))
         return math.sqrt(float(np.mean(np.square(residuals))))
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
