@@ -19,7 +19,7 @@ from tuner.space.trials import trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
-from tuner.study.storage import open_storage
+from tuner.study.storage import open_storage, resolve_url
 
 COLUMNS = [
     "trial", "outcome", "tp", "pp", "dp", "cp", "vp", "sp", "micro_batch", "grad_accum",
@@ -41,15 +41,32 @@ TORCHTITAN_COLUMNS = ["dp_shard", "dp_replicate", "pp_schedule", "reshard", "com
 MEASURED_PEAK_METRIC = "allocated"
 
 
+_OPENED: dict[tuple[str, str, int], optuna.Study] = {}
+"""The studies this process opened, by storage, name and the database file's inode (a file
+made anew is another storage)."""
+
+
 def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> optuna.Study:
-    """The stored study of ``spec`` (no new study is created)."""
+    """The stored study of ``spec`` (no new study is created).
+
+    Opened once per process and kept: Optuna's cached RDB storage keeps the finished trials it
+    read (they never change) and reads again only the unfinished ones and those added since,
+    so the leaderboard, the board's configs, the best trial and the report of one command read
+    10,000 trials once, and a long-lived caller still sees what other workers add."""
     layout = ResultsLayout(Path(results), spec.name)
     if storage is None and not layout.storage_path.exists():
         raise StudyError(f"no results for study {spec.name!r} yet (run: tune run --study ...)")
+    where = resolve_url(storage, layout)
+    local = where.local_file
+    key = (where.url, spec.name, local.stat().st_ino if local and local.exists() else 0)
+    if key in _OPENED:
+        return _OPENED[key]
     try:
-        return optuna.load_study(study_name=spec.name, storage=open_storage(storage, layout))
+        study = optuna.load_study(study_name=spec.name, storage=open_storage(storage, layout))
     except KeyError:
         raise StudyError(f"study {spec.name!r} is not in the storage") from None
+    _OPENED[key] = study
+    return study
 
 
 def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
@@ -119,8 +136,8 @@ def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTria
     if board.empty:
         raise StudyError(f"study {spec.name!r} has no successful trial yet")
     number = int(board.iloc[0]["trial"])
-    study = load_optuna_study(spec, storage, results)
-    return study.trials[number]
+    trials = load_optuna_study(spec, storage, results).get_trials(deepcopy=False)
+    return next(t for t in trials if t.number == number)  # no deep copy of every trial
 
 
 def best_config(
