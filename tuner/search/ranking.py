@@ -58,7 +58,7 @@ class RowPosterior:
         """Mean and standard deviation of the correction for the rows of ``z``."""
         mu = z @ self.mean
         a = z @ self._xs.T  # z S X^T
-        var = np.square(z) @ self._prior_var - np.einsum("ij,jk,ik->i", a, self._k_inv, a)
+        var = np.square(z) @ self._prior_var - ((a @ self._k_inv) * a).sum(axis=1)
         return mu, np.sqrt(np.maximum(var, 1e-12))
 
 
