@@ -55,6 +55,7 @@ from tuner.study.launchers import make_executor as make_executor
 from tuner.study.launchers import template_launcher as template_launcher
 from tuner.study.leases import Leases, exclusive, give_back, open_leases
 from tuner.study.measure import Watch
+from tuner.study.reader import TrialReader
 from tuner.study.reattach import Reattach
 from tuner.study.record import (
     LAUNCH_ERRORS_STOP,
@@ -128,6 +129,7 @@ class StudyLoop:
         self.scheduler = Scheduler(pool, leases, executor, layout, self.worker,
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
+        self._reader = TrialReader(storage, self._study_id)  # plain queries, finished kept
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
                              heartbeat_s=self.heartbeat_s, rerun=self.rerun,
                              rates=rates, space=space)  # fmt: skip
@@ -153,7 +155,7 @@ class StudyLoop:
 
     def trials(self) -> list[FrozenTrial]:
         """All trials of the study (every worker's)."""
-        return guarded("reading the study", lambda: self.study.get_trials(deepcopy=False))
+        return guarded("reading the study", self._reader.trials)
 
     def runs_done(self, trials: list[FrozenTrial]) -> int:
         """Finished runs that count against n_trials."""
