@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -185,7 +186,7 @@ class Posterior:
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and standard deviation of the correction for the rows of ``x``."""
         mu = x @ self.mean
-        var = np.einsum("ij,jk,ik->i", x, self.cov, x)
+        var = ((x @ self.cov) * x).sum(axis=1)  # one matrix product (einsum would not use BLAS)
         return mu, np.sqrt(np.maximum(var, 1e-12))
 
 
@@ -208,14 +209,33 @@ def fit_memory(
 ) -> Posterior:  # fmt: skip
     """The memory correction: log(measured / predicted) memory regressed on the features; a
     row with ``bound`` set (a real OOM) only bounds its ratio from below."""
-    precision = features.memory_precision
-    post = fit(precision, x, y, noise)
+    return lift_ooms(fit, features.memory_precision, x, y, bound, noise)
+
+
+class Fitted(Protocol):
+    """A fitted correction: :class:`Posterior`, or the same posterior in another form
+    (:mod:`tuner.search.ranking`)."""
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+P = TypeVar("P", bound=Fitted)
+
+
+def lift_ooms(
+    fitter: Callable[[np.ndarray, np.ndarray, np.ndarray, float | np.ndarray], P],
+    precision: np.ndarray, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
+    noise: float | np.ndarray,
+) -> P:  # fmt: skip
+    """``fitter``'s regression of ``y`` on ``x`` where a row with ``bound`` set (a real OOM)
+    only bounds its ratio from below: lifted above the fit, a few passes."""
+    post = fitter(precision, x, y, noise)
     for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
         if not bound.any():
             break
         mu_seen, sd_seen = post.predict(x)
         y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
-        post = fit(precision, x, y, noise)
+        post = fitter(precision, x, y, noise)
     return post
 
 

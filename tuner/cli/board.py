@@ -153,12 +153,11 @@ def stored_configs(
     spec: Any, board: Any, storage: str | None, results: str
 ) -> list[ParallelConfig | None]:
     """Each leaderboard row's config, read back from its stored trial (None: it has none)."""
-    from tuner.report.leaderboard import load_optuna_study
+    from tuner.report.leaderboard import stored_trials
 
     if board.empty:
         return []
-    trials = {t.number: t for t in load_optuna_study(spec, storage, results).get_trials(
-        deepcopy=False)}  # fmt: skip
+    trials = {t.number: t for t in stored_trials(spec, storage, results)}
     out: list[ParallelConfig | None] = []
     for number in board["trial"]:
         data = trials[int(number)].user_attrs.get("config")

@@ -11,13 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from rich.console import Console
 from rich.table import Table
 
 from tuner.errors import ParseError
-from tuner.logs import Framework, RunMetrics, parse_log_file
+from tuner.spec.frameworks import Framework
+
+if TYPE_CHECKING:
+    from tuner.logs import RunMetrics
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.warmup is not None and args.warmup < 0:
         print(f"tune parse-log: --warmup: must be >= 0, got {args.warmup}", file=sys.stderr)
         return 2
+    from tuner.logs import parse_log_file  # the parsers load with the command that uses them
+
     results: list[tuple[str, RunMetrics]] = []
     for file in args.files:
         try:

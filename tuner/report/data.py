@@ -23,7 +23,7 @@ from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.outcome import Outcome
-from tuner.report.leaderboard import load_optuna_study, megatron_args
+from tuner.report.leaderboard import load_optuna_study, megatron_args, stored_trials
 from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import is_duplicate, trial_config, trial_outcome
 from tuner.spec.frameworks import traits
@@ -158,6 +158,8 @@ class ReportData:
     _breakdowns: dict[int, tuple[list[StageMemory], dict[str, float]]] = field(
         default_factory=dict
     )
+    trials: list[FrozenTrial] = field(default_factory=list)
+    """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once."""
 
     @cached_property
     def measured(self) -> list[TrialRow]:
@@ -301,13 +303,13 @@ def gather(
     """Read the study of ``spec``; duplicates and queued trials are left out (not trials of
     their own)."""
     study = load_optuna_study(spec, storage, results)
+    trials = stored_trials(spec, storage, results)
     rows = [
-        trial_row(t, spec)
-        for t in study.get_trials(deepcopy=False)
-        if not is_duplicate(t) and t.state != TrialState.WAITING
+        trial_row(t, spec) for t in trials if not is_duplicate(t) and t.state != TrialState.WAITING
     ]
     recorded = study.user_attrs.get("space_counts")  # the loop's, when it ran (tuner.study.loop)
     counts = recorded or enumerate_space(spec, with_time=False).counts()
-    data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens, results, counts)
+    data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens, results, counts,
+                      trials=trials)  # fmt: skip
     _ = data.baseline  # a bad --baseline is an error before anything is drawn
     return data

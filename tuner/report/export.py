@@ -37,7 +37,7 @@ from tuner.launch.templates import TemplateRenderer, deepspeed_config
 from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout
 from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
-from tuner.report.leaderboard import best_trial, leaderboard_row, load_optuna_study, megatron_args
+from tuner.report.leaderboard import best_trial, leaderboard_row, megatron_args, stored_trials
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 
@@ -150,7 +150,7 @@ def trial_record(
 def _measured_trial(
     spec: StudySpec, number: int, storage: str | None, results: str
 ) -> FrozenTrial:
-    trials = load_optuna_study(spec, storage, results).get_trials(deepcopy=False)
+    trials = stored_trials(spec, storage, results)
     found = [t for t in trials if t.number == number]
     if not found:
         raise ConfigError(f"study {spec.name!r} has no trial {number}", path="--trial")

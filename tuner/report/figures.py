@@ -297,8 +297,7 @@ def optuna_views(data: ReportData) -> tuple[Figures, str]:
 
     import optuna.visualization as ov
 
-    complete = [t for t in data.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value]  # fmt: skip
+    complete = [t for t in data.trials if t.state == TrialState.COMPLETE and t.value]
     if len(complete) < 2:
         return [], f"Optuna's views need at least 2 completed trials ({len(complete)} so far)."
     # Optuna's plots read the study's trials many times over: from an in-memory copy of the

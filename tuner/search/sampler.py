@@ -59,7 +59,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibrate.correction import Features, Prior, fit, fit_memory
+from tuner.calibrate.correction import Features, Prior
 from tuner.calibrate.correction import expected_improvement as expected_improvement
 from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import Observation, memory_fingerprint, setup_fingerprint
@@ -68,6 +68,11 @@ from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
+from tuner.search.ranking import (  # each refit in the rows' space: cheap
+    fit,
+    fit_memory,
+    loo_residuals,
+)
 from tuner.search.value import (
     DEFAULT_RUN_TRIALS,
     PURPOSE_ATTR,
@@ -295,7 +300,7 @@ class ModelGuidedSampler(BaseSampler):
             if outcome == Outcome.OK and measured_gib and predicted_gib:
                 memory[str(key)] = math.log(float(measured_gib) / float(predicted_gib))
             tried.add(str(key))
-        keys = [c.key() for c in configs]
+        keys = self._keys  # cached with the candidates
         index = {k: i for i, k in enumerate(keys)}
         open_ = [
             i for i, c in enumerate(configs)
@@ -343,11 +348,8 @@ class ModelGuidedSampler(BaseSampler):
         ``len(seen)`` rows of ``x``); the saved rows always stay in the fit."""
         if len(seen) < MIN_ERROR_RUNS:
             return None
-        residuals = []
-        for i in range(len(seen)):
-            keep = np.arange(len(y)) != i
-            post = fit(self._features.prior_precision, x[keep], y[keep], sds[keep])
-            residuals.append(float(y[i] - post.predict(x[i : i + 1])[0][0]))
+        post = fit(self._features.prior_precision, x, y, sds)  # one fit, not one per row
+        residuals = loo_residuals(post, x, y, sds, len(seen))
         return math.sqrt(float(np.mean(np.square(residuals))))
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:

@@ -7,8 +7,10 @@ that comes first: :class:`tuner.space.cost.TrialCost`) would pass the budget.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space.cost import trial_cost
 from tuner.spec.study import StudySpec
@@ -22,6 +24,19 @@ def pending_node_hours(running: Mapping[int, Any], now: float) -> float:
         left = float(r.job.request.timeout_s or 0.0) - (now - float(r.started))
         seconds += max(0.0, left) * len(r.group.hosts)
     return seconds / 3600
+
+
+def spent_node_hours(
+    trials: Sequence[FrozenTrial], running: Mapping[int, Any], now: float
+) -> float:
+    """Node-hours of every finished launched trial (its duration on its hosts) plus what the
+    running trials (:class:`tuner.study.loop.Running` by number) have run so far."""
+    done = sum(
+        float(t.user_attrs.get("duration_s", 0.0)) * len(t.user_attrs.get("hosts", []))
+        for t in trials if t.state != TrialState.RUNNING
+    )  # fmt: skip
+    live = sum((now - float(r.started)) * len(r.group.hosts) for r in running.values())
+    return (done + live) / 3600
 
 
 def node_hour_refusal(

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from tuner.calibrate.store import history, keep
 from tuner.config.parallel import ParallelConfig
@@ -48,7 +48,7 @@ from tuner.space.trials import (
 )
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
-from tuner.study.budget import node_hour_refusal, pending_node_hours
+from tuner.study.budget import node_hour_refusal, pending_node_hours, spent_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
 from tuner.study.launchers import make_executor as make_executor
@@ -56,6 +56,7 @@ from tuner.study.launchers import template_launcher
 from tuner.study.leases import Leases, exclusive, give_back, open_leases
 from tuner.study.measure import Watch
 from tuner.study.proxy import Proxies, full_scale_first
+from tuner.study.reader import TrialReader
 from tuner.study.reattach import Reattach
 from tuner.study.record import (
     LAUNCH_ERRORS_STOP,
@@ -128,6 +129,7 @@ class StudyLoop:
         self.scheduler = Scheduler(pool, leases, executor, layout, self.worker,
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
+        self._reader = TrialReader(storage, self._study_id)  # plain queries, finished kept
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
                              heartbeat_s=self.heartbeat_s, rerun=self.rerun,
                              rates=rates, space=space)  # fmt: skip
@@ -154,7 +156,7 @@ class StudyLoop:
 
     def trials(self) -> list[FrozenTrial]:
         """All trials of the study (every worker's)."""
-        return guarded("reading the study", lambda: self.study.get_trials(deepcopy=False))
+        return guarded("reading the study", self._reader.trials)
 
     def runs_done(self, trials: list[FrozenTrial]) -> int:
         """Finished runs that count against n_trials."""
@@ -353,13 +355,7 @@ class StudyLoop:
 
     def node_hours(self, trials: list[FrozenTrial]) -> float:
         """Node-hours of every finished launched trial plus this worker's running ones."""
-        done = sum(
-            float(t.user_attrs.get("duration_s", 0.0)) * len(t.user_attrs.get("hosts", []))
-            for t in trials if t.state != TrialState.RUNNING
-        ) / 3600  # fmt: skip
-        now = self.clock()
-        live = sum((now - r.started) * len(r.group.hosts) for r in self.running.values()) / 3600
-        return done + live
+        return spent_node_hours(trials, self.running, self.clock())
 
     # -- main loop -----------------------------------------------------------------------------
 

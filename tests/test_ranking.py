@@ -1,0 +1,151 @@
+"""The model sampler's re-ranking after a measurement (tuner.search.ranking): the posterior kept
+in the rows' space is the full fit's, and the sampler's beliefs and choices with it equal a full
+recompute's (a new enumeration and the weight-space fit)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+
+from tuner.calibrate import correction
+from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.estimate import GIB
+from tuner.outcome import Outcome
+from tuner.search import sampler as sampler_module
+from tuner.search.ranking import RowPosterior, fit, loo_residuals
+from tuner.search.sampler import Belief, ModelGuidedSampler
+from tuner.space.enumerate import SharedSpace, enumerate_space
+from tuner.space.trials import config_from_params, distributions
+from tuner.spec.file import study_from_mapping
+from tuner.spec.study import StudySpec
+
+STUDY: dict[str, Any] = {
+    "name": "rerank",
+    "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64},
+    "cluster": {"gpu": "a100-40gb", "gpus_per_node": 8, "num_nodes": 2, "executor": "local"},
+    "framework": "megatron",
+    "launch": {"template": "megatron_gpt"},
+    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
+              "recompute": ["none", "selective", "full"], "sequence_parallel": [True, False],
+              "distributed_optimizer": [True, False]},
+    "search": {"sampler": "model", "seed": 0},
+}  # fmt: skip
+
+
+def test_the_rows_posterior_is_the_weights_posterior() -> None:
+    rng = np.random.default_rng(3)
+    features, rows = 40, 9
+    precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
+    x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
+    y = rng.normal(0, 0.3, rows)
+    noise = rng.uniform(0.02, 0.1, rows)  # one per row, as saved observations have
+    z = np.c_[np.ones(50), rng.integers(0, 2, size=(50, features - 1))].astype(float)
+    full = correction.fit(precision, x, y, noise)
+    rows_form = fit(precision, x, y, noise)
+    assert isinstance(rows_form, RowPosterior)
+    assert np.allclose(rows_form.mean, full.mean, rtol=1e-9, atol=1e-12)
+    for a, b in zip(rows_form.predict(z), full.predict(z), strict=True):
+        assert np.allclose(a, b, rtol=1e-8, atol=1e-12)
+    # at least as many rows as features: the weights' form itself
+    many = np.r_[x, z]
+    assert isinstance(fit(precision, many, rng.normal(size=len(many)), 0.03), correction.Posterior)
+
+
+def _study_with_history(s: StudySpec) -> optuna.Study:
+    """Eight measured trials (two of them OOMs) and two still running, proposed by the sampler
+    with the rows' posterior; a made-up truth that the model gets wrong on tp and pp."""
+    viable = {c.config.key(): c for c in enumerate_space(s).viable}
+    study = optuna.create_study(sampler=ModelGuidedSampler(s, seed=0))
+    for n in range(10):
+        trial = study.ask(distributions(s))
+        config = config_from_params(s, trial.params)
+        trial.set_user_attr("key", config.key())
+        trial.set_user_attr("config", dataclasses.asdict(config))
+        if n >= 8:
+            continue  # running
+        cand = viable[config.key()]
+        peak = cand.memory.peak / GIB
+        if n in (2, 5):
+            trial.set_user_attr("outcome", str(Outcome.OOM))
+            trial.set_user_attr("predicted_peak_gib", peak)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        trial.set_user_attr("outcome", str(Outcome.OK))
+        trial.set_user_attr("peak_memory_gib", 1.1 * cand.memory.allocated / GIB)
+        trial.set_user_attr("predicted_allocated_gib", cand.memory.allocated / GIB)
+        assert cand.time is not None
+        study.tell(trial, cand.time.step * 1.4 ** math.log2(config.tp) * (0.7 if config.pp > 1
+                                                                           else 1.0))  # fmt: skip
+    return study
+
+
+def _same(a: Belief | None, b: Belief | None) -> None:
+    assert a is not None and b is not None
+    assert a.open_ == b.open_
+    assert np.allclose(a.mu, b.mu, rtol=1e-9, atol=1e-12)
+    assert np.allclose(a.sd, b.sd, rtol=1e-6, atol=1e-9)
+    assert a.best == b.best
+    assert a.error_sd is not None and b.error_sd == pytest.approx(a.error_sd, rel=1e-6)
+    assert a.covered is not None and b.covered is not None and (a.covered == b.covered).all()
+
+
+def test_the_incremental_ranking_equals_a_full_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = study_from_mapping(STUDY)
+    study = _study_with_history(s)
+    trials = study.get_trials(deepcopy=False)
+    kept = study.sampler
+    assert isinstance(kept, ModelGuidedSampler)
+    incremental = kept.belief(trials), kept.choose(trials), kept.chance_to_beat(trials, 0.02)
+    # from scratch: a new enumeration, every fit in the weights' space
+    monkeypatch.setattr(sampler_module, "fit", correction.fit)
+    monkeypatch.setattr(sampler_module, "fit_memory", correction.fit_memory)
+    fresh = ModelGuidedSampler(s, seed=0)
+    full = fresh.belief(trials), fresh.choose(trials), fresh.chance_to_beat(trials, 0.02)
+    _same(incremental[0], full[0])
+    assert isinstance(incremental[1], ParallelConfig) and incremental[1] == full[1]
+    assert incremental[2] is not None and full[2] is not None
+    assert incremental[2][0] == pytest.approx(full[2][0], rel=1e-6)
+    assert incremental[2][1] == full[2][1]
+
+
+def test_the_space_is_enumerated_once_whatever_is_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    real = SharedSpace.report
+
+    def counted(self: SharedSpace) -> Any:
+        calls.append(self._report is None)
+        return real(self)
+
+    monkeypatch.setattr(SharedSpace, "report", counted)
+    s = study_from_mapping(STUDY)
+    study = _study_with_history(s)
+    assert len(study.trials) == 10
+    assert calls == [True]  # enumerated for the first ask, never again
+
+
+@pytest.mark.parametrize("rows", [9, 60])  # the rows' form, the weights' form
+def test_leave_one_out_residuals_equal_refits_without_each_row(rows: int) -> None:
+    rng = np.random.default_rng(5)
+    features = 40
+    precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
+    x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
+    y = rng.normal(0, 0.3, rows)
+    noise = rng.uniform(0.02, 0.1, rows)
+    post = fit(precision, x, y, noise)
+    assert isinstance(post, RowPosterior if rows < features else correction.Posterior)
+    k = rows - 3  # the last rows stay in every fit (saved observations, believed configs)
+    fast = loo_residuals(post, x, y, noise, k)
+    slow = []
+    for i in range(k):
+        keep = np.arange(rows) != i
+        without = correction.fit(precision, x[keep], y[keep], noise[keep])
+        slow.append(y[i] - without.predict(x[i : i + 1])[0][0])
+    assert np.allclose(fast, slow, rtol=1e-7, atol=1e-10)

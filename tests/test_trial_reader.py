@@ -1,0 +1,67 @@
+"""tuner.study.reader: the trials as Optuna's own storage gives them, read incrementally."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from tuner.study.reader import TrialReader
+
+DISTS = {"tp": CategoricalDistribution([1, 2, 4]), "lr": FloatDistribution(1e-5, 1e-2, log=True),
+         "mbs": IntDistribution(1, 8), "sp": CategoricalDistribution([True, False])}  # fmt: skip
+
+
+def fields(t: optuna.trial.FrozenTrial) -> tuple[object, ...]:
+    return (t.number, t.state, t.values, t.datetime_start, t.datetime_complete, t.params,
+            t.distributions, t.user_attrs, t.system_attrs, t.intermediate_values,
+            t._trial_id)  # fmt: skip
+
+
+def same(a: list[optuna.trial.FrozenTrial], b: list[optuna.trial.FrozenTrial]) -> None:
+    assert [repr(fields(t)) for t in a] == [repr(fields(t)) for t in b]  # repr: nan == nan
+
+
+def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    other = optuna.create_study(study_name="other", storage=storage)  # not read
+    other.tell(other.ask(DISTS), 1.0)
+    study.enqueue_trial({"tp": 2})  # a system attribute
+    kept = []
+    for n, end in enumerate(["ok", "inf", "pruned", "fail", "running", "ok"]):
+        trial = study.ask(DISTS)
+        trial.set_user_attr("config", {"tp": n, "nested": [1, {"a": None}]})
+        trial.report(0.5 * n, step=1)
+        if n == 1:
+            trial.report(math.nan, step=2)
+        if end == "ok":
+            study.tell(trial, 1.0 + n)
+        elif end == "inf":
+            study.tell(trial, math.inf)
+        elif end == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        elif end == "fail":
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            kept.append(trial)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)  # Optuna's own reading, uncached
+    sid = fresh.get_study_id_from_name("s")
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+
+    # another worker finishes the running trial and adds two: both are seen
+    worker = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(url))
+    kept[0].set_user_attr("outcome", "ok")
+    worker.tell(kept[0].number, 7.0)
+    worker.ask(DISTS)
+    worker.tell(worker.ask(DISTS), 8.0)
+    again = reader.trials()
+    same(again, fresh.get_all_trials(sid, deepcopy=False))
+    assert [t.state for t in again[-3:]] == [TrialState.COMPLETE, TrialState.RUNNING,
+                                             TrialState.COMPLETE]  # fmt: skip
+    assert again[4].value == 7.0 and again[1].value == math.inf

@@ -1,0 +1,98 @@
+"""The model sampler's ranking after a measurement, without redoing the first one's work.
+
+The first ranking enumerates the space and estimates every config (seconds for thousands of
+configs); the model sampler keeps what it read then, once, as arrays over the admitted configs
+(:meth:`tuner.search.sampler.ModelGuidedSampler._candidates`: predicted log step, peak and
+allocated memory, feature rows), and never enumerates or estimates again. After a measurement
+only the correction changes: a Bayesian linear regression (:mod:`tuner.calibrate.correction`)
+refitted on the ``n`` measured rows and applied to the ``N`` cached rows.
+
+Fitted the usual way, that costs an inverse of the ``F x F`` precision matrix (``F``, the
+features: the knob values and their pairs, hundreds to thousands) per fit, and ``N F^2`` to
+apply it; the sampler fits a dozen times per ask (time, the running configs' believed values,
+the memory fit's OOM passes, one leave-one-out fit per measured config), which made an ask
+after twelve measurements of gpt-70b cost about as much as the first enumeration. Here the same
+posterior is written in the rows' space (the weight-space and function-space forms of Gaussian
+process regression are one posterior, Rasmussen and Williams, *Gaussian Processes for Machine
+Learning*, 2006, sections 2.1-2.2): with the prior covariance ``S`` (diagonal) and the noise
+``D``,
+
+    K = X S X^T + D                      (n x n)
+    mean(z) = z S X^T K^-1 y
+    var(z)  = z S z^T - (z S X^T) K^-1 (X S z^T)
+
+so a fit inverts an ``n x n`` matrix and ranking ``N`` configs costs ``N F n``: a refit is
+proportional to the measurements made, not to the size of the feature space squared. While
+there are at least as many rows as features the weight-space form is cheaper and is used. Both
+forms give one posterior; ``tests/test_ranking.py`` checks the sampler's beliefs and choices
+equal with either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
+from tuner.calibrate.correction import fit as full_fit
+
+
+class RowPosterior:
+    """The posterior of the correction weights kept in the rows' space (module docstring);
+    ``predict`` gives what :meth:`Posterior.predict` gives for the same fit."""
+
+    def __init__(
+        self, prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray,
+        noise: float | np.ndarray,
+    ) -> None:  # fmt: skip
+        variance = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)
+        self._prior_var = 1.0 / prior_precision
+        self._xs = x * self._prior_var  # X S
+        k = self._xs @ x.T + np.diag(variance)
+        self._k_inv = np.linalg.inv(k)
+        self.alpha = self._k_inv @ y
+        """``K^-1 y``: with ``K^-1``'s diagonal, each row's leave-one-out residual."""
+        self.mean = self._xs.T @ self.alpha
+        """The posterior mean of the weights (as :attr:`Posterior.mean`)."""
+
+    def predict(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and standard deviation of the correction for the rows of ``z``."""
+        mu = z @ self.mean
+        a = z @ self._xs.T  # z S X^T
+        var = np.square(z) @ self._prior_var - ((a @ self._k_inv) * a).sum(axis=1)
+        return mu, np.sqrt(np.maximum(var, 1e-12))
+
+
+def fit(
+    prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
+) -> Posterior | RowPosterior:
+    """:func:`tuner.calibrate.correction.fit`'s posterior, in whichever form is cheaper: the
+    rows' (fewer rows than features: the usual case in a study) or the weights'."""
+    if len(y) < len(prior_precision):
+        return RowPosterior(prior_precision, x, y, noise)
+    return full_fit(prior_precision, x, y, noise)
+
+
+def fit_memory(
+    features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
+    noise: float | np.ndarray,
+) -> Posterior | RowPosterior:  # fmt: skip
+    """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`."""
+    return lift_ooms(fit, features.memory_precision, x, y, bound, noise)
+
+
+def loo_residuals(
+    post: Posterior | RowPosterior, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray,
+    rows: int,
+) -> np.ndarray:  # fmt: skip
+    """``y - mean`` of each of the first ``rows`` rows of the fit ``post`` (of ``x``, ``y``,
+    ``noise``), the mean predicted by the same fit without that row, all from the one fit:
+    removing row i rescales its residual by ``1 / (1 - h_i)``, ``h_i = var_i / noise_i^2``
+    its leverage (the Sherman-Morrison update of the posterior; the leave-one-out identity
+    of ridge regression, which a Gaussian prior is). One fit instead of ``rows`` refits. In
+    the rows' space the same residual is ``(K^-1 y)_i / (K^-1)_ii`` (no difference of nearly
+    equal numbers when a row has a leverage near 1)."""
+    if isinstance(post, RowPosterior):
+        return np.asarray(post.alpha[:rows] / np.diag(post._k_inv)[:rows])
+    mu, sd = post.predict(x[:rows])
+    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)[:rows]
+    return np.asarray((y[:rows] - mu) / (1.0 - np.square(sd) / noise_sq))
