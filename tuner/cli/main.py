@@ -58,7 +58,6 @@ BOARD_MORE = ("--format csv and json keep every field, the config as its full ke
 def _cmd_estimate(args: argparse.Namespace) -> int:
     # The models load with the commands that use them: `tune --version` and `--help` stay quick.
     from tuner.api import estimate
-    from tuner.models.rates import CATALOG_STEP_ERROR
     from tuner.space.enumerate import config_from_settings
 
     spec = load_study(args.study)
@@ -66,7 +65,14 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates)
     result = found.to_dict()
     result["time_source"] = source
-    result["time_error"] = CATALOG_STEP_ERROR if rates is None else None
+    # the step's stated sd: each term's held-out catalog error or measured spread
+    result["time_error"] = found.time.sigma if found.time else None
+    measured = found.time is not None and bool(found.time.provenance)
+    result["time_error_from"] = (
+        "some terms measured on this stack" if measured
+        else "catalog terms at their held-out error" if rates is None
+        else "measured rates, catalog terms at their held-out error"
+    )  # fmt: skip
     line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
         _emit_json(result)

@@ -75,7 +75,7 @@ from tuner.models.memory.estimate import GIB
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
-from tuner.space.probes import MEMORY_SIGMA, may_probe
+from tuner.space.probes import may_probe
 from tuner.space.trials import (
     RETRYABLE,
     config_params,
@@ -143,6 +143,8 @@ class ModelGuidedSampler(BaseSampler):
             self._log_pred = np.log([c.time.step if c.time else 1.0 for c in ranked])
             self._peak_gib = np.array([c.memory.peak / GIB for c in ranked])
             self._alloc_gib = np.array([c.memory.allocated / GIB for c in ranked])
+            # each candidate's stated sd, from where its terms came (tuner.models.uncertainty)
+            self._sigma = np.array([c.memory.sigma for c in ranked])
             gpu = study_gpu(self._spec)
             self._gpu_gib = gpu.memory_gib
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
@@ -231,7 +233,7 @@ class ModelGuidedSampler(BaseSampler):
             if o.outcome == "ok" and o.memory_setup == self._memory_setup
         }  # fmt: skip
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
-        sigma = np.minimum(MEMORY_SIGMA, np.hypot(sd, m))
+        sigma = np.minimum(self._sigma[open_], np.hypot(sd, m))
         return [
             i for i, peak, s in zip(open_, corrected, sigma, strict=True)
             if self._keys[i] in ran

@@ -24,6 +24,7 @@ from tuner.models.memory.estimate import (
     with_slack,
 )
 from tuner.models.time.estimate import TimeBreakdown
+from tuner.models.uncertainty import max_memory_sigma
 from tuner.space.probes import probe_ceiling_gib
 from tuner.spec.study import Framework, ModelSpec, Precision
 
@@ -94,7 +95,11 @@ class MemoryJudge:
     ) -> MemoryJudge:  # fmt: skip
         """The judge for a study's GPU, headroom and whether it launches memory probes."""
         limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
-        ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
+        ceiling = (
+            max(limit, probe_ceiling_gib(gpu.memory_gib, max_memory_sigma(limit)) * GIB)
+            if probes
+            else limit
+        )
         return cls(model, gpu, framework, precision, limit, ceiling, fast)
 
     def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | None, bool]:

@@ -298,7 +298,7 @@ def enumerate_space(
         report.predicted_oom += 1
         if keep_oom:
             report.oom.append(Candidate(config, memory or judge.deferred(config), False))
-        if memory and probing and may_probe(memory.peak / GIB, gpu.memory_gib):
+        if memory and probing and may_probe(memory.peak / GIB, gpu.memory_gib, memory.sigma):
             time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates)
             near.append(Candidate(config, memory, False, time))
     report.probes = _probes(near, report, spec.search.memory_probes)

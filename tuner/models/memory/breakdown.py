@@ -7,15 +7,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tuner.models.uncertainty import (
+    CATALOG_MEMORY_SIGMA,
+    MEMORY_GROUPS,
+    Provenance,
+    TermSource,
+    band,
+    combined_sigma,
+    term_sources,
+)
+
 GIB = float(2**30)
 Phase = Literal["fwd_bwd", "step"]
-# Relative uncertainty of a predicted device peak: the sd of log(measured / predicted) that
-# tuner.space.probes uses to decide which near-limit configs get a memory probe. Reason: the terms
-# that are not counted exactly vary by that much between stacks: allocator fragmentation spans 5-15
-# % of transient bytes (catalog header), the CUDA context 0.3-1.0 GiB across driver / PyTorch
-# builds (pytorch#107667, pytorch#109888, NVIDIA/nccl#1685), NCCL channel counts 8-32 by
-# topology; on an 80 GiB peak these add up to about +-8 %. A measured peak of the same stack
-# replaces the catalog figures (cluster.overheads) and should narrow it.
+# The former fixed relative uncertainty of a predicted device peak (8%, an in-sample judgement).
+# A breakdown now states its own (MemoryBreakdown.sigma): each term's held-out catalog error or
+# its measured spread, combined (tuner.models.uncertainty). Kept as the floor the probes'
+# band never goes under without a measurement of this stack.
 MEMORY_UNCERTAINTY = 0.08
 PHASE_TIE_BYTES = 1.0
 """Device figures of a stage's two phases this close count as a tie (``StageMemory.worst``)."""
@@ -23,6 +30,23 @@ PARTS = (
     "weights grads optimizer activations stage_extras framework_buffers workspaces slack "
     "cuda_context comm_buffers"
 ).split()
+METRIC_PARTS = {
+    "allocated": tuple(p for p in PARTS if p not in ("slack", "cuda_context", "comm_buffers")),
+    "reserved": tuple(p for p in PARTS if p not in ("cuda_context", "comm_buffers")),
+    "device": tuple(PARTS),
+}
+"""The terms each figure sums (``PhaseMemory.allocated`` / ``reserved`` / ``device``)."""
+
+
+def memory_sources(provenance: Provenance = ()) -> dict[str, TermSource]:
+    """Every memory term's source: ``provenance``'s where given, else the catalog's."""
+    return term_sources(PARTS, provenance, MEMORY_GROUPS, CATALOG_MEMORY_SIGMA, GIB)
+
+
+def phase_sigma(phase: PhaseMemory, metric: str = "device", provenance: Provenance = ()) -> float:
+    """Relative sd of ``phase``'s ``metric`` figure from its terms' sources."""
+    parts = {n: float(getattr(phase, n)) for n in METRIC_PARTS[metric]}
+    return combined_sigma(parts, memory_sources(provenance))
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +155,19 @@ class MemoryBreakdown:
     """All stages; the flat attributes describe the worst (stage, phase): the OOM decider."""
 
     stages: tuple[StageMemory, ...]
+    provenance: Provenance = ()
+    """Terms measured on this stack (name, source); every other term is the catalog's."""
+
+    @property
+    def sigma(self) -> float:
+        """Relative sd of the peak (device figure of the worst stage and phase), from where its
+        terms came (:mod:`tuner.models.uncertainty`)."""
+        return phase_sigma(self.worst, "device", self.provenance)
+
+    def band_gib(self) -> tuple[float, float]:
+        """The peak's 90% band, GiB."""
+        low, high = band(self.peak, self.sigma)
+        return low / GIB, high / GIB
 
     @property
     def worst_stage(self) -> StageMemory:
@@ -250,7 +287,9 @@ class MemoryBreakdown:
             stage=self.stage, phase=self.phase, in_flight=self.in_flight,
             allocated_gib=round(self.allocated / GIB, 4),
             reserved_gib=round(self.reserved / GIB, 4), device_gib=round(self.device / GIB, 4),
-            peak_gib=round(self.peak / GIB, 4), uncertainty=MEMORY_UNCERTAINTY,
+            peak_gib=round(self.peak / GIB, 4), uncertainty=round(self.sigma, 4),
+            band_gib=[round(x, 4) for x in self.band_gib()],
+            sources={n: s.to_dict() for n, s in memory_sources(self.provenance).items()},
             stages=[s.to_dict() for s in self.stages],
         )  # fmt: skip
         return out
