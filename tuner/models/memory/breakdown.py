@@ -4,7 +4,11 @@ pipeline stage (:class:`StageMemory`) and for the config (:class:`MemoryBreakdow
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
 
 from tuner.models.uncertainty import (
@@ -13,7 +17,6 @@ from tuner.models.uncertainty import (
     Provenance,
     TermSource,
     band,
-    combined_sigma,
     term_sources,
 )
 
@@ -38,15 +41,39 @@ METRIC_PARTS = {
 """The terms each figure sums (``PhaseMemory.allocated`` / ``reserved`` / ``device``)."""
 
 
-def memory_sources(provenance: Provenance = ()) -> dict[str, TermSource]:
-    """Every memory term's source: ``provenance``'s where given, else the catalog's."""
-    return term_sources(PARTS, provenance, MEMORY_GROUPS, CATALOG_MEMORY_SIGMA, GIB)
+@functools.lru_cache(maxsize=256)
+def memory_sources(provenance: Provenance = ()) -> Mapping[str, TermSource]:
+    """Every memory term's source: ``provenance``'s where given, else the catalog's (cached:
+    every breakdown of a space asks for the same; read-only)."""
+    return MappingProxyType(
+        term_sources(PARTS, provenance, MEMORY_GROUPS, CATALOG_MEMORY_SIGMA, GIB)
+    )
 
 
 def phase_sigma(phase: PhaseMemory, metric: str = "device", provenance: Provenance = ()) -> float:
-    """Relative sd of ``phase``'s ``metric`` figure from its terms' sources."""
-    parts = {n: float(getattr(phase, n)) for n in METRIC_PARTS[metric]}
-    return combined_sigma(parts, memory_sources(provenance))
+    """Relative sd of ``phase``'s ``metric`` figure from its terms' sources (the sum
+    :func:`tuner.models.uncertainty.combined_sigma` makes, over a cached plan of the terms:
+    the space's enumeration and the sampler ask it of every config)."""
+    total = var = 0.0
+    absolute: dict[str, float] = {}
+    for name, sigma, extra, group in _sigma_plan(metric, provenance):
+        value = getattr(phase, name)
+        total += value
+        var += (value * sigma) ** 2
+        if extra and value:
+            absolute[group] = max(absolute.get(group, 0.0), extra)
+    if total <= 0:
+        return 0.0
+    return math.sqrt(var + sum(a * a for a in absolute.values())) / total
+
+
+@functools.lru_cache(maxsize=256)
+def _sigma_plan(metric: str, provenance: Provenance) -> tuple[tuple[str, float, float, str], ...]:
+    sources = memory_sources(provenance)
+    return tuple(
+        (n, sources[n].sigma, sources[n].absolute, sources[n].group or n)
+        for n in METRIC_PARTS[metric]
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from tuner.config.parallel import ParallelConfig
 from tuner.models.moe import mlp_flops_per_token
@@ -106,9 +108,11 @@ class TimeBreakdown:
 _FIELDS = tuple(f.name for f in dataclasses.fields(TimeBreakdown) if f.name != "provenance")
 
 
-def time_sources(provenance: Provenance = ()) -> dict[str, TermSource]:
-    """Every step-time term's source: ``provenance``'s where given, else the catalog's."""
-    return term_sources(TIME_GROUPS, provenance, TIME_GROUPS, CATALOG_TIME_SIGMA)
+@functools.lru_cache(maxsize=256)
+def time_sources(provenance: Provenance = ()) -> Mapping[str, TermSource]:
+    """Every step-time term's source: ``provenance``'s where given, else the catalog's (cached,
+    read-only)."""
+    return MappingProxyType(term_sources(TIME_GROUPS, provenance, TIME_GROUPS, CATALOG_TIME_SIGMA))
 
 
 # --- FLOPs ---------------------------------------------------------------------------------------
