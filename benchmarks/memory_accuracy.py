@@ -44,9 +44,9 @@ from tuner.models.memory.breakdown import (
 )
 from tuner.models.memory.estimate import GIB, estimate_memory, fits
 from tuner.models.uncertainty import (
-    ABSOLUTE_GROUPS,
     MEMORY_GROUPS,
     MEMORY_SIGMA_FLOORS,
+    WHOLE_FIGURE_GROUPS,
     combined_sigma,
 )
 from tuner.space.probes import at_risk
@@ -428,8 +428,8 @@ def residual(r: Result) -> Residual:
     shares: dict[str, float] = {}
     for name, value in r.parts.items():
         group = MEMORY_GROUPS[name]
-        if group in ABSOLUTE_GROUPS:  # its sd is GiB once per figure: its share is GiB / total
-            shares[group] = GIB / total
+        if group in WHOLE_FIGURE_GROUPS:  # its sd is a share of the whole figure, once
+            shares[group] = 1.0 if value or shares.get(group) else 0.0
         else:
             shares[group] = shares.get(group, 0.0) + value / total
     terms = {t: r.parts.get(p, 0.0) / total for t, p in _PART_TERMS.items()}

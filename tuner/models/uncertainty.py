@@ -12,8 +12,9 @@ of that term:
 - a measured term carries the spread of its measurements (narrow), given by whoever measured it.
 
 The terms are taken as independent, so the sd of a total is the root sum of squares of each
-term's sd in bytes (or seconds), over the total; the total is read as log-normal around the
-prediction with that sd. A 90% band is ``value x exp(+-1.645 sd)``.
+term's sd in bytes (or seconds), over the total, plus once the sd of each group stated as a
+share of the whole figure (:data:`WHOLE_FIGURE_GROUPS`); the total is read as log-normal around
+the prediction with that sd. A 90% band is ``value x exp(+-1.645 sd)``.
 
 Memory terms fall into three groups that differ in how well a formula can know them and that
 the measured figures tell apart: what is *counted* (weights, gradients, optimizer states,
@@ -48,26 +49,26 @@ MEMORY_GROUPS: dict[str, str] = {
 """Each memory term (``tuner.models.memory.breakdown.PARTS``) and the group its catalog error
 is stated for."""
 
-ABSOLUTE_GROUPS = frozenset({"fixed"})
-"""Groups whose catalog error is a number of bytes, not a share of their figure: the memory a
-stack holds outside PyTorch's allocator (CUDA context and kernel images, NCCL's buffers,
-libraries' handles) is a fact of the stack's builds and communicators, as far off for a small
-catalog figure as for a large one."""
+WHOLE_FIGURE_GROUPS = frozenset({"fixed"})
+"""Groups whose catalog error is a share of the whole figure they sit in, not of their own
+bytes: the memory a stack holds outside PyTorch's allocator (CUDA context and kernel images,
+NCCL's buffers, libraries' handles) is a fact of the stack's builds and communicators, which a
+catalog figure of a GiB or two cannot scale; what the held-out device figures show is the whole
+figure off by a share (BigScience's 2022 stack: 10-20% more on every row)."""
 
-MEMORY_SIGMA_FLOORS: dict[str, float] = {"counted": 0.02, "slack": 0.30, "fixed": 0.35}
-"""The least sd each group is known to have whatever the data say (relative; ``fixed``: GiB).
-Counted: padding and alignment the parameter and activation counts round over (2%). Slack: the
-allocator's fragmentation spans 5-15% of transient bytes (30% of its figure). Fixed: the CUDA
-context alone spans 0.3-1.0 GiB across driver and PyTorch builds (pytorch#107667,
-pytorch#109888; 0.35 GiB)."""
+MEMORY_SIGMA_FLOORS: dict[str, float] = {"counted": 0.02, "slack": 0.30, "fixed": 0.01}
+"""The least sd each group is known to have whatever the data say (``fixed``: a share of the
+whole figure). Counted: padding and alignment the parameter and activation counts round over
+(2%). Slack: the allocator's fragmentation spans 5-15% of transient bytes (30% of its figure).
+Fixed: the CUDA context alone spans 0.3-1.0 GiB across driver and PyTorch builds
+(pytorch#107667, pytorch#109888), about 1% of a large model's figure."""
 
-CATALOG_MEMORY_SIGMA: dict[str, float] = {"counted": 0.097, "slack": 0.81, "fixed": 6.8}
-"""Held-out sd of each group's catalog terms (relative; ``fixed``: GiB): the maximum-likelihood
-sds of every source's leave-one-source-out residuals in ``benchmarks/memory_accuracy.py`` (each
-measured row predicted without the terms developed on its own source; a known OOM counts as a
-peak of at least the GPU's memory), never under the floors."""
-
-GIB_BYTES = float(2**30)
+CATALOG_MEMORY_SIGMA: dict[str, float] = {"counted": 0.097, "slack": 0.80, "fixed": 0.159}
+"""Held-out sd of each group's catalog terms (``fixed``: a share of the whole figure): the
+maximum-likelihood sds of every source's leave-one-source-out residuals in
+``benchmarks/memory_accuracy.py`` (each measured row predicted without the terms developed on
+its own source; a known OOM counts as a peak of at least the GPU's memory), never under the
+floors."""
 
 TIME_GROUPS: dict[str, str] = {
     "compute": "compute", "recompute": "compute", "optimizer": "compute",
@@ -98,17 +99,17 @@ class TermSource:
     detail: str = ""
     """What stands behind it: the held-out error for a catalog term, the runs for a measured
     one."""
-    absolute: float = 0.0
-    """An sd in the term's own unit (bytes, seconds) for its whole group, counted once per
-    figure (``ABSOLUTE_GROUPS``); 0 for a relative one."""
+    whole: float = 0.0
+    """An sd as a share of the whole figure the term sits in, for its whole group, counted once
+    per figure (``WHOLE_FIGURE_GROUPS``); 0 for a term with a relative one."""
     group: str = ""
-    """Terms of one absolute group share its sd."""
+    """Terms of one whole-figure group share its sd."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able."""
         out: dict[str, object] = {"source": self.source, "sigma": round(self.sigma, 4)}
-        if self.absolute:
-            out["absolute_sd"] = self.absolute
+        if self.whole:
+            out["sigma_of_figure"] = round(self.whole, 4)
         return out | {"detail": self.detail}
 
 
@@ -117,40 +118,38 @@ Provenance = tuple[tuple[str, TermSource], ...]
 breakdown composed from measured terms lists them here with their spread."""
 
 
-def catalog_term(
-    name: str, groups: Mapping[str, str], sigmas: Mapping[str, float], unit: float = 1.0
-) -> TermSource:
-    """A catalog term's source: its group's held-out sd (an absolute group's in ``unit``s)."""
+def catalog_term(name: str, groups: Mapping[str, str], sigmas: Mapping[str, float]) -> TermSource:
+    """A catalog term's source: its group's held-out sd."""
     group = groups[name]
     detail = f"catalog, held-out error of its {group} terms"
-    if group in ABSOLUTE_GROUPS:
-        return TermSource("catalog", 0.0, detail, sigmas[group] * unit, group)
+    if group in WHOLE_FIGURE_GROUPS:
+        return TermSource("catalog", 0.0, detail, sigmas[group], group)
     return TermSource("catalog", sigmas[group], detail, 0.0, group)
 
 
 def term_sources(
     names: Iterable[str], provenance: Provenance, groups: Mapping[str, str],
-    sigmas: Mapping[str, float], unit: float = 1.0,
+    sigmas: Mapping[str, float],
 ) -> dict[str, TermSource]:  # fmt: skip
     """Every named term's source: the provenance's where given, else the catalog's."""
     given = dict(provenance)
-    return {n: given.get(n) or catalog_term(n, groups, sigmas, unit) for n in names}
+    return {n: given.get(n) or catalog_term(n, groups, sigmas) for n in names}
 
 
 def combined_sigma(parts: Mapping[str, float], sources: Mapping[str, TermSource]) -> float:
     """Relative sd of the sum of ``parts``: independent terms, each with its source's relative
-    sd, plus each absolute group's sd once (where any of its terms is in ``parts``)."""
+    sd, plus each whole-figure group's sd once (where any of its terms is held)."""
     total = sum(parts.values())
     if total <= 0:
         return 0.0
-    var = sum((value * sources[name].sigma) ** 2 for name, value in parts.items())
-    absolute: dict[str, float] = {}
+    var = sum((value * sources[name].sigma) ** 2 for name, value in parts.items()) / total**2
+    whole: dict[str, float] = {}
     for name, value in parts.items():
         s = sources[name]
-        if s.absolute and value:  # a group none of whose terms is held (CPU ranks) adds none
+        if s.whole and value:  # a group none of whose terms is held (CPU ranks) adds none
             key = s.group or name
-            absolute[key] = max(absolute.get(key, 0.0), s.absolute)
-    return math.sqrt(var + sum(a * a for a in absolute.values())) / total
+            whole[key] = max(whole.get(key, 0.0), s.whole)
+    return math.sqrt(var + sum(w * w for w in whole.values()))
 
 
 def band(value: float, sigma: float, level: float = BAND_LEVEL) -> tuple[float, float]:
@@ -165,14 +164,13 @@ def inside(measured: float, predicted: float, sigma: float, level: float = BAND_
     return low <= measured <= high
 
 
-def max_memory_sigma(least_peak_bytes: float, provenance: Provenance = ()) -> float:
-    """An upper bound on the combined sd of any breakdown whose peak is at least
-    ``least_peak_bytes`` (the root sum of squares of shares never exceeds the largest relative
-    sd; an absolute sd is at most its size over that peak): what a bound-only verdict may
-    assume."""
+def max_memory_sigma(provenance: Provenance = ()) -> float:
+    """An upper bound on any breakdown's combined sd (the root sum of squares of shares never
+    exceeds the largest relative sd; each whole-figure group adds its own once): what a
+    bound-only verdict may assume."""
     given = [s.sigma for _, s in provenance]
     rel = max([CATALOG_MEMORY_SIGMA[g] for g in CATALOG_MEMORY_SIGMA
-               if g not in ABSOLUTE_GROUPS] + given)  # fmt: skip
-    absolute = sum(CATALOG_MEMORY_SIGMA[g] for g in ABSOLUTE_GROUPS) * GIB_BYTES
-    absolute += sum(s.absolute for _, s in provenance)
-    return math.hypot(rel, absolute / max(least_peak_bytes, 1.0))
+               if g not in WHOLE_FIGURE_GROUPS] + given)  # fmt: skip
+    whole = [CATALOG_MEMORY_SIGMA[g] for g in WHOLE_FIGURE_GROUPS]
+    whole += [s.whole for _, s in provenance]
+    return math.sqrt(rel * rel + sum(w * w for w in whole))

@@ -96,7 +96,7 @@ class MemoryJudge:
         """The judge for a study's GPU, headroom and whether it launches memory probes."""
         limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
         ceiling = (
-            max(limit, probe_ceiling_gib(gpu.memory_gib, max_memory_sigma(limit)) * GIB)
+            max(limit, probe_ceiling_gib(gpu.memory_gib, max_memory_sigma()) * GIB)
             if probes
             else limit
         )

@@ -45,9 +45,7 @@ METRIC_PARTS = {
 def memory_sources(provenance: Provenance = ()) -> Mapping[str, TermSource]:
     """Every memory term's source: ``provenance``'s where given, else the catalog's (cached:
     every breakdown of a space asks for the same; read-only)."""
-    return MappingProxyType(
-        term_sources(PARTS, provenance, MEMORY_GROUPS, CATALOG_MEMORY_SIGMA, GIB)
-    )
+    return MappingProxyType(term_sources(PARTS, provenance, MEMORY_GROUPS, CATALOG_MEMORY_SIGMA))
 
 
 def phase_sigma(phase: PhaseMemory, metric: str = "device", provenance: Provenance = ()) -> float:
@@ -55,23 +53,23 @@ def phase_sigma(phase: PhaseMemory, metric: str = "device", provenance: Provenan
     :func:`tuner.models.uncertainty.combined_sigma` makes, over a cached plan of the terms:
     the space's enumeration and the sampler ask it of every config)."""
     total = var = 0.0
-    absolute: dict[str, float] = {}
-    for name, sigma, extra, group in _sigma_plan(metric, provenance):
+    whole: dict[str, float] = {}
+    for name, sigma, share, group in _sigma_plan(metric, provenance):
         value = getattr(phase, name)
         total += value
         var += (value * sigma) ** 2
-        if extra and value:
-            absolute[group] = max(absolute.get(group, 0.0), extra)
+        if share and value:
+            whole[group] = max(whole.get(group, 0.0), share)
     if total <= 0:
         return 0.0
-    return math.sqrt(var + sum(a * a for a in absolute.values())) / total
+    return math.sqrt(var / total**2 + sum(w * w for w in whole.values()))
 
 
 @functools.lru_cache(maxsize=256)
 def _sigma_plan(metric: str, provenance: Provenance) -> tuple[tuple[str, float, float, str], ...]:
     sources = memory_sources(provenance)
     return tuple(
-        (n, sources[n].sigma, sources[n].absolute, sources[n].group or n)
+        (n, sources[n].sigma, sources[n].whole, sources[n].group or n)
         for n in METRIC_PARTS[metric]
     )
 
