@@ -71,7 +71,7 @@ from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import Observation, memory_fingerprint, setup_fingerprint
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
-from tuner.models.memory.estimate import GIB
+from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
@@ -233,7 +233,10 @@ class ModelGuidedSampler(BaseSampler):
             if o.outcome == "ok" and o.memory_setup == self._memory_setup
         }  # fmt: skip
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
-        sigma = np.minimum(self._sigma[open_], np.hypot(sd, m))
+        # A measured peak of this stack also measures what the catalog's held-out error covers
+        # for an unseen one (its fixed memory, its allocator): from here the in-stack figure
+        # (MEMORY_UNCERTAINTY, the error on stacks the model has measurements of) caps it.
+        sigma = np.minimum(np.minimum(self._sigma[open_], MEMORY_UNCERTAINTY), np.hypot(sd, m))
         return [
             i for i, peak, s in zip(open_, corrected, sigma, strict=True)
             if self._keys[i] in ran
