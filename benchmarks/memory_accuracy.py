@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import math
 import re
 import statistics
 import sys
@@ -30,15 +31,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from held_out import Residual, coverage, load_terms, print_loso, print_term_effects
+
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import TunerError
+from tuner.models.memory.breakdown import (
+    METRIC_PARTS,
+    PhaseMemory,
+    StageMemory,
+    memory_sources,
+)
 from tuner.models.memory.estimate import GIB, estimate_memory, fits
+from tuner.models.uncertainty import (
+    MEMORY_GROUPS,
+    MEMORY_SIGMA_FLOORS,
+    WHOLE_FIGURE_GROUPS,
+    combined_sigma,
+)
+from tuner.space.probes import at_risk
 from tuner.spec.moe import MoESpec
 from tuner.spec.study import ModelSpec, SearchSpec
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "memory_peaks.csv"
-UNITS = {"bytes": 1.0, "MiB": 2.0**20, "GiB": GIB, "GB": 1e9}
+# GB-smi: a figure read off nvidia-smi's MiB column by eye and written "NNGB" (NN x 1000 MiB;
+# benchmarks/data/README.md says why this reading, between 1e9-byte GB and GiB).
+UNITS = {"bytes": 1.0, "MiB": 2.0**20, "GiB": GIB, "GB": 1e9, "GB-smi": 1000 * 2.0**20}
 # Calibration GPU names -> (catalog entry, memory in GiB or None for the catalog's). The memory
 # model reads a GPU only for its capacity (and its stack overheads); a GPU missing from the
 # catalog takes the nearest data-center entry and the capacity its source states.
@@ -69,7 +87,7 @@ FRAMEWORKS = {"megatron": "megatron", "megatron-deepspeed": "megatron-deepspeed"
 NOT_EXPRESSIBLE = {
     "torchtitan-fsdp2": "predicted as tuner's torchtitan; one source, two torch.compile rows"
 }
-_SPLIT = re.compile(r"megatron:(first=\d+,last=\d+|account_for_embedding\+loss)")
+_SPLIT = re.compile(r"megatron:(first=\d+,last=\d+|account_for_embedding\+loss)|deepspeed:(.+)")
 _STAGE = re.compile(r"(?:last pipeline stage|pipeline stage (\d+))")
 
 
@@ -87,6 +105,11 @@ class Result:
     fits: bool  # the config passes the prune at the headroom
     stage: str  # which of the model's stages was compared: "last", its index, or "peak"
     resident: float = 0.0  # predicted bytes alive after the optimizer step, same stage
+    parts: dict[str, float] = dataclasses.field(default_factory=dict)  # compared phase's terms
+    lazy: float = 0.0  # Adam moments left out of a first-iteration figure (bytes)
+    workspace_config: float = 0.0  # bytes the run's CUBLAS_WORKSPACE_CONFIG adds to the figure
+    sigma: float = 0.0  # stated relative sd of the figure (tuner.models.uncertainty)
+    risk: bool = False  # fits the headroom, but not surely (tuner.space.probes.at_risk)
 
     @property
     def error(self) -> float:
@@ -143,6 +166,8 @@ def _split_kwargs(row: dict[str, str]) -> dict[str, Any]:
     match = _SPLIT.match(split)
     if match is None:
         raise Skip(f"pipeline split not expressible: {split.split(' (')[0]}")
+    if match.group(2):  # a DeepSpeed partition method (type:REGEX, uniform, parameters)
+        return {"pipeline_split": match.group(2)}
     value = match.group(1)
     return {"pipeline_split": "embedding+loss" if value.startswith("account") else value}
 
@@ -225,7 +250,36 @@ def predict(row: dict[str, str], headroom: float) -> Result:
     measured = float(row["value"]) * UNITS[row["unit"]]
     first = bool(_FIRST_ITERATION.search(row.get("notes", "")))
     figure = _figure(part, row["metric"], first)
-    return Result(row, measured, figure, fits(mem, gpu, headroom), which, _resident(part))
+    phase, lazy = _compared_phase(part, row["metric"], first)
+    parts = {n: float(getattr(phase, n)) for n in METRIC_PARTS[row["metric"]]}
+    parts["optimizer"] -= lazy
+    sigma = combined_sigma(parts, memory_sources())
+    default = dict(row, cublas_workspace_config="")
+    plain = _figure(_stage_part(estimate_memory(
+        model, config, row_gpu(default), framework, row["precision"]),  # type: ignore[arg-type]
+        row["stage"])[0], row["metric"], first)  # fmt: skip
+    risk = at_risk(mem.peak / GIB, gpu.memory_gib, mem.sigma)
+    return Result(row, measured, figure, fits(mem, gpu, headroom), which, _resident(part), parts,
+                  lazy, figure - plain, sigma, risk)  # fmt: skip
+
+
+def _compared_phase(part: object, metric: str, first: bool) -> tuple[PhaseMemory, float]:
+    """The (stage's) phase whose ``metric`` figure ``_figure`` reports, and the Adam moments a
+    first-iteration figure leaves out of it."""
+    stages = getattr(part, "stages", None)
+    if stages:
+        return max((_compared_phase(s, metric, first) for s in stages),
+                   key=lambda pl: _metric(pl[0], metric) - pl[1])  # fmt: skip
+    assert isinstance(part, StageMemory)
+    fwd, step = part.phases
+    if metric == "allocated" and first:
+        lazy = part.lazy_optimizer
+        return (fwd, lazy) if fwd.allocated - lazy >= step.allocated else (step, 0.0)
+    return max(part.phases, key=lambda p: _metric(p, metric)), 0.0
+
+
+def _metric(phase: PhaseMemory, metric: str) -> float:
+    return float(getattr(phase, metric))
 
 
 def _resident(part: object) -> float:
@@ -358,6 +412,58 @@ def _targets_met(fit: list[Result], ooms: list[Result]) -> bool:
     )
 
 
+TERMS_CSV = Path(__file__).resolve().parent / "data" / "memory_terms.csv"
+HELD_OUT_SOURCES = ("bigscience-tr11-prequel",)
+"""Sources added after every term (issue 35), never used to develop or tune one: reported with
+the others per source, kept out of the targets, which judge the calibration set."""
+_PART_TERMS = {"allocator_slack": "slack", "cuda_context": "cuda_context",
+               "comm_buffers": "comm_buffers", "workspaces": "workspaces",
+               "framework_buffers": "framework_buffers"}  # fmt: skip
+
+
+def residual(r: Result) -> Residual:
+    """A compared row for the held-out tables: its log error, its groups' shares of the
+    predicted figure and each ablatable term's share (benchmarks/data/memory_terms.csv)."""
+    total = sum(r.parts.values())
+    shares: dict[str, float] = {}
+    for name, value in r.parts.items():
+        group = MEMORY_GROUPS[name]
+        if group in WHOLE_FIGURE_GROUPS:  # its sd is a share of the whole figure, once
+            shares[group] = 1.0 if value or shares.get(group) else 0.0
+        else:
+            shares[group] = shares.get(group, 0.0) + value / total
+    terms = {t: r.parts.get(p, 0.0) / total for t, p in _PART_TERMS.items()}
+    terms["first_iteration"] = -r.lazy / total
+    terms["cublas_workspace_config"] = r.workspace_config / total
+    oom = r.row["outcome"] == "oom"
+    return Residual(r.row["source"], math.log(r.measured / r.predicted), shares, terms, oom)
+
+
+def held_out_report(fit: list[Result], ooms: list[Result]) -> float:
+    """The leave-one-source-out tables, the stated band's coverage and the known OOMs the
+    band flags; returns the pooled held-out coverage."""
+    terms = load_terms(TERMS_CSV)
+    rows = [residual(r) for r in fit + ooms]
+    pooled, _ = print_loso("memory", rows, terms, MEMORY_SIGMA_FLOORS)
+    print_term_effects("memory", rows, terms)
+    print("\nthe stated band (tuner.models.uncertainty's catalog sds) per source: rows inside")
+    for source in sorted({r.row["source"] for r in fit}):
+        of = [r for r in fit if r.row["source"] == source]
+        errs = [math.log(r.measured / r.predicted) for r in of]
+        print(f"  {source:34} {len(of):>4}  {coverage(errs, [r.sigma for r in of]):5.0%}")
+    every = [math.log(r.measured / r.predicted) for r in fit]
+    print(f"  {'all':34} {len(fit):>4}  {coverage(every, [r.sigma for r in fit]):5.0%}")
+    print("\nknown OOMs: pruned, or fitting but at risk (>= 1% likely over the GPU's memory)")
+    for r in ooms:
+        verdict = (
+            "pruned" if not r.fits else "at risk (flagged)" if r.risk else "SURE FIT (missed)"
+        )
+        print(f"  {r.row['source'][:26]:26} {r.row.get('model', '')[:30]:30} tp{r.row['tp']} "
+              f"pp{r.row['pp']} dp{r.row['dp']} mbs{r.row['micro_batch']}: predicted "
+              f"{r.predicted / GIB:6.2f} GiB, sd {r.sigma:.0%} -> {verdict}")  # fmt: skip
+    return pooled
+
+
 def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool:
     """Print the tables; True when every target is met."""
     results: list[Result] = []
@@ -402,6 +508,15 @@ def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool
         label = f"apart: {framework}"
         print(_summary(label, rows_of, []) + f"  ({why})")
     _print_unmodelled([r for r in other if r.row["framework"] not in NOT_EXPRESSIBLE])
+    held_out_report(fit, ooms + stack)
+    held = [r for r in fit if r.row["source"] in HELD_OUT_SOURCES]
+    held_ooms = [r for r in ooms if r.row["source"] in HELD_OUT_SOURCES]
+    for source in HELD_OUT_SOURCES:
+        print(_summary(f"held out: {source}", [r for r in held if r.row["source"] == source],
+                       [r for r in held_ooms if r.row["source"] == source])
+              + "  (never used to develop a term; out of the targets)")  # fmt: skip
+    fit = [r for r in fit if r not in held]
+    ooms = [r for r in ooms if r not in held_ooms]
     dense = [r for r in fit if not r.row.get("num_experts")]
     moe = [r for r in fit if r.row.get("num_experts")]
     ok = _targets_met(dense, ooms) and (not moe or _targets_met(moe, []))

@@ -32,12 +32,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from held_out import Residual, coverage, load_terms, print_loso, print_term_effects, row_sigma
 from scipy.stats import spearmanr
 
 from tuner._loader import load_dataclass
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.parallel import ParallelConfig
-from tuner.models.time.estimate import estimate_time, layer_step_times, model_flops_per_step
+from tuner.models.time.estimate import (
+    TimeBreakdown,
+    estimate_time,
+    layer_step_times,
+    model_flops_per_step,
+)
+from tuner.models.uncertainty import CATALOG_TIME_SIGMA, TIME_GROUPS, TIME_SIGMA_FLOORS
 from tuner.spec.file import _expand_model
 from tuner.spec.frameworks import Framework
 from tuner.spec.study import ModelSpec, Precision, TrainingSpec
@@ -75,6 +82,7 @@ class Case:
     notes: list[str] = field(default_factory=list)
     predicted: float = 0.0
     predicted_step: float = 0.0
+    breakdown: TimeBreakdown | None = None
 
     @property
     def published(self) -> float:
@@ -254,6 +262,7 @@ def _predict(case: Case) -> float:
         tp_backward_overlap=tp_async, torchtitan_2024=case.framework == "torchtitan",
     )  # fmt: skip
     case.predicted_step = r.step
+    case.breakdown = r
     metric = row["metric"]
     if metric == "iter_time_s":
         return r.step
@@ -416,6 +425,40 @@ def print_groups(cases: list[Case]) -> None:
                       f"{bound[1]:.1%}")  # fmt: skip
 
 
+TERMS_CSV = Path(__file__).resolve().parent / "data" / "time_terms.csv"
+
+
+def residual(case: Case) -> Residual:
+    """A row for the held-out tables: its step's log error, the compute and communication
+    groups' shares of the predicted step, and each ablatable term's share
+    (benchmarks/data/time_terms.csv). A one-layer row is all compute."""
+    b = case.breakdown
+    if b is None:
+        return Residual(_tag(case.row), step_log_error(case), {"compute": 1.0})
+    shares: dict[str, float] = {}
+    for name, group in TIME_GROUPS.items():
+        shares[group] = shares.get(group, 0.0) + getattr(b, name) / b.step
+    terms = {t.name: getattr(b, t.name) / b.step for t in load_terms(TERMS_CSV)}
+    return Residual(_tag(case.row), step_log_error(case), shares, terms)
+
+
+def print_held_out(cases: list[Case]) -> float:
+    """The leave-one-source-out tables and the stated band's coverage; returns the pooled
+    held-out coverage."""
+    terms = load_terms(TERMS_CSV)
+    rows = [residual(c) for c in cases]
+    pooled, _ = print_loso("step time", rows, terms, TIME_SIGMA_FLOORS)
+    print_term_effects("step time", rows, terms)
+    print("\nthe stated band (tuner.models.uncertainty's catalog sds) per source: rows inside")
+    for source in sorted({r.source for r in rows}):
+        of = [r for r in rows if r.source == source]
+        sds = [row_sigma(r.shares, CATALOG_TIME_SIGMA) for r in of]
+        print(f"  {source:34} {len(of):>4}  {coverage([r.log_error for r in of], sds):5.0%}")
+    sds = [row_sigma(r.shares, CATALOG_TIME_SIGMA) for r in rows]
+    print(f"  {'all':34} {len(rows):>4}  {coverage([r.log_error for r in rows], sds):5.0%}")
+    return pooled
+
+
 def print_speed() -> None:
     model = ModelSpec(
         num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
@@ -456,6 +499,7 @@ def main() -> None:
     print_groups(cases)
     print(f"\nall {len(cases)} rows: rms of log(measured / predicted step time) "
           f"{rms_step_error(cases):.3f} (tuner.models.rates.CATALOG_STEP_ERROR)")  # fmt: skip
+    print_held_out(cases)
     print_speed()
 
 

@@ -26,7 +26,14 @@ def test_estimate_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert {"config", "valid", "errors", "memory", "gpu_memory_gib", "fits"} <= set(out)
     assert out["valid"] and out["errors"] == [] and out["fits"]
     assert out["config"]["dp"] == 16 and out["config"]["grad_accum"] == 64
-    assert out["time_error"] == CATALOG_STEP_ERROR  # catalog rates: their stated error
+    # catalog terms: the step's sd from their held-out error (tuner.models.uncertainty), not
+    # the in-sample rms CATALOG_STEP_ERROR, and the 90% band around the step
+    assert out["time_error"] == out["time_sigma"] > 0 and out["time_error"] != CATALOG_STEP_ERROR
+    low, high = out["step_band_s"]
+    assert low < out["step_s"] < high
+    assert "catalog" in out["time_error_from"]
+    assert 0 < out["fit_probability"] <= 1 and isinstance(out["memory_risk"], bool)
+    assert out["memory"]["band_gib"][0] < out["memory"]["peak_gib"] < out["memory"]["band_gib"][1]
     mem = out["memory"]
     assert {"weights", "grads", "optimizer", "activations", "peak_gib"} <= set(mem)
     assert mem["peak_gib"] < out["gpu_memory_gib"]
@@ -131,6 +138,9 @@ def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--study", "llama3-8b", "--set", "tp=2"]) == 0
     text = capsys.readouterr().out
     assert "peak_gib" in text and "fits" in text
+    # the uncertainty each figure carries, and where it came from
+    assert "all terms from the catalog, at its held-out error" in text
+    assert "90% band" in text and "likely within the GPU's memory" in text
 
 
 @pytest.mark.parametrize(

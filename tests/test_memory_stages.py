@@ -191,9 +191,16 @@ def test_bad_cluster_overheads_are_one_line_errors(overheads: dict, path: str | 
 
 
 def test_the_stated_uncertainty_is_in_the_estimate() -> None:
+    """The estimate states the sd its own terms give (every one from the catalog here), its 90%
+    band and each term's source; not the former fixed 8%."""
     m = estimate_memory(LLAMA, ParallelConfig(tp=8, dp=1, micro_batch_size=1, global_batch_size=1),
                         H100)  # fmt: skip
-    assert m.to_dict()["uncertainty"] == MEMORY_UNCERTAINTY == MEMORY_SIGMA
+    out = m.to_dict()
+    assert out["uncertainty"] == round(m.sigma, 4) and m.sigma > MEMORY_UNCERTAINTY
+    low, high = out["band_gib"]
+    assert low < out["peak_gib"] < high
+    assert {s["source"] for s in out["sources"].values()} == {"catalog"}
+    assert MEMORY_SIGMA == MEMORY_UNCERTAINTY  # the probes' default for callers with no breakdown
 
 
 def test_zero1_reduce_bucket_makes_the_step_peak_at_large_dp() -> None:

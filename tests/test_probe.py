@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import optuna
@@ -74,6 +75,21 @@ def test_a_fast_config_just_over_the_limit_is_probed_not_pruned() -> None:
         assert fit_probability(c.memory.peak / GIB, s.cluster.gpu_memory_gib or 0) >= (
             MIN_FIT_PROBABILITY
         )
+
+
+def test_the_probes_band_is_the_configs_own_stated_sd() -> None:
+    """Whether a config is probed depends on its own stated sd (its terms' held-out errors,
+    tuner.models.uncertainty), not on the former fixed 8%: a config over the GPU by more than
+    the 8% band allows, but within its own, is probed."""
+    best = enumerate_space(spec(memory_gib=10_000.0)).ranked()[0]
+    sd, peak = best.memory.sigma, best.memory.peak / GIB
+    assert sd > MEMORY_SIGMA  # a catalog device figure of a stack never measured
+    z = -NormalDist().inv_cdf(MIN_FIT_PROBABILITY)
+    over = math.exp(z * (MEMORY_SIGMA + sd) / 2)  # past the 8% band, inside its own
+    capacity = peak / over
+    assert fit_probability(peak, capacity, MEMORY_SIGMA) < MIN_FIT_PROBABILITY
+    report = enumerate_space(spec(memory_gib=capacity))
+    assert best.config.key() in {c.config.key() for c in report.probes}
 
 
 def test_clearly_over_the_limit_stays_pruned() -> None:
@@ -154,3 +170,18 @@ def test_the_sampler_and_the_screen_share_one_enumeration(
     finally:
         loop.executor.close()
     assert len(walks) == 1
+
+
+def test_a_config_within_the_headroom_but_not_surely_is_at_risk() -> None:
+    """tune estimate's verdict (tuner.api.Estimate): a config inside the 92% headroom whose own
+    sd leaves at least a 1% chance of exceeding the GPU is at risk, not a sure fit."""
+    from tuner.api import estimate
+
+    best = enumerate_space(spec(memory_gib=10_000.0)).ranked()[0]
+    peak = best.memory.peak / GIB
+    tight = estimate(spec(memory_gib=peak / 0.85), best.config)
+    assert tight.fits and tight.memory_risk
+    assert tight.fit_probability is not None and tight.fit_probability < 0.99
+    roomy = estimate(spec(memory_gib=peak * 3), best.config)
+    assert roomy.fits and not roomy.memory_risk
+    assert roomy.to_dict()["memory_risk"] is False

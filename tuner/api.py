@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory, fits
+from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory, fits
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.models.uncertainty import band
 from tuner.space.enumerate import config_from_settings, study_gpu, study_violations
+from tuner.space.probes import at_risk, fit_probability
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
@@ -54,6 +56,21 @@ class Estimate:
         """No framework rule is broken."""
         return not self.errors
 
+    @property
+    def fit_probability(self) -> float | None:
+        """Chance that the peak stays within the GPU's memory, with the breakdown's stated sd
+        (``MemoryBreakdown.sigma``: where its terms came from, ``tuner.models.uncertainty``)."""
+        if self.memory is None:
+            return None
+        return fit_probability(self.memory.peak / GIB, self.gpu_memory_gib, self.memory.sigma)
+
+    @property
+    def memory_risk(self) -> bool:
+        """Predicted to fit, yet at least 1% likely over the GPU's memory: not a sure fit
+        (``tuner.space.probes.at_risk``)."""
+        m = self.memory
+        return self.fits and m is not None and at_risk(m.peak / GIB, self.gpu_memory_gib, m.sigma)
+
     def to_dict(self) -> dict[str, Any]:
         """The ``tune estimate --format json`` object (memory in GiB)."""
         return {
@@ -63,7 +80,11 @@ class Estimate:
             "memory": self.memory.to_dict() if self.memory else None,
             "gpu_memory_gib": self.gpu_memory_gib,
             "fits": self.fits,
+            "fit_probability": self.fit_probability,
+            "memory_risk": self.memory_risk,
             "time": self.time.to_dict() if self.time else None,
+            "time_sigma": self.time.sigma if self.time else None,
+            "step_band_s": list(band(self.time.step, self.time.sigma)) if self.time else None,
             "step_s": self.time.step if self.time else None,
             "mfu": self.time.mfu if self.time else None,
         }

@@ -61,7 +61,6 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     from tuner.api import estimate
     from tuner.cli.probe import source_lines
-    from tuner.models.rates import CATALOG_STEP_ERROR
     from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import config_from_settings
 
@@ -72,7 +71,14 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     result = found.to_dict()
     result["time_source"] = source
     result["term_sources"] = [dataclasses.asdict(s) for s in terms.sources(found.config)]
-    result["time_error"] = CATALOG_STEP_ERROR if rates is None else None
+    # the step's stated sd: each term's held-out catalog error or measured spread
+    result["time_error"] = found.time.sigma if found.time else None
+    measured = found.time is not None and bool(found.time.provenance)
+    result["time_error_from"] = (
+        "some terms measured on this stack" if measured
+        else "catalog terms at their held-out error" if rates is None
+        else "measured rates, catalog terms at their held-out error"
+    )  # fmt: skip
     line, result["calibrated"] = cli_profile.calibrated_estimate(spec, found, args.results)
     if args.format == "json":
         _emit_json(result)

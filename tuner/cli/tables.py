@@ -67,24 +67,31 @@ def _print_estimate(
     ))  # fmt: skip
     error = result.get("time_error")
     if error:
-        console.print(f"step {units.seconds(time['step'])} s, +-{error:.0%} (the catalog rates' "
-                      "rms error on published runs)")  # fmt: skip
+        low, high = result["step_band_s"]
+        console.print(f"step {units.seconds(time['step'])} s, 90% band {units.seconds(low)}-"
+                      f"{units.seconds(high)} s (sd {error:.0%}: "
+                      f"{result['time_error_from']})")  # fmt: skip
     console.print(
         f"tokens/s {units.rate(time['tokens_per_s'])} ({units.rate(time['tokens_per_s_per_gpu'])} "
         f"per GPU), {units.tflops(time['model_tflops_per_gpu'])} model TFLOP/s per GPU, MFU "
         f"{units.percent(time['mfu'])}%, HFU {units.percent(time['hfu'])}%"
     )
     verdict = "[green]fits[/]" if result["fits"] else "[red]predicted OOM[/]"
+    if result.get("memory_risk"):
+        verdict = "[yellow]fits, at risk[/]"
+    low, high = result["memory"]["band_gib"]
     console.print(
-        f"{verdict}: peak {units.gib(result['memory']['peak_gib'])} GiB vs "
-        f"{headroom:.0%} of {units.gib(result['gpu_memory_gib'])} GiB"
+        f"{verdict}: peak {units.gib(result['memory']['peak_gib'])} GiB (90% band "
+        f"{units.gib(low)}-{units.gib(high)}) vs {headroom:.0%} of "
+        f"{units.gib(result['gpu_memory_gib'])} GiB; "
+        f"{units.percent(result['fit_probability'])}% likely within the GPU's memory"
     )
 
 
 def _print_memory_terms(console: Console, memory: dict[str, Any]) -> None:
     title = (
         f"memory per GPU: peak at stage {memory['stage']}, {memory['phase']} "
-        f"(+-{memory['uncertainty']:.0%})"
+        f"(sd {memory['uncertainty']:.0%}: {_sources_said(memory['sources'])})"
     )
     rows = [(k, units.gib(memory[k])) for k in MEMORY_TERMS if memory[k] or k.endswith("_gib")]
     zero = [k for k in MEMORY_TERMS if not memory[k] and not k.endswith("_gib")]
@@ -94,6 +101,15 @@ def _print_memory_terms(console: Console, memory: dict[str, Any]) -> None:
                               render.Column(name="gib", header="GiB")),
         rows=tuple(rows), notes=notes,
     ))  # fmt: skip
+
+
+def _sources_said(sources: dict[str, dict[str, Any]]) -> str:
+    """Where a breakdown's terms came from, in a few words: "all terms from the catalog
+    (held-out error)" or the measured ones named."""
+    measured = [name for name, s in sources.items() if s["source"] == "measured"]
+    if not measured:
+        return "all terms from the catalog, at its held-out error"
+    return f"measured on this stack: {', '.join(measured)}; the rest from the catalog"
 
 
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (

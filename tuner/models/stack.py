@@ -23,11 +23,19 @@ and a fast path may use its own arithmetic only when ``terms.is_catalog``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.breakdown import MemoryBreakdown, PhaseMemory, StageMemory
+from tuner.models.time.breakdown import TimeBreakdown
+from tuner.models.uncertainty import (
+    MEMORY_SIGMA_FLOORS,
+    TIME_SIGMA_FLOORS,
+    Provenance,
+    TermSource,
+)
 
 TIME_TERMS = ("layer_time", "fixed_time", "optimizer_step")
 MEMORY_TERMS = ("activations", "stage_extras", "slack", "outside_allocator", "optimizer_temps")
@@ -89,8 +97,9 @@ class StackPoint:
 
 
 @dataclass(frozen=True, slots=True)
-class TermSource:
-    """Where one term of an estimate came from."""
+class TermOrigin:
+    """Where one probe-measurable term of an estimate came from, and at which probed point (its
+    uncertainty is :class:`tuner.models.uncertainty.TermSource`'s, :func:`stack_provenance`)."""
 
     term: str
     source: str
@@ -118,7 +127,7 @@ class StackTerms:
         same = [p for p in self.points if p.tp == config.tp and p.cp == config.cp]
         return min(same, key=lambda p: p.distance(config)) if same else None
 
-    def sources(self, config: ParallelConfig) -> tuple[TermSource, ...]:
+    def sources(self, config: ParallelConfig) -> tuple[TermOrigin, ...]:
         """Each of :data:`TERMS` for ``config``: measured (and where) or catalog."""
         p = self.point(config)
         values = {
@@ -129,10 +138,10 @@ class StackTerms:
         out = []
         for term in TERMS:
             if p is None or values.get(term) is None:
-                out.append(TermSource(term, "catalog"))
+                out.append(TermOrigin(term, "catalog"))
                 continue
             spread = p.time_spread if term in TIME_TERMS else p.memory_spread
-            out.append(TermSource(term, "measured", spread, p.label))
+            out.append(TermOrigin(term, "measured", spread, p.label))
         return tuple(out)
 
 
@@ -165,7 +174,52 @@ def composed_memory(
     p = None if terms is None else terms.point(config)
     if p is None:
         return memory
-    return MemoryBreakdown(tuple(_stage(s, p) for s in memory.stages))
+    return MemoryBreakdown(tuple(_stage(s, p) for s in memory.stages), memory_provenance(p))
+
+
+def composed_time(
+    time: TimeBreakdown, config: ParallelConfig, terms: StackTerms | None
+) -> TimeBreakdown:
+    """``time`` (already built from the measured layer times, :func:`scaled_layer_times`) with
+    the provenance of its measured terms, so its stated sd is theirs."""
+    p = None if terms is None else terms.point(config)
+    if p is None or (p.layer_scale is None and p.fixed_scale is None):
+        return time
+    return dataclasses.replace(time, provenance=time_provenance(p))
+
+
+def memory_provenance(p: StackPoint) -> Provenance:
+    """The measured memory terms of point ``p`` with their uncertainty: the probe's own spread,
+    never under the group's floor (``tuner.models.uncertainty.MEMORY_SIGMA_FLOORS``: what a
+    measurement still leaves, padding for counted bytes, fragmentation for the slack); memory
+    outside the allocator, measured as one figure, keeps the fixed group's floor as a share of
+    the whole figure."""
+    why = f"framework probe at {p.label}"
+    counted = max(p.memory_spread, MEMORY_SIGMA_FLOORS["counted"])
+    out: list[tuple[str, TermSource]] = []
+    if p.activation_scale is not None:
+        out.append(("activations", TermSource("measured", counted, why, group="counted")))
+    if p.extras_scale is not None:
+        out.append(("stage_extras", TermSource("measured", counted, why, group="counted")))
+    if p.slack_bytes is not None:
+        slack = max(p.memory_spread, MEMORY_SIGMA_FLOORS["slack"])
+        out.append(("slack", TermSource("measured", slack, why, group="slack")))
+    if p.outside_bytes is not None:
+        fixed = TermSource("measured", 0.0, why, MEMORY_SIGMA_FLOORS["fixed"], "fixed")
+        out += [("cuda_context", fixed), ("comm_buffers", fixed)]
+    return tuple(out)
+
+
+def time_provenance(p: StackPoint) -> Provenance:
+    """The measured step-time terms of point ``p``: the layers' compute (and what is made of
+    it: recomputation and the pipeline's bubble) and the per-micro-batch rest, at the probe's
+    own spread, never under the compute group's floor (kernels' rates vary by a few percent run
+    to run, ``TIME_SIGMA_FLOORS``)."""
+    why = f"framework probe at {p.label}"
+    sd = max(p.time_spread, TIME_SIGMA_FLOORS["compute"])
+    names = ("compute", "recompute", "pp_bubble") if p.layer_scale is not None else ()
+    names += ("overhead",) if p.fixed_scale is not None else ()
+    return tuple((n, TermSource("measured", sd, why, group="compute")) for n in names)
 
 
 def _stage(stage: StageMemory, p: StackPoint) -> StageMemory:

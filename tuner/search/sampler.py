@@ -65,7 +65,7 @@ from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import Observation, memory_fingerprint, setup_fingerprint
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
-from tuner.models.memory.estimate import GIB
+from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
@@ -84,7 +84,7 @@ from tuner.search.value import (
 )
 from tuner.space.cost import trial_cost
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
-from tuner.space.probes import MEMORY_SIGMA, may_probe
+from tuner.space.probes import may_probe
 from tuner.space.trials import (
     RETRYABLE,
     config_params,
@@ -163,6 +163,8 @@ class ModelGuidedSampler(BaseSampler):
             self._log_pred = np.log([c.time.step if c.time else 1.0 for c in ranked])
             self._peak_gib = np.array([c.memory.peak / GIB for c in ranked])
             self._alloc_gib = np.array([c.memory.allocated / GIB for c in ranked])
+            # each candidate's stated sd, from where its terms came (tuner.models.uncertainty)
+            self._sigma = np.array([c.memory.sigma for c in ranked])
             gpu = study_gpu(self._spec)
             self._gpu_gib = gpu.memory_gib
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
@@ -253,7 +255,10 @@ class ModelGuidedSampler(BaseSampler):
             if o.outcome == "ok" and o.memory_setup == self._memory_setup
         }  # fmt: skip
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
-        sigma = np.minimum(MEMORY_SIGMA, np.hypot(sd, m))
+        # A measured peak of this stack also measures what the catalog's held-out error covers
+        # for an unseen one (its fixed memory, its allocator): from here the in-stack figure
+        # (MEMORY_UNCERTAINTY, the error on stacks the model has measurements of) caps it.
+        sigma = np.minimum(np.minimum(self._sigma[open_], MEMORY_UNCERTAINTY), np.hypot(sd, m))
         return [
             i for i, peak, s in zip(open_, corrected, sigma, strict=True)
             if self._keys[i] in ran

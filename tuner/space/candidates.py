@@ -30,6 +30,7 @@ from tuner.models.memory.estimate import (
 )
 from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import TimeBreakdown
+from tuner.models.uncertainty import max_memory_sigma
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.study import Framework, ModelSpec, Precision
 
@@ -162,7 +163,11 @@ class MemoryJudge:
     ) -> MemoryJudge:  # fmt: skip
         """The judge for a study's GPU, headroom and whether it launches memory probes."""
         limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
-        ceiling = max(limit, probe_ceiling_gib(gpu.memory_gib) * GIB) if probes else limit
+        ceiling = (
+            max(limit, probe_ceiling_gib(gpu.memory_gib, max_memory_sigma()) * GIB)
+            if probes
+            else limit
+        )
         return cls(model, gpu, framework, precision, limit, ceiling, fast, terms)
 
     def memory(self, config: ParallelConfig) -> tuple[MemoryBreakdown | DeferredMemory, bool]:
@@ -206,7 +211,7 @@ class MemoryJudge:
         probes' ceiling (the caller decides on the exact peak, ``enumerate.probes_of``, for the
         few that the step time leaves in the running)."""
         if isinstance(memory, MemoryBreakdown):
-            return may_probe(memory.peak / GIB, self.gpu.memory_gib)
+            return may_probe(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
         return memory.low <= self.ceiling
 
     def deferred(

@@ -359,7 +359,7 @@ def probes_of(
     (the fastest config that fits) and with a chance of fitting (``probes.may_probe``, on the
     exact peak, computed here for those the step leaves in the running), at most ``limit``."""
     faster = [c for c in near if c.time is not None and c.time.step < fastest]
-    faster = [c for c in faster if may_probe(c.memory.peak / GIB, capacity_gib)]
+    faster = [c for c in faster if may_probe(c.memory.peak / GIB, capacity_gib, c.memory.sigma)]
     faster.sort(key=lambda c: (c.time.step if c.time else 0.0, c.memory.peak, c.config.key()))
     return faster[:limit]
 

@@ -6,7 +6,9 @@ config of one cluster ran fine but was predicted at 82.7 GiB on an 80 GiB GPU. S
 predicted over the headroom limit is still launched, as a *memory probe*, when
 
 - it could fit: its chance of staying under the GPU's capacity, with the model's relative error
-  taken as log-normal with sd :data:`MEMORY_SIGMA`, is at least :data:`MIN_FIT_PROBABILITY`;
+  taken as log-normal with the breakdown's own sd (``MemoryBreakdown.sigma``: each term's
+  held-out catalog error or measured spread, ``tuner.models.uncertainty``), is at least
+  :data:`MIN_FIT_PROBABILITY`;
 - it is worth it: the time model predicts it faster than every config that fits (a slower
   config could not improve the answer even if it fit);
 - the study allows it: at most ``search.memory_probes`` of them, the fastest first.
@@ -14,7 +16,11 @@ predicted over the headroom limit is still launched, as a *memory probe*, when
 A probe is an ordinary trial (its outcome is ``oom`` or a measured step time, so a probe that
 fits costs no second launch) and is marked ``memory_probe`` in the storage. The model sampler
 re-judges probes with the memory it has measured: its posterior sd of the memory correction
-replaces :data:`MEMORY_SIGMA` once that is smaller, so the band narrows as peaks arrive.
+replaces the stated sd once that is smaller, so the band narrows as peaks arrive.
+
+The other side of the band: a config predicted within the headroom limit whose chance of going
+over the GPU's capacity is at least :data:`RISK_LEVEL` is *at risk*, not a sure fit: ``tune
+estimate`` says so and the screen marks its trial (``memory_risk``).
 """
 
 from __future__ import annotations
@@ -25,9 +31,13 @@ from statistics import NormalDist
 from tuner.models.memory.estimate import MEMORY_UNCERTAINTY
 
 MEMORY_SIGMA = MEMORY_UNCERTAINTY
-"""Relative error of the predicted device peak, as the sd of log(measured / predicted): the
-memory model's stated uncertainty (:data:`tuner.models.memory.estimate.MEMORY_UNCERTAINTY`, with
-its reasons)."""
+"""The former fixed relative error of a predicted peak; only the default of the functions below
+for callers without a breakdown (every caller in the tool passes ``MemoryBreakdown.sigma``)."""
+
+RISK_LEVEL = 0.01
+"""A config predicted within the headroom limit with at least this chance of exceeding the GPU's
+memory is flagged *at risk*, not a sure fit: an out-of-memory launch costs a trial and measures
+no step time, so a sure fit is one that runs out of memory less than once in a hundred."""
 
 MIN_FIT_PROBABILITY = 0.2
 """Below this chance of fitting, a launch is more likely an OOM than a measurement."""
@@ -56,3 +66,8 @@ def probe_ceiling_gib(capacity_gib: float, sigma: float = MEMORY_SIGMA) -> float
     config on a lower bound of its peak above this, ``tuner.space.enumerate``)."""
     z = NormalDist().inv_cdf(MIN_FIT_PROBABILITY)
     return capacity_gib * math.exp(-sigma * z) * (1.0 + 1e-6)
+
+
+def at_risk(peak_gib: float, capacity_gib: float, sigma: float = MEMORY_SIGMA) -> bool:
+    """Whether a config's chance of exceeding ``capacity_gib`` is at least :data:`RISK_LEVEL`."""
+    return 1.0 - fit_probability(peak_gib, capacity_gib, sigma) >= RISK_LEVEL

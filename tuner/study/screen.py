@@ -23,7 +23,7 @@ from tuner.models.time.estimate import estimate_time
 from tuner.outcome import Outcome
 from tuner.space.cost import too_slow_reason, trial_cost
 from tuner.space.enumerate import SharedSpace, study_violations
-from tuner.space.probes import fit_probability
+from tuner.space.probes import at_risk, fit_probability
 from tuner.space.trials import (
     is_duplicate,
     measured,
@@ -96,13 +96,16 @@ class Screen:
             if config.key() not in self._probe_keys():
                 self._prune(trial, Outcome.PRUNED_MEMORY, reason)
                 return False
-            chance = fit_probability(memory.peak / GIB, self.gpu.memory_gib)
+            chance = fit_probability(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
             trial.set_user_attr("memory_probe", True)
             trial.set_user_attr(
                 "probe_reason",
                 f"{reason}, but {chance:.0%} likely within the GPU's {self.gpu.memory_gib:.3g} "
                 "GiB and predicted faster than every config that fits",
             )
+        elif at_risk(memory.peak / GIB, self.gpu.memory_gib, memory.sigma):  # not a sure fit
+            over = 1.0 - fit_probability(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
+            trial.set_user_attr("memory_risk", round(over, 3))
         return self._screen_history(trial, config, trials)
 
     def exhausted(self, trials: list[FrozenTrial], running: Collection[str]) -> bool:

@@ -4,18 +4,28 @@ pipeline stage (:class:`StageMemory`) and for the config (:class:`MemoryBreakdow
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Literal
+
+from tuner.models.uncertainty import (
+    CATALOG_MEMORY_SIGMA,
+    MEMORY_GROUPS,
+    Provenance,
+    TermSource,
+    band,
+    term_sources,
+)
 
 GIB = float(2**30)
 Phase = Literal["fwd_bwd", "step"]
-# Relative uncertainty of a predicted device peak: the sd of log(measured / predicted) that
-# tuner.space.probes uses to decide which near-limit configs get a memory probe. Reason: the terms
-# that are not counted exactly vary by that much between stacks: allocator fragmentation spans 5-15
-# % of transient bytes (catalog header), the CUDA context 0.3-1.0 GiB across driver / PyTorch
-# builds (pytorch#107667, pytorch#109888, NVIDIA/nccl#1685), NCCL channel counts 8-32 by
-# topology; on an 80 GiB peak these add up to about +-8 %. A measured peak of the same stack
-# replaces the catalog figures (cluster.overheads) and should narrow it.
+# The former fixed relative uncertainty of a predicted device peak (8%, an in-sample judgement).
+# A breakdown now states its own (MemoryBreakdown.sigma): each term's held-out catalog error or
+# its measured spread, combined (tuner.models.uncertainty). Kept as the floor the probes'
+# band never goes under without a measurement of this stack.
 MEMORY_UNCERTAINTY = 0.08
 PHASE_TIE_BYTES = 1.0
 """Device figures of a stage's two phases this close count as a tie (``StageMemory.worst``)."""
@@ -23,6 +33,45 @@ PARTS = (
     "weights grads optimizer activations stage_extras framework_buffers workspaces slack "
     "cuda_context comm_buffers"
 ).split()
+METRIC_PARTS = {
+    "allocated": tuple(p for p in PARTS if p not in ("slack", "cuda_context", "comm_buffers")),
+    "reserved": tuple(p for p in PARTS if p not in ("cuda_context", "comm_buffers")),
+    "device": tuple(PARTS),
+}
+"""The terms each figure sums (``PhaseMemory.allocated`` / ``reserved`` / ``device``)."""
+
+
+@functools.lru_cache(maxsize=256)
+def memory_sources(provenance: Provenance = ()) -> Mapping[str, TermSource]:
+    """Every memory term's source: ``provenance``'s where given, else the catalog's (cached:
+    every breakdown of a space asks for the same; read-only)."""
+    return MappingProxyType(term_sources(PARTS, provenance, MEMORY_GROUPS, CATALOG_MEMORY_SIGMA))
+
+
+def phase_sigma(phase: PhaseMemory, metric: str = "device", provenance: Provenance = ()) -> float:
+    """Relative sd of ``phase``'s ``metric`` figure from its terms' sources (the sum
+    :func:`tuner.models.uncertainty.combined_sigma` makes, over a cached plan of the terms:
+    the space's enumeration and the sampler ask it of every config)."""
+    total = var = 0.0
+    whole: dict[str, float] = {}
+    for name, sigma, share, group in _sigma_plan(metric, provenance):
+        value = getattr(phase, name)
+        total += value
+        var += (value * sigma) ** 2
+        if share and value:
+            whole[group] = max(whole.get(group, 0.0), share)
+    if total <= 0:
+        return 0.0
+    return math.sqrt(var / total**2 + sum(w * w for w in whole.values()))
+
+
+@functools.lru_cache(maxsize=256)
+def _sigma_plan(metric: str, provenance: Provenance) -> tuple[tuple[str, float, float, str], ...]:
+    sources = memory_sources(provenance)
+    return tuple(
+        (n, sources[n].sigma, sources[n].whole, sources[n].group or n)
+        for n in METRIC_PARTS[metric]
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +180,19 @@ class MemoryBreakdown:
     """All stages; the flat attributes describe the worst (stage, phase): the OOM decider."""
 
     stages: tuple[StageMemory, ...]
+    provenance: Provenance = ()
+    """Terms measured on this stack (name, source); every other term is the catalog's."""
+
+    @property
+    def sigma(self) -> float:
+        """Relative sd of the peak (device figure of the worst stage and phase), from where its
+        terms came (:mod:`tuner.models.uncertainty`)."""
+        return phase_sigma(self.worst, "device", self.provenance)
+
+    def band_gib(self) -> tuple[float, float]:
+        """The peak's 90% band, GiB."""
+        low, high = band(self.peak, self.sigma)
+        return low / GIB, high / GIB
 
     @property
     def worst_stage(self) -> StageMemory:
@@ -250,7 +312,9 @@ class MemoryBreakdown:
             stage=self.stage, phase=self.phase, in_flight=self.in_flight,
             allocated_gib=round(self.allocated / GIB, 4),
             reserved_gib=round(self.reserved / GIB, 4), device_gib=round(self.device / GIB, 4),
-            peak_gib=round(self.peak / GIB, 4), uncertainty=MEMORY_UNCERTAINTY,
+            peak_gib=round(self.peak / GIB, 4), uncertainty=round(self.sigma, 4),
+            band_gib=[round(x, 4) for x in self.band_gib()],
+            sources={n: s.to_dict() for n, s in memory_sources(self.provenance).items()},
             stages=[s.to_dict() for s in self.stages],
         )  # fmt: skip
         return out

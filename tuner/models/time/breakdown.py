@@ -17,12 +17,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from tuner.config.parallel import ParallelConfig
 from tuner.models.moe import mlp_flops_per_token
 from tuner.models.rates import Rates
 from tuner.models.time.recompute import selective_flops_per_sequence
+from tuner.models.uncertainty import (
+    CATALOG_TIME_SIGMA,
+    TIME_GROUPS,
+    Provenance,
+    TermSource,
+    combined_sigma,
+    term_sources,
+)
 from tuner.spec.study import ModelSpec
 
 
@@ -79,13 +89,30 @@ class TimeBreakdown:
     """Model FLOPs utilisation: model_flops / (step x GPUs x peak)."""
     hfu: float
     """Hardware FLOPs utilisation: hardware_flops / (step x GPUs x peak)."""
+    provenance: Provenance = ()
+    """Terms measured on this stack (name, source); every other term is the catalog's
+    (:mod:`tuner.models.uncertainty`)."""
+
+    @property
+    def sigma(self) -> float:
+        """Relative sd of ``step``, from where its terms came (each catalog term carries the
+        held-out error of its group, a measured one its spread)."""
+        parts = {name: float(getattr(self, name)) for name in TIME_GROUPS}
+        return combined_sigma(parts, time_sources(self.provenance))
 
     def to_dict(self) -> dict[str, float]:
         """Every field by name (for JSON, tables and Optuna attributes)."""
         return {name: getattr(self, name) for name in _FIELDS}
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(TimeBreakdown))
+_FIELDS = tuple(f.name for f in dataclasses.fields(TimeBreakdown) if f.name != "provenance")
+
+
+@functools.lru_cache(maxsize=256)
+def time_sources(provenance: Provenance = ()) -> Mapping[str, TermSource]:
+    """Every step-time term's source: ``provenance``'s where given, else the catalog's (cached,
+    read-only)."""
+    return MappingProxyType(term_sources(TIME_GROUPS, provenance, TIME_GROUPS, CATALOG_TIME_SIGMA))
 
 
 # --- FLOPs ---------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from tuner.models.rates import (
     gemm_seconds,
     group_link,
 )
-from tuner.models.stack import StackTerms, scaled_layer_times
+from tuner.models.stack import StackTerms, composed_time, scaled_layer_times
 from tuner.models.time.breakdown import (
     TimeBreakdown,
     breakdown,
@@ -425,7 +425,7 @@ def estimate_time(
         m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
         m * layers * ((1 + redo) * route_f + route_b),
     )  # fmt: skip
-    return breakdown(parts, model, config, rates)
+    return composed_time(breakdown(parts, model, config, rates), config, terms)
 
 
 def _dp_and_optimizer(

@@ -1,0 +1,217 @@
+"""Leave-one-source-out figures shared by memory_accuracy.py and time_accuracy.py.
+
+A *term* of a model was developed on some sources (the data in ``benchmarks/data/*_terms.csv``
+says which, with the commit that introduced it); a source's *held-out* prediction leaves out the
+terms developed on it (subtracts their part of the predicted figure). Per source the tables print
+n, the median and largest |error| in sample and held out, and the share of held-out rows inside
+the stated 90% band, whose group sds are fitted (maximum likelihood, widened by a split-conformal
+factor where the fit's own rows fall short of 90%) on the *other* sources' held-out residuals:
+the band a new stack would have been given. Per term they print its effect
+on the sources it was not developed on (median |error| with and without it): a term that makes
+them worse is reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.stats import norm
+
+from tuner.models.uncertainty import Z_BAND
+
+
+@dataclass(frozen=True)
+class Term:
+    """One model term and where it was developed (a row of ``*_terms.csv``)."""
+
+    name: str
+    developed_on: tuple[str, ...]
+    evidence: str
+
+
+def load_terms(path: Path) -> list[Term]:
+    """The terms table: ``term``, ``developed_on`` (sources, ``;``-separated, empty: none of the
+    measured sources), ``evidence``."""
+    with path.open(newline="") as f:
+        return [
+            Term(r["term"], tuple(s for s in r["developed_on"].split(";") if s), r["evidence"])
+            for r in csv.DictReader(f)
+        ]
+
+
+@dataclass
+class Residual:
+    """One measured row against the model: log(measured / predicted), the predicted figure's
+    share per uncertainty group, and each ablatable term's part of the prediction (a share)."""
+
+    source: str
+    log_error: float
+    shares: dict[str, float]
+    terms: dict[str, float] = field(default_factory=dict)
+    censored: bool = False
+    """A known OOM: ``log_error`` is a lower bound (the GPU's memory over the prediction)."""
+
+    def without(self, names: Sequence[str]) -> float:
+        """log(measured / predicted) with the named terms' parts taken out of the prediction."""
+        left = 1.0 - sum(self.terms.get(n, 0.0) for n in names)
+        return self.log_error - math.log(max(left, 1e-9))
+
+
+def held_out(res: Residual, terms: Sequence[Term]) -> float:
+    """``res``'s log error with the terms developed on its own source left out."""
+    return res.without([t.name for t in terms if res.source in t.developed_on])
+
+
+def row_sigma(shares: Mapping[str, float], sigmas: Mapping[str, float]) -> float:
+    """Relative sd of a prediction whose groups have ``shares`` of it (independent groups)."""
+    return math.sqrt(sum((w * sigmas[g]) ** 2 for g, w in shares.items()))
+
+
+def fit_sigmas(
+    rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float]
+) -> dict[str, float]:
+    """Maximum-likelihood group sds of ``rows``' held-out residuals (each normal with sd
+    ``row_sigma(shares)``; a censored row contributes its chance of lying above its bound),
+    each at least its floor (the physical spread the group is known to have)."""
+    groups = list(floors)
+    w = np.array([[r.shares.get(g, 0.0) for g in groups] for r in rows])
+    e = np.array([held_out(r, terms) for r in rows])
+    cut = np.array([r.censored for r in rows])
+    lo = np.log([floors[g] for g in groups])
+
+    def nll(x: np.ndarray) -> float:
+        sd = np.sqrt((w**2) @ np.exp(2 * x) + 1e-12)
+        exact = np.sum(2 * np.log(sd[~cut]) + (e[~cut] / sd[~cut]) ** 2)
+        tail = -2 * np.sum(norm.logsf(e[cut] / sd[cut])) if cut.any() else 0.0
+        return float(exact + tail)
+
+    # the likelihood has several local optima (slack and fixed memory trade off on device
+    # rows): start from every corner of a coarse grid and keep the best
+    bounds = [(b, math.log(100.0)) for b in lo]
+    starts = itertools.product(*[(b, b + 2.5) for b in lo])
+    fits = [minimize(nll, np.array(x0), method="L-BFGS-B", bounds=bounds) for x0 in starts]
+    best = min(fits, key=lambda f: float(f.fun))
+    sds = {g: float(math.exp(v)) for g, v in zip(groups, best.x, strict=True)}
+    # Normal residuals are the likelihood's assumption, not a fact: where the fitted band holds
+    # fewer than 90% of these rows, widen every sd by the split-conformal factor (the
+    # ceil((n + 1) 0.9)-th smallest of |error| / band half-width), never narrow it.
+    width = np.sqrt((w**2) @ np.array([sds[g] ** 2 for g in groups])) * Z_BAND
+    ratio = np.sort(np.abs(e[~cut]) / np.maximum(width[~cut], 1e-12))
+    if len(ratio):
+        k = min(math.ceil((len(ratio) + 1) * 0.9), len(ratio)) - 1
+        sds = {g: v * max(1.0, float(ratio[k])) for g, v in sds.items()}
+    return sds
+
+
+def _pct(values: Sequence[float]) -> tuple[str, str]:
+    if not values:
+        return "     -", "     -"
+    mags = [abs(math.expm1(-v)) for v in values]  # |predicted - measured| / measured
+    return f"{statistics.median(mags):6.1%}", f"{max(mags):6.1%}"
+
+
+@dataclass(frozen=True)
+class SourceFigures:
+    """One source's leave-one-source-out line."""
+
+    source: str
+    n: int
+    in_sample: tuple[str, str]
+    held: tuple[str, str]
+    inside: int
+    sigmas: dict[str, float]
+    inside_fits_only: int
+    """Rows inside the band fitted on the other sources' rows that fit (no known OOM)."""
+
+    @property
+    def coverage(self) -> float:
+        return self.inside / self.n if self.n else 1.0
+
+
+def loso(
+    rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float]
+) -> list[SourceFigures]:
+    """Per source: its held-out errors and how many fall in the band fitted on the others
+    (rows that fit; a source's known OOMs count in :func:`flagged`)."""
+    out = []
+    for source in sorted({r.source for r in rows if not r.censored}):
+        mine = [r for r in rows if r.source == source and not r.censored]
+        others = [r for r in rows if r.source != source]
+        sig = fit_sigmas(others, terms, floors)
+        plain = fit_sigmas([r for r in others if not r.censored], terms, floors)
+        held = [held_out(r, terms) for r in mine]
+        inside = sum(
+            abs(e) <= Z_BAND * row_sigma(r.shares, sig) for e, r in zip(held, mine, strict=True)
+        )
+        fits_only = sum(
+            abs(e) <= Z_BAND * row_sigma(r.shares, plain) for e, r in zip(held, mine, strict=True)
+        )
+        out.append(SourceFigures(source, len(mine), _pct([r.log_error for r in mine]),
+                                 _pct(held), inside, sig, fits_only))  # fmt: skip
+    return out
+
+
+def print_loso(
+    title: str, rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float]
+) -> tuple[float, dict[str, float]]:
+    """Print the per-source table and the sds fitted on every source's held-out residuals;
+    return (the pooled coverage, those sds)."""
+    figures = loso(rows, terms, floors)
+    print(f"\n{title}: leave-one-source-out (held out = the terms developed on the source "
+          "left out; band = 90%, its sds fitted on the other sources)")  # fmt: skip
+    print(f"{'source':34} {'n':>4}  {'in-sample':>15}  {'held out':>15}  {'in band':>9} "
+          f"{'no OOMs':>8}  band sds fitted without it")  # fmt: skip
+    print(f"{'':34} {'':>4}  {'median':>7} {'max':>7}  {'median':>7} {'max':>7}")
+    for f in figures:
+        sds = " ".join(f"{g} {s:.3f}" for g, s in f.sigmas.items())
+        plain_share = f.inside_fits_only / f.n
+        print(f"{f.source[:34]:34} {f.n:>4}  {f.in_sample[0]} {f.in_sample[1]}  {f.held[0]} "
+              f"{f.held[1]}  {f.coverage:8.0%} {plain_share:8.0%}  {sds}")  # fmt: skip
+    n = sum(f.n for f in figures)
+    pooled = sum(f.inside for f in figures) / n if n else 1.0
+    plain = sum(f.inside_fits_only for f in figures) / n if n else 1.0
+    every = fit_sigmas(rows, terms, floors)
+    print(f"{'all held-out rows':34} {n:>4}  {'':15}  {'':15}  {pooled:8.0%} {plain:8.0%}  "
+          "(target >= 90%; 'no OOMs': sds fitted without the known OOMs' bounds)")  # fmt: skip
+    print(
+        "sds fitted on every source's held-out residuals (what the catalog states, "
+        "tuner.models.uncertainty): " + ", ".join(f"{g} {s:.3f}" for g, s in every.items())
+    )
+    return pooled, every
+
+
+def print_term_effects(title: str, rows: Sequence[Residual], terms: Sequence[Term]) -> None:
+    """Per term: median |error| with and without it on the sources it was not developed on
+    (rows where it is part of the prediction)."""
+    print(f"\n{title}: each term on the sources it was NOT developed on")
+    print(f"{'term':32} {'developed on':34} {'rows':>5} {'with':>7} {'without':>8}  verdict")
+    for t in terms:
+        on = [r for r in rows if r.source not in t.developed_on and r.terms.get(t.name, 0.0)
+              and not r.censored]  # fmt: skip
+        if not on:
+            print(f"{t.name:32} {';'.join(t.developed_on) or '-':34} {0:>5}       -        -  "
+                  "no held-out row it touches")  # fmt: skip
+            continue
+        with_ = statistics.median(abs(math.expm1(r.log_error)) for r in on)
+        without = statistics.median(abs(math.expm1(r.without([t.name]))) for r in on)
+        verdict = (
+            "keeps: improves held-out"
+            if with_ < without
+            else ("REVIEW: held-out worse with it" if with_ > without else "no effect")
+        )
+        print(f"{t.name:32} {';'.join(t.developed_on)[:34] or '-':34} {len(on):>5} "
+              f"{with_:7.1%} {without:8.1%}  {verdict}")  # fmt: skip
+
+
+def coverage(errors: Sequence[float], sigmas: Sequence[float]) -> float:
+    """Share of ``errors`` (log) inside the 90% band of their sds."""
+    pairs = list(zip(errors, sigmas, strict=True))
+    return sum(abs(e) <= Z_BAND * s for e, s in pairs) / len(pairs) if pairs else 1.0
