@@ -217,8 +217,11 @@ def time_provenance(p: StackPoint) -> Provenance:
     to run, ``TIME_SIGMA_FLOORS``)."""
     why = f"framework probe at {p.label}"
     sd = max(p.time_spread, TIME_SIGMA_FLOORS["compute"])
-    names = ("compute", "recompute", "pp_bubble") if p.layer_scale is not None else ()
-    names += ("overhead",) if p.fixed_scale is not None else ()
+    names: tuple[str, ...] = ()
+    if p.layer_scale is not None:
+        names += ("compute", "recompute", "pp_bubble")
+    if p.fixed_scale is not None:
+        names += ("overhead",)
     return tuple((n, TermSource("measured", sd, why, group="compute")) for n in names)
 
 
