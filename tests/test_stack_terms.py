@@ -235,3 +235,31 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     out = capsys.readouterr().out
     assert "step measured / predicted: 1.000-1.000 (kept out: 1.000-1.000)" in out
     assert " yes " in out and "   - " in out
+
+
+def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:
+    """A config composed from a probed point states a narrower step-time sd than the catalog
+    (its compute terms measured, at the probe's spread or the compute floor), lists the measured
+    memory terms in its breakdown's provenance; a config without a point keeps the catalog's."""
+    from tuner.models.uncertainty import CATALOG_TIME_SIGMA, TIME_SIGMA_FLOORS
+
+    spec = spec_of()
+    terms = derive_terms(spec, probe_rows(spec))
+    c = next(iter_configs(spec))
+    gpu, rates = study_gpu(spec), catalog_rates(study_gpu(spec), spec.training.precision)
+    gpn = spec.cluster.gpus_per_node
+    measured = estimate_time(spec.model, spec.training, c, gpu, gpn, spec.framework, rates,
+                             terms=terms)  # fmt: skip
+    catalog = estimate_time(spec.model, spec.training, c, gpu, gpn, spec.framework, rates)
+    given = dict(measured.provenance)
+    assert given["compute"].source == "measured"
+    assert given["compute"].sigma >= TIME_SIGMA_FLOORS["compute"]
+    assert given["compute"].sigma < CATALOG_TIME_SIGMA["compute"]
+    assert measured.sigma < catalog.sigma and not catalog.provenance
+    memory = estimate_memory(spec.model, c, gpu, spec.framework, spec.training.precision,
+                             terms=terms)  # fmt: skip
+    assert dict(memory.provenance)["activations"].source == "measured"
+    assert "slack" not in dict(memory.provenance)  # CPU ranks report no allocator cache
+    other_tp = dataclasses.replace(c, tp=2, dp=1)
+    assert not estimate_time(spec.model, spec.training, other_tp, gpu, gpn, spec.framework,
+                             rates, terms=terms).provenance  # fmt: skip
