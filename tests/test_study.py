@@ -21,6 +21,7 @@ from tuner.outcome import Outcome
 from tuner.report.export import emit_best
 from tuner.report.leaderboard import leaderboard, load_optuna_study
 from tuner.space.enumerate import enumerate_space
+from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability
 from tuner.space.trials import counts_as_run, oom_dominates
 from tuner.spec.file import study_from_mapping
 from tuner.study.loop import build_loop
@@ -133,13 +134,16 @@ def test_oom_surface_launches_nothing_predicted_to_oom(tmp_path: Path, sampler: 
     launched = rows[~rows.outcome.isin(["pruned_memory", "invalid"])]
     assert not launched.empty
     # Over the headroom only the study's memory probes run (tuner.space.probes): marked, at most
-    # search.memory_probes of them, and each still within the model's error of the GPU.
+    # search.memory_probes of them, and each with a real chance of fitting the GPU under its
+    # breakdown's own stated sd (tuner.models.uncertainty), the sd the probe was chosen on.
     study = load_optuna_study(spec, None, str(tmp_path / "results"))
     probes = {t.number for t in study.trials if t.user_attrs.get("memory_probe")}
     assert len(probes) <= spec.search.memory_probes
     over = launched[launched.predicted_peak_gib > 0.9 * 4.0]
     assert set(over.trial) <= probes, over[["trial", "predicted_peak_gib"]]
-    assert (launched.predicted_peak_gib <= 4.0).all()
+    stated = {c.config.key(): c.memory.sigma for c in enumerate_space(spec, keep_oom=True).oom}
+    for key, peak in zip(over.key, over.predicted_peak_gib, strict=True):
+        assert fit_probability(peak, 4.0, stated[key]) >= MIN_FIT_PROBABILITY, (key, peak)
 
 
 def test_without_probes_nothing_predicted_over_the_headroom_is_launched(tmp_path: Path) -> None:
