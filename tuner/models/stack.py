@@ -183,9 +183,8 @@ def composed_time(
     """``time`` (already built from the measured layer times, :func:`scaled_layer_times`) with
     the provenance of its measured terms, so its stated sd is theirs."""
     p = None if terms is None else terms.point(config)
-    if p is None or (p.layer_scale is None and p.fixed_scale is None):
-        return time
-    return dataclasses.replace(time, provenance=time_provenance(p))
+    given = () if p is None else time_provenance(p)
+    return dataclasses.replace(time, provenance=given) if given else time
 
 
 def memory_provenance(p: StackPoint) -> Provenance:
