@@ -378,8 +378,12 @@ def test_search_proxy_reads_on_off_auto_and_refuses_anything_else(tmp_path: Path
         data = yaml.safe_load(yaml.safe_dump(with_change("search.proxy", "X")).replace("X", text))
         assert study_from_mapping(data).search.proxy == value
     assert study_from_mapping(GOOD).search.proxy is False  # off unless asked
-    with pytest.raises(ConfigError, match=r"search\.proxy"):
+    with pytest.raises(ConfigError, match=r"search\.proxy") as info:
         study_from_mapping(with_change("search.proxy", "sometimes"))
+    # one list of what it accepts, not one error per alternative of the union
+    assert info.value.reason == ("'sometimes' is not one of: true (on), false (off), auto"), (
+        info.value.reason
+    )
     with pytest.raises(ConfigError, match=r"search\.proxy_confirm"):
         study_from_mapping(with_change("search.proxy_confirm", 0))
     (tmp_path / "studies").mkdir()

@@ -148,8 +148,25 @@ def _convert_union(tp: Any, value: object, path: str) -> Any:
             errors.append(exc)
     if len(errors) == 1:
         raise errors[0]
+    choices = _choices(args)
+    if choices is not None:  # a switch (proxy: on, off or auto): one list, not two errors
+        raise ConfigError(f"{_describe(value)} is not one of: {', '.join(choices)}", path=path)
     reasons = " or ".join(e.reason for e in errors)
     raise ConfigError(reasons, path=path)
+
+
+def _choices(args: tuple[Any, ...]) -> list[str] | None:
+    """The spellings a union of ``bool`` and literals accepts (YAML reads on/off as true/false),
+    or None when any alternative is another type."""
+    shown: list[str] = []
+    for arg in args:
+        if arg is bool:
+            shown += ["true (on)", "false (off)"]
+        elif get_origin(arg) is Literal:
+            shown += [str(c) for c in get_args(arg)]
+        elif arg is not type(None):
+            return None
+    return shown
 
 
 def _convert_tuple(tp: Any, value: object, path: str) -> tuple[Any, ...]:
