@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB, estimate_memory
@@ -198,6 +199,35 @@ def test_a_stale_or_foreign_probe_is_refused_in_one_line(tmp_path: Path) -> None
     with pytest.raises(ProfileError) as exc:
         study_terms(spec, tmp_path, now=now)
     assert "stale probe" in one_line(exc) and "--probe" in one_line(exc)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        ({"created": "yesterday"}, "Invalid isoformat"),
+        ({"created": "2026-01-02T00:00:00"}, "has no time zone"),
+        ({"step_s": float("nan")}, "finite number"),
+        ({"peak_gib": -1.0}, "finite number"),
+        ({"samples_s": ["fast"]}, "could not convert"),
+    ],
+)
+def test_a_hand_edited_probe_is_one_malformed_error(
+    tmp_path: Path, edit: dict[str, Any], words: str
+) -> None:
+    """A saved probe someone edited: one ProfileError naming the file, never a traceback."""
+    spec = spec_of()
+    path = saved(tmp_path, spec, dt.datetime(2026, 1, 2, tzinfo=dt.UTC))
+    data = yaml.safe_load(path.read_text())
+    for key, value in edit.items():
+        if key == "created":
+            data[key] = value
+        else:
+            data["rows"][0][key] = value
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ProfileError) as exc:
+        load_probe(path)
+    assert "malformed framework probe" in one_line(exc) and words in one_line(exc)
+    assert exc.value.file == str(path)
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")

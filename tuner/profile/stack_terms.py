@@ -28,6 +28,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -193,23 +194,35 @@ def save_probe(spec: StudySpec, result: ProbeResult, path: Path, now: dt.datetim
     tmp.replace(path)
 
 
+def _measured(value: object) -> float:
+    """A measured figure from a saved probe: a finite number, not negative."""
+    number = float(value)  # type: ignore[arg-type]  # a ValueError/TypeError names a bad one
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"a measured figure must be a finite number >= 0, got {value!r}")
+    return number
+
+
 def load_probe(path: Path) -> dict[str, Any]:
     """A saved probe as plain data with its rows; malformed is a one-line ProfileError."""
     try:
         data = yaml.safe_load(path.read_text())
         rows = tuple(
-            ProbeRow(key=str(r["key"]), depth=int(r["depth"]), step_s=float(r["step_s"]),
-                     samples_s=tuple(float(x) for x in r["samples_s"]),
-                     peak_gib=float(r["peak_gib"]),
-                     reserved_gib=None if r["reserved_gib"] is None else float(r["reserved_gib"]))
+            ProbeRow(key=str(r["key"]), depth=int(r["depth"]), step_s=_measured(r["step_s"]),
+                     samples_s=tuple(_measured(x) for x in r["samples_s"]),
+                     peak_gib=_measured(r["peak_gib"]),
+                     reserved_gib=None if r["reserved_gib"] is None
+                     else _measured(r["reserved_gib"]))
             for r in data["rows"]
         )  # fmt: skip
+        created = dt.datetime.fromisoformat(str(data["created"]))
+        if created.tzinfo is None:
+            raise ValueError(f"created {data['created']!r} has no time zone")
         return {**data, "rows": rows, "versions": dict(data.get("versions") or {})}
     except FileNotFoundError:
         raise ProfileError(
             "no framework probe (run tune profile --probe)", file=str(path)
         ) from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ProfileError(f"malformed framework probe: {first}", file=str(path)) from None
 
