@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -390,6 +391,19 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
     )
     for command, words in cases:
         _assert_one_line(tune(*command, cwd=tmp_path), words)
+
+
+def test_another_programs_database_at_the_storage_path_is_one_line(tmp_path: Path) -> None:
+    """A valid SQLite file that is not an Optuna study (its own ``studies`` table): opening
+    works, reading fails inside Optuna; every reader says so in one line, exit 2."""
+    path = _write(tmp_path, base_text())
+    name = yaml.safe_load(base_text())["name"]
+    (tmp_path / "results" / name).mkdir(parents=True)
+    with sqlite3.connect(tmp_path / "results" / name / "study.db") as db:
+        db.execute("CREATE TABLE studies (owner TEXT)")
+    for command in ("leaderboard", "best", "report"):
+        proc = tune(command, "--study", str(path), cwd=tmp_path)
+        _assert_one_line(proc, "cannot read the study's storage: no such column")
 
 
 # ------------------------------------------------------- issue 31: the storage fails mid-study

@@ -19,6 +19,7 @@ from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
+from tuner.cli.failure import exit_status
 from tuner.cli.options import add_columns_option, add_format_option, add_study_option
 from tuner.cli.tables import (
     STAGE_COLUMNS,
@@ -32,7 +33,7 @@ from tuner.cli.tables import (
 )
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
-from tuner.errors import ConfigError, TunerError
+from tuner.errors import ConfigError
 from tuner.layout import EXPORT_KINDS
 from tuner.outcome import Outcome
 from tuner.spec.file import load_study
@@ -479,20 +480,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging(args)
     try:
         return handlers[args.command](args)
-    except TunerError as exc:
-        if args.debug:
+    except BaseException as exc:  # a defect (or SystemExit) passes through: exit_status is None
+        shown = not args.debug or isinstance(exc, KeyboardInterrupt)  # --debug: the traceback
+        status = exit_status(exc) if shown else None
+        if status is None:
             raise
-        sys.stderr.write(f"tune: error: {exc}\n")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("tune: interrupted\n")
-        return 130
-    except OSError as exc:  # a read-only or full results folder, a file that vanished
-        if args.debug:
-            raise
-        where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"tune: error: {where}{exc.strerror or exc}\n")
-        return 1
+        return status
 
 
 if __name__ == "__main__":  # pragma: no cover
