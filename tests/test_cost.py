@@ -89,6 +89,21 @@ def test_the_dry_run_states_each_trial_and_the_budget_in_node_hours(
     assert code == 0 and "node-hours" in text and "trial min" in text
 
 
+def test_a_trial_costs_no_more_than_its_limit_when_start_up_fills_it() -> None:
+    """The CPU demo: a 3-minute limit and the default 3-minute start-up. The iterations fit (the
+    start-up is the user's estimate), and the trial is ended at its limit: expected node-hours
+    never exceed the worst case."""
+    data = scenario(trial_timeout_min=3, startup_min=3)
+    data["training"]["global_batch_size"] = 16
+    spec = study_from_mapping(data)
+    cost = trial_cost(spec, 0.5)
+    assert cost.fits and cost.minutes > cost.limit_minutes == 3
+    assert cost.node_hours == pytest.approx(3 * 16 / 60) == cost.worst_node_hours
+    roomy = trial_cost(study_from_mapping(scenario()), 0.5)  # a limit per config: room to finish
+    assert roomy.node_hours == pytest.approx(roomy.minutes * 16 / 60)
+    assert roomy.node_hours < roomy.worst_node_hours
+
+
 def test_tune_space_shows_the_cost_of_its_top_configs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

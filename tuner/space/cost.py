@@ -59,8 +59,10 @@ class TrialCost:
 
     @property
     def node_hours(self) -> float:
-        """Expected node-hours: the shortest useful trial on its nodes."""
-        return self.minutes * self.nodes / 60
+        """Expected node-hours: the shortest useful trial on its nodes, or the time limit where
+        the predicted start-up leaves the trial less (it is ended there: never more than
+        :attr:`worst_node_hours`)."""
+        return min(self.minutes, self.limit_minutes, self.cap_minutes) * self.nodes / 60
 
     @property
     def worst_node_hours(self) -> float:
