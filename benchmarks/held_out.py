@@ -245,10 +245,10 @@ def loso(
 
 def print_loso(
     title: str, rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float],
-    between: bool = False,
+    between: bool = False, stated: bool = True,
 ) -> tuple[float, dict[str, float]]:  # fmt: skip
-    """Print the per-source table and the sds fitted on every source's held-out residuals;
-    return (the pooled coverage, those sds)."""
+    """Print the per-source table and the sds fitted on every source's held-out residuals
+    (``stated``: what the catalog states); return (the pooled coverage, those sds)."""
     figures = loso(rows, terms, floors, between)
     print(f"\n{title}: leave-one-source-out (held out = the terms developed on the source "
           "left out; band = 90%, its sds fitted on the other sources)")  # fmt: skip
@@ -266,9 +266,10 @@ def print_loso(
     every = fit_sigmas(rows, terms, floors, between)
     print(f"{'all held-out rows':34} {n:>4}  {'':15}  {'':15}  {pooled:8.0%} {plain:8.0%}  "
           "(target >= 90%; 'no OOMs': sds fitted without the known OOMs' bounds)")  # fmt: skip
+    what = "what the catalog states, tuner.models.uncertainty" if stated else "not stated"
     print(
-        "sds fitted on every source's held-out residuals (what the catalog states, "
-        "tuner.models.uncertainty): " + ", ".join(f"{g} {s:.3f}" for g, s in every.items())
+        f"sds fitted on every source's held-out residuals ({what}): "
+        + ", ".join(f"{g} {s:.3f}" for g, s in every.items())
     )
     return pooled, every
 
