@@ -23,7 +23,9 @@ caching allocator's *slack* (reserved minus allocated) and the *fixed* memory ou
 allocator (CUDA context, NCCL's buffers: facts of a software stack a formula cannot see,
 pytorch#107667, NVIDIA/nccl#1685). The step time's terms
 fall into compute (kernels at the catalog's rates, the pipeline bubble and fixed overheads that
-scale with them) and communication (collectives and transfers at the catalog's link rates).
+scale with them) and communication (collectives and transfers at the catalog's link rates); on
+top of them, a stack never seen has its own bias on every catalog term of its step
+(:data:`CATALOG_TIME_STACK_SIGMA`), which the rows of one published source share.
 """
 
 from __future__ import annotations
