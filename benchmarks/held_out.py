@@ -6,7 +6,11 @@ terms developed on it (subtracts their part of the predicted figure). Per source
 n, the median and largest |error| in sample and held out, and the share of held-out rows inside
 the stated 90% band, whose group sds are fitted (maximum likelihood, widened by a split-conformal
 factor where the fit's own rows fall short of 90%) on the *other* sources' held-out residuals:
-the band a new stack would have been given. Per term they print its effect
+the band a new stack would have been given. With ``between`` (the step time) the rows of one
+source are not taken as independent: a stack's own bias (its kernels' and libraries' versions,
+clocks, a cluster-wide effect) is shared by all its rows, so the group sds are fitted on the
+rows' deviations from their source's mean and a between-source sd (:func:`between_source_sd`)
+is added in quadrature. Per term they print its effect
 on the sources it was not developed on (median |error| with and without it): a term that makes
 them worse is reported, never silently dropped.
 """
@@ -24,8 +28,9 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import minimize
 from scipy.stats import norm
+from scipy.stats import t as student_t
 
-from tuner.models.uncertainty import Z_BAND
+from tuner.models.uncertainty import BAND_LEVEL, Z_BAND
 
 
 @dataclass(frozen=True)
@@ -75,12 +80,29 @@ def row_sigma(shares: Mapping[str, float], sigmas: Mapping[str, float]) -> float
     return math.sqrt(sum((w * sigmas[g]) ** 2 for g, w in shares.items()))
 
 
+STACK = "stack"
+"""The key of the between-source sd in what :func:`fit_sigmas` returns with ``between``."""
+
+
+def band_sigma(shares: Mapping[str, float], sigmas: Mapping[str, float]) -> float:
+    """The band's sd of a row: its groups' (:func:`row_sigma`) and, where fitted, the
+    between-source sd (``sigmas[STACK]``) in quadrature: every term of a held-out row is the
+    catalog's, so a new stack's bias moves the whole figure."""
+    return math.hypot(row_sigma(shares, sigmas), sigmas.get(STACK, 0.0))
+
+
 def fit_sigmas(
-    rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float]
-) -> dict[str, float]:
+    rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float],
+    between: bool = False,
+) -> dict[str, float]:  # fmt: skip
     """Maximum-likelihood group sds of ``rows``' held-out residuals (each normal with sd
     ``row_sigma(shares)``; a censored row contributes its chance of lying above its bound),
-    each at least its floor (the physical spread the group is known to have)."""
+    each at least its floor (the physical spread the group is known to have). With
+    ``between``: the group sds of the rows' deviations from their source's mean (within a
+    source) and, under :data:`STACK`, the between-source sd (:func:`between_source_sd`)."""
+    if between:
+        within = fit_sigmas(centred(rows, terms), [], floors)
+        return within | {STACK: between_source_sd(rows, terms, within)}
     groups = list(floors)
     w = np.array([[r.shares.get(g, 0.0) for g in groups] for r in rows])
     e = np.array([held_out(r, terms) for r in rows])
@@ -111,6 +133,66 @@ def fit_sigmas(
     return sds
 
 
+def _by_source(rows: Sequence[Residual]) -> dict[str, list[Residual]]:
+    by: dict[str, list[Residual]] = {}
+    for r in rows:
+        if not r.censored:  # a bound, not a figure: no part of a source's mean
+            by.setdefault(r.source, []).append(r)
+    return by
+
+
+def centred(rows: Sequence[Residual], terms: Sequence[Term]) -> list[Residual]:
+    """Each row's held-out residual less its source's mean, times sqrt(n / (n - 1)) (the
+    deviation from a mean of n rows has (n - 1) / n of a row's variance): what is left of a row
+    once its stack's shared bias is taken out. A source of one row has no such deviation and
+    gives none."""
+    out = []
+    for group in _by_source(rows).values():
+        n = len(group)
+        if n < 2:
+            continue
+        errors = [held_out(r, terms) for r in group]
+        mean, k = statistics.fmean(errors), math.sqrt(n / (n - 1))
+        out += [
+            Residual(r.source, (e - mean) * k, r.shares)
+            for r, e in zip(group, errors, strict=True)
+        ]
+    return out
+
+
+def between_source_sd(
+    rows: Sequence[Residual], terms: Sequence[Term], within: Mapping[str, float]
+) -> float:
+    """The sd of a stack's own bias, shared by all its rows, for a stack not among ``rows``.
+
+    Each source's rows are the model's error on one stack: a bias ``b`` the stack's rows share
+    (its kernels' and libraries' versions, its clocks, its cluster) plus each row's own error
+    (the ``within`` sds). Source i's precision-weighted mean ``y_i`` has variance
+    ``v_i + tau^2`` (``v_i`` = 1 / sum of its rows' 1 / within variance); with the model meant
+    unbiased (mean 0), ``Q = sum y_i^2 / v_i`` has expectation ``k + tau^2 sum 1 / v_i`` over
+    k sources, the method-of-moments estimate of DerSimonian & Laird (Controlled Clinical
+    Trials 7:177, 1986) with the mean known: ``tau^2 = max(0, (Q - k) / sum 1 / v_i)``.
+
+    ``tau`` is estimated from k sources, a handful: the bias of a new stack over its estimate
+    follows Student's t with k degrees of freedom (k draws of a zero-mean normal, mean
+    known), not the normal, so the band's z would under-cover. As in Higgins, Thompson &
+    Spiegelhalter's prediction interval for a new study (J. R. Stat. Soc. A 172:137, 2009) the
+    t quantile is used: ``tau`` is returned times t(0.95, k) / z(0.95), so that the band's
+    z-based half-width is the t one."""
+    means, weights = [], []
+    for group in _by_source(rows).values():
+        w = [1.0 / max(row_sigma(r.shares, within), 1e-9) ** 2 for r in group]
+        e = [held_out(r, terms) for r in group]
+        means.append(sum(a * b for a, b in zip(w, e, strict=True)) / sum(w))
+        weights.append(sum(w))
+    k = len(means)
+    if k < 2:
+        return 0.0
+    q = sum(w * y * y for w, y in zip(weights, means, strict=True))
+    tau = math.sqrt(max(0.0, (q - k) / sum(weights)))
+    return tau * float(student_t.ppf(0.5 + BAND_LEVEL / 2, k)) / Z_BAND
+
+
 def _pct(values: Sequence[float]) -> tuple[str, str]:
     if not values:
         return "     -", "     -"
@@ -137,22 +219,24 @@ class SourceFigures:
 
 
 def loso(
-    rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float]
-) -> list[SourceFigures]:
+    rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float],
+    between: bool = False,
+) -> list[SourceFigures]:  # fmt: skip
     """Per source: its held-out errors and how many fall in the band fitted on the others
-    (rows that fit; a source's known OOMs count in :func:`flagged`)."""
+    (rows that fit; a source's known OOMs count in :func:`flagged`); ``between``: the band
+    has a between-source sd (:func:`fit_sigmas`)."""
     out = []
     for source in sorted({r.source for r in rows if not r.censored}):
         mine = [r for r in rows if r.source == source and not r.censored]
         others = [r for r in rows if r.source != source]
-        sig = fit_sigmas(others, terms, floors)
-        plain = fit_sigmas([r for r in others if not r.censored], terms, floors)
+        sig = fit_sigmas(others, terms, floors, between)
+        plain = fit_sigmas([r for r in others if not r.censored], terms, floors, between)
         held = [held_out(r, terms) for r in mine]
         inside = sum(
-            abs(e) <= Z_BAND * row_sigma(r.shares, sig) for e, r in zip(held, mine, strict=True)
+            abs(e) <= Z_BAND * band_sigma(r.shares, sig) for e, r in zip(held, mine, strict=True)
         )
         fits_only = sum(
-            abs(e) <= Z_BAND * row_sigma(r.shares, plain) for e, r in zip(held, mine, strict=True)
+            abs(e) <= Z_BAND * band_sigma(r.shares, plain) for e, r in zip(held, mine, strict=True)
         )
         out.append(SourceFigures(source, len(mine), _pct([r.log_error for r in mine]),
                                  _pct(held), inside, sig, fits_only))  # fmt: skip
@@ -160,11 +244,12 @@ def loso(
 
 
 def print_loso(
-    title: str, rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float]
-) -> tuple[float, dict[str, float]]:
-    """Print the per-source table and the sds fitted on every source's held-out residuals;
-    return (the pooled coverage, those sds)."""
-    figures = loso(rows, terms, floors)
+    title: str, rows: Sequence[Residual], terms: Sequence[Term], floors: Mapping[str, float],
+    between: bool = False, stated: bool = True,
+) -> tuple[float, dict[str, float]]:  # fmt: skip
+    """Print the per-source table and the sds fitted on every source's held-out residuals
+    (``stated``: what the catalog states); return (the pooled coverage, those sds)."""
+    figures = loso(rows, terms, floors, between)
     print(f"\n{title}: leave-one-source-out (held out = the terms developed on the source "
           "left out; band = 90%, its sds fitted on the other sources)")  # fmt: skip
     print(f"{'source':34} {'n':>4}  {'in-sample':>15}  {'held out':>15}  {'in band':>9} "
@@ -178,12 +263,13 @@ def print_loso(
     n = sum(f.n for f in figures)
     pooled = sum(f.inside for f in figures) / n if n else 1.0
     plain = sum(f.inside_fits_only for f in figures) / n if n else 1.0
-    every = fit_sigmas(rows, terms, floors)
+    every = fit_sigmas(rows, terms, floors, between)
     print(f"{'all held-out rows':34} {n:>4}  {'':15}  {'':15}  {pooled:8.0%} {plain:8.0%}  "
           "(target >= 90%; 'no OOMs': sds fitted without the known OOMs' bounds)")  # fmt: skip
+    what = "what the catalog states, tuner.models.uncertainty" if stated else "not stated"
     print(
-        "sds fitted on every source's held-out residuals (what the catalog states, "
-        "tuner.models.uncertainty): " + ", ".join(f"{g} {s:.3f}" for g, s in every.items())
+        f"sds fitted on every source's held-out residuals ({what}): "
+        + ", ".join(f"{g} {s:.3f}" for g, s in every.items())
     )
     return pooled, every
 

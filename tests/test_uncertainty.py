@@ -15,6 +15,7 @@ from tuner.models.time.estimate import estimate_time
 from tuner.models.uncertainty import (
     CATALOG_MEMORY_SIGMA,
     CATALOG_TIME_SIGMA,
+    CATALOG_TIME_STACK_SIGMA,
     MEMORY_SIGMA_FLOORS,
     TIME_SIGMA_FLOORS,
     Z_BAND,
@@ -96,12 +97,32 @@ def test_measured_terms_narrow_the_band() -> None:
 def test_the_step_time_carries_its_terms_sources() -> None:
     t = estimate_time(MODEL, TrainingSpec(global_batch_size=16), CONFIG, A100, 8)
     low, high = min(CATALOG_TIME_SIGMA.values()), max(CATALOG_TIME_SIGMA.values())
-    assert low / 2 <= t.sigma <= high  # shares of independent groups: under the largest sd
+    # shares of independent groups (under the largest sd) and an unseen stack's own bias
+    assert math.hypot(low / 2, CATALOG_TIME_STACK_SIGMA) <= t.sigma
+    assert t.sigma <= math.hypot(high, CATALOG_TIME_STACK_SIGMA)
     assert "provenance" not in t.to_dict()
     import dataclasses
 
     faster = dataclasses.replace(t, provenance=(("compute", TermSource("measured", 0.01)),))
     assert faster.sigma < t.sigma
+
+
+def test_a_stacks_own_bias_counts_on_the_catalogs_share_only() -> None:
+    """A stack's bias moves every catalog term of a step as one (a whole-figure sd on their
+    share); terms measured on the stack (the framework probe) already carry it."""
+    cat = TermSource("catalog", 0.1)
+    sources = {"a": cat, "b": cat}
+    assert combined_sigma({"a": 3.0, "b": 1.0}, sources, 0.2) == pytest.approx(
+        math.hypot(math.hypot(0.3, 0.1) / 4, 0.2)
+    )
+    probed = {"a": TermSource("measured", 0.05), "b": cat}
+    assert combined_sigma({"a": 3.0, "b": 1.0}, probed, 0.2) == pytest.approx(
+        math.hypot(math.hypot(0.15, 0.1) / 4, 0.2 / 4)
+    )
+    measured = {n: TermSource("measured", 0.05) for n in "ab"}
+    assert combined_sigma({"a": 3.0, "b": 1.0}, measured, 0.2) == pytest.approx(
+        combined_sigma({"a": 3.0, "b": 1.0}, measured)
+    )
 
 
 def test_probes_and_the_risk_flag_read_the_breakdowns_sd() -> None:

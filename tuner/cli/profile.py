@@ -340,7 +340,8 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
     the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""
     from tuner.catalog import get_gpu
-    from tuner.models.rates import CATALOG_STEP_ERROR, ceiling_share
+    from tuner.models.rates import ceiling_share
+    from tuner.models.uncertainty import CATALOG_STEP_SIGMA
     from tuner.profile.rates import profile_rates
     from tuner.profile.run import study_profile
 
@@ -352,7 +353,7 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
         )  # what tuner.models.rates.gemm_efficiency reads
         ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; its step times are off by "
-                      f"{CATALOG_STEP_ERROR:.0%} rms on published runs; tune profile --study "
+                      f"{CATALOG_STEP_SIGMA:.0%} sd on a stack never seen; tune profile --study "
                       f"{spec.name} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
     # a profile saved before the probe measured attention and memory streaming has neither

@@ -63,13 +63,6 @@ NETWORK_BUS_EFFICIENCY = 0.80
 FP32_PEAK_FRACTION = 0.5
 """fp32 training runs on TF32 tensor cores: half the 16-bit dense rate (A100/H100 datasheets)."""
 
-CATALOG_STEP_ERROR = 0.15
-"""How far the catalog's step times are from measured ones: the rms of log(measured / predicted
-step time) over the published runs of benchmarks/data/step_times.csv (136 rows; printed by
-``time_accuracy.py``, checked against this figure by tests/test_benchmark_data.py). What ``tune
-estimate`` and ``tune space`` state beside a catalog prediction; a cluster profile measures the
-rates instead and a calibration states its own spread."""
-
 # --- Latencies and fixed costs (seconds) ---------------------------------------------------------
 
 GPU_KERNEL_LATENCY_S = 4e-6

@@ -27,6 +27,7 @@ from tuner.models.rates import Rates
 from tuner.models.time.recompute import selective_flops_per_sequence
 from tuner.models.uncertainty import (
     CATALOG_TIME_SIGMA,
+    CATALOG_TIME_STACK_SIGMA,
     TIME_GROUPS,
     Provenance,
     TermSource,
@@ -96,9 +97,10 @@ class TimeBreakdown:
     @property
     def sigma(self) -> float:
         """Relative sd of ``step``, from where its terms came (each catalog term carries the
-        held-out error of its group, a measured one its spread)."""
+        held-out error of its group, a measured one its spread) and, on its catalog terms' share,
+        an unseen stack's own bias (:data:`tuner.models.uncertainty.CATALOG_TIME_STACK_SIGMA`)."""
         parts = {name: float(getattr(self, name)) for name in TIME_GROUPS}
-        return combined_sigma(parts, time_sources(self.provenance))
+        return combined_sigma(parts, time_sources(self.provenance), CATALOG_TIME_STACK_SIGMA)
 
     def to_dict(self) -> dict[str, float]:
         """Every field by name (for JSON, tables and Optuna attributes)."""
