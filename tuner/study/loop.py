@@ -136,7 +136,7 @@ class StudyLoop:
         self.recovery = Recovery(spec, study, storage, leases, executor, layout, self.gpu,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s,
-                                 rerun=self.rerun)  # fmt: skip
+                                 rerun=self.rerun, rates=rates)  # fmt: skip
         self.reattach = Reattach(spec, study, storage, executor, self.scheduler, leases, layout,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip

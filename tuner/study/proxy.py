@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -137,12 +137,15 @@ class Proxies:
         read with its own global batch, and its measured step becomes the extrapolated
         full-scale step (:func:`extrapolated`). A proxy this worker did not launch (a dead
         worker's job it watches now) is known from the trial's attributes."""
-        proxy = self._proxy.pop(trial.number, None) or recorded_proxy(
-            self.spec, trial.user_attrs, config
-        )
-        spec = self.spec if proxy is None else proxy_spec(self.spec, proxy)
-        verdict = judge(spec, self.gpu, result)
-        return extrapolated(self.spec, self.gpu, self.rates, proxy, config, verdict)
+        judged: list[Verdict] = []  # judge always answers: the one verdict it gave
+
+        def read(ran: StudySpec) -> Verdict:
+            judged.append(judge(ran, self.gpu, result))
+            return judged[0]
+
+        verdict = trial_verdict(self.spec, self.gpu, self.rates, trial.user_attrs, config, read,
+                                proxy=self._proxy.pop(trial.number, None))  # fmt: skip
+        return verdict or judged[0]
 
     # -- confirming at full scale -------------------------------------------------------------
 
@@ -195,6 +198,24 @@ class Proxies:
             loop.summary.launched += 1
             running = True
         return running or bool(due)
+
+
+def trial_verdict(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, attrs: Mapping[str, Any],
+                  config: ParallelConfig, read: Callable[[StudySpec], Verdict | None], *,
+                  proxy: Proxy | None = None) -> Verdict | None:  # fmt: skip
+    """The verdict the study records for a trial of ``config`` whose job finished: ``read``
+    (given the spec the job ran with: the proxy's global batch and node count for a proxy)
+    reads it, and a proxy's figure becomes the extrapolated full-scale one at ``rates`` (the
+    cluster profile's when the study has one). The one path for a job this worker watched
+    (:meth:`Proxies.judge`) and a lost trial's recovered result
+    (:class:`tuner.study.recovery.Recovery`), so both extrapolate from the same inputs.
+    ``proxy``: the proxy this worker launched, else the one ``attrs`` record (None: full
+    scale). None when ``read`` finds nothing."""
+    proxy = proxy if proxy is not None else recorded_proxy(spec, attrs, config)
+    verdict = read(spec if proxy is None else proxy_spec(spec, proxy))
+    if verdict is None or "proxy_extrapolation" in verdict.metrics:
+        return verdict  # a metrics.json written after the extrapolation: never twice
+    return extrapolated(spec, gpu, rates, proxy, config, verdict)
 
 
 def recorded_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,
