@@ -307,3 +307,63 @@ def test_a_recovered_proxy_is_extrapolated_as_the_live_path_with_the_profile_rat
                      heartbeat_s=30.0, rerun=frozenset(), rates=profile)  # fmt: skip
     assert again._recovered(study.get_trials()[0])  # the lost trial, read from metrics.json now
     assert study.get_trials()[-1].value == pytest.approx(live, rel=1e-12)
+
+
+def test_two_workers_on_one_storage_confirm_a_proxy_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two workers of one study (one SQLite storage, 8 nodes: room for two full-scale trials)
+    # read the trials at the same moment, both before any confirmation exists, and both would
+    # confirm the best proxy. The claim goes through the storage: one confirmation in all.
+    import dataclasses
+    import itertools
+
+    import optuna
+
+    from tuner.space.enumerate import expand_axes
+    from tuner.space.trials import config_params, distributions
+    from tuner.study import loop as study_loop
+
+    names = (f"worker-{k}" for k in itertools.count())
+    monkeypatch.setattr(study_loop, "worker_name", lambda: next(names))
+    s = study_from_mapping({
+        "name": "two", "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024,
+                                 "num_attention_heads": 8, "vocab_size": 1024,
+                                 "seq_length": 128},
+        "training": {"global_batch_size": 64},
+        "cluster": {"gpu": "a100-80gb", "gpus_per_node": 2, "num_nodes": 8, "executor": "local"},
+        "framework": "megatron", "launch": {"template": "megatron_gpt", "megatron_path": "/m"},
+        "space": {"tp": [1, 2], "pp": [1], "micro_batch_size": [1], "recompute": ["none"],
+                  "sequence_parallel": [False], "distributed_optimizer": [True]},
+        "search": {"n_trials": 2, "nodes_per_trial": 4, "proxy": True, "proxy_confirm": 1},
+    })  # fmt: skip
+    results = str(tmp_path / "results")
+    workers = [study_loop.build_loop(s, results=results) for _ in range(2)]
+    first = workers[0]
+    for k, (tp, step) in enumerate(((1, 1.0), (2, 1.2))):  # two proxies, measured
+        full = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, global_batch_size=64,
+                              distributed_optimizer=True)  # fmt: skip
+        first.study.add_trial(optuna.trial.create_trial(
+            params=config_params(full, expand_axes(s)), distributions=distributions(s),
+            value=step, user_attrs={"key": full.key(), "config": dataclasses.asdict(full),
+                                    "outcome": "ok", "launched": True, "proxy": True,
+                                    "proxy_dp": full.dp // 2, "proxy_nodes": 2,
+                                    "step_time_s": step, "hosts": [f"n{k}"]},
+        ))  # fmt: skip
+    launched: list[tuple[str, int]] = []
+    seen = [w.trials() for w in workers]  # both read before either confirms
+    for w, trials in zip(workers, seen, strict=True):
+        w.launch = lambda trial, config, placement, w=w: launched.append(  # type: ignore[method-assign]
+            (w.worker, trial.user_attrs["confirms"])
+        )
+        w.summary.stop_reason = "ran 2 trials (n_trials)"
+        w.proxies.confirm(w, trials)
+    try:
+        assert launched == [("worker-0", 0)]  # the best proxy (trial 0), by one worker only
+        stored = [t for t in first.trials() if "confirms" in t.user_attrs]
+        assert [t.user_attrs["confirms"] for t in stored] == [0]
+        # the first worker waits for its confirmation; the second has nothing left to confirm
+        assert first.summary.stop_reason == "" and workers[1].summary.stop_reason != ""
+    finally:
+        for w in workers:
+            w.executor.close()

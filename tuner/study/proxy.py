@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
+from tuner.study.leases import BUDGET_LEASE, exclusive
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
 
 if TYPE_CHECKING:
@@ -179,25 +181,38 @@ class Proxies:
         reason = loop.summary.stop_reason
         if not self.on or not reason or loop.stop_requested or reason.startswith(HARD_STOPS):
             return False
-        due = self.due(trials)
         running = any("confirms" in r.trial.user_attrs for r in loop.running.values())
-        for target in due:
-            placement = loop.scheduler.acquire(self.spec.nodes_per_trial)
-            if placement is None:
-                return True
-            config = ParallelConfig(**target.user_attrs["config"])
-            params = config_params(config, expand_axes(self.spec))
-            attrs = {k: v for k, v in target.user_attrs.items()
-                     if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
-            attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
-            loop.study.enqueue_trial(params, user_attrs=attrs)
-            trial = loop.study.ask(distributions(self.spec))
-            logger.info("trial %d confirms trial %d's proxy figure at full scale",
-                        trial.number, target.number)  # fmt: skip
-            loop.launch(trial, config, placement)
-            loop.summary.launched += 1
-            running = True
+        if not self.due(trials):
+            return running
+        # Claimed through the storage: under the study's budget lease, with the trials read
+        # again inside it, so a worker that read the same due list before another's
+        # confirmation existed sees it now and launches nothing.
+        with exclusive(loop.leases, BUDGET_LEASE, loop.worker, loop.heartbeat_s) as turn:
+            if not turn:
+                return True  # another worker is launching: look again on the next pass
+            due = self.due(loop.trials())
+            for target in due:
+                placement = loop.scheduler.acquire(self.spec.nodes_per_trial)
+                if placement is None:
+                    return True
+                self._launch_confirmation(loop, target, placement)
+                running = True
         return running or bool(due)
+
+    def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
+        config = ParallelConfig(**target.user_attrs["config"])
+        params = config_params(config, expand_axes(self.spec))
+        attrs = {k: v for k, v in target.user_attrs.items()
+                 if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
+        attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
+        loop.study.enqueue_trial(params, user_attrs=attrs)
+        with warnings.catch_warnings():  # heartbeats are recorded by the loop's Heartbeat thread
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = loop.study.ask(distributions(self.spec))
+        logger.info("trial %d confirms trial %d's proxy figure at full scale",
+                    trial.number, target.number)  # fmt: skip
+        loop.launch(trial, config, placement)
+        loop.summary.launched += 1
 
 
 def trial_verdict(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, attrs: Mapping[str, Any],
