@@ -56,6 +56,7 @@ MEASURED = (
     "tflops_per_gpu",
     "steady_step_s",
     "steady_halfwidth_s",
+    "median_step_s",
 )
 """A proxy's own figures, kept as ``proxy_step_s``, ``proxy_tokens_per_s``, ... beside the
 full-scale ones the trial is ranked by."""
@@ -265,6 +266,7 @@ def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Prox
     for name in ("steady_step_s", "steady_halfwidth_s"):  # racing reads full-scale figures
         if m.get(name) is not None:
             m[name] = float(m[name]) * ratio
+    m.pop("median_step_s", None)  # the proxy's, kept as proxy_median_step_s
     m.update(
         step_time_s=step,
         tokens_per_s=full["tokens_per_s"],
