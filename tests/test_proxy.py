@@ -309,12 +309,10 @@ def test_a_recovered_proxy_is_extrapolated_as_the_live_path_with_the_profile_rat
     assert study.get_trials()[-1].value == pytest.approx(live, rel=1e-12)
 
 
-def test_two_workers_on_one_storage_confirm_a_proxy_once(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Two workers of one study (one SQLite storage, 8 nodes: room for two full-scale trials)
-    # read the trials at the same moment, both before any confirmation exists, and both would
-    # confirm the best proxy. The claim goes through the storage: one confirmation in all.
+def _proxied_study(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workers: int,
+                   **search: Any) -> list[Any]:  # fmt: skip
+    """``workers`` study loops (distinct worker names) on one SQLite storage, 8 nodes (room for
+    two full-scale trials), holding two measured proxies: trial 0 the faster."""
     import dataclasses
     import itertools
 
@@ -335,21 +333,33 @@ def test_two_workers_on_one_storage_confirm_a_proxy_once(
         "framework": "megatron", "launch": {"template": "megatron_gpt", "megatron_path": "/m"},
         "space": {"tp": [1, 2], "pp": [1], "micro_batch_size": [1], "recompute": ["none"],
                   "sequence_parallel": [False], "distributed_optimizer": [True]},
-        "search": {"n_trials": 2, "nodes_per_trial": 4, "proxy": True, "proxy_confirm": 1},
+        "search": {"n_trials": 2, "nodes_per_trial": 4, "proxy": True, "proxy_confirm": 1,
+                   **search},
     })  # fmt: skip
     results = str(tmp_path / "results")
-    workers = [study_loop.build_loop(s, results=results) for _ in range(2)]
-    first = workers[0]
+    loops = [study_loop.build_loop(s, results=results) for _ in range(workers)]
     for k, (tp, step) in enumerate(((1, 1.0), (2, 1.2))):  # two proxies, measured
         full = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, global_batch_size=64,
                               distributed_optimizer=True)  # fmt: skip
-        first.study.add_trial(optuna.trial.create_trial(
+        loops[0].study.add_trial(optuna.trial.create_trial(
             params=config_params(full, expand_axes(s)), distributions=distributions(s),
             value=step, user_attrs={"key": full.key(), "config": dataclasses.asdict(full),
                                     "outcome": "ok", "launched": True, "proxy": True,
                                     "proxy_dp": full.dp // 2, "proxy_nodes": 2,
-                                    "step_time_s": step, "hosts": [f"n{k}"]},
+                                    "step_time_s": step, "predicted_step_s": step,
+                                    "hosts": [f"n{k}"]},
         ))  # fmt: skip
+    return loops
+
+
+def test_two_workers_on_one_storage_confirm_a_proxy_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two workers of one study read the trials at the same moment, both before any
+    # confirmation exists, and both would confirm the best proxy. The claim goes through the
+    # storage: one confirmation in all.
+    workers = _proxied_study(tmp_path, monkeypatch, 2)
+    first = workers[0]
     launched: list[tuple[str, int]] = []
     seen = [w.trials() for w in workers]  # both read before either confirms
     for w, trials in zip(workers, seen, strict=True):
@@ -367,3 +377,21 @@ def test_two_workers_on_one_storage_confirm_a_proxy_once(
     finally:
         for w in workers:
             w.executor.close()
+
+
+def test_a_confirmation_that_could_pass_the_node_hour_budget_is_not_launched(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (worker,) = _proxied_study(tmp_path, monkeypatch, 1, max_node_hours=0.05)
+    launched: list[int] = []
+    worker.launch = lambda trial, config, placement: launched.append(  # type: ignore[method-assign]
+        trial.number
+    )
+    worker.summary.stop_reason = "ran 2 trials (n_trials)"
+    try:
+        worker.proxies.confirm(worker, worker.trials())
+        assert launched == [] and worker.summary.stop_reason.startswith("node-hour budget")
+        assert "confirming" in worker.summary.stop_reason
+        assert not [t for t in worker.trials() if "confirms" in t.user_attrs]
+    finally:
+        worker.executor.close()

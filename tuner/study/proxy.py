@@ -41,6 +41,7 @@ from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
+from tuner.study.budget import node_hour_refusal, pending_node_hours
 from tuner.study.leases import BUDGET_LEASE, exclusive
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
 
@@ -193,12 +194,23 @@ class Proxies:
                 return True  # another worker is launching: look again on the next pass
             due = self.due(loop.trials())
             for target in due:
+                if (why := self._over_budget(loop, target)) is not None:
+                    loop.summary.stop_reason = why  # max_node_hours holds for confirmations too
+                    return running
                 placement = loop.scheduler.acquire(self.spec.nodes_per_trial)
                 if placement is None:
                     return True
                 self._launch_confirmation(loop, target, placement)
                 running = True
         return running or bool(due)
+
+    def _over_budget(self, loop: Any, target: FrozenTrial) -> str | None:
+        """Why confirming ``target`` could pass ``search.max_node_hours`` (None: it may run)."""
+        if not self.spec.search.max_node_hours:
+            return None
+        committed = loop.node_hours(loop.trials()) + pending_node_hours(loop.running, loop.clock())
+        key = f"confirming {target.user_attrs.get('key')}"
+        return node_hour_refusal(self.spec, committed, target.user_attrs, key)
 
     def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
         config = ParallelConfig(**target.user_attrs["config"])
