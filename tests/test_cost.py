@@ -115,6 +115,69 @@ def test_tune_space_shows_the_cost_of_its_top_configs(
     assert out["cost"]["worst_node_hours"] >= out["cost"]["expected_node_hours"] > 0
 
 
+def test_the_preview_counts_proxies_and_the_confirmations_at_full_scale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # search.proxy on: each config's first launch is its proxy on fewer nodes, the best are
+    # confirmed at full scale; the preview must say so per config and in the budget
+    from tuner.models.time.estimate import estimate_time
+    from tuner.space.enumerate import study_gpu
+    from tuner.space.proxy import study_proxy
+
+    code, captured = dry_run(tmp_path, capsys, scenario())
+    plain = json.loads(captured.out)["cost"]
+    assert code == 0 and "proxy" not in plain and "proxy_nodes" not in plain["configs"][0]
+    data = scenario(proxy=True)
+    code, captured = dry_run(tmp_path, capsys, data)
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    cost = out["cost"]
+    spec = study_from_mapping(data)
+    gpu = study_gpu(spec)
+    needed = 5 + 4 * RECORDS_PER_BATCH
+    full_rows = {r["config"]: r for r in plain["configs"]}
+    assert cost["configs"]
+    for row in cost["configs"]:
+        # the full-scale columns are the plain preview's: they are the confirmation's trial
+        assert full_rows[row["config"]].items() <= row.items()
+        config = spec_config(spec, row["config"])
+        proxy = study_proxy(spec, config, gpu)
+        assert proxy is not None and row["proxy_nodes"] == proxy.nodes < 16
+        assert row["proxy_dp"] == proxy.config.dp < config.dp
+        step = estimate_time(spec.model, spec.training, proxy.config, gpu, 8).step
+        assert row["proxy_step_s"] == pytest.approx(step)
+        assert row["proxy_trial_min"] == pytest.approx(3.0 + needed * step / 60, abs=0.01)
+        assert row["proxy_node_hours"] == pytest.approx(
+            row["proxy_trial_min"] * proxy.nodes / 60, abs=0.01
+        )
+        assert row["proxy_node_hours"] < row["node_hours"]  # fewer nodes, about as long
+    p = cost["proxy"]
+    assert p["as_proxy"] >= 1 and p["confirmations"] == min(2, p["as_proxy"])  # proxy_confirm 2
+    assert p["worst_confirmations"] == 4  # a slower confirmation brings another in: 2 x 2
+    assert cost["expected_node_hours"] == pytest.approx(
+        p["launches_expected_node_hours"] + p["confirm_node_hours"], abs=0.002
+    )
+    assert cost["worst_node_hours"] == pytest.approx(
+        p["launches_worst_node_hours"] + p["confirm_worst_node_hours"], abs=0.002
+    )
+    # proxies cut what the launches cost; the confirmations are paid on top
+    assert p["launches_expected_node_hours"] < plain["expected_node_hours"]
+    assert p["launches_worst_node_hours"] <= plain["worst_node_hours"]
+    assert p["confirm_node_hours"] > 0 and cost["launches"] == plain["launches"] == 8
+    # the terminal says the same, and tune space shows the proxies of its top configs
+    code = main(["run", "--study", write(tmp_path, data), "--dry-run",
+                 "--results", str(tmp_path / "results")])  # fmt: skip
+    text = capsys.readouterr().out
+    assert code == 0 and "proxy node-h" in text and "confirmations at full scale" in text
+    assert main(["space", "--study", write(tmp_path, data), "--json", "--top", "3"]) == 0
+    space = json.loads(capsys.readouterr().out)["cost"]
+    assert all(r["proxy_nodes"] for r in space["configs"]) and space["proxy"] == p
+
+
+def spec_config(spec: StudySpec, key: str) -> Any:
+    return next(c.config for c in enumerate_space(spec).ranked() if c.config.key() == key)
+
+
 def test_a_limit_no_config_fits_is_refused_with_the_minutes_and_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

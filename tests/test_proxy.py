@@ -217,3 +217,181 @@ def test_a_recorded_proxy_verdict_carries_both_figures() -> None:
     assert extrapolated(s, gpu, None, None, TP8_DP16, ok) is ok  # a full-scale trial
     oom = Verdict(Outcome.OOM, "out of memory", {})
     assert extrapolated(s, gpu, None, proxy, TP8_DP16, oom) is oom
+
+
+def _megatron_log(path: Any, step_s: float, iterations: int = 30) -> None:
+    line = (" iteration {i:8d}/{n:8d} | elapsed time per iteration (ms): {ms:.1f} |"
+            " lm loss: 7.0E+00 | loss scale: 1.0 | number of skipped iterations:   0 |"
+            " number of nan iterations:   0 |")  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ms = [step_s * 1000 * (1 + 0.002 * (i % 3)) for i in range(1, iterations + 1)]
+    path.write_text("\n".join(line.format(i=i + 1, n=iterations, ms=m)
+                              for i, m in enumerate(ms)) + "\n")  # fmt: skip
+
+
+def test_a_recovered_proxy_is_extrapolated_as_the_live_path_with_the_profile_rates(
+    tmp_path: Any,
+) -> None:
+    # A worker died after its proxy's job finished but before it recorded it: the next worker
+    # recovers the result from the trial folder. It must price the full scale with the same
+    # cluster profile as the live path, not with the catalog's rates.
+    import dataclasses
+    import json
+
+    import optuna
+
+    from tuner.launch import JobResult
+    from tuner.layout import ResultsLayout
+    from tuner.models.rates import Link, catalog_rates
+    from tuner.space.enumerate import expand_axes
+    from tuner.space.trials import config_params, distributions
+    from tuner.study.leases import open_leases
+    from tuner.study.proxy import Proxies, extrapolated
+    from tuner.study.record import judge
+    from tuner.study.recovery import Recovery
+
+    s = spec()  # a space that holds TP8_DP16
+    s = dataclasses.replace(s, space=dataclasses.replace(
+        s.space, tp=(8,), pp=(1,), micro_batch_size=(1,), recompute=("full",),
+        sequence_parallel=(True,), distributed_optimizer=(True,)))  # fmt: skip
+    gpu = study_gpu(s)
+    full = TP8_DP16
+    proxy = choose_proxy(s, full, gpu)
+    assert proxy is not None
+    catalog = catalog_rates(gpu, s.training.precision)
+    profile = dataclasses.replace(  # a measured network 8x slower than the datasheet's
+        catalog, inter=Link(catalog.inter.bandwidth / 8, catalog.inter.latency * 4)
+    )
+    layout = ResultsLayout(tmp_path / "results", s.name)
+    paths = layout.trial(0)
+    _megatron_log(paths.node_log(0), 30.0)
+    hosts = s.node_names[: proxy.nodes]
+    result = JobResult(trial=0, hosts=tuple(hosts), exit_codes=(0,) * proxy.nodes,
+                       timed_out=False, cancelled=False, node_errors=(), duration_s=900.0,
+                       logs=(paths.node_log(0),))  # fmt: skip
+    paths.result_json.write_text(json.dumps(result.to_json()))
+    attrs = {"launched": True, "hosts": list(hosts), "key": full.key(),
+             "config": dataclasses.asdict(full), "proxy": True, "proxy_dp": proxy.config.dp,
+             "proxy_nodes": proxy.nodes, "proxy_predicted_peak_gib": proxy.peak_gib}  # fmt: skip
+    # the live path: the loop's Proxies with the profile's rates
+    live = (
+        Proxies(s, gpu, profile)
+        .judge(type("T", (), {"number": 0, "user_attrs": attrs})(), full, result)
+        .metrics["step_time_s"]
+    )
+    ran = proxy_spec(s, proxy)
+    raw = judge(ran, gpu, result)
+    with_catalog = extrapolated(s, gpu, None, proxy, full, raw).metrics["step_time_s"]
+    assert live != pytest.approx(with_catalog, rel=1e-3)  # the profile matters here
+    # the recovery, on a real SQLite storage, as a worker's start runs it
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name=s.name, storage=url)
+    study.add_trial(optuna.trial.create_trial(
+        params=config_params(full, expand_axes(s)), distributions=distributions(s),
+        user_attrs=attrs, state=optuna.trial.TrialState.FAIL,
+    ))  # fmt: skip
+    storage = study._storage
+    recovery = Recovery(s, study, storage, open_leases(url, layout), None, layout, gpu,
+                        study_id=storage.get_study_id_from_name(s.name), worker="w",
+                        heartbeat_s=30.0, rerun=frozenset(), rates=profile)  # fmt: skip
+    recovery.run(lambda: study.get_trials(deepcopy=False))
+    got = [t for t in study.get_trials() if t.user_attrs.get("recovered_from") == 0]
+    assert len(got) == 1 and got[0].value == pytest.approx(live, rel=1e-12)
+    assert got[0].user_attrs["proxy_step_s"] == pytest.approx(raw.metrics["step_time_s"])
+    # its metrics.json, once written, holds the full-scale figure: never extrapolated twice
+    paths.metrics_json.write_text(json.dumps(
+        {**got[0].user_attrs, "outcome": "ok", "reason": None}, default=str
+    ))  # fmt: skip
+    again = Recovery(s, study, storage, open_leases(url, layout), None, layout, gpu,
+                     study_id=storage.get_study_id_from_name(s.name), worker="w",
+                     heartbeat_s=30.0, rerun=frozenset(), rates=profile)  # fmt: skip
+    assert again._recovered(study.get_trials()[0])  # the lost trial, read from metrics.json now
+    assert study.get_trials()[-1].value == pytest.approx(live, rel=1e-12)
+
+
+def _proxied_study(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workers: int,
+                   **search: Any) -> list[Any]:  # fmt: skip
+    """``workers`` study loops (distinct worker names) on one SQLite storage, 8 nodes (room for
+    two full-scale trials), holding two measured proxies: trial 0 the faster."""
+    import dataclasses
+    import itertools
+
+    import optuna
+
+    from tuner.space.enumerate import expand_axes
+    from tuner.space.trials import config_params, distributions
+    from tuner.study import loop as study_loop
+
+    names = (f"worker-{k}" for k in itertools.count())
+    monkeypatch.setattr(study_loop, "worker_name", lambda: next(names))
+    s = study_from_mapping({
+        "name": "two", "model": {"num_layers": 4, "hidden_size": 256, "ffn_hidden_size": 1024,
+                                 "num_attention_heads": 8, "vocab_size": 1024,
+                                 "seq_length": 128},
+        "training": {"global_batch_size": 64},
+        "cluster": {"gpu": "a100-80gb", "gpus_per_node": 2, "num_nodes": 8, "executor": "local"},
+        "framework": "megatron", "launch": {"template": "megatron_gpt", "megatron_path": "/m"},
+        "space": {"tp": [1, 2], "pp": [1], "micro_batch_size": [1], "recompute": ["none"],
+                  "sequence_parallel": [False], "distributed_optimizer": [True]},
+        "search": {"n_trials": 2, "nodes_per_trial": 4, "proxy": True, "proxy_confirm": 1,
+                   **search},
+    })  # fmt: skip
+    results = str(tmp_path / "results")
+    loops = [study_loop.build_loop(s, results=results) for _ in range(workers)]
+    for k, (tp, step) in enumerate(((1, 1.0), (2, 1.2))):  # two proxies, measured
+        full = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, global_batch_size=64,
+                              distributed_optimizer=True)  # fmt: skip
+        loops[0].study.add_trial(optuna.trial.create_trial(
+            params=config_params(full, expand_axes(s)), distributions=distributions(s),
+            value=step, user_attrs={"key": full.key(), "config": dataclasses.asdict(full),
+                                    "outcome": "ok", "launched": True, "proxy": True,
+                                    "proxy_dp": full.dp // 2, "proxy_nodes": 2,
+                                    "step_time_s": step, "predicted_step_s": step,
+                                    "hosts": [f"n{k}"]},
+        ))  # fmt: skip
+    return loops
+
+
+def test_two_workers_on_one_storage_confirm_a_proxy_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two workers of one study read the trials at the same moment, both before any
+    # confirmation exists, and both would confirm the best proxy. The claim goes through the
+    # storage: one confirmation in all.
+    workers = _proxied_study(tmp_path, monkeypatch, 2)
+    first = workers[0]
+    launched: list[tuple[str, int]] = []
+    seen = [w.trials() for w in workers]  # both read before either confirms
+    for w, trials in zip(workers, seen, strict=True):
+        w.launch = lambda trial, config, placement, w=w: launched.append(  # type: ignore[method-assign]
+            (w.worker, trial.user_attrs["confirms"])
+        )
+        w.summary.stop_reason = "ran 2 trials (n_trials)"
+        w.proxies.confirm(w, trials)
+    try:
+        assert launched == [("worker-0", 0)]  # the best proxy (trial 0), by one worker only
+        stored = [t for t in first.trials() if "confirms" in t.user_attrs]
+        assert [t.user_attrs["confirms"] for t in stored] == [0]
+        # the first worker waits for its confirmation; the second has nothing left to confirm
+        assert first.summary.stop_reason == "" and workers[1].summary.stop_reason != ""
+    finally:
+        for w in workers:
+            w.executor.close()
+
+
+def test_a_confirmation_that_could_pass_the_node_hour_budget_is_not_launched(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (worker,) = _proxied_study(tmp_path, monkeypatch, 1, max_node_hours=0.05)
+    launched: list[int] = []
+    worker.launch = lambda trial, config, placement: launched.append(  # type: ignore[method-assign]
+        trial.number
+    )
+    worker.summary.stop_reason = "ran 2 trials (n_trials)"
+    try:
+        worker.proxies.confirm(worker, worker.trials())
+        assert launched == [] and worker.summary.stop_reason.startswith("node-hour budget")
+        assert "confirming" in worker.summary.stop_reason
+        assert not [t for t in worker.trials() if "confirms" in t.user_attrs]
+    finally:
+        worker.executor.close()

@@ -19,6 +19,8 @@ from tuner.space.cost import budget_cost, require_measurable, too_slow_reason, t
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
+    from tuner.models.rates import Rates
+    from tuner.models.stack import StackTerms
     from tuner.space.candidates import Candidate
 
 SHOWN_TOO_SLOW = 10
@@ -26,14 +28,17 @@ SHOWN_TOO_SLOW = 10
 
 
 def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Candidate],
-              n_trials: int) -> dict[str, Any]:  # fmt: skip
+              n_trials: int, rates: Rates | None = None,
+              terms: StackTerms | None = None) -> dict[str, Any]:  # fmt: skip
     """The preview as one JSON object: ``shown`` configs one by one, the budget over
-    ``ranked`` (every viable config, fastest predicted first)."""
+    ``ranked`` (every viable config, fastest predicted first). With ``search.proxy``, each
+    config's proxy trial (its step from the time model at ``rates`` and ``terms``, as the
+    configs' own) and the confirmations at full scale are counted too (``proxy``)."""
     costs = [trial_cost(spec, c.time.step if c.time else None) for c in ranked]
     budget = budget_cost(costs, n_trials)
     slow = [(c, k) for c, k in zip(ranked, costs, strict=True) if not k.fits]
     by_key = {c.config.key(): k for c, k in zip(ranked, costs, strict=True)}
-    return {
+    out: dict[str, Any] = {
         "configs": [
             _row(c, by_key.get(c.config.key()) or trial_cost(spec, _step(c))) for c in shown
         ],  # fmt: skip
@@ -53,6 +58,45 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
             for c, k in slow
         ],  # fmt: skip
     }
+    if spec.search.proxy is not False:
+        _with_proxies(out, spec, ranked, shown, n_trials, rates, terms)
+    return out
+
+
+def _with_proxies(out: dict[str, Any], spec: StudySpec, ranked: Sequence[Candidate],
+                  shown: Sequence[Candidate], n_trials: int, rates: Rates | None,
+                  terms: StackTerms | None) -> None:  # fmt: skip
+    """``out`` with each shown config's proxy trial and the budget's proxies and
+    confirmations (:mod:`tuner.space.proxy_cost`)."""
+    from tuner.space.enumerate import study_gpu  # the time model: only with proxies
+    from tuner.space.proxy_cost import Costing, proxy_budget
+
+    costing = Costing(spec, study_gpu(spec), rates, terms)
+    for row, c in zip(out["configs"], shown, strict=True):
+        k = costing(c.config, _step(c))
+        p = k.proxy
+        row.update(
+            proxy_nodes=p.nodes if p else None, proxy_dp=k.proxy_dp,
+            proxy_step_s=k.proxy_step_s, proxy_trial_min=round(p.minutes, 2) if p else None,
+            proxy_node_hours=round(p.node_hours, 3) if p else None,
+            proxy_worst_node_hours=round(p.worst_node_hours, 3) if p else None,
+        )  # fmt: skip
+    found = proxy_budget(spec, [c.config for c in ranked], [_step(c) for c in ranked], costing,
+                         n_trials)  # fmt: skip
+    out.update(
+        launches=found.launches.launches,
+        expected_node_hours=round(found.expected_node_hours, 3),
+        worst_node_hours=round(found.worst_node_hours, 3),
+        proxy={
+            "mode": spec.search.proxy, "as_proxy": found.as_proxy,
+            "launches_expected_node_hours": round(found.launches.expected_node_hours, 3),
+            "launches_worst_node_hours": round(found.launches.worst_node_hours, 3),
+            "confirmations": found.confirmations,
+            "confirm_node_hours": round(found.confirm_node_hours, 3),
+            "worst_confirmations": found.worst_confirmations,
+            "confirm_worst_node_hours": round(found.confirm_worst_node_hours, 3),
+        },
+    )  # fmt: skip
 
 
 def _step(c: Candidate) -> float | None:
@@ -68,8 +112,26 @@ def _row(c: Candidate, k: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+_PROXY_COLUMNS = (
+    render.Column(name="proxy", header="proxy", meaning="the proxy's nodes and DP size (-: the "
+                  "config runs at full scale only)"),
+    render.Column(name="proxy_min", header="proxy min",
+                  meaning="predicted minutes of the proxy's shortest useful trial"),
+    render.Column(name="proxy_node_hours", header="proxy node-h",
+                  meaning="node-hours of the proxy's shortest useful trial, at its nodes"),
+)  # fmt: skip
+
+
+def _proxy_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    if row.get("proxy_nodes") is None:
+        return ("-", "-", "-")
+    return (f"{row['proxy_nodes']} nodes dp {row['proxy_dp']}", f"{row['proxy_trial_min']:.1f}",
+            f"{row['proxy_node_hours']:.2f}")  # fmt: skip
+
+
 def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
     """The preview for a terminal."""
+    proxies = "proxy" in cost
     if cost["configs"]:
         columns = (
             render.CONFIG,
@@ -81,30 +143,52 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
                           meaning="node-hours of the shortest useful trial"),
             render.Column(name="worst_node_hours", header="worst node-h",
                           meaning="node-hours if it runs to its limit or train_iters"),
-        )  # fmt: skip
+        ) + (_PROXY_COLUMNS if proxies else ())  # fmt: skip
         rows = tuple(
             (row["spelled"], units.seconds(row["predicted_step_s"] or 0.0),
              f"{row['trial_min']:.1f}", f"{row['limit_min']:.1f}", f"{row['node_hours']:.2f}",
-             f"{row['worst_node_hours']:.2f}")
+             f"{row['worst_node_hours']:.2f}") + (_proxy_cells(row) if proxies else ())
             for row in cost["configs"]
         )  # fmt: skip
-        render.render(console, render.Grid(
-            title="cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
-            "the step-time estimate needs)", columns=columns, rows=rows, choosable=False,
-        ))  # fmt: skip
+        title = ("cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
+                 "the step-time estimate needs)")  # fmt: skip
+        if proxies:
+            title += ("; trial and node-h at full scale (the confirmation of a config measured "
+                      "through a proxy), proxy at its own nodes")  # fmt: skip
+        render.render(console, render.Grid(title=title, columns=columns, rows=rows,
+                                           choosable=False))  # fmt: skip
     budget = f" (max_node_hours {cost['max_node_hours']:g})" if cost["max_node_hours"] else ""
     console.print(
-        f"budget of {cost['launches']} launches: expected {cost['expected_node_hours']:.2f} "
-        f"node-hours (each ended once its step time is known to "
-        f"±{spec.search.precision:.0%}), worst case {cost['worst_node_hours']:.2f} "
+        f"budget of {cost['launches']} launches{_proxy_part(cost)}: expected "
+        f"{cost['expected_node_hours']:.2f} node-hours (each ended once its step time is known "
+        f"to ±{spec.search.precision:.0%}), worst case {cost['worst_node_hours']:.2f} "
         f"(each running to its time limit or train_iters){budget}"
     )
+    if proxies:
+        p = cost["proxy"]
+        console.print(
+            f"with proxies: launches {p['launches_expected_node_hours']:.2f} node-hours "
+            f"(worst {p['launches_worst_node_hours']:.2f}) + "
+            f"{units.plural(p['confirmations'], 'confirmation')} at full scale "
+            f"{p['confirm_node_hours']:.2f} (worst {p['worst_confirmations']}: "
+            f"{p['confirm_worst_node_hours']:.2f})"
+        )
     slow = cost["too_slow"]
     for item in slow[:SHOWN_TOO_SLOW]:
         console.print(f"not launched: {item['spelled']}: {item['reason']}")
     if len(slow) > SHOWN_TOO_SLOW:
         more = units.plural(len(slow) - SHOWN_TOO_SLOW, "more config")
         console.print(f"... and {more} too slow to measure")
+
+
+def _proxy_part(cost: dict[str, Any]) -> str:
+    if "proxy" not in cost:
+        return ""
+    p = cost["proxy"]
+    return (
+        f" ({p['as_proxy']} of them as proxies) and up to "
+        f"{units.plural(p['worst_confirmations'], 'confirmation')} at full scale"
+    )
 
 
 def measurable(spec: StudySpec, ranked: Sequence[Candidate]) -> list[Candidate]:

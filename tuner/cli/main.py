@@ -113,7 +113,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     out["time_source"] = out_source
     top = report.ranked()[: args.top] if args.top > 0 else []
     lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results)
-    out["cost"] = cost_json(spec, report.ranked(), top, spec.search.n_trials)
+    out["cost"] = cost_json(spec, report.ranked(), top, spec.search.n_trials, rates, terms)
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]

@@ -42,11 +42,14 @@ from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 
 MEASURED = ("measured_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
-            "measured_peak_gib", "measured_reserved_gib", "duration_s")  # fmt: skip
+            "measured_peak_gib", "measured_reserved_gib", "duration_s",
+            "step_measure")  # fmt: skip
 """The leaderboard columns that hold a trial's measurement."""
 PREDICTED = ("predicted_step_s", "predicted_mfu", "predicted_peak_gib", "predicted_allocated_gib",
              "predicted_reserved_gib")  # fmt: skip
 """The leaderboard columns that hold what the models predicted for it."""
+STEP_MEASURES = {"steady": "steady-state mean", "median": "median"}
+"""How the header names a trial's measured step (the leaderboard's ``step_measure``)."""
 NOT_MEASURED = (
     "A short trial does not measure: evaluation, checkpoint saving and loading, data loading at "
     "scale (trials read mock or cached data), the learning-rate schedule's effect on "
@@ -185,7 +188,8 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
     software, how long the run is, and what a short trial does not measure."""
     m, p = record.measured, record.predicted
     which = "the fastest measured trial" if record.best else "chosen with --trial"
-    got = [_figure(m["measured_step_s"], ".4g", " s/step (median)"),
+    measure = STEP_MEASURES.get(str(m.get("step_measure")), "median")
+    got = [_figure(m["measured_step_s"], ".4g", f" s/step ({measure})"),
            _figure(m["tokens_per_s"], ",.0f", " tokens/s"),
            _figure(m["tflops_per_gpu"], ".4g", " TFLOP/s per GPU"),
            _figure(m["mfu"], ".1%", " MFU"),

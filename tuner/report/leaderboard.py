@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ COLUMNS = [
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
     "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
     "dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile", "scale", "proxy_dp",
-    "proxy_nodes", "proxy_step_s", "key",
+    "proxy_nodes", "proxy_step_s", "step_measure", "key",
 ]  # fmt: skip
 PROXY_COLUMNS = ["scale", "proxy_dp", "proxy_nodes", "proxy_step_s"]
 """How a figure was measured (``scale``: ``full`` or ``proxy``, ``tuner.study.proxy``): empty in a
@@ -86,6 +87,15 @@ def stored_trials(spec: StudySpec, storage: str | None, results: str) -> list[Fr
     return _opened(spec, storage, results)[1].trials()
 
 
+def step_measure(attrs: Mapping[str, Any]) -> str | None:
+    """Which figure a trial's measured step is (``tuner.study.record.objective_metrics``):
+    ``steady`` (the steady-state mean) or ``median`` (a trial recorded before the objective
+    was the steady-state mean, or one whose log gave no steady estimate); None: no step."""
+    if attrs.get("step_time_s") is None:
+        return None
+    return str(attrs.get("objective") or "median")
+
+
 def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
     """Trial ``t`` as a row of the leaderboard (:data:`COLUMNS`; ``world``: GPUs)."""
     a = t.user_attrs
@@ -112,7 +122,7 @@ def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "reshard": c.reshard_after_forward if c else None, "compile": c.compile if c else None,
         "scale": "proxy" if a.get("proxy") else "full", "proxy_dp": a.get("proxy_dp"),
         "proxy_nodes": a.get("proxy_nodes"), "proxy_step_s": a.get("proxy_step_s"),
-        "key": c.key() if c else None,
+        "step_measure": step_measure(a), "key": c.key() if c else None,
     }  # fmt: skip
 
 

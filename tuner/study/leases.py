@@ -7,7 +7,8 @@ heartbeat and expires when :data:`MISSED_BEATS` beats are missed, or at once whe
 provably dead (:mod:`tuner.study.holder`); before such a lease is taken over, the dead holder's
 processes on those nodes are ended (:mod:`tuner.study.schedule`).
 A study-wide ``budget:`` lease is held (:func:`exclusive`) while a worker counts the runs
-and launches one, so two workers never overshoot ``n_trials`` together.
+and launches one, so two workers never overshoot ``n_trials`` together, and while it claims a
+proxy's confirmation, so two workers never confirm one config twice.
 Times are the workers' own clocks (NTP-synchronised login nodes differ by far less than a beat).
 """
 
@@ -30,6 +31,10 @@ from tuner.study.holder import provably_dead
 from tuner.study.storage import MISSED_BEATS, resolve_url, retrying
 
 logger = logging.getLogger(__name__)
+
+BUDGET_LEASE = "budget:"
+"""The study-wide lease a worker holds (:func:`exclusive`) while it counts the runs and launches
+one, or claims a proxy's confirmation (:mod:`tuner.study.proxy`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
 from tuner.study.launchers import make_executor as make_executor
 from tuner.study.launchers import template_launcher
-from tuner.study.leases import Leases, exclusive, give_back, open_leases
+from tuner.study.leases import BUDGET_LEASE, Leases, exclusive, give_back, open_leases
 from tuner.study.measure import Watch
 from tuner.study.proxy import Proxies, full_scale_first
 from tuner.study.reader import TrialReader
@@ -136,7 +136,7 @@ class StudyLoop:
         self.recovery = Recovery(spec, study, storage, leases, executor, layout, self.gpu,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s,
-                                 rerun=self.rerun)  # fmt: skip
+                                 rerun=self.rerun, rates=rates)  # fmt: skip
         self.reattach = Reattach(spec, study, storage, executor, self.scheduler, leases, layout,
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
@@ -418,7 +418,7 @@ class StudyLoop:
             placement = self.scheduler.acquire(self.proxies.size())
             if placement is None:
                 return
-            with exclusive(self.leases, "budget:", self.worker, self.heartbeat_s) as turn:
+            with exclusive(self.leases, BUDGET_LEASE, self.worker, self.heartbeat_s) as turn:
                 if turn:  # counted again under the budget lease: no other worker launches now
                     launched = self.launched_count(self.trials())
                 go = turn and launched < self.n_trials

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,8 @@ from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
+from tuner.study.budget import node_hour_refusal, pending_node_hours
+from tuner.study.leases import BUDGET_LEASE, exclusive
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
 
 if TYPE_CHECKING:
@@ -54,6 +57,7 @@ MEASURED = (
     "tflops_per_gpu",
     "steady_step_s",
     "steady_halfwidth_s",
+    "median_step_s",
 )
 """A proxy's own figures, kept as ``proxy_step_s``, ``proxy_tokens_per_s``, ... beside the
 full-scale ones the trial is ranked by."""
@@ -137,12 +141,15 @@ class Proxies:
         read with its own global batch, and its measured step becomes the extrapolated
         full-scale step (:func:`extrapolated`). A proxy this worker did not launch (a dead
         worker's job it watches now) is known from the trial's attributes."""
-        proxy = self._proxy.pop(trial.number, None) or recorded_proxy(
-            self.spec, trial.user_attrs, config
-        )
-        spec = self.spec if proxy is None else proxy_spec(self.spec, proxy)
-        verdict = judge(spec, self.gpu, result)
-        return extrapolated(self.spec, self.gpu, self.rates, proxy, config, verdict)
+        judged: list[Verdict] = []  # judge always answers: the one verdict it gave
+
+        def read(ran: StudySpec) -> Verdict:
+            judged.append(judge(ran, self.gpu, result))
+            return judged[0]
+
+        verdict = trial_verdict(self.spec, self.gpu, self.rates, trial.user_attrs, config, read,
+                                proxy=self._proxy.pop(trial.number, None))  # fmt: skip
+        return verdict or judged[0]
 
     # -- confirming at full scale -------------------------------------------------------------
 
@@ -176,25 +183,67 @@ class Proxies:
         reason = loop.summary.stop_reason
         if not self.on or not reason or loop.stop_requested or reason.startswith(HARD_STOPS):
             return False
-        due = self.due(trials)
         running = any("confirms" in r.trial.user_attrs for r in loop.running.values())
-        for target in due:
-            placement = loop.scheduler.acquire(self.spec.nodes_per_trial)
-            if placement is None:
-                return True
-            config = ParallelConfig(**target.user_attrs["config"])
-            params = config_params(config, expand_axes(self.spec))
-            attrs = {k: v for k, v in target.user_attrs.items()
-                     if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
-            attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
-            loop.study.enqueue_trial(params, user_attrs=attrs)
-            trial = loop.study.ask(distributions(self.spec))
-            logger.info("trial %d confirms trial %d's proxy figure at full scale",
-                        trial.number, target.number)  # fmt: skip
-            loop.launch(trial, config, placement)
-            loop.summary.launched += 1
-            running = True
+        if not self.due(trials):
+            return running
+        # Claimed through the storage: under the study's budget lease, with the trials read
+        # again inside it, so a worker that read the same due list before another's
+        # confirmation existed sees it now and launches nothing.
+        with exclusive(loop.leases, BUDGET_LEASE, loop.worker, loop.heartbeat_s) as turn:
+            if not turn:
+                return True  # another worker is launching: look again on the next pass
+            due = self.due(loop.trials())
+            for target in due:
+                if (why := self._over_budget(loop, target)) is not None:
+                    loop.summary.stop_reason = why  # max_node_hours holds for confirmations too
+                    return running
+                placement = loop.scheduler.acquire(self.spec.nodes_per_trial)
+                if placement is None:
+                    return True
+                self._launch_confirmation(loop, target, placement)
+                running = True
         return running or bool(due)
+
+    def _over_budget(self, loop: Any, target: FrozenTrial) -> str | None:
+        """Why confirming ``target`` could pass ``search.max_node_hours`` (None: it may run)."""
+        if not self.spec.search.max_node_hours:
+            return None
+        committed = loop.node_hours(loop.trials()) + pending_node_hours(loop.running, loop.clock())
+        key = f"confirming {target.user_attrs.get('key')}"
+        return node_hour_refusal(self.spec, committed, target.user_attrs, key)
+
+    def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
+        config = ParallelConfig(**target.user_attrs["config"])
+        params = config_params(config, expand_axes(self.spec))
+        attrs = {k: v for k, v in target.user_attrs.items()
+                 if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
+        attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
+        loop.study.enqueue_trial(params, user_attrs=attrs)
+        with warnings.catch_warnings():  # heartbeats are recorded by the loop's Heartbeat thread
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = loop.study.ask(distributions(self.spec))
+        logger.info("trial %d confirms trial %d's proxy figure at full scale",
+                    trial.number, target.number)  # fmt: skip
+        loop.launch(trial, config, placement)
+        loop.summary.launched += 1
+
+
+def trial_verdict(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, attrs: Mapping[str, Any],
+                  config: ParallelConfig, read: Callable[[StudySpec], Verdict | None], *,
+                  proxy: Proxy | None = None) -> Verdict | None:  # fmt: skip
+    """The verdict the study records for a trial of ``config`` whose job finished: ``read``
+    (given the spec the job ran with: the proxy's global batch and node count for a proxy)
+    reads it, and a proxy's figure becomes the extrapolated full-scale one at ``rates`` (the
+    cluster profile's when the study has one). The one path for a job this worker watched
+    (:meth:`Proxies.judge`) and a lost trial's recovered result
+    (:class:`tuner.study.recovery.Recovery`), so both extrapolate from the same inputs.
+    ``proxy``: the proxy this worker launched, else the one ``attrs`` record (None: full
+    scale). None when ``read`` finds nothing."""
+    proxy = proxy if proxy is not None else recorded_proxy(spec, attrs, config)
+    verdict = read(spec if proxy is None else proxy_spec(spec, proxy))
+    if verdict is None or "proxy_extrapolation" in verdict.metrics:
+        return verdict  # a metrics.json written after the extrapolation: never twice
+    return extrapolated(spec, gpu, rates, proxy, config, verdict)
 
 
 def recorded_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,
@@ -229,6 +278,7 @@ def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Prox
     for name in ("steady_step_s", "steady_halfwidth_s"):  # racing reads full-scale figures
         if m.get(name) is not None:
             m[name] = float(m[name]) * ratio
+    m.pop("median_step_s", None)  # the proxy's, kept as proxy_median_step_s
     m.update(
         step_time_s=step,
         tokens_per_s=full["tokens_per_s"],

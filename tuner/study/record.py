@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -144,7 +144,47 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
         return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
     verdict = Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
     measured: Verdict = measured_anyway(spec, verdict, logs_of(result), result.stopped)
-    return measured
+    return replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
+
+
+def objective_metrics(spec: StudySpec, gpu: GPUSpec, metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` with ``step_time_s`` (the study's objective, the figure every trial is ranked,
+    raced and reported by) set to the steady-state estimate (:mod:`tuner.logs.steady`) where
+    the log gave one over at least ``search.min_batches`` batches, and to the parser's median
+    step otherwise (DeepSpeed's own logs, a log too short for the estimator); the median stays
+    as ``median_step_s`` and ``objective`` says which one it is. Tokens/s and MFU follow.
+
+    Why the steady-state mean: it is the figure the stopping rule measures to
+    ``search.precision`` and the racing compares intervals of, so the best config, the
+    incumbent racing reads and the figure that ended each trial are one quantity; and a mean
+    over the steady iterations keeps the periodic events a real run pays for (garbage
+    collection, logging), which the median drops. A trial recorded before (no
+    ``objective`` attribute) keeps its median as its figure."""
+    median = metrics.get("step_time_s")
+    if not median:
+        return metrics
+    steady = metrics.get("steady_step_s")
+    enough = int(metrics.get("steady_batches") or 0) >= spec.search.min_batches
+    out = {**metrics, "median_step_s": median, "objective": "median"}
+    if steady and enough:
+        out.update(
+            {k: v for k, v in metrics_attrs(spec, gpu, _StepOnly(float(steady))).items()
+             if k in ("step_time_s", "tokens_per_s", "mfu")},
+            objective="steady",
+        )  # fmt: skip
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _StepOnly:
+    """A step time as :func:`metrics_attrs` reads it (the other figures unknown)."""
+
+    step_time_s: float
+    iterations: None = None
+    peak_memory_gib: None = None
+    peak_reserved_gib: None = None
+    tflops_per_gpu: None = None
+    samples_per_s: None = None
 
 
 def logs_of(result: JobResult) -> list[Path]:

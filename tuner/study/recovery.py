@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.catalog import GPUSpec
 from tuner.layout import ResultsLayout
+from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.space.trials import (
     RETRYABLE,
@@ -29,7 +30,7 @@ from tuner.space.trials import (
 )
 from tuner.spec.study import StudySpec
 from tuner.study.leases import Leases
-from tuner.study.proxy import extrapolated, recorded_proxy
+from tuner.study.proxy import trial_verdict
 from tuner.study.record import recovered_metrics
 from tuner.study.schedule import end_lost_trial, live_running
 
@@ -43,11 +44,15 @@ class Recovery:
         self, spec: StudySpec, study: optuna.Study, storage: optuna.storages.BaseStorage,
         leases: Leases, executor: Any, layout: ResultsLayout, gpu: GPUSpec, *,
         study_id: int, worker: str, heartbeat_s: float, rerun: frozenset[Outcome],
+        rates: Rates | None = None,
     ) -> None:  # fmt: skip
         self.spec, self.study, self.storage, self.leases = spec, study, storage, leases
         self.executor, self.layout, self.gpu = executor, layout, gpu
         self.worker, self.heartbeat_s, self.rerun = worker, heartbeat_s, rerun
         self._study_id = study_id
+        self.rates = rates
+        """The time model's rates a recovered proxy is extrapolated with: the loop's (the
+        cluster profile's when there is one), as for a job the loop watched."""
 
     def run(self, trials: Callable[[], list[FrozenTrial]]) -> None:
         """Fail dead workers' trials, recover or re-queue every lost one (once)."""
@@ -105,12 +110,12 @@ class Recovery:
         that was possible."""
         if "outcome" in t.user_attrs or not t.user_attrs.get("launched"):
             return False
-        verdict = recovered_metrics(self.spec, self.gpu, self.layout.trial(t.number))
+        paths = self.layout.trial(t.number)
+        config = config_from_params(self.spec, t.params)  # a proxy's figure is extrapolated
+        verdict = trial_verdict(self.spec, self.gpu, self.rates, t.user_attrs, config,
+                                lambda ran: recovered_metrics(ran, self.gpu, paths))  # fmt: skip
         if verdict is None or verdict.outcome in RETRYABLE:
             return False
-        config = config_from_params(self.spec, t.params)  # a proxy's figure is extrapolated
-        proxy = recorded_proxy(self.spec, t.user_attrs, config)
-        verdict = extrapolated(self.spec, self.gpu, None, proxy, config, verdict)
         attrs = {**t.user_attrs, **verdict.metrics, "outcome": str(verdict.outcome),
                  "reason": verdict.reason, "recovered_from": t.number}  # fmt: skip
         step = verdict.metrics.get("step_time_s")

@@ -1,0 +1,164 @@
+"""What a study that measures through proxies (``search.proxy``) costs before it runs.
+
+A config with a proxy (:func:`tuner.space.proxy.study_proxy`) is launched first as that proxy:
+the same per-rank work at a smaller DP size on fewer nodes. Its trial lasts about as long as the
+full-scale one would (the per-rank work is the same: a proxy saves node-hours, not minutes) but
+holds fewer nodes; its predicted step is the time model's for the proxy config under the same
+rates and measured terms as the full config's, and its time limit is the full config's (the loop
+sets a trial's limit from the config's predicted full-scale step). The ``search.proxy_confirm``
+best proxied configs then run again at full scale (a *confirmation*), up to twice as many when
+a confirmation comes out slower than another proxy's figure (:mod:`tuner.study.proxy`).
+
+So the study's expected node-hours are its first launches (fastest predicted first) each at its
+proxy's cost where it has one, plus ``proxy_confirm`` confirmations of the fastest predicted
+proxied ones at full scale; the worst case is the costliest launches each running to its limit
+or cap (at its proxy's nodes where it has one) plus ``2 x proxy_confirm`` confirmations doing
+the same at full scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tuner.catalog import GPUSpec
+from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import Rates
+from tuner.models.stack import StackTerms
+from tuner.models.time.estimate import estimate_time
+from tuner.space.cost import BudgetCost, TrialCost, trial_cost
+from tuner.space.proxy import Proxy, proxy_spec, study_proxy
+from tuner.spec.study import StudySpec
+
+WORST_WALK = 256
+"""The most configs whose proxy is worked out for the worst case (a few ms each); past them a
+config's full-scale worst case, which bounds its proxy's from above, stands in for it, so the
+stated worst case stays an upper bound on spaces of any size."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigCost:
+    """One config's trials: the full-scale one, and its proxy's when it is measured as one."""
+
+    full: TrialCost
+    """Its full-scale trial: the only one without a proxy, the confirmation with one."""
+    proxy: TrialCost | None = None
+    """Its proxy's trial, at the proxy's nodes (None: it runs at full scale)."""
+    proxy_step_s: float | None = None
+    """The time model's step of the proxy config."""
+    proxy_dp: int | None = None
+    """The proxy's data-parallel size."""
+
+    @property
+    def launch(self) -> TrialCost:
+        """The trial its first launch is: the proxy's, else the full-scale one."""
+        return self.proxy or self.full
+
+
+def proxy_trial_cost(spec: StudySpec, full: TrialCost, proxy: Proxy, step_s: float) -> TrialCost:
+    """The trial of ``proxy`` whose predicted step is ``step_s``: its own minutes and nodes,
+    the full config's time limit (``full``)."""
+    own = trial_cost(proxy_spec(spec, proxy), step_s)
+    iterations = own.minutes - spec.search.startup_min
+    return dataclasses.replace(own, limit_minutes=full.limit_minutes,
+                               fits=iterations <= full.limit_minutes)  # fmt: skip
+
+
+class Costing:
+    """A config's :class:`ConfigCost` under the study's ``search.proxy``, its proxy's step from
+    the time model at ``rates`` and ``terms`` (the full config's own prediction is given)."""
+
+    def __init__(self, spec: StudySpec, gpu: GPUSpec, rates: Rates | None = None,
+                 terms: StackTerms | None = None) -> None:  # fmt: skip
+        self.spec, self.gpu, self.rates, self.terms = spec, gpu, rates, terms
+        self.on = spec.search.proxy is not False
+        self._seen: dict[str, ConfigCost] = {}
+
+    def __call__(self, config: ParallelConfig, step_s: float | None) -> ConfigCost:
+        key = config.key()
+        if key not in self._seen:
+            self._seen[key] = self._cost(config, step_s)
+        return self._seen[key]
+
+    def _cost(self, config: ParallelConfig, step_s: float | None) -> ConfigCost:
+        full = trial_cost(self.spec, step_s)
+        proxy = study_proxy(self.spec, config, self.gpu) if self.on and step_s else None
+        if proxy is None:
+            return ConfigCost(full=full)
+        s = self.spec
+        step = estimate_time(s.model, s.training, proxy.config, self.gpu,
+                             s.cluster.gpus_per_node, s.framework, self.rates,
+                             terms=self.terms).step  # fmt: skip
+        return ConfigCost(full=full, proxy=proxy_trial_cost(s, full, proxy, step),
+                          proxy_step_s=step, proxy_dp=proxy.config.dp)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyBudget:
+    """A study's node-hours with proxies: its launches and its confirmations."""
+
+    launches: BudgetCost
+    """The ``n_trials`` launches, each at its proxy's cost where it has one."""
+    as_proxy: int
+    """How many of the launches counted in ``launches.expected_node_hours`` run as proxies."""
+    confirmations: int
+    """Confirmations expected: ``proxy_confirm``, or fewer proxied launches."""
+    confirm_node_hours: float
+    """Their node-hours, each stopped at its shortest useful trial."""
+    worst_confirmations: int
+    """Confirmations at most: twice ``proxy_confirm``, or fewer proxied launches."""
+    confirm_worst_node_hours: float
+    """Their node-hours, each running to its limit or cap, the costliest counted."""
+
+    @property
+    def expected_node_hours(self) -> float:
+        """Launches plus confirmations, each stopped at its shortest useful trial."""
+        return self.launches.expected_node_hours + self.confirm_node_hours
+
+    @property
+    def worst_node_hours(self) -> float:
+        """Launches plus confirmations, each running to its limit or cap."""
+        return self.launches.worst_node_hours + self.confirm_worst_node_hours
+
+
+def proxy_budget(spec: StudySpec, configs: Sequence[ParallelConfig],
+                 steps: Sequence[float | None], cost: Costing, n_trials: int,
+                 ) -> ProxyBudget:  # fmt: skip
+    """The budget over the viable ``configs`` (fastest predicted first, their predicted
+    ``steps``) with their proxies (``cost``); configs whose full-scale trial does not fit the
+    time limit are never launched (they could not be confirmed)."""
+    fulls = [trial_cost(spec, step) for step in steps]
+    fitting = [k for k, f in enumerate(fulls) if f.fits]
+    n = min(n_trials, len(fitting))
+    first = [cost(configs[k], steps[k]) for k in fitting[:n]]
+    proxied = [c for c in first if c.proxy is not None]
+    confirm = min(spec.search.proxy_confirm, len(proxied))
+    most = min(2 * spec.search.proxy_confirm, n)
+    # worst case: the n costliest launches, walked from the costliest at full scale (a config's
+    # full-scale worst bounds its proxy's), and the costliest confirmations
+    top: list[float] = []  # min-heap of the n costliest launches' worst node-hours so far
+    full_worst: list[float] = []  # full-scale worsts of configs that (may) run as proxies
+    by_worst = sorted(fitting, key=lambda k: fulls[k].worst_node_hours, reverse=True)
+    for walked, k in enumerate(by_worst):
+        bound = fulls[k].worst_node_hours
+        if len(top) == n and (not top or bound <= top[0]) and len(full_worst) >= most:
+            break  # nothing further can be costlier
+        if walked < WORST_WALK:
+            c = cost(configs[k], steps[k])
+            value, may_proxy = c.launch.worst_node_hours, c.proxy is not None
+        else:
+            value, may_proxy = bound, cost.on
+        heapq.heappush(top, value)
+        if len(top) > n:
+            heapq.heappop(top)
+        if may_proxy and len(full_worst) < most:
+            full_worst.append(bound)  # in descending order: the costliest come first
+    launches = BudgetCost(launches=n, expected_node_hours=sum(c.launch.node_hours for c in first),
+                          worst_node_hours=sum(top))  # fmt: skip
+    return ProxyBudget(
+        launches=launches, as_proxy=len(proxied), confirmations=confirm,
+        confirm_node_hours=sum(c.full.node_hours for c in proxied[:confirm]),
+        worst_confirmations=len(full_worst), confirm_worst_node_hours=sum(full_worst),
+    )  # fmt: skip
