@@ -26,7 +26,7 @@ from tuner.profile.run import (
 from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.spec.file import study_from_mapping
 
-SPEC = study_from_mapping({
+SPEC_DATA = {
     "name": "measured",
     "model": {"preset": "llama2-7b"},
     "training": {"global_batch_size": 64},
@@ -36,7 +36,8 @@ SPEC = study_from_mapping({
     "launch": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
     "space": {"tp": [1, 2, 4, 8], "micro_batch_size": [1, 2], "sequence_parallel": [True],
               "distributed_optimizer": [True]},
-})  # fmt: skip
+}  # fmt: skip
+SPEC = study_from_mapping(SPEC_DATA)
 CONFIG = ParallelConfig(tp=2, dp=8, micro_batch_size=2, global_batch_size=64,
                         sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
 
@@ -172,6 +173,38 @@ def test_the_study_ranks_with_its_saved_profile(tmp_path: Path) -> None:
     fast = enumerate_space(SPEC).ranked()[0]
     assert slow.time is not None and fast.time is not None
     assert slow.time.step > fast.time.step
+
+
+def test_the_dry_run_ranks_with_the_profile_the_run_would_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune run --dry-run`` shows what the run starts from: the saved profile's rates, as
+    ``tune space`` and the loop use (it ranked with the catalog's)."""
+    import json
+
+    import yaml
+
+    from tuner.cli.main import main
+
+    study = tmp_path / "measured.yaml"
+    study.write_text(yaml.safe_dump(SPEC_DATA))
+    results = str(tmp_path / "results")
+    save_profile(profile(100.0), ClusterLayout(Path(results), SPEC.cluster_name).profile_yaml)
+
+    def first_step(*command: str) -> float:
+        assert main([*command, "--study", str(study), "--json", "--results", results]) == 0
+        out = json.loads(capsys.readouterr().out)
+        return float((out.get("launch_first") or out["top"])[0]["step_s"])
+
+    rates = study_rates(SPEC, results)
+    assert rates is not None
+    measured = enumerate_space(SPEC, rates=rates).ranked()[0].time
+    assert measured is not None
+    dry = first_step("run", "--dry-run")
+    assert dry == pytest.approx(first_step("space", "--top", "1"), rel=1e-9)
+    assert dry == pytest.approx(measured.step, rel=1e-6)
+    catalog = enumerate_space(SPEC).ranked()[0].time
+    assert catalog is not None and dry > catalog.step * 1.2  # the slow profile, not the catalog
 
 
 def test_a_stale_profile_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -262,9 +262,13 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 
 def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
+    from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import enumerate_space, require_viable
 
-    report: SpaceReport = enumerate_space(spec, keep_oom=True)
+    # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
+    rates, _ = cli_profile.time_source(spec, results)
+    terms = study_terms(spec, results, rates)
+    report: SpaceReport = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results)
     require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
@@ -282,13 +286,13 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         out["launch_first"] = [_candidate_json(c) for c in first]
         out["n_trials"] = budget
         out["calibrated"] = calibrated
-        out["cost"] = cost_json(spec, report.ranked(), first, budget)
+        out["cost"] = cost_json(spec, report.ranked(), first, budget, rates, terms)
         _emit_json(out)
         return 0
     console = _console()
     render.render(console, _counts_table(spec, report.counts()))
     render.render(console, _top_table(f"would launch first (top {len(first)} predicted)", first))
-    print_cost(console, spec, cost_json(spec, report.ranked(), first, budget))
+    print_cost(console, spec, cost_json(spec, report.ranked(), first, budget, rates, terms))
     if lines and spec.search.sampler == "model":
         for line in lines:
             render.show(console, line)
