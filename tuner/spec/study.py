@@ -74,7 +74,9 @@ class LaunchSpec:
     train_iters: int = 30
     """Iterations per short trial run."""
     warmup_iters: int = 5
-    """Iterations skipped before taking the median step time."""
+    """Iterations always dropped as warm-up before a trial's step time is measured: the floor
+    of the warm-up, which the steady-state estimator (``tuner.logs.steady``) extends while the
+    first records are still slow (compilation, allocator growth)."""
     distributed_timeout_minutes: int = 10
     """Process-group timeout (Megatron ``--distributed-timeout-minutes``)."""
     master_port: int = 29500
