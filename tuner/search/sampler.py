@@ -14,7 +14,9 @@ machine departs from the model:
 seen between two values carries over to the next), one-hot indicators of each knob's value
 (tp=4, pp=2, micro-batch 8, full recomputation, ...) and of each pair of knob values (tp=4 with
 pp=2, ...). The
-weights have a Gaussian prior centred on zero (the model is right until measured otherwise), so
+weights have a Gaussian prior centred on zero (the model is right until measured otherwise; its
+config-to-config width the time model's stated held-out sd, :meth:`ModelGuidedSampler.
+_stated_precision`), so
 the posterior is Bayesian linear regression in closed form: one measurement of tp=4 moves the
 estimate of every tp=4 config, which is what lets a handful of runs correct a model that is off
 by tens of percent on one knob.
@@ -95,8 +97,11 @@ from tuner.space.trials import (
 from tuner.spec.study import StudySpec
 
 MIN_ERROR_RUNS = 2
-"""Measured configs needed before the model's error spread is estimated (leave-one-out over
-fewer is noise) and the search may stop on it (:mod:`tuner.search.stopping`)."""
+"""Measured configs needed before the belief's width is rescaled by the study's own leave-one-out
+misses (:func:`~tuner.search.ranking.loo_scale`) and the search may stop on it
+(:mod:`tuner.search.stopping`): with one, its leave-one-out prediction is the prior's alone and
+says nothing about how configs differ; from two, each is predicted from another. How little a
+few misses say is in the belief's degrees of freedom (Student's t), not in a larger count."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -425,8 +430,9 @@ class ModelGuidedSampler(BaseSampler):
     ) -> tuple[float, ParallelConfig] | None:
         """The highest probability, over the untried configs, that one runs faster than the best
         measured by more than ``margin``, and that config; None before :data:`MIN_ERROR_RUNS`
-        measurements (then nothing is known yet). A config's log step time is taken as Gaussian
-        around its corrected prediction with :meth:`Belief.spread`."""
+        measurements (then nothing is known yet). A config's log step time is taken as
+        Student's t around its corrected prediction, scale :meth:`Belief.spread` and
+        :attr:`Belief.dof` degrees of freedom."""
         b = self.belief(trials)
         if b is None or b.best is None or b.scale is None:
             return None

@@ -1,8 +1,9 @@
 """What one more launch is worth: expected improvement per node-hour, and when to stop paying.
 
-The model sampler (:mod:`tuner.search.sampler`) holds, for every untried config, a Gaussian
-belief about its log step time (mean ``mu``; ``sd``, the posterior spread of the correction;
-``spread``, how far the corrected model has really been off, :meth:`~.sampler.Belief.spread`).
+The model sampler (:mod:`tuner.search.sampler`) holds, for every untried config, a belief about
+its log step time: Student's t (Gaussian before its width is learned) with location ``mu`` and
+scale ``spread``, the correlated posterior's predictive sd rescaled by how far the corrected
+model has really been off (:meth:`~.sampler.Belief.spread`), and ``dof`` degrees of freedom.
 From these and a config's predicted trial node-hours (:func:`tuner.space.cost.trial_cost`:
 start-up charged per launch, plus the warm-up and the iterations the step-time estimate needs,
 at the corrected predicted step time) this module decides three things:
@@ -17,8 +18,7 @@ at the corrected predicted step time) this module decides three things:
 3. **When the next launch is not worth its cost**: its expected gain, valued as
    ``expected improvement x search.train_node_hours`` (a fraction of the step time saved over the
    training run the answer is for), is below its predicted node-hours, for every config left.
-   The expected improvement here uses ``spread`` (the error the model has shown), not the
-   posterior alone, so a model that keeps being wrong keeps the search going.
+   A model that keeps being wrong widens ``spread`` and keeps the search going.
 
 The exchange rate. A launch pays off when the node-hours it is expected to save on the training
 run exceed its own. With ``search.train_node_hours`` unset, the run is taken to be
