@@ -17,7 +17,14 @@ from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
 from tuner.search import sampler as sampler_module
-from tuner.search.ranking import RowPosterior, fit, loo_residuals
+from tuner.search.ranking import (
+    PRIOR_WEIGHT,
+    RowPosterior,
+    fit,
+    loo_residuals,
+    loo_scale,
+    loo_z,
+)
 from tuner.search.sampler import Belief, ModelGuidedSampler
 from tuner.space.enumerate import SharedSpace, enumerate_space
 from tuner.space.trials import config_from_params, distributions
@@ -91,8 +98,7 @@ def _same(a: Belief | None, b: Belief | None) -> None:
     assert np.allclose(a.mu, b.mu, rtol=1e-9, atol=1e-12)
     assert np.allclose(a.sd, b.sd, rtol=1e-6, atol=1e-9)
     assert a.best == b.best
-    assert a.error_sd is not None and b.error_sd == pytest.approx(a.error_sd, rel=1e-6)
-    assert a.covered is not None and b.covered is not None and (a.covered == b.covered).all()
+    assert a.scale is not None and b.scale == pytest.approx(a.scale, rel=1e-6)
 
 
 def test_the_incremental_ranking_equals_a_full_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,3 +155,40 @@ def test_leave_one_out_residuals_equal_refits_without_each_row(rows: int) -> Non
         without = correction.fit(precision, x[keep], y[keep], noise[keep])
         slow.append(y[i] - without.predict(x[i : i + 1])[0][0])
     assert np.allclose(fast, slow, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("rows", [9, 60])  # the rows' form, the weights' form
+def test_standardised_leave_one_out_residuals_equal_refits(rows: int) -> None:
+    rng = np.random.default_rng(7)
+    features = 40
+    precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
+    x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
+    y = rng.normal(0, 0.3, rows)
+    noise = rng.uniform(0.02, 0.1, rows)
+    post = fit(precision, x, y, noise)
+    k = rows - 3
+    fast = loo_z(post, x, y, noise, k)
+    slow = []
+    for i in range(k):
+        keep = np.arange(rows) != i
+        mu, sd = correction.fit(precision, x[keep], y[keep], noise[keep]).predict(x[i : i + 1])
+        slow.append((y[i] - mu[0]) / math.hypot(sd[0], noise[i]))
+    assert np.allclose(fast, slow, rtol=1e-6, atol=1e-9)
+    # the prior's one pseudo-residual of unit size, then the k residuals
+    scale, dof = loo_scale(precision, x, y, noise, k)
+    assert dof == PRIOR_WEIGHT + k
+    assert scale == pytest.approx(math.sqrt((PRIOR_WEIGHT + np.sum(np.square(slow))) / dof))
+
+
+def test_the_scale_follows_how_wrong_the_model_really_was() -> None:
+    # residuals drawn from the prior itself score about 1; ten times wider, about 10
+    rng = np.random.default_rng(3)
+    rows, features = 200, 12
+    prior_sd = 0.2
+    precision = np.full(features, 1.0 / prior_sd**2)
+    x = rng.integers(0, 2, size=(rows, features)).astype(float)
+    noise = 0.03
+    for width, expected in ((1.0, 1.0), (10.0, 10.0)):
+        w = rng.normal(0, prior_sd * width, features)
+        y = x @ w + rng.normal(0, noise * width, rows)
+        assert loo_scale(precision, x, y, noise, rows)[0] == pytest.approx(expected, rel=0.25)

@@ -279,3 +279,51 @@ def test_a_memory_miss_under_one_recompute_setting_carries_to_its_other_sizes() 
     assert true_gib(none) > 1.2 * known[none.key()].memory.allocated / GIB
     assert any(risky(c) for c in proposals_after(s, ran(selective))), "the test needs risky picks"
     assert not any(risky(c) for c in proposals_after(s, ran(selective, none)))
+
+
+def _belief_after(s: StudySpec, measured: list[ParallelConfig]) -> tuple[Any, Any]:
+    """The sampler and its belief after ``measured`` ran at 1.3x the model's prediction."""
+    pred = predicted(s)
+    sampler = ModelGuidedSampler(s, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    for config in measured:
+        trial = study.ask(distributions(s))
+        trial.set_user_attr("key", config.key())
+        trial.set_user_attr("config", dataclasses.asdict(config))
+        trial.set_user_attr("outcome", str(Outcome.OK))
+        study.tell(trial, pred[config.key()] * 1.3)
+    return sampler, sampler.belief(study.get_trials())
+
+
+def test_the_prior_width_is_the_models_stated_held_out_sd() -> None:
+    """Before anything is measured, the average config's correction has the prior sd the time
+    model states for it (its catalog terms' held-out error), not the wide generic prior's."""
+    s = spec()
+    sampler = ModelGuidedSampler(s, seed=0)
+    sampler._candidates()
+    report = enumerate_space(s)  # the sampler's candidates: the ranking, then memory probes
+    stated = np.array([c.time.sigma for c in report.ranked() + report.probes if c.time])
+    shape = np.square(sampler._x[:, 1:]) @ (1.0 / sampler._precision[1:])
+    assert math.sqrt(shape.mean()) == pytest.approx(math.sqrt(np.mean(np.square(stated))))
+    generic = np.square(sampler._x[:, 1:]) @ (1.0 / sampler._features.prior_precision[1:])
+    assert shape.mean() < generic.mean() / 4  # the generic prior was far wider than stated
+    assert sampler._precision[0] == sampler._features.prior_precision[0]  # intercept: kept
+
+
+def test_measuring_a_config_narrows_its_neighbours_more_than_strangers() -> None:
+    """The belief is correlated through shared knob values: after measuring configs with tp 1
+    and 2, an untried config sharing their values is believed more tightly than one with a tp
+    never measured, and each measurement narrows the neighbours further."""
+    s = spec()
+    ranked = [c.config for c in enumerate_space(s).ranked()]
+    small = [c for c in ranked if c.tp in (1, 2)]
+    sampler, few = _belief_after(s, small[:2])
+    _, more = _belief_after(s, small[:6])
+    configs = sampler._candidates()
+    tp8 = np.array([configs[i].tp == 8 for i in few.open_])
+    assert few.sd[~tp8].mean() < few.sd[tp8].mean()
+    common = sorted(set(few.open_) & set(more.open_))
+    sd_few = dict(zip(few.open_, few.sd, strict=True))
+    sd_more = dict(zip(more.open_, more.sd, strict=True))
+    narrower = [sd_more[i] < sd_few[i] for i in common if configs[i].tp in (1, 2)]
+    assert narrower and all(narrower)

@@ -23,13 +23,39 @@ from tuner.search.value import (
     Worth,
     best_worth,
     chance,
+    improvement,
     pick,
+    student_cdf,
+    student_pdf,
 )
 from tuner.space.cost import trial_cost
 from tuner.space.enumerate import enumerate_space
 from tuner.spec.file import study_from_mapping
 
 BEST = math.log(10.0)
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 4, 7, 30])
+def test_student_t_matches_scipy(dof: int) -> None:
+    stats = pytest.importorskip("scipy.stats")
+    z = np.linspace(-6.0, 6.0, 49)
+    assert np.allclose(student_cdf(z, dof), stats.t.cdf(z, dof), atol=1e-12)
+    assert np.allclose(student_pdf(z, dof), stats.t.pdf(z, dof), rtol=1e-10)
+    assert np.allclose(student_cdf(z, None), stats.norm.cdf(z), atol=1e-12)
+
+
+def test_expected_improvement_under_student_t_equals_the_integral() -> None:
+    mu, spread = np.array([BEST + 0.05, BEST - 0.02]), np.array([0.1, 0.04])
+    for dof in (5, 9):  # tails light enough for a finite grid to hold them
+        u = np.linspace(-60.0, 60.0, 400_001)  # standardised, far into the tails
+        density = student_pdf(u, dof)
+        exact = [np.trapezoid(np.maximum(BEST - (m + s * u), 0.0) * density, u)
+                 for m, s in zip(mu, spread, strict=True)]  # fmt: skip
+        assert np.allclose(improvement(mu, spread, BEST, dof), exact, rtol=1e-4)
+    # heavier tails: a long shot (mean above the best) has more chance; the Gaussian's as the
+    # degrees grow
+    assert chance(mu, spread, BEST, dof=3)[0] > chance(mu, spread, BEST)[0]
+    assert np.allclose(chance(mu, spread, BEST, dof=2000), chance(mu, spread, BEST), atol=1e-3)
 
 
 def test_equal_chances_the_cheaper_trial_wins() -> None:

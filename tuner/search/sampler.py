@@ -14,7 +14,9 @@ machine departs from the model:
 seen between two values carries over to the next), one-hot indicators of each knob's value
 (tp=4, pp=2, micro-batch 8, full recomputation, ...) and of each pair of knob values (tp=4 with
 pp=2, ...). The
-weights have a Gaussian prior centred on zero (the model is right until measured otherwise), so
+weights have a Gaussian prior centred on zero (the model is right until measured otherwise; its
+config-to-config width the time model's stated held-out sd, :meth:`ModelGuidedSampler.
+_stated_precision`), so
 the posterior is Bayesian linear regression in closed form: one measurement of tp=4 moves the
 estimate of every tp=4 config, which is what lets a handful of runs correct a model that is off
 by tens of percent on one knob.
@@ -71,7 +73,7 @@ from tuner.outcome import Outcome
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
     fit,
     fit_memory,
-    loo_residuals,
+    loo_scale,
 )
 from tuner.search.value import (
     DEFAULT_RUN_TRIALS,
@@ -94,9 +96,12 @@ from tuner.space.trials import (
 )
 from tuner.spec.study import StudySpec
 
-MIN_ERROR_RUNS = 4
-"""Measured configs needed before the model's error spread is estimated (leave-one-out over
-fewer is noise) and the search may stop on it (:mod:`tuner.search.stopping`)."""
+MIN_ERROR_RUNS = 2
+"""Measured configs needed before the belief's width is rescaled by the study's own leave-one-out
+misses (:func:`~tuner.search.ranking.loo_scale`) and the search may stop on it
+(:mod:`tuner.search.stopping`): with one, its leave-one-out prediction is the prior's alone and
+says nothing about how configs differ; from two, each is predicted from another. How little a
+few misses say is in the belief's degrees of freedom (Student's t), not in a larger count."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -108,27 +113,31 @@ class Belief:
     mu: np.ndarray
     """Posterior mean of the log step time of each."""
     sd: np.ndarray
-    """Posterior standard deviation of the correction (weights only, no run noise)."""
+    """Posterior standard deviation of the correction (weights only, no run noise), at the
+    prior's stated scale."""
     best: float | None
     """log of the best step time measured in this study, or None."""
-    error_sd: float | None = None
-    """How far the corrected model has been off on configs it had not seen: the root mean
-    square of the leave-one-out residuals of log step time over this study's measured configs
-    (None below :data:`MIN_ERROR_RUNS` of them)."""
-    covered: np.ndarray | None = None
-    """Per untried config: every one of its knob values was measured at least once (in this
-    study or the saved calibration), so the model's error there is like the error seen."""
+    scale: float | None = None
+    """How far the corrected model has really been off on configs it had not seen, in units of
+    what its posterior predicted for them: the root mean square of this study's leave-one-out
+    residuals each divided by its own leave-one-out predictive sd (:func:`loo_scale`; None below
+    :data:`MIN_ERROR_RUNS` measured configs)."""
+    dof: int | None = None
+    """The degrees of freedom :attr:`scale` is known with: each config's log step time is
+    Student's t with these around ``mu`` (None: Gaussian, before the scale is learned)."""
 
     def spread(self, noise: float) -> np.ndarray:
-        """How far each untried config's log step time may be from ``mu``: the spread the
-        corrected model has shown on configs it had not seen (:attr:`error_sd`, at least the
-        run-to-run ``noise``); for a config with a knob value never measured, that spread plus
-        the posterior's (the prior's doubt about that value is all there is). Before the error
-        is known (:data:`MIN_ERROR_RUNS`): the posterior's spread plus the noise."""
-        if self.error_sd is None or self.covered is None:
-            return np.asarray(np.sqrt(np.square(self.sd) + noise**2))
-        seen = max(self.error_sd, noise)
-        return np.where(self.covered, seen, np.sqrt(seen**2 + np.square(self.sd)))
+        """How far each untried config's log step time may be from ``mu``: its posterior
+        predictive sd (the correction's, plus the run-to-run ``noise``) times :attr:`scale`,
+        never under the noise. The posterior is correlated through shared knob values, so a
+        config whose values (and pairs of values) were measured has a narrow spread and one
+        with a value never measured keeps the prior's doubt about it; :attr:`scale` restates
+        the prior's width to the error the model has shown on held-out configs (1 before it
+        is known)."""
+        predictive = np.sqrt(np.square(self.sd) + noise**2)
+        if self.scale is None:
+            return np.asarray(predictive)
+        return np.asarray(np.maximum(self.scale * predictive, noise))
 
 
 class ModelGuidedSampler(BaseSampler):
@@ -170,6 +179,8 @@ class ModelGuidedSampler(BaseSampler):
             self._limit_gib = self._spec.search.memory_headroom * gpu.memory_gib
             self._features = Features(self._configs, self._prior)
             self._x = np.array([self._features(c) for c in self._configs])
+            stated = np.array([c.time.sigma if c.time else 0.0 for c in ranked])
+            self._precision = self._stated_precision(stated)
             self._xm = self._x * np.array([  # memory features: knob errors weighted by share
                 self._features.memory_weights(c.memory.activation_share) for c in ranked
             ])  # fmt: skip
@@ -177,6 +188,20 @@ class ModelGuidedSampler(BaseSampler):
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
         return self._configs
+
+    def _stated_precision(self, stated: np.ndarray) -> np.ndarray:
+        """The correction's prior precisions, its config-to-config part (every weight but the
+        intercept) restated so that the prior sd of an average config's correction is the
+        time model's stated held-out sd for it (:mod:`tuner.models.uncertainty`: what the
+        catalog's terms have been off by on sources they were not developed on). The
+        intercept, one factor on every config of a stack the study has not measured, keeps
+        :attr:`Prior.intercept`."""
+        precision = self._features.prior_precision.copy()
+        shape = np.square(self._x[:, 1:]) @ (1.0 / precision[1:])
+        if not (stated > 0).any() or not shape.mean() > 0:
+            return precision
+        precision[1:] *= float(shape.mean() / np.mean(np.square(stated[stated > 0])))
+        return precision
 
     # -- Optuna's sampler interface -------------------------------------------------------------
 
@@ -331,31 +356,20 @@ class ModelGuidedSampler(BaseSampler):
             [noise] * len(seen)
             + [math.hypot(noise, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
-        post = fit(self._features.prior_precision, x, y, sds)
+        post = fit(self._precision, x, y, sds)
         believed = [index[k] for k in pending if k in index]
         if believed:  # running configs count as measured at their posterior mean
             mu_b, _ = post.predict(self._x[believed])
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
             sds = np.concatenate([sds, [noise] * len(believed)])
-            post = fit(self._features.prior_precision, x, y, sds)
+            post = fit(self._precision, x, y, sds)
         mu, sd = post.predict(self._x[open_])
-        main = [i for key, i in self._features.index.items() if len(key) == 2]
-        measured_values = (x[:, main] != 0).any(axis=0)
-        covered = ~((self._x[open_][:, main] != 0) & ~measured_values).any(axis=1)
-        error_sd = self._error_sd(x, y, sds, seen)
-        return Belief(open_, mu + self._log_pred[open_], sd, best, error_sd, covered)
-
-    def _error_sd(
-        self, x: np.ndarray, y: np.ndarray, sds: np.ndarray, seen: list[int]
-    ) -> float | None:
-        """RMS of the leave-one-out residuals of this study's measured rows (the first
-        ``len(seen)`` rows of ``x``); the saved rows always stay in the fit."""
-        if len(seen) < MIN_ERROR_RUNS:
-            return None
-        post = fit(self._features.prior_precision, x, y, sds)  # one fit, not one per row
-        residuals = loo_residuals(post, x, y, sds, len(seen))
-        return math.sqrt(float(np.mean(np.square(residuals))))
+        scale: tuple[float | None, int | None] = (None, None)
+        if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
+            n = len(y) - len(believed)
+            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen))
+        return Belief(open_, mu + self._log_pred[open_], sd, best, *scale)
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
@@ -373,8 +387,8 @@ class ModelGuidedSampler(BaseSampler):
             return None
         if b.best is None:
             return configs[b.open_[int(np.argmin(b.mu))]], "exploitation"  # argmin: first of ties
-        chosen, top = pick(b.mu, b.sd, b.spread(self._prior.noise), self.trial_node_hours(b.mu),
-                           b.best)  # fmt: skip
+        spread = b.spread(self._prior.noise)
+        chosen, top = pick(b.mu, spread, spread, self.trial_node_hours(b.mu), b.best, b.dof)
         i = int(self._rng.choice(top)) if len(top) > 1 else chosen.index
         purpose: Purpose = "exploitation" if b.mu[i] <= b.best else "exploration"
         return configs[b.open_[i]], purpose
@@ -405,10 +419,10 @@ class ModelGuidedSampler(BaseSampler):
         (:func:`tuner.search.value.best_worth`), and that config; None before
         :data:`MIN_ERROR_RUNS` measurements (the spread is not known yet) or when all tried."""
         b = self.belief(trials)
-        if b is None or b.best is None or b.error_sd is None:
+        if b is None or b.best is None or b.scale is None:
             return None
         worth = best_worth(b.mu, b.spread(self._prior.noise), self.trial_node_hours(b.mu),
-                           b.best, self.run_node_hours())  # fmt: skip
+                           b.best, self.run_node_hours(), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
 
     def chance_to_beat(
@@ -416,12 +430,13 @@ class ModelGuidedSampler(BaseSampler):
     ) -> tuple[float, ParallelConfig] | None:
         """The highest probability, over the untried configs, that one runs faster than the best
         measured by more than ``margin``, and that config; None before :data:`MIN_ERROR_RUNS`
-        measurements (then nothing is known yet). A config's log step time is taken as Gaussian
-        around its corrected prediction with :meth:`Belief.spread`."""
+        measurements (then nothing is known yet). A config's log step time is taken as
+        Student's t around its corrected prediction, scale :meth:`Belief.spread` and
+        :attr:`Belief.dof` degrees of freedom."""
         b = self.belief(trials)
-        if b is None or b.best is None or b.error_sd is None or b.covered is None:
+        if b is None or b.best is None or b.scale is None:
             return None
-        p = chance(b.mu, b.spread(self._prior.noise), b.best, margin)
+        p = chance(b.mu, b.spread(self._prior.noise), b.best, margin, b.dof)
         i = int(np.argmax(p))
         return float(p[i]), self._candidates()[b.open_[i]]
 

@@ -5,9 +5,11 @@ Three rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budge
 1. **The answer is known** (model sampler only, ``search.stop_chance``): the corrected time model
    (:meth:`tuner.search.sampler.ModelGuidedSampler.chance_to_beat`) gives every untried config less
    than ``stop_chance`` (10 % by default) probability of beating the best measured step time by
-   more than :data:`IMPROVEMENT`. The probability comes from the sampler's Gaussian belief about
-   the log step time of each config: the posterior of the correction fitted to measured/predicted
-   ratios (this study's and the cluster's saved calibration), plus the run-to-run noise. A config
+   more than :data:`IMPROVEMENT`. The probability comes from the sampler's belief about the log
+   step time of each config: the posterior of the correction fitted to measured/predicted ratios
+   (this study's and the cluster's saved calibration), plus the run-to-run noise, its width
+   rescaled by the study's leave-one-out misses and read as Student's t (:class:`~tuner.search.
+   sampler.Belief`). A config
    whose corrected prediction is 5 % slower than the best, with a spread of 2 %, has about a 0.1 %
    chance; one predicted as fast as the best, with any spread, has about 40 % or more.
 2. **Not worth its cost** (model sampler only, on with ``stop_chance``): the untried config

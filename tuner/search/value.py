@@ -1,8 +1,9 @@
 """What one more launch is worth: expected improvement per node-hour, and when to stop paying.
 
-The model sampler (:mod:`tuner.search.sampler`) holds, for every untried config, a Gaussian
-belief about its log step time (mean ``mu``; ``sd``, the posterior spread of the correction;
-``spread``, how far the corrected model has really been off, :meth:`~.sampler.Belief.spread`).
+The model sampler (:mod:`tuner.search.sampler`) holds, for every untried config, a belief about
+its log step time: Student's t (Gaussian before its width is learned) with location ``mu`` and
+scale ``spread``, the correlated posterior's predictive sd rescaled by how far the corrected
+model has really been off (:meth:`~.sampler.Belief.spread`), and ``dof`` degrees of freedom.
 From these and a config's predicted trial node-hours (:func:`tuner.space.cost.trial_cost`:
 start-up charged per launch, plus the warm-up and the iterations the step-time estimate needs,
 at the corrected predicted step time) this module decides three things:
@@ -17,8 +18,7 @@ at the corrected predicted step time) this module decides three things:
 3. **When the next launch is not worth its cost**: its expected gain, valued as
    ``expected improvement x search.train_node_hours`` (a fraction of the step time saved over the
    training run the answer is for), is below its predicted node-hours, for every config left.
-   The expected improvement here uses ``spread`` (the error the model has shown), not the
-   posterior alone, so a model that keeps being wrong keeps the search going.
+   A model that keeps being wrong widens ``spread`` and keeps the search going.
 
 The exchange rate. A launch pays off when the node-hours it is expected to save on the training
 run exceed its own. With ``search.train_node_hours`` unset, the run is taken to be
@@ -66,12 +66,62 @@ def purpose_of(system_attrs: dict[str, Any], user_attrs: dict[str, Any]) -> str 
     return None if found is None else str(found)
 
 
+def student_cdf(z: np.ndarray, dof: int | None) -> np.ndarray:
+    """The distribution function of Student's t with ``dof`` (a positive integer) degrees of
+    freedom, elementwise; the standard normal's when ``dof`` is None. The finite sums of
+    Abramowitz and Stegun (1964, 26.7.3 and 26.7.4) for ``P(|T| <= t)`` with
+    ``theta = atan(t / sqrt(dof))``: vectorised, no special-function library."""
+    z = np.asarray(z, dtype=float)
+    if dof is None:
+        return np.asarray(normal_cdf(z))
+    theta = np.arctan(np.abs(z) / math.sqrt(dof))
+    c2 = np.cos(theta) ** 2
+    if dof % 2:  # odd: (2 / pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...))
+        term, total = np.ones_like(z), np.ones_like(z)
+        for k in range(1, (dof - 1) // 2):
+            term = term * c2 * (2 * k) / (2 * k + 1)
+            total = total + term
+        inner = np.sin(theta) * np.cos(theta) * total if dof > 1 else 0.0
+        inside = 2 / math.pi * (theta + inner)
+    else:  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term, total = np.ones_like(z), np.ones_like(z)
+        for k in range(1, dof // 2):
+            term = term * c2 * (2 * k - 1) / (2 * k)
+            total = total + term
+        inside = np.sin(theta) * total
+    return np.asarray(0.5 + np.sign(z) * inside / 2)
+
+
+def student_pdf(z: np.ndarray, dof: int | None) -> np.ndarray:
+    """The density of Student's t with ``dof`` degrees of freedom (None: the normal's)."""
+    z = np.asarray(z, dtype=float)
+    if dof is None:
+        return np.asarray(np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi))
+    log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+    return np.asarray(math.exp(log_c) * (1 + z**2 / dof) ** (-(dof + 1) / 2))
+
+
+def improvement(mu: np.ndarray, spread: np.ndarray, best: float, dof: int | None) -> np.ndarray:
+    """Expected decrease below ``best`` of each config's log step time, read as Student's t
+    (location ``mu``, scale ``spread``, ``dof`` degrees of freedom; None: Gaussian):
+    ``(best - mu) F(z) + spread (dof + z^2) / (dof - 1) f(z)``, ``z = (best - mu) / spread``
+    (the Gaussian's ``(best - mu) Phi(z) + spread phi(z)`` as ``dof`` grows; Shah, Wilson and
+    Ghahramani 2014, Student-t processes, section 5)."""
+    if dof is None:
+        return np.asarray(expected_improvement(mu, spread, best))
+    z = (best - mu) / spread
+    gain = (best - mu) * student_cdf(z, dof)
+    return np.asarray(gain + spread * (dof + z**2) / (dof - 1) * student_pdf(z, dof))
+
+
 def chance(
-    mu: np.ndarray, spread: np.ndarray, best: float, margin: float = IMPROVEMENT
-) -> np.ndarray:
-    """Probability that each config's log step time (Gaussian: ``mu``, ``spread``) is below
-    ``best`` by more than ``margin`` (a fraction of the step time)."""
-    return np.asarray(normal_cdf((best + math.log1p(-margin) - mu) / spread))
+    mu: np.ndarray, spread: np.ndarray, best: float, margin: float = IMPROVEMENT,
+    dof: int | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Probability that each config's log step time (location ``mu``, scale ``spread``;
+    Student's t with ``dof`` degrees of freedom, Gaussian when None) is below ``best`` by more
+    than ``margin`` (a fraction of the step time)."""
+    return student_cdf((best + math.log1p(-margin) - mu) / spread, dof)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +137,20 @@ class Pick:
 
 def pick(
     mu: np.ndarray, sd: np.ndarray, spread: np.ndarray, cost: np.ndarray, best: float,
+    dof: int | None = None,
 ) -> tuple[Pick, np.ndarray]:  # fmt: skip
     """The config with the highest expected improvement per node-hour (``cost``) among those with
     at least :data:`NEGLIGIBLE_CHANCE` of beating ``best`` by :data:`IMPROVEMENT` (all of them
     when none has), and the indices of the ties (the caller breaks them at random).
     ``sd`` is the spread the expected improvement ranks by (the posterior's); ``spread`` the one
-    the chance is judged by."""
-    p = chance(mu, spread, best)
+    the chance is judged by; ``dof``, the degrees of freedom both are read with (None:
+    Gaussian)."""
+    p = chance(mu, spread, best, dof=dof)
     eligible = p >= NEGLIGIBLE_CHANCE
     if not eligible.any():
         eligible = np.ones_like(eligible)
-    score = np.where(eligible, expected_improvement(mu, np.maximum(sd, 1e-12), best) / cost, -1.0)
+    ei = improvement(mu, np.maximum(sd, 1e-12), best, dof)
+    score = np.where(eligible, ei / cost, -1.0)
     top = np.flatnonzero(score >= score.max() * (1 - 1e-9))
     i = int(top[0])
     purpose: Purpose = "exploitation" if mu[i] <= best else "exploration"
@@ -122,11 +175,12 @@ class Worth:
 
 
 def best_worth(
-    mu: np.ndarray, spread: np.ndarray, cost: np.ndarray, best: float, run_node_hours: float
-) -> Worth:
+    mu: np.ndarray, spread: np.ndarray, cost: np.ndarray, best: float, run_node_hours: float,
+    dof: int | None = None,
+) -> Worth:  # fmt: skip
     """The open config whose launch is worth most: expected improvement (under ``spread``, in
     log step time, i.e. about the fraction of the step saved) times ``run_node_hours``, less its
     ``cost`` in node-hours."""
-    gain = expected_improvement(mu, spread, best) * run_node_hours
+    gain = improvement(mu, spread, best, dof) * run_node_hours
     i = int(np.argmax(gain - cost))
     return Worth(i, float(gain[i]), float(cost[i]))
