@@ -18,9 +18,11 @@ is left out (one process plays every rank) so a trial takes a fraction of a seco
 at a time (``nodes_per_trial: all``, the default), so "runs" is the count of launched trials up to
 and including the first whose true step time is within 2 % of the best that really fits.
 
-* ``tune``: default search settings (TPE, top 3 predicted configs enqueued, early stop after 10
-  trials without a 1 % gain); only ``n_trials`` is raised to the space size so the count is not
-  cut. A study that stops before reaching 2 % counts as a miss, charged the whole space's size.
+* ``tune``: default search settings (the model sampler: expected improvement per node-hour on
+  the corrected time model; it stops when no untried config has a real chance of a 1 % gain, when
+  another launch is worth less than its node-hours, or after 10 trials without a 1 % gain); only
+  ``n_trials`` is raised to the space size so the count is not cut. A study that stops before
+  reaching 2 % counts as a miss, charged the whole space's size.
 * ``tune-no-early-stop``: the same without either stop rule, to tell search from stopping apart.
 * ``tune-count-rule``: tune with only the count rule (``stop_chance: null``), to show what the
   "answer is known" rule saves in launches.
