@@ -18,7 +18,7 @@ import pytest
 from tuner.cli.tables import _candidate_json
 from tuner.config.pipeline import chunk_layers, chunk_layers_uncached
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
-from tuner.models.memory.bound import peak_bounds
+from tuner.models.memory.bound import peak_bounds, stage_bound
 from tuner.models.memory.estimate import (
     GIB,
     MemoryBreakdown,
@@ -26,6 +26,7 @@ from tuner.models.memory.estimate import (
     stage_plans,
     with_slack,
 )
+from tuner.models.uncertainty import max_memory_sigma
 from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport, _meeting, step_of
 from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
 from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, probe_ceiling_gib
@@ -223,7 +224,13 @@ def test_bounds_enclose_the_simulation_for_every_stage(name: str) -> None:
             for field in ("total", "fwd_bwd", "step"):
                 assert getattr(low, field) <= getattr(exact, field) <= getattr(high, field)
         least, most = peak_bounds(plans, gpu)
-        assert least <= MemoryBreakdown(with_slack(plans, gpu)).peak <= most
+        exact_memory = MemoryBreakdown(with_slack(plans, gpu))
+        assert least <= exact_memory.peak <= most
+        # the slack's share bound holds every phase, and so the sd bound the probes read
+        shares = [stage_bound(plan, gpu)[2] for plan in plans]
+        for stage, share in zip(exact_memory.stages, shares, strict=True):
+            assert all(p.slack <= share * p.device for p in stage.phases)
+        assert exact_memory.sigma <= max_memory_sigma(slack_share=max(shares) * (1 + 1e-9))
 
 
 def test_the_probe_ceiling_is_where_may_probe_turns_false() -> None:
