@@ -23,6 +23,7 @@ from tuner.models.memory.estimate import (
     GIB,
     MemoryBreakdown,
     estimate_memory,
+    stage_plan,
     stage_plans,
     with_slack,
 )
@@ -217,12 +218,15 @@ def test_bounds_enclose_the_simulation_for_every_stage(name: str) -> None:
     for config in iter_configs(spec):
         if study_violations(config, spec):
             continue
-        plans = stage_plans(spec.model, config, gpu, spec.framework, spec.training.precision)
+        args = (spec.model, config, gpu, spec.framework, spec.training.precision)
+        plans = stage_plans(*args)
         for _, tensors in plans:
             low, high = reserved_bounds(tensors)
             exact = reserved_bytes(tensors)
             for field in ("total", "fwd_bwd", "step"):
                 assert getattr(low, field) <= getattr(exact, field) <= getattr(high, field)
+        # a stage planned alone is that stage of the whole plan (DeferredMemory narrows so)
+        assert [stage_plan(*args, i) for i in range(len(plans))] == list(plans)
         least, most = peak_bounds(plans, gpu)
         exact_memory = MemoryBreakdown(with_slack(plans, gpu))
         assert least <= exact_memory.peak <= most

@@ -25,6 +25,7 @@ from tuner.models.memory.estimate import (
     StagePlan,
     estimate_memory,
     iter_stage_plans,
+    stage_plan,
     stage_plans,
     with_slack,
 )
@@ -52,6 +53,7 @@ class DeferredMemory:
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
         precision: Precision, low: float = 0.0, high: float = float("inf"),
         terms: StackTerms | None = None, sigma_high: float | None = None,
+        stages: list[tuple[float, float]] | None = None,
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
         self.sigma_high = ANY_SIGMA if sigma_high is None else sigma_high
@@ -59,14 +61,16 @@ class DeferredMemory:
         self._terms = terms
         self._value: MemoryBreakdown | None = None
         self.low, self.high = low, high
-        self._plans: tuple[StagePlan, ...] | None = None
-        self._stages: list[tuple[float, float]] = []
+        self._plans: dict[int, StagePlan] = {}
+        self._stages: list[tuple[float, float]] = stages or []
+        """Per stage, (least, most) largest device figure (``bound.stage_bounds``; a stage
+        simulated: its exact figure twice), given by the judge or made on first narrowing."""
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args, terms=self._terms)
             self.low = self.high = self._value.peak
-            self.forget()
+            self._plans, self._stages = {}, []
         return self._value
 
     @property
@@ -74,25 +78,34 @@ class DeferredMemory:
         """Whether the breakdown has been computed."""
         return self._value is not None
 
+    def _plan(self, i: int) -> StagePlan:
+        """Stage ``i``'s plan (kept until :meth:`forget`)."""
+        plan = self._plans.get(i)
+        if plan is None:
+            plan = self._plans[i] = stage_plan(*self._args, i)
+        return plan
+
     def narrow(self) -> bool:
         """Tighten the bounds on the peak by simulating the allocator of one more stage, the
         one with the largest upper bound (``tuner.models.memory.bound``); False when that
         stage is exact already (the bounds are as tight as stages make them: within
-        ``2 * PHASE_TIE_BYTES``). Keeps the stages' plans until :meth:`forget`."""
+        ``2 * PHASE_TIE_BYTES``). Plans only the stages it simulates where the judge gave the
+        stages' bounds; keeps the plans until :meth:`forget`."""
         if self._value is not None or self.low == self.high:  # the peak is known
             return False
         if self._terms is not None and not self._terms.is_catalog:  # plans hold no measured terms
             self()
             return False
         model, config, gpu, framework, precision = self._args
-        if self._plans is None:
-            self._plans = stage_plans(model, config, gpu, framework, precision)
-            self._stages = stage_bounds(self._plans, gpu)
+        if not self._stages:
+            plans = stage_plans(model, config, gpu, framework, precision)
+            self._plans = dict(enumerate(plans))
+            self._stages = stage_bounds(plans, gpu)
         stages = self._stages
         i = max(range(len(stages)), key=lambda j: stages[j][1])
         if stages[i][0] == stages[i][1]:
             return False
-        figure = stage_peak(self._plans[i], gpu)
+        figure = stage_peak(self._plan(i), gpu)
         stages[i] = (figure, figure)
         low, high = peak_between(stages)
         self.low, self.high = max(self.low, low), min(self.high, high)
@@ -106,18 +119,18 @@ class DeferredMemory:
         if self.low == self.high:  # bounds that meet hold only the peak
             return self.low
         stages = self._stages
-        if self._value is None and self._plans is not None and stages:
+        if self._value is None and stages:
             i = max(range(len(stages)), key=lambda j: stages[j][1])
             if stages[i][0] == stages[i][1]:
-                (top,) = with_slack((self._plans[i],), self._args[2])
+                (top,) = with_slack((self._plan(i),), self._args[2])
                 if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
                     self.low = self.high = top.worst.device  # kept for the next ranking
                     return self.low
         return self().peak
 
     def forget(self) -> None:
-        """Drop the plans :meth:`narrow` keeps (the bounds stay)."""
-        self._plans, self._stages = None, []
+        """Drop the plans :meth:`narrow` keeps (the bounds, the stages' included, stay)."""
+        self._plans = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +223,7 @@ class MemoryJudge:
             if low > self.limit or high <= self.limit:
                 # the share's last bit may round down: a billionth more keeps it a bound
                 sigma = max_memory_sigma(slack_share=share * (1 + 1e-9))
-                return self.deferred(config, low, high, sigma), high <= self.limit
+                return self.deferred(config, low, high, sigma, stages), high <= self.limit
         memory = MemoryBreakdown(with_slack(tuple(plans), self.gpu))
         return memory, memory.peak <= self.limit
 
@@ -229,12 +242,13 @@ class MemoryJudge:
 
     def deferred(
         self, config: ParallelConfig, low: float = 0.0, high: float = float("inf"),
-        sigma_high: float | None = None,
+        sigma_high: float | None = None, stages: list[tuple[float, float]] | None = None,
     ) -> DeferredMemory:  # fmt: skip
         """The exact breakdown of ``config``, when read (its peak known to lie in [low, high],
-        its sd at most ``sigma_high``; None: ``max_memory_sigma()``)."""
+        its sd at most ``sigma_high``, None: ``max_memory_sigma()``; ``stages``: every stage's
+        bounds, ``bound.stage_bounds``, where known)."""
         return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision,
-                              low, high, self.terms, sigma_high)  # fmt: skip
+                              low, high, self.terms, sigma_high, stages)  # fmt: skip
 
 
 def step_of(c: Candidate) -> float:
