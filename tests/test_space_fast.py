@@ -28,9 +28,16 @@ from tuner.models.memory.estimate import (
     with_slack,
 )
 from tuner.models.uncertainty import max_memory_sigma
-from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport, _meeting, step_of
+from tuner.space.candidates import (
+    Candidate,
+    DeferredMemory,
+    MemoryJudge,
+    SpaceReport,
+    _meeting,
+    step_of,
+)
 from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
-from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, probe_ceiling_gib
+from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, may_probe, probe_ceiling_gib
 from tuner.space.stream import stream_space
 from tuner.spec.file import load_study, study_from_mapping
 from tuner.spec.study import StudySpec
@@ -183,18 +190,45 @@ def test_tied_steps_are_ordered_by_narrowed_bounds_without_their_breakdowns() ->
 @pytest.mark.parametrize("name", ["dense-40", "moe-48", "deepspeed-20"])
 def test_the_peak_of_a_narrowed_config_is_the_exact_peak(name: str) -> None:
     spec = SPACES[name]()
-    alone = 0
+    alone = partly = 0
     for c in enumerate_space(spec, keep_oom=True).viable:
         d = c.breakdown
         if not isinstance(d, DeferredMemory) or d.known:
             continue
         while d.narrow():
             pass
+        partly += len(d._plans) < len(d._stages)  # from the judge's bounds, a stage planned alone
         peak = d.peak()  # from the stage that sets it, where the bounds prove it does
         alone += not d.known
         d.forget()
         assert peak == estimate_memory(*d._args).peak
     assert alone, "some peaks came from one stage, without the whole breakdown"
+    assert partly, "some configs were narrowed without planning every stage"
+
+
+@pytest.mark.parametrize("name", ["dense-16", "moe-48", "deepspeed-20"])
+def test_a_deferred_config_left_out_of_the_probes_on_its_own_sd_bound_is_no_probe(
+    name: str,
+) -> None:
+    # MemoryJudge.may_probe rejects an out-of-memory config on its lower bound against the
+    # probe ceiling at its own sd bound (the slack's largest share): every one it rejects is
+    # rejected by may_probe on the exact breakdown too, and the own bound rejects some that the
+    # bound any breakdown could state would keep
+    spec = SPACES[name]()
+    gpu = study_gpu(spec)
+    judge = MemoryJudge.of(spec.model, gpu, spec.framework, spec.training.precision,
+                           spec.search.memory_headroom, True)  # fmt: skip
+    tighter = 0
+    for c in enumerate_space(spec, keep_oom=True).oom:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory):
+            continue
+        exact = d()
+        if not judge.may_probe(d):
+            assert not may_probe(exact.peak / GIB, gpu.memory_gib, exact.sigma)
+            tighter += d.low <= judge.ceiling
+        assert exact.sigma <= d.sigma_high
+    assert tighter, "no config was left out on its own sd bound"
 
 
 def test_ranges_meet_when_they_touch_or_overlap() -> None:
