@@ -27,6 +27,7 @@ from tuner.models.memory.estimate import (
     stage_plans,
     with_slack,
 )
+from tuner.models.moe import memory_view
 from tuner.models.uncertainty import max_memory_sigma
 from tuner.space.candidates import (
     Candidate,
@@ -229,6 +230,31 @@ def test_a_deferred_config_left_out_of_the_probes_on_its_own_sd_bound_is_no_prob
             tighter += d.low <= judge.ceiling
         assert exact.sigma <= d.sigma_high
     assert tighter, "no config was left out on its own sd bound"
+
+
+@pytest.mark.parametrize("name", ["moe-80", "moe-48", "moe-ties-64"])
+def test_configs_the_memory_model_reads_alike_have_one_breakdown(name: str) -> None:
+    # the enumeration estimates one breakdown per memory_view and hands it to every config with
+    # that view: it must be each one's own exact breakdown
+    spec = SPACES[name]()
+    gpu = study_gpu(spec)
+    args = (gpu, spec.framework, spec.training.precision)
+    shared = 0
+    for config in iter_configs(spec):
+        if study_violations(config, spec):
+            continue
+        view = memory_view(config)
+        if view != config:
+            shared += 1
+            assert estimate_memory(spec.model, config, *args) == estimate_memory(
+                spec.model, view, *args
+            )
+    assert shared, "no config shared its view with another"
+    report = enumerate_space(spec, keep_oom=True)
+    by_view: dict[Any, list[int]] = {}
+    for c in report.viable + report.oom:
+        by_view.setdefault(memory_view(c.config), []).append(id(c.breakdown))
+    assert any(len(ids) > 1 and len(set(ids)) == 1 for ids in by_view.values()), "one estimate"
 
 
 def test_ranges_meet_when_they_touch_or_overlap() -> None:
