@@ -1,7 +1,7 @@
 """How fast a study's whole space is enumerated, validated, estimated and ranked: fast vs exact.
 
 Usage: python benchmarks/enumerate.py [--spaces gpt-70b,moe-1e5] [--paths exact,fast,stream]
-[--repeat 3] [--timeout 600]
+[--repeat 3] [--timeout 600] [--baseline main]
 
 Each measurement runs in a fresh process (cold caches, its own peak RSS): ``enumerate_space(spec,
 keep_oom=True)`` and its ranking, as ``tune space`` does, on the fast path (bounds on the
@@ -14,8 +14,11 @@ time to the exact path's, measured in the same run (CPU time: on a shared machin
 of the same work varies several-fold with the load). Spaces: the shipped studies, and MoE
 spaces generated from mixtral-8x7b with EP, ETP, the three dispatchers and selective-recompute
 modules, of about 10^5 (``moe-1e5``) and 10^6 (``moe-1e6``) configs. A measurement past
-``--timeout`` seconds is stopped and shown as a bound. Targets (issue 36): 10^5 configs in
-under 1 s, the shipped studies in under 0.2 s each, under 1 GiB for 10^6.
+``--timeout`` seconds is stopped and shown as a bound. ``--baseline REV``: each path is also
+measured on the tree of git revision ``REV`` (before a change), taking turns with this tree's in
+the same run, and a ``vs REV`` column shows its CPU time over this tree's. Wall seconds are shown
+too; on a shared machine the CPU seconds are the figure to compare. Targets (issue 36): 10^5
+configs in under 1 s, the shipped studies in under 0.2 s each, under 1 GiB for 10^6.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from tuner.models.memory.allocator import reserved_bytes
 from tuner.space.enumerate import enumerate_space, expand_axes
@@ -80,32 +86,47 @@ def measure(name: str, path: str) -> dict[str, float]:
             "viable": len(report.viable), "simulations": sims}  # fmt: skip
 
 
-def run_child(name: str, path: str, timeout: float) -> dict[str, float] | None:
-    cmd = [sys.executable, __file__, "--child", name, "--path", path]
+HERE = Path(__file__).resolve().parent.parent
+
+
+def run_child(name: str, path: str, timeout: float, tree: Path = HERE) -> dict[str, float] | None:
+    """One measurement in a fresh process, of the package in ``tree`` (a checkout's root)."""
+    script = tree / "benchmarks" / "enumerate.py"
+    cmd = [sys.executable, str(script), "--child", name, "--path", path]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True,
+                             cwd=tree, env=env)  # fmt: skip
     except subprocess.TimeoutExpired:
         return None
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def best_of(
-    name: str, paths: list[str], repeat: int, timeout: float
-) -> dict[str, dict[str, float] | None]:
-    """The quickest (CPU seconds) of ``repeat`` runs of each path, the paths taking turns (so
+    name: str, runs: list[tuple[str, Path]], repeat: int, timeout: float
+) -> dict[tuple[str, Path], dict[str, float] | None]:
+    """The quickest (CPU seconds) of ``repeat`` runs of each (path, tree), taking turns (so
     that a shared machine's load falls on all alike)."""
-    best: dict[str, dict[str, float] | None] = dict.fromkeys(paths)
-    timed_out = dict.fromkeys(paths, False)
+    best: dict[tuple[str, Path], dict[str, float] | None] = dict.fromkeys(runs)
+    timed_out = dict.fromkeys(runs, False)
     for _ in range(repeat):
-        for path in paths:
-            if timed_out[path]:
+        for run in runs:
+            if timed_out[run]:
                 continue
-            row = run_child(name, path, timeout)
-            timed_out[path] = row is None
-            old = best[path]
+            row = run_child(name, run[0], timeout, run[1])
+            timed_out[run] = row is None
+            old = best[run]
             if row is not None and (old is None or row["cpu"] < old["cpu"]):
-                best[path] = row
+                best[run] = row
     return best
+
+
+def export_tree(rev: str, into: Path) -> Path:
+    """The files of git revision ``rev`` of the repository in the working directory, written
+    under ``into``."""
+    archive = subprocess.run(["git", "archive", rev], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
 
 
 def main() -> int:
@@ -114,33 +135,53 @@ def main() -> int:
     parser.add_argument("--paths", default=",".join(PATHS), help="of exact, fast, stream")
     parser.add_argument("--timeout", type=float, default=600.0, help="per measurement, seconds")
     parser.add_argument("--repeat", type=int, default=3, help="runs per path; the best is shown")
+    parser.add_argument("--baseline", help="a git revision to measure beside this tree")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child, args.path)))
         return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"": HERE}
+        if args.baseline:
+            trees[args.baseline] = export_tree(args.baseline, Path(tmp))
+        report(args, trees)
+    return 0
+
+
+def report(args: argparse.Namespace, trees: dict[str, Path]) -> None:
+    """Measure every space on every path and tree; print a row per (path, tree)."""
     paths = args.paths.split(",")
-    head = f"{'space':<14}{'configs':>9}{'path':>7}{'time s':>10}{'configs/s':>11}{'RSS MiB':>9}"
-    print(head + f"{'CPU s':>8}{'sims':>8}{'vs exact':>10}")
+    head = f"{'space':<14}{'configs':>9}{'path':>7}{'tree':>8}{'wall s':>9}{'configs/s':>11}"
+    base = args.baseline
+    print(head + f"{'RSS MiB':>9}{'CPU s':>8}{'sims':>8}{'vs exact':>10}"
+          + (f"{'vs ' + base:>12}" if base else ""))  # fmt: skip
     for name in args.spaces.split(","):
         size = expand_axes(study(name)).size
-        rows = best_of(name, paths, args.repeat, args.timeout)
-        exact = rows.get("exact")
-        for path, row in rows.items():
+        runs = [(path, tree) for path in paths for tree in trees.values()]
+        rows = best_of(name, runs, args.repeat, args.timeout)
+        for (path, tree), row in rows.items():
+            label = next(k for k, v in trees.items() if v == tree) or "this"
             if row is None:
-                line = f"{name:<14}{size:>9,}{path:>7}{'>' + format(args.timeout, '.0f'):>10}"
-                print(line + f"{'<' + format(size / args.timeout, ',.0f'):>11}")
+                line = f"{name:<14}{size:>9,}{path:>7}{label[:7]:>8}"
+                print(line + f"{'>' + format(args.timeout, '.0f'):>9}"
+                      + f"{'<' + format(size / args.timeout, ',.0f'):>11}")  # fmt: skip
                 continue
             rate = row["configs"] / row["seconds"]
-            line = f"{name:<14}{row['configs']:>9,.0f}{path:>7}{row['seconds']:>10.2f}"
-            line += f"{rate:>11,.0f}{row['rss_mib']:>9.0f}{row['cpu']:>8.2f}"
-            print(line + f"{row['simulations']:>8,.0f}", end="")
-            if path != "exact" and exact:  # CPU seconds: what a shared machine's load moves least
-                print(f"{exact['cpu'] / row['cpu']:>9.1f}x")
+            line = f"{name:<14}{row['configs']:>9,.0f}{path:>7}{label[:7]:>8}"
+            line += f"{row['seconds']:>9.2f}{rate:>11,.0f}{row['rss_mib']:>9.0f}{row['cpu']:>8.2f}"
+            line += f"{row['simulations']:>8,.0f}"
+            exact = rows.get(("exact", tree))
+            # CPU seconds: what a shared machine's load moves least
+            if path != "exact" and exact:
+                line += f"{exact['cpu'] / row['cpu']:>9.1f}x"
             else:
-                print(f"{'-' if path != 'exact' else '':>10}")
-    return 0
+                line += f"{'-' if path != 'exact' else '':>10}"
+            before = rows.get((path, trees[base])) if base else None
+            if before and tree == HERE:
+                line += f"{before['cpu'] / row['cpu']:>11.2f}x"
+            print(line)
 
 
 if __name__ == "__main__":

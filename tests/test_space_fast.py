@@ -18,17 +18,27 @@ import pytest
 from tuner.cli.tables import _candidate_json
 from tuner.config.pipeline import chunk_layers, chunk_layers_uncached
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
-from tuner.models.memory.bound import peak_bounds
+from tuner.models.memory.bound import peak_bounds, stage_bound
 from tuner.models.memory.estimate import (
     GIB,
     MemoryBreakdown,
     estimate_memory,
+    stage_plan,
     stage_plans,
     with_slack,
 )
-from tuner.space.candidates import Candidate, DeferredMemory, SpaceReport, _meeting, step_of
+from tuner.models.moe import memory_view
+from tuner.models.uncertainty import max_memory_sigma
+from tuner.space.candidates import (
+    Candidate,
+    DeferredMemory,
+    MemoryJudge,
+    SpaceReport,
+    _meeting,
+    step_of,
+)
 from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
-from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, probe_ceiling_gib
+from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability, may_probe, probe_ceiling_gib
 from tuner.space.stream import stream_space
 from tuner.spec.file import load_study, study_from_mapping
 from tuner.spec.study import StudySpec
@@ -181,18 +191,70 @@ def test_tied_steps_are_ordered_by_narrowed_bounds_without_their_breakdowns() ->
 @pytest.mark.parametrize("name", ["dense-40", "moe-48", "deepspeed-20"])
 def test_the_peak_of_a_narrowed_config_is_the_exact_peak(name: str) -> None:
     spec = SPACES[name]()
-    alone = 0
+    alone = partly = 0
     for c in enumerate_space(spec, keep_oom=True).viable:
         d = c.breakdown
         if not isinstance(d, DeferredMemory) or d.known:
             continue
         while d.narrow():
             pass
+        partly += len(d._plans) < len(d._stages)  # from the judge's bounds, a stage planned alone
         peak = d.peak()  # from the stage that sets it, where the bounds prove it does
         alone += not d.known
         d.forget()
         assert peak == estimate_memory(*d._args).peak
     assert alone, "some peaks came from one stage, without the whole breakdown"
+    assert partly, "some configs were narrowed without planning every stage"
+
+
+@pytest.mark.parametrize("name", ["dense-16", "moe-48", "deepspeed-20"])
+def test_a_deferred_config_left_out_of_the_probes_on_its_own_sd_bound_is_no_probe(
+    name: str,
+) -> None:
+    # MemoryJudge.may_probe rejects an out-of-memory config on its lower bound against the
+    # probe ceiling at its own sd bound (the slack's largest share): every one it rejects is
+    # rejected by may_probe on the exact breakdown too, and the own bound rejects some that the
+    # bound any breakdown could state would keep
+    spec = SPACES[name]()
+    gpu = study_gpu(spec)
+    judge = MemoryJudge.of(spec.model, gpu, spec.framework, spec.training.precision,
+                           spec.search.memory_headroom, True)  # fmt: skip
+    tighter = 0
+    for c in enumerate_space(spec, keep_oom=True).oom:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory):
+            continue
+        exact = d()
+        if not judge.may_probe(d):
+            assert not may_probe(exact.peak / GIB, gpu.memory_gib, exact.sigma)
+            tighter += d.low <= judge.ceiling
+        assert exact.sigma <= d.sigma_high
+    assert tighter, "no config was left out on its own sd bound"
+
+
+@pytest.mark.parametrize("name", ["moe-80", "moe-48", "moe-ties-64"])
+def test_configs_the_memory_model_reads_alike_have_one_breakdown(name: str) -> None:
+    # the enumeration estimates one breakdown per memory_view and hands it to every config with
+    # that view: it must be each one's own exact breakdown
+    spec = SPACES[name]()
+    gpu = study_gpu(spec)
+    args = (gpu, spec.framework, spec.training.precision)
+    shared = 0
+    for config in iter_configs(spec):
+        if study_violations(config, spec):
+            continue
+        view = memory_view(config)
+        if view != config:
+            shared += 1
+            assert estimate_memory(spec.model, config, *args) == estimate_memory(
+                spec.model, view, *args
+            )
+    assert shared, "no config shared its view with another"
+    report = enumerate_space(spec, keep_oom=True)
+    by_view: dict[Any, list[int]] = {}
+    for c in report.viable + report.oom:
+        by_view.setdefault(memory_view(c.config), []).append(id(c.breakdown))
+    assert any(len(ids) > 1 and len(set(ids)) == 1 for ids in by_view.values()), "one estimate"
 
 
 def test_ranges_meet_when_they_touch_or_overlap() -> None:
@@ -216,14 +278,23 @@ def test_bounds_enclose_the_simulation_for_every_stage(name: str) -> None:
     for config in iter_configs(spec):
         if study_violations(config, spec):
             continue
-        plans = stage_plans(spec.model, config, gpu, spec.framework, spec.training.precision)
+        args = (spec.model, config, gpu, spec.framework, spec.training.precision)
+        plans = stage_plans(*args)
         for _, tensors in plans:
             low, high = reserved_bounds(tensors)
             exact = reserved_bytes(tensors)
             for field in ("total", "fwd_bwd", "step"):
                 assert getattr(low, field) <= getattr(exact, field) <= getattr(high, field)
+        # a stage planned alone is that stage of the whole plan (DeferredMemory narrows so)
+        assert [stage_plan(*args, i) for i in range(len(plans))] == list(plans)
         least, most = peak_bounds(plans, gpu)
-        assert least <= MemoryBreakdown(with_slack(plans, gpu)).peak <= most
+        exact_memory = MemoryBreakdown(with_slack(plans, gpu))
+        assert least <= exact_memory.peak <= most
+        # the slack's share bound holds every phase, and so the sd bound the probes read
+        shares = [stage_bound(plan, gpu)[2] for plan in plans]
+        for stage, share in zip(exact_memory.stages, shares, strict=True):
+            assert all(p.slack <= share * p.device for p in stage.phases)
+        assert exact_memory.sigma <= max_memory_sigma(slack_share=max(shares) * (1 + 1e-9))
 
 
 def test_the_probe_ceiling_is_where_may_probe_turns_false() -> None:

@@ -142,3 +142,35 @@ def test_the_bound_only_verdicts_sd_bounds_every_breakdown() -> None:
             c = ParallelConfig(tp=tp, pp=1, dp=8 // tp, micro_batch_size=mbs,
                                global_batch_size=64)  # fmt: skip
             assert estimate_memory(MODEL, c, A100).sigma <= max_memory_sigma()
+
+
+def test_a_bounded_slack_share_bounds_the_sd_of_every_figure() -> None:
+    """max_memory_sigma(slack_share=r) holds every device figure whose slack is at most r of
+    it, whatever the other terms: random figures, figures all in one term, and the shares at
+    and just under the bound (where the convex worst case sits)."""
+    import random
+
+    from tuner.models.memory.breakdown import PARTS, memory_sources
+
+    sources = memory_sources()
+    rng = random.Random(36)
+    assert max_memory_sigma(slack_share=1.0) == max_memory_sigma()
+    for r in (0.0, 0.01, 0.05, 0.1, 0.12, 0.2, 0.5, 0.9, 1.0):
+        bound = max_memory_sigma(slack_share=r)
+        assert bound <= max_memory_sigma()
+        cases = []
+        for _ in range(400):
+            parts = {n: rng.random() ** rng.choice((1, 4, 12)) for n in PARTS if n != "slack"}
+            rest = sum(parts.values())
+            s = r * rng.choice((1.0, rng.random()))  # the slack's share of the figure
+            parts["slack"] = s * rest / (1 - s) if s < 1 else 1.0
+            cases.append(parts)
+        for name in (n for n in PARTS if n != "slack"):  # one term and the most slack allowed
+            one = dict.fromkeys(PARTS, 0.0) | {name: 1.0}
+            one["slack"] = r / (1 - r) if r < 1 else 1.0
+            cases.append(one)
+        for parts in cases:
+            assert combined_sigma(parts, sources) <= bound * (1 + 1e-12)
+    # tight where the slack's share is small: a figure of counted bytes alone sits at the bound
+    counted = dict.fromkeys(PARTS, 0.0) | {"weights": 1.0, "cuda_context": 1e-9}
+    assert combined_sigma(counted, sources) == pytest.approx(max_memory_sigma(slack_share=0.0))

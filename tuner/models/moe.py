@@ -178,6 +178,18 @@ def _replace(c: ParallelConfig, tp: int, dp: int, gbs: int) -> ParallelConfig:
     return dataclasses.replace(c, tp=tp, cp=1, dp=dp, global_batch_size=gbs)
 
 
+def memory_view(c: ParallelConfig) -> ParallelConfig:
+    """``c`` as the memory model reads it: the token dispatcher only as allgather or not (the
+    allgather dispatcher holds the ETP x EP group's gathered tokens; alltoall and flex each
+    permute the rank's own, so their terms are the same here), so ``flex`` reads as
+    ``alltoall``. Configs with one view have one memory breakdown, which the enumeration then
+    estimates once (tests/test_space_fast.py checks the two equal on every config of MoE
+    spaces)."""
+    if c.moe_token_dispatcher == "flex":
+        return dataclasses.replace(c, moe_token_dispatcher="alltoall")
+    return c
+
+
 # ----------------------------------------------------------------------------- activations
 
 

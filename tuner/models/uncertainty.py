@@ -194,13 +194,22 @@ def inside(measured: float, predicted: float, sigma: float, level: float = BAND_
     return low <= measured <= high
 
 
-def max_memory_sigma(provenance: Provenance = ()) -> float:
-    """An upper bound on any breakdown's combined sd (the root sum of squares of shares never
-    exceeds the largest relative sd; each whole-figure group adds its own once): what a
-    bound-only verdict may assume."""
+def max_memory_sigma(provenance: Provenance = (), slack_share: float = 1.0) -> float:
+    """An upper bound on the combined sd of any breakdown whose allocator slack is at most
+    ``slack_share`` of its figure (1: any breakdown): what a bound-only verdict may assume.
+
+    Why it bounds: the relative part is the root sum of squares of each term's bytes times its
+    sd, over the figure T. Every term but the slack has an sd of at most ``rel`` (the largest
+    of the other relative groups' and the measured terms'), and the squares of parts never sum
+    past the square of their sum, so with s = slack / T the relative variance is at most
+    ``((1 - s) rel)^2 + (s sd_slack)^2``: convex in s, so on [0, slack_share] largest at an end.
+    Each whole-figure group adds its own once."""
     given = [s.sigma for _, s in provenance]
     rel = max([CATALOG_MEMORY_SIGMA[g] for g in CATALOG_MEMORY_SIGMA
-               if g not in WHOLE_FIGURE_GROUPS] + given)  # fmt: skip
+               if g not in WHOLE_FIGURE_GROUPS and g != "slack"] + given)  # fmt: skip
+    slack = max([CATALOG_MEMORY_SIGMA["slack"], *given])
+    share = min(max(slack_share, 0.0), 1.0)
+    var = max(rel * rel, ((1.0 - share) * rel) ** 2 + (share * slack) ** 2)
     whole = [CATALOG_MEMORY_SIGMA[g] for g in WHOLE_FIGURE_GROUPS]
     whole += [s.whole for _, s in provenance]
-    return math.sqrt(rel * rel + sum(w * w for w in whole))
+    return math.sqrt(var + sum(w * w for w in whole))

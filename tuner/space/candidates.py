@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.bound import peak_between, stage_bounds, stage_peak
+from tuner.models.memory.bound import peak_between, stage_bound, stage_bounds, stage_peak
 from tuner.models.memory.estimate import (
     GIB,
     PHASE_TIE_BYTES,
@@ -25,6 +25,7 @@ from tuner.models.memory.estimate import (
     StagePlan,
     estimate_memory,
     iter_stage_plans,
+    stage_plan,
     stage_plans,
     with_slack,
 )
@@ -38,29 +39,38 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+ANY_SIGMA = max_memory_sigma()
+"""The most any catalog breakdown's sd can be (``uncertainty.max_memory_sigma``)."""
+
+
 class DeferredMemory:
     """The exact memory breakdown of one config, computed on first use and then kept, with
     bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
-    __slots__ = ("_args", "_plans", "_stages", "_terms", "_value", "high", "low")
+    __slots__ = ("_args", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high")
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
         precision: Precision, low: float = 0.0, high: float = float("inf"),
-        terms: StackTerms | None = None,
+        terms: StackTerms | None = None, sigma_high: float | None = None,
+        stages: list[tuple[float, float]] | None = None,
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
+        self.sigma_high = ANY_SIGMA if sigma_high is None else sigma_high
+        """At least the breakdown's ``sigma`` (``uncertainty.max_memory_sigma``)."""
         self._terms = terms
         self._value: MemoryBreakdown | None = None
         self.low, self.high = low, high
-        self._plans: tuple[StagePlan, ...] | None = None
-        self._stages: list[tuple[float, float]] = []
+        self._plans: dict[int, StagePlan] = {}
+        self._stages: list[tuple[float, float]] = stages or []
+        """Per stage, (least, most) largest device figure (``bound.stage_bounds``; a stage
+        simulated: its exact figure twice), given by the judge or made on first narrowing."""
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args, terms=self._terms)
             self.low = self.high = self._value.peak
-            self.forget()
+            self._plans, self._stages = {}, []
         return self._value
 
     @property
@@ -68,25 +78,34 @@ class DeferredMemory:
         """Whether the breakdown has been computed."""
         return self._value is not None
 
+    def _plan(self, i: int) -> StagePlan:
+        """Stage ``i``'s plan (kept until :meth:`forget`)."""
+        plan = self._plans.get(i)
+        if plan is None:
+            plan = self._plans[i] = stage_plan(*self._args, i)
+        return plan
+
     def narrow(self) -> bool:
         """Tighten the bounds on the peak by simulating the allocator of one more stage, the
         one with the largest upper bound (``tuner.models.memory.bound``); False when that
         stage is exact already (the bounds are as tight as stages make them: within
-        ``2 * PHASE_TIE_BYTES``). Keeps the stages' plans until :meth:`forget`."""
+        ``2 * PHASE_TIE_BYTES``). Plans only the stages it simulates where the judge gave the
+        stages' bounds; keeps the plans until :meth:`forget`."""
         if self._value is not None or self.low == self.high:  # the peak is known
             return False
         if self._terms is not None and not self._terms.is_catalog:  # plans hold no measured terms
             self()
             return False
         model, config, gpu, framework, precision = self._args
-        if self._plans is None:
-            self._plans = stage_plans(model, config, gpu, framework, precision)
-            self._stages = stage_bounds(self._plans, gpu)
+        if not self._stages:
+            plans = stage_plans(model, config, gpu, framework, precision)
+            self._plans = dict(enumerate(plans))
+            self._stages = stage_bounds(plans, gpu)
         stages = self._stages
         i = max(range(len(stages)), key=lambda j: stages[j][1])
         if stages[i][0] == stages[i][1]:
             return False
-        figure = stage_peak(self._plans[i], gpu)
+        figure = stage_peak(self._plan(i), gpu)
         stages[i] = (figure, figure)
         low, high = peak_between(stages)
         self.low, self.high = max(self.low, low), min(self.high, high)
@@ -100,18 +119,18 @@ class DeferredMemory:
         if self.low == self.high:  # bounds that meet hold only the peak
             return self.low
         stages = self._stages
-        if self._value is None and self._plans is not None and stages:
+        if self._value is None and stages:
             i = max(range(len(stages)), key=lambda j: stages[j][1])
             if stages[i][0] == stages[i][1]:
-                (top,) = with_slack((self._plans[i],), self._args[2])
+                (top,) = with_slack((self._plan(i),), self._args[2])
                 if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
                     self.low = self.high = top.worst.device  # kept for the next ranking
                     return self.low
         return self().peak
 
     def forget(self) -> None:
-        """Drop the plans :meth:`narrow` keeps (the bounds stay)."""
-        self._plans, self._stages = None, []
+        """Drop the plans :meth:`narrow` keeps (the bounds, the stages' included, stay)."""
+        self._plans = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +183,7 @@ class MemoryJudge:
         """The judge for a study's GPU, headroom and whether it launches memory probes."""
         limit = headroom * gpu.memory_gib * GIB  # as tuner.models.memory.estimate.fits has it
         ceiling = (
-            max(limit, probe_ceiling_gib(gpu.memory_gib, max_memory_sigma()) * GIB)
-            if probes
-            else limit
+            max(limit, probe_ceiling_gib(gpu.memory_gib, ANY_SIGMA) * GIB) if probes else limit
         )
         return cls(model, gpu, framework, precision, limit, ceiling, fast, terms)
 
@@ -182,12 +199,15 @@ class MemoryJudge:
             return every, every.peak <= self.limit
         plans: list[StagePlan] = []
         stages: list[tuple[float, float]] = []
+        share = 0.0  # the most the slack can be of any phase's device figure
         for plan in iter_stage_plans(
             self.model, config, self.gpu, self.framework, self.precision
         ):  # fmt: skip
             plans.append(plan)
-            stages += stage_bounds((plan,), self.gpu)
-            low = stages[-1][0] - 2 * PHASE_TIE_BYTES  # the peak is at least this (peak_between)
+            least, most, most_share = stage_bound(plan, self.gpu)
+            stages.append((least, most))
+            share = max(share, most_share)
+            low = least - 2 * PHASE_TIE_BYTES  # the peak is at least this (peak_between)
             if low > self.ceiling:  # out of memory and no probe, whatever the other stages hold
                 return self.deferred(config, low), False
         # the stages that could be over the limit, most loaded first, each simulated alone
@@ -201,25 +221,34 @@ class MemoryJudge:
                 stages[i] = (figure, figure)
             low, high = peak_between(stages)
             if low > self.limit or high <= self.limit:
-                return self.deferred(config, low, high), high <= self.limit
+                # the share's last bit may round down: a billionth more keeps it a bound
+                sigma = max_memory_sigma(slack_share=share * (1 + 1e-9))
+                return self.deferred(config, low, high, sigma, stages), high <= self.limit
         memory = MemoryBreakdown(with_slack(tuple(plans), self.gpu))
         return memory, memory.peak <= self.limit
 
     def may_probe(self, memory: MemoryBreakdown | DeferredMemory) -> bool:
         """Whether an out-of-memory config may be a memory probe: exactly for a breakdown
         (``probes.may_probe``), and for one still deferred unless its lower bound is over the
-        probes' ceiling (the caller decides on the exact peak, ``enumerate.probes_of``, for the
-        few that the step time leaves in the running)."""
+        probes' ceiling at the most its sd can be (``DeferredMemory.sigma_high``; the caller
+        decides on the exact peak, ``enumerate.probes_of``, for the few that the step time leaves
+        in the running). Why that is exact: a peak over the ceiling at an sd over its own is
+        over its own ceiling too (``probes.probe_ceiling_gib`` grows with the sd)."""
         if isinstance(memory, MemoryBreakdown):
             return may_probe(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
-        return memory.low <= self.ceiling
+        if memory.low > self.ceiling:
+            return False
+        return memory.low <= probe_ceiling_gib(self.gpu.memory_gib, memory.sigma_high) * GIB
 
     def deferred(
-        self, config: ParallelConfig, low: float = 0.0, high: float = float("inf")
-    ) -> DeferredMemory:
-        """The exact breakdown of ``config``, when read (its peak known to lie in [low, high])."""
+        self, config: ParallelConfig, low: float = 0.0, high: float = float("inf"),
+        sigma_high: float | None = None, stages: list[tuple[float, float]] | None = None,
+    ) -> DeferredMemory:  # fmt: skip
+        """The exact breakdown of ``config``, when read (its peak known to lie in [low, high],
+        its sd at most ``sigma_high``, None: ``max_memory_sigma()``; ``stages``: every stage's
+        bounds, ``bound.stage_bounds``, where known)."""
         return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision,
-                              low, high, self.terms)  # fmt: skip
+                              low, high, self.terms, sigma_high, stages)  # fmt: skip
 
 
 def step_of(c: Candidate) -> float:

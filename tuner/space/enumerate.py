@@ -22,12 +22,13 @@ from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rules import RuleViolation, validate
 from tuner.config.settings import parse_setting
 from tuner.errors import ConfigError
-from tuner.models.memory.estimate import GIB
+from tuner.models.memory.estimate import GIB, MemoryBreakdown
+from tuner.models.moe import memory_view
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
-from tuner.space.candidates import MemoryJudge
+from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.probes import may_probe
 from tuner.spec.frameworks import traits
@@ -305,6 +306,9 @@ def judged(
     measured = terms is not None and not terms.is_catalog
     judge = MemoryJudge.of(model, gpu, fw, precision, headroom, probing, fast and not measured,
                            terms)  # fmt: skip
+    # configs the memory model reads alike (moe.memory_view) share one verdict and breakdown;
+    # the knob they differ in is the innermost loop, so a few recent views suffice
+    seen: dict[ParallelConfig, tuple[MemoryBreakdown | DeferredMemory, bool]] = {}
     for config in iter_configs(spec):
         report.total += 1
         errors = study_violations(config, spec)
@@ -312,7 +316,8 @@ def judged(
             report.invalid += 1
             report.invalid_by_rule[errors[0].rule] += 1
             continue
-        memory, ok = judge.memory(config)  # deferred: the bounds settled it, computed when read
+        # deferred: the bounds settled it, computed when read
+        memory, ok = _shared(seen, config, judge) if judge.fast else judge.memory(config)
         if ok:
             time = (
                 estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
@@ -326,6 +331,20 @@ def judged(
         if near is not None and probing and judge.may_probe(memory):
             time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
             near.append(Candidate(config, memory, False, time))
+
+
+def _shared(
+    seen: dict[ParallelConfig, tuple[MemoryBreakdown | DeferredMemory, bool]],
+    config: ParallelConfig, judge: MemoryJudge,
+) -> tuple[MemoryBreakdown | DeferredMemory, bool]:  # fmt: skip
+    """``judge.memory(config)``, or the one of a recent config the memory model reads alike
+    (``moe.memory_view``): the same breakdown, so one object serves both."""
+    view = memory_view(config)
+    if view not in seen:
+        if len(seen) > 8:
+            seen.clear()
+        seen[view] = judge.memory(config)
+    return seen[view]
 
 
 class SharedSpace:

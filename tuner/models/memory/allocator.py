@@ -173,11 +173,15 @@ class _Cache:
             self.alloc(size, count, new)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def tensor_bytes(tensors: Tensors) -> float:
-    """Bytes of ``tensors`` as requested (before rounding)."""
+    """Bytes of ``tensors`` as requested (before rounding). Cached, as :func:`_least_most`:
+    the same groups of tensors recur across the stages and configs of a space (configs that
+    differ in knobs a group does not depend on), and a tuple hashes faster than it sums."""
     return sum(size * count for size, count in tensors)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _least_most(tensors: Tensors) -> tuple[int, int]:
     """(bytes of the blocks ``tensors`` take at the least: each request rounded, bytes of the
     segments they can make at the most: one new segment per request)."""

@@ -33,14 +33,21 @@ from tuner.models.memory.overheads import allocator_slack
 def stage_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> list[tuple[float, float]]:
     """Per stage, bytes (least, most) between which its exact largest device figure lies (the
     largest over its phases of ``MemoryBreakdown(with_slack(plans, gpu))``)."""
-    out = []
-    for stage, tensors in plans:
-        least, most = (
-            max(p.device_with(x) for p, x in zip(stage.phases, slacks, strict=True))
-            for slacks in (allocator_slack(tensors, gpu, r) for r in reserved_bounds(tensors))
-        )
-        out.append((least, most))
-    return out
+    return [stage_bound(plan, gpu)[:2] for plan in plans]
+
+
+def stage_bound(plan: StagePlan, gpu: GPUSpec) -> tuple[float, float, float]:
+    """One stage's (least, most) largest device figure (:func:`stage_bounds`) and the most its
+    allocator slack can be of any of its phases' device figure (what
+    ``tuner.models.uncertainty.max_memory_sigma`` reads). Why the share bounds: a phase's
+    device figure is its slack plus terms the slack does not change (``device_with``), and
+    ``x / (k + x)`` grows with ``x``, so the upper slack gives the largest share."""
+    stage, tensors = plan
+    low, high = (allocator_slack(tensors, gpu, r) for r in reserved_bounds(tensors))
+    least = max(p.device_with(x) for p, x in zip(stage.phases, low, strict=True))
+    figures = [p.device_with(x) for p, x in zip(stage.phases, high, strict=True)]
+    share = max(x / f if f > 0 else 0.0 for x, f in zip(high, figures, strict=True))
+    return least, max(figures), share
 
 
 def stage_peak(plan: StagePlan, gpu: GPUSpec) -> float:

@@ -256,6 +256,17 @@ def iter_stage_plans(
     return (_stage_memory(model, config, i, n, gpu, framework, precision, z) for i, n in layers)
 
 
+def stage_plan(
+    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+    precision: Precision, stage: int, zero_settings: Mapping[str, float] | None = None,
+) -> StagePlan:  # fmt: skip
+    """Stage ``stage`` of :func:`stage_plans` alone (the same plan: each stage's terms read
+    only its own index and layer count)."""
+    layers = stage_layers(model, config, framework)[stage]
+    return _stage_memory(model, config, stage, layers, gpu, framework, precision,
+                         zero_settings or None)  # fmt: skip
+
+
 def with_slack(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[StageMemory, ...]:
     """The stages with their allocator slack (``overheads.allocator_slack``, simulated)."""
     out = []
