@@ -28,11 +28,20 @@ from tuner.logs import parse_log
 from tuner.space.enumerate import iter_configs, study_violations
 from tuner.spec.study import StudySpec
 
-PROBE_ITERS = 10
-"""Iterations of each probe run: enough for a steady median past the warm-up on every stack."""
-PROBE_WARMUP = 3
-"""Iterations left out of the median (allocator warm-up, first-step graph builds, ZeRO's lazy
-state)."""
+PROBE_ITERS = 6
+"""Iterations of each probe run: the first (warm-up) and enough after it for a median. A run's
+start (interpreter, imports, process group, engine) costs more than ten of its steps on the
+demos, so each iteration cut is a small saving; the warm-up is detected, not assumed long."""
+PROBE_WARMUP = 1
+"""Iterations always left out of the median: the first optimizer step builds the optimizer's
+lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
+workloads' memory accounting."""
+WARM_SLOW = 1.25
+"""After those, a leading iteration slower than this times the median of the ones after it is
+still warming up (allocator growth, first collectives on a new communicator) and is left out
+too (:func:`steady_samples`)."""
+MIN_STEADY = 3
+"""The fewest iterations a median is taken over."""
 DEPTHS = (1, 2)
 """Layers per stage of the base points: the difference is one layer, the rest is fixed."""
 PROBE_TIMEOUT_MIN = 10.0
@@ -215,8 +224,9 @@ def rows_from_logs(
             tail = " | ".join(text.strip().splitlines()[-2:]) or "no output"
             raise LaunchError(f"probe run p{k} ({run.config.key()}, {run.depth} layers) measured "
                               f"nothing ({m.outcome}): {tail}")  # fmt: skip
-        steady = m.step_times_s[PROBE_WARMUP:] or m.step_times_s
-        rows.append(ProbeRow(key=run.config.key(), depth=run.depth, step_s=m.step_time_s,
+        steady = steady_samples(m.step_times_s)
+        rows.append(ProbeRow(key=run.config.key(), depth=run.depth,
+                             step_s=statistics.median(steady),
                              samples_s=tuple(steady), peak_gib=m.peak_memory_gib,
                              reserved_gib=m.peak_reserved_gib))  # fmt: skip
     return rows
@@ -272,6 +282,18 @@ def _read(path: Path) -> str:
 
 def _done(log: Path) -> int:
     return sum(1 for ln in _read(log).splitlines() if ln.startswith(POINT) and " end " in ln)
+
+
+def steady_samples(times: Sequence[float]) -> tuple[float, ...]:
+    """The step times past the warm-up: the first :data:`PROBE_WARMUP` always dropped, then each
+    leading one more than :data:`WARM_SLOW` times the median of those after it, while at least
+    :data:`MIN_STEADY` stay (all of them when there are fewer)."""
+    rest = list(times[PROBE_WARMUP:])
+    if len(rest) < MIN_STEADY:
+        return tuple(times[-MIN_STEADY:]) or tuple(times)
+    while len(rest) > MIN_STEADY and rest[0] > WARM_SLOW * statistics.median(rest[1:]):
+        rest.pop(0)
+    return tuple(rest)
 
 
 def spread(samples: Sequence[float]) -> float:
