@@ -201,6 +201,8 @@ def test_points_are_framed_per_run_in_the_node_logs() -> None:
     log = ("noise\nTUNER_STACK_POINT 0 start\na\nb\nTUNER_STACK_POINT 0 end rc=0\n"
            "TUNER_STACK_POINT 1 start\nc\nTUNER_STACK_POINT 1 end rc=1\ntail\n")  # fmt: skip
     assert split_points(log) == {0: "a\nb\n", 1: "c\n"}
+    again = log + "TUNER_STACK_POINT 0 start\nd\nTUNER_STACK_POINT 0 end rc=0\n"
+    assert split_points(again) == {0: "d\n", 1: "c\n"}  # a later probe's run, not both
 
 
 def saved(tmp_path: Path, spec: StudySpec, now: dt.datetime) -> Path:

@@ -186,13 +186,16 @@ def _quote(text: str) -> str:
 
 
 def split_points(text: str) -> dict[int, str]:
-    """Each point's lines of one node log, by point index."""
+    """Each point's lines of one node log, by point index: the last run of each (an executor
+    may append a probe's log to an earlier probe's in the same directory)."""
     out: dict[int, list[str]] = {}
     current: int | None = None
     for line in text.splitlines():
         if line.startswith(POINT):
             parts = line.split()
             current = int(parts[1]) if parts[2] == "start" else None
+            if current is not None:
+                out[current] = []
             continue
         if current is not None:
             out.setdefault(current, []).append(line)
@@ -248,6 +251,8 @@ def run_stack_probe(
     for _ in runs[1:]:  # one port each: a finished run's may linger, another job may take one
         ports.append(executor.master_port(hosts, ports[-1] + 1))
     paths.dir.mkdir(parents=True, exist_ok=True)
+    for n in range(len(hosts)):  # an earlier probe's log here would be appended to
+        paths.node_log(n).unlink(missing_ok=True)
     node_dir = str(paths.dir.resolve())
     scripts, files = bundle(spec, runs, hosts, master, ports, node_dir)
     limit = (spec.search.trial_timeout_min or PROBE_TIMEOUT_MIN) * 60.0 * len(runs)
