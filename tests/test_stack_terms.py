@@ -197,6 +197,35 @@ def test_the_warm_up_is_detected_not_assumed() -> None:
     assert steady_samples([2.0, 1.0]) == (2.0, 1.0)
 
 
+def test_a_script_that_runs_the_points_itself_starts_once_per_node() -> None:
+    """``launch.probe_one_process``: one launch per node (the first point's, given
+    ``--probe-points``), the file listing each point's own arguments (its ds_config, its depth,
+    the probe's iterations); without it, one launch per point."""
+    import json
+
+    from tuner.profile.probe import PROBE_ITERS, bundle
+
+    data = copy.deepcopy(STUDY)
+    spec = spec_of(data)
+    runs = probe_runs(spec)
+    ports = [29500 + k for k in range(len(runs))]
+    scripts, files = bundle(spec, runs, ("localhost",), "127.0.0.1", ports, "/probe")
+    assert len(scripts) == 1 and scripts[0].count("exec torchrun") == len(runs)
+    data["launch"]["probe_one_process"] = True
+    scripts, files = bundle(spec_of(data), runs, ("localhost",), "127.0.0.1", ports, "/probe")
+    assert len(scripts) == 1 and scripts[0].count("exec torchrun") == 1
+    assert "--probe-points /probe/probe-points.json" in " ".join(scripts[0].split())
+    plan = json.loads(files["probe-points.json"])
+    assert [p["point"] for p in plan["points"]] == list(range(len(runs)))
+    for k, (run, point) in enumerate(zip(runs, plan["points"], strict=True)):
+        argv = point["argv"]
+        assert argv[argv.index("--deepspeed_config") + 1] == f"/probe/p{k}/ds_config.json"
+        assert f"p{k}.ds_config.json" in files
+        assert argv[argv.index("--num-layers") + 1] == str(run.depth * run.config.pp)
+        assert argv[argv.index("--train-iters") + 1] == str(PROBE_ITERS)
+    assert plan["marker"] == "TUNER_STACK_POINT"
+
+
 def test_points_are_framed_per_run_in_the_node_logs() -> None:
     log = ("noise\nTUNER_STACK_POINT 0 start\na\nb\nTUNER_STACK_POINT 0 end rc=0\n"
            "TUNER_STACK_POINT 1 start\nc\nTUNER_STACK_POINT 1 end rc=1\ntail\n")  # fmt: skip

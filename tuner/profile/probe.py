@@ -153,6 +153,8 @@ def bundle(
     point's script (inline) and runs the points in order, each framed by :data:`POINT` lines."""
     from tuner.launch import render_launch
 
+    if spec.launch.probe_one_process and spec.framework == "deepspeed":
+        return _one_process(spec, runs, hosts, master_addr, master_ports[0], node_dir)
     files: dict[str, str] = {}
     bodies: list[list[str]] = [[] for _ in hosts]
     for k, run in enumerate(runs):
@@ -177,6 +179,50 @@ def bundle(
         f'run() {{ echo "{POINT} $1 start"; bash "$2"; echo "{POINT} $1 end rc=$?"; }}',
     ]
     return tuple("\n".join([*head, *body]) + "\n" for body in bodies), files
+
+
+def _one_process(
+    spec: StudySpec, runs: Sequence[ProbeRun], hosts: Sequence[str], master_addr: str,
+    master_port: int, node_dir: str,
+) -> tuple[tuple[str, ...], dict[str, str]]:  # fmt: skip
+    """:func:`bundle` for a script that runs the points itself (``launch.probe_one_process``):
+    each point's files as there, and one launch per node (the first point's, given
+    ``--probe-points`` with every point's arguments), so the interpreter, imports and process
+    group start once; the script frames each point with :data:`POINT` lines."""
+    import json
+
+    from tuner.launch import render_launch
+    from tuner.launch.megatron_flags import deepspeed_script_flags
+
+    files: dict[str, str] = {}
+    copies: list[str] = []
+    points = []
+    for k, run in enumerate(runs):
+        small = reduced(spec, run.config, run.depth)
+        rendered = render_launch(small, run.config, hosts=hosts, master_addr=master_addr,
+                                 master_port=master_port,
+                                 trial_dir=f"{node_dir}/p{k}")  # fmt: skip
+        copies.append(f"mkdir -p p{k}")
+        for name, text in rendered.files.items():
+            files[f"p{k}.{name}"] = text
+            copies.append(f"cp p{k}.{name} p{k}/{name}")
+        flags = deepspeed_script_flags(small.model, run.config, small.launch.train_iters)
+        argv = ["--deepspeed_config", f"{node_dir}/p{k}/ds_config.json"]
+        argv += [part for flag in flags for part in flag] + list(spec.launch.script_args)
+        points.append({"point": k, "argv": argv})
+    files["probe-points.json"] = json.dumps({"marker": POINT, "points": points})
+    launch = dataclasses.replace(spec.launch, extra_args=(
+        *spec.launch.extra_args, "--probe-points", f"{node_dir}/probe-points.json"))  # fmt: skip
+    first = dataclasses.replace(reduced(spec, runs[0].config, runs[0].depth), launch=launch)
+    rendered = render_launch(first, runs[0].config, hosts=hosts, master_addr=master_addr,
+                             master_port=master_port, trial_dir=f"{node_dir}/p0")  # fmt: skip
+    head = ["#!/usr/bin/env bash", "set -uo pipefail", f"cd {_quote(node_dir)}", *copies]
+    scripts = []
+    for n, script in enumerate(rendered.scripts):
+        name = f"points.node-{n}.sh"
+        body = [f"cat > {name} <<'{HEREDOC}'", script.rstrip("\n"), HEREDOC, f"bash {name}"]
+        scripts.append("\n".join([*head, *body]) + "\n")
+    return tuple(scripts), files
 
 
 def _quote(text: str) -> str:
