@@ -320,6 +320,55 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     assert " yes " in out and "   - " in out
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_probe_truth_measures_every_config_at_full_depth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_truth.py: every valid config at its full depth in one job through the probe's
+    machinery (here a fake job answering with the stand-in's surface), against the models with
+    the saved probe; the composed peak holds every config within 5%."""
+    import yaml
+
+    import tuner.profile.probe as probe_module
+    import tuner.study.loop as loop
+    from tools.probe_truth import main as probe_truth
+    from tuner.layout import ClusterLayout
+    from tuner.profile.run import local_versions
+    from tuner.spec.file import load_study
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["python"] = "python3"
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("standin")
+    torch = str(local_versions().get("torch", "none"))
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=1.0, nodes=1,
+                         versions={"torch": torch})  # fmt: skip
+    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
+               .stack_yaml(spec.name), dt.datetime.now(dt.UTC))  # fmt: skip
+    asked: list[Any] = []
+
+    def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None) -> ProbeResult:
+        asked.extend(runs)
+        rows = [ProbeRow(key=r.config.key(), depth=r.depth, step_s=true_step(spec, r.config, 8),
+                         samples_s=(1.0,), peak_gib=true_peak(spec, r.config, 8) / GIB,
+                         reserved_gib=None) for r in runs]  # fmt: skip
+        return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
+
+    class Executor:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(probe_module, "run_stack_probe", job)
+    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    assert probe_truth(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert {r.depth * r.config.pp for r in asked} == {8}  # each config at its full depth
+    n = len(asked)
+    assert n >= 20 and f"{n} of {n} within 5%" in out
+
+
 def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:
     """A config composed from a probed point states a narrower step-time sd than the catalog
     (its compute terms measured, at the probe's spread or the compute floor), lists the measured

@@ -284,11 +284,13 @@ def rows_from_logs(
 def run_stack_probe(
     spec: StudySpec, executor: Any, paths: TrialPaths,
     on_progress: Callable[[int, int], None] | None = None, poll_s: float = 0.2,
+    runs: Sequence[ProbeRun] | None = None,
 ) -> ProbeResult:  # fmt: skip
-    """Run every point of :func:`probe_runs` as one job through ``executor``; the rows."""
+    """Run every point of :func:`probe_runs` (or ``runs``) as one job through ``executor``; the
+    rows."""
     from tuner.launch import LaunchRequest
 
-    runs = probe_runs(spec)
+    runs = list(probe_runs(spec) if runs is None else runs)
     if not runs:
         raise LaunchError("the probe found no config without pipeline stages in the space")
     hosts = tuple(spec.node_names[: spec.nodes_per_trial])
