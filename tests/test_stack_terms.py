@@ -46,9 +46,16 @@ STUDY: dict[str, Any] = {
               "recompute_method": ["uniform"], "recompute_num_layers": [1],
               "zero_stage": [0, 1]},
 }  # fmt: skip
-ACTIVATIONS, EXTRAS = 1.3, 0.7
+ACTIVATIONS, EXTRAS = {"none": 1.3, "full": 0.6}, 0.7
 """The stand-in's saved activations and extras against the catalog's: a stack that keeps more
-per layer (an unfused kernel's extra saved tensor) and a loss that keeps less (a fused one)."""
+per layer without recomputation (an unfused kernel's extra saved tensor), less with full
+recomputation (a checkpoint that keeps its input alone and frees the rebuilt layer early), and a
+loss that keeps less (a fused one)."""
+STATES, SHARDED_WORK = {0: 1.0, 1: 1.15}, {0: 1.0, 1: 1.8}
+"""Its model states and its step's sharding-dependent work (data-parallel traffic, optimizer
+step) against the catalog's, by ZeRO stage: stage 1 keeps an extra fp32 gradient partition and
+reduces in more, smaller messages; stage 0 is the catalog's (the probe's base point takes the
+catalog's states)."""
 
 
 def spec_of(data: dict[str, Any] | None = None) -> StudySpec:
@@ -70,16 +77,21 @@ def at_depth(spec: StudySpec, layers: int) -> Any:
 def true_step(spec: StudySpec, c: ParallelConfig, layers: int) -> float:
     gpn, rates = spec.cluster.gpus_per_node, standin_rates(spec)
     model = at_depth(spec, layers)
-    return estimate_time(model, spec.training, c, study_gpu(spec), gpn, spec.framework,
-                         rates).step  # fmt: skip
+    t = estimate_time(model, spec.training, c, study_gpu(spec), gpn, spec.framework, rates)
+    return t.step + (SHARDED_WORK[c.zero_stage] - 1) * (t.dp_comm + t.optimizer)
 
 
 def true_peak(spec: StudySpec, c: ParallelConfig, layers: int) -> float:
-    """Bytes: the largest phase of any stage with the stand-in's activations and extras."""
+    """Bytes: the largest phase of any stage with the stand-in's activations, extras and states
+    (the step phase's buffers are the optimizer's temporaries, not states). Its ranks are CPU
+    ranks: the figure is a tensor accounting, which holds none of the step's temporaries."""
     mem = estimate_memory(at_depth(spec, layers), c, study_gpu(spec), spec.framework,
                           spec.training.precision)  # fmt: skip
+    a, k = ACTIVATIONS[c.recompute], STATES[c.zero_stage]
     return max(
-        p.allocated + (ACTIVATIONS - 1) * p.activations + (EXTRAS - 1) * p.stage_extras
+        p.allocated + (a - 1) * p.activations + (EXTRAS - 1) * p.stage_extras
+        + (k - 1) * (p.weights + p.grads + p.optimizer)
+        + (k if p.phase == "fwd_bwd" else 0.0) * p.framework_buffers - p.framework_buffers
         for s in mem.stages for p in s.phases
     )  # fmt: skip
 
@@ -131,6 +143,35 @@ def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> 
             assert peak / truth_peak == pytest.approx(1.0, rel=0.005)
     assert catalog_off > 0.1
     assert checked >= 20 and kept_out == checked - len(probed)
+    # recomputation and ZeRO stage 1 together: no probed point has both, each effect comes from
+    # its own neighbour
+    both = [c for c in iter_configs(spec) if c.recompute == "full" and c.zero_stage == 1]
+    assert both and not {c.key() for c in both} & probed
+
+
+def test_the_step_temporaries_are_nil_on_cpu_ranks_and_the_catalogs_on_gpus() -> None:
+    """CPU ranks report a tensor accounting (no transient of the step): the probe records the
+    step's temporaries at nil there, and a ZeRO-1 config whose catalog peak is its step phase
+    (a flattened reduce bucket) is then composed from its forward and backward phase; GPU ranks
+    report the allocator's peak, which holds them, and keep the catalog's."""
+    spec = spec_of()
+    c = next(c for c in iter_configs(spec) if c.zero_stage == 1 and c.recompute == "full"
+             and c.micro_batch_size == 1 and c.pp == 1)  # fmt: skip
+    gpu = study_gpu(spec)
+    catalog = estimate_memory(spec.model, c, gpu, spec.framework, spec.training.precision)
+    assert catalog.stages[0].worst.phase == "step"
+    terms = derive_terms(spec, probe_rows(spec))
+    assert {p.temps_scale for p in terms.points} == {0.0}
+    composed = estimate_memory(spec.model, c, gpu, spec.framework, spec.training.precision,
+                               terms=terms)  # fmt: skip
+    assert composed.stages[0].worst.phase == "fwd_bwd"
+    assert {s.term: s.source for s in terms.sources(c)}["optimizer_temps"] == "measured"
+    on_gpu = copy.deepcopy(STUDY)
+    on_gpu["cluster"] = {**on_gpu["cluster"], "gpu": "a100-80gb", "gpu_memory_gib": 80.0}
+    gpu_spec = spec_of(on_gpu)
+    gpu_terms = derive_terms(gpu_spec, probe_rows(gpu_spec))
+    assert {p.temps_scale for p in gpu_terms.points} == {None}
+    assert {s.term: s.source for s in gpu_terms.sources(c)}["optimizer_temps"] == "catalog"
 
 
 def test_a_probe_without_a_measured_point_leaves_the_catalog() -> None:
@@ -146,10 +187,52 @@ def test_a_probe_without_a_measured_point_leaves_the_catalog() -> None:
     assert CATALOG.is_catalog and not terms.is_catalog
 
 
+def test_the_warm_up_is_detected_not_assumed() -> None:
+    """The first step is always warm-up; a next one well above the median of those after it
+    is too; a slow step later on is load, not warm-up, and stays in; a few steps all stay."""
+    from tuner.profile.probe import steady_samples
+
+    assert steady_samples([3.0, 1.0, 1.1, 0.9, 1.0, 1.0]) == (1.0, 1.1, 0.9, 1.0, 1.0)
+    assert steady_samples([3.0, 2.0, 1.6, 1.0, 1.1, 0.9]) == (1.0, 1.1, 0.9)
+    assert steady_samples([3.0, 1.0, 1.0, 2.0, 1.0, 1.0]) == (1.0, 1.0, 2.0, 1.0, 1.0)
+    assert steady_samples([2.0, 1.0]) == (2.0, 1.0)
+
+
+def test_a_script_that_runs_the_points_itself_starts_once_per_node() -> None:
+    """``launch.probe_one_process``: one launch per node (the first point's, given
+    ``--probe-points``), the file listing each point's own arguments (its ds_config, its depth,
+    the probe's iterations); without it, one launch per point."""
+    import json
+
+    from tuner.profile.probe import PROBE_ITERS, bundle
+
+    data = copy.deepcopy(STUDY)
+    spec = spec_of(data)
+    runs = probe_runs(spec)
+    ports = [29500 + k for k in range(len(runs))]
+    scripts, files = bundle(spec, runs, ("localhost",), "127.0.0.1", ports, "/probe")
+    assert len(scripts) == 1 and scripts[0].count("exec torchrun") == len(runs)
+    data["launch"]["probe_one_process"] = True
+    scripts, files = bundle(spec_of(data), runs, ("localhost",), "127.0.0.1", ports, "/probe")
+    assert len(scripts) == 1 and scripts[0].count("exec torchrun") == 1
+    assert "--probe-points /probe/probe-points.json" in " ".join(scripts[0].split())
+    plan = json.loads(files["probe-points.json"])
+    assert [p["point"] for p in plan["points"]] == list(range(len(runs)))
+    for k, (run, point) in enumerate(zip(runs, plan["points"], strict=True)):
+        argv = point["argv"]
+        assert argv[argv.index("--deepspeed_config") + 1] == f"/probe/p{k}/ds_config.json"
+        assert f"p{k}.ds_config.json" in files
+        assert argv[argv.index("--num-layers") + 1] == str(run.depth * run.config.pp)
+        assert argv[argv.index("--train-iters") + 1] == str(PROBE_ITERS)
+    assert plan["marker"] == "TUNER_STACK_POINT"
+
+
 def test_points_are_framed_per_run_in_the_node_logs() -> None:
     log = ("noise\nTUNER_STACK_POINT 0 start\na\nb\nTUNER_STACK_POINT 0 end rc=0\n"
            "TUNER_STACK_POINT 1 start\nc\nTUNER_STACK_POINT 1 end rc=1\ntail\n")  # fmt: skip
     assert split_points(log) == {0: "a\nb\n", 1: "c\n"}
+    again = log + "TUNER_STACK_POINT 0 start\nd\nTUNER_STACK_POINT 0 end rc=0\n"
+    assert split_points(again) == {0: "d\n", 1: "c\n"}  # a later probe's run, not both
 
 
 def saved(tmp_path: Path, spec: StudySpec, now: dt.datetime) -> Path:
@@ -265,6 +348,55 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     out = capsys.readouterr().out
     assert "step measured / predicted: 1.000-1.000 (kept out: 1.000-1.000)" in out
     assert " yes " in out and "   - " in out
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_probe_truth_measures_every_config_at_full_depth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_truth.py: every valid config at its full depth in one job through the probe's
+    machinery (here a fake job answering with the stand-in's surface), against the models with
+    the saved probe; the composed peak holds every config within 5%."""
+    import yaml
+
+    import tuner.profile.probe as probe_module
+    import tuner.study.loop as loop
+    from tools.probe_truth import main as probe_truth
+    from tuner.layout import ClusterLayout
+    from tuner.profile.run import local_versions
+    from tuner.spec.file import load_study
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["python"] = "python3"
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("standin")
+    torch = str(local_versions().get("torch", "none"))
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=1.0, nodes=1,
+                         versions={"torch": torch})  # fmt: skip
+    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
+               .stack_yaml(spec.name), dt.datetime.now(dt.UTC))  # fmt: skip
+    asked: list[Any] = []
+
+    def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None) -> ProbeResult:
+        asked.extend(runs)
+        rows = [ProbeRow(key=r.config.key(), depth=r.depth, step_s=true_step(spec, r.config, 8),
+                         samples_s=(1.0,), peak_gib=true_peak(spec, r.config, 8) / GIB,
+                         reserved_gib=None) for r in runs]  # fmt: skip
+        return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
+
+    class Executor:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(probe_module, "run_stack_probe", job)
+    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    assert probe_truth(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert {r.depth * r.config.pp for r in asked} == {8}  # each config at its full depth
+    n = len(asked)
+    assert n >= 20 and f"{n} of {n} within 5%" in out
 
 
 def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:

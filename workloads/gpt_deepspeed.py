@@ -22,6 +22,12 @@ optimizer groups (``split_params_into_different_moe_groups_for_optimizer``). Ref
 exit 2: ZeRO-3 (DeepSpeed's native MoE does not run under it), pipeline stages, and a
 data-parallel world that ``--ep-size`` does not divide.
 
+A framework probe's points (``--probe-points FILE``: a marker and, per point, the workload's
+arguments) run one after another in one process, each framed by ``<marker> <point> start`` and
+``<marker> <point> end rc=<code>`` lines from rank 0: the interpreter, imports (torch's lazy
+compiler import in the first optimizer included), the process group and DeepSpeed's comm op
+start once for all of them.
+
 Rank 0 first prints ``tuner-versions: python=... torch=... deepspeed=...``. The other printed
 lines (``tuner-step``, ``tuner-memory``, ``tuner-done``) and how memory is
 measured on CPU: ``gpt_deepspeed_train``. This file starts the process group and the engine;
@@ -149,23 +155,23 @@ def fail(exc: Exception) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-        shape = model_shape(args)
-        config = load_ds_config(args.deepspeed_config)
-        plan = plan_run(config, int(os.environ.get("WORLD_SIZE", "1")), shape)
-    except WorkloadConfigError as exc:
-        return fail(exc)
-    device, rank = start_distributed()
-    if rank == 0:
-        emit(versions_line())
+Prepared = tuple[Any, Any, dict[str, Any], RunPlan]  # args, shape, ds_config, plan
+
+
+def prepare(args: Any) -> Prepared:
+    """The run's shape, ds_config and plan; a bad one is a WorkloadConfigError."""
+    shape = model_shape(args)
+    config = load_ds_config(args.deepspeed_config)
+    plan = plan_run(config, int(os.environ.get("WORLD_SIZE", "1")), shape)
+    return args, shape, config, plan
+
+
+def train(run: Prepared, device: Any, rank: int) -> Any:
+    """Build the model and engine of ``run``, run its steps; the engine."""
+    args, shape, config, plan = run
     rss_base = rss_kib("VmRSS")
-    try:
-        model = build_model(shape, plan, config, args.seed)
-        engine, inner = start_engine(model, plan, config)
-    except WorkloadConfigError as exc:
-        return fail(exc)
+    model = build_model(shape, plan, config, args.seed)
+    engine, inner = start_engine(model, plan, config)
     session = Session(
         engine=engine,
         inner=inner,
@@ -178,8 +184,82 @@ def main(argv: list[str] | None = None) -> int:
         rss_base_kib=rss_base,
     )
     run_steps(session, args.train_iters)
+    return engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        points = load_points(args.probe_points) if args.probe_points else None
+        first = prepare(args)
+    except WorkloadConfigError as exc:
+        return fail(exc)
+    device, rank = start_distributed()
+    if rank == 0:
+        emit(versions_line())
+    if points is not None:
+        run_points(points, device, rank)
+        return 0
+    try:
+        engine = train(first, device, rank)
+    except WorkloadConfigError as exc:
+        return fail(exc)
     shutdown(engine)
     return 0
+
+
+def load_points(path: Path) -> tuple[str, list[tuple[int, list[str]]]]:
+    """(marker, [(point, argv)]) of a ``--probe-points`` file."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+        return str(data["marker"]), [(int(p["point"]), [str(a) for a in p["argv"]])
+                                     for p in data["points"]]  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise WorkloadConfigError(f"--probe-points {path}: {exc}") from exc
+
+
+def run_points(points: tuple[str, list[tuple[int, list[str]]]], device: Any, rank: int) -> None:
+    """Each point's run in turn, in this process (imports, process group and the first
+    collective paid once), framed by ``<marker> <point> start`` and ``<marker> <point> end
+    rc=<code>`` lines; then leave as :func:`shutdown` does."""
+    import gc
+
+    marker, runs = points
+    for point, argv in runs:
+        dist.barrier()
+        if rank == 0:
+            emit(f"{marker} {point} start")
+        code = 0
+        try:
+            engine = train(prepare(parse_args(argv)), device, rank)
+            engine.destroy()
+            del engine
+        except WorkloadConfigError as exc:
+            code = fail(exc)
+        gc.collect()
+        fresh_peaks(device)
+        dist.barrier()
+        if rank == 0:
+            emit(f"{marker} {point} end rc={code}")
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def fresh_peaks(device: Any) -> None:
+    """Start the next point's peak figures afresh: the allocator's peak statistics and cache on
+    CUDA, the resident set's high-water mark on CPU (``clear_refs`` 5, where Linux allows)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def shutdown(engine: Any) -> None:

@@ -93,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     moe.add_argument("--moe-min-capacity", type=int, default=4)
     moe.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
     moe.add_argument("--moe-layer-freq", default="1", help="N (every N-th block) or [1,0,...]")
+    p.add_argument(
+        "--probe-points", type=Path, default=None,
+        help="JSON {marker, points: [{point, argv}]}: run each point's arguments in turn in this "
+        "process (one start for a framework probe's points), each framed by marker lines",
+    )  # fmt: skip
     # The `deepspeed` launcher appends --local_rank; torchrun sets LOCAL_RANK instead.
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)

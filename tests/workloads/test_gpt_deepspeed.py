@@ -167,6 +167,34 @@ def test_run_reports_steps_memory_and_deepspeed_lines(
     assert pattern.search(run.output), f"no DeepSpeed throughput line:\n{run.output[-3000:]}"
 
 
+def test_probe_points_run_in_one_process_as_each_runs_alone(
+    workload: Callable[[str], Run], tmp_path: Path
+) -> None:
+    """``--probe-points``: configs run in turn in one process (ZeRO-3 first, so what it leaves
+    behind would show in the next), each framed by the marker lines, and each point's tensor
+    accounting is the one its own run reports."""
+    from tuner.profile.probe import POINT, split_points
+
+    names = ("zero3", "zero0")
+    points = [{"point": k, "argv": ["--deepspeed_config",
+                                    str(write_config(tmp_path, name, CONFIGS[name])), *MODEL_ARGS]}
+              for k, name in enumerate(names)]  # fmt: skip
+    plan = tmp_path / "points.json"
+    plan.write_text(json.dumps({"marker": POINT, "points": points}))
+    base = write_config(tmp_path, "base", CONFIGS["zero0"])
+    proc = subprocess.run(torchrun_command(base, "--probe-points", str(plan)), capture_output=True,
+                          text=True, env=workload_env(), timeout=300, check=False)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert output.count(f"{POINT} 0 end rc=0") == output.count(f"{POINT} 1 end rc=0") == 1
+    parts = split_points(output)
+    for k, name in enumerate(names):
+        point = Run(0, parts[k], 0.0)
+        assert len(point.steps()) == ITERS * WORLD, parts[k][-3000:]
+        for rank in range(WORLD):
+            assert point.memory(rank) == workload(name).memory(rank)
+
+
 def test_zero3_shards_params_and_optimizer(workload: Callable[[str], Run]) -> None:
     zero0, zero3 = workload("zero0").memory(0), workload("zero3").memory(0)
     assert zero3["params"] + zero3["optimizer"] < zero0["params"] + zero0["optimizer"]

@@ -38,7 +38,9 @@ from tuner.models.uncertainty import (
 )
 
 TIME_TERMS = ("layer_time", "fixed_time", "optimizer_step")
-MEMORY_TERMS = ("activations", "stage_extras", "slack", "outside_allocator", "optimizer_temps")
+MEMORY_TERMS = (
+    "activations", "stage_extras", "model_states", "slack", "outside_allocator", "optimizer_temps",
+)  # fmt: skip
 TERMS = TIME_TERMS + MEMORY_TERMS
 """Every term an estimate reports the source of (:meth:`StackTerms.sources`)."""
 
@@ -65,6 +67,16 @@ class StackPoint:
     """Measured / model bytes of one layer's saved activations."""
     extras_scale: float | None = None
     """Measured / model bytes of the stage's extras (embedding output, logits, loss)."""
+    states_scale: float | None = None
+    """Measured / model bytes of the model states (weights, gradients, optimizer states and the
+    framework's buffers around them) at this point's sharding (ZeRO stage, distributed
+    optimizer); None: the catalog's."""
+    step_scale: float | None = None
+    """Measured / model seconds of the step's sharding-dependent work (data-parallel gradient and
+    parameter traffic, the optimizer step) at this point's sharding; None: the catalog's."""
+    temps_scale: float | None = None
+    """Measured / model bytes of the optimizer step's temporaries (the step phase's buffers);
+    None: the catalog's."""
     slack_bytes: float | None = None
     """The allocator's slack, reserved - allocated (None: not reported, e.g. CPU ranks)."""
     outside_bytes: float | None = None
@@ -121,18 +133,47 @@ class StackTerms:
         """Whether nothing was measured (the models are exactly the catalog's)."""
         return not self.points
 
-    def point(self, config: ParallelConfig) -> StackPoint | None:
-        """The probed point nearest ``config`` with its TP and CP degrees (per-layer work splits
-        by them, and their collectives are the collective profile's), or None."""
+    def _nearest(self, config: ParallelConfig) -> tuple[StackPoint, StackPoint | None] | None:
+        """(the probed point nearest ``config`` with its TP and CP degrees, the nearest one with
+        its sharding: ZeRO stage, distributed optimizer and EP), or None."""
         same = [p for p in self.points if p.tp == config.tp and p.cp == config.cp]
-        return min(same, key=lambda p: p.distance(config)) if same else None
+        if not same:
+            return None
+        shard = [p for p in same if (p.zero_stage, p.distopt, p.ep) == _sharding(config)]
+        near = min(same, key=lambda p: p.distance(config))
+        return near, min(shard, key=lambda p: p.distance(config)) if shard else None
+
+    def point(self, config: ParallelConfig) -> StackPoint | None:
+        """The measured terms for ``config``, composed from the probed points with its TP and CP
+        degrees (per-layer work splits by them, and their collectives are the collective
+        profile's), or None. What a layer saves and computes comes from the nearest point
+        (recomputation and EP weigh most: they change the layer's work); the model states and
+        the step's sharding-dependent work from the nearest point with the config's own sharding
+        (ZeRO stage, distributed optimizer, EP), because sharding changes what each rank holds of
+        the states and how gradients and parameters travel, not what a layer saves or computes
+        (ZeRO, Rajbhandari et al. 2020, sec. 5). Without a point of its sharding the states and
+        that work stay the catalog's."""
+        found = self._nearest(config)
+        if found is None:
+            return None
+        near, shard = found
+        if near is shard:
+            return near
+        return dataclasses.replace(
+            near, states_scale=shard.states_scale if shard else None,
+            step_scale=shard.step_scale if shard else None,
+        )  # fmt: skip
 
     def sources(self, config: ParallelConfig) -> tuple[TermOrigin, ...]:
         """Each of :data:`TERMS` for ``config``: measured (and where) or catalog."""
+        found = self._nearest(config)
         p = self.point(config)
+        shard = found[1] if found else None
         values = {
             "layer_time": p and p.layer_scale, "fixed_time": p and p.fixed_scale,
+            "optimizer_step": p and p.step_scale,
             "activations": p and p.activation_scale, "stage_extras": p and p.extras_scale,
+            "model_states": p and p.states_scale, "optimizer_temps": p and p.temps_scale,
             "slack": p and p.slack_bytes, "outside_allocator": p and p.outside_bytes,
         }  # fmt: skip
         out = []
@@ -140,9 +181,14 @@ class StackTerms:
             if p is None or values.get(term) is None:
                 out.append(TermOrigin(term, "catalog"))
                 continue
-            spread = p.time_spread if term in TIME_TERMS else p.memory_spread
-            out.append(TermOrigin(term, "measured", spread, p.label))
+            where = shard if shard and term in ("optimizer_step", "model_states") else p
+            spread = where.time_spread if term in TIME_TERMS else where.memory_spread
+            out.append(TermOrigin(term, "measured", spread, where.label))
         return tuple(out)
+
+
+def _sharding(config: ParallelConfig) -> tuple[int, bool, int]:
+    return config.zero_stage, config.distributed_optimizer, config.ep
 
 
 CATALOG = StackTerms()
@@ -169,8 +215,10 @@ def composed_memory(
     memory: MemoryBreakdown, config: ParallelConfig, terms: StackTerms | None
 ) -> MemoryBreakdown:
     """``memory`` with the measured terms: activations and extras scaled by what one layer and
-    the stage's extras measured, slack and the memory outside the allocator replaced where the
-    stack reported them."""
+    the stage's extras measured, the model states (weights, gradients, optimizer states and
+    the buffers around them) by what the point of the config's sharding measured, the step's
+    temporaries by what the stack's figure holds of them, slack and the memory outside the
+    allocator replaced where the stack reported them."""
     p = None if terms is None else terms.point(config)
     if p is None:
         return memory
@@ -181,9 +229,16 @@ def composed_time(
     time: TimeBreakdown, config: ParallelConfig, terms: StackTerms | None
 ) -> TimeBreakdown:
     """``time`` (already built from the measured layer times, :func:`scaled_layer_times`) with
-    the provenance of its measured terms, so its stated sd is theirs."""
+    the step's sharding-dependent work (data-parallel traffic and the optimizer step) scaled as
+    the point of its sharding measured it, and the provenance of its measured terms, so its
+    stated sd is theirs."""
     p = None if terms is None else terms.point(config)
     given = () if p is None else time_provenance(p)
+    if p is not None and p.step_scale is not None:
+        k = p.step_scale
+        extra = (k - 1.0) * (time.dp_comm + time.optimizer)
+        time = dataclasses.replace(time, dp_comm=time.dp_comm * k, optimizer=time.optimizer * k,
+                                   step=time.step + extra)  # fmt: skip
     return dataclasses.replace(time, provenance=given) if given else time
 
 
@@ -200,6 +255,11 @@ def memory_provenance(p: StackPoint) -> Provenance:
         out.append(("activations", TermSource("measured", counted, why, group="counted")))
     if p.extras_scale is not None:
         out.append(("stage_extras", TermSource("measured", counted, why, group="counted")))
+    if p.states_scale is not None:
+        for name in ("weights", "grads", "optimizer", "framework_buffers"):
+            out.append((name, TermSource("measured", counted, why, group="counted")))
+    if p.temps_scale is not None:  # the step phase's buffers (its temporaries)
+        out.append(("framework_buffers", TermSource("measured", counted, why, group="counted")))
     if p.slack_bytes is not None:
         slack = max(p.memory_spread, MEMORY_SIGMA_FLOORS["slack"])
         out.append(("slack", TermSource("measured", slack, why, group="slack")))
@@ -221,7 +281,12 @@ def time_provenance(p: StackPoint) -> Provenance:
         names += ("compute", "recompute", "pp_bubble")
     if p.fixed_scale is not None:
         names += ("overhead",)
-    return tuple((n, TermSource("measured", sd, why, group="compute")) for n in names)
+    out = [(n, TermSource("measured", sd, why, group="compute")) for n in names]
+    if p.step_scale is not None:  # measured as one figure, at the collectives' floor
+        comm = max(p.time_spread, TIME_SIGMA_FLOORS["comm"])
+        out += [(n, TermSource("measured", comm, why, group="comm")) for n in ("dp_comm",)]
+        out += [("optimizer", TermSource("measured", sd, why, group="compute"))]
+    return tuple(out)
 
 
 def _stage(stage: StageMemory, p: StackPoint) -> StageMemory:
@@ -235,13 +300,18 @@ def _stage(stage: StageMemory, p: StackPoint) -> StageMemory:
 def _phase(ph: PhaseMemory, p: StackPoint) -> PhaseMemory:
     a = p.activation_scale if p.activation_scale is not None else 1.0
     x = p.extras_scale if p.extras_scale is not None else 1.0
+    k = p.states_scale if p.states_scale is not None else 1.0
+    # the step phase's buffers are the optimizer step's temporaries: a term of their own
+    # (``optimizer_temps``), which a peak of the forward and backward phase does not measure
+    t = p.temps_scale if p.temps_scale is not None else 1.0
+    buffers = ph.framework_buffers * (k if ph.phase == "fwd_bwd" else t)
     context, comm = ph.cuda_context, ph.comm_buffers
     if p.outside_bytes is not None:  # measured as one figure: kept in the context's place
         context, comm = p.outside_bytes, 0.0
     return PhaseMemory(
-        phase=ph.phase, weights=ph.weights, grads=ph.grads, optimizer=ph.optimizer,
+        phase=ph.phase, weights=ph.weights * k, grads=ph.grads * k, optimizer=ph.optimizer * k,
         activations=ph.activations * a, stage_extras=ph.stage_extras * x,
-        framework_buffers=ph.framework_buffers, workspaces=ph.workspaces,
+        framework_buffers=buffers, workspaces=ph.workspaces,
         slack=ph.slack if p.slack_bytes is None else p.slack_bytes,
         cuda_context=context, comm_buffers=comm,
     )  # fmt: skip

@@ -28,11 +28,20 @@ from tuner.logs import parse_log
 from tuner.space.enumerate import iter_configs, study_violations
 from tuner.spec.study import StudySpec
 
-PROBE_ITERS = 10
-"""Iterations of each probe run: enough for a steady median past the warm-up on every stack."""
-PROBE_WARMUP = 3
-"""Iterations left out of the median (allocator warm-up, first-step graph builds, ZeRO's lazy
-state)."""
+PROBE_ITERS = 6
+"""Iterations of each probe run: the first (warm-up) and enough after it for a median. A run's
+start (interpreter, imports, process group, engine) costs more than ten of its steps on the
+demos, so each iteration cut is a small saving; the warm-up is detected, not assumed long."""
+PROBE_WARMUP = 1
+"""Iterations always left out of the median: the first optimizer step builds the optimizer's
+lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
+workloads' memory accounting."""
+WARM_SLOW = 1.25
+"""After those, a leading iteration slower than this times the median of the ones after it is
+still warming up (allocator growth, first collectives on a new communicator) and is left out
+too (:func:`steady_samples`)."""
+MIN_STEADY = 3
+"""The fewest iterations a median is taken over."""
 DEPTHS = (1, 2)
 """Layers per stage of the base points: the difference is one layer, the rest is fixed."""
 PROBE_TIMEOUT_MIN = 10.0
@@ -144,6 +153,8 @@ def bundle(
     point's script (inline) and runs the points in order, each framed by :data:`POINT` lines."""
     from tuner.launch import render_launch
 
+    if spec.launch.probe_one_process and spec.framework == "deepspeed":
+        return _one_process(spec, runs, hosts, master_addr, master_ports[0], node_dir)
     files: dict[str, str] = {}
     bodies: list[list[str]] = [[] for _ in hosts]
     for k, run in enumerate(runs):
@@ -170,6 +181,50 @@ def bundle(
     return tuple("\n".join([*head, *body]) + "\n" for body in bodies), files
 
 
+def _one_process(
+    spec: StudySpec, runs: Sequence[ProbeRun], hosts: Sequence[str], master_addr: str,
+    master_port: int, node_dir: str,
+) -> tuple[tuple[str, ...], dict[str, str]]:  # fmt: skip
+    """:func:`bundle` for a script that runs the points itself (``launch.probe_one_process``):
+    each point's files as there, and one launch per node (the first point's, given
+    ``--probe-points`` with every point's arguments), so the interpreter, imports and process
+    group start once; the script frames each point with :data:`POINT` lines."""
+    import json
+
+    from tuner.launch import render_launch
+    from tuner.launch.megatron_flags import deepspeed_script_flags
+
+    files: dict[str, str] = {}
+    copies: list[str] = []
+    points = []
+    for k, run in enumerate(runs):
+        small = reduced(spec, run.config, run.depth)
+        rendered = render_launch(small, run.config, hosts=hosts, master_addr=master_addr,
+                                 master_port=master_port,
+                                 trial_dir=f"{node_dir}/p{k}")  # fmt: skip
+        copies.append(f"mkdir -p p{k}")
+        for name, text in rendered.files.items():
+            files[f"p{k}.{name}"] = text
+            copies.append(f"cp p{k}.{name} p{k}/{name}")
+        flags = deepspeed_script_flags(small.model, run.config, small.launch.train_iters)
+        argv = ["--deepspeed_config", f"{node_dir}/p{k}/ds_config.json"]
+        argv += [part for flag in flags for part in flag] + list(spec.launch.script_args)
+        points.append({"point": k, "argv": argv})
+    files["probe-points.json"] = json.dumps({"marker": POINT, "points": points})
+    launch = dataclasses.replace(spec.launch, extra_args=(
+        *spec.launch.extra_args, "--probe-points", f"{node_dir}/probe-points.json"))  # fmt: skip
+    first = dataclasses.replace(reduced(spec, runs[0].config, runs[0].depth), launch=launch)
+    rendered = render_launch(first, runs[0].config, hosts=hosts, master_addr=master_addr,
+                             master_port=master_port, trial_dir=f"{node_dir}/p0")  # fmt: skip
+    head = ["#!/usr/bin/env bash", "set -uo pipefail", f"cd {_quote(node_dir)}", *copies]
+    scripts = []
+    for n, script in enumerate(rendered.scripts):
+        name = f"points.node-{n}.sh"
+        body = [f"cat > {name} <<'{HEREDOC}'", script.rstrip("\n"), HEREDOC, f"bash {name}"]
+        scripts.append("\n".join([*head, *body]) + "\n")
+    return tuple(scripts), files
+
+
 def _quote(text: str) -> str:
     import shlex
 
@@ -177,13 +232,16 @@ def _quote(text: str) -> str:
 
 
 def split_points(text: str) -> dict[int, str]:
-    """Each point's lines of one node log, by point index."""
+    """Each point's lines of one node log, by point index: the last run of each (an executor
+    may append a probe's log to an earlier probe's in the same directory)."""
     out: dict[int, list[str]] = {}
     current: int | None = None
     for line in text.splitlines():
         if line.startswith(POINT):
             parts = line.split()
             current = int(parts[1]) if parts[2] == "start" else None
+            if current is not None:
+                out[current] = []
             continue
         if current is not None:
             out.setdefault(current, []).append(line)
@@ -215,8 +273,9 @@ def rows_from_logs(
             tail = " | ".join(text.strip().splitlines()[-2:]) or "no output"
             raise LaunchError(f"probe run p{k} ({run.config.key()}, {run.depth} layers) measured "
                               f"nothing ({m.outcome}): {tail}")  # fmt: skip
-        steady = m.step_times_s[PROBE_WARMUP:] or m.step_times_s
-        rows.append(ProbeRow(key=run.config.key(), depth=run.depth, step_s=m.step_time_s,
+        steady = steady_samples(m.step_times_s)
+        rows.append(ProbeRow(key=run.config.key(), depth=run.depth,
+                             step_s=statistics.median(steady),
                              samples_s=tuple(steady), peak_gib=m.peak_memory_gib,
                              reserved_gib=m.peak_reserved_gib))  # fmt: skip
     return rows
@@ -225,11 +284,13 @@ def rows_from_logs(
 def run_stack_probe(
     spec: StudySpec, executor: Any, paths: TrialPaths,
     on_progress: Callable[[int, int], None] | None = None, poll_s: float = 0.2,
+    runs: Sequence[ProbeRun] | None = None,
 ) -> ProbeResult:  # fmt: skip
-    """Run every point of :func:`probe_runs` as one job through ``executor``; the rows."""
+    """Run every point of :func:`probe_runs` (or ``runs``) as one job through ``executor``; the
+    rows."""
     from tuner.launch import LaunchRequest
 
-    runs = probe_runs(spec)
+    runs = list(probe_runs(spec) if runs is None else runs)
     if not runs:
         raise LaunchError("the probe found no config without pipeline stages in the space")
     hosts = tuple(spec.node_names[: spec.nodes_per_trial])
@@ -238,6 +299,8 @@ def run_stack_probe(
     for _ in runs[1:]:  # one port each: a finished run's may linger, another job may take one
         ports.append(executor.master_port(hosts, ports[-1] + 1))
     paths.dir.mkdir(parents=True, exist_ok=True)
+    for n in range(len(hosts)):  # an earlier probe's log here would be appended to
+        paths.node_log(n).unlink(missing_ok=True)
     node_dir = str(paths.dir.resolve())
     scripts, files = bundle(spec, runs, hosts, master, ports, node_dir)
     limit = (spec.search.trial_timeout_min or PROBE_TIMEOUT_MIN) * 60.0 * len(runs)
@@ -272,6 +335,18 @@ def _read(path: Path) -> str:
 
 def _done(log: Path) -> int:
     return sum(1 for ln in _read(log).splitlines() if ln.startswith(POINT) and " end " in ln)
+
+
+def steady_samples(times: Sequence[float]) -> tuple[float, ...]:
+    """The step times past the warm-up: the first :data:`PROBE_WARMUP` always dropped, then each
+    leading one more than :data:`WARM_SLOW` times the median of those after it, while at least
+    :data:`MIN_STEADY` stay (all of them when there are fewer)."""
+    rest = list(times[PROBE_WARMUP:])
+    if len(rest) < MIN_STEADY:
+        return tuple(times[-MIN_STEADY:]) or tuple(times)
+    while len(rest) > MIN_STEADY and rest[0] > WARM_SLOW * statistics.median(rest[1:]):
+        rest.pop(0)
+    return tuple(rest)
 
 
 def spread(samples: Sequence[float]) -> float:

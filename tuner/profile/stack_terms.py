@@ -51,24 +51,33 @@ from tuner.spec.study import StudySpec
 
 def _time_parts(
     spec: StudySpec, c: ParallelConfig, depth: int, rates: Rates
-) -> tuple[float, float]:
-    """(V, S) of the model at ``depth`` layers: per micro-batch compute, and the step's rest."""
+) -> tuple[float, float, float]:
+    """(V, S, D) of the model at ``depth`` layers: per micro-batch compute, the step's rest, and
+    the part of the rest that the sharding decides (data-parallel traffic, optimizer step)."""
     small = reduced(spec, c, depth)
     b = estimate_time(small.model, spec.training, c, study_gpu(spec), spec.cluster.gpus_per_node,
                       spec.framework, rates)  # fmt: skip
     m = max(c.num_microbatches, 1)
     v = (b.compute + b.recompute) / m + rates.microbatch_overhead
-    return v, b.step - m * v
+    return v, b.step - m * v, b.dp_comm + b.optimizer
 
 
-def _memory_parts(spec: StudySpec, c: ParallelConfig, depth: int) -> tuple[float, float, float]:
-    """(other, activations, extras) bytes of the model's phase with the largest allocated figure
-    (the one a peak-allocated measurement sees) at ``depth`` layers."""
+def _memory_parts(
+    spec: StudySpec, c: ParallelConfig, depth: int
+) -> tuple[float, float, float, float]:
+    """(other, states, activations, extras) bytes of the model's phase with the largest allocated
+    figure (the one a peak-allocated measurement sees) at ``depth`` layers: ``states`` are the
+    model states (weights, gradients, optimizer states, and the buffers around them in the
+    forward and backward phase; the step phase's are the optimizer's temporaries), ``other``
+    the rest besides activations and extras (workspaces, the step's temporaries)."""
     small = reduced(spec, c, depth)
     mem = estimate_memory(small.model, c, study_gpu(spec), spec.framework,
                           spec.training.precision)  # fmt: skip
     ph = max((p for s in mem.stages for p in s.phases), key=lambda p: p.allocated)
-    return ph.allocated - ph.activations - ph.stage_extras, ph.activations, ph.stage_extras
+    states = ph.weights + ph.grads + ph.optimizer
+    states += ph.framework_buffers if ph.phase == "fwd_bwd" else 0.0
+    other = ph.allocated - states - ph.activations - ph.stage_extras
+    return other, states, ph.activations, ph.stage_extras
 
 
 def _ratio(measured: float, model: float) -> float | None:
@@ -86,11 +95,12 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
                 rates: Rates) -> StackPoint:  # fmt: skip
     """A point run at 1 and 2 layers: every term from the two depths."""
     m = max(c.num_microbatches, 1)
-    (v1, s1), (v2, s2) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
     t1, t2 = rows[1].step_s, rows[2].step_s
     layer = ((t2 - s2) - (t1 - s1)) / m
     rest = (t1 - s1) / m - layer
-    (o1, a1, e1), (o2, a2, e2) = (_memory_parts(spec, c, d) for d in (1, 2))
+    (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (1, 2))
+    o1, o2 = f1 + w1, f2 + w2
     p1, p2 = rows[1].peak_gib * GIB, rows[2].peak_gib * GIB
     k_act = _bytes_ratio((p2 - o2) - (p1 - o1), a2 - a1)
     extras = p1 - o1 - (k_act or 1.0) * a1
@@ -101,37 +111,82 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
 
 def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
                      rates: Rates) -> StackPoint:  # fmt: skip
-    """A point run at one depth: the base point's rest and extras, its own per-layer terms."""
+    """A point run at one depth. It takes the base point's rest and extras. A neighbour in
+    sharding alone (ZeRO stage, distributed optimizer: what each rank holds of the model states
+    and how gradients and parameters travel, not what a layer saves or computes) also takes the
+    base's per-layer terms and measures its states and its step's sharding-dependent work; any
+    other neighbour (recomputation, EP) measures its own per-layer terms."""
+    if base is not None and _sharding_only(c, base):
+        return _sharding_point(spec, c, row, base, rates)
     m, depth = max(c.num_microbatches, 1), row.depth
-    (v1, _), (v2, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
     lay_model, rest_model = v2 - v1, 2 * v1 - v2
-    _, sd = _time_parts(spec, c, depth, rates)
+    _, sd, _ = _time_parts(spec, c, depth, rates)
     k_rest = base.fixed_scale if base and base.fixed_scale is not None else 1.0
     layer = ((row.step_s - sd) / m - k_rest * rest_model) / depth
-    other, act, ext = _memory_parts(spec, c, depth)
+    other, states, act, ext = _memory_parts(spec, c, depth)
     k_ext = base.extras_scale if base and base.extras_scale is not None else 1.0
-    acts = row.peak_gib * GIB - other - k_ext * ext
+    acts = row.peak_gib * GIB - other - states - k_ext * ext
     return _point(spec, c, (row,), layer_scale=_ratio(layer, lay_model),
                   fixed_scale=base.fixed_scale if base else None,
                   activation_scale=_bytes_ratio(acts, act),
                   extras_scale=base.extras_scale if base else None)  # fmt: skip
 
 
+def _sharding_only(c: ParallelConfig, base: StackPoint) -> bool:
+    """Whether ``c`` differs from the base point in its ZeRO stage or distributed optimizer
+    alone (same micro-batch size, recomputation and EP)."""
+    same = (c.micro_batch_size, c.recompute, c.ep) == (base.mbs, base.recompute, base.ep)
+    return same and (c.zero_stage, c.distributed_optimizer) != (base.zero_stage, base.distopt)
+
+
+def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint,
+                    rates: Rates) -> StackPoint:  # fmt: skip
+    """A neighbour in sharding alone: what a layer saves and computes is the base's, so the rest
+    of its peak is its model states (a ratio to the model's, which scales with the parameters a
+    stage holds) and the rest of its step time is its sharding-dependent work (a ratio to the
+    model's data-parallel traffic and optimizer step, which scale with the same bytes)."""
+    m, depth = max(c.num_microbatches, 1), row.depth
+    (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    k_lay = base.layer_scale if base.layer_scale is not None else 1.0
+    k_rest = base.fixed_scale if base.fixed_scale is not None else 1.0
+    per_mb = k_lay * (v2 - v1) * depth + k_rest * (2 * v1 - v2)
+    _, sd, shard = _time_parts(spec, c, depth, rates)
+    work = row.step_s - m * per_mb - (sd - shard)
+    other, states, act, ext = _memory_parts(spec, c, depth)
+    k_act = base.activation_scale if base.activation_scale is not None else 1.0
+    k_ext = base.extras_scale if base.extras_scale is not None else 1.0
+    held = row.peak_gib * GIB - other - k_act * act - k_ext * ext
+    return _point(spec, c, (row,), layer_scale=base.layer_scale, fixed_scale=base.fixed_scale,
+                  activation_scale=base.activation_scale, extras_scale=base.extras_scale,
+                  states_scale=_bytes_ratio(held, states),
+                  step_scale=_bytes_ratio(work, shard))  # fmt: skip
+
+
 def _point(
     spec: StudySpec, c: ParallelConfig, rows: Any, *, layer_scale: float | None,
     fixed_scale: float | None, activation_scale: float | None, extras_scale: float | None,
+    states_scale: float | None = None, step_scale: float | None = None,
 ) -> StackPoint:  # fmt: skip
     rows = list(rows)
-    slack = None
+    slack = temps = None
     if spec.cluster.gpu != "cpu":  # reserved on CPU ranks is the RSS growth, not a cache's
         deep = max(rows, key=lambda r: r.depth)
         if deep.reserved_gib is not None:
             slack = max(deep.reserved_gib - deep.peak_gib, 0.0) * GIB
+    else:
+        # CPU ranks keep no allocator statistics: the peak the stack reports is its tensor
+        # accounting (params, grads, optimizer states, saved activations; the workloads'
+        # ``tuner-memory`` line), which holds none of the step's transient buffers (a reduce
+        # bucket's flattened copy, the fp32 gradient partition): their bytes in its figure
+        # are nil on every point, so the composed peak counts none
+        temps = 0.0
     return StackPoint(
         tp=c.tp, cp=c.cp, mbs=c.micro_batch_size, recompute=c.recompute,
         zero_stage=c.zero_stage, ep=c.ep, distopt=c.distributed_optimizer, slack_bytes=slack,
         time_spread=max(spread(r.samples_s) for r in rows), layer_scale=layer_scale,
         fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
+        states_scale=states_scale, step_scale=step_scale, temps_scale=temps,
     )  # fmt: skip
 
 

@@ -71,6 +71,10 @@ class LaunchSpec:
     train_args: tuple[str, ...] = ()
     """Arguments of the full run only (``tune best``): data, tokenizer, schedule. They replace
     what a short trial uses instead (Megatron: mock data, NullTokenizer, a fixed schedule)."""
+    probe_one_process: bool = False
+    """The training script runs a framework probe's points one after another in one process
+    when given ``--probe-points FILE`` (DeepSpeed templates; the project's workload does): the
+    probe (``tune profile --probe``) then starts once per node, not once per point."""
     train_iters: int = 30
     """Iterations per short trial run."""
     warmup_iters: int = 5

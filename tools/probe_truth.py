@@ -1,0 +1,84 @@
+"""Every valid config of a study at full depth, measured in one job, against the models with the
+study's saved probe: measured / predicted peak memory and step time per config.
+
+    python tools/probe_truth.py --study demo [--results results] [--iters 4]
+
+The runs go through the framework probe's own machinery (``tuner.profile.probe``: one job, one
+process per node where the study's script runs several points), each config at its full depth
+(``num_layers`` over its pipeline stages), ``--iters`` iterations each, into
+``<results>/clusters/<cluster>.<study>.truth/``. What it checks is the composition over the
+whole space, including the configs no demo trial reaches; the probe itself is not run again (run
+``tune profile --study NAME --probe`` first). CPU step times move with the machine's load: the
+step column is printed for completeness, the peak (a tensor accounting on CPU ranks) does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def measure(study: str, results: str, iters: int) -> list[dict[str, Any]]:
+    """One dict per config: its spelling, probed or not, measured / predicted step and peak."""
+    from tuner.api import estimate
+    from tuner.config.spelling import spell
+    from tuner.layout import ClusterLayout, TrialPaths
+    from tuner.models.memory.estimate import GIB
+    from tuner.profile import probe
+    from tuner.profile.rates import study_rates
+    from tuner.profile.stack_terms import study_terms
+    from tuner.space.enumerate import iter_configs, study_violations
+    from tuner.spec.file import load_study
+    from tuner.study.loop import make_executor
+
+    spec = load_study(study)
+    rates = study_rates(spec, results)
+    terms = study_terms(spec, results, rates)
+    configs = [c for c in iter_configs(spec) if not study_violations(c, spec)]
+    runs = [probe.ProbeRun(c, spec.model.num_layers // (c.pp * c.vp)) for c in configs]
+    probed = {r.config.key() for r in probe.probe_runs(spec)}
+    where = ClusterLayout(Path(results).resolve(), spec.cluster_name).stack_probe(spec.name)
+    saved = probe.PROBE_ITERS
+    probe.PROBE_ITERS = iters
+    executor = make_executor(spec)
+    try:
+        found = probe.run_stack_probe(spec, executor, TrialPaths(where.dir.with_suffix(".truth")),
+                                      runs=runs)  # fmt: skip
+    finally:
+        executor.close()
+        probe.PROBE_ITERS = saved
+    out = []
+    for c, row in zip(configs, found.rows, strict=True):
+        e = estimate(spec, c, rates=rates, terms=terms)
+        assert e.time and e.memory
+        out.append({"config": spell(c), "probed": c.key() in probed,
+                    "step": row.step_s / e.time.step,
+                    "peak": row.peak_gib * GIB / e.memory.peak})  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--study", required=True)
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--iters", type=int, default=4)
+    args = parser.parse_args(argv)
+    found = measure(args.study, args.results, args.iters)
+    print(f"measured / predicted at full depth, every config of {args.study} (probe: the probe "
+          "ran it at 1-2 layers)")  # fmt: skip
+    print(f"{'config':<40} probe  {'step':>6} {'peak':>6}")
+    for r in found:
+        print(f"{r['config']:<40} {'yes' if r['probed'] else '-':>5}  {r['step']:6.3f} "
+              f"{r['peak']:6.3f}")  # fmt: skip
+    peaks = [r["peak"] for r in found]
+    inside = sum(abs(p - 1) <= 0.05 for p in peaks)
+    print(f"peak measured / predicted: {min(peaks):.3f}-{max(peaks):.3f}, {inside} of "
+          f"{len(peaks)} within 5%")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())
