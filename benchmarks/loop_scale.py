@@ -190,6 +190,7 @@ def fill(spec: StudySpec, url: str, results: Path, n: int) -> tuple[float, int]:
     layout = ResultsLayout(results, spec.name)
     study = open_study(spec, open_storage(url, layout), optuna.samplers.RandomSampler(),
                        force=False, url=url, layout=layout)  # fmt: skip
+    study.set_user_attr("space_counts", report.counts())  # as the loop's seed records them
     t0 = time.perf_counter()
     insert(open_storage(url, layout), study._study_id, distributions(spec), trials)
     return time.perf_counter() - t0, len(ranked) - len(cycle)

@@ -110,9 +110,11 @@ def _cmd_space(args: argparse.Namespace) -> int:
     report = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
     out = report.counts()
     out["time_source"] = out_source
-    top = report.ranked()[: args.top] if args.top > 0 else []
-    lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results)
-    out["cost"] = cost_json(spec, report.ranked(), top, spec.search.n_trials)
+    ranked = report.ranked()  # once: sorting a large space's candidates is not free
+    top = ranked[: args.top] if args.top > 0 else []
+    lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results,
+                                                            ranked=ranked)  # fmt: skip
+    out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials)
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
