@@ -110,8 +110,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     report = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
     out = report.counts()
     out["time_source"] = out_source
-    ranked = report.ranked()  # once: sorting a large space's candidates is not free
-    top = ranked[: args.top] if args.top > 0 else []
+    top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
     lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results,
                                                             ranked=ranked)  # fmt: skip
     out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials)
