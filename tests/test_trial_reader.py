@@ -65,3 +65,28 @@ def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> N
     assert [t.state for t in again[-3:]] == [TrialState.COMPLETE, TrialState.RUNNING,
                                              TrialState.COMPLETE]  # fmt: skip
     assert again[4].value == 7.0 and again[1].value == math.inf
+
+
+def test_user_attributes_written_at_once_read_as_one_by_one(tmp_path: Path) -> None:
+    """``set_user_attrs``: one transaction on SQLite, what ``set_user_attr`` per key leaves
+    (values replaced, the trial's own view updated), and refused once finished."""
+    import pytest
+
+    from tuner.study.storage import set_user_attrs
+
+    attrs = {"config": {"tp": 2, "nested": [1, None]}, "key": "tp=2", "launched": True}
+    stores = {"rdb": optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'db.sqlite'}"),
+              "memory": optuna.storages.InMemoryStorage()}  # fmt: skip
+    seen = {}
+    for name, storage in stores.items():
+        study = optuna.create_study(study_name="s", storage=storage)
+        trial = study.ask(DISTS)
+        trial.set_user_attr("key", "old")
+        set_user_attrs(trial, attrs)
+        set_user_attrs(trial, {"reason": None, "launched": False})
+        assert trial.user_attrs == attrs | {"reason": None, "launched": False}
+        seen[name] = study.get_trials()[0].user_attrs
+        study.tell(trial, 1.0)
+        with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+            set_user_attrs(trial, {"late": 1})
+    assert seen["rdb"] == seen["memory"] == attrs | {"reason": None, "launched": False}
