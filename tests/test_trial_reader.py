@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -70,8 +71,6 @@ def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> N
 def test_user_attributes_written_at_once_read_as_one_by_one(tmp_path: Path) -> None:
     """``set_user_attrs``: one transaction on SQLite, what ``set_user_attr`` per key leaves
     (values replaced, the trial's own view updated), and refused once finished."""
-    import pytest
-
     from tuner.study.storage import set_user_attrs
 
     attrs = {"config": {"tp": 2, "nested": [1, None]}, "key": "tp=2", "launched": True}
@@ -90,3 +89,30 @@ def test_user_attributes_written_at_once_read_as_one_by_one(tmp_path: Path) -> N
         with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
             set_user_attrs(trial, {"late": 1})
     assert seen["rdb"] == seen["memory"] == attrs | {"reason": None, "launched": False}
+
+
+def test_many_unfinished_trials_are_read_without_naming_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``MAX_IN`` unfinished trials the reader reads from the first of them (a database
+    bounds one statement's variables) and sees the same trials as Optuna."""
+    from tuner.study import reader as module
+
+    monkeypatch.setattr(module, "MAX_IN", 1)
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.tell(study.ask(DISTS), 1.0)
+    open_ = [study.ask(DISTS) for _ in range(4)]
+    study.tell(study.ask(DISTS), 2.0)  # finished after the first unfinished one
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    assert len(reader._open) == 4
+    open_[1].set_user_attr("outcome", "ok")
+    study.tell(open_[1], 3.0)
+    study.tell(open_[3], state=TrialState.FAIL)
+    study.tell(study.ask(DISTS), 4.0)
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    assert len(reader._open) == 2
