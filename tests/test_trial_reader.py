@@ -116,3 +116,23 @@ def test_many_unfinished_trials_are_read_without_naming_each(
     study.tell(study.ask(DISTS), 4.0)
     same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
     assert len(reader._open) == 2
+
+
+def test_a_database_made_anew_is_told_from_the_one_read(tmp_path: Path) -> None:
+    """The report's per-process cache of readers asks :meth:`TrialReader.unchanged`: a
+    database removed and made again (perhaps on the same inode) is another one."""
+    path = tmp_path / "db.sqlite"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.tell(study.ask(DISTS), 1.0)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    assert reader.unchanged()  # nothing read yet: nothing to be wrong about
+    assert [t.value for t in reader.trials()] == [1.0]
+    study.tell(study.ask(DISTS), 2.0)  # more trials: the same database
+    assert reader.unchanged() and [t.value for t in reader.trials()] == [1.0, 2.0]
+    storage.engine.dispose()
+    path.unlink()
+    again = optuna.create_study(study_name="s", storage=f"sqlite:///{path}")
+    for v in (5.0, 6.0):
+        again.tell(again.ask(DISTS), v)
+    assert not reader.unchanged()

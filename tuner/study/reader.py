@@ -43,6 +43,21 @@ class TrialReader:
         self._open: set[int] = set()
         self._last = -1
         self._distributions: dict[str, BaseDistribution] = {}
+        self._mark: tuple[int, Any] | None = None  # the last trial read: id, stored start
+
+    def unchanged(self) -> bool:
+        """Whether the storage still holds the last trial read, as read (its study and start
+        time): False when the database was made anew since, even on the same file or inode,
+        and what this reader kept is another database's."""
+        if self._mark is None or not isinstance(self.storage, optuna.storages.RDBStorage):
+            return True
+        t = models.TrialModel.__table__
+        trial_id, start = self._mark
+        with self.storage.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.c.study_id, t.c.datetime_start).where(t.c.trial_id == trial_id)
+            ).first()  # fmt: skip
+        return row is not None and tuple(row) == (self.study_id, start)
 
     def trials(self) -> list[FrozenTrial]:
         """Every trial of the study, in trial-id order (Optuna's ``get_all_trials`` order)."""
@@ -84,6 +99,8 @@ class TrialReader:
                      ("step", "intermediate_value", "intermediate_value_type")),
                 )
             }  # fmt: skip
+        if trials:
+            self._mark = (trials[-1][0], trials[-1][3])
         return [
             self._frozen(row, children) for row in trials
             if row[0] > self._last or row[0] in self._open
