@@ -288,7 +288,7 @@ class ModelGuidedSampler(BaseSampler):
         measured: dict[str, float] = {}
         pending: set[str] = set()
         tried: set[str] = set()
-        ooms: list[ParallelConfig] = []
+        ooms: dict[str, ParallelConfig] = {}  # by key: a config that ran out once is enough
         memory: dict[str, float] = {}  # key -> log(measured / predicted) memory
         for t in trials:
             key = t.user_attrs.get("key")
@@ -301,8 +301,8 @@ class ModelGuidedSampler(BaseSampler):
                 pending.add(str(key))
             elif outcome in RETRYABLE:
                 continue  # will run again: still a candidate
-            if outcome == Outcome.OOM and t.user_attrs.get("config"):
-                ooms.append(ParallelConfig(**t.user_attrs["config"]))
+            if outcome == Outcome.OOM and t.user_attrs.get("config") and str(key) not in ooms:
+                ooms[str(key)] = ParallelConfig(**t.user_attrs["config"])
                 peak = t.user_attrs.get("predicted_peak_gib")
                 if peak is not None:
                     memory[str(key)] = math.log(self._gpu_gib / float(peak))  # at least
@@ -315,12 +315,12 @@ class ModelGuidedSampler(BaseSampler):
         index = {k: i for i, k in enumerate(keys)}
         open_ = [
             i for i, c in enumerate(configs)
-            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms)
+            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms.values())
         ]  # fmt: skip
         if not open_:
             return None
         past = self._past(trials)
-        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms}, past)
+        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms.values()}, past)
         open_ = fitting or open_  # likely OOMs only when nothing else is left
         best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]
