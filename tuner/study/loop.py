@@ -131,8 +131,9 @@ class StudyLoop:
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
         self._reader = TrialReader(storage, self._study_id)  # plain queries, finished kept
-        if isinstance(study.sampler, ModelGuidedSampler):  # its asks read the same trials
-            study.sampler.trials_source = self.trials
+        self._asking: list[FrozenTrial] | None = None  # the trials next_config read, in its ask
+        if isinstance(study.sampler, ModelGuidedSampler):  # its asks read the loop's trials
+            study.sampler.trials_source = lambda: self._asking or self.trials()
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
                              heartbeat_s=self.heartbeat_s, rerun=self.rerun,
                              rates=rates, space=space)  # fmt: skip
@@ -223,7 +224,9 @@ class StudyLoop:
     def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
         """Ask until a config that may run comes up; None when the space looks exhausted (at
         once when every config of the space is taken: :meth:`Screen.exhausted`)."""
-        if self.screen.exhausted(self.trials(), {r.config.key() for r in self.running.values()}):
+        # one read for the check, the sampler's ask, the screen; again after a refusal (tried)
+        trials = self.trials()
+        if self.screen.exhausted(trials, {r.config.key() for r in self.running.values()}):
             return None
         dists = distributions(self.spec)
         sampler = self.study.sampler
@@ -234,13 +237,16 @@ class StudyLoop:
                 return None
             with warnings.catch_warnings():  # heartbeats are recorded by the Heartbeat thread
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                self._asking = trials
                 trial = self.study.ask(dists)
+            self._asking = None  # (a failed ask ends the loop; the proxies' asks read afresh)
             config = config_from_params(self.spec, trial.params)
             set_user_attrs(trial, {"config": dataclasses.asdict(config), "key": config.key()})
-            if self.screen(trial, config, self.trials()):
+            if self.screen(trial, config, trials):
                 return trial, config
             if self.stop_requested:
                 return None
+            trials = self.trials()
         return None
 
     # -- launching and recording ---------------------------------------------------------------
@@ -257,8 +263,7 @@ class StudyLoop:
         paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is valid YAML
         # who and where with "launched" (one transaction): another worker that sees a launched
         # trial must find its worker's leases, or it takes the trial for a dead worker's
-        who = {"hosts": list(group.hosts), "worker": self.worker}
-        set_user_attrs(trial, who | {"launched": True})
+        set_user_attrs(trial, {"hosts": [*group.hosts], "worker": self.worker, "launched": True})
         try:
             master = self.executor.master_addr(group.hosts)
             request = self.launcher(spec, runs, trial.number, group, paths, master)
