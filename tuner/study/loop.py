@@ -224,8 +224,7 @@ class StudyLoop:
     def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
         """Ask until a config that may run comes up; None when the space looks exhausted (at
         once when every config of the space is taken: :meth:`Screen.exhausted`)."""
-        # one read for the check, the sampler's ask, the screen; again after a refusal (tried)
-        trials = self.trials()
+        trials = self.trials()  # for the check, the sampler's ask, the screen; again if refused
         if self.screen.exhausted(trials, {r.config.key() for r in self.running.values()}):
             return None
         dists = distributions(self.spec)
