@@ -190,6 +190,7 @@ def fill(spec: StudySpec, url: str, results: Path, n: int) -> tuple[float, int]:
     layout = ResultsLayout(results, spec.name)
     study = open_study(spec, open_storage(url, layout), optuna.samplers.RandomSampler(),
                        force=False, url=url, layout=layout)  # fmt: skip
+    study.set_user_attr("space_counts", report.counts())  # as the loop's seed records them
     t0 = time.perf_counter()
     insert(open_storage(url, layout), study._study_id, distributions(spec), trials)
     return time.perf_counter() - t0, len(ranked) - len(cycle)
@@ -301,6 +302,9 @@ def run_loop(spec_path: Path, url: str, results: Path, launch: int, hold_s: floa
     for method, name in (("step", "pass"), ("next_config", "ask+screen"), ("launch", "launch"),
                          ("_record", "record"), ("trials", "read trials")):  # fmt: skip
         meter.wrap(loop, method, name)
+    sampler = loop.study.sampler
+    if isinstance(sampler, ModelGuidedSampler):  # once per worker: the candidates' arrays
+        meter.wrap(sampler, "_candidates", "candidates")
     meter.wrap(loop.scheduler, "acquire", "claim")
     meter.wrap(loop.scheduler, "release", "release")
     peak = [0]
@@ -314,18 +318,49 @@ def run_loop(spec_path: Path, url: str, results: Path, launch: int, hold_s: floa
     wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
     loop.executor.close()
     decisions = max(1, meter.count["launch"])
+    if meter.count["read trials"]:
+        FIGURES["read"] = (peak[0], meter.cpu["read trials"] / meter.count["read trials"])
     print(f"\nloop: {meter.count['launch']} launched, {meter.count['record']} recorded, "
           f"{peak[0]} in flight at most, over {len(spec.node_names)} nodes "
           f"({spec.search.nodes_per_trial} per trial), {done} trials stored before; "
           f"stop: {summary.stop_reason}")  # fmt: skip
+    once = meter.cpu["candidates"]  # the sampler's first ask only: the rest are cache hits
     print(f"  loop thread CPU {cpu:.1f} s in {wall:.1f} s wall; per launched trial "
-          f"{cpu / decisions * 1000:.1f} ms")  # fmt: skip
-    for name in ("claim", "ask+screen", "launch", "record", "release", "read trials", "pass"):
+          f"{cpu / decisions * 1000:.1f} ms, {(cpu - once) / decisions * 1000:.1f} ms less the "
+          f"sampler's one-off candidates ({once:.2f} s, in its first ask)")  # fmt: skip
+    for name in ("claim", "ask+screen", "candidates", "launch", "record", "release",
+                 "read trials", "pass"):  # fmt: skip
         n = meter.count[name]
         if n:
             print(f"  {name:12s} {n:6d} calls  {meter.cpu[name]:7.2f} s CPU  "
                   f"{meter.cpu[name] / n * 1000:8.2f} ms/call  "
                   f"{meter.cpu[name] / decisions * 1000:8.2f} ms/launch")  # fmt: skip
+
+
+FIGURES: dict[str, tuple[int, float]] = {}
+"""What :func:`breaks_first` reads: (trials, CPU s of one sampler ask), (trials in flight,
+CPU s of one read of the trials)."""
+
+
+def breaks_first() -> None:
+    """Where the loop would pass its 50 ms per decision first as the study grows, from the
+    figures measured above (each cost and what it grows with)."""
+    print("\nwhere it breaks first at larger scale:")
+    if "ask" in FIGURES:
+        n, cpu = FIGURES["ask"]
+        print(f"  1. the model sampler's ask: {cpu * 1000:.0f} ms CPU over {n} stored trials, "
+              "linear in the trials (one pass over all of them per ask: outcomes, OOMs, "
+              "measured peaks) and cubic in the features once the measured configs outnumber "
+              "them (the weight-space fit); past a few thousand trials the decision is this. "
+              "An incremental digest of the finished trials would leave the fit.")  # fmt: skip
+    if "read" in FIGURES:
+        flight, cpu = FIGURES["read"]
+        print(f"  2. reading the trials: {cpu * 1000:.1f} ms CPU a read with {flight} in flight "
+              "(every unfinished trial is read again: linear in the trials in flight), several "
+              "reads per decision; Optuna's own ask also re-reads the unfinished trials "
+              "(its waiting-trial check) through its ORM.")  # fmt: skip
+    print("  3. the report: per-config model breakdowns (the allocator simulation, once per "
+          "distinct config) and an HTML view per trial (20 MiB at 10,000).")  # fmt: skip
 
 
 def main() -> int:
@@ -358,6 +393,7 @@ def main() -> int:
             reads(args, spec_path, spec, url, results)
         if not args.skip_loop:
             run_loop(spec_path, url, results, args.launch, args.hold)
+        breaks_first()
         print(f"(pid {os.getpid()}; CPU: this process's thread or the child's)")
     return 0
 
@@ -390,6 +426,7 @@ def reads(args: argparse.Namespace, spec_path: Path, spec: StudySpec, url: str,
     print(f"{'sampler ask, first':24s} wall {wall:6.2f} s  CPU {cpu:6.2f} s (enumerates)")
     wall, cpu = timed(lambda: sampler.choose(trials))
     print(f"{'sampler ask, again':24s} wall {wall:6.3f} s  CPU {cpu:6.3f} s")
+    FIGURES["ask"] = (len(trials), cpu)
 
 
 if __name__ == "__main__":

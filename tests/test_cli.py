@@ -134,6 +134,27 @@ def test_space_json_counts(capsys: pytest.CaptureFixture[str]) -> None:
     assert sum(out["invalid_by_rule"].values()) == out["invalid"]
 
 
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_space_ranks_once(
+    fmt: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tune space`` sorts the viable configs once (the table, the cost preview and the
+    calibrated ranking read the same list): on a 10^5-config space each sort costs."""
+    from tuner.space.candidates import SpaceReport
+
+    calls = []
+    real = SpaceReport.ranked
+
+    def counted(self: SpaceReport) -> list:
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(SpaceReport, "ranked", counted)
+    assert main(["space", "--study", "llama3-8b", "--top", "3", *fmt]) == 0
+    assert capsys.readouterr().out
+    assert len(calls) == 1
+
+
 def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--study", "llama3-8b", "--set", "tp=2"]) == 0
     text = capsys.readouterr().out

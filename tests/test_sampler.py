@@ -105,6 +105,28 @@ def test_running_trials_are_not_proposed_again() -> None:
     assert len(keys) == 5
 
 
+def test_an_ask_reads_the_trials_from_the_source_it_is_given() -> None:
+    """The study loop hands the sampler its incremental reader's trials (Optuna's
+    ``get_trials`` re-reads every unfinished trial on each ask): what the sampler proposes
+    follows that source, here one that says the first pick already ran."""
+    s = spec()
+    sampler = ModelGuidedSampler(s)
+    study = optuna.create_study(sampler=sampler)
+    first, config = ask(study, s)
+    study.tell(first, 1.0)
+    reads: list[int] = []
+
+    def source() -> list[optuna.trial.FrozenTrial]:
+        reads.append(1)
+        return study.get_trials(deepcopy=False)
+
+    sampler.trials_source = source
+    _, second = ask(study, s)
+    assert reads == [1] and second.key() != config.key()
+    sampler.trials_source = lambda: []  # a source that has seen nothing: the first pick again
+    assert ask(study, s)[1].key() == config.key()
+
+
 def test_a_real_oom_steers_away_from_configs_like_it() -> None:
     s = spec()
     viable = {c.config.key(): c for c in enumerate_space(s).viable}

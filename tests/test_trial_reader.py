@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -65,3 +66,73 @@ def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> N
     assert [t.state for t in again[-3:]] == [TrialState.COMPLETE, TrialState.RUNNING,
                                              TrialState.COMPLETE]  # fmt: skip
     assert again[4].value == 7.0 and again[1].value == math.inf
+
+
+def test_user_attributes_written_at_once_read_as_one_by_one(tmp_path: Path) -> None:
+    """``set_user_attrs``: one transaction on SQLite, what ``set_user_attr`` per key leaves
+    (values replaced, the trial's own view updated), and refused once finished."""
+    from tuner.study.storage import set_user_attrs
+
+    attrs = {"config": {"tp": 2, "nested": [1, None]}, "key": "tp=2", "launched": True}
+    stores = {"rdb": optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'db.sqlite'}"),
+              "memory": optuna.storages.InMemoryStorage()}  # fmt: skip
+    seen = {}
+    for name, storage in stores.items():
+        study = optuna.create_study(study_name="s", storage=storage)
+        trial = study.ask(DISTS)
+        trial.set_user_attr("key", "old")
+        set_user_attrs(trial, attrs)
+        set_user_attrs(trial, {"reason": None, "launched": False})
+        assert trial.user_attrs == attrs | {"reason": None, "launched": False}
+        seen[name] = study.get_trials()[0].user_attrs
+        study.tell(trial, 1.0)
+        with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+            set_user_attrs(trial, {"late": 1})
+    assert seen["rdb"] == seen["memory"] == attrs | {"reason": None, "launched": False}
+
+
+def test_many_unfinished_trials_are_read_without_naming_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``MAX_IN`` unfinished trials the reader reads from the first of them (a database
+    bounds one statement's variables) and sees the same trials as Optuna."""
+    from tuner.study import reader as module
+
+    monkeypatch.setattr(module, "MAX_IN", 1)
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.tell(study.ask(DISTS), 1.0)
+    open_ = [study.ask(DISTS) for _ in range(4)]
+    study.tell(study.ask(DISTS), 2.0)  # finished after the first unfinished one
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    assert len(reader._open) == 4
+    open_[1].set_user_attr("outcome", "ok")
+    study.tell(open_[1], 3.0)
+    study.tell(open_[3], state=TrialState.FAIL)
+    study.tell(study.ask(DISTS), 4.0)
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    assert len(reader._open) == 2
+
+
+def test_a_database_made_anew_is_told_from_the_one_read(tmp_path: Path) -> None:
+    """The report's per-process cache of readers asks :meth:`TrialReader.unchanged`: a
+    database removed and made again (perhaps on the same inode) is another one."""
+    path = tmp_path / "db.sqlite"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.tell(study.ask(DISTS), 1.0)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    assert reader.unchanged()  # nothing read yet: nothing to be wrong about
+    assert [t.value for t in reader.trials()] == [1.0]
+    study.tell(study.ask(DISTS), 2.0)  # more trials: the same database
+    assert reader.unchanged() and [t.value for t in reader.trials()] == [1.0, 2.0]
+    storage.engine.dispose()
+    path.unlink()
+    again = optuna.create_study(study_name="s", storage=f"sqlite:///{path}")
+    for v in (5.0, 6.0):
+        again.tell(again.ask(DISTS), v)
+    assert not reader.unchanged()

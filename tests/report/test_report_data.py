@@ -111,6 +111,41 @@ def test_breakdowns_add_up_to_the_models_totals(tmp_path: Path) -> None:
     assert list(parts) == list(TIME_PARTS) and sum(parts.values()) == pytest.approx(time.step)
 
 
+def test_a_config_measured_again_shares_its_breakdowns(tmp_path: Path) -> None:
+    """The predicted breakdowns are the models' of the config, so a config measured twice is
+    computed once (a long study re-measures configs) and both rows show the same."""
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 2), Outcome.OK, 3.0)
+    record(study, SPEC, config(2, 2), Outcome.OK, 3.1)
+    record(study, SPEC, config(2, 1), Outcome.OK, 2.0)
+    data = gather(SPEC, results=str(tmp_path))
+    first, again, other = (data.breakdowns(r) for r in data.rows)
+    assert first is again and first == again
+    assert other != first  # another config: its own figures
+
+
+def test_the_reports_trials_copy_without_their_attributes(tmp_path: Path) -> None:
+    """Optuna's in-memory storage (the report's Optuna views) deep-copies trials on every add
+    and read; the report's read-only trials copy as shallow ones, and the plots see the same."""
+    import copy
+
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 2), Outcome.OK, 3.0)
+    record(study, SPEC, config(2, 1), Outcome.OK, 2.0)
+    data = gather(SPEC, results=str(tmp_path))
+    stored = study.get_trials()
+    for t, kept in zip(stored, data.trials, strict=True):
+        assert kept == t and kept.user_attrs == t.user_attrs and kept.params == t.params
+        twin = copy.deepcopy(kept)
+        assert twin is not kept and twin == kept and twin.user_attrs is kept.user_attrs
+        twin.number = 99  # what the in-memory storage does to what it adds
+        assert kept.number == t.number
+    memory = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    memory.add_trials(data.trials)
+    assert [t.params for t in memory.trials] == [t.params for t in stored]
+    assert [t.values for t in memory.trials] == [t.values for t in stored]
+
+
 LAUNCH = {
     "megatron": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
     "deepspeed": {"template": "deepspeed_gpt", "script": "train.py"},

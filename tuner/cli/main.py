@@ -111,9 +111,10 @@ def _cmd_space(args: argparse.Namespace) -> int:
     report = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
     out = report.counts()
     out["time_source"] = out_source
-    top = report.ranked()[: args.top] if args.top > 0 else []
-    lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results)
-    out["cost"] = cost_json(spec, report.ranked(), top, spec.search.n_trials, rates, terms)
+    top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
+    lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results,
+                                                            ranked=ranked)  # fmt: skip
+    out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials, rates, terms)
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
@@ -269,10 +270,11 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
     rates, _ = cli_profile.time_source(spec, results)
     terms = study_terms(spec, results, rates)
     report: SpaceReport = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
-    lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results)
+    everything = report.ranked()  # sorted once: costly at 10^5
+    lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
     require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
-    ranked = measurable(spec, report.ranked())  # the others are never launched
+    ranked = measurable(spec, everything)  # the others are never launched
     if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
         groups = max(len(spec.node_names) // spec.nodes_per_trial, 1)
         first = ranked[: min(groups, budget)]
@@ -286,13 +288,13 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         out["launch_first"] = [_candidate_json(c) for c in first]
         out["n_trials"] = budget
         out["calibrated"] = calibrated
-        out["cost"] = cost_json(spec, report.ranked(), first, budget, rates, terms)
+        out["cost"] = cost_json(spec, everything, first, budget, rates, terms)
         _emit_json(out)
         return 0
     console = _console()
     render.render(console, _counts_table(spec, report.counts()))
     render.render(console, _top_table(f"would launch first (top {len(first)} predicted)", first))
-    print_cost(console, spec, cost_json(spec, report.ranked(), first, budget, rates, terms))
+    print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms))
     if lines and spec.search.sampler == "model":
         for line in lines:
             render.show(console, line)

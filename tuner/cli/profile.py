@@ -281,12 +281,14 @@ CALIBRATED_COLUMNS = (
 )
 
 
-def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "results") -> Any:
+def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "results", *,
+                     ranked: list[Any] | None = None) -> Any:  # fmt: skip
     """The calibrated ranking and memory notes for ``space`` and ``run --dry-run``: a list of
-    printable things (empty without a saved calibration) and their JSON."""
+    printable things (empty without a saved calibration) and their JSON. ``ranked``: the
+    report's ranking when the caller has it already (computed here otherwise)."""
     from tuner.calibrate.calibrated import corrector_for, memory_notes
 
-    ranked = report.ranked()
+    ranked = report.ranked() if ranked is None else ranked
     corrector = corrector_for(spec, results, [c.config for c in ranked])
     if not corrector:
         return [], None

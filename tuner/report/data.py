@@ -7,10 +7,11 @@ recomputed from its recorded config.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import optuna
@@ -122,7 +123,7 @@ class TrialRow:
         """The config as a person reads it (``tp2 pp1 dp4 mbs2 ga4``,
         :mod:`tuner.config.spelling`); :attr:`key` stays the machine form that baselines and
         links match on."""
-        return spell(self.config) if self.config else "no config"
+        return _spelled(self.config) if self.config else "no config"
 
     @property
     def ok(self) -> bool:
@@ -134,6 +135,13 @@ class TrialRow:
         """The hover text of every point of this trial: config, number, outcome and reason."""
         text = f"trial {self.number}: {self.outcome}<br>{self.label}"
         return text + (f"<br>{_wrap(self.reason)}" if self.reason else "")
+
+
+@lru_cache(maxsize=4096)
+def _spelled(config: ParallelConfig) -> str:
+    """:func:`~tuner.config.spelling.spell`, once per config: every figure's hover text reads a
+    row's label, and a long study measures the same configs again."""
+    return spell(config)
 
 
 def _wrap(text: str, width: int = 80) -> str:
@@ -155,11 +163,14 @@ class ReportData:
     space_counts: dict[str, Any] = field(default_factory=dict)
     """The space's counts (``SpaceReport.counts``): total, invalid by rule, predicted OOM,
     viable."""
-    _breakdowns: dict[int, tuple[list[StageMemory], dict[str, float]]] = field(
+    _breakdowns: dict[str, tuple[list[StageMemory], dict[str, float]]] = field(
         default_factory=dict
     )
+    """By config key: the models are pure functions of the config, and a long study measures
+    the same configs again (10,000 trials of some 700 configs)."""
     trials: list[FrozenTrial] = field(default_factory=list)
-    """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once."""
+    """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once, as
+    :class:`ReadOnlyTrial`."""
 
     @cached_property
     def measured(self) -> list[TrialRow]:
@@ -214,14 +225,15 @@ class ReportData:
         a trial's config."""
         if row.config is None:
             return [], {}
-        if row.number not in self._breakdowns:
+        key = row.config.key()
+        if key not in self._breakdowns:
             spec, c = self.spec, row.config
             memory = estimate_memory(spec.model, c, self.gpu, spec.framework,
                                      spec.training.precision)  # fmt: skip
             time = estimate_time(spec.model, spec.training, c, self.gpu,
                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
-            self._breakdowns[row.number] = (stage_memory(memory), time_parts(time))
-        return self._breakdowns[row.number]
+            self._breakdowns[key] = (stage_memory(memory), time_parts(time))
+        return self._breakdowns[key]
 
     def launch_args(self, row: TrialRow) -> list[tuple[str, str]]:
         """How to launch a trial's config, as (what, text) pairs read from the framework's
@@ -303,7 +315,7 @@ def gather(
     """Read the study of ``spec``; duplicates and queued trials are left out (not trials of
     their own)."""
     study = load_optuna_study(spec, storage, results)
-    trials = stored_trials(spec, storage, results)
+    trials: list[FrozenTrial] = [read_only(t) for t in stored_trials(spec, storage, results)]
     rows = [
         trial_row(t, spec) for t in trials if not is_duplicate(t) and t.state != TrialState.WAITING
     ]
@@ -313,3 +325,27 @@ def gather(
                       trials=trials)  # fmt: skip
     _ = data.baseline  # a bad --baseline is an error before anything is drawn
     return data
+
+
+class ReadOnlyTrial(FrozenTrial):
+    """A stored trial as the report holds it: never changed, so a deep copy of it is a shallow
+    one (its own number and id; the parameters and attributes shared).
+
+    Optuna's plots read an in-memory copy of the study (:func:`tuner.report.figures.
+    optuna_views`), and Optuna's in-memory storage deep-copies every trial it adds and every
+    trial on each read; the importances read the study once per parameter. With 7,500
+    completed trials of some 40 attributes and parameters each, those copies were about
+    15 s of the report's CPU; the figures drawn are the same."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyTrial:
+        return copy.copy(self)
+
+
+def read_only(t: FrozenTrial) -> ReadOnlyTrial:
+    """``t`` as a :class:`ReadOnlyTrial` (sharing its parameters and attributes)."""
+    return ReadOnlyTrial(
+        number=t.number, state=t.state, value=None, values=t.values,
+        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete, params=t.params,
+        distributions=t.distributions, user_attrs=t.user_attrs, system_attrs=t.system_attrs,
+        intermediate_values=t.intermediate_values, trial_id=t._trial_id,
+    )  # fmt: skip

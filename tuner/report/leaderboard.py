@@ -47,9 +47,9 @@ TORCHTITAN_COLUMNS = ["dp_shard", "dp_replicate", "pp_schedule", "reshard", "com
 MEASURED_PEAK_METRIC = "allocated"
 
 
-_OPENED: dict[tuple[str, str, int], tuple[optuna.Study, TrialReader]] = {}
-"""The studies this process opened, by storage, name and the database file's inode (a file
-made anew is another storage)."""
+_OPENED: dict[tuple[str, str, int, int], tuple[optuna.Study, TrialReader]] = {}
+"""The studies this process opened, by storage, name and the database file's device and inode;
+a database made anew on the same inode is told by its trials (:meth:`TrialReader.unchanged`)."""
 
 
 def _opened(
@@ -60,8 +60,9 @@ def _opened(
         raise StudyError(f"no results for study {spec.name!r} yet (run: tune run --study ...)")
     where = resolve_url(storage, layout)
     local = where.local_file
-    key = (where.url, spec.name, local.stat().st_ino if local and local.exists() else 0)
-    if key not in _OPENED:
+    stat = local.stat() if local and local.exists() else None
+    key = (where.url, spec.name, stat.st_dev if stat else 0, stat.st_ino if stat else 0)
+    if key not in _OPENED or not _OPENED[key][1].unchanged():
         raw = open_storage(storage, layout)
         try:
             study = optuna.load_study(study_name=spec.name, storage=raw)

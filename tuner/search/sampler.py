@@ -52,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,6 +160,11 @@ class ModelGuidedSampler(BaseSampler):
         self._rng = np.random.default_rng(seed)
         self._space: dict[str, BaseDistribution] | None = None
         self._configs: list[ParallelConfig] | None = None
+        self.trials_source: Callable[[], Sequence[FrozenTrial]] | None = None
+        """Where an ask reads the study's trials: the study loop's incremental reader
+        (:class:`tuner.study.reader.TrialReader`) when it set one; else Optuna's
+        ``study.get_trials``, which re-reads every unfinished trial through the ORM on each
+        ask (with 64 trials running, most of an ask's CPU)."""
 
     # -- the candidates, computed once --------------------------------------------------------
 
@@ -217,7 +222,8 @@ class ModelGuidedSampler(BaseSampler):
     ) -> dict[str, Any]:
         if not search_space:
             return {}
-        chosen = self.choose_why(study.get_trials(deepcopy=False))
+        source = self.trials_source
+        chosen = self.choose_why(source() if source else study.get_trials(deepcopy=False))
         if chosen is None:
             return {}
         # as Optuna's own samplers record their state: on the trial, read back by the summary
@@ -307,7 +313,7 @@ class ModelGuidedSampler(BaseSampler):
         measured: dict[str, float] = {}
         pending: set[str] = set()
         tried: set[str] = set()
-        ooms: list[ParallelConfig] = []
+        ooms: dict[str, ParallelConfig] = {}  # by key: a config that ran out once is enough
         memory: dict[str, float] = {}  # key -> log(measured / predicted) memory
         for t in trials:
             key = t.user_attrs.get("key")
@@ -320,8 +326,8 @@ class ModelGuidedSampler(BaseSampler):
                 pending.add(str(key))
             elif outcome in RETRYABLE:
                 continue  # will run again: still a candidate
-            if outcome == Outcome.OOM and t.user_attrs.get("config"):
-                ooms.append(ParallelConfig(**t.user_attrs["config"]))
+            if outcome == Outcome.OOM and t.user_attrs.get("config") and str(key) not in ooms:
+                ooms[str(key)] = ParallelConfig(**t.user_attrs["config"])
                 peak = t.user_attrs.get("predicted_peak_gib")
                 if peak is not None:
                     memory[str(key)] = math.log(self._gpu_gib / float(peak))  # at least
@@ -334,12 +340,12 @@ class ModelGuidedSampler(BaseSampler):
         index = {k: i for i, k in enumerate(keys)}
         open_ = [
             i for i, c in enumerate(configs)
-            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms)
+            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms.values())
         ]  # fmt: skip
         if not open_:
             return None
         past = self._past(trials)
-        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms}, past)
+        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms.values()}, past)
         open_ = fitting or open_  # likely OOMs only when nothing else is left
         best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]

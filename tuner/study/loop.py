@@ -35,7 +35,7 @@ from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.profile.rates import study_rates
 from tuner.profile.stack_terms import study_terms
-from tuner.search.sampler import make_sampler
+from tuner.search.sampler import ModelGuidedSampler, make_sampler
 from tuner.search.stopping import Stopper
 from tuner.space.cost import trial_limit_s
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
@@ -76,6 +76,7 @@ from tuner.study.storage import (
     open_study,
     record_heartbeats,
     resolve_url,
+    set_user_attrs,
 )
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,9 @@ class StudyLoop:
                                    heartbeat_s=self.heartbeat_s)  # fmt: skip
         self._study_id = storage.get_study_id_from_name(spec.name)
         self._reader = TrialReader(storage, self._study_id)  # plain queries, finished kept
+        self._asking: list[FrozenTrial] | None = None  # the trials next_config read, in its ask
+        if isinstance(study.sampler, ModelGuidedSampler):  # its asks read the loop's trials
+            study.sampler.trials_source = lambda: self._asking or self.trials()
         self.screen = Screen(spec, study, leases, self.gpu, self.summary, worker=self.worker,
                              heartbeat_s=self.heartbeat_s, rerun=self.rerun,
                              rates=rates, space=space)  # fmt: skip
@@ -220,7 +224,8 @@ class StudyLoop:
     def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
         """Ask until a config that may run comes up; None when the space looks exhausted (at
         once when every config of the space is taken: :meth:`Screen.exhausted`)."""
-        if self.screen.exhausted(self.trials(), {r.config.key() for r in self.running.values()}):
+        trials = self.trials()  # for the check, the sampler's ask, the screen; again if refused
+        if self.screen.exhausted(trials, {r.config.key() for r in self.running.values()}):
             return None
         dists = distributions(self.spec)
         sampler = self.study.sampler
@@ -231,14 +236,16 @@ class StudyLoop:
                 return None
             with warnings.catch_warnings():  # heartbeats are recorded by the Heartbeat thread
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
+                self._asking = trials
                 trial = self.study.ask(dists)
+            self._asking = None  # (a failed ask ends the loop; the proxies' asks read afresh)
             config = config_from_params(self.spec, trial.params)
-            trial.set_user_attr("config", dataclasses.asdict(config))
-            trial.set_user_attr("key", config.key())
-            if self.screen(trial, config, self.trials()):
+            set_user_attrs(trial, {"config": dataclasses.asdict(config), "key": config.key()})
+            if self.screen(trial, config, trials):
                 return trial, config
             if self.stop_requested:
                 return None
+            trials = self.trials()
         return None
 
     # -- launching and recording ---------------------------------------------------------------
@@ -253,11 +260,9 @@ class StudyLoop:
                   "predicted_step_s": trial.user_attrs.get("predicted_step_s"),
                   "predicted_peak_gib": trial.user_attrs.get("predicted_peak_gib")}  # fmt: skip
         paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is valid YAML
-        # who and where before "launched": another worker that sees a launched trial must find
-        # its worker's leases, or it takes the trial for a dead worker's
-        trial.set_user_attr("hosts", list(group.hosts))
-        trial.set_user_attr("worker", self.worker)
-        trial.set_user_attr("launched", True)
+        # who and where with "launched" (one transaction): another worker that sees a launched
+        # trial must find its worker's leases, or it takes the trial for a dead worker's
+        set_user_attrs(trial, {"hosts": [*group.hosts], "worker": self.worker, "launched": True})
         try:
             master = self.executor.master_addr(group.hosts)
             request = self.launcher(spec, runs, trial.number, group, paths, master)
@@ -266,9 +271,8 @@ class StudyLoop:
             # (an expired lease without a token reads as "claimed, never launched")
             token = new_token()
             node_dir = None if request.node_dir is None else str(request.node_dir)
-            trial.set_user_attr("token", token)  # lets another worker clean up if we die
-            if node_dir is not None:
-                trial.set_user_attr("node_dir", node_dir)
+            where = {"token": token} | ({} if node_dir is None else {"node_dir": node_dir})
+            set_user_attrs(trial, where)  # the token lets another worker clean up if we die
             self.scheduler.launched(placement, trial.number, token, node_dir)
             if request.timeout_s is None:  # the study's limit for this config
                 limit = trial_limit_s(self.spec, trial.user_attrs.get("predicted_step_s"))

@@ -28,6 +28,11 @@ from optuna.trial import FrozenTrial, TrialState
 
 _SPECIAL = {"INF_POS": float("inf"), "INF_NEG": float("-inf"), "NAN": float("nan")}
 
+MAX_IN = 500
+"""Unfinished trial ids named in one ``IN (...)``; past it the reader asks for every trial from
+the first unfinished one and keeps those it wants. A database bounds the variables of one
+statement (SQLite's oldest default is 999); Optuna catches the error and reads everything."""
+
 
 class TrialReader:
     """The trials of study ``study_id`` in ``storage``, read incrementally."""
@@ -38,6 +43,21 @@ class TrialReader:
         self._open: set[int] = set()
         self._last = -1
         self._distributions: dict[str, BaseDistribution] = {}
+        self._mark: tuple[int, Any] | None = None  # the last trial read: id, stored start
+
+    def unchanged(self) -> bool:
+        """Whether the storage still holds the last trial read, as read (its study and start
+        time): False when the database was made anew since, even on the same file or inode,
+        and what this reader kept is another database's."""
+        if self._mark is None or not isinstance(self.storage, optuna.storages.RDBStorage):
+            return True
+        t = models.TrialModel.__table__
+        trial_id, start = self._mark
+        with self.storage.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.c.study_id, t.c.datetime_start).where(t.c.trial_id == trial_id)
+            ).first()  # fmt: skip
+        return row is not None and tuple(row) == (self.study_id, start)
 
     def trials(self) -> list[FrozenTrial]:
         """Every trial of the study, in trial-id order (Optuna's ``get_all_trials`` order)."""
@@ -57,10 +77,11 @@ class TrialReader:
 
     def _read(self, engine: sa.Engine) -> list[FrozenTrial]:
         t = models.TrialModel.__table__
-        wanted = sa.and_(
-            t.c.study_id == self.study_id,
-            sa.or_(t.c.trial_id > self._last, t.c.trial_id.in_(sorted(self._open))),
-        )
+        if len(self._open) <= MAX_IN:
+            since = sa.or_(t.c.trial_id > self._last, t.c.trial_id.in_(sorted(self._open)))
+        else:  # every id from the first unfinished one: a superset, narrowed below
+            since = t.c.trial_id >= min(self._open)
+        wanted = sa.and_(t.c.study_id == self.study_id, since)
         with engine.connect() as conn:
             trials = conn.execute(
                 sa.select(t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,
@@ -78,7 +99,12 @@ class TrialReader:
                      ("step", "intermediate_value", "intermediate_value_type")),
                 )
             }  # fmt: skip
-        return [self._frozen(row, children) for row in trials]
+        if trials:
+            self._mark = (trials[-1][0], trials[-1][3])
+        return [
+            self._frozen(row, children) for row in trials
+            if row[0] > self._last or row[0] in self._open
+        ]  # fmt: skip
 
     def _frozen(self, row: Any, children: dict[str, dict[int, list[Any]]]) -> FrozenTrial:
         trial_id, number, state, start, complete = row

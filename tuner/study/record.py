@@ -31,6 +31,7 @@ from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
 from tuner.study.faults import StorageFailure
 from tuner.study.measure import measured_anyway
+from tuner.study.storage import set_user_attrs
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -245,11 +246,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: f
 
 def _tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: float) -> None:
     with storage_errors(f"recording trial {trial.number}"):
-        trial.set_user_attr("outcome", str(verdict.outcome))
-        trial.set_user_attr("reason", verdict.reason)
-        trial.set_user_attr("duration_s", round(duration, 3))
-        for k, v in verdict.metrics.items():
-            trial.set_user_attr(k, v)
+        set_user_attrs(trial, {"outcome": str(verdict.outcome), "reason": verdict.reason,
+                               "duration_s": round(duration, 3), **verdict.metrics})  # fmt: skip
         step = verdict.metrics.get("step_time_s")
         if verdict.outcome == Outcome.OK and step:
             study.tell(trial, float(step))

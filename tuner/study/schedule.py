@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.launch import LaunchRequest, NodeGroup, NodePool
 from tuner.layout import ResultsLayout
+from tuner.study.holder import provably_dead
 from tuner.study.leases import Lease, LeaseConflict, Leases
 
 logger = logging.getLogger(__name__)
@@ -183,10 +184,18 @@ def live_running(trials: list[FrozenTrial], leases: Leases, worker: str,
     lease on the trial's nodes that it renewed within its last few heartbeats."""
     running = [t for t in trials if t.state == TrialState.RUNNING
                and t.user_attrs.get("launched")]  # fmt: skip
-    if not running:
-        return []
+    if all(t.user_attrs.get("worker") == worker for t in running):
+        return running  # this worker's own: no lease to read (one worker: every decision)
     now = time.time()
-    fresh = {(x.holder, x.resource) for x in leases.held() if not x.lost(now, heartbeat_s)}
+    dead: dict[str, bool] = {}  # a worker's leases share its fate: /proc is read once a worker
+    held = leases.held()
+    for x in held:
+        if x.holder not in dead and not x.expired(now, heartbeat_s):
+            dead[x.holder] = provably_dead(x.holder)
+    fresh = {
+        (x.holder, x.resource) for x in held
+        if not x.expired(now, heartbeat_s) and not dead[x.holder]
+    }  # fmt: skip
     return [
         t for t in running
         if t.user_attrs.get("worker") == worker

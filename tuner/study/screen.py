@@ -35,6 +35,7 @@ from tuner.space.trials import (
 from tuner.spec.study import StudySpec
 from tuner.study.leases import LeaseConflict, Leases
 from tuner.study.record import Summary
+from tuner.study.storage import set_user_attrs
 
 
 class Screen:
@@ -59,8 +60,7 @@ class Screen:
         self._probes: frozenset[str] | None = None
 
     def _prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
-        trial.set_user_attr("outcome", str(outcome))
-        trial.set_user_attr("reason", reason)
+        set_user_attrs(trial, {"outcome": str(outcome), "reason": reason})
         self.study.tell(trial, state=TrialState.PRUNED)
         self.summary.count(outcome)
 
@@ -78,14 +78,14 @@ class Screen:
         predicted = estimate_time(spec.model, spec.training, config, self.gpu,
                                   spec.cluster.gpus_per_node, spec.framework,
                                   self.rates, terms=terms)  # fmt: skip
-        trial.set_user_attr("predicted_peak_gib", round(memory.peak / GIB, 3))
-        trial.set_user_attr("predicted_allocated_gib", round(memory.allocated / GIB, 3))
-        trial.set_user_attr("predicted_reserved_gib", round(memory.reserved / GIB, 3))
-        trial.set_user_attr("predicted_activation_share", round(memory.activation_share, 4))
-        trial.set_user_attr("predicted_peak_stage", memory.stage)
-        trial.set_user_attr("predicted_peak_phase", memory.phase)
-        trial.set_user_attr("predicted_step_s", predicted.step)
-        trial.set_user_attr("predicted_mfu", predicted.mfu)
+        set_user_attrs(trial, {  # one transaction
+            "predicted_peak_gib": round(memory.peak / GIB, 3),
+            "predicted_allocated_gib": round(memory.allocated / GIB, 3),
+            "predicted_reserved_gib": round(memory.reserved / GIB, 3),
+            "predicted_activation_share": round(memory.activation_share, 4),
+            "predicted_peak_stage": memory.stage, "predicted_peak_phase": memory.phase,
+            "predicted_step_s": predicted.step, "predicted_mfu": predicted.mfu,
+        })  # fmt: skip
         cost = trial_cost(spec, predicted.step)
         if not cost.fits:  # it would only time out: say so, with the fix
             self._prune(trial, Outcome.PRUNED_TIME, too_slow_reason(spec, cost))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -28,7 +29,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy as sa
@@ -233,3 +234,59 @@ def check_results_dir(layout: ResultsLayout) -> None:
 MIN_FREE_BYTES = 64 * 2**20
 """A trial's logs are tens of kB to a few MB and SQLite needs room for its journal: below this
 the next trial's result could not be stored (a full disk loses it)."""
+
+
+def set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    """``trial.set_user_attr(key, value)`` for each of ``attrs``, on an SQLite or PostgreSQL
+    storage in one statement and one transaction.
+
+    Optuna writes each attribute in a transaction of its own (a select of the trial, an
+    upsert, a commit: about 2 ms of CPU each); a launched trial has some 25, written at its
+    screen, its launch and its record. The same upsert on the same table, for all of them at
+    once, and the same refusal once the trial is finished
+    (:class:`optuna.exceptions.UpdateFinishedTrialError`). Other storages: one by one."""
+    backend = getattr(trial.storage, "_backend", trial.storage)  # under Optuna's cache
+    if not isinstance(backend, optuna.storages.RDBStorage) or not attrs:
+        backend = None
+    elif backend.engine.dialect.name not in _UPSERT:
+        backend = None
+    if backend is None:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        return
+    from optuna.storages._rdb import models
+
+    table, trials = models.TrialUserAttributeModel.__table__, models.TrialModel.__table__
+    rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)}
+            for k, v in attrs.items()]  # fmt: skip
+    insert = _UPSERT[backend.engine.dialect.name](table).values(rows)
+    new = {"value_json": insert.excluded.value_json}
+    upsert = insert.on_conflict_do_update(index_elements=["trial_id", "key"], set_=new)
+    own = sa.select(trials.c.state).where(trials.c.trial_id == trial._trial_id)
+    with backend.engine.begin() as conn:
+        state = conn.execute(own.with_for_update()).scalar_one()
+        if optuna.trial.TrialState[str(getattr(state, "name", state))].is_finished():
+            raise optuna.exceptions.UpdateFinishedTrialError(
+                f"Trial#{trial.number} has already finished and can not be updated."
+            )
+        conn.execute(upsert)
+    trial._cached_frozen_trial.user_attrs.update(attrs)
+
+
+def _sqlite_insert(table: sa.Table) -> Any:
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(table)
+
+
+def _postgresql_insert(table: sa.Table) -> Any:
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql.insert(table)
+
+
+_UPSERT: dict[str, Callable[[sa.Table], Any]] = {
+    "sqlite": _sqlite_insert,
+    "postgresql": _postgresql_insert,
+}
+"""The dialects whose insert takes ``ON CONFLICT DO UPDATE`` (SQLite since 3.24)."""
