@@ -384,8 +384,11 @@ def test_bad_study_file_exits_2(tmp_path: Path) -> None:
 
 def test_a_fast_config_predicted_just_over_the_gpu_is_probed_and_measured(tmp_path: Path) -> None:
     """The model's fastest config is predicted 3% over the GPU; the stand-in shows it fits. It is
-    launched once, as a memory probe after the first measured peak, and measured as the best;
-    nothing else predicted over the headroom is launched."""
+    the first memory probe, launched after the first measured peak, and measured as the best.
+    Nothing predicted over the headroom is launched except as a memory probe the judge allowed
+    (with its reason), at most ``memory_probes`` of them: whether the second near-limit config
+    (the same with selective recompute) is also worth a launch is the sampler's call, and it
+    depends on which trials have finished when it asks."""
     factors = {"tp": {"1": 1.0, "2": 1.3}, "pp": {"1": 1.0, "2": 1.3},
                "mbs": {"1": 1.5, "2": 1.2, "4": 1.0, "8": 0.9},
                "recompute": {"none": 1.0, "selective": 1.08, "full": 1.3},
@@ -408,9 +411,11 @@ def test_a_fast_config_predicted_just_over_the_gpu_is_probed_and_measured(tmp_pa
     study = load_optuna_study(spec, None, str(tmp_path / "results"))
     launched = [t for t in study.trials if t.user_attrs.get("launched")]
     probed = [t for t in launched if t.user_attrs.get("memory_probe")]
-    assert [t.user_attrs["key"] for t in probed] == [roomy.config.key()]
+    assert probed and probed[0].user_attrs["key"] == roomy.config.key()
+    assert len(probed) <= spec.search.memory_probes
+    assert {t.user_attrs["key"] for t in probed} <= set(probes)  # only the enumerated probes
     assert probed[0].user_attrs["outcome"] == "ok" and probed[0].number > launched[0].number
-    assert "likely within the GPU" in probed[0].user_attrs["probe_reason"]
+    assert all("likely within the GPU" in t.user_attrs["probe_reason"] for t in probed)
     limit = spec.search.memory_headroom * (spec.cluster.gpu_memory_gib or 0)
     others = [t for t in launched if not t.user_attrs.get("memory_probe")]
     assert all(t.user_attrs["predicted_peak_gib"] <= limit for t in others)
