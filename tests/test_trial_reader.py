@@ -37,6 +37,9 @@ def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> N
     for n, end in enumerate(["ok", "inf", "pruned", "fail", "running", "ok"]):
         trial = study.ask(DISTS)
         trial.set_user_attr("config", {"tp": n, "nested": [1, {"a": None}]})
+        # keys and values that need escaping or are not plain JSON, decoded as one object
+        trial.set_user_attr('we"ird\\ké\n', ['\u00e9"', math.nan, -math.inf, 1e-300])
+        trial.set_user_attr("ratio", 0.1 + n)
         trial.report(0.5 * n, step=1)
         if n == 1:
             trial.report(math.nan, step=2)

@@ -135,7 +135,11 @@ def board_grid(
         ):  # fmt: skip
             columns.append(column)
     rows = []
-    for rank, (config, (_, row)) in enumerate(zip(by_config, board.iterrows(), strict=True), 1):
+    position = {name: i for i, name in enumerate(board.columns)}
+    # the frame's values as ``iterrows`` gives them (its rows are built from ``.values``), read
+    # by position: a Series per row was most of the table's time at thousands of rows
+    for rank, (config, values) in enumerate(zip(by_config, board.values, strict=True), 1):
+        row = {name: values[i] for name, i in position.items()}
         cells = {"rank": str(rank), "config": config}
         if row.get("scale") == "proxy":  # an extrapolated figure, not a full-scale measurement
             cells["measured_step_s"] = "~" + _cell("measured_step_s", row.get("measured_step_s"))
