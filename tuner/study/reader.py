@@ -143,8 +143,8 @@ def _rows(conn: sa.Connection, model: Any, columns: Iterable[str],
         trials, trials.c.trial_id == table.c.trial_id
     )
     out: dict[int, list[Any]] = defaultdict(list)
-    for row in conn.execute(query.where(wanted)):
-        out[row[0]].append(tuple(row[1:]))
+    for row in conn.execute(query.where(wanted)).all():  # fetched at once, not row by row
+        out[row[0]].append(row[1:])
     return out
 
 
@@ -155,7 +155,13 @@ def _attrs(rows: list[Any]) -> dict[str, Any]:
     table's constraint), so the object holds the same pairs in the same order."""
     if not rows:
         return {}
-    return dict(json.loads("{" + ",".join(f"{json.dumps(k)}:{v}" for k, v in rows) + "}"))
+    keys = _KEYS
+    text = ",".join(f"{keys.get(k) or keys.setdefault(k, json.dumps(k))}:{v}" for k, v in rows)
+    return dict(json.loads("{" + text + "}"))
+
+
+_KEYS: dict[str, str] = {}
+"""Attribute keys as JSON strings, by key: a study has a few dozen, each quoted once."""
 
 
 def _name(value: Any) -> str:
