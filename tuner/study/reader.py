@@ -65,7 +65,7 @@ class TrialReader:
         """Every trial of the study, in trial-id order (Optuna's ``get_all_trials`` order)."""
         if not isinstance(self.storage, optuna.storages.RDBStorage):
             return self.storage.get_all_trials(self.study_id, deepcopy=False)
-        with _no_collection():
+        with paused_collection():
             fresh = self._read(self.storage.engine)
         out = dict(self._finished)
         self._open = set()
@@ -152,7 +152,7 @@ def _rows(conn: sa.Connection, model: Any, columns: Iterable[str],
 
 
 @contextmanager
-def _no_collection() -> Iterator[None]:
+def paused_collection() -> Iterator[None]:
     """The cyclic garbage collector paused while a read builds its objects (some 300,000 rows
     and 10,000 trials at 10,000 trials, none of them garbage): its passes over the growing heap
     were about a sixth of the read's CPU. Left as it was found when the caller paused it."""
