@@ -37,6 +37,9 @@ def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> N
     for n, end in enumerate(["ok", "inf", "pruned", "fail", "running", "ok"]):
         trial = study.ask(DISTS)
         trial.set_user_attr("config", {"tp": n, "nested": [1, {"a": None}]})
+        # keys and values that need escaping or are not plain JSON, decoded as one object
+        trial.set_user_attr('we"ird\\ké\n', ['\u00e9"', math.nan, -math.inf, 1e-300])
+        trial.set_user_attr("ratio", 0.1 + n)
         trial.report(0.5 * n, step=1)
         if n == 1:
             trial.report(math.nan, step=2)
@@ -136,3 +139,22 @@ def test_a_database_made_anew_is_told_from_the_one_read(tmp_path: Path) -> None:
     for v in (5.0, 6.0):
         again.tell(again.ask(DISTS), v)
     assert not reader.unchanged()
+
+
+def test_a_read_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> None:
+    import gc
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.tell(study.ask(DISTS), 1.0)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    assert gc.isenabled()
+    assert len(reader.trials()) == 1
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        study.tell(study.ask(DISTS), 2.0)
+        assert len(reader.trials()) == 2
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -134,12 +134,23 @@ def board_grid(
             and (column.name != "outcome" or include_all)
         ):  # fmt: skip
             columns.append(column)
+    from tuner.study.reader import paused_collection
+
     rows = []
-    for rank, (config, (_, row)) in enumerate(zip(by_config, board.iterrows(), strict=True), 1):
-        cells = {"rank": str(rank), "config": config}
-        if row.get("scale") == "proxy":  # an extrapolated figure, not a full-scale measurement
-            cells["measured_step_s"] = "~" + _cell("measured_step_s", row.get("measured_step_s"))
-        rows.append(tuple(cells.get(c.name) or _cell(c.name, row.get(c.name)) for c in columns))
+    position = {name: i for i, name in enumerate(board.columns)}
+    # the frame's values as ``iterrows`` gives them (its rows are built from ``.values``), read
+    # by position: a Series per row was most of the table's time at thousands of rows
+    with paused_collection():  # thousands of rows of cells, none of them garbage
+        for rank, (config, values) in enumerate(zip(by_config, board.values, strict=True), 1):
+            row = {name: values[i] for name, i in position.items()}
+            cells = {"rank": str(rank), "config": config}
+            if row.get("scale") == "proxy":  # an extrapolated figure, not a full-scale one
+                cells["measured_step_s"] = "~" + _cell(
+                    "measured_step_s", row.get("measured_step_s")
+                )
+            rows.append(
+                tuple(cells.get(c.name) or _cell(c.name, row.get(c.name)) for c in columns)
+            )
     return render.Grid(title=title, columns=tuple(columns), rows=tuple(rows), constant=constant)
 
 

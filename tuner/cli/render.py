@@ -232,12 +232,16 @@ def _plain(out: Console, grid: Grid) -> None:
     depth = max((c.header.count("\n") + 1 for c in grid.columns), default=1)
     heads = [(["", *([""] * depth)] + c.header.split("\n"))[-depth:] for c in grid.columns]
     lines = [[h[k] for h in heads] for k in range(depth)] + [list(r) for r in grid.rows]
-    for cells in lines:
-        parts = [
+    text = [
+        "  ".join(
             cell.rjust(w) if column.right else cell.ljust(w)
             for cell, w, column in zip(cells, widths, grid.columns, strict=True)
-        ]
-        out.print("  ".join(parts).rstrip(), markup=False)
+        ).rstrip()
+        for cells in lines
+    ]
+    # one print of the joined lines: the console fits each line as it would a print of its own,
+    # and a print per line was most of a long table's time
+    out.print("\n".join(text), markup=False)
 
 
 def legend(columns: Sequence[Column]) -> str:

@@ -10,6 +10,7 @@ from tuner.layout import ResultsLayout
 from tuner.report.data import gather
 from tuner.report.page import Section, render, sections
 from tuner.spec.study import StudySpec
+from tuner.study.reader import paused_collection
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +31,10 @@ def build_report(
     results: str = "results", baseline: str | None = None, train_tokens: float | None = None,
 ) -> tuple[Path, list[Section]]:  # fmt: skip
     """Write the report of ``spec``'s study; the file written and the sections drawn."""
-    data = gather(spec, storage=storage, results=results, baseline=baseline,
-                  train_tokens=train_tokens)  # fmt: skip
-    parts = sections(data)
+    with paused_collection():  # tens of thousands of objects a view, none of them garbage
+        data = gather(spec, storage=storage, results=results, baseline=baseline,
+                      train_tokens=train_tokens)  # fmt: skip
+        parts = sections(data)
     path = out or default_path(spec, results)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(data, parts), encoding="utf-8")

@@ -20,7 +20,7 @@ from tuner.space.trials import trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
-from tuner.study.reader import TrialReader
+from tuner.study.reader import TrialReader, paused_collection
 from tuner.study.storage import open_storage, resolve_url
 
 COLUMNS = [
@@ -139,15 +139,16 @@ def leaderboard(
     spec = load_study(study) if isinstance(study, str) else study
     trials = stored_trials(spec, storage, results)
     rows = []
-    for t in trials:
-        if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
-            continue  # answered from another trial, or queued and never started
-        if t.state == TrialState.RUNNING and not include_all:
-            continue
-        ok = t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
-        if ok or include_all:
-            rows.append(leaderboard_row(t, spec.world_size))
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+    with paused_collection():  # a row of some 50 objects a trial, none of them garbage
+        for t in trials:
+            if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
+                continue  # answered from another trial, or queued and never started
+            if t.state == TrialState.RUNNING and not include_all:
+                continue
+            ok = t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
+            if ok or include_all:
+                rows.append(leaderboard_row(t, spec.world_size))
+        frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["precision"] = spec.training.precision
     if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
         frame[["ep", "etp", "dispatcher"]] = None
