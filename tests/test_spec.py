@@ -373,6 +373,16 @@ def test_cross_entropy_fusion_is_megatron_lms_switch() -> None:
     assert "--cross-entropy-loss-fusion" in str(info.value)
 
 
+def test_probe_one_process_is_refused_where_the_script_cannot_run_the_points() -> None:
+    """Only the DeepSpeed workload takes --probe-points: elsewhere the switch would be ignored
+    silently, so the loader refuses it, naming the field."""
+    assert study_from_mapping(with_change("launch.probe_one_process", False))
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(with_change("launch.probe_one_process", True))
+    assert info.value.path == "launch.probe_one_process"
+    assert "--probe-points" in str(info.value)
+
+
 def test_search_proxy_reads_on_off_auto_and_refuses_anything_else(tmp_path: Path) -> None:
     for text, value in (("on", True), ("off", False), ("auto", "auto")):
         data = yaml.safe_load(yaml.safe_dump(with_change("search.proxy", "X")).replace("X", text))

@@ -153,7 +153,7 @@ def bundle(
     point's script (inline) and runs the points in order, each framed by :data:`POINT` lines."""
     from tuner.launch import render_launch
 
-    if spec.launch.probe_one_process and spec.framework == "deepspeed":
+    if spec.launch.probe_one_process:  # DeepSpeed studies only (the study loader's rule)
         return _one_process(spec, runs, hosts, master_addr, master_ports[0], node_dir)
     files: dict[str, str] = {}
     bodies: list[list[str]] = [[] for _ in hosts]

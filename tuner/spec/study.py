@@ -285,6 +285,13 @@ class StudySpec:
                 "llama3_8b_pretrain_config)",
                 path="launch.recipe",
             )
+        if self.launch.probe_one_process and self.framework != "deepspeed":
+            raise ConfigError(
+                "only a DeepSpeed study's script runs a probe's points in one process (the "
+                f"project's workload takes --probe-points); {self.framework}'s probe launches "
+                "once per point: leave it false",
+                path="launch.probe_one_process",
+            )
         if self.training.cross_entropy_fusion and not traits(self.framework).megatron_core:
             raise ConfigError(
                 "cross_entropy_fusion is Megatron-LM's --cross-entropy-loss-fusion (Core's "
