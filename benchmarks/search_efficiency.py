@@ -19,8 +19,9 @@ at a time (``nodes_per_trial: all``, the default), so "runs" is the count of lau
 and including the first whose true step time is within 2 % of the best that really fits.
 
 * ``tune``: default search settings (the model sampler: expected improvement per node-hour on
-  the corrected time model; it stops when no untried config has a real chance of a 1 % gain, when
-  another launch is worth less than its node-hours, or after 10 trials without a 1 % gain); only
+  the corrected time model; it stops when the untried configs together have no real chance of
+  a 1 % gain, when another launch is worth less than its node-hours, or after 10 trials without
+  a 1 % gain); only
   ``n_trials`` is raised to the space size so the count is not cut. A study that stops before
   reaching 2 % counts as a miss, charged the whole space's size.
 * ``tune-no-early-stop``: the same without either stop rule, to tell search from stopping apart.

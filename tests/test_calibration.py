@@ -287,10 +287,11 @@ def test_a_config_that_ran_on_the_cluster_is_known_to_fit() -> None:
 
 
 def test_stops_when_no_untried_config_has_a_real_chance() -> None:
-    """The model is right about this machine: after a few runs no untried config has a 10 %
-    chance of beating the best by 1 %, long before the space is used up. (A training run
-    worth a million node-hours keeps the cost rule, which fires first at the default exchange
-    rate, from answering: :func:`test_stops_sooner_when_a_launch_is_not_worth_its_cost`.)"""
+    """The model is right about this machine: after a few runs the untried configs together
+    have less than a 10 % chance of beating the best by 1 %, long before the space is used up.
+    (A training run worth a million node-hours keeps the cost rule, which fires first at the
+    default exchange rate, from answering:
+    :func:`test_stops_sooner_when_a_launch_is_not_worth_its_cost`.)"""
     s = spec(train_node_hours=1e6)
     pred = {k: c.time.step for k, c in candidates(s).items()}
     study, order, reason = run(s, lambda c: pred[c.key()], len(pred), stopper=True)

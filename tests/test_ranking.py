@@ -25,7 +25,8 @@ from tuner.search.ranking import (
     loo_scale,
     loo_z,
 )
-from tuner.search.sampler import Belief, ModelGuidedSampler
+from tuner.search.sampler import ModelGuidedSampler
+from tuner.search.value import Belief
 from tuner.space.enumerate import SharedSpace, enumerate_space
 from tuner.space.trials import config_from_params, distributions
 from tuner.spec.file import study_from_mapping

@@ -24,6 +24,7 @@ from tuner.search.value import (
     best_worth,
     chance,
     improvement,
+    joint_chance,
     pick,
     student_cdf,
     student_pdf,
@@ -56,6 +57,27 @@ def test_expected_improvement_under_student_t_equals_the_integral() -> None:
     # degrees grow
     assert chance(mu, spread, BEST, dof=3)[0] > chance(mu, spread, BEST)[0]
     assert np.allclose(chance(mu, spread, BEST, dof=2000), chance(mu, spread, BEST), atol=1e-3)
+
+
+@pytest.mark.parametrize("dof", [None, 5])
+def test_the_joint_chance_counts_independent_doubts_together_and_shared_ones_once(
+    dof: int | None,
+) -> None:
+    """Ten configs, each alone with a small chance of beating the best: independent, their
+    chance together is 1 - prod(1 - p) (Gaussian) and well above any one's; moving together
+    (one shared unmeasured knob value), it is one config's. Student's t's shared width makes
+    the independent case a little less than the product rule, never less than one alone."""
+    mu = np.full(10, BEST + 0.05)
+    spread = np.full(10, 0.04)
+    one = float(chance(mu[:1], spread[:1], BEST, 0.01, dof)[0])
+    alone = joint_chance(mu, spread, np.eye(10), BEST, 0.01, dof)
+    together = joint_chance(mu, spread, np.ones((10, 10)), BEST, 0.01, dof)
+    assert 0.03 < one < 0.12
+    assert together == pytest.approx(one, abs=0.015)
+    if dof is None:
+        assert alone == pytest.approx(1 - (1 - one) ** 10, abs=0.025)
+    assert alone > 2.5 * one
+    assert joint_chance(mu, spread, np.eye(10), BEST, 0.01, dof) == alone  # same seed, same answer
 
 
 def test_equal_chances_the_cheaper_trial_wins() -> None:

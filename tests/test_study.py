@@ -81,7 +81,10 @@ def standin_processes(tmp: Path) -> list[str]:
 
 
 def test_finds_the_known_optimum(tmp_path: Path) -> None:
-    spec = study_from_mapping(study_data(tmp_path, SURFACE))
+    # The surface's best micro-batch (4) is one the model ranks 12 % slower than 8, so it is
+    # found by exploring. The answer is for a real training run (1,000 node-hours), which makes
+    # that exploration worth its cost; the stop rule on chance alone stays on.
+    spec = study_from_mapping(study_data(tmp_path, SURFACE, train_node_hours=1000.0))
     assert len(enumerate_space(spec).viable) >= 50
     loop = build_loop(spec, results=str(tmp_path / "results"))
     try:

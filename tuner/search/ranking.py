@@ -64,6 +64,24 @@ class RowPosterior:
         return mu, np.sqrt(np.maximum(var, 1e-12))
 
 
+def covariance(post: Posterior | RowPosterior, z: np.ndarray) -> np.ndarray:
+    """The posterior covariance of the correction between the rows of ``z`` (``predict``'s sd
+    is the square root of its diagonal): configs that share measured knob values move together.
+    In the rows' space ``z S z^T - (z S X^T) K^-1 (X S z^T)``; in the weights' ``z C z^T``."""
+    if isinstance(post, RowPosterior):
+        a = z @ post._xs.T
+        return np.asarray((z * post._prior_var) @ z.T - a @ post._k_inv @ a.T)
+    return np.asarray(z @ post.cov @ z.T)
+
+
+def correlation(post: Posterior | RowPosterior, z: np.ndarray, noise: float) -> np.ndarray:
+    """The correlation of the rows of ``z``'s predicted log step times (:func:`covariance`,
+    plus the run-to-run ``noise`` of each, independent)."""
+    cov = covariance(post, z) + noise**2 * np.eye(len(z))
+    sd = np.sqrt(np.clip(np.diag(cov), 1e-24, None))
+    return np.asarray(cov / np.outer(sd, sd))
+
+
 def fit(
     prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
 ) -> Posterior | RowPosterior:

@@ -49,7 +49,6 @@ Optuna's random sampling takes over (the study loop then finds the space exhaust
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -71,17 +70,21 @@ from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
+    correlation,
     fit,
     fit_memory,
     loo_scale,
 )
 from tuner.search.value import (
     DEFAULT_RUN_TRIALS,
+    JOINT_CONTENDERS,
     PURPOSE_ATTR,
+    Belief,
     Purpose,
     Worth,
     best_worth,
     chance,
+    joint_chance,
     pick,
 )
 from tuner.space.cost import trial_cost
@@ -102,42 +105,6 @@ misses (:func:`~tuner.search.ranking.loo_scale`) and the search may stop on it
 (:mod:`tuner.search.stopping`): with one, its leave-one-out prediction is the prior's alone and
 says nothing about how configs differ; from two, each is predicted from another. How little a
 few misses say is in the belief's degrees of freedom (Student's t), not in a larger count."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Belief:
-    """What the corrected time model believes about the configs not tried yet."""
-
-    open_: list[int]
-    """Indices (into the ranked candidates) of the configs still to try."""
-    mu: np.ndarray
-    """Posterior mean of the log step time of each."""
-    sd: np.ndarray
-    """Posterior standard deviation of the correction (weights only, no run noise), at the
-    prior's stated scale."""
-    best: float | None
-    """log of the best step time measured in this study, or None."""
-    scale: float | None = None
-    """How far the corrected model has really been off on configs it had not seen, in units of
-    what its posterior predicted for them: the root mean square of this study's leave-one-out
-    residuals each divided by its own leave-one-out predictive sd (:func:`loo_scale`; None below
-    :data:`MIN_ERROR_RUNS` measured configs)."""
-    dof: int | None = None
-    """The degrees of freedom :attr:`scale` is known with: each config's log step time is
-    Student's t with these around ``mu`` (None: Gaussian, before the scale is learned)."""
-
-    def spread(self, noise: float) -> np.ndarray:
-        """How far each untried config's log step time may be from ``mu``: its posterior
-        predictive sd (the correction's, plus the run-to-run ``noise``) times :attr:`scale`,
-        never under the noise. The posterior is correlated through shared knob values, so a
-        config whose values (and pairs of values) were measured has a narrow spread and one
-        with a value never measured keeps the prior's doubt about it; :attr:`scale` restates
-        the prior's width to the error the model has shown on held-out configs (1 before it
-        is known)."""
-        predictive = np.sqrt(np.square(self.sd) + noise**2)
-        if self.scale is None:
-            return np.asarray(predictive)
-        return np.asarray(np.maximum(self.scale * predictive, noise))
 
 
 class ModelGuidedSampler(BaseSampler):
@@ -375,7 +342,7 @@ class ModelGuidedSampler(BaseSampler):
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
             scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen))
-        return Belief(open_, mu + self._log_pred[open_], sd, best, *scale)
+        return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post)
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
@@ -434,17 +401,22 @@ class ModelGuidedSampler(BaseSampler):
     def chance_to_beat(
         self, trials: Sequence[FrozenTrial], margin: float
     ) -> tuple[float, ParallelConfig] | None:
-        """The highest probability, over the untried configs, that one runs faster than the best
-        measured by more than ``margin``, and that config; None before :data:`MIN_ERROR_RUNS`
-        measurements (then nothing is known yet). A config's log step time is taken as
-        Student's t around its corrected prediction, scale :meth:`Belief.spread` and
-        :attr:`Belief.dof` degrees of freedom."""
+        """The probability that some untried config runs faster than the best measured by more
+        than ``margin``, and the likeliest one; None before :data:`MIN_ERROR_RUNS`
+        measurements (then nothing is known yet). Each config's log step time is Student's t
+        around its corrected prediction, scale :meth:`Belief.spread`, :attr:`Belief.dof`
+        degrees of freedom; the :data:`~tuner.search.value.JOINT_CONTENDERS` likeliest are
+        drawn together, correlated as the posterior says (:func:`~tuner.search.value.
+        joint_chance`): ten independent 2 % chances make an 18 % one, not a 2 % one."""
         b = self.belief(trials)
-        if b is None or b.best is None or b.scale is None:
+        if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
-        p = chance(b.mu, b.spread(self._prior.noise), b.best, margin, b.dof)
-        i = int(np.argmax(p))
-        return float(p[i]), self._candidates()[b.open_[i]]
+        spread = b.spread(self._prior.noise)
+        p = chance(b.mu, spread, b.best, margin, b.dof)
+        top = np.argsort(-p, kind="stable")[:JOINT_CONTENDERS]
+        corr = correlation(b.fitted, self._x[np.asarray(b.open_)[top]], self._prior.noise)
+        joint = joint_chance(b.mu[top], spread[top], corr, b.best, margin, b.dof)
+        return max(joint, float(p[top[0]])), self._candidates()[b.open_[int(top[0])]]
 
 
 # ----------------------------------------------------------------------------- every sampler

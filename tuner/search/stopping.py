@@ -3,9 +3,10 @@
 Three rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budget_reason`):
 
 1. **The answer is known** (model sampler only, ``search.stop_chance``): the corrected time model
-   (:meth:`tuner.search.sampler.ModelGuidedSampler.chance_to_beat`) gives every untried config less
-   than ``stop_chance`` (10 % by default) probability of beating the best measured step time by
-   more than :data:`IMPROVEMENT`. The probability comes from the sampler's belief about the log
+   (:meth:`tuner.search.sampler.ModelGuidedSampler.chance_to_beat`) gives the untried configs,
+   together, less than ``stop_chance`` (10 % by default) probability that one of them beats the
+   best measured step time by more than :data:`IMPROVEMENT`: ten independent 2 % chances are an
+   18 % one, not ten negligible ones. The probability comes from the sampler's belief about the log
    step time of each config: the posterior of the correction fitted to measured/predicted ratios
    (this study's and the cluster's saved calibration), plus the run-to-run noise, its width
    rescaled by the study's leave-one-out misses and read as Student's t (:class:`~tuner.search.
@@ -65,8 +66,9 @@ class Stopper:
         if found is not None and found[0] < chance:
             p, config = found
             self._answer = (
-                f"the answer is known: no untried config has a {chance:.0%} chance of beating "
-                f"the best by {IMPROVEMENT:.0%} (likeliest: {spell(config)}, {p:.1%})"
+                f"the answer is known: the untried configs have a {p:.1%} chance, together, of "
+                f"beating the best by {IMPROVEMENT:.0%}, under {chance:.0%} (likeliest: "
+                f"{spell(config)})"
             )
         elif hasattr(self.sampler, "next_launch_worth"):
             self._answer = self.not_worth(trials)

@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tuner.calibrate.correction import expected_improvement, normal_cdf
+from tuner.calibrate.correction import Posterior, expected_improvement, normal_cdf
+from tuner.search.ranking import RowPosterior
 
 IMPROVEMENT = 0.01
 """A gain smaller than this (1 % of the step time) is within run-to-run noise of a short run."""
@@ -122,6 +123,78 @@ def chance(
     Student's t with ``dof`` degrees of freedom, Gaussian when None) is below ``best`` by more
     than ``margin`` (a fraction of the step time)."""
     return student_cdf((best + math.log1p(-margin) - mu) / spread, dof)
+
+
+@dataclass(frozen=True, slots=True)
+class Belief:
+    """What the corrected time model believes about the configs not tried yet."""
+
+    open_: list[int]
+    """Indices (into the ranked candidates) of the configs still to try."""
+    mu: np.ndarray
+    """Posterior mean of the log step time of each."""
+    sd: np.ndarray
+    """Posterior standard deviation of the correction (weights only, no run noise), at the
+    prior's stated scale."""
+    best: float | None
+    """log of the best step time measured in this study, or None."""
+    scale: float | None = None
+    """How far the corrected model has really been off on configs it had not seen, in units of
+    what its posterior predicted for them: the root mean square of this study's leave-one-out
+    residuals each divided by its own leave-one-out predictive sd
+    (:func:`~tuner.search.ranking.loo_scale`; None below
+    :data:`~tuner.search.sampler.MIN_ERROR_RUNS` measured configs)."""
+    dof: int | None = None
+    """The degrees of freedom :attr:`scale` is known with: each config's log step time is
+    Student's t with these around ``mu`` (None: Gaussian, before the scale is learned)."""
+    fitted: Posterior | RowPosterior | None = None
+    """The correction's posterior the belief was read from (None: nothing measured yet): what
+    :func:`tuner.search.ranking.covariance` reads how configs' errors move together from."""
+
+    def spread(self, noise: float) -> np.ndarray:
+        """How far each untried config's log step time may be from ``mu``: its posterior
+        predictive sd (the correction's, plus the run-to-run ``noise``) times :attr:`scale`,
+        never under the noise. The posterior is correlated through shared knob values, so a
+        config whose values (and pairs of values) were measured has a narrow spread and one
+        with a value never measured keeps the prior's doubt about it; :attr:`scale` restates
+        the prior's width to the error the model has shown on held-out configs (1 before it
+        is known)."""
+        predictive = np.sqrt(np.square(self.sd) + noise**2)
+        if self.scale is None:
+            return np.asarray(predictive)
+        return np.asarray(np.maximum(self.scale * predictive, noise))
+
+
+JOINT_DRAWS = 4000
+"""Draws of the joint belief :func:`joint_chance` counts: its answer is within about 0.5 % of
+the exact probability near the 10 % a stop is judged at (binomial sd
+``sqrt(0.1 x 0.9 / 4000)``)."""
+
+JOINT_CONTENDERS = 256
+"""The untried configs, likeliest first, whose joint belief :func:`joint_chance` draws: the
+rest each have a smaller chance than the last of these, and most share its knob values."""
+
+
+def joint_chance(
+    mu: np.ndarray, spread: np.ndarray, corr: np.ndarray, best: float,
+    margin: float = IMPROVEMENT, dof: int | None = None,
+) -> float:  # fmt: skip
+    """Probability that *at least one* of the configs beats ``best`` by more than ``margin``:
+    their log step times drawn together, multivariate Student's t (Gaussian when ``dof`` is
+    None) with location ``mu``, scales ``spread`` and correlation ``corr``; one chi-square
+    draw scales every config of a draw, since the width's doubt is shared (Kotz and
+    Nadarajah, Multivariate t Distributions, 2004, section 1.1). At least the largest
+    single chance and at most their sum: configs sharing an unmeasured knob value win or
+    lose together, configs with independent doubts add up. :data:`JOINT_DRAWS` draws from a
+    fixed seed, so the same beliefs always give the same answer."""
+    rng = np.random.default_rng(0)
+    values, vectors = np.linalg.eigh(corr)  # a square root that holds when corr is singular
+    root = vectors * np.sqrt(np.clip(values, 0.0, None))
+    g = root @ rng.standard_normal((len(mu), JOINT_DRAWS))
+    if dof is not None:
+        g = g / np.sqrt(rng.chisquare(dof, JOINT_DRAWS) / dof)
+    below = mu[:, None] + spread[:, None] * g < best + math.log1p(-margin)
+    return float(below.any(axis=0).mean())
 
 
 @dataclass(frozen=True, slots=True)

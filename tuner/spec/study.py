@@ -159,9 +159,10 @@ class SearchSpec:
     early_stop_trials: int | None = 10
     """Stop when the best has not improved by 1% in this many launched trials."""
     stop_chance: float | None = 0.1
-    """Model sampler: stop when no untried config has this chance of beating the best measured
-    by 1%, or when no launch is worth its node-hours (``train_node_hours``;
-    :mod:`tuner.search.stopping`); null: neither, only ``early_stop_trials``."""
+    """Model sampler: stop when the untried configs together have less than this chance of
+    beating the best measured by 1%, or when no launch is worth its node-hours
+    (``train_node_hours``; :mod:`tuner.search.stopping`); null: neither, only
+    ``early_stop_trials``."""
     train_node_hours: float | None = None
     """Node-hours of the training run the answer is for: the model sampler launches a config
     only while its expected step-time gain (the expected improvement, a fraction of the step)
