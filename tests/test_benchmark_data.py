@@ -415,6 +415,15 @@ def test_the_issues_oom_that_passes_the_fit_check_is_flagged_at_risk(
     assert all(not r.fits or r.risk for r in ooms)
 
 
+def _time_rows() -> tuple[ModuleType, list[Any], Any]:
+    """The held-out module, every step-time row's residual against the catalog and the terms
+    each row's shares are split into (what time_accuracy fits its sds on)."""
+    bench = _benchmark("time_accuracy")
+    ho = _benchmark("held_out")
+    cases, _ = bench.load_cases(DATA / "step_times.csv")
+    return ho, [bench.residual(c) for c in cases], ho.load_terms(DATA / "time_terms.csv")
+
+
 def test_the_catalogs_time_sds_are_the_held_out_fit() -> None:
     """CATALOG_TIME_SIGMA (within a stack) and CATALOG_TIME_STACK_SIGMA (a stack's own bias) are
     what time_accuracy fits on every source's held-out residuals, and that band holds >= 90% of
@@ -425,11 +434,7 @@ def test_the_catalogs_time_sds_are_the_held_out_fit() -> None:
         TIME_SIGMA_FLOORS,
     )
 
-    bench = _benchmark("time_accuracy")
-    ho = _benchmark("held_out")
-    cases, _ = bench.load_cases(DATA / "step_times.csv")
-    terms = ho.load_terms(DATA / "time_terms.csv")
-    rows = [bench.residual(c) for c in cases]
+    ho, rows, terms = _time_rows()
     every = ho.fit_sigmas(rows, terms, TIME_SIGMA_FLOORS, between=True)
     assert every.pop(ho.STACK) == pytest.approx(CATALOG_TIME_STACK_SIGMA, rel=0.05)
     for group, sd in every.items():
@@ -449,11 +454,7 @@ def test_the_time_band_fitted_on_other_sources_holds_90_percent_of_each() -> Non
     BigScience's stack, 15% slow on every row, is covered better than without it."""
     from tuner.models.uncertainty import TIME_SIGMA_FLOORS
 
-    bench = _benchmark("time_accuracy")
-    ho = _benchmark("held_out")
-    cases, _ = bench.load_cases(DATA / "step_times.csv")
-    terms = ho.load_terms(DATA / "time_terms.csv")
-    rows = [bench.residual(c) for c in cases]
+    ho, rows, terms = _time_rows()
     figures = ho.loso(rows, terms, TIME_SIGMA_FLOORS, between=True)
     assert sum(f.inside for f in figures) / sum(f.n for f in figures) >= 0.9
     plain = {f.source: f for f in ho.loso(rows, terms, TIME_SIGMA_FLOORS)}

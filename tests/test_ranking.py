@@ -20,6 +20,7 @@ from tuner.search import sampler as sampler_module
 from tuner.search.ranking import (
     PRIOR_WEIGHT,
     RowPosterior,
+    covariance,
     fit,
     loo_residuals,
     loo_scale,
@@ -46,20 +47,33 @@ STUDY: dict[str, Any] = {
 }  # fmt: skip
 
 
-def test_the_rows_posterior_is_the_weights_posterior() -> None:
-    rng = np.random.default_rng(3)
-    features, rows = 40, 9
+def _random_rows(
+    rows: int, rng: np.random.Generator, features: int = 40
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A random prior precision, ``rows`` one-hot rows with an intercept, their log ratios and
+    per-row noise (as saved observations have): fewer rows than features fits in the rows'
+    form, more in the weights'."""
     precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
     x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
     y = rng.normal(0, 0.3, rows)
-    noise = rng.uniform(0.02, 0.1, rows)  # one per row, as saved observations have
-    z = np.c_[np.ones(50), rng.integers(0, 2, size=(50, features - 1))].astype(float)
+    noise = rng.uniform(0.02, 0.1, rows)
+    return precision, x, y, noise
+
+
+def test_the_rows_posterior_is_the_weights_posterior() -> None:
+    rng = np.random.default_rng(3)
+    precision, x, y, noise = _random_rows(9, rng)
+    z = np.c_[np.ones(50), rng.integers(0, 2, size=(50, len(precision) - 1))].astype(float)
     full = correction.fit(precision, x, y, noise)
     rows_form = fit(precision, x, y, noise)
     assert isinstance(rows_form, RowPosterior)
     assert np.allclose(rows_form.mean, full.mean, rtol=1e-9, atol=1e-12)
     for a, b in zip(rows_form.predict(z), full.predict(z), strict=True):
         assert np.allclose(a, b, rtol=1e-8, atol=1e-12)
+    # the joint belief: one covariance in either form, its diagonal the predicted variance
+    cov = covariance(rows_form, z)
+    assert np.allclose(cov, covariance(full, z), rtol=1e-7, atol=1e-10)
+    assert np.allclose(np.sqrt(np.diag(cov)), full.predict(z)[1], rtol=1e-7)
     # at least as many rows as features: the weights' form itself
     many = np.r_[x, z]
     assert isinstance(fit(precision, many, rng.normal(size=len(many)), 0.03), correction.Posterior)
@@ -140,14 +154,9 @@ def test_the_space_is_enumerated_once_whatever_is_measured(
 
 @pytest.mark.parametrize("rows", [9, 60])  # the rows' form, the weights' form
 def test_leave_one_out_residuals_equal_refits_without_each_row(rows: int) -> None:
-    rng = np.random.default_rng(5)
-    features = 40
-    precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
-    x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
-    y = rng.normal(0, 0.3, rows)
-    noise = rng.uniform(0.02, 0.1, rows)
+    precision, x, y, noise = _random_rows(rows, np.random.default_rng(5))
     post = fit(precision, x, y, noise)
-    assert isinstance(post, RowPosterior if rows < features else correction.Posterior)
+    assert isinstance(post, RowPosterior if rows < len(precision) else correction.Posterior)
     k = rows - 3  # the last rows stay in every fit (saved observations, believed configs)
     fast = loo_residuals(post, x, y, noise, k)
     slow = []
@@ -160,12 +169,7 @@ def test_leave_one_out_residuals_equal_refits_without_each_row(rows: int) -> Non
 
 @pytest.mark.parametrize("rows", [9, 60])  # the rows' form, the weights' form
 def test_standardised_leave_one_out_residuals_equal_refits(rows: int) -> None:
-    rng = np.random.default_rng(7)
-    features = 40
-    precision = 1.0 / np.square(rng.uniform(0.1, 0.5, features))
-    x = np.c_[np.ones(rows), rng.integers(0, 2, size=(rows, features - 1))].astype(float)
-    y = rng.normal(0, 0.3, rows)
-    noise = rng.uniform(0.02, 0.1, rows)
+    precision, x, y, noise = _random_rows(rows, np.random.default_rng(7))
     post = fit(precision, x, y, noise)
     k = rows - 3
     fast = loo_z(post, x, y, noise, k)

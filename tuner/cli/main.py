@@ -102,13 +102,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_space(args: argparse.Namespace) -> int:
-    from tuner.profile.stack_terms import study_terms
-    from tuner.space.enumerate import enumerate_space
-
     spec = load_study(args.study)
-    rates, out_source = cli_profile.time_source(spec, args.results)
-    terms = study_terms(spec, args.results, rates)
-    report = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
+    report, rates, terms, out_source = cli_profile.measured_space(spec, args.results)
     out = report.counts()
     out["time_source"] = out_source
     top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
@@ -263,13 +258,11 @@ def _cmd_best(args: argparse.Namespace) -> int:
 
 
 def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
-    from tuner.profile.stack_terms import study_terms
-    from tuner.space.enumerate import enumerate_space, require_viable
+    from tuner.space.enumerate import require_viable
 
     # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
-    rates, _ = cli_profile.time_source(spec, results)
-    terms = study_terms(spec, results, rates)
-    report: SpaceReport = enumerate_space(spec, keep_oom=True, rates=rates, terms=terms)
+    report: SpaceReport
+    report, rates, terms, _ = cli_profile.measured_space(spec, results)
     everything = report.ranked()  # sorted once: costly at 10^5
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
     require_viable(spec, report)

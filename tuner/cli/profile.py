@@ -338,6 +338,18 @@ def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results
                   "peak_gib": r.calibrated_peak_gib, "fits": fits and candidate.fits}  # fmt: skip
 
 
+def measured_space(spec: StudySpec, results: str) -> tuple[Any, Any, Any, str]:
+    """The study's space enumerated as ``tune run`` ranks it (OOMs kept), on the cluster
+    profile's rates and the framework probe's terms: the report, the rates, the terms and what
+    the time figures come from (:func:`time_source`)."""
+    from tuner.profile.stack_terms import study_terms
+    from tuner.space.enumerate import enumerate_space
+
+    rates, source = time_source(spec, results)
+    terms = study_terms(spec, results, rates)
+    return enumerate_space(spec, keep_oom=True, rates=rates, terms=terms), rates, terms, source
+
+
 def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
     the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""

@@ -118,21 +118,27 @@ def loo_residuals(
     return np.asarray((y[:rows] - mu) / (1.0 - np.square(sd) / noise_sq))
 
 
+def loo_sd(
+    post: Posterior | RowPosterior, x: np.ndarray, noise: float | np.ndarray, rows: int
+) -> np.ndarray:
+    """The leave-one-out predictive sd of each of the first ``rows`` rows (the posterior's
+    without that row, plus its noise), from the one fit: ``1 / sqrt((K^-1)_ii)`` in the rows'
+    space (Rasmussen and Williams 2006, eq. 5.12), ``noise_i / sqrt(1 - h_i)`` in the
+    weights'."""
+    if isinstance(post, RowPosterior):
+        return np.asarray(1.0 / np.sqrt(np.diag(post._k_inv)[:rows]))
+    _, sd = post.predict(x[:rows])
+    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), (len(x),))[:rows]
+    return np.asarray(np.sqrt(noise_sq / (1.0 - np.square(sd) / noise_sq)))
+
+
 def loo_z(
     post: Posterior | RowPosterior, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray,
     rows: int,
 ) -> np.ndarray:  # fmt: skip
     """Each of the first ``rows`` rows' leave-one-out residual (:func:`loo_residuals`) over
-    its leave-one-out predictive sd (the posterior's without that row, plus its noise), from
-    the one fit. In the rows' space that sd is ``1 / sqrt((K^-1)_ii)`` (Rasmussen and
-    Williams 2006, eq. 5.12); in the weights' it is ``noise_i / sqrt(1 - h_i)``."""
-    if isinstance(post, RowPosterior):
-        k_ii = np.diag(post._k_inv)[:rows]
-        return np.asarray(post.alpha[:rows] / np.sqrt(k_ii))
-    mu, sd = post.predict(x[:rows])
-    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)[:rows]
-    keep = 1.0 - np.square(sd) / noise_sq
-    return np.asarray((y[:rows] - mu) / np.sqrt(noise_sq * keep))
+    its leave-one-out predictive sd (:func:`loo_sd`)."""
+    return np.asarray(loo_residuals(post, x, y, noise, rows) / loo_sd(post, x, noise, rows))
 
 
 PRIOR_WEIGHT = 1
