@@ -176,6 +176,22 @@ def test_columns_picks_and_orders_any_field(
     assert len(err) == 1 and "--columns: no column 'nope'" in err[0]
 
 
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [(["--top", "3", "--columns", "rank,nope"], "no column 'nope'"),
+     (["--columns", "rank"], "add --top K")],
+)  # fmt: skip
+def test_space_refuses_columns_it_cannot_show(
+    extra: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A column the top table lacks, or --columns with no top table to choose from, is one
+    line and exit 2 before the space is enumerated, not silently ignored."""
+    assert main(["space", "--study", "llama3-8b", *extra]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and not captured.out
+
+
 def test_machine_formats_keep_the_full_key(
     stored: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

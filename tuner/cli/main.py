@@ -103,6 +103,10 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 def _cmd_space(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
+    if (columns := render.parse_columns(args.columns)) is not None:  # before the enumeration
+        if args.top <= 0:
+            raise ConfigError("--columns: it picks the columns of the --top table; add --top K")
+        render.check_columns(columns, [c.name for c in TOP_COLUMNS])
     report, rates, terms, out_source = cli_profile.measured_space(spec, args.results)
     out = report.counts()
     out["time_source"] = out_source
@@ -120,7 +124,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     console.print(f"time model rates: {out_source}")
     if top:
         render.render(console, _top_table(f"top {len(top)} by predicted step time", top),
-                      render.parse_columns(args.columns))  # fmt: skip
+                      columns)  # fmt: skip
     print_cost(console, spec, out["cost"])
     for line in lines:
         render.show(console, line)

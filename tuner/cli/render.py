@@ -98,14 +98,19 @@ def parse_columns(text: str | None) -> list[str] | None:
     return names
 
 
+def check_columns(names: Sequence[str], known: Sequence[str]) -> None:
+    """A one-line error naming the first of ``names`` (``--columns``) not in ``known``."""
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"--columns: no column {name!r} here (columns: {', '.join(known)})")
+
+
 def choose(grid: Grid, names: Sequence[str] | None) -> Grid:
     """The grid with only the ``--columns`` asked for, in that order."""
     if names is None:
         return grid
     known = {c.name: i for i, c in enumerate(grid.columns)}
-    for name in names:
-        if name not in known:
-            raise ConfigError(f"--columns: no column {name!r} here (columns: {', '.join(known)})")
+    check_columns(names, list(known))
     index = [known[n] for n in names]
     return Grid(
         title=grid.title, columns=tuple(grid.columns[i] for i in index),
