@@ -207,6 +207,42 @@ def test_ctrl_c_twice_cleans_up_and_loses_nothing(tmp_path: Path) -> None:
     assert (rows.outcome == "interrupted").sum() >= 1, rows[["trial", "outcome"]]
 
 
+def test_sigterm_to_tune_profile_cancels_the_probe_it_started(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) of ``tune profile`` while its probe job runs under torchrun: the job
+    is cancelled on the way out, as with Ctrl-C, not left running on the node; one line, exit
+    130. (By default SIGTERM ends Python without unwinding: the job ran on to its end.)"""
+    results = tmp_path / "results"
+
+    def probe() -> list[str]:
+        return live_processes(lambda p: p.cwd.startswith(str(results))
+                              and "profile_job.py" in p.cmdline)  # fmt: skip
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli.main", "profile", "--study", "demo", "--results",
+         str(results)], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while len(probe()) < 2 and time.monotonic() < deadline:  # both ranks started
+            time.sleep(0.2)
+        assert len(probe()) >= 2, "the probe job never started"
+        proc.send_signal(signal.SIGTERM)  # the tuner alone, as `kill PID` does
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, (out, err)
+        assert err.strip().splitlines() == ["tune: interrupted"], err
+        deadline = time.monotonic() + 15  # the reaper's grace, then its kill
+        while probe() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert probe() == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for line in probe():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
 @contextlib.contextmanager
 def _mounted(args: list[str], target: Path) -> Iterator[None]:
     target.mkdir(parents=True, exist_ok=True)

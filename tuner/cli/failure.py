@@ -4,7 +4,12 @@ traceback unless ``--debug`` asks for it."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 
 from tuner.errors import TunerError
 
@@ -39,3 +44,25 @@ def _from_storage(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by Optuna's storage or SQLAlchemy (read without importing
     either: a dry look never loads them)."""
     return any(t.__module__.split(".")[0] in ("optuna", "sqlalchemy") for t in type(exc).__mro__)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler ending the login session's job, ``timeout``) raised as
+    :class:`KeyboardInterrupt` while a command runs, as Ctrl-C is: by default SIGTERM ends
+    Python without unwinding, so a job a command started on other nodes (a profile probe over
+    SSH or Slurm) was never cancelled. Unwinding runs every ``except BaseException: cancel``
+    on the way out. ``tune run``'s loop installs its own handlers while it runs (stop
+    cleanly, record the trials). Only on the main thread (signals are delivered there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

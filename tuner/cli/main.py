@@ -19,7 +19,7 @@ from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
-from tuner.cli.failure import exit_status
+from tuner.cli.failure import exit_status, terminate_as_interrupt
 from tuner.cli.options import add_columns_option, add_format_option, add_study_option
 from tuner.cli.tables import (
     STAGE_COLUMNS,
@@ -482,7 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(parser, argv)
     _configure_logging(args)
     try:
-        return handlers[args.command](args)
+        with terminate_as_interrupt():
+            return handlers[args.command](args)
     except BaseException as exc:  # a defect (or SystemExit) passes through: exit_status is None
         shown = not args.debug or isinstance(exc, KeyboardInterrupt)  # --debug: the traceback
         status = exit_status(exc) if shown else None
