@@ -24,6 +24,7 @@ from tuner.calibrate.store import (
     Observation,
     history,
     load_calibration,
+    measured_startup_s,
     memory_fingerprint,
     observations_from_trials,
     record_study,
@@ -37,6 +38,7 @@ from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
 from tuner.search.sampler import MIN_ERROR_RUNS, ModelGuidedSampler
 from tuner.search.stopping import Stopper
+from tuner.space.cost import trial_cost, with_startup
 from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import config_from_params, distributions
 from tuner.spec.file import study_from_mapping
@@ -163,6 +165,57 @@ def test_a_log_with_reserved_memory_only_feeds_the_correction_by_reserved() -> N
     assert reserved.memory_ratio == pytest.approx(math.log(30.0 / 24.0))
     assert allocated.measured_gib == 20.0
     assert allocated.predicted_gib == second.user_attrs["predicted_allocated_gib"]
+
+
+def timed(study: optuna.Study, timings: list[tuple[float, int, float]]) -> optuna.Study:
+    """``study``'s trials again, each with a wall time, an iteration count and a log's step
+    time (``duration_s``, ``iterations``, ``step_time_s``) from ``timings`` in order."""
+    out = optuna.create_study()
+    for t, (duration, iterations, step) in zip(study.get_trials(), timings, strict=True):
+        out.add_trial(optuna.trial.create_trial(
+            value=t.value, params=t.params, distributions=t.distributions,
+            user_attrs={**t.user_attrs, "duration_s": duration, "iterations": iterations,
+                        "step_time_s": step},
+        ))  # fmt: skip
+    return out
+
+
+def test_a_trials_start_up_is_measured_and_saved(tmp_path: Path) -> None:
+    """The start-up a launch took is its wall time less its iterations at its step time; a log
+    whose iterations outlast the wall time (a paced stand-in) measures none."""
+    s = spec()
+    study, _, _ = run(s, off_model(s), 3)
+    obs = observations(s, timed(study, [(100.0, 10, 2.0), (50.0, 12, 2.5), (1.0, 10, 2.0)]))
+    assert [o.startup_s for o in obs] == [pytest.approx(80.0), pytest.approx(20.0), None]
+    path = tmp_path / "c.calibration.yaml"
+    save_calibration(Calibration(cluster="c").merged(obs, NOW), path)
+    kept = load_calibration(path, "c").observations
+    assert [o.startup_s for o in kept] == [o.startup_s for o in obs]
+    # the median of the setup's launches, a running study's own among them
+    fp = setup_fingerprint(s)
+    assert measured_startup_s(kept, fp) == pytest.approx(50.0)
+    assert measured_startup_s(kept, fp, [30.0, None]) == pytest.approx(30.0)
+    assert measured_startup_s(kept, "another setup") is None  # its model build is another's
+    assert measured_startup_s(kept, "another setup", [30.0]) == pytest.approx(30.0)
+
+
+def test_the_sampler_charges_the_start_up_its_launches_measured() -> None:
+    """The default start-up (3 minutes) is the user's estimate; once launches of the setup ran
+    (this study's, or a saved study's), a trial costs the start-up they took."""
+    s = spec()
+    study, _, _ = run(s, off_model(s), 3)
+    took = timed(study, [(30.0 + 10 * 2.0, 10, 2.0)] * 3).get_trials()
+    step = np.log([1.5])
+    guessed = ModelGuidedSampler(s).trial_node_hours(step)[0]
+    assert guessed == pytest.approx(trial_cost(s, 1.5).node_hours)
+    measured = trial_cost(with_startup(s, 30.0), 1.5).node_hours
+    assert measured < guessed
+    assert ModelGuidedSampler(s).trial_node_hours(step, took)[0] == pytest.approx(measured)
+    saved = observations(s, timed(study, [(30.0 + 10 * 2.0, 10, 2.0)] * 3))
+    later = ModelGuidedSampler(spec("second"), history=saved)  # the same setup, another name
+    assert later.trial_node_hours(step)[0] == pytest.approx(measured)
+    # the run the answer is for is valued at the same start-up as the trials weighed against it
+    assert later.run_node_hours() < ModelGuidedSampler(s).run_node_hours()
 
 
 def test_record_study_saves_under_the_cluster_name(tmp_path: Path) -> None:

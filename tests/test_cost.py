@@ -12,6 +12,7 @@ known to the stated precision, before ``train_iters``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -20,8 +21,16 @@ from typing import Any
 import pytest
 import yaml
 
+from tuner.calibrate.store import (
+    Calibration,
+    Observation,
+    cluster_layout,
+    save_calibration,
+    setup_fingerprint,
+)
 from tuner.cli.cost import spent_json
 from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
 from tuner.launch import LaunchRequest, render_launch
 from tuner.report.leaderboard import load_optuna_study
 from tuner.space.cost import RECORDS_PER_BATCH, trial_cost
@@ -102,6 +111,47 @@ def test_a_trial_costs_no_more_than_its_limit_when_start_up_fills_it() -> None:
     roomy = trial_cost(study_from_mapping(scenario()), 0.5)  # a limit per config: room to finish
     assert roomy.node_hours == pytest.approx(roomy.minutes * 16 / 60)
     assert roomy.node_hours < roomy.worst_node_hours
+
+
+def test_the_preview_charges_the_start_up_launches_of_the_setup_took(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's gap: a 3-minute start-up estimate against a 3-minute limit. Once launches of
+    the same setup ran on the cluster, the preview charges the start-up they measured (the
+    saved calibration's); another setup's launches leave the estimate."""
+    data = scenario(trial_timeout_min=3)
+    data["training"]["global_batch_size"] = 16
+    spec = study_from_mapping(data)
+    results = tmp_path / "results"
+
+    def saved(fingerprint: str) -> None:
+        config = dataclasses.asdict(ParallelConfig())
+        kept = Observation(study="earlier", fingerprint=fingerprint, trial=0, outcome="ok",
+                           config=config, startup_s=12.0)  # fmt: skip
+        layout = cluster_layout(spec, results)
+        save_calibration(Calibration(cluster=layout.name, observations=(kept,)),
+                         layout.calibration_yaml)  # fmt: skip
+
+    def preview() -> dict[str, Any]:
+        code, captured = dry_run(tmp_path, capsys, data)
+        assert code == 0, captured.err
+        return dict(json.loads(captured.out)["cost"])
+
+    guessed = preview()
+    assert guessed["startup_min"] == 3 and not guessed["startup_measured"]
+    assert guessed["configs"][0]["trial_min"] > 3  # more than the limit: start-up fills it
+    saved("another setup")
+    assert preview()["startup_min"] == 3
+    saved(setup_fingerprint(spec))
+    measured = preview()
+    assert measured["startup_min"] == pytest.approx(0.2) and measured["startup_measured"]
+    row, before = measured["configs"][0], guessed["configs"][0]
+    assert row["trial_min"] == pytest.approx(before["trial_min"] - 2.8, abs=0.01)
+    assert row["trial_min"] < row["limit_min"] == 3
+    assert measured["expected_node_hours"] < guessed["expected_node_hours"]
+    code = main(["run", "--study", write(tmp_path, data), "--dry-run",
+                 "--results", str(results)])  # fmt: skip
+    assert code == 0 and "as earlier launches of this setup" in capsys.readouterr().out
 
 
 def test_tune_space_shows_the_cost_of_its_top_configs(

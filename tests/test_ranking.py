@@ -20,6 +20,7 @@ from tuner.search import sampler as sampler_module
 from tuner.search.ranking import (
     PRIOR_WEIGHT,
     RowPosterior,
+    correlation,
     covariance,
     fit,
     loo_residuals,
@@ -27,7 +28,7 @@ from tuner.search.ranking import (
     loo_z,
 )
 from tuner.search.sampler import ModelGuidedSampler
-from tuner.search.value import Belief
+from tuner.search.value import Belief, chance, joint_chance
 from tuner.space.enumerate import SharedSpace, enumerate_space
 from tuner.space.trials import config_from_params, distributions
 from tuner.spec.file import study_from_mapping
@@ -197,3 +198,31 @@ def test_the_scale_follows_how_wrong_the_model_really_was() -> None:
         w = rng.normal(0, prior_sd * width, features)
         y = x @ w + rng.normal(0, noise * width, rows)
         assert loo_scale(precision, x, y, noise, rows)[0] == pytest.approx(expected, rel=0.25)
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_the_joint_chance_counts_the_bests_noise_once_and_open_doubts_apart(known: bool) -> None:
+    """64 untried configs, each 6 % slower than the best by the corrected model. Each is
+    compared with one measured best, so the run-to-run noise in their spreads is that one
+    measurement's error, shared: where the correction knows every config (a tight prior on
+    each one's own term), together they have the chance one has (drawn apart, 1 - 0.99^64,
+    about half); where each keeps a doubt of its own (a wide prior), the doubts add up."""
+    n, noise, best = 64, 0.03, 0.0
+    own_sd = 1e-4 if known else 0.05
+    precision = np.r_[1e8, np.full(n, 1 / own_sd**2)]  # a known intercept, one term per config
+    x = np.c_[np.ones(2), np.zeros((2, n))]  # two measured configs: intercept only
+    post = fit(precision, x, np.zeros(2), noise)
+    z = np.c_[np.ones(n), np.eye(n)]
+    corr = correlation(post, z, noise)
+    assert np.allclose(np.diag(corr), 1.0)
+    _, sd = post.predict(z)
+    spread = np.sqrt(np.square(sd) + noise**2)
+    mu = np.full(n, best + 0.06)
+    one = float(chance(mu[:1], spread[:1], best, 0.01)[0])
+    together = joint_chance(mu, spread, corr, best, 0.01)
+    if known:
+        assert 0.005 < one < 0.02
+        assert together == pytest.approx(one, abs=0.006)  # not 1 - (1 - one) ** 64
+    else:
+        assert 0.08 < one < 0.15
+        assert together > 4 * one

@@ -145,6 +145,26 @@ class FakeSampler:
         return self.worth, self.config
 
 
+def test_the_model_rules_are_asked_while_other_trials_run() -> None:
+    """With room for several trials at once the loop refills each freed slot at once: a rule
+    that waited for no trial to be running would never stop a parallel study. Asked again
+    when a running trial finishes, a reopened chance lets launches go on."""
+    running = optuna.trial.create_trial(
+        state=TrialState.RUNNING, params={"x": 0.0}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"launched": True},
+    )  # fmt: skip
+    sampler = FakeSampler(0.01, Worth(0, 3.0, 0.2))
+    stop = Stopper(spec(), sampler)
+    reason = stop.known([running])
+    assert reason is not None and reason.startswith("the answer is known")
+    sampler.p = 0.5  # the finished trial's figure reopened a chance
+    done = optuna.trial.create_trial(
+        value=1.0, params={"x": 0.0}, distributions={"x": FloatDistribution(0, 1)},
+        user_attrs={"launched": True},
+    )  # fmt: skip
+    assert stop.known([done]) is None
+
+
 def test_the_search_stops_when_the_next_launch_costs_more_than_it_may_gain() -> None:
     s = spec()
     still_a_chance = 0.4  # rule 1 does not fire

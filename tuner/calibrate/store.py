@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,9 @@ class Observation:
     """The share of the predicted allocated memory (peak, for an OOM) that is activations
     (:attr:`tuner.models.memory.estimate.MemoryBreakdown.activation_share`); None in calibrations
     saved before it was kept (its memory error then counts as spread over the whole peak)."""
+    startup_s: float | None = None
+    """What the launch cost besides its iterations, seconds (:func:`launch_overhead_s`); None
+    when its log cannot tell (or in calibrations saved before it was kept)."""
 
     def parallel_config(self) -> ParallelConfig:
         """The config as a :class:`ParallelConfig`."""
@@ -146,12 +150,46 @@ def observations_from_trials(
             out.append(Observation(
                 **common, outcome="ok", predicted_step_s=_num(a.get("predicted_step_s")),
                 measured_step_s=float(t.value), predicted_gib=predicted, measured_gib=measured,
+                startup_s=launch_overhead_s(a),
             ))  # fmt: skip
         elif outcome == Outcome.OOM and a.get("predicted_peak_gib"):
             out.append(Observation(**common, outcome="oom",
                                    predicted_gib=_num(a.get("predicted_peak_gib")),
                                    measured_gib=gpu_gib))  # fmt: skip
     return out
+
+
+def launch_overhead_s(attrs: Mapping[str, Any]) -> float | None:
+    """A measured trial's start-up as the cost model counts it, seconds: its wall time
+    (``duration_s``) less its iterations at its measured step time (``iterations``, the log's
+    per-step records, one per iteration in the shipped templates; the proxy's own step for a
+    proxy). That is every second of the launch that does not scale with the step time:
+    processes, rendezvous, model build, data loaders, the first iterations' compile and
+    allocator growth above a steady step, and the shutdown: what
+    :func:`tuner.space.cost.trial_cost` charges once per launch (``search.startup_min``)
+    beside ``iterations x step``. None when a figure is missing, or when the iterations alone
+    would outlast the wall time (a log whose step times are not wall-clock time: a paced
+    stand-in, a replay)."""
+    step = attrs.get("proxy_step_s") or attrs.get("step_time_s")
+    duration, iterations = attrs.get("duration_s"), attrs.get("iterations")
+    if not step or not duration or not iterations:
+        return None
+    overhead = float(duration) - int(iterations) * float(step)
+    return overhead if overhead > 0 else None
+
+
+def measured_startup_s(
+    observations: Iterable[Observation], fingerprint: str, own: Iterable[float | None] = ()
+) -> float | None:
+    """The start-up of a launch of the setup ``fingerprint`` on this cluster, seconds: the
+    median of the saved observations' :attr:`Observation.startup_s` and of ``own`` (a running
+    study's, :func:`launch_overhead_s` of its trials): a typical launch, which one delayed by a
+    slow node or a cold file cache moves little; None when none was measured. Only the same
+    setup's observations: the model build, the checkpoint and the data loaders a start-up
+    times depend on the model and framework, not only on the cluster."""
+    found = [o.startup_s for o in observations if o.fingerprint == fingerprint and o.startup_s]
+    found += [s for s in own if s]
+    return float(statistics.median(found)) if found else None
 
 
 def _memory_pair(a: dict[str, Any]) -> tuple[float | None, float | None]:

@@ -13,9 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from tuner.calibrate.store import history, measured_startup_s, setup_fingerprint
 from tuner.cli import render, units
 from tuner.config.spelling import spell
-from tuner.space.cost import budget_cost, require_measurable, too_slow_reason, trial_cost
+from tuner.space.cost import (
+    budget_cost,
+    require_measurable,
+    too_slow_reason,
+    trial_cost,
+    with_startup,
+)
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
@@ -28,12 +35,18 @@ SHOWN_TOO_SLOW = 10
 
 
 def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Candidate],
-              n_trials: int, rates: Rates | None = None,
-              terms: StackTerms | None = None) -> dict[str, Any]:  # fmt: skip
+              n_trials: int, rates: Rates | None = None, terms: StackTerms | None = None,
+              results: str | None = None) -> dict[str, Any]:  # fmt: skip
     """The preview as one JSON object: ``shown`` configs one by one, the budget over
     ``ranked`` (every viable config, fastest predicted first). With ``search.proxy``, each
     config's proxy trial (its step from the time model at ``rates`` and ``terms``, as the
-    configs' own) and the confirmations at full scale are counted too (``proxy``)."""
+    configs' own) and the confirmations at full scale are counted too (``proxy``). With
+    ``results``, the start-up that launches of the same setup measured on the cluster (its
+    saved calibration) replaces ``search.startup_min`` (``startup_measured``)."""
+    given = spec.search.startup_min
+    if results is not None:
+        found = measured_startup_s(history(spec, results), setup_fingerprint(spec))
+        spec = with_startup(spec, found)
     costs = [trial_cost(spec, c.time.step if c.time else None) for c in ranked]
     budget = budget_cost(costs, n_trials)
     slow = [(c, k) for c, k in zip(ranked, costs, strict=True) if not k.fits]
@@ -46,7 +59,8 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
         "expected_node_hours": round(budget.expected_node_hours, 3),
         "worst_node_hours": round(budget.worst_node_hours, 3),
         "max_node_hours": spec.search.max_node_hours,
-        "startup_min": spec.search.startup_min,
+        "startup_min": round(spec.search.startup_min, 3),
+        "startup_measured": spec.search.startup_min != given,
         "precision": spec.search.precision,
         "too_slow": [
             {
@@ -152,6 +166,9 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         )  # fmt: skip
         title = ("cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
                  "the step-time estimate needs)")  # fmt: skip
+        if cost.get("startup_measured"):
+            title += (f"; start-up {cost['startup_min']:.2g} min, as earlier launches of this "
+                      "setup on the cluster took (search.startup_min replaced)")  # fmt: skip
         if proxies:
             title += ("; trial and node-h at full scale (the confirmation of a config measured "
                       "through a proxy), proxy at its own nodes")  # fmt: skip

@@ -113,7 +113,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
     lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results,
                                                             ranked=ranked)  # fmt: skip
-    out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials, rates, terms)
+    out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials, rates, terms, args.results)
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
@@ -285,13 +285,13 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         out["launch_first"] = [_candidate_json(c) for c in first]
         out["n_trials"] = budget
         out["calibrated"] = calibrated
-        out["cost"] = cost_json(spec, everything, first, budget, rates, terms)
+        out["cost"] = cost_json(spec, everything, first, budget, rates, terms, results)
         _emit_json(out)
         return 0
     console = _console()
     render.render(console, _counts_table(spec, report.counts()))
     render.render(console, _top_table(f"would launch first (top {len(first)} predicted)", first))
-    print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms))
+    print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms, results))
     if lines and spec.search.sampler == "model":
         for line in lines:
             render.show(console, line)

@@ -75,9 +75,20 @@ def covariance(post: Posterior | RowPosterior, z: np.ndarray) -> np.ndarray:
 
 
 def correlation(post: Posterior | RowPosterior, z: np.ndarray, noise: float) -> np.ndarray:
-    """The correlation of the rows of ``z``'s predicted log step times (:func:`covariance`,
-    plus the run-to-run ``noise`` of each, independent)."""
-    cov = covariance(post, z) + noise**2 * np.eye(len(z))
+    """The correlation of the rows of ``z``'s log step times *against the best measured one*:
+    :func:`covariance`, plus the run-to-run ``noise`` once, the same draw for every row.
+
+    A config's predictive sd (:meth:`~tuner.search.value.Belief.spread`) carries the noise
+    because the best it is compared with is a measurement: the difference of an untried
+    config's true step time and the best's measured one is the correction's doubt plus the
+    best's measurement error. That error is one number, shared by every comparison with the
+    same best; an untried config's true step time has no run-to-run noise of its own. Drawn
+    independently per config, the noise of 256 configs would count a lucky measurement's
+    chance 256 times (at a 3 % noise, 256 well-known configs each 6 % slower than the best
+    would together "beat it by 1 %" nine times in ten), none of them a real gain. Each
+    config's own chance is the same either way (the diagonal is unchanged), and doubts the
+    correction holds apart (knob values not measured yet) still add up."""
+    cov = covariance(post, z) + noise**2
     sd = np.sqrt(np.clip(np.diag(cov), 1e-24, None))
     return np.asarray(cov / np.outer(sd, sd))
 

@@ -63,7 +63,13 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.calibrate.correction import Features, Prior
 from tuner.calibrate.correction import expected_improvement as expected_improvement
 from tuner.calibrate.correction import knob_values as knob_values
-from tuner.calibrate.store import Observation, memory_fingerprint, setup_fingerprint
+from tuner.calibrate.store import (
+    Observation,
+    launch_overhead_s,
+    measured_startup_s,
+    memory_fingerprint,
+    setup_fingerprint,
+)
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
@@ -87,7 +93,7 @@ from tuner.search.value import (
     joint_chance,
     pick,
 )
-from tuner.space.cost import trial_cost
+from tuner.space.cost import trial_cost, with_startup
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import may_probe
 from tuner.space.trials import (
@@ -361,29 +367,37 @@ class ModelGuidedSampler(BaseSampler):
         if b.best is None:
             return configs[b.open_[int(np.argmin(b.mu))]], "exploitation"  # argmin: first of ties
         spread = b.spread(self._prior.noise)
-        chosen, top = pick(b.mu, spread, spread, self.trial_node_hours(b.mu), b.best, b.dof)
+        cost = self.trial_node_hours(b.mu, trials)
+        chosen, top = pick(b.mu, spread, spread, cost, b.best, b.dof)
         i = int(self._rng.choice(top)) if len(top) > 1 else chosen.index
         purpose: Purpose = "exploitation" if b.mu[i] <= b.best else "exploration"
         return configs[b.open_[i]], purpose
 
-    def trial_node_hours(self, log_step: np.ndarray) -> np.ndarray:
+    def trial_node_hours(self, log_step: np.ndarray, trials: Sequence[FrozenTrial] = ()
+                         ) -> np.ndarray:  # fmt: skip
         """Predicted node-hours of one trial at each step time ``exp(log_step)``: start-up
         charged per launch plus the warm-up and the iterations the estimate needs
-        (:func:`tuner.space.cost.trial_cost`, linear in the step time)."""
-        startup = trial_cost(self._spec, None).node_hours
-        per_second = trial_cost(self._spec, 1.0).node_hours - startup
+        (:func:`tuner.space.cost.trial_cost`, linear in the step time); the start-up the
+        launches of this setup measured (``trials`` and the saved calibration's:
+        :func:`~tuner.calibrate.store.measured_startup_s`) once there is one."""
+        own = (launch_overhead_s(t.user_attrs) for t in trials if t.state == TrialState.COMPLETE)
+        spec = with_startup(self._spec, measured_startup_s(self._past(trials), self._fingerprint,
+                                                           own))  # fmt: skip
+        startup = trial_cost(spec, None).node_hours
+        per_second = trial_cost(spec, 1.0).node_hours - startup
         return np.asarray(startup + per_second * np.exp(log_step))
 
-    def run_node_hours(self) -> float:
+    def run_node_hours(self, trials: Sequence[FrozenTrial] = ()) -> float:
         """What the training run the answer is for is worth, node-hours: ``search.
         train_node_hours``, or :data:`~tuner.search.value.DEFAULT_RUN_TRIALS` trials of the
-        model's fastest config."""
+        model's fastest config (at the start-up measured so far, as the trials it is weighed
+        against)."""
         given = self._spec.search.train_node_hours
         if given is not None:
             return given
         self._candidates()
         first = self._log_pred[:1]  # the ranking's first: the model's fastest admitted config
-        return DEFAULT_RUN_TRIALS * float(self.trial_node_hours(first).sum())
+        return DEFAULT_RUN_TRIALS * float(self.trial_node_hours(first, trials).sum())
 
     def next_launch_worth(
         self, trials: Sequence[FrozenTrial]
@@ -394,8 +408,8 @@ class ModelGuidedSampler(BaseSampler):
         b = self.belief(trials)
         if b is None or b.best is None or b.scale is None:
             return None
-        worth = best_worth(b.mu, b.spread(self._prior.noise), self.trial_node_hours(b.mu),
-                           b.best, self.run_node_hours(), b.dof)  # fmt: skip
+        worth = best_worth(b.mu, b.spread(self._prior.noise), self.trial_node_hours(b.mu, trials),
+                           b.best, self.run_node_hours(trials), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
 
     def chance_to_beat(

@@ -22,7 +22,12 @@ Three rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budge
    not improved by :data:`IMPROVEMENT` within the last N launched trials.
 
 The model rule is only asked when the trials changed since it last answered (a fit costs
-milliseconds to a second on big spaces, and the loop checks several times a second).
+milliseconds to a second on big spaces, and the loop checks several times a second). It is asked
+while trials run too: the sampler counts a running config as tried, at its believed step time,
+and asks again when each one finishes, so a stop found meanwhile only holds the next launches
+back, and a finished trial whose figure reopens a chance lets them go on. (Waiting for every
+running trial first, as it once did, meant that with room for several trials at once the loop
+refilled each freed slot before the rules could fire: they never stopped a parallel study.)
 """
 
 from __future__ import annotations
@@ -60,8 +65,6 @@ class Stopper:
             return self._answer
         self._seen = state
         self._answer = None
-        if any(not t.state.is_finished() and t.user_attrs.get("launched") for t in trials):
-            return None  # a running trial may still move the best: wait for it
         found = self.sampler.chance_to_beat(trials, IMPROVEMENT)
         if found is not None and found[0] < chance:
             p, config = found

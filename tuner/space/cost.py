@@ -10,10 +10,16 @@ it. The trial time limit is ``search.trial_timeout_min`` when the user set one, 
 :data:`LIMIT_MARGIN` times the predicted shortest useful trial (never less than
 :data:`MIN_LIMIT_MIN`): noisy step times that need more iterations are cut there, and the
 figure is recorded when the log already holds enough steady batches.
+
+``search.startup_min`` is the user's estimate until trials of the same setup have run on the
+cluster; from then on the start-up they measured replaces it (:func:`with_startup`, fed by
+:func:`tuner.calibrate.store.measured_startup_s`): the sampler's trial costs and the cost preview
+read what a launch really took.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +37,15 @@ slower first step and a noisier step time than predicted."""
 
 MIN_LIMIT_MIN = 2.0
 """The shortest default time limit, minutes (a trial of a tiny model still needs its start-up)."""
+
+
+def with_startup(spec: StudySpec, startup_s: float | None) -> StudySpec:
+    """``spec`` with ``search.startup_min`` replaced by a measured start-up of ``startup_s``
+    seconds (unchanged when None): what every cost of this module then charges per launch."""
+    if startup_s is None or startup_s <= 0:
+        return spec
+    search = dataclasses.replace(spec.search, startup_min=startup_s / 60)
+    return dataclasses.replace(spec, search=search)
 
 
 def useful_iterations(spec: StudySpec) -> int:
