@@ -248,7 +248,8 @@ def moe_layer_activations(
     dense_mlp = s * b * f * mlp_factor
     shared = s * b * moe.shared * mlp_factor
     sharded = dense.sharded - dense_mlp + shared + tp * moe_block_bytes(model, c, e, e)
-    return dataclasses.replace(dense, sharded=sharded)
+    # dataclasses.replace(dense, sharded=sharded), built directly (asked per stage)
+    return LayerActivations(dense.replicated, sharded, dense.scores, dense.layer_input)
 
 
 def router_score_bytes(moe: MoESpec, e: float) -> float:
@@ -433,6 +434,10 @@ class MoEStageMemory:
     """Transient dispatch / combine buffers of one MoE layer (0 without MoE layers)."""
 
 
+_ACTIVATION_FIELDS = tuple(LayerActivations.__dataclass_fields__)
+"""LayerActivations' fields in order (``dataclasses.fields``' names, read once)."""
+
+
 def moe_stage_memory(
     model: ModelSpec,
     c: ParallelConfig,
@@ -453,7 +458,7 @@ def moe_stage_memory(
     def mix(name: str) -> float:
         return float((1 - w) * getattr(dense, name) + w * getattr(moe_act, name))
 
-    average = LayerActivations(*(mix(f.name) for f in dataclasses.fields(LayerActivations)))
+    average = LayerActivations(*(mix(name) for name in _ACTIVATION_FIELDS))
     return MoEStageMemory(
         nonexpert_delta=n * nonexpert_delta_per_layer(model, c),
         expert_params=n * expert_params_per_layer(model, c),

@@ -191,10 +191,9 @@ def _add_states(a: StageStates, b: StageStates) -> StageStates:
             x.buffers + y.buffers,
         )  # fmt: skip
 
-    return dataclasses.replace(
-        a, fwd_bwd=add(a.fwd_bwd, b.fwd_bwd), step=add(a.step, b.step),
-        moments=a.moments + b.moments,
-    )  # fmt: skip
+    # dataclasses.replace's fields, built directly (asked per stage of every MoE config)
+    return StageStates(add(a.fwd_bwd, b.fwd_bwd), add(a.step, b.step), a.layout,
+                       a.moments + b.moments, a.flat)  # fmt: skip
 
 
 def _weights_only(weights: float, layout: str) -> StageStates:
