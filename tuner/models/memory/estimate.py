@@ -136,7 +136,7 @@ def _stage_memory(
     }
     tensors = step_tensors(
         model, c, layers, params, states, activation_tensors(model, layer_act, c, layers, held),
-        extras, fixed["workspaces"], precision, stage == c.pp - 1,
+        extras, fixed["workspaces"], precision, stage == c.pp - 1, held_states.tensors,
     )  # fmt: skip
 
     def phase(name: Phase, s: StateBytes, acts: float, ext: float) -> PhaseMemory:

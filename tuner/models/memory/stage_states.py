@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.step_tensors import StateTensors, state_tensors
 from tuner.models.memory.terms import padded_vocab, param_counts, stage_params
 from tuner.models.moe import expert_config, moe_stage_params
 from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
@@ -46,6 +47,8 @@ class StateTerms:
     """Routed-expert parameters (their states shard over the expert-data-parallel group)."""
     states: StageStates
     """Both groups' states side by side, with TE's FP8 weight copies under FP8."""
+    tensors: StateTensors
+    """The states' tensors (``step_tensors.state_tensors`` of the above)."""
 
 
 def stage_state_terms(
@@ -98,7 +101,8 @@ def stage_state_terms_uncached(
         gemm = layers * param_counts(model).layer_sharded / c.tp + nonexpert
         states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
             gemm + experts, "delayed"), states.layout))  # fmt: skip
-    return StateTerms(params, nonexpert, experts, states)
+    tensors = state_tensors(model, c, layers, params, states)
+    return StateTerms(params, nonexpert, experts, states, tensors)
 
 
 def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes:
