@@ -178,9 +178,9 @@ class MemoryJudge:
     the other stages' terms are computed; :meth:`DeferredMemory.complete` bounds them if the
     config's step leaves it a would-be probe), an upper bound within the limit a fit. The
     others get the exact estimate, so every verdict is the exact path's; ``fast=False`` is that
-    path for every config. Whether
-    an out-of-memory config may be a memory probe is decided on its exact peak, later and only
-    for the few the step time leaves in the running (:meth:`may_probe`)."""
+    path for every config. Whether an out-of-memory config may be a memory probe is decided on
+    its exact peak, later and only for the few the step time leaves in the running
+    (:meth:`may_probe`)."""
 
     model: ModelSpec
     gpu: GPUSpec
