@@ -1,6 +1,6 @@
-"""A stage's parameters and states, kept per combination of the knobs they read, against the
-same terms computed afresh, on every stage of every valid config of spaces that vary each knob
-(frameworks, ZeRO stages, FSDP2's own knobs, MoE grids, FP8)."""
+"""A stage's parameters and states, and its activations, each kept per combination of the knobs
+they read, against the same terms computed afresh, on every stage of every valid config of
+spaces that vary each knob (frameworks, ZeRO stages, FSDP2's own knobs, MoE grids, FP8)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from tuner.config.pipeline import stage_layers
-from tuner.models.memory import stage_states as module
+from tuner.models.memory import stage_activations, stage_states
+from tuner.models.memory.stage_activations import (
+    STATE_ONLY_KNOBS,
+    stage_activation_terms,
+    stage_activation_terms_uncached,
+)
 from tuner.models.memory.stage_states import (
     ACTIVATION_KNOBS,
     stage_state_terms,
@@ -80,24 +85,30 @@ def _every_other(spec: StudySpec) -> StudySpec:
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))
-def test_the_kept_states_are_each_configs_own(name: str) -> None:
+def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None:
     spec = SPACES[name]()
-    module._TERMS.clear()
+    stage_states._TERMS.clear()
+    stage_activations._TERMS.clear()
     calls = 0
     for config in iter_configs(spec):
         if study_violations(config, spec):
             continue
         for stage, layers in enumerate(stage_layers(spec.model, config, spec.framework)):
-            args = (spec.model, config, stage, layers, spec.framework, spec.training.precision,
-                    None)  # fmt: skip
-            # kept from an earlier config that differs only in knobs the states do not read,
+            args = (spec.model, config, stage, layers, spec.framework, spec.training.precision)
+            # kept from an earlier config that differs only in knobs the terms do not read,
             # where there was one: a knob they read missing from the key shows here
-            assert stage_state_terms(*args) == stage_state_terms_uncached(*args)
+            kept = stage_state_terms(*args, None)
+            assert kept == stage_state_terms_uncached(*args, None)
+            assert stage_activation_terms(*args) == stage_activation_terms_uncached(*args)
             calls += 1
-    assert calls > len(module._TERMS) > 0, "configs shared kept states"
+    assert calls > len(stage_states._TERMS) > 0, "configs shared kept states"
+    if name == "megatron-dense":  # it varies the state-only knobs
+        assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
 
 
-def test_the_activation_knobs_are_config_fields() -> None:
+def test_the_knobs_left_out_of_the_keys_are_config_fields() -> None:
     spec = load_study("llama3-8b")
     config = next(iter(iter_configs(spec)))
     assert ACTIVATION_KNOBS <= set(dataclasses.asdict(config))
+    assert STATE_ONLY_KNOBS <= set(dataclasses.asdict(config))
+    assert not ACTIVATION_KNOBS & STATE_ONLY_KNOBS - {"tp_comm_overlap"}

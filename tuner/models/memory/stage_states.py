@@ -13,6 +13,7 @@ tests/models/test_stage_states.py holds the two equal on every stage of whole sp
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ ACTIVATION_KNOBS = frozenset({
 """The config's knobs the stage's parameters and states never read (only its activations,
 buffers and communicators do): what :func:`stage_state_terms` leaves out of its key."""
 _STATE_KNOBS = tuple(f for f in ParallelConfig.__dataclass_fields__ if f not in ACTIVATION_KNOBS)
+_state_knobs = operator.attrgetter(*_STATE_KNOBS)  # their values as one tuple, read in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ def stage_state_terms(
     """:func:`stage_state_terms_uncached`, kept per (model, the config's knobs but
     :data:`ACTIVATION_KNOBS`, stage, layers, framework, precision, ZeRO settings)."""
     zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
-    knobs = tuple([getattr(c, name) for name in _STATE_KNOBS])
+    knobs = _state_knobs(c)
     key = (model, knobs, stage, layers, framework, precision, zero)
     terms = _TERMS.get(key)
     if terms is None:
