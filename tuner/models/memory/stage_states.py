@@ -7,7 +7,7 @@ precision, the ZeRO settings and the config's parallel sizes and optimizer knobs
 the MoE dispatcher, TP-comm overlap). A space lists every combination, so each stage's states
 recur across a dozen to a hundred configs; :func:`stage_state_terms` computes them once per
 combination of what they read (:func:`stage_state_terms_uncached` is the definition;
-tests/models/test_stage_states.py holds the two equal on every stage of whole spaces).
+tests/test_stage_states.py holds the two equal on every stage of whole spaces).
 """
 
 from __future__ import annotations
