@@ -144,15 +144,23 @@ class _Cache:
         floor = max(r, least)  # a block at least r + floor splits again after serving r
         while count > 0:
             i = bisect_left(sizes, r)  # best fit: the smallest free block that holds r
-            if i == len(sizes):  # none: a new segment
-                rest = seg - r
-                n = 1 if rest >= floor else count
-                self.reserved += n * seg
-                new.append((int(small), seg, n))
-                if rest >= least:
-                    pool.add(rest, n)
-                count -= n
-                continue
+            if i == len(sizes):
+                # None: new segments serve every request left. A fresh segment is split while
+                # its rest holds another request, so it serves seg // r of them before the
+                # next is made (the rests it leaves are smaller than r, no fit for the rest of
+                # this call's requests), and the last may serve fewer, leaving its rest free.
+                per = seg // r
+                whole, last = divmod(count, per)
+                if whole:
+                    self.reserved += whole * seg
+                    new.append((int(small), seg, whole))
+                    if seg - per * r >= least:
+                        pool.add(seg - per * r, whole)
+                if last:
+                    self.reserved += seg
+                    new.append((int(small), seg, 1))
+                    pool.add(seg - last * r, 1)  # at least r: it holds another request
+                return
             block = sizes[i]
             rest = block - r
             left = cnt[block]
