@@ -248,7 +248,8 @@ def moe_layer_activations(
     dense_mlp = s * b * f * mlp_factor
     shared = s * b * moe.shared * mlp_factor
     sharded = dense.sharded - dense_mlp + shared + tp * moe_block_bytes(model, c, e, e)
-    return dataclasses.replace(dense, sharded=sharded)
+    # dataclasses.replace(dense, sharded=sharded), built directly (asked per stage)
+    return LayerActivations(dense.replicated, sharded, dense.scores, dense.layer_input)
 
 
 def router_score_bytes(moe: MoESpec, e: float) -> float:
@@ -420,17 +421,17 @@ def mlp_flops_per_token(model: ModelSpec) -> float:
 
 @dataclass(frozen=True, slots=True)
 class MoEStageMemory:
-    """What the MoE layers change on one pipeline rank (tuner.models.memory.estimate adds it in one
-    place)."""
+    """What the MoE layers change in one pipeline rank's activations (tuner.models.memory.estimate
+    adds it in one place; their parameters are :func:`moe_stage_params`)."""
 
-    nonexpert_delta: float
-    """Parameters added to the dense count: router + shared experts - the replaced MLPs."""
-    expert_params: float
-    """Routed-expert parameters on the rank (their states shard over the expert-DP group)."""
     activations: LayerActivations
     """Saved activations of the stage's average layer (dense and MoE layers weighed)."""
     dispatch: float
     """Transient dispatch / combine buffers of one MoE layer (0 without MoE layers)."""
+
+
+_ACTIVATION_FIELDS = tuple(LayerActivations.__dataclass_fields__)
+"""LayerActivations' fields in order (``dataclasses.fields``' names, read once)."""
 
 
 def moe_stage_memory(
@@ -442,10 +443,11 @@ def moe_stage_memory(
     precision: Precision,
     dense: LayerActivations,
 ) -> MoEStageMemory:
-    """The MoE terms of rank ``stage`` holding ``layers`` layers (dense model: all zero)."""
+    """The MoE activation terms of rank ``stage`` holding ``layers`` layers (a dense stage: the
+    dense layer's, no dispatch)."""
     n = moe_layers_on(model, c, stage, framework)
     if n == 0 or layers == 0:
-        return MoEStageMemory(0.0, 0.0, dense, 0.0)
+        return MoEStageMemory(dense, 0.0)
     model = framework_moe(model, c, framework)
     moe_act = moe_layer_activations(model, c, precision, dense)
     w = n / layers
@@ -453,10 +455,18 @@ def moe_stage_memory(
     def mix(name: str) -> float:
         return float((1 - w) * getattr(dense, name) + w * getattr(moe_act, name))
 
-    average = LayerActivations(*(mix(f.name) for f in dataclasses.fields(LayerActivations)))
-    return MoEStageMemory(
-        nonexpert_delta=n * nonexpert_delta_per_layer(model, c),
-        expert_params=n * expert_params_per_layer(model, c),
-        activations=average,
-        dispatch=dispatch_buffer_bytes(model, c, precision),
-    )
+    average = LayerActivations(*(mix(name) for name in _ACTIVATION_FIELDS))
+    return MoEStageMemory(activations=average, dispatch=dispatch_buffer_bytes(model, c, precision))
+
+
+def moe_stage_params(
+    model: ModelSpec, c: ParallelConfig, stage: int, layers: int, framework: Framework
+) -> tuple[float, float]:
+    """(parameters the MoE layers of rank ``stage`` add to the dense count: routers and shared
+    experts less the replaced MLPs, its routed-expert parameters); zero for a dense stage. Of
+    ``model`` as given: ``framework_moe`` changes only the router's dtype, the grouped GEMM and
+    the capacity, which parameter counts do not read."""
+    n = moe_layers_on(model, c, stage, framework)
+    if n == 0 or layers == 0:
+        return 0.0, 0.0
+    return n * nonexpert_delta_per_layer(model, c), n * expert_params_per_layer(model, c)

@@ -23,7 +23,7 @@ Sources:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.spec.frameworks import traits
@@ -235,14 +235,20 @@ def stage_states(
     if not traits(framework).deepspeed_optimizer:
         owned = psi / (c.dp * c.cp if c.distributed_optimizer else 1)
         states = _megatron(psi, c, precision, c.dp * c.cp)  # [M] shards over DP x CP
-        return replace(states, moments=8 * owned)
+        return _with(states, 8 * owned, states.flat)
     if c.zero_stage == 1 and uses_bf16_optimizer(framework, precision, c):
-        return replace(_bf16_optimizer(psi, c), moments=8 * psi / c.dp, flat=True)
+        return _with(_bf16_optimizer(psi, c), 8 * psi / c.dp, True)
     if c.zero_stage == 0:
         states = _deepspeed_zero0(psi, c, precision)
         # BF16_Optimizer partitions its Adam moments over DP; FP16_Optimizer keeps them whole.
         owned = psi / c.dp if states.layout == "deepspeed BF16_Optimizer" else psi
-        return replace(states, moments=8 * owned, flat=precision != "fp32")
+        return _with(states, 8 * owned, precision != "fp32")
     settings = {**DEEPSPEED_ZERO_DEFAULTS, **(zero_settings or {})}
     states = _deepspeed_zero(psi, c, precision, sizes, settings)
-    return replace(states, moments=8 * psi / c.dp, flat=True)
+    return _with(states, 8 * psi / c.dp, True)
+
+
+def _with(states: StageStates, moments: float, flat: bool) -> StageStates:
+    """``dataclasses.replace(states, moments=moments, flat=flat)``, built directly (asked per
+    stage of every config of a space; ``replace`` costs several times the constructor)."""
+    return StageStates(states.fwd_bwd, states.step, states.layout, moments, flat)

@@ -128,6 +128,25 @@ class DeferredMemory:
                     return self.low
         return self().peak
 
+    def complete(self) -> None:
+        """Bound every stage where the judge stopped at the first one over the limit: the
+        peak's bounds and the sd bound from all of them, as :meth:`MemoryJudge.memory` makes
+        them (``bound.stage_bound``)."""
+        if self._value is not None or self._stages:
+            return
+        if self._terms is not None and not self._terms.is_catalog:  # plans hold no measured terms
+            self()
+            return
+        model, config, gpu, framework, precision = self._args
+        plans = stage_plans(model, config, gpu, framework, precision)
+        bounds = [stage_bound(plan, gpu) for plan in plans]
+        self._stages = [(least, most) for least, most, _ in bounds]
+        low, high = peak_between(self._stages)
+        self.low, self.high = max(self.low, low), min(self.high, high)
+        # the share's last bit may round down: a billionth more keeps it a bound (as the judge)
+        share = max(most_share for _, _, most_share in bounds)
+        self.sigma_high = min(self.sigma_high, max_memory_sigma(slack_share=share * (1 + 1e-9)))
+
     def forget(self) -> None:
         """Drop the plans :meth:`narrow` keeps (the bounds, the stages' included, stay)."""
         self._plans = {}
@@ -155,12 +174,13 @@ class MemoryJudge:
     """Whether a config fits, with the allocator simulation only where it can change the verdict.
 
     Bounds on the peak (``tuner.models.memory.bound``) settle most configs: a lower bound over
-    the headroom limit means out of memory (one stage's lower bound over the probes' ceiling,
-    ``tuner.space.probes.probe_ceiling_gib``, settles it before the other stages' terms are
-    computed), an upper bound within the limit a fit. The others get the exact estimate, so
-    every verdict is the exact path's; ``fast=False`` is that path for every config. Whether
-    an out-of-memory config may be a memory probe is decided on its exact peak, later and only
-    for the few the step time leaves in the running (:meth:`may_probe`)."""
+    the headroom limit means out of memory (one stage's lower bound over it settles that before
+    the other stages' terms are computed; :meth:`DeferredMemory.complete` bounds them if the
+    config's step leaves it a would-be probe), an upper bound within the limit a fit. The
+    others get the exact estimate, so every verdict is the exact path's; ``fast=False`` is that
+    path for every config. Whether an out-of-memory config may be a memory probe is decided on
+    its exact peak, later and only for the few the step time leaves in the running
+    (:meth:`may_probe`)."""
 
     model: ModelSpec
     gpu: GPUSpec
@@ -208,7 +228,11 @@ class MemoryJudge:
             stages.append((least, most))
             share = max(share, most_share)
             low = least - 2 * PHASE_TIE_BYTES  # the peak is at least this (peak_between)
-            if low > self.ceiling:  # out of memory and no probe, whatever the other stages hold
+            if low > self.limit:
+                # out of memory whatever the other stages hold (over the ceiling: no probe
+                # either); whether it may be a memory probe waits for its step: only one faster
+                # than every fit may be, and that one's other stages are bounded then
+                # (DeferredMemory.complete, enumerate.probes_of)
                 return self.deferred(config, low), False
         # the stages that could be over the limit, most loaded first, each simulated alone
         # until the verdict is settled (the simulation is cached, so the full estimate below

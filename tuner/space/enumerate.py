@@ -30,7 +30,7 @@ from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
-from tuner.space.probes import may_probe
+from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import parse_recompute
@@ -378,9 +378,22 @@ def probes_of(
     (the fastest config that fits) and with a chance of fitting (``probes.may_probe``, on the
     exact peak, computed here for those the step leaves in the running), at most ``limit``."""
     faster = [c for c in near if c.time is not None and c.time.step < fastest]
+    faster = [c for c in faster if _may_probe_on_bounds(c, capacity_gib)]
     faster = [c for c in faster if may_probe(c.memory.peak / GIB, capacity_gib, c.memory.sigma)]
     faster.sort(key=lambda c: (c.time.step if c.time else 0.0, c.memory.peak, c.config.key()))
     return faster[:limit]
+
+
+def _may_probe_on_bounds(c: Candidate, capacity_gib: float) -> bool:
+    """False where ``c``'s bounds (every stage's, bounded here if the judge stopped early:
+    ``DeferredMemory.complete``) prove its exact breakdown fails ``probes.may_probe``: its
+    lower bound over the probes' ceiling at its sd bound, as ``MemoryJudge.may_probe`` has it;
+    True otherwise (then the exact breakdown decides)."""
+    b = c.breakdown
+    if not isinstance(b, DeferredMemory) or b.known:
+        return True
+    b.complete()
+    return b.low <= probe_ceiling_gib(capacity_gib, b.sigma_high) * GIB
 
 
 def fastest_fit(report: SpaceReport) -> float:

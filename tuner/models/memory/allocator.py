@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -77,10 +78,6 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-def _splits(rest: int, small: bool) -> bool:
-    return rest >= MIN_BLOCK if small else rest > SMALL_SIZE  # should_split
-
-
 class _Pool:
     """Free blocks of one pool: a multiset of sizes with its sizes kept sorted (best fit)."""
 
@@ -91,7 +88,9 @@ class _Pool:
         self.sizes: list[int] = sorted(self.count)
 
     def copy(self) -> _Pool:
-        return _Pool(self.count)
+        out = _Pool.__new__(_Pool)  # the sizes are sorted already: no sort again
+        out.count, out.sizes = dict(self.count), list(self.sizes)
+        return out
 
     def add(self, size: int, n: int) -> None:
         if size in self.count:
@@ -120,40 +119,70 @@ class _Cache:
         self.free: list[_Pool] = [_Pool(), _Pool()]  # [large pool, small pool]
         self.reserved = 0
 
+    @classmethod
+    def after(cls, resident: Tensors) -> _Cache:
+        """A fresh cache once ``resident`` is kept (:func:`_kept`, a copy of its state)."""
+        cache = cls()
+        cache.reserved, pools = _kept(resident)
+        cache.free = [_Pool(dict(blocks)) for blocks in pools]
+        return cache
+
     def snapshot(self) -> list[_Pool]:
         return [pool.copy() for pool in self.free]
 
     def alloc(self, size: float, count: int, new: list[tuple[int, int, int]]) -> None:
-        """Serve ``count`` requests of ``size``; new segments are appended to ``new``."""
-        r = round_size(size)
+        """Serve ``count`` requests of ``size``; new segments are appended to ``new``.
+
+        The rest of a block splits off when it is at least ``MIN_BLOCK`` in the small pool,
+        over ``SMALL_SIZE`` in the large one (``should_split``; block sizes are whole bytes, so
+        that is ``rest >= least``)."""
+        r, seg = _block(size)
         small = r <= SMALL_SIZE
-        pool = self.free[int(small)]
+        pool = self.free[small]
+        cnt, sizes = pool.count, pool.sizes  # the pool's own, changed in place (take / add)
+        least = MIN_BLOCK if small else SMALL_SIZE + 1
+        floor = max(r, least)  # a block at least r + floor splits again after serving r
         while count > 0:
-            block = pool.best_fit(r)
-            if block is None:
-                seg = segment_size(r)
-                rest = seg - r
-                n = 1 if (_splits(rest, small) and rest >= r) else count
-                self.reserved += n * seg
-                new.append((int(small), seg, n))
-                if _splits(rest, small):
-                    pool.add(rest, n)
-                count -= n
-                continue
+            i = bisect_left(sizes, r)  # best fit: the smallest free block that holds r
+            if i == len(sizes):
+                # None: new segments serve every request left. A fresh segment is split while
+                # its rest holds another request, so it serves seg // r of them before the
+                # next is made (the rests it leaves are smaller than r, no fit for the rest of
+                # this call's requests), and the last may serve fewer, leaving its rest free.
+                per = seg // r
+                whole, last = divmod(count, per)
+                if whole:
+                    self.reserved += whole * seg
+                    new.append((int(small), seg, whole))
+                    if seg - per * r >= least:
+                        pool.add(seg - per * r, whole)
+                if last:
+                    self.reserved += seg
+                    new.append((int(small), seg, 1))
+                    pool.add(seg - last * r, 1)  # at least r: it holds another request
+                return
+            block = sizes[i]
             rest = block - r
-            if _splits(rest, small) and rest >= r:
+            left = cnt[block]
+            if rest >= floor:
                 # Split again and again: each remainder is the next best fit (nothing free lies
-                # between r and the block), so serve the whole run of splits at once.
-                floor = max(r, MIN_BLOCK if small else SMALL_SIZE + 1)
+                # between r and the block), so serve the whole run of splits at once: the one
+                # block is taken and what the run leaves goes back.
                 n = min(count, (block - floor) // r)
-                pool.take(block, 1)
-                pool.add(block - n * r, 1)
-                count -= n
-                continue
-            n = min(count, pool.count[block])
-            pool.take(block, n)
-            if _splits(rest, small):
-                pool.add(rest, n)
+                take, rest = 1, block - n * r
+            else:  # each block taken whole, its rest split off
+                n = take = min(count, left)
+            if left > take:  # _Pool.take(block, take), inline
+                cnt[block] = left - take
+            else:
+                del cnt[block]
+                del sizes[i]
+            if rest >= least:  # _Pool.add(rest, take), inline
+                if rest in cnt:
+                    cnt[rest] += take
+                else:
+                    cnt[rest] = take
+                    insort(sizes, rest)
             count -= n
 
     def transient(self, tensors: Tensors) -> None:
@@ -240,8 +269,7 @@ def reserved_bytes(t: StepTensors) -> Reserved:
     activation blocks cannot hold); iteration 2's forward/backward and step (a third finds the
     same cache).
     """
-    cache = _Cache()
-    cache.keep(t.resident)
+    cache = _Cache.after(t.resident)
     states = cache.reserved
     cache.transient(t.fwd_bwd)
     cache.keep(t.lazy)  # resident from here on: charged to the states
@@ -251,7 +279,24 @@ def reserved_bytes(t: StepTensors) -> Reserved:
     cache.transient(t.fwd_bwd)
     fwd_bwd = with_moments + cache.reserved - first_step
     cache.transient(t.step)
+    return Reserved(float(cache.reserved), float(fwd_bwd), float(states + _alone(t.lazy, t.step)))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _kept(tensors: Tensors) -> tuple[int, tuple[tuple[tuple[int, int], ...], ...]]:
+    """(reserved bytes, each pool's free blocks) of a fresh cache after keeping ``tensors``.
+    Cached: a stage's resident states recur across the configs that differ only in what the
+    activations read (micro-batch, recompute, ...), and the simulation is deterministic."""
+    cache = _Cache()
+    cache.keep(tensors)
+    return cache.reserved, tuple(tuple(pool.count.items()) for pool in cache.free)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _alone(lazy: Tensors, step: Tensors) -> int:
+    """Reserved bytes of a fresh cache that keeps ``lazy`` and then ``step`` (cached, as
+    :func:`_kept`)."""
     alone = _Cache()
-    alone.keep(t.lazy)
-    alone.keep(t.step)
-    return Reserved(float(cache.reserved), float(fwd_bwd), float(states + alone.reserved))
+    alone.keep(lazy)
+    alone.keep(step)
+    return alone.reserved

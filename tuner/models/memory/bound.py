@@ -27,7 +27,7 @@ from __future__ import annotations
 from tuner.catalog import GPUSpec
 from tuner.models.memory.allocator import reserved_bounds
 from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan, with_slack
-from tuner.models.memory.overheads import allocator_slack
+from tuner.models.memory.overheads import allocator_slacks
 
 
 def stage_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> list[tuple[float, float]]:
@@ -43,7 +43,7 @@ def stage_bound(plan: StagePlan, gpu: GPUSpec) -> tuple[float, float, float]:
     device figure is its slack plus terms the slack does not change (``device_with``), and
     ``x / (k + x)`` grows with ``x``, so the upper slack gives the largest share."""
     stage, tensors = plan
-    low, high = (allocator_slack(tensors, gpu, r) for r in reserved_bounds(tensors))
+    low, high = allocator_slacks(tensors, gpu, reserved_bounds(tensors))
     least = max(p.device_with(x) for p, x in zip(stage.phases, low, strict=True))
     figures = [p.device_with(x) for p, x in zip(stage.phases, high, strict=True)]
     share = max(x / f if f > 0 else 0.0 for x, f in zip(high, figures, strict=True))

@@ -14,17 +14,14 @@ catalog).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.config.pipeline import held_layer_microbatches, in_flight, stage_layers
+from tuner.config.pipeline import stage_layers
 from tuner.models.memory.allocator import StepTensors
-from tuner.models.memory.fp8 import fp8_layer_activations
-from tuner.models.memory.fsdp2 import op_sac_bytes
 from tuner.models.memory.overheads import (
     allocator_slack,
     communicators,
@@ -33,34 +30,24 @@ from tuner.models.memory.overheads import (
     nccl_bytes,
     workspace_bytes,
 )
-from tuner.models.memory.recompute import selective_activations
-from tuner.models.memory.step_tensors import activation_tensors, step_tensors
+from tuner.models.memory.stage_activations import stage_activation_terms
+from tuner.models.memory.stage_states import stage_state_terms
+from tuner.models.memory.step_tensors import step_tensors
 from tuner.models.memory.terms import (
     DEEPSPEED_ESTIMATOR,
     ZERO_PAPER,
     LayerActivations,
     ModelStateBytes,
     ParamCounts,
-    global_buffer_bytes,
     layer_activations,
-    layers_activation_bytes,
     model_state_bytes,
     padded_vocab,
     param_counts,
-    stage_extras,
-    stage_params,
     zero_model_state_total,
 )
-from tuner.models.moe import (
-    allgather_gathered_bytes,
-    expert_config,
-    moe_layers_on,
-    moe_stage_memory,
-)
-from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
+from tuner.models.optimizer_layout import StateBytes
 from tuner.models.stack import StackTerms, composed_memory
 from tuner.models.time.tp_overlap import ub_buffer_bytes
-from tuner.spec.fp8 import fp8_weight_copy_bytes
 from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework, ModelSpec, Precision
 
@@ -81,16 +68,6 @@ from tuner.models.memory.breakdown import PhaseMemory as PhaseMemory
 from tuner.models.memory.breakdown import StageMemory as StageMemory
 
 
-def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes:
-    counts = param_counts(model)
-    # ZeRO-3 gathers one layer's TP shard; norms (under the persistence threshold) stay whole.
-    return LayerSizes(
-        largest=counts.layer_sharded / c.tp + counts.layer_replicated,
-        small=layers * counts.layer_replicated + counts.final_norm,
-        small_tensor=float(model.hidden_size),
-    )
-
-
 def _stage_memory(
     model: ModelSpec,
     c: ParallelConfig,
@@ -101,105 +78,50 @@ def _stage_memory(
     precision: Precision,
     zero_settings: Mapping[str, float] | None,
 ) -> StagePlan:
-    fp8 = precision == "fp8"
+    fp8, original = precision == "fp8", precision
     precision = (
         "bf16" if fp8 else precision
     )  # fp8: bf16 weights, grads, activations (tuner.spec.fp8)
-    vocab = padded_vocab(model.vocab_size, c.tp, framework)
-    act = layer_activations(model, c.micro_batch_size, c.cp, precision)
-    moe = moe_stage_memory(model, c, stage, layers, framework, precision, act)
-    params = stage_params(model, c, stage, layers, vocab) + moe.nonexpert_delta
-    sizes = _layer_sizes(model, c, layers)
-    if traits(framework).fsdp2:  # FSDP2 gathers whole units: the output layer may be largest
-        output = vocab * model.hidden_size / c.tp
-        sizes = dataclasses.replace(sizes, largest=max(sizes.largest, output))
-    states = stage_states(params, c, framework, precision, sizes, zero_settings)
-    if moe.expert_params:  # [MP] expert states shard over the expert-data-parallel group
-        experts = stage_states(
-            moe.expert_params, expert_config(c), framework, precision, sizes, zero_settings
-        )
-        states = _add_states(states, experts)
-    if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.spec.fp8)
-        gemm = layers * param_counts(model).layer_sharded / c.tp + moe.nonexpert_delta
-        states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
-            gemm + moe.expert_params, "delayed"), states.layout))  # fmt: skip
-    layer_act = moe.activations
-    share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
-    if fp8:  # TE saves GEMM inputs as FP8 (tuner.models.memory.fp8)
-        layer_act = fp8_layer_activations(model, c, layer_act, share)
-    # selective recompute's modules (tuner.models.memory.recompute)
-    layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
-    saved, working = layers_activation_bytes(layer_act, c, layers)
-    if c.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
-        saved, working = op_sac_bytes(model, c, precision, layers, layer_act)
-    # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
-    # buffer, a persistent scratch tensor (tuner.models.memory.terms.global_buffer_bytes), not in
-    # the dispatch transient.
-    core = traits(framework).megatron_core
-    gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
-    working += moe.dispatch - gathered + rebuilt
-    scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0
+    # the parameters and their states, shared by the configs that differ in activation knobs,
+    # and the activations, shared by those that differ in state-only knobs
+    held_states = stage_state_terms(model, c, stage, layers, framework, original, zero_settings)
+    params, states, experts = held_states.params, held_states.states, held_states.expert_params
+    acts = stage_activation_terms(model, c, stage, layers, framework, original)
     ub = 0.0
-    if c.tp_comm_overlap and core:  # TE userbuffers, allocated outside PyTorch's allocator
+    if c.tp_comm_overlap and traits(framework).megatron_core:
+        # TE userbuffers, allocated outside PyTorch's allocator
         tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.models.time.tp_overlap)
         ub = ub_buffer_bytes(tokens, model.hidden_size, fp8)
-    held = in_flight(c, stage)
-    if c.vp > 1 and layers:
-        # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
-        # (Megatron's schedule walked per rank; equal chunks give exactly ``held``).
-        held = held_layer_microbatches(model, c, framework, stage) / layers
-    activations = held * saved + working
-    extras = stage_extras(model, c, stage, vocab, precision)
-    comms = communicators(c, stage, framework, model.tied_embeddings, moe.expert_params > 0)
-    grouped = model.moe is not None and model.moe.grouped_gemm and moe.expert_params > 0
+    comms = communicators(c, stage, framework, model.tied_embeddings, experts > 0)
+    grouped = model.moe is not None and model.moe.grouped_gemm and experts > 0
     fixed = {
         "workspaces": workspace_bytes(gpu, framework)
         + (grouped_gemm_workspace_bytes(gpu) if grouped else 0)
-        + scratch,
+        + acts.scratch,
         "cuda_context": context_bytes(gpu),
         "comm_buffers": nccl_bytes(comms, gpu) + ub,
     }
     tensors = step_tensors(
-        model, c, layers, params, states, activation_tensors(model, layer_act, c, layers, held),
-        extras, fixed["workspaces"], precision, stage == c.pp - 1,
+        model, c, layers, params, states, acts.tensors, acts.extras, fixed["workspaces"],
+        precision, stage == c.pp - 1, held_states.tensors,
     )  # fmt: skip
 
-    def phase(name: Phase, s: StateBytes, acts: float, ext: float) -> PhaseMemory:
+    def phase(name: Phase, s: StateBytes, layer_bytes: float, ext: float) -> PhaseMemory:
         return PhaseMemory(
             phase=name, weights=s.weights, grads=s.grads, optimizer=s.optimizer,
-            activations=acts, stage_extras=ext, framework_buffers=s.buffers, slack=0.0,
+            activations=layer_bytes, stage_extras=ext, framework_buffers=s.buffers, slack=0.0,
             **fixed,
         )  # fmt: skip
 
     # The step runs after the last backward: activations and logits are freed by then.
     phases = (
-        phase("fwd_bwd", states.fwd_bwd, activations, extras),
+        phase("fwd_bwd", states.fwd_bwd, acts.activations, acts.extras),
         phase("step", states.step, 0.0, 0.0),
     )
     memory = StageMemory(
-        stage, layers, held, params + moe.expert_params, states.layout, phases, states.moments
+        stage, layers, acts.held, params + experts, states.layout, phases, states.moments
     )
     return memory, tensors
-
-
-def _add_states(a: StageStates, b: StageStates) -> StageStates:
-    """Two parameter groups' states side by side (dense and expert parameters)."""
-
-    def add(x: StateBytes, y: StateBytes) -> StateBytes:
-        return StateBytes(
-            x.weights + y.weights, x.grads + y.grads, x.optimizer + y.optimizer,
-            x.buffers + y.buffers,
-        )  # fmt: skip
-
-    return dataclasses.replace(
-        a, fwd_bwd=add(a.fwd_bwd, b.fwd_bwd), step=add(a.step, b.step),
-        moments=a.moments + b.moments,
-    )  # fmt: skip
-
-
-def _weights_only(weights: float, layout: str) -> StageStates:
-    both = StateBytes(weights, 0.0, 0.0, 0.0)
-    return StageStates(both, both, layout)
 
 
 def estimate_memory(

@@ -164,19 +164,30 @@ def allocator_slack(
     None, or a bound on it (``allocator.reserved_bounds``); both slacks are non-decreasing in
     each of its figures (sums, min and max only), so a bound there gives a bound here.
     """
+    return allocator_slacks(t, gpu, (reserved,))[0]
+
+
+def allocator_slacks(
+    t: StepTensors, gpu: GPUSpec, reserveds: tuple[Reserved | None, ...]
+) -> list[tuple[float, float]]:
+    """:func:`allocator_slack` at each of ``reserveds`` (None: the simulation's), the same sums
+    in the same order; the byte sums they share are read once (the bounds ask for two)."""
     if gpu.name == "cpu":
-        return 0.0, 0.0
-    if reserved is None:
-        reserved = reserved_bytes(t)
+        return [(0.0, 0.0)] * len(reserveds)
     states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
     transient = tensor_bytes(t.fwd_bwd)
     inside = gpu.allocator_fragmentation * transient
-    total = reserved.total + inside
     fwd_alloc, step_alloc = states + transient, states + tensor_bytes(t.step)
-    # The cache's peak is charged to the phase with the most live bytes; the other phase
-    # shows the segments its own tensors need.
-    if fwd_alloc >= step_alloc:
-        fwd, step = total, min(reserved.step, total)
-    else:
-        fwd, step = min(reserved.fwd_bwd + inside, total), total
-    return max(fwd - fwd_alloc, 0.0), max(step - step_alloc, 0.0)
+    out = []
+    for reserved in reserveds:
+        if reserved is None:
+            reserved = reserved_bytes(t)
+        total = reserved.total + inside
+        # The cache's peak is charged to the phase with the most live bytes; the other phase
+        # shows the segments its own tensors need.
+        if fwd_alloc >= step_alloc:
+            fwd, step = total, min(reserved.step, total)
+        else:
+            fwd, step = min(reserved.fwd_bwd + inside, total), total
+        out.append((max(fwd - fwd_alloc, 0.0), max(step - step_alloc, 0.0)))
+    return out

@@ -131,6 +131,8 @@ def selective_activations(
     w = moe_share
     rep = w * moe_layer.replicated + (1 - w) * dense_layer.replicated
     sharded = w * moe_layer.sharded + (1 - w) * dense_layer.sharded
-    out = dataclasses.replace(act, replicated=act.replicated - rep, sharded=act.sharded - sharded)
+    out = LayerActivations(
+        act.replicated - rep, act.sharded - sharded, act.scores, act.layer_input
+    )
     rebuilt = max(moe_layer.rank if w else 0.0, dense_layer.rank if w < 1 else 0.0)
     return out, rebuilt

@@ -19,6 +19,8 @@ what the caching allocator (tuner.models.memory.allocator) sees:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.allocator import StepTensors, Tensors
 from tuner.models.memory.terms import LayerActivations, param_counts, saved_mode
@@ -102,6 +104,45 @@ def _state(total: float, psi: float, shapes: Tensors, flat: bool) -> Tensors:
     return tuple((elems * total / psi, n) for elems, n in shapes)
 
 
+@dataclass(frozen=True, slots=True)
+class StateTensors:
+    """The model states' share of a stage's :class:`StepTensors` (what the states alone set;
+    kept with them by tuner.models.memory.stage_states)."""
+
+    resident: Tensors
+    """Weights, the gradient buffer, the fp32 master (the workspace is added per config)."""
+    lazy: Tensors
+    """The Adam moments."""
+    fwd_bwd: Tensors
+    """The states' transient tensors of the forward/backward (after the activations)."""
+    step: Tensors
+    """The optimizer step's temporaries."""
+
+
+def state_tensors(
+    model: ModelSpec, c: ParallelConfig, layers: int, params: float, states: StageStates
+) -> StateTensors:
+    """The states' tensors of a stage holding ``params`` parameters in ``layers`` layers."""
+    shapes = param_tensors(model, c, layers, params)
+    flat = states.flat
+    fwd, step = states.fwd_bwd, states.step
+    grads = min(fwd.grads, step.grads)
+    master = fwd.optimizer - states.moments
+    resident = (
+        _state(fwd.weights, params, shapes, flat)
+        + _state(grads, params, shapes, True)  # contiguous grad buffer / DeepSpeed partition
+        + _state(master, params, shapes, flat)
+    )
+    lazy = _state(states.moments / 2, params, shapes, flat) * 2  # exp_avg, exp_avg_sq
+    fwd_tensors = _state(fwd.buffers, params, shapes, True) + _state(
+        fwd.grads - grads, params, shapes, True
+    )
+    step_list = _state(step.buffers, params, shapes, flat) + _state(
+        step.grads - grads, params, shapes, True
+    )
+    return StateTensors(resident, lazy, fwd_tensors, step_list)
+
+
 def step_tensors(
     model: ModelSpec,
     c: ParallelConfig,
@@ -113,31 +154,16 @@ def step_tensors(
     workspace: float,
     precision: Precision,
     last: bool,
+    own: StateTensors | None = None,
 ) -> StepTensors:
-    """The stage's tensors grouped as tuner.models.memory.allocator needs them."""
-    shapes = param_tensors(model, c, layers, params)
-    flat = states.flat
-    fwd, step = states.fwd_bwd, states.step
-    grads = min(fwd.grads, step.grads)
-    master = fwd.optimizer - states.moments
-    resident = (
-        _state(fwd.weights, params, shapes, flat)
-        + _state(grads, params, shapes, True)  # contiguous grad buffer / DeepSpeed partition
-        + _state(master, params, shapes, flat)
-        + (((workspace, 1),) if workspace else ())
-    )
-    lazy = _state(states.moments / 2, params, shapes, flat) * 2  # exp_avg, exp_avg_sq
+    """The stage's tensors grouped as tuner.models.memory.allocator needs them (``own``: the
+    states' share, :func:`state_tensors` of the same arguments, where known)."""
+    s = own or state_tensors(model, c, layers, params, states)
+    resident = s.resident + (((workspace, 1),) if workspace else ())
     saved, working = activations
     e = 4.0 if precision == "fp32" else 2.0
     # The last stage's extras are mostly the fp32 logits and their 16-bit copy; the first
     # stage's are its embedding dropout masks (small).
     logits = _scaled([4.0, e], extras) if last else [extras]
-    fwd_tensors = (
-        saved + working + tuple((x, 1) for x in logits)
-        + _state(fwd.buffers, params, shapes, True)
-        + _state(fwd.grads - grads, params, shapes, True)
-    )  # fmt: skip
-    step_list = _state(step.buffers, params, shapes, flat) + _state(
-        step.grads - grads, params, shapes, True
-    )
-    return StepTensors(resident, lazy, fwd_tensors, step_list)
+    fwd_tensors = saved + working + tuple((x, 1) for x in logits) + s.fwd_bwd
+    return StepTensors(resident, s.lazy, fwd_tensors, s.step)

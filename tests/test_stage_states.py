@@ -1,0 +1,114 @@
+"""A stage's parameters and states, and its activations, each kept per combination of the knobs
+they read, against the same terms computed afresh, on every stage of every valid config of
+spaces that vary each knob (frameworks, ZeRO stages, FSDP2's own knobs, MoE grids, FP8)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tuner.config.pipeline import stage_layers
+from tuner.models.memory import stage_activations, stage_states
+from tuner.models.memory.stage_activations import (
+    STATE_ONLY_KNOBS,
+    stage_activation_terms,
+    stage_activation_terms_uncached,
+)
+from tuner.models.memory.stage_states import (
+    ACTIVATION_KNOBS,
+    stage_state_terms,
+    stage_state_terms_uncached,
+)
+from tuner.space.enumerate import iter_configs, study_violations
+from tuner.spec.file import load_study
+from tuner.spec.study import StudySpec
+
+
+def _with(name: str, training: dict[str, Any] | None = None, **space: Any) -> StudySpec:
+    spec = load_study(name)
+    spec = dataclasses.replace(spec, space=dataclasses.replace(spec.space, **space))
+    if training:
+        spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training, **training))
+    return spec
+
+
+SPACES: dict[str, Callable[[], StudySpec]] = {
+    "megatron-dense": lambda: _with(
+        "llama3-8b",
+        tp=(1, 2, 4),
+        pp=(1, 2, 4),
+        micro_batch_size=(1, 2),
+        tp_comm_overlap=(False, True),
+        distributed_optimizer=(True, False),
+    ),  # fmt: skip
+    "megatron-moe-fp8": lambda: _with(
+        "mixtral-8x7b",
+        {"precision": "fp8"},
+        tp=(1, 2),
+        pp=(1, 2, 4),
+        ep=(1, 2, 8),
+        etp=(1, 2),
+        vp=(1, 2),
+        distributed_optimizer=(True, False),
+        moe_token_dispatcher=("alltoall", "allgather", "flex"),
+        recompute=("none", "selective", "full"),
+    ),  # fmt: skip
+    "deepspeed-moe": lambda: _with(
+        "demo-moe",
+        zero_stage=(0, 1, 2, 3),
+        micro_batch_size=(1, 2, 4),
+        recompute=("none", "full"),
+    ),  # fmt: skip
+    "deepspeed-pipe": lambda: _with(
+        "demo",
+        pp=(1, 2),
+        zero_stage=(0, 1, 2, 3),
+        micro_batch_size=(1, 2),
+        recompute=("none", "full"),
+    ),  # fmt: skip
+    # a micro-batch of the whole global batch: one micro-batch per step (FSDP2 under pp)
+    "torchtitan": lambda: _with("demo-fsdp", micro_batch_size=(1, 2, 4, 8), dp_replicate=(1, 2)),
+    # every other layer MoE: dense and MoE layers on one rank
+    "megatron-moe-every-other": lambda: _every_other(
+        _with("mixtral-8x7b", tp=(1, 2), pp=(2, 4), vp=(1, 2), ep=(1, 8), recompute=("full",))
+    ),
+}
+
+
+def _every_other(spec: StudySpec) -> StudySpec:
+    assert spec.model.moe is not None
+    moe = dataclasses.replace(spec.model.moe, layer_freq=2)
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, moe=moe))
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None:
+    spec = SPACES[name]()
+    stage_states._TERMS.clear()
+    stage_activations._TERMS.clear()
+    calls = 0
+    for config in iter_configs(spec):
+        if study_violations(config, spec):
+            continue
+        for stage, layers in enumerate(stage_layers(spec.model, config, spec.framework)):
+            args = (spec.model, config, stage, layers, spec.framework, spec.training.precision)
+            # kept from an earlier config that differs only in knobs the terms do not read,
+            # where there was one: a knob they read missing from the key shows here
+            kept = stage_state_terms(*args, None)
+            assert kept == stage_state_terms_uncached(*args, None)
+            assert stage_activation_terms(*args) == stage_activation_terms_uncached(*args)
+            calls += 1
+    assert calls > len(stage_states._TERMS) > 0, "configs shared kept states"
+    if name == "megatron-dense":  # it varies the state-only knobs
+        assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
+
+
+def test_the_knobs_left_out_of_the_keys_are_config_fields() -> None:
+    spec = load_study("llama3-8b")
+    config = next(iter(iter_configs(spec)))
+    assert ACTIVATION_KNOBS <= set(dataclasses.asdict(config))
+    assert STATE_ONLY_KNOBS <= set(dataclasses.asdict(config))
+    assert not ACTIVATION_KNOBS & STATE_ONLY_KNOBS - {"tp_comm_overlap"}
