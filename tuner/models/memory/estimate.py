@@ -113,10 +113,11 @@ def _stage_memory(
     if traits(framework).fsdp2:  # FSDP2 gathers whole units: the output layer may be largest
         output = vocab * model.hidden_size / c.tp
         sizes = dataclasses.replace(sizes, largest=max(sizes.largest, output))
-    states = stage_states(params, c, framework, precision, sizes, zero_settings)
+    views = gpu.name == "cpu"  # CPU ranks report a tensor accounting by views, no allocator
+    states = stage_states(params, c, framework, precision, sizes, zero_settings, views)
     if moe.expert_params:  # [MP] expert states shard over the expert-data-parallel group
         experts = stage_states(
-            moe.expert_params, expert_config(c), framework, precision, sizes, zero_settings
+            moe.expert_params, expert_config(c), framework, precision, sizes, zero_settings, views
         )
         states = _add_states(states, experts)
     if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.spec.fp8)
