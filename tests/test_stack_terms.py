@@ -548,3 +548,27 @@ def test_interleaved_parts_of_a_point_are_joined_and_their_rounds_saved(tmp_path
     save_probe(spec, ProbeResult(rows=rows, wall_s=1.0, nodes=1, versions={}), path,
                dt.datetime(2026, 1, 2, tzinfo=dt.UTC))  # fmt: skip
     assert load_probe(path)["rows"] == rows
+
+
+def test_the_points_file_asks_for_interleaving_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe asks a one-process script to interleave its points; ``tools/probe_truth.py``,
+    which runs every config of the space, turns it off (``probe.INTERLEAVE``)."""
+    import json
+
+    from tuner.profile import probe
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["probe_one_process"] = True
+    spec = spec_of(data)
+    runs = probe_runs(spec)
+    ports = [29500 + k for k in range(len(runs))]
+
+    def asked() -> bool:
+        _, files = probe.bundle(spec, runs, ("localhost",), "127.0.0.1", ports, "/probe")
+        return bool(json.loads(files["probe-points.json"])["interleave"])
+
+    assert asked() is True
+    monkeypatch.setattr(probe, "INTERLEAVE", False)
+    assert asked() is False

@@ -41,15 +41,16 @@ def measure(study: str, results: str, iters: int) -> list[dict[str, Any]]:
     runs = [probe.ProbeRun(c, spec.model.num_layers // (c.pp * c.vp)) for c in configs]
     probed = {r.config.key() for r in probe.probe_runs(spec)}
     where = ClusterLayout(Path(results).resolve(), spec.cluster_name).stack_probe(spec.name)
-    saved = probe.PROBE_ITERS
-    probe.PROBE_ITERS = iters
+    saved = probe.PROBE_ITERS, probe.INTERLEAVE
+    # one config after another, as trials run (and no engine of every config held at once)
+    probe.PROBE_ITERS, probe.INTERLEAVE = iters, False
     executor = make_executor(spec)
     try:
         found = probe.run_stack_probe(spec, executor, TrialPaths(where.dir.with_suffix(".truth")),
                                       runs=runs)  # fmt: skip
     finally:
         executor.close()
-        probe.PROBE_ITERS = saved
+        probe.PROBE_ITERS, probe.INTERLEAVE = saved
     out = []
     for c, row in zip(configs, found.rows, strict=True):
         e = estimate(spec, c, rates=rates, terms=terms)

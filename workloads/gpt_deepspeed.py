@@ -215,30 +215,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def load_points(path: Path) -> tuple[str, list[tuple[int, list[str]]]]:
-    """(marker, [(point, argv)]) of a ``--probe-points`` file."""
+Points = tuple[str, list[tuple[int, list[str]]], bool]  # marker, [(point, argv)], interleave
+
+
+def load_points(path: Path) -> Points:
+    """(marker, [(point, argv)], interleave) of a ``--probe-points`` file (``interleave``: its
+    optional key, true when absent)."""
     import json
 
     try:
         data = json.loads(Path(path).read_text())
-        return str(data["marker"]), [(int(p["point"]), [str(a) for a in p["argv"]])
-                                     for p in data["points"]]  # fmt: skip
+        runs = [(int(p["point"]), [str(a) for a in p["argv"]]) for p in data["points"]]
+        return str(data["marker"]), runs, bool(data.get("interleave", True))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise WorkloadConfigError(f"--probe-points {path}: {exc}") from exc
 
 
-def run_points(points: tuple[str, list[tuple[int, list[str]]]], device: Any, rank: int) -> None:
+def run_points(points: Points, device: Any, rank: int) -> None:
     """Each point's run in this process (imports, process group and the first collective paid
     once), its lines framed by ``<marker> <point> start`` and, once, ``<marker> <point> end
     rc=<code>``; then leave as :func:`shutdown` does. On CUDA the points run one after another
     (the allocator's peak and cache are the process's, so engines alive together would add up);
-    on CPU they are interleaved (:func:`interleave_points`)."""
+    on CPU they are interleaved (:func:`interleave_points`) unless the file says
+    ``"interleave": false`` (many points, each engine's memory held until the end)."""
     import gc
 
-    if device.type != "cuda":
-        interleave_points(points, rank)
+    marker, runs, interleave = points
+    if device.type != "cuda" and interleave:
+        interleave_points(marker, runs, rank)
     else:
-        marker, runs = points
         for point, argv in runs:
             dist.barrier()
             if rank == 0:
@@ -261,7 +266,7 @@ def run_points(points: tuple[str, list[tuple[int, list[str]]]], device: Any, ran
     os._exit(0)
 
 
-def interleave_points(points: tuple[str, list[tuple[int, list[str]]]], rank: int) -> None:
+def interleave_points(marker: str, runs: list[tuple[int, list[str]]], rank: int) -> None:
     """The points on CPU ranks, their timed steps interleaved: every point's engine is built and
     its first step (the warm-up, with the memory accounting, which is per engine) run in turn;
     then round ``r`` runs step ``r`` of every point, in order on even rounds and in reverse on
@@ -269,7 +274,6 @@ def interleave_points(points: tuple[str, list[tuple[int, list[str]]]], rank: int
     load slower than a round moves them alike (a linear one cancels over each pair of rounds).
     Each step's lines are framed by ``<marker> <point> resume`` and ``<marker> <point> pause``;
     ``tuner.profile.probe`` pairs the points' samples by round."""
-    marker, runs = points
     cpu = torch.device("cpu")
     live: list[tuple[int, int, Session]] = []
     for point, argv in runs:

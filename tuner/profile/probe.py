@@ -57,6 +57,10 @@ PORT_OFFSET = 100
 """The points' rendezvous ports start this far above ``launch.master_port``: each is chosen
 when the job is submitted and bound minutes later, so they stay clear of the ports that trials
 and demos on the same machine start from."""
+INTERLEAVE = True
+"""Whether a script that runs every point in one process is asked to interleave their steps
+(the ``interleave`` key of the points file): every point's engine is then held until the last
+round, which a run of many points (``tools/probe_truth.py``) may not want."""
 HEREDOC = "TUNER_PROBE_POINT_SCRIPT"
 POINT = "TUNER_STACK_POINT"
 """The line that frames each point's output in the node logs: ``TUNER_STACK_POINT <k> start``
@@ -225,7 +229,8 @@ def _one_process(
         argv = ["--deepspeed_config", f"{node_dir}/p{k}/ds_config.json"]
         argv += [part for flag in flags for part in flag] + list(spec.launch.script_args)
         points.append({"point": k, "argv": argv})
-    files["probe-points.json"] = json.dumps({"marker": POINT, "points": points})
+    files["probe-points.json"] = json.dumps({"marker": POINT, "interleave": INTERLEAVE,
+                                             "points": points})  # fmt: skip
     launch = dataclasses.replace(spec.launch, extra_args=(
         *spec.launch.extra_args, "--probe-points", f"{node_dir}/probe-points.json"))  # fmt: skip
     first = dataclasses.replace(reduced(spec, runs[0].config, runs[0].depth), launch=launch)
