@@ -257,3 +257,19 @@ def test_zero3_keeps_norms_under_the_persistence_threshold_whole() -> None:
     # LayerNorm: 6h per layer + 2h, each tensor h elements
     small = GPT.num_layers * 6 * GPT.hidden_size + 2 * GPT.hidden_size
     assert keep.weights - part.weights == pytest.approx(2 * small)
+
+
+def test_zero2_with_one_micro_batch_holds_no_partition_beside_the_bucket_on_cpu_ranks() -> None:
+    """DeepSpeed ZeRO-2 makes its contiguous gradient partition after a micro-batch's reduction:
+    with one micro-batch per step a tensor accounting by views (CPU ranks) never sees it beside
+    the reduce bucket in the forward and backward phase, with two it does (the first's
+    partition lives through the second's backward); GPUs (an allocator, whose bucket is one
+    allocation) keep the sum either way."""
+    cpu = get_gpu("cpu")
+
+    def fwd_grads(gpu: Any, gbs: int) -> float:
+        c = ParallelConfig(dp=8, micro_batch_size=1, global_batch_size=gbs, zero_stage=2)
+        return estimate_memory(GPT, c, gpu, "deepspeed", "fp32").stages[0].phases[0].grads
+
+    assert fwd_grads(cpu, 8) == 0.0
+    assert fwd_grads(cpu, 16) == fwd_grads(H100, 8) == fwd_grads(H100, 16) > 0

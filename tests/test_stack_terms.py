@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -425,3 +426,149 @@ def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:
     other_tp = dataclasses.replace(c, tp=2, dp=1)
     assert not estimate_time(spec.model, spec.training, other_tp, gpu, gpn, spec.framework,
                              rates, terms=terms).provenance  # fmt: skip
+
+
+def drifting_log(spec: StudySpec, interleaved: bool) -> str:
+    """The node log of the probe's points on the stand-in while the machine's load ramps up (each
+    step 2% slower than the one before it ran, whichever point it was: another job starting),
+    with a first step 2x slow and the 2-layer base point's second step 1.8x slow (warm-up, which
+    ``steady_samples`` leaves out of that point only). ``interleaved``: the points' steps as the
+    workload interleaves them on CPU ranks (each point's first step in turn, then one step of
+    each per round, in reverse on odd rounds, each framed by resume/pause); else one point after
+    the other, as a script that runs its points in turn."""
+    from tuner.profile.probe import INTERLEAVED, POINT, PROBE_ITERS
+
+    runs = probe_runs(spec)
+    done = 0
+    out: list[str] = []
+
+    def step(k: int, it: int) -> None:
+        nonlocal done
+        warm = 2.0 if it == 1 else 1.8 if (it == 2 and k == 1) else 1.0
+        took = true_step(spec, runs[k].config, runs[k].depth) * warm * (1 + 0.02 * done)
+        done += 1
+        peak = true_peak(spec, runs[k].config, runs[k].depth) / GIB
+        out.append(f"tuner-step: iter={it} time_s={took:.6f} samples_per_s=1.0 "
+                   f"max_allocated_gib={peak:.9f} max_reserved_gib={peak:.9f} rank=0")  # fmt: skip
+
+    if not interleaved:
+        for k in range(len(runs)):
+            out.append(f"{POINT} {k} start")
+            for it in range(1, PROBE_ITERS + 1):
+                step(k, it)
+            out.append(f"{POINT} {k} end rc=0")
+        return "\n".join(out) + "\n"
+    for k in range(len(runs)):
+        out.append(f"{POINT} {k} start")
+        step(k, 1)
+        out.append(f"{POINT} {k} pause")
+    for it in range(2, PROBE_ITERS + 1):
+        for k in range(len(runs)) if it % 2 == 0 else reversed(range(len(runs))):
+            out += [f"{POINT} {k} {INTERLEAVED}"]
+            step(k, it)
+            out += [f"{POINT} {k} pause"]
+    out += [f"{POINT} {k} end rc=0" for k in range(len(runs))]
+    return "\n".join(out) + "\n"
+
+
+def test_interleaved_steps_and_paired_ratios_cancel_a_drifting_load() -> None:
+    """Under a load that drifts through the probe, every config at the probe's micro-batch size
+    is predicted off the stand-in's truth by one common factor (the load level the probe saw,
+    which no probe can know for the trials to come), not by a per-config error that the
+    per-layer difference amplifies: the points' steps interleaved and each row taken as the
+    reference's median times its paired ratio. The estimator before (each row's own median)
+    puts them 10% apart on the same interleaved log (a warm-up left out of one row moves its
+    median to another load), and 25% apart measured one point after another; other
+    micro-batch sizes add the model's own scaling under that load (a few percent)."""
+    from tuner.profile.probe import rows_from_logs
+
+    spec = spec_of()
+    runs = probe_runs(spec)
+    flat = [c for c in iter_configs(spec) if c.pp == 1 and c.micro_batch_size == 2]
+
+    def ratios(rows: list[ProbeRow], configs: list[ParallelConfig]) -> list[float]:
+        terms = derive_terms(spec, rows)
+        return [predicted(spec, c, terms)[0] / true_step(spec, c, spec.model.num_layers)
+                for c in configs]  # fmt: skip
+
+    rows = rows_from_logs(spec, runs, [drifting_log(spec, interleaved=True)])
+    assert all(r.rounds for r in rows) and len({len(r.samples_s) for r in rows}) > 1
+    paired = ratios(rows, flat)
+    level = statistics.median(paired)
+    assert 1.0 < level < 1.0 + 0.02 * len(runs) * 7  # the load the probe saw
+    assert max(paired) / min(paired) < 1.005, paired
+    everything = ratios(rows, list(iter_configs(spec)))
+    assert max(everything) / min(everything) < 1.1, (min(everything), max(everything))
+    own_medians = ratios([dataclasses.replace(r, rounds=()) for r in rows], flat)
+    assert max(own_medians) / min(own_medians) > 1.08, own_medians
+    sequential = rows_from_logs(spec, runs, [drifting_log(spec, interleaved=False)])
+    assert not any(r.rounds for r in sequential)
+    one_by_one = ratios(sequential, flat)
+    assert max(one_by_one) / min(one_by_one) > 1.2, one_by_one
+
+
+def test_the_paired_estimator_is_the_median_of_same_block_ratios() -> None:
+    """Over the rounds both rows ran (a warm-up left out of one drops that round), the median
+    over blocks of two rounds (in order, then reversed) of the rows' ratio, and the ratios'
+    median absolute deviation over their median; a round without its pair is a block alone; a
+    row of a probe that did not interleave (no rounds) has none, and the terms then use the
+    rows' own medians."""
+    from tuner.profile.probe import paired_ratio, paired_ratios
+
+    def row(samples: tuple[float, ...], rounds: tuple[int, ...]) -> ProbeRow:
+        return ProbeRow(key="k", depth=1, step_s=statistics.median(samples), samples_s=samples,
+                        peak_gib=1.0, reserved_gib=None, rounds=rounds)  # fmt: skip
+
+    # the load goes 1, 1.5, 1.1, 2.0, 1.2, 1.3 through rounds 2-7; ``two`` is 1.5x ``ref``
+    ref = row((1.0, 1.5, 1.1, 2.0, 1.2, 1.3), (2, 3, 4, 5, 6, 7))
+    two = row((2.25, 1.65, 3.0, 1.8, 2.6), (3, 4, 5, 6, 7))  # round 2 was its warm-up; 7: burst
+    blocks = paired_ratios(two, ref)
+    assert [r for r, _ in blocks] == [3, 4, 6]
+    assert [q for _, q in blocks] == pytest.approx([1.5, 1.5, 4.4 / 2.5])
+    assert paired_ratio(two, ref) == pytest.approx((1.5, 0.0))
+    assert paired_ratio(two, ref, within={4, 5, 6, 7}) == pytest.approx((1.63, 0.13 / 1.63))
+    # the rows' own medians: 2.25 / 1.25, the load of the rounds each kept
+    assert two.step_s / ref.step_s == pytest.approx(1.8)
+    assert paired_ratio(row(two.samples_s, ()), ref) is None
+
+
+def test_interleaved_parts_of_a_point_are_joined_and_their_rounds_saved(tmp_path: Path) -> None:
+    """A point's steps framed by resume/pause between other points' are one point's lines; the
+    rows' rounds survive the saved file."""
+    log = ("TUNER_STACK_POINT 0 start\na\nTUNER_STACK_POINT 0 pause\nTUNER_STACK_POINT 1 start\n"
+           "b\nTUNER_STACK_POINT 1 pause\nTUNER_STACK_POINT 1 resume\nc\n"
+           "TUNER_STACK_POINT 1 pause\n"
+           "x\nTUNER_STACK_POINT 0 resume\nd\nTUNER_STACK_POINT 0 end rc=0\n"
+           "TUNER_STACK_POINT 1 end rc=0\n")  # fmt: skip
+    assert split_points(log) == {0: "a\nd\n", 1: "b\nc\n"}
+    spec = spec_of()
+    rows = tuple(dataclasses.replace(r, rounds=tuple(range(2, 2 + len(r.samples_s))))
+                 for r in probe_rows(spec))  # fmt: skip
+    path = tmp_path / "probe.yaml"
+    save_probe(spec, ProbeResult(rows=rows, wall_s=1.0, nodes=1, versions={}), path,
+               dt.datetime(2026, 1, 2, tzinfo=dt.UTC))  # fmt: skip
+    assert load_probe(path)["rows"] == rows
+
+
+def test_the_points_file_asks_for_interleaving_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe asks a one-process script to interleave its points; ``tools/probe_truth.py``,
+    which runs every config of the space, turns it off (``probe.INTERLEAVE``)."""
+    import json
+
+    from tuner.profile import probe
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["probe_one_process"] = True
+    spec = spec_of(data)
+    runs = probe_runs(spec)
+    ports = [29500 + k for k in range(len(runs))]
+
+    def asked() -> bool:
+        _, files = probe.bundle(spec, runs, ("localhost",), "127.0.0.1", ports, "/probe")
+        return bool(json.loads(files["probe-points.json"])["interleave"])
+
+    assert asked() is True
+    monkeypatch.setattr(probe, "INTERLEAVE", False)
+    assert asked() is False

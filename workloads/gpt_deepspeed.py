@@ -23,10 +23,12 @@ exit 2: ZeRO-3 (DeepSpeed's native MoE does not run under it), pipeline stages, 
 data-parallel world that ``--ep-size`` does not divide.
 
 A framework probe's points (``--probe-points FILE``: a marker and, per point, the workload's
-arguments) run one after another in one process, each framed by ``<marker> <point> start`` and
+arguments) run in one process, each framed by ``<marker> <point> start`` and
 ``<marker> <point> end rc=<code>`` lines from rank 0: the interpreter, imports (torch's lazy
 compiler import in the first optimizer included), the process group and DeepSpeed's comm op
-start once for all of them.
+start once for all of them. On CPU ranks their timed steps are interleaved, one step of each
+point per round, each step framed by ``<marker> <point> resume`` / ``pause`` lines
+(``interleave_points``); on CUDA they run one after another.
 
 Rank 0 first prints ``tuner-versions: python=... torch=... deepspeed=...``. The other printed
 lines (``tuner-step``, ``tuner-memory``, ``tuner-done``) and how memory is
@@ -59,7 +61,7 @@ from gpt_deepspeed_args import (
 )
 from gpt_deepspeed_memory import rss_kib
 from gpt_deepspeed_model import build_model
-from gpt_deepspeed_train import Session, emit, run_steps
+from gpt_deepspeed_train import Session, done, emit, one_step, run_steps
 
 
 def prefer_own_ninja() -> None:
@@ -166,13 +168,13 @@ def prepare(args: Any) -> Prepared:
     return args, shape, config, plan
 
 
-def train(run: Prepared, device: Any, rank: int) -> Any:
-    """Build the model and engine of ``run``, run its steps; the engine."""
+def open_session(run: Prepared, device: Any, rank: int) -> Session:
+    """Build the model and engine of ``run``: its session, no step run yet."""
     args, shape, config, plan = run
     rss_base = rss_kib("VmRSS")
     model = build_model(shape, plan, config, args.seed)
     engine, inner = start_engine(model, plan, config)
-    session = Session(
+    return Session(
         engine=engine,
         inner=inner,
         plan=plan,
@@ -183,8 +185,13 @@ def train(run: Prepared, device: Any, rank: int) -> Any:
         seed=args.seed,
         rss_base_kib=rss_base,
     )
-    run_steps(session, args.train_iters)
-    return engine
+
+
+def train(run: Prepared, device: Any, rank: int) -> Any:
+    """Build the model and engine of ``run``, run its steps; the engine."""
+    session = open_session(run, device, rank)
+    run_steps(session, run[0].train_iters)
+    return session.engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,45 +215,101 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def load_points(path: Path) -> tuple[str, list[tuple[int, list[str]]]]:
-    """(marker, [(point, argv)]) of a ``--probe-points`` file."""
+Points = tuple[str, list[tuple[int, list[str]]], bool]  # marker, [(point, argv)], interleave
+
+
+def load_points(path: Path) -> Points:
+    """(marker, [(point, argv)], interleave) of a ``--probe-points`` file (``interleave``: its
+    optional key, true when absent)."""
     import json
 
     try:
         data = json.loads(Path(path).read_text())
-        return str(data["marker"]), [(int(p["point"]), [str(a) for a in p["argv"]])
-                                     for p in data["points"]]  # fmt: skip
+        runs = [(int(p["point"]), [str(a) for a in p["argv"]]) for p in data["points"]]
+        return str(data["marker"]), runs, bool(data.get("interleave", True))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise WorkloadConfigError(f"--probe-points {path}: {exc}") from exc
 
 
-def run_points(points: tuple[str, list[tuple[int, list[str]]]], device: Any, rank: int) -> None:
-    """Each point's run in turn, in this process (imports, process group and the first
-    collective paid once), framed by ``<marker> <point> start`` and ``<marker> <point> end
-    rc=<code>`` lines; then leave as :func:`shutdown` does."""
+def run_points(points: Points, device: Any, rank: int) -> None:
+    """Each point's run in this process (imports, process group and the first collective paid
+    once), its lines framed by ``<marker> <point> start`` and, once, ``<marker> <point> end
+    rc=<code>``; then leave as :func:`shutdown` does. On CUDA the points run one after another
+    (the allocator's peak and cache are the process's, so engines alive together would add up);
+    on CPU they are interleaved (:func:`interleave_points`) unless the file says
+    ``"interleave": false`` (many points, each engine's memory held until the end)."""
     import gc
 
-    marker, runs = points
-    for point, argv in runs:
-        dist.barrier()
-        if rank == 0:
-            emit(f"{marker} {point} start")
-        code = 0
-        try:
-            engine = train(prepare(parse_args(argv)), device, rank)
-            engine.destroy()
-            del engine
-        except WorkloadConfigError as exc:
-            code = fail(exc)
-        gc.collect()
-        fresh_peaks(device)
-        dist.barrier()
-        if rank == 0:
-            emit(f"{marker} {point} end rc={code}")
+    marker, runs, interleave = points
+    if device.type != "cuda" and interleave:
+        interleave_points(marker, runs, rank)
+    else:
+        for point, argv in runs:
+            dist.barrier()
+            if rank == 0:
+                emit(f"{marker} {point} start")
+            code = 0
+            try:
+                engine = train(prepare(parse_args(argv)), device, rank)
+                engine.destroy()
+                del engine
+            except WorkloadConfigError as exc:
+                code = fail(exc)
+            gc.collect()
+            fresh_peaks(device)
+            dist.barrier()
+            if rank == 0:
+                emit(f"{marker} {point} end rc={code}")
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def interleave_points(marker: str, runs: list[tuple[int, list[str]]], rank: int) -> None:
+    """The points on CPU ranks, their timed steps interleaved: every point's engine is built and
+    its first step (the warm-up, with the memory accounting, which is per engine) run in turn;
+    then round ``r`` runs step ``r`` of every point, in order on even rounds and in reverse on
+    odd ones, so the points' steps of one round run side by side and a drift of the machine's
+    load slower than a round moves them alike (a linear one cancels over each pair of rounds).
+    Each step's lines are framed by ``<marker> <point> resume`` and ``<marker> <point> pause``;
+    ``tuner.profile.probe`` pairs the points' samples by round."""
+    cpu = torch.device("cpu")
+    live: list[tuple[int, int, Session]] = []
+    for point, argv in runs:
+        dist.barrier()
+        if rank == 0:
+            emit(f"{marker} {point} start")
+        try:
+            run = prepare(parse_args(argv))
+            session = open_session(run, cpu, rank)
+            one_step(session, 1)
+            live.append((point, run[0].train_iters, session))
+            word = "pause"
+        except WorkloadConfigError as exc:
+            word = f"end rc={fail(exc)}"
+        dist.barrier()
+        if rank == 0:
+            emit(f"{marker} {point} {word}")
+    for step in range(2, max((iters for _, iters, _ in live), default=0) + 1):
+        for point, iters, session in live if step % 2 == 0 else live[::-1]:
+            if step > iters:
+                continue
+            if rank == 0:
+                emit(f"{marker} {point} resume")
+            one_step(session, step)
+            dist.barrier()
+            if rank == 0:
+                emit(f"{marker} {point} pause")
+    for point, iters, session in live:
+        if rank == 0:
+            emit(f"{marker} {point} resume")
+        dist.barrier()
+        done(session, iters)
+        session.engine.destroy()
+        dist.barrier()
+        if rank == 0:
+            emit(f"{marker} {point} end rc=0")
 
 
 def fresh_peaks(device: Any) -> None:

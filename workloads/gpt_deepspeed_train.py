@@ -157,27 +157,38 @@ def emit(line: str) -> None:
 
 def run_steps(s: Session, iters: int) -> None:
     for step in range(1, iters + 1):
-        dist.barrier()
-        start = time.perf_counter()
-        if step == 1:
-            s.account = measured_first_step(s)
-        else:
-            train_step(s, step)
-        dist.barrier()
-        elapsed = time.perf_counter() - start
-        if step == 1:
-            a = s.account
-            emit(
-                f"tuner-memory: rank={s.rank} params={a.params} grads={a.grads} "
-                f"optimizer={a.optimizer} activations={a.activations}"
-            )
-        allocated, reserved = memory_gib(s)
-        # MoE runs add the last micro-batch's summed gate loss (a key the parser skips)
-        aux = f" aux_loss={s.engine.module.last_aux_loss:.6f}" if s.plan.moe else ""
-        emit(
-            f"tuner-step: iter={step} time_s={elapsed:.6f} "
-            f"samples_per_s={s.plan.global_batch / elapsed:.3f} "
-            f"max_allocated_gib={allocated:.6f} max_reserved_gib={reserved:.6f}{aux} "
-            f"rank={s.rank}"
-        )
+        one_step(s, step)
+    done(s, iters)
+
+
+def done(s: Session, iters: int) -> None:
+    """The run's last line."""
     emit(f"tuner-done: iters={iters} rank={s.rank}")
+
+
+def one_step(s: Session, step: int) -> None:
+    """Optimizer step ``step`` between two barriers, timed, and its printed lines (step 1 with
+    the memory accounting: :func:`measured_first_step`)."""
+    dist.barrier()
+    start = time.perf_counter()
+    if step == 1:
+        s.account = measured_first_step(s)
+    else:
+        train_step(s, step)
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    if step == 1:
+        a = s.account
+        emit(
+            f"tuner-memory: rank={s.rank} params={a.params} grads={a.grads} "
+            f"optimizer={a.optimizer} activations={a.activations}"
+        )
+    allocated, reserved = memory_gib(s)
+    # MoE runs add the last micro-batch's summed gate loss (a key the parser skips)
+    aux = f" aux_loss={s.engine.module.last_aux_loss:.6f}" if s.plan.moe else ""
+    emit(
+        f"tuner-step: iter={step} time_s={elapsed:.6f} "
+        f"samples_per_s={s.plan.global_batch / elapsed:.3f} "
+        f"max_allocated_gib={allocated:.6f} max_reserved_gib={reserved:.6f}{aux} "
+        f"rank={s.rank}"
+    )

@@ -134,6 +134,7 @@ def _deepspeed_zero(
     precision: Precision,
     sizes: LayerSizes,
     settings: Mapping[str, float],
+    views: bool = False,
 ) -> StageStates:
     e = 4.0 if precision == "fp32" else 2.0  # the model's (and its gradients') element size
     d = c.dp
@@ -157,7 +158,17 @@ def _deepspeed_zero(
     if c.zero_stage == 2:
         # Gradients are reduced during backward through the reduce bucket into the contiguous
         # partition buffer (contiguous_gradients: e B per owned parameter, already flat).
-        fwd = StateBytes(e * psi, e * psi / d, optimizer, bucket)
+        # [DS] stage_1_and_2.py: that buffer (grads_in_partition) is made by
+        # copy_grads_in_partition after a micro-batch's reduction, in the backward's epilogue
+        # (reduce_ipg_grads), and the owned gradients stay views of it through the later
+        # micro-batches' backwards, beside the bucket. With one micro-batch per step the only
+        # backward runs with the bucket alone and the epilogue then moves the gradients from
+        # the bucket into the partition: a figure that counts tensor views (CPU ranks, the
+        # workloads' accounting; measured on the demo at 20.3 MiB of gradients with one
+        # micro-batch, 30.6 MiB with 2 and 4) never holds both. An allocator holds the bucket's
+        # whole allocation beside the new partition in the epilogue, so on GPUs the sum stays.
+        held = 0.0 if views and c.num_microbatches == 1 else e * psi / d
+        fwd = StateBytes(e * psi, held, optimizer, bucket)
         step = StateBytes(e * psi, e * psi / d, optimizer, to_fp32)
         return StageStates(fwd, step, "deepspeed ZeRO-2")
     # ZeRO-3: parameters partitioned too; parameters under the persistence threshold stay whole.
@@ -228,8 +239,11 @@ def stage_states(
     precision: Precision,
     sizes: LayerSizes,
     zero_settings: Mapping[str, float] | None = None,
+    views: bool = False,
 ) -> StageStates:
-    """Model-state bytes of a stage holding ``psi`` parameters, in both phases."""
+    """Model-state bytes of a stage holding ``psi`` parameters, in both phases; ``views``: as a
+    figure that counts tensor views sees them (CPU ranks' tensor accounting), not an
+    allocator."""
     if traits(framework).fsdp2:
         return _fsdp2(psi, c, precision, sizes)
     if not traits(framework).deepspeed_optimizer:
@@ -244,7 +258,7 @@ def stage_states(
         owned = psi / c.dp if states.layout == "deepspeed BF16_Optimizer" else psi
         return _with(states, 8 * owned, precision != "fp32")
     settings = {**DEEPSPEED_ZERO_DEFAULTS, **(zero_settings or {})}
-    states = _deepspeed_zero(psi, c, precision, sizes, settings)
+    states = _deepspeed_zero(psi, c, precision, sizes, settings, views)
     return _with(states, 8 * psi / c.dp, True)
 
 

@@ -8,7 +8,13 @@ one after the other, so the local executor starts one process group, SSH one ses
 and Slurm one allocation (one batch job whose steps are the points), never one queued job per
 point. Each point's output is framed by :data:`POINT` lines in the node logs and parsed by the
 framework's own log parser; :mod:`tuner.profile.stack_terms` turns the differences into measured
-terms, and :mod:`tuner.profile.stack_file` saves them beside the cluster profile.
+terms and saves them beside the cluster profile.
+
+Step times under a drifting load: a script that runs every point in one process
+(``launch.probe_one_process``) may interleave their timed steps, one step of each point per
+round (:data:`INTERLEAVED`; the DeepSpeed workload does on CPU ranks). The rows then carry each
+sample's round, and the terms read each point against a reference point by the median of their
+paired ratios (:func:`paired_ratio`), which a load common to a round does not move.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +34,11 @@ from tuner.logs import parse_log
 from tuner.space.enumerate import iter_configs, study_violations
 from tuner.spec.study import StudySpec
 
-PROBE_ITERS = 6
-"""Iterations of each probe run: the first (warm-up) and enough after it for a median. A run's
-start (interpreter, imports, process group, engine) costs more than ten of its steps on the
-demos, so each iteration cut is a small saving; the warm-up is detected, not assumed long."""
+PROBE_ITERS = 7
+"""Iterations of each probe run: the first (warm-up) and enough after it for a median, six, so
+that interleaved points run three blocks of two rounds (:func:`paired_ratios`). A run's start
+(interpreter, imports, process group, engine) costs more than ten of its steps on the demos, so
+each iteration cut is a small saving; the warm-up is detected, not assumed long."""
 PROBE_WARMUP = 1
 """Iterations always left out of the median: the first optimizer step builds the optimizer's
 lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
@@ -50,10 +57,18 @@ PORT_OFFSET = 100
 """The points' rendezvous ports start this far above ``launch.master_port``: each is chosen
 when the job is submitted and bound minutes later, so they stay clear of the ports that trials
 and demos on the same machine start from."""
+INTERLEAVE = True
+"""Whether a script that runs every point in one process is asked to interleave their steps
+(the ``interleave`` key of the points file): every point's engine is then held until the last
+round, which a run of many points (``tools/probe_truth.py``) may not want."""
 HEREDOC = "TUNER_PROBE_POINT_SCRIPT"
 POINT = "TUNER_STACK_POINT"
 """The line that frames each point's output in the node logs: ``TUNER_STACK_POINT <k> start``
-and ``TUNER_STACK_POINT <k> end rc=<code>``."""
+and ``TUNER_STACK_POINT <k> end rc=<code>``; a script that interleaves its points' steps
+(:data:`INTERLEAVED`) frames each later part of a point by ``<k> resume`` and ``<k> pause``."""
+INTERLEAVED = "resume"
+"""The framing word that says a point's steps were interleaved with the other points' (one step
+of each per round, the rounds numbered by the steps' iteration): their samples pair by round."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +90,10 @@ class ProbeRow:
     samples_s: tuple[float, ...]
     peak_gib: float
     reserved_gib: float | None
+    rounds: tuple[int, ...] = ()
+    """The round (iteration) of each of ``samples_s`` when the probe interleaved its points'
+    steps, so that samples of one round ran side by side (:func:`paired_offset`); empty when the
+    points ran one after another."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,7 +229,8 @@ def _one_process(
         argv = ["--deepspeed_config", f"{node_dir}/p{k}/ds_config.json"]
         argv += [part for flag in flags for part in flag] + list(spec.launch.script_args)
         points.append({"point": k, "argv": argv})
-    files["probe-points.json"] = json.dumps({"marker": POINT, "points": points})
+    files["probe-points.json"] = json.dumps({"marker": POINT, "interleave": INTERLEAVE,
+                                             "points": points})  # fmt: skip
     launch = dataclasses.replace(spec.launch, extra_args=(
         *spec.launch.extra_args, "--probe-points", f"{node_dir}/probe-points.json"))  # fmt: skip
     first = dataclasses.replace(reduced(spec, runs[0].config, runs[0].depth), launch=launch)
@@ -233,14 +253,15 @@ def _quote(text: str) -> str:
 
 def split_points(text: str) -> dict[int, str]:
     """Each point's lines of one node log, by point index: the last run of each (an executor
-    may append a probe's log to an earlier probe's in the same directory)."""
+    may append a probe's log to an earlier probe's in the same directory), its interleaved parts
+    (``resume`` ... ``pause``) joined."""
     out: dict[int, list[str]] = {}
     current: int | None = None
     for line in text.splitlines():
         if line.startswith(POINT):
             parts = line.split()
-            current = int(parts[1]) if parts[2] == "start" else None
-            if current is not None:
+            current = int(parts[1]) if parts[2] in ("start", INTERLEAVED) else None
+            if current is not None and parts[2] == "start":
                 out[current] = []
             continue
         if current is not None:
@@ -263,6 +284,7 @@ def rows_from_logs(
     """The rows of every run, each parsed from its part of all node logs; a run without a step
     time is a one-line :class:`LaunchError` naming it."""
     parts = [split_points(text) for text in logs]
+    paired = any(f"{POINT} {k} {INTERLEAVED}" in text for text in logs for k in range(len(runs)))
     rows = []
     for k, run in enumerate(runs):
         text = "".join(p.get(k, "") for p in parts)
@@ -274,10 +296,14 @@ def rows_from_logs(
             raise LaunchError(f"probe run p{k} ({run.config.key()}, {run.depth} layers) measured "
                               f"nothing ({m.outcome}): {tail}")  # fmt: skip
         steady = steady_samples(m.step_times_s)
+        # the samples are the run's last iterations (1, 2, ... in the workloads' step lines)
+        first = len(m.step_times_s) - len(steady) + 1
         rows.append(ProbeRow(key=run.config.key(), depth=run.depth,
                              step_s=statistics.median(steady),
                              samples_s=tuple(steady), peak_gib=m.peak_memory_gib,
-                             reserved_gib=m.peak_reserved_gib))  # fmt: skip
+                             reserved_gib=m.peak_reserved_gib,
+                             rounds=tuple(range(first, first + len(steady))) if paired
+                             else ()))  # fmt: skip
     return rows
 
 
@@ -334,7 +360,8 @@ def _read(path: Path) -> str:
 
 
 def _done(log: Path) -> int:
-    return sum(1 for ln in _read(log).splitlines() if ln.startswith(POINT) and " end " in ln)
+    return len({ln.split()[1] for ln in _read(log).splitlines()
+                if ln.startswith(POINT) and " end " in ln})  # fmt: skip
 
 
 def steady_samples(times: Sequence[float]) -> tuple[float, ...]:
@@ -355,3 +382,49 @@ def spread(samples: Sequence[float]) -> float:
         return 0.0
     mid = statistics.median(samples)
     return statistics.median(abs(s - mid) for s in samples) / mid if mid > 0 else 0.0
+
+
+def paired_ratios(row: ProbeRow, ref: ProbeRow,
+                  within: Collection[int] | None = None) -> list[tuple[int, float]]:  # fmt: skip
+    """(round, ``row`` over ``ref``) per block of the rounds both ran in (and in ``within``),
+    when the probe interleaved them (``rounds``); empty otherwise.
+
+    A block is a pair of rounds ``(r, r + 1)`` with ``r`` even, the points in order in the first
+    and in reverse in the second (the workloads' schedule): its ratio is ``row``'s two steps
+    over ``ref``'s two, which cancels a load that drifts linearly through the block whichever of
+    the two points ran first. A round whose pair is missing (a warm-up left out) is a block
+    alone."""
+    if not row.rounds or not ref.rounds:
+        return []
+    mine = dict(zip(row.rounds, row.samples_s, strict=True))
+    theirs = dict(zip(ref.rounds, ref.samples_s, strict=True))
+    shared = mine.keys() & theirs.keys() & (set(within) if within is not None else mine.keys())
+    out = []
+    for r in sorted(shared):
+        if r % 2 == 0 and r + 1 in shared:
+            out.append((r, (mine[r] + mine[r + 1]) / (theirs[r] + theirs[r + 1])))
+        elif not (r % 2 == 1 and r - 1 in shared):
+            out.append((r, mine[r] / theirs[r]))
+    return out
+
+
+def paired_ratio(row: ProbeRow, ref: ProbeRow,
+                 within: Collection[int] | None = None) -> tuple[float, float] | None:  # fmt: skip
+    """(median, spread) of ``row``'s step time over ``ref``'s, paired by round; None when the
+    two were not interleaved or share no round.
+
+    The estimator: the median over blocks of rounds (:func:`paired_ratios`) of the ratio of
+    steps that ran side by side. A machine's load slows the steps of one round alike (other
+    processes take a share of the cores), so the ratio is free of it however it drifts from
+    round to round, and the median keeps a block that one burst hit, or a warm-up the
+    steady-state cut kept, from moving it. The spread is the ratios' median absolute deviation
+    over their median. The estimator before it took the difference of the two rows' own
+    medians, each at whatever load its run had: two short runs under a drifting load differ by
+    the drift, which the per-layer difference of a 1- and a 2-layer run then amplifies. (A
+    median of paired differences is not free of the load: under a trend its blocks differ by
+    the load, so one outlier moves it to another block's load level.)"""
+    ratios = [q for _, q in paired_ratios(row, ref, within)]
+    if not ratios:
+        return None
+    mid = statistics.median(ratios)
+    return mid, statistics.median(abs(q - mid) for q in ratios) / mid

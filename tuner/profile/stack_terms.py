@@ -8,7 +8,10 @@ layers' forward, backward and recomputation; the embedding, LM head, loss and th
 per-micro-batch work) and ``S(L)`` everything else (optimizer step, gradient reduction, step
 overhead: the catalog's and the collective profile's). The measured step times at 1 and 2 layers
 less ``S`` give the measured ``layer`` (their difference over ``m``) and ``rest``; each is kept as
-its ratio to the model's (:class:`tuner.models.stack.StackPoint`). For memory the peak allocated
+its ratio to the model's (:class:`tuner.models.stack.StackPoint`). Where the probe interleaved its
+points' steps, each row's step time is first read against the base point's 1-layer run, as its
+median times their paired ratio (:func:`_aligned`), so a drifting load moves the rows of a
+group alike and leaves their differences alone. For memory the peak allocated
 bytes at 1 and 2 layers less the model's weights, gradients, optimizer states and buffers give one
 layer's activations (the difference) and the stage's extras (what is left at 1 layer). A point run
 at one depth takes the rest and the extras of its base point (same TP and CP) and measures its own
@@ -29,6 +32,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,14 @@ from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackPoint, StackTerms
 from tuner.models.time.estimate import estimate_time
-from tuner.profile.probe import ProbeResult, ProbeRow, reduced, spread
+from tuner.profile.probe import (
+    ProbeResult,
+    ProbeRow,
+    paired_ratio,
+    paired_ratios,
+    reduced,
+    spread,
+)
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError, local_versions
 from tuner.space.enumerate import iter_configs, study_gpu
 from tuner.spec.study import StudySpec
@@ -203,6 +214,7 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
                                f"space; run tune profile --study {spec.name} --probe",
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
+    by_key = _aligned(by_key, configs)
     bases: dict[tuple[int, int], StackPoint] = {}
     points = []
     for key, depths in by_key.items():
@@ -216,6 +228,50 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
             row = depths[max(depths)]
             points.append(_neighbour_point(spec, c, row, bases.get((c.tp, c.cp)), rates))
     return StackTerms(tuple(points))
+
+
+def _aligned(by_key: dict[str, dict[int, ProbeRow]],
+             configs: Mapping[str, ParallelConfig]) -> dict[str, dict[int, ProbeRow]]:  # fmt: skip
+    """The rows of a probe that interleaved its points, each as its reference's level times its
+    paired ratio (:func:`tuner.profile.probe.paired_ratio`). The reference is the 1-layer run of
+    the base point with the row's TP and CP; every row of that group is taken over the rounds
+    all of them kept (a warm-up left out of one row leaves its round out of all), the reference
+    at the median of its samples there, each other row at that median times the median over
+    blocks of rounds of its ratio to the reference, its samples that median times each block's
+    ratio (so its spread is the ratios'). A load that drifts through the probe then moves every
+    row of the group by one factor, the reference's, and the differences between depths and
+    points are free of it. Rows of a probe that ran its points one after another are kept as
+    measured."""
+    groups: dict[tuple[int, int], list[ProbeRow]] = {}
+    for key, depths in by_key.items():
+        groups.setdefault((configs[key].tp, configs[key].cp), []).extend(depths.values())
+    refs = {(configs[k].tp, configs[k].cp): d[1] for k, d in by_key.items() if 1 in d and 2 in d}
+    out: dict[str, dict[int, ProbeRow]] = {}
+    for key, depths in by_key.items():
+        group = (configs[key].tp, configs[key].cp)
+        ref = refs.get(group)
+        shared = set.intersection(*(set(r.rounds) for r in groups[group]))
+        if ref is None or not shared:
+            out[key] = dict(depths)
+            continue
+        theirs = dict(zip(ref.rounds, ref.samples_s, strict=True))
+        level = statistics.median(theirs[r] for r in shared)
+        out[key] = {}
+        for depth, row in depths.items():
+            if row is ref:
+                rounds = tuple(r for r in ref.rounds if r in shared)
+                samples = tuple(theirs[r] for r in rounds)
+                out[key][depth] = dataclasses.replace(row, step_s=level, samples_s=samples,
+                                                      rounds=rounds)  # fmt: skip
+                continue
+            blocks = paired_ratios(row, ref, shared)
+            ratio = paired_ratio(row, ref, shared)
+            assert ratio is not None  # shared rounds, so blocks
+            out[key][depth] = dataclasses.replace(
+                row, step_s=level * ratio[0], samples_s=tuple(level * q for _, q in blocks),
+                rounds=tuple(r for r, _ in blocks),
+            )  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------- the file
@@ -241,7 +297,8 @@ def save_probe(spec: StudySpec, result: ProbeResult, path: Path, now: dt.datetim
         "versions": dict(result.versions),
         "cost": {"wall_s": round(result.wall_s, 2), "nodes": result.nodes,
                  "node_hours": round(result.node_hours, 5)},
-        "rows": [{**dataclasses.asdict(r), "samples_s": list(r.samples_s)} for r in result.rows],
+        "rows": [{**dataclasses.asdict(r), "samples_s": list(r.samples_s),
+                  "rounds": list(r.rounds)} for r in result.rows],
     }  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -266,7 +323,8 @@ def load_probe(path: Path) -> dict[str, Any]:
                      samples_s=tuple(_measured(x) for x in r["samples_s"]),
                      peak_gib=_measured(r["peak_gib"]),
                      reserved_gib=None if r["reserved_gib"] is None
-                     else _measured(r["reserved_gib"]))
+                     else _measured(r["reserved_gib"]),
+                     rounds=tuple(int(x) for x in r.get("rounds") or ()))
             for r in data["rows"]
         )  # fmt: skip
         created = dt.datetime.fromisoformat(str(data["created"]))

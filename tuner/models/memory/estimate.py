@@ -84,7 +84,10 @@ def _stage_memory(
     )  # fp8: bf16 weights, grads, activations (tuner.spec.fp8)
     # the parameters and their states, shared by the configs that differ in activation knobs,
     # and the activations, shared by those that differ in state-only knobs
-    held_states = stage_state_terms(model, c, stage, layers, framework, original, zero_settings)
+    views = gpu.name == "cpu"  # CPU ranks report a tensor accounting by views, no allocator
+    held_states = stage_state_terms(
+        model, c, stage, layers, framework, original, zero_settings, views
+    )
     params, states, experts = held_states.params, held_states.states, held_states.expert_params
     acts = stage_activation_terms(model, c, stage, layers, framework, original)
     ub = 0.0

@@ -55,17 +55,17 @@ class StateTerms:
 
 def stage_state_terms(
     model: ModelSpec, c: ParallelConfig, stage: int, layers: int, framework: Framework,
-    precision: Precision, zero_settings: Mapping[str, float] | None,
+    precision: Precision, zero_settings: Mapping[str, float] | None, views: bool = False,
 ) -> StateTerms:  # fmt: skip
     """:func:`stage_state_terms_uncached`, kept per (model, the config's knobs but
-    :data:`ACTIVATION_KNOBS`, stage, layers, framework, precision, ZeRO settings)."""
+    :data:`ACTIVATION_KNOBS`, stage, layers, framework, precision, ZeRO settings, views)."""
     zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
     knobs = _state_knobs(c)
-    key = (model, knobs, stage, layers, framework, precision, zero)
+    key = (model, knobs, stage, layers, framework, precision, zero, views)
     terms = _TERMS.get(key)
     if terms is None:
         terms = stage_state_terms_uncached(
-            model, c, stage, layers, framework, precision, zero_settings
+            model, c, stage, layers, framework, precision, zero_settings, views
         )
         if len(_TERMS) >= MAX_CACHED_STAGES:
             _TERMS.clear()
@@ -81,9 +81,11 @@ _TERMS: dict[tuple[Any, ...], StateTerms] = {}
 
 def stage_state_terms_uncached(
     model: ModelSpec, c: ParallelConfig, stage: int, layers: int, framework: Framework,
-    precision: Precision, zero_settings: Mapping[str, float] | None,
+    precision: Precision, zero_settings: Mapping[str, float] | None, views: bool = False,
 ) -> StateTerms:  # fmt: skip
-    """The parameters and states of rank ``stage`` holding ``layers`` layers, computed afresh."""
+    """The parameters and states of rank ``stage`` holding ``layers`` layers, computed afresh;
+    ``views``: as a figure that counts tensor views sees them (CPU ranks,
+    :func:`tuner.models.optimizer_layout.stage_states`)."""
     fp8 = precision == "fp8"
     precision = "bf16" if fp8 else precision  # fp8: bf16 weights and grads (tuner.spec.fp8)
     vocab = padded_vocab(model.vocab_size, c.tp, framework)
@@ -93,11 +95,11 @@ def stage_state_terms_uncached(
     if traits(framework).fsdp2:  # FSDP2 gathers whole units: the output layer may be largest
         output = vocab * model.hidden_size / c.tp
         sizes = dataclasses.replace(sizes, largest=max(sizes.largest, output))
-    states = stage_states(params, c, framework, precision, sizes, zero_settings)
+    states = stage_states(params, c, framework, precision, sizes, zero_settings, views)
     if experts:  # [MP] expert states shard over the expert-data-parallel group
         grid = expert_config(c)
         states = _add_states(
-            states, stage_states(experts, grid, framework, precision, sizes, zero_settings)
+            states, stage_states(experts, grid, framework, precision, sizes, zero_settings, views)
         )
     if fp8:  # TE's cached FP8 weight copies of the stage's GEMM weights (tuner.spec.fp8)
         gemm = layers * param_counts(model).layer_sharded / c.tp + nonexpert
