@@ -106,6 +106,21 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
         assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
 
 
+def test_a_view_accounting_and_an_allocators_are_kept_apart() -> None:
+    """ZeRO-2 with one micro-batch per step holds its gradient partition beside the bucket on a
+    GPU, not in a CPU rank's view accounting: the same stage asked both ways, in either order,
+    gets each its own figure, not the one kept from the other."""
+    spec = _with("demo", zero_stage=(2,), micro_batch_size=(1, 2, 4, 8))
+    config = next(c for c in iter_configs(spec)
+                  if not study_violations(c, spec) and c.num_microbatches == 1)  # fmt: skip
+    args = (spec.model, config, 0, spec.model.num_layers, spec.framework, spec.training.precision)
+    stage_states._TERMS.clear()
+    gpu, cpu = stage_state_terms(*args, None, False), stage_state_terms(*args, None, True)
+    assert gpu == stage_state_terms_uncached(*args, None, False)
+    assert cpu == stage_state_terms_uncached(*args, None, True)
+    assert cpu.states.fwd_bwd.grads < gpu.states.fwd_bwd.grads
+
+
 def test_the_knobs_left_out_of_the_keys_are_config_fields() -> None:
     spec = load_study("llama3-8b")
     config = next(iter(iter_configs(spec)))
