@@ -48,6 +48,7 @@ from tuner.space.trials import (
 )
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
+from tuner.study.asking import ask, config_attrs
 from tuner.study.budget import node_hour_refusal, pending_node_hours, spent_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
@@ -237,10 +238,9 @@ class StudyLoop:
             with warnings.catch_warnings():  # heartbeats are recorded by the Heartbeat thread
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 self._asking = trials
-                trial = self.study.ask(dists)
+                trial = ask(self.study, dists, lambda p: config_attrs(self.spec, p))  # one write
             self._asking = None  # (a failed ask ends the loop; the proxies' asks read afresh)
             config = config_from_params(self.spec, trial.params)
-            set_user_attrs(trial, {"config": dataclasses.asdict(config), "key": config.key()})
             if self.screen(trial, config, trials):
                 return trial, config
             if self.stop_requested:
