@@ -43,7 +43,6 @@ from tuner.space.trials import (
     RETRYABLE,
     config_from_params,
     config_params,
-    counts_as_run,
     distributions,
 )
 from tuner.space.trials import measured as trials_measured
@@ -165,11 +164,12 @@ class StudyLoop:
 
     def runs_done(self, trials: list[FrozenTrial]) -> int:
         """Finished runs that count against n_trials."""
-        return sum(counts_as_run(t, self.rerun) for t in trials)
+        return self.screen.digest.of(trials).runs  # finished trials, each counted once
 
     def in_flight(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         """Launched trials running now on a live worker (this one or another)."""
-        return live_running(trials, self.leases, self.worker, self.heartbeat_s)
+        unfinished = self.screen.digest.of(trials).open  # (live_running reads only these)
+        return live_running(unfinished, self.leases, self.worker, self.heartbeat_s)
 
     def launched_count(self, trials: list[FrozenTrial]) -> int:
         """Runs that count against n_trials: finished ones plus those running now."""
