@@ -52,6 +52,7 @@ class Screen:
             rerun,
         )
         self._probes: frozenset[str] | None = None
+        self._space_keys: dict[str, ParallelConfig] | None = None
         self.digest = Digest(rerun)
         """The finished trials folded once each (:mod:`tuner.study.digest`)."""
 
@@ -111,8 +112,10 @@ class Screen:
         the memory of a config that ran out. Asking the sampler again would only record
         refusals. Other workers' running trials hold nothing here: one may still end as a
         config to run again."""
-        report = self.space.report()
-        left = {c.config.key(): c.config for c in (*report.viable, *report.probes)}
+        if self._space_keys is None:  # the space's configs by key, once (keys take a while)
+            report = self.space.report()
+            self._space_keys = {c.config.key(): c.config for c in (*report.viable, *report.probes)}
+        left = dict(self._space_keys)
         digest = self.digest.of(trials)
         for key in (*running, *digest.held()):
             left.pop(key, None)
