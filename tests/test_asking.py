@@ -116,3 +116,38 @@ def test_other_storages_ask_through_optuna(tmp_path: Path) -> None:
     trial = ask(study, DISTS, attrs)
     assert set(trial.params) == set(DISTS) and trial.user_attrs["key"].startswith("tp")
     assert study.get_trials()[0].params == trial.params
+
+
+class Recording(optuna.samplers.RandomSampler):
+    """A sampler that records its state on the trial in its relative sample (as Optuna's and
+    the model sampler do) and reads it back for the independent ones."""
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+        return {"tp": DISTS["tp"]}
+
+    def sample_relative(self, study: Any, trial: Any, space: dict[str, Any]) -> dict[str, Any]:
+        study._storage.set_trial_system_attr(trial._trial_id, "why", ["exploration", trial.number])
+        return {"tp": 2}
+
+    def sample_independent(self, study: Any, trial: Any, name: str, dist: Any) -> Any:
+        assert study._storage.get_trial_system_attrs(trial._trial_id)["why"][1] == trial.number
+        assert study._storage.get_trial(trial._trial_id).system_attrs["why"][0] == "exploration"
+        return super().sample_independent(study, trial, name, dist)
+
+
+def test_the_samplers_own_record_is_stored_with_the_parameters(tmp_path: Path) -> None:
+    for name, fast in (("a", False), ("b", True)):
+        url = f"sqlite:///{tmp_path / name}.db"
+        study = optuna.create_study(study_name="s", storage=url, sampler=Recording(seed=1))
+        for _ in range(3):
+            trial = ask(study, DISTS, attrs) if fast else study.ask(DISTS)
+            if not fast:
+                for k, v in attrs(trial.params).items():
+                    trial.set_user_attr(k, v)
+            study.tell(trial, 1.0)
+    got, want = (
+        stored(f"sqlite:///{tmp_path / 'b'}.db", "s"),
+        stored(f"sqlite:///{tmp_path / 'a'}.db", "s"),
+    )
+    assert [t[6] for t in want] == [{"why": ["exploration", n]} for n in range(3)]
+    assert got == want

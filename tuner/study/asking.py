@@ -16,9 +16,10 @@ read back the same through Optuna's API.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import optuna
 import sqlalchemy as sa
@@ -37,8 +38,8 @@ Attrs = Callable[[dict[str, Any]], dict[str, Any]]
 def ask(study: optuna.Study, dists: dict[str, BaseDistribution],
         attrs: Attrs | None = None) -> optuna.Trial:  # fmt: skip
     """``study.ask(dists)``, then ``attrs(trial.params)`` as user attributes; on SQLite and
-    PostgreSQL in three transactions (the trial, the sampler's own record, the parameters
-    with the attributes) instead of one per parameter and attribute."""
+    PostgreSQL in two transactions (the trial; its parameters with the attributes and the
+    sampler's own record) instead of one per parameter and attribute."""
     backend = upsert_backend(study._storage)
     if backend is None or _waiting(backend, study._study_id):
         trial = study.ask(dists)  # an enqueued trial: Optuna pops it and fixes its parameters
@@ -49,15 +50,52 @@ def ask(study: optuna.Study, dists: dict[str, BaseDistribution],
     trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id))
     params: dict[str, tuple[float, BaseDistribution]] = {}
     cached = trial._cached_frozen_trial
-    for name, dist in dists.items():
-        value = _sample(study, trial, name, dist)
-        internal = dist.to_internal_repr(value)  # refuses an invalid value, as Optuna does
-        params[name] = (internal, dist)
-        cached.distributions[name] = dist  # what a later parameter's sampler sees, as in
-        cached.params[name] = value  # Trial._suggest (written below)
+    storage = study._storage
+    held = _Held(storage, trial._trial_id)  # the sampler's own record: kept for the write
+    study._storage = cast("optuna.storages.BaseStorage", held)
+    try:
+        for name, dist in dists.items():
+            value = _sample(study, trial, name, dist)
+            internal = dist.to_internal_repr(value)  # refuses an invalid value, as Optuna does
+            params[name] = (internal, dist)
+            cached.distributions[name] = dist  # what a later parameter's sampler sees, as in
+            cached.params[name] = value  # Trial._suggest (written below)
+    finally:
+        study._storage = storage
     extra = attrs(dict(cached.params)) if attrs is not None else {}
-    write_trial(backend, trial, params, extra)
+    write_trial(backend, trial, params, extra, held.system)
     return trial
+
+
+class _Held:
+    """The study's storage while a new trial's parameters are sampled: the system attributes
+    the sampler records on that trial (Optuna's samplers and the model sampler record their
+    state so) are kept for the trial's one write and read back from here meanwhile; everything
+    else goes to ``storage``."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, trial_id: int) -> None:
+        self._storage, self._trial_id = storage, trial_id
+        self.system: dict[str, Any] = {}
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        if trial_id != self._trial_id:
+            return self._storage.set_trial_system_attr(trial_id, key, value)
+        self.system[key] = value
+
+    def get_trial_system_attrs(self, trial_id: int) -> dict[str, Any]:
+        found = self._storage.get_trial_system_attrs(trial_id)
+        return found | self.system if trial_id == self._trial_id else found
+
+    def get_trial(self, trial_id: int) -> optuna.trial.FrozenTrial:
+        found = self._storage.get_trial(trial_id)
+        if trial_id != self._trial_id or not self.system:
+            return found
+        held = copy.copy(found)
+        held.system_attrs = found.system_attrs | self.system
+        return held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
 
 
 def config_attrs(spec: StudySpec, params: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,13 +272,15 @@ def upsert_backend(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBS
 def write_trial(
     backend: optuna.storages.RDBStorage, trial: optuna.Trial,
     params: dict[str, tuple[float, BaseDistribution]], attrs: dict[str, Any],
+    system: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     """A running trial's new parameters (name -> internal value and distribution, as
-    ``Storage.set_trial_param`` takes them) and user attributes in one transaction: what
-    Optuna's ``set_trial_param`` and ``set_trial_user_attr`` leave in its tables, with their
-    refusals (a finished trial; a parameter whose distribution differs in kind, or in choices,
-    from the one the study stored first: :func:`~optuna.distributions.
-    check_distribution_compatibility`). Updates the trial's cached view as Optuna does."""
+    ``Storage.set_trial_param`` takes them), user attributes and ``system`` attributes in one
+    transaction: what Optuna's ``set_trial_param``, ``set_trial_user_attr`` and
+    ``set_trial_system_attr`` leave in its tables, with their refusals (a finished trial; a
+    parameter whose distribution differs in kind, or in choices, from the one the study stored
+    first: :func:`~optuna.distributions.check_distribution_compatibility`). Updates the
+    trial's cached view as Optuna does."""
     from optuna.storages._rdb import models
 
     trials = models.TrialModel.__table__
@@ -290,7 +293,7 @@ def write_trial(
             )
         if params:
             table = models.TrialParamModel.__table__
-            first = _first_distributions(conn, study_id, list(params))
+            first = _first_distributions(conn, backend, study_id, list(params))
             rows = []
             for name, (value, dist) in params.items():
                 if name in first:
@@ -298,14 +301,12 @@ def write_trial(
                 rows.append({"trial_id": trial._trial_id, "param_name": name, "param_value": value,
                              "distribution_json": _to_json(dist)})  # fmt: skip
             conn.execute(table.insert(), rows)
-        if attrs:
-            table = models.TrialUserAttributeModel.__table__
-            rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)}
-                    for k, v in attrs.items()]  # fmt: skip
-            insert = _UPSERT[backend.engine.dialect.name](table).values(rows)
-            new = {"value_json": insert.excluded.value_json}
-            keys = ["trial_id", "key"]
-            conn.execute(insert.on_conflict_do_update(index_elements=keys, set_=new))
+        for model, values in ((models.TrialUserAttributeModel, attrs),
+                              (models.TrialSystemAttributeModel, system or {})):  # fmt: skip
+            if values:
+                rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)}
+                        for k, v in values.items()]  # fmt: skip
+                conn.execute(_upsert(backend.engine.dialect.name, model.__table__), rows)
     cached = trial._cached_frozen_trial
     for name, (value, dist) in params.items():
         cached.distributions[name] = dist
@@ -313,23 +314,50 @@ def write_trial(
     cached.user_attrs.update(attrs)
 
 
-def _first_distributions(conn: sa.Connection, study_id: int,
-                         names: list[str]) -> dict[str, BaseDistribution]:  # fmt: skip
+def _first_distributions(
+    conn: sa.Connection, backend: optuna.storages.RDBStorage, study_id: int, names: list[str]
+) -> dict[str, BaseDistribution]:
     """The distribution the study stored first for each of ``names`` that it has stored (what
-    Optuna checks a new parameter against): one query for all of them."""
+    Optuna checks a new parameter against): one query for those not found before (the first
+    row of a parameter stays the first: Optuna never deletes a trial of a study it keeps)."""
     from optuna.storages._rdb import models
 
-    table, trials = models.TrialParamModel.__table__, models.TrialModel.__table__
-    first = (
-        sa.select(sa.func.min(table.c.param_id))
-        .join(trials, trials.c.trial_id == table.c.trial_id)
-        .where(trials.c.study_id == study_id, table.c.param_name.in_(names))
-        .group_by(table.c.param_name)
-    )
-    query = sa.select(table.c.param_name, table.c.distribution_json).where(
-        table.c.param_id.in_(first)
-    )
-    return {name: _from_json(text) for name, text in conn.execute(query)}
+    known = _FIRST.setdefault(backend, {}).setdefault(study_id, {})
+    missing = [name for name in names if name not in known]
+    if missing:
+        table, trials = models.TrialParamModel.__table__, models.TrialModel.__table__
+        first = (
+            sa.select(sa.func.min(table.c.param_id))
+            .join(trials, trials.c.trial_id == table.c.trial_id)
+            .where(trials.c.study_id == study_id, table.c.param_name.in_(missing))
+            .group_by(table.c.param_name)
+        )
+        query = sa.select(table.c.param_name, table.c.distribution_json).where(
+            table.c.param_id.in_(first)
+        )
+        known.update((name, _from_json(text)) for name, text in conn.execute(query))
+    return {name: known[name] for name in names if name in known}
+
+
+_FIRST: weakref.WeakKeyDictionary[Any, dict[int, dict[str, BaseDistribution]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Storage -> study id -> parameter name -> the distribution its first row holds (kept as long
+as the storage object, like Optuna's own cache of them)."""
+
+
+def _upsert(dialect: str, table: sa.Table) -> Any:
+    """``INSERT ... ON CONFLICT (trial_id, key) DO UPDATE`` of an attribute table, for rows
+    given at execution (built once: SQLAlchemy compiles it once per dialect and table)."""
+    key = (dialect, table.name)
+    if key not in _UPSERTS:
+        insert = _UPSERT[dialect](table)
+        new = {"value_json": insert.excluded.value_json}
+        _UPSERTS[key] = insert.on_conflict_do_update(index_elements=["trial_id", "key"], set_=new)
+    return _UPSERTS[key]
+
+
+_UPSERTS: dict[tuple[str, str], Any] = {}
 
 
 _JSON: dict[BaseDistribution, str] = {}
