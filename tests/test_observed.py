@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
 from tuner.search.observed import Observed
-from tuner.space.trials import RETRYABLE, trial_outcome
+from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
 
 GPU_GIB = 80.0
 GRID = [
@@ -100,6 +100,11 @@ def test_folds_to_what_one_pass_over_every_trial_gives() -> None:
                    list(seen.memory.items()), observed.own(trials))  # fmt: skip
             assert got == one_pass(trials)
             assert observed.of(trials, GPU_GIB) is seen  # the same read: asked once
+            assert observed.dominated(seen.ooms, GRID) == {
+                i
+                for i, c in enumerate(GRID)
+                if any(oom_dominates(o, c) for o in seen.ooms.values())
+            }
         assert len(seen.measured) > 3 and len(seen.memory) > 3 and seen.ooms
 
 

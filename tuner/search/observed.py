@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
-from tuner.space.trials import RETRYABLE, trial_outcome
+from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,6 +94,7 @@ class Observed:
         self._own: set[tuple[int, Any]] = set()
         self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
         self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
+        self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
 
     def of(self, trials: Sequence[FrozenTrial], gpu_gib: float) -> Seen:
         """What ``trials`` (a whole read, in trial-id order) say; ``gpu_gib``: the GPU's
@@ -104,6 +105,21 @@ class Observed:
         seen = self._merge(open_, gpu_gib)
         self._last = (trials, gpu_gib, seen)
         return seen
+
+    def dominated(self, ooms: dict[str, ParallelConfig],
+                  configs: Sequence[ParallelConfig]) -> set[int]:  # fmt: skip
+        """Indices of ``configs`` that need at least the memory of one of ``ooms`` (by key:
+        ``oom_dominates``), each OOM config compared with ``configs`` once (the candidates are
+        fixed; an OOM config never changes)."""
+        if self._dominated is None or self._dominated[0] is not configs:
+            self._dominated = (configs, {})
+        known = self._dominated[1]
+        out: set[int] = set()
+        for key, oom in ooms.items():
+            if key not in known:
+                known[key] = {i for i, c in enumerate(configs) if oom_dominates(oom, c)}
+            out |= known[key]
+        return out
 
     def own(self, trials: Sequence[FrozenTrial]) -> set[tuple[int, Any]]:
         """(number, key) of every trial of ``trials`` (a whole read)."""

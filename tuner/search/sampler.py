@@ -93,7 +93,6 @@ from tuner.space.probes import may_probe
 from tuner.space.trials import (
     config_params,
     distributions,
-    oom_dominates,
 )
 from tuner.spec.study import StudySpec
 
@@ -282,10 +281,8 @@ class ModelGuidedSampler(BaseSampler):
         )  # fmt: skip
         keys = self._keys  # cached with the candidates
         index = {k: i for i, k in enumerate(keys)}
-        open_ = [
-            i for i, c in enumerate(configs)
-            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms.values())
-        ]  # fmt: skip
+        gone = self._observed.dominated(ooms, configs)  # each OOM against them once
+        open_ = [i for i in range(len(configs)) if keys[i] not in tried and i not in gone]
         if not open_:
             return None
         past = self._past(trials)
