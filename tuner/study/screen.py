@@ -94,15 +94,13 @@ class Screen:
                 self._prune(trial, Outcome.PRUNED_MEMORY, reason)
                 return False
             chance = fit_probability(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
-            trial.set_user_attr("memory_probe", True)
-            trial.set_user_attr(
-                "probe_reason",
+            set_user_attrs(trial, {"memory_probe": True, "probe_reason": (
                 f"{reason}, but {chance:.0%} likely within the GPU's {self.gpu.memory_gib:.3g} "
-                "GiB and predicted faster than every config that fits",
-            )
+                "GiB and predicted faster than every config that fits"
+            )})  # fmt: skip
         elif at_risk(memory.peak / GIB, self.gpu.memory_gib, memory.sigma):  # not a sure fit
             over = 1.0 - fit_probability(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
-            trial.set_user_attr("memory_risk", round(over, 3))
+            set_user_attrs(trial, {"memory_risk": round(over, 3)})  # (Optuna's: 2 ms of CPU)
         return self._screen_history(trial, config, trials)
 
     def exhausted(self, trials: list[FrozenTrial], running: Collection[str]) -> bool:
@@ -139,8 +137,7 @@ class Screen:
             return False
         done = digest.measured(key)
         if done is not None and done.value is not None:
-            trial.set_user_attr("duplicate_of", done.number)
-            trial.set_user_attr("outcome", str(Outcome.OK))
+            set_user_attrs(trial, {"duplicate_of": done.number, "outcome": str(Outcome.OK)})
             self.study.tell(trial, done.value)  # the sampler learns; nothing runs again
             return False
         return not self._claimed_elsewhere(trial, key, trials)
@@ -162,7 +159,7 @@ class Screen:
                     self.leases.take_over(lease)  # its trial's nodes are cleaned separately
                     return self._claimed_elsewhere(trial, key, trials)
                 number = lease.trial if lease is not None else None
-        trial.set_user_attr("reason", f"same config as trial {number}")
-        trial.set_user_attr("duplicate_of", number)  # not a trial of its own
+        reason = f"same config as trial {number}"  # and not a trial of its own:
+        set_user_attrs(trial, {"reason": reason, "duplicate_of": number})
         self.study.tell(trial, state=TrialState.FAIL)
         return True
