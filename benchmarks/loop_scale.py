@@ -348,17 +348,20 @@ def breaks_first() -> None:
     print("\nwhere it breaks first at larger scale:")
     if "ask" in FIGURES:
         n, cpu = FIGURES["ask"]
-        print(f"  1. the model sampler's ask: {cpu * 1000:.0f} ms CPU over {n} stored trials, "
-              "linear in the trials (one pass over all of them per ask: outcomes, OOMs, "
-              "measured peaks) and cubic in the features once the measured configs outnumber "
-              "them (the weight-space fit); past a few thousand trials the decision is this. "
-              "An incremental digest of the finished trials would leave the fit.")  # fmt: skip
+        print(f"  1. the model sampler's ask: {cpu * 1000:.0f} ms CPU over {n} stored trials. "
+              "The finished trials are folded once each (tuner.search.observed for the "
+              "sampler, tuner.study.digest for the screen and the run count), so what grows "
+              "is the fit: cubic in the features once the measured configs outnumber them, "
+              "refitted several times per decision (the believed running configs, the "
+              "leave-one-out width, the stop rules); past a few thousand trials the decision "
+              "is this.")  # fmt: skip
     if "read" in FIGURES:
         flight, cpu = FIGURES["read"]
         print(f"  2. reading the trials: {cpu * 1000:.1f} ms CPU a read with {flight} in flight "
               "(every unfinished trial is read again: linear in the trials in flight), several "
-              "reads per decision; Optuna's own ask also re-reads the unfinished trials "
-              "(its waiting-trial check) through its ORM.")  # fmt: skip
+              "reads per pass (a pass that launches: the read under the budget lease serves "
+              "the ask). Then Optuna's own writes through its ORM: creating a trial and "
+              "telling its end (a read of the running trial, then its state).")  # fmt: skip
     print("  3. the report: per-config model breakdowns (the allocator simulation, once per "
           "distinct config) and an HTML view per trial (20 MiB at 10,000).")  # fmt: skip
 

@@ -74,7 +74,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
-from tuner.outcome import Outcome
+from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
     correlation,
     fit,
@@ -97,11 +97,8 @@ from tuner.space.cost import trial_cost, with_startup
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import may_probe
 from tuner.space.trials import (
-    RETRYABLE,
     config_params,
     distributions,
-    oom_dominates,
-    trial_outcome,
 )
 from tuner.spec.study import StudySpec
 
@@ -133,6 +130,7 @@ class ModelGuidedSampler(BaseSampler):
         self._rng = np.random.default_rng(seed)
         self._space: dict[str, BaseDistribution] | None = None
         self._configs: list[ParallelConfig] | None = None
+        self._observed = Observed()  # the trials' facts, each finished trial read once
         self.trials_source: Callable[[], Sequence[FrozenTrial]] | None = None
         """Where an ask reads the study's trials: the study loop's incremental reader
         (:class:`tuner.study.reader.TrialReader`) when it set one; else Optuna's
@@ -272,7 +270,7 @@ class ModelGuidedSampler(BaseSampler):
 
     def _past(self, trials: Sequence[FrozenTrial]) -> list[Observation]:
         """The saved observations, less this study's own trials (those are in ``trials``)."""
-        own = {(t.number, t.user_attrs.get("key")) for t in trials}
+        own = self._observed.own(trials) if self._history else set()
         return [
             o for o in self._history
             if not (o.study == self._spec.name and o.fingerprint == self._fingerprint
@@ -283,38 +281,14 @@ class ModelGuidedSampler(BaseSampler):
         """The corrected model's belief about the untried configs; None when all were tried."""
         configs = self._candidates()
 
-        measured: dict[str, float] = {}
-        pending: set[str] = set()
-        tried: set[str] = set()
-        ooms: dict[str, ParallelConfig] = {}  # by key: a config that ran out once is enough
-        memory: dict[str, float] = {}  # key -> log(measured / predicted) memory
-        for t in trials:
-            key = t.user_attrs.get("key")
-            if key is None:
-                continue
-            outcome = trial_outcome(t)
-            if t.state == TrialState.COMPLETE and t.value is not None:
-                measured.setdefault(str(key), float(t.value))
-            elif t.state == TrialState.RUNNING:
-                pending.add(str(key))
-            elif outcome in RETRYABLE:
-                continue  # will run again: still a candidate
-            if outcome == Outcome.OOM and t.user_attrs.get("config") and str(key) not in ooms:
-                ooms[str(key)] = ParallelConfig(**t.user_attrs["config"])
-                peak = t.user_attrs.get("predicted_peak_gib")
-                if peak is not None:
-                    memory[str(key)] = math.log(self._gpu_gib / float(peak))  # at least
-            measured_gib = t.user_attrs.get("peak_memory_gib")
-            predicted_gib = t.user_attrs.get("predicted_allocated_gib")
-            if outcome == Outcome.OK and measured_gib and predicted_gib:
-                memory[str(key)] = math.log(float(measured_gib) / float(predicted_gib))
-            tried.add(str(key))
+        obs = self._observed.of(trials, self._gpu_gib)  # finished trials folded once each
+        measured, pending, tried, ooms, memory = (
+            obs.measured, obs.pending, obs.tried, obs.ooms, obs.memory
+        )  # fmt: skip
         keys = self._keys  # cached with the candidates
         index = {k: i for i, k in enumerate(keys)}
-        open_ = [
-            i for i, c in enumerate(configs)
-            if keys[i] not in tried and not any(oom_dominates(o, c) for o in ooms.values())
-        ]  # fmt: skip
+        gone = self._observed.dominated(ooms, configs)  # each OOM against them once
+        open_ = [i for i in range(len(configs)) if keys[i] not in tried and i not in gone]
         if not open_:
             return None
         past = self._past(trials)

@@ -92,8 +92,10 @@ class Stopper:
     def no_improvement(self, trials: Sequence[FrozenTrial]) -> str | None:
         """Rule 3, or None."""
         k = self.spec.search.early_stop_trials
+        if not k:
+            return None  # off: no pass over the trials
         launched = [t for t in trials if t.user_attrs.get("launched") and t.state.is_finished()]
-        if not k or len(launched) <= k:
+        if len(launched) <= k:
             return None
         launched.sort(key=lambda t: t.number)
         before = [t.value for t in launched[:-k] if t.value is not None]

@@ -17,7 +17,7 @@ from tuner.spec.study import StudySpec
 
 
 def pending_node_hours(running: Mapping[int, Any], now: float) -> float:
-    """What running trials (:class:`tuner.study.loop.Running` by number) may still spend up to
+    """What running trials (:class:`tuner.study.schedule.Running` by number) may still spend up to
     their time limits, node-hours."""
     seconds = 0.0
     for r in running.values():
@@ -30,7 +30,7 @@ def spent_node_hours(
     trials: Sequence[FrozenTrial], running: Mapping[int, Any], now: float
 ) -> float:
     """Node-hours of every finished launched trial (its duration on its hosts) plus what the
-    running trials (:class:`tuner.study.loop.Running` by number) have run so far."""
+    running trials (:class:`tuner.study.schedule.Running` by number) have run so far."""
     done = sum(
         float(t.user_attrs.get("duration_s", 0.0)) * len(t.user_attrs.get("hosts", []))
         for t in trials if t.state != TrialState.RUNNING

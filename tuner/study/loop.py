@@ -43,11 +43,11 @@ from tuner.space.trials import (
     RETRYABLE,
     config_from_params,
     config_params,
-    counts_as_run,
     distributions,
 )
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
+from tuner.study.asking import ask, config_attrs
 from tuner.study.budget import node_hour_refusal, pending_node_hours, spent_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
@@ -68,7 +68,7 @@ from tuner.study.record import (
     write_metrics,
 )
 from tuner.study.recovery import Recovery
-from tuner.study.schedule import Heartbeat, Placement, Scheduler, live_running
+from tuner.study.schedule import Heartbeat, Placement, Running, Scheduler, live_running
 from tuner.study.screen import Screen
 from tuner.study.storage import (
     check_results_dir,
@@ -81,23 +81,7 @@ from tuner.study.storage import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LAUNCH_ERRORS_STOP", "StudyLoop", "Summary", "build_loop"]
-
-
-@dataclasses.dataclass(slots=True)
-class Running:
-    """A launched trial this worker is watching."""
-
-    trial: optuna.Trial
-    config: ParallelConfig
-    job: Any  # tuner.launch.Job
-    placement: Placement
-    started: float
-
-    @property
-    def group(self) -> Any:
-        """The node group (tuner.launch.NodeGroup) it runs on."""
-        return self.placement.group
+__all__ = ["LAUNCH_ERRORS_STOP", "Running", "StudyLoop", "Summary", "build_loop"]
 
 
 Launcher = Callable[[StudySpec, ParallelConfig, int, Any, Any, str], Any]
@@ -164,11 +148,12 @@ class StudyLoop:
 
     def runs_done(self, trials: list[FrozenTrial]) -> int:
         """Finished runs that count against n_trials."""
-        return sum(counts_as_run(t, self.rerun) for t in trials)
+        return self.screen.digest.of(trials).runs  # finished trials, each counted once
 
     def in_flight(self, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         """Launched trials running now on a live worker (this one or another)."""
-        return live_running(trials, self.leases, self.worker, self.heartbeat_s)
+        unfinished = self.screen.digest.of(trials).open  # (live_running reads only these)
+        return live_running(unfinished, self.leases, self.worker, self.heartbeat_s)
 
     def launched_count(self, trials: list[FrozenTrial]) -> int:
         """Runs that count against n_trials: finished ones plus those running now."""
@@ -221,10 +206,14 @@ class StudyLoop:
 
     # -- choosing the next config ----------------------------------------------------------------
 
-    def next_config(self, max_asks: int = 300) -> tuple[optuna.Trial, ParallelConfig] | None:
+    def next_config(
+        self, trials: list[FrozenTrial] | None = None, max_asks: int = 300
+    ) -> tuple[optuna.Trial, ParallelConfig] | None:
         """Ask until a config that may run comes up; None when the space looks exhausted (at
-        once when every config of the space is taken: :meth:`Screen.exhausted`)."""
-        trials = self.trials()  # for the check, the sampler's ask, the screen; again if refused
+        once when every config of the space is taken: :meth:`Screen.exhausted`). ``trials``: a
+        read of them just made (for the check, the sampler's ask, the screen; read again if
+        refused)."""
+        trials = self.trials() if trials is None else trials
         if self.screen.exhausted(trials, {r.config.key() for r in self.running.values()}):
             return None
         dists = distributions(self.spec)
@@ -237,10 +226,9 @@ class StudyLoop:
             with warnings.catch_warnings():  # heartbeats are recorded by the Heartbeat thread
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 self._asking = trials
-                trial = self.study.ask(dists)
+                trial = ask(self.study, dists, lambda p: config_attrs(self.spec, p))  # one write
             self._asking = None  # (a failed ask ends the loop; the proxies' asks read afresh)
             config = config_from_params(self.spec, trial.params)
-            set_user_attrs(trial, {"config": dataclasses.asdict(config), "key": config.key()})
             if self.screen(trial, config, trials):
                 return trial, config
             if self.stop_requested:
@@ -350,6 +338,8 @@ class StudyLoop:
 
     def _refused_for_node_hours(self, trial: optuna.Trial, config: ParallelConfig) -> bool:
         """Whether ``config`` could pass ``max_node_hours``: recorded ``interrupted`` if so."""
+        if not self.spec.search.max_node_hours:
+            return False  # no budget: no read
         committed = self.node_hours(self.trials()) + pending_node_hours(self.running, self.clock())
         why = node_hour_refusal(self.spec, committed, trial.user_attrs, config.key())
         if why is not None:
@@ -424,9 +414,9 @@ class StudyLoop:
                 return
             with exclusive(self.leases, BUDGET_LEASE, self.worker, self.heartbeat_s) as turn:
                 if turn:  # counted again under the budget lease: no other worker launches now
-                    launched = self.launched_count(self.trials())
+                    launched = self.launched_count(trials := self.trials())  # (and asked on)
                 go = turn and launched < self.n_trials
-                picked = (self.proxies.pending() or self.next_config()) if go else None
+                picked = (self.proxies.pending() or self.next_config(trials)) if go else None
                 if picked is not None and self._refused_for_node_hours(*picked):
                     return self.scheduler.release(placement)
                 if picked is None:

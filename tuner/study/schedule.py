@@ -36,6 +36,22 @@ class Placement:
     resources: tuple[str, ...]
 
 
+@dataclasses.dataclass(slots=True)
+class Running:
+    """A launched trial a worker is watching (:class:`tuner.study.loop.StudyLoop`)."""
+
+    trial: Any  # optuna.Trial
+    config: Any  # tuner.config.parallel.ParallelConfig
+    job: Any  # tuner.launch.Job
+    placement: Placement
+    started: float
+
+    @property
+    def group(self) -> Any:
+        """The node group (tuner.launch.NodeGroup) it runs on."""
+        return self.placement.group
+
+
 class Scheduler:
     """Hands out node groups that no other worker of the study is using."""
 

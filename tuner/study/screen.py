@@ -24,15 +24,9 @@ from tuner.outcome import Outcome
 from tuner.space.cost import too_slow_reason, trial_cost
 from tuner.space.enumerate import SharedSpace, study_violations
 from tuner.space.probes import at_risk, fit_probability
-from tuner.space.trials import (
-    is_duplicate,
-    measured,
-    oom_dominates,
-    runs_again,
-    trial_config,
-    trial_outcome,
-)
+from tuner.space.trials import oom_dominates
 from tuner.spec.study import StudySpec
+from tuner.study.digest import Digest
 from tuner.study.leases import LeaseConflict, Leases
 from tuner.study.record import Summary
 from tuner.study.storage import set_user_attrs
@@ -58,6 +52,9 @@ class Screen:
             rerun,
         )
         self._probes: frozenset[str] | None = None
+        self._space_keys: dict[str, ParallelConfig] | None = None
+        self.digest = Digest(rerun)
+        """The finished trials folded once each (:mod:`tuner.study.digest`)."""
 
     def _prune(self, trial: optuna.Trial, outcome: Outcome, reason: str) -> None:
         set_user_attrs(trial, {"outcome": str(outcome), "reason": reason})
@@ -97,35 +94,30 @@ class Screen:
                 self._prune(trial, Outcome.PRUNED_MEMORY, reason)
                 return False
             chance = fit_probability(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
-            trial.set_user_attr("memory_probe", True)
-            trial.set_user_attr(
-                "probe_reason",
+            set_user_attrs(trial, {"memory_probe": True, "probe_reason": (
                 f"{reason}, but {chance:.0%} likely within the GPU's {self.gpu.memory_gib:.3g} "
-                "GiB and predicted faster than every config that fits",
-            )
+                "GiB and predicted faster than every config that fits"
+            )})  # fmt: skip
         elif at_risk(memory.peak / GIB, self.gpu.memory_gib, memory.sigma):  # not a sure fit
             over = 1.0 - fit_probability(memory.peak / GIB, self.gpu.memory_gib, memory.sigma)
-            trial.set_user_attr("memory_risk", round(over, 3))
+            set_user_attrs(trial, {"memory_risk": round(over, 3)})  # (Optuna's: 2 ms of CPU)
         return self._screen_history(trial, config, trials)
 
     def exhausted(self, trials: list[FrozenTrial], running: Collection[str]) -> bool:
         """Whether no config of the space may launch any more (``running``: the keys this worker
         runs now): every viable config and memory probe is held by a finished trial with a
-        final outcome (:func:`_holds`), runs here, or needs at least
+        final outcome (:func:`tuner.study.digest.holds`), runs here, or needs at least
         the memory of a config that ran out. Asking the sampler again would only record
         refusals. Other workers' running trials hold nothing here: one may still end as a
         config to run again."""
-        report = self.space.report()
-        left = {c.config.key(): c.config for c in (*report.viable, *report.probes)}
-        for key in running:
+        if self._space_keys is None:  # the space's configs by key, once (keys take a while)
+            report = self.space.report()
+            self._space_keys = {c.config.key(): c.config for c in (*report.viable, *report.probes)}
+        left = dict(self._space_keys)
+        digest = self.digest.of(trials)
+        for key in (*running, *digest.held()):
             left.pop(key, None)
-        ooms = []
-        for t in trials:
-            if _holds(t, self.rerun):
-                left.pop(str(t.user_attrs.get("key")), None)
-            oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
-            if oom is not None:
-                ooms.append(oom)
+        ooms = digest.oom_configs()
         return all(any(oom_dominates(o, c) for o in ooms) for c in left.values())
 
     def _probe_keys(self) -> frozenset[str]:
@@ -137,16 +129,15 @@ class Screen:
     def _screen_history(self, trial: optuna.Trial, config: ParallelConfig,
                         trials: list[FrozenTrial]) -> bool:  # fmt: skip
         key = config.key()
-        for t in trials:
-            oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
-            if oom is not None and oom_dominates(oom, config):
-                reason = f"needs at least the memory of trial {t.number}, which ran out"
-                self._prune(trial, Outcome.PRUNED_MEMORY, reason)
-                return False
-        done = measured(trials).get(key)
+        digest = self.digest.of(trials)
+        number = digest.first_oom_over(config)
+        if number is not None:
+            reason = f"needs at least the memory of trial {number}, which ran out"
+            self._prune(trial, Outcome.PRUNED_MEMORY, reason)
+            return False
+        done = digest.measured(key)
         if done is not None and done.value is not None:
-            trial.set_user_attr("duplicate_of", done.number)
-            trial.set_user_attr("outcome", str(Outcome.OK))
+            set_user_attrs(trial, {"duplicate_of": done.number, "outcome": str(Outcome.OK)})
             self.study.tell(trial, done.value)  # the sampler learns; nothing runs again
             return False
         return not self._claimed_elsewhere(trial, key, trials)
@@ -157,13 +148,8 @@ class Screen:
         A finished trial holds it when its outcome is final; a running one through the
         config's lease (claimed atomically, released once its result is recorded).
         """
-        final = [
-            t for t in trials
-            if t.number != trial.number and t.user_attrs.get("key") == key
-            and _holds(t, self.rerun)
-        ]  # fmt: skip
-        holder = final[0] if final else None
-        if holder is None:
+        number = self.digest.of(trials).holder(key)  # finished: never the trial asked
+        if number is None:
             try:
                 self.leases.claim([f"config:{key}"], self.worker, trial=trial.number)
                 return False
@@ -173,15 +159,7 @@ class Screen:
                     self.leases.take_over(lease)  # its trial's nodes are cleaned separately
                     return self._claimed_elsewhere(trial, key, trials)
                 number = lease.trial if lease is not None else None
-        else:
-            number = holder.number
-        trial.set_user_attr("reason", f"same config as trial {number}")
-        trial.set_user_attr("duplicate_of", number)  # not a trial of its own
+        reason = f"same config as trial {number}"  # and not a trial of its own:
+        set_user_attrs(trial, {"reason": reason, "duplicate_of": number})
         self.study.tell(trial, state=TrialState.FAIL)
         return True
-
-
-def _holds(t: FrozenTrial, rerun: frozenset[Outcome]) -> bool:
-    """Whether finished trial ``t`` holds its config for good: a result of its own (not a
-    duplicate) that is not to run again."""
-    return t.state.is_finished() and not is_duplicate(t) and not runs_again(t, rerun)

@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,12 @@ from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy as sa
+from optuna.distributions import (
+    BaseDistribution,
+    check_distribution_compatibility,
+    distribution_to_json,
+    json_to_distribution,
+)
 from optuna.storages.journal import JournalFileBackend
 
 from tuner.errors import StudyError
@@ -245,32 +252,128 @@ def set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
     screen, its launch and its record. The same upsert on the same table, for all of them at
     once, and the same refusal once the trial is finished
     (:class:`optuna.exceptions.UpdateFinishedTrialError`). Other storages: one by one."""
-    backend = getattr(trial.storage, "_backend", trial.storage)  # under Optuna's cache
-    if not isinstance(backend, optuna.storages.RDBStorage) or not attrs:
-        backend = None
-    elif backend.engine.dialect.name not in _UPSERT:
-        backend = None
-    if backend is None:
+    backend = upsert_backend(trial.storage)
+    if backend is None or not attrs:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         return
+    write_trial(backend, trial, {}, attrs)
+
+
+def upsert_backend(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | None:
+    """The RDB storage under ``storage`` (Optuna's cache) when its dialect takes the upsert
+    :func:`write_trial` writes with; None for any other storage (written through Optuna)."""
+    backend = getattr(storage, "_backend", storage)  # under Optuna's cache
+    if isinstance(backend, optuna.storages.RDBStorage) and backend.engine.dialect.name in _UPSERT:
+        return backend
+    return None
+
+
+def write_trial(
+    backend: optuna.storages.RDBStorage, trial: optuna.Trial,
+    params: dict[str, tuple[float, BaseDistribution]], attrs: dict[str, Any],
+    system: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """A running trial's new parameters (name -> internal value and distribution, as
+    ``Storage.set_trial_param`` takes them), user attributes and ``system`` attributes in one
+    transaction: what Optuna's ``set_trial_param``, ``set_trial_user_attr`` and
+    ``set_trial_system_attr`` leave in its tables, with their refusals (a finished trial; a
+    parameter whose distribution differs in kind, or in choices, from the one the study stored
+    first: :func:`~optuna.distributions.check_distribution_compatibility`). Updates the
+    trial's cached view as Optuna does."""
     from optuna.storages._rdb import models
 
-    table, trials = models.TrialUserAttributeModel.__table__, models.TrialModel.__table__
-    rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)}
-            for k, v in attrs.items()]  # fmt: skip
-    insert = _UPSERT[backend.engine.dialect.name](table).values(rows)
-    new = {"value_json": insert.excluded.value_json}
-    upsert = insert.on_conflict_do_update(index_elements=["trial_id", "key"], set_=new)
-    own = sa.select(trials.c.state).where(trials.c.trial_id == trial._trial_id)
+    trials = models.TrialModel.__table__
+    own = sa.select(trials.c.state, trials.c.study_id).where(trials.c.trial_id == trial._trial_id)
     with backend.engine.begin() as conn:
-        state = conn.execute(own.with_for_update()).scalar_one()
+        state, study_id = conn.execute(own.with_for_update()).one()
         if optuna.trial.TrialState[str(getattr(state, "name", state))].is_finished():
             raise optuna.exceptions.UpdateFinishedTrialError(
                 f"Trial#{trial.number} has already finished and can not be updated."
             )
-        conn.execute(upsert)
-    trial._cached_frozen_trial.user_attrs.update(attrs)
+        if params:
+            table = models.TrialParamModel.__table__
+            first = _first_distributions(conn, backend, study_id, list(params))
+            rows = []
+            for name, (value, dist) in params.items():
+                if name in first:
+                    check_distribution_compatibility(first[name], dist)
+                rows.append({"trial_id": trial._trial_id, "param_name": name, "param_value": value,
+                             "distribution_json": _to_json(dist)})  # fmt: skip
+            conn.execute(table.insert(), rows)
+        for model, values in ((models.TrialUserAttributeModel, attrs),
+                              (models.TrialSystemAttributeModel, system or {})):  # fmt: skip
+            if values:
+                rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)}
+                        for k, v in values.items()]  # fmt: skip
+                conn.execute(_upsert(backend.engine.dialect.name, model.__table__), rows)
+    cached = trial._cached_frozen_trial
+    for name, (value, dist) in params.items():
+        cached.distributions[name] = dist
+        cached.params[name] = dist.to_external_repr(value)
+    cached.user_attrs.update(attrs)
+
+
+def _first_distributions(
+    conn: sa.Connection, backend: optuna.storages.RDBStorage, study_id: int, names: list[str]
+) -> dict[str, BaseDistribution]:
+    """The distribution the study stored first for each of ``names`` that it has stored (what
+    Optuna checks a new parameter against): one query for those not found before (the first
+    row of a parameter stays the first: Optuna never deletes a trial of a study it keeps)."""
+    from optuna.storages._rdb import models
+
+    known = _FIRST.setdefault(backend, {}).setdefault(study_id, {})
+    missing = [name for name in names if name not in known]
+    if missing:
+        table, trials = models.TrialParamModel.__table__, models.TrialModel.__table__
+        first = (
+            sa.select(sa.func.min(table.c.param_id))
+            .join(trials, trials.c.trial_id == table.c.trial_id)
+            .where(trials.c.study_id == study_id, table.c.param_name.in_(missing))
+            .group_by(table.c.param_name)
+        )
+        query = sa.select(table.c.param_name, table.c.distribution_json).where(
+            table.c.param_id.in_(first)
+        )
+        known.update((name, _from_json(text)) for name, text in conn.execute(query))
+    return {name: known[name] for name in names if name in known}
+
+
+_FIRST: weakref.WeakKeyDictionary[Any, dict[int, dict[str, BaseDistribution]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Storage -> study id -> parameter name -> the distribution its first row holds (kept as long
+as the storage object, like Optuna's own cache of them)."""
+
+
+def _upsert(dialect: str, table: sa.Table) -> Any:
+    """``INSERT ... ON CONFLICT (trial_id, key) DO UPDATE`` of an attribute table, for rows
+    given at execution (built once: SQLAlchemy compiles it once per dialect and table)."""
+    key = (dialect, table.name)
+    if key not in _UPSERTS:
+        insert = _UPSERT[dialect](table)
+        new = {"value_json": insert.excluded.value_json}
+        _UPSERTS[key] = insert.on_conflict_do_update(index_elements=["trial_id", "key"], set_=new)
+    return _UPSERTS[key]
+
+
+_UPSERTS: dict[tuple[str, str], Any] = {}
+
+
+_JSON: dict[BaseDistribution, str] = {}
+_DISTS: dict[str, BaseDistribution] = {}
+
+
+def _to_json(dist: BaseDistribution) -> str:
+    """``distribution_to_json``, each distribution written once per process."""
+    text = _JSON.get(dist)
+    return text if text is not None else _JSON.setdefault(dist, distribution_to_json(dist))
+
+
+def _from_json(text: str) -> BaseDistribution:
+    """``json_to_distribution``, each stored spelling decoded once per process."""
+    dist = _DISTS.get(text)
+    return dist if dist is not None else _DISTS.setdefault(text, json_to_distribution(text))
 
 
 def _sqlite_insert(table: sa.Table) -> Any:

@@ -1,0 +1,119 @@
+"""tuner.search.observed: the model sampler's facts, folded once per finished trial, are what a
+pass over every trial of each read gives, in the same order, whatever order trials finish in."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import itertools
+import math
+import random
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config.parallel import ParallelConfig
+from tuner.outcome import Outcome
+from tuner.search.observed import Observed
+from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
+
+GPU_GIB = 80.0
+GRID = [
+    ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=mbs, global_batch_size=64, recompute=rc)
+    for tp, mbs, rc in itertools.product((1, 2), (1, 2, 4), ("none", "full"))
+]
+OUTCOMES = [None, Outcome.OK, Outcome.OK, Outcome.OOM, Outcome.INTERRUPTED, Outcome.NODE_ERROR,
+            Outcome.PRUNED_MEMORY]  # fmt: skip
+
+
+def trial(rng: random.Random, number: int, state: TrialState) -> FrozenTrial:
+    config = rng.choice(GRID)
+    outcome = rng.choice(OUTCOMES)
+    attrs: dict[str, Any] = {"config": dataclasses.asdict(config), "key": config.key(),
+                             "predicted_allocated_gib": rng.uniform(20, 60)}  # fmt: skip
+    if outcome is not None:
+        attrs["outcome"] = str(outcome)  # also on a running trial: its verdict, not yet told
+    if rng.random() < 0.8:
+        attrs["predicted_peak_gib"] = rng.uniform(60, 90)
+    if outcome == Outcome.OK and rng.random() < 0.8:
+        attrs["peak_memory_gib"] = rng.uniform(20, 60)
+    if rng.random() < 0.05:
+        del attrs["key"]  # asked, nothing recorded yet
+    if rng.random() < 0.05:
+        del attrs["config"]
+    value = rng.uniform(1, 2) if state == TrialState.COMPLETE else None
+    now = datetime.datetime(2026, 1, 1)
+    return FrozenTrial(number=number, state=state, value=value, values=None, datetime_start=now,
+                       datetime_complete=None if state == TrialState.RUNNING else now,
+                       params={}, distributions={}, user_attrs=attrs, system_attrs={},
+                       intermediate_values={}, trial_id=number + 7)  # fmt: skip
+
+
+def one_pass(trials: list[FrozenTrial]) -> tuple[Any, ...]:
+    """The pass the model sampler's belief made over every trial before the fold."""
+    measured: dict[str, float] = {}
+    pending: set[str] = set()
+    tried: set[str] = set()
+    ooms: dict[str, ParallelConfig] = {}
+    memory: dict[str, float] = {}
+    for t in trials:
+        key = t.user_attrs.get("key")
+        if key is None:
+            continue
+        outcome = trial_outcome(t)
+        if t.state == TrialState.COMPLETE and t.value is not None:
+            measured.setdefault(str(key), float(t.value))
+        elif t.state == TrialState.RUNNING:
+            pending.add(str(key))
+        elif outcome in RETRYABLE:
+            continue
+        if outcome == Outcome.OOM and t.user_attrs.get("config") and str(key) not in ooms:
+            ooms[str(key)] = ParallelConfig(**t.user_attrs["config"])
+            peak = t.user_attrs.get("predicted_peak_gib")
+            if peak is not None:
+                memory[str(key)] = math.log(GPU_GIB / float(peak))
+        measured_gib = t.user_attrs.get("peak_memory_gib")
+        predicted_gib = t.user_attrs.get("predicted_allocated_gib")
+        if outcome == Outcome.OK and measured_gib and predicted_gib:
+            memory[str(key)] = math.log(float(measured_gib) / float(predicted_gib))
+        tried.add(str(key))
+    own = {(t.number, t.user_attrs.get("key")) for t in trials}
+    return list(measured.items()), pending, tried, ooms, list(memory.items()), own
+
+
+def test_folds_to_what_one_pass_over_every_trial_gives() -> None:
+    for seed in range(4):
+        rng = random.Random(seed)
+        n = 150
+        ends = [rng.randint(k // 5, k // 5 + 15) for k in range(n)]  # out of order
+        finals = [trial(rng, k, rng.choice([TrialState.COMPLETE, TrialState.PRUNED,
+                                            TrialState.FAIL])) for k in range(n)]  # fmt: skip
+        observed = Observed()
+        for read in range(n // 5 + 17):
+            trials = [
+                finals[k] if ends[k] <= read
+                else trial(rng, k, TrialState.WAITING if k % 9 == 0 else TrialState.RUNNING)
+                for k in range(min(n, 5 * read + 1))
+            ]  # fmt: skip
+            seen = observed.of(trials, GPU_GIB)
+            got = (list(seen.measured.items()), seen.pending, seen.tried, seen.ooms,
+                   list(seen.memory.items()), observed.own(trials))  # fmt: skip
+            assert got == one_pass(trials)
+            assert observed.of(trials, GPU_GIB) is seen  # the same read: asked once
+            assert observed.dominated(seen.ooms, GRID) == {
+                i
+                for i, c in enumerate(GRID)
+                if any(oom_dominates(o, c) for o in seen.ooms.values())
+            }
+        assert len(seen.measured) > 3 and len(seen.memory) > 3 and seen.ooms
+
+
+def test_a_list_that_is_not_a_later_read_is_folded_afresh() -> None:
+    rng = random.Random(9)
+    trials = [trial(rng, k, TrialState.COMPLETE) for k in range(40)]
+    observed = Observed()
+    for read in (trials, trials[:10], [], trials):
+        seen = observed.of(read, GPU_GIB)
+        got = (list(seen.measured.items()), seen.pending, seen.tried, seen.ooms,
+               list(seen.memory.items()), observed.own(read))  # fmt: skip
+        assert got == one_pass(read)

@@ -1,0 +1,194 @@
+"""What the model sampler reads from a study's trials, folded once per finished trial.
+
+Each ask of :class:`tuner.search.sampler.ModelGuidedSampler` (and each stop-rule check) went
+over every trial of the study for the same few facts: the measured step time of each config,
+the configs running, tried or out of memory, and the measured-over-predicted peak of each. At
+10,000 trials that pass was milliseconds per question, several questions per decision. A
+finished trial never changes: :class:`Observed` folds each once, the first time a read holds
+it finished, and merges the unfinished trials of each read (the trials in flight: tens).
+
+The facts are the ones a pass in trial-id order gives (every read is in that order), in the
+same order: the first measurement of a config wins, its key takes its place in
+``measured`` at that trial; a config's peak ratio is the last one recorded, in the place of
+the first; only a config's first OOM says how much it needed. Where the trials finished in
+another order than their ids, the fold keeps ids, not arrival.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.config.parallel import ParallelConfig
+from tuner.outcome import Outcome
+from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seen:
+    """What the trials of one read say (:meth:`Observed.of`); read-only."""
+
+    measured: dict[str, float]
+    """Config key -> its first measured step time (a COMPLETE trial's value), first-measured
+    order."""
+    pending: set[str]
+    """Keys of the running trials."""
+    tried: set[str]
+    """Keys of every trial that is not a finished one to run again."""
+    ooms: dict[str, ParallelConfig]
+    """Key -> config of every config that ran out of memory."""
+    memory: dict[str, float]
+    """Key -> log(measured / predicted) peak (for an OOM: log(GPU memory / predicted), a lower
+    bound), in the order a pass over the trials first sets each."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Facts:
+    """One trial's part in :class:`Seen`."""
+
+    tid: int
+    key: str
+    value: float | None  # its measured step time (COMPLETE)
+    running: bool
+    skip: bool  # a trial to run again: not tried, no memory
+    oom: ParallelConfig | None  # the config, when it ran out of memory
+    oom_peak: float | None  # its predicted peak, GiB
+    ok_memory: float | None  # log(measured / predicted allocated) of an ok run
+
+
+def _facts(t: FrozenTrial) -> _Facts | None:
+    key = t.user_attrs.get("key")
+    if key is None:
+        return None
+    outcome = trial_outcome(t)
+    value = float(t.value) if t.state == TrialState.COMPLETE and t.value is not None else None
+    running = value is None and t.state == TrialState.RUNNING
+    skip = value is None and not running and outcome in RETRYABLE
+    raw = t.user_attrs.get("config")
+    oom = ParallelConfig(**raw) if outcome == Outcome.OOM and raw and not skip else None
+    peak: Any = t.user_attrs.get("predicted_peak_gib") if oom is not None else None
+    measured_gib: Any = t.user_attrs.get("peak_memory_gib")
+    predicted_gib: Any = t.user_attrs.get("predicted_allocated_gib")
+    ok = outcome == Outcome.OK and measured_gib and predicted_gib and not skip
+    ok_memory = math.log(float(measured_gib) / float(predicted_gib)) if ok else None
+    return _Facts(t._trial_id, str(key), value, running, skip, oom,
+                  None if peak is None else float(peak), ok_memory)  # fmt: skip
+
+
+class Observed:
+    """The trials of one study, folded for the model sampler; :meth:`of` a read."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._folded: dict[int, int] = {}  # trial id -> number
+        self._measured: dict[str, tuple[int, float]] = {}  # key -> lowest id, its value
+        self._tried: set[str] = set()
+        self._oom: dict[str, _Facts] = {}  # key -> its lowest-id OOM
+        self._ok: dict[str, tuple[int, int, float]] = {}  # key -> lowest id, highest, its ratio
+        self._own: set[tuple[int, Any]] = set()
+        self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
+        self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
+        self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
+
+    def of(self, trials: Sequence[FrozenTrial], gpu_gib: float) -> Seen:
+        """What ``trials`` (a whole read, in trial-id order) say; ``gpu_gib``: the GPU's
+        memory (an OOM needed at least that)."""
+        if self._last is not None and self._last[0] is trials and self._last[1] == gpu_gib:
+            return self._last[2]
+        open_, _ = self._update(trials)
+        seen = self._merge(open_, gpu_gib)
+        self._last = (trials, gpu_gib, seen)
+        return seen
+
+    def dominated(self, ooms: dict[str, ParallelConfig],
+                  configs: Sequence[ParallelConfig]) -> set[int]:  # fmt: skip
+        """Indices of ``configs`` that need at least the memory of one of ``ooms`` (by key:
+        ``oom_dominates``), each OOM config compared with ``configs`` once (the candidates are
+        fixed; an OOM config never changes)."""
+        if self._dominated is None or self._dominated[0] is not configs:
+            self._dominated = (configs, {})
+        known = self._dominated[1]
+        out: set[int] = set()
+        for key, oom in ooms.items():
+            if key not in known:
+                known[key] = {i for i, c in enumerate(configs) if oom_dominates(oom, c)}
+            out |= known[key]
+        return out
+
+    def own(self, trials: Sequence[FrozenTrial]) -> set[tuple[int, Any]]:
+        """(number, key) of every trial of ``trials`` (a whole read)."""
+        return self._own | self._update(trials)[1]
+
+    def _update(self, trials: Sequence[FrozenTrial]) -> tuple[list[_Facts], set[tuple[int, Any]]]:
+        """Fold the trials finished since the last read; the unfinished ones' facts and
+        (number, key) pairs. A list that lacks a trial folded before (or holds another under
+        its id) is not a later read of the same study: folded afresh."""
+        if self._open is not None and self._open[0] is trials:
+            return self._open[1], self._open[2]
+        open_: list[_Facts] = []
+        own_open: set[tuple[int, Any]] = set()
+        folded, known, hits = self._folded, len(self._folded), 0
+        for t in trials:
+            if t._trial_id in folded:
+                hits += folded[t._trial_id] == t.number
+                continue
+            facts = _facts(t)
+            if t.state.is_finished():
+                folded[t._trial_id] = t.number
+                self._own.add((t.number, t.user_attrs.get("key")))
+                if facts is not None:
+                    self._fold(facts)
+            else:
+                own_open.add((t.number, t.user_attrs.get("key")))
+                if facts is not None:
+                    open_.append(facts)
+        if hits != known:  # not a later read of the same trials: start again from this one
+            self._reset()
+            return self._update(trials)
+        self._open = (trials, open_, own_open)
+        return open_, own_open
+
+    def _fold(self, f: _Facts) -> None:
+        if f.value is not None:
+            if f.key not in self._measured or f.tid < self._measured[f.key][0]:
+                self._measured[f.key] = (f.tid, f.value)
+        if f.skip:
+            return
+        self._tried.add(f.key)
+        if f.oom is not None and (f.key not in self._oom or f.tid < self._oom[f.key].tid):
+            self._oom[f.key] = f
+        if f.ok_memory is not None:
+            lo, hi, ratio = self._ok.get(f.key, (f.tid, f.tid, f.ok_memory))
+            self._ok[f.key] = (min(lo, f.tid), max(hi, f.tid),
+                               f.ok_memory if f.tid >= hi else ratio)  # fmt: skip
+
+    def _merge(self, open_: list[_Facts], gpu_gib: float) -> Seen:
+        measured = {k: v for k, (_, v) in sorted(self._measured.items(), key=lambda kv: kv[1][0])}
+        first_oom = dict(self._oom)
+        events: dict[str, list[tuple[int, float]]] = {  # key -> (trial id, ratio) that set it
+            k: [(lo, ratio), (hi, ratio)] for k, (lo, hi, ratio) in self._ok.items()
+        }  # fmt: skip
+        for f in open_:
+            if f.oom is not None and (f.key not in first_oom or f.tid < first_oom[f.key].tid):
+                first_oom[f.key] = f
+            if f.ok_memory is not None:
+                events.setdefault(f.key, []).append((f.tid, f.ok_memory))
+        for k, f in first_oom.items():
+            if f.oom_peak is not None:
+                events.setdefault(k, []).append((f.tid, math.log(gpu_gib / f.oom_peak)))
+        memory = {
+            k: max(e)[1] for k, e in sorted(events.items(), key=lambda kv: min(kv[1])[0])
+        }  # fmt: skip
+        return Seen(
+            measured=measured,
+            pending={f.key for f in open_ if f.running},
+            tried=self._tried | {f.key for f in open_ if not f.skip},
+            ooms={k: f.oom for k, f in first_oom.items() if f.oom is not None},
+            memory=memory,
+        )
