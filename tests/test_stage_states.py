@@ -127,3 +127,16 @@ def test_the_knobs_left_out_of_the_keys_are_config_fields() -> None:
     assert ACTIVATION_KNOBS <= set(dataclasses.asdict(config))
     assert STATE_ONLY_KNOBS <= set(dataclasses.asdict(config))
     assert not ACTIVATION_KNOBS & STATE_ONLY_KNOBS - {"tp_comm_overlap"}
+
+
+def test_a_full_table_of_kept_stages_starts_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one bound both tables share: at the cap, the next stage kept clears the rest."""
+    from tuner.models.memory import kept
+
+    monkeypatch.setattr(kept, "MAX_CACHED_STAGES", 2)
+    table: kept.Kept[str] = kept.Kept()
+    assert table.get("a") is None and table.put("a", "A") == "A" and table.get("a") == "A"
+    table.put("b", "B")
+    assert len(table) == 2
+    table.put("c", "C")
+    assert len(table) == 1 and table.get("a") is None and table.get("c") == "C"

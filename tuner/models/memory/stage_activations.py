@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
 
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import held_layer_microbatches, in_flight
 from tuner.models.memory.allocator import Tensors
 from tuner.models.memory.fp8 import fp8_layer_activations
 from tuner.models.memory.fsdp2 import op_sac_bytes
+from tuner.models.memory.kept import Kept
 from tuner.models.memory.recompute import selective_activations
 from tuner.models.memory.step_tensors import activation_tensors
 from tuner.models.memory.terms import (
@@ -68,17 +68,13 @@ def stage_activation_terms(
     key = (model, knobs, stage, layers, framework, precision)
     terms = _TERMS.get(key)
     if terms is None:
-        terms = stage_activation_terms_uncached(model, c, stage, layers, framework, precision)
-        if len(_TERMS) >= MAX_CACHED_STAGES:
-            _TERMS.clear()
-        _TERMS[key] = terms
+        terms = _TERMS.put(
+            key, stage_activation_terms_uncached(model, c, stage, layers, framework, precision)
+        )
     return terms
 
 
-MAX_CACHED_STAGES = 1 << 15
-"""Stages :func:`stage_activation_terms` keeps (the cap bounds a process that walks many
-spaces; a space of 10^5 configs has a few 10^4 distinct ones)."""
-_TERMS: dict[tuple[Any, ...], ActivationTerms] = {}
+_TERMS: Kept[ActivationTerms] = Kept()
 
 
 def stage_activation_terms_uncached(

@@ -16,9 +16,9 @@ import dataclasses
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.kept import Kept
 from tuner.models.memory.step_tensors import StateTensors, state_tensors
 from tuner.models.memory.terms import padded_vocab, param_counts, stage_params
 from tuner.models.moe import expert_config, moe_stage_params
@@ -64,19 +64,12 @@ def stage_state_terms(
     key = (model, knobs, stage, layers, framework, precision, zero, views)
     terms = _TERMS.get(key)
     if terms is None:
-        terms = stage_state_terms_uncached(
-            model, c, stage, layers, framework, precision, zero_settings, views
-        )
-        if len(_TERMS) >= MAX_CACHED_STAGES:
-            _TERMS.clear()
-        _TERMS[key] = terms
+        terms = _TERMS.put(key, stage_state_terms_uncached(
+            model, c, stage, layers, framework, precision, zero_settings, views))  # fmt: skip
     return terms
 
 
-MAX_CACHED_STAGES = 1 << 15
-"""Stages :func:`stage_state_terms` keeps (a space of 10^5 configs has about 10^4 distinct
-ones); the cap bounds a process that walks many spaces."""
-_TERMS: dict[tuple[Any, ...], StateTerms] = {}
+_TERMS: Kept[StateTerms] = Kept()
 
 
 def stage_state_terms_uncached(
