@@ -7,12 +7,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import optuna
 import pytest
 
 from tuner.outcome import Outcome
+from tuner.space.cost import MIN_LIMIT_MIN, trial_limit_s
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
-from tuner.study.budget import node_hour_refusal, pending_node_hours
+from tuner.study.budget import LaunchCosts, node_hour_refusal, pending_node_hours
 from tuner.study.measure import LogTail, Watch, measured_anyway
 from tuner.study.record import Verdict
 
@@ -97,6 +99,38 @@ def test_a_launch_that_could_pass_the_node_hour_budget_is_refused() -> None:
     running = {3: SimpleNamespace(job=job, started=100.0, group=SimpleNamespace(hosts=("a", "b")))}
     assert pending_node_hours(running, now=400.0) == pytest.approx(300 * 2 / 3600)
     assert pending_node_hours(running, now=900.0) == 0.0  # past its limit: being killed
+
+
+def _launched(duration_s: float, iterations: int, step_s: float) -> optuna.trial.FrozenTrial:
+    return optuna.trial.create_trial(value=step_s, user_attrs={
+        "duration_s": duration_s, "iterations": iterations, "step_time_s": step_s})  # fmt: skip
+
+
+def test_limits_and_the_budget_are_cut_from_the_start_up_launches_measured() -> None:
+    """``search.startup_min`` is the user's guess until launches of the setup have run; then a
+    trial's limit and its worst case under ``max_node_hours`` are cut from what they took (the
+    median launch), for every sampler: a 30-minute guess where launches take 20 s no longer
+    holds a hung trial for 45 minutes, nor refuses launches the budget can afford."""
+    s = spec(startup_min=30.0, max_node_hours=1.0)
+    costs = LaunchCosts(s, sampler=None)  # no model sampler: this study's own launches
+    costs.see([])
+    assert costs.spec is s and trial_limit_s(costs.spec, 1.0) > 30 * 60
+    assert node_hour_refusal(costs.spec, 0.2, {"predicted_step_s": 1.0}, "k") is not None
+    costs.see([_launched(20.0 + 30 * 1.0, 30, 1.0), _launched(50.0, 30, 1.0),
+               _launched(80.0, 30, 1.0)])  # fmt: skip
+    assert costs.spec.search.startup_min == pytest.approx(20.0 / 60)  # the median launch
+    assert trial_limit_s(costs.spec, 1.0) == pytest.approx(MIN_LIMIT_MIN * 60)
+    assert node_hour_refusal(costs.spec, 0.2, {"predicted_step_s": 1.0}, "k") is None
+    # a paced log (iterations longer than the wall time) measures nothing: the guess stays
+    assert LaunchCosts(s, sampler=None).spec is s
+    paced = LaunchCosts(s, sampler=None)
+    paced.see([_launched(1.0, 30, 1.0)])
+    assert paced.spec.search.startup_min == 30.0
+    # the model sampler adds the saved calibration's launches of the setup: its figure is used
+    asked = SimpleNamespace(measured_startup_s=lambda trials: 600.0)
+    slow = LaunchCosts(spec(), sampler=asked)
+    slow.see([])
+    assert slow.spec.search.startup_min == pytest.approx(10.0)  # longer than the 3-min guess
 
 
 def _job(log: Path) -> Any:

@@ -20,6 +20,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
 from tuner.report.export import emit_best
 from tuner.report.leaderboard import leaderboard, load_optuna_study
+from tuner.space.cost import MIN_LIMIT_MIN
 from tuner.space.enumerate import enumerate_space
 from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability
 from tuner.space.trials import counts_as_run, oom_dominates
@@ -182,6 +183,41 @@ def test_grid_sampler_runs_the_whole_grid_then_stops(tmp_path: Path) -> None:
     rows = leaderboard(spec, results=str(tmp_path / "results"))
     # tp=1 (SP off), tp=2 with SP, tp=2 without: each measured once
     assert sorted(zip(rows.tp, rows.sp, strict=True)) == [(1, False), (2, False), (2, True)]
+
+
+def test_a_held_back_launch_goes_on_and_limits_follow_the_measured_start_up(
+    tmp_path: Path,
+) -> None:
+    """A stop rule that holds launches back while a trial runs may let them go on once it
+    finishes: the loop then shows no stale reason (one kept ended the loop on the first pass
+    that launched nothing). Each trial records the limit it was launched with: the first one's
+    cut from the user's 20-minute start-up guess, the next ones' from the seconds the first
+    launch took."""
+    surface = dict(SURFACE, step_s=dict(SURFACE["step_s"], base=0.001))  # 1 ms steps, slept
+    data = study_data(tmp_path, surface, n_trials=3, trial_timeout_min=None, startup_min=20.0)
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1"  # a launch is all start-up
+    data["cluster"]["num_nodes"] = 1  # one trial at a time
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"))
+
+    def held(trials: Any) -> str | None:  # held back while the first trial runs
+        ran = any(t.state.is_finished() and t.user_attrs.get("launched") for t in trials)
+        return None if ran or not loop.running else "held back"
+
+    shown: list[tuple[int, str]] = []
+    loop.stopper = held  # type: ignore[assignment]
+    loop.on_update = lambda lp: shown.append((lp.summary.launched, lp.summary.stop_reason))
+    try:
+        summary = loop.run()
+    finally:
+        loop.executor.close()
+    assert summary.launched == 3 and summary.stop_reason.startswith("ran 3 trials"), summary
+    assert (1, "held back") in shown  # the rule did hold the second launch back
+    assert all(reason != "held back" for launched, reason in shown if launched > 1)
+    trials = sorted(loop.study.get_trials(), key=lambda t: t.number)
+    limits = [t.user_attrs["limit_s"] for t in trials if t.user_attrs.get("launched")]
+    assert limits[0] >= 1.5 * 20 * 60  # the guess: 20 min of start-up, with the margin
+    assert limits[1:] == [MIN_LIMIT_MIN * 60] * 2  # a launch of seconds: the shortest limit
 
 
 @pytest.mark.parametrize("sampler", ["model", "random"])

@@ -50,6 +50,7 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
     costs = [trial_cost(spec, c.time.step if c.time else None) for c in ranked]
     budget = budget_cost(costs, n_trials)
     slow = [(c, k) for c, k in zip(ranked, costs, strict=True) if not k.fits]
+    cut = [k for k in costs if k.fits and k.minutes > k.limit_minutes]  # by the start-up
     by_key = {c.config.key(): k for c, k in zip(ranked, costs, strict=True)}
     out: dict[str, Any] = {
         "configs": [
@@ -62,6 +63,8 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
         "startup_min": round(spec.search.startup_min, 3),
         "startup_measured": spec.search.startup_min != given,
         "precision": spec.search.precision,
+        "cut_by_startup": len(cut),
+        "cut_limit_min": round(min((k.limit_minutes for k in cut), default=0.0), 2),
         "too_slow": [
             {
                 "config": c.config.key(),
@@ -190,6 +193,8 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
             f"{p['confirm_node_hours']:.2f} (worst {p['worst_confirmations']}: "
             f"{p['confirm_worst_node_hours']:.2f})"
         )
+    if cost.get("cut_by_startup"):
+        console.print(_startup_warning(cost))
     slow = cost["too_slow"]
     for item in slow[:SHOWN_TOO_SLOW]:
         console.print(f"not launched: {item['spelled']}: {item['reason']}")
@@ -273,4 +278,19 @@ def spent_line(trials: Sequence[Any]) -> str:
     return (
         f"spent: {spent['node_hours']:.2f} node-hours in {launches} (per outcome, launches: "
         f"node-hours: {parts}){tail}{on_line}"
+    )
+
+
+def _startup_warning(cost: dict[str, Any]) -> str:
+    """The line for configs whose iterations fit the limit the user set but whose start-up
+    and iterations together do not: true to the estimate, such a trial is cut before its step
+    time is known (its iterations fit, so it is not refused: the start-up is an estimate)."""
+    whose = ("launches of this setup took" if cost.get("startup_measured")
+             else "search.startup_min, an estimate")  # fmt: skip
+    return (
+        f"warning: {units.plural(cost['cut_by_startup'], 'config')} need more than the time "
+        f"limit ({cost['cut_limit_min']:g} min) once a start-up of {cost['startup_min']:g} min "
+        f"({whose}) is added: if a launch takes that long here they are cut before their step "
+        "time is known; set search.startup_min to what a launch takes on this cluster or raise "
+        "search.trial_timeout_min"
     )

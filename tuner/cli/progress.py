@@ -166,9 +166,11 @@ def running_cells(loop: StudyLoop, run: Running) -> tuple[str, str, str]:
     iteration = log_iteration(job.paths.node_log(0))
     total = loop.spec.launch.train_iters
     phase = "starting" if iteration is None else f"iteration {iteration} of {total}"
-    trial = getattr(run, "trial", None)  # the config's own limit follows its predicted step
-    step = trial.user_attrs.get("predicted_step_s") if trial is not None else None
-    limit = trial_limit_s(loop.spec, step)
+    limit = getattr(getattr(job, "request", None), "timeout_s", None)  # as it was launched
+    if limit is None:  # the config's own limit follows its predicted step
+        trial = getattr(run, "trial", None)
+        step = trial.user_attrs.get("predicted_step_s") if trial is not None else None
+        limit = trial_limit_s(loop.spec, step)
     return job_id, phase, clock_text(limit - (loop.clock() - run.started))
 
 

@@ -354,12 +354,17 @@ class ModelGuidedSampler(BaseSampler):
         (:func:`tuner.space.cost.trial_cost`, linear in the step time); the start-up the
         launches of this setup measured (``trials`` and the saved calibration's:
         :func:`~tuner.calibrate.store.measured_startup_s`) once there is one."""
-        own = (launch_overhead_s(t.user_attrs) for t in trials if t.state == TrialState.COMPLETE)
-        spec = with_startup(self._spec, measured_startup_s(self._past(trials), self._fingerprint,
-                                                           own))  # fmt: skip
+        spec = with_startup(self._spec, self.measured_startup_s(trials))
         startup = trial_cost(spec, None).node_hours
         per_second = trial_cost(spec, 1.0).node_hours - startup
         return np.asarray(startup + per_second * np.exp(log_step))
+
+    def measured_startup_s(self, trials: Sequence[FrozenTrial] = ()) -> float | None:
+        """The start-up of one launch of this setup, seconds, as its launches measured it
+        (``trials`` and the saved calibration's: :func:`~tuner.calibrate.store.
+        measured_startup_s`); None before any was measured."""
+        own = (launch_overhead_s(t.user_attrs) for t in trials if t.state == TrialState.COMPLETE)
+        return measured_startup_s(self._past(trials), self._fingerprint, own)
 
     def run_node_hours(self, trials: Sequence[FrozenTrial] = ()) -> float:
         """What the training run the answer is for is worth, node-hours: ``search.

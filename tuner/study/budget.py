@@ -1,4 +1,5 @@
-"""``max_node_hours`` enforced before a launch that could pass it, not after.
+"""``max_node_hours`` enforced before a launch that could pass it, not after; the start-up the
+loop's costs charge.
 
 A launch is refused when what was spent, plus what the running trials may still spend up to
 their time limits, plus the new trial's worst case (its limit, or its ``train_iters`` cap when
@@ -12,7 +13,8 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.space.cost import trial_cost
+from tuner.calibrate.store import launch_overhead_s, measured_startup_s, setup_fingerprint
+from tuner.space.cost import trial_cost, with_startup
 from tuner.spec.study import StudySpec
 
 
@@ -55,3 +57,33 @@ def node_hour_refusal(
         f"node-hour budget of {budget:g}: {committed:.2f} spent or committed, and the next "
         f"trial ({key}) could take {worst:.2f}"
     )
+
+
+class LaunchCosts:
+    """The study spec the loop's trial limits and ``max_node_hours`` checks read: the study's own,
+    with ``search.startup_min`` (the user's estimate) replaced by the start-up this setup's
+    launches measured once there is one (:func:`tuner.calibrate.store.measured_startup_s`), as
+    the sampler's costs and the ``--dry-run`` preview read it. One figure for all three: a limit
+    cut from a guessed 3-minute start-up where launches take 12 s holds a hung trial 4 minutes
+    longer, and one where they take 8 minutes kills every trial before its first iteration."""
+
+    def __init__(self, spec: StudySpec, sampler: Any) -> None:
+        self._spec, self._sampler = spec, sampler
+        self._fingerprint = setup_fingerprint(spec)
+        self._seen = -1
+        self.spec = spec
+        """What the next launch's limit and worst case are cut from."""
+
+    def see(self, trials: Sequence[FrozenTrial]) -> None:
+        """Update :attr:`spec` from ``trials`` (read again only when more have finished)."""
+        done = [t for t in trials if t.state == TrialState.COMPLETE]
+        if len(done) == self._seen:
+            return
+        self._seen = len(done)
+        measured = getattr(self._sampler, "measured_startup_s", None)
+        if measured is not None:  # the model sampler: with the saved calibration's launches
+            found = measured(trials)
+        else:
+            own = (launch_overhead_s(t.user_attrs) for t in done)
+            found = measured_startup_s((), self._fingerprint, own)
+        self.spec = with_startup(self._spec, found)

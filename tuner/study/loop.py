@@ -48,7 +48,12 @@ from tuner.space.trials import (
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
 from tuner.study.asking import ask, config_attrs
-from tuner.study.budget import node_hour_refusal, pending_node_hours, spent_node_hours
+from tuner.study.budget import (
+    LaunchCosts,
+    node_hour_refusal,
+    pending_node_hours,
+    spent_node_hours,
+)
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
 from tuner.study.launchers import make_executor as make_executor
@@ -129,6 +134,7 @@ class StudyLoop:
                                  study_id=self._study_id, worker=self.worker,
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self.stopper = Stopper(spec, study.sampler)
+        self.costs = LaunchCosts(spec, study.sampler)  # limits at the measured start-up
         self.watch = Watch(spec)
         self.proxies = Proxies(spec, self.gpu, rates)  # search.proxy (tuner.study.proxy)
         self._over_budget: str | None = None
@@ -259,12 +265,13 @@ class StudyLoop:
             # (an expired lease without a token reads as "claimed, never launched")
             token = new_token()
             node_dir = None if request.node_dir is None else str(request.node_dir)
-            where = {"token": token} | ({} if node_dir is None else {"node_dir": node_dir})
+            if request.timeout_s is None:  # the study's limit for this config
+                limit = trial_limit_s(self.costs.spec, trial.user_attrs.get("predicted_step_s"))
+                request = dataclasses.replace(request, timeout_s=limit)
+            where = {"token": token, "limit_s": request.timeout_s}  # (re-attach keeps the limit)
+            where |= {} if node_dir is None else {"node_dir": node_dir}
             set_user_attrs(trial, where)  # the token lets another worker clean up if we die
             self.scheduler.launched(placement, trial.number, token, node_dir)
-            if request.timeout_s is None:  # the study's limit for this config
-                limit = trial_limit_s(self.spec, trial.user_attrs.get("predicted_step_s"))
-                request = dataclasses.replace(request, timeout_s=limit)
             job = self.executor.submit(request, token=token)
         except Exception as exc:  # a template or file error must not stop the study
             logger.error("trial %d could not be launched: %s", trial.number, exc)
@@ -341,7 +348,7 @@ class StudyLoop:
         if not self.spec.search.max_node_hours:
             return False  # no budget: no read
         committed = self.node_hours(self.trials()) + pending_node_hours(self.running, self.clock())
-        why = node_hour_refusal(self.spec, committed, trial.user_attrs, config.key())
+        why = node_hour_refusal(self.costs.spec, committed, trial.user_attrs, config.key())
         if why is not None:
             self._over_budget = why
             self._finish(trial, config, None, Verdict(Outcome.INTERRUPTED, why), 0.0)
@@ -390,12 +397,13 @@ class StudyLoop:
             self.cancel_all()
             self.summary.stop_reason = self.stop_requested
             return False
-        reason = self.budget_reason(trials)
-        if reason is not None:
-            self.summary.stop_reason = reason
-        elif self.pool.exhausted:
+        # Asked afresh each pass: a stop rule that held launches back while trials ran may let
+        # them go on once those finish, and a reason kept from before would end the loop on the
+        # first pass that launches nothing (another worker holding the nodes or the budget lease).
+        self.summary.stop_reason = self.budget_reason(trials) or ""
+        if not self.summary.stop_reason and self.pool.exhausted:
             self.summary.stop_reason = "every node is quarantined"
-        else:
+        elif not self.summary.stop_reason:
             self._launch_more(trials)
         self.proxies.confirm(self, trials)  # the best proxies run at full scale before the end
         if self.on_update:
@@ -408,6 +416,7 @@ class StudyLoop:
         if self.pool.free_count < self.proxies.size():
             return  # every node of ours is busy: no need to read the leases on each pass
         launched = self.launched_count(trials)
+        self.costs.see(trials)
         while launched < self.n_trials:
             placement = self.scheduler.acquire(self.proxies.size())
             if placement is None:

@@ -126,8 +126,18 @@ class Reattach:
         return LaunchRequest(
             trial=t.number, hosts=hosts, scripts=("",) * len(hosts),
             paths=self.layout.trial(t.number), node_dir=t.user_attrs.get("node_dir"),
-            timeout_s=trial_limit_s(self.spec, t.user_attrs.get("predicted_step_s")),
+            timeout_s=self._limit_s(t),
         )  # fmt: skip
+
+    def _limit_s(self, t: FrozenTrial) -> float:
+        """The limit ``t`` was launched with (its worker recorded it: it may have been cut from
+        a start-up measured since); a trial of an older tuner, the study's limit for it."""
+        given = t.user_attrs.get("limit_s")
+        return (
+            float(given)
+            if given
+            else trial_limit_s(self.spec, t.user_attrs.get("predicted_step_s"))
+        )
 
     def _adopt(self, t: FrozenTrial) -> Adopted | None:
         token = str(t.user_attrs["token"])
