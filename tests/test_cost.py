@@ -243,6 +243,25 @@ def test_a_limit_no_config_fits_is_refused_with_the_minutes_and_the_fix(
     assert not (tmp_path / "results").exists()
 
 
+def test_a_start_up_that_would_cut_trials_at_the_limit_is_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Configs whose iterations fit the limit the user set, but not once the start-up estimate
+    is added, are launched (the start-up is an estimate) and named in one warning line."""
+    data = scenario(trial_timeout_min=30, startup_min=25)
+    code, captured = dry_run(tmp_path, capsys, data)
+    assert code == 0, captured.err
+    cost = json.loads(captured.out)["cost"]
+    assert cost["cut_by_startup"] > 0 and cost["cut_limit_min"] == 30
+    code = main(["run", "--study", write(tmp_path, data), "--dry-run",
+                 "--results", str(tmp_path / "results")])  # fmt: skip
+    text = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and f"warning: {cost['cut_by_startup']} configs need more than" in text
+    assert "start-up of 25 min (search.startup_min, an estimate)" in text
+    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=30, startup_min=1))
+    assert json.loads(captured.out)["cost"]["cut_by_startup"] < cost["cut_by_startup"]
+
+
 def test_configs_too_slow_for_the_limit_are_named_and_never_launched_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

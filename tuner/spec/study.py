@@ -142,8 +142,9 @@ class SearchSpec:
     startup_min: float = 3.0
     """Predicted minutes from launch to the first iteration (processes, rendezvous, model build,
     data loaders), for the time limit and the cost preview: an estimate until launches of the
-    same setup ran on the cluster, whose measured start-up the model sampler's trial costs and
-    the preview then charge instead (``tuner.space.cost``)."""
+    same setup ran on the cluster, whose measured start-up the trial costs, the preview, each
+    later trial's time limit and the ``max_node_hours`` check then read instead
+    (``tuner.space.cost``)."""
     memory_headroom: float = 0.92
     """Prune when the predicted peak exceeds this fraction of GPU memory (but see
     ``memory_probes``)."""
