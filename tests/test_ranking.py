@@ -22,6 +22,7 @@ from tuner.search.ranking import (
     RowPosterior,
     correlation,
     covariance,
+    cross_covariance,
     fit,
     loo_residuals,
     loo_scale,
@@ -75,6 +76,9 @@ def test_the_rows_posterior_is_the_weights_posterior() -> None:
     cov = covariance(rows_form, z)
     assert np.allclose(cov, covariance(full, z), rtol=1e-7, atol=1e-10)
     assert np.allclose(np.sqrt(np.diag(cov)), full.predict(z)[1], rtol=1e-7)
+    # one column of it, against one row (the incumbent's), without the N x N matrix
+    for post in (rows_form, full):
+        assert np.allclose(cross_covariance(post, z, z[7]), cov[:, 7], rtol=1e-7, atol=1e-10)
     # at least as many rows as features: the weights' form itself
     many = np.r_[x, z]
     assert isinstance(fit(precision, many, rng.normal(size=len(many)), 0.03), correction.Posterior)

@@ -25,6 +25,7 @@ from tuner.search.value import (
     chance,
     improvement,
     joint_chance,
+    lookahead_spread,
     pick,
     student_cdf,
     student_pdf,
@@ -129,6 +130,39 @@ def test_a_launch_is_worth_its_expected_gain_over_the_run_against_its_cost() -> 
     assert worth.pays  # 0.80 node-hours expected saved for 0.1 spent
     small = best_worth(mu, spread, cost, BEST, run_node_hours=0.1 / ei * 0.9)
     assert not small.pays  # the same launch, for a run where the gain is worth 0.09
+
+
+@pytest.mark.parametrize(("var", "cov", "noise"), [(0.01, 0.0, 0.03), (0.004, 0.002, 0.01),
+                                                  (0.02, 0.015, 0.05)])  # fmt: skip
+def test_the_lookahead_is_the_gain_of_choosing_after_the_measurement(
+    var: float, cov: float, noise: float
+) -> None:
+    """A measurement ``y = T + e`` of a config moves both its believed true step and the
+    incumbent's (through their covariance); the gain of then training with the better of the
+    two, drawn by brute force, is the expected improvement under :func:`lookahead_spread`."""
+    rng = np.random.default_rng(1)
+    mu_j, mu_inc = BEST + 0.02, BEST
+    y = mu_j + math.sqrt(var + noise**2) * rng.standard_normal(400_000)  # predictive of y
+    shift = (y - mu_j) / (var + noise**2)
+    gap = (mu_inc + cov * shift) - (mu_j + var * shift)  # incumbent minus config, after
+    drawn = float(np.maximum(gap, 0.0).mean())
+    s = lookahead_spread(np.array([var]), np.array([cov]), noise, 1.0)
+    exact = float(improvement(np.array([mu_j]), s, mu_inc, None)[0])
+    assert exact == pytest.approx(drawn, rel=0.02)
+
+
+def test_a_launch_that_would_only_measure_noise_is_not_worth_its_cost() -> None:
+    """A config the correction already knows (no doubt left) or whose doubt is the incumbent's
+    own (they move together) cannot change the choice: its lookahead is nil, however noisy its
+    figure; the spread of one measured figure (noise included) would call it worth a launch."""
+    mu, cost = np.array([BEST, BEST]), np.array([0.1, 0.1])
+    known = lookahead_spread(np.array([0.0, 0.004]), np.array([0.0, 0.004]), 0.03, 2.0)
+    assert known == pytest.approx([0.0, 0.0])
+    figure = np.full(2, 2.0 * 0.03)  # what Belief.spread gives them: noise x scale
+    assert best_worth(mu, figure, cost, BEST, run_node_hours=20.0).pays
+    assert not best_worth(mu, np.maximum(known, 1e-12), cost, BEST, run_node_hours=20.0).pays
+    doubt = lookahead_spread(np.array([0.01]), np.array([0.0]), 0.03, 2.0)  # an unmeasured knob
+    assert best_worth(mu[:1], doubt, cost[:1], BEST, run_node_hours=20.0).pays
 
 
 class FakeSampler:

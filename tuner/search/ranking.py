@@ -74,6 +74,15 @@ def covariance(post: Posterior | RowPosterior, z: np.ndarray) -> np.ndarray:
     return np.asarray(z @ post.cov @ z.T)
 
 
+def cross_covariance(post: Posterior | RowPosterior, z: np.ndarray, z0: np.ndarray) -> np.ndarray:
+    """The posterior covariance of the correction between each row of ``z`` and the one row
+    ``z0`` (one column of :func:`covariance`, without the ``N x N`` matrix)."""
+    if isinstance(post, RowPosterior):
+        a, a0 = z @ post._xs.T, post._xs @ z0
+        return np.asarray((z * post._prior_var) @ z0 - a @ (post._k_inv @ a0))
+    return np.asarray(z @ (post.cov @ z0))
+
+
 def correlation(post: Posterior | RowPosterior, z: np.ndarray, noise: float) -> np.ndarray:
     """The correlation of the rows of ``z``'s log step times *against the best measured one*:
     :func:`covariance`, plus the run-to-run ``noise`` once, the same draw for every row.

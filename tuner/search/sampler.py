@@ -77,6 +77,7 @@ from tuner.models.rates import Rates
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
     correlation,
+    cross_covariance,
     fit,
     fit_memory,
     loo_scale,
@@ -91,6 +92,7 @@ from tuner.search.value import (
     best_worth,
     chance,
     joint_chance,
+    lookahead_spread,
     pick,
 )
 from tuner.space.cost import trial_cost, with_startup
@@ -322,7 +324,9 @@ class ModelGuidedSampler(BaseSampler):
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
             scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen))
-        return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post)
+        incumbent = index.get(min(measured, key=measured.__getitem__)) if measured else None
+        return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post,
+                      incumbent=incumbent)  # fmt: skip
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
@@ -378,6 +382,20 @@ class ModelGuidedSampler(BaseSampler):
         first = self._log_pred[:1]  # the ranking's first: the model's fastest admitted config
         return DEFAULT_RUN_TRIALS * float(self.trial_node_hours(first, trials).sum())
 
+    def _lookahead(self, b: Belief) -> np.ndarray:
+        """How far one launch of each untried config is expected to move the choice of the
+        config to train with (:func:`~tuner.search.value.lookahead_spread`: its correction's
+        posterior variance and covariance with the incumbent's, the run-to-run noise, the
+        study's leave-one-out scale; 1 before that is known)."""
+        if b.fitted is None:
+            return np.asarray(np.maximum(b.sd, 1e-12))
+        z = self._x[np.asarray(b.open_)]
+        cov = (np.zeros(len(b.open_)) if b.incumbent is None
+               else cross_covariance(b.fitted, z, self._x[b.incumbent]))  # fmt: skip
+        scale = 1.0 if b.scale is None else b.scale
+        spread = lookahead_spread(np.square(b.sd), cov, self._prior.noise, scale)
+        return np.asarray(np.maximum(spread, 1e-12))
+
     def next_launch_worth(
         self, trials: Sequence[FrozenTrial]
     ) -> tuple[Worth, ParallelConfig] | None:
@@ -385,10 +403,10 @@ class ModelGuidedSampler(BaseSampler):
         (:func:`tuner.search.value.best_worth`), and that config; None before
         :data:`MIN_ERROR_RUNS` measurements (the spread is not known yet) or when all tried."""
         b = self.belief(trials)
-        if b is None or b.best is None or b.scale is None:
+        if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
-        worth = best_worth(b.mu, b.spread(self._prior.noise), self.trial_node_hours(b.mu, trials),
-                           b.best, self.run_node_hours(trials), b.dof)  # fmt: skip
+        worth = best_worth(b.mu, self._lookahead(b), self.trial_node_hours(b.mu, trials), b.best,
+                           self.run_node_hours(trials), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
 
     def chance_to_beat(

@@ -15,9 +15,13 @@ Three rules, checked before each launch (:meth:`tuner.study.loop.StudyLoop.budge
    chance; one predicted as fast as the best, with any spread, has about 40 % or more.
 2. **Not worth its cost** (model sampler only, on with ``stop_chance``): the untried config
    whose launch is worth most still has an expected gain below its predicted node-hours
-   (:func:`tuner.search.value.best_worth`: expected improvement of the step time, under the
-   spread of rule 1, times ``search.train_node_hours``, the training run the answer is for).
-   Rule 1 asks "can anything still win?"; this one "is what it might win worth a launch?".
+   (:func:`tuner.search.value.best_worth`: the expected improvement of the step time of the
+   config the training run would use once that launch is measured, times
+   ``search.train_node_hours``, the training run the answer is for). The gain is the
+   knowledge gradient (:func:`tuner.search.value.lookahead_spread`): the run pays a config's
+   true step time, so the run-to-run noise of the figure is no gain, and what a config shares
+   with the best measured one moves both. Rule 1 asks "can anything still win?"; this one "is
+   what it might win worth a launch?".
 3. **No improvement** (every sampler, ``search.early_stop_trials``: the fallback): the best has
    not improved by :data:`IMPROVEMENT` within the last N launched trials.
 
@@ -86,7 +90,8 @@ class Stopper:
         return (
             f"not worth another launch: the most promising untried config ({spell(config)}) "
             f"is expected to save {worth.gain_node_hours:.2f} node-hours of the training run "
-            f"and would cost {worth.cost_node_hours:.2f}"
+            f"(by how its measurement may change the config the run uses) and would cost "
+            f"{worth.cost_node_hours:.2f}"
         )
 
     def no_improvement(self, trials: Sequence[FrozenTrial]) -> str | None:

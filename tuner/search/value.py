@@ -18,7 +18,10 @@ at the corrected predicted step time) this module decides three things:
 3. **When the next launch is not worth its cost**: its expected gain, valued as
    ``expected improvement x search.train_node_hours`` (a fraction of the step time saved over the
    training run the answer is for), is below its predicted node-hours, for every config left.
-   A model that keeps being wrong widens ``spread`` and keeps the search going.
+   The improvement is that of the config the run would use *after* the launch is measured
+   (:func:`lookahead_spread`, the knowledge gradient): a lucky figure is no gain to a run that
+   pays the true step time, and a config that shares its doubt with the incumbent moves with
+   it. A model that keeps being wrong widens ``scale`` and keeps the search going.
 
 The exchange rate. A launch pays off when the node-hours it is expected to save on the training
 run exceed its own. With ``search.train_node_hours`` unset, the run is taken to be
@@ -150,6 +153,9 @@ class Belief:
     fitted: Posterior | RowPosterior | None = None
     """The correction's posterior the belief was read from (None: nothing measured yet): what
     :func:`tuner.search.ranking.covariance` reads how configs' errors move together from."""
+    incumbent: int | None = None
+    """Index (into the ranked candidates) of the best measured config, or None: the config the
+    training run would use today, which one more launch may replace (:func:`lookahead_spread`)."""
 
     def spread(self, noise: float) -> np.ndarray:
         """How far each untried config's log step time may be from ``mu``: its posterior
@@ -230,6 +236,34 @@ def pick(
     return Pick(i, purpose, float(score[i])), top
 
 
+def lookahead_spread(
+    var: np.ndarray, cov: np.ndarray, noise: float, scale: float
+) -> np.ndarray:  # fmt: skip
+    """How far one launch of each config is expected to move the *decision*: the scale of
+    the change its measurement makes to the gap between the incumbent's and its own believed
+    (noise-free) log step time, ``scale |var - cov| / sqrt(var + noise^2)``.
+
+    ``var`` is each config's posterior variance of the correction (no run-to-run noise),
+    ``cov`` its posterior covariance with the incumbent's (the best measured config),
+    ``noise`` the run-to-run sd of one measured figure and ``scale`` the factor the study's
+    leave-one-out misses put on the predictive covariance (:attr:`Belief.scale`; noise and
+    correction scaled together, as that factor was learned). A measurement ``y = T + e`` of a
+    config moves the posterior mean of its true log step time by ``var / sqrt(var + noise^2)``
+    standard normals and the incumbent's by ``cov / sqrt(var + noise^2)`` of the same draw
+    (the Gaussian update of a correlated belief): the expected gain of then training with the
+    better of the two is the expected improvement of that gap (the knowledge gradient of
+    correlated beliefs, Frazier, Powell and Dayanik, INFORMS J. Computing 21(4), 2009, for the
+    two alternatives the run would choose between).
+
+    Against :meth:`Belief.spread` (the spread of one *measured figure*), two things go: the
+    measurement's own noise is not a gain (the training run pays the config's true step time,
+    not a lucky figure), and what the config shares with the incumbent moves both alike. A
+    config the correction already knows (``var`` near 0) teaches nothing, however noisy its
+    figure would be."""
+    denominator = np.sqrt(np.asarray(var) + noise**2)
+    return np.asarray(scale * np.abs(np.asarray(var) - np.asarray(cov)) / denominator)
+
+
 @dataclass(frozen=True, slots=True)
 class Worth:
     """The best next launch judged by what it is expected to save against what it costs."""
@@ -253,7 +287,8 @@ def best_worth(
 ) -> Worth:  # fmt: skip
     """The open config whose launch is worth most: expected improvement (under ``spread``, in
     log step time, i.e. about the fraction of the step saved) times ``run_node_hours``, less its
-    ``cost`` in node-hours."""
+    ``cost`` in node-hours. The model sampler passes the :func:`lookahead_spread`: the change
+    the launch's measurement is expected to make to the choice, not the spread of its figure."""
     gain = improvement(mu, spread, best, dof) * run_node_hours
     i = int(np.argmax(gain - cost))
     return Worth(i, float(gain[i]), float(cost[i]))
