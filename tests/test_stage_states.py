@@ -13,6 +13,7 @@ import pytest
 from tuner.config.pipeline import stage_layers
 from tuner.models.memory import stage_activations, stage_states
 from tuner.models.memory.stage_activations import (
+    RECOMPUTE_KNOBS,
     STATE_ONLY_KNOBS,
     stage_activation_terms,
     stage_activation_terms_uncached,
@@ -89,6 +90,7 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
     spec = SPACES[name]()
     stage_states._TERMS.clear()
     stage_activations._TERMS.clear()
+    stage_activations._BASE.clear()
     calls = 0
     for config in iter_configs(spec):
         if study_violations(config, spec):
@@ -104,6 +106,9 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
     assert calls > len(stage_states._TERMS) > 0, "configs shared kept states"
     if name == "megatron-dense":  # it varies the state-only knobs
         assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
+    if name in ("megatron-moe-fp8", "deepspeed-moe"):  # they vary the recompute knobs
+        bases = len(stage_activations._BASE)
+        assert len(stage_activations._TERMS) > bases > 0, "recompute variants shared a base"
 
 
 def test_a_view_accounting_and_an_allocators_are_kept_apart() -> None:
@@ -127,6 +132,7 @@ def test_the_knobs_left_out_of_the_keys_are_config_fields() -> None:
     assert ACTIVATION_KNOBS <= set(dataclasses.asdict(config))
     assert STATE_ONLY_KNOBS <= set(dataclasses.asdict(config))
     assert not ACTIVATION_KNOBS & STATE_ONLY_KNOBS - {"tp_comm_overlap"}
+    assert RECOMPUTE_KNOBS <= ACTIVATION_KNOBS
 
 
 def test_a_full_table_of_kept_stages_starts_over(monkeypatch: pytest.MonkeyPatch) -> None:
