@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import chunk_layers
+from tuner.models.memory.kept import Kept
 from tuner.models.memory.terms import LayerActivations, mlp_width_bytes
 from tuner.models.rates import Link, Rates, gemm_seconds
 from tuner.spec.moe import MoESpec
@@ -355,8 +357,32 @@ def _ring(link: Link, size: int, size_bytes: float) -> float:
     return (size - 1) / size * size_bytes / link.bandwidth + link.latency
 
 
-@functools.lru_cache(maxsize=4096)
+MOE_TIME_KNOBS = (
+    "tp", "cp", "sequence_parallel", "micro_batch_size", "ep", "etp", "moe_token_dispatcher",
+)  # fmt: skip
+"""The config's knobs an MoE layer's times read (tokens, expert grid, dispatcher): the MoE time
+terms are kept per their values, shared by configs that differ in the others (recompute, ...)."""
+moe_time_knobs = operator.attrgetter(*MOE_TIME_KNOBS)  # their values as one tuple, read in C
+
+
 def moe_layer_times(
+    model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
+) -> MoETimes:
+    """:func:`moe_layer_times_uncached`, kept per (model, rates, the config's
+    :data:`MOE_TIME_KNOBS`, gpus_per_node, group_link)."""
+    key = (model, rates, moe_time_knobs(c), gpus_per_node, group_link)
+    times = _LAYER_TIMES.get(key)
+    if times is None:
+        times = _LAYER_TIMES.put(
+            key, moe_layer_times_uncached(model, rates, c, gpus_per_node, group_link)
+        )
+    return times
+
+
+_LAYER_TIMES: Kept[MoETimes] = Kept()
+
+
+def moe_layer_times_uncached(
     model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
 ) -> MoETimes:
     """One MoE layer against the dense layer ``perf`` costs (``group_link``: the ring link of
