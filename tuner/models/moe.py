@@ -48,6 +48,7 @@ import functools
 import operator
 from dataclasses import dataclass
 
+from tuner.config.build import replaced
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import chunk_layers
 from tuner.models.memory.kept import Kept
@@ -177,7 +178,7 @@ def expert_config(c: ParallelConfig) -> ParallelConfig:
 def _replace(c: ParallelConfig, tp: int, dp: int, gbs: int) -> ParallelConfig:
     """``c`` with the expert grid's sizes (cached: the memory model asks per stage, the time
     model again, for the same config)."""
-    return dataclasses.replace(c, tp=tp, cp=1, dp=dp, global_batch_size=gbs)
+    return replaced(c, tp=tp, cp=1, dp=dp, global_batch_size=gbs)
 
 
 def memory_view(c: ParallelConfig) -> ParallelConfig:
@@ -188,7 +189,7 @@ def memory_view(c: ParallelConfig) -> ParallelConfig:
     estimates once (tests/test_space_fast.py checks the two equal on every config of MoE
     spaces)."""
     if c.moe_token_dispatcher == "flex":
-        return dataclasses.replace(c, moe_token_dispatcher="alltoall")
+        return replaced(c, moe_token_dispatcher="alltoall")
     return c
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
+from tuner.config.build import FIELDS, built
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rules import RuleViolation, validate
@@ -30,7 +31,6 @@ from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
-from tuner.space.configs import FIELDS, built
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
@@ -238,7 +238,7 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             axes.moe_token_dispatcher,
         ):
             rc, method, n, mods = knobs
-            # ParallelConfig(tp=tp, ..., **titan), built field by field (tuner.space.configs)
+            # ParallelConfig(tp=tp, ..., **titan), built field by field (tuner.config.build)
             yield built((
                 tp, pp, cp, dp, vp, sp, mbs, gbs, rc, method, per_rank if n == 0 else n,
                 mods, dopt, zero, split, ep, etp, disp, tpo, *titan_tail,

@@ -1,4 +1,4 @@
-"""The space's configs built field by field (tuner.space.configs) are the constructor's: every
+"""The space's configs built field by field (tuner.config.build) are the constructor's: every
 config of spaces that vary each knob, torchtitan's own and selective-recompute modules given
 in a non-canonical order included, equals ``ParallelConfig(**fields)`` field by field and in
 type, and hashes alike."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from tuner.config.build import FIELDS, built, replaced
 from tuner.config.parallel import ParallelConfig
-from tuner.space.configs import FIELDS, built
 from tuner.space.enumerate import expand_axes, iter_configs
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
@@ -60,3 +60,18 @@ def test_built_sets_exactly_the_values_given() -> None:
     assert built(values) == config
     with pytest.raises(ValueError):  # every field, no fewer
         built(values[:-1])
+
+
+def test_replaced_is_dataclasses_replace() -> None:
+    spec = SPACES["moe"]()
+    configs = list(iter_configs(spec))[::97]
+    changes: list[dict[str, Any]] = [
+        {"moe_token_dispatcher": "alltoall"},
+        {"tp": 4, "cp": 1, "dp": 3, "global_batch_size": 12},
+        {"compile": True, "pp_schedule": "1F1B"},
+    ]
+    for config in configs:
+        for change in changes:
+            assert replaced(config, **change) == dataclasses.replace(config, **change)
+    with pytest.raises(ValueError, match="recompute_modules"):
+        replaced(configs[0], recompute_modules=("moe_act",))
