@@ -75,15 +75,19 @@ def _moe(model: ModelSpec) -> MoESpec:
     return model.moe
 
 
-@functools.lru_cache(maxsize=256)
 def framework_moe(model: ModelSpec, c: ParallelConfig, framework: Framework) -> ModelSpec:
     """``model`` as the MoE terms must see it under ``framework``: itself for Megatron; for
     DeepSpeed-MoE ([DS]) the router in fp32, the local experts looped (no grouped GEMM), and
     with a capacity factor every expert padded to its capacity, the factor raised to what
     ``min_capacity`` forces when that is more: min_capacity x E / (T x topk)."""
-    moe = model.moe
-    if framework != "deepspeed" or moe is None:
+    if framework != "deepspeed" or model.moe is None:
         return model
+    return _deepspeed_moe(model, c)
+
+
+@functools.lru_cache(maxsize=256)
+def _deepspeed_moe(model: ModelSpec, c: ParallelConfig) -> ModelSpec:
+    moe = _moe(model)
     ds = dataclasses.replace(moe, router_dtype="fp32", grouped_gemm=False)
     if moe.capacity_factor is not None:
         tokens = rank_tokens(model, c) * moe.router_topk
@@ -361,8 +365,7 @@ def _ring(link: Link, size: int, size_bytes: float) -> float:
 MOE_TIME_KNOBS = (
     "tp", "cp", "sequence_parallel", "micro_batch_size", "ep", "etp", "moe_token_dispatcher",
 )  # fmt: skip
-"""The config's knobs an MoE layer's times read (tokens, expert grid, dispatcher): the MoE time
-terms are kept per their values, shared by configs that differ in the others (recompute, ...)."""
+"""The config's knobs an MoE layer's times read: the MoE time terms are kept per their values."""
 moe_time_knobs = operator.attrgetter(*MOE_TIME_KNOBS)  # their values as one tuple, read in C
 
 
@@ -372,12 +375,9 @@ def moe_layer_times(
     """:func:`moe_layer_times_uncached`, kept per (model, rates, the config's
     :data:`MOE_TIME_KNOBS`, gpus_per_node, group_link)."""
     key = (model, rates, moe_time_knobs(c), gpus_per_node, group_link)
-    times = _LAYER_TIMES.get(key)
-    if times is None:
-        times = _LAYER_TIMES.put(
-            key, moe_layer_times_uncached(model, rates, c, gpus_per_node, group_link)
-        )
-    return times
+    return _LAYER_TIMES.get(key) or _LAYER_TIMES.put(
+        key, moe_layer_times_uncached(model, rates, c, gpus_per_node, group_link)
+    )
 
 
 _LAYER_TIMES: Kept[MoETimes] = Kept()
