@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from tuner.catalog import GPUSpec
 from tuner.models.memory.allocator import reserved_bounds
-from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan, with_slack
-from tuner.models.memory.overheads import allocator_slacks
+from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
+from tuner.models.memory.overheads import allocator_slack, allocator_slacks
 
 
 def stage_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> list[tuple[float, float]]:
@@ -57,8 +57,9 @@ def stage_bound(plan: StagePlan, gpu: GPUSpec) -> tuple[float, float, float]:
 
 def stage_peak(plan: StagePlan, gpu: GPUSpec) -> float:
     """One stage's exact largest device figure (its allocator simulated)."""
-    (stage,) = with_slack((plan,), gpu)
-    return max(p.device for p in stage.phases)
+    stage, tensors = plan  # with_slack's phases' device figures, without building them
+    slacks = allocator_slack(tensors, gpu)
+    return max(p.device_with(x) for p, x in zip(stage.phases, slacks, strict=True))
 
 
 def peak_between(stages: list[tuple[float, float]]) -> tuple[float, float]:
