@@ -31,6 +31,7 @@ from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
+from tuner.space.collection import paused_collection
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
@@ -283,11 +284,12 @@ def enumerate_space(
     (``tuner.models.stack``); measured terms take the exact path for every config."""
     report = SpaceReport()
     near: list[Candidate] = []
-    for candidate in judged(spec, report, with_time, rates, fast, near, terms):
-        (report.viable if candidate.fits else report.oom if keep_oom else []).append(candidate)
-    report.probes = probes_of(
-        near, fastest_fit(report), spec.search.memory_probes, study_gpu(spec).memory_gib
-    )
+    with paused_collection():  # it makes no cycles: the collector's passes find nothing
+        for candidate in judged(spec, report, with_time, rates, fast, near, terms):
+            (report.viable if candidate.fits else report.oom if keep_oom else []).append(candidate)
+        report.probes = probes_of(
+            near, fastest_fit(report), spec.search.memory_probes, study_gpu(spec).memory_gib
+        )
     return report
 
 
