@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import stage_layers
-from tuner.models.memory import stage_activations, stage_states
+from tuner.models.memory import overheads, stage_activations, stage_states
+from tuner.models.memory.overheads import communicators, nccl_bytes, stage_nccl_bytes
 from tuner.models.memory.stage_activations import (
+    RECOMPUTE_KNOBS,
     STATE_ONLY_KNOBS,
     stage_activation_terms,
     stage_activation_terms_uncached,
@@ -22,7 +25,7 @@ from tuner.models.memory.stage_states import (
     stage_state_terms,
     stage_state_terms_uncached,
 )
-from tuner.space.enumerate import iter_configs, study_violations
+from tuner.space.enumerate import iter_configs, study_gpu, study_violations
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
@@ -89,6 +92,9 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
     spec = SPACES[name]()
     stage_states._TERMS.clear()
     stage_activations._TERMS.clear()
+    stage_activations._BASE.clear()
+    overheads._NCCL.clear()
+    gpu = study_gpu(spec)
     calls = 0
     for config in iter_configs(spec):
         if study_violations(config, spec):
@@ -100,10 +106,18 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
             kept = stage_state_terms(*args, None)
             assert kept == stage_state_terms_uncached(*args, None)
             assert stage_activation_terms(*args) == stage_activation_terms_uncached(*args)
+            for moe in (False, True):  # the NCCL buffers, kept per what communicators read
+                tied = spec.model.tied_embeddings
+                fresh = nccl_bytes(communicators(config, stage, spec.framework, tied, moe), gpu)
+                assert stage_nccl_bytes(config, stage, spec.framework, tied, moe, gpu) == fresh
             calls += 1
     assert calls > len(stage_states._TERMS) > 0, "configs shared kept states"
+    assert 2 * calls > len(overheads._NCCL) > 0, "stages shared kept NCCL buffers"
     if name == "megatron-dense":  # it varies the state-only knobs
         assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
+    if name in ("megatron-moe-fp8", "deepspeed-moe"):  # they vary the recompute knobs
+        bases = len(stage_activations._BASE)
+        assert len(stage_activations._TERMS) > bases > 0, "recompute variants shared a base"
 
 
 def test_a_view_accounting_and_an_allocators_are_kept_apart() -> None:
@@ -127,6 +141,7 @@ def test_the_knobs_left_out_of_the_keys_are_config_fields() -> None:
     assert ACTIVATION_KNOBS <= set(dataclasses.asdict(config))
     assert STATE_ONLY_KNOBS <= set(dataclasses.asdict(config))
     assert not ACTIVATION_KNOBS & STATE_ONLY_KNOBS - {"tp_comm_overlap"}
+    assert RECOMPUTE_KNOBS <= ACTIVATION_KNOBS
 
 
 def test_a_full_table_of_kept_stages_starts_over(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,3 +155,23 @@ def test_a_full_table_of_kept_stages_starts_over(monkeypatch: pytest.MonkeyPatch
     assert len(table) == 2
     table.put("c", "C")
     assert len(table) == 1 and table.get("a") is None and table.get("c") == "C"
+
+
+def test_the_kept_nccl_buffers_tell_every_size_apart() -> None:
+    """A space's world size ties tp, pp, cp and dp together, so the spaces above cannot show a
+    size missing from the key; configs that differ in one size each, asked in turn with the
+    table kept, can (each changes the communicators, and each gets its own figure)."""
+    gpu = study_gpu(load_study("mixtral-8x7b"))
+    base = ParallelConfig(tp=1, pp=4, cp=2, dp=2, ep=2, etp=1)
+    changes = {"tp": 2, "pp": 1, "cp": 1, "dp": 1, "ep": 1, "etp": 4}
+    overheads._NCCL.clear()
+    for knob, value in changes.items():
+        other = dataclasses.replace(base, **{knob: value})
+        for stage in range(4):
+            for c in (base, other):
+                fresh = nccl_bytes(communicators(c, stage, "megatron", True, True), gpu)
+                assert stage_nccl_bytes(c, stage, "megatron", True, True, gpu) == fresh
+        differ = [
+            communicators(c, s, "megatron", True, True) for c in (base, other) for s in (0, 3)
+        ]
+        assert differ[:2] != differ[2:], f"{knob} changes the communicators"

@@ -45,10 +45,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from dataclasses import dataclass
 
+from tuner.config.build import replaced
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import chunk_layers
+from tuner.models.memory.kept import Kept
 from tuner.models.memory.terms import LayerActivations, mlp_width_bytes
 from tuner.models.rates import Link, Rates, gemm_seconds
 from tuner.spec.moe import MoESpec
@@ -72,15 +75,19 @@ def _moe(model: ModelSpec) -> MoESpec:
     return model.moe
 
 
-@functools.lru_cache(maxsize=256)
 def framework_moe(model: ModelSpec, c: ParallelConfig, framework: Framework) -> ModelSpec:
     """``model`` as the MoE terms must see it under ``framework``: itself for Megatron; for
     DeepSpeed-MoE ([DS]) the router in fp32, the local experts looped (no grouped GEMM), and
     with a capacity factor every expert padded to its capacity, the factor raised to what
     ``min_capacity`` forces when that is more: min_capacity x E / (T x topk)."""
-    moe = model.moe
-    if framework != "deepspeed" or moe is None:
+    if framework != "deepspeed" or model.moe is None:
         return model
+    return _deepspeed_moe(model, c)
+
+
+@functools.lru_cache(maxsize=256)
+def _deepspeed_moe(model: ModelSpec, c: ParallelConfig) -> ModelSpec:
+    moe = _moe(model)
     ds = dataclasses.replace(moe, router_dtype="fp32", grouped_gemm=False)
     if moe.capacity_factor is not None:
         tokens = rank_tokens(model, c) * moe.router_topk
@@ -175,7 +182,7 @@ def expert_config(c: ParallelConfig) -> ParallelConfig:
 def _replace(c: ParallelConfig, tp: int, dp: int, gbs: int) -> ParallelConfig:
     """``c`` with the expert grid's sizes (cached: the memory model asks per stage, the time
     model again, for the same config)."""
-    return dataclasses.replace(c, tp=tp, cp=1, dp=dp, global_batch_size=gbs)
+    return replaced(c, tp=tp, cp=1, dp=dp, global_batch_size=gbs)
 
 
 def memory_view(c: ParallelConfig) -> ParallelConfig:
@@ -186,7 +193,7 @@ def memory_view(c: ParallelConfig) -> ParallelConfig:
     estimates once (tests/test_space_fast.py checks the two equal on every config of MoE
     spaces)."""
     if c.moe_token_dispatcher == "flex":
-        return dataclasses.replace(c, moe_token_dispatcher="alltoall")
+        return replaced(c, moe_token_dispatcher="alltoall")
     return c
 
 
@@ -355,8 +362,28 @@ def _ring(link: Link, size: int, size_bytes: float) -> float:
     return (size - 1) / size * size_bytes / link.bandwidth + link.latency
 
 
-@functools.lru_cache(maxsize=4096)
+MOE_TIME_KNOBS = (
+    "tp", "cp", "sequence_parallel", "micro_batch_size", "ep", "etp", "moe_token_dispatcher",
+)  # fmt: skip
+"""The config's knobs an MoE layer's times read: the MoE time terms are kept per their values."""
+moe_time_knobs = operator.attrgetter(*MOE_TIME_KNOBS)  # their values as one tuple, read in C
+
+
 def moe_layer_times(
+    model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
+) -> MoETimes:
+    """:func:`moe_layer_times_uncached`, kept per (model, rates, the config's
+    :data:`MOE_TIME_KNOBS`, gpus_per_node, group_link)."""
+    key = (model, rates, moe_time_knobs(c), gpus_per_node, group_link)
+    return _LAYER_TIMES.get(key) or _LAYER_TIMES.put(
+        key, moe_layer_times_uncached(model, rates, c, gpus_per_node, group_link)
+    )
+
+
+_LAYER_TIMES: Kept[MoETimes] = Kept()
+
+
+def moe_layer_times_uncached(
     model: ModelSpec, rates: Rates, c: ParallelConfig, gpus_per_node: int, group_link: Link
 ) -> MoETimes:
     """One MoE layer against the dense layer ``perf`` costs (``group_link``: the ring link of

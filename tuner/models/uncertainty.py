@@ -30,6 +30,7 @@ top of them, a stack never seen has its own bias on every catalog term of its st
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -204,12 +205,21 @@ def max_memory_sigma(provenance: Provenance = (), slack_share: float = 1.0) -> f
     past the square of their sum, so with s = slack / T the relative variance is at most
     ``((1 - s) rel)^2 + (s sd_slack)^2``: convex in s, so on [0, slack_share] largest at an end.
     Each whole-figure group adds its own once."""
+    rel, slack, whole = _sigma_parts(provenance)
+    share = min(max(slack_share, 0.0), 1.0)
+    var = max(rel * rel, ((1.0 - share) * rel) ** 2 + (share * slack) ** 2)
+    return math.sqrt(var + whole)
+
+
+@functools.lru_cache(maxsize=256)
+def _sigma_parts(provenance: Provenance) -> tuple[float, float, float]:
+    """(rel, the slack's sd, the whole-figure groups' summed squares) of
+    :func:`max_memory_sigma`, which does not depend on the share (cached: the enumeration
+    asks per config)."""
     given = [s.sigma for _, s in provenance]
     rel = max([CATALOG_MEMORY_SIGMA[g] for g in CATALOG_MEMORY_SIGMA
                if g not in WHOLE_FIGURE_GROUPS and g != "slack"] + given)  # fmt: skip
     slack = max([CATALOG_MEMORY_SIGMA["slack"], *given])
-    share = min(max(slack_share, 0.0), 1.0)
-    var = max(rel * rel, ((1.0 - share) * rel) ** 2 + (share * slack) ** 2)
     whole = [CATALOG_MEMORY_SIGMA[g] for g in WHOLE_FIGURE_GROUPS]
     whole += [s.whole for _, s in provenance]
-    return math.sqrt(var + sum(w * w for w in whole))
+    return rel, slack, sum(w * w for w in whole)

@@ -32,6 +32,7 @@ from tuner.models.memory.estimate import (
 from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import TimeBreakdown
 from tuner.models.uncertainty import max_memory_sigma
+from tuner.space.collection import paused_collection
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.study import Framework, ModelSpec, Precision
 
@@ -346,13 +347,16 @@ class SpaceReport:
         (:class:`DeferredMemory`) is computed for those alone."""
         out: list[Candidate] = []
         by_step = sorted(self.viable, key=lambda c: (step_of(c), c.config.key()))
-        for _, run in itertools.groupby(by_step, key=step_of):
-            tied = list(run)
-            if len(tied) > 1:
-                peaks = _tied_peaks(tied)
-                order = sorted(range(len(tied)), key=lambda i: (peaks[i], tied[i].config.key()))
-                tied = [tied[i] for i in order]
-            out += tied
+        with paused_collection():  # it makes no cycles (tuner.space.collection)
+            for _, run in itertools.groupby(by_step, key=step_of):
+                tied = list(run)
+                if len(tied) > 1:
+                    peaks = _tied_peaks(tied)
+                    order = sorted(
+                        range(len(tied)), key=lambda i: (peaks[i], tied[i].config.key())
+                    )
+                    tied = [tied[i] for i in order]
+                out += tied
         return out
 
     def to_frame(self, include_oom: bool = False) -> pd.DataFrame:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.catalog import GPUSpec, get_gpu
+from tuner.config.build import FIELDS, built
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rules import RuleViolation, validate
@@ -30,10 +31,11 @@ from tuner.models.time.estimate import estimate_time
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
+from tuner.space.collection import paused_collection
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
-from tuner.spec.recompute import parse_recompute
+from tuner.spec.recompute import canonical_modules, parse_recompute
 from tuner.spec.study import StudySpec
 from tuner.spec.torchtitan import FSDP_DEFAULT, FsdpKnobs, config_fields
 
@@ -205,6 +207,8 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
     layers = spec.model.num_layers
     fsdp = traits(spec.framework).fsdp2
     seen: set[tuple[Any, ...]] = set()
+    # the recompute knobs with their modules as ParallelConfig.__post_init__ stores them
+    recomputes = [(rc, m, n, canonical_modules(mods)) for rc, m, n, mods in axes.recompute]
     for tp, pp, cp, vp_axis, own in itertools.product(
         axes.tp, axes.pp, axes.cp, axes.vp, axes.fsdp if fsdp else (None,)
     ):
@@ -222,10 +226,11 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             splits: tuple[str, ...] = (EVEN,)
         else:
             splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
+        titan_tail = tuple(titan.get(name, _DEFAULTS[name]) for name in _TITAN)
         for mbs, (sp, tpo), knobs, dopt, zero, split, ep, etp, disp in itertools.product(
             axes.micro_batch_size,
             pairs,
-            axes.recompute,
+            recomputes,
             axes.distributed_optimizer,
             axes.zero_stage,
             splits,
@@ -234,14 +239,16 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             axes.moe_token_dispatcher,
         ):
             rc, method, n, mods = knobs
-            yield ParallelConfig(
-                tp=tp, pp=pp, cp=cp, dp=dp, vp=vp, sequence_parallel=sp,
-                micro_batch_size=mbs, global_batch_size=gbs, recompute=rc,  # type: ignore[arg-type]
-                recompute_method=method,  # type: ignore[arg-type]
-                recompute_num_layers=(per_rank if n == 0 else n), recompute_modules=mods,
-                distributed_optimizer=dopt, zero_stage=zero, pipeline_split=split,
-                ep=ep, etp=etp, moe_token_dispatcher=disp, tp_comm_overlap=tpo, **titan,
-            )  # fmt: skip
+            # ParallelConfig(tp=tp, ..., **titan), built field by field (tuner.config.build)
+            yield built((
+                tp, pp, cp, dp, vp, sp, mbs, gbs, rc, method, per_rank if n == 0 else n,
+                mods, dopt, zero, split, ep, etp, disp, tpo, *titan_tail,
+            ))  # fmt: skip
+
+
+_DEFAULTS = {name: f.default for name, f in ParallelConfig.__dataclass_fields__.items()}
+_TITAN = FIELDS[FIELDS.index("tp_comm_overlap") + 1 :]
+"""torchtitan's own fields, the last of ParallelConfig's (``config_fields`` gives them)."""
 
 
 def study_gpu(spec: StudySpec) -> GPUSpec:
@@ -277,11 +284,12 @@ def enumerate_space(
     (``tuner.models.stack``); measured terms take the exact path for every config."""
     report = SpaceReport()
     near: list[Candidate] = []
-    for candidate in judged(spec, report, with_time, rates, fast, near, terms):
-        (report.viable if candidate.fits else report.oom if keep_oom else []).append(candidate)
-    report.probes = probes_of(
-        near, fastest_fit(report), spec.search.memory_probes, study_gpu(spec).memory_gib
-    )
+    with paused_collection():  # it makes no cycles: the collector's passes find nothing
+        for candidate in judged(spec, report, with_time, rates, fast, near, terms):
+            (report.viable if candidate.fits else report.oom if keep_oom else []).append(candidate)
+        report.probes = probes_of(
+            near, fastest_fit(report), spec.search.memory_probes, study_gpu(spec).memory_gib
+        )
     return report
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tuner.models.rates import Rates
 from tuner.space.candidates import Candidate, SpaceReport, step_of
+from tuner.space.collection import paused_collection
 from tuner.space.enumerate import fastest_fit, judged, probes_of, study_gpu
 from tuner.spec.study import StudySpec
 
@@ -64,14 +65,15 @@ def stream_space(
     report, best = SpaceReport(), TopK(top)
     near: list[Candidate] = []  # judged appends to this list: changed in place below
     limit, gib = spec.search.memory_probes, study_gpu(spec).memory_gib
-    for candidate in judged(spec, report, True, rates, fast, near):
-        if candidate.fits:
-            best.add(candidate)
-        if len(near) > 4 * limit + 64:
-            # the fastest fit so far only falls, and probes_of keeps a prefix of its order,
-            # so what it drops now it would drop at the end
-            near[:] = probes_of(near, best.fastest(), limit, gib)
-    report.viable = best.candidates()
-    report.viable = report.ranked()
-    report.probes = probes_of(near, fastest_fit(report), limit, gib)
+    with paused_collection():  # it makes no cycles (tuner.space.collection)
+        for candidate in judged(spec, report, True, rates, fast, near):
+            if candidate.fits:
+                best.add(candidate)
+            if len(near) > 4 * limit + 64:
+                # the fastest fit so far only falls, and probes_of keeps a prefix of its order,
+                # so what it drops now it would drop at the end
+                near[:] = probes_of(near, best.fastest(), limit, gib)
+        report.viable = best.candidates()
+        report.viable = report.ranked()
+        report.probes = probes_of(near, fastest_fit(report), limit, gib)
     return report

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from tuner.catalog import GPUSpec
 from tuner.models.memory.allocator import reserved_bounds
-from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan, with_slack
-from tuner.models.memory.overheads import allocator_slacks
+from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
+from tuner.models.memory.overheads import allocator_slack, allocator_slacks
 
 
 def stage_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> list[tuple[float, float]]:
@@ -43,17 +43,23 @@ def stage_bound(plan: StagePlan, gpu: GPUSpec) -> tuple[float, float, float]:
     device figure is its slack plus terms the slack does not change (``device_with``), and
     ``x / (k + x)`` grows with ``x``, so the upper slack gives the largest share."""
     stage, tensors = plan
-    low, high = allocator_slacks(tensors, gpu, reserved_bounds(tensors))
-    least = max(p.device_with(x) for p, x in zip(stage.phases, low, strict=True))
-    figures = [p.device_with(x) for p, x in zip(stage.phases, high, strict=True)]
-    share = max(x / f if f > 0 else 0.0 for x, f in zip(high, figures, strict=True))
-    return least, max(figures), share
+    (low_f, low_s), (high_f, high_s) = allocator_slacks(tensors, gpu, reserved_bounds(tensors))
+    fwd, step = stage.phases
+    # PhaseMemory.device_with's sum, each phase's allocated bytes read once
+    fwd_a, step_a = fwd.allocated, step.allocated
+    least = max(fwd_a + low_f + fwd.cuda_context + fwd.comm_buffers,
+                step_a + low_s + step.cuda_context + step.comm_buffers)  # fmt: skip
+    most_f = fwd_a + high_f + fwd.cuda_context + fwd.comm_buffers
+    most_s = step_a + high_s + step.cuda_context + step.comm_buffers
+    share = max(high_f / most_f if most_f > 0 else 0.0, high_s / most_s if most_s > 0 else 0.0)
+    return least, max(most_f, most_s), share
 
 
 def stage_peak(plan: StagePlan, gpu: GPUSpec) -> float:
     """One stage's exact largest device figure (its allocator simulated)."""
-    (stage,) = with_slack((plan,), gpu)
-    return max(p.device for p in stage.phases)
+    stage, tensors = plan  # with_slack's phases' device figures, without building them
+    slacks = allocator_slack(tensors, gpu)
+    return max(p.device_with(x) for p, x in zip(stage.phases, slacks, strict=True))
 
 
 def peak_between(stages: list[tuple[float, float]]) -> tuple[float, float]:

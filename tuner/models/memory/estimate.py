@@ -24,10 +24,9 @@ from tuner.config.pipeline import stage_layers
 from tuner.models.memory.allocator import StepTensors
 from tuner.models.memory.overheads import (
     allocator_slack,
-    communicators,
     context_bytes,
     grouped_gemm_workspace_bytes,
-    nccl_bytes,
+    stage_nccl_bytes,
     workspace_bytes,
 )
 from tuner.models.memory.stage_activations import stage_activation_terms
@@ -45,7 +44,6 @@ from tuner.models.memory.terms import (
     param_counts,
     zero_model_state_total,
 )
-from tuner.models.optimizer_layout import StateBytes
 from tuner.models.stack import StackTerms, composed_memory
 from tuner.models.time.tp_overlap import ub_buffer_bytes
 from tuner.spec.frameworks import traits
@@ -95,32 +93,28 @@ def _stage_memory(
         # TE userbuffers, allocated outside PyTorch's allocator
         tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.models.time.tp_overlap)
         ub = ub_buffer_bytes(tokens, model.hidden_size, fp8)
-    comms = communicators(c, stage, framework, model.tied_embeddings, experts > 0)
+    comms = stage_nccl_bytes(c, stage, framework, model.tied_embeddings, experts > 0, gpu)
     grouped = model.moe is not None and model.moe.grouped_gemm and experts > 0
-    fixed = {
-        "workspaces": workspace_bytes(gpu, framework)
+    workspaces = (
+        workspace_bytes(gpu, framework)
         + (grouped_gemm_workspace_bytes(gpu) if grouped else 0)
-        + acts.scratch,
-        "cuda_context": context_bytes(gpu),
-        "comm_buffers": nccl_bytes(comms, gpu) + ub,
-    }
+        + acts.scratch
+    )
+    context, buffers = context_bytes(gpu), comms + ub
     tensors = step_tensors(
-        model, c, layers, params, states, acts.tensors, acts.extras, fixed["workspaces"],
+        model, c, layers, params, states, acts.tensors, acts.extras, workspaces,
         precision, stage == c.pp - 1, held_states.tensors,
     )  # fmt: skip
-
-    def phase(name: Phase, s: StateBytes, layer_bytes: float, ext: float) -> PhaseMemory:
-        return PhaseMemory(
-            phase=name, weights=s.weights, grads=s.grads, optimizer=s.optimizer,
-            activations=layer_bytes, stage_extras=ext, framework_buffers=s.buffers, slack=0.0,
-            **fixed,
-        )  # fmt: skip
-
     # The step runs after the last backward: activations and logits are freed by then.
+    # (PhaseMemory's fields in order: phase, the states' four, the activations' two in between,
+    # workspaces, slack, cuda_context, comm_buffers)
+    fwd, step = states.fwd_bwd, states.step
     phases = (
-        phase("fwd_bwd", states.fwd_bwd, acts.activations, acts.extras),
-        phase("step", states.step, 0.0, 0.0),
-    )
+        PhaseMemory("fwd_bwd", fwd.weights, fwd.grads, fwd.optimizer, acts.activations,
+                    acts.extras, fwd.buffers, workspaces, 0.0, context, buffers),
+        PhaseMemory("step", step.weights, step.grads, step.optimizer, 0.0, 0.0, step.buffers,
+                    workspaces, 0.0, context, buffers),
+    )  # fmt: skip
     memory = StageMemory(
         stage, layers, acts.held, params + experts, states.layout, phases, states.moments
     )

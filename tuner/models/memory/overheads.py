@@ -12,11 +12,13 @@ channels", ring "only has 2 connections regardless of the scale"); a send/recv c
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.allocator import Reserved, StepTensors, reserved_bytes, tensor_bytes
+from tuner.models.memory.kept import Kept
 from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework
 
@@ -75,6 +77,26 @@ def communicators(
     if c.world_size > 1:
         groups.append("world")  # barriers and timers on the default group
     return Communicators(tuple(groups), peers)
+
+
+_COMM_KNOBS = operator.attrgetter("tp", "pp", "cp", "dp", "ep", "etp")
+"""The config's knobs :func:`communicators` reads (with the stage only as first / last)."""
+
+
+def stage_nccl_bytes(
+    c: ParallelConfig, stage: int, framework: Framework, tied: bool, moe: bool, gpu: GPUSpec
+) -> float:
+    """``nccl_bytes(communicators(c, stage, framework, tied, moe), gpu)``, kept per (the
+    config's sizes, whether the stage is first or last, framework, tied, moe, gpu): every
+    stage of a space asks, and a few dozen combinations answer them all."""
+    key = (_COMM_KNOBS(c), stage == 0, stage == c.pp - 1, framework, tied, moe, gpu)
+    out = _NCCL.get(key)
+    if out is None:
+        out = _NCCL.put(key, nccl_bytes(communicators(c, stage, framework, tied, moe), gpu))
+    return out
+
+
+_NCCL: Kept[float] = Kept()
 
 
 def nccl_bytes(comms: Communicators, gpu: GPUSpec) -> float:

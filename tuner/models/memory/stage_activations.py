@@ -23,6 +23,7 @@ from tuner.models.memory.kept import Kept
 from tuner.models.memory.recompute import selective_activations
 from tuner.models.memory.step_tensors import activation_tensors
 from tuner.models.memory.terms import (
+    LayerActivations,
     global_buffer_bytes,
     layer_activations,
     layers_activation_bytes,
@@ -68,9 +69,8 @@ def stage_activation_terms(
     key = (model, knobs, stage, layers, framework, precision)
     terms = _TERMS.get(key)
     if terms is None:
-        terms = _TERMS.put(
-            key, stage_activation_terms_uncached(model, c, stage, layers, framework, precision)
-        )
+        base = _kept_base_terms(model, c, stage, layers, framework, precision)
+        terms = _TERMS.put(key, _recomputed(model, c, layers, framework, precision, base))
     return terms
 
 
@@ -82,6 +82,59 @@ def stage_activation_terms_uncached(
     precision: Precision,
 ) -> ActivationTerms:  # fmt: skip
     """The activation terms of rank ``stage`` holding ``layers`` layers, computed afresh."""
+    base = _base_terms(model, c, stage, layers, framework, precision)
+    return _recomputed(model, c, layers, framework, precision, base)
+
+
+RECOMPUTE_KNOBS = frozenset(
+    {"recompute", "recompute_method", "recompute_num_layers", "recompute_modules"}
+)
+"""The knobs only the recompute part of a stage's activations reads (:func:`_recomputed`): what
+:func:`_kept_base_terms` leaves out of its key besides :data:`STATE_ONLY_KNOBS`."""
+_BASE_KEY = tuple(f for f in _ACTIVATION_KEY if f not in RECOMPUTE_KNOBS)
+_base_knobs = operator.attrgetter(*_BASE_KEY)
+
+
+@dataclass(frozen=True, slots=True)
+class _BaseTerms:
+    """A stage's activation terms before recompute: what no recompute knob changes."""
+
+    layer_act: LayerActivations
+    """The stage's average layer for one micro-batch (MoE layers weighed, FP8's saved inputs)."""
+    share: float
+    """The share of the stage's layers that are MoE layers."""
+    dispatch: float
+    """One MoE layer's transient dispatch bytes less the allgather's gathered tokens."""
+    scratch: float
+    """Megatron-core's global memory buffer."""
+    held: float
+    """Micro-batches the stage holds (weighed by chunk layers with vp > 1)."""
+    extras: float
+    """Embedding / final-norm / logits activations."""
+
+
+def _kept_base_terms(
+    model: ModelSpec, c: ParallelConfig, stage: int, layers: int, framework: Framework,
+    precision: Precision,
+) -> _BaseTerms:  # fmt: skip
+    """:func:`_base_terms`, kept per (model, the config's knobs but :data:`STATE_ONLY_KNOBS`
+    and :data:`RECOMPUTE_KNOBS`, stage, layers, framework, precision): the configs of a space
+    that differ only in recompute knobs (a handful per stage) compute them once."""
+    key = (model, _base_knobs(c), stage, layers, framework, precision)
+    base = _BASE.get(key)
+    if base is None:
+        base = _BASE.put(key, _base_terms(model, c, stage, layers, framework, precision))
+    return base
+
+
+_BASE: Kept[_BaseTerms] = Kept()
+
+
+def _base_terms(
+    model: ModelSpec, c: ParallelConfig, stage: int, layers: int, framework: Framework,
+    precision: Precision,
+) -> _BaseTerms:  # fmt: skip
+    """The terms of :func:`stage_activation_terms_uncached` that read no recompute knob."""
     fp8 = precision == "fp8"
     precision = "bf16" if fp8 else precision  # fp8: bf16 activations (tuner.spec.fp8)
     vocab = padded_vocab(model.vocab_size, c.tp, framework)
@@ -91,24 +144,36 @@ def stage_activation_terms_uncached(
     share = moe_layers_on(model, c, stage, framework) / layers if layers else 0.0
     if fp8:  # TE saves GEMM inputs as FP8 (tuner.models.memory.fp8)
         layer_act = fp8_layer_activations(model, c, layer_act, share)
-    # selective recompute's modules (tuner.models.memory.recompute)
-    layer_act, rebuilt = selective_activations(model, c, layer_act, share, precision, fp8)
-    saved, working = layers_activation_bytes(layer_act, c, layers)
-    if c.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
-        saved, working = op_sac_bytes(model, c, precision, layers, layer_act)
     # Megatron-core keeps the allgather dispatcher's gathered tokens in its global memory
     # buffer, a persistent scratch tensor (tuner.models.memory.terms.global_buffer_bytes), not in
     # the dispatch transient.
     core = traits(framework).megatron_core
     gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
-    working += moe.dispatch - gathered + rebuilt
     scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0
     held = in_flight(c, stage)
     if c.vp > 1 and layers:
         # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
         # (Megatron's schedule walked per rank; equal chunks give exactly ``held``).
         held = held_layer_microbatches(model, c, framework, stage) / layers
-    activations = held * saved + working
     extras = stage_extras(model, c, stage, vocab, precision)
-    tensors = activation_tensors(model, layer_act, c, layers, held)
-    return ActivationTerms(held, activations, extras, scratch, tensors)
+    return _BaseTerms(layer_act, share, moe.dispatch - gathered, scratch, held, extras)
+
+
+def _recomputed(
+    model: ModelSpec, c: ParallelConfig, layers: int, framework: Framework,
+    precision: Precision, base: _BaseTerms,
+) -> ActivationTerms:  # fmt: skip
+    """The activation terms from ``base`` under the config's recompute knobs."""
+    fp8 = precision == "fp8"
+    precision = "bf16" if fp8 else precision
+    # selective recompute's modules (tuner.models.memory.recompute)
+    layer_act, rebuilt = selective_activations(
+        model, c, base.layer_act, base.share, precision, fp8
+    )
+    saved, working = layers_activation_bytes(layer_act, c, layers)
+    if c.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
+        saved, working = op_sac_bytes(model, c, precision, layers, layer_act)
+    working += base.dispatch + rebuilt
+    activations = base.held * saved + working
+    tensors = activation_tensors(model, layer_act, c, layers, base.held)
+    return ActivationTerms(base.held, activations, base.extras, base.scratch, tensors)

@@ -31,13 +31,14 @@ bytes; the router GEMM's backward runs its own two GEMMs.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.kept import Kept
 from tuner.models.moe import (
     ROUTER_MAP_BYTES,
     expert_tokens,
+    moe_time_knobs,
     rank_tokens,
     router_score_bytes,
     tp_ep_group_size,
@@ -103,8 +104,22 @@ def routing_bytes(model: ModelSpec, c: ParallelConfig, elem: int) -> tuple[float
     return scores, rows
 
 
-@functools.lru_cache(maxsize=4096)
 def moe_routing_times(
+    model: ModelSpec, rates: Rates, c: ParallelConfig, tp_cp: Link, tp_ep: Link
+) -> RoutingTimes:
+    """:func:`moe_routing_times_uncached`, kept per (model, rates, the config's
+    ``moe.MOE_TIME_KNOBS``, tp_cp, tp_ep): the configs that differ only in other knobs share it."""
+    key = (model, rates, moe_time_knobs(c), tp_cp, tp_ep)
+    times = _ROUTING_TIMES.get(key)
+    if times is None:
+        times = _ROUTING_TIMES.put(key, moe_routing_times_uncached(model, rates, c, tp_cp, tp_ep))
+    return times
+
+
+_ROUTING_TIMES: Kept[RoutingTimes] = Kept()
+
+
+def moe_routing_times_uncached(
     model: ModelSpec, rates: Rates, c: ParallelConfig, tp_cp: Link, tp_ep: Link
 ) -> RoutingTimes:
     """Routing of one MoE layer on one rank (``tp_cp``: the link of the aux loss's count
