@@ -478,11 +478,12 @@ def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:
 def drifting_log(spec: StudySpec, interleaved: bool) -> str:
     """The node log of the probe's points on the stand-in while the machine's load ramps up (each
     step 2% slower than the one before it ran, whichever point it was: another job starting),
-    with a first step 2x slow and the 2-layer base point's second step 1.8x slow (warm-up, which
-    ``steady_samples`` leaves out of that point only). ``interleaved``: the points' steps as the
-    workload interleaves them on CPU ranks (each point's first step in turn, then one step of
-    each per round, in reverse on odd rounds, each framed by resume/pause); else one point after
-    the other, as a script that runs its points in turn."""
+    with a first step 2x slow and the 2-layer base point's second step 3x slow (warm-up, which
+    ``steady_samples`` leaves out of that point only: the ramp over ten rounds of eight points
+    doubles the load, so a warm-up under 1.25x that would pass unseen). ``interleaved``: the
+    points' steps as the workload interleaves them on CPU ranks (each point's first step in
+    turn, then one step of each per round, in reverse on odd rounds, each framed by
+    resume/pause); else one point after the other, as a script that runs its points in turn."""
     from tuner.profile.probe import INTERLEAVED, POINT, PROBE_ITERS
 
     runs = probe_runs(spec)
@@ -491,7 +492,7 @@ def drifting_log(spec: StudySpec, interleaved: bool) -> str:
 
     def step(k: int, it: int) -> None:
         nonlocal done
-        warm = 2.0 if it == 1 else 1.8 if (it == 2 and k == 1) else 1.0
+        warm = 2.0 if it == 1 else 3.0 if (it == 2 and k == 1) else 1.0
         layers = runs[k].depth * runs[k].config.pp * runs[k].config.vp  # per stage
         took = true_step(spec, runs[k].launched, layers) * warm * (1 + 0.02 * done)
         done += 1

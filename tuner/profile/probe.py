@@ -34,11 +34,13 @@ from tuner.logs import parse_log
 from tuner.space.enumerate import iter_configs, study_violations
 from tuner.spec.study import StudySpec
 
-PROBE_ITERS = 7
-"""Iterations of each probe run: the first (warm-up) and enough after it for a median, six, so
-that interleaved points run three blocks of two rounds (:func:`paired_ratios`). A run's start
-(interpreter, imports, process group, engine) costs more than ten of its steps on the demos, so
-each iteration cut is a small saving; the warm-up is detected, not assumed long."""
+PROBE_ITERS = 11
+"""Iterations of each probe run: the first (warm-up) and ten after it, so that interleaved points
+run five blocks of two rounds (:func:`paired_ratios`): with three, one block that a burst of
+load hit moved a median of three ratios by its whole error (the CPU demo's block ratios spread
+10-20% under a load of 6-8 on two cores). A run's start (interpreter, imports, process group,
+engine) costs more than ten of its steps on the demos, so each iteration cut is a small saving;
+the warm-up is detected, not assumed long."""
 PROBE_WARMUP = 1
 """Iterations always left out of the median: the first optimizer step builds the optimizer's
 lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
