@@ -46,11 +46,11 @@ from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackPoint, StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.profile.probe import (
+    BATCH_SCALE,
     ProbeResult,
     ProbeRow,
     paired_ratio,
     paired_ratios,
-    probe_runs,
     reduced,
     spread,
 )
@@ -235,8 +235,15 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
     rates = rates or catalog_rates(study_gpu(spec), spec.training.precision)
     configs = {c.key(): c for c in iter_configs(spec)}
     # the base points' runs at more micro-batches per step (tuner.profile.probe.BATCH_SCALE)
-    wides = {r.launched.key(): r.launched for r in probe_runs(spec) if r.batch_scale > 1}
-    configs.update(wides)
+    wides: dict[str, ParallelConfig] = {}
+    if {r.key for r in rows} - configs.keys():
+        for c in configs.values():
+            if c.pp == 1:
+                gbs = c.global_batch_size * BATCH_SCALE
+                wide = dataclasses.replace(c, global_batch_size=gbs)
+                wides[wide.key()] = wide
+        wides = {k: c for k, c in wides.items() if k in {r.key for r in rows}}
+        configs.update(wides)
     by_key: dict[str, dict[int, ProbeRow]] = {}
     for row in rows:
         if row.key not in configs:
