@@ -240,8 +240,8 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
         for c in configs.values():
             if c.pp == 1:
                 gbs = c.global_batch_size * BATCH_SCALE
-                wide = dataclasses.replace(c, global_batch_size=gbs)
-                wides[wide.key()] = wide
+                scaled = dataclasses.replace(c, global_batch_size=gbs)
+                wides[scaled.key()] = scaled
         wides = {k: c for k, c in wides.items() if k in {r.key for r in rows}}
         configs.update(wides)
     by_key: dict[str, dict[int, ProbeRow]] = {}
