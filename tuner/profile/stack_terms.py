@@ -8,10 +8,13 @@ layers' forward, backward and recomputation; the embedding, LM head, loss and th
 per-micro-batch work) and ``S(L)`` everything else (optimizer step, gradient reduction, step
 overhead: the catalog's and the collective profile's). The measured step times at 1 and 2 layers
 less ``S`` give the measured ``layer`` (their difference over ``m``) and ``rest``; each is kept as
-its ratio to the model's (:class:`tuner.models.stack.StackPoint`). Where the probe interleaved its
-points' steps, each row's step time is first read against the base point's 1-layer run, as its
-median times their paired ratio (:func:`_aligned`), so a drifting load moves the rows of a
-group alike and leaves their differences alone. For memory the peak allocated
+its ratio to the model's (:class:`tuner.models.stack.StackPoint`); ``S``'s fixed part (the
+step's own work besides the gradient reduction and the optimizer's arithmetic) is measured by
+the base's 1-layer run at more micro-batches (:func:`_overhead_scale`), and a pipeline point's
+per-micro-batch rest by solving the composed model for it (:func:`_pipeline_point`). Where the
+probe interleaved its points' steps, each row's step time is first read against the base point's
+1-layer run, as its median times their paired ratio (:func:`_aligned`), so a drifting load moves
+the rows of a group alike and leaves their differences alone. For memory the peak allocated
 bytes at 1 and 2 layers less the model's weights, gradients, optimizer states and buffers give one
 layer's activations (the difference) and the stage's extras (what is left at 1 layer). A point run
 at one depth takes the rest and the extras of its base point (same TP and CP) and measures its own
