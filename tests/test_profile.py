@@ -378,9 +378,10 @@ def test_profile_runs_on_loopback_ssh_nodes(tmp_path: Path) -> None:
     assert rc == 0 and probe_rc == 0
     probe_spec = study_from_mapping(probe_data)
     terms = study_terms(probe_spec, results)
-    assert len(terms.points) == 1 and terms.points[0].layer_scale is not None
+    # the base point and the pipeline point, every one of the probe's four runs on both nodes
+    assert [p.pp for p in terms.points] == [1, 2] and terms.points[0].layer_scale is not None
     job = ClusterLayout(results.resolve(), probe_spec.cluster_name).stack_probe(probe_spec.name)
-    assert [job.node_log(n).read_text().count("rc=0") for n in (0, 1)] == [2, 2]
+    assert [job.node_log(n).read_text().count("rc=0") for n in (0, 1)] == [4, 4]
     assert left == [], "profile processes left on the nodes"
     assert survivors == [] and probe_processes(tmp_path) == [], "sshd left running"
     spec = study_from_mapping(data)

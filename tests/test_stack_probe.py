@@ -69,7 +69,13 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
     monkeypatch.chdir(tmp_path)
     spec = study_from_mapping(data)
     runs = probe_runs(spec)
-    assert [r.depth for r in runs] == [1, 2, 2]  # the base at 1 and 2 layers, distopt at 2
+    # the base at 1 and 2 layers and at 1 layer with twice the micro-batches, distopt at 2, the
+    # pipeline point at 1 layer per stage
+    assert [(r.depth, r.batch_scale, r.config.pp) for r in runs] == [
+        (1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2)
+    ]  # fmt: skip
+    distopt = runs[3].config
+    assert distopt.distributed_optimizer and not runs[0].config.distributed_optimizer
     assert main(["profile", "--study", str(path), "--probe"]) == 0
     out = capsys.readouterr().out
     assert "probe cost:" in out and "node-hours" in out
@@ -86,7 +92,7 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
     # its per-layer memory are apart; distopt ran at 2 layers only and takes the base's extras:
     # what the surface holds unlike the model (the same bytes with the optimizer sharded) counts
     # per layer there
-    for config, mem_rel in ((runs[0].config, 0.01), (runs[2].config, 0.08)):
+    for config, mem_rel in ((runs[0].config, 0.01), (distopt, 0.08)):
         found = estimate(spec, config, terms=terms)
         m = config.num_microbatches
         true_step = m * (REST_S + LAYER_S * spec.model.num_layers)
@@ -122,7 +128,10 @@ def test_every_probe_point_runs_in_one_slurm_allocation(
     job = ClusterLayout(tmp_path / "results", spec.cluster_name).stack_probe(spec.name)
     result = json.loads(job.result_json.read_text())
     assert result["job_id"] and sorted(result["hosts"]) == ["n1", "n2"]
-    for node in (0, 1):  # both nodes ran both points, in the one job
-        assert job.node_log(node).read_text().count("rc=0") == len(probe_runs(spec)) == 2
+    for node in (
+        0,
+        1,
+    ):  # both nodes ran every point (the base's three, the pipeline's), in one job
+        assert job.node_log(node).read_text().count("rc=0") == len(probe_runs(spec)) == 4
     terms = study_terms(spec, tmp_path / "results")
-    assert [p.layer_scale is not None for p in terms.points] == [True]
+    assert [(p.pp, p.layer_scale is not None) for p in terms.points] == [(1, True), (2, True)]

@@ -79,6 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         inside = sum(abs(v - 1) <= band for v in values)
         print(f"{name} measured / predicted: {min(values):.3f}-{max(values):.3f}, {inside} of "
               f"{len(values)} within {band:.0%}")  # fmt: skip
+    # the load level: the probed configs' own ratio (the probe's load against this job's), which
+    # no composition can know; what is left over it is the composition's own error
+    probed = [r["step"] for r in found if r["probed"]]
+    if probed:
+        level = sorted(probed)[len(probed) // 2]
+        rest = [r["step"] / level for r in found]
+        inside = sum(abs(v - 1) <= 0.10 for v in rest)
+        print(f"step over the probed configs' median ({level:.3f}, the load level): "
+              f"{min(rest):.3f}-{max(rest):.3f}, {inside} of {len(rest)} within 10%")  # fmt: skip
     return 0
 
 

@@ -168,8 +168,23 @@ def prepare(args: Any) -> Prepared:
     return args, shape, config, plan
 
 
+def own_groups(engine: Any | None) -> None:
+    """Give DeepSpeed's module-wide model-parallel unit back to ``engine`` (None: to none, as
+    in a fresh process). An engine built with one (a ``PipelineModule``'s grid) leaves it in
+    ``deepspeed.utils.groups.mpu`` (``DeepSpeedEngine._configure_distributed_model``: "pass
+    the mpu from here to groups; for subsequent use, just query groups"), where every engine
+    built after it and every later group look-up finds it: in one process that runs several
+    points, a data-parallel point after a pipeline point would take the pipeline's
+    data-parallel group (one rank on two) or fail to build. Each point is built and stepped
+    with its own."""
+    from deepspeed.utils import groups
+
+    groups.mpu = None if engine is None else engine.mpu
+
+
 def open_session(run: Prepared, device: Any, rank: int) -> Session:
     """Build the model and engine of ``run``: its session, no step run yet."""
+    own_groups(None)
     args, shape, config, plan = run
     rss_base = rss_kib("VmRSS")
     model = build_model(shape, plan, config, args.seed)
@@ -297,6 +312,7 @@ def interleave_points(marker: str, runs: list[tuple[int, list[str]]], rank: int)
                 continue
             if rank == 0:
                 emit(f"{marker} {point} resume")
+            own_groups(session.engine)
             one_step(session, step)
             dist.barrier()
             if rank == 0:
@@ -305,6 +321,7 @@ def interleave_points(marker: str, runs: list[tuple[int, list[str]]], rank: int)
         if rank == 0:
             emit(f"{marker} {point} resume")
         dist.barrier()
+        own_groups(session.engine)
         done(session, iters)
         session.engine.destroy()
         dist.barrier()

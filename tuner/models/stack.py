@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.breakdown import MemoryBreakdown, PhaseMemory, StageMemory
+from tuner.models.rates import Rates
 from tuner.models.time.breakdown import TimeBreakdown
 from tuner.models.uncertainty import (
     MEMORY_SIGMA_FLOORS,
@@ -57,6 +58,10 @@ class StackPoint:
     ep: int = 1
     distopt: bool = False
     """Megatron's distributed optimizer (its sharding, as the ZeRO stage is DeepSpeed's)."""
+    pp: int = 1
+    """Pipeline stages. A point with more than one (the probe's pipeline point) gives the configs
+    with pipeline stages its per-micro-batch rest (``fixed_scale``) alone: a pipeline engine's
+    rest is its own (:meth:`StackTerms.point`)."""
     layer_scale: float | None = None
     """Measured / model seconds of one layer's forward + backward (+ recomputation) per
     micro-batch; None where not measured."""
@@ -74,6 +79,11 @@ class StackPoint:
     step_scale: float | None = None
     """Measured / model seconds of the step's sharding-dependent work (data-parallel gradient and
     parameter traffic, the optimizer step) at this point's sharding; None: the catalog's."""
+    overhead_scale: float | None = None
+    """Measured / model seconds of the step's fixed rest (what an optimizer step does once
+    besides data-parallel traffic and the optimizer's arithmetic: the engine's step call,
+    gradient-norm and clipping, logging; ``Rates.step_overhead``), from the base point run at
+    two micro-batch counts; None: the catalog's."""
     temps_scale: float | None = None
     """Measured / model bytes of the optimizer step's temporaries (the step phase's buffers);
     None: the catalog's."""
@@ -93,7 +103,9 @@ class StackPoint:
         cp = f" cp{self.cp}" if self.cp > 1 else ""
         ep = f" ep{self.ep}" if self.ep > 1 else ""
         shard = " distopt" if self.distopt else ""
-        return f"tp{self.tp}{cp}{ep} mbs{self.mbs} {self.recompute} zero{self.zero_stage}{shard}"
+        pp = f" pp{self.pp}" if self.pp > 1 else ""
+        return (f"tp{self.tp}{cp}{pp}{ep} mbs{self.mbs} {self.recompute} "
+                f"zero{self.zero_stage}{shard}")  # fmt: skip
 
     def distance(self, config: ParallelConfig) -> float:
         """How far ``config`` is from this point: recomputation weighs most (it changes what a
@@ -136,7 +148,7 @@ class StackTerms:
     def _nearest(self, config: ParallelConfig) -> tuple[StackPoint, StackPoint | None] | None:
         """(the probed point nearest ``config`` with its TP and CP degrees, the nearest one with
         its sharding: ZeRO stage, distributed optimizer and EP), or None."""
-        same = [p for p in self.points if p.tp == config.tp and p.cp == config.cp]
+        same = [p for p in self.points if (p.tp, p.cp, p.pp) == (config.tp, config.cp, 1)]
         if not same:
             return None
         shard = [p for p in same if (p.zero_stage, p.distopt, p.ep) == _sharding(config)]
@@ -157,12 +169,31 @@ class StackTerms:
         if found is None:
             return None
         near, shard = found
-        if near is shard:
+        if near is not shard:
+            near = dataclasses.replace(
+                near, states_scale=shard.states_scale if shard else None,
+                step_scale=shard.step_scale if shard else None,
+            )  # fmt: skip
+        pipe = self._pipeline(config)
+        if pipe is None:
             return near
-        return dataclasses.replace(
-            near, states_scale=shard.states_scale if shard else None,
-            step_scale=shard.step_scale if shard else None,
-        )  # fmt: skip
+        spread = max(near.time_spread, pipe.time_spread)
+        return dataclasses.replace(near, fixed_scale=pipe.fixed_scale, time_spread=spread)
+
+    def _pipeline(self, config: ParallelConfig) -> StackPoint | None:
+        """The probed pipeline point for ``config`` (with pipeline stages, its TP and CP; the
+        nearest stage count), whose per-micro-batch rest it takes: a pipeline engine runs each
+        micro-batch through its own schedule (DeepSpeed's ``PipelineEngine`` executes an
+        instruction list per micro-batch: load, forward, send activation, receive gradient,
+        backward, send gradient; the last stage alone runs the LM head and loss), so the rest
+        measured under the data-parallel engine is not its. Its layers stay the flat points'
+        (the same blocks, the same kernels); its bubble is the model's own schedule structure
+        (``tuner.models.time.pipeline``) made of them. None without one."""
+        if config.pp == 1:
+            return None
+        pipes = [p for p in self.points if (p.tp, p.cp) == (config.tp, config.cp) and p.pp > 1
+                 and p.fixed_scale is not None]  # fmt: skip
+        return min(pipes, key=lambda p: abs(p.pp - config.pp)) if pipes else None
 
     def sources(self, config: ParallelConfig) -> tuple[TermOrigin, ...]:
         """Each of :data:`TERMS` for ``config``: measured (and where) or catalog."""
@@ -182,6 +213,8 @@ class StackTerms:
                 out.append(TermOrigin(term, "catalog"))
                 continue
             where = shard if shard and term in ("optimizer_step", "model_states") else p
+            pipe = self._pipeline(config)
+            where = pipe if pipe and term == "fixed_time" else where
             spread = where.time_spread if term in TIME_TERMS else where.memory_spread
             out.append(TermOrigin(term, "measured", spread, where.label))
         return tuple(out)
@@ -226,14 +259,19 @@ def composed_memory(
 
 
 def composed_time(
-    time: TimeBreakdown, config: ParallelConfig, terms: StackTerms | None
-) -> TimeBreakdown:
+    time: TimeBreakdown, config: ParallelConfig, terms: StackTerms | None,
+    rates: Rates | None = None,
+) -> TimeBreakdown:  # fmt: skip
     """``time`` (already built from the measured layer times, :func:`scaled_layer_times`) with
     the step's sharding-dependent work (data-parallel traffic and the optimizer step) scaled as
-    the point of its sharding measured it, and the provenance of its measured terms, so its
-    stated sd is theirs."""
+    the point of its sharding measured it, the step's fixed rest (``rates.step_overhead``
+    seconds in ``time.overhead``) as the probe measured it, and the provenance of its measured
+    terms, so its stated sd is theirs."""
     p = None if terms is None else terms.point(config)
     given = () if p is None else time_provenance(p)
+    if p is not None and p.overhead_scale is not None and rates is not None:
+        extra = (p.overhead_scale - 1.0) * rates.step_overhead
+        time = dataclasses.replace(time, overhead=time.overhead + extra, step=time.step + extra)
     if p is not None and p.step_scale is not None:
         k = p.step_scale
         extra = (k - 1.0) * (time.dp_comm + time.optimizer)

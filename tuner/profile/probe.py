@@ -34,11 +34,13 @@ from tuner.logs import parse_log
 from tuner.space.enumerate import iter_configs, study_violations
 from tuner.spec.study import StudySpec
 
-PROBE_ITERS = 7
-"""Iterations of each probe run: the first (warm-up) and enough after it for a median, six, so
-that interleaved points run three blocks of two rounds (:func:`paired_ratios`). A run's start
-(interpreter, imports, process group, engine) costs more than ten of its steps on the demos, so
-each iteration cut is a small saving; the warm-up is detected, not assumed long."""
+PROBE_ITERS = 11
+"""Iterations of each probe run: the first (warm-up) and ten after it, so that interleaved points
+run five blocks of two rounds (:func:`paired_ratios`): with three, one block that a burst of
+load hit moved a median of three ratios by its whole error (the CPU demo's block ratios spread
+10-20% under a load of 6-8 on two cores). A run's start (interpreter, imports, process group,
+engine) costs more than ten of its steps on the demos, so each iteration cut is a small saving;
+the warm-up is detected, not assumed long."""
 PROBE_WARMUP = 1
 """Iterations always left out of the median: the first optimizer step builds the optimizer's
 lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
@@ -51,6 +53,16 @@ MIN_STEADY = 3
 """The fewest iterations a median is taken over."""
 DEPTHS = (1, 2)
 """Layers per stage of the base points: the difference is one layer, the rest is fixed."""
+BATCH_SCALE = 2
+"""The base point runs once more at 1 layer with this many times the micro-batches per step: a
+step of ``m`` micro-batches is ``m x V + S`` (what each micro-batch computes, and what the step
+does once: the optimizer, the gradient reduction, the engine's step call), so two micro-batch
+counts at one depth separate the two, which two depths at one count cannot (their difference
+leaves ``S`` to the model)."""
+PIPE_DEPTH = 1
+"""Layers per stage of the pipeline point (:func:`pipeline_run`): the fewest, so that the rest
+it measures (the pipeline engine's per-micro-batch work outside the layers) is the largest share
+of its step; the layers themselves take the base point's per-layer terms."""
 PROBE_TIMEOUT_MIN = 10.0
 """Minutes each run may take when the study sets no ``search.trial_timeout_min``."""
 PORT_OFFSET = 100
@@ -77,6 +89,17 @@ class ProbeRun:
 
     config: ParallelConfig
     depth: int
+    batch_scale: int = 1
+    """The run's global batch over the study's: more than 1 runs that many times the
+    micro-batches per optimizer step (:data:`BATCH_SCALE`)."""
+
+    @property
+    def launched(self) -> ParallelConfig:
+        """The config as it runs: ``config`` with ``batch_scale`` times its global batch."""
+        if self.batch_scale == 1:
+            return self.config
+        gbs = self.config.global_batch_size * self.batch_scale
+        return dataclasses.replace(self.config, global_batch_size=gbs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,10 +135,12 @@ class ProbeResult:
 
 
 def reduced(spec: StudySpec, config: ParallelConfig, depth: int) -> StudySpec:
-    """``spec`` with ``depth`` layers per pipeline stage and the probe's iteration count."""
+    """``spec`` with ``depth`` layers per pipeline stage, ``config``'s global batch and the
+    probe's iteration count."""
     model = dataclasses.replace(spec.model, num_layers=depth * config.pp * config.vp)
     launch = dataclasses.replace(spec.launch, train_iters=PROBE_ITERS, warmup_iters=PROBE_WARMUP)
-    return dataclasses.replace(spec, model=model, launch=launch)
+    training = dataclasses.replace(spec.training, global_batch_size=config.global_batch_size)
+    return dataclasses.replace(spec, model=model, launch=launch, training=training)
 
 
 def _knobs(c: ParallelConfig) -> tuple[Any, ...]:
@@ -127,10 +152,14 @@ def _knobs(c: ParallelConfig) -> tuple[Any, ...]:
 def probe_runs(spec: StudySpec) -> list[ProbeRun]:
     """The probe's runs: per (TP, CP) of the space without pipeline stages, a base point (no
     recomputation where the space has it, the middle micro-batch size, the lowest ZeRO stage and
-    EP) at 1 and 2 layers, then the base's neighbours that change one knob (each other
-    recomputation, ZeRO stage and EP) at 2 layers. Configs with pipeline stages are not run: they
-    compose from the same per-layer terms (tuner.models.stack)."""
-    flat = [c for c in iter_configs(spec) if c.pp == 1 and c.vp == 1]
+    EP) at 1 and 2 layers and at 1 layer with :data:`BATCH_SCALE` times the micro-batches, then
+    the base's neighbours that change one knob (each other
+    recomputation, ZeRO stage and EP) at 2 layers, and, where the space has pipeline stages with
+    that TP and CP, one pipeline point (:func:`pipeline_run`) at :data:`PIPE_DEPTH` layers per
+    stage. The other configs with pipeline stages are not run: they compose from the same
+    per-layer terms and the pipeline point's per-micro-batch rest (tuner.models.stack)."""
+    every = list(iter_configs(spec))
+    flat = [c for c in every if c.pp == 1 and c.vp == 1]
     flat = [c for c in flat if not study_violations(c, reduced(spec, c, max(DEPTHS)))]
     runs: list[ProbeRun] = []
     for tp, cp in sorted({(c.tp, c.cp) for c in flat}):
@@ -148,6 +177,9 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
             ),
         )
         runs += [ProbeRun(base, d) for d in DEPTHS]
+        wide = ProbeRun(base, min(DEPTHS), BATCH_SCALE)
+        if not study_violations(wide.launched, reduced(spec, wide.launched, wide.depth)):
+            runs.append(wide)
         seen = {base.key()}
         for c in group:
             same = c.micro_batch_size == mbs and _knobs(c) == _knobs(base)
@@ -160,7 +192,32 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
             if same and sum(changed) == 1 and c.key() not in seen:
                 seen.add(c.key())
                 runs.append(ProbeRun(c, max(DEPTHS)))
+        pipe = pipeline_run(spec, base, every)
+        if pipe is not None:
+            runs.append(pipe)
     return runs
+
+
+def pipeline_run(spec: StudySpec, base: ParallelConfig,
+                 configs: Sequence[ParallelConfig]) -> ProbeRun | None:  # fmt: skip
+    """The pipeline point of ``base``'s group: the config with the fewest pipeline stages (more
+    than one, not interleaved) that matches ``base`` in TP, CP, micro-batch size, recomputation
+    and EP, at the lowest sharding the pipeline allows (DeepSpeed's pipeline runs ZeRO 0-1
+    only), at :data:`PIPE_DEPTH` layers per stage; None when the space has none. Its step is the
+    pipeline engine's own schedule: the layers (the base's per-layer terms), the point-to-point
+    transfers, the fill and drain, and the per-micro-batch rest of a pipeline engine, which runs
+    the LM head on the last stage alone and drives each micro-batch through an instruction
+    schedule of its own (tuner.profile.stack_terms derives that rest from it)."""
+    same = [
+        c for c in configs
+        if c.pp > 1 and c.vp == 1 and (c.tp, c.cp, c.micro_batch_size, c.recompute, c.ep)
+        == (base.tp, base.cp, base.micro_batch_size, base.recompute, base.ep)
+        and not study_violations(c, reduced(spec, c, PIPE_DEPTH))
+    ]  # fmt: skip
+    if not same:
+        return None
+    best = min(same, key=lambda c: (c.pp, c.zero_stage, c.distributed_optimizer, str(_knobs(c))))
+    return ProbeRun(best, PIPE_DEPTH)
 
 
 def bundle(
@@ -178,7 +235,7 @@ def bundle(
     bodies: list[list[str]] = [[] for _ in hosts]
     for k, run in enumerate(runs):
         rendered = render_launch(
-            reduced(spec, run.config, run.depth), run.config, hosts=hosts,
+            reduced(spec, run.launched, run.depth), run.launched, hosts=hosts,
             master_addr=master_addr, master_port=master_ports[k], trial_dir=f"{node_dir}/p{k}",
         )  # fmt: skip
         copies = [f"mkdir -p p{k}"]
@@ -217,15 +274,15 @@ def _one_process(
     copies: list[str] = []
     points = []
     for k, run in enumerate(runs):
-        small = reduced(spec, run.config, run.depth)
-        rendered = render_launch(small, run.config, hosts=hosts, master_addr=master_addr,
+        small = reduced(spec, run.launched, run.depth)
+        rendered = render_launch(small, run.launched, hosts=hosts, master_addr=master_addr,
                                  master_port=master_port,
                                  trial_dir=f"{node_dir}/p{k}")  # fmt: skip
         copies.append(f"mkdir -p p{k}")
         for name, text in rendered.files.items():
             files[f"p{k}.{name}"] = text
             copies.append(f"cp p{k}.{name} p{k}/{name}")
-        flags = deepspeed_script_flags(small.model, run.config, small.launch.train_iters)
+        flags = deepspeed_script_flags(small.model, run.launched, small.launch.train_iters)
         argv = ["--deepspeed_config", f"{node_dir}/p{k}/ds_config.json"]
         argv += [part for flag in flags for part in flag] + list(spec.launch.script_args)
         points.append({"point": k, "argv": argv})
@@ -233,8 +290,8 @@ def _one_process(
                                              "points": points})  # fmt: skip
     launch = dataclasses.replace(spec.launch, extra_args=(
         *spec.launch.extra_args, "--probe-points", f"{node_dir}/probe-points.json"))  # fmt: skip
-    first = dataclasses.replace(reduced(spec, runs[0].config, runs[0].depth), launch=launch)
-    rendered = render_launch(first, runs[0].config, hosts=hosts, master_addr=master_addr,
+    first = dataclasses.replace(reduced(spec, runs[0].launched, runs[0].depth), launch=launch)
+    rendered = render_launch(first, runs[0].launched, hosts=hosts, master_addr=master_addr,
                              master_port=master_port, trial_dir=f"{node_dir}/p0")  # fmt: skip
     head = ["#!/usr/bin/env bash", "set -uo pipefail", f"cd {_quote(node_dir)}", *copies]
     scripts = []
@@ -293,12 +350,12 @@ def rows_from_logs(
         )
         if m.step_time_s is None or m.peak_memory_gib is None:
             tail = " | ".join(text.strip().splitlines()[-2:]) or "no output"
-            raise LaunchError(f"probe run p{k} ({run.config.key()}, {run.depth} layers) measured "
-                              f"nothing ({m.outcome}): {tail}")  # fmt: skip
+            raise LaunchError(f"probe run p{k} ({run.launched.key()}, {run.depth} layers) "
+                              f"measured nothing ({m.outcome}): {tail}")  # fmt: skip
         steady = steady_samples(m.step_times_s)
         # the samples are the run's last iterations (1, 2, ... in the workloads' step lines)
         first = len(m.step_times_s) - len(steady) + 1
-        rows.append(ProbeRow(key=run.config.key(), depth=run.depth,
+        rows.append(ProbeRow(key=run.launched.key(), depth=run.depth,
                              step_s=statistics.median(steady),
                              samples_s=tuple(steady), peak_gib=m.peak_memory_gib,
                              reserved_gib=m.peak_reserved_gib,

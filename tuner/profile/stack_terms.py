@@ -8,10 +8,13 @@ layers' forward, backward and recomputation; the embedding, LM head, loss and th
 per-micro-batch work) and ``S(L)`` everything else (optimizer step, gradient reduction, step
 overhead: the catalog's and the collective profile's). The measured step times at 1 and 2 layers
 less ``S`` give the measured ``layer`` (their difference over ``m``) and ``rest``; each is kept as
-its ratio to the model's (:class:`tuner.models.stack.StackPoint`). Where the probe interleaved its
-points' steps, each row's step time is first read against the base point's 1-layer run, as its
-median times their paired ratio (:func:`_aligned`), so a drifting load moves the rows of a
-group alike and leaves their differences alone. For memory the peak allocated
+its ratio to the model's (:class:`tuner.models.stack.StackPoint`); ``S``'s fixed part (the
+step's own work besides the gradient reduction and the optimizer's arithmetic) is measured by
+the base's 1-layer run at more micro-batches (:func:`_overhead_scale`), and a pipeline point's
+per-micro-batch rest by solving the composed model for it (:func:`_pipeline_point`). Where the
+probe interleaved its points' steps, each row's step time is first read against the base point's
+1-layer run, as its median times their paired ratio (:func:`_aligned`), so a drifting load moves
+the rows of a group alike and leaves their differences alone. For memory the peak allocated
 bytes at 1 and 2 layers less the model's weights, gradients, optimizer states and buffers give one
 layer's activations (the difference) and the stage's extras (what is left at 1 layer). A point run
 at one depth takes the rest and the extras of its base point (same TP and CP) and measures its own
@@ -46,6 +49,7 @@ from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackPoint, StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.profile.probe import (
+    BATCH_SCALE,
     ProbeResult,
     ProbeRow,
     paired_ratio,
@@ -61,16 +65,35 @@ from tuner.spec.study import StudySpec
 
 
 def _time_parts(
-    spec: StudySpec, c: ParallelConfig, depth: int, rates: Rates
+    spec: StudySpec, c: ParallelConfig, depth: int, rates: Rates, overhead: float | None = None
 ) -> tuple[float, float, float]:
     """(V, S, D) of the model at ``depth`` layers: per micro-batch compute, the step's rest, and
-    the part of the rest that the sharding decides (data-parallel traffic, optimizer step)."""
+    the part of the rest that the sharding decides (data-parallel traffic, optimizer step).
+    ``overhead``: the measured ``overhead_scale`` of the step's fixed rest, in S."""
     small = reduced(spec, c, depth)
     b = estimate_time(small.model, spec.training, c, study_gpu(spec), spec.cluster.gpus_per_node,
                       spec.framework, rates)  # fmt: skip
     m = max(c.num_microbatches, 1)
     v = (b.compute + b.recompute) / m + rates.microbatch_overhead
-    return v, b.step - m * v, b.dp_comm + b.optimizer
+    shift = (overhead - 1.0) * rates.step_overhead if overhead is not None else 0.0
+    return v, b.step - m * v + shift, b.dp_comm + b.optimizer
+
+
+def _overhead_scale(spec: StudySpec, c: ParallelConfig, one: ProbeRow,
+                    wide: tuple[ProbeRow, int] | None, rates: Rates) -> float | None:  # fmt: skip
+    """Measured / model seconds of the step's fixed rest (``rates.step_overhead``: the engine's
+    optimizer-step call, gradient-norm and clipping, logging), from the base point at 1 layer
+    run with ``m`` and with ``k x m`` micro-batches per step (``wide``): their difference over
+    ``(k - 1) x m`` is one micro-batch's work ``V``, so ``t - m x V`` is what the step does once,
+    ``S``; less the model's data-parallel traffic and optimizer step, it is the fixed rest. None
+    without ``wide``; nil when measured at or under nothing."""
+    m = max(c.num_microbatches, 1)
+    if wide is None or rates.step_overhead <= 0 or wide[1] <= m:
+        return None
+    per_mb = (wide[0].step_s - one.step_s) / (wide[1] - m)
+    _, s1, shard = _time_parts(spec, c, 1, rates)
+    fixed = one.step_s - m * per_mb - shard - (s1 - shard - rates.step_overhead)
+    return max(fixed, 0.0) / rates.step_overhead
 
 
 def _memory_parts(
@@ -103,10 +126,12 @@ def _bytes_ratio(measured: float, model: float) -> float | None:
 
 
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
-                rates: Rates) -> StackPoint:  # fmt: skip
-    """A point run at 1 and 2 layers: every term from the two depths."""
+                rates: Rates, wide: tuple[ProbeRow, int] | None = None) -> StackPoint:  # fmt: skip
+    """A point run at 1 and 2 layers: every term from the two depths, and the step's fixed rest
+    from the 1-layer run at more micro-batches (``wide``, :func:`_overhead_scale`)."""
     m = max(c.num_microbatches, 1)
-    (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    k_over = _overhead_scale(spec, c, rows[1], wide, rates)
+    (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates, k_over) for d in (1, 2))
     t1, t2 = rows[1].step_s, rows[2].step_s
     layer = ((t2 - s2) - (t1 - s1)) / m
     rest = (t1 - s1) / m - layer
@@ -117,7 +142,7 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     extras = p1 - o1 - (k_act or 1.0) * a1
     return _point(spec, c, rows.values(), layer_scale=_ratio(layer, v2 - v1),
                   fixed_scale=_ratio(rest, 2 * v1 - v2), activation_scale=k_act,
-                  extras_scale=_bytes_ratio(extras, e1))  # fmt: skip
+                  extras_scale=_bytes_ratio(extras, e1), overhead_scale=k_over)  # fmt: skip
 
 
 def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
@@ -132,7 +157,8 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
     m, depth = max(c.num_microbatches, 1), row.depth
     (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
     lay_model, rest_model = v2 - v1, 2 * v1 - v2
-    _, sd, _ = _time_parts(spec, c, depth, rates)
+    k_over = base.overhead_scale if base else None
+    _, sd, _ = _time_parts(spec, c, depth, rates, k_over)
     k_rest = base.fixed_scale if base and base.fixed_scale is not None else 1.0
     layer = ((row.step_s - sd) / m - k_rest * rest_model) / depth
     other, states, act, ext = _memory_parts(spec, c, depth)
@@ -141,7 +167,8 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
     return _point(spec, c, (row,), layer_scale=_ratio(layer, lay_model),
                   fixed_scale=base.fixed_scale if base else None,
                   activation_scale=_bytes_ratio(acts, act),
-                  extras_scale=base.extras_scale if base else None)  # fmt: skip
+                  extras_scale=base.extras_scale if base else None,
+                  overhead_scale=k_over)  # fmt: skip
 
 
 def _sharding_only(c: ParallelConfig, base: StackPoint) -> bool:
@@ -162,7 +189,7 @@ def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: Sta
     k_lay = base.layer_scale if base.layer_scale is not None else 1.0
     k_rest = base.fixed_scale if base.fixed_scale is not None else 1.0
     per_mb = k_lay * (v2 - v1) * depth + k_rest * (2 * v1 - v2)
-    _, sd, shard = _time_parts(spec, c, depth, rates)
+    _, sd, shard = _time_parts(spec, c, depth, rates, base.overhead_scale)
     work = row.step_s - m * per_mb - (sd - shard)
     other, states, act, ext = _memory_parts(spec, c, depth)
     k_act = base.activation_scale if base.activation_scale is not None else 1.0
@@ -171,13 +198,15 @@ def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: Sta
     return _point(spec, c, (row,), layer_scale=base.layer_scale, fixed_scale=base.fixed_scale,
                   activation_scale=base.activation_scale, extras_scale=base.extras_scale,
                   states_scale=_bytes_ratio(held, states),
-                  step_scale=_bytes_ratio(work, shard))  # fmt: skip
+                  step_scale=_bytes_ratio(work, shard),
+                  overhead_scale=base.overhead_scale)  # fmt: skip
 
 
 def _point(
     spec: StudySpec, c: ParallelConfig, rows: Any, *, layer_scale: float | None,
     fixed_scale: float | None, activation_scale: float | None, extras_scale: float | None,
     states_scale: float | None = None, step_scale: float | None = None,
+    overhead_scale: float | None = None,
 ) -> StackPoint:  # fmt: skip
     rows = list(rows)
     slack = temps = None
@@ -198,6 +227,7 @@ def _point(
         time_spread=max(spread(r.samples_s) for r in rows), layer_scale=layer_scale,
         fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
         states_scale=states_scale, step_scale=step_scale, temps_scale=temps,
+        overhead_scale=overhead_scale,
     )  # fmt: skip
 
 
@@ -207,6 +237,16 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
     profile's, or the catalog's); a row whose config is not in the space is foreign."""
     rates = rates or catalog_rates(study_gpu(spec), spec.training.precision)
     configs = {c.key(): c for c in iter_configs(spec)}
+    # the base points' runs at more micro-batches per step (tuner.profile.probe.BATCH_SCALE)
+    wides: dict[str, ParallelConfig] = {}
+    if {r.key for r in rows} - configs.keys():
+        for c in configs.values():
+            if c.pp == 1:
+                gbs = c.global_batch_size * BATCH_SCALE
+                scaled = dataclasses.replace(c, global_batch_size=gbs)
+                wides[scaled.key()] = scaled
+        wides = {k: c for k, c in wides.items() if k in {r.key for r in rows}}
+        configs.update(wides)
     by_key: dict[str, dict[int, ProbeRow]] = {}
     for row in rows:
         if row.key not in configs:
@@ -215,19 +255,68 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
     by_key = _aligned(by_key, configs)
+    wide = {(configs[k].tp, configs[k].cp): (d[min(d)], configs[k].num_microbatches)
+            for k, d in by_key.items() if k in wides}  # fmt: skip
     bases: dict[tuple[int, int], StackPoint] = {}
     points = []
     for key, depths in by_key.items():
-        if 1 in depths and 2 in depths:
+        if 1 in depths and 2 in depths and configs[key].pp == 1:
             c = configs[key]
-            bases[(c.tp, c.cp)] = _base_point(spec, c, depths, rates)
+            bases[(c.tp, c.cp)] = _base_point(spec, c, depths, rates, wide.get((c.tp, c.cp)))
             points.append(bases[(c.tp, c.cp)])
     for key, depths in by_key.items():
-        if not (1 in depths and 2 in depths):
-            c = configs[key]
+        c = configs[key]
+        if not (1 in depths and 2 in depths) and c.pp == 1 and key not in wides:
             row = depths[max(depths)]
             points.append(_neighbour_point(spec, c, row, bases.get((c.tp, c.cp)), rates))
+    flat = StackTerms(tuple(points))
+    for key, depths in by_key.items():
+        c = configs[key]
+        if c.pp > 1:
+            points.append(_pipeline_point(spec, c, depths[max(depths)], flat, rates))
     return StackTerms(tuple(points))
+
+
+PIPE_SCALE_MAX = 64.0
+"""The largest per-micro-batch rest a pipeline point may state, as a multiple of the model's:
+a bound for the search (:func:`_pipeline_point`), far past anything measured (x0.5-3)."""
+
+
+def _pipeline_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, flat: StackTerms,
+                    rates: Rates) -> StackPoint:  # fmt: skip
+    """The pipeline point: its per-micro-batch rest (``fixed_scale``: the LM head on the last
+    stage, the loss, the pipeline engine's per-micro-batch schedule) is the one scale at which
+    the model, composed with the flat points' per-layer terms (the same blocks) and its own
+    schedule (layers per stage, 1F1B fill and drain, point-to-point transfers; sharded work as
+    the flat point of its sharding measured it), gives the measured step. The composed step
+    rises with that scale (the last stage's head and rest run once per micro-batch), so it is
+    found by bisection; a measured step under the composed one at nil rest states nil, one over
+    :data:`PIPE_SCALE_MAX` states that."""
+    small = reduced(spec, c, row.depth)
+    gpu, gpn = study_gpu(spec), spec.cluster.gpus_per_node
+
+    def step(k: float) -> float:
+        pipe = StackPoint(tp=c.tp, cp=c.cp, pp=c.pp, mbs=c.micro_batch_size,
+                          recompute=c.recompute, zero_stage=c.zero_stage, ep=c.ep,
+                          distopt=c.distributed_optimizer, fixed_scale=k)  # fmt: skip
+        terms = StackTerms((*flat.points, pipe))
+        return estimate_time(small.model, spec.training, c, gpu, gpn, spec.framework, rates,
+                             terms=terms).step  # fmt: skip
+
+    lo, hi = 0.0, PIPE_SCALE_MAX
+    if row.step_s <= step(lo):
+        hi = lo
+    elif row.step_s >= step(hi):
+        lo = hi
+    while hi - lo > 1e-4:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if step(mid) < row.step_s else (lo, mid)
+    # its other terms are the flat points' (what the configs with pipeline stages take)
+    near = flat.point(c) or StackPoint(tp=c.tp, mbs=c.micro_batch_size, recompute=c.recompute)
+    return dataclasses.replace(near, cp=c.cp, pp=c.pp, mbs=c.micro_batch_size,
+                               recompute=c.recompute, zero_stage=c.zero_stage, ep=c.ep,
+                               distopt=c.distributed_optimizer, fixed_scale=(lo + hi) / 2,
+                               time_spread=spread(row.samples_s))  # fmt: skip
 
 
 def _aligned(by_key: dict[str, dict[int, ProbeRow]],

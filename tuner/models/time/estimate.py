@@ -425,7 +425,7 @@ def estimate_time(
         m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
         m * layers * ((1 + redo) * route_f + route_b),
     )  # fmt: skip
-    return composed_time(breakdown(parts, model, config, rates), config, terms)
+    return composed_time(breakdown(parts, model, config, rates), config, terms, rates)
 
 
 def _dp_and_optimizer(
