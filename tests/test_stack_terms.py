@@ -162,6 +162,8 @@ def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> 
     # besides the model's optimizer step, whose stand-in rate is off too)
     scales = {p.overhead_scale for p in terms.points}
     assert len(scales) == 1 and scales.pop() == pytest.approx(STEP_OVERHEAD, rel=0.05)
+    sources = {s.term: s.source for s in terms.sources(next(iter_configs(spec)))}
+    assert sources["step_overhead"] == "measured"  # tune estimate says where it came from
     # recomputation and ZeRO stage 1 together: no probed point has both, each effect comes from
     # its own neighbour
     both = [c for c in iter_configs(spec) if c.recompute == "full" and c.zero_stage == 1]

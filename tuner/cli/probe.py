@@ -46,12 +46,12 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
                       f"{r.peak_gib:.4g}")  # fmt: skip
     console.print(table)
     terms_table = Table(title="measured / catalog, per probed point (the models compose these)")
-    for name in ("point", "layer time", "rest per micro-batch", "sharded work",
+    for name in ("point", "layer time", "rest per micro-batch", "sharded work", "step overhead",
                  "layer activations", "extras", "states", "time spread"):  # fmt: skip
         terms_table.add_column(name, justify="left" if name == "point" else "right")
     for p in terms.points:
-        scales = (p.layer_scale, p.fixed_scale, p.step_scale, p.activation_scale, p.extras_scale,
-                  p.states_scale)  # fmt: skip
+        scales = (p.layer_scale, p.fixed_scale, p.step_scale, p.overhead_scale,
+                  p.activation_scale, p.extras_scale, p.states_scale)  # fmt: skip
         terms_table.add_row(p.label, *(_x(v) for v in scales), f"{p.time_spread:.1%}")
     console.print(terms_table)
     versions = ", ".join(f"{k} {v}" for k, v in data["versions"].items())

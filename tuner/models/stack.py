@@ -38,7 +38,7 @@ from tuner.models.uncertainty import (
     TermSource,
 )
 
-TIME_TERMS = ("layer_time", "fixed_time", "optimizer_step")
+TIME_TERMS = ("layer_time", "fixed_time", "optimizer_step", "step_overhead")
 MEMORY_TERMS = (
     "activations", "stage_extras", "model_states", "slack", "outside_allocator", "optimizer_temps",
 )  # fmt: skip
@@ -202,7 +202,7 @@ class StackTerms:
         shard = found[1] if found else None
         values = {
             "layer_time": p and p.layer_scale, "fixed_time": p and p.fixed_scale,
-            "optimizer_step": p and p.step_scale,
+            "optimizer_step": p and p.step_scale, "step_overhead": p and p.overhead_scale,
             "activations": p and p.activation_scale, "stage_extras": p and p.extras_scale,
             "model_states": p and p.states_scale, "optimizer_temps": p and p.temps_scale,
             "slack": p and p.slack_bytes, "outside_allocator": p and p.outside_bytes,
