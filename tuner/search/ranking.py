@@ -31,6 +31,9 @@ equal with either.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -93,11 +96,59 @@ def correlation(post: Posterior | RowPosterior, z: np.ndarray, noise: float) -> 
     return np.asarray(cov / np.outer(sd, sd))
 
 
+FITS_KEPT = 6
+"""How many recent fits :func:`fit` and :func:`fit_memory` keep (each a few MiB at most: the
+``F x F`` covariance, or the rows' ``n x F`` and ``n x n`` matrices): an ask makes three (the
+memory fit, the time fit, the time fit with the running configs believed), so the last two
+asks'."""
+
+_fits: OrderedDict[bytes, Posterior | RowPosterior] = OrderedDict()
+_fits_lock = threading.Lock()
+
+Post = Posterior | RowPosterior
+
+
+def _kept(kind: str, arrays: tuple[np.ndarray | float, ...], compute: Callable[[], Post]) -> Post:
+    """``compute()``, or the posterior it gave for the same ``kind`` and the same ``arrays``
+    (exact contents: shapes and bytes) among the last :data:`FITS_KEPT`.
+
+    A fit is a pure function of its arrays, so the same object (the same numbers bit for bit)
+    is returned for the same inputs, never recomputed. An ask refits what an earlier one fitted
+    whenever nothing new was measured in between (the memory fit with its OOM passes, the time
+    fit: with thousands of trials most finished ones re-measure a config, and only a config's
+    first measurement is a row), and the leave-one-out width refits the ask's own time fit
+    (:func:`loo_scale`). Callers only read a posterior."""
+    parts = [np.asarray(a, dtype=float) for a in arrays]
+    key = b"|".join([repr((kind, [a.shape for a in parts])).encode()]
+                    + [a.tobytes() for a in parts])  # fmt: skip
+    with _fits_lock:
+        post = _fits.get(key)
+        if post is not None:
+            _fits.move_to_end(key)
+            return post
+    post = compute()
+    with _fits_lock:
+        _fits[key] = post
+        while len(_fits) > FITS_KEPT:
+            _fits.popitem(last=False)
+    return post
+
+
 def fit(
     prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
 ) -> Posterior | RowPosterior:
     """:func:`tuner.calibrate.correction.fit`'s posterior, in whichever form is cheaper: the
-    rows' (fewer rows than features: the usual case in a study) or the weights'."""
+    rows' (fewer rows than features: the usual case in a study) or the weights'; a recent fit of
+    the same arrays is returned as it is (:func:`_kept`)."""
+
+    return _kept("fit", (prior_precision, x, y, noise),
+                 lambda: _fit_now(prior_precision, x, y, noise))  # fmt: skip
+
+
+def _fit_now(
+    prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
+) -> Posterior | RowPosterior:
+    """:func:`fit` without keeping it (the memory fit's passes: only their last is kept)."""
     if len(y) < len(prior_precision):
         return RowPosterior(prior_precision, x, y, noise)
     return full_fit(prior_precision, x, y, noise)
@@ -107,8 +158,11 @@ def fit_memory(
     features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
     noise: float | np.ndarray,
 ) -> Posterior | RowPosterior:  # fmt: skip
-    """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`."""
-    return lift_ooms(fit, features.memory_precision, x, y, bound, noise)
+    """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`; a recent
+    fit of the same arrays, OOM passes included, is returned as it is (:func:`_kept`)."""
+    precision = features.memory_precision
+    return _kept("memory", (precision, x, y, bound, noise),
+                 lambda: lift_ooms(_fit_now, precision, x, y, bound, noise))  # fmt: skip
 
 
 def loo_residuals(

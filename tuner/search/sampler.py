@@ -65,7 +65,6 @@ from tuner.calibrate.correction import expected_improvement as expected_improvem
 from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import (
     Observation,
-    launch_overhead_s,
     measured_startup_s,
     memory_fingerprint,
     setup_fingerprint,
@@ -354,7 +353,7 @@ class ModelGuidedSampler(BaseSampler):
         (:func:`tuner.space.cost.trial_cost`, linear in the step time); the start-up the
         launches of this setup measured (``trials`` and the saved calibration's:
         :func:`~tuner.calibrate.store.measured_startup_s`) once there is one."""
-        own = (launch_overhead_s(t.user_attrs) for t in trials if t.state == TrialState.COMPLETE)
+        own = self._observed.startups(trials) if trials else ()  # each finished trial once
         spec = with_startup(self._spec, measured_startup_s(self._past(trials), self._fingerprint,
                                                            own))  # fmt: skip
         startup = trial_cost(spec, None).node_hours
