@@ -49,10 +49,14 @@ class RowPosterior:
         self, prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray,
         noise: float | np.ndarray,
     ) -> None:  # fmt: skip
-        variance = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)
         self._prior_var = 1.0 / prior_precision
         self._xs = x * self._prior_var  # X S
-        k = self._xs @ x.T + np.diag(variance)
+        self._solve(self._xs @ x.T, y, noise)
+
+    def _solve(self, xsx: np.ndarray, y: np.ndarray, noise: float | np.ndarray) -> None:
+        """The fit from ``X S X^T`` (``xsx``), with ``_prior_var`` and ``_xs`` set."""
+        variance = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)
+        k = xsx + np.diag(variance)
         self._k_inv = np.linalg.inv(k)
         self.alpha = self._k_inv @ y
         """``K^-1 y``: with ``K^-1``'s diagonal, each row's leave-one-out residual."""
@@ -214,7 +218,7 @@ it from the second on, yet four lucky residuals cannot shrink the width to a qua
 
 def loo_scale(
     prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray,
-    rows: int,
+    rows: int, post: Posterior | RowPosterior | None = None,
 ) -> tuple[float, int]:  # fmt: skip
     """How wide the posterior predictive should be, as a factor of the stated prior's, and the
     degrees of freedom it is known with: from the first ``rows`` rows' standardised
@@ -232,8 +236,9 @@ def loo_scale(
     by the marginal likelihood follows Rasmussen and Williams (2006, section 5.4.2): it judges
     the predictions themselves and holds up better when the model's form is wrong, which a
     correction of an analytical model is by construction. The rows after the first ``rows``
-    (the cluster's saved calibration) stay in every fit and are not scored."""
-    post = fit(prior_precision, x, y, noise)
+    (the cluster's saved calibration) stay in every fit and are not scored. ``post``: that
+    fit, when the caller has it."""
+    post = fit(prior_precision, x, y, noise) if post is None else post
     z = loo_z(post, x, y, noise, rows)
     dof = PRIOR_WEIGHT + rows
     return math.sqrt((PRIOR_WEIGHT + float(np.sum(np.square(z)))) / dof), dof

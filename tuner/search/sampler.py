@@ -60,7 +60,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibrate.correction import Features, Prior
+from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
 from tuner.calibrate.correction import expected_improvement as expected_improvement
 from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import (
@@ -73,8 +73,10 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
+from tuner.search.gram import Gram, GramPosterior
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
+    RowPosterior,
     correlation,
     fit,
     fit_memory,
@@ -160,6 +162,8 @@ class ModelGuidedSampler(BaseSampler):
                 self._features.memory_weights(c.memory.activation_share) for c in ranked
             ])  # fmt: skip
             self._keys = [c.key() for c in self._configs]
+            self._gram = Gram(self._x, self._precision)  # products kept for the fits
+            self._gram_m = Gram(self._xm, self._features.memory_precision)
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
         return self._configs
@@ -248,8 +252,15 @@ class ModelGuidedSampler(BaseSampler):
         noise = np.array(
             [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
-        post = fit_memory(self._features, self._prior, x, y, bound, noise)
-        mu, sd = post.predict(self._xm[open_])
+        ids = [i for i, _ in seen]
+        if not rows and self._gram_m.fits(ids):  # every row a candidate: the kept products
+            gram = self._gram_m
+            kept = lift_ooms(lambda _p, _x, y_, n_: gram.fit(ids, y_, n_),
+                             self._features.memory_precision, x, y, bound, noise)  # fmt: skip
+            mu, sd = kept.predict_rows(open_)
+        else:
+            post = fit_memory(self._features, self._prior, x, y, bound, noise)
+            mu, sd = post.predict(self._xm[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
         ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
             o.parallel_config().key() for o in past
@@ -308,20 +319,28 @@ class ModelGuidedSampler(BaseSampler):
             [noise] * len(seen)
             + [math.hypot(noise, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
-        post = fit(self._precision, x, y, sds)
         believed = [index[k] for k in pending if k in index]
+        gram = self._gram if not rows and self._gram.fits(seen + believed) else None
+        post = self._fit(gram, seen, x, y, sds)
+        measured_fit = post
         if believed:  # running configs count as measured at their posterior mean
-            mu_b, _ = post.predict(self._x[believed])
+            mu_b, _ = _predict(post, self._x, believed)
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
             sds = np.concatenate([sds, [noise] * len(believed)])
-            post = fit(self._precision, x, y, sds)
-        mu, sd = post.predict(self._x[open_])
+            post = self._fit(gram, seen + believed, x, y, sds)
+        mu, sd = _predict(post, self._x, open_)
         scale: tuple[float | None, int | None] = (None, None)
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
-            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen))
+            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen), measured_fit)
         return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post)
+
+    def _fit(self, gram: Gram | None, rows: list[int], x: np.ndarray, y: np.ndarray,
+             sds: np.ndarray) -> Posterior | RowPosterior:  # fmt: skip
+        """The time correction fitted on ``x`` (candidates ``rows``, then saved observations),
+        from ``gram``'s kept products when given (:mod:`tuner.search.gram`)."""
+        return gram.fit(rows, y, sds) if gram is not None else fit(self._precision, x, y, sds)
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
@@ -453,3 +472,10 @@ def make_sampler(
         return optuna.samplers.TPESampler(
             multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
         )
+
+
+def _predict(post: Posterior | RowPosterior, x: np.ndarray,
+             rows: list[int]) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``post``'s prediction for candidates ``rows`` (of features ``x``), from the kept
+    products when ``post`` was fitted on them."""
+    return post.predict_rows(rows) if isinstance(post, GramPosterior) else post.predict(x[rows])
