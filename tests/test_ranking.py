@@ -20,6 +20,7 @@ from tuner.search import sampler as sampler_module
 from tuner.search.ranking import (
     PRIOR_WEIGHT,
     RowPosterior,
+    believe,
     correlation,
     covariance,
     fit,
@@ -256,3 +257,19 @@ def test_a_kept_fit_is_the_fit_of_the_same_arrays_and_only_of_them(rows: int) ->
     assert fit_memory(features, correction.Prior(), x, y, bound, noise) is lifted  # type: ignore[arg-type]
     unkept = correction.lift_ooms(correction.fit, precision, x, y, bound, noise)
     assert np.allclose(lifted.predict(z)[0], unkept.predict(z)[0], rtol=1e-9, atol=1e-12)
+
+
+def test_believed_rows_are_a_refit_at_their_posterior_mean() -> None:
+    precision, x, y, noise = _random_rows(60, np.random.default_rng(13))  # the weights' form
+    post = fit(precision, x, y, noise)
+    assert isinstance(post, correction.Posterior)
+    xb = x[[3, 7, 7, 20]] + np.eye(4, x.shape[1], 5)  # four running configs, two alike
+    yb, _ = post.predict(xb)
+    refit = correction.fit(precision, np.vstack([x, xb]), np.r_[y, yb], np.r_[noise, [0.03] * 4])
+    updated = believe(post, xb, 0.03)
+    assert np.allclose(updated.mean, refit.mean, rtol=1e-9, atol=1e-12)
+    assert np.allclose(updated.cov, refit.cov, rtol=1e-7, atol=1e-12)
+    z = x[:10] * 0.5
+    for a, b in zip(updated.predict(z), refit.predict(z), strict=True):
+        assert np.allclose(a, b, rtol=1e-8, atol=1e-12)
+    assert (updated.predict(xb)[1] < post.predict(xb)[1]).all()  # what runs is less in doubt

@@ -77,6 +77,7 @@ from tuner.search.gram import Gram, GramPosterior
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
     RowPosterior,
+    believe,
     correlation,
     fit,
     fit_memory,
@@ -328,7 +329,10 @@ class ModelGuidedSampler(BaseSampler):
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
             sds = np.concatenate([sds, [noise] * len(believed)])
-            post = self._fit(gram, seen + believed, x, y, sds)
+            if isinstance(post, Posterior):  # the weights' form: a rank-update, no refit
+                post = believe(post, self._x[believed], noise)
+            else:
+                post = self._fit(gram, seen + believed, x, y, sds)
         mu, sd = _predict(post, self._x, open_)
         scale: tuple[float | None, int | None] = (None, None)
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
