@@ -12,6 +12,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.calibrate.store import launch_overhead_s
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
 from tuner.search.observed import Observed
@@ -37,6 +38,9 @@ def trial(rng: random.Random, number: int, state: TrialState) -> FrozenTrial:
         attrs["predicted_peak_gib"] = rng.uniform(60, 90)
     if outcome == Outcome.OK and rng.random() < 0.8:
         attrs["peak_memory_gib"] = rng.uniform(20, 60)
+    if rng.random() < 0.7:  # a start-up: wall time beyond the iterations (or none: a replay)
+        attrs |= {"duration_s": rng.choice([None, 30.0, 200.0]), "iterations": 20,
+                  "step_time_s": rng.uniform(1, 5)}  # fmt: skip
     if rng.random() < 0.05:
         del attrs["key"]  # asked, nothing recorded yet
     if rng.random() < 0.05:
@@ -81,6 +85,13 @@ def one_pass(trials: list[FrozenTrial]) -> tuple[Any, ...]:
     return list(measured.items()), pending, tried, ooms, list(memory.items()), own
 
 
+def startups(trials: list[FrozenTrial]) -> list[float]:
+    """What the sampler's cost read from every trial before the fold: each COMPLETE trial's
+    start-up, where it has one."""
+    found = (launch_overhead_s(t.user_attrs) for t in trials if t.state == TrialState.COMPLETE)
+    return sorted(s for s in found if s)
+
+
 def test_folds_to_what_one_pass_over_every_trial_gives() -> None:
     for seed in range(4):
         rng = random.Random(seed)
@@ -99,6 +110,7 @@ def test_folds_to_what_one_pass_over_every_trial_gives() -> None:
             got = (list(seen.measured.items()), seen.pending, seen.tried, seen.ooms,
                    list(seen.memory.items()), observed.own(trials))  # fmt: skip
             assert got == one_pass(trials)
+            assert sorted(observed.startups(trials)) == startups(trials)
             assert observed.of(trials, GPU_GIB) is seen  # the same read: asked once
             assert observed.dominated(seen.ooms, GRID) == {
                 i
@@ -106,6 +118,7 @@ def test_folds_to_what_one_pass_over_every_trial_gives() -> None:
                 if any(oom_dominates(o, c) for o in seen.ooms.values())
             }
         assert len(seen.measured) > 3 and len(seen.memory) > 3 and seen.ooms
+        assert len(startups(trials)) > 3
 
 
 def test_a_list_that_is_not_a_later_read_is_folded_afresh() -> None:
@@ -117,3 +130,4 @@ def test_a_list_that_is_not_a_later_read_is_folded_afresh() -> None:
         got = (list(seen.measured.items()), seen.pending, seen.tried, seen.ooms,
                list(seen.memory.items()), observed.own(read))  # fmt: skip
         assert got == one_pass(read)
+        assert sorted(observed.startups(read)) == startups(read)

@@ -20,10 +20,12 @@ from tuner.search import sampler as sampler_module
 from tuner.search.ranking import (
     PRIOR_WEIGHT,
     RowPosterior,
+    believe,
     correlation,
     covariance,
     cross_covariance,
     fit,
+    fit_memory,
     loo_residuals,
     loo_scale,
     loo_z,
@@ -230,3 +232,48 @@ def test_the_joint_chance_counts_the_bests_noise_once_and_open_doubts_apart(know
     else:
         assert 0.08 < one < 0.15
         assert together > 4 * one
+
+
+@pytest.mark.parametrize("rows", [9, 60])  # the rows' form, the weights' form
+def test_a_kept_fit_is_the_fit_of_the_same_arrays_and_only_of_them(rows: int) -> None:
+    precision, x, y, noise = _random_rows(rows, np.random.default_rng(11))
+    post = fit(precision, x, y, noise)
+    fresh = RowPosterior(precision, x, y, noise) if rows < 40 else correction.fit(
+        precision, x, y, noise)  # fmt: skip
+    z = x[: rows // 2] + 1.0
+    (mu, sd), (mu0, sd0) = post.predict(z), fresh.predict(z)
+    assert np.array_equal(mu, mu0) and np.array_equal(sd, sd0)
+    # equal contents in other arrays: the same posterior, not recomputed
+    assert fit(precision.copy(), x.copy(), y.copy(), noise.copy()) is post
+    assert fit(precision, x, y, float(noise[0])) is not post  # one noise for every row
+    y2 = y.copy()
+    y2[-1] += 1e-9  # one row, a little
+    other = fit(precision, x, y2, noise)
+    assert other is not post and not np.array_equal(other.mean, post.mean)
+    x2 = x.copy()
+    x2[0, 1] = 1.0 - x2[0, 1]
+    assert fit(precision, x2, y, noise) is not post
+    bound = np.zeros(rows, dtype=bool)
+    bound[0] = True  # the memory fit: its OOM passes kept as one fit, apart from the plain one
+    features = type("F", (), {"memory_precision": precision})()
+    lifted = fit_memory(features, correction.Prior(), x, y, bound, noise)  # type: ignore[arg-type]
+    assert lifted is not post
+    assert fit_memory(features, correction.Prior(), x, y, bound, noise) is lifted  # type: ignore[arg-type]
+    unkept = correction.lift_ooms(correction.fit, precision, x, y, bound, noise)
+    assert np.allclose(lifted.predict(z)[0], unkept.predict(z)[0], rtol=1e-9, atol=1e-12)
+
+
+def test_believed_rows_are_a_refit_at_their_posterior_mean() -> None:
+    precision, x, y, noise = _random_rows(60, np.random.default_rng(13))  # the weights' form
+    post = fit(precision, x, y, noise)
+    assert isinstance(post, correction.Posterior)
+    xb = x[[3, 7, 7, 20]] + np.eye(4, x.shape[1], 5)  # four running configs, two alike
+    yb, _ = post.predict(xb)
+    refit = correction.fit(precision, np.vstack([x, xb]), np.r_[y, yb], np.r_[noise, [0.03] * 4])
+    updated = believe(post, xb, 0.03)
+    assert np.allclose(updated.mean, refit.mean, rtol=1e-9, atol=1e-12)
+    assert np.allclose(updated.cov, refit.cov, rtol=1e-7, atol=1e-12)
+    z = x[:10] * 0.5
+    for a, b in zip(updated.predict(z), refit.predict(z), strict=True):
+        assert np.allclose(a, b, rtol=1e-8, atol=1e-12)
+    assert (updated.predict(xb)[1] < post.predict(xb)[1]).all()  # what runs is less in doubt

@@ -23,6 +23,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.calibrate.store import launch_overhead_s
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
 from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
@@ -92,6 +93,7 @@ class Observed:
         self._oom: dict[str, _Facts] = {}  # key -> its lowest-id OOM
         self._ok: dict[str, tuple[int, int, float]] = {}  # key -> lowest id, highest, its ratio
         self._own: set[tuple[int, Any]] = set()
+        self._startups: list[float] = []  # launch_overhead_s of each COMPLETE trial that has one
         self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
         self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
         self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
@@ -125,6 +127,13 @@ class Observed:
         """(number, key) of every trial of ``trials`` (a whole read)."""
         return self._own | self._update(trials)[1]
 
+    def startups(self, trials: Sequence[FrozenTrial]) -> list[float]:
+        """The start-up (:func:`~tuner.calibrate.store.launch_overhead_s`) of every COMPLETE
+        trial of ``trials`` (a whole read) that has one, in no particular order (the caller
+        takes their median). Only finished trials are COMPLETE, so this is the fold's alone."""
+        self._update(trials)
+        return self._startups
+
     def _update(self, trials: Sequence[FrozenTrial]) -> tuple[list[_Facts], set[tuple[int, Any]]]:
         """Fold the trials finished since the last read; the unfinished ones' facts and
         (number, key) pairs. A list that lacks a trial folded before (or holds another under
@@ -142,6 +151,8 @@ class Observed:
             if t.state.is_finished():
                 folded[t._trial_id] = t.number
                 self._own.add((t.number, t.user_attrs.get("key")))
+                if t.state == TrialState.COMPLETE and (s := launch_overhead_s(t.user_attrs)):
+                    self._startups.append(s)
                 if facts is not None:
                     self._fold(facts)
             else:

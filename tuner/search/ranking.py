@@ -31,6 +31,9 @@ equal with either.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,10 +49,14 @@ class RowPosterior:
         self, prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray,
         noise: float | np.ndarray,
     ) -> None:  # fmt: skip
-        variance = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)
         self._prior_var = 1.0 / prior_precision
         self._xs = x * self._prior_var  # X S
-        k = self._xs @ x.T + np.diag(variance)
+        self._solve(self._xs @ x.T, y, noise)
+
+    def _solve(self, xsx: np.ndarray, y: np.ndarray, noise: float | np.ndarray) -> None:
+        """The fit from ``X S X^T`` (``xsx``), with ``_prior_var`` and ``_xs`` set."""
+        variance = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)
+        k = xsx + np.diag(variance)
         self._k_inv = np.linalg.inv(k)
         self.alpha = self._k_inv @ y
         """``K^-1 y``: with ``K^-1``'s diagonal, each row's leave-one-out residual."""
@@ -102,22 +109,89 @@ def correlation(post: Posterior | RowPosterior, z: np.ndarray, noise: float) -> 
     return np.asarray(cov / np.outer(sd, sd))
 
 
+FITS_KEPT = 6
+"""How many recent fits :func:`fit` and :func:`fit_memory` keep (each a few MiB at most: the
+``F x F`` covariance, or the rows' ``n x F`` and ``n x n`` matrices): an ask makes three (the
+memory fit, the time fit, the time fit with the running configs believed), so the last two
+asks'."""
+
+_fits: OrderedDict[bytes, Posterior | RowPosterior] = OrderedDict()
+_fits_lock = threading.Lock()
+
+Post = Posterior | RowPosterior
+
+
+def _kept(kind: str, arrays: tuple[np.ndarray | float, ...], compute: Callable[[], Post]) -> Post:
+    """``compute()``, or the posterior it gave for the same ``kind`` and the same ``arrays``
+    (exact contents: shapes and bytes) among the last :data:`FITS_KEPT`.
+
+    A fit is a pure function of its arrays, so the same object (the same numbers bit for bit)
+    is returned for the same inputs, never recomputed. An ask refits what an earlier one fitted
+    whenever nothing new was measured in between (the memory fit with its OOM passes, the time
+    fit: with thousands of trials most finished ones re-measure a config, and only a config's
+    first measurement is a row), and the leave-one-out width refits the ask's own time fit
+    (:func:`loo_scale`). Callers only read a posterior."""
+    parts = [np.asarray(a, dtype=float) for a in arrays]
+    key = b"|".join([repr((kind, [a.shape for a in parts])).encode()]
+                    + [a.tobytes() for a in parts])  # fmt: skip
+    with _fits_lock:
+        post = _fits.get(key)
+        if post is not None:
+            _fits.move_to_end(key)
+            return post
+    post = compute()
+    with _fits_lock:
+        _fits[key] = post
+        while len(_fits) > FITS_KEPT:
+            _fits.popitem(last=False)
+    return post
+
+
 def fit(
     prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
 ) -> Posterior | RowPosterior:
     """:func:`tuner.calibrate.correction.fit`'s posterior, in whichever form is cheaper: the
-    rows' (fewer rows than features: the usual case in a study) or the weights'."""
+    rows' (fewer rows than features: the usual case in a study) or the weights'; a recent fit of
+    the same arrays is returned as it is (:func:`_kept`)."""
+
+    return _kept("fit", (prior_precision, x, y, noise),
+                 lambda: _fit_now(prior_precision, x, y, noise))  # fmt: skip
+
+
+def _fit_now(
+    prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray
+) -> Posterior | RowPosterior:
+    """:func:`fit` without keeping it (the memory fit's passes: only their last is kept)."""
     if len(y) < len(prior_precision):
         return RowPosterior(prior_precision, x, y, noise)
     return full_fit(prior_precision, x, y, noise)
+
+
+def believe(post: Posterior, xb: np.ndarray, noise: float) -> Posterior:
+    """``post`` (the weights' form) refitted with the rows ``xb`` added, each measured at its
+    posterior mean with sd ``noise``: how the model sampler counts the configs running now.
+
+    Such rows leave the mean where it is: conditioning on ``y_b = B m`` moves it by
+    ``C B^T M^-1 (y_b - B m) = 0`` (``M = D + B C B^T``), and shrink the covariance by the
+    rank-``b`` (Woodbury) update ``C - (B C)^T M^-1 (B C)`` (Rasmussen and Williams 2006,
+    eq. 2.8 and appendix A.3, with ``b`` new rows). That is ``F^2 b`` work instead of a refit's
+    ``n F^2 + F^3``: with thousands of trials (``n`` measured configs past the ``F``
+    features) the refit's inverse was most of an ask."""
+    bc = xb @ post.cov  # B C
+    m = bc @ xb.T + np.diag(np.full(len(xb), float(noise) ** 2))
+    cov = post.cov - bc.T @ np.linalg.solve(m, bc)
+    return Posterior(post.mean, (cov + cov.T) / 2.0)
 
 
 def fit_memory(
     features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
     noise: float | np.ndarray,
 ) -> Posterior | RowPosterior:  # fmt: skip
-    """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`."""
-    return lift_ooms(fit, features.memory_precision, x, y, bound, noise)
+    """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`; a recent
+    fit of the same arrays, OOM passes included, is returned as it is (:func:`_kept`)."""
+    precision = features.memory_precision
+    return _kept("memory", (precision, x, y, bound, noise),
+                 lambda: lift_ooms(_fit_now, precision, x, y, bound, noise))  # fmt: skip
 
 
 def loo_residuals(
@@ -169,7 +243,7 @@ it from the second on, yet four lucky residuals cannot shrink the width to a qua
 
 def loo_scale(
     prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray,
-    rows: int,
+    rows: int, post: Posterior | RowPosterior | None = None,
 ) -> tuple[float, int]:  # fmt: skip
     """How wide the posterior predictive should be, as a factor of the stated prior's, and the
     degrees of freedom it is known with: from the first ``rows`` rows' standardised
@@ -187,8 +261,9 @@ def loo_scale(
     by the marginal likelihood follows Rasmussen and Williams (2006, section 5.4.2): it judges
     the predictions themselves and holds up better when the model's form is wrong, which a
     correction of an analytical model is by construction. The rows after the first ``rows``
-    (the cluster's saved calibration) stay in every fit and are not scored."""
-    post = fit(prior_precision, x, y, noise)
+    (the cluster's saved calibration) stay in every fit and are not scored. ``post``: that
+    fit, when the caller has it."""
+    post = fit(prior_precision, x, y, noise) if post is None else post
     z = loo_z(post, x, y, noise, rows)
     dof = PRIOR_WEIGHT + rows
     return math.sqrt((PRIOR_WEIGHT + float(np.sum(np.square(z)))) / dof), dof

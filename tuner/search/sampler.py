@@ -60,12 +60,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibrate.correction import Features, Prior
+from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
 from tuner.calibrate.correction import expected_improvement as expected_improvement
 from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import (
     Observation,
-    launch_overhead_s,
     measured_startup_s,
     memory_fingerprint,
     setup_fingerprint,
@@ -74,10 +73,12 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
+from tuner.search.gram import Gram, GramPosterior
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
+    RowPosterior,
+    believe,
     correlation,
-    cross_covariance,
     fit,
     fit_memory,
     loo_scale,
@@ -92,7 +93,6 @@ from tuner.search.value import (
     best_worth,
     chance,
     joint_chance,
-    lookahead_spread,
     pick,
 )
 from tuner.space.cost import trial_cost, with_startup
@@ -163,6 +163,8 @@ class ModelGuidedSampler(BaseSampler):
                 self._features.memory_weights(c.memory.activation_share) for c in ranked
             ])  # fmt: skip
             self._keys = [c.key() for c in self._configs]
+            self._gram = Gram(self._x, self._precision)  # products kept for the fits
+            self._gram_m = Gram(self._xm, self._features.memory_precision)
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
         return self._configs
@@ -251,8 +253,15 @@ class ModelGuidedSampler(BaseSampler):
         noise = np.array(
             [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
-        post = fit_memory(self._features, self._prior, x, y, bound, noise)
-        mu, sd = post.predict(self._xm[open_])
+        ids = [i for i, _ in seen]
+        if not rows and self._gram_m.fits(ids):  # every row a candidate: the kept products
+            gram = self._gram_m
+            kept = lift_ooms(lambda _p, _x, y_, n_: gram.fit(ids, y_, n_),
+                             self._features.memory_precision, x, y, bound, noise)  # fmt: skip
+            mu, sd = kept.predict_rows(open_)
+        else:
+            post = fit_memory(self._features, self._prior, x, y, bound, noise)
+            mu, sd = post.predict(self._xm[open_])
         corrected = self._peak_gib[open_] * np.exp(mu)
         ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
             o.parallel_config().key() for o in past
@@ -311,22 +320,33 @@ class ModelGuidedSampler(BaseSampler):
             [noise] * len(seen)
             + [math.hypot(noise, o.transfer_sd(self._fingerprint)) for _, o in rows]
         )
-        post = fit(self._precision, x, y, sds)
         believed = [index[k] for k in pending if k in index]
+        gram = self._gram if not rows and self._gram.fits(seen + believed) else None
+        post = self._fit(gram, seen, x, y, sds)
+        measured_fit = post
         if believed:  # running configs count as measured at their posterior mean
-            mu_b, _ = post.predict(self._x[believed])
+            mu_b, _ = _predict(post, self._x, believed)
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
             sds = np.concatenate([sds, [noise] * len(believed)])
-            post = fit(self._precision, x, y, sds)
-        mu, sd = post.predict(self._x[open_])
+            if isinstance(post, Posterior):  # the weights' form: a rank-update, no refit
+                post = believe(post, self._x[believed], noise)
+            else:
+                post = self._fit(gram, seen + believed, x, y, sds)
+        mu, sd = _predict(post, self._x, open_)
         scale: tuple[float | None, int | None] = (None, None)
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
-            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen))
+            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen), measured_fit)
         incumbent = index.get(min(measured, key=measured.__getitem__)) if measured else None
         return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post,
                       incumbent=incumbent)  # fmt: skip
+
+    def _fit(self, gram: Gram | None, rows: list[int], x: np.ndarray, y: np.ndarray,
+             sds: np.ndarray) -> Posterior | RowPosterior:  # fmt: skip
+        """The time correction fitted on ``x`` (candidates ``rows``, then saved observations),
+        from ``gram``'s kept products when given (:mod:`tuner.search.gram`)."""
+        return gram.fit(rows, y, sds) if gram is not None else fit(self._precision, x, y, sds)
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
@@ -367,7 +387,7 @@ class ModelGuidedSampler(BaseSampler):
         """The start-up of one launch of this setup, seconds, as its launches measured it
         (``trials`` and the saved calibration's: :func:`~tuner.calibrate.store.
         measured_startup_s`); None before any was measured."""
-        own = (launch_overhead_s(t.user_attrs) for t in trials if t.state == TrialState.COMPLETE)
+        own = self._observed.startups(trials) if trials else ()  # each finished trial once
         return measured_startup_s(self._past(trials), self._fingerprint, own)
 
     def run_node_hours(self, trials: Sequence[FrozenTrial] = ()) -> float:
@@ -382,20 +402,6 @@ class ModelGuidedSampler(BaseSampler):
         first = self._log_pred[:1]  # the ranking's first: the model's fastest admitted config
         return DEFAULT_RUN_TRIALS * float(self.trial_node_hours(first, trials).sum())
 
-    def _lookahead(self, b: Belief) -> np.ndarray:
-        """How far one launch of each untried config is expected to move the choice of the
-        config to train with (:func:`~tuner.search.value.lookahead_spread`: its correction's
-        posterior variance and covariance with the incumbent's, the run-to-run noise, the
-        study's leave-one-out scale; 1 before that is known)."""
-        if b.fitted is None:
-            return np.asarray(np.maximum(b.sd, 1e-12))
-        z = self._x[np.asarray(b.open_)]
-        cov = (np.zeros(len(b.open_)) if b.incumbent is None
-               else cross_covariance(b.fitted, z, self._x[b.incumbent]))  # fmt: skip
-        scale = 1.0 if b.scale is None else b.scale
-        spread = lookahead_spread(np.square(b.sd), cov, self._prior.noise, scale)
-        return np.asarray(np.maximum(spread, 1e-12))
-
     def next_launch_worth(
         self, trials: Sequence[FrozenTrial]
     ) -> tuple[Worth, ParallelConfig] | None:
@@ -405,7 +411,8 @@ class ModelGuidedSampler(BaseSampler):
         b = self.belief(trials)
         if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
-        worth = best_worth(b.mu, self._lookahead(b), self.trial_node_hours(b.mu, trials), b.best,
+        moves = b.lookahead(self._x, self._prior.noise)
+        worth = best_worth(b.mu, moves, self.trial_node_hours(b.mu, trials), b.best,
                            self.run_node_hours(trials), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
 
@@ -477,3 +484,10 @@ def make_sampler(
         return optuna.samplers.TPESampler(
             multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
         )
+
+
+def _predict(post: Posterior | RowPosterior, x: np.ndarray,
+             rows: list[int]) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """``post``'s prediction for candidates ``rows`` (of features ``x``), from the kept
+    products when ``post`` was fitted on them."""
+    return post.predict_rows(rows) if isinstance(post, GramPosterior) else post.predict(x[rows])

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 from tuner.calibrate.correction import Posterior, expected_improvement, normal_cdf
-from tuner.search.ranking import RowPosterior
+from tuner.search.ranking import RowPosterior, cross_covariance
 
 IMPROVEMENT = 0.01
 """A gain smaller than this (1 % of the step time) is within run-to-run noise of a short run."""
@@ -156,6 +156,20 @@ class Belief:
     incumbent: int | None = None
     """Index (into the ranked candidates) of the best measured config, or None: the config the
     training run would use today, which one more launch may replace (:func:`lookahead_spread`)."""
+
+    def lookahead(self, x: np.ndarray, noise: float) -> np.ndarray:
+        """How far one launch of each untried config is expected to move the choice of the
+        config to train with (:func:`lookahead_spread`: its correction's posterior variance
+        and covariance with the incumbent's, the run-to-run ``noise``, the study's leave-one-out
+        scale; ``sd`` before anything was fitted); ``x``: every candidate's features."""
+        if self.fitted is None:
+            return np.asarray(np.maximum(self.sd, 1e-12))
+        z = x[np.asarray(self.open_)]
+        cov = (np.zeros(len(self.open_)) if self.incumbent is None
+               else cross_covariance(self.fitted, z, x[self.incumbent]))  # fmt: skip
+        scale = 1.0 if self.scale is None else self.scale
+        spread = lookahead_spread(np.square(self.sd), cov, noise, scale)
+        return np.asarray(np.maximum(spread, 1e-12))
 
     def spread(self, noise: float) -> np.ndarray:
         """How far each untried config's log step time may be from ``mu``: its posterior

@@ -84,7 +84,10 @@ class TrialReader:
             since = sa.or_(t.c.trial_id > self._last, t.c.trial_id.in_(sorted(self._open)))
         else:  # every id from the first unfinished one: a superset, narrowed below
             since = t.c.trial_id >= min(self._open)
-        wanted = sa.and_(t.c.study_id == self.study_id, since)
+        # the same rows, bounded from below by id: SQLite then walks the trials from there
+        # (the primary key) instead of every trial of the study (its study-id index)
+        lowest = min([*self._open, self._last + 1])
+        wanted = sa.and_(t.c.trial_id >= lowest, t.c.study_id == self.study_id, since)
         with engine.connect() as conn:
             trials = conn.execute(
                 sa.select(t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,11 +28,12 @@ from tuner.launch import JobResult
 from tuner.layout import TrialPaths
 from tuner.models.time.estimate import model_flops_per_step
 from tuner.outcome import Outcome
+from tuner.search.sampler import ModelGuidedSampler
 from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
 from tuner.study.faults import StorageFailure
 from tuner.study.measure import measured_anyway
-from tuner.study.storage import set_user_attrs
+from tuner.study.storage import set_user_attrs, upsert_backend, write_trial
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -245,16 +247,36 @@ def tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: f
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: float) -> None:
+    attrs = {"outcome": str(verdict.outcome), "reason": verdict.reason,
+             "duration_s": round(duration, 3), **verdict.metrics}  # fmt: skip
+    step = verdict.metrics.get("step_time_s")
+    value = float(step) if verdict.outcome == Outcome.OK and step else None
+    state = TrialState.COMPLETE if value is not None else (
+        TrialState.FAIL if verdict.outcome in RETRYABLE else TrialState.PRUNED)  # fmt: skip
     with storage_errors(f"recording trial {trial.number}"):
-        set_user_attrs(trial, {"outcome": str(verdict.outcome), "reason": verdict.reason,
-                               "duration_s": round(duration, 3), **verdict.metrics})  # fmt: skip
-        step = verdict.metrics.get("step_time_s")
-        if verdict.outcome == Outcome.OK and step:
-            study.tell(trial, float(step))
-        elif verdict.outcome in RETRYABLE:
-            study.tell(trial, state=TrialState.FAIL)
+        backend = upsert_backend(study._storage)
+        if backend is not None and _tells_nothing(study.sampler) and (
+            value is None or not math.isnan(value)  # NaN: Optuna fails it, with a warning
+        ):  # fmt: skip
+            study._thread_local.cached_all_trials = None  # as Study.tell
+            write_trial(backend, trial, {}, attrs, end=(state, value))
+            return
+        set_user_attrs(trial, attrs)
+        if value is not None:
+            study.tell(trial, value)
         else:
-            study.tell(trial, state=TrialState.PRUNED)
+            study.tell(trial, state=state)
+
+
+def _tells_nothing(sampler: optuna.samplers.BaseSampler) -> bool:
+    """Whether ``sampler`` does nothing when a trial ends (Optuna's random sampler, the model
+    sampler): then ``Study.tell`` is its refusal of a finished trial, which the one-transaction
+    write keeps, and ``set_trial_state_values``; its two reads of the trial through the ORM
+    (before, and a copy to return) are not needed. Another sampler (TPE, GP, grid) is told
+    through Optuna."""
+    after = type(sampler).after_trial
+    return after is optuna.samplers.BaseSampler.after_trial or isinstance(
+        sampler, ModelGuidedSampler)  # fmt: skip
 
 
 def guarded(what: str, fn: Callable[[], T]) -> T:

@@ -19,6 +19,7 @@ worker's memory:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import logging
@@ -273,6 +274,7 @@ def write_trial(
     backend: optuna.storages.RDBStorage, trial: optuna.Trial,
     params: dict[str, tuple[float, BaseDistribution]], attrs: dict[str, Any],
     system: dict[str, Any] | None = None,
+    end: tuple[optuna.trial.TrialState, float | None] | None = None,
 ) -> None:  # fmt: skip
     """A running trial's new parameters (name -> internal value and distribution, as
     ``Storage.set_trial_param`` takes them), user attributes and ``system`` attributes in one
@@ -280,7 +282,8 @@ def write_trial(
     ``set_trial_system_attr`` leave in its tables, with their refusals (a finished trial; a
     parameter whose distribution differs in kind, or in choices, from the one the study stored
     first: :func:`~optuna.distributions.check_distribution_compatibility`). Updates the
-    trial's cached view as Optuna does."""
+    trial's cached view as Optuna does. ``end``: its final state and value, in the same
+    transaction, as ``Storage.set_trial_state_values`` leaves them (:func:`_end`)."""
     from optuna.storages._rdb import models
 
     trials = models.TrialModel.__table__
@@ -307,11 +310,34 @@ def write_trial(
                 rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)}
                         for k, v in values.items()]  # fmt: skip
                 conn.execute(_upsert(backend.engine.dialect.name, model.__table__), rows)
+        if end is not None:
+            _end(conn, trial._trial_id, *end)
     cached = trial._cached_frozen_trial
     for name, (value, dist) in params.items():
         cached.distributions[name] = dist
         cached.params[name] = dist.to_external_repr(value)
     cached.user_attrs.update(attrs)
+
+
+def _end(conn: sa.Connection, trial_id: int, state: optuna.trial.TrialState,
+         value: float | None) -> None:  # fmt: skip
+    """What ``RDBStorage.set_trial_state_values(trial_id, state, [value])`` writes for a
+    running trial (already locked by the caller's select): the objective's value row (updated
+    if one is there), the state and the completion time."""
+    from optuna.storages._rdb import models
+
+    if value is not None:
+        table = models.TrialValueModel.__table__
+        stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+        row = {"value": stored, "value_type": kind}
+        where = (table.c.trial_id == trial_id) & (table.c.objective == 0)
+        if conn.execute(sa.select(table.c.trial_value_id).where(where)).first() is None:
+            conn.execute(table.insert(), [{"trial_id": trial_id, "objective": 0, **row}])
+        else:
+            conn.execute(table.update().where(where).values(**row))
+    trials = models.TrialModel.__table__
+    conn.execute(trials.update().where(trials.c.trial_id == trial_id)
+                 .values(state=state, datetime_complete=datetime.datetime.now()))  # fmt: skip
 
 
 def _first_distributions(

@@ -1,0 +1,92 @@
+"""tuner.study.record: a trial's verdict told in one write is what Optuna's own tell stores."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from tuner.outcome import Outcome
+from tuner.study.record import Verdict, tell
+from tuner.study.storage import set_user_attrs
+
+VERDICTS = [
+    Verdict(Outcome.OK, None, {"step_time_s": 1.25, "mfu": 0.4}),
+    Verdict(Outcome.OK, None, {"step_time_s": float("inf")}),
+    Verdict(Outcome.OOM, "CUDA out of memory", {"peak_memory_gib": 81.0}),
+    Verdict(Outcome.NODE_ERROR, "node lost", {}),  # runs again: FAIL
+    Verdict(Outcome.OK, None, {"step_time_s": float("nan")}),  # Optuna's FAIL, with its warning
+    Verdict(Outcome.OK, None, {}),  # no step: PRUNED
+]
+
+
+def optunas_tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict,
+                 duration: float) -> None:  # fmt: skip
+    """What ``tell`` did before its one write: the attributes, then Optuna's tell."""
+    set_user_attrs(trial, {"outcome": str(verdict.outcome), "reason": verdict.reason,
+                           "duration_s": round(duration, 3), **verdict.metrics})  # fmt: skip
+    step = verdict.metrics.get("step_time_s")
+    if verdict.outcome == Outcome.OK and step:
+        study.tell(trial, float(step))
+    elif verdict.outcome in (Outcome.NODE_ERROR,):
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        study.tell(trial, state=TrialState.PRUNED)
+
+
+def stored(url: str) -> list[tuple[Any, ...]]:
+    fresh = optuna.storages.RDBStorage(url)
+    trials = fresh.get_all_trials(fresh.get_study_id_from_name("s"), deepcopy=False)
+    return [(t.number, t.state, t.values, t.params, t.user_attrs, t.system_attrs,
+             t.datetime_complete is not None) for t in trials]  # fmt: skip
+
+
+def counted(real: Any, calls: list[str], name: str) -> Any:
+    def tell(*a: Any, **k: Any) -> Any:
+        calls.append(name)
+        return real(*a, **k)
+
+    return tell
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Optuna's warning for the NaN value
+@pytest.mark.parametrize("sampler", ["random", "tpe"])  # one write; Optuna's tell (TPE's own)
+def test_tell_stores_what_optunas_tell_stores(tmp_path: Path, sampler: str) -> None:
+    got, calls = [], []
+    for name, told in (("theirs", optunas_tell), ("mine", tell)):
+        url = f"sqlite:///{tmp_path / name}.db"
+        make = {"random": optuna.samplers.RandomSampler, "tpe": optuna.samplers.TPESampler}
+        study = optuna.create_study(study_name="s", storage=url, sampler=make[sampler](seed=1))
+        study.tell = counted(study.tell, calls, name)  # type: ignore[method-assign]
+        for verdict in VERDICTS:
+            trial = study.ask({"tp": CategoricalDistribution([1, 2, 4])})
+            trial.set_user_attr("key", f"tp{trial.params['tp']}")
+            told(study, trial, verdict, 12.3456)
+        study.ask()  # one left running
+        got.append(stored(url))
+    theirs, mine = got
+    assert [t[1] for t in theirs] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED,
+                                      TrialState.FAIL, TrialState.FAIL, TrialState.PRUNED,
+                                      TrialState.RUNNING]  # fmt: skip
+    assert mine == theirs
+    # the random sampler does nothing at a trial's end: told in the one write but the NaN
+    assert calls.count("mine") == (1 if sampler == "random" else len(VERDICTS))
+
+
+def test_a_trial_another_worker_ended_is_not_told_twice(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    trial = study.ask()
+    optuna.load_study(study_name="s", storage=url).tell(trial.number, state=TrialState.FAIL)
+    with caplog.at_level(logging.WARNING):
+        tell(study, trial, VERDICTS[0], 1.0)
+    assert "ended by another worker" in caplog.text
+    (t,) = optuna.storages.RDBStorage(url).get_all_trials(study._study_id)
+    assert t.state == TrialState.FAIL and t.values is None and "outcome" not in t.user_attrs
