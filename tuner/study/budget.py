@@ -74,12 +74,14 @@ class LaunchCosts:
         self.spec = spec
         """What the next launch's limit and worst case are cut from."""
 
-    def see(self, trials: Sequence[FrozenTrial]) -> None:
-        """Update :attr:`spec` from ``trials`` (read again only when more have finished)."""
-        done = [t for t in trials if t.state == TrialState.COMPLETE]
-        if len(done) == self._seen:
+    def see(self, trials: Sequence[FrozenTrial], finished: int | None = None) -> None:
+        """Update :attr:`spec` from ``trials``, of which ``finished`` are finished (counted
+        here when not given): read again only when more have finished."""
+        count = sum(t.state.is_finished() for t in trials) if finished is None else finished
+        if count == self._seen:
             return
-        self._seen = len(done)
+        self._seen = count
+        done = [t for t in trials if t.state == TrialState.COMPLETE]
         measured = getattr(self._sampler, "measured_startup_s", None)
         if measured is not None:  # the model sampler: with the saved calibration's launches
             found = measured(trials)

@@ -416,7 +416,7 @@ class StudyLoop:
         if self.pool.free_count < self.proxies.size():
             return  # every node of ours is busy: no need to read the leases on each pass
         launched = self.launched_count(trials)
-        self.costs.see(trials)
+        self.costs.see(trials, len(trials) - len(self.screen.digest.of(trials).open))
         while launched < self.n_trials:
             placement = self.scheduler.acquire(self.proxies.size())
             if placement is None:
