@@ -134,7 +134,7 @@ def board_grid(
             and (column.name != "outcome" or include_all)
         ):  # fmt: skip
             columns.append(column)
-    from tuner.study.reader import paused_collection
+    from tuner.space.collection import paused_collection
 
     rows = []
     position = {name: i for i, name in enumerate(board.columns)}

@@ -9,8 +9,8 @@ from tuner.errors import TunerError
 from tuner.layout import ResultsLayout
 from tuner.report.data import gather
 from tuner.report.page import Section, render, sections
+from tuner.space.collection import paused_collection
 from tuner.spec.study import StudySpec
-from tuner.study.reader import paused_collection
 
 logger = logging.getLogger(__name__)
 

@@ -15,12 +15,13 @@ from tuner.errors import StudyError
 from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
+from tuner.space.collection import paused_collection
 from tuner.space.columns import config_columns
 from tuner.space.trials import trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
-from tuner.study.reader import TrialReader, paused_collection
+from tuner.study.reader import TrialReader
 from tuner.study.storage import open_storage, resolve_url
 
 COLUMNS = [

@@ -15,11 +15,9 @@ sees what other workers add or finish. Other storages (a journal file) are read 
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 import optuna
@@ -27,6 +25,8 @@ import sqlalchemy as sa
 from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
+
+from tuner.space.collection import paused_collection
 
 _SPECIAL = {"INF_POS": float("inf"), "INF_NEG": float("-inf"), "NAN": float("nan")}
 
@@ -152,20 +152,6 @@ def _rows(conn: sa.Connection, model: Any, columns: Iterable[str],
     for row in conn.execute(query.where(wanted)):
         out[row[0]].append(row[1:])
     return out
-
-
-@contextmanager
-def paused_collection() -> Iterator[None]:
-    """The cyclic garbage collector paused while a read builds its objects (some 300,000 rows
-    and 10,000 trials at 10,000 trials, none of them garbage): its passes over the growing heap
-    were about a sixth of the read's CPU. Left as it was found when the caller paused it."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _attrs(rows: list[Any]) -> dict[str, Any]:
