@@ -4,14 +4,25 @@ mechanism for the stage's states (:mod:`~tuner.models.memory.stage_states`) and 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+import operator
+from collections.abc import Callable, Collection, Hashable
+from typing import Any, Generic, TypeVar
+
+from tuner.config.parallel import ParallelConfig
 
 T = TypeVar("T")
 
 MAX_CACHED_STAGES = 1 << 15
 """Stages a table keeps (a space of 10^5 configs has about 10^4 distinct ones); the cap bounds a
 process that walks many spaces: a full table starts over."""
+
+
+def knobs_but(left_out: Collection[str]) -> Callable[[ParallelConfig], tuple[Any, ...]]:
+    """What a key of kept terms reads from a config: the values of every one of its knobs but
+    ``left_out`` (those the terms never read), as one tuple read in C. A knob added to the
+    config joins every key until a term says it does not read it."""
+    kept = tuple(f for f in ParallelConfig.__dataclass_fields__ if f not in left_out)
+    return operator.attrgetter(*kept)
 
 
 class Kept(Generic[T]):

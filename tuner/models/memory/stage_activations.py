@@ -11,7 +11,6 @@ definition; tests/test_stage_states.py holds the two equal on every stage of who
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
@@ -19,7 +18,7 @@ from tuner.config.pipeline import held_layer_microbatches, in_flight
 from tuner.models.memory.allocator import Tensors
 from tuner.models.memory.fp8 import fp8_layer_activations
 from tuner.models.memory.fsdp2 import op_sac_bytes
-from tuner.models.memory.kept import Kept
+from tuner.models.memory.kept import Kept, knobs_but
 from tuner.models.memory.recompute import selective_activations
 from tuner.models.memory.step_tensors import activation_tensors
 from tuner.models.memory.terms import (
@@ -37,10 +36,7 @@ from tuner.spec.study import Framework, ModelSpec, Precision
 STATE_ONLY_KNOBS = frozenset({"distributed_optimizer", "zero_stage", "tp_comm_overlap"})
 """The config's knobs a stage's activation terms never read: what
 :func:`stage_activation_terms` leaves out of its key."""
-_ACTIVATION_KEY = tuple(
-    f for f in ParallelConfig.__dataclass_fields__ if f not in STATE_ONLY_KNOBS
-)
-_activation_knobs = operator.attrgetter(*_ACTIVATION_KEY)  # their values as one tuple, read in C
+_activation_knobs = knobs_but(STATE_ONLY_KNOBS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +87,7 @@ RECOMPUTE_KNOBS = frozenset(
 )
 """The knobs only the recompute part of a stage's activations reads (:func:`_recomputed`): what
 :func:`_kept_base_terms` leaves out of its key besides :data:`STATE_ONLY_KNOBS`."""
-_BASE_KEY = tuple(f for f in _ACTIVATION_KEY if f not in RECOMPUTE_KNOBS)
-_base_knobs = operator.attrgetter(*_BASE_KEY)
+_base_knobs = knobs_but(STATE_ONLY_KNOBS | RECOMPUTE_KNOBS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,11 @@ tests/test_stage_states.py holds the two equal on every stage of whole spaces).
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.kept import Kept
+from tuner.models.memory.kept import Kept, knobs_but
 from tuner.models.memory.step_tensors import StateTensors, state_tensors
 from tuner.models.memory.terms import padded_vocab, param_counts, stage_params
 from tuner.models.moe import expert_config, moe_stage_params
@@ -33,8 +32,7 @@ ACTIVATION_KNOBS = frozenset({
 })  # fmt: skip
 """The config's knobs the stage's parameters and states never read (only its activations,
 buffers and communicators do): what :func:`stage_state_terms` leaves out of its key."""
-_STATE_KNOBS = tuple(f for f in ParallelConfig.__dataclass_fields__ if f not in ACTIVATION_KNOBS)
-_state_knobs = operator.attrgetter(*_STATE_KNOBS)  # their values as one tuple, read in C
+_state_knobs = knobs_but(ACTIVATION_KNOBS)
 
 
 @dataclass(frozen=True, slots=True)
