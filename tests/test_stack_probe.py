@@ -128,10 +128,8 @@ def test_every_probe_point_runs_in_one_slurm_allocation(
     job = ClusterLayout(tmp_path / "results", spec.cluster_name).stack_probe(spec.name)
     result = json.loads(job.result_json.read_text())
     assert result["job_id"] and sorted(result["hosts"]) == ["n1", "n2"]
-    for node in (
-        0,
-        1,
-    ):  # both nodes ran every point (the base's three, the pipeline's), in one job
+    # both nodes ran every point (the base's three, the pipeline's), in one job
+    for node in (0, 1):
         assert job.node_log(node).read_text().count("rc=0") == len(probe_runs(spec)) == 4
     terms = study_terms(spec, tmp_path / "results")
     assert [(p.pp, p.layer_scale is not None) for p in terms.points] == [(1, True), (2, True)]
