@@ -186,10 +186,25 @@ def test_alpha_beta_fit_recovers_latency_and_bandwidth() -> None:
     ("edit", "message"),
     [
         (lambda d: d.update(extra=1), r"not a cluster profile \(unknown keys \['extra'\]\)"),
-        (lambda d: d["gemm"][0].pop("tflops"), "malformed cluster profile: KeyError"),
-        (lambda d: d["stream"].update(samples_s=["fast"]), "malformed cluster profile"),
-        (lambda d: d["attention"][0].update(seq="long"), "malformed cluster profile"),
-        (lambda d: d.update(launch=[1, 2]), "malformed cluster profile"),
+        (
+            lambda d: d["gemm"][0].pop("tflops"),
+            r"malformed cluster profile: gemm\[0\]\.tflops is missing",
+        ),
+        (
+            lambda d: d["stream"].update(samples_s=["fast"]),
+            r"malformed cluster profile: stream\.samples_s is not tuple\[float, \.\.\.\]",
+        ),
+        (
+            lambda d: d["attention"][0].update(seq="long"),
+            r"malformed cluster profile: attention\[0\]\.seq is not int: 'long'",
+        ),
+        (lambda d: d.update(launch=[1, 2]), "malformed cluster profile: launch is not a mapping"),
+        (lambda d: d.pop("gpu"), "malformed cluster profile: gpu is missing"),
+        (lambda d: d.update(hosts="two"), "malformed cluster profile: hosts is not int: 'two'"),
+        (
+            lambda d: d.update(collectives={"a": 1}),
+            "malformed cluster profile: collectives is not a list",
+        ),
     ],
 )
 def test_a_malformed_profile_is_one_line_naming_the_file(

@@ -38,3 +38,9 @@ def test_one_format_per_quantity() -> None:
     assert units.percent(0.5635) == "56.4" and units.rate(1990.4) == "1,990"
     assert units.gib(61.26) == "61.3" and units.gib(0.1061) == "0.106"
     assert units.gib(8.1) == "8.10" and units.gib(0.1) == "0.100"  # the same digits everywhere
+
+
+def test_node_hours_never_show_a_spent_figure_as_zero() -> None:
+    """A CPU demo spends about 0.002 node-hours; two fixed decimals printed it as ``0.00``."""
+    assert [units.node_hours(v) for v in (31.934, 1.0, 0.1234, 0.0021, 0.0, 1234.5)] == [
+        "31.93", "1.00", "0.12", "0.0021", "0", "1,234.50"]  # fmt: skip

@@ -143,7 +143,7 @@ def _proxy_cells(row: dict[str, Any]) -> tuple[str, ...]:
     if row.get("proxy_nodes") is None:
         return ("-", "-", "-")
     return (f"{row['proxy_nodes']} nodes dp {row['proxy_dp']}", f"{row['proxy_trial_min']:.1f}",
-            f"{row['proxy_node_hours']:.2f}")  # fmt: skip
+            units.node_hours(row["proxy_node_hours"]))  # fmt: skip
 
 
 def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
@@ -163,8 +163,9 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         ) + (_PROXY_COLUMNS if proxies else ())  # fmt: skip
         rows = tuple(
             (row["spelled"], units.seconds(row["predicted_step_s"] or 0.0),
-             f"{row['trial_min']:.1f}", f"{row['limit_min']:.1f}", f"{row['node_hours']:.2f}",
-             f"{row['worst_node_hours']:.2f}") + (_proxy_cells(row) if proxies else ())
+             f"{row['trial_min']:.1f}", f"{row['limit_min']:.1f}",
+             units.node_hours(row["node_hours"]), units.node_hours(row["worst_node_hours"]))
+            + (_proxy_cells(row) if proxies else ())
             for row in cost["configs"]
         )  # fmt: skip
         title = ("cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
@@ -178,20 +179,24 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         render.render(console, render.Grid(title=title, columns=columns, rows=rows,
                                            choosable=False))  # fmt: skip
     budget = f" (max_node_hours {cost['max_node_hours']:g})" if cost["max_node_hours"] else ""
+    expected, worst = (
+        units.node_hours(cost["expected_node_hours"]),
+        units.node_hours(cost["worst_node_hours"]),
+    )
     console.print(
-        f"budget of {cost['launches']} launches{_proxy_part(cost)}: expected "
-        f"{cost['expected_node_hours']:.2f} node-hours (each ended once its step time is known "
-        f"to ±{spec.search.precision:.0%}), worst case {cost['worst_node_hours']:.2f} "
-        f"(each running to its time limit or train_iters){budget}"
+        f"budget of {cost['launches']} launches{_proxy_part(cost)}: expected {expected} "
+        f"node-hours (each ended once its step time is known to ±{spec.search.precision:.0%}), "
+        f"worst case {worst} (each running to its time limit or train_iters){budget}"
     )
     if proxies:
-        p = cost["proxy"]
+        p: dict[str, Any] = {k: units.node_hours(v) if k.endswith("node_hours") else v
+                             for k, v in cost["proxy"].items()}  # fmt: skip
         console.print(
-            f"with proxies: launches {p['launches_expected_node_hours']:.2f} node-hours "
-            f"(worst {p['launches_worst_node_hours']:.2f}) + "
+            f"with proxies: launches {p['launches_expected_node_hours']} node-hours "
+            f"(worst {p['launches_worst_node_hours']}) + "
             f"{units.plural(p['confirmations'], 'confirmation')} at full scale "
-            f"{p['confirm_node_hours']:.2f} (worst {p['worst_confirmations']}: "
-            f"{p['confirm_worst_node_hours']:.2f})"
+            f"{p['confirm_node_hours']} (worst {p['worst_confirmations']}: "
+            f"{p['confirm_worst_node_hours']})"
         )
     if cost.get("cut_by_startup"):
         console.print(_startup_warning(cost))
@@ -265,19 +270,21 @@ def spent_line(trials: Sequence[Any]) -> str:
     on what."""
     spent = spent_json(trials)
     parts = ", ".join(
-        f"{k} {spent['launches_by_outcome'][k]}: {v:.2f}" for k, v in spent["by_outcome"].items()
+        f"{k} {spent['launches_by_outcome'][k]}: {units.node_hours(v)}"
+        for k, v in spent["by_outcome"].items()
     ) or "nothing"  # fmt: skip
     ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
     tail = f"; measured trials ended: {ends}" if ends else ""
     on = ", ".join(
-        f"{k} {units.plural(v['launches'], 'launch', 'launches')} {v['node_hours']:.2f}"
+        f"{k} {units.plural(v['launches'], 'launch', 'launches')} "
+        f"{units.node_hours(v['node_hours'])}"
         for k, v in spent["by_purpose"].items()
     )  # fmt: skip
     on_line = f"\nspent on: {on} (node-hours)" if on else ""
     launches = units.plural(spent["launches"], "launch", "launches")
     return (
-        f"spent: {spent['node_hours']:.2f} node-hours in {launches} (per outcome, launches: "
-        f"node-hours: {parts}){tail}{on_line}"
+        f"spent: {units.node_hours(spent['node_hours'])} node-hours in {launches} (per outcome, "
+        f"launches: node-hours: {parts}){tail}{on_line}"
     )
 
 

@@ -93,7 +93,8 @@ class LiveProgress:
             )
         launched = loop.launched_count(trials)
         budget = f"{launched}/{units.plural(loop.n_trials, 'run')}, "
-        budget += f"{loop.node_hours(trials):.2f} node-hours, {clock_text(now - loop.started)} "
+        spent = units.node_hours(loop.node_hours(trials))
+        budget += f"{spent} node-hours, {clock_text(now - loop.started)} "
         eta = loop_eta(loop, trials, now)
         budget += "elapsed, " + (f"about {clock_text(eta)} left" if eta is not None
                                  else "time left known after the first trial")  # fmt: skip

@@ -21,6 +21,14 @@ def gib(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:#.3g}"
 
 
+def node_hours(value: float) -> str:
+    """Node-hours with two decimals from 1 up (``31.93``), two significant digits below
+    (``0.12``, a CPU demo's ``0.0021``), so a small figure never shows as ``0.00``."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.2g}"
+
+
 def percent(share: float) -> str:
     """A share (0.5635) as a percent with one decimal, without the sign (the header has it)."""
     return f"{share * 100:.1f}"

@@ -39,6 +39,7 @@ VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "backend")
 PROGRESS = "TUNER_PROFILE_PROGRESS"  # the probe's line prefixes (tuner.profile.job, torch only)
 RESULT = "TUNER_PROFILE_RESULT"
 S = TypeVar("S")
+T = TypeVar("T")
 
 
 class ProfileError(ConfigError):
@@ -298,18 +299,25 @@ def from_probe(
 
 def _profile(data: Mapping[str, Any]) -> ClusterProfile:
     """A profile from plain data (the probe's result line plus what tune knows, or a saved file);
-    the probes added later (stream, launch, attention) may be missing."""
+    the probes added later (stream, launch, attention) may be missing. A missing or wrong field
+    is a :class:`_Malformed` naming it (``gemm[0].tflops is missing``)."""
     return ClusterProfile(
-        cluster=str(data["cluster"]), gpu=str(data["gpu"]), created=str(data["created"]),
-        versions=dict(data["versions"]), hosts=int(data["hosts"]),
-        world_size=int(data["world_size"]), dtype=str(data["dtype"]),
-        gemm=_samples(GemmSample, data["gemm"]),
-        collectives=_samples(CollectiveSample, data["collectives"]),
-        stream=_optional(StreamSample, data.get("stream")),
-        launch=_optional(LaunchSample, data.get("launch")),
-        attention=_samples(AttentionSample, data.get("attention")),
+        cluster=_field(data, "cluster", str), gpu=_field(data, "gpu", str),
+        created=_field(data, "created", str), versions=_field(data, "versions", dict),
+        hosts=_field(data, "hosts", int), world_size=_field(data, "world_size", int),
+        dtype=_field(data, "dtype", str),
+        gemm=_samples(GemmSample, _field(data, "gemm", _present), "gemm"),
+        collectives=_samples(CollectiveSample, _field(data, "collectives", _present),
+                             "collectives"),
+        stream=_optional(StreamSample, data.get("stream"), "stream"),
+        launch=_optional(LaunchSample, data.get("launch"), "launch"),
+        attention=_samples(AttentionSample, data.get("attention"), "attention"),
         tool=dict(data.get("tool") or {}),
     )  # fmt: skip
+
+
+def _present(value: Any) -> Any:
+    return value
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
@@ -321,18 +329,44 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _sample(cls: type[S], row: Mapping[str, Any]) -> S:
+class _Malformed(ValueError):
+    """A saved profile's field that is missing or of the wrong kind, named by its path."""
+
+
+def _sample(cls: type[S], row: Any, where: str) -> S:
     """One sample from its saved mapping, every field converted by its declared type."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    return cls(**{f.name: _CONVERT[str(f.type)](row[f.name]) for f in fields})
+    if not isinstance(row, Mapping):
+        raise _Malformed(f"{where} is not a mapping")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in row:
+            raise _Malformed(f"{where}.{f.name} is missing")
+        try:
+            values[f.name] = _CONVERT[str(f.type)](row[f.name])
+        except (TypeError, ValueError):
+            raise _Malformed(f"{where}.{f.name} is not {f.type}: {row[f.name]!r}") from None
+    return cls(**values)
 
 
-def _samples(cls: type[S], rows: Sequence[Mapping[str, Any]] | None) -> tuple[S, ...]:
-    return tuple(_sample(cls, row) for row in rows or ())
+def _samples(cls: type[S], rows: Any, where: str) -> tuple[S, ...]:
+    if rows is not None and not isinstance(rows, list):
+        raise _Malformed(f"{where} is not a list")
+    return tuple(_sample(cls, row, f"{where}[{k}]") for k, row in enumerate(rows or ()))
 
 
-def _optional(cls: type[S], row: Mapping[str, Any] | None) -> S | None:
-    return None if row is None else _sample(cls, row)
+def _optional(cls: type[S], row: Any, where: str) -> S | None:
+    return None if row is None else _sample(cls, row, where)
+
+
+def _field(data: Mapping[str, Any], key: str, convert: Callable[[Any], T]) -> T:
+    """``data[key]`` converted, or a :class:`_Malformed` naming the key."""
+    if key not in data:
+        raise _Malformed(f"{key} is missing")
+    try:
+        return convert(data[key])
+    except (TypeError, ValueError):
+        raise _Malformed(f"{key} is not {getattr(convert, '__name__', 'valid')}: "
+                         f"{data[key]!r}") from None  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- files
@@ -363,8 +397,8 @@ def load_profile(path: Path) -> ClusterProfile:
         raise ProfileError(f"not a cluster profile (unknown keys {extra})", file=str(path))
     try:
         return _profile(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProfileError(f"malformed cluster profile: {exc!r}", file=str(path)) from None
+    except (_Malformed, TypeError, ValueError) as exc:
+        raise ProfileError(f"malformed cluster profile: {exc}", file=str(path)) from None
 
 
 def check_profile(
