@@ -7,6 +7,7 @@ section 1e and 3a). :func:`validate` lists every broken rule; :func:`check` rais
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
@@ -307,6 +308,65 @@ def _check_megatron_deepspeed(c: ParallelConfig) -> list[RuleViolation]:
     return out
 
 
+RuleArgs = tuple[ModelSpec, int, Framework, TrainingSpec | None, int | None]
+"""What the rules read besides the config: (model, world size, framework, training, GPUs per
+node), as :func:`validate` takes them."""
+
+
+def _recompute_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
+    model = a[0]
+    per_rank = model.num_layers // (c.pp * c.vp) if c.pp * c.vp else model.num_layers
+    rules = recompute_rule_violations(
+        c.recompute, c.recompute_method, c.recompute_num_layers, per_rank
+    )
+    return [RuleViolation(rule, message) for rule, message in rules]
+
+
+def _module_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
+    model, _, framework, t, _ = a
+    rules = module_rule_violations(
+        c.recompute, c.recompute_modules, model.moe, model.num_layers, framework,
+        *((t.precision, t.fp8_recipe) if t else ()),
+    )  # fmt: skip
+    return [RuleViolation(rule, message) for rule, message in rules]
+
+
+def _overlap_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
+    model, _, framework, _, gpn = a
+    rules = tp_overlap_rule_violations(
+        c.tp_comm_overlap, c.tp, c.sequence_parallel, framework, model.moe, gpn
+    )
+    return [RuleViolation(rule, message) for rule, message in rules]
+
+
+RuleCheck = Callable[[ParallelConfig, RuleArgs], list[RuleViolation]]
+"""One block of rules over a config."""
+
+RULE_BLOCKS: tuple[tuple[tuple[str, ...], RuleCheck], ...] = (
+    (("tp", "pp", "cp", "dp", "vp", "ep", "micro_batch_size", "global_batch_size"),
+     lambda c, a: _check_sizes(c, a[1])),
+    (("tp", "pp", "vp", "pipeline_split"), lambda c, a: _check_model_split(c, a[0], a[2])),
+    (("pp", "vp", "pipeline_split"), lambda c, a: _check_pipeline(c, a[0])),
+    (("tp", "pp", "vp", "pipeline_split"), lambda c, a: _check_split(c, a[0], a[2])),
+    (("dp", "micro_batch_size", "global_batch_size"), lambda c, a: _check_batch(c)),
+    (("pp", "dp", "vp", "micro_batch_size", "global_batch_size"),
+     lambda c, a: _check_interleaved_batch(c)),
+    (("tp", "cp", "sequence_parallel"), lambda c, a: _check_sequence(c, a[0])),
+    (("pp", "vp", "recompute", "recompute_method", "recompute_num_layers"), _recompute_rules),
+    (("tp", "pp", "cp", "vp", "sequence_parallel", "recompute", "recompute_method",
+      "distributed_optimizer", "zero_stage"), lambda c, a: _check_framework(c, a[2])),
+    (("recompute", "recompute_modules"), _module_rules),
+    (("tp", "sequence_parallel", "tp_comm_overlap"), _overlap_rules),
+    (("tp", "pp", "ep", "etp", "micro_batch_size", "sequence_parallel", "zero_stage",
+      "moe_token_dispatcher"),
+     lambda c, a: [RuleViolation(r, m) for r, m in _moe_rules(c, a[0], a[1], a[2])]),
+)  # fmt: skip
+"""The Megatron-family rules in :func:`validate`'s order, each block with every config knob it
+reads (a block's verdict is a function of those values, with the :data:`RuleArgs` of one study:
+``tuner.config.rule_table`` keeps one verdict per distinct projection; torchtitan's rules are
+``torchtitan_rules``' own)."""
+
+
 def validate(
     config: ParallelConfig,
     model: ModelSpec,
@@ -317,35 +377,18 @@ def validate(
 ) -> list[RuleViolation]:
     """Every rule ``config`` breaks for ``model`` on ``world_size`` ranks (empty: valid);
     ``training``: the study's precision and FP8 recipe, which some recompute modules need;
-    ``gpus_per_node``: the cluster's, for the rules that need a group inside a node."""
+    ``gpus_per_node``: the cluster's, for the rules that need a group inside a node. A size
+    under 1 (rule ``positive``) is the only thing listed when there is one."""
     if traits(framework).fsdp2:  # torchtitan checks its own way (tuner.config.torchtitan_rules)
         return [RuleViolation(r, m) for r, m in torchtitan_violations(config, model, world_size)]
-    out = _check_sizes(config, world_size)
+    args: RuleArgs = (model, world_size, framework, training, gpus_per_node)
+    (_, sizes), *rest = RULE_BLOCKS
+    out = sizes(config, args)
     if out and out[0].rule == "positive":
         return out
-    out += _check_model_split(config, model, framework)
-    out += _check_pipeline(config, model)
-    out += _check_split(config, model, framework)
-    out += _check_batch(config)
-    out += _check_interleaved_batch(config)
-    out += _check_sequence(config, model)
-    c, t = config, training
-    per_rank = model.num_layers // (c.pp * c.vp) if c.pp * c.vp else model.num_layers
-    rules = recompute_rule_violations(
-        c.recompute, c.recompute_method, c.recompute_num_layers, per_rank
-    )
-    out += [RuleViolation(rule, message) for rule, message in rules]
-    out += _check_framework(config, framework)
-    rules = module_rule_violations(
-        c.recompute, c.recompute_modules, model.moe, model.num_layers, framework,
-        *((t.precision, t.fp8_recipe) if t else ()),
-    )  # fmt: skip
-    out += [RuleViolation(rule, message) for rule, message in rules]
-    rules = tp_overlap_rule_violations(
-        c.tp_comm_overlap, c.tp, c.sequence_parallel, framework, model.moe, gpus_per_node
-    )
-    out += [RuleViolation(rule, message) for rule, message in rules]
-    return out + [RuleViolation(r, m) for r, m in _moe_rules(config, model, world_size, framework)]
+    for _, check in rest:
+        out += check(config, args)
+    return out
 
 
 def _moe_rules(

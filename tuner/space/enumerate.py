@@ -20,6 +20,7 @@ from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.build import FIELDS, built
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
+from tuner.config.rule_table import RuleTable
 from tuner.config.rules import RuleViolation, validate
 from tuner.config.settings import parse_setting
 from tuner.errors import ConfigError
@@ -196,7 +197,14 @@ def _splits(spec: StudySpec, pp: int, vp: int) -> tuple[str, ...]:
 
 
 def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[ParallelConfig]:
-    """Every combination of the axes as a ParallelConfig (DP derived; may be invalid).
+    """Every combination of the axes as a ParallelConfig (DP derived; may be invalid):
+    :func:`iter_values`' configs."""
+    return map(built, iter_values(spec, axes))
+
+
+def iter_values(spec: StudySpec, axes: Axes | None = None) -> Iterator[tuple[Any, ...]]:
+    """Every combination of the axes as the values of a ParallelConfig's fields in
+    ``build.FIELDS`` order (``build.built`` makes the config; the rules read them without it).
 
     At tp=1 sequence parallelism is off whatever the axis says (Megatron turns it off there), so
     `sequence_parallel: [true]` keeps the tp=1 configs instead of making them all invalid; at
@@ -239,8 +247,8 @@ def iter_configs(spec: StudySpec, axes: Axes | None = None) -> Iterator[Parallel
             axes.moe_token_dispatcher,
         ):
             rc, method, n, mods = knobs
-            # ParallelConfig(tp=tp, ..., **titan), built field by field (tuner.config.build)
-            yield built((
+            # ParallelConfig(tp=tp, ..., **titan)'s fields (tuner.config.build)
+            yield ((
                 tp, pp, cp, dp, vp, sp, mbs, gbs, rc, method, per_rank if n == 0 else n,
                 mods, dopt, zero, split, ep, etp, disp, tpo, *titan_tail,
             ))  # fmt: skip
@@ -317,13 +325,16 @@ def judged(
     # configs the memory model reads alike (moe.memory_view) share one verdict and breakdown;
     # the knob they differ in is the innermost loop, so a few recent views suffice
     seen: dict[ParallelConfig, tuple[MemoryBreakdown | DeferredMemory, bool]] = {}
-    for config in iter_configs(spec):
+    rules = RuleTable(model, spec.world_size, fw, spec.training, gpn)
+    first, by_rule = rules.first, report.invalid_by_rule
+    for values in iter_values(spec):
         report.total += 1
-        errors = study_violations(config, spec)
-        if errors:
+        rule = first(values)  # study_violations(config, spec)[0].rule, or None
+        if rule is not None:
             report.invalid += 1
-            report.invalid_by_rule[errors[0].rule] += 1
+            by_rule[rule] += 1
             continue
+        config = built(values)
         # deferred: the bounds settled it, computed when read
         memory, ok = _shared(seen, config, judge) if judge.fast else judge.memory(config)
         if ok:
