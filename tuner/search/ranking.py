@@ -250,13 +250,12 @@ def loo_correlation_sum(
         return float(np.sum(np.square(k_inv) / np.outer(d, d)))
     noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), (len(x),))[:rows]
     u = x[:rows] / noise_sq[:, None]  # D^-1 X
-    cu = u @ post.cov  # rows of U C
-    d = 1.0 / noise_sq - (cu * u).sum(axis=1)  # (K^-1)_ii
+    ucu = ((u @ post.cov) * u).sum(axis=1)  # (U C U^T)_ii
+    d = 1.0 / noise_sq - ucu  # (K^-1)_ii
     p = 1.0 / (noise_sq * d)  # the diagonal part, normalised
-    v = u / np.sqrt(d)[:, None]
+    v = u / np.sqrt(d)[:, None]  # the normalised block is diag(p) - V C V^T
     cg = post.cov @ (v.T @ v)
-    vcv_diag = ((v @ post.cov) * v).sum(axis=1)
-    return float(np.sum(p**2) - 2.0 * np.sum(p * vcv_diag) + np.sum(cg * cg.T))
+    return float(np.sum(p**2) - 2.0 * np.sum(p * ucu / d) + np.sum(cg * cg.T))
 
 
 PRIOR_WEIGHT = 1
