@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,8 @@ from tuner.outcome import Outcome
 from tuner.search.sampler import MIN_ERROR_RUNS, ModelGuidedSampler
 from tuner.search.stopping import Stopper
 from tuner.space.cost import trial_cost, with_startup
-from tuner.space.enumerate import enumerate_space, study_gpu
-from tuner.space.trials import config_from_params, distributions
+from tuner.space.enumerate import enumerate_space, expand_axes, study_gpu
+from tuner.space.trials import config_from_params, config_params, distributions
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
 
@@ -78,12 +78,15 @@ Truth = Callable[[ParallelConfig], float]
 def run(
     s: StudySpec, truth: Truth, n: int, past: tuple[Observation, ...] = (),
     memory: Callable[[ParallelConfig], float] | None = None,
-    stopper: bool = False,
+    stopper: bool = False, design: Sequence[ParallelConfig] = (),
 ) -> tuple[optuna.Study, list[ParallelConfig], str | None]:  # fmt: skip
     """Ask and tell up to ``n`` times as the study loop does (predictions recorded on the
-    trial), measuring ``truth``; with ``stopper`` the stop rules are asked before each ask."""
+    trial), measuring ``truth``; with ``stopper`` the stop rules are asked before each ask;
+    the configs of ``design`` first (enqueued), then the sampler's."""
     sampler = ModelGuidedSampler(s, seed=s.search.seed, history=past)
     study = optuna.create_study(sampler=sampler)
+    for config in design:
+        study.enqueue_trial(config_params(config, expand_axes(s)))
     known = candidates(s)
     stop = Stopper(s, sampler)
     order: list[ParallelConfig] = []
@@ -414,7 +417,17 @@ def test_tune_calibrate_shows_and_resets(
         return (m.allocated + (0.4 * m.activation_share * m.allocated if c.recompute == "none"
                                else 0.0)) / GIB  # fmt: skip
 
-    study, _, _ = run(s, off_model(s), 8, memory=peak)
+    # A fixed design: each knob value the machine departs on (tp, pp 4) measured on two
+    # configs, so that leave-one-out can predict each config from another; which configs the
+    # sampler picks is not what this test is about.
+    shapes = [(1, 1, 1, "none"), (2, 1, 4, "none"), (1, 1, 1, "selective"),
+              (1, 1, 2, "selective"), (1, 4, 1, "none"), (4, 4, 1, "selective"),
+              (1, 2, 1, "none"), (1, 4, 1, "selective")]  # fmt: skip
+    by_shape = {(c.config.tp, c.config.pp, c.config.micro_batch_size, c.config.recompute):
+                c.config for c in known.values()}  # fmt: skip
+    design = [by_shape[shape] for shape in shapes]
+    study, _, _ = run(s, off_model(s), 8, memory=peak, design=design)
+    assert [config_from_params(s, t.params) for t in study.trials] == design
     kinds = {config_from_params(s, t.params).recompute for t in study.trials}
     assert "none" in kinds and len(kinds) > 1  # the miss shows against another setting
     record_study(s, study.get_trials(), 80.0, tmp_path, now=NOW)
