@@ -199,13 +199,7 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
     paths = layout.trial(row.number)
     command = _tail(paths.launch_script(0), 12) or "(never launched: no command)"
     log = _tail(paths.node_log(0), LOG_TAIL_LINES) or "(no log)"
-    stages, parts = data.breakdowns(row)
-    memory = ""
-    if stages:
-        worst = max(stages, key=lambda s: s.total)
-        memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
-        memory = f"{_e(worst.label)}: {_e(memory)} GiB"
-    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    memory, time = _predicted_words(data, row)
     return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
         f"{badge(row.outcome)} {_e(row.label)}</summary>"
@@ -218,6 +212,22 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
         f"<pre>{_e(command)}</pre>"
         f"<p><b>log tail</b> ({_e(paths.node_log(0).name)}):</p><pre>{_e(log)}</pre></details>"
     )
+
+
+def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
+    """A trial view's predicted memory (its most loaded stage's parts, escaped) and step-time
+    parts, once per config (a long study measures the same configs again)."""
+    key = row.config.key() if row.config else ""
+    if key not in data.view_words:
+        stages, parts = data.breakdowns(row)
+        memory = ""
+        if stages:
+            worst = max(stages, key=lambda s: s.total)
+            memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
+            memory = f"{_e(worst.label)}: {_e(memory)} GiB"
+        time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+        data.view_words[key] = (memory, time)
+    return data.view_words[key]
 
 
 def trial_views(data: ReportData) -> Markup:
