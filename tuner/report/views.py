@@ -181,17 +181,31 @@ def leaderboard(data: ReportData) -> Markup:
                   f'{"".join(body)}</tbody></table>')  # fmt: skip
 
 
+TAIL_BYTES = 64 * 1024
+"""How far back from a file's end :func:`_tail` looks for its last lines."""
+
+TAIL_FIRST_BYTES = 8 * 1024
+"""What :func:`_tail` reads first: enough for the last lines of a usual log (a 10,000-trial
+report reads two files a trial)."""
+
+
 def _tail(path: object, lines: int) -> str:
+    """The last ``lines`` lines of the file's last :data:`TAIL_BYTES` (empty: no such file).
+    Read from its last :data:`TAIL_FIRST_BYTES` when they hold more than ``lines`` lines: the
+    same lines (only the first, cut, line of a shorter read can differ, and it is not shown)."""
     from pathlib import Path
 
     p = Path(str(path))
     if not p.is_file():
         return ""
     with p.open("rb") as f:
-        f.seek(0, 2)
-        f.seek(max(0, f.tell() - 64 * 1024))
-        text = f.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+        size = f.seek(0, 2)
+        for back in (TAIL_FIRST_BYTES, TAIL_BYTES):
+            f.seek(max(0, size - back))
+            split = f.read().decode("utf-8", errors="replace").splitlines()
+            if len(split) > lines or back >= size:
+                break
+    return "\n".join(split[-lines:])
 
 
 def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
