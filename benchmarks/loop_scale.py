@@ -369,13 +369,14 @@ def breaks_first() -> None:
         print(f"  1. the model sampler's ask: {cpu * 1000:.0f} ms CPU over {n} stored trials. "
               "The finished trials are folded once each (tuner.search.observed for the "
               "sampler, tuner.study.digest for the screen and the run count), a fit of the "
-              "same arrays is kept (a re-measured config adds no row), the running configs "
-              "are believed by a rank update and, below as many rows as features, fits and "
-              "predictions gather the candidates' kept products (tuner.search.gram). What "
-              "grows is a decision that measured a new config once the measured configs "
-              "outnumber the features: the time fit and each of the memory fit's OOM passes "
-              "invert the F x F precision (F^3), and each prediction over the open configs "
-              "costs N F^2.")  # fmt: skip
+              "same arrays is kept (a re-measured config adds no row), and past as many "
+              "measured configs as features the fit's covariance is kept from ask to ask "
+              "(tuner.search.normal: a newly measured config is a rank update, F^2 each; the "
+              "memory fit's OOM passes share one covariance), each open config is predicted "
+              "once per fit and the running configs are believed from the kept products. "
+              "What grows is the walk over every finished trial of each read (linear in the "
+              "trials: a few ms at 10,000) and the first prediction after a new measurement "
+              "(N F^2 over the N open configs).")  # fmt: skip
     if "read" in FIGURES:
         flight, cpu = FIGURES["read"]
         print(f"  2. reading the trials: {cpu * 1000:.1f} ms CPU a read with {flight} in flight "
@@ -384,8 +385,9 @@ def breaks_first() -> None:
               "the ask). Then Optuna's own trial creation through its ORM (an insert, then a "
               "read of the new trial).")  # fmt: skip
     print(
-        "  (the per-trial figure also carries the end's one-off save of the cluster's "
-        "calibration, every measured trial in YAML: about 3.5 s at 10,000, through libyaml)"
+        "  (the per-launched-trial figure also carries the end's one-off save of the cluster's "
+        "calibration, every measured trial in YAML through libyaml: seconds at 10,000; the "
+        "per-decision figure leaves it out)"
     )
     print("  3. the report: per-config model breakdowns (the allocator simulation, once per "
           "distinct config) and an HTML view per trial (20 MiB at 10,000).")  # fmt: skip
