@@ -21,7 +21,11 @@ without ``tune leaderboard`` or ``tune report`` slowing past a few seconds.
    work only: no process starts), ``--launch`` more trials, 64 in flight. CPU time of the
    loop's thread per decision, split into claim (``Scheduler.acquire``), ask and screen
    (``StudyLoop.next_config``), launch, record (``_record``) and the rest of a pass (reading
-   the trials, the stop rules).
+   the trials, the stop rules); "per decision" adds those up over the launches. What runs
+   once per run is apart: the sampler's candidates (its first ask), the seed, and the end's
+   save of the cluster's calibration (every measured trial in YAML: seconds at 10,000).
+   The thread's CPU time leaves out BLAS worker threads: run with ``OPENBLAS_NUM_THREADS=1``
+   to count the fits' linear algebra in full.
 
 Figures are printed, never asserted (a shared machine's load only adds to wall time; CPU time
 is what the load moves least).
@@ -61,6 +65,7 @@ from tuner.space.enumerate import enumerate_space  # noqa: E402
 from tuner.space.trials import config_params, distributions  # noqa: E402
 from tuner.spec.file import load_study  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
+from tuner.study import loop as loop_module  # noqa: E402
 from tuner.study.loop import StudyLoop, build_loop  # noqa: E402
 from tuner.study.storage import open_storage, open_study  # noqa: E402
 
@@ -307,6 +312,9 @@ def run_loop(spec_path: Path, url: str, results: Path, launch: int, hold_s: floa
         meter.wrap(sampler, "_candidates", "candidates")
     meter.wrap(loop.scheduler, "acquire", "claim")
     meter.wrap(loop.scheduler, "release", "release")
+    meter.wrap(loop, "seed", "seed")  # once, before the first pass
+    meter.wrap(loop, "recover", "recover")  # once a heartbeat period
+    meter.wrap(loop_module, "keep", "save calibration")  # once, at the end
     peak = [0]
 
     def on_update(lp: StudyLoop) -> None:
@@ -328,14 +336,24 @@ def run_loop(spec_path: Path, url: str, results: Path, launch: int, hold_s: floa
     print(f"  loop thread CPU {cpu:.1f} s in {wall:.1f} s wall; per launched trial "
           f"{cpu / decisions * 1000:.1f} ms, {(cpu - once) / decisions * 1000:.1f} ms less the "
           f"sampler's one-off candidates ({once:.2f} s, in its first ask)")  # fmt: skip
+    ends = sum(meter.cpu[k] for k in ("seed", "save calibration"))
+    decided = sum(meter.cpu[k] for k in DECISION)
+    print(f"  per decision {decided / decisions * 1000:.1f} ms CPU ({' + '.join(DECISION)}, "
+          f"the sampler's one-off candidates left out); the run's ends once: {ends:.2f} s "
+          f"(seed, save calibration); else {cpu - decided - ends - once:.2f} s")  # fmt: skip
     for name in ("claim", "ask+screen", "candidates", "launch", "record", "release",
-                 "read trials", "pass"):  # fmt: skip
+                 "read trials", "recover", "pass", "seed", "save calibration"):  # fmt: skip
         n = meter.count[name]
         if n:
             print(f"  {name:12s} {n:6d} calls  {meter.cpu[name]:7.2f} s CPU  "
                   f"{meter.cpu[name] / n * 1000:8.2f} ms/call  "
                   f"{meter.cpu[name] / decisions * 1000:8.2f} ms/launch")  # fmt: skip
 
+
+DECISION = ("claim", "ask+screen", "launch", "record", "release", "read trials", "recover",
+            "pass")  # fmt: skip
+"""The phases of the loop's passes: what a scheduling decision costs, spread over the launches
+(nested phases counted in the innermost, so these add up without overlap)."""
 
 FIGURES: dict[str, tuple[int, float]] = {}
 """What :func:`breaks_first` reads: (trials, CPU s of one sampler ask), (trials in flight,
@@ -351,13 +369,14 @@ def breaks_first() -> None:
         print(f"  1. the model sampler's ask: {cpu * 1000:.0f} ms CPU over {n} stored trials. "
               "The finished trials are folded once each (tuner.search.observed for the "
               "sampler, tuner.study.digest for the screen and the run count), a fit of the "
-              "same arrays is kept (a re-measured config adds no row), the running configs "
-              "are believed by a rank update and, below as many rows as features, fits and "
-              "predictions gather the candidates' kept products (tuner.search.gram). What "
-              "grows is a decision that measured a new config once the measured configs "
-              "outnumber the features: the time fit and each of the memory fit's OOM passes "
-              "invert the F x F precision (F^3), and each prediction over the open configs "
-              "costs N F^2.")  # fmt: skip
+              "same arrays is kept (a re-measured config adds no row), and past as many "
+              "measured configs as features the fit's covariance is kept from ask to ask "
+              "(tuner.search.normal: a newly measured config is a rank update, F^2 each; the "
+              "memory fit's OOM passes share one covariance), each open config is predicted "
+              "once per fit and the running configs are believed from the kept products. "
+              "What grows is the walk over every finished trial of each read (linear in the "
+              "trials: a few ms at 10,000) and the first prediction after a new measurement "
+              "(N F^2 over the N open configs).")  # fmt: skip
     if "read" in FIGURES:
         flight, cpu = FIGURES["read"]
         print(f"  2. reading the trials: {cpu * 1000:.1f} ms CPU a read with {flight} in flight "
@@ -366,8 +385,9 @@ def breaks_first() -> None:
               "the ask). Then Optuna's own trial creation through its ORM (an insert, then a "
               "read of the new trial).")  # fmt: skip
     print(
-        "  (the per-trial figure also carries the end's one-off save of the cluster's "
-        "calibration, every measured trial in YAML: about 3.5 s at 10,000, through libyaml)"
+        "  (the per-launched-trial figure also carries the end's one-off save of the cluster's "
+        "calibration, every measured trial in YAML through libyaml: seconds at 10,000; the "
+        "per-decision figure leaves it out)"
     )
     print("  3. the report: per-config model breakdowns (the allocator simulation, once per "
           "distinct config) and an HTML view per trial (20 MiB at 10,000).")  # fmt: skip

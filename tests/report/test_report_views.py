@@ -125,3 +125,28 @@ def test_a_person_reads_the_compact_spelling_and_machines_the_key(tmp_path: Path
         if row.config is not None:
             assert spell(row.config) in visible
             assert f'title="{row.key}"' in html
+
+
+def _tail_of_last_64k(path: Path, lines: int) -> str:
+    data = path.read_bytes()[-V.TAIL_BYTES :]
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "one line, no newline",
+        "".join(f"iteration {i} | loss 2.0\n" for i in range(5)),
+        "".join(f"iteration {i} | loss 2.0 é€\r\n" for i in range(3000)),  # cut inside a char
+        "".join(f"{i} " + "x" * 900 + "\n" for i in range(60)),  # 8 KiB holds 9 lines only
+        "".join(f"{i:3d}" + "w" * 326 + "\n" for i in range(60)),  # 24 lines and a cut one
+        "y" * 200_000 + "\n" + "".join(f"last {i}\n" for i in range(10)),  # a long first line
+        "z" * 70_000,  # no newline at all
+    ],
+)
+def test_a_log_tail_is_the_last_lines_of_its_last_64_kib(tmp_path: Path, text: str) -> None:
+    log = tmp_path / "node0.log"
+    log.write_text(text, encoding="utf-8", newline="")
+    assert V._tail(log, V.LOG_TAIL_LINES) == _tail_of_last_64k(log, V.LOG_TAIL_LINES)
+    assert V._tail(tmp_path / "missing.log", 5) == ""

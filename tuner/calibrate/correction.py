@@ -233,8 +233,9 @@ def lift_ooms(
     for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
         if not bound.any():
             break
-        mu_seen, sd_seen = post.predict(x)
-        y = np.where(bound, np.maximum(y, mu_seen + sd_seen), y)
+        mu_seen, sd_seen = post.predict(x[bound])  # only the OOM rows move
+        y = np.array(y, dtype=float)
+        y[bound] = np.maximum(y[bound], mu_seen + sd_seen)
         post = fitter(precision, x, y, noise)
     return post
 

@@ -168,6 +168,9 @@ class ReportData:
     )
     """By config key: the models are pure functions of the config, and a long study measures
     the same configs again (10,000 trials of some 700 configs)."""
+    view_words: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """By config key: a trial view's predicted memory and time in words
+    (:func:`tuner.report.views.trial_view`)."""
     trials: list[FrozenTrial] = field(default_factory=list)
     """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once, as
     :class:`ReadOnlyTrial`."""

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
-import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config.parallel import ParallelConfig
@@ -23,6 +22,9 @@ from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 from tuner.study.reader import TrialReader
 from tuner.study.storage import open_storage, resolve_url
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = [
     "trial", "outcome", "tp", "pp", "dp", "cp", "vp", "sp", "micro_batch", "grad_accum",
@@ -137,6 +139,8 @@ def leaderboard(
 
     Duplicates (a config asked again and answered from an earlier run) are never shown twice.
     """
+    import pandas as pd  # here: the report and the best trial's exports do without it
+
     spec = load_study(study) if isinstance(study, str) else study
     trials = stored_trials(spec, storage, results)
     rows = []

@@ -181,17 +181,31 @@ def leaderboard(data: ReportData) -> Markup:
                   f'{"".join(body)}</tbody></table>')  # fmt: skip
 
 
+TAIL_BYTES = 64 * 1024
+"""How far back from a file's end :func:`_tail` looks for its last lines."""
+
+TAIL_FIRST_BYTES = 8 * 1024
+"""What :func:`_tail` reads first: enough for the last lines of a usual log (a 10,000-trial
+report reads two files a trial)."""
+
+
 def _tail(path: object, lines: int) -> str:
+    """The last ``lines`` lines of the file's last :data:`TAIL_BYTES` (empty: no such file).
+    Read from its last :data:`TAIL_FIRST_BYTES` when they hold more than ``lines`` lines: the
+    same lines (only the first, cut, line of a shorter read can differ, and it is not shown)."""
     from pathlib import Path
 
     p = Path(str(path))
     if not p.is_file():
         return ""
     with p.open("rb") as f:
-        f.seek(0, 2)
-        f.seek(max(0, f.tell() - 64 * 1024))
-        text = f.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+        size = f.seek(0, 2)
+        for back in (TAIL_FIRST_BYTES, TAIL_BYTES):
+            f.seek(max(0, size - back))
+            split = f.read().decode("utf-8", errors="replace").splitlines()
+            if len(split) > lines or back >= size:
+                break
+    return "\n".join(split[-lines:])
 
 
 def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
@@ -199,13 +213,7 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
     paths = layout.trial(row.number)
     command = _tail(paths.launch_script(0), 12) or "(never launched: no command)"
     log = _tail(paths.node_log(0), LOG_TAIL_LINES) or "(no log)"
-    stages, parts = data.breakdowns(row)
-    memory = ""
-    if stages:
-        worst = max(stages, key=lambda s: s.total)
-        memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
-        memory = f"{_e(worst.label)}: {_e(memory)} GiB"
-    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    memory, time = _predicted_words(data, row)
     return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
         f"{badge(row.outcome)} {_e(row.label)}</summary>"
@@ -218,6 +226,22 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
         f"<pre>{_e(command)}</pre>"
         f"<p><b>log tail</b> ({_e(paths.node_log(0).name)}):</p><pre>{_e(log)}</pre></details>"
     )
+
+
+def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
+    """A trial view's predicted memory (its most loaded stage's parts, escaped) and step-time
+    parts, once per config (a long study measures the same configs again)."""
+    key = row.config.key() if row.config else ""
+    if key not in data.view_words:
+        stages, parts = data.breakdowns(row)
+        memory = ""
+        if stages:
+            worst = max(stages, key=lambda s: s.total)
+            memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
+            memory = f"{_e(worst.label)}: {_e(memory)} GiB"
+        time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+        data.view_words[key] = (memory, time)
+    return data.view_words[key]
 
 
 def trial_views(data: ReportData) -> Markup:

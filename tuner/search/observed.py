@@ -97,6 +97,9 @@ class Observed:
         self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
         self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
         self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
+        self._union: tuple[Sequence[ParallelConfig], list[str], set[int]] | None = None
+        self._sorted: tuple[int, dict[str, float]] | None = None  # (version, measured in order)
+        self._version = 0  # bumped by every change of ``_measured``
 
     def of(self, trials: Sequence[FrozenTrial], gpu_gib: float) -> Seen:
         """What ``trials`` (a whole read, in trial-id order) say; ``gpu_gib``: the GPU's
@@ -116,11 +119,15 @@ class Observed:
         if self._dominated is None or self._dominated[0] is not configs:
             self._dominated = (configs, {})
         known = self._dominated[1]
+        keys = list(ooms)
+        if self._union is not None and self._union[0] is configs and self._union[1] == keys:
+            return set(self._union[2])  # the same OOMs as the last ask: the same union
         out: set[int] = set()
         for key, oom in ooms.items():
             if key not in known:
                 known[key] = {i for i, c in enumerate(configs) if oom_dominates(oom, c)}
             out |= known[key]
+        self._union = (configs, keys, set(out))
         return out
 
     def own(self, trials: Sequence[FrozenTrial]) -> set[tuple[int, Any]]:
@@ -142,11 +149,10 @@ class Observed:
             return self._open[1], self._open[2]
         open_: list[_Facts] = []
         own_open: set[tuple[int, Any]] = set()
-        folded, known, hits = self._folded, len(self._folded), 0
-        for t in trials:
-            if t._trial_id in folded:
-                hits += folded[t._trial_id] == t.number
-                continue
+        folded, known = self._folded, len(self._folded)
+        # one pass in C-level comprehensions over the thousands already folded
+        hits = sum([folded.get(t._trial_id) == t._number for t in trials])
+        for t in [t for t in trials if t._trial_id not in folded]:
             facts = _facts(t)
             if t.state.is_finished():
                 folded[t._trial_id] = t.number
@@ -169,6 +175,7 @@ class Observed:
         if f.value is not None:
             if f.key not in self._measured or f.tid < self._measured[f.key][0]:
                 self._measured[f.key] = (f.tid, f.value)
+                self._version += 1
         if f.skip:
             return
         self._tried.add(f.key)
@@ -180,7 +187,11 @@ class Observed:
                                f.ok_memory if f.tid >= hi else ratio)  # fmt: skip
 
     def _merge(self, open_: list[_Facts], gpu_gib: float) -> Seen:
-        measured = {k: v for k, (_, v) in sorted(self._measured.items(), key=lambda kv: kv[1][0])}
+        if self._sorted is None or self._sorted[0] != self._version:  # in first-measured order
+            self._sorted = (self._version, {
+                k: v for k, (_, v) in sorted(self._measured.items(), key=lambda kv: kv[1][0])
+            })  # fmt: skip
+        measured = dict(self._sorted[1])
         first_oom = dict(self._oom)
         events: dict[str, list[tuple[int, float]]] = {  # key -> (trial id, ratio) that set it
             k: [(lo, ratio), (hi, ratio)] for k, (lo, hi, ratio) in self._ok.items()

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
-from tuner.calibrate.correction import fit as full_fit
+from tuner.search import normal
 
 
 class RowPosterior:
@@ -164,7 +164,7 @@ def _fit_now(
     """:func:`fit` without keeping it (the memory fit's passes: only their last is kept)."""
     if len(y) < len(prior_precision):
         return RowPosterior(prior_precision, x, y, noise)
-    return full_fit(prior_precision, x, y, noise)
+    return normal.fit(prior_precision, x, y, noise)  # kept from the last fit (rows added)
 
 
 def believe(post: Posterior, xb: np.ndarray, noise: float) -> Posterior:
@@ -177,10 +177,7 @@ def believe(post: Posterior, xb: np.ndarray, noise: float) -> Posterior:
     eq. 2.8 and appendix A.3, with ``b`` new rows). That is ``F^2 b`` work instead of a refit's
     ``n F^2 + F^3``: with thousands of trials (``n`` measured configs past the ``F``
     features) the refit's inverse was most of an ask."""
-    bc = xb @ post.cov  # B C
-    m = bc @ xb.T + np.diag(np.full(len(xb), float(noise) ** 2))
-    cov = post.cov - bc.T @ np.linalg.solve(m, bc)
-    return Posterior(post.mean, (cov + cov.T) / 2.0)
+    return Posterior(post.mean, normal.add_rows(post.cov, xb, np.full(len(xb), float(noise) ** 2)))
 
 
 def fit_memory(
@@ -231,8 +228,14 @@ def loo_z(
     rows: int,
 ) -> np.ndarray:  # fmt: skip
     """Each of the first ``rows`` rows' leave-one-out residual (:func:`loo_residuals`) over
-    its leave-one-out predictive sd (:func:`loo_sd`)."""
-    return np.asarray(loo_residuals(post, x, y, noise, rows) / loo_sd(post, x, noise, rows))
+    its leave-one-out predictive sd (:func:`loo_sd`), the weights' form predicting the rows
+    once for both."""
+    if isinstance(post, RowPosterior):
+        return np.asarray(loo_residuals(post, x, y, noise, rows) / loo_sd(post, x, noise, rows))
+    mu, sd = post.predict(x[:rows])
+    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)[:rows]
+    kept = 1.0 - np.square(sd) / noise_sq  # 1 - h_i
+    return np.asarray(((y[:rows] - mu) / kept) / np.sqrt(noise_sq / kept))
 
 
 def loo_correlation_sum(
@@ -297,7 +300,21 @@ def loo_scale(
     construction. The rows after the first ``rows`` (the cluster's saved calibration) stay in
     every fit and are not scored. ``post``: that fit, when the caller has it."""
     post = fit(prior_precision, x, y, noise) if post is None else post
+    parts = (prior_precision, x, np.asarray(y), np.asarray(noise, dtype=float))
+    key = b"|".join([repr((rows, x.shape)).encode(), *(a.tobytes() for a in parts)])
+    with _fits_lock:
+        for kept_post, kept_key, kept in _scaled:
+            if kept_post is post and kept_key == key:
+                return kept
     z = loo_z(post, x, y, noise, rows)
     m = max(1, round(rows**2 / loo_correlation_sum(post, x, noise, rows)))
     dof = PRIOR_WEIGHT + m
-    return math.sqrt((PRIOR_WEIGHT + m * float(np.mean(np.square(z)))) / dof), dof
+    scaled = math.sqrt((PRIOR_WEIGHT + m * float(np.mean(np.square(z)))) / dof), dof
+    with _fits_lock:
+        _scaled[:] = [(post, key, scaled)]
+    return scaled
+
+
+_scaled: list[tuple[Posterior | RowPosterior, bytes, tuple[float, int]]] = []
+"""The last :func:`loo_scale`: its fit (the same object: :func:`fit` keeps fits), its other
+inputs' bytes and its answer. An ask with nothing new measured scores the same fit again."""

@@ -74,10 +74,10 @@ from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
 from tuner.search.gram import Gram, GramPosterior
+from tuner.search.normal import believe_rows, predict_rows
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
     RowPosterior,
-    believe,
     correlation,
     fit,
     fit_memory,
@@ -261,7 +261,7 @@ class ModelGuidedSampler(BaseSampler):
             mu, sd = kept.predict_rows(open_)
         else:
             post = fit_memory(self._features, self._prior, x, y, bound, noise)
-            mu, sd = post.predict(self._xm[open_])
+            mu, sd = _predict(post, self._xm, open_)
         corrected = self._peak_gib[open_] * np.exp(mu)
         ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
             o.parallel_config().key() for o in past
@@ -323,17 +323,17 @@ class ModelGuidedSampler(BaseSampler):
         believed = [index[k] for k in pending if k in index]
         gram = self._gram if not rows and self._gram.fits(seen + believed) else None
         post = self._fit(gram, seen, x, y, sds)
-        measured_fit = post
+        measured_fit, ahead = post, None
         if believed:  # running configs count as measured at their posterior mean
             mu_b, _ = _predict(post, self._x, believed)
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
             sds = np.concatenate([sds, [noise] * len(believed)])
             if isinstance(post, Posterior):  # the weights' form: a rank-update, no refit
-                post = believe(post, self._x[believed], noise)
+                post, *ahead = believe_rows(post, self._x, believed, open_, noise)
             else:
                 post = self._fit(gram, seen + believed, x, y, sds)
-        mu, sd = _predict(post, self._x, open_)
+        mu, sd = ahead or _predict(post, self._x, open_)
         scale: tuple[float | None, int | None] = (None, None)
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
@@ -490,4 +490,6 @@ def _predict(post: Posterior | RowPosterior, x: np.ndarray,
              rows: list[int]) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``post``'s prediction for candidates ``rows`` (of features ``x``), from the kept
     products when ``post`` was fitted on them."""
-    return post.predict_rows(rows) if isinstance(post, GramPosterior) else post.predict(x[rows])
+    if isinstance(post, GramPosterior):
+        return post.predict_rows(rows)
+    return predict_rows(post, x, rows) if isinstance(post, Posterior) else post.predict(x[rows])
