@@ -21,7 +21,7 @@ from tuner.models.memory.bound import (
     stage_dominators,
     stage_envelope,
 )
-from tuner.models.memory.estimate import StagePlan, stage_plan
+from tuner.models.memory.estimate import StagePlan, estimate_memory, stage_plan
 from tuner.space.candidates import DeferredMemory, SpaceReport
 from tuner.space.enumerate import enumerate_space, iter_configs, study_gpu, study_violations
 from tuner.spec.file import load_study
@@ -190,3 +190,19 @@ def test_planning_the_dominating_stages_gives_the_every_stage_and_exact_results(
     exact = _exact(name)
     near = sum(abs(c.memory.peak / limit - 1) < 0.1 for c in exact.viable + exact.oom)
     assert near > 50, "many configs near the limit"
+
+
+def test_narrowing_bounds_a_stage_left_unplanned_before_it_simulates_it() -> None:
+    bounded = 0
+    for c in enumerate_space(SPACES["gpt-70b-64"]()).viable:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory) or not d._loose:
+            continue
+        loose = set(d._loose)
+        while d.narrow():
+            # a loose stage narrowed is bounded, not simulated: its figures stay apart
+            bounded += sum(i not in d._loose and d._stages[i][0] < d._stages[i][1] for i in loose)
+            loose = set(d._loose)
+        low, high = d.low, d.high
+        assert low <= estimate_memory(*d._args).peak <= high
+    assert bounded

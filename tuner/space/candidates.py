@@ -56,13 +56,15 @@ class DeferredMemory:
     """The exact memory breakdown of one config, computed on first use and then kept, with
     bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
-    __slots__ = ("_args", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high")
+    __slots__ = (
+        "_args", "_loose", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high",
+    )  # fmt: skip
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
         precision: Precision, low: float = 0.0, high: float = float("inf"),
         terms: StackTerms | None = None, sigma_high: float | None = None,
-        stages: list[tuple[float, float]] | None = None,
+        stages: list[tuple[float, float]] | None = None, loose: list[int] | None = None,
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
         self.sigma_high = ANY_SIGMA if sigma_high is None else sigma_high
@@ -74,12 +76,15 @@ class DeferredMemory:
         self._stages: list[tuple[float, float]] = stages or []
         """Per stage, (least, most) largest device figure (``bound.stage_bounds``; a stage
         simulated: its exact figure twice), given by the judge or made on first narrowing."""
+        self._loose: set[int] = set(loose or ())
+        """Stages whose upper bound is another stage's envelope, not their own
+        (``MemoryJudge._bound_dominated``): narrowing bounds them before it simulates them."""
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args, terms=self._terms)
             self.low = self.high = self._value.peak
-            self._plans, self._stages = {}, []
+            self._plans, self._stages, self._loose = {}, [], set()
         return self._value
 
     @property
@@ -96,10 +101,11 @@ class DeferredMemory:
 
     def narrow(self) -> bool:
         """Tighten the bounds on the peak by simulating the allocator of one more stage, the
-        one with the largest upper bound (``tuner.models.memory.bound``); False when that
-        stage is exact already (the bounds are as tight as stages make them: within
-        ``2 * PHASE_TIE_BYTES``). Plans only the stages it simulates where the judge gave the
-        stages' bounds; keeps the plans until :meth:`forget`."""
+        one with the largest upper bound (``tuner.models.memory.bound``), or by bounding it
+        where its upper bound was another stage's envelope; False when that stage is exact
+        already (the bounds are as tight as stages make them: within ``2 *
+        PHASE_TIE_BYTES``). Plans only the stages it simulates or bounds where the judge gave
+        the stages' bounds; keeps the plans until :meth:`forget`."""
         if self._value is not None or self.low == self.high:  # the peak is known
             return False
         if self._terms is not None and not self._terms.is_catalog:  # plans hold no measured terms
@@ -114,8 +120,13 @@ class DeferredMemory:
         i = max(range(len(stages)), key=lambda j: stages[j][1])
         if stages[i][0] == stages[i][1]:
             return False
-        figure = stage_peak(self._plan(i), gpu)
-        stages[i] = (figure, figure)
+        if i in self._loose:  # its own bounds first: a plan and a sum, no simulation
+            self._loose.discard(i)
+            least, most, _ = stage_bound(self._plan(i), gpu)
+            stages[i] = (least, min(most, stages[i][1]))
+        else:
+            figure = stage_peak(self._plan(i), gpu)
+            stages[i] = (figure, figure)
         low, high = peak_between(stages)
         self.low, self.high = max(self.low, low), min(self.high, high)
         return True
@@ -276,7 +287,8 @@ class MemoryJudge:
                     low = max(low, peak_between(stages)[0])
                 # the share's last bit may round down: a billionth more keeps it a bound
                 sigma = max_memory_sigma(slack_share=share * (1 + 1e-9))
-                return self.deferred(config, low, high, sigma, stages), high <= self.limit
+                loose = [s for s in unplanned if maybe[s] is None]
+                return self.deferred(config, low, high, sigma, stages, loose), high <= self.limit
         self._plan(config, maybe, stages, unplanned)
         plans = tuple(plan for plan in maybe if plan is not None)
         memory = MemoryBreakdown(with_slack(plans, self.gpu))
@@ -339,12 +351,14 @@ class MemoryJudge:
     def deferred(
         self, config: ParallelConfig, low: float = 0.0, high: float = float("inf"),
         sigma_high: float | None = None, stages: list[tuple[float, float]] | None = None,
+        loose: list[int] | None = None,
     ) -> DeferredMemory:  # fmt: skip
         """The exact breakdown of ``config``, when read (its peak known to lie in [low, high],
         its sd at most ``sigma_high``, None: ``max_memory_sigma()``; ``stages``: every stage's
-        bounds, ``bound.stage_bounds``, where known)."""
+        bounds, ``bound.stage_bounds``, where known; ``loose``: those of them bounded by
+        another stage's envelope)."""
         return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision,
-                              low, high, self.terms, sigma_high, stages)  # fmt: skip
+                              low, high, self.terms, sigma_high, stages, loose)  # fmt: skip
 
 
 def step_of(c: Candidate) -> float:
