@@ -180,11 +180,14 @@ def test_planning_the_dominating_stages_gives_the_every_stage_and_exact_results(
     shortcut = enumerate_space(spec, keep_oom=True)
     deferred = [c.breakdown for c in shortcut.viable if isinstance(c.breakdown, DeferredMemory)]
     kept = [d for d in deferred if any(lo == 0.0 for lo, _ in d._stages)]
+    held = [(d, d.low, d.high, d.sigma_high) for d in deferred]
     monkeypatch.setattr(candidates, "stage_dominators", _every_stage)
     every = enumerate_space(spec, keep_oom=True)
     _same(shortcut, every)
     _same(shortcut, _exact(name))
     assert len(kept) > 20, "fits settled with stages left unplanned"
+    for d, low, high, sigma in held:  # the bounds a fit was kept with hold its breakdown
+        assert low <= d().peak <= high and d().sigma <= sigma
     assert sum(planned), "stages planned because their dominator's envelope was over the limit"
     limit = spec.search.memory_headroom * study_gpu(spec).memory_gib * 2**30
     exact = _exact(name)

@@ -285,9 +285,10 @@ class MemoryJudge:
                 if low > self.limit and unplanned:  # the sd bound reads every stage's share
                     share = max(share, self._plan(config, maybe, stages, unplanned))
                     low = max(low, peak_between(stages)[0])
-                # the share's last bit may round down: a billionth more keeps it a bound
-                sigma = max_memory_sigma(slack_share=share * (1 + 1e-9))
+                # the share's last bit may round down: a billionth more keeps it a bound; a
+                # stage left unplanned has no share known (a fit: its sd is never read)
                 loose = [s for s in unplanned if maybe[s] is None]
+                sigma = None if loose else max_memory_sigma(slack_share=share * (1 + 1e-9))
                 return self.deferred(config, low, high, sigma, stages, loose), high <= self.limit
         self._plan(config, maybe, stages, unplanned)
         plans = tuple(plan for plan in maybe if plan is not None)
