@@ -17,14 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.bound import peak_between, stage_bound, stage_bounds, stage_peak
+from tuner.models.memory.bound import (
+    ENVELOPE_MARGIN,
+    peak_between,
+    stage_bound,
+    stage_bounds,
+    stage_dominators,
+    stage_envelope,
+    stage_peak,
+)
 from tuner.models.memory.estimate import (
     GIB,
     PHASE_TIE_BYTES,
     MemoryBreakdown,
     StagePlan,
     estimate_memory,
-    iter_stage_plans,
+    iter_stage_plans_but,
     stage_plan,
     stage_plans,
     with_slack,
@@ -48,13 +56,15 @@ class DeferredMemory:
     """The exact memory breakdown of one config, computed on first use and then kept, with
     bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
-    __slots__ = ("_args", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high")
+    __slots__ = (
+        "_args", "_loose", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high",
+    )  # fmt: skip
 
     def __init__(
         self, model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
         precision: Precision, low: float = 0.0, high: float = float("inf"),
         terms: StackTerms | None = None, sigma_high: float | None = None,
-        stages: list[tuple[float, float]] | None = None,
+        stages: list[tuple[float, float]] | None = None, loose: list[int] | None = None,
     ) -> None:  # fmt: skip
         self._args = (model, config, gpu, framework, precision)
         self.sigma_high = ANY_SIGMA if sigma_high is None else sigma_high
@@ -66,12 +76,15 @@ class DeferredMemory:
         self._stages: list[tuple[float, float]] = stages or []
         """Per stage, (least, most) largest device figure (``bound.stage_bounds``; a stage
         simulated: its exact figure twice), given by the judge or made on first narrowing."""
+        self._loose: set[int] = set(loose or ())
+        """Stages whose upper bound is another stage's envelope, not their own
+        (``MemoryJudge._bound_dominated``): narrowing bounds them before it simulates them."""
 
     def __call__(self) -> MemoryBreakdown:
         if self._value is None:
             self._value = estimate_memory(*self._args, terms=self._terms)
             self.low = self.high = self._value.peak
-            self._plans, self._stages = {}, []
+            self._plans, self._stages, self._loose = {}, [], set()
         return self._value
 
     @property
@@ -88,10 +101,11 @@ class DeferredMemory:
 
     def narrow(self) -> bool:
         """Tighten the bounds on the peak by simulating the allocator of one more stage, the
-        one with the largest upper bound (``tuner.models.memory.bound``); False when that
-        stage is exact already (the bounds are as tight as stages make them: within
-        ``2 * PHASE_TIE_BYTES``). Plans only the stages it simulates where the judge gave the
-        stages' bounds; keeps the plans until :meth:`forget`."""
+        one with the largest upper bound (``tuner.models.memory.bound``), or by bounding it
+        where its upper bound was another stage's envelope; False when that stage is exact
+        already (the bounds are as tight as stages make them: within ``2 *
+        PHASE_TIE_BYTES``). Plans only the stages it simulates or bounds where the judge gave
+        the stages' bounds; keeps the plans until :meth:`forget`."""
         if self._value is not None or self.low == self.high:  # the peak is known
             return False
         if self._terms is not None and not self._terms.is_catalog:  # plans hold no measured terms
@@ -106,8 +120,13 @@ class DeferredMemory:
         i = max(range(len(stages)), key=lambda j: stages[j][1])
         if stages[i][0] == stages[i][1]:
             return False
-        figure = stage_peak(self._plan(i), gpu)
-        stages[i] = (figure, figure)
+        if i in self._loose:  # its own bounds first: a plan and a sum, no simulation
+            self._loose.discard(i)
+            least, most, _ = stage_bound(self._plan(i), gpu)
+            stages[i] = (least, min(most, stages[i][1]))
+        else:
+            figure = stage_peak(self._plan(i), gpu)
+            stages[i] = (figure, figure)
         low, high = peak_between(stages)
         self.low, self.high = max(self.low, low), min(self.high, high)
         return True
@@ -218,13 +237,24 @@ class MemoryJudge:
             every = estimate_memory(self.model, config, self.gpu, self.framework, self.precision,
                                     terms=self.terms)  # fmt: skip
             return every, every.peak <= self.limit
-        plans: list[StagePlan] = []
+        # stages bounded by an earlier one are planned only if that one's bound leaves the
+        # fit open (bound.stage_dominators)
+        dominated: list[tuple[int | None, ...]] = []
+
+        def dominators() -> tuple[int | None, ...]:  # after the first stage, if asked
+            dominated.append(stage_dominators(self.model, config, self.framework))
+            return dominated[0]
+
+        maybe: list[StagePlan | None] = []
         stages: list[tuple[float, float]] = []
         share = 0.0  # the most the slack can be of any phase's device figure
-        for plan in iter_stage_plans(
-            self.model, config, self.gpu, self.framework, self.precision
+        for plan in iter_stage_plans_but(
+            self.model, config, self.gpu, self.framework, self.precision, dominators
         ):  # fmt: skip
-            plans.append(plan)
+            maybe.append(plan)
+            if plan is None:
+                stages.append((0.0, float("inf")))  # bounded below, if needed
+                continue
             least, most, most_share = stage_bound(plan, self.gpu)
             stages.append((least, most))
             share = max(share, most_share)
@@ -235,6 +265,10 @@ class MemoryJudge:
                 # than every fit may be, and that one's other stages are bounded then
                 # (DeferredMemory.complete, enumerate.probes_of)
                 return self.deferred(config, low), False
+        skip = dominated[0] if dominated else (None,)
+        unplanned, share, low = self._bound_dominated(config, maybe, stages, skip, share)
+        if low > self.limit:
+            return self.deferred(config, low), False
         # the stages that could be over the limit, most loaded first, each simulated alone
         # until the verdict is settled (the simulation is cached, so the full estimate below
         # reuses them)
@@ -242,15 +276,65 @@ class MemoryJudge:
                           key=lambda i: -stages[i][1])  # fmt: skip
         for i in (None, *doubtful):
             if i is not None:
-                figure = stage_peak(plans[i], self.gpu)
+                plan = maybe[i]
+                assert plan is not None  # an unplanned stage's bound is within the limit
+                figure = stage_peak(plan, self.gpu)
                 stages[i] = (figure, figure)
             low, high = peak_between(stages)
             if low > self.limit or high <= self.limit:
-                # the share's last bit may round down: a billionth more keeps it a bound
-                sigma = max_memory_sigma(slack_share=share * (1 + 1e-9))
-                return self.deferred(config, low, high, sigma, stages), high <= self.limit
-        memory = MemoryBreakdown(with_slack(tuple(plans), self.gpu))
+                if low > self.limit and unplanned:  # the sd bound reads every stage's share
+                    share = max(share, self._plan(config, maybe, stages, unplanned))
+                    low = max(low, peak_between(stages)[0])
+                # the share's last bit may round down: a billionth more keeps it a bound; a
+                # stage left unplanned has no share known (a fit: its sd is never read)
+                loose = [s for s in unplanned if maybe[s] is None]
+                sigma = None if loose else max_memory_sigma(slack_share=share * (1 + 1e-9))
+                return self.deferred(config, low, high, sigma, stages, loose), high <= self.limit
+        self._plan(config, maybe, stages, unplanned)
+        plans = tuple(plan for plan in maybe if plan is not None)
+        memory = MemoryBreakdown(with_slack(plans, self.gpu))
         return memory, memory.peak <= self.limit
+
+    def _bound_dominated(
+        self, config: ParallelConfig, maybe: list[StagePlan | None],
+        stages: list[tuple[float, float]], dominators: tuple[int | None, ...], share: float,
+    ) -> tuple[list[int], float, float]:  # fmt: skip
+        """Bound each stage left unplanned by its dominator's envelope
+        (``bound.stage_dominators``: at least the stage's own upper bound) where that is within
+        the limit (the stage then cannot decide a fit and is kept at (0, the envelope)); plan
+        and bound the others. (the stages still unplanned, the largest slack share so far, a
+        lower bound on the peak: over the limit settles it out of memory)."""
+        unplanned: list[int] = []
+        envelopes: dict[int, float] = {}
+        for s, d in enumerate(dominators):
+            if d is None:
+                continue
+            if d not in envelopes:
+                dominator = maybe[d]
+                assert dominator is not None  # a dominator is planned (stage_dominators)
+                envelopes[d] = stage_envelope(dominator, self.gpu) * (1 + ENVELOPE_MARGIN)
+            if envelopes[d] <= self.limit:
+                stages[s] = (0.0, envelopes[d])
+                unplanned.append(s)
+                continue
+            share = max(share, self._plan(config, maybe, stages, [s]))
+            if stages[s][0] - 2 * PHASE_TIE_BYTES > self.limit:
+                return unplanned, share, stages[s][0] - 2 * PHASE_TIE_BYTES
+        return unplanned, share, 0.0
+
+    def _plan(
+        self, config: ParallelConfig, maybe: list[StagePlan | None],
+        stages: list[tuple[float, float]], which: list[int],
+    ) -> float:  # fmt: skip
+        """Plan and bound the stages ``which`` in place; the largest slack share among them."""
+        share = 0.0
+        for s in which:
+            maybe[s] = plan = stage_plan(self.model, config, self.gpu, self.framework,
+                                         self.precision, s)  # fmt: skip
+            least, most, most_share = stage_bound(plan, self.gpu)
+            stages[s] = (least, most)
+            share = max(share, most_share)
+        return share
 
     def may_probe(self, memory: MemoryBreakdown | DeferredMemory) -> bool:
         """Whether an out-of-memory config may be a memory probe: exactly for a breakdown
@@ -268,12 +352,14 @@ class MemoryJudge:
     def deferred(
         self, config: ParallelConfig, low: float = 0.0, high: float = float("inf"),
         sigma_high: float | None = None, stages: list[tuple[float, float]] | None = None,
+        loose: list[int] | None = None,
     ) -> DeferredMemory:  # fmt: skip
         """The exact breakdown of ``config``, when read (its peak known to lie in [low, high],
         its sd at most ``sigma_high``, None: ``max_memory_sigma()``; ``stages``: every stage's
-        bounds, ``bound.stage_bounds``, where known)."""
+        bounds, ``bound.stage_bounds``, where known; ``loose``: those of them bounded by
+        another stage's envelope)."""
         return DeferredMemory(self.model, config, self.gpu, self.framework, self.precision,
-                              low, high, self.terms, sigma_high, stages)  # fmt: skip
+                              low, high, self.terms, sigma_high, stages, loose)  # fmt: skip
 
 
 def step_of(c: Candidate) -> float:

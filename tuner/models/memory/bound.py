@@ -25,9 +25,19 @@ stages near the limit simulated.
 from __future__ import annotations
 
 from tuner.catalog import GPUSpec
-from tuner.models.memory.allocator import reserved_bounds
+from tuner.config.parallel import ParallelConfig
+from tuner.config.pipeline import stage_layers
+from tuner.models.memory.allocator import reserved_bounds, tensor_bytes
 from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
 from tuner.models.memory.overheads import allocator_slack, allocator_slacks
+from tuner.models.memory.stage_activations import stage_held
+from tuner.models.moe import moe_layers_per_stage
+from tuner.spec.study import Framework, ModelSpec
+
+ENVELOPE_MARGIN = 1e-9
+"""Relative: a dominated stage's envelope is its dominator's times ``1 +`` this at the most
+(the same sums, each term no larger, in another order: float rounding moves a sum by about
+``1e-15`` of it, so a billionth keeps it a bound; :func:`stage_dominators`)."""
 
 
 def stage_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> list[tuple[float, float]]:
@@ -75,3 +85,72 @@ def peak_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[float, floa
     ``MemoryBreakdown(with_slack(plans, gpu))``, the exact estimate (see the module docstring
     for why), without simulating the allocator."""
     return peak_between(stage_bounds(plans, gpu))
+
+
+def stage_envelope(plan: StagePlan, gpu: GPUSpec) -> float:
+    """Bytes at least the stage's upper bound (:func:`stage_bound`'s ``most``), by a formula
+    monotone in its activations (:func:`stage_dominators` reads it for that). With ``T`` the
+    upper ``Reserved.total`` plus the fragmentation inside blocks (``overheads.allocator_slacks``),
+    each phase's upper device figure is its allocated bytes plus ``max(X - alloc, 0)`` plus its
+    fixed terms, where ``alloc`` is the phase's tensor bytes and ``X`` is ``T`` or, for the
+    phase the cache's peak is not charged to, ``min(Reserved.step, T)`` (the upper
+    ``Reserved.fwd_bwd`` is ``T`` itself): so ``X <= T`` in both branches, and replacing ``X``
+    by ``T`` in both phases bounds them without the branch (which flips as the activations
+    grow, so the branch's figure is not monotone in them; this one is)."""
+    stage, t = plan
+    fwd, step = stage.phases
+    if gpu.name == "cpu":  # no allocator: no slack (overheads.allocator_slacks)
+        return max(p.allocated + p.cuda_context + p.comm_buffers for p in (fwd, step))
+    _, high = reserved_bounds(t)
+    states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
+    transient = tensor_bytes(t.fwd_bwd)
+    total = high.total + gpu.allocator_fragmentation * transient
+    figures = []
+    for p, alloc in ((fwd, states + transient), (step, states + tensor_bytes(t.step))):
+        figures.append(p.allocated + max(total - alloc, 0.0) + p.cuda_context + p.comm_buffers)
+    return max(figures)
+
+
+def stage_dominators(
+    model: ModelSpec, config: ParallelConfig, framework: Framework
+) -> tuple[int | None, ...]:
+    """Per stage, an earlier stage whose :func:`stage_envelope` bounds its upper bound, or
+    None (then its own bounds are needed); the first and last stages are never bounded so.
+
+    Why stage ``j`` is bounded by stage ``i < j`` when both are middle stages (neither first nor
+    last: no embedding, head, logits, tied-embedding communicator or last-stage buffer) with
+    the same layers and MoE layers, and ``i`` holds at least as many micro-batches (1F1B:
+    ``min(p - s, m)``, non-increasing in ``s``): a stage's terms read its index only through
+    whether it is first or last (``terms.stage_params``, ``stage_extras``,
+    ``global_buffer_bytes``, ``overheads.stage_nccl_bytes``, the last stage's logits in
+    ``step_tensors``), its MoE layers (``moe.moe_layers_on``) and its held micro-batches
+    (``stage_activations.stage_held``). So the two plans have the same states, workspaces,
+    buffers, context and step tensors, and differ only in the held micro-batches' saved
+    activations: bytes ``held * saved`` (``saved >= 0``) and tensors of the same sizes whose
+    counts are ``round(held * k)`` (``step_tensors.activation_tensors``), both non-decreasing
+    in ``held`` (a float with interleaved chunks of unequal sizes; the rounding keeps the
+    order). In the envelope the forward phase is ``max(a, a + T - alloc) + fixed``: ``a``
+    grows with the held bytes, and ``T - alloc`` adds, per saved tensor of ``x`` bytes,
+    ``2 * segment(x) - (1 - fragmentation) * x >= 0`` (the upper ``Reserved`` counts two
+    iterations' segments, each at least its request); the step phase is
+    ``a + max(T - alloc, 0) + fixed`` with its own ``a`` and ``alloc`` the same in both. So
+    stage ``j``'s envelope, hence its upper bound, is at most stage ``i``'s (up to rounding:
+    :data:`ENVELOPE_MARGIN`). Nothing is claimed of the simulated figures (best fit is not
+    monotone in what it is given), so a stage whose dominator's envelope is over a limit is
+    planned and bounded on its own. tests/test_bound.py checks the premise and the envelope
+    on every dominated stage of whole spaces."""
+    p = config.pp
+    if p < 4:  # no two middle stages
+        return (None,) * p
+    layers = stage_layers(model, config, framework)
+    moe = moe_layers_per_stage(model, config, framework) if model.moe is not None else (0,) * p
+    out: list[int | None] = [None] * p
+    seen: dict[tuple[int, int], tuple[int, float]] = {}
+    for s in range(1, p - 1):
+        held = stage_held(model, config, s, layers[s], framework)
+        first = seen.get((layers[s], moe[s]))
+        if first is not None and first[1] >= held:
+            out[s] = first[0]
+        else:
+            seen[(layers[s], moe[s])] = (s, held)
+    return tuple(out)

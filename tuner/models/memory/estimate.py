@@ -15,7 +15,7 @@ catalog).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tuner.catalog import GPUSpec
@@ -173,6 +173,22 @@ def iter_stage_plans(
     stops early)."""
     layers, z = enumerate(stage_layers(model, config, framework)), zero_settings or None
     return (_stage_memory(model, config, i, n, gpu, framework, precision, z) for i, n in layers)
+
+
+def iter_stage_plans_but(
+    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
+    precision: Precision, skip: Callable[[], Sequence[int | None]],
+) -> Iterator[StagePlan | None]:  # fmt: skip
+    """:func:`iter_stage_plans`, with None for each stage whose ``skip()`` entry is not None
+    (``bound.stage_dominators``: a stage bounded by another, planned only if needed);
+    ``skip`` is called once the first stage is planned (a caller that stops there never
+    asks), and its first entry is not read (the first stage is always planned)."""
+    layers = stage_layers(model, config, framework)
+    yield _stage_memory(model, config, 0, layers[0], gpu, framework, precision, None)
+    skipped = skip() if len(layers) > 1 else ()
+    for i in range(1, len(layers)):
+        yield None if skipped[i] is not None else _stage_memory(
+            model, config, i, layers[i], gpu, framework, precision, None)  # fmt: skip
 
 
 def stage_plan(

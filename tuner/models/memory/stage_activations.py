@@ -145,13 +145,21 @@ def _base_terms(
     core = traits(framework).megatron_core
     gathered = allgather_gathered_bytes(model, c, precision) if moe.dispatch and core else 0.0
     scratch = global_buffer_bytes(model, c, stage, precision, gathered) if core else 0.0
-    held = in_flight(c, stage)
-    if c.vp > 1 and layers:
-        # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
-        # (Megatron's schedule walked per rank; equal chunks give exactly ``held``).
-        held = held_layer_microbatches(model, c, framework, stage) / layers
+    held = stage_held(model, c, stage, layers, framework)
     extras = stage_extras(model, c, stage, vocab, precision)
     return _BaseTerms(layer_act, share, moe.dispatch - gathered, scratch, held, extras)
+
+
+def stage_held(
+    model: ModelSpec, c: ParallelConfig, stage: int, layers: int, framework: Framework
+) -> float:
+    """Micro-batches whose activations rank ``stage`` holds (``pipeline.in_flight``; weighed
+    by chunk layers with vp > 1)."""
+    if c.vp > 1 and layers:
+        # Interleaved chunks of unequal sizes: weigh each held chunk micro-batch by its layers
+        # (Megatron's schedule walked per rank; equal chunks give exactly ``in_flight``).
+        return held_layer_microbatches(model, c, framework, stage) / layers
+    return in_flight(c, stage)
 
 
 def _recomputed(
