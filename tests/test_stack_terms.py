@@ -447,6 +447,7 @@ def test_probe_truth_measures_every_config_at_full_depth(
     assert {r.depth * r.config.pp for r in asked} == {8}  # each config at its full depth
     n = len(asked)
     assert n >= 20 and f"{n} of {n} within 5%" in out
+    assert "load (1-minute average)" in out  # the load the step times were measured under
 
 
 def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:

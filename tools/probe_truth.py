@@ -16,6 +16,7 @@ both are printed with how many configs are within 10% and 5%.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=4)
     args = parser.parse_args(argv)
+    before = os.getloadavg()[0]
     found = measure(args.study, args.results, args.iters)
+    after = os.getloadavg()[0]
     print(f"measured / predicted at full depth, every config of {args.study} (probe: the probe "
           "ran it at 1-2 layers)")  # fmt: skip
     print(f"{'config':<40} probe  {'step':>6} {'peak':>6}")
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         inside = sum(abs(v - 1) <= 0.10 for v in rest)
         print(f"step over the probed configs' median ({level:.3f}, the load level): "
               f"{min(rest):.3f}-{max(rest):.3f}, {inside} of {len(rest)} within 10%")  # fmt: skip
+    # the machine's load through this job: CPU step times follow it, the probe's saw its own
+    print(f"load (1-minute average) {before:.1f} at the start, {after:.1f} at the end")
     return 0
 
 
