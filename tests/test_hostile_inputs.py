@@ -132,6 +132,9 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("hostfile-not-utf8", hostfile_case(b"n1\n\xc3\x28\n", "hosts"), "cluster.hostfile"),
     ("hostfile-is-a-folder", hostfile_case(None, "."), "cluster.hostfile: cannot read"),
     ("hostfile-unknown-user", hostfile_case(None, "~no-such-user-xyz/h"), "no such user"),
+    ("hostfile-name-too-long", hostfile_case(None, "h" * 5000),
+     "cluster.hostfile: cannot read hostfile"),  # exists() itself raised: exit 1 before
+    ("preset-a-list", changed("model", {"preset": ["llama2-7b"]}), "model.preset: unknown preset"),
     *[(f"hostfile-injection-{i}", hostfile_case(None, v), "cluster.hostfile: cannot read")
       for i, v in enumerate(INJECTIONS)],
     *[(f"host-injection-{i}", changed("cluster.nodes", [v]), "cluster.nodes[0]: ")
@@ -391,6 +394,12 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
     )
     for command, words in cases:
         _assert_one_line(tune(*command, cwd=tmp_path), words)
+
+
+def test_a_study_name_the_system_refuses_is_one_line(tmp_path: Path) -> None:
+    """A name past the file system's limit (ENAMETOOLONG) made is_file() raise: exit 1."""
+    for name in ("s" * 300, f"{'s' * 300}.yaml"):
+        _assert_one_line(tune("space", "--study", name, cwd=tmp_path), "File name too long")
 
 
 def test_another_programs_database_at_the_storage_path_is_one_line(tmp_path: Path) -> None:

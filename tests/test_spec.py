@@ -94,6 +94,7 @@ BAD = [
     ("search.memory_headroom", 1.5, "search.memory_headroom", "(0, 1]"),
     ("search.nodes_per_trial", 3, "search.nodes_per_trial", "more than the cluster's 2 nodes"),
     ("model", {"preset": "llama9"}, "model.preset", "unknown preset"),
+    ("model", {"preset": ["llama2-7b"]}, "model.preset", "unknown preset"),  # was a TypeError
     ("model", {"preset": "llama2-7b", "num_query_groups": 5}, "model.num_query_groups", "divide"),
     ("model", {"preset": "llama2-7b", "hidden_size": 4100}, "model.hidden_size", "divisible"),
     ("model", {"preset": "llama2-7b", "layers": 2}, "model.layers", "unknown key"),

@@ -43,7 +43,7 @@ def _expand_model(raw: object) -> object:
         return raw
     name = raw["preset"]
     presets = _model_presets()
-    if name not in presets:
+    if not isinstance(name, str) or name not in presets:
         raise ConfigError(
             f"unknown preset {name!r} (available: {', '.join(sorted(presets))})",
             path="model.preset",
@@ -60,9 +60,9 @@ def study_model(raw: Mapping[str, Any]) -> ModelSpec:
 
 def read_text(path: Path, what: str) -> str:
     """A small UTF-8 text file (a study, a hostfile); ConfigError naming ``what`` otherwise."""
-    if path.exists() and not path.is_file() and not path.is_dir():
-        raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
-    try:
+    try:  # exists() itself raises for a name the system refuses (too long: ENAMETOOLONG)
+        if path.exists() and not path.is_file() and not path.is_dir():
+            raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
         with path.open("rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
@@ -198,20 +198,28 @@ def shipped_study_names() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
+def _is_file(path: Path, name: str) -> bool:
+    """``path.is_file()``; a name the system refuses (too long: ENAMETOOLONG) is a ConfigError."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise ConfigError(f"cannot read study {name!r}: {exc.strerror or exc}") from None
+
+
 def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
     """``NAME`` -> ./studies/NAME.yaml, then the package's studies; a path to a file also works."""
     cwd = cwd or Path.cwd()
     as_path = _expand_user(name, "--study")
     if name.endswith((".yaml", ".yml")) or "/" in name:
         full = as_path if as_path.is_absolute() else cwd / as_path
-        if full.is_file():
+        if _is_file(full, name):
             return full
         raise ConfigError(f"study file {name!r} does not exist")
     local = cwd / "studies" / f"{name}.yaml"
-    if local.is_file():
+    if _is_file(local, name):
         return local
     shipped = resources.files("tuner.studies").joinpath(f"{name}.yaml")
-    if shipped.is_file():
+    if _is_file(Path(str(shipped)), name):
         return Path(str(shipped))
     local_names = sorted(p.stem for p in (cwd / "studies").glob("*.yaml"))
     available = sorted(set(local_names) | set(shipped_study_names()))
