@@ -462,6 +462,8 @@ def test_space_and_estimate_show_the_calibrated_model(
     assert main(["space", "--study", str(path), "--top", "3", *results]) == 0
     out = capsys.readouterr().out
     assert "by calibrated step time (cluster a100-80gb-local-2x8, 8 saved trials)" in out
+    assert main(["space", "--study", str(path), *results]) == 0  # no --top: no empty "top 0"
+    assert "by calibrated step time" not in capsys.readouterr().out
     assert main(["estimate", "--study", str(path), "--set", "tp=2", "--set", "pp=4",
                  *results]) == 0  # fmt: skip
     assert "calibrated (cluster a100-80gb-local-2x8, 8 saved trials): step" in (

@@ -309,7 +309,7 @@ def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "res
                                      "calibrated_step_s": r.calibrated_step_s,
                                      "calibrated_peak_gib": r.calibrated_peak_gib}
                                     for r in rows[:top]]}  # fmt: skip
-    return [table, *notes], data
+    return ([table] if top > 0 else []) + list(notes), data  # no --top: no empty "top 0" table
 
 
 def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results") -> Any:
