@@ -13,6 +13,7 @@ import numpy as np
 import optuna
 import pytest
 
+from tests.test_ranking import STUDY as RANKING_STUDY
 from tuner.calibrate import correction
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
@@ -136,18 +137,8 @@ def test_kept_predictions_are_the_posteriors_each_row_once(
 
 # ----------------------------------------------------------------------------- the sampler
 
-STUDY: dict[str, Any] = {
-    "name": "kept",
-    "model": {"preset": "llama2-7b"},
-    "training": {"global_batch_size": 64},
-    "cluster": {"gpu": "a100-40gb", "gpus_per_node": 8, "num_nodes": 2, "executor": "local"},
-    "framework": "megatron",
-    "launch": {"template": "megatron_gpt"},
-    "space": {"tp": [1, 2, 4, 8], "pp": [1, 2, 4], "micro_batch_size": [1, 2, 4],
-              "recompute": ["none", "selective", "full"], "sequence_parallel": [True, False],
-              "distributed_optimizer": [True, False]},
-    "search": {"sampler": "model", "seed": 0},
-}  # fmt: skip
+STUDY: dict[str, Any] = {**RANKING_STUDY, "name": "kept"}
+"""test_ranking's re-ranking study: a space past as many measured configs as features."""
 
 
 def _plain_believe(
