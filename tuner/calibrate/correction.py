@@ -196,11 +196,22 @@ def fit(
     """Bayesian linear regression with a zero-mean diagonal Gaussian prior; ``noise``: one
     standard deviation for every row, or one per row (a saved measurement from another study
     is noisier, :mod:`tuner.calibrate.store`)."""
-    w = np.broadcast_to(1.0 / np.square(np.asarray(noise, dtype=float)), y.shape)
-    precision = np.diag(prior_precision) + x.T @ (x * w[:, None])
-    cov = np.linalg.inv(precision)
+    w = noise_weights(y, noise)
+    cov = covariance(prior_precision, x, w)
     mean = cov @ (x.T @ (y * w))
     return Posterior(mean, cov)
+
+
+def noise_weights(y: np.ndarray, noise: float | np.ndarray) -> np.ndarray:
+    """Each row's noise precision ``1 / noise^2``, one per row of ``y``."""
+    return np.broadcast_to(1.0 / np.square(np.asarray(noise, dtype=float)), y.shape)
+
+
+def covariance(prior_precision: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The posterior covariance ``(S^-1 + X^T W X)^-1`` of rows ``x`` with noise precisions
+    ``w`` (:func:`noise_weights`) under the prior precision ``S^-1``, inverted afresh."""
+    precision = np.diag(prior_precision) + x.T @ (x * w[:, None])
+    return np.asarray(np.linalg.inv(precision))
 
 
 def fit_memory(

@@ -32,7 +32,8 @@ from collections import Counter, OrderedDict
 
 import numpy as np
 
-from tuner.calibrate.correction import Posterior
+from tuner.calibrate.correction import Posterior, noise_weights
+from tuner.calibrate.correction import covariance as refit  # the fit's own inverse
 
 REFRESH = 32
 """Rank updates in a row before the covariance is inverted afresh (bounding the rounding that
@@ -60,19 +61,8 @@ _states: OrderedDict[bytes, _State] = OrderedDict()
 _lock = threading.Lock()
 
 
-def _weights(y: np.ndarray, noise: float | np.ndarray) -> np.ndarray:
-    return np.broadcast_to(1.0 / np.square(np.asarray(noise, dtype=float)), y.shape)
-
-
 def _row_keys(x: np.ndarray, w: np.ndarray) -> list[bytes]:
     return [row.tobytes() + weight.tobytes() for row, weight in zip(x, w, strict=True)]
-
-
-def refit(prior_precision: np.ndarray, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The covariance ``(S^-1 + X^T W X)^-1`` inverted afresh (as
-    :func:`tuner.calibrate.correction.fit` computes it)."""
-    precision = np.diag(prior_precision) + x.T @ (x * w[:, None])
-    return np.asarray(np.linalg.inv(precision))
 
 
 def add_rows(
@@ -123,7 +113,7 @@ def fit(
 ) -> Posterior:
     """:func:`tuner.calibrate.correction.fit`'s posterior, its covariance kept or updated from
     the last fit under the same prior (module docstring)."""
-    w = _weights(y, noise)
+    w = noise_weights(y, noise)
     cov = _covariance(prior_precision, x, w)
     return Posterior(cov @ (x.T @ (y * w)), cov)
 
