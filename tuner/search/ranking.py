@@ -204,9 +204,18 @@ def loo_residuals(
     equal numbers when a row has a leverage near 1)."""
     if isinstance(post, RowPosterior):
         return np.asarray(post.alpha[:rows] / np.diag(post._k_inv)[:rows])
+    mu, _, kept = _leverage(post, x, noise, rows)
+    return np.asarray((y[:rows] - mu) / kept)
+
+
+def _leverage(
+    post: Posterior, x: np.ndarray, noise: float | np.ndarray, rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The weights' form's mean, noise variance and ``1 - h_i`` (``h_i = var_i / noise_i^2``,
+    the leverage) of each of the first ``rows`` rows, from one prediction."""
     mu, sd = post.predict(x[:rows])
-    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)[:rows]
-    return np.asarray((y[:rows] - mu) / (1.0 - np.square(sd) / noise_sq))
+    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), (len(x),))[:rows]
+    return mu, noise_sq, 1.0 - np.square(sd) / noise_sq
 
 
 def loo_sd(
@@ -218,9 +227,8 @@ def loo_sd(
     weights'."""
     if isinstance(post, RowPosterior):
         return np.asarray(1.0 / np.sqrt(np.diag(post._k_inv)[:rows]))
-    _, sd = post.predict(x[:rows])
-    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), (len(x),))[:rows]
-    return np.asarray(np.sqrt(noise_sq / (1.0 - np.square(sd) / noise_sq)))
+    _, noise_sq, kept = _leverage(post, x, noise, rows)
+    return np.asarray(np.sqrt(noise_sq / kept))
 
 
 def loo_z(
@@ -232,9 +240,7 @@ def loo_z(
     once for both."""
     if isinstance(post, RowPosterior):
         return np.asarray(loo_residuals(post, x, y, noise, rows) / loo_sd(post, x, noise, rows))
-    mu, sd = post.predict(x[:rows])
-    noise_sq = np.broadcast_to(np.square(np.asarray(noise, dtype=float)), y.shape)[:rows]
-    kept = 1.0 - np.square(sd) / noise_sq  # 1 - h_i
+    mu, noise_sq, kept = _leverage(post, x, noise, rows)
     return np.asarray(((y[:rows] - mu) / kept) / np.sqrt(noise_sq / kept))
 
 
