@@ -7,7 +7,7 @@ section 1e and 3a). :func:`validate` lists every broken rule; :func:`check` rais
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
@@ -313,13 +313,18 @@ RuleArgs = tuple[ModelSpec, int, Framework, TrainingSpec | None, int | None]
 node), as :func:`validate` takes them."""
 
 
+def _violations(pairs: Iterable[tuple[str, str]]) -> list[RuleViolation]:
+    """The (rule, message) pairs of the rule modules that return plain pairs, as violations."""
+    return [RuleViolation(rule, message) for rule, message in pairs]
+
+
 def _recompute_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
     model = a[0]
     per_rank = model.num_layers // (c.pp * c.vp) if c.pp * c.vp else model.num_layers
     rules = recompute_rule_violations(
         c.recompute, c.recompute_method, c.recompute_num_layers, per_rank
     )
-    return [RuleViolation(rule, message) for rule, message in rules]
+    return _violations(rules)
 
 
 def _module_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
@@ -328,7 +333,7 @@ def _module_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
         c.recompute, c.recompute_modules, model.moe, model.num_layers, framework,
         *((t.precision, t.fp8_recipe) if t else ()),
     )  # fmt: skip
-    return [RuleViolation(rule, message) for rule, message in rules]
+    return _violations(rules)
 
 
 def _overlap_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
@@ -336,7 +341,7 @@ def _overlap_rules(c: ParallelConfig, a: RuleArgs) -> list[RuleViolation]:
     rules = tp_overlap_rule_violations(
         c.tp_comm_overlap, c.tp, c.sequence_parallel, framework, model.moe, gpn
     )
-    return [RuleViolation(rule, message) for rule, message in rules]
+    return _violations(rules)
 
 
 RuleCheck = Callable[[ParallelConfig, RuleArgs], list[RuleViolation]]
@@ -359,7 +364,7 @@ RULE_BLOCKS: tuple[tuple[tuple[str, ...], RuleCheck], ...] = (
     (("tp", "sequence_parallel", "tp_comm_overlap"), _overlap_rules),
     (("tp", "pp", "ep", "etp", "micro_batch_size", "sequence_parallel", "zero_stage",
       "moe_token_dispatcher"),
-     lambda c, a: [RuleViolation(r, m) for r, m in _moe_rules(c, a[0], a[1], a[2])]),
+     lambda c, a: _violations(_moe_rules(c, a[0], a[1], a[2]))),
 )  # fmt: skip
 """The Megatron-family rules in :func:`validate`'s order, each block with every config knob it
 reads (a block's verdict is a function of those values, with the :data:`RuleArgs` of one study:
@@ -380,7 +385,7 @@ def validate(
     ``gpus_per_node``: the cluster's, for the rules that need a group inside a node. A size
     under 1 (rule ``positive``) is the only thing listed when there is one."""
     if traits(framework).fsdp2:  # torchtitan checks its own way (tuner.config.torchtitan_rules)
-        return [RuleViolation(r, m) for r, m in torchtitan_violations(config, model, world_size)]
+        return _violations(torchtitan_violations(config, model, world_size))
     args: RuleArgs = (model, world_size, framework, training, gpus_per_node)
     (_, sizes), *rest = RULE_BLOCKS
     out = sizes(config, args)
