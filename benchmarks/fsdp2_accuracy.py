@@ -21,7 +21,7 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-import memory_accuracy as mem
+import memory_rows as mem
 import time_accuracy as tim
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -133,7 +133,7 @@ def _benchmark(name: str = "memory_accuracy") -> ModuleType:
 
 def test_rows_build_model_inputs(rows: list[dict[str, str]]) -> None:
     """Every row is a valid ModelSpec, and every even-split row a valid ParallelConfig."""
-    bench = _benchmark()
+    bench = _benchmark("memory_rows")
     for row in rows:
         model = bench.row_model(row)
         assert model.num_layers == int(row["n_layers"])
@@ -164,7 +164,7 @@ def test_unmodelled_rows_stay_out_of_the_targets() -> None:
 def test_benchmark_compares_like_with_like() -> None:
     """A last-stage row reads the model's last stage; reserved and device rows read those
     figures, allocated rows the allocated one."""
-    bench = _benchmark()
+    bench = _benchmark("memory_rows")
     first, last = _Figures(8.0, 9.0), _Figures(3.0, 4.0)
     new = _Figures(8.0, 9.0)
     new.stages = (first, last)  # type: ignore[attr-defined]
@@ -191,7 +191,7 @@ def test_the_step_time_set_has_an_moe_row_predicted_as_moe() -> None:
 def test_rows_carry_their_runs_cublas_workspace_config(rows: list[dict[str, str]]) -> None:
     """``cublas_workspace_config`` is PyTorch's ``:SIZE:COUNT`` syntax (SIZE KiB, summed over
     pairs) or empty; a set value resizes the GPU's per-handle cuBLAS workspace."""
-    bench = _benchmark()
+    bench = _benchmark("memory_rows")
     assert bench.cublas_workspace_mib(":4096:8") == 32.0  # Megatron-LM CI's ENV_VARS
     assert bench.cublas_workspace_mib(":4096:2:16:8") == 8.125  # PyTorch's pre-sm90 default
     assert bench.cublas_workspace_mib("") is None
@@ -206,7 +206,7 @@ def test_rows_carry_their_runs_cublas_workspace_config(rows: list[dict[str, str]
 def test_resident_rows_compare_with_the_step_phase(rows: list[dict[str, str]]) -> None:
     """``resident`` (Megatron-LM CI's mem-allocated-bytes, bytes) sits only on Megatron rows that
     also carry a peak, and is below it; the benchmark reads the compared stage's step phase."""
-    bench = _benchmark()
+    bench = _benchmark("memory_rows")
     held = [r for r in rows if r["resident"]]
     assert len(held) > 100
     for row in held:
