@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 import memory_rows as mem
-import time_accuracy as tim
+import time_rows as tim
 
 DATA = Path(__file__).resolve().parent / "data"
 

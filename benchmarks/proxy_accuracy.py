@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import time_accuracy as ta  # noqa: E402  (the step_times.csv readers: one definition)
+import time_rows as ta  # noqa: E402  (the step_times.csv readers: one definition)
 
 from tuner.catalog import GPUSpec, get_gpu  # noqa: E402
 from tuner.config.parallel import ParallelConfig  # noqa: E402
