@@ -22,7 +22,9 @@ exclude_patterns = ["_build", "**/_generated", "README.md"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
 html_theme = "alabaster"
-html_theme_options = {"description": "Parallel configs for Megatron-LM and DeepSpeed"}
+html_theme_options = {
+    "description": "Parallel configs for Megatron-LM, DeepSpeed, Megatron-Bridge and torchtitan"
+}
 html_static_path: list[str] = []
 html_last_updated_fmt = None
 # Offline: no intersphinx, no external fetches at build time.

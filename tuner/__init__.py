@@ -1,4 +1,5 @@
-"""tuner: find the fastest parallel configuration for Megatron-LM / DeepSpeed training.
+"""tuner: find the fastest parallel configuration for training with Megatron-LM, DeepSpeed,
+Megatron-Bridge or torchtitan.
 
 The Python API, for a notebook or a script (``tune`` is the command line over the same calls)::
 

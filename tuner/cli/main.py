@@ -353,7 +353,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     """The argument parser and the handler of each subcommand."""
     parser = argparse.ArgumentParser(
         prog="tune",
-        description="Find the fastest Megatron-LM / DeepSpeed parallel configuration.",
+        description="Find the fastest parallel configuration for Megatron-LM, DeepSpeed, "
+        "Megatron-DeepSpeed, Megatron-Bridge or torchtitan training.",
         epilog=FLOPS_HELP,
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")

@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add the ``parse-log`` subcommand (its handler is ``args.func``, i.e. :func:`run`)."""
     parser = subparsers.add_parser(
         "parse-log",
-        help="read Megatron-LM / DeepSpeed logs: outcome, step time, peak memory, TFLOP/s",
+        help="read Megatron-LM, DeepSpeed or torchtitan logs: outcome, step time, peak memory, "
+        "TFLOP/s",
         description="Parse training logs and print the outcome, iterations seen, median "
         "steady-state step time, peak memory and TFLOP/s per GPU of each.",
     )
