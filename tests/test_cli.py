@@ -155,6 +155,18 @@ def test_space_ranks_once(
     assert len(calls) == 1
 
 
+def test_space_without_top_says_how_to_see_the_configs(capsys: pytest.CaptureFixture[str]) -> None:
+    """A first ``tune space`` prints counts and cost; it names the command that lists the fastest
+    configs (runnable as printed), and a ``--top`` table needs no such line."""
+    assert main(["space", "--study", "llama3-8b"]) == 0
+    hint = capsys.readouterr().out.strip().splitlines()[-1]
+    assert hint == "the fastest predicted configs: tune space --study llama3-8b --top 10"
+    command = hint.split(": ", 1)[1].split()[1:]
+    assert main(command) == 0
+    text = capsys.readouterr().out
+    assert "top 10 by predicted step time" in text and "fastest predicted configs" not in text
+
+
 def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--study", "llama3-8b", "--set", "tp=2"]) == 0
     text = capsys.readouterr().out

@@ -128,6 +128,10 @@ def _cmd_space(args: argparse.Namespace) -> int:
     print_cost(console, spec, out["cost"])
     for line in lines:
         render.show(console, line)
+    if args.top <= 0 and out["viable"]:  # a first look: say how to see the configs themselves
+        console.print(
+            f"the fastest predicted configs: tune space --study {shlex.quote(args.study)} --top 10"
+        )
     return 0
 
 
