@@ -391,7 +391,23 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         (["estimate", "--study", str(path), "--set", "zero_stage=7"], "--set zero_stage"),
         (["report", "--study", str(path), "--train-tokens", "inf"], "--train-tokens must be"),
         (["report", "--study", str(path), "--train-tokens", "nan"], "--train-tokens must be"),
-    )
+        # --n-trials -3 printed "budget of -3 launches"; 0 silently meant the study's count
+        (["run", "--study", str(path), "--dry-run", "--n-trials", "-3"], "--n-trials: must be"),
+        (["run", "--study", str(path), "--dry-run", "--n-trials", "0"], "--n-trials: must be"),
+        (["space", "--study", str(path), "--top", "-5"], "--top: must be >= 0"),
+        (["best", "--study", str(path), "--train-iters", "0"], "--train-iters: must be"),
+        (["best", "--study", str(path), "--trial", "x"], "--trial: expected a whole number"),
+        # a ValueError traceback from the list's int() before
+        (["profile", "--study", str(path), "--message-bytes", "4096,abc"], "--message-bytes"),
+        (["profile", "--study", str(path), "--repeats", "0"], "--repeats: must be >= 1"),
+        # the last --set silently won
+        (["estimate", "--study", str(path), "--set", "tp=2", "--set", "tp=4"], "given twice"),
+        (["estimate", "--study", str(path), "--set", "mbs=1", "--set", "micro_batch_size=2"],
+         "--set micro_batch_size: given twice (first as --set mbs)"),
+        # argparse's own errors: one line too (its usage block used to come first)
+        (["best", "--study", str(path), "--format", "nope"], "invalid choice: 'nope'"),
+        (["space"], "the following arguments are required: --study"),
+    )  # fmt: skip
     for command, words in cases:
         _assert_one_line(tune(*command, cwd=tmp_path), words)
 

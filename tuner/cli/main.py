@@ -13,14 +13,14 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
 from tuner.cli.failure import exit_status, terminate_as_interrupt
-from tuner.cli.options import add_columns_option, add_format_option, add_study_option
+from tuner.cli.options import add_columns_option, add_format_option, add_study_option, whole
 from tuner.cli.tables import (
     STAGE_COLUMNS,
     TOP_COLUMNS,
@@ -36,6 +36,7 @@ from tuner.config.spelling import spell
 from tuner.errors import ConfigError
 from tuner.layout import EXPORT_KINDS
 from tuner.outcome import Outcome
+from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
@@ -335,6 +336,14 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors as every other bad input: one line starting
+    ``tune: error:`` (the usage block argparse prints first is left to ``--help``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
+
+
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: an option left out after the command must not reset one given before it.
     s = argparse.SUPPRESS
@@ -355,7 +364,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     """The argument parser and the handler of each subcommand."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="tune",
         description="Find the fastest parallel configuration for Megatron-LM, DeepSpeed, "
         "Megatron-DeepSpeed, Megatron-Bridge or torchtitan training.",
@@ -386,13 +395,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     add_study_option(p)
     add_format_option(p)
     add_columns_option(p, [c.name for c in TOP_COLUMNS])
-    p.add_argument("--top", type=int, default=0, metavar="K", help="show the K fastest predicted")
+    p.add_argument("--top", type=whole(0), default=0, metavar="K",
+                   help="show the K fastest predicted")  # fmt: skip
     handlers["space"] = _cmd_space
 
     p = sub.add_parser("run", help="search: launch short real runs and record them",
                        epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
-    p.add_argument("--n-trials", type=int, default=None, help="override search.n_trials")
+    p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None,
+                   help="override search.n_trials")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
     add_format_option(p, ("text", "json"))
@@ -424,9 +435,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--emit", choices=EXPORT_KINDS, default="script",
                    help="what to write (each kind to its own file under "
                    "results/STUDY/exports/trial-N/)")  # fmt: skip
-    p.add_argument("--trial", type=int, default=None, metavar="N",
+    p.add_argument("--trial", type=whole(0), default=None, metavar="N",
                    help="export trial N instead of the fastest measured one")  # fmt: skip
-    p.add_argument("--train-iters", type=int, default=None, metavar="N",
+    p.add_argument("--train-iters", type=whole(1, MAX_ITERS), default=None, metavar="N",
                    help="iterations of the exported script (default: the study's)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)
     handlers["best"] = _cmd_best

@@ -4,7 +4,7 @@ a subcommand's module can use them without importing the whole command line)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def add_format_option(
@@ -17,6 +17,34 @@ def add_format_option(
     if json_synonym:
         parser.add_argument("--json", dest="format", action="store_const", const="json",
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
+
+
+def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``minimum`` (to ``maximum``), else argparse's
+    one-line usage error naming the option (``--n-trials -3`` used to print a budget of -3
+    launches, and ``--n-trials 0`` silently meant the study's own count)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"{minimum} to {maximum:,}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def wholes(minimum: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse ``type``: a comma-separated list ``N[,N]`` of whole numbers from ``minimum``."""
+    one = whole(minimum)
+
+    def parse(text: str) -> tuple[int, ...]:
+        return tuple(one(part.strip()) for part in text.split(","))
+
+    return parse
 
 
 STUDY_HELP = (

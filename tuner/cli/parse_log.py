@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``parse-log`` subcommand (its handler is ``args.func``, i.e. :func:`run`)."""
+    from tuner.cli.options import add_format_option, whole
+
     parser = subparsers.add_parser(
         "parse-log",
         help="read Megatron-LM, DeepSpeed or torchtitan logs: outcome, step time, peak memory, "
@@ -41,22 +43,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument(
         "--warmup",
-        type=int,
+        type=whole(0),
         default=None,
         metavar="N",
         help="step records to drop as warm-up (default: max(1, 20%%), at least one kept)",
     )
-    from tuner.cli.options import add_format_option
-
     add_format_option(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Parse every file; 0 when all were read, 2 (one line on stderr) when one cannot be."""
-    if args.warmup is not None and args.warmup < 0:
-        print(f"tune parse-log: --warmup: must be >= 0, got {args.warmup}", file=sys.stderr)
-        return 2
     from tuner.logs import parse_log_file  # the parsers load with the command that uses them
 
     results: list[tuple[str, RunMetrics]] = []

@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from tuner.cli import help_text, render, units
+from tuner.cli.options import whole, wholes
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
@@ -100,12 +101,8 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
     from tuner.profile.run import run_probe
     from tuner.study.loop import make_executor
 
-    sizes = tuple(int(v) for v in args.message_bytes.split(",")) if args.message_bytes else None
-    if args.warmup < 0 or args.repeats < 1 or (sizes and min(sizes) < 1):
-        raise ConfigError(
-            f"--warmup must be >= 0, --repeats >= 1 and --message-bytes > 0 (got {args.warmup}, "
-            f"{args.repeats}, {args.message_bytes or 'default'})"
-        )
+    # the parser bounds --warmup (>= 0), --repeats (>= 1) and each --message-bytes (>= 1)
+    sizes = args.message_bytes
     options = ProbeOptions(warmup=args.warmup, repeats=args.repeats, message_bytes=sizes)
     executor = make_executor(spec)
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -395,12 +392,13 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     p = sub.add_parser("profile", help="measure the cluster's GEMM and collective speeds")
     p.add_argument("--study", help="profile this study's cluster for its model and space")
     p.add_argument("--cluster", metavar="FILE", help="a cluster file (cluster:, model:, ...)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions (default 3)")
-    p.add_argument("--repeats", type=int, default=10, help="timed repetitions (default 10)")
+    p.add_argument("--warmup", type=whole(0), default=3, help="untimed repetitions (default 3)")
+    p.add_argument("--repeats", type=whole(1), default=10, help="timed repetitions (default 10)")
     p.add_argument(
         "--message-bytes",
         metavar="N[,N]",
-        default="",
+        type=wholes(1),
+        default=None,
         help="collective sizes in bytes (default: x4 apart up to the space's largest message)",
     )
     p.add_argument(

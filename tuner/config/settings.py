@@ -4,6 +4,8 @@ enumeration so that the command line can name the keys in its help without loadi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size
@@ -76,6 +78,20 @@ def parse_setting(item: str) -> tuple[str, object]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
     raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
+
+
+def parse_settings(items: Iterable[str]) -> dict[str, object]:
+    """Every ``--set`` as {knob: value}; a knob given twice (under any of its names) is a
+    one-line error rather than the last one silently winning."""
+    given: dict[str, object] = {}
+    spelled: dict[str, str] = {}
+    for item in items:
+        key, value = parse_setting(item)
+        name = item.split("=", 1)[0].strip()
+        if key in given:
+            raise ConfigError(f"given twice (first as --set {spelled[key]})", path=f"--set {name}")
+        given[key], spelled[key] = value, name
+    return given
 
 
 def settable_keys() -> list[str]:

@@ -22,7 +22,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.config.pipe_layers import pipe_layers
 from tuner.config.rule_table import RuleTable
 from tuner.config.rules import RuleViolation, validate
-from tuner.config.settings import parse_setting
+from tuner.config.settings import parse_settings
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, MemoryBreakdown
 from tuner.models.moe import memory_view
@@ -447,7 +447,7 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         "moe_token_dispatcher": axes.moe_token_dispatcher[0],
         "tp_comm_overlap": axes.tp_comm_overlap[0],
     }  # fmt: skip
-    given = dict(parse_setting(item) for item in settings)
+    given = parse_settings(settings)
     values.update(given)
     if "sequence_parallel" not in given and values["tp"] == 1:
         values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it
