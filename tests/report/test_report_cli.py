@@ -98,3 +98,14 @@ def test_png_without_a_browser_is_one_line_and_exit_2(
 def test_bad_baseline_is_exit_2(study_run: StudyRun, capsys: pytest.CaptureFixture[str]) -> None:
     assert tune(study_run, "--baseline", "9999", "--out", "/dev/null") == 2
     assert "--baseline '9999' matches no measured trial" in capsys.readouterr().err
+
+
+def test_an_unwritable_report_names_its_file(
+    study_run: StudyRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk's write error carries no file name; the one line says which file failed."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    assert tune(study_run, "--out", "/dev/full") == 1
+    err = capsys.readouterr().err
+    assert err == "tune: error: /dev/full: No space left on device\n", err

@@ -37,7 +37,11 @@ def build_report(
         parts = sections(data)
     path = out or default_path(spec, results)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(data, parts), encoding="utf-8")
+    try:
+        path.write_text(render(data, parts), encoding="utf-8")
+    except OSError as exc:  # a full disk's write error names no file: say which one
+        exc.filename = exc.filename or str(path)
+        raise
     logger.info("report of %s written to %s", spec.name, path)
     return path, parts
 
