@@ -21,6 +21,8 @@ Names load on first use: ``import tuner`` itself imports nothing heavy (no Optun
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -69,15 +71,30 @@ __all__ = [
 ]  # fmt: skip
 
 
+def lazy_getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562): each name of ``exports`` imported from its
+    module on first use and kept in the package's namespace (later look-ups do not come back),
+    so that importing one light module of a package does not load its heavy ones."""
+    namespace = sys.modules[package].__dict__
+
+    def get(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = namespace[name] = getattr(importlib.import_module(exports[name]), name)
+        return value
+
+    return get
+
+
+_get = lazy_getattr(__name__, _LAZY)
+
+
 def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        value: Any = importlib.import_module("tuner.logs.versions").tuner_version()
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-    else:
-        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
-    globals()[name] = value  # later look-ups don't come back here
-    return value
+    if name != "__version__":
+        return _get(name)
+    version: str = importlib.import_module("tuner.logs.versions").tuner_version()
+    globals()[name] = version
+    return version
 
 
 def __dir__() -> list[str]:

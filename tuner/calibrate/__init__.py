@@ -7,8 +7,9 @@ May import: :mod:`tuner.space` and below. Never the sampler, the loop, launchers
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner import lazy_getattr
 
 if TYPE_CHECKING:
     from tuner.calibrate.calibrated import Corrector, corrector_for
@@ -35,7 +36,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

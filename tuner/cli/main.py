@@ -13,14 +13,21 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
 from tuner.cli.failure import exit_status, terminate_as_interrupt
-from tuner.cli.options import add_columns_option, add_format_option, add_study_option, whole
+from tuner.cli.options import (
+    Parser,
+    VersionAction,
+    add_columns_option,
+    add_format_option,
+    add_study_option,
+    whole,
+)
 from tuner.cli.tables import (
     STAGE_COLUMNS,
     TOP_COLUMNS,
@@ -319,31 +326,6 @@ STORE_COMMANDS = ("run", "leaderboard", "best", "report", "profile", "calibrate"
 OPTUNA_COMMANDS = STORE_COMMANDS[:4]
 
 
-class _VersionAction(argparse.Action):
-    """``--version``, reading the installed metadata only when asked (it is slow to import)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
-                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:  # fmt: skip
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-        option_string: str | None = None,
-    ) -> None:  # fmt: skip
-        import tuner
-
-        sys.stdout.write(f"tune {tuner.__version__} ({tuner.DISTRIBUTION})\n")
-        parser.exit()
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's parser with its usage errors as every other bad input: one line starting
-    ``tune: error:`` (the usage block argparse prints first is left to ``--help``), exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
-
-
 def _add_global_options(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: an option left out after the command must not reset one given before it.
     s = argparse.SUPPRESS
@@ -364,13 +346,13 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     """The argument parser and the handler of each subcommand."""
-    parser: argparse.ArgumentParser = _Parser(
+    parser: argparse.ArgumentParser = Parser(
         prog="tune",
         description="Find the fastest parallel configuration for Megatron-LM, DeepSpeed, "
         "Megatron-DeepSpeed, Megatron-Bridge or torchtitan training.",
         epilog=FLOPS_HELP,
     )
-    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     _add_global_options(parser)
     _add_store_options(parser)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,10 +1,38 @@
-"""Options more than one ``tune`` subcommand shares (kept apart from :mod:`tuner.cli.main` so that
-a subcommand's module can use them without importing the whole command line)."""
+"""The command line's parser class and the options and value types more than one ``tune``
+subcommand shares (kept apart from :mod:`tuner.cli.main` so that a subcommand's module can use
+them without importing the whole command line)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+
+class VersionAction(argparse.Action):
+    """``--version``, reading the installed metadata only when asked (it is slow to import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:  # fmt: skip
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+        option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        import tuner
+
+        sys.stdout.write(f"tune {tuner.__version__} ({tuner.DISTRIBUTION})\n")
+        parser.exit()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its usage errors as every other bad input: one line starting
+    ``tune: error:`` (the usage block argparse prints first is left to ``--help``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
 
 
 def add_format_option(

@@ -7,8 +7,9 @@ never sees a host, a job or a log.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner import lazy_getattr
 
 if TYPE_CHECKING:
     from tuner.search.sampler import ModelGuidedSampler, make_sampler
@@ -25,7 +26,4 @@ package does not load the heavy ones."""
 __all__ = ["ModelGuidedSampler", "Stopper", "make_sampler"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -10,8 +10,9 @@ the CLI.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner import lazy_getattr
 
 if TYPE_CHECKING:
     from tuner.space.candidates import Candidate, SpaceReport
@@ -31,7 +32,4 @@ package does not load the heavy ones."""
 __all__ = ["Candidate", "SpaceReport", "enumerate_space", "stream_space", "study_gpu"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -11,8 +11,9 @@ Never the report or the CLI.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tuner import lazy_getattr
 
 if TYPE_CHECKING:
     from tuner.study.loop import StudyLoop, build_loop
@@ -29,7 +30,4 @@ package does not load the heavy ones."""
 __all__ = ["StudyLoop", "Summary", "build_loop"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
