@@ -112,7 +112,7 @@ def test_qkv_bias_reaches_megatron_and_is_refused_elsewhere(tmp_path: Path) -> N
     data = study_with("h100-sxm-80gb", add_qkv_bias=True)
     data["framework"] = "megatron-deepspeed"
     data["launch"] = {"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"}
-    with pytest.raises(ConfigError, match="model.add_qkv_bias: --add-qkv-bias is a Megatron-LM"):
+    with pytest.raises(ConfigError, match="model.add_qkv_bias: --add-qkv-bias is a Megatron-Core"):
         study_from_mapping(data)
 
 

@@ -300,3 +300,18 @@ def test_the_script_passes_the_overrides_intact_with_hostile_paths(tmp_path: Pat
     ]  # fmt: skip
     assert "model.pipeline_model_parallel_layout='Et*7|t*9|t*9|t*7L'" in argv
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_qkv_bias_reaches_the_recipe_as_its_field() -> None:
+    """A Qwen-style QKV bias (modelled as a bias on Q, K and V) is TransformerConfig's
+    ``add_qkv_bias``; left unset, the recipe's own value stays."""
+    spec = _spec(False)
+    config = ParallelConfig(tp=2, dp=8, global_batch_size=64)
+    plain = bridge.override_words(bridge.trial_overrides(spec, config))
+    assert not any(w.startswith("model.add_qkv_bias=") for w in plain)
+    model = dataclasses.replace(spec.model, add_qkv_bias=True)
+    words = bridge.override_words(bridge.trial_overrides(dataclasses.replace(spec, model=model),
+                                                         config))  # fmt: skip
+    assert [w for w in words if w not in plain] == ["model.add_qkv_bias=true"]
+    key, value = _typed("model.add_qkv_bias=true")
+    assert run_recipe.accepts(run_recipe.FIELDS["model"]["add_qkv_bias"], value) and value is True

@@ -132,6 +132,8 @@ def model_overrides(model: ModelSpec) -> list[Override]:
         ("model.num_query_groups", model.query_groups),
         ("dataset.seq_length", model.seq_length),
     ]
+    if model.add_qkv_bias:  # Qwen-style: a bias on Q, K and V only (TransformerConfig's field)
+        out.append(("model.add_qkv_bias", True))
     moe = model.moe
     if moe is None:
         return out

@@ -248,9 +248,10 @@ class StudySpec:
         problem = study_name_problem(self.name)  # the results layout's: the name is a directory
         if problem is not None:
             raise ConfigError(problem, path="name")
-        if self.model.add_qkv_bias and self.framework != "megatron":
-            raise ConfigError(f"--add-qkv-bias is a Megatron-LM flag; {self.framework} has no "
-                              "QKV-only bias", path="model.add_qkv_bias")  # fmt: skip
+        if self.model.add_qkv_bias and not traits(self.framework).megatron_core:
+            raise ConfigError(f"--add-qkv-bias is a Megatron-Core setting (Megatron-LM, "
+                              f"Megatron-Bridge); {self.framework} has no QKV-only bias",
+                              path="model.add_qkv_bias")  # fmt: skip
         splits = () if self.space.pipeline_split == "auto" else self.space.pipeline_split
         for i, text in enumerate(splits):
             owner = parse_split(text).framework
