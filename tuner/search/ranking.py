@@ -275,7 +275,7 @@ it from the second on, yet four lucky residuals cannot shrink the width to a qua
 
 def loo_scale(
     prior_precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: float | np.ndarray,
-    rows: int, post: Posterior | RowPosterior | None = None, tail_dof: int | None = None,
+    rows: int, post: Posterior | RowPosterior | None = None,
 ) -> tuple[float, int]:  # fmt: skip
     """How wide the posterior predictive should be, as a factor of the stated prior's, and the
     degrees of freedom it is known with: from the first ``rows`` rows' standardised
@@ -304,14 +304,10 @@ def loo_scale(
     Williams (2006, section 5.4.2): it judges the predictions themselves and holds up better
     when the model's form is wrong, which a correction of an analytical model is by
     construction. The rows after the first ``rows`` (the cluster's saved calibration) stay in
-    every fit and are not scored. ``post``: that fit, when the caller has it.
-
-    ``tail_dof``: read the misses as Student's t with that many degrees of freedom instead of
-    Gaussian (:func:`tail_scale`): the factor is then the t's scale, not its sd, and the degrees
-    of freedom returned are at most ``tail_dof``. None: Gaussian, as above."""
+    every fit and are not scored. ``post``: that fit, when the caller has it."""
     post = fit(prior_precision, x, y, noise) if post is None else post
     parts = (prior_precision, x, np.asarray(y), np.asarray(noise, dtype=float))
-    key = b"|".join([repr((rows, x.shape, tail_dof)).encode(), *(a.tobytes() for a in parts)])
+    key = b"|".join([repr((rows, x.shape)).encode(), *(a.tobytes() for a in parts)])
     with _fits_lock:
         for kept_post, kept_key, kept in _scaled:
             if kept_post is post and kept_key == key:
@@ -319,49 +315,10 @@ def loo_scale(
     z = loo_z(post, x, y, noise, rows)
     m = max(1, round(rows**2 / loo_correlation_sum(post, x, noise, rows)))
     dof = PRIOR_WEIGHT + m
-    if tail_dof is None:
-        scaled = math.sqrt((PRIOR_WEIGHT + m * float(np.mean(np.square(z)))) / dof), dof
-    else:
-        scaled = tail_scale(z, m, tail_dof), min(dof, tail_dof)
+    scaled = math.sqrt((PRIOR_WEIGHT + m * float(np.mean(np.square(z)))) / dof), dof
     with _fits_lock:
         _scaled[:] = [(post, key, scaled)]
     return scaled
-
-
-TAIL_DOF = 4
-"""The degrees of freedom of Student's t that the model sampler reads the time model's misses
-with (:func:`tail_scale`): the value Lange, Little and Taylor (JASA 84(408), 1989, section 7)
-recommend where the tails cannot be estimated from the data at hand, as here from a handful of
-misses."""
-
-TAIL_STEPS = 50
-"""Iterations of :func:`tail_scale`'s fixed point (it converges monotonically; 50 is past
-rounding for the handful of misses a study has)."""
-
-
-def tail_scale(z: np.ndarray, m: int, nu: int) -> float:
-    """The scale of Student's t with ``nu`` degrees of freedom fitted to the standardised
-    misses ``z`` (counted as ``m`` independent ones: :func:`loo_scale`), with the prior's one
-    pseudo-miss of unit size (:data:`PRIOR_WEIGHT`): the posterior mode of the scale's square
-    by the EM algorithm of the t as a scale mixture of normals (Lange, Little and Taylor 1989):
-    each miss is weighted ``(nu + 1) / (nu + z^2 / s^2)``, so one wide miss (a knob value the
-    model had wrong, before it was measured) counts for less than its square.
-
-    Why a t and not one Gaussian width: the time model's misses are a mixture. Most configs
-    are predicted within a little of what the correction allows (its terms are right and
-    neighbours were measured), and a few miss by several times that (a knob value whose cost
-    the model has wrong: the first measurement of it). One Gaussian width fitted to both by
-    the root mean square is too wide for the many and still too narrow for the few (on the
-    benchmark surfaces its 80 % interval held the next launch's figure 85 % of the time, the
-    median miss 0.54 of the width where a Gaussian's is 0.67). A t of few degrees of freedom
-    is that mixture: its scale fits the many, its tails keep the few."""
-    z2 = np.square(np.asarray(z, dtype=float))
-    share = m / max(len(z2), 1)  # each miss counts as m / rows independent ones
-    s2 = 1.0
-    for _ in range(TAIL_STEPS):
-        weights = (nu + 1) / (nu + z2 / s2)
-        s2 = (PRIOR_WEIGHT + share * float(np.sum(weights * z2))) / (PRIOR_WEIGHT + m)
-    return math.sqrt(s2)
 
 
 _scaled: list[tuple[Posterior | RowPosterior, bytes, tuple[float, int]]] = []

@@ -77,7 +77,6 @@ from tuner.search.gram import Gram, GramPosterior
 from tuner.search.normal import believe_rows, predict_rows
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
-    TAIL_DOF,
     RowPosterior,
     correlation,
     fit,
@@ -338,8 +337,7 @@ class ModelGuidedSampler(BaseSampler):
         scale: tuple[float | None, int | None] = (None, None)
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
-            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen), measured_fit,
-                              TAIL_DOF)  # fmt: skip
+            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen), measured_fit)
         incumbent = index.get(min(measured, key=measured.__getitem__)) if measured else None
         return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post,
                       incumbent=incumbent)  # fmt: skip
