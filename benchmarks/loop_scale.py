@@ -54,6 +54,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tuner.calibrate.store import record_study  # noqa: E402
 from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import LaunchRequest  # noqa: E402
 from tuner.launch.base import Executor, NodeProcess  # noqa: E402
@@ -61,7 +62,7 @@ from tuner.layout import ResultsLayout  # noqa: E402
 from tuner.models.memory.estimate import GIB  # noqa: E402
 from tuner.outcome import Outcome  # noqa: E402
 from tuner.search.sampler import ModelGuidedSampler  # noqa: E402
-from tuner.space.enumerate import enumerate_space  # noqa: E402
+from tuner.space.enumerate import enumerate_space, study_gpu  # noqa: E402
 from tuner.space.trials import config_params, distributions  # noqa: E402
 from tuner.spec.file import load_study  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
@@ -405,6 +406,9 @@ def main() -> int:
     p.add_argument("--skip-loop", action="store_true")
     p.add_argument("--skip-reads", action="store_true", help="no leaderboard, report, asks")
     p.add_argument("--dir", help="keep the storage here and reuse it (default: a temporary one)")
+    p.add_argument("--saved-calibration", choices=("own", "other"), default=None,
+                   help="before the loop, save the stored trials as the cluster's calibration: "
+                   "as this study's (run again) or another study's of the same setup")  # fmt: skip
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="tuner-loop-scale-") as tmp:
         base = Path(args.dir or tmp)
@@ -421,11 +425,25 @@ def main() -> int:
                   f"({url.split(':')[0]}); {left} viable configs left untried")  # fmt: skip
         if args.trials and not args.skip_reads:
             reads(args, spec_path, spec, url, results)
+        if args.saved_calibration:
+            save_history(spec, url, results, args.saved_calibration)
         if not args.skip_loop:
             run_loop(spec_path, url, results, args.launch, args.hold)
         breaks_first()
         print(f"(pid {os.getpid()}; CPU: this process's thread or the child's)")
     return 0
+
+
+def save_history(spec: StudySpec, url: str, results: Path, whose: str) -> None:
+    """The stored trials as the cluster's saved calibration (what a finished run leaves), under
+    this study's name (``own``: the sampler leaves its own trials out) or another's
+    (``other``: every observation is a row of the sampler's fits). Setting up, not measured."""
+    storage = open_storage(url, ResultsLayout(results, spec.name))
+    study = optuna.load_study(study_name=spec.name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    named = spec if whose == "own" else dataclasses.replace(spec, name=f"{spec.name}-before")
+    saved = record_study(named, trials, study_gpu(spec).memory_gib, results)
+    print(f"saved calibration: {len(saved.observations)} observations ({whose})")
 
 
 def reads(args: argparse.Namespace, spec_path: Path, spec: StudySpec, url: str,
