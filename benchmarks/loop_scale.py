@@ -385,12 +385,18 @@ def breaks_first() -> None:
               "reads per pass (a pass that launches: the read under the budget lease serves "
               "the ask). Then Optuna's own trial creation through its ORM (an insert, then a "
               "read of the new trial).")  # fmt: skip
+    print("  3. a saved calibration of another study (--saved-calibration other): every saved "
+          "observation is a row of the sampler's fits, and each ask still walks them (their "
+          "ratios, the rows' arrays, the kept fit's row keys in tuner.search.normal): linear in "
+          "the saved observations, hundreds of ms an ask at 10,000. Each observation's key and "
+          "features are made once (tuner.search.saved); keeping the past rows' arrays between "
+          "asks is the next step.")  # fmt: skip
     print(
         "  (the per-launched-trial figure also carries the end's one-off save of the cluster's "
-        "calibration, every measured trial in YAML through libyaml: seconds at 10,000; the "
-        "per-decision figure leaves it out)"
+        "calibration, every measured trial in YAML through libyaml: seconds at 10,000, the file "
+        "read again only if another worker changed it; the per-decision figure leaves it out)"
     )
-    print("  3. the report: per-config model breakdowns (the allocator simulation, once per "
+    print("  4. the report: per-config model breakdowns (the allocator simulation, once per "
           "distinct config) and an HTML view per trial (20 MiB at 10,000).")  # fmt: skip
 
 
