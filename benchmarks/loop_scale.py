@@ -2,6 +2,7 @@
 
     python benchmarks/loop_scale.py [--trials 10000] [--launch 192] [--nodes 1024]
                                     [--nodes-per-trial 16] [--hold 2.0] [--storage URL]
+                                    [--saved-calibration own|other]
 
 Issue 36's targets: a scheduling decision (claim nodes, launch, record) under 50 ms of the
 tuner's CPU with 64 trials in flight over a 1,024-node pool; one storage holding 10,000 trials
@@ -26,6 +27,11 @@ without ``tune leaderboard`` or ``tune report`` slowing past a few seconds.
    save of the cluster's calibration (every measured trial in YAML: seconds at 10,000).
    The thread's CPU time leaves out BLAS worker threads: run with ``OPENBLAS_NUM_THREADS=1``
    to count the fits' linear algebra in full.
+
+4. **A saved calibration** (``--saved-calibration``): the stored trials saved as the cluster's
+   calibration before the loop, as a second run of the study finds them (``own``) or a study
+   of the same setup under another name does (``other``: every observation a row of the
+   sampler's fits).
 
 Figures are printed, never asserted (a shared machine's load only adds to wall time; CPU time
 is what the load moves least).
