@@ -17,6 +17,7 @@ import optuna
 import pytest
 import yaml
 
+from tuner.calibrate import store
 from tuner.calibrate.calibrated import Corrector, corrector_for, memory_notes
 from tuner.calibrate.store import (
     TRANSFER_SD,
@@ -143,10 +144,50 @@ def test_a_calibration_round_trips_and_merges(tmp_path: Path) -> None:
     path = tmp_path / "c.calibration.yaml"
     cal = Calibration(cluster="c").merged(obs[:3], NOW)
     save_calibration(cal, path)
+    store._LOADED.clear()  # read from the file, not the one this process kept when saving it
     assert load_calibration(path, "c") == cal
     again = load_calibration(path, "c").merged(obs[2:], NOW)  # trial 2 is replaced, 3 added
     assert [o.trial for o in again.observations] == [0, 1, 2, 3]
     assert load_calibration(tmp_path / "none.yaml", "c") == Calibration(cluster="c")
+
+
+def test_the_plain_data_is_asdicts_and_a_file_read_again_unchanged_is_not_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = spec()
+    study, _, _ = run(s, off_model(s), 3, memory=lambda c: 20.0)
+    modules = {**dict(observations(s, study)[0].config), "recompute_modules": ["mlp", "core"]}
+    obs = (*observations(s, study), dataclasses.replace(observations(s, study)[0], trial=7,
+                                                         config=modules))  # fmt: skip
+    cal = Calibration(cluster="c").merged(obs, NOW)
+    reference = dataclasses.asdict(cal)
+    for o in reference["observations"]:
+        o["config"] = dict(o["config"])
+    plain = cal.to_dict()
+    assert plain == reference and list(plain) == list(reference)
+    assert all(
+        list(p) == list(r)
+        for p, r in zip(plain["observations"], reference["observations"], strict=True)
+    )
+    text = yaml.dump(plain, Dumper=store._DUMPER, sort_keys=False)
+    assert text == yaml.dump(reference, Dumper=store._DUMPER, sort_keys=False)
+    assert "&id" not in text  # nothing shared between observations: no anchors
+
+    parsed: list[int] = []
+    real_load = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: parsed.append(1) or real_load(*a, **k))
+    path = tmp_path / "c.calibration.yaml"
+    save_calibration(cal, path)
+    assert load_calibration(path, "c") is cal and not parsed  # what this process wrote
+    store._LOADED.clear()
+    fresh = load_calibration(path, "c")
+    assert fresh == cal and parsed == [1]
+    assert load_calibration(path, "c") is fresh and parsed == [1]  # unchanged: kept
+    other = Calibration(cluster="c").merged(obs[:1], NOW)  # another worker's save
+    path.write_text(yaml.dump(other.to_dict(), Dumper=store._DUMPER, sort_keys=False))
+    assert load_calibration(path, "c") == other and parsed == [1, 1]
+    path.unlink()
+    assert load_calibration(path, "c") == Calibration(cluster="c")
 
 
 def test_a_log_with_reserved_memory_only_feeds_the_correction_by_reserved() -> None:

@@ -158,3 +158,31 @@ def test_a_read_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> N
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_trials_finishing_out_of_order_read_as_optuna_reads_them(tmp_path: Path) -> None:
+    """The kept finished trials (in id order, the unfinished ones merged in by id) give the
+    list a fresh read gives after every round, with trials finishing in any order."""
+    import random
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    rng = random.Random(7)
+    running: list[optuna.Trial] = []
+    ended = 0
+    for _ in range(12):
+        running += [study.ask(DISTS) for _ in range(rng.randint(0, 4))]
+        for trial in rng.sample(running, k=min(len(running), rng.randint(0, 3))):
+            running.remove(trial)  # not the oldest first: ids finish out of order
+            study.tell(trial, 1.0 + trial.number)
+            ended += 1
+        same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    assert ended > 10 and running  # out of order, with some still running at the end
+    for trial in running:
+        study.tell(trial, state=TrialState.FAIL)
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    assert reader.trials() is not reader.trials()  # a list of each read's own

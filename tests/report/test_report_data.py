@@ -138,6 +138,9 @@ def test_the_reports_trials_copy_without_their_attributes(tmp_path: Path) -> Non
         assert kept == t and kept.user_attrs == t.user_attrs and kept.params == t.params
         twin = copy.deepcopy(kept)
         assert twin is not kept and twin == kept and twin.user_attrs is kept.user_attrs
+        shallow = copy.copy(kept)  # the generic protocol's copy: the same class and entries
+        assert type(twin) is type(shallow) and twin.__dict__ == shallow.__dict__
+        assert all(twin.__dict__[k] is v for k, v in shallow.__dict__.items())
         twin.number = 99  # what the in-memory storage does to what it adds
         assert kept.number == t.number
     memory = optuna.create_study(storage=optuna.storages.InMemoryStorage())

@@ -150,3 +150,28 @@ def test_a_log_tail_is_the_last_lines_of_its_last_64_kib(tmp_path: Path, text: s
     log.write_text(text, encoding="utf-8", newline="")
     assert V._tail(log, V.LOG_TAIL_LINES) == _tail_of_last_64k(log, V.LOG_TAIL_LINES)
     assert V._tail(tmp_path / "missing.log", 5) == ""
+
+
+def test_the_point_traces_unchecked_are_the_checked_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-trial traces skip plotly's item-by-item check (``figures.points``); each figure
+    they are in has the JSON plotly's checked construction gives (a list plotly would have
+    coerced, a numpy array say, fails this)."""
+    study = new_study(tmp_path)
+    for i, (tp, pp) in enumerate(((2, 1), (4, 2), (1, 2), (2, 2))):
+        predicted = {"predicted_step_s": 1.5 + i, "predicted_peak_gib": 40 + 3 * i,
+                     "launched": True, "duration_s": 60.0}  # fmt: skip
+        if i == 2:
+            record(study, SPEC, config(tp, pp), Outcome.OOM, **predicted)
+        else:  # an int peak too: plotly keeps it an int, checked or not
+            peak = 50 if i == 3 else 45.5 + i
+            record(study, SPEC, config(tp, pp), Outcome.OK, 3.0 - i / 2, peak_memory_gib=peak,
+                   **predicted)  # fmt: skip
+    data = gather(SPEC, results=str(tmp_path))
+    drawn = (F.step_time, F.peak_memory, F.pareto, F.progress)
+    fast = [f(data).to_json() for f in drawn]
+    monkeypatch.setattr(F, "FAST_POINTS", False)
+    checked = [f(data) for f in drawn]
+    assert fast == [f.to_json() for f in checked]
+    assert sum(len(t.x) for fig in checked for t in fig.data if t.mode == "markers") == 10

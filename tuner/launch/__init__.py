@@ -7,6 +7,8 @@ loop, the report or the CLI: a launcher never sees Optuna.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from tuner.launch.base import (
     TOKEN_ENV,
     Executor,
@@ -18,13 +20,27 @@ from tuner.launch.base import (
 )
 from tuner.launch.local import LocalExecutor
 from tuner.launch.pool import NodeGroup, NodePool
-from tuner.launch.ssh import SSHExecutor
 from tuner.launch.templates import (
     RenderedLaunch,
     TemplateRenderer,
     deepspeed_config,
     render_launch,
 )
+
+if TYPE_CHECKING:
+    from tuner.launch.ssh import SSHExecutor
+
+
+def __getattr__(name: str) -> Any:
+    """``SSHExecutor`` on first use: it imports paramiko (about 0.4 s), which a command that
+    only reads a study (the leaderboard, the report, ``tune best``) or runs trials on local or
+    Slurm nodes never needs."""
+    if name == "SSHExecutor":
+        from tuner.launch.ssh import SSHExecutor
+
+        return SSHExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "TOKEN_ENV",

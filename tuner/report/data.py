@@ -7,7 +7,6 @@ recomputed from its recorded config.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -341,7 +340,12 @@ class ReadOnlyTrial(FrozenTrial):
     15 s of the report's CPU; the figures drawn are the same."""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReadOnlyTrial:
-        return copy.copy(self)
+        # What ``copy.copy`` makes of it (a new object of the class with the same attribute
+        # dictionary entries), without its generic reduce protocol: the in-memory storage
+        # copies about 84,000 trials for the importances of a 10,000-trial study.
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
 
 
 def read_only(t: FrozenTrial) -> ReadOnlyTrial:

@@ -80,6 +80,30 @@ def _facts(t: FrozenTrial) -> _Facts | None:
                   None if peak is None else float(peak), ok_memory)  # fmt: skip
 
 
+def folded_prefix(
+    trials: Sequence[FrozenTrial], last: tuple[Sequence[FrozenTrial], int] | None
+) -> int:  # fmt: skip
+    """How many leading trials of a read ``trials`` a fold need not look at: ``last`` is the
+    fold's previous read and how many of its leading trials it held folded (finished); when
+    ``trials`` begins with those same trials (the reader keeps finished trials as objects, so
+    the comparison is mostly of identities, in C), that many; else 0 (a full pass)."""
+    if last is None or not last[1] or len(trials) < last[1]:
+        return 0
+    previous, n = last
+    return n if trials[:n] == previous[:n] else 0
+
+
+def leading(trials: Sequence[FrozenTrial], start: int, folded: dict[int, int]) -> int:
+    """``start`` plus the trials from ``start`` on that are folded, up to the first that is
+    not: the prefix :func:`folded_prefix` may skip in the next read."""
+    n = start
+    for t in trials[start:]:
+        if t._trial_id not in folded:
+            break
+        n += 1
+    return n
+
+
 class Observed:
     """The trials of one study, folded for the model sampler; :meth:`of` a read."""
 
@@ -96,6 +120,7 @@ class Observed:
         self._startups: list[float] = []  # launch_overhead_s of each COMPLETE trial that has one
         self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
         self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
+        self._prefix: tuple[Sequence[FrozenTrial], int] | None = None  # see folded_prefix
         self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
         self._union: tuple[Sequence[ParallelConfig], list[str], set[int]] | None = None
         self._sorted: tuple[int, dict[str, float]] | None = None  # (version, measured in order)
@@ -150,9 +175,11 @@ class Observed:
         open_: list[_Facts] = []
         own_open: set[tuple[int, Any]] = set()
         folded, known = self._folded, len(self._folded)
+        start = folded_prefix(trials, self._prefix)  # the last read's folded trials, as read
+        rest = trials[start:] if start else trials
         # one pass in C-level comprehensions over the thousands already folded
-        hits = sum([folded.get(t._trial_id) == t._number for t in trials])
-        for t in [t for t in trials if t._trial_id not in folded]:
+        hits = start + sum([folded.get(t._trial_id) == t._number for t in rest])
+        for t in [t for t in rest if t._trial_id not in folded]:
             facts = _facts(t)
             if t.state.is_finished():
                 folded[t._trial_id] = t.number
@@ -169,6 +196,7 @@ class Observed:
             self._reset()
             return self._update(trials)
         self._open = (trials, open_, own_open)
+        self._prefix = (trials, leading(trials, start, folded))
         return open_, own_open
 
     def _fold(self, f: _Facts) -> None:

@@ -83,6 +83,7 @@ from tuner.search.ranking import (  # each refit in the rows' space: cheap
     fit_memory,
     loo_scale,
 )
+from tuner.search.saved import Saved
 from tuner.search.value import (
     DEFAULT_RUN_TRIALS,
     JOINT_CONTENDERS,
@@ -126,6 +127,8 @@ class ModelGuidedSampler(BaseSampler):
         self._shared = space or SharedSpace(spec, rates)
         self._prior = prior or Prior()
         self._history = tuple(history)
+        self._saved = Saved(self._history, spec.name, setup_fingerprint(spec))
+        self._past_of: tuple[Sequence[FrozenTrial], list[Observation]] | None = None
         self._fingerprint = setup_fingerprint(spec)
         self._memory_setup = memory_fingerprint(spec)
         self._random = RandomSampler(seed=seed)
@@ -240,8 +243,7 @@ class ModelGuidedSampler(BaseSampler):
         once a peak was measured (never blind)."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
         rows = [
-            (self._features.memory_row(o.parallel_config(), o.activation_share), o)
-            for o in past if o.memory_ratio
+            (self._saved.memory_row(o, self._features), o) for o in past if o.memory_ratio
         ]  # fmt: skip
         if not seen and not rows:
             return [i for i in open_ if i not in self._probe_index]
@@ -264,7 +266,7 @@ class ModelGuidedSampler(BaseSampler):
             mu, sd = _predict(post, self._xm, open_)
         corrected = self._peak_gib[open_] * np.exp(mu)
         ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
-            o.parallel_config().key() for o in past
+            self._saved.key(o) for o in past
             if o.outcome == "ok" and o.memory_setup == self._memory_setup
         }  # fmt: skip
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
@@ -280,13 +282,13 @@ class ModelGuidedSampler(BaseSampler):
         ]  # fmt: skip
 
     def _past(self, trials: Sequence[FrozenTrial]) -> list[Observation]:
-        """The saved observations, less this study's own trials (those are in ``trials``)."""
-        own = self._observed.own(trials) if self._history else set()
-        return [
-            o for o in self._history
-            if not (o.study == self._spec.name and o.fingerprint == self._fingerprint
-                    and (o.trial, o.parallel_config().key()) in own)
-        ]  # fmt: skip
+        """The saved observations, less this study's own trials (those are in ``trials``); one
+        answer per read (:class:`~tuner.search.saved.Saved` makes each one's key once)."""
+        if not self._history:
+            return []
+        if self._past_of is None or self._past_of[0] is not trials:
+            self._past_of = (trials, self._saved.past(self._observed.own(trials)))
+        return self._past_of[1]
 
     def belief(self, trials: Sequence[FrozenTrial]) -> Belief | None:
         """The corrected model's belief about the untried configs; None when all were tried."""
@@ -307,7 +309,7 @@ class ModelGuidedSampler(BaseSampler):
         open_ = fitting or open_  # likely OOMs only when nothing else is left
         best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]
-        rows = [(self._features(o.parallel_config()), o) for o in past if o.time_ratio]
+        rows = [(self._saved.row(o, self._features), o) for o in past if o.time_ratio]
         if not seen and not rows:  # the model alone: its own ranking, no spread learned yet
             return Belief(open_, self._log_pred[open_], np.zeros(len(open_)), best)
         noise = self._prior.noise

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
+from tuner.search.observed import folded_prefix, leading
 from tuner.space.trials import (
     counts_as_run,
     is_duplicate,
@@ -57,6 +58,7 @@ class Digest:
         self._full: dict[str, tuple[int, FrozenTrial]] = {}  # key -> first full-scale measure
         self._proxy: dict[str, tuple[int, FrozenTrial]] = {}  # key -> last proxy measure
         self._read: Sequence[FrozenTrial] | None = None
+        self._prefix: tuple[Sequence[FrozenTrial], int] | None = None  # see folded_prefix
 
     def of(self, trials: Sequence[FrozenTrial]) -> Digest:
         """This digest, brought up to ``trials`` (nothing to do for the list it last saw). A
@@ -64,8 +66,10 @@ class Digest:
         read of the same study: folded afresh."""
         if trials is self._read:
             return self
-        folded, known, hits, out = self._folded, len(self._folded), 0, []
-        for t in trials:
+        folded, known, out = self._folded, len(self._folded), []
+        start = folded_prefix(trials, self._prefix)  # the last read's folded trials, as read
+        hits = start
+        for t in trials[start:] if start else trials:
             if t._trial_id in folded:
                 hits += folded[t._trial_id] == t.number
                 continue
@@ -78,6 +82,7 @@ class Digest:
             self._reset()
             return self.of(trials)
         self.open, self._read = out, trials
+        self._prefix = (trials, leading(trials, start, folded))
         return self
 
     def _fold(self, t: FrozenTrial) -> None:

@@ -14,6 +14,7 @@ sees what other workers add or finish. Other storages (a journal file) are read 
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import json
 from collections import defaultdict
@@ -42,6 +43,8 @@ class TrialReader:
     def __init__(self, storage: optuna.storages.BaseStorage, study_id: int) -> None:
         self.storage, self.study_id = storage, study_id
         self._finished: dict[int, FrozenTrial] = {}  # by trial id
+        self._done: list[FrozenTrial] = []  # the same trials, in trial-id order
+        self._done_ids: list[int] = []  # their ids, in that order
         self._open: set[int] = set()
         self._last = -1
         self._distributions: dict[str, BaseDistribution] = {}
@@ -67,16 +70,36 @@ class TrialReader:
             return self.storage.get_all_trials(self.study_id, deepcopy=False)
         with paused_collection():
             fresh = self._read(self.storage.engine)
-        out = dict(self._finished)
         self._open = set()
-        for t in fresh:
-            out[t._trial_id] = t
+        unfinished = []
+        for t in fresh:  # in trial-id order
             self._last = max(self._last, t._trial_id)
             if t.state.is_finished():
-                self._finished[t._trial_id] = t
+                self._add_finished(t)
             else:
                 self._open.add(t._trial_id)
-        return [out[k] for k in sorted(out)]
+                unfinished.append(t)
+        if not unfinished:
+            return list(self._done)
+        # The finished trials before the first unfinished one as they are (a slice: no walk
+        # over the thousands kept), the rest merged with the unfinished ones by id.
+        cut = bisect.bisect_left(self._done_ids, unfinished[0]._trial_id)
+        tail = sorted([*self._done[cut:], *unfinished], key=lambda t: t._trial_id)
+        return self._done[:cut] + tail
+
+    def _add_finished(self, t: FrozenTrial) -> None:
+        """Keep a trial read finished (a finished trial never changes), in trial-id order."""
+        tid = t._trial_id
+        if tid in self._finished:  # read finished again: the same trial, kept in its place
+            self._done[bisect.bisect_left(self._done_ids, tid)] = t
+        elif not self._done_ids or tid > self._done_ids[-1]:
+            self._done_ids.append(tid)
+            self._done.append(t)
+        else:  # finished after a later trial did
+            at = bisect.bisect_left(self._done_ids, tid)
+            self._done_ids.insert(at, tid)
+            self._done.insert(at, t)
+        self._finished[tid] = t
 
     def _read(self, engine: sa.Engine) -> list[FrozenTrial]:
         t = models.TrialModel.__table__
