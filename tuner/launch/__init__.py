@@ -7,8 +7,9 @@ loop, the report or the CLI: a launcher never sees Optuna.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tuner import lazy_getattr
 from tuner.launch.base import (
     TOKEN_ENV,
     Executor,
@@ -31,15 +32,10 @@ if TYPE_CHECKING:
     from tuner.launch.ssh import SSHExecutor
 
 
-def __getattr__(name: str) -> Any:
-    """``SSHExecutor`` on first use: it imports paramiko (about 0.4 s), which a command that
-    only reads a study (the leaderboard, the report, ``tune best``) or runs trials on local or
-    Slurm nodes never needs."""
-    if name == "SSHExecutor":
-        from tuner.launch.ssh import SSHExecutor
-
-        return SSHExecutor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, {"SSHExecutor": "tuner.launch.ssh"})
+"""``SSHExecutor`` on first use: it imports paramiko (about 0.4 s), which a command that only
+reads a study (the leaderboard, the report, ``tune best``) or runs trials on local or Slurm
+nodes never needs."""
 
 
 __all__ = [
