@@ -27,7 +27,7 @@ from __future__ import annotations
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import stage_layers
-from tuner.models.memory.allocator import reserved_bounds, tensor_bytes
+from tuner.models.memory.allocator import reserved_bounds, tensor_bytes, total_per_request
 from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
 from tuner.models.memory.overheads import allocator_slack, allocator_slacks
 from tuner.models.memory.stage_activations import stage_held
@@ -89,22 +89,23 @@ def peak_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[float, floa
 
 def stage_envelope(plan: StagePlan, gpu: GPUSpec) -> float:
     """Bytes at least the stage's upper bound (:func:`stage_bound`'s ``most``), by a formula
-    monotone in its activations (:func:`stage_dominators` reads it for that). With ``T`` the
-    upper ``Reserved.total`` plus the fragmentation inside blocks (``overheads.allocator_slacks``),
-    each phase's upper device figure is its allocated bytes plus ``max(X - alloc, 0)`` plus its
-    fixed terms, where ``alloc`` is the phase's tensor bytes and ``X`` is ``T`` or, for the
-    phase the cache's peak is not charged to, ``min(Reserved.step, T)`` (the upper
-    ``Reserved.fwd_bwd`` is ``T`` itself): so ``X <= T`` in both branches, and replacing ``X``
-    by ``T`` in both phases bounds them without the branch (which flips as the activations
-    grow, so the branch's figure is not monotone in them; this one is)."""
+    monotone in its activations (:func:`stage_dominators` reads it for that). With ``T`` a
+    bound on ``Reserved.total`` at least the upper ``Reserved``'s (one new segment per request,
+    ``allocator.total_per_request``) plus the fragmentation inside blocks
+    (``overheads.allocator_slacks``), each phase's upper device figure is its allocated bytes
+    plus ``max(X - alloc, 0)`` plus its fixed terms, where ``alloc`` is the phase's tensor
+    bytes and ``X`` is the upper ``Reserved.total`` (at most ``T``) or, for the phase the
+    cache's peak is not charged to, the smaller ``min(Reserved.step, total)``: so ``X <= T``
+    in both branches, and replacing ``X`` by ``T`` in both phases bounds them without the
+    branch (which flips as the activations grow, so the branch's figure is not monotone in
+    them; this one is)."""
     stage, t = plan
     fwd, step = stage.phases
     if gpu.name == "cpu":  # no allocator: no slack (overheads.allocator_slacks)
         return max(p.allocated + p.cuda_context + p.comm_buffers for p in (fwd, step))
-    _, high = reserved_bounds(t)
     states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
     transient = tensor_bytes(t.fwd_bwd)
-    total = high.total + gpu.allocator_fragmentation * transient
+    total = total_per_request(t) + gpu.allocator_fragmentation * transient
     figures = []
     for p, alloc in ((fwd, states + transient), (step, states + tensor_bytes(t.step))):
         figures.append(p.allocated + max(total - alloc, 0.0) + p.cuda_context + p.comm_buffers)
@@ -131,8 +132,9 @@ def stage_dominators(
     in ``held`` (a float with interleaved chunks of unequal sizes; the rounding keeps the
     order). In the envelope the forward phase is ``max(a, a + T - alloc) + fixed``: ``a``
     grows with the held bytes, and ``T - alloc`` adds, per saved tensor of ``x`` bytes,
-    ``2 * segment(x) - (1 - fragmentation) * x >= 0`` (the upper ``Reserved`` counts two
-    iterations' segments, each at least its request); the step phase is
+    ``2 * segment(x) - (1 - fragmentation) * x >= 0`` (``T`` counts two iterations' segments,
+    one per request, each at least the request: the upper ``Reserved``'s segments per call
+    grow in steps, so the envelope does not read them); the step phase is
     ``a + max(T - alloc, 0) + fixed`` with its own ``a`` and ``alloc`` the same in both. So
     stage ``j``'s envelope, hence its upper bound, is at most stage ``i``'s (up to rounding:
     :data:`ENVELOPE_MARGIN`). Nothing is claimed of the simulated figures (best fit is not
