@@ -24,9 +24,11 @@ stages near the limit simulated.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.config.pipeline import stage_layers
+from tuner.config.pipeline import MAX_CACHED_SPLITS, stage_layers
 from tuner.models.memory.allocator import reserved_bounds, tensor_bytes, total_per_request
 from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
 from tuner.models.memory.overheads import allocator_slack, allocator_slacks
@@ -113,6 +115,31 @@ def stage_envelope(plan: StagePlan, gpu: GPUSpec) -> float:
 
 
 def stage_dominators(
+    model: ModelSpec, config: ParallelConfig, framework: Framework
+) -> tuple[int | None, ...]:
+    """:func:`stage_dominators_uncached`, kept per (model, framework, pp, vp, the split, tp,
+    the micro-batch count, the pipeline schedule): what it reads of the config (the chunks'
+    layers, ``pipeline.chunk_layers``: pp, vp, the split and tp; the MoE layers on them; the
+    held micro-batches, ``stage_activations.stage_held``: pp, vp, the micro-batches and the
+    schedule). The configs of a space share a few dozen such keys;
+    tests/test_bound.py holds kept = fresh over whole spaces and each other knob without
+    effect."""
+    if config.pp < 4:  # no two middle stages
+        return (None,) * config.pp
+    key = (model, framework, config.pp, config.vp, config.pipeline_split, config.tp,
+           config.num_microbatches, config.pp_schedule)  # fmt: skip
+    out = _DOMINATORS.get(key)
+    if out is None:
+        if len(_DOMINATORS) >= MAX_CACHED_SPLITS:
+            _DOMINATORS.clear()
+        out = _DOMINATORS[key] = stage_dominators_uncached(model, config, framework)
+    return out
+
+
+_DOMINATORS: dict[tuple[Any, ...], tuple[int | None, ...]] = {}
+
+
+def stage_dominators_uncached(
     model: ModelSpec, config: ParallelConfig, framework: Framework
 ) -> tuple[int | None, ...]:
     """Per stage, an earlier stage whose :func:`stage_envelope` bounds its upper bound, or
