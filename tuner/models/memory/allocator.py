@@ -203,26 +203,30 @@ class _Cache:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def tensor_bytes(tensors: Tensors) -> float:
-    """Bytes of ``tensors`` as requested (before rounding). Cached, as :func:`_least_most`:
-    the same groups of tensors recur across the stages and configs of a space (configs that
-    differ in knobs a group does not depend on), and a tuple hashes faster than it sums."""
-    return sum(size * count for size, count in tensors)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _least_most(tensors: Tensors) -> tuple[int, int, int]:
-    """(bytes of the blocks ``tensors`` take at the least: each request rounded; bytes of the
-    segments they can make at the most: ``ceil(n / (seg // r))`` new segments for a call of
-    ``n`` requests of block ``r`` and segment ``seg`` (:func:`segments_at_most`); the same at
-    one new segment per request, the looser figure ``bound.stage_envelope`` reads)."""
+def group_sums(tensors: Tensors) -> tuple[float, int, int, int]:
+    """(bytes of ``tensors`` as requested; bytes of the blocks they take at the least: each
+    request rounded; bytes of the segments they can make at the most: ``ceil(n / (seg //
+    r))`` new segments for a call of ``n`` requests of block ``r`` and segment ``seg``
+    (:func:`segments_at_most`); the same at one new segment per request, the looser figure
+    ``bound.stage_envelope`` reads). Cached, one lookup for the four: the same groups of
+    tensors recur across the stages and configs of a space (configs that differ in knobs a
+    group does not depend on), and a tuple hashes faster than it sums."""
     least = most = each = 0
     for size, count in tensors:
         r, seg = _block(size)
         least += r * count
         most += seg * segments_at_most(count, r, seg)
         each += seg * count
-    return least, most, each
+    return sum(size * count for size, count in tensors), least, most, each
+
+
+Sums = tuple[tuple[float, int, int, int], ...]
+""":func:`group_sums` of a :class:`StepTensors`' four groups (resident, lazy, fwd_bwd, step)."""
+
+
+def step_sums(t: StepTensors) -> Sums:
+    """:func:`group_sums` of each of ``t``'s groups, in field order."""
+    return group_sums(t.resident), group_sums(t.lazy), group_sums(t.fwd_bwd), group_sums(t.step)
 
 
 def segments_at_most(count: int, r: int, seg: int) -> int:
@@ -244,7 +248,7 @@ def _block(size: float) -> tuple[int, int]:
     return r, segment_size(r)
 
 
-def reserved_bounds(t: StepTensors) -> tuple[Reserved, Reserved]:
+def reserved_bounds(t: StepTensors, sums: Sums | None = None) -> tuple[Reserved, Reserved]:
     """Two :class:`Reserved`, each figure of the first at most and of the second at least
     :func:`reserved_bytes`'s, from a sum per phase (no simulation).
 
@@ -261,23 +265,23 @@ def reserved_bounds(t: StepTensors) -> tuple[Reserved, Reserved]:
     (:func:`segments_at_most`), so a phase adds at most that per call: ``total`` at most the
     resident, moments and both iterations' activations and temporaries each in segments of
     their own; ``fwd_bwd`` is at most ``total``; ``step`` at most the resident, moments and one
-    step's temporaries so.
+    step's temporaries so. ``sums``: :func:`step_sums` of ``t``, where the caller has them.
     """
-    (res, res_hi, _), (lazy, lazy_hi, _) = _least_most(t.resident), _least_most(t.lazy)
-    (fwd, fwd_hi, _), (step, step_hi, _) = _least_most(t.fwd_bwd), _least_most(t.step)
+    (_, res, res_hi, _), (_, lazy, lazy_hi, _), (_, fwd, fwd_hi, _), (_, step, step_hi, _) = (
+        sums or step_sums(t)
+    )
     low = Reserved(float(res + lazy + max(fwd, step)), float(res + max(fwd, lazy)),
                    float(res + lazy + step))  # fmt: skip
     total = res_hi + lazy_hi + 2 * (fwd_hi + step_hi)
     return low, Reserved(float(total), float(total), float(res_hi + lazy_hi + step_hi))
 
 
-def total_per_request(t: StepTensors) -> float:
+def total_per_request(t: StepTensors, sums: Sums | None = None) -> float:
     """An upper bound on :func:`reserved_bytes`' ``total``, at least :func:`reserved_bounds`'
     upper one: one new segment per request (not per ``seg // r`` of a call). Its increase per
     added request of ``x`` bytes is at least ``2 * segment(x) >= 2 * x``, what
     ``bound.stage_envelope``'s monotonicity reads; the tighter figure grows in steps."""
-    parts = (t.resident, t.lazy, t.fwd_bwd, t.step)
-    res, lazy, fwd, step = (_least_most(p)[2] for p in parts)
+    res, lazy, fwd, step = (each for _, _, _, each in sums or step_sums(t))
     return float(res + lazy + 2 * (fwd + step))
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import MAX_CACHED_SPLITS, stage_layers
-from tuner.models.memory.allocator import reserved_bounds, tensor_bytes, total_per_request
+from tuner.models.memory.allocator import reserved_bounds, step_sums, total_per_request
 from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
 from tuner.models.memory.overheads import allocator_slack, allocator_slacks
 from tuner.models.memory.stage_activations import stage_held
@@ -55,7 +55,9 @@ def stage_bound(plan: StagePlan, gpu: GPUSpec) -> tuple[float, float, float]:
     device figure is its slack plus terms the slack does not change (``device_with``), and
     ``x / (k + x)`` grows with ``x``, so the upper slack gives the largest share."""
     stage, tensors = plan
-    (low_f, low_s), (high_f, high_s) = allocator_slacks(tensors, gpu, reserved_bounds(tensors))
+    sums = step_sums(tensors)  # one lookup per group for the bounds and the slacks
+    bounds = reserved_bounds(tensors, sums)
+    (low_f, low_s), (high_f, high_s) = allocator_slacks(tensors, gpu, bounds, sums)
     fwd, step = stage.phases
     # PhaseMemory.device_with's sum, each phase's allocated bytes read once
     fwd_a, step_a = fwd.allocated, step.allocated
@@ -105,11 +107,12 @@ def stage_envelope(plan: StagePlan, gpu: GPUSpec) -> float:
     fwd, step = stage.phases
     if gpu.name == "cpu":  # no allocator: no slack (overheads.allocator_slacks)
         return max(p.allocated + p.cuda_context + p.comm_buffers for p in (fwd, step))
-    states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
-    transient = tensor_bytes(t.fwd_bwd)
-    total = total_per_request(t) + gpu.allocator_fragmentation * transient
+    sums = step_sums(t)
+    (res, *_), (lazy, *_), (transient, *_), (temporaries, *_) = sums
+    states = res + lazy
+    total = total_per_request(t, sums) + gpu.allocator_fragmentation * transient
     figures = []
-    for p, alloc in ((fwd, states + transient), (step, states + tensor_bytes(t.step))):
+    for p, alloc in ((fwd, states + transient), (step, states + temporaries)):
         figures.append(p.allocated + max(total - alloc, 0.0) + p.cuda_context + p.comm_buffers)
     return max(figures)
 
