@@ -377,3 +377,22 @@ def test_an_out_of_memory_config_stopped_at_one_stage_is_bounded_when_completed(
         assert low <= d.low <= exact.peak <= d.high
         assert exact.sigma <= d.sigma_high
     assert pipelined, "some of them had stages left unplanned"
+
+
+@pytest.mark.parametrize("name", ["dense-16", "moe-48", "deepspeed-20"])
+def test_the_peak_and_sd_of_a_narrowed_config_are_the_exact_ones(name: str) -> None:
+    # what the probes' choice reads (enumerate.probes_of): the worst stage alone where
+    # narrowing proves it is the worst, the whole breakdown otherwise
+    report = enumerate_space(SPACES[name](), keep_oom=True)
+    alone = 0
+    for c in report.oom + report.viable:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory) or d.known:
+            continue
+        d.complete()
+        peak, sigma = d.peak_sigma()
+        alone += not d.known
+        exact = estimate_memory(*d._args)
+        assert (peak, sigma) == (exact.peak, exact.sigma)
+        assert d.peak() == exact.peak
+    assert alone, "some came from one stage, without the whole breakdown"
