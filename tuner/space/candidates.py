@@ -59,7 +59,8 @@ class DeferredMemory:
     bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
     __slots__ = (
-        "_args", "_loose", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high",
+        "_args", "_loose", "_plans", "_stages", "_terms", "_value", "_worst", "high", "low",
+        "sigma_high",
     )  # fmt: skip
 
     def __init__(
@@ -75,6 +76,7 @@ class DeferredMemory:
         self._value: MemoryBreakdown | None = None
         self.low, self.high = low, high
         self._plans: dict[int, StagePlan] = {}
+        self._worst: PhaseMemory | None = None  # the worst phase, once peak_sigma finds it
         self._stages: list[tuple[float, float]] = stages or []
         """Per stage, (least, most) largest device figure (``bound.stage_bounds``; a stage
         simulated: its exact figure twice), given by the judge or made on first narrowing."""
@@ -151,11 +153,13 @@ class DeferredMemory:
         exact and over every other stage's upper bound (:meth:`_worst_alone`); from the whole
         breakdown where narrowing stops short of that, or with measured terms (the sd reads
         their provenance; the plans hold none)."""
+        if self._worst is not None:
+            return self._worst.device, phase_sigma(self._worst)
         if self._terms is None or self._terms.is_catalog:
             while True:
                 worst = self._worst_alone()
-                if worst is not None:
-                    self.low = self.high = worst.device  # the peak, kept (as peak() does)
+                if worst is not None:  # kept, and the peak too (as peak() does)
+                    self._worst, self.low, self.high = worst, worst.device, worst.device
                     self.forget()
                     return worst.device, phase_sigma(worst)
                 if not self.narrow():
