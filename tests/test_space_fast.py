@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tuner.cli.tables import _candidate_json
-from tuner.config.pipeline import chunk_layers, chunk_layers_uncached
+from tuner.config.pipeline import chunk_layers, chunk_layers_uncached, stage_layers
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
 from tuner.models.memory.bound import peak_bounds, stage_bound
 from tuner.models.memory.estimate import (
@@ -355,7 +355,9 @@ def test_the_cached_splits_are_the_splits_of_every_config(make: Callable[[], Stu
         if study_violations(config, spec):
             continue
         cached = chunk_layers(spec.model, config, spec.framework)
-        assert cached == chunk_layers_uncached(spec.model, config, spec.framework)
+        fresh = chunk_layers_uncached(spec.model, config, spec.framework)
+        assert cached == fresh
+        assert stage_layers(spec.model, config, spec.framework) == tuple(map(sum, fresh))
 
 
 @pytest.mark.parametrize("name", ["dense-16", "moe-48", "deepspeed-20"])
