@@ -11,9 +11,12 @@ from tuner.models.memory.allocator import (
     Reserved,
     StepTensors,
     Tensors,
+    reserved_bounds,
     reserved_bytes,
     round_size,
     segment_size,
+    segments_at_most,
+    total_per_request,
 )
 from tuner.models.memory.estimate import stage_plans
 from tuner.space.enumerate import iter_configs, study_gpu, study_violations
@@ -122,3 +125,43 @@ def test_the_simulation_is_the_plain_one_on_every_stage_of_a_study(name: str) ->
     assert len(seen) > 100
     for t in seen:
         assert reserved_bytes.__wrapped__(t) == _plain_reserved(t)
+
+
+# ----------------------------------------------------------------------------- the bounds
+
+
+def test_one_call_makes_at_most_its_segments_bound_from_any_cache() -> None:
+    """``segments_at_most`` holds every request-by-request call from a random cache, and a
+    call on an empty pool makes exactly that many (the bound is reached)."""
+    rng = random.Random(3636)
+    reached = 0
+    for _ in range(2000):
+        free: list[dict[int, int]] = [{}, {}]
+        _plain_serve(free, _random_tensors(rng))  # a random cache: some free blocks
+        size, count = rng.choice(_random_tensors(rng) or ((rng.uniform(0, MIB), 3),))
+        r = round_size(size)
+        seg = segment_size(r)
+        new = _plain_serve(free, ((size, count),))
+        assert len(new) <= segments_at_most(count, r, seg)
+        assert all(s == seg for _, s in new)
+        fresh = _plain_serve([{}, {}], ((size, count),))
+        assert len(fresh) == segments_at_most(count, r, seg)
+        reached += len(fresh) < count  # a call whose requests share segments
+    assert reached > 100
+
+
+def test_the_bounds_enclose_the_simulation_on_random_steps() -> None:
+    """``reserved_bounds`` per call of requests (not per request) and ``total_per_request``
+    hold the plain simulation; the per-call upper bound is below the per-request one on
+    steps whose small or 1-10 MiB requests share segments."""
+    rng = random.Random(36)
+    tighter = 0
+    for _ in range(400):
+        t = StepTensors(*(_random_tensors(rng) for _ in range(4)))
+        low, high = reserved_bounds(t)
+        exact = _plain_reserved(t)
+        for field in ("total", "fwd_bwd", "step"):
+            assert getattr(low, field) <= getattr(exact, field) <= getattr(high, field)
+        assert high.total <= total_per_request(t)
+        tighter += high.total < total_per_request(t)
+    assert tighter > 200

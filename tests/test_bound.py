@@ -19,6 +19,7 @@ from tuner.models.memory.bound import (
     ENVELOPE_MARGIN,
     stage_bound,
     stage_dominators,
+    stage_dominators_uncached,
     stage_envelope,
 )
 from tuner.models.memory.estimate import StagePlan, estimate_memory, stage_plan
@@ -209,3 +210,48 @@ def test_narrowing_bounds_a_stage_left_unplanned_before_it_simulates_it() -> Non
         low, high = d.low, d.high
         assert low <= estimate_memory(*d._args).peak <= high
     assert bounded
+
+
+# the dominators kept per (model, framework, pp, vp, split, tp, micro-batches, schedule)
+KEY_FIELDS = {"pp", "vp", "pipeline_split", "tp", "pp_schedule"}
+COUNT_FIELDS = {"micro_batch_size", "global_batch_size", "dp"}  # the micro-batch count's
+
+
+@pytest.mark.parametrize("name", ["gpt-70b", "moe-64"])
+def test_the_kept_dominators_are_the_fresh_ones_and_read_no_other_knob(name: str) -> None:
+    spec = SPACES[name]()
+    configs = [c for c in _valid(spec) if c.pp >= 4]
+    values: dict[str, set[Any]] = {}
+    for config in configs:
+        kept = stage_dominators(spec.model, config, spec.framework)
+        fresh = stage_dominators_uncached(spec.model, config, spec.framework)
+        assert kept == fresh
+        for f in dataclasses.fields(config):
+            values.setdefault(f.name, set()).add(getattr(config, f.name))
+    # each knob outside the key, varied alone over the values the space gives it, leaves the
+    # fresh dominators as they are (the knobs of the key may change them: covered)
+    varied = set()
+    for config in configs[::7]:
+        fresh = stage_dominators_uncached(spec.model, config, spec.framework)
+        for f, seen in values.items():
+            if f in KEY_FIELDS or f in COUNT_FIELDS:
+                continue
+            for value in seen - {getattr(config, f)}:
+                other = dataclasses.replace(config, **{f: value})
+                assert stage_dominators_uncached(spec.model, other, spec.framework) == fresh, f
+                varied.add(f)
+    assert {"recompute", "sequence_parallel"} <= varied and len(varied) >= 4
+    # and the key's knobs may change them: configs whose keys differ in that knob alone (in
+    # these spaces only pp does; vp, the split and the micro-batch count set the chunks and
+    # the held micro-batches it compares, so the key keeps them)
+    changed = set()
+    for i, f in enumerate(("pp", "vp", "pipeline_split", "micro-batches")):
+        groups: dict[tuple[Any, ...], set[tuple[int | None, ...]]] = {}
+        for config in configs:
+            key = (config.pp, config.vp, config.pipeline_split, config.num_microbatches)
+            rest = key[:i] + key[i + 1 :]
+            found = stage_dominators(spec.model, config, spec.framework)
+            groups.setdefault(rest, set()).add(found)
+        if any(len(results) > 1 for results in groups.values()):
+            changed.add(f)
+    assert "pp" in changed

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tuner.cli.tables import _candidate_json
-from tuner.config.pipeline import chunk_layers, chunk_layers_uncached
+from tuner.config.pipeline import chunk_layers, chunk_layers_uncached, stage_layers
 from tuner.models.memory.allocator import reserved_bounds, reserved_bytes
 from tuner.models.memory.bound import peak_bounds, stage_bound
 from tuner.models.memory.estimate import (
@@ -355,7 +355,9 @@ def test_the_cached_splits_are_the_splits_of_every_config(make: Callable[[], Stu
         if study_violations(config, spec):
             continue
         cached = chunk_layers(spec.model, config, spec.framework)
-        assert cached == chunk_layers_uncached(spec.model, config, spec.framework)
+        fresh = chunk_layers_uncached(spec.model, config, spec.framework)
+        assert cached == fresh
+        assert stage_layers(spec.model, config, spec.framework) == tuple(map(sum, fresh))
 
 
 @pytest.mark.parametrize("name", ["dense-16", "moe-48", "deepspeed-20"])
@@ -377,3 +379,22 @@ def test_an_out_of_memory_config_stopped_at_one_stage_is_bounded_when_completed(
         assert low <= d.low <= exact.peak <= d.high
         assert exact.sigma <= d.sigma_high
     assert pipelined, "some of them had stages left unplanned"
+
+
+@pytest.mark.parametrize("name", ["dense-16", "moe-48", "deepspeed-20"])
+def test_the_peak_and_sd_of_a_narrowed_config_are_the_exact_ones(name: str) -> None:
+    # what the probes' choice reads (enumerate.probes_of): the worst stage alone where
+    # narrowing proves it is the worst, the whole breakdown otherwise
+    report = enumerate_space(SPACES[name](), keep_oom=True)
+    alone = 0
+    for c in report.oom + report.viable:
+        d = c.breakdown
+        if not isinstance(d, DeferredMemory) or d.known:
+            continue
+        d.complete()
+        peak, sigma = d.peak_sigma()
+        alone += not d.known
+        exact = estimate_memory(*d._args)
+        assert (peak, sigma) == (exact.peak, exact.sigma)
+        assert d.peak() == exact.peak
+    assert alone, "some came from one stage, without the whole breakdown"

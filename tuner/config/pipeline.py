@@ -100,8 +100,19 @@ def chunk_layers_uncached(
 def stage_layers(
     model: ModelSpec, config: ParallelConfig, framework: Framework
 ) -> tuple[int, ...]:
-    """Transformer layers on each pipeline stage, first to last (``len == config.pp``)."""
-    return tuple(sum(chunks) for chunks in chunk_layers(model, config, framework))
+    """Transformer layers on each pipeline stage, first to last (``len == config.pp``); kept
+    on :func:`chunk_layers`' key (its sums: asked per stage and config by both models)."""
+    key = (model, framework, config.pp, config.vp, config.pipeline_split, config.tp)
+    layers = _STAGES.get(key)
+    if layers is None:
+        layers = tuple(sum(chunks) for chunks in chunk_layers(model, config, framework))
+        if len(_STAGES) >= MAX_CACHED_SPLITS:
+            _STAGES.clear()
+        _STAGES[key] = layers
+    return layers
+
+
+_STAGES: dict[tuple[ModelSpec, Framework, int, int, str, int], tuple[int, ...]] = {}
 
 
 def stage_holds(

@@ -26,10 +26,12 @@ from tuner.models.memory.bound import (
     stage_envelope,
     stage_peak,
 )
+from tuner.models.memory.breakdown import phase_sigma
 from tuner.models.memory.estimate import (
     GIB,
     PHASE_TIE_BYTES,
     MemoryBreakdown,
+    PhaseMemory,
     StagePlan,
     estimate_memory,
     iter_stage_plans_but,
@@ -57,7 +59,8 @@ class DeferredMemory:
     bounds on its peak known before (``low <= peak <= high``, ``tuner.models.memory.bound``)."""
 
     __slots__ = (
-        "_args", "_loose", "_plans", "_stages", "_terms", "_value", "high", "low", "sigma_high",
+        "_args", "_loose", "_plans", "_stages", "_terms", "_value", "_worst", "high", "low",
+        "sigma_high",
     )  # fmt: skip
 
     def __init__(
@@ -73,6 +76,7 @@ class DeferredMemory:
         self._value: MemoryBreakdown | None = None
         self.low, self.high = low, high
         self._plans: dict[int, StagePlan] = {}
+        self._worst: PhaseMemory | None = None  # the worst phase, once peak_sigma finds it
         self._stages: list[tuple[float, float]] = stages or []
         """Per stage, (least, most) largest device figure (``bound.stage_bounds``; a stage
         simulated: its exact figure twice), given by the judge or made on first narrowing."""
@@ -134,19 +138,50 @@ class DeferredMemory:
     def peak(self) -> float:
         """The exact peak (``estimate_memory``'s), from the stage that sets it alone when
         narrowing has left that stage exact and every other stage's upper bound below its
-        figure (that stage is then the worst, and the peak its worst phase's device figure:
-        ``MemoryBreakdown.peak``); from the whole breakdown otherwise."""
+        figure (:meth:`_worst_alone`); from the whole breakdown otherwise."""
         if self.low == self.high:  # bounds that meet hold only the peak
             return self.low
-        stages = self._stages
-        if self._value is None and stages:
-            i = max(range(len(stages)), key=lambda j: stages[j][1])
-            if stages[i][0] == stages[i][1]:
-                (top,) = with_slack((self._plan(i),), self._args[2])
-                if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
-                    self.low = self.high = top.worst.device  # kept for the next ranking
-                    return self.low
+        worst = self._worst_alone()
+        if worst is not None:
+            self.low = self.high = worst.device  # kept for the next ranking
+            return self.low
         return self().peak
+
+    def peak_sigma(self) -> tuple[float, float]:
+        """(the exact peak, its relative sd: the breakdown's ``peak`` and ``sigma``), both
+        from the worst stage's worst phase, found by narrowing a stage at a time until one is
+        exact and over every other stage's upper bound (:meth:`_worst_alone`); from the whole
+        breakdown where narrowing stops short of that, or with measured terms (the sd reads
+        their provenance; the plans hold none)."""
+        if self._worst is not None:
+            return self._worst.device, phase_sigma(self._worst)
+        if self._terms is None or self._terms.is_catalog:
+            while True:
+                worst = self._worst_alone()
+                if worst is not None:  # kept, and the peak too (as peak() does)
+                    self._worst, self.low, self.high = worst, worst.device, worst.device
+                    self.forget()
+                    return worst.device, phase_sigma(worst)
+                if not self.narrow():
+                    break
+        value = self()
+        return value.peak, value.sigma
+
+    def _worst_alone(self) -> PhaseMemory | None:
+        """The breakdown's ``worst`` (stage, phase) from one stage, when narrowing has left the
+        stage with the largest upper bound exact and every other stage's upper bound below its
+        figure: that stage is then the worst (``MemoryBreakdown.worst_stage``, the largest
+        device figure, no tie), and ``with_slack`` finishes each stage on its own; else None."""
+        stages = self._stages
+        if self._value is not None or not stages:
+            return None
+        i = max(range(len(stages)), key=lambda j: stages[j][1])
+        if stages[i][0] != stages[i][1]:
+            return None
+        (top,) = with_slack((self._plan(i),), self._args[2])
+        if all(hi < top.device for j, (_, hi) in enumerate(stages) if j != i):
+            return top.worst
+        return None
 
     def complete(self) -> None:
         """Bound every stage where the judge stopped at the first one over the limit: the

@@ -398,9 +398,22 @@ def probes_of(
     exact peak, computed here for those the step leaves in the running), at most ``limit``."""
     faster = [c for c in near if c.time is not None and c.time.step < fastest]
     faster = [c for c in faster if _may_probe_on_bounds(c, capacity_gib)]
-    faster = [c for c in faster if may_probe(c.memory.peak / GIB, capacity_gib, c.memory.sigma)]
-    faster.sort(key=lambda c: (c.time.step if c.time else 0.0, c.memory.peak, c.config.key()))
+    faster = [c for c in faster if _may_probe(c, capacity_gib)]
+    faster.sort(key=lambda c: (c.time.step if c.time else 0.0, _peak(c), c.config.key()))
     return faster[:limit]
+
+
+def _may_probe(c: Candidate, capacity_gib: float) -> bool:
+    """``probes.may_probe`` on ``c``'s exact peak and sd (``DeferredMemory.peak_sigma``: from
+    the worst stage alone where narrowing finds it)."""
+    b = c.breakdown
+    peak, sigma = b.peak_sigma() if isinstance(b, DeferredMemory) else (b.peak, b.sigma)
+    return may_probe(peak / GIB, capacity_gib, sigma)
+
+
+def _peak(c: Candidate) -> float:
+    b = c.breakdown
+    return b.peak() if isinstance(b, DeferredMemory) else b.peak
 
 
 def _may_probe_on_bounds(c: Candidate, capacity_gib: float) -> bool:

@@ -203,23 +203,41 @@ class _Cache:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def tensor_bytes(tensors: Tensors) -> float:
-    """Bytes of ``tensors`` as requested (before rounding). Cached, as :func:`_least_most`:
-    the same groups of tensors recur across the stages and configs of a space (configs that
-    differ in knobs a group does not depend on), and a tuple hashes faster than it sums."""
-    return sum(size * count for size, count in tensors)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _least_most(tensors: Tensors) -> tuple[int, int]:
-    """(bytes of the blocks ``tensors`` take at the least: each request rounded, bytes of the
-    segments they can make at the most: one new segment per request)."""
-    least = most = 0
+def group_sums(tensors: Tensors) -> tuple[float, int, int, int]:
+    """(bytes of ``tensors`` as requested; bytes of the blocks they take at the least: each
+    request rounded; bytes of the segments they can make at the most: ``ceil(n / (seg //
+    r))`` new segments for a call of ``n`` requests of block ``r`` and segment ``seg``
+    (:func:`segments_at_most`); the same at one new segment per request, the looser figure
+    ``bound.stage_envelope`` reads). Cached, one lookup for the four: the same groups of
+    tensors recur across the stages and configs of a space (configs that differ in knobs a
+    group does not depend on), and a tuple hashes faster than it sums."""
+    least = most = each = 0
     for size, count in tensors:
         r, seg = _block(size)
         least += r * count
-        most += seg * count
-    return least, most
+        most += seg * segments_at_most(count, r, seg)
+        each += seg * count
+    return sum(size * count for size, count in tensors), least, most, each
+
+
+Sums = tuple[tuple[float, int, int, int], ...]
+""":func:`group_sums` of a :class:`StepTensors`' four groups (resident, lazy, fwd_bwd, step)."""
+
+
+def step_sums(t: StepTensors) -> Sums:
+    """:func:`group_sums` of each of ``t``'s groups, in field order."""
+    return group_sums(t.resident), group_sums(t.lazy), group_sums(t.fwd_bwd), group_sums(t.step)
+
+
+def segments_at_most(count: int, r: int, seg: int) -> int:
+    """New segments one ``_Cache.alloc`` call of ``count`` requests of block ``r`` makes at the
+    most, ``seg`` bytes each: ``ceil(count / (seg // r))``. Why: the call makes segments only
+    once no free block holds ``r`` (every request before that is served from free blocks),
+    and from there on it makes them for the ``n <= count`` requests left, each fresh segment
+    serving ``seg // r`` of them before the next is made (it is split while its rest holds
+    another request, and only this call's requests touch the pool meanwhile), the last one
+    fewer: ``ceil(n / (seg // r))``, which is at most the figure for ``count``."""
+    return -(-count // (seg // r))
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -230,7 +248,7 @@ def _block(size: float) -> tuple[int, int]:
     return r, segment_size(r)
 
 
-def reserved_bounds(t: StepTensors) -> tuple[Reserved, Reserved]:
+def reserved_bounds(t: StepTensors, sums: Sums | None = None) -> tuple[Reserved, Reserved]:
     """Two :class:`Reserved`, each figure of the first at most and of the second at least
     :func:`reserved_bytes`'s, from a sum per phase (no simulation).
 
@@ -242,18 +260,29 @@ def reserved_bounds(t: StepTensors) -> tuple[Reserved, Reserved]:
     then with the moments; ``step`` is the resident segments plus a fresh cache that holds the
     moments and temporaries together.
 
-    Upper: a request that finds no free block makes one segment of ``segment_size`` (``alloc``
-    makes ``n`` for ``n`` requests), so a phase adds at most one segment per request: ``total``
-    at most the resident, moments and both iterations' activations and temporaries each in
-    segments of their own; ``fwd_bwd`` is at most ``total``; ``step`` at most the resident,
-    moments and one step's temporaries so.
+    Upper: a request that finds no free block makes a segment of ``segment_size``, and one
+    ``alloc`` call of ``n`` requests makes at most ``ceil(n / (seg // r))`` of them
+    (:func:`segments_at_most`), so a phase adds at most that per call: ``total`` at most the
+    resident, moments and both iterations' activations and temporaries each in segments of
+    their own; ``fwd_bwd`` is at most ``total``; ``step`` at most the resident, moments and one
+    step's temporaries so. ``sums``: :func:`step_sums` of ``t``, where the caller has them.
     """
-    (res, res_hi), (lazy, lazy_hi) = _least_most(t.resident), _least_most(t.lazy)
-    (fwd, fwd_hi), (step, step_hi) = _least_most(t.fwd_bwd), _least_most(t.step)
+    (_, res, res_hi, _), (_, lazy, lazy_hi, _), (_, fwd, fwd_hi, _), (_, step, step_hi, _) = (
+        sums or step_sums(t)
+    )
     low = Reserved(float(res + lazy + max(fwd, step)), float(res + max(fwd, lazy)),
                    float(res + lazy + step))  # fmt: skip
     total = res_hi + lazy_hi + 2 * (fwd_hi + step_hi)
     return low, Reserved(float(total), float(total), float(res_hi + lazy_hi + step_hi))
+
+
+def total_per_request(t: StepTensors, sums: Sums | None = None) -> float:
+    """An upper bound on :func:`reserved_bytes`' ``total``, at least :func:`reserved_bounds`'
+    upper one: one new segment per request (not per ``seg // r`` of a call). Its increase per
+    added request of ``x`` bytes is at least ``2 * segment(x) >= 2 * x``, what
+    ``bound.stage_envelope``'s monotonicity reads; the tighter figure grows in steps."""
+    res, lazy, fwd, step = (each for _, _, _, each in sums or step_sums(t))
+    return float(res + lazy + 2 * (fwd + step))
 
 
 @functools.lru_cache(maxsize=1 << 14)

@@ -24,10 +24,12 @@ stages near the limit simulated.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.config.pipeline import stage_layers
-from tuner.models.memory.allocator import reserved_bounds, tensor_bytes
+from tuner.config.pipeline import MAX_CACHED_SPLITS, stage_layers
+from tuner.models.memory.allocator import reserved_bounds, step_sums, total_per_request
 from tuner.models.memory.estimate import PHASE_TIE_BYTES, StagePlan
 from tuner.models.memory.overheads import allocator_slack, allocator_slacks
 from tuner.models.memory.stage_activations import stage_held
@@ -53,7 +55,9 @@ def stage_bound(plan: StagePlan, gpu: GPUSpec) -> tuple[float, float, float]:
     device figure is its slack plus terms the slack does not change (``device_with``), and
     ``x / (k + x)`` grows with ``x``, so the upper slack gives the largest share."""
     stage, tensors = plan
-    (low_f, low_s), (high_f, high_s) = allocator_slacks(tensors, gpu, reserved_bounds(tensors))
+    sums = step_sums(tensors)  # one lookup per group for the bounds and the slacks
+    bounds = reserved_bounds(tensors, sums)
+    (low_f, low_s), (high_f, high_s) = allocator_slacks(tensors, gpu, bounds, sums)
     fwd, step = stage.phases
     # PhaseMemory.device_with's sum, each phase's allocated bytes read once
     fwd_a, step_a = fwd.allocated, step.allocated
@@ -89,29 +93,56 @@ def peak_bounds(plans: tuple[StagePlan, ...], gpu: GPUSpec) -> tuple[float, floa
 
 def stage_envelope(plan: StagePlan, gpu: GPUSpec) -> float:
     """Bytes at least the stage's upper bound (:func:`stage_bound`'s ``most``), by a formula
-    monotone in its activations (:func:`stage_dominators` reads it for that). With ``T`` the
-    upper ``Reserved.total`` plus the fragmentation inside blocks (``overheads.allocator_slacks``),
-    each phase's upper device figure is its allocated bytes plus ``max(X - alloc, 0)`` plus its
-    fixed terms, where ``alloc`` is the phase's tensor bytes and ``X`` is ``T`` or, for the
-    phase the cache's peak is not charged to, ``min(Reserved.step, T)`` (the upper
-    ``Reserved.fwd_bwd`` is ``T`` itself): so ``X <= T`` in both branches, and replacing ``X``
-    by ``T`` in both phases bounds them without the branch (which flips as the activations
-    grow, so the branch's figure is not monotone in them; this one is)."""
+    monotone in its activations (:func:`stage_dominators` reads it for that). With ``T`` a
+    bound on ``Reserved.total`` at least the upper ``Reserved``'s (one new segment per request,
+    ``allocator.total_per_request``) plus the fragmentation inside blocks
+    (``overheads.allocator_slacks``), each phase's upper device figure is its allocated bytes
+    plus ``max(X - alloc, 0)`` plus its fixed terms, where ``alloc`` is the phase's tensor
+    bytes and ``X`` is the upper ``Reserved.total`` (at most ``T``) or, for the phase the
+    cache's peak is not charged to, the smaller ``min(Reserved.step, total)``: so ``X <= T``
+    in both branches, and replacing ``X`` by ``T`` in both phases bounds them without the
+    branch (which flips as the activations grow, so the branch's figure is not monotone in
+    them; this one is)."""
     stage, t = plan
     fwd, step = stage.phases
     if gpu.name == "cpu":  # no allocator: no slack (overheads.allocator_slacks)
         return max(p.allocated + p.cuda_context + p.comm_buffers for p in (fwd, step))
-    _, high = reserved_bounds(t)
-    states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
-    transient = tensor_bytes(t.fwd_bwd)
-    total = high.total + gpu.allocator_fragmentation * transient
+    sums = step_sums(t)
+    (res, *_), (lazy, *_), (transient, *_), (temporaries, *_) = sums
+    states = res + lazy
+    total = total_per_request(t, sums) + gpu.allocator_fragmentation * transient
     figures = []
-    for p, alloc in ((fwd, states + transient), (step, states + tensor_bytes(t.step))):
+    for p, alloc in ((fwd, states + transient), (step, states + temporaries)):
         figures.append(p.allocated + max(total - alloc, 0.0) + p.cuda_context + p.comm_buffers)
     return max(figures)
 
 
 def stage_dominators(
+    model: ModelSpec, config: ParallelConfig, framework: Framework
+) -> tuple[int | None, ...]:
+    """:func:`stage_dominators_uncached`, kept per (model, framework, pp, vp, the split, tp,
+    the micro-batch count, the pipeline schedule): what it reads of the config (the chunks'
+    layers, ``pipeline.chunk_layers``: pp, vp, the split and tp; the MoE layers on them; the
+    held micro-batches, ``stage_activations.stage_held``: pp, vp, the micro-batches and the
+    schedule). The configs of a space share a few dozen such keys;
+    tests/test_bound.py holds kept = fresh over whole spaces and each other knob without
+    effect."""
+    if config.pp < 4:  # no two middle stages
+        return (None,) * config.pp
+    key = (model, framework, config.pp, config.vp, config.pipeline_split, config.tp,
+           config.num_microbatches, config.pp_schedule)  # fmt: skip
+    out = _DOMINATORS.get(key)
+    if out is None:
+        if len(_DOMINATORS) >= MAX_CACHED_SPLITS:
+            _DOMINATORS.clear()
+        out = _DOMINATORS[key] = stage_dominators_uncached(model, config, framework)
+    return out
+
+
+_DOMINATORS: dict[tuple[Any, ...], tuple[int | None, ...]] = {}
+
+
+def stage_dominators_uncached(
     model: ModelSpec, config: ParallelConfig, framework: Framework
 ) -> tuple[int | None, ...]:
     """Per stage, an earlier stage whose :func:`stage_envelope` bounds its upper bound, or
@@ -131,8 +162,9 @@ def stage_dominators(
     in ``held`` (a float with interleaved chunks of unequal sizes; the rounding keeps the
     order). In the envelope the forward phase is ``max(a, a + T - alloc) + fixed``: ``a``
     grows with the held bytes, and ``T - alloc`` adds, per saved tensor of ``x`` bytes,
-    ``2 * segment(x) - (1 - fragmentation) * x >= 0`` (the upper ``Reserved`` counts two
-    iterations' segments, each at least its request); the step phase is
+    ``2 * segment(x) - (1 - fragmentation) * x >= 0`` (``T`` counts two iterations' segments,
+    one per request, each at least the request: the upper ``Reserved``'s segments per call
+    grow in steps, so the envelope does not read them); the step phase is
     ``a + max(T - alloc, 0) + fixed`` with its own ``a`` and ``alloc`` the same in both. So
     stage ``j``'s envelope, hence its upper bound, is at most stage ``i``'s (up to rounding:
     :data:`ENVELOPE_MARGIN`). Nothing is claimed of the simulated figures (best fit is not

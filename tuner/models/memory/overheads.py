@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
-from tuner.models.memory.allocator import Reserved, StepTensors, reserved_bytes, tensor_bytes
+from tuner.models.memory.allocator import Reserved, StepTensors, Sums, reserved_bytes, step_sums
 from tuner.models.memory.kept import Kept
 from tuner.spec.frameworks import traits
 from tuner.spec.study import Framework
@@ -190,16 +190,18 @@ def allocator_slack(
 
 
 def allocator_slacks(
-    t: StepTensors, gpu: GPUSpec, reserveds: tuple[Reserved | None, ...]
-) -> list[tuple[float, float]]:
+    t: StepTensors, gpu: GPUSpec, reserveds: tuple[Reserved | None, ...],
+    sums: Sums | None = None,
+) -> list[tuple[float, float]]:  # fmt: skip
     """:func:`allocator_slack` at each of ``reserveds`` (None: the simulation's), the same sums
-    in the same order; the byte sums they share are read once (the bounds ask for two)."""
+    in the same order; the byte sums they share are read once (the bounds ask for two), from
+    ``sums`` (``allocator.step_sums`` of ``t``) where the caller has them."""
     if gpu.name == "cpu":
         return [(0.0, 0.0)] * len(reserveds)
-    states = tensor_bytes(t.resident) + tensor_bytes(t.lazy)
-    transient = tensor_bytes(t.fwd_bwd)
+    (res, *_), (lazy, *_), (transient, *_), (temporaries, *_) = sums or step_sums(t)
+    states = res + lazy
     inside = gpu.allocator_fragmentation * transient
-    fwd_alloc, step_alloc = states + transient, states + tensor_bytes(t.step)
+    fwd_alloc, step_alloc = states + transient, states + temporaries
     out = []
     for reserved in reserveds:
         if reserved is None:
