@@ -44,6 +44,8 @@ def synthetic_trial(
         "hosts": [f"gpu{i:03d}" for i in range(spec.nodes_per_trial)], "duration_s": 540.0,
         "predicted_step_s": cand.time.step if cand.time else None,
         "predicted_peak_gib": cand.memory.peak / GIB, "predicted_mfu": 0.4,
+        "predicted_step_sd": round(cand.time.sigma, 4) if cand.time else None,
+        "predicted_peak_sd": round(cand.memory.sigma, 4),
     }  # fmt: skip
     roll = rng.random()
     state, value = TrialState.PRUNED, None

@@ -455,6 +455,9 @@ def test_a_fast_config_predicted_just_over_the_gpu_is_probed_and_measured(tmp_pa
     assert {t.user_attrs["key"] for t in probed} <= set(probes)  # only the enumerated probes
     assert probed[0].user_attrs["outcome"] == "ok" and probed[0].number > launched[0].number
     assert all("likely within the GPU" in t.user_attrs["probe_reason"] for t in probed)
+    # each screened trial keeps the stated sds its predictions carry (the report's bars)
+    assert probed[0].user_attrs["predicted_step_sd"] == round(roomy.time.sigma, 4) > 0
+    assert probed[0].user_attrs["predicted_peak_sd"] == round(roomy.memory.sigma, 4) > 0
     limit = spec.search.memory_headroom * (spec.cluster.gpu_memory_gib or 0)
     others = [t for t in launched if not t.user_attrs.get("memory_probe")]
     assert all(t.user_attrs["predicted_peak_gib"] <= limit for t in others)

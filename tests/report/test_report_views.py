@@ -162,6 +162,8 @@ def test_the_point_traces_unchecked_are_the_checked_ones(
     for i, (tp, pp) in enumerate(((2, 1), (4, 2), (1, 2), (2, 2))):
         predicted = {"predicted_step_s": 1.5 + i, "predicted_peak_gib": 40 + 3 * i,
                      "launched": True, "duration_s": 60.0}  # fmt: skip
+        if i != 1:  # the stated sds, which draw the bars (trial 1 was stored without them)
+            predicted |= {"predicted_step_sd": 0.12, "predicted_peak_sd": 0.05}
         if i == 2:
             record(study, SPEC, config(tp, pp), Outcome.OOM, **predicted)
         else:  # an int peak too: plotly keeps it an int, checked or not
@@ -175,3 +177,33 @@ def test_the_point_traces_unchecked_are_the_checked_ones(
     checked = [f(data) for f in drawn]
     assert fast == [f.to_json() for f in checked]
     assert sum(len(t.x) for fig in checked for t in fig.data if t.mode == "markers") == 10
+
+
+def test_each_prediction_carries_its_stated_band(tmp_path: Path) -> None:
+    """The predicted-vs-measured points carry each prediction's stated 90% band as an x bar
+    (log-normal: wider above than below); a point is inside its band exactly when its bar
+    reaches y = x; a trial stored without its sd has no bar."""
+    from tuner.models.uncertainty import band, inside
+
+    study = new_study(tmp_path)
+    cases = ((2, 1, 2.0, 2.1, 0.1), (4, 2, 2.0, 3.0, 0.1), (1, 2, 3.0, 3.2, None))
+    for tp, pp, predicted, measured, sd in cases:
+        attrs: dict[str, object] = {"predicted_step_s": predicted, "launched": True}
+        if sd is not None:
+            attrs["predicted_step_sd"] = sd
+        record(study, SPEC, config(tp, pp), Outcome.OK, measured, **attrs)
+    data = gather(SPEC, results=str(tmp_path))
+    (trace,) = [t for t in F.step_time(data).data if t.mode == "markers"]
+    bars = trace.error_x
+    assert not bars.symmetric
+    for x, y, up, down, (_, _, predicted, measured, sd) in zip(
+        trace.x, trace.y, bars.array, bars.arrayminus, cases, strict=True
+    ):
+        assert (x, y) == (predicted, measured)
+        if sd is None:
+            assert up == down == 0
+            continue
+        low, high = band(predicted, sd)
+        assert (x - down, x + up) == pytest.approx((low, high)) and up > down > 0
+        assert (x - down <= y <= x + up) == inside(measured, predicted, sd)
+    assert [inside(m, p, sd) for _, _, p, m, sd in cases[:2]] == [True, False]

@@ -108,6 +108,11 @@ class TrialRow:
     gpu_hours: float
     start: datetime | None
     end: datetime | None
+    predicted_step_sd: float | None = None
+    """The prediction's stated relative sd (log-normal, :mod:`tuner.models.uncertainty`) when
+    the trial was screened; None for trials stored before it was kept."""
+    predicted_peak_sd: float | None = None
+    """The same for the predicted peak."""
     proxy: str = ""
     """How a proxy figure was measured (``proxy dp4 on 2 nodes: 12.3 s measured``); empty for a
     full-scale measurement (``tuner.study.proxy``)."""
@@ -298,6 +303,8 @@ def trial_row(t: FrozenTrial, spec: StudySpec) -> TrialRow:
         gpu_hours=duration * hosts * spec.cluster.gpus_per_node / 3600 if launched else 0.0,
         start=t.datetime_start if launched else None,
         end=t.datetime_complete if launched else None, proxy=proxy_note(a),
+        predicted_step_sd=_float(a.get("predicted_step_sd")),
+        predicted_peak_sd=_float(a.get("predicted_peak_sd")),
     )  # fmt: skip
 
 

@@ -14,10 +14,14 @@ import plotly.graph_objects as go
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from tuner.models.uncertainty import BAND_LEVEL, band
 from tuner.report.data import MEMORY_PARTS, MOE_FP8_TIME_PARTS, TIME_PARTS, ReportData, TrialRow
 
-ERROR_BAND = 0.25
-"""Half-width of the shaded band around y = x on the predicted-vs-measured plots."""
+BAND_NOTE = (
+    f"Bars: each prediction's stated {BAND_LEVEL:.0%} band (where the model said the "
+    "measurement would fall); a point whose bar crosses y = x was inside it."
+)
+"""How the predicted-vs-measured plots' bars read (the page says it above them)."""
 
 MAX_BARS = 40
 """Configs in the where-the-time-goes bars (the fastest ones)."""
@@ -50,18 +54,38 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, **kw: Any) -> go.Figure:
 def _by_outcome(
     fig: go.Figure, rows: Sequence[TrialRow], x: Callable[[TrialRow], float | None],
     y: Callable[[TrialRow], float | None], symbol: str = "circle", suffix: str = "",
+    sd: Callable[[TrialRow], float | None] | None = None,
 ) -> None:  # fmt: skip
-    """One scatter trace per outcome."""
+    """One scatter trace per outcome; with ``sd``, each point's x carries the prediction's
+    stated band as a horizontal bar (:func:`band_bars`)."""
     groups: dict[str, list[TrialRow]] = {}
     for r in rows:
         if x(r) is not None and y(r) is not None:
             groups.setdefault(r.outcome, []).append(r)
     for outcome, group in groups.items():
+        colour = OUTCOME_COLOURS.get(outcome, "#333")
+        extra = {} if sd is None else {"error_x": band_bars(
+            [x(r) or 0.0 for r in group], [sd(r) for r in group], colour)}  # fmt: skip
         fig.add_trace(points(
             x=[x(r) for r in group], y=[y(r) for r in group], mode="markers",
             name=outcome + suffix, text=[r.hover for r in group], hovertemplate=HOVER,
-            marker={"color": OUTCOME_COLOURS.get(outcome, "#333"), "size": 9, "symbol": symbol},
+            marker={"color": colour, "size": 9, "symbol": symbol}, **extra,
         ))  # fmt: skip
+
+
+def band_bars(
+    predicted: Sequence[float], sds: Sequence[float | None], colour: str
+) -> dict[str, Any]:
+    """Asymmetric x error bars spanning each prediction's stated band
+    (:func:`tuner.models.uncertainty.band`: log-normal, so wider above than below); a
+    prediction stored without its sd gets none."""
+    lows, highs = [], []
+    for value, sd in zip(predicted, sds, strict=True):
+        low, high = band(value, sd) if sd else (value, value)
+        lows.append(value - low)
+        highs.append(high - value)
+    return {"type": "data", "symmetric": False, "array": highs, "arrayminus": lows,
+            "color": colour, "thickness": 1.2, "width": 3}  # fmt: skip
 
 
 def points(**properties: Any) -> go.Scatter:
@@ -78,15 +102,11 @@ FAST_POINTS = True
 
 
 def _identity(fig: go.Figure, values: Sequence[float]) -> None:
-    """y = x and the error band over the range of ``values``."""
+    """y = x over the range of ``values``."""
     if not values:
         return
     lo, hi = min(values) * 0.9, max(values) * 1.1
     xs = [lo, hi]
-    band = [v * (1 + ERROR_BAND) for v in xs] + [v * (1 - ERROR_BAND) for v in xs[::-1]]
-    fig.add_trace(go.Scatter(x=xs + xs[::-1], y=band, fill="toself", mode="lines",
-                             fillcolor="rgba(31,119,180,0.12)", line={"width": 0},
-                             name=f"±{ERROR_BAND:.0%}", hoverinfo="skip"))  # fmt: skip
     fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", name="y = x", hoverinfo="skip",
                              line={"color": "#1f77b4", "dash": "dash"}))  # fmt: skip
 
@@ -96,7 +116,8 @@ def step_time(data: ReportData) -> go.Figure:
     fig = go.Figure()
     rows = [r for r in data.rows if r.predicted_step_s and r.measured_step_s]
     _identity(fig, [v for r in rows for v in (r.predicted_step_s, r.measured_step_s) if v])
-    _by_outcome(fig, rows, lambda r: r.predicted_step_s, lambda r: r.measured_step_s)
+    _by_outcome(fig, rows, lambda r: r.predicted_step_s, lambda r: r.measured_step_s,
+                sd=lambda r: r.predicted_step_sd)  # fmt: skip
     return _layout(fig, "Step time: predicted vs measured", "predicted s", "measured s")
 
 
@@ -108,7 +129,8 @@ def peak_memory(data: ReportData) -> go.Figure:
     ooms = [r for r in data.rows if r.outcome == "oom" and r.predicted_peak_gib]
     values = [v for r in rows for v in (r.predicted_peak_gib, r.measured_peak_gib) if v]
     _identity(fig, values + [r.predicted_peak_gib or 0.0 for r in ooms])
-    _by_outcome(fig, rows, lambda r: r.predicted_peak_gib, lambda r: r.measured_peak_gib)
+    _by_outcome(fig, rows, lambda r: r.predicted_peak_gib, lambda r: r.measured_peak_gib,
+                sd=lambda r: r.predicted_peak_sd)  # fmt: skip
     _by_outcome(fig, ooms, lambda r: r.predicted_peak_gib, lambda r: capacity, "x",
                 " (real OOM, drawn at capacity)")  # fmt: skip
     fig.add_hline(y=capacity, line={"color": "#d62728", "dash": "dot"},

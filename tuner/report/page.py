@@ -144,8 +144,8 @@ def sections(data: ReportData) -> list[Section]:
         _summary(data),
         *_explain(data),
         Section("predicted", "Predicted vs measured",
-                intro=f"Shaded: ±{F.ERROR_BAND:.0%} of y = x. Real OOMs are drawn at their "
-                "predicted peak, at the GPU's capacity.",
+                intro=f"{F.BAND_NOTE} Real OOMs are drawn at their predicted peak, at the "
+                "GPU's capacity.",
                 figures=[("step_time", F.step_time(data)), ("peak_memory", F.peak_memory(data))]),
         Section("pareto", "Pareto front", figures=[("pareto", F.pareto(data))]),
         Section("memory", "Memory per stage",

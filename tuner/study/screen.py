@@ -82,6 +82,9 @@ class Screen:
             "predicted_activation_share": round(memory.activation_share, 4),
             "predicted_peak_stage": memory.stage, "predicted_peak_phase": memory.phase,
             "predicted_step_s": predicted.step, "predicted_mfu": predicted.mfu,
+            # the stated relative sds (log-normal) the report draws each prediction's band from
+            "predicted_step_sd": round(predicted.sigma, 4),
+            "predicted_peak_sd": round(memory.sigma, 4),
         })  # fmt: skip
         cost = trial_cost(spec, predicted.step)
         if not cost.fits:  # it would only time out: say so, with the fix
