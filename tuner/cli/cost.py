@@ -19,8 +19,10 @@ from tuner.config.spelling import spell
 from tuner.space.cost import (
     budget_cost,
     require_measurable,
+    too_slow_fix,
     too_slow_reason,
     trial_cost,
+    useful_iterations,
     with_startup,
 )
 from tuner.spec.study import StudySpec
@@ -71,6 +73,7 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
                 "spelled": spell(c.config),
                 "trial_min": round(k.minutes, 2),
                 "reason": too_slow_reason(spec, k),
+                "iterations_min": round(k.minutes - spec.search.startup_min, 2),
             }
             for c, k in slow
         ],  # fmt: skip
@@ -200,12 +203,24 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         )
     if cost.get("cut_by_startup"):
         console.print(_startup_warning(cost))
-    slow = cost["too_slow"]
+    _print_too_slow(console, spec, cost["too_slow"])
+
+
+def _print_too_slow(console: Console, spec: StudySpec, slow: Sequence[dict[str, Any]]) -> None:
+    """The configs too slow to measure within the limit: the fix once, then one line each."""
+    if not slow:
+        return
+    need = max(item["trial_min"] for item in slow)
+    console.print(
+        f"not launched: {units.plural(len(slow), 'config')} whose {useful_iterations(spec)} "
+        f"measured iterations alone take longer than search.trial_timeout_min "
+        f"{spec.search.trial_timeout_min:g} min (listed with their minutes); "
+        f"{too_slow_fix(spec, need)}"
+    )
     for item in slow[:SHOWN_TOO_SLOW]:
-        console.print(f"not launched: {item['spelled']}: {item['reason']}")
+        console.print(f"  {item['spelled']}: {item['iterations_min']:.2f} min")
     if len(slow) > SHOWN_TOO_SLOW:
-        more = units.plural(len(slow) - SHOWN_TOO_SLOW, "more config")
-        console.print(f"... and {more} too slow to measure")
+        console.print(f"  ... and {units.plural(len(slow) - SHOWN_TOO_SLOW, 'more config')}")
 
 
 def _proxy_part(cost: dict[str, Any]) -> str:
