@@ -420,7 +420,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--trial", type=whole(0), default=None, metavar="N",
                    help="export trial N instead of the fastest measured one")  # fmt: skip
     p.add_argument("--train-iters", type=whole(1, MAX_ITERS), default=None, metavar="N",
-                   help="iterations of the exported script (default: the study's)")  # fmt: skip
+                   help="iterations of the full run (default: the study's launch.train_iters, "
+                   "a short trial's length)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)
     handlers["best"] = _cmd_best
     cli_profile.add_parsers(sub, handlers, add_format_option)
