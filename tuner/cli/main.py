@@ -213,11 +213,11 @@ def _rerun(text: str) -> frozenset[Outcome]:
 
 def _preflight(spec: StudySpec, executor: Any) -> int:
     """Every node reachable and ready, before anything is launched: one line per problem."""
-    from tuner.launch.preflight import checks_for, exit_code
+    from tuner.launch.preflight import checks_for, exit_code, problem_lines
 
     problems = executor.preflight(spec.node_names, checks_for(spec))
-    for problem in problems:
-        sys.stderr.write(f"tune: preflight: {problem}\n")
+    for line in problem_lines(problems):
+        sys.stderr.write(f"tune: preflight: {line}\n")
     return exit_code(problems)
 
 
