@@ -206,7 +206,7 @@ def test_the_search_stops_when_the_next_launch_costs_more_than_it_may_gain() -> 
                                                         cost_node_hours=0.2)))  # fmt: skip
     reason = stop.known([])
     assert reason is not None and reason.startswith("not worth another launch"), reason
-    assert "0.05 node-hours" in reason and "cost 0.20" in reason
+    assert "0.05 node-hours" in reason and "cost 0.20 node-hours" in reason  # both with units
     pays = Stopper(s, FakeSampler(still_a_chance, Worth(0, 3.0, 0.2)))
     assert pays.known([]) is None
     # stop_chance null turns the model's rules off, this one with it
