@@ -215,7 +215,9 @@ def test_store_options_before_the_command_and_only_where_they_apply(
     for argv in (["--results", elsewhere, "leaderboard", "--study", "gpt-70b"],
                  ["leaderboard", "--study", "gpt-70b", "--results", elsewhere]):  # fmt: skip
         assert main(argv) == 2
-        assert "no results for study 'gpt-70b'" in capsys.readouterr().err
+        err = capsys.readouterr().err  # names where it looked: results are relative to the cwd
+        assert f"no results for study 'gpt-70b' in {Path(elsewhere) / 'gpt-70b'} yet" in err
+        assert "--results DIR" in err
     with pytest.raises(SystemExit) as exc:
         main(["--results", elsewhere, "parse-log", str(tmp_path / "x.log")])
     assert exc.value.code == 2
