@@ -11,6 +11,8 @@ from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.models.uncertainty import CATALOG_TIME_STACK_SIGMA
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     assert main(list(argv)) == 0
@@ -165,6 +167,24 @@ def test_space_without_top_says_how_to_see_the_configs(capsys: pytest.CaptureFix
     assert main(command) == 0
     text = capsys.readouterr().out
     assert "top 10 by predicted step time" in text and "fastest predicted configs" not in text
+
+
+def test_space_with_nothing_viable_says_nothing_would_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Megatron study given ZeRO stages: every config breaks a rule. The counts showed 0 viable
+    and a budget of 0 launches, exit 0, and nothing said the study could not run."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "tuner" / "studies" / "llama3-8b.yaml").read_text())
+    data["space"]["zero_stage"] = [1]
+    study = tmp_path / "zero.yaml"
+    study.write_text(yaml.safe_dump(data))
+    assert main(["space", "--study", str(study)]) == 0
+    last = " ".join(capsys.readouterr().out.split())
+    assert "nothing to run: no config is valid and predicted to fit" in last
+    assert f"tune estimate --study {study} --set KNOB=VALUE" in last
+    assert "the fastest predicted configs" not in last
 
 
 def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:

@@ -136,10 +136,13 @@ def _cmd_space(args: argparse.Namespace) -> int:
     print_cost(console, spec, out["cost"])
     for line in lines:
         render.show(console, line)
-    if args.top <= 0 and out["viable"]:  # a first look: say how to see the configs themselves
-        console.print(
-            f"the fastest predicted configs: tune space --study {shlex.quote(args.study)} --top 10"
-        )
+    study = shlex.quote(args.study)
+    if not out["viable"]:  # the counts say what ruled each out; say what that means
+        console.print(f"nothing to run: no config is valid and predicted to fit; widen the space "
+                      f"(tune estimate --study {study} --set KNOB=VALUE shows one config's broken "
+                      "rules and memory)")  # fmt: skip
+    elif args.top <= 0:  # a first look: say how to see the configs themselves
+        console.print(f"the fastest predicted configs: tune space --study {study} --top 10")
     return 0
 
 
