@@ -277,6 +277,24 @@ def test_configs_too_slow_for_the_limit_are_named_and_never_launched_first(
     assert out["cost"]["configs"] and all(c["fits"] for c in out["cost"]["configs"])
 
 
+def test_the_dry_run_warns_of_a_launch_its_template_cannot_render(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without launch.megatron_path the dry run said all was well and the first trial, nodes
+    booked, was refused; the dry run renders the first config's launch and warns (a preview of
+    a study whose launch section is not written yet still runs)."""
+    data = scenario()
+    del data["launch"]["megatron_path"]
+    code, captured = dry_run(tmp_path, capsys, data)
+    assert code == 0 and json.loads(captured.out)["launch_first"]
+    assert captured.err.strip() == (
+        "tune: warning: tune run would refuse the first trial's launch: launch.megatron_path: "
+        "this launch template needs it; set it in the study"
+    )
+    code, captured = dry_run(tmp_path, capsys, scenario())
+    assert code == 0 and captured.err == ""  # a complete study: no warning
+
+
 def test_the_table_names_the_fix_for_too_slow_configs_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ and every config that cannot be measured within the time limit the user set, wit
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from tuner.calibrate.store import history, measured_startup_s, setup_fingerprint
 from tuner.cli import render, units
 from tuner.config.spelling import spell
+from tuner.errors import TunerError
 from tuner.space.cost import (
     budget_cost,
     require_measurable,
@@ -221,6 +223,23 @@ def _print_too_slow(console: Console, spec: StudySpec, slow: Sequence[dict[str, 
         console.print(f"  {item['spelled']}: {item['iterations_min']:.2f} min")
     if len(slow) > SHOWN_TOO_SLOW:
         console.print(f"  ... and {units.plural(len(slow) - SHOWN_TOO_SLOW, 'more config')}")
+
+
+def check_launch(spec: StudySpec, first: Sequence[Candidate]) -> None:
+    """Render the first config's launch as its trial would (stand-in hosts and trial folder) and
+    warn on stderr when it cannot be. A setting its template needs (``launch.megatron_path``,
+    ``launch.script``) was otherwise found by the first trial, after the nodes were booked; a
+    preview of a study whose launch section is not written yet still runs."""
+    from tuner.launch import render_launch
+
+    if not first:
+        return
+    hosts = [f"node{i}" for i in range(spec.nodes_per_trial)]
+    try:
+        render_launch(spec, first[0].config, hosts=hosts, master_addr=hosts[0],
+                      master_port=29500, trial_dir=f"results/{spec.name}/trials/0")  # fmt: skip
+    except TunerError as e:
+        sys.stderr.write(f"tune: warning: tune run would refuse the first trial's launch: {e}\n")
 
 
 def _proxy_part(cost: dict[str, Any]) -> str:

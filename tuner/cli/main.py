@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
-from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
+from tuner.cli.cost import check_launch, cost_json, measurable, print_cost, spent_json
 from tuner.cli.failure import exit_status, terminate_as_interrupt
 from tuner.cli.options import (
     Parser,
@@ -295,6 +295,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
     else:
         first = ranked[: max(spec.search.enqueue_top, 1)]
         then = f"then the {spec.search.sampler} sampler proposes configs"
+    check_launch(spec, first)  # a warning on stderr when the first trial could not launch
     if as_json:
         out = report.counts()
         out["launch_first"] = [_candidate_json(c) for c in first]
