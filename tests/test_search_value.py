@@ -269,8 +269,8 @@ def test_the_summary_says_what_was_spent_per_outcome_and_on_what() -> None:
     }
     text = spent_line(trials)
     assert text.splitlines() == [
-        "spent: 4.50 node-hours in 5 launches (per outcome, launches: node-hours: ok 4: 4.25, "
-        "oom 1: 0.25); measured trials ended: precise 4",
+        "spent: 4.50 node-hours in 5 launches, by outcome: ok 4 launches 4.25, oom 1 launch "
+        "0.25; measured trials ended: precise 4",  # as 'spent on:' reads: no 'ok 4: 4.25
         "spent on: confirmation 1 launch 2.00, exploitation 1 launch 1.00, exploration 2 "
         "launches 0.75, unlabelled 1 launch 0.75 (node-hours)",
     ]

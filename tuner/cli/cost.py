@@ -304,7 +304,8 @@ def spent_line(trials: Sequence[Any]) -> str:
     on what."""
     spent = spent_json(trials)
     parts = ", ".join(
-        f"{k} {spent['launches_by_outcome'][k]}: {units.node_hours(v)}"
+        f"{k} {units.plural(spent['launches_by_outcome'][k], 'launch', 'launches')} "
+        f"{units.node_hours(v)}"
         for k, v in spent["by_outcome"].items()
     ) or "nothing"  # fmt: skip
     ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
@@ -317,8 +318,8 @@ def spent_line(trials: Sequence[Any]) -> str:
     on_line = f"\nspent on: {on} (node-hours)" if on else ""
     launches = units.plural(spent["launches"], "launch", "launches")
     return (
-        f"spent: {units.node_hours(spent['node_hours'])} node-hours in {launches} (per outcome, "
-        f"launches: node-hours: {parts}){tail}{on_line}"
+        f"spent: {units.node_hours(spent['node_hours'])} node-hours in {launches}, by outcome: "
+        f"{parts}{tail}{on_line}"
     )
 
 
