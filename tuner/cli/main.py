@@ -37,6 +37,7 @@ from tuner.cli.tables import (
     _emit_json,
     _print_estimate,
     _top_table,
+    launch_first_table,
 )
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
@@ -306,7 +307,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         return 0
     console = _console()
     render.render(console, _counts_table(spec, report.counts()))
-    render.render(console, _top_table(f"would launch first (top {len(first)} predicted)", first))
+    render.render(console, launch_first_table(first))
     print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms, results))
     if lines and spec.search.sampler == "model":
         for line in lines:
