@@ -346,7 +346,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
                         help="SQLAlchemy URL or journal file (default: the results directory's "
                         "STUDY/study.db)")  # fmt: skip
     parser.add_argument("--results", default=s, metavar="DIR",
-                        help="results directory (default: results)")  # fmt: skip
+                        help="results directory (default: ./results)")  # fmt: skip
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
@@ -389,9 +389,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("run", help="search: launch short real runs and record them",
                        epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
-    p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None,
+    p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None, metavar="N",
                    help="override search.n_trials")  # fmt: skip
-    p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
+    p.add_argument("--dry-run", action="store_true", help="count, rank and cost; launch nothing")
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
     add_format_option(p, ("text", "json"))
     p.add_argument(
