@@ -11,6 +11,8 @@ from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.models.uncertainty import CATALOG_TIME_STACK_SIGMA
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     assert main(list(argv)) == 0
@@ -167,6 +169,24 @@ def test_space_without_top_says_how_to_see_the_configs(capsys: pytest.CaptureFix
     assert "top 10 by predicted step time" in text and "fastest predicted configs" not in text
 
 
+def test_space_with_nothing_viable_says_nothing_would_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Megatron study given ZeRO stages: every config breaks a rule. The counts showed 0 viable
+    and a budget of 0 launches, exit 0, and nothing said the study could not run."""
+    import yaml
+
+    data = yaml.safe_load((REPO / "tuner" / "studies" / "llama3-8b.yaml").read_text())
+    data["space"]["zero_stage"] = [1]
+    study = tmp_path / "zero.yaml"
+    study.write_text(yaml.safe_dump(data))
+    assert main(["space", "--study", str(study)]) == 0
+    last = " ".join(capsys.readouterr().out.split())
+    assert "nothing to run: no config is valid and predicted to fit" in last
+    assert f"tune estimate --study {study} --set KNOB=VALUE" in last
+    assert "the fastest predicted configs" not in last
+
+
 def test_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["estimate", "--study", "llama3-8b", "--set", "tp=2"]) == 0
     text = capsys.readouterr().out
@@ -215,7 +235,9 @@ def test_store_options_before_the_command_and_only_where_they_apply(
     for argv in (["--results", elsewhere, "leaderboard", "--study", "gpt-70b"],
                  ["leaderboard", "--study", "gpt-70b", "--results", elsewhere]):  # fmt: skip
         assert main(argv) == 2
-        assert "no results for study 'gpt-70b'" in capsys.readouterr().err
+        err = capsys.readouterr().err  # names where it looked: results are relative to the cwd
+        assert f"no results for study 'gpt-70b' in {Path(elsewhere) / 'gpt-70b'} yet" in err
+        assert "--results DIR" in err
     with pytest.raises(SystemExit) as exc:
         main(["--results", elsewhere, "parse-log", str(tmp_path / "x.log")])
     assert exc.value.code == 2

@@ -279,3 +279,16 @@ def test_columns_of_zeros_are_named_not_shown() -> None:
     out = without_zeros(grid)
     assert [c.name for c in out.columns] == ["a", "w"] and out.rows == (("1", "0"), ("2", "x"))
     assert out.notes == ("0 in every row: z",)
+
+
+def test_the_dry_run_names_no_option_tune_run_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 80 columns the dry run's first-launch table leaves columns out; its note said
+    '--columns chooses', which tune run refuses; tune space --top, which takes it, says so."""
+    results = ["--results", str(tmp_path / "results")]
+    text = run(["run", "--study", STUDY, "--dry-run", *results], 80, capsys, monkeypatch)
+    notes = [ln for ln in text.splitlines() if ln.startswith("left out to fit 80 columns")]
+    assert notes and not any("--columns" in ln for ln in notes), text
+    text = run(["space", "--study", STUDY, "--top", "5", *results], 80, capsys, monkeypatch)
+    assert "; --columns chooses" in text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from tuner.calibrate.store import (
     save_calibration,
     setup_fingerprint,
 )
-from tuner.cli.cost import spent_json
+from tuner.cli.cost import SHOWN_TOO_SLOW, spent_json
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
 from tuner.launch import LaunchRequest, render_launch
@@ -274,6 +275,46 @@ def test_configs_too_slow_for_the_limit_are_named_and_never_launched_first(
         assert item["trial_min"] - 3.0 > 30 and "raise search.trial_timeout_min" in item["reason"]
     assert not {c["config"] for c in out["cost"]["configs"]} & set(slow)  # never launched first
     assert out["cost"]["configs"] and all(c["fits"] for c in out["cost"]["configs"])
+
+
+def test_the_dry_run_warns_of_a_launch_its_template_cannot_render(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without launch.megatron_path the dry run said all was well and the first trial, nodes
+    booked, was refused; the dry run renders the first config's launch and warns (a preview of
+    a study whose launch section is not written yet still runs)."""
+    data = scenario()
+    del data["launch"]["megatron_path"]
+    code, captured = dry_run(tmp_path, capsys, data)
+    assert code == 0 and json.loads(captured.out)["launch_first"]
+    assert captured.err.strip() == (
+        "tune: warning: tune run would refuse the first trial's launch: launch.megatron_path: "
+        "this launch template needs it; set it in the study"
+    )
+    code, captured = dry_run(tmp_path, capsys, scenario())
+    assert code == 0 and captured.err == ""  # a complete study: no warning
+
+
+def test_the_table_names_the_fix_for_too_slow_configs_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fix was repeated under every config (six times four lines on a 70B study); it is
+    said once, with the limit that lets the slowest listed config run, then one line each."""
+    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=30))
+    slow = json.loads(captured.out)["cost"]["too_slow"]
+    code = main(["run", "--study", write(tmp_path, scenario(trial_timeout_min=30)), "--dry-run",
+                 "--results", str(tmp_path / "results")])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    text = " ".join(" ".join(lines).split())
+    assert text.count("raise search.trial_timeout_min to") == 1
+    need = math.ceil(max(item["trial_min"] for item in slow))
+    assert f"raise search.trial_timeout_min to {need} or more" in text
+    shown = [line for line in lines if line.startswith("  ") and line.endswith(" min")]
+    assert len(shown) == min(len(slow), SHOWN_TOO_SLOW)
+    first = slow[0]
+    assert first["iterations_min"] > 30  # the iterations alone, start-up left out
+    assert f"  {first['spelled']}: {first['iterations_min']:.2f} min" in lines
 
 
 # ----------------------------------------------------------------------------- a paced study

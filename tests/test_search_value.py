@@ -206,7 +206,7 @@ def test_the_search_stops_when_the_next_launch_costs_more_than_it_may_gain() -> 
                                                         cost_node_hours=0.2)))  # fmt: skip
     reason = stop.known([])
     assert reason is not None and reason.startswith("not worth another launch"), reason
-    assert "0.05 node-hours" in reason and "cost 0.20" in reason
+    assert "0.05 node-hours" in reason and "cost 0.20 node-hours" in reason  # both with units
     pays = Stopper(s, FakeSampler(still_a_chance, Worth(0, 3.0, 0.2)))
     assert pays.known([]) is None
     # stop_chance null turns the model's rules off, this one with it
@@ -269,8 +269,8 @@ def test_the_summary_says_what_was_spent_per_outcome_and_on_what() -> None:
     }
     text = spent_line(trials)
     assert text.splitlines() == [
-        "spent: 4.50 node-hours in 5 launches (per outcome, launches: node-hours: ok 4: 4.25, "
-        "oom 1: 0.25); measured trials ended: precise 4",
+        "spent: 4.50 node-hours in 5 launches, by outcome: ok 4 launches 4.25, oom 1 launch "
+        "0.25; measured trials ended: precise 4",  # as 'spent on:' reads: no 'ok 4: 4.25
         "spent on: confirmation 1 launch 2.00, exploitation 1 launch 1.00, exploration 2 "
         "launches 0.75, unlabelled 1 launch 0.75 (node-hours)",
     ]

@@ -22,7 +22,7 @@ def test_rows_show_what_differs_and_the_rest_is_named_once() -> None:
     b = ParallelConfig(tp=1, pp=2, dp=4, micro_batch_size=2, global_batch_size=64,
                        recompute="selective")  # fmt: skip
     constant, rows = split_constant([a, b])
-    assert constant == "tp1 pp2 dp4 no sp no tpo no distopt"
+    assert constant == "tp1, pp2, dp4, no sp, no tpo, no distopt"  # "no" binds to one knob
     assert rows == ["mbs1 ga16", "mbs2 ga8 selective"]
     assert split_constant([a]) == ("", [spell(a)])
 
@@ -44,3 +44,4 @@ def test_node_hours_never_show_a_spent_figure_as_zero() -> None:
     """A CPU demo spends about 0.002 node-hours; two fixed decimals printed it as ``0.00``."""
     assert [units.node_hours(v) for v in (31.934, 1.0, 0.1234, 0.0021, 0.0, 1234.5)] == [
         "31.93", "1.00", "0.12", "0.0021", "0", "1,234.50"]  # fmt: skip
+    assert units.node_hours(0.5) == "0.50"  # the trailing zero kept: 0.5 beside 0.53 misread

@@ -352,6 +352,8 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert second.returncode == 0, out
     space = enumerate_space(spec).counts()
     assert f"space: {space['total']} configs; {space['invalid']} break a framework rule" in out
+    probes = space["memory_probes"]  # "but for 1 memory probes" read wrong: counted, singular
+    assert (f"(never launched but {probes} memory probe" if probes else "(never launched)") in out
     assert "measured / predicted step time: median" in out
     after = leaderboard(spec, include_all=True, results=results)
     assert finished <= set(after[after.outcome == "ok"].trial)

@@ -20,6 +20,7 @@ import yaml
 
 from tuner.launch import LocalExecutor
 from tuner.launch.preflight import (
+    SHOWN_HOSTS,
     STALE_LOCK_MINUTES,
     BuildLocks,
     PathCheck,
@@ -27,6 +28,7 @@ from tuner.launch.preflight import (
     Problem,
     checks_for,
     exit_code,
+    problem_lines,
 )
 from tuner.launch.ssh import SSHExecutor
 from tuner.spec.file import study_from_mapping
@@ -79,6 +81,19 @@ def test_exit_code_2_for_a_config_problem_1_for_unreachable_nodes_only() -> None
     assert exit_code([]) == 0
     assert exit_code([down]) == 1
     assert exit_code([down, Problem("gpu2", "launch.python: ...")]) == 2
+
+
+def test_a_problem_every_node_shares_is_one_line_naming_them() -> None:
+    """A login node without a Slurm config printed the same srun error for each of 16 slots."""
+    fatal = "the preflight check could not run: srun: fatal: Could not establish a configuration"
+    slots = [Problem(f"slurm-{i}", fatal, config=False) for i in range(16)]
+    python = Problem("gpu-a", "launch.python: /venv/bin/python is not an executable file")
+    assert problem_lines([*slots, python]) == [
+        f"slurm-0, slurm-1, ..., slurm-15 (16 nodes): {fatal}",
+        "gpu-a: launch.python: /venv/bin/python is not an executable file",
+    ]
+    few = slots[:SHOWN_HOSTS]  # a few nodes keep a line each: grep finds each host
+    assert problem_lines(few) == [f"slurm-{i}: {fatal}" for i in range(SHOWN_HOSTS)]
 
 
 def fake_nvidia_smi(bin_dir: Path, gpus: int) -> None:

@@ -8,6 +8,7 @@ and every config that cannot be measured within the time limit the user set, wit
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,11 +17,14 @@ from rich.console import Console
 from tuner.calibrate.store import history, measured_startup_s, setup_fingerprint
 from tuner.cli import render, units
 from tuner.config.spelling import spell
+from tuner.errors import TunerError
 from tuner.space.cost import (
     budget_cost,
     require_measurable,
+    too_slow_fix,
     too_slow_reason,
     trial_cost,
+    useful_iterations,
     with_startup,
 )
 from tuner.spec.study import StudySpec
@@ -71,6 +75,7 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
                 "spelled": spell(c.config),
                 "trial_min": round(k.minutes, 2),
                 "reason": too_slow_reason(spec, k),
+                "iterations_min": round(k.minutes - spec.search.startup_min, 2),
             }
             for c, k in slow
         ],  # fmt: skip
@@ -200,12 +205,41 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         )
     if cost.get("cut_by_startup"):
         console.print(_startup_warning(cost))
-    slow = cost["too_slow"]
+    _print_too_slow(console, spec, cost["too_slow"])
+
+
+def _print_too_slow(console: Console, spec: StudySpec, slow: Sequence[dict[str, Any]]) -> None:
+    """The configs too slow to measure within the limit: the fix once, then one line each."""
+    if not slow:
+        return
+    need = max(item["trial_min"] for item in slow)
+    console.print(
+        f"not launched: {units.plural(len(slow), 'config')} whose {useful_iterations(spec)} "
+        f"measured iterations alone take longer than search.trial_timeout_min "
+        f"{spec.search.trial_timeout_min:g} min (listed with their minutes); "
+        f"{too_slow_fix(spec, need)}"
+    )
     for item in slow[:SHOWN_TOO_SLOW]:
-        console.print(f"not launched: {item['spelled']}: {item['reason']}")
+        console.print(f"  {item['spelled']}: {item['iterations_min']:.2f} min")
     if len(slow) > SHOWN_TOO_SLOW:
-        more = units.plural(len(slow) - SHOWN_TOO_SLOW, "more config")
-        console.print(f"... and {more} too slow to measure")
+        console.print(f"  ... and {units.plural(len(slow) - SHOWN_TOO_SLOW, 'more config')}")
+
+
+def check_launch(spec: StudySpec, first: Sequence[Candidate]) -> None:
+    """Render the first config's launch as its trial would (stand-in hosts and trial folder) and
+    warn on stderr when it cannot be. A setting its template needs (``launch.megatron_path``,
+    ``launch.script``) was otherwise found by the first trial, after the nodes were booked; a
+    preview of a study whose launch section is not written yet still runs."""
+    from tuner.launch import render_launch
+
+    if not first:
+        return
+    hosts = [f"node{i}" for i in range(spec.nodes_per_trial)]
+    try:
+        render_launch(spec, first[0].config, hosts=hosts, master_addr=hosts[0],
+                      master_port=29500, trial_dir=f"results/{spec.name}/trials/0")  # fmt: skip
+    except TunerError as e:
+        sys.stderr.write(f"tune: warning: tune run would refuse the first trial's launch: {e}\n")
 
 
 def _proxy_part(cost: dict[str, Any]) -> str:
@@ -270,7 +304,8 @@ def spent_line(trials: Sequence[Any]) -> str:
     on what."""
     spent = spent_json(trials)
     parts = ", ".join(
-        f"{k} {spent['launches_by_outcome'][k]}: {units.node_hours(v)}"
+        f"{k} {units.plural(spent['launches_by_outcome'][k], 'launch', 'launches')} "
+        f"{units.node_hours(v)}"
         for k, v in spent["by_outcome"].items()
     ) or "nothing"  # fmt: skip
     ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
@@ -283,8 +318,8 @@ def spent_line(trials: Sequence[Any]) -> str:
     on_line = f"\nspent on: {on} (node-hours)" if on else ""
     launches = units.plural(spent["launches"], "launch", "launches")
     return (
-        f"spent: {units.node_hours(spent['node_hours'])} node-hours in {launches} (per outcome, "
-        f"launches: node-hours: {parts}){tail}{on_line}"
+        f"spent: {units.node_hours(spent['node_hours'])} node-hours in {launches}, by outcome: "
+        f"{parts}{tail}{on_line}"
     )
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
-from tuner.cli.cost import cost_json, measurable, print_cost, spent_json
+from tuner.cli.cost import check_launch, cost_json, measurable, print_cost, spent_json
 from tuner.cli.failure import exit_status, terminate_as_interrupt
 from tuner.cli.options import (
     Parser,
@@ -37,6 +37,7 @@ from tuner.cli.tables import (
     _emit_json,
     _print_estimate,
     _top_table,
+    launch_first_table,
 )
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
@@ -136,10 +137,13 @@ def _cmd_space(args: argparse.Namespace) -> int:
     print_cost(console, spec, out["cost"])
     for line in lines:
         render.show(console, line)
-    if args.top <= 0 and out["viable"]:  # a first look: say how to see the configs themselves
-        console.print(
-            f"the fastest predicted configs: tune space --study {shlex.quote(args.study)} --top 10"
-        )
+    study = shlex.quote(args.study)
+    if not out["viable"]:  # the counts say what ruled each out; say what that means
+        console.print(f"nothing to run: no config is valid and predicted to fit; widen the space "
+                      f"(tune estimate --study {study} --set KNOB=VALUE shows one config's broken "
+                      "rules and memory)")  # fmt: skip
+    elif args.top <= 0:  # a first look: say how to see the configs themselves
+        console.print(f"the fastest predicted configs: tune space --study {study} --top 10")
     return 0
 
 
@@ -213,11 +217,11 @@ def _rerun(text: str) -> frozenset[Outcome]:
 
 def _preflight(spec: StudySpec, executor: Any) -> int:
     """Every node reachable and ready, before anything is launched: one line per problem."""
-    from tuner.launch.preflight import checks_for, exit_code
+    from tuner.launch.preflight import checks_for, exit_code, problem_lines
 
     problems = executor.preflight(spec.node_names, checks_for(spec))
-    for problem in problems:
-        sys.stderr.write(f"tune: preflight: {problem}\n")
+    for line in problem_lines(problems):
+        sys.stderr.write(f"tune: preflight: {line}\n")
     return exit_code(problems)
 
 
@@ -292,6 +296,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
     else:
         first = ranked[: max(spec.search.enqueue_top, 1)]
         then = f"then the {spec.search.sampler} sampler proposes configs"
+    check_launch(spec, first)  # a warning on stderr when the first trial could not launch
     if as_json:
         out = report.counts()
         out["launch_first"] = [_candidate_json(c) for c in first]
@@ -302,7 +307,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         return 0
     console = _console()
     render.render(console, _counts_table(spec, report.counts()))
-    render.render(console, _top_table(f"would launch first (top {len(first)} predicted)", first))
+    render.render(console, launch_first_table(first))
     print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms, results))
     if lines and spec.search.sampler == "model":
         for line in lines:
@@ -341,7 +346,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
                         help="SQLAlchemy URL or journal file (default: the results directory's "
                         "STUDY/study.db)")  # fmt: skip
     parser.add_argument("--results", default=s, metavar="DIR",
-                        help="results directory (default: results)")  # fmt: skip
+                        help="results directory (default: ./results)")  # fmt: skip
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
@@ -384,9 +389,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("run", help="search: launch short real runs and record them",
                        epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
-    p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None,
+    p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None, metavar="N",
                    help="override search.n_trials")  # fmt: skip
-    p.add_argument("--dry-run", action="store_true", help="rank and prune, launch nothing")
+    p.add_argument("--dry-run", action="store_true", help="count, rank and cost; launch nothing")
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
     add_format_option(p, ("text", "json"))
     p.add_argument(
@@ -420,7 +425,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--trial", type=whole(0), default=None, metavar="N",
                    help="export trial N instead of the fastest measured one")  # fmt: skip
     p.add_argument("--train-iters", type=whole(1, MAX_ITERS), default=None, metavar="N",
-                   help="iterations of the exported script (default: the study's)")  # fmt: skip
+                   help="iterations of the full run (default: the study's launch.train_iters, "
+                   "a short trial's length)")  # fmt: skip
     add_format_option(p, ("text", "json"), json_synonym=False)
     handlers["best"] = _cmd_best
     cli_profile.add_parsers(sub, handlers, add_format_option)

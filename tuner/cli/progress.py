@@ -111,12 +111,13 @@ class LiveProgress:
         out.print(spent_line(loop.trials()))  # the whole study's, every worker's
         space = loop.space_counts
         if space:
+            probes = space.get("memory_probes", 0)
+            launched = f" but {units.plural(probes, 'memory probe')}" if probes else ""
             out.print(
                 f"space: {units.plural(space['total'], 'config')}; {space['invalid']} break a "
                 "framework rule and "
-                f"{space['predicted_oom']} are predicted to run out of memory (never launched, "
-                f"but for {space.get('memory_probes', 0)} memory probes); "
-                f"{space['viable']} fit (tune space --study {loop.spec.name})"
+                f"{space['predicted_oom']} are predicted to run out of memory (never launched"
+                f"{launched}); {space['viable']} fit (tune space --study {loop.spec.name})"
             )
         ratios = model_ratios(loop.measured(loop.trials()).values())
         if ratios:

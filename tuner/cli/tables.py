@@ -5,6 +5,7 @@ Shared by ``tuner.cli.main`` and ``tuner.cli.profile`` (which cannot import the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any
@@ -213,6 +214,13 @@ def _top_table(title: str, top: list[Candidate]) -> render.Grid:
             units.seconds(t.tp_comm), units.seconds(t.dp_comm),
         ))  # fmt: skip
     return render.Grid(title=title, columns=TOP_COLUMNS, rows=tuple(rows), constant=constant)
+
+
+def launch_first_table(first: list[Candidate]) -> render.Grid:
+    """``tune run --dry-run``'s configs to launch first: ``tune run`` takes no ``--columns``, so
+    the note under a narrow table names no option to choose them."""
+    grid = _top_table(f"would launch first (top {len(first)} predicted)", first)
+    return dataclasses.replace(grid, choosable=False)
 
 
 def _counts_table(spec: StudySpec, out: dict[str, Any]) -> render.Grid:

@@ -23,10 +23,11 @@ def gib(value: float) -> str:
 
 def node_hours(value: float) -> str:
     """Node-hours with two decimals from 1 up (``31.93``), two significant digits below
-    (``0.12``, a CPU demo's ``0.0021``), so a small figure never shows as ``0.00``."""
+    (``0.12``, ``0.50``, a CPU demo's ``0.0021``), so a small figure never shows as ``0.00`` and
+    a column never mixes ``0.5`` with ``0.53``."""
     if value == 0 or not math.isfinite(value):
         return "0" if value == 0 else str(value)
-    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.2g}"
+    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:#.2g}"
 
 
 def percent(share: float) -> str:

@@ -118,8 +118,9 @@ def spell(config: ParallelConfig) -> str:
 
 
 def split_constant(configs: Sequence[ParallelConfig]) -> tuple[str, list[str]]:
-    """Several configs (a table's rows): the knobs equal in every row, spelled once, and each
-    row's spelling of the knobs that differ. One row: nothing constant, the row spelled whole."""
+    """Several configs (a table's rows): the knobs equal in every row, spelled once and separated
+    by commas (``tp1, no sp, distopt``), and each row's spelling of the knobs that differ. One row:
+    nothing constant, the row spelled whole."""
     if len(configs) < 2:
         return "", [spell(c) for c in configs]
     rows = [tokens(c) for c in configs]
@@ -134,7 +135,9 @@ def split_constant(configs: Sequence[ParallelConfig]) -> tuple[str, list[str]]:
         elif not token and knob.off:
             constant.append(knob.off)
     spelled = [" ".join(t for t, v in zip(row, varying, strict=True) if v and t) for row in rows]
-    return " ".join(constant), spelled
+    # Commas between the constant knobs: "sp no tpo no recompute distopt" read as if no recompute
+    # applied to distopt; "sp, no tpo, no recompute, distopt" cannot be misread.
+    return ", ".join(constant), spelled
 
 
 def glossary() -> str:

@@ -87,6 +87,8 @@ fi
 exit 0
 """
 
+SHOWN_HOSTS = 3
+"""At most this many nodes sharing one problem get a line each; more share one line."""
 STALE_LOCK_MINUTES = 5
 """A build lock older than this that no process holds is stale. Why the age too: a build in
 another PID namespace (a container sharing the home directory) holds the lock unseen; DeepSpeed's
@@ -205,6 +207,25 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.host}: {self.message}"
+
+
+def problem_lines(problems: Sequence[Problem]) -> list[str]:
+    """One ``host: what`` line per problem, except that a message more than
+    :data:`SHOWN_HOSTS` nodes share is one line naming the first and last of them
+    (``slurm-0, slurm-1, ..., slurm-15 (16 nodes): srun: fatal: ...``): a Slurm that could not be
+    reached printed the same line for every slot of the pool."""
+    hosts: dict[str, list[str]] = {}
+    for problem in problems:
+        hosts.setdefault(problem.message, []).append(problem.host)
+    lines = []
+    for problem in problems:  # in the executor's order; a shared line where it first occurs
+        names = hosts[problem.message]
+        if len(names) <= SHOWN_HOSTS:
+            lines.append(str(problem))
+        elif problem.host == names[0]:
+            where = f"{', '.join(names[:2])}, ..., {names[-1]} ({len(names)} nodes)"
+            lines.append(f"{where}: {problem.message}")
+    return lines
 
 
 def checks_for(spec: StudySpec) -> PreflightChecks:

@@ -60,7 +60,10 @@ def _opened(
 ) -> tuple[optuna.Study, TrialReader]:
     layout = ResultsLayout(Path(results), spec.name)
     if storage is None and not layout.storage_path.exists():
-        raise StudyError(f"no results for study {spec.name!r} yet (run: tune run --study ...)")
+        raise StudyError(
+            f"no results for study {spec.name!r} in {layout.storage_path.parent} yet: tune run "
+            "writes them there, under the folder it was started from (elsewhere: --results DIR)"
+        )
     where = resolve_url(storage, layout)
     local = where.local_file
     stat = local.stat() if local and local.exists() else None

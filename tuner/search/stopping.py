@@ -91,7 +91,7 @@ class Stopper:
             f"not worth another launch: the most promising untried config ({spell(config)}) "
             f"is expected to save {worth.gain_node_hours:.2f} node-hours of the training run "
             f"(by how its measurement may change the config the run uses) and would cost "
-            f"{worth.cost_node_hours:.2f}"
+            f"{worth.cost_node_hours:.2f} node-hours"
         )
 
     def no_improvement(self, trials: Sequence[FrozenTrial]) -> str | None:

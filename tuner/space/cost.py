@@ -105,18 +105,24 @@ def trial_limit_s(spec: StudySpec, step_s: float | None) -> float:
     return trial_cost(spec, step_s).limit_minutes * 60
 
 
+def too_slow_fix(spec: StudySpec, need_min: float) -> str:
+    """What lets configs whose shortest useful trial takes up to ``need_min`` minutes run."""
+    return (
+        f"raise search.trial_timeout_min to {math.ceil(need_min)} or more (or leave it unset for "
+        "a limit per config), or lower training.global_batch_size to measure fewer "
+        "micro-batches per step"
+    )
+
+
 def too_slow_reason(spec: StudySpec, cost: TrialCost) -> str:
     """Why a config whose shortest useful trial does not fit the limit is not launched, and the
     fix."""
-    need = math.ceil(cost.minutes)
-    iterations = cost.minutes - spec.search.startup_min
     return (
         f"its shortest useful trial takes {cost.minutes:.1f} min (start-up "
-        f"{spec.search.startup_min:g} + {useful_iterations(spec)} iterations in "
-        f"{iterations:.1f}), and the iterations alone exceed search.trial_timeout_min "
-        f"{spec.search.trial_timeout_min:g}: raise "
-        f"search.trial_timeout_min to {need} or more (or leave it unset for a limit per config), "
-        "or lower training.global_batch_size to measure fewer micro-batches per step"
+        f"{spec.search.startup_min:g} min + {useful_iterations(spec)} iterations in "
+        f"{cost.minutes - spec.search.startup_min:.1f} min), and the iterations alone exceed "
+        f"search.trial_timeout_min {spec.search.trial_timeout_min:g}: "
+        f"{too_slow_fix(spec, cost.minutes)}"
     )
 
 
