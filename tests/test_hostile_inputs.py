@@ -10,6 +10,8 @@ that no ``PWNED`` file appears. Subprocess timeouts are a guard against hangs, n
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime
 import json
 import os
 import shutil
@@ -24,8 +26,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.test_profile import a_profile
 from tests.test_reliability import _mounted
 from tests.test_study import SURFACE, standin_processes, study_data, write_study
+from tuner.calibrate.store import Calibration, Observation
+from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
+from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import leaderboard
 from tuner.spec.file import study_from_mapping
@@ -291,6 +298,131 @@ def test_unreadable_logs_are_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and name in lines[0] and "cannot read log" in lines[0]
+
+
+# ------------------------------------------------- the cluster's saved profile and calibration
+
+
+def _profile_data() -> dict[str, Any]:
+    """A valid saved profile of BASE's cluster, as plain data."""
+    spec = study_from_mapping(copy.deepcopy(BASE))
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    profile = a_profile(cluster=spec.cluster_name, gpu=spec.cluster.gpu_name, created=now)
+    data: dict[str, Any] = yaml.safe_load(yaml.safe_dump(profile.to_dict()))
+    return data
+
+
+def _calibration_data() -> dict[str, Any]:
+    """A valid saved calibration of BASE's cluster (two measured trials), as plain data."""
+    config = dataclasses.asdict(ParallelConfig(tp=2, global_batch_size=8))
+    observations = tuple(
+        Observation(study="hostile", fingerprint="f" * 16, trial=k, config=config,
+                    outcome="ok", predicted_step_s=1.0, measured_step_s=1.2,
+                    predicted_gib=10.0, measured_gib=11.0)
+        for k in range(2)
+    )  # fmt: skip
+    calibration = Calibration(cluster=study_from_mapping(copy.deepcopy(BASE)).cluster_name,
+                              observations=observations)  # fmt: skip
+    data: dict[str, Any] = yaml.safe_load(yaml.safe_dump(calibration.to_dict()))
+    return data
+
+
+def _edited(make: Callable[[], dict[str, Any]], edit: Callable[[dict[str, Any]], object]) -> bytes:
+    data = make()
+    edit(data)
+    return yaml.safe_dump(data).encode()
+
+
+def _nan(node: dict[str, Any], key: str) -> None:
+    node[key] = float("nan")
+
+
+# (id, "profile" or "calibration", the file's bytes or a function making it, words of the line).
+# Each was a traceback (or, for a FIFO, a hang) before, or a NaN the models took as a figure.
+SavedFile = bytes | Callable[[Path], None]
+BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
+    ("profile-not-utf8", "profile", b"cluster: caf\xe9\n", "not UTF-8 text (byte 0xe9"),
+    ("profile-deep-nesting", "profile", b"x: " + b"[" * 3000 + b"]" * 3000, "not YAML"),
+    ("profile-a-folder", "profile", lambda p: p.mkdir(), "cannot read the cluster profile"),
+    ("profile-a-fifo", "profile", os.mkfifo, "cluster profile: not a regular file"),
+    ("profile-nan-tflops", "profile", _edited(_profile_data, lambda d: _nan(d["gemm"][0],
+     "tflops")), "gemm[0].tflops is not float: nan"),
+    ("profile-negative-time", "profile", _edited(_profile_data, lambda d: d["stream"].update(
+     median_s=-1.0)), "stream.median_s is not float: -1.0"),
+    ("profile-inf-hosts", "profile", _edited(_profile_data, lambda d: d.update(
+     hosts=float("inf"))), "hosts is not int: inf"),
+    ("profile-huge-int-figure", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     tflops=10**400)), "gemm[0].tflops is not float"),
+    ("profile-created-garbage", "profile", _edited(_profile_data, lambda d: d.update(
+     created="yesterday")), "created is not an ISO 8601 time with its zone: 'yesterday'"),
+    ("profile-created-no-zone", "profile", _edited(_profile_data, lambda d: d.update(
+     created="2026-01-01T00:00:00")), "created is not an ISO 8601 time with its zone"),
+    ("calibration-not-utf8", "calibration", b"cluster: \xff\n", "not UTF-8 text (byte 0xff"),
+    ("calibration-deep-nesting", "calibration", b"x: " + b"[" * 3000, "not YAML"),
+    ("calibration-a-fifo", "calibration", os.mkfifo, "calibration file: not a regular file"),
+    ("calibration-a-folder", "calibration", lambda p: p.mkdir(),
+     "cannot read the calibration file: Is a directory"),  # exit 1 before
+    ("calibration-observations-a-number", "calibration", b"cluster: c\nobservations: 5\n",
+     "not a calibration file (expected a mapping with a list of observations)"),
+    ("calibration-nan-step", "calibration", _edited(_calibration_data, lambda d: _nan(
+     d["observations"][0], "measured_step_s")), "observations[0].measured_step_s: must be a"),
+    ("calibration-negative-step", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][1].update(predicted_step_s=-1.0)), "observations[1].predicted_step_s"),
+    ("calibration-step-a-string", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0].update(measured_gib="lots")), "measured_gib: expected a number"),
+    ("calibration-trial-a-list", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0].update(trial=[1])), "observations[0].trial: expected an integer"),
+    ("calibration-tp-zero", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0]["config"].update(tp=0)), "observations[0].config.tp: must be > 0"),
+    ("calibration-unknown-knob", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0]["config"].update(tpp=2)), "config.tpp: unknown key"),
+    ("calibration-bad-split", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0]["config"].update(pipeline_split="zz")), "config.pipeline_split: 'zz'"),
+    ("calibration-observation-a-number", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"].append(7)), "observations[2]: expected a mapping"),
+]  # fmt: skip
+
+
+@pytest.mark.timeout(HANG_GUARD_S)
+@pytest.mark.parametrize(("kind", "content", "words"), [c[1:] for c in BAD_CLUSTER_FILES],
+                         ids=[c[0] for c in BAD_CLUSTER_FILES])  # fmt: skip
+def test_a_bad_saved_cluster_file_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    kind: str, content: SavedFile, words: str,
+) -> None:  # fmt: skip
+    """What ``tune profile`` and the calibration saved under <results>/clusters/, damaged:
+    every command that reads it says so in one line naming the file and the field, exit 2."""
+    study = _write(tmp_path, base_text())
+    layout = ClusterLayout((tmp_path / "results").resolve(),
+                           study_from_mapping(copy.deepcopy(BASE)).cluster_name)  # fmt: skip
+    layout.profile_yaml.parent.mkdir(parents=True)
+    path = layout.profile_yaml if kind == "profile" else layout.calibration_yaml
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        content(path)
+    monkeypatch.chdir(tmp_path)
+    for command in ("estimate", "space"):
+        assert main([command, "--study", str(study)]) == 2
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+        assert lines[0].startswith(f"tune: error: {path}: ") and words in lines[0], lines[0]
+
+
+def test_the_valid_saved_cluster_files_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The base of the cases above loads: each case fails for its own damage only."""
+    study = _write(tmp_path, base_text())
+    layout = ClusterLayout((tmp_path / "results").resolve(),
+                           study_from_mapping(copy.deepcopy(BASE)).cluster_name)  # fmt: skip
+    layout.profile_yaml.parent.mkdir(parents=True)
+    layout.profile_yaml.write_text(yaml.safe_dump(_profile_data()))
+    layout.calibration_yaml.write_text(yaml.safe_dump(_calibration_data()))
+    monkeypatch.chdir(tmp_path)
+    assert main(["estimate", "--study", str(study), "--set", "tp=2"]) == 0
+    assert "2 saved trials" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- issue 31

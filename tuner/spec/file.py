@@ -58,17 +58,19 @@ def study_model(raw: Mapping[str, Any]) -> ModelSpec:
     return load_dataclass(ModelSpec, _expand_model(raw), "model")
 
 
-def read_text(path: Path, what: str) -> str:
-    """A small UTF-8 text file (a study, a hostfile); ConfigError naming ``what`` otherwise."""
+def read_text(path: Path, what: str, limit: int | None = MAX_FILE_BYTES) -> str:
+    """A UTF-8 text file of at most ``limit`` bytes (a study, a hostfile; a cluster's saved
+    profile or calibration, which grow with the cluster, have none); ConfigError naming
+    ``what`` otherwise."""
     try:  # exists() itself raises for a name the system refuses (too long: ENAMETOOLONG)
         if path.exists() and not path.is_file() and not path.is_dir():
             raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
         with path.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(-1 if limit is None else limit + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read {what}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{what} is larger than {MAX_FILE_BYTES // 1024} KiB")
+    if limit is not None and len(data) > limit:
+        raise ConfigError(f"{what} is larger than {limit // 1024} KiB")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
