@@ -425,6 +425,82 @@ def test_the_valid_saved_cluster_files_are_read(
     assert "2 saved trials" in capsys.readouterr().out
 
 
+# --------------------------------------------------- a user's own launch template, broken
+
+_HEAD = "{#- framework: megatron -#}\n"
+# (id, the template's bytes, words of the one line). Through `tune best --emit script` the first
+# two were exit 1 before (a broken template is the user's input, not the machine), the others
+# a traceback.
+BAD_TEMPLATES: list[tuple[str, bytes, str]] = [
+    ("syntax-error", (_HEAD + "run {{ cfg.tp\n").encode(), "mine.sh.j2:2: unexpected end"),
+    ("undefined-name", (_HEAD + "run {{ nowhere }}\n").encode(), "'nowhere' is undefined"),
+    ("division-by-zero", (_HEAD + "run {{ cfg.tp / 0 }}\n").encode(),
+     "template 'mine': ZeroDivisionError: division by zero"),
+    ("int-plus-str", (_HEAD + "run {{ cfg.tp + 'x' }}\n").encode(), "'mine': TypeError:"),
+    ("includes-itself", (_HEAD + "{% include 'mine.sh.j2' %}\n").encode(),
+     "template 'mine': recursion too deep"),
+    ("folded-huge-int", (_HEAD + "{{ (10 ** 100000) | string }}\n").encode(),
+     "mine.sh.j2: Exceeds the limit"),
+    ("latin-1", _HEAD.encode() + b"echo caf\xe9\n", "mine.sh.j2 is not UTF-8 text (byte 0xe9"),
+    ("binary", bytes(range(256)), "is not UTF-8 text (byte 0x80 at offset 128)"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def finished_study(tmp_path: Path) -> Path:
+    """BASE with its own template ``mine``, one measured trial in its storage: what
+    ``tune best --emit script`` renders the template for."""
+    import optuna
+
+    from tuner.layout import ResultsLayout
+    from tuner.space.trials import distributions
+    from tuner.study.storage import open_storage
+
+    data = copy.deepcopy(BASE)
+    data["launch"]["template"] = "mine"
+    study = _write(tmp_path, yaml.safe_dump(data))
+    spec = study_from_mapping(data)
+    layout = ResultsLayout(tmp_path / "results", spec.name)
+    optuna_study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
+    config = ParallelConfig(tp=2, micro_batch_size=1, global_batch_size=8)
+    trial = optuna_study.ask(distributions(spec))
+    trial.set_user_attr("config", dataclasses.asdict(config))
+    for key, value in (("key", config.key()), ("outcome", "ok"), ("step_time_s", 1.0)):
+        trial.set_user_attr(key, value)
+    optuna_study.tell(trial, 1.0)
+    (tmp_path / "launch_templates").mkdir()
+    return study
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize(("content", "words"), [c[1:] for c in BAD_TEMPLATES],
+                         ids=[c[0] for c in BAD_TEMPLATES])  # fmt: skip
+def test_a_broken_own_template_is_one_line_and_exit_2(
+    finished_study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    content: bytes, words: str,
+) -> None:  # fmt: skip
+    root = finished_study.parent
+    (root / "launch_templates" / "mine.sh.j2").write_bytes(content)
+    monkeypatch.chdir(root)
+    assert main(["best", "--study", str(finished_study), "--emit", "script"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert lines[0].startswith("tune: error: template ") and words in lines[0], lines[0]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_the_own_template_of_the_broken_cases_renders(
+    finished_study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (finished_study.parent / "launch_templates" / "mine.sh.j2").write_text(
+        _HEAD + "run tp={{ cfg.tp }}\n"
+    )
+    monkeypatch.chdir(finished_study.parent)
+    assert main(["best", "--study", str(finished_study), "--emit", "script"]) == 0
+    assert "run tp=2" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- issue 31
 
 
