@@ -239,6 +239,10 @@ ITERATION = (
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
 
 
+_SEE_MEMORY = ("[2022-12-08 16:39:23,472] [INFO] [utils.py:828:see_memory_usage] MA {0} GB  "
+               "Max_MA {1} GB  CA 1.0 GB  Max_CA 1 GB\n")  # fmt: skip
+
+
 def _run_lines(n: int, loss: str = "2.0E+00") -> str:
     return "\n".join(ITERATION.format(i=i, loss=loss) for i in range(1, n + 1)) + "\n"
 
@@ -273,7 +277,25 @@ LOGS: list[tuple[str, Callable[[Path], None], Outcome | None]] = [
     ("escape-spam", lambda p: p.write_text("\x1b[31m\x1b[0m^[c" * 300_000), None),
     ("empty", lambda p: p.write_text(""), Outcome.NO_METRICS),
     ("injection-in-name", lambda p: p.write_text(_run_lines(3)), Outcome.OK),
+    # each a traceback before (int() of over 4,300 digits, float(".")), or a peak of Infinity
+    ("iteration-5000-digits", lambda p: p.write_text(ITERATION.format(i=1, loss="2.0").replace(
+     " 1/", f" {'9' * 5000}/") + "\n" + _run_lines(3)), Outcome.OK),
+    ("memory-report-5000-digits", lambda p: p.write_text(_run_lines(3) + f"[Rank 0] (after "
+     f"{'9' * 5000} iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 |\n"),
+     Outcome.OK),
+    ("see-memory-dots", lambda p: p.write_text(_run_lines(3) + _SEE_MEMORY.format(".", "..")),
+     Outcome.OK),
+    ("see-memory-400-digits", lambda p: p.write_text(_run_lines(3) + _SEE_MEMORY.format(
+     "1.0", "1" * 400)), Outcome.OK),
+    ("theoretical-memory-dot", lambda p: p.write_text("Theoretical memory footprints: weight "
+     "and optimizer=. MB\n" + _run_lines(3)), Outcome.OK),
+    ("bridge-utilization-dot", lambda p: p.write_text("Step Time : 1.5s GPU utilization: .\n"
+     + _run_lines(3)), Outcome.OK),
 ]  # fmt: skip
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON (Python's json module writes it for a float)")
 
 
 @pytest.mark.parametrize(("write", "expected"), [c[1:] for c in LOGS], ids=[c[0] for c in LOGS])
@@ -284,7 +306,7 @@ def test_malformed_log_is_classified(
     write(path)
     proc = tune("parse-log", str(path), "--json", cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    (result,) = json.loads(proc.stdout)["logs"]  # one object, one entry per file
+    (result,) = json.loads(proc.stdout, parse_constant=_no_constant)["logs"]  # one per file
     assert result["file"] == str(path)
     outcome = Outcome(result["outcome"])
     assert expected is None or outcome is expected, result
