@@ -661,6 +661,36 @@ def test_another_programs_database_at_the_storage_path_is_one_line(tmp_path: Pat
         _assert_one_line(proc, "cannot read the study's storage: no such column")
 
 
+def _fifo_journal(root: Path) -> str:
+    os.mkfifo(root / "study.log")
+    return f"journal:{root / 'study.log'}"
+
+
+# (id, the --storage value made in the folder, words of the one line): a hang (the journal's
+# reader blocked on the FIFO), three lines of SQLAlchemy's warning, exit 1 before.
+BAD_STORAGE: list[tuple[str, Callable[[Path], str], str]] = [
+    ("journal-a-fifo", _fifo_journal, "study.log': not a regular file"),
+    ("sqlite-query-the-driver-ignores", lambda root: f"sqlite:///{root / 'x.db'}?mode=ro",
+     "Query string argument(s) 'mode' are not accepted"),
+    ("file-name-too-long", lambda root: "sqlite:///" + "a" * 5000, "File name too long"),
+]  # fmt: skip
+
+
+@pytest.mark.timeout(HANG_GUARD_S)
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in BAD_STORAGE],
+                         ids=[c[0] for c in BAD_STORAGE])  # fmt: skip
+def test_a_bad_storage_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Callable[[Path], str], words: str
+) -> None:
+    study, url = _write(tmp_path, base_text()), make(tmp_path)
+    for command in ("leaderboard", "best", "report"):
+        assert main([command, "--study", str(study), "--storage", url]) == 2
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+        assert lines[0].startswith("tune: error: cannot open storage '") and words in lines[0]
+
+
 # ------------------------------------------------------- issue 31: the storage fails mid-study
 
 
