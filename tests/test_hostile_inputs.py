@@ -148,6 +148,16 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
       for i, v in enumerate(INJECTIONS)],
     ("hostfile-host-injection", hostfile_case(b"n1\n`touch${IFS}PWNED`\n", "hosts"),
      "is not a host name"),
+    # named cluster.nodes[0] before, a field the study does not have: now the hostfile's line
+    ("hostfile-host-nul", hostfile_case(b"n1\0\n", "hosts"),
+     "/hosts:1: 'n1\\x00' is not a host name"),
+    ("hostfile-utf8-bom", hostfile_case(b"\xef\xbb\xbfn1\n", "hosts"),
+     "/hosts:1: '\\ufeffn1' is not a host name"),
+    ("hostfile-dash-host", hostfile_case(b"n1\n-oProxyCommand=x\n", "hosts"),
+     "/hosts:2: '-oProxyCommand=x' is not a host name"),
+    # a list's "in" per line: minutes of CPU before this line was reached
+    ("hostfile-100k-hosts-one-twice", hostfile_case(b"".join(b"n%d\n" % i for i in
+     range(100_000)) + b"n7\n", "hosts"), "hosts:100001: host 'n7' listed twice"),
     ("unknown-key", changed("space.tpp", [1]), "space.tpp: unknown key 'tpp'"),
     ("axis-value-twice", changed("space.tp", [1, 1]), "space.tp[1]: 1 is listed twice"),
     ("axis-value-huge", changed("space.micro_batch_size", [10**30]), "space.micro_batch_size[0]"),
