@@ -10,6 +10,8 @@ that no ``PWNED`` file appears. Subprocess timeouts are a guard against hangs, n
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime
 import json
 import os
 import shutil
@@ -24,8 +26,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.test_profile import a_profile
 from tests.test_reliability import _mounted
 from tests.test_study import SURFACE, standin_processes, study_data, write_study
+from tuner.calibrate.store import Calibration, Observation
+from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
+from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import leaderboard
 from tuner.spec.file import study_from_mapping
@@ -141,6 +148,16 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
       for i, v in enumerate(INJECTIONS)],
     ("hostfile-host-injection", hostfile_case(b"n1\n`touch${IFS}PWNED`\n", "hosts"),
      "is not a host name"),
+    # named cluster.nodes[0] before, a field the study does not have: now the hostfile's line
+    ("hostfile-host-nul", hostfile_case(b"n1\0\n", "hosts"),
+     "/hosts:1: 'n1\\x00' is not a host name"),
+    ("hostfile-utf8-bom", hostfile_case(b"\xef\xbb\xbfn1\n", "hosts"),
+     "/hosts:1: '\\ufeffn1' is not a host name"),
+    ("hostfile-dash-host", hostfile_case(b"n1\n-oProxyCommand=x\n", "hosts"),
+     "/hosts:2: '-oProxyCommand=x' is not a host name"),
+    # a list's "in" per line: minutes of CPU before this line was reached
+    ("hostfile-100k-hosts-one-twice", hostfile_case(b"".join(b"n%d\n" % i for i in
+     range(100_000)) + b"n7\n", "hosts"), "hosts:100001: host 'n7' listed twice"),
     ("unknown-key", changed("space.tpp", [1]), "space.tpp: unknown key 'tpp'"),
     ("axis-value-twice", changed("space.tp", [1, 1]), "space.tp[1]: 1 is listed twice"),
     ("axis-value-huge", changed("space.micro_batch_size", [10**30]), "space.micro_batch_size[0]"),
@@ -232,6 +249,10 @@ ITERATION = (
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total"
 
 
+_SEE_MEMORY = ("[2022-12-08 16:39:23,472] [INFO] [utils.py:828:see_memory_usage] MA {0} GB  "
+               "Max_MA {1} GB  CA 1.0 GB  Max_CA 1 GB\n")  # fmt: skip
+
+
 def _run_lines(n: int, loss: str = "2.0E+00") -> str:
     return "\n".join(ITERATION.format(i=i, loss=loss) for i in range(1, n + 1)) + "\n"
 
@@ -266,7 +287,25 @@ LOGS: list[tuple[str, Callable[[Path], None], Outcome | None]] = [
     ("escape-spam", lambda p: p.write_text("\x1b[31m\x1b[0m^[c" * 300_000), None),
     ("empty", lambda p: p.write_text(""), Outcome.NO_METRICS),
     ("injection-in-name", lambda p: p.write_text(_run_lines(3)), Outcome.OK),
+    # each a traceback before (int() of over 4,300 digits, float(".")), or a peak of Infinity
+    ("iteration-5000-digits", lambda p: p.write_text(ITERATION.format(i=1, loss="2.0").replace(
+     " 1/", f" {'9' * 5000}/") + "\n" + _run_lines(3)), Outcome.OK),
+    ("memory-report-5000-digits", lambda p: p.write_text(_run_lines(3) + f"[Rank 0] (after "
+     f"{'9' * 5000} iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 |\n"),
+     Outcome.OK),
+    ("see-memory-dots", lambda p: p.write_text(_run_lines(3) + _SEE_MEMORY.format(".", "..")),
+     Outcome.OK),
+    ("see-memory-400-digits", lambda p: p.write_text(_run_lines(3) + _SEE_MEMORY.format(
+     "1.0", "1" * 400)), Outcome.OK),
+    ("theoretical-memory-dot", lambda p: p.write_text("Theoretical memory footprints: weight "
+     "and optimizer=. MB\n" + _run_lines(3)), Outcome.OK),
+    ("bridge-utilization-dot", lambda p: p.write_text("Step Time : 1.5s GPU utilization: .\n"
+     + _run_lines(3)), Outcome.OK),
 ]  # fmt: skip
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON (Python's json module writes it for a float)")
 
 
 @pytest.mark.parametrize(("write", "expected"), [c[1:] for c in LOGS], ids=[c[0] for c in LOGS])
@@ -277,7 +316,7 @@ def test_malformed_log_is_classified(
     write(path)
     proc = tune("parse-log", str(path), "--json", cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    (result,) = json.loads(proc.stdout)["logs"]  # one object, one entry per file
+    (result,) = json.loads(proc.stdout, parse_constant=_no_constant)["logs"]  # one per file
     assert result["file"] == str(path)
     outcome = Outcome(result["outcome"])
     assert expected is None or outcome is expected, result
@@ -291,6 +330,207 @@ def test_unreadable_logs_are_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and name in lines[0] and "cannot read log" in lines[0]
+
+
+# ------------------------------------------------- the cluster's saved profile and calibration
+
+
+def _profile_data() -> dict[str, Any]:
+    """A valid saved profile of BASE's cluster, as plain data."""
+    spec = study_from_mapping(copy.deepcopy(BASE))
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    profile = a_profile(cluster=spec.cluster_name, gpu=spec.cluster.gpu_name, created=now)
+    data: dict[str, Any] = yaml.safe_load(yaml.safe_dump(profile.to_dict()))
+    return data
+
+
+def _calibration_data() -> dict[str, Any]:
+    """A valid saved calibration of BASE's cluster (two measured trials), as plain data."""
+    config = dataclasses.asdict(ParallelConfig(tp=2, global_batch_size=8))
+    observations = tuple(
+        Observation(study="hostile", fingerprint="f" * 16, trial=k, config=config,
+                    outcome="ok", predicted_step_s=1.0, measured_step_s=1.2,
+                    predicted_gib=10.0, measured_gib=11.0)
+        for k in range(2)
+    )  # fmt: skip
+    calibration = Calibration(cluster=study_from_mapping(copy.deepcopy(BASE)).cluster_name,
+                              observations=observations)  # fmt: skip
+    data: dict[str, Any] = yaml.safe_load(yaml.safe_dump(calibration.to_dict()))
+    return data
+
+
+def _edited(make: Callable[[], dict[str, Any]], edit: Callable[[dict[str, Any]], object]) -> bytes:
+    data = make()
+    edit(data)
+    return yaml.safe_dump(data).encode()
+
+
+def _nan(node: dict[str, Any], key: str) -> None:
+    node[key] = float("nan")
+
+
+# (id, "profile" or "calibration", the file's bytes or a function making it, words of the line).
+# Each was a traceback (or, for a FIFO, a hang) before, or a NaN the models took as a figure.
+SavedFile = bytes | Callable[[Path], None]
+BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
+    ("profile-not-utf8", "profile", b"cluster: caf\xe9\n", "not UTF-8 text (byte 0xe9"),
+    ("profile-deep-nesting", "profile", b"x: " + b"[" * 3000 + b"]" * 3000, "not YAML"),
+    ("profile-a-folder", "profile", lambda p: p.mkdir(), "cannot read the cluster profile"),
+    ("profile-a-fifo", "profile", os.mkfifo, "cluster profile: not a regular file"),
+    ("profile-nan-tflops", "profile", _edited(_profile_data, lambda d: _nan(d["gemm"][0],
+     "tflops")), "gemm[0].tflops is not float: nan"),
+    ("profile-negative-time", "profile", _edited(_profile_data, lambda d: d["stream"].update(
+     median_s=-1.0)), "stream.median_s is not float: -1.0"),
+    ("profile-inf-hosts", "profile", _edited(_profile_data, lambda d: d.update(
+     hosts=float("inf"))), "hosts is not int: inf"),
+    ("profile-huge-int-figure", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     tflops=10**400)), "gemm[0].tflops is not float"),
+    ("profile-created-garbage", "profile", _edited(_profile_data, lambda d: d.update(
+     created="yesterday")), "created is not an ISO 8601 time with its zone: 'yesterday'"),
+    ("profile-created-no-zone", "profile", _edited(_profile_data, lambda d: d.update(
+     created="2026-01-01T00:00:00")), "created is not an ISO 8601 time with its zone"),
+    ("calibration-not-utf8", "calibration", b"cluster: \xff\n", "not UTF-8 text (byte 0xff"),
+    ("calibration-deep-nesting", "calibration", b"x: " + b"[" * 3000, "not YAML"),
+    ("calibration-a-fifo", "calibration", os.mkfifo, "calibration file: not a regular file"),
+    ("calibration-a-folder", "calibration", lambda p: p.mkdir(),
+     "cannot read the calibration file: Is a directory"),  # exit 1 before
+    ("calibration-observations-a-number", "calibration", b"cluster: c\nobservations: 5\n",
+     "not a calibration file (expected a mapping with a list of observations)"),
+    ("calibration-nan-step", "calibration", _edited(_calibration_data, lambda d: _nan(
+     d["observations"][0], "measured_step_s")), "observations[0].measured_step_s: must be a"),
+    ("calibration-negative-step", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][1].update(predicted_step_s=-1.0)), "observations[1].predicted_step_s"),
+    ("calibration-step-a-string", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0].update(measured_gib="lots")), "measured_gib: expected a number"),
+    ("calibration-trial-a-list", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0].update(trial=[1])), "observations[0].trial: expected an integer"),
+    ("calibration-tp-zero", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0]["config"].update(tp=0)), "observations[0].config.tp: must be > 0"),
+    ("calibration-unknown-knob", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0]["config"].update(tpp=2)), "config.tpp: unknown key"),
+    ("calibration-bad-split", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"][0]["config"].update(pipeline_split="zz")), "config.pipeline_split: 'zz'"),
+    ("calibration-observation-a-number", "calibration", _edited(_calibration_data, lambda d: d[
+     "observations"].append(7)), "observations[2]: expected a mapping"),
+]  # fmt: skip
+
+
+@pytest.mark.timeout(HANG_GUARD_S)
+@pytest.mark.parametrize(("kind", "content", "words"), [c[1:] for c in BAD_CLUSTER_FILES],
+                         ids=[c[0] for c in BAD_CLUSTER_FILES])  # fmt: skip
+def test_a_bad_saved_cluster_file_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    kind: str, content: SavedFile, words: str,
+) -> None:  # fmt: skip
+    """What ``tune profile`` and the calibration saved under <results>/clusters/, damaged:
+    every command that reads it says so in one line naming the file and the field, exit 2."""
+    study = _write(tmp_path, base_text())
+    layout = ClusterLayout((tmp_path / "results").resolve(),
+                           study_from_mapping(copy.deepcopy(BASE)).cluster_name)  # fmt: skip
+    layout.profile_yaml.parent.mkdir(parents=True)
+    path = layout.profile_yaml if kind == "profile" else layout.calibration_yaml
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        content(path)
+    monkeypatch.chdir(tmp_path)
+    for command in ("estimate", "space"):
+        assert main([command, "--study", str(study)]) == 2
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+        assert lines[0].startswith(f"tune: error: {path}: ") and words in lines[0], lines[0]
+
+
+def test_the_valid_saved_cluster_files_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The base of the cases above loads: each case fails for its own damage only."""
+    study = _write(tmp_path, base_text())
+    layout = ClusterLayout((tmp_path / "results").resolve(),
+                           study_from_mapping(copy.deepcopy(BASE)).cluster_name)  # fmt: skip
+    layout.profile_yaml.parent.mkdir(parents=True)
+    layout.profile_yaml.write_text(yaml.safe_dump(_profile_data()))
+    layout.calibration_yaml.write_text(yaml.safe_dump(_calibration_data()))
+    monkeypatch.chdir(tmp_path)
+    assert main(["estimate", "--study", str(study), "--set", "tp=2"]) == 0
+    assert "2 saved trials" in capsys.readouterr().out
+
+
+# --------------------------------------------------- a user's own launch template, broken
+
+_HEAD = "{#- framework: megatron -#}\n"
+# (id, the template's bytes, words of the one line). Through `tune best --emit script` the first
+# two were exit 1 before (a broken template is the user's input, not the machine), the others
+# a traceback.
+BAD_TEMPLATES: list[tuple[str, bytes, str]] = [
+    ("syntax-error", (_HEAD + "run {{ cfg.tp\n").encode(), "mine.sh.j2:2: unexpected end"),
+    ("undefined-name", (_HEAD + "run {{ nowhere }}\n").encode(), "'nowhere' is undefined"),
+    ("division-by-zero", (_HEAD + "run {{ cfg.tp / 0 }}\n").encode(),
+     "template 'mine': ZeroDivisionError: division by zero"),
+    ("int-plus-str", (_HEAD + "run {{ cfg.tp + 'x' }}\n").encode(), "'mine': TypeError:"),
+    ("includes-itself", (_HEAD + "{% include 'mine.sh.j2' %}\n").encode(),
+     "template 'mine': recursion too deep"),
+    ("folded-huge-int", (_HEAD + "{{ (10 ** 100000) | string }}\n").encode(),
+     "mine.sh.j2: Exceeds the limit"),
+    ("latin-1", _HEAD.encode() + b"echo caf\xe9\n", "mine.sh.j2 is not UTF-8 text (byte 0xe9"),
+    ("binary", bytes(range(256)), "is not UTF-8 text (byte 0x80 at offset 128)"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def finished_study(tmp_path: Path) -> Path:
+    """BASE with its own template ``mine``, one measured trial in its storage: what
+    ``tune best --emit script`` renders the template for."""
+    import optuna
+
+    from tuner.layout import ResultsLayout
+    from tuner.space.trials import distributions
+    from tuner.study.storage import open_storage
+
+    data = copy.deepcopy(BASE)
+    data["launch"]["template"] = "mine"
+    study = _write(tmp_path, yaml.safe_dump(data))
+    spec = study_from_mapping(data)
+    layout = ResultsLayout(tmp_path / "results", spec.name)
+    optuna_study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
+    config = ParallelConfig(tp=2, micro_batch_size=1, global_batch_size=8)
+    trial = optuna_study.ask(distributions(spec))
+    trial.set_user_attr("config", dataclasses.asdict(config))
+    for key, value in (("key", config.key()), ("outcome", "ok"), ("step_time_s", 1.0)):
+        trial.set_user_attr(key, value)
+    optuna_study.tell(trial, 1.0)
+    (tmp_path / "launch_templates").mkdir()
+    return study
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize(("content", "words"), [c[1:] for c in BAD_TEMPLATES],
+                         ids=[c[0] for c in BAD_TEMPLATES])  # fmt: skip
+def test_a_broken_own_template_is_one_line_and_exit_2(
+    finished_study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    content: bytes, words: str,
+) -> None:  # fmt: skip
+    root = finished_study.parent
+    (root / "launch_templates" / "mine.sh.j2").write_bytes(content)
+    monkeypatch.chdir(root)
+    assert main(["best", "--study", str(finished_study), "--emit", "script"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert lines[0].startswith("tune: error: template ") and words in lines[0], lines[0]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_the_own_template_of_the_broken_cases_renders(
+    finished_study: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (finished_study.parent / "launch_templates" / "mine.sh.j2").write_text(
+        _HEAD + "run tp={{ cfg.tp }}\n"
+    )
+    monkeypatch.chdir(finished_study.parent)
+    assert main(["best", "--study", str(finished_study), "--emit", "script"]) == 0
+    assert "run tp=2" in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- issue 31
@@ -429,6 +669,36 @@ def test_another_programs_database_at_the_storage_path_is_one_line(tmp_path: Pat
     for command in ("leaderboard", "best", "report"):
         proc = tune(command, "--study", str(path), cwd=tmp_path)
         _assert_one_line(proc, "cannot read the study's storage: no such column")
+
+
+def _fifo_journal(root: Path) -> str:
+    os.mkfifo(root / "study.log")
+    return f"journal:{root / 'study.log'}"
+
+
+# (id, the --storage value made in the folder, words of the one line): a hang (the journal's
+# reader blocked on the FIFO), three lines of SQLAlchemy's warning, exit 1 before.
+BAD_STORAGE: list[tuple[str, Callable[[Path], str], str]] = [
+    ("journal-a-fifo", _fifo_journal, "study.log': not a regular file"),
+    ("sqlite-query-the-driver-ignores", lambda root: f"sqlite:///{root / 'x.db'}?mode=ro",
+     "Query string argument(s) 'mode' are not accepted"),
+    ("file-name-too-long", lambda root: "sqlite:///" + "a" * 5000, "File name too long"),
+]  # fmt: skip
+
+
+@pytest.mark.timeout(HANG_GUARD_S)
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in BAD_STORAGE],
+                         ids=[c[0] for c in BAD_STORAGE])  # fmt: skip
+def test_a_bad_storage_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Callable[[Path], str], words: str
+) -> None:
+    study, url = _write(tmp_path, base_text()), make(tmp_path)
+    for command in ("leaderboard", "best", "report"):
+        assert main([command, "--study", str(study), "--storage", url]) == 2
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+        assert lines[0].startswith("tune: error: cannot open storage '") and words in lines[0]
 
 
 # ------------------------------------------------------- issue 31: the storage fails mid-study

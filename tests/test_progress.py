@@ -35,6 +35,11 @@ def test_the_last_iteration_of_real_logs() -> None:
     assert last_iteration("tuner-step: iter=3 time_s=0.5\ntuner-step: iter=4 time_s=0.5") == 4
     assert last_iteration("steps: 12 loss: 2.5 iter time (s): 0.9 samples/sec: 11.0") == 12
     assert last_iteration("loading checkpoint ...\n") is None
+    # not counts (a ValueError from int() before: over 4,300 digits, a superscript digit)
+    huge = "9" * 5000
+    assert last_iteration(f" iteration {huge}/ 10 | elapsed time per iteration (ms): 1 |") is None
+    assert last_iteration(f"steps: {huge} loss: 2.5 iter time (s): 0.9 samples/sec: 1") is None
+    assert last_iteration(f"tuner-step: iter={huge} time_s=0.5\ntuner-step: iter=\u00b2") is None
     assert log_iteration(Path("/nonexistent/node-0.log")) is None
 
 

@@ -42,6 +42,13 @@ class LaunchError(TunerError):
     """A trial could not be rendered or started (template error, missing file, bad executor)."""
 
 
+class TemplateError(LaunchError):
+    """A launch template cannot be read or rendered: the user's own file is wrong (a Jinja
+    syntax error, an undefined name, bytes that are not UTF-8), which is bad input."""
+
+    exit_code = 2
+
+
 class RemoteCommandError(LaunchError):
     """A command on a node failed; carries the host, the command and the tail of its stderr."""
 

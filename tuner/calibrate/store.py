@@ -33,11 +33,15 @@ from typing import Any
 
 import yaml
 
+from tuner._loader import load_dataclass
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
+from tuner.spec.bounds import MAX_BATCH, _size
+from tuner.spec.file import read_text
 from tuner.spec.model import model_data
+from tuner.spec.pipeline_split import canonical_split
 
 logger = logging.getLogger(__name__)
 
@@ -254,21 +258,65 @@ def load_calibration(path: Path, cluster: str) -> Calibration:
         kept = _LOADED.get(str(path))
         if kept is not None and kept[0] == stamp:
             return kept[1]
-        data = yaml.load(path.read_text(), Loader=_LOADER)  # noqa: S506 - a safe loader
+        text = read_text(path, "the calibration file", limit=None)  # not a FIFO, UTF-8
+        data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
     except FileNotFoundError:
         return Calibration(cluster=cluster)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not YAML: {str(exc).splitlines()[0]}", file=str(path)) from None
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, file=str(path)) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
+        raise ConfigError(f"not YAML: {why}", file=str(path)) from None
     try:
-        obs = tuple(Observation(**o) for o in data.get("observations") or ())
+        if not isinstance(data, Mapping) or not isinstance(data.get("observations") or [], list):
+            raise ConfigError("expected a mapping with a list of observations")
+        obs = tuple(_observation(o, f"observations[{k}]")
+                    for k, o in enumerate(data.get("observations") or ()))  # fmt: skip
         loaded = Calibration(cluster=str(data["cluster"]), updated=str(data.get("updated", "")),
                              observations=obs)  # fmt: skip
-    except (AttributeError, KeyError, TypeError) as exc:
+    except (ConfigError, KeyError) as exc:
+        why = str(exc) if isinstance(exc, ConfigError) else f"{exc} is missing"
         raise ConfigError(
-            f"not a calibration file ({exc}); tune calibrate --reset clears it", file=str(path)
+            f"not a calibration file ({why}); tune calibrate --reset clears it", file=str(path)
         ) from None
     _keep(path, stamp, loaded)
     return loaded
+
+
+_EMPTY_BY_DEFAULT = frozenset(
+    f.name for f in dataclasses.fields(Observation) if f.default == ""
+)  # written empty when unknown (memory_setup in calibrations saved before it was kept)
+_SIZES = frozenset({"tp", "pp", "cp", "dp", "vp", "micro_batch_size", "global_batch_size", "ep",
+                    "etp", "dp_replicate"})  # fmt: skip
+
+
+def _observation(row: object, where: str) -> Observation:
+    """One saved observation, strictly (tuner._loader: each field of its type, numbers
+    finite), its figures not negative and its config one the models can read: a NaN or a
+    zero tp in the file would reach every corrected estimate as a log of zero."""
+    if isinstance(row, Mapping):
+        row = {k: v for k, v in row.items() if not (k in _EMPTY_BY_DEFAULT and v == "")}
+    obs = load_dataclass(Observation, row, where)
+    for name in _OBSERVATION_FIELDS:
+        value = getattr(obs, name)
+        if isinstance(value, float | int) and value < 0:
+            raise ConfigError(f"must be >= 0, got {value}", path=f"{where}.{name}")
+    config = load_dataclass(ParallelConfig, obs.config, f"{where}.config")
+    for name in _SIZES:
+        _size(
+            getattr(config, name),
+            MAX_BATCH,
+            f"{where}.config.{name}",
+            "larger than any world or batch",
+        )
+    if not 0 <= config.zero_stage <= 3:
+        raise ConfigError(f"ZeRO stage must be 0 to 3, got {config.zero_stage}",
+                          path=f"{where}.config.zero_stage")  # fmt: skip
+    try:
+        canonical_split(config.pipeline_split)
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, path=f"{where}.config.pipeline_split") from None
+    return obs
 
 
 def _keep(path: Path, stamp: tuple[int, int, int, int], calibration: Calibration) -> None:

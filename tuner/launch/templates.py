@@ -41,7 +41,7 @@ import jinja2
 
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import deepspeed_method
-from tuner.errors import ConfigError, LaunchError
+from tuner.errors import ConfigError, LaunchError, TemplateError
 from tuner.launch.bridge import override_words, trial_overrides
 from tuner.launch.megatron_flags import (
     deepspeed_moe_flags,
@@ -218,7 +218,15 @@ class TemplateRenderer:
                 path="launch.template",
             ) from None
         except jinja2.TemplateSyntaxError as exc:
-            raise LaunchError(f"template {exc.filename}:{exc.lineno}: {exc.message}") from None
+            raise TemplateError(f"template {exc.filename}:{exc.lineno}: {exc.message}") from None
+        except UnicodeDecodeError as exc:  # Jinja reads templates as UTF-8
+            raise TemplateError(
+                f"template {template!r}: {filename} is not UTF-8 text (byte "
+                f"0x{exc.object[exc.start]:02x} at offset {exc.start})"
+            ) from None
+        except (RecursionError, ArithmeticError, ValueError) as exc:  # Jinja folds constants
+            first = str(exc).splitlines()[0] if str(exc) else "recursion too deep"
+            raise TemplateError(f"template {template!r}: {filename}: {first}") from None
 
     def _extra_files(self, template: jinja2.Template, ctx: dict[str, Any], name: str) -> list[str]:
         # Rendering as a module exposes the template's top-level {% set extra_files = [...] %};
@@ -227,10 +235,10 @@ class TemplateRenderer:
         module = self._guard(lambda: template.make_module(probe), name)
         declared = getattr(module, "extra_files", [])
         if not isinstance(declared, list | tuple) or not all(isinstance(f, str) for f in declared):
-            raise LaunchError(f"template {name!r}: extra_files must be a list of file names")
+            raise TemplateError(f"template {name!r}: extra_files must be a list of file names")
         for f in declared:
             if "/" in f or f.startswith("."):
-                raise LaunchError(f"template {name!r}: extra file {f!r} must be a plain name")
+                raise TemplateError(f"template {name!r}: extra file {f!r} must be a plain name")
         return list(declared)
 
     def _render(self, template: jinja2.Template, ctx: dict[str, Any], name: str) -> str:
@@ -241,9 +249,14 @@ class TemplateRenderer:
         try:
             return fn()
         except jinja2.UndefinedError as exc:
-            raise LaunchError(f"template {name!r}: {exc.message}") from None
+            raise TemplateError(f"template {name!r}: {exc.message}") from None
         except jinja2.TemplateError as exc:
-            raise LaunchError(f"template {name!r}: {exc}") from None
+            raise TemplateError(f"template {name!r}: {exc}") from None
+        except RecursionError:  # a template that includes itself, a macro that calls itself
+            raise TemplateError(f"template {name!r}: recursion too deep") from None
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # {{ 1 / 0 }}
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise TemplateError(f"template {name!r}: {type(exc).__name__}: {first}") from None
 
 
 def context(

@@ -53,7 +53,7 @@ from tuner.logs.metrics import StepSummary, median, steady
 
 _TUNER_STEP = re.compile(r"\btuner-step:((?:\s+[A-Za-z_]+=\S+)+)")
 _PIPELINE = re.compile(
-    r"\bsteps: (\d+) loss: (\S+) iter time \(s\): ([-\d.eE+]+) samples/sec: ([-\d.eE+]+)"
+    r"\bsteps: (\d{1,18}) loss: (\S+) iter time \(s\): ([-\d.eE+]+) samples/sec: ([-\d.eE+]+)"
 )
 _TIMERS = re.compile(r"\btime \(ms\)\s*\|")
 _THROUGHPUT_PAIR = re.compile(
@@ -124,8 +124,9 @@ class DeepSpeedScan:
         if "SamplesPerSec=" in line:
             self._throughput(line)
         if "Max_MA " in line and (match := _SEE_MEMORY.search(line)):
-            self.allocated_gib.append(float(match.group(2)))
-            self.reserved_gib.append(float(match.group(4)))
+            allocated, reserved = lines.number(match.group(2)), lines.number(match.group(4))
+            self.allocated_gib += [] if allocated is None else [allocated]  # "." or too large
+            self.reserved_gib += [] if reserved is None else [reserved]
 
     def _loss(self, text: str, where: str) -> None:
         value = lines.number(text, finite=False)

@@ -30,9 +30,11 @@ from tuner.logs.metrics import StepSummary, median, steady
 
 # No leading \b: a pattern that starts with a literal is found by a fast substring search, one
 # that starts with \b is tried at every position (30 us per line). The word start is checked after.
-_ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+# Counts have at most 18 digits: a longer one is no count, and int() refuses over 4,300 digits.
+_ITERATION = re.compile(r"iteration\s+(\d{1,18})\s*/\s*(\d{1,18})\s*\|")
 _MEMORY = re.compile(
-    r"(?:\[Rank\s+(\d+)\]\s*)?\(?after\s+(\d+)\s+iterations\)?\s+memory\s+\((MB|GB)\)"
+    r"(?:\[Rank\s+(\d{1,18})\]\s*)?\(?after\s+(\d{1,18})\s+iterations\)?\s+memory\s+"
+    r"\((MB|GB)\)"
 )
 _STEP_TIME = re.compile(r"Step Time\s*:\s*([\d.]+)s\s+GPU utilization:\s*([\d.]+)")
 _THEORETICAL = re.compile(
@@ -169,8 +171,8 @@ def theoretical_memory_gib(line: str) -> float | None:
     match = _THEORETICAL.search(line)
     if match is None:
         return None
-    total = match.group(3) or match.group(1)
-    return float(total) / _MB_PER_GIB
+    total = lines.number(match.group(3) or match.group(1))  # None for "." or an infinity
+    return None if total is None else total / _MB_PER_GIB
 
 
 #: Every line :meth:`MegatronScan.feed` reads holds one of these.
@@ -190,7 +192,7 @@ class MegatronScan:
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
         if "Step Time" in line and (step := _STEP_TIME.search(line)) is not None:
-            self.utilization = float(step.group(2))
+            self.utilization = lines.number(step.group(2))  # None for "." or an infinity
         if "iteration" in line:  # iteration lines and "(after N iterations) memory" reports
             for record in iteration_records(line):
                 if record.tflops is None and self.utilization is not None:

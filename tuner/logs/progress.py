@@ -19,8 +19,8 @@ def last_iteration(text: str) -> int | None:
     found += [int(m.group(1)) for m in _PIPELINE.finditer(text)]
     for m in _TUNER_STEP.finditer(text):
         fields = dict(word.split("=", 1) for word in m.group(1).split())
-        if fields.get("iter", "").isdigit():
-            found.append(int(fields["iter"]))
+        if (it := fields.get("iter", "")).isascii() and it.isdigit() and len(it) <= 18:
+            found.append(int(it))
     return max(found) if found else None
 
 

@@ -22,13 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout
+from tuner.profile.fields import Malformed, field_of, optional, present, samples, utc_time
 from tuner.profile.plan import ProbeOptions, make_plan
+from tuner.spec.file import read_text
 from tuner.spec.study import StudySpec
 
 MAX_AGE_DAYS = 30
@@ -38,8 +40,6 @@ VERSION_KEYS = ("torch", "cuda", "nccl", "driver", "backend")
 """The software a profile's figures depend on; any difference makes it stale."""
 PROGRESS = "TUNER_PROFILE_PROGRESS"  # the probe's line prefixes (tuner.profile.job, torch only)
 RESULT = "TUNER_PROFILE_RESULT"
-S = TypeVar("S")
-T = TypeVar("T")
 
 
 class ProfileError(ConfigError):
@@ -300,73 +300,20 @@ def from_probe(
 def _profile(data: Mapping[str, Any]) -> ClusterProfile:
     """A profile from plain data (the probe's result line plus what tune knows, or a saved file);
     the probes added later (stream, launch, attention) may be missing. A missing or wrong field
-    is a :class:`_Malformed` naming it (``gemm[0].tflops is missing``)."""
+    is a :class:`Malformed` naming it (``gemm[0].tflops is missing``)."""
     return ClusterProfile(
-        cluster=_field(data, "cluster", str), gpu=_field(data, "gpu", str),
-        created=_field(data, "created", str), versions=_field(data, "versions", dict),
-        hosts=_field(data, "hosts", int), world_size=_field(data, "world_size", int),
-        dtype=_field(data, "dtype", str),
-        gemm=_samples(GemmSample, _field(data, "gemm", _present), "gemm"),
-        collectives=_samples(CollectiveSample, _field(data, "collectives", _present),
+        cluster=field_of(data, "cluster", str), gpu=field_of(data, "gpu", str),
+        created=field_of(data, "created", utc_time), versions=field_of(data, "versions", dict),
+        hosts=field_of(data, "hosts", int), world_size=field_of(data, "world_size", int),
+        dtype=field_of(data, "dtype", str),
+        gemm=samples(GemmSample, field_of(data, "gemm", present), "gemm"),
+        collectives=samples(CollectiveSample, field_of(data, "collectives", present),
                              "collectives"),
-        stream=_optional(StreamSample, data.get("stream"), "stream"),
-        launch=_optional(LaunchSample, data.get("launch"), "launch"),
-        attention=_samples(AttentionSample, data.get("attention"), "attention"),
+        stream=optional(StreamSample, data.get("stream"), "stream"),
+        launch=optional(LaunchSample, data.get("launch"), "launch"),
+        attention=samples(AttentionSample, data.get("attention"), "attention"),
         tool=dict(data.get("tool") or {}),
     )  # fmt: skip
-
-
-def _present(value: Any) -> Any:
-    return value
-
-
-_CONVERT: dict[str, Callable[[Any], Any]] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "tuple[float, ...]": lambda v: tuple(float(x) for x in v),
-    "tuple[int, ...]": lambda v: tuple(int(x) for x in v),
-}
-
-
-class _Malformed(ValueError):
-    """A saved profile's field that is missing or of the wrong kind, named by its path."""
-
-
-def _sample(cls: type[S], row: Any, where: str) -> S:
-    """One sample from its saved mapping, every field converted by its declared type."""
-    if not isinstance(row, Mapping):
-        raise _Malformed(f"{where} is not a mapping")
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in row:
-            raise _Malformed(f"{where}.{f.name} is missing")
-        try:
-            values[f.name] = _CONVERT[str(f.type)](row[f.name])
-        except (TypeError, ValueError):
-            raise _Malformed(f"{where}.{f.name} is not {f.type}: {row[f.name]!r}") from None
-    return cls(**values)
-
-
-def _samples(cls: type[S], rows: Any, where: str) -> tuple[S, ...]:
-    if rows is not None and not isinstance(rows, list):
-        raise _Malformed(f"{where} is not a list")
-    return tuple(_sample(cls, row, f"{where}[{k}]") for k, row in enumerate(rows or ()))
-
-
-def _optional(cls: type[S], row: Any, where: str) -> S | None:
-    return None if row is None else _sample(cls, row, where)
-
-
-def _field(data: Mapping[str, Any], key: str, convert: Callable[[Any], T]) -> T:
-    """``data[key]`` converted, or a :class:`_Malformed` naming the key."""
-    if key not in data:
-        raise _Malformed(f"{key} is missing")
-    try:
-        return convert(data[key])
-    except (TypeError, ValueError):
-        raise _Malformed(f"{key} is not {getattr(convert, '__name__', 'valid')}: "
-                         f"{data[key]!r}") from None  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- files
@@ -385,19 +332,22 @@ def save_profile(profile: ClusterProfile, path: Path) -> None:
 
 def load_profile(path: Path) -> ClusterProfile:
     """Read a saved profile; a missing or malformed file is a one-line :class:`ProfileError`."""
+    if not path.exists():
+        raise ProfileError("no cluster profile (run tune profile)", file=str(path))
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError("no cluster profile (run tune profile)", file=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"not YAML: {str(exc).splitlines()[0]}", file=str(path)) from None
+        data = yaml.safe_load(read_text(path, "the cluster profile", limit=None))
+    except ConfigError as exc:  # not a regular file, not UTF-8
+        raise ProfileError(exc.reason, file=str(path)) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
+        raise ProfileError(f"not YAML: {why}", file=str(path)) from None
     names = {f.name for f in dataclasses.fields(ClusterProfile)} | {"alpha_beta"}
     if not isinstance(data, dict) or set(data) - names:
         extra = sorted(set(data) - names) if isinstance(data, dict) else []
         raise ProfileError(f"not a cluster profile (unknown keys {extra})", file=str(path))
     try:
         return _profile(data)
-    except (_Malformed, TypeError, ValueError) as exc:
+    except (Malformed, TypeError, ValueError) as exc:
         raise ProfileError(f"malformed cluster profile: {exc}", file=str(path)) from None
 
 
@@ -438,7 +388,7 @@ def study_profile(
     """The saved profile of ``spec``'s cluster, checked (:func:`check_profile`), or None when
     there is none: what the time model reads (it falls back to the catalog on None)."""
     layout = ClusterLayout(Path(results).resolve(), spec.cluster_name)
-    if not layout.profile_yaml.is_file():
+    if not layout.profile_yaml.exists():  # a folder or a FIFO there is an error, not "none"
         return None
     local = local_versions() if spec.cluster.executor == "local" else None
     when = now or dt.datetime.now(dt.UTC)

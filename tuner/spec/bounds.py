@@ -33,6 +33,16 @@ def _short(text: str) -> str:
     return repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
 
 
+def host_name_problem(node: str) -> str | None:
+    """Why ``node`` is not a host name (of ``cluster.nodes`` or a hostfile), or None."""
+    if len(node) > 253 or not _HOST_NAME.fullmatch(node):
+        return (
+            f"{_short(node)} is not a host name (letters, digits, '.', '-', '_', ':' for IPv6, "
+            "at most 253 characters)"
+        )
+    return None
+
+
 def _positive(value: float | None, path: str) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"must be > 0, got {value}", path=path)

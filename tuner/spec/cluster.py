@@ -10,13 +10,13 @@ from tuner.catalog import GPUSpec
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
 from tuner.spec.bounds import (
-    _HOST_NAME,
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     _at_most,
     _positive,
     _short,
     _size,
+    host_name_problem,
 )
 from tuner.spec.overheads import OverheadsSpec
 
@@ -189,10 +189,6 @@ class ClusterSpec:
             for i, node in enumerate(self.nodes):
                 if node in seen:
                     raise ConfigError(f"node {node!r} is listed twice", path="nodes")
-                if len(node) > 253 or not _HOST_NAME.fullmatch(node):
-                    raise ConfigError(
-                        f"{_short(node)} is not a host name (letters, digits, '.', '-', '_', ':' "
-                        "for IPv6, at most 253 characters)",
-                        path=f"nodes[{i}]",
-                    )
+                if (problem := host_name_problem(node)) is not None:
+                    raise ConfigError(problem, path=f"nodes[{i}]")
                 seen.add(node)

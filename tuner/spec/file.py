@@ -19,7 +19,7 @@ import yaml
 
 from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
-from tuner.spec.bounds import MAX_GPUS_PER_NODE
+from tuner.spec.bounds import MAX_GPUS_PER_NODE, host_name_problem
 from tuner.spec.model import ModelSpec
 from tuner.spec.paths import study_relative
 from tuner.spec.study import _ENV_NAME, MAX_FILE_BYTES, StudySpec
@@ -58,17 +58,19 @@ def study_model(raw: Mapping[str, Any]) -> ModelSpec:
     return load_dataclass(ModelSpec, _expand_model(raw), "model")
 
 
-def read_text(path: Path, what: str) -> str:
-    """A small UTF-8 text file (a study, a hostfile); ConfigError naming ``what`` otherwise."""
+def read_text(path: Path, what: str, limit: int | None = MAX_FILE_BYTES) -> str:
+    """A UTF-8 text file of at most ``limit`` bytes (a study, a hostfile; a cluster's saved
+    profile or calibration, which grow with the cluster, have none); ConfigError naming
+    ``what`` otherwise."""
     try:  # exists() itself raises for a name the system refuses (too long: ENAMETOOLONG)
         if path.exists() and not path.is_file() and not path.is_dir():
             raise ConfigError(f"cannot read {what}: not a regular file")  # a FIFO would block
         with path.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = f.read(-1 if limit is None else limit + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read {what}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{what} is larger than {MAX_FILE_BYTES // 1024} KiB")
+    if limit is not None and len(data) > limit:
+        raise ConfigError(f"{what} is larger than {limit // 1024} KiB")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -83,6 +85,7 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=yaml_path) from None
     hosts: list[str] = []
+    seen: set[str] = set()  # a list's "in" made 100,000 hosts a quadratic hang
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -96,9 +99,12 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
                 f"{MAX_GPUS_PER_NODE}",
                 path=yaml_path,
             )
-        if parts[0] in hosts:
+        if parts[0] in seen:
             raise ConfigError(f"{path}:{number}: host {parts[0]!r} listed twice", path=yaml_path)
+        if (problem := host_name_problem(parts[0])) is not None:  # the hostfile's line, not
+            raise ConfigError(f"{path}:{number}: {problem}", path=yaml_path)  # cluster.nodes
         hosts.append(parts[0])
+        seen.add(parts[0])
     if not hosts:
         raise ConfigError(f"hostfile {str(path)!r} lists no host", path=yaml_path)
     return tuple(hosts)

@@ -79,8 +79,17 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     if url is None:
         return StorageURL(f"sqlite:///{layout.storage_path.resolve()}")
     if url.startswith("journal:") or url.endswith((".log", ".journal")):
-        return StorageURL(url, journal=Path(url.removeprefix("journal:")))
-    return StorageURL(url)
+        where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
+    else:
+        where = StorageURL(url)
+    try:  # stat() raises for a name the system refuses (ENAMETOOLONG)
+        target = where.local_file
+        if target is not None and target.exists() and not target.is_file():
+            if not target.is_dir():  # a FIFO would block the journal's reader for ever
+                raise StudyError(f"cannot open storage {url!r}: not a regular file")
+    except OSError as exc:
+        raise StudyError(f"cannot open storage {url[:100]!r}: {exc.strerror or exc}") from None
+    return where
 
 
 @contextlib.contextmanager
@@ -146,6 +155,8 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
     def make() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # arguments the driver would ignore (sqlite:///x.db?mode=ro): refused, not a warning
+            warnings.filterwarnings("error", "Query string argument", sa.exc.SAWarning)
             return optuna.storages.RDBStorage(
                 where.url,
                 heartbeat_interval=max(1, round(heartbeat_s)),

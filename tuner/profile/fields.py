@@ -1,0 +1,94 @@
+"""Reading a saved cluster profile's fields (:func:`tuner.profile.run.load_profile`): each
+converted by its declared type, and a missing or wrong one a :class:`Malformed` naming its path
+(``gemm[0].tflops is missing``). A measured figure must be finite and not negative: a NaN, an
+infinity or a negative time in the file would reach every estimate the profile feeds."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+def present(value: Any) -> Any:
+    """``value`` as it is (a field whose parts are converted one by one)."""
+    return value
+
+
+def utc_time(value: Any) -> str:
+    """An ISO 8601 time with its zone, as saved (the age check subtracts it from now)."""
+    if dt.datetime.fromisoformat(str(value)).tzinfo is None:  # the age check needs the zone
+        raise ValueError(value)
+    return str(value)
+
+
+utc_time.__name__ = "an ISO 8601 time with its zone"
+
+
+def _figure(value: Any) -> float:
+    """A measured time or rate: finite, not negative (a NaN or a negative time would reach
+    every estimate the profile feeds)."""
+    if not math.isfinite(number := float(value)) or number < 0:
+        raise ValueError(value)
+    return number
+
+
+def _count(value: Any) -> int:
+    """A measured size or count, not negative."""
+    if (number := int(value)) < 0:  # int() of an infinity raises OverflowError
+        raise ValueError(value)
+    return number
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "int": _count,
+    "float": _figure,
+    "str": str,
+    "tuple[float, ...]": lambda v: tuple(_figure(x) for x in v),
+    "tuple[int, ...]": lambda v: tuple(_count(x) for x in v),
+}
+
+
+class Malformed(ValueError):
+    """A saved profile's field that is missing or of the wrong kind, named by its path."""
+
+
+def sample(cls: type[S], row: Any, where: str) -> S:
+    """One sample from its saved mapping, every field converted by its declared type."""
+    if not isinstance(row, Mapping):
+        raise Malformed(f"{where} is not a mapping")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in row:
+            raise Malformed(f"{where}.{f.name} is missing")
+        try:
+            values[f.name] = _CONVERT[str(f.type)](row[f.name])
+        except (TypeError, ValueError, OverflowError):
+            raise Malformed(f"{where}.{f.name} is not {f.type}: {row[f.name]!r}") from None
+    return cls(**values)
+
+
+def samples(cls: type[S], rows: Any, where: str) -> tuple[S, ...]:
+    if rows is not None and not isinstance(rows, list):
+        raise Malformed(f"{where} is not a list")
+    return tuple(sample(cls, row, f"{where}[{k}]") for k, row in enumerate(rows or ()))
+
+
+def optional(cls: type[S], row: Any, where: str) -> S | None:
+    return None if row is None else sample(cls, row, where)
+
+
+def field_of(data: Mapping[str, Any], key: str, convert: Callable[[Any], T]) -> T:
+    """``data[key]`` converted, or a :class:`Malformed` naming the key."""
+    if key not in data:
+        raise Malformed(f"{key} is missing")
+    try:
+        return convert(data[key])
+    except (TypeError, ValueError, OverflowError):
+        raise Malformed(f"{key} is not {getattr(convert, '__name__', 'valid')}: "
+                         f"{data[key]!r}") from None  # fmt: skip
