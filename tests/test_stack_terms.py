@@ -1,7 +1,7 @@
 """The framework probe's composition (tuner.models.stack, tuner.profile.stack_terms): a stand-in
-stack with a known per-layer surface, probed at 1 and 2 layers, must predict depth N and configs
-the probe never ran; the saved probe round-trips and a stale or foreign one is refused in one
-line."""
+stack with a known per-layer surface, probed at 1 and 4 layers, must predict depth N (8) and
+configs the probe never ran; the saved probe round-trips and a stale or foreign one is refused in
+one line."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackTerms
 from tuner.models.time.estimate import estimate_time
-from tuner.profile.probe import ProbeResult, ProbeRow, probe_runs, split_points
+from tuner.profile import probe
+from tuner.profile.probe import ProbeResult, ProbeRow, probe_depths, probe_runs, split_points
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError
 from tuner.profile.stack_terms import (
     check_probe,
@@ -132,8 +133,12 @@ def predicted(spec: StudySpec, c: ParallelConfig, terms: StackTerms) -> tuple[fl
     return step, peak
 
 
-def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> None:
+def test_probes_at_two_depths_predict_depth_n_and_unprobed_configs() -> None:
     spec = spec_of()
+    # 1 layer and 4 (the most the probe runs), short of the stand-in's 8 and its pipeline
+    # configs' 4 per stage: depth N is an extrapolation for every flat config
+    assert probe_depths(spec) == (1, 4) and spec.model.num_layers == 8
+    assert {r.depth for r in probe_runs(spec)} == {1, 4}
     terms = derive_terms(spec, probe_rows(spec))
     probed = {r.config.key() for r in probe_runs(spec)}
     checked = kept_out = 0
@@ -153,7 +158,7 @@ def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> 
         assert peak / truth_peak == pytest.approx(1.0, rel=0.005), c.key()
         checked += 1
         kept_out += c.key() not in probed
-        if c.key() in probed:  # the probed config itself, at 8 layers instead of 1 or 2
+        if c.key() in probed:  # the probed config itself, at 8 layers instead of 1 or 4
             assert step / truth_step == pytest.approx(1.0, rel=0.005)
             assert peak / truth_peak == pytest.approx(1.0, rel=0.005)
     assert catalog_off > 0.1
@@ -168,6 +173,36 @@ def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> 
     # its own neighbour
     both = [c for c in iter_configs(spec) if c.recompute == "full" and c.zero_stage == 1]
     assert both and not {c.key() for c in both} & probed
+
+
+def test_the_deeper_depth_is_the_studys_own_up_to_four_layers() -> None:
+    """The probe's second depth: the study's layers per stage where it has at most four (the
+    deeper run is then the config as it trains), four past that, never one (no difference)."""
+    for layers, depths in ((1, (1, 2)), (2, (1, 2)), (3, (1, 3)), (4, (1, 4)), (80, (1, 4))):
+        data = copy.deepcopy(STUDY)
+        data["model"]["num_layers"] = layers
+        data["space"]["pp"] = [1]
+        assert probe_depths(spec_of(data)) == depths, layers
+
+
+def test_any_two_depths_compose_the_same_terms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The derivation reads the depths from the rows: probed at 1 and 2 layers (a study whose
+    probe may run no more), the stand-in's terms are the ones probed at 1 and 4 (to the model's
+    own departures from a line in depth: its gradient buckets and messages are not per layer)."""
+    spec = spec_of()
+    deep = derive_terms(spec, probe_rows(spec))
+    monkeypatch.setattr(probe, "DEEP_MAX", 2)
+    assert {r.depth for r in probe_runs(spec)} == {1, 2}
+    shallow = derive_terms(spec, probe_rows(spec))
+    assert len(deep.points) == len(shallow.points)
+    for a, b in zip(deep.points, shallow.points, strict=True):
+        assert a.label == b.label
+        for name in ("layer_scale", "fixed_scale", "activation_scale", "extras_scale",
+                     "states_scale", "step_scale", "overhead_scale"):  # fmt: skip
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                assert x == pytest.approx(y, rel=0.005), (a.label, name)
 
 
 def test_the_pipeline_point_measures_the_pipeline_engines_own_rest() -> None:

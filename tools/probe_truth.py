@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     found = measure(args.study, args.results, args.iters)
     after = os.getloadavg()[0]
     print(f"measured / predicted at full depth, every config of {args.study} (probe: the probe "
-          "ran it at 1-2 layers)")  # fmt: skip
+          "ran it at reduced depth)")  # fmt: skip
     print(f"{'config':<40} probe  {'step':>6} {'peak':>6}")
     for r in found:
         print(f"{r['config']:<40} {'yes' if r['probed'] else '-':>5}  {r['step']:6.3f} "
