@@ -485,6 +485,75 @@ def test_probe_truth_measures_every_config_at_full_depth(
     assert "load (1-minute average)" in out  # the load the step times were measured under
 
 
+def test_probe_truth_interleaved_reads_each_config_against_the_first_by_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_truth.py --interleave: the job is asked to interleave the configs' steps, and
+    a load that doubles through it (each config's rounds at another level) leaves every config's
+    measured / predicted where it is without that load: each is read as the first config's
+    level times their paired ratio."""
+    import yaml
+
+    import tuner.profile.probe as probe_module
+    import tuner.study.loop as loop
+    from tools.probe_truth import measure
+    from tuner.layout import ClusterLayout
+    from tuner.profile.run import local_versions
+    from tuner.spec.file import load_study
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["python"] = "python3"
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("standin")
+    torch = str(local_versions().get("torch", "none"))
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=1.0, nodes=1,
+                         versions={"torch": torch})  # fmt: skip
+    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
+               .stack_yaml(spec.name), dt.datetime.now(dt.UTC))  # fmt: skip
+    asked: list[bool] = []
+
+    def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None,
+            load: float = 1.0) -> ProbeResult:  # fmt: skip
+        asked.append(probe_module.INTERLEAVE)
+        rows = []
+        for k, r in enumerate(runs):
+            step = true_step(spec, r.config, 8)
+            rounds: tuple[int, ...] = ()
+            if probe_module.INTERLEAVE:
+                # the load doubles in the second block of rounds, and every other config kept
+                # that block alone (a longer warm-up): its own median is all at the double load
+                rounds = (4, 5) if k % 2 else (2, 3, 4, 5)
+                samples = tuple(step * (2.0 if n >= 4 else 1.0) for n in rounds)
+            else:  # one after another: the load grows with each config's place in the job
+                samples = (step * (1.0 + (load - 1.0) * k / len(runs)),) * 3
+            rows.append(ProbeRow(key=r.config.key(), depth=r.depth,
+                                 step_s=statistics.median(samples), samples_s=samples,
+                                 peak_gib=true_peak(spec, r.config, 8) / GIB, reserved_gib=None,
+                                 rounds=rounds))  # fmt: skip
+        return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
+
+    class Executor:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    results = str(tmp_path / "results")
+    monkeypatch.setattr(probe_module, "run_stack_probe", job)
+    quiet = measure("standin", results, 4)
+    monkeypatch.setattr(probe_module, "run_stack_probe",
+                        lambda *a, **k: job(*a, **k, load=2.0))  # fmt: skip
+    loaded = measure("standin", results, 4)
+    paired = measure("standin", results, 6, interleave=True)
+    assert asked == [False, False, True] and probe_module.INTERLEAVE  # set back after the job
+    first = paired[0]["step"] / quiet[0]["step"]
+    ratios = [b["step"] / a["step"] for a, b in zip(quiet, loaded, strict=True)]
+    assert max(ratios) / min(ratios) > 1.5  # one after another, the load is in the ratios
+    for a, b in zip(quiet, paired, strict=True):
+        assert b["step"] / a["step"] == pytest.approx(first, rel=1e-9), a["config"]
+
+
 def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:
     """A config composed from a probed point states a narrower step-time sd than the catalog
     (its compute terms measured, at the probe's spread or the compute floor), lists the measured
