@@ -376,7 +376,7 @@ def test_profile_runs_on_loopback_ssh_nodes(tmp_path: Path) -> None:
     del data["cluster"]["num_nodes"]
     path, results = write(tmp_path, data), tmp_path / "results"
     # the framework probe on the same nodes: the Megatron stand-in (tests/test_stack_probe.py)
-    # at 1 and 2 layers, both 2-node points in one SSH session per node
+    # at 1 and 4 layers, both 2-node points in one SSH session per node
     probe_data = stack_probe.study_data(tmp_path)
     probe_data["cluster"] = {**data["cluster"]}
     probe_data["space"]["distributed_optimizer"] = [False]

@@ -69,10 +69,10 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
     monkeypatch.chdir(tmp_path)
     spec = study_from_mapping(data)
     runs = probe_runs(spec)
-    # the base at 1 and 2 layers and at 1 layer with twice the micro-batches, distopt at 2, the
+    # the base at 1 and 4 layers and at 1 layer with twice the micro-batches, distopt at 4, the
     # pipeline point at 1 layer per stage
     assert [(r.depth, r.batch_scale, r.config.pp) for r in runs] == [
-        (1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 2)
+        (1, 1, 1), (4, 1, 1), (1, 2, 1), (4, 1, 1), (1, 1, 2)
     ]  # fmt: skip
     distopt = runs[3].config
     assert distopt.distributed_optimizer and not runs[0].config.distributed_optimizer
@@ -88,8 +88,8 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
     assert saved["cost"]["nodes"] == 1 and saved["cost"]["wall_s"] > 0
 
     terms = study_terms(spec, tmp_path / "results", study_rates(spec, tmp_path / "results"))
-    # each probed config at 8 layers; the base was run at 1 and 2 layers, so its fixed memory and
-    # its per-layer memory are apart; distopt ran at 2 layers only and takes the base's extras:
+    # each probed config at 8 layers; the base was run at 1 and 4 layers, so its fixed memory and
+    # its per-layer memory are apart; distopt ran at 4 layers only and takes the base's extras:
     # what the surface holds unlike the model (the same bytes with the optimizer sharded) counts
     # per layer there
     for config, mem_rel in ((runs[0].config, 0.01), (distopt, 0.08)):

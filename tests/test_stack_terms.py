@@ -1,7 +1,7 @@
 """The framework probe's composition (tuner.models.stack, tuner.profile.stack_terms): a stand-in
-stack with a known per-layer surface, probed at 1 and 2 layers, must predict depth N and configs
-the probe never ran; the saved probe round-trips and a stale or foreign one is refused in one
-line."""
+stack with a known per-layer surface, probed at 1 and 4 layers, must predict depth N (8) and
+configs the probe never ran; the saved probe round-trips and a stale or foreign one is refused in
+one line."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackTerms
 from tuner.models.time.estimate import estimate_time
-from tuner.profile.probe import ProbeResult, ProbeRow, probe_runs, split_points
+from tuner.profile import probe
+from tuner.profile.probe import ProbeResult, ProbeRow, probe_depths, probe_runs, split_points
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError
 from tuner.profile.stack_terms import (
     check_probe,
@@ -132,8 +133,12 @@ def predicted(spec: StudySpec, c: ParallelConfig, terms: StackTerms) -> tuple[fl
     return step, peak
 
 
-def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> None:
+def test_probes_at_two_depths_predict_depth_n_and_unprobed_configs() -> None:
     spec = spec_of()
+    # 1 layer and 4 (the most the probe runs), short of the stand-in's 8 and its pipeline
+    # configs' 4 per stage: depth N is an extrapolation for every flat config
+    assert probe_depths(spec) == (1, 4) and spec.model.num_layers == 8
+    assert {r.depth for r in probe_runs(spec)} == {1, 4}
     terms = derive_terms(spec, probe_rows(spec))
     probed = {r.config.key() for r in probe_runs(spec)}
     checked = kept_out = 0
@@ -153,7 +158,7 @@ def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> 
         assert peak / truth_peak == pytest.approx(1.0, rel=0.005), c.key()
         checked += 1
         kept_out += c.key() not in probed
-        if c.key() in probed:  # the probed config itself, at 8 layers instead of 1 or 2
+        if c.key() in probed:  # the probed config itself, at 8 layers instead of 1 or 4
             assert step / truth_step == pytest.approx(1.0, rel=0.005)
             assert peak / truth_peak == pytest.approx(1.0, rel=0.005)
     assert catalog_off > 0.1
@@ -168,6 +173,36 @@ def test_probes_at_one_and_two_layers_predict_depth_n_and_unprobed_configs() -> 
     # its own neighbour
     both = [c for c in iter_configs(spec) if c.recompute == "full" and c.zero_stage == 1]
     assert both and not {c.key() for c in both} & probed
+
+
+def test_the_deeper_depth_is_the_studys_own_up_to_four_layers() -> None:
+    """The probe's second depth: the study's layers per stage where it has at most four (the
+    deeper run is then the config as it trains), four past that, never one (no difference)."""
+    for layers, depths in ((1, (1, 2)), (2, (1, 2)), (3, (1, 3)), (4, (1, 4)), (80, (1, 4))):
+        data = copy.deepcopy(STUDY)
+        data["model"]["num_layers"] = layers
+        data["space"]["pp"] = [1]
+        assert probe_depths(spec_of(data)) == depths, layers
+
+
+def test_any_two_depths_compose_the_same_terms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The derivation reads the depths from the rows: probed at 1 and 2 layers (a study whose
+    probe may run no more), the stand-in's terms are the ones probed at 1 and 4 (to the model's
+    own departures from a line in depth: its gradient buckets and messages are not per layer)."""
+    spec = spec_of()
+    deep = derive_terms(spec, probe_rows(spec))
+    monkeypatch.setattr(probe, "DEEP_MAX", 2)
+    assert {r.depth for r in probe_runs(spec)} == {1, 2}
+    shallow = derive_terms(spec, probe_rows(spec))
+    assert len(deep.points) == len(shallow.points)
+    for a, b in zip(deep.points, shallow.points, strict=True):
+        assert a.label == b.label
+        for name in ("layer_scale", "fixed_scale", "activation_scale", "extras_scale",
+                     "states_scale", "step_scale", "overhead_scale"):  # fmt: skip
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                assert x == pytest.approx(y, rel=0.005), (a.label, name)
 
 
 def test_the_pipeline_point_measures_the_pipeline_engines_own_rest() -> None:
@@ -448,6 +483,75 @@ def test_probe_truth_measures_every_config_at_full_depth(
     n = len(asked)
     assert n >= 20 and f"{n} of {n} within 5%" in out
     assert "load (1-minute average)" in out  # the load the step times were measured under
+
+
+def test_probe_truth_interleaved_reads_each_config_against_the_first_by_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_truth.py --interleave: the job is asked to interleave the configs' steps, and
+    a load that doubles through it (each config's rounds at another level) leaves every config's
+    measured / predicted where it is without that load: each is read as the first config's
+    level times their paired ratio."""
+    import yaml
+
+    import tuner.profile.probe as probe_module
+    import tuner.study.loop as loop
+    from tools.probe_truth import measure
+    from tuner.layout import ClusterLayout
+    from tuner.profile.run import local_versions
+    from tuner.spec.file import load_study
+
+    data = copy.deepcopy(STUDY)
+    data["launch"]["python"] = "python3"
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("standin")
+    torch = str(local_versions().get("torch", "none"))
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=1.0, nodes=1,
+                         versions={"torch": torch})  # fmt: skip
+    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
+               .stack_yaml(spec.name), dt.datetime.now(dt.UTC))  # fmt: skip
+    asked: list[bool] = []
+
+    def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None,
+            load: float = 1.0) -> ProbeResult:  # fmt: skip
+        asked.append(probe_module.INTERLEAVE)
+        rows = []
+        for k, r in enumerate(runs):
+            step = true_step(spec, r.config, 8)
+            rounds: tuple[int, ...] = ()
+            if probe_module.INTERLEAVE:
+                # the load doubles in the second block of rounds, and every other config kept
+                # that block alone (a longer warm-up): its own median is all at the double load
+                rounds = (4, 5) if k % 2 else (2, 3, 4, 5)
+                samples = tuple(step * (2.0 if n >= 4 else 1.0) for n in rounds)
+            else:  # one after another: the load grows with each config's place in the job
+                samples = (step * (1.0 + (load - 1.0) * k / len(runs)),) * 3
+            rows.append(ProbeRow(key=r.config.key(), depth=r.depth,
+                                 step_s=statistics.median(samples), samples_s=samples,
+                                 peak_gib=true_peak(spec, r.config, 8) / GIB, reserved_gib=None,
+                                 rounds=rounds))  # fmt: skip
+        return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
+
+    class Executor:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    results = str(tmp_path / "results")
+    monkeypatch.setattr(probe_module, "run_stack_probe", job)
+    quiet = measure("standin", results, 4)
+    monkeypatch.setattr(probe_module, "run_stack_probe",
+                        lambda *a, **k: job(*a, **k, load=2.0))  # fmt: skip
+    loaded = measure("standin", results, 4)
+    paired = measure("standin", results, 6, interleave=True)
+    assert asked == [False, False, True] and probe_module.INTERLEAVE  # set back after the job
+    first = paired[0]["step"] / quiet[0]["step"]
+    ratios = [b["step"] / a["step"] for a, b in zip(quiet, loaded, strict=True)]
+    assert max(ratios) / min(ratios) > 1.5  # one after another, the load is in the ratios
+    for a, b in zip(quiet, paired, strict=True):
+        assert b["step"] / a["step"] == pytest.approx(first, rel=1e-9), a["config"]
 
 
 def test_measured_terms_carry_their_provenance_into_the_stated_sd() -> None:

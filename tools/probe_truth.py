@@ -1,7 +1,7 @@
 """Every valid config of a study at full depth, measured in one job, against the models with the
 study's saved probe: measured / predicted peak memory and step time per config.
 
-    python tools/probe_truth.py --study demo [--results results] [--iters 4]
+    python tools/probe_truth.py --study demo [--results results] [--iters 4] [--interleave]
 
 The runs go through the framework probe's own machinery (``tuner.profile.probe``: one job, one
 process per node where the study's script runs several points), each config at its full depth
@@ -10,7 +10,12 @@ process per node where the study's script runs several points), each config at i
 whole space, including the configs no demo trial reaches; the probe itself is not run again (run
 ``tune profile --study NAME --probe`` first). CPU step times move with the machine's load (the
 level of this job's against the probe's; the peak, a tensor accounting on CPU ranks, does not):
-both are printed with how many configs are within 10% and 5%.
+both are printed with how many configs are within 10% and 5%. ``--interleave`` (CPU ranks: the
+workload's interleaved points) runs one step of every config per round instead, every engine held
+to the end, and reads each config's step as the first config's median times their paired ratio
+(``tuner.profile.probe.paired_ratio``): a load that comes and goes through the job (another
+process's test run) then moves every config alike, so the configs' spread about the load level
+is the composition's error, not the load's; give it more ``--iters`` (blocks of two rounds).
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 
-def measure(study: str, results: str, iters: int) -> list[dict[str, Any]]:
+def measure(
+    study: str, results: str, iters: int, interleave: bool = False
+) -> list[dict[str, Any]]:
     """One dict per config: its spelling, probed or not, measured / predicted step and peak."""
     from tuner.api import estimate
     from tuner.config.spelling import spell
@@ -43,8 +50,9 @@ def measure(study: str, results: str, iters: int) -> list[dict[str, Any]]:
     probed = {r.config.key() for r in probe.probe_runs(spec)}
     where = ClusterLayout(Path(results).resolve(), spec.cluster_name).stack_probe(spec.name)
     saved = probe.PROBE_ITERS, probe.INTERLEAVE
-    # one config after another, as trials run (and no engine of every config held at once)
-    probe.PROBE_ITERS, probe.INTERLEAVE = iters, False
+    # one config after another, as trials run (and no engine of every config held at once),
+    # unless asked to interleave their steps
+    probe.PROBE_ITERS, probe.INTERLEAVE = iters, interleave
     executor = make_executor(spec)
     try:
         found = probe.run_stack_probe(spec, executor, TrialPaths(where.dir.with_suffix(".truth")),
@@ -52,12 +60,14 @@ def measure(study: str, results: str, iters: int) -> list[dict[str, Any]]:
     finally:
         executor.close()
         probe.PROBE_ITERS, probe.INTERLEAVE = saved
-    out = []
+    ref, out = found.rows[0], []
     for c, row in zip(configs, found.rows, strict=True):
         e = estimate(spec, c, rates=rates, terms=terms)
         assert e.time and e.memory
+        paired = probe.paired_ratio(row, ref) if row is not ref else (1.0, 0.0)
+        step = ref.step_s * paired[0] if paired is not None else row.step_s
         out.append({"config": spell(c), "probed": c.key() in probed,
-                    "step": row.step_s / e.time.step,
+                    "step": step / e.time.step,
                     "peak": row.peak_gib * GIB / e.memory.peak})  # fmt: skip
     return out
 
@@ -67,12 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", required=True)
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=4)
+    parser.add_argument("--interleave", action="store_true")
     args = parser.parse_args(argv)
     before = os.getloadavg()[0]
-    found = measure(args.study, args.results, args.iters)
+    found = measure(args.study, args.results, args.iters, args.interleave)
     after = os.getloadavg()[0]
     print(f"measured / predicted at full depth, every config of {args.study} (probe: the probe "
-          "ran it at 1-2 layers)")  # fmt: skip
+          "ran it at reduced depth)")  # fmt: skip
     print(f"{'config':<40} probe  {'step':>6} {'peak':>6}")
     for r in found:
         print(f"{r['config']:<40} {'yes' if r['probed'] else '-':>5}  {r['step']:6.3f} "

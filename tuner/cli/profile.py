@@ -409,7 +409,7 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     p.add_argument(
         "--probe",
         action="store_true",
-        help="run the study's own launch at 1 and 2 layers per stage on a few points of its "
+        help="run the study's own launch at 1 and up to 4 layers per stage on a few points of its "
         "space (one job) and save the per-layer time, activations and extras it measures",
     )
     add_format_option(p, ("text", "json"))

@@ -1,8 +1,8 @@
 """Terms measured on the user's own stack, as an explicit input of the memory and time models.
 
 ``tune profile --probe`` (:mod:`tuner.profile.probe`) runs the study's own launch template with the
-study's model cut to 1 and 2 layers per stage, at a few points of the space, and derives from the
-differences between depths what a formula cannot know about the stack: how long one transformer
+study's model cut to 1 and a few layers per stage, at a few points of the space, and derives from
+the differences between depths what a formula cannot know about the stack: how long one transformer
 layer's forward and backward really take per micro-batch, how long the per-micro-batch rest (the
 embedding, LM head, loss and the framework's per-micro-batch work) takes, how many bytes one
 layer's saved activations and the stage's extras (logits, embedding output) really hold, the

@@ -1,14 +1,14 @@
-"""The framework probe (``tune profile --probe``): the study's own launch, cut to 1 and 2 layers.
+"""The framework probe (``tune profile --probe``): the study's own launch at 1 and a few layers.
 
 A few points of the space (:func:`probe_runs`) run the study's launch template, with the study's
-model at reduced depth (1 and 2 layers per stage; hidden size, heads, sequence and vocabulary
-unchanged) and :data:`PROBE_ITERS` iterations each, through the study's own executor. All of them
-are one :class:`~tuner.launch.LaunchRequest`: each node runs one script that starts the points
-one after the other, so the local executor starts one process group, SSH one session per node
-and Slurm one allocation (one batch job whose steps are the points), never one queued job per
-point. Each point's output is framed by :data:`POINT` lines in the node logs and parsed by the
-framework's own log parser; :mod:`tuner.profile.stack_terms` turns the differences into measured
-terms and saves them beside the cluster profile.
+model at reduced depth (1 layer per stage and :func:`probe_depths`' deeper one; hidden size, heads,
+sequence and vocabulary unchanged) and :data:`PROBE_ITERS` iterations each, through the study's own
+executor. All of them are one :class:`~tuner.launch.LaunchRequest`: each node runs one script that
+starts the points one after the other, so the local executor starts one process group, SSH one
+session per node and Slurm one allocation (one batch job whose steps are the points), never one
+queued job per point. Each point's output is framed by :data:`POINT` lines in the node logs and
+parsed by the framework's own log parser; :mod:`tuner.profile.stack_terms` turns the differences
+into measured terms and saves them beside the cluster profile.
 
 Step times under a drifting load: a script that runs every point in one process
 (``launch.probe_one_process``) may interleave their timed steps, one step of each point per
@@ -51,8 +51,8 @@ still warming up (allocator growth, first collectives on a new communicator) and
 too (:func:`steady_samples`)."""
 MIN_STEADY = 3
 """The fewest iterations a median is taken over."""
-DEPTHS = (1, 2)
-"""Layers per stage of the base points: the difference is one layer, the rest is fixed."""
+DEEP_MAX = 4
+"""The most layers per stage of the probe's deeper runs (:func:`probe_depths`)."""
 BATCH_SCALE = 2
 """The base point runs once more at 1 layer with this many times the micro-batches per step: a
 step of ``m`` micro-batches is ``m x V + S`` (what each micro-batch computes, and what the step
@@ -143,6 +143,17 @@ def reduced(spec: StudySpec, config: ParallelConfig, depth: int) -> StudySpec:
     return dataclasses.replace(spec, model=model, launch=launch, training=training)
 
 
+def probe_depths(spec: StudySpec) -> tuple[int, int]:
+    """(1, the deeper runs' layers per stage): the study's own ``num_layers``, within 2 to
+    :data:`DEEP_MAX`. The per-layer time is the two runs' difference over the layers between
+    them, so each step's noise (a few percent on CPU ranks, even paired by round) comes back
+    divided by that count: one layer, a third of the demo's 1-layer step, made it 2-3 times as
+    large per layer (the 2- over the 1-layer step measured 1.14-1.60 on one machine), three cut
+    it threefold. At the study's own depth the deeper run is the config as it trains, and fewer
+    layers per stage (pipeline stages) interpolate between the depths, not past them."""
+    return 1, max(2, min(DEEP_MAX, spec.model.num_layers))
+
+
 def _knobs(c: ParallelConfig) -> tuple[Any, ...]:
     """What a point varies besides TP, CP, micro-batch, recompute, ZeRO stage and EP."""
     return (c.pp, c.vp, c.sequence_parallel, c.tp_comm_overlap,
@@ -152,15 +163,16 @@ def _knobs(c: ParallelConfig) -> tuple[Any, ...]:
 def probe_runs(spec: StudySpec) -> list[ProbeRun]:
     """The probe's runs: per (TP, CP) of the space without pipeline stages, a base point (no
     recomputation where the space has it, the middle micro-batch size, the lowest ZeRO stage and
-    EP) at 1 and 2 layers and at 1 layer with :data:`BATCH_SCALE` times the micro-batches, then
-    the base's neighbours that change one knob (each other
-    recomputation, ZeRO stage and EP) at 2 layers, and, where the space has pipeline stages with
-    that TP and CP, one pipeline point (:func:`pipeline_run`) at :data:`PIPE_DEPTH` layers per
+    EP) at both :func:`probe_depths` and at 1 layer with :data:`BATCH_SCALE` times the
+    micro-batches, then the base's neighbours that change one knob (each other recomputation,
+    ZeRO stage and EP) at the deeper one, and, where the space has pipeline stages with that TP
+    and CP, one pipeline point (:func:`pipeline_run`) at :data:`PIPE_DEPTH` layers per
     stage. The other configs with pipeline stages are not run: they compose from the same
     per-layer terms and the pipeline point's per-micro-batch rest (tuner.models.stack)."""
+    depths = probe_depths(spec)
     every = list(iter_configs(spec))
     flat = [c for c in every if c.pp == 1 and c.vp == 1]
-    flat = [c for c in flat if not study_violations(c, reduced(spec, c, max(DEPTHS)))]
+    flat = [c for c in flat if not study_violations(c, reduced(spec, c, max(depths)))]
     runs: list[ProbeRun] = []
     for tp, cp in sorted({(c.tp, c.cp) for c in flat}):
         group = [c for c in flat if (c.tp, c.cp) == (tp, cp)]
@@ -176,8 +188,8 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
                 str(_knobs(c)),
             ),
         )
-        runs += [ProbeRun(base, d) for d in DEPTHS]
-        wide = ProbeRun(base, min(DEPTHS), BATCH_SCALE)
+        runs += [ProbeRun(base, d) for d in depths]
+        wide = ProbeRun(base, min(depths), BATCH_SCALE)
         if not study_violations(wide.launched, reduced(spec, wide.launched, wide.depth)):
             runs.append(wide)
         seen = {base.key()}
@@ -191,7 +203,7 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
             ]
             if same and sum(changed) == 1 and c.key() not in seen:
                 seen.add(c.key())
-                runs.append(ProbeRun(c, max(DEPTHS)))
+                runs.append(ProbeRun(c, max(depths)))
         pipe = pipeline_run(spec, base, every)
         if pipe is not None:
             runs.append(pipe)

@@ -1,24 +1,25 @@
 """The framework probe's measurements as the models' measured terms, and its saved file.
 
-Derivation (each figure from differences, none fitted): the study's own models are evaluated at
-the probed config and depth, and split by their own structure into what the probe measures and
-what it does not. For time, one optimizer step of ``m`` micro-batches at ``L`` layers per stage
-is ``m x V(L) + S(L)``, where ``V(L) = L x layer + rest`` is what each micro-batch computes (the
+Derivation (each figure from differences, none fitted): the study's own models are evaluated at the
+probed config and depth, and split by their own structure into what the probe measures and what it
+does not. For time, one optimizer step of ``m`` micro-batches at ``L`` layers per stage is
+``m x V(L) + S(L)``, where ``V(L) = L x layer + rest`` is what each micro-batch computes (the
 layers' forward, backward and recomputation; the embedding, LM head, loss and the framework's
 per-micro-batch work) and ``S(L)`` everything else (optimizer step, gradient reduction, step
-overhead: the catalog's and the collective profile's). The measured step times at 1 and 2 layers
-less ``S`` give the measured ``layer`` (their difference over ``m``) and ``rest``; each is kept as
-its ratio to the model's (:class:`tuner.models.stack.StackPoint`); ``S``'s fixed part (the
-step's own work besides the gradient reduction and the optimizer's arithmetic) is measured by
-the base's 1-layer run at more micro-batches (:func:`_overhead_scale`), and a pipeline point's
-per-micro-batch rest by solving the composed model for it (:func:`_pipeline_point`). Where the
-probe interleaved its points' steps, each row's step time is first read against the base point's
-1-layer run, as its median times their paired ratio (:func:`_aligned`), so a drifting load moves
-the rows of a group alike and leaves their differences alone. For memory the peak allocated
-bytes at 1 and 2 layers less the model's weights, gradients, optimizer states and buffers give one
-layer's activations (the difference) and the stage's extras (what is left at 1 layer). A point run
-at one depth takes the rest and the extras of its base point (same TP and CP) and measures its own
-per-layer figures. Slack (reserved - allocated) comes from GPU runs only: on CPU ranks the
+overhead: the catalog's and the collective profile's). The measured step times at the two depths (1
+layer and a few, :func:`tuner.profile.probe.probe_depths`) less ``S`` give the measured ``layer``
+(their difference over ``m`` and the layers between them) and ``rest``; each is kept as its ratio
+to the model's (:class:`tuner.models.stack.StackPoint`); ``S``'s fixed part (the step's own work
+besides the gradient reduction and the optimizer's arithmetic) is measured by the base's 1-layer
+run at more micro-batches (:func:`_overhead_scale`), and a pipeline point's per-micro-batch rest by
+solving the composed model for it (:func:`_pipeline_point`). Where the probe interleaved its
+points' steps, each row's step time is first read against the base point's 1-layer run, as its
+median times their paired ratio (:func:`_aligned`), so a drifting load moves the rows of a group
+alike and leaves their differences alone. For memory the peak allocated bytes at the two depths
+less the model's weights, gradients, optimizer states and buffers give one layer's activations (the
+difference over the layers between them) and the stage's extras (what is left at 1 layer). A point
+run at one depth takes the rest and the extras of its base point (same TP and CP) and measures its
+own per-layer figures. Slack (reserved - allocated) comes from GPU runs only: on CPU ranks the
 workloads' reserved figure is the growth of the resident set, not an allocator's.
 
 The file (``<root>/clusters/<cluster>.<study>.stack.yaml``) keeps the raw rows, the stack's
@@ -127,21 +128,24 @@ def _bytes_ratio(measured: float, model: float) -> float | None:
 
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
                 rates: Rates, wide: tuple[ProbeRow, int] | None = None) -> StackPoint:  # fmt: skip
-    """A point run at 1 and 2 layers: every term from the two depths, and the step's fixed rest
-    from the 1-layer run at more micro-batches (``wide``, :func:`_overhead_scale`)."""
+    """A point run at two depths (``lo`` and ``hi`` layers per stage,
+    :func:`tuner.profile.probe.probe_depths`): every term from their difference over the layers
+    between them, and the step's fixed rest from the ``lo``-layer run at more
+    micro-batches (``wide``, :func:`_overhead_scale`)."""
     m = max(c.num_microbatches, 1)
-    k_over = _overhead_scale(spec, c, rows[1], wide, rates)
-    (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates, k_over) for d in (1, 2))
-    t1, t2 = rows[1].step_s, rows[2].step_s
-    layer = ((t2 - s2) - (t1 - s1)) / m
-    rest = (t1 - s1) / m - layer
-    (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (1, 2))
+    lo, hi = min(rows), max(rows)
+    k_over = _overhead_scale(spec, c, rows[lo], wide, rates)
+    (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates, k_over) for d in (lo, hi))
+    t1, t2 = rows[lo].step_s, rows[hi].step_s
+    layer, lay_model = ((t2 - s2) - (t1 - s1)) / m / (hi - lo), (v2 - v1) / (hi - lo)
+    rest = (t1 - s1) / m - lo * layer
+    (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (lo, hi))
     o1, o2 = f1 + w1, f2 + w2
-    p1, p2 = rows[1].peak_gib * GIB, rows[2].peak_gib * GIB
+    p1, p2 = rows[lo].peak_gib * GIB, rows[hi].peak_gib * GIB
     k_act = _bytes_ratio((p2 - o2) - (p1 - o1), a2 - a1)
     extras = p1 - o1 - (k_act or 1.0) * a1
-    return _point(spec, c, rows.values(), layer_scale=_ratio(layer, v2 - v1),
-                  fixed_scale=_ratio(rest, 2 * v1 - v2), activation_scale=k_act,
+    return _point(spec, c, rows.values(), layer_scale=_ratio(layer, lay_model),
+                  fixed_scale=_ratio(rest, v1 - lo * lay_model), activation_scale=k_act,
                   extras_scale=_bytes_ratio(extras, e1), overhead_scale=k_over)  # fmt: skip
 
 
@@ -260,13 +264,13 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
     bases: dict[tuple[int, int], StackPoint] = {}
     points = []
     for key, depths in by_key.items():
-        if 1 in depths and 2 in depths and configs[key].pp == 1:
+        if len(depths) > 1 and configs[key].pp == 1:
             c = configs[key]
             bases[(c.tp, c.cp)] = _base_point(spec, c, depths, rates, wide.get((c.tp, c.cp)))
             points.append(bases[(c.tp, c.cp)])
     for key, depths in by_key.items():
         c = configs[key]
-        if not (1 in depths and 2 in depths) and c.pp == 1 and key not in wides:
+        if len(depths) == 1 and c.pp == 1 and key not in wides:
             row = depths[max(depths)]
             points.append(_neighbour_point(spec, c, row, bases.get((c.tp, c.cp)), rates))
     flat = StackTerms(tuple(points))
@@ -334,7 +338,7 @@ def _aligned(by_key: dict[str, dict[int, ProbeRow]],
     groups: dict[tuple[int, int], list[ProbeRow]] = {}
     for key, depths in by_key.items():
         groups.setdefault((configs[key].tp, configs[key].cp), []).extend(depths.values())
-    refs = {(configs[k].tp, configs[k].cp): d[1] for k, d in by_key.items() if 1 in d and 2 in d}
+    refs = {(configs[k].tp, configs[k].cp): d[min(d)] for k, d in by_key.items() if len(d) > 1}
     out: dict[str, dict[int, ProbeRow]] = {}
     for key, depths in by_key.items():
         group = (configs[key].tp, configs[key].cp)
