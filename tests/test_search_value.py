@@ -206,7 +206,13 @@ def test_the_search_stops_when_the_next_launch_costs_more_than_it_may_gain() -> 
                                                         cost_node_hours=0.2)))  # fmt: skip
     reason = stop.known([])
     assert reason is not None and reason.startswith("not worth another launch"), reason
-    assert "0.05 node-hours" in reason and "cost 0.20 node-hours" in reason  # both with units
+    assert "0.050 node-hours" in reason and "cost 0.20 node-hours" in reason  # both with units
+    # a CPU demo's figures: the cost's one node-hours format, never "0.00"
+    tiny = Stopper(s, FakeSampler(still_a_chance, Worth(0, gain_node_hours=0.0004,
+                                                        cost_node_hours=0.0021)))  # fmt: skip
+    reason = tiny.known([])
+    assert reason is not None and "save 0.00040 node-hours" in reason, reason
+    assert "cost 0.0021 node-hours" in reason, reason
     pays = Stopper(s, FakeSampler(still_a_chance, Worth(0, 3.0, 0.2)))
     assert pays.known([]) is None
     # stop_chance null turns the model's rules off, this one with it

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from tuner.space.cost import node_hours as node_hours  # one format, the cost's
+
 
 def seconds(value: float) -> str:
     """Seconds to four significant digits, never in exponent form: ``1.538``, ``0.01234``,
@@ -19,15 +21,6 @@ def gib(value: float) -> str:
     """GiB with one decimal, or three significant digits below 10 (``8.10``, a CPU demo's
     ``0.106``)."""
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:#.3g}"
-
-
-def node_hours(value: float) -> str:
-    """Node-hours with two decimals from 1 up (``31.93``), two significant digits below
-    (``0.12``, ``0.50``, a CPU demo's ``0.0021``), so a small figure never shows as ``0.00`` and
-    a column never mixes ``0.5`` with ``0.53``."""
-    if value == 0 or not math.isfinite(value):
-        return "0" if value == 0 else str(value)
-    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:#.2g}"
 
 
 def percent(share: float) -> str:

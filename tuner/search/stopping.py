@@ -43,6 +43,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.config.spelling import spell
 from tuner.search.value import IMPROVEMENT
+from tuner.space.cost import node_hours
 from tuner.spec.study import StudySpec
 
 
@@ -87,11 +88,12 @@ class Stopper:
         if found is None or found[0].pays:
             return None
         worth, config = found
+        gain, cost = node_hours(worth.gain_node_hours), node_hours(worth.cost_node_hours)
         return (
             f"not worth another launch: the most promising untried config ({spell(config)}) "
-            f"is expected to save {worth.gain_node_hours:.2f} node-hours of the training run "
+            f"is expected to save {gain} node-hours of the training run "
             f"(by how its measurement may change the config the run uses) and would cost "
-            f"{worth.cost_node_hours:.2f} node-hours"
+            f"{cost} node-hours"
         )
 
     def no_improvement(self, trials: Sequence[FrozenTrial]) -> str | None:

@@ -39,6 +39,16 @@ MIN_LIMIT_MIN = 2.0
 """The shortest default time limit, minutes (a trial of a tiny model still needs its start-up)."""
 
 
+def node_hours(value: float) -> str:
+    """Node-hours as every table and line prints them (the CLI's units and the stop reason):
+    two decimals from 1 up (``31.93``), two significant digits below (``0.12``, ``0.50``, a CPU
+    demo's ``0.0021``), so a small figure never shows as ``0.00`` and a column never mixes
+    ``0.5`` with ``0.53``."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    return f"{value:,.2f}" if abs(value) >= 1 else f"{value:#.2g}"
+
+
 def with_startup(spec: StudySpec, startup_s: float | None) -> StudySpec:
     """``spec`` with ``search.startup_min`` replaced by a measured start-up of ``startup_s``
     seconds (unchanged when None): what every cost of this module then charges per launch."""
