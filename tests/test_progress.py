@@ -100,7 +100,7 @@ def test_the_live_display_shows_phase_eta_and_job(tmp_path: Path) -> None:
     console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
     text = console.export_text()
     assert "tp2 pp1 dp4 sp mbs1 ga16" in text and "queued (Priority)" in text
-    assert "4242" in text and "2/1 run, 0.05 node-hours, 9:20 elapsed" in text
+    assert "4242" in text and "2/1 run, 0.050 node-hours, 9:20 elapsed" in text
     assert "about 1:00 left" in text  # nothing more to launch: the queued one's 120 - 60 s
     line = LiveProgress()._line(loop)  # type: ignore[arg-type]
     assert line == "running 1 (trial 1 queued (Priority)); ok 1; best 1.500 s (trial 0)"
