@@ -435,18 +435,9 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     assert " yes " in out and "   - " in out
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_probe_truth_measures_every_config_at_full_depth(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """tools/probe_truth.py: every valid config at its full depth in one job through the probe's
-    machinery (here a fake job answering with the stand-in's surface), against the models with
-    the saved probe; the composed peak holds every config within 5%."""
-    import yaml
-
-    import tuner.profile.probe as probe_module
-    import tuner.study.loop as loop
-    from tools.probe_truth import main as probe_truth
+def _standin_with_a_saved_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StudySpec:
+    """The stand-in study as ``studies/standin.yaml`` under ``tmp_path`` (the working folder),
+    with its probe saved as the stand-in's surface gives it, for the tools that read both."""
     from tuner.layout import ClusterLayout
     from tuner.profile.run import local_versions
     from tuner.spec.file import load_study
@@ -462,6 +453,21 @@ def test_probe_truth_measures_every_config_at_full_depth(
                          versions={"torch": torch})  # fmt: skip
     save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
                .stack_yaml(spec.name), dt.datetime.now(dt.UTC))  # fmt: skip
+    return spec
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_probe_truth_measures_every_config_at_full_depth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_truth.py: every valid config at its full depth in one job through the probe's
+    machinery (here a fake job answering with the stand-in's surface), against the models with
+    the saved probe; the composed peak holds every config within 5%."""
+    import tuner.profile.probe as probe_module
+    import tuner.study.loop as loop
+    from tools.probe_truth import main as probe_truth
+
+    _standin_with_a_saved_probe(tmp_path, monkeypatch)
     asked: list[Any] = []
 
     def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None) -> ProbeResult:
@@ -492,26 +498,11 @@ def test_probe_truth_interleaved_reads_each_config_against_the_first_by_round(
     a load that doubles through it (each config's rounds at another level) leaves every config's
     measured / predicted where it is without that load: each is read as the first config's
     level times their paired ratio."""
-    import yaml
-
     import tuner.profile.probe as probe_module
     import tuner.study.loop as loop
     from tools.probe_truth import measure
-    from tuner.layout import ClusterLayout
-    from tuner.profile.run import local_versions
-    from tuner.spec.file import load_study
 
-    data = copy.deepcopy(STUDY)
-    data["launch"]["python"] = "python3"
-    (tmp_path / "studies").mkdir()
-    (tmp_path / "studies" / "standin.yaml").write_text(yaml.safe_dump(data))
-    monkeypatch.chdir(tmp_path)
-    spec = load_study("standin")
-    torch = str(local_versions().get("torch", "none"))
-    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=1.0, nodes=1,
-                         versions={"torch": torch})  # fmt: skip
-    save_probe(spec, result, ClusterLayout(tmp_path / "results", spec.cluster_name)
-               .stack_yaml(spec.name), dt.datetime.now(dt.UTC))  # fmt: skip
+    _standin_with_a_saved_probe(tmp_path, monkeypatch)
     asked: list[bool] = []
 
     def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None,
