@@ -623,6 +623,17 @@ def test_own_template_for_its_framework_is_accepted(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_a_template_that_cannot_render_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """A broken own template turned every trial of the budget into a launch_error (exit 1);
+    ``tune run`` renders the first config's launch before the storage or any node is touched."""
+    _template(tmp_path, "mine", "{#- framework: megatron -#}\nrun {{ no_such_name.x }}\n")
+    path = _write(tmp_path, changed("launch.template", "mine"))
+    proc = tune("run", "--study", str(path), "--results", str(tmp_path / "results"), cwd=tmp_path)
+    _assert_one_line(proc, "template 'mine': 'no_such_name' is undefined (rendering the launch")
+    assert "nothing was launched" in proc.stderr
+    assert not (tmp_path / "results").exists()  # no storage, no trial folder
+
+
 def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, base_text())
     cases = (
@@ -636,6 +647,8 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         (["run", "--study", str(path), "--dry-run", "--n-trials", "0"], "--n-trials: must be"),
         (["space", "--study", str(path), "--top", "-5"], "--top: must be >= 0"),
         (["best", "--study", str(path), "--train-iters", "0"], "--train-iters: must be"),
+        # --rerun is checked where it is parsed, before the study is read
+        (["run", "--study", str(path), "--rerun", "ok"], "--rerun: 'ok' is not one of"),
         (["best", "--study", str(path), "--trial", "x"], "--trial: expected a whole number"),
         # a ValueError traceback from the list's int() before
         (["profile", "--study", str(path), "--message-bytes", "4096,abc"], "--message-bytes"),

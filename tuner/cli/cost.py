@@ -17,7 +17,7 @@ from rich.console import Console
 from tuner.calibrate.store import history, measured_startup_s, setup_fingerprint
 from tuner.cli import render, units
 from tuner.config.spelling import spell
-from tuner.errors import TunerError
+from tuner.errors import ConfigError, TunerError
 from tuner.space.cost import (
     budget_cost,
     require_measurable,
@@ -30,6 +30,7 @@ from tuner.space.cost import (
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
+    from tuner.config.parallel import ParallelConfig
     from tuner.models.rates import Rates
     from tuner.models.stack import StackTerms
     from tuner.space.candidates import Candidate
@@ -225,21 +226,39 @@ def _print_too_slow(console: Console, spec: StudySpec, slow: Sequence[dict[str, 
         console.print(f"  ... and {units.plural(len(slow) - SHOWN_TOO_SLOW, 'more config')}")
 
 
-def check_launch(spec: StudySpec, first: Sequence[Candidate]) -> None:
-    """Render the first config's launch as its trial would (stand-in hosts and trial folder) and
-    warn on stderr when it cannot be. A setting its template needs (``launch.megatron_path``,
-    ``launch.script``) was otherwise found by the first trial, after the nodes were booked; a
-    preview of a study whose launch section is not written yet still runs."""
+def render_first(spec: StudySpec, config: ParallelConfig) -> None:
+    """Render one config's launch as its trial would (stand-in hosts and trial folder); raises
+    the :class:`~tuner.errors.TunerError` its trial would end in (a template that does not
+    render, a setting the template needs that the study leaves out)."""
     from tuner.launch import render_launch
 
+    hosts = [f"node{i}" for i in range(spec.nodes_per_trial)]
+    render_launch(spec, config, hosts=hosts, master_addr=hosts[0], master_port=29500,
+                  trial_dir=f"results/{spec.name}/trials/0")  # fmt: skip
+
+
+def check_launch(spec: StudySpec, first: Sequence[Candidate]) -> None:
+    """Warn on stderr when the first config's launch cannot be rendered. A setting its template
+    needs (``launch.megatron_path``, ``launch.script``) was otherwise found by the first trial,
+    after the nodes were booked; a preview of a study whose launch section is not written yet
+    still runs (``tune run`` refuses it: :func:`require_launch`)."""
     if not first:
         return
-    hosts = [f"node{i}" for i in range(spec.nodes_per_trial)]
     try:
-        render_launch(spec, first[0].config, hosts=hosts, master_addr=hosts[0],
-                      master_port=29500, trial_dir=f"results/{spec.name}/trials/0")  # fmt: skip
+        render_first(spec, first[0].config)
     except TunerError as e:
         sys.stderr.write(f"tune: warning: tune run would refuse the first trial's launch: {e}\n")
+
+
+def require_launch(spec: StudySpec, config: ParallelConfig) -> None:
+    """Before any node is booked: the first config's launch renders, else a
+    :class:`~tuner.errors.ConfigError` naming it. Without this a broken template turned every
+    trial of the budget into a ``launch_error`` (and exit 1) instead of one line up front."""
+    try:
+        render_first(spec, config)
+    except TunerError as e:
+        raise ConfigError(f"{e} (rendering the launch of {spell(config)}; nothing was "
+                          "launched)") from None  # fmt: skip
 
 
 def _proxy_part(cost: dict[str, Any]) -> str:

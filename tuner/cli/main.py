@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from tuner.cli import help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
-from tuner.cli.cost import check_launch, cost_json, measurable, print_cost, spent_json
+from tuner.cli.cost import (
+    check_launch,
+    cost_json,
+    measurable,
+    print_cost,
+    require_launch,
+    spent_json,
+)
 from tuner.cli.failure import exit_status, terminate_as_interrupt
 from tuner.cli.options import (
     Parser,
@@ -26,6 +33,7 @@ from tuner.cli.options import (
     add_columns_option,
     add_format_option,
     add_study_option,
+    rerun_outcomes,
     whole,
 )
 from tuner.cli.tables import (
@@ -43,7 +51,6 @@ from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError
 from tuner.layout import EXPORT_KINDS
-from tuner.outcome import Outcome
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
@@ -158,8 +165,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     limited = spec.search.trial_timeout_min is not None
     report = enumerate_space(spec, with_time=limited)
     require_viable(spec, report)
-    if limited:
-        measurable(spec, report.ranked())
+    first = measurable(spec, report.ranked())[0] if limited else report.viable[0]
+    require_launch(spec, first.config)  # a broken template: one line, not a budget of errors
     return _run(spec, args)
 
 
@@ -177,7 +184,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     loop = build_loop(
         spec, storage=args.storage, results=args.results, force=args.force,
         n_trials=args.n_trials, on_update=progress.update, executor=executor,
-        rerun=_rerun(args.rerun),
+        rerun=args.rerun,
     )  # fmt: skip
     try:
         with stop_on_signals(loop), progress:
@@ -196,23 +203,6 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         sys.stderr.write(f"tune: error: {failed}\n")
         return 1
     return 0
-
-
-def _rerun(text: str) -> frozenset[Outcome]:
-    """``--rerun timeout,hang`` -> the outcomes whose configs run again."""
-    from tuner.space.trials import RERUNNABLE
-
-    out = set()
-    for name in filter(None, (n.strip() for n in text.split(","))):
-        try:
-            outcome = Outcome(name)
-        except ValueError:
-            outcome = None
-        if outcome not in RERUNNABLE:
-            allowed = ", ".join(sorted(str(o) for o in RERUNNABLE))
-            raise ConfigError(f"--rerun: {name!r} is not one of {allowed}")
-        out.add(outcome)
-    return frozenset(out)
 
 
 def _preflight(spec: StudySpec, executor: Any) -> int:
@@ -395,7 +385,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p.add_argument("--force", action="store_true", help="resume even if the study file changed")
     add_format_option(p, ("text", "json"))
     p.add_argument(
-        "--rerun", default="", metavar="OUTCOME[,OUTCOME]",
+        "--rerun", default="", type=rerun_outcomes, metavar="OUTCOME[,OUTCOME]",
         help="run again, once, the configs whose trials ended so (e.g. timeout,hang)",
     )  # fmt: skip
     p.add_argument(

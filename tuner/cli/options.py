@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from tuner.outcome import Outcome
+
 
 class VersionAction(argparse.Action):
     """``--version``, reading the installed metadata only when asked (it is slow to import)."""
@@ -73,6 +75,21 @@ def wholes(minimum: int) -> Callable[[str], tuple[int, ...]]:
         return tuple(one(part.strip()) for part in text.split(","))
 
     return parse
+
+
+def rerun_outcomes(text: str) -> frozenset[Outcome]:
+    """An argparse ``type``: ``--rerun timeout,hang``, the outcomes whose configs run again (a
+    measured failure only: :data:`tuner.space.trials.RERUNNABLE`)."""
+    from tuner.space.trials import RERUNNABLE
+
+    out = set()
+    for name in filter(None, (n.strip() for n in text.split(","))):
+        outcome = next((o for o in RERUNNABLE if o.value == name), None)
+        if outcome is None:
+            allowed = ", ".join(sorted(str(o) for o in RERUNNABLE))
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {allowed}")
+        out.add(outcome)
+    return frozenset(out)
 
 
 STUDY_HELP = (
