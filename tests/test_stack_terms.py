@@ -719,3 +719,23 @@ def test_the_points_file_asks_for_interleaving_unless_told_not_to(
     assert asked() is True
     monkeypatch.setattr(probe, "INTERLEAVE", False)
     assert asked() is False
+
+
+def test_the_saved_probe_prints_whole_in_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune profile --probe --show`` in an 80-column terminal: each run's config key was cut
+    to the fields every run shares and the terms to ``catal…``/``x0.5…``; the tables go through
+    the fitted renderer (what every run shares said once) and no figure is cut."""
+    from tuner.cli.main import main
+
+    spec = _standin_with_a_saved_probe(tmp_path, monkeypatch)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["profile", "--study", "standin", "--probe", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    terms = study_terms(spec, tmp_path / "results")
+    for p in terms.points:  # every measured layer time and rest, whole
+        assert f"x{p.layer_scale:.3f}" in out and f"x{p.fixed_scale:.3f}" in out
+    assert "zero=1" in out and "pp=2" in out  # what tells the runs apart
+    assert "-: not measured at that point, the catalog's figure" in out

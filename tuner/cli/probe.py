@@ -7,8 +7,8 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from rich.table import Table
-
+from tuner.cli import render
+from tuner.cli.render import Column, Grid
 from tuner.cli.tables import _console, _emit_json
 from tuner.spec.study import StudySpec
 
@@ -37,23 +37,8 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
                     "points": [_plain(p) for p in terms.points]})  # fmt: skip
         return 0
     console = _console()
-    table = Table(title=f"framework probe of {spec.name}: {len(data['rows'])} runs at reduced "
-                  f"depth, one job, {data['created']}")  # fmt: skip
-    for name in ("point", "layers", "step s", "spread", "peak GiB"):
-        table.add_column(name, justify="left" if name == "point" else "right")
-    for r in data["rows"]:
-        table.add_row(r.key, str(r.depth), f"{r.step_s:.4g}", f"{_spread(r.samples_s):.1%}",
-                      f"{r.peak_gib:.4g}")  # fmt: skip
-    console.print(table)
-    terms_table = Table(title="measured / catalog, per probed point (the models compose these)")
-    for name in ("point", "layer time", "rest per micro-batch", "sharded work", "step overhead",
-                 "layer activations", "extras", "states", "time spread"):  # fmt: skip
-        terms_table.add_column(name, justify="left" if name == "point" else "right")
-    for p in terms.points:
-        scales = (p.layer_scale, p.fixed_scale, p.step_scale, p.overhead_scale,
-                  p.activation_scale, p.extras_scale, p.states_scale)  # fmt: skip
-        terms_table.add_row(p.label, *(_x(v) for v in scales), f"{p.time_spread:.1%}")
-    console.print(terms_table)
+    render.render(console, runs_grid(spec, data))
+    render.render(console, terms_grid(terms.points))
     versions = ", ".join(f"{k} {v}" for k, v in data["versions"].items())
     console.print(f"stack: {versions or 'versions not reported'}")
     console.print(f"probe cost: {cost['wall_s'] / 60:.2f} min on {cost['nodes']} node(s), "
@@ -62,8 +47,72 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+RUN_COLUMNS = (
+    Column(name="point", header="point", right=False, wrap=2,
+           meaning="the probed config's key fields that differ between runs"),
+    Column(name="layers", header="layers", meaning="layers per stage the run had"),
+    Column(name="step_s", header="step s", meaning="the run's steady step time"),
+    Column(name="spread", header="spread", meaning="its samples' relative spread"),
+    Column(name="peak_gib", header="peak GiB", meaning="its peak memory"),
+)  # fmt: skip
+TERM_COLUMNS = (
+    Column(name="point", header="point", right=False, wrap=2),
+    Column(name="layer_time", header="layer\ntime"),
+    Column(name="rest", header="rest per\nmicro-b."),
+    Column(name="sharded", header="sharded\nwork"),
+    Column(name="overhead", header="step\noverhead"),
+    Column(name="activations", header="layer\nacts"),
+    Column(name="extras", header="extras"),
+    Column(name="states", header="states"),
+    Column(name="spread", header="time\nspread", minor=True),
+)  # fmt: skip
+CATALOG_CELL = "-"
+"""A term the point did not measure: the catalog's (said under the table)."""
+
+
+def _differing(keys: list[str]) -> tuple[str, list[str]]:
+    """Config keys (``tp=1,pp=1,...``): the fields equal in every key, and each key's fields that
+    differ (``pp=2 gbs=16``); all keys share most fields, which cut every row to an ellipsis."""
+    fields = [dict(f.partition("=")[::2] for f in k.split(",")) for k in keys]
+    names = list(dict.fromkeys(n for f in fields for n in f))
+    varying = [n for n in names if len({f.get(n) for f in fields}) > 1]
+    same = ", ".join(f"{n}={fields[0][n]}" for n in names if n not in varying)
+    rows = [" ".join(f"{n}={f.get(n, '')}" for n in varying) or "the base point" for f in fields]
+    return same, rows
+
+
+def runs_grid(spec: StudySpec, data: dict[str, Any]) -> Grid:
+    """The probe's runs, one row each."""
+    rows = data["rows"]
+    same, points = _differing([r.key for r in rows])
+    return Grid(
+        title=f"framework probe of {spec.name}: {len(rows)} runs at reduced depth, one job, "
+        f"{data['created']}",
+        columns=RUN_COLUMNS, constant=same, choosable=False,
+        rows=tuple((p, str(r.depth), f"{r.step_s:.4g}", f"{_spread(r.samples_s):.1%}",
+                    f"{r.peak_gib:.4g}") for p, r in zip(points, rows, strict=True)),
+    )  # fmt: skip
+
+
+def terms_grid(points: Any) -> Grid:
+    """The terms each probed point measured, as measured / the catalog's figure."""
+    labels = [p.label.split() for p in points]
+    shared = [w for w in labels[0] if all(w in words for words in labels)] if labels else []
+    rows = []
+    for p, words in zip(points, labels, strict=True):
+        scales = (p.layer_scale, p.fixed_scale, p.step_scale, p.overhead_scale,
+                  p.activation_scale, p.extras_scale, p.states_scale)  # fmt: skip
+        label = " ".join(w for w in words if w not in shared) or "base"
+        rows.append((label, *(_x(v) for v in scales), f"{p.time_spread:.1%}"))
+    return Grid(
+        title="measured / catalog, per probed point (the models compose these)",
+        columns=TERM_COLUMNS, rows=tuple(rows), constant=" ".join(shared), choosable=False,
+        notes=(f"{CATALOG_CELL}: not measured at that point, the catalog's figure",),
+    )  # fmt: skip
+
+
 def _x(value: float | None) -> str:
-    return "catalog" if value is None else f"x{value:.3f}"
+    return CATALOG_CELL if value is None else f"x{value:.3f}"
 
 
 def _spread(samples: Any) -> float:
