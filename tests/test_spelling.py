@@ -27,6 +27,23 @@ def test_rows_show_what_differs_and_the_rest_is_named_once() -> None:
     assert split_constant([a]) == ("", [spell(a)])
 
 
+def test_a_framework_without_a_knob_is_not_told_it_is_off() -> None:
+    """A DeepSpeed table said ``no sp, no tpo, no distopt``: knobs DeepSpeed does not have."""
+    a = ParallelConfig(tp=1, pp=1, dp=2, micro_batch_size=1, global_batch_size=8, zero_stage=1)
+    b = ParallelConfig(tp=1, pp=1, dp=2, micro_batch_size=2, global_batch_size=8, zero_stage=1)
+    by_framework = {f: split_constant([a, b], f)[0] for f in
+                    ("deepspeed", "megatron-deepspeed", "megatron", "megatron-bridge",
+                     "torchtitan")}  # fmt: skip
+    assert by_framework == {
+        "deepspeed": "tp1, pp1, dp2, no recompute, zero1",
+        "megatron-deepspeed": "tp1, pp1, dp2, no sp, no recompute, zero1",  # no tpo, no distopt
+        "megatron": "tp1, pp1, dp2, no sp, no tpo, no recompute, no distopt, zero1",
+        "megatron-bridge": "tp1, pp1, dp2, no sp, no tpo, no recompute, no distopt, zero1",
+        "torchtitan": "tp1, pp1, dp2, no sp, no tpo, no recompute, zero1",
+    }
+    assert split_constant([a, b])[0] == by_framework["megatron"]  # no framework: every knob
+
+
 def test_every_knob_is_in_the_glossary() -> None:
     text = glossary()
     assert all(k.name in text and k.meaning in text for k in KNOBS)

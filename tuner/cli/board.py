@@ -107,7 +107,7 @@ def _cell(name: str, value: Any) -> str:
 
 def board_grid(
     title: str, board: Any, configs: Sequence[ParallelConfig | None], include_all: bool,
-    names: Sequence[str] | None = None,
+    names: Sequence[str] | None = None, framework: str | None = None,
 ) -> render.Grid:  # fmt: skip
     """The leaderboard as a :class:`render.Grid`: the default columns (outcome only with
     ``--all``, empty ones left out) or, with ``names``, those asked for."""
@@ -115,7 +115,7 @@ def board_grid(
     extra = tuple(render.Column(name=n, header=n, right=n not in ("recompute", "dispatcher"))
                   for n in board.columns if n not in known)  # fmt: skip
     present = [c for c in configs if c is not None]
-    constant, spelled = split_constant(present)
+    constant, spelled = split_constant(present, framework)
     spelling = iter(spelled)
     by_config = [next(spelling) if c is not None else "" for c in configs]
     columns = []
@@ -155,9 +155,11 @@ def board_grid(
 
 
 def print_board(out: Console, title: str, board: Any, configs: Sequence[ParallelConfig | None],
-                include_all: bool, names: Sequence[str] | None) -> None:  # fmt: skip
-    """Print the leaderboard table (``names``: ``--columns``)."""
-    render.render(out, board_grid(title, board, configs, include_all, names), names)
+                include_all: bool, names: Sequence[str] | None,
+                framework: str | None = None) -> None:  # fmt: skip
+    """Print the leaderboard table (``names``: ``--columns``; ``framework``: the study's)."""
+    grid = board_grid(title, board, configs, include_all, names, framework)
+    render.render(out, grid, names)
 
 
 def stored_configs(

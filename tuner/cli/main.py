@@ -139,8 +139,8 @@ def _cmd_space(args: argparse.Namespace) -> int:
     render.render(console, _counts_table(spec, out))
     console.print(f"time model rates: {out_source}")
     if top:
-        render.render(console, _top_table(f"top {len(top)} by predicted step time", top),
-                      columns)  # fmt: skip
+        title = f"top {len(top)} by predicted step time"
+        render.render(console, _top_table(title, top, spec.framework), columns)
     print_cost(console, spec, out["cost"])
     for line in lines:
         render.show(console, line)
@@ -231,9 +231,8 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
 
         title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"
         configs = stored_configs(spec, board, args.storage, args.results)
-        print_board(
-            _console(), title, board, configs, args.all, render.parse_columns(args.columns)
-        )
+        columns = render.parse_columns(args.columns)
+        print_board(_console(), title, board, configs, args.all, columns, spec.framework)
     return 0
 
 
@@ -297,7 +296,7 @@ def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str)
         return 0
     console = _console()
     render.render(console, _counts_table(spec, report.counts()))
-    render.render(console, launch_first_table(first))
+    render.render(console, launch_first_table(first, spec.framework))
     print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms, results))
     if lines and spec.search.sampler == "model":
         for line in lines:

@@ -293,7 +293,7 @@ def calibrated_lines(spec: StudySpec, report: Any, top: int, results: str = "res
     notes = memory_notes(corrector, ranked, report.oom)
     title = (f"top {min(top, len(rows))} by calibrated step time (cluster {spec.cluster_name}, "
              f"{units.plural(len(corrector.observations), 'saved trial')})")  # fmt: skip
-    constant, spelled = split_constant([r.config for r in rows[:top]])
+    constant, spelled = split_constant([r.config for r in rows[:top]], spec.framework)
     cells = []
     for i, (r, config) in enumerate(zip(rows[:top], spelled, strict=True), 1):
         over = " (over)" if r.calibrated_peak_gib > corrector.limit_gib else ""

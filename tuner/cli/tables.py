@@ -201,8 +201,8 @@ TOP_COLUMNS = (
 """``tune space --top`` and ``run --dry-run``: the predicted ranking, most important first."""
 
 
-def _top_table(title: str, top: list[Candidate]) -> render.Grid:
-    constant, spelled = split_constant([c.config for c in top])
+def _top_table(title: str, top: list[Candidate], framework: str | None = None) -> render.Grid:
+    constant, spelled = split_constant([c.config for c in top], framework)
     rows = []
     for i, (c, config) in enumerate(zip(top, spelled, strict=True), 1):
         t = c.time
@@ -216,10 +216,10 @@ def _top_table(title: str, top: list[Candidate]) -> render.Grid:
     return render.Grid(title=title, columns=TOP_COLUMNS, rows=tuple(rows), constant=constant)
 
 
-def launch_first_table(first: list[Candidate]) -> render.Grid:
+def launch_first_table(first: list[Candidate], framework: str | None = None) -> render.Grid:
     """``tune run --dry-run``'s configs to launch first: ``tune run`` takes no ``--columns``, so
     the note under a narrow table names no option to choose them."""
-    grid = _top_table(f"would launch first (top {len(first)} predicted)", first)
+    grid = _top_table(f"would launch first (top {len(first)} predicted)", first, framework)
     return dataclasses.replace(grid, choosable=False)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
+from tuner.spec.frameworks import Traits, traits
 from tuner.spec.pipeline_split import EVEN
 
 
@@ -34,6 +35,10 @@ class Knob:
     """The token at the knob's default, left out of a single config's spelling ("" for none)."""
     off: str = ""
     """How the constant line names an on/off knob that is off in every row (``no sp``)."""
+    offered: Callable[[Traits], bool] = lambda t: True
+    """Whether a framework has the knob at all: a table of a framework without it does not say
+    ``no sp`` (the rules that refuse it there: :mod:`tuner.config.rules` ``_check_framework``,
+    :mod:`tuner.config.tp_overlap`, :mod:`tuner.config.torchtitan_rules`)."""
 
 
 def _value(
@@ -74,9 +79,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="etp", meaning="expert tensor parallel size (MoE; default: tp)",
          token=lambda c: "" if c.etp is None else f"etp{c.etp}", default=""),
     Knob(name="sp", meaning="sequence parallelism over the TP group",
-         token=_flag("sp", lambda c: c.sequence_parallel), default="", off="no sp"),
+         token=_flag("sp", lambda c: c.sequence_parallel), default="", off="no sp",
+         offered=lambda t: t.megatron_model or t.fsdp2),
     Knob(name="tpo", meaning="TP communication overlapped with the GEMMs",
-         token=_flag("tpo", lambda c: c.tp_comm_overlap), default="", off="no tpo"),
+         token=_flag("tpo", lambda c: c.tp_comm_overlap), default="", off="no tpo",
+         offered=lambda t: t.megatron_core or t.fsdp2),
     Knob(name="mbs", meaning="micro-batch size (sequences)",
          token=_value("mbs", lambda c: c.micro_batch_size), default=""),
     Knob(name="ga", meaning="gradient accumulation steps (micro-batches per step)",
@@ -86,7 +93,7 @@ KNOBS: tuple[Knob, ...] = (
          "uniform or block, N layers)", token=_recompute, default="", off="no recompute"),
     Knob(name="distopt", meaning="Megatron distributed optimizer (states sharded over dp)",
          token=_flag("distopt", lambda c: c.distributed_optimizer), default="",
-         off="no distopt"),
+         off="no distopt", offered=lambda t: t.megatron_core),
     Knob(name="zero", meaning="DeepSpeed ZeRO stage", token=_value("zero", lambda c: c.zero_stage),
          default="zero0"),
     Knob(name="split", meaning="how layers are assigned to pipeline stages (default: even)",
@@ -117,10 +124,14 @@ def spell(config: ParallelConfig) -> str:
     return " ".join(words)
 
 
-def split_constant(configs: Sequence[ParallelConfig]) -> tuple[str, list[str]]:
+def split_constant(
+    configs: Sequence[ParallelConfig], framework: str | None = None
+) -> tuple[str, list[str]]:
     """Several configs (a table's rows): the knobs equal in every row, spelled once and separated
     by commas (``tp1, no sp, distopt``), and each row's spelling of the knobs that differ. One row:
-    nothing constant, the row spelled whole."""
+    nothing constant, the row spelled whole. With the rows' ``framework``, an on/off knob it does
+    not have is not named as off (a DeepSpeed table said ``no sp, no tpo, no distopt``)."""
+    t = traits(framework) if framework is not None else None
     if len(configs) < 2:
         return "", [spell(c) for c in configs]
     rows = [tokens(c) for c in configs]
@@ -132,7 +143,7 @@ def split_constant(configs: Sequence[ParallelConfig]) -> tuple[str, list[str]]:
         token = rows[0][i]
         if token and token != knob.default:
             constant.append(token)
-        elif not token and knob.off:
+        elif not token and knob.off and (t is None or knob.offered(t)):
             constant.append(knob.off)
     spelled = [" ".join(t for t, v in zip(row, varying, strict=True) if v and t) for row in rows]
     # Commas between the constant knobs: "sp no tpo no recompute distopt" read as if no recompute
