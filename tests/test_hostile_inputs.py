@@ -32,6 +32,7 @@ from tests.test_study import SURFACE, standin_processes, study_data, write_study
 from tuner.calibrate.store import Calibration, Observation
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
+from tuner.errors import StudyError
 from tuner.layout import ClusterLayout
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import leaderboard
@@ -696,7 +697,33 @@ BAD_STORAGE: list[tuple[str, Callable[[Path], str], str]] = [
     ("sqlite-query-the-driver-ignores", lambda root: f"sqlite:///{root / 'x.db'}?mode=ro",
      "Query string argument(s) 'mode' are not accepted"),
     ("file-name-too-long", lambda root: "sqlite:///" + "a" * 5000, "File name too long"),
+    # a bare postgresql:// said "No module named 'psycopg'" (SQLAlchemy 2.1's default driver)
+    # with the psycopg2 of the postgres extra installed, and printed the password
+    ("postgresql-bare-url-server-down", lambda root: "postgresql://u:secret@127.0.0.1:1/db",
+     "'postgresql+psycopg2://u:***@127.0.0.1:1/db': connection to server"),
 ]  # fmt: skip
+
+
+def test_a_bare_postgresql_url_takes_the_installed_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from tuner.study import storage
+
+    url = "postgresql://u@db/tuner"
+    for installed, expected in ((("psycopg", "psycopg2"), url), (("psycopg2",),
+                                "postgresql+psycopg2://u@db/tuner")):  # fmt: skip
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, found=installed: object() if name in found else None,
+        )
+        assert storage.postgres_driver(url) == expected
+        assert (
+            storage.postgres_driver("postgresql+psycopg://u@db/t") == "postgresql+psycopg://u@db/t"
+        )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(StudyError, match=r"no PostgreSQL driver is installed \(pip install"):
+        storage.postgres_driver(url)
 
 
 @pytest.mark.timeout(HANG_GUARD_S)

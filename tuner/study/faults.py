@@ -11,12 +11,11 @@ read-only, the disk full. The CLI prints that one line; the rest is logged at de
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
 from tuner.errors import StorageError
-from tuner.study.storage import root_cause
+from tuner.study.storage import root_cause, without_password
 
 
 class StorageFailure(StorageError):
@@ -40,7 +39,7 @@ class StorageWatch:
 
     def __init__(self, file: Path | None, url: str) -> None:
         self.file = file
-        self.url = _without_password(url)
+        self.url = without_password(url)
         self._inode = _inode(file)
 
     def explain(self, exc: StorageError) -> StorageError:
@@ -75,8 +74,3 @@ def _inode(file: Path | None) -> tuple[int, int] | None:
     except OSError:
         return None
     return None if st is None else (st.st_dev, st.st_ino)
-
-
-def _without_password(url: str) -> str:
-    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
-    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import warnings
@@ -81,7 +83,7 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     if url.startswith("journal:") or url.endswith((".log", ".journal")):
         where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
     else:
-        where = StorageURL(url)
+        where = StorageURL(postgres_driver(url))
     try:  # stat() raises for a name the system refuses (ENAMETOOLONG)
         target = where.local_file
         if target is not None and target.exists() and not target.is_file():
@@ -90,6 +92,33 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     except OSError as exc:
         raise StudyError(f"cannot open storage {url[:100]!r}: {exc.strerror or exc}") from None
     return where
+
+
+def without_password(url: str) -> str:
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``: how a URL is
+    shown in a message or a record (a terminal's scroll-back and CI logs keep what is printed)."""
+    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+POSTGRES_DRIVERS = ("psycopg", "psycopg2")
+"""PostgreSQL drivers SQLAlchemy knows, the one a bare ``postgresql://`` means first (SQLAlchemy
+2.1 made psycopg 3 its default; 2.0 meant psycopg2, which the ``postgres`` extra installs)."""
+
+
+def postgres_driver(url: str) -> str:
+    """A bare ``postgresql://`` URL with the driver that is installed named in it: SQLAlchemy's
+    default may be missing where the other one is (``No module named 'psycopg'`` with psycopg2
+    installed by the ``postgres`` extra); a :class:`StudyError` when neither is."""
+    scheme, sep, rest = url.partition("://")
+    if scheme != "postgresql" or not sep:
+        return url
+    for driver in POSTGRES_DRIVERS:
+        if importlib.util.find_spec(driver) is not None:
+            return url if driver == POSTGRES_DRIVERS[0] else f"postgresql+{driver}://{rest}"
+    raise StudyError(
+        f"cannot open storage {scheme}://...: no PostgreSQL driver is installed "
+        "(pip install 'paratune[postgres]' installs psycopg2)"
+    )
 
 
 @contextlib.contextmanager
@@ -144,7 +173,8 @@ def open_storage(
     except StudyError:
         raise
     except Exception as exc:  # SQLAlchemy raises many types for a bad URL or an unreachable DB
-        raise StudyError(f"cannot open storage {where.url!r}: {root_cause(exc)}") from None
+        shown = without_password(where.url)
+        raise StudyError(f"cannot open storage {shown!r}: {root_cause(exc)}") from None
 
 
 def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
