@@ -120,7 +120,9 @@ def _storage_flags(tmp: Path, storage: str, request: pytest.FixtureRequest) -> l
 def test_two_workers_started_together_never_share_a_node(
     tmp_path: Path, storage: str, request: pytest.FixtureRequest
 ) -> None:
-    data = study_data(tmp_path, SURFACE, n_trials=6, heartbeat_s=2)
+    # every budgeted run launched: the value stop (whose costs are the measured, load-dependent
+    # trial durations) left out, so that the budget is what ends both workers
+    data = study_data(tmp_path, SURFACE, n_trials=6, heartbeat_s=2, stop_chance=None)
     data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "0.3"  # ~1-2 s per trial
     path = write_study(tmp_path, data)
     results = tmp_path / "results"
