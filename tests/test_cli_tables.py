@@ -268,6 +268,23 @@ def test_fit_keeps_priority_order_folds_only_text_and_names_what_it_leaves_out()
     )
 
 
+def test_a_path_column_folds_inside_the_path_rather_than_push_figures_out() -> None:
+    from tuner.cli.render import Column, Grid, fit
+
+    long = "/scratch/alice/runs/2026-12-06/llama-70b/trials/17/node-3.log"  # 61, one word
+    grid = Grid(
+        title="t", rows=((long, "ok", "6.801", "55.6"),),
+        columns=(Column(name="file", header="file", right=False, wrap=3, path=True),
+                 Column(name="outcome", header="outcome", right=False),
+                 Column(name="step", header="step s"), Column(name="peak", header="peak GiB")),
+    )  # fmt: skip
+    kept, widths, dropped = fit(grid, 60)  # type: ignore[arg-type]
+    assert kept == [0, 1, 2, 3] and dropped == [] and widths[0] is not None and widths[0] < 61
+    as_text = Grid(title="t", rows=grid.rows, columns=(
+        dataclasses.replace(grid.columns[0], path=False), *grid.columns[1:]))  # fmt: skip
+    assert fit(as_text, 60)[2] == ["file"]  # type: ignore[arg-type]  # one word: left out whole
+
+
 def test_columns_of_zeros_are_named_not_shown() -> None:
     from tuner.cli.render import Column, Grid, without_zeros
 

@@ -85,6 +85,25 @@ def test_table(ok_log: Path, oom_log: Path, capsys: pytest.CaptureFixture[str]) 
     assert "ok" in out and "oom" in out and "0.500" in out and "123.4" in out
 
 
+def test_the_table_fits_80_columns_without_cutting_a_figure(
+    ok_log: Path, oom_log: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """At 80 columns the outcome read ``no_metr…`` and the header ``TFLOP/…``: the table goes
+    through the fitted renderer (what does not fit is named, never cut) and a failed log's
+    reason is printed whole under it."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert run(_args(str(ok_log), str(oom_log))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "…" not in "".join(lines) and max(len(line) for line in lines) <= 80
+    text = " ".join(lines)
+    assert all(word in text for word in ("ok", "oom", "0.500"))
+    # the reason whole, on lines of its own under the table (as the terminal wraps them)
+    reason = f"{oom_log}: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    assert "".join(reason.split()) in "".join(text.split())
+    assert "GiB of which 1.00 GiB is free." in text
+
+
 @pytest.mark.parametrize("name", ["missing.log", "."])
 def test_unreadable_file_exits_2_with_one_line(
     ok_log: Path, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
@@ -94,7 +113,7 @@ def test_unreadable_file_exits_2_with_one_line(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1
-    assert captured.err.startswith("tune parse-log: ") and str(target) in captured.err
+    assert captured.err.startswith("tune: error: ") and str(target) in captured.err
     assert "Traceback" not in captured.err
 
 

@@ -13,9 +13,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, get_args
 
-from rich.console import Console
-from rich.table import Table
-
+from tuner.cli.render import Column, Grid, console, render
 from tuner.errors import ParseError
 from tuner.spec.frameworks import Framework
 
@@ -62,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             metrics = parse_log_file(file, args.framework, args.warmup)  # streamed, linear
             _check_warmup(file, metrics, args.warmup)
         except ParseError as exc:
-            print(f"tune parse-log: {exc}", file=sys.stderr)
+            print(f"tune: error: {exc}", file=sys.stderr)  # as every command's bad input
             return 2
         results.append((file, metrics))
     if args.format == "json":
@@ -70,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         payload = {"logs": [metrics.to_json(file) for file, metrics in results]}
         print(json.dumps(payload, indent=2))
     else:
-        Console().print(_table(results))
+        render(console(), _table(results))
     return 0
 
 
@@ -89,21 +87,25 @@ def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _table(results: list[tuple[str, RunMetrics]]) -> Table:
-    table = Table(title="parsed logs")
-    for column in ("file", "outcome", "iters", "step (s)", "peak (GiB)", "TFLOP/s/GPU"):
-        table.add_column(column, justify="left" if column in ("file", "outcome") else "right")
-    table.add_column("samples/s", justify="right")
-    table.add_column("reason", overflow="fold")
-    for file, m in results:
-        table.add_row(
-            file,
-            str(m.outcome),
-            str(m.iterations),
-            _fmt(m.step_time_s, 3),
-            _fmt(m.peak_memory_gib, 2),
-            _fmt(m.tflops_per_gpu, 1),
-            _fmt(m.samples_per_s, 2),
-            m.reason or "",
-        )
-    return table
+COLUMNS = (
+    Column(name="file", header="file", right=False, wrap=3, path=True),
+    Column(name="outcome", header="outcome", right=False),
+    Column(name="iterations", header="iters"),
+    Column(name="step_time_s", header="step s"),
+    Column(name="peak_memory_gib", header="peak GiB"),
+    Column(name="tflops_per_gpu", header="TFLOP/s\n/GPU", minor=True),
+    Column(name="samples_per_s", header="samples\n/s", minor=True),
+)  # fmt: skip
+"""The table's columns, in the order they give way to a narrow terminal (the JSON's keys); a
+failed log's reason is a line of its own under the table (a column of it was the first thing a
+narrow terminal left out)."""
+
+
+def _table(results: list[tuple[str, RunMetrics]]) -> Grid:
+    rows = tuple(
+        (file, str(m.outcome), str(m.iterations), _fmt(m.step_time_s, 3),
+         _fmt(m.peak_memory_gib, 2), _fmt(m.tflops_per_gpu, 1), _fmt(m.samples_per_s, 2))
+        for file, m in results
+    )  # fmt: skip
+    reasons = tuple(f"{file}: {m.reason}" for file, m in results if m.reason)
+    return Grid(title="parsed logs", columns=COLUMNS, rows=rows, choosable=False, notes=reasons)

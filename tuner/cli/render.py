@@ -46,6 +46,9 @@ class Column:
     minor: bool = False
     """A secondary figure: left out, least important first, rather than fold the text of a
     folding column."""
+    path: bool = False
+    """File paths: a folding column may break one inside a name, after a ``/`` where it can
+    (a long path, one word, otherwise kept the figures beside it out of the table)."""
 
 
 CONFIG = Column(
@@ -136,7 +139,8 @@ def _least(grid: Grid, i: int) -> int:
     column = grid.columns[i]
     if not column.wrap:
         return natural
-    words = [len(w) for row in grid.rows for w in row[i].split()]
+    cut = (lambda text: text.replace("/", "/ ").split()) if column.path else str.split
+    words = [len(w) for row in grid.rows for w in cut(row[i])]
     words += [len(h) for h in column.header.split("\n")]
     return min(natural, max(WRAP_MIN, -(-natural // column.wrap), *words))
 
