@@ -274,7 +274,7 @@ def run_profile(args: list[str]) -> int:
 
 @pytest.mark.torch
 def test_profile_runs_on_local_processes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("torch", reason="the probe runs torch.distributed (gloo)")
     path, results = write(tmp_path, study()), tmp_path / "results"
@@ -321,8 +321,14 @@ def test_profile_runs_on_local_processes(
     assert 0 < profile.launch.per_op_s == pytest.approx(profile.launch.median_s / (2 * LAUNCH_OPS))
     assert profile.launch.per_op_s < 1e-3
     assert f"kernel launch ({2 * LAUNCH_OPS} tiny ops, forward and backward)" in out.out
-    # --show checks and prints the saved profile; a foreign one is refused with exit 2
-    assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 0
+    # --show checks and prints the saved profile (in 80 columns: folded, nothing cut); a foreign
+    # one is refused with exit 2
+    with monkeypatch.context() as narrow:
+        narrow.setenv("COLUMNS", "80")
+        assert run_profile(["--study", str(path), "--results", str(results), "--show"]) == 0
+    shown = capsys.readouterr().out
+    assert "…" not in shown and max(len(line) for line in shown.splitlines()) <= 80
+    assert "kernel launch" in shown and "us per op" in shown
     other = write(tmp_path, study(cluster={"gpu": "a100-80gb"}))
     capsys.readouterr()
     assert run_profile(["--study", str(other), "--results", str(results), "--show",

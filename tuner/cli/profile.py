@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from tuner.cli import help_text, render, units
 from tuner.cli.options import whole, wholes
 from tuner.cli.tables import _console, _emit_json
@@ -74,14 +72,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         _emit_json({"path": str(layout.profile_yaml), **profile.to_dict(),
                     "alpha_beta": [_fields(f) for f in profile.alpha_beta()]})  # fmt: skip
         return 0
-    table = Table(title=f"cluster {profile.cluster}: {profile.hosts} host(s), "
-                  f"{profile.world_size} ranks, {profile.created}")  # fmt: skip
-    table.add_column("measured")
-    table.add_column("figure")
-    for what, figure in prof.summary_rows(profile):
-        table.add_row(what, figure)
     console = _console()
-    console.print(table)
+    render.render(console, render.Grid(
+        title=f"cluster {profile.cluster}: {profile.hosts} host(s), {profile.world_size} ranks, "
+        f"{profile.created}",
+        columns=PROFILE_COLUMNS, rows=tuple(prof.summary_rows(profile)), choosable=False,
+    ))  # fmt: skip
     versions = ", ".join(f"{k} {v}" for k, v in profile.versions.items() if v is not None)
     console.print(f"software: {versions}")
     console.print(f"saved: {layout.profile_yaml}")
@@ -177,6 +173,11 @@ CALIBRATE_MORE = (
     "stage); a memory factor is on the part of the peak its knob sizes ('states, ' the weights' "
     "gradients and optimizer states, 'activations, ' the activations)"
 )
+PROFILE_COLUMNS = (
+    render.Column(name="measured", header="measured", right=False, wrap=2),
+    render.Column(name="figure", header="figure", right=False, wrap=3),
+)
+"""The saved cluster profile: what was measured and the figure it gave."""
 FACTOR_COLUMNS = (
     render.Column(
         name="applies_to",
