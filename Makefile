@@ -40,7 +40,7 @@ docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -q -W --keep-going -n -b html docs docs/_build/html
 
 pytest: $(STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 test: lint typecheck docs pytest
 
