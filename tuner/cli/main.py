@@ -166,7 +166,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     report = enumerate_space(spec, with_time=limited)
     require_viable(spec, report)
     first = measurable(spec, report.ranked())[0] if limited else report.viable[0]
-    require_launch(spec, first.config)  # a broken template: one line, not a budget of errors
+    if not args.skip_preflight:  # a broken template: one line, not a budget of launch errors
+        require_launch(spec, first.config)
     return _run(spec, args)
 
 
@@ -389,7 +390,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     )  # fmt: skip
     p.add_argument(
         "--skip-preflight", action="store_true",
-        help="launch without checking every node first (reachable, paths, GPUs)",
+        help="launch without checking first that the first launch renders and that every "
+        "node is reachable and has the paths and GPUs",
     )  # fmt: skip
     handlers["run"] = _cmd_run
 
