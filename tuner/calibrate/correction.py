@@ -64,9 +64,7 @@ class Prior:
     pair: float = 0.12
     """The joint effect of two knob values beyond their separate effects."""
     noise: float = 0.03
-    """Run-to-run noise of a measured step time that states no precision of its own (a
-    median over a log too short for the steady-state estimator, DeepSpeed's own logs, a
-    saved observation): one whose trial stated an interval is read by :func:`figure_sd`."""
+    """Run-to-run noise of a measured step time."""
     memory_intercept: float = 1.0
     """The memory model's error is mostly one factor shared by every config of a study (the
     CUDA context, communicator buffers and allocator slack of that software stack), so one
@@ -264,51 +262,3 @@ def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndar
     cdf = normal_cdf(z)
     pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
     return np.asarray((best - mu) * cdf + sd * pdf)
-
-
-# Student-t 97.5 % quantiles for 1..30 degrees of freedom; beyond, a series in 1/df.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t_quantile(df: int) -> float:
-    """The two-sided 95 % Student-t quantile for ``df`` degrees of freedom (``df`` >= 1)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    return 1.960 + 2.4 / df  # within 0.005 of the exact quantile for df > 30
-
-
-LAUNCH_SD = 0.02 / (2.0 * math.sqrt(2.0))
-"""Variation of a config's steady step time between launches that no interval within one
-launch sees, sd of its log: about 0.7 %. The Llama 3 report (Dubey et al. 2024, "The Llama 3
-Herd of Models", section 3.3.4) measured a diurnal 1-2 % throughput variation of one
-unchanged training job on 16K H100s, from mid-day temperatures acting on the GPUs' dynamic
-voltage and frequency scaling; a launch at a random hour of a day that swings 2 % peak to peak
-(the upper figure, read as a sinusoid) has sd ``0.02 / (2 sqrt 2)``. It is a floor: another
-launch may also land on other nodes, other links or a busier fabric."""
-
-
-def figure_sd(step_s: float, half_width_s: float, batches: int) -> float:
-    """The sd of the log of a step time measured with the interval its trial stated
-    (:mod:`tuner.logs.steady`: the mean of ``batches`` batch means with a Student-t 95 %
-    interval of half-width ``half_width_s`` over ``batches - 1`` degrees of freedom), as the
-    regression reads a measured figure: the interval's standard error of the mean,
-    ``half_width_s / t_quantile(batches - 1)``, relative to ``step_s`` (the sd of the log, to
-    first order), and :data:`LAUNCH_SD` in quadrature, since a second launch of the same
-    config differs by more than one launch's interval says."""
-    if step_s <= 0 or half_width_s < 0 or batches < 2:
-        raise ValueError(f"no interval: step {step_s}, half-width {half_width_s}, "
-                         f"{batches} batches")  # fmt: skip
-    return math.hypot(half_width_s / step_s / t_quantile(batches - 1), LAUNCH_SD)
-
-
-def planned_sd(precision: float, min_batches: int) -> float:
-    """The sd :func:`figure_sd` gives a trial that ends as soon as its step time is known
-    (``search.precision``, the relative half-width, over ``search.min_batches`` batches): the
-    widest a trial ended ``precise`` states, what the sampler expects of a launch it weighs."""
-    return figure_sd(1.0, precision, max(min_batches, 2))

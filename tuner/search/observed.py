@@ -23,7 +23,6 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibrate.correction import figure_sd
 from tuner.calibrate.store import launch_overhead_s
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
@@ -46,10 +45,6 @@ class Seen:
     memory: dict[str, float]
     """Key -> log(measured / predicted) peak (for an OOM: log(GPU memory / predicted), a lower
     bound), in the order a pass over the trials first sets each."""
-    figure_sd: dict[str, float]
-    """Key -> the sd of the log of its measured step time (the one in ``measured``) from the
-    interval its trial stated (:func:`~tuner.calibrate.correction.figure_sd`); configs whose
-    figure states none are absent."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,7 +54,6 @@ class _Facts:
     tid: int
     key: str
     value: float | None  # its measured step time (COMPLETE)
-    sd: float | None  # the sd of its log, from the interval the trial stated
     running: bool
     skip: bool  # a trial to run again: not tried, no memory
     oom: ParallelConfig | None  # the config, when it ran out of memory
@@ -82,21 +76,8 @@ def _facts(t: FrozenTrial) -> _Facts | None:
     predicted_gib: Any = t.user_attrs.get("predicted_allocated_gib")
     ok = outcome == Outcome.OK and measured_gib and predicted_gib and not skip
     ok_memory = math.log(float(measured_gib) / float(predicted_gib)) if ok else None
-    sd = stated_sd(t.user_attrs) if value is not None else None
-    return _Facts(t._trial_id, str(key), value, sd, running, skip, oom,
+    return _Facts(t._trial_id, str(key), value, running, skip, oom,
                   None if peak is None else float(peak), ok_memory)  # fmt: skip
-
-
-def stated_sd(attrs: dict[str, Any]) -> float | None:
-    """The sd of the log of a trial's figure from the interval it stated (its objective the
-    steady-state mean, :mod:`tuner.logs.steady`: ``steady_step_s`` +- ``steady_halfwidth_s``
-    over ``steady_batches`` batches; :func:`~tuner.calibrate.correction.figure_sd`); None
-    when its figure is a median, which states none."""
-    step, half = attrs.get("steady_step_s"), attrs.get("steady_halfwidth_s")
-    batches = int(attrs.get("steady_batches") or 0)
-    if attrs.get("objective") != "steady" or not step or half is None or batches < 2:
-        return None
-    return figure_sd(float(step), float(half), batches)
 
 
 def folded_prefix(
@@ -132,7 +113,6 @@ class Observed:
     def _reset(self) -> None:
         self._folded: dict[int, int] = {}  # trial id -> number
         self._measured: dict[str, tuple[int, float]] = {}  # key -> lowest id, its value
-        self._sd: dict[str, float | None] = {}  # key -> its stated sd (that same trial's)
         self._tried: set[str] = set()
         self._oom: dict[str, _Facts] = {}  # key -> its lowest-id OOM
         self._ok: dict[str, tuple[int, int, float]] = {}  # key -> lowest id, highest, its ratio
@@ -223,7 +203,6 @@ class Observed:
         if f.value is not None:
             if f.key not in self._measured or f.tid < self._measured[f.key][0]:
                 self._measured[f.key] = (f.tid, f.value)
-                self._sd[f.key] = f.sd
                 self._version += 1
         if f.skip:
             return
@@ -262,5 +241,4 @@ class Observed:
             tried=self._tried | {f.key for f in open_ if not f.skip},
             ooms={k: f.oom for k, f in first_oom.items() if f.oom is not None},
             memory=memory,
-            figure_sd={k: sd for k, sd in self._sd.items() if sd is not None},
         )

@@ -94,7 +94,6 @@ from tuner.search.value import (
     best_worth,
     chance,
     joint_chance,
-    next_figure_sd,
     pick,
 )
 from tuner.space.cost import trial_cost, with_startup
@@ -313,17 +312,16 @@ class ModelGuidedSampler(BaseSampler):
         rows = [(self._saved.row(o, self._features), o) for o in past if o.time_ratio]
         if not seen and not rows:  # the model alone: its own ranking, no spread learned yet
             return Belief(open_, self._log_pred[open_], np.zeros(len(open_)), best)
-        noise = self._prior.noise  # a figure that states no precision of its own
-        stated = [obs.figure_sd.get(keys[i], noise) for i in seen]
-        ahead_sd = next_figure_sd(stated, self._spec.search.precision,
-                                  self._spec.search.min_batches)  # fmt: skip
+        noise = self._prior.noise
         x = np.array([self._x[i] for i in seen] + [r for r, _ in rows])
         y = np.concatenate([
             np.array([math.log(measured[keys[i]]) for i in seen]) - self._log_pred[seen],
             [o.time_ratio or 0.0 for _, o in rows],
         ])  # fmt: skip
-        sds = np.array(stated + [math.hypot(noise, o.transfer_sd(self._fingerprint))
-                                 for _, o in rows])  # fmt: skip
+        sds = np.array(
+            [noise] * len(seen)
+            + [math.hypot(noise, o.transfer_sd(self._fingerprint)) for _, o in rows]
+        )
         believed = [index[k] for k in pending if k in index]
         gram = self._gram if not rows and self._gram.fits(seen + believed) else None
         post = self._fit(gram, seen, x, y, sds)
@@ -332,9 +330,9 @@ class ModelGuidedSampler(BaseSampler):
             mu_b, _ = _predict(post, self._x, believed)
             x = np.vstack([x, self._x[believed]])
             y = np.concatenate([y, mu_b])
-            sds = np.concatenate([sds, [ahead_sd] * len(believed)])
+            sds = np.concatenate([sds, [noise] * len(believed)])
             if isinstance(post, Posterior):  # the weights' form: a rank-update, no refit
-                post, *ahead = believe_rows(post, self._x, believed, open_, ahead_sd)
+                post, *ahead = believe_rows(post, self._x, believed, open_, noise)
             else:
                 post = self._fit(gram, seen + believed, x, y, sds)
         mu, sd = ahead or _predict(post, self._x, open_)
@@ -342,10 +340,9 @@ class ModelGuidedSampler(BaseSampler):
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
             n = len(y) - len(believed)
             scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen), measured_fit)
-        top = min(measured, key=measured.__getitem__) if measured else ""
+        incumbent = index.get(min(measured, key=measured.__getitem__)) if measured else None
         return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post,
-                      incumbent=index.get(top), noise=ahead_sd,
-                      best_noise=obs.figure_sd.get(top, noise))  # fmt: skip
+                      incumbent=incumbent)  # fmt: skip
 
     def _fit(self, gram: Gram | None, rows: list[int], x: np.ndarray, y: np.ndarray,
              sds: np.ndarray) -> Posterior | RowPosterior:  # fmt: skip
@@ -369,7 +366,7 @@ class ModelGuidedSampler(BaseSampler):
             return None
         if b.best is None:
             return configs[b.open_[int(np.argmin(b.mu))]], "exploitation"  # argmin: first of ties
-        spread = b.spread(b.noise)
+        spread = b.spread(self._prior.noise)
         cost = self.trial_node_hours(b.mu, trials)
         chosen, top = pick(b.mu, spread, spread, cost, b.best, b.dof)
         i = int(self._rng.choice(top)) if len(top) > 1 else chosen.index
@@ -416,7 +413,7 @@ class ModelGuidedSampler(BaseSampler):
         b = self.belief(trials)
         if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
-        moves = b.lookahead(self._x, b.noise)
+        moves = b.lookahead(self._x, self._prior.noise)
         worth = best_worth(b.mu, moves, self.trial_node_hours(b.mu, trials), b.best,
                            self.run_node_hours(trials), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
@@ -434,10 +431,10 @@ class ModelGuidedSampler(BaseSampler):
         b = self.belief(trials)
         if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
-        spread = b.spread(b.best_noise)  # the noise is the incumbent's: one draw for all
+        spread = b.spread(self._prior.noise)
         p = chance(b.mu, spread, b.best, margin, b.dof)
         top = np.argsort(-p, kind="stable")[:JOINT_CONTENDERS]
-        corr = correlation(b.fitted, self._x[np.asarray(b.open_)[top]], b.best_noise)
+        corr = correlation(b.fitted, self._x[np.asarray(b.open_)[top]], self._prior.noise)
         joint = joint_chance(b.mu[top], spread[top], corr, b.best, margin, b.dof)
         return max(joint, float(p[top[0]])), self._candidates()[b.open_[int(top[0])]]
 

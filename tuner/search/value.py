@@ -38,13 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tuner.calibrate.correction import (
-    Posterior,
-    Prior,
-    expected_improvement,
-    normal_cdf,
-    planned_sd,
-)
+from tuner.calibrate.correction import Posterior, expected_improvement, normal_cdf
 from tuner.search.ranking import RowPosterior, cross_covariance
 
 IMPROVEMENT = 0.01
@@ -162,13 +156,6 @@ class Belief:
     incumbent: int | None = None
     """Index (into the ranked candidates) of the best measured config, or None: the config the
     training run would use today, which one more launch may replace (:func:`lookahead_spread`)."""
-    noise: float = Prior().noise
-    """The sd of the log of the figure one more launch is expected to state
-    (:func:`next_figure_sd`), what :meth:`spread` and :meth:`lookahead` add for a measurement
-    not made yet."""
-    best_noise: float = Prior().noise
-    """The sd of the log of the incumbent's measured figure: the error every untried config is
-    compared against at once (:func:`tuner.search.ranking.correlation`)."""
 
     def lookahead(self, x: np.ndarray, noise: float) -> np.ndarray:
         """How far one launch of each untried config is expected to move the choice of the
@@ -196,16 +183,6 @@ class Belief:
         if self.scale is None:
             return np.asarray(predictive)
         return np.asarray(np.maximum(self.scale * predictive, noise))
-
-
-def next_figure_sd(stated: list[float], precision: float, min_batches: int) -> float:
-    """The sd of the log of the figure one more launch is expected to state: the median of
-    the study's measured figures' own (``stated``: :func:`~tuner.calibrate.correction.
-    figure_sd` where a trial stated an interval, :attr:`~tuner.calibrate.correction.Prior.
-    noise` where its figure is a median), so a study whose trials cannot reach the estimator's
-    minimum (``launch.train_iters`` too short) expects none; before any, what a trial ended
-    ``precise`` at ``search.precision`` over ``search.min_batches`` batches states."""
-    return float(np.median(stated)) if stated else planned_sd(precision, min_batches)
 
 
 JOINT_DRAWS = 4000
