@@ -96,15 +96,18 @@ def _matching_bound(t: StepTensors, lazy: bool = False) -> int:
     blocks at the second's start from the simulation (so no bound of its own: the most the
     matching argument of docs/speed.md can give): the second forward/backward makes segments
     for at most ``m - matched`` of its ``m`` requests per pool (one request each), its step at
-    most its per-call figure. ``lazy``: the blocks matched after the first forward/backward
-    instead, less one per moment request of the pool (each changes one block; the step's
-    segments only add), the argument's step over the moments."""
+    most its per-call figure. ``lazy``: the first iteration at its per-call figure, and the
+    blocks matched after the first forward/backward instead, less one per moment request of
+    the pool (each changes one block; the step's segments only add): only those blocks are
+    still the simulation's."""
     cache = allocator._Cache.after(t.resident)
     cache.transient(t.fwd_bwd)
     after_fwd = cache.snapshot()
     cache.keep(t.lazy)
     cache.transient(t.step)
     out = cache.reserved + allocator.group_sums(t.step)[2]
+    if lazy:  # the first iteration at its per-call figure: only the blocks simulated
+        out = sum(sums[2] for sums in allocator.step_sums(t)) + allocator.group_sums(t.step)[2]
     for small in (False, True):
         pool = (after_fwd if lazy else cache.free)[small]
         items = [allocator._block(size)[0] for size, n in t.fwd_bwd for _ in range(n)]
