@@ -11,7 +11,7 @@ import pytest
 
 from tests.test_calibration import observations, off_model, run, spec
 from tuner.calibrate import correction
-from tuner.calibrate.store import Observation
+from tuner.calibrate.store import Observation, measured_startup_s
 from tuner.search import fold
 from tuner.search.ranking import RowPosterior, loo_scale
 from tuner.search.sampler import ModelGuidedSampler
@@ -117,7 +117,7 @@ def test_the_samplers_folded_fits_are_the_row_by_row_ones(
     assert np.allclose(fitted[0], mu_m, rtol=1e-8, atol=1e-10)
     assert np.allclose(fitted[1], sd_m, rtol=1e-8, atol=1e-10)
     # the saved calibration was folded and moved the prior (not a comparison of two priors)
-    time, memory = sampler._bases(sampler._past(trials))
+    time, memory = sampler._folded(sampler._past(trials)).bases
     assert time.folded and memory.folded
     assert np.abs(time.offset).max() > 1e-2 and np.abs(memory.offset).max() > 1e-2
 
@@ -142,3 +142,42 @@ def test_the_saved_rows_are_folded_once_per_list(
     timed = [o for o in past if o.time_ratio]
     peaks = [o for o in past if o.memory_ratio and o.outcome != "oom"]  # the OOM stays a row
     assert calls == [len(timed), len(peaks)] and all(calls)  # the time and memory rows, once
+
+
+def test_a_seeded_study_asks_the_same_configs_with_nothing_kept(
+    history: tuple[object, tuple[Observation, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same asks of a seeded study, with what is kept per list of saved observations
+    (the folds, the OOMs, the configs that ran, the start-ups' median) made afresh each ask."""
+    _, saved = history
+    s = spec("third")
+    kept = run(s, off_model(s), 8, past=saved, memory=lambda c: 21.0)[1]
+    real_of, real_startup = fold.Folds.of, fold.Folds.startup_s
+
+    def of(self: fold.Folds, *a: object) -> fold.Past:
+        self._of = None
+        return real_of(self, *a)  # type: ignore[arg-type]
+
+    def startup_s(self: fold.Folds, *a: object) -> float | None:
+        self._median = None
+        return real_startup(self, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fold.Folds, "of", of)
+    monkeypatch.setattr(fold.Folds, "startup_s", startup_s)
+    fresh = run(s, off_model(s), 8, past=saved, memory=lambda c: 21.0)[1]
+    assert len(kept) == 8 and [c.key() for c in kept] == [c.key() for c in fresh]
+
+
+def test_the_kept_start_up_median_is_the_fresh_one() -> None:
+    x, precision = np.eye(3), np.ones(3)
+    folds = fold.Folds(fold.plain(x, precision), fold.plain(x, precision))
+    past = fold.Past(folds.plain.bases, startups=(40.0, 50.0))
+    other = fold.Past(folds.plain.bases, startups=(90.0,))
+    own: list[float] = []
+    for value in (None, 10.0, 20.0, 300.0, 0.0):
+        for p in (past, other, past):
+            assert folds.startup_s(p, own) == measured_startup_s(
+                [], "f", [*p.startups, *own]
+            )  # fmt: skip
+        own.append(value)  # type: ignore[arg-type]  # a trial without a start-up: None
+    assert folds.startup_s(fold.Past(folds.plain.bases), []) is None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -102,26 +103,42 @@ def predict(post: Posterior | RowPosterior, x: np.ndarray,
     return post.predict(x[list(rows)])
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Past:
+    """What the sampler reads from one list of saved observations, made once for the list:
+    the (time, memory) bases with them folded in, the saved OOMs (rows of the memory fit,
+    not folded), the keys of the configs that ran under the same memory setup (they fit) and
+    the same setup's measured start-ups."""
+
+    bases: tuple[Basis, Basis]
+    ooms: tuple[Observation, ...] = ()
+    ran: frozenset[str] = frozenset()
+    startups: tuple[float, ...] = ()
+
+
 class Folds:
-    """A sampler's bases for its time and memory fits, folded once per list of saved
-    observations (:meth:`Saved.past <tuner.search.saved.Saved.past>` answers the same list
-    while the study's own trials among them do not change: usually once a run)."""
+    """A sampler's :class:`Past` per list of saved observations (:meth:`Saved.past
+    <tuner.search.saved.Saved.past>` answers the same list while the study's own trials among
+    them do not change: usually once a run)."""
 
     def __init__(self, time: Basis, memory: Basis) -> None:
-        self.plain = (time, memory)
-        self._of: tuple[list[Observation], tuple[Basis, Basis]] | None = None
+        self.plain = Past((time, memory))
+        self._of: tuple[list[Observation], Past] | None = None
+        self._median: tuple[tuple[object, object, int], float | None] | None = None
 
-    def bases(self, past: list[Observation], saved: Saved, features: Features, prior: Prior,
-              fingerprint: str) -> tuple[Basis, Basis]:  # fmt: skip
-        """The (time, memory) bases with the saved observations ``past`` folded in: each
-        observation with a measured step time a row of the time fit, each with a measured peak
-        but an OOM one of the memory fit, at the sampler's noise widened by its transfer sd
-        (a study of another setup: :meth:`Observation.transfer_sd`)."""
+    def of(self, past: list[Observation], saved: Saved, features: Features, prior: Prior,
+           setup: tuple[str, str]) -> Past:  # fmt: skip
+        """What the saved observations ``past`` say to a sampler of ``setup`` (its setup and
+        memory fingerprints): each observation with a measured step time a row of the time
+        fit, each with a measured peak but an OOM one of the memory fit, at the sampler's
+        noise widened by its transfer sd (a study of another setup: :meth:`Observation.
+        transfer_sd`)."""
         if not past:
             return self.plain
         if self._of is not None and self._of[0] is past:
             return self._of[1]
-        time, memory = self.plain
+        fingerprint, memory_setup = setup
+        time, memory = self.plain.bases
         width = time.x.shape[1]
         t = [o for o in past if o.time_ratio]
         m = [o for o in past if o.memory_ratio and o.outcome != "oom"]
@@ -131,10 +148,27 @@ class Folds:
                   for n, obs in ((prior.noise, t), (prior.memory_noise, m)))  # fmt: skip
         yt = np.array([o.time_ratio or 0.0 for o in t])
         ym = np.array([o.memory_ratio or 0.0 for o in m])
-        bases = (folded(time.x, time.precision, xs, yt, st, time),
-                 folded(memory.x, memory.precision, xm, ym, sm, memory))  # fmt: skip
-        self._of = (past, bases)
-        return bases
+        made = Past(
+            (folded(time.x, time.precision, xs, yt, st, time),
+             folded(memory.x, memory.precision, xm, ym, sm, memory)),
+            tuple(o for o in past if o.memory_ratio and o.outcome == "oom"),
+            frozenset(saved.key(o) for o in past
+                      if o.outcome == "ok" and o.memory_setup == memory_setup),
+            tuple(o.startup_s for o in past if o.fingerprint == fingerprint and o.startup_s),
+        )  # fmt: skip
+        self._of = (past, made)
+        return made
+
+    def startup_s(self, past: Past, own: list[float]) -> float | None:
+        """:func:`~tuner.calibrate.store.measured_startup_s` of ``past``'s start-ups and the
+        study's ``own`` (a list that only grows, :meth:`Observed.startups <tuner.search.
+        observed.Observed.startups>`): the median, taken again only when either changed."""
+        key = (past, own, len(own))
+        if self._median is None or self._median[0][0] is not past or (
+                self._median[0][1] is not own or self._median[0][2] != len(own)):  # fmt: skip
+            found = [*past.startups, *(s for s in own if s)]
+            self._median = (key, float(statistics.median(found)) if found else None)
+        return self._median[1]
 
 
 def memory_fit(

@@ -73,7 +73,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
-from tuner.search.fold import Basis, Folds, memory_fit, plain, predict
+from tuner.search.fold import Basis, Folds, Past, memory_fit, plain, predict
 from tuner.search.gram import Gram
 from tuner.search.normal import believe_rows
 from tuner.search.observed import Observed
@@ -247,10 +247,7 @@ class ModelGuidedSampler(BaseSampler):
         mu, sd = fitted
         m = self._prior.memory_noise
         corrected = self._peak_gib[open_] * np.exp(mu)
-        ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
-            self._saved.key(o) for o in past
-            if o.outcome == "ok" and o.memory_setup == self._memory_setup
-        }  # fmt: skip
+        ran = self._folded(past).ran  # it ran here with the same model and GPU: it fits
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
         # A measured peak of this stack also measures what the catalog's held-out error covers
         # for an unseen one (its fixed memory, its allocator): from here the in-stack figure
@@ -272,8 +269,8 @@ class ModelGuidedSampler(BaseSampler):
         ``past`` (folded into the prior: :mod:`tuner.search.fold`; saved OOMs stay rows);
         None with nothing of either."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
-        basis = self._bases(past)[1]
-        extra = [o for o in past if o.memory_ratio and o.outcome == "oom"]  # bounds: not folded
+        folded = self._folded(past)
+        basis, extra = folded.bases[1], folded.ooms  # the saved OOMs are bounds: not folded
         if not seen and not extra and not basis.folded:
             return None
         raw = np.array([self._saved.memory_row(o, self._features) for o in extra])
@@ -286,12 +283,12 @@ class ModelGuidedSampler(BaseSampler):
         raw = raw.reshape(len(extra), basis.x.shape[1])
         return memory_fit(basis, seen, oom, raw, ratios, noise, open_)
 
-    def _bases(self, past: Sequence[Observation]) -> tuple[Basis, Basis]:
-        """The time and memory fits' bases, the saved observations ``past`` folded into their
-        priors (:mod:`tuner.search.fold`), once per list."""
+    def _folded(self, past: Sequence[Observation]) -> Past:
+        """What the saved observations ``past`` say, their rows folded into the fits' priors
+        (:mod:`tuner.search.fold`), once per list."""
         past = past if isinstance(past, list) else list(past)
-        return self._folds.bases(past, self._saved, self._features, self._prior,
-                                 self._fingerprint)  # fmt: skip
+        setup = (self._fingerprint, self._memory_setup)
+        return self._folds.of(past, self._saved, self._features, self._prior, setup)
 
     def _past(self, trials: Sequence[FrozenTrial]) -> list[Observation]:
         """The saved observations, less this study's own trials (those are in ``trials``); one
@@ -326,7 +323,7 @@ class ModelGuidedSampler(BaseSampler):
         open_ = fitting or open_  # likely OOMs only when nothing else is left
         best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]
-        basis = self._bases(past)[0]  # the saved calibration folded into the prior
+        basis = self._folded(past).bases[0]  # the saved calibration folded into the prior
         if not seen and not basis.folded:  # the model alone: its ranking, no spread learned yet
             return Belief(open_, self._log_pred[open_], np.zeros(len(open_)), best), self._x
         noise, xb = self._prior.noise, basis.x
@@ -401,8 +398,10 @@ class ModelGuidedSampler(BaseSampler):
         """The start-up of one launch of this setup, seconds, as its launches measured it
         (``trials`` and the saved calibration's: :func:`~tuner.calibrate.store.
         measured_startup_s`); None before any was measured."""
-        own = self._observed.startups(trials) if trials else ()  # each finished trial once
-        return measured_startup_s(self._past(trials), self._fingerprint, own)
+        own = self._observed.startups(trials) if trials else []  # each finished trial once
+        if self._configs is None:  # before the candidates (and the folds kept with them)
+            return measured_startup_s(self._past(trials), self._fingerprint, own)
+        return self._folds.startup_s(self._folded(self._past(trials)), own)
 
     def run_node_hours(self, trials: Sequence[FrozenTrial] = ()) -> float:
         """What the training run the answer is for is worth, node-hours: ``search.
