@@ -319,7 +319,7 @@ class ModelGuidedSampler(BaseSampler):
         if not open_:
             return None, self._x
         past = self._past(trials)
-        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms.values()}, past)
+        fitting = self._fitting(open_, memory, index, self._observed.oom_keys(ooms), past)
         open_ = fitting or open_  # likely OOMs only when nothing else is left
         best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]
