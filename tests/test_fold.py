@@ -49,14 +49,14 @@ def test_a_folded_basis_fits_as_every_row_at_once() -> None:
 
 @pytest.fixture(scope="module")
 def history() -> tuple[object, tuple[Observation, ...]]:
-    """A study of 6 trials and a calibration of another study's 5 trials (one an OOM: a bound,
-    not folded) and 2 of the study's own."""
+    """A study of 6 trials and a calibration of another study's 5 trials (one an OOM, saved
+    twice: a bound, not folded) and 2 of the study's own."""
     s = spec()
     study, _, _ = run(s, off_model(s), 6, memory=lambda c: 20.0)
     other = run(spec("other"), off_model(s), 5, memory=lambda c: 22.0)[0]
     saved = observations(spec("other"), other)
     oom = dataclasses.replace(saved[-1], outcome="oom", measured_step_s=None)
-    return study, (*observations(s, study)[:2], *saved[:-1], oom)
+    return study, (*observations(s, study)[:2], *saved[:-1], oom, oom)  # the OOM twice: one row
 
 
 def _reference(sampler: ModelGuidedSampler, trials: list[object]) -> dict[str, object]:
@@ -171,8 +171,8 @@ def test_a_seeded_study_asks_the_same_configs_with_nothing_kept(
 def test_the_kept_start_up_median_is_the_fresh_one() -> None:
     x, precision = np.eye(3), np.ones(3)
     folds = fold.Folds(fold.plain(x, precision), fold.plain(x, precision))
-    past = fold.Past(folds.plain.bases, startups=(40.0, 50.0))
-    other = fold.Past(folds.plain.bases, startups=(90.0,))
+    past = dataclasses.replace(folds.plain, startups=(40.0, 50.0))
+    other = dataclasses.replace(folds.plain, startups=(90.0,))
     own: list[float] = []
     for value in (None, 10.0, 20.0, 300.0, 0.0):
         for p in (past, other, past):
@@ -180,4 +180,4 @@ def test_the_kept_start_up_median_is_the_fresh_one() -> None:
                 [], "f", [*p.startups, *own]
             )  # fmt: skip
         own.append(value)  # type: ignore[arg-type]  # a trial without a start-up: None
-    assert folds.startup_s(fold.Past(folds.plain.bases), []) is None
+    assert folds.startup_s(folds.plain, []) is None

@@ -34,6 +34,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -106,12 +107,19 @@ def predict(post: Posterior | RowPosterior, x: np.ndarray,
 @dataclasses.dataclass(frozen=True, eq=False)
 class Past:
     """What the sampler reads from one list of saved observations, made once for the list:
-    the (time, memory) bases with them folded in, the saved OOMs (rows of the memory fit,
-    not folded), the keys of the configs that ran under the same memory setup (they fit) and
-    the same setup's measured start-ups."""
+    the (time, memory) bases with them folded in, the saved OOMs (rows of the memory fit, not
+    folded: plain features, ratios, sds), the keys of the configs that ran under the same
+    memory setup (they fit) and the same setup's measured start-ups.
+
+    Saved OOMs of one config (same features, ratio and sd: a long study ran out of memory on
+    it again and again) are one row at ``sd / sqrt(count)``: ``k`` equal rows of variance
+    ``s^2`` and one of variance ``s^2 / k`` have the same likelihood up to a constant, so the
+    same posterior, and the memory fit lifts equal rows alike."""
 
     bases: tuple[Basis, Basis]
-    ooms: tuple[Observation, ...] = ()
+    oom_rows: np.ndarray
+    oom_y: np.ndarray
+    oom_noise: np.ndarray
     ran: frozenset[str] = frozenset()
     startups: tuple[float, ...] = ()
 
@@ -122,7 +130,8 @@ class Folds:
     them do not change: usually once a run)."""
 
     def __init__(self, time: Basis, memory: Basis) -> None:
-        self.plain = Past((time, memory))
+        none = np.zeros(0)
+        self.plain = Past((time, memory), np.zeros((0, time.x.shape[1])), none, none)
         self._of: tuple[list[Observation], Past] | None = None
         self._median: tuple[tuple[object, object, int], float | None] | None = None
 
@@ -148,10 +157,24 @@ class Folds:
                   for n, obs in ((prior.noise, t), (prior.memory_noise, m)))  # fmt: skip
         yt = np.array([o.time_ratio or 0.0 for o in t])
         ym = np.array([o.memory_ratio or 0.0 for o in m])
+        ooms: dict[tuple[Any, ...], tuple[Observation, int]] = {}
+        for o in past:
+            if o.memory_ratio and o.outcome == "oom":
+                same = (
+                    saved.key(o),
+                    o.activation_share,
+                    o.memory_ratio,
+                    o.transfer_sd(fingerprint),
+                )
+                ooms[same] = (o, ooms[same][1] + 1 if same in ooms else 1)
+        rows = [saved.memory_row(o, features) for o, _ in ooms.values()]
         made = Past(
             (folded(time.x, time.precision, xs, yt, st, time),
              folded(memory.x, memory.precision, xm, ym, sm, memory)),
-            tuple(o for o in past if o.memory_ratio and o.outcome == "oom"),
+            np.array(rows).reshape(len(rows), width),
+            np.array([o.memory_ratio or 0.0 for o, _ in ooms.values()]),
+            np.array([math.hypot(prior.memory_noise, o.transfer_sd(fingerprint)) / math.sqrt(n)
+                      for o, n in ooms.values()]),
             frozenset(saved.key(o) for o in past
                       if o.outcome == "ok" and o.memory_setup == memory_setup),
             tuple(o.startup_s for o in past if o.fingerprint == fingerprint and o.startup_s),

@@ -270,18 +270,12 @@ class ModelGuidedSampler(BaseSampler):
         None with nothing of either."""
         seen = [(index[k], y) for k, y in memory.items() if k in index]
         folded = self._folded(past)
-        basis, extra = folded.bases[1], folded.ooms  # the saved OOMs are bounds: not folded
-        if not seen and not extra and not basis.folded:
+        basis = folded.bases[1]  # the saved OOMs are bounds: rows, not folded
+        if not seen and not len(folded.oom_y) and not basis.folded:
             return None
-        raw = np.array([self._saved.memory_row(o, self._features) for o in extra])
-        m = self._prior.memory_noise
-        noise = np.array(
-            [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for o in extra]
-        )
-        ratios = np.array([o.memory_ratio or 0.0 for o in extra])
+        noise = np.concatenate([np.full(len(seen), self._prior.memory_noise), folded.oom_noise])
         oom = [k in oom_keys for k in memory if k in index]
-        raw = raw.reshape(len(extra), basis.x.shape[1])
-        return memory_fit(basis, seen, oom, raw, ratios, noise, open_)
+        return memory_fit(basis, seen, oom, folded.oom_rows, folded.oom_y, noise, open_)
 
     def _folded(self, past: Sequence[Observation]) -> Past:
         """What the saved observations ``past`` say, their rows folded into the fits' priors
