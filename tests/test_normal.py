@@ -17,6 +17,7 @@ from tests.test_ranking import STUDY as RANKING_STUDY
 from tuner.calibrate import correction
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
+from tuner.search import fold as fold_module
 from tuner.search import normal, ranking
 from tuner.search import sampler as sampler_module
 from tuner.search.gram import Gram
@@ -161,7 +162,7 @@ def _afresh(fn: Callable[[], T]) -> T:
         with pytest.MonkeyPatch.context() as m:
             m.setattr(ranking, "_fit_now", correction.fit)
             m.setattr(sampler_module, "believe_rows", _plain_believe)
-            m.setattr(sampler_module, "predict_rows",
+            m.setattr(fold_module, "predict_rows",
                       lambda post, x, rows: post.predict(x[rows]))  # fmt: skip
             return fn()
     finally:

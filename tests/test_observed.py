@@ -117,6 +117,8 @@ def test_folds_to_what_one_pass_over_every_trial_gives() -> None:
                 for i, c in enumerate(GRID)
                 if any(oom_dominates(o, c) for o in seen.ooms.values())
             }
+            for _ in range(2):  # made, then kept
+                assert observed.oom_keys(seen.ooms) == {c.key() for c in seen.ooms.values()}
         assert len(seen.measured) > 3 and len(seen.memory) > 3 and seen.ooms
         assert len(startups(trials)) > 3
 

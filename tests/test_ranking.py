@@ -17,6 +17,7 @@ from tuner.calibrate import correction
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
+from tuner.search import fold as fold_module
 from tuner.search import sampler as sampler_module
 from tuner.search.ranking import (
     PRIOR_WEIGHT,
@@ -134,7 +135,8 @@ def test_the_incremental_ranking_equals_a_full_recompute(monkeypatch: pytest.Mon
     incremental = kept.belief(trials), kept.choose(trials), kept.chance_to_beat(trials, 0.02)
     # from scratch: a new enumeration, every fit in the weights' space
     monkeypatch.setattr(sampler_module, "fit", correction.fit)
-    monkeypatch.setattr(sampler_module, "fit_memory", correction.fit_memory)
+    monkeypatch.setattr(fold_module, "fit_memory",
+                        lambda *a: correction.lift_ooms(correction.fit, *a))  # fmt: skip
     fresh = ModelGuidedSampler(s, seed=0)
     full = fresh.belief(trials), fresh.choose(trials), fresh.chance_to_beat(trials, 0.02)
     _same(incremental[0], full[0])
@@ -316,10 +318,9 @@ def test_a_kept_fit_is_the_fit_of_the_same_arrays_and_only_of_them(rows: int) ->
     assert fit(precision, x2, y, noise) is not post
     bound = np.zeros(rows, dtype=bool)
     bound[0] = True  # the memory fit: its OOM passes kept as one fit, apart from the plain one
-    features = type("F", (), {"memory_precision": precision})()
-    lifted = fit_memory(features, correction.Prior(), x, y, bound, noise)  # type: ignore[arg-type]
+    lifted = fit_memory(precision, x, y, bound, noise)
     assert lifted is not post
-    assert fit_memory(features, correction.Prior(), x, y, bound, noise) is lifted  # type: ignore[arg-type]
+    assert fit_memory(precision, x, y, bound, noise) is lifted
     unkept = correction.lift_ooms(correction.fit, precision, x, y, bound, noise)
     assert np.allclose(lifted.predict(z)[0], unkept.predict(z)[0], rtol=1e-9, atol=1e-12)
 

@@ -125,6 +125,7 @@ class Observed:
         self._union: tuple[Sequence[ParallelConfig], list[str], set[int]] | None = None
         self._sorted: tuple[int, dict[str, float]] | None = None  # (version, measured in order)
         self._version = 0  # bumped by every change of ``_measured``
+        self._keys_of: dict[int, tuple[ParallelConfig, str]] = {}  # see oom_keys
 
     def of(self, trials: Sequence[FrozenTrial], gpu_gib: float) -> Seen:
         """What ``trials`` (a whole read, in trial-id order) say; ``gpu_gib``: the GPU's
@@ -153,6 +154,20 @@ class Observed:
                 known[key] = {i for i, c in enumerate(configs) if oom_dominates(oom, c)}
             out |= known[key]
         self._union = (configs, keys, set(out))
+        return out
+
+    def oom_keys(self, ooms: dict[str, ParallelConfig]) -> set[str]:
+        """``{c.key() for c in ooms.values()}``, each config's key made once: a finished
+        trial's OOM config is one object from its fold on (an ask had some 600 keys to make
+        at 10,000 trials)."""
+        kept, out = self._keys_of, set()
+        if len(kept) > 4 * len(ooms) + 1024:  # open trials' configs are new objects each read
+            kept.clear()
+        for c in ooms.values():
+            known = kept.get(id(c))
+            if known is None or known[0] is not c:
+                known = kept[id(c)] = (c, c.key())
+            out.add(known[1])
         return out
 
     def own(self, trials: Sequence[FrozenTrial]) -> set[tuple[int, Any]]:

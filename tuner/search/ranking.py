@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
+from tuner.calibrate.correction import Posterior, lift_ooms
 from tuner.search import normal
 
 
@@ -181,12 +181,13 @@ def believe(post: Posterior, xb: np.ndarray, noise: float) -> Posterior:
 
 
 def fit_memory(
-    features: Features, prior: Prior, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
+    precision: np.ndarray, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
     noise: float | np.ndarray,
 ) -> Posterior | RowPosterior:  # fmt: skip
-    """:func:`tuner.calibrate.correction.fit_memory` with each fit by :func:`fit`; a recent
-    fit of the same arrays, OOM passes included, is returned as it is (:func:`_kept`)."""
-    precision = features.memory_precision
+    """:func:`tuner.calibrate.correction.fit_memory` under the prior ``precision`` (the
+    features' memory precision, or the identity of a folded prior: :mod:`tuner.search.fold`)
+    with each fit by :func:`fit`; a recent fit of the same arrays, OOM passes included, is
+    returned as it is (:func:`_kept`)."""
     return _kept("memory", (precision, x, y, bound, noise),
                  lambda: lift_ooms(_fit_now, precision, x, y, bound, noise))  # fmt: skip
 

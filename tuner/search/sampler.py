@@ -60,7 +60,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
+from tuner.calibrate.correction import Features, Posterior, Prior
 from tuner.calibrate.correction import expected_improvement as expected_improvement
 from tuner.calibrate.correction import knob_values as knob_values
 from tuner.calibrate.store import (
@@ -73,14 +73,14 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
-from tuner.search.gram import Gram, GramPosterior
-from tuner.search.normal import believe_rows, predict_rows
+from tuner.search.fold import Basis, Folds, Past, memory_fit, plain, predict
+from tuner.search.gram import Gram
+from tuner.search.normal import believe_rows
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
     RowPosterior,
     correlation,
     fit,
-    fit_memory,
     loo_scale,
 )
 from tuner.search.saved import Saved
@@ -166,8 +166,8 @@ class ModelGuidedSampler(BaseSampler):
                 self._features.memory_weights(c.memory.activation_share) for c in ranked
             ])  # fmt: skip
             self._keys = [c.key() for c in self._configs]
-            self._gram = Gram(self._x, self._precision)  # products kept for the fits
-            self._gram_m = Gram(self._xm, self._features.memory_precision)
+            self._folds = Folds(plain(self._x, self._precision),  # products kept for the fits
+                                plain(self._xm, self._features.memory_precision))  # fmt: skip
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
         return self._configs
@@ -241,34 +241,13 @@ class ModelGuidedSampler(BaseSampler):
         """The candidates whose peak, corrected by the memory measured so far, fits; memory probes
         (``tuner.space.probes``) while they still have a real chance of fitting the GPU, and only
         once a peak was measured (never blind)."""
-        seen = [(index[k], y) for k, y in memory.items() if k in index]
-        rows = [
-            (self._saved.memory_row(o, self._features), o) for o in past if o.memory_ratio
-        ]  # fmt: skip
-        if not seen and not rows:
+        fitted = self._memory_fit(open_, memory, index, oom_keys, past)
+        if fitted is None:
             return [i for i in open_ if i not in self._probe_index]
-        x = np.array([self._xm[i] for i, _ in seen] + [r for r, _ in rows])
-        y = np.array([v for _, v in seen] + [o.memory_ratio or 0.0 for _, o in rows])
-        bound = np.array([k in oom_keys for k in memory if k in index]
-                         + [o.outcome == "oom" for _, o in rows], dtype=bool)  # fmt: skip
+        mu, sd = fitted
         m = self._prior.memory_noise
-        noise = np.array(
-            [m] * len(seen) + [math.hypot(m, o.transfer_sd(self._fingerprint)) for _, o in rows]
-        )
-        ids = [i for i, _ in seen]
-        if not rows and self._gram_m.fits(ids):  # every row a candidate: the kept products
-            gram = self._gram_m
-            kept = lift_ooms(lambda _p, _x, y_, n_: gram.fit(ids, y_, n_),
-                             self._features.memory_precision, x, y, bound, noise)  # fmt: skip
-            mu, sd = kept.predict_rows(open_)
-        else:
-            post = fit_memory(self._features, self._prior, x, y, bound, noise)
-            mu, sd = _predict(post, self._xm, open_)
         corrected = self._peak_gib[open_] * np.exp(mu)
-        ran = {  # it ran on this cluster with the same model and GPU: it fits, whatever the fit
-            self._saved.key(o) for o in past
-            if o.outcome == "ok" and o.memory_setup == self._memory_setup
-        }  # fmt: skip
+        ran = self._folded(past).ran  # it ran here with the same model and GPU: it fits
         # The band narrows as peaks arrive: the posterior sd replaces the stated error once lower.
         # A measured peak of this stack also measures what the catalog's held-out error covers
         # for an unseen one (its fixed memory, its allocator): from here the in-stack figure
@@ -281,6 +260,30 @@ class ModelGuidedSampler(BaseSampler):
                 else peak <= self._limit_gib)
         ]  # fmt: skip
 
+    def _memory_fit(
+        self, open_: list[int], memory: dict[str, float], index: dict[str, int],
+        oom_keys: set[str], past: Sequence[Observation],
+    ) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+        """The memory correction's mean and sd for candidates ``open_`` (log of measured over
+        predicted peak), fitted on the peaks measured so far and the saved calibration
+        ``past`` (folded into the prior: :mod:`tuner.search.fold`; saved OOMs stay rows);
+        None with nothing of either."""
+        seen = [(index[k], y) for k, y in memory.items() if k in index]
+        folded = self._folded(past)
+        basis = folded.bases[1]  # the saved OOMs are bounds: rows, not folded
+        if not seen and not len(folded.oom_y) and not basis.folded:
+            return None
+        noise = np.concatenate([np.full(len(seen), self._prior.memory_noise), folded.oom_noise])
+        oom = [k in oom_keys for k in memory if k in index]
+        return memory_fit(basis, seen, oom, folded.oom_rows, folded.oom_y, noise, open_)
+
+    def _folded(self, past: Sequence[Observation]) -> Past:
+        """What the saved observations ``past`` say, their rows folded into the fits' priors
+        (:mod:`tuner.search.fold`), once per list."""
+        past = past if isinstance(past, list) else list(past)
+        setup = (self._fingerprint, self._memory_setup)
+        return self._folds.of(past, self._saved, self._features, self._prior, setup)
+
     def _past(self, trials: Sequence[FrozenTrial]) -> list[Observation]:
         """The saved observations, less this study's own trials (those are in ``trials``); one
         answer per read (:class:`~tuner.search.saved.Saved` makes each one's key once)."""
@@ -292,6 +295,11 @@ class ModelGuidedSampler(BaseSampler):
 
     def belief(self, trials: Sequence[FrozenTrial]) -> Belief | None:
         """The corrected model's belief about the untried configs; None when all were tried."""
+        return self._belief(trials)[0]
+
+    def _belief(self, trials: Sequence[FrozenTrial]) -> tuple[Belief | None, np.ndarray]:
+        """:meth:`belief`, and the candidates' rows its fit reads (the features, or those in
+        the coordinates of the folded saved calibration: :mod:`tuner.search.fold`)."""
         configs = self._candidates()
 
         obs = self._observed.of(trials, self._gpu_gib)  # finished trials folded once each
@@ -303,52 +311,47 @@ class ModelGuidedSampler(BaseSampler):
         gone = self._observed.dominated(ooms, configs)  # each OOM against them once
         open_ = [i for i in range(len(configs)) if keys[i] not in tried and i not in gone]
         if not open_:
-            return None
+            return None, self._x
         past = self._past(trials)
-        fitting = self._fitting(open_, memory, index, {o.key() for o in ooms.values()}, past)
+        fitting = self._fitting(open_, memory, index, self._observed.oom_keys(ooms), past)
         open_ = fitting or open_  # likely OOMs only when nothing else is left
         best = min((math.log(v) for v in measured.values()), default=None)
         seen = [index[k] for k in measured if k in index]
-        rows = [(self._saved.row(o, self._features), o) for o in past if o.time_ratio]
-        if not seen and not rows:  # the model alone: its own ranking, no spread learned yet
-            return Belief(open_, self._log_pred[open_], np.zeros(len(open_)), best)
-        noise = self._prior.noise
-        x = np.array([self._x[i] for i in seen] + [r for r, _ in rows])
-        y = np.concatenate([
-            np.array([math.log(measured[keys[i]]) for i in seen]) - self._log_pred[seen],
-            [o.time_ratio or 0.0 for _, o in rows],
-        ])  # fmt: skip
-        sds = np.array(
-            [noise] * len(seen)
-            + [math.hypot(noise, o.transfer_sd(self._fingerprint)) for _, o in rows]
-        )
+        basis = self._folded(past).bases[0]  # the saved calibration folded into the prior
+        if not seen and not basis.folded:  # the model alone: its ranking, no spread learned yet
+            return Belief(open_, self._log_pred[open_], np.zeros(len(open_)), best), self._x
+        noise, xb = self._prior.noise, basis.x
+        x = xb[seen]
+        y = np.array([math.log(measured[keys[i]]) for i in seen]) - self._log_pred[seen]
+        y = y - basis.offset[seen]
+        sds = np.full(len(seen), noise)
         believed = [index[k] for k in pending if k in index]
-        gram = self._gram if not rows and self._gram.fits(seen + believed) else None
-        post = self._fit(gram, seen, x, y, sds)
+        gram = basis.gram if basis.gram.fits(seen + believed) else None
+        post = self._fit(basis, gram, seen, x, y, sds)
         measured_fit, ahead = post, None
         if believed:  # running configs count as measured at their posterior mean
-            mu_b, _ = _predict(post, self._x, believed)
-            x = np.vstack([x, self._x[believed]])
+            mu_b, _ = predict(post, xb, believed)
+            x = np.vstack([x, xb[believed]])
             y = np.concatenate([y, mu_b])
             sds = np.concatenate([sds, [noise] * len(believed)])
             if isinstance(post, Posterior):  # the weights' form: a rank-update, no refit
-                post, *ahead = believe_rows(post, self._x, believed, open_, noise)
+                post, *ahead = believe_rows(post, xb, believed, open_, noise)
             else:
-                post = self._fit(gram, seen + believed, x, y, sds)
-        mu, sd = ahead or _predict(post, self._x, open_)
+                post = self._fit(basis, gram, seen + believed, x, y, sds)
+        mu, sd = ahead or predict(post, xb, open_)
         scale: tuple[float | None, int | None] = (None, None)
         if len(seen) >= MIN_ERROR_RUNS:  # the believed rows are not measurements: left out
-            n = len(y) - len(believed)
-            scale = loo_scale(self._precision, x[:n], y[:n], sds[:n], len(seen), measured_fit)
+            n = len(seen)
+            scale = loo_scale(basis.precision, x[:n], y[:n], sds[:n], n, measured_fit)
         incumbent = index.get(min(measured, key=measured.__getitem__)) if measured else None
-        return Belief(open_, mu + self._log_pred[open_], sd, best, *scale, fitted=post,
-                      incumbent=incumbent)  # fmt: skip
+        mu = mu + basis.offset[open_] + self._log_pred[open_]
+        return Belief(open_, mu, sd, best, *scale, fitted=post, incumbent=incumbent), xb
 
-    def _fit(self, gram: Gram | None, rows: list[int], x: np.ndarray, y: np.ndarray,
-             sds: np.ndarray) -> Posterior | RowPosterior:  # fmt: skip
-        """The time correction fitted on ``x`` (candidates ``rows``, then saved observations),
+    def _fit(self, basis: Basis, gram: Gram | None, rows: list[int], x: np.ndarray,
+             y: np.ndarray, sds: np.ndarray) -> Posterior | RowPosterior:  # fmt: skip
+        """The time correction fitted on ``x`` (the rows of candidates ``rows`` in ``basis``),
         from ``gram``'s kept products when given (:mod:`tuner.search.gram`)."""
-        return gram.fit(rows, y, sds) if gram is not None else fit(self._precision, x, y, sds)
+        return gram.fit(rows, y, sds) if gram is not None else fit(basis.precision, x, y, sds)
 
     def choose(self, trials: Sequence[FrozenTrial]) -> ParallelConfig | None:
         """The admitted config to launch next (:meth:`choose_why`), or None when all tried."""
@@ -389,8 +392,10 @@ class ModelGuidedSampler(BaseSampler):
         """The start-up of one launch of this setup, seconds, as its launches measured it
         (``trials`` and the saved calibration's: :func:`~tuner.calibrate.store.
         measured_startup_s`); None before any was measured."""
-        own = self._observed.startups(trials) if trials else ()  # each finished trial once
-        return measured_startup_s(self._past(trials), self._fingerprint, own)
+        own = self._observed.startups(trials) if trials else []  # each finished trial once
+        if self._configs is None:  # before the candidates (and the folds kept with them)
+            return measured_startup_s(self._past(trials), self._fingerprint, own)
+        return self._folds.startup_s(self._folded(self._past(trials)), own)
 
     def run_node_hours(self, trials: Sequence[FrozenTrial] = ()) -> float:
         """What the training run the answer is for is worth, node-hours: ``search.
@@ -410,10 +415,10 @@ class ModelGuidedSampler(BaseSampler):
         """The untried config whose launch is worth most against its cost
         (:func:`tuner.search.value.best_worth`), and that config; None before
         :data:`MIN_ERROR_RUNS` measurements (the spread is not known yet) or when all tried."""
-        b = self.belief(trials)
+        b, xb = self._belief(trials)
         if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
-        moves = b.lookahead(self._x, self._prior.noise)
+        moves = b.lookahead(xb, self._prior.noise)
         worth = best_worth(b.mu, moves, self.trial_node_hours(b.mu, trials), b.best,
                            self.run_node_hours(trials), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
@@ -428,13 +433,13 @@ class ModelGuidedSampler(BaseSampler):
         degrees of freedom; the :data:`~tuner.search.value.JOINT_CONTENDERS` likeliest are
         drawn together, correlated as the posterior says (:func:`~tuner.search.value.
         joint_chance`): ten independent 2 % chances make an 18 % one, not a 2 % one."""
-        b = self.belief(trials)
+        b, xb = self._belief(trials)
         if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
         spread = b.spread(self._prior.noise)
         p = chance(b.mu, spread, b.best, margin, b.dof)
         top = np.argsort(-p, kind="stable")[:JOINT_CONTENDERS]
-        corr = correlation(b.fitted, self._x[np.asarray(b.open_)[top]], self._prior.noise)
+        corr = correlation(b.fitted, xb[np.asarray(b.open_)[top]], self._prior.noise)
         joint = joint_chance(b.mu[top], spread[top], corr, b.best, margin, b.dof)
         return max(joint, float(p[top[0]])), self._candidates()[b.open_[int(top[0])]]
 
@@ -486,12 +491,3 @@ def make_sampler(
         return optuna.samplers.TPESampler(
             multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
         )
-
-
-def _predict(post: Posterior | RowPosterior, x: np.ndarray,
-             rows: list[int]) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """``post``'s prediction for candidates ``rows`` (of features ``x``), from the kept
-    products when ``post`` was fitted on them."""
-    if isinstance(post, GramPosterior):
-        return post.predict_rows(rows)
-    return predict_rows(post, x, rows) if isinstance(post, Posterior) else post.predict(x[rows])

@@ -30,19 +30,23 @@ class Saved:
         self._keys: dict[int, str] = {}  # id of an observation (the tuple holds it) -> key
         self._rows: dict[int, np.ndarray] = {}
         self._memory_rows: dict[int, np.ndarray] = {}
+        self._last: tuple[list[bool], list[Observation]] | None = None
 
     def past(self, own: set[tuple[int, Any]]) -> list[Observation]:
         """The observations less this study's own trials (``own``: (number, key) of each trial
-        of the study), in their order."""
+        of the study), in their order: the same list object as the last answer when it holds
+        the same observations (the sampler keeps what it folds per list: :mod:`tuner.search.
+        fold`)."""
         if self._own is None:
             self._own = [
                 (o.trial, self.key(o))
                 if o.study == self._study and o.fingerprint == self._fingerprint else None
                 for o in self.history
             ]  # fmt: skip
-        return [
-            o for o, k in zip(self.history, self._own, strict=True) if k is None or k not in own
-        ]
+        mask = [k is None or k not in own for k in self._own]
+        if self._last is None or self._last[0] != mask:
+            self._last = (mask, [o for o, m in zip(self.history, mask, strict=True) if m])
+        return self._last[1]
 
     def key(self, o: Observation) -> str:
         """``o``'s config key (``o.parallel_config().key()``)."""

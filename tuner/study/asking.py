@@ -4,7 +4,8 @@ Optuna's ask re-reads every unfinished trial through its ORM to look for a waiti
 trials in flight, tens of milliseconds of CPU), then writes each parameter in a transaction of
 its own (a select of the trial, a select of the study's first distribution of that name, an
 insert, a commit). :func:`ask` looks for a waiting trial with one plain query and, when there is
-none, creates the trial through Optuna, samples its parameters exactly as ``Trial._suggest``
+none, creates the trial (:mod:`tuner.study.newtrial`: Optuna's row, in one transaction of
+three statements, not read back), samples its parameters exactly as ``Trial._suggest``
 does (the sampler's relative sample, else its independent one) and writes them, with the
 attributes the caller derives from them, in one transaction
 (:func:`tuner.study.storage.write_trial`). A waiting trial (enqueued: its parameters are
@@ -29,6 +30,7 @@ from optuna.trial import TrialState
 
 from tuner.space.trials import config_from_params
 from tuner.spec.study import StudySpec
+from tuner.study.newtrial import new_trial
 from tuner.study.storage import set_user_attrs, upsert_backend, write_trial
 
 Attrs = Callable[[dict[str, Any]], dict[str, Any]]
@@ -47,7 +49,7 @@ def ask(study: optuna.Study, dists: dict[str, BaseDistribution],
             set_user_attrs(trial, attrs(trial.params))
         return trial
     study._thread_local.cached_all_trials = None  # as Study.ask: sync the storage once a trial
-    trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id))
+    trial = new_trial(study, backend)  # one transaction, not read back (tuner.study.newtrial)
     params: dict[str, tuple[float, BaseDistribution]] = {}
     cached = trial._cached_frozen_trial
     storage = study._storage
