@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from tuner.study.newtrial import new_trial
@@ -38,3 +39,23 @@ def test_the_row_and_the_view_are_optunas(tmp_path: Path) -> None:
     assert read[0].value == 2.0 and read[0].datetime_start == made[0].datetime_start
     assert all(t.state == TrialState.RUNNING for t in read[1:])
     assert [t.number for t in study.get_trials()] == list(range(10))
+
+
+def test_an_optuna_of_another_shape_gets_its_trials_through_optuna(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The project allows any Optuna from 4.0: where its cache lacks what this module writes to,
+    the trial is created by Optuna itself (the same numbering, a row read back)."""
+    from tuner.study import newtrial
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="s", storage=url)
+    backend = upsert_backend(study._storage)
+    assert backend is not None
+    monkeypatch.setattr(newtrial, "OPTUNA_INTERNALS", False)
+    monkeypatch.setattr(newtrial, "_insert", lambda *a: pytest.fail("wrote Optuna's rows"))
+    trial = new_trial(study, backend)
+    assert (
+        trial.number == 0
+        and study._storage.get_trial(trial._trial_id).state.is_finished() is False
+    )

@@ -24,13 +24,22 @@ from optuna.pruners import _filter_study
 from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.trial import FrozenTrial, TrialState
 
+OPTUNA_INTERNALS = hasattr(_CachedStorage, "_add_trials_to_cache")
+"""The private parts of Optuna this module writes to are where it expects them (the project
+allows ``optuna>=4.0``); otherwise every trial is created through Optuna itself."""
+
 
 def new_trial(study: optuna.Study, backend: optuna.storages.RDBStorage) -> optuna.Trial:
     """A new running trial of ``study`` (whose storage is Optuna's cache over ``backend``, an
     RDB storage), created and built as ``optuna.Trial(study, storage.create_new_trial(...))``
-    creates and builds it; through Optuna itself for any other storage."""
+    creates and builds it; through Optuna itself for any other storage, or an Optuna whose
+    cache has another shape (:data:`OPTUNA_INTERNALS`)."""
     storage = study._storage
-    if not isinstance(storage, _CachedStorage) or storage._backend is not backend:
+    if (
+        not OPTUNA_INTERNALS
+        or not isinstance(storage, _CachedStorage)
+        or (storage._backend is not backend)
+    ):
         return optuna.Trial(study, storage.create_new_trial(study._study_id))
     frozen = _insert(backend, study._study_id)
     with storage._lock:  # as _CachedStorage.create_new_trial
