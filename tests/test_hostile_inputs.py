@@ -705,22 +705,36 @@ BAD_STORAGE: list[tuple[str, Callable[[Path], str], str]] = [
 
 
 def test_a_bare_postgresql_url_takes_the_installed_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare URL keeps SQLAlchemy's own default driver where it is installed (psycopg 3 from
+    SQLAlchemy 2.1, psycopg2 before) and names the installed one where it is not."""
     import importlib.util
+    import types
+
+    import sqlalchemy as sa
 
     from tuner.study import storage
 
     url = "postgresql://u@db/tuner"
-    for installed, expected in ((("psycopg", "psycopg2"), url), (("psycopg2",),
-                                "postgresql+psycopg2://u@db/tuner")):  # fmt: skip
+    cases = (
+        ("psycopg", ("psycopg", "psycopg2"), url),
+        ("psycopg", ("psycopg2",), "postgresql+psycopg2://u@db/tuner"),
+        ("psycopg2", ("psycopg", "psycopg2"), url),  # SQLAlchemy 2.0's default
+        ("psycopg2", ("psycopg",), "postgresql+psycopg://u@db/tuner"),
+    )
+    for default, installed, expected in cases:
+        dialect = types.SimpleNamespace(driver=default)
+        monkeypatch.setattr(sa.dialects.registry, "load", lambda name, d=dialect: d)
         monkeypatch.setattr(
             importlib.util,
             "find_spec",
             lambda name, found=installed: object() if name in found else None,
         )
-        assert storage.postgres_driver(url) == expected
+        assert storage.postgres_driver(url) == expected, (default, installed)
         assert (
             storage.postgres_driver("postgresql+psycopg://u@db/t") == "postgresql+psycopg://u@db/t"
         )
+    monkeypatch.undo()
+    assert storage.postgres_driver(url) in (url, "postgresql+psycopg2://u@db/tuner")  # this one
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(StudyError, match=r"no PostgreSQL driver is installed \(pip install"):
         storage.postgres_driver(url)

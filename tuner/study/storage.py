@@ -101,20 +101,22 @@ def without_password(url: str) -> str:
 
 
 POSTGRES_DRIVERS = ("psycopg", "psycopg2")
-"""PostgreSQL drivers SQLAlchemy knows, the one a bare ``postgresql://`` means first (SQLAlchemy
-2.1 made psycopg 3 its default; 2.0 meant psycopg2, which the ``postgres`` extra installs)."""
+"""PostgreSQL drivers SQLAlchemy knows (each its module's name); which one a bare
+``postgresql://`` means is the installed SQLAlchemy's (2.1: psycopg 3, 2.0: psycopg2, which the
+``postgres`` extra installs)."""
 
 
 def postgres_driver(url: str) -> str:
-    """A bare ``postgresql://`` URL with the driver that is installed named in it: SQLAlchemy's
-    default may be missing where the other one is (``No module named 'psycopg'`` with psycopg2
-    installed by the ``postgres`` extra); a :class:`StudyError` when neither is."""
+    """A bare ``postgresql://`` URL, with the installed driver named in it where SQLAlchemy's
+    default is missing (``No module named 'psycopg'`` with psycopg2 installed by the
+    ``postgres`` extra); a :class:`StudyError` when no driver is installed."""
     scheme, sep, rest = url.partition("://")
     if scheme != "postgresql" or not sep:
         return url
-    for driver in POSTGRES_DRIVERS:
+    default = sa.dialects.registry.load("postgresql").driver
+    for driver in (default, *(d for d in POSTGRES_DRIVERS if d != default)):
         if importlib.util.find_spec(driver) is not None:
-            return url if driver == POSTGRES_DRIVERS[0] else f"postgresql+{driver}://{rest}"
+            return url if driver == default else f"postgresql+{driver}://{rest}"
     raise StudyError(
         f"cannot open storage {scheme}://...: no PostgreSQL driver is installed "
         "(pip install 'paratune[postgres]' installs psycopg2)"
