@@ -167,7 +167,7 @@ EARLY_STOP = 5
 """DeepSpeed Autotuning's default ``tuner_early_stopping``."""
 
 
-def deepspeed(space: Space, rng: random.Random) -> list[str]:
+def deepspeed(space: Space, rng: random.Random, first: str | None = None) -> list[str]:
     """DeepSpeed Autotuning's model-based tuner, early stop after 5.
 
     Follows microsoft/DeepSpeed ``deepspeed/autotuning/tuner/model_based_tuner.py`` (commit
@@ -180,10 +180,11 @@ def deepspeed(space: Space, rng: random.Random) -> list[str]:
     next (its 20 % "random exploration" branch leaves the choice unchanged in that code, so it
     is left out); ``tune`` stops once ``len(run) >= best_iter + early_stopping`` (default 5,
     ``constants.py``), ``best_iter`` the 0-based index of the best run. The experiments are
-    the configs that pass its memory check (our screen stands in), in grid order."""
+    the configs that pass its memory check (our screen stands in), in grid order. ``first``
+    replaces the first experiment (to see how much the grid's start decides)."""
     exps = sorted(space.admitted, key=lambda k: _grid_key(space.configs[k]))
     x_all = np.array([_features(space.configs[k]) for k in exps], dtype=float)
-    visited: list[int] = [0]
+    visited: list[int] = [0 if first is None else exps.index(first)]
     throughput: list[float] = []
     best, best_at = -1.0, 0
     while len(throughput) < len(visited):
