@@ -81,19 +81,25 @@ def _time_parts(
 
 
 def _overhead_scale(spec: StudySpec, c: ParallelConfig, one: ProbeRow,
-                    wide: tuple[ProbeRow, int] | None, rates: Rates) -> float | None:  # fmt: skip
+                    wide: tuple[ProbeRow, ParallelConfig] | None,
+                    rates: Rates) -> float | None:  # fmt: skip
     """Measured / model seconds of the step's fixed rest (``rates.step_overhead``: the engine's
     optimizer-step call, gradient-norm and clipping, logging), from the base point at 1 layer
-    run with ``m`` and with ``k x m`` micro-batches per step (``wide``): their difference over
-    ``(k - 1) x m`` is one micro-batch's work ``V``, so ``t - m x V`` is what the step does once,
-    ``S``; less the model's data-parallel traffic and optimizer step, it is the fixed rest. None
-    without ``wide``; nil when measured at or under nothing."""
+    run with ``m`` and with ``k x m`` micro-batches per step (``wide``, the config it ran). Each
+    run less the model's step rest ``S`` at its own micro-batch count (what grows with them
+    there: DeepSpeed's per-micro-batch gradient accumulation, ZeRO-2/3's per-micro-batch
+    traffic) is ``m x V`` plus the fixed rest, so their difference over ``(k - 1) x m`` is one
+    micro-batch's work ``V`` and ``t - m x V - S`` the fixed rest's departure from the model's:
+    the composed model then gives both runs' steps. None without ``wide``; nil when measured
+    at or under nothing."""
     m = max(c.num_microbatches, 1)
-    if wide is None or rates.step_overhead <= 0 or wide[1] <= m:
+    if wide is None or rates.step_overhead <= 0 or wide[1].num_microbatches <= m:
         return None
-    per_mb = (wide[0].step_s - one.step_s) / (wide[1] - m)
-    _, s1, shard = _time_parts(spec, c, 1, rates)
-    fixed = one.step_s - m * per_mb - shard - (s1 - shard - rates.step_overhead)
+    row, cw = wide
+    _, s_one, _ = _time_parts(spec, c, one.depth, rates)
+    _, s_wide, _ = _time_parts(spec, cw, row.depth, rates)
+    per_mb = ((row.step_s - s_wide) - (one.step_s - s_one)) / (cw.num_microbatches - m)
+    fixed = one.step_s - m * per_mb - (s_one - rates.step_overhead)
     return max(fixed, 0.0) / rates.step_overhead
 
 
@@ -127,7 +133,8 @@ def _bytes_ratio(measured: float, model: float) -> float | None:
 
 
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
-                rates: Rates, wide: tuple[ProbeRow, int] | None = None) -> StackPoint:  # fmt: skip
+                rates: Rates,
+                wide: tuple[ProbeRow, ParallelConfig] | None = None) -> StackPoint:  # fmt: skip
     """A point run at two depths (``lo`` and ``hi`` layers per stage,
     :func:`tuner.profile.probe.probe_depths`): every term from their difference over the layers
     between them, and the step's fixed rest from the ``lo``-layer run at more
@@ -259,7 +266,7 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
     by_key = _aligned(by_key, configs)
-    wide = {(configs[k].tp, configs[k].cp): (d[min(d)], configs[k].num_microbatches)
+    wide = {(configs[k].tp, configs[k].cp): (d[min(d)], configs[k])
             for k, d in by_key.items() if k in wides}  # fmt: skip
     bases: dict[tuple[int, int], StackPoint] = {}
     points = []
