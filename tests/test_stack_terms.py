@@ -664,7 +664,7 @@ def test_the_paired_estimator_is_the_median_of_same_block_ratios() -> None:
     median absolute deviation over their median; a round without its pair is a block alone; a
     row of a probe that did not interleave (no rounds) has none, and the terms then use the
     rows' own medians."""
-    from tuner.profile.probe import paired_ratio, paired_ratios
+    from tuner.profile.paired import paired_ratio, paired_ratios
 
     def row(samples: tuple[float, ...], rounds: tuple[int, ...]) -> ProbeRow:
         return ProbeRow(key="k", depth=1, step_s=statistics.median(samples), samples_s=samples,

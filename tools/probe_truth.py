@@ -14,7 +14,7 @@ level of this job's against the probe's; the peak, a tensor accounting on CPU ra
 both are printed with how many configs are within 10% and 5%. ``--interleave`` (CPU ranks: the
 workload's interleaved points) runs one step of every config per round instead, every engine held
 to the end, and reads each config's step as the first config's median times their paired ratio
-(``tuner.profile.probe.paired_ratio``): a load that comes and goes through the job (another
+(``tuner.profile.paired.paired_ratio``): a load that comes and goes through the job (another
 process's test run) then moves every config alike, so the configs' spread about the load level
 is the composition's error, not the load's; give it more ``--iters`` (blocks of two rounds).
 ``--save FILE`` keeps the measured rows; ``--rows FILE`` measures nothing and compares kept rows
@@ -84,6 +84,7 @@ def compare(study: str, results: str, rows: Sequence[Any]) -> list[dict[str, Any
     from tuner.config.spelling import spell
     from tuner.models.memory.estimate import GIB
     from tuner.profile import probe
+    from tuner.profile.paired import paired_ratio
     from tuner.profile.rates import study_rates
     from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import iter_configs, study_violations
@@ -100,7 +101,7 @@ def compare(study: str, results: str, rows: Sequence[Any]) -> list[dict[str, Any
     for c, row in zip(configs, rows, strict=True):
         e = estimate(spec, c, rates=rates, terms=terms)
         assert e.time and e.memory
-        paired = probe.paired_ratio(row, ref) if row is not ref else (1.0, 0.0)
+        paired = paired_ratio(row, ref) if row is not ref else (1.0, 0.0)
         step = ref.step_s * paired[0] if paired is not None else row.step_s
         out.append({"config": spell(c), "probed": c.key() in probed,
                     "step": step / e.time.step,

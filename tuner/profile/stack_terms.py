@@ -49,15 +49,8 @@ from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackPoint, StackTerms
 from tuner.models.time.estimate import estimate_time
-from tuner.profile.probe import (
-    BATCH_SCALE,
-    ProbeResult,
-    ProbeRow,
-    paired_ratio,
-    paired_ratios,
-    reduced,
-    spread,
-)
+from tuner.profile.paired import paired_ratio, paired_ratios, spread
+from tuner.profile.probe import BATCH_SCALE, ProbeResult, ProbeRow, reduced
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError, local_versions
 from tuner.space.enumerate import iter_configs, study_gpu
 from tuner.spec.study import StudySpec
@@ -333,7 +326,7 @@ def _pipeline_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, flat: Sta
 def _aligned(by_key: dict[str, dict[int, ProbeRow]],
              configs: Mapping[str, ParallelConfig]) -> dict[str, dict[int, ProbeRow]]:  # fmt: skip
     """The rows of a probe that interleaved its points, each as its reference's level times its
-    paired ratio (:func:`tuner.profile.probe.paired_ratio`). The reference is the 1-layer run of
+    paired ratio (:func:`tuner.profile.paired.paired_ratio`). The reference is the 1-layer run of
     the base point with the row's TP and CP; every row of that group is taken over the rounds
     all of them kept (a warm-up left out of one row leaves its round out of all), the reference
     at the median of its samples there, each other row at that median times the median over
