@@ -1,4 +1,5 @@
-"""Time terms of Megatron-DeepSpeed: DeepSpeed's PipelineEngine, ZeRO-1 and BF16_Optimizer."""
+"""Time terms of DeepSpeed and Megatron-DeepSpeed: the PipelineEngine, ZeRO-1, ZeRO-3's gathers
+and BF16_Optimizer."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from tuner.catalog import get_gpu
 from tuner.config.parallel import ParallelConfig
+from tuner.models.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
+from tuner.models.time.deepspeed import zero3_passes
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.spec.frameworks import Framework
 from tuner.spec.study import ModelSpec, Precision, TrainingSpec
@@ -83,3 +86,32 @@ def test_deepspeed_grad_reduction_is_not_hidden_behind_backward() -> None:
     (2 x 6.25 GB/s x 0.8 of Omni-Path)."""
     fp16 = _step(PRODUCTION, "fp16").dp_comm
     assert fp16 == pytest.approx(2 * 7 / 8 * 4.53e9 * 2 / (2 * 6.25e9 * 0.8), rel=0.03)
+
+
+def test_zero3_regathers_in_the_backward_only_what_it_released() -> None:
+    """DeepSpeed ZeRO-3 keeps a parameter gathered from its forward to its backward use when
+    the parameters fetched in between (the modules after it, once in the forward and once in
+    the backward) are under ``stage3_max_reuse_distance`` (1e9 by default): a stage of up to
+    5e8 parameters is gathered once per micro-batch (all-gather and reduce-scatter, 2 passes), a
+    175B one re-gathers almost all of it in the backward (3 passes)."""
+    assert zero3_passes(4e8) == 2.0 and zero3_passes(5e8) == 2.0
+    assert zero3_passes(1e9) == pytest.approx(2.5)
+    assert zero3_passes(175e9) == pytest.approx(3.0, abs=0.003)
+    assert zero3_passes(1e9) < zero3_passes(2e9) < zero3_passes(175e9) < 3.0
+
+
+def test_zero3_traffic_follows_the_reuse_distance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same small model (its gathers far under the prefetch bucket, so all exposed) with
+    DeepSpeed's default reuse distance and with ``stage3_max_reuse_distance: 0`` (every
+    parameter released after its forward use): two passes per micro-batch against three."""
+    tiny = ModelSpec(num_layers=4, hidden_size=256, ffn_hidden_size=1024,
+                     num_attention_heads=4, vocab_size=4096, seq_length=256)  # fmt: skip
+    config = ParallelConfig(dp=8, micro_batch_size=1, global_batch_size=16, zero_stage=3)
+    training = TrainingSpec(global_batch_size=16, precision="bf16")
+
+    def comm() -> float:
+        return estimate_time(tiny, training, config, A100, 8, "deepspeed").dp_comm
+
+    kept = comm()
+    monkeypatch.setitem(DEEPSPEED_ZERO_DEFAULTS, "stage3_max_reuse_distance", 0)
+    assert kept == pytest.approx(comm() * 2 / 3, rel=1e-9)

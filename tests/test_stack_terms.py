@@ -75,21 +75,24 @@ def spec_of(data: dict[str, Any] | None = None) -> StudySpec:
     return study_from_mapping(copy.deepcopy(data or STUDY), base_dir=Path.cwd())
 
 
-def standin_rates(spec: StudySpec) -> Rates:
-    """The stand-in's true speeds: GEMMs at 60% of the catalog's, streaming kernels at 70%, and
-    a per-micro-batch framework cost the catalog does not have."""
+def standin_rates(spec: StudySpec, hbm: float = 0.7, overhead: float = STEP_OVERHEAD) -> Rates:
+    """The stand-in's true speeds: GEMMs at 60% of the catalog's, streaming kernels at ``hbm``
+    of it, a per-micro-batch framework cost the catalog does not have, and ``overhead`` times
+    the catalog's fixed work per step."""
     base = catalog_rates(study_gpu(spec), spec.training.precision)
     return dataclasses.replace(base, gemm=base.gemm * 0.6, gemm16=base.gemm16 * 0.6,
-                               hbm=base.hbm * 0.7, microbatch_overhead=0.004,
-                               step_overhead=base.step_overhead * STEP_OVERHEAD)  # fmt: skip
+                               hbm=base.hbm * hbm, microbatch_overhead=0.004,
+                               step_overhead=base.step_overhead * overhead)  # fmt: skip
 
 
 def at_depth(spec: StudySpec, layers: int) -> Any:
     return dataclasses.replace(spec.model, num_layers=layers)
 
 
-def true_step(spec: StudySpec, c: ParallelConfig, layers: int) -> float:
-    gpn, rates = spec.cluster.gpus_per_node, standin_rates(spec)
+def true_step(
+    spec: StudySpec, c: ParallelConfig, layers: int, rates: Rates | None = None
+) -> float:
+    gpn, rates = spec.cluster.gpus_per_node, rates or standin_rates(spec)
     model = at_depth(spec, layers)
     t = estimate_time(model, spec.training, c, study_gpu(spec), gpn, spec.framework, rates)
     pipe = (max(c.num_microbatches, 1) + c.pp - 1) * PIPE_MB if c.pp > 1 else 0.0
@@ -111,12 +114,13 @@ def true_peak(spec: StudySpec, c: ParallelConfig, layers: int) -> float:
     )  # fmt: skip
 
 
-def probe_rows(spec: StudySpec) -> list[ProbeRow]:
-    """What the probe would measure on the stand-in at its own points."""
+def probe_rows(spec: StudySpec, rates: Rates | None = None) -> list[ProbeRow]:
+    """What the probe would measure on the stand-in (at ``rates``, its own by default) at its
+    own points."""
     rows = []
     for run in probe_runs(spec):
         layers = run.depth * run.config.pp * run.config.vp  # the depth is per stage
-        step = true_step(spec, run.launched, layers)
+        step = true_step(spec, run.launched, layers, rates)
         rows.append(ProbeRow(key=run.launched.key(), depth=run.depth, step_s=step,
                              samples_s=(step * 0.99, step, step * 1.01),
                              peak_gib=true_peak(spec, run.launched, layers) / GIB,
@@ -660,7 +664,7 @@ def test_the_paired_estimator_is_the_median_of_same_block_ratios() -> None:
     median absolute deviation over their median; a round without its pair is a block alone; a
     row of a probe that did not interleave (no rounds) has none, and the terms then use the
     rows' own medians."""
-    from tuner.profile.probe import paired_ratio, paired_ratios
+    from tuner.profile.paired import paired_ratio, paired_ratios
 
     def row(samples: tuple[float, ...], rounds: tuple[int, ...]) -> ProbeRow:
         return ProbeRow(key="k", depth=1, step_s=statistics.median(samples), samples_s=samples,

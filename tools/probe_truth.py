@@ -2,6 +2,7 @@
 study's saved probe: measured / predicted peak memory and step time per config.
 
     python tools/probe_truth.py --study demo [--results results] [--iters 4] [--interleave]
+                                [--save FILE | --rows FILE]
 
 The runs go through the framework probe's own machinery (``tuner.profile.probe``: one job, one
 process per node where the study's script runs several points), each config at its full depth
@@ -13,41 +14,40 @@ level of this job's against the probe's; the peak, a tensor accounting on CPU ra
 both are printed with how many configs are within 10% and 5%. ``--interleave`` (CPU ranks: the
 workload's interleaved points) runs one step of every config per round instead, every engine held
 to the end, and reads each config's step as the first config's median times their paired ratio
-(``tuner.profile.probe.paired_ratio``): a load that comes and goes through the job (another
+(``tuner.profile.paired.paired_ratio``): a load that comes and goes through the job (another
 process's test run) then moves every config alike, so the configs' spread about the load level
 is the composition's error, not the load's; give it more ``--iters`` (blocks of two rounds).
+``--save FILE`` keeps the measured rows; ``--rows FILE`` measures nothing and compares kept rows
+against the models of the code it runs in (with the same saved probe), so two versions of the
+models are compared on one measurement instead of on two runs' loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
 def measure(
-    study: str, results: str, iters: int, interleave: bool = False
+    study: str, results: str, iters: int, interleave: bool = False, save: str | None = None
 ) -> list[dict[str, Any]]:
-    """One dict per config: its spelling, probed or not, measured / predicted step and peak."""
-    from tuner.api import estimate
-    from tuner.config.spelling import spell
+    """One dict per config: its spelling, probed or not, measured / predicted step and peak.
+    ``save``: a file that keeps the measured rows, for :func:`compare` under other code."""
     from tuner.layout import ClusterLayout, TrialPaths
-    from tuner.models.memory.estimate import GIB
     from tuner.profile import probe
-    from tuner.profile.rates import study_rates
-    from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import iter_configs, study_violations
     from tuner.spec.file import load_study
     from tuner.study.loop import make_executor
 
     spec = load_study(study)
-    rates = study_rates(spec, results)
-    terms = study_terms(spec, results, rates)
     configs = [c for c in iter_configs(spec) if not study_violations(c, spec)]
     runs = [probe.ProbeRun(c, spec.model.num_layers // (c.pp * c.vp)) for c in configs]
-    probed = {r.config.key() for r in probe.probe_runs(spec)}
     where = ClusterLayout(Path(results).resolve(), spec.cluster_name).stack_probe(spec.name)
     saved = probe.PROBE_ITERS, probe.INTERLEAVE
     # one config after another, as trials run (and no engine of every config held at once),
@@ -60,11 +60,48 @@ def measure(
     finally:
         executor.close()
         probe.PROBE_ITERS, probe.INTERLEAVE = saved
-    ref, out = found.rows[0], []
-    for c, row in zip(configs, found.rows, strict=True):
+    if save:
+        rows = [{**dataclasses.asdict(r), "samples_s": list(r.samples_s),
+                 "rounds": list(r.rounds)} for r in found.rows]  # fmt: skip
+        Path(save).write_text(json.dumps({"study": study, "rows": rows}, indent=1))
+    return compare(study, results, found.rows)
+
+
+def load_rows(path: str) -> tuple[str, list[Any]]:
+    """(study, measured rows) of a file that ``--save`` wrote."""
+    from tuner.profile.probe import ProbeRow
+
+    data = json.loads(Path(path).read_text())
+    rows = [ProbeRow(**{**r, "samples_s": tuple(r["samples_s"]), "rounds": tuple(r["rounds"])})
+            for r in data["rows"]]  # fmt: skip
+    return str(data["study"]), rows
+
+
+def compare(study: str, results: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """The measured ``rows`` (one per valid config, in the space's order) against the models with
+    the study's saved probe, under the code this runs: one dict per config."""
+    from tuner.api import estimate
+    from tuner.config.spelling import spell
+    from tuner.models.memory.estimate import GIB
+    from tuner.profile import probe
+    from tuner.profile.paired import paired_ratio
+    from tuner.profile.rates import study_rates
+    from tuner.profile.stack_terms import study_terms
+    from tuner.space.enumerate import iter_configs, study_violations
+    from tuner.spec.file import load_study
+
+    spec = load_study(study)
+    rates = study_rates(spec, results)
+    terms = study_terms(spec, results, rates)
+    configs = [c for c in iter_configs(spec) if not study_violations(c, spec)]
+    if [c.key() for c in configs] != [r.key for r in rows]:
+        raise SystemExit(f"the measured rows are not study {study}'s valid configs")
+    probed = {r.config.key() for r in probe.probe_runs(spec)}
+    ref, out = rows[0], []
+    for c, row in zip(configs, rows, strict=True):
         e = estimate(spec, c, rates=rates, terms=terms)
         assert e.time and e.memory
-        paired = probe.paired_ratio(row, ref) if row is not ref else (1.0, 0.0)
+        paired = paired_ratio(row, ref) if row is not ref else (1.0, 0.0)
         step = ref.step_s * paired[0] if paired is not None else row.step_s
         out.append({"config": spell(c), "probed": c.key() in probed,
                     "step": step / e.time.step,
@@ -78,9 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--interleave", action="store_true")
+    parser.add_argument("--save", metavar="FILE", help="keep the measured rows in FILE (json)")
+    parser.add_argument("--rows", metavar="FILE", help="measure nothing: compare the rows that "
+                        "--save kept against this code's models")  # fmt: skip
     args = parser.parse_args(argv)
     before = os.getloadavg()[0]
-    found = measure(args.study, args.results, args.iters, args.interleave)
+    if args.rows:
+        study, rows = load_rows(args.rows)
+        if study != args.study:
+            raise SystemExit(f"{args.rows} holds study {study}'s rows, not {args.study}'s")
+        found = compare(args.study, args.results, rows)
+    else:
+        found = measure(args.study, args.results, args.iters, args.interleave, args.save)
     after = os.getloadavg()[0]
     print(f"measured / predicted at full depth, every config of {args.study} (probe: the probe "
           "ran it at reduced depth)")  # fmt: skip
@@ -103,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step over the probed configs' median ({level:.3f}, the load level): "
               f"{min(rest):.3f}-{max(rest):.3f}, {inside} of {len(rest)} within 10%")  # fmt: skip
     # the machine's load through this job: CPU step times follow it, the probe's saw its own
-    print(f"load (1-minute average) {before:.1f} at the start, {after:.1f} at the end")
+    if not args.rows:
+        print(f"load (1-minute average) {before:.1f} at the start, {after:.1f} at the end")
     return 0
 
 

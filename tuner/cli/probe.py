@@ -116,7 +116,7 @@ def _x(value: float | None) -> str:
 
 
 def _spread(samples: Any) -> float:
-    from tuner.profile.probe import spread
+    from tuner.profile.paired import spread
 
     return spread(samples)
 

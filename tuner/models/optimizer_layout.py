@@ -33,13 +33,15 @@ from tuner.spec.torchtitan import reshards_after_forward
 # DeepSpeed ZeRO bucket settings the rendered ds_config leaves at DeepSpeed's defaults
 # (runtime/zero/config.py: reduce_bucket_size 5e8, allgather_bucket_size 5e8,
 # stage3_prefetch_bucket_size 5e7, stage3_max_live_parameters 1e9,
-# stage3_param_persistence_threshold 1e5 elements). A study that sets its own passes them as
-# ``zero_settings`` (the ds_config's ``zero_optimization`` mapping); this is the one definition.
+# stage3_max_reuse_distance 1e9, stage3_param_persistence_threshold 1e5 elements). A study that
+# sets its own passes them as ``zero_settings`` (the ds_config's ``zero_optimization`` mapping);
+# this is the one definition (the time model reads it too: tuner.models.time.deepspeed).
 DEEPSPEED_ZERO_DEFAULTS: Mapping[str, float] = {
     "reduce_bucket_size": 5e8,
     "allgather_bucket_size": 5e8,
     "stage3_prefetch_bucket_size": 5e7,
     "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
     "stage3_param_persistence_threshold": 1e5,
 }
 

@@ -14,15 +14,17 @@ Step times under a drifting load: a script that runs every point in one process
 (``launch.probe_one_process``) may interleave their timed steps, one step of each point per
 round (:data:`INTERLEAVED`; the DeepSpeed workload does on CPU ranks). The rows then carry each
 sample's round, and the terms read each point against a reference point by the median of their
-paired ratios (:func:`paired_ratio`), which a load common to a round does not move.
+paired ratios (:func:`tuner.profile.paired.paired_ratio`), which a load common to a round does
+not move.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +38,11 @@ from tuner.spec.study import StudySpec
 
 PROBE_ITERS = 11
 """Iterations of each probe run: the first (warm-up) and ten after it, so that interleaved points
-run five blocks of two rounds (:func:`paired_ratios`): with three, one block that a burst of
-load hit moved a median of three ratios by its whole error (the CPU demo's block ratios spread
-10-20% under a load of 6-8 on two cores). A run's start (interpreter, imports, process group,
-engine) costs more than ten of its steps on the demos, so each iteration cut is a small saving;
-the warm-up is detected, not assumed long."""
+run five blocks of two rounds (:func:`tuner.profile.paired.paired_ratios`): with three, one
+block that a burst of load hit moved a median of three ratios by its whole error (the CPU demo's
+block ratios spread 10-20% under a load of 6-8 on two cores). A run's start (interpreter,
+imports, process group, engine) costs more than ten of its steps on the demos, so each iteration
+cut is a small saving; the warm-up is detected, not assumed long."""
 PROBE_WARMUP = 1
 """Iterations always left out of the median: the first optimizer step builds the optimizer's
 lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
@@ -164,7 +166,8 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
     """The probe's runs: per (TP, CP) of the space without pipeline stages, a base point (no
     recomputation where the space has it, the middle micro-batch size, the lowest ZeRO stage and
     EP) at both :func:`probe_depths` and at 1 layer with :data:`BATCH_SCALE` times the
-    micro-batches, then the base's neighbours that change one knob (each other recomputation,
+    micro-batches and at another micro-batch size (:func:`other_size_run`), then the base's
+    neighbours that change one knob (each other recomputation,
     ZeRO stage and EP) at the deeper one, and, where the space has pipeline stages with that TP
     and CP, one pipeline point (:func:`pipeline_run`) at :data:`PIPE_DEPTH` layers per
     stage. The other configs with pipeline stages are not run: they compose from the same
@@ -192,6 +195,7 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
         wide = ProbeRun(base, min(depths), BATCH_SCALE)
         if not study_violations(wide.launched, reduced(spec, wide.launched, wide.depth)):
             runs.append(wide)
+        runs += [r for r in (other_size_run(spec, base, every),) if r is not None]
         seen = {base.key()}
         for c in group:
             same = c.micro_batch_size == mbs and _knobs(c) == _knobs(base)
@@ -208,6 +212,30 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
         if pipe is not None:
             runs.append(pipe)
     return runs
+
+
+def other_size_run(spec: StudySpec, base: ParallelConfig,
+                   configs: Sequence[ParallelConfig]) -> ProbeRun | None:  # fmt: skip
+    """The base point at another micro-batch size, at 1 layer: the config of the space without
+    pipeline stages that differs from ``base`` in its micro-batch size alone, the size farthest
+    from the base's (the larger one on a tie), or None. Its per-micro-batch rest, against the
+    base's, tells the part that grows with the micro-batch (the LM head and loss, the
+    embedding) from the framework's fixed per-micro-batch work
+    (:func:`tuner.profile.stack_terms.derive_terms`)."""
+    lo = probe_depths(spec)[0]
+
+    def same(c: ParallelConfig) -> bool:
+        knobs = (c.tp, c.cp, c.recompute, c.zero_stage, c.distributed_optimizer, c.ep, _knobs(c))
+        return knobs == (base.tp, base.cp, base.recompute, base.zero_stage,
+                         base.distributed_optimizer, base.ep, _knobs(base))  # fmt: skip
+
+    others = [c for c in configs if c.micro_batch_size != base.micro_batch_size and same(c)
+              and not study_violations(c, reduced(spec, c, lo))]  # fmt: skip
+    if not others:
+        return None
+    far = max(others, key=lambda c: (abs(math.log2(c.micro_batch_size / base.micro_batch_size)),
+                                     c.micro_batch_size))  # fmt: skip
+    return ProbeRun(far, lo)
 
 
 def pipeline_run(spec: StudySpec, base: ParallelConfig,
@@ -443,57 +471,3 @@ def steady_samples(times: Sequence[float]) -> tuple[float, ...]:
     while len(rest) > MIN_STEADY and rest[0] > WARM_SLOW * statistics.median(rest[1:]):
         rest.pop(0)
     return tuple(rest)
-
-
-def spread(samples: Sequence[float]) -> float:
-    """Median absolute deviation over the median: the probe's own relative spread."""
-    if len(samples) < 2:
-        return 0.0
-    mid = statistics.median(samples)
-    return statistics.median(abs(s - mid) for s in samples) / mid if mid > 0 else 0.0
-
-
-def paired_ratios(row: ProbeRow, ref: ProbeRow,
-                  within: Collection[int] | None = None) -> list[tuple[int, float]]:  # fmt: skip
-    """(round, ``row`` over ``ref``) per block of the rounds both ran in (and in ``within``),
-    when the probe interleaved them (``rounds``); empty otherwise.
-
-    A block is a pair of rounds ``(r, r + 1)`` with ``r`` even, the points in order in the first
-    and in reverse in the second (the workloads' schedule): its ratio is ``row``'s two steps
-    over ``ref``'s two, which cancels a load that drifts linearly through the block whichever of
-    the two points ran first. A round whose pair is missing (a warm-up left out) is a block
-    alone."""
-    if not row.rounds or not ref.rounds:
-        return []
-    mine = dict(zip(row.rounds, row.samples_s, strict=True))
-    theirs = dict(zip(ref.rounds, ref.samples_s, strict=True))
-    shared = mine.keys() & theirs.keys() & (set(within) if within is not None else mine.keys())
-    out = []
-    for r in sorted(shared):
-        if r % 2 == 0 and r + 1 in shared:
-            out.append((r, (mine[r] + mine[r + 1]) / (theirs[r] + theirs[r + 1])))
-        elif not (r % 2 == 1 and r - 1 in shared):
-            out.append((r, mine[r] / theirs[r]))
-    return out
-
-
-def paired_ratio(row: ProbeRow, ref: ProbeRow,
-                 within: Collection[int] | None = None) -> tuple[float, float] | None:  # fmt: skip
-    """(median, spread) of ``row``'s step time over ``ref``'s, paired by round; None when the
-    two were not interleaved or share no round.
-
-    The estimator: the median over blocks of rounds (:func:`paired_ratios`) of the ratio of
-    steps that ran side by side. A machine's load slows the steps of one round alike (other
-    processes take a share of the cores), so the ratio is free of it however it drifts from
-    round to round, and the median keeps a block that one burst hit, or a warm-up the
-    steady-state cut kept, from moving it. The spread is the ratios' median absolute deviation
-    over their median. The estimator before it took the difference of the two rows' own
-    medians, each at whatever load its run had: two short runs under a drifting load differ by
-    the drift, which the per-layer difference of a 1- and a 2-layer run then amplifies. (A
-    median of paired differences is not free of the load: under a trend its blocks differ by
-    the load, so one outlier moves it to another block's load level.)"""
-    ratios = [q for _, q in paired_ratios(row, ref, within)]
-    if not ratios:
-        return None
-    mid = statistics.median(ratios)
-    return mid, statistics.median(abs(q - mid) for q in ratios) / mid

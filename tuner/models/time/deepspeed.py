@@ -11,6 +11,7 @@ it follows.
 from __future__ import annotations
 
 from tuner.config.parallel import ParallelConfig
+from tuner.models.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
 from tuner.models.rates import Rates
 from tuner.spec.frameworks import traits
 
@@ -24,8 +25,6 @@ AUTOGRAD_ACCUMULATE_BYTES_PER_PARAM = 6.0
 on, AccumulateGrad adds the new weight gradient into ``.grad`` in place (read 2 + 2 B, write
 2 B). Megatron fuses that add into the weight-gradient GEMM (gradient_accumulation_fusion into
 main_grad), so it pays nothing."""
-DEEPSPEED_ZERO3_PREFETCH_PARAMS = 5e7
-"""DeepSpeed ``stage3_prefetch_bucket_size`` default: the first gather of a pass is exposed."""
 DEEPSPEED_ZERO3_OVERLAP = 0.5
 """Share of a micro-batch's compute that effectively hides ZeRO-3's prefetched gathers and
 reduce-scatters (they contend with compute for SMs and HBM). Fitted (0.25 steps) to Narayanan et
@@ -38,6 +37,24 @@ def exposed(comm: float, window: float, floor: float) -> float:
     return max(min(comm, floor), comm - window)
 
 
+def zero3_passes(fetched: float) -> float:
+    """Ring passes over the parameters per micro-batch under ZeRO-3, for a stage whose forward
+    and backward fetch ``fetched`` parameters: the forward's all-gather, the gradients'
+    reduce-scatter, and the backward's re-gather of the parameters released in between.
+    DeepSpeed releases a parameter after its module's forward unless it is used again within
+    ``stage3_max_reuse_distance`` parameters fetched (runtime/zero/partitioned_param_coordinator
+    .py ``__params_to_release``: it walks the recorded forward+backward module trace from the
+    current module, counting each module's ``ds_numel``). Between a parameter's forward and its
+    backward use lie the modules after it, once in the forward and once in the backward, so a
+    parameter with ``a`` parameters after it is kept when ``2 a`` is under the distance: all of
+    a stage with ``2 x fetched`` under it (2 passes), the share ``1 - distance / (2 x fetched)``
+    re-gathered past that (3 passes for a model far past it)."""
+    if fetched <= 0:
+        return 2.0
+    reuse = DEEPSPEED_ZERO_DEFAULTS["stage3_max_reuse_distance"]
+    return 2.0 + max(0.0, 1.0 - reuse / (2.0 * fetched))
+
+
 def dp_deepspeed(
     config: ParallelConfig,
     psi: float,
@@ -47,11 +64,13 @@ def dp_deepspeed(
     mb: float,
     layers: float,
     bf16_optimizer: bool = False,
+    fetched: float | None = None,
 ) -> float:
     """Exposed DP traffic of DeepSpeed: ZeRO-0 all-reduce and ZeRO-1 reduce-scatter + all-gather
     after the last micro-batch; ZeRO-2 reduce-scatters every micro-batch (overlap_comm is off by
-    default); ZeRO-3 also gathers parameters in every forward and backward (3x the traffic of
-    ZeRO-1/2's 2x), prefetched behind compute (overlap_comm on by default). With pipeline stages
+    default); ZeRO-3 also gathers parameters in every forward, and again in the backward those
+    it released (:func:`zero3_passes` over ``fetched``, all the stage's parameters: ``psi`` by
+    default), prefetched behind compute (overlap_comm on by default). With pipeline stages
     the reduction runs in the engine's ReduceGrads step after the flush (pipe/engine.py
     ``_exec_reduce_grads``), never overlapped with backward."""
     d, m = config.dp, max(1, config.num_microbatches)
@@ -72,8 +91,10 @@ def dp_deepspeed(
         return 2.0 * (ring + lat)
     if stage == 2:
         return m * (ring + lat) + ring + lat
-    per_mb = 3.0 * ring + 3.0 * layers * lat
-    first = (d - 1) / d * DEEPSPEED_ZERO3_PREFETCH_PARAMS * rates.elem / bw
+    passes = zero3_passes(psi if fetched is None else fetched)
+    per_mb = passes * (ring + layers * lat)
+    prefetch = DEEPSPEED_ZERO_DEFAULTS["stage3_prefetch_bucket_size"]
+    first = (d - 1) / d * prefetch * rates.elem / bw  # the first gather of a pass is exposed
     return m * exposed(per_mb, DEEPSPEED_ZERO3_OVERLAP * mb, 2.0 * first)
 
 

@@ -448,7 +448,9 @@ def _dp_and_optimizer(
     if not ds:
         dp = dp_megatron(config, psi, rates, bw, lat, windows)
     else:
-        dp = dp_deepspeed(config, psi, rates, bw, lat, stage_mb, layers, bf16_opt)
+        dp = dp_deepspeed(
+            config, psi, rates, bw, lat, stage_mb, layers, bf16_opt, psi + expert_psi
+        )
     optimizer = optimizer_seconds(config, psi, rates, framework)
     optimizer += grad_accumulation(config, psi, rates, framework, bf16_opt)
     if expert_psi:  # expert grads reduce over the expert-DP group (tuner.models.moe [MP])
@@ -457,9 +459,8 @@ def _dp_and_optimizer(
         if not ds:
             dp += dp_megatron(ec, expert_psi, rates, e_link.bandwidth, e_link.latency, windows)
         else:  # DeepSpeed reduces the expert groups' grads by its ZeRO stage's rule too
-            dp += dp_deepspeed(
-                ec, expert_psi, rates, e_link.bandwidth, e_link.latency, stage_mb, layers, bf16_opt
-            )
+            dp += dp_deepspeed(ec, expert_psi, rates, e_link.bandwidth, e_link.latency,
+                               stage_mb, layers, bf16_opt, psi + expert_psi)  # fmt: skip
         optimizer += optimizer_seconds(ec, expert_psi, rates, framework)
     return dp, optimizer
 
