@@ -68,13 +68,6 @@ class StackPoint:
     fixed_scale: float | None = None
     """Measured / model seconds of the per-micro-batch rest (embedding, LM head, loss, the
     framework's per-micro-batch overhead)."""
-    head_scale: float | None = None
-    """Measured / model seconds of the part of that rest that grows with the micro-batch
-    (embedding, LM head, loss), measured apart from :attr:`microbatch_s` where the probe ran the
-    point at a second micro-batch size; None: ``fixed_scale`` scales the whole rest."""
-    microbatch_s: float | None = None
-    """Measured seconds of the framework's fixed work per micro-batch (in place of
-    ``Rates.microbatch_overhead``), with :attr:`head_scale`."""
     activation_scale: float | None = None
     """Measured / model bytes of one layer's saved activations."""
     extras_scale: float | None = None
@@ -185,8 +178,7 @@ class StackTerms:
         if pipe is None:
             return near
         spread = max(near.time_spread, pipe.time_spread)
-        return dataclasses.replace(near, fixed_scale=pipe.fixed_scale, head_scale=None,
-                                   microbatch_s=None, time_spread=spread)  # fmt: skip
+        return dataclasses.replace(near, fixed_scale=pipe.fixed_scale, time_spread=spread)
 
     def _pipeline(self, config: ParallelConfig) -> StackPoint | None:
         """The probed pipeline point for ``config`` (with pipeline stages, its TP and CP; the
@@ -242,16 +234,12 @@ def scaled_layer_times(
 ) -> tuple[float, float, float, float]:  # fmt: skip
     """(fwd, bwd, attention core, head) of one micro-batch with the measured terms: the layer's
     times times ``layer_scale`` (recomputation, being a share of the forward, follows), and the
-    head such that head + the per-micro-batch overhead is ``fixed_scale`` times the model's, or,
-    where the two were measured apart, ``head_scale`` times the model's head plus the measured
-    per-micro-batch seconds."""
+    head such that head + the per-micro-batch overhead is ``fixed_scale`` times the model's."""
     p = None if terms is None else terms.point(config)
     if p is None:
         return fwd, bwd, core, head
     k = p.layer_scale if p.layer_scale is not None else 1.0
-    if p.head_scale is not None and p.microbatch_s is not None:
-        head = max(p.head_scale * head + p.microbatch_s - microbatch_overhead, 0.0)
-    elif p.fixed_scale is not None:
+    if p.fixed_scale is not None:
         head = max(p.fixed_scale * (head + microbatch_overhead) - microbatch_overhead, 0.0)
     return fwd * k, bwd * k, core * k, head
 

@@ -21,7 +21,6 @@ not move.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -166,8 +165,7 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
     """The probe's runs: per (TP, CP) of the space without pipeline stages, a base point (no
     recomputation where the space has it, the middle micro-batch size, the lowest ZeRO stage and
     EP) at both :func:`probe_depths` and at 1 layer with :data:`BATCH_SCALE` times the
-    micro-batches and at another micro-batch size (:func:`other_size_run`), then the base's
-    neighbours that change one knob (each other recomputation,
+    micro-batches, then the base's neighbours that change one knob (each other recomputation,
     ZeRO stage and EP) at the deeper one, and, where the space has pipeline stages with that TP
     and CP, one pipeline point (:func:`pipeline_run`) at :data:`PIPE_DEPTH` layers per
     stage. The other configs with pipeline stages are not run: they compose from the same
@@ -195,7 +193,6 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
         wide = ProbeRun(base, min(depths), BATCH_SCALE)
         if not study_violations(wide.launched, reduced(spec, wide.launched, wide.depth)):
             runs.append(wide)
-        runs += [r for r in (other_size_run(spec, base, every),) if r is not None]
         seen = {base.key()}
         for c in group:
             same = c.micro_batch_size == mbs and _knobs(c) == _knobs(base)
@@ -212,30 +209,6 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
         if pipe is not None:
             runs.append(pipe)
     return runs
-
-
-def other_size_run(spec: StudySpec, base: ParallelConfig,
-                   configs: Sequence[ParallelConfig]) -> ProbeRun | None:  # fmt: skip
-    """The base point at another micro-batch size, at 1 layer: the config of the space without
-    pipeline stages that differs from ``base`` in its micro-batch size alone, the size farthest
-    from the base's (the larger one on a tie), or None. Its per-micro-batch rest, against the
-    base's, tells the part that grows with the micro-batch (the LM head and loss, the
-    embedding) from the framework's fixed per-micro-batch work
-    (:func:`tuner.profile.stack_terms.derive_terms`)."""
-    lo = probe_depths(spec)[0]
-
-    def same(c: ParallelConfig) -> bool:
-        knobs = (c.tp, c.cp, c.recompute, c.zero_stage, c.distributed_optimizer, c.ep, _knobs(c))
-        return knobs == (base.tp, base.cp, base.recompute, base.zero_stage,
-                         base.distributed_optimizer, base.ep, _knobs(base))  # fmt: skip
-
-    others = [c for c in configs if c.micro_batch_size != base.micro_batch_size and same(c)
-              and not study_violations(c, reduced(spec, c, lo))]  # fmt: skip
-    if not others:
-        return None
-    far = max(others, key=lambda c: (abs(math.log2(c.micro_batch_size / base.micro_batch_size)),
-                                     c.micro_batch_size))  # fmt: skip
-    return ProbeRun(far, lo)
 
 
 def pipeline_run(spec: StudySpec, base: ParallelConfig,

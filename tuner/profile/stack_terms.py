@@ -11,19 +11,16 @@ layer and a few, :func:`tuner.profile.probe.probe_depths`) less ``S`` give the m
 (their difference over ``m`` and the layers between them) and ``rest``; each is kept as its ratio
 to the model's (:class:`tuner.models.stack.StackPoint`); ``S``'s fixed part (the step's own work
 besides the gradient reduction and the optimizer's arithmetic) is measured by the base's 1-layer
-run at more micro-batches (:func:`_overhead_scale`), the part of ``rest`` that grows with the
-micro-batch (embedding, LM head, loss) apart from the framework's fixed per-micro-batch work by
-its 1-layer run at another micro-batch size (:func:`_rest_split`), and a pipeline point's
-per-micro-batch rest by solving the composed model for it (:func:`_pipeline_point`). Where the
-probe interleaved its points' steps, each row's step time is first read against the base point's
-1-layer run, as its median times their paired ratio (:func:`tuner.profile.paired.aligned`), so
-a drifting load moves the rows of a group alike and leaves their differences alone. For memory
-the peak allocated bytes at the two depths less the model's weights, gradients, optimizer states
-and buffers give one layer's activations (the difference over the layers between them) and the
-stage's extras (what is left at 1 layer). A point run at one depth takes the rest and the extras
-of its base point (same TP and CP) and measures its own per-layer figures. Slack (reserved -
-allocated) comes from GPU runs only: on CPU ranks the workloads' reserved figure is the growth
-of the resident set, not an allocator's.
+run at more micro-batches (:func:`_overhead_scale`), and a pipeline point's per-micro-batch rest by
+solving the composed model for it (:func:`_pipeline_point`). Where the probe interleaved its
+points' steps, each row's step time is first read against the base point's 1-layer run, as its
+median times their paired ratio (:func:`_aligned`), so a drifting load moves the rows of a group
+alike and leaves their differences alone. For memory the peak allocated bytes at the two depths
+less the model's weights, gradients, optimizer states and buffers give one layer's activations (the
+difference over the layers between them) and the stage's extras (what is left at 1 layer). A point
+run at one depth takes the rest and the extras of its base point (same TP and CP) and measures its
+own per-layer figures. Slack (reserved - allocated) comes from GPU runs only: on CPU ranks the
+workloads' reserved figure is the growth of the resident set, not an allocator's.
 
 The file (``<root>/clusters/<cluster>.<study>.stack.yaml``) keeps the raw rows, the stack's
 versions, what the probe cost and a fingerprint of what it ran (model, framework, template,
@@ -39,6 +36,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackPoint, StackTerms
 from tuner.models.time.estimate import estimate_time
-from tuner.profile.paired import aligned, spread
+from tuner.profile.paired import paired_ratio, paired_ratios, spread
 from tuner.profile.probe import BATCH_SCALE, ProbeResult, ProbeRow, reduced
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError, local_versions
 from tuner.space.enumerate import iter_configs, study_gpu
@@ -127,14 +125,13 @@ def _bytes_ratio(measured: float, model: float) -> float | None:
     return max(measured, 0.0) / model if model > 0 else None
 
 
-def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow], rates: Rates,
-                wide: tuple[ProbeRow, ParallelConfig] | None = None,
-                other: tuple[ProbeRow, ParallelConfig] | None = None) -> StackPoint:  # fmt: skip
+def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
+                rates: Rates,
+                wide: tuple[ProbeRow, ParallelConfig] | None = None) -> StackPoint:  # fmt: skip
     """A point run at two depths (``lo`` and ``hi`` layers per stage,
     :func:`tuner.profile.probe.probe_depths`): every term from their difference over the layers
-    between them, the step's fixed rest from the ``lo``-layer run at more micro-batches
-    (``wide``, :func:`_overhead_scale`), and the rest's parts from the ``lo``-layer run at
-    another micro-batch size (``other``, :func:`_rest_split`)."""
+    between them, and the step's fixed rest from the ``lo``-layer run at more
+    micro-batches (``wide``, :func:`_overhead_scale`)."""
     m = max(c.num_microbatches, 1)
     lo, hi = min(rows), max(rows)
     k_over = _overhead_scale(spec, c, rows[lo], wide, rates)
@@ -142,7 +139,6 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     t1, t2 = rows[lo].step_s, rows[hi].step_s
     layer, lay_model = ((t2 - s2) - (t1 - s1)) / m / (hi - lo), (v2 - v1) / (hi - lo)
     rest = (t1 - s1) / m - lo * layer
-    split = _rest_split(spec, other, rest, v1 - lo * lay_model, layer / lay_model, k_over, rates)
     (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (lo, hi))
     o1, o2 = f1 + w1, f2 + w2
     p1, p2 = rows[lo].peak_gib * GIB, rows[hi].peak_gib * GIB
@@ -150,37 +146,7 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     extras = p1 - o1 - (k_act or 1.0) * a1
     return _point(spec, c, rows.values(), layer_scale=_ratio(layer, lay_model),
                   fixed_scale=_ratio(rest, v1 - lo * lay_model), activation_scale=k_act,
-                  extras_scale=_bytes_ratio(extras, e1), overhead_scale=k_over,
-                  split=split)  # fmt: skip
-
-
-def _rest_split(spec: StudySpec, other: tuple[ProbeRow, ParallelConfig] | None, rest: float,
-                rest_model: float, k_layer: float, k_over: float | None,
-                rates: Rates) -> tuple[float, float] | None:  # fmt: skip
-    """(measured / model seconds of the per-micro-batch rest's part that grows with the
-    micro-batch, measured seconds of the framework's fixed per-micro-batch work), from the base
-    point's measured ``rest`` (model: ``rest_model``) and its 1-layer run at another micro-batch
-    size (``other``, :func:`tuner.profile.probe.other_size_run`). The model's rest is its head
-    (embedding, LM head, loss: in proportion to the micro-batch's tokens) plus
-    ``rates.microbatch_overhead``; the other run less the model's step rest (with the measured
-    fixed rest) and its layer at the base's measured layer scale is the rest at that size, and
-    the two rests are one line in the head's seconds: its slope is the head's scale, its
-    intercept the fixed work. None without ``other``, or where the line does not hold a positive
-    head and a fixed work at or over nil (noise larger than the difference)."""
-    if other is None or k_layer <= 0:
-        return None
-    row, co = other
-    m = max(co.num_microbatches, 1)
-    (v1, s1, _), (v2, _, _) = (_time_parts(spec, co, d, rates, k_over)
-                               for d in (row.depth, row.depth + 1))  # fmt: skip
-    mo = rates.microbatch_overhead
-    head, head_other = rest_model - mo, v1 - row.depth * (v2 - v1) - mo
-    rest_other = (row.step_s - s1) / m - row.depth * k_layer * (v2 - v1)
-    if abs(head_other - head) <= 1e-12:
-        return None
-    k_head = (rest_other - rest) / (head_other - head)
-    fixed = rest - k_head * head
-    return (k_head, fixed) if k_head > 0 and fixed >= 0 else None
+                  extras_scale=_bytes_ratio(extras, e1), overhead_scale=k_over)  # fmt: skip
 
 
 def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
@@ -206,7 +172,7 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
                   fixed_scale=base.fixed_scale if base else None,
                   activation_scale=_bytes_ratio(acts, act),
                   extras_scale=base.extras_scale if base else None,
-                  overhead_scale=k_over, split=_split_of(base))  # fmt: skip
+                  overhead_scale=k_over)  # fmt: skip
 
 
 def _sharding_only(c: ParallelConfig, base: StackPoint) -> bool:
@@ -237,21 +203,14 @@ def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: Sta
                   activation_scale=base.activation_scale, extras_scale=base.extras_scale,
                   states_scale=_bytes_ratio(held, states),
                   step_scale=_bytes_ratio(work, shard),
-                  overhead_scale=base.overhead_scale, split=_split_of(base))  # fmt: skip
-
-
-def _split_of(base: StackPoint | None) -> tuple[float, float] | None:
-    """The base point's measured rest parts (:func:`_rest_split`), which its neighbours share."""
-    if base is None or base.head_scale is None or base.microbatch_s is None:
-        return None
-    return base.head_scale, base.microbatch_s
+                  overhead_scale=base.overhead_scale)  # fmt: skip
 
 
 def _point(
     spec: StudySpec, c: ParallelConfig, rows: Any, *, layer_scale: float | None,
     fixed_scale: float | None, activation_scale: float | None, extras_scale: float | None,
     states_scale: float | None = None, step_scale: float | None = None,
-    overhead_scale: float | None = None, split: tuple[float, float] | None = None,
+    overhead_scale: float | None = None,
 ) -> StackPoint:  # fmt: skip
     rows = list(rows)
     slack = temps = None
@@ -272,8 +231,7 @@ def _point(
         time_spread=max(spread(r.samples_s) for r in rows), layer_scale=layer_scale,
         fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
         states_scale=states_scale, step_scale=step_scale, temps_scale=temps,
-        overhead_scale=overhead_scale, head_scale=split[0] if split else None,
-        microbatch_s=split[1] if split else None,
+        overhead_scale=overhead_scale,
     )  # fmt: skip
 
 
@@ -300,22 +258,19 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
                                f"space; run tune profile --study {spec.name} --probe",
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
-    by_key = aligned(by_key, configs)
+    by_key = _aligned(by_key, configs)
     wide = {(configs[k].tp, configs[k].cp): (d[min(d)], configs[k])
             for k, d in by_key.items() if k in wides}  # fmt: skip
-    other = _other_sizes(by_key, configs)
     bases: dict[tuple[int, int], StackPoint] = {}
     points = []
     for key, depths in by_key.items():
         if len(depths) > 1 and configs[key].pp == 1:
             c = configs[key]
-            group = (c.tp, c.cp)
-            bases[group] = _base_point(spec, c, depths, rates, wide.get(group), other.get(group))
-            points.append(bases[group])
-    kept = wides.keys() | {c.key() for _, c in other.values()}
+            bases[(c.tp, c.cp)] = _base_point(spec, c, depths, rates, wide.get((c.tp, c.cp)))
+            points.append(bases[(c.tp, c.cp)])
     for key, depths in by_key.items():
         c = configs[key]
-        if len(depths) == 1 and c.pp == 1 and key not in kept:
+        if len(depths) == 1 and c.pp == 1 and key not in wides:
             row = depths[max(depths)]
             points.append(_neighbour_point(spec, c, row, bases.get((c.tp, c.cp)), rates))
     flat = StackTerms(tuple(points))
@@ -324,28 +279,6 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
         if c.pp > 1:
             points.append(_pipeline_point(spec, c, depths[max(depths)], flat, rates))
     return StackTerms(tuple(points))
-
-
-def _other_sizes(
-    by_key: Mapping[str, Mapping[int, ProbeRow]], configs: Mapping[str, ParallelConfig]
-) -> dict[tuple[int, int], tuple[ProbeRow, ParallelConfig]]:
-    """Per (TP, CP), the base point's run at another micro-batch size
-    (:func:`tuner.profile.probe.other_size_run`): a config without pipeline stages run alone at
-    the base's lower depth that differs from the base in its micro-batch size alone."""
-    out: dict[tuple[int, int], tuple[ProbeRow, ParallelConfig]] = {}
-    for key, depths in by_key.items():
-        b = configs[key]
-        if len(depths) < 2 or b.pp > 1:
-            continue
-        for k, d in by_key.items():
-            c = configs[k]
-            if (
-                list(d) == [min(depths)]
-                and c.micro_batch_size != b.micro_batch_size
-                and dataclasses.replace(c, micro_batch_size=b.micro_batch_size) == b
-            ):
-                out[(b.tp, b.cp)] = (d[min(depths)], c)
-    return out
 
 
 PIPE_SCALE_MAX = 64.0
@@ -387,8 +320,51 @@ def _pipeline_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, flat: Sta
     return dataclasses.replace(near, cp=c.cp, pp=c.pp, mbs=c.micro_batch_size,
                                recompute=c.recompute, zero_stage=c.zero_stage, ep=c.ep,
                                distopt=c.distributed_optimizer, fixed_scale=(lo + hi) / 2,
-                               head_scale=None, microbatch_s=None,
                                time_spread=spread(row.samples_s))  # fmt: skip
+
+
+def _aligned(by_key: dict[str, dict[int, ProbeRow]],
+             configs: Mapping[str, ParallelConfig]) -> dict[str, dict[int, ProbeRow]]:  # fmt: skip
+    """The rows of a probe that interleaved its points, each as its reference's level times its
+    paired ratio (:func:`tuner.profile.paired.paired_ratio`). The reference is the 1-layer run of
+    the base point with the row's TP and CP; every row of that group is taken over the rounds
+    all of them kept (a warm-up left out of one row leaves its round out of all), the reference
+    at the median of its samples there, each other row at that median times the median over
+    blocks of rounds of its ratio to the reference, its samples that median times each block's
+    ratio (so its spread is the ratios'). A load that drifts through the probe then moves every
+    row of the group by one factor, the reference's, and the differences between depths and
+    points are free of it. Rows of a probe that ran its points one after another are kept as
+    measured."""
+    groups: dict[tuple[int, int], list[ProbeRow]] = {}
+    for key, depths in by_key.items():
+        groups.setdefault((configs[key].tp, configs[key].cp), []).extend(depths.values())
+    refs = {(configs[k].tp, configs[k].cp): d[min(d)] for k, d in by_key.items() if len(d) > 1}
+    out: dict[str, dict[int, ProbeRow]] = {}
+    for key, depths in by_key.items():
+        group = (configs[key].tp, configs[key].cp)
+        ref = refs.get(group)
+        shared = set.intersection(*(set(r.rounds) for r in groups[group]))
+        if ref is None or not shared:
+            out[key] = dict(depths)
+            continue
+        theirs = dict(zip(ref.rounds, ref.samples_s, strict=True))
+        level = statistics.median(theirs[r] for r in shared)
+        out[key] = {}
+        for depth, row in depths.items():
+            if row is ref:
+                rounds = tuple(r for r in ref.rounds if r in shared)
+                samples = tuple(theirs[r] for r in rounds)
+                out[key][depth] = dataclasses.replace(row, step_s=level, samples_s=samples,
+                                                      rounds=rounds)  # fmt: skip
+                continue
+            blocks = paired_ratios(row, ref, shared)
+            ratio = paired_ratio(row, ref, shared)
+            assert ratio is not None  # shared rounds, so blocks
+            out[key][depth] = dataclasses.replace(
+                row, step_s=level * ratio[0], samples_s=tuple(level * q for _, q in blocks),
+                rounds=tuple(r for r, _ in blocks),
+            )  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------- the file
