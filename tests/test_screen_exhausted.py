@@ -28,6 +28,7 @@ def test_exhausted_is_the_plain_comparison() -> None:
     for seed in range(6):
         rng = random.Random(seed)
         screen: Any = SimpleNamespace(_space_keys={c.key(): c for c in GRID}, _dominated={},
+                                      _space_split=None,
                                       digest=Digest())  # fmt: skip
         screen._dominated_by = lambda oom, s=screen: Screen._dominated_by(s, oom)
         finals = [trial(rng, k, rng.choice([TrialState.COMPLETE, TrialState.PRUNED]))

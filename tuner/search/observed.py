@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.calibrate.store import launch_overhead_s
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
-from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
+from tuner.space.trials import RETRYABLE, SplitIndex, trial_outcome
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,7 +121,7 @@ class Observed:
         self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
         self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
         self._prefix: tuple[Sequence[FrozenTrial], int] | None = None  # see folded_prefix
-        self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
+        self._dominated: tuple[SplitIndex, dict[str, set[int]]] | None = None
         self._union: tuple[Sequence[ParallelConfig], list[str], set[int]] | None = None
         self._sorted: tuple[int, dict[str, float]] | None = None  # (version, measured in order)
         self._version = 0  # bumped by every change of ``_measured``
@@ -140,18 +140,18 @@ class Observed:
     def dominated(self, ooms: dict[str, ParallelConfig],
                   configs: Sequence[ParallelConfig]) -> set[int]:  # fmt: skip
         """Indices of ``configs`` that need at least the memory of one of ``ooms`` (by key:
-        ``oom_dominates``), each OOM config compared with ``configs`` once (the candidates are
-        fixed; an OOM config never changes)."""
-        if self._dominated is None or self._dominated[0] is not configs:
-            self._dominated = (configs, {})
-        known = self._dominated[1]
+        ``oom_dominates``), each OOM config compared with ``configs`` of its split once (the
+        candidates are fixed; an OOM config never changes)."""
+        if self._dominated is None or self._dominated[0].configs is not configs:
+            self._dominated = (SplitIndex(configs), {})
+        split, known = self._dominated
         keys = list(ooms)
         if self._union is not None and self._union[0] is configs and self._union[1] == keys:
             return set(self._union[2])  # the same OOMs as the last ask: the same union
         out: set[int] = set()
         for key, oom in ooms.items():
             if key not in known:
-                known[key] = {i for i, c in enumerate(configs) if oom_dominates(oom, c)}
+                known[key] = set(split.dominated(oom))
             out |= known[key]
         self._union = (configs, keys, set(out))
         return out
