@@ -313,7 +313,10 @@ class StudyLoop:
             self._record(run, result)
 
     def _record(self, run: Running, result: Any) -> None:
-        verdict = self.proxies.judge(run.trial, run.config, result)  # extrapolated if a proxy
+        tail = self.watch.tail(run.trial.number)  # its logs as the watch read them so far
+        verdict = self.proxies.judge(
+            run.trial, run.config, result, tail
+        )  # extrapolated if a proxy
         if result.job_id is not None:  # the hosts the batch scheduler picked, not the pool's slots
             run.trial.set_user_attr("job_hosts", list(result.hosts))
         if verdict.outcome not in RETRYABLE:
