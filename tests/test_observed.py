@@ -170,6 +170,7 @@ def test_the_finished_part_kept_fold_by_fold_is_one_pass_over_every_trial() -> N
             got = (list(seen.measured.items()), seen.pending, seen.tried, seen.ooms,
                    list(seen.memory.items()), observed.own(trials))  # fmt: skip
             assert got == one_pass(trials, gpu)
+            assert observed.oom_keys(seen.ooms) == {c.key() for c in seen.ooms.values()}
             reads += 1
         assert len(seen.memory) > 20 and len(seen.measured) > 20
         assert 2 <= observed._redone < reads / 4  # mostly kept fold by fold, not made again

@@ -131,6 +131,8 @@ class Observed:
         self._memory_gib = math.nan  # the GPU memory ``_memory`` was made for
         self._redone = 0  # how many times ``_memory`` was made from every key (tests read it)
         self._keys_of: dict[int, tuple[ParallelConfig, str]] = {}  # see oom_keys
+        self._oom_view: dict[str, ParallelConfig] | None = None  # see _finished_ooms
+        self._oom_keys: tuple[dict[str, ParallelConfig], set[str]] | None = None  # see oom_keys
 
     def of(self, trials: Sequence[FrozenTrial], gpu_gib: float) -> Seen:
         """What ``trials`` (a whole read, in trial-id order) say; ``gpu_gib``: the GPU's
@@ -164,7 +166,9 @@ class Observed:
     def oom_keys(self, ooms: dict[str, ParallelConfig]) -> set[str]:
         """``{c.key() for c in ooms.values()}``, each config's key made once: a finished
         trial's OOM config is one object from its fold on (an ask had some 600 keys to make
-        at 10,000 trials)."""
+        at 10,000 trials); the same set again for the same ``ooms`` object."""
+        if self._oom_keys is not None and self._oom_keys[0] is ooms:
+            return set(self._oom_keys[1])
         kept, out = self._keys_of, set()
         if len(kept) > 4 * len(ooms) + 1024:  # open trials' configs are new objects each read
             kept.clear()
@@ -173,6 +177,7 @@ class Observed:
             if known is None or known[0] is not c:
                 known = kept[id(c)] = (c, c.key())
             out.add(known[1])
+        self._oom_keys = (ooms, set(out))
         return out
 
     def own(self, trials: Sequence[FrozenTrial]) -> set[tuple[int, Any]]:
@@ -235,6 +240,7 @@ class Observed:
             self._touched.add(f.key)
         if f.oom is not None and (f.key not in self._oom or f.tid < self._oom[f.key].tid):
             self._oom[f.key] = f
+            self._oom_view = None
         if f.ok_memory is not None:
             lo, hi, ratio = self._ok.get(f.key, (f.tid, f.tid, f.ok_memory))
             self._ok[f.key] = (min(lo, f.tid), max(hi, f.tid),
@@ -252,9 +258,16 @@ class Observed:
             measured=dict(self._measured_in_order()),
             pending={f.key for f in open_ if f.running},
             tried=self._tried | {f.key for f in open_ if not f.skip},
-            ooms={k: f.oom for k, f in self._oom.items() if f.oom is not None},
+            ooms=self._finished_ooms(),
             memory=dict(self._finished_memory(gpu_gib)),
         )
+
+    def _finished_ooms(self) -> dict[str, ParallelConfig]:
+        """``ooms`` of the finished trials alone: one object while no OOM is folded, so that
+        what is kept per OOM list (:meth:`oom_keys`, :meth:`dominated`) is found at once."""
+        if self._oom_view is None:
+            self._oom_view = {k: f.oom for k, f in self._oom.items() if f.oom is not None}
+        return self._oom_view
 
     def _measured_in_order(self) -> dict[str, float]:
         """Each measured config's first measurement, in the order of the trials that made
