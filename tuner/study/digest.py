@@ -57,6 +57,7 @@ class Digest:
         self._holders: dict[str, tuple[int, int]] = {}  # key -> (trial id, number), lowest id
         self._ooms: dict[ParallelConfig, tuple[int, int]] = {}  # config -> lowest (id, number)
         self._split_ooms: dict[tuple[Any, ...], list[ParallelConfig]] = {}  # _ooms by split
+        self._oom_list: list[ParallelConfig] = []  # _ooms' configs in fold order
         self._full: dict[str, tuple[int, FrozenTrial]] = {}  # key -> first full-scale measure
         self._proxy: dict[str, tuple[int, FrozenTrial]] = {}  # key -> last proxy measure
         self._read: Sequence[FrozenTrial] | None = None
@@ -99,6 +100,7 @@ class Digest:
         if oom is not None and (oom not in self._ooms or tid < self._ooms[oom][0]):
             if oom not in self._ooms:
                 self._split_ooms.setdefault(memory_split(oom), []).append(oom)
+                self._oom_list.append(oom)
             self._ooms[oom] = (tid, t.number)
         if t.state == TrialState.COMPLETE and not is_duplicate(t):
             if t.user_attrs.get("proxy"):  # a pass keeps the last proxy, or any full scale
@@ -121,6 +123,16 @@ class Digest:
     def oom_configs(self) -> list[ParallelConfig]:
         """The configs that ran out of memory (each once), finished trials' and open ones'."""
         return list(dict.fromkeys([*self._ooms, *(c for _, c in self._open_ooms())]))
+
+    def finished_ooms(self) -> list[ParallelConfig]:
+        """The configs that ran out of memory in finished trials (each once), in the order
+        they were folded: one list that only grows, until the digest is folded afresh (then a
+        new one). Read-only."""
+        return self._oom_list
+
+    def open_ooms(self) -> list[ParallelConfig]:
+        """The configs of the unfinished trials already recording an OOM."""
+        return [c for _, c in self._open_ooms()]
 
     def first_oom_over(self, config: ParallelConfig) -> int | None:
         """The number of the first trial (in trial-id order) that ran out of memory on a

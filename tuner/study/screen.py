@@ -55,6 +55,7 @@ class Screen:
         self._space_keys: dict[str, ParallelConfig] | None = None
         self._space_split: tuple[list[str], SplitIndex] | None = None  # the keys' configs by split
         self._dominated: dict[int, tuple[ParallelConfig, set[str]]] = {}  # see _dominated_by
+        self._union: tuple[list[ParallelConfig], int, set[str]] = ([], 0, set())  # see exhausted
         self.digest = Digest(rerun)
         """The finished trials folded once each (:mod:`tuner.study.digest`)."""
 
@@ -122,12 +123,17 @@ class Screen:
         digest = self.digest.of(trials)
         for key in (*running, *digest.held()):
             left.pop(key, None)
-        dominated: set[str] = set()
-        ooms = digest.oom_configs()
-        if len(self._dominated) > 4 * len(ooms) + 1024:  # open trials' OOMs: new each read
+        finished, open_ = digest.finished_ooms(), digest.open_ooms()
+        if len(self._dominated) > 4 * (len(finished) + len(open_)) + 1024:  # open: new each read
             self._dominated.clear()
-        for oom in ooms:
-            dominated |= self._dominated_by(oom)
+        # the finished OOMs' union kept, each OOM added once (the list only grows; a digest
+        # folded afresh makes a new one), the open ones' on top
+        kept = self._union if self._union[0] is finished else (finished, 0, set())
+        union = kept[2]
+        for oom in finished[kept[1] :]:
+            union |= self._dominated_by(oom)
+        self._union = (finished, len(finished), union)
+        dominated = union.union(*(self._dominated_by(oom) for oom in open_))
         return dominated.issuperset(left)
 
     def _dominated_by(self, oom: ParallelConfig) -> set[str]:
