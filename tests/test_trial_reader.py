@@ -240,3 +240,28 @@ def test_running_trials_changed_in_place_are_read_again(
                 changed += 1
         last = {t.number: t for t in read}
     assert kept > 20 and changed > 20
+
+
+def test_statements_run_through_sqlalchemy_read_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the driver's own connection or the parameters' order is not at hand, the same
+    named statements run through SQLAlchemy and read the same trials."""
+    from tuner.study import reader as module
+
+    monkeypatch.setattr(
+        module, "_statement", lambda conn, query: module._Statement(query, None, None)
+    )
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    running = [study.ask(DISTS) for _ in range(3)]
+    running[0].set_user_attr("config", {"tp": 2})
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    study.tell(running[1], 2.0)
+    running[2].set_user_attr("ratio", 0.25)
+    study.ask(DISTS)
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))

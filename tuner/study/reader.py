@@ -219,15 +219,16 @@ class _Statement:
     """A query with named parameters, compiled once for a dialect."""
 
     query: sa.Select[Any]
-    sql: str
+    sql: str | None  # None: a dialect whose parameters' order is not known; run by SQLAlchemy
     names: tuple[str, ...] | None  # the parameters' order, for a positional driver
 
 
 def _statement(conn: sa.Connection, query: sa.Select[Any]) -> _Statement:
     compiled = query.compile(dialect=conn.dialect)
-    return _Statement(
-        query, str(compiled), tuple(compiled.positiontup or ()) if compiled.positional else None
-    )
+    if compiled.positional and compiled.positiontup is None:
+        return _Statement(query, None, None)
+    names = tuple(compiled.positiontup or ()) if compiled.positional else None
+    return _Statement(query, str(compiled), names)
 
 
 def _fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, Any]) -> list[Any]:
@@ -237,7 +238,7 @@ def _fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, A
     attribute tables of 10,000 trials are some 250,000 rows. Through SQLAlchemy where the
     driver's connection is not at hand."""
     raw = getattr(conn.connection, "driver_connection", None)
-    if raw is None:
+    if raw is None or statement.sql is None:
         return list(conn.execute(statement.query, values))
     names = statement.names
     args: Any = values if names is None else tuple(values[k] for k in names)
