@@ -168,3 +168,34 @@ def test_the_leaderboard_says_which_figure_a_step_is_and_old_trials_read_as_medi
     assert step_measure({"step_time_s": 1.1, "objective": "steady"}) == "steady"
     assert step_measure({"step_time_s": 1.0, "steady_step_s": 1.1}) == "median"  # recorded before
     assert step_measure({"outcome": "oom"}) is None
+
+
+def test_the_watchs_tail_read_on_at_the_end_gives_a_fresh_reads_verdict(tmp_path: Path) -> None:
+    """``measured_anyway`` reads the watch's tail on from where it stopped: the same records
+    as the logs read afresh, whatever the watch's reads cut (a line half written, a UTF-8
+    character split between two reads), and only for the logs it reads."""
+    logs = [tmp_path / "node-0.log", tmp_path / "node-1.log"]
+    times = [3000.0, 1500.0] + [1000.0 * (1 + 0.05 * ((i * 7) % 5 - 2)) for i in range(14)]
+    text = "".join(line(i, t).replace("lm loss", "lm lossé") for i, t in enumerate(times, 1))
+    data = text.encode()
+    watch = Watch(spec())
+    timeout = Verdict(Outcome.TIMEOUT, "killed at the trial time limit",
+                      {"step_time_s": 1.0, "iterations": 16})  # fmt: skip
+    logs[1].write_text("")
+    starts = [k for k in range(len(data)) if data[k] == 0xC3]  # each é's first byte
+    cuts = [k + 1 for k in starts[1:12:3]]  # in the middle of a character, and of a line
+    for k in cuts:
+        logs[0].write_bytes(data[:k])
+        watch.why_stop(1, logs, None)
+    tail = watch.tail(1)
+    assert tail is not None and tail.records and len(tail.records) < len(times)
+    logs[0].write_bytes(data)
+    fresh = measured_anyway(spec(), timeout, logs, None)
+    assert measured_anyway(spec(), timeout, logs, None, tail) == fresh
+    assert len(tail.records) == len(times)  # read on to the end
+    assert fresh.metrics["steady_batches"] >= 4
+    other = Watch(spec())
+    write_log(tmp_path / "other.log", [3000.0, 1500.0] + [2000.0] * 14)
+    other.why_stop(2, [tmp_path / "other.log"], None)  # a tail of other logs: not read
+    elsewhere = other.tail(2)
+    assert measured_anyway(spec(), timeout, logs, None, elsewhere) == fresh

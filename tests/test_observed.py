@@ -23,12 +23,19 @@ GRID = [
     ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=mbs, global_batch_size=64, recompute=rc)
     for tp, mbs, rc in itertools.product((1, 2), (1, 2, 4), ("none", "full"))
 ]
+WIDE = [
+    ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=mbs, global_batch_size=gbs, recompute=rc)
+    for tp, mbs, rc, gbs in itertools.product((1, 2, 4, 8), (1, 2, 4, 8), ("none", "full"),
+                                              (64, 128, 256))
+]  # fmt: skip
+"""Configs enough for new ones to keep coming as a long study goes on."""
 OUTCOMES = [None, Outcome.OK, Outcome.OK, Outcome.OOM, Outcome.INTERRUPTED, Outcome.NODE_ERROR,
             Outcome.PRUNED_MEMORY]  # fmt: skip
 
 
-def trial(rng: random.Random, number: int, state: TrialState) -> FrozenTrial:
-    config = rng.choice(GRID)
+def trial(rng: random.Random, number: int, state: TrialState,
+          grid: list[ParallelConfig] = GRID) -> FrozenTrial:  # fmt: skip
+    config = rng.choice(grid)
     outcome = rng.choice(OUTCOMES)
     attrs: dict[str, Any] = {"config": dataclasses.asdict(config), "key": config.key(),
                              "predicted_allocated_gib": rng.uniform(20, 60)}  # fmt: skip
@@ -53,7 +60,7 @@ def trial(rng: random.Random, number: int, state: TrialState) -> FrozenTrial:
                        intermediate_values={}, trial_id=number + 7)  # fmt: skip
 
 
-def one_pass(trials: list[FrozenTrial]) -> tuple[Any, ...]:
+def one_pass(trials: list[FrozenTrial], gpu_gib: float = GPU_GIB) -> tuple[Any, ...]:
     """The pass the model sampler's belief made over every trial before the fold."""
     measured: dict[str, float] = {}
     pending: set[str] = set()
@@ -75,7 +82,7 @@ def one_pass(trials: list[FrozenTrial]) -> tuple[Any, ...]:
             ooms[str(key)] = ParallelConfig(**t.user_attrs["config"])
             peak = t.user_attrs.get("predicted_peak_gib")
             if peak is not None:
-                memory[str(key)] = math.log(GPU_GIB / float(peak))
+                memory[str(key)] = math.log(gpu_gib / float(peak))
         measured_gib = t.user_attrs.get("peak_memory_gib")
         predicted_gib = t.user_attrs.get("predicted_allocated_gib")
         if outcome == Outcome.OK and measured_gib and predicted_gib:
@@ -133,3 +140,37 @@ def test_a_list_that_is_not_a_later_read_is_folded_afresh() -> None:
                list(seen.memory.items()), observed.own(read))  # fmt: skip
         assert got == one_pass(read)
         assert sorted(observed.startups(read)) == startups(read)
+
+
+def test_the_finished_part_kept_fold_by_fold_is_one_pass_over_every_trial() -> None:
+    """The loop's steady state: the trials in flight say nothing yet (no verdict), a few
+    finish between two reads, mostly in id order, sometimes not. The finished trials' maps
+    are then updated fold by fold rather than made again, and every read still gives what
+    one pass over its trials gives, for two GPU sizes in turn."""
+    for seed in range(4):
+        rng = random.Random(100 + seed)
+        n = 240
+        ends = [k // 4 + 16 + (rng.randint(0, 12) if rng.random() < 0.1 else 0) for k in range(n)]
+        finals = [trial(rng, k, rng.choice([TrialState.COMPLETE, TrialState.PRUNED]), WIDE)
+                  for k in range(n)]  # fmt: skip
+        observed = Observed()
+        reads = 0
+        for read in range(n // 4 + 30):
+            trials = []
+            for k in range(min(n, 4 * read + 1)):
+                if ends[k] <= read:
+                    trials.append(finals[k])
+                    continue
+                t = trial(rng, k, TrialState.RUNNING, WIDE)
+                for name in ("outcome", "peak_memory_gib"):  # in flight: no verdict yet
+                    t.user_attrs.pop(name, None)
+                trials.append(t)
+            gpu = GPU_GIB if read % 40 < 30 else GPU_GIB / 2
+            seen = observed.of(trials, gpu)
+            got = (list(seen.measured.items()), seen.pending, seen.tried, seen.ooms,
+                   list(seen.memory.items()), observed.own(trials))  # fmt: skip
+            assert got == one_pass(trials, gpu)
+            assert observed.oom_keys(seen.ooms) == {c.key() for c in seen.ooms.values()}
+            reads += 1
+        assert len(seen.memory) > 20 and len(seen.measured) > 20
+        assert 2 <= observed._redone < reads / 4  # mostly kept fold by fold, not made again

@@ -186,3 +186,82 @@ def test_trials_finishing_out_of_order_read_as_optuna_reads_them(tmp_path: Path)
         study.tell(trial, state=TrialState.FAIL)
     same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
     assert reader.trials() is not reader.trials()  # a list of each read's own
+
+
+@pytest.mark.parametrize("max_in", [500, 1])
+def test_running_trials_changed_in_place_are_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_in: int
+) -> None:
+    """An unfinished trial read unchanged is the last read's object; any change to it (a
+    value written over under its key, a new attribute, a reported step, a system attribute,
+    its end) gives what a fresh read gives, round after round."""
+    import random
+
+    from tuner.study import reader as module
+
+    monkeypatch.setattr(module, "MAX_IN", max_in)
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    rng = random.Random(3)
+    running = [study.ask(DISTS) for _ in range(6)]
+    for trial in running:
+        trial.set_user_attr("ratio", 0.5)
+    last = {t.number: t for t in reader.trials()}
+    kept = changed = 0
+    for round_ in range(16):
+        touched = set()
+        for trial in rng.sample(running, k=min(len(running), 3)):
+            touched.add(trial.number)
+            how = rng.randrange(5)
+            if how == 0:  # the same key, a new value: the row keeps its id
+                trial.set_user_attr("ratio", round_ + rng.random())
+            elif how == 1:
+                trial.set_user_attr(f"new{round_}", [round_, None])
+            elif how == 2:
+                trial.report(rng.random(), step=round_)
+            elif how == 3:
+                storage.set_trial_system_attr(trial._trial_id, "state", {"r": round_})
+            else:
+                running.remove(trial)
+                study.tell(trial, 1.0 + round_)
+        running += [study.ask(DISTS) for _ in range(rng.randint(0, 2))]
+        read = reader.trials()
+        same(read, fresh.get_all_trials(sid, deepcopy=False))
+        for t in read:
+            if not t.state.is_finished() and t.number in last and t.number not in touched:
+                assert t is last[t.number]  # unchanged: not built again
+                kept += 1
+            elif t.number in touched:
+                assert t is not last[t.number]
+                changed += 1
+        last = {t.number: t for t in read}
+    assert kept > 20 and changed > 20
+
+
+def test_statements_run_through_sqlalchemy_read_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the driver's own connection or the parameters' order is not at hand, the same
+    named statements run through SQLAlchemy and read the same trials."""
+    from tuner.study import reader as module
+
+    monkeypatch.setattr(
+        module, "_statement", lambda conn, query: module._Statement(query, None, None)
+    )
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    running = [study.ask(DISTS) for _ in range(3)]
+    running[0].set_user_attr("config", {"tp": 2})
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    study.tell(running[1], 2.0)
+    running[2].set_user_attr("ratio", 0.25)
+    study.ask(DISTS)
+    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))

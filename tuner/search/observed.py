@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.calibrate.store import launch_overhead_s
 from tuner.config.parallel import ParallelConfig
 from tuner.outcome import Outcome
-from tuner.space.trials import RETRYABLE, oom_dominates, trial_outcome
+from tuner.space.trials import RETRYABLE, SplitIndex, trial_outcome
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,11 +121,18 @@ class Observed:
         self._last: tuple[Sequence[FrozenTrial], float, Seen] | None = None
         self._open: tuple[Sequence[FrozenTrial], list[_Facts], set[tuple[int, Any]]] | None = None
         self._prefix: tuple[Sequence[FrozenTrial], int] | None = None  # see folded_prefix
-        self._dominated: tuple[Sequence[ParallelConfig], dict[str, set[int]]] | None = None
+        self._dominated: tuple[SplitIndex, dict[str, set[int]]] | None = None
         self._union: tuple[Sequence[ParallelConfig], list[str], set[int]] | None = None
-        self._sorted: tuple[int, dict[str, float]] | None = None  # (version, measured in order)
-        self._version = 0  # bumped by every change of ``_measured``
+        self._order: dict[str, float] | None = {}  # measured, first-measured order; None: redo
+        self._top = -1  # the highest trial id in ``_order``
+        self._memory: dict[str, float] = {}  # the finished trials' memory facts (see _merge)
+        self._firsts: dict[str, int] = {}  # key -> the lowest trial id of its memory events
+        self._touched: set[str] = set()  # keys whose memory events changed since _merge
+        self._memory_gib = math.nan  # the GPU memory ``_memory`` was made for
+        self._redone = 0  # how many times ``_memory`` was made from every key (tests read it)
         self._keys_of: dict[int, tuple[ParallelConfig, str]] = {}  # see oom_keys
+        self._oom_view: dict[str, ParallelConfig] | None = None  # see _finished_ooms
+        self._oom_keys: tuple[dict[str, ParallelConfig], set[str]] | None = None  # see oom_keys
 
     def of(self, trials: Sequence[FrozenTrial], gpu_gib: float) -> Seen:
         """What ``trials`` (a whole read, in trial-id order) say; ``gpu_gib``: the GPU's
@@ -140,18 +147,18 @@ class Observed:
     def dominated(self, ooms: dict[str, ParallelConfig],
                   configs: Sequence[ParallelConfig]) -> set[int]:  # fmt: skip
         """Indices of ``configs`` that need at least the memory of one of ``ooms`` (by key:
-        ``oom_dominates``), each OOM config compared with ``configs`` once (the candidates are
-        fixed; an OOM config never changes)."""
-        if self._dominated is None or self._dominated[0] is not configs:
-            self._dominated = (configs, {})
-        known = self._dominated[1]
+        ``oom_dominates``), each OOM config compared with ``configs`` of its split once (the
+        candidates are fixed; an OOM config never changes)."""
+        if self._dominated is None or self._dominated[0].configs is not configs:
+            self._dominated = (SplitIndex(configs), {})
+        split, known = self._dominated
         keys = list(ooms)
         if self._union is not None and self._union[0] is configs and self._union[1] == keys:
             return set(self._union[2])  # the same OOMs as the last ask: the same union
         out: set[int] = set()
         for key, oom in ooms.items():
             if key not in known:
-                known[key] = {i for i, c in enumerate(configs) if oom_dominates(oom, c)}
+                known[key] = set(split.dominated(oom))
             out |= known[key]
         self._union = (configs, keys, set(out))
         return out
@@ -159,7 +166,9 @@ class Observed:
     def oom_keys(self, ooms: dict[str, ParallelConfig]) -> set[str]:
         """``{c.key() for c in ooms.values()}``, each config's key made once: a finished
         trial's OOM config is one object from its fold on (an ask had some 600 keys to make
-        at 10,000 trials)."""
+        at 10,000 trials); the same set again for the same ``ooms`` object."""
+        if self._oom_keys is not None and self._oom_keys[0] is ooms:
+            return set(self._oom_keys[1])
         kept, out = self._keys_of, set()
         if len(kept) > 4 * len(ooms) + 1024:  # open trials' configs are new objects each read
             kept.clear()
@@ -168,6 +177,7 @@ class Observed:
             if known is None or known[0] is not c:
                 known = kept[id(c)] = (c, c.key())
             out.add(known[1])
+        self._oom_keys = (ooms, set(out))
         return out
 
     def own(self, trials: Sequence[FrozenTrial]) -> set[tuple[int, Any]]:
@@ -217,24 +227,99 @@ class Observed:
     def _fold(self, f: _Facts) -> None:
         if f.value is not None:
             if f.key not in self._measured or f.tid < self._measured[f.key][0]:
+                new = f.key not in self._measured
                 self._measured[f.key] = (f.tid, f.value)
-                self._version += 1
+                if self._order is not None and new and f.tid > self._top:  # goes last
+                    self._order[f.key], self._top = f.value, f.tid
+                else:  # a config measured again by an earlier trial: ordered afresh
+                    self._order = None
         if f.skip:
             return
         self._tried.add(f.key)
+        if f.oom is not None or f.ok_memory is not None:
+            self._touched.add(f.key)
         if f.oom is not None and (f.key not in self._oom or f.tid < self._oom[f.key].tid):
             self._oom[f.key] = f
+            self._oom_view = None
         if f.ok_memory is not None:
             lo, hi, ratio = self._ok.get(f.key, (f.tid, f.tid, f.ok_memory))
             self._ok[f.key] = (min(lo, f.tid), max(hi, f.tid),
                                f.ok_memory if f.tid >= hi else ratio)  # fmt: skip
 
     def _merge(self, open_: list[_Facts], gpu_gib: float) -> Seen:
-        if self._sorted is None or self._sorted[0] != self._version:  # in first-measured order
-            self._sorted = (self._version, {
-                k: v for k, (_, v) in sorted(self._measured.items(), key=lambda kv: kv[1][0])
-            })  # fmt: skip
-        measured = dict(self._sorted[1])
+        """What the folded trials and the unfinished ones ``open_`` say. The finished trials'
+        part is kept up to date fold by fold (a decision folds a trial or two: the maps were
+        rebuilt from some 600 configs on every ask at 10,000 trials); the unfinished trials
+        are merged on top, and where one of them already says something of memory (its
+        verdict written, not yet told) the whole is merged afresh (:meth:`_merge_all`)."""
+        if any(f.oom is not None or f.ok_memory is not None for f in open_):
+            return self._merge_all(open_, gpu_gib)
+        return Seen(
+            measured=dict(self._measured_in_order()),
+            pending={f.key for f in open_ if f.running},
+            tried=self._tried | {f.key for f in open_ if not f.skip},
+            ooms=self._finished_ooms(),
+            memory=dict(self._finished_memory(gpu_gib)),
+        )
+
+    def _finished_ooms(self) -> dict[str, ParallelConfig]:
+        """``ooms`` of the finished trials alone: one object while no OOM is folded, so that
+        what is kept per OOM list (:meth:`oom_keys`, :meth:`dominated`) is found at once."""
+        if self._oom_view is None:
+            self._oom_view = {k: f.oom for k, f in self._oom.items() if f.oom is not None}
+        return self._oom_view
+
+    def _measured_in_order(self) -> dict[str, float]:
+        """Each measured config's first measurement, in the order of the trials that made
+        them: appended as trials finish in id order, sorted afresh when one did not."""
+        if self._order is None:
+            ordered = sorted(self._measured.items(), key=lambda kv: kv[1][0])
+            self._order = {k: v for k, (_, v) in ordered}
+            self._top = max((tid for tid, _ in self._measured.values()), default=-1)
+        return self._order
+
+    def _events(self, key: str, gpu_gib: float) -> list[tuple[int, float]]:
+        """The finished trials' memory events of ``key``: (trial id, log ratio) of its first
+        and last ok run (the last one's ratio), and of its first OOM (a lower bound)."""
+        events = []
+        if key in self._ok:
+            lo, hi, ratio = self._ok[key]
+            events += [(lo, ratio), (hi, ratio)]
+        oom = self._oom.get(key)
+        if oom is not None and oom.oom_peak is not None:
+            events.append((oom.tid, math.log(gpu_gib / oom.oom_peak)))
+        return events
+
+    def _finished_memory(self, gpu_gib: float) -> dict[str, float]:
+        """``memory`` of the finished trials alone: each key's last event, the keys in the
+        order of their first. A key folded since the last call is updated in place, or
+        appended when its first event is the latest of all; else (a trial that finished out
+        of order moved a key's place) the whole is made again."""
+        fresh = gpu_gib != self._memory_gib
+        if not fresh:
+            found = sorted(
+                (min(e)[0], max(e)[1], k) for k in self._touched if (e := self._events(k, gpu_gib))
+            )  # fmt: skip
+            top = max(self._firsts.values(), default=-1)
+            for first, last, key in found:
+                known = self._firsts.get(key)
+                if first != known and (known is not None or first < top):
+                    fresh = True
+                    break
+                self._memory[key], self._firsts[key], top = last, first, max(top, first)
+        if fresh:
+            events = {k: self._events(k, gpu_gib) for k in (*self._ok, *self._oom)}
+            self._firsts = {k: min(e)[0] for k, e in events.items() if e}
+            self._memory = {
+                k: max(events[k])[1] for k in sorted(self._firsts, key=self._firsts.__getitem__)
+            }  # fmt: skip
+            self._memory_gib, self._redone = gpu_gib, self._redone + 1
+        self._touched = set()
+        return self._memory
+
+    def _merge_all(self, open_: list[_Facts], gpu_gib: float) -> Seen:
+        """:meth:`_merge` from every folded fact, the unfinished trials' among them."""
+        measured = dict(self._measured_in_order())
         first_oom = dict(self._oom)
         events: dict[str, list[tuple[int, float]]] = {  # key -> (trial id, ratio) that set it
             k: [(lo, ratio), (hi, ratio)] for k, (lo, hi, ratio) in self._ok.items()

@@ -25,6 +25,7 @@ from tuner.search.observed import folded_prefix, leading
 from tuner.space.trials import (
     counts_as_run,
     is_duplicate,
+    memory_split,
     oom_dominates,
     runs_again,
     trial_config,
@@ -55,6 +56,8 @@ class Digest:
         self._folded: dict[int, int] = {}  # trial id -> number
         self._holders: dict[str, tuple[int, int]] = {}  # key -> (trial id, number), lowest id
         self._ooms: dict[ParallelConfig, tuple[int, int]] = {}  # config -> lowest (id, number)
+        self._split_ooms: dict[tuple[Any, ...], list[ParallelConfig]] = {}  # _ooms by split
+        self._oom_list: list[ParallelConfig] = []  # _ooms' configs in fold order
         self._full: dict[str, tuple[int, FrozenTrial]] = {}  # key -> first full-scale measure
         self._proxy: dict[str, tuple[int, FrozenTrial]] = {}  # key -> last proxy measure
         self._read: Sequence[FrozenTrial] | None = None
@@ -95,6 +98,9 @@ class Digest:
                 self._holders[k] = (tid, t.number)
         oom = trial_config(t) if trial_outcome(t) == Outcome.OOM else None
         if oom is not None and (oom not in self._ooms or tid < self._ooms[oom][0]):
+            if oom not in self._ooms:
+                self._split_ooms.setdefault(memory_split(oom), []).append(oom)
+                self._oom_list.append(oom)
             self._ooms[oom] = (tid, t.number)
         if t.state == TrialState.COMPLETE and not is_duplicate(t):
             if t.user_attrs.get("proxy"):  # a pass keeps the last proxy, or any full scale
@@ -118,11 +124,22 @@ class Digest:
         """The configs that ran out of memory (each once), finished trials' and open ones'."""
         return list(dict.fromkeys([*self._ooms, *(c for _, c in self._open_ooms())]))
 
+    def finished_ooms(self) -> list[ParallelConfig]:
+        """The configs that ran out of memory in finished trials (each once), in the order
+        they were folded: one list that only grows, until the digest is folded afresh (then a
+        new one). Read-only."""
+        return self._oom_list
+
+    def open_ooms(self) -> list[ParallelConfig]:
+        """The configs of the unfinished trials already recording an OOM."""
+        return [c for _, c in self._open_ooms()]
+
     def first_oom_over(self, config: ParallelConfig) -> int | None:
         """The number of the first trial (in trial-id order) that ran out of memory on a
         config ``config`` needs at least the memory of (``oom_dominates``); None if none."""
         best: tuple[int, int] | None = None
-        for oom, found in self._ooms.items():
+        for oom in self._split_ooms.get(memory_split(config), ()):  # no other split's OOM can
+            found = self._ooms[oom]
             if (best is None or found < best) and oom_dominates(oom, config):
                 best = found
         for t, oom in self._open_ooms():

@@ -36,7 +36,8 @@ _READ_CHUNK = 1 << 20
 
 
 class LogTail:
-    """The iteration records of one trial's node logs, read incrementally."""
+    """The iteration records of one trial's node logs, read incrementally (a line is read once
+    it ends)."""
 
     def __init__(self, logs: Sequence[Path]) -> None:
         self.logs = list(logs)
@@ -106,6 +107,12 @@ class Watch:
         self._tails: dict[int, LogTail] = {}
         self._seen: dict[int, tuple[int, float | None]] = {}
 
+    def tail(self, number: int) -> LogTail | None:
+        """The tail the watch reads trial ``number``'s logs with (None before its first look):
+        read on by :func:`measured_anyway` when the trial ends, instead of reading its logs
+        again from their start."""
+        return self._tails.get(number)
+
     def why_stop(self, number: int, logs: Sequence[Path], best_high: float | None) -> str | None:
         """``precise``, ``raced`` or None (go on) for trial ``number`` logging to ``logs``."""
         tail = self._tails.setdefault(number, LogTail(logs))
@@ -145,11 +152,13 @@ class Watch:
 
 
 def measured_anyway(spec: StudySpec, verdict: Any, logs: Sequence[Path], stopped: str | None,
-                    ) -> Any:  # fmt: skip
+                    tail: LogTail | None = None) -> Any:  # fmt: skip
     """A trial ended at its time limit or by the watch is ``ok`` with its figure when its log
     holds enough steady batches; the estimate's attributes go on every verdict with records.
-    ``verdict``: :class:`tuner.study.record.Verdict`."""
-    records = LogTail([Path(p) for p in logs]).read()
+    ``verdict``: :class:`tuner.study.record.Verdict`. ``tail``: the watch's tail of the trial
+    (:meth:`Watch.tail`), read on from where it stopped when it reads these very ``logs``."""
+    paths = [Path(p) for p in logs]
+    records = (tail if tail is not None and tail.logs == paths else LogTail(paths)).read()
     if not records:
         return verdict
     found = steady_estimate(spec, records)

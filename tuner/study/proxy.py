@@ -43,6 +43,7 @@ from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
 from tuner.study.budget import node_hour_refusal, pending_node_hours
 from tuner.study.leases import BUDGET_LEASE, exclusive
+from tuner.study.measure import LogTail
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
 
 if TYPE_CHECKING:
@@ -136,15 +137,17 @@ class Proxies:
         trial.set_user_attr("proxy_predicted_peak_gib", round(proxy.peak_gib, 3))
         return proxy_spec(self.spec, proxy), proxy.config
 
-    def judge(self, trial: Any, config: ParallelConfig, result: JobResult) -> Verdict:
+    def judge(self, trial: Any, config: ParallelConfig, result: JobResult,
+              tail: LogTail | None = None) -> Verdict:  # fmt: skip
         """The verdict of ``trial``'s finished job as the study records it: a proxy's log is
         read with its own global batch, and its measured step becomes the extrapolated
         full-scale step (:func:`extrapolated`). A proxy this worker did not launch (a dead
-        worker's job it watches now) is known from the trial's attributes."""
+        worker's job it watches now) is known from the trial's attributes. ``tail``: the
+        watch's tail of the job's logs (:func:`tuner.study.record.judge`)."""
         judged: list[Verdict] = []  # judge always answers: the one verdict it gave
 
         def read(ran: StudySpec) -> Verdict:
-            judged.append(judge(ran, self.gpu, result))
+            judged.append(judge(ran, self.gpu, result, tail))
             return judged[0]
 
         verdict = trial_verdict(self.spec, self.gpu, self.rates, trial.user_attrs, config, read,

@@ -10,11 +10,14 @@ same rows as plain tuples (one query per table, joined here by trial id) and bui
 Like Optuna's cached storage it keeps the finished trials it read (a finished trial never
 changes) and reads again only the unfinished ones and those added since, so a long-lived reader
 sees what other workers add or finish. Other storages (a journal file) are read through Optuna.
+An unfinished trial whose rows read as the last read's is that read's object (not built again),
+and each statement is compiled once per shape (the number of unfinished trials it names).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import datetime
 import json
 from collections import defaultdict
@@ -49,6 +52,8 @@ class TrialReader:
         self._last = -1
         self._distributions: dict[str, BaseDistribution] = {}
         self._mark: tuple[int, Any] | None = None  # the last trial read: id, stored start
+        self._statements: dict[tuple[Any, ...], _Statement] = {}  # see _rows
+        self._unfinished: dict[int, tuple[tuple[Any, ...], FrozenTrial]] = {}  # see _read
 
     def unchanged(self) -> bool:
         """Whether the storage still holds the last trial read, as read (its study and start
@@ -103,37 +108,70 @@ class TrialReader:
 
     def _read(self, engine: sa.Engine) -> list[FrozenTrial]:
         t = models.TrialModel.__table__
-        if len(self._open) <= MAX_IN:
-            since = sa.or_(t.c.trial_id > self._last, t.c.trial_id.in_(sorted(self._open)))
+        opened = sorted(self._open)
+        values: dict[str, Any] = {"study": self.study_id, "last": self._last,
+                                  "lowest": min([*opened, self._last + 1])}  # fmt: skip
+        if len(opened) <= MAX_IN:
+            values |= {f"open{i}": tid for i, tid in enumerate(opened)}
+            since = t.c.trial_id > sa.bindparam("last")
+            if opened:
+                named: list[Any] = [sa.bindparam(f"open{i}") for i in range(len(opened))]
+                since = sa.or_(since, t.c.trial_id.in_(named))
+            shape: tuple[Any, ...] = ("in", len(opened))
         else:  # every id from the first unfinished one: a superset, narrowed below
-            since = t.c.trial_id >= min(self._open)
+            since, shape = t.c.trial_id >= sa.bindparam("lowest"), ("from",)
         # the same rows, bounded from below by id: SQLite then walks the trials from there
         # (the primary key) instead of every trial of the study (its study-id index)
-        lowest = min([*self._open, self._last + 1])
-        wanted = sa.and_(t.c.trial_id >= lowest, t.c.study_id == self.study_id, since)
+        wanted = sa.and_(t.c.trial_id >= sa.bindparam("lowest"),
+                         t.c.study_id == sa.bindparam("study"), since)  # fmt: skip
         with engine.connect() as conn:
             trials = conn.execute(
                 sa.select(t.c.trial_id, t.c.number, t.c.state, t.c.datetime_start,
-                          t.c.datetime_complete).where(wanted).order_by(t.c.trial_id)
+                          t.c.datetime_complete).where(wanted).order_by(t.c.trial_id),
+                values,
             ).all()  # fmt: skip
             children = {
-                name: _rows(conn, table, columns, wanted)
-                for name, table, columns in (
-                    ("values", models.TrialValueModel, ("objective", "value", "value_type")),
-                    ("params", models.TrialParamModel,
-                     ("param_id", "param_name", "param_value", "distribution_json")),
-                    ("user", models.TrialUserAttributeModel, ("key", "value_json")),
-                    ("system", models.TrialSystemAttributeModel, ("key", "value_json")),
-                    ("steps", models.TrialIntermediateValueModel,
-                     ("step", "intermediate_value", "intermediate_value_type")),
-                )
+                name: self._rows(conn, (name, *shape), table, columns, wanted, values)
+                for name, table, columns in _CHILDREN
             }  # fmt: skip
         if trials:
             self._mark = (trials[-1][0], trials[-1][3])
-        return [
-            self._frozen(row, children) for row in trials
-            if row[0] > self._last or row[0] in self._open
-        ]  # fmt: skip
+        # An unfinished trial whose rows are all as the last read read them is that read's
+        # trial object: building a trial (its attributes' JSON, its parameters) cost more
+        # than comparing its rows, and most of the trials in flight change nothing between
+        # two reads. Rows are compared, not ids: a value written over keeps its row's id.
+        out, seen = [], {}
+        for row in trials:
+            tid = row[0]
+            if tid <= self._last and tid not in self._open:
+                continue
+            rows = (tuple(row), *(tuple(children[name][tid]) for name, _, _ in _CHILDREN))
+            kept = self._unfinished.get(tid)
+            same = kept is not None and kept[0] == rows
+            trial = kept[1] if kept is not None and same else self._frozen(row, children)
+            if not trial.state.is_finished():
+                seen[tid] = (rows, trial)
+            out.append(trial)
+        self._unfinished = seen
+        return out
+
+    def _rows(self, conn: sa.Connection, shape: tuple[Any, ...], model: Any,
+              columns: Iterable[str], wanted: sa.ColumnElement[bool], values: dict[str, Any],
+              ) -> dict[int, list[Any]]:  # fmt: skip
+        """``columns`` of ``model``'s rows of the wanted trials, by trial id; the statement
+        compiled once per ``shape`` (SQLAlchemy's compilation took three times the query's
+        own time on SQLite: the plain fetch bypasses its cache)."""
+        statement = self._statements.get(shape)
+        if statement is None:
+            table, trials = model.__table__, models.TrialModel.__table__
+            query = sa.select(table.c.trial_id, *(table.c[c] for c in columns)).join(
+                trials, trials.c.trial_id == table.c.trial_id
+            )
+            statement = self._statements[shape] = _statement(conn, query.where(wanted))
+        out: dict[int, list[Any]] = defaultdict(list)
+        for row in _fetch_plain(conn, statement, values):
+            out[row[0]].append(row[1:])
+        return out
 
     def _frozen(self, row: Any, children: dict[str, dict[int, list[Any]]]) -> FrozenTrial:
         trial_id, number, state, start, complete = row
@@ -164,35 +202,49 @@ class TrialReader:
         )  # fmt: skip
 
 
-def _rows(conn: sa.Connection, model: Any, columns: Iterable[str],
-          wanted: sa.ColumnElement[bool]) -> dict[int, list[Any]]:  # fmt: skip
-    """``columns`` of ``model``'s rows of the wanted trials, by trial id."""
-    table, trials = model.__table__, models.TrialModel.__table__
-    query = sa.select(table.c.trial_id, *(table.c[c] for c in columns)).join(
-        trials, trials.c.trial_id == table.c.trial_id
-    )
-    out: dict[int, list[Any]] = defaultdict(list)
-    for row in _fetch_plain(conn, query.where(wanted)):
-        out[row[0]].append(row[1:])
-    return out
+_CHILDREN = (
+    ("values", models.TrialValueModel, ("objective", "value", "value_type")),
+    ("params", models.TrialParamModel,
+     ("param_id", "param_name", "param_value", "distribution_json")),
+    ("user", models.TrialUserAttributeModel, ("key", "value_json")),
+    ("system", models.TrialSystemAttributeModel, ("key", "value_json")),
+    ("steps", models.TrialIntermediateValueModel,
+     ("step", "intermediate_value", "intermediate_value_type")),
+)  # fmt: skip
+"""The tables of a trial's parts: name, ORM model, the columns read."""
 
 
-def _fetch_plain(conn: sa.Connection, query: sa.Select[Any]) -> list[Any]:
-    """The rows of ``query`` as the database driver gives them, for columns that need no
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Statement:
+    """A query with named parameters, compiled once for a dialect."""
+
+    query: sa.Select[Any]
+    sql: str | None  # None: a dialect whose parameters' order is not known; run by SQLAlchemy
+    names: tuple[str, ...] | None  # the parameters' order, for a positional driver
+
+
+def _statement(conn: sa.Connection, query: sa.Select[Any]) -> _Statement:
+    compiled = query.compile(dialect=conn.dialect)
+    if compiled.positional and compiled.positiontup is None:
+        return _Statement(query, None, None)
+    names = tuple(compiled.positiontup or ()) if compiled.positional else None
+    return _Statement(query, str(compiled), names)
+
+
+def _fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, Any]) -> list[Any]:
+    """The rows of ``statement`` as the database driver gives them, for columns that need no
     conversion (numbers and text; an enum column as its stored name, which :func:`_name`
     reads): SQLAlchemy's result rows cost about as much again as the driver's fetch, and the
     attribute tables of 10,000 trials are some 250,000 rows. Through SQLAlchemy where the
     driver's connection is not at hand."""
-    compiled = query.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
     raw = getattr(conn.connection, "driver_connection", None)
-    if raw is None or compiled.positiontup is None and compiled.positional:
-        return list(conn.execute(query))
-    params = compiled.params
-    args: Any = (tuple(params[k] for k in compiled.positiontup or ()) if compiled.positional
-                 else params)  # fmt: skip
+    if raw is None or statement.sql is None:
+        return list(conn.execute(statement.query, values))
+    names = statement.names
+    args: Any = values if names is None else tuple(values[k] for k in names)
     cursor = raw.cursor()
     try:
-        cursor.execute(str(compiled), args)
+        cursor.execute(statement.sql, args)
         return list(cursor.fetchall())
     finally:
         cursor.close()

@@ -32,7 +32,7 @@ from tuner.search.sampler import ModelGuidedSampler
 from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
 from tuner.study.faults import StorageFailure
-from tuner.study.measure import measured_anyway
+from tuner.study.measure import LogTail, measured_anyway
 from tuner.study.storage import set_user_attrs, upsert_backend, write_trial
 
 logger = logging.getLogger(__name__)
@@ -128,10 +128,12 @@ class Verdict:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
+def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None = None,
+          ) -> Verdict:  # fmt: skip
     """The outcome of a finished job. A job killed at its own time limit is judged from its
     logs (``timeout``, or ``hang`` with no iteration line); only a job cancelled because the
-    study stopped is ``interrupted``."""
+    study stopped is ``interrupted``. ``tail``: the watch's tail of its logs (read on rather
+    than the logs read again for the steady-state estimate)."""
     if result.node_errors:
         reason = "; ".join(f"{h}: {r}" for h, r in result.node_errors)
         return Verdict(Outcome.NODE_ERROR, reason)
@@ -146,7 +148,7 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult) -> Verdict:
         # torchrun's bind. Run it again (on a fresh port), without a strike against the node.
         return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
     verdict = Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
-    measured: Verdict = measured_anyway(spec, verdict, logs_of(result), result.stopped)
+    measured: Verdict = measured_anyway(spec, verdict, logs_of(result), result.stopped, tail)
     return replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
 
 

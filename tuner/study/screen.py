@@ -24,7 +24,7 @@ from tuner.outcome import Outcome
 from tuner.space.cost import too_slow_reason, trial_cost
 from tuner.space.enumerate import SharedSpace, study_violations
 from tuner.space.probes import at_risk, fit_probability
-from tuner.space.trials import oom_dominates
+from tuner.space.trials import SplitIndex
 from tuner.spec.study import StudySpec
 from tuner.study.digest import Digest
 from tuner.study.leases import LeaseConflict, Leases
@@ -53,7 +53,9 @@ class Screen:
         )
         self._probes: frozenset[str] | None = None
         self._space_keys: dict[str, ParallelConfig] | None = None
+        self._space_split: tuple[list[str], SplitIndex] | None = None  # the keys' configs by split
         self._dominated: dict[int, tuple[ParallelConfig, set[str]]] = {}  # see _dominated_by
+        self._union: tuple[list[ParallelConfig], int, set[str]] = ([], 0, set())  # see exhausted
         self.digest = Digest(rerun)
         """The finished trials folded once each (:mod:`tuner.study.digest`)."""
 
@@ -121,23 +123,33 @@ class Screen:
         digest = self.digest.of(trials)
         for key in (*running, *digest.held()):
             left.pop(key, None)
-        dominated: set[str] = set()
-        ooms = digest.oom_configs()
-        if len(self._dominated) > 4 * len(ooms) + 1024:  # open trials' OOMs: new each read
+        finished, open_ = digest.finished_ooms(), digest.open_ooms()
+        if len(self._dominated) > 4 * (len(finished) + len(open_)) + 1024:  # open: new each read
             self._dominated.clear()
-        for oom in ooms:
-            dominated |= self._dominated_by(oom)
+        # the finished OOMs' union kept, each OOM added once (the list only grows; a digest
+        # folded afresh makes a new one), the open ones' on top
+        kept = self._union if self._union[0] is finished else (finished, 0, set())
+        union = kept[2]
+        for oom in finished[kept[1] :]:
+            union |= self._dominated_by(oom)
+        self._union = (finished, len(finished), union)
+        dominated = union.union(*(self._dominated_by(oom) for oom in open_))
         return dominated.issuperset(left)
 
     def _dominated_by(self, oom: ParallelConfig) -> set[str]:
         """The keys of the space's configs that need at least the memory of ``oom``
         (``oom_dominates``), once per OOM config object (a finished trial's is one object from
         its digest on): :meth:`exhausted` compared every config left with every OOM on each
-        decision (some 5,000 comparisons at 10,000 trials)."""
+        decision (some 5,000 comparisons at 10,000 trials). An OOM is compared with the configs
+        of its own split only (:class:`~tuner.space.trials.SplitIndex`)."""
         kept = self._dominated.get(id(oom))
         if kept is None or kept[0] is not oom:
             assert self._space_keys is not None
-            keys = {k for k, c in self._space_keys.items() if oom_dominates(oom, c)}
+            if self._space_split is None:  # only configs of the OOM's split can be dominated
+                names = list(self._space_keys)
+                self._space_split = (names, SplitIndex(list(self._space_keys.values())))
+            names, split = self._space_split
+            keys = {names[i] for i in split.dominated(oom)}
             kept = self._dominated[id(oom)] = (oom, keys)
         return kept[1]
 
