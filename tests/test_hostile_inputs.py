@@ -672,6 +672,16 @@ def test_a_study_name_the_system_refuses_is_one_line(tmp_path: Path) -> None:
         _assert_one_line(tune("space", "--study", name, cwd=tmp_path), "File name too long")
 
 
+def test_a_directory_given_as_study_is_named_a_directory(tmp_path: Path) -> None:
+    """A folder as ``--study`` (``.``, ``studies``, ``x.yaml/``) was "does not exist" or "unknown
+    study": it exists, and the user looked for the mistake in the name."""
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "d.yaml").mkdir()
+    for name in (".", "studies", "d.yaml", "d.yaml/", str(tmp_path)):
+        _assert_one_line(tune("space", "--study", name, cwd=tmp_path), "is a directory")
+    _assert_one_line(tune("space", "--study", "no/x.yaml", cwd=tmp_path), "does not exist")
+
+
 def test_another_programs_database_at_the_storage_path_is_one_line(tmp_path: Path) -> None:
     """A valid SQLite file that is not an Optuna study (its own ``studies`` table): opening
     works, reading fails inside Optuna; every reader says so in one line, exit 2."""
