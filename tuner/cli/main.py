@@ -350,10 +350,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     _add_global_options(parser)
     _add_store_options(parser)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers: dict[str, Handler] = {}
 
-    raw = argparse.RawDescriptionHelpFormatter
+    raw = help_text.EpilogFormatter
     stage = tuple(render.Column(name=n, header=h) for n, h in STAGE_COLUMNS)
     p = sub.add_parser("estimate", help="validate one config and predict its memory and time",
                        epilog=help_text.epilog(stage), formatter_class=raw)  # fmt: skip
@@ -410,9 +410,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("best", help="a measured config as a full run: launch script, sbatch job, "
                        "framework arguments or ds_config (docs/exports.md)")  # fmt: skip
     add_study_option(p)
-    p.add_argument("--emit", choices=EXPORT_KINDS, default="script",
-                   help="what to write (each kind to its own file under "
-                   "results/STUDY/exports/trial-N/)")  # fmt: skip
+    p.add_argument("--emit", choices=EXPORT_KINDS, default="script", metavar="KIND",
+                   help=f"what to write: {', '.join(EXPORT_KINDS)} (default script; each kind "
+                   "to its own file under results/STUDY/exports/trial-N/)")  # fmt: skip
     p.add_argument("--trial", type=whole(0), default=None, metavar="N",
                    help="export trial N instead of the fastest measured one")  # fmt: skip
     p.add_argument("--train-iters", type=whole(1, MAX_ITERS), default=None, metavar="N",

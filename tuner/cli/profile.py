@@ -425,7 +425,7 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     p = sub.add_parser(
         "calibrate", help="the model corrections saved for a cluster",
         epilog=help_text.epilog(FACTOR_COLUMNS + TRIAL_COLUMNS, CALIBRATE_MORE, choose=False),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help_text.EpilogFormatter,
     )  # fmt: skip
     p.add_argument("--cluster", metavar="NAME", help="the cluster name (cluster.name)")
     p.add_argument("--study", help="the cluster of this study")
