@@ -250,6 +250,8 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
+        if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
+            where += " (a tab: write spaces there)"
         raise ConfigError(f"{problem}{where}", file=str(path)) from None
     except ConfigError as exc:
         raise ConfigError(exc.reason, file=str(path)) from None
