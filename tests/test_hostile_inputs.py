@@ -662,6 +662,10 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         # argparse's own errors: one line too (its usage block used to come first)
         (["best", "--study", str(path), "--format", "nope"], "invalid choice: 'nope'"),
         (["space"], "the following arguments are required: --study"),
+        # an option the command does not take pointed at `tune --help`, which does not list it
+        (["leaderboard", "--study", str(path), "--json"],
+         "unrecognized arguments: --json (see tune leaderboard --help)"),
+        (["estimate", "--study", str(path), "--tp", "2"], "--tp 2 (see tune estimate --help)"),
     )  # fmt: skip
     for command, words in cases:
         _assert_one_line(tune(*command, cwd=tmp_path), words)

@@ -37,6 +37,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """argparse's, but an option the command does not take (``tune leaderboard --json``)
+        points at that command's ``--help``, not ``tune --help``, which does not list it."""
+        known, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(known, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            self.exit(2, f"tune: error: unrecognized arguments: {' '.join(extras)} "
+                         f"(see {prog} --help)\n")  # fmt: skip
+        return known
+
 
 def add_format_option(
     parser: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json"),
