@@ -283,3 +283,32 @@ def test_run_leaderboard_best_json_and_no_optuna_lines(
     best = json.loads(capfd.readouterr().out)
     assert best["trial"] == summary["best_trial"] and best["config"]["tp"] == 2
     assert best["args"][:2] == ["--tensor-model-parallel-size", "2"]
+
+
+def test_printed_commands_repeat_the_study_file_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study saved as ``my-cluster.yaml`` (the README's way: a file in the current folder) with
+    ``name: mine``: the hints of ``tune estimate`` and ``tune space`` said ``tune profile
+    --study mine``, which is no study here (only ``studies/NAME.yaml`` and the shipped ones are
+    found by name). Each printed command names the file given, and that file loads."""
+    import re
+    import shlex
+
+    import yaml
+
+    from tuner.spec.file import load_study
+
+    data = yaml.safe_load((REPO / "tuner" / "studies" / "llama3-8b.yaml").read_text())
+    data["name"] = "mine"
+    (tmp_path / "my cluster.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "300")  # one hint a line
+    for argv in (["estimate", "--set", "tp=2"], ["space"]):
+        assert main([*argv, "--study", "my cluster.yaml"]) == 0
+        text = capsys.readouterr().out
+        given = re.findall(r"tune \w+ --study ('[^']*'|\S+)", text)
+        assert given, text
+        for study in given:
+            assert shlex.split(study) == ["my cluster.yaml"], text
+            assert load_study(shlex.split(study)[0]).name == "mine"

@@ -309,3 +309,34 @@ def test_the_dry_run_names_no_option_tune_run_lacks(
     assert notes and not any("--columns" in ln for ln in notes), text
     text = run(["space", "--study", STUDY, "--top", "5", *results], 80, capsys, monkeypatch)
     assert "; --columns chooses" in text
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[], ["estimate"], ["space"], ["run"], ["leaderboard"], ["best"], ["profile"], ["calibrate"],
+     ["catalog"], ["parse-log"], ["report"]],
+)  # fmt: skip
+def test_help_fits_an_80_column_terminal(
+    command: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epilogs' legend lines (up to 130 characters) and argparse's choice lists (``--emit
+    {script,...}``, 88) ran past 80 columns, where the terminal broke them at the left margin.
+    Folded, every line fits and every knob's and column's meaning is still there, word for
+    word."""
+    import re
+
+    from tuner.cli.board import BOARD_COLUMNS
+    from tuner.config.spelling import KNOBS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    text = capsys.readouterr().out
+    assert [line for line in text.splitlines() if len(line) > 80] == []
+    words = " ".join(text.split())
+    if command in (["estimate"], ["space"], ["leaderboard"]):
+        board = [c.meaning for c in BOARD_COLUMNS] if command == ["leaderboard"] else []
+        for meaning in [k.meaning for k in KNOBS] + board:
+            assert " ".join(meaning.split()) in words, meaning
+    if command == ["best"]:
+        assert re.search(r"script, sbatch, args, ds-config", words)

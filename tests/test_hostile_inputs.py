@@ -106,7 +106,8 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("empty-file", "", "must be a mapping of sections"),
     ("top-level-list", "- a\n- b\n", "must be a mapping of sections"),
     ("unclosed-bracket", "name: [unclosed\n", "at line"),
-    ("tab-indent", "cluster:\n\tgpu: x\n", "at line"),
+    ("tab-indent", "cluster:\n\tgpu: x\n", "at line 2 (a tab: write spaces there)"),
+    ("tab-in-flow", "name: x\nspace: {tp: [1,\n\t2]}\n", "at line 3 (a tab: write spaces there)"),
     ("deep-nesting", "x: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
     ("5000-digit-int", base_text() + "x: " + "9" * 5000 + "\n", "invalid YAML"),
     ("too-big-file", base_text() + "#" * (2 << 20) + "\n", "larger than 1024 KiB"),
@@ -661,6 +662,10 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         # argparse's own errors: one line too (its usage block used to come first)
         (["best", "--study", str(path), "--format", "nope"], "invalid choice: 'nope'"),
         (["space"], "the following arguments are required: --study"),
+        # an option the command does not take pointed at `tune --help`, which does not list it
+        (["leaderboard", "--study", str(path), "--json"],
+         "unrecognized arguments: --json (see tune leaderboard --help)"),
+        (["estimate", "--study", str(path), "--tp", "2"], "--tp 2 (see tune estimate --help)"),
     )  # fmt: skip
     for command, words in cases:
         _assert_one_line(tune(*command, cwd=tmp_path), words)
@@ -670,6 +675,16 @@ def test_a_study_name_the_system_refuses_is_one_line(tmp_path: Path) -> None:
     """A name past the file system's limit (ENAMETOOLONG) made is_file() raise: exit 1."""
     for name in ("s" * 300, f"{'s' * 300}.yaml"):
         _assert_one_line(tune("space", "--study", name, cwd=tmp_path), "File name too long")
+
+
+def test_a_directory_given_as_study_is_named_a_directory(tmp_path: Path) -> None:
+    """A folder as ``--study`` (``.``, ``studies``, ``x.yaml/``) was "does not exist" or "unknown
+    study": it exists, and the user looked for the mistake in the name."""
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "d.yaml").mkdir()
+    for name in (".", "studies", "d.yaml", "d.yaml/", str(tmp_path)):
+        _assert_one_line(tune("space", "--study", name, cwd=tmp_path), "is a directory")
+    _assert_one_line(tune("space", "--study", "no/x.yaml", cwd=tmp_path), "does not exist")
 
 
 def test_another_programs_database_at_the_storage_path_is_one_line(tmp_path: Path) -> None:

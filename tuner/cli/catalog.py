@@ -100,7 +100,7 @@ def add_parser(sub: Any, handlers: dict[str, Any], add_format_option: Any,
     p = sub.add_parser(
         "catalog", help="list the GPU or model presets with their figures",
         epilog=help_text.epilog(GPU_COLUMNS + MODEL_COLUMNS[1:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=help_text.EpilogFormatter,
     )  # fmt: skip
     p.add_argument("what", choices=["gpus", "models"],
                    help="which presets to list: the GPUs or the models")  # fmt: skip

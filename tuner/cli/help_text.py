@@ -3,6 +3,9 @@ columns' own definitions and the config spelling's glossary)."""
 
 from __future__ import annotations
 
+import argparse
+import re
+import textwrap
 from collections.abc import Sequence
 
 from tuner.cli.render import Column, legend
@@ -25,3 +28,21 @@ def epilog(columns: Sequence[Column] = (), extra: str = "", choose: bool = True)
     if extra:
         parts.append(extra)
     return "\n".join(parts)
+
+
+class EpilogFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter with the epilog's lines kept as written (their columns line up) but
+    each folded to the terminal's width: a legend line of 120 characters ran past an 80-column
+    terminal, which broke it mid-word at the left margin. A folded line continues under its
+    description column (the text after the last gap of two spaces), else two past its indent."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for line in text.splitlines():
+            gaps = list(re.finditer(r"\S  +(?=\S)", line))
+            lead = len(line) - len(line.lstrip()) + 2  # no column to hang under
+            hang = gaps[-1].end() if gaps and gaps[-1].end() < width * 2 // 3 else lead
+            out.append(textwrap.fill(line, width, initial_indent=indent,
+                                     subsequent_indent=indent + " " * hang,
+                                     break_on_hyphens=False) or indent)  # fmt: skip
+        return "\n".join(out)

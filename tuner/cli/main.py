@@ -82,7 +82,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from tuner.space.enumerate import config_from_settings
 
     spec = load_study(args.study)
-    rates, source = cli_profile.time_source(spec, args.results)
+    rates, source = cli_profile.time_source(spec, args.results, args.study)
     terms = study_terms(spec, args.results, rates)
     found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates, terms=terms)
     result = found.to_dict()
@@ -102,7 +102,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     elif found.valid:
         _print_estimate(result, spec.search.memory_headroom, render.parse_columns(args.columns))
         _console().print(f"time model rates: {source}")
-        for text in source_lines(spec, found.config, terms):
+        for text in source_lines(spec, found.config, terms, args.study):
             _console().print(text)
         if line:
             _console().print(line)
@@ -123,7 +123,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
         if args.top <= 0:
             raise ConfigError("--columns: it picks the columns of the --top table; add --top K")
         render.check_columns(columns, [c.name for c in TOP_COLUMNS])
-    report, rates, terms, out_source = cli_profile.measured_space(spec, args.results)
+    report, rates, terms, out_source = cli_profile.measured_space(spec, args.results, args.study)
     out = report.counts()
     out["time_source"] = out_source
     top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
@@ -157,7 +157,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
-        return _dry_run(spec, args.format == "json", args.n_trials, args.results)
+        return _dry_run(spec, args.format == "json", args.n_trials, args.results, args.study)
     from tuner.space.enumerate import enumerate_space, require_viable
 
     # Before any storage exists: some config is viable and, under a limit the user set, some
@@ -196,7 +196,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         _emit_json({"study": spec.name, **dataclasses.asdict(summary), "failed": summary.failed,
                     "space": loop.space_counts, "spent": spent_json(loop.trials())})  # fmt: skip
     else:
-        progress.final(loop, summary)
+        progress.final(loop, summary, args.study)
     if summary.stop_reason.startswith("interrupted"):
         return 130
     failed = summary.failed
@@ -267,12 +267,12 @@ def _cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
+def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str, ref: str) -> int:
     from tuner.space.enumerate import require_viable
 
     # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
     report: SpaceReport
-    report, rates, terms, _ = cli_profile.measured_space(spec, results)
+    report, rates, terms, _ = cli_profile.measured_space(spec, results, ref)
     everything = report.ranked()  # sorted once: costly at 10^5
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
     require_viable(spec, report)
@@ -350,10 +350,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     _add_global_options(parser)
     _add_store_options(parser)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers: dict[str, Handler] = {}
 
-    raw = argparse.RawDescriptionHelpFormatter
+    raw = help_text.EpilogFormatter
     stage = tuple(render.Column(name=n, header=h) for n, h in STAGE_COLUMNS)
     p = sub.add_parser("estimate", help="validate one config and predict its memory and time",
                        epilog=help_text.epilog(stage), formatter_class=raw)  # fmt: skip
@@ -410,9 +410,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     p = sub.add_parser("best", help="a measured config as a full run: launch script, sbatch job, "
                        "framework arguments or ds_config (docs/exports.md)")  # fmt: skip
     add_study_option(p)
-    p.add_argument("--emit", choices=EXPORT_KINDS, default="script",
-                   help="what to write (each kind to its own file under "
-                   "results/STUDY/exports/trial-N/)")  # fmt: skip
+    p.add_argument("--emit", choices=EXPORT_KINDS, default="script", metavar="KIND",
+                   help=f"what to write: {', '.join(EXPORT_KINDS)} (default script; each kind "
+                   "to its own file under results/STUDY/exports/trial-N/)")  # fmt: skip
     p.add_argument("--trial", type=whole(0), default=None, metavar="N",
                    help="export trial N instead of the fastest measured one")  # fmt: skip
     p.add_argument("--train-iters", type=whole(1, MAX_ITERS), default=None, metavar="N",

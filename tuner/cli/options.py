@@ -5,6 +5,7 @@ them without importing the whole command line)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -35,6 +36,19 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: None = None
+    ) -> argparse.Namespace:
+        """argparse's, but an option the command does not take (``tune leaderboard --json``)
+        points at that command's ``--help``, not ``tune --help``, which does not list it."""
+        known, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(known, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            self.exit(2, f"tune: error: unrecognized arguments: {' '.join(extras)} "
+                         f"(see {prog} --help)\n")  # fmt: skip
+        return known
 
 
 def add_format_option(
@@ -100,6 +114,12 @@ STUDY_HELP = (
 def add_study_option(parser: argparse.ArgumentParser) -> None:
     """The required ``--study`` every study command takes."""
     parser.add_argument("--study", required=True, metavar="NAME", help=STUDY_HELP)
+
+
+def study_arg(study: str) -> str:
+    """The ``--study`` value a printed command repeats: the one the user gave, shell-quoted (a
+    study file outside ``studies/`` is not found by the name inside it)."""
+    return shlex.quote(study)
 
 
 def add_columns_option(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:

@@ -37,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--framework",
         choices=get_args(Framework),
         default=None,
-        help="log format (default: detected from the log)",
+        metavar="NAME",
+        help=f"log format: {', '.join(get_args(Framework))} (default: detected from the log)",
     )
     parser.add_argument(
         "--warmup",

@@ -212,6 +212,13 @@ def _is_file(path: Path, name: str) -> bool:
         raise ConfigError(f"cannot read study {name!r}: {exc.strerror or exc}") from None
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path``, which is not a regular file, cannot be a study: it is missing or a folder."""
+    if path.is_dir():
+        return "is a directory; give the study's YAML file"
+    return "does not exist"
+
+
 def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
     """``NAME`` -> ./studies/NAME.yaml, then the package's studies; a path to a file also works."""
     cwd = cwd or Path.cwd()
@@ -220,13 +227,15 @@ def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
         full = as_path if as_path.is_absolute() else cwd / as_path
         if _is_file(full, name):
             return full
-        raise ConfigError(f"study file {name!r} does not exist")
+        raise ConfigError(f"study file {name!r} {_not_a_file(full)}")
     local = cwd / "studies" / f"{name}.yaml"
     if _is_file(local, name):
         return local
     shipped = resources.files("tuner.studies").joinpath(f"{name}.yaml")
     if _is_file(Path(str(shipped)), name):
         return Path(str(shipped))
+    if (cwd / as_path).is_dir():  # `--study .`, `--study studies`: said "unknown study"
+        raise ConfigError(f"study {name!r} {_not_a_file(cwd / as_path)}")
     local_names = sorted(p.stem for p in (cwd / "studies").glob("*.yaml"))
     available = sorted(set(local_names) | set(shipped_study_names()))
     raise ConfigError(f"unknown study {name!r} (available: {', '.join(available)})")
@@ -241,6 +250,8 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
+        if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
+            where += " (a tab: write spaces there)"
         raise ConfigError(f"{problem}{where}", file=str(path)) from None
     except ConfigError as exc:
         raise ConfigError(exc.reason, file=str(path)) from None
