@@ -4,7 +4,9 @@ parses its metric lines, ranks the leaderboard and exports the winner for the pi
 from __future__ import annotations
 
 import importlib.util
+import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,3 +77,21 @@ def test_a_torchtitan_study_runs_ranks_and_exports(tmp_path: Path) -> None:
 
         parsed = ConfigManager().parse_args(shlex.split(best))
         assert parsed.training.global_batch_size == 8
+    # --emit args: torchrun running torchtitan's trainer with the launch script's own arguments
+    # (no DeepSpeed config), and it runs
+    words = shlex.split(emit_best(spec, "args", results=results, train_iters=3))
+    assert words[:6] == ["torchrun", "--nnodes", "1", "--nproc_per_node", "2", str(STANDIN)]
+    assert not any("deepspeed" in w for w in words)
+    trial_dir = tmp_path / "results" / "titan-e2e" / "trials" / str(ok.trial.iloc[0])
+    script = next(trial_dir.glob("launch-node-*.sh")).read_text()
+    launched = shlex.split(script.split("args=(")[1].split("\n)")[0])
+    steps = words.index("--training.steps")
+    assert words[6:steps] + words[steps + 2 :] == [
+        w for i, w in enumerate(launched) if i not in (launched.index("--training.steps"),
+                                                       launched.index("--training.steps") + 1)
+    ]  # fmt: skip
+    env = {**os.environ, "TUNER_STANDIN_TIME_SCALE": "0.01"}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run = subprocess.run([str(torchrun), *words[1:]], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -294,14 +294,24 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
     if traits(spec.framework).megatron_model:
         paths.args.write_text(shlex.join(words) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
+    nodes = ["--nnodes", str(len(record.hosts) or spec.nodes_per_trial),
+             "--nproc_per_node", str(spec.cluster.gpus_per_node)]  # fmt: skip
+    if traits(spec.framework).fsdp2:  # torchtitan's trainer after torchrun, as its template
+        from tuner.launch.torchtitan_flags import torchtitan_flags
+
+        flags = torchtitan_flags(spec, record.config)  # the checkpoint subcommand stays last
+        target = [spec.launch.script] if spec.launch.script else ["-m", "torchtitan.train"]
+        overrides = [w for f in flags[:-1] for w in f]
+        launcher = ["torchrun", *nodes, *target, *spec.launch.script_args, *overrides,
+                    *spec.launch.extra_args, *flags[-1]]  # fmt: skip
+        paths.args.write_text(shlex.join(launcher) + "\n")
+        return Export("args", paths.args, paths.args.read_text(), (paths.args,))
     # DeepSpeed: the training script's launcher line and the ds_config it names
     paths.args_files.mkdir(exist_ok=True)
     config = paths.args_files / "ds_config.json"
     config.write_text(json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n")
     script = spec.launch.script or "<launch.script>"
-    launcher = ["torchrun", "--nnodes", str(len(record.hosts) or spec.nodes_per_trial),
-                "--nproc_per_node", str(spec.cluster.gpus_per_node), script,
-                "--deepspeed_config", str(config.resolve()), *words]  # fmt: skip
+    launcher = ["torchrun", *nodes, script, "--deepspeed_config", str(config.resolve()), *words]
     paths.args.write_text(shlex.join(launcher) + "\n")
     return Export("args", paths.args, paths.args.read_text(), (paths.args, config))
 
