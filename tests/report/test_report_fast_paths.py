@@ -1,0 +1,91 @@
+"""The report's fast paths draw what plotly's checked ones draw, on a study of many trials of
+every kind (measured with stated bands, OOMs, failed launches, a log and a command): the point
+traces added unchecked, each figure's dictionary made without plotly's deep copy, and the whole
+page the same bytes but for its time stamp."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import plotly.io as pio
+import pytest
+
+from tests.report.test_report_data import new_study
+from tests.test_results import SPEC, config, record
+from tuner.layout import ResultsLayout
+from tuner.outcome import Outcome
+from tuner.report import figures as F
+from tuner.report import page as P
+from tuner.report.data import gather
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+
+
+def _study(tmp_path: Path, trials: int = 48) -> None:
+    study = new_study(tmp_path)
+    shapes = [(tp, mbs) for tp in (1, 2, 4, 8) for mbs in (1, 2)]
+    for i in range(trials):
+        tp, mbs = shapes[i % len(shapes)]
+        attrs: dict[str, object] = {
+            "predicted_step_s": 1.0 + 0.1 * i, "predicted_peak_gib": 30.0 + i % 17,
+            "launched": True, "duration_s": 60.0 + i, "hosts": ["a", "b"],
+        }  # fmt: skip
+        if i % 5:  # some stored without their stated sds (no band bar)
+            attrs |= {"predicted_step_sd": 0.1, "predicted_peak_sd": 0.05}
+        if i % 7 == 3:
+            record(study, SPEC, config(tp, mbs), Outcome.OOM, reason="CUDA out of memory",
+                   **attrs)  # fmt: skip
+        elif i % 11 == 5:
+            record(study, SPEC, config(tp, mbs), Outcome.LAUNCH_ERROR, reason="no megatron",
+                   **attrs)  # fmt: skip
+        else:  # an int peak now and then: plotly keeps it an int, checked or not
+            peak = 50 if i % 4 == 0 else 40.0 + (i % 9) / 3
+            record(study, SPEC, config(tp, mbs), Outcome.OK, 3.0 + (i * 7 % 13) / 5,
+                   peak_memory_gib=peak, **attrs)  # fmt: skip
+    trial = ResultsLayout(tmp_path, SPEC.name).trial(3)
+    trial.node_log(0).parent.mkdir(parents=True, exist_ok=True)
+    trial.node_log(0).write_text("".join(f"line {i}\n" for i in range(100)))
+    trial.launch_script(0).write_text("#!/bin/bash\nexec torchrun pretrain_gpt.py --tp 2\n")
+
+
+def test_each_figure_dict_is_plotlys_and_leaves_the_figure_as_it_was(tmp_path: Path) -> None:
+    _study(tmp_path)
+    parts = P.sections(gather(SPEC, results=str(tmp_path)))
+    named = [(n, f) for s in parts for n, f in s.figures]
+    assert {"step_time", "peak_memory", "stage_memory", "optuna_importances"} <= dict(named).keys()
+    for name, fig in named:
+        before = fig.to_json()
+        made = P.figure_dict(fig)
+        assert made == fig.to_dict(), name
+        assert pio.to_json(made, validate=False) == before, name
+        made["layout"]["title"] = "changed"  # a new container: the figure is not changed
+        for trace in made["data"]:
+            trace.clear()
+        assert fig.to_json() == before, name
+
+
+def test_a_numpy_array_becomes_plotlys_typed_array() -> None:
+    import numpy as np
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Bar(x=np.arange(5), y=np.linspace(0.0, 1.0, 5)))
+    assert P.figure_dict(fig) == fig.to_dict()
+    assert "bdata" in str(P.figure_dict(fig))
+
+
+def test_the_page_is_the_one_plotlys_checked_paths_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    fast = P.render(data, P.sections(data))
+    monkeypatch.setattr(F, "FAST_POINTS", False)
+    monkeypatch.setattr(P, "FAST_DICT", False)
+    checked = P.render(data, P.sections(data))
+
+    def stamped(page: str) -> str:
+        return re.sub(r"report written [^<]*", "report written", page)
+
+    assert "tp2" in fast and "fig-optuna_importances" in fast and "line 99" in fast
+    assert stamped(fast) == stamped(checked)
