@@ -1,14 +1,13 @@
 """The report's fast paths draw what plotly's checked ones draw, on a study of many trials of
-every kind (measured with stated bands, OOMs, failed launches, a log and a command): the point
-traces added unchecked, each figure's dictionary made without plotly's deep copy, and the whole
-page the same bytes but for its time stamp."""
+every kind (measured with stated bands, OOMs, failed launches, a log and a command): with the
+point traces made and added unchecked, the whole page is the same bytes but for its time
+stamp."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-import plotly.io as pio
 import pytest
 
 from tests.report.test_report_data import new_study
@@ -49,31 +48,6 @@ def _study(tmp_path: Path, trials: int = 48) -> None:
     trial.launch_script(0).write_text("#!/bin/bash\nexec torchrun pretrain_gpt.py --tp 2\n")
 
 
-def test_each_figure_dict_is_plotlys_and_leaves_the_figure_as_it_was(tmp_path: Path) -> None:
-    _study(tmp_path)
-    parts = P.sections(gather(SPEC, results=str(tmp_path)))
-    named = [(n, f) for s in parts for n, f in s.figures]
-    assert {"step_time", "peak_memory", "stage_memory", "optuna_importances"} <= dict(named).keys()
-    for name, fig in named:
-        before = fig.to_json()
-        made = P.figure_dict(fig)
-        assert made == fig.to_dict(), name
-        assert pio.to_json(made, validate=False) == before, name
-        made["layout"]["title"] = "changed"  # a new container: the figure is not changed
-        for trace in made["data"]:
-            trace.clear()
-        assert fig.to_json() == before, name
-
-
-def test_a_numpy_array_becomes_plotlys_typed_array() -> None:
-    import numpy as np
-    import plotly.graph_objects as go
-
-    fig = go.Figure(go.Bar(x=np.arange(5), y=np.linspace(0.0, 1.0, 5)))
-    assert P.figure_dict(fig) == fig.to_dict()
-    assert "bdata" in str(P.figure_dict(fig))
-
-
 def test_the_page_is_the_one_plotlys_checked_paths_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -81,7 +55,6 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
     data = gather(SPEC, results=str(tmp_path))
     fast = P.render(data, P.sections(data))
     monkeypatch.setattr(F, "FAST_POINTS", False)
-    monkeypatch.setattr(P, "FAST_DICT", False)
     checked = P.render(data, P.sections(data))
 
     def stamped(page: str) -> str:

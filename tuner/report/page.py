@@ -167,41 +167,8 @@ def sections(data: ReportData) -> list[Section]:
 
 
 def _figure_html(name: str, fig: go.Figure) -> Markup:
-    import plotly.io as pio
-
-    # What Figure.to_html draws, from figure_dict's copy instead of plotly's deep copy
-    return Markup(pio.to_html(figure_dict(fig), validate=False, full_html=False,
-                              include_plotlyjs=False, div_id=f"fig-{name}",
+    return Markup(fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
                               config=PLOT_CONFIG))  # fmt: skip
-
-
-def figure_dict(fig: go.Figure) -> dict[str, Any]:
-    """``fig.to_dict()``: the figure's data and layout with their numpy arrays as plotly's
-    typed-array specs, in new containers (``to_html`` reads it, and ``--png`` draws ``fig``
-    afterwards). plotly's own copies every item of every list (``copy.deepcopy``: about a
-    second for a 10,000-trial report); the items are numbers, strings and numpy arrays, which
-    the conversion replaces and never changes, so new dicts and lists suffice. A figure with
-    animation frames goes through plotly's (the report draws none)."""
-    from plotly.basedatatypes import convert_to_base64  # what to_dict converts with
-
-    if fig._frame_objs or not FAST_DICT:
-        return dict(fig.to_dict())
-    out = {"data": _containers(fig._data), "layout": _containers(fig._layout)}
-    convert_to_base64(out)
-    return out
-
-
-FAST_DICT = True
-"""False: plotly's ``to_dict`` (what the test compares against)."""
-
-
-def _containers(value: Any) -> Any:
-    """``value`` with every dict, list and tuple in it new (the rest shared)."""
-    if isinstance(value, dict):
-        return {k: _containers(v) if isinstance(v, dict | list | tuple) else v
-                for k, v in value.items()}  # fmt: skip
-    items = [_containers(v) if isinstance(v, dict | list | tuple) else v for v in value]
-    return items if isinstance(value, list) else type(value)(items)
 
 
 def render(data: ReportData, parts: list[Section]) -> str:
