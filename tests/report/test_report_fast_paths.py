@@ -1,13 +1,14 @@
 """The report's fast paths draw what plotly's checked ones draw, on a study of many trials of
 every kind (measured with stated bands, OOMs, failed launches, a log and a command): with the
-point traces made and added unchecked, the whole page is the same bytes but for its time
-stamp."""
+point traces made and added unchecked and Optuna's views drawn from the trials without copies,
+the whole page is the same bytes but for its time stamp."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import optuna
 import pytest
 
 from tests.report.test_report_data import new_study
@@ -55,6 +56,7 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
     data = gather(SPEC, results=str(tmp_path))
     fast = P.render(data, P.sections(data))
     monkeypatch.setattr(F, "FAST_POINTS", False)
+    monkeypatch.setattr(F.SharedTrialsStudy, "get_trials", optuna.Study.get_trials)
     checked = P.render(data, P.sections(data))
 
     def stamped(page: str) -> str:
@@ -62,3 +64,14 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
 
     assert "tp2" in fast and "fig-optuna_importances" in fast and "line 99" in fast
     assert stamped(fast) == stamped(checked)
+
+
+def test_the_importances_study_reads_its_trials_without_copies(tmp_path: Path) -> None:
+    _study(tmp_path, trials=12)
+    complete = [t for t in gather(SPEC, results=str(tmp_path)).trials if t.value]
+    storage = optuna.storages.InMemoryStorage()
+    storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], SPEC.name)
+    study = F.SharedTrialsStudy(study_name=SPEC.name, storage=storage)
+    study.add_trials(complete)
+    assert study.trials[-1] is study.get_trials(deepcopy=True)[-1]
+    assert [t.number for t in study.trials] == list(range(len(complete)))

@@ -60,7 +60,7 @@ class StageMemory:
 def stage_memory(b: MemoryBreakdown) -> list[StageMemory]:
     """One bar per pipeline stage, each at its own peak phase (forward/backward or the
     optimizer step), the config's most loaded stage marked."""
-    bars = []
+    bars, loaded = [], b.stage  # once: each read is a pass over every stage's device figure
     for st in b.stages:
         p = st.worst
         parts = {
@@ -69,7 +69,7 @@ def stage_memory(b: MemoryBreakdown) -> list[StageMemory]:
             "buffers": p.framework_buffers + p.workspaces + p.comm_buffers,
             "overhead": p.cuda_context + p.slack,
         }  # fmt: skip
-        most = ", most loaded" if st.stage == b.stage else ""
+        most = ", most loaded" if st.stage == loaded else ""
         label = f"stage {st.stage} ({st.layers} layers, {p.phase}{most})"
         bars.append(StageMemory(label, {k: v / GIB for k, v in parts.items()}))
     return bars
