@@ -75,3 +75,33 @@ def test_the_importances_study_reads_its_trials_without_copies(tmp_path: Path) -
     study.add_trials(complete)
     assert study.trials[-1] is study.get_trials(deepcopy=True)[-1]
     assert [t.number for t in study.trials] == list(range(len(complete)))
+
+
+def test_a_trial_views_bar_is_the_most_loaded_of_all_the_stages() -> None:
+    """On every viable config of a 70B space (up to 16 stages, interleaved, uneven loads):
+    the bar the view shows from the stages the bounds keep is the one from all of them,
+    the same words; most configs leave stages out (the test would not show much otherwise)."""
+    from tuner.report.data import MemoryBreakdown, estimate_memory, most_loaded_bars, stage_memory
+    from tuner.space.enumerate import enumerate_space, study_gpu
+    from tuner.spec.file import study_from_mapping
+
+    spec = study_from_mapping({
+        "name": "bars", "model": {"preset": "gpt-70b"},
+        "training": {"global_batch_size": 1024, "precision": "bf16"},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 16,
+                    "executor": "local"},
+        "framework": "megatron", "launch": {"template": "megatron_gpt"},
+        "space": {"tp": [2, 4, 8], "pp": "auto", "cp": [1, 2], "vp": [1, 2],
+                  "micro_batch_size": [1, 2], "recompute": ["none", "selective", "full"],
+                  "sequence_parallel": [True], "distributed_optimizer": [True, False]},
+    })  # fmt: skip
+    gpu, fewer, shown = study_gpu(spec), 0, 0
+    for estimate in enumerate_space(spec, with_time=False).ranked():
+        c = estimate.config
+        full = estimate_memory(spec.model, c, gpu, spec.framework, spec.training.precision)
+        every = stage_memory(MemoryBreakdown(full.stages))
+        kept = most_loaded_bars(spec, c, gpu)
+        assert max(kept, key=lambda s: s.total) == max(every, key=lambda s: s.total), c.key()
+        fewer += len(kept) < len(every)
+        shown += 1
+    assert shown > 100 and fewer > shown // 2, (shown, fewer)

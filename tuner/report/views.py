@@ -249,10 +249,9 @@ def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     parts, once per config (a long study measures the same configs again)."""
     key = row.config.key() if row.config else ""
     if key not in data.view_words:
-        stages, parts = data.breakdowns(row)
+        worst, parts = data.view_breakdowns(row)
         memory = ""
-        if stages:
-            worst = max(stages, key=lambda s: s.total)
+        if worst is not None:
             memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
             memory = f"{_e(worst.label)}: {_e(memory)} GiB"
         time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
