@@ -13,6 +13,7 @@ import optuna
 import pytest
 import sqlalchemy as sa
 
+from tests.postgres import PostgresServer
 from tests.report.test_leaderboard import STUDY, add
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
@@ -83,3 +84,19 @@ def test_a_new_storage_is_stamped_as_optuna_stamps_it(tmp_path: Path) -> None:
         stamped = [r[0] for r in conn.execute(sa.text("SELECT version_num FROM alembic_version"))]
     assert stamped == [head_revision()] and at_head(storage.engine)
     assert storage.get_current_version() == storage.get_head_version()  # Optuna's manager
+
+
+def test_on_postgresql_too(postgres: PostgresServer, tmp_path: Path) -> None:
+    """The head read on PostgreSQL; an older revision still fails with Optuna's message."""
+    url = postgres.create_database("schema")
+    layout = ResultsLayout(tmp_path, SPEC.name)
+    storage = open_storage(url, layout)
+    assert isinstance(storage, optuna.storages.RDBStorage) and at_head(storage.engine)
+    optuna.create_study(study_name=SPEC.name, storage=storage)
+    assert leaderboard(SPEC, storage=url, results=str(tmp_path)).empty
+    with storage.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'v3.0.0.d'"))
+    assert not at_head(storage.engine)
+    with pytest.raises(StudyError) as read, schema_checked():
+        open_storage(url, layout)
+    assert "\n" not in str(read.value) and "optuna storage upgrade" in str(read.value)
