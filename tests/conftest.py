@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -17,3 +18,11 @@ def postgres() -> Iterator[PostgresServer]:
         pytest.skip(reason)
     with PostgresServer() as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _collector_unfrozen() -> Iterator[None]:
+    """A read command run in this process (``tuner.cli.exiting``) freezes what is alive when
+    it returns, as its process then ends: the next test gets the collector back whole."""
+    yield
+    gc.unfreeze()

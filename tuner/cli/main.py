@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli import help_text, render, units
+from tuner.cli import exiting, help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import (
@@ -477,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(parser, argv)
     _configure_logging(args)
     try:
-        with terminate_as_interrupt():
+        with terminate_as_interrupt(), exiting.kept_to_exit(args.command):
             return handlers[args.command](args)
     except BaseException as exc:  # a defect (or SystemExit) passes through: exit_status is None
         shown = not args.debug or isinstance(exc, KeyboardInterrupt)  # --debug: the traceback

@@ -20,7 +20,14 @@ from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError
-from tuner.models.memory.estimate import GIB, MemoryBreakdown, estimate_memory
+from tuner.models.memory.bound import stage_bounds
+from tuner.models.memory.estimate import (
+    GIB,
+    MemoryBreakdown,
+    estimate_memory,
+    stage_plans,
+    with_slack,
+)
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import load_optuna_study, megatron_args, stored_trials
@@ -60,7 +67,7 @@ class StageMemory:
 def stage_memory(b: MemoryBreakdown) -> list[StageMemory]:
     """One bar per pipeline stage, each at its own peak phase (forward/backward or the
     optimizer step), the config's most loaded stage marked."""
-    bars = []
+    bars, loaded = [], b.stage  # once: each read is a pass over every stage's device figure
     for st in b.stages:
         p = st.worst
         parts = {
@@ -69,10 +76,30 @@ def stage_memory(b: MemoryBreakdown) -> list[StageMemory]:
             "buffers": p.framework_buffers + p.workspaces + p.comm_buffers,
             "overhead": p.cuda_context + p.slack,
         }  # fmt: skip
-        most = ", most loaded" if st.stage == b.stage else ""
+        most = ", most loaded" if st.stage == loaded else ""
         label = f"stage {st.stage} ({st.layers} layers, {p.phase}{most})"
         bars.append(StageMemory(label, {k: v / GIB for k, v in parts.items()}))
     return bars
+
+
+STAGE_MARGIN = float(2**20)
+"""Bytes: a stage whose upper bound is this far under another's lower bound is not simulated
+for a trial view (:func:`most_loaded_bars`); far more than the phases' tie (one byte) and the
+float sums' rounding, so the stage it leaves out is below the most loaded one by either the
+device figure or the bars' totals."""
+
+
+def most_loaded_bars(spec: StudySpec, c: ParallelConfig, gpu: GPUSpec) -> list[StageMemory]:
+    """The bars of :func:`stage_memory` of ``c``'s estimate (with its most loaded stage marked)
+    that can hold its largest total, in stage order: the others are left out by the bounds on
+    each stage's largest device figure (``bound.stage_bounds``: the allocator's slack at its
+    bounds, no simulation). The bar with the largest total is the same as among all bars."""
+    precision = spec.training.precision
+    plans = stage_plans(spec.model, c, gpu, spec.framework, precision, {})
+    bounds = stage_bounds(plans, gpu)
+    floor = max(low for low, _ in bounds) - STAGE_MARGIN
+    kept = tuple(plan for plan, (_, high) in zip(plans, bounds, strict=True) if high >= floor)
+    return stage_memory(MemoryBreakdown(with_slack(kept, gpu)))
 
 
 def time_parts(t: TimeBreakdown) -> dict[str, float]:
@@ -241,6 +268,24 @@ class ReportData:
                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
             self._breakdowns[key] = (stage_memory(memory), time_parts(time))
         return self._breakdowns[key]
+
+    def view_breakdowns(self, row: TrialRow) -> tuple[StageMemory | None, dict[str, float]]:
+        """A trial view's predictions: the bar of :meth:`breakdowns` with the largest total
+        (None: no config) and the step-time parts, the same figures. A config whose bars are
+        not made already (most of a long study's: the figures draw a few hundred trials) has
+        only the stages that can be its most loaded one simulated (:func:`most_loaded_bars`)."""
+        if row.config is None:
+            return None, {}
+        key = row.config.key()
+        if key in self._breakdowns:
+            stages, parts = self._breakdowns[key]
+        else:
+            spec, c = self.spec, row.config
+            stages = most_loaded_bars(spec, c, self.gpu)
+            time = estimate_time(spec.model, spec.training, c, self.gpu,
+                                 spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
+            parts = time_parts(time)
+        return (max(stages, key=lambda s: s.total) if stages else None), parts
 
     def launch_args(self, row: TrialRow) -> list[tuple[str, str]]:
         """How to launch a trial's config, as (what, text) pairs read from the framework's

@@ -21,6 +21,7 @@ from tuner.spec.file import load_study
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 from tuner.study.reader import TrialReader
+from tuner.study.schema import schema_checked
 from tuner.study.storage import open_storage, resolve_url
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ def _opened(
     stat = local.stat() if local and local.exists() else None
     key = (where.url, spec.name, stat.st_dev if stat else 0, stat.st_ino if stat else 0)
     if key not in _OPENED or not _OPENED[key][1].unchanged():
-        raw = open_storage(storage, layout)
+        with schema_checked():  # no alembic import for a storage at Optuna's head schema
+            raw = open_storage(storage, layout)
         try:
             study = optuna.load_study(study_name=spec.name, storage=raw)
         except KeyError:

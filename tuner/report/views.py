@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 import math
+import os
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from markupsafe import Markup
@@ -193,12 +195,10 @@ def _tail(path: object, lines: int) -> str:
     """The last ``lines`` lines of the file's last :data:`TAIL_BYTES` (empty: no such file).
     Read from its last :data:`TAIL_FIRST_BYTES` when they hold more than ``lines`` lines: the
     same lines (only the first, cut, line of a shorter read can differ, and it is not shown)."""
-    from pathlib import Path
-
-    p = Path(str(path))
-    if not p.is_file():
+    p = str(path)  # os.path, not pathlib: two files a trial, 10,000 trials
+    if not os.path.isfile(p):
         return ""
-    with p.open("rb") as f:
+    with open(p, "rb") as f:
         size = f.seek(0, 2)
         for back in (TAIL_FIRST_BYTES, TAIL_BYTES):
             f.seek(max(0, size - back))
@@ -208,11 +208,27 @@ def _tail(path: object, lines: int) -> str:
     return "\n".join(split[-lines:])
 
 
-def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
+@dataclass(frozen=True, slots=True)
+class NodeFiles:
+    """Where node 0's launch script and log of any trial are (:class:`tuner.layout.TrialPaths`'
+    names), as strings: a trial's are ``<trials>/<number>/<name>``."""
+
+    trials: str
+    script: str
+    log: str
+
+    @classmethod
+    def of(cls, layout: ResultsLayout) -> NodeFiles:
+        """The names in ``layout`` (read from trial 0's paths: one definition of them)."""
+        paths = layout.trial(0)
+        return cls(str(layout.trials_dir), paths.launch_script(0).name, paths.node_log(0).name)
+
+
+def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
     """One trial: outcome, reason, the command node 0 ran, the predicted breakdowns, its log."""
-    paths = layout.trial(row.number)
-    command = _tail(paths.launch_script(0), 12) or "(never launched: no command)"
-    log = _tail(paths.node_log(0), LOG_TAIL_LINES) or "(no log)"
+    folder = os.path.join(files.trials, str(row.number))
+    command = _tail(os.path.join(folder, files.script), 12) or "(never launched: no command)"
+    log = _tail(os.path.join(folder, files.log), LOG_TAIL_LINES) or "(no log)"
     memory, time = _predicted_words(data, row)
     return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
@@ -222,9 +238,9 @@ def trial_view(data: ReportData, row: TrialRow, layout: ResultsLayout) -> str:
         f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
         f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
         f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
-        f"<p><b>command</b> ({_e(paths.launch_script(0).name)}, last lines):</p>"
+        f"<p><b>command</b> ({_e(files.script)}, last lines):</p>"
         f"<pre>{_e(command)}</pre>"
-        f"<p><b>log tail</b> ({_e(paths.node_log(0).name)}):</p><pre>{_e(log)}</pre></details>"
+        f"<p><b>log tail</b> ({_e(files.log)}):</p><pre>{_e(log)}</pre></details>"
     )
 
 
@@ -233,10 +249,9 @@ def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     parts, once per config (a long study measures the same configs again)."""
     key = row.config.key() if row.config else ""
     if key not in data.view_words:
-        stages, parts = data.breakdowns(row)
+        worst, parts = data.view_breakdowns(row)
         memory = ""
-        if stages:
-            worst = max(stages, key=lambda s: s.total)
+        if worst is not None:
             memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
             memory = f"{_e(worst.label)}: {_e(memory)} GiB"
         time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
@@ -248,8 +263,8 @@ def trial_views(data: ReportData) -> Markup:
     """Every trial's view, in leaderboard order (closed until a link or a click opens one)."""
     from pathlib import Path
 
-    layout = ResultsLayout(Path(data.results), data.spec.name)
-    return Markup("".join(trial_view(data, r, layout) for r in board_rows(data)))
+    files = NodeFiles.of(ResultsLayout(Path(data.results), data.spec.name))
+    return Markup("".join(trial_view(data, r, files) for r in board_rows(data)))
 
 
 def side_by_side(data: ReportData) -> Markup:
