@@ -153,6 +153,8 @@ LAUNCH = {
     "megatron": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
     "deepspeed": {"template": "deepspeed_gpt", "script": "train.py"},
     "megatron-deepspeed": {"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"},
+    "torchtitan": {"template": "torchtitan_llama",
+                   "script_args": ["--module", "llama3", "--config", "llama3_8b"]},
 }
 
 
@@ -169,7 +171,8 @@ def framework_spec(framework: str) -> StudySpec:
 @pytest.mark.parametrize(
     ("framework", "shown"),
     [("megatron", ["Megatron arguments"]), ("deepspeed", ["ds_config.json"]),
-     ("megatron-deepspeed", ["Megatron arguments", "ds_config.json"])],
+     ("megatron-deepspeed", ["Megatron arguments", "ds_config.json"]),
+     ("torchtitan", ["torchtitan arguments"])],
 )  # fmt: skip
 def test_the_launch_line_follows_what_the_framework_takes(
     tmp_path: Path, framework: str, shown: list[str]
@@ -189,6 +192,9 @@ def test_the_launch_line_follows_what_the_framework_takes(
         assert json.loads(got["ds_config.json"])["zero_optimization"] == {"stage": c.zero_stage}
     if "Megatron arguments" in got:
         assert "--micro-batch-size 2" in got["Megatron arguments"]
+    if "torchtitan arguments" in got:  # what `tune best --emit torchtitan` writes
+        assert got["torchtitan arguments"].startswith("--module llama3 --config llama3_8b")
+        assert "--training.local-batch-size 2" in got["torchtitan arguments"]
     text = build_report(spec, results=str(tmp_path))[0].read_text()
     assert all(what in text for what in shown)
 

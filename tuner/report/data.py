@@ -8,6 +8,7 @@ recomputed from its recorded config.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property, lru_cache
@@ -290,9 +291,9 @@ class ReportData:
     def launch_args(self, row: TrialRow) -> list[tuple[str, str]]:
         """How to launch a trial's config, as (what, text) pairs read from the framework's
         traits (:mod:`tuner.spec.frameworks`): the parallelism arguments in the flag names of
-        Megatron's model code (Megatron-LM's or Megatron-DeepSpeed's), and the ds_config as one
+        Megatron's model code (Megatron-LM's or Megatron-DeepSpeed's), the ds_config as one
         line of JSON where DeepSpeed's engine runs the training (``megatron-deepspeed`` takes
-        both)."""
+        both), and torchtitan's trainer options for a torchtitan study."""
         if row.config is None:
             return [("launch", "")]
         t = traits(self.spec.framework)
@@ -303,6 +304,11 @@ class ReportData:
             from tuner.launch import deepspeed_config
 
             out.append(("ds_config.json", json.dumps(deepspeed_config(self.spec, row.config))))
+        if t.fsdp2:  # torchtitan's trainer options (tune best --emit torchtitan)
+            from tuner.launch.torchtitan_flags import torchtitan_args
+
+            words = torchtitan_args(self.spec, row.config)
+            out.append(("torchtitan arguments", shlex.join(words)))
         return out
 
 
