@@ -153,8 +153,10 @@ LAUNCH = {
     "megatron": {"template": "megatron_gpt", "megatron_path": "/opt/megatron"},
     "deepspeed": {"template": "deepspeed_gpt", "script": "train.py"},
     "megatron-deepspeed": {"template": "megatron_deepspeed_gpt", "megatron_path": "/opt/mds"},
-    "torchtitan": {"template": "torchtitan_llama",
-                   "script_args": ["--module", "llama3", "--config", "llama3_8b"]},
+    "torchtitan": {
+        "template": "torchtitan_llama",
+        "script_args": ["--module", "llama3", "--config", "llama3_8b"],
+    },
 }
 
 
