@@ -250,10 +250,9 @@ class StudyLoop:
         paths = self.layout.trial(trial.number)
         paths.dir.mkdir(parents=True, exist_ok=True)
         spec, runs = self.proxies.launch_as(trial, config)  # a proxy's, or the config itself
-        predicted = trial.user_attrs  # read once: Optuna's trial copies them all on each read
         record = {"trial": trial.number, "config": runs.to_dict(), "hosts": list(group.hosts),
-                  "predicted_step_s": predicted.get("predicted_step_s"),
-                  "predicted_peak_gib": predicted.get("predicted_peak_gib")}  # fmt: skip
+                  "predicted_step_s": (attrs := trial.user_attrs).get("predicted_step_s"),
+                  "predicted_peak_gib": attrs.get("predicted_peak_gib")}  # fmt: skip
         paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is valid YAML
         # who and where with "launched" (one transaction): another worker that sees a launched
         # trial must find its worker's leases, or it takes the trial for a dead worker's
@@ -267,7 +266,7 @@ class StudyLoop:
             token = new_token()
             node_dir = None if request.node_dir is None else str(request.node_dir)
             if request.timeout_s is None:  # the study's limit for this config
-                limit = trial_limit_s(self.costs.spec, predicted.get("predicted_step_s"))
+                limit = trial_limit_s(self.costs.spec, attrs.get("predicted_step_s"))
                 request = dataclasses.replace(request, timeout_s=limit)
             where = {"token": token, "limit_s": request.timeout_s}  # (re-attach keeps the limit)
             where |= {} if node_dir is None else {"node_dir": node_dir}
