@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_stack_terms import _standin_with_a_saved_probe, true_peak, true_step
-from tuner.models.memory.estimate import GIB
-from tuner.profile.probe import ProbeResult, ProbeRow
-from tuner.spec.study import StudySpec
+from tests.test_stack_terms import _standin_with_a_saved_probe, standin_truth_jobs
+from tuner.profile.probe import ProbeResult
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
@@ -20,23 +18,10 @@ def test_kept_rows_compare_again_without_measuring(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import tuner.profile.probe as probe_module
-    import tuner.study.loop as loop
     from tools.probe_truth import main as probe_truth
 
     _standin_with_a_saved_probe(tmp_path, monkeypatch)
-
-    def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None) -> ProbeResult:
-        rows = [ProbeRow(key=r.config.key(), depth=r.depth, step_s=true_step(spec, r.config, 8),
-                         samples_s=(1.0,), peak_gib=true_peak(spec, r.config, 8) / GIB,
-                         reserved_gib=None) for r in runs]  # fmt: skip
-        return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
-
-    class Executor:
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(probe_module, "run_stack_probe", job)
-    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    standin_truth_jobs(monkeypatch)
     results, kept = str(tmp_path / "results"), tmp_path / "truth.json"
     assert probe_truth(["--study", "standin", "--results", results, "--save", str(kept)]) == 0
     measured = capsys.readouterr().out

@@ -460,18 +460,13 @@ def _standin_with_a_saved_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     return spec
 
 
-@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_probe_truth_measures_every_config_at_full_depth(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """tools/probe_truth.py: every valid config at its full depth in one job through the probe's
-    machinery (here a fake job answering with the stand-in's surface), against the models with
-    the saved probe; the composed peak holds every config within 5%."""
+def standin_truth_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """tools/probe_truth.py's jobs answered with the stand-in's surface at the full 8 layers, on
+    an executor that runs nothing; the runs each job was asked for are added to the list
+    returned."""
     import tuner.profile.probe as probe_module
     import tuner.study.loop as loop
-    from tools.probe_truth import main as probe_truth
 
-    _standin_with_a_saved_probe(tmp_path, monkeypatch)
     asked: list[Any] = []
 
     def job(spec: StudySpec, executor: Any, paths: Any, runs: Any = None) -> ProbeResult:
@@ -487,6 +482,20 @@ def test_probe_truth_measures_every_config_at_full_depth(
 
     monkeypatch.setattr(probe_module, "run_stack_probe", job)
     monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    return asked
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_probe_truth_measures_every_config_at_full_depth(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tools/probe_truth.py: every valid config at its full depth in one job through the probe's
+    machinery (here a fake job answering with the stand-in's surface), against the models with
+    the saved probe; the composed peak holds every config within 5%."""
+    from tools.probe_truth import main as probe_truth
+
+    _standin_with_a_saved_probe(tmp_path, monkeypatch)
+    asked = standin_truth_jobs(monkeypatch)
     assert probe_truth(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
     out = capsys.readouterr().out
     assert {r.depth * r.config.pp for r in asked} == {8}  # each config at its full depth

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -24,6 +25,25 @@ def fields(t: optuna.trial.FrozenTrial) -> tuple[object, ...]:
 
 def same(a: list[optuna.trial.FrozenTrial], b: list[optuna.trial.FrozenTrial]) -> None:
     assert [repr(fields(t)) for t in a] == [repr(fields(t)) for t in b]  # repr: nan == nan
+
+
+def reader_and_optunas(
+    tmp_path: Path,
+) -> tuple[
+    optuna.storages.RDBStorage,
+    optuna.Study,
+    TrialReader,
+    Callable[[], list[optuna.trial.FrozenTrial]],
+]:
+    """A new study "s" in SQLite, its reader, and Optuna's own uncached read of its trials (a
+    storage of its own, so nothing the study's storage caches is in it)."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    fresh = optuna.storages.RDBStorage(url)
+    sid = fresh.get_study_id_from_name("s")
+    return storage, study, reader, lambda: fresh.get_all_trials(sid, deepcopy=False)
 
 
 def test_reads_what_optuna_reads_and_then_only_what_changed(tmp_path: Path) -> None:
@@ -165,12 +185,7 @@ def test_trials_finishing_out_of_order_read_as_optuna_reads_them(tmp_path: Path)
     list a fresh read gives after every round, with trials finishing in any order."""
     import random
 
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(study_name="s", storage=storage)
-    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
-    fresh = optuna.storages.RDBStorage(url)
-    sid = fresh.get_study_id_from_name("s")
+    _, study, reader, optunas = reader_and_optunas(tmp_path)
     rng = random.Random(7)
     running: list[optuna.Trial] = []
     ended = 0
@@ -180,11 +195,11 @@ def test_trials_finishing_out_of_order_read_as_optuna_reads_them(tmp_path: Path)
             running.remove(trial)  # not the oldest first: ids finish out of order
             study.tell(trial, 1.0 + trial.number)
             ended += 1
-        same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+        same(reader.trials(), optunas())
     assert ended > 10 and running  # out of order, with some still running at the end
     for trial in running:
         study.tell(trial, state=TrialState.FAIL)
-    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    same(reader.trials(), optunas())
     assert reader.trials() is not reader.trials()  # a list of each read's own
 
 
@@ -200,12 +215,7 @@ def test_running_trials_changed_in_place_are_read_again(
     from tuner.study import reader as module
 
     monkeypatch.setattr(module, "MAX_IN", max_in)
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(study_name="s", storage=storage)
-    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
-    fresh = optuna.storages.RDBStorage(url)
-    sid = fresh.get_study_id_from_name("s")
+    storage, study, reader, optunas = reader_and_optunas(tmp_path)
     rng = random.Random(3)
     running = [study.ask(DISTS) for _ in range(6)]
     for trial in running:
@@ -230,7 +240,7 @@ def test_running_trials_changed_in_place_are_read_again(
                 study.tell(trial, 1.0 + round_)
         running += [study.ask(DISTS) for _ in range(rng.randint(0, 2))]
         read = reader.trials()
-        same(read, fresh.get_all_trials(sid, deepcopy=False))
+        same(read, optunas())
         for t in read:
             if not t.state.is_finished() and t.number in last and t.number not in touched:
                 assert t is last[t.number]  # unchanged: not built again
@@ -252,16 +262,11 @@ def test_statements_run_through_sqlalchemy_read_the_same(
     monkeypatch.setattr(
         module, "_statement", lambda conn, query: module._Statement(query, None, None)
     )
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(study_name="s", storage=storage)
-    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
-    fresh = optuna.storages.RDBStorage(url)
-    sid = fresh.get_study_id_from_name("s")
+    _, study, reader, optunas = reader_and_optunas(tmp_path)
     running = [study.ask(DISTS) for _ in range(3)]
     running[0].set_user_attr("config", {"tp": 2})
-    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    same(reader.trials(), optunas())
     study.tell(running[1], 2.0)
     running[2].set_user_attr("ratio", 0.25)
     study.ask(DISTS)
-    same(reader.trials(), fresh.get_all_trials(sid, deepcopy=False))
+    same(reader.trials(), optunas())
