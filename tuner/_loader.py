@@ -31,6 +31,10 @@ from tuner.errors import ConfigError
 
 T = TypeVar("T")
 
+NOT_IN_FILE = "not_in_file"
+"""The metadata key (``field(metadata={NOT_IN_FILE: True})``) of a field the reader fills in,
+never a key of the file: a study's ``found_by``."""
+
 
 class StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader without aliases and without duplicate keys."""
@@ -80,11 +84,20 @@ def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def load_dataclass(cls: type[T], data: object, path: str = "") -> T:
-    """Build ``cls`` from a mapping, strictly: unknown keys and missing required fields raise."""
+def file_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    """The fields of the dataclass ``cls`` that a file may set (not the reader's own:
+    :data:`NOT_IN_FILE`)."""
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get(NOT_IN_FILE)]
+
+
+def load_dataclass(
+    cls: type[T], data: object, path: str = "", given: Mapping[str, Any] | None = None
+) -> T:
+    """Build ``cls`` from a mapping, strictly: unknown keys and missing required fields raise.
+    ``given``: the fields the reader fills in (:data:`NOT_IN_FILE`), which the file may not."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a mapping, got {_describe(data)}", path=path or "<top>")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in file_fields(cls)}
     hints = _hints(cast(Any, cls))
     unknown = [str(k) for k in data if k not in fields]
     if unknown:
@@ -92,7 +105,7 @@ def load_dataclass(cls: type[T], data: object, path: str = "") -> T:
         raise ConfigError(
             f"unknown key {unknown[0]!r} (allowed: {allowed})", path=_join(path, unknown[0])
         )
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(given or {})
     for name, field in fields.items():
         if not field.init:
             continue

@@ -82,7 +82,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from tuner.space.enumerate import config_from_settings
 
     spec = load_study(args.study)
-    rates, source = cli_profile.time_source(spec, args.results, args.study)
+    rates, source = cli_profile.time_source(spec, args.results)
     terms = study_terms(spec, args.results, rates)
     found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates, terms=terms)
     result = found.to_dict()
@@ -102,7 +102,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     elif found.valid:
         _print_estimate(result, spec.search.memory_headroom, render.parse_columns(args.columns))
         _console().print(f"time model rates: {source}")
-        for text in source_lines(spec, found.config, terms, args.study):
+        for text in source_lines(spec, found.config, terms):
             _console().print(text)
         if line:
             _console().print(line)
@@ -123,7 +123,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
         if args.top <= 0:
             raise ConfigError("--columns: it picks the columns of the --top table; add --top K")
         render.check_columns(columns, [c.name for c in TOP_COLUMNS])
-    report, rates, terms, out_source = cli_profile.measured_space(spec, args.results, args.study)
+    report, rates, terms, out_source = cli_profile.measured_space(spec, args.results)
     out = report.counts()
     out["time_source"] = out_source
     top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
@@ -144,7 +144,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
     print_cost(console, spec, out["cost"])
     for line in lines:
         render.show(console, line)
-    study = shlex.quote(args.study)
+    study = spec.study_arg
     if not out["viable"]:  # the counts say what ruled each out; say what that means
         console.print(f"nothing to run: no config is valid and predicted to fit; widen the space "
                       f"(tune estimate --study {study} --set KNOB=VALUE shows one config's broken "
@@ -157,7 +157,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
-        return _dry_run(spec, args.format == "json", args.n_trials, args.results, args.study)
+        return _dry_run(spec, args.format == "json", args.n_trials, args.results)
     from tuner.space.enumerate import enumerate_space, require_viable
 
     # Before any storage exists: some config is viable and, under a limit the user set, some
@@ -196,7 +196,7 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         _emit_json({"study": spec.name, **dataclasses.asdict(summary), "failed": summary.failed,
                     "space": loop.space_counts, "spent": spent_json(loop.trials())})  # fmt: skip
     else:
-        progress.final(loop, summary, args.study)
+        progress.final(loop, summary)
     if summary.stop_reason.startswith("interrupted"):
         return 130
     failed = summary.failed
@@ -267,12 +267,12 @@ def _cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str, ref: str) -> int:
+def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
     from tuner.space.enumerate import require_viable
 
     # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
     report: SpaceReport
-    report, rates, terms, _ = cli_profile.measured_space(spec, results, ref)
+    report, rates, terms, _ = cli_profile.measured_space(spec, results)
     everything = report.ranked()  # sorted once: costly at 10^5
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
     require_viable(spec, report)

@@ -5,7 +5,6 @@ them without importing the whole command line)."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -114,12 +113,6 @@ STUDY_HELP = (
 def add_study_option(parser: argparse.ArgumentParser) -> None:
     """The required ``--study`` every study command takes."""
     parser.add_argument("--study", required=True, metavar="NAME", help=STUDY_HELP)
-
-
-def study_arg(study: str) -> str:
-    """The ``--study`` value a printed command repeats: the one the user gave, shell-quoted (a
-    study file outside ``studies/`` is not found by the name inside it)."""
-    return shlex.quote(study)
 
 
 def add_columns_option(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:

@@ -8,7 +8,6 @@ import datetime as dt
 from typing import Any
 
 from tuner.cli import render
-from tuner.cli.options import study_arg
 from tuner.cli.render import Column, Grid
 from tuner.cli.tables import _console, _emit_json
 from tuner.spec.study import StudySpec
@@ -129,13 +128,11 @@ def _plain(obj: Any) -> dict[str, Any]:
     return out
 
 
-def source_lines(spec: StudySpec, config: Any, terms: Any, study: str | None = None) -> list[str]:
-    """``tune estimate``'s lines saying where each term came from (``study``: the ``--study``
-    given, which the hint repeats)."""
+def source_lines(spec: StudySpec, config: Any, terms: Any) -> list[str]:
+    """``tune estimate``'s lines saying where each term came from."""
     if terms.is_catalog:
-        again = study_arg(spec.name if study is None else study)
-        return [f"terms: all from the catalog (tune profile --study {again} --probe measures "
-                "this stack's per-layer time, activations and extras)"]  # fmt: skip
+        return [f"terms: all from the catalog (tune profile --study {spec.study_arg} --probe "
+                "measures this stack's per-layer time, activations and extras)"]  # fmt: skip
     out = []
     for s in terms.sources(config):
         where = f" at {s.point}, spread {s.spread:.1%}" if s.source == "measured" else ""

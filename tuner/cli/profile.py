@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.cli import help_text, render, units
-from tuner.cli.options import study_arg, whole, wholes
+from tuner.cli.options import whole, wholes
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
@@ -336,26 +336,21 @@ def calibrated_estimate(spec: StudySpec, candidate: Any, results: str = "results
                   "peak_gib": r.calibrated_peak_gib, "fits": fits and candidate.fits}  # fmt: skip
 
 
-def measured_space(
-    spec: StudySpec, results: str, study: str | None = None
-) -> tuple[Any, Any, Any, str]:
+def measured_space(spec: StudySpec, results: str) -> tuple[Any, Any, Any, str]:
     """The study's space enumerated as ``tune run`` ranks it (OOMs kept), on the cluster
     profile's rates and the framework probe's terms: the report, the rates, the terms and what
     the time figures come from (:func:`time_source`)."""
     from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import enumerate_space
 
-    rates, source = time_source(spec, results, study)
+    rates, source = time_source(spec, results)
     terms = study_terms(spec, results, rates)
     return enumerate_space(spec, keep_oom=True, rates=rates, terms=terms), rates, terms, source
 
 
-def time_source(
-    spec: StudySpec, results: str = "results", study: str | None = None
-) -> tuple[Any, str]:
+def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
     """The cluster's measured rates (or None) and what ``tune estimate`` / ``space`` say of them:
-    the saved profile's GEMMs and collectives, or the catalog's datasheet figures. ``study`` is
-    the ``--study`` the user gave (a path, maybe), which the hint repeats; default the name."""
+    the saved profile's GEMMs and collectives, or the catalog's datasheet figures."""
     from tuner.catalog import get_gpu
     from tuner.models.rates import ceiling_share
     from tuner.models.uncertainty import CATALOG_STEP_SIGMA
@@ -369,10 +364,9 @@ def time_source(
             ceiling_share(get_gpu(spec.cluster.gpu)) > 0
         )  # what tuner.models.rates.gemm_efficiency reads
         ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
-        again = study_arg(spec.name if study is None else study)
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; its step times are off by "
                       f"{CATALOG_STEP_SIGMA:.0%} sd on a stack never seen; tune profile --study "
-                      f"{again} measures this cluster's)")  # fmt: skip
+                      f"{spec.study_arg} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
     # a profile saved before the probe measured attention and memory streaming has neither
     measures = ["GEMMs by shape", "all-reduce latency and bandwidth"]

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from tuner.cli import units
 from tuner.cli.cost import spent_line
-from tuner.cli.options import study_arg
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
 from tuner.space.cost import trial_limit_s
@@ -102,9 +101,8 @@ class LiveProgress:
         status.add_row("budget", budget)
         return Group(running, status)
 
-    def final(self, loop: StudyLoop, summary: Summary, study: str) -> None:
-        """The closing lines of ``tune run`` (``study``: the ``--study`` given, which the
-        commands they suggest repeat)."""
+    def final(self, loop: StudyLoop, summary: Summary) -> None:
+        """The closing lines of ``tune run``."""
         out = Console(highlight=False)
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "none"
         out.print(f"stopped: {summary.stop_reason or 'done'}")
@@ -119,7 +117,7 @@ class LiveProgress:
                 f"space: {units.plural(space['total'], 'config')}; {space['invalid']} break a "
                 "framework rule and "
                 f"{space['predicted_oom']} are predicted to run out of memory (never launched"
-                f"{launched}); {space['viable']} fit (tune space --study {study_arg(study)})"
+                f"{launched}); {space['viable']} fit (tune space --study {loop.spec.study_arg})"
             )
         ratios = model_ratios(loop.measured(loop.trials()).values())
         if ratios:
@@ -131,7 +129,7 @@ class LiveProgress:
         if summary.best_step_s is not None:
             out.print(
                 f"best: trial {summary.best_trial}, {units.seconds(summary.best_step_s)} s/step "
-                f"(tune leaderboard --study {study_arg(study)})"
+                f"(tune leaderboard --study {loop.spec.study_arg})"
             )
 
 

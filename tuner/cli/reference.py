@@ -19,6 +19,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from tuner._loader import file_fields
 from tuner.spec import bounds
 
 _BOUND_CALLS = {"_positive": "> 0", "_size": "> 0", "_at_most": "<="}
@@ -219,7 +220,7 @@ def _sections(cls: type, path: str) -> Iterator[tuple[str, type]]:
     """``(yaml path, dataclass)`` of ``cls`` and every section nested in it, depth first."""
     yield path, cls
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in file_fields(cls):
         for arg in (hints[f.name], *typing.get_args(hints[f.name])):
             if dataclasses.is_dataclass(arg) and isinstance(arg, type):
                 yield from _sections(arg, f"{path}.{f.name}" if path else f.name)
@@ -231,7 +232,7 @@ def study_fields() -> list[FieldDoc]:
     for path, cls in _sections(_study_root(), ""):
         hints = typing.get_type_hints(cls)
         docs, rules = field_docstrings(cls), field_bounds(cls)
-        for f in dataclasses.fields(cls):
+        for f in file_fields(cls):
             out.append(
                 FieldDoc(
                     path=f"{path}.{f.name}" if path else f.name,

@@ -364,20 +364,20 @@ def check_profile(
     if profile.gpu != spec.cluster.gpu_name:
         raise ProfileError(
             f"foreign profile: measured on {profile.gpu}, the study's cluster.gpu is "
-            f"{spec.cluster.gpu_name} (run tune profile --study {spec.name})", file=where,
+            f"{spec.cluster.gpu_name} (run tune profile --study {spec.study_arg})", file=where,
         )  # fmt: skip
     age = now - dt.datetime.fromisoformat(profile.created)
     if age > dt.timedelta(days=MAX_AGE_DAYS):
         raise ProfileError(
             f"stale profile: measured {profile.created}, {age.days} days ago (more than "
-            f"{MAX_AGE_DAYS}); run tune profile --study {spec.name}", file=where,
+            f"{MAX_AGE_DAYS}); run tune profile --study {spec.study_arg}", file=where,
         )  # fmt: skip
     for key in VERSION_KEYS:
         then, current = profile.versions.get(key), (versions or {}).get(key)
         if then is not None and current is not None and str(then) != str(current):
             raise ProfileError(
                 f"stale profile: measured with {key} {then}, the cluster now has {current}; "
-                f"run tune profile --study {spec.name}", file=where,
+                f"run tune profile --study {spec.study_arg}", file=where,
             )  # fmt: skip
     return profile
 

@@ -255,7 +255,7 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
     for row in rows:
         if row.key not in configs:
             raise ProfileError(f"foreign probe: its config {row.key} is not in the study's "
-                               f"space; run tune profile --study {spec.name} --probe",
+                               f"space; run tune profile --study {spec.study_arg} --probe",
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
     by_key = _aligned(by_key, configs)
@@ -436,7 +436,7 @@ def load_probe(path: Path) -> dict[str, Any]:
 def check_probe(data: Mapping[str, Any], spec: StudySpec, *, now: dt.datetime,
                 versions: Mapping[str, Any] | None = None, path: str = "") -> None:  # fmt: skip
     """A one-line ProfileError when the saved probe is foreign or stale for ``spec``."""
-    again = f"run tune profile --study {spec.name} --probe"
+    again = f"run tune profile --study {spec.study_arg} --probe"
     if data.get("fingerprint") != fingerprint(spec):
         raise ProfileError(f"foreign probe: measured for another model, framework, launch or "
                            f"cluster shape than study {spec.name}'s now; {again}",

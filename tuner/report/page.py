@@ -68,7 +68,7 @@ def _summary(data: ReportData) -> Section:
         pairs += [
             ("best measured config", f"trial {best.number}: {best.label}"),
             *data.launch_args(best),
-            ("full launch script", f"tune best --study {data.spec.name} --emit script"),
+            ("full launch script", f"tune best --study {data.spec.study_arg} --emit script"),
             ("tokens/s/GPU", V.fmt(best.tokens_per_s_per_gpu)),
             ("TFLOP/s/GPU", V.fmt(best.tflops_per_gpu)), ("MFU", V.pct(best.mfu)),
             ("measured step", f"{V.fmt(best.measured_step_s)} s"),
@@ -119,7 +119,7 @@ def _payback(data: ReportData) -> Section:
         notes.append("Payback needs a measured best config and a measured baseline.")
     if not data.train_tokens:
         notes.append("Payback is left out: it needs the full training run's length "
-                     f"(tune report --study {data.spec.name} --train-tokens N).")  # fmt: skip
+                     f"(tune report --study {data.spec.study_arg} --train-tokens N).")  # fmt: skip
     if plan is None:
         section.note = " ".join(notes)
         return section

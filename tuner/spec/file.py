@@ -160,8 +160,11 @@ def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
     return value
 
 
-def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpec:
-    """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``.
+def study_from_mapping(
+    raw: object, *, base_dir: Path | None = None, found_by: str | None = None
+) -> StudySpec:
+    """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``;
+    ``found_by``: the name or path the file was found by (:attr:`StudySpec.found_by`).
 
     ``${NAME}`` in any string value is first replaced with that environment variable
     (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
@@ -186,7 +189,7 @@ def study_from_mapping(raw: object, *, base_dir: Path | None = None) -> StudySpe
         from tuner.catalog import gpu_from_mapping  # a GPU given by its figures
 
         data["cluster"] = {**cluster, "gpu": gpu_from_mapping(cluster["gpu"])}
-    return load_dataclass(StudySpec, data)
+    return load_dataclass(StudySpec, data, given={"found_by": found_by})
 
 
 def _expand_user(path: str, yaml_path: str) -> Path:
@@ -260,7 +263,7 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
         raise ConfigError(f"invalid YAML: {reason}", file=str(path)) from None
     try:
         # the folder the file really is in: studies/ may be a link (it is, in this repository)
-        spec = study_from_mapping(raw, base_dir=path.resolve().parent)
+        spec = study_from_mapping(raw, base_dir=path.resolve().parent, found_by=name)
         launch = spec.launch
         check_template_framework(spec.framework, launch.template, launch.templates_dir, cwd)
         return spec

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tuner._loader import NOT_IN_FILE
 from tuner.errors import ConfigError
 from tuner.layout import name_problem, study_name_problem
 from tuner.spec.bounds import _ENV_NAME as _ENV_NAME
@@ -243,6 +245,10 @@ class StudySpec:
     """The knobs to search."""
     search: SearchSpec = field(default_factory=SearchSpec)
     """Sampler and budget."""
+    found_by: str | None = field(default=None, compare=False, metadata={NOT_IN_FILE: True})
+    """The name or path :func:`~tuner.spec.file.load_study` found this study by (the
+    ``--study`` given); None for a study not read that way. Set by the reader, not a key of the
+    file; :attr:`study_arg` repeats it."""
 
     def __post_init__(self) -> None:
         problem = study_name_problem(self.name)  # the results layout's: the name is a directory
@@ -406,6 +412,13 @@ class StudySpec:
         return c.name or f"{c.gpu_name}-{c.executor}-{len(self.node_names)}x{c.gpus_per_node}"
 
     @property
+    def study_arg(self) -> str:
+        """The ``--study`` value a command tuner prints repeats, shell-quoted: the name or path
+        the study was found by (a study file outside ``studies/`` is not found by the name
+        inside it), else its name."""
+        return shlex.quote(self.found_by or self.name)
+
+    @property
     def world_size(self) -> int:
         """Ranks in one trial: nodes_per_trial x gpus_per_node."""
         return self.nodes_per_trial * self.cluster.gpus_per_node
@@ -416,6 +429,7 @@ class StudySpec:
         data["model"] = model_data(self.model)
         data.pop("search")
         data.pop("description")
+        data.pop("found_by")  # where the file was found from, not what it says
         data["cluster"].pop("name")  # names the saved calibration; changes no measurement
         data["launch"].pop("train_args")  # the full run's only: no trial sees them
         text = json.dumps(data, sort_keys=True, default=str)

@@ -1,0 +1,138 @@
+"""Commands tuner prints name the study as the user gave it.
+
+A study file outside ``studies/`` (the README's ``llama3-70b.yaml`` in the current folder) is
+not found by the ``name:`` inside it: ``tune profile --study mine`` is "unknown study", or
+silently a shipped study of that name. Every printed ``tune ... --study X`` repeats the
+argument the study was found by (:attr:`StudySpec.study_arg`), shell-quoted."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import html
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.test_profile import a_profile
+from tests.test_profile import study as profile_study
+from tests.test_stack_terms import STUDY as PROBE_STUDY
+from tests.test_stack_terms import saved
+from tuner.errors import ConfigError
+from tuner.profile.run import MAX_AGE_DAYS, ProfileError, check_profile
+from tuner.profile.stack_terms import check_probe, derive_terms, load_probe
+from tuner.spec.file import load_study, study_from_mapping
+from tuner.spec.study import StudySpec
+
+GIVEN = "my cluster.yaml"
+NOW = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+
+
+def named_studies(text: str) -> list[str]:
+    """The ``--study`` argument of every ``tune COMMAND --study X`` in ``text``, unquoted."""
+    found = re.findall(r"tune \w+ --study ('[^']*'|\S+)", text)
+    assert found, text
+    return [" ".join(shlex.split(s)) for s in found]
+
+
+def assert_repeats_the_file(text: str) -> None:
+    for study in named_studies(text):
+        assert study == GIVEN, text
+        assert load_study(study).name == "mine"  # the printed command finds the study
+
+
+def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict[str, Any]) -> StudySpec:
+    """``data`` saved as ``my cluster.yaml`` (name ``mine``) in the current folder, loaded the
+    way ``--study 'my cluster.yaml'`` loads it."""
+    data = copy.deepcopy(data)
+    data["name"] = "mine"
+    (tmp_path / GIVEN).write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    return load_study(GIVEN)
+
+
+def test_the_reader_keeps_what_the_study_was_found_by(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = written(tmp_path, monkeypatch, PROBE_STUDY)
+    assert spec.found_by == GIVEN and spec.study_arg == "'my cluster.yaml'"
+    # where it was found from changes nothing the study says or measures
+    from_text = study_from_mapping(yaml.safe_load((tmp_path / GIVEN).read_text()),
+                                   base_dir=tmp_path)  # fmt: skip
+    assert from_text.found_by is None and from_text.study_arg == "mine"
+    assert spec == from_text and spec.fingerprint() == from_text.fingerprint()
+    # a file cannot say it: it is the reader's, not a key of the study
+    data = {**yaml.safe_load((tmp_path / GIVEN).read_text()), "found_by": "elsewhere"}
+    with pytest.raises(ConfigError, match="unknown key 'found_by'"):
+        study_from_mapping(data, base_dir=tmp_path)
+
+
+def test_a_stale_or_foreign_profile_names_the_study_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = profile_study(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 2})
+    data["training"]["precision"] = "bf16"
+    spec = written(tmp_path, monkeypatch, data)
+    late = NOW + dt.timedelta(days=MAX_AGE_DAYS + 1)
+    for profile, now, versions in (
+        (a_profile(gpu="a100-80gb"), NOW, None),  # foreign
+        (a_profile(), late, None),  # stale by age
+        (a_profile(), NOW, {"nccl": "2.28.1"}),  # stale by version
+    ):
+        with pytest.raises(ProfileError) as exc:
+            check_profile(profile, spec, now=now, versions=versions)
+        assert_repeats_the_file(str(exc.value))
+
+
+def test_a_stale_or_foreign_probe_names_the_study_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = written(tmp_path, monkeypatch, PROBE_STUDY)
+    data = load_probe(saved(tmp_path / "results", spec, NOW))
+    other = study_from_mapping({**copy.deepcopy(PROBE_STUDY), "name": "mine"}, base_dir=tmp_path)
+    wider = dataclasses.replace(other.model, hidden_size=512)
+    other = dataclasses.replace(other, found_by=GIVEN, model=wider)
+    for study, now, versions in (
+        (spec, NOW + dt.timedelta(days=MAX_AGE_DAYS + 1), None),  # stale by age
+        (spec, NOW, {"torch": "9.9"}),  # stale by version
+        (other, NOW, None),  # foreign: measured for another model
+    ):
+        with pytest.raises(ProfileError) as exc:
+            check_probe(data, study, now=now, versions=versions)
+        assert_repeats_the_file(str(exc.value))
+    alien = dataclasses.replace(data["rows"][0], key="tp99-not-in-this-space")
+    with pytest.raises(ProfileError, match="foreign probe") as exc:
+        derive_terms(spec, (alien, *data["rows"][1:]))
+    assert_repeats_the_file(str(exc.value))
+
+
+def test_the_report_page_names_the_study_file(tmp_path: Path) -> None:
+    from tests.report.test_report_views import _study
+    from tests.test_results import SPEC
+    from tuner.report import page
+    from tuner.report.data import gather
+
+    _study(tmp_path)
+    data = gather(dataclasses.replace(SPEC, found_by=GIVEN), results=str(tmp_path))
+    summary = page._summary(data)
+    text = html.unescape("".join(str(t) for t in summary.tables))
+    assert named_studies(text) == [GIVEN]  # the full launch script's tune best
+    assert named_studies(page._payback(data).note) == [GIVEN]  # the payback's tune report
+
+
+def test_no_printed_command_names_a_study_by_its_name() -> None:
+    """Nothing in the package builds ``--study`` from a study's ``name`` field (what the six
+    hints above did); a new hint uses ``study_arg``."""
+    root = Path(__file__).resolve().parents[1] / "tuner"
+    offenders = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"--study \{[^}]*\bname\}", line)
+    ]
+    assert offenders == []
