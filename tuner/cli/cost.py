@@ -41,9 +41,12 @@ SHOWN_TOO_SLOW = 10
 
 def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Candidate],
               n_trials: int, rates: Rates | None = None, terms: StackTerms | None = None,
-              results: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """The preview as one JSON object: ``shown`` configs one by one, the budget over
-    ``ranked`` (every viable config, fastest predicted first). With ``search.proxy``, each
+              results: str | None = None,
+              probes: Sequence[Candidate] = ()) -> dict[str, Any]:  # fmt: skip
+    """The preview as one JSON object: ``shown`` configs one by one, the budget over what
+    ``tune run`` may launch: ``ranked`` (every viable config, fastest predicted first), then
+    the memory ``probes`` (``SpaceReport.probes``: the loop launches them too, so with fewer
+    of both that fit than ``n_trials`` they are its last launches). With ``search.proxy``, each
     config's proxy trial (its step from the time model at ``rates`` and ``terms``, as the
     configs' own) and the confirmations at full scale are counted too (``proxy``). With
     ``results``, the start-up that launches of the same setup measured on the cluster (its
@@ -53,7 +56,7 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
         found = measured_startup_s(history(spec, results), setup_fingerprint(spec))
         spec = with_startup(spec, found)
     costs = [trial_cost(spec, c.time.step if c.time else None) for c in ranked]
-    budget = budget_cost(costs, n_trials)
+    budget = budget_cost([*costs, *(trial_cost(spec, _step(c)) for c in probes)], n_trials)
     slow = [(c, k) for c, k in zip(ranked, costs, strict=True) if not k.fits]
     cut = [k for k in costs if k.fits and k.minutes > k.limit_minutes]  # by the start-up
     by_key = {c.config.key(): k for c, k in zip(ranked, costs, strict=True)}
@@ -82,7 +85,7 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
         ],  # fmt: skip
     }
     if spec.search.proxy is not False:
-        _with_proxies(out, spec, ranked, shown, n_trials, rates, terms)
+        _with_proxies(out, spec, [*ranked, *probes], shown, n_trials, rates, terms)
     return out
 
 
@@ -90,7 +93,7 @@ def _with_proxies(out: dict[str, Any], spec: StudySpec, ranked: Sequence[Candida
                   shown: Sequence[Candidate], n_trials: int, rates: Rates | None,
                   terms: StackTerms | None) -> None:  # fmt: skip
     """``out`` with each shown config's proxy trial and the budget's proxies and
-    confirmations (:mod:`tuner.space.proxy_cost`)."""
+    confirmations (:mod:`tuner.space.proxy_cost`) over ``ranked`` (what may launch, in order)."""
     from tuner.space.enumerate import study_gpu  # the time model: only with proxies
     from tuner.space.proxy_cost import Costing, proxy_budget
 

@@ -19,7 +19,6 @@ from tuner.cli import exiting, help_text, render, units
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import (
-    check_launch,
     cost_json,
     measurable,
     print_cost,
@@ -45,7 +44,6 @@ from tuner.cli.tables import (
     _emit_json,
     _print_estimate,
     _top_table,
-    launch_first_table,
 )
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
@@ -56,7 +54,7 @@ from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
-    from tuner.space.enumerate import SpaceReport
+    pass
 
 FLOPS_HELP = (
     "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
@@ -129,7 +127,8 @@ def _cmd_space(args: argparse.Namespace) -> int:
     top = (ranked := report.ranked())[: max(args.top, 0)]  # sorted once: costly at 10^5
     lines, out["calibrated"] = cli_profile.calibrated_lines(spec, report, args.top, args.results,
                                                             ranked=ranked)  # fmt: skip
-    out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials, rates, terms, args.results)
+    out["cost"] = cost_json(spec, ranked, top, spec.search.n_trials, rates, terms, args.results,
+                            report.probes)  # fmt: skip
     if args.format == "json":
         if args.top > 0:
             out["top"] = [_candidate_json(c) for c in top]
@@ -157,7 +156,9 @@ def _cmd_space(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
     if args.dry_run:
-        return _dry_run(spec, args.format == "json", args.n_trials, args.results)
+        from tuner.cli.dry_run import dry_run
+
+        return dry_run(spec, args.format == "json", args.n_trials, args.results)
     from tuner.space.enumerate import enumerate_space, require_viable
 
     # Before any storage exists: some config is viable and, under a limit the user set, some
@@ -264,47 +265,6 @@ def _cmd_best(args: argparse.Namespace) -> int:
     else:
         out["script"] = export.text
     _emit_json(out)
-    return 0
-
-
-def _dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
-    from tuner.space.enumerate import require_viable
-
-    # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
-    report: SpaceReport
-    report, rates, terms, _ = cli_profile.measured_space(spec, results)
-    everything = report.ranked()  # sorted once: costly at 10^5
-    lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
-    require_viable(spec, report)
-    budget = n_trials or spec.search.n_trials
-    ranked = measurable(spec, everything)  # the others are never launched
-    if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
-        groups = max(len(spec.node_names) // spec.nodes_per_trial, 1)
-        first = ranked[: min(groups, budget)]
-        then = ("then each measurement corrects the time model and the model sampler proposes "
-                "the config with the highest expected improvement")  # fmt: skip
-    else:
-        first = ranked[: max(spec.search.enqueue_top, 1)]
-        then = f"then the {spec.search.sampler} sampler proposes configs"
-    check_launch(spec, first)  # a warning on stderr when the first trial could not launch
-    if as_json:
-        out = report.counts()
-        out["launch_first"] = [_candidate_json(c) for c in first]
-        out["n_trials"] = budget
-        out["calibrated"] = calibrated
-        out["cost"] = cost_json(spec, everything, first, budget, rates, terms, results)
-        _emit_json(out)
-        return 0
-    console = _console()
-    render.render(console, _counts_table(spec, report.counts()))
-    render.render(console, launch_first_table(first, spec.framework))
-    print_cost(console, spec, cost_json(spec, everything, first, budget, rates, terms, results))
-    if lines and spec.search.sampler == "model":
-        for line in lines:
-            render.show(console, line)
-        console.print("the saved calibration reorders them: the model sampler starts from the "
-                      "calibrated ranking")  # fmt: skip
-    console.print(f"{then} until {units.plural(budget, 'run')}; nothing was launched (--dry-run).")
     return 0
 
 

@@ -141,7 +141,9 @@ class BudgetCost:
     """The node-hours a study's budget may spend."""
 
     launches: int
-    """Launches counted: ``n_trials``, or fewer when the space has fewer configs that fit."""
+    """Launches counted: ``n_trials``, or fewer when the space has fewer configs that fit (the
+    viable ones and the memory probes): what ``tune run`` launches at most, each config once
+    (one interrupted or on a failed node runs again: ``tuner.space.trials.RETRYABLE``)."""
     expected_node_hours: float
     """The configs launched first (predicted fastest), each stopped at its shortest useful
     trial."""
@@ -150,8 +152,9 @@ class BudgetCost:
 
 
 def budget_cost(costs_fastest_first: Sequence[TrialCost], n_trials: int) -> BudgetCost:
-    """The budget's node-hours over the viable configs' costs, in predicted-step order (the
-    order the search starts from); configs that do not fit are never launched."""
+    """The budget's node-hours over the costs of the configs that may launch, in the order the
+    search starts from (the viable ones by predicted step, then the memory probes); configs
+    that do not fit are never launched."""
     fitting = [c for c in costs_fastest_first if c.fits]
     n = min(n_trials, len(fitting))
     worst = sorted((c.worst_node_hours for c in fitting), reverse=True)[:n]

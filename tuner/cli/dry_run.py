@@ -1,0 +1,74 @@
+"""``tune run --dry-run``: the space, the configs launched first, the budget's cost and how the
+search goes on, with nothing launched."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuner.cli import profile as cli_profile
+from tuner.cli import render, units
+from tuner.cli.cost import check_launch, cost_json, measurable, print_cost
+from tuner.cli.tables import (
+    _candidate_json,
+    _console,
+    _counts_table,
+    _emit_json,
+    launch_first_table,
+)
+from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    from tuner.space.enumerate import SpaceReport
+
+
+def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
+    """What ``tune run`` would do (``n_trials``: its ``--n-trials``), printed or as JSON."""
+    from tuner.space.enumerate import require_viable
+
+    # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
+    report: SpaceReport
+    report, rates, terms, _ = cli_profile.measured_space(spec, results)
+    everything = report.ranked()  # sorted once: costly at 10^5
+    lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
+    require_viable(spec, report)
+    budget = n_trials or spec.search.n_trials
+    ranked = measurable(spec, everything)  # the others are never launched
+    if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
+        groups = max(len(spec.node_names) // spec.nodes_per_trial, 1)
+        first = ranked[: min(groups, budget)]
+        then = ("then each measurement corrects the time model and the model sampler proposes "
+                "the config with the highest expected improvement")  # fmt: skip
+    else:
+        first = ranked[: max(spec.search.enqueue_top, 1)]
+        then = f"then the {spec.search.sampler} sampler proposes configs"
+    check_launch(spec, first)  # a warning on stderr when the first trial could not launch
+    cost = cost_json(spec, everything, first, budget, rates, terms, results, report.probes)
+    if as_json:
+        out = report.counts()
+        out["launch_first"] = [_candidate_json(c) for c in first]
+        out["n_trials"] = budget
+        out["calibrated"] = calibrated
+        out["cost"] = cost
+        _emit_json(out)
+        return 0
+    console = _console()
+    render.render(console, _counts_table(spec, report.counts()))
+    render.render(console, launch_first_table(first, spec.framework))
+    print_cost(console, spec, cost)
+    if lines and spec.search.sampler == "model":
+        for line in lines:
+            render.show(console, line)
+        console.print("the saved calibration reorders them: the model sampler starts from the "
+                      "calibrated ranking")  # fmt: skip
+    console.print(f"{then} {until(cost['launches'], budget)}; nothing was launched (--dry-run).")
+    return 0
+
+
+def until(runs: int, budget: int) -> str:
+    """How far the search goes: ``runs`` launches (the budget's, :func:`cost_json`), fewer than
+    the ``budget`` (n_trials) when fewer configs may run: ``tune run`` stops once every
+    config that may run has run."""
+    if runs >= budget:
+        return f"until {units.plural(budget, 'run')}"
+    return (f"until every config that may run has run: {units.plural(runs, 'run')}, fewer than "
+            f"n_trials {budget}")  # fmt: skip
