@@ -662,6 +662,9 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         # argparse's own errors: one line too (its usage block used to come first)
         (["best", "--study", str(path), "--format", "nope"], "invalid choice: 'nope'"),
         (["space"], "the following arguments are required: --study"),
+        # "the following arguments are required: what", under a usage line of {gpus,models}
+        (["catalog"], "tune catalog needs one of: gpus, models (see tune catalog --help)"),
+        ([], "tune needs a command, one of: estimate, space, run, "),
         # an option the command does not take pointed at `tune --help`, which does not list it
         (["leaderboard", "--study", str(path), "--json"],
          "unrecognized arguments: --json (see tune leaderboard --help)"),

@@ -29,12 +29,29 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
+REQUIRED = "the following arguments are required: "
+"""argparse's words before the arguments missing from a command line."""
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser with its usage errors as every other bad input: one line starting
     ``tune: error:`` (the usage block argparse prints first is left to ``--help``), exit 2."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith(REQUIRED):
+            message = self._choices_missing(message.removeprefix(REQUIRED).split(", ")) or message
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
+
+    def _choices_missing(self, names: Sequence[str]) -> str | None:
+        """``tune catalog needs one of: gpus, models`` when what is missing is one argument with
+        choices (argparse said "the following arguments are required: what", under a usage
+        line showing ``{gpus,models}``); None otherwise."""
+        found = [a for a in self._actions if not a.option_strings and a.choices
+                 and (a.metavar or a.dest) in names]  # fmt: skip
+        if len(names) != 1 or len(found) != 1:
+            return None
+        what = f"a {found[0].metavar.lower()}, " if isinstance(found[0].metavar, str) else ""
+        return f"{self.prog} needs {what}one of: {', '.join(found[0].choices)}"  # type: ignore[arg-type]
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: None = None
