@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tuner.api import estimate
-from tuner.catalog import get_gpu
+from tuner.catalog import get_gpu, gpu_names
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
@@ -68,6 +68,8 @@ def test_a_preset_fills_what_is_not_given() -> None:
     ({**H100_NVL, "hbm_gbps": 0}, "cluster.gpu.hbm_gbps: must be > 0"),
     ({**H100_NVL, "nvlink": 1}, "cluster.gpu.nvlink: unknown key"),
     ({**H100_NVL, "name": "h100-sxm-80gb"}, "cluster.gpu.name: 'h100-sxm-80gb' is a preset's"),
+    ({**H100_NVL, "name": "H100-SXM-80GB"}, "'H100-SXM-80GB' is a preset's name: write preset: "
+     "h100-sxm-80gb"),  # in capitals it is the preset still
     ({**H100_NVL, "preset": "h99"}, "cluster.gpu.preset: unknown GPU preset 'h99'"),
     ({**H100_NVL, "compute_capability": 8.0}, "FP8 tensor cores need compute capability 8.9"),
     ({**H100_NVL, "name": "../x"}, "cluster.gpu.name"),
@@ -85,6 +87,31 @@ def test_a_bad_gpu_is_one_line_naming_the_field(
     assert main(["estimate", "--study", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0]
+
+
+def test_a_gpu_name_in_any_case_is_the_catalogs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``H100-SXM-80GB`` (as a datasheet prints it) was refused with a list naming
+    ``h100-sxm-80gb``. A GPU name is case-insensitive: the study stores the catalog's spelling,
+    so both spellings are one cluster (one profile, one calibration) and one study."""
+    folded = [name.casefold() for name in gpu_names()]
+    assert len(set(folded)) == len(folded)  # no two names differ only in case: never a guess
+    plain = study_from_mapping(STUDY)
+    for spelling in ("H100-SXM-80GB", "H100-sxm-80GB"):
+        spec = study_from_mapping(study_with(spelling))
+        assert spec.cluster.gpu == "h100-sxm-80gb" and spec.cluster_name == plain.cluster_name
+        assert spec.fingerprint() == plain.fingerprint()
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(study_with(spelling)))
+        assert main(["estimate", "--study", str(path), "--set", "tp=2", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["gpu_memory_gib"] == get_gpu("h100-sxm-80gb").memory_gib
+    described = study_from_mapping(study_with({**H100_NVL, "preset": "H100-SXM-80GB"}))
+    base = get_gpu("h100-sxm-80gb")
+    assert get_gpu(described.cluster.gpu).cuda_context_gib == base.cuda_context_gib
+    with pytest.raises(ConfigError, match="unknown GPU 'H100-SXM-80GB-x'"):
+        study_from_mapping(study_with("H100-SXM-80GB-x"))  # the rest as before
 
 
 def test_qkv_bias_adds_the_qkv_bias_of_every_layer() -> None:

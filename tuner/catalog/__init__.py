@@ -77,6 +77,20 @@ def gpu_names() -> list[str]:
     return sorted(_gpus())
 
 
+@functools.cache
+def _folded_gpu_names() -> dict[str, str]:
+    return {name.casefold(): name for name in _gpus()}
+
+
+def catalog_gpu_name(name: str) -> str:
+    """The catalog's spelling of the GPU ``name`` written in any case (``H100-SXM-80GB`` is
+    ``h100-sxm-80gb``, as a datasheet or ``nvidia-smi`` may print it); ``name`` itself when no
+    entry matches. The catalog holds no two names that differ only in case, so this is never a
+    guess; a study stores the catalog's spelling, which keys its cluster's profile and
+    calibration."""
+    return _folded_gpu_names().get(name.casefold(), name)
+
+
 def get_gpu(
     name: str | GPUSpec, memory_gib: float | None = None,
     overheads: Mapping[str, float] | None = None,
@@ -116,9 +130,11 @@ def gpu_from_mapping(data: Mapping[str, object], path: str = "cluster.gpu") -> G
                           path=f"{path}.name")  # fmt: skip
     if (problem := name_problem(name)) is not None:
         raise ConfigError(problem, path=f"{path}.name")
-    if name in _gpus():
-        raise ConfigError(f"{name!r} is a preset's name: write preset: {name} and give this GPU "
-                          "a name of its own", path=f"{path}.name")  # fmt: skip
+    if catalog_gpu_name(name) in _gpus():
+        raise ConfigError(f"{name!r} is a preset's name: write preset: {catalog_gpu_name(name)} "
+                          "and give this GPU a name of its own", path=f"{path}.name")  # fmt: skip
+    if isinstance(preset, str):
+        preset = catalog_gpu_name(preset)
     if preset is not None:
         if not isinstance(preset, str) or preset not in _gpus():
             raise ConfigError(f"unknown GPU preset {preset!r} (catalog: "

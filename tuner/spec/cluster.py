@@ -122,7 +122,8 @@ class ClusterSpec:
     """The machines trials run on."""
 
     gpu: str | GPUSpec
-    """GPU catalog name (``tune catalog gpus`` lists them), ``cpu`` for local CPU ranks, or a
+    """GPU catalog name, in any case (``tune catalog gpus`` lists them; the study keeps the
+    catalog's spelling), ``cpu`` for local CPU ranks, or a
     GPU described by its figures: ``{name, preset?, memory_gib, peak_tflops, fp8_peak_tflops,
     hbm_gbps, intra_node_gbps, inter_node_gbps, compute_capability, ...}``."""
     gpus_per_node: int

@@ -189,6 +189,10 @@ def study_from_mapping(
         from tuner.catalog import gpu_from_mapping  # a GPU given by its figures
 
         data["cluster"] = {**cluster, "gpu": gpu_from_mapping(cluster["gpu"])}
+    elif isinstance(cluster, Mapping) and isinstance(cluster.get("gpu"), str):
+        from tuner.catalog import catalog_gpu_name  # any case, stored as the catalog spells it
+
+        data["cluster"] = {**cluster, "gpu": catalog_gpu_name(cluster["gpu"])}
     return load_dataclass(StudySpec, data, given={"found_by": found_by})
 
 
