@@ -136,3 +136,23 @@ def test_no_printed_command_names_a_study_by_its_name() -> None:
         if re.search(r"--study \{[^}]*\bname\}", line)
     ]
     assert offenders == []
+
+
+def test_a_broken_calibration_names_the_command_that_clears_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said ``tune calibrate --reset clears it``, which is refused as printed (give
+    --cluster NAME or --study NAME). The command printed clears the file."""
+    from tuner.calibrate.store import load_calibration
+    from tuner.cli.main import main
+    from tuner.layout import ClusterLayout
+
+    monkeypatch.chdir(tmp_path)
+    layout = ClusterLayout(tmp_path / "results", "my-h100s")
+    layout.calibration_yaml.parent.mkdir(parents=True)
+    layout.calibration_yaml.write_text("cluster: my-h100s\nobservations: 5\n")
+    with pytest.raises(ConfigError) as exc:
+        load_calibration(layout.calibration_yaml, layout.name)
+    (printed,) = re.findall(r"(tune calibrate [^;]*) clears it", str(exc.value))
+    assert main(shlex.split(printed)[1:]) == 0, capsys.readouterr().err
+    assert not layout.calibration_yaml.exists()

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import math
+import shlex
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -276,9 +277,10 @@ def load_calibration(path: Path, cluster: str) -> Calibration:
                              observations=obs)  # fmt: skip
     except (ConfigError, KeyError) as exc:
         why = str(exc) if isinstance(exc, ConfigError) else f"{exc} is missing"
-        raise ConfigError(
-            f"not a calibration file ({why}); tune calibrate --reset clears it", file=str(path)
-        ) from None
+        # `tune calibrate --reset` alone is refused: it needs the cluster (or a study)
+        again = f"tune calibrate --cluster {shlex.quote(cluster)} --reset"
+        raise ConfigError(f"not a calibration file ({why}); {again} clears it",
+                          file=str(path)) from None  # fmt: skip
     _keep(path, stamp, loaded)
     return loaded
 
