@@ -156,3 +156,17 @@ def test_a_broken_calibration_names_the_command_that_clears_it(
     (printed,) = re.findall(r"(tune calibrate [^;]*) clears it", str(exc.value))
     assert main(shlex.split(printed)[1:]) == 0, capsys.readouterr().err
     assert not layout.calibration_yaml.exists()
+
+
+def test_showing_a_probe_not_yet_measured_names_the_command_that_measures_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune profile --study X --probe --show`` before any probe said ``run tune profile
+    --probe``, which is refused as printed (no study)."""
+    from tuner.cli.main import main
+
+    written(tmp_path, monkeypatch, PROBE_STUDY)
+    assert main(["profile", "--study", GIVEN, "--probe", "--show"]) == 2
+    err = capsys.readouterr().err
+    assert "no framework probe yet" in err
+    assert_repeats_the_file(err)

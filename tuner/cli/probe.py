@@ -21,6 +21,11 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     from tuner.study.loop import make_executor
 
     path = layout.stack_yaml(spec.name)
+    if args.show and not path.is_file():  # nothing to show yet: the command that measures it
+        from tuner.profile.run import ProfileError
+
+        raise ProfileError(f"no framework probe yet (tune profile --study {spec.study_arg} "
+                           "--probe measures it)", file=str(path))  # fmt: skip
     if not args.show:
         executor = make_executor(spec)
         try:
