@@ -61,6 +61,21 @@ def test_the_dry_run_counts_the_runs_the_space_allows(
     assert dry_run_text(tmp_path, few(n_trials=5), monkeypatch, capsys) == (5, 5)
 
 
+def test_the_dry_run_names_the_limits_that_may_stop_the_run_sooner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune run`` also stops at ``max_node_hours`` and ``max_wall_time_min``
+    (``StudyLoop.budget_reason``): "until 5 runs" alone promised more than a node-hour limit
+    under the budget's cost allows."""
+    data = few(n_trials=5, max_node_hours=4, max_wall_time_min=90)
+    assert dry_run_text(tmp_path, data, monkeypatch, capsys) == (5, 5)
+    main(["run", "--study", write(tmp_path, data), "--dry-run", "--results", str(tmp_path)])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.endswith("until 5 runs or 4 node-hours are spent (max_node_hours) or 90 min have "
+                         "passed (max_wall_time_min), whichever comes first; nothing was "
+                         "launched (--dry-run)."), last  # fmt: skip
+
+
 @pytest.mark.slow
 def test_tune_run_makes_the_runs_its_dry_run_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -60,15 +60,25 @@ def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) 
             render.show(console, line)
         console.print("the saved calibration reorders them: the model sampler starts from the "
                       "calibrated ranking")  # fmt: skip
-    console.print(f"{then} {until(cost['launches'], budget)}; nothing was launched (--dry-run).")
+    console.print(f"{then} {until(spec, cost['launches'], budget)}; nothing was launched "
+                  "(--dry-run).")  # fmt: skip
     return 0
 
 
-def until(runs: int, budget: int) -> str:
+def until(spec: StudySpec, runs: int, budget: int) -> str:
     """How far the search goes: ``runs`` launches (the budget's, :func:`cost_json`), fewer than
     the ``budget`` (n_trials) when fewer configs may run: ``tune run`` stops once every
-    config that may run has run."""
+    config that may run has run; or sooner, at the study's node-hour or wall-time limit."""
     if runs >= budget:
-        return f"until {units.plural(budget, 'run')}"
-    return (f"until every config that may run has run: {units.plural(runs, 'run')}, fewer than "
-            f"n_trials {budget}")  # fmt: skip
+        out = f"until {units.plural(budget, 'run')}"
+    else:
+        out = (f"until every config that may run has run: {units.plural(runs, 'run')}, fewer "
+               f"than n_trials {budget}")  # fmt: skip
+    s, limits = spec.search, []
+    if s.max_node_hours:
+        limits.append(f"{s.max_node_hours:g} node-hours are spent (max_node_hours)")
+    if s.max_wall_time_min:
+        limits.append(f"{s.max_wall_time_min:g} min have passed (max_wall_time_min)")
+    if not limits:
+        return out
+    return f"{out} or {' or '.join(limits)}, whichever comes first"
