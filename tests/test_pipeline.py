@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import copy
 import importlib
+import random
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tuner.config import pipeline
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import (
     chunk_layers,
@@ -254,6 +256,37 @@ def test_interleaved_chunks_by_hand() -> None:
     c = cfg(pp=2, vp=2, global_batch_size=2, pipeline_split="layout:Et|tt|ttt|tL")
     assert held_layer_microbatches(model(7), c, "megatron", 1) == 2 * 2 + 1 * 1
     assert held_layer_microbatches(model(7), c, "megatron", 0) == 2 * 1 + 2 * 3
+
+
+def _held_walked(m: int, v: int, pp: int, warm: int, weights: tuple[int, ...]) -> tuple[int, ...]:
+    """The schedule walk of ``pipeline._held_chunks`` with the load summed afresh at each step
+    (the reference for the running sum it keeps)."""
+    table = pipeline._schedule_table(m, v, pp) if v > 1 else tuple((mb, 0) for mb in range(m))
+    held, best, best_load = [0] * v, [0] * v, -1
+    for k in range(len(table)):
+        held[table[k][1]] += 1
+        if k < warm:
+            continue
+        load = sum(h * w for h, w in zip(held, weights, strict=True))
+        if load > best_load:
+            best, best_load = list(held), load
+        held[v - 1 - table[k - warm][1]] -= 1
+    return tuple(best if best_load >= 0 else held)
+
+
+def test_the_held_chunks_running_load_is_the_walks_sum() -> None:
+    rng = random.Random(7)
+    cases = 0
+    for _ in range(3000):
+        v, pp = rng.choice((1, 2, 3, 4)), rng.choice((2, 4, 8, 16))
+        m = rng.randint(1, 40) * (pp if v > 1 else 1)
+        warm = rng.randint(0, m * v)
+        weights = tuple(rng.randint(0, 9) for _ in range(v))
+        assert pipeline._held_chunks(m, v, pp, warm, weights) == _held_walked(
+            m, v, pp, warm, weights
+        ), (m, v, pp, warm, weights)
+        cases += 1
+    assert cases == 3000
 
 
 def test_pipe_buffers() -> None:

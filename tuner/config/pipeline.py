@@ -193,15 +193,18 @@ def _held_chunks(m: int, v: int, pp: int, warm: int, weights: tuple[int, ...]) -
     table = _schedule_table(m, v, pp) if v > 1 else tuple((mb, 0) for mb in range(m))
     total = len(table)
     held, best, best_load = [0] * v, [0] * v, -1
+    load = 0  # sum(h * w for h, w in zip(held, weights)), kept as held changes (whole numbers)
     for k in range(total):
-        held[table[k][1]] += 1
+        chunk = table[k][1]
+        held[chunk] += 1
+        load += weights[chunk]
         if k < warm:
             continue
-        load = sum(h * w for h, w in zip(held, weights, strict=True))
         if load > best_load:
             best, best_load = list(held), load
-        back = k - warm
-        held[v - 1 - table[back][1]] -= 1
+        back = v - 1 - table[k - warm][1]
+        held[back] -= 1
+        load -= weights[back]
     if best_load < 0:  # every micro-batch in warm-up: all held at once
         best = list(held)
     return tuple(best)

@@ -15,7 +15,7 @@ catalog).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tuner.catalog import GPUSpec
@@ -88,19 +88,8 @@ def _stage_memory(
     )
     params, states, experts = held_states.params, held_states.states, held_states.expert_params
     acts = stage_activation_terms(model, c, stage, layers, framework, original)
-    ub = 0.0
-    if c.tp_comm_overlap and traits(framework).megatron_core:
-        # TE userbuffers, allocated outside PyTorch's allocator
-        tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.models.time.tp_overlap)
-        ub = ub_buffer_bytes(tokens, model.hidden_size, fp8)
-    comms = stage_nccl_bytes(c, stage, framework, model.tied_embeddings, experts > 0, gpu)
-    grouped = model.moe is not None and model.moe.grouped_gemm and experts > 0
-    workspaces = (
-        workspace_bytes(gpu, framework)
-        + (grouped_gemm_workspace_bytes(gpu) if grouped else 0)
-        + acts.scratch
-    )
-    context, buffers = context_bytes(gpu), comms + ub
+    workspaces, context, buffers = stage_fixed(model, c, stage, gpu, framework, fp8, experts,
+                                               acts.scratch)  # fmt: skip
     tensors = step_tensors(
         model, c, layers, params, states, acts.tensors, acts.extras, workspaces,
         precision, stage == c.pp - 1, held_states.tensors,
@@ -119,6 +108,28 @@ def _stage_memory(
         stage, layers, acts.held, params + experts, states.layout, phases, states.moments
     )
     return memory, tensors
+
+
+def stage_fixed(
+    model: ModelSpec, c: ParallelConfig, stage: int, gpu: GPUSpec, framework: Framework,
+    fp8: bool, experts: float, scratch: float,
+) -> tuple[float, float, float]:  # fmt: skip
+    """(workspaces, CUDA context, communication buffers) of rank ``stage``, the terms of its
+    phases besides the states and activations (``experts``: its routed-expert parameters;
+    ``scratch``: Megatron-core's global memory buffer, ``stage_activations``)."""
+    ub = 0.0
+    if c.tp_comm_overlap and traits(framework).megatron_core:
+        # TE userbuffers, allocated outside PyTorch's allocator
+        tokens = model.seq_length * c.micro_batch_size / c.cp  # (tuner.models.time.tp_overlap)
+        ub = ub_buffer_bytes(tokens, model.hidden_size, fp8)
+    comms = stage_nccl_bytes(c, stage, framework, model.tied_embeddings, experts > 0, gpu)
+    grouped = model.moe is not None and model.moe.grouped_gemm and experts > 0
+    workspaces = (
+        workspace_bytes(gpu, framework)
+        + (grouped_gemm_workspace_bytes(gpu) if grouped else 0)
+        + scratch
+    )
+    return workspaces, context_bytes(gpu), comms + ub
 
 
 def estimate_memory(
@@ -173,22 +184,6 @@ def iter_stage_plans(
     stops early)."""
     layers, z = enumerate(stage_layers(model, config, framework)), zero_settings or None
     return (_stage_memory(model, config, i, n, gpu, framework, precision, z) for i, n in layers)
-
-
-def iter_stage_plans_but(
-    model: ModelSpec, config: ParallelConfig, gpu: GPUSpec, framework: Framework,
-    precision: Precision, skip: Callable[[], Sequence[int | None]],
-) -> Iterator[StagePlan | None]:  # fmt: skip
-    """:func:`iter_stage_plans`, with None for each stage whose ``skip()`` entry is not None
-    (``bound.stage_dominators``: a stage bounded by another, planned only if needed);
-    ``skip`` is called once the first stage is planned (a caller that stops there never
-    asks), and its first entry is not read (the first stage is always planned)."""
-    layers = stage_layers(model, config, framework)
-    yield _stage_memory(model, config, 0, layers[0], gpu, framework, precision, None)
-    skipped = skip() if len(layers) > 1 else ()
-    for i in range(1, len(layers)):
-        yield None if skipped[i] is not None else _stage_memory(
-            model, config, i, layers[i], gpu, framework, precision, None)  # fmt: skip
 
 
 def stage_plan(

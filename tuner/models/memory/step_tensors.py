@@ -19,6 +19,7 @@ what the caching allocator (tuner.models.memory.allocator) sees:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
@@ -55,12 +56,21 @@ def _scaled(parts: list[float], total: float) -> list[float]:
 
 def layer_tensors(
     model: ModelSpec, act: LayerActivations, c: ParallelConfig, recompute: str
-) -> list[float]:
+) -> tuple[float, ...]:
     """Bytes of each tensor one layer saves for one micro-batch on one rank ([K] Table 2),
     ``recompute`` none or selective (selective drops the score tensors)."""
+    return _layer_tensors(model, act, c.tp, c.sequence_parallel, recompute)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _layer_tensors(
+    model: ModelSpec, act: LayerActivations, tp: int, sequence_parallel: bool, recompute: str
+) -> tuple[float, ...]:
+    """:func:`layer_tensors` on what it reads of the config (tp and SP), cached: the configs of
+    a space that share a micro-batch, CP, TP and SP share a layer's tensors."""
     hidden = act.layer_input  # e x s x b x h: one hidden-sized activation
     mask = (act.replicated - 4 * hidden) / 2 if model.dropout else 0.0  # 1 B per element
-    rep_shard = c.tp if c.sequence_parallel else 1
+    rep_shard = tp if sequence_parallel else 1
     rep = [hidden / rep_shard] * 4 + ([mask / rep_shard] * 2 if mask > 0 else [])
     g_over_a = model.query_groups / model.num_attention_heads
     attn = [hidden, hidden * g_over_a, hidden * g_over_a, hidden]  # Q, K, V, projection input
@@ -69,10 +79,10 @@ def layer_tensors(
         scores = [act.scores]  # the log-sum-exp, or the softmax output alone
     else:
         scores = _scaled([2.0, 1.0, 2.0], act.scores)  # softmax out, dropout mask, dropout out
-    kept = rep + [x / c.tp for x in attn + mlp]
+    kept = rep + [x / tp for x in attn + mlp]
     if recompute != "selective":
-        kept += [x / c.tp for x in scores if x > 0]
-    return kept
+        kept += [x / tp for x in scores if x > 0]
+    return tuple(kept)
 
 
 def activation_tensors(
