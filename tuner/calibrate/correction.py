@@ -233,77 +233,22 @@ class Fitted(Protocol):
 P = TypeVar("P", bound=Fitted)
 
 
-OOM_PASSES = 50
-"""At most this many expectation-propagation passes over the OOM rows (:func:`lift_ooms`); a
-pass that moves no site's mean by more than :data:`OOM_TOLERANCE` ends them sooner."""
-
-OOM_TOLERANCE = 1e-9
-"""The change of an OOM row's site mean (log ratio) below which :func:`lift_ooms` has
-converged."""
-
-
 def lift_ooms(
     fitter: Callable[[np.ndarray, np.ndarray, np.ndarray, float | np.ndarray], P],
     precision: np.ndarray, x: np.ndarray, y: np.ndarray, bound: np.ndarray,
     noise: float | np.ndarray,
 ) -> P:  # fmt: skip
     """``fitter``'s regression of ``y`` on ``x`` where a row with ``bound`` set (a real OOM)
-    is a *censored* observation: its peak was at least the GPU's memory, so its log ratio
-    ``y`` is a lower bound, ``P(OOM | f) = Phi((f - y) / noise)`` for its correction ``f``.
-
-    The posterior under such rows is not Gaussian; expectation propagation (Minka 2001; the
-    probit case in Rasmussen and Williams 2006, section 3.6, with the threshold at the bound)
-    replaces each by the Gaussian pseudo-observation (a site: a value and its own noise) that
-    matches the first two moments of the posterior marginal of its ``f``: the cavity (the
-    posterior without the site) times the one-sided likelihood is a truncated normal, whose
-    mean lies above the bound by the inverse Mills ratio and whose variance shrinks by
-    ``z lambda + lambda^2`` of it. The site enters ``fitter`` as a row with that value and
-    noise, so the correction spreads over the shared factor and each knob's terms in
-    proportion to their prior covariance with the OOM config, as a measured peak's does, but
-    with the doubt the bound leaves: an OOM by a hair and an OOM by half the GPU are not told
-    apart, and the fit does not pretend they are. (Before: the bound lifted to the fit's mean
-    plus one sd, three times, each row then read as a peak *measured* there to the peak
-    noise.)"""
+    only bounds its ratio from below: lifted above the fit, a few passes."""
     post = fitter(precision, x, y, noise)
-    if not bound.any():
-        return post
-    y = np.array(y, dtype=float)
-    sd_n = np.broadcast_to(np.asarray(noise, dtype=float), y.shape).astype(float)
-    low = y[bound]
-    noise_b = sd_n[bound]
-    site_mean = np.zeros(len(low))
-    site_var = np.full(len(low), np.inf)  # no site yet: the cavity is the posterior
-    y_fit, sd_fit = y.copy(), sd_n.copy()
-    for _ in range(OOM_PASSES):
-        mu, sd = post.predict(x[bound])
-        var = np.square(sd)
-        cavity_var = 1.0 / np.maximum(1.0 / var - 1.0 / site_var, 1e-12)
-        cavity_mu = cavity_var * (mu / var - site_mean / site_var)
-        scale = np.sqrt(noise_b**2 + cavity_var)
-        z = (cavity_mu - low) / scale
-        ratio = _mills(z)  # phi(z) / Phi(z)
-        tilted_mu = cavity_mu + cavity_var * ratio / scale
-        tilted_var = cavity_var * (1.0 - cavity_var / scale**2 * ratio * (z + ratio))
-        tilted_var = np.maximum(tilted_var, 1e-12)
-        new_var = 1.0 / np.maximum(1.0 / tilted_var - 1.0 / cavity_var, 1e-12)
-        new_mean = new_var * (tilted_mu / tilted_var - cavity_mu / cavity_var)
-        moved = np.max(np.abs(new_mean - site_mean)) if np.isfinite(site_var).all() else np.inf
-        site_mean, site_var = new_mean, new_var
-        y_fit[bound], sd_fit[bound] = site_mean, np.sqrt(site_var)
-        post = fitter(precision, x, y_fit, sd_fit)
-        if moved < OOM_TOLERANCE:
+    for _ in range(3):  # an OOM only bounds its ratio from below: lift it above the fit
+        if not bound.any():
             break
+        mu_seen, sd_seen = post.predict(x[bound])  # only the OOM rows move
+        y = np.array(y, dtype=float)
+        y[bound] = np.maximum(y[bound], mu_seen + sd_seen)
+        post = fitter(precision, x, y, noise)
     return post
-
-
-def _mills(z: np.ndarray) -> np.ndarray:
-    """``phi(z) / Phi(z)``, the inverse Mills ratio of the lower tail, without the ratio of two
-    underflowing numbers far below zero (there it tends to ``-z``)."""
-    z = np.asarray(z, dtype=float)
-    cdf = normal_cdf(z)
-    pdf = np.exp(-0.5 * z**2) / math.sqrt(2.0 * math.pi)
-    safe = cdf > 1e-12
-    return np.where(safe, pdf / np.where(safe, cdf, 1.0), -z)
 
 
 def normal_cdf(z: np.ndarray) -> np.ndarray:

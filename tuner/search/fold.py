@@ -23,10 +23,9 @@ its values and adds them back to its predictions; every variance and covariance 
 the fit with every row (the same posterior, up to rounding: ``tests/test_fold.py``).
 
 Saved out-of-memory rows are not folded: they only bound their ratio from below, and the memory
-fit replaces each by the pseudo-observation that matches its one-sided likelihood given every
-other row (:func:`tuner.calibrate.correction.lift_ooms`), which depends on the study's own rows.
-They stay rows of each fit, one per OOM (two OOMs of one config are two bounds), written in the
-same coordinates (:meth:`Basis.rows`); they are few.
+fit lifts them above its current fit in passes (:func:`tuner.calibrate.correction.lift_ooms`),
+which depends on the study's own rows. They stay rows of each fit, written in the same
+coordinates (:meth:`Basis.rows`); they are few.
 """
 
 from __future__ import annotations
@@ -168,17 +167,14 @@ class Folds:
                     o.transfer_sd(fingerprint),
                 )
                 ooms[same] = (o, ooms[same][1] + 1 if same in ooms else 1)
-        # each OOM its own row: a censored row's likelihood is one-sided, so n alike are
-        # n bounds (Phi^n), not one bound with a 1/sqrt(n) noise as n alike peaks would be
-        each = [o for o, n in ooms.values() for _ in range(n)]
-        rows = [saved.memory_row(o, features) for o in each]
+        rows = [saved.memory_row(o, features) for o, _ in ooms.values()]
         made = Past(
             (folded(time.x, time.precision, xs, yt, st, time),
              folded(memory.x, memory.precision, xm, ym, sm, memory)),
             np.array(rows).reshape(len(rows), width),
-            np.array([o.memory_ratio or 0.0 for o in each]),
-            np.array([math.hypot(prior.memory_noise, o.transfer_sd(fingerprint))
-                      for o in each]),
+            np.array([o.memory_ratio or 0.0 for o, _ in ooms.values()]),
+            np.array([math.hypot(prior.memory_noise, o.transfer_sd(fingerprint)) / math.sqrt(n)
+                      for o, n in ooms.values()]),
             frozenset(saved.key(o) for o in past
                       if o.outcome == "ok" and o.memory_setup == memory_setup),
             tuple(o.startup_s for o in past if o.fingerprint == fingerprint and o.startup_s),
