@@ -1,7 +1,7 @@
 """Trace one ``tune`` search of ``search_efficiency.py --node-hours``, launch by launch.
 
     python benchmarks/search_trace.py --surface micro_batch --seeds 0,1,2
-                                      [--anchor deepspeed-autotuning] [--starts]
+                                      [--anchor deepspeed-autotuning] [--starts] [--stop]
 
 For each launch: the config, its place in the time model's order (the sampler's prior: rank 1 is
 the model's fastest admitted config), the model's step time for it, its true step time on the
@@ -9,7 +9,9 @@ surface (and its ratio to the best), what the sampler said it launched it for (`
 ``exploration``), the node-hours charged so far, and where the study's stop rule ended it.
 The header says where the surface's best sits in the model's order; with ``--anchor``, the
 anchor's launches on the same surface follow, with the same charge per launch, so a diagnosis of
-"why does the anchor get there first" reads both orders side by side.
+"why does the anchor get there first" reads both orders side by side. With ``--stop`` the last
+column is what the stop rules read once each launch was measured (:func:`stop_inputs`): why the
+search went on after it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from benchmarks.search_efficiency import (  # noqa: E402
     truth,
 )
 from tuner.search.sampler import ModelGuidedSampler  # noqa: E402
-from tuner.search.value import chance, improvement, purpose_of  # noqa: E402
+from tuner.search.value import best_worth, chance, improvement, purpose_of  # noqa: E402
 from tuner.space.enumerate import enumerate_space  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
@@ -86,8 +88,46 @@ def best_seen(loop: StudyLoop, trials: list[FrozenTrial], key: str) -> str:
     )
 
 
-def trace(spec: StudySpec, t: Truth, results: Path) -> tuple[list[list[str]], str]:
-    """The launches of one tune search run to its own stop, as table rows; and its stop."""
+def stop_inputs(loop: StudyLoop, trials: list[FrozenTrial], t: Truth) -> str:
+    """What the stop rules read after ``trials`` (a fresh sampler, as :func:`best_seen`):
+    rule 1's joint chance; the leave-one-out scale and its degrees of freedom; rule 2's most
+    valuable launch: its believed step over the best, its gain against its cost (node-hours),
+    the same gain were the belief Gaussian (``dof`` infinite) and at the stated prior width
+    (``scale`` 1, Gaussian), its true step over the surface's best, and the training run
+    (node-hours) at or below which rule 2 would have stopped here."""
+    own = loop.study.sampler
+    assert isinstance(own, ModelGuidedSampler)
+    sampler = ModelGuidedSampler(loop.spec, seed=loop.spec.search.seed, space=own._shared)
+    b, xb = sampler._belief(trials)
+    found = sampler.chance_to_beat(trials, 0.01)
+    if b is None or b.best is None or b.scale is None or found is None:
+        return ""
+    noise = sampler._prior.noise
+    moves = b.lookahead(xb, noise)
+    cost = sampler.trial_node_hours(b.mu, trials)
+    run = sampler.run_node_hours(trials)
+    w = best_worth(b.mu, moves, cost, b.best, run, b.dof)
+    gauss = best_worth(b.mu, moves, cost, b.best, run, None)
+    stated = best_worth(b.mu, moves / b.scale, cost, b.best, run, None)
+    i = w.index
+    gains = improvement(b.mu, moves, b.best, b.dof)
+    breakeven = float(np.min(cost / np.maximum(gains, 1e-12)))
+    true = t.space.step.get(sampler._candidates()[b.open_[i]].key())
+    return (
+        f"joint {found[0]:.2f} scale {b.scale:.2f} dof {b.dof} | top "
+        f"{math.exp(b.mu[i] - b.best):.2f}x best, gain {w.gain_node_hours:.3f} (Gaussian "
+        f"{gauss.gain_node_hours:.3f}, stated width "
+        f"{stated.gain_node_hours:.3f}) vs cost {w.cost_node_hours:.3f}, true "
+        f"{'OOM' if true is None else f'{true / t.best_step:.2f}'}; stops for a run <= "
+        f"{breakeven:.1f} (default {run:.1f})"
+    )
+
+
+def trace(spec: StudySpec, t: Truth, results: Path, stops: bool = False
+          ) -> tuple[list[list[str]], str]:  # fmt: skip
+    """The launches of one tune search run to its own stop, as table rows; and its stop. With
+    ``stops``, the last column is what the stop rules read once the launch was measured
+    (:func:`stop_inputs`) instead of what the sampler believed about the best."""
     order = model_order(spec)
     loop = build_loop(spec, results=str(results), launcher=fast_launcher)
     loop.poll_s = 0.0
@@ -99,7 +139,8 @@ def trace(spec: StudySpec, t: Truth, results: Path) -> tuple[list[list[str]], st
         trials = sorted((x for x in loop.trials() if x.user_attrs.get("launched")),
                         key=lambda x: x.number)  # fmt: skip
         every = sorted(loop.trials(), key=lambda x: x.number)
-        seen = [best_seen(loop, [y for y in every if y.number < x.number], t.best_key)
+        seen = [stop_inputs(loop, [y for y in every if y.number <= x.number], t) if stops
+                else best_seen(loop, [y for y in every if y.number < x.number], t.best_key)
                 for x in trials]  # fmt: skip
     finally:
         loop.executor.close()
@@ -158,9 +199,9 @@ def deepspeed_starts(spec: StudySpec, t: Truth) -> str:
     )
 
 
-def emit(rows: list[list[str]]) -> None:
+def emit(rows: list[list[str]], last: str = "the best, as the sampler saw it") -> None:
     header = ["#", "config", "model rank", "model s", "true s (/best)", "measured s",
-              "purpose", "node-h so far", "", "the best, as the sampler saw it"]  # fmt: skip
+              "purpose", "node-h so far", "", last]  # fmt: skip
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, *rows]:
         sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
@@ -173,6 +214,11 @@ def main() -> int:
     parser.add_argument("--space", default="full")
     parser.add_argument("--seeds", default="0", help="comma-separated; empty: no tune search")
     parser.add_argument("--anchor", default="")
+    parser.add_argument(
+        "--stop",
+        action="store_true",
+        help="per launch, what the stop rules read once it was measured (not the best's view)",
+    )
     parser.add_argument(
         "--starts",
         action="store_true",
@@ -194,9 +240,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tuner-trace-") as tmp:
         for seed in (int(s) for s in args.seeds.split(",") if s):
             data = study_data(args.surface, "tune", seed, t.valid, args.space)
-            rows, stop = trace(study_from_mapping(data), t, Path(tmp) / str(seed))
+            rows, stop = trace(study_from_mapping(data), t, Path(tmp) / str(seed), args.stop)
             sys.stdout.write(f"\nseed {seed}: stopped: {stop}\n")
-            emit(rows)
+            emit(rows, "what the stop rules read after it" if args.stop else
+                 "the best, as the sampler saw it")  # fmt: skip
             if args.anchor:
                 sys.stdout.write(f"\n{args.anchor}, seed {seed}:\n")
                 emit(anchor_rows(base, t, args.anchor, seed))
