@@ -554,12 +554,12 @@ def main() -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     for space, shares in ratios.items():
         for group, names in (("the 3 issue surfaces", SHAPES), ("held out", HELD_OUT)):
-            mine = [v for name, v in shares.items() if name in names]
-            tune = [r["runs"] for r in rows if r["space"] == space and r["method"] == "tune"
+            part = [v for name, v in shares.items() if name in names]
+            tune_runs = [r["runs"] for r in rows if r["space"] == space and r["method"] == "tune"
                     and r["surface"] in names]  # fmt: skip
-            if mine:
-                print(f"{space}, {group}: tune needs {statistics.mean(mine):.0%} of the grid's "
-                      f"runs on average (target <= 25 %), {statistics.mean(tune):.1f} runs "
+            if part:
+                print(f"{space}, {group}: tune needs {statistics.mean(part):.0%} of the grid's "
+                      f"runs on average (target <= 25 %), {statistics.mean(tune_runs):.1f} runs "
                       "(target <= 8 on ~50 configs)")  # fmt: skip
     print_calibration_table(rows)
     if args.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import functools
 import statistics
 from pathlib import Path
 from typing import Any
@@ -546,8 +547,7 @@ def test_probe_truth_interleaved_reads_each_config_against_the_first_by_round(
     results = str(tmp_path / "results")
     monkeypatch.setattr(probe_module, "run_stack_probe", job)
     quiet = measure("standin", results, 4)
-    monkeypatch.setattr(probe_module, "run_stack_probe",
-                        lambda *a, **k: job(*a, **k, load=2.0))  # fmt: skip
+    monkeypatch.setattr(probe_module, "run_stack_probe", functools.partial(job, load=2.0))
     loaded = measure("standin", results, 4)
     paired = measure("standin", results, 6, interleave=True)
     assert asked == [False, False, True] and probe_module.INTERLEAVE  # set back after the job

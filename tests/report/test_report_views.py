@@ -38,7 +38,7 @@ def _study(tmp_path: Path) -> None:
 def test_the_header_names_the_study(tmp_path: Path) -> None:
     _study(tmp_path)
     text = V.header(gather(SPEC, results=str(tmp_path)))
-    for fact in (SPEC.model.name, SPEC.cluster.gpu, SPEC.framework, SPEC.search.sampler,
+    for fact in (SPEC.model.name, SPEC.cluster.gpu_name, SPEC.framework, SPEC.search.sampler,
                  f"budget {SPEC.search.n_trials} runs", "report written", "tuner"):  # fmt: skip
         assert fact in text, fact
 
