@@ -29,13 +29,14 @@ import json
 import os
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.layout import ClusterLayout, TrialPaths  # noqa: E402
-from tuner.models.rates import catalog_rates  # noqa: E402
+from tuner.models.rates import Rates, catalog_rates  # noqa: E402
 from tuner.profile import probe  # noqa: E402
 from tuner.profile.paired import paired_ratio  # noqa: E402
 from tuner.profile.probe import ProbeRow  # noqa: E402
@@ -75,9 +76,25 @@ def measure(spec: StudySpec, results: str, iters: int) -> list[ProbeRow]:
     return list(found.rows)
 
 
-def report(spec: StudySpec, results: str, rows: list[ProbeRow]) -> list[str]:
-    """The printed lines (see the module's docstring)."""
-    rates = study_rates(spec, results) or catalog_rates(study_gpu(spec), spec.training.precision)
+@dataclass(frozen=True, slots=True)
+class Size:
+    """What the runs at one micro-batch size measured, per micro-batch, beside the model's."""
+
+    m: int
+    layer: float
+    layer_model: float
+    rest: float
+    rest_model: float
+
+
+def per_size(
+    spec: StudySpec, rates: Rates, rows: list[ProbeRow]
+) -> tuple[dict[int, Size], dict[tuple[int, int], float]]:
+    """(each size's figures, each run's step by (size, depth)): every run read as the base's
+    1-layer run times their paired ratio; one layer's time per micro-batch is the two depths'
+    difference less the model's step rest ``S`` at each, over ``m`` and the layers between
+    (as :func:`tuner.profile.stack_terms._base_point` reads it), the rest what the 1-layer run
+    holds besides that layer and ``S``."""
     lo, hi = probe.probe_depths(spec)
     configs = {c.key(): c for c in sizes(spec)}
     base = probe.probe_runs(spec)[0].config
@@ -87,36 +104,49 @@ def report(spec: StudySpec, results: str, rows: list[ProbeRow]) -> list[str]:
     for r in rows:
         q = paired_ratio(r, ref) if r is not ref else (1.0, 0.0)
         step[(configs[r.key].micro_batch_size, r.depth)] = level * q[0] if q else r.step_s
-    per: dict[int, tuple[float, float, float, float]] = {}
-    out = [f"{'mbs':>3} {'m':>2}  {'layer/mb ms':>11} {'model':>7} {'ratio':>6}  "
-           f"{'rest/mb ms':>10} {'model':>7} {'ratio':>6}"]  # fmt: skip
+    per: dict[int, Size] = {}
     for c in configs.values():
         m, mbs = max(c.num_microbatches, 1), c.micro_batch_size
         (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates) for d in (lo, hi))
         layer = ((step[(mbs, hi)] - s2) - (step[(mbs, lo)] - s1)) / m / (hi - lo)
         model = (v2 - v1) / (hi - lo)
-        rest, rest_model = (step[(mbs, lo)] - s1) / m - lo * layer, v1 - lo * model
-        per[mbs] = (layer, model, rest, rest_model)
-        out.append(f"{mbs:>3} {m:>2}  {layer * 1e3:>11.2f} {model * 1e3:>7.2f} "
-                   f"{layer / model:>6.3f}  {rest * 1e3:>10.2f} {rest_model * 1e3:>7.2f} "
-                   f"{rest / rest_model:>6.3f}")  # fmt: skip
+        rest = (step[(mbs, lo)] - s1) / m - lo * layer
+        per[mbs] = Size(m, layer, model, rest, v1 - lo * model)
+    return per, step
+
+
+def fixed_part(per: dict[int, Size], model: bool = False) -> tuple[float, float]:
+    """(seconds a sample, seconds fixed) of one layer per micro-batch: the line through the
+    smallest and the largest size's per-layer time (``model``: the model's)."""
     a, b = min(per), max(per)
-    slope = (per[b][0] - per[a][0]) / (b - a)
-    fixed = per[a][0] - a * slope
-    model_fixed = per[a][1] - a * (per[b][1] - per[a][1]) / (b - a)
-    out.append(f"per-layer time through mbs {a} and {b}: {slope * 1e3:.2f} ms a sample + "
-               f"{fixed * 1e3:.2f} ms fixed per layer per micro-batch (the model's, through "
-               f"the same sizes: {model_fixed * 1e3:.2f} ms)")  # fmt: skip
-    k_lay, _, k_rest, _ = per[base.micro_batch_size]
-    k_lay, k_rest = k_lay / per[base.micro_batch_size][1], k_rest / per[base.micro_batch_size][3]
-    for c in configs.values():
+    ya, yb = (per[a].layer_model, per[b].layer_model) if model else (per[a].layer, per[b].layer)
+    slope = (yb - ya) / (b - a)
+    return slope, ya - a * slope
+
+
+def report(spec: StudySpec, results: str, rows: list[ProbeRow]) -> list[str]:
+    """The printed lines (see the module's docstring)."""
+    rates = study_rates(spec, results) or catalog_rates(study_gpu(spec), spec.training.precision)
+    hi = max(probe.probe_depths(spec))
+    per, step = per_size(spec, rates, rows)
+    out = [f"{'mbs':>3} {'m':>2}  {'layer/mb ms':>11} {'model':>7} {'ratio':>6}  "
+           f"{'rest/mb ms':>10} {'model':>7} {'ratio':>6}"]  # fmt: skip
+    for mbs, f in per.items():
+        out.append(f"{mbs:>3} {f.m:>2}  {f.layer * 1e3:>11.2f} {f.layer_model * 1e3:>7.2f} "
+                   f"{f.layer / f.layer_model:>6.3f}  {f.rest * 1e3:>10.2f} "
+                   f"{f.rest_model * 1e3:>7.2f} {f.rest / f.rest_model:>6.3f}")  # fmt: skip
+    (slope, fixed), own = fixed_part(per), fixed_part(per, model=True)[1]
+    out.append(f"per-layer time through mbs {min(per)} and {max(per)}: {slope * 1e3:.2f} ms a "
+               f"sample + {fixed * 1e3:.2f} ms fixed per layer per micro-batch (the model's, "
+               f"through the same sizes: {own * 1e3:.2f} ms)")  # fmt: skip
+    base = per[probe.probe_runs(spec)[0].config.micro_batch_size]
+    k_lay, k_rest = base.layer / base.layer_model, base.rest / base.rest_model
+    for c in sizes(spec):
+        f = per[c.micro_batch_size]
         s2 = _time_parts(spec, c, hi, rates)[1]
-        _, model, _, rest_model = per[c.micro_batch_size]
-        composed = max(c.num_microbatches, 1) * (hi * k_lay * model + k_rest * rest_model) + s2
-        out.append(
-            f"mbs {c.micro_batch_size} at {hi} layers: measured / composed from mbs "
-            f"{base.micro_batch_size} {step[(c.micro_batch_size, hi)] / composed:.3f}"
-        )
+        composed = f.m * (hi * k_lay * f.layer_model + k_rest * f.rest_model) + s2
+        out.append(f"mbs {c.micro_batch_size} at {hi} layers: measured / composed from the "
+                   f"base's size {step[(c.micro_batch_size, hi)] / composed:.3f}")  # fmt: skip
     return out
 
 
