@@ -47,9 +47,10 @@ from tuner.spec.file import load_study  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
 
 
-def sizes(spec: StudySpec) -> list[ParallelConfig]:
-    """The probe's base config at every micro-batch size of the space (same other knobs)."""
-    base = probe.probe_runs(spec)[0].config
+def sizes(spec: StudySpec, point: int = 0) -> list[ParallelConfig]:
+    """The config of the probe's run ``point`` (0: its base point; in the order ``tune profile
+    --probe`` lists its runs) at every micro-batch size of the space (same other knobs)."""
+    base = probe.probe_runs(spec)[point].config
     same = [c for c in iter_configs(spec) if dataclasses.replace(
         c, micro_batch_size=base.micro_batch_size).key() == base.key()]  # fmt: skip
     deep = max(probe.probe_depths(spec))
@@ -57,11 +58,12 @@ def sizes(spec: StudySpec) -> list[ParallelConfig]:
     return sorted(ok, key=lambda c: c.micro_batch_size)
 
 
-def measure(spec: StudySpec, results: str, iters: int) -> list[ProbeRow]:
+def measure(spec: StudySpec, results: str, iters: int, point: int = 0) -> list[ProbeRow]:
     """The runs, one job: each size at both probe depths, ``iters`` steps each."""
     from tuner.study.loop import make_executor
 
-    runs = [probe.ProbeRun(c, d) for c in sizes(spec) for d in probe.probe_depths(spec)]
+    depths = probe.probe_depths(spec)
+    runs = [probe.ProbeRun(c, d) for c in sizes(spec, point) for d in depths]
     where = ClusterLayout(Path(results).resolve(), spec.cluster_name).stack_probe(spec.name)
     saved = probe.PROBE_ITERS
     probe.PROBE_ITERS = iters
@@ -88,7 +90,7 @@ class Size:
 
 
 def per_size(
-    spec: StudySpec, rates: Rates, rows: list[ProbeRow]
+    spec: StudySpec, rates: Rates, rows: list[ProbeRow], point: int = 0
 ) -> tuple[dict[int, Size], dict[tuple[int, int], float]]:
     """(each size's figures, each run's step by (size, depth)): every run read as the base's
     1-layer run times their paired ratio; one layer's time per micro-batch is the two depths'
@@ -96,9 +98,10 @@ def per_size(
     (as :func:`tuner.profile.stack_terms._base_point` reads it), the rest what the 1-layer run
     holds besides that layer and ``S``."""
     lo, hi = probe.probe_depths(spec)
-    configs = {c.key(): c for c in sizes(spec)}
+    configs = {c.key(): c for c in sizes(spec, point)}
     base = probe.probe_runs(spec)[0].config
-    ref = next(r for r in rows if r.key == base.key() and r.depth == lo)
+    ref = next(r for r in rows if configs[r.key].micro_batch_size == base.micro_batch_size
+               and r.depth == lo)  # fmt: skip
     level = statistics.median(ref.samples_s)
     step: dict[tuple[int, int], float] = {}
     for r in rows:
@@ -124,11 +127,11 @@ def fixed_part(per: dict[int, Size], model: bool = False) -> tuple[float, float]
     return slope, ya - a * slope
 
 
-def report(spec: StudySpec, results: str, rows: list[ProbeRow]) -> list[str]:
+def report(spec: StudySpec, results: str, rows: list[ProbeRow], point: int = 0) -> list[str]:
     """The printed lines (see the module's docstring)."""
     rates = study_rates(spec, results) or catalog_rates(study_gpu(spec), spec.training.precision)
     hi = max(probe.probe_depths(spec))
-    per, step = per_size(spec, rates, rows)
+    per, step = per_size(spec, rates, rows, point)
     out = [f"{'mbs':>3} {'m':>2}  {'layer/mb ms':>11} {'model':>7} {'ratio':>6}  "
            f"{'rest/mb ms':>10} {'model':>7} {'ratio':>6}"]  # fmt: skip
     for mbs, f in per.items():
@@ -141,7 +144,7 @@ def report(spec: StudySpec, results: str, rows: list[ProbeRow]) -> list[str]:
                f"through the same sizes: {own * 1e3:.2f} ms)")  # fmt: skip
     base = per[probe.probe_runs(spec)[0].config.micro_batch_size]
     k_lay, k_rest = base.layer / base.layer_model, base.rest / base.rest_model
-    for c in sizes(spec):
+    for c in sizes(spec, point):
         f = per[c.micro_batch_size]
         s2 = _time_parts(spec, c, hi, rates)[1]
         composed = f.m * (hi * k_lay * f.layer_model + k_rest * f.rest_model) + s2
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", default="demo")
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=21)
+    parser.add_argument("--point", type=int, default=0, help="the probe's run whose config is "
+                        "measured (0: the base; as tune profile --probe lists them)")  # fmt: skip
     parser.add_argument("--save", metavar="FILE", help="keep the measured rows (json)")
     parser.add_argument("--rows", metavar="FILE", help="measure nothing: report saved rows")
     args = parser.parse_args(argv)
@@ -164,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = [ProbeRow(**{**r, "samples_s": tuple(r["samples_s"]), "rounds": tuple(r["rounds"])})
                 for r in json.loads(Path(args.rows).read_text())["rows"]]  # fmt: skip
     else:
-        rows = measure(spec, args.results, args.iters)
+        rows = measure(spec, args.results, args.iters, args.point)
     if args.save:
         Path(args.save).write_text(json.dumps({"study": args.study, "rows": [
             {**dataclasses.asdict(r), "samples_s": list(r.samples_s), "rounds": list(r.rounds)}
             for r in rows]}, indent=1))  # fmt: skip
-    for line in report(spec, args.results, rows):
+    for line in report(spec, args.results, rows, args.point):
         print(line)
     if not args.rows:
         print(f"load (1-minute average) {before:.1f} at the start, {os.getloadavg()[0]:.1f} at "

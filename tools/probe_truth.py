@@ -104,9 +104,20 @@ def compare(study: str, results: str, rows: Sequence[Any]) -> list[dict[str, Any
         paired = paired_ratio(row, ref) if row is not ref else (1.0, 0.0)
         step = ref.step_s * paired[0] if paired is not None else row.step_s
         out.append({"config": spell(c), "probed": c.key() in probed,
-                    "step": step / e.time.step,
-                    "peak": row.peak_gib * GIB / e.memory.peak})  # fmt: skip
+                    "step": step / e.time.step, "peak": row.peak_gib * GIB / e.memory.peak,
+                    "mbs": c.micro_batch_size, "pp": c.pp})  # fmt: skip
     return out
+
+
+def by_size(found: Sequence[dict[str, Any]], level: float) -> str:
+    """Each micro-batch size's mean step over ``level``, without and with pipeline stages: what
+    the composition leaves systematically at each size (one config's own spread under load is
+    several percent; a size's mean over its configs is the part that does not average out)."""
+    groups: dict[tuple[bool, int], list[float]] = {}
+    for r in found:
+        groups.setdefault((r["pp"] > 1, r["mbs"]), []).append(r["step"] / level)
+    return ", ".join(f"{'pipeline' if pipe else 'flat'} mbs {mbs} {sum(v) / len(v):.3f}"
+                     for (pipe, mbs), v in sorted(groups.items()))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         inside = sum(abs(v - 1) <= 0.10 for v in rest)
         print(f"step over the probed configs' median ({level:.3f}, the load level): "
               f"{min(rest):.3f}-{max(rest):.3f}, {inside} of {len(rest)} within 10%")  # fmt: skip
+        print("the same, mean by micro-batch size: " + by_size(found, level))
     # the machine's load through this job: CPU step times follow it, the probe's saw its own
     if not args.rows:
         print(f"load (1-minute average) {before:.1f} at the start, {after:.1f} at the end")
