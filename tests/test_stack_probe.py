@@ -6,6 +6,7 @@ reproduce the surface and say which terms were measured."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,10 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
 
 @pytest.mark.slurm
 def test_every_probe_point_runs_in_one_slurm_allocation(
-    local_slurm: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_slurm: LocalSlurm,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Through Slurm: one batch job whose node script starts each point in turn, on the two
     nodes of the allocation (a 2-node point: the trial shape of this study)."""
@@ -124,7 +128,11 @@ def test_every_probe_point_runs_in_one_slurm_allocation(
     path.write_text(yaml.safe_dump(data))
     monkeypatch.chdir(tmp_path)
     spec = study_from_mapping(data)
-    assert main(["profile", "--study", str(path), "--probe"]) == 0
+    with caplog.at_level(logging.INFO, logger="tuner.launch"):
+        assert main(["profile", "--study", str(path), "--probe"]) == 0
+    # the executor's messages name the job as what it is, not as a trial 0 of the study
+    assert "the framework probe's job: Slurm job" in caplog.text
+    assert "trial 0" not in caplog.text
     job = ClusterLayout(tmp_path / "results", spec.cluster_name).stack_probe(spec.name)
     result = json.loads(job.result_json.read_text())
     assert result["job_id"] and sorted(result["hosts"]) == ["n1", "n2"]

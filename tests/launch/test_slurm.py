@@ -151,8 +151,11 @@ def test_setup_line_failing_before_srun_gives_every_node_slurms_exit_code(
 def test_sbatch_refusal_is_a_launch_error(local_slurm: LocalSlurm, tmp_path: Path) -> None:
     ex = SlurmExecutor(SlurmSpec(partition="nosuchpartition"))
     try:
-        with pytest.raises(LaunchError, match="sbatch refused the job.*partition"):
+        with pytest.raises(LaunchError, match="^trial 2: sbatch refused the job.*partition"):
             ex.submit(_request(tmp_path, 2, "true"))
+        # tune profile's jobs are no trial: the message names them as what they are
+        with pytest.raises(LaunchError, match="^the framework probe's job: sbatch refused"):
+            ex.submit(_request(tmp_path, 0, "true", label="the framework probe's job"))
     finally:
         ex.close()
 

@@ -160,7 +160,7 @@ class Executor(abc.ABC):
             else:
                 survivors.extend(f"{host}: {line}" for line in lines)
         if unreachable:
-            raise LaunchError(f"trial {request.trial}: cannot clean up {'; '.join(unreachable)}")
+            raise LaunchError(f"{request.what}: cannot clean up {'; '.join(unreachable)}")
         return survivors
 
     def preflight(self, hosts: Sequence[str], checks: PreflightChecks) -> list[Problem]:
@@ -297,7 +297,7 @@ class Job:
                 self._errors[k] = outcome.reason
             elif isinstance(outcome, BaseException):
                 # An unexpected failure on one node must not leave the others running unwatched.
-                logger.error("trial %d node %s: %r", self._req.trial, self._req.hosts[k], outcome)
+                logger.error("%s node %s: %r", self._req.what, self._req.hosts[k], outcome)
                 self._errors[k] = f"{type(outcome).__name__}: {outcome}"
 
     def poll(self) -> JobResult | None:
@@ -313,10 +313,10 @@ class Job:
             elif len(self._codes) == len(self._req.hosts):
                 self._finish(timed_out=False, cancelled=False)
             elif limit is not None and now - self._started_at > limit:
-                logger.warning("trial %d ran past its limit of %.0f s", self._req.trial, limit)
+                logger.warning("%s ran past its limit of %.0f s", self._req.what, limit)
                 self._kill_all(cancelled=True, timed_out=True)
             elif self._peers_stuck(now):
-                logger.warning("trial %d: a node failed; ending the others", self._req.trial)
+                logger.warning("%s: a node failed; ending the others", self._req.what)
                 self._kill_all(cancelled=False, timed_out=False)
             return self._result
 
@@ -355,7 +355,7 @@ class Job:
             if result is not None:
                 return result
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"trial {self._req.trial} still running after {timeout} s")
+                raise TimeoutError(f"{self._req.what} still running after {timeout} s")
             time.sleep(self._ex.poll_interval_s)
 
     def cancel(self) -> None:
@@ -370,8 +370,7 @@ class Job:
             result = self._result
         if result is not None and result.cancelled and result.survivors:
             raise LaunchError(
-                f"trial {self._req.trial}: processes survived cancel: "
-                + "; ".join(result.survivors)
+                f"{self._req.what}: processes survived cancel: " + "; ".join(result.survivors)
             )
 
     def stop(self, why: str) -> None:
@@ -430,7 +429,7 @@ class Job:
         )
         write_atomic(req.paths.result_json, json.dumps(self._result.to_json(), indent=2) + "\n")
         if survivors:
-            logger.error("trial %d: processes survive: %s", req.trial, "; ".join(survivors))
+            logger.error("%s: processes survive: %s", req.what, "; ".join(survivors))
 
     def _reap(self, grace_s: float) -> list[str]:
         """Run the reaper on every node that was started, lost ones too (the connection may be
@@ -444,7 +443,7 @@ class Job:
             host = self._req.hosts[k]
             if isinstance(lines, BaseException):
                 level = logging.INFO if k in self._errors else logging.ERROR
-                logger.log(level, "trial %d: cannot check %s: %s", self._req.trial, host, lines)
+                logger.log(level, "%s: cannot check %s: %s", self._req.what, host, lines)
             else:
                 survivors.extend(f"{host}: {line}" for line in lines)
         return survivors

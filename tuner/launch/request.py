@@ -41,16 +41,23 @@ class LaunchRequest:
     """Wall-clock limit of the trial; past it the job is killed and reported ``timed_out``."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables set for the node scripts (on top of the node's own)."""
+    label: str | None = None
+    """What messages call the job (``tune profile``'s jobs are no trial); None: ``trial N``."""
 
     def __post_init__(self) -> None:
         if not self.hosts:
-            raise LaunchError(f"trial {self.trial}: no nodes to run on")
+            raise LaunchError(f"{self.what}: no nodes to run on")
         if len(self.scripts) != len(self.hosts):
             raise LaunchError(
-                f"trial {self.trial}: {len(self.scripts)} scripts for {len(self.hosts)} nodes"
+                f"{self.what}: {len(self.scripts)} scripts for {len(self.hosts)} nodes"
             )
         for name in self.files:
             self.paths.file(name)  # raises on a name that is a path
+
+    @property
+    def what(self) -> str:
+        """The job as messages and logs name it: its label, or ``trial N``."""
+        return self.label if self.label is not None else f"trial {self.trial}"
 
     @property
     def remote_dir(self) -> PurePosixPath:

@@ -198,7 +198,7 @@ class SlurmExecutor(Executor):
         for job_id in self.commands.find_jobs(job_name(request, token)):
             self.commands.cancel(job_id)
             if not self.commands.wait_gone(job_id, self.cancel_timeout_s):
-                raise LaunchError(f"trial {request.trial}: Slurm job {job_id} did not end")
+                raise LaunchError(f"{request.what}: Slurm job {job_id} did not end")
         return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
 
     def attach(
@@ -218,7 +218,7 @@ class SlurmExecutor(Executor):
             job._running_since = self.clock() - _seconds(fields.get("RunTime", ""))
             job._started_at = job._running_since  # its duration: Slurm's run time so far
             job.slurm_hosts = self.commands.hostnames(fields.get("NodeList", ""))
-        logger.info("trial %d: re-attached to Slurm job %s (%s)", request.trial, ids[0], job.state)
+        logger.info("%s: re-attached to Slurm job %s (%s)", request.what, ids[0], job.state)
         return job
 
     def study_jobs(self, trial_dirs: Collection[str]) -> list[tuple[str, int, str]]:
@@ -304,10 +304,10 @@ class SlurmJob(Job):
         write_atomic(req.paths.file(NODE_WRAPPER), NODE_WRAPPER_TEXT, mode=0o755)
         code, out, err = self._cmd.run(sbatch_argv(req))
         if code != 0:
-            raise LaunchError(f"trial {req.trial}: sbatch refused the job: {_tail(err, code)}")
+            raise LaunchError(f"{req.what}: sbatch refused the job: {_tail(err, code)}")
         self.job_id = out.strip().split(";")[0]
         self.state = "PENDING"
-        logger.info("trial %d: Slurm job %s submitted", req.trial, self.job_id)
+        logger.info("%s: Slurm job %s submitted", req.what, self.job_id)
 
     def poll(self) -> JobResult | None:
         """The result once the job has ended (or was just killed for its limit), else None.
@@ -319,7 +319,7 @@ class SlurmJob(Job):
             now = self._ex.clock()
             limit = self._req.timeout_s
             if self._over_limit(now, limit):
-                logger.warning("trial %d ran past its limit of %.0f s", self._req.trial, limit)
+                logger.warning("%s ran past its limit of %.0f s", self._req.what, limit)
                 self._kill_all(cancelled=True, timed_out=True)
                 return self._result
             if time.monotonic() - self._last_query < self._ex.spec.poll_interval_s:
@@ -341,7 +341,7 @@ class SlurmJob(Job):
             fields = self._cmd.show_job(self.job_id)
         except LaunchError as exc:  # a busy controller: ask again, give up after a while
             self._query_failures += 1
-            logger.warning("trial %d: %s", self._req.trial, exc)
+            logger.warning("%s: %s", self._req.what, exc)
             if self._query_failures >= QUERY_FAILURES:
                 self._errors[0] = f"cannot ask Slurm about job {self.job_id}: {exc}"
                 self._kill_all(cancelled=False, timed_out=False)
@@ -360,7 +360,7 @@ class SlurmJob(Job):
             self.slurm_hosts = self._cmd.hostnames(fields.get("NodeList", ""))
         if self.state in ("RUNNING", "COMPLETING") and self._running_since is None:
             self._running_since = now
-            logger.info("trial %d: job %s running on %s", self._req.trial, self.job_id,
+            logger.info("%s: job %s running on %s", self._req.what, self.job_id,
                         ",".join(self.slurm_hosts))  # fmt: skip
         if self.state == "PENDING" and self._running_since is None:
             self._check_pending(now, fields)
@@ -378,7 +378,7 @@ class SlurmJob(Job):
         reason = pending_reason(fields)
         if reason != self.pending_reason:
             self.pending_reason = reason
-            logger.info("trial %d: job %s pending (%s)", self._req.trial, self.job_id, reason)
+            logger.info("%s: job %s pending (%s)", self._req.what, self.job_id, reason)
         limit_s = self._ex.spec.pending_limit_min * 60
         if never_starts(reason, self._cmd.run):
             self._verdict = (
@@ -393,7 +393,7 @@ class SlurmJob(Job):
             )
         else:
             return
-        logger.warning("trial %d: %s; cancelling it", self._req.trial, self._verdict[1])
+        logger.warning("%s: %s; cancelling it", self._req.what, self._verdict[1])
         self._kill_all(cancelled=False, timed_out=False)
 
     def _check_peers(self, now: float) -> None:
@@ -401,7 +401,7 @@ class SlurmJob(Job):
         if any(c not in (None, 0) for c in codes) and self._first_exit_at is None:
             self._first_exit_at = now
         if None in codes and self._peers_stuck(now):
-            logger.warning("trial %d: a node failed; ending the others", self._req.trial)
+            logger.warning("%s: a node failed; ending the others", self._req.what)
             self._kill_all(cancelled=False, timed_out=False)
 
     def _end(self, state: str, raw_state: str, fields: Mapping[str, str]) -> None:
@@ -442,10 +442,10 @@ class SlurmJob(Job):
             try:
                 self._cmd.cancel(self.job_id)
                 if not self._cmd.wait_gone(self.job_id, self._ex.cancel_timeout_s):
-                    logger.error("trial %d: Slurm job %s did not end", self._req.trial,
+                    logger.error("%s: Slurm job %s did not end", self._req.what,
                                  self.job_id)  # fmt: skip
             except LaunchError as exc:
-                logger.error("trial %d: %s", self._req.trial, exc)
+                logger.error("%s: %s", self._req.what, exc)
         survivors = [f"localhost: {s}" for s in self._ex._reap_here(
             self._req, self.token, self._ex.grace_s)]  # fmt: skip
         codes = self._exit_files()

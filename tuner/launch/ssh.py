@@ -347,7 +347,7 @@ class SSHExecutor(Executor):
         command = f"sh -c {shlex.quote(PROCESS_SCRIPT)} {args}"
         code, out, err = self.run(host, command, timeout=grace_s + 60)
         if code != 0:
-            raise RemoteCommandError(host, f"process reaper (trial {request.trial})", code, err)
+            raise RemoteCommandError(host, f"process reaper ({request.what})", code, err)
         return [line.strip() for line in out.splitlines() if line.strip()]
 
 

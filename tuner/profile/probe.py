@@ -400,8 +400,8 @@ def run_stack_probe(
     node_dir = str(paths.dir.resolve())
     scripts, files = bundle(spec, runs, hosts, master, ports, node_dir)
     limit = (spec.search.trial_timeout_min or PROBE_TIMEOUT_MIN) * 60.0 * len(runs)
-    request = LaunchRequest(trial=0, hosts=hosts, paths=paths, scripts=scripts, files=files,
-                            timeout_s=limit)  # fmt: skip
+    request = LaunchRequest(trial=0, label="the framework probe's job", hosts=hosts, paths=paths,
+                            scripts=scripts, files=files, timeout_s=limit)  # fmt: skip
     start = time.monotonic()
     job = executor.submit(request)
     try:

@@ -248,7 +248,7 @@ def run_probe(
     paths = layout.probe
     paths.dir.mkdir(parents=True, exist_ok=True)
     request = LaunchRequest(
-        trial=0, hosts=hosts, paths=paths, timeout_s=options.timeout_s,
+        trial=0, label="tune profile's job", hosts=hosts, paths=paths, timeout_s=options.timeout_s,
         scripts=tuple(node_script(spec, k, master, port) for k in range(len(hosts))),
         files={"profile_job.py": probe_source(), "plan.json": json.dumps(plan, indent=1)},
     )  # fmt: skip
