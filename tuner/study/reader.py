@@ -78,6 +78,16 @@ class TrialReader:
             ).first()  # fmt: skip
         return row is not None and tuple(row) == (self.study_id, start)
 
+    def settled(self) -> tuple[int, int]:
+        """A trial id below which every trial of the study is finished, and how many trials of
+        the study are below it, as the last read found them: the first unfinished trial, else
+        the one after the last read (0 and 0 before a read, or where Optuna reads). A finished
+        trial never changes and a new trial's id is above every id there is, so this stays
+        true: a query of the unfinished or new trials may start at that id
+        (:mod:`tuner.study.asking`) instead of walking every trial of the study."""
+        below = min(self._open) if self._open else self._last + 1
+        return below, bisect.bisect_left(self._done_ids, below)
+
     def trials(self) -> list[FrozenTrial]:
         """Every trial of the study, in trial-id order (Optuna's ``get_all_trials`` order)."""
         if not isinstance(self.storage, optuna.storages.RDBStorage):
