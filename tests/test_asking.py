@@ -153,7 +153,10 @@ def test_the_samplers_own_record_is_stored_with_the_parameters(tmp_path: Path) -
     assert got == want
 
 
-def test_asks_from_where_a_read_settled_the_trials(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_asks_from_where_a_read_settled_the_trials(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
     """Given a reader's bound (every trial below an id finished, and how many there are), a new
     trial gets the number Optuna gives and a trial enqueued since the read is popped: over
     rounds in which another study's trials interleave, running trials finish out of order and
@@ -163,6 +166,8 @@ def test_asks_from_where_a_read_settled_the_trials(tmp_path: Path) -> None:
     from tuner.study.reader import TrialReader
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    if kind == "postgresql":
+        url = request.getfixturevalue("postgres").create_database("settled")
     study = optuna.create_study(study_name="s", storage=url)
     other = optuna.create_study(study_name="o", storage=url)
     storage = optuna.storages.RDBStorage(url)
