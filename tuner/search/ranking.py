@@ -39,6 +39,7 @@ import numpy as np
 
 from tuner.calibrate.correction import Posterior, lift_ooms
 from tuner.search import normal
+from tuner.search.content import content
 
 
 class RowPosterior:
@@ -115,7 +116,7 @@ FITS_KEPT = 6
 memory fit, the time fit, the time fit with the running configs believed), so the last two
 asks'."""
 
-_fits: OrderedDict[bytes, Posterior | RowPosterior] = OrderedDict()
+_fits: OrderedDict[tuple[object, ...], Posterior | RowPosterior] = OrderedDict()
 _fits_lock = threading.Lock()
 
 Post = Posterior | RowPosterior
@@ -132,8 +133,8 @@ def _kept(kind: str, arrays: tuple[np.ndarray | float, ...], compute: Callable[[
     first measurement is a row), and the leave-one-out width refits the ask's own time fit
     (:func:`loo_scale`). Callers only read a posterior."""
     parts = [np.asarray(a, dtype=float) for a in arrays]
-    key = b"|".join([repr((kind, [a.shape for a in parts])).encode()]
-                    + [a.tobytes() for a in parts])  # fmt: skip
+    # the large arrays' bytes as kept objects, whose hash Python computed once
+    key = (kind, tuple(a.shape for a in parts), *(content(a) for a in parts))
     with _fits_lock:
         post = _fits.get(key)
         if post is not None:
