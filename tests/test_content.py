@@ -44,3 +44,15 @@ def test_a_fit_is_kept_for_equal_arrays_and_made_anew_for_any_change() -> None:
     moved[59, 199] += 1e-9
     assert ranking.fit(prior, moved, y, 0.1) is not post
     assert ranking.fit(prior, x, y, 0.2) is not post
+
+
+def test_the_leave_one_out_width_is_scored_again_for_any_change() -> None:
+    rng = np.random.default_rng(2)
+    prior = rng.random(200) + 1.0
+    x, y = rng.random((60, 200)), rng.random(60)
+    post = ranking.fit(prior, x, y, 0.1)
+    first = ranking.loo_scale(prior, x, y, 0.1, 60, post)
+    assert ranking.loo_scale(prior, x.copy(), y.copy(), 0.1, 60, post) is first
+    moved = x.copy()
+    moved[59, 199] += 0.5  # the same fit object handed in: the rows' bytes tell them apart
+    assert ranking.loo_scale(prior, moved, y, 0.1, 60, post) != first

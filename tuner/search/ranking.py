@@ -309,7 +309,7 @@ def loo_scale(
     every fit and are not scored. ``post``: that fit, when the caller has it."""
     post = fit(prior_precision, x, y, noise) if post is None else post
     parts = (prior_precision, x, np.asarray(y), np.asarray(noise, dtype=float))
-    key = b"|".join([repr((rows, x.shape)).encode(), *(a.tobytes() for a in parts)])
+    key = (rows, x.shape, *(content(a) for a in parts))  # large bytes: kept objects
     with _fits_lock:
         for kept_post, kept_key, kept in _scaled:
             if kept_post is post and kept_key == key:
@@ -323,6 +323,6 @@ def loo_scale(
     return scaled
 
 
-_scaled: list[tuple[Posterior | RowPosterior, bytes, tuple[float, int]]] = []
+_scaled: list[tuple[Posterior | RowPosterior, tuple[object, ...], tuple[float, int]]] = []
 """The last :func:`loo_scale`: its fit (the same object: :func:`fit` keeps fits), its other
 inputs' bytes and its answer. An ask with nothing new measured scores the same fit again."""
