@@ -55,4 +55,4 @@ def test_the_leave_one_out_width_is_scored_again_for_any_change() -> None:
     assert ranking.loo_scale(prior, x.copy(), y.copy(), 0.1, 60, post) is first
     moved = x.copy()
     moved[59, 199] += 0.5  # the same fit object handed in: the rows' bytes tell them apart
-    assert ranking.loo_scale(prior, moved, y, 0.1, 60, post) != first
+    assert ranking.loo_scale(prior, moved, y, 0.1, 60, post) is not first  # scored again
