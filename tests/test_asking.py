@@ -151,3 +151,49 @@ def test_the_samplers_own_record_is_stored_with_the_parameters(tmp_path: Path) -
     )
     assert [t[6] for t in want] == [{"why": ["exploration", n]} for n in range(3)]
     assert got == want
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_asks_from_where_a_read_settled_the_trials(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Given a reader's bound (every trial below an id finished, and how many there are), a new
+    trial gets the number Optuna gives and a trial enqueued since the read is popped: over
+    rounds in which another study's trials interleave, running trials finish out of order and
+    trials are added after the read."""
+    import random
+
+    from tuner.study.reader import TrialReader
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    if kind == "postgresql":
+        url = request.getfixturevalue("postgres").create_database("settled")
+    study = optuna.create_study(study_name="s", storage=url)
+    other = optuna.create_study(study_name="o", storage=url)
+    storage = optuna.storages.RDBStorage(url)
+    reader = TrialReader(storage, storage.get_study_id_from_name("s"))
+    rng, running, bounds = random.Random(5), [], set()
+    for round_ in range(12):
+        for _ in range(rng.randint(1, 4)):  # the oldest first, or any other
+            if running:
+                at = 0 if rng.random() < 0.5 else rng.randrange(len(running))
+                study.tell(running.pop(at), 1.0)
+        other.tell(other.ask(), 1.0)
+        read = reader.trials()
+        settled = reader.settled()
+        bounds.add(settled)
+        first_open = [t._trial_id for t in read if not t.state.is_finished()]
+        assert settled[0] == (first_open or [read[-1]._trial_id + 1 if read else 0])[0]
+        assert settled[1] == sum(t._trial_id < settled[0] for t in read)
+        running.append(study.ask(DISTS))  # added after the read
+        if round_ % 4 == 3:
+            study.enqueue_trial({"tp": 4, "mbs": 3})
+            popped = ask(study, DISTS, attrs, settled)
+            assert (popped.params["tp"], popped.params["mbs"]) == (4, 3)
+            running.append(popped)
+        running += [ask(study, DISTS, attrs, settled) for _ in range(rng.randint(1, 2))]
+    assert len({b for b, _ in bounds}) > 6  # the bound moved with the reads
+    read = stored(url, "s")
+    assert [t[0] for t in read] == list(range(len(read)))  # Optuna's numbering: 0, 1, 2...
+    waiting = [t for t in read if t[1] == TrialState.WAITING]
+    assert not waiting

@@ -270,3 +270,24 @@ def test_statements_run_through_sqlalchemy_read_the_same(
     running[2].set_user_attr("ratio", 0.25)
     study.ask(DISTS)
     same(reader.trials(), optunas())
+
+
+def test_unfinished_trials_named_in_a_few_padded_lists(tmp_path: Path) -> None:
+    """Each count of unfinished trials from 1 to 19 and back reads as Optuna reads; the ids are
+    named in lists padded to a power of two (the last id repeated), so the statements
+    compiled are one per such size and table, not one per count."""
+    from tuner.study import reader as module
+
+    assert [module.in_size(n) for n in (0, 1, 2, 3, 5, 64, 65, 300, 500)] == [
+        0, 1, 2, 4, 8, 64, 128, 500, 500]  # fmt: skip
+    _, study, reader, optunas = reader_and_optunas(tmp_path)
+    running: list[optuna.Trial] = []
+    for n in range(1, 20):
+        running.append(study.ask(DISTS))
+        running[-1].set_user_attr("n", n)
+        same(reader.trials(), optunas())
+    while running:
+        study.tell(running.pop(0), 1.0)
+        same(reader.trials(), optunas())
+    sizes = {shape[2] for shape in reader._statements if shape[1] == "in"}
+    assert sizes == {0, 1, 2, 4, 8, 16, 32}  # 0: no trial in flight

@@ -39,6 +39,7 @@ import numpy as np
 
 from tuner.calibrate.correction import Posterior, lift_ooms
 from tuner.search import normal
+from tuner.search.content import content
 
 
 class RowPosterior:
@@ -115,7 +116,7 @@ FITS_KEPT = 6
 memory fit, the time fit, the time fit with the running configs believed), so the last two
 asks'."""
 
-_fits: OrderedDict[bytes, Posterior | RowPosterior] = OrderedDict()
+_fits: OrderedDict[tuple[object, ...], Posterior | RowPosterior] = OrderedDict()
 _fits_lock = threading.Lock()
 
 Post = Posterior | RowPosterior
@@ -132,8 +133,8 @@ def _kept(kind: str, arrays: tuple[np.ndarray | float, ...], compute: Callable[[
     first measurement is a row), and the leave-one-out width refits the ask's own time fit
     (:func:`loo_scale`). Callers only read a posterior."""
     parts = [np.asarray(a, dtype=float) for a in arrays]
-    key = b"|".join([repr((kind, [a.shape for a in parts])).encode()]
-                    + [a.tobytes() for a in parts])  # fmt: skip
+    # the large arrays' bytes as kept objects, whose hash Python computed once
+    key = (kind, tuple(a.shape for a in parts), *(content(a) for a in parts))
     with _fits_lock:
         post = _fits.get(key)
         if post is not None:
@@ -308,7 +309,7 @@ def loo_scale(
     every fit and are not scored. ``post``: that fit, when the caller has it."""
     post = fit(prior_precision, x, y, noise) if post is None else post
     parts = (prior_precision, x, np.asarray(y), np.asarray(noise, dtype=float))
-    key = b"|".join([repr((rows, x.shape)).encode(), *(a.tobytes() for a in parts)])
+    key = (rows, x.shape, *(content(a) for a in parts))  # large bytes: kept objects
     with _fits_lock:
         for kept_post, kept_key, kept in _scaled:
             if kept_post is post and kept_key == key:
@@ -322,6 +323,6 @@ def loo_scale(
     return scaled
 
 
-_scaled: list[tuple[Posterior | RowPosterior, bytes, tuple[float, int]]] = []
+_scaled: list[tuple[Posterior | RowPosterior, tuple[object, ...], tuple[float, int]]] = []
 """The last :func:`loo_scale`: its fit (the same object: :func:`fit` keeps fits), its other
 inputs' bytes and its answer. An ask with nothing new measured scores the same fit again."""

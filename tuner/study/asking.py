@@ -37,19 +37,23 @@ Attrs = Callable[[dict[str, Any]], dict[str, Any]]
 """The user attributes a trial gets with its parameters (external values, by name)."""
 
 
-def ask(study: optuna.Study, dists: dict[str, BaseDistribution],
-        attrs: Attrs | None = None) -> optuna.Trial:  # fmt: skip
+def ask(study: optuna.Study, dists: dict[str, BaseDistribution], attrs: Attrs | None = None,
+        settled: tuple[int, int] = (0, 0)) -> optuna.Trial:  # fmt: skip
     """``study.ask(dists)``, then ``attrs(trial.params)`` as user attributes; on SQLite and
     PostgreSQL in two transactions (the trial; its parameters with the attributes and the
-    sampler's own record) instead of one per parameter and attribute."""
+    sampler's own record) instead of one per parameter and attribute. ``settled``: an id
+    below which every trial of the study is finished and how many of its trials are below it
+    (:meth:`tuner.study.reader.TrialReader.settled`): the look for a waiting trial and the
+    new trial's count of the trials before it start there (with 10,000 stored trials each
+    walked every trial of the study: 1.6 and 1.1 ms of SQLite's CPU an ask)."""
     backend = upsert_backend(study._storage)
-    if backend is None or _waiting(backend, study._study_id):
+    if backend is None or _waiting(backend, study._study_id, settled[0]):
         trial = study.ask(dists)  # an enqueued trial: Optuna pops it and fixes its parameters
         if attrs is not None:
             set_user_attrs(trial, attrs(trial.params))
         return trial
     study._thread_local.cached_all_trials = None  # as Study.ask: sync the storage once a trial
-    trial = new_trial(study, backend)  # one transaction, not read back (tuner.study.newtrial)
+    trial = new_trial(study, backend, settled)  # one transaction, not read back (newtrial)
     params: dict[str, tuple[float, BaseDistribution]] = {}
     cached = trial._cached_frozen_trial
     storage = study._storage
@@ -118,14 +122,15 @@ def _sample(study: optuna.Study, trial: optuna.Trial, name: str,
     return study.sampler.sample_independent(_filter_study(study, latest), latest, name, dist)
 
 
-def _waiting(backend: optuna.storages.RDBStorage, study_id: int) -> bool:
+def _waiting(backend: optuna.storages.RDBStorage, study_id: int, below: int = 0) -> bool:
     """Whether the study has a waiting (enqueued) trial: one indexed query, where Optuna's ask
-    reads every unfinished trial to find one."""
+    reads every unfinished trial to find one; from trial id ``below`` on (the trials below it
+    are finished)."""
     from optuna.storages._rdb import models
 
     t = models.TrialModel.__table__
     query = sa.select(t.c.trial_id).where(
-        t.c.study_id == study_id, t.c.state == TrialState.WAITING
+        t.c.study_id == study_id, t.c.trial_id >= below, t.c.state == TrialState.WAITING
     )
     with backend.engine.connect() as conn:
         return conn.execute(query.limit(1)).first() is not None

@@ -222,7 +222,7 @@ class StudyLoop:
         trials = self.trials() if trials is None else trials
         if self.screen.exhausted(trials, {r.config.key() for r in self.running.values()}):
             return None
-        dists = distributions(self.spec)
+        dists, attrs = distributions(self.spec), lambda p: config_attrs(self.spec, p)
         sampler = self.study.sampler
         for _ in range(max_asks):
             if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(
@@ -232,7 +232,7 @@ class StudyLoop:
             with warnings.catch_warnings():  # heartbeats are recorded by the Heartbeat thread
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")
                 self._asking = trials
-                trial = ask(self.study, dists, lambda p: config_attrs(self.spec, p))  # one write
+                trial = ask(self.study, dists, attrs, self._reader.settled())  # one write
             self._asking = None  # (a failed ask ends the loop; the proxies' asks read afresh)
             config = config_from_params(self.spec, trial.params)
             if self.screen(trial, config, trials):

@@ -29,11 +29,14 @@ OPTUNA_INTERNALS = hasattr(_CachedStorage, "_add_trials_to_cache")
 allows ``optuna>=4.0``); otherwise every trial is created through Optuna itself."""
 
 
-def new_trial(study: optuna.Study, backend: optuna.storages.RDBStorage) -> optuna.Trial:
+def new_trial(study: optuna.Study, backend: optuna.storages.RDBStorage,
+              settled: tuple[int, int] = (0, 0)) -> optuna.Trial:  # fmt: skip
     """A new running trial of ``study`` (whose storage is Optuna's cache over ``backend``, an
     RDB storage), created and built as ``optuna.Trial(study, storage.create_new_trial(...))``
     creates and builds it; through Optuna itself for any other storage, or an Optuna whose
-    cache has another shape (:data:`OPTUNA_INTERNALS`)."""
+    cache has another shape (:data:`OPTUNA_INTERNALS`). ``settled``: a trial id and how many
+    of the study's trials are below it (:meth:`tuner.study.reader.TrialReader.settled`): the
+    trials before the new one are counted from that id on."""
     storage = study._storage
     if (
         not OPTUNA_INTERNALS
@@ -41,7 +44,7 @@ def new_trial(study: optuna.Study, backend: optuna.storages.RDBStorage) -> optun
         or (storage._backend is not backend)
     ):
         return optuna.Trial(study, storage.create_new_trial(study._study_id))
-    frozen = _insert(backend, study._study_id)
+    frozen = _insert(backend, study._study_id, settled)
     with storage._lock:  # as _CachedStorage.create_new_trial
         if study._study_id not in storage._studies:
             storage._studies[study._study_id] = _StudyInfo()
@@ -57,8 +60,12 @@ def new_trial(study: optuna.Study, backend: optuna.storages.RDBStorage) -> optun
     return trial
 
 
-def _insert(backend: optuna.storages.RDBStorage, study_id: int) -> FrozenTrial:
-    """Optuna's ``_create_new_trial`` without a template: the row and its frozen view."""
+def _insert(backend: optuna.storages.RDBStorage, study_id: int,
+            settled: tuple[int, int] = (0, 0)) -> FrozenTrial:  # fmt: skip
+    """Optuna's ``_create_new_trial`` without a template: the row and its frozen view. Its
+    number, the count of the study's trials before it, is ``settled``'s count below its id
+    and the trials from that id on (no trial is added below an id there is: a new trial's id
+    is above every id in the table, and the study's row is locked while one is added)."""
     from optuna.storages._rdb import models
 
     trials, studies = models.TrialModel.__table__, models.StudyModel.__table__
@@ -75,10 +82,11 @@ def _insert(backend: optuna.storages.RDBStorage, study_id: int) -> FrozenTrial:
         key = conn.execute(trials.insert().values(**row)).inserted_primary_key
         assert key is not None
         trial_id = key[0]
+        below, before = settled
         count = sa.select(sa.func.count(trials.c.trial_id)).where(
-            trials.c.study_id == study_id, trials.c.trial_id < trial_id
+            trials.c.study_id == study_id, trials.c.trial_id >= below, trials.c.trial_id < trial_id
         )
-        number = int(conn.execute(count).scalar_one())
+        number = before + int(conn.execute(count).scalar_one())
         conn.execute(trials.update().where(trials.c.trial_id == trial_id).values(number=number))
     return FrozenTrial(number=number, state=TrialState.RUNNING, value=None, values=None,
                        datetime_start=start, datetime_complete=None, params={},

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -90,12 +91,13 @@ def _is_storage_error(exc: BaseException) -> bool:
     return isinstance(exc, kinds)
 
 
-def parse_result(spec: StudySpec, result: JobResult) -> Any:
+def parse_result(spec: StudySpec, result: JobResult, logs: list[Path] | None = None) -> Any:
     """The :class:`~tuner.logs.RunMetrics` of a finished job: its nodes' logs read together,
-    with the study's warm-up and global batch size and the job's exit codes."""
+    with the study's warm-up and global batch size and the job's exit codes. ``logs``: the
+    job's :func:`logs_of`, where the caller has them."""
     from tuner.logs import parse_log_files  # parsers are needed only once jobs finish
 
-    logs = logs_of(result)  # streamed: never a whole log in memory
+    logs = logs_of(result) if logs is None else logs  # streamed: never a whole log in memory
     tokens = spec.training.global_batch_size * spec.model.seq_length / spec.world_size
     return parse_log_files(logs, spec.framework, spec.launch.warmup_iters,
                            exit_codes=result.exit_codes,
@@ -142,13 +144,14 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None
         return Verdict(Outcome(outcome), why)
     if result.cancelled and not result.timed_out and result.stopped is None:
         return Verdict(Outcome.INTERRUPTED, "the study was stopped")
-    m = parse_result(spec, result)
+    logs = logs_of(result)  # (16 file checks a 16-node trial: listed once)
+    m = parse_result(spec, result, logs)
     if m.outcome == Outcome.LAUNCH_ERROR and _PORT_CLASH.search(m.reason or ""):
         # Not the config's fault: another job took the rendezvous port between our check and
         # torchrun's bind. Run it again (on a fresh port), without a strike against the node.
         return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
     verdict = Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
-    measured: Verdict = measured_anyway(spec, verdict, logs_of(result), result.stopped, tail)
+    measured: Verdict = measured_anyway(spec, verdict, logs, result.stopped, tail)
     return replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
 
 
@@ -194,7 +197,7 @@ class _StepOnly:
 
 def logs_of(result: JobResult) -> list[Path]:
     """The job's node logs that exist."""
-    return [Path(p) for p in result.logs if Path(p).exists()]
+    return [Path(p) for p in result.logs if os.path.exists(p)]
 
 
 _PORT_CLASH = re.compile(r"EADDRINUSE|[Aa]ddress already in use")
