@@ -231,17 +231,23 @@ CATALOG = StackTerms()
 def scaled_layer_times(
     terms: StackTerms | None, config: ParallelConfig, fwd: float, bwd: float, core: float,
     head: float, microbatch_overhead: float,
-) -> tuple[float, float, float, float]:  # fmt: skip
-    """(fwd, bwd, attention core, head) of one micro-batch with the measured terms: the layer's
-    times times ``layer_scale`` (recomputation, being a share of the forward, follows), and the
-    head such that head + the per-micro-batch overhead is ``fixed_scale`` times the model's."""
+) -> tuple[float, float, float, float, float]:  # fmt: skip
+    """(fwd, bwd, attention core, head, per-micro-batch overhead) of one micro-batch with the
+    measured terms: the layer's times times ``layer_scale`` (recomputation, being a share of the
+    forward, follows), and the head and the framework's per-micro-batch overhead such that their
+    sum is ``fixed_scale`` times the model's. The head takes the change first; a measured rest
+    under the model's overhead alone (a stack whose per-micro-batch call costs less than the
+    catalog's) leaves the head nil and the overhead what was measured, so the composed model
+    gives the probe's own runs whatever the rest measured."""
     p = None if terms is None else terms.point(config)
     if p is None:
-        return fwd, bwd, core, head
+        return fwd, bwd, core, head, microbatch_overhead
     k = p.layer_scale if p.layer_scale is not None else 1.0
     if p.fixed_scale is not None:
-        head = max(p.fixed_scale * (head + microbatch_overhead) - microbatch_overhead, 0.0)
-    return fwd * k, bwd * k, core * k, head
+        rest = p.fixed_scale * (head + microbatch_overhead)
+        head = max(rest - microbatch_overhead, 0.0)
+        microbatch_overhead = rest - head
+    return fwd * k, bwd * k, core * k, head, microbatch_overhead
 
 
 def composed_memory(

@@ -119,10 +119,30 @@ def _ratio(measured: float, model: float) -> float | None:
     return measured / model if measured > 0 and model > 0 else None
 
 
-def _bytes_ratio(measured: float, model: float) -> float | None:
-    """A memory term's measured / model ratio: bytes measured at or under nothing are nothing
-    (a checkpointed layer that keeps no more than its input); None when the model has none."""
+def _part_ratio(measured: float, model: float) -> float | None:
+    """A part's measured / model ratio, where the part is what the probe's runs leave after the
+    other parts are taken out: a part left at or under nothing is nothing, not "not measured"
+    (bytes of a checkpointed layer that keeps no more than its input; a per-micro-batch rest or
+    a sharded work that the runs' noise puts under nil). None when the model has none."""
     return max(measured, 0.0) / model if model > 0 else None
+
+
+def _layer_and_rest(runs: Sequence[tuple[int, float, float]], m: int) -> tuple[float, float]:
+    """(one layer's, the rest's) seconds per micro-batch from runs ``(depth, step, step less the
+    model's step rest)`` at two depths: through both runs, unless that puts the rest under nil.
+    A rest cannot be negative (the embedding, the head and the framework's call take time), so
+    the runs' noise, not the stack, put it there: the layer is then the least-squares slope
+    through nil rest, each run's misfit taken as a share of its step (a load slows every kernel
+    alike, so the noise is a share), the non-negative estimate nearest to both runs."""
+    (d1, _, y1), (d2, _, y2) = runs
+    layer = (y2 - y1) / m / (d2 - d1)
+    rest = y1 / m - d1 * layer
+    if rest >= 0:
+        return layer, rest
+    weights = [1.0 / (t * t) for _, t, _ in runs]
+    num = sum(w * d * y for w, (d, _, y) in zip(weights, runs, strict=True))
+    den = sum(w * d * d for w, (d, _, _) in zip(weights, runs, strict=True))
+    return num / den / m, 0.0
 
 
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
@@ -137,16 +157,16 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     k_over = _overhead_scale(spec, c, rows[lo], wide, rates)
     (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates, k_over) for d in (lo, hi))
     t1, t2 = rows[lo].step_s, rows[hi].step_s
-    layer, lay_model = ((t2 - s2) - (t1 - s1)) / m / (hi - lo), (v2 - v1) / (hi - lo)
-    rest = (t1 - s1) / m - lo * layer
+    layer, rest = _layer_and_rest(((lo, t1, t1 - s1), (hi, t2, t2 - s2)), m)
+    lay_model = (v2 - v1) / (hi - lo)
     (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (lo, hi))
     o1, o2 = f1 + w1, f2 + w2
     p1, p2 = rows[lo].peak_gib * GIB, rows[hi].peak_gib * GIB
-    k_act = _bytes_ratio((p2 - o2) - (p1 - o1), a2 - a1)
+    k_act = _part_ratio((p2 - o2) - (p1 - o1), a2 - a1)
     extras = p1 - o1 - (k_act or 1.0) * a1
     return _point(spec, c, rows.values(), layer_scale=_ratio(layer, lay_model),
-                  fixed_scale=_ratio(rest, v1 - lo * lay_model), activation_scale=k_act,
-                  extras_scale=_bytes_ratio(extras, e1), overhead_scale=k_over)  # fmt: skip
+                  fixed_scale=_part_ratio(rest, v1 - lo * lay_model), activation_scale=k_act,
+                  extras_scale=_part_ratio(extras, e1), overhead_scale=k_over)  # fmt: skip
 
 
 def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
@@ -170,7 +190,7 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
     acts = row.peak_gib * GIB - other - states - k_ext * ext
     return _point(spec, c, (row,), layer_scale=_ratio(layer, lay_model),
                   fixed_scale=base.fixed_scale if base else None,
-                  activation_scale=_bytes_ratio(acts, act),
+                  activation_scale=_part_ratio(acts, act),
                   extras_scale=base.extras_scale if base else None,
                   overhead_scale=k_over)  # fmt: skip
 
@@ -201,8 +221,8 @@ def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: Sta
     held = row.peak_gib * GIB - other - k_act * act - k_ext * ext
     return _point(spec, c, (row,), layer_scale=base.layer_scale, fixed_scale=base.fixed_scale,
                   activation_scale=base.activation_scale, extras_scale=base.extras_scale,
-                  states_scale=_bytes_ratio(held, states),
-                  step_scale=_bytes_ratio(work, shard),
+                  states_scale=_part_ratio(held, states),
+                  step_scale=_part_ratio(work, shard),
                   overhead_scale=base.overhead_scale)  # fmt: skip
 
 

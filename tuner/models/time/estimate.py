@@ -375,8 +375,8 @@ def estimate_time(
             model, config, framework, rates, gpus_per_node, share, layers,
             (fwd, bwd, tp_fwd, tp_bwd, psi),
         )  # fmt: skip
-    fwd, bwd, core, head = scaled_layer_times(terms, config, fwd, bwd, core, head,
-                                              rates.microbatch_overhead)  # fmt: skip
+    fwd, bwd, core, head, per_mb = scaled_layer_times(terms, config, fwd, bwd, core, head,
+                                                      rates.microbatch_overhead)  # fmt: skip
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
     if training.precision == "fp8":
         recipe = training.fp8_recipe
@@ -420,7 +420,7 @@ def estimate_time(
     )  # fmt: skip
     parts = (
         compute, m * layers * (rec + eager[2]), tp_comm, m * layers * cp_exposed, p2p, bubble, dp,
-        optimizer, imbalance, m * rates.microbatch_overhead + rates.step_overhead,
+        optimizer, imbalance, m * per_mb + rates.step_overhead,
         m * layers * ep_layer,
         m * layers * ((1 + redo) * cast.fwd + cast.bwd) + layers * cast.weights + m * amax,
         m * layers * ((1 + redo) * route_f + route_b),
