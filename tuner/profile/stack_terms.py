@@ -127,24 +127,6 @@ def _part_ratio(measured: float, model: float) -> float | None:
     return max(measured, 0.0) / model if model > 0 else None
 
 
-def _layer_and_rest(runs: Sequence[tuple[int, float, float]], m: int) -> tuple[float, float]:
-    """(one layer's, the rest's) seconds per micro-batch from runs ``(depth, step, step less the
-    model's step rest)`` at two depths: through both runs, unless that puts the rest under nil.
-    A rest cannot be negative (the embedding, the head and the framework's call take time), so
-    the runs' noise, not the stack, put it there: the layer is then the least-squares slope
-    through nil rest, each run's misfit taken as a share of its step (a load slows every kernel
-    alike, so the noise is a share), the non-negative estimate nearest to both runs."""
-    (d1, _, y1), (d2, _, y2) = runs
-    layer = (y2 - y1) / m / (d2 - d1)
-    rest = y1 / m - d1 * layer
-    if rest >= 0:
-        return layer, rest
-    weights = [1.0 / (t * t) for _, t, _ in runs]
-    num = sum(w * d * y for w, (d, _, y) in zip(weights, runs, strict=True))
-    den = sum(w * d * d for w, (d, _, _) in zip(weights, runs, strict=True))
-    return num / den / m, 0.0
-
-
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
                 rates: Rates,
                 wide: tuple[ProbeRow, ParallelConfig] | None = None) -> StackPoint:  # fmt: skip
@@ -157,8 +139,8 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     k_over = _overhead_scale(spec, c, rows[lo], wide, rates)
     (v1, s1, _), (v2, s2, _) = (_time_parts(spec, c, d, rates, k_over) for d in (lo, hi))
     t1, t2 = rows[lo].step_s, rows[hi].step_s
-    layer, rest = _layer_and_rest(((lo, t1, t1 - s1), (hi, t2, t2 - s2)), m)
-    lay_model = (v2 - v1) / (hi - lo)
+    layer, lay_model = ((t2 - s2) - (t1 - s1)) / m / (hi - lo), (v2 - v1) / (hi - lo)
+    rest = (t1 - s1) / m - lo * layer
     (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (lo, hi))
     o1, o2 = f1 + w1, f2 + w2
     p1, p2 = rows[lo].peak_gib * GIB, rows[hi].peak_gib * GIB
