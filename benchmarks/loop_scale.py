@@ -25,7 +25,8 @@ without ``tune leaderboard`` or ``tune report`` slowing past a few seconds.
    the trials, the stop rules); "per decision" adds those up over the launches. What runs
    once per run is apart: the sampler's candidates (its first ask), its first fold of the
    stored trials (also printed added back in, as earlier rounds counted it), the seed, and the
-   end's save of the cluster's calibration (every measured trial in YAML: seconds at 10,000).
+   end's save of the cluster's calibration (every measured trial in YAML, a config's repeats
+   as short entries of its row: about a second at 10,000).
    The thread's CPU time leaves out BLAS worker threads: run with ``OPENBLAS_NUM_THREADS=1``
    to count the fits' linear algebra in full.
 
@@ -416,11 +417,12 @@ def breaks_first() -> None:
     print("  3. a saved calibration of another study (--saved-calibration other): its rows are "
           "folded into the sampler's prior once per run (tuner.search.fold), its OOMs kept as "
           "one row per config; an ask still costs some 15 ms more than without it at 10,000 "
-          "(not profiled yet), and the calibration file grows without bound across studies "
-          "(its save at the end).")  # fmt: skip
+          "(not profiled yet), and the calibration file grows across studies by an entry per "
+          "measured trial (its save at the end).")  # fmt: skip
     print(
         "  (the per-launched-trial figure also carries the end's one-off save of the cluster's "
-        "calibration, every measured trial in YAML through libyaml: seconds at 10,000, the file "
+        "calibration, every measured trial in YAML through libyaml (a config's repeats as short "
+        "entries of its row): about a second at 10,000, the file "
         "read again only if another worker changed it; the per-decision figure leaves it out)"
     )
     print("  4. the report: per-config model breakdowns (the allocator simulation, once per "

@@ -347,11 +347,13 @@ def _profile_data() -> dict[str, Any]:
 
 
 def _calibration_data() -> dict[str, Any]:
-    """A valid saved calibration of BASE's cluster (two measured trials), as plain data."""
+    """A valid saved calibration of BASE's cluster (two measured trials), as plain data: two
+    rows (their predictions differ; the same config measured again under the same prediction
+    would be one row with its repeat)."""
     config = dataclasses.asdict(ParallelConfig(tp=2, global_batch_size=8))
     observations = tuple(
         Observation(study="hostile", fingerprint="f" * 16, trial=k, config=config,
-                    outcome="ok", predicted_step_s=1.0, measured_step_s=1.2,
+                    outcome="ok", predicted_step_s=1.0 + k, measured_step_s=1.2,
                     predicted_gib=10.0, measured_gib=11.0)
         for k in range(2)
     )  # fmt: skip

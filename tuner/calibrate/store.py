@@ -10,7 +10,9 @@ What is saved are the observations, not fitted weights: for each measured trial 
 predicted and measured step time, and the predicted and measured memory (or, for a real OOM, the
 GPU's memory as a lower bound). The fit is redone wherever they are used, on the features of the
 space at hand (:class:`tuner.calibrate.correction.Features`), so a calibration made on one space
-applies to another with other knob values.
+applies to another with other knob values. A config measured again and again (a long study)
+is saved as one row with a short entry per repeat (its trial number and what it measured that
+the row did not), and read back as the observations it was.
 
 An observation from another study (another fingerprint: other model, batch or framework) counts
 as a noisier measurement: :data:`TRANSFER_SD` is added in quadrature to the run-to-run noise,
@@ -29,6 +31,7 @@ import shlex
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -136,18 +139,64 @@ class Calibration:
         """Plain data for YAML: ``dataclasses.asdict`` of it (every list and mapping a copy of
         its own, so the dumper sees no shared object to write as an anchor), the config a plain
         dict, built field by field (``asdict``'s generic walk was a tenth of the save at
-        10,000 observations)."""
-        return {
-            "cluster": self.cluster, "updated": self.updated,
-            "observations": tuple(
-                {name: dict(_plain(o.config)) if name == "config" else _plain(getattr(o, name))
-                 for name in _OBSERVATION_FIELDS}
-                for o in self.observations
-            ),
-        }  # fmt: skip
+        10,000 observations); but repeats of an observation (:func:`_grouped`) are one row
+        with a ``repeats`` list of what each repeat does not share with it."""
+        rows = []
+        for o, repeats in _grouped(self.observations):
+            row = {name: dict(_plain(o.config)) if name == "config" else _plain(getattr(o, name))
+                   for name in _OBSERVATION_FIELDS}  # fmt: skip
+            if repeats:
+                row["repeats"] = repeats
+            rows.append(row)
+        return {"cluster": self.cluster, "updated": self.updated, "observations": tuple(rows)}
 
 
 _OBSERVATION_FIELDS = tuple(f.name for f in dataclasses.fields(Observation))
+_PER_REPEAT = ("trial", "measured_step_s", "measured_gib", "startup_s")
+"""What a repeated measurement of one config may change: its trial number and what it
+measured. The rest (the study and its setup, the config, the outcome, what the models predicted
+for it) is what makes two observations repeats of one another."""
+_SHARED = tuple(name for name in _OBSERVATION_FIELDS if name not in _PER_REPEAT)
+
+
+def _grouped(observations: Sequence[Observation]) -> list[tuple[Observation, list[Any]]]:
+    """``observations`` as saved rows: each with the repeats that follow it (the later ones
+    with the same :data:`_SHARED` fields, by their ``repr``: an int is not a float, -0.0 not
+    0.0), each repeat a mapping of its trial and of each measured figure whose ``repr``
+    differs from the row's. A long study measures one config many times (10,000 trials of a
+    few hundred configs); a repeat is then a few numbers instead of some thirty fields to
+    write and read. Only for observations in the order :meth:`Calibration.merged` keeps,
+    strictly by (study, trial), the order a reader restores (:func:`load_calibration`); any
+    other tuple is written row by row, as it is."""
+    ordered = all((a.study, a.trial) < (b.study, b.trial) for a, b in pairwise(observations))
+    if not ordered:
+        return [(o, []) for o in observations]
+    first: dict[str, tuple[Observation, list[Any]]] = {}
+    out: list[tuple[Observation, list[Any]]] = []
+    for o in observations:
+        same = repr(tuple(getattr(o, name) for name in _SHARED))
+        kept = first.get(same)
+        if kept is None:
+            first[same] = kept = (o, [])
+            out.append(kept)
+            continue
+        repeat: dict[str, Any] = {"trial": o.trial}
+        for name in _PER_REPEAT[1:]:
+            value = getattr(o, name)
+            if repr(value) != repr(getattr(kept[0], name)):
+                repeat[name] = value
+        kept[1].append(repeat)
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Repeat:
+    """One entry of a saved row's ``repeats`` (:func:`_grouped`), as the file may hold it."""
+
+    trial: int
+    measured_step_s: float | None = None
+    measured_gib: float | None = None
+    startup_s: float | None = None
 
 
 def _plain(value: Any) -> Any:
@@ -271,8 +320,7 @@ def load_calibration(path: Path, cluster: str) -> Calibration:
     try:
         if not isinstance(data, Mapping) or not isinstance(data.get("observations") or [], list):
             raise ConfigError("expected a mapping with a list of observations")
-        obs = tuple(_observation(o, f"observations[{k}]")
-                    for k, o in enumerate(data.get("observations") or ()))  # fmt: skip
+        obs = _observations(data.get("observations") or ())
         loaded = Calibration(cluster=str(data["cluster"]), updated=str(data.get("updated", "")),
                              observations=obs)  # fmt: skip
     except (ConfigError, KeyError) as exc:
@@ -290,6 +338,37 @@ _EMPTY_BY_DEFAULT = frozenset(
 )  # written empty when unknown (memory_setup in calibrations saved before it was kept)
 _SIZES = frozenset({"tp", "pp", "cp", "dp", "vp", "micro_batch_size", "global_batch_size", "ep",
                     "etp", "dp_replicate"})  # fmt: skip
+
+
+def _observations(rows: Sequence[object]) -> tuple[Observation, ...]:
+    """The saved rows as observations: a row with ``repeats`` (:func:`_grouped`) is itself and
+    each repeat (its fields with the repeat's trial and figures), all of them in (study,
+    trial) order, the order the writer kept; a file without repeats (written before them)
+    reads as it is, each row one observation."""
+    out: list[Observation] = []
+    repeated = False
+    for k, row in enumerate(rows):
+        where = f"observations[{k}]"
+        if not isinstance(row, Mapping) or "repeats" not in row:
+            out.append(_observation(row, where))
+            continue
+        repeats = row["repeats"]
+        if not isinstance(repeats, list):
+            raise ConfigError("expected a list of repeats", path=f"{where}.repeats")
+        obs = _observation({n: v for n, v in row.items() if n != "repeats"}, where)
+        out.append(obs)
+        for j, entry in enumerate(repeats):
+            at = f"{where}.repeats[{j}]"
+            loaded = load_dataclass(_Repeat, entry, at)
+            changed = {name: getattr(loaded, name) for name in _PER_REPEAT if name in entry}
+            for name, value in changed.items():
+                if value is not None and value < 0:
+                    raise ConfigError(f"must be >= 0, got {value}", path=f"{at}.{name}")
+            out.append(dataclasses.replace(obs, **changed))
+        repeated = True
+    if repeated:
+        out.sort(key=lambda o: (o.study, o.trial))
+    return tuple(out)
 
 
 def _observation(row: object, where: str) -> Observation:
