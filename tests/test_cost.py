@@ -357,17 +357,25 @@ def paced_study(tmp_path: Path, **search: Any) -> tuple[StudySpec, Any, list[Any
     none is launched here (what is checked is how trials are paced and ended)."""
     data = scenario(n_trials=4, seed=1, memory_probes=0, **search)
     data["cluster"] = dict(data["cluster"], executor="local")
+    spec, summary = run_paced(tmp_path, data, tmp_path / "results", TIME_SCALE)
+    return spec, summary, load_optuna_study(spec, None, str(tmp_path / "results")).trials
+
+
+def run_paced(tmp_path: Path, data: dict[str, Any], results: Path,
+              time_scale: float) -> tuple[StudySpec, Any]:  # fmt: skip
+    """``tune run`` of the study ``data`` on the stand-in, each config's step its predicted one
+    (``paced_surface``) times ``time_scale``, one process per trial: (spec, the run's
+    summary)."""
     spec = study_from_mapping(data)
     (tmp_path / "surface.json").write_text(json.dumps(paced_surface(spec)))
     data["launch"]["env"] = {"TUNER_STANDIN_SURFACE": str(tmp_path / "surface.json"),
-                             "TUNER_STANDIN_TIME_SCALE": str(TIME_SCALE)}  # fmt: skip
+                             "TUNER_STANDIN_TIME_SCALE": str(time_scale)}  # fmt: skip
     spec = study_from_mapping(data)
-    loop = build_loop(spec, results=str(tmp_path / "results"), launcher=one_process)
+    loop = build_loop(spec, results=str(results), launcher=one_process)
     try:
-        summary = loop.run()
+        return spec, loop.run()
     finally:
         loop.executor.close()
-    return spec, summary, load_optuna_study(spec, None, str(tmp_path / "results")).trials
 
 
 @pytest.mark.slow

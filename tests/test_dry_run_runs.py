@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.test_cost import TIME_SCALE, one_process, paced_surface, scenario, write
+from tests.test_cost import TIME_SCALE, run_paced, scenario, write
 from tuner.cli.main import main
 from tuner.space.enumerate import enumerate_space
 from tuner.spec.file import study_from_mapping
-from tuner.study.loop import build_loop
 
 FEW = {"tp": [4, 8], "pp": [4, 8], "micro_batch_size": [1], "sequence_parallel": [True],
        "recompute": ["selective", "full"], "distributed_optimizer": [True]}  # fmt: skip
@@ -86,15 +85,6 @@ def test_tune_run_makes_the_runs_its_dry_run_says(
     data = few(sampler="grid", memory_probes=0, early_stop_trials=None, seed=1)
     data["cluster"] = dict(data["cluster"], executor="local")
     launches, runs = dry_run_text(tmp_path, data, monkeypatch, capsys)
-    spec = study_from_mapping(data)
-    (tmp_path / "surface.json").write_text(json.dumps(paced_surface(spec)))
-    data["launch"]["env"] = {"TUNER_STANDIN_SURFACE": str(tmp_path / "surface.json"),
-                             "TUNER_STANDIN_TIME_SCALE": str(TIME_SCALE / 4)}  # fmt: skip
-    spec = study_from_mapping(data)
-    loop = build_loop(spec, results=str(tmp_path / "run"), launcher=one_process)
-    try:
-        summary = loop.run()
-    finally:
-        loop.executor.close()
+    _, summary = run_paced(tmp_path, data, tmp_path / "run", TIME_SCALE / 4)
     assert summary.launched == launches == runs == 7, summary
     assert "space exhausted" in summary.stop_reason

@@ -53,8 +53,7 @@ def test_with_probe_takes_the_terms_from_the_same_job(
     import statistics
 
     import tuner.profile.probe as probe_module
-    import tuner.study.loop as loop
-    from tests.test_stack_terms import true_peak, true_step
+    from tests.test_stack_terms import answer_probe_jobs, true_peak, true_step
     from tools.probe_truth import compare, load_rows, measure
     from tuner.models.memory.estimate import GIB
     from tuner.profile.probe import ProbeRow
@@ -74,12 +73,7 @@ def test_with_probe_takes_the_terms_from_the_same_job(
                                  reserved_gib=None))  # fmt: skip
         return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
 
-    class Executor:
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(probe_module, "run_stack_probe", job)
-    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    answer_probe_jobs(monkeypatch, job)
     results, kept = str(tmp_path / "results"), tmp_path / "joint.json"
     joint = measure("standin", results, 6, with_probe=True, save=str(kept))
     saved = measure("standin", results, 6, interleave=True)

@@ -461,12 +461,24 @@ def _standin_with_a_saved_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     return spec
 
 
+def answer_probe_jobs(monkeypatch: pytest.MonkeyPatch, job: Any) -> None:
+    """tools/probe_truth.py's jobs answered by ``job`` (in place of ``run_stack_probe``), on an
+    executor that runs nothing."""
+    import tuner.profile.probe as probe_module
+    import tuner.study.loop as loop
+
+    class Executor:
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(probe_module, "run_stack_probe", job)
+    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+
+
 def standin_truth_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """tools/probe_truth.py's jobs answered with the stand-in's surface at the full 8 layers, on
     an executor that runs nothing; the runs each job was asked for are added to the list
     returned."""
-    import tuner.profile.probe as probe_module
-    import tuner.study.loop as loop
 
     asked: list[Any] = []
 
@@ -477,12 +489,7 @@ def standin_truth_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
                          reserved_gib=None) for r in runs]  # fmt: skip
         return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
 
-    class Executor:
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(probe_module, "run_stack_probe", job)
-    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    answer_probe_jobs(monkeypatch, job)
     return asked
 
 
@@ -513,7 +520,6 @@ def test_probe_truth_interleaved_reads_each_config_against_the_first_by_round(
     measured / predicted where it is without that load: each is read as the first config's
     level times their paired ratio."""
     import tuner.profile.probe as probe_module
-    import tuner.study.loop as loop
     from tools.probe_truth import measure
 
     _standin_with_a_saved_probe(tmp_path, monkeypatch)
@@ -539,13 +545,8 @@ def test_probe_truth_interleaved_reads_each_config_against_the_first_by_round(
                                  rounds=rounds))  # fmt: skip
         return ProbeResult(rows=tuple(rows), wall_s=1.0, nodes=1, versions={})
 
-    class Executor:
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    answer_probe_jobs(monkeypatch, job)
     results = str(tmp_path / "results")
-    monkeypatch.setattr(probe_module, "run_stack_probe", job)
     quiet = measure("standin", results, 4)
     monkeypatch.setattr(probe_module, "run_stack_probe", functools.partial(job, load=2.0))
     loaded = measure("standin", results, 4)
