@@ -152,7 +152,19 @@ class Calibration:
 
 
 _OBSERVATION_FIELDS = tuple(f.name for f in dataclasses.fields(Observation))
-_PER_REPEAT = ("trial", "measured_step_s", "measured_gib", "startup_s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Repeat:
+    """One entry of a saved row's ``repeats`` (:func:`_grouped`), as the file may hold it."""
+
+    trial: int
+    measured_step_s: float | None = None
+    measured_gib: float | None = None
+    startup_s: float | None = None
+
+
+_PER_REPEAT = tuple(f.name for f in dataclasses.fields(_Repeat))
 """What a repeated measurement of one config may change: its trial number and what it
 measured. The rest (the study and its setup, the config, the outcome, what the models predicted
 for it) is what makes two observations repeats of one another."""
@@ -187,16 +199,6 @@ def _grouped(observations: Sequence[Observation]) -> list[tuple[Observation, lis
                 repeat[name] = value
         kept[1].append(repeat)
     return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Repeat:
-    """One entry of a saved row's ``repeats`` (:func:`_grouped`), as the file may hold it."""
-
-    trial: int
-    measured_step_s: float | None = None
-    measured_gib: float | None = None
-    startup_s: float | None = None
 
 
 def _plain(value: Any) -> Any:
