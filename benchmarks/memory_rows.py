@@ -42,6 +42,9 @@ GPUS: dict[str, tuple[str, float | None]] = {
     "A100-SXM4-40GB": ("a100-40gb", None),
     "H100-SXM5-80GB": ("h100-sxm-80gb", None),
     "H800-80GB": ("h100-sxm-80gb", None),
+    # The A800 80GB PCIe is the A100 80GB's GA100 (108 SMs, 80 GB HBM2e) with NVLink capped for
+    # export; llm-action's nvidia-smi tables print 81920 MiB, the a100-80gb entry's capacity.
+    "A800-80GB-PCIe": ("a100-80gb", None),
     # torchtitan's Grand Teton H100: "96GB HBM2e" (its hardware section), taken as GiB the way
     # the catalog's 80 GB parts are.
     "H100-96GB-HBM2e": ("h100-sxm-80gb", 96.0),
