@@ -41,7 +41,7 @@ GPUS = {
     "H100-SXM-80GB": "h100-sxm-80gb",
     "H100-96GB-HBM2e-500W": "h100-hbm2e-96gb-500w",
 }
-MODERN = ("[M]", "[L]", "[T]", "[X]", "[G]")
+MODERN = ("[M]", "[L]", "[T]", "[X]", "[G]", "[C]")
 """Sources whose runs use FlashAttention, RoPE-era kernels and sequence parallelism by default."""
 BEST_WITHIN = 0.02
 
