@@ -182,6 +182,43 @@ def print_groups(cases: list[Case]) -> None:
                       f"{bound[1]:.1%}")  # fmt: skip
 
 
+def pair_order(group: list[Case]) -> tuple[int, int, float] | None:
+    """Pairs of rows of one group (one cluster and campaign) with one model on one GPU type and
+    count, the choices a search ranks against each other: (pairs whose faster row the model
+    names, pairs, median |log(predicted speed ratio / measured speed ratio)|); None without such
+    a pair. Pairs the model cannot tell apart (:func:`_key`: a setup measured again) or that were
+    measured at the same speed have no order to name and are left out."""
+    runs: dict[str, list[Case]] = defaultdict(list)
+    for case in group:
+        runs[
+            f"{case.row['group']} {case.model!r} {case.gpu.name} {case.config.world_size}"
+        ].append(case)
+    right, ratios = 0, []
+    for same in runs.values():
+        for i, a in enumerate(same):
+            for b in same[i + 1 :]:
+                measured = math.log(a.speed("measured") / b.speed("measured"))
+                if measured == 0.0 or _key(a) == _key(b):
+                    continue
+                predicted = math.log(a.speed("predicted") / b.speed("predicted"))
+                right += measured * predicted > 0
+                ratios.append(abs(predicted - measured))
+    return (right, len(ratios), statistics.median(ratios)) if ratios else None
+
+
+def print_pairs(cases: list[Case]) -> None:
+    print("\npairs of one model on one GPU type and count, per source: faster row named right, "
+          "median |error| of the speed ratio")  # fmt: skip
+    sources: dict[str, list[Case]] = defaultdict(list)
+    for case in cases:
+        sources[_tag(case.row)].append(case)
+    for name, group in sorted(sources.items()):
+        figures = pair_order(group)
+        if figures is not None:
+            right, n, ratio = figures
+            print(f"  {name:38} {right:3}/{n:<3}  {ratio:6.1%}")
+
+
 TERMS_CSV = Path(__file__).resolve().parent / "data" / "time_terms.csv"
 
 
@@ -258,6 +295,7 @@ def main() -> None:
     for reason, n in sorted(skipped.items()):
         print(f"  {n:3}  {reason}")
     print_groups(cases)
+    print_pairs(cases)
     print(f"\nall {len(cases)} rows: rms of log(measured / predicted step time) "
           f"{rms_step_error(cases):.3f} (in sample; held out below)")  # fmt: skip
     print_held_out(cases)

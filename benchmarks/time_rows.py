@@ -40,8 +40,9 @@ GPUS = {
     "A100-SXM-80GB": "a100-80gb",
     "H100-SXM-80GB": "h100-sxm-80gb",
     "H100-96GB-HBM2e-500W": "h100-hbm2e-96gb-500w",
+    "B200-SXM-180GB": "b200-180gb",
 }
-MODERN = ("[M]", "[L]", "[T]", "[X]", "[G]")
+MODERN = ("[M]", "[L]", "[T]", "[X]", "[G]", "[C]", "[W]")
 """Sources whose runs use FlashAttention, RoPE-era kernels and sequence parallelism by default."""
 BEST_WITHIN = 0.02
 

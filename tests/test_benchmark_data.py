@@ -6,6 +6,7 @@ pipeline parallelism, an uneven split, runs that went out of memory and mixture-
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import math
 import re
@@ -264,6 +265,33 @@ def test_repeat_bound_is_what_an_exact_model_of_repeated_setups_reaches() -> Non
     assert rho < 1.0  # the repeats' spread costs rank correlation
     single = [c for c in cases if c.row["group"] == "selene-narayanan2021-t1"]
     assert bench.repeat_bound(single) is None
+
+
+def test_pair_order_counts_the_pairs_a_search_ranks() -> None:
+    """benchmarks/time_accuracy.py ``pair_order``: pairs of one model on one GPU type and count
+    within a group count once each; a pair the model orders wrongly is not counted right, and
+    the ratio's error is the log of predicted over measured speed ratios; repeats of one setup
+    (Megatron-Bridge's releases) and single rows have no pair."""
+    bench = _benchmark("time_accuracy")
+    cases, _ = bench.load_cases(DATA / "step_times.csv")
+    group = [c for c in cases if c.row["group"] == "dgxc-eos-llama3.1-8b"]
+    pair = [c for c in group if c.row["gpus"] == "8"]
+    assert len(pair) == 2 and len({c.row["precision"] for c in pair}) == 2
+    right, n, ratio = bench.pair_order(pair)
+    measured = math.log(pair[0].speed("measured") / pair[1].speed("measured"))
+    predicted = math.log(pair[0].speed("predicted") / pair[1].speed("predicted"))
+    assert (right, n) == (1, 1) and ratio == pytest.approx(abs(predicted - measured))
+    assert bench.pair_order(group)[1] == 2  # 8 and 128 GPUs: one pair each, none across
+    a, b = pair  # each row predicted as the other: the model names the slower one faster
+    swapped = [
+        dataclasses.replace(a, predicted=b.predicted, predicted_step=b.predicted_step),
+        dataclasses.replace(b, predicted=a.predicted, predicted_step=a.predicted_step),
+    ]
+    assert bench.pair_order(swapped)[:2] == (0, 1)
+    bridge = [c for c in cases if c.row["group"] == "megatron-bridge-dgx-h100-fp8cs"]
+    again = [c for c in bridge if c.row["gpus"] == "64" and c.row["global_batch"] == "256"]
+    assert len(again) == 2 and bench.pair_order(again) is None  # 26.02 and 26.04.01
+    assert bench.pair_order(again + [c for c in bridge if c.row["global_batch"] == "128"])
 
 
 def test_the_catalogs_stated_step_time_error_is_the_held_out_one() -> None:

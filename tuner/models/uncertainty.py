@@ -87,12 +87,12 @@ TIME_SIGMA_FLOORS: dict[str, float] = {"compute": 0.05, "comm": 0.10}
 run to run and across library versions (5%); collectives by more with topology and NCCL's
 algorithm choice (10%)."""
 
-CATALOG_TIME_SIGMA: dict[str, float] = {"compute": 0.106, "comm": 0.182}
+CATALOG_TIME_SIGMA: dict[str, float] = {"compute": 0.100, "comm": 0.290}
 """Held-out relative sd of each group's catalog step-time terms *within* one stack, derived by
 ``benchmarks/time_accuracy.py`` as the memory's are, from its leave-one-source-out residuals
 less each source's own mean (what :data:`CATALOG_TIME_STACK_SIGMA` states)."""
 
-CATALOG_TIME_STACK_SIGMA = 0.136
+CATALOG_TIME_STACK_SIGMA = 0.130
 """The between-source sd of the catalog's step times: a stack's own bias, shared by every step
 it runs (its kernels' and libraries' versions, its clocks and power limits, cluster-wide
 effects), which the rows of one published source have in common and the catalog cannot see
