@@ -268,6 +268,29 @@ def test_fit_keeps_priority_order_folds_only_text_and_names_what_it_leaves_out()
     )
 
 
+def test_the_config_folds_onto_two_lines_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's dry run at 80 columns printed its first config on three lines
+    (``tp4 pp8 dp4 sp`` / ``mbs1 ga128`` / ``distopt``): the width was taken as half the text's
+    length, but a line breaks only between words. Now the column is as wide as two lines of
+    whole words need, and a figure column makes way for it instead."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.cli.render import Grid, render
+    from tuner.cli.tables import TOP_COLUMNS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    config = "tp4 pp8 dp4 sp mbs1 ga128 distopt"
+    row = ("1", config, "30.47", "1,076", "52.4", "68.6", "1.404", "2.608", "0.002250")
+    out = io.StringIO()
+    render(Console(file=out, width=80), Grid(title="", columns=TOP_COLUMNS, rows=(row,)))
+    body = [line for line in out.getvalue().splitlines()[2:] if not line.startswith("left out")]
+    folded = [line[6:].split("  ")[0].strip() for line in body]  # under the header and rule
+    assert " ".join(folded).split() == config.split(), out.getvalue()
+    assert len(folded) <= 2, out.getvalue()
+
+
 def test_a_path_column_folds_inside_the_path_rather_than_push_figures_out() -> None:
     from tuner.cli.render import Column, Grid, fit
 
