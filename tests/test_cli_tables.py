@@ -363,3 +363,27 @@ def test_help_fits_an_80_column_terminal(
             assert " ".join(meaning.split()) in words, meaning
     if command == ["best"]:
         assert re.search(r"script, sbatch, args, ds-config", words)
+
+
+def test_every_knob_meaning_lines_up_in_help(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``1F1B / GPipe / Interleaved1F1B`` and ``reshard-always / reshard-never`` are longer
+    than the glossary's name column: their meanings ran on after one space, off the column, and
+    the folded rest hung at the left margin. Each meaning now begins in the meaning column
+    (under a long name, on the next line) and its folded rest continues under it."""
+    from tuner.config.spelling import KNOBS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["leaderboard", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("config spelling (knobs equal in every row are named once above a table):")
+    end = next(i for i, line in enumerate(lines) if line.startswith("columns ("))
+    glossary = lines[start + 1 : end]
+    column = glossary[0].index(KNOBS[0].meaning)  # where the first knob's meaning begins
+    for line in glossary:
+        assert line[2] != " " or line[:column].isspace() and line[column] != " ", line
+    meanings = " ".join(line[column:] for line in glossary if len(line) > column)
+    for knob in KNOBS:
+        assert " ".join(knob.meaning.split()) in " ".join(meanings.split()), knob.name
