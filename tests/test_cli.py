@@ -312,3 +312,39 @@ def test_printed_commands_repeat_the_study_file_given(
         for study in given:
             assert shlex.split(study) == ["my cluster.yaml"], text
             assert load_study(shlex.split(study)[0]).name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [(["leaderbord", "--study", "demo"], "did you mean 'leaderboard'?"),
+     (["best", "--study", "demo", "--emit", "sbach"], "did you mean 'sbatch'?"),
+     (["leaderboard", "--study", "demo", "--colums", "rank"], "did you mean '--columns'?"),
+     (["space", "--study", "demo", "--top=3", "--colums=rank"], "did you mean '--columns'?"),
+     (["space", "--study", "dmeo"], "did you mean 'demo'?"),
+     (["space", "--study", "gpt70b"], "did you mean 'gpt-70b'?"),
+     (["space", "--study", "llama3-70b"], "give --study llama3-70b.yaml")],
+)  # fmt: skip
+def test_a_typo_says_what_to_type(
+    argv: list[str], hint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A mistyped command, choice, option or study name said only that it was wrong. The
+    README saves ``llama3-70b.yaml`` in the current folder; ``--study llama3-70b`` looks in
+    ``studies/`` and the shipped studies, and said "unknown study" beside the very file."""
+    (tmp_path / "llama3-70b.yaml").write_text("name: llama3-70b\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and hint in err, err
+
+
+def test_a_name_like_none_known_suggests_none(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["space", "--study", "zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "available: demo" in err and "YAML file" in err

@@ -5,6 +5,8 @@ them without importing the whole command line)."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -40,6 +42,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.startswith(REQUIRED):
             message = self._choices_missing(message.removeprefix(REQUIRED).split(", ")) or message
+        if m := INVALID_CHOICE.search(message):  # `tune leaderbord`, `--emit sbach`
+            message += _did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
 
     def _choices_missing(self, names: Sequence[str]) -> str | None:
@@ -62,9 +66,33 @@ class Parser(argparse.ArgumentParser):
         if extras:
             command = getattr(known, "command", None)
             prog = f"{self.prog} {command}" if command else self.prog
-            self.exit(2, f"tune: error: unrecognized arguments: {' '.join(extras)} "
+            hint = ""
+            if extras[0].startswith("--"):  # `--colums`: the option it is nearest to
+                hint = _did_you_mean(extras[0].partition("=")[0], self._options(command), "--")
+            self.exit(2, f"tune: error: unrecognized arguments: {' '.join(extras)}{hint} "
                          f"(see {prog} --help)\n")  # fmt: skip
         return known
+
+    def _options(self, command: str | None) -> list[str]:
+        """The long options ``tune COMMAND`` takes (the subcommand's and the global ones)."""
+        parsers: list[argparse.ArgumentParser] = [self]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                parsers.append(action.choices[command])
+        return [o for p in parsers for a in p._actions for o in a.option_strings
+                if o.startswith("--")]  # fmt: skip
+
+
+INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+"""argparse's words for a value that is not one of an argument's choices."""
+
+
+def _did_you_mean(given: str, known: Sequence[str], prefix: str = "") -> str:
+    """``; did you mean 'leaderboard'?`` for the known word nearest a mistyped one, else "";
+    words are compared without their common ``prefix`` (``--json`` is not near ``--version``)."""
+    bare = [k.removeprefix(prefix) for k in known]
+    close = difflib.get_close_matches(given.removeprefix(prefix), bare, n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
 def add_format_option(
