@@ -229,12 +229,9 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         sys.stdout.write(board.to_markdown(index=False, floatfmt=".4g") + "\n")
     else:
-        from tuner.cli.board import print_board, stored_configs
+        from tuner.cli.board import show_board
 
-        title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"
-        configs = stored_configs(spec, board, args.storage, args.results)
-        columns = render.parse_columns(args.columns)
-        print_board(_console(), title, board, configs, args.all, columns, spec.framework)
+        show_board(_console(), spec, board, args)
     return 0
 
 
