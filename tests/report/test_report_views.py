@@ -207,3 +207,18 @@ def test_each_prediction_carries_its_stated_band(tmp_path: Path) -> None:
         assert (x - down, x + up) == pytest.approx((low, high)) and up > down > 0
         assert (x - down <= y <= x + up) == inside(measured, predicted, sd)
     assert [inside(m, p, sd) for _, _, p, m, sd in cases[:2]] == [True, False]
+
+
+def test_the_summary_leaves_out_a_figure_the_logs_lack(tmp_path: Path) -> None:
+    """DeepSpeed logs no TFLOP/s: the demo's report showed a "TFLOP/s/GPU" row with nothing in
+    it, beside the MFU the tuner computes. A figure no trial has is left out of the summary."""
+    import re
+
+    from tuner.report.page import _summary
+
+    _study(tmp_path)  # trials with a step and tokens/s, no TFLOP/s and no MFU
+    tables = "".join(str(t) for t in _summary(gather(SPEC, results=str(tmp_path))).tables)
+    rows = dict(re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", tables))
+    assert rows["tokens/s/GPU"] and rows["measured step"].strip() != "s"
+    assert "TFLOP/s/GPU" not in rows and "MFU" not in rows
+    assert [k for k, v in rows.items() if not v.strip()] == []
