@@ -145,7 +145,14 @@ def _least(grid: Grid, i: int) -> int:
     width = min(natural, max(WRAP_MIN, -(-natural // column.wrap), *words))
     if column.path:  # one long word: the terminal folds it inside, at any character
         return width
-    while width < natural and any(_lines(row[i], width) > column.wrap for row in grid.rows):
+    return max(width, min(natural, fold_width([row[i] for row in grid.rows], column.wrap)))
+
+
+def fold_width(texts: Sequence[str], lines: int) -> int:
+    """The narrowest width at which each of ``texts`` folds at its spaces onto at most
+    ``lines`` lines (a line breaks only between words: half a text's length may take three)."""
+    width = max((len(w) for text in texts for w in text.split()), default=1)
+    while any(_lines(text, width) > lines for text in texts):
         width += 1
     return width
 
