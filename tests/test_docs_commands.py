@@ -14,6 +14,7 @@ import argparse
 import re
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,16 @@ def test_a_quoted_command_is_one_the_parser_takes(where: str, command: str) -> N
 )  # fmt: skip
 def test_a_wrong_command_is_found(command: str) -> None:
     assert problems(command, build_parser()[0])
+
+
+def test_the_exports_page_names_every_kind_and_its_files() -> None:
+    """docs/exports.md's synopsis and table listed four of the seven ``--emit`` kinds (the
+    Megatron-Bridge and torchtitan ones only on their own pages)."""
+    from tuner.layout import EXPORT_KINDS, ExportPaths
+
+    text = (REPO / "docs" / "exports.md").read_text()
+    assert f"[--emit {'|'.join(EXPORT_KINDS)}]" in text
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z-]+)`.*$", text, re.M)}
+    for kind in EXPORT_KINDS:
+        written = getattr(ExportPaths(Path("x")), kind.replace("-", "_")).name
+        assert kind in rows and f"`{written}`" in rows[kind], kind
