@@ -32,6 +32,7 @@ from tuner.cli.options import (
     add_columns_option,
     add_format_option,
     add_study_option,
+    describe_subcommands,
     rerun_outcomes,
     whole,
 )
@@ -390,6 +391,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     report_cli.add_parser(sub)
     handlers["report"] = report_cli.run
+    describe_subcommands(sub)
     for name, command in sub.choices.items():
         _add_global_options(command)
         if name in STORE_COMMANDS:

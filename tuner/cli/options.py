@@ -95,6 +95,17 @@ def _did_you_mean(given: str, known: Sequence[str], prefix: str = "") -> str:
     return f"; did you mean '{prefix}{close[0]}'?" if close else ""
 
 
+def describe_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each subcommand's ``--help`` begins with what it does, its line in ``tune --help``
+    (``tune run --help`` began with its usage: what ``run`` does was only in ``tune --help``);
+    one that has a description of its own keeps it."""
+    said = {a.dest: a.help for a in sub._choices_actions}
+    for name, command in sub.choices.items():
+        text = said.get(name)
+        if command.description is None and text:
+            command.description = f"{text[0].upper()}{text[1:]}."
+
+
 def add_format_option(
     parser: argparse.ArgumentParser, choices: Sequence[str] = ("table", "json"),
     json_synonym: bool = True,
