@@ -141,11 +141,17 @@ class LiveProgress:
                 f"(range {min(ratios):.2f}-{max(ratios):.2f}, "
                 f"{units.plural(len(ratios), 'config')})"
             )
+        study = f"--study {loop.spec.study_arg}"
         if summary.best_step_s is not None:
             out.print(
                 f"best: trial {summary.best_trial}, {units.seconds(summary.best_step_s)} s/step "
-                f"(tune leaderboard --study {loop.spec.study_arg})"
+                f"(tune leaderboard {study})"
             )
+            out.print(f"next: tune best {study} writes its launch script, tune report {study} "
+                      f"the HTML report (all under {loop.layout.study_dir})")  # fmt: skip
+        elif loop.trials():
+            out.print(f"no trial measured a step: tune leaderboard {study} --all says how each "
+                      "ended")  # fmt: skip
 
 
 def model_ratios(trials: Iterable[FrozenTrial]) -> list[float]:
