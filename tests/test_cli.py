@@ -322,13 +322,15 @@ def test_printed_commands_repeat_the_study_file_given(
      (["space", "--study", "demo", "--top=3", "--colums=rank"], "did you mean '--columns'?"),
      (["space", "--study", "dmeo"], "did you mean 'demo'?"),
      (["space", "--study", "gpt70b"], "did you mean 'gpt-70b'?"),
-     (["space", "--study", "llama3-70b"], "give --study llama3-70b.yaml")],
+     (["space", "--study", "llama3-70b"], "give --study llama3-70b.yaml"),
+     (["leaderboard"], "tune leaderboard needs --study NAME: one of demo, ")],
 )  # fmt: skip
 def test_a_typo_says_what_to_type(
     argv: list[str], hint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    """A mistyped command, choice, option or study name said only that it was wrong. The
+    """A mistyped command, choice, option or study name, or a missing --study, said only what
+    was wrong (argparse's "the following arguments are required: --study"). The
     README saves ``llama3-70b.yaml`` in the current folder; ``--study llama3-70b`` looks in
     ``studies/`` and the shipped studies, and said "unknown study" beside the very file."""
     (tmp_path / "llama3-70b.yaml").write_text("name: llama3-70b\n")

@@ -41,7 +41,13 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if message.startswith(REQUIRED):
-            message = self._choices_missing(message.removeprefix(REQUIRED).split(", ")) or message
+            missing = message.removeprefix(REQUIRED).split(", ")
+            message = self._choices_missing(missing) or message
+            if missing == ["--study"]:  # `tune leaderboard`: which study, and how to name one
+                from tuner.spec.file import known_studies
+
+                message = (f"{self.prog} needs --study NAME: one of "
+                           f"{', '.join(known_studies())}, or a study's YAML file")  # fmt: skip
         if m := INVALID_CHOICE.search(message):  # `tune leaderbord`, `--emit sbach`
             message += _did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")

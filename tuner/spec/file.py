@@ -245,9 +245,14 @@ def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
         return Path(str(shipped))
     if (cwd / as_path).is_dir():  # `--study .`, `--study studies`: said "unknown study"
         raise ConfigError(f"study {name!r} {_not_a_file(cwd / as_path)}")
-    local_names = sorted(p.stem for p in (cwd / "studies").glob("*.yaml"))
-    available = sorted(set(local_names) | set(shipped_study_names()))
+    available = known_studies(cwd)
     raise ConfigError(f"unknown study {name!r}{_unknown_study_hint(name, cwd, available)}")
+
+
+def known_studies(cwd: Path | None = None) -> list[str]:
+    """The names ``--study`` finds: ``studies/*.yaml`` under ``cwd``, and the shipped ones."""
+    local = (cwd or Path.cwd()) / "studies"
+    return sorted({p.stem for p in local.glob("*.yaml")} | set(shipped_study_names()))
 
 
 def _unknown_study_hint(name: str, cwd: Path, available: list[str]) -> str:
