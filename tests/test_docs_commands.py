@@ -109,9 +109,9 @@ def problems(command: str, parser: argparse.ArgumentParser) -> list[str]:
         if action.choices is None or not value or value.startswith("-"):
             continue
         for one in value.split("|"):  # a synopsis's `script|sbatch|args`
-            if not PLACEHOLDER.search(one) and one not in action.choices:  # type: ignore[operator]
+            if not PLACEHOLDER.search(one) and one not in action.choices:
                 found.append(f"tune {words[0]} {name}: {one!r} is not one of "
-                             f"{list(action.choices)}")  # type: ignore[arg-type]  # fmt: skip
+                             f"{list(action.choices)}")  # fmt: skip
     return found
 
 
