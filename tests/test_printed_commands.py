@@ -193,8 +193,16 @@ def test_tune_runs_closing_lines_name_the_study_file(
     assert len(named_studies(out := capsys.readouterr().out)) == 4
     assert_repeats_the_file(out)
     assert f"all under {layout.study_dir}" in out  # where the results are
+    assert "--results" not in out  # ./results: the commands find it as printed
     loop.trials = lambda: [SimpleNamespace(user_attrs={"outcome": "oom"})]  # none measured
     LiveProgress(quiet=True).final(loop, Summary(launched=1))  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert "--all says how each ended" in out
     assert_repeats_the_file(out)
+    # `tune run --results /scratch/r`: the printed commands would look in ./results instead
+    loop.layout = ResultsLayout(tmp_path / "scratch r", spec.name)
+    loop.trials = list
+    LiveProgress(quiet=True).final(loop, Summary(launched=1, best_step_s=1.5, best_trial=0))  # type: ignore[arg-type]
+    out = " ".join(capsys.readouterr().out.split())
+    wanted = f"--results {shlex.quote(str(tmp_path / 'scratch r'))}"
+    assert out.count(wanted) == 3, out  # leaderboard, best and report
