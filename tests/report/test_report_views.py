@@ -67,6 +67,9 @@ def test_every_trial_is_in_the_leaderboard_with_its_reason_and_view(tmp_path: Pa
     for n in range(4):
         assert f'href="#trial-{n}"' in board
     assert V.badge("oom") in board and F.OUTCOME_COLOURS["oom"] in V.badge("oom")
+    # the first column is the trial's number, headed so: "#" over 1, 0, 2, 3 read as a rank
+    assert board.split("<thead><tr>")[1].startswith("<th>trial</th><th>outcome</th>")
+    assert "<th>#</th>" not in board
 
 
 def test_a_trial_view_shows_its_command_breakdowns_and_log_tail(tmp_path: Path) -> None:
