@@ -60,10 +60,11 @@ demo-warmup: $(STAMP)
 	  > $(DEMO_WARMUP)/warmup.log 2>&1 || { tail -20 $(DEMO_WARMUP)/warmup.log; exit 1; }
 
 # The demo: a short cluster profile (GEMM and gloo collective speeds, results/clusters/), the
-# framework probe (the study's own launch at 1 and 2 layers on a few configs, one job), then a
+# framework probe (the study's own launch at 1 and 4 layers on a few configs, one job), then a
 # real DeepSpeed study on this machine's CPUs (studies/demo.yaml, 2 ranks), resumed from
-# results/demo/study.db when run again, then its leaderboard, best ds_config and report, and how
-# far each trial was from what the models with the probe predicted (tools/probe_check.py).
+# results/demo/study.db when run again, then its leaderboard, best ds_config and report, how
+# far each trial was from what the models with the probe predicted (tools/probe_check.py), and
+# where the results are and what to type next.
 demo: demo-warmup
 	$(VENV)/bin/tune profile --study demo --warmup 2 --repeats 5
 	$(VENV)/bin/tune profile --study demo --probe
@@ -72,6 +73,9 @@ demo: demo-warmup
 	$(VENV)/bin/tune best --study demo --emit ds-config
 	$(VENV)/bin/tune report --study demo
 	$(PY) tools/probe_check.py --study demo
+	@echo "demo done: the report is results/demo/report.html (open it in a browser)."
+	@echo "Next: source .venv/bin/activate, then tune leaderboard --study demo (or best,"
+	@echo "report); for your own cluster, README.md's 'A study for your cluster'."
 
 # The MoE demo (studies/demo-moe.yaml): the GPT's MLPs are DeepSpeed-MoE layers (4 experts,
 # top-2); expert parallelism ep 1 and 2 x micro-batch 1 and 2 trained for real on the same 2 CPU

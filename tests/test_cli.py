@@ -312,3 +312,61 @@ def test_printed_commands_repeat_the_study_file_given(
         for study in given:
             assert shlex.split(study) == ["my cluster.yaml"], text
             assert load_study(shlex.split(study)[0]).name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [(["leaderbord", "--study", "demo"], "did you mean 'leaderboard'?"),
+     (["best", "--study", "demo", "--emit", "sbach"], "did you mean 'sbatch'?"),
+     (["leaderboard", "--study", "demo", "--colums", "rank"], "did you mean '--columns'?"),
+     (["space", "--study", "demo", "--top=3", "--colums=rank"], "did you mean '--columns'?"),
+     (["space", "--study", "dmeo"], "did you mean 'demo'?"),
+     (["space", "--study", "gpt70b"], "did you mean 'gpt-70b'?"),
+     (["space", "--study", "llama3-70b"], "give --study llama3-70b.yaml"),
+     (["leaderboard"], "tune leaderboard needs --study NAME: one of demo, ")],
+)  # fmt: skip
+def test_a_typo_says_what_to_type(
+    argv: list[str], hint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A mistyped command, choice, option or study name, or a missing --study, said only what
+    was wrong (argparse's "the following arguments are required: --study"). The
+    README saves ``llama3-70b.yaml`` in the current folder; ``--study llama3-70b`` looks in
+    ``studies/`` and the shipped studies, and said "unknown study" beside the very file."""
+    (tmp_path / "llama3-70b.yaml").write_text("name: llama3-70b\n")
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code  # type: ignore[assignment]
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and hint in err, err
+
+
+def test_a_name_like_none_known_suggests_none(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["space", "--study", "zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "available: demo" in err and "YAML file" in err
+
+
+def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tune run --help`` began with its usage and options: what ``run`` does was in ``tune
+    --help``'s list only (8 of the 10 subcommands had no description)."""
+    import argparse
+
+    from tuner.cli.main import build_parser
+
+    parser = build_parser()[0]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    said = {a.dest: a.help for a in sub._choices_actions}
+    for name in sub.choices:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        first = text.split("\n\n")[1]  # the paragraph after the usage
+        assert not first.startswith(("options:", "positional arguments:")), (name, text[:400])
+        if name not in ("parse-log", "report"):  # those two have descriptions of their own
+            assert " ".join(first.split()).lower().startswith(said[name].lower()), name

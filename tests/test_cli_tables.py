@@ -268,6 +268,29 @@ def test_fit_keeps_priority_order_folds_only_text_and_names_what_it_leaves_out()
     )
 
 
+def test_the_config_folds_onto_two_lines_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's dry run at 80 columns printed its first config on three lines
+    (``tp4 pp8 dp4 sp`` / ``mbs1 ga128`` / ``distopt``): the width was taken as half the text's
+    length, but a line breaks only between words. Now the column is as wide as two lines of
+    whole words need, and a figure column makes way for it instead."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.cli.render import Grid, render
+    from tuner.cli.tables import TOP_COLUMNS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    config = "tp4 pp8 dp4 sp mbs1 ga128 distopt"
+    row = ("1", config, "30.47", "1,076", "52.4", "68.6", "1.404", "2.608", "0.002250")
+    out = io.StringIO()
+    render(Console(file=out, width=80), Grid(title="", columns=TOP_COLUMNS, rows=(row,)))
+    body = [line for line in out.getvalue().splitlines()[2:] if not line.startswith("left out")]
+    folded = [line[6:].split("  ")[0].strip() for line in body]  # under the header and rule
+    assert " ".join(folded).split() == config.split(), out.getvalue()
+    assert len(folded) <= 2, out.getvalue()
+
+
 def test_a_path_column_folds_inside_the_path_rather_than_push_figures_out() -> None:
     from tuner.cli.render import Column, Grid, fit
 
@@ -340,3 +363,27 @@ def test_help_fits_an_80_column_terminal(
             assert " ".join(meaning.split()) in words, meaning
     if command == ["best"]:
         assert re.search(r"script, sbatch, args, ds-config", words)
+
+
+def test_every_knob_meaning_lines_up_in_help(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``1F1B / GPipe / Interleaved1F1B`` and ``reshard-always / reshard-never`` are longer
+    than the glossary's name column: their meanings ran on after one space, off the column, and
+    the folded rest hung at the left margin. Each meaning now begins in the meaning column
+    (under a long name, on the next line) and its folded rest continues under it."""
+    from tuner.config.spelling import KNOBS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        main(["leaderboard", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("config spelling (knobs equal in every row are named once above a table):")
+    end = next(i for i, line in enumerate(lines) if line.startswith("columns ("))
+    glossary = lines[start + 1 : end]
+    column = glossary[0].index(KNOBS[0].meaning)  # where the first knob's meaning begins
+    for line in glossary:
+        assert line[2] != " " or line[:column].isspace() and line[column] != " ", line
+    meanings = " ".join(line[column:] for line in glossary if len(line) > column)
+    for knob in KNOBS:
+        assert " ".join(knob.meaning.split()) in " ".join(meanings.split()), knob.name

@@ -663,7 +663,7 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
          "--set micro_batch_size: given twice (first as --set mbs)"),
         # argparse's own errors: one line too (its usage block used to come first)
         (["best", "--study", str(path), "--format", "nope"], "invalid choice: 'nope'"),
-        (["space"], "the following arguments are required: --study"),
+        (["space"], "tune space needs --study NAME: one of demo, "),
         # "the following arguments are required: what", under a usage line of {gpus,models}
         (["catalog"], "tune catalog needs one of: gpus, models (see tune catalog --help)"),
         ([], "tune needs a command, one of: estimate, space, run, "),

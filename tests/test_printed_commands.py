@@ -175,16 +175,34 @@ def test_showing_a_probe_not_yet_measured_names_the_command_that_measures_it(
 def test_tune_runs_closing_lines_name_the_study_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``tune run``'s ``tune space`` and ``tune leaderboard`` hints, from the loop's study."""
+    """``tune run``'s ``tune space``, ``tune leaderboard``, ``tune best`` and ``tune report``
+    hints, from the loop's study; with no trial measured, ``tune leaderboard --all``."""
     from types import SimpleNamespace
 
     from tuner.cli.progress import LiveProgress
+    from tuner.layout import ResultsLayout
     from tuner.study.record import Summary
 
     spec = written(tmp_path, monkeypatch, PROBE_STUDY)
     monkeypatch.setenv("COLUMNS", "300")
     space = {"total": 4, "invalid": 0, "predicted_oom": 1, "viable": 3}
-    loop = SimpleNamespace(spec=spec, space_counts=space, trials=list, measured=lambda t: {})
+    layout = ResultsLayout(tmp_path / "results", spec.name)
+    loop = SimpleNamespace(spec=spec, space_counts=space, trials=list, measured=lambda t: {},
+                           layout=layout)  # fmt: skip
     LiveProgress(quiet=True).final(loop, Summary(launched=1, best_step_s=1.5, best_trial=0))  # type: ignore[arg-type]
-    assert len(named_studies(out := capsys.readouterr().out)) == 2
+    assert len(named_studies(out := capsys.readouterr().out)) == 4
     assert_repeats_the_file(out)
+    assert f"all under {layout.study_dir}" in out  # where the results are
+    assert "--results" not in out  # ./results: the commands find it as printed
+    loop.trials = lambda: [SimpleNamespace(user_attrs={"outcome": "oom"})]  # none measured
+    LiveProgress(quiet=True).final(loop, Summary(launched=1))  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert "--all says how each ended" in out
+    assert_repeats_the_file(out)
+    # `tune run --results /scratch/r`: the printed commands would look in ./results instead
+    loop.layout = ResultsLayout(tmp_path / "scratch r", spec.name)
+    loop.trials = list
+    LiveProgress(quiet=True).final(loop, Summary(launched=1, best_step_s=1.5, best_trial=0))  # type: ignore[arg-type]
+    out = " ".join(capsys.readouterr().out.split())
+    wanted = f"--results {shlex.quote(str(tmp_path / 'scratch r'))}"
+    assert out.count(wanted) == 3, out  # leaderboard, best and report

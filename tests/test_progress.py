@@ -104,3 +104,38 @@ def test_the_live_display_shows_phase_eta_and_job(tmp_path: Path) -> None:
     assert "about 1:00 left" in text  # nothing more to launch: the queued one's 120 - 60 s
     line = LiveProgress()._line(loop)  # type: ignore[arg-type]
     assert line == "running 1 (trial 1 queued (Priority)); ok 1; best 1.500 s (trial 0)"
+
+
+def test_a_local_trial_at_80_columns_folds_its_config_onto_two_lines(tmp_path: Path) -> None:
+    """``make demo``'s live table at 80 columns: an empty "Slurm job" column for a local trial,
+    and the config folded onto three lines (``tp1 pp2`` / ``dp1 mbs1`` / ``ga8 zero1``) once the
+    phase read ``iteration 1 of 8``. A local study's table has no job column, and the config
+    folds onto two lines at most."""
+    from optuna.trial import create_trial
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.config.parallel import ParallelConfig
+
+    log = tmp_path / "node-0.log"
+    log.write_text("tuner-step: iter=1 time_s=0.5\n")
+    finished = create_trial(value=1.5, user_attrs={"duration_s": 120.0, "predicted_step_s": 1.4})
+    finished.number = 0
+    job = SimpleNamespace(paths=SimpleNamespace(node_log=lambda rank: log))
+    config = ParallelConfig(pp=2, dp=1, global_batch_size=8, zero_stage=1)
+    run = SimpleNamespace(job=job, started=500.0, config=config,
+                          group=SimpleNamespace(hosts=("local-0",)))  # fmt: skip
+    loop = SimpleNamespace(
+        spec=SPEC, clock=lambda: 507.0, started=0.0, running={0: run}, n_trials=8,
+        trials=lambda: [finished], best=lambda trials: finished,
+        summary=SimpleNamespace(outcomes={"ok": 1}), launched_count=lambda trials: 1,
+        node_hours=lambda trials: 0.002,
+    )  # fmt: skip
+    console = Console(record=True, width=80)
+    console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
+    text = console.export_text()
+    assert "iteration 1 of 20" in text and "Slurm job" not in text, text
+    rows = [line for line in text.splitlines() if line.startswith("│")]  # not the header's ┃
+    cells = [line.split("│")[3].strip() for line in rows]
+    assert " ".join(cells).split() == "tp1 pp2 dp1 mbs1 ga8 zero1".split(), text
+    assert len([c for c in cells if c]) <= 2, text

@@ -274,9 +274,14 @@ def test_the_summary_says_what_was_spent_per_outcome_and_on_what() -> None:
         "unlabelled": {"launches": 1, "node_hours": 0.75},
     }
     text = spent_line(trials)
+    # as 'spent on:' reads: no 'ok 4: 4.25'; how the measured ones ended in words ("precise 4"
+    # and "cap 8", after the demo's run, read as jargon)
     assert text.splitlines() == [
         "spent: 4.50 node-hours in 5 launches, by outcome: ok 4 launches 4.25, oom 1 launch "
-        "0.25; measured trials ended: precise 4",  # as 'spent on:' reads: no 'ok 4: 4.25
+        "0.25; measured trials ended: 4 once their step time was known",
         "spent on: confirmation 1 launch 2.00, exploitation 1 launch 1.00, exploration 2 "
         "launches 0.75, unlabelled 1 launch 0.75 (node-hours)",
     ]
+    capped = trial("ok", 1.0, None)
+    del capped.user_attrs["ended"]  # ran all train_iters: the tuner did not end it
+    assert "measured trials ended: 1 after all train_iters" in spent_line([capped])

@@ -438,6 +438,13 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     out = capsys.readouterr().out
     assert "step measured / predicted: 1.000-1.000 (kept out: 1.000-1.000)" in out
     assert " yes " in out and "   - " in out
+    # what `make demo` prints last: its depths as the probe ran them (it said "1-2 layers" of a
+    # probe at 1 and 4), and at 80 columns a table that fits (its rows were 96 wide)
+    assert "at {} and {} layers".format(*probe_depths(spec)) in out
+    monkeypatch.setenv("COLUMNS", "80")
+    assert probe_check(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if len(line) > 80] == [] and any("yes" in x for x in lines)
 
 
 def _standin_with_a_saved_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StudySpec:

@@ -2,8 +2,8 @@
 
     python tools/probe_check.py --study demo [--results results]
 
-For every measured trial of the study: its config, whether the probe ran that config (at 1 or 2
-layers; ``-`` = kept out of everything the probe ran), and measured / predicted step time and
+For every measured trial of the study: its config, whether the probe ran that config (at its
+two depths; ``-`` = kept out of everything the probe ran), and measured / predicted step time and
 peak memory, where the prediction is the models' with the saved probe's terms (what the study's
 screen recorded before the trial ran, unrounded) and, beside it, the catalog's alone. Then the
 range of each ratio. The demos (``make demo``, ``make demo-moe``, ``make demo-ssh``) print it
@@ -57,22 +57,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", required=True)
     parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)
+    from tuner.cli import render
+    from tuner.profile.probe import probe_depths
+    from tuner.spec.file import load_study
+
     found = rows(args.study, args.results)
     if not found:
         print(f"{args.study}: no measured trial to check")
         return 0
-    print(f"measured / predicted before any trial, {args.study} (probe: the probe ran it at 1-2 "
-          "layers; -: kept out of the probe)")  # fmt: skip
-    print(f"{'trial':>5}  {'config':<40} probe  {'step':>6} {'peak':>6}   catalog step   peak")
-    for r in sorted(found, key=lambda r: r["trial"]):
-        print(f"{r['trial']:>5}  {r['config']:<40} {'yes' if r['probed'] else '-':>5}  "
-              f"{r['step']:6.3f} {r['peak']:6.3f}   {r['catalog_step']:12.3f} "
-              f"{r['catalog_peak']:6.3f}")  # fmt: skip
+    low, high = probe_depths(load_study(args.study))
+    out = render.console()  # the tables' own layout: a terminal's width, plain in a file
+    figures = (("step", "step"), ("peak", "peak"), ("catalog_step", "catalog\nstep"),
+               ("catalog_peak", "catalog\npeak"))  # fmt: skip
+    render.render(out, render.Grid(
+        title=f"measured / predicted before any trial, {args.study} (probe: the probe ran that "
+        f"config, at {low} and {high} layers; -: kept out of the probe)",
+        columns=(render.Column(name="trial", header="trial"), render.CONFIG,
+                 render.Column(name="probe", header="probe"),
+                 *(render.Column(name=k, header=h) for k, h in figures)),
+        rows=tuple((str(r["trial"]), r["config"], "yes" if r["probed"] else "-",
+                    *(f"{r[k]:.3f}" for k, _ in figures))
+                   for r in sorted(found, key=lambda r: r["trial"])),
+        choosable=False,
+    ))  # fmt: skip
     for name, key in (("step", "step"), ("peak", "peak")):
         values = [r[key] for r in found]
         kept = [r[key] for r in found if not r["probed"]]
-        out = f" (kept out: {min(kept):.3f}-{max(kept):.3f})" if kept else ""
-        print(f"{name} measured / predicted: {min(values):.3f}-{max(values):.3f}{out}")
+        tail = f" (kept out: {min(kept):.3f}-{max(kept):.3f})" if kept else ""
+        out.print(f"{name} measured / predicted: {min(values):.3f}-{max(values):.3f}{tail}")
     return 0
 
 

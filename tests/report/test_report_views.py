@@ -67,6 +67,9 @@ def test_every_trial_is_in_the_leaderboard_with_its_reason_and_view(tmp_path: Pa
     for n in range(4):
         assert f'href="#trial-{n}"' in board
     assert V.badge("oom") in board and F.OUTCOME_COLOURS["oom"] in V.badge("oom")
+    # the first column is the trial's number, headed so: "#" over 1, 0, 2, 3 read as a rank
+    assert board.split("<thead><tr>")[1].startswith("<th>trial</th><th>outcome</th>")
+    assert "<th>#</th>" not in board
 
 
 def test_a_trial_view_shows_its_command_breakdowns_and_log_tail(tmp_path: Path) -> None:
@@ -207,3 +210,18 @@ def test_each_prediction_carries_its_stated_band(tmp_path: Path) -> None:
         assert (x - down, x + up) == pytest.approx((low, high)) and up > down > 0
         assert (x - down <= y <= x + up) == inside(measured, predicted, sd)
     assert [inside(m, p, sd) for _, _, p, m, sd in cases[:2]] == [True, False]
+
+
+def test_the_summary_leaves_out_a_figure_the_logs_lack(tmp_path: Path) -> None:
+    """DeepSpeed logs no TFLOP/s: the demo's report showed a "TFLOP/s/GPU" row with nothing in
+    it, beside the MFU the tuner computes. A figure no trial has is left out of the summary."""
+    import re
+
+    from tuner.report.page import _summary
+
+    _study(tmp_path)  # trials with a step and tokens/s, no TFLOP/s and no MFU
+    tables = "".join(str(t) for t in _summary(gather(SPEC, results=str(tmp_path))).tables)
+    rows = dict(re.findall(r"<tr><th>([^<]*)</th><td>([^<]*)</td></tr>", tables))
+    assert rows["tokens/s/GPU"] and rows["measured step"].strip() != "s"
+    assert "TFLOP/s/GPU" not in rows and "MFU" not in rows
+    assert [k for k, v in rows.items() if not v.strip()] == []

@@ -3,6 +3,7 @@ spelling, columns in priority order (``--columns`` takes any of the DataFrame's 
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from tuner.cli import render, units
 from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import split_constant
+from tuner.spec.study import StudySpec
 
 BOARD_COLUMNS = (
     render.Column(name="rank", header="rank", meaning="place on the board, fastest first"),
@@ -160,6 +162,22 @@ def print_board(out: Console, title: str, board: Any, configs: Sequence[Parallel
     """Print the leaderboard table (``names``: ``--columns``; ``framework``: the study's)."""
     grid = board_grid(title, board, configs, include_all, names, framework)
     render.render(out, grid, names)
+
+
+def show_board(out: Console, spec: StudySpec, board: Any, args: Namespace) -> None:
+    """``tune leaderboard``'s table; a board with no row says why and what to do instead (an
+    empty table with a header was all a study with no measured trial printed)."""
+    from tuner.report.leaderboard import stored_trials, why_empty
+
+    if board.empty:
+        trials = stored_trials(spec, args.storage, args.results)
+        out.print(f"leaderboard of {spec.name}: {why_empty(spec, trials, args.all)}",
+                  markup=False)  # fmt: skip
+        return
+    title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"
+    configs = stored_configs(spec, board, args.storage, args.results)
+    columns = render.parse_columns(args.columns)
+    print_board(out, title, board, configs, args.all, columns, spec.framework)
 
 
 def stored_configs(

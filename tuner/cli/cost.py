@@ -321,6 +321,15 @@ def spent_json(trials: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+ENDED = {
+    "precise": "once their step time was known",
+    "raced": "once they could not win",
+    "limit": "at their time limit",
+    "cap": "after all train_iters",
+}
+"""How a measured trial ended, in words (``measured_ended`` keeps the keys: ``--json``)."""
+
+
 def spent_line(trials: Sequence[Any]) -> str:
     """:func:`spent_json` as the lines that end ``tune run``: what was spent, per outcome, and
     on what."""
@@ -330,7 +339,7 @@ def spent_line(trials: Sequence[Any]) -> str:
         f"{units.node_hours(v)}"
         for k, v in spent["by_outcome"].items()
     ) or "nothing"  # fmt: skip
-    ends = ", ".join(f"{k} {v}" for k, v in spent["measured_ended"].items())
+    ends = ", ".join(f"{v} {ENDED.get(k, k)}" for k, v in spent["measured_ended"].items())
     tail = f"; measured trials ended: {ends}" if ends else ""
     on = ", ".join(
         f"{k} {units.plural(v['launches'], 'launch', 'launches')} "

@@ -34,13 +34,16 @@ class EpilogFormatter(argparse.RawDescriptionHelpFormatter):
     """argparse's formatter with the epilog's lines kept as written (their columns line up) but
     each folded to the terminal's width: a legend line of 120 characters ran past an 80-column
     terminal, which broke it mid-word at the left margin. A folded line continues under its
-    description column (the text after the last gap of two spaces), else two past its indent."""
+    description column (the text after the last gap of two spaces), else two past its indent;
+    a line that begins in the description column (a long name's meaning, on a line of its own)
+    continues under itself."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         out = []
         for line in text.splitlines():
             gaps = list(re.finditer(r"\S  +(?=\S)", line))
-            lead = len(line) - len(line.lstrip()) + 2  # no column to hang under
+            depth = len(line) - len(line.lstrip())
+            lead = depth if depth > 2 else depth + 2  # no column to hang under
             hang = gaps[-1].end() if gaps and gaps[-1].end() < width * 2 // 3 else lead
             out.append(textwrap.fill(line, width, initial_indent=indent,
                                      subsequent_indent=indent + " " * hang,

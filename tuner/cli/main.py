@@ -32,6 +32,7 @@ from tuner.cli.options import (
     add_columns_option,
     add_format_option,
     add_study_option,
+    describe_subcommands,
     rerun_outcomes,
     whole,
 )
@@ -229,12 +230,9 @@ def _cmd_leaderboard(args: argparse.Namespace) -> int:
     elif args.format == "markdown":
         sys.stdout.write(board.to_markdown(index=False, floatfmt=".4g") + "\n")
     else:
-        from tuner.cli.board import print_board, stored_configs
+        from tuner.cli.board import show_board
 
-        title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"
-        configs = stored_configs(spec, board, args.storage, args.results)
-        columns = render.parse_columns(args.columns)
-        print_board(_console(), title, board, configs, args.all, columns, spec.framework)
+        show_board(_console(), spec, board, args)
     return 0
 
 
@@ -393,6 +391,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     report_cli.add_parser(sub)
     handlers["report"] = report_cli.run
+    describe_subcommands(sub)
     for name, command in sub.choices.items():
         _add_global_options(command)
         if name in STORE_COMMANDS:

@@ -5,6 +5,8 @@ them without importing the whole command line)."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -39,7 +41,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if message.startswith(REQUIRED):
-            message = self._choices_missing(message.removeprefix(REQUIRED).split(", ")) or message
+            missing = message.removeprefix(REQUIRED).split(", ")
+            message = self._choices_missing(missing) or message
+            if missing == ["--study"]:  # `tune leaderboard`: which study, and how to name one
+                from tuner.spec.file import known_studies
+
+                message = (f"{self.prog} needs --study NAME: one of "
+                           f"{', '.join(known_studies())}, or a study's YAML file")  # fmt: skip
+        if m := INVALID_CHOICE.search(message):  # `tune leaderbord`, `--emit sbach`
+            message += _did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
 
     def _choices_missing(self, names: Sequence[str]) -> str | None:
@@ -62,9 +72,44 @@ class Parser(argparse.ArgumentParser):
         if extras:
             command = getattr(known, "command", None)
             prog = f"{self.prog} {command}" if command else self.prog
-            self.exit(2, f"tune: error: unrecognized arguments: {' '.join(extras)} "
+            hint = ""
+            if extras[0].startswith("--"):  # `--colums`: the option it is nearest to
+                hint = _did_you_mean(extras[0].partition("=")[0], self._options(command), "--")
+            self.exit(2, f"tune: error: unrecognized arguments: {' '.join(extras)}{hint} "
                          f"(see {prog} --help)\n")  # fmt: skip
         return known
+
+    def _options(self, command: str | None) -> list[str]:
+        """The long options ``tune COMMAND`` takes (the subcommand's and the global ones)."""
+        parsers: list[argparse.ArgumentParser] = [self]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                parsers.append(action.choices[command])
+        return [o for p in parsers for a in p._actions for o in a.option_strings
+                if o.startswith("--")]  # fmt: skip
+
+
+INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+"""argparse's words for a value that is not one of an argument's choices."""
+
+
+def _did_you_mean(given: str, known: Sequence[str], prefix: str = "") -> str:
+    """``; did you mean 'leaderboard'?`` for the known word nearest a mistyped one, else "";
+    words are compared without their common ``prefix`` (``--json`` is not near ``--version``)."""
+    bare = [k.removeprefix(prefix) for k in known]
+    close = difflib.get_close_matches(given.removeprefix(prefix), bare, n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+def describe_subcommands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each subcommand's ``--help`` begins with what it does, its line in ``tune --help``
+    (``tune run --help`` began with its usage: what ``run`` does was only in ``tune --help``);
+    one that has a description of its own keeps it."""
+    said = {a.dest: a.help for a in sub._choices_actions}
+    for name, command in sub.choices.items():
+        text = said.get(name)
+        if command.description is None and text:
+            command.description = f"{text[0].upper()}{text[1:]}."
 
 
 def add_format_option(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import statistics
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,7 @@ from rich.table import Table
 
 from tuner.cli import units
 from tuner.cli.cost import spent_line
+from tuner.cli.render import fold_width
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
 from tuner.space.cost import trial_limit_s
@@ -25,6 +28,10 @@ if TYPE_CHECKING:
     from tuner.study.record import Summary
 
 logger = logging.getLogger(__name__)
+
+
+RUNNING_COLUMNS = ("trial", "nodes", "config", "phase", "elapsed", "left", "Slurm job")
+"""The live table's columns (the last only while a running trial has a Slurm job)."""
 
 
 class LiveProgress:
@@ -71,13 +78,23 @@ class LiveProgress:
 
     def _render(self, loop: StudyLoop) -> Group:
         now = loop.clock()
-        running = Table(title="running trials")
-        for col in ("trial", "nodes", "config", "phase", "elapsed", "left", "Slurm job"):
-            running.add_column(col, no_wrap=col != "config", overflow="fold")
+        rows = []
         for number, run in sorted(loop.running.items()):
             job, phase, left = running_cells(loop, run)
-            running.add_row(str(number), ",".join(run.group.hosts), spell(run.config), phase,
-                            clock_text(now - run.started), left, job)  # fmt: skip
+            rows.append((str(number), ",".join(run.group.hosts), spell(run.config), phase,
+                         clock_text(now - run.started), left, job))  # fmt: skip
+        # the config folds onto two lines at most; the job column only where there are jobs
+        # (a local study's empty column made its configs fold onto three at 80 columns)
+        configs = fold_width([row[2] for row in rows], 2)
+        running = Table(title="running trials")
+        shown = [i for i, col in enumerate(RUNNING_COLUMNS)
+                 if col != "Slurm job" or any(row[i] for row in rows)]  # fmt: skip
+        for i in shown:
+            config = RUNNING_COLUMNS[i] == "config"
+            running.add_column(RUNNING_COLUMNS[i], no_wrap=not config, overflow="fold",
+                               min_width=configs if config else None)  # fmt: skip
+        for row in rows:
+            running.add_row(*(row[i] for i in shown))
         trials = loop.trials()
         best = loop.best(trials)
         status = Table.grid(padding=(0, 2))
@@ -126,11 +143,20 @@ class LiveProgress:
                 f"(range {min(ratios):.2f}-{max(ratios):.2f}, "
                 f"{units.plural(len(ratios), 'config')})"
             )
+        study = f"--study {loop.spec.study_arg}"
+        root = loop.layout.root
+        if Path(root).resolve() != Path("results").resolve():  # not the default: say where
+            study += f" --results {shlex.quote(str(root))}"
         if summary.best_step_s is not None:
             out.print(
                 f"best: trial {summary.best_trial}, {units.seconds(summary.best_step_s)} s/step "
-                f"(tune leaderboard --study {loop.spec.study_arg})"
+                f"(tune leaderboard {study})"
             )
+            out.print(f"next: tune best {study} writes its launch script, tune report {study} "
+                      f"the HTML report (all under {loop.layout.study_dir})")  # fmt: skip
+        elif loop.trials():
+            out.print(f"no trial measured a step: tune leaderboard {study} --all says how each "
+                      "ended")  # fmt: skip
 
 
 def model_ratios(trials: Iterable[FrozenTrial]) -> list[float]:

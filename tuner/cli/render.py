@@ -142,7 +142,31 @@ def _least(grid: Grid, i: int) -> int:
     cut = (lambda text: text.replace("/", "/ ").split()) if column.path else str.split
     words = [len(w) for row in grid.rows for w in cut(row[i])]
     words += [len(h) for h in column.header.split("\n")]
-    return min(natural, max(WRAP_MIN, -(-natural // column.wrap), *words))
+    width = min(natural, max(WRAP_MIN, -(-natural // column.wrap), *words))
+    if column.path:  # one long word: the terminal folds it inside, at any character
+        return width
+    return max(width, min(natural, fold_width([row[i] for row in grid.rows], column.wrap)))
+
+
+def fold_width(texts: Sequence[str], lines: int) -> int:
+    """The narrowest width at which each of ``texts`` folds at its spaces onto at most
+    ``lines`` lines (a line breaks only between words: half a text's length may take three)."""
+    width = max((len(w) for text in texts for w in text.split()), default=1)
+    while any(_lines(text, width) > lines for text in texts):
+        width += 1
+    return width
+
+
+def _lines(text: str, width: int) -> int:
+    """The lines ``text`` takes folded at its spaces into ``width`` columns, a line filled
+    with as many words as it holds (as the terminal table folds it; no word is wider)."""
+    lines, used = 0, width
+    for word in text.split():
+        if used + 1 + len(word) <= width:
+            used += 1 + len(word)
+        else:
+            lines, used = lines + 1, len(word)
+    return max(lines, 1)
 
 
 def fit(grid: Grid, width: int) -> tuple[list[int], list[int | None], list[str]]:

@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     path, parts = build_report(spec, out=args.out, storage=args.storage, results=args.results,
                                baseline=args.baseline, train_tokens=args.train_tokens)  # fmt: skip
     sys.stdout.write(f"report: {path}\n")
+    from tuner.report.leaderboard import leaderboard, stored_trials, why_empty
+
+    if leaderboard(spec, storage=args.storage, results=args.results).empty:  # what it lacks
+        trials = stored_trials(spec, args.storage, args.results)
+        sys.stdout.write(f"report: {why_empty(spec, trials)}\n")
     if args.png is not None:
         pngs = write_pngs(parts, args.png)
         sys.stdout.write(f"figures: {len(pngs)} PNG files in {args.png}\n")

@@ -152,5 +152,15 @@ def split_constant(
 
 
 def glossary() -> str:
-    """Every abbreviation of the spelling, one per line, for ``--help`` and docs/output.md."""
-    return "\n".join(f"  {knob.name:<26} {knob.meaning}" for knob in KNOBS)
+    """Every abbreviation of the spelling, one per line, for ``--help`` and docs/output.md: its
+    meaning in a column of its own, on the next line under a name too long for the first."""
+    return "\n".join(
+        f"  {knob.name:<{NAME_WIDTH}} {knob.meaning}" if len(knob.name) <= NAME_WIDTH
+        else f"  {knob.name}\n  {'':<{NAME_WIDTH}} {knob.meaning}"
+        for knob in KNOBS
+    )  # fmt: skip
+
+
+NAME_WIDTH = 26
+"""The glossary's name column (its longest names, ``1F1B / GPipe / Interleaved1F1B``, run past
+it onto a line of their own)."""

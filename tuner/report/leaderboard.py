@@ -63,7 +63,8 @@ def _opened(
     if storage is None and not layout.storage_path.exists():
         raise StudyError(
             f"no results for study {spec.name!r} in {layout.storage_path.parent} yet: tune run "
-            "writes them there, under the folder it was started from (elsewhere: --results DIR)"
+            f"--study {spec.study_arg} writes them there, under the folder it was started from "
+            "(elsewhere: --results DIR)"
         )
     where = resolve_url(storage, layout)
     local = where.local_file
@@ -173,11 +174,31 @@ def leaderboard(
     return frame.drop(columns="_ok").reset_index(drop=True)
 
 
+def why_empty(spec: StudySpec, trials: list[FrozenTrial], include_all: bool = False) -> str:
+    """Why a leaderboard has no row, and what to do: no trial yet (``tune run``), trials still
+    running (come back), or trials that ended without a step time (``--all`` shows how)."""
+    seen = [t for t in trials if "duplicate_of" not in t.user_attrs
+            and t.state != TrialState.WAITING]  # fmt: skip
+    running = sum(t.state == TrialState.RUNNING for t in seen)
+    ended = len(seen) - running
+    study = f"--study {spec.study_arg}"
+    if not seen:
+        return f"no trial has run yet: tune run {study} runs them"
+    words = []
+    if running:
+        words.append(f"{running} still running (each counts once it ends)")
+    if ended and not include_all:
+        words.append(f"{ended} ended without a step time (tune leaderboard {study} --all says "
+                     "how each ended)")  # fmt: skip
+    return f"no trial has measured a step yet: {'; '.join(words) or 'none ended'}"
+
+
 def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTrial:
     """The fastest measured trial."""
     board = leaderboard(spec, storage=storage, results=results)
     if board.empty:
-        raise StudyError(f"study {spec.name!r} has no successful trial yet")
+        why = why_empty(spec, stored_trials(spec, storage, results))
+        raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
     full = board[board["scale"] != "proxy"]  # a proxy's figure is never called best over a
     number = int((full if not full.empty else board).iloc[0]["trial"])  # full-scale one
     trials = stored_trials(spec, storage, results)

@@ -64,13 +64,17 @@ def payback_plan(data: ReportData) -> dict[str, float] | None:
 def _summary(data: ReportData) -> Section:
     best, first = data.best, data.first_pick
     pairs: list[tuple[str, str]] = []
-    if best is not None:
+    if best is not None:  # a figure its logs lack (DeepSpeed's TFLOP/s) is left out, not empty
+        figures = [
+            ("tokens/s/GPU", V.fmt(best.tokens_per_s_per_gpu)),
+            ("TFLOP/s/GPU", V.fmt(best.tflops_per_gpu)),
+            ("MFU", V.pct(best.mfu)),
+        ]
         pairs += [
             ("best measured config", f"trial {best.number}: {best.label}"),
             *data.launch_args(best),
             ("full launch script", f"tune best --study {data.spec.study_arg} --emit script"),
-            ("tokens/s/GPU", V.fmt(best.tokens_per_s_per_gpu)),
-            ("TFLOP/s/GPU", V.fmt(best.tflops_per_gpu)), ("MFU", V.pct(best.mfu)),
+            *((k, v) for k, v in figures if v),
             ("measured step", f"{V.fmt(best.measured_step_s)} s"),
         ]  # fmt: skip
     if first is not None:

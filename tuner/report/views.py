@@ -143,8 +143,10 @@ def funnel(data: ReportData) -> Markup:
     return Markup(f'<table class="funnel" id="funnel"><tbody>{rows}</tbody></table>')
 
 
-BOARD = ["#", "outcome", "config", "tok/s/GPU", "MFU", "step s", "pred. step s", "peak GiB",
-         "pred. peak GiB", "reason", "trial"]  # fmt: skip
+BOARD = ["trial", "outcome", "config", "tok/s/GPU", "MFU", "step s", "pred. step s", "peak GiB",
+         "pred. peak GiB", "reason", "view"]  # fmt: skip
+"""The leaderboard's headers: the first column is the trial's number (headed "#", it read as the
+row's rank: 1, 0, 3, 5, ... down a board sorted fastest first), the last its link."""
 
 
 def board_rows(data: ReportData) -> list[TrialRow]:

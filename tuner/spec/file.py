@@ -7,9 +7,11 @@ what cannot be one with a :class:`~tuner.errors.ConfigError` that names the file
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -243,9 +245,29 @@ def resolve_study_path(name: str, cwd: Path | None = None) -> Path:
         return Path(str(shipped))
     if (cwd / as_path).is_dir():  # `--study .`, `--study studies`: said "unknown study"
         raise ConfigError(f"study {name!r} {_not_a_file(cwd / as_path)}")
-    local_names = sorted(p.stem for p in (cwd / "studies").glob("*.yaml"))
-    available = sorted(set(local_names) | set(shipped_study_names()))
-    raise ConfigError(f"unknown study {name!r} (available: {', '.join(available)})")
+    available = known_studies(cwd)
+    raise ConfigError(f"unknown study {name!r}{_unknown_study_hint(name, cwd, available)}")
+
+
+def known_studies(cwd: Path | None = None) -> list[str]:
+    """The names ``--study`` finds: ``studies/*.yaml`` under ``cwd``, and the shipped ones."""
+    local = (cwd or Path.cwd()) / "studies"
+    return sorted({p.stem for p in local.glob("*.yaml")} | set(shipped_study_names()))
+
+
+def _unknown_study_hint(name: str, cwd: Path, available: list[str]) -> str:
+    """What to type instead of an unknown study name: the file of that name in the current
+    folder (the README saves ``llama3-70b.yaml`` there, and ``--study llama3-70b`` looks in
+    ``studies/`` and the shipped studies only), else the nearest known name (a typo) and the
+    known ones."""
+    for suffix in (".yaml", ".yml"):
+        if (cwd / f"{name}{suffix}").is_file():
+            return (f": a name is looked up as studies/{name}.yaml here, then among the shipped "
+                    f"studies; for the file {name}{suffix} give "
+                    f"--study {shlex.quote(name + suffix)}")  # fmt: skip
+    known = f" (available: {', '.join(available)}; or the path of a YAML file)"
+    close = difflib.get_close_matches(name, available, n=1)
+    return f"; did you mean {close[0]!r}?{known}" if close else known
 
 
 def load_study(name: str, cwd: Path | None = None) -> StudySpec:

@@ -1,0 +1,156 @@
+"""Every ``tune`` command the README and docs/ quote names a real subcommand, options that
+subcommand takes and values its choices accept, checked against the real parser.
+
+tests/test_docs_examples.py runs the console blocks; the commands quoted in the prose
+(```tune run --dry-run```, ```COLUMNS=120 tune leaderboard --study demo | less```) and in text
+blocks (``tune best`` synopsis of docs/exports.md) ran nowhere, and are often abridged (no
+``--study``), so they are checked word by word here rather than run: a renamed or removed option
+or choice, or a misspelled subcommand, in any of them fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.docs_examples import REPO, blocks, pages
+from tuner.cli.main import build_parser
+
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+PLACEHOLDER = re.compile(r"[<>A-Z]|\.\.\.")
+"""A word that stands for what the reader types (``<cmd>``, ``COMMAND``, ``NAME``, ``N``)."""
+
+
+def _prose(text: str) -> str:
+    """The page without its fenced blocks (their lines blanked, so that paragraphs stay)."""
+    out, fence = [], ""
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if fence:
+            fence = "" if m and m.group(1).startswith(fence[:3]) else fence
+            out.append("")
+        elif m:
+            fence = m.group(1)
+            out.append("")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def quoted() -> Iterator[tuple[str, str]]:
+    """``(where, command)`` for every ``tune ...`` in an inline code span of a page's prose
+    and on a line of its console and text blocks (output lines such as ``tune best: wrote``
+    are not commands: their second word is not a plain word)."""
+    for page in pages():
+        name = str(page.relative_to(REPO))
+        for paragraph in re.split(r"\n\s*\n", _prose(page.read_text())):
+            for span in paragraph.split("`")[1::2]:
+                if re.search(r"(^|\s|/)tune \S", span):
+                    yield name, " ".join(span.split())
+        for block in blocks(page):
+            if block.lang not in ("console", "text"):
+                continue
+            for line in block.text.splitlines():
+                line = line.removeprefix("$ ").strip()
+                if re.match(r"(\S+=\S+ )*(\S*/)?tune [a-zA-Z<\[]", line):
+                    yield block.where, line
+
+
+def _words(command: str) -> list[str]:
+    """The words after ``tune``, up to a pipe, a comment or a second command."""
+    tail = re.split(r"(?:^|\s|/)tune ", command, maxsplit=1)[1]
+    tail = re.split(r"\s(?:\||;|&&|#)\s?", tail)[0]
+    try:
+        return shlex.split(tail)
+    except ValueError:  # an unbalanced quote in an abridged command
+        return tail.split()
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def problems(command: str, parser: argparse.ArgumentParser) -> list[str]:
+    """What in ``command`` the parser does not know: its subcommand, an option, a choice."""
+    words = _words(command)
+    subs = _subparsers(parser)
+    if not words or words[0].startswith("-"):  # `tune --help`, `tune --version`
+        known = {o for a in parser._actions for o in a.option_strings}
+        return [f"tune has no option {w}" for w in words if w.startswith("-") and w not in known]
+    if PLACEHOLDER.search(words[0]) or words[0].startswith("["):
+        return []  # `tune <cmd> --help`, `tune COMMAND --study NAME ...`
+    if words[0] not in subs:
+        return [f"no subcommand {words[0]!r}"]
+    sub = subs[words[0]]
+    options = {o: a for a in sub._actions for o in a.option_strings}
+    found = []
+    positional = [a for a in sub._actions if not a.option_strings and a.choices]
+    if positional and len(words) > 1 and not words[1].startswith("-"):
+        value = words[1]
+        if not PLACEHOLDER.search(value) and value not in positional[0].choices:  # type: ignore[operator]
+            found.append(f"tune {words[0]}: {value!r} is not one of {list(positional[0].choices)}")  # type: ignore[arg-type]
+    for i, word in enumerate(words):
+        word = word.strip("[]")
+        if not word.startswith("--"):
+            continue
+        name, _, value = word.partition("=")
+        if name not in options:
+            found.append(f"tune {words[0]} has no option {name}")
+            continue
+        action = options[name]
+        if not value and action.nargs != 0 and i + 1 < len(words):
+            value = words[i + 1].strip("[]")
+        if action.choices is None or not value or value.startswith("-"):
+            continue
+        for one in value.split("|"):  # a synopsis's `script|sbatch|args`
+            if not PLACEHOLDER.search(one) and one not in action.choices:
+                found.append(f"tune {words[0]} {name}: {one!r} is not one of "
+                             f"{list(action.choices)}")  # fmt: skip
+    return found
+
+
+COMMANDS = sorted(set(quoted()))
+
+
+def test_the_docs_quote_commands() -> None:
+    """The extraction finds what the pages quote (a regression in it would check nothing)."""
+    commands = {c for _, c in COMMANDS}
+    assert len(commands) > 40
+    assert "tune run --dry-run" in commands  # prose
+    assert "COLUMNS=120 tune leaderboard --study demo | less" in commands  # prose, piped
+    assert any(c.startswith("tune best --study S [--trial N]") for c in commands)  # text block
+    assert "tune run --study llama3-70b.yaml --dry-run" in commands  # console block
+
+
+@pytest.mark.parametrize(("where", "command"), COMMANDS, ids=[f"{w}: {c}" for w, c in COMMANDS])
+def test_a_quoted_command_is_one_the_parser_takes(where: str, command: str) -> None:
+    parser = build_parser()[0]
+    assert problems(command, parser) == [], f"{where}: {command}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["tune leaderbord --study demo", "tune run --dryrun", "tune best --emit sbach",
+     "tune catalog gpu", "tune best --study S [--emit script|sbatch|arg]", "tune --verison"],
+)  # fmt: skip
+def test_a_wrong_command_is_found(command: str) -> None:
+    assert problems(command, build_parser()[0])
+
+
+def test_the_exports_page_names_every_kind_and_its_files() -> None:
+    """docs/exports.md's synopsis and table listed four of the seven ``--emit`` kinds (the
+    Megatron-Bridge and torchtitan ones only on their own pages)."""
+    from tuner.layout import EXPORT_KINDS, ExportPaths
+
+    text = (REPO / "docs" / "exports.md").read_text()
+    assert f"[--emit {'|'.join(EXPORT_KINDS)}]" in text
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z-]+)`.*$", text, re.M)}
+    for kind in EXPORT_KINDS:
+        written = getattr(ExportPaths(Path("x")), kind.replace("-", "_")).name
+        assert kind in rows and f"`{written}`" in rows[kind], kind

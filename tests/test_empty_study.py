@@ -1,0 +1,67 @@
+"""``tune leaderboard``, ``best`` and ``report`` on a study with no measured trial say why and
+what to do: the leaderboard printed an empty table (a header and a rule), ``best`` only "no
+successful trial yet", ``report`` only where it wrote a page with nothing on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from tuner.cli.main import main
+from tuner.layout import ResultsLayout
+from tuner.spec.file import load_study
+
+STUDY = "demo"
+
+
+def _stored(results: Path, failed: int = 0, running: int = 0) -> None:
+    """The study's storage with ``failed`` trials that ended without a step time and
+    ``running`` ones still going (none at all: a study created and stopped before any)."""
+    layout = ResultsLayout(results, load_study(STUDY).name)
+    layout.storage_path.parent.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(study_name=STUDY, storage=layout.storage_url)
+    for _ in range(failed):
+        attrs = {"outcome": "oom", "reason": "CUDA out of memory", "config": None}
+        study.add_trial(create_trial(state=TrialState.FAIL, user_attrs=attrs))
+    for _ in range(running):
+        study.ask()
+
+
+def _tune(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_study_with_no_trial_says_to_run_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = ["--results", str(tmp_path / "results")]
+    code, text = _tune(capsys, "leaderboard", "--study", STUDY, *results)  # no storage at all
+    assert code == 2 and "tune run --study demo writes them" in text, text
+    _stored(tmp_path / "results")
+    for command in (["leaderboard"], ["leaderboard", "--all"]):
+        code, text = _tune(capsys, *command, "--study", STUDY, *results)
+        assert code == 0 and "tune run --study demo runs them" in text, text
+        assert "rank" not in text  # no empty table
+    code, text = _tune(capsys, "best", "--study", STUDY, *results)
+    assert code == 2 and "tune run --study demo runs them" in text, text
+    code, text = _tune(capsys, "report", "--study", STUDY, *results)
+    assert code == 0 and "report.html" in text and "tune run --study demo" in text, text
+
+
+def test_trials_without_a_step_time_are_counted_and_all_shows_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = ["--results", str(tmp_path / "results")]
+    _stored(tmp_path / "results", failed=2, running=1)
+    code, text = _tune(capsys, "leaderboard", "--study", STUDY, *results)
+    assert code == 0 and "1 still running" in text, text
+    assert "2 ended without a step time" in text and "--study demo --all" in text, text
+    code, text = _tune(capsys, "best", "--study", STUDY, *results)
+    assert code == 2 and "--all" in text, text
+    code, text = _tune(capsys, "leaderboard", "--study", STUDY, "--all", *results)
+    assert code == 0 and "oom" in text and "rank" in text, text  # --all: the table of them
