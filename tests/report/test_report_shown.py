@@ -5,15 +5,22 @@ the same best-so-far line from fewer markers."""
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tests.test_results import config
+from tests.report.test_report_fast_paths import _study as _fast_paths_study
+from tests.test_results import SPEC, config
 from tuner.report import figures as F
+from tuner.report import page as P
 from tuner.report import shown as S
-from tuner.report.data import TrialRow
+from tuner.report import views as V
+from tuner.report.data import TrialRow, gather
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 
 
 def _row(number: int, tp: int, mbs: int, outcome: str = "ok", tokens: float | None = None,
@@ -107,3 +114,34 @@ def test_the_best_so_far_line_past_the_limit_is_the_same_line(
         for x, y in zip(before.x, before.y, strict=True):
             assert _line(list(after.x), list(after.y), x) == y
     assert "raised the best" in thin.layout.title.text
+
+
+def test_past_the_limit_a_view_of_a_config_not_drawn_gives_the_screened_prediction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the limit, the views of the configs the figures break down keep their parts and
+    the others give the recorded predicted peak (with its stage and phase) and step; within
+    it, every view has its parts."""
+    _fast_paths_study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    within = P.render(data, P.sections(data))
+    assert "as screened" not in within and within.count("optimizer states") >= 48
+    monkeypatch.setattr(V, "MAX_POINTS", 10)
+    monkeypatch.setattr(S, "MENU_BEST", 1)
+    monkeypatch.setattr(S, "MENU_OOMS", 0)
+    monkeypatch.setattr(F, "MAX_BARS", 1)
+    monkeypatch.setattr(V, "SIDE_BY_SIDE", 1)
+    data = gather(SPEC, results=str(tmp_path))
+    page = P.render(data, P.sections(data))
+    views = {int(n): v for n, v in re.findall(r'id="trial-(\d+)">(.*?)</details>', page, re.S)}
+    assert len(views) == len(data.rows)
+    broken_down = {r.number for r in data.rows if data.has_breakdowns(r)}
+    assert broken_down and set(views) - broken_down
+    for r in data.rows:
+        view = views[r.number]
+        if r.number in broken_down:
+            assert "optimizer states" in view and "as screened" not in view
+        else:
+            peak = f"peak {V.fmt(r.predicted_peak_gib)} GiB (stage 1, fwd_bwd), as screened"
+            assert peak in view and f"{V.fmt(r.predicted_step_s)}, as screened" in view
+    assert "Past 10 trials" in page and "tune estimate --study" in page

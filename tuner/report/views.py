@@ -15,9 +15,11 @@ from datetime import UTC, datetime
 
 from markupsafe import Markup
 
+from tuner.config.settings import settable_keys
 from tuner.layout import ResultsLayout
 from tuner.report.data import ReportData, TrialRow
 from tuner.report.figures import OUTCOME_COLOURS
+from tuner.report.shown import MAX_POINTS
 
 LOG_TAIL_LINES = 25
 """Lines of a trial's node-0 log shown in its view."""
@@ -248,15 +250,46 @@ def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     """A trial view's predicted memory (its most loaded stage's parts, escaped) and step-time
     parts, once per config (a long study measures the same configs again)."""
     key = row.config.key() if row.config else ""
-    if key not in data.view_words:
-        worst, parts = data.view_breakdowns(row)
-        memory = ""
-        if worst is not None:
-            memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
-            memory = f"{_e(worst.label)}: {_e(memory)} GiB"
-        time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
-        data.view_words[key] = (memory, time)
+    if key in data.view_words:
+        return data.view_words[key]
+    if row.config is not None and len(data.rows) > MAX_POINTS and not data.has_breakdowns(row):
+        return _screened_words(row)  # the trial's own record, not the config's
+    worst, parts = data.view_breakdowns(row)
+    memory = ""
+    if worst is not None:
+        memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
+        memory = f"{_e(worst.label)}: {_e(memory)} GiB"
+    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    data.view_words[key] = (memory, time)
     return data.view_words[key]
+
+
+def _screened_words(row: TrialRow) -> tuple[str, str]:
+    """A trial view's predictions past :data:`MAX_POINTS` trials, for a config the figures do
+    not break down: what the screen recorded with the trial (:func:`screened_note` says how
+    to break it down). The report no longer simulates the allocator for every config a long
+    study measured (about 600 at 10,000 trials)."""
+    where = f" ({row.predicted_peak_where})" if row.predicted_peak_where else ""
+    peak = fmt(row.predicted_peak_gib)
+    step = fmt(row.predicted_step_s)
+    return (_e(f"peak {peak} GiB{where}, as screened") if peak else "",
+            f"{step}, as screened" if step else "")  # fmt: skip
+
+
+def screened_note(data: ReportData) -> str:
+    """The Trials section's words on the views of :func:`_screened_words` (empty: none)."""
+    if len(data.rows) <= MAX_POINTS:
+        return ""
+    example = next((r for r in data.measured if r.config is not None), None)
+    settable = set(settable_keys())
+    words = [w for w in (example.key if example else "").split(",")
+             if w.partition("=")[0] in settable]  # fmt: skip
+    command = " ".join(
+        ["tune estimate --study", data.spec.study_arg, *(f"--set {w}" for w in words)]
+    )
+    return (f" Past {MAX_POINTS:,} trials, the view of a config the figures do not draw gives "
+            "the predicted peak and step the screen recorded with it; its parts, stage by "
+            f"stage: {command} (the best config's knobs here).")  # fmt: skip
 
 
 def trial_views(data: ReportData) -> Markup:
