@@ -114,6 +114,7 @@ def test_the_best_so_far_line_past_the_limit_is_the_same_line(
         for x, y in zip(before.x, before.y, strict=True):
             assert _line(list(after.x), list(after.y), x) == y
     assert "raised the best" in thin.layout.title.text
+    assert thin.layout.margin.t > full.layout.margin.t  # its second line clear of the subplots'
 
 
 def test_past_the_limit_a_view_of_a_config_not_drawn_gives_the_screened_prediction(

@@ -52,8 +52,9 @@ def _layout(
     when some were left out (:func:`tuner.report.shown.spread`)."""
     if words := left_out(*drawn):
         title = f"{title}<br><sup>{words}</sup>"
+    top = 90 if "<br>" in title else 60  # a second line clear of the subplots' titles
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
-                      height=460, margin={"t": 60, "r": 20}, **kw)  # fmt: skip
+                      height=460, margin={"t": top, "r": 20}, **kw)  # fmt: skip
     return fig
 
 
