@@ -146,3 +146,48 @@ def test_past_the_limit_a_view_of_a_config_not_drawn_gives_the_screened_predicti
             peak = f"peak {V.fmt(r.predicted_peak_gib)} GiB (stage 1, fwd_bwd), as screened"
             assert peak in view and f"{V.fmt(r.predicted_step_s)}, as screened" in view
     assert "Past 10 trials" in page and "tune estimate --study" in page
+
+
+def test_past_the_limit_a_measured_view_of_a_config_not_drawn_links_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the limit, a measured trial of a config no figure draws links node 0's script and
+    log (relative to the page, resolving to the files) instead of carrying their tails; a
+    failed trial and the drawn configs' trials keep their tails, and so does every view
+    within the limit."""
+    from tuner.layout import ResultsLayout
+    from tuner.report.build import build_report
+
+    _fast_paths_study(tmp_path)
+    layout = ResultsLayout(tmp_path, SPEC.name)
+    for n in range(48):
+        paths = layout.trial(n)
+        paths.node_log(0).parent.mkdir(parents=True, exist_ok=True)
+        paths.node_log(0).write_text(f"log of trial {n}\n")
+        paths.launch_script(0).write_text(f"#!/bin/bash\necho trial {n}\n")
+    out = tmp_path / "pages" / "report.html"
+
+    def views() -> dict[int, str]:
+        build_report(SPEC, results=str(tmp_path), out=out)
+        found = re.findall(r'id="trial-(\d+)">(.*?)</details>', out.read_text(), re.S)
+        return {int(n): v for n, v in found}
+
+    assert all(f"log of trial {n}" in v for n, v in views().items())
+    monkeypatch.setattr(V, "MAX_POINTS", 10)
+    monkeypatch.setattr(S, "MENU_BEST", 1)
+    monkeypatch.setattr(S, "MENU_OOMS", 0)
+    monkeypatch.setattr(F, "MAX_BARS", 1)
+    monkeypatch.setattr(V, "SIDE_BY_SIDE", 1)
+    data = gather(SPEC, results=str(tmp_path))
+    P.sections(data)  # the configs the figures draw, as the report finds them
+    linked = {r.number for r in data.rows if r.ok and not data.has_breakdowns(r)}
+    embedded = {r.number for r in data.rows} - linked
+    assert linked and any(not r.ok for r in data.rows if r.number in embedded)
+    found = views()
+    for n in linked:
+        hrefs = re.findall(r'href="([^"]+)"', found[n])
+        assert len(hrefs) == 2 and f"log of trial {n}" not in found[n], found[n]
+        assert all((out.parent / h).is_file() for h in hrefs)
+        assert (out.parent / hrefs[1]).read_text() == f"log of trial {n}\n"
+    for n in embedded:
+        assert f"log of trial {n}" in found[n] and "href" not in found[n]

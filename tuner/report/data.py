@@ -205,6 +205,9 @@ class ReportData:
     view_words: dict[str, tuple[str, str]] = field(default_factory=dict)
     """By config key: a trial view's predicted memory and time in words
     (:func:`tuner.report.views.trial_view`)."""
+    page_dir: str | None = None
+    """The folder the page is written to (trial views link files relative to it); None: not
+    known, every view carries its tails (:func:`tuner.report.views.trial_view`)."""
     trials: list[FrozenTrial] = field(default_factory=list)
     """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once, as
     :class:`ReadOnlyTrial`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import os
+import urllib.parse
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -227,11 +228,21 @@ class NodeFiles:
 
 
 def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
-    """One trial: outcome, reason, the command node 0 ran, the predicted breakdowns, its log."""
+    """One trial: outcome, reason, the command node 0 ran, the predicted breakdowns, its log
+    (past :data:`MAX_POINTS` trials, a measured trial of a config no figure draws has its
+    script and log linked instead: :func:`_linked`)."""
     folder = os.path.join(files.trials, str(row.number))
+    memory, time = _predicted_words(data, row)
+    page = data.page_dir
+    if (
+        page is not None
+        and row.ok
+        and len(data.rows) > MAX_POINTS
+        and not data.has_breakdowns(row)
+    ):
+        return _linked(row, folder, files, page, (memory, time))
     command = _tail(os.path.join(folder, files.script), 12) or "(never launched: no command)"
     log = _tail(os.path.join(folder, files.log), LOG_TAIL_LINES) or "(no log)"
-    memory, time = _predicted_words(data, row)
     return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
         f"{badge(row.outcome)} {_e(row.label)}</summary>"
@@ -243,6 +254,35 @@ def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
         f"<p><b>command</b> ({_e(files.script)}, last lines):</p>"
         f"<pre>{_e(command)}</pre>"
         f"<p><b>log tail</b> ({_e(files.log)}):</p><pre>{_e(log)}</pre></details>"
+    )
+
+
+def _linked(
+    row: TrialRow, folder: str, files: NodeFiles, page: str, predicted: tuple[str, str]
+) -> str:
+    """:func:`trial_view` with node 0's script and log as links, relative to the page's folder
+    ``page``, instead of their tails: a long study's page would otherwise carry some 2 to 4 KB
+    of tails for every measured trial (the failed ones, whose log says why, and those of the
+    configs the figures draw keep theirs)."""
+    memory, time = predicted
+
+    def link(name: str) -> str:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return ""
+        href = urllib.parse.quote(os.path.relpath(path, page).replace(os.sep, "/"))
+        return f'<a href="{_e(href)}">{_e(name)}</a>'
+
+    return (
+        f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
+        f"{badge(row.outcome)} {_e(row.label)}</summary>"
+        f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
+        f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
+        f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
+        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
+        f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
+        f"<p><b>command</b>: {link(files.script) or '(never launched: no command)'}</p>"
+        f"<p><b>log</b>: {link(files.log) or '(no log)'}</p></details>"
     )
 
 
