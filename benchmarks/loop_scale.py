@@ -428,8 +428,8 @@ def breaks_first() -> None:
     print("  4. the report: the read and the imports (about half its CPU), Optuna's views "
           "(linear in the completed trials); its page grows by a leaderboard row and a view "
           "per trial (the figures draw each config's spread past 2,000 trials, and the "
-          "allocator is simulated only for the configs they break down: "
-          "tuner.report.shown).")  # fmt: skip
+          "allocator is simulated, and a measured trial's log tail kept, only for the configs "
+          "they break down: tuner.report.shown).")  # fmt: skip
 
 
 def main() -> int:
