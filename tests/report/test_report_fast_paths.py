@@ -30,6 +30,7 @@ def _study(tmp_path: Path, trials: int = 48) -> None:
         attrs: dict[str, object] = {
             "predicted_step_s": 1.0 + 0.1 * i, "predicted_peak_gib": 30.0 + i % 17,
             "launched": True, "duration_s": 60.0 + i, "hosts": ["a", "b"],
+            "predicted_peak_stage": 1, "predicted_peak_phase": "fwd_bwd",
         }  # fmt: skip
         if i % 5:  # some stored without their stated sds (no band bar)
             attrs |= {"predicted_step_sd": 0.1, "predicted_peak_sd": 0.05}

@@ -99,12 +99,13 @@ def _formatter(name: str) -> Callable[[Any], str]:
     return str
 
 
-def _cell(name: str, value: Any) -> str:
+def _cell(name: str, value: Any, form: Callable[[Any], str] | None = None) -> str:
+    """``value`` in column ``name``'s format (``form``: :func:`_formatter`'s, found already)."""
     if value is None or value != value:  # None or NaN: nothing measured
         return ""
     if isinstance(value, float) and value.is_integer() and not name.endswith(("_s", "_gib")):
         value = int(value)  # a count pandas stored as float beside a NaN
-    return _formatter(name)(value)
+    return (form or _formatter(name))(value)
 
 
 def board_grid(
@@ -140,19 +141,21 @@ def board_grid(
 
     rows = []
     position = {name: i for i, name in enumerate(board.columns)}
+    # each shown column's place in the frame's rows and its format, found once, not per cell
+    shown = [(c.name, position.get(c.name), _formatter(c.name)) for c in columns]
+    scale, step = position.get("scale"), position.get("measured_step_s")
     # the frame's values as ``iterrows`` gives them (its rows are built from ``.values``), read
     # by position: a Series per row was most of the table's time at thousands of rows
     with paused_collection():  # thousands of rows of cells, none of them garbage
         for rank, (config, values) in enumerate(zip(by_config, board.values, strict=True), 1):
-            row = {name: values[i] for name, i in position.items()}
             cells = {"rank": str(rank), "config": config}
-            if row.get("scale") == "proxy":  # an extrapolated figure, not a full-scale one
-                cells["measured_step_s"] = "~" + _cell(
-                    "measured_step_s", row.get("measured_step_s")
-                )
-            rows.append(
-                tuple(cells.get(c.name) or _cell(c.name, row.get(c.name)) for c in columns)
-            )
+            if scale is not None and values[scale] == "proxy":  # an extrapolated figure
+                measured = values[step] if step is not None else None
+                cells["measured_step_s"] = "~" + _cell("measured_step_s", measured)
+            rows.append(tuple(
+                cells.get(name) or ("" if i is None else _cell(name, values[i], form))
+                for name, i, form in shown
+            ))  # fmt: skip
     return render.Grid(title=title, columns=tuple(columns), rows=tuple(rows), constant=constant)
 
 

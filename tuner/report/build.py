@@ -31,11 +31,12 @@ def build_report(
     results: str = "results", baseline: str | None = None, train_tokens: float | None = None,
 ) -> tuple[Path, list[Section]]:  # fmt: skip
     """Write the report of ``spec``'s study; the file written and the sections drawn."""
+    path = out or default_path(spec, results)
     with paused_collection():  # tens of thousands of objects a view, none of them garbage
         data = gather(spec, storage=storage, results=results, baseline=baseline,
                       train_tokens=train_tokens)  # fmt: skip
+        data.page_dir = str(path.parent)
         parts = sections(data)
-    path = out or default_path(spec, results)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.write_text(render(data, parts), encoding="utf-8")

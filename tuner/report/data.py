@@ -141,6 +141,8 @@ class TrialRow:
     the trial was screened; None for trials stored before it was kept."""
     predicted_peak_sd: float | None = None
     """The same for the predicted peak."""
+    predicted_peak_where: str = ""
+    """Where the screen put the predicted peak (``stage 0, fwd_bwd``); empty: not recorded."""
     proxy: str = ""
     """How a proxy figure was measured (``proxy dp4 on 2 nodes: 12.3 s measured``); empty for a
     full-scale measurement (``tuner.study.proxy``)."""
@@ -203,6 +205,9 @@ class ReportData:
     view_words: dict[str, tuple[str, str]] = field(default_factory=dict)
     """By config key: a trial view's predicted memory and time in words
     (:func:`tuner.report.views.trial_view`)."""
+    page_dir: str | None = None
+    """The folder the page is written to (trial views link files relative to it); None: not
+    known, every view carries its tails (:func:`tuner.report.views.trial_view`)."""
     trials: list[FrozenTrial] = field(default_factory=list)
     """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once, as
     :class:`ReadOnlyTrial`."""
@@ -269,6 +274,10 @@ class ReportData:
                                  spec.cluster.gpus_per_node, spec.framework)  # fmt: skip
             self._breakdowns[key] = (stage_memory(memory), time_parts(time))
         return self._breakdowns[key]
+
+    def has_breakdowns(self, row: TrialRow) -> bool:
+        """Whether :meth:`breakdowns` of ``row``'s config are made already (a figure drew it)."""
+        return row.config is not None and row.config.key() in self._breakdowns
 
     def view_breakdowns(self, row: TrialRow) -> tuple[StageMemory | None, dict[str, float]]:
         """A trial view's predictions: the bar of :meth:`breakdowns` with the largest total
@@ -356,7 +365,16 @@ def trial_row(t: FrozenTrial, spec: StudySpec) -> TrialRow:
         end=t.datetime_complete if launched else None, proxy=proxy_note(a),
         predicted_step_sd=_float(a.get("predicted_step_sd")),
         predicted_peak_sd=_float(a.get("predicted_peak_sd")),
+        predicted_peak_where=peak_where(a),
     )  # fmt: skip
+
+
+def peak_where(a: dict[str, Any]) -> str:
+    """The predicted peak's stage and phase as the screen recorded them (empty: not)."""
+    stage, phase = a.get("predicted_peak_stage"), a.get("predicted_peak_phase")
+    if stage is None:
+        return ""
+    return f"stage {stage}, {phase}" if phase else f"stage {stage}"
 
 
 def proxy_note(a: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from tuner.models.uncertainty import BAND_LEVEL, band
 from tuner.report.data import MEMORY_PARTS, MOE_FP8_TIME_PARTS, TIME_PARTS, ReportData, TrialRow
+from tuner.report.shown import MAX_POINTS, left_out, memory_x, menu_rows, pareto_front, spread
 
 BAND_NOTE = (
     f"Bars: each prediction's stated {BAND_LEVEL:.0%} band (where the model said the "
@@ -27,9 +28,6 @@ BAND_NOTE = (
 
 MAX_BARS = 40
 """Configs in the where-the-time-goes bars (the fastest ones)."""
-
-MAX_MENU = 200
-"""Trials in the memory figure's menu (measured first, then real OOMs)."""
 
 OUTCOME_COLOURS = {
     "ok": "#2ca02c", "oom": "#d62728", "pruned_memory": "#ff9896", "invalid": "#c7c7c7",
@@ -47,9 +45,16 @@ HOVER = "%{text}<br>%{xaxis.title.text}: %{x:.4g}<br>%{yaxis.title.text}: %{y:.4
 Figures = list[tuple[str, go.Figure]]
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str, **kw: Any) -> go.Figure:
+def _layout(
+    fig: go.Figure, title: str, x: str, y: str, drawn: tuple[int, int] = (0, 0), **kw: Any
+) -> go.Figure:
+    """The figures' common layout; ``drawn``: (trials drawn, of how many), said under the title
+    when some were left out (:func:`tuner.report.shown.spread`)."""
+    if words := left_out(*drawn):
+        title = f"{title}<br><sup>{words}</sup>"
+    top = 90 if "<br>" in title else 60  # a second line clear of the subplots' titles
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
-                      height=460, margin={"t": 60, "r": 20}, **kw)  # fmt: skip
+                      height=460, margin={"t": top, "r": 20}, **kw)  # fmt: skip
     return fig
 
 
@@ -140,9 +145,11 @@ def step_time(data: ReportData) -> go.Figure:
     fig = go.Figure()
     rows = [r for r in data.rows if r.predicted_step_s and r.measured_step_s]
     _identity(fig, [v for r in rows for v in (r.predicted_step_s, r.measured_step_s) if v])
-    _by_outcome(fig, rows, lambda r: r.predicted_step_s, lambda r: r.measured_step_s,
+    shown = spread(rows, lambda r: r.measured_step_s)
+    _by_outcome(fig, shown, lambda r: r.predicted_step_s, lambda r: r.measured_step_s,
                 sd=lambda r: r.predicted_step_sd)  # fmt: skip
-    return _layout(fig, "Step time: predicted vs measured", "predicted s", "measured s")
+    return _layout(fig, "Step time: predicted vs measured", "predicted s", "measured s",
+                   (len(shown), len(rows)))  # fmt: skip
 
 
 def peak_memory(data: ReportData) -> go.Figure:
@@ -153,40 +160,32 @@ def peak_memory(data: ReportData) -> go.Figure:
     ooms = [r for r in data.rows if r.outcome == "oom" and r.predicted_peak_gib]
     values = [v for r in rows for v in (r.predicted_peak_gib, r.measured_peak_gib) if v]
     _identity(fig, values + [r.predicted_peak_gib or 0.0 for r in ooms])
-    _by_outcome(fig, rows, lambda r: r.predicted_peak_gib, lambda r: r.measured_peak_gib,
+    shown = spread(rows, lambda r: r.measured_peak_gib)
+    shown_ooms = spread(ooms, lambda r: r.predicted_peak_gib)
+    _by_outcome(fig, shown, lambda r: r.predicted_peak_gib, lambda r: r.measured_peak_gib,
                 sd=lambda r: r.predicted_peak_sd)  # fmt: skip
-    _by_outcome(fig, ooms, lambda r: r.predicted_peak_gib, lambda r: capacity, "x",
+    _by_outcome(fig, shown_ooms, lambda r: r.predicted_peak_gib, lambda r: capacity, "x",
                 " (real OOM, drawn at capacity)")  # fmt: skip
     fig.add_hline(y=capacity, line={"color": "#d62728", "dash": "dot"},
                   annotation_text=f"GPU capacity {capacity:.4g} GiB")  # fmt: skip
-    return _layout(fig, "Peak memory: predicted vs measured", "predicted GiB", "measured GiB")
-
-
-def _memory_x(r: TrialRow) -> float | None:
-    return r.measured_peak_gib or r.predicted_peak_gib
+    return _layout(fig, "Peak memory: predicted vs measured", "predicted GiB", "measured GiB",
+                   (len(shown) + len(shown_ooms), len(rows) + len(ooms)))  # fmt: skip
 
 
 def pareto(data: ReportData) -> go.Figure:
     """Throughput vs peak memory of the measured configs, with the Pareto front."""
     fig = go.Figure()
-    rows = [r for r in data.measured if _memory_x(r) is not None]
-    front: list[TrialRow] = []
-    for r in sorted(rows, key=lambda r: (_memory_x(r) or 0.0, -(r.tokens_per_s_per_gpu or 0))):
-        if not front or (r.tokens_per_s_per_gpu or 0) > (front[-1].tokens_per_s_per_gpu or 0):
-            front.append(r)
+    rows = [r for r in data.measured if memory_x(r) is not None]
+    front = pareto_front(rows)
     fig.add_trace(go.Scatter(
-        x=[_memory_x(r) for r in front], y=[r.tokens_per_s_per_gpu for r in front],
+        x=[memory_x(r) for r in front], y=[r.tokens_per_s_per_gpu for r in front],
         mode="lines+markers", line={"shape": "hv", "color": "#2ca02c"}, name="Pareto front",
         hoverinfo="skip",
     ))  # fmt: skip
-    _by_outcome(fig, rows, _memory_x, lambda r: r.tokens_per_s_per_gpu)
+    shown = spread(rows, lambda r: r.tokens_per_s_per_gpu, {r.number for r in front})
+    _by_outcome(fig, shown, memory_x, lambda r: r.tokens_per_s_per_gpu)
     return _layout(fig, "Throughput vs peak memory (measured peak, else predicted)",
-                   "peak GiB", "tokens/s/GPU")  # fmt: skip
-
-
-def _memory_rows(data: ReportData) -> list[TrialRow]:
-    ooms = [r for r in data.rows if r.outcome == "oom" and r.config is not None]
-    return (data.measured + ooms)[:MAX_MENU]
+                   "peak GiB", "tokens/s/GPU", (len(shown), len(rows)))  # fmt: skip
 
 
 def _memory_trace_values(data: ReportData, row: TrialRow) -> tuple[list[str], list[list[float]]]:
@@ -196,9 +195,11 @@ def _memory_trace_values(data: ReportData, row: TrialRow) -> tuple[list[str], li
 
 
 def stage_memory(data: ReportData) -> go.Figure:
-    """Predicted memory per stage of the best config, a menu to pick any measured or OOM trial:
-    stacked components against the GPU capacity and the headroom line, measured peak marked."""
-    rows = _memory_rows(data)
+    """Predicted memory per stage of the best config, a menu to pick the other configs a person
+    looks at (:func:`tuner.report.shown.menu_rows`: the fastest, the Pareto front's, real
+    OOMs): stacked components against the GPU capacity and the headroom line, measured peak
+    marked."""
+    rows = menu_rows(data.measured, data.rows)
     fig = go.Figure()
     capacity = data.gpu.memory_gib
     headroom = data.spec.search.memory_headroom * capacity
@@ -208,17 +209,16 @@ def stage_memory(data: ReportData) -> go.Figure:
     for i, part in enumerate(MEMORY_PARTS):
         fig.add_trace(go.Bar(
             x=labels, y=values[i], name=part, marker_color=PART_COLOURS[i],
-            text=[rows[0].hover] * len(labels), textposition="none",
+            text=rows[0].hover, textposition="none",
             hovertemplate=f"%{{text}}<br>{part}: %{{y:.3f}} GiB<extra></extra>",
         ))  # fmt: skip
     fig.add_trace(_measured_peak(rows[0], labels))
     buttons = []
     for r in rows:
         labels, values = _memory_trace_values(data, r)
-        peak = _measured_peak(r, labels)
         buttons.append({"label": f"trial {r.number} ({r.outcome})", "method": "update", "args": [
-            {"x": [labels] * (len(MEMORY_PARTS) + 1), "y": values + [list(peak.y)],
-             "text": [[r.hover] * len(labels)] * len(MEMORY_PARTS) + [list(peak.text)]},
+            {"x": [labels] * (len(MEMORY_PARTS) + 1), "y": values + [_peak_line(r, len(labels))],
+             "text": [r.hover] * (len(MEMORY_PARTS) + 1)},  # one text a trace: every bar's
             {"title.text": _memory_title(r)},
         ]})  # fmt: skip
     fig.add_hline(y=capacity, line={"color": "#d62728"},
@@ -236,11 +236,16 @@ def _memory_title(r: TrialRow) -> str:
     return f"Predicted memory of trial {r.number} ({r.outcome}): {r.label}"
 
 
-def _measured_peak(r: TrialRow, labels: list[str]) -> go.Scatter:
+def _peak_line(r: TrialRow, stages: int) -> list[float]:
+    """The measured peak over every stage's bar (NaN: none measured, nothing drawn)."""
     peak = r.measured_peak_gib
+    return [peak if peak is not None else math.nan] * stages
+
+
+def _measured_peak(r: TrialRow, labels: list[str]) -> go.Scatter:
     return go.Scatter(
-        x=labels, y=[peak if peak is not None else math.nan] * len(labels), mode="markers",
-        name="measured peak", text=[r.hover] * len(labels),
+        x=labels, y=_peak_line(r, len(labels)), mode="markers",
+        name="measured peak", text=r.hover,
         marker={"symbol": "line-ew-open", "size": 40, "line": {"width": 3}, "color": "#000"},
         hovertemplate="%{text}<br>measured peak %{y:.3f} GiB<extra></extra>",
     )  # fmt: skip
@@ -312,6 +317,12 @@ def progress(data: ReportData) -> go.Figure:
             hours.append(spent)
             ys.append(best)
             text.append(f"after trial {r.number}; best so far {leader.hover}")
+    title = "Search progress: best measured tokens/s/GPU so far"
+    if len(xs) > MAX_POINTS:  # the same step line from the trials that raised it and the last
+        kept = [i for i in range(len(xs)) if i in (0, len(xs) - 1) or ys[i] != ys[i - 1]]
+        xs, hours = [xs[i] for i in kept], [hours[i] for i in kept]
+        ys, text = [ys[i] for i in kept], [text[i] for i in kept]
+        title += "<br><sup>a marker at each trial that raised the best, and at the last</sup>"
     for col, x in ((1, xs), (2, hours)):
         add_points(fig, points(
             x=x, y=ys, mode="lines+markers", line={"shape": "hv"}, text=text,
@@ -320,7 +331,7 @@ def progress(data: ReportData) -> go.Figure:
         ), row=1, col=col)  # fmt: skip
     fig.update_xaxes(title_text="trial", row=1, col=1)
     fig.update_xaxes(title_text="GPU-hours spent", row=1, col=2)
-    return _layout(fig, "Search progress: best measured tokens/s/GPU so far", "", "tokens/s/GPU")
+    return _layout(fig, title, "", "tokens/s/GPU")
 
 
 def payback(data: ReportData, plan: dict[str, float]) -> go.Figure:

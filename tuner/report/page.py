@@ -165,7 +165,7 @@ def sections(data: ReportData) -> list[Section]:
         Section("optuna", "Optuna views", figures=optuna_figures, note=optuna_note),
         Section("trials", "Trials",
                 intro="One per trial: its reason, the command node 0 ran, the predicted memory "
-                "and time, and the tail of its log.",
+                "and time, and the tail of its log." + V.screened_note(data),
                 tables=[V.trial_views(data)]),
     ]  # fmt: skip
 

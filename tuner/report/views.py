@@ -10,14 +10,17 @@ from __future__ import annotations
 import html
 import math
 import os
+import urllib.parse
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from markupsafe import Markup
 
+from tuner.config.settings import settable_keys
 from tuner.layout import ResultsLayout
 from tuner.report.data import ReportData, TrialRow
 from tuner.report.figures import OUTCOME_COLOURS
+from tuner.report.shown import MAX_POINTS
 
 LOG_TAIL_LINES = 25
 """Lines of a trial's node-0 log shown in its view."""
@@ -227,11 +230,21 @@ class NodeFiles:
 
 
 def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
-    """One trial: outcome, reason, the command node 0 ran, the predicted breakdowns, its log."""
+    """One trial: outcome, reason, the command node 0 ran, the predicted breakdowns, its log
+    (past :data:`MAX_POINTS` trials, a measured trial of a config no figure draws has its
+    script and log linked instead: :func:`_linked`)."""
     folder = os.path.join(files.trials, str(row.number))
+    memory, time = _predicted_words(data, row)
+    page = data.page_dir
+    if (
+        page is not None
+        and row.ok
+        and len(data.rows) > MAX_POINTS
+        and not data.has_breakdowns(row)
+    ):
+        return _linked(row, folder, files, page, (memory, time))
     command = _tail(os.path.join(folder, files.script), 12) or "(never launched: no command)"
     log = _tail(os.path.join(folder, files.log), LOG_TAIL_LINES) or "(no log)"
-    memory, time = _predicted_words(data, row)
     return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
         f"{badge(row.outcome)} {_e(row.label)}</summary>"
@@ -246,19 +259,79 @@ def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
     )
 
 
+def _linked(
+    row: TrialRow, folder: str, files: NodeFiles, page: str, predicted: tuple[str, str]
+) -> str:
+    """:func:`trial_view` with node 0's script and log as links, relative to the page's folder
+    ``page``, instead of their tails: a long study's page would otherwise carry some 2 to 4 KB
+    of tails for every measured trial (the failed ones, whose log says why, and those of the
+    configs the figures draw keep theirs)."""
+    memory, time = predicted
+
+    def link(name: str) -> str:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return ""
+        href = urllib.parse.quote(os.path.relpath(path, page).replace(os.sep, "/"))
+        return f'<a href="{_e(href)}">{_e(name)}</a>'
+
+    return (
+        f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
+        f"{badge(row.outcome)} {_e(row.label)}</summary>"
+        f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
+        f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
+        f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
+        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
+        f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
+        f"<p><b>command</b>: {link(files.script) or '(never launched: no command)'}</p>"
+        f"<p><b>log</b>: {link(files.log) or '(no log)'}</p></details>"
+    )
+
+
 def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     """A trial view's predicted memory (its most loaded stage's parts, escaped) and step-time
     parts, once per config (a long study measures the same configs again)."""
     key = row.config.key() if row.config else ""
-    if key not in data.view_words:
-        worst, parts = data.view_breakdowns(row)
-        memory = ""
-        if worst is not None:
-            memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
-            memory = f"{_e(worst.label)}: {_e(memory)} GiB"
-        time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
-        data.view_words[key] = (memory, time)
+    if key in data.view_words:
+        return data.view_words[key]
+    if row.config is not None and len(data.rows) > MAX_POINTS and not data.has_breakdowns(row):
+        return _screened_words(row)  # the trial's own record, not the config's
+    worst, parts = data.view_breakdowns(row)
+    memory = ""
+    if worst is not None:
+        memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
+        memory = f"{_e(worst.label)}: {_e(memory)} GiB"
+    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    data.view_words[key] = (memory, time)
     return data.view_words[key]
+
+
+def _screened_words(row: TrialRow) -> tuple[str, str]:
+    """A trial view's predictions past :data:`MAX_POINTS` trials, for a config the figures do
+    not break down: what the screen recorded with the trial (:func:`screened_note` says how
+    to break it down). The report no longer simulates the allocator for every config a long
+    study measured (about 600 at 10,000 trials)."""
+    where = f" ({row.predicted_peak_where})" if row.predicted_peak_where else ""
+    peak = fmt(row.predicted_peak_gib)
+    step = fmt(row.predicted_step_s)
+    return (_e(f"peak {peak} GiB{where}, as screened") if peak else "",
+            f"{step}, as screened" if step else "")  # fmt: skip
+
+
+def screened_note(data: ReportData) -> str:
+    """The Trials section's words on the views of :func:`_screened_words` (empty: none)."""
+    if len(data.rows) <= MAX_POINTS:
+        return ""
+    example = next((r for r in data.measured if r.config is not None), None)
+    settable = set(settable_keys())
+    words = [w for w in (example.key if example else "").split(",")
+             if w.partition("=")[0] in settable]  # fmt: skip
+    command = " ".join(
+        ["tune estimate --study", data.spec.study_arg, *(f"--set {w}" for w in words)]
+    )
+    return (f" Past {MAX_POINTS:,} trials, the view of a config the figures do not draw gives "
+            "the predicted peak and step the screen recorded with it; its parts, stage by "
+            f"stage: {command} (the best config's knobs here).")  # fmt: skip
 
 
 def trial_views(data: ReportData) -> Markup:
