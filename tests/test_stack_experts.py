@@ -130,3 +130,15 @@ def test_every_point_of_the_group_takes_the_bases_fixed_part() -> None:
     assert len({p.expert_fixed_s for p in terms.points}) == 1
     ep2 = [p for p in terms.points if p.ep == 2]
     assert ep2 and all(p.layer_scale is not None for p in ep2)
+
+
+def test_the_probes_terms_table_states_the_fixed_part() -> None:
+    from tests import test_stack_terms
+    from tuner.cli.probe import terms_grid
+
+    spec = moe_spec()
+    notes = " ".join(terms_grid(derive_terms(spec, rows(spec)).points).notes)
+    assert "expert calls: 8." in notes  # 8.6 ms read of the stand-in's 10 (see above)
+    dense = spec_of()
+    plain = terms_grid(derive_terms(dense, test_stack_terms.probe_rows(dense)).points)
+    assert "expert calls" not in " ".join(plain.notes)
