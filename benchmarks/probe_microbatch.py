@@ -58,12 +58,15 @@ def sizes(spec: StudySpec, point: int = 0) -> list[ParallelConfig]:
     return sorted(ok, key=lambda c: c.micro_batch_size)
 
 
-def measure(spec: StudySpec, results: str, iters: int, point: int = 0) -> list[ProbeRow]:
-    """The runs, one job: each size at both probe depths, ``iters`` steps each."""
+def measure(
+    spec: StudySpec, results: str, iters: int, points: tuple[int, ...] = (0,)
+) -> list[ProbeRow]:
+    """The runs, one job: each point's config at each size at both probe depths, ``iters``
+    steps each (interleaved where the study's script runs the points in one process)."""
     from tuner.study.loop import make_executor
 
     depths = probe.probe_depths(spec)
-    runs = [probe.ProbeRun(c, d) for c in sizes(spec, point) for d in depths]
+    runs = [probe.ProbeRun(c, d) for p in points for c in sizes(spec, p) for d in depths]
     where = ClusterLayout(Path(results).resolve(), spec.cluster_name).stack_probe(spec.name)
     saved = probe.PROBE_ITERS
     probe.PROBE_ITERS = iters
@@ -138,6 +141,12 @@ def report(spec: StudySpec, results: str, rows: list[ProbeRow], point: int = 0) 
         out.append(f"{mbs:>3} {f.m:>2}  {f.layer * 1e3:>11.2f} {f.layer_model * 1e3:>7.2f} "
                    f"{f.layer / f.layer_model:>6.3f}  {f.rest * 1e3:>10.2f} "
                    f"{f.rest_model * 1e3:>7.2f} {f.rest / f.rest_model:>6.3f}")  # fmt: skip
+    lo = min(probe.probe_depths(spec))
+    raw = {mbs: (step[(mbs, hi)] - step[(mbs, lo)]) / f.m / (hi - lo) for mbs, f in per.items()}
+    out.append(
+        "the depths' raw difference per layer per micro-batch (no model term taken "
+        "out): " + ", ".join(f"mbs {k} {v * 1e3:.2f} ms" for k, v in raw.items())
+    )
     (slope, fixed), own = fixed_part(per), fixed_part(per, model=True)[1]
     out.append(f"per-layer time through mbs {min(per)} and {max(per)}: {slope * 1e3:.2f} ms a "
                f"sample + {fixed * 1e3:.2f} ms fixed per layer per micro-batch (the model's, "
@@ -158,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--study", default="demo")
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=21)
-    parser.add_argument("--point", type=int, default=0, help="the probe's run whose config is "
-                        "measured (0: the base; as tune profile --probe lists them)")  # fmt: skip
+    parser.add_argument("--point", type=int, nargs="+", default=[0], help="the probe's runs "
+                        "whose configs are measured, in one job (0: the base; as tune profile "
+                        "--probe lists them)")  # fmt: skip
     parser.add_argument("--save", metavar="FILE", help="keep the measured rows (json)")
     parser.add_argument("--rows", metavar="FILE", help="measure nothing: report saved rows")
     args = parser.parse_args(argv)
@@ -169,13 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = [ProbeRow(**{**r, "samples_s": tuple(r["samples_s"]), "rounds": tuple(r["rounds"])})
                 for r in json.loads(Path(args.rows).read_text())["rows"]]  # fmt: skip
     else:
-        rows = measure(spec, args.results, args.iters, args.point)
+        rows = measure(spec, args.results, args.iters, tuple(args.point))
     if args.save:
         Path(args.save).write_text(json.dumps({"study": args.study, "rows": [
             {**dataclasses.asdict(r), "samples_s": list(r.samples_s), "rounds": list(r.rounds)}
             for r in rows]}, indent=1))  # fmt: skip
-    for line in report(spec, args.results, rows, args.point):
-        print(line)
+    for point in args.point:
+        keys = {c.key() for c in sizes(spec, point)}
+        print(f"point {point}: {probe.probe_runs(spec)[point].config.key()}")
+        for line in report(spec, args.results, [r for r in rows if r.key in keys], point):
+            print(line)
     if not args.rows:
         print(f"load (1-minute average) {before:.1f} at the start, {os.getloadavg()[0]:.1f} at "
               f"the end")  # fmt: skip

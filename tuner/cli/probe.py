@@ -112,8 +112,19 @@ def terms_grid(points: Any) -> Grid:
     return Grid(
         title="measured / catalog, per probed point (the models compose these)",
         columns=TERM_COLUMNS, rows=tuple(rows), constant=" ".join(shared), choosable=False,
-        notes=(f"{CATALOG_CELL}: not measured at that point, the catalog's figure",),
+        notes=(f"{CATALOG_CELL}: not measured at that point, the catalog's figure",
+               *_expert_note(points)),
     )  # fmt: skip
+
+
+def _expert_note(points: Any) -> tuple[str, ...]:
+    """The MoE layer's fixed part per expert call, where the probe measured one (two sizes)."""
+    fixed = {p.expert_fixed_s for p in points if p.expert_fixed_s is not None}
+    if not fixed:
+        return ()
+    ms = ", ".join(f"{f * 1e3:.2f}" for f in sorted(fixed))
+    return (f"an MoE layer's expert calls: {ms} ms each per micro-batch whatever its tokens "
+            f"(the layer at two micro-batch sizes), the layer scale beside it",)  # fmt: skip
 
 
 def _x(value: float | None) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.breakdown import MemoryBreakdown, PhaseMemory, StageMemory
+from tuner.models.moe import framework_moe, moe_layer_flags
 from tuner.models.rates import Rates
 from tuner.models.time.breakdown import TimeBreakdown
 from tuner.models.uncertainty import (
@@ -37,6 +38,7 @@ from tuner.models.uncertainty import (
     Provenance,
     TermSource,
 )
+from tuner.spec.study import Framework, ModelSpec
 
 TIME_TERMS = ("layer_time", "fixed_time", "optimizer_step", "step_overhead")
 MEMORY_TERMS = (
@@ -84,6 +86,10 @@ class StackPoint:
     besides data-parallel traffic and the optimizer's arithmetic: the engine's step call,
     gradient-norm and clipping, logging; ``Rates.step_overhead``), from the base point run at
     two micro-batch counts; None: the catalog's."""
+    expert_fixed_s: float | None = None
+    """Seconds each local expert call of an MoE layer costs per micro-batch whatever its tokens,
+    beyond ``layer_scale`` times the model's layer (:func:`expert_calls`): from the point at two
+    micro-batch sizes (a line in the model's layer seconds); None: the layer is a ratio alone."""
     temps_scale: float | None = None
     """Measured / model bytes of the optimizer step's temporaries (the step phase's buffers);
     None: the catalog's."""
@@ -228,14 +234,31 @@ CATALOG = StackTerms()
 """No measured term: the models' default."""
 
 
+def expert_calls(model: ModelSpec, config: ParallelConfig, framework: Framework) -> float:
+    """Local expert calls per layer per micro-batch on one rank, averaged over the layers (the
+    MoE layers' share): each MoE layer calls its E / ep local experts one after another where
+    they are not one grouped GEMM (DeepSpeed-MoE's ``Experts.forward``, deepspeed/moe/
+    experts.py: one module call per local expert on its chunk of the dispatched buffer, each
+    with its own GEMMs and autograd nodes; Megatron's ``SequentialMLP``), one call otherwise."""
+    moe = framework_moe(model, config, framework).moe
+    if moe is None:
+        return 0.0
+    share = sum(moe_layer_flags(model)) / model.num_layers
+    return share * (1 if moe.grouped_gemm else max(1, moe.num_experts // config.ep))
+
+
 def scaled_layer_times(
     terms: StackTerms | None, config: ParallelConfig, fwd: float, bwd: float, core: float,
-    head: float, microbatch_overhead: float,
+    head: float, microbatch_overhead: float, model: ModelSpec | None = None,
+    framework: Framework = "megatron",
 ) -> tuple[float, float, float, float, float]:  # fmt: skip
     """(fwd, bwd, attention core, head, per-micro-batch overhead) of one micro-batch with the
     measured terms: the layer's times times ``layer_scale`` (recomputation, being a share of the
     forward, follows), and the head and the framework's per-micro-batch overhead such that their
-    sum is ``fixed_scale`` times the model's. The head takes the change first; a measured rest
+    sum is ``fixed_scale`` times the model's, and ``expert_fixed_s`` per expert call (given
+    ``model`` and ``framework``: :func:`expert_calls`) added to the layer, split as the layer's
+    forward and backward are (a recomputed forward calls the experts again: its recomputation,
+    a share of the forward, follows). The head takes the change first; a measured rest
     under the model's overhead alone (a stack whose per-micro-batch call costs less than the
     catalog's) leaves the head nil and the overhead what was measured, so the composed model
     gives the probe's own runs whatever the rest measured."""
@@ -247,7 +270,11 @@ def scaled_layer_times(
         rest = p.fixed_scale * (head + microbatch_overhead)
         head = max(rest - microbatch_overhead, 0.0)
         microbatch_overhead = rest - head
-    return fwd * k, bwd * k, core * k, head, microbatch_overhead
+    calls = expert_calls(model, config, framework) if model is not None else 0.0
+    fixed = (p.expert_fixed_s or 0.0) * calls
+    share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
+    fwd, bwd = fwd * k + share * fixed, bwd * k + (1 - share) * fixed
+    return fwd, bwd, core * k, head, microbatch_overhead
 
 
 def composed_memory(

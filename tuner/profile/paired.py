@@ -4,11 +4,13 @@ the rounds they ran side by side (:mod:`tuner.profile.probe` interleaves its poi
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tuner.config.parallel import ParallelConfig
     from tuner.profile.probe import ProbeRow
 
 
@@ -64,3 +66,47 @@ def paired_ratio(row: ProbeRow, ref: ProbeRow,
         return None
     mid = statistics.median(ratios)
     return mid, statistics.median(abs(q - mid) for q in ratios) / mid
+
+
+def aligned(by_key: dict[str, dict[int, ProbeRow]],
+             configs: Mapping[str, ParallelConfig]) -> dict[str, dict[int, ProbeRow]]:  # fmt: skip
+    """The rows of a probe that interleaved its points, each as its reference's level times its
+    paired ratio (:func:`tuner.profile.paired.paired_ratio`). The reference is the 1-layer run of
+    the base point with the row's TP and CP; every row of that group is taken over the rounds
+    all of them kept (a warm-up left out of one row leaves its round out of all), the reference
+    at the median of its samples there, each other row at that median times the median over
+    blocks of rounds of its ratio to the reference, its samples that median times each block's
+    ratio (so its spread is the ratios'). A load that drifts through the probe then moves every
+    row of the group by one factor, the reference's, and the differences between depths and
+    points are free of it. Rows of a probe that ran its points one after another are kept as
+    measured."""
+    groups: dict[tuple[int, int], list[ProbeRow]] = {}
+    for key, depths in by_key.items():
+        groups.setdefault((configs[key].tp, configs[key].cp), []).extend(depths.values())
+    refs = {(configs[k].tp, configs[k].cp): d[min(d)] for k, d in by_key.items() if len(d) > 1}
+    out: dict[str, dict[int, ProbeRow]] = {}
+    for key, depths in by_key.items():
+        group = (configs[key].tp, configs[key].cp)
+        ref = refs.get(group)
+        shared = set.intersection(*(set(r.rounds) for r in groups[group]))
+        if ref is None or not shared:
+            out[key] = dict(depths)
+            continue
+        theirs = dict(zip(ref.rounds, ref.samples_s, strict=True))
+        level = statistics.median(theirs[r] for r in shared)
+        out[key] = {}
+        for depth, row in depths.items():
+            if row is ref:
+                rounds = tuple(r for r in ref.rounds if r in shared)
+                samples = tuple(theirs[r] for r in rounds)
+                out[key][depth] = dataclasses.replace(row, step_s=level, samples_s=samples,
+                                                      rounds=rounds)  # fmt: skip
+                continue
+            blocks = paired_ratios(row, ref, shared)
+            ratio = paired_ratio(row, ref, shared)
+            assert ratio is not None  # shared rounds, so blocks
+            out[key][depth] = dataclasses.replace(
+                row, step_s=level * ratio[0], samples_s=tuple(level * q for _, q in blocks),
+                rounds=tuple(r for r, _ in blocks),
+            )  # fmt: skip
+    return out

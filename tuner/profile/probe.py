@@ -24,7 +24,6 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,9 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import LaunchError
 from tuner.layout import TrialPaths
 from tuner.logs import parse_log
+from tuner.profile.probe_rows import ProbeResult as ProbeResult
+from tuner.profile.probe_rows import ProbeRow as ProbeRow
+from tuner.profile.probe_rows import ProbeRun as ProbeRun
 from tuner.space.enumerate import iter_configs, study_violations
 from tuner.spec.study import StudySpec
 
@@ -84,57 +86,6 @@ INTERLEAVED = "resume"
 of each per round, the rounds numbered by the steps' iteration): their samples pair by round."""
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeRun:
-    """One run of the probe: a config of the space at ``depth`` layers per stage."""
-
-    config: ParallelConfig
-    depth: int
-    batch_scale: int = 1
-    """The run's global batch over the study's: more than 1 runs that many times the
-    micro-batches per optimizer step (:data:`BATCH_SCALE`)."""
-
-    @property
-    def launched(self) -> ParallelConfig:
-        """The config as it runs: ``config`` with ``batch_scale`` times its global batch."""
-        if self.batch_scale == 1:
-            return self.config
-        gbs = self.config.global_batch_size * self.batch_scale
-        return dataclasses.replace(self.config, global_batch_size=gbs)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeRow:
-    """What one probe run measured (as the study's log parser read it)."""
-
-    key: str
-    """The config's key (``ParallelConfig.key``): found again in the space on load."""
-    depth: int
-    step_s: float
-    samples_s: tuple[float, ...]
-    peak_gib: float
-    reserved_gib: float | None
-    rounds: tuple[int, ...] = ()
-    """The round (iteration) of each of ``samples_s`` when the probe interleaved its points'
-    steps, so that samples of one round ran side by side (:func:`paired_offset`); empty when the
-    points ran one after another."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeResult:
-    """The probe's rows and what it cost."""
-
-    rows: tuple[ProbeRow, ...]
-    wall_s: float
-    nodes: int
-    versions: dict[str, str]
-
-    @property
-    def node_hours(self) -> float:
-        """Wall time x nodes held."""
-        return self.wall_s * self.nodes / 3600.0
-
-
 def reduced(spec: StudySpec, config: ParallelConfig, depth: int) -> StudySpec:
     """``spec`` with ``depth`` layers per pipeline stage, ``config``'s global batch and the
     probe's iteration count."""
@@ -166,7 +117,8 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
     recomputation where the space has it, the middle micro-batch size, the lowest ZeRO stage and
     EP) at both :func:`probe_depths` and at 1 layer with :data:`BATCH_SCALE` times the
     micro-batches, then the base's neighbours that change one knob (each other recomputation,
-    ZeRO stage and EP) at the deeper one, and, where the space has pipeline stages with that TP
+    ZeRO stage and EP) at the deeper one, in an MoE study the base at another micro-batch size
+    at the deeper one (:func:`size_run`), and, where the space has pipeline stages with that TP
     and CP, one pipeline point (:func:`pipeline_run`) at :data:`PIPE_DEPTH` layers per
     stage. The other configs with pipeline stages are not run: they compose from the same
     per-layer terms and the pipeline point's per-micro-batch rest (tuner.models.stack)."""
@@ -205,10 +157,32 @@ def probe_runs(spec: StudySpec) -> list[ProbeRun]:
             if same and sum(changed) == 1 and c.key() not in seen:
                 seen.add(c.key())
                 runs.append(ProbeRun(c, max(depths)))
+        other = size_run(spec, base, group, max(depths))
+        if other is not None:
+            runs.append(other)
         pipe = pipeline_run(spec, base, every)
         if pipe is not None:
             runs.append(pipe)
     return runs
+
+
+def size_run(spec: StudySpec, base: ParallelConfig, group: Sequence[ParallelConfig],
+             depth: int) -> ProbeRun | None:  # fmt: skip
+    """In a study with MoE layers, the base's config at the space's smallest other micro-batch
+    size (the largest if the base has the smallest), at ``depth`` layers: an MoE layer's expert
+    calls cost a part per micro-batch whatever its tokens (tuner.models.stack.expert_calls), which
+    a layer measured at one size stretches with the size; two sizes tell it apart. None in a
+    dense study (its per-layer time measured no such part: the calibration guide) or a space of
+    one size."""
+    if spec.model.moe is None:
+        return None
+    same = [c for c in group if c.micro_batch_size != base.micro_batch_size
+            and dataclasses.replace(c, micro_batch_size=base.micro_batch_size) == base
+            and not study_violations(c, reduced(spec, c, depth))]  # fmt: skip
+    smaller = [c for c in same if c.micro_batch_size < base.micro_batch_size]
+    pick = min(smaller or same, key=lambda c: c.micro_batch_size * (1 if smaller else -1),
+               default=None)  # fmt: skip
+    return None if pick is None else ProbeRun(pick, depth)
 
 
 def pipeline_run(spec: StudySpec, base: ParallelConfig,

@@ -14,13 +14,18 @@ besides the gradient reduction and the optimizer's arithmetic) is measured by th
 run at more micro-batches (:func:`_overhead_scale`), and a pipeline point's per-micro-batch rest by
 solving the composed model for it (:func:`_pipeline_point`). Where the probe interleaved its
 points' steps, each row's step time is first read against the base point's 1-layer run, as its
-median times their paired ratio (:func:`_aligned`), so a drifting load moves the rows of a group
-alike and leaves their differences alone. For memory the peak allocated bytes at the two depths
-less the model's weights, gradients, optimizer states and buffers give one layer's activations (the
-difference over the layers between them) and the stage's extras (what is left at 1 layer). A point
-run at one depth takes the rest and the extras of its base point (same TP and CP) and measures its
-own per-layer figures. Slack (reserved - allocated) comes from GPU runs only: on CPU ranks the
-workloads' reserved figure is the growth of the resident set, not an allocator's.
+median times their paired ratio (:func:`tuner.profile.paired.aligned`), so a drifting load moves
+the rows of a group alike and leaves their differences alone. For memory the peak allocated
+bytes at the two depths less the model's weights, gradients, optimizer states and buffers give
+one layer's activations (the difference over the layers between them) and the stage's extras
+(what is left at 1 layer). A point run at one depth takes the rest and the extras of its base
+point (same TP and CP) and measures its own per-layer figures. In an MoE study the base's config
+also runs at another micro-batch size (:func:`tuner.profile.probe.probe_runs`): the layer at the
+two sizes is a line in the model's layer seconds, whose slope is the layer scale and whose
+intercept the seconds each local expert call costs per micro-batch whatever its tokens
+(:func:`_expert_fixed`), which every point of the group then takes. Slack (reserved - allocated)
+comes from GPU runs only: on CPU ranks the workloads' reserved figure is the growth of the
+resident set, not an allocator's.
 
 The file (``<root>/clusters/<cluster>.<study>.stack.yaml``) keeps the raw rows, the stack's
 versions, what the probe cost and a fingerprint of what it ran (model, framework, template,
@@ -36,7 +41,6 @@ import datetime as dt
 import hashlib
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,9 +51,9 @@ from tuner.config.parallel import ParallelConfig
 from tuner.layout import ClusterLayout
 from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
-from tuner.models.stack import CATALOG, StackPoint, StackTerms
+from tuner.models.stack import CATALOG, StackPoint, StackTerms, expert_calls
 from tuner.models.time.estimate import estimate_time
-from tuner.profile.paired import paired_ratio, paired_ratios, spread
+from tuner.profile.paired import aligned, spread
 from tuner.profile.probe import BATCH_SCALE, ProbeResult, ProbeRow, reduced
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError, local_versions
 from tuner.space.enumerate import iter_configs, study_gpu
@@ -153,28 +157,77 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
 
 def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
                      rates: Rates) -> StackPoint:  # fmt: skip
-    """A point run at one depth. It takes the base point's rest and extras. A neighbour in
-    sharding alone (ZeRO stage, distributed optimizer: what each rank holds of the model states
-    and how gradients and parameters travel, not what a layer saves or computes) also takes the
-    base's per-layer terms and measures its states and its step's sharding-dependent work; any
-    other neighbour (recomputation, EP) measures its own per-layer terms."""
+    """A point run at one depth. It takes the base point's rest, extras and expert calls' fixed
+    part. A neighbour in sharding alone (ZeRO stage, distributed optimizer: what each rank holds
+    of the model states and how gradients and parameters travel, not what a layer saves or
+    computes) also takes the base's per-layer terms and measures its states and its step's
+    sharding-dependent work; any other neighbour (recomputation, EP, micro-batch size) measures
+    its own per-layer terms."""
     if base is not None and _sharding_only(c, base):
         return _sharding_point(spec, c, row, base, rates)
-    m, depth = max(c.num_microbatches, 1), row.depth
-    (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
-    lay_model, rest_model = v2 - v1, 2 * v1 - v2
-    k_over = base.overhead_scale if base else None
-    _, sd, _ = _time_parts(spec, c, depth, rates, k_over)
-    k_rest = base.fixed_scale if base and base.fixed_scale is not None else 1.0
-    layer = ((row.step_s - sd) / m - k_rest * rest_model) / depth
-    other, states, act, ext = _memory_parts(spec, c, depth)
+    layer, lay_model = _one_depth_layer(spec, c, row, base, rates)
+    fixed = _fixed_of(spec, c, base)
+    other, states, act, ext = _memory_parts(spec, c, row.depth)
     k_ext = base.extras_scale if base and base.extras_scale is not None else 1.0
     acts = row.peak_gib * GIB - other - states - k_ext * ext
-    return _point(spec, c, (row,), layer_scale=_ratio(layer, lay_model),
+    return _point(spec, c, (row,),
+                  layer_scale=_part_ratio(layer - fixed, lay_model) if fixed
+                  else _ratio(layer, lay_model),
                   fixed_scale=base.fixed_scale if base else None,
                   activation_scale=_part_ratio(acts, act),
                   extras_scale=base.extras_scale if base else None,
-                  overhead_scale=k_over)  # fmt: skip
+                  overhead_scale=base.overhead_scale if base else None,
+                  expert_fixed_s=base.expert_fixed_s if base else None)  # fmt: skip
+
+
+def _one_depth_layer(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
+                     rates: Rates) -> tuple[float, float]:  # fmt: skip
+    """(measured, model) seconds of one layer per micro-batch of a run at one depth: its step
+    less the model's step rest (with the base's measured fixed rest) and the base's
+    per-micro-batch rest, over its layers."""
+    m, depth = max(c.num_microbatches, 1), row.depth
+    (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    _, sd, _ = _time_parts(spec, c, depth, rates, base.overhead_scale if base else None)
+    k_rest = base.fixed_scale if base and base.fixed_scale is not None else 1.0
+    return ((row.step_s - sd) / m - k_rest * (2 * v1 - v2)) / depth, v2 - v1
+
+
+def _fixed_of(spec: StudySpec, c: ParallelConfig, base: StackPoint | None) -> float:
+    """Seconds of ``c``'s expert calls' fixed part per layer per micro-batch as ``base``
+    measured it (nil where it measured none)."""
+    per_call = base.expert_fixed_s if base and base.expert_fixed_s else 0.0
+    return per_call * expert_calls(spec.model, c, spec.framework)
+
+
+def _expert_fixed(spec: StudySpec, base: StackPoint, c: ParallelConfig, row: ProbeRow,
+                  rates: Rates) -> StackPoint:  # fmt: skip
+    """The base point with its layer as a line in the model's layer seconds ``M``: measured
+    ``L = k x M + F`` at the base's micro-batch size (its two depths) and at ``c``'s (``row``,
+    the base's config at another size, one depth, read as a neighbour is), ``F`` the seconds
+    that do not grow with the micro-batch. In an MoE layer they are its expert calls' (each
+    local expert a module call of its own per micro-batch: :func:`tuner.models.stack.
+    expert_calls`; DeepSpeed's gate, ``TopKGate`` in deepspeed/moe/sharded_moe.py, some thirty
+    small ops per call whatever the tokens, is counted with them), kept per call. ``F`` is held
+    within nil and the base's whole layer, ``k`` then gives the base's runs exactly."""
+    calls = expert_calls(spec.model, c, spec.framework)
+    (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
+    base_c = dataclasses.replace(c, micro_batch_size=base.mbs)
+    (w1, _, _), (w2, _, _) = (_time_parts(spec, base_c, d, rates) for d in (1, 2))
+    m_a, m_b = w2 - w1, v2 - v1
+    if calls <= 0 or base.layer_scale is None or abs(m_a - m_b) <= 1e-6 * m_a:
+        return base
+    l_a = base.layer_scale * m_a
+    l_b, _ = _one_depth_layer(spec, c, row, base, rates)
+    fixed = min(max((l_b * m_a - l_a * m_b) / (m_a - m_b), 0.0), l_a)
+    return dataclasses.replace(base, layer_scale=_part_ratio(l_a - fixed, m_a),
+                               expert_fixed_s=fixed / calls)  # fmt: skip
+
+
+def _size_only(c: ParallelConfig, base: StackPoint) -> bool:
+    """Whether ``c`` differs from the base point in its micro-batch size alone."""
+    knobs = (c.recompute, c.zero_stage, c.distributed_optimizer, c.ep)
+    same = knobs == (base.recompute, base.zero_stage, base.distopt, base.ep)
+    return same and c.micro_batch_size != base.mbs
 
 
 def _sharding_only(c: ParallelConfig, base: StackPoint) -> bool:
@@ -194,7 +247,7 @@ def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: Sta
     (v1, _, _), (v2, _, _) = (_time_parts(spec, c, d, rates) for d in (1, 2))
     k_lay = base.layer_scale if base.layer_scale is not None else 1.0
     k_rest = base.fixed_scale if base.fixed_scale is not None else 1.0
-    per_mb = k_lay * (v2 - v1) * depth + k_rest * (2 * v1 - v2)
+    per_mb = (k_lay * (v2 - v1) + _fixed_of(spec, c, base)) * depth + k_rest * (2 * v1 - v2)
     _, sd, shard = _time_parts(spec, c, depth, rates, base.overhead_scale)
     work = row.step_s - m * per_mb - (sd - shard)
     other, states, act, ext = _memory_parts(spec, c, depth)
@@ -205,14 +258,15 @@ def _sharding_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: Sta
                   activation_scale=base.activation_scale, extras_scale=base.extras_scale,
                   states_scale=_part_ratio(held, states),
                   step_scale=_part_ratio(work, shard),
-                  overhead_scale=base.overhead_scale)  # fmt: skip
+                  overhead_scale=base.overhead_scale,
+                  expert_fixed_s=base.expert_fixed_s)  # fmt: skip
 
 
 def _point(
     spec: StudySpec, c: ParallelConfig, rows: Any, *, layer_scale: float | None,
     fixed_scale: float | None, activation_scale: float | None, extras_scale: float | None,
     states_scale: float | None = None, step_scale: float | None = None,
-    overhead_scale: float | None = None,
+    overhead_scale: float | None = None, expert_fixed_s: float | None = None,
 ) -> StackPoint:  # fmt: skip
     rows = list(rows)
     slack = temps = None
@@ -233,7 +287,7 @@ def _point(
         time_spread=max(spread(r.samples_s) for r in rows), layer_scale=layer_scale,
         fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
         states_scale=states_scale, step_scale=step_scale, temps_scale=temps,
-        overhead_scale=overhead_scale,
+        overhead_scale=overhead_scale, expert_fixed_s=expert_fixed_s,
     )  # fmt: skip
 
 
@@ -260,16 +314,19 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
                                f"space; run tune profile --study {spec.study_arg} --probe",
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
-    by_key = _aligned(by_key, configs)
+    by_key = aligned(by_key, configs)
     wide = {(configs[k].tp, configs[k].cp): (d[min(d)], configs[k])
             for k, d in by_key.items() if k in wides}  # fmt: skip
     bases: dict[tuple[int, int], StackPoint] = {}
-    points = []
     for key, depths in by_key.items():
         if len(depths) > 1 and configs[key].pp == 1:
             c = configs[key]
             bases[(c.tp, c.cp)] = _base_point(spec, c, depths, rates, wide.get((c.tp, c.cp)))
-            points.append(bases[(c.tp, c.cp)])
+    for key, depths in by_key.items():  # the base's config at another micro-batch size
+        c, base = configs[key], bases.get((configs[key].tp, configs[key].cp))
+        if base is not None and len(depths) == 1 and c.pp == 1 and _size_only(c, base):
+            bases[(c.tp, c.cp)] = _expert_fixed(spec, base, c, depths[max(depths)], rates)
+    points = list(bases.values())
     for key, depths in by_key.items():
         c = configs[key]
         if len(depths) == 1 and c.pp == 1 and key not in wides:
@@ -323,50 +380,6 @@ def _pipeline_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, flat: Sta
                                recompute=c.recompute, zero_stage=c.zero_stage, ep=c.ep,
                                distopt=c.distributed_optimizer, fixed_scale=(lo + hi) / 2,
                                time_spread=spread(row.samples_s))  # fmt: skip
-
-
-def _aligned(by_key: dict[str, dict[int, ProbeRow]],
-             configs: Mapping[str, ParallelConfig]) -> dict[str, dict[int, ProbeRow]]:  # fmt: skip
-    """The rows of a probe that interleaved its points, each as its reference's level times its
-    paired ratio (:func:`tuner.profile.paired.paired_ratio`). The reference is the 1-layer run of
-    the base point with the row's TP and CP; every row of that group is taken over the rounds
-    all of them kept (a warm-up left out of one row leaves its round out of all), the reference
-    at the median of its samples there, each other row at that median times the median over
-    blocks of rounds of its ratio to the reference, its samples that median times each block's
-    ratio (so its spread is the ratios'). A load that drifts through the probe then moves every
-    row of the group by one factor, the reference's, and the differences between depths and
-    points are free of it. Rows of a probe that ran its points one after another are kept as
-    measured."""
-    groups: dict[tuple[int, int], list[ProbeRow]] = {}
-    for key, depths in by_key.items():
-        groups.setdefault((configs[key].tp, configs[key].cp), []).extend(depths.values())
-    refs = {(configs[k].tp, configs[k].cp): d[min(d)] for k, d in by_key.items() if len(d) > 1}
-    out: dict[str, dict[int, ProbeRow]] = {}
-    for key, depths in by_key.items():
-        group = (configs[key].tp, configs[key].cp)
-        ref = refs.get(group)
-        shared = set.intersection(*(set(r.rounds) for r in groups[group]))
-        if ref is None or not shared:
-            out[key] = dict(depths)
-            continue
-        theirs = dict(zip(ref.rounds, ref.samples_s, strict=True))
-        level = statistics.median(theirs[r] for r in shared)
-        out[key] = {}
-        for depth, row in depths.items():
-            if row is ref:
-                rounds = tuple(r for r in ref.rounds if r in shared)
-                samples = tuple(theirs[r] for r in rounds)
-                out[key][depth] = dataclasses.replace(row, step_s=level, samples_s=samples,
-                                                      rounds=rounds)  # fmt: skip
-                continue
-            blocks = paired_ratios(row, ref, shared)
-            ratio = paired_ratio(row, ref, shared)
-            assert ratio is not None  # shared rounds, so blocks
-            out[key][depth] = dataclasses.replace(
-                row, step_s=level * ratio[0], samples_s=tuple(level * q for _, q in blocks),
-                rounds=tuple(r for r, _ in blocks),
-            )  # fmt: skip
-    return out
 
 
 # ----------------------------------------------------------------------------- the file

@@ -375,8 +375,9 @@ def estimate_time(
             model, config, framework, rates, gpus_per_node, share, layers,
             (fwd, bwd, tp_fwd, tp_bwd, psi),
         )  # fmt: skip
-    fwd, bwd, core, head, per_mb = scaled_layer_times(terms, config, fwd, bwd, core, head,
-                                                      rates.microbatch_overhead)  # fmt: skip
+    fwd, bwd, core, head, per_mb = scaled_layer_times(
+        terms, config, fwd, bwd, core, head, rates.microbatch_overhead, model, framework
+    )
     cast, amax = CastTimes(0.0, 0.0, 0.0), 0.0
     if training.precision == "fp8":
         recipe = training.fp8_recipe
