@@ -43,14 +43,25 @@ def test_a_study_with_no_trial_says_to_run_it(
     code, text = _tune(capsys, "leaderboard", "--study", STUDY, *results)  # no storage at all
     assert code == 2 and "tune run --study demo writes them" in text, text
     _stored(tmp_path / "results")
+    run = f"tune run --study demo --results {tmp_path / 'results'} runs them"  # not ./results
     for command in (["leaderboard"], ["leaderboard", "--all"]):
         code, text = _tune(capsys, *command, "--study", STUDY, *results)
-        assert code == 0 and "tune run --study demo runs them" in text, text
+        assert code == 0 and run in text, text
         assert "rank" not in text  # no empty table
     code, text = _tune(capsys, "best", "--study", STUDY, *results)
-    assert code == 2 and "tune run --study demo runs them" in text, text
+    assert code == 2 and run in text, text
     code, text = _tune(capsys, "report", "--study", STUDY, *results)
-    assert code == 0 and "report.html" in text and "tune run --study demo" in text, text
+    assert code == 0 and "report.html" in text and run in text, text
+
+
+def test_the_hint_names_results_only_where_it_is_not_the_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _stored(Path("results"))
+    for command in (["leaderboard"], ["best"], ["report"]):
+        code, text = _tune(capsys, *command, "--study", STUDY)
+        assert "tune run --study demo runs them" in text and "--results" not in text, text
 
 
 def test_trials_without_a_step_time_are_counted_and_all_shows_them(
@@ -60,7 +71,8 @@ def test_trials_without_a_step_time_are_counted_and_all_shows_them(
     _stored(tmp_path / "results", failed=2, running=1)
     code, text = _tune(capsys, "leaderboard", "--study", STUDY, *results)
     assert code == 0 and "1 still running" in text, text
-    assert "2 ended without a step time" in text and "--study demo --all" in text, text
+    assert "2 ended without a step time" in text, text
+    assert f"--study demo --results {tmp_path / 'results'} --all" in text, text
     code, text = _tune(capsys, "best", "--study", STUDY, *results)
     assert code == 2 and "--all" in text, text
     code, text = _tune(capsys, "leaderboard", "--study", STUDY, "--all", *results)

@@ -174,7 +174,7 @@ def show_board(out: Console, spec: StudySpec, board: Any, args: Namespace) -> No
 
     if board.empty:
         trials = stored_trials(spec, args.storage, args.results)
-        out.print(f"leaderboard of {spec.name}: {why_empty(spec, trials, args.all)}",
+        out.print(f"leaderboard of {spec.name}: {why_empty(spec, trials, args.all, args.results)}",
                   markup=False)  # fmt: skip
         return
     title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import statistics
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -143,10 +141,7 @@ class LiveProgress:
                 f"(range {min(ratios):.2f}-{max(ratios):.2f}, "
                 f"{units.plural(len(ratios), 'config')})"
             )
-        study = f"--study {loop.spec.study_arg}"
-        root = loop.layout.root
-        if Path(root).resolve() != Path("results").resolve():  # not the default: say where
-            study += f" --results {shlex.quote(str(root))}"
+        study = loop.spec.command_args(loop.layout.root)
         if summary.best_step_s is not None:
             out.print(
                 f"best: trial {summary.best_trial}, {units.seconds(summary.best_step_s)} s/step "

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     if leaderboard(spec, storage=args.storage, results=args.results).empty:  # what it lacks
         trials = stored_trials(spec, args.storage, args.results)
-        sys.stdout.write(f"report: {why_empty(spec, trials)}\n")
+        sys.stdout.write(f"report: {why_empty(spec, trials, results=args.results)}\n")
     if args.png is not None:
         pngs = write_pngs(parts, args.png)
         sys.stdout.write(f"figures: {len(pngs)} PNG files in {args.png}\n")

@@ -174,14 +174,17 @@ def leaderboard(
     return frame.drop(columns="_ok").reset_index(drop=True)
 
 
-def why_empty(spec: StudySpec, trials: list[FrozenTrial], include_all: bool = False) -> str:
+def why_empty(
+    spec: StudySpec, trials: list[FrozenTrial], include_all: bool = False, results: str = "results"
+) -> str:
     """Why a leaderboard has no row, and what to do: no trial yet (``tune run``), trials still
-    running (come back), or trials that ended without a step time (``--all`` shows how)."""
+    running (come back), or trials that ended without a step time (``--all`` shows how); the
+    commands name ``results`` where it is not the default."""
     seen = [t for t in trials if "duplicate_of" not in t.user_attrs
             and t.state != TrialState.WAITING]  # fmt: skip
     running = sum(t.state == TrialState.RUNNING for t in seen)
     ended = len(seen) - running
-    study = f"--study {spec.study_arg}"
+    study = spec.command_args(results)
     if not seen:
         return f"no trial has run yet: tune run {study} runs them"
     words = []
@@ -197,7 +200,7 @@ def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTria
     """The fastest measured trial."""
     board = leaderboard(spec, storage=storage, results=results)
     if board.empty:
-        why = why_empty(spec, stored_trials(spec, storage, results))
+        why = why_empty(spec, stored_trials(spec, storage, results), results=results)
         raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
     full = board[board["scale"] != "proxy"]  # a proxy's figure is never called best over a
     number = int((full if not full.empty else board).iloc[0]["trial"])  # full-scale one

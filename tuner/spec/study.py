@@ -13,6 +13,7 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from tuner._loader import NOT_IN_FILE
@@ -417,6 +418,14 @@ class StudySpec:
         the study was found by (a study file outside ``studies/`` is not found by the name
         inside it), else its name."""
         return shlex.quote(self.found_by or self.name)
+
+    def command_args(self, results: str | Path = "results") -> str:
+        """``--study X``, and ``--results DIR`` where the results are not under the default
+        ``./results``: what a printed hint's command needs to find this study's trials."""
+        args = f"--study {self.study_arg}"
+        if Path(results).resolve() != Path("results").resolve():
+            args += f" --results {shlex.quote(str(results))}"
+        return args
 
     @property
     def world_size(self) -> int:
