@@ -33,6 +33,7 @@ from tuner.profile.run import (
     local_versions,
     save_profile,
     study_profile,
+    summary_rows,
 )
 from tuner.profile.stack_terms import study_terms
 from tuner.spec.file import study_from_mapping
@@ -180,6 +181,25 @@ def test_alpha_beta_fit_recovers_latency_and_bandwidth() -> None:
     (fit,) = a_profile(collectives=tuple(rows)).alpha_beta()
     assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert fit.busbw_gbps == pytest.approx(bw / 1e9, rel=1e-6)
+
+
+def test_a_latency_the_fit_does_not_resolve_is_not_printed_as_a_measured_nil() -> None:
+    """Message sizes whose line meets nil time below nil bytes (small messages faster than the
+    line through the large ones: noise or a protocol switch) clip the latency at nil: the
+    summary says the latency is unresolved instead of printing "0.0 us"."""
+
+    def sample(b: int, t: float) -> CollectiveSample:
+        return CollectiveSample(op="all_gather", link="intra", group_size=2, ranks=(0, 1),
+                                bytes=b, samples_s=(t,), median_s=t,
+                                busbw_gbps=b / t / 1e9)  # fmt: skip
+
+    clipped = (sample(1 << 12, 1e-6), sample(1 << 24, 10e-3), sample(1 << 26, 70e-3))
+    resolved = (sample(1 << 12, 300e-6), sample(1 << 24, 20e-3), sample(1 << 26, 70e-3))
+    lines = {p: dict(summary_rows(a_profile(collectives=p))) for p in (clipped, resolved)}
+    assert a_profile(collectives=clipped).alpha_beta()[0].alpha_s == 0.0
+    assert lines[clipped]["all_gather intra n=2"].endswith("unresolved latency")
+    assert "0.0 us" not in lines[clipped]["all_gather intra n=2"]
+    assert lines[resolved]["all_gather intra n=2"].endswith(" us latency")
 
 
 @pytest.mark.parametrize(

@@ -434,7 +434,10 @@ def summary_rows(profile: ClusterProfile) -> list[tuple[str, str]]:
         rows.append((f"kernel launch ({profile.launch.ops} tiny ops, forward and backward)",
                      f"{profile.launch.per_op_s * 1e6:.3g} us per op"))  # fmt: skip
     for f in profile.alpha_beta():
-        lat = f"{f.alpha_s * 1e6:.1f} us" if math.isfinite(f.alpha_s) else "?"
+        # a fit whose intercept the message sizes put at or under nil has not resolved the
+        # latency (clipped at nil, or one size): "0.0 us" would read as a measurement
+        lat = (f"{f.alpha_s * 1e6:.1f} us" if math.isfinite(f.alpha_s) and f.alpha_s > 0
+               else "unresolved")  # fmt: skip
         rows.append((f"{f.op} {f.link} n={f.group_size}",
                      f"{f.busbw_gbps:.3g} GB/s bus, {lat} latency"))  # fmt: skip
     return rows
