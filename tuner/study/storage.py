@@ -144,13 +144,36 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+CONNECT_TIMEOUT_S = 10
+"""Seconds a PostgreSQL server has to answer a new connection. libpq waits for ever by
+default: a host that drops packets, or a port where something accepts and never speaks, held
+``tune`` without a word; the kernel's own retries give up only after about two minutes."""
+
+SQLITE_BUSY_TIMEOUT_S = 60
+"""Seconds an SQLite writer waits for another worker's lock before the write fails."""
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """The driver's arguments for every engine tuner opens on ``url`` (the study's and the node
+    leases'): a busy timeout for SQLite, a connect timeout for PostgreSQL (one the URL names
+    itself, ``?connect_timeout=N``, is kept)."""
+    if url.startswith("sqlite"):
+        return {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    return {}
+
+
 def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
-    """``fn`` again after a short pause when a concurrent schema creation made it fail."""
+    """``fn`` again after a short pause when a concurrent schema creation made it fail; a
+    server that could not be reached at all (no statement ran) is not retried: no other worker
+    raced for it, and five more connect timeouts would only make the user wait."""
     for k in range(attempts):
         try:
             return fn()
-        except (sa.exc.IntegrityError, sa.exc.OperationalError, sa.exc.ProgrammingError):
-            if k == attempts - 1:
+        except (sa.exc.IntegrityError, sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+            if k == attempts - 1 or exc.statement is None:
                 raise
             logger.debug("%s raced with another worker; retrying", what)
             time.sleep(0.2 * (k + 1))
@@ -182,7 +205,6 @@ def open_storage(
 def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
     if where.journal is not None:
         return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal)))
-    sqlite = where.url.startswith("sqlite")
 
     def make() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
@@ -193,7 +215,7 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
                 where.url,
                 heartbeat_interval=max(1, round(heartbeat_s)),
                 grace_period=max(1, round(MISSED_BEATS * heartbeat_s)),
-                engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else {},
+                engine_kwargs={"connect_args": connect_args(where.url)},
             )
 
     return retrying(f"opening {where.url}", make)
