@@ -42,9 +42,7 @@ class StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise ComposerError(
-                None, None, "aliases (*name) are not allowed in a study file", event.start_mark
-            )
+            raise ComposerError(None, None, "aliases (*name) are not allowed", event.start_mark)
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
