@@ -3,6 +3,7 @@ answer fails in seconds, once, in one line."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,7 +14,8 @@ import yaml
 
 from tests.test_hostile_inputs import BASE
 from tuner.cli.main import main
-from tuner.study.storage import CONNECT_TIMEOUT_S, connect_args
+from tuner.layout import ResultsLayout
+from tuner.study.storage import CONNECT_TIMEOUT_S, connect_args, creation_lock, resolve_url
 
 
 @pytest.fixture
@@ -61,3 +63,13 @@ def test_connect_args_bound_the_wait_and_keep_the_urls_own() -> None:
     assert connect_args("postgresql://u@db/t") == {"connect_timeout": CONNECT_TIMEOUT_S}
     assert connect_args("postgresql+psycopg2://u@db/t?connect_timeout=3") == {}
     assert connect_args("sqlite:///x.db") == {"timeout": 60}
+
+
+def test_the_creation_lock_is_not_optunas_journal_lock(tmp_path: Path) -> None:
+    """Both were ``FILE.lock``: Optuna's journal writers (a symbolic link made with O_EXCL
+    semantics) found tuner's file there, waited 30 s at every start of ``tune run`` on a
+    journal, then deleted it while tuner held it."""
+    journal = tmp_path / "study.log"
+    where = resolve_url(f"journal:{journal}", ResultsLayout(tmp_path / "results", "s"))
+    with creation_lock(where):
+        os.symlink(journal, f"{journal}.lock")  # what Optuna's lock does first; free

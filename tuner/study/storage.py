@@ -43,11 +43,12 @@ from optuna.distributions import (
     distribution_to_json,
     json_to_distribution,
 )
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.spec.study import StudySpec
+from tuner.study.journal import mend_journal
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,12 @@ def postgres_driver(url: str) -> str:
     )
 
 
+CREATION_LOCK_SUFFIX = ".create-lock"
+"""The creation lock's file beside the database or journal. Not ``.lock``: that is Optuna's
+journal writers' lock (``FILE.lock``, a symbolic link), which waited 30 s for tuner's file of
+that name at every start of ``tune run`` on a journal, then deleted it under its holder."""
+
+
 @contextlib.contextmanager
 def creation_lock(where: StorageURL) -> Iterator[None]:
     """Serialise opening and creating a study among the workers of this machine (a local file
@@ -132,7 +139,7 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
         yield
         return
     try:
-        f = target.with_name(target.name + ".lock").open("a")
+        f = target.with_name(target.name + CREATION_LOCK_SUFFIX).open("a")
     except OSError:  # a read-only results folder: nothing can be created there anyway
         yield
         return
@@ -204,7 +211,10 @@ def open_storage(
 
 def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
     if where.journal is not None:
-        return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal)))
+        lock = JournalFileSymlinkLock(str(where.journal))  # Optuna's writers' own lock
+        if where.journal.is_file():
+            mend_journal(where.journal, lock)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal), lock))
 
     def make() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
