@@ -48,6 +48,21 @@ def _text(content: bytes) -> Callable[[Path], None]:
     return lambda path: path.write_bytes(content)
 
 
+def _bombed(field: str) -> Callable[[Path], None]:
+    """``field`` (``rows[0].key`` for a row's) made a "billion laughs": nine levels of nine
+    aliases of the level below."""
+    levels = [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]" for i in range(9)]
+    bomb = "[" + ", ".join(levels[:-1]) + ", " + levels[-1] + "]"
+
+    def write(path: Path) -> None:
+        data = yaml.safe_load(path.read_text())
+        node, key = (data["rows"][0], "key") if field.startswith("rows") else (data, field)
+        node[key] = "BOMB"
+        path.write_text(yaml.safe_dump(data).replace("BOMB", bomb, 1))
+
+    return write
+
+
 # (id, the damage, words of the message). Each was a traceback, a Python-internal message
 # ("'NoneType' object is not subscriptable") or a silently wrong figure before.
 DAMAGED: list[tuple[str, Callable[[Path], None], str]] = [
@@ -67,10 +82,18 @@ DAMAGED: list[tuple[str, Callable[[Path], None], str]] = [
     ("cost-without-nodes", _edited(lambda d: d["cost"].pop("nodes")), "cost.nodes is missing"),
     ("versions-a-string", _edited(lambda d: d.update(versions="torch")),
      "versions: expected a mapping of package: version"),
-    ("created-a-number", _edited(lambda d: d.update(created=5)), "created: Invalid isoformat"),
+    ("created-a-number", _edited(lambda d: d.update(created=5)),
+     "created: expected an ISO 8601 time, got 5"),
+    ("created-garbage", _edited(lambda d: d.update(created="soon")), "created: Invalid isoformat"),
+    # an alias bomb (43 million leaves): its str() or repr built all of it, seconds and a GB
+    *[(f"alias-bomb-{field}", _bombed(field), f"{field}: expected {what}, got [[")
+      for field, what in (("versions", "a mapping of package: version"),
+                          ("created", "an ISO 8601 time"))],
+    ("alias-bomb-in-a-row", _bombed("rows[0].key"), "rows[0].key: expected a string, got [["),
 ]  # fmt: skip
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(("damage", "words"), [c[1:] for c in DAMAGED],
                          ids=[c[0] for c in DAMAGED])  # fmt: skip
 def test_a_damaged_probe_is_one_line_naming_the_field_and_the_remedy(
@@ -83,7 +106,7 @@ def test_a_damaged_probe_is_one_line_naming_the_field_and_the_remedy(
         load_probe(path, spec)
     text = str(exc.value)
     assert "\n" not in text and exc.value.file == str(path)
-    assert words in text, text
+    assert words in text and len(text) < 400, text[:500]
     assert text.endswith("; tune profile --study standin --probe measures it again"), text
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from tuner._loader import describe
 from tuner.errors import ConfigError
 from tuner.profile.probe import ProbeResult, ProbeRow
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError
@@ -64,15 +65,21 @@ def _measured(value: object) -> float:
     return number
 
 
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {describe(value)}")
+    return value
+
+
 def _whole(value: object) -> int:
     """A count from a saved probe (a depth, a round): a whole number (1.5 was read as 1)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a whole number >= 0, got {value!r}")
+        raise ValueError(f"expected a whole number >= 0, got {describe(value)}")
     return value
 
 
 _ROW: dict[str, Callable[[Any], Any]] = {
-    "key": str, "depth": _whole, "step_s": _measured,
+    "key": _text, "depth": _whole, "step_s": _measured,
     "samples_s": lambda v: tuple(_measured(x) for x in v), "peak_gib": _measured,
     "reserved_gib": lambda v: None if v is None else _measured(v),
     "rounds": lambda v: tuple(_whole(x) for x in v or ()),
@@ -114,6 +121,8 @@ def _probe_data(data: object) -> dict[str, Any]:
 
 def _aware(value: object) -> dt.datetime:
     """A saved time: ISO 8601 with its zone."""
+    if not isinstance(value, str | dt.datetime):  # str() of a list: all of it, however big
+        raise ValueError(f"expected an ISO 8601 time, got {describe(value)}")
     created = dt.datetime.fromisoformat(str(value))
     if created.tzinfo is None:
         raise ValueError(f"{value!r} has no time zone")
@@ -125,7 +134,7 @@ def _versions(value: object) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ValueError(f"expected a mapping of package: version, got {value!r}")
+        raise ValueError(f"expected a mapping of package: version, got {describe(value)}")
     return {str(k): v for k, v in value.items()}
 
 

@@ -28,7 +28,7 @@ import yaml
 
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout
-from tuner.profile.fields import Malformed, field_of, optional, present, samples, utc_time
+from tuner.profile.fields import Malformed, field_of, optional, present, samples, text, utc_time
 from tuner.profile.plan import ProbeOptions, make_plan
 from tuner.spec.file import read_text
 from tuner.spec.study import StudySpec
@@ -302,10 +302,10 @@ def _profile(data: Mapping[str, Any]) -> ClusterProfile:
     the probes added later (stream, launch, attention) may be missing. A missing or wrong field
     is a :class:`Malformed` naming it (``gemm[0].tflops is missing``)."""
     return ClusterProfile(
-        cluster=field_of(data, "cluster", str), gpu=field_of(data, "gpu", str),
+        cluster=field_of(data, "cluster", text), gpu=field_of(data, "gpu", text),
         created=field_of(data, "created", utc_time), versions=field_of(data, "versions", dict),
         hosts=field_of(data, "hosts", int), world_size=field_of(data, "world_size", int),
-        dtype=field_of(data, "dtype", str),
+        dtype=field_of(data, "dtype", text),
         gemm=samples(GemmSample, field_of(data, "gemm", present), "gemm"),
         collectives=samples(CollectiveSample, field_of(data, "collectives", present),
                              "collectives"),
