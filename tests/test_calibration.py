@@ -545,3 +545,21 @@ def test_a_study_saves_its_trials_and_the_next_one_reads_them(tmp_path: Path) ->
         assert len(sampler._past([])) == len(saved)  # another study's: all of them count
     finally:
         again.executor.close()
+
+
+def test_a_file_given_as_the_results_folder_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--results FILE`` (or a path through a file) made the calibration's stat fail: exit 1
+    and "Not a directory", naming neither the file nor the option."""
+    from tests.test_hostile_inputs import BASE
+
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "afile").write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    for results in ("afile", "afile/sub"):
+        for command in ("space", "estimate", "calibrate"):
+            assert main(["--results", results, command, "--study", "study.yaml"]) == 2
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1, lines
+            assert f"{tmp_path / 'afile'} is a file, not a folder (--results must" in lines[0]

@@ -24,8 +24,9 @@ from tests.test_profile import study as profile_study
 from tests.test_stack_terms import STUDY as PROBE_STUDY
 from tests.test_stack_terms import saved
 from tuner.errors import ConfigError
+from tuner.profile.probe_file import check_probe, load_probe
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError, check_profile
-from tuner.profile.stack_terms import check_probe, derive_terms, load_probe
+from tuner.profile.stack_terms import derive_terms
 from tuner.spec.file import load_study, study_from_mapping
 from tuner.spec.study import StudySpec
 
@@ -93,7 +94,7 @@ def test_a_stale_or_foreign_probe_names_the_study_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = written(tmp_path, monkeypatch, PROBE_STUDY)
-    data = load_probe(saved(tmp_path / "results", spec, NOW))
+    data = load_probe(saved(tmp_path / "results", spec, NOW), spec)
     other = study_from_mapping({**copy.deepcopy(PROBE_STUDY), "name": "mine"}, base_dir=tmp_path)
     wider = dataclasses.replace(other.model, hidden_size=512)
     other = dataclasses.replace(other, found_by=GIVEN, model=wider)

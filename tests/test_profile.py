@@ -436,3 +436,31 @@ def test_profile_runs_on_loopback_ssh_nodes(tmp_path: Path) -> None:
         "reduce_scatter",
         "send_recv",
     }
+
+
+def _bomb(top: str) -> str:
+    """A "billion laughs" under ``top``: nine levels of nine aliases of the level below (43
+    million leaves once walked; a few hundred bytes of YAML)."""
+    levels = [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]" for i in range(9)]
+    nested = "[" + ", ".join(levels[:-1]) + ", " + levels[-1] + "]"
+    return f"{top}: {nested}\n"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("field", "words"), [
+    ("dtype", "dtype is not str: [["),
+    ("created", "created is not an ISO 8601 time with its zone: [["),
+])  # fmt: skip
+def test_an_alias_bomb_in_a_profile_is_one_short_line(
+    tmp_path: Path, field: str, words: str
+) -> None:
+    """str() of the bomb (a text field) and its repr in the message built all of it: seconds,
+    a GB, and a message of hundreds of MB."""
+    path = tmp_path / "clusters" / "c.yaml"
+    save_profile(a_profile(), path)
+    data = yaml.safe_load(path.read_text())
+    data.pop(field)
+    path.write_text(yaml.safe_dump(data) + _bomb(field))
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    assert words in str(info.value) and len(str(info.value)) < 300, str(info.value)[:500]

@@ -20,8 +20,9 @@ from tuner.cli.main import main
 from tuner.layout import ClusterLayout
 from tuner.models.memory.estimate import GIB
 from tuner.profile.probe import POINT, probe_runs
+from tuner.profile.probe_file import load_probe
 from tuner.profile.rates import study_rates
-from tuner.profile.stack_terms import load_probe, study_terms
+from tuner.profile.stack_terms import study_terms
 from tuner.spec.file import study_from_mapping
 
 pytestmark = [pytest.mark.slow]
@@ -85,7 +86,7 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
     log = job.node_log(0).read_text()
     assert log.count(f"{POINT} ") == 2 * len(runs)  # one job: every point in one node log
     assert "rc=0" in log and "rc=1" not in log
-    saved = load_probe(layout.stack_yaml(spec.name))
+    saved = load_probe(layout.stack_yaml(spec.name), spec)
     assert saved["cost"]["nodes"] == 1 and saved["cost"]["wall_s"] > 0
 
     terms = study_terms(spec, tmp_path / "results", study_rates(spec, tmp_path / "results"))

@@ -23,14 +23,9 @@ from tuner.models.stack import CATALOG, StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.profile import probe
 from tuner.profile.probe import ProbeResult, ProbeRow, probe_depths, probe_runs, split_points
+from tuner.profile.probe_file import check_probe, load_probe, save_probe
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError
-from tuner.profile.stack_terms import (
-    check_probe,
-    derive_terms,
-    load_probe,
-    save_probe,
-    study_terms,
-)
+from tuner.profile.stack_terms import derive_terms, study_terms
 from tuner.space.enumerate import iter_configs, study_gpu
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
@@ -339,7 +334,7 @@ def test_a_saved_probe_round_trips(tmp_path: Path) -> None:
     spec = spec_of()
     now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
     path = saved(tmp_path, spec, now)
-    data = load_probe(path)
+    data = load_probe(path, spec)
     assert data["rows"] == tuple(probe_rows(spec))
     assert data["cost"] == {"wall_s": 61.0, "nodes": 1, "node_hours": round(61 / 3600, 5)}
     check_probe(data, spec, now=now, versions={"torch": "0.0-not-this-one"})
@@ -355,7 +350,7 @@ def one_line(exc: pytest.ExceptionInfo[ProfileError]) -> str:
 def test_a_stale_or_foreign_probe_is_refused_in_one_line(tmp_path: Path) -> None:
     spec = spec_of()
     now = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
-    data = load_probe(saved(tmp_path, spec, now))
+    data = load_probe(saved(tmp_path, spec, now), spec)
     later = now + dt.timedelta(days=MAX_AGE_DAYS + 1)
     with pytest.raises(ProfileError) as exc:
         check_probe(data, spec, now=later)
@@ -398,7 +393,7 @@ def test_a_hand_edited_probe_is_one_malformed_error(
             data["rows"][0][key] = value
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ProfileError) as exc:
-        load_probe(path)
+        load_probe(path, spec)
     assert "malformed framework probe" in one_line(exc) and words in one_line(exc)
     assert exc.value.file == str(path)
 
@@ -715,7 +710,7 @@ def test_interleaved_parts_of_a_point_are_joined_and_their_rounds_saved(tmp_path
     path = tmp_path / "probe.yaml"
     save_probe(spec, ProbeResult(rows=rows, wall_s=1.0, nodes=1, versions={}), path,
                dt.datetime(2026, 1, 2, tzinfo=dt.UTC))  # fmt: skip
-    assert load_probe(path)["rows"] == rows
+    assert load_probe(path, spec)["rows"] == rows
 
 
 def test_the_points_file_asks_for_interleaving_unless_told_not_to(

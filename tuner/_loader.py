@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Hashable, Mapping
@@ -42,9 +43,7 @@ class StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise ComposerError(
-                None, None, "aliases (*name) are not allowed in a study file", event.start_mark
-            )
+            raise ComposerError(None, None, "aliases (*name) are not allowed", event.start_mark)
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
@@ -58,7 +57,7 @@ class StrictLoader(yaml.SafeLoader):
                 continue
             if duplicate:
                 raise ConstructorError(
-                    None, None, f"duplicate key {_describe(key)}", key_node.start_mark
+                    None, None, f"duplicate key {describe(key)}", key_node.start_mark
                 )
         return super().construct_mapping(node, deep=deep)
 
@@ -74,8 +73,16 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _describe(value: object) -> str:
-    text = repr(value)
+_CONTAINER = reprlib.Repr()
+_CONTAINER.maxlevel, _CONTAINER.maxlist, _CONTAINER.maxdict = 2, 4, 4
+
+
+def describe(value: object) -> str:
+    """``value`` as a message shows it: its repr, at most 40 characters. A list or mapping is
+    shown through :mod:`reprlib`, which stops at what is shown: the full repr of an alias bomb
+    (nine levels of nine references to one list, 43 million leaves) took seconds and a GB."""
+    containers = (list, tuple, dict, set, frozenset)
+    text = _CONTAINER.repr(value) if isinstance(value, containers) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -96,7 +103,7 @@ def load_dataclass(
     """Build ``cls`` from a mapping, strictly: unknown keys and missing required fields raise.
     ``given``: the fields the reader fills in (:data:`NOT_IN_FILE`), which the file may not."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"expected a mapping, got {_describe(data)}", path=path or "<top>")
+        raise ConfigError(f"expected a mapping, got {describe(data)}", path=path or "<top>")
     fields = {f.name: f for f in file_fields(cls)}
     hints = _hints(cast(Any, cls))
     unknown = [str(k) for k in data if k not in fields]
@@ -130,7 +137,7 @@ def convert(tp: Any, value: object, path: str) -> Any:
         choices = get_args(tp)
         if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
             shown = ", ".join(str(c) for c in choices)
-            raise ConfigError(f"{_describe(value)} is not one of: {shown}", path=path)
+            raise ConfigError(f"{describe(value)} is not one of: {shown}", path=path)
         return value
     if origin is tuple:
         return _convert_tuple(tp, value, path)
@@ -163,7 +170,7 @@ def _convert_union(tp: Any, value: object, path: str) -> Any:
         raise errors[0]
     choices = _choices(args)
     if choices is not None:  # a switch (proxy: on, off or auto): one list, not two errors
-        raise ConfigError(f"{_describe(value)} is not one of: {', '.join(choices)}", path=path)
+        raise ConfigError(f"{describe(value)} is not one of: {', '.join(choices)}", path=path)
     reasons = " or ".join(e.reason for e in errors)
     raise ConfigError(reasons, path=path)
 
@@ -185,7 +192,7 @@ def _choices(args: tuple[Any, ...]) -> list[str] | None:
 def _convert_tuple(tp: Any, value: object, path: str) -> tuple[Any, ...]:
     args = get_args(tp)
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
-        raise ConfigError(f"expected a list, got {_describe(value)}", path=path)
+        raise ConfigError(f"expected a list, got {describe(value)}", path=path)
     item_type = args[0]
     return tuple(convert(item_type, item, _join(path, i)) for i, item in enumerate(value))
 
@@ -193,11 +200,11 @@ def _convert_tuple(tp: Any, value: object, path: str) -> tuple[Any, ...]:
 def _convert_mapping(tp: Any, value: object, path: str) -> dict[str, Any]:
     args = get_args(tp)
     if not isinstance(value, Mapping):
-        raise ConfigError(f"expected a mapping, got {_describe(value)}", path=path)
+        raise ConfigError(f"expected a mapping, got {describe(value)}", path=path)
     out: dict[str, Any] = {}
     for key, item in value.items():
         if not isinstance(key, str):
-            raise ConfigError(f"keys must be strings, got {_describe(key)}", path=path)
+            raise ConfigError(f"keys must be strings, got {describe(key)}", path=path)
         if args[1] is str and isinstance(item, int | float) and not isinstance(item, bool):
             item = str(item)  # env values such as NCCL_IB_TIMEOUT: 19
         out[key] = convert(args[1], item, _join(path, key))
@@ -208,11 +215,11 @@ def _convert_scalar(tp: Any, value: object, path: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"expected true or false, got {_describe(value)}", path=path)
+        raise ConfigError(f"expected true or false, got {describe(value)}", path=path)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"expected an integer, got {_describe(value)}", path=path)
+        raise ConfigError(f"expected an integer, got {describe(value)}", path=path)
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             try:
@@ -220,15 +227,15 @@ def _convert_scalar(tp: Any, value: object, path: str) -> Any:
             except OverflowError:  # an integer too large for a float
                 number = math.inf
             if not math.isfinite(number):
-                raise ConfigError(f"must be a finite number, got {_describe(value)}", path=path)
+                raise ConfigError(f"must be a finite number, got {describe(value)}", path=path)
             return number
-        raise ConfigError(f"expected a number, got {_describe(value)}", path=path)
+        raise ConfigError(f"expected a number, got {describe(value)}", path=path)
     if tp is str:
         if isinstance(value, str) and "\0" in value:
             raise ConfigError("must not contain a NUL character", path=path)
         if isinstance(value, str) and value:
             return value
-        raise ConfigError(f"expected a non-empty string, got {_describe(value)}", path=path)
+        raise ConfigError(f"expected a non-empty string, got {describe(value)}", path=path)
     if tp is Any or tp is object:
         return value
     raise TypeError(f"unsupported field type {tp!r} at {path}")  # a bug in tuner, not in input

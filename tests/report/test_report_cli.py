@@ -109,3 +109,13 @@ def test_an_unwritable_report_names_its_file(
     assert tune(study_run, "--out", "/dev/full") == 1
     err = capsys.readouterr().err
     assert err == "tune: error: /dev/full: No space left on device\n", err
+
+
+def test_a_folder_as_out_is_refused_before_the_report_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was found only when the built page was written: exit 1, "Is a directory"."""
+    assert main(["report", "--study", "no-such-study", "--out", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"tune: error: --out {tmp_path} is a folder; give the report's file name "
+                     f"({tmp_path / 'report.html'})"]  # fmt: skip

@@ -314,6 +314,10 @@ def load_calibration(path: Path, cluster: str) -> Calibration:
         data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader
     except FileNotFoundError:
         return Calibration(cluster=cluster)
+    except NotADirectoryError:  # `--results FILE`: exit 1 and "Not a directory" before
+        file = next(p for p in path.parents if p.exists() and not p.is_dir())
+        raise ConfigError(f"cannot read the calibration: {file} is a file, not a folder "
+                          "(--results must be a folder)", file=str(path)) from None  # fmt: skip
     except ConfigError as exc:
         raise ConfigError(exc.reason, file=str(path)) from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits

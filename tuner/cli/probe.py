@@ -16,16 +16,12 @@ from tuner.spec.study import StudySpec
 def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     """Run (or with ``--show`` read) the study's framework probe; print its terms and cost."""
     from tuner.profile.probe import ProbeResult, run_stack_probe
+    from tuner.profile.probe_file import load_probe, save_probe
     from tuner.profile.rates import study_rates
-    from tuner.profile.stack_terms import load_probe, save_probe, study_terms
+    from tuner.profile.stack_terms import study_terms
     from tuner.study.loop import make_executor
 
     path = layout.stack_yaml(spec.name)
-    if args.show and not path.is_file():  # nothing to show yet: the command that measures it
-        from tuner.profile.run import ProfileError
-
-        raise ProfileError(f"no framework probe yet (tune profile --study {spec.study_arg} "
-                           "--probe measures it)", file=str(path))  # fmt: skip
     if not args.show:
         executor = make_executor(spec)
         try:
@@ -33,8 +29,8 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
         finally:
             executor.close()
         save_probe(spec, result, path, dt.datetime.now(dt.UTC))
+    data = load_probe(path, spec)  # none yet (--show): says the command that measures it
     terms = study_terms(spec, args.results, study_rates(spec, args.results))  # checked
-    data = load_probe(path)
     cost = data["cost"]
     if args.format == "json":
         _emit_json({"path": str(path), "cost": cost, "versions": data["versions"],
@@ -147,7 +143,7 @@ def _plain(obj: Any) -> dict[str, Any]:
 def source_lines(spec: StudySpec, config: Any, terms: Any) -> list[str]:
     """``tune estimate``'s lines saying where each term came from."""
     if terms.is_catalog:
-        return [f"terms: all from the catalog (tune profile --study {spec.study_arg} --probe "
+        return [f"terms: all from the catalog ({spec.profile_command} --probe "
                 "measures this stack's per-layer time, activations and extras)"]  # fmt: skip
     out = []
     for s in terms.sources(config):

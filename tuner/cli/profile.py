@@ -26,11 +26,10 @@ def cluster_study(path: str) -> StudySpec:
     """A cluster file (``cluster:``, ``model:``, optional ``launch:``, ``training:``,
     ``space:``) as a study, so its cluster can be profiled for that model. A study file works
     too."""
-    from tuner._loader import load_yaml
-    from tuner.spec.file import read_text, study_from_mapping
+    from tuner.spec.file import read_yaml, study_from_mapping
 
     file = Path(path)
-    raw = load_yaml(read_text(file, "the cluster file"))
+    raw = read_yaml(file, "the cluster file", shown=path)
     if not isinstance(raw, dict) or "cluster" not in raw:
         raise ConfigError("a cluster file needs a cluster: section", file=path)
     if "model" not in raw:
@@ -42,7 +41,8 @@ def cluster_study(path: str) -> StudySpec:
     data["launch"] = {"template": "megatron_gpt", **(data.get("launch") or {})}
     data.setdefault("training", {"global_batch_size": 1024})
     try:
-        return study_from_mapping(data, base_dir=file.resolve().parent)
+        return study_from_mapping(data, base_dir=file.resolve().parent, found_by=path,
+                                  cluster_file=True)  # fmt: skip
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=exc.path, file=path) from None
 
@@ -64,7 +64,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
         return run_probe(spec, layout, args)
     if args.show:
-        profile = prof.study_profile(spec, args.results) or prof.load_profile(layout.profile_yaml)
+        profile = prof.study_profile(spec, args.results) or prof.load_profile(
+            layout.profile_yaml, spec
+        )
     else:
         profile = _measure(spec, layout, args)
         prof.save_profile(profile, layout.profile_yaml)
@@ -365,8 +367,8 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
         )  # what tuner.models.rates.gemm_efficiency reads
         ceiling = ", GEMMs at its published measured matmul ceiling" if measured else ""
         return None, (f"catalog ({gpu} datasheet figures{ceiling}; its step times are off by "
-                      f"{CATALOG_STEP_SIGMA:.0%} sd on a stack never seen; tune profile --study "
-                      f"{spec.study_arg} measures this cluster's)")  # fmt: skip
+                      f"{CATALOG_STEP_SIGMA:.0%} sd on a stack never seen; "
+                      f"{spec.profile_command} measures this cluster's)")  # fmt: skip
     rates, when = profile_rates(spec, profile), profile.created
     # a profile saved before the probe measured attention and memory streaming has neither
     measures = ["GEMMs by shape", "all-reduce latency and bandwidth"]

@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     tokens = args.train_tokens
     if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
         raise ConfigError(f"--train-tokens must be a finite number > 0, got {tokens}")
+    if args.out is not None and args.out.is_dir():  # found once the report was built: exit 1
+        raise ConfigError(f"--out {args.out} is a folder; give the report's file name "
+                          f"({args.out / 'report.html'})")  # fmt: skip
     spec = load_study(args.study)
     path, parts = build_report(spec, out=args.out, storage=args.storage, results=args.results,
                                baseline=args.baseline, train_tokens=args.train_tokens)  # fmt: skip

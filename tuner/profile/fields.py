@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from tuner._loader import describe
+
 S = TypeVar("S")
 T = TypeVar("T")
 
@@ -20,13 +22,22 @@ def present(value: Any) -> Any:
     return value
 
 
+def text(value: Any) -> str:
+    """A saved name or version as text: a number is written out, a list or mapping refused
+    (``str()`` of an alias bomb builds all of its 43 million leaves)."""
+    if isinstance(value, list | tuple | dict | set):
+        raise TypeError(value)
+    return str(value)
+
+
 def utc_time(value: Any) -> str:
     """An ISO 8601 time with its zone, as saved (the age check subtracts it from now)."""
-    if dt.datetime.fromisoformat(str(value)).tzinfo is None:  # the age check needs the zone
+    if dt.datetime.fromisoformat(text(value)).tzinfo is None:  # the age check needs the zone
         raise ValueError(value)
     return str(value)
 
 
+text.__name__ = "str"  # what a message says it is not
 utc_time.__name__ = "an ISO 8601 time with its zone"
 
 
@@ -48,7 +59,7 @@ def _count(value: Any) -> int:
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "int": _count,
     "float": _figure,
-    "str": str,
+    "str": text,
     "tuple[float, ...]": lambda v: tuple(_figure(x) for x in v),
     "tuple[int, ...]": lambda v: tuple(_count(x) for x in v),
 }
@@ -69,7 +80,8 @@ def sample(cls: type[S], row: Any, where: str) -> S:
         try:
             values[f.name] = _CONVERT[str(f.type)](row[f.name])
         except (TypeError, ValueError, OverflowError):
-            raise Malformed(f"{where}.{f.name} is not {f.type}: {row[f.name]!r}") from None
+            shown = describe(row[f.name])
+            raise Malformed(f"{where}.{f.name} is not {f.type}: {shown}") from None
     return cls(**values)
 
 
@@ -91,4 +103,4 @@ def field_of(data: Mapping[str, Any], key: str, convert: Callable[[Any], T]) -> 
         return convert(data[key])
     except (TypeError, ValueError, OverflowError):
         raise Malformed(f"{key} is not {getattr(convert, '__name__', 'valid')}: "
-                         f"{data[key]!r}") from None  # fmt: skip
+                         f"{describe(data[key])}") from None  # fmt: skip

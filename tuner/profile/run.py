@@ -28,7 +28,7 @@ import yaml
 
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout
-from tuner.profile.fields import Malformed, field_of, optional, present, samples, utc_time
+from tuner.profile.fields import Malformed, field_of, optional, present, samples, text, utc_time
 from tuner.profile.plan import ProbeOptions, make_plan
 from tuner.spec.file import read_text
 from tuner.spec.study import StudySpec
@@ -302,10 +302,10 @@ def _profile(data: Mapping[str, Any]) -> ClusterProfile:
     the probes added later (stream, launch, attention) may be missing. A missing or wrong field
     is a :class:`Malformed` naming it (``gemm[0].tflops is missing``)."""
     return ClusterProfile(
-        cluster=field_of(data, "cluster", str), gpu=field_of(data, "gpu", str),
+        cluster=field_of(data, "cluster", text), gpu=field_of(data, "gpu", text),
         created=field_of(data, "created", utc_time), versions=field_of(data, "versions", dict),
         hosts=field_of(data, "hosts", int), world_size=field_of(data, "world_size", int),
-        dtype=field_of(data, "dtype", str),
+        dtype=field_of(data, "dtype", text),
         gemm=samples(GemmSample, field_of(data, "gemm", present), "gemm"),
         collectives=samples(CollectiveSample, field_of(data, "collectives", present),
                              "collectives"),
@@ -330,25 +330,38 @@ def save_profile(profile: ClusterProfile, path: Path) -> None:
     tmp.replace(path)
 
 
-def load_profile(path: Path) -> ClusterProfile:
-    """Read a saved profile; a missing or malformed file is a one-line :class:`ProfileError`."""
+def load_profile(path: Path, spec: StudySpec | None = None) -> ClusterProfile:
+    """Read a saved profile; a missing or malformed file is a one-line :class:`ProfileError`
+    naming the file and the command that measures it again (``spec``'s, where it is known)."""
+    again = spec.profile_command if spec is not None else "tune profile"
     if not path.exists():
-        raise ProfileError("no cluster profile (run tune profile)", file=str(path))
+        raise ProfileError(f"no cluster profile yet ({again} measures it)", file=str(path))
+    why: str | None
     try:
         data = yaml.safe_load(read_text(path, "the cluster profile", limit=None))
     except ConfigError as exc:  # not a regular file, not UTF-8
-        raise ProfileError(exc.reason, file=str(path)) from None
+        why = exc.reason
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
-        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
-        raise ProfileError(f"not YAML: {why}", file=str(path)) from None
+        nested = isinstance(exc, RecursionError)
+        why = "not YAML: " + ("nested too deeply" if nested else str(exc).splitlines()[0])
+    else:
+        why = _profile_problem(data)
+        if why is None:
+            try:
+                return _profile(data)
+            except (Malformed, TypeError, ValueError) as exc:
+                why = f"malformed cluster profile: {exc}"
+    raise ProfileError(f"{why}; {again} measures it again", file=str(path))
+
+
+def _profile_problem(data: object) -> str | None:
+    """Why ``data`` is not a saved profile at first sight, or None."""
     names = {f.name for f in dataclasses.fields(ClusterProfile)} | {"alpha_beta"}
-    if not isinstance(data, dict) or set(data) - names:
-        extra = sorted(set(data) - names) if isinstance(data, dict) else []
-        raise ProfileError(f"not a cluster profile (unknown keys {extra})", file=str(path))
-    try:
-        return _profile(data)
-    except (Malformed, TypeError, ValueError) as exc:
-        raise ProfileError(f"malformed cluster profile: {exc}", file=str(path)) from None
+    if not isinstance(data, dict):
+        return f"not a cluster profile (expected a mapping, got {type(data).__name__})"
+    if set(data) - names:
+        return f"not a cluster profile (unknown keys {sorted(set(data) - names)})"
+    return None
 
 
 def check_profile(
@@ -364,20 +377,20 @@ def check_profile(
     if profile.gpu != spec.cluster.gpu_name:
         raise ProfileError(
             f"foreign profile: measured on {profile.gpu}, the study's cluster.gpu is "
-            f"{spec.cluster.gpu_name} (run tune profile --study {spec.study_arg})", file=where,
+            f"{spec.cluster.gpu_name} (run {spec.profile_command})", file=where,
         )  # fmt: skip
     age = now - dt.datetime.fromisoformat(profile.created)
     if age > dt.timedelta(days=MAX_AGE_DAYS):
         raise ProfileError(
             f"stale profile: measured {profile.created}, {age.days} days ago (more than "
-            f"{MAX_AGE_DAYS}); run tune profile --study {spec.study_arg}", file=where,
+            f"{MAX_AGE_DAYS}); run {spec.profile_command}", file=where,
         )  # fmt: skip
     for key in VERSION_KEYS:
         then, current = profile.versions.get(key), (versions or {}).get(key)
         if then is not None and current is not None and str(then) != str(current):
             raise ProfileError(
                 f"stale profile: measured with {key} {then}, the cluster now has {current}; "
-                f"run tune profile --study {spec.study_arg}", file=where,
+                f"run {spec.profile_command}", file=where,
             )  # fmt: skip
     return profile
 
@@ -393,7 +406,7 @@ def study_profile(
     local = local_versions() if spec.cluster.executor == "local" else None
     when = now or dt.datetime.now(dt.UTC)
     path = str(layout.profile_yaml)
-    return check_profile(load_profile(layout.profile_yaml), spec, now=when, versions=local,
+    return check_profile(load_profile(layout.profile_yaml, spec), spec, now=when, versions=local,
                          path=path)  # fmt: skip
 
 

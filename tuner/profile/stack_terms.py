@@ -27,25 +27,17 @@ intercept the seconds each local expert call costs per micro-batch whatever its 
 comes from GPU runs only: on CPU ranks the workloads' reserved figure is the growth of the
 resident set, not an allocator's.
 
-The file (``<root>/clusters/<cluster>.<study>.stack.yaml``) keeps the raw rows, the stack's
-versions, what the probe cost and a fingerprint of what it ran (model, framework, template,
-precision, GPU, ranks); the terms are derived again on load, under the current cluster profile's
-rates. A probe of another model or launch (foreign), older than the cluster profile's limit or
-of other software than the local stack (stale) is a one-line :class:`ProfileError`.
+The probe's saved file is :mod:`tuner.profile.probe_file`'s; the terms are derived again from its
+rows on load, under the current cluster profile's rates.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from tuner.config.parallel import ParallelConfig
 from tuner.layout import ClusterLayout
@@ -54,8 +46,9 @@ from tuner.models.rates import Rates, catalog_rates
 from tuner.models.stack import CATALOG, StackPoint, StackTerms, expert_calls
 from tuner.models.time.estimate import estimate_time
 from tuner.profile.paired import aligned, spread
-from tuner.profile.probe import BATCH_SCALE, ProbeResult, ProbeRow, reduced
-from tuner.profile.run import MAX_AGE_DAYS, ProfileError, local_versions
+from tuner.profile.probe import BATCH_SCALE, ProbeRow, reduced
+from tuner.profile.probe_file import check_probe, load_probe
+from tuner.profile.run import ProfileError, local_versions
 from tuner.space.enumerate import iter_configs, study_gpu
 from tuner.spec.study import StudySpec
 
@@ -311,7 +304,7 @@ def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None 
     for row in rows:
         if row.key not in configs:
             raise ProfileError(f"foreign probe: its config {row.key} is not in the study's "
-                               f"space; run tune profile --study {spec.study_arg} --probe",
+                               f"space; run {spec.profile_command} --probe",
                                file=where)  # fmt: skip
         by_key.setdefault(row.key, {})[row.depth] = row
     by_key = aligned(by_key, configs)
@@ -382,91 +375,6 @@ def _pipeline_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, flat: Sta
                                time_spread=spread(row.samples_s))  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- the file
-
-
-def fingerprint(spec: StudySpec) -> str:
-    """What the probe's figures depend on: the model, framework, launch template and script,
-    precision, GPU and ranks per trial (a change makes a saved probe foreign)."""
-    what = {
-        "model": dataclasses.asdict(spec.model), "framework": spec.framework,
-        "template": spec.launch.template, "script": spec.launch.script,
-        "precision": spec.training.precision, "gpu": spec.cluster.gpu_name,
-        "ranks": [spec.cluster.gpus_per_node, spec.nodes_per_trial],
-    }  # fmt: skip
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def save_probe(spec: StudySpec, result: ProbeResult, path: Path, now: dt.datetime) -> None:
-    """Write the probe's rows, versions, cost and fingerprint as YAML."""
-    data = {
-        "study": spec.name, "fingerprint": fingerprint(spec),
-        "created": now.astimezone(dt.UTC).isoformat(timespec="seconds"),
-        "versions": dict(result.versions),
-        "cost": {"wall_s": round(result.wall_s, 2), "nodes": result.nodes,
-                 "node_hours": round(result.node_hours, 5)},
-        "rows": [{**dataclasses.asdict(r), "samples_s": list(r.samples_s),
-                  "rounds": list(r.rounds)} for r in result.rows],
-    }  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
-
-
-def _measured(value: object) -> float:
-    """A measured figure from a saved probe: a finite number, not negative."""
-    number = float(value)  # type: ignore[arg-type]  # a ValueError/TypeError names a bad one
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"a measured figure must be a finite number >= 0, got {value!r}")
-    return number
-
-
-def load_probe(path: Path) -> dict[str, Any]:
-    """A saved probe as plain data with its rows; malformed is a one-line ProfileError."""
-    try:
-        data = yaml.safe_load(path.read_text())
-        rows = tuple(
-            ProbeRow(key=str(r["key"]), depth=int(r["depth"]), step_s=_measured(r["step_s"]),
-                     samples_s=tuple(_measured(x) for x in r["samples_s"]),
-                     peak_gib=_measured(r["peak_gib"]),
-                     reserved_gib=None if r["reserved_gib"] is None
-                     else _measured(r["reserved_gib"]),
-                     rounds=tuple(int(x) for x in r.get("rounds") or ()))
-            for r in data["rows"]
-        )  # fmt: skip
-        created = dt.datetime.fromisoformat(str(data["created"]))
-        if created.tzinfo is None:
-            raise ValueError(f"created {data['created']!r} has no time zone")
-        return {**data, "rows": rows, "versions": dict(data.get("versions") or {})}
-    except FileNotFoundError:
-        raise ProfileError(
-            "no framework probe (run tune profile --probe)", file=str(path)
-        ) from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ProfileError(f"malformed framework probe: {first}", file=str(path)) from None
-
-
-def check_probe(data: Mapping[str, Any], spec: StudySpec, *, now: dt.datetime,
-                versions: Mapping[str, Any] | None = None, path: str = "") -> None:  # fmt: skip
-    """A one-line ProfileError when the saved probe is foreign or stale for ``spec``."""
-    again = f"run tune profile --study {spec.study_arg} --probe"
-    if data.get("fingerprint") != fingerprint(spec):
-        raise ProfileError(f"foreign probe: measured for another model, framework, launch or "
-                           f"cluster shape than study {spec.name}'s now; {again}",
-                           file=path)  # fmt: skip
-    age = now - dt.datetime.fromisoformat(str(data["created"]))
-    if age > dt.timedelta(days=MAX_AGE_DAYS):
-        raise ProfileError(f"stale probe: measured {data['created']}, {age.days} days ago (more "
-                           f"than {MAX_AGE_DAYS}); {again}", file=path)  # fmt: skip
-    for key, then in data["versions"].items():
-        current = (versions or {}).get(key)
-        if current is not None and str(current) != str(then):
-            raise ProfileError(f"stale probe: measured with {key} {then}, the stack now has "
-                               f"{current}; {again}", file=path)  # fmt: skip
-
-
 def study_terms(spec: StudySpec, results: str | Path = "results", rates: Rates | None = None,
                 now: dt.datetime | None = None) -> StackTerms:  # fmt: skip
     """The measured terms of ``spec``'s saved probe (checked), or :data:`CATALOG` without one."""
@@ -474,7 +382,7 @@ def study_terms(spec: StudySpec, results: str | Path = "results", rates: Rates |
     path = layout.stack_yaml(spec.name)
     if not path.is_file():
         return CATALOG
-    data = load_probe(path)
+    data = load_probe(path, spec)
     local = local_versions() if spec.cluster.executor == "local" else None
     check_probe(data, spec, now=now or dt.datetime.now(dt.UTC), versions=local, path=str(path))
     return derive_terms(spec, data["rows"], rates, str(path))

@@ -81,6 +81,28 @@ def read_text(path: Path, what: str, limit: int | None = MAX_FILE_BYTES) -> str:
         ) from None
 
 
+def read_yaml(path: Path, what: str, shown: str | None = None) -> object:
+    """The one YAML document of the user's file ``path`` (``what``: "the study file"), parsed
+    strictly (:func:`load_yaml`: no aliases, no duplicate keys). Every way it cannot be read or
+    parsed is one :class:`ConfigError` naming the file (as ``shown``, else ``path``) and, for
+    bad YAML, the line."""
+    file = str(path) if shown is None else shown
+    try:
+        return load_yaml(read_text(path, what))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
+            where += " (a tab: write spaces there)"
+        raise ConfigError(f"{problem}{where}", file=file) from None
+    except ConfigError as exc:
+        raise ConfigError(exc.reason, file=file) from None
+    except (ValueError, RecursionError) as exc:  # an int of 5000 digits, [[[[...]]]] nesting
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"invalid YAML: {reason}", file=file) from None
+
+
 def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
     try:
         lines = read_text(path, f"hostfile {str(path)!r}").splitlines()
@@ -163,10 +185,12 @@ def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
 
 
 def study_from_mapping(
-    raw: object, *, base_dir: Path | None = None, found_by: str | None = None
-) -> StudySpec:
+    raw: object, *, base_dir: Path | None = None, found_by: str | None = None,
+    cluster_file: bool = False,
+) -> StudySpec:  # fmt: skip
     """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``;
-    ``found_by``: the name or path the file was found by (:attr:`StudySpec.found_by`).
+    ``found_by``: the name or path the file was found by (:attr:`StudySpec.found_by`), a
+    cluster file where ``cluster_file`` (:attr:`StudySpec.cluster_file`).
 
     ``${NAME}`` in any string value is first replaced with that environment variable
     (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
@@ -195,7 +219,9 @@ def study_from_mapping(
         from tuner.catalog import catalog_gpu_name  # any case, stored as the catalog spells it
 
         data["cluster"] = {**cluster, "gpu": catalog_gpu_name(cluster["gpu"])}
-    return load_dataclass(StudySpec, data, given={"found_by": found_by})
+    return load_dataclass(
+        StudySpec, data, given={"found_by": found_by, "cluster_file": cluster_file}
+    )
 
 
 def _expand_user(path: str, yaml_path: str) -> Path:
@@ -273,20 +299,7 @@ def _unknown_study_hint(name: str, cwd: Path, available: list[str]) -> str:
 def load_study(name: str, cwd: Path | None = None) -> StudySpec:
     """Load and strictly check a study by name or path. Errors name the file and the YAML path."""
     path = resolve_study_path(name, cwd)
-    try:
-        raw = load_yaml(read_text(path, "the study file"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
-            where += " (a tab: write spaces there)"
-        raise ConfigError(f"{problem}{where}", file=str(path)) from None
-    except ConfigError as exc:
-        raise ConfigError(exc.reason, file=str(path)) from None
-    except (ValueError, RecursionError) as exc:  # an int of 5000 digits, [[[[...]]]] nesting
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise ConfigError(f"invalid YAML: {reason}", file=str(path)) from None
+    raw = read_yaml(path, "the study file")
     try:
         # the folder the file really is in: studies/ may be a link (it is, in this repository)
         spec = study_from_mapping(raw, base_dir=path.resolve().parent, found_by=name)

@@ -250,6 +250,10 @@ class StudySpec:
     """The name or path :func:`~tuner.spec.file.load_study` found this study by (the
     ``--study`` given); None for a study not read that way. Set by the reader, not a key of the
     file; :attr:`study_arg` repeats it."""
+    cluster_file: bool = field(default=False, compare=False, metadata={NOT_IN_FILE: True})
+    """Whether :attr:`found_by` is a cluster file (``tune profile --cluster FILE``, a study
+    made of its cluster and model) rather than a study. Set by the reader, not a key of the
+    file."""
 
     def __post_init__(self) -> None:
         problem = study_name_problem(self.name)  # the results layout's: the name is a directory
@@ -428,6 +432,13 @@ class StudySpec:
         return args
 
     @property
+    def profile_command(self) -> str:
+        """The ``tune profile`` command that measures this study's cluster again, as the user
+        gave it: ``--cluster FILE`` for a cluster file, else ``--study`` (:attr:`study_arg`)."""
+        option = "--cluster" if self.cluster_file else "--study"
+        return f"tune profile {option} {self.study_arg}"
+
+    @property
     def world_size(self) -> int:
         """Ranks in one trial: nodes_per_trial x gpus_per_node."""
         return self.nodes_per_trial * self.cluster.gpus_per_node
@@ -439,6 +450,7 @@ class StudySpec:
         data.pop("search")
         data.pop("description")
         data.pop("found_by")  # where the file was found from, not what it says
+        data.pop("cluster_file")
         data["cluster"].pop("name")  # names the saved calibration; changes no measurement
         data["launch"].pop("train_args")  # the full run's only: no trial sees them
         text = json.dumps(data, sort_keys=True, default=str)

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from tuner.layout import ResultsLayout
 from tuner.study.holder import provably_dead
-from tuner.study.storage import MISSED_BEATS, resolve_url, retrying
+from tuner.study.storage import MISSED_BEATS, connect_args, resolve_url, retrying
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +210,7 @@ class _SQLBackend(_Backend):
     """One row per resource; the primary key makes a claim atomic on any SQL database."""
 
     def __init__(self, url: str) -> None:
-        args = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-        self._engine = sa.create_engine(url, **args)
+        self._engine = sa.create_engine(url, connect_args=connect_args(url))
         retrying("creating the lease table", lambda: _META.create_all(self._engine))
 
     def insert(self, study: str, rows: Sequence[Lease]) -> None:

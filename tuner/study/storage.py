@@ -43,11 +43,12 @@ from optuna.distributions import (
     distribution_to_json,
     json_to_distribution,
 )
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.spec.study import StudySpec
+from tuner.study.journal import mend_journal
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,12 @@ def postgres_driver(url: str) -> str:
     )
 
 
+CREATION_LOCK_SUFFIX = ".create-lock"
+"""The creation lock's file beside the database or journal. Not ``.lock``: that is Optuna's
+journal writers' lock (``FILE.lock``, a symbolic link), which waited 30 s for tuner's file of
+that name at every start of ``tune run`` on a journal, then deleted it under its holder."""
+
+
 @contextlib.contextmanager
 def creation_lock(where: StorageURL) -> Iterator[None]:
     """Serialise opening and creating a study among the workers of this machine (a local file
@@ -132,7 +139,7 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
         yield
         return
     try:
-        f = target.with_name(target.name + ".lock").open("a")
+        f = target.with_name(target.name + CREATION_LOCK_SUFFIX).open("a")
     except OSError:  # a read-only results folder: nothing can be created there anyway
         yield
         return
@@ -144,13 +151,36 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+CONNECT_TIMEOUT_S = 10
+"""Seconds a PostgreSQL server has to answer a new connection. libpq waits for ever by
+default: a host that drops packets, or a port where something accepts and never speaks, held
+``tune`` without a word; the kernel's own retries give up only after about two minutes."""
+
+SQLITE_BUSY_TIMEOUT_S = 60
+"""Seconds an SQLite writer waits for another worker's lock before the write fails."""
+
+
+def connect_args(url: str) -> dict[str, Any]:
+    """The driver's arguments for every engine tuner opens on ``url`` (the study's and the node
+    leases'): a busy timeout for SQLite, a connect timeout for PostgreSQL (one the URL names
+    itself, ``?connect_timeout=N``, is kept)."""
+    if url.startswith("sqlite"):
+        return {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        return {"connect_timeout": CONNECT_TIMEOUT_S}
+    return {}
+
+
 def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
-    """``fn`` again after a short pause when a concurrent schema creation made it fail."""
+    """``fn`` again after a short pause when a concurrent schema creation made it fail; a
+    server that could not be reached at all (no statement ran) is not retried: no other worker
+    raced for it, and five more connect timeouts would only make the user wait."""
     for k in range(attempts):
         try:
             return fn()
-        except (sa.exc.IntegrityError, sa.exc.OperationalError, sa.exc.ProgrammingError):
-            if k == attempts - 1:
+        except (sa.exc.IntegrityError, sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+            if k == attempts - 1 or exc.statement is None:
                 raise
             logger.debug("%s raced with another worker; retrying", what)
             time.sleep(0.2 * (k + 1))
@@ -181,8 +211,10 @@ def open_storage(
 
 def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
     if where.journal is not None:
-        return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal)))
-    sqlite = where.url.startswith("sqlite")
+        lock = JournalFileSymlinkLock(str(where.journal))  # Optuna's writers' own lock
+        if where.journal.is_file():
+            mend_journal(where.journal, lock)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal), lock))
 
     def make() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
@@ -193,7 +225,7 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
                 where.url,
                 heartbeat_interval=max(1, round(heartbeat_s)),
                 grace_period=max(1, round(MISSED_BEATS * heartbeat_s)),
-                engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else {},
+                engine_kwargs={"connect_args": connect_args(where.url)},
             )
 
     return retrying(f"opening {where.url}", make)

@@ -1,0 +1,75 @@
+"""Opening a study's storage (:mod:`tuner.study.storage`): a database server that does not
+answer fails in seconds, once, in one line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_hostile_inputs import BASE
+from tuner.cli.main import main
+from tuner.layout import ResultsLayout
+from tuner.study.storage import CONNECT_TIMEOUT_S, connect_args, creation_lock, resolve_url
+
+
+@pytest.fixture
+def silent_server() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A port where connections are accepted and never answered (a firewall that lets the
+    handshake through, another service on the database's port): its number and the
+    connections it took."""
+    server = socket.create_server(("127.0.0.1", 0))
+    taken: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                taken.append(server.accept()[0])
+            except OSError:  # closed at the end of the test
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1], taken
+    server.close()
+    for conn in taken:
+        conn.close()
+
+
+@pytest.mark.timeout(10 * CONNECT_TIMEOUT_S)  # a hang (libpq's default) fails here
+def test_a_server_that_never_answers_is_one_line_after_one_connect_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    silent_server: tuple[int, list[socket.socket]],
+) -> None:  # fmt: skip
+    """``tune`` waited for ever on such a port; then, with a connect timeout, retried it five
+    times as if another worker had raced it for the schema."""
+    pytest.importorskip("psycopg2")
+    port, taken = silent_server
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(BASE))
+    url = f"postgresql+psycopg2://u:secret@127.0.0.1:{port}/db"
+    assert main(["leaderboard", "--study", str(study), "--storage", url]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "timeout expired" in lines[0], lines
+    assert "secret" not in lines[0]
+    assert len(taken) == 1  # one connect timeout, not five
+
+
+def test_connect_args_bound_the_wait_and_keep_the_urls_own() -> None:
+    assert connect_args("postgresql://u@db/t") == {"connect_timeout": CONNECT_TIMEOUT_S}
+    assert connect_args("postgresql+psycopg2://u@db/t?connect_timeout=3") == {}
+    assert connect_args("sqlite:///x.db") == {"timeout": 60}
+
+
+def test_the_creation_lock_is_not_optunas_journal_lock(tmp_path: Path) -> None:
+    """Both were ``FILE.lock``: Optuna's journal writers (a symbolic link made with O_EXCL
+    semantics) found tuner's file there, waited 30 s at every start of ``tune run`` on a
+    journal, then deleted it while tuner held it."""
+    journal = tmp_path / "study.log"
+    where = resolve_url(f"journal:{journal}", ResultsLayout(tmp_path / "results", "s"))
+    with creation_lock(where):
+        os.symlink(journal, f"{journal}.lock")  # what Optuna's lock does first; free
