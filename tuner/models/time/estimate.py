@@ -412,9 +412,8 @@ def estimate_time(
         layers * (fwd + tp_fwd + extra_f),
         layers * (bwd + rec + tp_bwd + rec_comm + extra_b),
     )
-    p2p, bubble = pipeline_seconds(
-        config, model, rates, gpus_per_node, stage_mb, framework, windows, p2p_overlap
-    )
+    p2p, bubble = pipeline_seconds(config, model, rates, gpus_per_node, stage_mb, framework,
+                                   windows, p2p_overlap)  # fmt: skip
     dp, optimizer = _dp_and_optimizer(
         config, rates, gpus_per_node, framework, psi, expert_psi, windows, stage_mb, layers,
         bf16_opt,
