@@ -42,6 +42,16 @@ class Parser(argparse.ArgumentParser):
             message = self._choices_missing(message.removeprefix(REQUIRED).split(", ")) or message
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
 
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """argparse's, but an empty value is refused naming its option: ``--results ""`` was
+        the current folder (a path made of "" is "."), ``--study ""`` "is a directory" and
+        ``tune profile --study ""`` a traceback. An option whose default is "" takes it."""
+        subcommand = isinstance(action, argparse._SubParsersAction)  # gets the words after it
+        if arg_string == "" and action.default != "" and not subcommand:
+            what = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+            raise argparse.ArgumentError(action, f"an empty value; give {what}")
+        return super()._get_value(action, arg_string)
+
     def _choices_missing(self, names: Sequence[str]) -> str | None:
         """``tune catalog needs one of: gpus, models`` when what is missing is one argument with
         choices (argparse said "the following arguments are required: what", under a usage

@@ -1,0 +1,48 @@
+"""Hostile values on ``tune``'s command line and in what it reads around it: each is one line
+naming the option or the file, exit status 2, never a traceback, never a silent default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner.cli.main import main
+
+EMPTY_VALUES = [
+    (["leaderboard", "--study", "demo", "--results", ""], "--results", "DIR"),
+    (["--results", "", "leaderboard", "--study", "demo"], "--results", "DIR"),
+    (["space", "--study", ""], "--study", "NAME"),
+    (["leaderboard", "--study", "demo", "--storage", ""], "--storage", "URL"),
+    (["report", "--study", "demo", "--out", ""], "--out", "FILE.html"),
+    (["profile", "--study", ""], "--study", "STUDY"),
+    (["profile", "--cluster", ""], "--cluster", "FILE"),
+    (["calibrate", "--study", ""], "--study", "STUDY"),
+    (["parse-log", ""], "FILE", "FILE"),
+]
+
+
+@pytest.mark.parametrize(("argv", "option", "what"), EMPTY_VALUES)
+def test_an_empty_value_is_refused_naming_its_option(
+    argv: list[str], option: str, what: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--results ""`` was the current folder (``Path("")`` is "."), ``--study ""`` "is a
+    directory", ``tune profile --study ""`` a TypeError's traceback and ``tune calibrate
+    --study ""`` the calibration of a cluster named None."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tune: error: "), err
+    assert f"argument {option}: an empty value; give {what}" in err
+    assert list(tmp_path.iterdir()) == []  # nothing written in the folder "" stood for
+
+
+def test_an_option_whose_default_is_empty_still_takes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rerun ""`` is its default (no outcome runs again), not an error."""
+    argv = ["run", "--study", "demo", "--dry-run", "--json", "--rerun", ""]
+    assert main([*argv, "--results", str(tmp_path)]) == 0, capsys.readouterr().err
