@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.test_cli_profile import CLUSTER_TEXT
+from tests.test_hostile_inputs import BASE
 from tuner.cli.main import main
 
 EMPTY_VALUES = [
@@ -46,3 +49,39 @@ def test_an_option_whose_default_is_empty_still_takes_it(
     """``--rerun ""`` is its default (no outcome runs again), not an error."""
     argv = ["run", "--study", "demo", "--dry-run", "--json", "--rerun", ""]
     assert main([*argv, "--results", str(tmp_path)]) == 0, capsys.readouterr().err
+
+
+def _without_megatron_path(folder: Path) -> None:
+    assert BASE["launch"] == {"template": "megatron_gpt"}  # no launch.megatron_path
+    (folder / "studies").mkdir()
+    (folder / "studies" / "nopath.yaml").write_text(yaml.safe_dump({**BASE, "name": "nopath"}))
+
+
+@pytest.mark.parametrize("given", ["nopath", "studies/nopath.yaml"])
+def test_a_setting_the_launch_needs_names_the_study_file(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``launch.megatron_path: this launch template needs it; set it in the study``: which
+    file (a study found by name is one of several places)."""
+    monkeypatch.chdir(tmp_path)
+    _without_megatron_path(tmp_path)
+    assert main(["run", "--study", given]) == 2
+    err = capsys.readouterr().err
+    file = tmp_path / "studies" / "nopath.yaml"
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"tune: error: {file}: launch.megatron_path: this launch template "
+                          "needs it"), err  # fmt: skip
+    assert not (tmp_path / "results" / "nopath" / "trials").exists()  # nothing launched
+
+
+def test_a_setting_the_probe_needs_names_the_cluster_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune profile --cluster FILE --probe`` said "set it in the study": there is none."""
+    monkeypatch.chdir(tmp_path)
+    Path("my cluster.yaml").write_text(CLUSTER_TEXT)
+    assert main(["profile", "--cluster", "my cluster.yaml", "--probe"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("tune: error: my cluster.yaml: launch.megatron_path: this launch template "
+                   "needs it; set it there\n")  # fmt: skip
