@@ -3,13 +3,16 @@ naming the option or the file, exit status 2, never a traceback, never a silent 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.test_cli_profile import CLUSTER_TEXT
-from tests.test_hostile_inputs import BASE
+from tests.test_hostile_inputs import BASE, HANG_GUARD_S, REPO
 from tuner.cli.main import main
 
 EMPTY_VALUES = [
@@ -85,3 +88,19 @@ def test_a_setting_the_probe_needs_names_the_cluster_file(
     err = capsys.readouterr().err
     assert err == ("tune: error: my cluster.yaml: launch.megatron_path: this launch template "
                    "needs it; set it there\n")  # fmt: skip
+
+
+def test_a_warning_is_a_tune_line_not_a_log_record(tmp_path: Path) -> None:
+    """tuner's warnings (a torn journal cut off, a second Ctrl-C while stopping) were printed
+    as ``2026-01-05 10:12:03,114 WARNING tuner.study.journal: ...`` among ``tune:`` lines."""
+    journal = tmp_path / "j.log"
+    journal.write_text('{"op_code": 0, "worker_id": "w"}\n{"op_co')  # a torn last record
+    argv = ["leaderboard", "--study", "demo", "--storage", f"journal:{journal}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "tuner.cli.main", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)  # fmt: skip
+    first = done.stderr.splitlines()[0]
+    assert first == (
+        f"tune: warning: {journal}: cut off its last record, torn by a worker that stopped "
+        "mid-write (7 bytes; its trial is recovered from its folder)"
+    )

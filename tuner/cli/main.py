@@ -26,6 +26,7 @@ from tuner.cli.cost import (
     spent_json,
 )
 from tuner.cli.failure import exit_status, terminate_as_interrupt
+from tuner.cli.logline import LineFormatter
 from tuner.cli.options import (
     Parser,
     VersionAction,
@@ -414,10 +415,10 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(LineFormatter())
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        handlers=[handler])  # fmt: skip
     if args.debug:  # the details behind a one-line error (a failing storage's every error)
         logging.getLogger("tuner").setLevel(logging.DEBUG)
     if args.command in OPTUNA_COMMANDS and not getattr(args, "dry_run", False):
