@@ -288,7 +288,7 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", default=s, help="show tracebacks")
     parser.add_argument("-v", "--verbose", action="store_true", default=s, help="log progress")
     parser.add_argument("--quiet", action="store_true", default=s,
-                        help="tune run: no live display")  # fmt: skip
+                        help="tune run: no live display (-v: a log line per change)")  # fmt: skip
 
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
