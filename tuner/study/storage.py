@@ -48,6 +48,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.spec.study import StudySpec
+from tuner.study.driver import connect_args
 from tuner.study.journal import mend_journal
 
 logger = logging.getLogger(__name__)
@@ -149,27 +150,6 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-CONNECT_TIMEOUT_S = 10
-"""Seconds a PostgreSQL server has to answer a new connection. libpq waits for ever by
-default: a host that drops packets, or a port where something accepts and never speaks, held
-``tune`` without a word; the kernel's own retries give up only after about two minutes."""
-
-SQLITE_BUSY_TIMEOUT_S = 60
-"""Seconds an SQLite writer waits for another worker's lock before the write fails."""
-
-
-def connect_args(url: str) -> dict[str, Any]:
-    """The driver's arguments for every engine tuner opens on ``url`` (the study's and the node
-    leases'): a busy timeout for SQLite, a connect timeout for PostgreSQL (one the URL names
-    itself, ``?connect_timeout=N``, is kept)."""
-    if url.startswith("sqlite"):
-        return {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        return {"connect_timeout": CONNECT_TIMEOUT_S}
-    return {}
 
 
 def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
