@@ -104,3 +104,22 @@ def test_a_warning_is_a_tune_line_not_a_log_record(tmp_path: Path) -> None:
         f"tune: warning: {journal}: cut off its last record, torn by a worker that stopped "
         "mid-write (7 bytes; its trial is recovered from its folder)"
     )
+
+
+@pytest.mark.parametrize("command", ["space", "run", "calibrate", "leaderboard"])
+@pytest.mark.parametrize("given", ["loop", "loop/deeper"])
+def test_a_results_folder_through_a_symbolic_link_loop_is_one_line(
+    command: str, given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune space``, ``run --dry-run`` and ``calibrate`` ended in a RuntimeError's traceback
+    (pathlib's "Symlink loop"), exit 1; ``leaderboard`` said there were no results there."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("other", "loop")
+    os.symlink("loop", "other")
+    argv = [command, "--study", "demo", "--results", given]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--dry-run"] if command == "run" else argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: argument --results: {given}: a symbolic "
+                                       f"link loop (see tune {command} --help)\n")  # fmt: skip

@@ -33,6 +33,7 @@ from tuner.cli.options import (
     add_columns_option,
     add_format_option,
     add_study_option,
+    folder,
     rerun_outcomes,
     whole,
 )
@@ -296,7 +297,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=s, metavar="URL",
                         help="SQLAlchemy URL or journal file (default: the results directory's "
                         "STUDY/study.db)")  # fmt: skip
-    parser.add_argument("--results", default=s, metavar="DIR",
+    parser.add_argument("--results", default=s, metavar="DIR", type=folder,
                         help="results directory (default: ./results)")  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from tuner.outcome import Outcome
@@ -87,6 +88,18 @@ def add_format_option(
     if json_synonym:
         parser.add_argument("--json", dest="format", action="store_const", const="json",
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
+
+
+def folder(text: str) -> str:
+    """An argparse ``type``: a folder's path as given, refused when it cannot be resolved (a
+    symbolic link loop on the way: ``--results LOOP`` was a RuntimeError's traceback from the
+    first command that resolved it, exit 1)."""
+    try:
+        Path(text).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11: RuntimeError; 3.13: ELOOP
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
+        raise argparse.ArgumentTypeError(f"{text}: {why}") from None
+    return text
 
 
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
