@@ -123,3 +123,21 @@ def test_a_results_folder_through_a_symbolic_link_loop_is_one_line(
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (f"tune: error: argument --results: {given}: a symbolic "
                                        f"link loop (see tune {command} --help)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["COLUMNS", "LINES"])
+@pytest.mark.parametrize("value", ["²", "٣", "12x", "-5", " 80"])
+def test_a_terminal_size_variable_that_is_no_number_is_ignored(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``COLUMNS=²`` or ``LINES=²`` (a digit to ``str.isdigit``, which Rich asks too, and no
+    number to ``int``) was a ValueError's traceback from every table; such a value is as if
+    unset: the same output as without it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+    assert main(["catalog", "gpus"]) == 0
+    unset = capsys.readouterr()
+    monkeypatch.setenv(name, value)
+    assert main(["catalog", "gpus"]) == 0
+    assert capsys.readouterr() == unset
