@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,25 @@ def test_a_terminal_size_variable_that_is_no_number_is_ignored(
     monkeypatch.setenv(name, value)
     assert main(["catalog", "gpus"]) == 0
     assert capsys.readouterr() == unset
+
+
+STUDY_PATHS = [
+    ("a-fifo", lambda p: os.mkfifo(p), "is not a regular file; give the study's YAML file"),
+    ("a-dangling-link", lambda p: os.symlink("gone.yaml", p),
+     "is a symbolic link to nothing (or a loop)"),
+    ("a-link-loop", lambda p: os.symlink(p.name, p), "is a symbolic link to nothing (or a loop)"),
+    ("missing", lambda p: None, "does not exist"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in STUDY_PATHS],
+                         ids=[c[0] for c in STUDY_PATHS])  # fmt: skip
+def test_a_study_path_that_is_no_file_says_what_it_is(
+    make: Callable[[Path], object], words: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--study /dev/zero`` (or a FIFO, a link to nothing) said "does not exist"."""
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "s.yaml")
+    assert main(["space", "--study", "s.yaml"]) == 2
+    assert capsys.readouterr().err == f"tune: error: study file 's.yaml' {words}\n"
