@@ -164,3 +164,21 @@ def test_a_study_path_that_is_no_file_says_what_it_is(
     make(tmp_path / "s.yaml")
     assert main(["space", "--study", "s.yaml"]) == 2
     assert capsys.readouterr().err == f"tune: error: study file 's.yaml' {words}\n"
+
+
+@pytest.mark.parametrize(("record", "why"), [
+    ('{"op_code": 0, "worker_id": "w"}', "KeyError: 'study_name'"),
+    ("{}", "KeyError: 'op_code'"),
+    ('{"op_code": 99}', "AssertionError: Should not reach."),
+])  # fmt: skip
+def test_a_journal_record_optuna_cannot_replay_says_so(
+    record: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A whole record of another program or another Optuna was one bare word:
+    ``cannot open storage 'journal:j.log': 'study_name'``."""
+    journal = tmp_path / "j.log"
+    journal.write_text(record + "\n")
+    storage = f"journal:{journal}"
+    assert main(["leaderboard", "--study", "demo", "--storage", storage]) == 2
+    assert capsys.readouterr().err == (f"tune: error: cannot open storage {storage!r}: a record "
+                                       f"this Optuna cannot replay ({why})\n")  # fmt: skip

@@ -185,8 +185,10 @@ def open_storage(
     except StudyError:
         raise
     except Exception as exc:  # SQLAlchemy raises many types for a bad URL or an unreachable DB
-        shown = without_password(where.url)
-        raise StudyError(f"cannot open storage {shown!r}: {root_cause(exc)}") from None
+        shown, why = without_password(where.url), root_cause(exc)
+        if where.journal is not None and not isinstance(exc, OSError):  # KeyError: 'op_code'
+            why = f"a record this Optuna cannot replay ({type(exc).__name__}: {why})"
+        raise StudyError(f"cannot open storage {shown!r}: {why}") from None
 
 
 def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
