@@ -182,3 +182,16 @@ def test_a_journal_record_optuna_cannot_replay_says_so(
     assert main(["leaderboard", "--study", "demo", "--storage", storage]) == 2
     assert capsys.readouterr().err == (f"tune: error: cannot open storage {storage!r}: a record "
                                        f"this Optuna cannot replay ({why})\n")  # fmt: skip
+
+
+def test_an_output_encoding_without_the_characters_tune_prints_is_no_traceback(
+    tmp_path: Path,
+) -> None:
+    """``PYTHONIOENCODING=ascii`` (or a Latin-1 login node): the dry run's ``±2%`` was a
+    UnicodeEncodeError's traceback, exit 1."""
+    argv = ["run", "--study", "demo", "--dry-run", "--results", str(tmp_path / "results")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, "-m", "tuner.cli.main", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert "known to \\xb12%" in done.stdout

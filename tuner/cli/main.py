@@ -435,7 +435,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tune`` script."""
-    render.drop_garbage_sizes()  # before any console reads them
+    render.prepare_output()  # before any console reads the environment or prints
     parser, handlers = build_parser()
     args = parse_args(parser, argv)
     _configure_logging(args)

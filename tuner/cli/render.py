@@ -9,6 +9,7 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import sys
@@ -77,6 +78,16 @@ def _size(text: str) -> int | None:
     """``COLUMNS`` or ``LINES`` as a number, None unless ASCII digits ("²" is a digit to
     ``str.isdigit``, which Rich asks too, and no number to ``int``: a ValueError's traceback)."""
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def prepare_output() -> None:
+    """Before anything is printed: :func:`drop_garbage_sizes`, and a character stdout or stderr
+    cannot encode (``PYTHONIOENCODING=ascii``, a Latin-1 login node, and the ``±`` of every
+    dry run) written as ``\\xb1`` where it was a UnicodeEncodeError's traceback."""
+    drop_garbage_sizes()
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def drop_garbage_sizes(environ: MutableMapping[str, str] = os.environ) -> None:
