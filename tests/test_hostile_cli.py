@@ -195,3 +195,32 @@ def test_an_output_encoding_without_the_characters_tune_prints_is_no_traceback(
                           capture_output=True, text=True, timeout=HANG_GUARD_S)  # fmt: skip
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
     assert "known to \\xb12%" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
+@pytest.mark.parametrize("storage", ["sqlite:///{}/no/such/x.db", "journal:{}/x.log"])
+def test_a_read_command_makes_no_storage_where_none_is(
+    command: str, storage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune leaderboard --storage sqlite:///typo/x.db`` made the folders and an empty
+    database there, then said the study was not in it."""
+    url = storage.format(tmp_path)
+    assert main([command, "--study", "demo", "--storage", url]) == 2
+    file = url.removeprefix("sqlite:///").removeprefix("journal:")
+    assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': {file!r} "
+                                       "does not exist (tune run with that --storage makes "
+                                       "it)\n")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_journal_storage_without_a_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--storage journal:`` was the folder "." as a journal: "PosixPath('.') has an empty
+    name" from deep inside the opening."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--study", "demo", "--storage", "journal:", "--results", "r"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "tune: error: --storage journal: needs a file: journal:FILE\n"
+    assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == []  # no journal anywhere

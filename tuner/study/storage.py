@@ -74,7 +74,7 @@ class StorageURL:
         if self.journal is not None:
             return self.journal
         if self.url.startswith("sqlite:///"):
-            return Path(self.url.removeprefix("sqlite:///"))
+            return Path(self.url.removeprefix("sqlite:///").partition("?")[0])  # the query
         return None
 
 
@@ -83,6 +83,8 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     if url is None:
         return StorageURL(f"sqlite:///{layout.storage_path.resolve()}")
     if url.startswith("journal:") or url.endswith((".log", ".journal")):
+        if url == "journal:":  # Path("") is "."
+            raise StudyError("--storage journal: needs a file: journal:FILE")
         where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
     else:
         where = StorageURL(postgres_driver(url))
@@ -185,10 +187,8 @@ def open_storage(
     except StudyError:
         raise
     except Exception as exc:  # SQLAlchemy raises many types for a bad URL or an unreachable DB
-        shown, why = without_password(where.url), root_cause(exc)
-        if where.journal is not None and not isinstance(exc, OSError):  # KeyError: 'op_code'
-            why = f"a record this Optuna cannot replay ({type(exc).__name__}: {why})"
-        raise StudyError(f"cannot open storage {shown!r}: {why}") from None
+        shown = without_password(where.url)
+        raise StudyError(f"cannot open storage {shown!r}: {root_cause(exc)}") from None
 
 
 def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
@@ -196,7 +196,14 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
         lock = JournalFileSymlinkLock(str(where.journal))  # Optuna's writers' own lock
         if where.journal.is_file():
             mend_journal(where.journal, lock)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal), lock))
+        backend = JournalFileBackend(str(where.journal), lock)
+        try:
+            return optuna.storages.JournalStorage(backend)  # replays every record
+        except (KeyError, ValueError, TypeError, AssertionError) as exc:  # KeyError: 'op_code'
+            raise StudyError(
+                f"cannot open storage {where.url!r}: a record this Optuna cannot "
+                f"replay ({type(exc).__name__}: {root_cause(exc)})"
+            ) from None
 
     def make() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():
