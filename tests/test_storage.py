@@ -114,3 +114,10 @@ def test_the_creation_lock_is_not_optunas_journal_lock(tmp_path: Path) -> None:
     where = resolve_url(f"journal:{journal}", ResultsLayout(tmp_path / "results", "s"))
     with creation_lock(where):
         os.symlink(journal, f"{journal}.lock")  # what Optuna's lock does first; free
+
+
+def test_an_sqlite_urls_arguments_are_no_part_of_its_file(tmp_path: Path) -> None:
+    """``sqlite:///d/x.db?timeout=5`` is the file ``d/x.db`` (its creation lock was
+    ``x.db?timeout=5.create-lock``, and the file looked for ``x.db?timeout=5``)."""
+    where = resolve_url(f"sqlite:///{tmp_path}/x.db?timeout=5", ResultsLayout(tmp_path, "s"))
+    assert where.local_file == tmp_path / "x.db"
