@@ -288,8 +288,8 @@ def test_the_dry_run_warns_of_a_launch_its_template_cannot_render(
     code, captured = dry_run(tmp_path, capsys, data)
     assert code == 0 and json.loads(captured.out)["launch_first"]
     assert captured.err.strip() == (
-        "tune: warning: tune run would refuse the first trial's launch: launch.megatron_path: "
-        "this launch template needs it; set it in the study"
+        f"tune: warning: tune run would refuse the first trial's launch: {tmp_path}/study.yaml: "
+        "launch.megatron_path: this launch template needs it; set it there"
     )
     code, captured = dry_run(tmp_path, capsys, scenario())
     assert code == 0 and captured.err == ""  # a complete study: no warning

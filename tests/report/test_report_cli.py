@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -119,3 +124,54 @@ def test_a_folder_as_out_is_refused_before_the_report_is_built(
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"tune: error: --out {tmp_path} is a folder; give the report's file name "
                      f"({tmp_path / 'report.html'})"]  # fmt: skip
+
+
+def _loop(tmp_path: Path) -> Path:
+    (tmp_path / "loop").symlink_to("other")
+    (tmp_path / "other").symlink_to("loop")
+    return tmp_path / "loop"
+
+
+@pytest.mark.parametrize(("option", "make", "words"), [
+    ("--out", _loop, "a symbolic link loop"),
+    ("--out", lambda p: _loop(p) / "r.html", "a symbolic link loop"),
+    ("--png", _loop, "a symbolic link loop"),
+    ("--png", lambda p: Path(shutil.copy(__file__, p)),
+     "is not a folder; give the folder for the PNG files"),
+])  # fmt: skip
+def test_an_out_or_png_path_that_cannot_be_written_is_refused_before_the_build(
+    option: str, make: Callable[[Path], Path], words: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Found once the page was built: exit 1, "Too many levels of symbolic links" or "File
+    exists" (a file as --png)."""
+    path = make(tmp_path)
+    assert main(["report", "--study", "no-such-study", option, str(path)]) == 2
+    sep = " " if words.startswith("is") else ": "
+    assert capsys.readouterr().err == f"tune: error: {option} {path}{sep}{words}\n"
+
+
+@pytest.mark.timeout(60)  # writing to it waited for ever
+def test_a_fifo_nothing_reads_as_out_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.mkfifo(fifo := tmp_path / "r.html")
+    assert main(["report", "--study", "no-such-study", "--out", str(fifo)]) == 2
+    assert capsys.readouterr().err == (
+        f"tune: error: --out {fifo} is a FIFO that nothing reads (writing the report to it "
+        "would wait for ever)\n"
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_fifo_read_as_out_gets_the_whole_page(study_run: StudyRun, tmp_path: Path) -> None:
+    """The check that something reads it must not end the reader's stream before the page."""
+    os.mkfifo(fifo := tmp_path / "r.html")
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    time.sleep(0.2)  # the reader is waiting in open()
+    assert tune(study_run, "--out", str(fifo)) == 0
+    reader.join(60)
+    assert tune(study_run, "--out", str(tmp_path / "plain.html")) == 0
+    assert got == [(tmp_path / "plain.html").read_bytes()]

@@ -26,6 +26,7 @@ from tuner.cli.cost import (
     spent_json,
 )
 from tuner.cli.failure import exit_status, terminate_as_interrupt
+from tuner.cli.logline import LineFormatter
 from tuner.cli.options import (
     Parser,
     VersionAction,
@@ -33,6 +34,7 @@ from tuner.cli.options import (
     add_format_option,
     add_study_option,
     describe_subcommands,
+    folder,
     rerun_outcomes,
     whole,
 )
@@ -285,7 +287,7 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", default=s, help="show tracebacks")
     parser.add_argument("-v", "--verbose", action="store_true", default=s, help="log progress")
     parser.add_argument("--quiet", action="store_true", default=s,
-                        help="tune run: no live display")  # fmt: skip
+                        help="tune run: no live display (-v: a log line per change)")  # fmt: skip
 
 
 def _add_store_options(parser: argparse.ArgumentParser) -> None:
@@ -293,7 +295,7 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", default=s, metavar="URL",
                         help="SQLAlchemy URL or journal file (default: the results directory's "
                         "STUDY/study.db)")  # fmt: skip
-    parser.add_argument("--results", default=s, metavar="DIR",
+    parser.add_argument("--results", default=s, metavar="DIR", type=folder,
                         help="results directory (default: ./results)")  # fmt: skip
 
 
@@ -413,10 +415,10 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(LineFormatter())
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        handlers=[handler])  # fmt: skip
     if args.debug:  # the details behind a one-line error (a failing storage's every error)
         logging.getLogger("tuner").setLevel(logging.DEBUG)
     if args.command in OPTUNA_COMMANDS and not getattr(args, "dry_run", False):
@@ -432,6 +434,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tune`` script."""
+    render.prepare_output()  # before any console reads the environment or prints
     parser, handlers = build_parser()
     args = parse_args(parser, argv)
     _configure_logging(args)

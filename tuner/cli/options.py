@@ -9,6 +9,7 @@ import difflib
 import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from tuner.outcome import Outcome
@@ -51,6 +52,16 @@ class Parser(argparse.ArgumentParser):
         if m := INVALID_CHOICE.search(message):  # `tune leaderbord`, `--emit sbach`
             message += _did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         self.exit(2, f"tune: error: {message} (see {self.prog} --help)\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """argparse's, but an empty value is refused naming its option: ``--results ""`` was
+        the current folder (a path made of "" is "."), ``--study ""`` "is a directory" and
+        ``tune profile --study ""`` a traceback. An option whose default is "" takes it."""
+        subcommand = isinstance(action, argparse._SubParsersAction)  # gets the words after it
+        if arg_string == "" and action.default != "" and not subcommand:
+            what = action.metavar if isinstance(action.metavar, str) else action.dest.upper()
+            raise argparse.ArgumentError(action, f"an empty value; give {what}")
+        return super()._get_value(action, arg_string)
 
     def _choices_missing(self, names: Sequence[str]) -> str | None:
         """``tune catalog needs one of: gpus, models`` when what is missing is one argument with
@@ -122,6 +133,18 @@ def add_format_option(
     if json_synonym:
         parser.add_argument("--json", dest="format", action="store_const", const="json",
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
+
+
+def folder(text: str) -> str:
+    """An argparse ``type``: a folder's path as given, refused when it cannot be resolved (a
+    symbolic link loop on the way: ``--results LOOP`` was a RuntimeError's traceback from the
+    first command that resolved it, exit 1)."""
+    try:
+        Path(text).expanduser().resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11: RuntimeError; 3.13: ELOOP
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
+        raise argparse.ArgumentTypeError(f"{text}: {why}") from None
+    return text
 
 
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

@@ -9,10 +9,11 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from rich import box
@@ -73,15 +74,36 @@ class Grid:
     """The command takes ``--columns`` for this table (the footer then says so)."""
 
 
+def _size(text: str) -> int | None:
+    """``COLUMNS`` or ``LINES`` as a number, None unless ASCII digits ("²" is a digit to
+    ``str.isdigit``, which Rich asks too, and no number to ``int``: a ValueError's traceback)."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def prepare_output() -> None:
+    """Before anything is printed: :func:`drop_garbage_sizes`, and a character stdout or stderr
+    cannot encode (``PYTHONIOENCODING=ascii``, a Latin-1 login node, and the ``±`` of every
+    dry run) written as ``\\xb1`` where it was a UnicodeEncodeError's traceback."""
+    drop_garbage_sizes()
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
+def drop_garbage_sizes(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Unset a ``COLUMNS`` or ``LINES`` that is not a number, as if the terminal had not set
+    it: Rich reads both from the environment itself, for every console and progress bar."""
+    for name in ("COLUMNS", "LINES"):
+        if name in environ and _size(environ[name]) is None:
+            del environ[name]
+
+
 def output_width() -> int | None:
     """The width to fit: the terminal's, else ``COLUMNS`` (piped), else None (plain)."""
-    columns = os.environ.get("COLUMNS", "")
+    given = _size(os.environ.get("COLUMNS", ""))
     if sys.stdout.isatty():
-        width = int(columns) if columns.isdigit() else shutil.get_terminal_size().columns
-        return max(width, MIN_WIDTH)
-    if columns.isdigit() and int(columns) > 0:
-        return max(int(columns), MIN_WIDTH)
-    return None
+        return max(shutil.get_terminal_size().columns if given is None else given, MIN_WIDTH)
+    return max(given, MIN_WIDTH) if given else None
 
 
 def console() -> Console:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tuner.cli.options import add_study_option
@@ -47,9 +51,12 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and args.out.is_dir():  # found once the report was built: exit 1
         raise ConfigError(f"--out {args.out} is a folder; give the report's file name "
                           f"({args.out / 'report.html'})")  # fmt: skip
-    spec = load_study(args.study)
-    path, parts = build_report(spec, out=args.out, storage=args.storage, results=args.results,
-                               baseline=args.baseline, train_tokens=args.train_tokens)  # fmt: skip
+    _check_paths(args.out, args.png)
+    with _reader_kept(args.out):
+        spec = load_study(args.study)
+        path, parts = build_report(spec, out=args.out, storage=args.storage,
+                                   results=args.results, baseline=args.baseline,
+                                   train_tokens=args.train_tokens)  # fmt: skip
     sys.stdout.write(f"report: {path}\n")
     from tuner.report.leaderboard import leaderboard, stored_trials, why_empty
 
@@ -60,3 +67,38 @@ def run(args: argparse.Namespace) -> int:
         pngs = write_pngs(parts, args.png)
         sys.stdout.write(f"figures: {len(pngs)} PNG files in {args.png}\n")
     return 0
+
+
+def _check_paths(out: Path | None, png: Path | None) -> None:
+    """``--out`` and ``--png`` refused before the report is built, naming the option: a
+    symbolic link loop ("Too many levels of symbolic links", exit 1, once it was built) and a
+    ``--png`` that is a file ("File exists")."""
+    for option, path in (("--out", out), ("--png", png)):
+        try:
+            if path is not None:
+                path.resolve()
+        except (RuntimeError, OSError):  # Python 3.11: RuntimeError; 3.13: ELOOP
+            raise ConfigError(f"{option} {path}: a symbolic link loop") from None
+    if png is not None and png.exists() and not png.is_dir():
+        raise ConfigError(f"--png {png} is not a folder; give the folder for the PNG files")
+
+
+@contextmanager
+def _reader_kept(out: Path | None) -> Iterator[None]:
+    """A FIFO as ``--out`` (``--out >(gzip > r.gz)``, a named pipe): refused when nothing reads
+    it, where writing the report waited for ever; else held open for writing while the report
+    is built and written, so that the reader sees one stream, not an end after a probe."""
+    if out is None or not out.is_fifo():
+        yield
+        return
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        raise ConfigError(f"--out {out} is a FIFO that nothing reads (writing the report to it "
+                          "would wait for ever)") from None  # fmt: skip
+    try:
+        yield
+    finally:
+        os.close(fd)

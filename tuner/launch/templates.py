@@ -99,8 +99,7 @@ def _envname(name: object) -> str:
 
 def _required(value: object, setting: str, why: str = "") -> object:
     if value is None or (isinstance(value, str | list | tuple) and not value):
-        raise ConfigError(why or "this launch template needs it; set it in the study",
-                          path=setting)  # fmt: skip
+        raise ConfigError(why or "this launch template needs it; set it there", path=setting)
     return value
 
 
@@ -187,6 +186,18 @@ class TemplateRenderer:
         Raises :class:`ConfigError` for a missing setting, :class:`LaunchError` for a broken or
         unknown template.
         """
+        try:
+            return self._render_launch(spec, config, hosts, master_addr, master_port, trial_dir,
+                                       full_run)  # fmt: skip
+        except ConfigError as exc:  # a setting the study lacks: name the file to add it to
+            if exc.file or spec.source_file is None:
+                raise
+            raise ConfigError(exc.reason, path=exc.path, file=spec.source_file) from None
+
+    def _render_launch(
+        self, spec: StudySpec, config: ParallelConfig, hosts: Sequence[str], master_addr: str,
+        master_port: int, trial_dir: str | PurePosixPath, full_run: bool,
+    ) -> RenderedLaunch:  # fmt: skip
         name = spec.launch.template
         template = self._get(name + SCRIPT_SUFFIX, name)
         base = context(

@@ -68,6 +68,11 @@ def _opened(
         )
     where = resolve_url(storage, layout)
     local = where.local_file
+    # --storage FILE: not made by a read; a URL with arguments is opened, for the driver to
+    # refuse those it would ignore (sqlite:///x.db?mode=ro) before the file is looked for
+    if local is not None and not local.exists() and "?" not in where.url:
+        raise StudyError(f"no results for study {spec.name!r}: {str(local)!r} does not exist "
+                         "(tune run with that --storage makes it)")  # fmt: skip
     stat = local.stat() if local and local.exists() else None
     key = (where.url, spec.name, stat.st_dev if stat else 0, stat.st_ino if stat else 0)
     if key not in _OPENED or not _OPENED[key][1].unchanged():

@@ -251,6 +251,10 @@ def _not_a_file(path: Path) -> str:
     """Why ``path``, which is not a regular file, cannot be a study: it is missing or a folder."""
     if path.is_dir():
         return "is a directory; give the study's YAML file"
+    if path.exists():  # /dev/zero, a FIFO, a socket: said "does not exist"
+        return "is not a regular file; give the study's YAML file"
+    if path.is_symlink():
+        return "is a symbolic link to nothing (or a loop)"
     return "does not exist"
 
 

@@ -432,6 +432,20 @@ class StudySpec:
         return args
 
     @property
+    def source_file(self) -> str | None:
+        """The file this study was read from, for an error about a setting it lacks: the
+        cluster file, else the study file :attr:`found_by` names (as given where it cannot be
+        found again); None for a study not read from a file."""
+        if self.found_by is None or self.cluster_file:
+            return self.found_by
+        from tuner.spec.file import resolve_study_path  # the reader imports this module
+
+        try:
+            return str(resolve_study_path(self.found_by))
+        except ConfigError:  # moved or deleted since it was read
+            return self.found_by
+
+    @property
     def profile_command(self) -> str:
         """The ``tune profile`` command that measures this study's cluster again, as the user
         gave it: ``--cluster FILE`` for a cluster file, else ``--study`` (:attr:`study_arg`)."""

@@ -27,8 +27,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from tuner.layout import ResultsLayout
+from tuner.study.driver import connect_args
 from tuner.study.holder import provably_dead
-from tuner.study.storage import MISSED_BEATS, connect_args, resolve_url, retrying
+from tuner.study.storage import MISSED_BEATS, resolve_url, retrying
 
 logger = logging.getLogger(__name__)
 

@@ -48,6 +48,7 @@ from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.spec.study import StudySpec
+from tuner.study.driver import connect_args
 from tuner.study.journal import mend_journal
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class StorageURL:
         if self.journal is not None:
             return self.journal
         if self.url.startswith("sqlite:///"):
-            return Path(self.url.removeprefix("sqlite:///"))
+            return Path(self.url.removeprefix("sqlite:///").partition("?")[0])  # the query
         return None
 
 
@@ -82,6 +83,8 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     if url is None:
         return StorageURL(f"sqlite:///{layout.storage_path.resolve()}")
     if url.startswith("journal:") or url.endswith((".log", ".journal")):
+        if url == "journal:":  # Path("") is "."
+            raise StudyError("--storage journal: needs a file: journal:FILE")
         where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
     else:
         where = StorageURL(postgres_driver(url))
@@ -151,27 +154,6 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-CONNECT_TIMEOUT_S = 10
-"""Seconds a PostgreSQL server has to answer a new connection. libpq waits for ever by
-default: a host that drops packets, or a port where something accepts and never speaks, held
-``tune`` without a word; the kernel's own retries give up only after about two minutes."""
-
-SQLITE_BUSY_TIMEOUT_S = 60
-"""Seconds an SQLite writer waits for another worker's lock before the write fails."""
-
-
-def connect_args(url: str) -> dict[str, Any]:
-    """The driver's arguments for every engine tuner opens on ``url`` (the study's and the node
-    leases'): a busy timeout for SQLite, a connect timeout for PostgreSQL (one the URL names
-    itself, ``?connect_timeout=N``, is kept)."""
-    if url.startswith("sqlite"):
-        return {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    parsed = sa.engine.make_url(url)
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        return {"connect_timeout": CONNECT_TIMEOUT_S}
-    return {}
-
-
 def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
     """``fn`` again after a short pause when a concurrent schema creation made it fail; a
     server that could not be reached at all (no statement ran) is not retried: no other worker
@@ -214,7 +196,14 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
         lock = JournalFileSymlinkLock(str(where.journal))  # Optuna's writers' own lock
         if where.journal.is_file():
             mend_journal(where.journal, lock)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(where.journal), lock))
+        backend = JournalFileBackend(str(where.journal), lock)
+        try:
+            return optuna.storages.JournalStorage(backend)  # replays every record
+        except (KeyError, ValueError, TypeError, AssertionError) as exc:  # KeyError: 'op_code'
+            raise StudyError(
+                f"cannot open storage {where.url!r}: a record this Optuna cannot "
+                f"replay ({type(exc).__name__}: {root_cause(exc)})"
+            ) from None
 
     def make() -> optuna.storages.RDBStorage:
         with warnings.catch_warnings():

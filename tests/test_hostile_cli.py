@@ -1,0 +1,226 @@
+"""Hostile values on ``tune``'s command line and in what it reads around it: each is one line
+naming the option or the file, exit status 2, never a traceback, never a silent default."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_cli_profile import CLUSTER_TEXT
+from tests.test_hostile_inputs import BASE, HANG_GUARD_S, REPO
+from tuner.cli.main import main
+
+EMPTY_VALUES = [
+    (["leaderboard", "--study", "demo", "--results", ""], "--results", "DIR"),
+    (["--results", "", "leaderboard", "--study", "demo"], "--results", "DIR"),
+    (["space", "--study", ""], "--study", "NAME"),
+    (["leaderboard", "--study", "demo", "--storage", ""], "--storage", "URL"),
+    (["report", "--study", "demo", "--out", ""], "--out", "FILE.html"),
+    (["profile", "--study", ""], "--study", "STUDY"),
+    (["profile", "--cluster", ""], "--cluster", "FILE"),
+    (["calibrate", "--study", ""], "--study", "STUDY"),
+    (["parse-log", ""], "FILE", "FILE"),
+]
+
+
+@pytest.mark.parametrize(("argv", "option", "what"), EMPTY_VALUES)
+def test_an_empty_value_is_refused_naming_its_option(
+    argv: list[str], option: str, what: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--results ""`` was the current folder (``Path("")`` is "."), ``--study ""`` "is a
+    directory", ``tune profile --study ""`` a TypeError's traceback and ``tune calibrate
+    --study ""`` the calibration of a cluster named None."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tune: error: "), err
+    assert f"argument {option}: an empty value; give {what}" in err
+    assert list(tmp_path.iterdir()) == []  # nothing written in the folder "" stood for
+
+
+def test_an_option_whose_default_is_empty_still_takes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--rerun ""`` is its default (no outcome runs again), not an error."""
+    argv = ["run", "--study", "demo", "--dry-run", "--json", "--rerun", ""]
+    assert main([*argv, "--results", str(tmp_path)]) == 0, capsys.readouterr().err
+
+
+def _without_megatron_path(folder: Path) -> None:
+    assert BASE["launch"] == {"template": "megatron_gpt"}  # no launch.megatron_path
+    (folder / "studies").mkdir()
+    (folder / "studies" / "nopath.yaml").write_text(yaml.safe_dump({**BASE, "name": "nopath"}))
+
+
+@pytest.mark.parametrize("given", ["nopath", "studies/nopath.yaml"])
+def test_a_setting_the_launch_needs_names_the_study_file(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``launch.megatron_path: this launch template needs it; set it in the study``: which
+    file (a study found by name is one of several places)."""
+    monkeypatch.chdir(tmp_path)
+    _without_megatron_path(tmp_path)
+    assert main(["run", "--study", given]) == 2
+    err = capsys.readouterr().err
+    file = tmp_path / "studies" / "nopath.yaml"
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"tune: error: {file}: launch.megatron_path: this launch template "
+                          "needs it"), err  # fmt: skip
+    assert not (tmp_path / "results" / "nopath" / "trials").exists()  # nothing launched
+
+
+def test_a_setting_the_probe_needs_names_the_cluster_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune profile --cluster FILE --probe`` said "set it in the study": there is none."""
+    monkeypatch.chdir(tmp_path)
+    Path("my cluster.yaml").write_text(CLUSTER_TEXT)
+    assert main(["profile", "--cluster", "my cluster.yaml", "--probe"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("tune: error: my cluster.yaml: launch.megatron_path: this launch template "
+                   "needs it; set it there\n")  # fmt: skip
+
+
+def test_a_warning_is_a_tune_line_not_a_log_record(tmp_path: Path) -> None:
+    """tuner's warnings (a torn journal cut off, a second Ctrl-C while stopping) were printed
+    as ``2026-01-05 10:12:03,114 WARNING tuner.study.journal: ...`` among ``tune:`` lines."""
+    journal = tmp_path / "j.log"
+    journal.write_text('{"op_code": 0, "worker_id": "w"}\n{"op_co')  # a torn last record
+    argv = ["leaderboard", "--study", "demo", "--storage", f"journal:{journal}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "tuner.cli.main", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)  # fmt: skip
+    first = done.stderr.splitlines()[0]
+    assert first == (
+        f"tune: warning: {journal}: cut off its last record, torn by a worker that stopped "
+        "mid-write (7 bytes; its trial is recovered from its folder)"
+    )
+
+
+@pytest.mark.parametrize("command", ["space", "run", "calibrate", "leaderboard"])
+@pytest.mark.parametrize("given", ["loop", "loop/deeper"])
+def test_a_results_folder_through_a_symbolic_link_loop_is_one_line(
+    command: str, given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune space``, ``run --dry-run`` and ``calibrate`` ended in a RuntimeError's traceback
+    (pathlib's "Symlink loop"), exit 1; ``leaderboard`` said there were no results there."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("other", "loop")
+    os.symlink("loop", "other")
+    argv = [command, "--study", "demo", "--results", given]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--dry-run"] if command == "run" else argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: argument --results: {given}: a symbolic "
+                                       f"link loop (see tune {command} --help)\n")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["COLUMNS", "LINES"])
+@pytest.mark.parametrize("value", ["²", "٣", "12x", "-5", " 80"])
+def test_a_terminal_size_variable_that_is_no_number_is_ignored(
+    name: str, value: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``COLUMNS=²`` or ``LINES=²`` (a digit to ``str.isdigit``, which Rich asks too, and no
+    number to ``int``) was a ValueError's traceback from every table; such a value is as if
+    unset: the same output as without it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+    assert main(["catalog", "gpus"]) == 0
+    unset = capsys.readouterr()
+    monkeypatch.setenv(name, value)
+    assert main(["catalog", "gpus"]) == 0
+    assert capsys.readouterr() == unset
+
+
+STUDY_PATHS = [
+    ("a-fifo", lambda p: os.mkfifo(p), "is not a regular file; give the study's YAML file"),
+    ("a-dangling-link", lambda p: os.symlink("gone.yaml", p),
+     "is a symbolic link to nothing (or a loop)"),
+    ("a-link-loop", lambda p: os.symlink(p.name, p), "is a symbolic link to nothing (or a loop)"),
+    ("missing", lambda p: None, "does not exist"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in STUDY_PATHS],
+                         ids=[c[0] for c in STUDY_PATHS])  # fmt: skip
+def test_a_study_path_that_is_no_file_says_what_it_is(
+    make: Callable[[Path], object], words: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--study /dev/zero`` (or a FIFO, a link to nothing) said "does not exist"."""
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "s.yaml")
+    assert main(["space", "--study", "s.yaml"]) == 2
+    assert capsys.readouterr().err == f"tune: error: study file 's.yaml' {words}\n"
+
+
+@pytest.mark.parametrize(("record", "why"), [
+    ('{"op_code": 0, "worker_id": "w"}', "KeyError: 'study_name'"),
+    ("{}", "KeyError: 'op_code'"),
+    ('{"op_code": 99}', "AssertionError: Should not reach."),
+])  # fmt: skip
+def test_a_journal_record_optuna_cannot_replay_says_so(
+    record: str, why: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A whole record of another program or another Optuna was one bare word:
+    ``cannot open storage 'journal:j.log': 'study_name'``."""
+    journal = tmp_path / "j.log"
+    journal.write_text(record + "\n")
+    storage = f"journal:{journal}"
+    assert main(["leaderboard", "--study", "demo", "--storage", storage]) == 2
+    assert capsys.readouterr().err == (f"tune: error: cannot open storage {storage!r}: a record "
+                                       f"this Optuna cannot replay ({why})\n")  # fmt: skip
+
+
+def test_an_output_encoding_without_the_characters_tune_prints_is_no_traceback(
+    tmp_path: Path,
+) -> None:
+    """``PYTHONIOENCODING=ascii`` (or a Latin-1 login node): the dry run's ``±2%`` was a
+    UnicodeEncodeError's traceback, exit 1."""
+    argv = ["run", "--study", "demo", "--dry-run", "--results", str(tmp_path / "results")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, "-m", "tuner.cli.main", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert "known to \\xb12%" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
+@pytest.mark.parametrize("storage", ["sqlite:///{}/no/such/x.db", "journal:{}/x.log"])
+def test_a_read_command_makes_no_storage_where_none_is(
+    command: str, storage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune leaderboard --storage sqlite:///typo/x.db`` made the folders and an empty
+    database there, then said the study was not in it."""
+    url = storage.format(tmp_path)
+    assert main([command, "--study", "demo", "--storage", url]) == 2
+    file = url.removeprefix("sqlite:///").removeprefix("journal:")
+    assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': {file!r} "
+                                       "does not exist (tune run with that --storage makes "
+                                       "it)\n")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_journal_storage_without_a_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--storage journal:`` was the folder "." as a journal: "PosixPath('.') has an empty
+    name" from deep inside the opening."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--study", "demo", "--storage", "journal:", "--results", "r"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "tune: error: --storage journal: needs a file: journal:FILE\n"
+    assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == []  # no journal anywhere
