@@ -186,11 +186,12 @@ def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:
 
 def study_from_mapping(
     raw: object, *, base_dir: Path | None = None, found_by: str | None = None,
-    cluster_file: bool = False,
+    cluster_file: bool = False, source_path: str | None = None,
 ) -> StudySpec:  # fmt: skip
     """Build a StudySpec from parsed YAML. Relative paths are relative to ``base_dir``;
     ``found_by``: the name or path the file was found by (:attr:`StudySpec.found_by`), a
-    cluster file where ``cluster_file`` (:attr:`StudySpec.cluster_file`).
+    cluster file where ``cluster_file`` (:attr:`StudySpec.cluster_file`); ``source_path``: the
+    study file's full path (:attr:`StudySpec.source_path`).
 
     ``${NAME}`` in any string value is first replaced with that environment variable
     (:func:`expand_env`). Without ``base_dir`` (a study not read from a file) relative paths stay
@@ -220,8 +221,9 @@ def study_from_mapping(
 
         data["cluster"] = {**cluster, "gpu": catalog_gpu_name(cluster["gpu"])}
     return load_dataclass(
-        StudySpec, data, given={"found_by": found_by, "cluster_file": cluster_file}
-    )
+        StudySpec, data,
+        given={"found_by": found_by, "cluster_file": cluster_file, "source_path": source_path},
+    )  # fmt: skip
 
 
 def _expand_user(path: str, yaml_path: str) -> Path:
@@ -306,7 +308,8 @@ def load_study(name: str, cwd: Path | None = None) -> StudySpec:
     raw = read_yaml(path, "the study file")
     try:
         # the folder the file really is in: studies/ may be a link (it is, in this repository)
-        spec = study_from_mapping(raw, base_dir=path.resolve().parent, found_by=name)
+        spec = study_from_mapping(raw, base_dir=path.resolve().parent, found_by=name,
+                                  source_path=str(path))  # fmt: skip
         launch = spec.launch
         check_template_framework(spec.framework, launch.template, launch.templates_dir, cwd)
         return spec

@@ -254,6 +254,9 @@ class StudySpec:
     """Whether :attr:`found_by` is a cluster file (``tune profile --cluster FILE``, a study
     made of its cluster and model) rather than a study. Set by the reader, not a key of the
     file."""
+    source_path: str | None = field(default=None, compare=False, metadata={NOT_IN_FILE: True})
+    """The full path of the study file :attr:`found_by` names, as the reader resolved it; None
+    for a cluster file or a study not read from a file. Set by the reader."""
 
     def __post_init__(self) -> None:
         problem = study_name_problem(self.name)  # the results layout's: the name is a directory
@@ -438,12 +441,7 @@ class StudySpec:
         found again); None for a study not read from a file."""
         if self.found_by is None or self.cluster_file:
             return self.found_by
-        from tuner.spec.file import resolve_study_path  # the reader imports this module
-
-        try:
-            return str(resolve_study_path(self.found_by))
-        except ConfigError:  # moved or deleted since it was read
-            return self.found_by
+        return self.source_path or self.found_by
 
     @property
     def profile_command(self) -> str:
@@ -465,6 +463,7 @@ class StudySpec:
         data.pop("description")
         data.pop("found_by")  # where the file was found from, not what it says
         data.pop("cluster_file")
+        data.pop("source_path")
         data["cluster"].pop("name")  # names the saved calibration; changes no measurement
         data["launch"].pop("train_args")  # the full run's only: no trial sees them
         text = json.dumps(data, sort_keys=True, default=str)
