@@ -246,6 +246,16 @@ def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
     command = _tail(os.path.join(folder, files.script), 12) or "(never launched: no command)"
     log = _tail(os.path.join(folder, files.log), LOG_TAIL_LINES) or "(no log)"
     return (
+        _view_head(row, memory, time) + f"<p><b>command</b> ({_e(files.script)}, last lines):</p>"
+        f"<pre>{_e(command)}</pre>"
+        f"<p><b>log tail</b> ({_e(files.log)}):</p><pre>{_e(log)}</pre></details>"
+    )
+
+
+def _view_head(row: TrialRow, memory: str, time: str) -> str:
+    """A trial view's opening (summary, reason, predicted and measured figures): the same
+    whether node 0's files are shown as tails (:func:`trial_view`) or links (:func:`_linked`)."""
+    return (
         f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
         f"{badge(row.outcome)} {_e(row.label)}</summary>"
         f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
@@ -253,9 +263,6 @@ def trial_view(data: ReportData, row: TrialRow, files: NodeFiles) -> str:
         f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
         f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
         f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
-        f"<p><b>command</b> ({_e(files.script)}, last lines):</p>"
-        f"<pre>{_e(command)}</pre>"
-        f"<p><b>log tail</b> ({_e(files.log)}):</p><pre>{_e(log)}</pre></details>"
     )
 
 
@@ -276,14 +283,8 @@ def _linked(
         return f'<a href="{_e(href)}">{_e(name)}</a>'
 
     return (
-        f'<details class="trial" id="trial-{row.number}"><summary>trial {row.number} '
-        f"{badge(row.outcome)} {_e(row.label)}</summary>"
-        f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
-        f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
-        f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
-        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
-        f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
-        f"<p><b>command</b>: {link(files.script) or '(never launched: no command)'}</p>"
+        _view_head(row, memory, time)
+        + f"<p><b>command</b>: {link(files.script) or '(never launched: no command)'}</p>"
         f"<p><b>log</b>: {link(files.log) or '(no log)'}</p></details>"
     )
 
