@@ -117,6 +117,16 @@ def test_the_best_so_far_line_past_the_limit_is_the_same_line(
     assert thin.layout.margin.t > full.layout.margin.t  # its second line clear of the subplots'
 
 
+def _past_a_limit_of_ten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 48-trial study past the limits: 10 trials, one config in the memory menu and the
+    figures' bars, no OOM there, one config side by side (so most configs are not drawn)."""
+    monkeypatch.setattr(V, "MAX_POINTS", 10)
+    monkeypatch.setattr(S, "MENU_BEST", 1)
+    monkeypatch.setattr(S, "MENU_OOMS", 0)
+    monkeypatch.setattr(F, "MAX_BARS", 1)
+    monkeypatch.setattr(V, "SIDE_BY_SIDE", 1)
+
+
 def test_past_the_limit_a_view_of_a_config_not_drawn_gives_the_screened_prediction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,11 +137,7 @@ def test_past_the_limit_a_view_of_a_config_not_drawn_gives_the_screened_predicti
     data = gather(SPEC, results=str(tmp_path))
     within = P.render(data, P.sections(data))
     assert "as screened" not in within and within.count("optimizer states") >= 48
-    monkeypatch.setattr(V, "MAX_POINTS", 10)
-    monkeypatch.setattr(S, "MENU_BEST", 1)
-    monkeypatch.setattr(S, "MENU_OOMS", 0)
-    monkeypatch.setattr(F, "MAX_BARS", 1)
-    monkeypatch.setattr(V, "SIDE_BY_SIDE", 1)
+    _past_a_limit_of_ten(monkeypatch)
     data = gather(SPEC, results=str(tmp_path))
     page = P.render(data, P.sections(data))
     views = {int(n): v for n, v in re.findall(r'id="trial-(\d+)">(.*?)</details>', page, re.S)}
@@ -173,11 +179,7 @@ def test_past_the_limit_a_measured_view_of_a_config_not_drawn_links_its_files(
         return {int(n): v for n, v in found}
 
     assert all(f"log of trial {n}" in v for n, v in views().items())
-    monkeypatch.setattr(V, "MAX_POINTS", 10)
-    monkeypatch.setattr(S, "MENU_BEST", 1)
-    monkeypatch.setattr(S, "MENU_OOMS", 0)
-    monkeypatch.setattr(F, "MAX_BARS", 1)
-    monkeypatch.setattr(V, "SIDE_BY_SIDE", 1)
+    _past_a_limit_of_ten(monkeypatch)
     data = gather(SPEC, results=str(tmp_path))
     P.sections(data)  # the configs the figures draw, as the report finds them
     linked = {r.number for r in data.rows if r.ok and not data.has_breakdowns(r)}
