@@ -75,27 +75,41 @@ def test_the_budget_eta() -> None:
     )
 
 
+def _live_loop(
+    now: float,
+    running: dict[int, SimpleNamespace],
+    *,
+    n_trials: int,
+    launched: int,
+    node_hours: float,
+) -> SimpleNamespace:
+    """What the live display reads of a loop: ``running`` trials at ``now``, beside trial 0
+    finished ok at 1.5 s (120 s long, 1.4 s predicted), the best."""
+    from optuna.trial import create_trial
+
+    finished = create_trial(value=1.5, user_attrs={"duration_s": 120.0, "predicted_step_s": 1.4})
+    finished.number = 0
+    return SimpleNamespace(
+        spec=SPEC, clock=lambda: now, started=0.0, running=running, n_trials=n_trials,
+        trials=lambda: [finished], best=lambda trials: finished,
+        summary=SimpleNamespace(outcomes={"ok": 1}), launched_count=lambda trials: launched,
+        node_hours=lambda trials: node_hours,
+    )  # fmt: skip
+
+
 def test_the_live_display_shows_phase_eta_and_job(tmp_path: Path) -> None:
     """The live table and status of a loop with one queued Slurm trial and one finished."""
-    from optuna.trial import create_trial
     from rich.console import Console
 
     from tuner.cli.progress import LiveProgress
     from tuner.config.parallel import ParallelConfig
 
-    finished = create_trial(value=1.5, user_attrs={"duration_s": 120.0, "predicted_step_s": 1.4})
-    finished.number = 0
     paths = SimpleNamespace(node_log=lambda rank: tmp_path / f"node-{rank}.log")
     job = SimpleNamespace(job_id="4242", state="PENDING", pending_reason="Priority", paths=paths)
     config = ParallelConfig(tp=2, dp=4, sequence_parallel=True, global_batch_size=64)
     run = SimpleNamespace(job=job, started=500.0, config=config,
                           group=SimpleNamespace(hosts=("slurm-0",)))  # fmt: skip
-    loop = SimpleNamespace(
-        spec=SPEC, clock=lambda: 560.0, started=0.0, running={1: run}, n_trials=1,
-        trials=lambda: [finished], best=lambda trials: finished,
-        summary=SimpleNamespace(outcomes={"ok": 1}), launched_count=lambda trials: 2,
-        node_hours=lambda trials: 0.05,
-    )  # fmt: skip
+    loop = _live_loop(560.0, {1: run}, n_trials=1, launched=2, node_hours=0.05)
     console = Console(record=True, width=120)
     console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
     text = console.export_text()
@@ -111,7 +125,6 @@ def test_a_local_trial_at_80_columns_folds_its_config_onto_two_lines(tmp_path: P
     and the config folded onto three lines (``tp1 pp2`` / ``dp1 mbs1`` / ``ga8 zero1``) once the
     phase read ``iteration 1 of 8``. A local study's table has no job column, and the config
     folds onto two lines at most."""
-    from optuna.trial import create_trial
     from rich.console import Console
 
     from tuner.cli.progress import LiveProgress
@@ -119,18 +132,11 @@ def test_a_local_trial_at_80_columns_folds_its_config_onto_two_lines(tmp_path: P
 
     log = tmp_path / "node-0.log"
     log.write_text("tuner-step: iter=1 time_s=0.5\n")
-    finished = create_trial(value=1.5, user_attrs={"duration_s": 120.0, "predicted_step_s": 1.4})
-    finished.number = 0
     job = SimpleNamespace(paths=SimpleNamespace(node_log=lambda rank: log))
     config = ParallelConfig(pp=2, dp=1, global_batch_size=8, zero_stage=1)
     run = SimpleNamespace(job=job, started=500.0, config=config,
                           group=SimpleNamespace(hosts=("local-0",)))  # fmt: skip
-    loop = SimpleNamespace(
-        spec=SPEC, clock=lambda: 507.0, started=0.0, running={0: run}, n_trials=8,
-        trials=lambda: [finished], best=lambda trials: finished,
-        summary=SimpleNamespace(outcomes={"ok": 1}), launched_count=lambda trials: 1,
-        node_hours=lambda trials: 0.002,
-    )  # fmt: skip
+    loop = _live_loop(507.0, {0: run}, n_trials=8, launched=1, node_hours=0.002)
     console = Console(record=True, width=80)
     console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
     text = console.export_text()
