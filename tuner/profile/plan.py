@@ -18,7 +18,7 @@ from typing import Any
 from tuner.catalog import get_gpu
 from tuner.models.optimizer_layout import DEEPSPEED_ZERO_DEFAULTS
 from tuner.models.rates import cudnn_attention
-from tuner.models.time.dp import MEGATRON_BUCKET_PARAMS, rank_params
+from tuner.models.time.dp import megatron_bucket_params, rank_params
 from tuner.space.enumerate import expand_axes
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
@@ -75,7 +75,7 @@ def largest_message(spec: StudySpec) -> int:
     if traits(spec.framework).deepspeed_optimizer:
         bucket = DEEPSPEED_ZERO_DEFAULTS["reduce_bucket_size"]
     else:
-        bucket = max(MEGATRON_BUCKET_PARAMS, 1e6 * dp)
+        bucket = megatron_bucket_params(dp)
     grads = min(rank_params(m, tp, pp)[0], bucket) * GRAD_BYTES
     elem = 4 if spec.training.precision == "fp32" else 2
     tokens = max(axes.micro_batch_size) * m.seq_length // min(axes.cp)

@@ -22,8 +22,20 @@ GRAD_PASS_BYTES_PER_PARAM = 8.0
 MEGATRON_GRAD_BYTES = 4
 """Megatron reduces the fp32 main_grad buffer (accumulate-allreduce-grads-in-fp32 for bf16)."""
 MEGATRON_BUCKET_PARAMS = 40e6
-"""Megatron DDP gradient bucket (``--ddp-bucket-size`` default max(40M, 1M x dp)): the last
-bucket's reduction cannot hide behind backward compute."""
+"""Megatron DDP gradient bucket, at least (``--ddp-bucket-size`` default max(40M, 1M x dp)): the
+last bucket's reduction cannot hide behind backward compute."""
+MEGATRON_BUCKET_PARAMS_PER_DP_RANK = 1e6
+"""Megatron-Core's default bucket grows with the data-parallel size, "to ensure that chunks used
+in NCCL ring-reduce implementations are large enough to remain bandwidth-bound rather than
+latency-bound": ``max(40000000, 1000000 * get_data_parallel_world_size())``
+(megatron/core/distributed/distributed_data_parallel.py, since 0fda386c04, 2024-04-11, "Tune DDP
+bucket size to improve speed at large DP counts"; the DP size without CP through core_r0.9.0)."""
+
+
+def megatron_bucket_params(dp: int) -> float:
+    """Parameters in one of Megatron-Core DDP's default gradient buckets at data-parallel size
+    ``dp``."""
+    return max(MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP_RANK * dp)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -58,7 +70,7 @@ def dp_megatron(
     if d == 1:
         return 0.0
     ring = (d - 1) / d * psi / bw
-    bucket = (d - 1) / d * MEGATRON_BUCKET_PARAMS / bw
+    bucket = (d - 1) / d * megatron_bucket_params(config.dp) / bw
     grads = MEGATRON_GRAD_BYTES
     if config.distributed_optimizer:
         reduce = ring * grads + lat
