@@ -155,3 +155,12 @@ def test_attention_is_probed_per_call_shape_with_the_frameworks_kernels() -> Non
     workload = study(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8},
                      training={"precision": "bf16"})  # fmt: skip
     assert attention_backend(study_from_mapping(workload)) == "default"  # torch's own SDPA
+
+
+def test_an_moe_study_measures_the_all_to_all_on_its_ep_groups_only() -> None:
+    from tuner.spec.file import load_study
+
+    placed = {(g["link"], tuple(g["ranks"]), g["ops"][0]) for g in groups(load_study("demo-moe"))}
+    assert ("intra", (0, 1), "all_to_all") in placed  # ep 2 of its 2 ranks
+    dense = {g["ops"][0] for g in groups(load_study("demo"))}
+    assert "all_to_all" not in dense and "all_reduce" in dense

@@ -87,6 +87,23 @@ def test_measured_gemms_and_links_replace_the_catalogs() -> None:
     assert rates.attention == base.attention
 
 
+def test_a_measured_all_to_all_is_its_own_link_and_the_all_reduces_otherwise() -> None:
+    """The EP dispatch's all-to-all is priced at the profile's own all-to-all fit where it has
+    one (gloo's all-to-all of small messages is one exchange with each peer, its all-reduce
+    several steps), at the all-reduce's link where it has none."""
+    gpu = study_gpu(SPEC)
+    plain = profile(100.0)
+    assert rates_from_profile(plain, gpu, "bf16").all_to_all is None
+    a2a = [dataclasses.replace(s, op="all_to_all", median_s=s.median_s / 2 + 5e-6)
+           for s in all_reduce("intra", 8, 150.0, 10e-6)]  # fmt: skip
+    rows = tuple(dataclasses.replace(s, busbw_gbps=s.bytes * 7 / 8 / s.median_s / 1e9)
+                 for s in a2a)  # fmt: skip
+    rates = rates_from_profile(dataclasses.replace(plain, collectives=plain.collectives + rows),
+                               gpu, "bf16")  # fmt: skip
+    assert rates.all_to_all is not None and rates.intra.latency == pytest.approx(20e-6, rel=1e-3)
+    assert rates.all_to_all.latency == pytest.approx(10e-6, rel=1e-3)
+
+
 def test_measured_memory_streaming_replaces_the_datasheet_bandwidth() -> None:
     gpu = study_gpu(SPEC)
     base = catalog_rates(gpu, "bf16")

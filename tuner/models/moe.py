@@ -342,16 +342,16 @@ def mlp_seconds(
 
 def _all_to_all(rates: Rates, bytes_out: float, ep: int, etp: int, gpus_per_node: int) -> float:
     """One all-to-all over the EP group (ranks etp apart): each rank sends (ep-1)/ep of its
-    buffer; peers on its node over NVLink, the others over its own share of the network (an
-    all-to-all cannot use the ring's NIC aggregation: every GPU's off-node bytes leave through
-    its own NIC)."""
+    buffer; peers on its node at the profile's all-to-all where measured (else the all-reduce's
+    link), the others over its own share of the network (no ring NIC aggregation: every GPU's
+    off-node bytes leave through its own NIC)."""
     if ep == 1:
         return 0.0
-    on_node = max(1, min(ep, gpus_per_node // max(etp, 1)))
+    on_node, own = max(1, min(ep, gpus_per_node // max(etp, 1))), rates.all_to_all or rates.intra
     per_peer = bytes_out / ep
-    intra = (on_node - 1) * per_peer / rates.intra.bandwidth
+    intra = (on_node - 1) * per_peer / own.bandwidth
     inter = (ep - on_node) * per_peer / rates.inter.bandwidth
-    latency = rates.intra.latency if on_node == ep else rates.inter.latency
+    latency = own.latency if on_node == ep else rates.inter.latency
     return max(intra, inter) + latency
 
 

@@ -161,6 +161,13 @@ class Rates:
     """Fixed framework seconds per optimizer step."""
     elem: int
     """Bytes per activation / parameter element (2 for 16-bit, 4 for fp32)."""
+    all_to_all: Link | None = None
+    """An all-to-all among ranks of one node (the MoE token dispatch and combine), where a
+    cluster profile measured one (its alpha-beta fit); None: ``intra``, the all-reduce's. The
+    two are different algorithms: an all-to-all is one exchange with each peer, an all-reduce a
+    reduce-scatter and an all-gather. On the CPU demo's two gloo ranks the all-to-all measured
+    0.13-0.29 ms up to 256 KiB in three profiles, while the all-reduce's fitted latency came out
+    at 0.22-1.63 ms in eight (its small messages' medians are 0.25-0.5 ms or 1.4-3.7 ms)."""
 
 
 def cudnn_attention(gpu: GPUSpec) -> bool:

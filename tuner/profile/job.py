@@ -60,7 +60,7 @@ def bus_factor(op: str, n: int) -> float:
     """nccl-tests PERFORMANCE.md: busbw = algbw * factor(n)."""
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     return 1.0  # send/recv
 
@@ -209,6 +209,9 @@ def _collective(op: str, group: Any, ranks: list[int], numel: int, dtype: torch.
         full = torch.ones(numel // n * n, dtype=dtype, device=device)
         out = torch.empty(numel // n, dtype=dtype, device=device)
         return lambda: dist.reduce_scatter_tensor(out, full, group=group)
+    if op == "all_to_all":  # numel: each rank's whole buffer, (n - 1) / n of it sent
+        x, y = (torch.ones(numel // n * n, dtype=dtype, device=device) for _ in range(2))
+        return lambda: dist.all_to_all_single(y, x, group=group)
     x = torch.ones(numel, dtype=dtype, device=device)  # send_recv: ranks[0] -> ranks[1]
     if me == ranks[0]:
         return lambda: dist.send(x, ranks[1], group=group)

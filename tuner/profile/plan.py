@@ -170,6 +170,9 @@ def group_sizes(spec: StudySpec) -> dict[int, set[str]]:
                         )
                 if pp > 1 or cp > 1:
                     sizes.setdefault(2, set()).add("send_recv")
+    # EP: the token dispatch and combine, one all-to-all each way (tuner.models.moe)
+    for ep in (e for e in axes.ep if e > 1):
+        sizes.setdefault(ep, set()).add("all_to_all")
     return sizes
 
 

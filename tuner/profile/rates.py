@@ -27,11 +27,11 @@ from tuner.space.enumerate import study_gpu
 from tuner.spec.study import StudySpec
 
 
-def _link(fits: list[AlphaBeta], link: str, hosts: int) -> Link | None:
-    """The all-reduce fit of the largest group on ``link`` as a per-GPU link: a group spanning
-    ``hosts`` nodes used the network shares of its ranks on each node
-    (tuner.models.rates.group_link multiplies them back)."""
-    rows = [f for f in fits if f.op == "all_reduce" and f.link == link and f.busbw_gbps > 0]
+def _link(fits: list[AlphaBeta], link: str, hosts: int, op: str = "all_reduce") -> Link | None:
+    """The ``op`` fit (the all-reduce's by default) of the largest group on ``link`` as a
+    per-GPU link: a group spanning ``hosts`` nodes used the network shares of its ranks on each
+    node (tuner.models.rates.group_link multiplies them back)."""
+    rows = [f for f in fits if f.op == op and f.link == link and f.busbw_gbps > 0]
     if not rows:
         return None
     best = max(rows, key=lambda f: f.group_size)
@@ -72,6 +72,7 @@ def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) ->
         else base.op_latency,
         intra=_link(fits, "intra", profile.hosts) or base.intra,
         inter=_link(fits, "inter", profile.hosts) or base.inter,
+        all_to_all=_link(fits, "intra", profile.hosts, "all_to_all"),
     )
 
 
