@@ -16,6 +16,7 @@ import pytest
 
 from tuner.config.parallel import ParallelConfig
 from tuner.launch import LaunchRequest
+from tuner.space.cost import trial_cost
 from tuner.space.enumerate import expand_axes, study_gpu
 from tuner.space.proxy import study_proxy
 from tuner.space.trials import config_params, distributions
@@ -123,3 +124,27 @@ def test_a_dead_workers_running_proxies_are_watched_on_their_own_nodes(
     finally:
         loop.executor.close()
 
+
+def test_the_node_hour_budget_judges_a_proxy_launch_on_the_proxys_nodes(tmp_path: Path) -> None:
+    # A budget that one full trial's worst case would pass but its proxy's does not: the proxy
+    # runs (it was refused as if it took all 4 nodes).
+    full = ParallelConfig(tp=1, dp=8, micro_batch_size=1, global_batch_size=64,
+                          distributed_optimizer=True)  # fmt: skip
+    plain = _spec([1])
+    proxy = study_proxy(plain, full, study_gpu(plain))
+    assert proxy is not None and proxy.nodes == 2
+    # a full trial's worst case: its limit on 4 nodes (a tiny model's trial is its start-up)
+    worst = trial_cost(plain, None).worst_node_hours
+    budget = 0.75 * worst  # between the proxy's worst case (half of it) and the full trial's
+    spec = _spec([1], max_node_hours=round(budget, 4), n_trials=1)
+    loop = study_loop.build_loop(spec, results=str(tmp_path / "results"))
+    launched: list[int] = []
+    loop.launch = lambda trial, config, placement: launched.append(  # type: ignore[method-assign]
+        len(placement.group.hosts)
+    )
+    try:
+        loop.step()
+        reason = loop.budget_reason(loop.trials()) or ""
+        assert launched == [proxy.nodes] and not reason.startswith("node-hour"), reason
+    finally:
+        loop.executor.close()

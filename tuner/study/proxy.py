@@ -41,7 +41,7 @@ from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
-from tuner.study.budget import node_hour_refusal, pending_node_hours
+from tuner.study.budget import launch_refusal
 from tuner.study.leases import BUDGET_LEASE, exclusive
 from tuner.study.measure import LogTail
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
@@ -105,17 +105,22 @@ class Proxies:
         proxy = self._proxy.get(trial.number)
         return proxy.nodes if proxy is not None else self.spec.nodes_per_trial
 
-    def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
-              placement: Placement) -> Placement | None:  # fmt: skip
-        """The placement ``config`` runs on: ``placement`` when it has the right size, else a
-        group of the size its proxy (or the full run) needs; None when those nodes are busy (the
-        config waits: :meth:`pending`)."""
+    def nodes(self, trial: Any, config: ParallelConfig) -> int:
+        """Nodes ``trial`` of ``config`` will hold: its proxy's, decided here once (a
+        confirmation runs at full scale), else a full trial's."""
         if self.on and "confirms" not in trial.user_attrs and trial.number not in self._proxy:
             proxy = study_proxy(self.spec, config, self.gpu)
             if proxy is not None:
                 self._proxy[trial.number] = proxy
                 self._size = proxy.nodes
-        need = self._need(trial, config)
+        return self._need(trial, config)
+
+    def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
+              placement: Placement) -> Placement | None:  # fmt: skip
+        """The placement ``config`` runs on: ``placement`` when it has the right size, else a
+        group of the size its proxy (or the full run) needs; None when those nodes are busy (the
+        config waits: :meth:`pending`)."""
+        need = self.nodes(trial, config)
         if placement.group.size == need:
             return placement
         sched.release(placement)
@@ -209,11 +214,8 @@ class Proxies:
 
     def _over_budget(self, loop: Any, target: FrozenTrial) -> str | None:
         """Why confirming ``target`` could pass ``search.max_node_hours`` (None: it may run)."""
-        if not self.spec.search.max_node_hours:
-            return None
-        committed = loop.node_hours(loop.trials()) + pending_node_hours(loop.running, loop.clock())
         key = f"confirming {target.user_attrs.get('key')}"
-        return node_hour_refusal(self.spec, committed, target.user_attrs, key)
+        return launch_refusal(loop, target.user_attrs, key, self.spec.nodes_per_trial)
 
     def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
         config = ParallelConfig(**target.user_attrs["config"])
