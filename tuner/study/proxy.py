@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from optuna.trial import FrozenTrial, TrialState
+import optuna
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
@@ -223,10 +223,14 @@ class Proxies:
         attrs = {k: v for k, v in target.user_attrs.items()
                  if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
         attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
-        loop.study.enqueue_trial(params, user_attrs=attrs)
-        with warnings.catch_warnings():  # heartbeats are recorded by the loop's Heartbeat thread
-            warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            trial = loop.study.ask(distributions(self.spec))
+        # Created running with its parameters, not enqueued and asked: an ask pops the oldest
+        # waiting trial, which may be a re-run the recovery queued; this config would then run
+        # under that trial's parameters and the confirmation wait in the queue for ever.
+        dists = distributions(self.spec)
+        frozen = create_trial(state=TrialState.RUNNING, params=params, user_attrs=attrs,
+                              distributions={k: dists[k] for k in params})  # fmt: skip
+        study = loop.study
+        trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id, frozen))
         logger.info("trial %d confirms trial %d's proxy figure at full scale",
                     trial.number, target.number)  # fmt: skip
         loop.launch(trial, config, placement)
