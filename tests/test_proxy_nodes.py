@@ -39,6 +39,9 @@ class _Job:
     def poll(self) -> None:
         return None
 
+    def result(self) -> None:
+        return None
+
     def cancel(self) -> None:
         self._cancelled.append(self.request.trial)
 
@@ -83,22 +86,21 @@ def _spec(tp: list[int], **search: Any) -> StudySpec:
     })  # fmt: skip
 
 
-def test_a_dead_workers_running_proxies_are_watched_on_their_own_nodes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spec = _spec([1, 2])
+def _taking_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tps: tuple[int, ...],
+                 **search: Any) -> tuple[Any, _Batch]:  # fmt: skip
+    """A new worker's loop on a study whose dead worker left the proxies of the configs of
+    tensor-parallel sizes ``tps`` running, 2 nodes each."""
+    spec = _spec([1, 2], **search)
     names = (f"worker-{k}" for k in itertools.count())
     monkeypatch.setattr(study_loop, "worker_name", lambda: next(names))
     batch = _Batch()
     loop = study_loop.build_loop(spec, results=str(tmp_path / "results"), executor=batch)
     hosts = iter(spec.node_names)
-    nodes = []
-    for tp in (1, 2):  # the dead worker ran both configs' proxies at once, on 2 nodes each
+    for tp in tps:
         full = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, global_batch_size=64,
                               distributed_optimizer=True)  # fmt: skip
         proxy = study_proxy(spec, full, study_gpu(spec))
         assert proxy is not None and proxy.nodes == 2
-        nodes.append(proxy.nodes)
         loop.study.add_trial(optuna.trial.create_trial(
             params=config_params(full, expand_axes(spec)), distributions=distributions(spec),
             state=optuna.trial.TrialState.RUNNING,
@@ -109,18 +111,45 @@ def test_a_dead_workers_running_proxies_are_watched_on_their_own_nodes(
                         "proxy_nodes": proxy.nodes, "proxy_global_batch":
                         proxy.config.global_batch_size},
         ))  # fmt: skip
+    return loop, batch
+
+
+def test_a_dead_workers_running_proxies_are_watched_on_their_own_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the dead worker ran both configs' proxies at once, on 2 of the 4 nodes each
+    loop, batch = _taking_over(tmp_path, monkeypatch, (1, 2))
     try:
         loop.recover()
         assert batch.cancelled == []  # a full trial's 4 nodes for the first left none for the next
         assert sorted(r.job.token for r in loop.running.values()) == ["t1", "t2"]
-        assert [len(r.group.hosts) for r in loop.running.values()] == nodes
+        assert [len(r.group.hosts) for r in loop.running.values()] == [2, 2]
         held = [x.resource for x in loop.leases.held() if x.holder == loop.worker]
         assert sorted(r for r in held if r.startswith("host:")) == sorted(
-            f"host:{h}" for h in spec.node_names
+            f"host:{h}" for h in loop.spec.node_names
         )
         # what the budget counts them at: their limits on their own nodes
         pending = pending_node_hours(loop.running, loop.clock())
-        assert pending == pytest.approx(LIMIT_S * sum(nodes) / 3600, rel=0.01)
+        assert pending == pytest.approx(LIMIT_S * 4 / 3600, rel=0.01)
+    finally:
+        loop.executor.close()
+
+
+def test_the_nodes_a_taken_over_proxy_leaves_free_run_the_next_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one proxy of the dead worker's still runs on 2 of the 4 nodes: the other 2 run the next
+    # config's proxy at once (the worker waited for 4 free nodes, a full trial's, until the
+    # taken-over one ended)
+    loop, _ = _taking_over(tmp_path, monkeypatch, (1,), n_trials=2)
+    launched: list[int] = []
+    loop.launch = lambda trial, config, placement: launched.append(  # type: ignore[method-assign]
+        len(placement.group.hosts)
+    )
+    try:
+        loop.recover()
+        loop.step()
+        assert [len(r.group.hosts) for r in loop.running.values()] == [2] and launched == [2]
     finally:
         loop.executor.close()
 

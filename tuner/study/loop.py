@@ -204,6 +204,7 @@ class StudyLoop:
         """Watch a dead worker's job from now on (:class:`tuner.study.reattach.Adopted`)."""
         self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement, self.clock())
         self._beating = tuple(self.running)
+        self.proxies.adopted(a.trial.user_attrs)  # a proxy: its size is what to ask for next
 
     # -- choosing the next config ----------------------------------------------------------------
 

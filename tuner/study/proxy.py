@@ -96,6 +96,13 @@ class Proxies:
             return self._need(*self._pending)
         return self._size
 
+    def adopted(self, attrs: Mapping[str, Any]) -> None:
+        """A dead worker's trial (its attributes ``attrs``) is watched by this worker now: when
+        it is a proxy, the nodes it leaves free are asked for in its size (its config's proxies
+        mostly share it), not a full trial's, which they may never reach while it runs."""
+        if self.on and attrs.get("proxy"):
+            self._size = int(attrs["proxy_nodes"])
+
     def pending(self) -> tuple[Any, ParallelConfig] | None:
         """A config asked earlier whose nodes were busy: it is launched before a new one."""
         picked, self._pending = self._pending, None
