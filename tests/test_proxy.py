@@ -395,3 +395,34 @@ def test_a_confirmation_that_could_pass_the_node_hour_budget_is_not_launched(
         assert not [t for t in worker.trials() if "confirms" in t.user_attrs]
     finally:
         worker.executor.close()
+
+
+def test_a_confirmation_runs_as_its_own_trial_past_a_queued_rerun(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The recovery queued a re-run of trial 1's config, and the search stops (a stop rule)
+    # before it runs. The confirmation of trial 0 must run as its own trial: an ask would pop
+    # the older re-run, measure trial 0's config under trial 1's parameters and leave the
+    # confirmation waiting for ever (counted as attempted: trial 0 never confirmed).
+    from optuna.trial import TrialState
+
+    from tuner.space.trials import config_from_params
+
+    (worker,) = _proxied_study(tmp_path, monkeypatch, 1)
+    rerun = dict(worker.trials()[1].params)
+    worker.study.enqueue_trial(rerun)
+    launched: list[tuple[int, str, str]] = []
+    worker.launch = lambda trial, config, placement: launched.append(  # type: ignore[method-assign]
+        (trial.user_attrs.get("confirms"), config_from_params(worker.spec, trial.params).key(),
+         config.key())
+    )  # fmt: skip
+    worker.summary.stop_reason = "no untried config can still win"
+    try:
+        worker.proxies.confirm(worker, worker.trials())
+        first = worker.trials()[0].user_attrs["key"]
+        assert launched == [(0, first, first)]
+        waiting = [t for t in worker.trials() if t.state == TrialState.WAITING]
+        assert [t.system_attrs["fixed_params"] for t in waiting] == [rerun]
+        assert "confirms" not in waiting[0].user_attrs
+    finally:
+        worker.executor.close()

@@ -8,6 +8,7 @@ that comes first: :class:`tuner.space.cost.TrialCost`) would pass the budget.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,21 +43,35 @@ def spent_node_hours(
 
 
 def node_hour_refusal(
-    spec: StudySpec, committed: float, attrs: Mapping[str, Any], key: str
-) -> str | None:
+    spec: StudySpec, committed: float, attrs: Mapping[str, Any], key: str,
+    nodes: int | None = None,
+) -> str | None:  # fmt: skip
     """Why the trial of config ``key`` (its attributes ``attrs`` hold its predicted step time)
     must not start under ``search.max_node_hours`` with ``committed`` node-hours spent or held
-    by running trials; None: it may."""
+    by running trials; None: it may. ``nodes``: what the trial holds when not a full trial's
+    (a proxy: the config's time limit on the proxy's nodes)."""
     budget = spec.search.max_node_hours
     if not budget:
         return None
-    worst = trial_cost(spec, attrs.get("predicted_step_s")).worst_node_hours
+    cost = trial_cost(spec, attrs.get("predicted_step_s"))
+    worst = (cost if nodes is None else dataclasses.replace(cost, nodes=nodes)).worst_node_hours
     if committed + worst <= budget:
         return None
     return (
         f"node-hour budget of {budget:g}: {committed:.2f} spent or committed, and the next "
         f"trial ({key}) could take {worst:.2f}"
     )
+
+
+def launch_refusal(loop: Any, attrs: Mapping[str, Any], key: str, nodes: int) -> str | None:
+    """:func:`node_hour_refusal` for a launch by ``loop`` (a
+    :class:`tuner.study.loop.StudyLoop`) of a trial on ``nodes`` nodes: committed is what the
+    study spent plus what this worker's running trials may still spend, the new trial's limit
+    is cut from the start-up launches measured (``loop.costs``)."""
+    if not loop.spec.search.max_node_hours:
+        return None  # no budget: no read
+    committed = loop.node_hours(loop.trials()) + pending_node_hours(loop.running, loop.clock())
+    return node_hour_refusal(loop.costs.spec, committed, attrs, key, nodes)
 
 
 class LaunchCosts:

@@ -48,12 +48,7 @@ from tuner.space.trials import (
 from tuner.space.trials import measured as trials_measured
 from tuner.spec.study import StudySpec
 from tuner.study.asking import ask, config_attrs
-from tuner.study.budget import (
-    LaunchCosts,
-    node_hour_refusal,
-    pending_node_hours,
-    spent_node_hours,
-)
+from tuner.study.budget import LaunchCosts, launch_refusal, spent_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
 from tuner.study.launchers import make_executor as make_executor
@@ -209,6 +204,7 @@ class StudyLoop:
         """Watch a dead worker's job from now on (:class:`tuner.study.reattach.Adopted`)."""
         self.running[a.trial.number] = Running(a.trial, a.config, a.job, a.placement, self.clock())
         self._beating = tuple(self.running)
+        self.proxies.adopted(a.trial.user_attrs)  # a proxy: its size is what to ask for next
 
     # -- choosing the next config ----------------------------------------------------------------
 
@@ -346,10 +342,8 @@ class StudyLoop:
 
     def _refused_for_node_hours(self, trial: optuna.Trial, config: ParallelConfig) -> bool:
         """Whether ``config`` could pass ``max_node_hours``: recorded ``interrupted`` if so."""
-        if not self.spec.search.max_node_hours:
-            return False  # no budget: no read
-        committed = self.node_hours(self.trials()) + pending_node_hours(self.running, self.clock())
-        why = node_hour_refusal(self.costs.spec, committed, trial.user_attrs, config.key())
+        nodes = self.proxies.nodes(trial, config)  # a proxy's worst case is on its own nodes
+        why = launch_refusal(self, trial.user_attrs, config.key(), nodes)
         if why is not None:
             self._over_budget = why
             self._finish(trial, config, None, Verdict(Outcome.INTERRUPTED, why), 0.0)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from optuna.trial import FrozenTrial, TrialState
+import optuna
+from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
@@ -41,7 +41,7 @@ from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
-from tuner.study.budget import node_hour_refusal, pending_node_hours
+from tuner.study.budget import launch_refusal
 from tuner.study.leases import BUDGET_LEASE, exclusive
 from tuner.study.measure import LogTail
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
@@ -96,6 +96,13 @@ class Proxies:
             return self._need(*self._pending)
         return self._size
 
+    def adopted(self, attrs: Mapping[str, Any]) -> None:
+        """A dead worker's trial (its attributes ``attrs``) is watched by this worker now: when
+        it is a proxy, the nodes it leaves free are asked for in its size (its config's proxies
+        mostly share it), not a full trial's, which they may never reach while it runs."""
+        if self.on and attrs.get("proxy"):
+            self._size = int(attrs["proxy_nodes"])
+
     def pending(self) -> tuple[Any, ParallelConfig] | None:
         """A config asked earlier whose nodes were busy: it is launched before a new one."""
         picked, self._pending = self._pending, None
@@ -105,17 +112,22 @@ class Proxies:
         proxy = self._proxy.get(trial.number)
         return proxy.nodes if proxy is not None else self.spec.nodes_per_trial
 
-    def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
-              placement: Placement) -> Placement | None:  # fmt: skip
-        """The placement ``config`` runs on: ``placement`` when it has the right size, else a
-        group of the size its proxy (or the full run) needs; None when those nodes are busy (the
-        config waits: :meth:`pending`)."""
+    def nodes(self, trial: Any, config: ParallelConfig) -> int:
+        """Nodes ``trial`` of ``config`` will hold: its proxy's, decided here once (a
+        confirmation runs at full scale), else a full trial's."""
         if self.on and "confirms" not in trial.user_attrs and trial.number not in self._proxy:
             proxy = study_proxy(self.spec, config, self.gpu)
             if proxy is not None:
                 self._proxy[trial.number] = proxy
                 self._size = proxy.nodes
-        need = self._need(trial, config)
+        return self._need(trial, config)
+
+    def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
+              placement: Placement) -> Placement | None:  # fmt: skip
+        """The placement ``config`` runs on: ``placement`` when it has the right size, else a
+        group of the size its proxy (or the full run) needs; None when those nodes are busy (the
+        config waits: :meth:`pending`)."""
+        need = self.nodes(trial, config)
         if placement.group.size == need:
             return placement
         sched.release(placement)
@@ -209,11 +221,8 @@ class Proxies:
 
     def _over_budget(self, loop: Any, target: FrozenTrial) -> str | None:
         """Why confirming ``target`` could pass ``search.max_node_hours`` (None: it may run)."""
-        if not self.spec.search.max_node_hours:
-            return None
-        committed = loop.node_hours(loop.trials()) + pending_node_hours(loop.running, loop.clock())
         key = f"confirming {target.user_attrs.get('key')}"
-        return node_hour_refusal(self.spec, committed, target.user_attrs, key)
+        return launch_refusal(loop, target.user_attrs, key, self.spec.nodes_per_trial)
 
     def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
         config = ParallelConfig(**target.user_attrs["config"])
@@ -221,10 +230,14 @@ class Proxies:
         attrs = {k: v for k, v in target.user_attrs.items()
                  if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
         attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
-        loop.study.enqueue_trial(params, user_attrs=attrs)
-        with warnings.catch_warnings():  # heartbeats are recorded by the loop's Heartbeat thread
-            warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            trial = loop.study.ask(distributions(self.spec))
+        # Created running with its parameters, not enqueued and asked: an ask pops the oldest
+        # waiting trial, which may be a re-run the recovery queued; this config would then run
+        # under that trial's parameters and the confirmation wait in the queue for ever.
+        dists = distributions(self.spec)
+        frozen = create_trial(state=TrialState.RUNNING, params=params, user_attrs=attrs,
+                              distributions={k: dists[k] for k in params})  # fmt: skip
+        study = loop.study
+        trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id, frozen))
         logger.info("trial %d confirms trial %d's proxy figure at full scale",
                     trial.number, target.number)  # fmt: skip
         loop.launch(trial, config, placement)

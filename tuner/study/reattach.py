@@ -4,8 +4,9 @@ A batch job outlives the tuner that submitted it: killing ``tune run`` with SIGK
 Slurm jobs in the queue. When ``tune run`` starts again, every launched trial still RUNNING in the
 storage whose worker is dead (its process is gone from this machine, or its leases expired) and
 whose job Slurm still knows (found by the job name the trial's token gives) is adopted: this
-worker holds a node slot and the leases for it, beats for it, watches the job and records its
-result like its own. Jobs of the study that belong to no live trial (the trial was already
+worker holds as many node slots as the trial holds (a proxy's ``proxy_nodes``, not a full
+trial's) and the leases for them, beats for it, watches the job and records its result like its
+own. Jobs of the study that belong to no live trial (the trial was already
 ended; or, for a trial launched by an older tuner that recorded the token after ``sbatch``, the
 tuner died in between) are cancelled.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,12 @@ class Adopted:
     config: ParallelConfig
     job: Any  # tuner.launch.Job
     placement: Placement
+
+
+def trial_nodes(spec: StudySpec, attrs: Mapping[str, Any]) -> int:
+    """Nodes a launched trial holds: its proxy's (``proxy_nodes``, recorded before it started)
+    or a full trial's."""
+    return int(attrs["proxy_nodes"]) if attrs.get("proxy") else spec.nodes_per_trial
 
 
 def worker_dead(worker: str) -> bool:
@@ -151,7 +158,7 @@ class Reattach:
         for lease in self.leases.held():
             if lease.holder == dead and lease.trial == t.number:
                 self.leases.take_over(lease)
-        placement = self.scheduler.acquire()
+        placement = self.scheduler.acquire(trial_nodes(self.spec, t.user_attrs))
         if placement is None:  # more lost jobs than slots: end it, recovery re-runs it
             logger.warning("trial %d: no free slot to watch its job on; cancelling it", t.number)
             job.cancel()
