@@ -58,10 +58,10 @@ def run(args: argparse.Namespace) -> int:
                                    results=args.results, baseline=args.baseline,
                                    train_tokens=args.train_tokens)  # fmt: skip
     sys.stdout.write(f"report: {path}\n")
-    from tuner.report.leaderboard import leaderboard, stored_trials, why_empty
+    from tuner.report.leaderboard import SHOWN_ATTRS, board_trials, on_board, why_empty
 
-    if leaderboard(spec, storage=args.storage, results=args.results).empty:  # what it lacks
-        trials = stored_trials(spec, args.storage, args.results)
+    trials = board_trials(spec, args.storage, args.results, SHOWN_ATTRS)
+    if not any(on_board(t) for t in trials):  # an empty leaderboard: what the study lacks
         sys.stdout.write(f"report: {why_empty(spec, trials, results=args.results)}\n")
     if args.png is not None:
         pngs = write_pngs(parts, args.png)

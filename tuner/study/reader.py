@@ -212,10 +212,10 @@ class TrialReader:
             params[name] = dist.to_external_repr(value)
         return FrozenTrial(
             number=number, state=TrialState[_name(state)], value=None, values=values,
-            datetime_start=_local(start), datetime_complete=_local(complete), params=params,
-            distributions=dists,
-            user_attrs=_attrs(children["user"][trial_id]),
-            system_attrs=_attrs(children["system"][trial_id]),
+            datetime_start=local_time(start), datetime_complete=local_time(complete),
+            params=params, distributions=dists,
+            user_attrs=decode_attrs(children["user"][trial_id]),
+            system_attrs=decode_attrs(children["system"][trial_id]),
             intermediate_values={
                 step: _SPECIAL.get(_name(kind), value)
                 for step, value, kind in children["steps"][trial_id]
@@ -272,7 +272,7 @@ def _fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, A
         cursor.close()
 
 
-def _attrs(rows: list[Any]) -> dict[str, Any]:
+def decode_attrs(rows: list[Any]) -> dict[str, Any]:
     """A trial's attributes from their stored ``(key, value_json)`` rows, decoded as one JSON
     object: one ``json.loads`` per trial instead of one per attribute (some 25 a trial: the
     call's own overhead was most of the leaderboard's decoding). A key is unique per trial (the
@@ -293,7 +293,7 @@ def _name(value: Any) -> str:
     return str(getattr(value, "name", value))
 
 
-def _local(utc: datetime.datetime | None) -> datetime.datetime | None:
+def local_time(utc: datetime.datetime | None) -> datetime.datetime | None:
     """Optuna's stored UTC time as the naive local time its ORM model gives."""
     if utc is None:
         return None
