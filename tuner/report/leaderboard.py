@@ -22,7 +22,7 @@ from tuner.space.trials import StoredTrial, trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
-from tuner.study.attrs_read import TrialAttrs, read_attrs
+from tuner.study.attrs_read import TrialAttrs, completed_trials, read_attrs
 from tuner.study.reader import TrialReader
 from tuner.study.schema import schema_checked
 from tuner.study.storage import open_storage, resolve_url
@@ -120,13 +120,27 @@ SHOWN_ATTRS = ("outcome", "duplicate_of")
 
 
 def board_trials(
-    spec: StudySpec, storage: str | None, results: str, keys: Sequence[str] = BOARD_ATTRS
-) -> list[TrialAttrs]:
+    spec: StudySpec, storage: str | None, results: str, keys: Sequence[str] = BOARD_ATTRS,
+    *, times: bool = False,
+) -> list[TrialAttrs]:  # fmt: skip
     """Every trial of ``spec``'s stored study with the attributes ``keys`` (those the
-    leaderboard reads): a read of those alone (:mod:`tuner.study.attrs_read`), not of
-    :func:`stored_trials`' whole trials, made anew on each call."""
+    leaderboard reads) and, with ``times``, its start and end: a read of those alone
+    (:mod:`tuner.study.attrs_read`; a config and the hosts shared between the trials that
+    stored the same), not of :func:`stored_trials`' whole trials, made anew on each call."""
     reader = _opened(spec, storage, results)[1]
-    return read_attrs(reader.storage, reader.study_id, keys, shared=("config", "hosts"))
+    return read_attrs(reader.storage, reader.study_id, keys, shared=("config", "hosts"),
+                      times=times)  # fmt: skip
+
+
+def optuna_trials(
+    spec: StudySpec, storage: str | None, results: str, trials: Sequence[TrialAttrs],
+    kind: type[FrozenTrial] = FrozenTrial,
+) -> list[FrozenTrial]:  # fmt: skip
+    """The completed ones of ``trials`` (:func:`board_trials` with their times) as Optuna's
+    trials (of class ``kind``), with their values and parameters and no attributes (Optuna's
+    views of them)."""
+    reader = _opened(spec, storage, results)[1]
+    return completed_trials(reader.storage, reader.study_id, trials, kind)
 
 
 def on_board(t: StoredTrial, include_all: bool = False) -> bool:

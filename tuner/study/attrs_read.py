@@ -21,16 +21,23 @@ import dataclasses
 import datetime
 import json
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import optuna
 import sqlalchemy as sa
+from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space.collection import paused_collection
-from tuner.study.reader import decode_attrs, local_time
+from tuner.study.reader import (
+    SPECIAL_VALUES,
+    compile_statement,
+    decode_attrs,
+    fetch_plain,
+    local_time,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,4 +174,67 @@ def _from_frozen(t: FrozenTrial, keys: frozenset[str] | None, times: bool) -> Tr
         trial_id=t._trial_id, number=t.number, state=t.state, user_attrs=attrs,
         datetime_start=t.datetime_start if times else None,
         datetime_complete=t.datetime_complete if times else None,
+    )  # fmt: skip
+
+
+def completed_trials(
+    storage: optuna.storages.BaseStorage, study_id: int, trials: Sequence[TrialAttrs],
+    kind: type[FrozenTrial] = FrozenTrial,
+) -> list[FrozenTrial]:  # fmt: skip
+    """The completed trials of ``trials`` (study ``study_id``'s, read with their times), in
+    their order, as Optuna's trials (of class ``kind``) with their values, parameters and the
+    parameters' distributions and no attributes (what Optuna's views of the report read): the
+    same trials, less their attributes, as :class:`tuner.study.reader.TrialReader` builds
+    them."""
+    if not isinstance(storage, optuna.storages.RDBStorage):
+        stored = storage.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,))
+        return [_without_attrs(t, kind) for t in stored]
+    t = models.TrialModel.__table__
+    p, v = models.TrialParamModel.__table__, models.TrialValueModel.__table__
+    mine = sa.and_(t.c.study_id == sa.bindparam("study"), t.c.state == sa.bindparam("state"))
+    asked = {"study": study_id, "state": TrialState.COMPLETE.name}
+    params: dict[int, list[Any]] = defaultdict(list)
+    values: dict[int, list[Any]] = defaultdict(list)
+    with paused_collection(), storage.engine.connect() as conn:
+        query = sa.select(
+            p.c.trial_id, p.c.param_id, p.c.param_name, p.c.param_value, p.c.distribution_json
+        ).join(t, t.c.trial_id == p.c.trial_id)
+        for trial_id, *row in fetch_plain(conn, compile_statement(conn, query.where(mine)), asked):
+            params[trial_id].append(row)
+        query = sa.select(v.c.trial_id, v.c.objective, v.c.value, v.c.value_type)
+        query = query.join(t, t.c.trial_id == v.c.trial_id).where(mine)
+        for trial_id, *row in fetch_plain(conn, compile_statement(conn, query), asked):
+            values[trial_id].append(row)
+        known: dict[str, BaseDistribution] = {}
+        return [_completed(t, params[t.trial_id], values[t.trial_id], known, kind)
+                for t in trials if t.state == TrialState.COMPLETE]  # fmt: skip
+
+
+def _completed(
+    t: TrialAttrs, params: list[Any], values: list[Any], known: dict[str, BaseDistribution],
+    kind: type[FrozenTrial],
+) -> FrozenTrial:  # fmt: skip
+    objectives = [0.0] * len(values)
+    for objective, value, stored in values:  # the value's type: finite, or one of its own
+        objectives[objective] = SPECIAL_VALUES.get(str(getattr(stored, "name", stored)), value)
+    chosen: dict[str, Any] = {}
+    dists: dict[str, BaseDistribution] = {}
+    for _pid, name, value, text in sorted(params):
+        dist = known.get(text) or known.setdefault(text, json_to_distribution(text))
+        dists[name] = dist
+        chosen[name] = dist.to_external_repr(value)
+    return kind(
+        number=t.number, state=t.state, value=None, values=objectives or None,
+        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete, params=chosen,
+        distributions=dists, user_attrs={}, system_attrs={}, intermediate_values={},
+        trial_id=t.trial_id,
+    )  # fmt: skip
+
+
+def _without_attrs(t: FrozenTrial, kind: type[FrozenTrial]) -> FrozenTrial:
+    return kind(
+        number=t.number, state=t.state, value=None, values=t.values,
+        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete, params=t.params,
+        distributions=t.distributions, user_attrs={}, system_attrs={}, intermediate_values={},
+        trial_id=t._trial_id,
     )  # fmt: skip

@@ -1,6 +1,7 @@
 """The read commands' light read (:mod:`tuner.study.attrs_read`) against the whole trials'
-read, and the leaderboard's rows and table without pandas against the DataFrame they were made
-from, on a study of every kind of trial: measured, OOM, timeout, failed launch, a launched trial
+read: the leaderboard's rows and table without pandas against the DataFrame they were made
+from, the report's rows and Optuna's trials against those of the whole read, on a study of
+every kind of trial: measured, OOM, timeout, failed launch, a launched trial
 failed without an outcome, pruned before launch, running, queued, duplicate, proxy, with no
 config, with a NaN figure, with attributes and system attributes no command reads."""
 
@@ -20,9 +21,10 @@ from tests.test_results import SPEC, config, record
 from tuner.cli import board as B
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
+from tuner.report import data as D
 from tuner.report import leaderboard as L
 from tuner.space.enumerate import expand_axes
-from tuner.space.trials import config_params
+from tuner.space.trials import config_params, is_duplicate
 from tuner.study.attrs_read import read_attrs
 from tuner.study.storage import open_storage
 
@@ -221,6 +223,69 @@ def test_the_board_reads_only_the_attributes_it_names(results: str) -> None:
     L.why_empty(SPEC, watched)
     assert Watched.read <= set(L.BOARD_ATTRS), Watched.read - set(L.BOARD_ATTRS)
     assert {"proxy_step_s", "objective", "launched", "hosts"} <= Watched.read
+
+
+def test_the_report_reads_only_the_attributes_it_names(results: str) -> None:
+    """The same for the report's rows (:data:`tuner.report.data.REPORT_ATTRS`), which also
+    say whether the leaderboard is empty (``tune report``'s last line)."""
+
+    class Watched(dict[str, Any]):
+        read: set[str] = set()
+
+        def get(self, key: str, default: Any = None) -> Any:
+            Watched.read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> Any:
+            Watched.read.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            Watched.read.add(str(key))
+            return super().__contains__(key)
+
+    for t in L.stored_trials(SPEC, None, results):
+        watched = _Watching(t, Watched(t.user_attrs))
+        is_duplicate(watched)
+        D.trial_row(t.__class__(**_fields(t, watched.user_attrs)), SPEC)
+    assert Watched.read <= set(D.REPORT_ATTRS), Watched.read - set(D.REPORT_ATTRS)
+    assert {"proxy_step_s", "predicted_peak_phase", "launched", "hosts"} <= Watched.read
+    assert set(L.SHOWN_ATTRS) <= set(D.REPORT_ATTRS)
+
+
+def _fields(t: optuna.trial.FrozenTrial, attrs: dict[str, Any]) -> dict[str, Any]:
+    """``t``'s arguments to :class:`~optuna.trial.FrozenTrial`, its attributes ``attrs``."""
+    return dict(
+        number=t.number, state=t.state, value=None, values=t.values,
+        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete,
+        params=t.params, distributions=t.distributions, user_attrs=attrs,
+        system_attrs=t.system_attrs, intermediate_values=t.intermediate_values,
+        trial_id=t._trial_id,
+    )  # fmt: skip
+
+
+def test_the_reports_rows_and_optuna_trials_are_the_whole_reads(results: str) -> None:
+    """The report's rows from the light read are those of the whole trials (every field, the
+    times of the launched ones), and its trials for Optuna's views are the whole read's
+    completed ones less their attributes (values, parameters, distributions, times)."""
+    data = D.gather(SPEC, results=results)
+    whole = L.stored_trials(SPEC, None, results)
+    rows = [D.trial_row(t, SPEC) for t in whole
+            if not is_duplicate(t) and t.state != optuna.trial.TrialState.WAITING]  # fmt: skip
+    assert data.rows == rows and len(rows) == 11
+    assert any(r.start is not None for r in rows) and any(r.proxy for r in rows)
+    assert [r.key for r in data.rows] == [r.key for r in rows]
+    complete = [t for t in whole if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(data.trials) == len(complete) == 6  # the duplicate too, as before
+    for kept, t in zip(data.trials, complete, strict=True):
+        assert isinstance(kept, D.ReadOnlyTrial)
+        assert (kept.number, kept.state, kept.values, kept.params, kept.distributions,
+                kept.datetime_start, kept.datetime_complete, kept._trial_id) == (
+            t.number, t.state, t.values, t.params, t.distributions, t.datetime_start,
+            t.datetime_complete, t._trial_id)  # fmt: skip
+        assert list(kept.params) == list(t.params)  # Optuna's order, the order of its rows
+        assert kept.user_attrs == kept.system_attrs == {} and not kept.intermediate_values
+    assert [t.number for t in data.stored] == [t.number for t in whole]
 
 
 class _Watching:
