@@ -109,9 +109,9 @@ def stored_trials(spec: StudySpec, storage: str | None, results: str) -> list[Fr
 
     Read by :class:`tuner.study.reader.TrialReader` (plain queries, not Optuna's ORM: 10,000
     trials in a second or two instead of ten), which keeps the finished trials and reads again
-    only the unfinished ones and those added since: the leaderboard, the board's configs, the
-    best trial and the report of one command read the storage once, and a long-lived caller
-    still sees what other workers add or finish."""
+    only the unfinished ones and those added since: the best trial and its export read the
+    storage once, and a long-lived caller still sees what other workers add or finish. The
+    leaderboard and the report read less (:func:`board_trials`)."""
     return _opened(spec, storage, results)[1].trials()
 
 
