@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.test_study import STANDINS
-from tuner.cli.board import board_grid, stored_configs
+from tuner.cli.board import board_grid
 from tuner.report.data import gather
-from tuner.report.leaderboard import best_trial, leaderboard, load_optuna_study
+from tuner.report.leaderboard import (
+    best_trial,
+    board_rows,
+    board_trials,
+    leaderboard,
+    load_optuna_study,
+)
 from tuner.report.views import leaderboard as html_board
 from tuner.spec.file import study_from_mapping
 from tuner.study.loop import build_loop
@@ -84,7 +90,7 @@ def test_proxies_run_on_half_the_nodes_and_the_best_is_confirmed_at_full_scale(
     assert summary.best_trial == confirm[0].number
     board = leaderboard(spec, results=results)
     assert sorted(board["scale"]) == ["full"] * len(full) + ["proxy"] * 2
-    grid = board_grid("px", board, stored_configs(spec, board, None, results), False)
+    grid = board_grid("px", board_rows(spec, board_trials(spec, None, results)), False)
     names = [c.name for c in grid.columns]
     step = names.index("measured_step_s")
     marks = {row[names.index("scale")]: row[step].startswith("~") for row in grid.rows}

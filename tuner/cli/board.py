@@ -1,18 +1,21 @@
-"""``tune leaderboard`` as a table: the leaderboard DataFrame's rows, each config in the compact
-spelling, columns in priority order (``--columns`` takes any of the DataFrame's names too)."""
+"""``tune leaderboard``: the leaderboard's rows as a table, each config in the compact spelling,
+columns in priority order (``--columns`` takes any of the leaderboard's column names too), or as
+CSV, JSON or Markdown (pandas' writers, imported only for those)."""
 
 from __future__ import annotations
 
+import sys
 from argparse import Namespace
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from tuner.cli import render, units
-from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import split_constant
-from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    from tuner.report.leaderboard import Board
 
 BOARD_COLUMNS = (
     render.Column(name="rank", header="rank", meaning="place on the board, fastest first"),
@@ -80,12 +83,12 @@ BOARD_COLUMNS = (
         meaning="why a trial failed or was pruned",
     ),
 )
-"""The table's columns, most important first; the rest of the DataFrame's are there for
+"""The table's columns, most important first; the rest of the leaderboard's are there for
 ``--columns``."""
 
 
 def _formatter(name: str) -> Callable[[Any], str]:
-    """One number format per quantity, chosen by the DataFrame column's name."""
+    """One number format per quantity, chosen by the leaderboard column's name."""
     if name in ("mfu", "predicted_mfu"):
         return units.percent
     if name.startswith("tokens_per_s"):
@@ -104,96 +107,88 @@ def _cell(name: str, value: Any, form: Callable[[Any], str] | None = None) -> st
     if value is None or value != value:  # None or NaN: nothing measured
         return ""
     if isinstance(value, float) and value.is_integer() and not name.endswith(("_s", "_gib")):
-        value = int(value)  # a count pandas stored as float beside a NaN
+        value = int(value)  # a count stored as float (pandas' beside a NaN, once)
     return (form or _formatter(name))(value)
 
 
 def board_grid(
-    title: str, board: Any, configs: Sequence[ParallelConfig | None], include_all: bool,
-    names: Sequence[str] | None = None, framework: str | None = None,
+    title: str, board: Board, include_all: bool, names: Sequence[str] | None = None,
+    framework: str | None = None,
 ) -> render.Grid:  # fmt: skip
     """The leaderboard as a :class:`render.Grid`: the default columns (outcome only with
     ``--all``, empty ones left out) or, with ``names``, those asked for."""
+    from tuner.report.leaderboard import COLUMNS
+    from tuner.space.collection import paused_collection
+
     known = [c.name for c in BOARD_COLUMNS]
     extra = tuple(render.Column(name=n, header=n, right=n not in ("recompute", "dispatcher"))
-                  for n in board.columns if n not in known)  # fmt: skip
-    present = [c for c in configs if c is not None]
+                  for n in COLUMNS if n not in known)  # fmt: skip
+    present = [c for c in board.configs if c is not None]
     constant, spelled = split_constant(present, framework)
     spelling = iter(spelled)
-    by_config = [next(spelling) if c is not None else "" for c in configs]
-    columns = []
+    by_config = [next(spelling) if c is not None else "" for c in board.configs]
     order: tuple[render.Column, ...] = BOARD_COLUMNS
     if include_all:  # failures shown: why they failed comes before the secondary figures
         order = tuple(c for c in order if c.name != "reason")
         at = [c.name for c in order].index("predicted_peak_gib") + 1
         order = (*order[:at], BOARD_COLUMNS[-1], *order[at:])
+    filled = {name for name in COLUMNS if any(_given(row[name]) for row in board.rows)}
+    columns = []
     for column in order + extra:
         if names is not None:
             columns.append(column)
         elif column in extra:
             continue
         elif column.name in ("rank", "config") or (
-            column.name in board.columns and board[column.name].notna().any()
-            and (column.name != "outcome" or include_all)
-        ):  # fmt: skip
+            column.name in filled and (column.name != "outcome" or include_all)
+        ):
             columns.append(column)
-    from tuner.space.collection import paused_collection
-
     rows = []
-    position = {name: i for i, name in enumerate(board.columns)}
-    # each shown column's place in the frame's rows and its format, found once, not per cell
-    shown = [(c.name, position.get(c.name), _formatter(c.name)) for c in columns]
-    scale, step = position.get("scale"), position.get("measured_step_s")
-    # the frame's values as ``iterrows`` gives them (its rows are built from ``.values``), read
-    # by position: a Series per row was most of the table's time at thousands of rows
+    # each shown column's name (None: not a leaderboard column) and format, found once
+    shown = [(c.name if c.name in COLUMNS else None, c.name, _formatter(c.name)) for c in columns]
     with paused_collection():  # thousands of rows of cells, none of them garbage
-        for rank, (config, values) in enumerate(zip(by_config, board.values, strict=True), 1):
+        for rank, (config, row) in enumerate(zip(by_config, board.rows, strict=True), 1):
             cells = {"rank": str(rank), "config": config}
-            if scale is not None and values[scale] == "proxy":  # an extrapolated figure
-                measured = values[step] if step is not None else None
-                cells["measured_step_s"] = "~" + _cell("measured_step_s", measured)
+            if row["scale"] == "proxy":  # an extrapolated figure
+                cells["measured_step_s"] = "~" + _cell("measured_step_s", row["measured_step_s"])
             rows.append(tuple(
-                cells.get(name) or ("" if i is None else _cell(name, values[i], form))
-                for name, i, form in shown
+                cells.get(name) or ("" if key is None else _cell(name, row[key], form))
+                for key, name, form in shown
             ))  # fmt: skip
     return render.Grid(title=title, columns=tuple(columns), rows=tuple(rows), constant=constant)
 
 
-def print_board(out: Console, title: str, board: Any, configs: Sequence[ParallelConfig | None],
-                include_all: bool, names: Sequence[str] | None,
-                framework: str | None = None) -> None:  # fmt: skip
+def _given(value: Any) -> bool:
+    """Whether a cell holds a value (not None, not NaN): a column with none is left out."""
+    return value is not None and value == value
+
+
+def print_board(out: Console, title: str, board: Board, include_all: bool,
+                names: Sequence[str] | None, framework: str | None = None) -> None:  # fmt: skip
     """Print the leaderboard table (``names``: ``--columns``; ``framework``: the study's)."""
-    grid = board_grid(title, board, configs, include_all, names, framework)
+    grid = board_grid(title, board, include_all, names, framework)
     render.render(out, grid, names)
 
 
-def show_board(out: Console, spec: StudySpec, board: Any, args: Namespace) -> None:
-    """``tune leaderboard``'s table; a board with no row says why and what to do instead (an
-    empty table with a header was all a study with no measured trial printed)."""
-    from tuner.report.leaderboard import stored_trials, why_empty
+def run(out: Callable[[], Console], args: Namespace) -> int:
+    """``tune leaderboard``: the table on ``out()``, or the rows in ``--format``'s form."""
+    from tuner.report.leaderboard import board_rows, board_trials, why_empty
+    from tuner.spec.file import load_study
 
-    if board.empty:
-        trials = stored_trials(spec, args.storage, args.results)
-        out.print(f"leaderboard of {spec.name}: {why_empty(spec, trials, args.all, args.results)}",
-                  markup=False)  # fmt: skip
-        return
-    title = f"leaderboard of {spec.name} ({units.plural(len(board), 'config')})"
-    configs = stored_configs(spec, board, args.storage, args.results)
-    columns = render.parse_columns(args.columns)
-    print_board(out, title, board, configs, args.all, columns, spec.framework)
-
-
-def stored_configs(
-    spec: Any, board: Any, storage: str | None, results: str
-) -> list[ParallelConfig | None]:
-    """Each leaderboard row's config, read back from its stored trial (None: it has none)."""
-    from tuner.report.leaderboard import stored_trials
-
-    if board.empty:
-        return []
-    trials = {t.number: t for t in stored_trials(spec, storage, results)}
-    out: list[ParallelConfig | None] = []
-    for number in board["trial"]:
-        data = trials[int(number)].user_attrs.get("config")
-        out.append(ParallelConfig(**data) if data else None)
-    return out
+    spec = load_study(args.study)
+    trials = board_trials(spec, args.storage, args.results)
+    board = board_rows(spec, trials, include_all=args.all)
+    if args.format == "csv":
+        sys.stdout.write(board.frame().to_csv(index=False))
+    elif args.format == "json":
+        sys.stdout.write(board.frame().to_json(orient="records", indent=2) + "\n")
+    elif args.format == "markdown":
+        sys.stdout.write(board.frame().to_markdown(index=False, floatfmt=".4g") + "\n")
+    elif not board.rows:  # says why and what to do (an empty table was all it printed once)
+        why = why_empty(spec, trials, args.all, args.results)
+        out().print(f"leaderboard of {spec.name}: {why}", markup=False)
+    else:
+        title = f"leaderboard of {spec.name} ({units.plural(len(board.rows), 'config')})"
+        columns = render.parse_columns(args.columns)
+        print_board(out(), title, board, args.all, columns, spec.framework)
+    return 0

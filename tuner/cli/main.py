@@ -221,21 +221,9 @@ def _preflight(spec: StudySpec, executor: Any) -> int:
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:
-    from tuner.report.leaderboard import leaderboard
+    from tuner.cli import board
 
-    spec = load_study(args.study)
-    board = leaderboard(spec, include_all=args.all, storage=args.storage, results=args.results)
-    if args.format == "csv":
-        sys.stdout.write(board.to_csv(index=False))
-    elif args.format == "json":
-        sys.stdout.write(board.to_json(orient="records", indent=2) + "\n")
-    elif args.format == "markdown":
-        sys.stdout.write(board.to_markdown(index=False, floatfmt=".4g") + "\n")
-    else:
-        from tuner.cli.board import show_board
-
-        show_board(_console(), spec, board, args)
-    return 0
+    return board.run(_console, args)
 
 
 def _cmd_best(args: argparse.Namespace) -> int:

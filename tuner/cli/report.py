@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     """Write the report (and the PNGs); print where."""
-    from tuner.report.build import build_report, write_pngs
+    from tuner.report.build import write_pngs, write_report
     from tuner.spec.file import load_study
 
     tokens = args.train_tokens
@@ -54,14 +54,14 @@ def run(args: argparse.Namespace) -> int:
     _check_paths(args.out, args.png)
     with _reader_kept(args.out):
         spec = load_study(args.study)
-        path, parts = build_report(spec, out=args.out, storage=args.storage,
-                                   results=args.results, baseline=args.baseline,
-                                   train_tokens=args.train_tokens)  # fmt: skip
+        written = write_report(spec, out=args.out, storage=args.storage,
+                               results=args.results, baseline=args.baseline,
+                               train_tokens=args.train_tokens)  # fmt: skip
+    path, parts, trials = written.path, written.parts, written.data.stored
     sys.stdout.write(f"report: {path}\n")
-    from tuner.report.leaderboard import leaderboard, stored_trials, why_empty
+    from tuner.report.leaderboard import on_board, why_empty
 
-    if leaderboard(spec, storage=args.storage, results=args.results).empty:  # what it lacks
-        trials = stored_trials(spec, args.storage, args.results)
+    if not any(on_board(t) for t in trials):  # an empty leaderboard: what the study lacks
         sys.stdout.write(f"report: {why_empty(spec, trials, results=args.results)}\n")
     if args.png is not None:
         pngs = write_pngs(parts, args.png)

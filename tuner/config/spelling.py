@@ -134,8 +134,12 @@ def split_constant(
     t = traits(framework) if framework is not None else None
     if len(configs) < 2:
         return "", [spell(c) for c in configs]
-    rows = [tokens(c) for c in configs]
-    varying = [len({row[i] for row in rows}) > 1 for i in range(len(KNOBS))]
+    # each config object's tokens made once (a leaderboard's rows share a config's object
+    # between the trials that measured it: thousands of rows, a few hundred configs)
+    made: dict[int, list[str]] = {}
+    rows = [made.get(id(c)) or made.setdefault(id(c), tokens(c)) for c in configs]
+    distinct = list(made.values())
+    varying = [len({row[i] for row in distinct}) > 1 for i in range(len(KNOBS))]
     constant = []
     for i, knob in enumerate(KNOBS):
         if varying[i]:
@@ -145,7 +149,9 @@ def split_constant(
             constant.append(token)
         elif not token and knob.off and (t is None or knob.offered(t)):
             constant.append(knob.off)
-    spelled = [" ".join(t for t, v in zip(row, varying, strict=True) if v and t) for row in rows]
+    words = {id(row): " ".join(t for t, v in zip(row, varying, strict=True) if v and t)
+             for row in distinct}  # fmt: skip
+    spelled = [words[id(row)] for row in rows]
     # Commas between the constant knobs: "sp no tpo no recompute distopt" read as if no recompute
     # applied to distopt; "sp, no tpo, no recompute, distopt" cannot be misread.
     return ", ".join(constant), spelled

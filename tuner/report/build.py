@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import TunerError
 from tuner.layout import ResultsLayout
-from tuner.report.data import gather
+from tuner.report.data import ReportData, gather
 from tuner.report.page import Section, render, sections
 from tuner.space.collection import paused_collection
 from tuner.spec.study import StudySpec
@@ -26,11 +27,33 @@ def default_path(spec: StudySpec, results: str) -> Path:
     return ResultsLayout(Path(results), spec.name).study_dir / "report.html"
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A report written: its file, the sections drawn, and what they were drawn from."""
+
+    path: Path
+    """The file written."""
+    parts: list[Section]
+    """The sections drawn, in order."""
+    data: ReportData
+    """The study as the report read it."""
+
+
 def build_report(
     spec: StudySpec, *, out: Path | None = None, storage: str | None = None,
     results: str = "results", baseline: str | None = None, train_tokens: float | None = None,
 ) -> tuple[Path, list[Section]]:  # fmt: skip
     """Write the report of ``spec``'s study; the file written and the sections drawn."""
+    written = write_report(spec, out=out, storage=storage, results=results, baseline=baseline,
+                           train_tokens=train_tokens)  # fmt: skip
+    return written.path, written.parts
+
+
+def write_report(
+    spec: StudySpec, *, out: Path | None = None, storage: str | None = None,
+    results: str = "results", baseline: str | None = None, train_tokens: float | None = None,
+) -> Written:  # fmt: skip
+    """Write the report of ``spec``'s study (:func:`build_report`, with the data read)."""
     path = out or default_path(spec, results)
     with paused_collection():  # tens of thousands of objects a view, none of them garbage
         data = gather(spec, storage=storage, results=results, baseline=baseline,
@@ -44,7 +67,7 @@ def build_report(
         exc.filename = exc.filename or str(path)
         raise
     logger.info("report of %s written to %s", spec.name, path)
-    return path, parts
+    return Written(path, parts, data)
 
 
 def write_pngs(parts: list[Section], directory: Path) -> list[Path]:

@@ -31,11 +31,12 @@ from tuner.models.memory.estimate import (
 )
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
 from tuner.outcome import Outcome
-from tuner.report.leaderboard import load_optuna_study, megatron_args, stored_trials
+from tuner.report.leaderboard import board_trials, load_optuna_study, megatron_args, optuna_trials
 from tuner.space.enumerate import enumerate_space, study_gpu
-from tuner.space.trials import is_duplicate, trial_config, trial_outcome
+from tuner.space.trials import is_duplicate, trial_outcome
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
+from tuner.study.attrs_read import TrialAttrs
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer states", "activations", "buffers", "overhead")
 """The stacked memory components, bottom to top."""
@@ -146,11 +147,16 @@ class TrialRow:
     proxy: str = ""
     """How a proxy figure was measured (``proxy dp4 on 2 nodes: 12.3 s measured``); empty for a
     full-scale measurement (``tuner.study.proxy``)."""
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
+    """:attr:`key`, once made: the report asks a row's key some seven times (the figures'
+    groups, the breakdowns, the views: some 70,000 keys of 10,000 trials)."""
 
     @property
     def key(self) -> str:
         """The config in words (``tp=2,pp=1,...``), or ``no config``."""
-        return self.config.key() if self.config else "no config"
+        if self._key is None:
+            self._key = self.config.key() if self.config else "no config"
+        return self._key
 
     @property
     def label(self) -> str:
@@ -208,8 +214,11 @@ class ReportData:
     page_dir: str | None = None
     """The folder the page is written to (trial views link files relative to it); None: not
     known, every view carries its tails (:func:`tuner.report.views.trial_view`)."""
+    stored: list[TrialAttrs] = field(default_factory=list)
+    """Every stored trial as the report read it: its :data:`REPORT_ATTRS` and times."""
     trials: list[FrozenTrial] = field(default_factory=list)
-    """Every stored trial (:func:`tuner.report.leaderboard.stored_trials`), read once, as
+    """The completed trials, as Optuna's views read them (:func:`tuner.report.leaderboard.
+    optuna_trials`: values, parameters, their distributions, no attributes), each a
     :class:`ReadOnlyTrial`."""
 
     @cached_property
@@ -265,7 +274,7 @@ class ReportData:
         a trial's config."""
         if row.config is None:
             return [], {}
-        key = row.config.key()
+        key = row.key
         if key not in self._breakdowns:
             spec, c = self.spec, row.config
             memory = estimate_memory(spec.model, c, self.gpu, spec.framework,
@@ -277,7 +286,7 @@ class ReportData:
 
     def has_breakdowns(self, row: TrialRow) -> bool:
         """Whether :meth:`breakdowns` of ``row``'s config are made already (a figure drew it)."""
-        return row.config is not None and row.config.key() in self._breakdowns
+        return row.config is not None and row.key in self._breakdowns
 
     def view_breakdowns(self, row: TrialRow) -> tuple[StageMemory | None, dict[str, float]]:
         """A trial view's predictions: the bar of :meth:`breakdowns` with the largest total
@@ -286,7 +295,7 @@ class ReportData:
         only the stages that can be its most loaded one simulated (:func:`most_loaded_bars`)."""
         if row.config is None:
             return None, {}
-        key = row.config.key()
+        key = row.key
         if key in self._breakdowns:
             stages, parts = self._breakdowns[key]
         else:
@@ -341,9 +350,23 @@ def _float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and value == value else None
 
 
-def trial_row(t: FrozenTrial, spec: StudySpec) -> TrialRow:
-    """The report's view of one stored trial."""
+REPORT_ATTRS = (
+    "config", "outcome", "launched", "duplicate_of", "hosts", "reason", "duration_s",
+    "predicted_step_s", "step_time_s", "tokens_per_s", "predicted_peak_gib", "peak_memory_gib",
+    "tflops_per_gpu", "mfu", "predicted_step_sd", "predicted_peak_sd", "predicted_peak_stage",
+    "predicted_peak_phase", "proxy", "proxy_dp", "proxy_nodes", "proxy_step_s",
+)  # fmt: skip
+"""The user attributes the report reads of a trial (:func:`trial_row`, and whether it is a
+duplicate): all that :func:`gather` reads of them."""
+
+
+def trial_row(
+    t: FrozenTrial | TrialAttrs, spec: StudySpec, config: ParallelConfig | None = None
+) -> TrialRow:
+    """The report's view of one stored trial (``config``: its config, when made already)."""
     a = t.user_attrs
+    if config is None and a.get("config"):
+        config = ParallelConfig(**a["config"])
     outcome = trial_outcome(t)
     step = _float(a.get("step_time_s"))
     tokens = _float(a.get("tokens_per_s"))
@@ -353,7 +376,7 @@ def trial_row(t: FrozenTrial, spec: StudySpec) -> TrialRow:
     hosts = len(a.get("hosts", [])) or spec.nodes_per_trial
     launched = bool(a.get("launched"))
     return TrialRow(
-        number=t.number, outcome=str(outcome or t.state.name.lower()), config=trial_config(t),
+        number=t.number, outcome=str(outcome or t.state.name.lower()), config=config,
         reason=str(a.get("reason") or ""), launched=launched,
         predicted_step_s=_float(a.get("predicted_step_s")), measured_step_s=step,
         predicted_peak_gib=_float(a.get("predicted_peak_gib")),
@@ -391,16 +414,24 @@ def gather(
     baseline: str | None = None, train_tokens: float | None = None,
 ) -> ReportData:  # fmt: skip
     """Read the study of ``spec``; duplicates and queued trials are left out (not trials of
-    their own)."""
+    their own). The trials are read for what the report shows: their :data:`REPORT_ATTRS` and
+    times, and the completed ones' values and parameters for Optuna's views."""
     study = load_optuna_study(spec, storage, results)
-    trials: list[FrozenTrial] = [read_only(t) for t in stored_trials(spec, storage, results)]
-    rows = [
-        trial_row(t, spec) for t in trials if not is_duplicate(t) and t.state != TrialState.WAITING
-    ]
+    stored = board_trials(spec, storage, results, REPORT_ATTRS, times=True)
+    made: dict[int, ParallelConfig | None] = {}  # by config object: shared by its trials
+    rows = []
+    for t in stored:
+        if is_duplicate(t) or t.state == TrialState.WAITING:
+            continue
+        raw = t.user_attrs.get("config")
+        if id(raw) not in made:
+            made[id(raw)] = ParallelConfig(**raw) if raw else None
+        rows.append(trial_row(t, spec, made[id(raw)]))
+    trials = optuna_trials(spec, storage, results, stored, ReadOnlyTrial)
     recorded = study.user_attrs.get("space_counts")  # the loop's, when it ran (tuner.study.loop)
     counts = recorded or enumerate_space(spec, with_time=False).counts()
     data = ReportData(spec, study_gpu(spec), study, rows, baseline, train_tokens, results, counts,
-                      trials=trials)  # fmt: skip
+                      stored=stored, trials=trials)  # fmt: skip
     _ = data.baseline  # a bad --baseline is an error before anything is drawn
     return data
 
@@ -422,13 +453,3 @@ class ReadOnlyTrial(FrozenTrial):
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         return twin
-
-
-def read_only(t: FrozenTrial) -> ReadOnlyTrial:
-    """``t`` as a :class:`ReadOnlyTrial` (sharing its parameters and attributes)."""
-    return ReadOnlyTrial(
-        number=t.number, state=t.state, value=None, values=t.values,
-        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete, params=t.params,
-        distributions=t.distributions, user_attrs=t.user_attrs, system_attrs=t.system_attrs,
-        intermediate_values=t.intermediate_values, trial_id=t._trial_id,
-    )  # fmt: skip

@@ -1,8 +1,10 @@
-"""Study results: the leaderboard DataFrame, the best trial (its exports: :mod:`.export`)."""
+"""Study results: the leaderboard (its rows, and as a DataFrame), the best trial (its exports:
+:mod:`.export`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,10 +18,11 @@ from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.space.collection import paused_collection
 from tuner.space.columns import config_columns
-from tuner.space.trials import trial_outcome
+from tuner.space.trials import StoredTrial, trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
+from tuner.study.attrs_read import TrialAttrs, completed_trials, read_attrs
 from tuner.study.reader import TrialReader
 from tuner.study.schema import schema_checked
 from tuner.study.storage import open_storage, resolve_url
@@ -49,6 +52,16 @@ TORCHTITAN_COLUMNS = ["dp_shard", "dp_replicate", "pp_schedule", "reshard", "com
 # both parsers report torch.cuda.max_memory_allocated as the peak (tuner.logs), and its
 # max_memory_reserved beside it; the predicted peak is the device figure (nvidia-smi).
 MEASURED_PEAK_METRIC = "allocated"
+BOARD_ATTRS = (
+    "config", "outcome", "launched", "duplicate_of", "hosts", "predicted_step_s", "step_time_s",
+    "objective", "tokens_per_s", "tflops_per_gpu", "mfu", "predicted_mfu", "predicted_peak_gib",
+    "peak_memory_gib", "duration_s", "reason", "peak_reserved_gib", "predicted_allocated_gib",
+    "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase", "proxy",
+    "proxy_dp", "proxy_nodes", "proxy_step_s",
+)  # fmt: skip
+"""The user attributes the leaderboard reads of a trial (:func:`leaderboard_row`, its
+:func:`step_measure` and :func:`~tuner.space.trials.trial_outcome`, and :func:`board_rows`'
+filters): all that :func:`board_trials` reads."""
 
 
 _OPENED: dict[tuple[str, str, int, int], tuple[optuna.Study, TrialReader]] = {}
@@ -96,10 +109,48 @@ def stored_trials(spec: StudySpec, storage: str | None, results: str) -> list[Fr
 
     Read by :class:`tuner.study.reader.TrialReader` (plain queries, not Optuna's ORM: 10,000
     trials in a second or two instead of ten), which keeps the finished trials and reads again
-    only the unfinished ones and those added since: the leaderboard, the board's configs, the
-    best trial and the report of one command read the storage once, and a long-lived caller
-    still sees what other workers add or finish."""
+    only the unfinished ones and those added since: the best trial and its export read the
+    storage once, and a long-lived caller still sees what other workers add or finish. The
+    leaderboard and the report read less (:func:`board_trials`)."""
     return _opened(spec, storage, results)[1].trials()
+
+
+SHOWN_ATTRS = ("outcome", "duplicate_of")
+"""The user attributes that say whether a trial is on the leaderboard (:func:`on_board`)."""
+
+
+def board_trials(
+    spec: StudySpec, storage: str | None, results: str, keys: Sequence[str] = BOARD_ATTRS,
+    *, times: bool = False,
+) -> list[TrialAttrs]:  # fmt: skip
+    """Every trial of ``spec``'s stored study with the attributes ``keys`` (those the
+    leaderboard reads) and, with ``times``, its start and end: a read of those alone
+    (:mod:`tuner.study.attrs_read`; a config and the hosts shared between the trials that
+    stored the same), not of :func:`stored_trials`' whole trials, made anew on each call."""
+    reader = _opened(spec, storage, results)[1]
+    return read_attrs(reader.storage, reader.study_id, keys, shared=("config", "hosts"),
+                      times=times)  # fmt: skip
+
+
+def optuna_trials(
+    spec: StudySpec, storage: str | None, results: str, trials: Sequence[TrialAttrs],
+    kind: type[FrozenTrial] = FrozenTrial,
+) -> list[FrozenTrial]:  # fmt: skip
+    """The completed ones of ``trials`` (:func:`board_trials` with their times) as Optuna's
+    trials (of class ``kind``), with their values and parameters and no attributes (Optuna's
+    views of them)."""
+    reader = _opened(spec, storage, results)[1]
+    return completed_trials(reader.storage, reader.study_id, trials, kind)
+
+
+def on_board(t: StoredTrial, include_all: bool = False) -> bool:
+    """Whether trial ``t`` is a row of the leaderboard: measured (``include_all``: ended or
+    running too), not queued, not answered from another trial (reads :data:`SHOWN_ATTRS`)."""
+    if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
+        return False  # answered from another trial, or queued and never started
+    if include_all:
+        return True
+    return t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
 
 
 def step_measure(attrs: Mapping[str, Any]) -> str | None:
@@ -111,14 +162,29 @@ def step_measure(attrs: Mapping[str, Any]) -> str | None:
     return str(attrs.get("objective") or "median")
 
 
-def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
-    """Trial ``t`` as a row of the leaderboard (:data:`COLUMNS`; ``world``: GPUs)."""
+def config_row(c: ParallelConfig | None) -> dict[str, Any]:
+    """The leaderboard's columns that config ``c`` fills (all None without a config)."""
+    return {
+        **config_columns(c),
+        "dp_shard": c.dp_shard if c else None, "dp_replicate": c.dp_replicate if c else None,
+        "pp_schedule": c.pp_schedule if c else None,
+        "reshard": c.reshard_after_forward if c else None, "compile": c.compile if c else None,
+        "key": c.key() if c else None,
+    }  # fmt: skip
+
+
+def leaderboard_row(
+    t: StoredTrial, world: int, config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Trial ``t`` as a row of the leaderboard (:data:`COLUMNS`; ``world``: GPUs; ``config``:
+    :func:`config_row` of its config, when made already)."""
     a = t.user_attrs
-    c = ParallelConfig(**a["config"]) if a.get("config") else None
+    if config is None:
+        config = config_row(ParallelConfig(**a["config"]) if a.get("config") else None)
     tokens = a.get("tokens_per_s")
     return {
         "trial": t.number, "outcome": str(trial_outcome(t) or t.state.name.lower()),
-        **config_columns(c), "nodes": len(a.get("hosts", [])) or None,
+        **config, "nodes": len(a.get("hosts", [])) or None,
         "predicted_step_s": a.get("predicted_step_s"), "measured_step_s": a.get("step_time_s"),
         "tokens_per_s": tokens, "tokens_per_s_per_gpu": tokens / world if tokens else None,
         "tflops_per_gpu": a.get("tflops_per_gpu"), "mfu": a.get("mfu"),
@@ -132,13 +198,71 @@ def leaderboard_row(t: FrozenTrial, world: int) -> dict[str, Any]:
         "predicted_reserved_gib": a.get("predicted_reserved_gib"),
         "predicted_peak_stage": a.get("predicted_peak_stage"),
         "predicted_peak_phase": a.get("predicted_peak_phase"),
-        "dp_shard": c.dp_shard if c else None, "dp_replicate": c.dp_replicate if c else None,
-        "pp_schedule": c.pp_schedule if c else None,
-        "reshard": c.reshard_after_forward if c else None, "compile": c.compile if c else None,
         "scale": "proxy" if a.get("proxy") else "full", "proxy_dp": a.get("proxy_dp"),
         "proxy_nodes": a.get("proxy_nodes"), "proxy_step_s": a.get("proxy_step_s"),
-        "step_measure": step_measure(a), "key": c.key() if c else None,
+        "step_measure": step_measure(a),
     }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Board:
+    """The leaderboard: its rows (by :data:`COLUMNS`), fastest first, and each row's config."""
+
+    rows: list[dict[str, Any]]
+    """One per trial shown, each with every column of :data:`COLUMNS`."""
+    configs: list[ParallelConfig | None]
+    """Each row's config (None: the trial recorded none)."""
+
+    def frame(self) -> pd.DataFrame:
+        """The rows as a pandas DataFrame (:data:`COLUMNS`, in order)."""
+        import pandas as pd  # here: the table, the report and the best trial do without it
+
+        return pd.DataFrame(self.rows, columns=COLUMNS)
+
+
+def board_rows(spec: StudySpec, trials: Sequence[StoredTrial], include_all: bool = False) -> Board:
+    """The leaderboard of ``trials`` (every trial of ``spec``'s study): every measured config,
+    fastest first (``include_all``: running, pruned and failed ones too, after the measured
+    ones). Duplicates (a config asked again and answered from an earlier run) and queued
+    trials are never shown."""
+    shown = []
+    # A config's object and columns made once per stored config object: a long study measures
+    # a few hundred configs again and again, and the board's read shares each config's object
+    # between the trials that stored the same (board_trials).
+    made: dict[int, tuple[ParallelConfig | None, dict[str, Any]]] = {}
+    with paused_collection():  # a row of some 50 objects a trial, none of them garbage
+        for t in trials:
+            if not on_board(t, include_all):
+                continue
+            stored = t.user_attrs.get("config")
+            if id(stored) not in made:
+                c = ParallelConfig(**stored) if stored else None
+                made[id(stored)] = (c, config_row(c))
+            c, columns = made[id(stored)]
+            row = leaderboard_row(t, spec.world_size, columns)
+            shown.append((_order(row), row, c))
+    shown.sort(key=lambda entry: entry[0])
+    rows = [row for _, row, _ in shown]
+    empty = ["precision"]  # set below; the columns a study's kind leaves empty:
+    if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
+        empty += ["ep", "etp", "dispatcher"]
+    if not traits(spec.framework).fsdp2:  # torchtitan's knobs: empty for the others
+        empty += TORCHTITAN_COLUMNS
+    if not any(row["scale"] == "proxy" for row in rows):
+        empty += PROXY_COLUMNS
+    blank = dict.fromkeys(empty) | {"precision": spec.training.precision}
+    for row in rows:
+        row |= blank
+    return Board(rows=rows, configs=[c for _, _, c in shown])
+
+
+def _order(row: Mapping[str, Any]) -> tuple[bool, bool, float, int]:
+    """A row's place: measured (``ok``) first, then the most tokens/s (none last), then the
+    trial number."""
+    tokens = row["tokens_per_s"]
+    missing = tokens is None or tokens != tokens  # None or NaN
+    return (row["outcome"] != str(Outcome.OK), missing, 0.0 if missing else -tokens,
+            row["trial"])  # fmt: skip
 
 
 def leaderboard(
@@ -146,42 +270,18 @@ def leaderboard(
     results: str = "results",
 ) -> pd.DataFrame:  # fmt: skip
     """Every measured config, fastest first (``include_all``: running, pruned and failed ones
-    too, after the measured ones).
+    too, after the measured ones), as a pandas DataFrame (:func:`board_rows`).
 
     Duplicates (a config asked again and answered from an earlier run) are never shown twice.
     """
-    import pandas as pd  # here: the report and the best trial's exports do without it
-
     spec = load_study(study) if isinstance(study, str) else study
-    trials = stored_trials(spec, storage, results)
-    rows = []
-    with paused_collection():  # a row of some 50 objects a trial, none of them garbage
-        for t in trials:
-            if "duplicate_of" in t.user_attrs or t.state == TrialState.WAITING:
-                continue  # answered from another trial, or queued and never started
-            if t.state == TrialState.RUNNING and not include_all:
-                continue
-            ok = t.user_attrs.get("outcome") == Outcome.OK and t.state == TrialState.COMPLETE
-            if ok or include_all:
-                rows.append(leaderboard_row(t, spec.world_size))
-        frame = pd.DataFrame(rows, columns=COLUMNS)
-    frame["precision"] = spec.training.precision
-    if spec.model.moe is None:  # a dense model has no expert knobs: empty columns, not ep=1
-        frame[["ep", "etp", "dispatcher"]] = None
-    if not traits(spec.framework).fsdp2:  # torchtitan's knobs: empty for the others
-        frame[TORCHTITAN_COLUMNS] = None
-    if not (frame["scale"] == "proxy").any():
-        frame[PROXY_COLUMNS] = None
-    if frame.empty:
-        return frame
-    frame["_ok"] = frame["outcome"] == str(Outcome.OK)
-    frame = frame.sort_values(["_ok", "tokens_per_s", "trial"], ascending=[False, False, True])
-    return frame.drop(columns="_ok").reset_index(drop=True)
+    return board_rows(spec, board_trials(spec, storage, results), include_all).frame()
 
 
 def why_empty(
-    spec: StudySpec, trials: list[FrozenTrial], include_all: bool = False, results: str = "results"
-) -> str:
+    spec: StudySpec, trials: Sequence[StoredTrial], include_all: bool = False,
+    results: str = "results",
+) -> str:  # fmt: skip
     """Why a leaderboard has no row, and what to do: no trial yet (``tune run``), trials still
     running (come back), or trials that ended without a step time (``--all`` shows how); the
     commands name ``results`` where it is not the default."""
@@ -203,13 +303,13 @@ def why_empty(
 
 def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTrial:
     """The fastest measured trial."""
-    board = leaderboard(spec, storage=storage, results=results)
-    if board.empty:
-        why = why_empty(spec, stored_trials(spec, storage, results), results=results)
-        raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
-    full = board[board["scale"] != "proxy"]  # a proxy's figure is never called best over a
-    number = int((full if not full.empty else board).iloc[0]["trial"])  # full-scale one
     trials = stored_trials(spec, storage, results)
+    rows = board_rows(spec, trials).rows
+    if not rows:
+        why = why_empty(spec, trials, results=results)
+        raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
+    full = [row for row in rows if row["scale"] != "proxy"]  # a proxy's figure is never
+    number = (full or rows)[0]["trial"]  # called best over a full-scale one
     return next(t for t in trials if t.number == number)  # no deep copy of every trial
 
 

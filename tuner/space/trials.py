@@ -8,7 +8,7 @@ other modules read back).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
@@ -27,6 +27,19 @@ RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
 
 RERUNNABLE = frozenset(Outcome) - {Outcome.OK, Outcome.INVALID, Outcome.PRUNED_MEMORY}
 """Outcomes a user may ask to run again (``tune run --rerun``): a measured failure."""
+
+
+class StoredTrial(Protocol):
+    """What the leaderboard and the report read of a stored trial: Optuna's
+    :class:`~optuna.trial.FrozenTrial` has it, and so has the read commands' lighter
+    :class:`tuner.study.attrs_read.TrialAttrs`."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def state(self) -> TrialState: ...
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
 
 
 LEGACY_PARAM_NAMES = {"micro_batch_size": "micro_batch", "sequence_parallel": "sp"}
@@ -182,13 +195,13 @@ def config_from_params(spec: StudySpec, params: dict[str, Any]) -> ParallelConfi
     )  # fmt: skip
 
 
-def trial_config(t: FrozenTrial) -> ParallelConfig | None:
+def trial_config(t: StoredTrial) -> ParallelConfig | None:
     """The config a trial recorded, if any."""
     raw = t.user_attrs.get("config")
     return ParallelConfig(**raw) if raw else None
 
 
-def trial_outcome(t: FrozenTrial) -> Outcome | None:
+def trial_outcome(t: StoredTrial) -> Outcome | None:
     """A trial's recorded outcome, if any. A launched trial failed without one lost its worker
     (heartbeats stopped: the storage failed it), so it counts as interrupted and runs again."""
     value = t.user_attrs.get("outcome")
@@ -199,7 +212,7 @@ def trial_outcome(t: FrozenTrial) -> Outcome | None:
     return None
 
 
-def is_duplicate(t: FrozenTrial) -> bool:
+def is_duplicate(t: StoredTrial) -> bool:
     """A trial answered from an earlier one (or yielded to it): not a trial of its own."""
     return "duplicate_of" in t.user_attrs
 

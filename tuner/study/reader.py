@@ -33,7 +33,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space.collection import paused_collection
 
-_SPECIAL = {"INF_POS": float("inf"), "INF_NEG": float("-inf"), "NAN": float("nan")}
+SPECIAL_VALUES = {"INF_POS": float("inf"), "INF_NEG": float("-inf"), "NAN": float("nan")}
+"""A stored value's type (Optuna's ``value_type`` column) that stands for a value of its own."""
 
 MAX_IN = 500
 """Unfinished trial ids named in one ``IN (...)``; past it the reader asks for every trial from
@@ -189,9 +190,9 @@ class TrialReader:
             query = sa.select(table.c.trial_id, *(table.c[c] for c in columns)).join(
                 trials, trials.c.trial_id == table.c.trial_id
             )
-            statement = self._statements[shape] = _statement(conn, query.where(wanted))
+            statement = self._statements[shape] = compile_statement(conn, query.where(wanted))
         out: dict[int, list[Any]] = defaultdict(list)
-        for row in _fetch_plain(conn, statement, values):
+        for row in fetch_plain(conn, statement, values):
             out[row[0]].append(row[1:])
         return out
 
@@ -201,7 +202,7 @@ class TrialReader:
         if children["values"][trial_id]:
             values = [0.0] * len(children["values"][trial_id])
             for objective, value, kind in children["values"][trial_id]:
-                values[objective] = _SPECIAL.get(_name(kind), value)
+                values[objective] = SPECIAL_VALUES.get(_name(kind), value)
         params: dict[str, Any] = {}
         dists: dict[str, BaseDistribution] = {}
         for _pid, name, value, text in sorted(children["params"][trial_id]):
@@ -212,12 +213,12 @@ class TrialReader:
             params[name] = dist.to_external_repr(value)
         return FrozenTrial(
             number=number, state=TrialState[_name(state)], value=None, values=values,
-            datetime_start=_local(start), datetime_complete=_local(complete), params=params,
-            distributions=dists,
-            user_attrs=_attrs(children["user"][trial_id]),
-            system_attrs=_attrs(children["system"][trial_id]),
+            datetime_start=local_time(start), datetime_complete=local_time(complete),
+            params=params, distributions=dists,
+            user_attrs=decode_attrs(children["user"][trial_id]),
+            system_attrs=decode_attrs(children["system"][trial_id]),
             intermediate_values={
-                step: _SPECIAL.get(_name(kind), value)
+                step: SPECIAL_VALUES.get(_name(kind), value)
                 for step, value, kind in children["steps"][trial_id]
             },
             trial_id=trial_id,
@@ -245,7 +246,7 @@ class _Statement:
     names: tuple[str, ...] | None  # the parameters' order, for a positional driver
 
 
-def _statement(conn: sa.Connection, query: sa.Select[Any]) -> _Statement:
+def compile_statement(conn: sa.Connection, query: sa.Select[Any]) -> _Statement:
     compiled = query.compile(dialect=conn.dialect)
     if compiled.positional and compiled.positiontup is None:
         return _Statement(query, None, None)
@@ -253,7 +254,7 @@ def _statement(conn: sa.Connection, query: sa.Select[Any]) -> _Statement:
     return _Statement(query, str(compiled), names)
 
 
-def _fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, Any]) -> list[Any]:
+def fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, Any]) -> list[Any]:
     """The rows of ``statement`` as the database driver gives them, for columns that need no
     conversion (numbers and text; an enum column as its stored name, which :func:`_name`
     reads): SQLAlchemy's result rows cost about as much again as the driver's fetch, and the
@@ -272,7 +273,7 @@ def _fetch_plain(conn: sa.Connection, statement: _Statement, values: dict[str, A
         cursor.close()
 
 
-def _attrs(rows: list[Any]) -> dict[str, Any]:
+def decode_attrs(rows: list[Any]) -> dict[str, Any]:
     """A trial's attributes from their stored ``(key, value_json)`` rows, decoded as one JSON
     object: one ``json.loads`` per trial instead of one per attribute (some 25 a trial: the
     call's own overhead was most of the leaderboard's decoding). A key is unique per trial (the
@@ -293,7 +294,7 @@ def _name(value: Any) -> str:
     return str(getattr(value, "name", value))
 
 
-def _local(utc: datetime.datetime | None) -> datetime.datetime | None:
+def local_time(utc: datetime.datetime | None) -> datetime.datetime | None:
     """Optuna's stored UTC time as the naive local time its ORM model gives."""
     if utc is None:
         return None
