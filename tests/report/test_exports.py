@@ -236,6 +236,36 @@ def test_hostile_values_stay_values(tmp_path: Path) -> None:
     assert not list(tmp_path.rglob("pwned*"))
 
 
+def test_a_proxy_trials_config_runs_on_the_nodes_it_needs(tmp_path: Path) -> None:
+    """A proxy ran the config at half its DP on 2 of the 4 nodes: the export is the config
+    itself, on 4 nodes (on 2, torchrun's world would halve DP and double the accumulation), and
+    its header says the step was extrapolated."""
+    data = megatron_study(tmp_path, nodes=4, train_args=TRAIN_ARGS)
+    spec = study_from_mapping({**data, "search": {**data["search"], "proxy": True}})
+    config = ParallelConfig(tp=2, dp=4, micro_batch_size=1, global_batch_size=8,
+                            sequence_parallel=True)  # fmt: skip
+    storage = open_storage(None, ResultsLayout(tmp_path / "r", spec.name))
+    study = optuna.create_study(study_name=spec.name, storage=storage)
+    trial = study.ask(distributions(spec))
+    attrs = {"config": dataclasses.asdict(config), "key": config.key(), "outcome": "ok",
+             "hosts": list(spec.node_names[:2]), "step_time_s": 2.0, "tokens_per_s": 2048.0,
+             "proxy": True, "proxy_dp": 2, "proxy_nodes": 2, "proxy_step_s": 1.8}  # fmt: skip
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 2.0)
+    record = trial_record(spec, results=str(tmp_path / "r"))
+    env = {**fake_torchrun(tmp_path), "NODE_RANK": "3", "MASTER_ADDR": "h0"}
+    done, ran = run_script(record.export("script").path, env)
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--nnodes") == "4" and flag(ran["argv"], "--node_rank") == "3"
+    assert "#SBATCH --nodes=4" in record.export("sbatch").text
+    assert flag(record.export("args").text.split(), "--tensor-model-parallel-size") == "2"
+    header = " ".join(line[1:].strip() for line in record.export("script").text.splitlines()
+                      if line.startswith("# "))  # fmt: skip
+    assert "ran this config at DP 2 on 2 node(s), 1.8 s/step" in header, header
+    assert "extrapolated to the 4 node(s) of this run" in header, header
+
+
 def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:
     spec = study_from_mapping(megatron_study(tmp_path, nodes=1))
     record_trials(spec, tmp_path / "results", {1: 1.0})
