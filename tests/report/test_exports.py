@@ -266,6 +266,40 @@ def test_a_proxy_trials_config_runs_on_the_nodes_it_needs(tmp_path: Path) -> Non
     assert "extrapolated to the 4 node(s) of this run" in header, header
 
 
+def test_a_bridge_full_run_keeps_the_recipes_checkpoints_and_takes_the_studys_args(
+    tmp_path: Path,
+) -> None:
+    """A Bridge study's launch.sh is the full run, not a trial: no override turns off the
+    recipe's evaluation or checkpoint saving, launch.train_args reach the recipe script (before
+    tune's overrides, which win), and the stand-in recipe script accepts the line as Bridge's
+    struct-mode overrides would."""
+    data = megatron_study(
+        tmp_path,
+        nodes=1,
+        train_args=["checkpoint.save=/ckpt/run1", "checkpoint.save_interval=1000"],
+    )
+    data.update(framework="megatron-bridge", space={"tp": [1, 2]})
+    del data["launch"]["megatron_path"]
+    bridge = str(STANDINS / "megatron_bridge")
+    data["launch"].update(template="megatron_bridge", bridge_path=bridge,
+                          recipe="llama3_8b_pretrain_config")  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {2: 1.0})
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    done, ran = run_script(script, fake_torchrun(tmp_path))
+    assert done.returncode == 0, done.stderr
+    argv = ran["argv"][ran["argv"].index("--recipe") - 1 :]
+    assert "checkpoint.save=/ckpt/run1" in argv and "train.train_iters=6" in argv
+    assert not [w for w in argv if w.startswith(("checkpoint.save=null", "validation."))], argv
+    assert argv.index("checkpoint.save_interval=1000") < argv.index("train.global_batch_size=8")
+    env = {**os.environ, "WORLD_SIZE": "2", "TUNER_STANDIN_TIME_SCALE": "0",
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # fmt: skip
+    recipe = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert recipe.returncode == 0, recipe.stderr[-2000:]
+    assert "iteration        6/       6" in recipe.stdout, recipe.stdout[-2000:]
+
+
 def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:
     spec = study_from_mapping(megatron_study(tmp_path, nodes=1))
     record_trials(spec, tmp_path / "results", {1: 1.0})

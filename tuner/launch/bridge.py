@@ -167,31 +167,43 @@ def training_overrides(training: TrainingSpec) -> list[Override]:
     return out
 
 
-def short_run_overrides(spec: StudySpec) -> list[Override]:
-    """A trial's short run: its iterations, a log line each iteration with throughput, no
-    validation, no checkpoint saved or loaded, the study's process-group timeout."""
+def run_overrides(spec: StudySpec) -> list[Override]:
+    """A trial's and a full run's: the run's iterations, a log line each iteration with
+    throughput, the study's process-group timeout (Megatron-LM's template keeps the same
+    flags in both)."""
     return [
         ("train.train_iters", spec.launch.train_iters),
         ("logger.log_interval", 1),
         ("logger.log_throughput", True),
+        ("dist.distributed_timeout_minutes", spec.launch.distributed_timeout_minutes),
+    ]
+
+
+def short_run_overrides(spec: StudySpec) -> list[Override]:
+    """A trial's short run (:func:`run_overrides`), with no validation and no checkpoint saved
+    or loaded; a full run (``tune best``) keeps the recipe's, as it keeps its evaluation and
+    checkpoints in Megatron-LM's template."""
+    return run_overrides(spec) + [
         ("validation.eval_iters", 0),
         ("validation.eval_interval", None),
         ("checkpoint.save", None),
         ("checkpoint.load", None),
         ("checkpoint.save_interval", None),
-        ("dist.distributed_timeout_minutes", spec.launch.distributed_timeout_minutes),
     ]
 
 
-def trial_overrides(spec: StudySpec, config: ParallelConfig) -> list[Override]:
+def trial_overrides(
+    spec: StudySpec, config: ParallelConfig, *, full_run: bool = False
+) -> list[Override]:
     """Everything a trial's recipe run overrides: the searched knobs (always the global batch:
     the recipe script rescales it on benchmark recipes when the world size differs), the model,
-    precision and the short-run settings."""
+    precision and the short-run settings; ``full_run``: the same but the short run's (``tune
+    best``'s launch script: the recipe's evaluation and checkpoints stay)."""
     return (
         parallel_overrides(config, spec.model)
         + model_overrides(spec.model)
         + training_overrides(spec.training)
-        + short_run_overrides(spec)
+        + (run_overrides(spec) if full_run else short_run_overrides(spec))
     )
 
 
