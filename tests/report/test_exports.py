@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -298,6 +299,41 @@ def test_a_bridge_full_run_keeps_the_recipes_checkpoints_and_takes_the_studys_ar
                             timeout=60)  # fmt: skip
     assert recipe.returncode == 0, recipe.stderr[-2000:]
     assert "iteration        6/       6" in recipe.stdout, recipe.stdout[-2000:]
+
+
+def test_a_torchtitan_full_run_takes_the_studys_own_args(tmp_path: Path) -> None:
+    """launch.train_args reach torchtitan's trainer in launch.sh and in --emit args (after the
+    config selection, before tune's overrides), and the stand-in trainer, which refuses what
+    0.3.0's parser refuses, runs the exported line."""
+    data = {
+        "name": "titan", "model": {"num_layers": 6, "hidden_size": 256, "ffn_hidden_size": 768,
+                                   "num_attention_heads": 16, "vocab_size": 2048,
+                                   "seq_length": 2048, "tied_embeddings": False},
+        "training": {"global_batch_size": 8, "precision": "bf16"},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 2, "num_nodes": 1,
+                    "executor": "local"},
+        "framework": "torchtitan",
+        "launch": {"template": "torchtitan_llama", "script": str(STANDINS / "torchtitan_train.py"),
+                   "script_args": ["--module", "llama3", "--config", "llama3_debugmodel"],
+                   "python": str(tmp_path / "fakebin" / "python"), "train_iters": 4,
+                   "warmup_iters": 1, "train_args": ["--training.max-norm", "0.5"]},
+        "space": {"tp": [1, 2]},
+    }  # fmt: skip
+    spec = study_from_mapping(data)
+    config = ParallelConfig(tp=2, dp=1, micro_batch_size=1, global_batch_size=8)
+    record_measured(spec, tmp_path / "results", [(config, 1.0)])
+    record = trial_record(spec, results=str(tmp_path / "results"))
+    done, ran = run_script(record.export("script").path, fake_torchrun(tmp_path))
+    assert done.returncode == 0, done.stderr
+    argv = ran["argv"][ran["argv"].index("--module") - 1 :]
+    args = shlex.split(record.export("args").text)
+    assert args[args.index("--module") - 1 :] == argv
+    assert argv.index("llama3_debugmodel") + 1 == argv.index("--training.max-norm")
+    assert flag(argv, "--training.max-norm") == "0.5"
+    env = {**os.environ, "WORLD_SIZE": "2", "TUNER_STANDIN_TIME_SCALE": "0"}
+    trainer = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+    assert trainer.returncode == 0, trainer.stderr[-2000:]
 
 
 def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:

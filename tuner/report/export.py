@@ -326,8 +326,9 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
         flags = torchtitan_flags(spec, record.config)  # the checkpoint subcommand stays last
         target = [spec.launch.script] if spec.launch.script else ["-m", "torchtitan.train"]
         overrides = [w for f in flags[:-1] for w in f]
-        launcher = ["torchrun", *nodes, *target, *spec.launch.script_args, *overrides,
-                    *spec.launch.extra_args, *flags[-1]]  # fmt: skip
+        launcher = ["torchrun", *nodes, *target, *spec.launch.script_args,
+                    *spec.launch.train_args, *overrides, *spec.launch.extra_args,
+                    *flags[-1]]  # fmt: skip
         paths.args.write_text(shlex.join(launcher) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
     # DeepSpeed: the training script's launcher line and the ds_config it names
