@@ -184,6 +184,12 @@ def test_another_trial_and_the_ones_that_measured_nothing(
     assert (record.trial, record.best, record.config.tp) == (1, False, 1)
     text = record.export("script").text
     assert "trial 1 (chosen with --trial)" in text and "--tensor-model-parallel-size 1" in text
+    recipe = record.export("bridge-recipe").text
+    assert "Trial 1's config (--trial) of study exports" in recipe and "fastest" not in recipe
+    assert (
+        "The fastest config of study"
+        in trial_record(spec, results=str(results)).export("bridge-recipe").text
+    )
     assert record.paths.dir.name == "trial-1"
     with pytest.raises(ConfigError, match=r"--trial: trial 2 measured nothing \(outcome oom\)"):
         trial_record(spec, 2, results=str(results))

@@ -254,9 +254,10 @@ def recipe_function(overrides: list[Override], *, recipe: str | None, note: str)
     return "\n".join(lines) + "\n"
 
 
-def emit(spec: StudySpec, config: ParallelConfig, what: str) -> str:
+def emit(spec: StudySpec, config: ParallelConfig, what: str, *, trial: int | None = None) -> str:
     """``tune best --emit bridge-overrides|bridge-recipe`` for any study whose framework runs on
-    Megatron-Core (a Megatron-LM study's answer carries to Bridge)."""
+    Megatron-Core (a Megatron-LM study's answer carries to Bridge); ``trial``: the config is
+    that trial's (``--trial``), not the fastest."""
     if not traits(spec.framework).megatron_core:
         raise ConfigError(
             f"--emit {what} needs a config Megatron-Core can express; framework "
@@ -266,5 +267,6 @@ def emit(spec: StudySpec, config: ParallelConfig, what: str) -> str:
     overrides = parallel_overrides(config, spec.model)
     if what == "bridge-overrides":
         return " ".join(override_words(overrides)) + "\n"
-    note = f"The fastest config of study {spec.name}, from tuner:\n    {config.key()}\n    "
+    which = "The fastest config" if trial is None else f"Trial {trial}'s config (--trial)"
+    note = f"{which} of study {spec.name}, from tuner:\n    {config.key()}\n    "
     return recipe_function(overrides, recipe=spec.launch.recipe, note=note)

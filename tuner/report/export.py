@@ -365,7 +365,7 @@ def _bridge(record: TrialRecord, spec: StudySpec, kind: str) -> Export:
 
     paths = record.paths
     path = paths.bridge_overrides if kind == "bridge-overrides" else paths.bridge_recipe
-    text = bridge.emit(spec, record.config, kind)
+    text = bridge.emit(spec, record.config, kind, trial=None if record.best else record.trial)
     path.write_text(text)
     return Export(kind, path, text, (path,))
 
