@@ -298,6 +298,7 @@ def test_a_bridge_full_run_keeps_the_recipes_checkpoints_and_takes_the_studys_ar
     argv = ran["argv"][ran["argv"].index("--recipe") - 1 :]
     assert "checkpoint.save=/ckpt/run1" in argv and "train.train_iters=6" in argv
     assert not [w for w in argv if w.startswith(("checkpoint.save=null", "validation."))], argv
+    assert "--dataset" not in argv  # the trials' mock data: the recipe's own data instead
     assert argv.index("checkpoint.save_interval=1000") < argv.index("train.global_batch_size=8")
     env = {**os.environ, "WORLD_SIZE": "2", "TUNER_STANDIN_TIME_SCALE": "0",
            "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # fmt: skip
