@@ -249,8 +249,10 @@ def recipe_function(overrides: list[Override], *, recipe: str | None, note: str)
         section, field = name.split(".", 1)
         lines.append(f"    cfg.{section}.{field} = {python_value(value)}")
     lines.append("    return cfg")
-    if recipe:
-        lines += ["", "", f"# usage: cfg = apply_tuned({recipe}())"]
+    if recipe:  # a comment: a line break in the study's value must not end it
+        shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode()
+                        for ch in recipe)  # fmt: skip
+        lines += ["", "", f"# usage: cfg = apply_tuned({shown}())"]
     return "\n".join(lines) + "\n"
 
 
