@@ -133,7 +133,7 @@ esac
 # srun into a container (pyxis): the job's environment goes in, the batch host's tools do not
 FAKE_SRUN = """#!/bin/bash
 for k in 0 1; do
-  PATH="$INSIDE_PATH" SLURM_NODEID=$k SLURM_CONF=/nonexistent "${@:$#-1}" || exit $?
+  PATH="$INSIDE_PATH" SLURM_NODEID=$k "${@:$#-1}" || exit $?
 done
 """
 
@@ -152,9 +152,10 @@ def test_the_sbatch_export_finds_the_master_outside_the_container(tmp_path: Path
     env = fake_torchrun(tmp_path)
     outside = tmp_path / "batch-host"
     outside.mkdir()
-    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
-        (outside / name).write_text(text)
-        (outside / name).chmod(0o755)
+    for path, text in ((outside / "scontrol", FAKE_SCONTROL), (outside / "srun", FAKE_SRUN),
+                       (tmp_path / "fakebin" / "scontrol", "#!/bin/sh\nexit 127\n")):  # fmt: skip
+        path.write_text(text)
+        path.chmod(0o755)
     env.update(INSIDE_PATH=env["PATH"], PATH=f"{outside}:{env['PATH']}",
                SLURM_JOB_NODELIST="node[A-B]", SLURM_JOB_ID="7",
                MASTER_ADDR="login01")  # sbatch carries the login node's over  # fmt: skip

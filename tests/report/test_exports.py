@@ -227,6 +227,29 @@ def test_master_address_and_rank_are_found_when_the_script_runs(
     assert done.returncode == 2 and "NODE_RANK 2 is not in 0..1" in done.stderr
 
 
+def test_a_slurm_job_step_without_scontrol_is_no_empty_master(
+    two_nodes: tuple[StudySpec, Path], tmp_path: Path
+) -> None:
+    """Inside a Slurm job but where Slurm's client cannot answer (a container image without it,
+    a node without the cluster's config), the allocation gives no address: the script goes on
+    to the next source and, with none, stops asking for MASTER_ADDR; it started torchrun with
+    an empty master address."""
+    spec, results = two_nodes
+    script = trial_record(spec, results=str(results)).export("script").path
+    env = {**fake_torchrun(tmp_path), "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_NODEID": "1"}
+    no_client = tmp_path / "fakebin" / "scontrol"  # first on the script's PATH
+    no_client.write_text("#!/bin/sh\necho 'scontrol: command not found' >&2; exit 127\n")
+    no_client.chmod(0o755)
+    done, ran = run_script(script, env)
+    assert done.returncode == 2 and "set MASTER_ADDR" in done.stderr, done.stderr
+    assert ran is None
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("gpu017 slots=8\ngpu018 slots=8\n")
+    done, ran = run_script(script, {**env, "HOSTFILE": str(hostfile)})
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--master_addr") == "gpu017"
+
+
 def test_hostile_values_stay_values(tmp_path: Path) -> None:
     evil = "a'; touch pwned; echo '\n$(touch pwned2)"
     data = megatron_study(tmp_path, nodes=1, train_args=["--data-path", evil],
