@@ -5,6 +5,7 @@ Slurm, where the Megatron stand-in trains on both nodes of the job."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -17,7 +18,13 @@ import pytest
 
 import tuner
 from tests.launch.slurm import LocalSlurm, local_slurm
-from tests.report.test_exports import TRAIN_ARGS, free_port, megatron_study, record_trials
+from tests.report.test_exports import (
+    TRAIN_ARGS,
+    fake_torchrun,
+    free_port,
+    megatron_study,
+    record_trials,
+)
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
 from tuner.layout import ResultsLayout
@@ -115,6 +122,49 @@ def _as_mapping() -> dict[str, object]:
         "space": {"tp": [4, 8], "micro_batch_size": [1], "sequence_parallel": [True],
                   "distributed_optimizer": [True]},
     }  # fmt: skip
+
+
+FAKE_SCONTROL = """#!/bin/bash
+case "$2" in
+  hostnames) printf 'nodeA\\nnodeB\\n' ;;
+  node) echo "NodeName=$3 Arch=x86_64 NodeAddr=10.0.0.7 NodeHostName=$3" ;;
+esac
+"""
+# srun into a container (pyxis): the job's environment goes in, the batch host's tools do not
+FAKE_SRUN = """#!/bin/bash
+for k in 0 1; do
+  PATH="$INSIDE_PATH" SLURM_NODEID=$k "${@:$#-1}" || exit $?
+done
+"""
+
+
+def test_the_sbatch_export_finds_the_master_outside_the_container(tmp_path: Path) -> None:
+    """With cluster.slurm.container_image the node script runs in a container, where Slurm's
+    client is usually missing: the batch script finds the master (the job's first node, its
+    NodeAddr) before srun, as a trial's batch script does, and every node gets it."""
+    data = megatron_study(tmp_path, nodes=2, train_args=TRAIN_ARGS)
+    image = {"container_image": "nvcr.io#nvidia/pytorch:24.05-py3"}
+    data["cluster"] = {"gpu": "a100-80gb", "gpus_per_node": 2, "num_nodes": 2,
+                       "executor": "slurm", "slurm": image}  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {1: 1.0})
+    export = trial_record(spec, results=str(tmp_path / "results")).export("sbatch")
+    env = fake_torchrun(tmp_path)
+    outside = tmp_path / "batch-host"
+    outside.mkdir()
+    for path, text in ((outside / "scontrol", FAKE_SCONTROL), (outside / "srun", FAKE_SRUN),
+                       (tmp_path / "fakebin" / "scontrol", "#!/bin/sh\nexit 127\n")):  # fmt: skip
+        path.write_text(text)
+        path.chmod(0o755)
+    env.update(INSIDE_PATH=env["PATH"], PATH=f"{outside}:{env['PATH']}",
+               SLURM_JOB_NODELIST="node[A-B]", SLURM_JOB_ID="7",
+               MASTER_ADDR="login01")  # sbatch carries the login node's over  # fmt: skip
+    done = subprocess.run(["bash", str(export.path)], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "tuner: node 1 of 2, master 10.0.0.7" in done.stderr, done.stderr
+    argv = json.loads((tmp_path / "argv.json").read_text())["argv"]
+    assert argv[argv.index("--master_addr") + 1] == "10.0.0.7"
 
 
 @pytest.mark.slow

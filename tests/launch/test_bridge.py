@@ -302,6 +302,18 @@ def test_the_script_passes_the_overrides_intact_with_hostile_paths(tmp_path: Pat
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_recipe_name_with_a_line_break_stays_in_its_comment() -> None:
+    """The recipe function's usage line is a comment: a study's recipe value holding a line
+    break must not put code into the file a user imports."""
+    spec = _spec(False)
+    evil = "llama3_8b\nopen('pwned', 'w')"
+    spec = dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, recipe=evil))
+    text = bridge.emit(spec, ParallelConfig(dp=16, global_batch_size=64), "bridge-recipe")
+    module = ast.parse(text)
+    assert [type(n).__name__ for n in module.body] == ["ImportFrom", "FunctionDef"], text
+    assert "# usage: cfg = apply_tuned(llama3_8b\\nopen('pwned', 'w')())" in text
+
+
 def test_a_qkv_bias_reaches_the_recipe_as_its_field() -> None:
     """A Qwen-style QKV bias (modelled as a bias on Q, K and V) is TransformerConfig's
     ``add_qkv_bias``; left unset, the recipe's own value stays."""

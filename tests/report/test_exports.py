@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -183,6 +184,12 @@ def test_another_trial_and_the_ones_that_measured_nothing(
     assert (record.trial, record.best, record.config.tp) == (1, False, 1)
     text = record.export("script").text
     assert "trial 1 (chosen with --trial)" in text and "--tensor-model-parallel-size 1" in text
+    recipe = record.export("bridge-recipe").text
+    assert "Trial 1's config (--trial) of study exports" in recipe and "fastest" not in recipe
+    assert (
+        "The fastest config of study"
+        in trial_record(spec, results=str(results)).export("bridge-recipe").text
+    )
     assert record.paths.dir.name == "trial-1"
     with pytest.raises(ConfigError, match=r"--trial: trial 2 measured nothing \(outcome oom\)"):
         trial_record(spec, 2, results=str(results))
@@ -220,6 +227,29 @@ def test_master_address_and_rank_are_found_when_the_script_runs(
     assert done.returncode == 2 and "NODE_RANK 2 is not in 0..1" in done.stderr
 
 
+def test_a_slurm_job_step_without_scontrol_is_no_empty_master(
+    two_nodes: tuple[StudySpec, Path], tmp_path: Path
+) -> None:
+    """Inside a Slurm job but where Slurm's client cannot answer (a container image without it,
+    a node without the cluster's config), the allocation gives no address: the script goes on
+    to the next source and, with none, stops asking for MASTER_ADDR; it started torchrun with
+    an empty master address."""
+    spec, results = two_nodes
+    script = trial_record(spec, results=str(results)).export("script").path
+    env = {**fake_torchrun(tmp_path), "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_NODEID": "1"}
+    no_client = tmp_path / "fakebin" / "scontrol"  # first on the script's PATH
+    no_client.write_text("#!/bin/sh\necho 'scontrol: command not found' >&2; exit 127\n")
+    no_client.chmod(0o755)
+    done, ran = run_script(script, env)
+    assert done.returncode == 2 and "set MASTER_ADDR" in done.stderr, done.stderr
+    assert ran is None
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("gpu017 slots=8\ngpu018 slots=8\n")
+    done, ran = run_script(script, {**env, "HOSTFILE": str(hostfile)})
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--master_addr") == "gpu017"
+
+
 def test_hostile_values_stay_values(tmp_path: Path) -> None:
     evil = "a'; touch pwned; echo '\n$(touch pwned2)"
     data = megatron_study(tmp_path, nodes=1, train_args=["--data-path", evil],
@@ -234,6 +264,106 @@ def test_hostile_values_stay_values(tmp_path: Path) -> None:
     assert flag(ran["argv"], "--data-path") == evil and ran["env"]["NCCL_SOCKET_IFNAME"] == evil
     assert flag(ran["argv"], "--master_addr") == "127.0.0.1"  # one node: loopback
     assert not list(tmp_path.rglob("pwned*"))
+
+
+def test_a_proxy_trials_config_runs_on_the_nodes_it_needs(tmp_path: Path) -> None:
+    """A proxy ran the config at half its DP on 2 of the 4 nodes: the export is the config
+    itself, on 4 nodes (on 2, torchrun's world would halve DP and double the accumulation), and
+    its header says the step was extrapolated."""
+    data = megatron_study(tmp_path, nodes=4, train_args=TRAIN_ARGS)
+    spec = study_from_mapping({**data, "search": {**data["search"], "proxy": True}})
+    config = ParallelConfig(tp=2, dp=4, micro_batch_size=1, global_batch_size=8,
+                            sequence_parallel=True)  # fmt: skip
+    storage = open_storage(None, ResultsLayout(tmp_path / "r", spec.name))
+    study = optuna.create_study(study_name=spec.name, storage=storage)
+    trial = study.ask(distributions(spec))
+    attrs = {"config": dataclasses.asdict(config), "key": config.key(), "outcome": "ok",
+             "hosts": list(spec.node_names[:2]), "step_time_s": 2.0, "tokens_per_s": 2048.0,
+             "proxy": True, "proxy_dp": 2, "proxy_nodes": 2, "proxy_step_s": 1.8}  # fmt: skip
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 2.0)
+    record = trial_record(spec, results=str(tmp_path / "r"))
+    env = {**fake_torchrun(tmp_path), "NODE_RANK": "3", "MASTER_ADDR": "h0"}
+    done, ran = run_script(record.export("script").path, env)
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--nnodes") == "4" and flag(ran["argv"], "--node_rank") == "3"
+    assert "#SBATCH --nodes=4" in record.export("sbatch").text
+    assert flag(record.export("args").text.split(), "--tensor-model-parallel-size") == "2"
+    header = " ".join(line[1:].strip() for line in record.export("script").text.splitlines()
+                      if line.startswith("# "))  # fmt: skip
+    assert "ran this config at DP 2 on 2 node(s), 1.8 s/step" in header, header
+    assert "extrapolated to the 4 node(s) of this run" in header, header
+
+
+def test_a_bridge_full_run_keeps_the_recipes_checkpoints_and_takes_the_studys_args(
+    tmp_path: Path,
+) -> None:
+    """A Bridge study's launch.sh is the full run, not a trial: no override turns off the
+    recipe's evaluation or checkpoint saving, launch.train_args reach the recipe script (before
+    tune's overrides, which win), and the stand-in recipe script accepts the line as Bridge's
+    struct-mode overrides would."""
+    data = megatron_study(
+        tmp_path,
+        nodes=1,
+        train_args=["checkpoint.save=/ckpt/run1", "checkpoint.save_interval=1000"],
+    )
+    data.update(framework="megatron-bridge", space={"tp": [1, 2]})
+    del data["launch"]["megatron_path"]
+    bridge = str(STANDINS / "megatron_bridge")
+    data["launch"].update(template="megatron_bridge", bridge_path=bridge,
+                          recipe="llama3_8b_pretrain_config")  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {2: 1.0})
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    done, ran = run_script(script, fake_torchrun(tmp_path))
+    assert done.returncode == 0, done.stderr
+    argv = ran["argv"][ran["argv"].index("--recipe") - 1 :]
+    assert "checkpoint.save=/ckpt/run1" in argv and "train.train_iters=6" in argv
+    assert not [w for w in argv if w.startswith(("checkpoint.save=null", "validation."))], argv
+    assert "--dataset" not in argv  # the trials' mock data: the recipe's own data instead
+    assert argv.index("checkpoint.save_interval=1000") < argv.index("train.global_batch_size=8")
+    env = {**os.environ, "WORLD_SIZE": "2", "TUNER_STANDIN_TIME_SCALE": "0",
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # fmt: skip
+    recipe = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert recipe.returncode == 0, recipe.stderr[-2000:]
+    assert "iteration        6/       6" in recipe.stdout, recipe.stdout[-2000:]
+
+
+def test_a_torchtitan_full_run_takes_the_studys_own_args(tmp_path: Path) -> None:
+    """launch.train_args reach torchtitan's trainer in launch.sh and in --emit args (after the
+    config selection, before tune's overrides), and the stand-in trainer, which refuses what
+    0.3.0's parser refuses, runs the exported line."""
+    data = {
+        "name": "titan", "model": {"num_layers": 6, "hidden_size": 256, "ffn_hidden_size": 768,
+                                   "num_attention_heads": 16, "vocab_size": 2048,
+                                   "seq_length": 2048, "tied_embeddings": False},
+        "training": {"global_batch_size": 8, "precision": "bf16"},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 2, "num_nodes": 1,
+                    "executor": "local"},
+        "framework": "torchtitan",
+        "launch": {"template": "torchtitan_llama", "script": str(STANDINS / "torchtitan_train.py"),
+                   "script_args": ["--module", "llama3", "--config", "llama3_debugmodel"],
+                   "python": str(tmp_path / "fakebin" / "python"), "train_iters": 4,
+                   "warmup_iters": 1, "train_args": ["--training.max-norm", "0.5"]},
+        "space": {"tp": [1, 2]},
+    }  # fmt: skip
+    spec = study_from_mapping(data)
+    config = ParallelConfig(tp=2, dp=1, micro_batch_size=1, global_batch_size=8)
+    record_measured(spec, tmp_path / "results", [(config, 1.0)])
+    record = trial_record(spec, results=str(tmp_path / "results"))
+    done, ran = run_script(record.export("script").path, fake_torchrun(tmp_path))
+    assert done.returncode == 0, done.stderr
+    argv = ran["argv"][ran["argv"].index("--module") - 1 :]
+    args = shlex.split(record.export("args").text)
+    assert args[args.index("--module") - 1 :] == argv
+    assert argv.index("llama3_debugmodel") + 1 == argv.index("--training.max-norm")
+    assert flag(argv, "--training.max-norm") == "0.5"
+    env = {**os.environ, "WORLD_SIZE": "2", "TUNER_STANDIN_TIME_SCALE": "0"}
+    trainer = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+    assert trainer.returncode == 0, trainer.stderr[-2000:]
 
 
 def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:

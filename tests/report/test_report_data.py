@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import optuna
@@ -204,6 +205,25 @@ def test_the_launch_line_follows_what_the_framework_takes(
         assert "--training.local-batch-size 2" in got["torchtitan arguments"]
     text = build_report(spec, results=str(tmp_path))[0].read_text()
     assert all(what in text for what in shown)
+
+
+def test_the_megatron_arguments_paste_into_a_shell_as_they_are(tmp_path: Path) -> None:
+    """An uneven pipeline split's layout holds '|' and '*': the report's line is shell-quoted
+    (as ``tune best --emit args`` writes it), so pasting it runs no pipe."""
+    from tuner.report.leaderboard import megatron_args
+
+    spec = framework_spec("megatron")
+    c = ParallelConfig(tp=1, pp=4, dp=2, micro_batch_size=1, global_batch_size=64,
+                       pipeline_split="layout:Et*7|t*9|t*9|t*7L")  # fmt: skip
+    storage = open_storage(None, ResultsLayout(tmp_path, spec.name))
+    study = optuna.create_study(study_name=spec.name, storage=storage)
+    record(study, spec, c, Outcome.OK, 3.0, launched=True, duration_s=60.0)
+    data = gather(spec, results=str(tmp_path))
+    assert data.best is not None
+    line = dict(data.launch_args(data.best))["Megatron arguments"]
+    pasted = subprocess.run(["bash", "-c", f"printf '%s\\n' {line}"], capture_output=True,
+                            text=True, cwd=tmp_path, check=False)  # fmt: skip
+    assert pasted.stdout.splitlines() == megatron_args(spec, c), pasted.stderr or line
 
 
 def test_the_report_reads_storage_and_never_the_loop() -> None:

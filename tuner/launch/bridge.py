@@ -167,31 +167,43 @@ def training_overrides(training: TrainingSpec) -> list[Override]:
     return out
 
 
-def short_run_overrides(spec: StudySpec) -> list[Override]:
-    """A trial's short run: its iterations, a log line each iteration with throughput, no
-    validation, no checkpoint saved or loaded, the study's process-group timeout."""
+def run_overrides(spec: StudySpec) -> list[Override]:
+    """A trial's and a full run's: the run's iterations, a log line each iteration with
+    throughput, the study's process-group timeout (Megatron-LM's template keeps the same
+    flags in both)."""
     return [
         ("train.train_iters", spec.launch.train_iters),
         ("logger.log_interval", 1),
         ("logger.log_throughput", True),
+        ("dist.distributed_timeout_minutes", spec.launch.distributed_timeout_minutes),
+    ]
+
+
+def short_run_overrides(spec: StudySpec) -> list[Override]:
+    """A trial's short run (:func:`run_overrides`), with no validation and no checkpoint saved
+    or loaded; a full run (``tune best``) keeps the recipe's, as it keeps its evaluation and
+    checkpoints in Megatron-LM's template."""
+    return run_overrides(spec) + [
         ("validation.eval_iters", 0),
         ("validation.eval_interval", None),
         ("checkpoint.save", None),
         ("checkpoint.load", None),
         ("checkpoint.save_interval", None),
-        ("dist.distributed_timeout_minutes", spec.launch.distributed_timeout_minutes),
     ]
 
 
-def trial_overrides(spec: StudySpec, config: ParallelConfig) -> list[Override]:
+def trial_overrides(
+    spec: StudySpec, config: ParallelConfig, *, full_run: bool = False
+) -> list[Override]:
     """Everything a trial's recipe run overrides: the searched knobs (always the global batch:
     the recipe script rescales it on benchmark recipes when the world size differs), the model,
-    precision and the short-run settings."""
+    precision and the short-run settings; ``full_run``: the same but the short run's (``tune
+    best``'s launch script: the recipe's evaluation and checkpoints stay)."""
     return (
         parallel_overrides(config, spec.model)
         + model_overrides(spec.model)
         + training_overrides(spec.training)
-        + short_run_overrides(spec)
+        + (run_overrides(spec) if full_run else short_run_overrides(spec))
     )
 
 
@@ -237,14 +249,17 @@ def recipe_function(overrides: list[Override], *, recipe: str | None, note: str)
         section, field = name.split(".", 1)
         lines.append(f"    cfg.{section}.{field} = {python_value(value)}")
     lines.append("    return cfg")
-    if recipe:
-        lines += ["", "", f"# usage: cfg = apply_tuned({recipe}())"]
+    if recipe:  # a comment: a line break in the study's value must not end it
+        shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode()
+                        for ch in recipe)  # fmt: skip
+        lines += ["", "", f"# usage: cfg = apply_tuned({shown}())"]
     return "\n".join(lines) + "\n"
 
 
-def emit(spec: StudySpec, config: ParallelConfig, what: str) -> str:
+def emit(spec: StudySpec, config: ParallelConfig, what: str, *, trial: int | None = None) -> str:
     """``tune best --emit bridge-overrides|bridge-recipe`` for any study whose framework runs on
-    Megatron-Core (a Megatron-LM study's answer carries to Bridge)."""
+    Megatron-Core (a Megatron-LM study's answer carries to Bridge); ``trial``: the config is
+    that trial's (``--trial``), not the fastest."""
     if not traits(spec.framework).megatron_core:
         raise ConfigError(
             f"--emit {what} needs a config Megatron-Core can express; framework "
@@ -254,5 +269,6 @@ def emit(spec: StudySpec, config: ParallelConfig, what: str) -> str:
     overrides = parallel_overrides(config, spec.model)
     if what == "bridge-overrides":
         return " ".join(override_words(overrides)) + "\n"
-    note = f"The fastest config of study {spec.name}, from tuner:\n    {config.key()}\n    "
+    which = "The fastest config" if trial is None else f"Trial {trial}'s config (--trial)"
+    note = f"{which} of study {spec.name}, from tuner:\n    {config.key()}\n    "
     return recipe_function(overrides, recipe=spec.launch.recipe, note=note)

@@ -131,6 +131,12 @@ def best_batch_script(
         *(f"#SBATCH {line}" for line in [*lines, *spec.extra_sbatch]),
     ]
     out += ["# cluster.slurm.setup", *spec.setup] if spec.setup else []
+    out += [  # here, not on the nodes: a container (pyxis) there may have no scontrol; and
+        # always: a MASTER_ADDR sbatch carried over from the login node is not this job's
+        "# the master address: the first node of the job (its NodeAddr), for every node",
+        *SLURM_FIRST_NODE.splitlines(),
+        "export MASTER_ADDR=${addr:-$first}",
+    ]
     argv = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *_container(spec)]
     return "\n".join([*out, shlex.join([*argv, "bash", node_script])]) + "\n"
 

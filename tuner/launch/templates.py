@@ -318,17 +318,17 @@ def context(
         "megatron_deepspeed_flags": megatron_deepspeed_parallel_flags(
             config, str(traits("megatron-deepspeed").default_partition)
         ),
-        "bridge_overrides": _bridge_words(spec, config),
+        "bridge_overrides": _bridge_words(spec, config, full_run),
         "torchtitan_flags": torchtitan_flags(spec, config) if traits(spec.framework).fsdp2 else [],
     }
 
 
-def _bridge_words(spec: StudySpec, config: ParallelConfig) -> list[str]:
-    """A recipe trial's overrides (:func:`tuner.launch.bridge.trial_overrides`); empty for other
-    frameworks, whose precision Bridge may have no recipe for."""
+def _bridge_words(spec: StudySpec, config: ParallelConfig, full_run: bool) -> list[str]:
+    """A recipe trial's (or full run's) overrides (:func:`tuner.launch.bridge.trial_overrides`);
+    empty for other frameworks, whose precision Bridge may have no recipe for."""
     if not traits(spec.framework).recipe_launch:
         return []
-    return override_words(trial_overrides(spec, config))
+    return override_words(trial_overrides(spec, config, full_run=full_run))
 
 
 def _local_paths(spec: StudySpec) -> LaunchSpec:

@@ -317,7 +317,7 @@ class ReportData:
         t = traits(self.spec.framework)
         out = []
         if t.megatron_model:
-            out.append(("Megatron arguments", " ".join(megatron_args(self.spec, row.config))))
+            out.append(("Megatron arguments", shlex.join(megatron_args(self.spec, row.config))))
         if t.deepspeed_optimizer:
             from tuner.launch import deepspeed_config
 

@@ -43,8 +43,9 @@ from tuner.spec.study import StudySpec
 
 MEASURED = ("measured_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
             "measured_peak_gib", "measured_reserved_gib", "duration_s",
-            "step_measure")  # fmt: skip
-"""The leaderboard columns that hold a trial's measurement."""
+            "step_measure", "scale", "proxy_dp", "proxy_nodes", "proxy_step_s")  # fmt: skip
+"""The leaderboard columns that hold a trial's measurement (``scale`` ``proxy``: its step is
+extrapolated from a run of the config at a smaller DP, :mod:`tuner.study.proxy`)."""
 PREDICTED = ("predicted_step_s", "predicted_mfu", "predicted_peak_gib", "predicted_allocated_gib",
              "predicted_reserved_gib")  # fmt: skip
 """The leaderboard columns that hold what the models predicted for it."""
@@ -88,6 +89,18 @@ class TrialRecord:
     """Whether this is the fastest measured trial of the study."""
     spec: StudySpec = field(repr=False, compare=False)
     results: str = field(default="results", repr=False, compare=False)
+
+    @property
+    def proxy(self) -> bool:
+        """Whether the trial ran the config as a proxy, on fewer nodes than the config needs."""
+        return self.measured.get("scale") == "proxy"
+
+    def run_hosts(self) -> list[str]:
+        """The full run's nodes: the trial's, or for a proxy the study's full count (the config
+        is the full-scale one; the proxy ran it at a smaller DP on part of the nodes)."""
+        if self.proxy or not self.hosts:
+            return list(self.spec.node_names[: self.spec.nodes_per_trial])
+        return list(self.hosts)
 
     @property
     def paths(self) -> ExportPaths:
@@ -210,6 +223,7 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
         f"Measured by trial {record.trial} over {record.spec.launch.train_iters} iterations "
         f"(the first {record.spec.launch.warmup_iters} skipped): "
         + ", ".join(x for x in got if x) + ".",
+        *_proxy_line(record, nodes),
         "Predicted: " + (", ".join(x for x in want if x) or "nothing recorded") + ".",
         f"Software: {software}.",
         f"This run: {spec.launch.train_iters} iterations (tune best --train-iters N to change); "
@@ -225,13 +239,23 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
     ]  # fmt: skip
 
 
+def _proxy_line(record: TrialRecord, nodes: int) -> list[str]:
+    """For a proxy trial: what ran, and that the step above is its extrapolation."""
+    m = record.measured
+    if not record.proxy:
+        return []
+    ran = _figure(m["proxy_step_s"], ".4g", " s/step") or "its step"
+    return [f"Measured as a proxy: trial {record.trial} ran this config at DP {m['proxy_dp']} on "
+            f"{m['proxy_nodes']} node(s), {ran}; the step above is that run extrapolated to "
+            f"the {nodes} node(s) of this run, where no trial ran it."]  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- the kinds
 
 
 def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[str, list[Path]]:
     """The launch script of the full run, with its extra files written into ``files_dir``."""
-    nodes = len(record.hosts) or spec.nodes_per_trial
-    hosts = (list(record.hosts) or spec.node_names)[:nodes]
+    hosts = record.run_hosts()
     rendered = TemplateRenderer.for_study(spec).render(
         spec, record.config, hosts=hosts, master_addr=MASTER_PLACEHOLDER,
         master_port=spec.launch.master_port, trial_dir=str(files_dir.resolve()), full_run=True,
@@ -263,7 +287,7 @@ def _sbatch(record: TrialRecord, spec: StudySpec) -> Export:
     node_text, files = _render_run(record, spec, paths.sbatch_files)
     paths.sbatch_node.write_text(node_text)
     paths.sbatch_node.chmod(0o755)
-    nodes = len(record.hosts) or spec.nodes_per_trial
+    nodes = len(record.run_hosts())
     text = best_batch_script(
         spec.cluster.slurm, study=spec.name, nodes=nodes,
         comments=comment_block(header(record, spec, nodes)[:-1]),
@@ -294,7 +318,7 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
     if traits(spec.framework).megatron_model:
         paths.args.write_text(shlex.join(words) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
-    nodes = ["--nnodes", str(len(record.hosts) or spec.nodes_per_trial),
+    nodes = ["--nnodes", str(len(record.run_hosts())),
              "--nproc_per_node", str(spec.cluster.gpus_per_node)]  # fmt: skip
     if traits(spec.framework).fsdp2:  # torchtitan's trainer after torchrun, as its template
         from tuner.launch.torchtitan_flags import torchtitan_flags
@@ -302,8 +326,9 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
         flags = torchtitan_flags(spec, record.config)  # the checkpoint subcommand stays last
         target = [spec.launch.script] if spec.launch.script else ["-m", "torchtitan.train"]
         overrides = [w for f in flags[:-1] for w in f]
-        launcher = ["torchrun", *nodes, *target, *spec.launch.script_args, *overrides,
-                    *spec.launch.extra_args, *flags[-1]]  # fmt: skip
+        launcher = ["torchrun", *nodes, *target, *spec.launch.script_args,
+                    *spec.launch.train_args, *overrides, *spec.launch.extra_args,
+                    *flags[-1]]  # fmt: skip
         paths.args.write_text(shlex.join(launcher) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
     # DeepSpeed: the training script's launcher line and the ds_config it names
@@ -340,7 +365,7 @@ def _bridge(record: TrialRecord, spec: StudySpec, kind: str) -> Export:
 
     paths = record.paths
     path = paths.bridge_overrides if kind == "bridge-overrides" else paths.bridge_recipe
-    text = bridge.emit(spec, record.config, kind)
+    text = bridge.emit(spec, record.config, kind, trial=None if record.best else record.trial)
     path.write_text(text)
     return Export(kind, path, text, (path,))
 

@@ -26,4 +26,8 @@
 #SBATCH --constraint=h100
 # cluster.slurm.setup
 module load cuda/12.4
+# the master address: the first node of the job (its NodeAddr), for every node
+first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+addr=$(scontrol show node "$first" 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
+export MASTER_ADDR=${addr:-$first}
 srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash RESULTS/llama-best/exports/trial-1/sbatch-node.sh
