@@ -34,6 +34,7 @@ from tuner.calibrate.store import (
 )
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
+from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
@@ -551,15 +552,22 @@ def test_a_file_given_as_the_results_folder_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--results FILE`` (or a path through a file) made the calibration's stat fail: exit 1
-    and "Not a directory", naming neither the file nor the option."""
+    and "Not a directory", naming neither the file nor the option. Refused with the option
+    now (``tuner.cli.options.folder``), before any command reads the folder."""
     from tests.test_hostile_inputs import BASE
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(BASE))
     (tmp_path / "afile").write_text("x\n")
     monkeypatch.chdir(tmp_path)
-    for results in ("afile", "afile/sub"):
+    for results, why in (("afile", "a file"), ("afile/sub", f"{tmp_path / 'afile'} is a file")):
         for command in ("space", "estimate", "calibrate"):
-            assert main(["--results", results, command, "--study", "study.yaml"]) == 2
-            lines = capsys.readouterr().err.strip().splitlines()
-            assert len(lines) == 1, lines
-            assert f"{tmp_path / 'afile'} is a file, not a folder (--results must" in lines[0]
+            with pytest.raises(SystemExit) as exit_:
+                main(["--results", results, command, "--study", "study.yaml"])
+            assert exit_.value.code == 2
+            err = capsys.readouterr().err
+            assert err == f"tune: error: argument --results: {results}: {why}, not a folder " \
+                          "(see tune --help)\n"  # fmt: skip
+    layout = ClusterLayout(tmp_path / "afile" / "sub", "c")
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'afile'} is a file, not a folder "
+                       r"\(--results must"):  # fmt: skip
+        load_calibration(layout.calibration_yaml, "c")  # the library's own refusal, kept

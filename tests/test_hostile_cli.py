@@ -126,6 +126,53 @@ def test_a_results_folder_through_a_symbolic_link_loop_is_one_line(
                                        f"link loop (see tune {command} --help)\n")  # fmt: skip
 
 
+DEFAULT_RESULTS = [
+    ("a-link-loop", lambda: (os.symlink("other", "results"), os.symlink("results", "other")),
+     "a symbolic link loop"),
+    ("a-link-to-nothing", lambda: os.symlink("gone", "results"),
+     "a symbolic link to nothing (gone)"),
+    ("a-file", lambda: Path("results").write_text("x\n"), "a file, not a folder"),
+]  # fmt: skip
+RESULTS_COMMANDS = [["space"], ["estimate"], ["run", "--dry-run"], ["leaderboard"], ["best"],
+                    ["report"], ["profile", "--show"], ["calibrate"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", RESULTS_COMMANDS, ids=[c[0] for c in RESULTS_COMMANDS])
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in DEFAULT_RESULTS],
+                         ids=[c[0] for c in DEFAULT_RESULTS])  # fmt: skip
+def test_a_default_results_folder_that_cannot_hold_results_is_one_line(
+    command: list[str], make: Callable[[], object], words: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``./results`` a link loop was a RuntimeError's traceback (space, estimate, run,
+    calibrate), a link to nothing was followed (its target made, a profile saved there), a
+    file was "Not a directory" (profile, exit 1); read commands said "no results yet"."""
+    monkeypatch.chdir(tmp_path)
+    make()
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        main([command[0], "--study", "demo", *command[1:]])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: the default results folder ./results: "
+                                       f"{words}; give --results DIR (see tune {command[0]} "
+                                       "--help)\n")  # fmt: skip
+    assert sorted(os.listdir(tmp_path)) == before  # nothing made through the link
+
+
+def test_a_results_option_through_a_link_to_nothing_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--results LINK/sub``, LINK pointing nowhere: the link's target was made."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("gone", "link")
+    with pytest.raises(SystemExit) as exit_:
+        main(["space", "--study", "demo", "--results", "link/sub"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: argument --results: link/sub: "
+                                       f"{tmp_path / 'link'} is a symbolic link to nothing "
+                                       "(gone) (see tune space --help)\n")  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["COLUMNS", "LINES"])
 @pytest.mark.parametrize("value", ["²", "٣", "12x", "-5", " 80"])
 def test_a_terminal_size_variable_that_is_no_number_is_ignored(

@@ -28,6 +28,7 @@ from tuner.cli.cost import (
 from tuner.cli.failure import exit_status, terminate_as_interrupt
 from tuner.cli.logline import LineFormatter
 from tuner.cli.options import (
+    RESULTS_DEFAULT,
     Parser,
     VersionAction,
     add_columns_option,
@@ -273,7 +274,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
 GLOBAL_DEFAULTS: dict[str, Any] = {"debug": False, "verbose": False, "quiet": False}
 """Options every command takes, before or after its name (``tune --debug run``, ``tune run
 --debug``)."""
-STORE_DEFAULTS: dict[str, Any] = {"results": "results", "storage": None}
+STORE_DEFAULTS: dict[str, Any] = {"results": RESULTS_DEFAULT, "storage": None}
 """Where a study's results live: options of run, leaderboard and best, also accepted before the
 command's name."""
 STORE_COMMANDS = ("run", "leaderboard", "best", "report", "profile", "calibrate", "space",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -80,8 +81,14 @@ class Parser(argparse.ArgumentParser):
         """argparse's, but an option the command does not take (``tune leaderboard --json``)
         points at that command's ``--help``, not ``tune --help``, which does not list it."""
         known, extras = self.parse_known_args(args, namespace)
+        command = getattr(known, "command", None)
+        if not extras and "results" not in known and "--results" in self._options(command):
+            problem = folder_problem(RESULTS_DEFAULT)  # what a type checks for --results DIR
+            if problem is not None:
+                self.exit(2, f"tune: error: the default results folder ./{RESULTS_DEFAULT}: "
+                             f"{problem}; give --results DIR (see {self.prog} {command} "
+                             "--help)\n")  # fmt: skip
         if extras:
-            command = getattr(known, "command", None)
             prog = f"{self.prog} {command}" if command else self.prog
             hint = ""
             if extras[0].startswith("--"):  # `--colums`: the option it is nearest to
@@ -135,16 +142,40 @@ def add_format_option(
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
 
 
+RESULTS_DEFAULT = "results"
+"""The results folder of a command given no ``--results`` (``./results``)."""
+
+
 def folder(text: str) -> str:
-    """An argparse ``type``: a folder's path as given, refused when it cannot be resolved (a
-    symbolic link loop on the way: ``--results LOOP`` was a RuntimeError's traceback from the
-    first command that resolved it, exit 1)."""
-    try:
-        Path(text).expanduser().resolve()
-    except (RuntimeError, OSError) as exc:  # Python 3.11: RuntimeError; 3.13: ELOOP
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
-        raise argparse.ArgumentTypeError(f"{text}: {why}") from None
+    """An argparse ``type``: a results folder's path as given, refused when it cannot hold
+    results (:func:`folder_problem`): ``--results LOOP`` was a RuntimeError's traceback from the
+    first command that resolved it, exit 1."""
+    problem = folder_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
+
+
+def folder_problem(text: str) -> str | None:
+    """Why the folder ``text`` cannot hold results, None when it can (made when missing): a
+    symbolic link loop on the way, a link to nothing (a write through it made its target, a
+    folder where the user meant another file system), a file ("Not a directory" from ``tune
+    profile``, exit 1; "no results yet" from ``tune leaderboard``)."""
+    path = Path(text).expanduser()
+    try:
+        path.resolve()  # Python 3.11: RuntimeError on a loop; 3.13: OSError (ELOOP)
+        given = path.absolute()
+        for p in (given, *given.parents):
+            where = "" if p == given else f"{p} is "
+            if p.is_symlink() and not p.exists():
+                return f"{where}a symbolic link to nothing ({os.readlink(p)})"
+            if p.exists():
+                return None if p.is_dir() else f"{where}a file, not a folder"
+    except (RuntimeError, OSError) as exc:
+        return (
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
+        )
+    return None
 
 
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
