@@ -245,15 +245,17 @@ def test_an_output_encoding_without_the_characters_tune_prints_is_no_traceback(
 
 
 @pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
-@pytest.mark.parametrize("storage", ["sqlite:///{}/no/such/x.db", "journal:{}/x.log"])
+@pytest.mark.parametrize("storage", ["sqlite:///{}/no/such/x.db", "journal:{}/x.log",
+                                     "sqlite:///{}/x.db?timeout=5"])  # fmt: skip
 def test_a_read_command_makes_no_storage_where_none_is(
     command: str, storage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``tune leaderboard --storage sqlite:///typo/x.db`` made the folders and an empty
-    database there, then said the study was not in it."""
+    database there, then said the study was not in it; so did a URL with arguments the driver
+    takes (``?timeout=5``)."""
     url = storage.format(tmp_path)
     assert main([command, "--study", "demo", "--storage", url]) == 2
-    file = url.removeprefix("sqlite:///").removeprefix("journal:")
+    file = url.removeprefix("sqlite:///").removeprefix("journal:").partition("?")[0]
     assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': {file!r} "
                                        "does not exist (tune run with that --storage makes "
                                        "it)\n")  # fmt: skip

@@ -732,7 +732,7 @@ def test_a_bare_postgresql_url_takes_the_installed_driver(monkeypatch: pytest.Mo
 
     import sqlalchemy as sa
 
-    from tuner.study import storage
+    from tuner.study import url as where
 
     url = "postgresql://u@db/tuner"
     cases = (
@@ -749,15 +749,15 @@ def test_a_bare_postgresql_url_takes_the_installed_driver(monkeypatch: pytest.Mo
             "find_spec",
             lambda name, found=installed: object() if name in found else None,
         )
-        assert storage.postgres_driver(url) == expected, (default, installed)
+        assert where.postgres_driver(url) == expected, (default, installed)
         assert (
-            storage.postgres_driver("postgresql+psycopg://u@db/t") == "postgresql+psycopg://u@db/t"
+            where.postgres_driver("postgresql+psycopg://u@db/t") == "postgresql+psycopg://u@db/t"
         )
     monkeypatch.undo()
-    assert storage.postgres_driver(url) in (url, "postgresql+psycopg2://u@db/tuner")  # this one
+    assert where.postgres_driver(url) in (url, "postgresql+psycopg2://u@db/tuner")  # this one
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(StudyError, match=r"no PostgreSQL driver is installed \(pip install"):
-        storage.postgres_driver(url)
+        where.postgres_driver(url)
 
 
 @pytest.mark.timeout(HANG_GUARD_S)
