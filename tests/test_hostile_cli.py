@@ -262,6 +262,22 @@ def test_a_read_command_makes_no_storage_where_none_is(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sqlite:///file:/data/x.db?mode=ro&uri=true`` (SQLite's own URI, SQLAlchemy's way to a
+    read-only open) was taken for the file ``file:/data/x.db`` under the current folder: a read
+    made the folders ``file:/data`` there and a lock file in them."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    url = f"sqlite:///file:{tmp_path / 'data' / 'x.db'}?mode=ro&uri=true"
+    assert main(["leaderboard", "--study", "demo", "--storage", url]) == 2
+    assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': "
+                                       f"{str(tmp_path / 'data' / 'x.db')!r} does not exist "
+                                       "(tune run with that --storage makes it)\n")  # fmt: skip
+    assert [p.name for p in tmp_path.rglob("*")] == ["data"]
+
+
 def test_a_journal_storage_without_a_file_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import re
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +33,10 @@ class StorageURL:
         if self.journal is not None:
             return self.journal
         if self.url.startswith("sqlite:///"):
-            return Path(self.url.removeprefix("sqlite:///").partition("?")[0])  # the query
+            path, _, query = self.url.removeprefix("sqlite:///").partition("?")
+            if path.startswith("file:") and "uri=true" in query.split("&"):  # SQLite's own URI
+                return Path(urllib.parse.unquote(urllib.parse.urlsplit(path).path))
+            return Path(path)
         return None
 
 
