@@ -278,6 +278,29 @@ def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
     assert [p.name for p in tmp_path.rglob("*")] == ["data"]
 
 
+MALFORMED_URLS = [
+    ("postgresql://u@[::1", "the host's '[' has no closing ']' (an IPv6 host is written [::1])"),
+    ("postgresql://u:secret@[::1/db",
+     "the host's '[' has no closing ']' (an IPv6 host is written [::1])"),
+    ("postgresql://u@db:abc/tuner", "the port 'abc' is not a number from 0 to 65535"),
+    ("postgresql://u@db:99999/tuner", "the port '99999' is not a number from 0 to 65535"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report", "run"])
+@pytest.mark.parametrize(("url", "words"), MALFORMED_URLS)
+def test_a_malformed_storage_url_names_the_option_and_what_is_wrong(
+    command: str, url: str, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``postgresql://u@[::1`` said "invalid literal for int() with base 10: ':1'" (SQLAlchemy's
+    port parsing), naming neither the option nor the bracket; its password stays hidden."""
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "--study", "demo", "--storage", url]) == 2
+    shown = url.replace(":secret@", ":***@")
+    assert capsys.readouterr().err == f"tune: error: --storage {shown!r}: {words}\n"
+
+
 def test_a_journal_storage_without_a_file_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

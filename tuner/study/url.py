@@ -48,6 +48,8 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
         if url == "journal:":  # Path("") is "."
             raise StudyError("--storage journal: needs a file: journal:FILE")
         where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
+    elif (problem := url_problem(url)) is not None:
+        raise StudyError(f"--storage {without_password(url)!r}: {problem}")
     else:
         where = StorageURL(postgres_driver(url))
     try:  # stat() raises for a name the system refuses (ENAMETOOLONG)
@@ -58,6 +60,22 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     except OSError as exc:
         raise StudyError(f"cannot open storage {url[:100]!r}: {exc.strerror or exc}") from None
     return where
+
+
+def url_problem(url: str) -> str | None:
+    """What in a database URL's host part no driver can read, None if nothing: an IPv6 host's
+    '[' not closed (``postgresql://u@[::1``), a port that is no number from 0 to 65535.
+    SQLAlchemy said "invalid literal for int() with base 10: ':1'", naming neither."""
+    host = url.partition("://")[2].partition("/")[0].partition("?")[0].rpartition("@")[2]
+    if host.startswith("["):
+        if "]" not in host:
+            return "the host's '[' has no closing ']' (an IPv6 host is written [::1])"
+        port = host.partition("]")[2].removeprefix(":")
+    else:
+        port = host.partition(":")[2]
+    if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        return f"the port {port!r} is not a number from 0 to 65535"
+    return None
 
 
 def check_arguments(where: StorageURL) -> None:
