@@ -436,6 +436,8 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     # what `make demo` prints last: its depths as the probe ran them (it said "1-2 layers" of a
     # probe at 1 and 4), and at 80 columns a table that fits (its rows were 96 wide)
     assert "at {} and {} layers".format(*probe_depths(spec)) in out
+    # a CPU study: why its peaks read 1.000, said once (a newcomer took it for a fitted figure)
+    assert out.count("peak on CPU: both sides are one tensor accounting") == 1
     monkeypatch.setenv("COLUMNS", "80")
     assert probe_check(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
     lines = capsys.readouterr().out.splitlines()
