@@ -119,6 +119,11 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("nan-gpu-memory", changed("cluster.gpu_memory_gib", float("nan")), "cluster.gpu_memory_gib"),
     ("inf-timeout", changed("search.trial_timeout_min", float("inf")), "search.trial_timeout_min"),
     ("neg-inf-headroom", changed("search.memory_headroom", float("-inf")), "memory_headroom"),
+    # tune run: numpy's "Seed must be between 0 and 2**32 - 1" traceback from every sampler
+    ("seed-2-to-the-40", changed("search.seed", 2**40), "search.seed: must be from 0 to"),
+    ("seed-negative", changed("search.seed", -1), "search.seed: must be from 0 to 4,294,967,295"),
+    # tune run: the heartbeat thread's wait overflowed (a traceback, then no heartbeats)
+    ("heartbeat-1e30", changed("search.heartbeat_s", 1e30), "search.heartbeat_s: must be at most"),
     ("nan-ssh-timeout", changed("cluster.ssh", {"connect_timeout_s": float("nan")}),
      "cluster.ssh.connect_timeout_s: must be a finite number"),
     ("name-dotdot", changed("name", ".."), "name: '..' must be a plain name"),
