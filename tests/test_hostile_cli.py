@@ -312,3 +312,37 @@ def test_a_journal_storage_without_a_file_is_refused(
     err = capsys.readouterr().err
     assert err == "tune: error: --storage journal: needs a file: journal:FILE\n"
     assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == []  # no journal anywhere
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize("emit", ["script", "ds-config", "args"])
+def test_an_export_interrupted_mid_write_leaves_the_last_one_whole(
+    emit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune best`` run again and stopped by Ctrl-C (or a full disk) while writing cut the
+    previous, good launch script or ds_config short in place: written beside it and renamed
+    now, so it is whole or as it was, and no half-written copy is left."""
+    from tests.report.test_exports import record_measured
+    from tuner.space.enumerate import iter_configs
+    from tuner.spec.file import load_study
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("demo")
+    record_measured(spec, tmp_path / "results", [(next(iter_configs(spec)), 1.0)])
+    argv = ["best", "--study", "demo", "--emit", emit, "--format", "json"]
+    assert main(argv) == 0
+    exports = tmp_path / "results" / "demo" / "exports"
+    before = {p: p.read_bytes() for p in exports.rglob("*") if p.is_file()}
+    assert before
+    real = Path.write_text
+
+    def half_then_interrupt(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        real(self, data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", half_then_interrupt)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    assert capsys.readouterr().err.endswith("tune: interrupted\n")
+    assert {p: p.read_bytes() for p in exports.rglob("*") if p.is_file()} == before
