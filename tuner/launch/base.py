@@ -242,7 +242,7 @@ def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> None:
     disk mid-write left a file cut short). The half-written copy is removed on any failure."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        tmp.write_text(content)
+        tmp.write_text(content, encoding="utf-8")
         tmp.chmod(mode)
         tmp.replace(path)
     except BaseException:
