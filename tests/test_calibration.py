@@ -276,6 +276,47 @@ def test_record_study_saves_under_the_cluster_name(tmp_path: Path) -> None:
     assert setup_fingerprint(spec("second")) == setup_fingerprint(s)
 
 
+def test_two_studies_ending_together_both_keep_their_observations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two studies (or two workers) on one cluster ending at the same moment each read the
+    cluster's calibration, added their trials and wrote it: the second write dropped the first
+    study's observations (and their one .tmp name let one rename the other's half-written
+    file). The read, merge and write are one step under a lock now."""
+    import threading
+
+    first, second = spec("first"), spec("second")
+    trials = {s.name: run(s, off_model(s), 3)[0].get_trials() for s in (first, second)}
+    merging, go = threading.Event(), threading.Event()
+    real = Calibration.merged
+
+    def held(self: Calibration, new: Any, now: dt.datetime) -> Calibration:
+        new = tuple(new)
+        if new[0].study == "first":  # the first study stops between its read and its write
+            merging.set()
+            go.wait(5)
+        return real(self, new, now)
+
+    monkeypatch.setattr(Calibration, "merged", held)
+
+    def end(s: StudySpec) -> threading.Thread:
+        t = threading.Thread(target=record_study, args=(s, trials[s.name], 80.0, tmp_path))
+        t.start()
+        return t
+
+    a = end(first)
+    assert merging.wait(30)
+    b = end(second)
+    b.join(1)  # waits on the lock the first study holds (it wrote meanwhile before)
+    go.set()
+    a.join(30)
+    b.join(30)
+    store._LOADED.clear()
+    assert {o.study for o in history(first, tmp_path)} == {"first", "second"}
+    assert len(history(first, tmp_path)) == 6
+    assert [p.name for p in tmp_path.rglob("*.tmp")] == []
+
+
 # ----------------------------------------------------------------------------- a second study
 
 
