@@ -346,3 +346,33 @@ def test_an_export_interrupted_mid_write_leaves_the_last_one_whole(
     monkeypatch.undo()
     assert capsys.readouterr().err.endswith("tune: interrupted\n")
     assert {p: p.read_bytes() for p in exports.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("stage", ["loading", "parsing"])
+def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
+    stage: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in the second or so ``tune`` takes to import its commands and parse the command
+    line (right after Enter, the wrong study named) was a KeyboardInterrupt traceback of up to
+    85 lines; it is ``tune: interrupted``, exit 130, as during a command."""
+    import builtins
+
+    from tuner.cli import commands
+
+    if stage == "loading":
+        real = builtins.__import__
+
+        def interrupted(name: str, *args: object, **kwargs: object) -> object:
+            if name == "tuner.cli.commands":
+                raise KeyboardInterrupt
+            return real(name, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(builtins, "__import__", interrupted)
+    else:
+
+        def parse(*args: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(commands, "parse_args", parse)
+    assert main(["space", "--study", "demo"]) == 130
+    assert capsys.readouterr().err == "tune: interrupted\n"

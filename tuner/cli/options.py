@@ -1,5 +1,5 @@
 """The command line's parser class and the options and value types more than one ``tune``
-subcommand shares (kept apart from :mod:`tuner.cli.main` so that a subcommand's module can use
+subcommand shares (kept apart from :mod:`tuner.cli.commands` so that a subcommand's module can use
 them without importing the whole command line)."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """``tune profile`` and ``tune calibrate``, and the calibrated lines of ``space``, ``estimate``
-and ``run --dry-run``. Registered by :mod:`tuner.cli.main`; thin like it: parse, call, print."""
+and ``run --dry-run``. Registered by :mod:`tuner.cli.commands`; thin like it: parse, call,
+print."""
 
 from __future__ import annotations
 
