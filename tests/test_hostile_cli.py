@@ -376,3 +376,38 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
         monkeypatch.setattr(commands, "parse_args", parse)
     assert main(["space", "--study", "demo"]) == 130
     assert capsys.readouterr().err == "tune: interrupted\n"
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--warmup", "100000000000000000000", "must be 0 to 1,000"),
+    ("--repeats", "1000000000", "must be 1 to 1,000"),
+])  # fmt: skip
+def test_a_profile_that_would_outrun_its_job_is_refused(
+    option: str, value: str, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune profile --repeats 1000000000`` (a typo) held the nodes until the job's 15-minute
+    timeout killed it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["profile", "--study", "demo", option, value])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: argument {option}: {words}, got "
+                                       f"{value} (see tune profile --help)\n")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_collective_message_larger_than_the_gpu_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--message-bytes 10**30`` launched the profile job, which failed with torchrun's last
+    line ("error_file: <N/A>"), exit 1."""
+    from tuner.space.enumerate import study_gpu
+    from tuner.spec.file import load_study
+
+    monkeypatch.chdir(tmp_path)
+    memory = study_gpu(load_study("demo")).memory_gib * 2**30
+    assert main(["profile", "--study", "demo", "--message-bytes", f"4096,{10**30}"]) == 2
+    assert capsys.readouterr().err == (f"tune: error: --message-bytes: {10**30:,} bytes: more "
+                                       f"than a cpu's memory ({memory:,.0f} bytes)\n")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []

@@ -661,7 +661,7 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         (["best", "--study", str(path), "--trial", "x"], "--trial: expected a whole number"),
         # a ValueError traceback from the list's int() before
         (["profile", "--study", str(path), "--message-bytes", "4096,abc"], "--message-bytes"),
-        (["profile", "--study", str(path), "--repeats", "0"], "--repeats: must be >= 1"),
+        (["profile", "--study", str(path), "--repeats", "0"], "--repeats: must be 1 to 1,000"),
         # the last --set silently won
         (["estimate", "--study", str(path), "--set", "tp=2", "--set", "tp=4"], "given twice"),
         (["estimate", "--study", str(path), "--set", "mbs=1", "--set", "micro_batch_size=2"],
