@@ -411,3 +411,38 @@ def test_a_collective_message_larger_than_the_gpu_is_refused(
     assert capsys.readouterr().err == (f"tune: error: --message-bytes: {10**30:,} bytes: more "
                                        f"than a cpu's memory ({memory:,.0f} bytes)\n")  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+EXPORT_FOLDERS = [
+    ("a-file-named-exports", lambda d: d.parent.rmdir() or d.parent.write_text("x\n"),
+     "{exports} is a file, not a folder"),
+    ("a-link-to-nothing", lambda d: d.symlink_to("/nonexistent/x"),
+     "a symbolic link to nothing (/nonexistent/x)"),
+    ("a-link-loop", lambda d: d.symlink_to(d.name), "a symbolic link loop"),
+]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in EXPORT_FOLDERS],
+                         ids=[c[0] for c in EXPORT_FOLDERS])  # fmt: skip
+def test_an_export_folder_that_cannot_hold_files_says_why(
+    make: Callable[[Path], object], words: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune best`` said "results/demo/exports/trial-0: Not a directory" (exit 1) of a file
+    named ``exports``, and "File exists" of a link to nothing or a loop at ``trial-0``."""
+    from tests.report.test_exports import record_measured
+    from tuner.space.enumerate import iter_configs
+    from tuner.spec.file import load_study
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("demo")
+    record_measured(spec, tmp_path / "results", [(next(iter_configs(spec)), 1.0)])
+    folder = Path("results", "demo", "exports", "trial-0")
+    folder.parent.mkdir()
+    make(folder)
+    assert main(["best", "--study", "demo"]) == 2
+    shown = words.format(exports=tmp_path / folder.parent)
+    assert (
+        capsys.readouterr().err == f"tune: error: cannot write the export to {folder}: {shown}\n"
+    )

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
+from tuner.layout import folder_problem
 from tuner.outcome import Outcome
 
 
@@ -154,28 +153,6 @@ def folder(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
-
-
-def folder_problem(text: str) -> str | None:
-    """Why the folder ``text`` cannot hold results, None when it can (made when missing): a
-    symbolic link loop on the way, a link to nothing (a write through it made its target, a
-    folder where the user meant another file system), a file ("Not a directory" from ``tune
-    profile``, exit 1; "no results yet" from ``tune leaderboard``)."""
-    path = Path(text).expanduser()
-    try:
-        path.resolve()  # Python 3.11: RuntimeError on a loop; 3.13: OSError (ELOOP)
-        given = path.absolute()
-        for p in (given, *given.parents):
-            where = "" if p == given else f"{p} is "
-            if p.is_symlink() and not p.exists():
-                return f"{where}a symbolic link to nothing ({os.readlink(p)})"
-            if p.exists():
-                return None if p.is_dir() else f"{where}a file, not a folder"
-    except (RuntimeError, OSError) as exc:
-        return (
-            exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
-        )
-    return None
 
 
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:

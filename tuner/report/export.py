@@ -35,7 +35,7 @@ from tuner.launch.export_script import MasterSources, comment_block, launch_scri
 from tuner.launch.megatron_flags import deepspeed_script_flags
 from tuner.launch.slurm_script import MASTER_PLACEHOLDER, best_batch_script
 from tuner.launch.templates import TemplateRenderer, deepspeed_config
-from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout
+from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout, folder_problem
 from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import best_trial, leaderboard_row, megatron_args, stored_trials
@@ -117,7 +117,12 @@ class TrialRecord:
             warmup = min(spec.launch.warmup_iters, train_iters - 1)
             launch = dataclasses.replace(spec.launch, train_iters=train_iters, warmup_iters=warmup)
             spec = dataclasses.replace(spec, launch=launch)
-        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.paths.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:  # "trial-3: Not a directory" for a file named exports, "File exists"
+            if (problem := folder_problem(str(self.paths.dir))) is None:
+                raise
+            raise ConfigError(f"cannot write the export to {self.paths.dir}: {problem}") from None
         writer = {
             "script": _script, "sbatch": _sbatch, "args": _args, "ds-config": _ds_config,
             "bridge-overrides": _bridge_overrides, "bridge-recipe": _bridge_recipe,
