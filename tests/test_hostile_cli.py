@@ -262,6 +262,21 @@ def test_a_read_command_makes_no_storage_where_none_is(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
+def test_a_read_command_writes_no_schema_into_an_empty_file(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--storage sqlite:///x.db`` where x.db is an empty file (``touch``-ed, or cut to
+    nothing): a read command wrote Optuna's tables into it (114 KB), then said the study was
+    not in it."""
+    (empty := tmp_path / "x.db").touch()
+    assert main([command, "--study", "demo", "--storage", f"sqlite:///{empty}"]) == 2
+    assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': "
+                                       f"{str(empty)!r} is empty (tune run with that --storage "
+                                       "makes it)\n")  # fmt: skip
+    assert empty.stat().st_size == 0 and sorted(os.listdir(tmp_path)) == ["x.db"]
+
+
 def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -77,6 +77,11 @@ def _opened(
         raise StudyError(f"no results for study {spec.name!r}: {str(local)!r} does not exist "
                          "(tune run with that --storage makes it)")  # fmt: skip
     stat = local.stat() if local and local.exists() else None
+    if stat is not None and stat.st_size == 0 and where.journal is None:  # `touch x.db`
+        raise StudyError(
+            f"no results for study {spec.name!r}: {str(local)!r} is empty (tune "
+            "run with that --storage makes it)"
+        )  # a read wrote the schema into it
     key = (where.url, spec.name, stat.st_dev if stat else 0, stat.st_ino if stat else 0)
     if key not in _OPENED or not _OPENED[key][1].unchanged():
         with schema_checked():  # no alembic import for a storage at Optuna's head schema
