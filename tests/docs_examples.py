@@ -131,7 +131,7 @@ def run_tune(argv: list[str], cwd: Path) -> tuple[int, str]:
 
 def parse_tune(argv: list[str]) -> None:
     """Parse ``tune ARGV`` (raises SystemExit on a bad command line)."""
-    from tuner.cli.main import build_parser, parse_args
+    from tuner.cli.commands import build_parser, parse_args
 
     parse_args(build_parser()[0], argv)
 

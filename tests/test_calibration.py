@@ -34,6 +34,7 @@ from tuner.calibrate.store import (
 )
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
+from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout
 from tuner.models.memory.estimate import GIB
 from tuner.outcome import Outcome
@@ -273,6 +274,47 @@ def test_record_study_saves_under_the_cluster_name(tmp_path: Path) -> None:
     assert named.cluster_name == "lab-a" and history(named, tmp_path) == ()
     assert setup_fingerprint(named) == setup_fingerprint(s)  # the name changes no measurement
     assert setup_fingerprint(spec("second")) == setup_fingerprint(s)
+
+
+def test_two_studies_ending_together_both_keep_their_observations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two studies (or two workers) on one cluster ending at the same moment each read the
+    cluster's calibration, added their trials and wrote it: the second write dropped the first
+    study's observations (and their one .tmp name let one rename the other's half-written
+    file). The read, merge and write are one step under a lock now."""
+    import threading
+
+    first, second = spec("first"), spec("second")
+    trials = {s.name: run(s, off_model(s), 3)[0].get_trials() for s in (first, second)}
+    merging, go = threading.Event(), threading.Event()
+    real = Calibration.merged
+
+    def held(self: Calibration, new: Any, now: dt.datetime) -> Calibration:
+        new = tuple(new)
+        if new[0].study == "first":  # the first study stops between its read and its write
+            merging.set()
+            go.wait(5)
+        return real(self, new, now)
+
+    monkeypatch.setattr(Calibration, "merged", held)
+
+    def end(s: StudySpec) -> threading.Thread:
+        t = threading.Thread(target=record_study, args=(s, trials[s.name], 80.0, tmp_path))
+        t.start()
+        return t
+
+    a = end(first)
+    assert merging.wait(30)
+    b = end(second)
+    b.join(1)  # waits on the lock the first study holds (it wrote meanwhile before)
+    go.set()
+    a.join(30)
+    b.join(30)
+    store._LOADED.clear()
+    assert {o.study for o in history(first, tmp_path)} == {"first", "second"}
+    assert len(history(first, tmp_path)) == 6
+    assert [p.name for p in tmp_path.rglob("*.tmp")] == []
 
 
 # ----------------------------------------------------------------------------- a second study
@@ -551,15 +593,22 @@ def test_a_file_given_as_the_results_folder_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--results FILE`` (or a path through a file) made the calibration's stat fail: exit 1
-    and "Not a directory", naming neither the file nor the option."""
+    and "Not a directory", naming neither the file nor the option. Refused with the option
+    now (``tuner.cli.options.folder``), before any command reads the folder."""
     from tests.test_hostile_inputs import BASE
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(BASE))
     (tmp_path / "afile").write_text("x\n")
     monkeypatch.chdir(tmp_path)
-    for results in ("afile", "afile/sub"):
+    for results, why in (("afile", "a file"), ("afile/sub", f"{tmp_path / 'afile'} is a file")):
         for command in ("space", "estimate", "calibrate"):
-            assert main(["--results", results, command, "--study", "study.yaml"]) == 2
-            lines = capsys.readouterr().err.strip().splitlines()
-            assert len(lines) == 1, lines
-            assert f"{tmp_path / 'afile'} is a file, not a folder (--results must" in lines[0]
+            with pytest.raises(SystemExit) as exit_:
+                main(["--results", results, command, "--study", "study.yaml"])
+            assert exit_.value.code == 2
+            err = capsys.readouterr().err
+            assert err == f"tune: error: argument --results: {results}: {why}, not a folder " \
+                          "(see tune --help)\n"  # fmt: skip
+    layout = ClusterLayout(tmp_path / "afile" / "sub", "c")
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'afile'} is a file, not a folder "
+                       r"\(--results must"):  # fmt: skip
+        load_calibration(layout.calibration_yaml, "c")  # the library's own refusal, kept

@@ -114,6 +114,25 @@ def test_a_gpu_name_in_any_case_is_the_catalogs(
         study_from_mapping(study_with("H100-SXM-80GB-x"))  # the rest as before
 
 
+def test_a_model_preset_in_any_case_is_the_catalogs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``model: {preset: Llama3-8B}`` was refused with a list naming ``llama3-8b`` (the GPU's
+    name had been made case-insensitive, the model's not): the same study now."""
+    from tuner.spec.file import model_preset_names
+
+    folded = [name.casefold() for name in model_preset_names()]
+    assert len(set(folded)) == len(folded)  # no two names differ only in case: never a guess
+    plain = study_from_mapping({**STUDY, "model": {"preset": "llama3-8b"}})
+    spec = study_from_mapping({**STUDY, "model": {"preset": "Llama3-8B"}})
+    assert spec.model == plain.model and spec.fingerprint() == plain.fingerprint()
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**STUDY, "model": {"preset": "LLAMA3-8B"}}))
+    assert main(["space", "--study", str(path), "--json"]) == 0, capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown preset 'Llama3-8B-x'"):
+        study_from_mapping({**STUDY, "model": {"preset": "Llama3-8B-x"}})
+
+
 def test_qkv_bias_adds_the_qkv_bias_of_every_layer() -> None:
     plain = study_model({"preset": "llama3-8b"})
     qkv = study_model({"preset": "llama3-8b", "add_qkv_bias": True})

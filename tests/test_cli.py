@@ -357,7 +357,7 @@ def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[s
     --help``'s list only (8 of the 10 subcommands had no description)."""
     import argparse
 
-    from tuner.cli.main import build_parser
+    from tuner.cli.commands import build_parser
 
     parser = build_parser()[0]
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs_examples import REPO, blocks, pages
-from tuner.cli.main import build_parser
+from tuner.cli.commands import build_parser
 
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
 PLACEHOLDER = re.compile(r"[<>A-Z]|\.\.\.")

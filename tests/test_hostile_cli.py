@@ -126,6 +126,53 @@ def test_a_results_folder_through_a_symbolic_link_loop_is_one_line(
                                        f"link loop (see tune {command} --help)\n")  # fmt: skip
 
 
+DEFAULT_RESULTS = [
+    ("a-link-loop", lambda: (os.symlink("other", "results"), os.symlink("results", "other")),
+     "a symbolic link loop"),
+    ("a-link-to-nothing", lambda: os.symlink("gone", "results"),
+     "a symbolic link to nothing (gone)"),
+    ("a-file", lambda: Path("results").write_text("x\n"), "a file, not a folder"),
+]  # fmt: skip
+RESULTS_COMMANDS = [["space"], ["estimate"], ["run", "--dry-run"], ["leaderboard"], ["best"],
+                    ["report"], ["profile", "--show"], ["calibrate"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", RESULTS_COMMANDS, ids=[c[0] for c in RESULTS_COMMANDS])
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in DEFAULT_RESULTS],
+                         ids=[c[0] for c in DEFAULT_RESULTS])  # fmt: skip
+def test_a_default_results_folder_that_cannot_hold_results_is_one_line(
+    command: list[str], make: Callable[[], object], words: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``./results`` a link loop was a RuntimeError's traceback (space, estimate, run,
+    calibrate), a link to nothing was followed (its target made, a profile saved there), a
+    file was "Not a directory" (profile, exit 1); read commands said "no results yet"."""
+    monkeypatch.chdir(tmp_path)
+    make()
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        main([command[0], "--study", "demo", *command[1:]])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: the default results folder ./results: "
+                                       f"{words}; give --results DIR (see tune {command[0]} "
+                                       "--help)\n")  # fmt: skip
+    assert sorted(os.listdir(tmp_path)) == before  # nothing made through the link
+
+
+def test_a_results_option_through_a_link_to_nothing_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--results LINK/sub``, LINK pointing nowhere: the link's target was made."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("gone", "link")
+    with pytest.raises(SystemExit) as exit_:
+        main(["space", "--study", "demo", "--results", "link/sub"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: argument --results: link/sub: "
+                                       f"{tmp_path / 'link'} is a symbolic link to nothing "
+                                       "(gone) (see tune space --help)\n")  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["COLUMNS", "LINES"])
 @pytest.mark.parametrize("value", ["²", "٣", "12x", "-5", " 80"])
 def test_a_terminal_size_variable_that_is_no_number_is_ignored(
@@ -198,19 +245,75 @@ def test_an_output_encoding_without_the_characters_tune_prints_is_no_traceback(
 
 
 @pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
-@pytest.mark.parametrize("storage", ["sqlite:///{}/no/such/x.db", "journal:{}/x.log"])
+@pytest.mark.parametrize("storage", ["sqlite:///{}/no/such/x.db", "journal:{}/x.log",
+                                     "sqlite:///{}/x.db?timeout=5"])  # fmt: skip
 def test_a_read_command_makes_no_storage_where_none_is(
     command: str, storage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``tune leaderboard --storage sqlite:///typo/x.db`` made the folders and an empty
-    database there, then said the study was not in it."""
+    database there, then said the study was not in it; so did a URL with arguments the driver
+    takes (``?timeout=5``)."""
     url = storage.format(tmp_path)
     assert main([command, "--study", "demo", "--storage", url]) == 2
-    file = url.removeprefix("sqlite:///").removeprefix("journal:")
+    file = url.removeprefix("sqlite:///").removeprefix("journal:").partition("?")[0]
     assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': {file!r} "
                                        "does not exist (tune run with that --storage makes "
                                        "it)\n")  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
+def test_a_read_command_writes_no_schema_into_an_empty_file(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--storage sqlite:///x.db`` where x.db is an empty file (``touch``-ed, or cut to
+    nothing): a read command wrote Optuna's tables into it (114 KB), then said the study was
+    not in it."""
+    (empty := tmp_path / "x.db").touch()
+    assert main([command, "--study", "demo", "--storage", f"sqlite:///{empty}"]) == 2
+    assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': "
+                                       f"{str(empty)!r} is empty (tune run with that --storage "
+                                       "makes it)\n")  # fmt: skip
+    assert empty.stat().st_size == 0 and sorted(os.listdir(tmp_path)) == ["x.db"]
+
+
+def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sqlite:///file:/data/x.db?mode=ro&uri=true`` (SQLite's own URI, SQLAlchemy's way to a
+    read-only open) was taken for the file ``file:/data/x.db`` under the current folder: a read
+    made the folders ``file:/data`` there and a lock file in them."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    url = f"sqlite:///file:{tmp_path / 'data' / 'x.db'}?mode=ro&uri=true"
+    assert main(["leaderboard", "--study", "demo", "--storage", url]) == 2
+    assert capsys.readouterr().err == (f"tune: error: no results for study 'demo': "
+                                       f"{str(tmp_path / 'data' / 'x.db')!r} does not exist "
+                                       "(tune run with that --storage makes it)\n")  # fmt: skip
+    assert [p.name for p in tmp_path.rglob("*")] == ["data"]
+
+
+MALFORMED_URLS = [
+    ("postgresql://u@[::1", "the host's '[' has no closing ']' (an IPv6 host is written [::1])"),
+    ("postgresql://u:secret@[::1/db",
+     "the host's '[' has no closing ']' (an IPv6 host is written [::1])"),
+    ("postgresql://u@db:abc/tuner", "the port 'abc' is not a number from 0 to 65535"),
+    ("postgresql://u@db:99999/tuner", "the port '99999' is not a number from 0 to 65535"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report", "run"])
+@pytest.mark.parametrize(("url", "words"), MALFORMED_URLS)
+def test_a_malformed_storage_url_names_the_option_and_what_is_wrong(
+    command: str, url: str, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``postgresql://u@[::1`` said "invalid literal for int() with base 10: ':1'" (SQLAlchemy's
+    port parsing), naming neither the option nor the bracket; its password stays hidden."""
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "--study", "demo", "--storage", url]) == 2
+    shown = url.replace(":secret@", ":***@")
+    assert capsys.readouterr().err == f"tune: error: --storage {shown!r}: {words}\n"
 
 
 def test_a_journal_storage_without_a_file_is_refused(
@@ -224,3 +327,137 @@ def test_a_journal_storage_without_a_file_is_refused(
     err = capsys.readouterr().err
     assert err == "tune: error: --storage journal: needs a file: journal:FILE\n"
     assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == []  # no journal anywhere
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize("emit", ["script", "ds-config", "args"])
+def test_an_export_interrupted_mid_write_leaves_the_last_one_whole(
+    emit: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune best`` run again and stopped by Ctrl-C (or a full disk) while writing cut the
+    previous, good launch script or ds_config short in place: written beside it and renamed
+    now, so it is whole or as it was, and no half-written copy is left."""
+    from tests.report.test_exports import record_measured
+    from tuner.space.enumerate import iter_configs
+    from tuner.spec.file import load_study
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("demo")
+    record_measured(spec, tmp_path / "results", [(next(iter_configs(spec)), 1.0)])
+    argv = ["best", "--study", "demo", "--emit", emit, "--format", "json"]
+    assert main(argv) == 0
+    exports = tmp_path / "results" / "demo" / "exports"
+    before = {p: p.read_bytes() for p in exports.rglob("*") if p.is_file()}
+    assert before
+    real = Path.write_text
+
+    def half_then_interrupt(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        real(self, data[: len(data) // 2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", half_then_interrupt)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    assert capsys.readouterr().err.endswith("tune: interrupted\n")
+    assert {p: p.read_bytes() for p in exports.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("stage", ["loading", "parsing"])
+def test_a_ctrl_c_while_the_command_line_loads_is_one_line(
+    stage: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in the second or so ``tune`` takes to import its commands and parse the command
+    line (right after Enter, the wrong study named) was a KeyboardInterrupt traceback of up to
+    85 lines; it is ``tune: interrupted``, exit 130, as during a command."""
+    import builtins
+
+    from tuner.cli import commands
+
+    if stage == "loading":
+        real = builtins.__import__
+
+        def interrupted(name: str, *args: object, **kwargs: object) -> object:
+            if name == "tuner.cli.commands":
+                raise KeyboardInterrupt
+            return real(name, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(builtins, "__import__", interrupted)
+    else:
+
+        def parse(*args: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(commands, "parse_args", parse)
+    assert main(["space", "--study", "demo"]) == 130
+    assert capsys.readouterr().err == "tune: interrupted\n"
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--warmup", "100000000000000000000", "must be 0 to 1,000"),
+    ("--repeats", "1000000000", "must be 1 to 1,000"),
+])  # fmt: skip
+def test_a_profile_that_would_outrun_its_job_is_refused(
+    option: str, value: str, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune profile --repeats 1000000000`` (a typo) held the nodes until the job's 15-minute
+    timeout killed it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["profile", "--study", "demo", option, value])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"tune: error: argument {option}: {words}, got "
+                                       f"{value} (see tune profile --help)\n")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_collective_message_larger_than_the_gpu_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--message-bytes 10**30`` launched the profile job, which failed with torchrun's last
+    line ("error_file: <N/A>"), exit 1."""
+    from tuner.space.enumerate import study_gpu
+    from tuner.spec.file import load_study
+
+    monkeypatch.chdir(tmp_path)
+    memory = study_gpu(load_study("demo")).memory_gib * 2**30
+    assert main(["profile", "--study", "demo", "--message-bytes", f"4096,{10**30}"]) == 2
+    assert capsys.readouterr().err == (f"tune: error: --message-bytes: {10**30:,} bytes: more "
+                                       f"than a cpu's memory ({memory:,.0f} bytes)\n")  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+EXPORT_FOLDERS = [
+    ("a-file-named-exports", lambda d: d.parent.rmdir() or d.parent.write_text("x\n"),
+     "{exports} is a file, not a folder"),
+    ("a-link-to-nothing", lambda d: d.symlink_to("/nonexistent/x"),
+     "a symbolic link to nothing (/nonexistent/x)"),
+    ("a-link-loop", lambda d: d.symlink_to(d.name), "a symbolic link loop"),
+]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize(("make", "words"), [c[1:] for c in EXPORT_FOLDERS],
+                         ids=[c[0] for c in EXPORT_FOLDERS])  # fmt: skip
+def test_an_export_folder_that_cannot_hold_files_says_why(
+    make: Callable[[Path], object], words: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``tune best`` said "results/demo/exports/trial-0: Not a directory" (exit 1) of a file
+    named ``exports``, and "File exists" of a link to nothing or a loop at ``trial-0``."""
+    from tests.report.test_exports import record_measured
+    from tuner.space.enumerate import iter_configs
+    from tuner.spec.file import load_study
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("demo")
+    record_measured(spec, tmp_path / "results", [(next(iter_configs(spec)), 1.0)])
+    folder = Path("results", "demo", "exports", "trial-0")
+    folder.parent.mkdir()
+    make(folder)
+    assert main(["best", "--study", "demo"]) == 2
+    shown = words.format(exports=tmp_path / folder.parent)
+    assert (
+        capsys.readouterr().err == f"tune: error: cannot write the export to {folder}: {shown}\n"
+    )

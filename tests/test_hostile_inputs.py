@@ -119,6 +119,11 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("nan-gpu-memory", changed("cluster.gpu_memory_gib", float("nan")), "cluster.gpu_memory_gib"),
     ("inf-timeout", changed("search.trial_timeout_min", float("inf")), "search.trial_timeout_min"),
     ("neg-inf-headroom", changed("search.memory_headroom", float("-inf")), "memory_headroom"),
+    # tune run: numpy's "Seed must be between 0 and 2**32 - 1" traceback from every sampler
+    ("seed-2-to-the-40", changed("search.seed", 2**40), "search.seed: must be from 0 to"),
+    ("seed-negative", changed("search.seed", -1), "search.seed: must be from 0 to 4,294,967,295"),
+    # tune run: the heartbeat thread's wait overflowed (a traceback, then no heartbeats)
+    ("heartbeat-1e30", changed("search.heartbeat_s", 1e30), "search.heartbeat_s: must be at most"),
     ("nan-ssh-timeout", changed("cluster.ssh", {"connect_timeout_s": float("nan")}),
      "cluster.ssh.connect_timeout_s: must be a finite number"),
     ("name-dotdot", changed("name", ".."), "name: '..' must be a plain name"),
@@ -656,7 +661,7 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         (["best", "--study", str(path), "--trial", "x"], "--trial: expected a whole number"),
         # a ValueError traceback from the list's int() before
         (["profile", "--study", str(path), "--message-bytes", "4096,abc"], "--message-bytes"),
-        (["profile", "--study", str(path), "--repeats", "0"], "--repeats: must be >= 1"),
+        (["profile", "--study", str(path), "--repeats", "0"], "--repeats: must be 1 to 1,000"),
         # the last --set silently won
         (["estimate", "--study", str(path), "--set", "tp=2", "--set", "tp=4"], "given twice"),
         (["estimate", "--study", str(path), "--set", "mbs=1", "--set", "micro_batch_size=2"],
@@ -732,7 +737,7 @@ def test_a_bare_postgresql_url_takes_the_installed_driver(monkeypatch: pytest.Mo
 
     import sqlalchemy as sa
 
-    from tuner.study import storage
+    from tuner.study import url as where
 
     url = "postgresql://u@db/tuner"
     cases = (
@@ -749,15 +754,15 @@ def test_a_bare_postgresql_url_takes_the_installed_driver(monkeypatch: pytest.Mo
             "find_spec",
             lambda name, found=installed: object() if name in found else None,
         )
-        assert storage.postgres_driver(url) == expected, (default, installed)
+        assert where.postgres_driver(url) == expected, (default, installed)
         assert (
-            storage.postgres_driver("postgresql+psycopg://u@db/t") == "postgresql+psycopg://u@db/t"
+            where.postgres_driver("postgresql+psycopg://u@db/t") == "postgresql+psycopg://u@db/t"
         )
     monkeypatch.undo()
-    assert storage.postgres_driver(url) in (url, "postgresql+psycopg2://u@db/tuner")  # this one
+    assert where.postgres_driver(url) in (url, "postgresql+psycopg2://u@db/tuner")  # this one
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(StudyError, match=r"no PostgreSQL driver is installed \(pip install"):
-        storage.postgres_driver(url)
+        where.postgres_driver(url)
 
 
 @pytest.mark.timeout(HANG_GUARD_S)

@@ -75,7 +75,7 @@ def test_bounds_are_read_from_the_checks() -> None:
 
 
 def test_the_cli_reference_has_every_command_and_option() -> None:
-    from tuner.cli.main import build_parser
+    from tuner.cli.commands import build_parser
 
     text = cli_reference()
     parser = build_parser()[0]

@@ -62,3 +62,29 @@ def test_node_hours_never_show_a_spent_figure_as_zero() -> None:
     assert [units.node_hours(v) for v in (31.934, 1.0, 0.1234, 0.0021, 0.0, 1234.5)] == [
         "31.93", "1.00", "0.12", "0.0021", "0", "1,234.50"]  # fmt: skip
     assert units.node_hours(0.5) == "0.50"  # the trailing zero kept: 0.5 beside 0.53 misread
+
+
+def test_the_framework_probes_tables_spell_a_point_as_every_table_does() -> None:
+    """``tune profile --probe``'s runs table spelled its points from their keys (``pp=1 dp=2
+    gbs=16 recompute=none zero=0``) beside its terms table's own ``none zero0``, and ``tune
+    estimate`` said ``measured at tp1 mbs2 none zero0``: the one spelling now, whose knobs a
+    probed point has (no dp, no ga: the point stands for every config sharing its knobs)."""
+    from tests.test_stack_terms import probe_rows, spec_of
+    from tuner.cli.probe import runs_grid, terms_grid
+    from tuner.profile.stack_terms import derive_terms
+
+    spec = spec_of()
+    rows = probe_rows(spec)
+    runs = runs_grid(spec, {"rows": rows, "created": "2026-01-01T00:00:00+00:00"})
+    assert runs.constant == "tp1, mbs2"
+    assert [(r[0], r[1]) for r in runs.rows] == [
+        ("pp1 dp2 ga2 zero0", "1"), ("pp1 dp2 ga2 zero0", "4"),
+        ("pp1 dp2 ga4 zero0", "1"),  # the base point at twice the global batch
+        ("pp1 dp2 ga2 zero1", "4"), ("pp1 dp2 ga2 full:uniform:1 zero0", "4"),
+        ("pp2 dp1 ga4 zero0", "1"),
+    ]  # fmt: skip
+    points = derive_terms(spec, rows).points
+    terms = terms_grid(points, spec.framework)
+    assert terms.constant == "tp1, mbs2"
+    assert [r[0] for r in terms.rows] == ["pp1 zero0", "pp1 zero1", "pp1 full zero0", "pp2 zero0"]
+    assert [p.label for p in points][:2] == ["tp1 pp1 mbs2", "tp1 pp1 mbs2 zero1"]

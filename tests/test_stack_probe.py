@@ -107,7 +107,7 @@ def test_the_probe_measures_the_standin_and_estimate_reproduces_its_surface(
 
     assert main(["estimate", "--study", str(path), "--set", "pp=1", "--set", "distopt=false"]) == 0
     out = capsys.readouterr().out
-    assert "layer_time: measured at tp1 mbs2 none zero0" in out
+    assert "layer_time: measured at tp1 pp1 mbs2, spread" in out
     assert "optimizer_step: catalog" in out
 
 

@@ -436,6 +436,8 @@ def test_probe_check_prints_measured_over_predicted_per_trial(
     # what `make demo` prints last: its depths as the probe ran them (it said "1-2 layers" of a
     # probe at 1 and 4), and at 80 columns a table that fits (its rows were 96 wide)
     assert "at {} and {} layers".format(*probe_depths(spec)) in out
+    # a CPU study: why its peaks read 1.000, said once (a newcomer took it for a fitted figure)
+    assert out.count("peak on CPU: both sides are one tensor accounting") == 1
     monkeypatch.setenv("COLUMNS", "80")
     assert probe_check(["--study", "standin", "--results", str(tmp_path / "results")]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -753,5 +755,5 @@ def test_the_saved_probe_prints_whole_in_80_columns(
     terms = study_terms(spec, tmp_path / "results")
     for p in terms.points:  # every measured layer time and rest, whole
         assert f"x{p.layer_scale:.3f}" in out and f"x{p.fixed_scale:.3f}" in out
-    assert "zero=1" in out and "pp=2" in out  # what tells the runs apart
+    assert " zero1" in out and "pp2 " in out and "=" not in out  # what tells the runs apart
     assert "-: not measured at that point, the catalog's figure" in out

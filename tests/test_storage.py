@@ -20,7 +20,8 @@ from tuner.cli.main import main
 from tuner.layout import ResultsLayout
 from tuner.study.driver import CONNECT_TIMEOUT_S, KEEPALIVE, connect_args
 from tuner.study.leases import _SQLBackend
-from tuner.study.storage import creation_lock, open_storage, resolve_url
+from tuner.study.storage import creation_lock, open_storage
+from tuner.study.url import resolve_url
 
 
 @pytest.fixture

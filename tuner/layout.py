@@ -19,6 +19,7 @@ The same layout, rooted elsewhere, describes the trial directory on a remote nod
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,3 +297,26 @@ class ClusterLayout:
     def stack_probe(self, study: str) -> TrialPaths:
         """The framework probe's job directory, laid out as a trial's."""
         return TrialPaths(self.dir / f"{self.name}.{study}.stack")
+
+
+def folder_problem(text: str) -> str | None:
+    """Why the folder ``text`` (``--results DIR``, the default ``./results``, an export's) cannot
+    hold files, None when it can (made when missing): a symbolic link loop on the way, a link
+    to nothing (a write through it made its target, a folder where the user meant another file
+    system), a file ("Not a directory" from ``tune profile``, exit 1; "no results yet" from
+    ``tune leaderboard``)."""
+    path = Path(text).expanduser()
+    try:
+        path.resolve()  # Python 3.11: RuntimeError on a loop; 3.13: OSError (ELOOP)
+        given = path.absolute()
+        for p in (given, *given.parents):
+            where = "" if p == given else f"{p} is "
+            if p.is_symlink() and not p.exists():
+                return f"{where}a symbolic link to nothing ({os.readlink(p)})"
+            if p.exists():
+                return None if p.is_dir() else f"{where}a file, not a folder"
+    except (RuntimeError, OSError) as exc:
+        return (
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
+        )
+    return None

@@ -175,3 +175,28 @@ def test_a_fifo_read_as_out_gets_the_whole_page(study_run: StudyRun, tmp_path: P
     reader.join(60)
     assert tune(study_run, "--out", str(tmp_path / "plain.html")) == 0
     assert got == [(tmp_path / "plain.html").read_bytes()]
+
+
+def test_a_report_stopped_mid_write_leaves_the_last_one_whole(
+    study_run: StudyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A full disk (or Ctrl-C) while the page was written again cut the last good report
+    short in place; a link given as --out stays a link to the file it names."""
+    import errno
+
+    (link := tmp_path / "link.html").symlink_to("r.html")
+    assert tune(study_run, "--out", str(link)) == 0
+    before = (tmp_path / "r.html").read_bytes()
+    real = Path.write_text
+
+    def half_then_full(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        real(self, data[: len(data) // 2], encoding="utf-8")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    assert tune(study_run, "--out", str(link)) == 1
+    monkeypatch.undo()
+    assert capsys.readouterr().err.endswith("No space left on device\n")
+    assert (tmp_path / "r.html").read_bytes() == before and link.is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["link.html", "r.html"]  # no half-written copy

@@ -230,9 +230,9 @@ def test_the_report_reads_storage_and_never_the_loop() -> None:
     from tests.test_structure import _graph
 
     graph = _graph()
-    loop = {"tuner.study.loop", "tuner.cli.main", "tuner.study.screen", "tuner.study.schedule",
-            "tuner.study.record", "tuner.study.recovery", "tuner.study.leases",
-            "tuner.cli.progress"}  # fmt: skip
+    loop = {"tuner.study.loop", "tuner.cli.main", "tuner.cli.commands", "tuner.study.screen",
+            "tuner.study.schedule", "tuner.study.record", "tuner.study.recovery",
+            "tuner.study.leases", "tuner.cli.progress"}  # fmt: skip
     report = [name for name in graph if name.startswith("tuner.report")]
     assert "tuner.report.data" in report
     for name in report:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import logging
 import math
 import shlex
 import statistics
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -419,10 +421,14 @@ def _keep(path: Path, stamp: tuple[int, int, int, int], calibration: Calibration
 def save_calibration(calibration: Calibration, path: Path) -> None:
     """Write ``calibration`` (atomically: a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.dump(calibration.to_dict(), Dumper=_DUMPER, sort_keys=False))
-    stamp = _stamp(tmp)  # the replace keeps the inode, size and time
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # a writer's own
+    try:
+        tmp.write_text(yaml.dump(calibration.to_dict(), Dumper=_DUMPER, sort_keys=False))
+        stamp = _stamp(tmp)  # the replace keeps the inode, size and time
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _keep(path, stamp, calibration)
 
 
@@ -459,14 +465,19 @@ def record_study(
 ) -> Calibration:  # fmt: skip
     """Add a study's measured trials to its cluster's calibration and save it."""
     layout = cluster_layout(spec, results)
-    saved = load_calibration(layout.calibration_yaml, layout.name)
     new = observations_from_trials(
         spec.name, setup_fingerprint(spec), trials, gpu_gib, memory_fingerprint(spec)
     )
+    path = layout.calibration_yaml
     if not new:
-        return saved
-    merged = saved.merged(new, now or dt.datetime.now(dt.UTC))
-    save_calibration(merged, layout.calibration_yaml)
+        return load_calibration(path, layout.name)
+    # Read, merge and write under one lock: the workers of a study end together, and one's
+    # write dropped what another had written after it read (their .tmp was one name, too).
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.with_name(path.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        merged = load_calibration(path, layout.name).merged(new, now or dt.datetime.now(dt.UTC))
+        save_calibration(merged, path)
     return merged
 
 

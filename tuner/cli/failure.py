@@ -30,7 +30,7 @@ def exit_status(exc: BaseException) -> int | None:
     if _from_storage(exc):
         # Opening worked but reading did not: the file at the study's storage path is some other
         # program's SQLite database, or a schema Optuna cannot read. Bad input, not a crash.
-        from tuner.study.storage import root_cause
+        from tuner.study.url import root_cause
 
         why = "another program's database, or a schema this Optuna cannot read?"
         sys.stderr.write(

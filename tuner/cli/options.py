@@ -1,5 +1,5 @@
 """The command line's parser class and the options and value types more than one ``tune``
-subcommand shares (kept apart from :mod:`tuner.cli.main` so that a subcommand's module can use
+subcommand shares (kept apart from :mod:`tuner.cli.commands` so that a subcommand's module can use
 them without importing the whole command line)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import difflib
 import re
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
+from tuner.layout import folder_problem
 from tuner.outcome import Outcome
 
 
@@ -80,8 +80,14 @@ class Parser(argparse.ArgumentParser):
         """argparse's, but an option the command does not take (``tune leaderboard --json``)
         points at that command's ``--help``, not ``tune --help``, which does not list it."""
         known, extras = self.parse_known_args(args, namespace)
+        command = getattr(known, "command", None)
+        if not extras and "results" not in known and "--results" in self._options(command):
+            problem = folder_problem(RESULTS_DEFAULT)  # what a type checks for --results DIR
+            if problem is not None:
+                self.exit(2, f"tune: error: the default results folder ./{RESULTS_DEFAULT}: "
+                             f"{problem}; give --results DIR (see {self.prog} {command} "
+                             "--help)\n")  # fmt: skip
         if extras:
-            command = getattr(known, "command", None)
             prog = f"{self.prog} {command}" if command else self.prog
             hint = ""
             if extras[0].startswith("--"):  # `--colums`: the option it is nearest to
@@ -135,15 +141,17 @@ def add_format_option(
                             help="one JSON object on stdout (same as --format json)")  # fmt: skip
 
 
+RESULTS_DEFAULT = "results"
+"""The results folder of a command given no ``--results`` (``./results``)."""
+
+
 def folder(text: str) -> str:
-    """An argparse ``type``: a folder's path as given, refused when it cannot be resolved (a
-    symbolic link loop on the way: ``--results LOOP`` was a RuntimeError's traceback from the
-    first command that resolved it, exit 1)."""
-    try:
-        Path(text).expanduser().resolve()
-    except (RuntimeError, OSError) as exc:  # Python 3.11: RuntimeError; 3.13: ELOOP
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
-        raise argparse.ArgumentTypeError(f"{text}: {why}") from None
+    """An argparse ``type``: a results folder's path as given, refused when it cannot hold
+    results (:func:`folder_problem`): ``--results LOOP`` was a RuntimeError's traceback from the
+    first command that resolved it, exit 1."""
+    problem = folder_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
 
 

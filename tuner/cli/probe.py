@@ -39,7 +39,7 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
         return 0
     console = _console()
     render.render(console, runs_grid(spec, data))
-    render.render(console, terms_grid(terms.points))
+    render.render(console, terms_grid(terms.points, spec.framework))
     versions = ", ".join(f"{k} {v}" for k, v in data["versions"].items())
     console.print(f"stack: {versions or 'versions not reported'}")
     console.print(f"probe cost: {cost['wall_s'] / 60:.2f} min on {cost['nodes']} node(s), "
@@ -71,43 +71,41 @@ CATALOG_CELL = "-"
 """A term the point did not measure: the catalog's (said under the table)."""
 
 
-def _differing(keys: list[str]) -> tuple[str, list[str]]:
-    """Config keys (``tp=1,pp=1,...``): the fields equal in every key, and each key's fields that
-    differ (``pp=2 gbs=16``); all keys share most fields, which cut every row to an ellipsis."""
-    fields = [dict(f.partition("=")[::2] for f in k.split(",")) for k in keys]
-    names = list(dict.fromkeys(n for f in fields for n in f))
-    varying = [n for n in names if len({f.get(n) for f in fields}) > 1]
-    same = ", ".join(f"{n}={fields[0][n]}" for n in names if n not in varying)
-    rows = [" ".join(f"{n}={f.get(n, '')}" for n in varying) or "the base point" for f in fields]
-    return same, rows
-
-
 def runs_grid(spec: StudySpec, data: dict[str, Any]) -> Grid:
-    """The probe's runs, one row each."""
+    """The probe's runs, one row each, spelled as every table spells a config
+    (:func:`tuner.config.spelling.split_constant`; the rows' keys said ``tp=1 pp=2 gbs=16``
+    beside the terms' ``tp1 mbs2``)."""
+    from tuner.config.spelling import split_constant
+    from tuner.profile.stack_terms import probe_configs
+
     rows = data["rows"]
-    same, points = _differing([r.key for r in rows])
+    configs, _ = probe_configs(spec, {r.key for r in rows})  # found: the probe was checked
+    same, points = split_constant([configs[r.key] for r in rows], spec.framework)
     return Grid(
         title=f"framework probe of {spec.name}: {len(rows)} runs at reduced depth, one job, "
         f"{data['created']}",
         columns=RUN_COLUMNS, constant=same, choosable=False,
-        rows=tuple((p, str(r.depth), f"{r.step_s:.4g}", f"{_spread(r.samples_s):.1%}",
-                    f"{r.peak_gib:.4g}") for p, r in zip(points, rows, strict=True)),
+        rows=tuple((p or "the base point", str(r.depth), f"{r.step_s:.4g}",
+                    f"{_spread(r.samples_s):.1%}", f"{r.peak_gib:.4g}")
+                   for p, r in zip(points, rows, strict=True)),
     )  # fmt: skip
 
 
-def terms_grid(points: Any) -> Grid:
-    """The terms each probed point measured, as measured / the catalog's figure."""
-    labels = [p.label.split() for p in points]
-    shared = [w for w in labels[0] if all(w in words for words in labels)] if labels else []
+def terms_grid(points: Any, framework: str | None = None) -> Grid:
+    """The terms each probed point measured, as measured / the catalog's figure; the points
+    spelled as :func:`runs_grid` spells the runs (their knobs: :data:`POINT_KNOBS`)."""
+    from tuner.config.spelling import split_constant
+    from tuner.models.stack import POINT_KNOBS
+
+    shared, labels = split_constant([p.config for p in points], framework, POINT_KNOBS)
     rows = []
-    for p, words in zip(points, labels, strict=True):
+    for p, label in zip(points, labels, strict=True):
         scales = (p.layer_scale, p.fixed_scale, p.step_scale, p.overhead_scale,
                   p.activation_scale, p.extras_scale, p.states_scale)  # fmt: skip
-        label = " ".join(w for w in words if w not in shared) or "base"
-        rows.append((label, *(_x(v) for v in scales), f"{p.time_spread:.1%}"))
+        rows.append((label or "base", *(_x(v) for v in scales), f"{p.time_spread:.1%}"))
     return Grid(
         title="measured / catalog, per probed point (the models compose these)",
-        columns=TERM_COLUMNS, rows=tuple(rows), constant=" ".join(shared), choosable=False,
+        columns=TERM_COLUMNS, rows=tuple(rows), constant=shared, choosable=False,
         notes=(f"{CATALOG_CELL}: not measured at that point, the catalog's figure",
                *_expert_note(points)),
     )  # fmt: skip

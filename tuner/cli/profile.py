@@ -1,5 +1,6 @@
 """``tune profile`` and ``tune calibrate``, and the calibrated lines of ``space``, ``estimate``
-and ``run --dry-run``. Registered by :mod:`tuner.cli.main`; thin like it: parse, call, print."""
+and ``run --dry-run``. Registered by :mod:`tuner.cli.commands`; thin like it: parse, call,
+print."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tuner.cli.options import whole, wholes
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
+from tuner.spec.bounds import MAX_REPEATS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
@@ -97,10 +99,16 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
 
     from tuner.profile.plan import ProbeOptions
     from tuner.profile.run import run_probe
+    from tuner.space.enumerate import study_gpu
     from tuner.study.loop import make_executor
 
-    # the parser bounds --warmup (>= 0), --repeats (>= 1) and each --message-bytes (>= 1)
+    # the parser bounds --warmup and --repeats and each --message-bytes from below; a message
+    # no GPU can hold failed in the job, a torchrun error's last line ("error_file: <N/A>")
     sizes = args.message_bytes
+    memory = study_gpu(spec).memory_gib * 2**30
+    if sizes is not None and max(sizes) > memory:
+        raise ConfigError(f"{max(sizes):,} bytes: more than a {spec.cluster.gpu_name}'s "
+                          f"memory ({memory:,.0f} bytes)", path="--message-bytes")  # fmt: skip
     options = ProbeOptions(warmup=args.warmup, repeats=args.repeats, message_bytes=sizes)
     executor = make_executor(spec)
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
@@ -395,8 +403,10 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     p = sub.add_parser("profile", help="measure the cluster's GEMM and collective speeds")
     p.add_argument("--study", help="profile this study's cluster for its model and space")
     p.add_argument("--cluster", metavar="FILE", help="a cluster file (cluster:, model:, ...)")
-    p.add_argument("--warmup", type=whole(0), default=3, help="untimed repetitions (default 3)")
-    p.add_argument("--repeats", type=whole(1), default=10, help="timed repetitions (default 10)")
+    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=3,
+                   help="untimed repetitions (default 3)")  # fmt: skip
+    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=10,
+                   help="timed repetitions (default 10)")  # fmt: skip
     p.add_argument(
         "--message-bytes",
         metavar="N[,N]",

@@ -319,7 +319,7 @@ def missing_option_help(parser: argparse.ArgumentParser | None = None) -> list[s
 
 
 def _tune_parser() -> argparse.ArgumentParser:
-    from tuner.cli.main import build_parser
+    from tuner.cli.commands import build_parser
 
     return build_parser()[0]
 

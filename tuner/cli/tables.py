@@ -1,6 +1,6 @@
 """What ``tune`` prints: rich tables of estimates, spaces and leaderboards, and JSON.
 
-Shared by ``tuner.cli.main`` and ``tuner.cli.profile`` (which cannot import the CLI itself).
+Shared by ``tuner.cli.commands`` and ``tuner.cli.profile`` (which cannot import the CLI itself).
 """
 
 from __future__ import annotations

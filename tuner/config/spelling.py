@@ -13,7 +13,7 @@ and docs/output.md print it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
@@ -52,6 +52,8 @@ def _flag(word: str, get: Callable[[ParallelConfig], bool]) -> Callable[[Paralle
 
 
 def _recompute(c: ParallelConfig) -> str:
+    if c.recompute == "full" and c.recompute_method is None:  # a probed point's: no method
+        return "full"
     return "" if c.recompute == "none" else c.recompute_setting
 
 
@@ -61,6 +63,10 @@ def _split(c: ParallelConfig) -> str:
 
 def _dispatcher(c: ParallelConfig) -> str:
     return "" if c.moe_token_dispatcher == "alltoall" else c.moe_token_dispatcher
+
+
+RECOMPUTE_KNOB = "selective / full:METHOD:N"
+"""The recompute knob's name in :data:`KNOBS`."""
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -88,7 +94,7 @@ KNOBS: tuple[Knob, ...] = (
          token=_value("mbs", lambda c: c.micro_batch_size), default=""),
     Knob(name="ga", meaning="gradient accumulation steps (micro-batches per step)",
          token=_value("ga", lambda c: c.num_microbatches), default=""),
-    Knob(name="selective / full:METHOD:N",
+    Knob(name=RECOMPUTE_KNOB,
          meaning="activation recompute (selective: attention core; full: whole layers, "
          "uniform or block, N layers)", token=_recompute, default="", off="no recompute"),
     Knob(name="distopt", meaning="Megatron distributed optimizer (states sharded over dp)",
@@ -113,35 +119,49 @@ KNOBS: tuple[Knob, ...] = (
 )  # fmt: skip
 
 
-def tokens(config: ParallelConfig) -> list[str]:
-    """Every knob's token, in :data:`KNOBS` order (``""`` for an on/off knob that is off)."""
-    return [knob.token(config) for knob in KNOBS]
+def _knobs(only: Collection[str]) -> tuple[Knob, ...]:
+    """The knobs named ``only``, in :data:`KNOBS` order; every knob when ``only`` is empty."""
+    unknown = set(only) - {knob.name for knob in KNOBS}
+    if unknown:
+        raise ValueError(f"no knob named {sorted(unknown)} in the spelling")
+    return tuple(k for k in KNOBS if not only or k.name in only)
 
 
-def spell(config: ParallelConfig) -> str:
-    """One config on its own: every knob not at its default (``tp4 pp4 dp32 vp4 sp mbs1 ga32``)."""
-    words = [t for knob, t in zip(KNOBS, tokens(config), strict=True) if t and t != knob.default]
+def tokens(config: ParallelConfig, only: Collection[str] = ()) -> list[str]:
+    """Each knob's token (of those named ``only``, else all), in :data:`KNOBS` order (``""`` for
+    an on/off knob that is off)."""
+    return [knob.token(config) for knob in _knobs(only)]
+
+
+def spell(config: ParallelConfig, only: Collection[str] = ()) -> str:
+    """One config on its own: every knob not at its default (``tp4 pp4 dp32 vp4 sp mbs1 ga32``);
+    ``only``: the knobs a partial config has (a framework probe's point: no dp, no ga)."""
+    knobs = _knobs(only)
+    words = [t for knob, t in zip(knobs, tokens(config, only), strict=True)
+             if t and t != knob.default]  # fmt: skip
     return " ".join(words)
 
 
 def split_constant(
-    configs: Sequence[ParallelConfig], framework: str | None = None
+    configs: Sequence[ParallelConfig], framework: str | None = None, only: Collection[str] = ()
 ) -> tuple[str, list[str]]:
     """Several configs (a table's rows): the knobs equal in every row, spelled once and separated
     by commas (``tp1, no sp, distopt``), and each row's spelling of the knobs that differ. One row:
     nothing constant, the row spelled whole. With the rows' ``framework``, an on/off knob it does
-    not have is not named as off (a DeepSpeed table said ``no sp, no tpo, no distopt``)."""
+    not have is not named as off (a DeepSpeed table said ``no sp, no tpo, no distopt``);
+    ``only``: as for :func:`spell`."""
     t = traits(framework) if framework is not None else None
     if len(configs) < 2:
-        return "", [spell(c) for c in configs]
+        return "", [spell(c, only) for c in configs]
+    knobs = _knobs(only)
     # each config object's tokens made once (a leaderboard's rows share a config's object
     # between the trials that measured it: thousands of rows, a few hundred configs)
     made: dict[int, list[str]] = {}
-    rows = [made.get(id(c)) or made.setdefault(id(c), tokens(c)) for c in configs]
+    rows = [made.get(id(c)) or made.setdefault(id(c), tokens(c, only)) for c in configs]
     distinct = list(made.values())
-    varying = [len({row[i] for row in distinct}) > 1 for i in range(len(KNOBS))]
+    varying = [len({row[i] for row in distinct}) > 1 for i in range(len(knobs))]
     constant = []
-    for i, knob in enumerate(KNOBS):
+    for i, knob in enumerate(knobs):
         if varying[i]:
             continue
         token = rows[0][i]

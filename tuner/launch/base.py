@@ -237,11 +237,17 @@ class Executor(abc.ABC):
 
 
 def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> None:
-    # Write-then-rename: a loopback node may be reading the same file while another writes it.
+    """``path`` holds ``content`` whole or is as it was: written beside it, then renamed over it
+    (a loopback node may be reading the same file while another writes it; a Ctrl-C or a full
+    disk mid-write left a file cut short). The half-written copy is removed on any failure."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(content)
-    tmp.chmod(mode)
-    tmp.replace(path)
+    try:
+        tmp.write_text(content, encoding="utf-8")
+        tmp.chmod(mode)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class Job:

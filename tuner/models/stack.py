@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
+from tuner.config.spelling import RECOMPUTE_KNOB, spell
 from tuner.models.memory.breakdown import MemoryBreakdown, PhaseMemory, StageMemory
 from tuner.models.moe import framework_moe, moe_layer_flags
 from tuner.models.rates import Rates
@@ -46,6 +47,11 @@ MEMORY_TERMS = (
 )  # fmt: skip
 TERMS = TIME_TERMS + MEMORY_TERMS
 """Every term an estimate reports the source of (:meth:`StackTerms.sources`)."""
+
+
+POINT_KNOBS = ("tp", "cp", "pp", "ep", "mbs", RECOMPUTE_KNOB, "zero", "distopt")
+"""The knobs that tell the probe's points apart (:class:`StackPoint`), as the spelling names
+them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,14 +110,19 @@ class StackPoint:
     """Relative spread of the probe's peak-memory figures over its ranks."""
 
     @property
+    def config(self) -> ParallelConfig:
+        """The point's knobs as a config (the others at their defaults: a point is not one
+        config but every config that shares its :data:`POINT_KNOBS`)."""
+        return ParallelConfig(tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep,
+                              micro_batch_size=self.mbs, recompute=self.recompute,  # type: ignore[arg-type]
+                              zero_stage=self.zero_stage,
+                              distributed_optimizer=self.distopt)  # fmt: skip
+
+    @property
     def label(self) -> str:
-        """How estimates name the point: ``tp1 mbs2 none zero0``."""
-        cp = f" cp{self.cp}" if self.cp > 1 else ""
-        ep = f" ep{self.ep}" if self.ep > 1 else ""
-        shard = " distopt" if self.distopt else ""
-        pp = f" pp{self.pp}" if self.pp > 1 else ""
-        return (f"tp{self.tp}{cp}{pp}{ep} mbs{self.mbs} {self.recompute} "
-                f"zero{self.zero_stage}{shard}")  # fmt: skip
+        """How estimates name the point, in the spelling of every config a person reads
+        (:mod:`tuner.config.spelling`): ``tp1 pp1 mbs2``."""
+        return spell(self.config, POINT_KNOBS)
 
     def distance(self, config: ParallelConfig) -> float:
         """How far ``config`` is from this point: recomputation weighs most (it changes what a

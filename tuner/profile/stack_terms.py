@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,22 +284,31 @@ def _point(
     )  # fmt: skip
 
 
-def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None = None,
-                 where: str = "") -> StackTerms:  # fmt: skip
-    """The measured terms of the probe's ``rows`` for ``spec`` (``rates``: the cluster
-    profile's, or the catalog's); a row whose config is not in the space is foreign."""
-    rates = rates or catalog_rates(study_gpu(spec), spec.training.precision)
+def probe_configs(
+    spec: StudySpec, keys: Collection[str]
+) -> tuple[dict[str, ParallelConfig], dict[str, ParallelConfig]]:
+    """The configs of ``spec``'s space by key, with those of the probe's row ``keys`` that are
+    a base point's run at more micro-batches per step (:data:`tuner.profile.probe.BATCH_SCALE`);
+    and those runs alone. A key of neither is a foreign row's."""
     configs = {c.key(): c for c in iter_configs(spec)}
-    # the base points' runs at more micro-batches per step (tuner.profile.probe.BATCH_SCALE)
     wides: dict[str, ParallelConfig] = {}
-    if {r.key for r in rows} - configs.keys():
+    if set(keys) - configs.keys():
         for c in configs.values():
             if c.pp == 1:
                 gbs = c.global_batch_size * BATCH_SCALE
                 scaled = dataclasses.replace(c, global_batch_size=gbs)
                 wides[scaled.key()] = scaled
-        wides = {k: c for k, c in wides.items() if k in {r.key for r in rows}}
+        wides = {k: c for k, c in wides.items() if k in keys}
         configs.update(wides)
+    return configs, wides
+
+
+def derive_terms(spec: StudySpec, rows: Sequence[ProbeRow], rates: Rates | None = None,
+                 where: str = "") -> StackTerms:  # fmt: skip
+    """The measured terms of the probe's ``rows`` for ``spec`` (``rates``: the cluster
+    profile's, or the catalog's); a row whose config is not in the space is foreign."""
+    rates = rates or catalog_rates(study_gpu(spec), spec.training.precision)
+    configs, wides = probe_configs(spec, {r.key for r in rows})
     by_key: dict[str, dict[int, ProbeRow]] = {}
     for row in rows:
         if row.key not in configs:

@@ -62,12 +62,25 @@ def write_report(
         parts = sections(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        path.write_text(render(data, parts), encoding="utf-8")
+        _write_page(path, render(data, parts))
     except OSError as exc:  # a full disk's write error names no file: say which one
         exc.filename = exc.filename or str(path)
         raise
     logger.info("report of %s written to %s", spec.name, path)
     return Written(path, parts, data)
+
+
+def _write_page(path: Path, text: str) -> None:
+    """The page written whole or the file left as it was (a report written again and stopped
+    by Ctrl-C or a full disk cut the last good one short in place): beside it, then renamed
+    over it, through a symbolic link to its target. A FIFO or a device (``--out /dev/stdout``)
+    is written as it is: it cannot be renamed over, and holds nothing to lose."""
+    if path.is_fifo() or path.is_char_device() or path.is_block_device():
+        path.write_text(text, encoding="utf-8")
+        return
+    from tuner.launch.base import write_atomic
+
+    write_atomic(path.resolve() if path.is_symlink() else path, text)
 
 
 def write_pngs(parts: list[Section], directory: Path) -> list[Path]:

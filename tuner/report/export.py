@@ -30,11 +30,12 @@ from optuna.trial import FrozenTrial
 from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError
+from tuner.launch.base import write_atomic
 from tuner.launch.export_script import MasterSources, comment_block, launch_script
 from tuner.launch.megatron_flags import deepspeed_script_flags
 from tuner.launch.slurm_script import MASTER_PLACEHOLDER, best_batch_script
 from tuner.launch.templates import TemplateRenderer, deepspeed_config
-from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout
+from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout, folder_problem
 from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
 from tuner.report.leaderboard import best_trial, leaderboard_row, megatron_args, stored_trials
@@ -129,7 +130,12 @@ class TrialRecord:
             warmup = min(spec.launch.warmup_iters, train_iters - 1)
             launch = dataclasses.replace(spec.launch, train_iters=train_iters, warmup_iters=warmup)
             spec = dataclasses.replace(spec, launch=launch)
-        self.paths.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.paths.dir.mkdir(parents=True, exist_ok=True)
+        except OSError:  # "trial-3: Not a directory" for a file named exports, "File exists"
+            if (problem := folder_problem(str(self.paths.dir))) is None:
+                raise
+            raise ConfigError(f"cannot write the export to {self.paths.dir}: {problem}") from None
         writer = {
             "script": _script, "sbatch": _sbatch, "args": _args, "ds-config": _ds_config,
             "bridge-overrides": _bridge_overrides, "bridge-recipe": _bridge_recipe,
@@ -264,7 +270,7 @@ def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[
     if rendered.files:
         files_dir.mkdir(parents=True, exist_ok=True)
     for name, content in rendered.files.items():
-        (files_dir / name).write_text(content)
+        write_atomic(files_dir / name, content)
         written.append(files_dir / name)
     sources = MasterSources(
         hostfile=spec.cluster.hostfile,
@@ -277,23 +283,21 @@ def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[
 def _script(record: TrialRecord, spec: StudySpec) -> Export:
     paths = record.paths
     text, files = _render_run(record, spec, paths.script_files)
-    paths.script.write_text(text)
-    paths.script.chmod(0o755)
+    write_atomic(paths.script, text, mode=0o755)
     return Export("script", paths.script, text, (paths.script, *files))
 
 
 def _sbatch(record: TrialRecord, spec: StudySpec) -> Export:
     paths = record.paths
     node_text, files = _render_run(record, spec, paths.sbatch_files)
-    paths.sbatch_node.write_text(node_text)
-    paths.sbatch_node.chmod(0o755)
+    write_atomic(paths.sbatch_node, node_text, mode=0o755)
     nodes = len(record.run_hosts())
     text = best_batch_script(
         spec.cluster.slurm, study=spec.name, nodes=nodes,
         comments=comment_block(header(record, spec, nodes)[:-1]),
         node_script=str(paths.sbatch_node.resolve()),
     )  # fmt: skip
-    paths.sbatch.write_text(text)
+    write_atomic(paths.sbatch, text)
     return Export("sbatch", paths.sbatch, text, (paths.sbatch, paths.sbatch_node, *files))
 
 
@@ -316,7 +320,7 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
     paths = record.paths
     words = framework_args(record, spec)
     if traits(spec.framework).megatron_model:
-        paths.args.write_text(shlex.join(words) + "\n")
+        write_atomic(paths.args, shlex.join(words) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
     nodes = ["--nnodes", str(len(record.run_hosts())),
              "--nproc_per_node", str(spec.cluster.gpus_per_node)]  # fmt: skip
@@ -329,15 +333,15 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
         launcher = ["torchrun", *nodes, *target, *spec.launch.script_args,
                     *spec.launch.train_args, *overrides, *spec.launch.extra_args,
                     *flags[-1]]  # fmt: skip
-        paths.args.write_text(shlex.join(launcher) + "\n")
+        write_atomic(paths.args, shlex.join(launcher) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
     # DeepSpeed: the training script's launcher line and the ds_config it names
     paths.args_files.mkdir(exist_ok=True)
     config = paths.args_files / "ds_config.json"
-    config.write_text(json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n")
+    write_atomic(config, json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n")
     script = spec.launch.script or "<launch.script>"
     launcher = ["torchrun", *nodes, script, "--deepspeed_config", str(config.resolve()), *words]
-    paths.args.write_text(shlex.join(launcher) + "\n")
+    write_atomic(paths.args, shlex.join(launcher) + "\n")
     return Export("args", paths.args, paths.args.read_text(), (paths.args, config))
 
 
@@ -347,7 +351,7 @@ def _ds_config(record: TrialRecord, spec: StudySpec) -> Export:
                           path="--emit")  # fmt: skip
     paths = record.paths
     text = json.dumps(deepspeed_config(spec, record.config), indent=2) + "\n"
-    paths.ds_config.write_text(text)
+    write_atomic(paths.ds_config, text)
     return Export("ds-config", paths.ds_config, text, (paths.ds_config,))
 
 
@@ -366,7 +370,7 @@ def _bridge(record: TrialRecord, spec: StudySpec, kind: str) -> Export:
     paths = record.paths
     path = paths.bridge_overrides if kind == "bridge-overrides" else paths.bridge_recipe
     text = bridge.emit(spec, record.config, kind, trial=None if record.best else record.trial)
-    path.write_text(text)
+    write_atomic(path, text)
     return Export(kind, path, text, (path,))
 
 
@@ -376,5 +380,5 @@ def _torchtitan(record: TrialRecord, spec: StudySpec) -> Export:
 
     path = record.paths.torchtitan
     text = torchtitan_export(spec, record.config)
-    path.write_text(text)
+    write_atomic(path, text)
     return Export("torchtitan", path, text, (path,))

@@ -25,7 +25,8 @@ from tuner.spec.study import StudySpec
 from tuner.study.attrs_read import TrialAttrs, completed_trials, read_attrs
 from tuner.study.reader import TrialReader
 from tuner.study.schema import schema_checked
-from tuner.study.storage import open_storage, resolve_url
+from tuner.study.storage import open_storage
+from tuner.study.url import check_arguments, resolve_url
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,12 +82,19 @@ def _opened(
         )
     where = resolve_url(storage, layout)
     local = where.local_file
-    # --storage FILE: not made by a read; a URL with arguments is opened, for the driver to
-    # refuse those it would ignore (sqlite:///x.db?mode=ro) before the file is looked for
-    if local is not None and not local.exists() and "?" not in where.url:
+    # --storage FILE: not made by a read (sqlite:///x.db?timeout=5 was, then said the study was
+    # not in it); arguments the driver would refuse are said first (sqlite:///x.db?mode=ro)
+    if local is not None and not local.exists():
+        if where.journal is None:
+            check_arguments(where)
         raise StudyError(f"no results for study {spec.name!r}: {str(local)!r} does not exist "
                          "(tune run with that --storage makes it)")  # fmt: skip
     stat = local.stat() if local and local.exists() else None
+    if stat is not None and stat.st_size == 0 and where.journal is None:  # `touch x.db`
+        raise StudyError(
+            f"no results for study {spec.name!r}: {str(local)!r} is empty (tune "
+            "run with that --storage makes it)"
+        )  # a read wrote the schema into it
     key = (where.url, spec.name, stat.st_dev if stat else 0, stat.st_ino if stat else 0)
     if key not in _OPENED or not _OPENED[key][1].unchanged():
         with schema_checked():  # no alembic import for a storage at Optuna's head schema

@@ -45,6 +45,8 @@ def _expand_model(raw: object) -> object:
         return raw
     name = raw["preset"]
     presets = _model_presets()
+    if isinstance(name, str):  # any case, as the catalog spells it (as a GPU's name)
+        name = {n.casefold(): n for n in presets}.get(name.casefold(), name)
     if not isinstance(name, str) or name not in presets:
         raise ConfigError(
             f"unknown preset {name!r} (available: {', '.join(sorted(presets))})",

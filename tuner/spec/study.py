@@ -24,6 +24,7 @@ from tuner.spec.bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
 from tuner.spec.bounds import (
     MAX_ITERS,
     MAX_MINUTES,
+    MAX_SEED,
     MAX_TRIALS,
     _at_most,
     _positive,
@@ -191,7 +192,10 @@ class SearchSpec:
 
     def __post_init__(self) -> None:
         _size(self.n_trials, MAX_TRIALS, "n_trials", "each launched run costs node-minutes")
-        _positive(self.heartbeat_s, "heartbeat_s")
+        _positive(self.heartbeat_s, "heartbeat_s")  # 1e30 overflowed the heartbeat's wait
+        _at_most(self.heartbeat_s, MAX_MINUTES * 60, "heartbeat_s", "a week")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:  # numpy: a traceback
+            raise ConfigError(f"must be from 0 to {MAX_SEED:,}, got {self.seed:,}", path="seed")
         if isinstance(self.nodes_per_trial, int):
             _positive(self.nodes_per_trial, "nodes_per_trial")
         _positive(self.trial_timeout_min, "trial_timeout_min")

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from tuner.errors import StorageError
-from tuner.study.storage import root_cause, without_password
+from tuner.study.url import root_cause, without_password
 
 
 class StorageFailure(StorageError):

@@ -29,7 +29,8 @@ import sqlalchemy as sa
 from tuner.layout import ResultsLayout
 from tuner.study.driver import connect_args
 from tuner.study.holder import provably_dead
-from tuner.study.storage import MISSED_BEATS, resolve_url, retrying
+from tuner.study.storage import MISSED_BEATS, retrying
+from tuner.study.url import resolve_url
 
 logger = logging.getLogger(__name__)
 

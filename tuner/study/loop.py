@@ -75,9 +75,9 @@ from tuner.study.storage import (
     open_storage,
     open_study,
     record_heartbeats,
-    resolve_url,
     set_user_attrs,
 )
+from tuner.study.url import resolve_url
 
 logger = logging.getLogger(__name__)
 

@@ -21,18 +21,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
-import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
@@ -50,6 +46,13 @@ from tuner.layout import ResultsLayout
 from tuner.spec.study import StudySpec
 from tuner.study.driver import connect_args
 from tuner.study.journal import mend_journal
+from tuner.study.url import (
+    StorageURL,
+    arguments_refused,
+    resolve_url,
+    root_cause,
+    without_password,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,72 +62,6 @@ FINGERPRINT_ATTR = "tuner_spec_fingerprint"
 T = TypeVar("T")
 MISSED_BEATS = 4
 """Heartbeats a worker may miss before it is taken as dead (Optuna's grace period)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StorageURL:
-    """Where a study lives, resolved: an SQLAlchemy URL or a journal file path."""
-
-    url: str
-    journal: Path | None = None
-
-    @property
-    def local_file(self) -> Path | None:
-        """The database or journal file when it is a file here (SQLite or journal)."""
-        if self.journal is not None:
-            return self.journal
-        if self.url.startswith("sqlite:///"):
-            return Path(self.url.removeprefix("sqlite:///").partition("?")[0])  # the query
-        return None
-
-
-def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
-    """SQLite under results/ by default; an RDB URL; or a journal file (``*.log``/``journal:``)."""
-    if url is None:
-        return StorageURL(f"sqlite:///{layout.storage_path.resolve()}")
-    if url.startswith("journal:") or url.endswith((".log", ".journal")):
-        if url == "journal:":  # Path("") is "."
-            raise StudyError("--storage journal: needs a file: journal:FILE")
-        where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
-    else:
-        where = StorageURL(postgres_driver(url))
-    try:  # stat() raises for a name the system refuses (ENAMETOOLONG)
-        target = where.local_file
-        if target is not None and target.exists() and not target.is_file():
-            if not target.is_dir():  # a FIFO would block the journal's reader for ever
-                raise StudyError(f"cannot open storage {url!r}: not a regular file")
-    except OSError as exc:
-        raise StudyError(f"cannot open storage {url[:100]!r}: {exc.strerror or exc}") from None
-    return where
-
-
-def without_password(url: str) -> str:
-    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``: how a URL is
-    shown in a message or a record (a terminal's scroll-back and CI logs keep what is printed)."""
-    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
-
-
-POSTGRES_DRIVERS = ("psycopg", "psycopg2")
-"""PostgreSQL drivers SQLAlchemy knows (each its module's name); which one a bare
-``postgresql://`` means is the installed SQLAlchemy's (2.1: psycopg 3, 2.0: psycopg2, which the
-``postgres`` extra installs)."""
-
-
-def postgres_driver(url: str) -> str:
-    """A bare ``postgresql://`` URL, with the installed driver named in it where SQLAlchemy's
-    default is missing (``No module named 'psycopg'`` with psycopg2 installed by the
-    ``postgres`` extra); a :class:`StudyError` when no driver is installed."""
-    scheme, sep, rest = url.partition("://")
-    if scheme != "postgresql" or not sep:
-        return url
-    default = sa.dialects.registry.load("postgresql").driver
-    for driver in (default, *(d for d in POSTGRES_DRIVERS if d != default)):
-        if importlib.util.find_spec(driver) is not None:
-            return url if driver == default else f"postgresql+{driver}://{rest}"
-    raise StudyError(
-        f"cannot open storage {scheme}://...: no PostgreSQL driver is installed "
-        "(pip install 'paratune[postgres]' installs psycopg2)"
-    )
 
 
 CREATION_LOCK_SUFFIX = ".create-lock"
@@ -206,10 +143,8 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
             ) from None
 
     def make() -> optuna.storages.RDBStorage:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), arguments_refused():  # not a warning: an error
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # arguments the driver would ignore (sqlite:///x.db?mode=ro): refused, not a warning
-            warnings.filterwarnings("error", "Query string argument", sa.exc.SAWarning)
             return optuna.storages.RDBStorage(
                 where.url,
                 heartbeat_interval=max(1, round(heartbeat_s)),
@@ -218,21 +153,6 @@ def _open(where: StorageURL, heartbeat_s: float) -> optuna.storages.BaseStorage:
             )
 
     return retrying(f"opening {where.url}", make)
-
-
-def root_cause(exc: BaseException) -> str:
-    """The first line of the innermost cause: "database or disk is full", not the wrapper's
-    "(Background on this error at: ...)"."""
-    inner: BaseException = exc
-    while True:
-        # Not __context__: that is whatever was being handled when it was raised (another
-        # trial's file, say), not what made it fail.
-        nxt = getattr(inner, "orig", None) or inner.__cause__
-        if nxt is None or nxt is inner:
-            break
-        inner = nxt
-    text = str(inner).strip().splitlines()
-    return text[0] if text else type(inner).__name__
 
 
 def create_or_load(
