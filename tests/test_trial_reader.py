@@ -260,7 +260,7 @@ def test_statements_run_through_sqlalchemy_read_the_same(
     from tuner.study import reader as module
 
     monkeypatch.setattr(
-        module, "_statement", lambda conn, query: module._Statement(query, None, None)
+        module, "compile_statement", lambda conn, query: module._Statement(query, None, None)
     )
     _, study, reader, optunas = reader_and_optunas(tmp_path)
     running = [study.ask(DISTS) for _ in range(3)]
