@@ -194,62 +194,55 @@ def test_the_table_is_the_old_dataframes_cells(results: str, include_all: bool) 
                 assert cell == B._cell(name, values[at[name]]), name
 
 
+class _Watched(dict[str, Any]):
+    """A trial's attributes that note every key looked up in them in ``read`` (one set for
+    every trial of a test)."""
+
+    def __init__(self, attrs: dict[str, Any], read: set[str]) -> None:
+        super().__init__(attrs)
+        self.read = read
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return super().__contains__(key)
+
+
 def test_the_board_reads_only_the_attributes_it_names(results: str) -> None:
     """What the board's rows read of a trial's attributes is in :data:`BOARD_ATTRS` (what the
     light read fetches), and what says a trial is on the board in :data:`SHOWN_ATTRS`: an
     attribute read but not named would be empty on the board and in the report."""
 
-    class Watched(dict[str, Any]):
-        read: set[str] = set()
-
-        def get(self, key: str, default: Any = None) -> Any:
-            Watched.read.add(key)
-            return super().get(key, default)
-
-        def __getitem__(self, key: str) -> Any:
-            Watched.read.add(key)
-            return super().__getitem__(key)
-
-        def __contains__(self, key: object) -> bool:
-            Watched.read.add(str(key))
-            return super().__contains__(key)
-
+    read: set[str] = set()
     trials = L.stored_trials(SPEC, None, results)
-    watched = [_Watching(t, Watched(t.user_attrs)) for t in trials]
+    watched = [_Watching(t, _Watched(t.user_attrs, read)) for t in trials]
     for t in watched:
         L.on_board(t)
-    assert Watched.read and Watched.read <= set(L.SHOWN_ATTRS)
+    assert read and read <= set(L.SHOWN_ATTRS)
     L.board_rows(SPEC, watched, include_all=True)
     L.why_empty(SPEC, watched)
-    assert Watched.read <= set(L.BOARD_ATTRS), Watched.read - set(L.BOARD_ATTRS)
-    assert {"proxy_step_s", "objective", "launched", "hosts"} <= Watched.read
+    assert read <= set(L.BOARD_ATTRS), read - set(L.BOARD_ATTRS)
+    assert {"proxy_step_s", "objective", "launched", "hosts"} <= read
 
 
 def test_the_report_reads_only_the_attributes_it_names(results: str) -> None:
     """The same for the report's rows (:data:`tuner.report.data.REPORT_ATTRS`), which also
     say whether the leaderboard is empty (``tune report``'s last line)."""
 
-    class Watched(dict[str, Any]):
-        read: set[str] = set()
-
-        def get(self, key: str, default: Any = None) -> Any:
-            Watched.read.add(key)
-            return super().get(key, default)
-
-        def __getitem__(self, key: str) -> Any:
-            Watched.read.add(key)
-            return super().__getitem__(key)
-
-        def __contains__(self, key: object) -> bool:
-            Watched.read.add(str(key))
-            return super().__contains__(key)
-
+    read: set[str] = set()
     for t in L.stored_trials(SPEC, None, results):
-        watched = _Watching(t, Watched(t.user_attrs))
+        watched = _Watching(t, _Watched(t.user_attrs, read))
         is_duplicate(watched)
         D.trial_row(t.__class__(**_fields(t, watched.user_attrs)), SPEC)
-    assert Watched.read <= set(D.REPORT_ATTRS), Watched.read - set(D.REPORT_ATTRS)
-    assert {"proxy_step_s", "predicted_peak_phase", "launched", "hosts"} <= Watched.read
+    assert read <= set(D.REPORT_ATTRS), read - set(D.REPORT_ATTRS)
+    assert {"proxy_step_s", "predicted_peak_phase", "launched", "hosts"} <= read
     assert set(L.SHOWN_ATTRS) <= set(D.REPORT_ATTRS)
 
 
