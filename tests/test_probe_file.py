@@ -132,3 +132,24 @@ def test_showing_a_probe_without_its_cost_is_one_line(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tune: error: {path}: "), lines
     assert "cost is missing" in lines[0]
+
+
+def test_a_probe_save_stopped_mid_write_keeps_the_last_one_and_leaves_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a profile's save: the last good probe stays and no half-written copy is left."""
+    spec = spec_of()
+    path = saved(tmp_path, spec, NOW)
+    before = path.read_bytes()
+    kept = {p.name for p in path.parent.iterdir()}
+
+    def full_disk(self: Path, target: Path) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "replace", full_disk)
+    result = ProbeResult(rows=tuple(probe_rows(spec)), wall_s=1.0, nodes=1,
+                         versions=local_versions())  # fmt: skip
+    with pytest.raises(OSError, match="No space left"):
+        save_probe(spec, result, path, NOW)
+    assert path.read_bytes() == before
+    assert {p.name for p in path.parent.iterdir()} == kept

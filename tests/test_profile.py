@@ -464,3 +464,22 @@ def test_an_alias_bomb_in_a_profile_is_one_short_line(
     with pytest.raises(ProfileError) as info:
         load_profile(path)
     assert words in str(info.value) and len(str(info.value)) < 300, str(info.value)[:500]
+
+
+def test_a_profile_save_stopped_mid_write_keeps_the_last_one_and_leaves_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save stopped by a full disk or a Ctrl-C left its fixed-name ``c.tmp`` beside the
+    profile (and two writers shared that name): the last good profile stays, nothing else."""
+    path = tmp_path / "clusters" / "c.yaml"
+    save_profile(a_profile(), path)
+    before = path.read_bytes()
+
+    def full_disk(self: Path, target: Path) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        save_profile(a_profile(tool={"warmup": 1, "repeats": 2}), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["c.yaml"]

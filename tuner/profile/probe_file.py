@@ -22,6 +22,7 @@ import yaml
 
 from tuner._loader import describe
 from tuner.errors import ConfigError
+from tuner.launch.base import write_atomic
 from tuner.profile.probe import ProbeResult, ProbeRow
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError
 from tuner.spec.file import read_text
@@ -52,9 +53,7 @@ def save_probe(spec: StudySpec, result: ProbeResult, path: Path, now: dt.datetim
                   "rounds": list(r.rounds)} for r in result.rows],
     }  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def _measured(value: object) -> float:

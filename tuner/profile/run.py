@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError, LaunchError
+from tuner.launch.base import write_atomic
 from tuner.layout import ClusterLayout
 from tuner.profile.fields import Malformed, field_of, optional, present, samples, text, utc_time
 from tuner.profile.plan import ProbeOptions, make_plan
@@ -325,9 +326,7 @@ def save_profile(profile: ClusterProfile, path: Path) -> None:
     data = profile.to_dict()
     data["alpha_beta"] = [dataclasses.asdict(f) for f in profile.alpha_beta()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
 
 
 def load_profile(path: Path, spec: StudySpec | None = None) -> ClusterProfile:
