@@ -217,7 +217,7 @@ def test_memory_features_weigh_each_knob_by_the_component_it_sizes() -> None:
 
 def test_samplers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.errors import StudyError
-    from tuner.search.sampler import make_sampler
+    from tuner.search.samplers import make_sampler
 
     assert isinstance(make_sampler(spec()), ModelGuidedSampler)
     assert isinstance(make_sampler(spec(sampler="tpe")), optuna.samplers.TPESampler)

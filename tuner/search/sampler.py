@@ -50,13 +50,12 @@ Optuna's random sampling takes over (the study loop then finds the space exhaust
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.trial import FrozenTrial, TrialState
 
@@ -70,7 +69,6 @@ from tuner.calibrate.store import (
     setup_fingerprint,
 )
 from tuner.config.parallel import ParallelConfig
-from tuner.errors import StudyError
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
 from tuner.search.fold import Basis, Folds, Past, memory_fit, plain, predict
@@ -442,52 +440,3 @@ class ModelGuidedSampler(BaseSampler):
         corr = correlation(b.fitted, xb[np.asarray(b.open_)[top]], self._prior.noise)
         joint = joint_chance(b.mu[top], spread[top], corr, b.best, margin, b.dof)
         return max(joint, float(p[top[0]])), self._candidates()[b.open_[int(top[0])]]
-
-
-# ----------------------------------------------------------------------------- every sampler
-
-
-class _GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler without its ``study.stop()`` once the grid is visited: that works
-    inside ``study.optimize`` only and raises under ask/tell. The loop checks exhaustion."""
-
-    def after_trial(
-        self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
-        values: Sequence[float] | None,
-    ) -> None:  # fmt: skip
-        return None
-
-
-def make_sampler(
-    spec: StudySpec, history: Sequence[Observation] = (), rates: Rates | None = None,
-    space: SharedSpace | None = None,
-) -> optuna.samplers.BaseSampler:  # fmt: skip
-    """model (the default: :mod:`tuner.search.sampler`, starting from the cluster's saved
-    ``history`` and reading ``space``, the loop's shared enumeration), tpe (multivariate, constant
-    liar for parallel trials), gp, random or grid."""
-    s = spec.search
-    if s.sampler == "model":
-        return ModelGuidedSampler(spec, seed=s.seed, history=history, rates=rates, space=space)
-    if s.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=s.seed)
-    if s.sampler == "grid":
-        grid = {
-            k: list(d.choices)
-            for k, d in distributions(spec).items()
-            if isinstance(d, CategoricalDistribution)
-        }
-        return _GridSampler(grid, seed=s.seed)
-    if s.sampler == "gp":
-        try:
-            import torch  # noqa: F401  # Optuna's GP sampler runs on torch
-        except ImportError:
-            raise StudyError(
-                "search.sampler 'gp' needs torch and scipy (pip install 'paratune[gp]'); "
-                "the default 'model' sampler does not"
-            ) from None
-        return optuna.samplers.GPSampler(seed=s.seed)
-    with warnings.catch_warnings():  # group=True is experimental in Optuna
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(
-            multivariate=True, group=True, constant_liar=True, seed=s.seed, n_startup_trials=5
-        )

@@ -35,7 +35,8 @@ from tuner.models.rates import Rates
 from tuner.outcome import Outcome
 from tuner.profile.rates import study_rates
 from tuner.profile.stack_terms import study_terms
-from tuner.search.sampler import ModelGuidedSampler, make_sampler
+from tuner.search.sampler import ModelGuidedSampler
+from tuner.search.samplers import make_sampler
 from tuner.search.stopping import Stopper
 from tuner.space.cost import trial_limit_s
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
