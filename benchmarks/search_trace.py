@@ -78,7 +78,7 @@ def best_seen(loop: StudyLoop, trials: list[FrozenTrial], key: str) -> str:
         place = int(np.argsort(b.mu).tolist().index(j)) + 1
         return f"{math.exp(b.mu[j]):.2f}s first-pick rank {place}"
     spread = b.spread(sampler._prior.noise)
-    cost = sampler.trial_node_hours(b.mu, trials)
+    cost = sampler.launch_node_hours(b, trials)
     score = improvement(b.mu, np.maximum(spread, 1e-12), b.best, b.dof) / cost
     p = chance(b.mu, spread, b.best, dof=b.dof)
     place = int((score > score[j]).sum()) + 1
@@ -104,7 +104,7 @@ def stop_inputs(loop: StudyLoop, trials: list[FrozenTrial], t: Truth) -> str:
         return ""
     noise = sampler._prior.noise
     moves = b.lookahead(xb, noise)
-    cost = sampler.trial_node_hours(b.mu, trials)
+    cost = sampler.launch_node_hours(b, trials)
     run = sampler.run_node_hours(trials)
     w = best_worth(b.mu, moves, cost, b.best, run, b.dof)
     gauss = best_worth(b.mu, moves, cost, b.best, run, None)

@@ -199,7 +199,7 @@ def test_the_samplers_beliefs_and_choices_are_a_refits_at_every_ask(
             assert (kept.scale is None) == (fresh.scale is None)
             assert (kept.scale or 0.0) == pytest.approx(fresh.scale or 0.0, rel=1e-9)
             chosen = [
-                pick(b.mu, b.spread(0.03), b.spread(0.03), sampler.trial_node_hours(b.mu),
+                pick(b.mu, b.spread(0.03), b.spread(0.03), sampler.launch_node_hours(b),
                      b.best, b.dof)[0].index
                 for b in (kept, fresh)
             ]  # fmt: skip

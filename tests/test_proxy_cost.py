@@ -3,14 +3,25 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from tests.test_cost import scenario
+from tuner.search.sampler import ModelGuidedSampler
 from tuner.space import proxy_cost
 from tuner.space.cost import budget_cost, trial_cost
 from tuner.space.enumerate import enumerate_space, study_gpu
-from tuner.space.proxy_cost import Costing, proxy_budget
+from tuner.space.proxy_cost import (
+    Costing,
+    LaunchScale,
+    launch_cost,
+    launch_node_hours,
+    proxy_budget,
+)
 from tuner.spec.file import study_from_mapping
+from tuner.study.budget import node_hour_refusal
 
 
 def _budget(proxy: object, n_trials: int = 8) -> proxy_cost.ProxyBudget:
@@ -55,3 +66,48 @@ def test_a_proxy_trial_has_the_full_configs_limit_and_fewer_nodes() -> None:
     assert (
         Costing(study_from_mapping(scenario()), study_gpu(spec))(first.config, step).proxy is None
     )
+
+
+def test_a_proxy_launch_costs_its_own_iterations_on_its_own_nodes() -> None:
+    # a limit far past the cap: the worst case is start-up plus train_iters at the launch's step
+    spec = study_from_mapping(scenario(proxy=True, trial_timeout_min=10_000))
+    scale = LaunchScale(nodes=4, step_ratio=0.5, dp=2)
+    cost = launch_cost(spec, 60.0, scale)
+    startup, iters = spec.search.startup_min, spec.launch.train_iters
+    assert cost.nodes == 4 and cost.limit_minutes == trial_cost(spec, 60.0).limit_minutes
+    assert cost.worst_node_hours == pytest.approx((startup + iters * 30.0 / 60) * 4 / 60)
+    useful = trial_cost(spec, 30.0).minutes  # the shortest useful trial at the proxy's step
+    assert cost.node_hours == pytest.approx(useful * 4 / 60)
+    # the model sampler's many-at-once form is the same figure; a full-scale launch is trial_cost
+    many = launch_node_hours(spec, np.array([60.0, 60.0]), np.array([4, 16]), np.array([0.5, 1]))
+    assert many == pytest.approx([cost.node_hours, trial_cost(spec, 60.0).node_hours])
+    assert launch_cost(spec, 60.0, None) == trial_cost(spec, 60.0)
+
+
+def test_the_budget_check_judges_a_proxy_launch_by_its_own_worst_case() -> None:
+    spec = study_from_mapping(scenario(proxy=True, trial_timeout_min=10_000, max_node_hours=10))
+    scale = LaunchScale(nodes=4, step_ratio=0.5, dp=2)
+    worst = (spec.search.startup_min + spec.launch.train_iters * 30.0 / 60) * 4 / 60
+    attrs = {"predicted_step_s": 60.0}
+    assert node_hour_refusal(spec, 10 - worst * 1.01, attrs, "k", scale) is None
+    assert node_hour_refusal(spec, 10 - worst * 0.99, attrs, "k", scale) is not None
+
+
+@pytest.mark.parametrize("proxy", [True, False])
+def test_the_sampler_prices_a_launch_as_the_preview_does(proxy: bool) -> None:
+    # Its expected improvement per node-hour and stop rule 2's cost read what the launch will
+    # cost: a proxy's nodes and iterations where the config runs as one, not a full trial.
+    spec = study_from_mapping(scenario(proxy=proxy))
+    sampler = ModelGuidedSampler(spec, seed=0)
+    belief = sampler.belief([])
+    assert belief is not None
+    price = sampler.launch_node_hours(belief)
+    full = sampler.trial_node_hours(belief.mu)
+    costing, configs = Costing(spec, study_gpu(spec)), sampler._candidates()
+    proxied = 0
+    for j, i in enumerate(belief.open_):
+        k = costing(configs[i], math.exp(belief.mu[j]))
+        assert price[j] == pytest.approx(k.launch.node_hours)
+        assert full[j] == pytest.approx(k.full.node_hours)
+        proxied += k.proxy is not None
+    assert (price < full).sum() == proxied and (proxied > 0) == proxy

@@ -68,6 +68,7 @@ from tuner.calibrate.store import (
     memory_fingerprint,
     setup_fingerprint,
 )
+from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
@@ -94,9 +95,11 @@ from tuner.search.value import (
     joint_chance,
     pick,
 )
-from tuner.space.cost import trial_cost, with_startup
+from tuner.space.candidates import Candidate
+from tuner.space.cost import with_startup
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import may_probe
+from tuner.space.proxy_cost import Costing, launch_node_hours
 from tuner.space.trials import (
     config_params,
     distributions,
@@ -168,7 +171,22 @@ class ModelGuidedSampler(BaseSampler):
                                 plain(self._xm, self._features.memory_precision))  # fmt: skip
             self._space = distributions(self._spec)
             self._axes = expand_axes(self._spec)
+            self._launch_at = self._launch_scales(ranked, gpu)
         return self._configs
+
+    def _launch_scales(self, ranked: Sequence[Candidate], gpu: GPUSpec) -> np.ndarray:
+        """Each candidate's first launch against its full-scale trial: its nodes and its step per
+        full-scale step (a proxy's, under ``search.proxy``: :class:`~tuner.space.proxy_cost.
+        LaunchScale`; the time model's at the space's rates and terms, as the preview's)."""
+        at = np.array([[self._spec.nodes_per_trial, 1.0]] * len(ranked)).reshape(-1, 2)
+        if self._spec.search.proxy is False:
+            return at
+        costing = Costing(self._spec, gpu, self._shared.rates, self._shared.terms)
+        for row, c in zip(at, ranked, strict=True):
+            scale = costing.scale(c.config, c.time.step if c.time else None)
+            if scale is not None:
+                row[:] = scale.nodes, scale.step_ratio
+        return at
 
     def _stated_precision(self, stated: np.ndarray) -> np.ndarray:
         """The correction's prior precisions, its config-to-config part (every weight but the
@@ -368,7 +386,7 @@ class ModelGuidedSampler(BaseSampler):
         if b.best is None:
             return configs[b.open_[int(np.argmin(b.mu))]], "exploitation"  # argmin: first of ties
         spread = b.spread(self._prior.noise)
-        cost = self.trial_node_hours(b.mu, trials)
+        cost = self.launch_node_hours(b, trials)
         chosen, top = pick(b.mu, spread, spread, cost, b.best, b.dof)
         i = int(self._rng.choice(top)) if len(top) > 1 else chosen.index
         purpose: Purpose = "exploitation" if b.mu[i] <= b.best else "exploration"
@@ -376,15 +394,23 @@ class ModelGuidedSampler(BaseSampler):
 
     def trial_node_hours(self, log_step: np.ndarray, trials: Sequence[FrozenTrial] = ()
                          ) -> np.ndarray:  # fmt: skip
-        """Predicted node-hours of one trial at each step time ``exp(log_step)``: start-up
-        charged per launch plus the warm-up and the iterations the estimate needs
-        (:func:`tuner.space.cost.trial_cost`, linear in the step time); the start-up the
-        launches of this setup measured (``trials`` and the saved calibration's:
+        """Predicted node-hours of one full-scale trial at each step time ``exp(log_step)``:
+        start-up charged per launch plus the warm-up and the iterations the estimate needs
+        (:func:`~tuner.space.proxy_cost.launch_node_hours` on a full trial's nodes); the
+        start-up the launches of this setup measured (``trials`` and the saved calibration's:
         :func:`~tuner.calibrate.store.measured_startup_s`) once there is one."""
         spec = with_startup(self._spec, self.measured_startup_s(trials))
-        startup = trial_cost(spec, None).node_hours
-        per_second = trial_cost(spec, 1.0).node_hours - startup
-        return np.asarray(startup + per_second * np.exp(log_step))
+        return launch_node_hours(spec, np.exp(log_step), spec.nodes_per_trial, 1.0)
+
+    def launch_node_hours(self, b: Belief, trials: Sequence[FrozenTrial] = ()) -> np.ndarray:
+        """Predicted node-hours of launching each of ``b``'s untried configs, at its believed
+        step time: what the launch will cost (:func:`~tuner.space.proxy_cost.launch_node_hours`:
+        a proxy's nodes and its iterations at the proxy's step where the config runs as one),
+        at the start-up measured so far (:meth:`trial_node_hours`)."""
+        self._candidates()
+        spec = with_startup(self._spec, self.measured_startup_s(trials))
+        nodes, ratio = self._launch_at[b.open_].T
+        return launch_node_hours(spec, np.exp(b.mu), nodes, ratio)
 
     def measured_startup_s(self, trials: Sequence[FrozenTrial] = ()) -> float | None:
         """The start-up of one launch of this setup, seconds, as its launches measured it
@@ -417,7 +443,7 @@ class ModelGuidedSampler(BaseSampler):
         if b is None or b.best is None or b.scale is None or b.fitted is None:
             return None
         moves = b.lookahead(xb, self._prior.noise)
-        worth = best_worth(b.mu, moves, self.trial_node_hours(b.mu, trials), b.best,
+        worth = best_worth(b.mu, moves, self.launch_node_hours(b, trials), b.best,
                            self.run_node_hours(trials), b.dof)  # fmt: skip
         return worth, self._candidates()[b.open_[worth.index]]
 

@@ -14,6 +14,11 @@ proxy's cost where it has one, plus ``proxy_confirm`` confirmations of the faste
 proxied ones at full scale; the worst case is the costliest launches each running to its limit
 or cap (at its proxy's nodes where it has one) plus ``2 x proxy_confirm`` confirmations doing
 the same at full scale.
+
+What a config's first launch costs (:func:`launch_cost`, from its :class:`LaunchScale`) is one
+definition: the preview's per-config proxy columns, the model sampler's price of a launch (its
+expected improvement per node-hour and stop rule 2's cost: :mod:`tuner.search.sampler`) and the
+``max_node_hours`` check before a launch (:mod:`tuner.study.budget`) all read it.
 """
 
 from __future__ import annotations
@@ -23,19 +28,68 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.space.cost import BudgetCost, TrialCost, trial_cost
-from tuner.space.proxy import Proxy, proxy_spec, study_proxy
+from tuner.space.proxy import Proxy, study_proxy
 from tuner.spec.study import StudySpec
 
 WORST_WALK = 256
 """The most configs whose proxy is worked out for the worst case (a few ms each); past them a
 config's full-scale worst case, which bounds its proxy's from above, stands in for it, so the
 stated worst case stays an upper bound on spaces of any size."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchScale:
+    """What a config's first launch runs at, against its full-scale trial: a proxy's nodes and
+    step."""
+
+    nodes: int
+    """The nodes the launch holds: the proxy's."""
+    step_ratio: float
+    """The launch's predicted step per predicted full-scale step (the time model's proxy step
+    over its full-scale one): a proxy's per-rank work is the full config's, so a correction
+    measured on either carries to the other as one factor."""
+    dp: int
+    """The proxy's data-parallel size."""
+
+
+def launch_cost(spec: StudySpec, step_s: float | None, scale: LaunchScale | None) -> TrialCost:
+    """The trial a config's first launch is when its full-scale step is ``step_s``: the
+    full-scale trial (``scale`` None), else the proxy's: its iterations at the proxy's step on
+    the proxy's nodes, under the full config's time limit (the loop sets a trial's limit from the
+    config's full-scale step)."""
+    full = trial_cost(spec, step_s)
+    if scale is None:
+        return full
+    at = dataclasses.replace(
+        spec, search=dataclasses.replace(spec.search, nodes_per_trial=scale.nodes)
+    )
+    own = trial_cost(at, step_s * scale.step_ratio if step_s else None)
+    iterations = own.minutes - spec.search.startup_min
+    return dataclasses.replace(own, limit_minutes=full.limit_minutes,
+                               fits=iterations <= full.limit_minutes)  # fmt: skip
+
+
+def launch_node_hours(spec: StudySpec, step_s: np.ndarray, nodes: np.ndarray | float,
+                      step_ratio: np.ndarray | float) -> np.ndarray:  # fmt: skip
+    """:attr:`TrialCost.node_hours` of :func:`launch_cost` for many launches at once, each on
+    ``nodes`` at ``step_ratio`` of its full-scale step ``step_s``: the start-up charged per
+    launch plus the shortest useful trial's iterations, per node and linear in the step (the
+    time limit and the ``train_iters`` cap left out: they bound a trial's node-hours only where
+    the start-up is most of it)."""
+    per_node = dataclasses.replace(
+        spec, search=dataclasses.replace(spec.search, nodes_per_trial=1)
+    )
+    startup = trial_cost(per_node, None).node_hours
+    per_second = trial_cost(per_node, 1.0).node_hours - startup
+    return np.asarray(nodes * (startup + per_second * step_ratio * step_s))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,15 +111,6 @@ class ConfigCost:
         return self.proxy or self.full
 
 
-def proxy_trial_cost(spec: StudySpec, full: TrialCost, proxy: Proxy, step_s: float) -> TrialCost:
-    """The trial of ``proxy`` whose predicted step is ``step_s``: its own minutes and nodes,
-    the full config's time limit (``full``)."""
-    own = trial_cost(proxy_spec(spec, proxy), step_s)
-    iterations = own.minutes - spec.search.startup_min
-    return dataclasses.replace(own, limit_minutes=full.limit_minutes,
-                               fits=iterations <= full.limit_minutes)  # fmt: skip
-
-
 class Costing:
     """A config's :class:`ConfigCost` under the study's ``search.proxy``, its proxy's step from
     the time model at ``rates`` and ``terms`` (the full config's own prediction is given)."""
@@ -75,24 +120,42 @@ class Costing:
         self.spec, self.gpu, self.rates, self.terms = spec, gpu, rates, terms
         self.on = spec.search.proxy is not False
         self._seen: dict[str, ConfigCost] = {}
+        self._scales: dict[str, LaunchScale | None] = {}
 
     def __call__(self, config: ParallelConfig, step_s: float | None) -> ConfigCost:
         key = config.key()
         if key not in self._seen:
-            self._seen[key] = self._cost(config, step_s)
+            scale = self.scale(config, step_s)
+            self._seen[key] = ConfigCost(
+                full=trial_cost(self.spec, step_s),
+                proxy=None if scale is None else launch_cost(self.spec, step_s, scale),
+                proxy_step_s=None if scale is None or not step_s else step_s * scale.step_ratio,
+                proxy_dp=None if scale is None else scale.dp,
+            )  # fmt: skip
         return self._seen[key]
 
-    def _cost(self, config: ParallelConfig, step_s: float | None) -> ConfigCost:
-        full = trial_cost(self.spec, step_s)
+    def scale(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
+        """What ``config``'s first launch runs at (None: at full scale), its full-scale step
+        predicted at ``step_s``; worked out once per config."""
+        key = config.key()
+        if key not in self._scales:
+            self._scales[key] = self._scale(config, step_s)
+        return self._scales[key]
+
+    def _scale(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
         proxy = study_proxy(self.spec, config, self.gpu) if self.on and step_s else None
-        if proxy is None:
-            return ConfigCost(full=full)
+        return None if proxy is None else self.proxy_scale(proxy, step_s)
+
+    def proxy_scale(self, proxy: Proxy, step_s: float | None) -> LaunchScale:
+        """The scale of a launch as ``proxy``, its full config's step predicted at ``step_s``
+        (unknown: the proxy's nodes at the full config's step)."""
+        if not step_s:
+            return LaunchScale(nodes=proxy.nodes, step_ratio=1.0, dp=proxy.config.dp)
         s = self.spec
         step = estimate_time(s.model, s.training, proxy.config, self.gpu,
                              s.cluster.gpus_per_node, s.framework, self.rates,
                              terms=self.terms).step  # fmt: skip
-        return ConfigCost(full=full, proxy=proxy_trial_cost(s, full, proxy, step),
-                          proxy_step_s=step, proxy_dp=proxy.config.dp)  # fmt: skip
+        return LaunchScale(nodes=proxy.nodes, step_ratio=step / step_s, dp=proxy.config.dp)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

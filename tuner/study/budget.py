@@ -8,14 +8,14 @@ that comes first: :class:`tuner.space.cost.TrialCost`) would pass the budget.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.calibrate.store import launch_overhead_s, measured_startup_s, setup_fingerprint
-from tuner.space.cost import trial_cost, with_startup
+from tuner.space.cost import with_startup
+from tuner.space.proxy_cost import LaunchScale, launch_cost
 from tuner.spec.study import StudySpec
 
 
@@ -44,17 +44,17 @@ def spent_node_hours(
 
 def node_hour_refusal(
     spec: StudySpec, committed: float, attrs: Mapping[str, Any], key: str,
-    nodes: int | None = None,
+    scale: LaunchScale | None = None,
 ) -> str | None:  # fmt: skip
     """Why the trial of config ``key`` (its attributes ``attrs`` hold its predicted step time)
     must not start under ``search.max_node_hours`` with ``committed`` node-hours spent or held
-    by running trials; None: it may. ``nodes``: what the trial holds when not a full trial's
-    (a proxy: the config's time limit on the proxy's nodes)."""
+    by running trials; None: it may. ``scale``: what the trial runs at when not a full trial
+    (a proxy: its launch's worst case, :func:`tuner.space.proxy_cost.launch_cost`, the
+    config's time limit on the proxy's nodes)."""
     budget = spec.search.max_node_hours
     if not budget:
         return None
-    cost = trial_cost(spec, attrs.get("predicted_step_s"))
-    worst = (cost if nodes is None else dataclasses.replace(cost, nodes=nodes)).worst_node_hours
+    worst = launch_cost(spec, attrs.get("predicted_step_s"), scale).worst_node_hours
     if committed + worst <= budget:
         return None
     return (
@@ -63,15 +63,17 @@ def node_hour_refusal(
     )
 
 
-def launch_refusal(loop: Any, attrs: Mapping[str, Any], key: str, nodes: int) -> str | None:
+def launch_refusal(
+    loop: Any, attrs: Mapping[str, Any], key: str, scale: LaunchScale | None
+) -> str | None:
     """:func:`node_hour_refusal` for a launch by ``loop`` (a
-    :class:`tuner.study.loop.StudyLoop`) of a trial on ``nodes`` nodes: committed is what the
-    study spent plus what this worker's running trials may still spend, the new trial's limit
-    is cut from the start-up launches measured (``loop.costs``)."""
+    :class:`tuner.study.loop.StudyLoop`) of a trial at ``scale`` (None: a full trial):
+    committed is what the study spent plus what this worker's running trials may still spend,
+    the new trial's limit is cut from the start-up launches measured (``loop.costs``)."""
     if not loop.spec.search.max_node_hours:
         return None  # no budget: no read
     committed = loop.node_hours(loop.trials()) + pending_node_hours(loop.running, loop.clock())
-    return node_hour_refusal(loop.costs.spec, committed, attrs, key, nodes)
+    return node_hour_refusal(loop.costs.spec, committed, attrs, key, scale)
 
 
 class LaunchCosts:

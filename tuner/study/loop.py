@@ -132,7 +132,7 @@ class StudyLoop:
         self.stopper = Stopper(spec, study.sampler)
         self.costs = LaunchCosts(spec, study.sampler)  # limits at the measured start-up
         self.watch = Watch(spec)
-        self.proxies = Proxies(spec, self.gpu, rates)  # search.proxy (tuner.study.proxy)
+        self.proxies = Proxies(spec, self.gpu, rates, space.terms if space else None)
         self._over_budget: str | None = None
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
@@ -343,8 +343,8 @@ class StudyLoop:
 
     def _refused_for_node_hours(self, trial: optuna.Trial, config: ParallelConfig) -> bool:
         """Whether ``config`` could pass ``max_node_hours``: recorded ``interrupted`` if so."""
-        nodes = self.proxies.nodes(trial, config)  # a proxy's worst case is on its own nodes
-        why = launch_refusal(self, trial.user_attrs, config.key(), nodes)
+        scale = self.proxies.scale(trial, config)  # a proxy's worst case on its own nodes
+        why = launch_refusal(self, trial.user_attrs, config.key(), scale)
         if why is not None:
             self._over_budget = why
             self._finish(trial, config, None, Verdict(Outcome.INTERRUPTED, why), 0.0)

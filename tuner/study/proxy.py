@@ -34,11 +34,13 @@ from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.launch import JobResult
 from tuner.models.rates import Rates
+from tuner.models.stack import StackTerms
 from tuner.models.time.proxy import extrapolate
 from tuner.outcome import Outcome
 from tuner.search.value import PURPOSE_ATTR
 from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
+from tuner.space.proxy_cost import Costing, LaunchScale
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
 from tuner.study.budget import launch_refusal
@@ -80,8 +82,10 @@ def full_scale_first(done: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 class Proxies:
     """Which of the loop's trials run as proxies, and what their figures say."""
 
-    def __init__(self, spec: StudySpec, gpu: GPUSpec, rates: Rates | None) -> None:
+    def __init__(self, spec: StudySpec, gpu: GPUSpec, rates: Rates | None,
+                 terms: StackTerms | None = None) -> None:  # fmt: skip
         self.spec, self.gpu, self.rates = spec, gpu, rates
+        self._costing = Costing(spec, gpu, rates, terms)  # a launch's cost, as the preview's
         self.on = spec.search.proxy is not False
         self._proxy: dict[int, Proxy] = {}
         self._pending: tuple[Any, ParallelConfig] | None = None
@@ -121,6 +125,14 @@ class Proxies:
                 self._proxy[trial.number] = proxy
                 self._size = proxy.nodes
         return self._need(trial, config)
+
+    def scale(self, trial: Any, config: ParallelConfig) -> LaunchScale | None:
+        """What ``trial`` of ``config`` runs at (:meth:`nodes`): its proxy's nodes and step
+        (:class:`~tuner.space.proxy_cost.LaunchScale`), None at full scale."""
+        self.nodes(trial, config)
+        proxy = self._proxy.get(trial.number)
+        step = trial.user_attrs.get("predicted_step_s")
+        return None if proxy is None else self._costing.proxy_scale(proxy, step)
 
     def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
               placement: Placement) -> Placement | None:  # fmt: skip
@@ -222,7 +234,7 @@ class Proxies:
     def _over_budget(self, loop: Any, target: FrozenTrial) -> str | None:
         """Why confirming ``target`` could pass ``search.max_node_hours`` (None: it may run)."""
         key = f"confirming {target.user_attrs.get('key')}"
-        return launch_refusal(loop, target.user_attrs, key, self.spec.nodes_per_trial)
+        return launch_refusal(loop, target.user_attrs, key, None)
 
     def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
         config = ParallelConfig(**target.user_attrs["config"])
