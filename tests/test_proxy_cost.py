@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import optuna
 import pytest
 
 from tests.test_cost import scenario
+from tuner.outcome import Outcome
 from tuner.search.sampler import ModelGuidedSampler
 from tuner.space import proxy_cost
 from tuner.space.cost import budget_cost, trial_cost
@@ -111,3 +113,29 @@ def test_the_sampler_prices_a_launch_as_the_preview_does(proxy: bool) -> None:
         assert full[j] == pytest.approx(k.full.node_hours)
         proxied += k.proxy is not None
     assert (price < full).sum() == proxied and (proxied > 0) == proxy
+
+
+def test_stop_rule_2_weighs_a_proxy_launch_against_what_it_will_cost() -> None:
+    # three configs measured, one 10 % slower than predicted: rule 2's most valuable launch
+    # (a proxied config) is charged its proxy's trial at its believed step, as the preview
+    # prices it, not a full trial on all 16 nodes
+    from tests.test_sampler import ask
+
+    spec = study_from_mapping(scenario(proxy=True))
+    sampler = ModelGuidedSampler(spec, seed=0)
+    study = optuna.create_study(sampler=sampler)
+    steps = {c.config.key(): c.time.step for c in enumerate_space(spec).ranked() if c.time}
+    for factor in (1.0, 1.1, 1.0):
+        trial, config = ask(study, spec)
+        trial.set_user_attr("outcome", str(Outcome.OK))
+        study.tell(trial, factor * steps[config.key()])
+    trials = study.get_trials()
+    found = sampler.next_launch_worth(trials)
+    belief = sampler.belief(trials)
+    assert found is not None and belief is not None
+    worth, config = found
+    scale = Costing(spec, study_gpu(spec)).scale(config, steps[config.key()])  # the model's
+    assert scale is not None and scale.nodes < spec.nodes_per_trial
+    believed = math.exp(belief.mu[worth.index])  # the corrected step: the proxy's moves with it
+    assert worth.cost_node_hours == pytest.approx(launch_cost(spec, believed, scale).node_hours)
+    assert worth.cost_node_hours < trial_cost(spec, believed).node_hours
