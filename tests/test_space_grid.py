@@ -14,7 +14,6 @@ import pytest
 
 from tests.test_space_fast import SPACES, _exact, _same
 from tuner.config.rule_table import RuleTable
-from tuner.space import enumerate as enumeration
 from tuner.space import grid
 from tuner.space.candidates import SpaceReport
 from tuner.space.enumerate import enumerate_space, iter_blocks, iter_values
@@ -102,8 +101,8 @@ def on_grids(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(enumeration, "GRID_MIN_CONFIGS", 0)
-    monkeypatch.setattr(enumeration, "judged_values", counted)
+    monkeypatch.setattr(grid, "GRID_MIN_CONFIGS", 0)
+    monkeypatch.setattr(grid, "judged_values", counted)
     yield calls
 
 

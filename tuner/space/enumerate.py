@@ -28,12 +28,13 @@ from tuner.models.memory.estimate import GIB, MemoryBreakdown
 from tuner.models.moe import memory_view
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
-from tuner.models.time.estimate import estimate_time
+from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.models.time.shared import SharedTimes
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.collection import paused_collection
-from tuner.space.grid import GRID_MIN_CONFIGS, Block, judged_values
+from tuner.space.grid import Block, valid_values
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
@@ -320,44 +321,27 @@ def judged(
     # the knob they differ in is the innermost loop, so a few recent views suffice
     seen: dict[ParallelConfig, tuple[MemoryBreakdown | DeferredMemory, bool]] = {}
     rules = RuleTable(model, spec.world_size, fw, spec.training, gpn)
-    for values in _valid_values(spec, rules, report):
+    axes = expand_axes(spec)
+
+    def estimate(config: ParallelConfig) -> TimeBreakdown:
+        return estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
+
+    # configs that differ only in full recompute's method and chunk, with the same share of
+    # layers run again, have one step time (tuner.models.time.shared); the exact path times
+    # each config afresh
+    alike = judge.fast and terms is None and sum(rc == "full" for rc, *_ in axes.recompute) > 1
+    timed = SharedTimes(model, estimate) if alike else estimate
+    for values in valid_values(iter_blocks(spec, axes), axes.size, rules, report):
         config = built(values)
         # deferred: the bounds settled it, computed when read
         memory, ok = _shared(seen, config, judge) if judge.fast else judge.memory(config)
         if ok:
-            time = (
-                estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
-                if with_time
-                else None
-            )
-            yield Candidate(config, memory, True, time)
+            yield Candidate(config, memory, True, timed(config) if with_time else None)
             continue
         report.predicted_oom += 1
         yield Candidate(config, memory, False)
         if near is not None and probing and judge.may_probe(memory):
-            time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
-            near.append(Candidate(config, memory, False, time))
-
-
-def _valid_values(
-    spec: StudySpec, rules: RuleTable, report: SpaceReport
-) -> Iterator[tuple[Any, ...]]:
-    """The valid configs' field values in the walk's order, each config counted into
-    ``report`` (total, invalid under its first rule): on grids of each block's inner axes for
-    a large space (``tuner.space.grid``), config by config otherwise."""
-    axes = expand_axes(spec)
-    if rules.knobs and axes.size >= GRID_MIN_CONFIGS:
-        yield from judged_values(iter_blocks(spec, axes), rules, report)
-        return
-    first, by_rule = rules.first, report.invalid_by_rule
-    for values in iter_values(spec, axes):
-        report.total += 1
-        rule = first(values)  # study_violations(config, spec)[0].rule, or None
-        if rule is None:
-            yield values
-            continue
-        report.invalid += 1
-        by_rule[rule] += 1
+            near.append(Candidate(config, memory, False, timed(config)))
 
 
 def _shared(

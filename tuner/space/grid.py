@@ -23,7 +23,7 @@ rule order equal to the per-config walk on several spaces.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,8 +96,29 @@ _AXIS_OF = {
 """The inner axis each config field is read from (the others are the block's own)."""
 
 
+def valid_values(
+    blocks: Iterable[Block], size: int, rules: RuleTable, report: SpaceReport
+) -> Iterator[tuple[Any, ...]]:
+    """The valid configs' field values of a space of ``size`` configs walked as ``blocks``, in
+    the walk's order, each config counted into ``report`` (total, invalid under its first
+    rule): on grids (:func:`judged_values`) for a large space, config by config otherwise."""
+    if rules.knobs and size >= GRID_MIN_CONFIGS:
+        yield from judged_values(blocks, rules, report)
+        return
+    first, by_rule = rules.first, report.invalid_by_rule
+    for block in blocks:
+        for values in block.values():
+            report.total += 1
+            rule = first(values)  # study_violations(config, spec)[0].rule, or None
+            if rule is None:
+                yield values
+                continue
+            report.invalid += 1
+            by_rule[rule] += 1
+
+
 def judged_values(
-    blocks: Iterator[Block], rules: RuleTable, report: SpaceReport
+    blocks: Iterable[Block], rules: RuleTable, report: SpaceReport
 ) -> Iterator[tuple[Any, ...]]:
     """The valid configs' values of ``blocks`` in the walk's order, each block's configs
     counted into ``report`` before its first is given (total, invalid, and each invalid one
