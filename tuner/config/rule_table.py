@@ -36,7 +36,7 @@ def _getter(knobs: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Any]:
 class RuleTable:
     """``validate(built(values), ...)``'s first rule (None: valid), for one study's rules."""
 
-    __slots__ = ("_args", "_blocks")
+    __slots__ = ("_args", "_blocks", "knobs")
 
     def __init__(
         self, model: ModelSpec, world_size: int, framework: Framework,
@@ -47,6 +47,11 @@ class RuleTable:
         if not traits(framework).fsdp2:  # torchtitan's rules are one block of their own
             blocks = [(_getter(knobs), check, {}) for knobs, check in RULE_BLOCKS]
         self._blocks = blocks
+        self.knobs: tuple[tuple[str, ...], ...] = (
+            tuple(knobs for knobs, _ in RULE_BLOCKS) if blocks else ()
+        )
+        """The knobs each block of rules reads, in ``validate``'s order (empty: torchtitan's
+        rules, judged whole by :meth:`first`)."""
 
     def first(self, values: tuple[Any, ...]) -> str | None:
         """The id of the first rule the config of ``values`` (:data:`FIELDS` order, as
@@ -54,7 +59,7 @@ class RuleTable:
         if not self._blocks:
             errors = validate(built(values), *self._args)
             return errors[0].rule if errors else None
-        for get, check, seen in self._blocks:
+        for get, check, seen in self._blocks:  # block_rule's lookup inline: per config
             key = get(values)
             rule = seen.get(key, _MISS)
             if rule is _MISS:
@@ -64,3 +69,15 @@ class RuleTable:
             if rule is not None:
                 return rule  # type: ignore[no-any-return]
         return None
+
+    def block_rule(self, block: int, values: tuple[Any, ...]) -> str | None:
+        """The first rule of block ``block`` (an index into :attr:`knobs`) that the config of
+        ``values`` breaks, or None: judged once per distinct value of the block's knobs."""
+        get, check, seen = self._blocks[block]
+        key = get(values)
+        rule = seen.get(key, _MISS)
+        if rule is _MISS:
+            # the block reads only the knobs of key: any config with them says the same
+            errors = check(built(values), self._args)
+            rule = seen[key] = errors[0].rule if errors else None
+        return rule  # type: ignore[no-any-return]

@@ -28,11 +28,13 @@ from tuner.models.memory.estimate import GIB, MemoryBreakdown
 from tuner.models.moe import memory_view
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
-from tuner.models.time.estimate import estimate_time
+from tuner.models.time.estimate import TimeBreakdown, estimate_time
+from tuner.models.time.shared import SharedTimes
 from tuner.space.candidates import Candidate as Candidate  # re-exported: its home was here
 from tuner.space.candidates import DeferredMemory, MemoryJudge
 from tuner.space.candidates import SpaceReport as SpaceReport
 from tuner.space.collection import paused_collection
+from tuner.space.grid import Block, valid_values
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
@@ -210,13 +212,19 @@ def iter_values(spec: StudySpec, axes: Axes | None = None) -> Iterator[tuple[Any
     `sequence_parallel: [true]` keeps the tp=1 configs instead of making them all invalid; at
     pp=1 likewise the pipeline split is ``even`` (one stage holds every layer).
     """
+    return itertools.chain.from_iterable(b.values() for b in iter_blocks(spec, axes))
+
+
+def iter_blocks(spec: StudySpec, axes: Axes | None = None) -> Iterator[Block]:
+    """The walk of :func:`iter_values` as its outer combinations (tp, pp, cp, vp and
+    torchtitan's knobs), each a :class:`~tuner.space.grid.Block` with the inner axes under it."""
     axes = axes or expand_axes(spec)
     world, gbs = spec.world_size, spec.training.global_batch_size
     layers = spec.model.num_layers
     fsdp = traits(spec.framework).fsdp2
     seen: set[tuple[Any, ...]] = set()
     # the recompute knobs with their modules as ParallelConfig.__post_init__ stores them
-    recomputes = [(rc, m, n, canonical_modules(mods)) for rc, m, n, mods in axes.recompute]
+    recomputes = tuple((rc, m, n, canonical_modules(mods)) for rc, m, n, mods in axes.recompute)
     for tp, pp, cp, vp_axis, own in itertools.product(
         axes.tp, axes.pp, axes.cp, axes.vp, axes.fsdp if fsdp else (None,)
     ):
@@ -225,33 +233,20 @@ def iter_values(spec: StudySpec, axes: Axes | None = None) -> Iterator[tuple[Any
             continue  # a schedule at pp=1 repeats the first; dp_shard -1 may repeat a listed one
         if fsdp:
             seen.add((tp, pp, cp, dp, vp, *titan.values()))
-        per_rank = max(layers // (pp * vp), 1)
         # Megatron turns SP off at tp=1, so there a wanted SP means "off", listed once.
         sps = axes.sequence_parallel if tp > 1 else (False,)
         # userbuffers need SP (Megatron asserts it): without it, one value, off
-        pairs = [(sp, o) for sp in sps for o in (axes.tp_comm_overlap if sp else (False,))]
+        pairs = tuple((sp, o) for sp in sps for o in (axes.tp_comm_overlap if sp else (False,)))
         if pp == 1:
             splits: tuple[str, ...] = (EVEN,)
         else:
             splits = _splits(spec, pp, vp) if axes.split_auto else axes.pipeline_split
-        titan_tail = tuple(titan.get(name, _DEFAULTS[name]) for name in _TITAN)
-        for mbs, (sp, tpo), knobs, dopt, zero, split, ep, etp, disp in itertools.product(
-            axes.micro_batch_size,
-            pairs,
-            recomputes,
-            axes.distributed_optimizer,
-            axes.zero_stage,
-            splits,
-            axes.ep,
-            axes.etp,
-            axes.moe_token_dispatcher,
-        ):
-            rc, method, n, mods = knobs
-            # ParallelConfig(tp=tp, ..., **titan)'s fields (tuner.config.build)
-            yield ((
-                tp, pp, cp, dp, vp, sp, mbs, gbs, rc, method, per_rank if n == 0 else n,
-                mods, dopt, zero, split, ep, etp, disp, tpo, *titan_tail,
-            ))  # fmt: skip
+        yield Block(
+            (tp, pp, cp, dp, vp, gbs), max(layers // (pp * vp), 1),
+            tuple(titan.get(name, _DEFAULTS[name]) for name in _TITAN),
+            (axes.micro_batch_size, pairs, recomputes, axes.distributed_optimizer,
+             axes.zero_stage, splits, axes.ep, axes.etp, axes.moe_token_dispatcher),
+        )  # fmt: skip
 
 
 _DEFAULTS = {name: f.default for name, f in ParallelConfig.__dataclass_fields__.items()}
@@ -326,30 +321,27 @@ def judged(
     # the knob they differ in is the innermost loop, so a few recent views suffice
     seen: dict[ParallelConfig, tuple[MemoryBreakdown | DeferredMemory, bool]] = {}
     rules = RuleTable(model, spec.world_size, fw, spec.training, gpn)
-    first, by_rule = rules.first, report.invalid_by_rule
-    for values in iter_values(spec):
-        report.total += 1
-        rule = first(values)  # study_violations(config, spec)[0].rule, or None
-        if rule is not None:
-            report.invalid += 1
-            by_rule[rule] += 1
-            continue
+    axes = expand_axes(spec)
+
+    def estimate(config: ParallelConfig) -> TimeBreakdown:
+        return estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
+
+    # configs that differ only in full recompute's method and chunk, with the same share of
+    # layers run again, have one step time (tuner.models.time.shared); the exact path times
+    # each config afresh
+    alike = judge.fast and terms is None and sum(rc == "full" for rc, *_ in axes.recompute) > 1
+    timed = SharedTimes(model, estimate) if alike else estimate
+    for values in valid_values(iter_blocks(spec, axes), axes.size, rules, report):
         config = built(values)
         # deferred: the bounds settled it, computed when read
         memory, ok = _shared(seen, config, judge) if judge.fast else judge.memory(config)
         if ok:
-            time = (
-                estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
-                if with_time
-                else None
-            )
-            yield Candidate(config, memory, True, time)
+            yield Candidate(config, memory, True, timed(config) if with_time else None)
             continue
         report.predicted_oom += 1
         yield Candidate(config, memory, False)
         if near is not None and probing and judge.may_probe(memory):
-            time = estimate_time(model, spec.training, config, gpu, gpn, fw, rates, terms=terms)
-            near.append(Candidate(config, memory, False, time))
+            near.append(Candidate(config, memory, False, timed(config)))
 
 
 def _shared(
