@@ -310,15 +310,25 @@ def why_empty(
 
 
 def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTrial:
-    """The fastest measured trial."""
-    trials = stored_trials(spec, storage, results)
+    """The fastest measured trial, whole (its export reads its attributes): found on the
+    leaderboard's light read (:func:`board_trials`), then that one trial read whole
+    (:func:`whole_trial`), not every trial whole."""
+    trials = board_trials(spec, storage, results)
     rows = board_rows(spec, trials).rows
     if not rows:
         why = why_empty(spec, trials, results=results)
         raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
     full = [row for row in rows if row["scale"] != "proxy"]  # a proxy's figure is never
     number = (full or rows)[0]["trial"]  # called best over a full-scale one
-    return next(t for t in trials if t.number == number)  # no deep copy of every trial
+    return whole_trial(spec, storage, results, next(t for t in trials if t.number == number))
+
+
+def whole_trial(spec: StudySpec, storage: str | None, results: str, t: TrialAttrs) -> FrozenTrial:
+    """Trial ``t`` of ``spec``'s stored study (read by :func:`board_trials`) whole: its values,
+    parameters and every attribute, as Optuna's storage gives it."""
+    reader = _opened(spec, storage, results)[1]
+    with paused_collection():
+        return reader.storage.get_trial(t.trial_id)
 
 
 def best_config(
