@@ -125,7 +125,7 @@ def test_a_kept_trial_is_read_by_its_one_attribute(tmp_path: Path, grouped: bool
     which reads rows, and where the config or the hosts are not read shared: then they are
     asked with the others); a trial that kept none is read from its rows."""
     study = _study(tmp_path)
-    storage = getattr(study._storage, "_backend", study._storage)  # under Optuna's cache
+    storage: Any = getattr(study._storage, "_backend", study._storage)  # under Optuna's cache
     table = models.TrialUserAttributeModel.__table__
     with storage.engine.begin() as conn:  # both trials' reason rows, not the kept object
         conn.execute(table.update().where(table.c.key == "reason")
