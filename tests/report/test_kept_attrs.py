@@ -155,3 +155,43 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return bool(a == b) and type(a) is type(b)
+
+
+def test_board_trials_read_again_reads_from_the_first_unfinished_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second read (``leaderboard()`` called again by a long-lived caller) reads only the
+    trials from the first one unfinished at the first read; what it returns is a fresh
+    read's, after that trial ended and new ones were added."""
+    study = _study(tmp_path)
+    results = str(tmp_path)
+    reader = L._opened(SPEC, None, results)[1]
+
+    def fresh() -> list[Any]:
+        return read_attrs(reader.storage, reader.study_id, L.BOARD_ATTRS, times=True)
+
+    def same(got: list[Any], want: list[Any]) -> bool:
+        return [(t.trial_id, t.number, t.state, t.datetime_complete) for t in got] == [
+            (t.trial_id, t.number, t.state, t.datetime_complete) for t in want
+        ] and all(_same(g.user_attrs, w.user_attrs) for g, w in zip(got, want, strict=True))
+
+    assert same(L.board_trials(SPEC, None, results, times=True), fresh())
+    running = next(t for t in fresh() if t.state == optuna.trial.TrialState.RUNNING)
+    asked: list[int] = []
+    real = L.read_attrs
+
+    def spied(*args: Any, since: int = 0, **kwargs: Any) -> Any:
+        asked.append(since)
+        return real(*args, since=since, **kwargs)
+
+    monkeypatch.setattr(L, "read_attrs", spied)
+    trial = optuna.Trial(study, running.trial_id)
+    tell(study, trial, Verdict(Outcome.OOM, "CUDA out of memory", {}), 10.0)
+    _recorded(study, 2, Verdict(Outcome.OK, None, {"step_time_s": 2.5}))
+    again = L.board_trials(SPEC, None, results, times=True)
+    assert asked == [running.trial_id] and same(again, fresh()) and len(again) == 9
+    assert again[running.number].user_attrs["outcome"] == "oom"
+    assert same(L.board_trials(SPEC, None, results, times=True), fresh())
+    assert asked[1] == again[-1].trial_id + 1  # nothing unfinished: only new trials
+    frame = L.leaderboard(SPEC, results=results, include_all=True)
+    assert list(frame["trial"]) == [r["trial"] for r in L.board_rows(SPEC, fresh(), True).rows]

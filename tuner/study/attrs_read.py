@@ -67,7 +67,7 @@ class TrialAttrs:
 
 def read_attrs(
     storage: optuna.storages.BaseStorage, study_id: int, keys: Collection[str] | None = None,
-    *, shared: Collection[str] = (), times: bool = False, grouped: bool = True,
+    *, shared: Collection[str] = (), times: bool = False, grouped: bool = True, since: int = 0,
 ) -> list[TrialAttrs]:  # fmt: skip
     """Every trial of study ``study_id``, in trial-id order (Optuna's), with the user
     attributes named by ``keys`` (None: every one) and, with ``times``, its start and end.
@@ -75,14 +75,14 @@ def read_attrs(
     ``shared``: attributes of ``keys`` decoded once per distinct stored text, their objects
     shared between trials. ``grouped``: on SQLite, each trial's other attributes as one JSON
     text made by the database (the rows joined here otherwise; False reads so, for the tests
-    to compare the two)."""
+    to compare the two). ``since``: only the trials of that id and above."""
     wanted = None if keys is None else frozenset(keys)
     if not isinstance(storage, optuna.storages.RDBStorage):
         trials = storage.get_all_trials(study_id, deepcopy=False)
-        return [_from_frozen(t, wanted, times) for t in trials]
+        return [_from_frozen(t, wanted, times) for t in trials if t._trial_id >= since]
     shared = sorted(k for k in shared if wanted is None or k in wanted)
     kept = wanted is not None and wanted.difference(shared) <= KEPT  # see row_attrs
-    read = _Read(study_id, wanted, tuple(shared), times, kept)
+    read = _Read(study_id, wanted, tuple(shared), times, kept, since)
     with paused_collection(), storage.engine.connect() as conn:
         if grouped and conn.dialect.name == "sqlite":
             try:
@@ -104,6 +104,8 @@ class _Read:
     """Whether the attributes asked (but the shared ones) are all among those a trial keeps
     together (:mod:`tuner.study.row_attrs`): then a trial that kept them is read by that one
     attribute, the others one by one."""
+    since: int = 0
+    """The lowest trial id read."""
     decoded: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The shared attributes' objects by their stored text."""
 
@@ -147,7 +149,8 @@ class _Read:
         query = sa.select(*self.trial_columns(), *columns)
         end = len(query.selected_columns) - len(columns)
         out = []
-        for row in conn.execute(query.where(t.c.study_id == self.study_id).order_by(t.c.trial_id)):
+        mine = sa.and_(t.c.study_id == self.study_id, t.c.trial_id >= self.since)
+        for row in conn.execute(query.where(mine).order_by(t.c.trial_id)):
             if not row[end]:
                 attrs = {}
             elif self.kept:
@@ -161,7 +164,7 @@ class _Read:
 
     def joined(self, conn: sa.Connection) -> list[TrialAttrs]:
         t, a = models.TrialModel.__table__, models.TrialUserAttributeModel.__table__
-        mine = t.c.study_id == self.study_id
+        mine = sa.and_(t.c.study_id == self.study_id, t.c.trial_id >= self.since)
         trials = conn.execute(sa.select(*self.trial_columns()).where(mine).order_by(t.c.trial_id))
         query = sa.select(a.c.trial_id, a.c.key, a.c.value_json).join(
             t, t.c.trial_id == a.c.trial_id
