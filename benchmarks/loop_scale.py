@@ -76,6 +76,7 @@ from tuner.spec.file import load_study  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
 from tuner.study import loop as loop_module  # noqa: E402
 from tuner.study.loop import StudyLoop, build_loop  # noqa: E402
+from tuner.study.row_attrs import ROW_ATTR, ROW_KEYS, kept_text  # noqa: E402
 from tuner.study.storage import open_storage, open_study  # noqa: E402
 
 STUDY = """\
@@ -200,6 +201,8 @@ def fill(spec: StudySpec, url: str, results: Path, n: int) -> tuple[float, int]:
                       "iterations": 20, "peak_memory_gib": cand.memory.allocated / GIB * 1.1,
                       "tokens_per_s": 1024 * 4096 / value, "mfu": 0.35, "tflops_per_gpu": 350.0,
                       "samples_per_s": 1024 / value}  # fmt: skip
+        shown = sorted((k, json.dumps(v)) for k, v in attrs.items() if k in ROW_KEYS)
+        attrs[ROW_ATTR] = json.loads(kept_text(shown))  # as the record keeps them together
         trials.append((number, state, value, config_params(c), attrs))
     layout = ResultsLayout(results, spec.name)
     study = open_study(spec, open_storage(url, layout), optuna.samplers.RandomSampler(),

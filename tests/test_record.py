@@ -13,6 +13,7 @@ from optuna.trial import TrialState
 
 from tuner.outcome import Outcome
 from tuner.study.record import Verdict, tell
+from tuner.study.row_attrs import ROW_ATTR, ROW_KEYS
 from tuner.study.storage import set_user_attrs
 
 VERDICTS = [
@@ -70,6 +71,17 @@ def test_tell_stores_what_optunas_tell_stores(tmp_path: Path, sampler: str) -> N
         study.ask()  # one left running
         got.append(stored(url))
     theirs, mine = got
+    # the one write also keeps the shown attributes together (tuner.study.row_attrs): the
+    # trial's stored attributes of ROW_KEYS, as they are once written, and nothing else
+    kept = [t[4].pop(ROW_ATTR, None) for t in mine]
+    assert [k is not None for k in kept] == [  # the NaN is told through Optuna (see below)
+        sampler == "random" and t[1].is_finished() and i != 4 for i, t in enumerate(mine)
+    ]
+    for k, t in zip(kept, mine, strict=True):
+        if k is not None:
+            shown = sorted((n, v) for n, v in t[4].items() if n in ROW_KEYS)
+            assert repr(sorted(k.items())) == repr(shown)  # repr: NaN, inf
+            assert {"outcome", "reason", "duration_s"} <= k.keys()
     assert [t[1] for t in theirs] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED,
                                       TrialState.FAIL, TrialState.FAIL, TrialState.PRUNED,
                                       TrialState.RUNNING]  # fmt: skip

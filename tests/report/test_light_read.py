@@ -8,6 +8,7 @@ config, with a NaN figure, with attributes and system attributes no command read
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ import pytest
 
 from tests.test_results import SPEC, config, record
 from tuner.cli import board as B
+from tuner.errors import ConfigError
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.report import data as D
+from tuner.report import export as E
 from tuner.report import leaderboard as L
 from tuner.space.enumerate import expand_axes
 from tuner.space.trials import config_params, is_duplicate
@@ -279,6 +282,36 @@ def test_the_reports_rows_and_optuna_trials_are_the_whole_reads(results: str) ->
         assert list(kept.params) == list(t.params)  # Optuna's order, the order of its rows
         assert kept.user_attrs == kept.system_attrs == {} and not kept.intermediate_values
     assert [t.number for t in data.stored] == [t.number for t in whole]
+
+
+def test_tune_best_reads_only_its_trial_whole(
+    results: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The best trial (the fastest full-scale row: not the faster proxy) and a ``--trial``
+    are found on the light read and read whole alone: the same trial, every field, as the
+    whole read of every trial holds it (at 10,000 trials that read was most of ``tune
+    best``'s 2.5 s); the refusals of ``--trial`` are those of before."""
+    whole = {t.number: t for t in L.stored_trials(SPEC, None, results)}
+    rows = L.board_rows(SPEC, list(whole.values())).rows
+    assert rows[0]["scale"] == "proxy"  # the study's fastest row is a proxy's
+    best = next(row["trial"] for row in rows if row["scale"] == "full")
+
+    def refused(self: Any) -> None:
+        raise AssertionError("every trial read whole")
+
+    monkeypatch.setattr(L.TrialReader, "trials", refused)
+    got = L.best_trial(SPEC, None, results)
+    assert got == whole[best] and got.params and got.system_attrs is not None
+    assert E.trial_record(SPEC, results=results).trial == best
+    chosen = E.trial_record(SPEC, 0, results=results)  # a measured trial, not the best
+    assert (chosen.trial, chosen.best, chosen.config.key()) == (
+        0, False, D.trial_row(whole[0], SPEC).key)  # fmt: skip
+    duplicate = next(n for n, t in whole.items() if "duplicate_of" in t.user_attrs)
+    oom = next(n for n, t in whole.items() if t.user_attrs.get("outcome") == Outcome.OOM)
+    for number, words in ((99, "has no trial 99"), (duplicate, "repeats trial 1"),
+                          (oom, "measured nothing (outcome oom)")):  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            E.trial_record(SPEC, number, results=results)
 
 
 class _Watching:

@@ -38,7 +38,14 @@ from tuner.launch.templates import TemplateRenderer, deepspeed_config
 from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout, folder_problem
 from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
-from tuner.report.leaderboard import best_trial, leaderboard_row, megatron_args, stored_trials
+from tuner.report.leaderboard import (
+    SHOWN_ATTRS,
+    best_trial,
+    board_trials,
+    leaderboard_row,
+    megatron_args,
+    whole_trial,
+)
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 
@@ -172,11 +179,10 @@ def trial_record(
 def _measured_trial(
     spec: StudySpec, number: int, storage: str | None, results: str
 ) -> FrozenTrial:
-    trials = stored_trials(spec, storage, results)
-    found = [t for t in trials if t.number == number]
+    found = [t for t in board_trials(spec, storage, results, SHOWN_ATTRS) if t.number == number]
     if not found:
         raise ConfigError(f"study {spec.name!r} has no trial {number}", path="--trial")
-    t = found[0]
+    t = whole_trial(spec, storage, results, found[0])  # that one whole, not every trial
     outcome = t.user_attrs.get("outcome") or t.state.name.lower()
     if "duplicate_of" in t.user_attrs:
         raise ConfigError(f"trial {number} ran no config of its own: it repeats trial "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,10 +135,30 @@ def board_trials(
     """Every trial of ``spec``'s stored study with the attributes ``keys`` (those the
     leaderboard reads) and, with ``times``, its start and end: a read of those alone
     (:mod:`tuner.study.attrs_read`; a config and the hosts shared between the trials that
-    stored the same), not of :func:`stored_trials`' whole trials, made anew on each call."""
+    stored the same), not of :func:`stored_trials`' whole trials; the finished trials of an
+    earlier call are not read again (:data:`_LIGHT`)."""
     reader = _opened(spec, storage, results)[1]
-    return read_attrs(reader.storage, reader.study_id, keys, shared=("config", "hosts"),
-                      times=times)  # fmt: skip
+    asked = (tuple(keys), times)
+    below, done = _LIGHT.setdefault(reader, {}).get(asked, (0, []))
+    fresh = read_attrs(reader.storage, reader.study_id, keys, shared=("config", "hosts"),
+                       times=times, since=below)  # fmt: skip
+    cut = next((i for i, t in enumerate(fresh) if not t.state.is_finished()), len(fresh))
+    # below the first unfinished trial every trial is finished, and never changes; a new
+    # trial's id is above every id there is (TrialReader.settled): read from there next time
+    if cut < len(fresh):
+        below = fresh[cut].trial_id
+    elif fresh:
+        below = fresh[-1].trial_id + 1
+    _LIGHT[reader][asked] = (below, done + fresh[:cut])
+    return done + fresh
+
+
+_LIGHT: weakref.WeakKeyDictionary[TrialReader, dict[Any, tuple[int, list[TrialAttrs]]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""By reader (one per study opened, :data:`_OPENED`) and question (attributes, times): the
+lowest trial id :func:`board_trials` reads next, and the finished trials below it as read (a
+long-lived caller, ``leaderboard()`` called again, reads only the trials in flight and new)."""
 
 
 def optuna_trials(
@@ -310,15 +331,25 @@ def why_empty(
 
 
 def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTrial:
-    """The fastest measured trial."""
-    trials = stored_trials(spec, storage, results)
+    """The fastest measured trial, whole (its export reads its attributes): found on the
+    leaderboard's light read (:func:`board_trials`), then that one trial read whole
+    (:func:`whole_trial`), not every trial whole."""
+    trials = board_trials(spec, storage, results)
     rows = board_rows(spec, trials).rows
     if not rows:
         why = why_empty(spec, trials, results=results)
         raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
     full = [row for row in rows if row["scale"] != "proxy"]  # a proxy's figure is never
     number = (full or rows)[0]["trial"]  # called best over a full-scale one
-    return next(t for t in trials if t.number == number)  # no deep copy of every trial
+    return whole_trial(spec, storage, results, next(t for t in trials if t.number == number))
+
+
+def whole_trial(spec: StudySpec, storage: str | None, results: str, t: TrialAttrs) -> FrozenTrial:
+    """Trial ``t`` of ``spec``'s stored study (read by :func:`board_trials`) whole: its values,
+    parameters and every attribute, as Optuna's storage gives it."""
+    reader = _opened(spec, storage, results)[1]
+    with paused_collection():
+        return reader.storage.get_trial(t.trial_id)
 
 
 def best_config(

@@ -11,8 +11,10 @@ JSON text made by the database (``group_concat`` of ``key: value`` pairs), decod
 here, as the reader joins them. An attribute whose stored text repeats from trial to trial (a
 config: a long study measures a few hundred configs again and again; its hosts) can be read
 as shared: each distinct text decoded once, its object shared by every trial that stored it
-(so never to be changed by the caller). A storage that is not an RDB storage (a journal file)
-is read through Optuna.
+(so never to be changed by the caller). A trial recorded by the loop keeps the attributes the
+read commands show together as one (:mod:`tuner.study.row_attrs`): where every attribute asked
+(but the shared ones) is among those, such a trial is read by that one attribute, the others
+one by one. A storage that is not an RDB storage (a journal file) is read through Optuna.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from tuner.study.reader import (
     fetch_plain,
     local_time,
 )
+from tuner.study.row_attrs import ROW_ATTR, ROW_KEYS
+
+KEPT = frozenset(ROW_KEYS)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -62,7 +67,7 @@ class TrialAttrs:
 
 def read_attrs(
     storage: optuna.storages.BaseStorage, study_id: int, keys: Collection[str] | None = None,
-    *, shared: Collection[str] = (), times: bool = False, grouped: bool = True,
+    *, shared: Collection[str] = (), times: bool = False, grouped: bool = True, since: int = 0,
 ) -> list[TrialAttrs]:  # fmt: skip
     """Every trial of study ``study_id``, in trial-id order (Optuna's), with the user
     attributes named by ``keys`` (None: every one) and, with ``times``, its start and end.
@@ -70,13 +75,14 @@ def read_attrs(
     ``shared``: attributes of ``keys`` decoded once per distinct stored text, their objects
     shared between trials. ``grouped``: on SQLite, each trial's other attributes as one JSON
     text made by the database (the rows joined here otherwise; False reads so, for the tests
-    to compare the two)."""
+    to compare the two). ``since``: only the trials of that id and above."""
     wanted = None if keys is None else frozenset(keys)
     if not isinstance(storage, optuna.storages.RDBStorage):
         trials = storage.get_all_trials(study_id, deepcopy=False)
-        return [_from_frozen(t, wanted, times) for t in trials]
+        return [_from_frozen(t, wanted, times) for t in trials if t._trial_id >= since]
     shared = sorted(k for k in shared if wanted is None or k in wanted)
-    read = _Read(study_id, wanted, tuple(shared), times)
+    kept = wanted is not None and wanted.difference(shared) <= KEPT  # see row_attrs
+    read = _Read(study_id, wanted, tuple(shared), times, kept, since)
     with paused_collection(), storage.engine.connect() as conn:
         if grouped and conn.dialect.name == "sqlite":
             try:
@@ -94,6 +100,12 @@ class _Read:
     keys: frozenset[str] | None
     shared: tuple[str, ...]
     times: bool
+    kept: bool = False
+    """Whether the attributes asked (but the shared ones) are all among those a trial keeps
+    together (:mod:`tuner.study.row_attrs`): then a trial that kept them is read by that one
+    attribute, the others one by one."""
+    since: int = 0
+    """The lowest trial id read."""
     decoded: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The shared attributes' objects by their stored text."""
 
@@ -111,6 +123,11 @@ class _Read:
             value = self.decoded[text] = json.loads(text)
         attrs[key] = value
 
+    def wanted(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The asked ones of a trial's kept attributes."""
+        keys = self.keys
+        return attrs if keys is None else {k: v for k, v in attrs.items() if k in keys}
+
     def grouped(self, conn: sa.Connection) -> list[TrialAttrs]:
         t, a = models.TrialModel.__table__, models.TrialUserAttributeModel.__table__
         pair = sa.func.json_quote(a.c.key).concat(":").concat(a.c.value_json)
@@ -119,15 +136,27 @@ class _Read:
             own = sa.and_(own, a.c.key.in_(sorted(self.keys.difference(self.shared))))
         elif self.shared:
             own = sa.and_(own, a.c.key.not_in(self.shared))
-        columns = [sa.select(sa.func.group_concat(pair, ",")).where(own).scalar_subquery()]
+        pairs = sa.select(sa.func.group_concat(pair, ",")).where(own).scalar_subquery()
+        first: Any = pairs
+        if self.kept:  # the kept object, else (SQLite's coalesce is lazy) the rows joined
+            named = sa.and_(a.c.trial_id == t.c.trial_id, a.c.key == ROW_ATTR)
+            together = sa.select(a.c.value_json).where(named).scalar_subquery()
+            first = sa.func.coalesce(together, sa.literal("{").concat(pairs).concat("}"))
+        columns = [first]
         for key in self.shared:  # its text alone, decoded once per distinct text
             named = sa.and_(a.c.trial_id == t.c.trial_id, a.c.key == key)
             columns.append(sa.select(a.c.value_json).where(named).scalar_subquery())
         query = sa.select(*self.trial_columns(), *columns)
         end = len(query.selected_columns) - len(columns)
         out = []
-        for row in conn.execute(query.where(t.c.study_id == self.study_id).order_by(t.c.trial_id)):
-            attrs = json.loads("{" + row[end] + "}") if row[end] else {}
+        mine = sa.and_(t.c.study_id == self.study_id, t.c.trial_id >= self.since)
+        for row in conn.execute(query.where(mine).order_by(t.c.trial_id)):
+            if not row[end]:
+                attrs = {}
+            elif self.kept:
+                attrs = self.wanted(json.loads(row[end]))
+            else:
+                attrs = json.loads("{" + row[end] + "}")
             for key, text in zip(self.shared, row[end + 1 :], strict=True):
                 self.share(attrs, key, text)
             out.append(_trial(row[:end], attrs))
@@ -135,21 +164,27 @@ class _Read:
 
     def joined(self, conn: sa.Connection) -> list[TrialAttrs]:
         t, a = models.TrialModel.__table__, models.TrialUserAttributeModel.__table__
-        mine = t.c.study_id == self.study_id
+        mine = sa.and_(t.c.study_id == self.study_id, t.c.trial_id >= self.since)
         trials = conn.execute(sa.select(*self.trial_columns()).where(mine).order_by(t.c.trial_id))
         query = sa.select(a.c.trial_id, a.c.key, a.c.value_json).join(
             t, t.c.trial_id == a.c.trial_id
         )
         query = query.where(mine).order_by(a.c.trial_id, a.c.key)
         if self.keys is not None:
-            query = query.where(a.c.key.in_(sorted(self.keys)))
+            asked = self.keys | {ROW_ATTR} if self.kept else self.keys
+            query = query.where(a.c.key.in_(sorted(asked)))
         rows: dict[int, list[Any]] = defaultdict(list)
         texts: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        together: dict[int, str] = {}
         for trial_id, key, value in conn.execute(query):
-            (texts if key in self.shared else rows)[trial_id].append((key, value))
+            if key == ROW_ATTR and self.kept:
+                together[trial_id] = value
+            else:
+                (texts if key in self.shared else rows)[trial_id].append((key, value))
         out = []
         for row in trials.all():
-            attrs = decode_attrs(rows[row[0]])
+            kept = together.get(row[0])
+            attrs = decode_attrs(rows[row[0]]) if kept is None else self.wanted(json.loads(kept))
             for key, text in texts[row[0]]:
                 self.share(attrs, key, text)
             out.append(_trial(row, attrs))

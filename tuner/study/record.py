@@ -264,7 +264,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, verdict: Verdict, duration: 
             value is None or not math.isnan(value)  # NaN: Optuna fails it, with a warning
         ):  # fmt: skip
             study._thread_local.cached_all_trials = None  # as Study.tell
-            write_trial(backend, trial, {}, attrs, end=(state, value))
+            write_trial(backend, trial, {}, attrs, end=(state, value), keep=True)
             return
         set_user_attrs(trial, attrs)
         if value is not None:

@@ -46,6 +46,7 @@ from tuner.layout import ResultsLayout
 from tuner.spec.study import StudySpec
 from tuner.study.driver import connect_args
 from tuner.study.journal import mend_journal
+from tuner.study.row_attrs import ROW_ATTR, ROW_KEYS, kept_text
 from tuner.study.url import (
     StorageURL,
     arguments_refused,
@@ -258,7 +259,7 @@ def write_trial(
     backend: optuna.storages.RDBStorage, trial: optuna.Trial,
     params: dict[str, tuple[float, BaseDistribution]], attrs: dict[str, Any],
     system: dict[str, Any] | None = None,
-    end: tuple[optuna.trial.TrialState, float | None] | None = None,
+    end: tuple[optuna.trial.TrialState, float | None] | None = None, *, keep: bool = False,
 ) -> None:  # fmt: skip
     """A running trial's new parameters (name -> internal value and distribution, as
     ``Storage.set_trial_param`` takes them), user attributes and ``system`` attributes in one
@@ -267,7 +268,9 @@ def write_trial(
     parameter whose distribution differs in kind, or in choices, from the one the study stored
     first: :func:`~optuna.distributions.check_distribution_compatibility`). Updates the
     trial's cached view as Optuna does. ``end``: its final state and value, in the same
-    transaction, as ``Storage.set_trial_state_values`` leaves them (:func:`_end`)."""
+    transaction, as ``Storage.set_trial_state_values`` leaves them (:func:`_end`). ``keep``
+    (with ``end``): the trial's shown attributes, as stored once ``attrs`` are written, also
+    kept together as one (:mod:`tuner.study.row_attrs`)."""
     from optuna.storages._rdb import models
 
     trials = models.TrialModel.__table__
@@ -295,12 +298,29 @@ def write_trial(
                         for k, v in values.items()]  # fmt: skip
                 conn.execute(_upsert(backend.engine.dialect.name, model.__table__), rows)
         if end is not None:
+            if keep:
+                attrs = {**attrs, ROW_ATTR: _keep(conn, backend, trial._trial_id)}
             _end(conn, trial._trial_id, *end)
     cached = trial._cached_frozen_trial
     for name, (value, dist) in params.items():
         cached.distributions[name] = dist
         cached.params[name] = dist.to_external_repr(value)
     cached.user_attrs.update(attrs)
+
+
+def _keep(conn: sa.Connection, backend: optuna.storages.RDBStorage, trial_id: int) -> Any:
+    """Write trial ``trial_id``'s :data:`~tuner.study.row_attrs.ROW_KEYS` as stored (in the
+    caller's transaction, the trial locked) as one attribute; its value."""
+    from optuna.storages._rdb import models
+
+    table = models.TrialUserAttributeModel.__table__
+    mine = (table.c.trial_id == trial_id) & table.c.key.in_(ROW_KEYS)
+    rows = conn.execute(sa.select(table.c.key, table.c.value_json).where(mine)
+                        .order_by(table.c.key)).all()  # fmt: skip
+    text = kept_text([(key, value) for key, value in rows])
+    row = {"trial_id": trial_id, "key": ROW_ATTR, "value_json": text}
+    conn.execute(_upsert(backend.engine.dialect.name, table), [row])
+    return json.loads(text)
 
 
 def _end(conn: sa.Connection, trial_id: int, state: optuna.trial.TrialState,
