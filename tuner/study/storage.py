@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from optuna.distributions import (
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from tuner.errors import StudyError
-from tuner.layout import ResultsLayout
+from tuner.layout import ResultsLayout, beside, held
 from tuner.spec.study import StudySpec
 from tuner.study.driver import connect_args
 from tuner.study.journal import mend_journal
@@ -79,16 +78,12 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
         yield
         return
     try:
-        f = target.with_name(target.name + CREATION_LOCK_SUFFIX).open("a")
+        f = beside(target, CREATION_LOCK_SUFFIX).open("a")
     except OSError:  # a read-only results folder: nothing can be created there anyway
         yield
         return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with f, held(f):
+        yield
 
 
 def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
