@@ -277,6 +277,23 @@ def test_a_read_command_writes_no_schema_into_an_empty_file(
     assert empty.stat().st_size == 0 and sorted(os.listdir(tmp_path)) == ["x.db"]
 
 
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
+def test_a_read_command_leaves_nothing_beside_the_database(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of a database left its creation lock (``x.db.create-lock``) beside it: only
+    a writer creates, so only a writer needs the lock."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    (db := tmp_path / "d" / "x.db").parent.mkdir()
+    optuna.create_study(study_name="demo", storage=f"sqlite:///{db}")
+    argv = [command, "--study", "demo", "--storage", f"sqlite:///{db}"]
+    assert main([*argv, *(["--out", str(tmp_path / "r.html")] if command == "report" else [])]
+                ) in (0, 2)  # fmt: skip
+    assert os.listdir(db.parent) == ["x.db"]
+
+
 def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -102,16 +102,20 @@ def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
 
 
 def open_storage(
-    url: str | None, layout: ResultsLayout, *, heartbeat_s: float = 30.0
+    url: str | None, layout: ResultsLayout, *, heartbeat_s: float = 30.0, create: bool = True
 ) -> optuna.storages.BaseStorage:
     """Open (creating if needed) the storage of a study; one-line :class:`StudyError` if not.
 
     RDB storages get heartbeats: the running trials of a worker that died are failed by the
-    next worker that looks, which re-runs them as interrupted.
+    next worker that looks, which re-runs them as interrupted. ``create=False``: a read of a
+    storage the caller found there (the read commands), which makes no folder and no creation
+    lock beside it (a lock file was left beside every database a leaderboard read).
     """
     where = resolve_url(url, layout)
     target = where.local_file
     try:
+        if not create:
+            return _open(where, heartbeat_s)
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
         with creation_lock(where):
