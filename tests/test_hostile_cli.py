@@ -294,6 +294,39 @@ def test_a_read_command_leaves_nothing_beside_the_database(
     assert os.listdir(db.parent) == ["x.db"]
 
 
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report", "run"])
+@pytest.mark.parametrize(("url", "file"), [("sqlite:///{}", "study.db"),
+                                           ("sqlite:///{}/", "study.db"),
+                                           ("journal:{}", "study.log")])  # fmt: skip
+def test_a_folder_given_as_the_storage_says_it_is_a_folder(
+    command: str, url: str, file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--storage sqlite:////tmp`` said SQLite's "unable to open database file", naming
+    neither the folder nor what to give instead."""
+    monkeypatch.chdir(tmp_path)
+    (folder := tmp_path / "shared").mkdir()
+    given = url.format(folder)
+    assert main([command, "--study", "demo", "--storage", given, "--results", "r"]) == 2
+    assert capsys.readouterr().err == (
+        f"tune: error: cannot open storage {given!r}: {str(folder)!r} is a folder; name a "
+        f"file in it ({given.rstrip('/')}/{file})\n"
+    )
+    assert os.listdir(folder) == []
+
+
+def test_a_folder_where_the_default_database_goes_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (db := tmp_path / "demo" / "study.db").mkdir(parents=True)
+    for command in ("run", "leaderboard"):
+        assert main([command, "--study", "demo", "--results", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == (
+            f"tune: error: cannot open storage 'sqlite:///{db}': {str(db)!r} is a folder, where "
+            "the study's database goes; move it away, or give --storage URL\n"
+        )
+
+
 def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
