@@ -511,3 +511,26 @@ def test_an_export_folder_that_cannot_hold_files_says_why(
     assert (
         capsys.readouterr().err == f"tune: error: cannot write the export to {folder}: {shown}\n"
     )
+
+
+HUGE_LAYOUTS = ["layout:(t|)*99999999999", "layout:Et*" + "9" * 5000 + "|tL"]
+
+
+@pytest.mark.parametrize("layout", HUGE_LAYOUTS)
+def test_a_layout_that_unrolls_past_any_model_is_one_line(
+    layout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--set 'split=layout:(t|)*99999999999'`` (or the same in a study's
+    ``space.pipeline_split``) was a MemoryError traceback from unrolling it; 5,000 digits were
+    int()'s own refusal."""
+    assert main(["estimate", "--study", "demo", "--set", f"split={layout}", "--set", "pp=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tune: error: --set split: layout '") and err.count("\n") == 1, err
+    assert "unrolls to over 16,384 characters (a model has at most 4,096 layers)" in err
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    data["space"]["pipeline_split"] = [layout]
+    (study := tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    assert main(["space", "--study", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "space.pipeline_split[0]" in err and "unrolls to over" in err, err
+    assert err.count("\n") == 1
