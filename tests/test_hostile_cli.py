@@ -534,3 +534,26 @@ def test_a_layout_that_unrolls_past_any_model_is_one_line(
     err = capsys.readouterr().err
     assert "space.pipeline_split[0]" in err and "unrolls to over" in err, err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("full:uniform:" + "9" * 5000, "N is more layers than any model has (4,096)"),
+     ("full:block:5000", "N is more layers than any model has (4,096)"),
+     ("full:uniform:\u00b2", "expected full:uniform:N or full:block:N")],
+)  # fmt: skip
+def test_a_recompute_layer_count_no_model_has_is_one_line(
+    value: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``full:uniform:<5,000 digits>`` was int()'s ValueError traceback, and ``full:uniform:²``
+    (a digit to ``str.isdigit``, none to ``int``) too."""
+    assert main(["estimate", "--study", "demo", "--set", f"recompute={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tune: error: --set recompute: '") and words in err, err
+    assert err.count("\n") == 1
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    data["space"]["recompute"] = [value]
+    (study := tmp_path / "s.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
+    assert main(["space", "--study", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "space.recompute" in err and words in err and err.count("\n") == 1, err
