@@ -557,3 +557,18 @@ def test_a_recompute_layer_count_no_model_has_is_one_line(
     assert main(["space", "--study", str(study)]) == 2
     err = capsys.readouterr().err
     assert "space.recompute" in err and words in err and err.count("\n") == 1, err
+
+
+def test_a_cluster_file_without_a_model_says_it_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "model: the model to be searched (its GEMM shapes are measured)": a description,
+    not that the field is missing, nor what to write."""
+    (cluster := tmp_path / "c.yaml").write_text(
+        "cluster: {gpu: cpu, gpus_per_node: 2, num_nodes: 1, executor: local}\n"
+    )
+    assert main(["profile", "--cluster", str(cluster)]) == 2
+    assert capsys.readouterr().err == (
+        f"tune: error: {cluster}: model: required field is missing: the model whose GEMM shapes "
+        "are measured (for example model: {preset: llama3-8b})\n"
+    )
