@@ -297,6 +297,7 @@ def test_a_read_command_leaves_nothing_beside_the_database(
 @pytest.mark.parametrize("command", ["leaderboard", "best", "report", "run"])
 @pytest.mark.parametrize(("url", "file"), [("sqlite:///{}", "study.db"),
                                            ("sqlite:///{}/", "study.db"),
+                                           ("sqlite:///{}?timeout=5", "study.db?timeout=5"),
                                            ("journal:{}", "study.log")])  # fmt: skip
 def test_a_folder_given_as_the_storage_says_it_is_a_folder(
     command: str, url: str, file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -310,7 +311,7 @@ def test_a_folder_given_as_the_storage_says_it_is_a_folder(
     assert main([command, "--study", "demo", "--storage", given, "--results", "r"]) == 2
     assert capsys.readouterr().err == (
         f"tune: error: cannot open storage {given!r}: {str(folder)!r} is a folder; name a "
-        f"file in it ({given.rstrip('/')}/{file})\n"
+        f"file in it ({given.partition('?')[0].rstrip('/')}/{file})\n"
     )
     assert os.listdir(folder) == []
 

@@ -72,8 +72,9 @@ def _checked(where: StorageURL, url: str | None) -> StorageURL:
         raise StudyError(f"cannot open storage {given!r}: {str(target)!r} is a folder, where the "
                          "study's database goes; move it away, or give --storage URL")  # fmt: skip
     name = "study.log" if where.journal is not None else "study.db"
+    base, sep, query = given.partition("?")  # sqlite:////d?timeout=5: the file before '?'
     raise StudyError(f"cannot open storage {given!r}: {str(target)!r} is a folder; name a file "
-                     f"in it ({given.rstrip('/')}/{name})")  # fmt: skip
+                     f"in it ({base.rstrip('/')}/{name}{sep}{query})")  # fmt: skip
 
 
 def url_problem(url: str) -> str | None:
