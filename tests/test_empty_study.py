@@ -77,3 +77,25 @@ def test_trials_without_a_step_time_are_counted_and_all_shows_them(
     assert code == 2 and "--all" in text, text
     code, text = _tune(capsys, "leaderboard", "--study", STUDY, "--all", *results)
     assert code == 0 and "oom" in text and "rank" in text, text  # --all: the table of them
+
+
+@pytest.mark.parametrize("stopped_in", ["study_rates", "SharedSpace", "make_sampler"])
+def test_a_run_stopped_before_its_study_leaves_no_storage(
+    stopped_in: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A Ctrl-C while ``tune run`` built the space (seconds on a large one) left ``study.db``
+    with Optuna's tables and no study in it; the next leaderboard said the study "is not in
+    the storage" instead of that it has not run yet."""
+    from tuner.study import loop
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, stopped_in, stopped)
+    results = tmp_path / "results"
+    with pytest.raises(KeyboardInterrupt):
+        loop.build_loop(load_study(STUDY), results=str(results))
+    assert not ResultsLayout(results, STUDY).storage_path.exists()
+    code, text = _tune(capsys, "leaderboard", "--study", STUDY, "--results", str(results))
+    assert code == 2 and "tune run --study demo writes them" in text, text

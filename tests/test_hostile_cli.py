@@ -277,6 +277,57 @@ def test_a_read_command_writes_no_schema_into_an_empty_file(
     assert empty.stat().st_size == 0 and sorted(os.listdir(tmp_path)) == ["x.db"]
 
 
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report"])
+def test_a_read_command_leaves_nothing_beside_the_database(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of a database left its creation lock (``x.db.create-lock``) beside it: only
+    a writer creates, so only a writer needs the lock."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    (db := tmp_path / "d" / "x.db").parent.mkdir()
+    optuna.create_study(study_name="demo", storage=f"sqlite:///{db}")
+    argv = [command, "--study", "demo", "--storage", f"sqlite:///{db}"]
+    assert main([*argv, *(["--out", str(tmp_path / "r.html")] if command == "report" else [])]
+                ) in (0, 2)  # fmt: skip
+    assert os.listdir(db.parent) == ["x.db"]
+
+
+@pytest.mark.parametrize("command", ["leaderboard", "best", "report", "run"])
+@pytest.mark.parametrize(("url", "file"), [("sqlite:///{}", "study.db"),
+                                           ("sqlite:///{}/", "study.db"),
+                                           ("sqlite:///{}?timeout=5", "study.db?timeout=5"),
+                                           ("journal:{}", "study.log")])  # fmt: skip
+def test_a_folder_given_as_the_storage_says_it_is_a_folder(
+    command: str, url: str, file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--storage sqlite:////tmp`` said SQLite's "unable to open database file", naming
+    neither the folder nor what to give instead."""
+    monkeypatch.chdir(tmp_path)
+    (folder := tmp_path / "shared").mkdir()
+    given = url.format(folder)
+    assert main([command, "--study", "demo", "--storage", given, "--results", "r"]) == 2
+    assert capsys.readouterr().err == (
+        f"tune: error: cannot open storage {given!r}: {str(folder)!r} is a folder; name a "
+        f"file in it ({given.partition('?')[0].rstrip('/')}/{file})\n"
+    )
+    assert os.listdir(folder) == []
+
+
+def test_a_folder_where_the_default_database_goes_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (db := tmp_path / "demo" / "study.db").mkdir(parents=True)
+    for command in ("run", "leaderboard"):
+        assert main([command, "--study", "demo", "--results", str(tmp_path)]) == 2
+        assert capsys.readouterr().err == (
+            f"tune: error: cannot open storage 'sqlite:///{db}': {str(db)!r} is a folder, where "
+            "the study's database goes; move it away, or give --storage URL\n"
+        )
+
+
 def test_an_sqlite_uri_storage_is_its_file_not_a_folder_named_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -460,4 +511,65 @@ def test_an_export_folder_that_cannot_hold_files_says_why(
     shown = words.format(exports=tmp_path / folder.parent)
     assert (
         capsys.readouterr().err == f"tune: error: cannot write the export to {folder}: {shown}\n"
+    )
+
+
+HUGE_LAYOUTS = ["layout:(t|)*99999999999", "layout:Et*" + "9" * 5000 + "|tL"]
+
+
+@pytest.mark.parametrize("layout", HUGE_LAYOUTS)
+def test_a_layout_that_unrolls_past_any_model_is_one_line(
+    layout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--set 'split=layout:(t|)*99999999999'`` (or the same in a study's
+    ``space.pipeline_split``) was a MemoryError traceback from unrolling it; 5,000 digits were
+    int()'s own refusal."""
+    assert main(["estimate", "--study", "demo", "--set", f"split={layout}", "--set", "pp=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tune: error: --set split: layout '") and err.count("\n") == 1, err
+    assert "unrolls to over 16,384 characters (a model has at most 4,096 layers)" in err
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    data["space"]["pipeline_split"] = [layout]
+    (study := tmp_path / "s.yaml").write_text(yaml.safe_dump(data))
+    assert main(["space", "--study", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "space.pipeline_split[0]" in err and "unrolls to over" in err, err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [("full:uniform:" + "9" * 5000, "N is more layers than any model has (4,096)"),
+     ("full:block:5000", "N is more layers than any model has (4,096)"),
+     ("full:uniform:\u00b2", "expected full:uniform:N or full:block:N")],
+)  # fmt: skip
+def test_a_recompute_layer_count_no_model_has_is_one_line(
+    value: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``full:uniform:<5,000 digits>`` was int()'s ValueError traceback, and ``full:uniform:²``
+    (a digit to ``str.isdigit``, none to ``int``) too."""
+    assert main(["estimate", "--study", "demo", "--set", f"recompute={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tune: error: --set recompute: '") and words in err, err
+    assert err.count("\n") == 1
+    data = yaml.safe_load((REPO / "studies" / "demo.yaml").read_text())
+    data["space"]["recompute"] = [value]
+    (study := tmp_path / "s.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
+    assert main(["space", "--study", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "space.recompute" in err and words in err and err.count("\n") == 1, err
+
+
+def test_a_cluster_file_without_a_model_says_it_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "model: the model to be searched (its GEMM shapes are measured)": a description,
+    not that the field is missing, nor what to write."""
+    (cluster := tmp_path / "c.yaml").write_text(
+        "cluster: {gpu: cpu, gpus_per_node: 2, num_nodes: 1, executor: local}\n"
+    )
+    assert main(["profile", "--cluster", str(cluster)]) == 2
+    assert capsys.readouterr().err == (
+        f"tune: error: {cluster}: model: required field is missing: the model whose GEMM shapes "
+        "are measured (for example model: {preset: llama3-8b})\n"
     )

@@ -11,8 +11,12 @@ import copy
 import dataclasses
 import datetime as dt
 import html
+import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +211,80 @@ def test_tune_runs_closing_lines_name_the_study_file(
     out = " ".join(capsys.readouterr().out.split())
     wanted = f"--results {shlex.quote(str(tmp_path / 'scratch r'))}"
     assert out.count(wanted) == 3, out  # leaderboard, best and report
+
+
+BOARD = """\
+name: board
+model: {preset: llama2-7b}
+training: {global_batch_size: 64}
+cluster: {gpu: a100-80gb, gpus_per_node: 8, num_nodes: 1, executor: local}
+framework: megatron
+launch: {template: megatron_gpt, megatron_path: /opt/megatron, train_args: [--mock-data]}
+space: {tp: [1, 2], pp: [2], micro_batch_size: [1], sequence_parallel: [true],
+        distributed_optimizer: [true], pipeline_split: [%s]}
+"""
+SPLITS = ["first=14,last=18", "layout:Et*15|t*17L"]
+"""Uneven splits of llama2-7b's 32 layers on two stages, one with a comma (the key's own
+separator) and one with the shell's pipe and glob."""
+
+
+def _in_a_shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``command`` as a user pastes it into bash, with this tree's ``tune`` first on PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+@pytest.mark.parametrize("split", SPLITS)
+def test_the_reports_commands_run_as_printed(
+    split: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's "full launch script" left out ``--results`` (a study kept elsewhere was
+    "no results for study"), and the trial views' ``tune estimate`` hint cut an uneven split
+    at its comma and left a layout's ``|`` and ``*`` to the shell (a pipe)."""
+    import optuna
+
+    from tests.test_results import record
+    from tuner.config.parallel import ParallelConfig
+    from tuner.layout import ResultsLayout
+    from tuner.outcome import Outcome
+    from tuner.report import page
+    from tuner.report import views as V
+    from tuner.report.data import gather
+    from tuner.report.shown import MAX_POINTS
+
+    (tmp_path / "board.yaml").write_text(BOARD % ", ".join(f"'{s}'" for s in SPLITS))
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("board.yaml")
+    results = "kept elsewhere"
+    layout = ResultsLayout(tmp_path / results, spec.name)
+    layout.storage_path.parent.mkdir(parents=True)
+    study = optuna.create_study(study_name=spec.name, storage=layout.storage_url)
+    c = ParallelConfig(
+        tp=2,
+        pp=2,
+        dp=2,
+        micro_batch_size=1,
+        global_batch_size=64,
+        sequence_parallel=True,
+        distributed_optimizer=True,
+        pipeline_split=split,
+    )
+    record(study, spec, c, Outcome.OK, 2.0, launched=True, duration_s=60.0)  # fmt: skip
+    data = gather(spec, results=results)
+
+    summary = html.unescape("".join(str(t) for t in page._summary(data).tables))
+    best = re.search(r"tune best [^<]*--emit script", summary)
+    assert best is not None, summary
+    done = _in_a_shell(best.group(0), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (layout.study_dir / "exports" / "trial-0" / "launch.sh").is_file()
+
+    many = dataclasses.replace(data, rows=data.rows * (MAX_POINTS + 1))
+    hint = re.search(r"(tune estimate .*) \(the best", V.screened_note(many))
+    assert hint is not None, V.screened_note(many)
+    done = _in_a_shell(hint.group(1) + " --json", tmp_path)
+    assert done.returncode == 0, done.stderr
+    estimated = json.loads(done.stdout)["config"]
+    assert (estimated["tp"], estimated["pp"], estimated["pipeline_split"]) == (2, 2, split)

@@ -134,6 +134,11 @@ BAD = [
     ("space.micro_batch_size", [10**30], "space.micro_batch_size[0]", "at most"),
     ("search.n_trials", 10**12, "search.n_trials", "at most 100,000"),
     ("launch.train_iters", 10**12, "launch.train_iters", "at most"),
+    # one value where a list goes: it said "expected a list, got 4 or 4 is not one of: auto"
+    ("space.tp", 4, "space.tp", "expected a list, got 4: write [4] (or auto)"),
+    ("space.recompute", "selective", "space.recompute", "got 'selective': write [selective]"),
+    ("space.sequence_parallel", True, "space.sequence_parallel", "got True: write [true]"),
+    ("cluster.nodes", "gpu001", "cluster.nodes", "got 'gpu001': write [gpu001]"),
 ]
 
 

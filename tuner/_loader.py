@@ -168,11 +168,36 @@ def _convert_union(tp: Any, value: object, path: str) -> Any:
             errors.append(exc)
     if len(errors) == 1:
         raise errors[0]
+    _one_for_a_list(args, value, path)
     choices = _choices(args)
     if choices is not None:  # a switch (proxy: on, off or auto): one list, not two errors
         raise ConfigError(f"{describe(value)} is not one of: {', '.join(choices)}", path=path)
     reasons = " or ".join(e.reason for e in errors)
     raise ConfigError(reasons, path=path)
+
+
+def _one_for_a_list(args: tuple[Any, ...], value: object, path: str) -> None:
+    """A union with a list alternative given one such value (``tp: 4`` where ``[4]`` or
+    ``auto`` goes): one line saying what to write, not "expected a list, got 4 or 4 is not
+    one of: auto"."""
+    listed = next((a for a in args if get_origin(a) is tuple), None)
+    hint = _as_list_hint(listed, value, path) if listed is not None else ""
+    if hint:
+        words = [str(c) for a in args if get_origin(a) is Literal for c in get_args(a)]
+        also = f" (or {' or '.join(words)})" if words else ""
+        raise ConfigError(f"expected a list, got {describe(value)}{hint}{also}", path=path)
+
+
+def _as_list_hint(tp: Any, value: object, path: str) -> str:
+    """``": write [4]"`` where a list type ``tp`` takes a list of the one ``value`` given (the
+    commonest slip in a space: ``tp: 4``, ``recompute: selective``); empty otherwise."""
+    if value is None or isinstance(value, list | tuple | Mapping):
+        return ""
+    try:
+        convert(tp, [value], path)
+    except ConfigError:
+        return ""
+    return f": write [{str(value).lower() if isinstance(value, bool) else value}]"
 
 
 def _choices(args: tuple[Any, ...]) -> list[str] | None:
@@ -192,7 +217,8 @@ def _choices(args: tuple[Any, ...]) -> list[str] | None:
 def _convert_tuple(tp: Any, value: object, path: str) -> tuple[Any, ...]:
     args = get_args(tp)
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
-        raise ConfigError(f"expected a list, got {describe(value)}", path=path)
+        hint = _as_list_hint(tp, value, path)
+        raise ConfigError(f"expected a list, got {describe(value)}{hint}", path=path)
     item_type = args[0]
     return tuple(convert(item_type, item, _join(path, i)) for i, item in enumerate(value))
 

@@ -15,14 +15,24 @@
 
 The same layout, rooted elsewhere, describes the trial directory on a remote node
 (:meth:`ResultsLayout.rebase`), so templates can point at files the node will really have.
+
+How those files are kept consistent when several processes (workers of one study, studies of
+one cluster, a reader and a writer) touch one at once is here too, one definition each: a file
+written whole (:func:`write_atomic`) and a file held alone (:func:`held`, on a lock file
+:func:`beside` it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import IO, TypeVar
 
 # The one rule for names that become a directory or file name (study names, extra files,
 # template names): ASCII only, so a name means the same bytes on every filesystem and shell.
@@ -320,3 +330,53 @@ def folder_problem(text: str) -> str | None:
             exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symbolic link loop"
         )
     return None
+
+
+# ----------------------------------------------------------------------------- files kept whole
+
+P = TypeVar("P", bound=PurePath)
+
+
+def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> os.stat_result:
+    """``path`` holds ``content`` whole or is as it was: written beside it, then renamed over it
+    (a loopback node may be reading the same file while another writes it; a Ctrl-C or a full
+    disk mid-write left a file cut short). The half-written copy is removed on any failure.
+
+    Returns the written file's status as the rename left it (the rename keeps the inode, size
+    and times): a cache of what the file holds is keyed by it without a second ``stat`` that
+    another writer's rename could already have overtaken."""
+    tmp = temp_beside(path)
+    try:
+        tmp.write_text(content, encoding="utf-8")
+        tmp.chmod(mode)
+        written = tmp.stat()
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return written
+
+
+def temp_beside(path: P) -> P:
+    """A name for a copy of ``path`` being written, beside it and hidden; each writer its own
+    (two writers that shared one name wrote into each other's copy). Also for a node's file
+    written over SFTP, hence any kind of path."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def beside(path: Path, suffix: str) -> Path:
+    """The file next to ``path`` named ``path``'s name and ``suffix`` (``x.db.create-lock``):
+    where a lock on ``path`` is held (:func:`held`). The lock file is left after: removing a
+    file another process has open, or is about to open, would let two hold "the" lock."""
+    return path.with_name(path.name + suffix)
+
+
+@contextlib.contextmanager
+def held(f: IO[str]) -> Iterator[IO[str]]:
+    """The open file ``f`` held alone for the block: an exclusive ``flock``, waited for, and
+    released at the end (closing the file would release it too)."""
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        yield f
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)

@@ -441,3 +441,32 @@ def test_every_shipped_template_renders_the_full_run(
     assert flag(argv, "--data-path") == "/data/full_document"
     assert flag(argv, "--master_addr") == "127.0.0.1" and flag(argv, "--train-iters") == "6"
     assert not {"--mock-data", "NullTokenizer", "--eval-iters"} & set(argv), argv
+
+
+def test_a_hostfile_study_export_reads_what_its_header_says(tmp_path: Path) -> None:
+    """The header said the master address falls back to "HOSTFILE (default: the study's
+    hostfile)", but loading a study reads its ``cluster.hostfile`` into its nodes, so the
+    script's default was always empty. The first host of the study's hostfile is the study's
+    first node, which the script falls back to; HOSTFILE is the user's only."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# the study's nodes\ngpu017 slots=2\ngpu018 slots=2\n")
+    data = megatron_study(tmp_path, nodes=2, train_args=TRAIN_ARGS)
+    data["cluster"] = {"gpu": "a100-80gb", "gpus_per_node": 2, "hostfile": str(hosts),
+                       "executor": "ssh"}  # fmt: skip
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {2: 2.0})
+    text = trial_record(spec, results=str(tmp_path / "results")).export("script").text
+    header = " ".join(line.removeprefix("#").strip() for line in text.splitlines()
+                      if line.startswith("#"))  # fmt: skip
+    assert ("else the first host of the file HOSTFILE names, else the study's first SSH node"
+            in header), header  # fmt: skip
+    assert "local hostfile=${HOSTFILE:-}" in text  # no default the header would have to name
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    env = {**fake_torchrun(tmp_path), "NODE_RANK": "1"}
+    done, ran = run_script(script, env)
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--master_addr") == "gpu017"
+    (tmp_path / "other").write_text("gpu099\n")
+    done, ran = run_script(script, {**env, "HOSTFILE": str(tmp_path / "other")})
+    assert done.returncode == 0, done.stderr
+    assert flag(ran["argv"], "--master_addr") == "gpu099"

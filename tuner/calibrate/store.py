@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import fcntl
 import hashlib
 import json
 import logging
 import math
+import os
 import shlex
 import statistics
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -42,7 +41,7 @@ import yaml
 from tuner._loader import load_dataclass
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
-from tuner.layout import ClusterLayout
+from tuner.layout import ClusterLayout, beside, held, write_atomic
 from tuner.outcome import Outcome
 from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.file import read_text
@@ -300,15 +299,16 @@ when it saves at its end (seconds at 10,000 observations); the second read is th
 the file changed (a save replaces the file, so another worker's save is a new inode)."""
 
 
-def _stamp(path: Path) -> tuple[int, int, int, int]:
-    st = path.stat()
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one written calibration file from another (the file's identity, size and
+    modification time)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def load_calibration(path: Path, cluster: str) -> Calibration:
     """The saved calibration at ``path``; an empty one when there is none."""
     try:
-        stamp = _stamp(path)
+        stamp = _stamp(path.stat())
         kept = _LOADED.get(str(path))
         if kept is not None and kept[0] == stamp:
             return kept[1]
@@ -412,7 +412,7 @@ def _keep(path: Path, stamp: tuple[int, int, int, int], calibration: Calibration
     """Remember ``calibration`` as the file at ``path`` read or written under ``stamp``, if the
     file still has that stamp (a writer that replaced it meanwhile: not remembered)."""
     try:
-        if _stamp(path) == stamp:
+        if _stamp(path.stat()) == stamp:
             _LOADED[str(path)] = (stamp, calibration)
     except FileNotFoundError:
         pass
@@ -421,15 +421,8 @@ def _keep(path: Path, stamp: tuple[int, int, int, int], calibration: Calibration
 def save_calibration(calibration: Calibration, path: Path) -> None:
     """Write ``calibration`` (atomically: a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")  # a writer's own
-    try:
-        tmp.write_text(yaml.dump(calibration.to_dict(), Dumper=_DUMPER, sort_keys=False))
-        stamp = _stamp(tmp)  # the replace keeps the inode, size and time
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _keep(path, stamp, calibration)
+    text = yaml.dump(calibration.to_dict(), Dumper=_DUMPER, sort_keys=False)
+    _keep(path, _stamp(write_atomic(path, text)), calibration)
 
 
 def memory_fingerprint(spec: Any) -> str:
@@ -474,8 +467,7 @@ def record_study(
     # Read, merge and write under one lock: the workers of a study end together, and one's
     # write dropped what another had written after it read (their .tmp was one name, too).
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.with_name(path.name + ".lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with beside(path, ".lock").open("a") as lock, held(lock):
         merged = load_calibration(path, layout.name).merged(new, now or dt.datetime.now(dt.UTC))
         save_calibration(merged, path)
     return merged

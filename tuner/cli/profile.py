@@ -35,7 +35,8 @@ def cluster_study(path: str) -> StudySpec:
     if not isinstance(raw, dict) or "cluster" not in raw:
         raise ConfigError("a cluster file needs a cluster: section", file=path)
     if "model" not in raw:
-        raise ConfigError("model: the model to be searched (its GEMM shapes are measured)",
+        raise ConfigError("required field is missing: the model whose GEMM shapes are "
+                          "measured (for example model: {preset: llama3-8b})", path="model",
                           file=path)  # fmt: skip
     data = dict(raw)
     data.setdefault("name", "profile")

@@ -28,7 +28,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TypeVar
 
 from tuner.errors import LaunchError, NodeError
@@ -37,6 +36,7 @@ from tuner.launch.request import TOKEN_ENV as TOKEN_ENV
 from tuner.launch.request import JobResult as JobResult
 from tuner.launch.request import LaunchRequest as LaunchRequest
 from tuner.layout import TrialPaths
+from tuner.layout import write_atomic as write_atomic  # report/ imports it from here
 
 logger = logging.getLogger(__name__)
 
@@ -234,20 +234,6 @@ class Executor(abc.ABC):
             write_atomic(paths.launch_script(k), script, mode=0o755)
         for name, content in request.files.items():
             write_atomic(paths.file(name), content)
-
-
-def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> None:
-    """``path`` holds ``content`` whole or is as it was: written beside it, then renamed over it
-    (a loopback node may be reading the same file while another writes it; a Ctrl-C or a full
-    disk mid-write left a file cut short). The half-written copy is removed on any failure."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        tmp.write_text(content, encoding="utf-8")
-        tmp.chmod(mode)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class Job:

@@ -4,7 +4,7 @@ A trial's node scripts are rendered with the hosts and the master address of tha
 run starts later, on nodes the tuner may never see. So the exported script decides both when it
 runs: this node's rank (``NODE_RANK``, else ``SLURM_NODEID`` inside a Slurm job, else 0 when the
 run has one node) and the master address (``MASTER_ADDR``, else the first node of the Slurm
-allocation, else the first host of the hostfile, else the study's first SSH node, else loopback
+allocation, else the first host of ``$HOSTFILE``, else the study's first SSH node, else loopback
 for one node). The node scripts are the study's template rendered with
 :data:`~tuner.launch.slurm_script.MASTER_PLACEHOLDER` for the address, which is replaced here by
 the variable the script resolved; each becomes one shell function of the script, so the export
@@ -28,8 +28,6 @@ class MasterSources:
     """Where the exported script looks for the master address, after ``MASTER_ADDR`` and the
     Slurm allocation."""
 
-    hostfile: str | None = None
-    """The study's hostfile (``HOSTFILE`` in the environment overrides it)."""
     study_host: str | None = None
     """The first node an SSH study names (its trials ran there; a real host name)."""
 
@@ -61,7 +59,6 @@ def _rank_lines(nnodes: int) -> list[str]:
 
 
 def _master_lines(nnodes: int, sources: MasterSources) -> list[str]:
-    hostfile = shlex.quote(sources.hostfile) if sources.hostfile else ""
     out = [
         "# the master address, found when this script runs (see the header)",
         "tuner_master_addr() {",
@@ -71,7 +68,9 @@ def _master_lines(nnodes: int, sources: MasterSources) -> list[str]:
         *("    " + line for line in SLURM_FIRST_NODE.splitlines()),
         '    if [ -n "${addr:-$first}" ]; then printf "%s\\n" "${addr:-$first}"; return; fi',
         "  fi",
-        f"  local hostfile=${{HOSTFILE:-{hostfile}}}",
+        # HOSTFILE only: a study's cluster.hostfile was read into its nodes when it loaded,
+        # so its first host is the study's first node, below
+        "  local hostfile=${HOSTFILE:-}",
         '  if [ -n "$hostfile" ] && [ -r "$hostfile" ]; then',
         "    local host",
         "    host=$(sed -e 's/#.*//' \"$hostfile\" | awk 'NF { print $1; exit }')",

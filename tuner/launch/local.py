@@ -17,8 +17,8 @@ from tuner.launch.base import (
     Executor,
     LaunchRequest,
     NodeProcess,
-    write_atomic,
 )
+from tuner.layout import write_atomic
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ from tuner.launch.base import (
     LaunchRequest,
     NodeProcess,
     new_token,
-    write_atomic,
 )
 from tuner.launch.slurm_script import (
     BATCH_SCRIPT,
@@ -47,6 +46,7 @@ from tuner.launch.slurm_script import (
     sbatch_argv,
 )
 from tuner.launch.slurm_states import Accounting, never_starts, pending_reason, scheduler_verdict
+from tuner.layout import write_atomic
 from tuner.outcome import Outcome
 from tuner.spec.study import SlurmSpec
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
-import uuid
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -42,6 +41,7 @@ from tuner.launch.sshtransport import (
     no_ssh_server,
     quiet_paramiko,
 )
+from tuner.layout import temp_beside
 from tuner.spec.study import SSHSpec
 
 logger = logging.getLogger(__name__)
@@ -371,7 +371,7 @@ def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:
 
 
 def _put_atomic(sftp: paramiko.SFTPClient, path: PurePosixPath, content: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = temp_beside(path)
     with sftp.open(str(tmp), "w") as f:
         f.write(content.encode())
     sftp.chmod(str(tmp), mode)

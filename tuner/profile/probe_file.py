@@ -22,7 +22,7 @@ import yaml
 
 from tuner._loader import describe
 from tuner.errors import ConfigError
-from tuner.launch.base import write_atomic
+from tuner.layout import write_atomic
 from tuner.profile.probe import ProbeResult, ProbeRow
 from tuner.profile.run import MAX_AGE_DAYS, ProfileError
 from tuner.spec.file import read_text

@@ -27,8 +27,7 @@ from typing import Any
 import yaml
 
 from tuner.errors import ConfigError, LaunchError
-from tuner.launch.base import write_atomic
-from tuner.layout import ClusterLayout
+from tuner.layout import ClusterLayout, write_atomic
 from tuner.profile.fields import Malformed, field_of, optional, present, samples, text, utc_time
 from tuner.profile.plan import ProbeOptions, make_plan
 from tuner.spec.file import read_text

@@ -246,7 +246,7 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
         NOT_MEASURED,
         "Run on every node: NODE_RANK=<k> bash launch.sh (one node: bash launch.sh; in a Slurm "
         "job SLURM_NODEID is the rank). Master address: MASTER_ADDR, else the first node of the "
-        "Slurm allocation, else the first host of HOSTFILE (default: the study's hostfile), else "
+        "Slurm allocation, else the first host of the file HOSTFILE names, else "
         "the study's first SSH node, else 127.0.0.1 for one node.",
     ]  # fmt: skip
 
@@ -279,7 +279,6 @@ def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[
         write_atomic(files_dir / name, content)
         written.append(files_dir / name)
     sources = MasterSources(
-        hostfile=spec.cluster.hostfile,
         study_host=spec.node_names[0] if spec.cluster.executor == "ssh" else None,
     )
     text = launch_script(header(record, spec, len(rendered.scripts)), rendered.scripts, sources)

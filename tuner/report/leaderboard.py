@@ -99,7 +99,7 @@ def _opened(
     key = (where.url, spec.name, stat.st_dev if stat else 0, stat.st_ino if stat else 0)
     if key not in _OPENED or not _OPENED[key][1].unchanged():
         with schema_checked():  # no alembic import for a storage at Optuna's head schema
-            raw = open_storage(storage, layout)
+            raw = open_storage(storage, layout, create=False)  # found above
         try:
             study = optuna.load_study(study_name=spec.name, storage=raw)
         except KeyError:

@@ -73,7 +73,8 @@ def _summary(data: ReportData) -> Section:
         pairs += [
             ("best measured config", f"trial {best.number}: {best.label}"),
             *data.launch_args(best),
-            ("full launch script", f"tune best --study {data.spec.study_arg} --emit script"),
+            ("full launch script",
+             f"tune best {data.spec.command_args(data.results)} --emit script"),
             *((k, v) for k, v in figures if v),
             ("measured step", f"{V.fmt(best.measured_step_s)} s"),
         ]  # fmt: skip

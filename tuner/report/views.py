@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import math
 import os
+import shlex
 import urllib.parse
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from tuner.layout import ResultsLayout
 from tuner.report.data import ReportData, TrialRow
 from tuner.report.figures import OUTCOME_COLOURS
 from tuner.report.shown import MAX_POINTS
+from tuner.spec.pipeline_split import EVEN
 
 LOG_TAIL_LINES = 25
 """Lines of a trial's node-0 log shown in its view."""
@@ -324,12 +326,14 @@ def screened_note(data: ReportData) -> str:
     if len(data.rows) <= MAX_POINTS:
         return ""
     example = next((r for r in data.measured if r.config is not None), None)
-    settable = set(settable_keys())
+    settable = set(settable_keys()) - {"split"}  # its value can hold commas: first=8,last=7
     words = [w for w in (example.key if example else "").split(",")
              if w.partition("=")[0] in settable]  # fmt: skip
-    command = " ".join(
-        ["tune estimate --study", data.spec.study_arg, *(f"--set {w}" for w in words)]
-    )
+    split = example.config.pipeline_split if example and example.config else EVEN
+    if split != EVEN:
+        words.append(f"split={split}")
+    command = " ".join(["tune estimate", data.spec.command_args(data.results),
+                        *(f"--set {shlex.quote(w)}" for w in words)])  # fmt: skip
     return (f" Past {MAX_POINTS:,} trials, the view of a config the figures do not draw gives "
             "the predicted peak and step the screen recorded with it; its parts, stage by "
             f"stage: {command} (the best config's knobs here).")  # fmt: skip

@@ -24,6 +24,7 @@ is decided in one place:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -76,6 +77,11 @@ class Traits:
     """PyTorch FSDP2 (``fully_shard``) shards parameters, gradients and optimizer states over
     dp_shard x cp with no separate master copy; DTensor TP/SP; ``torch.distributed.pipelining``
     schedules chosen by name (``pp_schedule``)."""
+    length_flags: tuple[str, ...] = ("--train-iters", "--train-samples")
+    """The arguments that set how long a run trains, which tune sets itself (a trial's
+    ``launch.train_iters``; ``tune best --train-iters`` for the full run): the first is the
+    one its launch passes (Megatron-LM's ``--train-iters``, which refuses ``--train-samples``
+    beside it: "expected iteration-based training")."""
 
 
 TRAITS: dict[Framework, Traits] = {
@@ -88,7 +94,7 @@ TRAITS: dict[Framework, Traits] = {
         megatron_model=False, deepspeed_pipeline=True, deepspeed_optimizer=True,
         context_parallel=False, pipeline_module="workload",
         default_partition="type:Block",  # workloads/gpt_deepspeed.py partitions by block type
-        split_family="deepspeed",
+        split_family="deepspeed", length_flags=("--train-iters",),
     ),
     "megatron-deepspeed": Traits(
         megatron_model=True, deepspeed_pipeline=True, deepspeed_optimizer=True,
@@ -101,11 +107,12 @@ TRAITS: dict[Framework, Traits] = {
         megatron_model=True, deepspeed_pipeline=False, deepspeed_optimizer=False,
         context_parallel=True, pipeline_module=None, default_partition=None,
         split_family="megatron", megatron_core=True, recipe_launch=True,
+        length_flags=("train.train_iters",),  # a recipe override, name=value
     ),
     "torchtitan": Traits(
         megatron_model=False, deepspeed_pipeline=False, deepspeed_optimizer=False,
         context_parallel=True, pipeline_module=None, default_partition=None,
-        split_family="megatron", fsdp2=True,
+        split_family="megatron", fsdp2=True, length_flags=("--training.steps",),
     ),
 }  # fmt: skip
 
@@ -116,6 +123,29 @@ def traits(framework: str) -> Traits:
         return TRAITS[framework]  # type: ignore[index]
     except KeyError:
         raise ValueError(f"unknown framework {framework!r}: one of {FRAMEWORKS}") from None
+
+
+LENGTH_ARGS = ("script_args", "train_args", "extra_args")
+"""The ``launch`` fields whose words reach the training command beside tune's own length."""
+
+
+def length_problem(framework: str, launch: Mapping[str, Sequence[str]]) -> tuple[str, str] | None:
+    """(the field, why) for a word of ``launch``'s :data:`LENGTH_ARGS` that sets the run's
+    length, None if none does. Megatron takes the last ``--train-iters`` it is given, so one in
+    ``launch.train_args`` silently overrode the length the full run's header states (and one in
+    ``extra_args`` every trial's, whose warm-up and steady state are counted from
+    ``launch.train_iters``); a recipe override or torchtitan option before tune's own was
+    silently dropped."""
+    flags = traits(framework).length_flags
+    for name in LENGTH_ARGS:
+        for i, word in enumerate(launch.get(name, ())):
+            bare = word.lstrip("+")  # a recipe override may be ++name=value
+            flag = next((f for f in flags if bare == f or bare.startswith(f + "=")), None)
+            if flag is not None:
+                return (f"launch.{name}[{i}]",
+                        f"{word!r}: tune sets the run's length ({flags[0]}): launch.train_iters "
+                        "for a trial, tune best --train-iters N for the full run")  # fmt: skip
+    return None
 
 
 def padded_vocab(vocab_size: int, tp: int, framework: str, divisible_by: int = 128) -> int:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import ConfigError, SplitError
+from tuner.spec.bounds import MAX_LAYERS
 from tuner.spec.deepspeed_partition import PipeLayer, deepspeed_stages
 from tuner.spec.frameworks import traits
 
@@ -156,8 +157,8 @@ def parse_layout(layout: str) -> tuple[tuple[str, ...], ...]:
     ``(...)*n`` is unrolled first, then ``x*n``, then the text is split at ``|``.
     """
     text = layout.replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = _unrolled(r"\(([^)]+)\)\*(\d+)", text, layout)
+    text = _unrolled(r"(.)\*(\d+)", text, layout)
     stages = []
     for stage in text.split("|"):
         for ch in stage:
@@ -168,6 +169,32 @@ def parse_layout(layout: str) -> tuple[tuple[str, ...], ...]:
                 )
         stages.append(tuple(_LAYOUT_CHARS[ch] for ch in stage))
     return tuple(stages)
+
+
+MAX_LAYOUT_CHARS = 4 * MAX_LAYERS
+"""The longest a layout may unroll to: every layer of the deepest model the study file takes
+(:data:`~tuner.spec.bounds.MAX_LAYERS`), its embedding, loss and stage marks, with room to
+spare. ``(t|)*99999999999`` ran the machine out of memory unrolling it."""
+
+
+def _unrolled(pattern: str, text: str, layout: str) -> str:
+    """``text`` with each repeat ``pattern`` finds (the repeated text, then its count)
+    unrolled; a :class:`ConfigError` before it grows past :data:`MAX_LAYOUT_CHARS`."""
+    room = MAX_LAYOUT_CHARS - len(text)
+
+    def repeat(m: re.Match[str]) -> str:
+        nonlocal room
+        digits = m.group(2)  # int() of thousands of digits is refused, and slow before that
+        n = int(digits) if len(digits) <= 9 else MAX_LAYOUT_CHARS + 1
+        room -= len(m.group(1)) * n - len(m.group(0))
+        if room < 0:
+            raise ConfigError(
+                f"layout {layout[:60]!r} unrolls to over {MAX_LAYOUT_CHARS:,} characters (a "
+                f"model has at most {MAX_LAYERS:,} layers)"
+            )
+        return m.group(1) * n
+
+    return re.sub(pattern, repeat, text)
 
 
 def _layout_chunks(num_layers: int, pp: int, vp: int, layout: str) -> Chunks:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
+from tuner.spec.bounds import MAX_LAYERS
 from tuner.spec.frameworks import traits
 from tuner.spec.moe import MoESpec
 
@@ -105,8 +106,11 @@ def parse_recompute(text: str) -> RecomputeKnobs:
         return RecomputeKnobs("selective", modules=parse_modules(rest) if rest else None)
     if base == "full" and rest:
         method, _, n = rest.partition(":")
-        if method not in ("uniform", "block") or not n.isdigit():
+        if method not in ("uniform", "block") or not (n.isascii() and n.isdigit()):
             raise ConfigError(f"{text!r}: expected full:uniform:N or full:block:N")
+        if len(n.lstrip("0")) > len(str(MAX_LAYERS)) or int(n) > MAX_LAYERS:  # int(): 4,300 digits
+            raise ConfigError(f"{text[:60]!r}: N is more layers than any model has "
+                              f"({MAX_LAYERS:,})")  # fmt: skip
         return RecomputeKnobs("full", method, int(n))
     return RecomputeKnobs(base)
 

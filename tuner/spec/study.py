@@ -33,8 +33,8 @@ from tuner.spec.bounds import (
 from tuner.spec.cluster import ClusterSpec as ClusterSpec
 from tuner.spec.cluster import SlurmSpec as SlurmSpec
 from tuner.spec.cluster import SSHSpec as SSHSpec
+from tuner.spec.frameworks import LENGTH_ARGS, length_problem, traits
 from tuner.spec.frameworks import Framework as Framework
-from tuner.spec.frameworks import traits
 from tuner.spec.model import ModelSpec as ModelSpec
 from tuner.spec.model import Precision as Precision
 from tuner.spec.model import TrainingSpec as TrainingSpec
@@ -280,6 +280,9 @@ class StudySpec:
                     path=f"space.pipeline_split[{i}]",
                 )
         self._check_moe_and_fp8()
+        length = length_problem(self.framework, {n: getattr(self.launch, n) for n in LENGTH_ARGS})
+        if length is not None:
+            raise ConfigError(length[1], path=length[0])
         self._check_recompute_modules()
         self._check_torchtitan_knobs()
         n = len(self.node_names)

@@ -15,7 +15,6 @@ Times are the workers' own clocks (NTP-synchronised login nodes differ by far le
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tuner.layout import ResultsLayout
+from tuner.layout import ResultsLayout, held
 from tuner.study.driver import connect_args
 from tuner.study.holder import provably_dead
 from tuner.study.storage import MISSED_BEATS, retrying
@@ -259,22 +258,18 @@ class _FileBackend(_Backend):
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        with self._path.open("a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
+        with self._path.open("a+") as f, held(f):
+            f.seek(0)
+            text = f.read()
+            data: dict[str, dict[str, Any]] = json.loads(text) if text.strip() else {}
+            before = json.dumps(data, sort_keys=True)
+            yield data
+            after = json.dumps(data, sort_keys=True)
+            if after != before:
                 f.seek(0)
-                text = f.read()
-                data: dict[str, dict[str, Any]] = json.loads(text) if text.strip() else {}
-                before = json.dumps(data, sort_keys=True)
-                yield data
-                after = json.dumps(data, sort_keys=True)
-                if after != before:
-                    f.seek(0)
-                    f.truncate()
-                    f.write(after)
-                    f.flush()
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+                f.truncate()
+                f.write(after)
+                f.flush()
 
     @staticmethod
     def _key(study: str, resource: str) -> str:

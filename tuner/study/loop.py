@@ -78,7 +78,7 @@ from tuner.study.storage import (
     record_heartbeats,
     set_user_attrs,
 )
-from tuner.study.url import resolve_url
+from tuner.study.url import check_arguments, resolve_url
 
 logger = logging.getLogger(__name__)
 
@@ -478,10 +478,15 @@ def build_loop(
     """Everything a worker needs: storage, study, leases, executor, node pool, results layout."""
     layout = ResultsLayout(Path(results).resolve(), spec.name)
     check_results_dir(layout)
-    opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
+    where = resolve_url(storage, layout)  # a --storage no driver takes: said first
+    if where.journal is None:
+        check_arguments(where)
     rates = study_rates(spec, results)  # the cluster's measured profile, if any
     space = SharedSpace(spec, rates, study_terms(spec, results, rates))  # + the probe's terms
     sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
+    # Made just before the study it holds: a Ctrl-C (or a refusal) while the space was built
+    # left a database without the study, which the next leaderboard said it was not in.
+    opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
     study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
     loop = StudyLoop(
@@ -489,6 +494,5 @@ def build_loop(
         leases=open_leases(storage, layout), n_trials=n_trials, on_update=on_update, rerun=rerun,
         rates=rates, space=space,
     )  # fmt: skip
-    where = resolve_url(storage, layout)
     loop.storage_watch = StorageWatch(where.local_file, where.url)
     return loop

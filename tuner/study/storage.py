@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from optuna.distributions import (
 from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
 from tuner.errors import StudyError
-from tuner.layout import ResultsLayout
+from tuner.layout import ResultsLayout, beside, held
 from tuner.spec.study import StudySpec
 from tuner.study.driver import connect_args
 from tuner.study.journal import mend_journal
@@ -80,16 +79,12 @@ def creation_lock(where: StorageURL) -> Iterator[None]:
         yield
         return
     try:
-        f = target.with_name(target.name + CREATION_LOCK_SUFFIX).open("a")
+        f = beside(target, CREATION_LOCK_SUFFIX).open("a")
     except OSError:  # a read-only results folder: nothing can be created there anyway
         yield
         return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with f, held(f):
+        yield
 
 
 def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
@@ -108,16 +103,20 @@ def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
 
 
 def open_storage(
-    url: str | None, layout: ResultsLayout, *, heartbeat_s: float = 30.0
+    url: str | None, layout: ResultsLayout, *, heartbeat_s: float = 30.0, create: bool = True
 ) -> optuna.storages.BaseStorage:
     """Open (creating if needed) the storage of a study; one-line :class:`StudyError` if not.
 
     RDB storages get heartbeats: the running trials of a worker that died are failed by the
-    next worker that looks, which re-runs them as interrupted.
+    next worker that looks, which re-runs them as interrupted. ``create=False``: a read of a
+    storage the caller found there (the read commands), which makes no folder and no creation
+    lock beside it (a lock file was left beside every database a leaderboard read).
     """
     where = resolve_url(url, layout)
     target = where.local_file
     try:
+        if not create:
+            return _open(where, heartbeat_s)
         if target is not None:
             target.parent.mkdir(parents=True, exist_ok=True)
         with creation_lock(where):

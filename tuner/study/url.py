@@ -43,7 +43,7 @@ class StorageURL:
 def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
     """SQLite under results/ by default; an RDB URL; or a journal file (``*.log``/``journal:``)."""
     if url is None:
-        return StorageURL(f"sqlite:///{layout.storage_path.resolve()}")
+        return _checked(StorageURL(f"sqlite:///{layout.storage_path.resolve()}"), None)
     if url.startswith("journal:") or url.endswith((".log", ".journal")):
         if url == "journal:":  # Path("") is "."
             raise StudyError("--storage journal: needs a file: journal:FILE")
@@ -52,14 +52,29 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
         raise StudyError(f"--storage {without_password(url)!r}: {problem}")
     else:
         where = StorageURL(postgres_driver(url))
+    return _checked(where, url)
+
+
+def _checked(where: StorageURL, url: str | None) -> StorageURL:
+    """``where``, refused in one line when its file is there but no file: a folder (SQLite
+    said "unable to open database file", naming neither), a FIFO (it would block the
+    journal's reader for ever)."""
+    target = where.local_file
+    given = url or where.url
     try:  # stat() raises for a name the system refuses (ENAMETOOLONG)
-        target = where.local_file
-        if target is not None and target.exists() and not target.is_file():
-            if not target.is_dir():  # a FIFO would block the journal's reader for ever
-                raise StudyError(f"cannot open storage {url!r}: not a regular file")
+        if target is None or not target.exists() or target.is_file():
+            return where
     except OSError as exc:
-        raise StudyError(f"cannot open storage {url[:100]!r}: {exc.strerror or exc}") from None
-    return where
+        raise StudyError(f"cannot open storage {given[:100]!r}: {exc.strerror or exc}") from None
+    if not target.is_dir():
+        raise StudyError(f"cannot open storage {given!r}: not a regular file")
+    if url is None:  # the default file's name taken by a folder
+        raise StudyError(f"cannot open storage {given!r}: {str(target)!r} is a folder, where the "
+                         "study's database goes; move it away, or give --storage URL")  # fmt: skip
+    name = "study.log" if where.journal is not None else "study.db"
+    base, sep, query = given.partition("?")  # sqlite:////d?timeout=5: the file before '?'
+    raise StudyError(f"cannot open storage {given!r}: {str(target)!r} is a folder; name a file "
+                     f"in it ({base.rstrip('/')}/{name}{sep}{query})")  # fmt: skip
 
 
 def url_problem(url: str) -> str | None:
