@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
@@ -30,6 +30,7 @@ from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.space.cost import BudgetCost, TrialCost, trial_cost
 from tuner.space.proxy import Proxy, proxy_spec, study_proxy
+from tuner.space.shorten import Shortened, at_microbatches
 from tuner.spec.study import StudySpec
 
 WORST_WALK = 256
@@ -71,8 +72,12 @@ class Costing:
     the time model at ``rates`` and ``terms`` (the full config's own prediction is given)."""
 
     def __init__(self, spec: StudySpec, gpu: GPUSpec, rates: Rates | None = None,
-                 terms: StackTerms | None = None) -> None:  # fmt: skip
+                 terms: StackTerms | None = None,
+                 fewer: Mapping[str, Shortened] | None = None) -> None:  # fmt: skip
+        """``fewer``: configs measured at fewer micro-batches per step, by key
+        (:mod:`tuner.space.shorten`): their proxies run at as many."""
         self.spec, self.gpu, self.rates, self.terms = spec, gpu, rates, terms
+        self.fewer = fewer or {}
         self.on = spec.search.proxy is not False
         self._seen: dict[str, ConfigCost] = {}
 
@@ -88,6 +93,11 @@ class Costing:
         if proxy is None:
             return ConfigCost(full=full)
         s = self.spec
+        shorter = self.fewer.get(config.key())
+        if shorter is not None:
+            proxy = dataclasses.replace(
+                proxy, config=at_microbatches(proxy.config, shorter.microbatches)
+            )
         step = estimate_time(s.model, s.training, proxy.config, self.gpu,
                              s.cluster.gpus_per_node, s.framework, self.rates,
                              terms=self.terms).step  # fmt: skip
