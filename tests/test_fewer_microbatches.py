@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,11 +120,10 @@ def batch_table(spec: StudySpec) -> dict[str, dict[str, dict[str, float]]]:
     return table
 
 
-@pytest.mark.slow
-def test_a_paced_study_measures_configs_too_slow_for_the_limit_at_fewer_microbatches(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    data = scenario(trial_timeout_min=LIMIT, n_trials=4, seed=1, memory_probes=0)
+def run_paced(tmp_path: Path, data: dict[str, Any]) -> tuple[StudySpec, Any, list[Any]]:
+    """The study ``data`` on this machine's 16 local "nodes", one stand-in process per trial
+    paced at the tuner's predicted step of each config at the micro-batches it runs: (spec,
+    the run's summary, every trial)."""
     data["cluster"] = dict(data["cluster"], executor="local")
     spec = study_from_mapping(data)
     (tmp_path / "table.json").write_text(json.dumps(batch_table(spec)))
@@ -140,14 +140,29 @@ def test_a_paced_study_measures_configs_too_slow_for_the_limit_at_fewer_microbat
         summary = loop.run()
     finally:
         loop.executor.close()
-    trials = load_optuna_study(spec, None, str(results)).trials
+    return spec, summary, load_optuna_study(spec, None, str(results)).trials
+
+
+@pytest.mark.slow
+def test_a_paced_study_measures_configs_too_slow_for_the_limit_at_fewer_microbatches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # every viable config of the scenario: no stop rule ends the search before the space does
+    data = scenario(trial_timeout_min=LIMIT, n_trials=40, seed=1, memory_probes=0,
+                    stop_chance=None, early_stop_trials=None)  # fmt: skip
+    spec, summary, trials = run_paced(tmp_path, data)
+    results = tmp_path / "results"
     launched = [t for t in trials if t.user_attrs.get("launched")]
-    assert len(launched) == summary.launched >= 2, summary
+    viable = {c.config.key() for c in enumerate_space(spec).ranked()}
+    assert len(launched) == summary.launched == len(viable) == 30, summary
+    assert {t.user_attrs["key"] for t in launched} == viable
     for t in launched:
         a = t.user_attrs
         assert a["outcome"] == "ok", (t.number, a.get("reason"))
         assert a["ended"] in ("precise", "raced"), a
         assert a["iterations"] < spec.launch.train_iters
+        if a["ended"] == "precise":  # at the stated precision (the interval scaled with it)
+            assert a["steady_halfwidth_s"] <= spec.search.precision * a["steady_step_s"]
         m, full_m = a["measured_microbatches"], a["full_microbatches"]
         assert a["config"]["pp"] <= m < full_m
         # what ran: the smaller global batch (its log read so), at the step predicted for it
@@ -168,3 +183,32 @@ def test_a_paced_study_measures_configs_too_slow_for_the_limit_at_fewer_microbat
                  "--results", str(results)]) == 0  # fmt: skip
     text = capsys.readouterr().out
     assert "measured m" in text and "~" in text
+
+
+@pytest.mark.slow
+def test_proxies_and_their_confirmations_run_at_the_fewer_microbatches(tmp_path: Path) -> None:
+    """``search.proxy: on`` under the same limit: each proxy runs at a smaller DP on fewer nodes
+    and at the fewer micro-batches; the best are confirmed at full DP, still at the fewer
+    micro-batches (their own do not fit the limit), before one is called best."""
+    data = scenario(trial_timeout_min=LIMIT, n_trials=3, seed=1, memory_probes=0, proxy=True)
+    spec, summary, trials = run_paced(tmp_path, data)
+    launched = [t for t in trials if t.user_attrs.get("launched")]
+    proxies = [t for t in launched if t.user_attrs.get("proxy")]
+    confirms = [t for t in launched if "confirms" in t.user_attrs]
+    assert proxies and confirms and len(launched) == len(proxies) + len(confirms), summary
+    for t in launched:
+        a = t.user_attrs
+        assert a["outcome"] == "ok", (t.number, a.get("reason"))
+        assert a["config"]["pp"] <= a["measured_microbatches"] < a["full_microbatches"]
+        # the stand-in's step depends on the per-rank work alone: the proxy's step is the full
+        # DP's at those micro-batches, and the extrapolation returns the full step to noise
+        assert a["proxy_step_s"] == pytest.approx(a["measured_predicted_step_s"], rel=0.03)
+        assert a["step_time_s"] == pytest.approx(a["predicted_step_s"], rel=0.05)
+    for t in proxies:
+        assert t.user_attrs["proxy_dp"] < t.user_attrs["config"]["dp"]
+        assert t.user_attrs["proxy_nodes"] < 16
+    by_number = {t.number: t for t in launched}
+    for t in confirms:
+        target = by_number[t.user_attrs["confirms"]]
+        assert not t.user_attrs.get("proxy") and len(t.user_attrs["hosts"]) == 16
+        assert t.user_attrs["measured_microbatches"] == target.user_attrs["measured_microbatches"]

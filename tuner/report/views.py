@@ -163,9 +163,6 @@ def proxy_mark(row: TrialRow) -> str:
     (a number stays first in the cell, so the table still sorts by it)."""
     if not row.proxy:
         return ""
-    if row.proxy.startswith("run at"):  # fewer micro-batches per step, at full DP
-        title = f"extrapolated to the full step from a {row.proxy}"
-        return f' <sup class="proxy" title="{_e(title)}">fewer m</sup>'
     title = f"extrapolated to full scale from a {row.proxy}"
     return f' <sup class="proxy" title="{_e(title)}">proxy</sup>'
 

@@ -148,7 +148,10 @@ class Proxies:
 
     def launch_as(self, trial: Any, config: ParallelConfig) -> tuple[StudySpec, ParallelConfig]:
         """The spec and config the launcher renders for ``trial``: its proxy's, if it has one
-        (recorded on the trial before it starts)."""
+        (recorded on the trial before it starts). A confirmation, placed on a full trial's
+        nodes without :meth:`nodes`, is planned here: at fewer micro-batches when its config is
+        too slow for the limit at its own."""
+        self.nodes(trial, config)
         proxy = self._proxy.get(trial.number)
         if proxy is None:
             return self.spec, config
