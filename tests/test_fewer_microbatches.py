@@ -212,3 +212,15 @@ def test_proxies_and_their_confirmations_run_at_the_fewer_microbatches(tmp_path:
         target = by_number[t.user_attrs["confirms"]]
         assert not t.user_attrs.get("proxy") and len(t.user_attrs["hosts"]) == 16
         assert t.user_attrs["measured_microbatches"] == target.user_attrs["measured_microbatches"]
+
+
+def test_the_report_says_how_a_figure_at_fewer_microbatches_was_measured() -> None:
+    from tuner.report.data import proxy_note
+
+    fewer = {"measured_microbatches": 8, "full_microbatches": 64, "proxy_step_s": 1.5}
+    assert proxy_note(fewer) == "run at 8 of 64 micro-batches per step: 1.5 s measured"
+    both = fewer | {"proxy": True, "proxy_dp": 2, "proxy_nodes": 4}
+    assert proxy_note(both) == (
+        "proxy dp2 on 4 nodes at 8 of 64 micro-batches per step: 1.5 s measured"
+    )
+    assert proxy_note({"proxy_step_s": 1.5}) == ""  # a full-scale measurement
