@@ -229,16 +229,25 @@ def spec_config(spec: StudySpec, key: str) -> Any:
     return next(c.config for c in enumerate_space(spec).ranked() if c.config.key() == key)
 
 
+@pytest.mark.parametrize(
+    ("limit", "fewer"), [(20, False), (1, True)], ids=["not-measured-fewer", "fewest-too-slow"]
+)
 def test_a_limit_no_config_fits_is_refused_with_the_minutes_and_the_fix(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], limit: int, fewer: bool
 ) -> None:
-    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=20))
+    """Refused: no config fits the limit as it is, and fewer micro-batches per step are off
+    (20 min) or do not fit either (1 min: less than the start-up)."""
+    data = scenario(trial_timeout_min=limit, fewer_microbatches=fewer)
+    code, captured = dry_run(tmp_path, capsys, data)
     assert code == 2 and captured.out == ""
     err = captured.err.strip()
     assert len(err.splitlines()) == 1
     assert "search.trial_timeout_min" in err and "min (start-up" in err
     assert "raise search.trial_timeout_min to" in err
-    code = main(["run", "--study", write(tmp_path, scenario(trial_timeout_min=20)),
+    # the other fix, or that it was tried
+    assert ("set search.fewer_microbatches" in err) is not fewer
+    assert ("at its fewest micro-batches per step" in err) is fewer
+    code = main(["run", "--study", write(tmp_path, data),
                  "--results", str(tmp_path / "results"), "--skip-preflight"])  # fmt: skip
     assert code == 2  # the real run refuses too, before anything is created
     assert not (tmp_path / "results").exists()
@@ -266,7 +275,8 @@ def test_a_start_up_that_would_cut_trials_at_the_limit_is_warned_of(
 def test_configs_too_slow_for_the_limit_are_named_and_never_launched_first(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=30))
+    data = scenario(trial_timeout_min=30, fewer_microbatches=False)
+    code, captured = dry_run(tmp_path, capsys, data)
     assert code == 0, captured.err
     out = json.loads(captured.out)
     slow = {item["config"]: item for item in out["cost"]["too_slow"]}
@@ -300,9 +310,10 @@ def test_the_table_names_the_fix_for_too_slow_configs_once(
 ) -> None:
     """The fix was repeated under every config (six times four lines on a 70B study); it is
     said once, with the limit that lets the slowest listed config run, then one line each."""
-    code, captured = dry_run(tmp_path, capsys, scenario(trial_timeout_min=30))
+    data = scenario(trial_timeout_min=30, fewer_microbatches=False)
+    code, captured = dry_run(tmp_path, capsys, data)
     slow = json.loads(captured.out)["cost"]["too_slow"]
-    code = main(["run", "--study", write(tmp_path, scenario(trial_timeout_min=30)), "--dry-run",
+    code = main(["run", "--study", write(tmp_path, data), "--dry-run",
                  "--results", str(tmp_path / "results")])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
     assert code == 0

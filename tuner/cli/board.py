@@ -68,6 +68,13 @@ BOARD_COLUMNS = (
         meaning="full: measured at full scale; proxy: extrapolated from a run at a smaller DP "
         "size (marked ~ in the step column; proxy_dp, proxy_nodes, proxy_step_s)",
     ),
+    render.Column(
+        name="measured_microbatches",
+        header="measured m",
+        meaning="micro-batches per step the trial ran, fewer than the config's: too slow for "
+        "search.trial_timeout_min, its step extrapolated (marked ~; proxy_step_s: the step "
+        "measured)",
+    ),
     render.Column(name="nodes", header="nodes", minor=True, meaning="nodes the trial ran on"),
     render.Column(
         name="duration_s",
@@ -149,7 +156,7 @@ def board_grid(
     with paused_collection():  # thousands of rows of cells, none of them garbage
         for rank, (config, row) in enumerate(zip(by_config, board.rows, strict=True), 1):
             cells = {"rank": str(rank), "config": config}
-            if row["scale"] == "proxy":  # an extrapolated figure
+            if row["scale"] == "proxy" or row["measured_microbatches"]:  # extrapolated
                 cells["measured_step_s"] = "~" + _cell("measured_step_s", row["measured_step_s"])
             rows.append(tuple(
                 cells.get(name) or ("" if key is None else _cell(name, row[key], form))

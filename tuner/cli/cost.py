@@ -9,7 +9,7 @@ and every config that cannot be measured within the time limit the user set, wit
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from tuner.models.rates import Rates
     from tuner.models.stack import StackTerms
     from tuner.space.candidates import Candidate
+    from tuner.space.cost import TrialCost
+    from tuner.space.shorten import Shortened
 
 SHOWN_TOO_SLOW = 10
 """The most configs named one by one as too slow to measure (the rest are counted)."""
@@ -55,14 +57,17 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
     if results is not None:
         found = measured_startup_s(history(spec, results), setup_fingerprint(spec))
         spec = with_startup(spec, found)
-    costs = [trial_cost(spec, c.time.step if c.time else None) for c in ranked]
+    plans = launch_plans(spec, ranked, rates, terms)
+    costs = [shorter.cost if shorter else k for k, shorter in plans]  # what each trial runs
     budget = budget_cost([*costs, *(trial_cost(spec, _step(c)) for c in probes)], n_trials)
-    slow = [(c, k) for c, k in zip(ranked, costs, strict=True) if not k.fits]
+    slow = [(c, k) for c, (k, shorter) in zip(ranked, plans, strict=True)
+            if not k.fits and shorter is None]  # fmt: skip
     cut = [k for k in costs if k.fits and k.minutes > k.limit_minutes]  # by the start-up
-    by_key = {c.config.key(): k for c, k in zip(ranked, costs, strict=True)}
+    by_key = {c.config.key(): p for c, p in zip(ranked, plans, strict=True)}
     out: dict[str, Any] = {
         "configs": [
-            _row(c, by_key.get(c.config.key()) or trial_cost(spec, _step(c))) for c in shown
+            _row(c, *(by_key.get(c.config.key()) or (trial_cost(spec, _step(c)), None)))
+            for c in shown
         ],  # fmt: skip
         "launches": budget.launches,
         "expected_node_hours": round(budget.expected_node_hours, 3),
@@ -78,28 +83,50 @@ def cost_json(spec: StudySpec, ranked: Sequence[Candidate], shown: Sequence[Cand
                 "config": c.config.key(),
                 "spelled": spell(c.config),
                 "trial_min": round(k.minutes, 2),
-                "reason": too_slow_reason(spec, k),
+                "reason": too_slow_reason(spec, k, c.config.pp),
                 "iterations_min": round(k.minutes - spec.search.startup_min, 2),
             }
             for c, k in slow
         ],  # fmt: skip
+        "fewer_microbatches": [
+            {
+                "config": c.config.key(),
+                "spelled": spell(c.config),
+                "full_trial_min": round(k.minutes, 2),
+                "trial_min": round(p.cost.minutes, 2),
+                "microbatches": p.microbatches,
+                "full_microbatches": p.full_microbatches,
+                "step_s": p.step_s,
+                "full_step_s": _step(c),
+            }
+            for c, (k, p) in zip(ranked, plans, strict=True)
+            if p is not None
+        ],  # fmt: skip
     }
     if spec.search.proxy is not False:
-        _with_proxies(out, spec, [*ranked, *probes], shown, n_trials, rates, terms)
+        fewer = {c.config.key(): p for c, (_, p) in zip(ranked, plans, strict=True) if p}
+        _with_proxies(out, spec, [*ranked, *probes], shown, n_trials, rates, terms, fewer)
     return out
 
 
 def _with_proxies(out: dict[str, Any], spec: StudySpec, ranked: Sequence[Candidate],
                   shown: Sequence[Candidate], n_trials: int, rates: Rates | None,
-                  terms: StackTerms | None) -> None:  # fmt: skip
+                  terms: StackTerms | None, fewer: Mapping[str, Shortened]) -> None:  # fmt: skip
     """``out`` with each shown config's proxy trial and the budget's proxies and
-    confirmations (:mod:`tuner.space.proxy_cost`) over ``ranked`` (what may launch, in order)."""
+    confirmations (:mod:`tuner.space.proxy_cost`) over ``ranked`` (what may launch, in order);
+    ``fewer``: the configs measured at fewer micro-batches per step, by key (their proxies and
+    confirmations run so too)."""
     from tuner.space.enumerate import study_gpu  # the time model: only with proxies
     from tuner.space.proxy_cost import Costing, proxy_budget
 
-    costing = Costing(spec, study_gpu(spec), rates, terms)
+    costing = Costing(spec, study_gpu(spec), rates, terms, fewer)
+
+    def step(c: Candidate) -> float | None:  # what its full-DP trial runs
+        shorter = fewer.get(c.config.key())
+        return shorter.step_s if shorter else _step(c)
+
     for row, c in zip(out["configs"], shown, strict=True):
-        k = costing(c.config, _step(c))
+        k = costing(c.config, step(c))
         p = k.proxy
         row.update(
             proxy_nodes=p.nodes if p else None, proxy_dp=k.proxy_dp,
@@ -107,7 +134,7 @@ def _with_proxies(out: dict[str, Any], spec: StudySpec, ranked: Sequence[Candida
             proxy_node_hours=round(p.node_hours, 3) if p else None,
             proxy_worst_node_hours=round(p.worst_node_hours, 3) if p else None,
         )  # fmt: skip
-    found = proxy_budget(spec, [c.config for c in ranked], [_step(c) for c in ranked], costing,
+    found = proxy_budget(spec, [c.config for c in ranked], [step(c) for c in ranked], costing,
                          n_trials)  # fmt: skip
     out.update(
         launches=found.launches.launches,
@@ -129,13 +156,37 @@ def _step(c: Candidate) -> float | None:
     return c.time.step if c.time else None
 
 
-def _row(c: Candidate, k: Any) -> dict[str, Any]:
+def _row(c: Candidate, k: Any, shorter: Shortened | None) -> dict[str, Any]:
+    """One config's preview: its trial as it runs (at fewer micro-batches per step when
+    ``shorter``: ``measured_microbatches``, its own ``fits`` False)."""
+    run = shorter.cost if shorter else k
     return {
         "config": c.config.key(), "spelled": spell(c.config), "predicted_step_s": _step(c),
-        "trial_min": round(k.minutes, 2), "limit_min": round(k.limit_minutes, 2),
-        "node_hours": round(k.node_hours, 3), "worst_node_hours": round(k.worst_node_hours, 3),
-        "fits": k.fits,
+        "trial_min": round(run.minutes, 2), "limit_min": round(run.limit_minutes, 2),
+        "node_hours": round(run.node_hours, 3),
+        "worst_node_hours": round(run.worst_node_hours, 3), "fits": k.fits,
+        "measured_microbatches": shorter.microbatches if shorter else None,
     }  # fmt: skip
+
+
+def launch_plans(
+    spec: StudySpec,
+    ranked: Sequence[Candidate],
+    rates: Rates | None = None,
+    terms: StackTerms | None = None,
+) -> list[tuple[TrialCost, Shortened | None]]:
+    """Each config's full trial, and what runs instead when it is too slow for the user's limit
+    (:func:`tuner.space.shorten.shorten`: fewer micro-batches per step; None: it runs as it is,
+    or, when its trial does not fit, not at all)."""
+    costs = [trial_cost(spec, _step(c)) for c in ranked]
+    if all(k.fits for k in costs):
+        return [(k, None) for k in costs]
+    from tuner.space.enumerate import study_gpu  # the time model: only for configs too slow
+    from tuner.space.shorten import shorten
+
+    gpu = study_gpu(spec)
+    return [(k, None if k.fits else shorten(spec, c.config, gpu, rates, terms))
+            for c, k in zip(ranked, costs, strict=True)]  # fmt: skip
 
 
 _PROXY_COLUMNS = (
@@ -145,6 +196,13 @@ _PROXY_COLUMNS = (
                   meaning="predicted minutes of the proxy's shortest useful trial"),
     render.Column(name="proxy_node_hours", header="proxy node-h",
                   meaning="node-hours of the proxy's shortest useful trial, at its nodes"),
+)  # fmt: skip
+
+
+_FEWER_COLUMN = render.Column(
+    name="measured_microbatches", header="measured m",
+    meaning="micro-batches per step the trial runs (-: all of the config's): the config's own "
+    "trial does not fit search.trial_timeout_min; trial min and node-h are the shorter trial's",
 )  # fmt: skip
 
 
@@ -170,11 +228,14 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
             render.Column(name="worst_node_hours", header="worst node-h",
                           meaning="node-hours if it runs to its limit or train_iters"),
         ) + (_PROXY_COLUMNS if proxies else ())  # fmt: skip
+        fewer = any(row["measured_microbatches"] for row in cost["configs"])
+        columns += (_FEWER_COLUMN,) if fewer else ()
         rows = tuple(
             (row["spelled"], units.seconds(row["predicted_step_s"] or 0.0),
              f"{row['trial_min']:.1f}", f"{row['limit_min']:.1f}",
              units.node_hours(row["node_hours"]), units.node_hours(row["worst_node_hours"]))
             + (_proxy_cells(row) if proxies else ())
+            + ((str(row["measured_microbatches"] or "-"),) if fewer else ())
             for row in cost["configs"]
         )  # fmt: skip
         title = ("cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
@@ -209,7 +270,28 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         )
     if cost.get("cut_by_startup"):
         console.print(_startup_warning(cost))
+    _print_fewer(console, spec, cost["fewer_microbatches"])
     _print_too_slow(console, spec, cost["too_slow"])
+
+
+def _print_fewer(console: Console, spec: StudySpec, fewer: Sequence[dict[str, Any]]) -> None:
+    """The configs too slow for the limit that run at fewer micro-batches per step."""
+    if not fewer:
+        return
+    console.print(
+        f"measured at fewer micro-batches per step: {units.plural(len(fewer), 'config')} whose "
+        f"shortest useful trial does not fit search.trial_timeout_min "
+        f"{spec.search.trial_timeout_min:g} min run with a smaller global batch (the same tp, "
+        "pp, dp and micro-batch) and their full step is extrapolated by the time model (the "
+        "pipeline's fill and drain, the gradient reduction and the optimizer step are per "
+        "step); marked ~ on the leaderboard (search.fewer_microbatches: false refuses them)"
+    )
+    for item in fewer[:SHOWN_TOO_SLOW]:
+        console.print(f"  {item['spelled']}: {item['microbatches']} of "
+                      f"{item['full_microbatches']} micro-batches, {item['trial_min']:.1f} min "
+                      f"(the full step's trial {item['full_trial_min']:.1f} min)")  # fmt: skip
+    if len(fewer) > SHOWN_TOO_SLOW:
+        console.print(f"  ... and {units.plural(len(fewer) - SHOWN_TOO_SLOW, 'more config')}")
 
 
 def _print_too_slow(console: Console, spec: StudySpec, slow: Sequence[dict[str, Any]]) -> None:
@@ -274,12 +356,16 @@ def _proxy_part(cost: dict[str, Any]) -> str:
     )
 
 
-def measurable(spec: StudySpec, ranked: Sequence[Candidate]) -> list[Candidate]:
+def measurable(spec: StudySpec, ranked: Sequence[Candidate], rates: Rates | None = None,
+               terms: StackTerms | None = None) -> list[Candidate]:  # fmt: skip
     """The configs whose shortest useful trial fits the time limit (all, without a user's
-    limit), in the given order; :class:`~tuner.errors.ConfigError` when there is none."""
-    costs = [trial_cost(spec, _step(c)) for c in ranked]
-    require_measurable(spec, costs)
-    return [c for c, k in zip(ranked, costs, strict=True) if k.fits]
+    limit), or does at fewer micro-batches per step (:func:`launch_plans`), in the given
+    order; :class:`~tuner.errors.ConfigError` when there is none."""
+    plans = launch_plans(spec, ranked, rates, terms)
+    if ranked and not any(k.fits or p is not None for k, p in plans):
+        quickest = min(range(len(plans)), key=lambda i: plans[i][0].minutes)
+        require_measurable(spec, [plans[quickest][0]], ranked[quickest].config.pp)
+    return [c for c, (k, p) in zip(ranked, plans, strict=True) if k.fits or p is not None]
 
 
 def spent_json(trials: Sequence[Any]) -> dict[str, Any]:

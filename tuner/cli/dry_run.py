@@ -32,7 +32,7 @@ def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) 
     lines, calibrated = cli_profile.calibrated_lines(spec, report, 5, results, ranked=everything)
     require_viable(spec, report)
     budget = n_trials or spec.search.n_trials
-    ranked = measurable(spec, everything)  # the others are never launched
+    ranked = measurable(spec, everything, rates, terms)  # the others are never launched
     if spec.search.sampler == "model":  # one trial per node group, fastest predicted first
         groups = max(len(spec.node_names) // spec.nodes_per_trial, 1)
         first = ranked[: min(groups, budget)]

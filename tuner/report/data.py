@@ -355,6 +355,7 @@ REPORT_ATTRS = (
     "predicted_step_s", "step_time_s", "tokens_per_s", "predicted_peak_gib", "peak_memory_gib",
     "tflops_per_gpu", "mfu", "predicted_step_sd", "predicted_peak_sd", "predicted_peak_stage",
     "predicted_peak_phase", "proxy", "proxy_dp", "proxy_nodes", "proxy_step_s",
+    "measured_microbatches", "full_microbatches",
 )  # fmt: skip
 """The user attributes the report reads of a trial (:func:`trial_row`, and whether it is a
 duplicate): all that :func:`gather` reads of them."""
@@ -402,11 +403,16 @@ def peak_where(a: dict[str, Any]) -> str:
 
 def proxy_note(a: dict[str, Any]) -> str:
     """A proxy trial's words (its DP size, nodes and measured step), empty for a full-scale one."""
-    if not a.get("proxy"):
+    m = a.get("measured_microbatches")
+    if not a.get("proxy") and not m:
         return ""
     step = _float(a.get("proxy_step_s"))
     measured = f": {step:.4g} s measured" if step else ""
-    return f"proxy dp{a.get('proxy_dp')} on {a.get('proxy_nodes')} nodes{measured}"
+    fewer = f"{m} of {a.get('full_microbatches')} micro-batches per step" if m else ""
+    if not a.get("proxy"):
+        return f"run at {fewer}{measured}"
+    fewer = f" at {fewer}" if fewer else ""
+    return f"proxy dp{a.get('proxy_dp')} on {a.get('proxy_nodes')} nodes{fewer}{measured}"
 
 
 def gather(

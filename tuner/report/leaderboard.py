@@ -41,11 +41,12 @@ COLUMNS = [
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase",
     "ep", "etp", "dispatcher", "precision", "tp_comm_overlap",
     "dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile", "scale", "proxy_dp",
-    "proxy_nodes", "proxy_step_s", "step_measure", "key",
+    "proxy_nodes", "proxy_step_s", "measured_microbatches", "step_measure", "key",
 ]  # fmt: skip
 PROXY_COLUMNS = ["scale", "proxy_dp", "proxy_nodes", "proxy_step_s"]
 """How a figure was measured (``scale``: ``full`` or ``proxy``, ``tuner.study.proxy``): empty in a
-study without proxy trials."""
+study without proxy trials. ``proxy_step_s`` is also the step a trial measured at fewer
+micro-batches per step ran (``measured_microbatches``, ``tuner.space.shorten``)."""
 # "key" is the config's full machine key (ParallelConfig.key) for CSV and JSON; the table spells
 # the config compactly (tuner.config.spelling).
 TORCHTITAN_COLUMNS = ["dp_shard", "dp_replicate", "pp_schedule", "reshard", "compile"]
@@ -59,7 +60,7 @@ BOARD_ATTRS = (
     "objective", "tokens_per_s", "tflops_per_gpu", "mfu", "predicted_mfu", "predicted_peak_gib",
     "peak_memory_gib", "duration_s", "reason", "peak_reserved_gib", "predicted_allocated_gib",
     "predicted_reserved_gib", "predicted_peak_stage", "predicted_peak_phase", "proxy",
-    "proxy_dp", "proxy_nodes", "proxy_step_s",
+    "proxy_dp", "proxy_nodes", "proxy_step_s", "measured_microbatches",
 )  # fmt: skip
 """The user attributes the leaderboard reads of a trial (:func:`leaderboard_row`, its
 :func:`step_measure` and :func:`~tuner.space.trials.trial_outcome`, and :func:`board_rows`'
@@ -229,6 +230,7 @@ def leaderboard_row(
         "predicted_peak_phase": a.get("predicted_peak_phase"),
         "scale": "proxy" if a.get("proxy") else "full", "proxy_dp": a.get("proxy_dp"),
         "proxy_nodes": a.get("proxy_nodes"), "proxy_step_s": a.get("proxy_step_s"),
+        "measured_microbatches": a.get("measured_microbatches"),
         "step_measure": step_measure(a),
     }  # fmt: skip
 
@@ -278,7 +280,8 @@ def board_rows(spec: StudySpec, trials: Sequence[StoredTrial], include_all: bool
     if not traits(spec.framework).fsdp2:  # torchtitan's knobs: empty for the others
         empty += TORCHTITAN_COLUMNS
     if not any(row["scale"] == "proxy" for row in rows):
-        empty += PROXY_COLUMNS
+        shortened = any(row["measured_microbatches"] for row in rows)
+        empty += PROXY_COLUMNS[:-1] if shortened else PROXY_COLUMNS
     blank = dict.fromkeys(empty) | {"precision": spec.training.precision}
     for row in rows:
         row |= blank

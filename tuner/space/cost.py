@@ -117,21 +117,29 @@ def trial_limit_s(spec: StudySpec, step_s: float | None) -> float:
 
 def too_slow_fix(spec: StudySpec, need_min: float) -> str:
     """What lets configs whose shortest useful trial takes up to ``need_min`` minutes run."""
+    raise_it = (f"raise search.trial_timeout_min to {math.ceil(need_min)} or more (or leave it "
+                "unset for a limit per config)")  # fmt: skip
+    if spec.search.fewer_microbatches:  # already tried: even pp micro-batches do not fit
+        return raise_it + " (a proxy, search.proxy, saves node-hours, not minutes)"
     return (
-        f"raise search.trial_timeout_min to {math.ceil(need_min)} or more (or leave it unset for "
-        "a limit per config), or lower training.global_batch_size to measure fewer "
-        "micro-batches per step"
+        raise_it + ", or set search.fewer_microbatches to measure fewer micro-batches per "
+        "step and extrapolate the full step (a proxy saves node-hours, not minutes)"
     )
 
 
-def too_slow_reason(spec: StudySpec, cost: TrialCost) -> str:
+def too_slow_reason(spec: StudySpec, cost: TrialCost, pp: int | None = None) -> str:
     """Why a config whose shortest useful trial does not fit the limit is not launched, and the
-    fix."""
+    fix; ``pp``: the config's pipeline size, when fewer micro-batches per step were tried too
+    (``search.fewer_microbatches``: even ``pp`` of them do not fit)."""
+    fewest = ""
+    if pp is not None and spec.search.fewer_microbatches:
+        fewest = (f"; at its fewest micro-batches per step ({max(pp, 1)}, one per pipeline "
+                  "stage) its trial does not fit either")  # fmt: skip
     return (
         f"its shortest useful trial takes {cost.minutes:.1f} min (start-up "
         f"{spec.search.startup_min:g} min + {useful_iterations(spec)} iterations in "
         f"{cost.minutes - spec.search.startup_min:.1f} min), and the iterations alone exceed "
-        f"search.trial_timeout_min {spec.search.trial_timeout_min:g}: "
+        f"search.trial_timeout_min {spec.search.trial_timeout_min:g}{fewest}: "
         f"{too_slow_fix(spec, cost.minutes)}"
     )
 
@@ -164,14 +172,16 @@ def budget_cost(costs_fastest_first: Sequence[TrialCost], n_trials: int) -> Budg
     )  # fmt: skip
 
 
-def require_measurable(spec: StudySpec, costs: Sequence[TrialCost]) -> None:
+def require_measurable(spec: StudySpec, costs: Sequence[TrialCost], pp: int | None = None,
+                       ) -> None:  # fmt: skip
     """:class:`ConfigError` when not one viable config's shortest useful trial fits the time
-    limit the user set: the study would launch nothing but time-outs."""
+    limit the user set: the study would launch nothing but time-outs. ``pp``: the quickest
+    config's, when fewer micro-batches per step were tried too (:func:`too_slow_reason`)."""
     if not costs or any(c.fits for c in costs):
         return
     quickest = min(costs, key=lambda c: c.minutes)
     raise ConfigError(
         f"no config can be measured within {spec.search.trial_timeout_min:g} min: "
-        + too_slow_reason(spec, quickest),
+        + too_slow_reason(spec, quickest, pp),
         path="search.trial_timeout_min",
     )

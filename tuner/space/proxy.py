@@ -25,6 +25,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.config.rules import validate
 from tuner.models.memory.breakdown import GIB
 from tuner.models.memory.estimate import estimate_memory
+from tuner.space.shorten import batch_spec
 from tuner.spec.study import StudySpec
 
 AUTO_MIN_NODES = 4
@@ -101,10 +102,7 @@ def study_proxy(spec: StudySpec, full: ParallelConfig, gpu: GPUSpec) -> Proxy | 
 def proxy_spec(spec: StudySpec, proxy: Proxy) -> StudySpec:
     """``spec`` as the proxy runs it: its nodes per trial and global batch (what the launch
     template renders and the log parser reads)."""
+    ran = batch_spec(spec, proxy.config)
     return dataclasses.replace(
-        spec,
-        training=dataclasses.replace(
-            spec.training, global_batch_size=proxy.config.global_batch_size
-        ),
-        search=dataclasses.replace(spec.search, nodes_per_trial=proxy.nodes),
+        ran, search=dataclasses.replace(spec.search, nodes_per_trial=proxy.nodes)
     )

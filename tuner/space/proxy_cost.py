@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,7 @@ from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.space.cost import BudgetCost, TrialCost, trial_cost
 from tuner.space.proxy import Proxy, study_proxy
+from tuner.space.shorten import Shortened, at_microbatches
 from tuner.spec.study import StudySpec
 
 WORST_WALK = 256
@@ -116,8 +117,12 @@ class Costing:
     the time model at ``rates`` and ``terms`` (the full config's own prediction is given)."""
 
     def __init__(self, spec: StudySpec, gpu: GPUSpec, rates: Rates | None = None,
-                 terms: StackTerms | None = None) -> None:  # fmt: skip
+                 terms: StackTerms | None = None,
+                 fewer: Mapping[str, Shortened] | None = None) -> None:  # fmt: skip
+        """``fewer``: configs measured at fewer micro-batches per step, by key
+        (:mod:`tuner.space.shorten`): their proxies run at as many."""
         self.spec, self.gpu, self.rates, self.terms = spec, gpu, rates, terms
+        self.fewer = fewer or {}
         self.on = spec.search.proxy is not False
         self._seen: dict[str, ConfigCost] = {}
         self._scales: dict[str, LaunchScale | None] = {}
@@ -144,7 +149,14 @@ class Costing:
 
     def _scale(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
         proxy = study_proxy(self.spec, config, self.gpu) if self.on and step_s else None
-        return None if proxy is None else self.proxy_scale(proxy, step_s)
+        if proxy is None:
+            return None
+        shorter = self.fewer.get(config.key())
+        if shorter is not None:  # its proxy runs at as few micro-batches as the config
+            proxy = dataclasses.replace(
+                proxy, config=at_microbatches(proxy.config, shorter.microbatches)
+            )
+        return self.proxy_scale(proxy, step_s)
 
     def proxy_scale(self, proxy: Proxy, step_s: float | None) -> LaunchScale:
         """The scale of a launch as ``proxy``, its full config's step predicted at ``step_s``

@@ -186,6 +186,11 @@ class SearchSpec:
     whose proxy takes at most half of a trial's nodes when a trial takes at least 4."""
     proxy_confirm: int = 2
     """With proxies: how many of the best extrapolated configs run at full scale at the end."""
+    fewer_microbatches: bool = True
+    """Under ``trial_timeout_min``: a config whose shortest useful trial does not fit the limit
+    is measured with fewer micro-batches per step (same tp, pp, dp and micro-batch, a smaller
+    global batch) and its full step extrapolated (``tuner.space.shorten``); off: it is never
+    launched (``pruned_time``)."""
     heartbeat_s: float = 30.0
     """How often a worker marks its running trials and node leases alive; a worker silent for
     four periods is taken as dead (its trials re-run, its nodes are cleaned and freed)."""

@@ -41,6 +41,7 @@ from tuner.search.value import PURPOSE_ATTR
 from tuner.space.enumerate import expand_axes
 from tuner.space.proxy import Proxy, proxy_config, proxy_spec, study_proxy
 from tuner.space.proxy_cost import Costing, LaunchScale
+from tuner.space.shorten import SHORTENED, at_microbatches
 from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
 from tuner.study.budget import launch_refusal
@@ -119,8 +120,8 @@ class Proxies:
     def nodes(self, trial: Any, config: ParallelConfig) -> int:
         """Nodes ``trial`` of ``config`` will hold: its proxy's, decided here once (a
         confirmation runs at full scale), else a full trial's."""
-        if self.on and "confirms" not in trial.user_attrs and trial.number not in self._proxy:
-            proxy = study_proxy(self.spec, config, self.gpu)
+        if trial.number not in self._proxy:
+            proxy = self._plan(trial.user_attrs, config)
             if proxy is not None:
                 self._proxy[trial.number] = proxy
                 self._size = proxy.nodes
@@ -133,6 +134,15 @@ class Proxies:
         proxy = self._proxy.get(trial.number)
         step = trial.user_attrs.get("predicted_step_s")
         return None if proxy is None else self._costing.proxy_scale(proxy, step)
+
+    def _plan(self, attrs: Mapping[str, Any], config: ParallelConfig) -> Proxy | None:
+        """What runs for a trial of ``config``: its proxy (a confirmation has none), at the
+        fewer micro-batches per step the screen chose when the config is too slow for the limit
+        (``measured_microbatches``: :mod:`tuner.space.shorten`); None: the config itself."""
+        proxy = None
+        if self.on and "confirms" not in attrs:
+            proxy = study_proxy(self.spec, config, self.gpu)
+        return shortened_proxy(self.spec, attrs, config, proxy)
 
     def place(self, sched: Scheduler, trial: Any, config: ParallelConfig,
               placement: Placement) -> Placement | None:  # fmt: skip
@@ -150,15 +160,19 @@ class Proxies:
 
     def launch_as(self, trial: Any, config: ParallelConfig) -> tuple[StudySpec, ParallelConfig]:
         """The spec and config the launcher renders for ``trial``: its proxy's, if it has one
-        (recorded on the trial before it starts)."""
+        (recorded on the trial before it starts). A confirmation, placed on a full trial's
+        nodes without :meth:`nodes`, is planned here: at fewer micro-batches when its config is
+        too slow for the limit at its own."""
+        self.nodes(trial, config)
         proxy = self._proxy.get(trial.number)
         if proxy is None:
             return self.spec, config
-        trial.set_user_attr("proxy", True)
-        trial.set_user_attr("proxy_dp", proxy.config.dp)
-        trial.set_user_attr("proxy_nodes", proxy.nodes)
-        trial.set_user_attr("proxy_global_batch", proxy.config.global_batch_size)
-        trial.set_user_attr("proxy_predicted_peak_gib", round(proxy.peak_gib, 3))
+        if proxy.config.dp < config.dp:  # a proxy at a smaller DP (else: fewer micro-batches)
+            trial.set_user_attr("proxy", True)
+            trial.set_user_attr("proxy_dp", proxy.config.dp)
+            trial.set_user_attr("proxy_nodes", proxy.nodes)
+            trial.set_user_attr("proxy_global_batch", proxy.config.global_batch_size)
+            trial.set_user_attr("proxy_predicted_peak_gib", round(proxy.peak_gib, 3))
         return proxy_spec(self.spec, proxy), proxy.config
 
     def judge(self, trial: Any, config: ParallelConfig, result: JobResult,
@@ -239,8 +253,10 @@ class Proxies:
     def _launch_confirmation(self, loop: Any, target: FrozenTrial, placement: Placement) -> None:
         config = ParallelConfig(**target.user_attrs["config"])
         params = config_params(config, expand_axes(self.spec))
+        # a config too slow for the limit at its full micro-batches is confirmed at the fewer
+        keep = ("config", "key", *SHORTENED)  # it was measured at (SHORTENED): at full DP
         attrs = {k: v for k, v in target.user_attrs.items()
-                 if k in ("config", "key") or k.startswith("predicted_")}  # fmt: skip
+                 if k in keep or k.startswith("predicted_")}  # fmt: skip
         attrs.update(confirms=target.number, **{PURPOSE_ATTR: "confirmation"})
         # Created running with its parameters, not enqueued and asked: an ask pops the oldest
         # waiting trial, which may be a re-run the recovery queued; this config would then run
@@ -276,12 +292,29 @@ def trial_verdict(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, attrs: Map
 
 def recorded_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,
                    ) -> Proxy | None:  # fmt: skip
-    """The proxy a trial ran as, from its attributes (None: it ran at full scale)."""
-    if not attrs.get("proxy"):
-        return None
-    config = proxy_config(full, int(attrs["proxy_dp"]))
-    peak = float(attrs.get("proxy_predicted_peak_gib") or 0.0)
-    return Proxy(config, int(attrs["proxy_nodes"]), spec.nodes_per_trial, peak)
+    """The proxy a trial ran as, from its attributes (None: it ran ``full`` as it is)."""
+    proxy = None
+    if attrs.get("proxy"):
+        config = proxy_config(full, int(attrs["proxy_dp"]))
+        peak = float(attrs.get("proxy_predicted_peak_gib") or 0.0)
+        proxy = Proxy(config, int(attrs["proxy_nodes"]), spec.nodes_per_trial, peak)
+    return shortened_proxy(spec, attrs, full, proxy)
+
+
+def shortened_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,
+                    proxy: Proxy | None) -> Proxy | None:  # fmt: skip
+    """``proxy`` (or ``full`` itself, on a full trial's nodes, when None) at the micro-batches
+    per step ``attrs`` record (``measured_microbatches``: the config is too slow for the limit,
+    :mod:`tuner.space.shorten`); ``proxy`` unchanged when they record none. The extrapolation
+    from what runs to ``full`` then covers both the DP and the micro-batches."""
+    m = attrs.get("measured_microbatches")
+    if m is None:
+        return proxy
+    if proxy is None:
+        peak = float(attrs.get("predicted_peak_gib") or 0.0)
+        nodes = spec.nodes_per_trial
+        return Proxy(at_microbatches(full, int(m)), nodes, nodes, peak)
+    return dataclasses.replace(proxy, config=at_microbatches(proxy.config, int(m)))
 
 
 def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Proxy | None,

@@ -24,6 +24,7 @@ from tuner.outcome import Outcome
 from tuner.space.cost import too_slow_reason, trial_cost
 from tuner.space.enumerate import SharedSpace, study_violations
 from tuner.space.probes import at_risk, fit_probability
+from tuner.space.shorten import shorten, shortened_attrs
 from tuner.space.trials import SplitIndex
 from tuner.spec.study import StudySpec
 from tuner.study.digest import Digest
@@ -90,9 +91,12 @@ class Screen:
             "predicted_peak_sd": round(memory.sigma, 4),
         })  # fmt: skip
         cost = trial_cost(spec, predicted.step)
-        if not cost.fits:  # it would only time out: say so, with the fix
-            self._prune(trial, Outcome.PRUNED_TIME, too_slow_reason(spec, cost))
-            return False
+        if not cost.fits:  # it would only time out: fewer micro-batches per step, or the fix
+            shorter = shorten(spec, config, self.gpu, self.rates, terms)
+            if shorter is None:
+                self._prune(trial, Outcome.PRUNED_TIME, too_slow_reason(spec, cost, config.pp))
+                return False
+            set_user_attrs(trial, shortened_attrs(shorter))
         if not fits(memory, self.gpu, spec.search.memory_headroom):
             limit = spec.search.memory_headroom * self.gpu.memory_gib
             reason = f"predicted peak {memory.peak / GIB:.3g} GiB > {limit:.3g} GiB"
