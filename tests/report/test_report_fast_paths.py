@@ -5,10 +5,14 @@ the whole page is the same bytes but for its time stamp."""
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
+import optuna.visualization as ov
+import plotly.graph_objects as go
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
@@ -59,6 +63,7 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
     fast = P.render(data, P.sections(data))
     monkeypatch.setattr(F, "FAST_POINTS", False)
     monkeypatch.setattr(F, "views_study", _checked_study)
+    monkeypatch.setattr(F, "history", _optuna_history)
     checked = P.render(data, P.sections(data))
 
     def stamped(page: str) -> str:
@@ -76,6 +81,54 @@ def _checked_study(name: str, trials: list[FrozenTrial]) -> optuna.Study:
     study = optuna.Study(study_name=name, storage=storage)
     study.add_trials(trials)
     return study
+
+
+def _optuna_history(
+    trials: list[FrozenTrial], target: Callable[[FrozenTrial], float], name: str
+) -> go.Figure:
+    """The history as Optuna draws it, of Optuna's own in-memory study of ``trials``, the
+    target negated back."""
+    fig = ov.plot_optimization_history(_checked_study(SPEC.name, trials), target=target,
+                                       target_name=name)  # fmt: skip
+    for trace in fig.data:
+        if trace.y is not None:
+            trace.y = [-v for v in trace.y]
+    return fig.update_layout(yaxis_title=name, template="plotly_white")
+
+
+def test_the_history_is_optunas_drawn_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimization history is the figure Optuna draws (its JSON), checked or not, on
+    trials with infinite and odd values too; the report's does not call Optuna's."""
+    _study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    complete = [t for t in data.trials if t.value]
+    target = F._throughput_target(data)
+    assert len(complete) > 20
+    odd = [*complete[:5], complete[5].__class__(**{**_fields(complete[5]), "values": [math.inf]})]
+    for trials in (complete, complete[:2], odd):
+        want = _optuna_history(trials, target, "tokens/s/GPU").to_json()
+        assert F.history(trials, target, "tokens/s/GPU").to_json() == want
+        monkeypatch.setattr(F, "FAST_POINTS", False)
+        assert F.history(trials, target, "tokens/s/GPU").to_json() == want
+        monkeypatch.setattr(F, "FAST_POINTS", True)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("drawn through Optuna's history")
+
+    monkeypatch.setattr(ov, "plot_optimization_history", refused)
+    figures, _ = F.optuna_views(data)
+    assert figures[0][0] == "optuna_history" and len(figures[0][1].data[0].x) == len(complete)
+
+
+def _fields(t: FrozenTrial) -> dict[str, object]:
+    return {
+        "number": t.number, "state": t.state, "value": None, "values": t.values,
+        "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete,
+        "params": t.params, "distributions": t.distributions, "user_attrs": {},
+        "system_attrs": {}, "intermediate_values": {}, "trial_id": t._trial_id,
+    }  # fmt: skip
 
 
 def test_the_importances_study_reads_its_trials_without_copies(tmp_path: Path) -> None:
