@@ -1,10 +1,12 @@
 """The report's fast paths draw what plotly's checked ones draw, on a study of many trials of
 every kind (measured with stated bands, OOMs, failed launches, a log and a command): with the
-point traces made and added unchecked and Optuna's views drawn from the trials without copies,
+point traces made and added unchecked and Optuna's views drawn from the trials without copies
+(the history and the importances computed here as Optuna computes them),
 the whole page is the same bytes but for its time stamp."""
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from tests.test_results import SPEC, config, record
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.report import figures as F
+from tuner.report import importances as I
 from tuner.report import page as P
 from tuner.report.data import gather
 
@@ -64,6 +67,7 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
     monkeypatch.setattr(F, "FAST_POINTS", False)
     monkeypatch.setattr(F, "views_study", _checked_study)
     monkeypatch.setattr(F, "history", _optuna_history)
+    monkeypatch.setattr(F, "plot_param_importances", I._optunas)
     checked = P.render(data, P.sections(data))
 
     def stamped(page: str) -> str:
@@ -106,7 +110,9 @@ def test_the_history_is_optunas_drawn_without_it(
     complete = [t for t in data.trials if t.value]
     target = F._throughput_target(data)
     assert len(complete) > 20
-    odd = [*complete[:5], complete[5].__class__(**{**_fields(complete[5]), "values": [math.inf]})]
+    infinite = copy.copy(complete[5])
+    infinite.values = [math.inf]
+    odd = [*complete[:5], infinite]
     for trials in (complete, complete[:2], odd):
         want = _optuna_history(trials, target, "tokens/s/GPU").to_json()
         assert F.history(trials, target, "tokens/s/GPU").to_json() == want
@@ -120,15 +126,6 @@ def test_the_history_is_optunas_drawn_without_it(
     monkeypatch.setattr(ov, "plot_optimization_history", refused)
     figures, _ = F.optuna_views(data)
     assert figures[0][0] == "optuna_history" and len(figures[0][1].data[0].x) == len(complete)
-
-
-def _fields(t: FrozenTrial) -> dict[str, object]:
-    return {
-        "number": t.number, "state": t.state, "value": None, "values": t.values,
-        "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete,
-        "params": t.params, "distributions": t.distributions, "user_attrs": {},
-        "system_attrs": {}, "intermediate_values": {}, "trial_id": t._trial_id,
-    }  # fmt: skip
 
 
 def test_the_importances_study_reads_its_trials_without_copies(tmp_path: Path) -> None:

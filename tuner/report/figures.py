@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 
 from tuner.models.uncertainty import BAND_LEVEL, band
 from tuner.report.data import MEMORY_PARTS, MOE_FP8_TIME_PARTS, TIME_PARTS, ReportData, TrialRow
+from tuner.report.importances import plot_param_importances
 from tuner.report.shown import MAX_POINTS, left_out, memory_x, menu_rows, pareto_front, spread
 
 BAND_NOTE = (
@@ -364,10 +365,6 @@ def _throughput_target(data: ReportData) -> Callable[[FrozenTrial], float]:
 def optuna_views(data: ReportData) -> tuple[Figures, str]:
     """Optuna's optimization history and parameter importances for throughput; with fewer than
     two completed trials, none and a note why."""
-    import warnings
-
-    import optuna.visualization as ov
-
     complete = [t for t in data.trials if t.state == TrialState.COMPLETE and t.value]
     if len(complete) < 2:
         return [], f"Optuna's views need at least 2 completed trials ({len(complete)} so far)."
@@ -382,11 +379,8 @@ def optuna_views(data: ReportData) -> tuple[Figures, str]:
                if searched else "no knob took more than one value")  # fmt: skip
         return figures, f"Parameter importances are left out: {why}."
     note = ""
-    try:
-        with warnings.catch_warnings():  # the target is negated already (see above)
-            warnings.filterwarnings("ignore", message=".*low `target` values")
-            importances = ov.plot_param_importances(study, target=target, params=searched,
-                                                    target_name="tokens/s/GPU")  # fmt: skip
+    try:  # the target is negated already (see above): lower is better
+        importances = plot_param_importances(study, searched, target, "tokens/s/GPU")
         importances.update_layout(template="plotly_white")
         figures.append(("optuna_importances", importances))
     except (RuntimeError, ValueError) as exc:  # e.g. every parameter took one value only
