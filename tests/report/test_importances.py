@@ -94,8 +94,8 @@ def test_the_regimes_are_optunas_in_its_order() -> None:
 
 
 def test_what_it_does_not_cover_is_drawn_by_optuna(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another Optuna version, fewer than two finite targets: Optuna's own figure; a parameter
-    no trial has: Optuna's error."""
+    """Another Optuna version, fewer than two finite targets, no parameters: Optuna's own
+    figure; a parameter no trial has: Optuna's error."""
     assert optuna.__version__.startswith(I.CHECKED)  # else the comparisons above compare nothing
     calls: list[int] = []
     optunas = I._optunas
@@ -113,6 +113,8 @@ def test_what_it_does_not_cover_is_drawn_by_optuna(monkeypatch: pytest.MonkeyPat
     assert calls == [1]
     with pytest.raises(ValueError, match="Missing parameters"):
         I.plot_param_importances(study, ["tp", "nothing"], _target, "t")
+    assert I.plot_param_importances(study, [], _target, "t").data == ()  # no bars, as Optuna
+    assert len(calls) == 3
     monkeypatch.setattr(I, "CHECKED", "0.0.")
     I.plot_param_importances(study, ["tp"], _target, "t")
-    assert len(calls) == 3
+    assert len(calls) == 4

@@ -38,12 +38,13 @@ def plot_param_importances(
     """``optuna.visualization.plot_param_importances(study, params=params, target=target,
     target_name=name)`` (PED-ANOVA; ``target``: lower is better), the same figure. Raises
     what Optuna's raises where it would (through Optuna's, on what this module does not
-    cover: fewer than two trials with a finite target)."""
+    cover: no parameters, fewer than two trials with a finite target)."""
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     values = [float(target(t)) for t in trials]
     kept = [i for i, v in enumerate(values) if math.isfinite(v)]
     known = {p for t in trials for p in t.distributions}
-    if not optuna.__version__.startswith(CHECKED) or len(kept) <= 1 or not known >= set(params):
+    covered = params and len(kept) > 1 and known >= set(params)
+    if not optuna.__version__.startswith(CHECKED) or not covered:
         return _optunas(study, params, target, name)  # (it raises on a parameter unknown)
     shown = _normalised(_sorted(_ped_anova([trials[i] for i in kept],
                                            [values[i] for i in kept], params)))  # fmt: skip
