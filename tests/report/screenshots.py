@@ -20,7 +20,7 @@ SHOTS = ("report-demo.png", "report-large.png")
 """The demo's report, and a generated 200-trial study's (benchmarks/report_size.py)."""
 TEMPLATE = tuple(
     REPO / "tuner" / "report" / name
-    for name in ("page.html.j2", "page.py", "views.py", "figures.py")
+    for name in ("page.html.j2", "page.py", "views.py", "figures.py", "importances.py")
 )
 
 

@@ -1,14 +1,20 @@
 """The report's fast paths draw what plotly's checked ones draw, on a study of many trials of
 every kind (measured with stated bands, OOMs, failed launches, a log and a command): with the
-point traces made and added unchecked and Optuna's views drawn from the trials without copies,
+point traces made and added unchecked and Optuna's views drawn from the trials without copies
+(the history and the importances computed here as Optuna computes them),
 the whole page is the same bytes but for its time stamp."""
 
 from __future__ import annotations
 
+import copy
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
+import optuna.visualization as ov
+import plotly.graph_objects as go
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
@@ -17,6 +23,7 @@ from tests.test_results import SPEC, config, record
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.report import figures as F
+from tuner.report import importances as I
 from tuner.report import page as P
 from tuner.report.data import gather
 
@@ -59,6 +66,8 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
     fast = P.render(data, P.sections(data))
     monkeypatch.setattr(F, "FAST_POINTS", False)
     monkeypatch.setattr(F, "views_study", _checked_study)
+    monkeypatch.setattr(F, "history", _optuna_history)
+    monkeypatch.setattr(F, "plot_param_importances", I._optunas)
     checked = P.render(data, P.sections(data))
 
     def stamped(page: str) -> str:
@@ -66,6 +75,24 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
 
     assert "tp2" in fast and "fig-optuna_importances" in fast and "line 99" in fast
     assert stamped(fast) == stamped(checked)
+
+
+def test_the_template_is_copied_without_plotlys_rebuild(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the one copy plotly makes, no figure rebuilds the template (plotly's deep copy of
+    a named template, 11 ms a figure); the page above is the checked one's."""
+    _study(tmp_path, trials=12)
+    data = gather(SPEC, results=str(tmp_path))
+    F._checked_template()
+
+    def rebuilt(self: object) -> None:
+        raise AssertionError("a template rebuilt by plotly's deep copy")
+
+    monkeypatch.setattr(go.layout.Template, "__reduce__", rebuilt)
+    figures = [f for s in P.sections(data) for _, f in s.figures]
+    assert len(figures) > 5
+    assert all(f.layout.template.layout.paper_bgcolor == "white" for f in figures)
 
 
 def _checked_study(name: str, trials: list[FrozenTrial]) -> optuna.Study:
@@ -76,6 +103,47 @@ def _checked_study(name: str, trials: list[FrozenTrial]) -> optuna.Study:
     study = optuna.Study(study_name=name, storage=storage)
     study.add_trials(trials)
     return study
+
+
+def _optuna_history(
+    trials: list[FrozenTrial], target: Callable[[FrozenTrial], float], name: str
+) -> go.Figure:
+    """The history as Optuna draws it, of Optuna's own in-memory study of ``trials``, the
+    target negated back."""
+    fig = ov.plot_optimization_history(_checked_study(SPEC.name, trials), target=target,
+                                       target_name=name)  # fmt: skip
+    for trace in fig.data:
+        if trace.y is not None:
+            trace.y = [-v for v in trace.y]
+    return fig.update_layout(yaxis_title=name, template="plotly_white")
+
+
+def test_the_history_is_optunas_drawn_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimization history is the figure Optuna draws (its JSON), checked or not, on
+    trials with infinite and odd values too; the report's does not call Optuna's."""
+    _study(tmp_path)
+    data = gather(SPEC, results=str(tmp_path))
+    complete = [t for t in data.trials if t.value]
+    target = F._throughput_target(data)
+    assert len(complete) > 20
+    infinite = copy.copy(complete[5])
+    infinite.values = [math.inf]
+    odd = [*complete[:5], infinite]
+    for trials in (complete, complete[:2], odd):
+        want = _optuna_history(trials, target, "tokens/s/GPU").to_json()
+        assert F.history(trials, target, "tokens/s/GPU").to_json() == want
+        monkeypatch.setattr(F, "FAST_POINTS", False)
+        assert F.history(trials, target, "tokens/s/GPU").to_json() == want
+        monkeypatch.setattr(F, "FAST_POINTS", True)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("drawn through Optuna's history")
+
+    monkeypatch.setattr(ov, "plot_optimization_history", refused)
+    figures, _ = F.optuna_views(data)
+    assert figures[0][0] == "optuna_history" and len(figures[0][1].data[0].x) == len(complete)
 
 
 def test_the_importances_study_reads_its_trials_without_copies(tmp_path: Path) -> None:

@@ -13,12 +13,15 @@ from typing import Any
 
 import optuna
 import plotly.graph_objects as go
+import plotly.io as pio
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+from plotly.graph_objs.layout import Template
 from plotly.subplots import make_subplots
 
 from tuner.models.uncertainty import BAND_LEVEL, band
 from tuner.report.data import MEMORY_PARTS, MOE_FP8_TIME_PARTS, TIME_PARTS, ReportData, TrialRow
+from tuner.report.importances import plot_param_importances
 from tuner.report.shown import MAX_POINTS, left_out, memory_x, menu_rows, pareto_front, spread
 
 BAND_NOTE = (
@@ -54,9 +57,8 @@ def _layout(
     if words := left_out(*drawn):
         title = f"{title}<br><sup>{words}</sup>"
     top = 90 if "<br>" in title else 60  # a second line clear of the subplots' titles
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
-                      height=460, margin={"t": top, "r": 20}, **kw)  # fmt: skip
-    return fig
+    return styled(fig, title=title, xaxis_title=x, yaxis_title=y, template="plotly_white",
+                  height=460, margin={"t": top, "r": 20}, **kw)  # fmt: skip
 
 
 def _by_outcome(
@@ -112,7 +114,36 @@ def points(**properties: Any) -> go.Scatter:
 
 
 FAST_POINTS = True
-"""False: every trace checked by plotly (what the test compares against)."""
+"""False: every trace and template checked by plotly (what the test compares against)."""
+
+
+def styled(fig: go.Figure, **layout: Any) -> go.Figure:
+    """``fig.update_layout(**layout)``, ``layout`` naming ``template="plotly_white"`` (in its
+    place: the layout's keys are written in the order they are set), the template a copy of one
+    plotly made once: plotly copies a named template for each figure by rebuilding it, checked
+    (its ``__reduce__``: 11 ms a figure, a tenth of a second for the page's nine). The copy
+    plotly makes is kept (its keys in plotly's order) and each figure gets a plain deep copy of
+    it, unchecked; the template validator (one object, shared by every layout: plotly's cache
+    of validators) is told so for this one call. The figure's JSON is the checked one's
+    (``tests/report/test_report_fast_paths.py``)."""
+    if not FAST_POINTS:
+        return fig.update_layout(**layout)
+    validator = fig.layout._get_validator("template")
+    validator.validate_coerce = _template_copy
+    try:
+        return fig.update_layout(**layout)
+    finally:
+        del validator.validate_coerce  # the class's method again
+
+
+@functools.cache
+def _checked_template() -> Template:
+    return copy.deepcopy(pio.templates["plotly_white"])  # what plotly's validator makes of it
+
+
+def _template_copy(value: object, skip_invalid: bool = False) -> Template:
+    assert value == "plotly_white", value  # the one template this module names
+    return Template(copy.deepcopy(_checked_template()._props), _validate=False)
 
 
 def add_points(fig: go.Figure, trace: go.Scatter, **where: Any) -> None:
@@ -364,10 +395,6 @@ def _throughput_target(data: ReportData) -> Callable[[FrozenTrial], float]:
 def optuna_views(data: ReportData) -> tuple[Figures, str]:
     """Optuna's optimization history and parameter importances for throughput; with fewer than
     two completed trials, none and a note why."""
-    import warnings
-
-    import optuna.visualization as ov
-
     complete = [t for t in data.trials if t.state == TrialState.COMPLETE and t.value]
     if len(complete) < 2:
         return [], f"Optuna's views need at least 2 completed trials ({len(complete)} so far)."
@@ -375,28 +402,39 @@ def optuna_views(data: ReportData) -> tuple[Figures, str]:
     # completed ones, not from the storage (seconds for a 500-trial SQLite study).
     study = views_study(data.spec.name, complete)
     target = _throughput_target(data)
-    history = ov.plot_optimization_history(study, target=target, target_name="tokens/s/GPU")
-    for trace in history.data:
-        if trace.y is not None:
-            trace.y = [-v for v in trace.y]
-    history.update_layout(yaxis_title="tokens/s/GPU", template="plotly_white")
-    figures: Figures = [("optuna_history", history)]
+    figures: Figures = [("optuna_history", history(complete, target, "tokens/s/GPU"))]
     searched = searched_params(complete)
     if len(complete) < MIN_IMPORTANCE_TRIALS or not searched:
         why = (f"{len(complete)} completed trials, {MIN_IMPORTANCE_TRIALS} needed"
                if searched else "no knob took more than one value")  # fmt: skip
         return figures, f"Parameter importances are left out: {why}."
     note = ""
-    try:
-        with warnings.catch_warnings():  # the target is negated already (see above)
-            warnings.filterwarnings("ignore", message=".*low `target` values")
-            importances = ov.plot_param_importances(study, target=target, params=searched,
-                                                    target_name="tokens/s/GPU")  # fmt: skip
-        importances.update_layout(template="plotly_white")
-        figures.append(("optuna_importances", importances))
+    try:  # the target is negated already (see above): lower is better
+        importances = plot_param_importances(study, searched, target, "tokens/s/GPU")
+        figures.append(("optuna_importances", styled(importances, template="plotly_white")))
     except (RuntimeError, ValueError) as exc:  # e.g. every parameter took one value only
         note = f"Parameter importances unavailable: {exc}"
     return figures, note
+
+
+def history(
+    trials: Sequence[FrozenTrial], target: Callable[[FrozenTrial], float], name: str
+) -> go.Figure:
+    """Optuna's optimization history (``plot_optimization_history(study, target=target,
+    target_name=name)`` of the in-memory study of ``trials``, completed and feasible, numbered
+    by their place) with the target negated back: the figure it draws, drawn from the trials
+    here with the points unchecked (:func:`points`), not through its copy of each target value
+    and plotly's checks of every point, twice for the negated values (a tenth of a second at
+    10,000 trials). ``tests/report/test_report_fast_paths.py`` compares it with Optuna's."""
+    layout = go.Layout(title="Optimization History Plot", xaxis={"title": "Trial"},
+                       yaxis={"title": name})  # fmt: skip
+    fig = go.Figure(layout=layout)
+    add_points(fig, points(x=list(range(len(trials))), y=[-target(t) for t in trials],
+                           mode="markers", name=name))  # fmt: skip
+    # Optuna's trace of infeasible trials (with constraints unmet): the report's have none.
+    fig.add_trace(go.Scatter(x=[], y=[], mode="markers", name="Infeasible Trial",
+                             marker={"color": "#cccccc"}, showlegend=False))  # fmt: skip
+    return styled(fig, yaxis_title=name, template="plotly_white")
 
 
 def views_study(name: str, trials: Sequence[FrozenTrial]) -> optuna.Study:
