@@ -147,13 +147,13 @@ def test_the_sampler_and_the_screen_share_one_enumeration(
     import tuner.space.enumerate
 
     walks = []
-    walk = tuner.space.enumerate.iter_values  # the walk every enumeration takes
+    walk = tuner.space.enumerate.iter_blocks  # the walk every enumeration takes
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         walks.append(1)
         return walk(*args, **kwargs)
 
-    monkeypatch.setattr(tuner.space.enumerate, "iter_values", counted)
+    monkeypatch.setattr(tuner.space.enumerate, "iter_blocks", counted)
     config, peak = fastest()
     walks.clear()
     s = spec(memory_gib=peak / 1.03)
