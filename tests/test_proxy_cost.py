@@ -22,6 +22,7 @@ from tuner.space.proxy_cost import (
     launch_node_hours,
     proxy_budget,
 )
+from tuner.space.shorten import shorten
 from tuner.spec.file import study_from_mapping
 from tuner.study.budget import node_hour_refusal
 
@@ -139,3 +140,38 @@ def test_stop_rule_2_weighs_a_proxy_launch_against_what_it_will_cost() -> None:
     believed = math.exp(belief.mu[worth.index])  # the corrected step: the proxy's moves with it
     assert worth.cost_node_hours == pytest.approx(launch_cost(spec, believed, scale).node_hours)
     assert worth.cost_node_hours < trial_cost(spec, believed).node_hours
+
+
+@pytest.mark.parametrize("proxy", [True, False])
+def test_the_sampler_prices_a_config_too_slow_for_the_limit_at_its_fewer_microbatches(
+    proxy: bool,
+) -> None:
+    # Under a 20-minute limit the scenario's configs are measured at fewer micro-batches per
+    # step (their proxies at as many): a launch costs the trial that runs, at the shortened
+    # step the time model predicts (moved with the believed step), not the full step's trial.
+    spec = study_from_mapping(scenario(proxy=proxy, trial_timeout_min=20))
+    sampler = ModelGuidedSampler(spec, seed=0)
+    belief = sampler.belief([])
+    assert belief is not None
+    price = sampler.launch_node_hours(belief)
+    full = sampler.trial_node_hours(belief.mu)
+    configs, gpu = sampler._candidates(), study_gpu(spec)
+    rates, terms = sampler._shared.rates, sampler._shared.terms
+    shortened = 0
+    for j, i in enumerate(belief.open_):
+        predicted = math.exp(sampler._log_pred[i])
+        shorter = shorten(spec, configs[i], gpu, rates, terms)
+        if trial_cost(spec, predicted).fits or shorter is None:
+            continue
+        shortened += 1
+        believed = math.exp(belief.mu[j])
+        scale = Costing(spec, gpu, rates, terms, {configs[i].key(): shorter}).scale(
+            configs[i], predicted
+        )
+        if scale is None:  # the config itself at fewer micro-batches, on all its nodes
+            runs = trial_cost(spec, believed * shorter.step_s / predicted)
+        else:  # its proxy at the same fewer micro-batches
+            runs = launch_cost(spec, believed, scale)
+            assert scale.nodes < spec.nodes_per_trial
+        assert price[j] == pytest.approx(runs.node_hours) and price[j] < full[j]
+    assert shortened > 0

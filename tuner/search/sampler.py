@@ -99,7 +99,7 @@ from tuner.space.candidates import Candidate
 from tuner.space.cost import with_startup
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
 from tuner.space.probes import may_probe
-from tuner.space.proxy_cost import Costing, launch_node_hours
+from tuner.space.proxy_cost import launch_node_hours, launch_scales
 from tuner.space.trials import (
     config_params,
     distributions,
@@ -176,17 +176,12 @@ class ModelGuidedSampler(BaseSampler):
 
     def _launch_scales(self, ranked: Sequence[Candidate], gpu: GPUSpec) -> np.ndarray:
         """Each candidate's first launch against its full-scale trial: its nodes and its step per
-        full-scale step (a proxy's, under ``search.proxy``: :class:`~tuner.space.proxy_cost.
-        LaunchScale`; the time model's at the space's rates and terms, as the preview's)."""
-        at = np.array([[self._spec.nodes_per_trial, 1.0]] * len(ranked)).reshape(-1, 2)
-        if self._spec.search.proxy is False:
-            return at
-        costing = Costing(self._spec, gpu, self._shared.rates, self._shared.terms)
-        for row, c in zip(at, ranked, strict=True):
-            scale = costing.scale(c.config, c.time.step if c.time else None)
-            if scale is not None:
-                row[:] = scale.nodes, scale.step_ratio
-        return at
+        full-scale step (a proxy's, under ``search.proxy``, and at fewer micro-batches for a
+        config too slow for the user's limit: :func:`~tuner.space.proxy_cost.launch_scales`;
+        the time model's at the space's rates and terms, as the preview's)."""
+        steps = [c.time.step if c.time else None for c in ranked]
+        return launch_scales(self._spec, gpu, [c.config for c in ranked], steps,
+                             self._shared.rates, self._shared.terms)  # fmt: skip
 
     def _stated_precision(self, stated: np.ndarray) -> np.ndarray:
         """The correction's prior precisions, its config-to-config part (every weight but the
@@ -405,8 +400,9 @@ class ModelGuidedSampler(BaseSampler):
     def launch_node_hours(self, b: Belief, trials: Sequence[FrozenTrial] = ()) -> np.ndarray:
         """Predicted node-hours of launching each of ``b``'s untried configs, at its believed
         step time: what the launch will cost (:func:`~tuner.space.proxy_cost.launch_node_hours`:
-        a proxy's nodes and its iterations at the proxy's step where the config runs as one),
-        at the start-up measured so far (:meth:`trial_node_hours`)."""
+        a proxy's nodes and its iterations at the proxy's step where the config runs as one,
+        the step at its fewer micro-batches where it is too slow for the user's limit), at the
+        start-up measured so far (:meth:`trial_node_hours`)."""
         self._candidates()
         spec = with_startup(self._spec, self.measured_startup_s(trials))
         nodes, ratio = self._launch_at[b.open_].T

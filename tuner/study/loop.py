@@ -73,10 +73,9 @@ from tuner.study.schedule import Heartbeat, Placement, Running, Scheduler, live_
 from tuner.study.screen import Screen
 from tuner.study.storage import (
     check_results_dir,
-    open_storage,
-    open_study,
     record_heartbeats,
     set_user_attrs,
+    start_study,
 )
 from tuner.study.url import check_arguments, resolve_url
 
@@ -484,10 +483,11 @@ def build_loop(
     rates = study_rates(spec, results)  # the cluster's measured profile, if any
     space = SharedSpace(spec, rates, study_terms(spec, results, rates))  # + the probe's terms
     sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
-    # Made just before the study it holds: a Ctrl-C (or a refusal) while the space was built
-    # left a database without the study, which the next leaderboard said it was not in.
-    opened = open_storage(storage, layout, heartbeat_s=spec.search.heartbeat_s)
-    study = open_study(spec, opened, sampler, force=force, url=storage, layout=layout)
+    # Made just before the study it holds, and removed if the study is not made in it: a Ctrl-C
+    # (or a refusal) while the space was built, or in the schema's creation, left a database
+    # without the study, which the next leaderboard said it was not in.
+    opened, study = start_study(spec, sampler, url=storage, layout=layout,
+                                heartbeat_s=spec.search.heartbeat_s, force=force)  # fmt: skip
     pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
     loop = StudyLoop(
         spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,

@@ -8,7 +8,8 @@ worker's memory:
 * **Creating** a new storage is safe when workers start at the same moment (Optuna's schema
   creation races: two processes both find no ``alembic_version`` and both insert one). Opening
   and creating the study are serialised by a lock file beside a local database, and retried on
-  a server database.
+  a server database. ``tune run`` holds that lock across both, and removes a local database or
+  journal it made when the study was not made in it (a Ctrl-C during the schema's creation).
 * **Node leases**: a node (and a rendezvous port) runs one trial at a time, whichever worker
   launched it. A lease is claimed atomically (one row per resource under a primary key, or one
   file rewritten under ``flock`` for a journal), renewed with the holder's heartbeat and
@@ -28,6 +29,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
@@ -113,14 +115,63 @@ def open_storage(
     lock beside it (a lock file was left beside every database a leaderboard read).
     """
     where = resolve_url(url, layout)
-    target = where.local_file
-    try:
+    with _storage_errors(where):
         if not create:
             return _open(where, heartbeat_s)
-        if target is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(where)
         with creation_lock(where):
             return _open(where, heartbeat_s)
+
+
+def start_study(
+    spec: StudySpec, sampler: optuna.samplers.BaseSampler, *, url: str | None,
+    layout: ResultsLayout, heartbeat_s: float, force: bool,
+) -> tuple[optuna.storages.BaseStorage, optuna.Study]:  # fmt: skip
+    """:func:`open_storage` and :func:`open_study` for ``tune run``, under one hold of the
+    creation lock. A local database or journal this call made is removed again when the call
+    ends before it returns (Ctrl-C during Optuna's schema creation or the study's, a storage
+    that could not be opened): left, it held no study (or half a schema), and the next read
+    said the study was not in it. Under the lock no other worker of this machine opened it
+    meanwhile, and a read command refuses a storage that is not there."""
+    where = resolve_url(url, layout)
+    with _storage_errors(where):
+        _make_folder(where)
+    with creation_lock(where), _removed_unless_done(where.local_file):
+        with _storage_errors(where):
+            storage = _open(where, heartbeat_s)
+        return storage, _fingerprinted(spec, _create_or_load(spec.name, storage, sampler), force)
+
+
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")
+"""The files SQLite keeps beside a database while it writes (rollback journal, WAL mode)."""
+
+
+@contextlib.contextmanager
+def _removed_unless_done(target: Path | None) -> Iterator[None]:
+    """``target`` (a local database or journal) and SQLite's files beside it removed when the
+    block does not finish and ``target`` did not exist before it."""
+    made = target is not None and not target.exists()
+    try:
+        yield
+    except BaseException:
+        if made and target is not None:
+            for path in (target, *(beside(target, side) for side in SQLITE_SIDE_FILES)):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            logger.debug("removed %s: the study was not created in it", target)
+        raise
+
+
+def _make_folder(where: StorageURL) -> None:
+    if where.local_file is not None:
+        where.local_file.parent.mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def _storage_errors(where: StorageURL) -> Iterator[None]:
+    """A failure to open the storage at ``where`` as a one-line :class:`StudyError`."""
+    try:
+        yield
     except StudyError:
         raise
     except Exception as exc:  # SQLAlchemy raises many types for a bad URL or an unreachable DB
@@ -160,15 +211,20 @@ def create_or_load(
     sampler: optuna.samplers.BaseSampler,
 ) -> optuna.Study:  # fmt: skip
     """Create the study or join it; safe when several workers do this at the same moment."""
+    with creation_lock(resolve_url(url, layout)):
+        return _create_or_load(name, storage, sampler)
 
+
+def _create_or_load(
+    name: str, storage: optuna.storages.BaseStorage, sampler: optuna.samplers.BaseSampler
+) -> optuna.Study:
     def make() -> optuna.Study:
         return optuna.create_study(
             study_name=name, storage=storage, direction="minimize", sampler=sampler,
             load_if_exists=True,
         )  # fmt: skip
 
-    with creation_lock(resolve_url(url, layout)):
-        return retrying(f"creating study {name}", make)
+    return retrying(f"creating study {name}", make)
 
 
 def record_heartbeats(storage: optuna.storages.BaseStorage, study_id: int,
@@ -186,7 +242,12 @@ def open_study(
     *, force: bool, url: str | None, layout: ResultsLayout,
 ) -> optuna.Study:  # fmt: skip
     """Create or resume the Optuna study; refuse a changed spec unless ``force``."""
-    study = create_or_load(spec.name, storage, url, layout, sampler)
+    return _fingerprinted(spec, create_or_load(spec.name, storage, url, layout, sampler), force)
+
+
+def _fingerprinted(spec: StudySpec, study: optuna.Study, force: bool) -> optuna.Study:
+    """``study`` holding ``spec``'s fingerprint (a new one: set now); a changed spec refused
+    unless ``force``."""
     recorded = study.user_attrs.get(FINGERPRINT_ATTR)
     mine = spec.fingerprint()
     if recorded is None:
