@@ -62,7 +62,7 @@ def test_megatron_path_and_gpus_on_remote_nodes() -> None:
     raw = demo_ssh(gpu="h100-sxm-80gb", gpus_per_node=8)
     raw["framework"] = "megatron"
     raw["launch"].update(template="megatron_gpt", megatron_path="/shared/Megatron-LM/")
-    del raw["launch"]["script"]
+    del raw["launch"]["script"], raw["launch"]["probe_one_process"]  # DeepSpeed's workload's
     raw["space"] = {"tp": [1]}
     checks = checks_for(study_from_mapping(raw))
     assert [(c.path, c.kind) for c in checks.paths[1:]] == [
@@ -152,7 +152,7 @@ def test_deepspeed_studies_look_for_build_locks_where_their_trials_build() -> No
     )
     raw["framework"] = "megatron"
     raw["launch"].update(template="megatron_gpt", megatron_path="/shared/Megatron-LM/")
-    del raw["launch"]["script"]
+    del raw["launch"]["script"], raw["launch"]["probe_one_process"]  # DeepSpeed's workload's
     raw["space"] = {"tp": [1]}
     assert checks_for(study_from_mapping(raw)).locks is None
 

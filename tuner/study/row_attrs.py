@@ -21,7 +21,8 @@ ROW_ATTR = "shown_attrs"
 """The attribute that holds the others as one JSON object."""
 
 ROW_KEYS = (
-    "duplicate_of", "duration_s", "launched", "mfu", "objective", "outcome", "peak_memory_gib",
+    "duplicate_of", "duration_s", "full_microbatches", "launched", "measured_microbatches",
+    "mfu", "objective", "outcome", "peak_memory_gib",
     "peak_reserved_gib", "predicted_allocated_gib", "predicted_mfu", "predicted_peak_gib",
     "predicted_peak_phase", "predicted_peak_sd", "predicted_peak_stage",
     "predicted_reserved_gib", "predicted_step_s", "predicted_step_sd", "proxy", "proxy_dp",
