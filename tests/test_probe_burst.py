@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.standins.probe_log import probe_job_log
 from tuner.config.parallel import ParallelConfig
 from tuner.profile import probe
 from tuner.profile.paired import aligned
-from tuner.profile.probe import INTERLEAVED, POINT, PROBE_ITERS, ProbeRun, probe_runs
+from tuner.profile.probe import PROBE_ITERS, ProbeRun, probe_runs
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
 
@@ -40,34 +41,16 @@ def job_log(runs: list[ProbeRun], interleaved: bool, burst: range) -> str:
     the DeepSpeed workload runs its points in one process (each point's first step in turn,
     then one step of each per round, in reverse on odd rounds, framed by resume/pause); else one
     point after the other."""
-    out: list[str] = []
     done = 0
 
-    def step(k: int, it: int) -> None:
+    def step(k: int, it: int) -> str:
         nonlocal done
         took = known_step(runs[k]) * (2.0 if it == 1 else 1.0) * (BURST if done in burst else 1)
         done += 1
-        out.append(f"tuner-step: iter={it} time_s={took:.6f} samples_per_s=1.0 "
-                   f"max_allocated_gib=0.1 max_reserved_gib=0.1 rank=0")  # fmt: skip
+        return (f"tuner-step: iter={it} time_s={took:.6f} samples_per_s=1.0 "
+                f"max_allocated_gib=0.1 max_reserved_gib=0.1 rank=0")  # fmt: skip
 
-    if not interleaved:
-        for k in range(len(runs)):
-            out.append(f"{POINT} {k} start")
-            for it in range(1, PROBE_ITERS + 1):
-                step(k, it)
-            out.append(f"{POINT} {k} end rc=0")
-        return "\n".join(out) + "\n"
-    for k in range(len(runs)):
-        out += [f"{POINT} {k} start"]
-        step(k, 1)
-        out += [f"{POINT} {k} pause"]
-    for it in range(2, PROBE_ITERS + 1):
-        for k in range(len(runs)) if it % 2 == 0 else reversed(range(len(runs))):
-            out += [f"{POINT} {k} {INTERLEAVED}"]
-            step(k, it)
-            out += [f"{POINT} {k} pause"]
-    out += [f"{POINT} {k} end rc=0" for k in range(len(runs))]
-    return "\n".join(out) + "\n"
+    return probe_job_log(len(runs), interleaved, step)
 
 
 def demo_ssh(monkeypatch: pytest.MonkeyPatch) -> StudySpec:

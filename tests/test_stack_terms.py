@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.standins.probe_log import probe_job_log
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB, estimate_memory
 from tuner.models.rates import Rates, catalog_rates
@@ -600,40 +601,20 @@ def drifting_log(spec: StudySpec, interleaved: bool) -> str:
     points' steps as the workload interleaves them on CPU ranks (each point's first step in
     turn, then one step of each per round, in reverse on odd rounds, each framed by
     resume/pause); else one point after the other, as a script that runs its points in turn."""
-    from tuner.profile.probe import INTERLEAVED, POINT, PROBE_ITERS
-
     runs = probe_runs(spec)
     done = 0
-    out: list[str] = []
 
-    def step(k: int, it: int) -> None:
+    def step(k: int, it: int) -> str:
         nonlocal done
         warm = 2.0 if it == 1 else 3.0 if (it == 2 and k == 1) else 1.0
         layers = runs[k].depth * runs[k].config.pp * runs[k].config.vp  # per stage
         took = true_step(spec, runs[k].launched, layers) * warm * (1 + 0.02 * done)
         done += 1
         peak = true_peak(spec, runs[k].launched, layers) / GIB
-        out.append(f"tuner-step: iter={it} time_s={took:.6f} samples_per_s=1.0 "
-                   f"max_allocated_gib={peak:.9f} max_reserved_gib={peak:.9f} rank=0")  # fmt: skip
+        return (f"tuner-step: iter={it} time_s={took:.6f} samples_per_s=1.0 "
+                f"max_allocated_gib={peak:.9f} max_reserved_gib={peak:.9f} rank=0")  # fmt: skip
 
-    if not interleaved:
-        for k in range(len(runs)):
-            out.append(f"{POINT} {k} start")
-            for it in range(1, PROBE_ITERS + 1):
-                step(k, it)
-            out.append(f"{POINT} {k} end rc=0")
-        return "\n".join(out) + "\n"
-    for k in range(len(runs)):
-        out.append(f"{POINT} {k} start")
-        step(k, 1)
-        out.append(f"{POINT} {k} pause")
-    for it in range(2, PROBE_ITERS + 1):
-        for k in range(len(runs)) if it % 2 == 0 else reversed(range(len(runs))):
-            out += [f"{POINT} {k} {INTERLEAVED}"]
-            step(k, it)
-            out += [f"{POINT} {k} pause"]
-    out += [f"{POINT} {k} end rc=0" for k in range(len(runs))]
-    return "\n".join(out) + "\n"
+    return probe_job_log(len(runs), interleaved, step)
 
 
 def test_interleaved_steps_and_paired_ratios_cancel_a_drifting_load() -> None:
