@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -175,3 +175,20 @@ def test_dropped_connection_is_a_node_error_and_the_trial_is_cleaned_up(
     assert "up" in read(result.logs[0])
     # The orphan on the lost node is found and killed when the executor reconnects to sweep.
     wait_for(lambda: live_processes(marker) == [], timeout=10, what="no survivors")
+
+
+def test_a_copy_that_cannot_be_renamed_into_place_leaves_no_temporary_file(
+    sshd_cluster: LoopbackCluster, tmp_path: Path
+) -> None:
+    """A failed upload (here: the target is a folder, so the rename fails) removes its ``.tmp``
+    copy; the loopback node shares this filesystem, so the folder is read directly."""
+    from tuner.launch.ssh import _put_atomic
+
+    target = tmp_path / "launch.sh"
+    (target / "inside").mkdir(parents=True)  # a non-empty folder where the file should go
+    with SSHExecutor(spec(sshd_cluster)) as ex:
+        conn = ex.connection("node-0")
+        with conn.lock:
+            with pytest.raises(OSError):
+                _put_atomic(conn.sftp(), PurePosixPath(target), "echo hi\n", 0o755)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch.sh"]

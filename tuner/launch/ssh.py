@@ -371,8 +371,18 @@ def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:
 
 
 def _put_atomic(sftp: paramiko.SFTPClient, path: PurePosixPath, content: str, mode: int) -> None:
+    """Write ``content`` beside ``path`` and rename it into place; a copy that fails part-way
+    (a full disk, a lost connection, ``path`` a folder) is removed where the node still answers,
+    so no ``.tmp`` file is left in the trial's folder."""
     tmp = temp_beside(path)
-    with sftp.open(str(tmp), "w") as f:
-        f.write(content.encode())
-    sftp.chmod(str(tmp), mode)
-    sftp.posix_rename(str(tmp), str(path))
+    try:
+        with sftp.open(str(tmp), "w") as f:
+            f.write(content.encode())
+        sftp.chmod(str(tmp), mode)
+        sftp.posix_rename(str(tmp), str(path))
+    except BaseException:
+        try:
+            sftp.remove(str(tmp))
+        except (OSError, paramiko.SSHException, EOFError):
+            pass  # never written, or the node is gone: the first error is the one to report
+        raise
