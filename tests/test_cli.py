@@ -370,3 +370,32 @@ def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[s
         assert not first.startswith(("options:", "positional arguments:")), (name, text[:400])
         if name not in ("parse-log", "report"):  # those two have descriptions of their own
             assert " ".join(first.split()).lower().startswith(said[name].lower()), name
+
+
+def test_run_closes_its_executor_when_the_study_cannot_be_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal (or a Ctrl-C) after the executor was made and before the loop runs: the
+    executor (the nodes' SSH connections the preflight opened) is closed, the line printed."""
+    import tuner.study.loop as loop_module
+    from tests.test_study import SURFACE, study_data, write_study
+    from tuner.errors import StudyError
+
+    closed: list[bool] = []
+
+    class Executor:
+        def preflight(self, *args: object) -> list[object]:
+            return []
+
+        def close(self) -> None:
+            closed.append(True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise StudyError("the study could not be made")
+
+    monkeypatch.setattr(loop_module, "make_executor", lambda spec: Executor())
+    monkeypatch.setattr(loop_module, "build_loop", refuse)
+    study = str(write_study(tmp_path, study_data(tmp_path, SURFACE, n_trials=1)))
+    code = main(["run", "--study", study, "--results", str(tmp_path / "r"), "--skip-preflight"])
+    assert code == 2 and closed == [True]
+    assert "the study could not be made" in capsys.readouterr().err

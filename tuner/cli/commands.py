@@ -188,11 +188,15 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         executor.close()
         return code
     progress = LiveProgress(quiet=args.quiet)
-    loop = build_loop(
-        spec, storage=args.storage, results=args.results, force=args.force,
-        n_trials=args.n_trials, on_update=progress.update, executor=executor,
-        rerun=args.rerun,
-    )  # fmt: skip
+    try:  # a refusal or a Ctrl-C while the space and the study are made: the nodes' connections
+        loop = build_loop(  # opened by the preflight are closed, not left to the interpreter
+            spec, storage=args.storage, results=args.results, force=args.force,
+            n_trials=args.n_trials, on_update=progress.update, executor=executor,
+            rerun=args.rerun,
+        )  # fmt: skip
+    except BaseException:
+        executor.close()
+        raise
     try:
         with stop_on_signals(loop), progress:
             summary = loop.run()
