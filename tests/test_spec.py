@@ -71,7 +71,7 @@ BAD = [
     # (change path, value, expected YAML path in the message, words in the message)
     ("space.tp", [1, 2, "x"], "space.tp[2]", "expected an integer"),
     ("space.tp", [1, 0], "space.tp[1]", "must be > 0"),
-    ("space.tp", "some", "space.tp", "not one of: auto"),
+    ("space.tp", "some", "space.tp", "expected a list or auto, got 'some'"),
     ("space.recompute", ["none", "most"], "space.recompute[1]", "not one of"),
     ("space.zero_stage", [4], "space.zero_stage[0]", "0, 1, 2 or 3"),
     ("space.pp", [], "space.pp", "empty"),
@@ -139,6 +139,8 @@ BAD = [
     ("space.recompute", "selective", "space.recompute", "got 'selective': write [selective]"),
     ("space.sequence_parallel", True, "space.sequence_parallel", "got True: write [true]"),
     ("cluster.nodes", "gpu001", "cluster.nodes", "got 'gpu001': write [gpu001]"),
+    # neither a list nor a word the field takes: it said "... got 'foo' or 'foo' is not one of"
+    ("space.pp", 2.5, "space.pp", "expected a list or auto, got 2.5"),
 ]
 
 

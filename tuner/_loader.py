@@ -181,11 +181,17 @@ def _one_for_a_list(args: tuple[Any, ...], value: object, path: str) -> None:
     ``auto`` goes): one line saying what to write, not "expected a list, got 4 or 4 is not
     one of: auto"."""
     listed = next((a for a in args if get_origin(a) is tuple), None)
-    hint = _as_list_hint(listed, value, path) if listed is not None else ""
+    if listed is None or value is None or isinstance(value, list | tuple | Mapping):
+        return
+    words = [str(c) for a in args if get_origin(a) is Literal for c in get_args(a)]
+    hint = _as_list_hint(listed, value, path)
     if hint:
-        words = [str(c) for a in args if get_origin(a) is Literal for c in get_args(a)]
         also = f" (or {' or '.join(words)})" if words else ""
         raise ConfigError(f"expected a list, got {describe(value)}{hint}{also}", path=path)
+    if all(a is tuple or get_origin(a) in (tuple, Literal) for a in args):
+        # ``tp: foo``: neither a list nor a word the field takes; one line naming both
+        what = " or ".join(["a list", *words])
+        raise ConfigError(f"expected {what}, got {describe(value)}", path=path)
 
 
 def _as_list_hint(tp: Any, value: object, path: str) -> str:

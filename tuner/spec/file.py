@@ -12,6 +12,7 @@ import functools
 import os
 import re
 import shlex
+import sys
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -102,6 +103,8 @@ def read_yaml(path: Path, what: str, shown: str | None = None) -> object:
         raise ConfigError(exc.reason, file=file) from None
     except (ValueError, RecursionError) as exc:  # an int of 5000 digits, [[[[...]]]] nesting
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        if "integer string conversion" in reason:  # Python's words, with its advice to change it
+            reason = f"a number of more than {sys.get_int_max_str_digits()} digits"
         raise ConfigError(f"invalid YAML: {reason}", file=file) from None
 
 
