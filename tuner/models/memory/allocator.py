@@ -141,10 +141,16 @@ class _Cache:
         pool = self.free[small]
         cnt, sizes = pool.count, pool.sizes  # the pool's own, changed in place (take / add)
         least = MIN_BLOCK if small else SMALL_SIZE + 1
-        floor = max(r, least)  # a block at least r + floor splits again after serving r
+        # a block at least r + floor splits again after serving r (floor: max(r, least))
+        floor = r if r > least else least
+        # (builtin min / max calls and len() are a fifth of a simulation's cost: the loop
+        # takes about six turns per call, so it compares inline and finds "no block" by the
+        # index past the end)
         while count > 0:
             i = bisect_left(sizes, r)  # best fit: the smallest free block that holds r
-            if i == len(sizes):
+            try:
+                block = sizes[i]
+            except IndexError:
                 # None: new segments serve every request left. A fresh segment is split while
                 # its rest holds another request, so it serves seg // r of them before the
                 # next is made (the rests it leaves are smaller than r, no fit for the rest of
@@ -161,17 +167,18 @@ class _Cache:
                     new.append((int(small), seg, 1))
                     pool.add(seg - last * r, 1)  # at least r: it holds another request
                 return
-            block = sizes[i]
             rest = block - r
             left = cnt[block]
             if rest >= floor:
                 # Split again and again: each remainder is the next best fit (nothing free lies
                 # between r and the block), so serve the whole run of splits at once: the one
                 # block is taken and what the run leaves goes back.
-                n = min(count, (block - floor) // r)
+                n = (block - floor) // r  # at most count of them
+                if n > count:
+                    n = count
                 take, rest = 1, block - n * r
             else:  # each block taken whole, its rest split off
-                n = take = min(count, left)
+                n = take = count if count < left else left  # min(count, left)
             if left > take:  # _Pool.take(block, take), inline
                 cnt[block] = left - take
             else:
