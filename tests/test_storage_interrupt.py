@@ -19,12 +19,16 @@ from tuner.spec.file import load_study
 from tuner.study.storage import FINGERPRINT_ATTR, start_study
 
 PAUSED = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 
 import optuna
 
 from tuner.cli.main import main
+
+# Ctrl-C as a terminal delivers it: a suite started in the background by a shell (``cmd &``)
+# starts with SIGINT ignored, which Python then leaves ignored, and the test's SIGINT was lost
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 made = optuna.storages.RDBStorage.create_new_study
 
