@@ -84,7 +84,7 @@ def test_the_template_is_copied_without_plotlys_rebuild(
     a named template, 11 ms a figure); the page above is the checked one's."""
     _study(tmp_path, trials=12)
     data = gather(SPEC, results=str(tmp_path))
-    F._checked_template()
+    F._checked_props()
 
     def rebuilt(self: object) -> None:
         raise AssertionError("a template rebuilt by plotly's deep copy")
