@@ -44,7 +44,7 @@ def test_wheel_ships_the_package_data(tmp_path: Path) -> None:
         "tuner/templates/megatron_deepspeed_gpt.sh.j2",
         "tuner/templates/ds_config.json.j2", "tuner/studies/gpt-70b.yaml",
         "tuner/studies/hostfile-gpt-70b", "tuner/launch/megatron_flags.py",
-        "tuner/report/page.html.j2",
+        "tuner/report/page.html.j2", "tuner/report/plotly_white.json",
     ]  # fmt: skip
     assert [name for name in shipped if name not in names] == []
     assert not any(n.startswith(("tests/", "benchmarks/", "workloads/")) for n in names)

@@ -7,6 +7,7 @@ the whole page is the same bytes but for its time stamp."""
 from __future__ import annotations
 
 import copy
+import html
 import math
 import re
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from tuner.outcome import Outcome
 from tuner.report import figures as F
 from tuner.report import importances as I
 from tuner.report import page as P
+from tuner.report import views as V
 from tuner.report.data import gather
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage")
@@ -46,8 +48,8 @@ def _study(tmp_path: Path, trials: int = 48) -> None:
             record(study, SPEC, config(tp, mbs), Outcome.OOM, reason="CUDA out of memory",
                    **attrs)  # fmt: skip
         elif i % 11 == 5:
-            record(study, SPEC, config(tp, mbs), Outcome.LAUNCH_ERROR, reason="no megatron",
-                   **attrs)  # fmt: skip
+            record(study, SPEC, config(tp, mbs), Outcome.LAUNCH_ERROR,
+                   reason=f"no megatron & no <{i}> in 'PATH'", **attrs)  # fmt: skip
         else:  # an int peak now and then: plotly keeps it an int, checked or not
             peak = 50 if i % 4 == 0 else 40.0 + (i % 9) / 3
             record(study, SPEC, config(tp, mbs), Outcome.OK, 3.0 + (i * 7 % 13) / 5,
@@ -68,12 +70,14 @@ def test_the_page_is_the_one_plotlys_checked_paths_write(
     monkeypatch.setattr(F, "views_study", _checked_study)
     monkeypatch.setattr(F, "history", _optuna_history)
     monkeypatch.setattr(F, "plot_param_importances", I._optunas)
+    monkeypatch.setattr(V, "_escaped", html.escape)  # each text escaped, none remembered
     checked = P.render(data, P.sections(data))
 
     def stamped(page: str) -> str:
         return re.sub(r"report written [^<]*", "report written", page)
 
     assert "tp2" in fast and "fig-optuna_importances" in fast and "line 99" in fast
+    assert "no megatron &amp; no &lt;5&gt; in &#x27;PATH&#x27;" in fast
     assert stamped(fast) == stamped(checked)
 
 
@@ -84,7 +88,7 @@ def test_the_template_is_copied_without_plotlys_rebuild(
     a named template, 11 ms a figure); the page above is the checked one's."""
     _study(tmp_path, trials=12)
     data = gather(SPEC, results=str(tmp_path))
-    F._checked_template()
+    F._checked_props()
 
     def rebuilt(self: object) -> None:
         raise AssertionError("a template rebuilt by plotly's deep copy")

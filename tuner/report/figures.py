@@ -13,7 +13,6 @@ from typing import Any
 
 import optuna
 import plotly.graph_objects as go
-import plotly.io as pio
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 from plotly.graph_objs.layout import Template
@@ -23,6 +22,7 @@ from tuner.models.uncertainty import BAND_LEVEL, band
 from tuner.report.data import MEMORY_PARTS, MOE_FP8_TIME_PARTS, TIME_PARTS, ReportData, TrialRow
 from tuner.report.importances import plot_param_importances
 from tuner.report.shown import MAX_POINTS, left_out, memory_x, menu_rows, pareto_front, spread
+from tuner.report.template import checked_props
 
 BAND_NOTE = (
     f"Bars: each prediction's stated {BAND_LEVEL:.0%} band (where the model said the "
@@ -121,10 +121,11 @@ def styled(fig: go.Figure, **layout: Any) -> go.Figure:
     """``fig.update_layout(**layout)``, ``layout`` naming ``template="plotly_white"`` (in its
     place: the layout's keys are written in the order they are set), the template a copy of one
     plotly made once: plotly copies a named template for each figure by rebuilding it, checked
-    (its ``__reduce__``: 11 ms a figure, a tenth of a second for the page's nine). The copy
-    plotly makes is kept (its keys in plotly's order) and each figure gets a plain deep copy of
-    it, unchecked; the template validator (one object, shared by every layout: plotly's cache
-    of validators) is told so for this one call. The figure's JSON is the checked one's
+    (its ``__reduce__``: 11 ms a figure, a tenth of a second for the page's nine). The copy's
+    properties (its keys in plotly's order: :mod:`tuner.report.template`, kept as JSON) are
+    read once and each figure gets a plain deep copy of them, unchecked; the template
+    validator (one object, shared by every layout: plotly's cache of validators) is told so for
+    this one call. The figure's JSON is the checked one's
     (``tests/report/test_report_fast_paths.py``)."""
     if not FAST_POINTS:
         return fig.update_layout(**layout)
@@ -137,13 +138,13 @@ def styled(fig: go.Figure, **layout: Any) -> go.Figure:
 
 
 @functools.cache
-def _checked_template() -> Template:
-    return copy.deepcopy(pio.templates["plotly_white"])  # what plotly's validator makes of it
+def _checked_props() -> dict[str, Any]:
+    return checked_props()  # what plotly's validator makes of it (kept: tuner.report.template)
 
 
 def _template_copy(value: object, skip_invalid: bool = False) -> Template:
     assert value == "plotly_white", value  # the one template this module names
-    return Template(copy.deepcopy(_checked_template()._props), _validate=False)
+    return Template(copy.deepcopy(_checked_props()), _validate=False)
 
 
 def add_points(fig: go.Figure, trace: go.Scatter, **where: Any) -> None:

@@ -234,8 +234,8 @@ def completed_trials(
         query = sa.select(
             p.c.trial_id, p.c.param_id, p.c.param_name, p.c.param_value, p.c.distribution_json
         ).join(t, t.c.trial_id == p.c.trial_id)
-        for trial_id, *row in fetch_plain(conn, compile_statement(conn, query.where(mine)), asked):
-            params[trial_id].append(row)
+        for row in fetch_plain(conn, compile_statement(conn, query.where(mine)), asked):
+            params[row[0]].append(row)  # as the driver gives it: (trial, id, name, value, text)
         query = sa.select(v.c.trial_id, v.c.objective, v.c.value, v.c.value_type)
         query = query.join(t, t.c.trial_id == v.c.trial_id).where(mine)
         for trial_id, *row in fetch_plain(conn, compile_statement(conn, query), asked):
@@ -254,8 +254,11 @@ def _completed(
         objectives[objective] = SPECIAL_VALUES.get(str(getattr(stored, "name", stored)), value)
     chosen: dict[str, Any] = {}
     dists: dict[str, BaseDistribution] = {}
-    for _pid, name, value, text in sorted(params):
-        dist = known.get(text) or known.setdefault(text, json_to_distribution(text))
+    params.sort()  # one trial's: by the parameters' ids, Optuna's order
+    for _trial, _pid, name, value, text in params:
+        dist = known.get(text)
+        if dist is None:  # once per distinct text: some 75,000 rows of a few distributions
+            dist = known[text] = json_to_distribution(text)
         dists[name] = dist
         chosen[name] = dist.to_external_repr(value)
     return kind(

@@ -21,6 +21,7 @@ import bisect
 import dataclasses
 import datetime
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -295,7 +296,28 @@ def _name(value: Any) -> str:
 
 
 def local_time(utc: datetime.datetime | None) -> datetime.datetime | None:
-    """Optuna's stored UTC time as the naive local time its ORM model gives."""
+    """Optuna's stored UTC time as the naive local time its ORM model gives
+    (``utc.replace(tzinfo=UTC).astimezone().replace(tzinfo=None)``), by CPython's own steps for
+    it: the local zone's offset is ``localtime``'s ``tm_gmtoff`` at the time's whole second
+    (floored), added to the time. Without the two aware times and the zone object CPython makes
+    for each, half the cost (the report reads 20,000 times at 10,000 trials);
+    ``tests/test_local_time.py`` holds it to ``astimezone`` across zones and their changes."""
     if utc is None:
         return None
-    return utc.replace(tzinfo=datetime.UTC).astimezone().replace(tzinfo=None)
+    if utc.tzinfo is not None or not _GMTOFF:
+        return utc.replace(tzinfo=datetime.UTC).astimezone().replace(tzinfo=None)
+    offset = time.localtime((utc - _EPOCH) // _SECOND).tm_gmtoff
+    delta = _OFFSETS.get(offset)
+    if delta is None:
+        delta = _OFFSETS[offset] = datetime.timedelta(seconds=offset)
+    return utc + delta
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+_SECOND = datetime.timedelta(seconds=1)
+_GMTOFF = hasattr(time.localtime(0), "tm_gmtoff")
+"""Whether ``localtime`` gives the zone's offset (CPython's ``astimezone`` reads it where the
+C library has it; elsewhere it works the offset out another way, and so does :func:`local_time`
+then: through ``astimezone``)."""
+_OFFSETS: dict[int, datetime.timedelta] = {}
+"""The local zone's offsets met, in seconds, as time deltas."""
