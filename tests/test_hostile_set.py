@@ -38,3 +38,28 @@ def test_a_torchtitan_study_still_takes_its_own_knobs(
     item: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["estimate", "--study", "demo-fsdp", "--set", item]) == 0, capsys.readouterr().err
+
+
+VALUES = [
+    # full:block:0 was taken as "no layer count given" and became full:block:1
+    ("recompute=full:block:0", "--set recompute: 'full:block:0': N must be > 0, got 0"),
+    # a first stage of 10^20 layers passed Megatron's checks (the negative rest divides the two
+    # middle stages) and the memory model simulated it layer by layer: a hang
+    ("split=first=99999999999999999999,last=1",
+     "--set split: 'first=99999999999999999999,last=1': first is more layers than any model "
+     "has (4,096)"),
+    # and 100 + 2 of 80 layers left -11 layers on each middle stage, and negative GiB
+    ("split=first=100,last=2", "breaks 1 rule: the first and last stages hold 102 layers, more "
+     "than the model's 80"),
+]  # fmt: skip
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(("item", "words"), VALUES)
+def test_a_value_out_of_its_model_is_refused_naming_it(
+    item: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["estimate", "--study", "gpt-70b", "--set", "pp=4", "--set", item]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("tune: error: ") and words in captured.err, captured.err
+    assert captured.err.count("\n") == 1 and captured.out == ""

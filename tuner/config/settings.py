@@ -70,9 +70,11 @@ def parse_setting(item: str) -> tuple[str, object]:
             raise ConfigError(e.reason, path=where) from None
     if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.spec.recompute)
         try:
-            parse_recompute(raw)
+            knobs = parse_recompute(raw)
         except ConfigError as e:
             raise ConfigError(e.reason, path=where) from None
+        if knobs.num_layers == 0:  # taken as unset: full:block:0 became full:block:1
+            raise ConfigError(f"{raw!r}: N must be > 0, got 0", path=where)
         return key, raw
     if key in _CHOICES:
         if raw not in _CHOICES[key]:
