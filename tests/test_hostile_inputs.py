@@ -164,7 +164,7 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
      "/hosts:2: '-oProxyCommand=x' is not a host name"),
     # a list's "in" per line: minutes of CPU before this line was reached
     ("hostfile-100k-hosts-one-twice", hostfile_case(b"".join(b"n%d\n" % i for i in
-     range(100_000)) + b"n7\n", "hosts"), "hosts:100001: host 'n7' listed twice"),
+     range(100_000)) + b"n7\n", "hosts"), "hosts:100001: host 'n7' is listed twice"),
     ("unknown-key", changed("space.tpp", [1]), "space.tpp: unknown key 'tpp'"),
     ("axis-value-twice", changed("space.tp", [1, 1]), "space.tp[1]: 1 is listed twice"),
     ("axis-value-huge", changed("space.micro_batch_size", [10**30]), "space.micro_batch_size[0]"),

@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size
-from tuner.spec.pipeline_split import canonical_split
+from tuner.spec.frameworks import Framework, traits
+from tuner.spec.pipeline_split import EVEN, canonical_split
 from tuner.spec.recompute import parse_recompute
 
 _ALIASES = {
@@ -69,9 +70,11 @@ def parse_setting(item: str) -> tuple[str, object]:
             raise ConfigError(e.reason, path=where) from None
     if key == "recompute":  # none, selective[:MOD+MOD], full[:METHOD:N] (tuner.spec.recompute)
         try:
-            parse_recompute(raw)
+            knobs = parse_recompute(raw)
         except ConfigError as e:
             raise ConfigError(e.reason, path=where) from None
+        if knobs.num_layers == 0:  # taken as unset: full:block:0 became full:block:1
+            raise ConfigError(f"{raw!r}: N must be > 0, got 0", path=where)
         return key, raw
     if key in _CHOICES:
         if raw not in _CHOICES[key]:
@@ -80,9 +83,10 @@ def parse_setting(item: str) -> tuple[str, object]:
     raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
 
 
-def parse_settings(items: Iterable[str]) -> dict[str, object]:
-    """Every ``--set`` as {knob: value}; a knob given twice (under any of its names) is a
-    one-line error rather than the last one silently winning."""
+def parse_settings(items: Iterable[str], framework: Framework | None = None) -> dict[str, object]:
+    """Every ``--set`` as {knob: value}; a knob given twice (under any of its names), or one the
+    study's ``framework`` has no use for, is a one-line error rather than silently dropped or
+    shown in a config no launch would run (the study file's space refuses the same knobs)."""
     given: dict[str, object] = {}
     spelled: dict[str, str] = {}
     for item in items:
@@ -90,8 +94,28 @@ def parse_settings(items: Iterable[str]) -> dict[str, object]:
         name = item.split("=", 1)[0].strip()
         if key in given:
             raise ConfigError(f"given twice (first as --set {spelled[key]})", path=f"--set {name}")
+        if framework is not None:
+            _check_framework_knob(key, value, framework, f"--set {name}")
         given[key], spelled[key] = value, name
     return given
+
+
+def _check_framework_knob(key: str, value: object, framework: Framework, where: str) -> None:
+    """torchtitan's knobs only for torchtitan; there, no virtual pipeline or split of its own
+    (its stages per rank follow ``pp_schedule``, its split is torchtitan's rule)."""
+    fsdp2 = traits(framework).fsdp2
+    if not fsdp2 and key in titan_spec.KNOBS:
+        raise ConfigError(
+            f"is a torchtitan knob; this study's framework is {framework}", path=where
+        )
+    if fsdp2 and key == "vp" and value != 1:
+        raise ConfigError(
+            "torchtitan's stages per rank follow pp_schedule; vp must be 1", path=where
+        )
+    if fsdp2 and key == "pipeline_split" and value != EVEN:
+        raise ConfigError(
+            "torchtitan splits stages by its own rule; split must be even", path=where
+        )
 
 
 def settable_keys() -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
+from tuner.spec.bounds import listed_twice
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,10 @@ class NodePool:
     ) -> None:
         if not hosts:
             raise ConfigError("no nodes given", path="cluster.nodes")
-        duplicates = sorted({h for h in hosts if list(hosts).count(h) > 1})
-        if duplicates:
-            raise ConfigError(f"nodes listed twice: {', '.join(duplicates)}", path="cluster.nodes")
+        seen: dict[str, str] = {}
+        for host in hosts:
+            if (twice := listed_twice(host, seen)) is not None:
+                raise ConfigError(f"node {twice}", path="cluster.nodes")
         if not 1 <= nodes_per_trial <= len(hosts):
             raise ConfigError(
                 f"{nodes_per_trial} nodes per trial, but the cluster has {len(hosts)} nodes",

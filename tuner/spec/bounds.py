@@ -45,6 +45,19 @@ def host_name_problem(node: str) -> str | None:
     return None
 
 
+def listed_twice(node: str, seen: dict[str, str]) -> str | None:
+    """Why ``node`` repeats a host already in ``seen`` (lower-cased name -> as first given), or
+    None, then noting it. Host names ignore case (RFC 4343): ``n1`` and ``N1`` are one machine,
+    and two "nodes" on it would run two trials' ranks on the same GPUs."""
+    first = seen.get(node.lower())
+    if first is None:
+        seen[node.lower()] = node
+        return None
+    if first == node:
+        return f"{_short(node)} is listed twice"
+    return f"{_short(node)} is listed twice (first as {_short(first)}: host names ignore case)"
+
+
 def _positive(value: float | None, path: str) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"must be > 0, got {value}", path=path)

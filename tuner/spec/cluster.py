@@ -17,6 +17,7 @@ from tuner.spec.bounds import (
     _short,
     _size,
     host_name_problem,
+    listed_twice,
 )
 from tuner.spec.overheads import OverheadsSpec
 
@@ -186,10 +187,9 @@ class ClusterSpec:
             if not self.nodes:
                 raise ConfigError("the list is empty: name at least one host", path="nodes")
             _at_most(len(self.nodes), MAX_NODES, "nodes", "about a million GPUs")
-            seen: set[str] = set()
+            seen: dict[str, str] = {}
             for i, node in enumerate(self.nodes):
-                if node in seen:
-                    raise ConfigError(f"node {node!r} is listed twice", path="nodes")
+                if (twice := listed_twice(node, seen)) is not None:
+                    raise ConfigError(f"node {twice}", path="nodes")
                 if (problem := host_name_problem(node)) is not None:
                     raise ConfigError(problem, path=f"nodes[{i}]")
-                seen.add(node)

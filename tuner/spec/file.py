@@ -22,7 +22,7 @@ import yaml
 
 from tuner._loader import load_dataclass, load_yaml
 from tuner.errors import ConfigError
-from tuner.spec.bounds import MAX_GPUS_PER_NODE, host_name_problem
+from tuner.spec.bounds import MAX_GPUS_PER_NODE, host_name_problem, listed_twice
 from tuner.spec.model import ModelSpec
 from tuner.spec.paths import study_relative
 from tuner.spec.study import _ENV_NAME, MAX_FILE_BYTES, StudySpec
@@ -114,7 +114,7 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=yaml_path) from None
     hosts: list[str] = []
-    seen: set[str] = set()  # a list's "in" made 100,000 hosts a quadratic hang
+    seen: dict[str, str] = {}  # a list's "in" made 100,000 hosts a quadratic hang
     for number, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -128,12 +128,11 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
                 f"{MAX_GPUS_PER_NODE}",
                 path=yaml_path,
             )
-        if parts[0] in seen:
-            raise ConfigError(f"{path}:{number}: host {parts[0]!r} listed twice", path=yaml_path)
+        if (twice := listed_twice(parts[0], seen)) is not None:
+            raise ConfigError(f"{path}:{number}: host {twice}", path=yaml_path)
         if (problem := host_name_problem(parts[0])) is not None:  # the hostfile's line, not
             raise ConfigError(f"{path}:{number}: {problem}", path=yaml_path)  # cluster.nodes
         hosts.append(parts[0])
-        seen.add(parts[0])
     if not hosts:
         raise ConfigError(f"hostfile {str(path)!r} lists no host", path=yaml_path)
     return tuple(hosts)

@@ -138,6 +138,10 @@ def _parse_first_last(raw: str) -> Split:
             raise ConfigError(f"{raw!r}: {name} must be a whole number of layers") from None
         if values[name] < 0:
             raise ConfigError(f"{raw!r}: {name} must be >= 0 layers, got {values[name]}")
+        if values[name] > MAX_LAYERS:  # its stage was simulated layer by layer: a hang
+            raise ConfigError(
+                f"{raw[:60]!r}: {name} is more layers than any model has ({MAX_LAYERS:,})"
+            )
     return Split("first_last", first=values.get("first"), last=values.get("last"))
 
 
@@ -252,6 +256,12 @@ def _first_last_counts(num_layers: int, pp: int, vp: int, s: Split) -> list[int]
             )
         rest -= value
         stages -= 1
+    if rest < 0:  # Megatron's checks take it when the negative rest divides the middle stages
+        raise SplitError(
+            "split_first_last",
+            f"the first and last stages hold {num_layers - rest} layers, more than the model's "
+            f"{num_layers}",
+        )
     if bool(rest) != bool(stages):
         raise SplitError(
             "split_first_last",

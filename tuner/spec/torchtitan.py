@@ -45,6 +45,15 @@ RESHARD_POLICIES: tuple[Reshard, ...] = get_args(Reshard)
 """``parallelism.fsdp_reshard_after_forward``; ``default`` reshards unless PP is on
 (``distributed/fsdp.py`` ``get_fsdp_reshard_after_forward_policy``)."""
 
+KNOBS: tuple[str, ...] = (
+    "dp_shard",
+    "dp_replicate",
+    "pp_schedule",
+    "reshard_after_forward",
+    "compile",
+)
+"""torchtitan's own knobs, which no other framework's launch reads."""
+
 AC_MODES: dict[str, str] = {"none": "none", "full": "full", "selective": "selective"}
 """tune's ``recompute`` -> the ``activation_checkpoint`` subcommand: ``selective`` is
 torchtitan's per-op SAC (saves matmul, attention and reduction outputs except every second
