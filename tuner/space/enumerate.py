@@ -40,7 +40,7 @@ from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import canonical_modules, parse_recompute
 from tuner.spec.study import StudySpec
-from tuner.spec.torchtitan import FSDP_DEFAULT, FsdpKnobs, config_fields
+from tuner.spec.torchtitan import FSDP_DEFAULT, KNOBS, FsdpKnobs, config_fields
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -154,11 +154,7 @@ def expand_axes(spec: StudySpec) -> Axes:
         moe=m.moe is not None,
         tp_comm_overlap=s.tp_comm_overlap,
         fsdp=(
-            tuple(
-                itertools.product(
-                    s.dp_shard, s.dp_replicate, s.pp_schedule, s.reshard_after_forward, s.compile
-                )
-            )  # fmt: skip
+            tuple(itertools.product(*(getattr(s, name) for name in KNOBS)))
             if t.fsdp2
             else (FSDP_DEFAULT,)
         ),
@@ -478,8 +474,7 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
     mp = values["tp"] * values["pp"] * values["cp"]
     values["dp"] = max(spec.world_size // mp, 1) if mp > 0 else 1
     if axes.fsdp2:  # torchtitan: dp = dp_shard x dp_replicate, vp from the schedule
-        names = ("dp_shard", "dp_replicate", "pp_schedule", "reshard_after_forward", "compile")
-        own = tuple(given.get(n, d) for n, d in zip(names, axes.fsdp[0], strict=True))
+        own = tuple(given.get(n, d) for n, d in zip(KNOBS, axes.fsdp[0], strict=True))
         values["dp"], values["vp"], fields = config_fields(
             own, spec.world_size, values["tp"], values["pp"], values["cp"], 1, str(own[2])  # type: ignore[arg-type]
         )  # fmt: skip

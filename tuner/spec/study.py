@@ -46,6 +46,7 @@ from tuner.spec.space import Auto as Auto
 from tuner.spec.space import RecomputeGranularity as RecomputeGranularity
 from tuner.spec.space import RecomputeMethod as RecomputeMethod
 from tuner.spec.space import SpaceSpec as SpaceSpec
+from tuner.spec.torchtitan import FSDP_DEFAULT, KNOBS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -350,10 +351,7 @@ class StudySpec:
     def _check_torchtitan_knobs(self) -> None:
         """torchtitan's knobs only in a torchtitan study; there, none of the others' knobs."""
         sp = self.space
-        titan = {
-            "dp_shard": (-1,), "dp_replicate": (1,), "pp_schedule": ("1F1B",),
-            "reshard_after_forward": ("default",), "compile": (False,),
-        }  # fmt: skip
+        titan = {name: (default,) for name, default in zip(KNOBS, FSDP_DEFAULT, strict=True)}
         if not traits(self.framework).fsdp2:
             for name, default in titan.items():
                 if getattr(sp, name) != default:
