@@ -1,0 +1,164 @@
+"""Which points of a probe that ran them one after another are measured again, and which run of
+each is kept.
+
+A probe whose script runs one point per launch (Megatron-LM, Megatron-DeepSpeed, Megatron-Bridge,
+torchtitan, DeepSpeed without ``launch.probe_one_process``) measures each point in its own
+minute: a burst of load from another process over one point's run (a third process on two
+cores: x1.5) moves that point alone, and the differences between points (the per-layer time of
+two depths, a neighbour's sharded work) carry it whole. The interleaved probe pairs its points'
+steps by round instead (:mod:`tuner.profile.paired`) and is never measured again.
+
+After the first pass, while the job still holds its nodes (the node scripts wait for the
+verdict, :data:`tuner.profile.probe.RECHECK`), :func:`verdict` names the points to run once
+more, in reverse order, by two rules:
+
+- **Two levels in one run** (:func:`two_levels`). Load only slows a step: another process takes
+  a share of the cores or the device, and nothing makes the same work faster. A run whose steady
+  steps (past the warm-up) include one more than :data:`~tuner.profile.probe_logs.WARM_SLOW`
+  faster than their median was slowed over part of its minutes (the probe's warm-up cut calls a
+  step that much over the level not steady; the same bound read from the fast side). The
+  project's steady-state estimator (:mod:`tuner.logs.steady`) was judged for this: over ten
+  steps its batch means are two to five batches, whose interval cannot tell a burst over nine
+  steps (9.5% half-width) from a run's own noise at a 5% spread (4.4%).
+- **A part under nil** (:func:`impossible`). The terms are differences of runs; a part that
+  comes out at or under nil (the per-layer time, the rest of a micro-batch, a neighbour's
+  sharded work or per-layer time, the pipeline's rest) is real work measured as none, so a run
+  subtracted in it was slowed: the group's base point at both depths is measured again (the
+  rows every such part subtracts). The step's fixed rest (two micro-batch counts) is not
+  judged: it is the smallest part the probe measures and a stack may have none of it.
+
+A burst over the whole of a run, from its first step to its last, leaves one level in it and is
+caught only where it puts a part under nil (a slow deeper base run does: the rest per
+micro-batch goes under nil). Each point is measured again once at most; :func:`settle` keeps the
+faster of its two runs (the less disturbed) and reports a point still inconsistent then as
+uncertain, its samples both runs' (so its spread, and the stated uncertainty of the terms it
+gives, covers their disagreement).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from tuner.profile.probe_logs import WARM_SLOW
+from tuner.profile.probe_rows import ProbeRow, ProbeRun
+
+if TYPE_CHECKING:
+    from tuner.models.rates import Rates
+    from tuner.spec.study import StudySpec
+
+
+def two_levels(row: ProbeRow) -> str | None:
+    """Why ``row``'s run holds two levels (a step more than :data:`WARM_SLOW` under the run's
+    median), or None. Rows of an interleaved probe (``rounds``) are read against each other
+    round by round and are not judged alone."""
+    if row.rounds or len(row.samples_s) < 2:
+        return None
+    floor = min(row.samples_s)
+    if floor > 0 and row.step_s > WARM_SLOW * floor:
+        return (f"two levels in its run ({_ms(floor)} and {_ms(row.step_s)} ms a step): load "
+                f"over part of it")  # fmt: skip
+    return None
+
+
+def base_runs(runs: Sequence[ProbeRun]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """The indices of each (TP, CP) group's base point at its two depths (the runs of one config
+    at more than one depth, at the study's micro-batches per step)."""
+    depths: dict[str, list[int]] = {}
+    for k, run in enumerate(runs):
+        if run.batch_scale == 1 and run.config.pp == 1 and run.config.vp == 1:
+            depths.setdefault(run.config.key(), []).append(k)
+    return {(runs[ks[0]].config.tp, runs[ks[0]].config.cp): tuple(ks)
+            for ks in depths.values() if len(ks) > 1}  # fmt: skip
+
+
+def impossible(spec: StudySpec, runs: Sequence[ProbeRun], rows: Sequence[ProbeRow],
+               rates: Rates | None = None) -> dict[int, str]:  # fmt: skip
+    """The runs to measure again because a part of the terms composed from ``rows`` came out at
+    or under nil, each with the part: the group's base at both depths (module docstring)."""
+    from tuner.profile.stack_terms import derive_terms
+
+    bases = base_runs(runs)
+    terms = derive_terms(spec, rows, rates)
+    out: dict[int, str] = {}
+    for p in terms.points:
+        base = runs[bases[(p.tp, p.cp)][0]].config if (p.tp, p.cp) in bases else None
+        if base is None:
+            continue
+        is_base = p.pp == 1 and (p.mbs, p.recompute, p.zero_stage, p.ep, p.distopt) == (
+            base.micro_batch_size, base.recompute, base.zero_stage, base.ep,
+            base.distributed_optimizer)  # fmt: skip
+        where = "the base point" if is_base else "the pipeline point" if p.pp > 1 else (
+            "its neighbour " + _label(p, base))  # fmt: skip
+        parts = []
+        if p.pp == 1 and p.layer_scale is not None and p.layer_scale <= 0 or (
+                p.pp == 1 and p.layer_scale is None):  # fmt: skip
+            parts.append("per-layer time")
+        if p.fixed_scale == 0.0:
+            parts.append("rest per micro-batch")
+        if p.step_scale == 0.0:
+            parts.append("sharded work")
+        if parts:
+            why = f"{' and '.join(parts)} of {where} at or under nil"
+            for k in bases[(p.tp, p.cp)]:
+                out.setdefault(k, why)
+    return out
+
+
+def _label(p: object, base: object) -> str:
+    """What a neighbour point changes from its base (``zero1``, ``recompute=full``)."""
+    names = (("recompute", "recompute"), ("zero_stage", "zero_stage"), ("ep", "ep"),
+             ("distopt", "distributed_optimizer"), ("mbs", "micro_batch_size"))  # fmt: skip
+    diff = [f"{a}={getattr(p, a)}" for a, b in names if getattr(p, a) != getattr(base, b)]
+    return " ".join(diff) or "(same knobs)"
+
+
+def verdict(spec: StudySpec, runs: Sequence[ProbeRun], rows: Sequence[ProbeRow],
+            rates: Rates | None = None) -> dict[int, str]:  # fmt: skip
+    """The first pass's points to measure again, each with why: :func:`two_levels`, then
+    :func:`impossible` in the groups (TP, CP) where no run holds two levels (a slowed run's
+    second run may be what put a part under nil; :func:`settle` judges the parts again); none
+    for a probe that interleaved its points."""
+    if any(r.rounds for r in rows):
+        return {}
+    out = {k: why for k, row in enumerate(rows) if (why := two_levels(row)) is not None}
+    slowed = {(runs[k].config.tp, runs[k].config.cp) for k in out}
+    for k, why in impossible(spec, runs, rows, rates).items():
+        if (runs[k].config.tp, runs[k].config.cp) not in slowed:
+            out.setdefault(k, why)
+    return out
+
+
+def order(points: Mapping[int, str]) -> list[int]:
+    """The order the points run again: the reverse of the first pass's, so a pair of points
+    whose difference is a term (the base's two depths) runs the other way round, and a load
+    that drifts through the re-runs moves their difference the other way."""
+    return sorted(points, reverse=True)
+
+
+def settle(spec: StudySpec, runs: Sequence[ProbeRun], first: Sequence[ProbeRow],
+           again: Mapping[int, ProbeRow], why: Mapping[int, str],
+           rates: Rates | None = None) -> list[ProbeRow]:  # fmt: skip
+    """The rows the terms use: for each point measured again, the faster of its two runs (load
+    only slows the same work: the faster run is the less disturbed), its ``rechecked`` note
+    saying why and which was kept; a point whose kept run still holds two levels, or whose
+    group still has a part under nil, is ``uncertain`` and carries both runs' samples."""
+    rows = list(first)
+    for k, second in again.items():
+        kept = second if second.step_s < first[k].step_s else first[k]
+        which = "the second" if kept is second else "the first"
+        note = (f"{why[k]}; again {_ms(second.step_s)} ms against {_ms(first[k].step_s)} ms, "
+                f"{which} kept")  # fmt: skip
+        rows[k] = dataclasses.replace(kept, rechecked=note)
+    still = {k: w for k, r in enumerate(rows) if (w := two_levels(r)) is not None}
+    still.update(impossible(spec, runs, rows, rates))
+    for k, w in still.items():
+        both = first[k].samples_s + again[k].samples_s if k in again else rows[k].samples_s
+        note = rows[k].rechecked or f"{w} (not measured again)"
+        rows[k] = dataclasses.replace(rows[k], samples_s=both, uncertain=w, rechecked=note)
+    return rows
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g}"
