@@ -16,10 +16,11 @@ more, in reverse order, by two rules:
   a share of the cores or the device, and nothing makes the same work faster. A run whose steady
   steps (past the warm-up) include one more than :data:`~tuner.profile.probe_logs.WARM_SLOW`
   faster than their median was slowed over part of its minutes (the probe's warm-up cut calls a
-  step that much over the level not steady; the same bound read from the fast side). The
-  project's steady-state estimator (:mod:`tuner.logs.steady`) was judged for this: over ten
-  steps its batch means are two to five batches, whose interval cannot tell a burst over nine
-  steps (9.5% half-width) from a run's own noise at a 5% spread (4.4%).
+  step that much over the level not steady; the same bound read from the fast side). On quiet
+  runs it names none at a 2% spread, 4% of runs at 5% (the demo's runs one after another:
+  0.5-2.7%). The project's steady-state estimator (:mod:`tuner.logs.steady`) was judged for
+  this: over ten steps its four or five batch means give a burst over nine of them a 9.6-12.9%
+  half-width, what a quiet run at a 5% spread gives in the median draw (6.9%).
 - **A part under nil** (:func:`impossible`). The terms are differences of runs; a part that
   comes out at or under nil (the per-layer time, the rest of a micro-batch, a neighbour's
   sharded work or per-layer time, the pipeline's rest) is real work measured as none, so a run
