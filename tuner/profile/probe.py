@@ -10,6 +10,11 @@ queued job per point. Each point's output is framed by :data:`POINT` lines in th
 parsed by the framework's own log parser; :mod:`tuner.profile.stack_terms` turns the differences
 into measured terms and saves them beside the cluster profile.
 
+A probe that runs one point per launch measures again, in the same job, the points whose first
+run a burst of load slowed (:mod:`tuner.profile.recheck`): after their first pass the node
+scripts wait for the verdict (:data:`RECHECK`) and run the points it names once more; the log
+reading is :mod:`tuner.profile.probe_logs`'s.
+
 Step times under a drifting load: a script that runs every point in one process
 (``launch.probe_one_process``) may interleave their timed steps, one step of each point per
 round (:data:`INTERLEAVED`; the DeepSpeed workload does on CPU ranks). The rows then carry each
