@@ -46,7 +46,9 @@ from tuner.profile.probe_logs import WARM_SLOW
 from tuner.profile.probe_rows import ProbeRow, ProbeRun
 
 if TYPE_CHECKING:
+    from tuner.config.parallel import ParallelConfig
     from tuner.models.rates import Rates
+    from tuner.models.stack import StackPoint
     from tuner.spec.study import StudySpec
 
 
@@ -93,8 +95,7 @@ def impossible(spec: StudySpec, runs: Sequence[ProbeRun], rows: Sequence[ProbeRo
         where = "the base point" if is_base else "the pipeline point" if p.pp > 1 else (
             "its neighbour " + _label(p, base))  # fmt: skip
         parts = []
-        if p.pp == 1 and p.layer_scale is not None and p.layer_scale <= 0 or (
-                p.pp == 1 and p.layer_scale is None):  # fmt: skip
+        if p.pp == 1 and (p.layer_scale is None or p.layer_scale <= 0):  # None: layer <= 0
             parts.append("per-layer time")
         if p.fixed_scale == 0.0:
             parts.append("rest per micro-batch")
@@ -107,7 +108,7 @@ def impossible(spec: StudySpec, runs: Sequence[ProbeRun], rows: Sequence[ProbeRo
     return out
 
 
-def _label(p: object, base: object) -> str:
+def _label(p: StackPoint, base: ParallelConfig) -> str:
     """What a neighbour point changes from its base (``zero1``, ``recompute=full``)."""
     names = (("recompute", "recompute"), ("zero_stage", "zero_stage"), ("ep", "ep"),
              ("distopt", "distributed_optimizer"), ("mbs", "micro_batch_size"))  # fmt: skip
@@ -153,7 +154,8 @@ def settle(spec: StudySpec, runs: Sequence[ProbeRun], first: Sequence[ProbeRow],
                 f"{which} kept")  # fmt: skip
         rows[k] = dataclasses.replace(kept, rechecked=note)
     still = {k: w for k, r in enumerate(rows) if (w := two_levels(r)) is not None}
-    still.update(impossible(spec, runs, rows, rates))
+    for k, w in impossible(spec, runs, rows, rates).items():
+        still.setdefault(k, w)
     for k, w in still.items():
         both = first[k].samples_s + again[k].samples_s if k in again else rows[k].samples_s
         note = rows[k].rechecked or f"{w} (not measured again)"
