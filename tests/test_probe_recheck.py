@@ -216,7 +216,8 @@ def test_a_point_still_inconsistent_after_its_second_run_is_reported_not_run_aga
     out = capsys.readouterr().out
     assert nodes.verdict == [3] and nodes.polls == 2  # one verdict, then the job's end
     assert "measured again: " in out and "two levels in its run" in out
-    assert "uncertain: two levels" in out and "measuring points again)" in out
+    assert "uncertain: two levels" in out and "(its sharded work) states both runs' spread" in out
+    assert "measuring points again)" in out
     from tuner.layout import ClusterLayout
     from tuner.profile.probe_file import load_probe
 

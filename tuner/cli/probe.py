@@ -58,20 +58,22 @@ def recheck_lines(spec: StudySpec, rows: Any) -> list[str]:
     """What the probe measured again and why, and which points are still uncertain (the terms
     they give carry both runs' spread): :mod:`tuner.profile.recheck`."""
     from tuner.config.spelling import split_constant
+    from tuner.profile.recheck import terms_of
     from tuner.profile.stack_terms import probe_configs
 
     if not any(r.rechecked for r in rows):
         return []
-    configs, _ = probe_configs(spec, {r.key for r in rows})
+    configs, wides = probe_configs(spec, {r.key for r in rows})
     _, labels = split_constant([configs[r.key] for r in rows], spec.framework)
     out = []
-    for label, r in zip(labels, rows, strict=True):
+    for k, (label, r) in enumerate(zip(labels, rows, strict=True)):
         if r.rechecked:
             name = f"{label or 'the base point'} at {r.depth} layer(s)"
             out.append(f"measured again: {name}: {r.rechecked}")
             if r.uncertain:
-                out.append(f"  uncertain: {r.uncertain}; the terms it gives carry both runs' "
-                           f"spread")  # fmt: skip
+                terms = terms_of(rows, k, configs, wides)
+                out.append(f"  uncertain: {r.uncertain}; what it gives ({terms}) states both "
+                           f"runs' spread")  # fmt: skip
     return out
 
 

@@ -39,7 +39,7 @@ gives, covers their disagreement).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tuner.profile.probe_logs import WARM_SLOW
@@ -161,6 +161,27 @@ def settle(spec: StudySpec, runs: Sequence[ProbeRun], first: Sequence[ProbeRow],
         note = rows[k].rechecked or f"{w} (not measured again)"
         rows[k] = dataclasses.replace(rows[k], samples_s=both, uncertain=w, rechecked=note)
     return rows
+
+
+def terms_of(rows: Sequence[ProbeRow], k: int, configs: Mapping[str, ParallelConfig],
+             wides: Collection[str]) -> str:  # fmt: skip
+    """The time terms that ``rows[k]`` gives (what its being uncertain makes uncertain);
+    ``configs`` and ``wides`` as :func:`tuner.profile.stack_terms.probe_configs` gives them."""
+    row, c = rows[k], configs[rows[k].key]
+    depths: dict[str, int] = {}
+    for r in rows:
+        depths[r.key] = depths.get(r.key, 0) + 1
+    base = next((configs[r.key] for r in rows if depths[r.key] > 1 and r.key not in wides
+                 and (configs[r.key].tp, configs[r.key].cp) == (c.tp, c.cp)), None)  # fmt: skip
+    if row.key in wides:
+        return "the step's fixed rest"
+    if c.pp > 1:
+        return "the pipeline's rest per micro-batch"
+    if depths[row.key] > 1 or base is None:
+        return "the per-layer time and rest per micro-batch of every point of its TP and CP"
+    same = (c.micro_batch_size, c.recompute, c.ep) == (
+        base.micro_batch_size, base.recompute, base.ep)  # fmt: skip
+    return "its sharded work" if same else "its per-layer time"
 
 
 def _ms(seconds: float) -> str:
