@@ -10,6 +10,7 @@ layer time to x2.17 and the rest per micro-batch and the sharded work to nil.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,13 @@ def test_a_burst_over_one_point_is_measured_again_and_the_terms_are_the_surfaces
 
 
 def test_a_probe_without_a_burst_measures_nothing_again(tmp_path: Path) -> None:
+    """Nothing runs again without a burst, nor with each step's own noise (up to 4% either way,
+    twice the spread of the demo-ssh probe's quiet runs one after another)."""
     spec = megatron()
+    _, noisy, nodes = probed(
+        tmp_path / "noisy", spec, lambda k, it: 1 + 0.04 * math.sin(7 * k + 3 * it)
+    )
+    assert nodes.verdict == [] and not any(r.rechecked for r in noisy.rows)
     runs, found, nodes = probed(tmp_path, spec, lambda k, it: 1.0)
     assert nodes.verdict == [] and not any(r.rechecked for r in found.rows)
     for run, row in zip(runs, found.rows, strict=True):
