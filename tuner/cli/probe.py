@@ -46,8 +46,10 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     console.print(f"stack: {versions or 'versions not reported'}")
     for line in recheck_lines(spec, data["rows"]):
         console.print(line)
-    again = cost.get("recheck_s", 0.0)
-    extra = f" ({again / 60:.2f} min of it measuring points again)" if again else ""
+    again, rechecked = cost.get("recheck_s", 0.0), sum(1 for r in data["rows"] if r.rechecked)
+    extra = (f" ({again / 60:.2f} min of it measuring {rechecked} point(s) again)" if rechecked
+             else f" (nothing measured again; the verdict took {again:.1f} s)" if again
+             else "")  # fmt: skip
     console.print(f"probe cost: {cost['wall_s'] / 60:.2f} min on {cost['nodes']} node(s), "
                   f"{cost['node_hours']:.4f} node-hours{extra}")  # fmt: skip
     console.print(f"saved: {path}")
