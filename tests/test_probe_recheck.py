@@ -10,7 +10,9 @@ layer time to x2.17 and the rest per micro-batch and the sharded work to nil.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -233,3 +235,24 @@ def test_a_point_still_inconsistent_after_its_second_run_is_reported_not_run_aga
     assert saved[3].uncertain and len(saved[3].samples_s) == 20
     # the faster run: its second, at x1.3 over six of its ten steady steps
     assert saved[3].step_s == pytest.approx(1.3 * known(spec, runs[3]), rel=0.01)
+
+
+def test_two_levels_in_one_run_whichever_share_of_it_a_burst_took() -> None:
+    """A burst over all of a run's steady steps but one (the median at the burst's level, the
+    quiet step apart), over half of it (the median between the two levels: the level moved in
+    the middle of the run, as the demo-ssh probe's 1-layer base did, six steps at 344-462 ms
+    then four at 245-257 ms) or over its last six or four; not a run's own noise."""
+    from tuner.profile.probe import ProbeRow
+    from tuner.profile.recheck import two_levels
+
+    def row(steps: list[float]) -> ProbeRow:
+        return ProbeRow(key="k", depth=1, step_s=statistics.median(steps),
+                        samples_s=tuple(steps), peak_gib=1.0, reserved_gib=None)  # fmt: skip
+
+    assert two_levels(row([1.5] * 9 + [1.0]))
+    assert two_levels(row([1.0] * 5 + [1.5] * 5))  # median 1.25: the min alone passes it
+    assert two_levels(row([0.344, 0.40, 0.462, 0.41, 0.38, 0.36, 0.245, 0.25, 0.257, 0.25]))
+    assert two_levels(row([1.0] * 4 + [1.5] * 6))
+    assert two_levels(row([1.0] * 6 + [1.5] * 4))  # the median at the quiet level: one launch
+    assert not two_levels(row([1 + 0.04 * math.sin(3 * i) for i in range(10)]))
+    assert not two_levels(dataclasses.replace(row([1.5] * 9 + [1.0]), rounds=tuple(range(10))))

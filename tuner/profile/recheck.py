@@ -39,6 +39,7 @@ gives, covers their disagreement).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -52,15 +53,29 @@ if TYPE_CHECKING:
     from tuner.spec.study import StudySpec
 
 
+SEGMENT = 3
+"""The fewest consecutive steps a level of :func:`two_levels` is the median of (as the probe's
+own median, :data:`~tuner.profile.probe_logs.MIN_STEADY`)."""
+
+
 def two_levels(row: ProbeRow) -> str | None:
-    """Why ``row``'s run holds two levels (a step more than :data:`WARM_SLOW` under the run's
-    median), or None. Rows of an interleaved probe (``rounds``) are read against each other
-    round by round and are not judged alone."""
+    """Why ``row``'s run holds two levels, or None: a step more than :data:`WARM_SLOW` under the
+    run's median (a burst over all of it but that step), or the medians of its steps before
+    and after some step (:data:`SEGMENT` at least each side) that far apart (a level that moved
+    in the middle of the run: a burst over about half of it leaves the median between the two;
+    one over fewer steps than the quiet level's leaves it there, and is measured again all the
+    same, for one launch). Rows of an interleaved probe (``rounds``) are read against each
+    other round by round and are not judged alone."""
     if row.rounds or len(row.samples_s) < 2:
         return None
-    floor = min(row.samples_s)
-    if floor > 0 and row.step_s > WARM_SLOW * floor:
-        return (f"two levels in its run ({_ms(floor)} and {_ms(row.step_s)} ms a step): load "
+    steps = row.samples_s
+    low, high = min(steps), row.step_s
+    for cut in range(SEGMENT, len(steps) - SEGMENT + 1):  # a level that moved mid-run
+        a, b = sorted((statistics.median(steps[:cut]), statistics.median(steps[cut:])))
+        if b * low > high * a:
+            low, high = a, b
+    if low > 0 and high > WARM_SLOW * low:
+        return (f"two levels in its run ({_ms(low)} and {_ms(high)} ms a step): load "
                 f"over part of it")  # fmt: skip
     return None
 
@@ -119,13 +134,14 @@ def _label(p: StackPoint, base: ParallelConfig) -> str:
 def verdict(spec: StudySpec, runs: Sequence[ProbeRun], rows: Sequence[ProbeRow],
             rates: Rates | None = None) -> dict[int, str]:  # fmt: skip
     """The first pass's points to measure again, each with why: :func:`two_levels`, then
-    :func:`impossible` in the groups (TP, CP) where no run holds two levels (a slowed run's
-    second run may be what put a part under nil; :func:`settle` judges the parts again); none
-    for a probe that interleaved its points."""
+    :func:`impossible` in the groups (TP, CP) whose base holds no two levels (a slowed base
+    run's second run may be what put a part under nil: :func:`settle` judges the parts again;
+    a slowed neighbour cannot, it enters its part with a plus sign); none for a probe that
+    interleaved its points."""
     if any(r.rounds for r in rows):
         return {}
     out = {k: why for k, row in enumerate(rows) if (why := two_levels(row)) is not None}
-    slowed = {(runs[k].config.tp, runs[k].config.cp) for k in out}
+    slowed = {g for g, ks in base_runs(runs).items() if set(ks) & out.keys()}
     for k, why in impossible(spec, runs, rows, rates).items():
         if (runs[k].config.tp, runs[k].config.cp) not in slowed:
             out.setdefault(k, why)
