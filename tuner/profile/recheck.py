@@ -13,14 +13,15 @@ verdict, :data:`tuner.profile.probe.RECHECK`), :func:`verdict` names the points 
 more, in reverse order, by two rules:
 
 - **Two levels in one run** (:func:`two_levels`). Load only slows a step: another process takes
-  a share of the cores or the device, and nothing makes the same work faster. A run whose steady
-  steps (past the warm-up) include one more than :data:`~tuner.profile.probe_logs.WARM_SLOW`
-  faster than their median was slowed over part of its minutes (the probe's warm-up cut calls a
-  step that much over the level not steady; the same bound read from the fast side). On quiet
-  runs it names none at a 2% spread, 4% of runs at 5% (the demo's runs one after another:
+  a share of the cores or the device, and nothing makes the same work faster. A run whose
+  steady steps (past the warm-up) include one more than :data:`~tuner.profile.probe_logs.
+  WARM_SLOW` faster than their median, or whose steps before and after some step have medians
+  that far apart (a level that moved mid-run), was slowed over part of its minutes (the
+  probe's warm-up cut calls a step that much over the level not steady). On quiet runs it
+  names none at a 2-3% spread and 3.4% of runs at 5% (the demo's runs one after another:
   0.5-2.7%). The project's steady-state estimator (:mod:`tuner.logs.steady`) was judged for
-  this: over ten steps its four or five batch means give a burst over nine of them a 9.6-12.9%
-  half-width, what a quiet run at a 5% spread gives in the median draw (6.9%).
+  this: over ten steps its four or five batch means give a burst over nine of them a
+  9.6-12.9% half-width, what a quiet run at a 5% spread gives in the median draw (6.9%).
 - **A part under nil** (:func:`impossible`). The terms are differences of runs; a part that
   comes out at or under nil (the per-layer time, the rest of a micro-batch, a neighbour's
   sharded work or per-layer time, the pipeline's rest) is real work measured as none, so a run
@@ -29,8 +30,8 @@ more, in reverse order, by two rules:
   judged: it is the smallest part the probe measures and a stack may have none of it.
 
 A burst over the whole of a run, from its first step to its last, leaves one level in it and is
-caught only where it puts a part under nil (a slow deeper base run does: the rest per
-micro-batch goes under nil). Each point is measured again once at most; :func:`settle` keeps the
+caught only where it puts a part under nil (a slow deeper base run does: a neighbour's sharded
+work goes under nil). Each point is measured again once at most; :func:`settle` keeps the
 faster of its two runs (the less disturbed) and reports a point still inconsistent then as
 uncertain, its samples both runs' (so its spread, and the stated uncertainty of the terms it
 gives, covers their disagreement).
