@@ -297,7 +297,11 @@ def test_a_script_that_runs_the_points_itself_starts_once_per_node() -> None:
     runs = probe_runs(spec)
     ports = [29500 + k for k in range(len(runs))]
     scripts, files = bundle(spec, runs, ("localhost",), "127.0.0.1", ports, "/probe")
-    assert len(scripts) == 1 and scripts[0].count("exec torchrun") == len(runs)
+    # one launch per point in the first pass, then each point's second run, which runs only
+    # when the probe's verdict names it (tuner.profile.recheck)
+    first, verdict = scripts[0].split(f"cat {probe.RECHECK}", 1)
+    assert len(scripts) == 1 and first.count("exec torchrun") == len(runs)
+    assert verdict.count("exec torchrun") == len(runs) and verdict.count(";;") == len(runs)
     data["launch"]["probe_one_process"] = True
     scripts, files = bundle(spec_of(data), runs, ("localhost",), "127.0.0.1", ports, "/probe")
     assert len(scripts) == 1 and scripts[0].count("exec torchrun") == 1
@@ -337,7 +341,8 @@ def test_a_saved_probe_round_trips(tmp_path: Path) -> None:
     path = saved(tmp_path, spec, now)
     data = load_probe(path, spec)
     assert data["rows"] == tuple(probe_rows(spec))
-    assert data["cost"] == {"wall_s": 61.0, "nodes": 1, "node_hours": round(61 / 3600, 5)}
+    assert data["cost"] == {"wall_s": 61.0, "nodes": 1, "node_hours": round(61 / 3600, 5),
+                            "recheck_s": 0.0}  # fmt: skip
     check_probe(data, spec, now=now, versions={"torch": "0.0-not-this-one"})
     assert derive_terms(spec, data["rows"]) == derive_terms(spec, probe_rows(spec))
 

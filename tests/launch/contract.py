@@ -102,18 +102,21 @@ class ExecutorContract:
         assert job.paths.result_json.exists()
 
     def test_logs_are_streamed_while_running(
-        self, executor: Executor, layout: ResultsLayout, tmp_path: Path
+        self, executor: Executor, layout: ResultsLayout
     ) -> None:
-        go = tmp_path / "go"
-        script = f"echo started; while [ ! -e {str(go)!r} ]; do sleep 0.05; done; echo finished"
-        job = executor.submit(self.request(layout, 1, [script, script]))
+        """The logs while the job runs; then a file sent to the running job (``send_files``,
+        how the framework probe's verdict reaches its nodes) found by each node's script in its
+        own directory."""
+        script = "echo started; while [ ! -e go.txt ]; do sleep 0.05; done; echo got $(cat go.txt)"
+        request = self.request(layout, 1, [script, script])
+        job = executor.submit(request)
         for log in (job.paths.node_log(0), job.paths.node_log(1)):
             wait_for(lambda log=log: "started" in read(log), what="first line in the log")
         assert job.poll() is None
-        go.touch()
+        executor.send_files(request, {"go.txt": "3 1\n"})
         result = job.wait(timeout=60)
         assert result.ok, result
-        assert "finished" in read(result.logs[1])
+        assert all("got 3 1" in read(log) for log in result.logs), [read(g) for g in result.logs]
 
     def test_cancel_kills_every_process_even_those_that_ignore_term(
         self, executor: Executor, layout: ResultsLayout

@@ -22,15 +22,17 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     from tuner.study.loop import make_executor
 
     path = layout.stack_yaml(spec.name)
+    rates = study_rates(spec, args.results)
     if not args.show:
         executor = make_executor(spec)
         try:
-            result: ProbeResult = run_stack_probe(spec, executor, layout.stack_probe(spec.name))
+            result: ProbeResult = run_stack_probe(spec, executor, layout.stack_probe(spec.name),
+                                                  rates=rates)  # fmt: skip
         finally:
             executor.close()
         save_probe(spec, result, path, dt.datetime.now(dt.UTC))
     data = load_probe(path, spec)  # none yet (--show): says the command that measures it
-    terms = study_terms(spec, args.results, study_rates(spec, args.results))  # checked
+    terms = study_terms(spec, args.results, rates)  # checked
     cost = data["cost"]
     if args.format == "json":
         _emit_json({"path": str(path), "cost": cost, "versions": data["versions"],
@@ -42,10 +44,39 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     render.render(console, terms_grid(terms.points, spec.framework))
     versions = ", ".join(f"{k} {v}" for k, v in data["versions"].items())
     console.print(f"stack: {versions or 'versions not reported'}")
+    for line in recheck_lines(spec, data["rows"]):
+        console.print(line)
+    again, rechecked = cost.get("recheck_s", 0.0), sum(1 for r in data["rows"] if r.rechecked)
+    extra = (f" ({again / 60:.2f} min of it measuring {rechecked} point(s) again)" if rechecked
+             else f" (nothing measured again; the verdict took {again:.1f} s)" if again
+             else "")  # fmt: skip
     console.print(f"probe cost: {cost['wall_s'] / 60:.2f} min on {cost['nodes']} node(s), "
-                  f"{cost['node_hours']:.4f} node-hours")  # fmt: skip
+                  f"{cost['node_hours']:.4f} node-hours{extra}")  # fmt: skip
     console.print(f"saved: {path}")
     return 0
+
+
+def recheck_lines(spec: StudySpec, rows: Any) -> list[str]:
+    """What the probe measured again and why, and which points are still uncertain (the terms
+    they give carry both runs' spread): :mod:`tuner.profile.recheck`."""
+    from tuner.config.spelling import split_constant
+    from tuner.profile.recheck import terms_of
+    from tuner.profile.stack_terms import probe_configs
+
+    if not any(r.rechecked for r in rows):
+        return []
+    configs, wides = probe_configs(spec, {r.key for r in rows})
+    _, labels = split_constant([configs[r.key] for r in rows], spec.framework)
+    out = []
+    for k, (label, r) in enumerate(zip(labels, rows, strict=True)):
+        if r.rechecked:
+            name = f"{label or 'the base point'} at {r.depth} layer(s)"
+            out.append(f"measured again: {name}: {r.rechecked}")
+            if r.uncertain:
+                terms = terms_of(rows, k, configs, wides)
+                out.append(f"  uncertain: {r.uncertain}; what it gives ({terms}) states both "
+                           f"runs' spread")  # fmt: skip
+    return out
 
 
 RUN_COLUMNS = (

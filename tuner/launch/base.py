@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -179,6 +179,20 @@ class Executor(abc.ABC):
         """The rendezvous port for a trial on ``hosts``: ``preferred`` (the node pool keeps the
         groups of one worker apart; the nodes' ports are not visible from here)."""
         return preferred
+
+    def send_files(self, request: LaunchRequest, files: Mapping[str, str]) -> None:
+        """Write ``files`` into the directory of ``request``'s running job on every node (what
+        its scripts wait for: the framework probe's verdict on what to measure again). Here, the
+        trial directory, which this machine's "nodes" and a Slurm job's share with it, and the
+        nodes' own directory where it is another; over SSH each node's
+        (:mod:`tuner.launch.ssh`)."""
+        from pathlib import Path
+
+        for name, content in files.items():
+            write_atomic(request.paths.file(name), content)
+            there = Path(request.remote_dir) / name
+            if there.parent.resolve() != request.paths.dir.resolve():
+                write_atomic(there, content)
 
     def close(self) -> None:
         """Release connections and threads. Jobs must be finished first."""

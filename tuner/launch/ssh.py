@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -318,6 +318,18 @@ class SSHExecutor(Executor):
             raise RemoteCommandError(
                 host, f"sftp put {request.remote_dir}", None, str(exc)
             ) from exc
+
+    def send_files(self, request: LaunchRequest, files: Mapping[str, str]) -> None:
+        """Each of ``files`` into the running job's directory on every node, over SFTP."""
+        for host in dict.fromkeys(request.hosts):
+            conn = self.connection(host)
+            try:
+                with conn.lock:
+                    sftp = conn.sftp()
+                    for name, content in files.items():
+                        _put_atomic(sftp, request.remote_dir / name, content, 0o644)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise NodeError(host, f"copying files failed: {exc}") from exc
 
     def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
         host = request.hosts[node_rank]

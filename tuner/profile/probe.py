@@ -10,6 +10,11 @@ queued job per point. Each point's output is framed by :data:`POINT` lines in th
 parsed by the framework's own log parser; :mod:`tuner.profile.stack_terms` turns the differences
 into measured terms and saves them beside the cluster profile.
 
+A probe that runs one point per launch measures again, in the same job, the points whose first
+run a burst of load slowed (:mod:`tuner.profile.recheck`): after their first pass the node
+scripts wait for the verdict (:data:`RECHECK`) and run the points it names once more; the log
+reading is :mod:`tuner.profile.probe_logs`'s.
+
 Step times under a drifting load: a script that runs every point in one process
 (``launch.probe_one_process``) may interleave their timed steps, one step of each point per
 round (:data:`INTERLEAVED`; the DeepSpeed workload does on CPU ranks). The rows then carry each
@@ -21,16 +26,24 @@ not move.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import LaunchError
 from tuner.layout import TrialPaths
-from tuner.logs import parse_log
+from tuner.profile.probe_logs import AGAIN as AGAIN
+from tuner.profile.probe_logs import INTERLEAVED as INTERLEAVED
+from tuner.profile.probe_logs import MIN_STEADY as MIN_STEADY
+from tuner.profile.probe_logs import POINT as POINT
+from tuner.profile.probe_logs import PROBE_WARMUP as PROBE_WARMUP
+from tuner.profile.probe_logs import WARM_SLOW as WARM_SLOW
+from tuner.profile.probe_logs import ended, read_log
+from tuner.profile.probe_logs import rows_from_logs as rows_from_logs
+from tuner.profile.probe_logs import split_points as split_points
+from tuner.profile.probe_logs import steady_samples as steady_samples
+from tuner.profile.probe_logs import versions as versions
 from tuner.profile.probe_rows import ProbeResult as ProbeResult
 from tuner.profile.probe_rows import ProbeRow as ProbeRow
 from tuner.profile.probe_rows import ProbeRun as ProbeRun
@@ -44,16 +57,6 @@ block that a burst of load hit moved a median of three ratios by its whole error
 block ratios spread 10-20% under a load of 6-8 on two cores). A run's start (interpreter,
 imports, process group, engine) costs more than ten of its steps on the demos, so each iteration
 cut is a small saving; the warm-up is detected, not assumed long."""
-PROBE_WARMUP = 1
-"""Iterations always left out of the median: the first optimizer step builds the optimizer's
-lazy state (Adam's moments, ZeRO's partitions), the autograd graph's first allocations and the
-workloads' memory accounting."""
-WARM_SLOW = 1.25
-"""After those, a leading iteration slower than this times the median of the ones after it is
-still warming up (allocator growth, first collectives on a new communicator) and is left out
-too (:func:`steady_samples`)."""
-MIN_STEADY = 3
-"""The fewest iterations a median is taken over."""
 DEEP_MAX = 4
 """The most layers per stage of the probe's deeper runs (:func:`probe_depths`)."""
 BATCH_SCALE = 2
@@ -77,13 +80,13 @@ INTERLEAVE = True
 (the ``interleave`` key of the points file): every point's engine is then held until the last
 round, which a run of many points (``tools/probe_truth.py``) may not want."""
 HEREDOC = "TUNER_PROBE_POINT_SCRIPT"
-POINT = "TUNER_STACK_POINT"
-"""The line that frames each point's output in the node logs: ``TUNER_STACK_POINT <k> start``
-and ``TUNER_STACK_POINT <k> end rc=<code>``; a script that interleaves its points' steps
-(:data:`INTERLEAVED`) frames each later part of a point by ``<k> resume`` and ``<k> pause``."""
-INTERLEAVED = "resume"
-"""The framing word that says a point's steps were interleaved with the other points' (one step
-of each per round, the rounds numbered by the steps' iteration): their samples pair by round."""
+RECHECK = "probe-recheck.txt"
+"""The verdict the node scripts of a probe that runs one point per launch wait for after their
+first pass: the indices of the points to run again (:mod:`tuner.profile.recheck`), in that
+order, or nothing; written by :func:`run_stack_probe` into the job's directory on every node."""
+RECHECK_WAIT_S = 300.0
+"""The longest the node scripts wait for :data:`RECHECK`: it comes a poll after the last
+point's end; past this (a tune that died) the job ends as if nothing were to run again."""
 
 
 def reduced(spec: StudySpec, config: ParallelConfig, depth: int) -> StudySpec:
@@ -213,35 +216,60 @@ def bundle(
 ) -> tuple[tuple[str, ...], dict[str, str]]:  # fmt: skip
     """(one script per node, the files): each run rendered by the study's template into its own
     sub-directory ``p<k>``, its files shipped as ``p<k>.<name>``; every node's script writes each
-    point's script (inline) and runs the points in order, each framed by :data:`POINT` lines."""
+    point's script (inline) and runs the points in order, each framed by :data:`POINT` lines,
+    then waits for :data:`RECHECK` and runs the points it names again (:func:`_again`).
+    ``master_ports``: one per run, then one per run for its second run (the first's again
+    where missing)."""
     from tuner.launch import render_launch
 
     if spec.launch.probe_one_process:  # DeepSpeed studies only (the study loader's rule)
         return _one_process(spec, runs, hosts, master_addr, master_ports[0], node_dir)
     files: dict[str, str] = {}
     bodies: list[list[str]] = [[] for _ in hosts]
+    agains: list[list[str]] = [[] for _ in hosts]
     for k, run in enumerate(runs):
-        rendered = render_launch(
-            reduced(spec, run.launched, run.depth), run.launched, hosts=hosts,
-            master_addr=master_addr, master_port=master_ports[k], trial_dir=f"{node_dir}/p{k}",
-        )  # fmt: skip
-        copies = [f"mkdir -p p{k}"]
-        for name, text in rendered.files.items():
-            files[f"p{k}.{name}"] = text
-            copies.append(f"cp p{k}.{name} p{k}/{name}")
-        for n, script in enumerate(rendered.scripts):
-            # inline, so what an executor fills in a node's script (Slurm's master address)
-            # reaches the point's script too
-            name = f"p{k}.node-{n}.sh"
-            inline = [f"cat > {name} <<'{HEREDOC}'", script.rstrip("\n"), HEREDOC]
-            bodies[n] += [*copies, *inline, f"run {k} {name}"]
+        for tag, port, out in (
+            (f"p{k}", master_ports[k], bodies),
+            (f"p{k}r", _port(master_ports, len(runs) + k), agains),
+        ):
+            rendered = render_launch(
+                reduced(spec, run.launched, run.depth), run.launched, hosts=hosts,
+                master_addr=master_addr, master_port=port, trial_dir=f"{node_dir}/{tag}",
+            )  # fmt: skip
+            copies = [f"mkdir -p {tag}"]
+            for name, text in rendered.files.items():
+                files[f"{tag}.{name}"] = text
+                copies.append(f"cp {tag}.{name} {tag}/{name}")
+            for n, script in enumerate(rendered.scripts):
+                # inline, so what an executor fills in a node's script (Slurm's master address)
+                # reaches the point's script too
+                name = f"{tag}.node-{n}.sh"
+                inline = [f"cat > {name} <<'{HEREDOC}'", script.rstrip("\n"), HEREDOC]
+                if out is bodies:
+                    out[n] += [*copies, *inline, f"run {k} {name}"]
+                else:
+                    out[n] += [f"{k})", *copies, *inline, f"again {k} {name} ;;"]
     head = [
         "#!/usr/bin/env bash",
         "set -uo pipefail",
         f"cd {_quote(node_dir)}",
+        f"rm -f {RECHECK}",
         f'run() {{ echo "{POINT} $1 start"; bash "$2"; echo "{POINT} $1 end rc=$?"; }}',
+        f'again() {{ echo "{POINT} $1 {AGAIN}"; bash "$2"; echo "{POINT} $1 end rc=$?"; }}',
     ]
-    return tuple("\n".join([*head, *body]) + "\n" for body in bodies), files
+    polls = int(RECHECK_WAIT_S / 0.2)
+    tail = [
+        f'n=0; while [ ! -e {RECHECK} ] && [ "$n" -lt {polls} ]; do sleep 0.2; n=$((n + 1)); done',
+        f"for k in $(cat {RECHECK} 2>/dev/null); do",
+        'case "$k" in',
+    ]
+    return tuple("\n".join([*head, *body, *tail, *extra, "esac", "done"]) + "\n"
+                 for body, extra in zip(bodies, agains, strict=True)), files  # fmt: skip
+
+
+def _port(ports: Sequence[int], k: int) -> int:
+    """The ``k``-th rendezvous port, or the first run's where the caller gave one per run."""
+    return ports[k] if k < len(ports) else ports[k % len(ports)]
 
 
 def _one_process(
@@ -295,70 +323,18 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def split_points(text: str) -> dict[int, str]:
-    """Each point's lines of one node log, by point index: the last run of each (an executor
-    may append a probe's log to an earlier probe's in the same directory), its interleaved parts
-    (``resume`` ... ``pause``) joined."""
-    out: dict[int, list[str]] = {}
-    current: int | None = None
-    for line in text.splitlines():
-        if line.startswith(POINT):
-            parts = line.split()
-            current = int(parts[1]) if parts[2] in ("start", INTERLEAVED) else None
-            if current is not None and parts[2] == "start":
-                out[current] = []
-            continue
-        if current is not None:
-            out.setdefault(current, []).append(line)
-    return {k: "\n".join(v) + "\n" for k, v in out.items()}
-
-
-def versions(text: str) -> dict[str, str]:
-    """The stack's versions from a workload's ``tuner-versions: python=... torch=...`` line."""
-    for line in text.splitlines():
-        if "tuner-versions:" in line:
-            words = line.split("tuner-versions:", 1)[1].split()
-            return dict(w.split("=", 1) for w in words if "=" in w)
-    return {}
-
-
-def rows_from_logs(
-    spec: StudySpec, runs: Sequence[ProbeRun], logs: Sequence[str]
-) -> list[ProbeRow]:
-    """The rows of every run, each parsed from its part of all node logs; a run without a step
-    time is a one-line :class:`LaunchError` naming it."""
-    parts = [split_points(text) for text in logs]
-    paired = any(f"{POINT} {k} {INTERLEAVED}" in text for text in logs for k in range(len(runs)))
-    rows = []
-    for k, run in enumerate(runs):
-        text = "".join(p.get(k, "") for p in parts)
-        m = parse_log(
-            text, spec.framework, PROBE_WARMUP, global_batch_size=spec.training.global_batch_size
-        )
-        if m.step_time_s is None or m.peak_memory_gib is None:
-            tail = " | ".join(text.strip().splitlines()[-2:]) or "no output"
-            raise LaunchError(f"probe run p{k} ({run.launched.key()}, {run.depth} layers) "
-                              f"measured nothing ({m.outcome}): {tail}")  # fmt: skip
-        steady = steady_samples(m.step_times_s)
-        # the samples are the run's last iterations (1, 2, ... in the workloads' step lines)
-        first = len(m.step_times_s) - len(steady) + 1
-        rows.append(ProbeRow(key=run.launched.key(), depth=run.depth,
-                             step_s=statistics.median(steady),
-                             samples_s=tuple(steady), peak_gib=m.peak_memory_gib,
-                             reserved_gib=m.peak_reserved_gib,
-                             rounds=tuple(range(first, first + len(steady))) if paired
-                             else ()))  # fmt: skip
-    return rows
-
-
 def run_stack_probe(
     spec: StudySpec, executor: Any, paths: TrialPaths,
     on_progress: Callable[[int, int], None] | None = None, poll_s: float = 0.2,
-    runs: Sequence[ProbeRun] | None = None,
+    runs: Sequence[ProbeRun] | None = None, rates: Any = None,
 ) -> ProbeResult:  # fmt: skip
     """Run every point of :func:`probe_runs` (or ``runs``) as one job through ``executor``; the
-    rows."""
+    rows. A probe that runs one point per launch has its inconsistent points measured again in
+    the same job (:mod:`tuner.profile.recheck`, under ``rates``: the cluster profile's, or the
+    catalog's): once every node's first pass has ended, the verdict goes to the nodes
+    (:data:`RECHECK`), which run those points again before the job ends."""
     from tuner.launch import LaunchRequest
+    from tuner.profile import recheck
 
     runs = list(probe_runs(spec) if runs is None else runs)
     if not runs:
@@ -366,55 +342,58 @@ def run_stack_probe(
     hosts = tuple(spec.node_names[: spec.nodes_per_trial])
     master = executor.master_addr(hosts)
     ports = [executor.master_port(hosts, spec.launch.master_port + PORT_OFFSET)]
-    for _ in runs[1:]:  # one port each: a finished run's may linger, another job may take one
+    again = 0 if spec.launch.probe_one_process else len(runs)  # a port for each second run
+    for _ in range(len(runs) + again - 1):  # one each: a finished run's may linger
         ports.append(executor.master_port(hosts, ports[-1] + 1))
     paths.dir.mkdir(parents=True, exist_ok=True)
     for n in range(len(hosts)):  # an earlier probe's log here would be appended to
         paths.node_log(n).unlink(missing_ok=True)
     node_dir = str(paths.dir.resolve())
     scripts, files = bundle(spec, runs, hosts, master, ports, node_dir)
-    limit = (spec.search.trial_timeout_min or PROBE_TIMEOUT_MIN) * 60.0 * len(runs)
+    per_run = (spec.search.trial_timeout_min or PROBE_TIMEOUT_MIN) * 60.0
+    limit = per_run * (len(runs) + again) + (RECHECK_WAIT_S if again else 0.0)
     request = LaunchRequest(trial=0, label="the framework probe's job", hosts=hosts, paths=paths,
                             scripts=scripts, files=files, timeout_s=limit)  # fmt: skip
     start = time.monotonic()
     job = executor.submit(request)
+    why: dict[int, str] | None = None if again else {}
+    first_s: float | None = None
     try:
         while (result := job.poll()) is None:
+            logs = [read_log(paths.node_log(n)) for n in range(len(hosts))]
             if on_progress is not None:
-                on_progress(_done(paths.node_log(0)), len(runs))
+                on_progress(ended(logs[0]), len(runs))
+            if why is None and all(ended(text) >= len(runs) for text in logs):
+                first_s = time.monotonic()
+                why = _verdict(spec, runs, logs, rates)
+                order = " ".join(str(k) for k in recheck.order(why))
+                executor.send_files(request, {RECHECK: order + "\n"})
             time.sleep(poll_s)
     except BaseException:
         job.cancel()
         raise
-    wall = time.monotonic() - start
-    logs = [_read(paths.node_log(n)) for n in range(len(hosts))]
+    end = time.monotonic()
+    logs = [read_log(paths.node_log(n)) for n in range(len(hosts))]
     if not result.ok:
         tail = " | ".join(logs[0].strip().splitlines()[-3:]) or "no output"
         raise LaunchError(f"the probe job failed (see {paths.node_log(0)}): {tail}")
     rows = rows_from_logs(spec, runs, logs)
-    return ProbeResult(rows=tuple(rows), wall_s=wall, nodes=len(hosts),
-                       versions=versions(logs[0]))  # fmt: skip
+    if why:
+        second = dict(zip(why, rows_from_logs(spec, runs, logs, AGAIN, list(why)), strict=True))
+        rows = recheck.settle(spec, runs, rows, second, why, rates)
+    return ProbeResult(rows=tuple(rows), wall_s=end - start, nodes=len(hosts),
+                       versions=versions(logs[0]),
+                       recheck_s=0.0 if first_s is None else end - first_s)  # fmt: skip
 
 
-def _read(path: Path) -> str:
+def _verdict(spec: StudySpec, runs: Sequence[ProbeRun], logs: Sequence[str],
+             rates: Any) -> dict[int, str]:  # fmt: skip
+    """The first pass's points to measure again (:func:`tuner.profile.recheck.verdict`); none
+    where a point measured nothing (the job's end reports it)."""
+    from tuner.profile import recheck
+    from tuner.profile.run import ProfileError
+
     try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def _done(log: Path) -> int:
-    return len({ln.split()[1] for ln in _read(log).splitlines()
-                if ln.startswith(POINT) and " end " in ln})  # fmt: skip
-
-
-def steady_samples(times: Sequence[float]) -> tuple[float, ...]:
-    """The step times past the warm-up: the first :data:`PROBE_WARMUP` always dropped, then each
-    leading one more than :data:`WARM_SLOW` times the median of those after it, while at least
-    :data:`MIN_STEADY` stay (all of them when there are fewer)."""
-    rest = list(times[PROBE_WARMUP:])
-    if len(rest) < MIN_STEADY:
-        return tuple(times[-MIN_STEADY:]) or tuple(times)
-    while len(rest) > MIN_STEADY and rest[0] > WARM_SLOW * statistics.median(rest[1:]):
-        rest.pop(0)
-    return tuple(rest)
+        return recheck.verdict(spec, runs, rows_from_logs(spec, runs, logs), rates)
+    except (LaunchError, ProfileError):
+        return {}

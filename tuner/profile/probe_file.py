@@ -48,7 +48,8 @@ def save_probe(spec: StudySpec, result: ProbeResult, path: Path, now: dt.datetim
         "created": now.astimezone(dt.UTC).isoformat(timespec="seconds"),
         "versions": dict(result.versions),
         "cost": {"wall_s": round(result.wall_s, 2), "nodes": result.nodes,
-                 "node_hours": round(result.node_hours, 5)},
+                 "node_hours": round(result.node_hours, 5),
+                 "recheck_s": round(result.recheck_s, 2)},
         "rows": [{**dataclasses.asdict(r), "samples_s": list(r.samples_s),
                   "rounds": list(r.rounds)} for r in result.rows],
     }  # fmt: skip
@@ -82,8 +83,12 @@ _ROW: dict[str, Callable[[Any], Any]] = {
     "samples_s": lambda v: tuple(_measured(x) for x in v), "peak_gib": _measured,
     "reserved_gib": lambda v: None if v is None else _measured(v),
     "rounds": lambda v: tuple(_whole(x) for x in v or ()),
+    "rechecked": lambda v: "" if v is None else _text(v),
+    "uncertain": lambda v: "" if v is None else _text(v),
 }  # fmt: skip
-"""How each field of a saved row is read (``rounds`` may be absent: files before it)."""
+"""How each field of a saved row is read (``rounds``, ``rechecked`` and ``uncertain`` may be
+absent: files before them)."""
+_NEWER = ("rounds", "rechecked", "uncertain")
 _BAD = (KeyError, TypeError, ValueError, ArithmeticError)  # 10**400: an OverflowError
 
 
@@ -111,11 +116,14 @@ def _probe_data(data: object) -> dict[str, Any]:
     """The file's mapping with its rows, creation time, versions and cost checked."""
     if not isinstance(data, Mapping) or not isinstance(data.get("rows"), list):
         raise ValueError("expected a mapping with a list of rows")
-    rows = tuple(ProbeRow(**_fields(r, _ROW, f"rows[{k}]", optional=("rounds",)))
+    rows = tuple(ProbeRow(**_fields(r, _ROW, f"rows[{k}]", optional=_NEWER))
                  for k, r in enumerate(data["rows"]))  # fmt: skip
     top = _fields(data, {"created": _aware, "versions": _versions}, "", optional=("versions",))
-    _fields(data.get("cost"), dict.fromkeys(("wall_s", "nodes", "node_hours"), _measured), "cost")
-    return {**data, "rows": rows, "versions": top["versions"]}
+    read = {**dict.fromkeys(("wall_s", "nodes", "node_hours"), _measured),
+            "recheck_s": lambda v: 0.0 if v is None else _measured(v)}  # fmt: skip
+    cost = _fields(data.get("cost"), read, "cost", optional=("recheck_s",))
+    return {**data, "rows": rows, "versions": top["versions"],
+            "cost": {**data["cost"], "recheck_s": cost["recheck_s"]}}  # fmt: skip
 
 
 def _aware(value: object) -> dt.datetime:

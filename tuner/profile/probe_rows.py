@@ -43,6 +43,12 @@ class ProbeRow:
     """The round (iteration) of each of ``samples_s`` when the probe interleaved its points'
     steps, so that samples of one round ran side by side (:func:`paired_offset`); empty when the
     points ran one after another."""
+    rechecked: str = ""
+    """Why the point was measured again after the probe's first pass, and which of its two runs
+    is kept (:mod:`tuner.profile.recheck`); empty when it was not."""
+    uncertain: str = ""
+    """Why the point is still inconsistent after that (its samples are then both runs'); empty
+    when it is not."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +59,9 @@ class ProbeResult:
     wall_s: float
     nodes: int
     versions: dict[str, str]
+    recheck_s: float = 0.0
+    """Of ``wall_s``, the seconds from the first pass's end to the job's: the points measured
+    again (:mod:`tuner.profile.recheck`) and the wait for that verdict."""
 
     @property
     def node_hours(self) -> float:
