@@ -134,8 +134,9 @@ class Watch:
         ``to_full``: for a trial that runs a proxy or fewer micro-batches per step, the map from
         its measured step to its full-step figure (:data:`FullStep`, monotone in the measured
         step): its interval is raced through it against ``best_high``, a full-step figure, so
-        the figure that ends it is the one the study would record for it. Without it a
-        shortened trial's interval, shorter than any full step, was never above the best."""
+        the figure that ends it is the one the study would record for it (compared as
+        measured, a shortened trial's interval, shorter than any full step, is never above the
+        best's)."""
         tail = self._tails.setdefault(number, LogTail(logs))
         records = tail.read()
         seen = (len(records), best_high)
