@@ -10,12 +10,17 @@ from typing import Any
 import optuna
 import pytest
 
+from tests.test_cost import scenario
 from tuner.outcome import Outcome
 from tuner.space.cost import MIN_LIMIT_MIN, trial_limit_s
+from tuner.space.enumerate import enumerate_space, study_gpu
+from tuner.space.proxy import study_proxy
+from tuner.space.shorten import shorten, shortened_attrs
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
 from tuner.study.budget import LaunchCosts, node_hour_refusal, pending_node_hours
-from tuner.study.measure import LogTail, Watch, measured_anyway
+from tuner.study.measure import LogTail, Watch, measured_anyway, steady_attrs, steady_estimate
+from tuner.study.proxy import Proxies, extrapolated, recorded_proxy
 from tuner.study.record import Verdict
 
 
@@ -199,3 +204,71 @@ def test_the_watchs_tail_read_on_at_the_end_gives_a_fresh_reads_verdict(tmp_path
     other.why_stop(2, [tmp_path / "other.log"], None)  # a tail of other logs: not read
     elsewhere = other.tail(2)
     assert measured_anyway(spec(), timeout, logs, None, elsewhere) == fresh
+
+
+class _Job:
+    """A running job's face to the watch: its logs, and the stops it was asked for."""
+
+    def __init__(self, logs: Path) -> None:
+        self.request = SimpleNamespace(hosts=["n0"])
+        self.paths = SimpleNamespace(node_log=lambda k: logs / f"node-{k}.log")
+        self.stopped: list[str] = []
+
+    def result(self) -> None:
+        return None
+
+    def stop(self, why: str) -> None:
+        self.stopped.append(why)
+
+
+def _best(step: float) -> list[Any]:
+    """A best measured full-step figure known to +-1 %."""
+    attrs = {"outcome": "ok", "steady_step_s": step, "steady_halfwidth_s": 0.01 * step}
+    return [optuna.trial.create_trial(value=step, user_attrs=attrs)]
+
+
+@pytest.mark.parametrize("proxy", [False, True])
+def test_a_trial_at_fewer_microbatches_is_raced_on_its_full_step(
+    tmp_path: Path, proxy: bool
+) -> None:
+    """Issue 33's 70B config under a 20-minute limit runs at m of M micro-batches per step (and
+    with ``search.proxy`` as its proxy at as many): its measured interval, under half a full
+    step, is raced through the extrapolation its recorded figure goes through, so the figure
+    that ends it and the figure recorded are one quantity."""
+    study = study_from_mapping(scenario(trial_timeout_min=20, proxy=proxy))
+    gpu = study_gpu(study)
+    config = enumerate_space(study).ranked()[0].config
+    shorter = shorten(study, config, gpu)
+    assert shorter is not None
+    attrs: dict[str, Any] = dict(shortened_attrs(shorter))
+    if proxy:
+        found = study_proxy(study, config, gpu)
+        assert found is not None
+        attrs.update(proxy=True, proxy_dp=found.config.dp, proxy_nodes=found.nodes)
+    ms = shorter.step_s * 1000 * (0.7 if proxy else 1.0)  # a proxy's step, near enough
+    write_log(tmp_path / "node-0.log", [3 * ms] * 5
+              + [ms * (1 + 0.1 * ((i * 7) % 5 - 2)) for i in range(16)])  # fmt: skip
+    runs = recorded_proxy(study, attrs, config)
+    assert runs is not None and runs.config.num_microbatches == shorter.microbatches
+    proxies = Proxies(study, gpu, None)
+    trial = SimpleNamespace(number=1, user_attrs=attrs)
+    to_full = proxies.full_step(trial, config)
+    assert to_full is not None
+    steady = steady_estimate(study, LogTail([tmp_path / "node-0.log"]).read())
+    mean, low, high = steady.mean_s, steady.low_s, steady.high_s
+    assert mean and low and high and steady.enough and not steady.precise
+    # the figure recorded for it and its interval's upper end: through the same map
+    ok = Verdict(Outcome.OK, None, {"step_time_s": mean, **steady_attrs(steady)})
+    recorded = extrapolated(study, gpu, None, runs, config, ok).metrics
+    assert recorded["step_time_s"] == recorded["steady_step_s"] == pytest.approx(to_full(mean))
+    upper = recorded["steady_step_s"] + recorded["steady_halfwidth_s"]
+    assert upper == pytest.approx(to_full(high))
+    assert to_full(low) > 2 * high  # a full step is more than twice the one measured
+    faster = 0.95 * to_full(low) / 1.01  # the best's upper end under its interval's lower end
+    for best, ends in ((faster, ["raced"]), (to_full(low), [])):  # ... and not under it
+        job = _Job(tmp_path)
+        run = SimpleNamespace(trial=trial, config=config, job=job)
+        Watch(study, proxies.full_step).end_complete({1: run}, lambda b=best: _best(b))
+        assert job.stopped == ends
+    # its measured interval, shorter than any full step, is never above the best's
+    assert Watch(study).why_stop(1, [tmp_path / "node-0.log"], 1.01 * faster) is None

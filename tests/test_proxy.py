@@ -212,7 +212,10 @@ def test_a_recorded_proxy_verdict_carries_both_figures() -> None:
     assert got["step_time_s"] == pytest.approx(full) and got["proxy_step_s"] == 40.0
     assert got["proxy_tokens_per_s"] == 1.0 and got["proxy_mfu"] == 0.5
     assert got["tokens_per_s"] == pytest.approx(512 * s.model.seq_length / full)
-    assert got["steady_halfwidth_s"] / got["steady_step_s"] == pytest.approx(0.01)
+    # the interval through the same map: its upper end, what other trials are raced against
+    upper = _extrapolate(s, TP8_DP16, proxy.config, 40.4).step_s
+    assert got["steady_step_s"] == pytest.approx(full)
+    assert got["steady_step_s"] + got["steady_halfwidth_s"] == pytest.approx(upper)
     assert got["peak_memory_gib"] == 60.0 and got["proxy_extrapolation"]["step_s"] == full
     assert extrapolated(s, gpu, None, None, TP8_DP16, ok) is ok  # a full-scale trial
     oom = Verdict(Outcome.OOM, "out of memory", {})

@@ -135,7 +135,7 @@ def test_stop_rule_2_weighs_a_proxy_launch_against_what_it_will_cost() -> None:
     belief = sampler.belief(trials)
     assert found is not None and belief is not None
     worth, config = found
-    scale = Costing(spec, study_gpu(spec)).scale(config, steps[config.key()])  # the model's
+    scale = Costing(spec, study_gpu(spec)).proxy_launch(config, steps[config.key()])  # the model's
     assert scale is not None and scale.nodes < spec.nodes_per_trial
     believed = math.exp(belief.mu[worth.index])  # the corrected step: the proxy's moves with it
     assert worth.cost_node_hours == pytest.approx(launch_cost(spec, believed, scale).node_hours)
@@ -165,7 +165,7 @@ def test_the_sampler_prices_a_config_too_slow_for_the_limit_at_its_fewer_microba
             continue
         shortened += 1
         believed = math.exp(belief.mu[j])
-        scale = Costing(spec, gpu, rates, terms, {configs[i].key(): shorter}).scale(
+        scale = Costing(spec, gpu, rates, terms, {configs[i].key(): shorter}).proxy_launch(
             configs[i], predicted
         )
         if scale is None:  # the config itself at fewer micro-batches, on all its nodes

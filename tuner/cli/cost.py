@@ -176,17 +176,14 @@ def launch_plans(
     terms: StackTerms | None = None,
 ) -> list[tuple[TrialCost, Shortened | None]]:
     """Each config's full trial, and what runs instead when it is too slow for the user's limit
-    (:func:`tuner.space.shorten.shorten`: fewer micro-batches per step; None: it runs as it is,
-    or, when its trial does not fit, not at all)."""
-    costs = [trial_cost(spec, _step(c)) for c in ranked]
-    if all(k.fits for k in costs):
-        return [(k, None) for k in costs]
-    from tuner.space.enumerate import study_gpu  # the time model: only for configs too slow
-    from tuner.space.shorten import shorten
+    (:func:`tuner.space.shorten.too_slow`, the definition the sampler and the study's screen
+    read: fewer micro-batches per step; None: it runs as it is, or, when its trial does not
+    fit, not at all)."""
+    from tuner.space.shorten import too_slow
 
-    gpu = study_gpu(spec)
-    return [(k, None if k.fits else shorten(spec, c.config, gpu, rates, terms))
-            for c, k in zip(ranked, costs, strict=True)]  # fmt: skip
+    found = too_slow(spec, [c.config for c in ranked], [_step(c) for c in ranked], None, rates,
+                     terms)  # fmt: skip
+    return [(trial_cost(spec, _step(c)), found.get(c.config.key())) for c in ranked]
 
 
 _PROXY_COLUMNS = (

@@ -20,7 +20,7 @@ definition: the preview's per-config proxy columns, the model sampler's price of
 expected improvement per node-hour and stop rule 2's cost: :mod:`tuner.search.sampler`) and the
 ``max_node_hours`` check before a launch (:mod:`tuner.study.budget`) all read it. A config too
 slow for the user's limit runs at fewer micro-batches per step (:mod:`tuner.space.shorten`), its
-proxy at as many: its launch is priced at the step it runs (:meth:`Costing.launch_scale`).
+proxy at as many: its launch is priced at the step it runs (:meth:`Costing.first_launch`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tuner.models.stack import StackTerms
 from tuner.models.time.estimate import estimate_time
 from tuner.space.cost import BudgetCost, TrialCost, trial_cost
 from tuner.space.proxy import Proxy, study_proxy
-from tuner.space.shorten import Shortened, at_microbatches, needs_shortening, shorten
+from tuner.space.shorten import Shortened, at_microbatches, too_slow
 from tuner.spec.study import StudySpec
 
 WORST_WALK = 256
@@ -132,7 +132,7 @@ class Costing:
     def __call__(self, config: ParallelConfig, step_s: float | None) -> ConfigCost:
         key = config.key()
         if key not in self._seen:
-            scale = self.scale(config, step_s)
+            scale = self.proxy_launch(config, step_s)
             self._seen[key] = ConfigCost(
                 full=trial_cost(self.spec, step_s),
                 proxy=None if scale is None else launch_cost(self.spec, step_s, scale),
@@ -141,27 +141,30 @@ class Costing:
             )  # fmt: skip
         return self._seen[key]
 
-    def scale(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
-        """What ``config``'s first launch runs at (None: at full scale), its full-scale step
-        predicted at ``step_s``; worked out once per config."""
+    def proxy_launch(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
+        """What ``config``'s launch *as its proxy* runs at (at the config's fewer micro-batches
+        when it has them), its full-scale step predicted at ``step_s``; None: it has no proxy
+        (``search.proxy`` off, no smaller DP that keeps the hierarchy, or the step unknown).
+        Worked out once per config. A config without a proxy may still run shortened at full
+        DP: :meth:`first_launch` says what its first launch is, whichever it is."""
         key = config.key()
         if key not in self._scales:
-            self._scales[key] = self._scale(config, step_s)
+            self._scales[key] = self._proxy_launch(config, step_s)
         return self._scales[key]
 
-    def launch_scale(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
-        """What ``config``'s first launch runs at, its full-scale step predicted at ``step_s``:
-        its proxy's (:meth:`scale`, at the config's fewer micro-batches when it has them), else,
-        when it is measured at fewer micro-batches per step (``fewer``), the config itself at
-        them on a full trial's nodes; None: the config as it is."""
-        scale = self.scale(config, step_s)
+    def first_launch(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
+        """What ``config``'s first launch runs at, whatever it is, its full-scale step predicted
+        at ``step_s``: its proxy's (:meth:`proxy_launch`), else, when it is measured at fewer
+        micro-batches per step (``fewer``), the config itself at them on a full trial's nodes
+        and DP; None: the config as it is."""
+        scale = self.proxy_launch(config, step_s)
         shorter = self.fewer.get(config.key())
         if scale is not None or shorter is None or not step_s:
             return scale
         return LaunchScale(nodes=self.spec.nodes_per_trial, step_ratio=shorter.step_s / step_s,
                            dp=config.dp)  # fmt: skip
 
-    def _scale(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
+    def _proxy_launch(self, config: ParallelConfig, step_s: float | None) -> LaunchScale | None:
         proxy = study_proxy(self.spec, config, self.gpu) if self.on and step_s else None
         if proxy is None:
             return None
@@ -187,21 +190,17 @@ class Costing:
 def launch_scales(spec: StudySpec, gpu: GPUSpec, configs: Sequence[ParallelConfig],
                   steps: Sequence[float | None], rates: Rates | None = None,
                   terms: StackTerms | None = None) -> np.ndarray:  # fmt: skip
-    """Each config's first launch (:meth:`Costing.launch_scale`) as a row of its nodes and its
+    """Each config's first launch (:meth:`Costing.first_launch`) as a row of its nodes and its
     step per predicted full-scale step (``steps``), for :func:`launch_node_hours`: a proxy's,
     a config too slow for the user's limit at the fewer micro-batches it is measured at
-    (:func:`~tuner.space.shorten.shorten`, as the study's screen chooses them), else a full
-    trial's nodes at ratio 1."""
-    fewer: dict[str, Shortened] = {}
-    for config, step in zip(configs, steps, strict=True):
-        if needs_shortening(spec, step):
-            shorter = shorten(spec, config, gpu, rates, terms)
-            if shorter is not None:
-                fewer[config.key()] = shorter
+    (:func:`~tuner.space.shorten.too_slow`, the definition the study's screen and the dry run
+    read), else a full trial's nodes at ratio 1."""
+    found = too_slow(spec, configs, steps, gpu, rates, terms)
+    fewer = {key: shorter for key, shorter in found.items() if shorter is not None}
     costing = Costing(spec, gpu, rates, terms, fewer)
     at = np.array([[spec.nodes_per_trial, 1.0]] * len(configs)).reshape(-1, 2)
     for row, config, step in zip(at, configs, steps, strict=True):
-        scale = costing.launch_scale(config, step)
+        scale = costing.first_launch(config, step)
         if scale is not None:
             row[:] = scale.nodes, scale.step_ratio
     return at

@@ -26,6 +26,7 @@ A config that does not fit even at the fewest is refused with the minutes and th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tuner.catalog import GPUSpec
@@ -111,6 +112,29 @@ def shorten(spec: StudySpec, config: ParallelConfig, gpu: GPUSpec, rates: Rates 
                             ran.cluster.gpus_per_node):  # fmt: skip
                 return Shortened(shorter, m, full_m, step(m), trial_cost(spec, step(m)))
     return None
+
+
+def too_slow(spec: StudySpec, configs: Sequence[ParallelConfig], steps: Sequence[float | None],
+             gpu: GPUSpec | None = None, rates: Rates | None = None,
+             terms: StackTerms | None = None) -> dict[str, Shortened | None]:  # fmt: skip
+    """The configs of ``configs`` (their predicted full steps ``steps``) too slow for the user's
+    limit as they are (:func:`needs_shortening`), by key, each with what runs instead
+    (:func:`shorten`, at ``rates`` and ``terms``; None: not even its fewest micro-batches fit,
+    it is refused); a config missing from the map runs as it is. The one definition of which
+    configs are measured at fewer micro-batches that the dry run
+    (:func:`tuner.cli.cost.launch_plans`), the sampler's prices
+    (:func:`tuner.space.proxy_cost.launch_scales`) and the study's screen
+    (:class:`tuner.study.screen.Screen`) read, so the three agree by construction. ``gpu``: the
+    study's (looked up only when some config is too slow)."""
+    found: dict[str, Shortened | None] = {}
+    for config, step in zip(configs, steps, strict=True):
+        if needs_shortening(spec, step):
+            if gpu is None:
+                from tuner.space.enumerate import study_gpu  # the catalog: only when needed
+
+                gpu = study_gpu(spec)
+            found[config.key()] = shorten(spec, config, gpu, rates, terms)
+    return found
 
 
 def shortened_attrs(shorter: Shortened) -> dict[str, int | float]:

@@ -130,8 +130,8 @@ class StudyLoop:
                                  heartbeat_s=self.heartbeat_s, on_adopt=self._watch)  # fmt: skip
         self.stopper = Stopper(spec, study.sampler)
         self.costs = LaunchCosts(spec, study.sampler)  # limits at the measured start-up
-        self.watch = Watch(spec)
         self.proxies = Proxies(spec, self.gpu, rates, space.terms if space else None)
+        self.watch = Watch(spec, self.proxies.full_step)  # a proxy raced on its full step
         self._over_budget: str | None = None
         self._consecutive_launch_errors = 0
         self._last_recover = clock()
@@ -299,7 +299,7 @@ class StudyLoop:
 
     def reap(self) -> None:
         """End the trials whose measurement is complete, then record every finished job."""
-        self.watch.end_complete({n: r.job for n, r in self.running.items()}, self.trials)
+        self.watch.end_complete(self.running, self.trials)
         for number, run in list(self.running.items()):
             result = run.job.poll()
             if result is None:

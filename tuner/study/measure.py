@@ -8,7 +8,9 @@ steady-state estimator (:mod:`tuner.logs.steady`) over them. A trial is ended cl
 - ``precise``: its step time is known (``search.min_batches`` batches, 95 % interval within
   ``search.precision`` of the mean);
 - ``raced`` (``search.race``): its interval lies entirely above the best measured trial's, so
-  it cannot win.
+  it cannot win. A trial that runs a proxy or fewer micro-batches per step measures a step
+  that is not the full one: its interval is raced mapped through the extrapolation its
+  recorded figure goes through (:meth:`Watch.why_stop`).
 
 A trial that runs to its time limit is recorded with its figure when its log holds enough steady
 batches (:func:`measured_anyway`). Logs without Megatron iteration lines (DeepSpeed's own) are
@@ -99,13 +101,25 @@ def incumbent_high(trials: Sequence[FrozenTrial], precision: float) -> float | N
     return float(best.value or 0.0) * (1 + precision)
 
 
+FullStep = Callable[[float], float]
+"""A measured step of what a trial runs mapped to the full-step figure it stands for."""
+
+
 class Watch:
     """Decides when a running trial's measurement is complete."""
 
-    def __init__(self, spec: StudySpec) -> None:
+    def __init__(
+        self, spec: StudySpec, full_step: Callable[[Any, Any], FullStep | None] | None = None
+    ) -> None:
+        """``full_step``: given a running trial and its config, the map from what it measures to
+        the full-step figure the study records for it (None: it runs at full scale), the same
+        extrapolation the recorded figure goes through (:meth:`tuner.study.proxy.Proxies.
+        full_step`); without it every trial is raced on its measured interval."""
         self.spec = spec
+        self._full_step = full_step
         self._tails: dict[int, LogTail] = {}
         self._seen: dict[int, tuple[int, float | None]] = {}
+        self._maps: dict[int, FullStep | None] = {}
 
     def tail(self, number: int) -> LogTail | None:
         """The tail the watch reads trial ``number``'s logs with (None before its first look):
@@ -113,8 +127,16 @@ class Watch:
         again from their start."""
         return self._tails.get(number)
 
-    def why_stop(self, number: int, logs: Sequence[Path], best_high: float | None) -> str | None:
-        """``precise``, ``raced`` or None (go on) for trial ``number`` logging to ``logs``."""
+    def why_stop(self, number: int, logs: Sequence[Path], best_high: float | None,
+                 to_full: FullStep | None = None) -> str | None:  # fmt: skip
+        """``precise``, ``raced`` or None (go on) for trial ``number`` logging to ``logs``.
+
+        ``to_full``: for a trial that runs a proxy or fewer micro-batches per step, the map from
+        its measured step to its full-step figure (:data:`FullStep`, monotone in the measured
+        step): its interval is raced through it against ``best_high``, a full-step figure, so
+        the figure that ends it is the one the study would record for it (compared as
+        measured, a shortened trial's interval, shorter than any full step, is never above the
+        best's)."""
         tail = self._tails.setdefault(number, LogTail(logs))
         records = tail.read()
         seen = (len(records), best_high)
@@ -126,26 +148,33 @@ class Watch:
             return "precise"
         low = found.low_s
         if self.spec.search.race and found.enough and best_high is not None and low is not None:
-            if low > best_high:
+            full = low if to_full is None else to_full(low) if low > 0 else None
+            if full is not None and full > best_high:
                 return "raced"
         return None
 
     def end_complete(
-        self, jobs: Mapping[int, Any], trials: Callable[[], Sequence[FrozenTrial]]
+        self, running: Mapping[int, Any], trials: Callable[[], Sequence[FrozenTrial]]
     ) -> None:
-        """Stop every job (:class:`tuner.launch.Job`, by trial number) whose measurement is
-        complete; ``trials`` reads the study's trials (only when a job runs)."""
-        for gone in set(self._tails) - set(jobs):
+        """Stop every running trial (:class:`tuner.study.schedule.Running`, by trial number)
+        whose measurement is complete; ``trials`` reads the study's trials (only when a job
+        runs)."""
+        for gone in set(self._tails) - set(running):
             del self._tails[gone]  # the trial ended
             self._seen.pop(gone, None)
-        if not jobs:
+            self._maps.pop(gone, None)
+        if not running:
             return
         high = incumbent_high(trials(), self.spec.search.precision)
-        for number, job in jobs.items():
+        for number, run in running.items():
+            job = run.job
             if job.result() is not None:
                 continue
+            if number not in self._maps:  # what it runs is decided at its launch: once
+                full = self._full_step
+                self._maps[number] = None if full is None else full(run.trial, run.config)
             logs = [job.paths.node_log(k) for k in range(len(job.request.hosts))]
-            why = self.why_stop(number, logs, high)
+            why = self.why_stop(number, logs, high, self._maps[number])
             if why is not None:
                 logger.info("trial %d: measurement complete (%s); ending it", number, why)
                 job.stop(why)

@@ -35,7 +35,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.launch import JobResult
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
-from tuner.models.time.proxy import extrapolate
+from tuner.models.time.proxy import ProxyBreakdown, extrapolate
 from tuner.outcome import Outcome
 from tuner.search.value import PURPOSE_ATTR
 from tuner.space.enumerate import expand_axes
@@ -46,7 +46,7 @@ from tuner.space.trials import config_params, distributions, measured
 from tuner.spec.study import StudySpec
 from tuner.study.budget import launch_refusal
 from tuner.study.leases import BUDGET_LEASE, exclusive
-from tuner.study.measure import LogTail
+from tuner.study.measure import FullStep, LogTail
 from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
 
 if TYPE_CHECKING:
@@ -134,6 +134,17 @@ class Proxies:
         proxy = self._proxy.get(trial.number)
         step = trial.user_attrs.get("predicted_step_s")
         return None if proxy is None else self._costing.proxy_scale(proxy, step)
+
+    def full_step(self, trial: Any, config: ParallelConfig) -> FullStep | None:
+        """The map from what ``trial`` of ``config`` measures to the full-step figure the study
+        records for it (:func:`full_step`), for racing it (:class:`tuner.study.measure.Watch`):
+        through the extrapolation when it runs a proxy or fewer micro-batches per step (as this
+        worker planned it, else as its attributes record: a dead worker's trial); None when it
+        runs the config itself."""
+        proxy = self._proxy.get(trial.number)
+        if proxy is None:
+            proxy = recorded_proxy(self.spec, trial.user_attrs, config)
+        return full_step(self.spec, self.gpu, self.rates, proxy, config)
 
     def _plan(self, attrs: Mapping[str, Any], config: ParallelConfig) -> Proxy | None:
         """What runs for a trial of ``config``: its proxy (a confirmation has none), at the
@@ -317,16 +328,43 @@ def shortened_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelCon
     return dataclasses.replace(proxy, config=at_microbatches(proxy.config, int(m)))
 
 
+def full_step(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Proxy | None,
+              config: ParallelConfig) -> FullStep | None:  # fmt: skip
+    """What a measured step of ``proxy`` (a smaller DP, fewer micro-batches per step, or both)
+    says ``config``'s full step is: :func:`tuner.models.time.proxy.extrapolate` at ``rates``,
+    monotone in the measured step (the model's step grows with the factor on its per-rank work
+    that explains it). The one map the recorded figure (:func:`extrapolated`) and the racing of
+    a running trial (:class:`tuner.study.measure.Watch`) read; None when ``proxy`` is None (the
+    config runs as it is: its measured step is its figure)."""
+    if proxy is None:
+        return None
+    runs = proxy.config
+
+    def to_full(measured: float) -> float:
+        return _extrapolate(spec, gpu, rates, runs, config, measured).step_s
+
+    return to_full
+
+
+def _extrapolate(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, runs: ParallelConfig,
+                 config: ParallelConfig, measured: float) -> ProxyBreakdown:  # fmt: skip
+    return extrapolate(spec.model, spec.training, config, runs, measured, gpu,
+                       spec.cluster.gpus_per_node, spec.framework, rates)  # fmt: skip
+
+
 def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Proxy | None,
                  config: ParallelConfig, verdict: Verdict) -> Verdict:  # fmt: skip
     """``verdict`` with a proxy's measured step replaced by the extrapolated full-scale one
     (and the tokens/s and MFU of the full run); what the proxy measured stays under
-    ``proxy_*`` names (:data:`MEASURED`). Unchanged for a full-scale trial or a failed one."""
+    ``proxy_*`` names (:data:`MEASURED`). Unchanged for a full-scale trial or a failed one.
+    The steady-state interval is mapped through the same extrapolation (:func:`full_step`):
+    its mean, and as half-width its upper end less that mean (the end other trials are raced
+    against: :func:`tuner.study.measure.incumbent_high`)."""
     measured = verdict.metrics.get("step_time_s")
-    if proxy is None or verdict.outcome != Outcome.OK or not measured:
+    to_full = full_step(spec, gpu, rates, proxy, config)
+    if proxy is None or to_full is None or verdict.outcome != Outcome.OK or not measured:
         return verdict
-    found = extrapolate(spec.model, spec.training, config, proxy.config, float(measured), gpu,
-                        spec.cluster.gpus_per_node, spec.framework, rates)  # fmt: skip
+    found = _extrapolate(spec, gpu, rates, proxy.config, config, float(measured))
     step = found.step_s
     full = metrics_attrs(spec, gpu, SimpleNamespace(
         step_time_s=step, iterations=None, peak_memory_gib=None, peak_reserved_gib=None,
@@ -335,10 +373,12 @@ def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Prox
     for name in MEASURED:  # step_time_s -> proxy_step_s, tokens_per_s -> proxy_tokens_per_s
         if m.get(name) is not None:
             m["proxy_" + name.replace("step_time_s", "step_s")] = m[name]
-    ratio = step / float(measured)
-    for name in ("steady_step_s", "steady_halfwidth_s"):  # racing reads full-scale figures
-        if m.get(name) is not None:
-            m[name] = float(m[name]) * ratio
+    mean, half = m.get("steady_step_s"), m.get("steady_halfwidth_s")
+    if mean is not None:  # racing reads full-step figures, mapped as a running trial's are
+        at = step if float(mean) == float(measured) else to_full(float(mean))
+        m["steady_step_s"] = at
+        if half is not None:
+            m["steady_halfwidth_s"] = to_full(float(mean) + float(half)) - at
     m.pop("median_step_s", None)  # the proxy's, kept as proxy_median_step_s
     m.update(
         step_time_s=step,

@@ -24,7 +24,7 @@ from tuner.outcome import Outcome
 from tuner.space.cost import too_slow_reason, trial_cost
 from tuner.space.enumerate import SharedSpace, study_violations
 from tuner.space.probes import at_risk, fit_probability
-from tuner.space.shorten import shorten, shortened_attrs
+from tuner.space.shorten import shortened_attrs, too_slow
 from tuner.space.trials import SplitIndex
 from tuner.spec.study import StudySpec
 from tuner.study.digest import Digest
@@ -90,10 +90,11 @@ class Screen:
             "predicted_step_sd": round(predicted.sigma, 4),
             "predicted_peak_sd": round(memory.sigma, 4),
         })  # fmt: skip
-        cost = trial_cost(spec, predicted.step)
-        if not cost.fits:  # it would only time out: fewer micro-batches per step, or the fix
-            shorter = shorten(spec, config, self.gpu, self.rates, terms)
+        slow = too_slow(spec, [config], [predicted.step], self.gpu, self.rates, terms)
+        if config.key() in slow:  # it would only time out: fewer micro-batches, or the fix
+            shorter = slow[config.key()]
             if shorter is None:
+                cost = trial_cost(spec, predicted.step)
                 self._prune(trial, Outcome.PRUNED_TIME, too_slow_reason(spec, cost, config.pp))
                 return False
             set_user_attrs(trial, shortened_attrs(shorter))
