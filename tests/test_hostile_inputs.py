@@ -799,7 +799,9 @@ def _faulted_study(
     """Start a real stand-in study (two trials at once), apply ``fault`` to the results folder
     once both run; the exit status and stderr of the worker. Nothing may be left running."""
     data = study_data(tmp_path, SURFACE, n_trials=4, heartbeat_s=2)
-    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1"  # ~5 s per trial
+    # ~5 s per trial; a file the stand-in reads at every sleep: a resume may run unpaced
+    (tmp_path / "time_scale").write_text("1")
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = str(tmp_path / "time_scale")
     path = write_study(tmp_path, data)
     results = tmp_path / "results"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -850,6 +852,7 @@ def test_results_made_read_only_mid_trial_is_one_line_and_resumes_at_once(
     data = yaml.safe_load((tmp_path / "study.yaml").read_text())
     data["search"]["heartbeat_s"] = 3600
     write_study(tmp_path, data)
+    (tmp_path / "time_scale").write_text("0.0001")  # the resumed trials need no pace
     again = tune("run", "--study", str(tmp_path / "study.yaml"), "--results", str(results),
                  "--quiet", cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]

@@ -309,7 +309,9 @@ def test_a_result_the_full_disk_refused_is_recovered_next_time(tmp_path: Path) -
     # Slow beats while the disk fills, so that telling the study is the first write to fail;
     # quick ones for the second worker, which then finds the first one's leases expired.
     data = study_data(tmp_path, SURFACE, n_trials=2, heartbeat_s=30)
-    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1"  # ~5 s per trial
+    # ~5 s per trial; a file the stand-in reads at every sleep: the second run goes unpaced
+    (tmp_path / "time_scale").write_text("1")
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = str(tmp_path / "time_scale")
     path = write_study(tmp_path, data)
     results, db_dir = tmp_path / "results", tmp_path / "db"
     with _mounted(["-t", "tmpfs", "-o", "size=4m", "tmpfs"], db_dir):
@@ -333,6 +335,7 @@ def test_a_result_the_full_disk_refused_is_recovered_next_time(tmp_path: Path) -
         filler.unlink()
         data["search"]["heartbeat_s"] = 1
         write_study(tmp_path, data)
+        (tmp_path / "time_scale").write_text("0.0001")
         second = tune("run", *flags, cwd=tmp_path)
         out, _ = second.communicate(timeout=180)
         assert second.returncode == 0, out

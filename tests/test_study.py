@@ -322,7 +322,9 @@ def tune(*args: str, cwd: Path) -> subprocess.Popen[str]:
 def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     surface = dict(SURFACE)
     data = study_data(tmp_path, surface, n_trials=6, enqueue_top=2)
-    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1.5"  # ~1.5 s per iteration
+    scale = tmp_path / "time_scale"
+    scale.write_text("1.5")  # ~1.5 s per iteration, read by the stand-in at every sleep
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = str(scale)
     path = write_study(tmp_path, data)
     results = str(tmp_path / "results")
     first = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
@@ -348,7 +350,7 @@ def test_sigint_then_resume_loses_nothing(tmp_path: Path) -> None:
     finished = set(before[before.outcome == "ok"].trial)
     interrupted = before[before.outcome == "interrupted"]
     assert finished and not interrupted.empty
-    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1.5"
+    scale.write_text("0.0001")  # the same study file resumes; its trials need no pace now
     second = tune("run", "--study", str(path), "--results", results, "--quiet", cwd=tmp_path)
     out, _ = second.communicate(timeout=300)
     assert second.returncode == 0, out

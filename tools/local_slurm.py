@@ -261,7 +261,15 @@ class LocalSlurm:
     def stop(self, grace_s: float = 5.0) -> list[str]:
         """Cancel every job, end the daemons and every process of the cluster; returns the
         survivors as ``"pid args"`` (empty when nothing is left)."""
-        if self.conf.exists() and "slurmctld" in self.pids and _which("scancel"):
+        controller = self.pids.get("slurmctld")
+        # scancel needs the controller: against a dead one it only retries until its timeout
+        # (a second stop, or a start that failed after slurmctld ended).
+        if (
+            self.conf.exists()
+            and controller is not None
+            and self._ours(controller)
+            and _which("scancel")
+        ):
             subprocess.run(
                 [_need("scancel"), "--full", "--user", str(os.getuid())], env=self.env,
                 capture_output=True, check=False, timeout=30,

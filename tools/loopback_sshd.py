@@ -218,8 +218,10 @@ class LoopbackCluster:
                 # The nodes log in as a real user with their dotfiles. A shell start-up that runs
                 # `pyenv rehash` and is killed mid-way (a cancel test ending a session) leaves
                 # pyenv's lock behind, and every later login would wait 60 s on it
-                # (PYENV_REHASH_TIMEOUT, libexec/pyenv-rehash): cap that wait for the test nodes.
-                "SetEnv PYENV_REHASH_TIMEOUT=2",
+                # (PYENV_REHASH_TIMEOUT, libexec/pyenv-rehash). 0: one try, given up within the
+                # second (2 cost every login 2-3 s once the lock was stale, half the SSH tests'
+                # time); a login that skips the rehash still finds the shims there.
+                "SetEnv PYENV_REHASH_TIMEOUT=0",
                 "LogLevel ERROR",
                 "",
             ]

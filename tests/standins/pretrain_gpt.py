@@ -13,9 +13,10 @@ Environment
 ``WORLD_SIZE`` (default 1) and ``RANK`` come from torchrun. Without ``RANK`` the process plays
 every rank at once: it prints rank 0's startup lines, the last rank's iteration lines and every
 data-parallel-rank-0 memory report. ``CUDA_DEVICE_MAX_CONNECTIONS=1`` is required when TP or CP
-> 1, as in Megatron. ``TUNER_STANDIN_TIME_SCALE`` (default 0.001: a 10 s step sleeps 10 ms)
-scales every sleep; the printed times are unscaled. ``TUNER_STANDIN_NOISE_SEED`` (default empty)
-is mixed into the seed of each config's noise, so repeated studies can see different noise.
+> 1, as in Megatron. ``TUNER_STANDIN_TIME_SCALE`` (default 0.001: a 10 s step sleeps 10 ms; or a
+file holding the number, read at every sleep) scales every sleep; the printed times are unscaled.
+``TUNER_STANDIN_NOISE_SEED`` (default empty) is mixed into the seed of each config's noise, so
+repeated studies can see different noise.
 ``TUNER_STANDIN_TE_VERSION`` (default 2.8.0) is the Transformer Engine version Megatron's
 checks see.
 ``TUNER_STANDIN_SURFACE`` selects the surface:
@@ -974,12 +975,24 @@ def _load_function(target: str, name: str) -> Callable[..., Any]:
 # Output
 
 
+def _time_scale() -> float:
+    """``TUNER_STANDIN_TIME_SCALE``: a number, or the path of a file holding one, read at every
+    sleep (a test can then pace a study it interrupts and resume it unpaced: the study file,
+    and so its fingerprint, stay the same)."""
+    value = os.environ.get("TUNER_STANDIN_TIME_SCALE", "0.001")
+    try:
+        return float(value)
+    except ValueError:
+        with open(value) as f:
+            return float(f.read())
+
+
 def _now(micro: bool = False) -> str:
     return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S" + (".%f" if micro else ""))
 
 
 def _sleep(seconds: float) -> None:
-    scale = float(os.environ.get("TUNER_STANDIN_TIME_SCALE", "0.001"))
+    scale = _time_scale()
     if seconds * scale > 0:
         time.sleep(seconds * scale)
 
