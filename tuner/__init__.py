@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tuner.api import Estimate, best, estimate, run
     from tuner.config.parallel import ParallelConfig
+    from tuner.logs.versions import DISTRIBUTION
     from tuner.models.memory.estimate import MemoryBreakdown, estimate_memory
     from tuner.models.time.estimate import TimeBreakdown, estimate_time
     from tuner.report.export import TrialRecord
@@ -36,12 +37,11 @@ if TYPE_CHECKING:
     from tuner.spec.file import load_study
     from tuner.spec.study import StudySpec
     from tuner.study.record import Summary
-    from tuner.version import DISTRIBUTION
 
     __version__: str
 
 _LAZY = {
-    "DISTRIBUTION": "tuner.version",
+    "DISTRIBUTION": "tuner.logs.versions",
     "load_study": "tuner.spec.file",
     "StudySpec": "tuner.spec.study",
     "ParallelConfig": "tuner.config.parallel",
@@ -92,7 +92,7 @@ _get = lazy_getattr(__name__, _LAZY)
 def __getattr__(name: str) -> Any:
     if name != "__version__":
         return _get(name)
-    version: str = importlib.import_module("tuner.version").tuner_version()
+    version: str = importlib.import_module("tuner.logs.versions").tuner_version()
     globals()[name] = version
     return version
 

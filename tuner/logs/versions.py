@@ -11,13 +11,37 @@ export says so rather than guess.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from tuner.version import DISTRIBUTION, tuner_version
+DISTRIBUTION = "paratune"
+"""The name this package is installed under (``pip install paratune``); it imports as ``tuner``."""
 
-__all__ = ["DISTRIBUTION", "tuner_version", "versions_in_logs", "versions_in_text"]
+
+@functools.cache
+def tuner_version() -> str:
+    """The installed distribution's version; in a source checkout, the one in pyproject.toml.
+
+    Why the fallback: running from a checkout (``PYTHONPATH=.``, or a venv holding an older
+    install) has no metadata for this code, and pyproject.toml stays the one place the version
+    is written.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text())["project"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "0+unknown"
+    return str(project["version"]) if project.get("name") == DISTRIBUTION else "0+unknown"
 
 
 _PATTERNS = {
