@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tuner.cli.main import main
 from tuner.layout import ClusterLayout
 from tuner.profile.job import attention, bus_factor
 from tuner.profile.plan import CPU_STREAM_BYTES, LAUNCH_OPS, attention_shapes, gemm_shapes
+from tuner.profile.probe_logs import AGAIN, POINT
 from tuner.profile.run import (
     MAX_AGE_DAYS,
     AttentionSample,
@@ -439,7 +441,16 @@ def test_profile_runs_on_loopback_ssh_nodes(tmp_path: Path) -> None:
     # the base point and the pipeline point, every one of the probe's four runs on both nodes
     assert [p.pp for p in terms.points] == [1, 2] and terms.points[0].layer_scale is not None
     job = ClusterLayout(results.resolve(), probe_spec.cluster_name).stack_probe(probe_spec.name)
-    assert [job.node_log(n).read_text().count("rc=0") for n in (0, 1)] == [4, 4]
+    logs = [job.node_log(n).read_text() for n in (0, 1)]
+
+    # four first runs on each node, and every run there (a point a burst of load slowed is run
+    # again in the same job: tuner.profile.recheck) ended with status 0
+    def framed(log: str, word: str) -> int:
+        return len(re.findall(rf"^{POINT} \d+ {word}$", log, re.M))
+
+    assert [framed(log, "start") for log in logs] == [4, 4]
+    again = [framed(log, AGAIN) for log in logs]
+    assert [log.count("rc=0") for log in logs] == [4 + a for a in again] and again[0] == again[1]
     assert left == [], "profile processes left on the nodes"
     assert survivors == [] and probe_processes(tmp_path) == [], "sshd left running"
     spec = study_from_mapping(data)
