@@ -63,3 +63,16 @@ def test_a_value_out_of_its_model_is_refused_naming_it(
     captured = capsys.readouterr()
     assert captured.err.startswith("tune: error: ") and words in captured.err, captured.err
     assert captured.err.count("\n") == 1 and captured.out == ""
+
+
+# a fullwidth, an Arabic-Indic and a Devanagari 4
+@pytest.mark.parametrize("value", ["\uff14", "\u0664", "\u096a"])
+def test_a_unicode_digit_is_refused_as_the_study_file_refuses_it(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``int`` reads any Unicode digit: ``--set tp=４`` was tp 4, while the study file's
+    ``space.tp: [４]`` is "expected an integer, got '４'"."""
+    assert main(["estimate", "--study", "gpt-70b", "--set", f"tp={value}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"tune: error: --set tp: expected an integer, got {value!r}\n"
+    assert captured.out == ""

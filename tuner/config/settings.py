@@ -46,10 +46,8 @@ def parse_setting(item: str) -> tuple[str, object]:
     key = _ALIASES.get(raw_key, raw_key)
     where = f"--set {raw_key}"
     if key in _INT_KEYS:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
+        if (value := _integer(raw)) is None:
+            raise ConfigError(f"expected an integer, got {raw!r}", path=where)
         if key == "zero_stage" and not 0 <= value <= 3:
             raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
         if key == "dp_shard" and value == -1:  # torchtitan: the ranks left over
@@ -81,6 +79,17 @@ def parse_setting(item: str) -> tuple[str, object]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
     raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
+
+
+def _integer(raw: str) -> int | None:
+    """``raw`` as an integer as the study file's YAML reads one: ASCII digits only (``int`` takes
+    any Unicode digit, so ``tp=４`` or an Arabic-Indic ``tp=٤`` was 4 here and refused there)."""
+    if not raw.isascii():
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
 
 
 def parse_settings(items: Iterable[str], framework: Framework | None = None) -> dict[str, object]:
