@@ -3,9 +3,15 @@ key, exit status 2, rather than a config shown (and predicted) that no launch of
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from tests.test_hostile_inputs import BASE
 from tuner.cli.main import main
+from tuner.errors import ConfigError
+from tuner.spec.file import study_from_mapping
+from tuner.spec.moe import DENSE_DISPATCHER
 
 FOREIGN = [
     # torchtitan's knobs were taken by a Megatron or DeepSpeed study and shown in its config
@@ -76,3 +82,24 @@ def test_a_unicode_digit_is_refused_as_the_study_file_refuses_it(
     captured = capsys.readouterr()
     assert captured.err == f"tune: error: --set tp: expected an integer, got {value!r}\n"
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("value", ["flex", "allgather"])
+def test_a_dispatcher_of_a_dense_model_is_refused_as_in_its_study_file(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--set dispatcher=flex`` on a dense model was taken and shown in its config ("... distopt
+    flex"), and so was the study file's ``space.moe_token_dispatcher: [flex]``: a dense model
+    has no experts to send tokens to."""
+    assert main(["estimate", "--study", "gpt-70b", "--set", f"dispatcher={value}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"tune: error: --set dispatcher: {DENSE_DISPATCHER}\n"
+    assert captured.out == ""
+    data = copy.deepcopy(BASE)
+    data["space"]["moe_token_dispatcher"] = [value]
+    with pytest.raises(ConfigError) as refused:
+        study_from_mapping(data)
+    assert (refused.value.path, refused.value.reason) == (
+        "space.moe_token_dispatcher",
+        DENSE_DISPATCHER,
+    )

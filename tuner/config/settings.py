@@ -10,6 +10,7 @@ from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.frameworks import Framework, traits
+from tuner.spec.moe import DENSE_DISPATCHER
 from tuner.spec.pipeline_split import EVEN, canonical_split
 from tuner.spec.recompute import parse_recompute
 
@@ -92,10 +93,13 @@ def _integer(raw: str) -> int | None:
         return None
 
 
-def parse_settings(items: Iterable[str], framework: Framework | None = None) -> dict[str, object]:
+def parse_settings(
+    items: Iterable[str], framework: Framework | None = None, dense: bool = False
+) -> dict[str, object]:
     """Every ``--set`` as {knob: value}; a knob given twice (under any of its names), or one the
-    study's ``framework`` has no use for, is a one-line error rather than silently dropped or
-    shown in a config no launch would run (the study file's space refuses the same knobs)."""
+    study's ``framework`` (or its ``dense`` model: no experts) has no use for, is a one-line error
+    rather than silently dropped or shown in a config no launch would run (the study file's space
+    refuses the same knobs)."""
     given: dict[str, object] = {}
     spelled: dict[str, str] = {}
     for item in items:
@@ -105,6 +109,8 @@ def parse_settings(items: Iterable[str], framework: Framework | None = None) -> 
             raise ConfigError(f"given twice (first as --set {spelled[key]})", path=f"--set {name}")
         if framework is not None:
             _check_framework_knob(key, value, framework, f"--set {name}")
+        if dense and key == "moe_token_dispatcher" and value != "alltoall":
+            raise ConfigError(DENSE_DISPATCHER, path=f"--set {name}")
         given[key], spelled[key] = value, name
     return given
 

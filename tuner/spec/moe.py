@@ -341,6 +341,13 @@ def deepspeed_moe_rule_violations(
     return out + [(rule, message) for broken, rule, message in checks if broken]
 
 
+DENSE_DISPATCHER = (
+    "a token dispatcher sends tokens to experts; this model is dense (no model.moe): leave it out"
+)
+"""A dispatcher chosen for a dense model, in the study file's space or with ``--set``: only
+Megatron's MoE layer has one (megatron/core/transformer/moe/token_dispatcher.py)."""
+
+
 def moe_study_problem(
     framework: str,
     precision: str,
@@ -361,6 +368,8 @@ def moe_study_problem(
             "megatron-deepspeed template passes no expert flags"
         )
     if moe is None:
+        if any(d != "alltoall" for d in dispatchers):  # alltoall: the space's default
+            return "space.moe_token_dispatcher", DENSE_DISPATCHER
         return None
     if megatron and moe.min_capacity is not None:
         return "model.moe.min_capacity", (
