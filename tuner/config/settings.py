@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
-from tuner.spec.bounds import MAX_BATCH, _size
+from tuner.spec.bounds import MAX_BATCH, _size, read_integer
 from tuner.spec.frameworks import Framework, traits
 from tuner.spec.moe import DENSE_DISPATCHER
 from tuner.spec.pipeline_split import EVEN, canonical_split
@@ -47,7 +47,7 @@ def parse_setting(item: str) -> tuple[str, object]:
     key = _ALIASES.get(raw_key, raw_key)
     where = f"--set {raw_key}"
     if key in _INT_KEYS:
-        if (value := _integer(raw)) is None:
+        if (value := read_integer(raw)) is None:
             raise ConfigError(f"expected an integer, got {raw!r}", path=where)
         if key == "zero_stage" and not 0 <= value <= 3:
             raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
@@ -80,17 +80,6 @@ def parse_setting(item: str) -> tuple[str, object]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
     raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
-
-
-def _integer(raw: str) -> int | None:
-    """``raw`` as an integer as the study file's YAML reads one: ASCII digits only (``int`` takes
-    any Unicode digit, so ``tp=４`` or an Arabic-Indic ``tp=٤`` was 4 here and refused there)."""
-    if not raw.isascii():
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return None
 
 
 def parse_settings(
