@@ -11,7 +11,7 @@ from tests.test_hostile_inputs import BASE
 from tuner.cli.main import main
 from tuner.errors import ConfigError
 from tuner.spec.file import study_from_mapping
-from tuner.spec.moe import DENSE_DISPATCHER
+from tuner.spec.moe import DENSE_DISPATCHER, DENSE_EP, DENSE_ETP
 
 FOREIGN = [
     # torchtitan's knobs were taken by a Megatron or DeepSpeed study and shown in its config
@@ -103,3 +103,32 @@ def test_a_dispatcher_of_a_dense_model_is_refused_as_in_its_study_file(
         "space.moe_token_dispatcher",
         DENSE_DISPATCHER,
     )
+
+
+@pytest.mark.parametrize(
+    ("items", "key", "space", "words"),
+    [
+        (["ep=2"], "ep", [1, 2], DENSE_EP),
+        (["etp=2"], "etp", [2], DENSE_ETP),
+        # etp equal to tp broke no rule: taken, and shown in the config as "etp2"
+        (["tp=2", "etp=2"], "etp", [1], DENSE_ETP),
+    ],
+)  # fmt: skip
+def test_an_expert_knob_of_a_dense_model_is_refused_as_in_its_study_file(
+    items: list[str], key: str, space: list[int], words: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--set ep=2`` on a dense model was "tp1 pp1 dp512 ep2 ... breaks 1 rule", and the study
+    file's ``space.ep: [1, 2]`` was taken; the dispatcher's refusal, for ep and etp."""
+    sets = [word for item in items for word in ("--set", item)]
+    assert main(["estimate", "--study", "gpt-70b", *sets]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"tune: error: --set {key}: {words}\n"
+    assert captured.out == ""
+    data = copy.deepcopy(BASE)
+    data["space"][key] = space
+    with pytest.raises(ConfigError) as refused:
+        study_from_mapping(data)
+    assert (refused.value.path, refused.value.reason) == (f"space.{key}", words)
+    data["space"][key] = [1] if key == "ep" else None  # the defaults: taken
+    study_from_mapping(data)

@@ -10,7 +10,7 @@ from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size, read_integer
 from tuner.spec.frameworks import Framework, traits
-from tuner.spec.moe import DENSE_DISPATCHER
+from tuner.spec.moe import dense_knob_problem
 from tuner.spec.pipeline_split import EVEN, canonical_split
 from tuner.spec.recompute import parse_recompute
 
@@ -98,8 +98,8 @@ def parse_settings(
             raise ConfigError(f"given twice (first as --set {spelled[key]})", path=f"--set {name}")
         if framework is not None:
             _check_framework_knob(key, value, framework, f"--set {name}")
-        if dense and key == "moe_token_dispatcher" and value != "alltoall":
-            raise ConfigError(DENSE_DISPATCHER, path=f"--set {name}")
+        if dense and (problem := dense_knob_problem(key, value)) is not None:
+            raise ConfigError(problem, path=f"--set {name}")
         given[key], spelled[key] = value, name
     return given
 
