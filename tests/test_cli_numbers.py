@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.cli.main import main
+from tuner.errors import ConfigError
+from tuner.report.data import TrialRow, find_trial
 
 # a fullwidth, an Arabic-Indic and a Devanagari 4
 DIGITS = ["\uff14", "\u0664", "\u096a"]
@@ -47,3 +49,15 @@ def test_a_unicode_digit_in_a_number_option_is_refused_naming_it(
     err = _refused(["report", "--study", "gpt-70b", "--train-tokens", value], capsys)
     assert err.startswith(f"tune: error: argument --train-tokens: expected a number, got "
                           f"{value!r}"), err  # fmt: skip
+
+
+def test_a_unicode_digit_names_no_baseline_trial() -> None:
+    """``--baseline ４`` was trial 4 (``str.isdigit`` and ``int`` read it)."""
+    none = dict.fromkeys(("predicted_step_s", "measured_step_s", "predicted_peak_gib",
+                          "measured_peak_gib", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu",
+                          "start", "end"))  # fmt: skip
+    rows = [TrialRow(number=4, outcome="ok", config=None, reason="", launched=True,
+                     gpu_hours=1.0, **none)]  # type: ignore[arg-type]  # fmt: skip
+    assert find_trial(rows, "4") is rows[0]
+    with pytest.raises(ConfigError, match="matches no measured trial"):
+        find_trial(rows, "\uff14")
