@@ -322,6 +322,7 @@ def test_printed_commands_repeat_the_study_file_given(
      (["space", "--study", "demo", "--top=3", "--colums=rank"], "did you mean '--columns'?"),
      (["space", "--study", "dmeo"], "did you mean 'demo'?"),
      (["space", "--study", "gpt70b"], "did you mean 'gpt-70b'?"),
+     (["space", "--study", "GPT-70B"], "did you mean 'gpt-70b'?"),  # case: no hint before
      (["space", "--study", "llama3-70b"], "give --study llama3-70b.yaml"),
      (["leaderboard"], "tune leaderboard needs --study NAME: one of demo, ")],
 )  # fmt: skip

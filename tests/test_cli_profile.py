@@ -76,3 +76,24 @@ def test_the_printed_command_repeats_the_cluster_file(
     assert main(["profile", "--cluster", FILE, *flags, "--show"]) == 2
     err = capsys.readouterr().err
     assert command in err and "--study" not in err, err
+
+
+def test_a_failed_profile_prints_nothing_on_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A profile job that failed left a blank line on stdout before its error (the progress
+    bar's, ended on stdout): a failing command's stdout is empty, its error one line."""
+    from tuner.cli.main import main
+    from tuner.errors import LaunchError
+    from tuner.profile import run
+
+    def failed(*args: object, on_progress: Callable[[int, int], None], **kw: object) -> None:
+        on_progress(1, 4)
+        raise LaunchError("the profile job failed (see node-0.log): no output")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run, "run_probe", failed)
+    (tmp_path / FILE).write_text(CLUSTER_TEXT)
+    assert main(["profile", "--cluster", FILE]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == "tune: error: the profile job failed (see node-0.log): no output\n"

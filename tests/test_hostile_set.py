@@ -3,9 +3,15 @@ key, exit status 2, rather than a config shown (and predicted) that no launch of
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from tests.test_hostile_inputs import BASE
 from tuner.cli.main import main
+from tuner.errors import ConfigError
+from tuner.spec.file import study_from_mapping
+from tuner.spec.moe import DENSE_DISPATCHER, DENSE_EP, DENSE_ETP
 
 FOREIGN = [
     # torchtitan's knobs were taken by a Megatron or DeepSpeed study and shown in its config
@@ -63,3 +69,66 @@ def test_a_value_out_of_its_model_is_refused_naming_it(
     captured = capsys.readouterr()
     assert captured.err.startswith("tune: error: ") and words in captured.err, captured.err
     assert captured.err.count("\n") == 1 and captured.out == ""
+
+
+# a fullwidth, an Arabic-Indic and a Devanagari 4
+@pytest.mark.parametrize("value", ["\uff14", "\u0664", "\u096a"])
+def test_a_unicode_digit_is_refused_as_the_study_file_refuses_it(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``int`` reads any Unicode digit: ``--set tp=４`` was tp 4, while the study file's
+    ``space.tp: [４]`` is "expected an integer, got '４'"."""
+    assert main(["estimate", "--study", "gpt-70b", "--set", f"tp={value}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"tune: error: --set tp: expected an integer, got {value!r}\n"
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("value", ["flex", "allgather"])
+def test_a_dispatcher_of_a_dense_model_is_refused_as_in_its_study_file(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--set dispatcher=flex`` on a dense model was taken and shown in its config ("... distopt
+    flex"), and so was the study file's ``space.moe_token_dispatcher: [flex]``: a dense model
+    has no experts to send tokens to."""
+    assert main(["estimate", "--study", "gpt-70b", "--set", f"dispatcher={value}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"tune: error: --set dispatcher: {DENSE_DISPATCHER}\n"
+    assert captured.out == ""
+    data = copy.deepcopy(BASE)
+    data["space"]["moe_token_dispatcher"] = [value]
+    with pytest.raises(ConfigError) as refused:
+        study_from_mapping(data)
+    assert (refused.value.path, refused.value.reason) == (
+        "space.moe_token_dispatcher",
+        DENSE_DISPATCHER,
+    )
+
+
+@pytest.mark.parametrize(
+    ("items", "key", "space", "words"),
+    [
+        (["ep=2"], "ep", [1, 2], DENSE_EP),
+        (["etp=2"], "etp", [2], DENSE_ETP),
+        # etp equal to tp broke no rule: taken, and shown in the config as "etp2"
+        (["tp=2", "etp=2"], "etp", [1], DENSE_ETP),
+    ],
+)  # fmt: skip
+def test_an_expert_knob_of_a_dense_model_is_refused_as_in_its_study_file(
+    items: list[str], key: str, space: list[int], words: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``--set ep=2`` on a dense model was "tp1 pp1 dp512 ep2 ... breaks 1 rule", and the study
+    file's ``space.ep: [1, 2]`` was taken; the dispatcher's refusal, for ep and etp."""
+    sets = [word for item in items for word in ("--set", item)]
+    assert main(["estimate", "--study", "gpt-70b", *sets]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"tune: error: --set {key}: {words}\n"
+    assert captured.out == ""
+    data = copy.deepcopy(BASE)
+    data["space"][key] = space
+    with pytest.raises(ConfigError) as refused:
+        study_from_mapping(data)
+    assert (refused.value.path, refused.value.reason) == (f"space.{key}", words)
+    data["space"][key] = [1] if key == "ep" else None  # the defaults: taken
+    study_from_mapping(data)

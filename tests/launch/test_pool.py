@@ -78,6 +78,22 @@ def test_bad_arguments_name_the_field() -> None:
         pool.release(NodeGroup(id=99, hosts=("gpu000",), master_port=29500))
 
 
+def test_more_nodes_than_ports_left_says_the_limit_and_why() -> None:
+    """36,036 nodes from the default port 29500 said "master port 29500 out of range": a valid
+    port; the limit is the ports above it, one per trial running at once."""
+    hosts = [f"n{i}" for i in range(65535 - 29500 + 1)]
+    NodePool(hosts[:-1], 1)  # the most from this port
+    with pytest.raises(ConfigError) as refused:
+        NodePool(hosts, 1)
+    assert refused.value.path == "launch.master_port"
+    assert refused.value.reason == (
+        "36,036 nodes need up to 36,036 master ports from 29500 (one per trial running at "
+        "once), past the last port 65535: at most 36,035 nodes from this port; a lower one "
+        "allows more"
+    )
+    NodePool(hosts, 1, base_port=29499)
+
+
 def test_thread_safety_no_node_or_port_is_ever_shared() -> None:
     pool = NodePool(HOSTS, 2)
     held: dict[int, NodeGroup] = {}

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from tuner.layout import folder_problem
 from tuner.outcome import Outcome
+from tuner.spec.bounds import read_float, read_integer
 
 
 class VersionAction(argparse.Action):
@@ -158,19 +159,27 @@ def folder(text: str) -> str:
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     """An argparse ``type``: a whole number from ``minimum`` (to ``maximum``), else argparse's
     one-line usage error naming the option (``--n-trials -3`` used to print a budget of -3
-    launches, and ``--n-trials 0`` silently meant the study's own count)."""
+    launches, and ``--n-trials 0`` silently meant the study's own count). ASCII digits only, as
+    in the study file (:func:`read_integer`: ``--n-trials ４`` was 4)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        value = read_integer(text)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
         if value < minimum or (maximum is not None and value > maximum):
             bound = f">= {minimum}" if maximum is None else f"{minimum} to {maximum:,}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
     return parse
+
+
+def number(text: str) -> float:
+    """An argparse ``type``: a number in ASCII (:func:`read_float`; ``float`` took ``４.５``)."""
+    value = read_float(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    return value
 
 
 def wholes(minimum: int) -> Callable[[str], tuple[int, ...]]:

@@ -96,6 +96,7 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from tuner.profile.plan import ProbeOptions
@@ -114,8 +115,12 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
     executor = make_executor(spec)
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
+    # the bar is a terminal's display, on stderr: rich still writes a line break to a file or a
+    # pipe when a transient bar ends, so stdout held a blank line (before the error, too)
+    console = Console(stderr=True)
+    shown = not args.quiet and console.is_terminal
     try:
-        with Progress(*columns, disable=args.quiet, transient=True) as bar:
+        with Progress(*columns, console=console, disable=not shown, transient=True) as bar:
             task = bar.add_task(f"profiling {spec.cluster_name}", total=None)
 
             def update(done: int, total: int) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuner.cli.options import add_study_option
+from tuner.cli.options import add_study_option, number
 from tuner.errors import ConfigError
 
 
@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "default: the model's first pick")  # fmt: skip
     p.add_argument(
         "--train-tokens",
-        type=float,
+        type=number,
         default=None,
         metavar="N",
         help="tokens of the full training run; the payback is shown only with it",

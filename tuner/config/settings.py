@@ -8,8 +8,9 @@ from collections.abc import Iterable
 
 from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
-from tuner.spec.bounds import MAX_BATCH, _size
+from tuner.spec.bounds import MAX_BATCH, _size, read_integer
 from tuner.spec.frameworks import Framework, traits
+from tuner.spec.moe import dense_knob_problem
 from tuner.spec.pipeline_split import EVEN, canonical_split
 from tuner.spec.recompute import parse_recompute
 
@@ -46,10 +47,8 @@ def parse_setting(item: str) -> tuple[str, object]:
     key = _ALIASES.get(raw_key, raw_key)
     where = f"--set {raw_key}"
     if key in _INT_KEYS:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"expected an integer, got {raw!r}", path=where) from None
+        if (value := read_integer(raw)) is None:
+            raise ConfigError(f"expected an integer, got {raw!r}", path=where)
         if key == "zero_stage" and not 0 <= value <= 3:
             raise ConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {value}", path=where)
         if key == "dp_shard" and value == -1:  # torchtitan: the ranks left over
@@ -83,10 +82,13 @@ def parse_setting(item: str) -> tuple[str, object]:
     raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
 
 
-def parse_settings(items: Iterable[str], framework: Framework | None = None) -> dict[str, object]:
+def parse_settings(
+    items: Iterable[str], framework: Framework | None = None, dense: bool = False
+) -> dict[str, object]:
     """Every ``--set`` as {knob: value}; a knob given twice (under any of its names), or one the
-    study's ``framework`` has no use for, is a one-line error rather than silently dropped or
-    shown in a config no launch would run (the study file's space refuses the same knobs)."""
+    study's ``framework`` (or its ``dense`` model: no experts) has no use for, is a one-line error
+    rather than silently dropped or shown in a config no launch would run (the study file's space
+    refuses the same knobs)."""
     given: dict[str, object] = {}
     spelled: dict[str, str] = {}
     for item in items:
@@ -96,6 +98,8 @@ def parse_settings(items: Iterable[str], framework: Framework | None = None) -> 
             raise ConfigError(f"given twice (first as --set {spelled[key]})", path=f"--set {name}")
         if framework is not None:
             _check_framework_knob(key, value, framework, f"--set {name}")
+        if dense and (problem := dense_knob_problem(key, value)) is not None:
+            raise ConfigError(problem, path=f"--set {name}")
         given[key], spelled[key] = value, name
     return given
 

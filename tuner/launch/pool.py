@@ -69,9 +69,16 @@ class NodePool:
             )
         if quarantine_after < 1:
             raise ValueError(f"quarantine_after must be >= 1, got {quarantine_after}")
-        port_range = max(port_range, len(hosts))  # groups may be smaller (proxy trials)
         if not 1024 <= base_port <= 65535 - port_range:
             raise ConfigError(f"master port {base_port} out of range", path="launch.master_port")
+        port_range = max(port_range, len(hosts))  # groups may be smaller (proxy trials)
+        if base_port + port_range > 65535:
+            raise ConfigError(
+                f"{len(hosts):,} nodes need up to {port_range:,} master ports from "
+                f"{base_port} (one per trial running at once), past the last port 65535: at "
+                f"most {65535 - base_port:,} nodes from this port; a lower one allows more",
+                path="launch.master_port",
+            )
         self._hosts = tuple(hosts)
         self._per_trial = nodes_per_trial
         self._quarantine_after = quarantine_after

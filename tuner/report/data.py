@@ -332,8 +332,9 @@ class ReportData:
 
 def find_trial(rows: list[TrialRow], request: str) -> TrialRow:
     """The measured trial ``request`` names: its number, or ``k=v`` words of its config key that
-    match exactly one measured config (``tp=2,pp=2,mbs=4``)."""
-    if request.strip().isdigit():
+    match exactly one measured config (``tp=2,pp=2,mbs=4``). A number in ASCII digits only, as
+    the other number options (``str.isdigit`` and ``int`` take ``４``: it was trial 4)."""
+    if request.strip().isascii() and request.strip().isdigit():
         hits = [r for r in rows if r.number == int(request)]
     else:
         words = {w.strip() for w in request.split(",") if w.strip()}

@@ -448,7 +448,7 @@ def config_from_settings(spec: StudySpec, settings: list[str]) -> ParallelConfig
         "moe_token_dispatcher": axes.moe_token_dispatcher[0],
         "tp_comm_overlap": axes.tp_comm_overlap[0],
     }  # fmt: skip
-    given = parse_settings(settings, spec.framework)
+    given = parse_settings(settings, spec.framework, dense=spec.model.moe is None)
     values.update(given)
     if "sequence_parallel" not in given and values["tp"] == 1:
         values["sequence_parallel"] = False  # SP is meaningless at tp=1: don't default into it

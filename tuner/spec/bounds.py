@@ -58,6 +58,29 @@ def listed_twice(node: str, seen: dict[str, str]) -> str | None:
     return f"{_short(node)} is listed twice (first as {_short(first)}: host names ignore case)"
 
 
+def read_integer(raw: str) -> int | None:
+    """``raw`` as an integer as the study file's YAML reads one, else None: ASCII digits only
+    (``int`` takes any Unicode digit, so ``４`` or an Arabic-Indic ``٤`` was 4 on the command line
+    and refused in the study file; ``+4``, ``-1``, ``1_0`` are read as YAML 1.1 reads them)."""
+    if not raw.isascii():
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def read_float(raw: str) -> float | None:
+    """``raw`` as a number in ASCII, else None (``float`` too takes any Unicode digit: ``４.５``
+    was 4.5)."""
+    if not raw.isascii():
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
 def _positive(value: float | None, path: str) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"must be > 0, got {value}", path=path)

@@ -295,15 +295,16 @@ def _unknown_study_hint(name: str, cwd: Path, available: list[str]) -> str:
     """What to type instead of an unknown study name: the file of that name in the current
     folder (the README saves ``llama3-70b.yaml`` there, and ``--study llama3-70b`` looks in
     ``studies/`` and the shipped studies only), else the nearest known name (a typo) and the
-    known ones."""
+    known ones (a name in another case is the nearest: ``GPT-70B`` is ``gpt-70b``)."""
     for suffix in (".yaml", ".yml"):
         if (cwd / f"{name}{suffix}").is_file():
             return (f": a name is looked up as studies/{name}.yaml here, then among the shipped "
                     f"studies; for the file {name}{suffix} give "
                     f"--study {shlex.quote(name + suffix)}")  # fmt: skip
     known = f" (available: {', '.join(available)}; or the path of a YAML file)"
-    close = difflib.get_close_matches(name, available, n=1)
-    return f"; did you mean {close[0]!r}?{known}" if close else known
+    folded = {n.casefold(): n for n in available}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
+    return f"; did you mean {folded[close[0]]!r}?{known}" if close else known
 
 
 def load_study(name: str, cwd: Path | None = None) -> StudySpec:

@@ -341,6 +341,38 @@ def deepspeed_moe_rule_violations(
     return out + [(rule, message) for broken, rule, message in checks if broken]
 
 
+DENSE_DISPATCHER = (
+    "a token dispatcher sends tokens to experts; this model is dense (no model.moe): leave it out"
+)
+"""A dispatcher chosen for a dense model, in the study file's space or with ``--set``: only
+Megatron's MoE layer has one (megatron/core/transformer/moe/token_dispatcher.py)."""
+DENSE_EP = (
+    "expert parallelism splits the experts across ranks; this model is dense (no model.moe): "
+    "leave it out or give 1"
+)
+"""``ep`` > 1 for a dense model: Megatron refuses it ("num_experts must be non None to use
+expert model parallelism", arguments.py validate_args), DeepSpeed has no experts to split."""
+DENSE_ETP = (
+    "expert tensor parallelism splits each expert's weights; this model is dense (no "
+    "model.moe): leave it out (its MLP is split by tp)"
+)
+"""``etp`` given for a dense model: it sizes only the experts' tensor parallel group
+(``--expert-tensor-parallel-size``); unset, it is the tensor parallel size."""
+
+
+def dense_knob_problem(key: str, value: object) -> str | None:
+    """Why an expert knob at ``value`` means nothing for a dense model, or None (any other knob,
+    or an expert knob at its default: ep 1, etp unset, the all-to-all dispatcher). One rule for
+    the study file's space and ``--set``."""
+    if key == "ep" and value != 1:
+        return DENSE_EP
+    if key == "etp" and value is not None:
+        return DENSE_ETP
+    if key == "moe_token_dispatcher" and value != "alltoall":
+        return DENSE_DISPATCHER
+    return None
+
+
 def moe_study_problem(
     framework: str,
     precision: str,
@@ -351,6 +383,12 @@ def moe_study_problem(
 ) -> tuple[str, str] | None:
     """(field path, message) of the first study-wide MoE rule the study breaks, or None (the
     per-config rules: :func:`moe_rule_violations`, :func:`deepspeed_moe_rule_violations`)."""
+    if moe is None:  # an expert knob off its default: first, as the others follow from it
+        knobs = (("ep", eps), ("etp", etps), ("moe_token_dispatcher", dispatchers))
+        for key, values in knobs:
+            for value in values:
+                if (problem := dense_knob_problem(key, value)) is not None:
+                    return f"space.{key}", problem
     megatron = traits(framework).megatron_core
     if megatron and precision == "fp16" and any(e > 1 for e in eps):
         # megatron/training/arguments.py (core_v0.15) validate_args

@@ -304,7 +304,8 @@ class StudySpec:
         from tuner.catalog import get_gpu
         from tuner.spec.fp8 import fp8_problem
 
-        eps = (2,) if self.space.ep == "auto" else self.space.ep
+        auto = (2,) if self.model.moe is not None else (1,)  # enumerate.py _ep_auto: 1 if dense
+        eps = auto if self.space.ep == "auto" else self.space.ep
         found = moe_study_problem(
             self.framework, self.training.precision, self.model.moe, eps,
             self.space.etp or (None,), self.space.moe_token_dispatcher,
