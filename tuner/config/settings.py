@@ -109,9 +109,7 @@ def _check_framework_knob(key: str, value: object, framework: Framework, where: 
     (its stages per rank follow ``pp_schedule``, its split is torchtitan's rule)."""
     fsdp2 = traits(framework).fsdp2
     if not fsdp2 and key in titan_spec.KNOBS:
-        raise ConfigError(
-            f"is a torchtitan knob; this study's framework is {framework}", path=where
-        )
+        raise ConfigError(titan_spec.not_torchtitan(framework), path=where)
     if fsdp2 and key == "vp" and value != 1:
         raise ConfigError(
             "torchtitan's stages per rank follow pp_schedule; vp must be 1", path=where

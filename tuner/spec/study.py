@@ -46,7 +46,7 @@ from tuner.spec.space import Auto as Auto
 from tuner.spec.space import RecomputeGranularity as RecomputeGranularity
 from tuner.spec.space import RecomputeMethod as RecomputeMethod
 from tuner.spec.space import SpaceSpec as SpaceSpec
-from tuner.spec.torchtitan import FSDP_DEFAULT, KNOBS
+from tuner.spec.torchtitan import FSDP_DEFAULT, KNOBS, not_torchtitan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -356,10 +356,7 @@ class StudySpec:
         if not traits(self.framework).fsdp2:
             for name, default in titan.items():
                 if getattr(sp, name) != default:
-                    raise ConfigError(
-                        f"is a torchtitan knob; this study's framework is {self.framework}",
-                        path=f"space.{name}",
-                    )
+                    raise ConfigError(not_torchtitan(self.framework), path=f"space.{name}")
             return
         if not {"--module", "--config"} <= {a.split("=")[0] for a in self.launch.script_args}:
             raise ConfigError(

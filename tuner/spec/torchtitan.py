@@ -54,6 +54,13 @@ KNOBS: tuple[str, ...] = (
 )
 """torchtitan's own knobs, which no other framework's launch reads."""
 
+
+def not_torchtitan(framework: str) -> str:
+    """Why one of :data:`KNOBS` is refused in a study of another ``framework`` (its space or
+    ``--set``)."""
+    return f"is a torchtitan knob; this study's framework is {framework}"
+
+
 AC_MODES: dict[str, str] = {"none": "none", "full": "full", "selective": "selective"}
 """tune's ``recompute`` -> the ``activation_checkpoint`` subcommand: ``selective`` is
 torchtitan's per-op SAC (saves matmul, attention and reduction outputs except every second
