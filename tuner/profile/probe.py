@@ -360,7 +360,8 @@ def run_stack_probe(
     first_s: float | None = None
     try:
         while (result := job.poll()) is None:
-            logs = [read_log(paths.node_log(n)) for n in range(len(hosts))]
+            # every node's log while the verdict waits on their first passes; node 0's after
+            logs = [read_log(paths.node_log(n)) for n in range(len(hosts) if why is None else 1)]
             if on_progress is not None:
                 on_progress(ended(logs[0]), len(runs))
             if why is None and all(ended(text) >= len(runs) for text in logs):
