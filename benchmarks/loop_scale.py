@@ -75,7 +75,8 @@ from tuner.space.trials import config_params, distributions  # noqa: E402
 from tuner.spec.file import load_study  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
 from tuner.study import loop as loop_module  # noqa: E402
-from tuner.study.loop import StudyLoop, build_loop  # noqa: E402
+from tuner.study.build import build_loop  # noqa: E402
+from tuner.study.loop import StudyLoop  # noqa: E402
 from tuner.study.row_attrs import ROW_ATTR, ROW_KEYS, kept_text  # noqa: E402
 from tuner.study.storage import open_storage, open_study  # noqa: E402
 

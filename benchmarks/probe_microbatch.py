@@ -63,7 +63,7 @@ def measure(
 ) -> list[ProbeRow]:
     """The runs, one job: each point's config at each size at both probe depths, ``iters``
     steps each (interleaved where the study's script runs the points in one process)."""
-    from tuner.study.loop import make_executor
+    from tuner.study.launchers import make_executor
 
     depths = probe.probe_depths(spec)
     runs = [probe.ProbeRun(c, d) for p in points for c in sizes(spec, p) for d in depths]

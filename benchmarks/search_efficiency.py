@@ -11,7 +11,7 @@ surfaces of different shape (``benchmarks/surfaces.py``): large TP wins, PP wins
 matters; and two held out, on which the sampler was never tuned: ``rugged`` (random factors per
 knob value and pair) and ``builtin`` (the stand-in's own default surface).
 
-Every method is the real study loop (``tuner.study.loop.build_loop``: Optuna with SQLite storage,
+Every method is the real study loop (``tuner.study.build.build_loop``: Optuna with SQLite storage,
 the local executor, the memory screen, the Megatron log parser) launching the Megatron stand-in as
 a real process per trial, with the flags the ``megatron_gpt`` template renders; only ``torchrun``
 is left out (one process plays every rank) so a trial takes a fraction of a second. Trials run one
@@ -108,7 +108,8 @@ from tuner.space.cost import trial_cost  # noqa: E402
 from tuner.space.enumerate import enumerate_space  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
-from tuner.study.loop import StudyLoop, build_loop  # noqa: E402
+from tuner.study.build import build_loop  # noqa: E402
+from tuner.study.loop import StudyLoop  # noqa: E402
 
 SURFACES_PY = REPO / "benchmarks" / "surfaces.py"
 STANDIN = REPO / "tests" / "standins" / "pretrain_gpt.py"

@@ -46,7 +46,8 @@ from tuner.search.value import best_worth, chance, improvement, purpose_of  # no
 from tuner.space.enumerate import enumerate_space  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
-from tuner.study.loop import StudyLoop, build_loop  # noqa: E402
+from tuner.study.build import build_loop  # noqa: E402
+from tuner.study.loop import StudyLoop  # noqa: E402
 
 
 def model_order(spec: StudySpec) -> dict[str, tuple[int, float]]:

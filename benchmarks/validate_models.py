@@ -37,8 +37,8 @@ from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import trial_outcome
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
-from tuner.study.launchers import template_launcher
-from tuner.study.loop import build_loop, make_executor
+from tuner.study.build import build_loop
+from tuner.study.launchers import make_executor, template_launcher
 from tuner.study.record import parse_result
 
 FIELDS = [

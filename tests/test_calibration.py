@@ -564,7 +564,7 @@ def test_a_study_saves_its_trials_and_the_next_one_reads_them(tmp_path: Path) ->
     """The real loop (local executor, the Megatron stand-in): ``run`` ends by saving its
     measured trials for the cluster; the next study's sampler starts from them."""
     from tests.test_study import SURFACE, study_data
-    from tuner.study.loop import build_loop
+    from tuner.study.build import build_loop
 
     data = study_data(tmp_path, SURFACE, n_trials=3)
     first = study_from_mapping(data)

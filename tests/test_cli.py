@@ -378,7 +378,8 @@ def test_run_closes_its_executor_when_the_study_cannot_be_made(
 ) -> None:
     """A refusal (or a Ctrl-C) after the executor was made and before the loop runs: the
     executor (the nodes' SSH connections the preflight opened) is closed, the line printed."""
-    import tuner.study.loop as loop_module
+    import tuner.study.build as build_module
+    import tuner.study.launchers as launchers
     from tests.test_study import SURFACE, study_data, write_study
     from tuner.errors import StudyError
 
@@ -394,8 +395,8 @@ def test_run_closes_its_executor_when_the_study_cannot_be_made(
     def refuse(*args: object, **kwargs: object) -> None:
         raise StudyError("the study could not be made")
 
-    monkeypatch.setattr(loop_module, "make_executor", lambda spec: Executor())
-    monkeypatch.setattr(loop_module, "build_loop", refuse)
+    monkeypatch.setattr(launchers, "make_executor", lambda spec: Executor())
+    monkeypatch.setattr(build_module, "build_loop", refuse)
     study = str(write_study(tmp_path, study_data(tmp_path, SURFACE, n_trials=1)))
     code = main(["run", "--study", study, "--results", str(tmp_path / "r"), "--skip-preflight"])
     assert code == 2 and closed == [True]

@@ -38,7 +38,7 @@ from tuner.space.cost import RECORDS_PER_BATCH, trial_cost
 from tuner.space.enumerate import enumerate_space
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "pretrain_gpt.py"

@@ -87,15 +87,15 @@ def test_a_run_stopped_before_its_study_leaves_no_storage(
     """A Ctrl-C while ``tune run`` built the space (seconds on a large one) left ``study.db``
     with Optuna's tables and no study in it; the next leaderboard said the study "is not in
     the storage" instead of that it has not run yet."""
-    from tuner.study import loop
+    from tuner.study import build
 
     def stopped(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, stopped_in, stopped)
+    monkeypatch.setattr(build, stopped_in, stopped)
     results = tmp_path / "results"
     with pytest.raises(KeyboardInterrupt):
-        loop.build_loop(load_study(STUDY), results=str(results))
+        build.build_loop(load_study(STUDY), results=str(results))
     assert not ResultsLayout(results, STUDY).storage_path.exists()
     code, text = _tune(capsys, "leaderboard", "--study", STUDY, "--results", str(results))
     assert code == 2 and "tune run --study demo writes them" in text, text

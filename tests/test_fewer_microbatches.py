@@ -26,7 +26,7 @@ from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.shorten import at_microbatches, shorten
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 LIMIT = 20
 TIME_SCALE = 0.002  # a 115 s step sleeps 0.23 s

@@ -21,7 +21,7 @@ from tuner.space.probes import MEMORY_SIGMA, MIN_FIT_PROBABILITY, fit_probabilit
 from tuner.space.trials import config_from_params, distributions
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 BASE: dict[str, Any] = {
     "name": "probe",

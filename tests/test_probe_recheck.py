@@ -204,7 +204,7 @@ def test_a_point_still_inconsistent_after_its_second_run_is_reported_not_run_aga
     covers the two); ``tune profile --probe`` prints what it measured again, why, and the cost."""
     import yaml
 
-    import tuner.study.loop as loop
+    import tuner.study.launchers as launchers
     from tuner.cli.main import main
     from tuner.profile import stack_terms
 
@@ -218,7 +218,7 @@ def test_a_point_still_inconsistent_after_its_second_run_is_reported_not_run_aga
     (tmp_path / "studies" / "mt.yaml").write_text(yaml.safe_dump(data))
     monkeypatch.chdir(tmp_path)
     nodes.close = lambda: None  # type: ignore[attr-defined]
-    monkeypatch.setattr(loop, "make_executor", lambda spec: nodes)
+    monkeypatch.setattr(launchers, "make_executor", lambda spec: nodes)
     # the local stack's versions (a torch import, seconds): the probe's log reports none
     monkeypatch.setattr(stack_terms, "local_versions", dict)
     assert main(["profile", "--study", "mt", "--probe"]) == 0

@@ -324,6 +324,7 @@ def _proxied_study(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workers: int,
     from tuner.space.enumerate import expand_axes
     from tuner.space.trials import config_params, distributions
     from tuner.study import loop as study_loop
+    from tuner.study.build import build_loop
 
     names = (f"worker-{k}" for k in itertools.count())
     monkeypatch.setattr(study_loop, "worker_name", lambda: next(names))
@@ -340,7 +341,7 @@ def _proxied_study(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, workers: int,
                    **search},
     })  # fmt: skip
     results = str(tmp_path / "results")
-    loops = [study_loop.build_loop(s, results=results) for _ in range(workers)]
+    loops = [build_loop(s, results=results) for _ in range(workers)]
     for k, (tp, step) in enumerate(((1, 1.0), (2, 1.2))):  # two proxies, measured
         full = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, global_batch_size=64,
                               distributed_optimizer=True)  # fmt: skip

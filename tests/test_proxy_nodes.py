@@ -24,6 +24,7 @@ from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
 from tuner.study import loop as study_loop
 from tuner.study.budget import pending_node_hours
+from tuner.study.build import build_loop
 
 LIMIT_S = 600.0
 
@@ -94,7 +95,7 @@ def _taking_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tps: tuple[int
     names = (f"worker-{k}" for k in itertools.count())
     monkeypatch.setattr(study_loop, "worker_name", lambda: next(names))
     batch = _Batch()
-    loop = study_loop.build_loop(spec, results=str(tmp_path / "results"), executor=batch)
+    loop = build_loop(spec, results=str(tmp_path / "results"), executor=batch)
     hosts = iter(spec.node_names)
     for tp in tps:
         full = ParallelConfig(tp=tp, dp=8 // tp, micro_batch_size=1, global_batch_size=64,
@@ -166,7 +167,7 @@ def test_the_node_hour_budget_judges_a_proxy_launch_on_the_proxys_nodes(tmp_path
     worst = trial_cost(plain, None).worst_node_hours
     budget = 0.75 * worst  # between the proxy's worst case (half of it) and the full trial's
     spec = _spec([1], max_node_hours=round(budget, 4), n_trials=1)
-    loop = study_loop.build_loop(spec, results=str(tmp_path / "results"))
+    loop = build_loop(spec, results=str(tmp_path / "results"))
     launched: list[int] = []
     loop.launch = lambda trial, config, placement: launched.append(  # type: ignore[method-assign]
         len(placement.group.hosts)

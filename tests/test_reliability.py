@@ -384,7 +384,7 @@ def test_a_trials_token_is_recorded_before_its_processes_start(tmp_path: Path) -
     and the next worker put a second trial on the node (seen under load in the test above). The
     token is now on the trial and its leases before the executor starts anything."""
     from tuner.launch import LaunchRequest, LocalExecutor
-    from tuner.study.loop import build_loop
+    from tuner.study.build import build_loop
 
     spec = study_from_mapping(study_data(tmp_path, SURFACE, n_trials=2))
     seen: list[tuple[str | None, list[str | None], Any]] = []

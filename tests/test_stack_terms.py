@@ -475,14 +475,14 @@ def answer_probe_jobs(monkeypatch: pytest.MonkeyPatch, job: Any) -> None:
     """tools/probe_truth.py's jobs answered by ``job`` (in place of ``run_stack_probe``), on an
     executor that runs nothing."""
     import tuner.profile.probe as probe_module
-    import tuner.study.loop as loop
+    import tuner.study.launchers as launchers
 
     class Executor:
         def close(self) -> None:
             pass
 
     monkeypatch.setattr(probe_module, "run_stack_probe", job)
-    monkeypatch.setattr(loop, "make_executor", lambda spec: Executor())
+    monkeypatch.setattr(launchers, "make_executor", lambda spec: Executor())
 
 
 def standin_truth_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:

@@ -25,7 +25,7 @@ from tuner.space.enumerate import enumerate_space
 from tuner.space.probes import MIN_FIT_PROBABILITY, fit_probability
 from tuner.space.trials import counts_as_run, oom_dominates
 from tuner.spec.file import study_from_mapping
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 REPO = Path(__file__).resolve().parents[1]
 STANDINS = REPO / "tests" / "standins"

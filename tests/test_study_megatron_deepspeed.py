@@ -14,7 +14,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.report.export import emit_best
 from tuner.report.leaderboard import leaderboard
 from tuner.spec.file import study_from_mapping
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "megatron_deepspeed"

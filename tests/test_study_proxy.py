@@ -21,7 +21,7 @@ from tuner.report.leaderboard import (
 )
 from tuner.report.views import leaderboard as html_board
 from tuner.spec.file import study_from_mapping
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 pytestmark = [pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from tests.standins import torchtitan_train as standin
 from tuner.report.export import emit_best
 from tuner.report.leaderboard import leaderboard
 from tuner.spec.file import study_from_mapping
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standins" / "torchtitan_train.py"

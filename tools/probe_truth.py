@@ -51,7 +51,7 @@ def measure(
     from tuner.profile import probe
     from tuner.space.enumerate import iter_configs, study_violations
     from tuner.spec.file import load_study
-    from tuner.study.loop import make_executor
+    from tuner.study.launchers import make_executor
 
     spec = load_study(study)
     configs = [c for c in iter_configs(spec) if not study_violations(c, spec)]

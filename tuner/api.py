@@ -139,7 +139,7 @@ def run(
     again to resume. Ctrl-C (SIGINT) or SIGTERM cancels the running trials and returns. Raises a
     :class:`~tuner.errors.TunerError` for a bad study or storage.
     """
-    from tuner.study.loop import build_loop
+    from tuner.study.build import build_loop
     from tuner.study.signals import stop_on_signals
 
     spec = study_spec(study)

@@ -316,7 +316,7 @@ def test_cluster_slurm_is_strict(tmp_path: Path) -> None:
 
 
 def test_mode_picks_the_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.study.loop import make_executor
+    from tuner.study.launchers import make_executor
 
     data = study_data(tmp_path, SURFACE)
     data["cluster"] = {**_readme_cluster(), "slurm": {"mode": "allocation"}}

@@ -13,7 +13,7 @@ import pytest
 from tests.test_study import SURFACE, study_data, write_study
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 REPORT_SURFACE: dict[str, Any] = dict(
     SURFACE,

@@ -180,7 +180,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     # The launch layer and Optuna load only when something runs.
     from tuner.cli.progress import LiveProgress
-    from tuner.study.loop import build_loop, make_executor
+    from tuner.study.build import build_loop
+    from tuner.study.launchers import make_executor
     from tuner.study.signals import stop_on_signals
 
     executor = make_executor(spec)

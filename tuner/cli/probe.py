@@ -19,7 +19,7 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     from tuner.profile.probe_file import load_probe, save_probe
     from tuner.profile.rates import study_rates
     from tuner.profile.stack_terms import study_terms
-    from tuner.study.loop import make_executor
+    from tuner.study.launchers import make_executor
 
     path = layout.stack_yaml(spec.name)
     rates = study_rates(spec, args.results)

@@ -102,7 +102,7 @@ def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
     from tuner.profile.plan import ProbeOptions
     from tuner.profile.run import run_probe
     from tuner.space.enumerate import study_gpu
-    from tuner.study.loop import make_executor
+    from tuner.study.launchers import make_executor
 
     # the parser bounds --warmup and --repeats and each --message-bytes from below; a message
     # no GPU can hold failed in the job, a torchrun error's last line ("error_file: <N/A>")

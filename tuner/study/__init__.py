@@ -1,4 +1,5 @@
-"""The loop over shared storage: ask, screen, launch, parse, tell (:mod:`.loop`).
+"""The loop over shared storage: ask, screen, launch, parse, tell (:mod:`.loop`; a worker's parts
+assembled by :mod:`.build`).
 
 Owns the Optuna storage (:mod:`.storage`), node leases shared by workers (:mod:`.leases`),
 scheduling trials onto free nodes (:mod:`.schedule`), screening a config before launch
@@ -16,13 +17,14 @@ from typing import TYPE_CHECKING
 from tuner import lazy_getattr
 
 if TYPE_CHECKING:
-    from tuner.study.loop import StudyLoop, build_loop
+    from tuner.study.build import build_loop
+    from tuner.study.loop import StudyLoop
     from tuner.study.record import Summary
 
 _EXPORTS = {
     "StudyLoop": "tuner.study.loop",
     "Summary": "tuner.study.record",
-    "build_loop": "tuner.study.loop",
+    "build_loop": "tuner.study.build",
 }
 """Each public name and its module, imported on first use: importing one light module of this
 package does not load the heavy ones."""

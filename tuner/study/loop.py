@@ -8,7 +8,7 @@ to OOM (recorded as pruned with their predicted peak), configs that need at leas
 as one that really ran out of memory, and configs already measured or running (answered from
 that trial). Nodes are leased through the storage (:mod:`tuner.study.schedule`), so two workers
 never run two trials on one node; what a finished trial measured is recorded by
-:mod:`tuner.study.record`.
+:mod:`tuner.study.record`; a worker's loop is assembled by :func:`tuner.study.build.build_loop`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.calibrate.store import history, keep
+from tuner.calibrate.store import keep
 from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import spell
 from tuner.errors import StorageError
@@ -33,10 +32,7 @@ from tuner.launch import NodePool, new_token
 from tuner.layout import ResultsLayout
 from tuner.models.rates import Rates
 from tuner.outcome import Outcome
-from tuner.profile.rates import study_rates
-from tuner.profile.stack_terms import study_terms
 from tuner.search.sampler import ModelGuidedSampler
-from tuner.search.samplers import make_sampler
 from tuner.search.stopping import Stopper
 from tuner.space.cost import trial_limit_s
 from tuner.space.enumerate import SharedSpace, expand_axes, study_gpu
@@ -52,9 +48,7 @@ from tuner.study.asking import ask, config_attrs
 from tuner.study.budget import LaunchCosts, launch_refusal, spent_node_hours
 from tuner.study.faults import StorageWatch
 from tuner.study.holder import worker_name
-from tuner.study.launchers import make_executor as make_executor
-from tuner.study.launchers import template_launcher
-from tuner.study.leases import BUDGET_LEASE, Leases, exclusive, give_back, open_leases
+from tuner.study.leases import BUDGET_LEASE, Leases, exclusive, give_back
 from tuner.study.measure import Watch
 from tuner.study.proxy import Proxies, full_scale_first
 from tuner.study.reader import TrialReader
@@ -71,17 +65,11 @@ from tuner.study.record import (
 from tuner.study.recovery import Recovery
 from tuner.study.schedule import Heartbeat, Placement, Running, Scheduler, live_running
 from tuner.study.screen import Screen
-from tuner.study.storage import (
-    check_results_dir,
-    record_heartbeats,
-    set_user_attrs,
-    start_study,
-)
-from tuner.study.url import check_arguments, resolve_url
+from tuner.study.storage import record_heartbeats, set_user_attrs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LAUNCH_ERRORS_STOP", "Running", "StudyLoop", "Summary", "build_loop"]
+__all__ = ["LAUNCH_ERRORS_STOP", "Launcher", "Running", "StudyLoop", "Summary"]
 
 
 Launcher = Callable[[StudySpec, ParallelConfig, int, Any, Any, str], Any]
@@ -137,7 +125,8 @@ class StudyLoop:
         self._last_recover = clock()
         self._beating: tuple[int, ...] = ()
         self.storage_watch = StorageWatch(None, "the study storage")
-        """What became of the storage file when it fails (set by :func:`build_loop`)."""
+        """What became of the storage file when it fails (set by
+        :func:`tuner.study.build.build_loop`)."""
         self.space_counts: dict[str, Any] = {}
         """Counts over the whole space (``SpaceReport.counts``), set by :meth:`seed`."""
 
@@ -463,36 +452,3 @@ class StudyLoop:
         self.summary.measured_any = best is not None
         keep(self.spec, trials, self.gpu.memory_gib, self.layout.root)  # for the next study
         return self.summary
-
-
-# ----------------------------------------------------------------------------- wiring
-
-
-def build_loop(
-    spec: StudySpec, *, storage: str | None = None, results: str = "results", force: bool = False,
-    n_trials: int | None = None, launcher: Launcher = template_launcher,
-    executor: Any = None, on_update: Callable[[StudyLoop], None] | None = None,
-    rerun: Collection[Outcome] = (),
-) -> StudyLoop:  # fmt: skip
-    """Everything a worker needs: storage, study, leases, executor, node pool, results layout."""
-    layout = ResultsLayout(Path(results).resolve(), spec.name)
-    check_results_dir(layout)
-    where = resolve_url(storage, layout)  # a --storage no driver takes: said first
-    if where.journal is None:
-        check_arguments(where)
-    rates = study_rates(spec, results)  # the cluster's measured profile, if any
-    space = SharedSpace(spec, rates, study_terms(spec, results, rates))  # + the probe's terms
-    sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
-    # Made just before the study it holds, and removed if the study is not made in it: a Ctrl-C
-    # (or a refusal) while the space was built, or in the schema's creation, left a database
-    # without the study, which the next leaderboard said it was not in.
-    opened, study = start_study(spec, sampler, url=storage, layout=layout,
-                                heartbeat_s=spec.search.heartbeat_s, force=force)  # fmt: skip
-    pool = NodePool(spec.node_names, spec.nodes_per_trial, base_port=spec.launch.master_port)
-    loop = StudyLoop(
-        spec, study, executor or make_executor(spec), pool, layout, launcher, storage=opened,
-        leases=open_leases(storage, layout), n_trials=n_trials, on_update=on_update, rerun=rerun,
-        rates=rates, space=space,
-    )  # fmt: skip
-    loop.storage_watch = StorageWatch(where.local_file, where.url)
-    return loop
