@@ -336,10 +336,11 @@ def full_step(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Proxy |
     that explains it). The one map the recorded figure (:func:`extrapolated`) and the racing of
     a running trial (:class:`tuner.study.measure.Watch`) read; None when ``proxy`` is None (the
     config runs as it is: its measured step is its figure)."""
-    if proxy is None:
-        return None
-    runs = proxy.config
+    return None if proxy is None else _to_full(spec, gpu, rates, proxy.config, config)
 
+
+def _to_full(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, runs: ParallelConfig,
+             config: ParallelConfig) -> FullStep:  # fmt: skip
     def to_full(measured: float) -> float:
         return _extrapolate(spec, gpu, rates, runs, config, measured).step_s
 
@@ -361,9 +362,9 @@ def extrapolated(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, proxy: Prox
     its mean, and as half-width its upper end less that mean (the end other trials are raced
     against: :func:`tuner.study.measure.incumbent_high`)."""
     measured = verdict.metrics.get("step_time_s")
-    to_full = full_step(spec, gpu, rates, proxy, config)
-    if proxy is None or to_full is None or verdict.outcome != Outcome.OK or not measured:
+    if proxy is None or verdict.outcome != Outcome.OK or not measured:
         return verdict
+    to_full = _to_full(spec, gpu, rates, proxy.config, config)  # full_step's, for this proxy
     found = _extrapolate(spec, gpu, rates, proxy.config, config, float(measured))
     step = found.step_s
     full = metrics_attrs(spec, gpu, SimpleNamespace(
