@@ -212,6 +212,20 @@ def test_ep_auto_takes_the_divisors_of_the_experts() -> None:
     assert expand_axes(spec).ep == (1, 2, 4, 8)
 
 
+def test_the_study_reads_ep_auto_as_the_space_does() -> None:
+    """One rule for ``ep: auto`` (tuner.spec.moe.ep_auto): on one GPU the axis is ep 1 alone,
+    so fp16 (refused with expert parallelism only) is not refused; the study check read auto
+    as ep 2 on any MoE model and refused it. Where auto holds ep 2 it still is."""
+    from tuner.space.enumerate import expand_axes
+
+    one_gpu = {"gpu": "h100-sxm-80gb", "gpus_per_node": 1, "num_nodes": 1, "executor": "local"}
+    fp16 = {"global_batch_size": 64, "precision": "fp16"}
+    spec = study_from_mapping(study(cluster=one_gpu, training=fp16))
+    assert expand_axes(spec).ep == (1,)
+    with pytest.raises(ConfigError, match="Expert parallelism is not supported with fp16"):
+        study_from_mapping(study(cluster={**one_gpu, "gpus_per_node": 2}, training=fp16))
+
+
 # ----------------------------------------------------------------------------- flags
 
 

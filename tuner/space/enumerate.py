@@ -37,6 +37,7 @@ from tuner.space.collection import paused_collection
 from tuner.space.grid import Block, valid_values
 from tuner.space.probes import may_probe, probe_ceiling_gib
 from tuner.spec.frameworks import traits
+from tuner.spec.moe import ep_auto
 from tuner.spec.pipeline_split import EVEN, auto_splits, canonical_split
 from tuner.spec.recompute import canonical_modules, parse_recompute
 from tuner.spec.study import StudySpec
@@ -148,7 +149,7 @@ def expand_axes(spec: StudySpec) -> Axes:
         recompute=tuple(recompute),
         distributed_optimizer=s.distributed_optimizer,
         zero_stage=s.zero_stage,
-        ep=pick(s.ep, _ep_auto(spec)),
+        ep=pick(s.ep, list(ep_auto(spec.model.moe, spec.world_size))),
         etp=(None,) if s.etp is None else tuple(s.etp),
         moe_token_dispatcher=s.moe_token_dispatcher,
         moe=m.moe is not None,
@@ -177,14 +178,6 @@ def expand_axes(spec: StudySpec) -> Axes:
             path="space",
         )
     return axes
-
-
-def _ep_auto(spec: StudySpec) -> list[int]:
-    """``ep: auto``: powers of two dividing num_experts within the world (1 for dense models)."""
-    moe = spec.model.moe
-    if moe is None:
-        return [1]
-    return [e for e in _powers_of_two(spec.world_size) if moe.num_experts % e == 0]
 
 
 def _splits(spec: StudySpec, pp: int, vp: int) -> tuple[str, ...]:

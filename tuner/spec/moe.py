@@ -360,6 +360,16 @@ DENSE_ETP = (
 (``--expert-tensor-parallel-size``); unset, it is the tensor parallel size."""
 
 
+def ep_auto(moe: MoESpec | None, world_size: int) -> tuple[int, ...]:
+    """``ep: auto``: the powers of two dividing ``num_experts`` within ``world_size`` ranks, and
+    1 alone for a dense model (no experts to split). One rule for the space's axes
+    (:mod:`tuner.space.enumerate`) and the study's MoE checks (:mod:`tuner.spec.study`)."""
+    if moe is None:
+        return (1,)
+    powers = (1 << k for k in range(world_size.bit_length()))  # 1, 2, 4, ... <= world_size
+    return tuple(e for e in powers if moe.num_experts % e == 0)
+
+
 def dense_knob_problem(key: str, value: object) -> str | None:
     """Why an expert knob at ``value`` means nothing for a dense model, or None (any other knob,
     or an expert knob at its default: ep 1, etp unset, the all-to-all dispatcher). One rule for

@@ -39,7 +39,7 @@ from tuner.spec.model import ModelSpec as ModelSpec
 from tuner.spec.model import Precision as Precision
 from tuner.spec.model import TrainingSpec as TrainingSpec
 from tuner.spec.model import model_data
-from tuner.spec.moe import moe_study_problem
+from tuner.spec.moe import ep_auto, moe_study_problem
 from tuner.spec.pipeline_split import parse_split
 from tuner.spec.recompute import module_rule_violations, parse_recompute
 from tuner.spec.space import Auto as Auto
@@ -304,8 +304,9 @@ class StudySpec:
         from tuner.catalog import get_gpu
         from tuner.spec.fp8 import fp8_problem
 
-        auto = (2,) if self.model.moe is not None else (1,)  # enumerate.py _ep_auto: 1 if dense
-        eps = auto if self.space.ep == "auto" else self.space.ep
+        eps = self.space.ep
+        if eps == "auto":  # what the space's axis will hold (1 alone for a dense model)
+            eps = ep_auto(self.model.moe, self.world_size)
         found = moe_study_problem(
             self.framework, self.training.precision, self.model.moe, eps,
             self.space.etp or (None,), self.space.moe_token_dispatcher,
