@@ -307,12 +307,15 @@ def test_the_probe_ceiling_is_where_may_probe_turns_false() -> None:
 
 
 HEAVY = ("optuna", "pandas", "torch", "sqlalchemy")
+PARSERS = tuple(f"tuner.logs.{m}" for m in ("parse", "classify", "deepspeed", "megatron",
+                                             "torchtitan", "lines"))  # fmt: skip
+"""The log parsers: the version (``tuner.logs.versions``) is read without them."""
 
 
 @pytest.mark.parametrize(
     ("argv", "unused"),
     [
-        (["--version"], (*HEAVY, "numpy", "tuner.models")),
+        (["--version"], (*HEAVY, "numpy", "tuner.models", *PARSERS)),
         (["space", "--help"], (*HEAVY, "numpy", "tuner.models")),
         (["space", "--study", "llama3-8b", "--results", "{tmp}"], HEAVY),
     ],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tuner.logs.versions import tuner_version, versions_in_logs, versions_in_text
 
 # the Megatron-DeepSpeed stand-in prints DeepSpeed's own line as the fork's runs log it
@@ -35,3 +37,17 @@ def test_logs_are_read_at_their_start(tmp_path: Path) -> None:
     logs = [tmp_path / "node-0.log", tmp_path / "node-1.log", tmp_path / "missing.log"]
     assert versions_in_logs(logs) == {"torch": "2.13.0", "deepspeed": "0.19.8"}
     assert tuner_version()[0].isdigit()
+
+
+def test_every_name_of_the_logs_package_resolves_where_it_is_defined() -> None:
+    """The package's names load on first use (tuner.logs._EXPORTS): each one listed is found,
+    in the module that defines it."""
+    import importlib
+
+    import tuner.logs as logs
+
+    assert set(logs.__all__) == set(logs._EXPORTS)
+    for name in logs.__all__:
+        assert getattr(logs, name) is getattr(importlib.import_module(logs._EXPORTS[name]), name)
+    with pytest.raises(AttributeError):
+        logs.no_such_name  # noqa: B018
