@@ -79,19 +79,25 @@ def test_bad_arguments_name_the_field() -> None:
 
 
 def test_more_nodes_than_ports_left_says_the_limit_and_why() -> None:
-    """36,036 nodes from the default port 29500 said "master port 29500 out of range": a valid
-    port; the limit is the ports above it, one per trial running at once."""
-    hosts = [f"n{i}" for i in range(65535 - 29500 + 1)]
-    NodePool(hosts[:-1], 1)  # the most from this port
+    """36,037 nodes from the default port 29500 said "master port 29500 out of range": a valid
+    port; the limit is the ports from it, one per trial running at once, up to 65535 itself
+    (36,036 nodes from 29500 were refused, one short of it)."""
+    hosts = [f"n{i}" for i in range(65535 - 29500 + 2)]
+    NodePool(hosts[:-1], 1)  # the most from this port: the last group's port is 65535
     with pytest.raises(ConfigError) as refused:
         NodePool(hosts, 1)
     assert refused.value.path == "launch.master_port"
     assert refused.value.reason == (
-        "36,036 nodes need up to 36,036 master ports from 29500 (one per trial running at "
-        "once), past the last port 65535: at most 36,035 nodes from this port; a lower one "
+        "36,037 nodes need up to 36,037 master ports from 29500 (one per trial running at "
+        "once), past the last port 65535: at most 36,036 nodes from this port; a lower one "
         "allows more"
     )
     NodePool(hosts, 1, base_port=29499)
+    pool = NodePool([f"n{i}" for i in range(100)], 1, base_port=65436)  # its 100 ports
+    ports = [group.master_port for group in iter(pool.acquire, None)]
+    assert sorted(ports) == list(range(65436, 65536))  # each handed out, 65535 the last
+    with pytest.raises(ConfigError, match="master port 65437 out of range"):
+        NodePool(["a"], 1, base_port=65437)
 
 
 def test_thread_safety_no_node_or_port_is_ever_shared() -> None:

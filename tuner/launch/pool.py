@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
-from tuner.spec.bounds import listed_twice
+from tuner.spec.bounds import LAST_PORT, listed_twice
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +69,16 @@ class NodePool:
             )
         if quarantine_after < 1:
             raise ValueError(f"quarantine_after must be >= 1, got {quarantine_after}")
-        if not 1024 <= base_port <= 65535 - port_range:
+        # the ports handed out are base_port .. base_port + port_range - 1, the last <= 65535
+        if not 1024 <= base_port <= LAST_PORT + 1 - port_range:
             raise ConfigError(f"master port {base_port} out of range", path="launch.master_port")
         port_range = max(port_range, len(hosts))  # groups may be smaller (proxy trials)
-        if base_port + port_range > 65535:
+        if base_port + port_range - 1 > LAST_PORT:
             raise ConfigError(
                 f"{len(hosts):,} nodes need up to {port_range:,} master ports from "
-                f"{base_port} (one per trial running at once), past the last port 65535: at "
-                f"most {65535 - base_port:,} nodes from this port; a lower one allows more",
+                f"{base_port} (one per trial running at once), past the last port {LAST_PORT}: "
+                f"at most {LAST_PORT + 1 - base_port:,} nodes from this port; a lower one "
+                "allows more",
                 path="launch.master_port",
             )
         self._hosts = tuple(hosts)

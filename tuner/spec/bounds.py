@@ -23,6 +23,7 @@ MAX_MINUTES = 7 * 24 * 60  # one trial or process-group timeout: a week
 MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or is /dev/zero)
 MAX_REPEATS = 1000  # tune profile --warmup/--repeats (default 3/10); the job is killed at 15 min
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding, which every Optuna sampler's RandomState takes
+LAST_PORT = 65535  # the highest TCP port (16 bits): a master port may be this one
 
 
 # Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
