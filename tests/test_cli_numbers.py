@@ -51,6 +51,17 @@ def test_a_unicode_digit_in_a_number_option_is_refused_naming_it(
                           f"{value!r}"), err  # fmt: skip
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "-1e9", "inf", "nan"])
+def test_train_tokens_is_a_finite_number_above_zero_where_it_is_parsed(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One check (tuner.cli.options.positive_number), argparse's line naming the option; the
+    handler held a second one, after the type's ASCII check."""
+    err = _refused(["report", "--study", "gpt-70b", f"--train-tokens={value}"], capsys)
+    words = f"argument --train-tokens: must be a finite number > 0, got {value} "
+    assert err.startswith(f"tune: error: {words}"), err
+
+
 def test_a_unicode_digit_names_no_baseline_trial() -> None:
     """``--baseline ４`` was trial 4 (``str.isdigit`` and ``int`` read it)."""
     none = dict.fromkeys(("predicted_step_s", "measured_step_s", "predicted_peak_gib",

@@ -649,8 +649,10 @@ def test_out_of_range_command_line_values_are_refused(tmp_path: Path) -> None:
         (["estimate", "--study", str(path), "--set", f"tp={2**63}"], "--set tp: must be at most"),
         (["estimate", "--study", str(path), "--set", "tp=0"], "--set tp: must be > 0"),
         (["estimate", "--study", str(path), "--set", "zero_stage=7"], "--set zero_stage"),
-        (["report", "--study", str(path), "--train-tokens", "inf"], "--train-tokens must be"),
-        (["report", "--study", str(path), "--train-tokens", "nan"], "--train-tokens must be"),
+        (["report", "--study", str(path), "--train-tokens", "inf"],
+         "--train-tokens: must be a finite number > 0, got inf"),
+        (["report", "--study", str(path), "--train-tokens", "nan"],
+         "--train-tokens: must be a finite number > 0, got nan"),
         # --n-trials -3 printed "budget of -3 launches"; 0 silently meant the study's count
         (["run", "--study", str(path), "--dry-run", "--n-trials", "-3"], "--n-trials: must be"),
         (["run", "--study", str(path), "--dry-run", "--n-trials", "0"], "--n-trials: must be"),

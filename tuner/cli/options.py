@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -174,11 +175,15 @@ def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def number(text: str) -> float:
-    """An argparse ``type``: a number in ASCII (:func:`read_float`; ``float`` took ``４.５``)."""
+def positive_number(text: str) -> float:
+    """An argparse ``type``: a finite number > 0 in ASCII (:func:`read_float`; ``float`` took
+    ``４.５``), else argparse's one-line usage error naming the option (``--train-tokens inf``
+    and ``nan`` made a payback of no meaning)."""
     value = read_float(text)
     if value is None:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuner.cli.options import add_study_option, number
+from tuner.cli.options import add_study_option, positive_number
 from tuner.errors import ConfigError
 
 
@@ -33,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "default: the model's first pick")  # fmt: skip
     p.add_argument(
         "--train-tokens",
-        type=number,
+        type=positive_number,
         default=None,
         metavar="N",
         help="tokens of the full training run; the payback is shown only with it",
@@ -45,9 +44,6 @@ def run(args: argparse.Namespace) -> int:
     from tuner.report.build import write_pngs, write_report
     from tuner.spec.file import load_study
 
-    tokens = args.train_tokens
-    if tokens is not None and not (math.isfinite(tokens) and tokens > 0):
-        raise ConfigError(f"--train-tokens must be a finite number > 0, got {tokens}")
     if args.out is not None and args.out.is_dir():  # found once the report was built: exit 1
         raise ConfigError(f"--out {args.out} is a folder; give the report's file name "
                           f"({args.out / 'report.html'})")  # fmt: skip
