@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
+from tuner.spec.bounds import LAST_PORT
 from tuner.study.driver import connect_args
 
 
@@ -88,8 +89,8 @@ def url_problem(url: str) -> str | None:
         port = host.partition("]")[2].removeprefix(":")
     else:
         port = host.partition(":")[2]
-    if port and not (port.isascii() and port.isdigit() and int(port) <= 65535):
-        return f"the port {port!r} is not a number from 0 to 65535"
+    if port and not (port.isascii() and port.isdigit() and int(port) <= LAST_PORT):
+        return f"the port {port!r} is not a number from 0 to {LAST_PORT}"
     return None
 
 
