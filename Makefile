@@ -17,11 +17,13 @@ install:
 	$(PY) -m pip install -q -e .
 
 # Development install: test tools plus the CPU training stack (torch 2.13.0 CPU, DeepSpeed
-# without building GPU ops), torch pinned so nothing pulls another build.
+# without building GPU ops), torch pinned so nothing pulls another build, and the pinned
+# torchtitan release, the tests' oracle for what tune renders for it (tests/test_torchtitan_oracle.py
+# is skipped without it, so a `make test` without it would not check torchtitan's parsing).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,train,docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,train,docs,titan]'
 	touch $(STAMP)
 
 dev: $(STAMP)
