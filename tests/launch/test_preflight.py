@@ -96,6 +96,21 @@ def test_a_problem_every_node_shares_is_one_line_naming_them() -> None:
     assert problem_lines(few) == [f"slurm-{i}: {fatal}" for i in range(SHOWN_HOSTS)]
 
 
+def test_srun_without_a_slurm_config_says_where_to_run_tune() -> None:
+    """srun's ``Could not establish a configuration source`` alone left the reader to find the
+    cause (tune started off the login nodes) in the troubleshooting guide."""
+    checks = checks_for(study_from_mapping(demo_ssh()))
+    err = "srun: error: resolve_ctls_from_dns_srv: res_nsearch error\n" + (
+        "srun: fatal: Could not establish a configuration source\n"
+    )
+    (problem,) = checks.problems("slurm-0", 1, "", err)
+    assert problem.message.startswith("the preflight check could not run: srun: fatal: Could not")
+    assert "run tune on a login node where sinfo works" in problem.message
+    assert "SLURM_CONF" in problem.message
+    (other,) = checks.problems("slurm-0", 1, "", "srun: error: Invalid partition name\n")
+    assert "sinfo" not in other.message  # another srun failure: its own words only
+
+
 def fake_nvidia_smi(bin_dir: Path, gpus: int) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     lines = "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(gpus))

@@ -94,6 +94,14 @@ STALE_LOCK_MINUTES = 5
 another PID namespace (a container sharing the home directory) holds the lock unseen; DeepSpeed's
 CPU ops build in well under a minute, so a lock this old is almost never a build in progress."""
 
+NO_SLURM_CONFIG = "Could not establish a configuration source"
+"""srun's words when this machine has no Slurm configuration (no ``slurm.conf``, no
+``SLURM_CONF``, no configless ``slurmd``): tune was started off the cluster's login nodes."""
+NO_SLURM_CONFIG_HINT = (
+    "this machine has no Slurm configuration: run tune on a login node where sinfo works, "
+    "or point SLURM_CONF at the cluster's slurm.conf"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class PathCheck:
@@ -176,6 +184,8 @@ class PreflightChecks:
         """The problems one node's run of :meth:`argv` reports."""
         if code != 0:
             tail = (err.strip().splitlines() or [f"exit status {code}"])[-1]
+            if NO_SLURM_CONFIG in tail:
+                tail += f" ({NO_SLURM_CONFIG_HINT})"
             return [Problem(host, f"the preflight check could not run: {tail}", config=False)]
         found: list[Problem] = []
         for line in out.split("\n"):
