@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import NodeError
+from tuner.launch.slurm_states import slurm_hint
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 
@@ -93,14 +94,6 @@ STALE_LOCK_MINUTES = 5
 """A build lock older than this that no process holds is stale. Why the age too: a build in
 another PID namespace (a container sharing the home directory) holds the lock unseen; DeepSpeed's
 CPU ops build in well under a minute, so a lock this old is almost never a build in progress."""
-
-NO_SLURM_CONFIG = "Could not establish a configuration source"
-"""srun's words when this machine has no Slurm configuration (no ``slurm.conf``, no
-``SLURM_CONF``, no configless ``slurmd``): tune was started off the cluster's login nodes."""
-NO_SLURM_CONFIG_HINT = (
-    "this machine has no Slurm configuration: run tune on a login node where sinfo works, "
-    "or point SLURM_CONF at the cluster's slurm.conf"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +176,7 @@ class PreflightChecks:
     def problems(self, host: str, code: int, out: str, err: str) -> list[Problem]:
         """The problems one node's run of :meth:`argv` reports."""
         if code != 0:
-            tail = (err.strip().splitlines() or [f"exit status {code}"])[-1]
-            if NO_SLURM_CONFIG in tail:
-                tail += f" ({NO_SLURM_CONFIG_HINT})"
+            tail = slurm_hint((err.strip().splitlines() or [f"exit status {code}"])[-1])
             return [Problem(host, f"the preflight check could not run: {tail}", config=False)]
         found: list[Problem] = []
         for line in out.split("\n"):
