@@ -188,3 +188,32 @@ def test_the_studies_guide_names_every_shipped_study() -> None:
     listed = re.search(r"`tune` finds them by name: ([^)]*)\)", text)
     assert listed is not None
     assert sorted(re.findall(r"`([\w-]+)`", listed.group(1))) == sorted(shipped_study_names())
+
+
+def _board_header(line: str) -> bool:
+    """Whether ``line`` is the leaderboard's header: some of its columns, in its order."""
+    from tuner.cli.board import BOARD_COLUMNS
+
+    rest = " ".join(line.split())
+    for column in BOARD_COLUMNS:
+        if rest == column.header:
+            return True
+        rest = rest.removeprefix(column.header + " ")
+    return False
+
+
+def test_a_recorded_leaderboard_has_the_columns_tune_prints() -> None:
+    """A page's recorded ``tune leaderboard`` (a ``text`` block: its figures are one run's, so
+    no test reruns it) had kept a format tune no longer printed (boxed, ``#``, ``pred s``)."""
+    recorded = [
+        b
+        for page in pages()
+        for b in blocks(page)
+        if b.lang == "text" and b.text.startswith("leaderboard of ")
+    ]
+    assert recorded, "docs/guides/frameworks.md records demo-moe's"
+    for block in recorded:
+        lines = block.text.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("rank"))
+        assert _board_header(lines[header]), f"{block.where}: {lines[header]}"
+    assert not _board_header("#  outcome  tp  pp  pred s  step s")
