@@ -129,6 +129,8 @@ demo-ssh: demo-warmup
 	$(DEMO_SSH_ENV) $(VENV)/bin/tune run --study demo-ssh; rc=$$?; \
 	$(DEMO_SSH_ENV) $(VENV)/bin/tune leaderboard --study demo-ssh --all; \
 	$(DEMO_SSH_ENV) $(PY) tools/probe_check.py --study demo-ssh; \
+	echo 'Next: $(DEMO_SSH_ENV) .venv/bin/tune best --study demo-ssh'; \
+	echo '(every tune command on this study needs both variables; docs/guides/ssh.md)'; \
 	exit $$rc
 
 # Through Slurm (studies/demo-slurm.yaml): a throw-away local Slurm in $(DEMO_SLURM_DIR) (fresh
@@ -143,6 +145,8 @@ demo-slurm: demo-warmup
 	$(PY) tools/local_slurm.py start --dir $(DEMO_SLURM_DIR) --nodes 2 || exit 1; \
 	$(DEMO_SLURM_ENV) $(VENV)/bin/tune run --study demo-slurm; rc=$$?; \
 	$(DEMO_SLURM_ENV) $(VENV)/bin/tune leaderboard --study demo-slurm --all; \
+	echo 'Next: TUNER_DEMO_ROOT="$(CURDIR)" .venv/bin/tune best --study demo-slurm --emit sbatch'; \
+	echo '(every tune command on this study needs TUNER_DEMO_ROOT; docs/guides/slurm.md)'; \
 	exit $$rc
 
 clean:

@@ -401,3 +401,40 @@ def test_run_closes_its_executor_when_the_study_cannot_be_made(
     code = main(["run", "--study", study, "--results", str(tmp_path / "r"), "--skip-preflight"])
     assert code == 2 and closed == [True]
     assert "the study could not be made" in capsys.readouterr().err
+
+
+def test_run_refuses_a_changed_study_before_checking_the_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study file changed since its study started was refused only after the preflight had
+    reached every node (an srun per node on Slurm)."""
+    import optuna
+
+    import tuner.study.loop as loop_module
+    from tests.test_study import SURFACE, study_data, write_study
+    from tuner.layout import ResultsLayout
+    from tuner.spec.file import load_study
+    from tuner.study.storage import start_study
+
+    checked: list[bool] = []
+
+    class Executor:
+        def preflight(self, *args: object) -> list[object]:
+            checked.append(True)
+            return []
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(loop_module, "make_executor", lambda spec: Executor())
+    data = study_data(tmp_path, SURFACE, n_trials=1)
+    study = str(write_study(tmp_path, data))
+    spec, results, journal = load_study(study), tmp_path / "r", f"journal:{tmp_path / 'j.log'}"
+    start_study(spec, optuna.samplers.RandomSampler(), url=journal, heartbeat_s=30.0,
+                force=False, layout=ResultsLayout(results, spec.name))  # fmt: skip
+    data["launch"]["train_iters"] += 1  # what a trial measures changed
+    write_study(tmp_path, data)
+    argv = ["run", "--study", study, "--results", str(results), "--storage", journal, "--quiet"]
+    assert main(argv) == 2
+    assert "was started with a different study file" in capsys.readouterr().err
+    assert checked == []  # refused before the nodes were reached

@@ -154,3 +154,66 @@ def test_the_exports_page_names_every_kind_and_its_files() -> None:
     for kind in EXPORT_KINDS:
         written = getattr(ExportPaths(Path("x")), kind.replace("-", "_")).name
         assert kind in rows and f"`{written}`" in rows[kind], kind
+
+
+def _script_invocations() -> Iterator[tuple[str, str]]:
+    """``(page, span)`` for every inline code span that runs a repository script with
+    arguments (``python tools/local_slurm.py start --dir DIR``), as a reader would type it."""
+    for page in pages():
+        for paragraph in re.split(r"\n\s*\n", _prose(page.read_text())):
+            for span in paragraph.split("`")[1::2]:
+                span = " ".join(span.split())
+                if re.search(r"(?:^|\s)(?:tools|benchmarks)/\S+\.py \S", span):
+                    yield str(page.relative_to(REPO)), span
+
+
+def test_quoted_scripts_are_run_with_python() -> None:
+    """The scripts of tools/ and benchmarks/ are not executable: ``tools/loopback_sshd.py start``
+    typed as the SSH guide quoted it answered ``Permission denied``."""
+    spans = list(_script_invocations())
+    assert any("tools/local_slurm.py start" in s for _, s in spans)  # the extraction works
+    bare = [
+        f"{page}: {span}"
+        for page, span in spans
+        if not re.match(r"(\w+=\S* )*(\S+/)?python3? ", span)
+    ]
+    assert bare == []
+
+
+def test_the_studies_guide_names_every_shipped_study() -> None:
+    """docs/guides/studies.md lists the studies ``--study NAME`` finds (``demo-fsdp`` was not)."""
+    from tuner.spec.file import shipped_study_names
+
+    text = (REPO / "docs" / "guides" / "studies.md").read_text()
+    listed = re.search(r"`tune` finds them by name: ([^)]*)\)", text)
+    assert listed is not None
+    assert sorted(re.findall(r"`([\w-]+)`", listed.group(1))) == sorted(shipped_study_names())
+
+
+def _board_header(line: str) -> bool:
+    """Whether ``line`` is the leaderboard's header: some of its columns, in its order."""
+    from tuner.cli.board import BOARD_COLUMNS
+
+    rest = " ".join(line.split())
+    for column in BOARD_COLUMNS:
+        if rest == column.header:
+            return True
+        rest = rest.removeprefix(column.header + " ")
+    return False
+
+
+def test_a_recorded_leaderboard_has_the_columns_tune_prints() -> None:
+    """A page's recorded ``tune leaderboard`` (a ``text`` block: its figures are one run's, so
+    no test reruns it) had kept a format tune no longer printed (boxed, ``#``, ``pred s``)."""
+    recorded = [
+        b
+        for page in pages()
+        for b in blocks(page)
+        if b.lang == "text" and b.text.startswith("leaderboard of ")
+    ]
+    assert recorded, "docs/guides/frameworks.md records demo-moe's"
+    for block in recorded:
+        lines = block.text.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("rank"))
+        assert _board_header(lines[header]), f"{block.where}: {lines[header]}"
+    assert not _board_header("#  outcome  tp  pp  pred s  step s")

@@ -288,3 +288,37 @@ def test_the_reports_commands_run_as_printed(
     assert done.returncode == 0, done.stderr
     estimated = json.loads(done.stdout)["config"]
     assert (estimated["tp"], estimated["pp"], estimated["pipeline_split"]) == (2, 2, split)
+
+
+def test_tune_runs_closing_lines_name_the_variables_the_study_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make demo-ssh`` sets TUNER_DEMO_ROOT and TUNER_DEMO_SSH for ``tune run`` alone; the
+    ``tune best --study demo-ssh`` its closing lines suggested failed as printed (``environment
+    variable TUNER_DEMO_SSH is not set``), and nothing had said the commands needed them."""
+    from types import SimpleNamespace
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.layout import ResultsLayout
+    from tuner.study.record import Summary
+
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setenv("TUNER_T_ROOT", str(tmp_path))
+    monkeypatch.setenv("TUNER_T_PY", "/usr/bin/python3")
+    data = copy.deepcopy(PROBE_STUDY)
+    data["launch"].update(script="${TUNER_T_ROOT}/train.py", python="${TUNER_T_PY}",
+                          extra_args=["$${TUNER_T_LITERAL}", "${TUNER_T_ROOT}"])  # fmt: skip
+    text = "# ${TUNER_T_COMMENT}: a comment, no reference\n" + yaml.safe_dump(data)
+    (tmp_path / "env.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    spec = load_study("env.yaml")
+    loop = SimpleNamespace(spec=spec, space_counts={}, trials=list, measured=lambda t: {},
+                           layout=ResultsLayout(tmp_path / "results", spec.name))  # fmt: skip
+    LiveProgress(quiet=True).final(loop, Summary(launched=1, best_step_s=1.5, best_trial=0))  # type: ignore[arg-type]
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tune best --study env.yaml" in out
+    assert "need TUNER_T_ROOT and TUNER_T_PY set as for this run" in out, out
+    assert "COMMENT" not in out and "LITERAL" not in out
+    loop.spec = written(tmp_path, monkeypatch, PROBE_STUDY)  # no ${NAME}: no such line
+    LiveProgress(quiet=True).final(loop, Summary(launched=1, best_step_s=1.5, best_trial=0))  # type: ignore[arg-type]
+    assert "set as for this run" not in capsys.readouterr().out

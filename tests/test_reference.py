@@ -90,6 +90,17 @@ def test_the_cli_reference_has_every_command_and_option() -> None:
                         assert f"`{option}`" in text, (name, option)
 
 
+def test_the_cli_reference_says_each_commands_summary_once() -> None:
+    """Each command's one-line help was followed by its description, the same sentence
+    capitalised ("validate one config ..." then "Validate one config ...."); a description that
+    says more (tune report's) is kept."""
+    text = cli_reference()
+    section = text.split("## `tune estimate`")[1].split("```text")[0]
+    assert section.lower().count("validate one config and predict its memory and time") == 1
+    report = text.split("## `tune report`")[1].split("```text")[0]
+    assert "Pareto front" in report and "one self-contained HTML report" in report
+
+
 def test_the_catalog_reference_has_every_gpu() -> None:
     text = catalog_reference()
     for name in gpu_names():

@@ -5,10 +5,10 @@
 
 ``start`` gives every node its own host key and sshd_config under ``DIR/node-<k>/``, makes one
 fresh client key (``DIR/id_ed25519``) authorised on every node, and writes the client side a study
-points at: ``DIR/ssh_config`` (``Host node-<k> 127.0.0.<k+2>`` -> address, port, user, key) and
-``DIR/known_hosts``. The sshd processes run in their own sessions (a Ctrl-C in the terminal does
-not take them down while tune still needs them to clean up its trials); their pids go to
-``DIR/nodes.json``. ``--port 0`` (the default) picks a free port per address.
+points at: ``DIR/ssh_config`` (``Host node-<k> 127.0.0.<k+2>`` -> address, port, user, key, the
+known_hosts) and ``DIR/known_hosts``. The sshd processes run in their own sessions (a Ctrl-C in
+the terminal does not take them down while tune still needs them to clean up its trials); their
+pids go to ``DIR/nodes.json``. ``--port 0`` (the default) picks a free port per address.
 
 ``stop`` ends every recorded sshd and whatever still runs under it (its per-connection session
 processes and their children), SIGTERM then SIGKILL, and verifies they are gone: it exits 1 naming
@@ -228,10 +228,14 @@ class LoopbackCluster:
         )
 
     def write_client_files(self) -> None:
-        """ssh_config (node-k and its address -> address, port, user, key) and known_hosts."""
+        """ssh_config (node-k and its address -> address, port, user, key, host keys) and
+        known_hosts. The config names the known_hosts too, so that the ``ssh -F DIR/ssh_config
+        127.0.0.2 hostname`` ``start`` suggests finds the nodes' keys (OpenSSH's own
+        ``~/.ssh/known_hosts`` has none of them: it answered "Host key verification failed")."""
         blocks = [
             f"Host {n.name} {n.address}\n  HostName {n.address}\n  Port {n.port}\n"
             f"  User {self.user}\n  IdentityFile {self.client_key}\n"
+            f"  UserKnownHostsFile {self.known_hosts}\n"
             for n in self.nodes
         ]
         self.ssh_config.write_text("".join(blocks))

@@ -64,6 +64,11 @@ def test_start_writes_client_files_and_stop_leaves_nothing(nodes_dir: Path) -> N
         _, out, _ = client.exec_command("echo $SSH_CONNECTION")
         assert out.read().decode().split()[2:] == ["127.0.0.3", config["port"]]
         client.close()
+        # OpenSSH's client as `start` prints it (`try: ssh -F DIR/ssh_config 127.0.0.2 ...`):
+        # the config names the nodes' known_hosts ("Host key verification failed" without it)
+        ssh = ["ssh", "-F", str(nodes_dir / "ssh_config"), "-o", "BatchMode=yes", "127.0.0.2"]
+        done = subprocess.run([*ssh, "echo", "up"], capture_output=True, text=True, timeout=30)
+        assert (done.returncode, done.stdout) == (0, "up\n"), done.stderr
     finally:
         stopped = tool("stop", "--dir", str(nodes_dir))
     assert stopped.returncode == 0, stopped.stderr

@@ -96,6 +96,40 @@ def test_a_problem_every_node_shares_is_one_line_naming_them() -> None:
     assert problem_lines(few) == [f"slurm-{i}: {fatal}" for i in range(SHOWN_HOSTS)]
 
 
+def test_slurm_without_a_config_says_where_to_run_tune(tmp_path: Path) -> None:
+    """srun's and sbatch's ``Could not establish a configuration source`` (``tune run`` and
+    ``tune profile`` started off the login nodes) alone left the reader to find the cause in the
+    troubleshooting guide."""
+    from tuner.errors import LaunchError
+    from tuner.launch.request import LaunchRequest
+    from tuner.launch.slurm import SlurmExecutor
+    from tuner.layout import ResultsLayout
+
+    hint = "run tune on a login node where sinfo works, or point SLURM_CONF at the cluster's"
+    checks = checks_for(study_from_mapping(demo_ssh()))
+    fatal = "srun: fatal: Could not establish a configuration source\n"
+    (problem,) = checks.problems("slurm-0", 1, "", "srun: error: res_nsearch error\n" + fatal)
+    assert problem.message.startswith("the preflight check could not run: srun: fatal: Could")
+    assert hint in problem.message
+    (other,) = checks.problems("slurm-0", 1, "", "srun: error: Invalid partition name\n")
+    assert "sinfo" not in other.message  # another failure: Slurm's own words only
+    bin_dir = tmp_path / "bin"  # an sbatch as a machine without slurm.conf answers
+    bin_dir.mkdir()
+    said = fatal.replace("srun", "sbatch")
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\nprintf '%s' '{said}' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    ex = SlurmExecutor(env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    paths = ResultsLayout(tmp_path / "results", "s").trial(0)
+    request = LaunchRequest(trial=0, hosts=("slurm-0",), scripts=("true",), paths=paths,
+                            label="tune profile's job")  # fmt: skip
+    try:
+        with pytest.raises(LaunchError, match="^tune profile's job: sbatch refused") as exc:
+            ex.submit(request)
+        assert hint in str(exc.value)
+    finally:
+        ex.close()
+
+
 def fake_nvidia_smi(bin_dir: Path, gpus: int) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     lines = "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(gpus))

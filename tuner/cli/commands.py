@@ -14,6 +14,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.cli import exiting, help_text, render, units
@@ -52,8 +53,8 @@ from tuner.cli.tables import (
 )
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
-from tuner.errors import ConfigError
-from tuner.layout import EXPORT_KINDS
+from tuner.errors import ConfigError, StudyError
+from tuner.layout import EXPORT_KINDS, ResultsLayout
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
@@ -184,6 +185,8 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
     from tuner.study.launchers import make_executor
     from tuner.study.signals import stop_on_signals
 
+    if not args.force:
+        _refuse_a_changed_study(spec, args.storage, args.results)
     executor = make_executor(spec)
     if not args.skip_preflight and (code := _preflight(spec, executor)):
         executor.close()
@@ -215,6 +218,26 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
         sys.stderr.write(f"tune: error: {failed}\n")
         return 1
     return 0
+
+
+def _refuse_a_changed_study(spec: StudySpec, storage: str | None, results: str) -> None:
+    """Refuse to resume a study whose file changed before the preflight, not after it: the
+    preflight reaches every node (an srun per node on Slurm, which may queue) and the refusal
+    came once it had passed. Only a study in a file here is read (the default SQLite or a
+    journal); another storage is judged as before, when the loop opens it."""
+    from tuner.report.leaderboard import load_optuna_study
+    from tuner.study.storage import FINGERPRINT_ATTR, changed_study
+    from tuner.study.url import resolve_url
+
+    local = resolve_url(storage, ResultsLayout(Path(results), spec.name)).local_file
+    if local is None or not local.exists():
+        return  # a new study, or one the loop's own opening judges
+    try:
+        recorded = load_optuna_study(spec, storage, results).user_attrs.get(FINGERPRINT_ATTR)
+    except StudyError:
+        return  # not in it yet: the loop creates it
+    if recorded is not None and recorded != spec.fingerprint():
+        raise StudyError(changed_study(spec, recorded))
 
 
 def _preflight(spec: StudySpec, executor: Any) -> int:

@@ -18,6 +18,7 @@ from tuner.cli.render import fold_width
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
 from tuner.space.cost import trial_limit_s
+from tuner.spec.file import study_env_names
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -152,6 +153,11 @@ class LiveProgress:
         elif loop.trials():
             out.print(f"no trial measured a step: tune leaderboard {study} --all says how each "
                       "ended")  # fmt: skip
+        names = study_env_names(loop.spec.source_path)
+        if names:  # set for this run alone (make demo-ssh), the commands above fail as printed
+            them = "it" if len(names) == 1 else "them"
+            out.print(f"these tune commands need {' and '.join(names)} set as for this run "
+                      f"(the study file refers to {them} as ${{NAME}})")  # fmt: skip
 
 
 def model_ratios(trials: Iterable[FrozenTrial]) -> list[float]:

@@ -337,6 +337,12 @@ def _option_row(a: argparse.Action) -> str:
     return f"| {names} | {required} | {help_text} |"
 
 
+def _said(text: str) -> str:
+    """``text`` as a sentence says it: a help line and the description that only capitalises it
+    and adds a full stop say the same."""
+    return " ".join(text.split()).rstrip(".").lower()
+
+
 def cli_reference() -> str:
     """The ``tune`` reference, in Markdown, from the argument parser."""
     parser = _tune_parser()
@@ -359,8 +365,8 @@ def cli_reference() -> str:
         usage = " ".join(sub.format_usage().split())
         usage = usage.removeprefix("usage: ")
         lines += [f"## `tune {name}`", "", helps.get(name, ""), ""]
-        if sub.description:
-            lines += [sub.description, ""]
+        if sub.description and _said(sub.description) != _said(helps.get(name, "")):
+            lines += [sub.description, ""]  # more than the one-line help says
         lines += ["```text", usage, "```", "", "| option | default | meaning |", "|---|---|---|"]
         lines += [_option_row(a) for a in _documented(sub) if a.dest not in global_dests]
         lines.append("")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tuner.errors import NodeError
+from tuner.launch.slurm_states import slurm_hint
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 
@@ -175,7 +176,7 @@ class PreflightChecks:
     def problems(self, host: str, code: int, out: str, err: str) -> list[Problem]:
         """The problems one node's run of :meth:`argv` reports."""
         if code != 0:
-            tail = (err.strip().splitlines() or [f"exit status {code}"])[-1]
+            tail = slurm_hint((err.strip().splitlines() or [f"exit status {code}"])[-1])
             return [Problem(host, f"the preflight check could not run: {tail}", config=False)]
         found: list[Problem] = []
         for line in out.split("\n"):

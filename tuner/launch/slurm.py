@@ -45,7 +45,13 @@ from tuner.launch.slurm_script import (
     job_name,
     sbatch_argv,
 )
-from tuner.launch.slurm_states import Accounting, never_starts, pending_reason, scheduler_verdict
+from tuner.launch.slurm_states import (
+    Accounting,
+    never_starts,
+    pending_reason,
+    scheduler_verdict,
+    slurm_hint,
+)
 from tuner.layout import write_atomic
 from tuner.outcome import Outcome
 from tuner.spec.study import SlurmSpec
@@ -157,7 +163,7 @@ def _seconds(text: str) -> float:
 
 def _tail(err: str, code: int) -> str:
     lines = err.strip().splitlines()
-    return lines[-1] if lines else f"exit status {code}"
+    return slurm_hint(lines[-1]) if lines else f"exit status {code}"
 
 
 class SlurmExecutor(Executor):

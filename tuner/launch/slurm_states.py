@@ -28,6 +28,19 @@ logger = logging.getLogger(__name__)
 Run = Callable[[Sequence[str]], tuple[int, str, str]]
 """Runs one Slurm client command: argv -> (exit code, stdout, stderr)."""
 
+NO_CONFIG = "Could not establish a configuration source"
+"""The Slurm commands' words when this machine has no Slurm configuration (no ``slurm.conf``,
+no ``SLURM_CONF``, no configless ``slurmd`` to ask): tune was started off the login nodes."""
+
+
+def slurm_hint(line: str) -> str:
+    """A Slurm command's error line, with what to do where its words alone do not say it."""
+    if NO_CONFIG in line:
+        return (f"{line} (this machine has no Slurm configuration: run tune on a login node "
+                "where sinfo works, or point SLURM_CONF at the cluster's slurm.conf)")  # fmt: skip
+    return line
+
+
 NEVER_STARTS = frozenset({
     "PartitionConfig",  # asks for more than the partition's configuration allows
     "PartitionNodeLimit",  # more (or fewer) nodes than the partition's limits

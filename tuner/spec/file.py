@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,35 @@ def expand_env(raw: object, environ: Mapping[str, str] | None = None, path: str 
     if isinstance(raw, list):
         return [expand_env(v, env, f"{path}[{i}]") for i, v in enumerate(raw)]
     return raw
+
+
+def env_references(raw: object) -> tuple[str, ...]:
+    """The environment variables the string values of a parsed study refer to as ``${NAME}``,
+    each once, in the order they first appear (``$${`` is a literal; comments are not values).
+
+    Why: the commands ``tune run`` prints for such a study (``tune best --study X``...) load it
+    again, and fail as printed in a shell that lacks the variables ``make demo-ssh`` set for
+    the run alone; the run names them so the next command can be given them."""
+    if isinstance(raw, str):
+        names = (m.group(1) for m in _ENV_REF.finditer(raw) if m.group(1))
+        return tuple(n for n in names if _ENV_NAME.match(n))
+    values: Iterable[object] = ()
+    if isinstance(raw, Mapping):
+        values = raw.values()
+    elif isinstance(raw, list):
+        values = raw
+    return tuple(dict.fromkeys(n for v in values for n in env_references(v)))
+
+
+def study_env_names(source_path: str | None) -> tuple[str, ...]:
+    """:func:`env_references` of the study file at ``source_path`` (none for a study not read
+    from a file, or a file no longer readable as YAML)."""
+    if source_path is None:
+        return ()
+    try:
+        return env_references(load_yaml(Path(source_path).read_text()))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ()
 
 
 def _env_value(match: re.Match[str], env: Mapping[str, str], path: str) -> str:

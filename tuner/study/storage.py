@@ -245,6 +245,13 @@ def open_study(
     return _fingerprinted(spec, create_or_load(spec.name, storage, url, layout, sampler), force)
 
 
+def changed_study(spec: StudySpec, recorded: str) -> str:
+    """Why ``tune run`` refuses to resume a study started under the fingerprint ``recorded``."""
+    return (f"study {spec.name!r} was started with a different study file (fingerprint "
+            f"{recorded}, now {spec.fingerprint()}); resume with --force, or give the study a "
+            "new name")  # fmt: skip
+
+
 def _fingerprinted(spec: StudySpec, study: optuna.Study, force: bool) -> optuna.Study:
     """``study`` holding ``spec``'s fingerprint (a new one: set now); a changed spec refused
     unless ``force``."""
@@ -257,10 +264,7 @@ def _fingerprinted(spec: StudySpec, study: optuna.Study, force: bool) -> optuna.
             study.set_metric_names(["step_time_s"])  # optuna-dashboard names the objective
     elif recorded != mine:
         if not force:
-            raise StudyError(
-                f"study {spec.name!r} was started with a different study file (fingerprint "
-                f"{recorded}, now {mine}); resume with --force, or give the study a new name"
-            )
+            raise StudyError(changed_study(spec, recorded))
         logger.warning("study file changed since the study started; resuming (--force)")
         study.set_user_attr(FINGERPRINT_ATTR, mine)
     return study
