@@ -410,7 +410,7 @@ def test_run_refuses_a_changed_study_before_checking_the_nodes(
     reached every node (an srun per node on Slurm)."""
     import optuna
 
-    import tuner.study.loop as loop_module
+    import tuner.study.launchers as launchers
     from tests.test_study import SURFACE, study_data, write_study
     from tuner.layout import ResultsLayout
     from tuner.spec.file import load_study
@@ -426,7 +426,7 @@ def test_run_refuses_a_changed_study_before_checking_the_nodes(
         def close(self) -> None:
             pass
 
-    monkeypatch.setattr(loop_module, "make_executor", lambda spec: Executor())
+    monkeypatch.setattr(launchers, "make_executor", lambda spec: Executor())
     data = study_data(tmp_path, SURFACE, n_trials=1)
     study = str(write_study(tmp_path, data))
     spec, results, journal = load_study(study), tmp_path / "r", f"journal:{tmp_path / 'j.log'}"
@@ -438,3 +438,33 @@ def test_run_refuses_a_changed_study_before_checking_the_nodes(
     assert main(argv) == 2
     assert "was started with a different study file" in capsys.readouterr().err
     assert checked == []  # refused before the nodes were reached
+
+
+def test_the_dry_run_says_tune_run_would_refuse_a_changed_study(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune run`` refuses a study whose file changed since its study started; the dry run said
+    nothing, so a user who dry-ran first learned of it at launch. It says it in the refusal's
+    words; with --force (the run resumes) it says nothing."""
+    import optuna
+
+    from tests.test_study import SURFACE, study_data, write_study
+    from tuner.layout import ResultsLayout
+    from tuner.spec.file import load_study
+    from tuner.study.storage import changed_study, start_study
+
+    data = study_data(tmp_path, SURFACE, n_trials=1)
+    study = str(write_study(tmp_path, data))
+    spec, results, journal = load_study(study), tmp_path / "r", f"journal:{tmp_path / 'j.log'}"
+    start_study(spec, optuna.samplers.RandomSampler(), url=journal, heartbeat_s=30.0,
+                force=False, layout=ResultsLayout(results, spec.name))  # fmt: skip
+    argv = ["run", "--study", study, "--results", str(results), "--storage", journal, "--dry-run"]
+    assert main(argv) == 0
+    assert "tune: warning" not in capsys.readouterr().err  # unchanged: resumed as it is
+    data["launch"]["train_iters"] += 1
+    write_study(tmp_path, data)
+    assert main(argv) == 0
+    refusal = changed_study(load_study(study), spec.fingerprint())
+    assert f"tune: warning: {refusal}\n" in capsys.readouterr().err
+    assert main([*argv, "--force"]) == 0
+    assert "tune: warning" not in capsys.readouterr().err

@@ -11,6 +11,7 @@ or choice, or a misspelled subcommand, in any of them fails.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import shlex
 from collections.abc import Iterator
@@ -178,6 +179,67 @@ def test_quoted_scripts_are_run_with_python() -> None:
         if not re.match(r"(\w+=\S* )*(\S+/)?python3? ", span)
     ]
     assert bare == []
+
+
+class _Parsed(Exception):
+    """A script's parser read the words it was given; nothing of the script ran."""
+
+
+def _script_problem(span: str, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """What the script of ``span`` (``python tools/x.py ARGS``) says of ``ARGS`` when its own
+    parser reads them, or None: its ``main`` runs with ``parse_args`` stopped at the parse. A
+    word in capitals (``DIR``, ``N``) stands for any value; ``[...]`` is an optional part."""
+    words = shlex.split(span)
+    while not re.match(r"(\S+/)?python3?$", words[0]):  # `VAR=value python ...`
+        words.pop(0)
+    script, args = REPO / words[1], [w.strip("[]") for w in words[2:]]
+    args = ["1" if re.fullmatch(r"[A-Z]+", w) else w for w in args if w]
+    choices = [w.split("|") if "|" in w and not w.startswith("-") else [w] for w in args]
+    for one in itertools.product(*choices):  # a synopsis's `own|other`: each of them
+        if why := _parsed(script, list(one), monkeypatch):
+            return why
+    return None
+
+
+def _parsed(script: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """``script``'s usage error on ``args`` (its last line), or None once its parser read them."""
+    import importlib.util
+    import io
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"_quoted_{script.stem}", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a script puts the repository first
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", [str(script), *args])
+    monkeypatch.setattr(sys, "stderr", err := io.StringIO())
+    try:
+        module.main()
+    except _Parsed:
+        return None
+    except SystemExit:
+        return err.getvalue().strip().splitlines()[-1]
+    return "ran without reading its arguments"
+
+
+def test_a_quoted_script_takes_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/guides/calibration.md quoted ``python tools/probe_truth.py --iters 10``, without the
+    ``--study`` the script requires: typed as written it stopped at a usage error. Every quoted
+    script invocation is read by the script's own parser."""
+    original = argparse.ArgumentParser.parse_args
+
+    def parse(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise _Parsed(original(self, *args, **kwargs))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
+    spans = sorted(set(_script_invocations()))
+    assert any("tools/probe_truth.py" in s for _, s in spans)  # the extraction works
+    found = [f"{page}: {span}: {why}" for page, span in spans
+             if (why := _script_problem(span, monkeypatch))]  # fmt: skip
+    assert found == []
+    assert _script_problem("python tools/probe_truth.py --iters 10", monkeypatch)
 
 
 def test_the_studies_guide_names_every_shipped_study() -> None:

@@ -90,3 +90,25 @@ def test_with_probe_takes_the_terms_from_the_same_job(
     again = compare(study, results, rows, probed)
     assert [r["step"] for r in again] == pytest.approx(steps, rel=1e-12)
     assert statistics.median(steps) == pytest.approx(1.0, abs=0.1)
+
+
+def test_without_a_saved_probe_it_says_so_before_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run before the study's probe (``--iters 10`` on a fresh results folder), the tool measured
+    every config and compared it against the catalog's terms, printed as if probed. It exits
+    first, naming the command to run; kept rows without the probe's are refused alike."""
+    import tuner.profile.probe as probe_module
+    from tools.probe_truth import main as probe_truth
+
+    def nothing(*args: Any, **kwargs: Any) -> ProbeResult:
+        raise AssertionError("nothing is measured without a saved probe")
+
+    monkeypatch.setattr(probe_module, "run_stack_probe", nothing)
+    results, why = str(tmp_path / "results"), "run tune profile --study demo --probe first"
+    with pytest.raises(SystemExit, match=why):
+        probe_truth(["--study", "demo", "--results", results, "--iters", "10"])
+    kept = tmp_path / "truth.json"
+    kept.write_text(json.dumps({"study": "demo", "rows": [], "probe_rows": None}))
+    with pytest.raises(SystemExit, match=why):
+        probe_truth(["--study", "demo", "--results", results, "--rows", str(kept)])

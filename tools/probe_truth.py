@@ -97,6 +97,19 @@ def load_rows(path: str) -> tuple[str, list[Any], list[Any] | None]:
     return str(data["study"]), rows(data["rows"]), rows(probed) if probed else None
 
 
+def require_saved_probe(study: str, results: str) -> None:
+    """Exit naming the command to run when ``study`` has no saved probe under ``results``:
+    without one the terms were the catalog's, compared and printed as if probed."""
+    from tuner.layout import ClusterLayout
+    from tuner.spec.file import load_study
+
+    spec = load_study(study)
+    layout = ClusterLayout(Path(results).resolve(), spec.cluster_name)
+    if not layout.stack_yaml(spec.name).is_file():
+        raise SystemExit(f"no saved probe of study {study} under {results}: run tune profile "
+                         f"--study {study} --probe first, or give --with-probe")  # fmt: skip
+
+
 def compare(study: str, results: str, rows: Sequence[Any],
             probe_rows: Sequence[Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The measured ``rows`` (one per valid config, in the space's order) against the models with
@@ -118,6 +131,8 @@ def compare(study: str, results: str, rows: Sequence[Any],
     spec = load_study(study)
     rates = study_rates(spec, results)
     own = probe_rows
+    if not own:
+        require_saved_probe(study, results)
     terms = derive_terms(spec, own, rates) if own else study_terms(spec, results, rates)
     configs = [c for c in iter_configs(spec) if not study_violations(c, spec)]
     if [c.key() for c in configs] != [r.key for r in rows]:
@@ -167,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.rows} holds study {study}'s rows, not {args.study}'s")
         found = compare(args.study, args.results, rows, probed)
     else:
+        if not args.with_probe:  # before the job, not after it
+            require_saved_probe(args.study, args.results)
         found = measure(args.study, args.results, args.iters, args.interleave, args.save,
                         args.with_probe)  # fmt: skip
     after = os.getloadavg()[0]

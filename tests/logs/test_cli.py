@@ -57,6 +57,7 @@ def test_json_one_file_is_one_object(ok_log: Path, capsys: pytest.CaptureFixture
         "iterations": 2,
         "step_time_s": 0.5,
         "peak_memory_gib": None,
+        "peak_reserved_gib": None,
         "tflops_per_gpu": 123.4,
         "samples_per_s": 16.0,
         "reason": None,
@@ -121,3 +122,20 @@ def test_bad_framework_is_an_argparse_error(ok_log: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         _args(str(ok_log), "--framework", "jax")
     assert exc.value.code == 2
+
+
+def test_a_torchtitan_log_gives_its_reserved_peak(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchtitan logs the max reserved bytes only: parse-log printed ``-`` for the peak of a
+    log whose every step names it (the allocated column), and its JSON had no key for it."""
+    from tests.logs.test_torchtitan import REAL
+
+    path = tmp_path / "node-0.log"
+    path.write_text(REAL)
+    assert run(_args(str(path), "--json", "--framework", "torchtitan")) == 0
+    obj = json.loads(capsys.readouterr().out)["logs"][0]
+    assert tuple(obj) == JSON_KEYS
+    assert obj["peak_reserved_gib"] == 9.46 and obj["peak_memory_gib"] is None
+    assert run(_args(str(path), "--framework", "torchtitan")) == 0
+    assert "9.46" in capsys.readouterr().out

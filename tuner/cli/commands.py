@@ -14,7 +14,6 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.cli import exiting, help_text, render, units
@@ -54,7 +53,7 @@ from tuner.cli.tables import (
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError, StudyError
-from tuner.layout import EXPORT_KINDS, ResultsLayout
+from tuner.layout import EXPORT_KINDS
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
@@ -164,7 +163,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from tuner.cli.dry_run import dry_run
 
-        return dry_run(spec, args.format == "json", args.n_trials, args.results)
+        return dry_run(spec, args.format == "json", args.n_trials, args.results,
+                       storage=args.storage, force=args.force)  # fmt: skip
     from tuner.space.enumerate import enumerate_space, require_viable
 
     # Before any storage exists: some config is viable and, under a limit the user set, some
@@ -223,21 +223,11 @@ def _run(spec: StudySpec, args: argparse.Namespace) -> int:
 def _refuse_a_changed_study(spec: StudySpec, storage: str | None, results: str) -> None:
     """Refuse to resume a study whose file changed before the preflight, not after it: the
     preflight reaches every node (an srun per node on Slurm, which may queue) and the refusal
-    came once it had passed. Only a study in a file here is read (the default SQLite or a
-    journal); another storage is judged as before, when the loop opens it."""
-    from tuner.report.leaderboard import load_optuna_study
-    from tuner.study.storage import FINGERPRINT_ATTR, changed_study
-    from tuner.study.url import resolve_url
+    came once it had passed."""
+    from tuner.cli.resume import changed_here
 
-    local = resolve_url(storage, ResultsLayout(Path(results), spec.name)).local_file
-    if local is None or not local.exists():
-        return  # a new study, or one the loop's own opening judges
-    try:
-        recorded = load_optuna_study(spec, storage, results).user_attrs.get(FINGERPRINT_ATTR)
-    except StudyError:
-        return  # not in it yet: the loop creates it
-    if recorded is not None and recorded != spec.fingerprint():
-        raise StudyError(changed_study(spec, recorded))
+    if why := changed_here(spec, storage, results):
+        raise StudyError(why)
 
 
 def _preflight(spec: StudySpec, executor: Any) -> int:

@@ -3,11 +3,13 @@ search goes on, with nothing launched."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from tuner.cli import profile as cli_profile
 from tuner.cli import render, units
 from tuner.cli.cost import check_launch, cost_json, measurable, print_cost
+from tuner.cli.resume import changed_here
 from tuner.cli.tables import (
     _candidate_json,
     _console,
@@ -21,8 +23,10 @@ if TYPE_CHECKING:
     from tuner.space.enumerate import SpaceReport
 
 
-def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) -> int:
-    """What ``tune run`` would do (``n_trials``: its ``--n-trials``), printed or as JSON."""
+def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str, *,
+            storage: str | None, force: bool) -> int:  # fmt: skip
+    """What ``tune run`` would do (``n_trials``, ``storage``, ``force``: its options), printed or
+    as JSON."""
     from tuner.space.enumerate import require_viable
 
     # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
@@ -42,6 +46,8 @@ def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str) 
         first = ranked[: max(spec.search.enqueue_top, 1)]
         then = f"then the {spec.search.sampler} sampler proposes configs"
     check_launch(spec, first)  # a warning on stderr when the first trial could not launch
+    if not force and (why := changed_here(spec, storage, results)):  # tune run's refusal, said
+        sys.stderr.write(f"tune: warning: {why}\n")  # before the launch, not at it
     cost = cost_json(spec, everything, first, budget, rates, terms, results, report.probes)
     if as_json:
         out = report.counts()

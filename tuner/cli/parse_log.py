@@ -94,6 +94,7 @@ COLUMNS = (
     Column(name="iterations", header="iters"),
     Column(name="step_time_s", header="step s"),
     Column(name="peak_memory_gib", header="peak GiB"),
+    Column(name="peak_reserved_gib", header="reserved\nGiB", minor=True),
     Column(name="tflops_per_gpu", header="TFLOP/s\n/GPU", minor=True),
     Column(name="samples_per_s", header="samples\n/s", minor=True),
 )  # fmt: skip
@@ -105,7 +106,8 @@ narrow terminal left out)."""
 def _table(results: list[tuple[str, RunMetrics]]) -> Grid:
     rows = tuple(
         (file, str(m.outcome), str(m.iterations), _fmt(m.step_time_s, 3),
-         _fmt(m.peak_memory_gib, 2), _fmt(m.tflops_per_gpu, 1), _fmt(m.samples_per_s, 2))
+         _fmt(m.peak_memory_gib, 2), _fmt(m.peak_reserved_gib, 2), _fmt(m.tflops_per_gpu, 1),
+         _fmt(m.samples_per_s, 2))
         for file, m in results
     )  # fmt: skip
     reasons = tuple(f"{file}: {m.reason}" for file, m in results if m.reason)
