@@ -26,8 +26,9 @@ MAX_SEED = 2**32 - 1  # numpy's legacy seeding, which every Optuna sampler's Ran
 
 
 # Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-"""A shell identifier: environment variable names and ``${NAME}`` references."""
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+"""A shell identifier: environment variable names and ``${NAME}`` references (``\\Z``, not
+``$``, which matches before a final line break: ``export NAME\\n=value`` is two commands)."""
 _HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
 
 
