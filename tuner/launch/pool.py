@@ -198,6 +198,25 @@ class NodePool:
         """True when too few healthy nodes remain to form even one group."""
         return self.capacity == 0
 
+    @property
+    def exhausted_reason(self) -> str:
+        """Why no group can form: the quarantined nodes with their reasons, and the healthy ones
+        when some are left (too few for a group; not "every node")."""
+        with self._lock:
+            bad = [f"{h}: {r}" for h, r in self._quarantined.items()]
+            healthy = [h for h in self._hosts if h not in self._quarantined]
+        if not healthy:
+            return f"every node is quarantined ({_few(bad)})"
+        verb = "is" if len(healthy) == 1 else "are"
+        return (f"too few nodes left for a trial of {self._per_trial}: quarantined {_few(bad)}; "
+                f"{_few(healthy, ', ')} {verb} healthy")  # fmt: skip
+
+
+def _few(items: Sequence[str], sep: str = "; ", shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` and how many more (a pool may hold thousands)."""
+    more = f"{sep}and {len(items) - shown:,} more" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
+
 
 def _as_pair(error: str | tuple[str, str]) -> tuple[str, str]:
     if isinstance(error, str):

@@ -397,7 +397,7 @@ class StudyLoop:
         # first pass that launches nothing (another worker holding the nodes or the budget lease).
         self.summary.stop_reason = self.budget_reason(trials) or ""
         if not self.summary.stop_reason and self.pool.exhausted:
-            self.summary.stop_reason = "every node is quarantined"
+            self.summary.stop_reason = self.pool.exhausted_reason
         elif not self.summary.stop_reason:
             self._launch_more(trials)
         self.proxies.confirm(self, trials)  # the best proxies run at full scale before the end
