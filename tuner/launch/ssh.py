@@ -301,35 +301,36 @@ class SSHExecutor(Executor):
     # ----- hooks --------------------------------------------------------------------------------
 
     def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
-        host = request.hosts[node_rank]
-        conn = self.connection(host)
         files = {request.remote_script(node_rank): (request.scripts[node_rank], 0o755)}
         for name, content in request.files.items():
             files[request.remote_dir / name] = (content, 0o644)
-        try:
-            with conn.lock:
-                sftp = conn.sftp()
-                _makedirs(sftp, request.remote_dir)
-                for path, (content, mode) in files.items():
-                    _put_atomic(sftp, path, content, mode)
-        except (paramiko.SSHException, EOFError) as exc:
-            raise NodeError(host, f"copying files failed: {exc}") from exc
-        except OSError as exc:
-            raise RemoteCommandError(
-                host, f"sftp put {request.remote_dir}", None, str(exc)
-            ) from exc
+        self._put_files(request.hosts[node_rank], request.remote_dir, files, make_dir=True)
 
     def send_files(self, request: LaunchRequest, files: Mapping[str, str]) -> None:
         """Each of ``files`` into the running job's directory on every node, over SFTP."""
+        named = {request.remote_dir / name: (content, 0o644) for name, content in files.items()}
         for host in dict.fromkeys(request.hosts):
-            conn = self.connection(host)
-            try:
-                with conn.lock:
-                    sftp = conn.sftp()
-                    for name, content in files.items():
-                        _put_atomic(sftp, request.remote_dir / name, content, 0o644)
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                raise NodeError(host, f"copying files failed: {exc}") from exc
+            self._put_files(host, request.remote_dir, named, make_dir=False)
+
+    def _put_files(
+        self, host: str, folder: PurePosixPath, files: Mapping[PurePosixPath, tuple[str, int]],
+        *, make_dir: bool,
+    ) -> None:  # fmt: skip
+        """``files`` (path -> content, mode) onto ``host`` over SFTP; a lost connection or a
+        folder the node cannot write is a :class:`NodeError` naming what failed."""
+        conn = self.connection(host)
+        try:
+            with conn.lock:
+                sftp = conn.sftp()
+                if make_dir:
+                    _makedirs(sftp, folder)
+                for path, (content, mode) in files.items():
+                    _put_atomic(sftp, path, content, mode)
+        except (paramiko.SSHException, EOFError) as exc:
+            raise NodeError(host, f"copying files failed: {exc_reason(exc)}") from exc
+        except OSError as exc:  # not mounted there, read-only, full, a file in the way
+            why = exc_reason(exc)
+            raise NodeError(host, f"cannot write files into {folder}: {why}") from exc
 
     def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
         host = request.hosts[node_rank]
