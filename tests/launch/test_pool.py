@@ -42,6 +42,7 @@ def test_the_stop_reason_names_the_quarantined_node_not_every_node(tmp_path: Pat
             loop.pool.release(group, node_errors=[("local-1", "connection refused")])
             group = loop.pool.acquire() or group
         assert loop.step() is False
+    assert loop.summary.failed == loop.summary.stop_reason  # tune run exits 1
     assert loop.summary.stop_reason == (
         "too few nodes left for a trial of 2: quarantined local-1: connection refused; "
         "local-0 is healthy"

@@ -40,6 +40,11 @@ class NodeGroup:
         return len(self.hosts)
 
 
+EXHAUSTED = ("every node is quarantined", "too few nodes left for a trial")
+"""How :attr:`NodePool.exhausted_reason` begins: all nodes quarantined, or some (``tune run``
+then stops, exit 1)."""
+
+
 class NodePool:
     """A thread-safe pool of nodes handed out in groups of ``nodes_per_trial``.
 
@@ -139,11 +144,14 @@ class NodePool:
         raise RuntimeError("no free master port")  # unreachable: range >= number of groups
 
     def release(
-        self, group: NodeGroup, node_errors: Iterable[str | tuple[str, str]] = ()
-    ) -> list[str]:
+        self, group: NodeGroup, node_errors: Iterable[str | tuple[str, str]] = (), *,
+        ran: bool = True,
+    ) -> list[str]:  # fmt: skip
         """Return the nodes of ``group``; returns the nodes quarantined by this release.
 
         ``node_errors`` holds host names or ``(host, reason)`` pairs (``JobResult.node_errors``).
+        ``ran``: the group ran a trial, so a node without an error is forgiven its strikes (a
+        group given back unused, e.g. leased by another worker, proves nothing about its nodes).
         """
         reasons = dict(_as_pair(e) for e in node_errors)
         newly: list[str] = []
@@ -153,20 +161,33 @@ class NodePool:
             self._busy.difference_update(group.hosts)
             for host in group.hosts:
                 if host not in reasons:
-                    self._strikes.pop(host, None)
-                    continue
-                self._strikes[host] = self._strikes.get(host, 0) + 1
-                if self._strikes[host] >= self._quarantine_after and host not in self._quarantined:
-                    self._quarantined[host] = reasons[host]
+                    if ran:
+                        self._strikes.pop(host, None)
+                elif self._strike(host, reasons[host]):
                     newly.append(host)
         for host in newly:
-            logger.warning(
-                "node %s quarantined after %d node errors: %s",
-                host,
-                self._quarantine_after,
-                reasons[host],
-            )
+            self._say_quarantined(host, reasons[host])
         return newly
+
+    def strike(self, host: str, reason: str) -> bool:
+        """A node error on ``host`` outside a group it was handed (a dead worker's trial there
+        could not be cleaned up); True when this quarantines it."""
+        with self._lock:
+            newly = self._strike(host, reason)
+        if newly:
+            self._say_quarantined(host, reason)
+        return newly
+
+    def _strike(self, host: str, reason: str) -> bool:
+        self._strikes[host] = self._strikes.get(host, 0) + 1
+        if self._strikes[host] >= self._quarantine_after and host not in self._quarantined:
+            self._quarantined[host] = reason
+            return True
+        return False
+
+    def _say_quarantined(self, host: str, reason: str) -> None:
+        logger.warning("node %s quarantined after %d node errors: %s", host,
+                       self._quarantine_after, reason)  # fmt: skip
 
     @property
     def quarantined(self) -> dict[str, str]:
@@ -206,9 +227,9 @@ class NodePool:
             bad = [f"{h}: {r}" for h, r in self._quarantined.items()]
             healthy = [h for h in self._hosts if h not in self._quarantined]
         if not healthy:
-            return f"every node is quarantined ({_few(bad)})"
+            return f"{EXHAUSTED[0]} ({_few(bad)})"
         verb = "is" if len(healthy) == 1 else "are"
-        return (f"too few nodes left for a trial of {self._per_trial}: quarantined {_few(bad)}; "
+        return (f"{EXHAUSTED[1]} of {self._per_trial}: quarantined {_few(bad)}; "
                 f"{_few(healthy, ', ')} {verb} healthy")  # fmt: skip
 
 
