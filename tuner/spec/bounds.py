@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 from tuner.errors import ConfigError
 
@@ -57,6 +58,26 @@ def listed_twice(node: str, seen: dict[str, str]) -> str | None:
     if first == node:
         return f"{_short(node)} is listed twice"
     return f"{_short(node)} is listed twice (first as {_short(first)}: host names ignore case)"
+
+
+MASTER_PLACEHOLDER = "@TUNER_MASTER_ADDR@"
+"""Stands for the master address in node scripts rendered before the job has nodes (a Slurm
+trial's, ``tune best``'s), replaced there: no study value may hold it."""
+
+
+def placeholder_field(values: Mapping[str, object]) -> str | None:
+    """The path (``env.X``, ``extra_args[1]``) of the first string of ``values`` (a field's
+    string, strings or mapping of them) that holds :data:`MASTER_PLACEHOLDER`, else None."""
+    for name, value in values.items():
+        items: Iterable[tuple[str, object]] = (
+            [(f"{name}.{k}", v) for k, v in value.items()] if isinstance(value, Mapping)
+            else [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+            if isinstance(value, tuple | list) else [(name, value)]
+        )  # fmt: skip
+        for path, text in items:
+            if isinstance(text, str) and MASTER_PLACEHOLDER in text:
+                return path
+    return None
 
 
 def read_integer(raw: str) -> int | None:
