@@ -5,16 +5,20 @@ from __future__ import annotations
 import datetime
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from optuna.trial import FrozenTrial, TrialState
 
+from tests.test_study import SURFACE, study_data
 from tuner.errors import UnreachableNodes
-from tuner.launch import LaunchRequest, NodePool
+from tuner.launch import LaunchRequest, LocalExecutor, NodePool
 from tuner.layout import ResultsLayout
+from tuner.spec.file import study_from_mapping
 from tuner.study import schedule
 from tuner.study.holder import worker_name
 from tuner.study.leases import Lease, open_leases
+from tuner.study.loop import build_loop
 
 ME = worker_name()
 HEARTBEAT_S = 30.0
@@ -118,3 +122,35 @@ def test_a_dead_workers_node_that_cannot_be_reached_is_quarantined_not_waited_on
         "cannot connect to node-1: refused"
     )
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+
+class Stuck(LocalExecutor):
+    """Processes of a trial on local-0 that survive SIGKILL (a rank stuck in the GPU driver, in
+    uninterruptible sleep): the reaper's scan names them after every kill."""
+
+    def _reap_node(
+        self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
+    ) -> list[str]:
+        super()._reap_node(request, node_rank, token, grace_s)
+        return ["4242 D python pretrain_gpt.py"] if request.hosts[node_rank] == "local-0" else []
+
+
+def _exiting(spec: Any, config: Any, number: int, group: Any, paths: Any, master: str) -> Any:
+    return LaunchRequest(trial=number, hosts=tuple(group.hosts), scripts=("exit 0",) * len(
+        group.hosts), paths=paths)  # fmt: skip
+
+
+def test_a_node_where_processes_survive_the_kill_gets_no_other_trial(tmp_path: Path) -> None:
+    """Its node went back to the pool, so the next trial there found the GPUs held (a false
+    OOM or a hang, blamed on its config); quarantined at once: tuner cannot end them."""
+    data = study_data(tmp_path, SURFACE, n_trials=3, nodes_per_trial=1)
+    spec = study_from_mapping(data)
+    loop = build_loop(spec, results=str(tmp_path / "results"), executor=Stuck(grace_s=0.1),
+                      launcher=_exiting)  # fmt: skip
+    with loop.executor:
+        loop.run()
+    hosts = [t.user_attrs["hosts"] for t in loop.study.get_trials()]
+    assert hosts[0] == ["local-0"] and all(h == ["local-1"] for h in hosts[1:]), hosts
+    assert loop.pool.quarantined == {
+        "local-0": "processes survived the kill: 4242 D python pretrain_gpt.py"
+    }

@@ -40,6 +40,9 @@ class NodeGroup:
         return len(self.hosts)
 
 
+NodeFault = str | tuple[str, str] | tuple[str, str, bool]
+"""What went wrong with a node of a group: its name, ``(host, reason)``, or ``(host, reason,
+True)`` for a fault that quarantines it at once (processes tuner could not end hold it)."""
 EXHAUSTED = ("every node is quarantined", "too few nodes left for a trial")
 """How :attr:`NodePool.exhausted_reason` begins: all nodes quarantined, or some (``tune run``
 then stops, exit 1)."""
@@ -144,16 +147,18 @@ class NodePool:
         raise RuntimeError("no free master port")  # unreachable: range >= number of groups
 
     def release(
-        self, group: NodeGroup, node_errors: Iterable[str | tuple[str, str]] = (), *,
-        ran: bool = True,
+        self, group: NodeGroup, node_errors: Iterable[NodeFault] = (), *, ran: bool = True,
     ) -> list[str]:  # fmt: skip
         """Return the nodes of ``group``; returns the nodes quarantined by this release.
 
-        ``node_errors`` holds host names or ``(host, reason)`` pairs (``JobResult.node_errors``).
+        ``node_errors`` holds host names, ``(host, reason)`` pairs (``JobResult.node_errors``)
+        or ``(host, reason, True)``: a fault that quarantines the node at once.
         ``ran``: the group ran a trial, so a node without an error is forgiven its strikes (a
         group given back unused, e.g. leased by another worker, proves nothing about its nodes).
         """
-        reasons = dict(_as_pair(e) for e in node_errors)
+        faults = [_as_fault(e) for e in node_errors]
+        reasons = {host: reason for host, reason, _ in faults}
+        at_once = {host for host, _, now in faults if now}
         newly: list[str] = []
         with self._lock:
             if self._in_use.pop(group.id, None) is None:
@@ -163,7 +168,7 @@ class NodePool:
                 if host not in reasons:
                     if ran:
                         self._strikes.pop(host, None)
-                elif self._strike(host, reasons[host]):
+                elif self._strike(host, reasons[host], at_once=host in at_once):
                     newly.append(host)
         for host in newly:
             self._say_quarantined(host, reasons[host])
@@ -178,9 +183,10 @@ class NodePool:
             self._say_quarantined(host, reason)
         return newly
 
-    def _strike(self, host: str, reason: str) -> bool:
+    def _strike(self, host: str, reason: str, *, at_once: bool = False) -> bool:
         self._strikes[host] = self._strikes.get(host, 0) + 1
-        if self._strikes[host] >= self._quarantine_after and host not in self._quarantined:
+        enough = at_once or self._strikes[host] >= self._quarantine_after
+        if enough and host not in self._quarantined:
             self._quarantined[host] = reason
             return True
         return False
@@ -239,7 +245,9 @@ def _few(items: Sequence[str], sep: str = "; ", shown: int = 3) -> str:
     return sep.join(items[:shown]) + more
 
 
-def _as_pair(error: str | tuple[str, str]) -> tuple[str, str]:
+def _as_fault(error: NodeFault) -> tuple[str, str, bool]:
     if isinstance(error, str):
-        return error, "node error"
-    return error[0], error[1]
+        return error, "node error", False
+    if len(error) == 2:
+        return error[0], error[1], False
+    return error[0], error[1], bool(error[2])

@@ -317,7 +317,7 @@ class StudyLoop:
             guarded(f"writing {run.job.paths.metrics_json}",
                     lambda: write_metrics(run.job.paths, verdict, result))  # fmt: skip
         self._finish(run.trial, run.config, run.placement, verdict, result.duration_s,
-                     node_errors=tuple(result.node_errors))  # fmt: skip
+                     node_errors=Scheduler.faults(result))  # fmt: skip
         if result.node_errors:
             self.recover()  # retried on other nodes
 

@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import UnreachableNodes
 from tuner.launch import LaunchRequest, NodeGroup, NodePool
+from tuner.launch.pool import NodeFault
 from tuner.layout import ResultsLayout
 from tuner.study.holder import provably_dead
 from tuner.study.leases import Lease, LeaseConflict, Leases
@@ -104,6 +105,18 @@ class Scheduler:
         """Give the nodes back to the pool and the study."""
         self.pool.release(placement.group, node_errors=node_errors)
         self.leases.release(self.worker, placement.resources)
+
+    @staticmethod
+    def faults(result: Any) -> tuple[NodeFault, ...]:
+        """A finished job's (``JobResult``) node errors, and each node where processes survived
+        the kill, quarantined at once: tuner cannot end them, and the next trial there would
+        find their GPUs and ports taken (a false OOM or a hang, blamed on its config)."""
+        survived: dict[str, str] = {}
+        for line in result.survivors:  # "host: pid stat args"
+            host, _, what = line.partition(": ")
+            survived.setdefault(host, what)
+        stuck = ((h, f"processes survived the kill: {w}", True) for h, w in survived.items())
+        return (*result.node_errors, *stuck)
 
     def renew(self) -> None:
         """This worker's heartbeat on all its leases."""
