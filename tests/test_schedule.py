@@ -131,7 +131,7 @@ class Stuck(LocalExecutor):
     def _reap_node(
         self, request: LaunchRequest, node_rank: int, token: str, grace_s: float
     ) -> list[str]:
-        super()._reap_node(request, node_rank, token, grace_s)
+        # the scripts below exit at once: nothing of theirs is left to sweep
         return ["4242 D python pretrain_gpt.py"] if request.hosts[node_rank] == "local-0" else []
 
 
