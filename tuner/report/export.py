@@ -286,13 +286,17 @@ def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[
 
 def _trials_master(spec: StudySpec) -> str | None:
     """For an SSH study, the master address its trials used: the first node's address in the
-    ssh config (a node name may be an alias only this machine knows); else None."""
+    ssh config (a node name may be an alias only this machine knows), or the node's name where
+    that config cannot be read here; else None."""
     if spec.cluster.executor != "ssh":
         return None
     from tuner.launch.ssh import SSHExecutor
 
-    with SSHExecutor(spec.cluster.ssh) as executor:
-        return executor.master_addr(spec.node_names[:1])
+    try:
+        with SSHExecutor(spec.cluster.ssh) as executor:
+            return executor.master_addr(spec.node_names[:1])
+    except ConfigError:  # the study's ssh config is not on this machine
+        return spec.node_names[0]
 
 
 def _script(record: TrialRecord, spec: StudySpec) -> Export:
