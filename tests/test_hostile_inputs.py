@@ -135,7 +135,15 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     *[(f"env-key-injection-{i}", changed("launch.env", {v: "1"}), "launch.env: ")
       for i, v in enumerate(INJECTIONS)],
     ("env-key-space", changed("launch.env", {"A B": "1"}), "not an environment variable name"),
+    # '$' of the name's pattern matched before a final line break: "export NCCL_DEBUG" then a
+    # line "=INFO" that bash ran as a command (exit 127), in every trial and in tune best's script
+    ("env-key-line-break", changed("launch.env", {"NCCL_DEBUG\n": "INFO"}),
+     "launch.env: 'NCCL_DEBUG\\n' is not an environment variable name"),
     ("env-value-nul", changed("launch.env", {"A": "x\0y"}), "launch.env.A: must not contain"),
+    # the master address's stand-in in scripts written before the nodes are known: replaced
+    # there, so tune best's script ran '--data-path /d/"${MASTER_ADDR}"', a Slurm trial the address
+    ("master-placeholder", changed("launch.extra_args", ["--data-path", "/d/@TUNER_MASTER_ADDR@"]),
+     "launch.extra_args[1]: holds @TUNER_MASTER_ADDR@, which stands for the master address"),
     ("env-unset-variable", changed("launch.python", "${TUNER_HOSTILE_UNSET}/python"),
      "environment variable TUNER_HOSTILE_UNSET is not set"),
     ("template-escape", changed("launch.template", "../../../etc/passwd"), "launch.template"),

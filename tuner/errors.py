@@ -71,6 +71,15 @@ class NodeError(LaunchError):
         super().__init__(f"{host}: {reason}")
 
 
+class UnreachableNodes(LaunchError):
+    """A job's nodes that could not be reached to end its processes (``Executor.reap_lost``)."""
+
+    def __init__(self, what: str, errors: tuple[tuple[str, str], ...]) -> None:
+        self.errors = errors
+        """``(host, reason)`` of each node that could not be cleaned up."""
+        super().__init__(f"{what}: cannot clean up {'; '.join(f'{h}: {r}' for h, r in errors)}")
+
+
 class SplitError(Exception):
     """A pipeline split the framework refuses (:mod:`tuner.spec.pipeline_split`,
     :mod:`tuner.spec.deepspeed_partition`): a stable rule id and the framework's own message.

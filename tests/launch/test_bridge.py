@@ -212,6 +212,24 @@ def test_export_refuses_a_framework_megatron_core_cannot_express() -> None:
     assert "train.global_batch_size=64" in text.split()
 
 
+def test_the_exported_overrides_pasted_in_a_shell_are_the_trials_words(tmp_path: Path) -> None:
+    """The bridge-overrides line, run by bash, gives the recipe script the words a trial's
+    template passed: the Hydra quotes of a layout (unquoted, its ',' is a sweep and its '(' a
+    syntax error) and a '[...]' list (a glob: here it matched a file) reach Bridge as written."""
+    config = dataclasses.replace(
+        CONFIGS["pp4-layout"], pipeline_split="layout:Et*7|(t*9|)*2,t*7L", recompute="selective",
+        recompute_modules=("mlp", "core_attn"),
+    )  # fmt: skip
+    spec = _spec(False)
+    (tmp_path / "model.recompute_modules=m").touch()
+    line = bridge.emit(spec, config, "bridge-overrides")
+    done = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + line], cwd=tmp_path, check=True,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    words = bridge.override_words(bridge.parallel_overrides(config, spec.model))
+    assert done.stdout.split("\0")[:-1] == words
+    assert "model.pipeline_model_parallel_layout='Et*7|(t*9|)*2,t*7L'" in words
+
+
 def test_a_bridge_study_needs_its_recipe() -> None:
     data = {
         "name": "x", "model": {"preset": "llama3-8b"}, "training": {"global_batch_size": 64},

@@ -5,11 +5,15 @@ from __future__ import annotations
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.test_study import SURFACE, study_data
 from tuner.errors import ConfigError
 from tuner.launch import NodeGroup, NodePool
+from tuner.spec.file import study_from_mapping
+from tuner.study.loop import build_loop
 
 HOSTS = [f"gpu{i:03d}" for i in range(8)]
 
@@ -24,6 +28,34 @@ def test_groups_are_disjoint_until_released() -> None:
     pool.release(a)
     c = pool.acquire()
     assert c is not None and not set(c.hosts) & set(b.hosts)
+
+
+def test_the_stop_reason_names_the_quarantined_node_not_every_node(tmp_path: Path) -> None:
+    """One node of two quarantined, two nodes per trial: the study stopped saying "every node is
+    quarantined", sending the user to a node that was never at fault."""
+    data = study_data(tmp_path, SURFACE, nodes_per_trial=2)
+    loop = build_loop(study_from_mapping(data), results=str(tmp_path / "results"))
+    with loop.executor:
+        group = loop.pool.acquire()
+        assert group is not None
+        for _ in range(2):
+            loop.pool.release(group, node_errors=[("local-1", "connection refused")])
+            group = loop.pool.acquire() or group
+        assert loop.step() is False
+    assert loop.summary.failed == loop.summary.stop_reason  # tune run exits 1
+    assert loop.summary.stop_reason == (
+        "too few nodes left for a trial of 2: quarantined local-1: connection refused; "
+        "local-0 is healthy"
+    )
+    pool = NodePool(HOSTS[:1], 1, quarantine_after=1)
+    pool.release(pool.acquire() or group, node_errors=[("gpu000", "auth refused")])
+    assert pool.exhausted_reason == "every node is quarantined (gpu000: auth refused)"
+    pool = NodePool(HOSTS, 8, quarantine_after=1)
+    pool.release(pool.acquire() or group, node_errors=[(h, "down") for h in HOSTS[:5]])
+    assert pool.exhausted_reason == (
+        "too few nodes left for a trial of 8: quarantined gpu000: down; gpu001: down; gpu002: "
+        "down; and 2 more; gpu005, gpu006, gpu007 are healthy"
+    )
 
 
 def test_concurrent_groups_get_distinct_ports_and_a_released_port_is_not_reused_at_once() -> None:

@@ -177,6 +177,25 @@ def test_dropped_connection_is_a_node_error_and_the_trial_is_cleaned_up(
     wait_for(lambda: live_processes(marker) == [], timeout=10, what="no survivors")
 
 
+def test_a_trial_folder_the_node_cannot_write_is_a_node_error_naming_it(
+    sshd_cluster: LoopbackCluster, layout: ResultsLayout, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node whose trial folder cannot be made (not mounted there, read-only, a file in its
+    way) was recorded as "RemoteCommandError: node-0: command exited with None: [Errno 2] No
+    such file", naming neither the folder nor a command, with an error log line per node."""
+    blocker = layout.root / "a-file"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")
+    request = LaunchRequest(trial=0, hosts=("node-0",), scripts=("echo hi",),
+                            paths=layout.trial(0), node_dir=str(blocker / "t0"))  # fmt: skip
+    with SSHExecutor(spec(sshd_cluster)) as ex:
+        result = ex.submit(request).wait(30)
+    assert result.node_errors == (
+        ("node-0", f"cannot write files into {blocker / 't0'}: No such file"),
+    )
+    assert result.exit_codes == (None,) and not caplog.records
+
+
 def test_a_copy_that_cannot_be_renamed_into_place_leaves_no_temporary_file(
     sshd_cluster: LoopbackCluster, tmp_path: Path
 ) -> None:

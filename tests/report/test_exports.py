@@ -470,3 +470,33 @@ def test_a_hostfile_study_export_reads_what_its_header_says(tmp_path: Path) -> N
     done, ran = run_script(script, {**env, "HOSTFILE": str(tmp_path / "other")})
     assert done.returncode == 0, done.stderr
     assert flag(ran["argv"], "--master_addr") == "gpu099"
+
+
+def test_an_ssh_studys_export_falls_back_to_the_master_its_trials_used(tmp_path: Path) -> None:
+    """Trials take the first node's address from the ssh config (a node name may be an alias
+    only the login node knows); the export fell back to the alias itself, which the nodes of
+    the full run may not resolve."""
+    from tuner.launch.ssh import SSHExecutor
+
+    (tmp_path / "ssh_config").write_text("Host gpu-a\n  HostName 10.1.2.3\nHost gpu-b\n"
+                                         "  HostName 10.1.2.4\n")  # fmt: skip
+    data = megatron_study(tmp_path, nodes=2, train_args=TRAIN_ARGS)
+    data["cluster"] = {
+        "gpu": "a100-80gb",
+        "gpus_per_node": 2,
+        "nodes": ["gpu-a", "gpu-b"],
+        "executor": "ssh",
+        "ssh": {"config_file": str(tmp_path / "ssh_config")},
+    }
+    spec = study_from_mapping(data)
+    record_trials(spec, tmp_path / "results", {2: 2.0})
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    done, ran = run_script(script, {**fake_torchrun(tmp_path), "NODE_RANK": "1"})
+    assert done.returncode == 0, done.stderr
+    with SSHExecutor(spec.cluster.ssh) as trials:
+        assert flag(ran["argv"], "--master_addr") == trials.master_addr(spec.node_names)
+    assert flag(ran["argv"], "--master_addr") == "10.1.2.3"
+    (tmp_path / "ssh_config").unlink()  # tune best where the study's ssh config is not
+    script = trial_record(spec, results=str(tmp_path / "results")).export("script").path
+    done, ran = run_script(script, {**fake_torchrun(tmp_path), "NODE_RANK": "1"})
+    assert done.returncode == 0 and flag(ran["argv"], "--master_addr") == "gpu-a", done.stderr

@@ -267,7 +267,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
     elif args.emit == "ds-config":
         out["ds_config"] = json.loads(export.text)
     elif args.emit == "bridge-overrides":
-        out["overrides"] = export.text.split()
+        out["overrides"] = shlex.split(export.text)
     elif args.emit == "bridge-recipe":
         out["recipe"] = export.text
     else:

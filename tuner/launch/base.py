@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from tuner.errors import LaunchError, NodeError
+from tuner.errors import LaunchError, NodeError, UnreachableNodes
 from tuner.launch.preflight import PreflightChecks, Problem
 from tuner.launch.request import TOKEN_ENV as TOKEN_ENV
 from tuner.launch.request import JobResult as JobResult
@@ -148,19 +148,21 @@ class Executor(abc.ABC):
     def reap_lost(self, request: LaunchRequest, token: str) -> list[str]:
         """End every process of a trial whose :class:`Job` is gone (its tuner process died), on
         every node of ``request`` (its scripts are not used). Returns the survivors as
-        ``"host: pid stat args"``; raises :class:`LaunchError` naming unreachable nodes."""
+        ``"host: pid stat args"``; raises :class:`UnreachableNodes` naming nodes not reached."""
         found = self._fanout(
             lambda k: self._reap_node(request, k, token, self.grace_s), range(len(request.hosts))
         )
         survivors: list[str] = []
-        unreachable: list[str] = []
+        unreachable: list[tuple[str, str]] = []
         for host, lines in zip(request.hosts, found, strict=True):
-            if isinstance(lines, BaseException):
-                unreachable.append(f"{host}: {lines}")
+            if isinstance(lines, NodeError):
+                unreachable.append((host, lines.reason))
+            elif isinstance(lines, BaseException):
+                unreachable.append((host, str(lines)))
             else:
                 survivors.extend(f"{host}: {line}" for line in lines)
         if unreachable:
-            raise LaunchError(f"{request.what}: cannot clean up {'; '.join(unreachable)}")
+            raise UnreachableNodes(request.what, tuple(unreachable))
         return survivors
 
     def preflight(self, hosts: Sequence[str], checks: PreflightChecks) -> list[Problem]:

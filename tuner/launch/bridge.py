@@ -23,6 +23,7 @@ and the fusions, CUDA graphs and ``env_vars``; without Bridge importable here th
 from __future__ import annotations
 
 import re
+import shlex
 
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
@@ -267,8 +268,8 @@ def emit(spec: StudySpec, config: ParallelConfig, what: str, *, trial: int | Non
             path="framework",
         )
     overrides = parallel_overrides(config, spec.model)
-    if what == "bridge-overrides":
-        return " ".join(override_words(overrides)) + "\n"
+    if what == "bridge-overrides":  # shell words, as the template passes them to a trial
+        return shlex.join(override_words(overrides)) + "\n"
     which = "The fastest config" if trial is None else f"Trial {trial}'s config (--trial)"
     note = f"{which} of study {spec.name}, from tuner:\n    {config.key()}\n    "
     return recipe_function(overrides, recipe=spec.launch.recipe, note=note)

@@ -29,7 +29,7 @@ class MasterSources:
     Slurm allocation."""
 
     study_host: str | None = None
-    """The first node an SSH study names (its trials ran there; a real host name)."""
+    """The address an SSH study's trials used for its first node (its ssh config HostName)."""
 
 
 def comment_block(lines: Sequence[str], width: int = 96) -> list[str]:

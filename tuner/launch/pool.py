@@ -40,6 +40,14 @@ class NodeGroup:
         return len(self.hosts)
 
 
+NodeFault = str | tuple[str, str] | tuple[str, str, bool]
+"""What went wrong with a node of a group: its name, ``(host, reason)``, or ``(host, reason,
+True)`` for a fault that quarantines it at once (processes tuner could not end hold it)."""
+EXHAUSTED = ("every node is quarantined", "too few nodes left for a trial")
+"""How :attr:`NodePool.exhausted_reason` begins: all nodes quarantined, or some (``tune run``
+then stops, exit 1)."""
+
+
 class NodePool:
     """A thread-safe pool of nodes handed out in groups of ``nodes_per_trial``.
 
@@ -141,13 +149,18 @@ class NodePool:
         raise RuntimeError("no free master port")  # unreachable: range >= number of groups
 
     def release(
-        self, group: NodeGroup, node_errors: Iterable[str | tuple[str, str]] = ()
-    ) -> list[str]:
+        self, group: NodeGroup, node_errors: Iterable[NodeFault] = (), *, ran: bool = True,
+    ) -> list[str]:  # fmt: skip
         """Return the nodes of ``group``; returns the nodes quarantined by this release.
 
-        ``node_errors`` holds host names or ``(host, reason)`` pairs (``JobResult.node_errors``).
+        ``node_errors`` holds host names, ``(host, reason)`` pairs (``JobResult.node_errors``)
+        or ``(host, reason, True)``: a fault that quarantines the node at once.
+        ``ran``: the group ran a trial, so a node without an error is forgiven its strikes (a
+        group given back unused, e.g. leased by another worker, proves nothing about its nodes).
         """
-        reasons = dict(_as_pair(e) for e in node_errors)
+        faults = [_as_fault(e) for e in node_errors]
+        reasons = {host: reason for host, reason, _ in faults}
+        at_once = {host for host, _, now in faults if now}
         newly: list[str] = []
         with self._lock:
             if self._in_use.pop(group.id, None) is None:
@@ -155,20 +168,34 @@ class NodePool:
             self._busy.difference_update(group.hosts)
             for host in group.hosts:
                 if host not in reasons:
-                    self._strikes.pop(host, None)
-                    continue
-                self._strikes[host] = self._strikes.get(host, 0) + 1
-                if self._strikes[host] >= self._quarantine_after and host not in self._quarantined:
-                    self._quarantined[host] = reasons[host]
+                    if ran:
+                        self._strikes.pop(host, None)
+                elif self._strike(host, reasons[host], at_once=host in at_once):
                     newly.append(host)
         for host in newly:
-            logger.warning(
-                "node %s quarantined after %d node errors: %s",
-                host,
-                self._quarantine_after,
-                reasons[host],
-            )
+            self._say_quarantined(host, reasons[host])
         return newly
+
+    def strike(self, host: str, reason: str) -> bool:
+        """A node error on ``host`` outside a group it was handed (a dead worker's trial there
+        could not be cleaned up); True when this quarantines it."""
+        with self._lock:
+            newly = self._strike(host, reason)
+        if newly:
+            self._say_quarantined(host, reason)
+        return newly
+
+    def _strike(self, host: str, reason: str, *, at_once: bool = False) -> bool:
+        self._strikes[host] = self._strikes.get(host, 0) + 1
+        enough = at_once or self._strikes[host] >= self._quarantine_after
+        if enough and host not in self._quarantined:
+            self._quarantined[host] = reason
+            return True
+        return False
+
+    def _say_quarantined(self, host: str, reason: str) -> None:
+        logger.warning("node %s quarantined after %d node errors: %s", host,
+                       self._quarantine_after, reason)  # fmt: skip
 
     @property
     def quarantined(self) -> dict[str, str]:
@@ -200,8 +227,29 @@ class NodePool:
         """True when too few healthy nodes remain to form even one group."""
         return self.capacity == 0
 
+    @property
+    def exhausted_reason(self) -> str:
+        """Why no group can form: the quarantined nodes with their reasons, and the healthy ones
+        when some are left (too few for a group; not "every node")."""
+        with self._lock:
+            bad = [f"{h}: {r}" for h, r in self._quarantined.items()]
+            healthy = [h for h in self._hosts if h not in self._quarantined]
+        if not healthy:
+            return f"{EXHAUSTED[0]} ({_few(bad)})"
+        verb = "is" if len(healthy) == 1 else "are"
+        return (f"{EXHAUSTED[1]} of {self._per_trial}: quarantined {_few(bad)}; "
+                f"{_few(healthy, ', ')} {verb} healthy")  # fmt: skip
 
-def _as_pair(error: str | tuple[str, str]) -> tuple[str, str]:
+
+def _few(items: Sequence[str], sep: str = "; ", shown: int = 3) -> str:
+    """The first ``shown`` of ``items`` and how many more (a pool may hold thousands)."""
+    more = f"{sep}and {len(items) - shown:,} more" if len(items) > shown else ""
+    return sep.join(items[:shown]) + more
+
+
+def _as_fault(error: NodeFault) -> tuple[str, str, bool]:
     if isinstance(error, str):
-        return error, "node error"
-    return error[0], error[1]
+        return error, "node error", False
+    if len(error) == 2:
+        return error[0], error[1], False
+    return error[0], error[1], bool(error[2])

@@ -14,10 +14,9 @@ import shlex
 from collections.abc import Sequence
 
 from tuner.launch.base import TOKEN_ENV, LaunchRequest
+from tuner.spec.bounds import MASTER_PLACEHOLDER as MASTER_PLACEHOLDER
 from tuner.spec.study import SlurmSpec
 
-MASTER_PLACEHOLDER = "@TUNER_MASTER_ADDR@"
-"""Stands for the master address in node scripts rendered before the job has nodes."""
 BATCH_SCRIPT = "slurm-job.sh"
 NODE_WRAPPER = "slurm-node.sh"
 DEFAULT_MARGIN_MIN = 5

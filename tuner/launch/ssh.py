@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import shlex
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -301,42 +301,36 @@ class SSHExecutor(Executor):
     # ----- hooks --------------------------------------------------------------------------------
 
     def _prepare_node(self, request: LaunchRequest, node_rank: int) -> None:
-        host = request.hosts[node_rank]
         files = {request.remote_script(node_rank): (request.scripts[node_rank], 0o755)}
         for name, content in request.files.items():
             files[request.remote_dir / name] = (content, 0o644)
-
-        def refused(host: str, exc: OSError) -> Exception:  # the node's file system said no
-            return RemoteCommandError(host, f"sftp put {request.remote_dir}", None, str(exc))
-
-        self._put(host, files, refused, make_dir=request.remote_dir)
+        self._put_files(request.hosts[node_rank], request.remote_dir, files, make_dir=True)
 
     def send_files(self, request: LaunchRequest, files: Mapping[str, str]) -> None:
         """Each of ``files`` into the running job's directory on every node, over SFTP."""
-        there = {request.remote_dir / name: (content, 0o644) for name, content in files.items()}
+        named = {request.remote_dir / name: (content, 0o644) for name, content in files.items()}
         for host in dict.fromkeys(request.hosts):
-            self._put(host, there, _copy_failed)
+            self._put_files(host, request.remote_dir, named, make_dir=False)
 
-    def _put(
-        self, host: str, files: Mapping[PurePosixPath, tuple[str, int]],
-        os_error: Callable[[str, OSError], Exception], *, make_dir: PurePosixPath | None = None,
+    def _put_files(
+        self, host: str, folder: PurePosixPath, files: Mapping[PurePosixPath, tuple[str, int]],
+        *, make_dir: bool,
     ) -> None:  # fmt: skip
-        """``files`` (path -> (content, mode)) written on ``host`` over its SFTP session, each
-        renamed into place (``make_dir`` made first). A lost connection is a
-        :class:`NodeError`; an ``OSError`` (the node's file system refusing) is what
-        ``os_error`` makes of it (the two callers differ)."""
+        """``files`` (path -> content, mode) onto ``host`` over SFTP; a lost connection or a
+        folder the node cannot write is a :class:`NodeError` naming what failed."""
         conn = self.connection(host)
         try:
             with conn.lock:
                 sftp = conn.sftp()
-                if make_dir is not None:
-                    _makedirs(sftp, make_dir)
+                if make_dir:
+                    _makedirs(sftp, folder)
                 for path, (content, mode) in files.items():
                     _put_atomic(sftp, path, content, mode)
-        except (paramiko.SSHException, EOFError) as exc:
-            raise _copy_failed(host, exc) from exc
-        except OSError as exc:
-            raise os_error(host, exc) from exc
+        except (paramiko.SSHException, EOFError, TimeoutError) as exc:  # the link, not the disk
+            raise NodeError(host, f"copying files failed: {exc_reason(exc)}") from exc
+        except OSError as exc:  # not mounted there, read-only, full, a file in the way
+            why = exc_reason(exc)
+            raise NodeError(host, f"cannot write files into {folder}: {why}") from exc
 
     def _start_node(self, request: LaunchRequest, node_rank: int, token: str) -> NodeProcess:
         host = request.hosts[node_rank]
@@ -368,10 +362,6 @@ class SSHExecutor(Executor):
         if code != 0:
             raise RemoteCommandError(host, f"process reaper ({request.what})", code, err)
         return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def _copy_failed(host: str, exc: BaseException) -> NodeError:
-    return NodeError(host, f"copying files failed: {exc}")
 
 
 def _makedirs(sftp: paramiko.SFTPClient, path: PurePosixPath) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from tuner.launch.megatron_flags import (
     megatron_precision_flags,
 )
 from tuner.launch.torchtitan_flags import torchtitan_flags
+from tuner.spec.bounds import _ENV_NAME
 from tuner.spec.frameworks import traits
 from tuner.spec.study import LaunchSpec, StudySpec
 from tuner.spec.template_owner import SCRIPT_SUFFIX, template_dirs
@@ -63,7 +63,6 @@ TRAIN_ARGS_HINT = (
     "--mock-data there to train on it anyway)"
 )
 """Why a Megatron template's full run refuses an empty ``launch.train_args``."""
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,7 +247,8 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
         "Run on every node: NODE_RANK=<k> bash launch.sh (one node: bash launch.sh; in a Slurm "
         "job SLURM_NODEID is the rank). Master address: MASTER_ADDR, else the first node of the "
         "Slurm allocation, else the first host of the file HOSTFILE names, else "
-        "the study's first SSH node, else 127.0.0.1 for one node.",
+        "the study's first SSH node (the address its trials used), else 127.0.0.1 for one "
+        "node.",
     ]  # fmt: skip
 
 
@@ -278,11 +279,24 @@ def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[
     for name, content in rendered.files.items():
         write_atomic(files_dir / name, content)
         written.append(files_dir / name)
-    sources = MasterSources(
-        study_host=spec.node_names[0] if spec.cluster.executor == "ssh" else None,
-    )
+    sources = MasterSources(study_host=_trials_master(spec))
     text = launch_script(header(record, spec, len(rendered.scripts)), rendered.scripts, sources)
     return text, written
+
+
+def _trials_master(spec: StudySpec) -> str | None:
+    """For an SSH study, the master address its trials used: the first node's address in the
+    ssh config (a node name may be an alias only this machine knows), or the node's name where
+    that config cannot be read here; else None."""
+    if spec.cluster.executor != "ssh":
+        return None
+    from tuner.launch.ssh import SSHExecutor
+
+    try:
+        with SSHExecutor(spec.cluster.ssh) as executor:
+            return executor.master_addr(spec.node_names[:1])
+    except ConfigError:  # the study's ssh config is not on this machine
+        return spec.node_names[0]
 
 
 def _script(record: TrialRecord, spec: StudySpec) -> Export:

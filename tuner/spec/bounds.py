@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 from tuner.errors import ConfigError
 
@@ -27,8 +28,9 @@ LAST_PORT = 65535  # the highest TCP port (16 bits): a master port may be this o
 
 
 # Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-"""A shell identifier: environment variable names and ``${NAME}`` references."""
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+"""A shell identifier: environment variable names and ``${NAME}`` references (``\\Z``, not
+``$``, which matches before a final line break: ``export NAME\\n=value`` is two commands)."""
 _HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9._:\[\]-]*|::[0-9A-Fa-f:.]*")
 
 
@@ -57,6 +59,26 @@ def listed_twice(node: str, seen: dict[str, str]) -> str | None:
     if first == node:
         return f"{_short(node)} is listed twice"
     return f"{_short(node)} is listed twice (first as {_short(first)}: host names ignore case)"
+
+
+MASTER_PLACEHOLDER = "@TUNER_MASTER_ADDR@"
+"""Stands for the master address in node scripts rendered before the job has nodes (a Slurm
+trial's, ``tune best``'s), replaced there: no study value may hold it."""
+
+
+def placeholder_field(values: Mapping[str, object]) -> str | None:
+    """The path (``env.X``, ``extra_args[1]``) of the first string of ``values`` (a field's
+    string, strings or mapping of them) that holds :data:`MASTER_PLACEHOLDER`, else None."""
+    for name, value in values.items():
+        items: Iterable[tuple[str, object]] = (
+            [(f"{name}.{k}", v) for k, v in value.items()] if isinstance(value, Mapping)
+            else [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+            if isinstance(value, tuple | list) else [(name, value)]
+        )  # fmt: skip
+        for path, text in items:
+            if isinstance(text, str) and MASTER_PLACEHOLDER in text:
+                return path
+    return None
 
 
 def read_integer(raw: str) -> int | None:

@@ -306,7 +306,7 @@ class StudyLoop:
             guarded(f"writing {run.job.paths.metrics_json}",
                     lambda: write_metrics(run.job.paths, verdict, result))  # fmt: skip
         self._finish(run.trial, run.config, run.placement, verdict, result.duration_s,
-                     node_errors=tuple(result.node_errors))  # fmt: skip
+                     node_errors=Scheduler.faults(result))  # fmt: skip
         if result.node_errors:
             self.recover()  # retried on other nodes
 
@@ -386,7 +386,7 @@ class StudyLoop:
         # first pass that launches nothing (another worker holding the nodes or the budget lease).
         self.summary.stop_reason = self.budget_reason(trials) or ""
         if not self.summary.stop_reason and self.pool.exhausted:
-            self.summary.stop_reason = "every node is quarantined"
+            self.summary.stop_reason = self.pool.exhausted_reason
         elif not self.summary.stop_reason:
             self._launch_more(trials)
         self.proxies.confirm(self, trials)  # the best proxies run at full scale before the end

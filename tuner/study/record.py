@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 from tuner.catalog import GPUSpec
 from tuner.errors import StorageError
 from tuner.launch import JobResult
+from tuner.launch.pool import EXHAUSTED
 from tuner.layout import TrialPaths
 from tuner.models.time.estimate import model_flops_per_step
 from tuner.outcome import Outcome
@@ -57,8 +58,9 @@ class Summary:
     @property
     def failed(self) -> str | None:
         """Why ``tune run`` exits 1 (None: it succeeded): trials could not be launched, every
-        node is quarantined, or trials ran and none measured a step time."""
-        if self.stop_reason == LAUNCH_ERRORS_STOP or self.stop_reason.startswith("every node"):
+        node, or too many to form a trial, is quarantined, or trials ran and none measured a
+        step time."""
+        if self.stop_reason == LAUNCH_ERRORS_STOP or self.stop_reason.startswith(EXHAUSTED):
             return self.stop_reason
         ran = sum(n for k, n in self.outcomes.items() if Outcome(k).launched)
         if ran and not self.measured_any:

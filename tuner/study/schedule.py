@@ -20,7 +20,9 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.errors import UnreachableNodes
 from tuner.launch import LaunchRequest, NodeGroup, NodePool
+from tuner.launch.pool import NodeFault
 from tuner.layout import ResultsLayout
 from tuner.study.holder import provably_dead
 from tuner.study.leases import Lease, LeaseConflict, Leases
@@ -63,6 +65,8 @@ class Scheduler:
         self.worker, self.heartbeat_s, self.clock = worker, heartbeat_s, clock
         self.waiting_for: set[str] = set()
         """Nodes last found leased by another worker (shown while nothing can start)."""
+        self._tried: dict[tuple[str, int], float] = {}
+        """When this worker last tried to clean up each dead holder's trial (holder, trial)."""
         self.adopt: Callable[[Lease], bool] | None = None
         """Takes over a dead holder's still-queued or running batch job instead of ending it
         (:mod:`tuner.study.reattach`); True when it did."""
@@ -82,7 +86,7 @@ class Scheduler:
             try:
                 self.leases.claim(resources, self.worker, hosts=group.hosts)
             except LeaseConflict as conflict:
-                self.pool.release(group)
+                self.pool.release(group, ran=False)
                 if not self._take_over(conflict.held):
                     busy = {r.removeprefix("host:") for x in conflict.held
                             for r in [x.resource] if r.startswith("host:")}  # fmt: skip
@@ -102,6 +106,18 @@ class Scheduler:
         self.pool.release(placement.group, node_errors=node_errors)
         self.leases.release(self.worker, placement.resources)
 
+    @staticmethod
+    def faults(result: Any) -> tuple[NodeFault, ...]:
+        """A finished job's (``JobResult``) node errors, and each node where processes survived
+        the kill, quarantined at once: tuner cannot end them, and the next trial there would
+        find their GPUs and ports taken (a false OOM or a hang, blamed on its config)."""
+        survived: dict[str, str] = {}
+        for line in result.survivors:  # "host: pid stat args"
+            host, _, what = line.partition(": ")
+            survived.setdefault(host, what)
+        stuck = ((h, f"processes survived the kill: {w}", True) for h, w in survived.items())
+        return (*result.node_errors, *stuck)
+
     def renew(self) -> None:
         """This worker's heartbeat on all its leases."""
         self.leases.renew(self.worker)
@@ -116,26 +132,42 @@ class Scheduler:
         freed = False
         for trial in {(x.holder, x.trial) for x in dead}:
             leases = [x for x in dead if (x.holder, x.trial) == trial]
-            if self._clean(leases[0]):
+            if self._clean(leases[0], now):
                 for x in leases:
                     self.leases.take_over(x)
                 freed = True
         return freed
 
-    def _clean(self, lease: Lease) -> bool:
-        """End what the dead holder's trial left on its nodes; True when nothing survives."""
+    def _clean(self, lease: Lease, now: float) -> bool:
+        """End what the dead holder's trial left on its nodes; True when nothing survives. Tried
+        once a heartbeat, not on every pass of the loop; a node it cannot reach gets a strike
+        in the pool, as a node that fails a trial does, so a node that stays away is
+        quarantined instead of waited on for ever."""
         if lease.token is None or lease.trial is None or not lease.hosts:
             return True  # claimed but never launched
         if self.adopt is not None and self.adopt(lease):
             return True  # its job is watched by this worker now
-        return end_lost_trial(self.executor, self.layout, lease.trial, lease.hosts,
-                              lease.token, lease.node_dir)  # fmt: skip
+        key = (lease.holder, lease.trial)
+        if key in self._tried and now - self._tried[key] < self.heartbeat_s:
+            return False
+        unreachable: list[tuple[str, str]] = []
+        clean = end_lost_trial(self.executor, self.layout, lease.trial, lease.hosts, lease.token,
+                               lease.node_dir, unreachable=unreachable,
+                               again=key in self._tried)  # fmt: skip
+        self._tried[key] = now
+        for host, reason in unreachable:
+            self.pool.strike(host, f"cannot clean up trial {lease.trial} there: {reason}")
+        return clean
 
 
 def end_lost_trial(executor: Any, layout: ResultsLayout, trial: int, hosts: tuple[str, ...],
-                   token: str, node_dir: str | None) -> bool:  # fmt: skip
+                   token: str, node_dir: str | None, *,
+                   unreachable: list[tuple[str, str]] | None = None,
+                   again: bool = False) -> bool:  # fmt: skip
     """End every process a dead worker's trial left on its nodes; True when none survives (an
-    unreachable node counts as not clean: its nodes keep their lease until it can be checked)."""
+    unreachable node counts as not clean: its nodes keep their lease until it can be checked).
+    ``unreachable`` gets ``(host, reason)`` of each node not reached; ``again``: a retry, whose
+    failure is logged at debug level (the first one was said)."""
     request = LaunchRequest(
         trial=trial, hosts=hosts, scripts=("",) * len(hosts), paths=layout.trial(trial),
         node_dir=node_dir,
@@ -143,7 +175,10 @@ def end_lost_trial(executor: Any, layout: ResultsLayout, trial: int, hosts: tupl
     try:
         survivors = executor.reap_lost(request, token)
     except Exception as exc:  # an unreachable node must not stop the study
-        logger.error("trial %d of a dead worker: %s", trial, exc)
+        logger.log(logging.DEBUG if again else logging.ERROR, "trial %d of a dead worker: %s",
+                   trial, exc)  # fmt: skip
+        if unreachable is not None and isinstance(exc, UnreachableNodes):
+            unreachable.extend(exc.errors)
         return False
     if survivors:
         logger.error("trial %d of a dead worker: processes survive: %s", trial,
