@@ -47,6 +47,9 @@ class Column:
     minor: bool = False
     """A secondary figure: left out, least important first, rather than fold the text of a
     folding column."""
+    number: bool = False
+    """An identifier (a trial's or a stage's number), not a figure: kept when it is 0 in every
+    row (trial 0 alone, the one stage of pp = 1), which says which one, not how much."""
     path: bool = False
     """File paths: a folding column may break one inside a name, after a ``/`` where it can
     (a long path, one word, otherwise kept the figures beside it out of the table)."""
@@ -232,8 +235,8 @@ def _grow(grid: Grid, kept: list[int], spare: int) -> list[int | None]:
 
 def without_zeros(grid: Grid) -> Grid:
     """The grid without the figure columns that are 0 in every row, named in a note instead."""
-    zero = [i for i, c in enumerate(grid.columns)
-            if c.right and grid.rows and all(row[i] == "0" for row in grid.rows)]  # fmt: skip
+    zero = [i for i, c in enumerate(grid.columns) if c.right and not c.number and grid.rows
+            and all(row[i] == "0" for row in grid.rows)]  # fmt: skip
     if not zero:
         return grid
     keep = [i for i in range(len(grid.columns)) if i not in zero]

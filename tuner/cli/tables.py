@@ -147,7 +147,7 @@ def _stage_cells(s: dict[str, Any]) -> dict[str, str]:
 
 def _print_stage_table(console: Console, memory: dict[str, Any], names: list[str] | None) -> None:
     cells = [_stage_cells(s) for s in memory["stages"]]
-    columns = tuple(render.Column(name=n, header=h, right=n != "peak_phase")
+    columns = tuple(render.Column(name=n, header=h, right=n != "peak_phase", number=n == "stage")
                     for n, h in STAGE_COLUMNS)  # fmt: skip
     render.render(console, render.Grid(
         title="per pipeline stage, at each stage's peak phase",

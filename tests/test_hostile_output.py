@@ -1,0 +1,72 @@
+"""What ``tune`` prints must survive stored state that is odd or hostile: a trial numbered 0, a
+figure that is not finite, control characters in a failure's reason, markup in the report's
+hover texts. Each case was a defect found by feeding such state to the real commands."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState, create_trial
+
+from tests.test_hostile_inputs import BASE
+from tuner.cli.main import main
+from tuner.config.parallel import ParallelConfig
+from tuner.layout import ResultsLayout
+
+
+def _strict_json(text: str) -> Any:
+    """``text`` parsed as JSON proper: ``NaN`` and ``Infinity`` are no JSON (jq, a browser's
+    ``JSON.parse`` and most parsers refuse them; Python's accepts them by default)."""
+
+    def refuse(word: str) -> None:
+        raise ValueError(f"{word} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _study(tmp_path: Path, attrs: list[dict[str, Any]]) -> Path:
+    """BASE's study file with one trial stored per ``attrs`` (a measured one where it has a
+    step time); returns the study file."""
+    data = copy.deepcopy(BASE)
+    data["launch"]["train_args"] = ["--mock-data"]
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(data))
+    layout = ResultsLayout(tmp_path / "results", data["name"])
+    layout.storage_path.parent.mkdir(parents=True)
+    stored = optuna.create_study(study_name=data["name"], storage=layout.storage_url)
+    config = ParallelConfig(tp=2, micro_batch_size=1, global_batch_size=8)
+    for a in attrs:
+        full = {"config": dataclasses.asdict(config), "key": config.key(), "launched": True,
+                "hosts": ["n1"], "duration_s": 60.0, "predicted_step_s": 1.0,
+                "predicted_peak_gib": 10.0, **a}  # fmt: skip
+        step = full.get("step_time_s")
+        state = TrialState.COMPLETE if step is not None else TrialState.FAIL
+        stored.add_trial(create_trial(state=state, value=step, user_attrs=full))
+    return study
+
+
+def test_trial_0_and_the_one_stage_keep_their_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A column that is 0 in every row is left out and named (a figure: no bubble at pp = 1);
+    a trial's or a stage's number is no figure: the board of a study whose one trial is trial 0
+    said "0 in every row: trial" and showed no trial, the per-stage table of a pp = 1 config
+    "0 in every row: stage"."""
+    ok = {"outcome": "ok", "step_time_s": 1.2, "tokens_per_s": 1706.0, "mfu": 0.3,
+          "peak_memory_gib": 11.0}  # fmt: skip
+    study = _study(tmp_path, [ok])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["leaderboard", "--study", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert "in every row: trial" not in out and " trial " in out.splitlines()[1], out
+    assert main(["estimate", "--study", str(study), "--set", "tp=2"]) == 0
+    out = capsys.readouterr().out
+    assert "in every row: stage" not in out and "stage" in out, out
