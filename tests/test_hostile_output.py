@@ -35,7 +35,7 @@ def _study(tmp_path: Path, attrs: list[dict[str, Any]]) -> Path:
     """BASE's study file with one trial stored per ``attrs`` (a measured one where it has a
     step time); returns the study file."""
     data = copy.deepcopy(BASE)
-    data["launch"]["train_args"] = ["--mock-data"]
+    data["launch"] |= {"train_args": ["--mock-data"], "megatron_path": "/opt/megatron"}
     study = tmp_path / "study.yaml"
     study.write_text(yaml.safe_dump(data))
     layout = ResultsLayout(tmp_path / "results", data["name"])
@@ -70,3 +70,20 @@ def test_trial_0_and_the_one_stage_keep_their_columns(
     assert main(["estimate", "--study", str(study), "--set", "tp=2"]) == 0
     out = capsys.readouterr().out
     assert "in every row: stage" not in out and "stage" in out, out
+
+
+def test_json_of_a_figure_that_is_not_finite_is_null(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune best --format json`` wrote a stored infinity or NaN as ``Infinity`` / ``NaN``: no
+    JSON (jq and ``JSON.parse`` refuse the document). It is null, as the leaderboard's JSON
+    (pandas) already wrote it."""
+    odd = {"outcome": "ok", "step_time_s": 1.2, "tokens_per_s": float("inf"),
+           "mfu": float("nan"), "peak_memory_gib": 11.0}  # fmt: skip
+    study = _study(tmp_path, [odd])
+    monkeypatch.chdir(tmp_path)
+    for command in (["best", "--format", "json"], ["leaderboard", "--format", "json"]):
+        assert main([*command, "--study", str(study)]) == 0
+        data = _strict_json(capsys.readouterr().out)
+        best = data["measured"] if command[0] == "best" else data[0]
+        assert best["mfu"] is None and best["tokens_per_s"] is None, best
