@@ -378,6 +378,10 @@ def _nan(node: dict[str, Any], key: str) -> None:
     node[key] = float("nan")
 
 
+ALIAS_BOMB = ("{" + ", ".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]"
+                              for i in range(9)) + "}").encode()  # fmt: skip
+"""A flow mapping of nine levels of nine aliases of the level below: 9**8 leaves once walked."""
+
 # (id, "profile" or "calibration", the file's bytes or a function making it, words of the line).
 # Each was a traceback (or, for a FIFO, a hang) before, or a NaN the models took as a figure.
 SavedFile = bytes | Callable[[Path], None]
@@ -421,6 +425,12 @@ BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
      "observations"][0]["config"].update(pipeline_split="zz")), "config.pipeline_split: 'zz'"),
     ("calibration-observation-a-number", "calibration", _edited(_calibration_data, lambda d: d[
      "observations"].append(7)), "observations[2]: expected a mapping"),
+    # a hang and a GB: `tune profile --show --json` dumped the profile's tool, the calibration
+    # took str() of its cluster (the study file refuses aliases; these files were read with them)
+    ("profile-alias-bomb", "profile", _edited(_profile_data, lambda d: d.update(tool="BOMB"))
+     .replace(b"BOMB", ALIAS_BOMB), "not YAML: aliases (*name) are not allowed"),
+    ("calibration-alias-bomb", "calibration", _edited(_calibration_data, lambda d: d.update(
+     cluster="BOMB")).replace(b"BOMB", ALIAS_BOMB), "not YAML: aliases (*name) are not allowed"),
 ]  # fmt: skip
 
 
