@@ -398,6 +398,10 @@ BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
      hosts=float("inf"))), "hosts is not int: inf"),
     ("profile-huge-int-figure", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
      tflops=10**400)), "gemm[0].tflops is not float"),
+    ("profile-gemm-of-size-zero", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     m=0)), "gemm[0].m is not int: 0"),  # "math domain error": the log of each size
+    ("profile-figure-true", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     tflops=True)), "gemm[0].tflops is not float: True"),  # was 1.0 TFLOP/s
     ("profile-created-garbage", "profile", _edited(_profile_data, lambda d: d.update(
      created="yesterday")), "created is not an ISO 8601 time with its zone: 'yesterday'"),
     ("profile-created-no-zone", "profile", _edited(_profile_data, lambda d: d.update(
