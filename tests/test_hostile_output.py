@@ -87,3 +87,30 @@ def test_json_of_a_figure_that_is_not_finite_is_null(
         data = _strict_json(capsys.readouterr().out)
         best = data["measured"] if command[0] == "best" else data[0]
         assert best["mfu"] is None and best["tokens_per_s"] is None, best
+
+
+def test_a_database_another_process_holds_is_one_wait_then_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQLite's busy timeout (60 s) waits for another process's lock; opening the storage then
+    tried four times more, each waiting as long: ``tune leaderboard`` on a database held by an
+    ``sqlite3`` shell said nothing for 314 s before its line. One wait, then the line."""
+    import sqlite3
+    import time
+
+    from tuner.study import driver
+
+    study = _study(tmp_path, [{"outcome": "ok", "step_time_s": 1.2, "tokens_per_s": 1706.0}])
+    holder = sqlite3.connect(tmp_path / "results" / "hostile" / "study.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # as another program's open write transaction
+    monkeypatch.setattr(driver, "SQLITE_BUSY_TIMEOUT_S", 0.05)
+    pauses: list[float] = []
+    monkeypatch.setattr(time, "sleep", pauses.append)  # the retries' pauses, not the driver's
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert main(["leaderboard", "--study", str(study)]) == 2
+    finally:
+        holder.close()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "database is locked" in lines[0], lines
+    assert pauses == [], pauses
