@@ -114,3 +114,36 @@ def test_a_database_another_process_holds_is_one_wait_then_one_line(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "database is locked" in lines[0], lines
     assert pauses == [], pauses
+
+
+@pytest.mark.parametrize("columns", ["120", None])
+def test_a_reason_s_control_characters_are_shown_not_obeyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    columns: str | None,
+) -> None:  # fmt: skip
+    """A failed trial's reason is the tail of a program's output; the board printed its colour
+    code, carriage return and right-to-left override raw: the terminal turned red, and the
+    rest of the row was drawn over its start or backwards. Each is shown as its escape."""
+    reason = "\x1b[31mRuntimeError: CUDA error\x07\rcut\u202eoof"
+    study = _study(tmp_path, [{"outcome": "launch_error", "reason": reason}])
+    monkeypatch.chdir(tmp_path)
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)  # a file: the plain table
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert main(["leaderboard", "--study", str(study), "--all", "--columns", "trial,reason"]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\r\u202e"), repr(out)
+    shown = "\\x1b[31mRuntimeError: CUDA error\\x07\\rcut\\u202eoof"
+    assert shown in out.replace("\n ", "").replace(" \n", ""), out
+
+
+def test_an_error_quoting_a_newline_stays_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune: error:`` is one line: a ``--results`` folder named with a newline made it two."""
+    study = _study(tmp_path, [])
+    monkeypatch.chdir(tmp_path)
+    assert main(["leaderboard", "--study", str(study), "--results", "new\nline"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "new\\nline" in lines[0], lines

@@ -9,6 +9,7 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shutil
@@ -248,9 +249,30 @@ def without_zeros(grid: Grid) -> Grid:
     )  # fmt: skip
 
 
+def visible(text: str) -> str:
+    """``text`` with each character a terminal acts on instead of showing (ESC and the other
+    control characters, a carriage return, a bidirectional override) written as its Python
+    escape (``\\x1b``). A failed trial's reason is the tail of a program's output: its colour
+    codes recoloured the terminal, and a ``\\r`` or an override moved figures out of their
+    columns; the one line of an error became two at a newline."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def _visible(grid: Grid) -> Grid:
+    """``grid`` with every text it prints made :func:`visible` (headers are tuner's own)."""
+    return dataclasses.replace(
+        grid, title=visible(grid.title), constant=visible(grid.constant),
+        rows=tuple(tuple(visible(cell) for cell in row) for row in grid.rows),
+        notes=tuple(visible(note) for note in grid.notes),
+    )  # fmt: skip
+
+
 def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None:
     """Print ``grid``: fitted to the output's width, or plain when there is none (without the
     columns that are 0 in every row, unless ``names`` asks for them)."""
+    grid = _visible(grid)
     grid = choose(grid, names) if names is not None else without_zeros(grid)
     if grid.title:  # a line of its own: a table's title would wrap to the table's width
         out.print(grid.title, markup=False)
