@@ -147,3 +147,19 @@ def test_an_error_quoting_a_newline_stays_one_line(
     assert main(["leaderboard", "--study", str(study), "--results", "new\nline"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "new\\nline" in lines[0], lines
+
+
+def test_a_character_yaml_refuses_is_named_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NUL or a terminal's bell in a study file said only "invalid YAML": which character,
+    and where in a file of hundreds of lines, was for the user to find."""
+    text = yaml.safe_dump(BASE)
+    lines = text.count("\n")
+    for char in ("\0", "\x07"):
+        study = tmp_path / "study.yaml"
+        study.write_text(text + f"description: a{char}b\n")
+        assert main(["space", "--study", str(study)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        said = f"a character YAML does not allow ({char!r}) at line {lines + 1}"
+        assert len(err) == 1 and err[0].endswith(said), err
