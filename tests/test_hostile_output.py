@@ -163,3 +163,21 @@ def test_a_character_yaml_refuses_is_named_with_its_line(
         err = capsys.readouterr().err.strip().splitlines()
         said = f"a character YAML does not allow ({char!r}) at line {lines + 1}"
         assert len(err) == 1 and err[0].endswith(said), err
+
+
+@pytest.mark.parametrize(("host", "line"), [("gpu1:2222", 2), ("[gpu1]:22", 1)])
+def test_a_host_with_a_port_is_refused_naming_where_a_port_goes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str, line: int
+) -> None:
+    """``gpu1:2222`` in a hostfile was taken for a host of that name (':' is allowed for IPv6
+    addresses): only the preflight's connection said "cannot connect to user@gpu1:2222:22"."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("gpu0\ngpu1:2222\n" if line == 2 else f"{host}\n")
+    data = copy.deepcopy(BASE)
+    data["cluster"] = {"gpu": "h100-sxm-80gb", "gpus_per_node": 2, "hostfile": str(hosts)}
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump(data))
+    assert main(["space", "--study", str(study)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"hosts:{line}: '{host}' is not a host name" in err[0], err
+    assert "a port is cluster.ssh.port" in err[0], err
