@@ -181,3 +181,29 @@ def test_a_host_with_a_port_is_refused_naming_where_a_port_goes(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"hosts:{line}: '{host}' is not a host name" in err[0], err
     assert "a port is cluster.ssh.port" in err[0], err
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    ("random-bytes", "cannot open storage 'sqlite:///"),
+    ("another-programs-database", "cannot read the study's storage: no such column"),
+])  # fmt: skip
+def test_the_dry_run_of_a_study_whose_storage_is_unusable_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, words: str
+) -> None:
+    """``tune run --dry-run`` planned the study (exit 0) over a storage ``tune run`` could not
+    open (bytes that are no database) or read (another program's database): the plan was of a
+    run that could not start. As the read commands, it says so in one line, exit 2."""
+    import sqlite3
+
+    study = _study(tmp_path, [])
+    db = tmp_path / "results" / "hostile" / "study.db"
+    db.unlink()
+    if damage == "random-bytes":
+        db.write_bytes(bytes(range(256)) * 64)
+    else:
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE studies (owner TEXT)")
+    argv = ["run", "--study", str(study), "--dry-run", "--results", str(tmp_path / "results")]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines

@@ -163,7 +163,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from tuner.cli.dry_run import dry_run
 
-        return dry_run(spec, args.format == "json", args.n_trials, args.results)
+        return dry_run(spec, args.format == "json", args.n_trials, args.results, args.storage)
     from tuner.space.enumerate import enumerate_space, require_viable
 
     # Before any storage exists: some config is viable and, under a limit the user set, some
