@@ -386,6 +386,10 @@ def _nan(node: dict[str, Any], key: str) -> None:
     node[key] = float("nan")
 
 
+ALIAS_BOMB = ("{" + ", ".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]"
+                              for i in range(9)) + "}").encode()  # fmt: skip
+"""A flow mapping of nine levels of nine aliases of the level below: 9**8 leaves once walked."""
+
 # (id, "profile" or "calibration", the file's bytes or a function making it, words of the line).
 # Each was a traceback (or, for a FIFO, a hang) before, or a NaN the models took as a figure.
 SavedFile = bytes | Callable[[Path], None]
@@ -402,6 +406,10 @@ BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
      hosts=float("inf"))), "hosts is not int: inf"),
     ("profile-huge-int-figure", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
      tflops=10**400)), "gemm[0].tflops is not float"),
+    ("profile-gemm-of-size-zero", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     m=0)), "gemm[0].m is not int: 0"),  # "math domain error": the log of each size
+    ("profile-figure-true", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     tflops=True)), "gemm[0].tflops is not float: True"),  # was 1.0 TFLOP/s
     ("profile-created-garbage", "profile", _edited(_profile_data, lambda d: d.update(
      created="yesterday")), "created is not an ISO 8601 time with its zone: 'yesterday'"),
     ("profile-created-no-zone", "profile", _edited(_profile_data, lambda d: d.update(
@@ -429,6 +437,12 @@ BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
      "observations"][0]["config"].update(pipeline_split="zz")), "config.pipeline_split: 'zz'"),
     ("calibration-observation-a-number", "calibration", _edited(_calibration_data, lambda d: d[
      "observations"].append(7)), "observations[2]: expected a mapping"),
+    # a hang and a GB: `tune profile --show --json` dumped the profile's tool, the calibration
+    # took str() of its cluster (the study file refuses aliases; these files were read with them)
+    ("profile-alias-bomb", "profile", _edited(_profile_data, lambda d: d.update(tool="BOMB"))
+     .replace(b"BOMB", ALIAS_BOMB), "not YAML: aliases (*name) are not allowed"),
+    ("calibration-alias-bomb", "calibration", _edited(_calibration_data, lambda d: d.update(
+     cluster="BOMB")).replace(b"BOMB", ALIAS_BOMB), "not YAML: aliases (*name) are not allowed"),
 ]  # fmt: skip
 
 

@@ -49,14 +49,17 @@ def _text(content: bytes) -> Callable[[Path], None]:
 
 
 def _bombed(field: str) -> Callable[[Path], None]:
-    """``field`` (``rows[0].key`` for a row's) made a "billion laughs": nine levels of nine
-    aliases of the level below."""
+    """``field`` (``rows[0].key`` for a row's, ``versions.torch`` for a mapping's) made a
+    "billion laughs": nine levels of nine aliases of the level below."""
     levels = [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]" for i in range(9)]
     bomb = "[" + ", ".join(levels[:-1]) + ", " + levels[-1] + "]"
 
     def write(path: Path) -> None:
         data = yaml.safe_load(path.read_text())
         node, key = (data["rows"][0], "key") if field.startswith("rows") else (data, field)
+        if "." in key:  # versions.torch: a package's version
+            parent, key = key.split(".")
+            node = node[parent]
         node[key] = "BOMB"
         path.write_text(yaml.safe_dump(data).replace("BOMB", bomb, 1))
 
@@ -85,11 +88,11 @@ DAMAGED: list[tuple[str, Callable[[Path], None], str]] = [
     ("created-a-number", _edited(lambda d: d.update(created=5)),
      "created: expected an ISO 8601 time, got 5"),
     ("created-garbage", _edited(lambda d: d.update(created="soon")), "created: Invalid isoformat"),
-    # an alias bomb (43 million leaves): its str() or repr built all of it, seconds and a GB
-    *[(f"alias-bomb-{field}", _bombed(field), f"{field}: expected {what}, got [[")
-      for field, what in (("versions", "a mapping of package: version"),
-                          ("created", "an ISO 8601 time"))],
-    ("alias-bomb-in-a-row", _bombed("rows[0].key"), "rows[0].key: expected a string, got [["),
+    # an alias bomb (43 million leaves): its str() or repr built all of it, seconds and a GB;
+    # then each field's check was made safe, but a package's version was shown as it was
+    # (`tune profile --probe --show --json` walked it): tuner writes no alias, none is read
+    *[(f"alias-bomb-{field}", _bombed(field), "aliases (*name) are not allowed")
+      for field in ("versions", "created", "versions.torch", "rows[0].key")],
 ]  # fmt: skip
 
 

@@ -475,15 +475,13 @@ def _bomb(top: str) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("field", "words"), [
-    ("dtype", "dtype is not str: [["),
-    ("created", "created is not an ISO 8601 time with its zone: [["),
-])  # fmt: skip
-def test_an_alias_bomb_in_a_profile_is_one_short_line(
-    tmp_path: Path, field: str, words: str
-) -> None:
+@pytest.mark.parametrize("field", ["dtype", "created", "tool"])
+def test_an_alias_bomb_in_a_profile_is_one_short_line(tmp_path: Path, field: str) -> None:
     """str() of the bomb (a text field) and its repr in the message built all of it: seconds,
-    a GB, and a message of hundreds of MB."""
+    a GB, and a message of hundreds of MB; then each field's check was made safe, but the
+    free-form ``tool`` was kept as it was (``tune profile --show --json`` walked it). tuner
+    writes no alias: none is read."""
+    words = "not YAML: aliases (*name) are not allowed"
     path = tmp_path / "clusters" / "c.yaml"
     save_profile(a_profile(), path)
     data = yaml.safe_load(path.read_text())

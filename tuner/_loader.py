@@ -67,6 +67,19 @@ def load_yaml(text: str) -> object:
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+class NoAliasCLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's safe loader (PyYAML's own where it has no libyaml) without aliases, for the
+    large files tuner writes itself and never with an anchor (a cluster's calibration): libyaml
+    composes the document, so the alias is refused where a node is constructed a second time.
+    A file edited to hold an alias bomb loads as shared lists, cheaply, but every walk of them
+    (``str()``, a JSON dump) builds all of their 43 million leaves."""
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        if node in self.constructed_objects:
+            raise ConstructorError(None, None, "aliases (*name) are not allowed", node.start_mark)
+        return super().construct_object(node, deep=deep)
+
+
 def _join(path: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"

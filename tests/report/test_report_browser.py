@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from optuna.trial import TrialState
@@ -143,8 +144,14 @@ def test_the_memory_menu_and_the_leaderboard_sort_work(browser: Browser, report:
     assert all(c.strip() for c in cells[: len(values)])
 
 
+MARKUP_REASON = '<a href="javascript:alert(1)">here</a> <b onmouseover="alert(2)">x</b> & <img>'
+"""A failure's reason that quotes markup (a program's output may): plotly read hover labels as
+its own markup, and made this one a link (a JavaScript error on hovering it among others)."""
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_pages_of_tiny_studies_load_without_errors(browser: Browser, tmp_path: Path) -> None:
+    """Also: the OOM of the second page hovers as its reason's text, markup and all."""
     from tests.report.test_report_data import new_study
     from tests.test_results import SPEC, config, record
     from tuner.outcome import Outcome
@@ -152,11 +159,28 @@ def test_pages_of_tiny_studies_load_without_errors(browser: Browser, tmp_path: P
     study = new_study(tmp_path)
     empty, _ = build_report(SPEC, results=str(tmp_path), out=tmp_path / "empty.html")
     record(study, SPEC, config(2, 1), Outcome.OK, 3.0, launched=True, duration_s=60.0)
+    record(study, SPEC, config(2, 2), Outcome.OOM, reason=MARKUP_REASON, launched=True,
+           predicted_peak_gib=70.0, duration_s=60.0)  # fmt: skip
     one, _ = build_report(SPEC, results=str(tmp_path), out=tmp_path / "one.html")
     for path, drawn in ((empty, {"predicted": 2}), (one, {"predicted": 2, "memory": 1})):
         page, view = browser.open(path)
+        hover = _hover_first(page, "#fig-peak_memory") if path == one else ("", 0)
         page.close()
         assert view.problems(drawn) == [], path.name
+    text, links = hover
+    assert MARKUP_REASON in text and links == 0, (text, links)
+
+
+def _hover_first(page: Any, figure: str) -> tuple[str, int]:
+    """Hover the first point of ``figure``: its label's text and the links drawn in it."""
+    point = page.locator(f"{figure} .scatterlayer .points path.point").first
+    point.scroll_into_view_if_needed()
+    box = point.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    label = page.locator(f"{figure} .hoverlayer .hovertext").first
+    label.wait_for(timeout=5000)
+    return label.text_content() or "", page.locator(f"{figure} .hoverlayer a").count()
 
 
 LAYOUT_JS = """() => ({

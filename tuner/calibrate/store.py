@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from tuner._loader import load_dataclass
+from tuner._loader import NoAliasCLoader, load_dataclass
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout, beside, held, write_atomic
@@ -50,13 +50,14 @@ from tuner.spec.pipeline_split import canonical_split
 
 logger = logging.getLogger(__name__)
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_LOADER = NoAliasCLoader
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """libyaml's safe loader and dumper where PyYAML has them (the pure-Python ones otherwise): a
 calibration grows by an observation per measured trial, and at 10,000 the pure-Python dumper
 took about 9 s of CPU at the end of a study and its loader 20 s at the start of the next; these
 take a third and a quarter. The file is the same bytes (the two emitters differ only in where
-they fold a long escaped non-ASCII string, which loads back the same)."""
+they fold a long escaped non-ASCII string, which loads back the same). The loader refuses
+aliases (:class:`~tuner._loader.NoAliasCLoader`): the writer never makes one."""
 
 TRANSFER_SD = 0.1
 """Extra spread, on the log of a ratio, of a correction measured in another study: a prior choice

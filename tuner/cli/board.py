@@ -18,8 +18,12 @@ if TYPE_CHECKING:
     from tuner.report.leaderboard import Board
 
 BOARD_COLUMNS = (
-    render.Column(name="rank", header="rank", meaning="place on the board, fastest first"),
-    render.Column(name="trial", header="trial", meaning="the trial's number in the study"),
+    render.Column(
+        name="rank", header="rank", meaning="place on the board, fastest first", number=True
+    ),
+    render.Column(
+        name="trial", header="trial", meaning="the trial's number in the study", number=True
+    ),
     render.Column(
         name="outcome",
         header="outcome",

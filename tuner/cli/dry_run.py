@@ -29,6 +29,8 @@ def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str, 
     as JSON."""
     from tuner.space.enumerate import require_viable
 
+    readable_storage(spec, storage, results)
+
     # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
     report: SpaceReport
     report, rates, terms, _ = cli_profile.measured_space(spec, results)
@@ -88,3 +90,24 @@ def until(spec: StudySpec, runs: int, budget: int) -> str:
     if not limits:
         return out
     return f"{out} or {' or '.join(limits)}, whichever comes first"
+
+
+def readable_storage(spec: StudySpec, storage: str | None, results: str) -> None:
+    """A one-line error (:func:`tuner.cli.failure.exit_status`) when the study's storage is there
+    and ``tune run`` could not open or read it (a database cut short, random bytes, another
+    program's database): the dry run planned a study that could not start. A storage that is
+    not there, or holds no study of this name, is one ``tune run`` makes or adds to."""
+    from pathlib import Path
+
+    from tuner.layout import ResultsLayout
+    from tuner.study.schema import schema_checked
+    from tuner.study.storage import open_storage
+    from tuner.study.url import resolve_url
+
+    layout = ResultsLayout(Path(results), spec.name)
+    local = resolve_url(storage, layout).local_file
+    if local is not None and (not local.is_file() or local.stat().st_size == 0):
+        return
+    with schema_checked():  # as the read commands open it: no alembic import at the head schema
+        opened = open_storage(storage, layout, create=False)
+    opened.get_all_studies()

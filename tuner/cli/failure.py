@@ -17,15 +17,17 @@ from tuner.errors import TunerError
 def exit_status(exc: BaseException) -> int | None:
     """Write the one line for ``exc`` and return the exit status, or None when ``exc`` is a
     defect of the tool (its traceback is what a bug report needs)."""
+    from tuner.cli.render import visible  # one line, whatever a message quotes
+
     if isinstance(exc, TunerError):
-        sys.stderr.write(f"tune: error: {exc}\n")
+        sys.stderr.write(f"tune: error: {visible(str(exc))}\n")
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         sys.stderr.write("tune: interrupted\n")
         return 130
     if isinstance(exc, OSError):  # a read-only or full results folder, a file that vanished
         where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"tune: error: {where}{exc.strerror or exc}\n")
+        sys.stderr.write(f"tune: error: {visible(f'{where}{exc.strerror or exc}')}\n")
         return 1
     if _from_storage(exc):
         # Opening worked but reading did not: the file at the study's storage path is some other

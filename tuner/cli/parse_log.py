@@ -9,7 +9,6 @@ The ``tune`` entry point registers this with :func:`add_parser` and dispatches t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING, get_args
 
@@ -66,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
         results.append((file, metrics))
     if args.format == "json":
         # One object, as every command prints, however many files were given.
-        payload = {"logs": [metrics.to_json(file) for file, metrics in results]}
-        print(json.dumps(payload, indent=2))
+        from tuner.cli.tables import _emit_json
+
+        _emit_json({"logs": [metrics.to_json(file) for file, metrics in results]})
     else:
         render(console(), _table(results))
     return 0

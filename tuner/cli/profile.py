@@ -204,7 +204,9 @@ FACTOR_COLUMNS = (
     render.Column(name="factor", header="factor", meaning="measured / predicted, fitted"),
 )
 TRIAL_COLUMNS = (
-    render.Column(name="trial", header="trial", meaning="the trial's number in its study"),
+    render.Column(
+        name="trial", header="trial", meaning="the trial's number in its study", number=True
+    ),
     render.CONFIG,
     render.Column(
         name="ratio_model",

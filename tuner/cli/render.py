@@ -9,6 +9,7 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import shutil
@@ -47,6 +48,9 @@ class Column:
     minor: bool = False
     """A secondary figure: left out, least important first, rather than fold the text of a
     folding column."""
+    number: bool = False
+    """An identifier (a trial's or a stage's number), not a figure: kept when it is 0 in every
+    row (trial 0 alone, the one stage of pp = 1), which says which one, not how much."""
     path: bool = False
     """File paths: a folding column may break one inside a name, after a ``/`` where it can
     (a long path, one word, otherwise kept the figures beside it out of the table)."""
@@ -232,8 +236,8 @@ def _grow(grid: Grid, kept: list[int], spare: int) -> list[int | None]:
 
 def without_zeros(grid: Grid) -> Grid:
     """The grid without the figure columns that are 0 in every row, named in a note instead."""
-    zero = [i for i, c in enumerate(grid.columns)
-            if c.right and grid.rows and all(row[i] == "0" for row in grid.rows)]  # fmt: skip
+    zero = [i for i, c in enumerate(grid.columns) if c.right and not c.number and grid.rows
+            and all(row[i] == "0" for row in grid.rows)]  # fmt: skip
     if not zero:
         return grid
     keep = [i for i in range(len(grid.columns)) if i not in zero]
@@ -245,9 +249,30 @@ def without_zeros(grid: Grid) -> Grid:
     )  # fmt: skip
 
 
+def visible(text: str) -> str:
+    """``text`` with each character a terminal acts on instead of showing (ESC and the other
+    control characters, a carriage return, a bidirectional override) written as its Python
+    escape (``\\x1b``). A failed trial's reason is the tail of a program's output: its colour
+    codes recoloured the terminal, and a ``\\r`` or an override moved figures out of their
+    columns; the one line of an error became two at a newline."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def _visible(grid: Grid) -> Grid:
+    """``grid`` with every text it prints made :func:`visible` (headers are tuner's own)."""
+    return dataclasses.replace(
+        grid, title=visible(grid.title), constant=visible(grid.constant),
+        rows=tuple(tuple(visible(cell) for cell in row) for row in grid.rows),
+        notes=tuple(visible(note) for note in grid.notes),
+    )  # fmt: skip
+
+
 def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None:
     """Print ``grid``: fitted to the output's width, or plain when there is none (without the
     columns that are 0 in every row, unless ``names`` asks for them)."""
+    grid = _visible(grid)
     grid = choose(grid, names) if names is not None else without_zeros(grid)
     if grid.title:  # a line of its own: a table's title would wrap to the table's width
         out.print(grid.title, markup=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,23 @@ def _console() -> Console:
 
 
 def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """``data`` on stdout as one JSON document (every command's ``--format json``)."""
+    sys.stdout.write(json.dumps(finite(data), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def finite(data: Any) -> Any:
+    """``data`` with every float that is not finite written as None (JSON's null): ``NaN`` and
+    ``Infinity``, which :func:`json.dumps` writes by default, are no JSON, and jq or a browser's
+    ``JSON.parse`` refuse the whole document. A stored figure may be one (a trial's hand-edited
+    attribute, a profile's rate that makes a step infinite); the leaderboard's JSON, written by
+    pandas, already had null there."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(v) for v in data]
+    return data
 
 
 def config_of(data: dict[str, Any]) -> ParallelConfig:
@@ -147,7 +164,7 @@ def _stage_cells(s: dict[str, Any]) -> dict[str, str]:
 
 def _print_stage_table(console: Console, memory: dict[str, Any], names: list[str] | None) -> None:
     cells = [_stage_cells(s) for s in memory["stages"]]
-    columns = tuple(render.Column(name=n, header=h, right=n != "peak_phase")
+    columns = tuple(render.Column(name=n, header=h, right=n != "peak_phase", number=n == "stage")
                     for n, h in STAGE_COLUMNS)  # fmt: skip
     render.render(console, render.Grid(
         title="per pipeline stage, at each stage's peak phase",

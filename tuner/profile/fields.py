@@ -43,21 +43,30 @@ utc_time.__name__ = "an ISO 8601 time with its zone"
 
 def _figure(value: Any) -> float:
     """A measured time or rate: finite, not negative (a NaN or a negative time would reach
-    every estimate the profile feeds)."""
-    if not math.isfinite(number := float(value)) or number < 0:
+    every estimate the profile feeds); ``true`` is no number."""
+    if isinstance(value, bool) or not math.isfinite(number := float(value)) or number < 0:
         raise ValueError(value)
     return number
 
 
 def _count(value: Any) -> int:
-    """A measured size or count, not negative."""
-    if (number := int(value)) < 0:  # int() of an infinity raises OverflowError
+    """A rank's number: a whole number, not negative."""
+    if isinstance(value, bool) or (number := int(value)) < 0:  # int(inf): OverflowError
+        raise ValueError(value)
+    return number
+
+
+def _size(value: Any) -> int:
+    """A sample's shape or size (a GEMM's m, k, n, a message's bytes, a group's ranks): at
+    least 1. A GEMM of m = 0 was a traceback ("math domain error") in every estimate: the
+    time model finds the nearest measured shape by the log of each size."""
+    if (number := _count(value)) < 1:
         raise ValueError(value)
     return number
 
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
-    "int": _count,
+    "int": _size,  # every int field of a sample is a size; ranks are a tuple of ints
     "float": _figure,
     "str": text,
     "tuple[float, ...]": lambda v: tuple(_figure(x) for x in v),

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from tuner._loader import describe
+from tuner._loader import describe, load_yaml
 from tuner.errors import ConfigError
 from tuner.layout import write_atomic
 from tuner.profile.probe import ProbeResult, ProbeRow
@@ -152,7 +152,7 @@ def load_probe(path: Path, spec: StudySpec) -> dict[str, Any]:
     if not path.exists():
         raise ProfileError(f"no framework probe yet ({again} measures it)", file=str(path))
     try:
-        return _probe_data(yaml.safe_load(read_text(path, "the framework probe", limit=None)))
+        return _probe_data(load_yaml(read_text(path, "the framework probe", limit=None)))
     except ConfigError as exc:  # not a regular file, not UTF-8
         why = exc.reason
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from tuner._loader import load_yaml
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout, write_atomic
 from tuner.profile.fields import Malformed, field_of, optional, present, samples, text, utc_time
@@ -347,7 +348,7 @@ def load_profile(path: Path, spec: StudySpec | None = None) -> ClusterProfile:
         raise ProfileError(f"no cluster profile yet ({again} measures it)", file=str(path))
     why: str | None
     try:
-        data = yaml.safe_load(read_text(path, "the cluster profile", limit=None))
+        data = load_yaml(read_text(path, "the cluster profile", limit=None))
     except ConfigError as exc:  # not a regular file, not UTF-8
         why = exc.reason
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
@@ -355,7 +356,7 @@ def load_profile(path: Path, spec: StudySpec | None = None) -> ClusterProfile:
         why = "not YAML: " + ("nested too deeply" if nested else str(exc).splitlines()[0])
     else:
         why = _profile_problem(data)
-        if why is None:
+        if why is None and isinstance(data, Mapping):  # the problem's first check, for mypy
             try:
                 return _profile(data)
             except (Malformed, TypeError, ValueError) as exc:

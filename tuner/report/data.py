@@ -7,6 +7,7 @@ recomputed from its recorded config.
 
 from __future__ import annotations
 
+import html
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -185,7 +186,12 @@ def _spelled(config: ParallelConfig) -> str:
 
 
 def _wrap(text: str, width: int = 80) -> str:
-    return "<br>".join(text[i : i + width] for i in range(0, min(len(text), 4 * width), width))
+    """Free ``text`` (a failure's reason) for a hover label: at most four lines of ``width``,
+    each with ``&``, ``<`` and ``>`` escaped. plotly reads a label as its own markup: a reason
+    quoting ``<a href=...>`` or ``<b onmouseover=...>`` became a link or bold text, and a
+    JavaScript error on hovering ("Cannot set property target of #<Event>")."""
+    chunks = (text[i : i + width] for i in range(0, min(len(text), 4 * width), width))
+    return "<br>".join(html.escape(chunk, quote=False) for chunk in chunks)
 
 
 @dataclass

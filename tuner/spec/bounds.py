@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 
@@ -45,7 +46,22 @@ def host_name_problem(node: str) -> str | None:
             f"{_short(node)} is not a host name (letters, digits, '.', '-', '_', ':' for IPv6, "
             "at most 253 characters)"
         )
+    if ":" in node and not _ipv6(node.removeprefix("[").removesuffix("]")):
+        # gpu1:2222 was taken for a host of that name, and only the preflight's connection
+        # said "cannot connect to user@gpu1:2222:22"
+        return (
+            f"{_short(node)} is not a host name: ':' is only in an IPv6 address (a port is "
+            "cluster.ssh.port, or the host's Port in the ssh config)"
+        )
     return None
+
+
+def _ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def listed_twice(node: str, seen: dict[str, str]) -> str | None:

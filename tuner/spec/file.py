@@ -90,8 +90,14 @@ def read_yaml(path: Path, what: str, shown: str | None = None) -> object:
     parsed is one :class:`ConfigError` naming the file (as ``shown``, else ``path``) and, for
     bad YAML, the line."""
     file = str(path) if shown is None else shown
+    text = ""
     try:
-        return load_yaml(read_text(path, what))
+        text = read_text(path, what)
+        return load_yaml(text)
+    except yaml.reader.ReaderError as exc:  # a NUL, an ESC: said "invalid YAML", not where
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(f"a character YAML does not allow ({chr(exc.character)!r}) at line "
+                          f"{line}", file=file) from None  # fmt: skip
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -97,11 +97,19 @@ def retrying(what: str, fn: Callable[[], T], attempts: int = 5) -> T:
         try:
             return fn()
         except (sa.exc.IntegrityError, sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-            if k == attempts - 1 or exc.statement is None:
+            if k == attempts - 1 or exc.statement is None or _waited_for_lock(exc):
                 raise
             logger.debug("%s raced with another worker; retrying", what)
             time.sleep(0.2 * (k + 1))
     raise AssertionError("unreachable")
+
+
+def _waited_for_lock(exc: sa.exc.DBAPIError) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked": the driver has waited its busy timeout
+    (:data:`~tuner.study.driver.SQLITE_BUSY_TIMEOUT_S`) for another process's lock already, and
+    each try more waited as long again: a read command on a database some other program held
+    (an ``sqlite3`` shell mid-transaction, a stale lock on NFS) said nothing for five minutes."""
+    return "database is locked" in str(exc.orig)
 
 
 def open_storage(
