@@ -16,9 +16,9 @@ from tuner.launch import LaunchRequest, LocalExecutor, NodePool
 from tuner.layout import ResultsLayout
 from tuner.spec.file import study_from_mapping
 from tuner.study import schedule
+from tuner.study.build import build_loop
 from tuner.study.holder import worker_name
 from tuner.study.leases import Lease, open_leases
-from tuner.study.loop import build_loop
 
 ME = worker_name()
 HEARTBEAT_S = 30.0

@@ -13,7 +13,7 @@ from tests.test_study import SURFACE, study_data
 from tuner.errors import ConfigError
 from tuner.launch import NodeGroup, NodePool
 from tuner.spec.file import study_from_mapping
-from tuner.study.loop import build_loop
+from tuner.study.build import build_loop
 
 HOSTS = [f"gpu{i:03d}" for i in range(8)]
 
