@@ -31,7 +31,7 @@ from tuner.models.memory.estimate import (
     with_slack,
 )
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.report.leaderboard import board_trials, load_optuna_study, megatron_args, optuna_trials
 from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import is_duplicate, trial_outcome
@@ -172,6 +172,13 @@ class TrialRow:
         return self.outcome == str(Outcome.OK) and self.measured_step_s is not None
 
     @property
+    def rate(self) -> float | None:
+        """The tokens/s/GPU the trial is ranked by, or None where it or the step time is no
+        figure (:func:`tuner.outcome.figure`)."""
+        tokens = figure(self.tokens_per_s_per_gpu)
+        return tokens if figure(self.measured_step_s) is not None else None
+
+    @property
     def hover(self) -> str:
         """The hover text of every point of this trial: config, number, outcome and reason."""
         text = f"trial {self.number}: {self.outcome}<br>{self.label}"
@@ -229,14 +236,16 @@ class ReportData:
 
     @cached_property
     def measured(self) -> list[TrialRow]:
-        """Measured trials, fastest first."""
+        """Measured trials, fastest first; those whose figure is no number to rank by
+        (:func:`tuner.outcome.figure`: NaN, infinite, zero, negative) last, by number."""
         ok = [r for r in self.rows if r.ok]
-        return sorted(ok, key=lambda r: (-(r.tokens_per_s_per_gpu or 0.0), r.number))
+        return sorted(ok, key=lambda r: (r.rate is None, -(r.rate or 0.0), r.number))
 
     @property
     def best(self) -> TrialRow | None:
-        """The fastest measured trial."""
-        return self.measured[0] if self.measured else None
+        """The fastest measured trial; None when no measured trial has a figure to rank by."""
+        first = self.measured[0] if self.measured else None
+        return first if first is not None and first.rate is not None else None
 
     @property
     def first_pick(self) -> TrialRow | None:

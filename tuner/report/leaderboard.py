@@ -16,7 +16,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.space.collection import paused_collection
 from tuner.space.columns import config_columns
 from tuner.space.trials import StoredTrial, trial_outcome
@@ -288,12 +288,19 @@ def board_rows(spec: StudySpec, trials: Sequence[StoredTrial], include_all: bool
     return Board(rows=rows, configs=[c for _, _, c in shown])
 
 
+def ranked(row: Mapping[str, Any]) -> float | None:
+    """The tokens/s a leaderboard row is ranked by, or None: a row whose tokens/s or step time
+    is no figure (:func:`tuner.outcome.figure`: NaN, infinite, zero, negative) is shown as
+    stored but never ranked above a measured one, nor called the best."""
+    tokens = figure(row["tokens_per_s"])
+    return tokens if figure(row["measured_step_s"]) is not None else None
+
+
 def _order(row: Mapping[str, Any]) -> tuple[bool, bool, float, int]:
-    """A row's place: measured (``ok``) first, then the most tokens/s (none last), then the
-    trial number."""
-    tokens = row["tokens_per_s"]
-    missing = tokens is None or tokens != tokens  # None or NaN
-    return (row["outcome"] != str(Outcome.OK), missing, 0.0 if missing else -tokens,
+    """A row's place: measured (``ok``) first, then the most tokens/s (none, or no figure,
+    last), then the trial number."""
+    tokens = ranked(row)
+    return (row["outcome"] != str(Outcome.OK), tokens is None, -(tokens or 0.0),
             row["trial"])  # fmt: skip
 
 
@@ -342,6 +349,11 @@ def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTria
     if not rows:
         why = why_empty(spec, trials, results=results)
         raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
+    rows = [row for row in rows if ranked(row) is not None]
+    if not rows:
+        raise StudyError(f"study {spec.name!r} has nothing to export: no measured trial has a "
+                         "finite step time and tokens/s above zero (tune leaderboard shows "
+                         "what each recorded)")  # fmt: skip
     full = [row for row in rows if row["scale"] != "proxy"]  # a proxy's figure is never
     number = (full or rows)[0]["trial"]  # called best over a full-scale one
     return whole_trial(spec, storage, results, next(t for t in trials if t.number == number))
