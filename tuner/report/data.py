@@ -172,11 +172,12 @@ class TrialRow:
         return self.outcome == str(Outcome.OK) and self.measured_step_s is not None
 
     @property
-    def rate(self) -> float | None:
-        """The tokens/s/GPU the trial is ranked by, or None where it or the step time is no
-        figure (:func:`tuner.outcome.figure`)."""
-        tokens = figure(self.tokens_per_s_per_gpu)
-        return tokens if figure(self.measured_step_s) is not None else None
+    def ranked(self) -> bool:
+        """Whether the trial may rank and be called the best: its step time is a figure
+        (:func:`tuner.outcome.figure`) and so is its tokens/s where it has one."""
+        tokens = self.tokens_per_s_per_gpu
+        return figure(self.measured_step_s) is not None and (
+            tokens is None or figure(tokens) is not None)  # fmt: skip
 
     @property
     def hover(self) -> str:
@@ -199,6 +200,13 @@ def _wrap(text: str, width: int = 80) -> str:
     JavaScript error on hovering ("Cannot set property target of #<Event>")."""
     chunks = (text[i : i + width] for i in range(0, min(len(text), 4 * width), width))
     return "<br>".join(html.escape(chunk, quote=False) for chunk in chunks)
+
+
+def _place(r: TrialRow) -> tuple[bool, float, int]:
+    """A measured row's place: the ranked ones by the most tokens/s/GPU (none last), then the
+    others; then the trial number."""
+    rate = r.tokens_per_s_per_gpu if r.ranked else None
+    return (not r.ranked, -(rate or 0.0), r.number)
 
 
 @dataclass
@@ -236,16 +244,16 @@ class ReportData:
 
     @cached_property
     def measured(self) -> list[TrialRow]:
-        """Measured trials, fastest first; those whose figure is no number to rank by
-        (:func:`tuner.outcome.figure`: NaN, infinite, zero, negative) last, by number."""
+        """Measured trials, fastest first; those not :attr:`TrialRow.ranked` (a figure that is
+        NaN, infinite, zero or negative) last."""
         ok = [r for r in self.rows if r.ok]
-        return sorted(ok, key=lambda r: (r.rate is None, -(r.rate or 0.0), r.number))
+        return sorted(ok, key=_place)
 
     @property
     def best(self) -> TrialRow | None:
         """The fastest measured trial; None when no measured trial has a figure to rank by."""
         first = self.measured[0] if self.measured else None
-        return first if first is not None and first.rate is not None else None
+        return first if first is not None and first.ranked else None
 
     @property
     def first_pick(self) -> TrialRow | None:

@@ -288,19 +288,20 @@ def board_rows(spec: StudySpec, trials: Sequence[StoredTrial], include_all: bool
     return Board(rows=rows, configs=[c for _, _, c in shown])
 
 
-def ranked(row: Mapping[str, Any]) -> float | None:
-    """The tokens/s a leaderboard row is ranked by, or None: a row whose tokens/s or step time
-    is no figure (:func:`tuner.outcome.figure`: NaN, infinite, zero, negative) is shown as
-    stored but never ranked above a measured one, nor called the best."""
-    tokens = figure(row["tokens_per_s"])
-    return tokens if figure(row["measured_step_s"]) is not None else None
+def ranked(row: Mapping[str, Any]) -> bool:
+    """Whether a leaderboard row may rank among the measured ones and be called the best: its
+    step time is a figure (:func:`tuner.outcome.figure`) and so is its tokens/s where it has
+    one. A NaN, infinite, zero or negative one is shown as stored, after every ranked row."""
+    tokens = row["tokens_per_s"]
+    return figure(row["measured_step_s"]) is not None and (
+        tokens is None or figure(tokens) is not None)  # fmt: skip
 
 
 def _order(row: Mapping[str, Any]) -> tuple[bool, bool, float, int]:
-    """A row's place: measured (``ok``) first, then the most tokens/s (none, or no figure,
-    last), then the trial number."""
-    tokens = ranked(row)
-    return (row["outcome"] != str(Outcome.OK), tokens is None, -(tokens or 0.0),
+    """A row's place: measured (``ok``) first, then the ranked rows (:func:`ranked`) by the
+    most tokens/s (none last), then the trial number."""
+    tokens = figure(row["tokens_per_s"]) if ranked(row) else None
+    return (row["outcome"] != str(Outcome.OK), not ranked(row), -(tokens or 0.0),
             row["trial"])  # fmt: skip
 
 
@@ -349,7 +350,7 @@ def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTria
     if not rows:
         why = why_empty(spec, trials, results=results)
         raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
-    rows = [row for row in rows if ranked(row) is not None]
+    rows = [row for row in rows if ranked(row)]
     if not rows:
         raise StudyError(f"study {spec.name!r} has nothing to export: no measured trial has a "
                          "finite step time and tokens/s above zero (tune leaderboard shows "
