@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 import pytest
 
+from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.report.data import gather
@@ -138,3 +139,15 @@ def recorded(study: optuna.Study, spec: StudySpec, index: int, step: float, toke
     trial.set_user_attr("step_time_s", step)
     trial.set_user_attr("tokens_per_s", tokens)
     study.tell(trial, step)
+
+
+def test_a_storage_without_the_study_names_those_it_holds(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = study_from_mapping(STUDY)  # "board"
+    for name in ("Board", "other"):
+        optuna.create_study(study_name=name, storage=url)
+    with pytest.raises(StudyError) as info:
+        leaderboard(spec, storage=url, results=str(tmp_path))
+    assert str(info.value).endswith(
+        "study 'board' is not in the storage; did you mean 'Board'? (it holds 'Board', 'other')"
+    )

@@ -20,7 +20,7 @@ from tuner.outcome import Outcome, figure
 from tuner.space.collection import paused_collection
 from tuner.space.columns import config_columns
 from tuner.space.trials import StoredTrial, trial_outcome
-from tuner.spec.file import load_study
+from tuner.spec.file import load_study, nearest_name
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 from tuner.study.attrs_read import TrialAttrs, completed_trials, read_attrs
@@ -104,9 +104,27 @@ def _opened(
         try:
             study = optuna.load_study(study_name=spec.name, storage=raw)
         except KeyError:
-            raise StudyError(f"study {spec.name!r} is not in the storage") from None
+            there = [s.study_name for s in raw.get_all_studies()]
+            raise StudyError(f"study {spec.name!r} is not in the storage"
+                             f"{stored_hint(spec.name, there)}") from None  # fmt: skip
         _OPENED[key] = (study, TrialReader(raw, raw.get_study_id_from_name(spec.name)))
     return _OPENED[key]
+
+
+SHOWN_NAMES = 10
+"""The stored studies a message names at most (a shared storage may hold hundreds)."""
+
+
+def stored_hint(name: str, there: Sequence[str]) -> str:
+    """What a storage without study ``name`` holds, in words: the stored name nearest it (a
+    typo, another case) and the names there (:data:`SHOWN_NAMES` of them at most)."""
+    if not there:
+        return " (it holds no study)"
+    close = nearest_name(name, there)
+    shown = ", ".join(repr(n) for n in sorted(there)[:SHOWN_NAMES])
+    more = f" and {len(there) - SHOWN_NAMES} more" if len(there) > SHOWN_NAMES else ""
+    guess = f"; did you mean {close!r}?" if close is not None else ""
+    return f"{guess} (it holds {shown}{more})"
 
 
 def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> optuna.Study:

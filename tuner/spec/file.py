@@ -354,9 +354,16 @@ def _unknown_study_hint(name: str, cwd: Path, available: list[str]) -> str:
                     f"studies; for the file {name}{suffix} give "
                     f"--study {shlex.quote(name + suffix)}")  # fmt: skip
     known = f" (available: {', '.join(available)}; or the path of a YAML file)"
+    close = nearest_name(name, available)
+    return f"; did you mean {close!r}?{known}" if close is not None else known
+
+
+def nearest_name(name: str, available: Iterable[str]) -> str | None:
+    """The study name of ``available`` nearest a mistyped ``name`` (a name in another case is
+    the nearest: ``GPT-70B`` is ``gpt-70b``), or None when none is close."""
     folded = {n.casefold(): n for n in available}
     close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
-    return f"; did you mean {folded[close[0]]!r}?{known}" if close else known
+    return folded[close[0]] if close else None
 
 
 def load_study(name: str, cwd: Path | None = None) -> StudySpec:
