@@ -126,6 +126,8 @@ def test_a_figure_that_is_not_a_number_above_zero_never_wins(tmp_path: Path) -> 
     data = gather(spec, results=str(tmp_path))
     assert data.best is not None and data.best.number == real
     assert [r.number for r in data.measured][0] == real
+    unranked = [r for r in data.measured if not r.ranked]  # shown with no tokens/s: no figure
+    assert len(unranked) == len(bad) and {r.tokens_per_s_per_gpu for r in unranked} == {None}
     trials = worker.get_trials(deepcopy=False)
     done = fastest(trials_measured(trials).values())
     assert done is not None and done.number == real

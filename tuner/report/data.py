@@ -145,6 +145,10 @@ class TrialRow:
     """The same for the predicted peak."""
     predicted_peak_where: str = ""
     """Where the screen put the predicted peak (``stage 0, fwd_bwd``); empty: not recorded."""
+    ranked: bool = True
+    """Whether the trial may rank and be called the best: False where its stored step time, or
+    its tokens/s where it stored one, is no figure (:func:`tuner.outcome.figure`: NaN,
+    infinite, zero, negative); such a trial shows no tokens/s (every figure reads them)."""
     proxy: str = ""
     """How a proxy figure was measured (``proxy dp4 on 2 nodes: 12.3 s measured``); empty for a
     full-scale measurement (``tuner.study.proxy``)."""
@@ -170,14 +174,6 @@ class TrialRow:
     def ok(self) -> bool:
         """Whether the trial measured a step time."""
         return self.outcome == str(Outcome.OK) and self.measured_step_s is not None
-
-    @property
-    def ranked(self) -> bool:
-        """Whether the trial may rank and be called the best: its step time is a figure
-        (:func:`tuner.outcome.figure`) and so is its tokens/s where it has one."""
-        tokens = self.tokens_per_s_per_gpu
-        return figure(self.measured_step_s) is not None and (
-            tokens is None or figure(tokens) is not None)  # fmt: skip
 
     @property
     def hover(self) -> str:
@@ -244,8 +240,8 @@ class ReportData:
 
     @cached_property
     def measured(self) -> list[TrialRow]:
-        """Measured trials, fastest first; those not :attr:`TrialRow.ranked` (a figure that is
-        NaN, infinite, zero or negative) last."""
+        """Measured trials, fastest first; those not :attr:`TrialRow.ranked` (a stored figure
+        that is NaN, infinite, zero or negative) last."""
         ok = [r for r in self.rows if r.ok]
         return sorted(ok, key=_place)
 
@@ -394,8 +390,10 @@ def trial_row(
         config = ParallelConfig(**a["config"])
     outcome = trial_outcome(t)
     step = _float(a.get("step_time_s"))
-    tokens = _float(a.get("tokens_per_s"))
-    if tokens is None and step:
+    stored = a.get("tokens_per_s")  # as the leaderboard ranks it (a NaN is no figure)
+    ranked = figure(step) is not None and (stored is None or figure(stored) is not None)
+    tokens = _float(stored)
+    if tokens is None and ranked and step:
         tokens = spec.training.global_batch_size * spec.model.seq_length / step
     duration = _float(a.get("duration_s")) or 0.0
     hosts = len(a.get("hosts", [])) or spec.nodes_per_trial
@@ -406,7 +404,8 @@ def trial_row(
         predicted_step_s=_float(a.get("predicted_step_s")), measured_step_s=step,
         predicted_peak_gib=_float(a.get("predicted_peak_gib")),
         measured_peak_gib=_float(a.get("peak_memory_gib")),
-        tokens_per_s_per_gpu=tokens / spec.world_size if tokens else None,
+        tokens_per_s_per_gpu=tokens / spec.world_size if ranked and tokens else None,
+        ranked=ranked,
         tflops_per_gpu=_float(a.get("tflops_per_gpu")), mfu=_float(a.get("mfu")),
         gpu_hours=duration * hosts * spec.cluster.gpus_per_node / 3600 if launched else 0.0,
         start=t.datetime_start if launched else None,
