@@ -399,17 +399,23 @@ BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
     ("profile-a-folder", "profile", lambda p: p.mkdir(), "cannot read the cluster profile"),
     ("profile-a-fifo", "profile", os.mkfifo, "cluster profile: not a regular file"),
     ("profile-nan-tflops", "profile", _edited(_profile_data, lambda d: _nan(d["gemm"][0],
-     "tflops")), "gemm[0].tflops is not float: nan"),
+     "tflops")), "gemm[0].tflops is not a number above zero: nan"),
     ("profile-negative-time", "profile", _edited(_profile_data, lambda d: d["stream"].update(
-     median_s=-1.0)), "stream.median_s is not float: -1.0"),
+     median_s=-1.0)), "stream.median_s is not a number above zero: -1.0"),
     ("profile-inf-hosts", "profile", _edited(_profile_data, lambda d: d.update(
      hosts=float("inf"))), "hosts is not int: inf"),
     ("profile-huge-int-figure", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
-     tflops=10**400)), "gemm[0].tflops is not float"),
+     tflops=10**400)), "gemm[0].tflops is not a number above zero"),
     ("profile-gemm-of-size-zero", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
      m=0)), "gemm[0].m is not int: 0"),  # "math domain error": the log of each size
     ("profile-figure-true", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
-     tflops=True)), "gemm[0].tflops is not float: True"),  # was 1.0 TFLOP/s
+     tflops=True)), "gemm[0].tflops is not a number above zero: True"),  # was 1.0 TFLOP/s
+    ("profile-zero-tflops", "profile", _edited(_profile_data, lambda d: d["gemm"][0].update(
+     tflops=0)), "gemm[0].tflops is not a number above zero: 0"),  # left out without a word
+    ("profile-zero-median", "profile", _edited(_profile_data, lambda d: d["collectives"][0].update(
+     median_s=0.0)), "collectives[0].median_s is not a number above zero: 0.0"),  # latency 0
+    ("profile-of-another-cluster", "profile", _edited(_profile_data, lambda d: d.update(
+     cluster="other")), "foreign profile: its cluster is 'other'"),
     ("profile-created-garbage", "profile", _edited(_profile_data, lambda d: d.update(
      created="yesterday")), "created is not an ISO 8601 time with its zone: 'yesterday'"),
     ("profile-created-no-zone", "profile", _edited(_profile_data, lambda d: d.update(

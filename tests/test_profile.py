@@ -280,7 +280,7 @@ def test_large_messages_need_large_samples() -> None:
 
 
 def gpu_spec() -> StudySpec:
-    data = study(cluster={"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 2})
+    data = study(cluster={"name": "c", "gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_nodes": 2})
     data["training"]["precision"] = "bf16"
     return study_from_mapping(data)
 
@@ -291,6 +291,10 @@ def test_a_foreign_profile_is_refused() -> None:
     assert check_profile(a_profile(), spec, now=now) is not None
     with pytest.raises(ProfileError, match="foreign profile: measured on a100-80gb"):
         check_profile(a_profile(gpu="a100-80gb"), spec, now=now)
+    with pytest.raises(
+        ProfileError, match="foreign profile: its cluster is 'd', the study's is 'c'"
+    ):
+        check_profile(a_profile(cluster="d"), spec, now=now)
 
 
 def test_a_stale_profile_is_refused() -> None:
@@ -379,9 +383,9 @@ def test_profile_runs_on_local_processes(
 def test_a_stale_saved_profile_is_refused_with_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = study(cluster={"name": "lab"})
+    data = study(cluster={"name": "c"})  # a_profile's
     path, results = write(tmp_path, data), tmp_path / "results"
-    target = ClusterLayout(results.resolve(), "lab").profile_yaml
+    target = ClusterLayout(results.resolve(), "c").profile_yaml
     spec = study_from_mapping(data)
     assert study_profile(spec, results) is None  # none saved: the time model uses the catalog
     fresh = a_profile(gpu="cpu", created=dt.datetime.now(dt.UTC).isoformat(),

@@ -415,3 +415,24 @@ def test_search_proxy_reads_on_off_auto_and_refuses_anything_else(tmp_path: Path
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "search.proxy" in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("n1\nn1.\n", r"'n1\.' is listed twice \(first as 'n1': a final '\.' names the same host"),
+        ("N1.lab.\nn1.lab\n", r"'n1\.lab' is listed twice \(first as 'N1\.lab\.'"),
+        ("n1\fn2\n", r"hosts:3: bad entry 'n1\\x0cn2'"),  # one line, as DeepSpeed reads it
+        ("n1\u2028n2\n", r"hosts:3: bad entry 'n1\\u2028n2'"),
+        ("n1 slots=1\n", r"hosts:3: 'slots=1': fewer GPUs than cluster.gpus_per_node \(2\)"),
+    ],
+)
+def test_a_hostfile_is_read_as_deepspeed_and_ssh_read_it(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    data = with_change("cluster", {"gpu": "cpu", "gpus_per_node": 2, "hostfile": "hosts"})
+    (tmp_path / "hosts").write_text("n0 slots=2\r\nn9.\r\n" + text, newline="")
+    with pytest.raises(ConfigError, match=error):
+        study_from_mapping(data, base_dir=tmp_path)
+    (tmp_path / "hosts").write_text("n0 slots=2\r\nn9.\rn1- slots=4\n")  # more slots: a subset
+    assert study_from_mapping(data, base_dir=tmp_path).node_names == ("n0", "n9.", "n1-")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 
 class Outcome(enum.StrEnum):
@@ -26,3 +27,13 @@ class Outcome(enum.StrEnum):
     def launched(self) -> bool:
         """Whether a trial with this outcome used nodes (counts against the run budget)."""
         return self not in (Outcome.PRUNED_MEMORY, Outcome.INVALID, Outcome.PRUNED_TIME)
+
+
+def figure(value: object) -> float | None:
+    """``value`` when a trial may be ranked by it (a measured step time, tokens/s): a finite
+    number above zero. A NaN, an infinity, a zero or a negative figure (a stored or hand-edited
+    ``tokens_per_s: .inf``, a step time of 0) is no measurement: ranked by it, it would win (an
+    infinite rate, a step of no time) or sort where Python's comparisons happen to put it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None

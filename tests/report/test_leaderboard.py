@@ -4,19 +4,24 @@ or finish trials (Optuna's cached storage re-reads what is unfinished or new).""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pytest
 
+from tuner.errors import StudyError
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
+from tuner.report.data import gather
 from tuner.report.leaderboard import best_trial, leaderboard, load_optuna_study
 from tuner.space.enumerate import enumerate_space
 from tuner.space.trials import distributions
+from tuner.space.trials import measured as trials_measured
 from tuner.spec.file import study_from_mapping
 from tuner.spec.study import StudySpec
+from tuner.study.loop import fastest
 from tuner.study.storage import open_storage, open_study
 
 STUDY: dict[str, Any] = {
@@ -96,3 +101,55 @@ def test_no_results_yet_is_one_line(tmp_path: Path) -> None:
 
     with pytest.raises(StudyError, match="no results"):
         leaderboard(study_from_mapping(STUDY), results=str(tmp_path))
+
+
+def test_a_figure_that_is_not_a_number_above_zero_never_wins(tmp_path: Path) -> None:
+    """A stored (or hand-edited) tokens/s of inf, NaN, 0 or below, or a step time of no figure,
+    is shown as stored and ranked after every real measurement: never the leaderboard's top,
+    ``tune best``'s pick, the report's best, nor the loop's."""
+    spec = study_from_mapping(STUDY)
+    layout = ResultsLayout(tmp_path, spec.name)
+    layout.study_dir.mkdir(parents=True)
+    open_study(spec, open_storage(None, layout), optuna.samplers.RandomSampler(), force=False,
+               url=None, layout=layout)  # fmt: skip
+    worker = other_worker(spec, tmp_path)
+    bad = [(3.0, math.inf), (3.0, math.nan), (-1.0, -1e6), (4.0, 0.0), (0.0, 2e6)]
+    for index, (step, tokens) in enumerate(bad[:2]):  # before the real one: no tie on number
+        recorded(worker, spec, index, step, tokens)
+    real = add(worker, spec, 2, 2.0).number
+    for index, (step, tokens) in enumerate(bad[2:], 3):
+        recorded(worker, spec, index, step, tokens)
+    board = leaderboard(spec, results=str(tmp_path))
+    assert list(board["trial"])[0] == real and len(board) == len(bad) + 1
+    assert math.isinf(board["tokens_per_s"][1])  # shown as stored
+    assert best_trial(spec, None, str(tmp_path)).number == real
+    data = gather(spec, results=str(tmp_path))
+    assert data.best is not None and data.best.number == real
+    assert [r.number for r in data.measured][0] == real
+    unranked = [r for r in data.measured if not r.ranked]  # shown with no tokens/s: no figure
+    assert len(unranked) == len(bad) and {r.tokens_per_s_per_gpu for r in unranked} == {None}
+    trials = worker.get_trials(deepcopy=False)
+    done = fastest(trials_measured(trials).values())
+    assert done is not None and done.number == real
+    assert fastest(t for t in trials if float(t.value or 0.0) <= 0) is None  # the loop: by step
+
+
+def recorded(study: optuna.Study, spec: StudySpec, index: int, step: float, tokens: float) -> None:
+    """A measured trial whose stored figures are ``step`` and ``tokens``, as written."""
+    trial = add(study, spec, index, None)
+    trial.set_user_attr("outcome", str(Outcome.OK))
+    trial.set_user_attr("step_time_s", step)
+    trial.set_user_attr("tokens_per_s", tokens)
+    study.tell(trial, step)
+
+
+def test_a_storage_without_the_study_names_those_it_holds(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    spec = study_from_mapping(STUDY)  # "board"
+    for name in ("Board", "other"):
+        optuna.create_study(study_name=name, storage=url)
+    with pytest.raises(StudyError) as info:
+        leaderboard(spec, storage=url, results=str(tmp_path))
+    assert str(info.value).endswith(
+        "study 'board' is not in the storage; did you mean 'Board'? (it holds 'Board', 'other')"
+    )

@@ -1,7 +1,8 @@
 """Reading a saved cluster profile's fields (:func:`tuner.profile.run.load_profile`): each
 converted by its declared type, and a missing or wrong one a :class:`Malformed` naming its path
 (``gemm[0].tflops is missing``). A measured figure must be finite and not negative: a NaN, an
-infinity or a negative time in the file would reach every estimate the profile feeds."""
+infinity or a negative time in the file would reach every estimate the profile feeds; a
+sample's median or rate must be above zero (:func:`_measured`)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,20 @@ def _figure(value: Any) -> float:
     return number
 
 
+def _measured(value: Any) -> float:
+    """A sample's figure (a median time, a rate): above zero, as every one the probe writes is
+    (it divides by the median, or by the time). A zero one was read as no figure: a GEMM's,
+    the stream's, the launch's or a link's rate left out without a word (the catalog's figure
+    used instead of the one the profile claims), and a collective's median time of 0 put a
+    point at the origin of the alpha-beta fit, which pulled the link's latency to 0."""
+    if (number := _figure(value)) <= 0:
+        raise ValueError(value)
+    return number
+
+
+_measured.__name__ = "a number above zero"
+
+
 def _count(value: Any) -> int:
     """A rank's number: a whole number, not negative."""
     if isinstance(value, bool) or (number := int(value)) < 0:  # int(inf): OverflowError
@@ -67,7 +82,7 @@ def _size(value: Any) -> int:
 
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "int": _size,  # every int field of a sample is a size; ranks are a tuple of ints
-    "float": _figure,
+    "float": _measured,  # the raw samples (tuples below) may read 0 on a coarse timer
     "str": text,
     "tuple[float, ...]": lambda v: tuple(_figure(x) for x in v),
     "tuple[int, ...]": lambda v: tuple(_count(x) for x in v),
@@ -90,7 +105,8 @@ def sample(cls: type[S], row: Any, where: str) -> S:
             values[f.name] = _CONVERT[str(f.type)](row[f.name])
         except (TypeError, ValueError, OverflowError):
             shown = describe(row[f.name])
-            raise Malformed(f"{where}.{f.name} is not {f.type}: {shown}") from None
+            kind = _CONVERT[str(f.type)].__name__ if f.type == "float" else f.type
+            raise Malformed(f"{where}.{f.name} is not {kind}: {shown}") from None
     return cls(**values)
 
 

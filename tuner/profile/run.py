@@ -402,6 +402,12 @@ def check_profile(
                 f"stale profile: measured with {key} {then}, the cluster now has {current}; "
                 f"run {spec.profile_command}", file=where,
             )  # fmt: skip
+    if profile.cluster != spec.cluster_name:  # a copy of another cluster's file: its network
+        raise ProfileError(  # (and the rates built once per cluster name and time, rates.py)
+            f"foreign profile: its cluster is {profile.cluster!r}, the study's is "
+            f"{spec.cluster_name!r} (a profile copied from another cluster's folder); run "
+            f"{spec.profile_command}", file=where,
+        )  # fmt: skip
     return profile
 
 

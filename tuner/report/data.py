@@ -31,7 +31,7 @@ from tuner.models.memory.estimate import (
     with_slack,
 )
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.report.leaderboard import board_trials, load_optuna_study, megatron_args, optuna_trials
 from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import is_duplicate, trial_outcome
@@ -145,6 +145,10 @@ class TrialRow:
     """The same for the predicted peak."""
     predicted_peak_where: str = ""
     """Where the screen put the predicted peak (``stage 0, fwd_bwd``); empty: not recorded."""
+    ranked: bool = True
+    """Whether the trial may rank and be called the best: False where its stored step time, or
+    its tokens/s where it stored one, is no figure (:func:`tuner.outcome.figure`: NaN,
+    infinite, zero, negative); such a trial shows no tokens/s (every figure reads them)."""
     proxy: str = ""
     """How a proxy figure was measured (``proxy dp4 on 2 nodes: 12.3 s measured``); empty for a
     full-scale measurement (``tuner.study.proxy``)."""
@@ -194,6 +198,13 @@ def _wrap(text: str, width: int = 80) -> str:
     return "<br>".join(html.escape(chunk, quote=False) for chunk in chunks)
 
 
+def _place(r: TrialRow) -> tuple[bool, float, int]:
+    """A measured row's place: the ranked ones by the most tokens/s/GPU (none last), then the
+    others; then the trial number."""
+    rate = r.tokens_per_s_per_gpu if r.ranked else None
+    return (not r.ranked, -(rate or 0.0), r.number)
+
+
 @dataclass
 class ReportData:
     """Everything the report needs, read once from storage."""
@@ -229,14 +240,16 @@ class ReportData:
 
     @cached_property
     def measured(self) -> list[TrialRow]:
-        """Measured trials, fastest first."""
+        """Measured trials, fastest first; those not :attr:`TrialRow.ranked` (a stored figure
+        that is NaN, infinite, zero or negative) last."""
         ok = [r for r in self.rows if r.ok]
-        return sorted(ok, key=lambda r: (-(r.tokens_per_s_per_gpu or 0.0), r.number))
+        return sorted(ok, key=_place)
 
     @property
     def best(self) -> TrialRow | None:
-        """The fastest measured trial."""
-        return self.measured[0] if self.measured else None
+        """The fastest measured trial; None when no measured trial has a figure to rank by."""
+        first = self.measured[0] if self.measured else None
+        return first if first is not None and first.ranked else None
 
     @property
     def first_pick(self) -> TrialRow | None:
@@ -377,8 +390,10 @@ def trial_row(
         config = ParallelConfig(**a["config"])
     outcome = trial_outcome(t)
     step = _float(a.get("step_time_s"))
-    tokens = _float(a.get("tokens_per_s"))
-    if tokens is None and step:
+    stored = a.get("tokens_per_s")  # as the leaderboard ranks it (a NaN is no figure)
+    ranked = figure(step) is not None and (stored is None or figure(stored) is not None)
+    tokens = _float(stored)
+    if tokens is None and ranked and step:
         tokens = spec.training.global_batch_size * spec.model.seq_length / step
     duration = _float(a.get("duration_s")) or 0.0
     hosts = len(a.get("hosts", [])) or spec.nodes_per_trial
@@ -389,7 +404,8 @@ def trial_row(
         predicted_step_s=_float(a.get("predicted_step_s")), measured_step_s=step,
         predicted_peak_gib=_float(a.get("predicted_peak_gib")),
         measured_peak_gib=_float(a.get("peak_memory_gib")),
-        tokens_per_s_per_gpu=tokens / spec.world_size if tokens else None,
+        tokens_per_s_per_gpu=tokens / spec.world_size if ranked and tokens else None,
+        ranked=ranked,
         tflops_per_gpu=_float(a.get("tflops_per_gpu")), mfu=_float(a.get("mfu")),
         gpu_hours=duration * hosts * spec.cluster.gpus_per_node / 3600 if launched else 0.0,
         start=t.datetime_start if launched else None,

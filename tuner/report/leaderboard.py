@@ -16,11 +16,11 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.space.collection import paused_collection
 from tuner.space.columns import config_columns
 from tuner.space.trials import StoredTrial, trial_outcome
-from tuner.spec.file import load_study
+from tuner.spec.file import load_study, nearest_name
 from tuner.spec.frameworks import traits
 from tuner.spec.study import StudySpec
 from tuner.study.attrs_read import TrialAttrs, completed_trials, read_attrs
@@ -104,9 +104,27 @@ def _opened(
         try:
             study = optuna.load_study(study_name=spec.name, storage=raw)
         except KeyError:
-            raise StudyError(f"study {spec.name!r} is not in the storage") from None
+            there = [s.study_name for s in raw.get_all_studies()]
+            raise StudyError(f"study {spec.name!r} is not in the storage"
+                             f"{stored_hint(spec.name, there)}") from None  # fmt: skip
         _OPENED[key] = (study, TrialReader(raw, raw.get_study_id_from_name(spec.name)))
     return _OPENED[key]
+
+
+SHOWN_NAMES = 10
+"""The stored studies a message names at most (a shared storage may hold hundreds)."""
+
+
+def stored_hint(name: str, there: Sequence[str]) -> str:
+    """What a storage without study ``name`` holds, in words: the stored name nearest it (a
+    typo, another case) and the names there (:data:`SHOWN_NAMES` of them at most)."""
+    if not there:
+        return " (it holds no study)"
+    close = nearest_name(name, there)
+    shown = ", ".join(repr(n) for n in sorted(there)[:SHOWN_NAMES])
+    more = f" and {len(there) - SHOWN_NAMES} more" if len(there) > SHOWN_NAMES else ""
+    guess = f"; did you mean {close!r}?" if close is not None else ""
+    return f"{guess} (it holds {shown}{more})"
 
 
 def load_optuna_study(spec: StudySpec, storage: str | None, results: str) -> optuna.Study:
@@ -288,12 +306,20 @@ def board_rows(spec: StudySpec, trials: Sequence[StoredTrial], include_all: bool
     return Board(rows=rows, configs=[c for _, _, c in shown])
 
 
-def _order(row: Mapping[str, Any]) -> tuple[bool, bool, float, int]:
-    """A row's place: measured (``ok``) first, then the most tokens/s (none last), then the
-    trial number."""
+def ranked(row: Mapping[str, Any]) -> bool:
+    """Whether a leaderboard row may rank among the measured ones and be called the best: its
+    step time is a figure (:func:`tuner.outcome.figure`) and so is its tokens/s where it has
+    one. A NaN, infinite, zero or negative one is shown as stored, after every ranked row."""
     tokens = row["tokens_per_s"]
-    missing = tokens is None or tokens != tokens  # None or NaN
-    return (row["outcome"] != str(Outcome.OK), missing, 0.0 if missing else -tokens,
+    return figure(row["measured_step_s"]) is not None and (
+        tokens is None or figure(tokens) is not None)  # fmt: skip
+
+
+def _order(row: Mapping[str, Any]) -> tuple[bool, bool, float, int]:
+    """A row's place: measured (``ok``) first, then the ranked rows (:func:`ranked`) by the
+    most tokens/s (none last), then the trial number."""
+    tokens = figure(row["tokens_per_s"]) if ranked(row) else None
+    return (row["outcome"] != str(Outcome.OK), not ranked(row), -(tokens or 0.0),
             row["trial"])  # fmt: skip
 
 
@@ -342,6 +368,11 @@ def best_trial(spec: StudySpec, storage: str | None, results: str) -> FrozenTria
     if not rows:
         why = why_empty(spec, trials, results=results)
         raise StudyError(f"study {spec.name!r} has nothing to export: {why}")
+    rows = [row for row in rows if ranked(row)]
+    if not rows:
+        raise StudyError(f"study {spec.name!r} has nothing to export: no measured trial has a "
+                         "finite step time and tokens/s above zero (tune leaderboard shows "
+                         "what each recorded)")  # fmt: skip
     full = [row for row in rows if row["scale"] != "proxy"]  # a proxy's figure is never
     number = (full or rows)[0]["trial"]  # called best over a full-scale one
     return whole_trial(spec, storage, results, next(t for t in trials if t.number == number))

@@ -65,16 +65,25 @@ def _ipv6(text: str) -> bool:
 
 
 def listed_twice(node: str, seen: dict[str, str]) -> str | None:
-    """Why ``node`` repeats a host already in ``seen`` (lower-cased name -> as first given), or
-    None, then noting it. Host names ignore case (RFC 4343): ``n1`` and ``N1`` are one machine,
-    and two "nodes" on it would run two trials' ranks on the same GPUs."""
-    first = seen.get(node.lower())
+    """Why ``node`` repeats a host already in ``seen`` (its :func:`host_key` -> as first given),
+    or None, then noting it. Host names ignore case (RFC 4343): ``n1`` and ``N1`` are one
+    machine, and two "nodes" on it would run two trials' ranks on the same GPUs; so are
+    ``n1.example.com.`` and ``n1.example.com`` (a final dot names the DNS root, RFC 1034 3.1)."""
+    key = host_key(node)
+    first = seen.get(key)
     if first is None:
-        seen[node.lower()] = node
+        seen[key] = node
         return None
     if first == node:
         return f"{_short(node)} is listed twice"
-    return f"{_short(node)} is listed twice (first as {_short(first)}: host names ignore case)"
+    why = "host names ignore case" if first.lower() == node.lower() else (
+        "a final '.' names the same host")  # fmt: skip
+    return f"{_short(node)} is listed twice (first as {_short(first)}: {why})"
+
+
+def host_key(node: str) -> str:
+    """The name two spellings of one host share: lower case, without a final dot."""
+    return node.lower().removesuffix(".")
 
 
 MASTER_PLACEHOLDER = "@TUNER_MASTER_ADDR@"

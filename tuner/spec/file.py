@@ -114,11 +114,22 @@ def read_yaml(path: Path, what: str, shown: str | None = None) -> object:
         raise ConfigError(f"invalid YAML: {reason}", file=file) from None
 
 
-def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
+def _read_hostfile(path: Path, yaml_path: str, gpus_per_node: object = None) -> tuple[str, ...]:
+    """The hosts of a hostfile, one a line, as DeepSpeed's runner reads it (``host slots=N``,
+    ``# comments``). Lines end at a newline only (``\\r\\n`` and ``\\r`` as Python's text files):
+    ``str.splitlines`` also split at a form feed and U+2028, where DeepSpeed (and the exported
+    script's awk) read one line with two words on it. A ``slots=N`` below ``gpus_per_node``
+    (the study's, when it is a number) is refused: the study would start more ranks on the
+    host than it has GPUs. One above it is not: the study uses that many of them, as
+    DeepSpeed's ``--num_gpus`` does."""
     try:
-        lines = read_text(path, f"hostfile {str(path)!r}").splitlines()
+        text = read_text(path, f"hostfile {str(path)!r}")
     except ConfigError as exc:
         raise ConfigError(exc.reason, path=yaml_path) from None
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    per_node = None  # a count that is no whole number is the study's check to refuse
+    if isinstance(gpus_per_node, int) and not isinstance(gpus_per_node, bool):
+        per_node = gpus_per_node
     hosts: list[str] = []
     seen: dict[str, str] = {}  # a list's "in" made 100,000 hosts a quadratic hang
     for number, line in enumerate(lines, 1):
@@ -132,6 +143,12 @@ def _read_hostfile(path: Path, yaml_path: str) -> tuple[str, ...]:
             raise ConfigError(
                 f"{path}:{number}: {parts[1]!r}: slots must be a whole number of GPUs, 1 to "
                 f"{MAX_GPUS_PER_NODE}",
+                path=yaml_path,
+            )
+        if len(parts) == 2 and per_node is not None and int(parts[1][6:]) < per_node:
+            raise ConfigError(
+                f"{path}:{number}: {parts[1]!r}: fewer GPUs than cluster.gpus_per_node "
+                f"({per_node}): the study starts that many ranks on each host",
                 path=yaml_path,
             )
         if (twice := listed_twice(parts[0], seen)) is not None:
@@ -248,7 +265,7 @@ def study_from_mapping(
         hf = _expand_user(cluster["hostfile"], "cluster.hostfile")
         data["cluster"] = {
             **{k: v for k, v in cluster.items() if k != "hostfile"},
-            "nodes": list(_read_hostfile(hf, "cluster.hostfile")),
+            "nodes": list(_read_hostfile(hf, "cluster.hostfile", cluster.get("gpus_per_node"))),
         }
     cluster = data.get("cluster")
     if isinstance(cluster, Mapping) and isinstance(cluster.get("gpu"), Mapping):
@@ -337,9 +354,16 @@ def _unknown_study_hint(name: str, cwd: Path, available: list[str]) -> str:
                     f"studies; for the file {name}{suffix} give "
                     f"--study {shlex.quote(name + suffix)}")  # fmt: skip
     known = f" (available: {', '.join(available)}; or the path of a YAML file)"
+    close = nearest_name(name, available)
+    return f"; did you mean {close!r}?{known}" if close is not None else known
+
+
+def nearest_name(name: str, available: Iterable[str]) -> str | None:
+    """The study name of ``available`` nearest a mistyped ``name`` (a name in another case is
+    the nearest: ``GPT-70B`` is ``gpt-70b``), or None when none is close."""
     folded = {n.casefold(): n for n in available}
     close = difflib.get_close_matches(name.casefold(), list(folded), n=1)
-    return f"; did you mean {folded[close[0]]!r}?{known}" if close else known
+    return folded[close[0]] if close else None
 
 
 def load_study(name: str, cwd: Path | None = None) -> StudySpec:

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import optuna
@@ -31,7 +31,7 @@ from tuner.errors import StorageError
 from tuner.launch import NodePool, new_token
 from tuner.layout import ResultsLayout
 from tuner.models.rates import Rates
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.search.sampler import ModelGuidedSampler
 from tuner.search.stopping import Stopper
 from tuner.space.cost import trial_limit_s
@@ -74,6 +74,13 @@ __all__ = ["LAUNCH_ERRORS_STOP", "Launcher", "Running", "StudyLoop", "Summary"]
 
 Launcher = Callable[[StudySpec, ParallelConfig, int, Any, Any, str], Any]
 """(spec, config, trial number, node group, trial paths, master address) -> LaunchRequest."""
+
+
+def fastest(measured: Iterable[FrozenTrial]) -> FrozenTrial | None:
+    """The fastest of ``measured`` (full scale over proxies); a stored step time that is no
+    figure (:func:`tuner.outcome.figure`: NaN, infinite, zero, negative) never is."""
+    done = full_scale_first([t for t in measured if figure(t.value) is not None])
+    return min(done, key=lambda t: float(t.value or 0.0)) if done else None
 
 
 class StudyLoop:
@@ -154,9 +161,8 @@ class StudyLoop:
         return trials_measured(trials)
 
     def best(self, trials: list[FrozenTrial]) -> FrozenTrial | None:
-        """The fastest measured trial."""
-        done = full_scale_first([t for t in self.measured(trials).values() if t.value is not None])
-        return min(done, key=lambda t: float(t.value or 0.0)) if done else None
+        """The fastest measured trial (:func:`fastest`)."""
+        return fastest(self.measured(trials).values())
 
     # -- seeding and recovery ------------------------------------------------------------------
 
