@@ -65,14 +65,14 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.multiprocessing as mp
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=60)
     p.add_argument("--kib", type=int, default=128, help="each rank's buffer (the demo's: 128-256)")
     p.add_argument("--work-ms", type=float, default=6.0)
     p.add_argument("--port", type=int, default=29871)
     args = p.parse_args(argv)
+    import torch.multiprocessing as mp  # after the parse: --help needs no torch
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, args, args.port, queue)) for r in (0, 1)]

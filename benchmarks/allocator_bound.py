@@ -229,7 +229,7 @@ def run(kind: str, name: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spaces", default=",".join(SPACES))
     parser.add_argument("--caches", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=1)

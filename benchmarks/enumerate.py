@@ -130,7 +130,7 @@ def export_tree(rev: str, into: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spaces", default=",".join(SHIPPED + GENERATED))
     parser.add_argument("--paths", default=",".join(PATHS), help="of exact, fast, stream")
     parser.add_argument("--timeout", type=float, default=600.0, help="per measurement, seconds")

@@ -100,7 +100,7 @@ def measure(name: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spaces", default="gpt-70b,mixtral-8x7b,llama3-8b,moe-1e5")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -101,7 +101,7 @@ def run(name: str, make: Callable[[], Bench], args: argparse.Namespace) -> dict[
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=12)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nodes", type=int, default=2)

@@ -60,7 +60,7 @@ def one_round(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(

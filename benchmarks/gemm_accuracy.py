@@ -32,7 +32,7 @@ def model_tflops(row: dict[str, str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--csv", type=Path, default=CSV)
     args = parser.parse_args()
     with args.csv.open(newline="") as f:

@@ -438,7 +438,7 @@ def breaks_first() -> None:
 
 def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=10_000)
     p.add_argument("--launch", type=int, default=192)
     p.add_argument("--nodes", type=int, default=1024)

@@ -249,7 +249,7 @@ def report(rows: list[dict[str, str]], headroom: float, show_rows: bool) -> bool
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     parser.add_argument(
         "--published-cases",

@@ -60,7 +60,7 @@ def per_call_us(call: Callable[[ParallelConfig], object], repeat: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     rows = {

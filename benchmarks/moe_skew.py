@@ -135,7 +135,7 @@ HEAD = ("steps", "step ms", "calls", "own med", "own mean", "wait med", "wait me
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--by-process", action="store_true", help="one row per process and config")
     args = p.parse_args(argv)

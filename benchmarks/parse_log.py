@@ -70,7 +70,7 @@ def parse(path: Path) -> tuple[float, dict[str, object]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,10,100", help="mixed log sizes in MB")
     parser.add_argument(
         "--keep", type=Path, default=None, help="write the logs here and keep them"

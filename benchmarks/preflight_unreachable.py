@@ -52,7 +52,7 @@ def measure(nodes: int, timeout_s: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args()

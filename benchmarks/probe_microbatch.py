@@ -163,7 +163,7 @@ def report(spec: StudySpec, results: str, rows: list[ProbeRow], point: int = 0) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", default="demo")
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=21)

@@ -90,7 +90,7 @@ def trial(spec: StudySpec, deep: int, sigma: float, draws: int) -> tuple[list[in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", default="demo")
     parser.add_argument("--draws", type=int, default=150)
     parser.add_argument("--sigma", type=float, nargs="+", default=[0.0, 0.02, 0.03, 0.04, 0.05])

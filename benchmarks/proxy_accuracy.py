@@ -98,7 +98,7 @@ def _summary(label: str, errors: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--demo", action="store_true", help="also run the 2-node CPU check")
     args = parser.parse_args()
     rows = pair_errors()

@@ -73,7 +73,7 @@ def best_of(repeat: int, fn: Any) -> float:
 
 def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--studies", default="llama3-8b,mixtral-8x7b,gpt-70b")
     p.add_argument("--measured", default="4,16,48")
     p.add_argument("--running", type=int, default=16)

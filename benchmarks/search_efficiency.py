@@ -505,7 +505,7 @@ def print_node_hour_table(rows: list[dict[str, Any]]) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--spaces", default="small,full")
     parser.add_argument("--surfaces", default="high_tp,pipeline,micro_batch,rugged,builtin")

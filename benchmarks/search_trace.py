@@ -210,7 +210,7 @@ def emit(rows: list[list[str]], last: str = "the best, as the sampler saw it") -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--surface", default="micro_batch")
     parser.add_argument("--space", default="full")
     parser.add_argument("--seeds", default="0", help="comma-separated; empty: no tune search")

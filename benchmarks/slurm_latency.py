@@ -70,7 +70,7 @@ def one_round(ex: SlurmExecutor, layout: ResultsLayout, n: int, nodes: int) -> d
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--poll", type=float, default=0.2, help="cluster.slurm.poll_interval_s")

@@ -284,7 +284,7 @@ def print_speed() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", action="store_true", help="print every row's prediction")
     parser.add_argument("--csv", type=Path, default=CSV)
     args = parser.parse_args()

@@ -162,7 +162,7 @@ def report(spec: StudySpec, rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--results", default="results")
     parser.add_argument("--force-oom", type=int, default=2, metavar="N")

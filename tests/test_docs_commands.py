@@ -242,6 +242,46 @@ def test_a_quoted_script_takes_its_arguments(monkeypatch: pytest.MonkeyPatch) ->
     assert _script_problem("python tools/probe_truth.py --iters 10", monkeypatch)
 
 
+def _first_paragraph(script: Path) -> str:
+    import ast
+
+    doc = ast.get_docstring(ast.parse(script.read_text()), clean=False) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+_SCRIPTS = sorted(
+    p.relative_to(REPO).as_posix()
+    for d in ("tools", "benchmarks")
+    for p in (REPO / d).glob("*.py")
+    if "argparse.ArgumentParser(" in p.read_text()
+)
+
+
+def test_the_scripts_with_a_parser_are_found() -> None:
+    assert len(_SCRIPTS) > 20 and "tools/probe_truth.py" in _SCRIPTS
+
+
+@pytest.mark.parametrize("name", _SCRIPTS)
+def test_a_scripts_help_gives_its_whole_first_paragraph(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scripts of tools/ and benchmarks/ described themselves with their docstring's first
+    line, so ``--help`` cut the sentence mid-way (``tools/probe_truth.py``: "... against the
+    models with the" and no more). Every script's parser, built by its own ``main`` (stopped at the
+    parse), carries its docstring's whole first paragraph."""
+    built: list[argparse.ArgumentParser] = []
+
+    def parse(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        built.append(self)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse)
+    script = REPO / name
+    monkeypatch.syspath_prepend(str(script.parent))  # as ``python benchmarks/x.py`` has it
+    assert _parsed(script, [], monkeypatch) is None
+    assert " ".join((built[0].description or "").split()) == _first_paragraph(script)
+
+
 def test_the_studies_guide_names_every_shipped_study() -> None:
     """docs/guides/studies.md lists the studies ``--study NAME`` finds (``demo-fsdp`` was not)."""
     from tuner.spec.file import shipped_study_names

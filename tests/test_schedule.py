@@ -154,3 +154,30 @@ def test_a_node_where_processes_survive_the_kill_gets_no_other_trial(tmp_path: P
     assert loop.pool.quarantined == {
         "local-0": "processes survived the kill: 4242 D python pretrain_gpt.py"
     }
+
+
+def test_a_group_handed_back_unused_keeps_its_nodes_strikes(tmp_path: Path) -> None:
+    """Only the lease-conflict path said so: a group given back because the config was refused
+    for node-hours or no config was left forgave its nodes' strikes, so a node failing every
+    other trial was never quarantined. Only a group a trial was launched on forgives them."""
+    layout = ResultsLayout(tmp_path, "s")
+    layout.study_dir.mkdir()
+    pool = NodePool(("node-0",), 1, quarantine_after=2)
+    sched = schedule.Scheduler(pool, open_leases(None, layout), Unreachable(), layout, ME,
+                               heartbeat_s=HEARTBEAT_S)  # fmt: skip
+    pool.strike("node-0", "lost")
+    unused = sched.acquire()
+    assert unused is not None
+    sched.release(unused)  # ran nothing: the strike stays
+    assert pool.strike("node-0", "lost again")  # the second strike quarantines it
+    assert pool.quarantined == {"node-0": "lost again"}
+
+    fresh = NodePool(("node-0",), 1, quarantine_after=2)
+    sched = schedule.Scheduler(fresh, open_leases(None, layout), Unreachable(), layout, ME,
+                               heartbeat_s=HEARTBEAT_S)  # fmt: skip
+    fresh.strike("node-0", "lost")
+    ran = sched.acquire()
+    assert ran is not None
+    sched.launched(ran, 0, "tok", None)
+    sched.release(ran)  # a trial ran there cleanly: forgiven
+    assert not fresh.strike("node-0", "lost again") and not fresh.quarantined

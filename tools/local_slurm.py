@@ -426,7 +426,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``start`` or ``stop`` a local Slurm; the exit status says whether it worked."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="start munged, slurmctld and the slurmd nodes")
     start.add_argument("--dir", required=True, help="where keys, configs, state and pids go")

@@ -53,7 +53,7 @@ def rows(study: str, results: str) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--results", default="results")
     args = parser.parse_args(argv)

@@ -163,7 +163,7 @@ def by_size(found: Sequence[dict[str, Any]], level: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", required=True)
     parser.add_argument("--results", default="results")
     parser.add_argument("--iters", type=int, default=4)

@@ -139,3 +139,41 @@ def test_a_torchtitan_log_gives_its_reserved_peak(
     assert obj["peak_reserved_gib"] == 9.46 and obj["peak_memory_gib"] is None
     assert run(_args(str(path), "--framework", "torchtitan")) == 0
     assert "9.46" in capsys.readouterr().out
+
+
+SIGTERM_TAIL = """\
+W1207 13:14:54.094000 25143 torch/distributed/elastic/agent/server/api.py:753] Received 15 death \
+signal, shutting down workers
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", \
+line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 25143 got signal: 15
+"""
+
+
+def test_a_trial_the_tuner_ended_reads_as_the_study_recorded_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trial the watch stopped once its step time was known (SIGTERM to torchrun) was
+    recorded ``ok``, but ``tune parse-log`` of its log said ``launch_error``: it judged the
+    kill's traceback without the executor's account beside the log (``result.json``)."""
+    log = tmp_path / "node-0.log"
+    steps = "\n".join(ITERATION.format(i=i, ms=500.0) for i in range(1, 6))
+    log.write_text(f"{steps}\n{SIGTERM_TAIL}")
+
+    def outcome(account: dict[str, object] | None) -> tuple[str, float | None]:
+        if account is not None:
+            account = {"logs": [f"/cluster/results/s/trials/0/{log.name}"], "exit_codes": [1],
+                       "cancelled": True, **account}  # fmt: skip
+            (tmp_path / "result.json").write_text(json.dumps(account))
+        assert run(_args(str(log), "--json")) == 0
+        (got,) = json.loads(capsys.readouterr().out)["logs"]
+        return got["outcome"], got["step_time_s"]
+
+    assert outcome(None) == ("launch_error", 0.5)  # the log alone: a kill from outside
+    assert outcome({"timed_out": False, "stopped": "precise"}) == ("ok", 0.5)
+    assert outcome({"timed_out": True, "stopped": None}) == ("timeout", 0.5)
+    assert outcome({"timed_out": False, "stopped": None})[0] == "launch_error"  # not ours

@@ -3,13 +3,21 @@
 ``--format json`` (or ``--json``) prints ``{"logs": [...]}``, one object per file in the order
 given (keys: :data:`tuner.logs.JSON_KEYS`).
 
+A trial's own log (``node-<k>.log`` beside the ``result.json`` that lists it) is judged with the
+executor's account of how the tuner ended it, as the study judged it: a trial the tuner killed
+at its time limit or stopped once its measurement was complete (``JobResult.stopped``) is not
+a crash, though torchrun's traceback of the SIGTERM (``SignalException``) ends its log.
+
 The ``tune`` entry point registers this with :func:`add_parser` and dispatches to :func:`run`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
 from tuner.cli.render import Column, Grid, console, render
@@ -52,12 +60,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     """Parse every file; 0 when all were read, 2 (one line on stderr) when one cannot be."""
-    from tuner.logs import parse_log_file  # the parsers load with the command that uses them
-
     results: list[tuple[str, RunMetrics]] = []
     for file in args.files:
         try:
-            metrics = parse_log_file(file, args.framework, args.warmup)  # streamed, linear
+            metrics = _parse(file, args.framework, args.warmup)  # streamed, linear
             _check_warmup(file, metrics, args.warmup)
         except ParseError as exc:
             print(f"tune: error: {exc}", file=sys.stderr)  # as every command's bad input
@@ -71,6 +77,44 @@ def run(args: argparse.Namespace) -> int:
     else:
         render(console(), _table(results))
     return 0
+
+
+def _parse(file: str, framework: Framework | None, warmup: int | None) -> RunMetrics:
+    """``file``'s metrics; a trial's log the tuner ended is judged with the executor's account
+    (:func:`_ended_by_tuner`), as :func:`tuner.study.record.parse_result` judges it: killed
+    at the limit is ``timeout``, not the ``launch_error`` of the kill's traceback. A trial
+    stopped once its measurement was complete is ``ok`` with its step time, as the study
+    recorded it (:func:`tuner.study.measure.measured_anyway`: the watch stops a trial only
+    once its steady batches are enough)."""
+    from tuner.logs import parse_log_file  # the parsers load with the command that uses them
+    from tuner.outcome import Outcome
+
+    ended = _ended_by_tuner(Path(file))
+    if ended is None:
+        return parse_log_file(file, framework, warmup)
+    metrics = parse_log_file(file, framework, warmup, timed_out=True)
+    if ended and metrics.outcome == Outcome.TIMEOUT and metrics.step_time_s is not None:
+        why = f"ended by the tuner once its measurement was complete ({ended})"
+        return dataclasses.replace(metrics, outcome=Outcome.OK, reason=why)
+    return metrics
+
+
+def _ended_by_tuner(log: Path) -> str | None:
+    """How the tuner ended the trial whose node log ``log`` is: ``JobResult.stopped``
+    (``precise``, ``raced``), ``""`` when it was killed at its time limit, None when the
+    tuner did not end it or ``log`` is not a trial's log (no ``result.json`` listing it)."""
+    from tuner.layout import TrialPaths
+
+    try:
+        account = json.loads(TrialPaths(log.parent).result_json.read_text())
+        if log.name not in {Path(p).name for p in account["logs"]}:
+            return None
+        stopped, timed_out = account.get("stopped"), account["timed_out"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # a plain log, or an account this version cannot read: the log alone
+    if isinstance(stopped, str) and stopped:
+        return stopped
+    return "" if timed_out is True else None
 
 
 def _check_warmup(file: str, metrics: RunMetrics, warmup: int | None) -> None:

@@ -70,6 +70,8 @@ class Scheduler:
         self.adopt: Callable[[Lease], bool] | None = None
         """Takes over a dead holder's still-queued or running batch job instead of ending it
         (:mod:`tuner.study.reattach`); True when it did."""
+        self._ran: set[int] = set()
+        """The groups (``NodeGroup.id``) a trial was launched on since they were acquired."""
 
     def acquire(self, size: int | None = None) -> Placement | None:
         """A group of free nodes (``size`` of them, default the pool's group size) and a free
@@ -98,12 +100,17 @@ class Scheduler:
 
     def launched(self, placement: Placement, trial: int, token: str, node_dir: str | None) -> None:
         """Record on the leases which trial runs there (another worker cleans up if we die)."""
+        self._ran.add(placement.group.id)
         self.leases.attach(self.worker, placement.resources, trial=trial, token=token,
                            hosts=placement.group.hosts, node_dir=node_dir)  # fmt: skip
 
     def release(self, placement: Placement, node_errors: Any = ()) -> None:
-        """Give the nodes back to the pool and the study."""
-        self.pool.release(placement.group, node_errors=node_errors)
+        """Give the nodes back to the pool and the study. A group no trial was launched on
+        (refused for node-hours, no config left, the wrong size for a proxy, a launch that
+        failed before its record) proves nothing about its nodes: their strikes stay."""
+        ran = placement.group.id in self._ran
+        self._ran.discard(placement.group.id)
+        self.pool.release(placement.group, node_errors=node_errors, ran=ran)
         self.leases.release(self.worker, placement.resources)
 
     @staticmethod
