@@ -77,16 +77,25 @@ def test_json_of_a_figure_that_is_not_finite_is_null(
 ) -> None:
     """``tune best --format json`` wrote a stored infinity or NaN as ``Infinity`` / ``NaN``: no
     JSON (jq and ``JSON.parse`` refuse the document). It is null, as the leaderboard's JSON
-    (pandas) already wrote it."""
+    (pandas) already wrote it. A trial whose tokens/s is no figure is never the best
+    (``tuner.outcome.figure``): ``tune best`` then says there is none, in one line."""
     odd = {"outcome": "ok", "step_time_s": 1.2, "tokens_per_s": float("inf"),
            "mfu": float("nan"), "peak_memory_gib": 11.0}  # fmt: skip
-    study = _study(tmp_path, [odd])
-    monkeypatch.chdir(tmp_path)
-    for command in (["best", "--format", "json"], ["leaderboard", "--format", "json"]):
-        assert main([*command, "--study", str(study)]) == 0
-        data = _strict_json(capsys.readouterr().out)
-        best = data["measured"] if command[0] == "best" else data[0]
-        assert best["mfu"] is None and best["tokens_per_s"] is None, best
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "ranked").mkdir()
+    study = _study(tmp_path / "odd", [odd])
+    monkeypatch.chdir(tmp_path / "odd")
+    assert main(["leaderboard", "--format", "json", "--study", str(study)]) == 0
+    row = _strict_json(capsys.readouterr().out)[0]
+    assert row["mfu"] is None and row["tokens_per_s"] is None, row
+    assert main(["best", "--format", "json", "--study", str(study)]) == 2
+    assert "no measured trial has a finite step time" in capsys.readouterr().err
+    ranked = {**odd, "tokens_per_s": 1706.0}  # the best, with a stored NaN MFU
+    study = _study(tmp_path / "ranked", [ranked])
+    monkeypatch.chdir(tmp_path / "ranked")
+    assert main(["best", "--format", "json", "--study", str(study)]) == 0
+    best = _strict_json(capsys.readouterr().out)["measured"]
+    assert best["mfu"] is None and best["tokens_per_s"] == 1706.0, best
 
 
 def test_a_database_another_process_holds_is_one_wait_then_one_line(
