@@ -37,3 +37,10 @@ def figure(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def rankable(step: object, tokens: object) -> bool:
+    """Whether a measured trial may rank and be called the best: its step time is a
+    :func:`figure`, and so is its tokens/s where it stored one (None: not stored). The
+    leaderboard's rows and the report's rows are judged by this one rule."""
+    return figure(step) is not None and (tokens is None or figure(tokens) is not None)

@@ -31,7 +31,7 @@ from tuner.models.memory.estimate import (
     with_slack,
 )
 from tuner.models.time.estimate import TimeBreakdown, estimate_time
-from tuner.outcome import Outcome, figure
+from tuner.outcome import Outcome, rankable
 from tuner.report.leaderboard import board_trials, load_optuna_study, megatron_args, optuna_trials
 from tuner.space.enumerate import enumerate_space, study_gpu
 from tuner.space.trials import is_duplicate, trial_outcome
@@ -391,7 +391,7 @@ def trial_row(
     outcome = trial_outcome(t)
     step = _float(a.get("step_time_s"))
     stored = a.get("tokens_per_s")  # as the leaderboard ranks it (a NaN is no figure)
-    ranked = figure(step) is not None and (stored is None or figure(stored) is not None)
+    ranked = rankable(step, stored)
     tokens = _float(stored)
     if tokens is None and ranked and step:
         tokens = spec.training.global_batch_size * spec.model.seq_length / step

@@ -16,7 +16,7 @@ from tuner.config.parallel import ParallelConfig
 from tuner.errors import StudyError
 from tuner.launch.megatron_flags import moe_flags, parallel_args
 from tuner.layout import ResultsLayout
-from tuner.outcome import Outcome, figure
+from tuner.outcome import Outcome, figure, rankable
 from tuner.space.collection import paused_collection
 from tuner.space.columns import config_columns
 from tuner.space.trials import StoredTrial, trial_outcome
@@ -310,16 +310,15 @@ def ranked(row: Mapping[str, Any]) -> bool:
     """Whether a leaderboard row may rank among the measured ones and be called the best: its
     step time is a figure (:func:`tuner.outcome.figure`) and so is its tokens/s where it has
     one. A NaN, infinite, zero or negative one is shown as stored, after every ranked row."""
-    tokens = row["tokens_per_s"]
-    return figure(row["measured_step_s"]) is not None and (
-        tokens is None or figure(tokens) is not None)  # fmt: skip
+    return rankable(row["measured_step_s"], row["tokens_per_s"])
 
 
 def _order(row: Mapping[str, Any]) -> tuple[bool, bool, float, int]:
     """A row's place: measured (``ok``) first, then the ranked rows (:func:`ranked`) by the
     most tokens/s (none last), then the trial number."""
-    tokens = figure(row["tokens_per_s"]) if ranked(row) else None
-    return (row["outcome"] != str(Outcome.OK), not ranked(row), -(tokens or 0.0),
+    rank = ranked(row)
+    tokens = figure(row["tokens_per_s"]) if rank else None
+    return (row["outcome"] != str(Outcome.OK), not rank, -(tokens or 0.0),
             row["trial"])  # fmt: skip
 
 
