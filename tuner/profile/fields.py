@@ -61,9 +61,6 @@ def _measured(value: Any) -> float:
     return number
 
 
-_measured.__name__ = "a number above zero"
-
-
 def _count(value: Any) -> int:
     """A rank's number: a whole number, not negative."""
     if isinstance(value, bool) or (number := int(value)) < 0:  # int(inf): OverflowError
@@ -88,6 +85,9 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
     "tuple[int, ...]": lambda v: tuple(_count(x) for x in v),
 }
 
+_SAID = {"float": "a number above zero"}
+"""How a refused field's kind is said where its type's name would mislead (a float of 0)."""
+
 
 class Malformed(ValueError):
     """A saved profile's field that is missing or of the wrong kind, named by its path."""
@@ -105,7 +105,7 @@ def sample(cls: type[S], row: Any, where: str) -> S:
             values[f.name] = _CONVERT[str(f.type)](row[f.name])
         except (TypeError, ValueError, OverflowError):
             shown = describe(row[f.name])
-            kind = _CONVERT[str(f.type)].__name__ if f.type == "float" else f.type
+            kind = _SAID.get(str(f.type), f.type)
             raise Malformed(f"{where}.{f.name} is not {kind}: {shown}") from None
     return cls(**values)
 
