@@ -50,8 +50,9 @@ def _from_storage(exc: BaseException) -> bool:
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM (``kill``, a scheduler ending the login session's job, ``timeout``) raised as
-    :class:`KeyboardInterrupt` while a command runs, as Ctrl-C is: by default SIGTERM ends
+    """SIGTERM (``kill``, a scheduler ending the login session's job, ``timeout``) and SIGHUP
+    (the terminal or ssh session closed; not under ``nohup``) raised as
+    :class:`KeyboardInterrupt` while a command runs, as Ctrl-C is: by default both end
     Python without unwinding, so a job a command started on other nodes (a profile probe over
     SSH or Slurm) was never cancelled. Unwinding runs every ``except BaseException: cancel``
     on the way out. ``tune run``'s loop installs its own handlers while it runs (stop
@@ -63,8 +64,12 @@ def terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    from tuner.study.signals import stopping_signals
+
+    caught = [sig for sig in stopping_signals() if sig != signal.SIGINT]  # SIGINT raises it
+    previous = {sig: signal.signal(sig, interrupt) for sig in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,4 +1,4 @@
-"""SIGINT / SIGTERM during ``tune run``: the study loop stops cleanly instead of dying."""
+"""SIGINT / SIGTERM / SIGHUP during ``tune run``: the study loop stops cleanly instead of dying."""
 
 from __future__ import annotations
 
@@ -15,16 +15,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tuner.study.loop")
 
 
+def stopping_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop a command cleanly: Ctrl-C, ``kill``, and the hang-up sent when the
+    terminal or the ssh session to the login node closes. Python's default for SIGHUP ends the
+    process without unwinding: a running trial's processes (in their own sessions) ran on and
+    its row stayed ``running``. SIGHUP is left alone where it is ignored (``nohup tune run``
+    asks to outlive the terminal)."""
+    hang_up = signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+    return (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hang_up else ()))
+
+
 @contextmanager
 def stop_on_signals(loop: StudyLoop) -> Iterator[None]:
-    """SIGINT / SIGTERM stop the loop cleanly (running trials cancelled, marked interrupted).
+    """SIGINT / SIGTERM / SIGHUP (:func:`stopping_signals`) stop the loop cleanly (running
+    trials cancelled, marked interrupted).
 
     A second signal while stopping is noted, not acted on: the cleanup must finish (the
     reapers run in their own sessions, so a terminal's Ctrl-C does not reach them)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in stopping_signals()}
 
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
