@@ -136,8 +136,8 @@ def run(
 
     ``n_trials`` overrides ``search.n_trials``; ``storage`` is an SQLAlchemy URL or journal file
     (default: ``<results>/<study>/study.db``); ``force`` resumes a study whose file changed. Run
-    again to resume. Ctrl-C (SIGINT) or SIGTERM cancels the running trials and returns. Raises a
-    :class:`~tuner.errors.TunerError` for a bad study or storage.
+    again to resume. Ctrl-C (SIGINT), SIGTERM or SIGHUP cancels the running trials and returns.
+    Raises a :class:`~tuner.errors.TunerError` for a bad study or storage.
     """
     from tuner.study.build import build_loop
     from tuner.study.signals import stop_on_signals
