@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,30 @@ def test_a_trial_another_worker_ended_is_not_told_twice(
     assert "ended by another worker" in caplog.text
     (t,) = optuna.storages.RDBStorage(url).get_all_trials(study._study_id)
     assert t.state == TrialState.FAIL and t.values is None and "outcome" not in t.user_attrs
+
+
+@pytest.mark.parametrize("cut", [0, 17])
+def test_a_cut_metrics_file_falls_back_on_the_result_and_logs(tmp_path: Path, cut: int) -> None:
+    """A ``metrics.json`` cut short (``tune`` killed, or the disk full, mid-write) hid the
+    finished trial's measurement from the next worker, which ran the config again; its
+    ``result.json`` and node log still hold it."""
+    from tests.test_proxy import _megatron_log, spec
+    from tuner.launch import JobResult
+    from tuner.layout import ResultsLayout
+    from tuner.space.enumerate import study_gpu
+    from tuner.study.record import recovered_metrics, write_metrics
+
+    s = spec(nodes=1)
+    paths = ResultsLayout(tmp_path, s.name).trial(0)
+    _megatron_log(paths.node_log(0), 2.0)
+    result = JobResult(trial=0, hosts=("n0",), exit_codes=(0,), timed_out=False,
+                       cancelled=False, node_errors=(), duration_s=60.0,
+                       logs=(paths.node_log(0),))  # fmt: skip
+    paths.result_json.write_text(json.dumps(result.to_json()))
+    write_metrics(paths, Verdict(Outcome.OK, None, {"step_time_s": 2.0}), result)
+    whole = paths.metrics_json.read_text()
+    assert list(paths.dir.glob(".*.tmp")) == []  # written beside, then renamed over
+    paths.metrics_json.write_text(whole[:cut])
+    verdict = recovered_metrics(s, study_gpu(s), paths)
+    assert verdict is not None and verdict.outcome == Outcome.OK
+    assert verdict.metrics["step_time_s"] == pytest.approx(2.0, rel=0.01)

@@ -27,7 +27,7 @@ from tuner.catalog import GPUSpec
 from tuner.errors import StorageError
 from tuner.launch import JobResult
 from tuner.launch.pool import EXHAUSTED
-from tuner.layout import TrialPaths
+from tuner.layout import TrialPaths, write_atomic
 from tuner.models.time.estimate import model_flops_per_step
 from tuner.outcome import Outcome
 from tuner.search.sampler import ModelGuidedSampler
@@ -208,36 +208,46 @@ network address. ... name: EADDRINUSE``) and the OS's errno 98 text."""
 
 
 def write_metrics(paths: TrialPaths, verdict: Verdict, result: JobResult) -> None:
-    """``metrics.json``: the measurement, on disk before the study hears of it."""
+    """``metrics.json``: the measurement, on disk before the study hears of it; whole or not
+    there (a ``tune`` killed or a disk filled mid-write left a cut file that hid the measurement
+    from :func:`recovered_metrics`)."""
     record = verdict.metrics | {
         "outcome": str(verdict.outcome), "reason": verdict.reason,
         "duration_s": result.duration_s, "exit_codes": list(result.exit_codes),
     }  # fmt: skip
-    paths.metrics_json.write_text(json.dumps(record, indent=2) + "\n")
+    write_atomic(paths.metrics_json, json.dumps(record, indent=2) + "\n")
 
 
 def recovered_metrics(spec: StudySpec, gpu: GPUSpec, paths: TrialPaths) -> Verdict | None:
     """The verdict of a trial whose job finished but whose result never reached the study:
-    from its ``metrics.json``, else from its ``result.json`` and logs; None when neither."""
-    try:
-        if paths.metrics_json.exists():
-            data = json.loads(paths.metrics_json.read_text())
-            outcome = Outcome(data.pop("outcome"))
-            reason = data.pop("reason", None)
-            data.pop("exit_codes", None)  # the executor's, not a trial attribute
-            return Verdict(outcome, reason, data)
-        if paths.result_json.exists():
-            raw = json.loads(paths.result_json.read_text())
-            raw["hosts"] = tuple(raw["hosts"])
-            raw["exit_codes"] = tuple(raw["exit_codes"])
-            raw["node_errors"] = tuple(tuple(e) for e in raw["node_errors"])
-            raw["logs"] = tuple(Path(p) for p in raw["logs"])
-            raw["survivors"] = tuple(raw.get("survivors", ()))
-            if raw.get("scheduler_verdict") is not None:
-                raw["scheduler_verdict"] = tuple(raw["scheduler_verdict"])
-            return judge(spec, gpu, JobResult(**raw))
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        logger.warning("cannot recover %s: %s", paths.dir, exc)
+    from its ``metrics.json``, else from its ``result.json`` and logs; None when neither. A
+    ``metrics.json`` that cannot be read (cut short, edited) falls back on the ``result.json``:
+    the measurement is in the logs too, and the config would otherwise run again."""
+
+    def saved() -> Verdict:
+        data = json.loads(paths.metrics_json.read_text())
+        outcome = Outcome(data.pop("outcome"))
+        reason = data.pop("reason", None)
+        data.pop("exit_codes", None)  # the executor's, not a trial attribute
+        return Verdict(outcome, reason, data)
+
+    def judged() -> Verdict:
+        raw = json.loads(paths.result_json.read_text())
+        raw["hosts"] = tuple(raw["hosts"])
+        raw["exit_codes"] = tuple(raw["exit_codes"])
+        raw["node_errors"] = tuple(tuple(e) for e in raw["node_errors"])
+        raw["logs"] = tuple(Path(p) for p in raw["logs"])
+        raw["survivors"] = tuple(raw.get("survivors", ()))
+        if raw.get("scheduler_verdict") is not None:
+            raw["scheduler_verdict"] = tuple(raw["scheduler_verdict"])
+        return judge(spec, gpu, JobResult(**raw))
+
+    for path, read in ((paths.metrics_json, saved), (paths.result_json, judged)):
+        try:
+            if path.exists():
+                return read()
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            logger.warning("cannot recover %s from %s: %s", paths.dir, path.name, exc)
     return None
 
 
