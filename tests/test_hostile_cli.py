@@ -14,7 +14,7 @@ import yaml
 
 from tests.test_cli_profile import CLUSTER_TEXT
 from tests.test_hostile_inputs import BASE, HANG_GUARD_S, REPO
-from tuner.cli.main import main
+from tuner.cli.main import CLOSED_STDOUT, main
 
 EMPTY_VALUES = [
     (["leaderboard", "--study", "demo", "--results", ""], "--results", "DIR"),
@@ -419,3 +419,33 @@ def test_a_cluster_file_without_a_model_says_it_is_missing(
         f"tune: error: {cluster}: model: required field is missing: the model whose GEMM shapes "
         "are measured (for example model: {preset: llama3-8b})\n"
     )
+
+
+def _with_closed(fd: int, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``tune ARGV`` started with descriptor ``fd`` closed (``>&-``, ``2>&-``), its other
+    standard output captured in a file."""
+    other = cwd / "captured"
+    with other.open("w") as f:
+        return subprocess.run(
+            [sys.executable, "-m", "tuner.cli.main", *argv], cwd=cwd, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=HANG_GUARD_S,
+            stdout=f if fd == 2 else None, stderr=f if fd == 1 else None,
+            preexec_fn=lambda: os.close(fd),
+        )  # fmt: skip
+
+
+def test_a_closed_standard_output_is_one_line(tmp_path: Path) -> None:
+    """``tune space --study demo >&-``: Python leaves ``sys.stdout`` None, and the first line
+    printed was an AttributeError's traceback."""
+    done = _with_closed(1, ["space", "--study", "demo"], tmp_path)
+    assert done.returncode == 2
+    err = (tmp_path / "captured").read_text()
+    said = "tune: error: standard output is closed (>&-); send it to a file or /dev/null instead\n"
+    assert err == CLOSED_STDOUT == said, err
+
+
+def test_a_closed_standard_error_keeps_the_exit_status(tmp_path: Path) -> None:
+    """``2>&-``: the one-line error of a bad study was an AttributeError (exit 1), not 2."""
+    done = _with_closed(2, ["space", "--study", "no-such-study"], tmp_path)
+    assert done.returncode == 2
+    assert (tmp_path / "captured").read_text() == ""
