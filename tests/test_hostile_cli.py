@@ -449,3 +449,27 @@ def test_a_closed_standard_error_keeps_the_exit_status(tmp_path: Path) -> None:
     done = _with_closed(2, ["space", "--study", "no-such-study"], tmp_path)
     assert done.returncode == 2
     assert (tmp_path / "captured").read_text() == ""
+
+
+def test_a_results_folder_of_a_user_with_no_home_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--results=~nobody/r`` (the shell expands no ``~`` after ``=``) was a RuntimeError's
+    traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--results=~no-such-user-here/r", "leaderboard", "--study", "demo"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --results: ~no-such-user-here/r: no home folder "\
+        "for ~no-such-user-here" in err, err  # fmt: skip
+
+
+def test_a_results_folder_under_home_is_the_one_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--results=~/r``: the check was of ``$HOME/r``, the results went to ``./~/r``."""
+    from tuner.cli.commands import build_parser, parse_args
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = parse_args(build_parser()[0], ["--results=~/r", "leaderboard", "--study", "demo"])
+    assert args.results == str(tmp_path / "r")

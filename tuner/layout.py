@@ -314,8 +314,11 @@ def folder_problem(text: str) -> str | None:
     hold files, None when it can (made when missing): a symbolic link loop on the way, a link
     to nothing (a write through it made its target, a folder where the user meant another file
     system), a file ("Not a directory" from ``tune profile``, exit 1; "no results yet" from
-    ``tune leaderboard``)."""
-    path = Path(text).expanduser()
+    ``tune leaderboard``), a ``~user`` this machine has no home for."""
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # `--results=~x/r` (the shell expands no `~` after `=`)
+        return f"no home folder for {text.split('/')[0]}"
     try:
         path.resolve()  # Python 3.11: RuntimeError on a loop; 3.13: OSError (ELOOP)
         given = path.absolute()

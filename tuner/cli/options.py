@@ -10,6 +10,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from tuner.layout import folder_problem
@@ -148,13 +149,15 @@ RESULTS_DEFAULT = "results"
 
 
 def folder(text: str) -> str:
-    """An argparse ``type``: a results folder's path as given, refused when it cannot hold
-    results (:func:`folder_problem`): ``--results LOOP`` was a RuntimeError's traceback from the
-    first command that resolved it, exit 1."""
+    """An argparse ``type``: a results folder's path as given, ``~`` expanded (as ``--study``'s:
+    the shell expands none in ``--results=~/r``; the check was of the home's folder, the
+    results went to ``./~/r``), refused when it cannot hold results (:func:`folder_problem`):
+    ``--results LOOP`` was a RuntimeError's traceback from the first command that resolved it,
+    exit 1, and so was ``--results=~nobody/r``."""
     problem = folder_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{text}: {problem}")
-    return text
+    return str(Path(text).expanduser()) if text.startswith("~") else text
 
 
 def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
