@@ -473,3 +473,20 @@ def test_a_results_folder_under_home_is_the_one_checked(
     monkeypatch.setenv("HOME", str(tmp_path))
     args = parse_args(build_parser()[0], ["--results=~/r", "leaderboard", "--study", "demo"])
     assert args.results == str(tmp_path / "r")
+
+
+@pytest.mark.parametrize("argv", [
+    ["leaderboard", "--study", "demo", "--format", "csv", "--columns", "no-such-column"],
+    ["leaderboard", "--study", "demo", "--format", "markdown", "--columns", "trial"],
+    ["estimate", "--study", "demo", "--json", "--columns", "stage"],
+    ["space", "--study", "demo", "--json", "--top", "2", "--columns", "rank"],
+    ["catalog", "gpus", "--format", "json", "--columns", "name"],
+])  # fmt: skip
+def test_columns_with_a_format_that_writes_every_field_is_refused(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--columns`` was ignored without a word where ``--format`` writes every field, a name
+    no table has included."""
+    assert main([*argv, "--results", str(tmp_path)] if argv[0] != "catalog" else argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--columns picks the table's columns; --format " in err, err

@@ -186,6 +186,7 @@ def run(out: Callable[[], Console], args: Namespace) -> int:
     from tuner.report.leaderboard import board_rows, board_trials, why_empty
     from tuner.spec.file import load_study
 
+    columns = render.parse_columns(args.columns, args.format)
     spec = load_study(args.study)
     trials = board_trials(spec, args.storage, args.results)
     board = board_rows(spec, trials, include_all=args.all)
@@ -200,6 +201,5 @@ def run(out: Callable[[], Console], args: Namespace) -> int:
         out().print(f"leaderboard of {spec.name}: {why}", markup=False)
     else:
         title = f"leaderboard of {spec.name} ({units.plural(len(board.rows), 'config')})"
-        columns = render.parse_columns(args.columns)
         print_board(out(), title, board, args.all, columns, spec.framework)
     return 0

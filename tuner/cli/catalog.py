@@ -73,6 +73,7 @@ def model_rows() -> list[dict[str, Any]]:
 
 
 def _cmd_catalog(args: argparse.Namespace) -> int:
+    chosen = render.parse_columns(args.columns, args.format)
     rows = gpu_rows() if args.what == "gpus" else model_rows()
     if args.format == "json":
         _emit_json(rows)
@@ -90,7 +91,7 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
     noun = "GPU preset" if args.what == "gpus" else "model preset"
     title = f"{units.plural(len(rows), noun)} (--format json: every field)"
     render.render(_console(), render.Grid(title=title, columns=columns, rows=tuple(cells)),
-                  render.parse_columns(args.columns))  # fmt: skip
+                  chosen)  # fmt: skip
     return 0
 
 

@@ -84,6 +84,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import config_from_settings
 
+    columns = render.parse_columns(args.columns, args.format)
     spec = load_study(args.study)
     rates, source = cli_profile.time_source(spec, args.results)
     terms = study_terms(spec, args.results, rates)
@@ -103,7 +104,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if args.format == "json":
         _emit_json(result)
     elif found.valid:
-        _print_estimate(result, spec.search.memory_headroom, render.parse_columns(args.columns))
+        _print_estimate(result, spec.search.memory_headroom, columns)
         _console().print(f"time model rates: {source}")
         for text in source_lines(spec, found.config, terms):
             _console().print(text)
@@ -122,7 +123,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 def _cmd_space(args: argparse.Namespace) -> int:
     spec = load_study(args.study)
-    if (columns := render.parse_columns(args.columns)) is not None:  # before the enumeration
+    if (columns := render.parse_columns(args.columns, args.format)) is not None:  # before all
         if args.top <= 0:
             raise ConfigError("--columns: it picks the columns of the --top table; add --top K")
         render.check_columns(columns, [c.name for c in TOP_COLUMNS])

@@ -117,10 +117,15 @@ def console() -> Console:
     return Console(highlight=False, width=width or 10_000, soft_wrap=width is None)
 
 
-def parse_columns(text: str | None) -> list[str] | None:
-    """``--columns a,b,c`` -> ``["a", "b", "c"]`` (None: the default choice)."""
+def parse_columns(text: str | None, form: str) -> list[str] | None:
+    """``--columns a,b,c`` -> ``["a", "b", "c"]`` (None: the default choice), refused with a
+    ``--format`` (``form``) other than the table, which writes every field: it was ignored
+    there, a column no table has included (``--format csv --columns nope``)."""
     if text is None:
         return None
+    if form not in ("table", "text"):
+        raise ConfigError(f"--columns picks the table's columns; --format {form} writes every "
+                          "field (give one of the two)")  # fmt: skip
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ConfigError("--columns: give column names separated by commas")
