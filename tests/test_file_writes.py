@@ -4,6 +4,7 @@ which every writer and every lock of the package goes through."""
 from __future__ import annotations
 
 import ast
+import errno
 import os
 import threading
 import time
@@ -59,6 +60,35 @@ def test_a_failed_whole_write_leaves_the_file_and_no_copy(tmp_path: Path) -> Non
     with pytest.raises(UnicodeEncodeError):
         write_atomic(path, "\udcff")  # a lone surrogate: no UTF-8 for it
     assert path.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["c.yaml"]
+
+
+def test_a_whole_write_that_fails_names_the_file_asked_for(tmp_path: Path) -> None:
+    """``tune report --out /proc/r.html`` said "/proc/.r.html.5356acd3.tmp: No such file or
+    directory", a file the user never named."""
+    path = tmp_path / "gone" / "r.html"
+    with pytest.raises(OSError) as failed:
+        write_atomic(path, "x")
+    assert failed.value.filename == str(path)
+
+
+def test_a_copy_the_file_system_will_not_remove_hides_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a read-only file system the cleanup's unlink failed too (EROFS, not "missing"), and
+    its error, naming the hidden copy, replaced the write's."""
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    def write_refused(self: Path, *_args: object, **_kwargs: object) -> int:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    monkeypatch.setattr(Path, "write_text", write_refused)
+    path = tmp_path / "r.html"
+    with pytest.raises(OSError) as failed:
+        write_atomic(path, "x")
+    assert failed.value.errno == errno.EROFS and failed.value.filename == str(path)
 
 
 def test_each_writer_names_its_own_copy() -> None:

@@ -490,3 +490,14 @@ def test_columns_with_a_format_that_writes_every_field_is_refused(
     assert main([*argv, "--results", str(tmp_path)] if argv[0] != "catalog" else argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--columns picks the table's columns; --format " in err, err
+
+
+def test_a_report_under_a_file_names_the_option_before_it_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out afile/r.html`` said "afile: File exists", exit 1, once the report was built."""
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "r.html"
+    assert main(["report", "--study", "demo", "--results", str(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tune: error: --out {out}: the folder {out.parent}: a file, not a folder\n"

@@ -343,7 +343,8 @@ P = TypeVar("P", bound=PurePath)
 def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> os.stat_result:
     """``path`` holds ``content`` whole or is as it was: written beside it, then renamed over it
     (a loopback node may be reading the same file while another writes it; a Ctrl-C or a full
-    disk mid-write left a file cut short). The half-written copy is removed on any failure.
+    disk mid-write left a file cut short). The half-written copy is removed on any failure, and
+    an error names ``path``, not the hidden copy no one asked for.
 
     Returns the written file's status as the rename left it (the rename keeps the inode, size
     and times): a cache of what the file holds is keyed by it without a second ``stat`` that
@@ -354,8 +355,11 @@ def write_atomic(path: Path, content: str, *, mode: int = 0o644) -> os.stat_resu
         tmp.chmod(mode)
         written = tmp.stat()
         tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # a read-only file system refuses even this
+            tmp.unlink()
+        if isinstance(exc, OSError) and exc.filename == str(tmp):  # the file asked for, named
+            exc.filename = str(path)
         raise
     return written
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tuner.cli.options import add_study_option, positive_number
 from tuner.errors import ConfigError
+from tuner.layout import folder_problem
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -68,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
 def _check_paths(out: Path | None, png: Path | None) -> None:
     """``--out`` and ``--png`` refused before the report is built, naming the option: a
     symbolic link loop ("Too many levels of symbolic links", exit 1, once it was built) and a
-    ``--png`` that is a file ("File exists")."""
+    ``--png`` that is a file ("File exists"), an ``--out`` under a file ("File exists", exit
+    1)."""
     for option, path in (("--out", out), ("--png", png)):
         try:
             if path is not None:
@@ -77,6 +79,8 @@ def _check_paths(out: Path | None, png: Path | None) -> None:
             raise ConfigError(f"{option} {path}: a symbolic link loop") from None
     if png is not None and png.exists() and not png.is_dir():
         raise ConfigError(f"--png {png} is not a folder; give the folder for the PNG files")
+    if out is not None and (problem := folder_problem(str(out.parent))) is not None:
+        raise ConfigError(f"--out {out}: the folder {out.parent}: {problem}")
 
 
 @contextmanager
