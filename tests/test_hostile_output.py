@@ -216,3 +216,18 @@ def test_the_dry_run_of_a_study_whose_storage_is_unusable_is_one_line(
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_log_s_huge_figure_keeps_the_table_in_its_width(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``elapsed time per iteration (ms): 1e300`` (finite, above zero: a step time) was a
+    301-digit cell, the table 370 columns wide at COLUMNS=80."""
+    from tests.test_proxy import _megatron_log
+
+    log = tmp_path / "node-0.log"
+    _megatron_log(log, 1e300)
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["parse-log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "e+300" in out and max(len(line) for line in out.splitlines()) <= 80, out

@@ -128,8 +128,16 @@ def _check_warmup(file: str, metrics: RunMetrics, warmup: int | None) -> None:
         )
 
 
+FIXED_WIDTH = 12
+"""The longest figure written in fixed form; a longer one (a log's ``elapsed time per iteration
+(ms): 1e+300``) is written in exponent form: in fixed form it took 300 digits of the table."""
+
+
 def _fmt(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}"
+    return text if len(text) <= FIXED_WIDTH else f"{value:.4g}"
 
 
 COLUMNS = (
