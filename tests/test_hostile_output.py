@@ -231,3 +231,19 @@ def test_a_log_s_huge_figure_keeps_the_table_in_its_width(
     assert main(["parse-log", str(log)]) == 0
     out = capsys.readouterr().out
     assert "e+300" in out and max(len(line) for line in out.splitlines()) <= 80, out
+
+
+def test_a_reason_s_bars_and_line_breaks_keep_the_markdown_table_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reason quoting a Megatron line (``|``-separated) split its cell into columns of the
+    Markdown table, and a line break in it split the row."""
+    reason = " iteration 3/ 5 | lm loss: nan |\n\x1b[31mRuntimeError"
+    study = _study(tmp_path, [{"outcome": "diverged", "reason": reason}])
+    monkeypatch.chdir(tmp_path)
+    assert main(["leaderboard", "--study", str(study), "--all", "--format", "markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3, lines  # the header, its rule, the one trial
+    bars = {line.replace("\\|", "").count("|") for line in lines}
+    assert len(bars) == 1, lines  # as many cells in the row as in the header
+    assert "iteration 3/ 5 \\| lm loss: nan \\|\\n\\x1b[31mRuntimeError" in lines[2]

@@ -181,6 +181,20 @@ def print_board(out: Console, title: str, board: Board, include_all: bool,
     render.render(out, grid, names)
 
 
+def _markdown_cell(value: object) -> object:
+    return render.visible(value).replace("|", "\\|") if isinstance(value, str) else value
+
+
+def markdown(board: Board) -> str:
+    """The rows as a Markdown table, each text cell made :func:`render.visible` and its ``|``
+    escaped: a failed trial's reason quotes its log (Megatron's lines are ``|``-separated), and
+    such a cell split into columns of its own, a newline in it into a row of its own."""
+    frame = board.frame()
+    for column in frame.columns:
+        frame[column] = frame[column].map(_markdown_cell)
+    return frame.to_markdown(index=False, floatfmt=".4g")
+
+
 def run(out: Callable[[], Console], args: Namespace) -> int:
     """``tune leaderboard``: the table on ``out()``, or the rows in ``--format``'s form."""
     from tuner.report.leaderboard import board_rows, board_trials, why_empty
@@ -195,7 +209,7 @@ def run(out: Callable[[], Console], args: Namespace) -> int:
     elif args.format == "json":
         sys.stdout.write(board.frame().to_json(orient="records", indent=2) + "\n")
     elif args.format == "markdown":
-        sys.stdout.write(board.frame().to_markdown(index=False, floatfmt=".4g") + "\n")
+        sys.stdout.write(markdown(board) + "\n")
     elif not board.rows:  # says why and what to do (an empty table was all it printed once)
         why = why_empty(spec, trials, args.all, args.results)
         out().print(f"leaderboard of {spec.name}: {why}", markup=False)
