@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -73,6 +74,25 @@ def test_payback_against_a_baseline(tmp_path: Path) -> None:
     assert (
         same is not None and same["saved_gpu_hours"] == 0 and math.isinf(same["break_even_tokens"])
     )
+
+
+@pytest.mark.parametrize(("baseline", "tokens"), [("tp=4", 1e9), ("tp=2", 1e308)])
+def test_the_payback_table_shows_figures_not_inf_or_300_digits(
+    tmp_path: Path, baseline: str, tokens: float
+) -> None:
+    """The baseline as the found config read "break-even after inf training tokens", and
+    ``--train-tokens 1e308`` a cell of 300 digits."""
+    from tuner.report.page import sections
+
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 4.0, launched=True, duration_s=3600.0)
+    record(study, SPEC, config(4, 2), Outcome.OK, 2.0, launched=True, duration_s=3600.0)
+    data = gather(SPEC, results=str(tmp_path), baseline=baseline, train_tokens=tokens)
+    (payback,) = (s for s in sections(data) if s.id == "progress")
+    cells = [c for table in payback.tables for c in re.findall(r"<td>(.*?)</td>", str(table))]
+    assert len(cells) == 7 and not any("inf" in c or len(c) > 60 for c in cells), cells
+    if baseline == "tp=4":
+        assert "never: the found config saves nothing over the baseline" in cells
 
 
 def test_no_payback_without_the_training_length(tmp_path: Path) -> None:

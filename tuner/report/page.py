@@ -115,6 +115,21 @@ def _explain(data: ReportData) -> list[Section]:
     ]  # fmt: skip
 
 
+def _hours(value: float) -> str:
+    """GPU-hours to a tenth, in exponent form past 10^12 (``--train-tokens 1e308`` wrote
+    300 digits)."""
+    return f"{value:,.1f}" if abs(value) < 1e12 else f"{value:.4g}"
+
+
+def _break_even(tokens: float) -> str:
+    """The training tokens after which the search paid for itself; never where the found
+    config saves nothing over the baseline (the baseline itself: it read "inf training
+    tokens")."""
+    if math.isfinite(tokens):
+        return f"{tokens:.3g} training tokens"
+    return "never: the found config saves nothing over the baseline"
+
+
 def _payback(data: ReportData) -> Section:
     section = Section("progress", "Search progress and payback", figures=[
         ("progress", F.progress(data))])  # fmt: skip
@@ -132,11 +147,11 @@ def _payback(data: ReportData) -> Section:
     section.tables.append(_kv([
         ("training tokens", f"{plan['train_tokens']:.4g}"),
         ("baseline", f"trial {int(plan['baseline_trial'])} ({base})"),
-        ("GPU-hours with the found config", f"{plan['found_gpu_hours']:,.1f}"),
-        ("GPU-hours with the baseline", f"{plan['baseline_gpu_hours']:,.1f}"),
-        ("GPU-hours saved", f"{plan['saved_gpu_hours']:,.1f}"),
+        ("GPU-hours with the found config", _hours(plan["found_gpu_hours"])),
+        ("GPU-hours with the baseline", _hours(plan["baseline_gpu_hours"])),
+        ("GPU-hours saved", _hours(plan["saved_gpu_hours"])),
         ("GPU-hours the search cost", f"{plan['search_gpu_hours']:,.3g}"),
-        ("break-even after", f"{plan['break_even_tokens']:.3g} training tokens"),
+        ("break-even after", _break_even(plan["break_even_tokens"])),
     ]))  # fmt: skip
     section.figures.append(("payback", F.payback(data, plan)))
     return section
