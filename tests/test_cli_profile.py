@@ -97,3 +97,59 @@ def test_a_failed_profile_prints_nothing_on_stdout(
     assert main(["profile", "--cluster", FILE]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err == "tune: error: the profile job failed (see node-0.log): no output\n"
+
+
+class _Job:
+    """A profile job whose node-0 log is ``lines``, one more at each poll, then done."""
+
+    def __init__(self, log: Path, lines: list[str]) -> None:
+        self.log, self.lines, self.polls = log, lines, 0
+
+    def poll(self) -> object | None:
+        from types import SimpleNamespace
+
+        self.polls += 1
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log.write_text("".join(self.lines[: self.polls]))
+        return SimpleNamespace(ok=True) if self.polls >= len(self.lines) else None
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Executor:
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def master_addr(self, hosts: object) -> str:
+        return "127.0.0.1"
+
+    def master_port(self, hosts: object, port: int) -> int:
+        return port
+
+    def submit(self, request: object) -> _Job:
+        return _Job(request.paths.node_log(0), self.lines)  # type: ignore[attr-defined]
+
+
+def test_a_profile_job_s_cut_lines_are_one_error_not_a_traceback(tmp_path: Path) -> None:
+    """The job's log is read while it is written: a progress line cut short (or run into by
+    another rank's output) was a ValueError that ended ``tune profile``; a result line that is
+    not whole JSON, a JSONDecodeError's traceback."""
+    from tuner.errors import LaunchError
+    from tuner.layout import ClusterLayout
+    from tuner.profile.plan import ProbeOptions
+    from tuner.profile.run import PROGRESS, RESULT, run_probe
+    from tuner.spec.file import study_from_mapping
+
+    spec = study_from_mapping(BASE)
+    lines = [f"{PROGRESS} 1 4\n", f"{PROGRESS} 2", f"[rank1]: warn {PROGRESS} x\n",
+             f'{RESULT} {{"gemm": [{{"m": 1\n']  # fmt: skip
+    seen: list[tuple[int, int]] = []
+
+    def shown(done: int, total: int) -> None:
+        seen.append((done, total))
+
+    layout = ClusterLayout(tmp_path, "c")
+    with pytest.raises(LaunchError, match="result line in .*node-0.log is not whole JSON"):
+        run_probe(spec, _Executor(lines), layout, ProbeOptions(), on_progress=shown, poll_s=0)
+    assert seen and set(seen) <= {(0, 1), (1, 4)}, seen

@@ -279,7 +279,13 @@ def run_probe(
     if not result.ok or line is None:
         tail = " | ".join(text.strip().splitlines()[-3:]) or "no output"
         raise LaunchError(f"the profile job failed (see {paths.node_log(0)}): {tail}")
-    return from_probe(spec, json.loads(line[len(RESULT) :]), created, options, plan)
+    try:
+        measured = json.loads(line[len(RESULT) :])
+    except ValueError:  # cut short or run into by another rank's output
+        raise LaunchError(f"the profile job's result line in {paths.node_log(0)} is not "
+                          "whole JSON (cut short, or another process wrote into it); run "
+                          "tune profile again") from None  # fmt: skip
+    return from_probe(spec, measured, created, options, plan)
 
 
 def _read(path: Path) -> str:
@@ -290,10 +296,12 @@ def _read(path: Path) -> str:
 
 
 def _progress(log: Path) -> tuple[int, int]:
+    """The job's last progress line whole: the log is read while the job writes it (a line cut
+    short, or run into by another rank's output, was a ValueError that ended ``tune profile``)."""
     for line in reversed(_read(log).splitlines()):
-        if line.startswith(PROGRESS):
-            done, total = line.split()[1:3]
-            return int(done), int(total)
+        words = line.split()
+        if words[:1] == [PROGRESS] and len(words) >= 3 and all(w.isdigit() for w in words[1:3]):
+            return int(words[1]), int(words[2])
     return 0, 1
 
 
