@@ -78,3 +78,20 @@ def test_no_study_may_take_the_cluster_profiles_directory(tmp_path: Path) -> Non
             ResultsLayout(tmp_path, name)
     assert study_name_problem("clusters-a100") is None
     assert study_name_problem("..") == name_problem("..")  # the one name rule first
+
+
+def test_a_new_trial_never_writes_into_an_earlier_run_s_folder(tmp_path: Path) -> None:
+    """The study's storage made anew (``rm results/X/study.db``) numbers its trials from 0
+    again: trial 0's node logs were appended to the earlier trial 0's, and the new trial
+    measured both runs' steps. The earlier files are moved aside, whole."""
+    layout = ResultsLayout(tmp_path, "s")
+    paths, aside = layout.fresh_trial(0)
+    assert aside is None and not paths.dir.exists()  # nothing there: nothing moved
+    paths.dir.mkdir(parents=True)
+    paths, aside = layout.fresh_trial(0)
+    assert aside is None and paths.dir.is_dir()  # an empty folder (a launch that failed) stays
+    paths.node_log(0).write_text("iteration 1 of the earlier run\n")
+    paths, aside = layout.fresh_trial(0)
+    assert aside is not None and not paths.dir.exists()
+    assert (aside / "node-0.log").read_text() == "iteration 1 of the earlier run\n"
+    assert aside.parent == layout.trials_dir and layout.trial_numbers() == []

@@ -250,6 +250,19 @@ class ResultsLayout:
             return []
         return sorted(int(p.name) for p in self.trials_dir.iterdir() if p.name.isdigit())
 
+    def fresh_trial(self, number: int) -> tuple[TrialPaths, Path | None]:
+        """The paths of trial ``number``, about to be launched, its folder empty: one that
+        already holds files is an earlier run's under the same number (the study's storage
+        made anew, or another ``--storage`` on these results) and is moved aside, not mixed in
+        (the node logs are appended to: the new trial measured both runs' steps). Returns the
+        paths and where the earlier files went (None: there were none)."""
+        paths = self.trial(number)
+        if not paths.dir.is_dir() or not any(paths.dir.iterdir()):
+            return paths, None
+        aside = paths.dir.with_name(f"{number}.earlier-{uuid.uuid4().hex[:8]}")
+        paths.dir.rename(aside)
+        return paths, aside
+
     def export(self, number: int) -> ExportPaths:
         """Where ``tune best`` writes the full run of trial ``number``."""
         if number < 0:

@@ -238,7 +238,10 @@ class StudyLoop:
     def launch(self, trial: optuna.Trial, config: ParallelConfig, placement: Placement) -> None:
         """Render and start ``config`` on ``placement``; a launch failure is recorded."""
         group = placement.group
-        paths = self.layout.trial(trial.number)
+        paths, aside = self.layout.fresh_trial(trial.number)
+        if aside is not None:
+            logger.warning("trial %d: its folder held an earlier run's files: moved to %s",
+                           trial.number, aside)  # fmt: skip
         paths.dir.mkdir(parents=True, exist_ok=True)
         spec, runs = self.proxies.launch_as(trial, config)  # a proxy's, or the config itself
         record = {"trial": trial.number, "config": runs.to_dict(), "hosts": list(group.hosts),
