@@ -164,3 +164,19 @@ def test_a_journal_storage_without_a_file_is_refused(
     err = capsys.readouterr().err
     assert err == "tune: error: --storage journal: needs a file: journal:FILE\n"
     assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == []  # no journal anywhere
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:",
+                                 "sqlite:///file:s?mode=memory&uri=true"])  # fmt: skip
+def test_a_storage_in_memory_is_refused(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune run --storage sqlite:///:memory:`` measured into a database gone when it ended:
+    every trial lost, never seen by ``tune leaderboard`` or another worker."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--study", "demo", "--storage", url, "--results", "r"]) == 2
+    assert capsys.readouterr().err == (
+        f"tune: error: --storage {url!r}: an SQLite database in memory keeps nothing once tune "
+        "ends; give a file (sqlite:///PATH)\n"
+    )
+    assert not (tmp_path / "r").exists()

@@ -49,7 +49,7 @@ def resolve_url(url: str | None, layout: ResultsLayout) -> StorageURL:
         if url == "journal:":  # Path("") is "."
             raise StudyError("--storage journal: needs a file: journal:FILE")
         where = StorageURL(url, journal=Path(url.removeprefix("journal:")))
-    elif (problem := url_problem(url)) is not None:
+    elif (problem := url_problem(url) or _in_memory(url)) is not None:
         raise StudyError(f"--storage {without_password(url)!r}: {problem}")
     else:
         where = StorageURL(postgres_driver(url))
@@ -92,6 +92,25 @@ def url_problem(url: str) -> str | None:
     if port and not (port.isascii() and port.isdigit() and int(port) <= LAST_PORT):
         return f"the port {port!r} is not a number from 0 to {LAST_PORT}"
     return None
+
+
+def _in_memory(url: str) -> str | None:
+    """Why an SQLite database in memory (``sqlite://``, ``sqlite:///:memory:``, a URI's
+    ``mode=memory``) cannot hold a study, None for any other URL: ``tune run`` measured into it
+    and every trial was gone when it ended, unseen by ``tune leaderboard`` or a second worker."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except (sa.exc.ArgumentError, ValueError):
+        return None  # the opening's own error names what is wrong
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or not (
+        database in ("", ":memory:") or database.startswith("file::memory:")
+        or parsed.query.get("mode") == "memory"
+    ):  # fmt: skip
+        return None
+    return (
+        "an SQLite database in memory keeps nothing once tune ends; give a file (sqlite:///PATH)"
+    )
 
 
 def check_arguments(where: StorageURL) -> None:
