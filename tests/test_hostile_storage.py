@@ -180,3 +180,29 @@ def test_a_storage_in_memory_is_refused(
         "ends; give a file (sqlite:///PATH)\n"
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_a_trial_whose_folder_cannot_be_made_runs_again_not_running_for_ever(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``results/X/trials`` a file (or any folder the results cannot hold): tune stopped with
+    the one line, and the trial it had asked for stayed "running" in the storage for ever
+    (never launched, so no later worker took it for a dead one's): recorded ``interrupted``, it
+    runs again on resume."""
+    import optuna
+
+    from tests.test_study import SURFACE, study_data, write_study
+    from tuner.layout import ResultsLayout
+
+    monkeypatch.chdir(tmp_path)
+    data = study_data(tmp_path, SURFACE, n_trials=1)
+    data["space"] = {"tp": [2], "pp": [1], "micro_batch_size": [4]}  # one config: quick to make
+    study, layout = write_study(tmp_path, data), ResultsLayout(tmp_path / "results", "e2e")
+    layout.study_dir.mkdir(parents=True)
+    layout.trials_dir.write_text("")
+    argv = ["run", "--study", str(study), "--results", str(layout.root), "--skip-preflight"]
+    assert main([*argv, "--quiet"]) == 1
+    assert capsys.readouterr().err.endswith("trials/0: Not a directory\n")
+    (trial,) = optuna.load_study(study_name="e2e", storage=layout.storage_url).trials
+    assert trial.state == optuna.trial.TrialState.FAIL  # FAIL: queued again on resume
+    assert trial.user_attrs["outcome"] == "interrupted"

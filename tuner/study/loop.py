@@ -238,16 +238,22 @@ class StudyLoop:
     def launch(self, trial: optuna.Trial, config: ParallelConfig, placement: Placement) -> None:
         """Render and start ``config`` on ``placement``; a launch failure is recorded."""
         group = placement.group
-        paths, aside = self.layout.fresh_trial(trial.number)
-        if aside is not None:
-            logger.warning("trial %d: its folder held an earlier run's files: moved to %s",
-                           trial.number, aside)  # fmt: skip
-        paths.dir.mkdir(parents=True, exist_ok=True)
         spec, runs = self.proxies.launch_as(trial, config)  # a proxy's, or the config itself
         record = {"trial": trial.number, "config": runs.to_dict(), "hosts": list(group.hosts),
                   "predicted_step_s": (attrs := trial.user_attrs).get("predicted_step_s"),
                   "predicted_peak_gib": attrs.get("predicted_peak_gib")}  # fmt: skip
-        paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is valid YAML
+        try:
+            paths, aside = self.layout.fresh_trial(trial.number)
+            paths.dir.mkdir(parents=True, exist_ok=True)
+            paths.config_yaml.write_text(json.dumps(record, indent=2) + "\n")  # JSON is YAML
+        except OSError as exc:  # the results folder's fault, not the config's: tune stops, and
+            # the trial runs again on resume (it stayed "running" for ever, never launched)
+            why = f"its folder could not be made: {exc.strerror or exc}"
+            self._finish(trial, config, placement, Verdict(Outcome.INTERRUPTED, why), 0.0)
+            raise
+        if aside is not None:
+            logger.warning("trial %d: its folder held an earlier run's files: moved to %s",
+                           trial.number, aside)  # fmt: skip
         # who and where with "launched" (one transaction): another worker that sees a launched
         # trial must find its worker's leases, or it takes the trial for a dead worker's
         set_user_attrs(trial, {"hosts": [*group.hosts], "worker": self.worker, "launched": True})
