@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tuner.search import knowledge
 from tuner.search.knowledge import envelope_mean, knowledge_gradient
 from tuner.search.value import improvement, pick
 
@@ -57,3 +58,20 @@ def test_a_launch_that_also_settles_a_likelier_config_is_worth_more() -> None:
     assert chosen.index == 0
     _, ties = pick(mu, sd, sd, cost, 0.0, None)
     assert list(ties) == [0, 2]
+
+
+@pytest.mark.parametrize("dof", [None, 4])
+def test_leaving_out_the_lines_that_cannot_matter_changes_nothing(
+    dof: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """120 correlated alternatives, some far behind: the value with the lines whose bound is
+    negligible left out equals the value over every line, to that bound."""
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(120, 30))
+    cov = rows @ rows.T / 30 * 0.004
+    value = -np.abs(rng.normal(size=120)) * 0.2
+    pruned = knowledge_gradient(value, cov, np.arange(120), 0.03, 1.2, dof)
+    monkeypatch.setattr(knowledge, "NEGLIGIBLE_GAIN", 0.0)
+    whole = knowledge_gradient(value, cov, np.arange(120), 0.03, 1.2, dof)
+    assert np.abs(pruned - whole).max() <= knowledge.NEGLIGIBLE_GAIN + 1e-7
+    assert (whole > 0).all()
