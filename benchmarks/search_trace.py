@@ -41,6 +41,7 @@ from benchmarks.search_efficiency import (  # noqa: E402
     study_data,
     truth,
 )
+from tuner.search.knowledge import launch_values  # noqa: E402
 from tuner.search.sampler import ModelGuidedSampler  # noqa: E402
 from tuner.search.value import best_worth, chance, improvement, purpose_of  # noqa: E402
 from tuner.space.enumerate import enumerate_space  # noqa: E402
@@ -62,7 +63,8 @@ def best_seen(loop: StudyLoop, trials: list[FrozenTrial], key: str) -> str:
     fresh sampler (the loop's own reads each finished trial once) on the same space. ``screened``
     when the corrected memory screen keeps it out, ``tried`` once launched; else its corrected
     step (s), its spread (log), its chance of beating the best by 1 %, and its place by expected
-    improvement per node-hour among the open configs (the order the sampler picks in)."""
+    improvement per node-hour among the open configs (the order the sampler picks in: the
+    improvement of the config the run would use once the launch is measured)."""
     own = loop.study.sampler
     assert isinstance(own, ModelGuidedSampler)
     sampler = ModelGuidedSampler(loop.spec, seed=loop.spec.search.seed, space=own._shared)
@@ -80,7 +82,8 @@ def best_seen(loop: StudyLoop, trials: list[FrozenTrial], key: str) -> str:
         return f"{math.exp(b.mu[j]):.2f}s first-pick rank {place}"
     spread = b.spread(sampler._prior.noise)
     cost = sampler.launch_node_hours(b, trials)
-    score = improvement(b.mu, np.maximum(spread, 1e-12), b.best, b.dof) / cost
+    _, xb = sampler._belief(trials)
+    score = launch_values(b, xb, spread, sampler._prior.noise) / cost  # the sampler's order
     p = chance(b.mu, spread, b.best, dof=b.dof)
     place = int((score > score[j]).sum()) + 1
     return (

@@ -21,7 +21,8 @@ the posterior is Bayesian linear regression in closed form: one measurement of t
 estimate of every tp=4 config, which is what lets a handful of runs correct a model that is off
 by tens of percent on one knob.
 
-Each proposal maximises expected improvement (over the best measured log step time) among the
+Each proposal maximises the expected improvement of the config the run would use once it is
+measured (:mod:`tuner.search.knowledge`), per node-hour of its trial, among the
 admitted configs not yet measured, running, pruned, failed or needing at least the memory of a
 config that ran out of memory. Memory gets the same treatment as time: the log of measured over
 predicted peak memory is regressed on the same features, each knob's weighted by the share of the
@@ -74,6 +75,7 @@ from tuner.models.memory.estimate import GIB, MEMORY_UNCERTAINTY
 from tuner.models.rates import Rates
 from tuner.search.fold import Basis, Folds, Past, memory_fit, plain, predict
 from tuner.search.gram import Gram
+from tuner.search.knowledge import launch_values
 from tuner.search.normal import believe_rows
 from tuner.search.observed import Observed
 from tuner.search.ranking import (  # each refit in the rows' space: cheap
@@ -371,18 +373,21 @@ class ModelGuidedSampler(BaseSampler):
 
     def choose_why(self, trials: Sequence[FrozenTrial]) -> tuple[ParallelConfig, Purpose] | None:
         """The admitted config with the highest expected improvement per node-hour of its trial,
-        among those with a more than negligible chance of beating the best by 1 %
+        the improvement of the config the run would use once it is measured (the knowledge
+        gradient of correlated beliefs: :func:`tuner.search.knowledge.launch_values`), among
+        those with a more than negligible chance of beating the best by 1 %
         (:func:`tuner.search.value.pick`), and why; None when all were tried. With nothing
         measured in this study, the fastest by the (calibrated) model."""
         configs = self._candidates()
-        b = self.belief(trials)
+        b, xb = self._belief(trials)
         if b is None:
             return None
         if b.best is None:
             return configs[b.open_[int(np.argmin(b.mu))]], "exploitation"  # argmin: first of ties
         spread = b.spread(self._prior.noise)
         cost = self.launch_node_hours(b, trials)
-        chosen, top = pick(b.mu, spread, spread, cost, b.best, b.dof)
+        gain = launch_values(b, xb, spread, self._prior.noise)  # what the run would gain
+        chosen, top = pick(b.mu, spread, spread, cost, b.best, b.dof, gain)
         i = int(self._rng.choice(top)) if len(top) > 1 else chosen.index
         purpose: Purpose = "exploitation" if b.mu[i] <= b.best else "exploration"
         return configs[b.open_[i]], purpose

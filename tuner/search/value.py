@@ -8,9 +8,12 @@ From these and a config's predicted trial node-hours (:func:`tuner.space.cost.tr
 start-up charged per launch, plus the warm-up and the iterations the step-time estimate needs,
 at the corrected predicted step time) this module decides three things:
 
-1. **Which config next**: the highest expected improvement (over the best measured log step
-   time) *per node-hour* of its trial. Two configs equally likely to win are not equally worth
-   launching when one trial costs twice the other.
+1. **Which config next**: the highest expected improvement *per node-hour* of its trial, the
+   improvement of the config the run would use once the launch is measured, over every config
+   the measurement moves (:mod:`tuner.search.knowledge`; :func:`improvement` of the config's
+   own figure when no such value is given). Two configs equally likely to win are not equally
+   worth launching when one trial costs twice the other, nor when one's measurement also
+   settles configs that share its knob values.
 2. **Never a long shot just to explore**: a config whose chance of beating the best by
    :data:`IMPROVEMENT` is under :data:`NEGLIGIBLE_CHANCE` is not launched while any config has
    more. Expected improvement alone would pick an uncertain config that is all but sure to be
@@ -230,20 +233,24 @@ class Pick:
 
 def pick(
     mu: np.ndarray, sd: np.ndarray, spread: np.ndarray, cost: np.ndarray, best: float,
-    dof: int | None = None,
+    dof: int | None = None, gain: np.ndarray | None = None,
 ) -> tuple[Pick, np.ndarray]:  # fmt: skip
     """The config with the highest expected improvement per node-hour (``cost``) among those with
     at least :data:`NEGLIGIBLE_CHANCE` of beating ``best`` by :data:`IMPROVEMENT` (all of them
     when none has), and the indices of the ties (the caller breaks them at random).
-    ``sd`` is the spread the expected improvement ranks by (the posterior's); ``spread`` the one
-    the chance is judged by; ``dof``, the degrees of freedom both are read with (None:
-    Gaussian)."""
+    ``gain``: each config's expected improvement, when the caller has it (the model sampler's:
+    that of the config the run would use once the launch is measured,
+    :func:`tuner.search.knowledge.launch_values`); else that of the config's own figure, under
+    ``sd`` (the posterior's spread). ``spread`` is the one the chance is judged by; ``dof``,
+    the degrees of freedom both are read with (None: Gaussian). A ``gain`` that is nothing for
+    every config the chance admits ranks none: the figure's own then decides."""
     p = chance(mu, spread, best, dof=dof)
     eligible = p >= NEGLIGIBLE_CHANCE
     if not eligible.any():
         eligible = np.ones_like(eligible)
-    ei = improvement(mu, np.maximum(sd, 1e-12), best, dof)
-    score = np.where(eligible, ei / cost, -1.0)
+    if gain is None or not (gain[eligible] > 0).any():
+        gain = improvement(mu, np.maximum(sd, 1e-12), best, dof)
+    score = np.where(eligible, gain / cost, -1.0)
     top = np.flatnonzero(score >= score.max() * (1 - 1e-9))
     i = int(top[0])
     purpose: Purpose = "exploitation" if mu[i] <= best else "exploration"
