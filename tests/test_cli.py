@@ -468,3 +468,33 @@ def test_the_dry_run_says_tune_run_would_refuse_a_changed_study(
     assert f"tune: warning: {refusal}\n" in capsys.readouterr().err
     assert main([*argv, "--force"]) == 0
     assert "tune: warning" not in capsys.readouterr().err
+
+
+def test_tune_help_says_where_to_start_and_its_commands_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tune --help`` listed the commands and the FLOPs convention, but not how to begin nor
+    where a study file is described: a newcomer with the help alone could not write one. Its
+    first steps name the guide and the reference (both exist), every command there is one the
+    parser takes, and the first, on a shipped study, runs from an empty folder."""
+    import re
+    import shlex
+
+    from tests.docs_examples import REPO
+    from tuner.cli.commands import build_parser
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    steps = text.split("first steps", 1)[1].split("FLOPs convention")[0]
+    for page in ("docs/guides/studies.md", "docs/reference/study.md"):
+        assert page in steps and (REPO / page).is_file(), page
+    commands = re.findall(r"^\s+(tune .+?)\s{2,}", steps, flags=re.M)
+    assert len(commands) == 3, steps
+    parser = build_parser()[0]
+    for command in commands:
+        parser.parse_args(shlex.split(command)[1:])
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(commands[0])[1:]) == 0
+    assert "top 5 by predicted step time" in capsys.readouterr().out

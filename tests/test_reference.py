@@ -105,3 +105,17 @@ def test_the_catalog_reference_has_every_gpu() -> None:
     text = catalog_reference()
     for name in gpu_names():
         assert f"| `{name}` |" in text
+
+
+def test_every_bound_in_the_study_reference_is_in_numbers() -> None:
+    """The reference showed bounds as the code spells them: `<= MAX_MINUTES * 60`
+    (heartbeat_s), `<= 1 << 20` (min_capacity) and, for `if not self.nodes: raise`, the
+    bare word `nodes`; a reader cannot tell what those allow."""
+    import re
+
+    rows = {f.path: f.bounds for f in study_fields()}
+    assert rows["search.heartbeat_s"] == "> 0; <= 604,800"
+    assert rows["model.moe.min_capacity"] == "0 <= min_capacity <= 1,048,576"
+    assert rows["cluster.nodes"] == "not empty"
+    for path, bound in rows.items():
+        assert not re.search(r"[A-Z_]{3,}|<<|\*", bound), (path, bound)

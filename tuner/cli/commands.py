@@ -67,6 +67,17 @@ FLOPS_HELP = (
     "recomputation, HFU does."
 )
 
+FIRST_STEPS = "\n".join((
+    "first steps (every command also takes --help):",
+    "  tune space --study demo --top 5       a shipped study's space, ranked (tune catalog "
+    "models lists the model presets)",
+    "  tune run --study my.yaml --dry-run    your study file: what would run first, at what cost",
+    "  tune run --study my.yaml              the search; then tune leaderboard, tune best and "
+    "tune report, each with --study my.yaml",
+    "a study file: docs/guides/studies.md (the shipped studies are examples); every field: "
+    "docs/reference/study.md (make docs builds the site into docs/_build/html)",
+))  # fmt: skip
+
 Handler = Callable[[argparse.Namespace], int]
 BOARD_MORE = ("--format csv and json keep every field, the config as its full key; --columns "
               "takes those field names too (tp, zero_stage, predicted_mfu, ...)")  # fmt: skip
@@ -314,7 +325,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         prog="tune",
         description="Find the fastest parallel configuration for Megatron-LM, DeepSpeed, "
         "Megatron-DeepSpeed, Megatron-Bridge or torchtitan training.",
-        epilog=FLOPS_HELP,
+        epilog=f"{FIRST_STEPS}\n{FLOPS_HELP}",
+        formatter_class=help_text.EpilogFormatter,
     )
     parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     _add_global_options(parser)

@@ -69,8 +69,8 @@ def _limit_text(node: ast.expr) -> str:
     """A bound's limit as a number: a name from ``tuner.spec.bounds`` or a constant expression."""
     if isinstance(node, ast.Name) and hasattr(bounds, node.id):
         return f"{getattr(bounds, node.id):,}"
-    try:
-        value = eval(compile(ast.Expression(node), "<bound>", "eval"), {})  # constants only
+    try:  # constants and the bounds' names only (`MAX_MINUTES * 60`)
+        value = eval(compile(ast.Expression(node), "<bound>", "eval"), {}, vars(bounds))
     except Exception:  # a name we cannot evaluate: show it as written
         return ast.unparse(node)
     return f"{value:,}"
@@ -114,15 +114,29 @@ def _is_getattr(node: ast.expr) -> bool:
 
 
 _INVERSE = {ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=", ast.GtE: "<"}
+_OPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+def _side(node: ast.expr) -> str:
+    """One side of a comparison: the field as written, a limit as its number."""
+    return ast.unparse(node) if _self_field(node) else _limit_text(node)
 
 
 def _allowed(test: ast.expr) -> str:
     """What must hold for a raising ``if TEST`` not to raise, in the field's words."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        if _self_field(test.operand):  # `if not self.nodes: raise`
+            return "not empty"
+        cmp = test.operand  # `not 0 <= self.x <= 1 << 20`
+        if isinstance(cmp, ast.Compare) and all(type(op) in _OPS for op in cmp.ops):
+            words = [_side(cmp.left)]
+            for cmp_op, right in zip(cmp.ops, cmp.comparators, strict=True):
+                words += [_OPS[type(cmp_op)], _side(right)]
+            return " ".join(words)
         return ast.unparse(test.operand)
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _INVERSE:
         op = _INVERSE[type(test.ops[0])]
-        return f"{ast.unparse(test.left)} {op} {ast.unparse(test.comparators[0])}"
+        return f"{_side(test.left)} {op} {_side(test.comparators[0])}"
     if (
         isinstance(test, ast.BoolOp)
         and isinstance(test.op, ast.And)

@@ -78,12 +78,13 @@ def _master_lines(nnodes: int, sources: MasterSources) -> list[str]:
         "  fi",
     ]
     if sources.study_host:
-        out.append(f'  printf "%s\\n" {shlex.quote(sources.study_host)}; return')
+        out.append(f'  printf "%s\\n" {shlex.quote(sources.study_host)}')
     elif nnodes == 1:
-        out.append(f"  printf '%s\\n' {LOOPBACK}; return")
+        out.append(f"  printf '%s\\n' {LOOPBACK}")
+    else:  # no last source: ask (a line after a fallback's return was never reached)
+        out += ['  echo "tuner: set MASTER_ADDR to the address of the node with rank 0" >&2',
+                "  return 2"]  # fmt: skip
     out += [
-        '  echo "tuner: set MASTER_ADDR to the address of the node with rank 0" >&2',
-        "  return 2",
         "}",
         "MASTER_ADDR=$(tuner_master_addr)",
         "export MASTER_ADDR",
