@@ -10,6 +10,7 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
 import shutil
@@ -18,7 +19,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from rich import box
-from rich.console import Console
+from rich import console as rich_console
 from rich.table import Table
 from rich.text import Text
 
@@ -108,6 +109,16 @@ def output_width() -> int | None:
     if sys.stdout.isatty():
         return max(shutil.get_terminal_size().columns if given is None else given, MIN_WIDTH)
     return max(given, MIN_WIDTH) if given else None
+
+
+class Console(rich_console.Console):
+    """Every console ``tune`` prints through (tables, progress bars): a reader that went away
+    (``| head -1``) is a BrokenPipeError for :func:`tuner.cli.main.main` to answer, as every
+    other write's is. Rich's own answer ended the process with status 1, wherever it was."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written to it
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def console() -> Console:
@@ -274,7 +285,7 @@ def _visible(grid: Grid) -> Grid:
     )  # fmt: skip
 
 
-def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None:
+def render(out: rich_console.Console, grid: Grid, names: Sequence[str] | None = None) -> None:
     """Print ``grid``: fitted to the output's width, or plain when there is none (without the
     columns that are 0 in every row, unless ``names`` asks for them)."""
     grid = _visible(grid)
@@ -292,7 +303,7 @@ def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None
         out.print(note)
 
 
-def _boxed(out: Console, grid: Grid, width: int, explicit: bool) -> None:
+def _boxed(out: rich_console.Console, grid: Grid, width: int, explicit: bool) -> None:
     kept, widths, dropped = fit(grid, width)
     table = Table(
         box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, GAP - 1, 0, 0),
@@ -312,7 +323,7 @@ def _boxed(out: Console, grid: Grid, width: int, explicit: bool) -> None:
         out.print(f"left out to fit {width} columns: {', '.join(dropped)}{how}")
 
 
-def _plain(out: Console, grid: Grid) -> None:
+def _plain(out: rich_console.Console, grid: Grid) -> None:
     widths = [_natural(grid, i) for i in range(len(grid.columns))]
     depth = max((c.header.count("\n") + 1 for c in grid.columns), default=1)
     heads = [(["", *([""] * depth)] + c.header.split("\n"))[-depth:] for c in grid.columns]
@@ -336,7 +347,7 @@ def legend(columns: Sequence[Column]) -> str:
     )
 
 
-def show(out: Console, thing: Grid | str) -> None:
+def show(out: rich_console.Console, thing: Grid | str) -> None:
     """Print a grid (fitted) or a line."""
     if isinstance(thing, Grid):
         render(out, thing)
