@@ -64,3 +64,20 @@ def test_a_broken_pipe_not_stdout_s_is_still_one_line(
     monkeypatch.setattr(commands, "build_parser", parser)
     assert main(["catalog", "gpus"]) == 1
     assert capsys.readouterr().err == "tune: error: Broken pipe\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+@pytest.mark.parametrize(
+    "argv",
+    [["catalog", "gpus"], ["catalog", "gpus", "--format", "json"], ["--version"]],
+    ids=["rich table", "json", "argparse action"],
+)
+def test_a_full_standard_output_is_one_line_naming_it(tmp_path: Path, argv: list[str]) -> None:
+    """``tune X > /dev/full`` (a full disk or quota under ``> out.txt``) said "No space left
+    on device" and 1, naming no file: it read as the results folder's. ``--version`` was a
+    traceback. One line naming standard output, exit status 2 (where it was sent is the bad
+    input, as a closed stdout), and no "Exception ignored" at exit."""
+    with open("/dev/full", "w") as full:
+        done = _tune_into(full.fileno(), argv, tmp_path)
+    said = "tune: error: standard output: No space left on device\n"
+    assert (done.returncode, done.stderr) == (2, said), done.stderr

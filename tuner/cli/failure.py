@@ -16,8 +16,8 @@ from tuner.errors import TunerError
 
 def exit_status(exc: BaseException) -> int | None:
     """Write the one line for ``exc`` and return the exit status, or None when ``exc`` is a
-    defect of the tool (its traceback is what a bug report needs) or the reader of the output
-    went away (:func:`tuner.cli.main.reader_gone`, answered there)."""
+    defect of the tool (its traceback is what a bug report needs) or a failure of where the
+    output goes (its reader gone, a full device: answered by :mod:`tuner.cli.main`)."""
     from tuner.cli.render import visible  # one line, whatever a message quotes
 
     if isinstance(exc, TunerError):
@@ -26,10 +26,11 @@ def exit_status(exc: BaseException) -> int | None:
     if isinstance(exc, KeyboardInterrupt):
         sys.stderr.write("tune: interrupted\n")
         return 130
-    if isinstance(exc, BrokenPipeError):
-        from tuner.cli.main import reader_gone
+    if isinstance(exc, OSError):
+        from tuner.cli.main import STDOUT, reader_gone
 
-        if reader_gone():  # `| head -1`: tuner.cli.main answers it, quietly
+        # `| head -1`, `> /dev/full`: where the output goes, answered by tuner.cli.main
+        if exc.filename == STDOUT or (isinstance(exc, BrokenPipeError) and reader_gone()):
             return None
     if isinstance(exc, OSError):  # a read-only or full results folder, a file that vanished
         where = f"{exc.filename}: " if exc.filename else ""
