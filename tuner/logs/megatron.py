@@ -188,6 +188,11 @@ class MegatronScan:
     theoretical_gib: float | None = None
     utilization: float | None = None
     """The last ``Step Time ... GPU utilization`` TFLOP/s/GPU (Bridge), not yet used."""
+    seen: set[int] = dataclasses.field(default_factory=set, repr=False)
+    """The iterations recorded: a second print of one is the same step, not another (two
+    ranks' prints spliced on one line, or interleaved: "iters" said 10 for 5, and the copies
+    weighed twice in the step time's estimate). The first is kept, as the live watch keeps it
+    (:class:`tuner.study.measure.LogTail`)."""
 
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
@@ -200,7 +205,9 @@ class MegatronScan:
                         record, tflops=self.utilization, tflops_includes_recompute=False
                     )
                 self.utilization = None
-                self.iterations.append(record)
+                if record.iteration not in self.seen:
+                    self.seen.add(record.iteration)
+                    self.iterations.append(record)
             if "memory" in line:
                 self.memory.extend(memory_reports(line))
         if "Theoretical" in line and (theoretical := theoretical_memory_gib(line)) is not None:
