@@ -101,8 +101,11 @@ def iteration_records(line: str) -> list[IterationRecord]:
     return records
 
 
+ELAPSED = "elapsed time per iteration (ms)"
+
+
 def _record(iteration: int, train_iters: int, fields: dict[str, str]) -> IterationRecord:
-    elapsed = _field(fields, "elapsed time per iteration (ms)")
+    elapsed = _field(fields, ELAPSED)
     tflops, includes = None, None
     for key, counts_recompute in _TFLOPS_KEYS:
         if (tflops := _field(fields, key)) is not None:
@@ -246,7 +249,19 @@ def summarise(records: list[IterationRecord], warmup: int | None) -> StepSummary
         tflops_per_gpu=median(steady(tflops, warmup)),
         tflops_includes_recompute=includes,
         samples_per_s=samples_per_s,
+        no_step_time=None if times else unmeasured(records),
     )
+
+
+def unmeasured(records: list[IterationRecord]) -> str | None:
+    """The first record whose step time is printed but no number above zero (NaN, an
+    infinity, 0 or negative: a broken timer's), said as such: it read "no per-iteration step
+    time in the log", as if there were none."""
+    for r in records:
+        if (text := r.fields.get(ELAPSED)) is not None:
+            shown = text.strip()[:32]  # a value runs to the next bar: a garbled line's is long
+            return f"{ELAPSED} is {shown!r} at iteration {r.iteration}: not a number above zero"
+    return None
 
 
 def divergence(records: list[IterationRecord], warmup: int | None) -> str | None:
