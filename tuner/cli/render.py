@@ -137,10 +137,12 @@ def parse_columns(text: str | None, form: str) -> list[str] | None:
     if form not in ("table", "text"):
         raise ConfigError(f"--columns picks the table's columns; --format {form} writes every "
                           "field (give one of the two)")  # fmt: skip
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise ConfigError("--columns: give column names separated by commas")
-    return names
+    from tuner.cli.options import comma_list
+
+    try:
+        return comma_list(text)
+    except ValueError as exc:
+        raise ConfigError(f"--columns: {exc}") from None
 
 
 def check_columns(names: Sequence[str], known: Sequence[str]) -> None:
