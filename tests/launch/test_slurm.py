@@ -331,6 +331,23 @@ def test_mode_picks_the_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         ex.close()
 
 
+@pytest.mark.parametrize("job_id", ["abc", "--help", "12 34", "-1", "7\nx", "\uff17"])
+def test_a_job_id_that_is_no_number_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job_id: str
+) -> None:
+    """A garbage ``SLURM_JOB_ID`` (a login shell's, a script's) was asked of Slurm: "Slurm job
+    abc does not exist" named no variable, and ``--help`` made scontrol print its help, read as
+    a job with no nodes. Refused before Slurm is asked, naming the variable and the mode."""
+    from tuner.study.launchers import make_executor
+
+    data = study_data(tmp_path, SURFACE)
+    data["cluster"] = {**_readme_cluster(), "slurm": {"mode": "auto"}}
+    monkeypatch.setenv("SLURM_JOB_ID", job_id)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: asking Slurm fails otherwise
+    with pytest.raises(StudyError, match=r"SLURM_JOB_ID is .*, no Slurm job id \(a number\)"):
+        make_executor(study_from_mapping(data))
+
+
 # ----------------------------------------------------------------------------- allocation mode
 
 

@@ -192,6 +192,31 @@ def test_iteration_glued_to_memory_report_and_next_print() -> None:
     assert metrics.peak_reserved_gib == pytest.approx(52.0)
 
 
+def test_an_iteration_printed_twice_is_one_step() -> None:
+    """Two ranks' prints of the same iterations, spliced on one line or interleaved on lines
+    of their own: "iters" said 10 for 5, and each step time counted twice."""
+    times = [3000.0, 1000.0, 1010.0, 1020.0, 1030.0]
+    prints = [_iteration(i + 1, ms) for i, ms in enumerate(times)]
+    spliced = "\n".join(p + p for p in prints)
+    interleaved = "\n".join(prints[:3] + prints[1:3] + prints[3:])
+    for text in (spliced, interleaved):
+        metrics = parse_log(text)
+        assert metrics.iterations == 5
+        assert metrics.step_times_s == tuple(t / 1000 for t in times)
+
+
+@pytest.mark.parametrize("ms", ["nan", "-1500.0", "0.0", "inf"])
+def test_a_step_time_that_is_no_number_above_zero_is_said(ms: str) -> None:
+    """A broken timer's ``elapsed time per iteration (ms): nan`` (or negative, zero) read "no
+    per-iteration step time in the log", as if the log printed none."""
+    text = "\n".join(_iteration(i, 1000.0).replace("1000.0", ms, 1) for i in (1, 2, 3))
+    assert f": {ms} |" in text
+    metrics = parse_log(text)
+    assert (metrics.outcome, metrics.iterations, metrics.step_time_s) == ("no_metrics", 3, None)
+    said = f"elapsed time per iteration (ms) is '{ms}' at iteration 1: not a number above zero"
+    assert metrics.reason == f"no per-iteration step time in the log: {said}"
+
+
 def test_truncated_last_field_is_not_read() -> None:
     line = " iteration        4/     100 | consumed samples:          256 | elapsed time per it"
     assert iteration_records(line)[0].step_time_s is None

@@ -190,12 +190,38 @@ def positive_number(text: str) -> float:
     return value
 
 
+def comma_list(text: str) -> list[str]:
+    """``a,b,c`` -> ``["a", "b", "c"]``: the one rule of every comma list on the command line
+    (``--columns``, ``--rerun``, ``--message-bytes``). A piece that is empty (``tp,,pp``,
+    ``timeout,``, ``,,``) or given twice (``tp,tp``) is refused, a ValueError naming it: a name
+    typed and lost, or a slip, not a wish. Before, ``--rerun ,,`` was accepted as no outcome
+    and ``--columns ,,,`` refused; ``--columns tp,tp`` showed the column twice."""
+    names = [piece.strip() for piece in text.split(",")]
+    if "" in names:
+        raise ValueError(f"an empty item in {text!r} (items separated by single commas)")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ValueError(f"{twice!r} given twice in {text!r}")
+    return names
+
+
+def _listed(text: str) -> list[str]:
+    """:func:`comma_list` as an argparse ``type`` step (its usage error names the option)."""
+    try:
+        return comma_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def wholes(minimum: int) -> Callable[[str], tuple[int, ...]]:
     """An argparse ``type``: a comma-separated list ``N[,N]`` of whole numbers from ``minimum``."""
     one = whole(minimum)
 
     def parse(text: str) -> tuple[int, ...]:
-        return tuple(one(part.strip()) for part in text.split(","))
+        values = tuple(one(part) for part in _listed(text))
+        if len(set(values)) < len(values):  # 1024,1_024 and 1024,01024: one size
+            raise argparse.ArgumentTypeError(f"a number given twice in {text!r}")
+        return values
 
     return parse
 
@@ -206,7 +232,7 @@ def rerun_outcomes(text: str) -> frozenset[Outcome]:
     from tuner.space.trials import RERUNNABLE
 
     out = set()
-    for name in filter(None, (n.strip() for n in text.split(","))):
+    for name in _listed(text) if text else ():  # "": the default, no outcome
         outcome = next((o for o in RERUNNABLE if o.value == name), None)
         if outcome is None:
             allowed = ", ".join(sorted(str(o) for o in RERUNNABLE))

@@ -96,9 +96,9 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def _measure(spec: StudySpec, layout: Any, args: argparse.Namespace) -> Any:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from tuner.cli.render import Console
     from tuner.profile.plan import ProbeOptions
     from tuner.profile.run import run_probe
     from tuner.space.enumerate import study_gpu

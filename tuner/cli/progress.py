@@ -8,13 +8,13 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 
 from tuner.cli import units
 from tuner.cli.cost import spent_line
-from tuner.cli.render import fold_width
+from tuner.cli.render import Console, fold_width
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
 from tuner.space.cost import trial_limit_s

@@ -10,6 +10,7 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
 import shutil
@@ -18,7 +19,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from rich import box
-from rich.console import Console
+from rich import console as rich_console
 from rich.table import Table
 from rich.text import Text
 
@@ -110,6 +111,16 @@ def output_width() -> int | None:
     return max(given, MIN_WIDTH) if given else None
 
 
+class Console(rich_console.Console):
+    """Every console ``tune`` prints through (tables, progress bars): a reader that went away
+    (``| head -1``) is a BrokenPipeError for :func:`tuner.cli.main.main` to answer, as every
+    other write's is. Rich's own answer ended the process with status 1, wherever it was."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more is written to it
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
 def console() -> Console:
     """The console every command prints through, as wide as :func:`output_width` (a plain
     file gets lines as long as they are)."""
@@ -126,10 +137,12 @@ def parse_columns(text: str | None, form: str) -> list[str] | None:
     if form not in ("table", "text"):
         raise ConfigError(f"--columns picks the table's columns; --format {form} writes every "
                           "field (give one of the two)")  # fmt: skip
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise ConfigError("--columns: give column names separated by commas")
-    return names
+    from tuner.cli.options import comma_list
+
+    try:
+        return comma_list(text)
+    except ValueError as exc:
+        raise ConfigError(f"--columns: {exc}") from None
 
 
 def check_columns(names: Sequence[str], known: Sequence[str]) -> None:
@@ -274,7 +287,7 @@ def _visible(grid: Grid) -> Grid:
     )  # fmt: skip
 
 
-def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None:
+def render(out: rich_console.Console, grid: Grid, names: Sequence[str] | None = None) -> None:
     """Print ``grid``: fitted to the output's width, or plain when there is none (without the
     columns that are 0 in every row, unless ``names`` asks for them)."""
     grid = _visible(grid)
@@ -292,7 +305,7 @@ def render(out: Console, grid: Grid, names: Sequence[str] | None = None) -> None
         out.print(note)
 
 
-def _boxed(out: Console, grid: Grid, width: int, explicit: bool) -> None:
+def _boxed(out: rich_console.Console, grid: Grid, width: int, explicit: bool) -> None:
     kept, widths, dropped = fit(grid, width)
     table = Table(
         box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, GAP - 1, 0, 0),
@@ -312,7 +325,7 @@ def _boxed(out: Console, grid: Grid, width: int, explicit: bool) -> None:
         out.print(f"left out to fit {width} columns: {', '.join(dropped)}{how}")
 
 
-def _plain(out: Console, grid: Grid) -> None:
+def _plain(out: rich_console.Console, grid: Grid) -> None:
     widths = [_natural(grid, i) for i in range(len(grid.columns))]
     depth = max((c.header.count("\n") + 1 for c in grid.columns), default=1)
     heads = [(["", *([""] * depth)] + c.header.split("\n"))[-depth:] for c in grid.columns]
@@ -336,7 +349,7 @@ def legend(columns: Sequence[Column]) -> str:
     )
 
 
-def show(out: Console, thing: Grid | str) -> None:
+def show(out: rich_console.Console, thing: Grid | str) -> None:
     """Print a grid (fitted) or a line."""
     if isinstance(thing, Grid):
         render(out, thing)

@@ -42,6 +42,14 @@ def make_slurm_executor(spec: SlurmSpec, slots: Sequence[str]) -> Executor:
             "cluster.slurm.mode: allocation runs trials inside a Slurm allocation, but "
             "SLURM_JOB_ID is not set: run tune inside salloc or sbatch, or use mode: submit"
         )
+    if not job_id.isascii() or not job_id.isdigit():
+        # asked of Slurm, "abc" was "Slurm job abc does not exist", naming no variable, and
+        # "--help" scontrol's help read as a job with "no nodes yet (is it still pending?)"
+        raise StudyError(
+            f"SLURM_JOB_ID is {job_id[:40]!r}, no Slurm job id (a number): cluster.slurm.mode "
+            f"{spec.mode} runs trials inside that allocation; run tune inside salloc or sbatch, "
+            "or unset it and use mode: submit"
+        )
     executor = SlurmAllocationExecutor(spec, job_id=job_id)
     try:
         executor.check_slots(slots)

@@ -341,6 +341,7 @@ def decide(
     timed_out: bool = False,
     iterations: int = 0,
     diverged: str | None = None,
+    no_step_time: str | None = None,
 ) -> tuple[Outcome, str | None]:
     """Combine a log's failure signature with how the processes ended.
 
@@ -355,7 +356,8 @@ def decide(
        what ended it; a bare crash trace is its echo);
     4. a crash trace decides unless every exit code is known and 0;
     5. a non-zero exit code is ``launch_error`` naming the code or signal;
-    6. ``ok`` with a steady-state step time, else ``no_metrics``.
+    6. ``ok`` with a steady-state step time, else ``no_metrics`` (saying why where the parser
+       found a step time that is no number above zero: ``no_step_time``).
     """
     if failure is not None and failure.specific:
         return failure.outcome, failure.reason
@@ -379,4 +381,6 @@ def decide(
         return Outcome.LAUNCH_ERROR, signal_reason(bad[0])
     if has_step_time:
         return Outcome.OK, None
+    if no_step_time is not None:
+        return Outcome.NO_METRICS, f"no per-iteration step time in the log: {no_step_time}"
     return Outcome.NO_METRICS, "no per-iteration step time in the log"

@@ -101,8 +101,11 @@ def iteration_records(line: str) -> list[IterationRecord]:
     return records
 
 
+ELAPSED = "elapsed time per iteration (ms)"
+
+
 def _record(iteration: int, train_iters: int, fields: dict[str, str]) -> IterationRecord:
-    elapsed = _field(fields, "elapsed time per iteration (ms)")
+    elapsed = _field(fields, ELAPSED)
     tflops, includes = None, None
     for key, counts_recompute in _TFLOPS_KEYS:
         if (tflops := _field(fields, key)) is not None:
@@ -188,6 +191,11 @@ class MegatronScan:
     theoretical_gib: float | None = None
     utilization: float | None = None
     """The last ``Step Time ... GPU utilization`` TFLOP/s/GPU (Bridge), not yet used."""
+    seen: set[int] = dataclasses.field(default_factory=set, repr=False)
+    """The iterations recorded: a second print of one is the same step, not another (two
+    ranks' prints spliced on one line, or interleaved: "iters" said 10 for 5, and the copies
+    weighed twice in the step time's estimate). The first is kept, as the live watch keeps it
+    (:class:`tuner.study.measure.LogTail`)."""
 
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
@@ -200,7 +208,9 @@ class MegatronScan:
                         record, tflops=self.utilization, tflops_includes_recompute=False
                     )
                 self.utilization = None
-                self.iterations.append(record)
+                if record.iteration not in self.seen:
+                    self.seen.add(record.iteration)
+                    self.iterations.append(record)
             if "memory" in line:
                 self.memory.extend(memory_reports(line))
         if "Theoretical" in line and (theoretical := theoretical_memory_gib(line)) is not None:
@@ -239,7 +249,19 @@ def summarise(records: list[IterationRecord], warmup: int | None) -> StepSummary
         tflops_per_gpu=median(steady(tflops, warmup)),
         tflops_includes_recompute=includes,
         samples_per_s=samples_per_s,
+        no_step_time=None if times else unmeasured(records),
     )
+
+
+def unmeasured(records: list[IterationRecord]) -> str | None:
+    """The first record whose step time is printed but no number above zero (NaN, an
+    infinity, 0 or negative: a broken timer's), said as such: it read "no per-iteration step
+    time in the log", as if there were none."""
+    for r in records:
+        if (text := r.fields.get(ELAPSED)) is not None:
+            shown = text.strip()[:32]  # a value runs to the next bar: a garbled line's is long
+            return f"{ELAPSED} is {shown!r} at iteration {r.iteration}: not a number above zero"
+    return None
 
 
 def divergence(records: list[IterationRecord], warmup: int | None) -> str | None:

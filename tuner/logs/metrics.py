@@ -80,6 +80,9 @@ class StepSummary:
     samples_per_s: float | None = None
     diverged: str | None = None
     """Why the run diverged (a NaN/inf loss, nan or skipped iterations), or None."""
+    no_step_time: str | None = None
+    """Why the step records measure nothing, where a record printed its step time and the
+    figure was not a number above zero (``elapsed time per iteration (ms): nan``)."""
 
 
 def warmup_count(n: int, warmup: int | None = None) -> int:

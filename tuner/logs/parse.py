@@ -104,7 +104,7 @@ def parse_chunks(
     outcome, reason = decide(
         failures.result(), has_step_time=summary.step_time_s is not None,
         exit_codes=exit_codes, timed_out=timed_out, iterations=summary.iterations,
-        diverged=summary.diverged,
+        diverged=summary.diverged, no_step_time=summary.no_step_time,
     )  # fmt: skip
     return RunMetrics(
         outcome=outcome, reason=reason, iterations=summary.iterations,

@@ -5,6 +5,7 @@ point measured again (:mod:`tuner.profile.recheck`) is framed by :data:`AGAIN` i
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -40,6 +41,32 @@ AGAIN = "again"
 rc=<code>``): the points :mod:`tuner.profile.recheck` found inconsistent, measured again."""
 
 
+_FRAME = re.compile(
+    rf"{POINT} (\d{{1,9}}) (start|end|{AGAIN}|{INTERLEAVED}|pause)(?:\s|$)", re.ASCII
+)
+"""A whole frame line: the point's index in ASCII digits, its framing word."""
+
+
+def frame(line: str) -> tuple[int, str]:
+    """A frame line's point index and word; a line that starts as one and is not (another
+    process's output run into it, a cut) is a one-line :class:`LaunchError` quoting it: its
+    index was an int() ValueError's traceback out of ``tune profile --probe`` (``x``), a
+    point of its own (``４``), or its point's lines went unread ("measured nothing")."""
+    found = _FRAME.match(line)
+    if found is None:
+        raise LaunchError(f"probe node log: a garbled {POINT} line (two processes' output run "
+                          f"together?): {line[:80]!r}")  # fmt: skip
+    return int(found.group(1)), found.group(2)
+
+
+def _whole_lines(text: str) -> list[str]:
+    """``text``'s lines but a last frame line without its line break: still being written
+    while the probe runs (it read as a garbled frame), or cut short where the output ended."""
+    lines = text.splitlines()
+    cut = lines and not text.endswith("\n") and lines[-1].startswith(POINT)
+    return lines[:-1] if cut else lines
+
+
 def split_points(text: str, word: str = "start") -> dict[int, str]:
     """Each point's lines of one node log, by point index: the last run of each (an executor
     may append a probe's log to an earlier probe's in the same directory), its interleaved parts
@@ -48,12 +75,12 @@ def split_points(text: str, word: str = "start") -> dict[int, str]:
     out: dict[int, list[str]] = {}
     current: int | None = None
     opens = (word,) if word == AGAIN else (word, INTERLEAVED)
-    for line in text.splitlines():
+    for line in _whole_lines(text):
         if line.startswith(POINT):
-            parts = line.split()
-            current = int(parts[1]) if len(parts) > 2 and parts[2] in opens else None
-            if current is not None and parts[2] == word:
-                out[current] = []
+            k, framing = frame(line)
+            current = k if framing in opens else None
+            if framing == word:
+                out[k] = []
             continue
         if current is not None:
             out.setdefault(current, []).append(line)
@@ -112,8 +139,8 @@ def read_log(path: Path) -> str:
 
 def ended(text: str) -> int:
     """How many points of a node log have ended (their ``end`` line, first runs or second)."""
-    return len({ln.split()[1] for ln in text.splitlines()
-                if ln.startswith(POINT) and " end " in ln})  # fmt: skip
+    return len({k for ln in _whole_lines(text) if ln.startswith(POINT)
+                for k, framing in [frame(ln)] if framing == "end"})  # fmt: skip
 
 
 def steady_samples(times: Sequence[float]) -> tuple[float, ...]:
