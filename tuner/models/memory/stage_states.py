@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.allocator import GroupSums, group_sums
 from tuner.models.memory.kept import Kept, knobs_but
 from tuner.models.memory.step_tensors import StateTensors, state_tensors
 from tuner.models.memory.terms import padded_vocab, param_counts, stage_params
@@ -49,6 +50,8 @@ class StateTerms:
     """Both groups' states side by side, with TE's FP8 weight copies under FP8."""
     tensors: StateTensors
     """The states' tensors (``step_tensors.state_tensors`` of the above)."""
+    sums: tuple[GroupSums, GroupSums, GroupSums]
+    """``allocator.group_sums`` of the resident, lazy and step tensors of ``tensors``."""
 
 
 def stage_state_terms(
@@ -108,7 +111,8 @@ def stage_state_terms_uncached(
         states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
             gemm + experts, "delayed"), states.layout))  # fmt: skip
     tensors = state_tensors(model, c, layers, params, states)
-    return StateTerms(params, nonexpert, experts, states, tensors)
+    sums = group_sums(tensors.resident), group_sums(tensors.lazy), group_sums(tensors.step)
+    return StateTerms(params, nonexpert, experts, states, tensors, sums)
 
 
 def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes:
