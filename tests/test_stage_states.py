@@ -78,6 +78,11 @@ SPACES: dict[str, Callable[[], StudySpec]] = {
     "megatron-moe-every-other": lambda: _every_other(
         _with("mixtral-8x7b", tp=(1, 2), pp=(2, 4), vp=(1, 2), ep=(1, 8), recompute=("full",))
     ),
+    # uneven splits: stages of one config with different layer counts (pipeline_split auto)
+    "megatron-uneven": lambda: _with(
+        "llama3-8b", tp=(1,), pp=(4, 8), micro_batch_size=(1,), pipeline_split="auto",
+        recompute=("none", "full"),
+    ),  # fmt: skip
     # the first 10 of 32 layers dense: middle stages of 8 layers with 6 and 8 MoE layers
     "megatron-moe-first-dense": lambda: _moe_pattern(
         _with("mixtral-8x7b", tp=(1, 2), pp=(4,), ep=(1, 8), recompute=("full",)),
@@ -103,6 +108,7 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
     stage_states._ALIKE.clear()
     stage_activations._TERMS.clear()
     stage_activations._BASE.clear()
+    stage_activations._LAYERS.clear()
     overheads._NCCL.clear()
     gpu = study_gpu(spec)
     calls = 0
@@ -124,6 +130,8 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
     assert calls > len(stage_states._TERMS) > 0, "configs shared kept states"
     if name in ("megatron-dense", "megatron-moe-every-other"):  # alike middle stages at pp 4
         assert len(stage_states._TERMS) > len(stage_states._ALIKE) > 0, "stages shared states"
+        layers = len(stage_activations._LAYERS)
+        assert len(stage_activations._TERMS) > layers > 0, "stages shared their layers' part"
     assert 2 * calls > len(overheads._NCCL) > 0, "stages shared kept NCCL buffers"
     if name == "megatron-dense":  # it varies the state-only knobs
         assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
