@@ -68,19 +68,11 @@ def stage_activation_terms(
     terms = _TERMS.get(key)
     if terms is None:
         base = _kept_base_terms(model, c, stage, layers, framework, precision)
-        # the layers' part reads the stage only through the base's layer, MoE share and
-        # dispatch: stages of a deep pipeline alike in those share it (not the held part)
-        alike = (model, knobs, layers, framework, precision, base.layer_act, base.share,
-                 base.dispatch)  # fmt: skip
-        part = _LAYERS.get(alike)
-        if part is None:
-            part = _LAYERS.put(alike, _layers_part(model, c, layers, framework, precision, base))
-        terms = _TERMS.put(key, _recomputed(model, c, layers, base, part))
+        terms = _TERMS.put(key, _recomputed(model, c, layers, framework, precision, base))
     return terms
 
 
 _TERMS: Kept[ActivationTerms] = Kept()
-_LAYERS: Kept[_LayersPart] = Kept()  # _layers_part by what it reads (stage_activation_terms)
 
 
 def stage_activation_terms_uncached(
@@ -89,8 +81,7 @@ def stage_activation_terms_uncached(
 ) -> ActivationTerms:  # fmt: skip
     """The activation terms of rank ``stage`` holding ``layers`` layers, computed afresh."""
     base = _base_terms(model, c, stage, layers, framework, precision)
-    part = _layers_part(model, c, layers, framework, precision, base)
-    return _recomputed(model, c, layers, base, part)
+    return _recomputed(model, c, layers, framework, precision, base)
 
 
 RECOMPUTE_KNOBS = frozenset(
@@ -173,18 +164,11 @@ def stage_held(
     return in_flight(c, stage)
 
 
-_LayersPart = tuple[LayerActivations, float, float]
-"""(the stage's layer after selective recompute, saved bytes of one micro-batch over the
-stage's layers, the working set): what :func:`_recomputed` computes before the held
-micro-batches."""
-
-
-def _layers_part(
+def _recomputed(
     model: ModelSpec, c: ParallelConfig, layers: int, framework: Framework,
     precision: Precision, base: _BaseTerms,
-) -> _LayersPart:  # fmt: skip
-    """The recompute knobs' part of the stage's layers (reads ``base`` only through its
-    ``layer_act``, ``share`` and ``dispatch``)."""
+) -> ActivationTerms:  # fmt: skip
+    """The activation terms from ``base`` under the config's recompute knobs."""
     fp8 = precision == "fp8"
     precision = "bf16" if fp8 else precision
     # selective recompute's modules (tuner.models.memory.recompute)
@@ -194,15 +178,7 @@ def _layers_part(
     saved, working = layers_activation_bytes(layer_act, c, layers)
     if c.recompute == "selective" and traits(framework).fsdp2:  # torchtitan's per-op SAC
         saved, working = op_sac_bytes(model, c, precision, layers, layer_act)
-    return layer_act, saved, working + (base.dispatch + rebuilt)
-
-
-def _recomputed(
-    model: ModelSpec, c: ParallelConfig, layers: int, base: _BaseTerms, part: _LayersPart
-) -> ActivationTerms:
-    """The activation terms from ``base`` under the config's recompute knobs (``part``:
-    :func:`_layers_part` of the same)."""
-    layer_act, saved, working = part
+    working += base.dispatch + rebuilt
     activations = base.held * saved + working
     tensors = activation_tensors(model, layer_act, c, layers, base.held)
     sums = extended_sums(NO_TENSORS, tensors[0] + tensors[1])
