@@ -80,7 +80,11 @@ SPACES: dict[str, Callable[[], StudySpec]] = {
     ),
     # uneven splits: stages of one config with different layer counts (pipeline_split auto)
     "megatron-uneven": lambda: _with(
-        "llama3-8b", tp=(1,), pp=(4, 8), micro_batch_size=(1,), pipeline_split="auto",
+        "llama3-8b",
+        tp=(1,),
+        pp=(4, 8),
+        micro_batch_size=(1,),
+        pipeline_split="auto",
         recompute=("none", "full"),
     ),  # fmt: skip
     # the first 10 of 32 layers dense: middle stages of 8 layers with 6 and 8 MoE layers
