@@ -8,9 +8,12 @@ import pytest
 
 from tuner.models.memory.allocator import (
     MIB,
+    NO_TENSORS,
     Reserved,
     StepTensors,
     Tensors,
+    extended_sums,
+    group_sums,
     reserved_bounds,
     reserved_bytes,
     round_size,
@@ -165,3 +168,24 @@ def test_the_bounds_enclose_the_simulation_on_random_steps() -> None:
         assert high.total <= total_per_request(t)
         tighter += high.total < total_per_request(t)
     assert tighter > 200
+
+
+def test_a_groups_sums_are_its_first_tensors_sums_extended_by_the_rest() -> None:
+    """``extended_sums`` of a group's first tensors' sums over the rest is ``group_sums`` of the
+    whole group, to the bit (what ``stage_figures`` builds a stage's sums from); the requested
+    bytes are a fold from the left, as Python 3.11's ``sum``: 1e16 + 1 + 1 stays 1e16, where a
+    sum of the rest first or a compensated sum gives 1e16 + 2."""
+    rng = random.Random(36)
+    sizes = (1e16, 1.0, 3.3, 2.0**20 + 0.5, 7 * 2.0**30 / 3)
+    for _ in range(2_000):
+        group = tuple(
+            (rng.choice((*sizes, rng.uniform(0, 2e9))), rng.randrange(1, 64))
+            for _ in range(rng.randrange(0, 10))
+        )  # fmt: skip
+        cut = rng.randrange(0, len(group) + 1)
+        whole = group_sums(group)
+        assert extended_sums(group_sums(group[:cut]), group[cut:]) == whole
+        assert extended_sums(NO_TENSORS, group) == whole
+    ones = ((1e16, 1), (1.0, 1), (1.0, 1))
+    assert group_sums(ones)[0] == 1e16
+    assert extended_sums(group_sums(ones[:1]), ones[1:])[0] == 1e16

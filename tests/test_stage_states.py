@@ -78,12 +78,30 @@ SPACES: dict[str, Callable[[], StudySpec]] = {
     "megatron-moe-every-other": lambda: _every_other(
         _with("mixtral-8x7b", tp=(1, 2), pp=(2, 4), vp=(1, 2), ep=(1, 8), recompute=("full",))
     ),
+    # uneven splits: stages of one config with different layer counts (pipeline_split auto)
+    "megatron-uneven": lambda: _with(
+        "llama3-8b",
+        tp=(1,),
+        pp=(4, 8),
+        micro_batch_size=(1,),
+        pipeline_split="auto",
+        recompute=("none", "full"),
+    ),  # fmt: skip
+    # the first 10 of 32 layers dense: middle stages of 8 layers with 6 and 8 MoE layers
+    "megatron-moe-first-dense": lambda: _moe_pattern(
+        _with("mixtral-8x7b", tp=(1, 2), pp=(4,), ep=(1, 8), recompute=("full",)),
+        "[0]*10+[1]*22",
+    ),
 }
 
 
 def _every_other(spec: StudySpec) -> StudySpec:
+    return _moe_pattern(spec, 2)
+
+
+def _moe_pattern(spec: StudySpec, layer_freq: int | str) -> StudySpec:
     assert spec.model.moe is not None
-    moe = dataclasses.replace(spec.model.moe, layer_freq=2)
+    moe = dataclasses.replace(spec.model.moe, layer_freq=layer_freq)
     return dataclasses.replace(spec, model=dataclasses.replace(spec.model, moe=moe))
 
 
@@ -91,6 +109,7 @@ def _every_other(spec: StudySpec) -> StudySpec:
 def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None:
     spec = SPACES[name]()
     stage_states._TERMS.clear()
+    stage_states._ALIKE.clear()
     stage_activations._TERMS.clear()
     stage_activations._BASE.clear()
     overheads._NCCL.clear()
@@ -112,6 +131,8 @@ def test_the_kept_states_and_activations_are_each_configs_own(name: str) -> None
                 assert stage_nccl_bytes(config, stage, spec.framework, tied, moe, gpu) == fresh
             calls += 1
     assert calls > len(stage_states._TERMS) > 0, "configs shared kept states"
+    if name in ("megatron-dense", "megatron-moe-every-other"):  # alike middle stages at pp 4
+        assert len(stage_states._TERMS) > len(stage_states._ALIKE) > 0, "stages shared states"
     assert 2 * calls > len(overheads._NCCL) > 0, "stages shared kept NCCL buffers"
     if name == "megatron-dense":  # it varies the state-only knobs
         assert calls > len(stage_activations._TERMS) > 0, "configs shared kept activations"
@@ -129,6 +150,7 @@ def test_a_view_accounting_and_an_allocators_are_kept_apart() -> None:
                   if not study_violations(c, spec) and c.num_microbatches == 1)  # fmt: skip
     args = (spec.model, config, 0, spec.model.num_layers, spec.framework, spec.training.precision)
     stage_states._TERMS.clear()
+    stage_states._ALIKE.clear()
     gpu, cpu = stage_state_terms(*args, None, False), stage_state_terms(*args, None, True)
     assert gpu == stage_state_terms_uncached(*args, None, False)
     assert cpu == stage_state_terms_uncached(*args, None, True)

@@ -11,12 +11,15 @@ import yaml
 
 from tuner._loader import load_dataclass
 from tuner.errors import ConfigError
+from tuner.kept_hash import KeptHash
 from tuner.layout import name_problem
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GPUSpec:
+class GPUSpec(KeptHash):
     """One accelerator type (per GPU figures)."""
+
+    __hash__ = KeptHash.__hash__  # hashed once (tuner.kept_hash): a key of kept terms
 
     name: str = ""
     """Catalog key."""

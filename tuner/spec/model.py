@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from tuner.errors import ConfigError
+from tuner.kept_hash import KeptHash
 from tuner.spec.bounds import _ENV_NAME as _ENV_NAME
 from tuner.spec.bounds import (
     MAX_BATCH,
@@ -30,8 +31,10 @@ Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ModelSpec:
+class ModelSpec(KeptHash):
     """The transformer being trained (a GPT-style decoder)."""
+
+    __hash__ = KeptHash.__hash__  # hashed once (tuner.kept_hash): a key of every kept term
 
     name: str = "custom"
     """A label for tables; presets set it."""

@@ -209,8 +209,14 @@ class _Cache:
             self.alloc(size, count, new)
 
 
+GroupSums = tuple[float, int, int, int]
+""":func:`group_sums`' four figures of one group of tensors."""
+NO_TENSORS: GroupSums = (0, 0, 0, 0)
+""":func:`group_sums` of no tensors."""
+
+
 @functools.lru_cache(maxsize=1 << 16)
-def group_sums(tensors: Tensors) -> tuple[float, int, int, int]:
+def group_sums(tensors: Tensors) -> GroupSums:
     """(bytes of ``tensors`` as requested; bytes of the blocks they take at the least: each
     request rounded; bytes of the segments they can make at the most: ``ceil(n / (seg //
     r))`` new segments for a call of ``n`` requests of block ``r`` and segment ``seg``
@@ -218,16 +224,25 @@ def group_sums(tensors: Tensors) -> tuple[float, int, int, int]:
     ``bound.stage_envelope`` reads). Cached, one lookup for the four: the same groups of
     tensors recur across the stages and configs of a space (configs that differ in knobs a
     group does not depend on), and a tuple hashes faster than it sums."""
-    least = most = each = 0
+    return extended_sums(NO_TENSORS, tensors)
+
+
+def extended_sums(sums: GroupSums, tensors: Tensors) -> GroupSums:
+    """:func:`group_sums` of a group whose first tensors have ``sums`` and whose last are
+    ``tensors``: each figure a fold from the left, request by request, so a group's sums are
+    its first part's extended by the rest, to the bit (the requested bytes are floats, summed
+    in order: Python 3.11's ``sum``; 3.12's compensates, which no prefix can carry on)."""
+    requested, least, most, each = sums
     for size, count in tensors:
         r, seg = _block(size)
+        requested += size * count
         least += r * count
         most += seg * segments_at_most(count, r, seg)
         each += seg * count
-    return sum(size * count for size, count in tensors), least, most, each
+    return requested, least, most, each
 
 
-Sums = tuple[tuple[float, int, int, int], ...]
+Sums = tuple[GroupSums, ...]
 """:func:`group_sums` of a :class:`StepTensors`' four groups (resident, lazy, fwd_bwd, step)."""
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import held_layer_microbatches, in_flight
-from tuner.models.memory.allocator import Tensors
+from tuner.models.memory.allocator import NO_TENSORS, GroupSums, Tensors, extended_sums
 from tuner.models.memory.fp8 import fp8_layer_activations
 from tuner.models.memory.fsdp2 import op_sac_bytes
 from tuner.models.memory.kept import Kept, knobs_but
@@ -53,6 +53,8 @@ class ActivationTerms:
     """Megatron-core's global memory buffer (a persistent workspace)."""
     tensors: tuple[Tensors, Tensors]
     """(saved tensors, recompute working set) as the allocator sees them."""
+    sums: GroupSums
+    """``allocator.group_sums`` of the saved tensors and the working set, in that order."""
 
 
 def stage_activation_terms(
@@ -179,4 +181,5 @@ def _recomputed(
     working += base.dispatch + rebuilt
     activations = base.held * saved + working
     tensors = activation_tensors(model, layer_act, c, layers, base.held)
-    return ActivationTerms(base.held, activations, base.extras, base.scratch, tensors)
+    sums = extended_sums(NO_TENSORS, tensors[0] + tensors[1])
+    return ActivationTerms(base.held, activations, base.extras, base.scratch, tensors, sums)

@@ -7,8 +7,10 @@ bound was the stage's plan (``estimate.stage_plan``: two ``PhaseMemory``, a ``St
 bounded stage's cost was building those frozen objects, not their arithmetic. :func:`stage_figures`
 reads the same kept terms (the stage's states, ``stage_states.stage_state_terms``; its
 activations, ``stage_activations.stage_activation_terms``; the fixed terms,
-``estimate.stage_fixed``) and the same byte sums of the same tensors (``allocator.step_sums``),
-and repeats the bound's sums in the same order, as floats: ``stage_bound`` of the plan, and
+``estimate.stage_fixed``) and the same byte sums of the same tensors (``allocator.step_sums``
+of ``step_tensors``, here each group's kept first tensors' sums extended by the rest:
+``allocator.extended_sums``, without joining the groups), and repeats the bound's sums in the
+same order, as floats: ``stage_bound`` of the plan, and
 ``bound.stage_envelope``, to the bit. The plan is built only for the stages simulated
 (``bound.stage_peak``) or wanted whole. ``stage_bound`` and ``stage_envelope`` of the plan stay
 the definition; tests/test_stage_figures.py holds the two equal on every stage of whole spaces,
@@ -22,12 +24,12 @@ from collections.abc import Callable, Iterator, Sequence
 from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.config.pipeline import stage_layers
-from tuner.models.memory.allocator import step_sums
+from tuner.models.memory.allocator import extended_sums
 from tuner.models.memory.bound import stage_bound, stage_envelope
 from tuner.models.memory.estimate import stage_fixed, stage_plan
 from tuner.models.memory.stage_activations import stage_activation_terms
 from tuner.models.memory.stage_states import stage_state_terms
-from tuner.models.memory.step_tensors import step_tensors
+from tuner.models.memory.step_tensors import extra_tensors, workspace_tensors
 from tuner.spec.study import Framework, ModelSpec, Precision
 
 StageFigures = tuple[float, float, float, float]
@@ -51,14 +53,15 @@ def stage_figures(
     workspaces, context, buffers = stage_fixed(
         model, c, stage, gpu, framework, fp8, held.expert_params, acts.scratch
     )
-    tensors = step_tensors(
-        model, c, layers, held.params, states, acts.tensors, acts.extras, workspaces,
-        "bf16" if fp8 else precision, stage == c.pp - 1, held.tensors,
-    )  # fmt: skip
-    (res, res_lo, res_hi, res_each), (lazy, lazy_lo, lazy_hi, lazy_each), *rest = step_sums(
-        tensors
+    # allocator.step_sums of step_tensors' four groups, each the kept sums of its first
+    # tensors extended by the rest (allocator.extended_sums: the same folds, to the bit)
+    resident, (lazy, lazy_lo, lazy_hi, lazy_each), step_sums = held.sums
+    res, res_lo, res_hi, res_each = extended_sums(resident, workspace_tensors(workspaces))
+    extras = extra_tensors(acts.extras, "bf16" if fp8 else precision, stage == c.pp - 1)
+    transient, fwd_lo, fwd_hi, fwd_each = extended_sums(
+        extended_sums(acts.sums, extras), held.tensors.fwd_bwd
     )
-    (transient, fwd_lo, fwd_hi, fwd_each), (temporaries, step_lo, step_hi, step_each) = rest
+    temporaries, step_lo, step_hi, step_each = step_sums
     fwd, step = states.fwd_bwd, states.step
     # PhaseMemory.allocated of the two phases (estimate._stage_memory's fields), in its order
     fwd_a = (fwd.weights + fwd.grads + fwd.optimizer + acts.activations + acts.extras

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuner.config.parallel import ParallelConfig
+from tuner.models.memory.allocator import GroupSums, group_sums
 from tuner.models.memory.kept import Kept, knobs_but
 from tuner.models.memory.step_tensors import StateTensors, state_tensors
 from tuner.models.memory.terms import padded_vocab, param_counts, stage_params
-from tuner.models.moe import expert_config, moe_stage_params
+from tuner.models.moe import expert_config, moe_layers_on, moe_stage_params
 from tuner.models.optimizer_layout import LayerSizes, StageStates, StateBytes, stage_states
 from tuner.spec.fp8 import fp8_weight_copy_bytes
 from tuner.spec.frameworks import traits
@@ -49,6 +50,8 @@ class StateTerms:
     """Both groups' states side by side, with TE's FP8 weight copies under FP8."""
     tensors: StateTensors
     """The states' tensors (``step_tensors.state_tensors`` of the above)."""
+    sums: tuple[GroupSums, GroupSums, GroupSums]
+    """``allocator.group_sums`` of the resident, lazy and step tensors of ``tensors``."""
 
 
 def stage_state_terms(
@@ -56,18 +59,29 @@ def stage_state_terms(
     precision: Precision, zero_settings: Mapping[str, float] | None, views: bool = False,
 ) -> StateTerms:  # fmt: skip
     """:func:`stage_state_terms_uncached`, kept per (model, the config's knobs but
-    :data:`ACTIVATION_KNOBS`, stage, layers, framework, precision, ZeRO settings, views)."""
+    :data:`ACTIVATION_KNOBS`, stage, layers, framework, precision, ZeRO settings, views), and
+    computed once per class of stages (first, last, MoE layers) with those."""
     zero = tuple(sorted(zero_settings.items())) if zero_settings else ()
     knobs = _state_knobs(c)
     key = (model, knobs, stage, layers, framework, precision, zero, views)
     terms = _TERMS.get(key)
     if terms is None:
-        terms = _TERMS.put(key, stage_state_terms_uncached(
-            model, c, stage, layers, framework, precision, zero_settings, views))  # fmt: skip
+        # the terms read the stage's index only as first, last and its MoE layers
+        # (terms.stage_params, moe.moe_stage_params): a middle stage of a deep pipeline has the
+        # terms of another with the same layers and MoE layers
+        alike = (model, knobs, stage == 0, stage == c.pp - 1,
+                 moe_layers_on(model, c, stage, framework), layers, framework, precision, zero,
+                 views)  # fmt: skip
+        terms = _ALIKE.get(alike)
+        if terms is None:
+            terms = _ALIKE.put(alike, stage_state_terms_uncached(
+                model, c, stage, layers, framework, precision, zero_settings, views))  # fmt: skip
+        _TERMS.put(key, terms)
     return terms
 
 
 _TERMS: Kept[StateTerms] = Kept()
+_ALIKE: Kept[StateTerms] = Kept()  # the same terms by the stage's class (stage_state_terms)
 
 
 def stage_state_terms_uncached(
@@ -97,7 +111,8 @@ def stage_state_terms_uncached(
         states = _add_states(states, _weights_only(fp8_weight_copy_bytes(
             gemm + experts, "delayed"), states.layout))  # fmt: skip
     tensors = state_tensors(model, c, layers, params, states)
-    return StateTerms(params, nonexpert, experts, states, tensors)
+    sums = group_sums(tensors.resident), group_sums(tensors.lazy), group_sums(tensors.step)
+    return StateTerms(params, nonexpert, experts, states, tensors, sums)
 
 
 def _layer_sizes(model: ModelSpec, c: ParallelConfig, layers: int) -> LayerSizes:

@@ -169,11 +169,20 @@ def step_tensors(
     """The stage's tensors grouped as tuner.models.memory.allocator needs them (``own``: the
     states' share, :func:`state_tensors` of the same arguments, where known)."""
     s = own or state_tensors(model, c, layers, params, states)
-    resident = s.resident + (((workspace, 1),) if workspace else ())
+    resident = s.resident + workspace_tensors(workspace)
     saved, working = activations
-    e = 4.0 if precision == "fp32" else 2.0
-    # The last stage's extras are mostly the fp32 logits and their 16-bit copy; the first
-    # stage's are its embedding dropout masks (small).
-    logits = _scaled([4.0, e], extras) if last else [extras]
-    fwd_tensors = saved + working + tuple((x, 1) for x in logits) + s.fwd_bwd
+    fwd_tensors = saved + working + extra_tensors(extras, precision, last) + s.fwd_bwd
     return StepTensors(resident, s.lazy, fwd_tensors, s.step)
+
+
+def workspace_tensors(workspace: float) -> Tensors:
+    """The stage's workspaces, one resident tensor (none when nil)."""
+    return ((workspace, 1),) if workspace else ()
+
+
+def extra_tensors(extras: float, precision: Precision, last: bool) -> Tensors:
+    """The stage's extras (``terms.stage_extras``) as tensors: on the last stage mostly the fp32
+    logits and their 16-bit copy, on the first its embedding dropout masks (small)."""
+    e = 4.0 if precision == "fp32" else 2.0
+    logits = _scaled([4.0, e], extras) if last else [extras]
+    return tuple((x, 1) for x in logits)
