@@ -1,5 +1,5 @@
-"""The hash a frozen dataclass keeps (tuner.kept_hash) is the generated one's, and nothing else of
-the object changes: fields, asdict, equality, repr, pickling, replace."""
+"""The hash a frozen dataclass keeps (tuner._loader.KeptHash) is the generated one's, and nothing
+else of the object changes: fields, asdict, equality, repr, pickling, replace."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from tuner._loader import KeptHash
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.build import FIELDS as CONFIG_FIELDS
 from tuner.config.build import built, replaced
 from tuner.config.parallel import ParallelConfig
-from tuner.kept_hash import KeptHash
 from tuner.spec.file import load_study
 from tuner.spec.model import ModelSpec
 

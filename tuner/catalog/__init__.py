@@ -9,9 +9,8 @@ from importlib import resources
 
 import yaml
 
-from tuner._loader import load_dataclass
+from tuner._loader import KeptHash, load_dataclass
 from tuner.errors import ConfigError
-from tuner.kept_hash import KeptHash
 from tuner.layout import name_problem
 
 
@@ -19,7 +18,7 @@ from tuner.layout import name_problem
 class GPUSpec(KeptHash):
     """One accelerator type (per GPU figures)."""
 
-    __hash__ = KeptHash.__hash__  # hashed once (tuner.kept_hash): a key of kept terms
+    __hash__ = KeptHash.__hash__  # hashed once (tuner._loader.KeptHash): a key of kept terms
 
     name: str = ""
     """Catalog key."""

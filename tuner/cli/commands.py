@@ -319,8 +319,8 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
                         help="results directory (default: ./results)")  # fmt: skip
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
-    """The argument parser and the handler of each subcommand."""
+def _top_parser() -> argparse.ArgumentParser:
+    """``tune`` itself: its description, first steps and the options every command takes."""
     parser: argparse.ArgumentParser = Parser(
         prog="tune",
         description="Find the fastest parallel configuration for Megatron-LM, DeepSpeed, "
@@ -331,6 +331,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser.add_argument("--version", action=VersionAction, help="print the version and exit")
     _add_global_options(parser)
     _add_store_options(parser)
+    return parser
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The argument parser and the handler of each subcommand."""
+    parser = _top_parser()
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers: dict[str, Handler] = {}
 

@@ -17,7 +17,7 @@ from tuner.errors import TunerError
 def exit_status(exc: BaseException) -> int | None:
     """Write the one line for ``exc`` and return the exit status, or None when ``exc`` is a
     defect of the tool (its traceback is what a bug report needs) or a failure of where the
-    output goes (its reader gone, a full device: answered by :mod:`tuner.cli.main`)."""
+    output goes (its reader gone, a full device: answered by :mod:`tuner.cli.stdout`)."""
     from tuner.cli.render import visible  # one line, whatever a message quotes
 
     if isinstance(exc, TunerError):
@@ -27,9 +27,9 @@ def exit_status(exc: BaseException) -> int | None:
         sys.stderr.write("tune: interrupted\n")
         return 130
     if isinstance(exc, OSError):
-        from tuner.cli.main import STDOUT, reader_gone
+        from tuner.cli.stdout import STDOUT, reader_gone
 
-        # `| head -1`, `> /dev/full`: where the output goes, answered by tuner.cli.main
+        # `| head -1`, `> /dev/full`: where the output goes, answered by tuner.cli.stdout
         if exc.filename == STDOUT or (isinstance(exc, BrokenPipeError) and reader_gone()):
             return None
     if isinstance(exc, OSError):  # a read-only or full results folder, a file that vanished

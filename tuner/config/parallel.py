@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.kept_hash import KeptHash
+from tuner._loader import KeptHash
 from tuner.spec.pipeline_split import EVEN
 from tuner.spec.recompute import (
     DEFAULT_MODULES,
@@ -26,7 +26,7 @@ from tuner.spec.study import (
 class ParallelConfig(KeptHash):
     """How one training run is split over the GPUs, batched and recomputed."""
 
-    __hash__ = KeptHash.__hash__  # hashed once (tuner.kept_hash): a key of several caches
+    __hash__ = KeptHash.__hash__  # hashed once (tuner._loader.KeptHash): a key of several caches
 
     tp: int = 1
     """Tensor parallel size."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from tuner._loader import KeptHash
 from tuner.errors import ConfigError
-from tuner.kept_hash import KeptHash
 from tuner.spec.bounds import _ENV_NAME as _ENV_NAME
 from tuner.spec.bounds import (
     MAX_BATCH,
@@ -34,7 +34,7 @@ Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 class ModelSpec(KeptHash):
     """The transformer being trained (a GPT-style decoder)."""
 
-    __hash__ = KeptHash.__hash__  # hashed once (tuner.kept_hash): a key of every kept term
+    __hash__ = KeptHash.__hash__  # hashed once (tuner._loader.KeptHash): a key of every kept term
 
     name: str = "custom"
     """A label for tables; presets set it."""
