@@ -272,3 +272,25 @@ def test_a_trial_at_fewer_microbatches_is_raced_on_its_full_step(
         assert job.stopped == ends
     # its measured interval, shorter than any full step, is never above the best's
     assert Watch(study).why_stop(1, [tmp_path / "node-0.log"], 1.01 * faster) is None
+
+
+def test_a_figure_that_is_no_measurement_is_never_the_incumbent() -> None:
+    """The racing incumbent was the lowest stored ``ok`` value, whatever it was: a stored step of
+    1e-320 s (tokens/s infinite, never ranked by the leaderboard) became the best every other
+    trial's interval was raced against, so all of them were ended as ``raced``. Only a trial
+    that may rank (:func:`tuner.outcome.rankable`) is the incumbent; an interval that is no
+    figure falls back to the step plus the precision."""
+    from tuner.study.measure import incumbent_high
+
+    def trial(step: float, **attrs: Any) -> Any:
+        return optuna.trial.create_trial(value=step, user_attrs={"outcome": "ok", **attrs})
+
+    sound = trial(2.0, tokens_per_s=1e5, steady_step_s=2.0, steady_halfwidth_s=0.02)
+    absurd = trial(1e-320, tokens_per_s=float("inf"))
+    assert incumbent_high([sound, absurd], 0.05) == pytest.approx(2.02)
+    assert incumbent_high([absurd], 0.05) is None
+    nan_interval = trial(1.0, steady_step_s=float("nan"), steady_halfwidth_s=0.01)
+    assert incumbent_high([sound, nan_interval], 0.05) == pytest.approx(1.05)
+    no_half = trial(1.0, steady_step_s=1.0, steady_halfwidth_s=float("inf"))
+    assert incumbent_high([no_half], 0.05) == pytest.approx(1.05)
+
