@@ -27,6 +27,7 @@ from tuner.catalog import GPUSpec
 from tuner.errors import StorageError
 from tuner.launch import JobResult
 from tuner.launch.pool import EXHAUSTED
+from tuner.launch.request import ended_how, ended_verdict
 from tuner.layout import TrialPaths
 from tuner.models.time.estimate import model_flops_per_step
 from tuner.outcome import Outcome
@@ -138,14 +139,12 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None
     logs (``timeout``, or ``hang`` with no iteration line); only a job cancelled because the
     study stopped is ``interrupted``. ``tail``: the watch's tail of its logs (read on rather
     than the logs read again for the steady-state estimate)."""
-    if result.node_errors:
-        reason = "; ".join(f"{h}: {r}" for h, r in result.node_errors)
-        return Verdict(Outcome.NODE_ERROR, reason)
-    if result.scheduler_verdict is not None:  # Slurm killed it for host memory, preempted it...
-        outcome, why = result.scheduler_verdict
-        return Verdict(Outcome(outcome), why)
-    if result.cancelled and not result.timed_out and result.stopped is None:
-        return Verdict(Outcome.INTERRUPTED, "the study was stopped")
+    how = ended_how(timed_out=result.timed_out, cancelled=result.cancelled,
+                    stopped=result.stopped)  # fmt: skip
+    ended = ended_verdict(node_errors=result.node_errors,
+                          scheduler_verdict=result.scheduler_verdict, how=how)  # fmt: skip
+    if ended is not None:
+        return Verdict(*ended)
     logs = logs_of(result)  # (16 file checks a 16-node trial: listed once)
     m = parse_result(spec, result, logs)
     if m.outcome == Outcome.LAUNCH_ERROR and _PORT_CLASH.search(m.reason or ""):
