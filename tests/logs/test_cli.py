@@ -219,8 +219,10 @@ def test_a_trial_log_reads_its_exit_code_and_says_the_tuner_ended_it(
     try:
         jobs = []
         for n, end in enumerate(("precise", "cancel")):
-            script = (f"trap 'cat tail.txt; exit 1' TERM; printf '%s\\n' {shlex.quote(steps)}; "
-                      "sleep 30 & wait $!")  # torchrun's traceback of the SIGTERM ends it
+            script = (
+                f"trap 'cat tail.txt; exit 1' TERM; printf '%s\\n' {shlex.quote(steps)}; "
+                "sleep 30 & wait $!"
+            )  # torchrun's traceback of the SIGTERM ends it
             paths = ResultsLayout(tmp_path / "r", "s").trial(n)
             request = LaunchRequest(trial=n, hosts=("local-0",), scripts=(script,), paths=paths,
                                     files={"tail.txt": SIGTERM_TAIL})  # fmt: skip
