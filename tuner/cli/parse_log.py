@@ -160,6 +160,8 @@ def _marked(log: Path) -> str | None:
     None."""
     from tuner.launch.request import ENDED_MARK
 
+    if not log.is_file():  # a FIFO would block here: the parser says what it is instead
+        return None
     try:
         with log.open("rb") as f:
             f.seek(max(f.seek(0, 2) - _MARK_TAIL, 0))
