@@ -29,8 +29,9 @@ from tuner.launch import JobResult
 from tuner.launch.pool import EXHAUSTED
 from tuner.launch.request import ended_how, ended_verdict
 from tuner.layout import TrialPaths
+from tuner.models.time.breakdown import fastest_step_s
 from tuner.models.time.estimate import model_flops_per_step
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.search.sampler import ModelGuidedSampler
 from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
@@ -153,7 +154,31 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None
         return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
     verdict = Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
     measured: Verdict = measured_anyway(spec, verdict, logs, result.stopped, tail)
-    return replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
+    return physical(
+        spec, gpu, replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
+    )
+
+
+def physical(spec: StudySpec, gpu: GPUSpec, verdict: Verdict) -> Verdict:
+    """``verdict``, or ``no_metrics`` when its figure is faster than the hardware allows (below
+    :func:`tuner.models.time.breakdown.fastest_step_s` for what the job ran: ``spec`` is a
+    proxy's own) or is no figure at all (:func:`tuner.outcome.figure`): a corrupt measurement
+    (a step of 1e-300 s won the study), kept with its figures and the reason, never ranked."""
+    step = verdict.metrics.get("step_time_s")
+    if verdict.outcome != Outcome.OK or step is None:
+        return verdict
+    bound = fastest_step_s(spec.model, spec.training.global_batch_size, spec.world_size, gpu)
+    if figure(step) is None:
+        why = f"the step time {step!r} s is no figure"
+    elif bound is not None and step < bound:
+        why = (
+            f"the step time {step:.3g} s is faster than the hardware allows: "
+            f"{bound:.3g} s is the model's FLOPs per step on {spec.world_size} "
+            f"{gpu.name} at their peak; a corrupt measurement"
+        )
+    else:
+        return verdict
+    return replace(verdict, outcome=Outcome.NO_METRICS, reason=why)
 
 
 def objective_metrics(spec: StudySpec, gpu: GPUSpec, metrics: dict[str, Any]) -> dict[str, Any]:
