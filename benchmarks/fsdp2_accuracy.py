@@ -29,7 +29,7 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def _line(label: str, errors: list[float]) -> str:
     a = [abs(e) for e in errors]
-    return f"  {label:64} {len(a):4} {100 * statistics.median(a):7.1f}% {100 * max(a):7.1f}%"
+    return f"  {label:76} {len(a):4} {100 * statistics.median(a):7.1f}% {100 * max(a):7.1f}%"
 
 
 def memory_table() -> None:
@@ -50,7 +50,7 @@ def memory_table() -> None:
         print(f"  {label:48} {figures} {100 * new.error:+6.1f}% {before}")
         errs.setdefault(row["source"], []).append(new.error)
         old.setdefault(row["source"], []).append(was.error)
-    print(f"  {'source':64} {'rows':>4} {'median':>8} {'max':>8}")
+    print(f"  {'source':76} {'rows':>4} {'median':>8} {'max':>8}")
     for source in errs:
         print(_line(f"{source} (torchtitan)", errs[source]))
         print(_line(f"{source} (as DeepSpeed ZeRO-3, before)", old[source]))
@@ -109,7 +109,7 @@ def time_table() -> None:
         print(f"  {label[:48]:48} {figures} {100 * case.error:+6.1f}% {before}{band}")
         errs.setdefault(group, []).append(case.error)
         old.setdefault(group, []).append(was.error)
-    print(f"  {'source':64} {'rows':>4} {'median':>8} {'max':>8}")
+    print(f"  {'source':76} {'rows':>4} {'median':>8} {'max':>8}")
     for group in errs:
         print(_line(f"{group} (torchtitan)", errs[group]))
         print(_line(f"{group} (as DeepSpeed ZeRO-3, before)", old[group]))

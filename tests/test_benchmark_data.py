@@ -521,3 +521,26 @@ def test_held_out_sources_are_in_the_set_and_develop_no_term(rows: list[dict[str
     held = [r for r in rows if r["source"] in bench.HELD_OUT_SOURCES]
     assert {r["metric"] for r in held} == METRICS
     assert any(r["framework"] == "megatron" and r["precision"] == "fp16" for r in held)
+
+
+def test_the_fsdp2_page_states_what_the_fsdp2_benchmark_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/torchtitan.md's accuracy table is ``benchmarks/fsdp2_accuracy.py``'s summary, source
+    by source in its order: the torchtitan model's median and max error and the baseline's
+    (the rows predicted as DeepSpeed ZeRO-3, before the framework). The page's last column was
+    another baseline (the torchtitan model's earlier figures) under the name "previous model"."""
+    bench = _benchmark("fsdp2_accuracy")
+    bench.memory_table()
+    bench.time_table()
+    printed = re.findall(r"^  (.+?) \((torchtitan|as DeepSpeed ZeRO-3, before)\)\s+\d+\s+"
+                         r"([\d.]+)%\s+([\d.]+)%$", capsys.readouterr().out, re.M)  # fmt: skip
+    model = [(m, x) for _, who, m, x in printed if who == "torchtitan"]
+    before = [(m, x) for _, who, m, x in printed if who != "torchtitan"]
+    assert len(model) == len(before) == 6  # memory; H100 eager, compile, float8, CP; A100
+    page = (DATA.parents[1] / "docs" / "torchtitan.md").read_text()
+    head = "| source | metric | rows | median error | max error | as DeepSpeed ZeRO-3, before"
+    table = page[page.index(head) :].split("\n\n")[0].splitlines()[2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in table]
+    assert [(c[3].rstrip("%"), c[4].rstrip("%")) for c in cells] == model
+    assert [tuple(v.strip().rstrip("%") for v in c[5].split("/")) for c in cells] == before

@@ -498,3 +498,33 @@ def test_tune_help_says_where_to_start_and_its_commands_run(
     monkeypatch.chdir(tmp_path)
     assert main(shlex.split(commands[0])[1:]) == 0
     assert "top 5 by predicted step time" in capsys.readouterr().out
+
+
+def test_the_dry_run_opens_the_storage_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The dry run opened the study's storage twice: once to check it can be read, again for
+    the fingerprint of the changed-study warning (a journal replays every record on each open).
+    One open serves both, and the warning still comes."""
+    import optuna
+
+    import tuner.study.storage as storage_module
+    from tests.test_study import SURFACE, study_data, write_study
+    from tuner.layout import ResultsLayout
+    from tuner.spec.file import load_study
+    from tuner.study.storage import start_study
+
+    data = study_data(tmp_path, SURFACE, n_trials=1)
+    study = str(write_study(tmp_path, data))
+    spec, results, journal = load_study(study), tmp_path / "r", f"journal:{tmp_path / 'j.log'}"
+    start_study(spec, optuna.samplers.RandomSampler(), url=journal, heartbeat_s=30.0,
+                force=False, layout=ResultsLayout(results, spec.name))  # fmt: skip
+    data["launch"]["train_iters"] += 1
+    write_study(tmp_path, data)
+    opened: list[object] = []
+    real = storage_module._open
+    monkeypatch.setattr(storage_module, "_open", lambda *a: opened.append(a) or real(*a))
+    argv = ["run", "--study", study, "--results", str(results), "--storage", journal, "--dry-run"]
+    assert main(argv) == 0
+    assert "was started with a different study file" in capsys.readouterr().err
+    assert len(opened) == 1

@@ -272,3 +272,52 @@ def test_a_trial_at_fewer_microbatches_is_raced_on_its_full_step(
         assert job.stopped == ends
     # its measured interval, shorter than any full step, is never above the best's
     assert Watch(study).why_stop(1, [tmp_path / "node-0.log"], 1.01 * faster) is None
+
+
+def test_a_figure_that_is_no_measurement_is_never_the_incumbent() -> None:
+    """The racing incumbent was the lowest stored ``ok`` value, whatever it was: a stored step of
+    1e-320 s (tokens/s infinite, never ranked by the leaderboard) became the best every other
+    trial's interval was raced against, so all of them were ended as ``raced``. Only a trial
+    that may rank (:func:`tuner.outcome.rankable`) is the incumbent; an interval that is no
+    figure falls back to the step plus the precision."""
+    from tuner.study.measure import incumbent_high
+
+    def trial(step: float, **attrs: Any) -> Any:
+        return optuna.trial.create_trial(value=step, user_attrs={"outcome": "ok", **attrs})
+
+    sound = trial(2.0, tokens_per_s=1e5, steady_step_s=2.0, steady_halfwidth_s=0.02)
+    absurd = trial(1e-320, tokens_per_s=float("inf"))
+    assert incumbent_high([sound, absurd], 0.05) == pytest.approx(2.02)
+    assert incumbent_high([absurd], 0.05) is None
+    nan_interval = trial(1.0, steady_step_s=float("nan"), steady_halfwidth_s=0.01)
+    assert incumbent_high([sound, nan_interval], 0.05) == pytest.approx(1.05)
+    no_half = trial(1.0, steady_step_s=1.0, steady_halfwidth_s=float("inf"))
+    assert incumbent_high([no_half], 0.05) == pytest.approx(1.05)
+
+
+def test_a_step_faster_than_the_hardware_allows_is_no_measurement(tmp_path: Path) -> None:
+    """A finite absurd step (1e-300 s, or just under what the GPUs' peak allows) was recorded
+    ``ok`` and won the study. Below :func:`fastest_step_s` (the FLOPs every step executes at the
+    GPUs' peak) it is ``no_metrics`` with the reason, its figures kept; just above it, ``ok``."""
+    from tuner.catalog import get_gpu
+    from tuner.models.time.breakdown import fastest_step_s, model_flops_per_step
+    from tuner.study.record import judge
+
+    s = spec()
+    gpu = study_gpu(s)
+    bound = fastest_step_s(s.model, 32, s.world_size, gpu)
+    scores = 3 * 32 * 8 * 4.0 * 1024 * 1024 * 1024  # the full score matrices' FLOPs
+    peak = max(gpu.peak_tflops, gpu.fp8_peak_tflops) * 1e12
+    assert bound == pytest.approx((model_flops_per_step(s.model, 32) - scores / 2) / (4 * peak))
+    for ms, ok in (("1e-300", False), (f"{900 * bound:.6g}", False),
+                   (f"{1100 * bound:.6g}", True)):  # fmt: skip
+        log = tmp_path / f"{ms}.log"
+        log.write_text("".join(line(i, 1000.0).replace("1000.0", ms) for i in range(1, 27)))
+        got = judge(s, gpu, _job(log))
+        assert got.metrics["step_time_s"] == pytest.approx(float(ms) / 1000)
+        if ok:
+            assert got.outcome == Outcome.OK and got.reason is None
+        else:
+            assert got.outcome == Outcome.NO_METRICS
+            assert "faster than the hardware allows" in str(got.reason)
+    assert fastest_step_s(s.model, 32, 4, get_gpu("cpu")) is None  # one core's guess: no bound

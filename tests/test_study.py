@@ -193,7 +193,9 @@ def test_a_held_back_launch_goes_on_and_limits_follow_the_measured_start_up(
     that launched nothing). Each trial records the limit it was launched with: the first one's
     cut from the user's 20-minute start-up guess, the next ones' from the seconds the first
     launch took."""
-    surface = dict(SURFACE, step_s=dict(SURFACE["step_s"], base=0.001))  # 1 ms steps, slept
+    # 100 ms steps, slept: the model's FLOPs at the two A100s' peak take 45 ms (a faster step
+    # is a corrupt measurement, recorded no_metrics: tuner.models.time.breakdown.fastest_step_s)
+    surface = dict(SURFACE, step_s=dict(SURFACE["step_s"], base=0.1))
     data = study_data(tmp_path, surface, n_trials=3, trial_timeout_min=None, startup_min=20.0)
     data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1"  # a launch is all start-up
     data["cluster"]["num_nodes"] = 1  # one trial at a time

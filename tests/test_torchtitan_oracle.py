@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
+import shlex
 from typing import Any
 
 import pytest
@@ -27,6 +29,19 @@ except ImportError as exc:  # torchtitan, or what its llama3 registry imports, i
 
 def parse(spec: Any, c: ParallelConfig) -> Any:
     return ConfigManager().parse_args(torchtitan_args(spec, c))
+
+
+TRAIN_ARGS = ("--dump-folder", "/out/run", "--checkpoint.enable", "--checkpoint.interval", "500",
+              "--lr_scheduler.warmup_steps", "200")  # fmt: skip
+EXTRA_ARGS = ("--metrics.enable-tensorboard", "--training.max-norm=0.5")
+
+
+def with_args(spec: Any, train: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Any:
+    """``spec`` with ``launch.train_args`` and ``launch.extra_args``."""
+    import dataclasses
+
+    launch = dataclasses.replace(spec.launch, train_args=train, extra_args=extra)
+    return dataclasses.replace(spec, launch=launch)
 
 
 def configs() -> list[ParallelConfig]:
@@ -51,10 +66,14 @@ def configs() -> list[ParallelConfig]:
 
 
 def test_the_release_reads_every_rendered_command_line_as_meant() -> None:
-    spec = titan()
+    """Each config's ``tune best --emit torchtitan`` line, the study's ``train_args`` and
+    ``extra_args`` in it (they were left out), read by the release: every word as meant."""
+    from tuner.report.torchtitan_export import torchtitan_export
+
+    spec = with_args(titan(), TRAIN_ARGS, EXTRA_ARGS)
     for c in configs():
         try:
-            got = parse(spec, c)
+            got = ConfigManager().parse_args(shlex.split(torchtitan_export(spec, c)))
         except ValueError as exc:  # Trainer.Config.__post_init__ refused it: so must tune
             assert str(exc) in [v.message for v in study_violations(c, spec)], c.key()
             continue
@@ -77,6 +96,10 @@ def test_the_release_reads_every_rendered_command_line_as_meant() -> None:
             c.compile, c.tp_comm_overlap,
         )  # fmt: skip
         assert got.metrics.log_freq == 1
+        assert (got.dump_folder, got.checkpoint.enable, got.checkpoint.interval) == (
+            "/out/run", True, 500)  # fmt: skip
+        assert got.lr_scheduler.warmup_steps == 200
+        assert (got.metrics.enable_tensorboard, got.training.max_norm) == (True, 0.5)
         ac = got.activation_checkpoint
         kind = "none" if ac is None else type(ac).__qualname__.split(".")[0]
         assert kind == {"none": "none", "full": "FullAC", "selective": "SelectiveAC"}[c.recompute]
@@ -107,3 +130,30 @@ def test_stage_split_is_the_release_s() -> None:
         parts = _generate_llm_fqn_per_model_part(stages, layers)
         counts = tuple(sum(n.startswith("layers.") for n in part) for part in parts)
         assert counts == stage_layer_counts(layers, stages), (layers, stages)
+
+
+def test_the_export_refuses_what_its_line_cannot_hold_as_the_release_would_misread_it() -> None:
+    """A word of ``train_args`` or ``extra_args`` the trainer's line cannot hold beside tune's
+    own is refused naming it; unrefused, the release changes the config (tyro keeps the last
+    value of an option) or does not parse the line at all (one subcommand, its options after
+    it)."""
+    from tuner.errors import ConfigError
+    from tuner.report.torchtitan_export import torchtitan_export
+
+    spec = titan()
+    c = next(c for c in configs() if c.tp == 2 and c.pp == 1)
+    for train, extra, field in (
+        ((), ("--parallelism.tensor_parallel_degree=4",), "launch.extra_args[0]"),
+        (("--compile.no-enable",), (), "launch.train_args[0]"),
+        ((), ("--config", "llama3_8b"), "launch.extra_args[0]"),
+        (("activation-checkpoint:full",), (), "launch.train_args[0]"),
+        ((), ("--activation-checkpoint.debug",), "launch.extra_args[0]"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"^{re.escape(field)}: "):
+            torchtitan_export(with_args(spec, train, extra), c)
+    line = torchtitan_args(with_args(spec, (), ("--parallelism.tensor_parallel_degree=4",)), c,
+                           full_run=True)  # fmt: skip
+    assert ConfigManager().parse_args(line).parallelism.tensor_parallel_degree == 4 != c.tp
+    twice = with_args(spec, ("activation-checkpoint:full",))
+    with pytest.raises(SystemExit):  # tyro: "Unrecognized options: activation-checkpoint:full"
+        ConfigManager().parse_args(torchtitan_args(twice, c, full_run=True))

@@ -174,3 +174,69 @@ def test_smaller_groups_for_proxy_trials_share_the_nodes_disjointly() -> None:
     assert pool.free_count == 2 and pool.acquire() is None  # a full group needs all 4
     c = pool.acquire(size=1)
     assert c is not None and c.hosts == (a.hosts[0],) and pool.free_count == 1
+
+
+class _ScanningPool:
+    """The pool's hand-out rule written as a scan (what :class:`NodePool` did on every call,
+    over every host and every group in use): the first free, healthy, not avoided hosts in the
+    order given, and the next port in rotation that no group in use holds."""
+
+    def __init__(self, hosts: list[str], per_trial: int, quarantine_after: int) -> None:
+        self.hosts, self.per_trial, self.after = hosts, per_trial, quarantine_after
+        self.busy: set[str] = set()
+        self.groups: dict[int, tuple[tuple[str, ...], int]] = {}
+        self.strikes: dict[str, int] = {}
+        self.quarantined: set[str] = set()
+        self.next_id = self.next_port = 0
+
+    def acquire(self, avoid: set[str], size: int) -> tuple[tuple[str, ...], int] | None:
+        out = self.busy | self.quarantined | avoid
+        free = [h for h in self.hosts if h not in out]
+        if len(free) < size:
+            return None
+        used = {port for _, port in self.groups.values()}
+        while 29500 + self.next_port in used:
+            self.next_port = (self.next_port + 1) % 100
+        port, self.next_port = 29500 + self.next_port, (self.next_port + 1) % 100
+        self.groups[self.next_id] = (tuple(free[:size]), port)
+        self.busy.update(free[:size])
+        self.next_id += 1
+        return self.groups[self.next_id - 1]
+
+    def release(self, gid: int, faults: set[str]) -> None:
+        hosts, _ = self.groups.pop(gid)
+        self.busy.difference_update(hosts)
+        for h in hosts:
+            if h not in faults:
+                self.strikes.pop(h, None)
+                continue
+            self.strikes[h] = self.strikes.get(h, 0) + 1
+            if self.strikes[h] >= self.after:
+                self.quarantined.add(h)
+
+
+def test_the_incremental_hand_out_is_the_scan_s() -> None:
+    """``acquire`` keeps the free hosts in a heap and the ports in use in a set instead of
+    scanning every host and every group on each call (36,036 single-node acquires took 221 s):
+    over 3,000 random acquires (avoided hosts, smaller groups), releases and quarantines, every
+    group, port and free count is the scan's."""
+    rng = random.Random(7)
+    hosts = [f"n{i:02d}" for i in range(40)]
+    pool, scan = NodePool(hosts, 3, quarantine_after=2), _ScanningPool(hosts, 3, 2)
+    held: list[NodeGroup] = []
+    for _ in range(3000):
+        if held and rng.random() < 0.45:
+            group = held.pop(rng.randrange(len(held)))
+            faults = {h for h in group.hosts if rng.random() < 0.05}
+            pool.release(group, [(h, "lost") for h in faults])
+            scan.release(group.id, faults)
+        else:
+            avoid = set(rng.sample(hosts, rng.choice((0, 0, 3, 12))))
+            size = rng.choice((None, None, 1, 2))
+            got = pool.acquire(avoid, size)
+            want = scan.acquire(avoid, size or 3)
+            assert (None if got is None else (got.hosts, got.master_port)) == want
+            if got is not None:
+                held.append(got)
+        free = len(hosts) - len(scan.busy | scan.quarantined)
+        assert pool.free_count == free and set(pool.quarantined) == scan.quarantined

@@ -176,4 +176,67 @@ def test_a_trial_the_tuner_ended_reads_as_the_study_recorded_it(
     assert outcome(None) == ("launch_error", 0.5)  # the log alone: a kill from outside
     assert outcome({"timed_out": False, "stopped": "precise"}) == ("ok", 0.5)
     assert outcome({"timed_out": True, "stopped": None}) == ("timeout", 0.5)
-    assert outcome({"timed_out": False, "stopped": None})[0] == "launch_error"  # not ours
+    # cancelled because the study stopped: the study recorded it interrupted (record.judge),
+    # parse-log said launch_error; one whose processes ended by themselves is judged by its log
+    assert outcome({"timed_out": False, "stopped": None})[0] == "interrupted"
+    assert outcome({"timed_out": False, "stopped": None, "cancelled": False})[0] == "launch_error"
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def test_a_trial_log_reads_its_exit_code_and_says_the_tuner_ended_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tune parse-log`` read ``result.json`` only for a trial the tuner stopped: a log whose
+    node exited 1 (or lost its node) read ``ok`` although the study recorded ``launch_error``
+    (``node_error``); and a trial log did not say its SIGTERM came from the tuner, so copied out
+    without its ``result.json`` it read ``launch_error``. The executor now ends such a log with
+    a line that says so (``ENDED_MARK``), written by the job itself."""
+    import shlex
+    import time
+
+    from tuner.launch import LaunchRequest, LocalExecutor
+    from tuner.layout import ResultsLayout
+
+    log = tmp_path / "node-0.log"
+    steps = "\n".join(ITERATION.format(i=i, ms=500.0) for i in range(1, 6))
+    log.write_text(f"{steps}\n")
+
+    def outcome(path: Path) -> str:
+        assert run(_args(str(path), "--json")) == 0
+        return str(json.loads(capsys.readouterr().out)["logs"][0]["outcome"])
+
+    account = {"logs": [str(log)], "exit_codes": [1], "timed_out": False, "cancelled": False}
+    (tmp_path / "result.json").write_text(json.dumps(account))
+    assert outcome(log) == "launch_error"  # its node exited 1
+    account.update(exit_codes=[None], node_errors=[["n0", "connection lost"]])
+    (tmp_path / "result.json").write_text(json.dumps(account))
+    assert outcome(log) == "node_error"
+    # jobs the tuner ended (the watch's stop, the study's cancel): their logs copied out alone
+    ex = LocalExecutor(grace_s=1.0)
+    try:
+        jobs = []
+        for n, end in enumerate(("precise", "cancel")):
+            script = (
+                f"trap 'cat tail.txt; exit 1' TERM; printf '%s\\n' {shlex.quote(steps)}; "
+                "sleep 30 & wait $!"
+            )  # torchrun's traceback of the SIGTERM ends it
+            paths = ResultsLayout(tmp_path / "r", "s").trial(n)
+            request = LaunchRequest(trial=n, hosts=("local-0",), scripts=(script,), paths=paths,
+                                    files={"tail.txt": SIGTERM_TAIL})  # fmt: skip
+            jobs.append((ex.submit(request), end))
+        for job, end in jobs:
+            deadline = time.monotonic() + 30
+            while "iteration        5/" not in _text(job.paths.node_log(0)):
+                assert time.monotonic() < deadline, "the steps never reached the log"
+                time.sleep(0.02)
+            job.stop(end) if end != "cancel" else job.cancel()
+        for (job, _), expected in zip(jobs, ("ok", "interrupted"), strict=True):
+            alone = tmp_path / f"copied-{job.request.trial}.log"
+            alone.write_bytes(job.paths.node_log(0).read_bytes())
+            assert outcome(alone) == expected
+            assert outcome(job.paths.node_log(0)) == expected  # beside its result.json
+    finally:
+        ex.close()

@@ -364,6 +364,42 @@ def test_a_torchtitan_full_run_takes_the_studys_own_args(tmp_path: Path) -> None
     trainer = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True,
                              timeout=60)  # fmt: skip
     assert trainer.returncode == 0, trainer.stderr[-2000:]
+    assert record.export("torchtitan").text.split() == argv[1:]  # the line after the script
+
+
+def test_tune_best_refuses_a_torchtitan_word_its_line_cannot_hold_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An ``extra_args`` word setting the tensor-parallel degree, given after tune's overrides,
+    would make the exported line another config than the winner's: ``tune best`` says so in one
+    line and exits 2, for ``--emit torchtitan`` and the scripts alike."""
+    import yaml
+
+    data = {
+        "name": "titan", "model": {"num_layers": 6, "hidden_size": 256, "ffn_hidden_size": 768,
+                                   "num_attention_heads": 16, "vocab_size": 2048,
+                                   "seq_length": 2048, "tied_embeddings": False},
+        "training": {"global_batch_size": 8, "precision": "bf16"},
+        "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 2, "num_nodes": 1,
+                    "executor": "local"},
+        "framework": "torchtitan",
+        "launch": {"template": "torchtitan_llama",
+                   "script_args": ["--module", "llama3", "--config", "llama3_debugmodel"],
+                   "extra_args": ["--parallelism.tensor-parallel-degree", "1"]},
+        "space": {"tp": [1, 2]},
+    }  # fmt: skip
+    study = tmp_path / "titan.yaml"
+    study.write_text(yaml.safe_dump(data))
+    spec = study_from_mapping(data)
+    config = ParallelConfig(tp=2, dp=1, micro_batch_size=1, global_batch_size=8)
+    record_measured(spec, tmp_path / "results", [(config, 1.0)])
+    for kind in ("torchtitan", "script"):
+        argv = ["best", "--study", str(study), "--results", str(tmp_path / "results"), "--emit",
+                kind]  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "launch.extra_args[0]: '--parallelism.tensor-" in err, err
+        assert "tune sets it for the config (--parallelism.tensor-parallel-degree 2)" in err
 
 
 def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:

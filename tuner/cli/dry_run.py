@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from tuner.cli import profile as cli_profile
 from tuner.cli import render, units
 from tuner.cli.cost import check_launch, cost_json, measurable, print_cost
-from tuner.cli.resume import changed_here
+from tuner.cli.resume import changed
 from tuner.cli.tables import (
     _candidate_json,
     _console,
@@ -29,7 +29,7 @@ def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str, 
     as JSON."""
     from tuner.space.enumerate import require_viable
 
-    readable_storage(spec, storage, results)
+    recorded = stored_fingerprint(spec, storage, results)
 
     # the ranking the run itself starts from: the cluster profile's rates and the probe's terms
     report: SpaceReport
@@ -48,7 +48,7 @@ def dry_run(spec: StudySpec, as_json: bool, n_trials: int | None, results: str, 
         first = ranked[: max(spec.search.enqueue_top, 1)]
         then = f"then the {spec.search.sampler} sampler proposes configs"
     check_launch(spec, first)  # a warning on stderr when the first trial could not launch
-    if not force and (why := changed_here(spec, storage, results)):  # tune run's refusal, said
+    if not force and (why := changed(spec, recorded)):  # tune run's refusal, said
         sys.stderr.write(f"tune: warning: {why}\n")  # before the launch, not at it
     cost = cost_json(spec, everything, first, budget, rates, terms, results, report.probes)
     if as_json:
@@ -92,22 +92,27 @@ def until(spec: StudySpec, runs: int, budget: int) -> str:
     return f"{out} or {' or '.join(limits)}, whichever comes first"
 
 
-def readable_storage(spec: StudySpec, storage: str | None, results: str) -> None:
-    """A one-line error (:func:`tuner.cli.failure.exit_status`) when the study's storage is there
-    and ``tune run`` could not open or read it (a database cut short, random bytes, another
-    program's database): the dry run planned a study that could not start. A storage that is
-    not there, or holds no study of this name, is one ``tune run`` makes or adds to."""
+def stored_fingerprint(spec: StudySpec, storage: str | None, results: str) -> object:
+    """The fingerprint ``spec``'s stored study was started with (None: no storage there yet, no
+    study of this name in it, or one stored before fingerprints), read in the one open of the
+    storage that checks it can be read: a one-line error (:func:`tuner.cli.failure.
+    exit_status`) when the study's storage is there and ``tune run`` could not open or read it
+    (a database cut short, random bytes, another program's database): the dry run planned a
+    study that could not start. A storage that is not there, or holds no study of this name, is
+    one ``tune run`` makes or adds to. (The storage was opened twice: once for this check, again
+    for the fingerprint.)"""
     from pathlib import Path
 
     from tuner.layout import ResultsLayout
     from tuner.study.schema import schema_checked
-    from tuner.study.storage import open_storage
+    from tuner.study.storage import FINGERPRINT_ATTR, open_storage
     from tuner.study.url import resolve_url
 
     layout = ResultsLayout(Path(results), spec.name)
     local = resolve_url(storage, layout).local_file
     if local is not None and (not local.is_file() or local.stat().st_size == 0):
-        return
+        return None
     with schema_checked():  # as the read commands open it: no alembic import at the head schema
         opened = open_storage(storage, layout, create=False)
-    opened.get_all_studies()
+    stored = [s for s in opened.get_all_studies() if s.study_name == spec.name]
+    return stored[0].user_attrs.get(FINGERPRINT_ATTR) if stored else None

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from tuner.cli.render import Column, Grid, console, render
 from tuner.errors import ParseError
@@ -80,41 +80,97 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _parse(file: str, framework: Framework | None, warmup: int | None) -> RunMetrics:
-    """``file``'s metrics; a trial's log the tuner ended is judged with the executor's account
-    (:func:`_ended_by_tuner`), as :func:`tuner.study.record.parse_result` judges it: killed
-    at the limit is ``timeout``, not the ``launch_error`` of the kill's traceback. A trial
-    stopped once its measurement was complete is ``ok`` with its step time, as the study
+    """``file``'s metrics; a trial's log is judged as :func:`tuner.study.record.judge` judged
+    it, with the executor's account (:func:`_account`): a lost node, the batch scheduler's
+    verdict, a trial cancelled because the study stopped decide first
+    (:func:`tuner.launch.request.ended_verdict`); else the log with its node's exit code, and
+    killed at the limit is ``timeout``, not the ``launch_error`` of the kill's traceback. A
+    trial stopped once its measurement was complete is ``ok`` with its step time, as the study
     recorded it (:func:`tuner.study.measure.measured_anyway`: the watch stops a trial only
     once its steady batches are enough)."""
+    from tuner.launch.request import ended_verdict
     from tuner.logs import parse_log_file  # the parsers load with the command that uses them
     from tuner.outcome import Outcome
 
-    ended = _ended_by_tuner(Path(file))
-    if ended is None:
+    account = _account(Path(file))
+    if account is None:
         return parse_log_file(file, framework, warmup)
-    metrics = parse_log_file(file, framework, warmup, timed_out=True)
-    if ended and metrics.outcome == Outcome.TIMEOUT and metrics.step_time_s is not None:
-        why = f"ended by the tuner once its measurement was complete ({ended})"
+    how, codes, node_errors, verdict = account
+    metrics = parse_log_file(file, framework, warmup, exit_codes=codes,
+                             timed_out=how is not None and how != "cancelled")  # fmt: skip
+    ended = ended_verdict(node_errors=node_errors, scheduler_verdict=verdict, how=how)
+    if ended is not None:
+        return dataclasses.replace(metrics, outcome=ended[0], reason=ended[1])
+    if how not in (None, "limit") and metrics.outcome == Outcome.TIMEOUT and (
+        metrics.step_time_s is not None
+    ):  # fmt: skip
+        why = f"ended by the tuner once its measurement was complete ({how})"
         return dataclasses.replace(metrics, outcome=Outcome.OK, reason=why)
     return metrics
 
 
-def _ended_by_tuner(log: Path) -> str | None:
-    """How the tuner ended the trial whose node log ``log`` is: ``JobResult.stopped``
-    (``precise``, ``raced``), ``""`` when it was killed at its time limit, None when the
-    tuner did not end it or ``log`` is not a trial's log (no ``result.json`` listing it)."""
+Account = tuple[str | None, tuple[int | None, ...], list[list[str]], list[str] | None]
+"""How the tuner ended a trial (:func:`tuner.launch.request.ended_how`), the exit code of the
+log's node (none where unknown), the node errors and the batch scheduler's verdict."""
+
+
+def _account(log: Path) -> Account | None:
+    """The executor's account of the trial whose node log ``log`` is: from the ``result.json``
+    that lists it, else from the line the executor ended the log with
+    (:data:`tuner.launch.request.ENDED_MARK`: a log copied out alone); None for a plain log. An
+    account this version cannot read in full still gives what it can (an older one has no
+    ``stopped``)."""
     from tuner.layout import TrialPaths
 
     try:
         account = json.loads(TrialPaths(log.parent).result_json.read_text())
-        if log.name not in {Path(p).name for p in account["logs"]}:
-            return None
-        stopped, timed_out = account.get("stopped"), account["timed_out"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # a plain log, or an account this version cannot read: the log alone
-    if isinstance(stopped, str) and stopped:
-        return stopped
-    return "" if timed_out is True else None
+        names = [Path(p).name for p in account["logs"]]
+        if log.name in names:
+            return _read_account(account, names.index(log.name))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        pass  # a plain log, or an account this version cannot read: the log alone
+    how = _marked(log)
+    return None if how is None else (how, (), [], None)
+
+
+def _read_account(account: dict[str, Any], node: int) -> Account:
+    from tuner.launch.request import ended_how
+    from tuner.outcome import Outcome
+
+    stopped = account.get("stopped")
+    how = ended_how(timed_out=account.get("timed_out") is True,
+                    cancelled=account.get("cancelled") is True,
+                    stopped=stopped if isinstance(stopped, str) else None)  # fmt: skip
+    codes = account.get("exit_codes")
+    code = codes[node] if isinstance(codes, list) and node < len(codes) else None
+    known = (code,) if isinstance(code, int) and not isinstance(code, bool) else ()
+    errors = [[str(e[0]), str(e[1])] for e in account.get("node_errors") or ()]
+    verdict = account.get("scheduler_verdict")
+    said = [str(v) for v in verdict] if verdict else None
+    known_verdict = said if said and said[0] in {str(o) for o in Outcome} else None
+    return how, known, errors, known_verdict
+
+
+_MARK_TAIL = 4096
+"""Bytes of a log's end searched for the executor's line (it is the last one written)."""
+
+
+def _marked(log: Path) -> str | None:
+    """The word of the line the executor ended ``log`` with when the tuner ended its trial, or
+    None."""
+    from tuner.launch.request import ENDED_MARK
+
+    if not log.is_file():  # a FIFO would block here: the parser says what it is instead
+        return None
+    try:
+        with log.open("rb") as f:
+            f.seek(max(f.seek(0, 2) - _MARK_TAIL, 0))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = [line[len(ENDED_MARK):].strip() for line in tail.splitlines()
+             if line.startswith(ENDED_MARK)]  # fmt: skip
+    return found[-1] if found else None
 
 
 def _check_warmup(file: str, metrics: RunMetrics, warmup: int | None) -> None:

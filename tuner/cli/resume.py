@@ -15,7 +15,7 @@ def changed_here(spec: StudySpec, storage: str | None, results: str) -> str | No
     study in a file here is read (the default SQLite or a journal); another storage is judged
     when the loop opens it, and a study not stored yet is a new one."""
     from tuner.report.leaderboard import load_optuna_study
-    from tuner.study.storage import FINGERPRINT_ATTR, changed_study
+    from tuner.study.storage import FINGERPRINT_ATTR
     from tuner.study.url import resolve_url
 
     local = resolve_url(storage, ResultsLayout(Path(results), spec.name)).local_file
@@ -25,6 +25,14 @@ def changed_here(spec: StudySpec, storage: str | None, results: str) -> str | No
         recorded = load_optuna_study(spec, storage, results).user_attrs.get(FINGERPRINT_ATTR)
     except StudyError:
         return None  # not in it yet: the loop creates it
+    return changed(spec, recorded)
+
+
+def changed(spec: StudySpec, recorded: object) -> str | None:
+    """Why ``tune run`` refuses to resume ``spec``'s study stored with the fingerprint
+    ``recorded`` (None: a study not stored yet, or one stored before fingerprints), or None."""
+    from tuner.study.storage import changed_study
+
     if recorded is not None and recorded != spec.fingerprint():
-        return changed_study(spec, recorded)
+        return changed_study(spec, str(recorded))
     return None

@@ -32,6 +32,7 @@ from typing import TypeVar
 
 from tuner.errors import LaunchError, NodeError, UnreachableNodes
 from tuner.launch.preflight import PreflightChecks, Problem
+from tuner.launch.request import ENDED_MARK, ended_how
 from tuner.launch.request import TOKEN_ENV as TOKEN_ENV
 from tuner.launch.request import JobResult as JobResult
 from tuner.launch.request import LaunchRequest as LaunchRequest
@@ -436,8 +437,24 @@ class Job:
             stopped=self._stopped,
         )
         write_atomic(req.paths.result_json, json.dumps(self._result.to_json(), indent=2) + "\n")
+        self._mark_logs(ended_how(timed_out=timed_out, cancelled=cancelled, stopped=self._stopped))
         if survivors:
             logger.error("%s: processes survive: %s", req.what, "; ".join(survivors))
+
+    def _mark_logs(self, how: str | None) -> None:
+        """End every node log of a trial the tuner ended with a line that says so
+        (:data:`ENDED_MARK`): the SIGTERM's traceback above it is the tuner's, which a log copied
+        out without its ``result.json`` did not say."""
+        if how is None:
+            return
+        for k in range(len(self._req.hosts)):
+            log = self._req.paths.node_log(k)
+            try:
+                if log.is_file():
+                    with log.open("a") as out:  # after a line the kill may have cut short
+                        out.write(f"\n{ENDED_MARK}{how}\n")
+            except OSError as exc:
+                logger.warning("%s: cannot mark %s: %s", self._req.what, log, exc)
 
     def _reap(self, grace_s: float) -> list[str]:
         """Run the reaper on every node that was started, lost ones too (the connection may be

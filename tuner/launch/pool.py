@@ -7,6 +7,7 @@ out again and the study reports it.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -90,12 +91,20 @@ class NodePool:
                 path="launch.master_port",
             )
         self._hosts = tuple(hosts)
+        self._index = {host: i for i, host in enumerate(self._hosts)}
         self._per_trial = nodes_per_trial
         self._quarantine_after = quarantine_after
         self._base_port = base_port
         self._port_range = port_range
         self._lock = threading.Lock()
         self._busy: set[str] = set()
+        self._free = list(range(-len(self._hosts) + 1, 1))
+        """The hosts not in use, as their indices negated in ascending order: the first host in
+        the order given is the last item, so a group taken from the front of the order is
+        deleted from the end of the list (no shift of the rest). A quarantined host's is
+        dropped when an acquire comes to it."""
+        self._ports: set[int] = set()
+        """The master ports of the groups in use."""
         self._in_use: dict[int, NodeGroup] = {}
         self._strikes: dict[str, int] = {}
         self._quarantined: dict[str, str] = {}
@@ -120,31 +129,41 @@ class NodePool:
         """
         skip = set(avoid)
         want = self._per_trial if size is None else size
-        with self._lock:
-            free = [
-                h for h in self._hosts
-                if h not in self._busy and h not in self._quarantined and h not in skip
-            ]  # fmt: skip
-            if len(free) < want:
+        with self._lock:  # the first free hosts in the order given, without a scan of them all
+            free, taken, dropped = self._free, [], []
+            for pos in range(len(free) - 1, -1, -1):  # the lowest index is the last
+                host = self._hosts[-free[pos]]
+                if host in self._quarantined:
+                    dropped.append(pos)  # never handed out again
+                elif host not in skip:
+                    taken.append(pos)
+                    if len(taken) == want:
+                        break
+            if len(taken) < want:
+                for pos in dropped:  # descending: each deletion leaves the others' places
+                    del free[pos]
                 return None
+            hosts = tuple(self._hosts[-free[pos]] for pos in taken)
+            for pos in sorted(taken + dropped, reverse=True):
+                del free[pos]
             group = NodeGroup(
                 id=self._next_id,
-                hosts=tuple(free[:want]),
+                hosts=hosts,
                 master_port=self._take_port(),
             )
             self._next_id += 1
             self._busy.update(group.hosts)
             self._in_use[group.id] = group
+            self._ports.add(group.master_port)
             return group
 
     def _take_port(self) -> int:
         # Rotate through the range rather than reusing the lowest free port, so a port released a
         # moment ago (possibly still in TIME_WAIT) is the last one handed out again.
-        used = {g.master_port for g in self._in_use.values()}
         for _ in range(self._port_range):
             port = self._base_port + self._next_port
             self._next_port = (self._next_port + 1) % self._port_range
-            if port not in used:
+            if port not in self._ports:
                 return port
         raise RuntimeError("no free master port")  # unreachable: range >= number of groups
 
@@ -166,12 +185,15 @@ class NodePool:
             if self._in_use.pop(group.id, None) is None:
                 raise ValueError(f"node group {group.id} is not in use")
             self._busy.difference_update(group.hosts)
+            self._ports.discard(group.master_port)
             for host in group.hosts:
                 if host not in reasons:
                     if ran:
                         self._strikes.pop(host, None)
                 elif self._strike(host, reasons[host], at_once=host in at_once):
                     newly.append(host)
+                if host not in self._quarantined:
+                    bisect.insort(self._free, -self._index[host])
         for host in newly:
             self._say_quarantined(host, reasons[host])
         return newly
@@ -220,7 +242,8 @@ class NodePool:
     def free_count(self) -> int:
         """Healthy nodes not in use."""
         with self._lock:
-            return len(set(self._hosts) - self._busy - set(self._quarantined))
+            idle = sum(h not in self._busy for h in self._quarantined)
+            return len(self._hosts) - len(self._busy) - idle
 
     @property
     def exhausted(self) -> bool:

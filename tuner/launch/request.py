@@ -9,13 +9,14 @@ ends them.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tuner.errors import LaunchError
 from tuner.layout import TrialPaths
+from tuner.outcome import Outcome
 
 TOKEN_ENV = "TUNER_TRIAL_TOKEN"
 """The environment variable that marks every process of a trial."""
@@ -148,3 +149,35 @@ class JobResult:
             "accounting": dict(self.accounting),
             "stopped": self.stopped,
         }
+
+
+ENDED_MARK = "[tune] the tuner ended this trial: "
+"""How the line the executor appends to every node log of a trial it ended begins, followed by
+:func:`ended_how`'s word: torchrun's traceback of the SIGTERM that follows reads as a crash, and
+a log copied out without its ``result.json`` said so in ``tune parse-log``."""
+
+
+def ended_how(*, timed_out: bool, cancelled: bool, stopped: str | None) -> str | None:
+    """How the tuner ended a trial: ``stopped``'s word (``precise``, ``raced``: its measurement
+    was complete), ``limit`` (its time limit), ``cancelled`` (the study was stopped); None when
+    its processes ended by themselves (or the tuner ended a node's peers after it failed)."""
+    if stopped:
+        return stopped
+    if timed_out:
+        return "limit"
+    return "cancelled" if cancelled else None
+
+
+def ended_verdict(*, node_errors: Sequence[Sequence[str]], scheduler_verdict: Sequence[str] | None,
+                  how: str | None) -> tuple[Outcome, str] | None:  # fmt: skip
+    """The outcome the executor's account decides before any log is read (None: the logs
+    decide): a lost or unreachable node, the batch scheduler's verdict, a trial cancelled
+    because the study stopped (``how``: :func:`ended_how`). The study's judgement of a finished
+    job and ``tune parse-log`` of a trial's log both read it."""
+    if node_errors:
+        return Outcome.NODE_ERROR, "; ".join(f"{e[0]}: {e[1]}" for e in node_errors)
+    if scheduler_verdict is not None:  # Slurm killed it for host memory, preempted it...
+        return Outcome(scheduler_verdict[0]), scheduler_verdict[1]
+    if how == "cancelled":
+        return Outcome.INTERRUPTED, "the study was stopped"
+    return None

@@ -51,7 +51,7 @@ from tuner.launch.megatron_flags import (
     megatron_parallel_flags,
     megatron_precision_flags,
 )
-from tuner.launch.torchtitan_flags import torchtitan_flags
+from tuner.launch.torchtitan_flags import inexpressible, torchtitan_flags
 from tuner.spec.bounds import _ENV_NAME
 from tuner.spec.frameworks import traits
 from tuner.spec.study import LaunchSpec, StudySpec
@@ -197,6 +197,9 @@ class TemplateRenderer:
         self, spec: StudySpec, config: ParallelConfig, hosts: Sequence[str], master_addr: str,
         master_port: int, trial_dir: str | PurePosixPath, full_run: bool,
     ) -> RenderedLaunch:  # fmt: skip
+        if full_run and traits(spec.framework).fsdp2:  # tune best: what its line cannot hold
+            if (problem := inexpressible(spec, config)) is not None:
+                raise ConfigError(problem[1], path=problem[0])
         name = spec.launch.template
         template = self._get(name + SCRIPT_SUFFIX, name)
         base = context(

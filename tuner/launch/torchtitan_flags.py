@@ -62,7 +62,49 @@ def torchtitan_flags(spec: StudySpec, c: ParallelConfig, gc_freq: int | None = N
     return flags + [(f"activation-checkpoint:{AC_MODES[c.recompute]}",)]
 
 
-def torchtitan_args(spec: StudySpec, c: ParallelConfig) -> list[str]:
-    """The config selection (``launch.script_args``) and the overrides as one argument list:
-    what ``python -m torchtitan.train`` gets after torchrun's options."""
-    return list(spec.launch.script_args) + [a for f in torchtitan_flags(spec, c) for a in f]
+def torchtitan_args(spec: StudySpec, c: ParallelConfig, *, full_run: bool = False) -> list[str]:
+    """What ``python -m torchtitan.train`` gets after torchrun's options, in the launch
+    template's order: the config selection (``launch.script_args``), the full run's own
+    ``launch.train_args`` (``full_run``: ``tune best``; a trial has none), the overrides,
+    ``launch.extra_args``, the activation-checkpoint subcommand last."""
+    flags = torchtitan_flags(spec, c)
+    launch = spec.launch
+    return [*launch.script_args, *(launch.train_args if full_run else ()),
+            *(a for f in flags[:-1] for a in f), *launch.extra_args, *flags[-1]]  # fmt: skip
+
+
+def _option(word: str) -> str | None:
+    """The option ``word`` sets, as tyro matches it (``--section.opt`` with underscores or
+    hyphens, ``--section.no-opt``, ``--opt=value``), or None for a value."""
+    if not word.startswith("--"):
+        return None
+    section, _, name = word[2:].split("=", 1)[0].replace("_", "-").rpartition(".")
+    name = name.removeprefix("no-")
+    return f"{section}.{name}" if section else name
+
+
+def inexpressible(spec: StudySpec, c: ParallelConfig) -> tuple[str, str] | None:
+    """(the field, why) for a word of ``launch.train_args`` or ``launch.extra_args`` that the
+    trainer's command line for ``c`` cannot hold beside tune's own, None if every word fits.
+    tyro keeps the last value of an option given twice, so a word setting an option the
+    selection or the overrides set either loses to them (``train_args``, before them) or
+    changes the config (``extra_args``, after them); and it takes one subcommand, whose options
+    it reads only after it, while tune's ``activation-checkpoint:MODE`` (``recompute``) is the
+    last word."""
+    flags = torchtitan_flags(spec, c)
+    ours = {_option(f[0]): " ".join(f) for f in flags[:-1]}
+    ours.update({o: o for w in spec.launch.script_args if (o := _option(w))})
+    for name in ("train_args", "extra_args"):
+        for i, word in enumerate(getattr(spec.launch, name)):
+            option = _option(word)
+            if word.startswith("activation-checkpoint") or (
+                option or "").startswith("activation-checkpoint."):  # fmt: skip
+                return (f"launch.{name}[{i}]",
+                        f"{word!r}: tune renders the config's activation checkpointing "
+                        f"(recompute: {c.recompute}) as the one subcommand torchtitan takes, "
+                        f"{flags[-1][0]}, last; the export cannot hold this word")  # fmt: skip
+            if option in ours:
+                return (f"launch.{name}[{i}]",
+                        f"{word!r}: tune sets it for the config ({ours[option]}); the export "
+                        "cannot hold both")  # fmt: skip
+    return None

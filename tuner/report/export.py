@@ -344,14 +344,11 @@ def _args(record: TrialRecord, spec: StudySpec) -> Export:
     nodes = ["--nnodes", str(len(record.run_hosts())),
              "--nproc_per_node", str(spec.cluster.gpus_per_node)]  # fmt: skip
     if traits(spec.framework).fsdp2:  # torchtitan's trainer after torchrun, as its template
-        from tuner.launch.torchtitan_flags import torchtitan_flags
+        from tuner.report.torchtitan_export import torchtitan_export
 
-        flags = torchtitan_flags(spec, record.config)  # the checkpoint subcommand stays last
         target = [spec.launch.script] if spec.launch.script else ["-m", "torchtitan.train"]
-        overrides = [w for f in flags[:-1] for w in f]
-        launcher = ["torchrun", *nodes, *target, *spec.launch.script_args,
-                    *spec.launch.train_args, *overrides, *spec.launch.extra_args,
-                    *flags[-1]]  # fmt: skip
+        trainer = shlex.split(torchtitan_export(spec, record.config))  # refused: cannot say
+        launcher = ["torchrun", *nodes, *target, *trainer]
         write_atomic(paths.args, shlex.join(launcher) + "\n")
         return Export("args", paths.args, paths.args.read_text(), (paths.args,))
     # DeepSpeed: the training script's launcher line and the ds_config it names

@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial
 
 from tuner.logs.megatron import iteration_records
 from tuner.logs.steady import ESTIMATOR, Record, SteadyEstimate, estimate
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure, rankable
 from tuner.spec.study import StudySpec
 
 logger = logging.getLogger(__name__)
@@ -89,15 +89,20 @@ def steady_attrs(found: SteadyEstimate) -> dict[str, Any]:
 
 def incumbent_high(trials: Sequence[FrozenTrial], precision: float) -> float | None:
     """The upper end of the best measured trial's interval (its step time plus ``precision``
-    when it recorded no interval); None before any measurement."""
-    done = [t for t in trials if t.value is not None and t.user_attrs.get("outcome") == "ok"]
+    when it recorded no interval, or one that is no figure); None before any measurement. Only
+    a trial that may rank (:func:`tuner.outcome.rankable`) is the incumbent: one whose figure
+    is no measurement (a stored step of 1e-320 s, its tokens/s infinite) was the best here, so
+    every other trial was raced against it, while the leaderboard never ranked it."""
+    done = [t for t in trials if t.value is not None and t.user_attrs.get("outcome") == "ok"
+            and rankable(t.value, t.user_attrs.get("tokens_per_s"))]  # fmt: skip
     if not done:
         return None
     best = min(done, key=lambda t: float(t.value or 0.0))
-    mean = best.user_attrs.get("steady_step_s")
+    mean = figure(best.user_attrs.get("steady_step_s"))
     half = best.user_attrs.get("steady_halfwidth_s")
-    if mean is not None and half is not None:
-        return float(mean) + float(half)
+    width = 0.0 if half == 0 else figure(half)
+    if mean is not None and width is not None:
+        return mean + width
     return float(best.value or 0.0) * (1 + precision)
 
 

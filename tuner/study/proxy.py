@@ -47,7 +47,7 @@ from tuner.spec.study import StudySpec
 from tuner.study.budget import launch_refusal
 from tuner.study.leases import BUDGET_LEASE, exclusive
 from tuner.study.measure import FullStep, LogTail
-from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs
+from tuner.study.record import LAUNCH_ERRORS_STOP, Verdict, judge, metrics_attrs, physical
 
 if TYPE_CHECKING:
     from tuner.study.schedule import Placement, Scheduler
@@ -298,7 +298,10 @@ def trial_verdict(spec: StudySpec, gpu: GPUSpec, rates: Rates | None, attrs: Map
     verdict = read(spec if proxy is None else proxy_spec(spec, proxy))
     if verdict is None or "proxy_extrapolation" in verdict.metrics:
         return verdict  # a metrics.json written after the extrapolation: never twice
-    return extrapolated(spec, gpu, rates, proxy, config, verdict)
+    if proxy is None:
+        return verdict
+    # the proxy's step was judged against its own run; the full-scale figure against the study's
+    return physical(spec, gpu, extrapolated(spec, gpu, rates, proxy, config, verdict))
 
 
 def recorded_proxy(spec: StudySpec, attrs: Mapping[str, Any], full: ParallelConfig,

@@ -27,9 +27,11 @@ from tuner.catalog import GPUSpec
 from tuner.errors import StorageError
 from tuner.launch import JobResult
 from tuner.launch.pool import EXHAUSTED
+from tuner.launch.request import ended_how, ended_verdict
 from tuner.layout import TrialPaths, write_atomic
+from tuner.models.time.breakdown import fastest_step_s
 from tuner.models.time.estimate import model_flops_per_step
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.search.sampler import ModelGuidedSampler
 from tuner.space.trials import RETRYABLE
 from tuner.spec.study import StudySpec
@@ -138,14 +140,12 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None
     logs (``timeout``, or ``hang`` with no iteration line); only a job cancelled because the
     study stopped is ``interrupted``. ``tail``: the watch's tail of its logs (read on rather
     than the logs read again for the steady-state estimate)."""
-    if result.node_errors:
-        reason = "; ".join(f"{h}: {r}" for h, r in result.node_errors)
-        return Verdict(Outcome.NODE_ERROR, reason)
-    if result.scheduler_verdict is not None:  # Slurm killed it for host memory, preempted it...
-        outcome, why = result.scheduler_verdict
-        return Verdict(Outcome(outcome), why)
-    if result.cancelled and not result.timed_out and result.stopped is None:
-        return Verdict(Outcome.INTERRUPTED, "the study was stopped")
+    how = ended_how(timed_out=result.timed_out, cancelled=result.cancelled,
+                    stopped=result.stopped)  # fmt: skip
+    ended = ended_verdict(node_errors=result.node_errors,
+                          scheduler_verdict=result.scheduler_verdict, how=how)  # fmt: skip
+    if ended is not None:
+        return Verdict(*ended)
     logs = logs_of(result)  # (16 file checks a 16-node trial: listed once)
     m = parse_result(spec, result, logs)
     if m.outcome == Outcome.LAUNCH_ERROR and _PORT_CLASH.search(m.reason or ""):
@@ -154,7 +154,31 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None
         return Verdict(Outcome.NODE_ERROR, f"rendezvous port in use: {m.reason}")
     verdict = Verdict(m.outcome, m.reason, metrics_attrs(spec, gpu, m))
     measured: Verdict = measured_anyway(spec, verdict, logs, result.stopped, tail)
-    return replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
+    return physical(
+        spec, gpu, replace(measured, metrics=objective_metrics(spec, gpu, measured.metrics))
+    )
+
+
+def physical(spec: StudySpec, gpu: GPUSpec, verdict: Verdict) -> Verdict:
+    """``verdict``, or ``no_metrics`` when its figure is faster than the hardware allows (below
+    :func:`tuner.models.time.breakdown.fastest_step_s` for what the job ran: ``spec`` is a
+    proxy's own) or is no figure at all (:func:`tuner.outcome.figure`): a corrupt measurement
+    (a step of 1e-300 s won the study), kept with its figures and the reason, never ranked."""
+    step = verdict.metrics.get("step_time_s")
+    if verdict.outcome != Outcome.OK or step is None:
+        return verdict
+    bound = fastest_step_s(spec.model, spec.training.global_batch_size, spec.world_size, gpu)
+    if figure(step) is None:
+        why = f"the step time {step!r} s is no figure"
+    elif bound is not None and step < bound:
+        why = (
+            f"the step time {step:.3g} s is faster than the hardware allows: "
+            f"{bound:.3g} s is the model's FLOPs per step on {spec.world_size} "
+            f"{gpu.name} at their peak; a corrupt measurement"
+        )
+    else:
+        return verdict
+    return replace(verdict, outcome=Outcome.NO_METRICS, reason=why)
 
 
 def objective_metrics(spec: StudySpec, gpu: GPUSpec, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from tuner.catalog import GPUSpec
 from tuner.config.parallel import ParallelConfig
 from tuner.models.moe import mlp_flops_per_token
 from tuner.models.rates import Rates
@@ -137,6 +138,36 @@ def model_flops_per_step(model: ModelSpec, global_batch_size: int) -> float:
     full attention scores, LM head included, no recomputation)."""
     layer, _, head = _flops_per_sequence(model)
     return 3.0 * global_batch_size * (model.num_layers * layer + head)
+
+
+def fastest_step_s(model: ModelSpec, global_batch_size: int, world: int, gpu: GPUSpec,
+                   ) -> float | None:  # fmt: skip
+    """The physical lower bound on one optimizer step of ``world`` GPUs: the FLOPs every step
+    executes at least, on every GPU at the fastest dense tensor rate it has. A measured step
+    below it is no measurement (a broken timer, a log that is not the run's). None on CPU
+    ranks: the ``cpu`` entry's peak is one core's at an assumed vector width, while a rank may
+    run on a wider core or on several threads, so it bounds nothing.
+
+    - The FLOPs: :func:`model_flops_per_step` less half the attention scores. The convention
+      counts the full score matrices, but causal kernels skip the masked half of them
+      (``tuner.models.time.estimate._attention_core``), so at long sequences a sound run
+      executes fewer FLOPs than the convention counts (at 128k tokens and h = 4096 the scores
+      are most of the work). Recomputation only adds FLOPs, so leaving it out keeps a bound.
+    - The rate: the larger of the GPU's dense 16-bit and FP8 peaks (no sparsity), whatever
+      the study's precision: a study's arguments can select FP8 layers beside a bf16
+      ``training.precision`` (a Megatron-Bridge recipe's ``mixed_precision``), and no dense
+      tensor work on the GPU runs faster than its fastest datasheet rate. A cluster profile
+      measures achieved rates below these, never the peak, so the catalog entry (with the
+      study's overrides) is the one source.
+
+    No margin is added: both are upper limits of the hardware, not estimates of a run."""
+    if gpu.name == "cpu":
+        return None
+    _, attn_core, _ = _flops_per_sequence(model)
+    executed = model_flops_per_step(model, global_batch_size) - (
+        3.0 * global_batch_size * model.num_layers * attn_core / 2)  # fmt: skip
+    peak = max(gpu.peak_tflops, gpu.fp8_peak_tflops) * 1e12
+    return executed / (world * peak)
 
 
 def recompute_fraction(config: ParallelConfig, model: ModelSpec) -> float:
