@@ -113,20 +113,23 @@ def test_a_cut_metrics_file_falls_back_on_the_result_and_logs(tmp_path: Path, cu
     from tests.test_proxy import _megatron_log, spec
     from tuner.launch import JobResult
     from tuner.layout import ResultsLayout
+    from tuner.models.time.breakdown import fastest_step_s
     from tuner.space.enumerate import study_gpu
     from tuner.study.record import recovered_metrics, write_metrics
 
     s = spec(nodes=1)
+    bound = fastest_step_s(s.model, s.training.global_batch_size, s.world_size, study_gpu(s))
+    step = 2.0 * (bound or 1.0)  # a step the hardware allows (record.physical)
     paths = ResultsLayout(tmp_path, s.name).trial(0)
-    _megatron_log(paths.node_log(0), 2.0)
+    _megatron_log(paths.node_log(0), step)
     result = JobResult(trial=0, hosts=("n0",), exit_codes=(0,), timed_out=False,
                        cancelled=False, node_errors=(), duration_s=60.0,
                        logs=(paths.node_log(0),))  # fmt: skip
     paths.result_json.write_text(json.dumps(result.to_json()))
-    write_metrics(paths, Verdict(Outcome.OK, None, {"step_time_s": 2.0}), result)
+    write_metrics(paths, Verdict(Outcome.OK, None, {"step_time_s": step}), result)
     whole = paths.metrics_json.read_text()
     assert list(paths.dir.glob(".*.tmp")) == []  # written beside, then renamed over
     paths.metrics_json.write_text(whole[:cut])
     verdict = recovered_metrics(s, study_gpu(s), paths)
     assert verdict is not None and verdict.outcome == Outcome.OK
-    assert verdict.metrics["step_time_s"] == pytest.approx(2.0, rel=0.01)
+    assert verdict.metrics["step_time_s"] == pytest.approx(step, rel=0.01)
