@@ -47,9 +47,12 @@ pytest: $(STAMP)
 test: lint typecheck docs pytest
 
 # The demos' warm-up: one untimed 1-step run of the workload. DeepSpeed compiles its CPU comm op on
-# first use (~45 s, cached in ~/.cache/torch_extensions), which must not land in a trial.
+# first use (~45 s, cached in ~/.cache/torch_extensions), which must not land in a trial. A build
+# killed there leaves a lock every later DeepSpeed start waits on forever: the check before the
+# run stops with tune run's preflight line instead (tuner.cli.lockcheck, exit 2).
 DEMO_WARMUP := results/.demo-warmup
 demo-warmup: $(STAMP)
+	$(PY) -m tuner.cli.lockcheck --name "make demo-warmup"
 	mkdir -p $(DEMO_WARMUP)
 	printf '%s\n' '{"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,' \
 	  '"zero_optimization": {"stage": 0},' \

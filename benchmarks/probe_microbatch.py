@@ -63,6 +63,7 @@ def measure(
 ) -> list[ProbeRow]:
     """The runs, one job: each point's config at each size at both probe depths, ``iters``
     steps each (interleaved where the study's script runs the points in one process)."""
+    from tuner.cli.lockcheck import refuse_stale_locks
     from tuner.study.launchers import make_executor
 
     depths = probe.probe_depths(spec)
@@ -71,7 +72,9 @@ def measure(
     saved = probe.PROBE_ITERS
     probe.PROBE_ITERS = iters
     executor = make_executor(spec)
-    try:
+    try:  # a stale build lock: tune run's preflight line, not a job waiting on it forever
+        if code := refuse_stale_locks(spec, executor, "probe_microbatch"):
+            raise SystemExit(code)
         found = probe.run_stack_probe(spec, executor,
                                       TrialPaths(where.dir.with_suffix(".microbatch")),
                                       runs=runs)  # fmt: skip

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tuner.cli.lockcheck import refuse_stale_locks
 from tuner.config.parallel import ParallelConfig
 from tuner.launch import NodeGroup
 from tuner.layout import ResultsLayout
@@ -169,7 +170,11 @@ def main() -> int:
     parser.add_argument("--csv", help="default: benchmarks/results/<study>.csv")
     args = parser.parse_args()
     spec = load_study(args.study)
-    loop = build_loop(spec, results=args.results)
+    executor = make_executor(spec)  # a stale build lock: tune run's preflight line, not trials
+    if code := refuse_stale_locks(spec, executor, "validate_models"):  # waiting on it forever
+        executor.close()
+        return code
+    loop = build_loop(spec, results=args.results, executor=executor)
     try:
         loop.run()
     finally:

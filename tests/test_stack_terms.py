@@ -478,6 +478,9 @@ def answer_probe_jobs(monkeypatch: pytest.MonkeyPatch, job: Any) -> None:
     import tuner.study.launchers as launchers
 
     class Executor:
+        def preflight(self, hosts: Any, checks: Any) -> list[Any]:
+            return []  # nodes that run nothing hold no build lock
+
         def close(self) -> None:
             pass
 

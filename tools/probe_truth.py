@@ -47,6 +47,7 @@ def measure(
     ``save``: a file that keeps the measured rows, for :func:`compare` under other code.
     ``with_probe``: the probe's own runs go first in the same job, their steps interleaved with
     the configs', and the terms come from them instead of the saved probe."""
+    from tuner.cli.lockcheck import refuse_stale_locks
     from tuner.layout import ClusterLayout, TrialPaths
     from tuner.profile import probe
     from tuner.space.enumerate import iter_configs, study_violations
@@ -64,7 +65,9 @@ def measure(
     # unless asked to interleave their steps
     probe.PROBE_ITERS, probe.INTERLEAVE = iters, interleave
     executor = make_executor(spec)
-    try:
+    try:  # a stale build lock: tune run's preflight line, not a job waiting on it forever
+        if code := refuse_stale_locks(spec, executor, "probe_truth"):
+            raise SystemExit(code)
         found = probe.run_stack_probe(spec, executor, TrialPaths(where.dir.with_suffix(".truth")),
                                       runs=runs)  # fmt: skip
     finally:

@@ -244,12 +244,10 @@ def _refuse_a_changed_study(spec: StudySpec, storage: str | None, results: str) 
 
 def _preflight(spec: StudySpec, executor: Any) -> int:
     """Every node reachable and ready, before anything is launched: one line per problem."""
-    from tuner.launch.preflight import checks_for, exit_code, problem_lines
+    from tuner.cli.lockcheck import refused
+    from tuner.launch.preflight import checks_for
 
-    problems = executor.preflight(spec.node_names, checks_for(spec))
-    for line in problem_lines(problems):
-        sys.stderr.write(f"tune: preflight: {line}\n")
-    return exit_code(problems)
+    return refused(executor.preflight(spec.node_names, checks_for(spec)))
 
 
 def _cmd_leaderboard(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from tuner.spec.study import StudySpec
 
 def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     """Run (or with ``--show`` read) the study's framework probe; print its terms and cost."""
+    from tuner.cli.lockcheck import refuse_stale_locks
     from tuner.profile.probe import ProbeResult, run_stack_probe
     from tuner.profile.probe_file import load_probe, save_probe
     from tuner.profile.rates import study_rates
@@ -25,7 +26,9 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     rates = study_rates(spec, args.results)
     if not args.show:
         executor = make_executor(spec)
-        try:
+        try:  # a stale build lock: tune run's preflight line, not a probe waiting on it forever
+            if code := refuse_stale_locks(spec, executor):
+                return code
             result: ProbeResult = run_stack_probe(spec, executor, layout.stack_probe(spec.name),
                                                   rates=rates)  # fmt: skip
         finally:

@@ -12,15 +12,19 @@ DeepSpeed studies are also checked for a stale torch-extension build lock (:clas
 ``<build dir>/lock`` with ``O_CREAT | O_EXCL`` (``torch.utils.file_baton.FileBaton``), keeps it
 open while it builds and removes it when done; every other process waits, with no timeout,
 until the file is gone. A build that was killed leaves the file behind, and every later DeepSpeed
-start on that node then waits forever (the trials end as ``hang``).
+start on that node then waits forever (the trials end as ``hang``). What starts DeepSpeed without
+``tune run`` (``tune profile --probe``, ``make demo-warmup``'s bare torchrun, the tools and
+benchmarks that launch a study's script) runs the same check first: :func:`lock_problems` on a
+study's nodes, :func:`local_lock_problems` on this machine (``tuner.cli.lockcheck``).
 """
 
 from __future__ import annotations
 
 import shlex
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from tuner.errors import NodeError
 from tuner.launch.slurm_states import slurm_hint
@@ -265,3 +269,27 @@ def exit_code(problems: Sequence[Problem]) -> int:
     if not problems:
         return 0
     return 2 if any(p.config for p in problems) else 1
+
+
+class Preflights(Protocol):
+    """What runs a check on nodes (:meth:`tuner.launch.base.Executor.preflight`)."""
+
+    def preflight(self, hosts: Sequence[str], checks: PreflightChecks) -> list[Problem]: ...
+
+
+def lock_problems(spec: StudySpec, executor: Preflights) -> list[Problem]:
+    """The stale build locks on the study's nodes, as ``tune run``'s preflight finds them ([]
+    for a study that does not start DeepSpeed): for what launches the study's script without
+    that preflight (``tune profile --probe``, tools, benchmarks)."""
+    locks = checks_for(spec).locks
+    if locks is None:
+        return []
+    return executor.preflight(spec.node_names, PreflightChecks(locks=locks))
+
+
+def local_lock_problems(host: str = "localhost") -> list[Problem]:
+    """The stale build locks of this machine, where a DeepSpeed started here would build its ops
+    (this process's TORCH_EXTENSIONS_DIR / XDG_CACHE_HOME / HOME): for a bare ``torchrun``."""
+    checks = PreflightChecks(locks=BuildLocks())
+    done = subprocess.run(checks.argv(), capture_output=True, text=True, check=False)
+    return checks.problems(host, done.returncode, done.stdout, done.stderr)
