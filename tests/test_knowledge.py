@@ -75,3 +75,52 @@ def test_leaving_out_the_lines_that_cannot_matter_changes_nothing(
     whole = knowledge_gradient(value, cov, np.arange(120), 0.03, 1.2, dof)
     assert np.abs(pruned - whole).max() <= knowledge.NEGLIGIBLE_GAIN + 1e-7
     assert (whole > 0).all()
+
+
+def _one_launch_at_a_time(value: np.ndarray, cov: np.ndarray, launches: np.ndarray, noise: float,
+                          scale: float, dof: int | None) -> np.ndarray:  # fmt: skip
+    """The definition knowledge_gradient computes for every launch at once: per launch, each
+    line's bound worked out in full, the kept lines' envelope_mean."""
+    out = []
+    lead = int(np.argmax(value))
+    top = float(value[lead])
+    for x in launches:
+        b = scale * cov[:, x] / np.sqrt(cov[x, x] + noise**2)
+        bound = improvement(top - value, np.maximum(np.abs(b - b[lead]), 1e-12), 0.0, dof)
+        kept = bound > knowledge.NEGLIGIBLE_GAIN / len(value)
+        kept[lead] = True
+        out.append(max(envelope_mean(value[kept], b[kept], dof) - top, 0.0))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("dof", [None, 3, 5, 60, 410])
+def test_every_launch_at_once_equals_one_launch_at_a_time(dof: int | None) -> None:
+    """Random beliefs (some lines far behind, a measured incumbent without doubt, equal
+    values, a scale as small as a settled study's): the same values as the definition, each
+    launch alone, to rounding; and some launches are worth something."""
+    rng = np.random.default_rng(7)
+    for n, scale in ((2, 1.0), (40, 1.3), (150, 0.05)):
+        rows = rng.normal(size=(n, 12))
+        cov = rows @ rows.T / 12 * 0.004
+        cov[:, -1] = cov[-1, :] = 0.0
+        value = -np.abs(rng.normal(size=n)) * rng.choice([0.02, 0.2], size=n)
+        value[n // 2] = value[0]
+        launches = rng.choice(n - 1, size=max(1, n // 2), replace=False)
+        fast = knowledge_gradient(value, cov, launches, 0.03, scale, dof)
+        slow = _one_launch_at_a_time(value, cov, launches, 0.03, scale, dof)
+        assert fast == pytest.approx(slow, rel=1e-9, abs=1e-15)
+        assert (slow > 0).any()
+
+
+@pytest.mark.parametrize("dof", [None, 5, 60, 410])
+def test_the_moment_screen_never_rules_out_a_line_the_bound_keeps(dof: int | None) -> None:
+    """Wherever the expected improvement of the gap exceeds what is needed, the screen leaves
+    the line open; and it rules out most of the lines far behind (else it buys nothing)."""
+    rng = np.random.default_rng(11)
+    gap = np.abs(rng.normal(size=20_000)) * 10.0 ** rng.uniform(-4, 0, 20_000)
+    spread = 10.0 ** rng.uniform(-6, -1, 20_000)
+    need = 1e-7 / 200
+    exact = improvement(gap, spread, 0.0, dof) > need
+    open_ = knowledge._may_exceed(gap, spread, dof, need)
+    assert open_[exact].all()
+    assert (~open_).sum() > 0.5 * (~exact).sum()
