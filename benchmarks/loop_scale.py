@@ -62,6 +62,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tuner.api import estimate  # noqa: E402
 from tuner.calibrate.store import record_study  # noqa: E402
 from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import LaunchRequest  # noqa: E402
@@ -158,11 +159,28 @@ class FakeExecutor(Executor):
 
 def fake_launcher(spec: StudySpec, config: ParallelConfig, number: int, group: Any, paths: Any,
                   master: str) -> LaunchRequest:  # fmt: skip
-    """The launch "script": the log of a run 1.3x slower than predicted, 1.1x the memory."""
+    """The launch "script": the log of a run 1.3x slower than predicted (a little more for some
+    trials, so that configs differ), at 40 GiB. The step must be one the hardware allows: a
+    step faster than the FLOPs at the GPUs' peak is recorded as a corrupt measurement
+    (``tuner.models.time.breakdown.fastest_step_s``), and a study of such trials has no best,
+    so the sampler never values a launch (the fixed 1 s step this wrote did that for gpt-70b)."""
     del master
+    step = 1.3 * _predicted_step(spec, config) * (1.0 + 0.001 * (number % 97))
     return LaunchRequest(trial=number, hosts=group.hosts, paths=paths,
-                         scripts=(megatron_log(1.0 + 0.001 * (number % 97), 40.0),)
+                         scripts=(megatron_log(step, 40.0),)
                          + ("",) * (len(group.hosts) - 1))  # fmt: skip
+
+
+_PREDICTED: dict[str, float] = {}
+
+
+def _predicted_step(spec: StudySpec, config: ParallelConfig) -> float:
+    """The model's step of ``config`` (seconds), once per config."""
+    key = config.key()
+    if key not in _PREDICTED:
+        time = estimate(spec, config).time
+        _PREDICTED[key] = time.step if time is not None else 1.0
+    return _PREDICTED[key]
 
 
 # ----------------------------------------------------------------------------- the storage
