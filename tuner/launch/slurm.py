@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import subprocess
 import time
@@ -36,6 +37,7 @@ from tuner.launch.base import (
     NodeProcess,
     new_token,
 )
+from tuner.launch.slurm_env import inside_allocation, submit_env
 from tuner.launch.slurm_script import (
     BATCH_SCRIPT,
     MASTER_PLACEHOLDER,
@@ -179,6 +181,9 @@ class SlurmExecutor(Executor):
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
+        base = os.environ if env is None else env
+        if inside_allocation(base):  # the trials' jobs get none of the enclosing job's variables
+            env = submit_env(base)
         self.commands = SlurmCommands(env)
         self.accounting = Accounting(self.commands.run)
         self.cancel_timeout_s = cancel_timeout_s
