@@ -1,16 +1,21 @@
-"""Submit mode started inside an allocation, without Slurm: the environment the trials' jobs get
-and the warning."""
+"""Submit mode started inside an allocation, without Slurm: the environment the trials' jobs get,
+the warning, and the reason read from a job's output file when it failed before its nodes ran."""
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from tuner.launch.slurm import SlurmExecutor
+from tuner.launch import LaunchRequest
+from tuner.launch.slurm import SlurmExecutor, SlurmJob
 from tuner.launch.slurm_alloc import make_slurm_executor
 from tuner.launch.slurm_env import enclosing_job_variables, submit_env
+from tuner.launch.slurm_states import Accounting, output_failure
+from tuner.layout import ResultsLayout
 from tuner.spec.study import SlurmSpec
 
 # What `salloc -N2 --mem-per-cpu=1000` and `srun --pty bash` inside it leave in the shell
@@ -68,3 +73,67 @@ def test_submit_mode_inside_an_allocation_says_so_once(
     caplog.clear()
     make_slurm_executor(SlurmSpec(mode="submit"), ("slurm-0",))
     assert caplog.records == []
+
+
+SRUN_FATAL = (
+    "srun: fatal: SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually "
+    "exclusive."
+)
+
+
+def test_the_failure_line_of_a_jobs_output() -> None:
+    own = "tuner: job 12 on n[1-2], master 10.0.0.1\n"
+    assert output_failure(own + SRUN_FATAL + "\n") == SRUN_FATAL
+    pyxis = ("pyxis: importing docker image: nvcr.io#nvidia/pytorch:24.05-py3\n"
+             "slurmstepd: error: pyxis: child 7 failed with error code: 1\n"
+             "srun: error: n1: task 0: Exited with exit code 1\n")  # fmt: skip
+    pyxis_error = "slurmstepd: error: pyxis: child 7 failed with error code: 1"
+    assert output_failure(own + pyxis) == pyxis_error
+    assert output_failure("/x/slurm-job.sh: line 7: module: command not found\n") == (
+        "/x/slurm-job.sh: line 7: module: command not found"
+    )
+    assert output_failure(own) is None and output_failure("") is None
+    assert len(output_failure("error " + "x" * 1000) or "") == 300
+
+
+class _FailedBeforeNodes:
+    """Slurm's answers for job 7, which ended FAILED (exit 1) before any wrapper ran."""
+
+    def __call__(self, argv: Sequence[str], *, timeout: float = 60) -> tuple[int, str, str]:
+        if list(argv[:3]) == ["scontrol", "show", "job"]:
+            return 0, "JobId=7 JobName=tuner-t0-tok JobState=FAILED ExitCode=1:0 NodeList=n1\n", ""
+        if list(argv[:3]) == ["scontrol", "show", "hostnames"]:
+            return 0, "n1\n", ""
+        if argv[0] == "sacct":
+            return 1, "", "sacct: error: Slurm accounting storage is disabled\n"
+        return 0, "", ""  # the token reaper here: nothing left
+
+
+def _failed_job(tmp_path: Path, output: str | None) -> SlurmJob:
+    ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.01), env={"PATH": "/usr/bin"})
+    ex.commands.run = _FailedBeforeNodes()  # type: ignore[method-assign]
+    ex.accounting = Accounting(ex.commands.run)
+    request = LaunchRequest(trial=0, hosts=("slurm-0",), scripts=("true",),
+                            paths=ResultsLayout(tmp_path, "s").trial(0))  # fmt: skip
+    request.paths.dir.mkdir(parents=True)
+    if output is not None:
+        (request.paths.dir / "slurm-7.out").write_text(output)
+    job = SlurmJob(ex, request, token="tok")
+    job.job_id, job.state = "7", "RUNNING"
+    return job
+
+
+def test_a_job_failing_before_its_nodes_gives_srun_s_words_as_the_reason(tmp_path: Path) -> None:
+    result = _failed_job(tmp_path, f"tuner: job 7 on n1, master n1\n{SRUN_FATAL}\n").poll()
+    assert result is not None and result.exit_codes == (1,)
+    assert result.scheduler_verdict == (
+        "launch_error",
+        f"Slurm job 7 failed before the trial started: {SRUN_FATAL} (slurm-7.out)",
+    )
+
+
+def test_without_words_in_the_output_the_exit_code_decides(tmp_path: Path) -> None:
+    for output in (None, ""):  # a setup line that exited quietly
+        result = _failed_job(tmp_path / str(output), output).poll()
+        assert result is not None and result.exit_codes == (1,)
+        assert result.scheduler_verdict is None
