@@ -208,6 +208,34 @@ def test_slurms_own_time_limit_is_a_timeout(local_slurm: LocalSlurm, tmp_path: P
         ex.close()
 
 
+def test_submit_mode_inside_an_allocation_runs_the_trial(
+    local_slurm: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tune started inside an allocation (its SLURM_JOB_ID, SLURM_MEM_PER_CPU) submits trials
+    whose srun runs; given those variables anyway, srun's words in the job's output file are
+    the trial's reason (before: "exited with code 1", srun's message unread)."""
+    leaky_env = {**os.environ, "SLURM_MEM_PER_CPU": "100"}  # no SLURM_JOB_ID: kept as given
+    monkeypatch.setenv("SLURM_JOB_ID", "999999")
+    monkeypatch.setenv("SLURM_MEM_PER_CPU", "100")
+    # A per-node memory request (a cluster's DefMemPerNode does the same): the trial's job then
+    # has SLURM_MEM_PER_NODE, which srun refuses beside an inherited SLURM_MEM_PER_CPU.
+    spec = SlurmSpec(poll_interval_s=0.2, extra_sbatch=("--mem=500",))
+    ex, leaky = SlurmExecutor(spec), SlurmExecutor(spec, env=leaky_env)
+    try:
+        job = ex.submit(_request(tmp_path, 8, "echo ran", nodes=1))
+        failing = leaky.submit(_request(tmp_path, 9, "echo ran", nodes=1))
+        result, failed = job.wait(timeout=60), failing.wait(timeout=60)
+        assert result.ok and "ran" in job.paths.node_log(0).read_text()
+        assert failed.exit_codes == (1,) and failed.scheduler_verdict is not None
+        outcome, reason = failed.scheduler_verdict
+        assert outcome == "launch_error" and "srun: fatal: " in reason, reason
+        assert "mutually exclusive" in reason
+        assert f"slurm-{getattr(failing, 'job_id', None)}.out" in reason
+    finally:
+        ex.close()
+        leaky.close()
+
+
 # ----------------------------------------------------------------------------- studies via the CLI
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import subprocess
 import time
@@ -36,6 +37,7 @@ from tuner.launch.base import (
     NodeProcess,
     new_token,
 )
+from tuner.launch.slurm_env import inside_allocation, submit_env
 from tuner.launch.slurm_script import (
     BATCH_SCRIPT,
     MASTER_PLACEHOLDER,
@@ -43,10 +45,12 @@ from tuner.launch.slurm_script import (
     NODE_WRAPPER_TEXT,
     batch_script,
     job_name,
+    job_output,
     sbatch_argv,
 )
 from tuner.launch.slurm_states import (
     Accounting,
+    failed_before_nodes,
     never_starts,
     pending_reason,
     scheduler_verdict,
@@ -179,6 +183,9 @@ class SlurmExecutor(Executor):
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
+        base = os.environ if env is None else env
+        if inside_allocation(base):  # the trials' jobs get none of the enclosing job's variables
+            env = submit_env(base)
         self.commands = SlurmCommands(env)
         self.accounting = Accounting(self.commands.run)
         self.cancel_timeout_s = cancel_timeout_s
@@ -423,6 +430,8 @@ class SlurmJob(Job):
             # The wrapper never ran (bad setup line, container image): Slurm's code for all.
             code = int(fields.get("ExitCode", "1:0").split(":")[0] or 1)
             codes = [code or 1] * len(codes)
+            out = self._req.paths.dir / job_output(str(self.job_id))  # srun's own words
+            self._verdict = self._verdict or failed_before_nodes(str(self.job_id), out)
         self._codes = {k: c for k, c in enumerate(codes) if c is not None}
         self._finish_slurm(timed_out=state in ("TIMEOUT", "DEADLINE"),
                            cancelled=state == "CANCELLED", survivors=None)  # fmt: skip

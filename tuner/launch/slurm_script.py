@@ -18,6 +18,9 @@ from tuner.spec.bounds import MASTER_PLACEHOLDER as MASTER_PLACEHOLDER
 from tuner.spec.study import SlurmSpec
 
 BATCH_SCRIPT = "slurm-job.sh"
+JOB_OUTPUT = "slurm-%j.out"
+"""The job's own output file in the trial directory (``sbatch --output``; ``%j``: the job id):
+the batch script's lines and whatever ``srun`` says before the nodes' wrappers run."""
 NODE_WRAPPER = "slurm-node.sh"
 DEFAULT_MARGIN_MIN = 5
 """Slurm's own limit is the tuner's trial limit plus this (the tuner's limit fires first)."""
@@ -147,10 +150,15 @@ def _container(spec: SlurmSpec) -> list[str]:
     return out
 
 
+def job_output(job_id: str) -> str:
+    """The name of job ``job_id``'s output file (:data:`JOB_OUTPUT`)."""
+    return JOB_OUTPUT.replace("%j", job_id)
+
+
 def sbatch_argv(request: LaunchRequest) -> list[str]:
     """``sbatch`` with the options that name paths, reading the script from the trial dir."""
     node_dir = str(request.remote_dir)
     return [
-        "sbatch", "--parsable", f"--chdir={node_dir}", f"--output={node_dir}/slurm-%j.out",
+        "sbatch", "--parsable", f"--chdir={node_dir}", f"--output={node_dir}/{JOB_OUTPUT}",
         f"{node_dir}/{BATCH_SCRIPT}",
     ]  # fmt: skip

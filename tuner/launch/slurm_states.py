@@ -12,6 +12,9 @@
 * **Outcomes** decided by Slurm itself (:func:`scheduler_verdict`): the host killed the job for
   memory, the job was preempted or cancelled by someone else. Everything else is judged from the
   nodes' exit codes and logs.
+* **Failures before the nodes' logs**: a job whose ``srun`` stopped before the wrapper ran
+  (conflicting options, a container that would not start, a failing setup line) left its words
+  only in the job's own output file (``--output``): :func:`output_failure` picks them out.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from tuner.outcome import Outcome
 
@@ -166,3 +170,34 @@ def scheduler_verdict(state: str, raw_state: str) -> tuple[str, str] | None:
         who = raw_state.removeprefix("CANCELLED").strip() or "outside the tuner"
         return str(Outcome.INTERRUPTED), f"Slurm job cancelled {who} (not by the tuner)"
     return None
+
+
+_FAILURE_LINE = re.compile(r"\b(fatal|error)\b", re.IGNORECASE)
+_OWN_LINE = re.compile(r"tuner: job \S+ on ")
+"""The batch script's own line (``slurm_script``'s master address), never the failure."""
+MAX_FAILURE_CHARS = 300
+
+
+def output_failure(text: str) -> str | None:
+    """What a job's output file says went wrong before its nodes' wrappers ran: the first line
+    naming an error (``srun: fatal: ...``, ``slurmstepd: error: pyxis: ...``), else its last
+    line (a setup command's complaint); None when the file says nothing but the script's own
+    line. Long lines are cut to :data:`MAX_FAILURE_CHARS`."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not _OWN_LINE.match(ln)]
+    if not lines:
+        return None
+    line = next((ln for ln in lines if _FAILURE_LINE.search(ln)), lines[-1])
+    return line if len(line) <= MAX_FAILURE_CHARS else line[: MAX_FAILURE_CHARS - 3] + "..."
+
+
+def failed_before_nodes(job_id: str, output: Path) -> tuple[str, str] | None:
+    """(launch error, reason) of a job that failed before its nodes' wrappers ran, in the words
+    of its ``output`` file; None when the file is missing or says nothing."""
+    try:
+        said = output_failure(output.read_text(errors="replace"))
+    except OSError:
+        return None
+    if said is None:
+        return None
+    reason = f"Slurm job {job_id} failed before the trial started: {said} ({output.name})"
+    return str(Outcome.LAUNCH_ERROR), reason

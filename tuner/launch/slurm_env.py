@@ -1,0 +1,59 @@
+"""The environment the Slurm commands of submit mode run with: none of an enclosing job's own.
+
+``tune run`` started inside an allocation (``salloc``, ``srun --pty bash``, a batch script) has
+that job's variables in its environment: Slurm sets them there for the ``srun`` calls of *that*
+job to read back (sbatch(1), salloc(1), srun(1), "OUTPUT ENVIRONMENT VARIABLES": e.g.
+``SLURM_MEM_PER_CPU`` "is used by subsequent srun calls within the job allocation"). ``sbatch``
+exports the submitting environment into the new job (``--export=ALL``, its default), where the
+trial's own ``srun`` reads them as its options, options of a job that is not this one: with
+``SLURM_MEM_PER_CPU`` from the allocation and ``SLURM_MEM_PER_NODE`` from the trial's job, srun
+stops with "SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually exclusive"
+before any rank starts. Submit mode therefore runs every Slurm command without them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+ALLOCATION_MARKERS = ("SLURM_JOB_ID", "SLURM_JOBID")
+"""Set in every job's environment (sbatch(1), salloc(1), srun(1) outputs): this process runs
+inside a Slurm job."""
+
+CLIENT_INPUTS = frozenset({"SLURM_CONF", "SLURM_CLUSTERS", "SLURM_DEBUG_FLAGS",
+                           "SLURM_EXIT_ERROR", "SLURM_TIME_FORMAT"})  # fmt: skip
+"""The ``SLURM_*`` variables kept inside an allocation: inputs a user sets on purpose (sbatch(1),
+squeue(1) "INPUT ENVIRONMENT VARIABLES": which configuration and cluster the commands talk to,
+their debug flags, exit code and time format) that no Slurm command sets in a job's environment.
+Every other ``SLURM_*`` is the enclosing job's (its size, memory, tasks, CPUs, GPUs, binding,
+steps: the output lists of sbatch, salloc and srun, which grow with each Slurm release), or an
+srun option (``SLURM_ACCOUNT``, ``SLURM_HINT``) that the trial's job, which has its own
+``#SBATCH`` options, must not take from a shell that happened to be inside a job. ``SBATCH_*``,
+``SALLOC_*`` and ``SRUN_*`` are inputs the user sets, kept except the few Slurm sets below."""
+
+JOB_OUTPUTS = frozenset({"SLURMD_NODENAME", "SRUN_DEBUG", "SBATCH_MEM_BIND",
+                         "SBATCH_MEM_BIND_LIST", "SBATCH_MEM_BIND_PREFER",
+                         "SBATCH_MEM_BIND_TYPE", "SBATCH_MEM_BIND_VERBOSE"})  # fmt: skip
+"""Outside the ``SLURM_`` prefix, the variables sbatch(1) and srun(1) list as set in a job's
+environment (an enclosing job's ``--mem-bind`` would otherwise bind the trial's)."""
+
+
+def inside_allocation(env: Mapping[str, str]) -> bool:
+    """True when ``env`` is the environment of a process inside a Slurm job."""
+    return any(env.get(name) for name in ALLOCATION_MARKERS)
+
+
+def enclosing_job_variables(env: Mapping[str, str]) -> list[str]:
+    """The names of ``env`` that are the enclosing job's (none outside an allocation)."""
+    if not inside_allocation(env):
+        return []
+    return sorted(
+        name for name in env
+        if name in JOB_OUTPUTS or (name.startswith("SLURM_") and name not in CLIENT_INPUTS)
+    )  # fmt: skip
+
+
+def submit_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the enclosing job's variables: what ``sbatch`` and the other Slurm
+    commands of submit mode run with (``env`` itself outside an allocation)."""
+    drop = set(enclosing_job_variables(env))
+    return {k: v for k, v in env.items() if k not in drop}
