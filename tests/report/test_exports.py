@@ -372,7 +372,8 @@ def test_tune_best_refuses_a_torchtitan_word_its_line_cannot_hold_in_one_line(
 ) -> None:
     """An ``extra_args`` word setting the tensor-parallel degree, given after tune's overrides,
     would make the exported line another config than the winner's: ``tune best`` says so in one
-    line and exits 2, for ``--emit torchtitan`` and the scripts alike."""
+    line and exits 2, for ``--emit torchtitan`` and the scripts alike (the study is refused as it
+    loads, ``tuner.spec.controlled``: its trials would have measured that degree too)."""
     import yaml
 
     data = {
@@ -390,16 +391,16 @@ def test_tune_best_refuses_a_torchtitan_word_its_line_cannot_hold_in_one_line(
     }  # fmt: skip
     study = tmp_path / "titan.yaml"
     study.write_text(yaml.safe_dump(data))
-    spec = study_from_mapping(data)
+    spec = study_from_mapping({**data, "launch": {**data["launch"], "extra_args": []}})
     config = ParallelConfig(tp=2, dp=1, micro_batch_size=1, global_batch_size=8)
-    record_measured(spec, tmp_path / "results", [(config, 1.0)])
+    record_measured(spec, tmp_path / "results", [(config, 1.0)])  # a study run without the word
     for kind in ("torchtitan", "script"):
         argv = ["best", "--study", str(study), "--results", str(tmp_path / "results"), "--emit",
                 kind]  # fmt: skip
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "launch.extra_args[0]: '--parallelism.tensor-" in err, err
-        assert "tune sets it for the config (--parallelism.tensor-parallel-degree 2)" in err
+        assert "sets --parallelism.tensor-parallel-degree, which tune sets for the config" in err
 
 
 def test_a_megatron_full_run_needs_the_studys_own_data(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from tuner._loader import NoAliasCLoader, load_dataclass
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout, beside, held, write_atomic
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, figure
 from tuner.spec.bounds import MAX_BATCH, _size
 from tuner.spec.file import read_text
 from tuner.spec.model import model_data
@@ -102,16 +102,18 @@ class Observation:
     @property
     def time_ratio(self) -> float | None:
         """log(measured / predicted step time), or None."""
-        if self.outcome != "ok" or not self.measured_step_s or not self.predicted_step_s:
-            return None
-        return math.log(self.measured_step_s / self.predicted_step_s)
+        measured, predicted = figure(self.measured_step_s), figure(self.predicted_step_s)
+        if self.outcome != "ok" or measured is None or predicted is None:
+            return None  # a saved non-figure (an older calibration file) says nothing
+        return math.log(measured / predicted)
 
     @property
     def memory_ratio(self) -> float | None:
         """log(measured / predicted memory) (a lower bound for an OOM), or None."""
-        if not self.measured_gib or not self.predicted_gib:
+        measured, predicted = figure(self.measured_gib), figure(self.predicted_gib)
+        if measured is None or predicted is None:
             return None
-        return math.log(self.measured_gib / self.predicted_gib)
+        return math.log(measured / predicted)
 
     def transfer_sd(self, fingerprint: str) -> float:
         """Extra spread of this observation when used for a study of ``fingerprint``."""
@@ -218,7 +220,7 @@ def observations_from_trials(
 ) -> list[Observation]:
     """The observations of a study's finished trials (Optuna ``FrozenTrial``): every measured
     step time and peak, and every real OOM, with what the models predicted for them."""
-    from tuner.space.trials import is_duplicate, trial_outcome
+    from tuner.space.trials import is_duplicate, measured_value, trial_outcome
 
     out = []
     for t in trials:
@@ -231,11 +233,12 @@ def observations_from_trials(
             "study": study, "fingerprint": fingerprint, "trial": int(t.number),
             "memory_setup": memory_setup, "config": dict(a["config"]), "activation_share": share,
         }  # fmt: skip
-        if outcome == Outcome.OK and t.value is not None:
+        step = measured_value(t)  # None: no figure (a storage from before the rule)
+        if outcome == Outcome.OK and step is not None:
             predicted, measured = _memory_pair(a)
             out.append(Observation(
                 **common, outcome="ok", predicted_step_s=_num(a.get("predicted_step_s")),
-                measured_step_s=float(t.value), predicted_gib=predicted, measured_gib=measured,
+                measured_step_s=step, predicted_gib=predicted, measured_gib=measured,
                 startup_s=launch_overhead_s(a),
             ))  # fmt: skip
         elif outcome == Outcome.OOM and a.get("predicted_peak_gib"):

@@ -17,7 +17,9 @@ from tuner.cli.cost import spent_line
 from tuner.cli.render import Console, fold_width
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
+from tuner.outcome import figure
 from tuner.space.cost import trial_limit_s
+from tuner.space.trials import measured_value
 from tuner.spec.file import study_env_names
 
 if TYPE_CHECKING:
@@ -164,9 +166,9 @@ def model_ratios(trials: Iterable[FrozenTrial]) -> list[float]:
     """measured / predicted step time of each measured trial: how far to trust the time model."""
     out = []
     for t in trials:
-        predicted = t.user_attrs.get("predicted_step_s")
-        if t.value is not None and predicted:
-            out.append(float(t.value) / float(predicted))
+        predicted = figure(t.user_attrs.get("predicted_step_s"))
+        if (step := measured_value(t)) is not None and predicted is not None:
+            out.append(step / predicted)
     return out
 
 

@@ -25,8 +25,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.calibrate.store import launch_overhead_s
 from tuner.config.parallel import ParallelConfig
-from tuner.outcome import Outcome
-from tuner.space.trials import RETRYABLE, SplitIndex, trial_outcome
+from tuner.outcome import Outcome, figure
+from tuner.space.trials import RETRYABLE, SplitIndex, measured_value, trial_outcome
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,16 +66,17 @@ def _facts(t: FrozenTrial) -> _Facts | None:
     if key is None:
         return None
     outcome = trial_outcome(t)
-    value = float(t.value) if t.state == TrialState.COMPLETE and t.value is not None else None
-    running = value is None and t.state == TrialState.RUNNING
+    value = measured_value(t)  # a stored figure that is no measurement: tried, unmeasured
+    running = t.state == TrialState.RUNNING
     skip = value is None and not running and outcome in RETRYABLE
     raw = t.user_attrs.get("config")
     oom = ParallelConfig(**raw) if outcome == Outcome.OOM and raw and not skip else None
     peak: Any = t.user_attrs.get("predicted_peak_gib") if oom is not None else None
     measured_gib: Any = t.user_attrs.get("peak_memory_gib")
     predicted_gib: Any = t.user_attrs.get("predicted_allocated_gib")
-    ok = outcome == Outcome.OK and measured_gib and predicted_gib and not skip
-    ok_memory = math.log(float(measured_gib) / float(predicted_gib)) if ok else None
+    ok = outcome == Outcome.OK and not skip
+    gib, predicted = figure(measured_gib), figure(predicted_gib)
+    ok_memory = math.log(gib / predicted) if ok and gib and predicted else None
     return _Facts(t._trial_id, str(key), value, running, skip, oom,
                   None if peak is None else float(peak), ok_memory)  # fmt: skip
 

@@ -44,6 +44,7 @@ from optuna.trial import FrozenTrial
 from tuner.config.spelling import spell
 from tuner.search.value import IMPROVEMENT
 from tuner.space.cost import node_hours
+from tuner.space.trials import measured_value
 from tuner.spec.study import StudySpec
 
 
@@ -105,8 +106,9 @@ class Stopper:
         if len(launched) <= k:
             return None
         launched.sort(key=lambda t: t.number)
-        before = [t.value for t in launched[:-k] if t.value is not None]
-        recent = [t.value for t in launched[-k:] if t.value is not None]
+        steps = [measured_value(t) for t in launched]  # a stored non-figure is no step
+        before = [v for v in steps[:-k] if v is not None]
+        recent = [v for v in steps[-k:] if v is not None]
         if before and (not recent or min(recent) > min(before) * (1 - IMPROVEMENT)):
             return f"no 1% improvement in the last {k} trials (early stop)"
         return None

@@ -14,7 +14,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config.parallel import ParallelConfig
-from tuner.outcome import Outcome
+from tuner.outcome import Outcome, rankable
 from tuner.space.enumerate import Axes, expand_axes
 from tuner.spec.frameworks import traits
 from tuner.spec.pipeline_split import EVEN
@@ -210,6 +210,18 @@ def trial_outcome(t: StoredTrial) -> Outcome | None:
     if t.state == TrialState.FAIL and t.user_attrs.get("launched"):
         return Outcome.INTERRUPTED
     return None
+
+
+def measured_value(t: FrozenTrial) -> float | None:
+    """A finished trial's measured step time where it may be ranked and modelled, else None:
+    a COMPLETE trial whose value and stored tokens/s pass :func:`tuner.outcome.rankable`. A
+    storage written before that rule (or before the hardware bound
+    ``tuner.models.time.breakdown.fastest_step_s``) can hold an ``ok`` trial of a zero,
+    negative or infinite figure; the sampler, the stop rules and the calibration take logs and
+    minima of these values, so such a trial is tried but unmeasured there."""
+    if t.state != TrialState.COMPLETE or not rankable(t.value, t.user_attrs.get("tokens_per_s")):
+        return None
+    return float(t.value)  # type: ignore[arg-type]  # rankable: a finite number
 
 
 def is_duplicate(t: StoredTrial) -> bool:

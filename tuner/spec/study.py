@@ -35,6 +35,7 @@ from tuner.spec.bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
 from tuner.spec.cluster import ClusterSpec as ClusterSpec
 from tuner.spec.cluster import SlurmSpec as SlurmSpec
 from tuner.spec.cluster import SSHSpec as SSHSpec
+from tuner.spec.controlled import controlled_problem
 from tuner.spec.frameworks import LENGTH_ARGS, length_problem, traits
 from tuner.spec.frameworks import Framework as Framework
 from tuner.spec.model import ModelSpec as ModelSpec
@@ -291,9 +292,11 @@ class StudySpec:
                     path=f"space.pipeline_split[{i}]",
                 )
         self._check_moe_and_fp8()
-        length = length_problem(self.framework, {n: getattr(self.launch, n) for n in LENGTH_ARGS})
-        if length is not None:
-            raise ConfigError(length[1], path=length[0])
+        words = {n: getattr(self.launch, n) for n in LENGTH_ARGS}
+        for found in (length_problem(self.framework, words),
+                      controlled_problem(self.framework, words)):  # fmt: skip
+            if found is not None:
+                raise ConfigError(found[1], path=found[0])
         self._check_recompute_modules()
         self._check_torchtitan_knobs()
         n = len(self.node_names)
