@@ -250,6 +250,12 @@ def pick(
         eligible = np.ones_like(eligible)
     if gain is None or not (gain[eligible] > 0).any():
         gain = improvement(mu, np.maximum(sd, 1e-12), best, dof)
+    # An expected improvement is never below zero, but far in the tail (a long study, every
+    # open config many spreads behind the best) the t distribution's series leaves it within
+    # ~1e-16 of zero on either side: each open config's score was then a hair below zero,
+    # none reached the top's bound and the ask failed (an IndexError ended the run at 10,000
+    # stored trials). Read below zero (or no number) as nothing: the ties then go at random.
+    gain = np.nan_to_num(np.maximum(gain, 0.0), nan=0.0)
     score = np.where(eligible, gain / cost, -1.0)
     top = np.flatnonzero(score >= score.max() * (1 - 1e-9))
     i = int(top[0])
