@@ -15,7 +15,9 @@ error; then, per group of configs measured on one cluster and per source:
 Targets (issue 14): MAPE <= 10%, Spearman >= 0.9 and best within 2% in every group, with the
 catalog alone. The cluster's network is a fact of the cluster, not of the GPU: a row's
 ``network_gbps_per_gpu`` (the node's NIC line rate / GPUs per node, from the cited hardware
-description) replaces the catalog's per-GPU network share when given. Run:
+description) replaces the catalog's per-GPU network share when given. Rows that also cite their
+cluster's measured inter-node bandwidth (``network_measured_gbps_per_node``) are printed a second
+time predicted with it, beside the catalog's figures; every other table stays catalog-only. Run:
 
     .venv/bin/python benchmarks/time_accuracy.py [--rows]
 """
@@ -219,6 +221,37 @@ def print_pairs(cases: list[Case]) -> None:
             print(f"  {name:38} {right:3}/{n:<3}  {ratio:6.1%}")
 
 
+def _figures(group: list[Case]) -> str:
+    s, pairs = score(group), pair_order(group)
+    rho = "     -" if s.rho is None else f"{s.rho:+6.2f}"
+    named = "      -" if pairs is None else f"{pairs[0]:3}/{pairs[1]:<3}"
+    return f"{s.mape:6.1%}  {rho}  {named}"
+
+
+def _belongs(case: Case, kind: str, name: str) -> bool:
+    return (case.row["group"] if kind == "group" else _tag(case.row)) == name
+
+
+def print_measured_network(catalog: list[Case], path: Path) -> None:
+    """The groups whose rows cite their cluster's measured inter-node bandwidth
+    (``network_measured_gbps_per_node``), predicted with it as a cluster profile's measured link
+    would be, beside the catalog's figures above (line rate x NETWORK_BUS_EFFICIENCY); the
+    held-out tables and the catalog's stated sds stay catalog-only."""
+    measured, _ = load_cases(path, measured_network=True)
+    cited = {c.row["group"] for c in measured if c.row.get("network_measured_gbps_per_node")}
+    if not cited:
+        return
+    print("\nwith the cluster's measured inter-node bandwidth (rows that cite one): catalog -> "
+          "measured link; MAPE, Spearman, pairs of one model and GPU count named "
+          "right")  # fmt: skip
+    sources = sorted({_tag(c.row) for c in measured if c.row["group"] in cited})
+    keys = [("group", g) for g in sorted(cited)] + [("source", t) for t in sources]
+    for kind, name in keys:
+        before = [c for c in catalog if _belongs(c, kind, name)]
+        after = [c for c in measured if _belongs(c, kind, name)]
+        print(f"  {name:38} {len(after):2}  {_figures(before)}  ->  {_figures(after)}".rstrip())
+
+
 TERMS_CSV = Path(__file__).resolve().parent / "data" / "time_terms.csv"
 
 
@@ -296,6 +329,7 @@ def main() -> None:
         print(f"  {n:3}  {reason}")
     print_groups(cases)
     print_pairs(cases)
+    print_measured_network(cases, args.csv)
     print(f"\nall {len(cases)} rows: rms of log(measured / predicted step time) "
           f"{rms_step_error(cases):.3f} (in sample; held out below)")  # fmt: skip
     print_held_out(cases)

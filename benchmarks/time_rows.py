@@ -16,6 +16,7 @@ from pathlib import Path
 from tuner._loader import load_dataclass
 from tuner.catalog import GPUSpec, get_gpu
 from tuner.config.parallel import ParallelConfig
+from tuner.models.rates import Link, Rates, catalog_rates
 from tuner.models.time.estimate import (
     TimeBreakdown,
     estimate_time,
@@ -61,6 +62,9 @@ class Case:
     predicted: float = 0.0
     predicted_step: float = 0.0
     breakdown: TimeBreakdown | None = None
+    measured_network: bool = False
+    """Predict with the inter-node link the row's cluster was measured at, where it cites one
+    (``measured_network_rates``), instead of the catalog's share of its line rate."""
 
     @property
     def published(self) -> float:
@@ -196,6 +200,27 @@ def _gpu(row: dict[str, str], notes: list[str]) -> GPUSpec:
     return gpu
 
 
+_MEASURED_RATES: dict[tuple[str, str, float, int], Rates] = {}
+
+
+def measured_network_rates(row: dict[str, str], gpu: GPUSpec, gpus_per_node: int) -> Rates | None:
+    """The catalog's rates with the inter-node link a row's cluster was measured at
+    (``network_measured_gbps_per_node``: NCCL's all-reduce bus bandwidth across nodes, Gb/s
+    per node, as the cited source prints it), the way a cluster profile's measured link replaces
+    the catalog's (no efficiency applied: it is an achieved figure); None where the row gives
+    none. One ``Rates`` per cluster and precision (the model's caches key on its identity)."""
+    measured = row.get("network_measured_gbps_per_node", "")
+    if not measured:
+        return None
+    precision = _precision(row)
+    key = (gpu.name, precision, float(measured), gpus_per_node)
+    if key not in _MEASURED_RATES:
+        base = catalog_rates(gpu, precision)
+        per_gpu = float(measured) / 8.0 * 1e9 / gpus_per_node  # Gb/s per node -> bytes/s per GPU
+        _MEASURED_RATES[key] = dataclasses.replace(base, inter=Link(per_gpu, base.inter.latency))
+    return _MEASURED_RATES[key]
+
+
 def _eq3_flops(model: ModelSpec, batch: int) -> float:
     """Narayanan et al. Eq. 3: 96·B·s·L·h²(1 + s/(6h) + V/(16·L·h)) (full recompute counted)."""
     s, layers, h, v = model.seq_length, model.num_layers, model.hidden_size, model.vocab_size
@@ -235,8 +260,11 @@ def _predict(case: Case) -> float:
     # Megatron before 2023-10 (Korthikanti's, Narayanan's runs) waited on every pipeline transfer
     overlap = row["p2p_overlap"] != "no"
     # every torchtitan row ran its 2024 code (tuner.models.time.fsdp2 eager_elementwise_bytes)
+    rates = measured_network_rates(row, case.gpu, gpn) if case.measured_network else None
+    if rates is not None:
+        case.notes.append(f"network measured {row['network_measured_gbps_per_node']} Gb/s/node")
     r = estimate_time(
-        model, training, config, case.gpu, gpn, case.framework, p2p_overlap=overlap,
+        model, training, config, case.gpu, gpn, case.framework, rates, p2p_overlap=overlap,
         tp_backward_overlap=tp_async, torchtitan_2024=case.framework == "torchtitan",
     )  # fmt: skip
     case.predicted_step = r.step
@@ -256,8 +284,10 @@ def _predict(case: Case) -> float:
     return 100.0 * r.mfu  # mfu_pct: model FLOPs, no recomputation (Korthikanti)
 
 
-def load_cases(path: Path) -> tuple[list[Case], dict[str, int]]:
-    """Usable rows as cases (predicted), and the count of skipped rows by reason."""
+def load_cases(path: Path, measured_network: bool = False) -> tuple[list[Case], dict[str, int]]:
+    """Usable rows as cases (predicted), and the count of skipped rows by reason;
+    ``measured_network``: rows that cite their cluster's measured inter-node bandwidth are
+    predicted with it (``measured_network_rates``), the others as always."""
     cases: list[Case] = []
     skipped: dict[str, int] = defaultdict(int)
     with path.open(newline="") as f:
@@ -266,11 +296,11 @@ def load_cases(path: Path) -> tuple[list[Case], dict[str, int]]:
             if reason is not None:
                 skipped[reason] += 1
                 continue
-            cases.append(_case(row))
+            cases.append(_case(row, measured_network))
     return cases, dict(skipped)
 
 
-def _case(row: dict[str, str]) -> Case:
+def _case(row: dict[str, str], measured_network: bool = False) -> Case:
     """Predict one row; a row that reports the best of a micro-batch sweep gets our best too."""
     sweep = "micro-batch sweep" in row["notes"] and not row["micro_batch"]
     candidates = []
@@ -281,6 +311,7 @@ def _case(row: dict[str, str]) -> Case:
         config, framework = _config(this, notes)
         gpu = _gpu(this, notes)
         case = Case(row, model, config, gpu, int(row["gpus_per_node"]), framework, notes)
+        case.measured_network = measured_network
         case.predicted = _predict(case)
         candidates.append(case)
     return max(candidates, key=lambda c: c.speed("predicted"))

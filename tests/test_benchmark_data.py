@@ -294,6 +294,41 @@ def test_pair_order_counts_the_pairs_a_search_ranks() -> None:
     assert bench.pair_order(again + [c for c in bridge if c.row["global_batch"] == "128"])
 
 
+def test_a_measured_network_replaces_only_the_inter_node_link() -> None:
+    """benchmarks/time_rows.py: rows that cite their cluster's measured inter-node bandwidth
+    (Jean Zay's, Gb/s per node) are predicted with it only when asked, as a cluster profile's
+    measured link: the catalog's rates but the inter-node link, whose bandwidth per GPU is the
+    node's figure over its GPUs; compute is untouched, the cross-node terms grow (the measured
+    rate is below the catalog's share of the line rate) and every other row is predicted as
+    before."""
+    from tuner.catalog import get_gpu
+    from tuner.models.rates import catalog_rates
+
+    bench = _benchmark("time_rows")
+    catalog, _ = bench.load_cases(DATA / "step_times.csv")
+    measured, _ = bench.load_cases(DATA / "step_times.csv", measured_network=True)
+    cited = 0
+    for plain, linked in zip(catalog, measured, strict=True):
+        rates = bench.measured_network_rates(plain.row, plain.gpu, plain.gpus_per_node)
+        if rates is None:
+            assert linked.predicted == plain.predicted, plain.row["group"]
+            continue
+        cited += 1
+        assert plain.row["group"].startswith("jeanzay-")
+        per_gpu = float(plain.row["network_measured_gbps_per_node"]) / 8 * 1e9 / 8
+        assert rates.inter.bandwidth == pytest.approx(per_gpu)
+        base = catalog_rates(plain.gpu, plain.row["precision"])
+        assert (rates.intra, rates.gemm, rates.hbm) == (base.intra, base.gemm, base.hbm)
+        assert rates.inter.latency == base.inter.latency
+        assert rates.inter.bandwidth < base.inter.bandwidth
+        a, b = plain.breakdown, linked.breakdown
+        assert a is not None and b is not None
+        assert b.compute == a.compute and b.tp_comm == a.tp_comm
+        assert b.dp_comm > a.dp_comm and b.step > a.step
+    assert cited == 39
+    assert bench.measured_network_rates({}, get_gpu("a100-80gb"), 8) is None
+
+
 def test_the_catalogs_stated_step_time_error_is_the_held_out_one() -> None:
     """``tuner.models.uncertainty.CATALOG_STEP_SIGMA`` (what tune estimate and tune space say of
     the catalog's rates) is the held-out sd of an all-compute catalog step as time_accuracy fits
