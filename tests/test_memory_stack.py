@@ -4,20 +4,29 @@ loading (CUDA 11.7, on by default from PyTorch 1.13 or CUDA 12.2)."""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import pytest
 
 from tuner.catalog import get_gpu
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, estimate_memory
-from tuner.models.memory.stack import (
-    EAGER_CONTEXT_GIB,
-    StackVersions,
-    lazy_module_loading,
-    stack_overheads,
-    version,
-)
+from tuner.models.memory.stack import EAGER_CONTEXT_GIB, lazy_module_loading, stack_overheads
+from tuner.space.enumerate import study_gpu
+from tuner.spec.file import study_from_mapping
+from tuner.spec.overheads import StackVersions, version
 from tuner.spec.study import ModelSpec
+
+H100 = get_gpu("h100-sxm-80gb")
+STUDY: dict[str, Any] = {
+    "name": "t", "model": {"preset": "llama2-7b"},
+    "training": {"global_batch_size": 64, "precision": "bf16"},
+    "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nodes": ["a"]},
+    "framework": "megatron", "launch": {"template": "megatron_gpt"},
+    "space": {"tp": [1, 2]}, "search": {"n_trials": 5},
+}  # fmt: skip
 
 
 def lazy(text: str) -> bool | None:
@@ -84,3 +93,19 @@ def test_an_eager_context_adds_its_difference_to_every_device_figure() -> None:
 def test_a_malformed_stack_is_one_error_naming_the_field(text: str) -> None:
     with pytest.raises(ConfigError, match="stack"):
         StackVersions.parse(text)
+
+
+def test_a_studys_stack_versions_give_its_gpu_the_eager_context() -> None:
+    """``cluster.overheads.stack`` reaches the study's GPU: an eager stack's context, unless the
+    study measured its own ``cuda_context_gib``, which wins; a malformed one is one ConfigError
+    naming the field."""
+    data = copy.deepcopy(STUDY)
+    data["cluster"]["overheads"] = {"stack": "torch=1.11 cuda=11.5"}
+    assert study_gpu(study_from_mapping(data)).cuda_context_gib == EAGER_CONTEXT_GIB
+    data["cluster"]["overheads"] = {"stack": "torch=1.11 cuda=11.5", "cuda_context_gib": 2.5}
+    assert study_gpu(study_from_mapping(data)).cuda_context_gib == 2.5
+    data["cluster"]["overheads"] = {"stack": "torch=2.4 cuda=12.4"}
+    assert study_gpu(study_from_mapping(data)).cuda_context_gib == H100.cuda_context_gib
+    data["cluster"]["overheads"] = {"stack": "pytorch=1.11"}
+    with pytest.raises(ConfigError, match="stack"):
+        study_from_mapping(data)

@@ -22,17 +22,16 @@ first op. A training process loads more libraries (cuBLAS, NCCL, apex / DeepSpee
 so it is a lower bound for such a stack, not a fit.
 
 A stack is described by ``name=version`` words (``torch=1.11 cuda=11.5``, optionally
-``module_loading=LAZY`` or ``EAGER`` where the run set ``CUDA_MODULE_LOADING``); an unknown
+``module_loading=LAZY`` or ``EAGER`` where the run set ``CUDA_MODULE_LOADING``;
+:class:`tuner.spec.overheads.StackVersions`, a study's ``cluster.overheads.stack``); an unknown
 version keeps the catalog's figure.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from tuner.errors import ConfigError
+from tuner.spec.overheads import StackVersions, version
 
 EAGER_CONTEXT_GIB = 1687 / 1024
 """The CUDA context of a PyTorch process that loads its kernel images eagerly, GiB: 1687 MiB
@@ -44,41 +43,6 @@ LAZY_BY_TORCH = (1, 13)
 """The first PyTorch that sets ``CUDA_MODULE_LOADING=LAZY`` when it is unset."""
 LAZY_BY_CUDA = (12, 2)
 """The first CUDA whose Linux driver stack loads lazily by default."""
-
-_VERSION = re.compile(r"(\d+)\.(\d+)")
-_KEYS = ("torch", "cuda", "nccl", "module_loading")
-
-
-def version(text: str | None) -> tuple[int, int] | None:
-    """``(major, minor)`` of a version string (``1.11``, ``2.1.0a0+fe05266``, ``11.5``), None
-    when empty or not a version."""
-    match = _VERSION.match(text or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-@dataclass(frozen=True, slots=True)
-class StackVersions:
-    """The versions of a run's software that the memory outside the allocator depends on."""
-
-    torch: str | None = None
-    cuda: str | None = None  # the CUDA runtime the framework's libraries were built with
-    nccl: str | None = None
-    module_loading: str | None = None  # CUDA_MODULE_LOADING where the run set it
-
-    @classmethod
-    def parse(cls, text: str, path: str = "stack") -> StackVersions:
-        """``torch=1.11 cuda=11.5`` (words ``name=version``, any order; empty: nothing known)."""
-        fields: dict[str, str] = {}
-        for word in text.split():
-            name, sep, value = word.partition("=")
-            if not sep or name not in _KEYS or not value:
-                raise ConfigError(f"expected name=version with name in {', '.join(_KEYS)}, "
-                                  f"got {word!r}", path=path)  # fmt: skip
-            fields[name] = value
-        loading = fields.get("module_loading")
-        if loading is not None and loading.upper() not in ("LAZY", "EAGER"):
-            raise ConfigError(f"module_loading must be LAZY or EAGER, got {loading!r}", path=path)
-        return cls(**fields)
 
 
 def lazy_module_loading(stack: StackVersions) -> bool | None:
