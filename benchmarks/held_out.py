@@ -276,7 +276,8 @@ def print_loso(
 
 def print_term_effects(title: str, rows: Sequence[Residual], terms: Sequence[Term]) -> None:
     """Per term: median |error| with and without it on the sources it was not developed on
-    (rows where it is part of the prediction)."""
+    (rows where it is part of the prediction), each row predicted as held out (without the
+    terms developed on its own source: a term built on that source is no baseline there)."""
     print(f"\n{title}: each term on the sources it was NOT developed on")
     print(f"{'term':32} {'developed on':34} {'rows':>5} {'with':>7} {'without':>8}  verdict")
     for t in terms:
@@ -286,8 +287,11 @@ def print_term_effects(title: str, rows: Sequence[Residual], terms: Sequence[Ter
             print(f"{t.name:32} {';'.join(t.developed_on) or '-':34} {0:>5}       -        -  "
                   "no held-out row it touches")  # fmt: skip
             continue
-        with_ = statistics.median(abs(math.expm1(r.log_error)) for r in on)
-        without = statistics.median(abs(math.expm1(r.without([t.name]))) for r in on)
+        own = {r.source: [u.name for u in terms if r.source in u.developed_on] for r in on}
+        with_ = statistics.median(abs(math.expm1(r.without(own[r.source]))) for r in on)
+        without = statistics.median(
+            abs(math.expm1(r.without([*own[r.source], t.name]))) for r in on
+        )
         verdict = (
             "keeps: improves held-out"
             if with_ < without

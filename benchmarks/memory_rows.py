@@ -23,11 +23,13 @@ from tuner.models.memory.breakdown import (
     memory_sources,
 )
 from tuner.models.memory.estimate import GIB, estimate_memory, fits
+from tuner.models.memory.stack import stack_overheads
 from tuner.models.uncertainty import (
     combined_sigma,
 )
 from tuner.space.probes import at_risk
 from tuner.spec.moe import MoESpec
+from tuner.spec.overheads import StackVersions
 from tuner.spec.study import ModelSpec
 
 DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "memory_peaks.csv"
@@ -88,6 +90,7 @@ class Result:
     parts: dict[str, float] = dataclasses.field(default_factory=dict)  # compared phase's terms
     lazy: float = 0.0  # Adam moments left out of a first-iteration figure (bytes)
     workspace_config: float = 0.0  # bytes the run's CUBLAS_WORKSPACE_CONFIG adds to the figure
+    stack_context: float = 0.0  # bytes the run's stack versions add to the figure (eager context)
     sigma: float = 0.0  # stated relative sd of the figure (tuner.models.uncertainty)
     risk: bool = False  # fits the headroom, but not surely (tuner.space.probes.at_risk)
 
@@ -193,14 +196,18 @@ def cublas_workspace_mib(config: str) -> float | None:
 
 
 def row_gpu(row: dict[str, str]) -> GPUSpec:
-    """The catalog GPU a row ran on, with the capacity its source states where it differs and
-    the cuBLAS workspace its run's ``CUBLAS_WORKSPACE_CONFIG`` set (Megatron-LM's CI sets
-    ``:4096:8`` in most model_config.yaml ENV_VARS)."""
+    """The catalog GPU a row ran on, with the capacity its source states where it differs, the
+    cuBLAS workspace its run's ``CUBLAS_WORKSPACE_CONFIG`` set (Megatron-LM's CI sets
+    ``:4096:8`` in most model_config.yaml ENV_VARS) and the CUDA context its ``stack`` versions
+    imply (tuner.models.memory.stack: an eager context before lazy module loading)."""
     if row["gpu_type"] not in GPUS:
         raise Skip(f"GPU {row['gpu_type']!r} has no catalog mapping")
     name, memory = GPUS[row["gpu_type"]]
+    overheads = dict(stack_overheads(StackVersions.parse(row.get("stack", ""))))
     workspace = cublas_workspace_mib(row.get("cublas_workspace_config", ""))
-    return get_gpu(name, memory, {"cublas_workspace_mib": workspace} if workspace else None)
+    if workspace:
+        overheads["cublas_workspace_mib"] = workspace
+    return get_gpu(name, memory, overheads or None)
 
 
 # A log printed after the first iteration (Megatron's report_memory at iteration 1) shows that
@@ -234,13 +241,13 @@ def predict(row: dict[str, str], headroom: float) -> Result:
     parts = {n: float(getattr(phase, n)) for n in METRIC_PARTS[row["metric"]]}
     parts["optimizer"] -= lazy
     sigma = combined_sigma(parts, memory_sources())
-    default = dict(row, cublas_workspace_config="")
-    plain = _figure(_stage_part(estimate_memory(
-        model, config, row_gpu(default), framework, row["precision"]),  # type: ignore[arg-type]
-        row["stage"])[0], row["metric"], first)  # fmt: skip
+    plain, versionless = (_figure(_stage_part(estimate_memory(
+        model, config, row_gpu(dict(row, **{key: ""})), framework,
+        row["precision"]), row["stage"])[0], row["metric"], first)  # type: ignore[arg-type]
+        for key in ("cublas_workspace_config", "stack"))  # fmt: skip
     risk = at_risk(mem.peak / GIB, gpu.memory_gib, mem.sigma)
     return Result(row, measured, figure, fits(mem, gpu, headroom), which, _resident(part), parts,
-                  lazy, figure - plain, sigma, risk)  # fmt: skip
+                  lazy, figure - plain, figure - versionless, sigma, risk)  # fmt: skip
 
 
 def _compared_phase(part: object, metric: str, first: bool) -> tuple[PhaseMemory, float]:

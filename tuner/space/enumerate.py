@@ -25,6 +25,7 @@ from tuner.config.rules import RuleViolation, validate
 from tuner.config.settings import parse_settings
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, MemoryBreakdown
+from tuner.models.memory.stack import stack_overheads
 from tuner.models.moe import memory_view
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
@@ -244,8 +245,11 @@ _TITAN = FIELDS[FIELDS.index("tp_comm_overlap") + 1 :]
 
 
 def study_gpu(spec: StudySpec) -> GPUSpec:
-    """The study's GPU catalog entry with its memory override applied."""
-    return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib, spec.cluster.overheads.values())
+    """The study's GPU catalog entry with its memory override applied, the overheads its stack's
+    versions decide (tuner.models.memory.stack) and, over both, the ones the study measured."""
+    overheads = spec.cluster.overheads
+    given = {**stack_overheads(overheads.versions()), **overheads.values()}
+    return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib, given)
 
 
 def study_violations(config: ParallelConfig, spec: StudySpec) -> list[RuleViolation]:

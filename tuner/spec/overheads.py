@@ -1,10 +1,48 @@
-"""``cluster.overheads``: stack overheads a user measured, replacing the GPU catalog's figures."""
+"""``cluster.overheads``: stack overheads a user measured, replacing the GPU catalog's figures,
+and the stack's versions (:class:`StackVersions`), from which tuner.models.memory.stack derives
+the ones a version decides."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tuner.errors import ConfigError
+
+_VERSION = re.compile(r"(\d+)\.(\d+)")
+_KEYS = ("torch", "cuda", "nccl", "module_loading")
+
+
+def version(text: str | None) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string (``1.11``, ``2.1.0a0+fe05266``, ``11.5``), None
+    when empty or not a version."""
+    match = _VERSION.match(text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class StackVersions:
+    """The versions of a run's software that the memory outside the allocator depends on."""
+
+    torch: str | None = None
+    cuda: str | None = None  # the CUDA runtime the framework's libraries were built with
+    nccl: str | None = None
+    module_loading: str | None = None  # CUDA_MODULE_LOADING where the run set it
+
+    @classmethod
+    def parse(cls, text: str, path: str = "stack") -> StackVersions:
+        """``torch=1.11 cuda=11.5`` (words ``name=version``, any order; empty: nothing known)."""
+        fields: dict[str, str] = {}
+        for word in text.split():
+            name, sep, value = word.partition("=")
+            if not sep or name not in _KEYS or not value:
+                raise ConfigError(f"expected name=version with name in {', '.join(_KEYS)}, "
+                                  f"got {word!r}", path=path)  # fmt: skip
+            fields[name] = value
+        loading = fields.get("module_loading")
+        if loading is not None and loading.upper() not in ("LAZY", "EAGER"):
+            raise ConfigError(f"module_loading must be LAZY or EAGER, got {loading!r}", path=path)
+        return cls(**fields)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,8 +67,13 @@ class OverheadsSpec:
     allocator_fragmentation: float | None = None
     """Reserved above allocated as a share of transient tensors (e.g. lower with
     expandable_segments)."""
+    stack: str | None = None
+    """The stack's versions, ``torch=1.11 cuda=11.5`` (``torch``, ``cuda``, ``nccl``,
+    ``module_loading``): a stack before lazy module loading gets an eager CUDA context
+    (tuner.models.memory.stack) unless ``cuda_context_gib`` is given."""
 
     def __post_init__(self) -> None:
+        StackVersions.parse(self.stack or "")
         sizes = ("cuda_context_gib", "cublas_workspace_mib", "cublaslt_workspace_mib",
                  "nccl_buffer_mib", "nccl_p2p_buffer_mib", "allocator_fragmentation")  # fmt: skip
         for name in sizes:
@@ -54,6 +97,10 @@ class OverheadsSpec:
                                   path=name)  # fmt: skip
 
     def values(self) -> dict[str, float]:
-        """The fields that were given."""
-        given = {n: getattr(self, n) for n in self.__slots__}
+        """The figures that were given (the GPU catalog's fields; not the stack's versions)."""
+        given = {n: getattr(self, n) for n in self.__slots__ if n != "stack"}
         return {n: v for n, v in given.items() if v is not None}
+
+    def versions(self) -> StackVersions:
+        """The stack's versions (nothing known when not given)."""
+        return StackVersions.parse(self.stack or "")
