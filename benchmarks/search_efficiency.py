@@ -70,6 +70,12 @@ file and commit it follows):
 * ``random``: random search over the configs the memory model admits, to the end;
 * ``shuffled-grid``: every valid config in a random order, to the end.
 
+**Replays of measured clusters**, ``--surfaces replays`` (or a replay's name): the same methods on
+searches over configs measured on a real cluster, each study the measured run's (model, GPU,
+framework, batch, nodes), its space the measured configs alone, each config's true step its
+published figure (``benchmarks/replays.py``); shown as space ``replay``, once whatever
+``--spaces`` says.
+
 The targets printed under the table: tune's node-hours in all at most its node-hours to the best
 plus 1.5 median launches, and its node-hours to the best below every anchor's, on every surface
 (the exit status is 1 when one fails).
