@@ -196,7 +196,8 @@ def measured(spec: StudySpec, name: str) -> Measured:
     return Measured(configs, step, frozenset(oom), peak, frozenset(keys), tuple(left))
 
 
-def _standin() -> Any:
+def standin_module() -> Any:
+    """The Megatron-DeepSpeed stand-in as a module (its parser, checks and shared machinery)."""
     module_spec = importlib.util.spec_from_file_location("tuner_mds_standin", STANDIN)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
@@ -226,7 +227,7 @@ def surface_table(name: str) -> Path:
     fails), written once per content under the temporary folder."""
     spec = study_from_mapping(_base_mapping(name, {"seed": 0}, 0))
     m = measured(spec, name)
-    standin = _standin()
+    standin = standin_module()
     table: dict[str, Any] = {}
     for key, config in m.configs.items():
         entry: dict[str, Any] = {"step_s": m.step.get(key, 1.0), "memory_gib": m.peak_gib[key]}

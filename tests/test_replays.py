@@ -64,7 +64,7 @@ def test_the_standins_table_holds_the_measured_configs_alone(replay: Replay) -> 
     spec, t = replay
     table = json.loads(replays.surface_table(NAME).read_text())
     assert table["kind"] == "table"  # the stand-in fails a config missing from it
-    standin = replays._standin()
+    standin = replays.standin_module()
     entries = {key: table["configs"][replays.standin_key(spec, c, standin)]
                for key, c in t.space.configs.items()}  # fmt: skip
     assert len(table["configs"]) == 13
