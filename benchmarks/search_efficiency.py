@@ -70,6 +70,12 @@ file and commit it follows):
 * ``random``: random search over the configs the memory model admits, to the end;
 * ``shuffled-grid``: every valid config in a random order, to the end.
 
+**Replays of measured clusters**, ``--surfaces replays`` (or a replay's name): the same methods on
+searches over configs measured on a real cluster, each study the measured run's (model, GPU,
+framework, batch, nodes), its space the measured configs alone, each config's true step its
+published figure (``benchmarks/replays.py``); shown as space ``replay``, once whatever
+``--spaces`` says.
+
 The targets printed under the table: tune's node-hours in all at most its node-hours to the best
 plus 1.5 median launches, and its node-hours to the best below every anchor's, on every surface
 (the exit status is 1 when one fails).
@@ -98,6 +104,7 @@ import optuna
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import replays  # noqa: E402
 from benchmarks.anchors import ANCHORS, Space  # noqa: E402
 from tests.standins import pretrain_gpt as standin  # noqa: E402
 from tuner.calibrate.store import record_study  # noqa: E402
@@ -105,7 +112,7 @@ from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import LaunchRequest, render_launch  # noqa: E402
 from tuner.models.memory.estimate import GIB  # noqa: E402
 from tuner.space.cost import trial_cost  # noqa: E402
-from tuner.space.enumerate import enumerate_space  # noqa: E402
+from tuner.space.enumerate import enumerate_space, study_gpu  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
 from tuner.study.build import build_loop  # noqa: E402
@@ -139,15 +146,11 @@ def study_data(
     # minimum batches and its figure is the steady mean the tool stops on, not a median of 3
     # iterations that states no precision; every method's launch is charged that trial's
     # shortest useful length (start-up, warm-up and the estimator's minimum: 13 iterations).
-    search: dict[str, Any] = {"seed": seed, "n_trials": space_size}
-    if method in ("tpe", "gp"):  # tune with another of its samplers, other settings default
-        search |= {"sampler": method}
-    elif method == "tune-no-early-stop":
-        search |= {"early_stop_trials": None, "stop_chance": None}
-    elif method == "tune-count-rule":
-        search |= {"stop_chance": None}
-    elif method != "tune":
-        search |= {"sampler": method, "enqueue_top": 0, "early_stop_trials": None}
+    search = search_settings(method, seed, space_size)
+    if surface in replays.REPLAYS:  # a measured cluster: its own model, nodes and configs
+        data = replays.study_mapping(surface, search, seed)
+        data["name"] = f"eff-{surface}-{method}-{seed}"
+        return data
     env = {"TUNER_STANDIN_TIME_SCALE": "0", "TUNER_STANDIN_NOISE_SEED": str(seed)}
     model = {"num_layers": 40, "hidden_size": 5120, "ffn_hidden_size": 13824,
              "num_attention_heads": 40, "vocab_size": 32000, "seq_length": 4096,
@@ -171,6 +174,20 @@ def study_data(
     }  # fmt: skip
 
 
+def search_settings(method: str, seed: int, space_size: int) -> dict[str, Any]:
+    """The study's ``search`` section for ``method``."""
+    search: dict[str, Any] = {"seed": seed, "n_trials": space_size}
+    if method in ("tpe", "gp"):  # tune with another of its samplers, other settings default
+        search |= {"sampler": method}
+    elif method == "tune-no-early-stop":
+        search |= {"early_stop_trials": None, "stop_chance": None}
+    elif method == "tune-count-rule":
+        search |= {"stop_chance": None}
+    elif method != "tune":
+        search |= {"sampler": method, "enqueue_top": 0, "early_stop_trials": None}
+    return search
+
+
 def standin_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
     """The Megatron flags the study's template renders for ``config`` (its ``args=(...)``)."""
     import shlex
@@ -185,17 +202,20 @@ def standin_args(spec: StudySpec, config: ParallelConfig) -> list[str]:
 def fast_launcher(
     spec: StudySpec, config: ParallelConfig, number: int, group: Any, paths: Any, master: str
 ) -> LaunchRequest:
-    """The template's script, ``torchrun`` swapped for one stand-in process playing all ranks."""
+    """The template's script, ``torchrun`` swapped for one stand-in process playing all ranks
+    (the stand-in of the template's ``megatron_path``), with the template's extra files."""
     rendered = render_launch(
         spec, config, hosts=group.hosts, master_addr=master, master_port=group.master_port,
         trial_dir=str(paths.dir.resolve()),
     )  # fmt: skip
     head = rendered.scripts[0].split("exec torchrun", 1)[0]
-    node0 = head + f'WORLD_SIZE={spec.world_size} exec {sys.executable} {STANDIN} "${{args[@]}}"\n'
+    standin_py = Path(str(spec.launch.megatron_path)) / "pretrain_gpt.py"
+    run = f'WORLD_SIZE={spec.world_size} exec {sys.executable} {standin_py} "${{args[@]}}"\n'
+    node0 = head + run
     scripts = (node0,) + ("exit 0\n",) * (len(group.hosts) - 1)
     return LaunchRequest(
         trial=number, hosts=tuple(group.hosts), scripts=scripts, paths=paths,
-        timeout_s=None,  # the loop sets the study's limit
+        files=rendered.files, timeout_s=None,  # the loop sets the study's limit
     )  # fmt: skip
 
 
@@ -217,6 +237,8 @@ class Truth:
     true_best_step: float
     space: Space
     """Every valid config, its predicted peak and its true step time: what the anchors see."""
+    keep: frozenset[str] | None = None
+    """The configs a study may launch (a replay's measured configs); None, the whole space."""
 
     def good(self, key: str) -> bool:
         """Within 2 % of the best (a config the screen prunes counts too, for the anchors that
@@ -230,8 +252,11 @@ class Truth:
 
 
 def truth(spec: StudySpec, surface: str) -> Truth:
-    """Evaluate the surface in-process for every valid config."""
+    """Evaluate the surface in-process for every valid config (a replay: its measured rows)."""
     import importlib.util
+
+    if surface in replays.REPLAYS:
+        return replay_truth(spec, surface)
 
     module_spec = importlib.util.spec_from_file_location("surfaces", SURFACES_PY)
     assert module_spec is not None and module_spec.loader is not None
@@ -267,6 +292,21 @@ def truth(spec: StudySpec, surface: str) -> Truth:
     )  # fmt: skip
 
 
+def replay_truth(spec: StudySpec, name: str) -> Truth:
+    """A replay's truth: its measured configs and OOM rows alone make the space
+    (:mod:`benchmarks.replays`)."""
+    m = replays.measured(spec, name)
+    reachable = {k: v for k, v in m.step.items() if k in m.admitted}
+    best_key = min(reachable, key=reachable.__getitem__)
+    space = Space(configs=dict(m.configs), peak_gib=dict(m.peak_gib), admitted=set(m.admitted),
+                  gpu_gib=study_gpu(spec).memory_gib, step=dict(m.step))  # fmt: skip
+    return Truth(
+        step=reachable, oom=set(m.oom), falsely_pruned=set(m.step) - m.admitted,
+        valid=len(m.configs), best_key=best_key, best_step=reachable[best_key],
+        true_best_step=min(m.step.values()), space=space, keep=frozenset(m.configs),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Outcome:
     runs: int
@@ -278,6 +318,8 @@ class Outcome:
     stop: str = ""
     keys: tuple[str, ...] = ()
     """The configs launched, in launch order."""
+    values: tuple[float | None, ...] = ()
+    """Each launch's measured step time (None: it measured none), in launch order."""
 
 
 def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -> Outcome:
@@ -285,7 +327,7 @@ def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -
     ``until_stop``, on until it stops by itself (its stop rules), counting every launch, and
     its trials are saved to the cluster's calibration as ``tune run`` does at its end."""
     start = time.perf_counter()
-    loop = build_loop(spec, results=str(results), launcher=fast_launcher)
+    loop = build_loop(spec, results=str(results), launcher=fast_launcher, keep=t.keep)
     loop.poll_s = 0.0
     first: tuple[int, bool] | None = None
     try:
@@ -309,8 +351,9 @@ def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -
     runs, found = first or (t.valid, False)
     order = sorted((x for x in trials if x.user_attrs.get("launched")), key=lambda x: x.number)
     keys = tuple(str(x.user_attrs.get("key")) for x in order)
+    values = tuple(float(x.value) if x.values else None for x in order)
     return Outcome(runs, found, ooms, time.perf_counter() - start,
-                   len(keys) if until_stop else None, stop, keys)  # fmt: skip
+                   len(keys) if until_stop else None, stop, keys, values)  # fmt: skip
 
 
 def tally(loop: StudyLoop, t: Truth) -> tuple[int, bool, int]:
@@ -495,7 +538,8 @@ def print_node_hour_table(rows: list[dict[str, Any]]) -> bool:
             f"{'yes' if second else 'NO'}"
         )
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
-    print("\nnode-hours (2 nodes per trial; start-up charged per launch plus the iterations run)")
+    print("\nnode-hours (each study's nodes per trial: 2 on the synthetic surfaces, the measured "
+          "run's on a replay; start-up charged per launch plus the iterations run)")  # fmt: skip
     for r in [header, ["-" * w for w in widths], *table]:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     print()
@@ -568,18 +612,26 @@ def main() -> int:
     return 0
 
 
+def studies(spaces: str, surfaces: str) -> list[tuple[str, str]]:
+    """(space, surface) pairs: each synthetic surface in each space; each replay once, in its
+    own space (``replay``). ``replays`` names every replay of :data:`replays.REPLAYS`."""
+    names = [n for s in surfaces.split(",") for n in (replays.REPLAYS if s == "replays" else [s])]
+    synthetic = [(space, n) for space in spaces.split(",") for n in names
+                 if n not in replays.REPLAYS]  # fmt: skip
+    return synthetic + [("replay", n) for n in names if n in replays.REPLAYS]
+
+
 def node_hours_main(args: argparse.Namespace) -> int:
     """``--node-hours``: tune and the anchors on every surface; exit 1 when a target fails."""
     methods = ("tune", *ANCHOR_NAMES) if args.methods == DEFAULT_METHODS else tuple(
         args.methods.split(","))  # fmt: skip
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tuner-eff-") as tmp:
-        for space in args.spaces.split(","):
-            for surface in args.surfaces.split(","):
-                t = truth(study_from_mapping(study_data(surface, "tune", 0, 1, space)), surface)
-                print(f"{space}/{surface}: {t.valid} valid configs, best {t.best_step:.3f} s, "
-                      f"{t.n_good} within 2 %", flush=True)  # fmt: skip
-                rows += node_hour_rows(surface, space, t, args.seeds, Path(tmp), methods)
+        for space, surface in studies(args.spaces, args.surfaces):
+            t = truth(study_from_mapping(study_data(surface, "tune", 0, 1, space)), surface)
+            print(f"{space}/{surface}: {t.valid} valid configs, best {t.best_step:.3f} s, "
+                  f"{t.n_good} within 2 %", flush=True)  # fmt: skip
+            rows += node_hour_rows(surface, space, t, args.seeds, Path(tmp), methods)
     ok = print_node_hour_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")

@@ -51,9 +51,13 @@ from tuner.study.build import build_loop  # noqa: E402
 from tuner.study.loop import StudyLoop  # noqa: E402
 
 
-def model_order(spec: StudySpec) -> dict[str, tuple[int, float]]:
-    """Each admitted config's (1-based rank, predicted step s) in the time model's order."""
-    report = enumerate_space(spec)
+def model_order(spec: StudySpec, keep: frozenset[str] | None = None
+                ) -> dict[str, tuple[int, float]]:  # fmt: skip
+    """Each admitted config's (1-based rank, predicted step s) in the time model's order, among
+    the configs ``keep`` names (a replay's measured ones) when given."""
+    report = enumerate_space(spec, keep_oom=keep is not None)
+    if keep is not None:
+        report = report.restricted(keep)
     return {c.config.key(): (i, c.time.step if c.time else float("nan"))
             for i, c in enumerate(report.ranked(), 1)}  # fmt: skip
 
@@ -132,8 +136,8 @@ def trace(spec: StudySpec, t: Truth, results: Path, stops: bool = False
     """The launches of one tune search run to its own stop, as table rows; and its stop. With
     ``stops``, the last column is what the stop rules read once the launch was measured
     (:func:`stop_inputs`) instead of what the sampler believed about the best."""
-    order = model_order(spec)
-    loop = build_loop(spec, results=str(results), launcher=fast_launcher)
+    order = model_order(spec, t.keep)
+    loop = build_loop(spec, results=str(results), launcher=fast_launcher, keep=t.keep)
     loop.poll_s = 0.0
     try:
         loop.seed()
@@ -166,7 +170,7 @@ def trace(spec: StudySpec, t: Truth, results: Path, stops: bool = False
 
 def anchor_rows(spec: StudySpec, t: Truth, name: str, seed: int) -> list[list[str]]:
     """The anchor's launches on the same truth, charged as the benchmark charges them."""
-    order = model_order(spec)
+    order = model_order(spec, t.keep)
     rows, spent = [], 0.0
     for n, key in enumerate(ANCHORS[name](t.space, random.Random(seed)), 1):
         spent += launch_node_hours(spec, t, key)
@@ -214,7 +218,7 @@ def emit(rows: list[list[str]], last: str = "the best, as the sampler saw it") -
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--surface", default="micro_batch")
+    parser.add_argument("--surface", default="micro_batch", help="a surface or a replay's name")
     parser.add_argument("--space", default="full")
     parser.add_argument("--seeds", default="0", help="comma-separated; empty: no tune search")
     parser.add_argument("--anchor", default="")
@@ -233,10 +237,11 @@ def main() -> int:
     logging.getLogger("tuner").setLevel(logging.WARNING)
     base = study_from_mapping(study_data(args.surface, "tune", 0, 1, args.space))
     t = truth(base, args.surface)
-    order = model_order(base)
+    order = model_order(base, t.keep)
     best_rank = order[t.best_key][0]
     good = sorted(order[k][0] for k in t.step if t.good(k))
-    sys.stdout.write(f"{args.space}/{args.surface}: best {t.best_key} {t.best_step:.3f} s, "
+    where = "replay" if t.keep is not None else args.space
+    sys.stdout.write(f"{where}/{args.surface}: best {t.best_key} {t.best_step:.3f} s, "
                      f"model rank {best_rank} of {len(order)}; configs within 2 % at model "
                      f"ranks {good}\n")  # fmt: skip
     if args.starts:

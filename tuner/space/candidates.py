@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -330,6 +331,22 @@ class SpaceReport:
         from tuner.space.columns import space_frame
 
         return space_frame(self.ranked() + (self.oom if include_oom else []))
+
+    def restricted(self, keys: Collection[str]) -> SpaceReport:
+        """The report over the configs named in ``keys`` (``ParallelConfig.key()``) alone: the
+        configs outside were never candidates. Needs the predicted-OOM list (``enumerate_space``
+        with ``keep_oom``) to count the kept ones; a kept key that names no valid config of the
+        space counts as invalid (rule ``not in the space``)."""
+        keep = frozenset(keys)
+        viable = [c for c in self.viable if c.config.key() in keep]
+        oom = [c for c in self.oom if c.config.key() in keep]
+        invalid = len(keep) - len(viable) - len(oom)
+        return SpaceReport(
+            total=len(keep), invalid=invalid,
+            invalid_by_rule=Counter({"not in the space": invalid} if invalid else {}),
+            predicted_oom=len(oom), viable=viable, oom=oom,
+            probes=[c for c in self.probes if c.config.key() in keep],
+        )  # fmt: skip
 
     def counts(self) -> dict[str, Any]:
         """Counts for ``tune space --json``; an invalid config counts under its first rule."""

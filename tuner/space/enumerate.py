@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,19 +359,26 @@ class SharedSpace:
     both need it with the same rates, so a study loop builds it once and hands it to both.
     """
 
-    __slots__ = ("_report", "rates", "spec", "terms")
+    __slots__ = ("_report", "keep", "rates", "spec", "terms")
 
     def __init__(
-        self, spec: StudySpec, rates: Rates | None = None, terms: StackTerms | None = None
-    ) -> None:
+        self, spec: StudySpec, rates: Rates | None = None, terms: StackTerms | None = None,
+        keep: Collection[str] | None = None,
+    ) -> None:  # fmt: skip
+        """``keep``: the only configs (by key) the study may consider, all others left out of
+        the enumeration (:meth:`SpaceReport.restricted`); None, the whole space. A replay of
+        configs measured elsewhere (``benchmarks/replays.py``) searches those and no other."""
         self.spec, self.rates, self.terms = spec, rates, terms
+        self.keep = None if keep is None else frozenset(keep)
         self._report: SpaceReport | None = None
 
     def report(self) -> SpaceReport:
         """The enumeration (viable configs with their times, and the memory probes); shared, so
         callers must not change it."""
         if self._report is None:
-            self._report = enumerate_space(self.spec, rates=self.rates, terms=self.terms)
+            whole = enumerate_space(self.spec, keep_oom=self.keep is not None, rates=self.rates,
+                                    terms=self.terms)  # fmt: skip
+            self._report = whole if self.keep is None else whole.restricted(self.keep)
         return self._report
 
 

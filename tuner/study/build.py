@@ -31,16 +31,19 @@ def build_loop(
     spec: StudySpec, *, storage: str | None = None, results: str = "results", force: bool = False,
     n_trials: int | None = None, launcher: Launcher = template_launcher,
     executor: Any = None, on_update: Callable[[StudyLoop], None] | None = None,
-    rerun: Collection[Outcome] = (),
+    rerun: Collection[Outcome] = (), keep: Collection[str] | None = None,
 ) -> StudyLoop:  # fmt: skip
-    """Everything a worker needs: storage, study, leases, executor, node pool, results layout."""
+    """Everything a worker needs: storage, study, leases, executor, node pool, results layout.
+    ``keep``: the only configs (by key) the study may launch (:class:`SharedSpace`); None, the
+    whole space."""
     layout = ResultsLayout(Path(results).resolve(), spec.name)
     check_results_dir(layout)
     where = resolve_url(storage, layout)  # a --storage no driver takes: said first
     if where.journal is None:
         check_arguments(where)
     rates = study_rates(spec, results)  # the cluster's measured profile, if any
-    space = SharedSpace(spec, rates, study_terms(spec, results, rates))  # + the probe's terms
+    # + the probe's terms; only the configs ``keep`` names, when given
+    space = SharedSpace(spec, rates, study_terms(spec, results, rates), keep)
     sampler = make_sampler(spec, history(spec, results), rates, space)  # + saved calibration
     # Made just before the study it holds, and removed if the study is not made in it: a Ctrl-C
     # (or a refusal) while the space was built, or in the schema's creation, left a database
