@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from tuner.models.memory import allocator
 from tuner.models.memory.allocator import (
     MIB,
     NO_TENSORS,
@@ -189,3 +190,29 @@ def test_a_groups_sums_are_its_first_tensors_sums_extended_by_the_rest() -> None
     ones = ((1e16, 1), (1.0, 1), (1.0, 1))
     assert group_sums(ones)[0] == 1e16
     assert extended_sums(group_sums(ones[:1]), ones[1:])[0] == 1e16
+
+
+def test_extended_sums_is_the_plain_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``extended_sums`` (each request's four parts kept per (size, count)) adds what a fold
+    written request by request adds, in the same order, to the bit: the requested bytes
+    ``size * count``, the rounded blocks, the per-call segments at the most and one segment
+    per request; with a table small enough to start over many times on the way."""
+    monkeypatch.setattr(allocator, "MAX_REQUEST_PARTS", 7)
+    rng = random.Random(3636)
+    sizes = (1e16, 1.0, 3.3, 2.0**20 + 0.5, 7 * 2.0**30 / 3, 512.0, 10 * 2.0**20)
+    for _ in range(2_000):
+        group = tuple(
+            (rng.choice((*sizes, rng.uniform(0, 2e9))), rng.randrange(1, 64))
+            for _ in range(rng.randrange(0, 10))
+        )  # fmt: skip
+        start = (rng.uniform(0, 1e10), rng.randrange(0, 1 << 40), rng.randrange(0, 1 << 40),
+                 rng.randrange(0, 1 << 40))  # fmt: skip
+        requested, least, most, each = start
+        for size, count in group:
+            r = round_size(size)
+            seg = segment_size(r)
+            requested += size * count
+            least += r * count
+            most += seg * -(-count // (seg // r))
+            each += seg * count
+        assert extended_sums(start, group) == (requested, least, most, each)
