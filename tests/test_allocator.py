@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from tuner.models.memory import allocator
 from tuner.models.memory.allocator import (
     MIB,
     NO_TENSORS,
@@ -192,12 +191,11 @@ def test_a_groups_sums_are_its_first_tensors_sums_extended_by_the_rest() -> None
     assert extended_sums(group_sums(ones[:1]), ones[1:])[0] == 1e16
 
 
-def test_extended_sums_is_the_plain_fold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``extended_sums`` (each request's four parts kept per (size, count)) adds what a fold
-    written request by request adds, in the same order, to the bit: the requested bytes
-    ``size * count``, the rounded blocks, the per-call segments at the most and one segment
-    per request; with a table small enough to start over many times on the way."""
-    monkeypatch.setattr(allocator, "MAX_REQUEST_PARTS", 7)
+def test_extended_sums_is_the_plain_fold() -> None:
+    """``extended_sums`` from any starting sums adds what a fold written here request by
+    request adds, in the same order, to the bit: the requested bytes ``size * count``, the
+    rounded blocks, the per-call segments at the most (a ceiling) and one segment per request
+    (``group_sums`` is that fold from nothing, so this is its definition too)."""
     rng = random.Random(3636)
     sizes = (1e16, 1.0, 3.3, 2.0**20 + 0.5, 7 * 2.0**30 / 3, 512.0, 10 * 2.0**20)
     for _ in range(2_000):

@@ -233,38 +233,13 @@ def extended_sums(sums: GroupSums, tensors: Tensors) -> GroupSums:
     its first part's extended by the rest, to the bit (the requested bytes are floats, summed
     in order: Python 3.11's ``sum``; 3.12's compensates, which no prefix can carry on)."""
     requested, least, most, each = sums
-    get = _PARTS.get
-    for request in tensors:
-        parts = get(request)
-        if parts is None:
-            parts = _request_parts(request)
-        add_requested, add_least, add_most, add_each = parts
-        requested += add_requested
-        least += add_least
-        most += add_most
-        each += add_each
+    for size, count in tensors:
+        r, seg = _block(size)
+        requested += size * count
+        least += r * count
+        most += seg * segments_at_most(count, r, seg)
+        each += seg * count
     return requested, least, most, each
-
-
-_PARTS: dict[tuple[float, int], GroupSums] = {}
-""":func:`_request_parts` per (size, count): the same requests recur across the stages and
-configs of a space (about five a group, some 10^6 folds in a 10^5 space)."""
-MAX_REQUEST_PARTS = 1 << 16
-"""Requests :data:`_PARTS` keeps; a full table starts over."""
-
-
-def _request_parts(request: tuple[float, int]) -> GroupSums:
-    """What one (size, count) adds to each of :func:`extended_sums`' four figures, kept
-    (:data:`MAX_REQUEST_PARTS`): the requested bytes ``size * count`` as the fold computed
-    them, the blocks, the segments at the most (:func:`segments_at_most`) and at one a
-    request, so :func:`extended_sums` adds the same values in the same order."""
-    size, count = request
-    r, seg = _block(size)
-    if len(_PARTS) >= MAX_REQUEST_PARTS:
-        _PARTS.clear()
-    parts = _PARTS[request] = (size * count, r * count, seg * segments_at_most(count, r, seg),
-                               seg * count)  # fmt: skip
-    return parts
 
 
 Sums = tuple[GroupSums, ...]
