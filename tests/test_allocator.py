@@ -189,3 +189,28 @@ def test_a_groups_sums_are_its_first_tensors_sums_extended_by_the_rest() -> None
     ones = ((1e16, 1), (1.0, 1), (1.0, 1))
     assert group_sums(ones)[0] == 1e16
     assert extended_sums(group_sums(ones[:1]), ones[1:])[0] == 1e16
+
+
+def test_extended_sums_is_the_plain_fold() -> None:
+    """``extended_sums`` from any starting sums adds what a fold written here request by
+    request adds, in the same order, to the bit: the requested bytes ``size * count``, the
+    rounded blocks, the per-call segments at the most (a ceiling) and one segment per request
+    (``group_sums`` is that fold from nothing, so this is its definition too)."""
+    rng = random.Random(3636)
+    sizes = (1e16, 1.0, 3.3, 2.0**20 + 0.5, 7 * 2.0**30 / 3, 512.0, 10 * 2.0**20)
+    for _ in range(2_000):
+        group = tuple(
+            (rng.choice((*sizes, rng.uniform(0, 2e9))), rng.randrange(1, 64))
+            for _ in range(rng.randrange(0, 10))
+        )  # fmt: skip
+        start = (rng.uniform(0, 1e10), rng.randrange(0, 1 << 40), rng.randrange(0, 1 << 40),
+                 rng.randrange(0, 1 << 40))  # fmt: skip
+        requested, least, most, each = start
+        for size, count in group:
+            r = round_size(size)
+            seg = segment_size(r)
+            requested += size * count
+            least += r * count
+            most += seg * -(-count // (seg // r))
+            each += seg * count
+        assert extended_sums(start, group) == (requested, least, most, each)
