@@ -296,3 +296,25 @@ def test_a_throughput_not_above_zero_gives_no_step_time() -> None:
     )
     metrics = parse_deepspeed(text, global_batch_size=32)
     assert (metrics.step_time_s, metrics.samples_per_s) == (None, None)
+
+
+def test_two_prints_glued_on_one_line_are_two_steps() -> None:
+    """Two ranks' prints written without a line break between them (or a print cut short and
+    the next glued to it) read as one record, the first's step lost: the key=value tokens ran on
+    into the second print and its ``iter=`` overwrote the first's."""
+    tuner = (
+        "tuner-step: iter=1 time_s=9 rank=0\n"
+        "tuner-step: iter=2 time_s=0.5 rank=0tuner-step: iter=3 time_s=0.7 rank=0\n"
+        "tuner-step: iter=4 time_s=0.6 ratuner-step: iter=5 time_s=0.5 rank=0\n"
+    )
+    metrics = parse_log(tuner, "deepspeed")
+    assert metrics.iterations == 5
+    assert metrics.step_times_s == (9.0, 0.5, 0.7, 0.6, 0.5)
+    pipeline = (
+        "steps: 1 loss: 8.1 iter time (s): 9.0 samples/sec: 7.1\n"
+        "steps: 2 loss: 8.1 iter time (s): 0.5 samples/sec: 128.0steps: 3 loss: 8.1 iter time "
+        "(s): 0.6 samples/sec: 100.0\n"
+    )
+    metrics = parse_log(pipeline, "deepspeed")
+    assert metrics.iterations == 3
+    assert metrics.step_times_s == (9.0, 0.5, 0.6)

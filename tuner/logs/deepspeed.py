@@ -34,7 +34,8 @@ Step time comes from the first source present: tuner-step lines, iteration lines
 A step time or throughput printed that is no number above zero (0, negative, NaN, an infinity:
 a broken timer's) measures nothing: it is left out, and named as the reason when no step time is
 left (as Megatron's ``elapsed time per iteration (ms): nan``). A pipeline ``steps: N`` printed
-twice (a log two runs appended to) is one step, its slowest print.
+twice (a log two runs appended to) is one step, its slowest print. Two prints glued on one line
+without a break (``... rank=0tuner-step: iter=3 ...``) are two records.
 
 A run diverged when a ``tuner-step`` or pipeline ``loss:`` is NaN/inf, or when its Megatron
 iteration lines say so (:func:`tuner.logs.megatron.divergence`). DeepSpeed's fp16 ``OVERFLOW!
@@ -125,9 +126,12 @@ class DeepSpeedScan:
         """Read one (prefix-stripped) line."""
         self.megatron.feed(line)
         if "tuner-step:" in line:
-            self._tuner_step(line)
-        if "iter time (s)" in line and (match := _PIPELINE.search(line)):
-            self._pipeline(match)
+            for piece in _glued(line, "tuner-step:"):
+                self._tuner_step(piece)
+        if "iter time (s)" in line:
+            for piece in _glued(line, "steps: "):
+                if match := _PIPELINE.search(piece):
+                    self._pipeline(match)
         if "time (ms)" in line and (match := _TIMERS.search(line)):
             self._timers(line, match.end())
         if "SamplesPerSec=" in line:
@@ -276,6 +280,15 @@ def summarise(
         summary, step_time_s=step, samples_per_s=samples, diverged=diverged,
         no_step_time=None if step is not None else unmeasured,
     )  # fmt: skip
+
+
+def _glued(line: str, literal: str) -> list[str]:
+    """The records of ``line`` that start with ``literal``, each cut where the next starts: two
+    prints written without a line break between them (``... rank=0tuner-step: iter=3 ...``, a
+    print cut short and the next glued to it) are two records; read as one, the first's
+    ``key=value`` tokens ran on into the second's and its step was lost."""
+    pieces = line.split(literal)
+    return [literal + piece for piece in pieces[1:]]
 
 
 def _above_zero(text: str) -> float | None:
