@@ -146,3 +146,12 @@ def test_without_the_tokens_per_step_the_reason_says_so() -> None:
     with the study's tokens per step."""
     m = parse_log(REAL, "torchtitan")
     assert m.reason is not None and "tokens per second" in m.reason
+
+
+def test_two_metric_lines_glued_on_one_line_are_two_steps() -> None:
+    """Two ranks' (or a cut-short and the next) metric lines without a break between them: the
+    second's step was lost."""
+    glued = line(2, 500).rstrip("\n") + line(3, 1000)
+    m = parse_log(line(1, 1000) + glued + line(4, 1000), "torchtitan", step_tokens=1000.0)
+    assert m.iterations == 4
+    assert m.step_times_s == (1.0, 2.0, 1.0, 1.0)

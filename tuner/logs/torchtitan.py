@@ -89,16 +89,14 @@ class TitanScan:
         """Read one (escape- and prefix-stripped) line."""
         if "tps:" not in line or "validate step:" in line:
             return
-        match = _STEP.search(line)
-        if match is None:
-            return
-        step, loss, reserved, _pct, tps, tflops, _mfu = match.groups()
-        record = StepRecord(
-            step=int(step), loss=_number(loss), reserved_gib=_figure(reserved),
-            tps=_number(tps.replace(",", "")), tps_text=tps, tflops=_figure(tflops),
-        )  # fmt: skip
-        previous = self.steps.get(record.step)
-        self.steps[record.step] = record if previous is None else _merged(previous, record)
+        for match in _STEP.finditer(line):  # two prints glued without a break: two steps
+            step, loss, reserved, _pct, tps, tflops, _mfu = match.groups()
+            record = StepRecord(
+                step=int(step), loss=_number(loss), reserved_gib=_figure(reserved),
+                tps=_number(tps.replace(",", "")), tps_text=tps, tflops=_figure(tflops),
+            )  # fmt: skip
+            previous = self.steps.get(record.step)
+            self.steps[record.step] = record if previous is None else _merged(previous, record)
 
     def reserved_peak(self) -> float | None:
         """The largest logged max-reserved figure, GiB."""
