@@ -85,7 +85,7 @@ LAUNCH = {
     "PMI_FD": "7", "PMI_JOBID": "4242.0", "OMPI_COMM_WORLD_RANK": "0",
     "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_UNIVERSE_SIZE": "2",
     "OMPI_MCA_orte_hnp_uri": "1234.0;tcp://10.0.0.1:5000", "OMPI_MCA_ess": "^singleton",
-    "OMPI_MCA_pmix": "^s1,s2,cray,isolated", "OMPI_FILE_LOCATION": "/tmp/ompi.n1/pid.7/0/0",
+    "OMPI_MCA_pmix": "^s1,s2,cray,isolated", "OMPI_FILE_LOCATION": "/scratch/ompi.n1/pid.7/0/0",
 }  # fmt: skip
 MPI_USER = {
     "OMPI_MCA_btl_tcp_if_include": "ib0", "PMIX_MCA_gds": "hash", "PMI_FANOUT": "32",
