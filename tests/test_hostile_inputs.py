@@ -140,6 +140,12 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("env-key-line-break", changed("launch.env", {"NCCL_DEBUG\n": "INFO"}),
      "launch.env: 'NCCL_DEBUG\\n' is not an environment variable name"),
     ("env-value-nul", changed("launch.env", {"A": "x\0y"}), "launch.env.A: must not contain"),
+    # Linux's execve takes no one string over 128 KiB: every trial was a launch_error "exited
+    # with code 126", naming nothing, until three in a row stopped the study
+    ("env-value-over-exec-limit", changed("launch.env", {"BIG": "x" * 140_000}),
+     "launch.env.BIG: 140,005 bytes as BIG=value, more than the 131,072 one"),
+    ("extra-arg-over-exec-limit", changed("launch.extra_args", ["--x", "y" * 131_072]),
+     "launch.extra_args[1]: 131,073 bytes, more than the 131,072 one"),
     # the master address's stand-in in scripts written before the nodes are known: replaced
     # there, so tune best's script ran '--data-path /d/"${MASTER_ADDR}"', a Slurm trial the address
     ("master-placeholder", changed("launch.extra_args", ["--data-path", "/d/@TUNER_MASTER_ADDR@"]),

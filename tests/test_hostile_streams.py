@@ -81,3 +81,37 @@ def test_a_full_standard_output_is_one_line_naming_it(tmp_path: Path, argv: list
         done = _tune_into(full.fileno(), argv, tmp_path)
     said = "tune: error: standard output: No space left on device\n"
     assert (done.returncode, done.stderr) == (2, said), done.stderr
+
+
+@pytest.mark.slow
+def test_a_study_whose_reader_is_gone_runs_on_and_records_every_trial(tmp_path: Path) -> None:
+    """``tune -v run ... 2>&1 | head -2``: head goes after the first log lines, with trials
+    running. What a user expects of a study is its trials, not its output: the loop runs on,
+    every trial is run and recorded (none left running, none dropped) and the status is the
+    reader's gone (141), with nothing said on the gone stderr."""
+    import json
+
+    from tests.test_study import SURFACE, standin_processes, study_data, write_study
+
+    study = write_study(tmp_path, study_data(tmp_path, SURFACE, n_trials=2))
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tuner.cli.main", "-v", "--results", str(tmp_path / "r"),
+             "run", "--study", str(study)],
+            cwd=tmp_path, stdout=write, stderr=write, timeout=HANG_GUARD_S, check=False,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == READER_GONE
+    listed = subprocess.run(
+        [sys.executable, "-m", "tuner.cli.main", "--results", str(tmp_path / "r"),
+         "leaderboard", "--study", str(study), "--format", "json", "--all"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S, check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    rows = json.loads(listed.stdout)
+    assert sorted(r["outcome"] for r in rows) == ["ok", "ok"], listed.stdout[-2000:]
+    assert standin_processes(tmp_path) == []

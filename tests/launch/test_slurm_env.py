@@ -75,6 +75,61 @@ def test_submit_mode_inside_an_allocation_says_so_once(
     assert caplog.records == []
 
 
+# What a process started by `srun --mpi=pmix` (Slurm's PMIx plugin), `srun --mpi=pmi2` and Open
+# MPI's mpirun carries (their servers' addresses, its rank and size), beside the user's own
+# MPI and PMIx parameters and Slurm's PMI library settings (srun(1)).
+LAUNCH = {
+    "PMIX_RANK": "0", "PMIX_NAMESPACE": "slurm.pmix.4242.0", "PMIX_SERVER_URI3": "pmix-server",
+    "PMIX_SERVER_URI21": "pmix-server", "PMIX_SERVER_TMPDIR": "/var/spool/pmix.4242.0",
+    "PMIX_SECURITY_MODE": "native", "PMIX_HOSTNAME": "n1", "PMI_RANK": "0", "PMI_SIZE": "2",
+    "PMI_FD": "7", "PMI_JOBID": "4242.0", "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_UNIVERSE_SIZE": "2",
+    "OMPI_MCA_orte_hnp_uri": "1234.0;tcp://10.0.0.1:5000", "OMPI_MCA_ess": "^singleton",
+    "OMPI_MCA_pmix": "^s1,s2,cray,isolated", "OMPI_FILE_LOCATION": "/scratch/ompi.n1/pid.7/0/0",
+}  # fmt: skip
+MPI_USER = {
+    "OMPI_MCA_btl_tcp_if_include": "ib0", "PMIX_MCA_gds": "hash", "PMI_FANOUT": "32",
+    "PMI_TIME": "500",
+}  # fmt: skip
+
+
+def test_an_enclosing_mpi_launch_s_variables_are_dropped_and_the_user_s_kept() -> None:
+    """``tune run`` from a shell started by ``srun --mpi=pmix --pty bash`` (or under mpirun)
+    exported that step's PMIx, PMI and Open MPI variables into every trial's job: its server's
+    address, its rank and size (0 of 2). A process there that initialises MPI or PMIx (mpi4py,
+    an MPI-aware library, Slurm's own PMI library under an srun whose plugin sets fewer names)
+    took itself for rank 0 of the enclosing step and reached for that step's server. As
+    mpirun itself clears them for what it starts, the trials' jobs get none of them; the
+    user's ``OMPI_MCA_*``, ``PMIX_MCA_*`` and srun's ``PMI_FANOUT``/``PMI_TIME`` stay."""
+    env = {**USER, **MPI_USER, **ALLOCATION, **LAUNCH}
+    assert submit_env(env) == {**USER, **MPI_USER}
+    assert enclosing_job_variables(env) == sorted({**ALLOCATION, **LAUNCH})
+    under_mpirun = {**USER, **MPI_USER, **LAUNCH}  # no Slurm job: mpirun on its own hosts
+    assert submit_env(under_mpirun) == {**USER, **MPI_USER}
+    ex = SlurmExecutor(SlurmSpec(), env=under_mpirun)
+    assert ex.commands.env == {**USER, **MPI_USER}
+
+
+def test_outside_a_launch_the_mpi_settings_are_the_users() -> None:
+    env = {**USER, **MPI_USER, "PMIX_SERVER_TMPDIR": "/x", "OMPI_MCA_pmix": "^s1"}
+    assert submit_env(env) == env and enclosing_job_variables(env) == []
+
+
+def test_submit_mode_under_an_mpi_launch_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning named the Slurm job only: under mpirun alone it raised StopIteration."""
+    for k in [k for k in os.environ if k.startswith(("SLURM", "PMI", "OMPI_"))]:
+        monkeypatch.delenv(k)
+    for k, v in LAUNCH.items():
+        monkeypatch.setenv(k, v)
+    with caplog.at_level(logging.WARNING, logger="tuner.launch.slurm_alloc"):
+        ex = make_slurm_executor(SlurmSpec(mode="submit"), ("slurm-0",))
+    assert isinstance(ex, SlurmExecutor)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "inside an MPI launch (rank 0)" in said[0], said
+
+
 SRUN_FATAL = (
     "srun: fatal: SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually "
     "exclusive."

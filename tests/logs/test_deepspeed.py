@@ -230,3 +230,91 @@ def test_nan_loss_in_deepspeed_lines_is_divergence() -> None:
     fp16 = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to"
     text = f"{fp16} 32768\ntuner-step: iter=1 time_s=0.5\ntuner-step: iter=2 time_s=0.5\n"
     assert parse_log(text).outcome is Outcome.OK
+
+
+# One line of each source that gives a DeepSpeed step time, its time written as {t} seconds.
+TIME_SOURCES = {
+    "tuner-step": ("tuner-step: iter={n} time_s={t} rank=0", "time_s is '{t}' at iter 1"),
+    "pipeline": (
+        "steps: {n} loss: 8.1 iter time (s): {t} samples/sec: 64.0",
+        "iter time (s) is '{t}' at step 1",
+    ),
+    "timers": (
+        "[Rank 0] time (ms) | fwd: {t} | bwd: 0 | step: 0",
+        "fwd + bwd + step is '{t:g}' ms at boundary timer line 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("value", ["-0.8", "0", "0.000", "nan", "inf", "-inf"])
+@pytest.mark.parametrize("source", sorted(TIME_SOURCES))
+def test_a_step_time_that_is_no_number_above_zero_is_said(source: str, value: str) -> None:
+    """A broken timer's ``time_s=-0.8`` (or 0) was the log's step time, ``ok``: parse-log said
+    -0.8 s/step; NaN or an infinity dropped the line, "no per-iteration step time in the log"
+    as if none was printed. Each is no measurement, said as such, as Megatron's lines are."""
+    line, said = TIME_SOURCES[source]
+    text = "\n".join(line.format(n=n, t=value) for n in (1, 2, 3))
+    metrics = parse_log(text, "deepspeed")
+    assert (metrics.outcome, metrics.step_time_s) == (Outcome.NO_METRICS, None)
+    reason = (
+        f"{said.format(t=float(value) if source == 'timers' else value)}: not a number above zero"
+    )
+    assert metrics.reason == f"no per-iteration step time in the log: {reason}"
+
+
+@pytest.mark.parametrize("source", sorted(TIME_SOURCES))
+def test_a_step_time_not_above_zero_is_left_out_of_the_median(source: str) -> None:
+    line = TIME_SOURCES[source][0]
+    times = ["9", "1", "-5", "0", "-7", "2", "3"]  # the first is the warm-up
+    metrics = parse_log("\n".join(line.format(n=n, t=t) for n, t in enumerate(times)), "deepspeed")
+    assert metrics.outcome is Outcome.OK
+    assert metrics.step_time_s == pytest.approx(2.0 / (1000 if source == "timers" else 1))
+
+
+def test_two_runs_of_pipeline_lines_are_one_step_each() -> None:
+    """A log two runs appended to (logs are opened for appending) held each ``steps: N`` line
+    twice: "iterations" said 10 for 5 and the median mixed the two runs. A step printed twice is
+    one step, its slowest print (as ``tuner-step`` lines of several ranks)."""
+    first = [(n, 1.0) for n in range(1, 6)]
+    second = [(n, 3.0) for n in range(1, 6)]
+    text = "\n".join(
+        f"steps: {n} loss: 8.1 iter time (s): {t} samples/sec: {64 / t}" for n, t in first + second
+    )
+    metrics = parse_log(text, "deepspeed")
+    assert metrics.iterations == 5
+    assert metrics.step_times_s == (3.0,) * 5
+    assert metrics.samples_per_s == pytest.approx(64 / 3.0)
+
+
+def test_a_throughput_not_above_zero_gives_no_step_time() -> None:
+    """``CurrSamplesPerSec=-64`` gave samples/s -64 and, with the batch known, a step time of
+    -0.5 s."""
+    text = "\n".join(
+        f"epoch=0/micro_step={n}/global_step={n}, RunningAvgSamplesPerSec=-64.0, "
+        f"CurrSamplesPerSec={v}, MemAllocated=1.2GB, MaxMemAllocated=3.4GB"
+        for n, v in enumerate(["-64.0", "0", "-64.0"], start=1)
+    )
+    metrics = parse_deepspeed(text, global_batch_size=32)
+    assert (metrics.step_time_s, metrics.samples_per_s) == (None, None)
+
+
+def test_two_prints_glued_on_one_line_are_two_steps() -> None:
+    """Two ranks' prints written without a line break between them (or a print cut short and
+    the next glued to it) read as one record, the first's step lost: the key=value tokens ran on
+    into the second print and its ``iter=`` overwrote the first's."""
+    tuner = (
+        "tuner-step: iter=1 time_s=9 rank=0\n"
+        "tuner-step: iter=2 time_s=0.5 rank=0tuner-step: iter=3 time_s=0.7 rank=0\n"
+        "tuner-step: iter=4 time_s=0.6 ratuner-step: iter=5 time_s=0.5 rank=0\n"
+    )
+    metrics = parse_log(tuner, "deepspeed")
+    assert metrics.iterations == 5
+    assert metrics.step_times_s == (9.0, 0.5, 0.7, 0.6, 0.5)
+    pipeline = (
+        "steps: 1 loss: 8.1 iter time (s): 9.0 samples/sec: 7.1\n"
+        "steps: 2 loss: 8.1 iter time (s): 0.5 samples/sec: 128.0steps: 3 loss: 8.1 iter time "
+        "(s): 0.6 samples/sec: 100.0\n"
+    )
+    metrics = parse_log(pipeline, "deepspeed")
+    assert metrics.iterations == 3
+    assert metrics.step_times_s == (9.0, 0.5, 0.6)

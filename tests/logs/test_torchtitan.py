@@ -84,3 +84,74 @@ def test_tyro_parse_errors_are_launch_errors() -> None:
         m = parse_log(text, "torchtitan", exit_codes=[1], step_tokens=1.0)
         assert m.outcome == Outcome.LAUNCH_ERROR
         assert m.reason == f"tyro: {reason}"
+
+
+def _with(step: str = "3", memory: str = "9.46", tps: str = "1,000", tflops: str = "0.52") -> str:
+    return (
+        f"[titan] 2026-05-18 16:04:46,338 - root - INFO - step: {step}  loss: 3.0  grad_norm: "
+        f" 0.8319  memory: {memory}GiB(64.99%)  tps: {tps}  tflops: {tflops}  mfu: 0.17%\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        _with(memory="."), _with(memory="12..34"), _with(memory="9.469.46"),  # two prints spliced
+        _with(tps=","), _with(tflops="."), _with(tflops="1.2.3"), _with(step="9" * 5000),
+        _with(step="9" * 400),
+    ],
+    ids=["memory-dot", "memory-two-dots", "memory-spliced", "tps-comma", "tflops-dot",
+         "tflops-two-dots", "step-5000-digits", "step-400-digits"],
+)  # fmt: skip
+@pytest.mark.parametrize("framework", ["torchtitan", "megatron", "deepspeed"])
+def test_a_garbled_metric_line_is_no_figure_not_a_crash(bad: str, framework: str) -> None:
+    """A metric line whose figure is no number (two ranks' prints spliced mid-figure, a line
+    cut short) was a ValueError or OverflowError out of the parser, in every framework's parse
+    (the torchtitan lines are looked for in each): ``tune parse-log`` a traceback, and a study
+    stopped at the trial whose log held it, on every resume again."""
+    text = line(1, 1000) + bad + line(2, 1000)
+    m = parse_log(text, framework, step_tokens=1000.0)  # type: ignore[arg-type]
+    if framework == "torchtitan":
+        assert m.outcome == Outcome.OK and m.step_time_s == pytest.approx(1.0)
+        assert m.peak_reserved_gib == 9.46
+
+
+def test_a_step_printed_twice_is_one_step_its_slowest() -> None:
+    """Every rank prints the metric line (the template filters none), and a log two runs
+    appended to holds each step twice: "iterations" said 2x the steps and the median mixed the
+    prints. A step is one, its slowest print (the lowest tps) and largest memory."""
+    first = "".join(line(s, 1000) for s in range(1, 6))
+    second = "".join(line(s, 500).replace("9.46GiB", "12.5GiB") for s in range(1, 6))
+    for text in (first + second, "".join(a + b for a, b in zip(
+            first.splitlines(True), second.splitlines(True), strict=True))):  # fmt: skip
+        m = parse_log(text, "torchtitan", warmup=1, step_tokens=1000.0)
+        assert m.iterations == 5
+        assert m.step_times_s == (2.0,) * 5
+        assert m.peak_reserved_gib == 12.5
+
+
+@pytest.mark.parametrize("tps", ["0", "nan", "inf"])
+def test_a_tps_that_is_no_number_above_zero_is_said(tps: str) -> None:
+    """``tps: 0`` (a broken timer's, or no token counted) read "no per-iteration step time in
+    the log", as if the log printed none; NaN or an infinity dropped the line as if it was none."""
+    m = parse_log("".join(_with(str(s), tps=tps) for s in (1, 2)), "torchtitan", step_tokens=1.0)
+    assert (m.outcome, m.iterations) == (Outcome.NO_METRICS, 2)
+    said = f"tps is '{tps}' at step 1: not a number above zero"
+    assert m.reason == f"no per-iteration step time in the log: {said}"
+
+
+def test_without_the_tokens_per_step_the_reason_says_so() -> None:
+    """``tune parse-log`` of a good torchtitan log said "no per-iteration step time in the
+    log", as of a broken one: the log prints tokens per second, which gives a step time only
+    with the study's tokens per step."""
+    m = parse_log(REAL, "torchtitan")
+    assert m.reason is not None and "tokens per second" in m.reason
+
+
+def test_two_metric_lines_glued_on_one_line_are_two_steps() -> None:
+    """Two ranks' (or a cut-short and the next) metric lines without a break between them: the
+    second's step was lost."""
+    glued = line(2, 500).rstrip("\n") + line(3, 1000)
+    m = parse_log(line(1, 1000) + glued + line(4, 1000), "torchtitan", step_tokens=1000.0)
+    assert m.iterations == 4
+    assert m.step_times_s == (1.0, 2.0, 1.0, 1.0)

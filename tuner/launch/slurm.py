@@ -37,7 +37,7 @@ from tuner.launch.base import (
     NodeProcess,
     new_token,
 )
-from tuner.launch.slurm_env import inside_allocation, submit_env
+from tuner.launch.slurm_env import enclosed, submit_env
 from tuner.launch.slurm_script import (
     BATCH_SCRIPT,
     MASTER_PLACEHOLDER,
@@ -184,7 +184,9 @@ class SlurmExecutor(Executor):
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
         base = os.environ if env is None else env
-        if inside_allocation(base):  # the trials' jobs get none of the enclosing job's variables
+        if enclosed(
+            base
+        ):  # the trials' jobs get none of the enclosing job's or launch's variables
             env = submit_env(base)
         self.commands = SlurmCommands(env)
         self.accounting = Accounting(self.commands.run)

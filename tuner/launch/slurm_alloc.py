@@ -21,7 +21,7 @@ from typing import IO, Any
 from tuner.errors import LaunchError, NodeError, StudyError
 from tuner.launch.base import PROCESS_SCRIPT, Executor, LaunchRequest, NodeProcess
 from tuner.launch.slurm import SlurmCommands, SlurmExecutor
-from tuner.launch.slurm_env import ALLOCATION_MARKERS, enclosing_job_variables
+from tuner.launch.slurm_env import ALLOCATION_MARKERS, enclosing_job_variables, launch_rank
 from tuner.spec.study import SlurmSpec
 
 logger = logging.getLogger(__name__)
@@ -38,11 +38,13 @@ def make_slurm_executor(spec: SlurmSpec, slots: Sequence[str]) -> Executor:
     if mode == "submit":
         dropped = enclosing_job_variables(os.environ)
         if dropped:
-            job = next(os.environ[v] for v in ALLOCATION_MARKERS if os.environ.get(v))
+            job = next((os.environ[v] for v in ALLOCATION_MARKERS if os.environ.get(v)), None)
+            rank = (launch_rank(os.environ) or "")[:40]
+            where = f"Slurm job {job[:40]}" if job is not None else f"an MPI launch (rank {rank})"
             logger.warning(
-                "tune runs inside Slurm job %s, but cluster.slurm.mode is submit: every trial "
-                "is its own job, submitted without this job's %d variables (%s)",
-                job[:40], len(dropped), ", ".join(dropped[:3]) + (", ..." if dropped[3:] else ""),
+                "tune runs inside %s, but cluster.slurm.mode is submit: every trial is its own "
+                "job, submitted without this job's %d variables (%s)",
+                where, len(dropped), ", ".join(dropped[:3]) + (", ..." if dropped[3:] else ""),
             )  # fmt: skip
         return SlurmExecutor(spec, poll_interval_s=min(1.0, spec.poll_interval_s))
     job_id = os.environ.get("SLURM_JOB_ID")

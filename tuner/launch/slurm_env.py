@@ -9,6 +9,14 @@ trial's own ``srun`` reads them as its options, options of a job that is not thi
 ``SLURM_MEM_PER_CPU`` from the allocation and ``SLURM_MEM_PER_NODE`` from the trial's job, srun
 stops with "SLURM_MEM_PER_CPU, SLURM_MEM_PER_GPU, and SLURM_MEM_PER_NODE are mutually exclusive"
 before any rank starts. Submit mode therefore runs every Slurm command without them.
+
+The same holds for the variables an MPI launch gives each process it starts (``srun
+--mpi=pmix``/``pmi2`` inside the allocation, ``mpirun``): the launch's PMIx server address, the
+process's rank and size. Exported into a trial's job, a process there that initialises MPI or
+PMIx takes itself for that rank of the enclosing launch and reaches for its server (the
+trial's srun sets its own plugin's variables for each task, none under ``--mpi=none``). mpirun
+clears its own for what it starts (Open MPI ``orted_submit.c``: ``OMPI_MCA_ess``,
+``OMPI_MCA_pmix``; PRRTE launches without ``PMIX_*``); submit mode runs without any of them.
 """
 
 from __future__ import annotations
@@ -37,23 +45,53 @@ JOB_OUTPUTS = frozenset({"SLURMD_NODENAME", "SRUN_DEBUG", "SBATCH_MEM_BIND",
 environment (an enclosing job's ``--mem-bind`` would otherwise bind the trial's)."""
 
 
+LAUNCH_MARKERS = ("PMIX_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
+"""Set for every process a PMIx, PMI or Open MPI launch started: this process is one."""
+
+LAUNCH_INPUTS = ("PMIX_MCA_", "OMPI_MCA_", "PMI_FANOUT", "PMI_TIME")
+"""Prefixes of the ``PMIX_*``, ``OMPI_*`` and ``PMI_*`` variables a user sets on purpose: PMIx's
+and Open MPI's parameters (``PMIX_MCA_gds``, ``OMPI_MCA_btl_tcp_if_include``) and the settings of
+Slurm's PMI library (srun(1): ``PMI_FANOUT``, ``PMI_FANOUT_OFF_HOST``, ``PMI_TIME``)."""
+
+LAUNCH_PARAMETERS = ("OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_MCA_orte_")
+"""The Open MPI parameters mpirun sets for what it starts, not the user: how a process finds its
+launcher (``orte_hnp_uri``, ``orte_ess_num_procs``, the ``ess`` and ``pmix`` components)."""
+
+
 def inside_allocation(env: Mapping[str, str]) -> bool:
     """True when ``env`` is the environment of a process inside a Slurm job."""
     return any(env.get(name) for name in ALLOCATION_MARKERS)
 
 
+def launch_rank(env: Mapping[str, str]) -> str | None:
+    """This process's rank in the MPI launch that started it, None outside one."""
+    return next((env[name] for name in LAUNCH_MARKERS if env.get(name)), None)
+
+
+def enclosed(env: Mapping[str, str]) -> bool:
+    """True when ``env`` is that of a process inside a Slurm job or an MPI launch."""
+    return inside_allocation(env) or launch_rank(env) is not None
+
+
+def _launch_variable(name: str) -> bool:
+    if name.startswith(LAUNCH_PARAMETERS):
+        return True
+    return name.startswith(("PMIX_", "PMI_", "OMPI_")) and not name.startswith(LAUNCH_INPUTS)
+
+
 def enclosing_job_variables(env: Mapping[str, str]) -> list[str]:
-    """The names of ``env`` that are the enclosing job's (none outside an allocation)."""
-    if not inside_allocation(env):
-        return []
+    """The names of ``env`` that are the enclosing job's or launch's (none outside one)."""
+    job, launch = inside_allocation(env), enclosed(env)
     return sorted(
         name for name in env
-        if name in JOB_OUTPUTS or (name.startswith("SLURM_") and name not in CLIENT_INPUTS)
+        if (job and (name in JOB_OUTPUTS or (name.startswith("SLURM_")
+                                              and name not in CLIENT_INPUTS)))
+        or (launch and _launch_variable(name))
     )  # fmt: skip
 
 
 def submit_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without the enclosing job's variables: what ``sbatch`` and the other Slurm
-    commands of submit mode run with (``env`` itself outside an allocation)."""
+    """``env`` without the enclosing job's and launch's variables: what ``sbatch`` and the other
+    Slurm commands of submit mode run with (``env`` itself outside both)."""
     drop = set(enclosing_job_variables(env))
     return {k: v for k, v in env.items() if k not in drop}

@@ -31,6 +31,12 @@ Step time comes from the first source present: tuner-step lines, iteration lines
 ``iter time (s)``, boundary timers (fwd + bwd + step, or ``train_batch``), and finally
 ``global_batch_size / samples per second`` when the caller knows the global batch size.
 
+A step time or throughput printed that is no number above zero (0, negative, NaN, an infinity:
+a broken timer's) measures nothing: it is left out, and named as the reason when no step time is
+left (as Megatron's ``elapsed time per iteration (ms): nan``). A pipeline ``steps: N`` printed
+twice (a log two runs appended to) is one step, its slowest print. Two prints glued on one line
+without a break (``... rank=0tuner-step: iter=3 ...``) are two records.
+
 A run diverged when a ``tuner-step`` or pipeline ``loss:`` is NaN/inf, or when its Megatron
 iteration lines say so (:func:`tuner.logs.megatron.divergence`). DeepSpeed's fp16 ``OVERFLOW!
 ... Skipping step`` lines are its loss scaler at work, not divergence.
@@ -53,7 +59,7 @@ from tuner.logs.metrics import StepSummary, median, steady
 
 _TUNER_STEP = re.compile(r"\btuner-step:((?:\s+[A-Za-z_]+=\S+)+)")
 _PIPELINE = re.compile(
-    r"\bsteps: (\d{1,18}) loss: (\S+) iter time \(s\): ([-\d.eE+]+) samples/sec: ([-\d.eE+]+)"
+    r"\bsteps: (\d{1,18}) loss: (\S+) iter time \(s\): (\S+) samples/sec: (\S+)"
 )
 _TIMERS = re.compile(r"\btime \(ms\)\s*\|")
 _THROUGHPUT_PAIR = re.compile(
@@ -96,8 +102,12 @@ class DeepSpeedScan:
     """Everything the DeepSpeed line parsers found in one log."""
 
     tuner_steps: dict[int, Step] = dataclasses.field(default_factory=dict)
-    pipeline: list[Step] = dataclasses.field(default_factory=list)
+    pipeline: dict[int, Step] = dataclasses.field(default_factory=dict)
+    """The ``steps: N`` lines by N: a step printed twice (a log two runs appended to) is one
+    step, its slowest print, as ``tuner-step`` lines of several ranks are."""
     timers: list[Step] = dataclasses.field(default_factory=list)
+    boundary_lines: int = 0
+    """The boundary timer lines read, those that measured nothing included."""
     throughput: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     allocated_gib: list[float] = dataclasses.field(default_factory=list)
     """DeepSpeed's own memory figures (``MaxMemAllocated=``, ``see_memory_usage``)."""
@@ -108,17 +118,20 @@ class DeepSpeedScan:
     megatron: megatron.MegatronScan = dataclasses.field(default_factory=megatron.MegatronScan)
     bad_loss: str | None = None
     """The first NaN/inf loss of a ``tuner-step`` or pipeline line, as a reason."""
+    unmeasured: str | None = None
+    """The first step time printed that is no number above zero (NaN, an infinity, 0 or
+    negative: a broken timer's), as a reason: never a step time (it was the log's, ``ok``)."""
 
     def feed(self, line: str) -> None:
         """Read one (prefix-stripped) line."""
         self.megatron.feed(line)
         if "tuner-step:" in line:
-            self._tuner_step(line)
-        if "iter time (s)" in line and (match := _PIPELINE.search(line)):
-            seconds, samples = lines.number(match.group(3)), lines.number(match.group(4))
-            self._loss(match.group(2), f"step {match.group(1)}")
-            if seconds is not None:  # a malformed number ("4.0e") is not a measurement
-                self.pipeline.append(Step(float(match.group(1)), seconds, samples))
+            for piece in _glued(line, "tuner-step:"):
+                self._tuner_step(piece)
+        if "iter time (s)" in line:
+            for piece in _glued(line, "steps: "):
+                if match := _PIPELINE.search(piece):
+                    self._pipeline(match)
         if "time (ms)" in line and (match := _TIMERS.search(line)):
             self._timers(line, match.end())
         if "SamplesPerSec=" in line:
@@ -155,13 +168,13 @@ class DeepSpeedScan:
         values = dict(token.split("=", 1) for token in match.group(1).split())
         if "loss" in values:
             self._loss(values["loss"], f"iter {values.get('iter', '?')}")
-        iteration, time_s = (
-            lines.number(values.get("iter", "")),
-            lines.number(values.get("time_s", "")),
-        )
-        if iteration is None or time_s is None:
+        iteration = lines.number(values.get("iter", ""))
+        if iteration is None or "time_s" not in values:
             return
-        samples = lines.number(values.get("samples_per_s", ""))
+        time_s = self._seconds(values["time_s"], f"time_s is {{}} at iter {int(iteration)}")
+        if time_s is None:
+            return
+        samples = _above_zero(values.get("samples_per_s", ""))
         previous = self.tuner_steps.get(int(iteration))
         if previous is not None:
             time_s = max(time_s, previous.time_s)
@@ -179,22 +192,49 @@ class DeepSpeedScan:
 
     def _timers(self, line: str, start: int) -> None:
         fields = lines.bar_fields(line[start : lines.segment_end(line, start)] + "|", closed=True)
-        values = {k: v for k, text in fields.items() if (v := lines.number(text)) is not None}
+        values = {k: v for k, text in fields.items()
+                  if (v := lines.number(text, finite=False)) is not None}  # fmt: skip
         if "train_batch" in values:
-            total_ms = values["train_batch"]
+            total_ms, what = values["train_batch"], "train_batch"
         else:
             forward = values.get("fwd", values.get("forward"))
             backward = values.get("bwd", values.get("backward"))
             if forward is None or backward is None or "step" not in values:
                 return
-            total_ms = forward + backward + values["step"]
-        self.timers.append(Step(float(len(self.timers)), total_ms / 1000.0))
+            total_ms, what = forward + backward + values["step"], "fwd + bwd + step"
+        self.boundary_lines += 1
+        where = f"{what} is {{}} ms at boundary timer line {self.boundary_lines}"
+        if (seconds := self._seconds(f"{total_ms:g}", where)) is not None:
+            self.timers.append(Step(float(self.boundary_lines), seconds / 1000.0))
+
+    def _pipeline(self, match: re.Match[str]) -> None:
+        step = int(match.group(1))
+        self._loss(match.group(2), f"step {step}")
+        seconds = self._seconds(match.group(3), f"iter time (s) is {{}} at step {step}")
+        if seconds is None:  # a malformed number ("4.0e") is not a measurement
+            return
+        samples = _above_zero(match.group(4))
+        previous = self.pipeline.get(step)
+        if previous is None or previous.time_s < seconds:
+            self.pipeline[step] = Step(float(step), seconds, samples)
+
+    def _seconds(self, text: str, where: str) -> float | None:
+        """``text``'s number when it is one above zero; else None, and the first such noted as
+        :attr:`unmeasured` (``where`` with ``{}`` for the text)."""
+        value = lines.number(text, finite=False)
+        if value is None:
+            return None
+        if not math.isfinite(value) or value <= 0:
+            if self.unmeasured is None:
+                self.unmeasured = f"{where.format(repr(text))}: not a number above zero"
+            return None
+        return value
 
     def _throughput(self, line: str) -> None:
         pairs = {
             k: v
             for k, text in _THROUGHPUT_PAIR.findall(line)
-            if (v := lines.number(text)) is not None
+            if (v := _above_zero(text)) is not None
         }
         samples = pairs.get("CurrSamplesPerSec", pairs.get("SamplesPerSec"))
         if samples is not None:
@@ -224,7 +264,7 @@ def summarise(
     elif any(r.step_time_s is not None for r in found.megatron.iterations):
         summary = megatron.summarise(found.megatron.iterations, warmup)
     elif found.pipeline or found.timers:
-        summary = _from_steps(found.pipeline or found.timers, warmup)
+        summary = _from_steps(list(found.pipeline.values()) or found.timers, warmup)
     else:
         summary = StepSummary(iterations=len(found.throughput))
     throughput = median(steady(found.throughput, warmup))
@@ -235,4 +275,24 @@ def summarise(
     if samples is None and step and global_batch_size:
         samples = global_batch_size / step
     diverged = found.bad_loss or megatron.divergence(found.megatron.iterations, warmup)
-    return dataclasses.replace(summary, step_time_s=step, samples_per_s=samples, diverged=diverged)
+    unmeasured = summary.no_step_time or found.unmeasured
+    return dataclasses.replace(
+        summary, step_time_s=step, samples_per_s=samples, diverged=diverged,
+        no_step_time=None if step is not None else unmeasured,
+    )  # fmt: skip
+
+
+def _glued(line: str, literal: str) -> list[str]:
+    """The records of ``line`` that start with ``literal``, each cut where the next starts: two
+    prints written without a line break between them (``... rank=0tuner-step: iter=3 ...``, a
+    print cut short and the next glued to it) are two records; read as one, the first's
+    ``key=value`` tokens ran on into the second's and its step was lost."""
+    pieces = line.split(literal)
+    return [literal + piece for piece in pieces[1:]]
+
+
+def _above_zero(text: str) -> float | None:
+    """The number in ``text`` when it is a finite one above zero: a throughput of 0 or less
+    (a broken timer's) is none (``CurrSamplesPerSec=-64`` made a step of -0.5 s)."""
+    value = lines.number(text)
+    return value if value is not None and value > 0 else None

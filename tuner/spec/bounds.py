@@ -26,6 +26,11 @@ MAX_FILE_BYTES = 1 << 20  # a study or hostfile is a few kB; more is not one (or
 MAX_REPEATS = 1000  # tune profile --warmup/--repeats (default 3/10); the job is killed at 15 min
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding, which every Optuna sampler's RandomState takes
 LAST_PORT = 65535  # the highest TCP port (16 bits): a master port may be this one
+MAX_ARG_BYTES = 32 * 4096
+"""Linux's MAX_ARG_STRLEN (``include/uapi/linux/binfmts.h``: 32 pages, 4 KiB on x86-64): the most
+bytes, the closing NUL included, of one argument or ``NAME=value`` environment string execve
+takes. A longer one fails every exec of the trial's script with E2BIG ("Argument list too long",
+bash's exit status 126): each trial was a launch_error naming nothing."""
 
 
 # Host names, IPv4 and IPv6 addresses, ~/.ssh/config aliases: never a quote, blank or '$'.
@@ -143,3 +148,37 @@ def _size(value: int | None, limit: int, path: str, why: str) -> None:
     """A positive size with a sane upper bound."""
     _positive(value, path)
     _at_most(value, limit, path, why)
+
+
+def exec_limit_problem(values: Mapping[str, object]) -> tuple[str, str] | None:
+    """``(path, why)`` for the first string of ``values`` (a section's fields: a mapping is
+    environment variables, ``env.NAME``; a list arguments, ``extra_args[i]``) longer than
+    :data:`MAX_ARG_BYTES` as execve counts it, else None."""
+    tail = "on Linux (MAX_ARG_STRLEN): every launch would fail with 'Argument list too long'"
+    for name, value in values.items():
+        if isinstance(value, Mapping):
+            for key, text in value.items():
+                if (size := len(f"{key}={text}".encode()) + 1) > MAX_ARG_BYTES:
+                    return f"{name}.{key}", (
+                        f"{size:,} bytes as {key}=value, more than the {MAX_ARG_BYTES:,} one "
+                        f"environment string may hold {tail}"
+                    )
+        items = enumerate(value) if isinstance(value, tuple | list) else ()
+        for i, arg in items:
+            if isinstance(arg, str) and (size := len(arg.encode()) + 1) > MAX_ARG_BYTES:
+                return f"{name}[{i}]", (
+                    f"{size:,} bytes, more than the {MAX_ARG_BYTES:,} one argument may hold {tail}"
+                )
+    return None
+
+
+def launch_string_problem(values: Mapping[str, object]) -> tuple[str, str] | None:
+    """``(path, why)`` for the first string of the launch section's ``values`` that no trial
+    could launch with: one longer than execve takes (:func:`exec_limit_problem`), or one holding
+    :data:`MASTER_PLACEHOLDER` (:func:`placeholder_field`); else None."""
+    if (too_long := exec_limit_problem(values)) is not None:
+        return too_long
+    if (where := placeholder_field(values)) is not None:
+        why = "stands for the master address in the scripts tuner writes (it is replaced)"
+        return where, f"holds {MASTER_PLACEHOLDER}, which {why}"
+    return None

@@ -20,8 +20,8 @@ from tuner._loader import NOT_IN_FILE
 from tuner.errors import ConfigError
 from tuner.layout import name_problem, study_name_problem
 from tuner.spec.bounds import _ENV_NAME as _ENV_NAME
+from tuner.spec.bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
 from tuner.spec.bounds import (
-    MASTER_PLACEHOLDER,
     MAX_ITERS,
     MAX_MINUTES,
     MAX_SEED,
@@ -29,9 +29,8 @@ from tuner.spec.bounds import (
     _at_most,
     _positive,
     _size,
-    placeholder_field,
+    launch_string_problem,
 )
-from tuner.spec.bounds import MAX_FILE_BYTES as MAX_FILE_BYTES
 from tuner.spec.cluster import ClusterSpec as ClusterSpec
 from tuner.spec.cluster import SlurmSpec as SlurmSpec
 from tuner.spec.cluster import SSHSpec as SSHSpec
@@ -109,9 +108,8 @@ class LaunchSpec:
                     "'_', not starting with a digit)",
                     path="env",
                 )
-        if (where := placeholder_field(dataclasses.asdict(self))) is not None:
-            why = "stands for the master address in the scripts tuner writes (it is replaced)"
-            raise ConfigError(f"holds {MASTER_PLACEHOLDER}, which {why}", path=where)
+        if (unlaunchable := launch_string_problem(dataclasses.asdict(self))) is not None:
+            raise ConfigError(unlaunchable[1], path=unlaunchable[0])
         _size(self.train_iters, MAX_ITERS, "train_iters", "a short trial run")
         _size(
             self.distributed_timeout_minutes, MAX_MINUTES, "distributed_timeout_minutes",
