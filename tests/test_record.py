@@ -133,3 +133,38 @@ def test_a_cut_metrics_file_falls_back_on_the_result_and_logs(tmp_path: Path, cu
     verdict = recovered_metrics(s, study_gpu(s), paths)
     assert verdict is not None and verdict.outcome == Outcome.OK
     assert verdict.metrics["step_time_s"] == pytest.approx(step, rel=0.01)
+
+
+def test_a_log_its_reader_cannot_read_records_the_trial_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader that fails on a log nobody foresaw (an OverflowError from a figure of 5,000
+    digits, before hhost's parser fixes) stopped ``tune run`` with the finished trial neither
+    recorded nor run again; it is ``no_metrics`` now, the error its reason, and not retried."""
+    from tests.test_proxy import _megatron_log, spec
+    from tuner.launch import JobResult
+    from tuner.layout import ResultsLayout
+    from tuner.space.enumerate import study_gpu
+    from tuner.space.trials import RETRYABLE
+    from tuner.study import record
+
+    s = spec(nodes=1)
+    paths = ResultsLayout(tmp_path, s.name).trial(0)
+    _megatron_log(paths.node_log(0), 1.0)
+    result = JobResult(trial=0, hosts=("n0",), exit_codes=(0,), timed_out=False,
+                       cancelled=False, node_errors=(), duration_s=60.0,
+                       logs=(paths.node_log(0),))  # fmt: skip
+
+    def broken(*_: Any) -> Any:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(record, "parse_result", broken)
+    with caplog.at_level(logging.WARNING):
+        verdict = record.judge(s, study_gpu(s), result)
+    assert verdict.outcome == Outcome.NO_METRICS and verdict.outcome not in RETRYABLE
+    assert verdict.reason == (
+        "its logs could not be read (OverflowError: int too large to convert to float)"
+    )
+    assert "trial 0: its logs could not be read" in caplog.text
+    monkeypatch.undo()  # the same log read by the real reader
+    assert "could not be read" not in (record.judge(s, study_gpu(s), result).reason or "")

@@ -139,13 +139,26 @@ def judge(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None
     """The outcome of a finished job. A job killed at its own time limit is judged from its
     logs (``timeout``, or ``hang`` with no iteration line); only a job cancelled because the
     study stopped is ``interrupted``. ``tail``: the watch's tail of its logs (read on rather
-    than the logs read again for the steady-state estimate)."""
+    than the logs read again for the steady-state estimate). A log that makes its reader fail
+    (a defect of the reader, not of the run) is ``no_metrics`` with the error as its reason:
+    the finished trial is recorded once, never dropped or launched again."""
     how = ended_how(timed_out=result.timed_out, cancelled=result.cancelled,
                     stopped=result.stopped)  # fmt: skip
     ended = ended_verdict(node_errors=result.node_errors,
                           scheduler_verdict=result.scheduler_verdict, how=how)  # fmt: skip
     if ended is not None:
         return Verdict(*ended)
+    try:
+        return _from_logs(spec, gpu, result, tail)
+    except Exception as exc:  # a reader's defect on a log nobody foresaw: keep the trial
+        logger.warning("trial %d: its logs could not be read", result.trial, exc_info=True)
+        why = f"its logs could not be read ({type(exc).__name__}: {exc})"[:500]
+        return Verdict(Outcome.NO_METRICS, why)
+
+
+def _from_logs(spec: StudySpec, gpu: GPUSpec, result: JobResult, tail: LogTail | None,
+               ) -> Verdict:  # fmt: skip
+    """:func:`judge` of a job that ran to its end: from what its logs say."""
     logs = logs_of(result)  # (16 file checks a 16-node trial: listed once)
     m = parse_result(spec, result, logs)
     if m.outcome == Outcome.LAUNCH_ERROR and _PORT_CLASH.search(m.reason or ""):
