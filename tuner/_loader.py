@@ -15,6 +15,7 @@ keys (YAML keeps the last one silently).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import operator
@@ -29,7 +30,7 @@ from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, UnknownKeyError
 
 T = TypeVar("T")
 
@@ -122,10 +123,7 @@ def load_dataclass(
     hints = _hints(cast(Any, cls))
     unknown = [str(k) for k in data if k not in fields]
     if unknown:
-        allowed = ", ".join(sorted(fields))
-        raise ConfigError(
-            f"unknown key {unknown[0]!r} (allowed: {allowed})", path=_join(path, unknown[0])
-        )
+        raise _unknown_key(unknown[0], sorted(fields), _join(path, unknown[0]))
     kwargs: dict[str, Any] = dict(given or {})
     for name, field in fields.items():
         if not field.init:
@@ -140,6 +138,14 @@ def load_dataclass(
         if exc.path and path and not exc.path.startswith(path):
             raise ConfigError(exc.reason, path=_join(path, exc.path)) from None
         raise
+
+
+def _unknown_key(key: str, allowed: list[str], path: str) -> UnknownKeyError:
+    """The error of a key the section has no field for, with the field it is nearest to
+    (``micro_batch`` for ``micro_batch_size``) where one is near."""
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return UnknownKeyError(key, tuple(allowed), path=path, hint=hint)
 
 
 def convert(tp: Any, value: object, path: str) -> Any:

@@ -13,19 +13,8 @@ from tuner.spec.frameworks import Framework, traits
 from tuner.spec.moe import dense_knob_problem
 from tuner.spec.pipeline_split import EVEN, canonical_split
 from tuner.spec.recompute import parse_recompute
+from tuner.spec.space import KNOB_ALIASES
 
-_ALIASES = {
-    "sp": "sequence_parallel",
-    "mbs": "micro_batch_size",
-    "micro_batch": "micro_batch_size",
-    "distopt": "distributed_optimizer",
-    "dist_opt": "distributed_optimizer",
-    "zero": "zero_stage",
-    "recompute_granularity": "recompute",
-    "split": "pipeline_split",
-    "dispatcher": "moe_token_dispatcher",
-    "tpo": "tp_comm_overlap",
-}
 _INT_KEYS = {
     "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage",
     "dp_shard", "dp_replicate",
@@ -44,7 +33,7 @@ def parse_setting(item: str) -> tuple[str, object]:
     if "=" not in item:
         raise ConfigError(f"expected key=value, got {item!r}", path="--set")
     raw_key, raw = (p.strip() for p in item.split("=", 1))
-    key = _ALIASES.get(raw_key, raw_key)
+    key = KNOB_ALIASES.get(raw_key, raw_key)
     where = f"--set {raw_key}"
     if key in _INT_KEYS:
         if (value := read_integer(raw)) is None:
@@ -122,6 +111,5 @@ def _check_framework_knob(key: str, value: object, framework: Framework, where: 
 
 def settable_keys() -> list[str]:
     """Every key ``--set KEY=VALUE`` takes: the knobs' names and their short aliases."""
-    return sorted(
-        _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split", "recompute"}
-    )
+    named = _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | {"pipeline_split", "recompute"}
+    return sorted(named | set(KNOB_ALIASES))
