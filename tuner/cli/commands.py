@@ -90,6 +90,7 @@ RUN_MORE = "\n".join((
     "130); the same command again resumes",
     "then: tune leaderboard, tune report and tune best (docs/getting-started.md)",
 ))  # fmt: skip
+RUN_ABOUT = f"{RUN_HELP[0].upper()}{RUN_HELP[1:]}.\n{RUN_MORE}"
 BEST_MORE = "\n".join((
     "a Megatron-LM study's full run (--emit script or sbatch) needs launch.train_args in the "
     "study: its data, tokenizer and schedule, which no short trial used; without them tune best "
@@ -379,7 +380,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
                    help="show the K fastest predicted")  # fmt: skip
     handlers["space"] = _cmd_space
 
-    p = sub.add_parser("run", help=RUN_HELP, description=f"{RUN_HELP.capitalize()}.\n{RUN_MORE}",
+    p = sub.add_parser("run", help=RUN_HELP, description=RUN_ABOUT,
                        epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None, metavar="N",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.cli import help_text, render, units
-from tuner.cli.options import whole, wholes
+from tuner.cli.options import STUDY_HELP, whole, wholes
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
@@ -406,14 +406,31 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
 # ----------------------------------------------------------------------------- registration
 
 
+PROFILE_HELP = "measure the cluster's GEMM and collective speeds"
+PROFILE_ABOUT = "\n".join((
+    f"{PROFILE_HELP[0].upper()}{PROFILE_HELP[1:]}.",
+    "one short job on the study's first node group, through its own executor (local, SSH or "
+    "Slurm); saved as RESULTS/clusters/NAME.yaml (NAME: cluster.name) and used from then on by "
+    "estimate, space and run of every study on that cluster instead of the catalog's figures",
+    "--probe: the study's own launch at 1 and up to 4 layers (the framework's per-layer time, "
+    "activations and extras), saved beside it; --show prints what is saved",
+    "more: docs/guides/calibration.md",
+))  # fmt: skip
+
+
 def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     """Register ``profile`` and ``calibrate`` on ``tune``'s subparsers."""
-    p = sub.add_parser("profile", help="measure the cluster's GEMM and collective speeds")
-    p.add_argument("--study", help="profile this study's cluster for its model and space")
+    p = sub.add_parser("profile", help=PROFILE_HELP, description=PROFILE_ABOUT,
+                       formatter_class=help_text.EpilogFormatter)  # fmt: skip
+    p.add_argument(
+        "--study",
+        metavar="NAME",
+        help=f"profile this study's cluster for its model and space: {STUDY_HELP}",
+    )
     p.add_argument("--cluster", metavar="FILE", help="a cluster file (cluster:, model:, ...)")
-    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=3,
+    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=3, metavar="N",
                    help="untimed repetitions (default 3)")  # fmt: skip
-    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=10,
+    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=10, metavar="N",
                    help="timed repetitions (default 10)")  # fmt: skip
     p.add_argument(
         "--message-bytes",
