@@ -358,9 +358,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers: dict[str, Handler] = {}
 
     raw = help_text.EpilogFormatter
-    stage = tuple(render.Column(name=n, header=h) for n, h in STAGE_COLUMNS)
     p = sub.add_parser("estimate", help="validate one config and predict its memory and time",
-                       epilog=help_text.epilog(stage), formatter_class=raw)  # fmt: skip
+                       epilog=help_text.epilog(STAGE_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE",
@@ -368,7 +367,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         + ", ".join(settable_keys()),
     )  # fmt: skip
     add_format_option(p)
-    add_columns_option(p, [n for n, _ in STAGE_COLUMNS])
+    add_columns_option(p, [c.name for c in STAGE_COLUMNS])
     handlers["estimate"] = _cmd_estimate
 
     p = sub.add_parser("space", help="count, validate and prune the study's search space",

@@ -353,9 +353,12 @@ def _plain(out: rich_console.Console, grid: Grid) -> None:
 
 
 def legend(columns: Sequence[Column]) -> str:
-    """The columns' headers and meanings, one per line, for a command's ``--help``."""
+    """The columns' headers and meanings, one per line, for a command's ``--help`` (the
+    meanings in one column, past the longest header)."""
+    heads = [c.header.replace("\n", " ") for c in columns]
+    wide = max([16, *(len(h) + 1 for h in heads)])
     return "\n".join(
-        f"  {c.name:<22} {c.header.replace(chr(10), ' '):<16} {c.meaning}" for c in columns
+        f"  {c.name:<22} {h:<{wide}} {c.meaning}" for c, h in zip(columns, heads, strict=True)
     )
 
 
