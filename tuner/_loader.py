@@ -143,9 +143,17 @@ def load_dataclass(
 def _unknown_key(key: str, allowed: list[str], path: str) -> UnknownKeyError:
     """The error of a key the section has no field for, with the field it is nearest to
     (``micro_batch`` for ``micro_batch_size``) where one is near."""
-    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.75)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return UnknownKeyError(key, tuple(allowed), path=path, hint=hint)
+    return UnknownKeyError(key, tuple(allowed), path=path, hint=_nearest(key, allowed))
+
+
+def _nearest(given: object, known: list[str]) -> str:
+    """``; did you mean 'megatron'?`` for the word of ``known`` a mistyped ``given`` is near
+    (``megatron-lm``, ``Megatron``, ``slrum``), else ""."""
+    if not isinstance(given, str):
+        return ""
+    folded = {k.casefold(): k for k in known}
+    close = difflib.get_close_matches(given.casefold(), list(folded), n=1, cutoff=0.75)
+    return f"; did you mean {folded[close[0]]!r}?" if close else ""
 
 
 def convert(tp: Any, value: object, path: str) -> Any:
@@ -157,7 +165,8 @@ def convert(tp: Any, value: object, path: str) -> Any:
         choices = get_args(tp)
         if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
             shown = ", ".join(str(c) for c in choices)
-            raise ConfigError(f"{describe(value)} is not one of: {shown}", path=path)
+            hint = _nearest(value, [str(c) for c in choices])
+            raise ConfigError(f"{describe(value)} is not one of: {shown}{hint}", path=path)
         return value
     if origin is tuple:
         return _convert_tuple(tp, value, path)
