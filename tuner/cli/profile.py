@@ -5,9 +5,10 @@ print."""
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.cli import help_text, render, units
 from tuner.cli.options import STUDY_HELP, whole, wholes
@@ -17,6 +18,9 @@ from tuner.errors import ConfigError
 from tuner.spec.bounds import MAX_REPEATS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    from tuner.layout import ClusterLayout
 
 Handlers = dict[str, Any]
 
@@ -151,6 +155,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         layout.calibration_yaml.unlink(missing_ok=True)
         sys.stdout.write(f"calibration of {name} {'cleared' if existed else 'was empty'}\n")
         return 0
+    if spec is None:
+        _check_cluster_known(layout)
     cal = load_calibration(layout.calibration_yaml, name)
     fingerprint = setup_fingerprint(spec) if spec is not None else ""
     corrector = Corrector(cal.observations, fingerprint=fingerprint)
@@ -404,6 +410,23 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
 
 
 # ----------------------------------------------------------------------------- registration
+
+
+def _check_cluster_known(layout: ClusterLayout) -> None:
+    """``tune calibrate --cluster NAME`` of a cluster nothing was saved for (a mistyped name)
+    is a one-line error naming those that have something, not "no calibration saved yet"."""
+    if layout.calibration_yaml.exists() or layout.profile_yaml.exists():
+        return
+    if any(layout.dir.glob(f"{glob.escape(layout.name)}.*.stack.yaml")):
+        return
+    names = set()
+    for path in layout.dir.glob("*.yaml"):
+        if not path.name.endswith(".stack.yaml"):  # a profile or a calibration
+            names.add(path.name.removesuffix(".yaml").removesuffix(".calibration"))
+    known = sorted(names)
+    saved = f"saved there: {', '.join(known)}" if known else "nothing is saved there yet"
+    raise ConfigError(f"nothing saved for cluster {layout.name!r} in {layout.dir} ({saved}); "
+                      "--study NAME finds a study's cluster", path="--cluster")  # fmt: skip
 
 
 PROFILE_HELP = "measure the cluster's GEMM and collective speeds"
