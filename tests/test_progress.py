@@ -189,3 +189,29 @@ def test_a_16_node_slurm_trial_at_80_columns_keeps_every_figure(tmp_path: Path) 
         assert ("slurm-0 +15" in text) is nodes, text
         assert ("left out to fit 80 columns: nodes" in text) is not nodes, text
     assert hosts_text(("a",)) == "a" and hosts_text(("a", "b")) == "a, b"
+
+
+def test_a_queued_trials_reason_folds_and_its_job_id_stays(tmp_path: Path) -> None:
+    """A Slurm job held for a long reason (its words up to 30 characters wide) at 80 columns:
+    the reason folds onto two lines and the job id, what squeue and scancel take, is kept
+    before the elapsed time."""
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.config.parallel import ParallelConfig
+
+    reason = "ReqNodeNotAvail, UnavailableNodes:gpu[001-016]"
+    paths = SimpleNamespace(node_log=lambda rank: tmp_path / "none.log")
+    job = SimpleNamespace(job_id="12345678", state="PENDING", pending_reason=reason, paths=paths)
+    config = ParallelConfig(tp=4, pp=8, vp=2, dp=4, global_batch_size=512,
+                            sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    hosts = tuple(f"slurm-{i}" for i in range(16))
+    run = SimpleNamespace(job=job, started=500.0, config=config,
+                          group=SimpleNamespace(hosts=hosts))  # fmt: skip
+    loop = _live_loop(560.0, {0: run}, n_trials=12, launched=1, node_hours=0.0)
+    console = Console(record=True, width=80)
+    console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
+    text = console.export_text()
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    assert "12345678" in text and "UnavailableNodes:gpu[001-016])" in text, text
+    assert "queued (ReqNodeNotAvail," in text, text

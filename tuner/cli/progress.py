@@ -39,12 +39,12 @@ RUNNING_COLUMNS = (
     CONFIG,
     Column(name="phase", header="phase", right=False),
     Column(name="left", header="left"),
-    Column(name="elapsed", header="elapsed"),
     Column(name="job", header="Slurm job", right=False),
+    Column(name="elapsed", header="elapsed"),
     Column(name="nodes", header="nodes", right=False, wrap=2),
 )
-"""The live table's columns in priority order (the job only while a running trial has a Slurm
-job): laid out as every table is (:func:`tuner.cli.render.fit`), so that at 80 columns the
+"""The live table's columns in priority order (the job, which ``squeue`` and ``scancel`` take,
+only while a running trial has a Slurm job): laid out as every table is (:func:`tuner.cli.render.fit`), so that at 80 columns the
 last ones are left out and named, never cut. The live table drew its own box, as wide as its
 cells: a 16-node trial's host list took the whole width and the trial, its config, the time
 left and the job id were lost."""
@@ -123,7 +123,7 @@ class LiveProgress:
         for number, run in sorted(loop.running.items()):
             job, phase, left = running_cells(loop, run)
             elapsed = clock_text(now - run.started)
-            rows.append((str(number), spell(run.config), visible(phase), left, elapsed, job,
+            rows.append((str(number), spell(run.config), visible(phase), left, job, elapsed,
                          hosts_text(run.group.hosts)))  # fmt: skip
         # the job column only where there are jobs (a local study's empty column made its
         # configs fold onto three lines at 80 columns)
