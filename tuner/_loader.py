@@ -143,10 +143,10 @@ def load_dataclass(
 def _unknown_key(key: str, allowed: list[str], path: str) -> UnknownKeyError:
     """The error of a key the section has no field for, with the field it is nearest to
     (``micro_batch`` for ``micro_batch_size``) where one is near."""
-    return UnknownKeyError(key, tuple(allowed), path=path, hint=_nearest(key, allowed))
+    return UnknownKeyError(key, tuple(allowed), path=path, hint=did_you_mean(key, allowed))
 
 
-def _nearest(given: object, known: list[str]) -> str:
+def did_you_mean(given: object, known: list[str]) -> str:
     """``; did you mean 'megatron'?`` for the word of ``known`` a mistyped ``given`` is near
     (``megatron-lm``, ``Megatron``, ``slrum``), else ""."""
     if not isinstance(given, str):
@@ -165,7 +165,7 @@ def convert(tp: Any, value: object, path: str) -> Any:
         choices = get_args(tp)
         if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
             shown = ", ".join(str(c) for c in choices)
-            hint = _nearest(value, [str(c) for c in choices])
+            hint = did_you_mean(value, [str(c) for c in choices])
             raise ConfigError(f"{describe(value)} is not one of: {shown}{hint}", path=path)
         return value
     if origin is tuple:

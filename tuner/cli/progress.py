@@ -44,8 +44,9 @@ RUNNING_COLUMNS = (
     Column(name="nodes", header="nodes", right=False, wrap=2),
 )
 """The live table's columns in priority order (the job, which ``squeue`` and ``scancel`` take,
-only while a running trial has a Slurm job): laid out as every table is (:func:`tuner.cli.render.fit`), so that at 80 columns the
-last ones are left out and named, never cut. The live table drew its own box, as wide as its
+only while a running trial has a Slurm job): laid out as every table is
+(:func:`tuner.cli.render.fit`), so that at 80 columns the last ones are left out and named,
+never cut. The live table drew its own box, as wide as its
 cells: a 16-node trial's host list took the whole width and the trial, its config, the time
 left and the job id were lost."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tuner._loader import did_you_mean
 from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size, read_integer
@@ -68,7 +69,9 @@ def parse_setting(item: str) -> tuple[str, object]:
         if raw not in _CHOICES[key]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
-    raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
+    known = settable_keys()
+    hint = did_you_mean(raw_key, known)
+    raise ConfigError(f"unknown key{hint} (known: {', '.join(known)})", path=where)
 
 
 def parse_settings(
