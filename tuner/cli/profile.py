@@ -482,7 +482,7 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
         formatter_class=help_text.EpilogFormatter,
     )  # fmt: skip
     p.add_argument("--cluster", metavar="NAME", help="the cluster name (cluster.name)")
-    p.add_argument("--study", help="the cluster of this study")
+    p.add_argument("--study", metavar="NAME", help=f"the cluster of this study: {STUDY_HELP}")
     p.add_argument("--reset", action="store_true", help="clear the saved corrections")
     add_format_option(p, ("text", "json"))
     handlers["calibrate"] = _cmd_calibrate
