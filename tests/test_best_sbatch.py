@@ -23,6 +23,7 @@ from tests.report.test_exports import (
     fake_torchrun,
     free_port,
     megatron_study,
+    record_measured,
     record_trials,
 )
 from tuner.cli.main import main
@@ -93,10 +94,17 @@ def test_best_sbatch_golden(results: Path) -> None:
     node = exports.sbatch_node.read_text()
     assert "--tensor-model-parallel-size 4" in node and "--train-iters 50000" in node
     assert '--master_addr "${MASTER_ADDR}"' in node and "SLURM_JOB_NODELIST" in node
-    assert node.replace(str(exports.sbatch_files), str(exports.script_files)) == script
+    # the same script as launch.sh but for its files' folder and its header's own name
+    node_as_script = node.replace(str(exports.sbatch_files), str(exports.script_files))
+    assert _code(node_as_script) == _code(script) and "bash sbatch-node.sh" in node
     assert exports.script.read_text() == script  # the sbatch export rewrote nothing of it
     for path in (exports.sbatch, exports.sbatch_node, exports.script):
         subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+def _code(script: str) -> list[str]:
+    """A script's lines without its comments (its header names the script's own file)."""
+    return [line for line in script.splitlines() if not line.startswith("#")]
 
 
 def test_cli_best_emit_sbatch(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,3 +210,86 @@ def test_the_sbatch_export_runs_on_a_local_slurm(local_slurm: LocalSlurm, tmp_pa
     assert "tuner: node 1 of 2, master 127.0.0.1" in log, log[-3000:]
     iterations = [line for line in log.splitlines() if "consumed samples" in line]
     assert len(iterations) == 3 and "iteration        3/       3" in iterations[-1], log[-3000:]
+
+
+FAKE_SRUN_ALL = """#!/bin/bash
+# srun --ntasks-per-node=1 ... bash NODE_SCRIPT: the node script once per node of the job
+for k in $(seq 0 $((SLURM_JOB_NUM_NODES - 1))); do
+  SLURM_NODEID=$k "${@:$#-1}" || exit $?
+done
+"""
+FAKE_TORCHRUN_LOG = """#!{python}
+import json, os, sys
+with open(os.environ["FAKE_TORCHRUN_OUT"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def _readme_study() -> str:
+    """README.md's study for a cluster, as a reader saves it, with the full run's
+    ``launch.train_args`` of docs/exports.md added, as the README sends the reader there."""
+    import yaml
+
+    from tests.docs_examples import REPO, blocks
+
+    readme = next(b for b in blocks(REPO / "README.md")
+                  if b.markers.get("file") == "llama3-70b.yaml")  # fmt: skip
+    fragment = next(b for b in blocks(REPO / "docs" / "exports.md")
+                    if b.lang == "yaml" and "train_args" in b.text)  # fmt: skip
+    data = yaml.safe_load(readme.text)
+    data["launch"]["train_args"] = yaml.safe_load(fragment.text)["launch"]["train_args"]
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_the_readmes_study_exports_a_batch_job_that_starts_every_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README.md's 16-node Slurm/Megatron study, once trials are measured: ``tune best --emit
+    sbatch --train-iters 50000`` as the README quotes it stops without the full run's data, and
+    with docs/exports.md's ``launch.train_args`` writes a batch job that parses and, run with
+    Slurm's srun and scontrol stood in, starts torchrun on all 16 nodes with its rank, the
+    job's first node as master and the full run's arguments."""
+    from tests.docs_examples import REPO, blocks
+    from tuner.spec.file import load_study
+
+    readme = next(b for b in blocks(REPO / "README.md")
+                  if b.markers.get("file") == "llama3-70b.yaml")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "llama3-70b.yaml").write_text(readme.text)
+    spec = load_study("llama3-70b.yaml")
+    config = ParallelConfig(tp=4, pp=8, dp=4, micro_batch_size=1, global_batch_size=512,
+                            sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    record_measured(spec, tmp_path / "results", [(config, 31.0)])
+    argv = ["best", "--study", "llama3-70b.yaml", "--emit", "sbatch", "--train-iters", "50000"]
+    assert main(argv) == 2
+    assert "launch.train_args: the full run needs" in capsys.readouterr().err
+    (tmp_path / "llama3-70b.yaml").write_text(_readme_study())
+    assert main(argv) == 0
+    capsys.readouterr()
+    exports = ResultsLayout(tmp_path / "results", "llama3-70b").export(0)
+    for path in (exports.sbatch, exports.sbatch_node):
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN_ALL),
+                       ("torchrun", FAKE_TORCHRUN_LOG.format(python=sys.executable))):  # fmt: skip
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "torchrun.jsonl"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NUM_NODES": "16", "SLURM_JOB_NODELIST": "gpu[001-016]",
+           "FAKE_TORCHRUN_OUT": str(out)}  # fmt: skip
+    done = subprocess.run(["bash", str(exports.sbatch)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    runs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r[r.index("--node_rank") + 1] for r in runs] == [str(k) for k in range(16)]
+    for run in runs:
+        assert run[run.index("--nnodes") + 1] == "16" and run[run.index("--master_addr") + 1] \
+            == "10.0.0.7" and run[run.index("--nproc_per_node") + 1] == "8"  # fmt: skip
+        assert run[run.index("--train-iters") + 1] == "50000" and "--data-path" in run
+        assert run[run.index("--tensor-model-parallel-size") + 1] == "4"
+    text = exports.sbatch.read_text()
+    assert "#SBATCH --nodes=16" in text and "#SBATCH --partition=gpu" in text
+    assert "#SBATCH --account=my-project" in text

@@ -527,6 +527,12 @@ def test_tune_calibrate_shows_and_resets(
     assert data["memory_error"]["mape_after"] < data["memory_error"]["mape_before"]
     assert data["memory_factors"]["activations, recompute=none"] > 1.05
     assert len(data["memory_trials"]) == 8
+    # a name nothing was saved for (a typo) is an error naming those that have something; it
+    # read "no calibration saved yet", exit 0, as for a cluster not yet calibrated
+    assert main(["calibrate", "--cluster", "nope", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing saved for cluster 'nope'" in err
+    assert f"(saved there: {s.cluster_name});" in err
     assert main([*args, "--reset"]) == 0
     assert "cleared" in capsys.readouterr().out
     assert history(s, tmp_path) == ()

@@ -373,6 +373,33 @@ def test_every_subcommand_help_says_what_it_does(capsys: pytest.CaptureFixture[s
             assert " ".join(first.split()).lower().startswith(said[name].lower()), name
 
 
+def test_run_best_and_profile_help_say_what_comes_next(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tune run --help`` said "launch short real runs and record them" and listed options:
+    not to look first with --dry-run, where the results go (the other commands read them from
+    the folder run started in), that Ctrl-C is safe and running it again resumes. ``tune best
+    --help`` did not say that a Megatron full run needs ``launch.train_args``, the first thing
+    the README's study hits. ``tune profile --help`` showed ``--study STUDY``, ``--warmup
+    WARMUP`` and not where the profile goes nor what uses it. The pages they point at exist."""
+    import re
+
+    from tests.docs_examples import REPO
+
+    helps = {}
+    for name in ("run", "best", "profile"):
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        helps[name] = " ".join(capsys.readouterr().out.split())
+    description = helps["run"].split(" options: ")[0]
+    for words in ("--dry-run", "RESULTS/STUDY/", "trials/N/", "Ctrl-C", "resumes",
+                  "tune leaderboard"):  # fmt: skip
+        assert words in description, words
+    assert "launch.train_args" in helps["best"] and "--emit args needs none" in helps["best"]
+    assert "--study NAME" in helps["profile"] and "--warmup N" in helps["profile"]
+    assert "RESULTS/clusters/NAME.yaml" in helps["profile"]
+    for page in re.findall(r"docs/[\w/-]+\.md", " ".join(helps.values())):
+        assert (REPO / page).is_file(), page
+
+
 def test_run_closes_its_executor_when_the_study_cannot_be_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -213,7 +213,7 @@ def test_help_explains_every_abbreviation(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tuner.cli.board import BOARD_COLUMNS
-    from tuner.cli.tables import TOP_COLUMNS
+    from tuner.cli.tables import STAGE_COLUMNS, TOP_COLUMNS
     from tuner.config.spelling import KNOBS
 
     with pytest.raises(SystemExit):
@@ -221,9 +221,15 @@ def test_help_explains_every_abbreviation(
     text = capsys.readouterr().out
     for knob in KNOBS:
         assert knob.name in text and knob.meaning[:30] in text.replace("\n", " ")
-    columns = {"leaderboard": BOARD_COLUMNS, "space": TOP_COLUMNS, "run": TOP_COLUMNS}
+    columns = {"leaderboard": BOARD_COLUMNS, "space": TOP_COLUMNS, "run": TOP_COLUMNS,
+               "estimate": STAGE_COLUMNS}  # fmt: skip
+    flat = " ".join(text.split())
     for column in columns.get(command, ()):
-        assert column.header in text, column.header
+        # each with what it means: estimate's per-stage columns had their headers alone
+        # ("in_flight  in-flight micro-b.", "buffers  buffers GiB")
+        assert column.meaning, column.name
+        assert " ".join(column.header.split()) in flat, column.header
+        assert " ".join(column.meaning.split()) in flat, column.meaning
     assert "GiB 2^30 bytes" in text
 
 

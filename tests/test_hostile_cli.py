@@ -22,9 +22,9 @@ EMPTY_VALUES = [
     (["space", "--study", ""], "--study", "NAME"),
     (["leaderboard", "--study", "demo", "--storage", ""], "--storage", "URL"),
     (["report", "--study", "demo", "--out", ""], "--out", "FILE.html"),
-    (["profile", "--study", ""], "--study", "STUDY"),
+    (["profile", "--study", ""], "--study", "NAME"),
     (["profile", "--cluster", ""], "--cluster", "FILE"),
-    (["calibrate", "--study", ""], "--study", "STUDY"),
+    (["calibrate", "--study", ""], "--study", "NAME"),
     (["parse-log", ""], "FILE", "FILE"),
 ]
 

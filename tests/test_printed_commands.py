@@ -213,6 +213,33 @@ def test_tune_runs_closing_lines_name_the_study_file(
     assert out.count(wanted) == 3, out  # leaderboard, best and report
 
 
+def test_tune_runs_closing_lines_are_whole_lines_in_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Piped or written to a file (``make demo``'s log), the closing lines were folded at 80
+    columns mid-sentence ("... 7 are predicted to run out of" / "memory ..."): their console
+    was not the one every table prints through, which writes a line whole where there is no
+    terminal."""
+    from types import SimpleNamespace
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.layout import ResultsLayout
+    from tuner.study.record import Summary
+
+    spec = written(tmp_path, monkeypatch, PROBE_STUDY)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    space = {"total": 48, "invalid": 12, "predicted_oom": 7, "viable": 29, "memory_probes": 1}
+    layout = ResultsLayout(tmp_path / ("a-long-folder-name" * 4) / "results", spec.name)
+    loop = SimpleNamespace(spec=spec, space_counts=space, trials=list, measured=lambda t: {},
+                           layout=layout)  # fmt: skip
+    LiveProgress(quiet=True).final(loop, Summary(launched=1, best_step_s=1.5, best_trial=0))  # type: ignore[arg-type]
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("space: 48 configs;") and line.endswith(")") for line in lines)
+    assert any(line.startswith("next: tune best") and line.endswith(f"{layout.study_dir})")
+               for line in lines), lines  # fmt: skip
+    assert any(len(line) > 120 for line in lines)
+
+
 BOARD = """\
 name: board
 model: {preset: llama2-7b}

@@ -141,7 +141,77 @@ def test_a_local_trial_at_80_columns_folds_its_config_onto_two_lines(tmp_path: P
     console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
     text = console.export_text()
     assert "iteration 1 of 20" in text and "Slurm job" not in text, text
-    rows = [line for line in text.splitlines() if line.startswith("│")]  # not the header's ┃
-    cells = [line.split("│")[3].strip() for line in rows]
+    cells = _column(text, "config", "phase")
     assert " ".join(cells).split() == "tp1 pp2 dp1 mbs1 ga8 zero1".split(), text
     assert len([c for c in cells if c]) <= 2, text
+
+
+def _column(text: str, header: str, after: str) -> list[str]:
+    """The cells of the live table's column ``header`` (up to column ``after``), a line each."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("trial "))
+    start, end = lines[head].index(header), lines[head].index(after)
+    rows = lines[head + 2 : next(i for i, line in enumerate(lines) if line.startswith("outcomes"))]
+    return [line[start:end].strip() for line in rows if not line.startswith("left out")]
+
+
+def test_a_16_node_slurm_trial_at_80_columns_keeps_every_figure(tmp_path: Path) -> None:
+    """The README's study (16 nodes a trial, on Slurm) at 80 columns: the live table joined the
+    16 node names into one cell that took the whole width, and the trial's number, config,
+    elapsed and left times and Slurm job id were drawn as empty slivers. The nodes are the
+    first and a count, and a column that does not fit is left out and named, never cut."""
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress, hosts_text
+    from tuner.config.parallel import ParallelConfig
+
+    log = tmp_path / "node-0.log"
+    log.write_text("tuner-step: iter=12 time_s=30.5\n")
+    config = ParallelConfig(tp=4, pp=8, vp=2, dp=4, global_batch_size=512,
+                            sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    hosts = tuple(f"slurm-{i}" for i in range(16))
+    runs = {n: SimpleNamespace(
+        job=SimpleNamespace(job_id=f"{1234567 + n}", state="RUNNING",
+                            paths=SimpleNamespace(node_log=lambda rank: log)),
+        started=500.0 + n, config=config, group=SimpleNamespace(hosts=hosts),
+    ) for n in (3, 4)}  # fmt: skip
+    loop = _live_loop(1507.0, runs, n_trials=12, launched=5, node_hours=12.5)
+    for width, nodes in ((80, False), (120, True)):
+        console = Console(record=True, width=width)
+        console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
+        text = console.export_text()
+        assert all(len(line.rstrip()) <= width for line in text.splitlines()), text
+        for figure in ("iteration 12 of 20", "16:44", "16:43", "1234570", "1234571"):
+            assert figure in text, (width, text)
+        assert _column(text, "trial", "config") == ["3", "", "4", ""] or \
+            _column(text, "trial", "config") == ["3", "4"], text  # fmt: skip
+        assert " ".join(_column(text, "config", "phase")).split()[:2] == ["tp4", "pp8"], text
+        assert ("slurm-0 +15" in text) is nodes, text
+        assert ("left out to fit 80 columns: nodes" in text) is not nodes, text
+    assert hosts_text(("a",)) == "a" and hosts_text(("a", "b")) == "a, b"
+
+
+def test_a_queued_trials_reason_folds_and_its_job_id_stays(tmp_path: Path) -> None:
+    """A Slurm job held for a long reason (its words up to 30 characters wide) at 80 columns:
+    the reason folds onto two lines and the job id, what squeue and scancel take, is kept
+    before the elapsed time."""
+    from rich.console import Console
+
+    from tuner.cli.progress import LiveProgress
+    from tuner.config.parallel import ParallelConfig
+
+    reason = "ReqNodeNotAvail, UnavailableNodes:gpu[001-016]"
+    paths = SimpleNamespace(node_log=lambda rank: tmp_path / "none.log")
+    job = SimpleNamespace(job_id="12345678", state="PENDING", pending_reason=reason, paths=paths)
+    config = ParallelConfig(tp=4, pp=8, vp=2, dp=4, global_batch_size=512,
+                            sequence_parallel=True, distributed_optimizer=True)  # fmt: skip
+    hosts = tuple(f"slurm-{i}" for i in range(16))
+    run = SimpleNamespace(job=job, started=500.0, config=config,
+                          group=SimpleNamespace(hosts=hosts))  # fmt: skip
+    loop = _live_loop(560.0, {0: run}, n_trials=12, launched=1, node_hours=0.0)
+    console = Console(record=True, width=80)
+    console.print(LiveProgress()._render(loop))  # type: ignore[arg-type]
+    text = console.export_text()
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    assert "12345678" in text and "UnavailableNodes:gpu[001-016])" in text, text
+    assert "queued (ReqNodeNotAvail," in text, text

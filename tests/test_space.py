@@ -108,7 +108,9 @@ def test_set_builds_one_config() -> None:
     ("item", "words"),
     [("tp", "expected key=value"), ("tp=two", "--set tp: expected an integer"),
      ("sp=maybe", "--set sp: expected true or false"), ("color=red", "--set color: unknown key"),
-     ("recompute=most", "not one of")],
+     ("recompute=most", "not one of"),
+     ("micro_batch_sizes=2", r"--set micro_batch_sizes: unknown key; did you mean "
+                             r"'micro_batch_size'\? \(known: ")],
 )  # fmt: skip
 def test_set_errors(item: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words):

@@ -76,6 +76,35 @@ BAD = [
     ("space.zero_stage", [4], "space.zero_stage[0]", "0, 1, 2 or 3"),
     ("space.pp", [], "space.pp", "empty"),
     ("space.tpp", [1], "space.tpp", "unknown key 'tpp'"),
+    # a key in the wrong section names the field it is (the list of the section's own keys did
+    # not), a knob's short name too; a near miss in its own section names the nearest key
+    (
+        "search.micro_batch_size",
+        [1],
+        "search.micro_batch_size",
+        "unknown key 'micro_batch_size'; did you mean space.micro_batch_size?",
+    ),
+    ("global_batch_size", 64, "global_batch_size", "did you mean training.global_batch_size?"),
+    ("cluster.partition", "gpu", "cluster.partition", "did you mean cluster.slurm.partition?"),
+    ("training.seq_length", 4096, "training.seq_length", "did you mean model.seq_length?"),
+    (
+        "cluster.precision",
+        "bf16",
+        "cluster.precision",
+        "did you mean training.precision or search.precision?",
+    ),
+    ("space.mbs", [1], "space.mbs", "did you mean space.micro_batch_size?"),
+    ("search.zero", [1], "search.zero", "did you mean space.zero_stage?"),
+    (
+        "space.micro_batch_sizes",
+        [1],
+        "space.micro_batch_sizes",
+        "did you mean 'micro_batch_size'?",
+    ),
+    ("search.n_trial", 5, "search.n_trial", "did you mean 'n_trials'?"),
+    ("framework", "megatron-lm", "framework", "torchtitan; did you mean 'megatron'?"),
+    ("framework", "Megatron", "framework", "did you mean 'megatron'?"),
+    ("cluster.executor", "slrum", "cluster.executor", "did you mean 'slurm'?"),
     ("training.global_batch_size", -8, "training.global_batch_size", "must be > 0"),
     ("training.global_batch_size", "64", "training.global_batch_size", "expected an integer"),
     ("training.precision", "fp4", "training.precision", "not one of"),
@@ -153,6 +182,18 @@ def test_bad_input_names_the_yaml_path(where: str, value: Any, path: str, words:
     assert message.startswith(f"{path}: ")
     assert words in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("where", "value"), [("training.name", "x"), ("space.colour", [1]), ("framework", "jax")]
+)
+def test_an_unknown_key_with_no_home_or_many_gets_no_guess(where: str, value: Any) -> None:
+    """``name`` is a field in four places (the study, its model, cluster and GPU): a guess among
+    them would be noise; a word near no field or choice gets none either."""
+    with pytest.raises(ConfigError) as info:
+        study_from_mapping(with_change(where, value))
+    assert "did you mean" not in str(info.value)
+    assert "(allowed: " in str(info.value) or "is not one of" in str(info.value)
 
 
 def test_cluster_needs_exactly_one_node_source() -> None:

@@ -15,6 +15,7 @@ keys (YAML keeps the last one silently).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import operator
@@ -29,7 +30,7 @@ from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, UnknownKeyError
 
 T = TypeVar("T")
 
@@ -122,10 +123,7 @@ def load_dataclass(
     hints = _hints(cast(Any, cls))
     unknown = [str(k) for k in data if k not in fields]
     if unknown:
-        allowed = ", ".join(sorted(fields))
-        raise ConfigError(
-            f"unknown key {unknown[0]!r} (allowed: {allowed})", path=_join(path, unknown[0])
-        )
+        raise _unknown_key(unknown[0], sorted(fields), _join(path, unknown[0]))
     kwargs: dict[str, Any] = dict(given or {})
     for name, field in fields.items():
         if not field.init:
@@ -142,6 +140,22 @@ def load_dataclass(
         raise
 
 
+def _unknown_key(key: str, allowed: list[str], path: str) -> UnknownKeyError:
+    """The error of a key the section has no field for, with the field it is nearest to
+    (``micro_batch`` for ``micro_batch_size``) where one is near."""
+    return UnknownKeyError(key, tuple(allowed), path=path, hint=did_you_mean(key, allowed))
+
+
+def did_you_mean(given: object, known: list[str]) -> str:
+    """``; did you mean 'megatron'?`` for the word of ``known`` a mistyped ``given`` is near
+    (``megatron-lm``, ``Megatron``, ``slrum``), else ""."""
+    if not isinstance(given, str):
+        return ""
+    folded = {k.casefold(): k for k in known}
+    close = difflib.get_close_matches(given.casefold(), list(folded), n=1, cutoff=0.75)
+    return f"; did you mean {folded[close[0]]!r}?" if close else ""
+
+
 def convert(tp: Any, value: object, path: str) -> Any:
     """Convert one YAML value to the type ``tp``, or raise a ConfigError naming ``path``."""
     origin = get_origin(tp)
@@ -151,7 +165,8 @@ def convert(tp: Any, value: object, path: str) -> Any:
         choices = get_args(tp)
         if value not in choices or isinstance(value, bool) != isinstance(choices[0], bool):
             shown = ", ".join(str(c) for c in choices)
-            raise ConfigError(f"{describe(value)} is not one of: {shown}", path=path)
+            hint = did_you_mean(value, [str(c) for c in choices])
+            raise ConfigError(f"{describe(value)} is not one of: {shown}{hint}", path=path)
         return value
     if origin is tuple:
         return _convert_tuple(tp, value, path)

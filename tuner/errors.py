@@ -34,6 +34,16 @@ class ConfigError(TunerError):
         self.reason = message
 
 
+class UnknownKeyError(ConfigError):
+    """A file's mapping holds a key its section has no field for: ``key``, and the ``allowed``
+    ones, for a reader that knows where the key does belong (a study: another section)."""
+
+    def __init__(self, key: str, allowed: tuple[str, ...], *, path: str, hint: str = "") -> None:
+        self.key = key
+        self.allowed = allowed
+        super().__init__(f"unknown key {key!r}{hint} (allowed: {', '.join(allowed)})", path=path)
+
+
 class ValidationError(ConfigError):
     """A parallel configuration breaks one of the framework's own rules."""
 

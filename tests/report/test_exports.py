@@ -155,6 +155,9 @@ def test_each_kind_writes_its_own_files(two_nodes: tuple[StudySpec, Path]) -> No
         assert {p: p.read_bytes() for p in contents} == contents, kind
     with pytest.raises(ConfigError, match="no DeepSpeed config"):
         record.export("ds-config")
+    for script in (record.paths.script, record.paths.sbatch_node):  # each names itself
+        text = " ".join(line.lstrip("# ") for line in script.read_text().splitlines())
+        assert f"Run on every node: NODE_RANK=<k> bash {script.name} (" in text, script.name
 
 
 def test_the_header_says_what_was_measured_and_what_was_not(
@@ -225,6 +228,14 @@ def test_master_address_and_rank_are_found_when_the_script_runs(
     assert flag(ran["argv"], "--node_rank") == "0"
     done, _ = run_script(script, {**env, "NODE_RANK": "2", "MASTER_ADDR": "h"})
     assert done.returncode == 2 and "NODE_RANK 2 is not in 0..1" in done.stderr
+    # a rank the run has not is the error, before the master address is asked for or named
+    # ("tuner: node 2 of 2, master h", then the refusal)
+    for rank in ("2", "x", "-1"):
+        done, _ = run_script(script, {**env, "NODE_RANK": rank})
+        assert done.returncode == 2, rank
+        assert done.stderr.strip() == f"tuner: NODE_RANK {rank} is not in 0..1", done.stderr
+    done, ran = run_script(script, {**env, "NODE_RANK": "01", "MASTER_ADDR": "h"})
+    assert done.returncode == 0 and flag(ran["argv"], "--node_rank") == "1", done.stderr
 
 
 def test_a_slurm_job_step_without_scontrol_is_no_empty_master(

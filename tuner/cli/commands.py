@@ -79,6 +79,25 @@ FIRST_STEPS = "\n".join((
 ))  # fmt: skip
 
 Handler = Callable[[argparse.Namespace], int]
+RUN_HELP = "search: launch short real runs and record them"
+RUN_MORE = "\n".join((
+    "first: tune run --study S --dry-run counts the space, shows what would run first and what "
+    "the trials would cost, and launches nothing",
+    "results: everything a run records goes to RESULTS/STUDY/ (study.db; trials/N/ with each "
+    "trial's scripts and logs) under the folder it starts from (--results DIR elsewhere); the "
+    "other commands read it from there",
+    "Ctrl-C stops it cleanly (the running trials ended and recorded interrupted, exit status "
+    "130); the same command again resumes",
+    "then: tune leaderboard, tune report and tune best (docs/getting-started.md)",
+))  # fmt: skip
+RUN_ABOUT = f"{RUN_HELP[0].upper()}{RUN_HELP[1:]}.\n{RUN_MORE}"
+BEST_MORE = "\n".join((
+    "a Megatron-LM study's full run (--emit script or sbatch) needs launch.train_args in the "
+    "study: its data, tokenizer and schedule, which no short trial used; without them tune best "
+    "stops and says so (--emit args needs none)",
+    "each kind's files, and how launch.sh finds its node's rank and the master address: "
+    "docs/exports.md",
+))  # fmt: skip
 BOARD_MORE = ("--format csv and json keep every field, the config as its full key; --columns "
               "takes those field names too (tp, zero_stage, predicted_mfu, ...)")  # fmt: skip
 
@@ -339,9 +358,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers: dict[str, Handler] = {}
 
     raw = help_text.EpilogFormatter
-    stage = tuple(render.Column(name=n, header=h) for n, h in STAGE_COLUMNS)
     p = sub.add_parser("estimate", help="validate one config and predict its memory and time",
-                       epilog=help_text.epilog(stage), formatter_class=raw)  # fmt: skip
+                       epilog=help_text.epilog(STAGE_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE",
@@ -349,7 +367,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         + ", ".join(settable_keys()),
     )  # fmt: skip
     add_format_option(p)
-    add_columns_option(p, [n for n, _ in STAGE_COLUMNS])
+    add_columns_option(p, [c.name for c in STAGE_COLUMNS])
     handlers["estimate"] = _cmd_estimate
 
     p = sub.add_parser("space", help="count, validate and prune the study's search space",
@@ -361,7 +379,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
                    help="show the K fastest predicted")  # fmt: skip
     handlers["space"] = _cmd_space
 
-    p = sub.add_parser("run", help="search: launch short real runs and record them",
+    p = sub.add_parser("run", help=RUN_HELP, description=RUN_ABOUT,
                        epilog=help_text.epilog(TOP_COLUMNS), formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument("--n-trials", type=whole(1, MAX_TRIALS), default=None, metavar="N",
@@ -393,7 +411,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers["leaderboard"] = _cmd_leaderboard
 
     p = sub.add_parser("best", help="a measured config as a full run: launch script, sbatch job, "
-                       "framework arguments or ds_config (docs/exports.md)")  # fmt: skip
+                       "framework arguments or ds_config (docs/exports.md)", epilog=BEST_MORE,
+                       formatter_class=raw)  # fmt: skip
     add_study_option(p)
     p.add_argument("--emit", choices=EXPORT_KINDS, default="script", metavar="KIND",
                    help=f"what to write: {', '.join(EXPORT_KINDS)} (default script; each kind "

@@ -5,18 +5,22 @@ print."""
 from __future__ import annotations
 
 import argparse
+import glob
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.cli import help_text, render, units
-from tuner.cli.options import whole, wholes
+from tuner.cli.options import STUDY_HELP, whole, wholes
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
 from tuner.spec.bounds import MAX_REPEATS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec
+
+if TYPE_CHECKING:
+    from tuner.layout import ClusterLayout
 
 Handlers = dict[str, Any]
 
@@ -151,6 +155,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         layout.calibration_yaml.unlink(missing_ok=True)
         sys.stdout.write(f"calibration of {name} {'cleared' if existed else 'was empty'}\n")
         return 0
+    if spec is None:
+        _check_cluster_known(layout)
     cal = load_calibration(layout.calibration_yaml, name)
     fingerprint = setup_fingerprint(spec) if spec is not None else ""
     corrector = Corrector(cal.observations, fingerprint=fingerprint)
@@ -406,14 +412,48 @@ def time_source(spec: StudySpec, results: str = "results") -> tuple[Any, str]:
 # ----------------------------------------------------------------------------- registration
 
 
+def _check_cluster_known(layout: ClusterLayout) -> None:
+    """``tune calibrate --cluster NAME`` of a cluster nothing was saved for (a mistyped name)
+    is a one-line error naming those that have something, not "no calibration saved yet"."""
+    if layout.calibration_yaml.exists() or layout.profile_yaml.exists():
+        return
+    if any(layout.dir.glob(f"{glob.escape(layout.name)}.*.stack.yaml")):
+        return
+    names = set()
+    for path in layout.dir.glob("*.yaml"):
+        if not path.name.endswith(".stack.yaml"):  # a profile or a calibration
+            names.add(path.name.removesuffix(".yaml").removesuffix(".calibration"))
+    known = sorted(names)
+    saved = f"saved there: {', '.join(known)}" if known else "nothing is saved there yet"
+    raise ConfigError(f"nothing saved for cluster {layout.name!r} in {layout.dir} ({saved}); "
+                      "--study NAME finds a study's cluster", path="--cluster")  # fmt: skip
+
+
+PROFILE_HELP = "measure the cluster's GEMM and collective speeds"
+PROFILE_ABOUT = "\n".join((
+    f"{PROFILE_HELP[0].upper()}{PROFILE_HELP[1:]}.",
+    "one short job on the study's first node group, through its own executor (local, SSH or "
+    "Slurm); saved as RESULTS/clusters/NAME.yaml (NAME: cluster.name) and used from then on by "
+    "estimate, space and run of every study on that cluster instead of the catalog's figures",
+    "--probe: the study's own launch at 1 and up to 4 layers (the framework's per-layer time, "
+    "activations and extras), saved beside it; --show prints what is saved",
+    "more: docs/guides/calibration.md",
+))  # fmt: skip
+
+
 def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
     """Register ``profile`` and ``calibrate`` on ``tune``'s subparsers."""
-    p = sub.add_parser("profile", help="measure the cluster's GEMM and collective speeds")
-    p.add_argument("--study", help="profile this study's cluster for its model and space")
+    p = sub.add_parser("profile", help=PROFILE_HELP, description=PROFILE_ABOUT,
+                       formatter_class=help_text.EpilogFormatter)  # fmt: skip
+    p.add_argument(
+        "--study",
+        metavar="NAME",
+        help=f"profile this study's cluster for its model and space: {STUDY_HELP}",
+    )
     p.add_argument("--cluster", metavar="FILE", help="a cluster file (cluster:, model:, ...)")
-    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=3,
+    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=3, metavar="N",
                    help="untimed repetitions (default 3)")  # fmt: skip
-    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=10,
+    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=10, metavar="N",
                    help="timed repetitions (default 10)")  # fmt: skip
     p.add_argument(
         "--message-bytes",
@@ -442,7 +482,7 @@ def add_parsers(sub: Any, handlers: Handlers, add_format_option: Any) -> None:
         formatter_class=help_text.EpilogFormatter,
     )  # fmt: skip
     p.add_argument("--cluster", metavar="NAME", help="the cluster name (cluster.name)")
-    p.add_argument("--study", help="the cluster of this study")
+    p.add_argument("--study", metavar="NAME", help=f"the cluster of this study: {STUDY_HELP}")
     p.add_argument("--reset", action="store_true", help="clear the saved corrections")
     add_format_option(p, ("text", "json"))
     handlers["calibrate"] = _cmd_calibrate

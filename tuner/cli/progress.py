@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rich.console import Group
+from rich.console import Console as RichConsole
+from rich.console import ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from tuner.cli import units
 from tuner.cli.cost import spent_line
-from tuner.cli.render import Console, fold_width
+from tuner.cli.render import CONFIG, MIN_WIDTH, Column, Console, Grid, console, fitted, visible
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
 from tuner.outcome import figure
@@ -31,8 +34,46 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-RUNNING_COLUMNS = ("trial", "nodes", "config", "phase", "elapsed", "left", "Slurm job")
-"""The live table's columns (the last only while a running trial has a Slurm job)."""
+RUNNING_COLUMNS = (
+    Column(name="trial", header="trial", number=True),
+    CONFIG,
+    Column(name="phase", header="phase", right=False),
+    Column(name="left", header="left"),
+    Column(name="job", header="Slurm job", right=False),
+    Column(name="elapsed", header="elapsed"),
+    Column(name="nodes", header="nodes", right=False, wrap=2),
+)
+"""The live table's columns in priority order (the job, which ``squeue`` and ``scancel`` take,
+only while a running trial has a Slurm job): laid out as every table is
+(:func:`tuner.cli.render.fit`), so that at 80 columns the last ones are left out and named,
+never cut. The live table drew its own box, as wide as its
+cells: a 16-node trial's host list took the whole width and the trial, its config, the time
+left and the job id were lost."""
+
+
+PHASE_WHOLE = len("iteration 12345 of 50000")
+"""A phase this long is shown whole (``iteration 12 of`` over ``20`` read as a cut figure); a
+longer one (queued, with Slurm's reason) folds onto two lines."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FittedGrid:
+    """A grid laid out when it is drawn, for the width it is drawn at (the terminal's, which
+    may change while the live display runs), with the line naming the columns left out."""
+
+    grid: Grid
+
+    def __rich_console__(self, console: RichConsole, options: ConsoleOptions) -> RenderResult:
+        table, footer = fitted(self.grid, max(options.max_width, MIN_WIDTH))
+        yield table
+        if footer:
+            yield Text(footer)
+
+
+def hosts_text(hosts: Sequence[str]) -> str:
+    """A trial's nodes: both names of two, else the first and how many more (``gpu001 +15``:
+    sixteen names are no column)."""
+    return ", ".join(hosts) if len(hosts) <= 2 else f"{hosts[0]} +{len(hosts) - 1}"
 
 
 class LiveProgress:
@@ -82,20 +123,19 @@ class LiveProgress:
         rows = []
         for number, run in sorted(loop.running.items()):
             job, phase, left = running_cells(loop, run)
-            rows.append((str(number), ",".join(run.group.hosts), spell(run.config), phase,
-                         clock_text(now - run.started), left, job))  # fmt: skip
-        # the config folds onto two lines at most; the job column only where there are jobs
-        # (a local study's empty column made its configs fold onto three at 80 columns)
-        configs = fold_width([row[2] for row in rows], 2)
-        running = Table(title="running trials")
-        shown = [i for i, col in enumerate(RUNNING_COLUMNS)
-                 if col != "Slurm job" or any(row[i] for row in rows)]  # fmt: skip
-        for i in shown:
-            config = RUNNING_COLUMNS[i] == "config"
-            running.add_column(RUNNING_COLUMNS[i], no_wrap=not config, overflow="fold",
-                               min_width=configs if config else None)  # fmt: skip
-        for row in rows:
-            running.add_row(*(row[i] for i in shown))
+            elapsed = clock_text(now - run.started)
+            rows.append((str(number), spell(run.config), visible(phase), left, job, elapsed,
+                         hosts_text(run.group.hosts)))  # fmt: skip
+        # the job column only where there are jobs (a local study's empty column made its
+        # configs fold onto three lines at 80 columns)
+        shown = [i for i, c in enumerate(RUNNING_COLUMNS) if c.name != "job"
+                 or any(row[i] for row in rows)]  # fmt: skip
+        columns = [RUNNING_COLUMNS[i] for i in shown]
+        if any(len(row[2]) > PHASE_WHOLE for row in rows):  # a Slurm reason: it may fold
+            columns[2] = dataclasses.replace(columns[2], wrap=2)
+        grid = Grid(title="running trials", choosable=False, columns=tuple(columns),
+                    rows=tuple(tuple(row[i] for i in shown) for row in rows))  # fmt: skip
+        running: list[RenderableType] = [Text(grid.title), FittedGrid(grid)]
         trials = loop.trials()
         best = loop.best(trials)
         status = Table.grid(padding=(0, 2))
@@ -117,11 +157,12 @@ class LiveProgress:
         budget += "elapsed, " + (f"about {clock_text(eta)} left" if eta is not None
                                  else "time left known after the first trial")  # fmt: skip
         status.add_row("budget", budget)
-        return Group(running, status)
+        return Group(*running, status)
 
     def final(self, loop: StudyLoop, summary: Summary) -> None:
-        """The closing lines of ``tune run``."""
-        out = Console(highlight=False)
+        """The closing lines of ``tune run``: to a file or a pipe one line each, as every table
+        is (a console of its own folded them at 80 columns, in ``make demo``'s log too)."""
+        out = console()
         counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "none"
         out.print(f"stopped: {summary.stop_reason or 'done'}")
         out.print(f"this run: launched {units.plural(summary.launched, 'trial')}; outcomes: "

@@ -306,6 +306,16 @@ def render(out: rich_console.Console, grid: Grid, names: Sequence[str] | None = 
 
 
 def _boxed(out: rich_console.Console, grid: Grid, width: int, explicit: bool) -> None:
+    table, footer = fitted(grid, width, explicit)
+    out.print(table)
+    if footer:
+        out.print(footer)
+
+
+def fitted(grid: Grid, width: int, explicit: bool = False) -> tuple[Table, str]:
+    """``grid``'s rows as a table ``width`` columns wide (:func:`fit`), and the line naming the
+    columns left out ("" when none was): what :func:`render` prints, for a display that shows
+    it itself (``tune run``'s live table)."""
     kept, widths, dropped = fit(grid, width)
     table = Table(
         box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, GAP - 1, 0, 0),
@@ -319,10 +329,10 @@ def _boxed(out: rich_console.Console, grid: Grid, width: int, explicit: bool) ->
         )  # fmt: skip
     for row in grid.rows:
         table.add_row(*(Text(row[i]) for i in kept))
-    out.print(table)
-    if dropped:
-        how = "; --columns chooses" if grid.choosable and not explicit else ""
-        out.print(f"left out to fit {width} columns: {', '.join(dropped)}{how}")
+    if not dropped:
+        return table, ""
+    how = "; --columns chooses" if grid.choosable and not explicit else ""
+    return table, f"left out to fit {width} columns: {', '.join(dropped)}{how}"
 
 
 def _plain(out: rich_console.Console, grid: Grid) -> None:
@@ -343,9 +353,12 @@ def _plain(out: rich_console.Console, grid: Grid) -> None:
 
 
 def legend(columns: Sequence[Column]) -> str:
-    """The columns' headers and meanings, one per line, for a command's ``--help``."""
+    """The columns' headers and meanings, one per line, for a command's ``--help`` (the
+    meanings in one column, past the longest header)."""
+    heads = [c.header.replace("\n", " ") for c in columns]
+    wide = max([16, *(len(h) + 1 for h in heads)])
     return "\n".join(
-        f"  {c.name:<22} {c.header.replace(chr(10), ' '):<16} {c.meaning}" for c in columns
+        f"  {c.name:<22} {h:<{wide}} {c.meaning}" for c, h in zip(columns, heads, strict=True)
     )
 
 

@@ -130,21 +130,54 @@ def _sources_said(sources: dict[str, dict[str, Any]]) -> str:
     return f"measured on this stack: {', '.join(measured)}; the rest from the catalog"
 
 
-STAGE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("stage", "stage"),
-    ("layers", "layers"),
-    ("device_gib", "device\nGiB"),
-    ("peak_phase", "peak\nphase"),
-    ("weights", "weights\nGiB"),
-    ("optimizer", "optimizer\nGiB"),
-    ("activations", "activations\nGiB"),
-    ("grads", "grads\nGiB"),
-    ("in_flight", "in-flight\nmicro-b."),
-    ("allocated_gib", "allocated\nGiB"),
-    ("reserved_gib", "reserved\nGiB"),
-    ("buffers", "buffers\nGiB"),
-    ("slack", "slack\nGiB"),
-    ("overhead", "overhead\nGiB"),
+def _stage(name: str, header: str, meaning: str) -> render.Column:
+    return render.Column(name=name, header=header, right=name != "peak_phase",
+                         number=name == "stage", meaning=meaning)  # fmt: skip
+
+
+STAGE_COLUMNS = (
+    _stage("stage", "stage", "pipeline stage (0 holds the embedding)"),
+    _stage("layers", "layers", "transformer layers on the stage"),
+    _stage(
+        "device_gib",
+        "device\nGiB",
+        "predicted device memory of one GPU of the stage at its peak: reserved plus overhead",
+    ),
+    _stage(
+        "peak_phase",
+        "peak\nphase",
+        "where in the step the stage peaks: fwd_bwd (forward "
+        "and backward) or step (the optimizer step)",
+    ),
+    _stage("weights", "weights\nGiB", "parameters one GPU holds"),
+    _stage(
+        "optimizer",
+        "optimizer\nGiB",
+        "optimizer states one GPU holds (sharded over dp with distopt or ZeRO)",
+    ),
+    _stage(
+        "activations",
+        "activations\nGiB",
+        "saved activations of the in-flight "
+        "micro-batches, with the stage's embedding and loss extras",
+    ),
+    _stage("grads", "grads\nGiB", "gradients one GPU holds"),
+    _stage(
+        "in_flight",
+        "in-flight\nmicro-b.",
+        "micro-batches whose activations the stage holds at its peak",
+    ),
+    _stage("allocated_gib", "allocated\nGiB", "live tensors: PyTorch's max_memory_allocated"),
+    _stage("reserved_gib", "reserved\nGiB", "allocated plus the caching allocator's slack"),
+    _stage(
+        "buffers",
+        "buffers\nGiB",
+        "framework buffers (gradient buckets, gathered ZeRO-3 parameters) and GEMM workspaces",
+    ),
+    _stage("slack", "slack\nGiB", "reserved by the caching allocator but not allocated"),
+    _stage(
+        "overhead", "overhead\nGiB", "outside PyTorch's allocator: CUDA context and NCCL buffers"
+    ),
 )
 """The per-stage table's columns, most important first (what ``--columns`` would name)."""
 
@@ -164,11 +197,9 @@ def _stage_cells(s: dict[str, Any]) -> dict[str, str]:
 
 def _print_stage_table(console: Console, memory: dict[str, Any], names: list[str] | None) -> None:
     cells = [_stage_cells(s) for s in memory["stages"]]
-    columns = tuple(render.Column(name=n, header=h, right=n != "peak_phase", number=n == "stage")
-                    for n, h in STAGE_COLUMNS)  # fmt: skip
     render.render(console, render.Grid(
-        title="per pipeline stage, at each stage's peak phase",
-        columns=columns, rows=tuple(tuple(c[n] for n, _ in STAGE_COLUMNS) for c in cells),
+        title="per pipeline stage, at each stage's peak phase", columns=STAGE_COLUMNS,
+        rows=tuple(tuple(c[col.name] for col in STAGE_COLUMNS) for c in cells),
     ), names)  # fmt: skip
 
 

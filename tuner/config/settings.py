@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from tuner._loader import did_you_mean
 from tuner.errors import ConfigError
 from tuner.spec import torchtitan as titan_spec
 from tuner.spec.bounds import MAX_BATCH, _size, read_integer
@@ -13,19 +14,8 @@ from tuner.spec.frameworks import Framework, traits
 from tuner.spec.moe import dense_knob_problem
 from tuner.spec.pipeline_split import EVEN, canonical_split
 from tuner.spec.recompute import parse_recompute
+from tuner.spec.space import KNOB_ALIASES
 
-_ALIASES = {
-    "sp": "sequence_parallel",
-    "mbs": "micro_batch_size",
-    "micro_batch": "micro_batch_size",
-    "distopt": "distributed_optimizer",
-    "dist_opt": "distributed_optimizer",
-    "zero": "zero_stage",
-    "recompute_granularity": "recompute",
-    "split": "pipeline_split",
-    "dispatcher": "moe_token_dispatcher",
-    "tpo": "tp_comm_overlap",
-}
 _INT_KEYS = {
     "tp", "pp", "cp", "vp", "ep", "etp", "micro_batch_size", "recompute_num_layers", "zero_stage",
     "dp_shard", "dp_replicate",
@@ -44,7 +34,7 @@ def parse_setting(item: str) -> tuple[str, object]:
     if "=" not in item:
         raise ConfigError(f"expected key=value, got {item!r}", path="--set")
     raw_key, raw = (p.strip() for p in item.split("=", 1))
-    key = _ALIASES.get(raw_key, raw_key)
+    key = KNOB_ALIASES.get(raw_key, raw_key)
     where = f"--set {raw_key}"
     if key in _INT_KEYS:
         if (value := read_integer(raw)) is None:
@@ -79,7 +69,9 @@ def parse_setting(item: str) -> tuple[str, object]:
         if raw not in _CHOICES[key]:
             raise ConfigError(f"{raw!r} is not one of: {', '.join(_CHOICES[key])}", path=where)
         return key, raw
-    raise ConfigError(f"unknown key (known: {', '.join(settable_keys())})", path=where)
+    known = settable_keys()
+    hint = did_you_mean(raw_key, known)
+    raise ConfigError(f"unknown key{hint} (known: {', '.join(known)})", path=where)
 
 
 def parse_settings(
@@ -122,6 +114,5 @@ def _check_framework_knob(key: str, value: object, framework: Framework, where: 
 
 def settable_keys() -> list[str]:
     """Every key ``--set KEY=VALUE`` takes: the knobs' names and their short aliases."""
-    return sorted(
-        _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | set(_ALIASES) | {"pipeline_split", "recompute"}
-    )
+    named = _INT_KEYS | _BOOL_KEYS | set(_CHOICES) | {"pipeline_split", "recompute"}
+    return sorted(named | set(KNOB_ALIASES))

@@ -55,6 +55,15 @@ def _rank_lines(nnodes: int) -> list[str]:
         "    exit 2",
         "  fi",
         "fi",
+        "# a rank the run does not have stops here, before a master address is looked up",
+        'case "$rank" in',
+        "  ''|*[!0-9]*) rank_ok=0 ;;",
+        "  *) rank=$((10#$rank)); rank_ok=$(( rank < nnodes )) ;;",
+        "esac",
+        'if [ "$rank_ok" -ne 1 ]; then',
+        '  echo "tuner: NODE_RANK $rank is not in 0..$((nnodes - 1))" >&2',
+        "  exit 2",
+        "fi",
     ]
 
 

@@ -208,9 +208,12 @@ def _figure(value: Any, fmt: str, unit: str) -> str | None:
     return None if value is None else f"{value:{fmt}}{unit}"
 
 
-def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
+def header(
+    record: TrialRecord, spec: StudySpec, nodes: int, script: str = "launch.sh"
+) -> list[str]:
     """What the export says about itself: which config and trial, what was measured, with which
-    software, how long the run is, and what a short trial does not measure."""
+    software, how long the run is, what a short trial does not measure, and how to run
+    ``script`` (its own file name: ``sbatch-node.sh`` said to run ``launch.sh``)."""
     m, p = record.measured, record.predicted
     which = "the fastest measured trial" if record.best else "chosen with --trial"
     measure = STEP_MEASURES.get(str(m.get("step_measure")), "median")
@@ -244,7 +247,7 @@ def header(record: TrialRecord, spec: StudySpec, nodes: int) -> list[str]:
         "Environment: " + (", ".join(f"{k}={v}" for k, v in sorted(spec.launch.env.items()))
                            or "none set by the study") + " (as the trial ran; see each node).",
         NOT_MEASURED,
-        "Run on every node: NODE_RANK=<k> bash launch.sh (one node: bash launch.sh; in a Slurm "
+        f"Run on every node: NODE_RANK=<k> bash {script} (one node: bash {script}; in a Slurm "
         "job SLURM_NODEID is the rank). Master address: MASTER_ADDR, else the first node of the "
         "Slurm allocation, else the first host of the file HOSTFILE names, else "
         "the study's first SSH node (the address its trials used), else 127.0.0.1 for one "
@@ -266,8 +269,11 @@ def _proxy_line(record: TrialRecord, nodes: int) -> list[str]:
 # ----------------------------------------------------------------------------- the kinds
 
 
-def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[str, list[Path]]:
-    """The launch script of the full run, with its extra files written into ``files_dir``."""
+def _render_run(
+    record: TrialRecord, spec: StudySpec, files_dir: Path, script: Path
+) -> tuple[str, list[Path]]:
+    """The launch script of the full run (to be written to ``script``), with its extra files
+    written into ``files_dir``."""
     hosts = record.run_hosts()
     rendered = TemplateRenderer.for_study(spec).render(
         spec, record.config, hosts=hosts, master_addr=MASTER_PLACEHOLDER,
@@ -280,7 +286,8 @@ def _render_run(record: TrialRecord, spec: StudySpec, files_dir: Path) -> tuple[
         write_atomic(files_dir / name, content)
         written.append(files_dir / name)
     sources = MasterSources(study_host=_trials_master(spec))
-    text = launch_script(header(record, spec, len(rendered.scripts)), rendered.scripts, sources)
+    lines = header(record, spec, len(rendered.scripts), script.name)
+    text = launch_script(lines, rendered.scripts, sources)
     return text, written
 
 
@@ -301,14 +308,14 @@ def _trials_master(spec: StudySpec) -> str | None:
 
 def _script(record: TrialRecord, spec: StudySpec) -> Export:
     paths = record.paths
-    text, files = _render_run(record, spec, paths.script_files)
+    text, files = _render_run(record, spec, paths.script_files, paths.script)
     write_atomic(paths.script, text, mode=0o755)
     return Export("script", paths.script, text, (paths.script, *files))
 
 
 def _sbatch(record: TrialRecord, spec: StudySpec) -> Export:
     paths = record.paths
-    node_text, files = _render_run(record, spec, paths.sbatch_files)
+    node_text, files = _render_run(record, spec, paths.sbatch_files, paths.sbatch_node)
     write_atomic(paths.sbatch_node, node_text, mode=0o755)
     nodes = len(record.run_hosts())
     text = best_batch_script(

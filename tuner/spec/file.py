@@ -21,10 +21,11 @@ from typing import Any
 import yaml
 
 from tuner._loader import load_dataclass, load_yaml
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, UnknownKeyError
 from tuner.spec.bounds import MAX_GPUS_PER_NODE, host_name_problem, listed_twice
 from tuner.spec.model import ModelSpec
 from tuner.spec.paths import study_relative
+from tuner.spec.sections import with_home
 from tuner.spec.study import _ENV_NAME, MAX_FILE_BYTES, StudySpec
 from tuner.spec.template_owner import check_template_framework
 
@@ -276,10 +277,13 @@ def study_from_mapping(
         from tuner.catalog import catalog_gpu_name  # any case, stored as the catalog spells it
 
         data["cluster"] = {**cluster, "gpu": catalog_gpu_name(cluster["gpu"])}
-    return load_dataclass(
-        StudySpec, data,
-        given={"found_by": found_by, "cluster_file": cluster_file, "source_path": source_path},
-    )  # fmt: skip
+    try:
+        return load_dataclass(
+            StudySpec, data,
+            given={"found_by": found_by, "cluster_file": cluster_file, "source_path": source_path},
+        )  # fmt: skip
+    except UnknownKeyError as exc:  # a key of another section: name the field it is
+        raise with_home(exc, StudySpec) from None
 
 
 def _expand_user(path: str, yaml_path: str) -> Path:

@@ -26,6 +26,22 @@ from tuner.spec.pipeline_split import parse_split
 from tuner.spec.recompute import parse_recompute, recompute_text
 from tuner.spec.torchtitan import PPSchedule, Reshard
 
+KNOB_ALIASES = {
+    "sp": "sequence_parallel",
+    "mbs": "micro_batch_size",
+    "micro_batch": "micro_batch_size",
+    "distopt": "distributed_optimizer",
+    "dist_opt": "distributed_optimizer",
+    "zero": "zero_stage",
+    "recompute_granularity": "recompute",
+    "split": "pipeline_split",
+    "dispatcher": "moe_token_dispatcher",
+    "tpo": "tp_comm_overlap",
+}
+"""The short names of the space's knobs: ``--set mbs=2`` and the config spelling's words. A
+space in a file spells each knob in full (``micro_batch_size``); an alias there is refused
+naming the field it stands for."""
+
 RecomputeGranularity = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 Auto = Literal["auto"]
