@@ -128,14 +128,45 @@ def test_no_fixed_part_reads_none() -> None:
     assert 0.0 <= base.expert_fixed_s < 0.1 * CALL_S
 
 
-def test_every_point_of_the_group_takes_the_bases_fixed_part() -> None:
-    """The EP and ZeRO neighbours ran at the base's size alone: they take its fixed part per
-    call (their own calls: half at ep 2) and measure their layer scale beside it."""
+def test_the_ep_neighbour_takes_the_bases_slope_and_measures_its_own_fixed_part() -> None:
+    """The ZeRO and micro-batch neighbours take the base's fixed part per call; the EP
+    neighbour, run at the base's size alone, takes the base's slope (the same GEMM FLOPs on the
+    same kernels) and keeps what its layer measured over it as its own part per micro-batch."""
     spec = moe_spec()
     terms = derive_terms(spec, rows(spec))
-    assert len({p.expert_fixed_s for p in terms.points}) == 1
+    base = terms.points[0]
+    assert len({p.expert_fixed_s for p in terms.points if p.ep == 1}) == 1
     ep2 = [p for p in terms.points if p.ep == 2]
-    assert ep2 and all(p.layer_scale is not None for p in ep2)
+    assert ep2 and all(p.layer_scale == base.layer_scale for p in ep2)
+    assert all(p.expert_fixed_s is not None and p.expert_fixed_s > 0 for p in ep2)
+
+
+def test_an_ep_cost_per_micro_batch_composes_to_sizes_never_run_at_that_ep() -> None:
+    """A stack whose EP exchange costs WAIT_S per all-to-all beyond the collective profile's
+    price (four per MoE layer per micro-batch at ep 2: dispatch and combine, forward and
+    backward; on the CPU demo's two busy ranks the wait for the slower rank at each blocking
+    collective, which the profile, timing each collective alone, leaves out): the ep 2 configs
+    at micro-batch 1 and 4, never run, within 2%. Read as a ratio of the per-token work, that
+    cost shrank with the micro-batch at ep 2: micro-batch 1 read 2.4% low."""
+    spec = moe_spec()
+    wait_s = 0.002
+
+    def truth(c: ParallelConfig, layers: int) -> float:
+        exchanges = 4 * (c.ep > 1) * layers * max(c.num_microbatches, 1)
+        return true_step(spec, c, layers) + wait_s * exchanges
+
+    measured = []
+    for run in probe_runs(spec):
+        step = truth(run.launched, run.depth)
+        measured.append(ProbeRow(key=run.launched.key(), depth=run.depth, step_s=step,
+                                 samples_s=(step, step), peak_gib=0.5,
+                                 reserved_gib=None))  # fmt: skip
+    terms = derive_terms(spec, measured)
+    probed = {r.config.key() for r in probe_runs(spec)}
+    kept_out = [c for c in iter_configs(spec) if c.ep == 2 and c.micro_batch_size != 2]
+    assert kept_out and not {c.key() for c in kept_out} & probed
+    for c in iter_configs(spec):
+        assert abs(predicted(spec, c, terms) / truth(c, spec.model.num_layers) - 1) < 0.02
 
 
 def test_the_probes_terms_table_states_the_fixed_part() -> None:
@@ -144,7 +175,8 @@ def test_the_probes_terms_table_states_the_fixed_part() -> None:
 
     spec = moe_spec()
     notes = " ".join(terms_grid(derive_terms(spec, rows(spec)).points).notes)
-    assert "expert calls: 8." in notes  # 8.6 ms read of the stand-in's 10 (see above)
+    assert "expert calls: ep 1 8." in notes  # 8.6 ms read of the stand-in's 10 (see above)
+    assert "ep 2 " in notes  # the ep 2 neighbour's own, over the base's slope
     dense = spec_of()
     plain = terms_grid(derive_terms(dense, test_stack_terms.probe_rows(dense)).points)
     assert "expert calls" not in " ".join(plain.notes)
@@ -155,9 +187,10 @@ def test_the_all_to_all_is_priced_at_its_own_measured_link_not_the_all_reduces()
     CPU demo's two ranks: 0.22-1.63 ms) and whose all-to-all costs 20 us (one exchange with the
     one peer; gloo's measured 0.13-0.29 ms up to 256 KiB there): the profile measured both.
     Priced at the all-to-all's own link, every config comes within 2%, ep 2 at micro-batch 1 and
-    4 among them (never run); priced at the all-reduce's, the ep 2 neighbour's layer scale takes
-    the surplus latency in at micro-batch 2 and a config with more micro-batches pays it again
-    per micro-batch: ep 2 at micro-batch 1 reads about 3% high."""
+    4 among them (never run); priced at the all-reduce's, the ep 2 neighbour's own part per
+    micro-batch takes the surplus latency in at micro-batch 2 and carries it per micro-batch, so
+    ep 2 at micro-batch 1 comes within 2% as well (it read about 3% high when the surplus went
+    into a ratio of the per-token work)."""
     spec = moe_spec()
     bw = catalog_rates(study_gpu(spec), spec.training.precision).intra.bandwidth
     links = {"intra": Link(bw, 1e-3), "all_to_all": Link(bw, 2e-5)}
@@ -179,5 +212,5 @@ def test_the_all_to_all_is_priced_at_its_own_measured_link_not_the_all_reduces()
         assert abs(predicted(spec, c, terms, links) / truth - 1) < 0.02, c.key()
         if c.ep == 2 and c.micro_batch_size == 1:
             assert c.key() not in probed
-            worst_old = max(worst_old, predicted(spec, c, old, borrowed) / truth - 1)
-    assert worst_old > 0.025
+            worst_old = max(worst_old, abs(predicted(spec, c, old, borrowed) / truth - 1))
+    assert worst_old < 0.02

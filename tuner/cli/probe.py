@@ -146,13 +146,15 @@ def terms_grid(points: Any, framework: str | None = None) -> Grid:
 
 
 def _expert_note(points: Any) -> tuple[str, ...]:
-    """The MoE layer's fixed part per expert call, where the probe measured one (two sizes)."""
-    fixed = {p.expert_fixed_s for p in points if p.expert_fixed_s is not None}
+    """The MoE layer's fixed part per expert call by EP degree, where the probe measured one
+    (the base at two sizes; an EP neighbour over the base's slope)."""
+    fixed = {p.ep: p.expert_fixed_s for p in points if p.expert_fixed_s is not None}
     if not fixed:
         return ()
-    ms = ", ".join(f"{f * 1e3:.2f}" for f in sorted(fixed))
+    ms = ", ".join(f"ep {ep} {f * 1e3:.2f}" for ep, f in sorted(fixed.items()))
     return (f"an MoE layer's expert calls: {ms} ms each per micro-batch whatever its tokens "
-            f"(the layer at two micro-batch sizes), the layer scale beside it",)  # fmt: skip
+            f"(the layer at two micro-batch sizes; another EP degree: its layer over that "
+            f"slope), the layer scale beside it",)  # fmt: skip
 
 
 def _x(value: float | None) -> str:

@@ -23,7 +23,10 @@ point (same TP and CP) and measures its own per-layer figures. In an MoE study t
 also runs at another micro-batch size (:func:`tuner.profile.probe.probe_runs`): the layer at the
 two sizes is a line in the model's layer seconds, whose slope is the layer scale and whose
 intercept the seconds each local expert call costs per micro-batch whatever its tokens
-(:func:`_expert_fixed`), which every point of the group then takes. Slack (reserved - allocated)
+(:func:`_expert_fixed`), which every point of the group then takes but the EP neighbour: it
+takes the base's slope and keeps what its own run measured over it as its part per micro-batch
+(:func:`_ep_point`: the token exchange's blocking all-to-alls, a cost per call). Slack
+(reserved - allocated)
 comes from GPU runs only: on CPU ranks the workloads' reserved figure is the growth of the
 resident set, not an allocator's.
 
@@ -154,12 +157,18 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
     part. A neighbour in sharding alone (ZeRO stage, distributed optimizer: what each rank holds
     of the model states and how gradients and parameters travel, not what a layer saves or
     computes) also takes the base's per-layer terms and measures its states and its step's
-    sharding-dependent work; any other neighbour (recomputation, EP, micro-batch size) measures
-    its own per-layer terms."""
+    sharding-dependent work. A neighbour in EP alone, where the base measured its layer at two
+    sizes, takes the base's slope and measures its own part per micro-batch (:func:`_ep_point`;
+    as a ratio when its layer came out under that slope); any other neighbour (recomputation,
+    micro-batch size) measures its own per-layer terms."""
     if base is not None and _sharding_only(c, base):
         return _sharding_point(spec, c, row, base, rates)
     layer, lay_model = _one_depth_layer(spec, c, row, base, rates)
-    fixed = _fixed_of(spec, c, base)
+    fixed, calls = _fixed_of(spec, c, base), expert_calls(spec.model, c, spec.framework)
+    if base is not None and base.expert_fixed_s is not None and _ep_only(c, base) and calls:
+        own = layer - (base.layer_scale or 0.0) * lay_model
+        if base.layer_scale is not None and own >= 0.0:
+            return _ep_point(spec, c, row, base, own / calls)
     other, states, act, ext = _memory_parts(spec, c, row.depth)
     k_ext = base.extras_scale if base and base.extras_scale is not None else 1.0
     acts = row.peak_gib * GIB - other - states - k_ext * ext
@@ -171,6 +180,35 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
                   extras_scale=base.extras_scale if base else None,
                   overhead_scale=base.overhead_scale if base else None,
                   expert_fixed_s=base.expert_fixed_s if base else None)  # fmt: skip
+
+
+def _ep_only(c: ParallelConfig, base: StackPoint) -> bool:
+    """Whether ``c`` differs from the base point in its EP degree alone."""
+    knobs = (c.micro_batch_size, c.recompute, c.zero_stage, c.distributed_optimizer)
+    return knobs == (base.mbs, base.recompute, base.zero_stage, base.distopt) and c.ep != base.ep
+
+
+def _ep_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint,
+              per_call: float) -> StackPoint:  # fmt: skip
+    """A neighbour in EP alone, run at the base's micro-batch size, where the base measured its
+    layer as a line over two sizes (:func:`_expert_fixed`): its layer takes the base's slope
+    (``layer_scale``) and keeps what its run measured over it as its own part per micro-batch
+    (``per_call`` seconds per local expert call: :func:`tuner.models.stack.expert_calls`).
+    What EP changes in a layer does not grow with the tokens: each rank runs E / ep experts on
+    ep times their tokens (the capacity-padded buffers DeepSpeed's ``MOELayer`` exchanges),
+    the same GEMM FLOPs on the same kernels, while the exchange adds two blocking all-to-alls
+    per MoE layer forward and two backward per micro-batch, whose cost on a busy host is the
+    wait for the slowest rank, not their bytes (the demo's two CPU ranks measured 1-2 ms a call
+    in the step against the collective profile's 0.2 ms alone), and the gate runs once per
+    layer however many experts are local. Read as a ratio of the per-token work instead, that
+    part shrank with the micro-batch: ep 2 at micro-batch 1, never run, read 8-30% high."""
+    other, states, act, ext = _memory_parts(spec, c, row.depth)
+    k_ext = base.extras_scale if base.extras_scale is not None else 1.0
+    acts = row.peak_gib * GIB - other - states - k_ext * ext
+    return _point(spec, c, (row,), layer_scale=base.layer_scale,
+                  fixed_scale=base.fixed_scale, activation_scale=_part_ratio(acts, act),
+                  extras_scale=base.extras_scale, overhead_scale=base.overhead_scale,
+                  expert_fixed_s=per_call)  # fmt: skip
 
 
 def _one_depth_layer(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoint | None,
