@@ -23,7 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.calibrate.correction import Features, Posterior, Prior, fit, fit_memory
+from tuner.calibrate.correction import (
+    Features,
+    Posterior,
+    Prior,
+    TimeChoice,
+    choose_time,
+    fit,
+    fit_memory,
+)
 from tuner.calibrate.store import Observation, history, memory_fingerprint, setup_fingerprint
 from tuner.config.parallel import ParallelConfig
 from tuner.models.memory.estimate import GIB
@@ -56,7 +64,8 @@ class LooRow:
 
 
 class Corrector:
-    """Corrections fitted to saved observations, applicable to the configs of a space."""
+    """Corrections fitted to saved observations, applicable to the configs of a space. The
+    step-time correction applied is the one :func:`choose_time` picks (:attr:`time_choice`)."""
 
     def __init__(
         self, observations: Sequence[Observation], *, fingerprint: str = "",
@@ -73,7 +82,8 @@ class Corrector:
         self.features = Features(
             [*configs, *(o.parallel_config() for o in observations)], self.prior
         )
-        self.time = self._fit_time(self.observations, fingerprint)
+        self.time_choice: TimeChoice | None = None
+        self.time = self._choose_time(self.observations, fingerprint)
         self.memory = self._fit_memory(self.observations)
 
     def _noise(self, obs: Sequence[Observation], base: float, fingerprint: str) -> np.ndarray:
@@ -88,6 +98,17 @@ class Corrector:
         noise = self._noise(rows, self.prior.noise, fingerprint)
         return fit(self.features.prior_precision, x, y, noise)
 
+    def _choose_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
+        """The step-time correction :func:`choose_time` picks (None: the model alone)."""
+        rows = [o for o in obs if o.time_ratio is not None]
+        if not rows:
+            return None
+        x = np.array([self.features(o.parallel_config()) for o in rows])
+        y = np.array([o.time_ratio or 0.0 for o in rows])
+        noise = self._noise(rows, self.prior.noise, fingerprint)
+        self.time_choice, post = choose_time(self.features.prior_precision, x, y, noise)
+        return post
+
     def _fit_memory(self, obs: Sequence[Observation]) -> Posterior | None:
         rows = [o for o in obs if o.memory_ratio is not None]
         if not rows:
@@ -100,7 +121,7 @@ class Corrector:
         return fit_memory(self.features, self.prior, x, y, bound, noise)
 
     def __bool__(self) -> bool:
-        return self.time is not None or self.memory is not None
+        return self.time_choice is not None or self.memory is not None
 
     def correct(self, candidate: Candidate) -> Corrected:
         """``candidate``'s step time and peak, corrected."""
@@ -143,7 +164,8 @@ class Corrector:
         return rows
 
     def leave_one_out(self) -> list[LooRow]:
-        """Each saved measurement predicted by the calibration fitted to all the others."""
+        """Each saved measurement predicted by the per-knob calibration fitted to all the others
+        (the figure :attr:`time_choice` weighs against the model alone and one shared factor)."""
         rows = []
         timed = [o for o in self.observations if o.time_ratio is not None]
         for i, o in enumerate(timed):

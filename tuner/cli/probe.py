@@ -103,6 +103,9 @@ TERM_COLUMNS = (
 )  # fmt: skip
 CATALOG_CELL = "-"
 """A term the point did not measure: the catalog's (said under the table)."""
+NIL_CELL = "nil"
+"""A term the point measured at or under nothing, which the models then take as none (said under
+the table; :func:`tuner.profile.stack_terms._part_ratio`): it read "x0.000", like a bug."""
 
 
 def runs_grid(spec: StudySpec, data: dict[str, Any]) -> Grid:
@@ -141,8 +144,17 @@ def terms_grid(points: Any, framework: str | None = None) -> Grid:
         title="measured / catalog, per probed point (the models compose these)",
         columns=TERM_COLUMNS, rows=tuple(rows), constant=shared, choosable=False,
         notes=(f"{CATALOG_CELL}: not measured at that point, the catalog's figure",
-               *_expert_note(points)),
+               *_nil_note(rows), *_expert_note(points)),
     )  # fmt: skip
+
+
+def _nil_note(rows: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """What a nil cell means, where the table has one."""
+    if not any(NIL_CELL in row for row in rows):
+        return ()
+    return (f"{NIL_CELL}: what the runs left for that term after the others was at or under "
+            "nothing (their noise, or a part the model counts that the run did not hold); the "
+            "models take it as none",)  # fmt: skip
 
 
 def _expert_note(points: Any) -> tuple[str, ...]:
@@ -158,7 +170,9 @@ def _expert_note(points: Any) -> tuple[str, ...]:
 
 
 def _x(value: float | None) -> str:
-    return CATALOG_CELL if value is None else f"x{value:.3f}"
+    if value is None:
+        return CATALOG_CELL
+    return NIL_CELL if value == 0.0 else f"x{value:.3f}"
 
 
 def _spread(samples: Any) -> float:

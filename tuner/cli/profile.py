@@ -162,10 +162,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     corrector = Corrector(cal.observations, fingerprint=fingerprint)
     loo, memory_loo = corrector.leave_one_out(), corrector.memory_leave_one_out()
     errors, memory_errors = error_summary(loo), error_summary(memory_loo)
+    choice = corrector.time_choice
     if args.format == "json":
         _emit_json({"cluster": name, "path": str(layout.calibration_yaml),
                     "updated": cal.updated, "factors": dict(corrector.factors()),
                     "error": errors, "trials": [_loo_json(r) for r in loo],
+                    "time_correction": choice and choice.to_json(),
                     "memory_factors": dict(corrector.memory_factors()),
                     "memory_error": memory_errors,
                     "memory_trials": [_loo_json(r, memory=True) for r in memory_loo]})  # fmt: skip
@@ -180,6 +182,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                   f"updated {cal.updated}")  # fmt: skip
     _print_corrections(console, "step time", "fitted step-time corrections (measured / "
                        "predicted):", corrector.factors(), loo, errors)  # fmt: skip
+    if choice is not None:
+        console.print(choice.line())
     if memory_loo:
         _print_corrections(console, "peak memory", "fitted memory corrections (measured / "
                            "predicted peak; a knob's factor is on the part of the peak it "
@@ -237,10 +241,13 @@ def _print_corrections(
     """One half of ``tune calibrate`` (``what``: step time or peak memory): the fitted factors,
     each trial predicted from all the others, and the error before and after."""
     console.print(heading)
-    render.render(console, render.Grid(
-        title="", columns=FACTOR_COLUMNS,
-        rows=tuple((applies, units.factor(f)) for applies, f in factors), choosable=False,
-    ))  # fmt: skip
+    if factors:
+        render.render(console, render.Grid(
+            title="", columns=FACTOR_COLUMNS,
+            rows=tuple((applies, units.factor(f)) for applies, f in factors), choosable=False,
+        ))  # fmt: skip
+    else:
+        console.print("none applied: the model alone")
     memory = what == "peak memory"
     studies = sorted({r.observation.study for r in loo})
     title = ("measured peaks" if memory else "trials") + (

@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from tuner.calibrate.correction import Features, Posterior, Prior, lift_ooms
+from tuner.calibrate.correction import (
+    TIME_CHOICES,
+    Features,
+    Posterior,
+    Prior,
+    choose_time,
+    lift_ooms,
+)
 from tuner.calibrate.store import Observation
 from tuner.search.gram import Gram, GramPosterior
 from tuner.search.normal import predict_rows
@@ -141,7 +148,10 @@ class Folds:
         memory fingerprints): each observation with a measured step time a row of the time
         fit, each with a measured peak but an OOM one of the memory fit, at the sampler's
         noise widened by its transfer sd (a study of another setup: :meth:`Observation.
-        transfer_sd`)."""
+        transfer_sd`). The time rows enter as the correction their own leave-one-out picks
+        (:func:`~tuner.calibrate.calibrated.choose_time`, as ``tune calibrate`` says): not at all
+        when the model alone predicts them best, through the shared factor alone when that
+        does."""
         if not past:
             return self.plain
         if self._of is not None and self._of[0] is past:
@@ -156,6 +166,12 @@ class Folds:
         st, sm = (np.array([math.hypot(n, o.transfer_sd(fingerprint)) for o in obs])
                   for n, obs in ((prior.noise, t), (prior.memory_noise, m)))  # fmt: skip
         yt = np.array([o.time_ratio or 0.0 for o in t])
+        if len(t):  # the correction their own leave-one-out picks (Corrector's rule)
+            applied = choose_time(time.precision, xs, yt, st)[0].applied
+            if applied == TIME_CHOICES[0]:
+                xs, yt, st = xs[:0], yt[:0], st[:0]
+            elif applied == TIME_CHOICES[1]:
+                xs = np.hstack([xs[:, :1], np.zeros_like(xs[:, 1:])])
         ym = np.array([o.memory_ratio or 0.0 for o in m])
         ooms: dict[tuple[Any, ...], tuple[Observation, int]] = {}
         for o in past:
