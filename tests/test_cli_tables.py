@@ -234,7 +234,7 @@ def test_help_explains_every_abbreviation(
 
 
 def test_counts_in_correct_english() -> None:
-    from tuner.cli.units import plural
+    from tuner.report.units import plural
 
     assert plural(1, "trial") == "1 trial" and plural(2, "trial") == "2 trials"
     assert plural(0, "config") == "0 configs"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.cli import units
 from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import KNOBS, glossary, spell, split_constant
+from tuner.report import units
 
 
 def test_one_config_spells_every_knob_off_its_default() -> None:

@@ -258,3 +258,29 @@ def test_the_docs_screenshots_are_what_this_browser_draws(
         screenshots.record()
     for name in screenshots.SHOTS:
         assert png_size(screenshots.IMAGES / name)[0] == SCREENSHOT_WIDTH, name
+
+
+BROKEN_WORDS_JS = """() => Array.from(document.querySelectorAll('.sortable th')).flatMap(th => {
+  const node = th.firstChild, text = node ? node.textContent : '', out = [];
+  for (const m of text.matchAll(/\\S+/g)) {
+    const range = document.createRange();
+    range.setStart(node, m.index);
+    range.setEnd(node, m.index + m[0].length);
+    const tops = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));
+    if (tops.size > 1) { out.push(m[0]); }
+  }
+  return out;
+})"""
+"""The leaderboard's header words drawn on more than one line (a word broken inside)."""
+
+
+def test_the_leaderboard_headers_break_only_between_words_at_800_px(
+    browser: Browser, report: Path
+) -> None:  # fmt: skip
+    page, _ = browser.open(report, width=800)
+    try:
+        broken = page.evaluate(BROKEN_WORDS_JS)
+        heads = page.locator("table.sortable th").count()
+    finally:
+        page.close()
+    assert heads >= 10 and broken == [], broken

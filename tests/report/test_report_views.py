@@ -13,6 +13,7 @@ from tests.test_results import SPEC, config, record
 from tuner.layout import ResultsLayout
 from tuner.outcome import Outcome
 from tuner.report import figures as F
+from tuner.report import units
 from tuner.report import views as V
 from tuner.report.data import gather
 from tuner.space.enumerate import enumerate_space
@@ -55,6 +56,46 @@ def test_the_cards_and_the_funnel_count_what_happened(tmp_path: Path) -> None:
     assert f'<td class="num">{counts["viable"]:,}</td>' in funnel
     assert 'launched</th><td class="num">4</td>' in funnel
     assert 'measured</th><td class="num">2</td>' in funnel
+
+
+def test_measured_trials_stored_without_launch_attributes_count_as_launched(
+    tmp_path: Path,
+) -> None:
+    # As the tests' helpers (and a storage written before "launched" was) leave them: five
+    # measured trials with no "launched", one OOM and one still running with it.
+    study = new_study(tmp_path)
+    for tp, mbs in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2)):
+        record(study, SPEC, config(tp, mbs), Outcome.OK, float(tp + mbs))
+    record(study, SPEC, config(4, 2), Outcome.OOM, reason="CUDA out of memory", launched=True)
+    running = record(study, SPEC, config(8, 1), None)
+    running.set_user_attr("launched", True)
+    data = gather(SPEC, results=str(tmp_path))
+    cards = V.cards(data)
+    assert ">7<" in cards and "5 measured, 1 failed" in cards, cards
+    assert 'launched</th><td class="num">7</td>' in V.funnel(data)
+
+
+def test_peak_gib_has_one_format_measured_or_predicted(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 2.0, peak_memory_gib=0.08149,
+           predicted_peak_gib=0.081)  # fmt: skip
+    data = gather(SPEC, results=str(tmp_path))
+    board, side = V.leaderboard(data), V.side_by_side(data)
+    for table in (board, side):
+        assert "<td>0.0815</td>" in table or ">0.0815</td>" in table, table
+        assert ">0.0810</td>" in table and ">0.08149<" not in table and ">0.081<" not in table
+    assert units.gib(0.081) == "0.0810" and units.gib(61.27) == "61.3"
+
+
+def test_on_off_knobs_read_on_and_off_side_by_side(tmp_path: Path) -> None:
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 2.0)  # sequence parallel on (tp 2)
+    record(study, SPEC, config(1, 1), Outcome.OK, 3.0)  # and off (tp 1)
+    side = V.side_by_side(gather(SPEC, results=str(tmp_path)))
+    assert "True" not in side and "False" not in side
+    assert "<th>sequence_parallel</th>" in side
+    row = side.split("<th>sequence_parallel</th>")[1].split("</tr>")[0]
+    assert ">on</td>" in row and ">off</td>" in row, row
 
 
 def test_every_trial_is_in_the_leaderboard_with_its_reason_and_view(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from tuner.cli import render, units
+from tuner.cli import render
 from tuner.config.spelling import split_constant
+from tuner.report import units
 
 if TYPE_CHECKING:
     from tuner.report.leaderboard import Board

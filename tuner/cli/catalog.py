@@ -6,8 +6,9 @@ import argparse
 import dataclasses
 from typing import Any
 
-from tuner.cli import help_text, render, units
+from tuner.cli import help_text, render
 from tuner.cli.tables import _console, _emit_json
+from tuner.report import units
 
 GPU_COLUMNS = (
     render.Column(name="name", header="name", right=False, meaning="cluster.gpu"),

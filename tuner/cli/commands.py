@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli import exiting, help_text, render, units
+from tuner.cli import exiting, help_text, render
 from tuner.cli import profile as cli_profile
 from tuner.cli.board import BOARD_COLUMNS
 from tuner.cli.cost import (
@@ -54,6 +54,7 @@ from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError, StudyError
 from tuner.layout import EXPORT_KINDS
+from tuner.report import units
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from tuner.calibrate.store import history, measured_startup_s, setup_fingerprint
-from tuner.cli import render, units
+from tuner.cli import render
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError, TunerError
+from tuner.report import units
 from tuner.space.cost import (
     budget_cost,
     require_measurable,

@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tuner.cli import profile as cli_profile
-from tuner.cli import render, units
+from tuner.cli import render
 from tuner.cli.cost import check_launch, cost_json, measurable, print_cost
 from tuner.cli.resume import changed
 from tuner.cli.tables import (
@@ -17,6 +17,7 @@ from tuner.cli.tables import (
     _emit_json,
     launch_first_table,
 )
+from tuner.report import units
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:

@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.cli import help_text, render, units
+from tuner.cli import help_text, render
 from tuner.cli.options import STUDY_HELP, whole, wholes
 from tuner.cli.tables import _console, _emit_json
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
+from tuner.report import units
 from tuner.spec.bounds import MAX_REPEATS
 from tuner.spec.file import load_study
 from tuner.spec.study import StudySpec

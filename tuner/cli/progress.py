@@ -15,12 +15,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tuner.cli import units
 from tuner.cli.cost import spent_line
 from tuner.cli.render import CONFIG, MIN_WIDTH, Column, Console, Grid, console, fitted, visible
 from tuner.config.spelling import spell
 from tuner.logs.progress import log_iteration
 from tuner.outcome import figure
+from tuner.report import units
 from tuner.space.cost import trial_limit_s
 from tuner.space.trials import measured_value
 from tuner.spec.file import study_env_names

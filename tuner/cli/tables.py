@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from tuner.cli import render, units
+from tuner.cli import render
 from tuner.config.parallel import ParallelConfig
 from tuner.config.spelling import spell, split_constant
+from tuner.report import units
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:  # annotations only: `tune --version` and `--help` load no model

@@ -119,6 +119,11 @@ def time_parts(t: TimeBreakdown) -> dict[str, float]:
     return parts
 
 
+FAILED = frozenset(str(o) for o in Outcome if o.launched) - {Outcome.OK, Outcome.INTERRUPTED}
+"""The outcomes of a launched trial that ran and measured nothing (an interrupted one runs again
+on resume: not failed yet)."""
+
+
 @dataclass(slots=True)
 class TrialRow:
     """One trial of the study as the report shows it."""
@@ -174,6 +179,12 @@ class TrialRow:
     def ok(self) -> bool:
         """Whether the trial measured a step time."""
         return self.outcome == str(Outcome.OK) and self.measured_step_s is not None
+
+    @property
+    def failed(self) -> bool:
+        """Whether the trial was launched and ended without a measurement (an OOM, a timeout, a
+        hang, a launch error...): not one still running, nor one to run again on resume."""
+        return self.launched and self.outcome in FAILED
 
     @property
     def hover(self) -> str:
@@ -397,7 +408,9 @@ def trial_row(
         tokens = spec.training.global_batch_size * spec.model.seq_length / step
     duration = _float(a.get("duration_s")) or 0.0
     hosts = len(a.get("hosts", [])) or spec.nodes_per_trial
-    launched = bool(a.get("launched"))
+    # A trial that measured a step ran, whatever its attributes say (a storage written before
+    # "launched" was recorded, or by hand, holds measured trials without it).
+    launched = bool(a.get("launched")) or (outcome == Outcome.OK and step is not None)
     return TrialRow(
         number=t.number, outcome=str(outcome or t.state.name.lower()), config=config,
         reason=str(a.get("reason") or ""), launched=launched,

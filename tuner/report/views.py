@@ -23,6 +23,7 @@ from tuner.layout import ResultsLayout
 from tuner.report.data import ReportData, TrialRow
 from tuner.report.figures import OUTCOME_COLOURS
 from tuner.report.shown import MAX_POINTS
+from tuner.report.units import gib, switch
 from tuner.spec.pipeline_split import EVEN
 
 LOG_TAIL_LINES = 25
@@ -51,6 +52,19 @@ def fmt(value: float | None, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return f"{value:.{digits}g}"
+
+
+def fmt_gib(value: float | None) -> str:
+    """GiB for a table cell, measured and predicted alike (:func:`tuner.report.units.gib`, the
+    terminal tables' format); empty when missing."""
+    if value is None or math.isnan(value):
+        return ""
+    return gib(value)
+
+
+def knob(value: object) -> str:
+    """A knob's value for a table cell: an on/off knob as ``on``/``off``, the rest as written."""
+    return switch(value) if isinstance(value, bool) else str(value)
 
 
 def pct(value: float | None) -> str:
@@ -120,7 +134,8 @@ def cards(data: ReportData) -> Markup:
             )
     launched = sum(r.launched for r in data.rows)
     ok = sum(r.ok for r in data.rows)
-    out.append(("trials launched", str(launched), f"{ok} measured, {launched - ok} failed"))
+    failed = sum(r.failed for r in data.rows)
+    out.append(("trials launched", str(launched), f"{ok} measured, {failed} failed"))
     out.append(("GPU-hours spent", f"{data.gpu_hours:.3g}", f"{data.wall_s / 3600:.2g} h wall"))
     html_cards = "".join(
         f'<div class="card"><div class="label">{_e(a)}</div><div class="value">{_e(b)}</div>'
@@ -189,7 +204,7 @@ def leaderboard(data: ReportData) -> Markup:
             str(r.number), badge(r.outcome),
             f'<span class="config" title="{_e(r.key)}">{_e(r.label)}</span>',
             fmt(r.tokens_per_s_per_gpu), pct(r.mfu), fmt(r.measured_step_s) + proxy_mark(r),
-            fmt(r.predicted_step_s), fmt(r.measured_peak_gib), fmt(r.predicted_peak_gib),
+            fmt(r.predicted_step_s), fmt_gib(r.measured_peak_gib), fmt_gib(r.predicted_peak_gib),
             _e(reason), f'<a href="#trial-{r.number}">view</a>',
         ]  # fmt: skip
         tds = "".join(f"<td>{c}</td>" for c in cells)
@@ -272,7 +287,7 @@ def _view_head(row: TrialRow, memory: str, time: str) -> str:
         f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
         f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
         f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
-        f"{fmt(row.measured_peak_gib) or 'n/a'} GiB</p>"
+        f"{fmt_gib(row.measured_peak_gib) or 'n/a'} GiB</p>"
     )
 
 
@@ -310,7 +325,7 @@ def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     worst, parts = data.view_breakdowns(row)
     memory = ""
     if worst is not None:
-        memory = ", ".join(f"{k} {v:.3g}" for k, v in worst.parts.items())
+        memory = ", ".join(f"{k} {gib(v)}" for k, v in worst.parts.items())
         memory = f"{_e(worst.label)}: {_e(memory)} GiB"
     time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
     data.view_words[key] = (memory, time)
@@ -323,7 +338,7 @@ def _screened_words(row: TrialRow) -> tuple[str, str]:
     to break it down). The report no longer simulates the allocator for every config a long
     study measured (about 600 at 10,000 trials)."""
     where = f" ({row.predicted_peak_where})" if row.predicted_peak_where else ""
-    peak = fmt(row.predicted_peak_gib)
+    peak = fmt_gib(row.predicted_peak_gib)
     step = fmt(row.predicted_step_s)
     return (_e(f"peak {peak} GiB{where}, as screened") if peak else "",
             f"{step}, as screened" if step else "")  # fmt: skip
@@ -364,15 +379,15 @@ def side_by_side(data: ReportData) -> Markup:
              "recompute", "distributed_optimizer", "zero_stage"]  # fmt: skip
     rows: list[tuple[str, list[str]]] = []
     for k in knobs:
-        values = [str(getattr(r.config, k, "")) if r.config else "" for r in top]
+        values = [knob(getattr(r.config, k, "")) if r.config else "" for r in top]
         rows.append((k, values))
     rows += [
         ("tokens/s/GPU", [fmt(r.tokens_per_s_per_gpu) for r in top]),
         ("MFU", [pct(r.mfu) for r in top]),
         ("step s (measured)", [fmt(r.measured_step_s) for r in top]),
         ("step s (predicted)", [fmt(r.predicted_step_s) for r in top]),
-        ("peak GiB (measured)", [fmt(r.measured_peak_gib) for r in top]),
-        ("peak GiB (predicted)", [fmt(r.predicted_peak_gib) for r in top]),
+        ("peak GiB (measured)", [fmt_gib(r.measured_peak_gib) for r in top]),
+        ("peak GiB (predicted)", [fmt_gib(r.predicted_peak_gib) for r in top]),
     ]
     names = sorted({k for r in top for k, v in data.breakdowns(r)[1].items() if abs(v) > 1e-9})
     for name in names:

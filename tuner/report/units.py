@@ -43,6 +43,11 @@ def factor(value: float) -> str:
     return f"x{value:.3f}"
 
 
+def switch(value: bool) -> str:
+    """An on/off knob's value as a person says it: ``on`` or ``off`` (never Python's ``True``)."""
+    return "on" if value else "off"
+
+
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """``1 trial``, ``2 trials``, ``0 configs`` (``many`` for irregular plurals)."""
     return f"{count} {noun if count == 1 else (many or noun + 's')}"
