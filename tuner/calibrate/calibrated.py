@@ -89,24 +89,28 @@ class Corrector:
     def _noise(self, obs: Sequence[Observation], base: float, fingerprint: str) -> np.ndarray:
         return np.array([math.hypot(base, o.transfer_sd(fingerprint)) for o in obs])
 
-    def _fit_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
+    def _time_rows(
+        self, obs: Sequence[Observation], fingerprint: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The step-time fit's features, log ratios and noise over ``obs``' timed observations
+        (None: none is timed)."""
         rows = [o for o in obs if o.time_ratio is not None]
         if not rows:
             return None
         x = np.array([self.features(o.parallel_config()) for o in rows])
         y = np.array([o.time_ratio or 0.0 for o in rows])
-        noise = self._noise(rows, self.prior.noise, fingerprint)
-        return fit(self.features.prior_precision, x, y, noise)
+        return x, y, self._noise(rows, self.prior.noise, fingerprint)
+
+    def _fit_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
+        data = self._time_rows(obs, fingerprint)
+        return None if data is None else fit(self.features.prior_precision, *data)
 
     def _choose_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
         """The step-time correction :func:`choose_time` picks (None: the model alone)."""
-        rows = [o for o in obs if o.time_ratio is not None]
-        if not rows:
+        data = self._time_rows(obs, fingerprint)
+        if data is None:
             return None
-        x = np.array([self.features(o.parallel_config()) for o in rows])
-        y = np.array([o.time_ratio or 0.0 for o in rows])
-        noise = self._noise(rows, self.prior.noise, fingerprint)
-        self.time_choice, post = choose_time(self.features.prior_precision, x, y, noise)
+        self.time_choice, post = choose_time(self.features.prior_precision, *data)
         return post
 
     def _fit_memory(self, obs: Sequence[Observation]) -> Posterior | None:
