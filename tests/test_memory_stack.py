@@ -5,10 +5,10 @@ loading (CUDA 11.7, on by default from PyTorch 1.13 or CUDA 12.2)."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 
+from tests.test_memory_stages import STUDY
 from tuner.catalog import get_gpu
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
@@ -20,13 +20,6 @@ from tuner.spec.overheads import StackVersions, version
 from tuner.spec.study import ModelSpec
 
 H100 = get_gpu("h100-sxm-80gb")
-STUDY: dict[str, Any] = {
-    "name": "t", "model": {"preset": "llama2-7b"},
-    "training": {"global_batch_size": 64, "precision": "bf16"},
-    "cluster": {"gpu": "h100-sxm-80gb", "gpus_per_node": 8, "nodes": ["a"]},
-    "framework": "megatron", "launch": {"template": "megatron_gpt"},
-    "space": {"tp": [1, 2]}, "search": {"n_trials": 5},
-}  # fmt: skip
 
 
 def lazy(text: str) -> bool | None:

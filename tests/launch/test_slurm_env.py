@@ -57,15 +57,22 @@ def test_the_executor_submits_without_them(monkeypatch: pytest.MonkeyPatch) -> N
     assert env is not None and not set(env) & set(ALLOCATION) and env["PATH"]
 
 
-def test_submit_mode_inside_an_allocation_says_so_once(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    for k, v in ALLOCATION.items():
+def _submit_warnings(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, env: dict[str, str]
+) -> list[str]:
+    """What making a submit-mode executor warns with ``env`` set."""
+    for k, v in env.items():
         monkeypatch.setenv(k, v)
     with caplog.at_level(logging.WARNING, logger="tuner.launch.slurm_alloc"):
         ex = make_slurm_executor(SlurmSpec(mode="submit"), ("slurm-0",))
     assert isinstance(ex, SlurmExecutor)
-    said = [r.getMessage() for r in caplog.records]
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_submit_mode_inside_an_allocation_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    said = _submit_warnings(monkeypatch, caplog, ALLOCATION)
     assert len(said) == 1 and "inside Slurm job 4242" in said[0], said
     assert "every trial is its own job" in said[0] and "SLURM_CPUS_PER_TASK" in said[0]
     for k in ALLOCATION:
@@ -121,12 +128,7 @@ def test_submit_mode_under_an_mpi_launch_says_so_once(
     """The warning named the Slurm job only: under mpirun alone it raised StopIteration."""
     for k in [k for k in os.environ if k.startswith(("SLURM", "PMI", "OMPI_"))]:
         monkeypatch.delenv(k)
-    for k, v in LAUNCH.items():
-        monkeypatch.setenv(k, v)
-    with caplog.at_level(logging.WARNING, logger="tuner.launch.slurm_alloc"):
-        ex = make_slurm_executor(SlurmSpec(mode="submit"), ("slurm-0",))
-    assert isinstance(ex, SlurmExecutor)
-    said = [r.getMessage() for r in caplog.records]
+    said = _submit_warnings(monkeypatch, caplog, LAUNCH)
     assert len(said) == 1 and "inside an MPI launch (rank 0)" in said[0], said
 
 
