@@ -9,7 +9,12 @@ and 90th percentile); the stages whose second iteration adds segments; those who
 ``total`` is over one iteration's per-call figure (the resident, moments, forward/backward and
 step segments at the most: "the second iteration adds nothing" is false there); and the
 matching argument's bound (docs/speed.md) over the simulated ``total``, given the simulated
-first iteration and free blocks (the most it can give; it fails if that is ever under). Then
+first iteration and free blocks (the most it can give; it fails if that is ever under); the
+upper bound with the resident states' exact cache (``allocator._kept``) in place of their
+per-call figure, over the simulated ``total``; and a guess that is no bound, "the second
+iteration adds at most what the moments and the step's temporaries displaced" (the resident's
+exact cache, the moments and the step twice, the forward/backward once, per call) over the
+simulated ``total``, with the stages where it is under. Then
 the simulations the fast path runs, how many it would run with that matching bound as its
 upper ``total``, and with the simulated figures as its upper bound: the floor of any tighter
 upper bound (those runs simulate every bounded stage to know them: their time is no figure).
@@ -139,6 +144,7 @@ def gaps(name: str) -> dict[str, Any]:
     overheads.reserved_bytes = recording  # type: ignore[assignment]
     enumerate_space(study(name), keep_oom=True).ranked()
     over, under, matching, adds, over_one = [], [], [], 0, 0
+    resident, displaced, displaced_under = [], [], 0
     for t in seen:
         low, high = reserved_bounds(t)
         first, total = _iterations(t)
@@ -148,10 +154,15 @@ def gaps(name: str) -> dict[str, Any]:
         matching.append((_matching_bound(t) - total) / MIB)
         adds += total > first
         over_one += total > res + lazy + fwd + step
+        kept = allocator._kept(t.resident)[0]
+        resident.append((kept + lazy + 2 * (fwd + step) - total) / MIB)
+        displaced.append((kept + 2 * lazy + fwd + 2 * step - total) / MIB)
+        displaced_under += displaced[-1] < 0
     assert min(matching, default=0.0) >= 0, "the matching bound under the simulation"
     return {"stages": len(seen), "over": _spread(over), "under": _spread(under),
-            "matching": _spread(matching), "adds": adds,
-            "over_one": over_one}  # fmt: skip
+            "matching": _spread(matching), "adds": adds, "over_one": over_one,
+            "resident": _spread(resident), "displaced": _spread(displaced),
+            "displaced_under": displaced_under}  # fmt: skip
 
 
 def _spread(xs: list[float]) -> list[float]:
@@ -251,6 +262,13 @@ def main() -> int:
         kinds = ("fast", "matching", "matching-lazy", "exact")
         line += "".join(f"{run(kind, name)['sims']:>10,}" for kind in kinds)
         print(line)
+        print(
+            f"{'':<14}upper-sim with the resident exact (med p10 p90): "
+            + " ".join(f"{x:,.0f}" for x in g["resident"])
+            + "; the displaced guess (no bound) - sim: "
+            + " ".join(f"{x:,.0f}" for x in g["displaced"])
+            + f", under on {g['displaced_under']:,}"
+        )
     a = anomalies(args.caches, args.seed)
     print(f"random caches: {args.caches:,}; the same phase twice grows the cache again: "
           f"{a['replay']:,}; more free blocks grow it more: {a['superset']:,}; "
