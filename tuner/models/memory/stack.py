@@ -123,6 +123,8 @@ class StackChoice:
             "lazy module loading (the catalog's CUDA context)" if lazy
             else f"eager module loading (a {EAGER_CONTEXT_GIB * 1024:.0f} MiB CUDA context: "
             "every kernel image resident)" if lazy is False
+            else "no CUDA runtime among them (the catalog's CUDA context)"
+            if self.versions.cuda is None
             else "module loading not decided by them (the catalog's CUDA context)"
         )  # fmt: skip
         if self.source is None and self.loading_source is None:
