@@ -26,11 +26,11 @@ def rows(study: str, results: str) -> list[dict[str, Any]]:
     from tuner.models.memory.estimate import GIB
     from tuner.profile.probe import probe_runs
     from tuner.profile.rates import study_rates
+    from tuner.profile.recorded import study_with_profile
     from tuner.profile.stack_terms import study_terms
     from tuner.report.leaderboard import load_optuna_study
-    from tuner.spec.file import load_study
 
-    spec = load_study(study)
+    spec = study_with_profile(study, results)  # as tune run read it
     rates = study_rates(spec, results)
     terms = study_terms(spec, results, rates)
     probed = {r.config.key() for r in probe_runs(spec)}

@@ -198,11 +198,12 @@ def markdown(board: Board) -> str:
 
 def run(out: Callable[[], Console], args: Namespace) -> int:
     """``tune leaderboard``: the table on ``out()``, or the rows in ``--format``'s form."""
+    from tuner.profile.recorded import profiled_study
     from tuner.report.leaderboard import board_rows, board_trials, why_empty
     from tuner.spec.file import load_study
 
     columns = render.parse_columns(args.columns, args.format)
-    spec = load_study(args.study)
+    spec = profiled_study(load_study(args.study), args.results)
     trials = board_trials(spec, args.storage, args.results)
     board = board_rows(spec, trials, include_all=args.all)
     if args.format == "csv":

@@ -54,6 +54,7 @@ from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError, StudyError
 from tuner.layout import EXPORT_KINDS
+from tuner.profile.recorded import study_with_profile
 from tuner.report import units
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
@@ -112,16 +113,18 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     from tuner.api import estimate
     from tuner.cli.probe import source_lines
+    from tuner.models.memory.stack import study_stack
     from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import config_from_settings
 
     columns = render.parse_columns(args.columns, args.format)
-    spec = load_study(args.study)
+    spec = study_with_profile(args.study, args.results)
     rates, source = cli_profile.time_source(spec, args.results)
     terms = study_terms(spec, args.results, rates)
     found = estimate(spec, config_from_settings(spec, args.set or []), rates=rates, terms=terms)
     result = found.to_dict()
     result["time_source"] = source
+    result["stack"] = (stack := study_stack(spec)).to_dict()
     result["term_sources"] = [dataclasses.asdict(s) for s in terms.sources(found.config)]
     # the step's stated sd: each term's held-out catalog error or measured spread
     result["time_error"] = found.time.sigma if found.time else None
@@ -137,6 +140,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     elif found.valid:
         _print_estimate(result, spec.search.memory_headroom, columns)
         _console().print(f"time model rates: {source}")
+        if stack.source or stack.loading_source:  # nothing known: the catalog's, as before
+            _console().print(stack.summary())
         for text in source_lines(spec, found.config, terms):
             _console().print(text)
         if line:
@@ -153,7 +158,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_space(args: argparse.Namespace) -> int:
-    spec = load_study(args.study)
+    spec = study_with_profile(args.study, args.results)
     if (columns := render.parse_columns(args.columns, args.format)) is not None:  # before all
         if args.top <= 0:
             raise ConfigError("--columns: it picks the columns of the --top table; add --top K")
@@ -191,7 +196,7 @@ def _cmd_space(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    spec = load_study(args.study)
+    spec = study_with_profile(args.study, args.results)
     if args.dry_run:
         from tuner.cli.dry_run import dry_run
 

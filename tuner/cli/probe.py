@@ -196,5 +196,6 @@ def source_lines(spec: StudySpec, config: Any, terms: Any) -> list[str]:
     out = []
     for s in terms.sources(config):
         where = f" at {s.point}, spread {s.spread:.1%}" if s.source == "measured" else ""
+        where += f" (the point {s.point}: {s.note})" if s.note else ""
         out.append(f"  {s.term}: {s.source}{where}")
     return ["terms (measured: the framework probe; catalog: the models' own):", *out]

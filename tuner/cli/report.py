@@ -42,6 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     """Write the report (and the PNGs); print where."""
+    from tuner.profile.recorded import profiled_study
     from tuner.report.build import write_pngs, write_report
     from tuner.spec.file import load_study
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                           f"({args.out / 'report.html'})")  # fmt: skip
     _check_paths(args.out, args.png)
     with _reader_kept(args.out):
-        spec = load_study(args.study)
+        spec = profiled_study(load_study(args.study), args.results)
         written = write_report(spec, out=args.out, storage=args.storage,
                                results=args.results, baseline=args.baseline,
                                train_tokens=args.train_tokens)  # fmt: skip

@@ -108,6 +108,16 @@ class StackPoint:
     median, worst depth)."""
     memory_spread: float = 0.0
     """Relative spread of the probe's peak-memory figures over its ranks."""
+    activations_unresolved: bool = False
+    """Whether the point ran full recomputation on GPU ranks and its layers' activations came
+    out at or under nothing (``activation_scale`` is then None: the catalog's). Under full
+    (uniform) recomputation a layer still keeps its input, ``2sbh`` bytes per layer and
+    micro-batch in flight (split by TP under sequence parallelism), and the layer being
+    recomputed holds its full activations again in its backward (Korthikanti et al. 2022,
+    sec. 5; ``tuner.models.memory.terms.layers_activation_bytes``): a run whose peak left
+    nothing for them (the few bytes of a shallow run under what the model over-counts
+    elsewhere) has not measured them, and composing with none would drop them from every
+    deeper stage."""
 
     @property
     def config(self) -> ParallelConfig:
@@ -149,6 +159,8 @@ class TermOrigin:
     """The measurement's own relative spread (``measured`` only)."""
     point: str | None = None
     """The probed point it was measured at (:attr:`StackPoint.label`)."""
+    note: str | None = None
+    """Why a term of the point is the catalog's all the same (:data:`UNRESOLVED`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +238,9 @@ class StackTerms:
         }  # fmt: skip
         out = []
         for term in TERMS:
+            if p is not None and term == "activations" and p.activations_unresolved:
+                out.append(TermOrigin(term, "catalog", point=p.label, note=UNRESOLVED))
+                continue
             if p is None or values.get(term) is None:
                 out.append(TermOrigin(term, "catalog"))
                 continue
@@ -241,6 +256,12 @@ def _sharding(config: ParallelConfig) -> tuple[int, bool, int]:
     return config.zero_stage, config.distributed_optimizer, config.ep
 
 
+UNRESOLVED = (
+    "its full-recompute run left nothing for them: each layer's checkpointed input "
+    "and one layer's recompute, as the catalog counts them"
+)
+"""Why a full-recompute point's activations are the catalog's (``activations_unresolved``),
+as ``tune estimate``'s sources say it."""
 CATALOG = StackTerms()
 """No measured term: the models' default."""
 

@@ -270,6 +270,10 @@ def versions(device: torch.device, backend: str) -> dict[str, Any]:
         nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
         info["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         info["gpu_name"] = torch.cuda.get_device_name(device)
+        # the lazy-loading switch as this process ran with it: the launch's, or the one torch
+        # (1.13 on) sets when it is unset (pytorch/pytorch#86509); unset: the CUDA default
+        if os.environ.get("CUDA_MODULE_LOADING"):
+            info["module_loading"] = os.environ["CUDA_MODULE_LOADING"]
         try:  # the kernel module's version line; no NVML binding needed
             with open("/proc/driver/nvidia/version") as f:
                 info["driver"] = f.readline().split("Kernel Module")[-1].split()[0]

@@ -127,6 +127,13 @@ def _part_ratio(measured: float, model: float) -> float | None:
     return max(measured, 0.0) / model if model > 0 else None
 
 
+def _bytes_ratio(measured: float, model: float) -> float | None:
+    """:func:`_part_ratio` of a part in bytes, where less than one byte is nothing: what the
+    figures' arithmetic leaves of a part the runs did not hold (a rounding residue) reads as
+    nil, not as a measured sliver."""
+    return _part_ratio(measured if measured >= 1.0 else 0.0, model)
+
+
 def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow],
                 rates: Rates,
                 wide: tuple[ProbeRow, ParallelConfig] | None = None) -> StackPoint:  # fmt: skip
@@ -144,7 +151,7 @@ def _base_point(spec: StudySpec, c: ParallelConfig, rows: Mapping[int, ProbeRow]
     (f1, w1, a1, e1), (f2, w2, a2, e2) = (_memory_parts(spec, c, d) for d in (lo, hi))
     o1, o2 = f1 + w1, f2 + w2
     p1, p2 = rows[lo].peak_gib * GIB, rows[hi].peak_gib * GIB
-    k_act = _part_ratio((p2 - o2) - (p1 - o1), a2 - a1)
+    k_act = _bytes_ratio((p2 - o2) - (p1 - o1), a2 - a1)
     extras = p1 - o1 - (k_act or 1.0) * a1
     return _point(spec, c, rows.values(), layer_scale=_ratio(layer, lay_model),
                   fixed_scale=_part_ratio(rest, v1 - lo * lay_model), activation_scale=k_act,
@@ -176,7 +183,7 @@ def _neighbour_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: St
                   layer_scale=_part_ratio(layer - fixed, lay_model) if fixed
                   else _ratio(layer, lay_model),
                   fixed_scale=base.fixed_scale if base else None,
-                  activation_scale=_part_ratio(acts, act),
+                  activation_scale=_bytes_ratio(acts, act),
                   extras_scale=base.extras_scale if base else None,
                   overhead_scale=base.overhead_scale if base else None,
                   expert_fixed_s=base.expert_fixed_s if base else None)  # fmt: skip
@@ -206,7 +213,7 @@ def _ep_point(spec: StudySpec, c: ParallelConfig, row: ProbeRow, base: StackPoin
     k_ext = base.extras_scale if base.extras_scale is not None else 1.0
     acts = row.peak_gib * GIB - other - states - k_ext * ext
     return _point(spec, c, (row,), layer_scale=base.layer_scale,
-                  fixed_scale=base.fixed_scale, activation_scale=_part_ratio(acts, act),
+                  fixed_scale=base.fixed_scale, activation_scale=_bytes_ratio(acts, act),
                   extras_scale=base.extras_scale, overhead_scale=base.overhead_scale,
                   expert_fixed_s=per_call)  # fmt: skip
 
@@ -301,16 +308,24 @@ def _point(
 ) -> StackPoint:  # fmt: skip
     rows = list(rows)
     slack = temps = None
+    unresolved = False
     if spec.cluster.gpu != "cpu":  # reserved on CPU ranks is the RSS growth, not a cache's
         deep = max(rows, key=lambda r: r.depth)
         if deep.reserved_gib is not None:
             slack = max(deep.reserved_gib - deep.peak_gib, 0.0) * GIB
+        # full recomputation keeps each layer's input (StackPoint.activations_unresolved): a
+        # run that left nothing for them did not measure them, the catalog's term stands
+        if c.recompute == "full" and activation_scale is not None and activation_scale <= 0:
+            activation_scale, unresolved = None, True
     else:
         # CPU ranks keep no allocator statistics: the peak the stack reports is its tensor
         # accounting (params, grads, optimizer states, saved activations; the workloads'
         # ``tuner-memory`` line), which holds none of the step's transient buffers (a reduce
         # bucket's flattened copy, the fp32 gradient partition): their bytes in its figure
-        # are nil on every point, so the composed peak counts none
+        # are nil on every point, so the composed peak counts none. Nor does it hold a
+        # checkpointed layer's input where the framework keeps it outside autograd's saved
+        # tensors (DeepSpeed's CheckpointFunction: ``ctx.deepspeed_saved_tensors``): a
+        # full-recompute point's nil activations are that accounting's, and stand.
         temps = 0.0
     return StackPoint(
         tp=c.tp, cp=c.cp, mbs=c.micro_batch_size, recompute=c.recompute,
@@ -319,6 +334,7 @@ def _point(
         fixed_scale=fixed_scale, activation_scale=activation_scale, extras_scale=extras_scale,
         states_scale=states_scale, step_scale=step_scale, temps_scale=temps,
         overhead_scale=overhead_scale, expert_fixed_s=expert_fixed_s,
+        activations_unresolved=unresolved,
     )  # fmt: skip
 
 

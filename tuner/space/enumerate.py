@@ -25,7 +25,7 @@ from tuner.config.rules import RuleViolation, validate
 from tuner.config.settings import parse_settings
 from tuner.errors import ConfigError
 from tuner.models.memory.estimate import GIB, MemoryBreakdown
-from tuner.models.memory.stack import stack_overheads
+from tuner.models.memory.stack import stack_overheads, study_stack
 from tuner.models.moe import memory_view
 from tuner.models.rates import Rates
 from tuner.models.stack import StackTerms
@@ -246,9 +246,10 @@ _TITAN = FIELDS[FIELDS.index("tp_comm_overlap") + 1 :]
 
 def study_gpu(spec: StudySpec) -> GPUSpec:
     """The study's GPU catalog entry with its memory override applied, the overheads its stack's
-    versions decide (tuner.models.memory.stack) and, over both, the ones the study measured."""
+    versions decide (stated, or recorded by its cluster's profile: tuner.models.memory.stack's
+    ``study_stack``) and, over both, the ones the study measured."""
     overheads = spec.cluster.overheads
-    given = {**stack_overheads(overheads.versions()), **overheads.values()}
+    given = {**stack_overheads(study_stack(spec).versions), **overheads.values()}
     return get_gpu(spec.cluster.gpu, spec.cluster.gpu_memory_gib, given)
 
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tuner._loader import NOT_IN_FILE
 from tuner.catalog import GPUSpec
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
@@ -19,7 +20,7 @@ from tuner.spec.bounds import (
     host_name_problem,
     listed_twice,
 )
-from tuner.spec.overheads import OverheadsSpec
+from tuner.spec.overheads import OverheadsSpec, RecordedStack
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +150,13 @@ class ClusterSpec:
     name: str | None = None
     """Names the cluster's profile and calibration (``results/clusters/<name>.*``), shared by
     every study on it; default ``<gpu>-<executor>-<nodes>x<gpus_per_node>``."""
+    recorded_stack: RecordedStack | None = field(
+        default=None, compare=False, metadata={NOT_IN_FILE: True}
+    )
+    """The stack's versions the cluster's valid saved profile recorded, where a command read it
+    (``tuner.profile.recorded``); they decide the versions' overheads where
+    ``overheads.stack`` states none (tuner.models.memory.stack). Set by the reader, not a key of
+    the file."""
 
     @property
     def gpu_name(self) -> str:

@@ -5,7 +5,9 @@ the ones a version decides."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.errors import ConfigError
 
@@ -43,6 +45,40 @@ class StackVersions:
         if loading is not None and loading.upper() not in ("LAZY", "EAGER"):
             raise ConfigError(f"module_loading must be LAZY or EAGER, got {loading!r}", path=path)
         return cls(**fields)
+
+    @classmethod
+    def recorded(cls, versions: Mapping[str, Any]) -> StackVersions:
+        """The versions a cluster profile recorded (``tuner.profile.job.versions``: ``torch``,
+        ``cuda``, ``nccl`` and, where the job saw it set, ``module_loading``); a field it holds
+        no version for (a CPU node's missing CUDA, a ``module_loading`` other than LAZY or
+        EAGER) stays unknown."""
+        fields = {k: str(versions[k]) for k in _KEYS if versions.get(k) not in (None, "")}
+        loading = fields.get("module_loading", "").upper()
+        if "module_loading" in fields:
+            fields["module_loading"] = loading
+            if loading not in ("LAZY", "EAGER"):
+                del fields["module_loading"]
+        return cls(**fields)
+
+    @property
+    def known(self) -> bool:
+        """Whether any version is known."""
+        return any(getattr(self, k) is not None for k in _KEYS)
+
+    def words(self) -> str:
+        """The versions as a study states them, ``torch=1.11 cuda=11.5`` (known ones only)."""
+        return " ".join(f"{k}={getattr(self, k)}" for k in _KEYS if getattr(self, k) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedStack:
+    """The stack's versions a valid cluster profile recorded, and which profile: what
+    decides the versions' overheads where a study states no ``cluster.overheads.stack``
+    (tuner.models.memory.stack.study_stack)."""
+
+    versions: StackVersions
+    source: str
+    """``cluster profile NAME (measured WHEN)``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

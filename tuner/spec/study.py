@@ -480,6 +480,7 @@ class StudySpec:
         data.pop("cluster_file")
         data.pop("source_path")
         data["cluster"].pop("name")  # names the saved calibration; changes no measurement
+        data["cluster"].pop("recorded_stack")  # the cluster profile's record, not the study's
         data["launch"].pop("train_args")  # the full run's only: no trial sees them
         text = json.dumps(data, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
