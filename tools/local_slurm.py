@@ -90,13 +90,19 @@ def _free_port(taken: set[int]) -> int:
 class LocalSlurm:
     """One throw-away Slurm cluster under ``dir`` (see the module docstring)."""
 
-    def __init__(self, dir: Path, nodes: int = 2, *, cpus: int = 4, kill_wait_s: int = 2) -> None:
+    def __init__(
+        self, dir: Path, nodes: int = 2, *, cpus: int = 4, kill_wait_s: int = 2,
+        min_job_age_s: int = 300,
+    ) -> None:  # fmt: skip
+        """``min_job_age_s``: how long Slurm keeps an ended job's record (``MinJobAge``), which
+        is what ``scontrol show job`` reads: there is no accounting."""
         if not 1 <= nodes <= 16:
             raise ValueError(f"nodes must be 1..16, got {nodes}")
         self.dir = Path(dir).resolve()
         self.nodes = tuple(f"n{i + 1}" for i in range(nodes))
         self.cpus = cpus
         self.kill_wait_s = kill_wait_s
+        self.min_job_age_s = min_job_age_s
         self.pids: dict[str, int] = {}
 
     @property
@@ -184,7 +190,7 @@ class LocalSlurm:
             "SchedulerParameters=sched_interval=1",
             f"KillWait={self.kill_wait_s}",
             "InactiveLimit=0",
-            "MinJobAge=300",
+            f"MinJobAge={self.min_job_age_s}",
         ]
         for node in self.nodes:
             lines.append(
