@@ -178,7 +178,9 @@ def test_ctrl_c_twice_cleans_up_and_loses_nothing(tmp_path: Path) -> None:
     """A terminal sends SIGINT to the whole foreground process group; pressed twice, the
     tuner's own process reaper must survive and every trial be recorded."""
     data = study_data(tmp_path, SURFACE, n_trials=4)
-    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "3"
+    # paced so that both trials are still training (4 iterations of 1-2.5 s left) when the
+    # first iteration is seen and the first Ctrl-C lands
+    data["launch"]["env"]["TUNER_STANDIN_TIME_SCALE"] = "1"
     data["launch"]["env"]["TUNER_STANDIN_IGNORE_SIGTERM"] = "1"  # the reaper waits its grace
     path = write_study(tmp_path, data)
     results = tmp_path / "results"

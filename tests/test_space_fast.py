@@ -318,6 +318,9 @@ PARSERS = tuple(f"tuner.logs.{m}" for m in ("parse", "classify", "deepspeed", "m
         (["--version"], (*HEAVY, "numpy", "tuner.models", *PARSERS)),
         (["space", "--help"], (*HEAVY, "numpy", "tuner.models")),
         (["space", "--study", "llama3-8b", "--results", "{tmp}"], HEAVY),
+        # a study file tune run refuses: one line, without Optuna's import first (--rerun's
+        # outcomes were read from beside the trials, which import it)
+        (["run", "--study", "{tmp}/missing.yaml", "--dry-run"], HEAVY),
     ],
 )
 def test_a_dry_look_imports_nothing_it_does_not_use(

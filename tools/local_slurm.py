@@ -90,13 +90,19 @@ def _free_port(taken: set[int]) -> int:
 class LocalSlurm:
     """One throw-away Slurm cluster under ``dir`` (see the module docstring)."""
 
-    def __init__(self, dir: Path, nodes: int = 2, *, cpus: int = 4, kill_wait_s: int = 2) -> None:
+    def __init__(
+        self, dir: Path, nodes: int = 2, *, cpus: int = 4, kill_wait_s: int = 2,
+        min_job_age_s: int = 300,
+    ) -> None:  # fmt: skip
+        """``min_job_age_s``: how long Slurm keeps an ended job's record (``MinJobAge``), which
+        is what ``scontrol show job`` reads: there is no accounting."""
         if not 1 <= nodes <= 16:
             raise ValueError(f"nodes must be 1..16, got {nodes}")
         self.dir = Path(dir).resolve()
         self.nodes = tuple(f"n{i + 1}" for i in range(nodes))
         self.cpus = cpus
         self.kill_wait_s = kill_wait_s
+        self.min_job_age_s = min_job_age_s
         self.pids: dict[str, int] = {}
 
     @property
@@ -184,7 +190,7 @@ class LocalSlurm:
             "SchedulerParameters=sched_interval=1",
             f"KillWait={self.kill_wait_s}",
             "InactiveLimit=0",
-            "MinJobAge=300",
+            f"MinJobAge={self.min_job_age_s}",
         ]
         for node in self.nodes:
             lines.append(
@@ -203,8 +209,16 @@ class LocalSlurm:
                 argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, check=True,
                 stdin=subprocess.DEVNULL, start_new_session=True, timeout=30,
             )  # fmt: skip
+
+        def started() -> bool:
+            if _read_pid(pid_file) is not None:
+                return True
+            if not _running(argv):  # it died before writing its pid file: no use waiting
+                raise RuntimeError(f"local Slurm: {name} ended without writing {name}'s pid file")
+            return False
+
         try:
-            self._wait(lambda: _read_pid(pid_file) is not None, timeout_s, f"{name}'s pid file")
+            self._wait(started, timeout_s, f"{name}'s pid file")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; {self._log_tail(name, log)}") from None
         pid = _read_pid(pid_file)
@@ -340,6 +354,21 @@ def _read_pid(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def _running(argv: list[str]) -> bool:
+    """Whether a live process runs exactly ``argv`` (a daemon keeps its command line through
+    its forks into the background, and one of them is alive at every moment)."""
+    want = "\0".join(argv).encode() + b"\0"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "cmdline").read_bytes() == want and _state(int(entry.name)) != "Z":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _state(pid: int) -> str | None:

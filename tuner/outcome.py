@@ -29,6 +29,12 @@ class Outcome(enum.StrEnum):
         return self not in (Outcome.PRUNED_MEMORY, Outcome.INVALID, Outcome.PRUNED_TIME)
 
 
+RERUNNABLE = frozenset(Outcome) - {Outcome.OK, Outcome.INVALID, Outcome.PRUNED_MEMORY}
+"""Outcomes a user may ask to run again (``tune run --rerun``): a measured failure. Here, not
+beside the trials it selects (:mod:`tuner.space.trials`, which needs Optuna): ``tune run``'s
+command line reads it, and a study file it refuses need not wait for Optuna's import."""
+
+
 def figure(value: object) -> float | None:
     """``value`` when a trial may be ranked by it (a measured step time, tokens/s): a finite
     number above zero. A NaN, an infinity, a zero or a negative figure (a stored or hand-edited

@@ -76,7 +76,9 @@ class ExecutorContract:
 
     @pytest.fixture
     def executor(self) -> Any:
-        ex = _tracking(self.make_executor(grace_s=3.0))
+        # The grace between SIGTERM and SIGKILL: what a process ignoring SIGTERM costs a cancel
+        # (test_cancel_kills_every_process_even_those_that_ignore_term waits it out in full).
+        ex = _tracking(self.make_executor(grace_s=1.0))
         yield ex
         _cancel_leftovers(ex)
         ex.close()

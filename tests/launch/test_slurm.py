@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import yaml
 
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
 from tuner.errors import ConfigError, LaunchError, StudyError
-from tuner.launch import Executor, LaunchRequest
+from tuner.launch import Executor, Job, LaunchRequest
 from tuner.launch.slurm import SlurmExecutor, SlurmJob, job_state, parse_job
 from tuner.launch.slurm_alloc import SlurmAllocationExecutor
 from tuner.launch.slurm_script import batch_script, sbatch_argv
@@ -31,14 +32,46 @@ from tuner.spec.study import SlurmSpec
 
 from .conftest import live_processes, wait_for
 from .contract import ExecutorContract, FakeClock
-from .slurm import LocalSlurm, local_slurm
+from .slurm import LocalSlurm, local_slurm, running_slurm
 
 __all__ = ["local_slurm"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 
-@pytest.mark.usefixtures("local_slurm")
+@dataclass(frozen=True)
+class TimeLimited:
+    """A job Slurm's own time limit is to end, on a cluster of its own."""
+
+    cluster: LocalSlurm
+    executor: SlurmExecutor
+    job: Job
+    marker: str
+
+
+@pytest.fixture(scope="module")
+def time_limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TimeLimited]:
+    """A one-minute job (``--time``'s minimum), submitted when the module's first test starts.
+
+    Slurm ends it only at its first time-limit check past the minute, and slurmctld checks every
+    30 s (a constant of its source, PERIODIC_TIMEOUT, no slurm.conf setting): 60 to 90 s that
+    :func:`test_slurms_own_time_limit_is_a_timeout`, the module's last test, would otherwise
+    spend waiting. Nothing polls the job meanwhile, as for a tuner that died; its own cluster
+    keeps the other tests' nodes free, and its record of the ended job (MinJobAge) outlives the
+    module."""
+    base = tmp_path_factory.mktemp("slurm-limit")
+    with running_slurm(base / "cluster", 1, min_job_age_s=3600) as cluster:
+        ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.5, time_limit_min=1), env=cluster.env)
+        marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
+        try:
+            job = ex.submit(_request(base, 5, f"(exec -a {marker} sleep 3006)", nodes=1))
+            yield TimeLimited(cluster, ex, job, marker)
+        finally:
+            ex.close()
+
+
+# The contract's tests come first in the module: they start the time-limited job's wait.
+@pytest.mark.usefixtures("local_slurm", "time_limited")
 class TestSlurmExecutor(ExecutorContract):
     hosts = ("slurm-0", "slurm-1")
 
@@ -105,9 +138,9 @@ def test_bad_sbatch_lines_are_refused() -> None:
 # ----------------------------------------------------------------------------- Slurm's own states
 
 
-def _squeue(name_part: str) -> list[str]:
+def _squeue(name_part: str, env: dict[str, str] | None = None) -> list[str]:
     out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
+                         check=True, env=env).stdout  # fmt: skip
     return [line for line in out.splitlines() if name_part in line]
 
 
@@ -194,20 +227,6 @@ def test_queue_time_is_not_trial_time(local_slurm: LocalSlurm, tmp_path: Path) -
         ex.close()
 
 
-def test_slurms_own_time_limit_is_a_timeout(local_slurm: LocalSlurm, tmp_path: Path) -> None:
-    """The backstop for a dead tuner: Slurm's --time (1 min, its minimum) ends the job."""
-    ex = SlurmExecutor(SlurmSpec(poll_interval_s=0.5, time_limit_min=1))
-    marker = f"tuner-marker-{uuid.uuid4().hex[:8]}"
-    try:
-        job = ex.submit(_request(tmp_path, 5, f"(exec -a {marker} sleep 3006)", nodes=1))
-        result = job.wait(timeout=150)
-        assert result.timed_out and not result.ok
-        assert job.state == "TIMEOUT"  # type: ignore[attr-defined]
-        assert live_processes(marker) == [] and _squeue(job.token) == []
-    finally:
-        ex.close()
-
-
 def test_submit_mode_inside_an_allocation_runs_the_trial(
     local_slurm: LocalSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -266,7 +285,8 @@ def _results(tmp_path: Path) -> list[dict[str, Any]]:
 def test_study_runs_through_slurm_two_trials_at_once(
     local_slurm: LocalSlurm, tmp_path: Path
 ) -> None:
-    path = _slurm_study(tmp_path, "0.5", n_trials=4)
+    # paced (a 1-2.5 s step sleeps a fifth of it) so that both jobs are seen running at once
+    path = _slurm_study(tmp_path, "0.2", n_trials=4)
     proc = tune("run", "--study", str(path), "--results", str(tmp_path / "results"), "--quiet",
                 "--skip-preflight",  # the stand-in plays GPUs; the nodes have no nvidia-smi
                 cwd=tmp_path)  # fmt: skip
@@ -429,7 +449,7 @@ def test_study_inside_an_allocation_runs_trials_as_steps(
     local_slurm: LocalSlurm, tmp_path: Path
 ) -> None:
     """tune run inside sbatch (mode auto -> allocation): each slot is one node of the job."""
-    path = _slurm_study(tmp_path, "0.5", n_trials=4)
+    path = _slurm_study(tmp_path, "0.0001", n_trials=4)  # nothing here waits on a pace
     results = tmp_path / "results"
     command = shlex.join([sys.executable, "-m", "tuner.cli.main", "run", "--study", str(path),
                           "--results", str(results), "--quiet", "--skip-preflight"])  # fmt: skip
@@ -500,3 +520,17 @@ def test_profile_runs_through_slurm(local_slurm: LocalSlurm, tmp_path: Path) -> 
     # one rank per node: every group spans the two nodes
     assert {c.link for c in profile.collectives} == {"inter"}
     assert profile.stream is not None and profile.attention and profile.gemm
+
+
+# ----------------------------------------------------------------------------- last: a minute on
+
+
+def test_slurms_own_time_limit_is_a_timeout(time_limited: TimeLimited) -> None:
+    """The backstop for a dead tuner: Slurm's --time (1 min, its minimum) ends the job. Last in
+    the module: the job has run its minute while the tests above ran (:func:`time_limited`)."""
+    job = time_limited.job
+    result = job.wait(timeout=150)
+    assert result.timed_out and not result.ok
+    assert job.state == "TIMEOUT"  # type: ignore[attr-defined]
+    assert live_processes(time_limited.marker) == []
+    assert _squeue(job.token, time_limited.cluster.env) == []

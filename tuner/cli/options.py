@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tuner.layout import folder_problem
-from tuner.outcome import Outcome
+from tuner.outcome import RERUNNABLE, Outcome
 from tuner.spec.bounds import read_float, read_integer
 
 
@@ -228,8 +228,7 @@ def wholes(minimum: int) -> Callable[[str], tuple[int, ...]]:
 
 def rerun_outcomes(text: str) -> frozenset[Outcome]:
     """An argparse ``type``: ``--rerun timeout,hang``, the outcomes whose configs run again (a
-    measured failure only: :data:`tuner.space.trials.RERUNNABLE`)."""
-    from tuner.space.trials import RERUNNABLE
+    measured failure only: :data:`tuner.outcome.RERUNNABLE`)."""
 
     out = set()
     for name in _listed(text) if text else ():  # "": the default, no outcome

@@ -25,9 +25,6 @@ from tuner.spec.torchtitan import FSDP_DEFAULT, config_fields
 RETRYABLE = (Outcome.INTERRUPTED, Outcome.NODE_ERROR)
 """Outcomes whose config runs again (once per trial): the trial said nothing about the config."""
 
-RERUNNABLE = frozenset(Outcome) - {Outcome.OK, Outcome.INVALID, Outcome.PRUNED_MEMORY}
-"""Outcomes a user may ask to run again (``tune run --rerun``): a measured failure."""
-
 
 class StoredTrial(Protocol):
     """What the leaderboard and the report read of a stored trial: Optuna's
