@@ -57,6 +57,7 @@ from tuner.layout import EXPORT_KINDS
 from tuner.report import units
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
+from tuner.spec.frameworks import Framework
 from tuner.spec.study import StudySpec
 
 if TYPE_CHECKING:
@@ -68,6 +69,13 @@ FLOPS_HELP = (
     "recomputation, HFU does."
 )
 
+FRAMEWORK_PAGES: dict[str, tuple[Framework, ...]] = {
+    "docs/guides/frameworks.md": ("megatron", "deepspeed", "megatron-deepspeed"),
+    "docs/megatron-bridge.md": ("megatron-bridge",),
+    "docs/torchtitan.md": ("torchtitan",),
+}
+"""The page that says how to run each framework (``tune --help`` names it)."""
+
 FIRST_STEPS = "\n".join((
     "first steps (every command also takes --help):",
     "  tune space --study demo --top 5       a shipped study's space, ranked (tune catalog "
@@ -77,6 +85,10 @@ FIRST_STEPS = "\n".join((
     "tune report, each with --study my.yaml",
     "a study file: docs/guides/studies.md (the shipped studies are examples); every field: "
     "docs/reference/study.md (make docs builds the site into docs/_build/html)",
+    "the framework (the study's framework:): "
+    + "; ".join(f"{', '.join(names)}: {page}" for page, names in FRAMEWORK_PAGES.items()),
+    "reading the tables, the cost of the trials and the leaderboard: docs/output.md; the "
+    "report: docs/guides/report.md",
 ))  # fmt: skip
 
 Handler = Callable[[argparse.Namespace], int]
