@@ -567,7 +567,7 @@ def test_tune_help_says_where_each_framework_and_each_output_is_explained(
     import re
 
     from tests.docs_examples import REPO
-    from tuner.cli.commands import FRAMEWORK_PAGES
+    from tuner.cli.help_text import FRAMEWORK_PAGES
     from tuner.spec.frameworks import FRAMEWORKS
 
     named = [name for names in FRAMEWORK_PAGES.values() for name in names]
