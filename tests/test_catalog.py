@@ -185,3 +185,33 @@ def test_catalog_lists_the_presets_with_their_figures(
     assert models["mixtral-8x7b"]["params"] is None and models["mixtral-8x7b"]["experts"]
     assert main(["catalog", "models"]) == 0
     assert "llama3-8b" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("given", "meant"), [
+    ("h100-80gb", "h100-sxm-80gb"),  # spelling alone says a100-80gb: another chip
+    ("H100", "h100-sxm-80gb"),
+    ("nvidia-h100-sxm5-80gb", "h100-sxm-80gb"),
+    ("h100-96gb", "h100-hbm2e-96gb-500w"),  # the memory token picks among the H100 entries
+    ("h200", "h200-141gb"),
+    ("a10o-80gb", "a100-80gb"),  # no model named: the nearest spelling, when close
+    ("h20", None),  # another chip, not a typo of h200
+    ("mi300x", None),
+])  # fmt: skip
+def test_an_unknown_gpu_suggests_the_entry_of_its_model(
+    given: str, meant: str | None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An unknown GPU name listed the catalog and suggested nothing; the nearest spelling would
+    suggest a100-80gb for h100-80gb. The suggestion keeps the chip's model token."""
+    from tuner.catalog import nearest_gpu
+
+    assert nearest_gpu(given) == meant
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study_with(given)))
+    assert main(["estimate", "--study", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cluster.gpu: unknown GPU {given!r}" in err[0]
+    assert (f"; did you mean {meant!r}? (catalog: " in err[0]) == (meant is not None), err[0]
+    assert ("did you mean" in err[0]) == (meant is not None)
+    if meant is not None:  # a GPU described by its figures names its preset the same way
+        with pytest.raises(ConfigError, match=f"preset {given!r}; did you mean {meant!r}"):
+            study_from_mapping(study_with({**H100_NVL, "preset": given}))

@@ -555,3 +555,30 @@ def test_the_dry_run_opens_the_storage_once(
     assert main(argv) == 0
     assert "was started with a different study file" in capsys.readouterr().err
     assert len(opened) == 1
+
+
+def test_tune_help_says_where_each_framework_and_each_output_is_explained(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tune --help`` named the study guide but neither how to pick a framework (the guide it
+    named listed three of the five) nor where its tables, the trials' cost and the report are
+    explained. It names each framework with the page on running it, and the output and report
+    pages; every page exists and every framework has one page."""
+    import re
+
+    from tests.docs_examples import REPO
+    from tuner.cli.help_text import FRAMEWORK_PAGES
+    from tuner.spec.frameworks import FRAMEWORKS
+
+    named = [name for names in FRAMEWORK_PAGES.values() for name in names]
+    assert sorted(named) == sorted(FRAMEWORKS)
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for page, names in FRAMEWORK_PAGES.items():
+        assert (REPO / page).is_file() and f"{', '.join(names)}: {page}" in text, page
+        for name in names:  # the page is about it: `megatron-bridge`, `framework: torchtitan`
+            assert re.search(rf"`(framework: )?{name}`", (REPO / page).read_text()), (name, page)
+    for page in ("docs/output.md", "docs/guides/report.md"):
+        assert page in text and (REPO / page).is_file(), page

@@ -319,3 +319,29 @@ def test_a_recorded_leaderboard_has_the_columns_tune_prints() -> None:
         header = next(i for i, line in enumerate(lines) if line.startswith("rank"))
         assert _board_header(lines[header]), f"{block.where}: {lines[header]}"
     assert not _board_header("#  outcome  tp  pp  pred s  step s")
+
+
+def test_every_framework_has_a_page_in_the_guides_and_a_shipped_study() -> None:
+    """A newcomer picking a framework found Megatron-Bridge among the site's guides but
+    torchtitan, "Reading tune's output" and "node-hours" only under "More" (pages the index did
+    not place), the studies guide and the frameworks guide naming three of the five frameworks,
+    and no study to start from for Bridge or a torchtitan cluster. Every framework is named in
+    both guides with a link to its page, that page is in the index's Guides, and a shipped study
+    uses it (or, for megatron-deepspeed, the guide says none is shipped)."""
+    import yaml
+
+    from tuner.spec.file import resolve_study_path, shipped_study_names
+    from tuner.spec.frameworks import FRAMEWORKS
+
+    index = (REPO / "docs" / "index.md").read_text()
+    guides = re.search(r":caption: Guides\n\n(.*?)```", index, flags=re.S)
+    assert guides is not None
+    placed = set(guides.group(1).split())
+    assert {"torchtitan", "megatron-bridge", "output", "guides/report"} <= placed
+    studies = (REPO / "docs" / "guides" / "studies.md").read_text()
+    frameworks = (REPO / "docs" / "guides" / "frameworks.md").read_text()
+    shipped = {yaml.safe_load(resolve_study_path(name).read_text())["framework"]
+               for name in shipped_study_names()}  # fmt: skip
+    for framework in FRAMEWORKS:
+        assert f"`{framework}`" in studies and f"`{framework}`" in frameworks, framework
+        assert framework in shipped or f"| `{framework}` | none shipped" in studies, framework

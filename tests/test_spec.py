@@ -237,7 +237,7 @@ def test_study_resolution_order(tmp_path: Path) -> None:
         resolve_study_path("nope", cwd=tmp_path)
 
 
-@pytest.mark.parametrize("name", ["gpt-70b", "llama3-8b"])
+@pytest.mark.parametrize("name", ["gpt-70b", "llama3-8b", "llama3-8b-bridge", "llama3-8b-titan"])
 def test_shipped_studies_load(name: str) -> None:
     assert name in shipped_study_names()
     spec = load_study(name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from importlib import resources
@@ -93,6 +95,38 @@ def catalog_gpu_name(name: str) -> str:
     return _folded_gpu_names().get(name.casefold(), name)
 
 
+def _name_tokens(name: str) -> list[str]:
+    return [word for word in re.split(r"[-_\s]+", name.casefold()) if word]
+
+
+def nearest_gpu(name: str) -> str | None:
+    """The catalog entry a GPU ``name`` that is not one most likely means, or None.
+
+    The chip's model is the token that decides (``h100`` in ``h100-80gb``): among the entries of
+    that model (the first token of a catalog name), the one sharing most of the other tokens
+    (memory, form factor), then the one nearest in spelling. Spelling alone would pick another
+    chip (``h100-80gb`` is nearer ``a100-80gb`` than ``h100-sxm-80gb``). A name naming no model
+    of the catalog gets the nearest spelling if it is close (``a10o-80gb``), else None (``h20``
+    is not an ``h200``)."""
+    names, given = gpu_names(), _name_tokens(name)
+    models = {_name_tokens(entry)[0] for entry in names}
+    model = next((word for word in given if word in models), None)
+    if model is None:
+        close = difflib.get_close_matches(name.casefold(), names, n=1, cutoff=0.75)
+        return close[0] if close else None
+
+    def likeness(entry: str) -> tuple[int, float]:
+        shared = len(set(_name_tokens(entry)) & set(given))
+        return shared, difflib.SequenceMatcher(None, name.casefold(), entry).ratio()
+
+    return max((entry for entry in names if _name_tokens(entry)[0] == model), key=likeness)
+
+
+def _gpu_hint(name: object) -> str:
+    close = nearest_gpu(name) if isinstance(name, str) else None
+    return f"; did you mean {close!r}?" if close else ""
+
+
 def get_gpu(
     name: str | GPUSpec, memory_gib: float | None = None,
     overheads: Mapping[str, float] | None = None,
@@ -105,8 +139,8 @@ def get_gpu(
         gpu = name
     elif name not in gpus:
         raise ConfigError(
-            f"unknown GPU {name!r} (catalog: {', '.join(sorted(gpus))}; or describe it: "
-            "{name: ..., memory_gib: ..., peak_tflops: ..., ...})", path="cluster.gpu"
+            f"unknown GPU {name!r}{_gpu_hint(name)} (catalog: {', '.join(sorted(gpus))}; or "
+            "describe it: {name: ..., memory_gib: ..., peak_tflops: ..., ...})", path="cluster.gpu"
         )  # fmt: skip
     else:
         gpu = gpus[name]
@@ -139,7 +173,7 @@ def gpu_from_mapping(data: Mapping[str, object], path: str = "cluster.gpu") -> G
         preset = catalog_gpu_name(preset)
     if preset is not None:
         if not isinstance(preset, str) or preset not in _gpus():
-            raise ConfigError(f"unknown GPU preset {preset!r} (catalog: "
+            raise ConfigError(f"unknown GPU preset {preset!r}{_gpu_hint(preset)} (catalog: "
                               f"{', '.join(gpu_names())})", path=f"{path}.preset")  # fmt: skip
         entry = {**asdict(_gpus()[preset]), **entry}
     gpu = load_dataclass(GPUSpec, entry, path)

@@ -63,23 +63,6 @@ from tuner.spec.study import StudySpec
 if TYPE_CHECKING:
     pass
 
-FLOPS_HELP = (
-    "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
-    "full, LM head included (Korthikanti's 72BsLh^2(1 + s/6h + V/12Lh) for GPT); MFU counts no "
-    "recomputation, HFU does."
-)
-
-FIRST_STEPS = "\n".join((
-    "first steps (every command also takes --help):",
-    "  tune space --study demo --top 5       a shipped study's space, ranked (tune catalog "
-    "models lists the model presets)",
-    "  tune run --study my.yaml --dry-run    your study file: what would run first, at what cost",
-    "  tune run --study my.yaml              the search; then tune leaderboard, tune best and "
-    "tune report, each with --study my.yaml",
-    "a study file: docs/guides/studies.md (the shipped studies are examples); every field: "
-    "docs/reference/study.md (make docs builds the site into docs/_build/html)",
-))  # fmt: skip
-
 Handler = Callable[[argparse.Namespace], int]
 RUN_HELP = "search: launch short real runs and record them"
 RUN_MORE = "\n".join((
@@ -348,7 +331,7 @@ def _top_parser() -> argparse.ArgumentParser:
         prog="tune",
         description="Find the fastest parallel configuration for Megatron-LM, DeepSpeed, "
         "Megatron-DeepSpeed, Megatron-Bridge or torchtitan training.",
-        epilog=f"{FIRST_STEPS}\n{FLOPS_HELP}",
+        epilog=f"{help_text.FIRST_STEPS}\n{help_text.FLOPS_HELP}",
         formatter_class=help_text.EpilogFormatter,
     )
     parser.add_argument("--version", action=VersionAction, help="print the version and exit")

@@ -1,5 +1,7 @@
-"""The abbreviations a command's output uses, for ``tune <cmd> --help`` (one place: the
-columns' own definitions and the config spelling's glossary)."""
+"""The help texts beyond each option's line: the abbreviations a command's output uses, for
+``tune <cmd> --help`` (one place: the columns' own definitions and the config spelling's
+glossary), and what ``tune --help`` says after the commands (first steps, where each framework
+and each output is explained, the FLOPs convention)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,35 @@ from collections.abc import Sequence
 
 from tuner.cli.render import Column, legend
 from tuner.config.spelling import glossary
+from tuner.spec.frameworks import Framework
+
+FLOPS_HELP = (
+    "FLOPs convention: 2 per multiply-add, backward = 2x forward, attention scores counted in "
+    "full, LM head included (Korthikanti's 72BsLh^2(1 + s/6h + V/12Lh) for GPT); MFU counts no "
+    "recomputation, HFU does."
+)
+
+FRAMEWORK_PAGES: dict[str, tuple[Framework, ...]] = {
+    "docs/guides/frameworks.md": ("megatron", "deepspeed", "megatron-deepspeed"),
+    "docs/megatron-bridge.md": ("megatron-bridge",),
+    "docs/torchtitan.md": ("torchtitan",),
+}
+"""The page that says how to run each framework (``tune --help`` names it)."""
+
+FIRST_STEPS = "\n".join((
+    "first steps (every command also takes --help):",
+    "  tune space --study demo --top 5       a shipped study's space, ranked (tune catalog "
+    "models lists the model presets)",
+    "  tune run --study my.yaml --dry-run    your study file: what would run first, at what cost",
+    "  tune run --study my.yaml              the search; then tune leaderboard, tune best and "
+    "tune report, each with --study my.yaml",
+    "a study file: docs/guides/studies.md (the shipped studies are examples); every field: "
+    "docs/reference/study.md (make docs builds the site into docs/_build/html)",
+    "the framework (the study's framework:): "
+    + "; ".join(f"{', '.join(names)}: {page}" for page, names in FRAMEWORK_PAGES.items()),
+    "reading the tables, the cost of the trials and the leaderboard: docs/output.md; the "
+    "report: docs/guides/report.md",
+))  # fmt: skip
 
 UNITS = ("numbers: s seconds, GiB 2^30 bytes, % percent, tok/s tokens per second, TFLOP/s 10^12 "
          "FLOP per second")  # fmt: skip

@@ -34,8 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     parser = subparsers.add_parser(
         "parse-log",
-        help="read Megatron-LM, DeepSpeed or torchtitan logs: outcome, step time, peak memory, "
-        "TFLOP/s",
+        help="read Megatron-LM, DeepSpeed, Megatron-DeepSpeed, Megatron-Bridge or torchtitan "
+        "logs: outcome, step time, peak memory, TFLOP/s",
         description="Parse training logs and print the outcome, iterations seen, median "
         "steady-state step time, peak memory and TFLOP/s per GPU of each.",
     )

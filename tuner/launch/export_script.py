@@ -7,12 +7,16 @@ run has one node) and the master address (``MASTER_ADDR``, else the first node o
 allocation, else the first host of ``$HOSTFILE``, else the study's first SSH node, else loopback
 for one node). The node scripts are the study's template rendered with
 :data:`~tuner.launch.slurm_script.MASTER_PLACEHOLDER` for the address, which is replaced here by
-the variable the script resolved; each becomes one shell function of the script, so the export
-is one self-contained file.
+the variable the script resolved. The node scripts become one shell function, with a table of the
+words that differ between nodes (the rank), so the export is one self-contained file whose length
+does not grow with the nodes; a template whose nodes differ in more than words gets one function
+per node.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import textwrap
 from collections.abc import Sequence
@@ -106,6 +110,104 @@ def runtime_master(script: str) -> str:
     return script.replace(MASTER_PLACEHOLDER, '"${MASTER_ADDR}"')
 
 
+SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:/=@%+-]+")
+"""A word the shell reads as itself, unquoted, in any position: what a per-node table holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    """Every node's script as one body: the lines that differ between nodes read the one word
+    that differs from a table (``columns[c][k]``: the word of column ``c`` on node ``k``)."""
+
+    body: list[str]
+    columns: list[list[str]]
+
+
+def _strip_shebang(script: str) -> str:
+    body = runtime_master(script)
+    if body.startswith("#!"):
+        body = body.split("\n", 1)[1] if "\n" in body else ""
+    return body.rstrip("\n")
+
+
+def _split_line(variants: Sequence[str]) -> tuple[str, list[str], str] | None:
+    """``(prefix, words, suffix)`` of one line as it reads on each node, where the nodes differ
+    in one whole shell word; None otherwise (two words, a quoted word, a word inside quotes)."""
+    prefix = os.path.commonprefix(list(variants))
+    prefix = prefix[: max(prefix.rfind(" "), prefix.rfind("\t")) + 1]
+    rest = [line[len(prefix) :] for line in variants]
+    tail = os.path.commonprefix([line[::-1] for line in rest])[::-1]
+    cut = next((i for i, ch in enumerate(tail) if ch in " \t"), len(tail))
+    suffix = tail[cut:]
+    words = [line[: len(line) - len(suffix)] for line in rest]
+    if not all(SAFE_WORD.fullmatch(word) for word in words):
+        return None
+    if prefix.lstrip().startswith("#"):
+        return prefix, words, suffix
+    try:  # the word starts a word of its own, outside any quote or comment
+        if "#" in prefix or shlex.split(prefix + "x")[-1] != "x":
+            return None
+    except ValueError:
+        return None
+    return prefix, words, suffix
+
+
+def _fold(bodies: Sequence[str]) -> _Folded | None:
+    """The nodes' scripts as one body, where they differ only in whole shell words outside quotes:
+    the node rank (tuner's templates) reads ``$rank``, any other word a table; None where they
+    differ otherwise (a template that renders other lines per node), or hold a here-document."""
+    split = [body.split("\n") for body in bodies]
+    if len({len(lines) for lines in split}) != 1 or any("<<" in body for body in bodies):
+        return None
+    ranks = [str(k) for k in range(len(bodies))]
+    out: list[str] = []
+    columns: list[list[str]] = []
+    for variants in zip(*split, strict=True):
+        if len(set(variants)) == 1:
+            out.append(variants[0])
+            continue
+        parts = _split_line(variants)
+        if parts is None:
+            return None
+        prefix, words, suffix = parts
+        if prefix.lstrip().startswith("#"):  # a comment: the rank, read as a name of it
+            if words != ranks:
+                return None
+            out.append(f"{prefix}$rank{suffix}")
+            continue
+        if words == ranks:  # the node rank itself: the rank the script found
+            out.append(f'{prefix}"$rank"{suffix}')
+            continue
+        if words not in columns:
+            columns.append(words)
+        out.append(f'{prefix}"${{tuner_node_words_{columns.index(words)}[$rank]}}"{suffix}')
+    return _Folded(out, columns)
+
+
+def _node_lines(node_scripts: Sequence[str]) -> list[str]:
+    """The nodes' scripts as shell code that runs node ``$rank``'s: one function and a table of
+    what differs per node, or (a template whose nodes differ in more than words) one function
+    per node."""
+    bodies = [_strip_shebang(script) for script in node_scripts]
+    folded = _fold(bodies)
+    if folded is None:
+        out, cases = [], []
+        for k, body in enumerate(bodies):
+            out += ["", f"tuner_node_{k}() {{", body, "}"]
+            cases.append(f"  {k}) tuner_node_{k} ;;")
+        return [*out, "", 'echo "tuner: node $rank of $nnodes, master $MASTER_ADDR" >&2',
+                'case "$rank" in', *cases,
+                '  *) echo "tuner: NODE_RANK $rank is not in 0..$((nnodes - 1))" >&2; exit 2 ;;',
+                "esac"]  # fmt: skip
+    out = [""]
+    if folded.columns:
+        out.append("# what differs between the nodes: word k of each table is node k's")
+    for c, words in enumerate(folded.columns):
+        out.append(f"tuner_node_words_{c}=({' '.join(words)})")
+    started = 'echo "tuner: node $rank of $nnodes, master $MASTER_ADDR" >&2'
+    return [*out, "", "tuner_node() {", *folded.body, "}", "", started, "tuner_node"]
+
+
 def launch_script(
     header: Sequence[str], node_scripts: Sequence[str], sources: MasterSources
 ) -> str:
@@ -113,20 +215,5 @@ def launch_script(
     and master address found at run time, then node ``rank``'s rendered script."""
     nnodes = len(node_scripts)
     out = ["#!/usr/bin/env bash", *comment_block(header), "set -euo pipefail"]
-    out += _rank_lines(nnodes) + _master_lines(nnodes, sources)
-    cases = []
-    for k, script in enumerate(node_scripts):
-        body = runtime_master(script)
-        if body.startswith("#!"):
-            body = body.split("\n", 1)[1] if "\n" in body else ""
-        out += ["", f"tuner_node_{k}() {{", body.rstrip("\n"), "}"]
-        cases.append(f"  {k}) tuner_node_{k} ;;")
-    out += [
-        "",
-        'echo "tuner: node $rank of $nnodes, master $MASTER_ADDR" >&2',
-        'case "$rank" in',
-        *cases,
-        '  *) echo "tuner: NODE_RANK $rank is not in 0..$((nnodes - 1))" >&2; exit 2 ;;',
-        "esac",
-    ]
+    out += _rank_lines(nnodes) + _master_lines(nnodes, sources) + _node_lines(node_scripts)
     return "\n".join(out) + "\n"
