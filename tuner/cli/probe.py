@@ -10,6 +10,7 @@ from typing import Any
 from tuner.cli import render
 from tuner.cli.render import Column, Grid
 from tuner.cli.tables import _console, _emit_json
+from tuner.report import units
 from tuner.spec.study import StudySpec
 
 
@@ -50,10 +51,10 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     for line in recheck_lines(spec, data["rows"]):
         console.print(line)
     again, rechecked = cost.get("recheck_s", 0.0), sum(1 for r in data["rows"] if r.rechecked)
-    extra = (f" ({again / 60:.2f} min of it measuring {rechecked} point(s) again)" if rechecked
-             else f" (nothing measured again; the verdict took {again:.1f} s)" if again
-             else "")  # fmt: skip
-    console.print(f"probe cost: {cost['wall_s'] / 60:.2f} min on {cost['nodes']} node(s), "
+    extra = (f" ({units.duration(again)} of it measuring {rechecked} point(s) again)"
+             if rechecked else f" (nothing measured again; the verdict took "
+             f"{units.duration(again)})" if again else "")  # fmt: skip
+    console.print(f"probe cost: {units.duration(cost['wall_s'])} on {cost['nodes']} node(s), "
                   f"{cost['node_hours']:.4f} node-hours{extra}")  # fmt: skip
     console.print(f"saved: {path}")
     return 0
