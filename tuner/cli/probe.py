@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.cli import render
 from tuner.cli.render import Column, Grid
-from tuner.cli.tables import _console, _emit_json
+from tuner.cli.tables import _console, _emit_json, wrote
 from tuner.report import units
 from tuner.spec.study import StudySpec
 
@@ -56,7 +56,7 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
              f"{units.duration(again)})" if again else "")  # fmt: skip
     console.print(f"probe cost: {units.duration(cost['wall_s'])} on {cost['nodes']} node(s), "
                   f"{cost['node_hours']:.4f} node-hours{extra}")  # fmt: skip
-    console.print(f"saved: {path}")
+    console.print(wrote("profile --probe", [path]))
     return 0
 
 
