@@ -123,8 +123,8 @@ def runs_grid(spec: StudySpec, data: dict[str, Any]) -> Grid:
         title=f"framework probe of {spec.name}: {len(rows)} runs at reduced depth, one job, "
         f"{data['created']}",
         columns=RUN_COLUMNS, constant=same, choosable=False,
-        rows=tuple((p or "the base point", str(r.depth), f"{r.step_s:.4g}",
-                    f"{_spread(r.samples_s):.1%}", f"{r.peak_gib:.4g}")
+        rows=tuple((p or "the base point", str(r.depth), units.seconds(r.step_s),
+                    f"{_spread(r.samples_s):.1%}", units.gib(r.peak_gib))
                    for p, r in zip(points, rows, strict=True)),
     )  # fmt: skip
 
