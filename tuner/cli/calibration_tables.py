@@ -96,18 +96,19 @@ def print_corrections(
         rows=tuple(rows), constant=constant, choosable=False,
     ))  # fmt: skip
     if errors:
-        console.print(f"{what.replace(' ', '-')} error (leave-one-out): "
-                      f"{_error_words(errors, applied)}")  # fmt: skip
+        console.print(f"{what.replace(' ', '-')} error: {_error_words(errors, applied)}")
 
 
 def _error_words(errors: dict[str, float], applied: str | None) -> str:
-    """The error by the model alone and with the correction applied (``applied``; None: the one
-    calibration there is), and the median measured/predicted ratio of each."""
-    before = (f"{errors['mape_before']:.1%} by the model alone; median measured/predicted "
-              f"{errors['median_ratio_before']:.2f}")  # fmt: skip
+    """The leave-one-out error by the model alone and with the correction applied
+    (``applied``; None: the one calibration there is), and the median measured/predicted ratio
+    of each."""
     if applied == "the model alone":
-        return before + " (no correction applied: none predicted held-out trials better)"
-    name = f"with {applied} (the correction applied)" if applied else "calibrated"
+        return (f"{errors['mape_before']:.1%} by the model alone (leave-one-out; no correction "
+                "applied: none predicted held-out trials better); median measured/predicted "
+                f"{errors['median_ratio_before']:.2f}")  # fmt: skip
+    name = f"with {applied} (the correction applied; leave-one-out)" if applied else (
+        "calibrated (leave-one-out)")  # fmt: skip
     return (f"{errors['mape_before']:.1%} by the model alone, {errors['mape_after']:.1%} "
             f"{name}; median measured/predicted {errors['median_ratio_before']:.2f} -> "
             f"{errors['median_ratio_after']:.2f}")  # fmt: skip
