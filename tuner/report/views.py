@@ -356,7 +356,7 @@ def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     if worst is not None:
         memory = ", ".join(f"{k} {gib(v)}" for k, v in worst.parts.items())
         memory = f"{_e(worst.label)}: {_e(memory)} GiB"
-    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    time = ", ".join(f"{k} {seconds(v)}" for k, v in parts.items() if abs(v) > 1e-9)
     data.view_words[key] = (memory, time)
     return data.view_words[key]
 
