@@ -15,6 +15,7 @@ import pytest
 
 from tests.test_calibration import NOW, candidates, spec
 from tuner.calibrate.calibrated import Corrector
+from tuner.calibrate.correction import TIME_CHOICES
 from tuner.calibrate.store import Calibration, Observation, save_calibration, setup_fingerprint
 from tuner.cli.main import main
 from tuner.config.parallel import ParallelConfig
@@ -51,7 +52,7 @@ def off_on_tp(_i: int, config: ParallelConfig) -> float:
 def test_a_correction_that_overfits_is_not_applied() -> None:
     obs = observations(noisy)
     corrector = Corrector(obs, fingerprint=obs[0].fingerprint)
-    loo = corrector.leave_one_out()
+    loo = corrector.leave_one_out("per-knob factors")
     before = np.mean([abs(r.before - 1) for r in loo])
     after = np.mean([abs(r.after - 1) for r in loo])
     assert after > before  # the fake does overfit: the per-knob fit is worse held out
@@ -73,10 +74,12 @@ def test_a_correction_that_predicts_is_applied() -> None:
     assert corrector.factors()
 
 
-def test_a_shared_factor_alone_when_the_model_is_off_by_one_factor() -> None:
-    def uniform(i: int, c: ParallelConfig) -> float:
-        return float(1.3 * noisy(i, c) ** 0.1)  # 30 % slow everywhere, 2.5 % noise
+def uniform(i: int, c: ParallelConfig) -> float:
+    """30 % slow everywhere, 2.5 % noise."""
+    return float(1.3 * noisy(i, c) ** 0.1)
 
+
+def test_a_shared_factor_alone_when_the_model_is_off_by_one_factor() -> None:
     corrector = Corrector(observations(uniform), fingerprint=observations(uniform)[0].fingerprint)
     choice = corrector.time_choice
     assert choice is not None and choice.applied == "one shared factor"
@@ -112,3 +115,30 @@ def test_the_search_folds_in_a_saved_calibration_only_where_it_predicts(
     sampler = ModelGuidedSampler(s, seed=0, history=observations(ratio))
     sampler.belief([])  # builds the candidates and folds the saved rows
     assert sampler._folded(sampler._past([])).bases[0].folded is folded
+
+
+@pytest.mark.parametrize(("ratio", "applied"), [(noisy, 0), (uniform, 1), (off_on_tp, 2)])
+def test_tune_calibrate_shows_the_trials_by_the_correction_it_applies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ratio: Ratio, applied: int
+) -> None:
+    """The trials table's measured/... column and the error line are the leave-one-out of the
+    correction applied, named: they showed the per-knob fit's where the model alone or one
+    shared factor was applied."""
+    obs = observations(ratio)
+    corrector = Corrector(obs, fingerprint=obs[0].fingerprint)
+    choice = corrector.time_choice
+    assert choice is not None and choice.applied == TIME_CHOICES[applied]
+    loo = corrector.leave_one_out()
+    assert np.mean([abs(r.after - 1) for r in loo]) == pytest.approx(choice.errors[applied])
+    s = spec()
+    saved = Calibration(cluster=s.cluster_name, updated=NOW.isoformat(), observations=obs)
+    save_calibration(saved, ClusterLayout(tmp_path, s.cluster_name).calibration_yaml)
+    assert main(["calibrate", "--cluster", s.cluster_name, "--results", str(tmp_path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    line = out[out.index("step-time error: ") :]
+    assert f"correction applied: {choice.applied})" in out
+    if applied:
+        named = f"{choice.errors[applied]:.1%} with {choice.applied} (the correction applied;"
+        assert named in line, line
+    else:
+        assert "no correction applied" in line and "measured/ calibrated" not in out

@@ -83,6 +83,8 @@ def test_the_framework_probes_tables_spell_a_point_as_every_table_does() -> None
         ("pp1 dp2 ga2 zero1", "4"), ("pp1 dp2 ga2 full:uniform:1 zero0", "4"),
         ("pp2 dp1 ga4 zero0", "1"),
     ]  # fmt: skip
+    for row, cells in zip(rows, runs.rows, strict=True):  # the tables' formats: no 1.234e+04
+        assert (cells[2], cells[4]) == (units.seconds(row.step_s), units.gib(row.peak_gib))
     points = derive_terms(spec, rows).points
     terms = terms_grid(points, spec.framework)
     assert terms.constant == "tp1, mbs2"

@@ -240,3 +240,59 @@ def test_a_trial_log_reads_its_exit_code_and_says_the_tuner_ended_it(
             assert outcome(job.paths.node_log(0)) == expected  # beside its result.json
     finally:
         ex.close()
+
+
+TITAN_NEEDS = "give --study NAME (judged as that study judges its trials) or "
+"""How ``tune parse-log`` says what a log that needs more than itself needs."""
+
+
+def test_a_torchtitan_log_is_judged_as_its_study_judged_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchtitan logs tokens/s per GPU: without the tokens of one step parse-log said a bare
+    ``no_metrics`` of a log its study recorded ``ok``. ``--study`` (or the three figures) gives
+    them; without, one line says which options would."""
+    from tests.logs.test_torchtitan import REAL
+    from tuner.logs import parse_log
+    from tuner.spec.file import load_study
+
+    study = Path(__file__).resolve().parents[2] / "studies" / "demo-fsdp.yaml"
+    spec = load_study(str(study))
+    path = tmp_path / "node-0.log"
+    path.write_text(REAL)
+    tokens = spec.training.global_batch_size * spec.model.seq_length / spec.world_size
+    want = parse_log(REAL, "torchtitan", spec.launch.warmup_iters, step_tokens=tokens)
+    assert want.outcome == "ok" and want.step_time_s
+    figures = ["--global-batch", str(spec.training.global_batch_size), "--seq-len",
+               str(spec.model.seq_length), "--gpus", str(spec.world_size)]  # fmt: skip
+    for given in (["--study", str(study)], [*figures, "--warmup", str(spec.launch.warmup_iters)]):
+        assert run(_args(str(path), "--json", *given)) == 0
+        got = json.loads(capsys.readouterr().out)["logs"][0]
+        assert got["outcome"] == "ok" and got["step_time_s"] == pytest.approx(want.step_time_s)
+    assert run(_args(str(path), "--json", "--framework", "torchtitan")) == 0
+    got = json.loads(capsys.readouterr().out)["logs"][0]
+    assert got["outcome"] == "no_metrics"
+    assert got["reason"].endswith(TITAN_NEEDS + "--global-batch N --seq-len N --gpus N")
+    assert "tokens/s per GPU" in got["reason"] and "\n" not in got["reason"]
+    assert run(_args(str(path), "--json", "--framework", "torchtitan", *figures[:2])) == 0
+    got = json.loads(capsys.readouterr().out)["logs"][0]
+    assert got["reason"].endswith(TITAN_NEEDS + "--seq-len N --gpus N")
+
+
+def test_a_deepspeed_log_of_throughput_alone_says_it_needs_the_global_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ds.log"
+    path.write_text("".join(
+        f"[INFO] [timer.py:215:stop] epoch=0/micro_step={n}/global_step={n}, "
+        f"RunningAvgSamplesPerSec=11.0, CurrSamplesPerSec=12.5, MemAllocated=1.5GB, "
+        "MaxMemAllocated=2.25GB\n" for n in range(1, 6)
+    ))  # fmt: skip
+    assert run(_args(str(path), "--json")) == 0
+    got = json.loads(capsys.readouterr().out)["logs"][0]
+    assert got["outcome"] == "no_metrics" and got["reason"].endswith(
+        TITAN_NEEDS + "--global-batch N"
+    )
+    assert run(_args(str(path), "--json", "--global-batch", "25")) == 0
+    got = json.loads(capsys.readouterr().out)["logs"][0]
+    assert got["outcome"] == "ok" and got["step_time_s"] == pytest.approx(2.0)

@@ -85,10 +85,10 @@ def record_trials(spec: StudySpec, results: Path, measured: Mapping[int, float])
 
 def record_measured(
     spec: StudySpec, results: Path, measured: Sequence[tuple[ParallelConfig, float]],
-    failed: Sequence[ParallelConfig] = (),
+    failed: Sequence[ParallelConfig] = (), figures: Mapping[str, float] | None = None,
 ) -> None:  # fmt: skip
     """Trials as the study loop leaves them: ``measured`` (config, step s) in order, then the
-    ``failed`` ones (OOM)."""
+    ``failed`` ones (OOM); ``figures``: attributes of the measured ones set otherwise."""
     layout = ResultsLayout(results, spec.name)
     study = optuna.create_study(study_name=spec.name, storage=open_storage(None, layout))
     hosts = spec.node_names[: spec.nodes_per_trial]
@@ -104,7 +104,7 @@ def record_measured(
             continue
         got = {"outcome": "ok", "step_time_s": step, "tokens_per_s": 4096 / step,
                "peak_memory_gib": 10.0, "mfu": 0.41}  # fmt: skip
-        for key, value in got.items():
+        for key, value in (got | dict(figures or {})).items():
             trial.set_user_attr(key, value)
         study.tell(trial, step)
 
@@ -171,12 +171,30 @@ def test_the_header_says_what_was_measured_and_what_was_not(
     header = " ".join(line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#"))
     for words in ("trial 0 (the fastest measured trial)", ParallelConfig(
             tp=2, dp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True).key(),
-            "2 s/step (median)", "41.0% MFU", "10 GiB peak allocated", "0.9 s/step",
+            "2.000 s/step (median)", "41.0% MFU", "10.0 GiB peak allocated", "0.9000 s/step",
             "Software: tuner ", "python 3.11.7, torch 2.13.0+cpu.", "500 iterations",
             "--data-path '/data/web text_document'",
             "NCCL_DEBUG=WARN", "evaluation", "checkpoint", "data loading at scale"):  # fmt: skip
         assert words in header, words
     assert "--mock-data" not in text and "NullTokenizer" not in text
+
+
+def test_the_header_prints_gib_seconds_and_rates_as_the_tables_do(tmp_path: Path) -> None:
+    """``units.gib``, ``units.seconds``, ``units.rate``: a CPU demo's 0.081 GiB reads ``0.0810``
+    as in ``tune leaderboard``, a large peak ``1234.5``, never ``1.23e+03`` (the ``.3g`` it
+    was)."""
+    spec = study_from_mapping(megatron_study(tmp_path, nodes=2, train_args=TRAIN_ARGS))
+    c = ParallelConfig(tp=2, dp=2, micro_batch_size=1, global_batch_size=8, sequence_parallel=True)
+    record_measured(spec, tmp_path, [(c, 12345.6)],
+                    figures={"peak_memory_gib": 0.081, "predicted_peak_gib": 1234.5,
+                             "tokens_per_s": 16384.0})  # fmt: skip
+    results = tmp_path
+    text = trial_record(spec, trial=0, results=str(results)).export("script").text
+    header = " ".join(line[1:].strip() for line in text.splitlines()[1:] if line.startswith("#"))
+    for words in ("0.0810 GiB peak allocated", "1234.5 GiB peak", "16,384 tokens/s",
+                  "12,346 s/step"):  # fmt: skip
+        assert words in header, (words, header)
+    assert "e+0" not in header and "e-0" not in header
 
 
 def test_another_trial_and_the_ones_that_measured_nothing(
@@ -303,7 +321,7 @@ def test_a_proxy_trials_config_runs_on_the_nodes_it_needs(tmp_path: Path) -> Non
     assert flag(record.export("args").text.split(), "--tensor-model-parallel-size") == "2"
     header = " ".join(line[1:].strip() for line in record.export("script").text.splitlines()
                       if line.startswith("# "))  # fmt: skip
-    assert "ran this config at DP 2 on 2 node(s), 1.8 s/step" in header, header
+    assert "ran this config at DP 2 on 2 node(s), 1.800 s/step" in header, header
     assert "extrapolated to the 4 node(s) of this run" in header, header
 
 

@@ -139,7 +139,7 @@ def test_the_memory_menu_and_the_leaderboard_sort_work(browser: Browser, report:
     finally:
         page.close()
     assert first.startswith("Predicted memory of trial") and second != first, (first, second)
-    values = [float(c) for c in cells if c.strip()]  # failed trials have none: sorted last
+    values = [float(c.replace(",", "")) for c in cells if c.strip()]  # 6,715; failed: none
     assert values == sorted(values) and values[0] < values[-1]
     assert all(c.strip() for c in cells[: len(values)])
 
@@ -274,6 +274,31 @@ BROKEN_WORDS_JS = """() => Array.from(document.querySelectorAll('.sortable th'))
 """The leaderboard's header words drawn on more than one line (a word broken inside)."""
 
 
+BROKEN_TOKENS_JS = """() => {
+  const out = [], cells = document.querySelectorAll('.sortable td span.config');
+  let lines = 0;
+  cells.forEach(cell => {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT), tops = new Set();
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.textContent.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const rows = new Set(Array.from(range.getClientRects()).map(r => Math.round(r.top)));
+        if (rows.size > 1) { out.push(m[0]); }
+        rows.forEach(t => tops.add(t));
+      }
+    }
+    lines = Math.max(lines, tops.size);
+  });
+  const board = document.querySelector('.board');
+  return {broken: out, cells: cells.length, lines: lines,
+          board_right: board.getBoundingClientRect().right, page: window.innerWidth};
+}"""
+"""The leaderboard's config tokens (``tp2``, ``mbs8``) drawn on more than one line, the most
+lines a config cell took, and where the board's right edge is."""
+
+
 def test_the_leaderboard_headers_break_only_between_words_at_800_px(
     browser: Browser, report: Path
 ) -> None:  # fmt: skip
@@ -281,6 +306,11 @@ def test_the_leaderboard_headers_break_only_between_words_at_800_px(
     try:
         broken = page.evaluate(BROKEN_WORDS_JS)
         heads = page.locator("table.sortable th").count()
+        configs = page.evaluate(BROKEN_TOKENS_JS)
     finally:
         page.close()
     assert heads >= 10 and broken == [], broken
+    # a config wraps between its tokens (tp2 / pp2), never inside one (t / p2); the board
+    # scrolls sideways where it must, inside the page
+    assert configs["cells"] >= 10 and configs["broken"] == [], configs
+    assert configs["board_right"] <= configs["page"], configs

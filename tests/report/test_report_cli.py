@@ -28,7 +28,12 @@ def test_report_writes_the_default_file(
 ) -> None:  # fmt: skip
     assert tune(study_run) == 0
     path = study_run.results / study_run.spec.name / "report.html"
-    assert capsys.readouterr().out == f"report: {path}\n"
+    assert capsys.readouterr().out == f"tune report: wrote {path}\n"
+    # tune best says the files it writes in the same form (on stderr: stdout is the export)
+    assert main(["best", "--study", str(study_run.study_file), "--results",
+                 str(study_run.results), "--emit", "args"]) == 0  # fmt: skip
+    said = capsys.readouterr().err
+    assert said.startswith(f"tune best: wrote {path.parent / 'exports'}"), said
     # the model's first pick (trial 0) ran out of memory: no baseline to pay back against
     assert "Payback needs a measured best config and a measured baseline." in path.read_text()
     board = leaderboard(study_run.spec, results=str(study_run.results))

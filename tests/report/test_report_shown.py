@@ -150,7 +150,7 @@ def test_past_the_limit_a_view_of_a_config_not_drawn_gives_the_screened_predicti
             assert "optimizer states" in view and "as screened" not in view
         else:
             peak = f"peak {V.fmt_gib(r.predicted_peak_gib)} GiB (stage 1, fwd_bwd), as screened"
-            assert peak in view and f"{V.fmt(r.predicted_step_s)}, as screened" in view
+            assert peak in view and f"{V.fmt_s(r.predicted_step_s)}, as screened" in view
     assert "Past 10 trials" in page and "tune estimate --study" in page
 
 

@@ -4,6 +4,7 @@ fastest configs side by side, the heat map's values and the importances' knobs."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -163,7 +164,7 @@ def test_a_person_reads_the_compact_spelling_and_machines_the_key(tmp_path: Path
     _study(tmp_path)
     data = gather(SPEC, results=str(tmp_path))
     html = str(V.leaderboard(data)) + str(V.trial_views(data))
-    visible = re.sub(r"<[^>]*>", " ", html)  # text only: attributes (the tooltip) dropped
+    visible = " ".join(re.sub(r"<[^>]*>", " ", html).split())  # text only: no tooltip
     assert "tp=" not in visible
     for row in data.rows:
         if row.config is not None:
@@ -266,3 +267,35 @@ def test_the_summary_leaves_out_a_figure_the_logs_lack(tmp_path: Path) -> None:
     assert rows["tokens/s/GPU"] and rows["measured step"].strip() != "s"
     assert "TFLOP/s/GPU" not in rows and "MFU" not in rows
     assert [k for k, v in rows.items() if not v.strip()] == []
+
+
+def test_rates_steps_and_hours_read_as_the_terminal_tables_print_them(tmp_path: Path) -> None:
+    """Tokens/s in the cards, the board, the summary and side by side is ``16,384`` (units.rate),
+    never ``1.638e+04``; the search's wall time and GPU-hours never in exponent form."""
+    from tuner.report.page import sections
+
+    study = new_study(tmp_path)
+    record(study, SPEC, config(2, 1), Outcome.OK, 2.0, launched=True, duration_s=0.2)
+    record(study, SPEC, config(1, 1), Outcome.OK, 4.0, launched=True, duration_s=0.3)
+    data = gather(SPEC, results=str(tmp_path))
+    best = data.best
+    assert best is not None and best.tokens_per_s_per_gpu == 16384.0
+    summary = str(sections(data)[0].tables[0])
+    parts = {"cards": str(V.cards(data)), "board": str(V.leaderboard(data)),
+             "side": str(V.side_by_side(data)), "summary": summary}  # fmt: skip
+    exponent = re.compile(r"\d[eE][+-]\d")  # 1.638e+04, 9.5e-05
+    for name, text in parts.items():
+        assert "16,384" in text and not exponent.search(text), (name, text)
+    views = str(V.trial_views(data))  # the predicted step's parts in seconds, as the tables
+    assert "predicted step (s)</b>: compute " in views and not exponent.search(views), views
+    assert f"{units.duration(data.wall_s)} wall" in parts["cards"]
+    assert units.gpu_hours(data.gpu_hours) in parts["cards"] and " h wall" not in parts["cards"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(0.3, "0.3 s"), (0.034, "0.034 s"), (12.0, "12 s"), (90.0, "1.5 min"), (720.0, "12 min"),
+     (3569.0, "59 min"), (5040.0, "1.4 h"), (0.0, "0 s"), (0.00009, "under 0.001 s")],
+)  # fmt: skip
+def test_a_wall_time_reads_in_seconds_minutes_or_hours(seconds: float, said: str) -> None:
+    assert units.duration(seconds) == said

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tuner.calibrate.correction import (
+    TIME_CHOICES,
     Features,
     Posterior,
     Prior,
@@ -31,6 +32,7 @@ from tuner.calibrate.correction import (
     choose_time,
     fit,
     fit_memory,
+    shared_factor,
 )
 from tuner.calibrate.store import Observation, history, memory_fingerprint, setup_fingerprint
 from tuner.config.parallel import ParallelConfig
@@ -101,9 +103,17 @@ class Corrector:
         y = np.array([o.time_ratio or 0.0 for o in rows])
         return x, y, self._noise(rows, self.prior.noise, fingerprint)
 
-    def _fit_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
+    def _fit_time(
+        self, obs: Sequence[Observation], fingerprint: str, kind: str = TIME_CHOICES[2]
+    ) -> Posterior | None:
+        """The step-time correction of ``kind`` (one of :data:`TIME_CHOICES`) fitted to
+        ``obs`` (None: the model alone, or nothing timed)."""
         data = self._time_rows(obs, fingerprint)
-        return None if data is None else fit(self.features.prior_precision, *data)
+        if data is None or kind == TIME_CHOICES[0]:
+            return None
+        if kind == TIME_CHOICES[1]:  # the intercept alone: every other weight stays at 0
+            return shared_factor(self.features.prior_precision, *data)
+        return fit(self.features.prior_precision, *data)
 
     def _choose_time(self, obs: Sequence[Observation], fingerprint: str) -> Posterior | None:
         """The step-time correction :func:`choose_time` picks (None: the model alone)."""
@@ -167,13 +177,16 @@ class Corrector:
             rows.append(LooRow(o, math.exp(y), math.exp(y - mu)))
         return rows
 
-    def leave_one_out(self) -> list[LooRow]:
-        """Each saved measurement predicted by the per-knob calibration fitted to all the others
-        (the figure :attr:`time_choice` weighs against the model alone and one shared factor)."""
+    def leave_one_out(self, kind: str | None = None) -> list[LooRow]:
+        """Each saved measurement predicted by the step-time correction applied
+        (:attr:`time_choice`; ``kind``: another of :data:`TIME_CHOICES`) fitted to all the
+        others: what ``tune calibrate``'s table and error line show. The model alone applied,
+        each row's calibrated ratio is its model ratio."""
         rows = []
+        kind = kind or (self.time_choice.applied if self.time_choice else TIME_CHOICES[0])
         timed = [o for o in self.observations if o.time_ratio is not None]
         for i, o in enumerate(timed):
-            post = self._fit_time(timed[:i] + timed[i + 1 :], o.fingerprint)
+            post = self._fit_time(timed[:i] + timed[i + 1 :], o.fingerprint, kind)
             y = o.time_ratio or 0.0
             mu = 0.0
             if post is not None:

@@ -324,7 +324,15 @@ def choose_time(
         return choice, None
     if best == 2:
         return choice, fit(precision, x, y, noise)
-    shared = fit(precision[:1], x[:, :1], y, noise)  # widened: every other weight stays at 0
+    return choice, shared_factor(precision, x, y, noise)
+
+
+def shared_factor(
+    precision: np.ndarray, x: np.ndarray, y: np.ndarray, noise: np.ndarray
+) -> Posterior:
+    """The one factor shared by every config (the intercept alone) fitted to the rows ``x``,
+    ``y``, widened to every feature: every other weight stays at 0."""
+    shared = fit(precision[:1], x[:, :1], y, noise)
     mean, cov = np.zeros(len(precision)), np.zeros((len(precision), len(precision)))
     mean[0], cov[0, 0] = shared.mean[0], shared.cov[0, 0]
-    return choice, Posterior(mean, cov)
+    return Posterior(mean, cov)

@@ -49,6 +49,7 @@ from tuner.cli.tables import (
     _emit_json,
     _print_estimate,
     _top_table,
+    wrote,
 )
 from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
@@ -272,7 +273,7 @@ def _cmd_best(args: argparse.Namespace) -> int:
     export = record.export(args.emit, train_iters=args.train_iters)
     if args.format != "json":
         sys.stdout.write(export.text)
-        sys.stderr.write(f"tune best: wrote {', '.join(str(p) for p in export.files)}\n")
+        sys.stderr.write(wrote("best", export.files) + "\n")  # stdout: the export itself
         return 0
     out: dict[str, Any] = {**record.to_dict(), "step_s": record.measured["measured_step_s"],
                            "emit": args.emit, "files": [str(p) for p in export.files]}  # fmt: skip

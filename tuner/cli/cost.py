@@ -239,8 +239,9 @@ def print_cost(console: Console, spec: StudySpec, cost: dict[str, Any]) -> None:
         title = ("cost of one trial (shortest useful trial: start-up + warm-up + the iterations "
                  "the step-time estimate needs)")  # fmt: skip
         if cost.get("startup_measured"):
-            title += (f"; start-up {cost['startup_min']:.2g} min, as earlier launches of this "
-                      "setup on the cluster took (search.startup_min replaced)")  # fmt: skip
+            title += (f"; start-up {units.duration(cost['startup_min'] * 60)}, as earlier "
+                      "launches of this setup on the cluster took (search.startup_min "
+                      "replaced)")  # fmt: skip
         if proxies:
             title += ("; trial and node-h at full scale (the confirmation of a config measured "
                       "through a proxy), proxy at its own nodes")  # fmt: skip

@@ -26,11 +26,12 @@ from tuner.spec.frameworks import Framework
 
 if TYPE_CHECKING:
     from tuner.logs import RunMetrics
+    from tuner.logs.metrics import Need
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``parse-log`` subcommand (its handler is ``args.func``, i.e. :func:`run`)."""
-    from tuner.cli.options import add_format_option, whole
+    from tuner.cli.options import STUDY_HELP, add_format_option, whole
 
     parser = subparsers.add_parser(
         "parse-log",
@@ -54,16 +55,95 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="N",
         help="step records to drop as warm-up (default: max(1, 20%%), at least one kept)",
     )
+    parser.add_argument(
+        "--study", default=None, metavar="NAME",
+        help="judge each log as this study judges its trials: its framework, warm-up, global "
+        f"batch, sequence length and GPUs ({STUDY_HELP})",
+    )  # fmt: skip
+    for flag, what in (("--global-batch", "global batch size (sequences per step)"),
+                       ("--seq-len", "sequence length (tokens)"),
+                       ("--gpus", "GPUs (ranks) the run used")):  # fmt: skip
+        parser.add_argument(flag, type=whole(1), default=None, metavar="N",
+                            help=f"the run's {what}, where --study does not say it")  # fmt: skip
     add_format_option(parser)
     parser.set_defaults(func=run)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Known:
+    """What the command was told of the run beside its log (``--study``, ``--global-batch``,
+    ``--seq-len``, ``--gpus``): the figures a torchtitan log (tokens/s per GPU) and a DeepSpeed
+    log with only throughput lines (samples/s) need for a step time, as a study gives them
+    (:func:`tuner.study.record.parse_result`)."""
+
+    framework: Framework | None = None
+    warmup: int | None = None
+    global_batch: int | None = None
+    seq_len: int | None = None
+    gpus: int | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Known:
+        """From the options; an option given wins over the study's figure."""
+        from tuner.spec.file import load_study
+
+        spec = load_study(args.study) if args.study is not None else None
+        if spec is None:
+            return cls(args.framework, args.warmup, args.global_batch, args.seq_len, args.gpus)
+        return cls(
+            args.framework or spec.framework,
+            spec.launch.warmup_iters if args.warmup is None else args.warmup,
+            args.global_batch or spec.training.global_batch_size,
+            args.seq_len or spec.model.seq_length, args.gpus or spec.world_size,
+        )  # fmt: skip
+
+    @property
+    def step_tokens(self) -> float | None:
+        """The tokens of one step per GPU (None: a figure is missing)."""
+        if self.global_batch and self.seq_len and self.gpus:
+            return self.global_batch * self.seq_len / self.gpus
+        return None
+
+    def missing(self, need: Need) -> str:
+        """The options that would give what a log needs, in words."""
+        named = {"--global-batch N": self.global_batch, "--seq-len N": self.seq_len,
+                 "--gpus N": self.gpus}  # fmt: skip
+        if need == "global_batch_size":
+            named = {"--global-batch N": self.global_batch}
+        return " ".join(flag for flag, value in named.items() if not value)
+
+
+NEEDS = {
+    "step_tokens": "torchtitan logs tokens/s per GPU (tps), a step time only with the tokens of "
+    "one step",
+    "global_batch_size": "the log has only throughput lines (samples/s), a step time only with "
+    "the global batch",
+}
+"""Why a log gave no step time on its own (:data:`tuner.logs.metrics.Need`), said by
+:func:`_judged`."""
+
+
+def _judged(metrics: RunMetrics, known: Known) -> RunMetrics:
+    """``metrics`` with the reason of a log that needed more than itself said in one line:
+    which options give it (a bare ``no_metrics`` where a study judged the same log ``ok``)."""
+    from tuner.logs.classify import NO_STEP_TIME
+
+    if metrics.step_time_s is not None or metrics.needs is None:
+        return metrics
+    if metrics.reason is not None and not metrics.reason.startswith(NO_STEP_TIME):
+        return metrics  # another verdict decided (an OOM, a crash): it stays
+    why = (f"{NEEDS[metrics.needs]}: give --study NAME (judged as that study judges its "
+           f"trials) or {known.missing(metrics.needs)}")  # fmt: skip
+    return dataclasses.replace(metrics, reason=why)
 
 
 def run(args: argparse.Namespace) -> int:
     """Parse every file; 0 when all were read, 2 (one line on stderr) when one cannot be."""
     results: list[tuple[str, RunMetrics]] = []
+    known = Known.of(args)
     for file in args.files:
         try:
-            metrics = _parse(file, args.framework, args.warmup)  # streamed, linear
+            metrics = _judged(_parse(file, known), known)  # streamed, linear
             _check_warmup(file, metrics, args.warmup)
         except ParseError as exc:
             print(f"tune: error: {exc}", file=sys.stderr)  # as every command's bad input
@@ -79,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse(file: str, framework: Framework | None, warmup: int | None) -> RunMetrics:
+def _parse(file: str, known: Known) -> RunMetrics:
     """``file``'s metrics; a trial's log is judged as :func:`tuner.study.record.judge` judged
     it, with the executor's account (:func:`_account`): a lost node, the batch scheduler's
     verdict, a trial cancelled because the study stopped decide first
@@ -92,12 +172,16 @@ def _parse(file: str, framework: Framework | None, warmup: int | None) -> RunMet
     from tuner.logs import parse_log_file  # the parsers load with the command that uses them
     from tuner.outcome import Outcome
 
+    framework, warmup = known.framework, known.warmup
+    batch, tokens = known.global_batch, known.step_tokens
     account = _account(Path(file))
     if account is None:
-        return parse_log_file(file, framework, warmup)
+        return parse_log_file(file, framework, warmup, global_batch_size=batch,
+                              step_tokens=tokens)  # fmt: skip
     how, codes, node_errors, verdict = account
     metrics = parse_log_file(file, framework, warmup, exit_codes=codes,
-                             timed_out=how is not None and how != "cancelled")  # fmt: skip
+                             timed_out=how is not None and how != "cancelled",
+                             global_batch_size=batch, step_tokens=tokens)  # fmt: skip
     ended = ended_verdict(node_errors=node_errors, scheduler_verdict=verdict, how=how)
     if ended is not None:
         return dataclasses.replace(metrics, outcome=ended[0], reason=ended[1])

@@ -9,7 +9,8 @@ from typing import Any
 
 from tuner.cli import render
 from tuner.cli.render import Column, Grid
-from tuner.cli.tables import _console, _emit_json
+from tuner.cli.tables import _console, _emit_json, wrote
+from tuner.report import units
 from tuner.spec.study import StudySpec
 
 
@@ -50,12 +51,12 @@ def run_probe(spec: StudySpec, layout: Any, args: argparse.Namespace) -> int:
     for line in recheck_lines(spec, data["rows"]):
         console.print(line)
     again, rechecked = cost.get("recheck_s", 0.0), sum(1 for r in data["rows"] if r.rechecked)
-    extra = (f" ({again / 60:.2f} min of it measuring {rechecked} point(s) again)" if rechecked
-             else f" (nothing measured again; the verdict took {again:.1f} s)" if again
-             else "")  # fmt: skip
-    console.print(f"probe cost: {cost['wall_s'] / 60:.2f} min on {cost['nodes']} node(s), "
+    extra = (f" ({units.duration(again)} of it measuring {rechecked} point(s) again)"
+             if rechecked else f" (nothing measured again; the verdict took "
+             f"{units.duration(again)})" if again else "")  # fmt: skip
+    console.print(f"probe cost: {units.duration(cost['wall_s'])} on {cost['nodes']} node(s), "
                   f"{cost['node_hours']:.4f} node-hours{extra}")  # fmt: skip
-    console.print(f"saved: {path}")
+    console.print(wrote("profile --probe", [path]))
     return 0
 
 
@@ -122,8 +123,8 @@ def runs_grid(spec: StudySpec, data: dict[str, Any]) -> Grid:
         title=f"framework probe of {spec.name}: {len(rows)} runs at reduced depth, one job, "
         f"{data['created']}",
         columns=RUN_COLUMNS, constant=same, choosable=False,
-        rows=tuple((p or "the base point", str(r.depth), f"{r.step_s:.4g}",
-                    f"{_spread(r.samples_s):.1%}", f"{r.peak_gib:.4g}")
+        rows=tuple((p or "the base point", str(r.depth), units.seconds(r.step_s),
+                    f"{_spread(r.samples_s):.1%}", units.gib(r.peak_gib))
                    for p, r in zip(points, rows, strict=True)),
     )  # fmt: skip
 

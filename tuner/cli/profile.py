@@ -5,14 +5,21 @@ print."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.cli import help_text, render
+from tuner.cli.calibration_tables import (
+    FACTOR_COLUMNS,
+    TRIAL_COLUMNS,
+    loo_json,
+    print_corrections,
+)
 from tuner.cli.options import STUDY_HELP, whole, wholes
-from tuner.cli.tables import _console, _emit_json
+from tuner.cli.tables import _console, _emit_json, wrote
 from tuner.config.spelling import split_constant
 from tuner.errors import ConfigError
 from tuner.report import units
@@ -90,12 +97,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     ))  # fmt: skip
     versions = ", ".join(f"{k} {v}" for k, v in profile.versions.items() if v is not None)
     console.print(f"software: {versions}")
-    console.print(f"saved: {layout.profile_yaml}")
+    console.print(wrote("profile", [layout.profile_yaml]))
     return 0
 
 
 def _fields(obj: Any) -> dict[str, Any]:
-    import dataclasses
 
     return dataclasses.asdict(obj)
 
@@ -167,11 +173,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.format == "json":
         _emit_json({"cluster": name, "path": str(layout.calibration_yaml),
                     "updated": cal.updated, "factors": dict(corrector.factors()),
-                    "error": errors, "trials": [_loo_json(r) for r in loo],
+                    "error": errors, "trials": [loo_json(r) for r in loo],
                     "time_correction": choice and choice.to_json(),
                     "memory_factors": dict(corrector.memory_factors()),
                     "memory_error": memory_errors,
-                    "memory_trials": [_loo_json(r, memory=True) for r in memory_loo]})  # fmt: skip
+                    "memory_trials": [loo_json(r, memory=True) for r in memory_loo]})  # fmt: skip
         return 0
     console = _console()
     if not cal.observations:
@@ -181,12 +187,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     console.print(f"cluster {name}: {units.plural(len(cal.observations), 'trial')} from "
                   f"{', '.join(studies)}, "
                   f"updated {cal.updated}")  # fmt: skip
-    _print_corrections(console, "step time", "fitted step-time corrections (measured / "
-                       "predicted):", corrector.factors(), loo, errors)  # fmt: skip
     if choice is not None:
         console.print(choice.line())
+    print_corrections(console, "step time", "fitted step-time corrections (measured / "
+                       "predicted):", corrector.factors(), loo, errors,
+                       choice.applied if choice else None)  # fmt: skip
     if memory_loo:
-        _print_corrections(console, "peak memory", "fitted memory corrections (measured / "
+        print_corrections(console, "peak memory", "fitted memory corrections (measured / "
                            "predicted peak; a knob's factor is on the part of the peak it "
                            "sizes):", corrector.memory_factors(), memory_loo,
                            memory_errors)  # fmt: skip
@@ -205,92 +212,6 @@ PROFILE_COLUMNS = (
     render.Column(name="figure", header="figure", right=False, wrap=3),
 )
 """The saved cluster profile: what was measured and the figure it gave."""
-FACTOR_COLUMNS = (
-    render.Column(
-        name="applies_to",
-        header="applies to",
-        right=False,
-        meaning="the knob value or setting a correction factor is fitted for",
-    ),
-    render.Column(name="factor", header="factor", meaning="measured / predicted, fitted"),
-)
-TRIAL_COLUMNS = (
-    render.Column(
-        name="trial", header="trial", meaning="the trial's number in its study", number=True
-    ),
-    render.CONFIG,
-    render.Column(
-        name="ratio_model",
-        header="measured/\nmodel",
-        meaning="measured over the model's prediction",
-    ),
-    render.Column(
-        name="ratio_calibrated",
-        header="measured/\ncalibrated",
-        meaning="measured over the calibrated prediction from all the other trials",
-    ),
-    render.Column(name="study", header="study", right=False, meaning="the trial's study"),
-)
-"""``tune calibrate``'s tables (the measured column sits between config and the ratios; the
-study only when the calibration has several)."""
-
-
-def _print_corrections(
-    console: Any, what: str, heading: str, factors: list[tuple[str, float]], loo: list[Any],
-    errors: dict[str, float],
-) -> None:  # fmt: skip
-    """One half of ``tune calibrate`` (``what``: step time or peak memory): the fitted factors,
-    each trial predicted from all the others, and the error before and after."""
-    console.print(heading)
-    if factors:
-        render.render(console, render.Grid(
-            title="", columns=FACTOR_COLUMNS,
-            rows=tuple((applies, units.factor(f)) for applies, f in factors), choosable=False,
-        ))  # fmt: skip
-    else:
-        console.print("none applied: the model alone")
-    memory = what == "peak memory"
-    studies = sorted({r.observation.study for r in loo})
-    title = ("measured peaks" if memory else "trials") + (
-        f" of {studies[0]}" if len(studies) == 1 else ""
-    )
-    constant, spelled = split_constant([r.observation.parallel_config() for r in loo])
-    rows: list[tuple[str, ...]] = []
-    for r, config in zip(loo, spelled, strict=True):
-        o = r.observation
-        measured = units.gib(o.measured_gib) if memory else units.seconds(o.measured_step_s)
-        rows.append((str(o.trial), config, measured, units.factor(r.before),
-                     units.factor(r.after), o.study))  # fmt: skip
-    columns: tuple[render.Column, ...] = TRIAL_COLUMNS[:2] + (
-        render.Column(name="measured_gib" if memory else "measured_step_s",
-                      header="measured\nGiB" if memory else "measured\ns"),
-        *TRIAL_COLUMNS[2:],
-    )  # fmt: skip
-    if len(studies) == 1:  # named in the title instead
-        columns, rows = columns[:-1], [row[:-1] for row in rows]
-    render.render(console, render.Grid(
-        title=f"{title} (each predicted from all the others)", columns=columns,
-        rows=tuple(rows), constant=constant, choosable=False,
-    ))  # fmt: skip
-    if errors:
-        console.print(
-            f"{what.replace(' ', '-')} error: {errors['mape_before']:.1%} by the model alone, "
-            f"{errors['mape_after']:.1%} calibrated (leave-one-out); median measured/predicted "
-            f"{errors['median_ratio_before']:.2f} -> {errors['median_ratio_after']:.2f}"
-        )
-
-
-def _loo_json(row: Any, memory: bool = False) -> dict[str, Any]:
-    o = row.observation
-    measured = (
-        {"measured_gib": o.measured_gib, "predicted_gib": o.predicted_gib}
-        if memory
-        else {"measured_step_s": o.measured_step_s, "predicted_step_s": o.predicted_step_s}
-    )
-    return {"study": o.study, "trial": o.trial, "config": dict(o.config), **measured,
-            "ratio_model": row.before, "ratio_calibrated": row.after}  # fmt: skip
-
-
 # ----------------------------------------------------------------------------- other commands
 
 

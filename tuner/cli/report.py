@@ -56,14 +56,16 @@ def run(args: argparse.Namespace) -> int:
                                results=args.results, baseline=args.baseline,
                                train_tokens=args.train_tokens)  # fmt: skip
     path, parts, trials = written.path, written.parts, written.data.stored
-    sys.stdout.write(f"report: {path}\n")
+    from tuner.cli.tables import wrote
     from tuner.report.leaderboard import on_board, why_empty
+    from tuner.report.units import plural
 
+    sys.stdout.write(wrote("report", [path]) + "\n")
     if not any(on_board(t) for t in trials):  # an empty leaderboard: what the study lacks
-        sys.stdout.write(f"report: {why_empty(spec, trials, results=args.results)}\n")
+        sys.stdout.write(f"tune report: {why_empty(spec, trials, results=args.results)}\n")
     if args.png is not None:
         pngs = write_pngs(parts, args.png)
-        sys.stdout.write(f"figures: {len(pngs)} PNG files in {args.png}\n")
+        sys.stdout.write(wrote("report", [args.png], plural(len(pngs), "PNG file")) + "\n")
     return 0
 
 

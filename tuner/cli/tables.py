@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -36,6 +37,14 @@ TIME_TERMS = (
 
 def _console() -> Console:
     return render.console()
+
+
+def wrote(command: str, paths: Sequence[object], what: str = "") -> str:
+    """The one line every command that writes files says it with: ``tune best: wrote
+    launch.sh, ds_config.json``, ``tune report: wrote 9 PNG files in figures`` (``what``: the
+    files in words, ``paths`` then their folder)."""
+    where = ", ".join(str(p) for p in paths)
+    return f"tune {command}: wrote {what} in {where}" if what else f"tune {command}: wrote {where}"
 
 
 def _emit_json(data: Any) -> None:

@@ -39,6 +39,8 @@ from collections.abc import Iterable, Sequence
 from tuner.logs import lines
 from tuner.outcome import Outcome
 
+NO_STEP_TIME = "no per-iteration step time in the log"
+"""The start of the reason of a log that measured no step (``no_metrics``)."""
 _MAX_REASON = 300
 
 _OOM = re.compile(
@@ -382,5 +384,5 @@ def decide(
     if has_step_time:
         return Outcome.OK, None
     if no_step_time is not None:
-        return Outcome.NO_METRICS, f"no per-iteration step time in the log: {no_step_time}"
-    return Outcome.NO_METRICS, "no per-iteration step time in the log"
+        return Outcome.NO_METRICS, f"{NO_STEP_TIME}: {no_step_time}"
+    return Outcome.NO_METRICS, NO_STEP_TIME

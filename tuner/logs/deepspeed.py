@@ -279,6 +279,7 @@ def summarise(
     return dataclasses.replace(
         summary, step_time_s=step, samples_per_s=samples, diverged=diverged,
         no_step_time=None if step is not None else unmeasured,
+        needs="global_batch_size" if step is None and throughput and not unmeasured else None,
     )  # fmt: skip
 
 

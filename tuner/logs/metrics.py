@@ -5,11 +5,16 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tuner.outcome import Outcome
 
 V = TypeVar("V")
+
+Need = Literal["global_batch_size", "step_tokens"]
+"""What a log that measured steps may need besides itself to give a step time: the global batch
+size (a DeepSpeed log with only throughput lines, samples/s) or the tokens of one step per rank
+(a torchtitan log: tokens/s per GPU)."""
 
 #: Keys of :meth:`RunMetrics.to_json`, in order (the ``tune parse-log --json`` contract).
 JSON_KEYS = (
@@ -52,6 +57,9 @@ class RunMetrics:
     """Megatron's own "Theoretical memory footprints" total (or weight+optimizer) in GiB."""
     reason: str | None = None
     """One line saying why the outcome is not ok (the OOM message, the bad flag, ...)."""
+    needs: Need | None = None
+    """What the log needs besides itself to give a step time, where that is why it gave none
+    (:data:`Need`; a study always gives it, ``tune parse-log`` only when told)."""
 
     def to_json(self, file: str) -> dict[str, Any]:
         """The ``tune parse-log --json`` object for this log, read from ``file``."""
@@ -83,6 +91,8 @@ class StepSummary:
     no_step_time: str | None = None
     """Why the step records measure nothing, where a record printed its step time and the
     figure was not a number above zero (``elapsed time per iteration (ms): nan``)."""
+    needs: Need | None = None
+    """:attr:`RunMetrics.needs`."""
 
 
 def warmup_count(n: int, warmup: int | None = None) -> int:

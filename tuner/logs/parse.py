@@ -89,7 +89,7 @@ def parse_chunks(
         found.feed(line)
         titan.feed(line)
         failures.feed(line)
-    chosen = framework or ("deepspeed" if detector.deepspeed else "megatron")
+    chosen = framework or _detected(detector, found, titan)
     # A DeepSpeed engine (deepspeed, megatron-deepspeed) prints its own throughput, timer and
     # memory lines beside the iteration lines: its summary reads both.
     if frameworks.traits(chosen).fsdp2:  # torchtitan logs the max reserved bytes only
@@ -113,7 +113,20 @@ def parse_chunks(
         tflops_includes_recompute=summary.tflops_includes_recompute,
         samples_per_s=summary.samples_per_s, peak_memory_gib=allocated,
         peak_reserved_gib=reserved, theoretical_memory_gib=found.megatron.theoretical_gib,
+        needs=summary.needs if summary.step_time_s is None else None,
     )  # fmt: skip
+
+
+def _detected(
+    detector: _Detector, found: deepspeed.DeepSpeedScan, titan: torchtitan.TitanScan
+) -> Framework:
+    """The framework a log is of, where the caller did not say: DeepSpeed by its engine's
+    lines, torchtitan by its metric lines (``step: N ... tps: ...``) where no Megatron
+    iteration line is there, else Megatron (``tune parse-log`` of a torchtitan log without
+    ``--framework`` read it as Megatron's and found no step)."""
+    if detector.deepspeed:
+        return "deepspeed"
+    return "torchtitan" if titan.steps and not found.megatron.iterations else "megatron"
 
 
 def parse_log(
@@ -239,9 +252,10 @@ def parse_log_file(
     exit_codes: Sequence[int | None] = (),
     timed_out: bool = False,
     global_batch_size: int | None = None,
+    step_tokens: float | None = None,
 ) -> RunMetrics:
     """:func:`parse_log` on a file's contents; :class:`ParseError` when it cannot be read."""
     return parse_log_files(
         [path], framework, warmup, exit_codes=exit_codes, timed_out=timed_out,
-        global_batch_size=global_batch_size,
+        global_batch_size=global_batch_size, step_tokens=step_tokens,
     )  # fmt: skip

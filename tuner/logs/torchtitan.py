@@ -137,6 +137,9 @@ def summarise(
         tflops_includes_recompute=False,  # num_flops_per_token: model FLOPs (6N + attention)
         diverged=None if bad is None else f"loss is {bad.loss} at step {bad.step}",
         no_step_time=None if times else _unmeasured(steps, step_tokens),
+        needs="step_tokens"
+        if steps and not step_tokens and all(s.measured() for s in steps)
+        else None,
     )
 
 

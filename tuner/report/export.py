@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from tuner.launch.templates import TemplateRenderer, deepspeed_config
 from tuner.layout import EXPORT_KINDS, ExportPaths, ResultsLayout, folder_problem
 from tuner.logs.versions import tuner_version, versions_in_logs
 from tuner.outcome import Outcome
+from tuner.report import units
 from tuner.report.leaderboard import (
     SHOWN_ATTRS,
     best_trial,
@@ -204,8 +205,14 @@ def emit_best(
 # ----------------------------------------------------------------------------- the header
 
 
-def _figure(value: Any, fmt: str, unit: str) -> str | None:
-    return None if value is None else f"{value:{fmt}}{unit}"
+def _figure(value: Any, form: Callable[[float], str], unit: str) -> str | None:
+    """``value`` in ``form`` (one of :mod:`tuner.report.units`, the tables' formats) and its
+    ``unit``; None when the trial recorded none."""
+    return None if value is None else f"{form(value)}{unit}"
+
+
+def _share(value: float) -> str:
+    return f"{units.percent(value)}%"
 
 
 def header(
@@ -217,13 +224,13 @@ def header(
     m, p = record.measured, record.predicted
     which = "the fastest measured trial" if record.best else "chosen with --trial"
     measure = STEP_MEASURES.get(str(m.get("step_measure")), "median")
-    got = [_figure(m["measured_step_s"], ".4g", f" s/step ({measure})"),
-           _figure(m["tokens_per_s"], ",.0f", " tokens/s"),
-           _figure(m["tflops_per_gpu"], ".4g", " TFLOP/s per GPU"),
-           _figure(m["mfu"], ".1%", " MFU"),
-           _figure(m["measured_peak_gib"], ".3g", " GiB peak allocated")]  # fmt: skip
-    want = [_figure(p["predicted_step_s"], ".4g", " s/step"),
-            _figure(p["predicted_peak_gib"], ".3g", " GiB peak")]  # fmt: skip
+    got = [_figure(m["measured_step_s"], units.seconds, f" s/step ({measure})"),
+           _figure(m["tokens_per_s"], units.rate, " tokens/s"),
+           _figure(m["tflops_per_gpu"], units.tflops, " TFLOP/s per GPU"),
+           _figure(m["mfu"], _share, " MFU"),
+           _figure(m["measured_peak_gib"], units.gib, " GiB peak allocated")]  # fmt: skip
+    want = [_figure(p["predicted_step_s"], units.seconds, " s/step"),
+            _figure(p["predicted_peak_gib"], units.gib, " GiB peak")]  # fmt: skip
     software = ", ".join([f"tuner {tuner_version()}"]
                          + [f"{k} {v}" for k, v in record.versions.items()])  # fmt: skip
     if not record.versions:
@@ -260,7 +267,7 @@ def _proxy_line(record: TrialRecord, nodes: int) -> list[str]:
     m = record.measured
     if not record.proxy:
         return []
-    ran = _figure(m["proxy_step_s"], ".4g", " s/step") or "its step"
+    ran = _figure(m["proxy_step_s"], units.seconds, " s/step") or "its step"
     return [f"Measured as a proxy: trial {record.trial} ran this config at DP {m['proxy_dp']} on "
             f"{m['proxy_nodes']} node(s), {ran}; the step above is that run extrapolated to "
             f"the {nodes} node(s) of this run, where no trial ran it."]  # fmt: skip

@@ -17,6 +17,7 @@ from jinja2 import Environment
 from markupsafe import Markup
 
 from tuner.report import figures as F
+from tuner.report import units
 from tuner.report import views as V
 from tuner.report.data import ReportData
 
@@ -66,7 +67,7 @@ def _summary(data: ReportData) -> Section:
     pairs: list[tuple[str, str]] = []
     if best is not None:  # a figure its logs lack (DeepSpeed's TFLOP/s) is left out, not empty
         figures = [
-            ("tokens/s/GPU", V.fmt(best.tokens_per_s_per_gpu)),
+            ("tokens/s/GPU", V.fmt_rate(best.tokens_per_s_per_gpu)),
             ("TFLOP/s/GPU", V.fmt(best.tflops_per_gpu)),
             ("MFU", V.pct(best.mfu)),
         ]
@@ -76,7 +77,7 @@ def _summary(data: ReportData) -> Section:
             ("full launch script",
              f"tune best {data.spec.command_args(data.results)} --emit script"),
             *((k, v) for k, v in figures if v),
-            ("measured step", f"{V.fmt(best.measured_step_s)} s"),
+            ("measured step", f"{V.fmt_s(best.measured_step_s)} s"),
         ]  # fmt: skip
     if first is not None:
         gap = ""
@@ -88,8 +89,8 @@ def _summary(data: ReportData) -> Section:
         pairs.append(("model's first pick", f"trial {first.number}: {first.label}{gap}"))
     counts = ", ".join(f"{k} {v}" for k, v in data.outcome_counts().items()) or "none"
     pairs += [("trials by outcome", counts),
-              ("search wall time", f"{data.wall_s / 3600:.3g} h ({data.wall_s:.0f} s)"),
-              ("GPU-hours spent", f"{data.gpu_hours:.4g}")]  # fmt: skip
+              ("search wall time", units.duration(data.wall_s)),
+              ("GPU-hours spent", units.gpu_hours(data.gpu_hours))]  # fmt: skip
     note = "" if best is not None else "No trial has measured a step time yet."
     return Section("summary", "Summary", tables=[_kv(pairs)], note=note)
 

@@ -23,7 +23,7 @@ from tuner.layout import ResultsLayout
 from tuner.report.data import ReportData, TrialRow
 from tuner.report.figures import OUTCOME_COLOURS
 from tuner.report.shown import MAX_POINTS
-from tuner.report.units import gib, switch
+from tuner.report.units import duration, gib, gpu_hours, rate, seconds, switch
 from tuner.spec.pipeline_split import EVEN
 
 LOG_TAIL_LINES = 25
@@ -52,6 +52,34 @@ def fmt(value: float | None, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return f"{value:.{digits}g}"
+
+
+def fmt_rate(value: float | None) -> str:
+    """Tokens/s for a table cell or card (:func:`tuner.report.units.rate`, the terminal tables'
+    ``16,384``, not ``1.638e+04``); empty when missing or no figure."""
+    if value is None or not math.isfinite(value):
+        return "" if value is None or math.isnan(value) else str(value)
+    return rate(value)
+
+
+def fmt_s(value: float | None) -> str:
+    """Seconds for a table cell (:func:`tuner.report.units.seconds`, the terminal tables'
+    format: never in exponent form); empty when missing."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return seconds(value)
+
+
+def config_words(label: str) -> str:
+    """A config's spelling for a table cell, escaped: each token (``tp4``, ``reshard-always``)
+    kept whole, so the cell wraps between tokens, never inside one (``reshard-`` /
+    ``always`` at a hyphen, ``tp`` / ``4`` where the page breaks words anywhere)."""
+    return _tokens(label)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _tokens(label: str) -> str:
+    return " ".join(f"<span>{_e(word)}</span>" for word in label.split())
 
 
 def fmt_gib(value: float | None) -> str:
@@ -125,8 +153,9 @@ def cards(data: ReportData) -> Markup:
     best, first = data.best, data.first_pick
     out: list[tuple[str, str, str]] = []
     if best is not None:
-        out.append(("best tokens/s/GPU", fmt(best.tokens_per_s_per_gpu), f"trial {best.number}"))
-        out.append(("best MFU", pct(best.mfu) or "n/a", f"step {fmt(best.measured_step_s)} s"))
+        out.append(("best tokens/s/GPU", fmt_rate(best.tokens_per_s_per_gpu),
+                    f"trial {best.number}"))  # fmt: skip
+        out.append(("best MFU", pct(best.mfu) or "n/a", f"step {fmt_s(best.measured_step_s)} s"))
         if first is not None and first.ok and first.tokens_per_s_per_gpu:
             gain = (best.tokens_per_s_per_gpu or 0) / first.tokens_per_s_per_gpu - 1
             out.append(
@@ -136,7 +165,7 @@ def cards(data: ReportData) -> Markup:
     ok = sum(r.ok for r in data.rows)
     failed = sum(r.failed for r in data.rows)
     out.append(("trials launched", str(launched), f"{ok} measured, {failed} failed"))
-    out.append(("GPU-hours spent", f"{data.gpu_hours:.3g}", f"{data.wall_s / 3600:.2g} h wall"))
+    out.append(("GPU-hours spent", gpu_hours(data.gpu_hours), f"{duration(data.wall_s)} wall"))
     html_cards = "".join(
         f'<div class="card"><div class="label">{_e(a)}</div><div class="value">{_e(b)}</div>'
         f'<div class="sub">{_e(c)}</div></div>'
@@ -202,9 +231,9 @@ def leaderboard(data: ReportData) -> Markup:
         )
         cells = [
             str(r.number), badge(r.outcome),
-            f'<span class="config" title="{_e(r.key)}">{_e(r.label)}</span>',
-            fmt(r.tokens_per_s_per_gpu), pct(r.mfu), fmt(r.measured_step_s) + proxy_mark(r),
-            fmt(r.predicted_step_s), fmt_gib(r.measured_peak_gib), fmt_gib(r.predicted_peak_gib),
+            f'<span class="config" title="{_e(r.key)}">{config_words(r.label)}</span>',
+            fmt_rate(r.tokens_per_s_per_gpu), pct(r.mfu), fmt_s(r.measured_step_s) + proxy_mark(r),
+            fmt_s(r.predicted_step_s), fmt_gib(r.measured_peak_gib), fmt_gib(r.predicted_peak_gib),
             _e(reason), f'<a href="#trial-{r.number}">view</a>',
         ]  # fmt: skip
         tds = "".join(f"<td>{c}</td>" for c in cells)
@@ -286,7 +315,7 @@ def _view_head(row: TrialRow, memory: str, time: str) -> str:
         f"<p><b>reason</b>: {_e(row.reason or 'none')}</p>"
         f"<p><b>predicted memory</b>: {memory or 'n/a'}</p>"
         f"<p><b>predicted step (s)</b>: {_e(time) or 'n/a'}</p>"
-        f"<p><b>measured</b>: step {fmt(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
+        f"<p><b>measured</b>: step {fmt_s(row.measured_step_s) or 'n/a'} s{proxy_mark(row)}, peak "
         f"{fmt_gib(row.measured_peak_gib) or 'n/a'} GiB</p>"
     )
 
@@ -327,7 +356,7 @@ def _predicted_words(data: ReportData, row: TrialRow) -> tuple[str, str]:
     if worst is not None:
         memory = ", ".join(f"{k} {gib(v)}" for k, v in worst.parts.items())
         memory = f"{_e(worst.label)}: {_e(memory)} GiB"
-    time = ", ".join(f"{k} {v:.3g}" for k, v in parts.items() if abs(v) > 1e-9)
+    time = ", ".join(f"{k} {seconds(v)}" for k, v in parts.items() if abs(v) > 1e-9)
     data.view_words[key] = (memory, time)
     return data.view_words[key]
 
@@ -339,7 +368,7 @@ def _screened_words(row: TrialRow) -> tuple[str, str]:
     study measured (about 600 at 10,000 trials)."""
     where = f" ({row.predicted_peak_where})" if row.predicted_peak_where else ""
     peak = fmt_gib(row.predicted_peak_gib)
-    step = fmt(row.predicted_step_s)
+    step = fmt_s(row.predicted_step_s)
     return (_e(f"peak {peak} GiB{where}, as screened") if peak else "",
             f"{step}, as screened" if step else "")  # fmt: skip
 
@@ -382,16 +411,16 @@ def side_by_side(data: ReportData) -> Markup:
         values = [knob(getattr(r.config, k, "")) if r.config else "" for r in top]
         rows.append((k, values))
     rows += [
-        ("tokens/s/GPU", [fmt(r.tokens_per_s_per_gpu) for r in top]),
+        ("tokens/s/GPU", [fmt_rate(r.tokens_per_s_per_gpu) for r in top]),
         ("MFU", [pct(r.mfu) for r in top]),
-        ("step s (measured)", [fmt(r.measured_step_s) for r in top]),
-        ("step s (predicted)", [fmt(r.predicted_step_s) for r in top]),
+        ("step s (measured)", [fmt_s(r.measured_step_s) for r in top]),
+        ("step s (predicted)", [fmt_s(r.predicted_step_s) for r in top]),
         ("peak GiB (measured)", [fmt_gib(r.measured_peak_gib) for r in top]),
         ("peak GiB (predicted)", [fmt_gib(r.predicted_peak_gib) for r in top]),
     ]
     names = sorted({k for r in top for k, v in data.breakdowns(r)[1].items() if abs(v) > 1e-9})
     for name in names:
-        rows.append((f"predicted {name} s", [fmt(data.breakdowns(r)[1].get(name)) for r in top]))
+        rows.append((f"predicted {name} s", [fmt_s(data.breakdowns(r)[1].get(name)) for r in top]))
     head = "<th></th>" + "".join(
         f'<th><a href="#trial-{r.number}">trial {r.number}</a></th>' for r in top
     )

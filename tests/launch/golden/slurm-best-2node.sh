@@ -3,7 +3,7 @@
 # Config: tp4 pp1 dp4 sp mbs1 ga16 distopt
 # Config key: tp=4,pp=1,cp=1,dp=4,vp=1,sp=1,mbs=1,gbs=64,recompute=none,distopt=1,zero=0
 # Framework: megatron, template megatron_gpt; 2 node(s) x 8 GPUs per node.
-# Measured by trial 1 over 30 iterations (the first 5 skipped): 2 s/step (median), 131,072
+# Measured by trial 1 over 30 iterations (the first 5 skipped): 2.000 s/step (median), 131,072
 #   tokens/s.
 # Predicted: nothing recorded.
 # Software: tuner VERSION (the trial's logs name no framework version).
