@@ -54,8 +54,11 @@ def export(nnodes: int, **kind: bool) -> str:
     return launch_script(["header"], scripts, MasterSources())
 
 
-def run(text: str, rank: int, tmp_path: Path) -> tuple[list[str], str]:
-    """The argv torchrun got and the script's stdout, for node ``rank``."""
+def run(
+    text: str, rank: int, tmp_path: Path, extra: dict[str, str] | None = None
+) -> tuple[list[str], str]:
+    """The argv torchrun got and the script's stdout, for node ``rank`` (``extra``: more
+    environment)."""
     import json
 
     bin_dir = tmp_path / "bin"
@@ -66,7 +69,7 @@ def run(text: str, rank: int, tmp_path: Path) -> tuple[list[str], str]:
     script.write_text(text)
     record = tmp_path / "argv.json"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "NODE_RANK": str(rank), "MASTER_ADDR": "10.0.0.7",
-           "RECORD": str(record)}  # fmt: skip
+           "RECORD": str(record), **(extra or {})}  # fmt: skip
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -118,3 +121,23 @@ def test_nodes_that_differ_in_more_than_words_keep_a_function_each(
             assert out == f"starting node {rank} now\n"
         else:
             assert out == ("first\n" if rank == 0 else "")
+
+
+def test_the_master_port_is_the_studys_unless_master_port_is_set(tmp_path: Path) -> None:
+    """The trials' port may be taken where the full run starts (a run still up, another job):
+    ``MASTER_PORT`` overrides it, as it does the address; unset, the study's port; a port
+    option at another number (a template's own) is left as rendered."""
+    scripts = [
+        node_script(k, 2).replace(
+            "  pretrain_gpt.py", "  --master_port 29500 \\\n  pretrain_gpt.py --other-port 29500"
+        )
+        for k in range(2)
+    ]
+    text = launch_script(["header"], scripts, MasterSources(port=29500))
+    for extra, want in (({}, "29500"), ({"MASTER_PORT": "31337"}, "31337")):
+        argv, _ = run(text, 1, tmp_path, extra)
+        assert argv[argv.index("--master_port") + 1] == want
+        assert argv[argv.index("--other-port") + 1] == "29500"
+    other = launch_script(["header"], scripts, MasterSources(port=6000))
+    argv, _ = run(other, 0, tmp_path, {"MASTER_PORT": "31337"})
+    assert argv[argv.index("--master_port") + 1] == "29500"

@@ -1,16 +1,18 @@
 """The exported launch script of a full run (``tune best``): pure text, no I/O.
 
 A trial's node scripts are rendered with the hosts and the master address of that trial; a full
-run starts later, on nodes the tuner may never see. So the exported script decides both when it
+run starts later, on nodes the tuner may never see. So the exported script decides these when it
 runs: this node's rank (``NODE_RANK``, else ``SLURM_NODEID`` inside a Slurm job, else 0 when the
-run has one node) and the master address (``MASTER_ADDR``, else the first node of the Slurm
+run has one node), the master address (``MASTER_ADDR``, else the first node of the Slurm
 allocation, else the first host of ``$HOSTFILE``, else the study's first SSH node, else loopback
-for one node). The node scripts are the study's template rendered with
-:data:`~tuner.launch.slurm_script.MASTER_PLACEHOLDER` for the address, which is replaced here by
-the variable the script resolved. The node scripts become one shell function, with a table of the
-words that differ between nodes (the rank), so the export is one self-contained file whose length
-does not grow with the nodes; a template whose nodes differ in more than words gets one function
-per node.
+for one node) and the master port (``MASTER_PORT``, else the study's ``launch.master_port``: the
+trials' port may be taken where the full run starts, and torchrun reads ``MASTER_PORT`` only
+when no ``--master_port`` is given, so the rendered option reads it). The node scripts are the
+study's template rendered with :data:`~tuner.launch.slurm_script.MASTER_PLACEHOLDER` for the
+address, which is replaced here by the variable the script resolved. The node scripts become one
+shell function, with a table of the words that differ between nodes (the rank), so the export is
+one self-contained file whose length does not grow with the nodes; a template whose nodes differ
+in more than words gets one function per node.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class MasterSources:
 
     study_host: str | None = None
     """The address an SSH study's trials used for its first node (its ssh config HostName)."""
+    port: int | None = None
+    """The study's ``launch.master_port``: the port when ``MASTER_PORT`` is unset; None leaves
+    the rendered port in place."""
 
 
 def comment_block(lines: Sequence[str], width: int = 96) -> list[str]:
@@ -102,12 +107,28 @@ def _master_lines(nnodes: int, sources: MasterSources) -> list[str]:
         "MASTER_ADDR=$(tuner_master_addr)",
         "export MASTER_ADDR",
     ]
+    if sources.port is not None:
+        out += [f"MASTER_PORT=${{MASTER_PORT:-{sources.port}}}", "export MASTER_PORT"]
     return out
 
 
-def runtime_master(script: str) -> str:
-    """A node script rendered with the placeholder address, reading ``$MASTER_ADDR`` instead."""
-    return script.replace(MASTER_PLACEHOLDER, '"${MASTER_ADDR}"')
+PORT_FLAG = re.compile(r"(--master[_-]port)(=|[ \t]+)(?:'(\d+)'|(\d+))(?=[ \t]|$)", re.M)
+"""torchrun's port option with a number, as a template renders it (``--master_port 29500``,
+``--master-port='29500'``)."""
+
+
+def runtime_master(script: str, port: int | None = None) -> str:
+    """A node script rendered with the placeholder address, reading ``$MASTER_ADDR`` instead;
+    with ``port``, torchrun's port option at that number reads ``$MASTER_PORT``."""
+    script = script.replace(MASTER_PLACEHOLDER, '"${MASTER_ADDR}"')
+    if port is None:
+        return script
+
+    def _port(m: re.Match[str]) -> str:
+        number = m.group(3) or m.group(4)
+        return f'{m.group(1)}{m.group(2)}"${{MASTER_PORT}}"' if int(number) == port else m[0]
+
+    return PORT_FLAG.sub(_port, script)
 
 
 SAFE_WORD = re.compile(r"[A-Za-z0-9_.,:/=@%+-]+")
@@ -123,8 +144,8 @@ class _Folded:
     columns: list[list[str]]
 
 
-def _strip_shebang(script: str) -> str:
-    body = runtime_master(script)
+def _strip_shebang(script: str, port: int | None) -> str:
+    body = runtime_master(script, port)
     if body.startswith("#!"):
         body = body.split("\n", 1)[1] if "\n" in body else ""
     return body.rstrip("\n")
@@ -184,11 +205,11 @@ def _fold(bodies: Sequence[str]) -> _Folded | None:
     return _Folded(out, columns)
 
 
-def _node_lines(node_scripts: Sequence[str]) -> list[str]:
+def _node_lines(node_scripts: Sequence[str], port: int | None) -> list[str]:
     """The nodes' scripts as shell code that runs node ``$rank``'s: one function and a table of
     what differs per node, or (a template whose nodes differ in more than words) one function
     per node."""
-    bodies = [_strip_shebang(script) for script in node_scripts]
+    bodies = [_strip_shebang(script, port) for script in node_scripts]
     folded = _fold(bodies)
     if folded is None:
         out, cases = [], []
@@ -215,5 +236,9 @@ def launch_script(
     and master address found at run time, then node ``rank``'s rendered script."""
     nnodes = len(node_scripts)
     out = ["#!/usr/bin/env bash", *comment_block(header), "set -euo pipefail"]
-    out += _rank_lines(nnodes) + _master_lines(nnodes, sources) + _node_lines(node_scripts)
+    out += (
+        _rank_lines(nnodes)
+        + _master_lines(nnodes, sources)
+        + _node_lines(node_scripts, sources.port)
+    )
     return "\n".join(out) + "\n"

@@ -292,7 +292,7 @@ def _render_run(
     for name, content in rendered.files.items():
         write_atomic(files_dir / name, content)
         written.append(files_dir / name)
-    sources = MasterSources(study_host=_trials_master(spec))
+    sources = MasterSources(study_host=_trials_master(spec), port=spec.launch.master_port)
     lines = header(record, spec, len(rendered.scripts), script.name)
     text = launch_script(lines, rendered.scripts, sources)
     return text, written
