@@ -105,6 +105,8 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("utf16", base_text().encode("utf-16"), "not UTF-8 text"),
     ("empty-file", "", "must be a mapping of sections"),
     ("top-level-list", "- a\n- b\n", "must be a mapping of sections"),
+    ("two-documents", base_text() + "---\nname: other\n",  # was "but found another document"
+     "expected a single document in the stream, but found another document at line"),
     ("unclosed-bracket", "name: [unclosed\n", "at line"),
     ("tab-indent", "cluster:\n\tgpu: x\n", "at line 2 (a tab: write spaces there)"),
     ("tab-in-flow", "name: x\nspace: {tp: [1,\n\t2]}\n", "at line 3 (a tab: write spaces there)"),

@@ -103,6 +103,9 @@ def read_yaml(path: Path, what: str, shown: str | None = None) -> object:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
+        context = getattr(exc, "context", None)
+        if problem.startswith("but ") and context:  # "but found another document": of what
+            problem = f"{context}, {problem}"
         if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
             where += " (a tab: write spaces there)"
         raise ConfigError(f"{problem}{where}", file=file) from None
