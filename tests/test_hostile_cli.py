@@ -226,6 +226,20 @@ def test_an_output_encoding_without_the_characters_tune_prints_is_no_traceback(
     assert "known to \\xb12%" in done.stdout
 
 
+def test_the_c_locale_without_utf8_mode_is_no_traceback(tmp_path: Path) -> None:
+    """``LC_ALL=C`` with UTF-8 mode and locale coercion off (``PYTHONUTF8=0``,
+    ``PYTHONCOERCECLOCALE=0``): Python writes ASCII with ``surrogateescape``, which the ``±``
+    of ``tune space`` failed as well, a UnicodeEncodeError's traceback, exit 1."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LC_ALL": "C", "LANG": "C",
+           "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}  # fmt: skip
+    env.pop("PYTHONIOENCODING", None)
+    done = subprocess.run([sys.executable, "-m", "tuner.cli.main", "space", "--study", "demo"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True,
+                          encoding="utf-8", errors="replace", timeout=HANG_GUARD_S)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert "known to \\xb12%" in done.stdout
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 @pytest.mark.parametrize("emit", ["script", "ds-config", "args"])
 def test_an_export_interrupted_mid_write_leaves_the_last_one_whole(

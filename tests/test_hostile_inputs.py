@@ -105,6 +105,8 @@ BAD_STUDIES: list[tuple[str, Study, str]] = [
     ("utf16", base_text().encode("utf-16"), "not UTF-8 text"),
     ("empty-file", "", "must be a mapping of sections"),
     ("top-level-list", "- a\n- b\n", "must be a mapping of sections"),
+    ("two-documents", base_text() + "---\nname: other\n",  # was "but found another document"
+     "expected a single document in the stream, but found another document at line"),
     ("unclosed-bracket", "name: [unclosed\n", "at line"),
     ("tab-indent", "cluster:\n\tgpu: x\n", "at line 2 (a tab: write spaces there)"),
     ("tab-in-flow", "name: x\nspace: {tp: [1,\n\t2]}\n", "at line 3 (a tab: write spaces there)"),
@@ -426,6 +428,11 @@ BAD_CLUSTER_FILES: list[tuple[str, str, SavedFile, str]] = [
      created="yesterday")), "created is not an ISO 8601 time with its zone: 'yesterday'"),
     ("profile-created-no-zone", "profile", _edited(_profile_data, lambda d: d.update(
      created="2026-01-01T00:00:00")), "created is not an ISO 8601 time with its zone"),
+    # cut short: "not YAML: while parsing a flow node", the context alone, no problem, no line
+    ("profile-cut-short", "profile", b"gemm: [", "not YAML: expected the node content, but "
+     "found '<stream end>' at line 1"),
+    ("calibration-cut-short", "calibration", b"observations: [",
+     "not YAML: did not find expected node content at line 2"),
     ("calibration-not-utf8", "calibration", b"cluster: \xff\n", "not UTF-8 text (byte 0xff"),
     ("calibration-deep-nesting", "calibration", b"x: " + b"[" * 3000, "not YAML"),
     ("calibration-a-fifo", "calibration", os.mkfifo, "calibration file: not a regular file"),

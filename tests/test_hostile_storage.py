@@ -206,3 +206,52 @@ def test_a_trial_whose_folder_cannot_be_made_runs_again_not_running_for_ever(
     (trial,) = optuna.load_study(study_name="e2e", storage=layout.storage_url).trials
     assert trial.state == optuna.trial.TrialState.FAIL  # FAIL: queued again on resume
     assert trial.user_attrs["outcome"] == "interrupted"
+
+
+DAMAGED_LEASES = [
+    ('{"study\\nhost:n1": {"resource": "host:n1", "hol', "Unterminated string"),  # cut short
+    ("[1, 2]", "not a JSON object of leases"),
+    ("null", "not a JSON object of leases"),
+    ('{"x": 5}', "'x' is no lease"),
+    ('{"e2e\\nhost:n1": {"resource": "host:n1", "holder": "w", "renewed_at": "soon"}}',
+     "'e2e\\nhost:n1' is no lease"),
+    ("caf\xe9", "can't decode byte 0xe9"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("content", "words"), DAMAGED_LEASES, ids=[
+    "cut-short", "a-list", "null", "no-lease", "a-time-that-is-text", "not-utf8"])  # fmt: skip
+def test_a_damaged_journal_leases_file_is_one_line_and_exit_2(
+    content: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node leases beside a journal storage (``FILE.leases``), damaged: a worker killed
+    while it rewrote the file in place left it cut short, and every later ``tune run`` on the
+    study was a JSONDecodeError's (or a TypeError's) traceback, exit 1."""
+    from tests.test_study import SURFACE, study_data, write_study
+
+    study = write_study(tmp_path, study_data(tmp_path, SURFACE, n_trials=1))
+    journal = tmp_path / "j.log"
+    (tmp_path / "j.log.leases").write_bytes(content.encode("latin-1"))
+    argv = ["--quiet", "--storage", f"journal:{journal}", "--results", str(tmp_path / "r"),
+            "run", "--study", str(study)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tune: error: the node leases {journal}.leases cannot be read (")
+    assert words in err and err.count("\n") == 1, err
+
+
+def test_the_journal_leases_file_is_replaced_whole_never_rewritten_in_place(
+    tmp_path: Path,
+) -> None:
+    """Each change was written over the open file (truncate, then write): a kill or a full disk
+    between the two left it cut short (above). Now each change is a new file renamed over the
+    old one, so a reader sees the old leases or the new, whole."""
+    from tuner.layout import ResultsLayout
+    from tuner.study.leases import open_leases
+
+    leases = open_leases(f"journal:{tmp_path / 'j.log'}", ResultsLayout(tmp_path, "s"))
+    leases.claim(["host:n1"], "w1")
+    first = os.stat(tmp_path / "j.log.leases").st_ino
+    leases.claim(["host:n2"], "w1")
+    assert os.stat(tmp_path / "j.log.leases").st_ino != first
+    assert {x.resource for x in leases.held()} == {"host:n1", "host:n2"}

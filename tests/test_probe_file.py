@@ -73,6 +73,8 @@ DAMAGED: list[tuple[str, Callable[[Path], None], str]] = [
     ("a-list", _text(b"- 1\n"), "expected a mapping with a list of rows"),
     ("not-utf8", _text(b"rows: caf\xe9\n"), "not UTF-8 text (byte 0xe9"),
     ("deep-nesting", _text(b"x: " + b"[" * 3000 + b"]" * 3000), "nested too deeply"),
+    ("cut-short", _text(b"rows: ["),  # "while parsing a flow node": no problem, no line
+     "expected the node content, but found '<stream end>' at line 1"),
     ("huge-int-figure", _edited(lambda d: d["rows"][0].update(step_s=10**400)),
      "rows[0].step_s: int too large to convert to float"),
     ("fractional-depth", _edited(lambda d: d["rows"][1].update(depth=1.5)),

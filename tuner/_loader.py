@@ -20,6 +20,7 @@ import functools
 import math
 import operator
 import reprlib
+import sys
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping
@@ -67,6 +68,28 @@ class StrictLoader(yaml.SafeLoader):
 def load_yaml(text: str) -> object:
     """Parse one YAML document with :class:`StrictLoader` (raises ``yaml.YAMLError``)."""
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_problem(exc: BaseException) -> str:
+    """What is wrong with a YAML text, in one line: PyYAML's problem and its line (its first
+    line of text is the context alone, "while parsing a flow node", which says neither), with
+    the context first where the problem is half a sentence ("but found another document");
+    a ValueError's words (an int of 5000 digits); "nested too deeply" for a RecursionError."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        said = (str(exc).splitlines() or ["invalid YAML"])[0]
+        if "integer string conversion" in said:  # Python's words, with its advice to change it
+            return f"a number of more than {sys.get_int_max_str_digits()} digits"
+        return said
+    problem = exc.problem or "invalid YAML"
+    if problem.startswith("but ") and exc.context:
+        problem = f"{exc.context}, {problem}"
+    mark = exc.problem_mark
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
+        where += " (a tab: write spaces there)"
+    return problem + where
 
 
 class NoAliasCLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]

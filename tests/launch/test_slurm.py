@@ -22,9 +22,10 @@ import yaml
 from tests.test_study import SURFACE, standin_processes, study_data, tune, write_study
 from tuner.errors import ConfigError, LaunchError, StudyError
 from tuner.launch import Executor, Job, LaunchRequest
-from tuner.launch.slurm import SlurmExecutor, SlurmJob, job_state, parse_job
+from tuner.launch.slurm import SlurmExecutor, SlurmJob
 from tuner.launch.slurm_alloc import SlurmAllocationExecutor
 from tuner.launch.slurm_script import batch_script, sbatch_argv
+from tuner.launch.slurm_states import job_state, parse_job
 from tuner.layout import ResultsLayout
 from tuner.report.leaderboard import leaderboard
 from tuner.spec.file import study_from_mapping

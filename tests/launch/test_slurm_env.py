@@ -194,3 +194,24 @@ def test_without_words_in_the_output_the_exit_code_decides(tmp_path: Path) -> No
         result = _failed_job(tmp_path / str(output), output).poll()
         assert result is not None and result.exit_codes == (1,)
         assert result.scheduler_verdict is None
+
+
+def test_allocation_steps_get_the_job_s_variables_but_not_an_mpi_launch_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tune run`` as rank 0 of ``srun --mpi=pmix`` inside an allocation (allocation mode):
+    every trial step's srun passed the caller's PMIx, PMI and Open MPI variables to its tasks
+    (srun's default ``--export=ALL``; under ``--mpi=none`` srun sets none of its own over
+    them), so each rank of the trial carried rank 0 of the enclosing step and its PMIx server's
+    address. The steps are the allocation's own: its ``SLURM_*`` stay, and so do the user's
+    MPI settings."""
+    from tuner.launch.slurm import SlurmCommands
+    from tuner.launch.slurm_alloc import SlurmAllocationExecutor
+
+    monkeypatch.setattr(SlurmCommands, "show_job", lambda _self, _id: {"NodeList": "n[1-2]"})
+    monkeypatch.setattr(SlurmCommands, "hostnames", lambda _self, _list: ("n1", "n2"))
+    env = {**USER, **MPI_USER, **ALLOCATION, **LAUNCH}
+    ex = SlurmAllocationExecutor(SlurmSpec(), job_id="4242", env=env)
+    assert ex.commands.env == {**USER, **MPI_USER, **ALLOCATION}
+    outside = {**USER, **MPI_USER, **ALLOCATION, "PMIX_SERVER_TMPDIR": "/x"}  # no launch rank
+    assert SlurmAllocationExecutor(SlurmSpec(), job_id="4242", env=outside).commands.env == outside

@@ -51,6 +51,16 @@ Host bastion
 """
 
 
+def test_a_bracketed_ipv6_node_is_reached_at_its_address(tmp_path: Path) -> None:
+    """``cluster.nodes: ["[::1]"]`` loads (the docs' own example is ``[fe80::1]``), but the
+    brackets went into the connection and the rendezvous: "cannot connect to root@[::1]:22:
+    Name or service not known" at every preflight."""
+    nodes = resolver(tmp_path, "Host v6\n  HostName [fd00::7]\n")
+    assert nodes.node("[::1]").hostname == "::1"
+    assert nodes.node("v6").hostname == "fd00::7"
+    assert nodes.node("::1").hostname == "::1" and nodes.node("gpu-a").hostname == "gpu-a"
+
+
 def test_a_hosts_own_port_wins_over_the_study_port_which_wins_over_22(tmp_path: Path) -> None:
     with_default = resolver(tmp_path, PRECEDENCE_CONFIG, port=2222)
     assert with_default.node("gpu-a").port == 2201  # the host's Port

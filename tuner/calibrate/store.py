@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from tuner._loader import NoAliasCLoader, load_dataclass
+from tuner._loader import NoAliasCLoader, load_dataclass, yaml_problem
 from tuner.config.parallel import ParallelConfig
 from tuner.errors import ConfigError
 from tuner.layout import ClusterLayout, beside, held, write_atomic
@@ -327,8 +327,7 @@ def load_calibration(path: Path, cluster: str) -> Calibration:
     except ConfigError as exc:
         raise ConfigError(exc.reason, file=str(path)) from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
-        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
-        raise ConfigError(f"not YAML: {why}", file=str(path)) from None
+        raise ConfigError(f"not YAML: {yaml_problem(exc)}", file=str(path)) from None
     try:
         if not isinstance(data, Mapping) or not isinstance(data.get("observations") or [], list):
             raise ConfigError("expected a mapping with a list of observations")

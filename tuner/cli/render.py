@@ -9,6 +9,7 @@ footer (``--columns`` picks others), so no cell is ever cut to an ellipsis. Only
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import errno
 import io
@@ -85,14 +86,35 @@ def _size(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
+OUTPUT_ERRORS = "tuner-escape"
+"""The encoding error handler of stdout and stderr (:func:`prepare_output`)."""
+
+
+_SURROGATEESCAPE = codecs.lookup_error("surrogateescape")
+
+
+def _escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """Python's ``surrogateescape`` where it applies (the bytes of a file name that is no
+    text in this locale, written back as they were), ``backslashreplace`` for the rest."""
+    try:
+        return _SURROGATEESCAPE(exc)
+    except UnicodeError:
+        return codecs.backslashreplace_errors(exc)
+
+
+codecs.register_error(OUTPUT_ERRORS, _escape)
+
+
 def prepare_output() -> None:
     """Before anything is printed: :func:`drop_garbage_sizes`, and a character stdout or stderr
     cannot encode (``PYTHONIOENCODING=ascii``, a Latin-1 login node, and the ``±`` of every
-    dry run) written as ``\\xb1`` where it was a UnicodeEncodeError's traceback."""
+    dry run) written as ``\\xb1`` where it was a UnicodeEncodeError's traceback. Python's own
+    ``surrogateescape`` (its choice in the C or POSIX locale without UTF-8 mode: ASCII) fails
+    on such a character too; it is kept for what it can write."""
     drop_garbage_sizes()
     for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
-            stream.reconfigure(errors="backslashreplace")
+        if isinstance(stream, io.TextIOWrapper) and stream.errors in ("strict", "surrogateescape"):
+            stream.reconfigure(errors=OUTPUT_ERRORS)
 
 
 def drop_garbage_sizes(environ: MutableMapping[str, str] = os.environ) -> None:

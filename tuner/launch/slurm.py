@@ -49,12 +49,20 @@ from tuner.launch.slurm_script import (
     sbatch_argv,
 )
 from tuner.launch.slurm_states import (
+    ACTIVE,
+    ENDED,
+    NODE_LOST,
+    QUEUED,
     Accounting,
     failed_before_nodes,
+    job_state,
     never_starts,
+    parse_job,
     pending_reason,
+    run_seconds,
     scheduler_verdict,
     slurm_hint,
+    submitted_job_id,
 )
 from tuner.layout import write_atomic
 from tuner.outcome import Outcome
@@ -62,30 +70,9 @@ from tuner.spec.study import SlurmSpec
 
 logger = logging.getLogger(__name__)
 
-QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"})
-ACTIVE = QUEUED | {"RUNNING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT"}
-NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL"})
-"""Terminal states that are the cluster's fault, not the config's: retried as node errors
-(PREEMPTED is ``interrupted``: the nodes are fine, someone else needed them)."""
 COMMAND_TIMEOUT_S = 60
 QUERY_FAILURES = 30
 """Consecutive failed state queries after which a job is given up as a node error."""
-
-
-def parse_job(text: str) -> dict[str, str]:
-    """``scontrol show job -o ID`` output as key -> value (the first job only)."""
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    fields: dict[str, str] = {}
-    # Values may hold spaces (Command=, WorkDir=, StdOut= with a hostile path): a key starts
-    # where " Key=" begins, keys are CamelCase words (some with ':' or '/').
-    for m in re.finditer(r"(?:^| )([A-Z][A-Za-z:/_]*)=(.*?)(?= [A-Z][A-Za-z:/_]*=|$)", line):
-        fields.setdefault(m.group(1), m.group(2))
-    return fields
-
-
-def job_state(fields: Mapping[str, str]) -> str:
-    """The state word (``CANCELLED by 0`` -> ``CANCELLED``)."""
-    return fields.get("JobState", "UNKNOWN").split()[0]
 
 
 class SlurmCommands:
@@ -114,7 +101,11 @@ class SlurmCommands:
             if "Invalid job id" in err:
                 return None
             raise LaunchError(f"scontrol show job {job_id}: {_tail(err, code)}")
-        return parse_job(out)
+        fields = parse_job(out)
+        if "JobState" not in fields:  # garbage or nothing: asked again, never taken as an end
+            said = out.strip().splitlines()[:1] or ["nothing"]
+            raise LaunchError(f"scontrol show job {job_id} said no JobState: {said[0][:200]!r}")
+        return fields
 
     def hostnames(self, nodelist: str) -> tuple[str, ...]:
         """``n[1-2]`` -> ``("n1", "n2")``."""
@@ -151,18 +142,6 @@ class SlurmCommands:
 
 _JOB_NAME = re.compile(r"tuner-t(\d+)-([0-9a-f]+)")
 """A trial's job name (:func:`~tuner.launch.slurm_script.job_name`)."""
-
-
-def _seconds(text: str) -> float:
-    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; 0 when unreadable."""
-    days, _, clock = text.rpartition("-")
-    parts = clock.split(":")
-    if not all(p.isdigit() for p in parts) or not (days or "0").isdigit():
-        return 0.0
-    total = 0
-    for p in parts:
-        total = total * 60 + int(p)
-    return float(total + int(days or 0) * 86400)
 
 
 def _tail(err: str, code: int) -> str:
@@ -230,7 +209,7 @@ class SlurmExecutor(Executor):
         job = SlurmJob(self, request, token=token)
         job.job_id, job.state, job._fields = ids[0], job_state(fields), fields
         if job.state not in QUEUED:
-            job._running_since = self.clock() - _seconds(fields.get("RunTime", ""))
+            job._running_since = self.clock() - run_seconds(fields.get("RunTime", ""))
             job._started_at = job._running_since  # its duration: Slurm's run time so far
             job.slurm_hosts = self.commands.hostnames(fields.get("NodeList", ""))
         logger.info("%s: re-attached to Slurm job %s (%s)", request.what, ids[0], job.state)
@@ -320,7 +299,12 @@ class SlurmJob(Job):
         code, out, err = self._cmd.run(sbatch_argv(req))
         if code != 0:
             raise LaunchError(f"{req.what}: sbatch refused the job: {_tail(err, code)}")
-        self.job_id = out.strip().split(";")[0]
+        self.job_id = submitted_job_id(out)
+        if self.job_id is None:  # watched as "" was another job; as text, none ("vanished")
+            for job_id in self._cmd.find_jobs(job_name(req, self.token)):
+                self._cmd.cancel(job_id)  # submitted after all: never left running unwatched
+            shown = out.strip().splitlines()[-1:] or ["nothing"]
+            raise LaunchError(f"{req.what}: sbatch printed no job id: {shown[0][:200]!r}")
         self.state = "PENDING"
         logger.info("%s: Slurm job %s submitted", req.what, self.job_id)
 
@@ -382,6 +366,15 @@ class SlurmJob(Job):
             return
         if self.state in ACTIVE:
             self._check_peers(now)
+            return
+        if self.state not in ENDED:  # held, or a state this tune does not know: no end
+            self._verdict = (
+                str(Outcome.INTERRUPTED),
+                f"Slurm job {self.job_id} is "
+                f"{fields.get('JobState', self.state)[:80]}, not an end state",
+            )
+            logger.warning("%s: %s; cancelling it", self._req.what, self._verdict[1])
+            self._kill_all(cancelled=False, timed_out=False)
             return
         record = self._accounting = self._ex.accounting.final(self.job_id, fields)
         raw = record.get("State", fields.get("JobState", self.state))

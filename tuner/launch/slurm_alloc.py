@@ -21,7 +21,13 @@ from typing import IO, Any
 from tuner.errors import LaunchError, NodeError, StudyError
 from tuner.launch.base import PROCESS_SCRIPT, Executor, LaunchRequest, NodeProcess
 from tuner.launch.slurm import SlurmCommands, SlurmExecutor
-from tuner.launch.slurm_env import ALLOCATION_MARKERS, enclosing_job_variables, launch_rank
+from tuner.launch.slurm_env import (
+    ALLOCATION_MARKERS,
+    enclosing_job_variables,
+    launch_rank,
+    launch_variables,
+    step_env,
+)
 from tuner.spec.study import SlurmSpec
 
 logger = logging.getLogger(__name__)
@@ -91,6 +97,9 @@ class SlurmAllocationExecutor(Executor):
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
         self.job_id = job_id
+        base = os.environ if env is None else env
+        if launch_variables(base):  # the steps' tasks take none of an enclosing MPI launch's
+            env = step_env(base)
         self.commands = SlurmCommands(env)
         fields = self.commands.show_job(job_id)
         if fields is None:

@@ -1,4 +1,4 @@
-"""The environment the Slurm commands of submit mode run with: none of an enclosing job's own.
+"""The environment the Slurm commands run with: none of an enclosing job's or MPI launch's own.
 
 ``tune run`` started inside an allocation (``salloc``, ``srun --pty bash``, a batch script) has
 that job's variables in its environment: Slurm sets them there for the ``srun`` calls of *that*
@@ -17,6 +17,12 @@ PMIx takes itself for that rank of the enclosing launch and reaches for its serv
 trial's srun sets its own plugin's variables for each task, none under ``--mpi=none``). mpirun
 clears its own for what it starts (Open MPI ``orted_submit.c``: ``OMPI_MCA_ess``,
 ``OMPI_MCA_pmix``; PRRTE launches without ``PMIX_*``); submit mode runs without any of them.
+
+Allocation mode keeps the job's ``SLURM_*`` (its steps are steps of that job, and srun reads
+them as such) but drops the launch's variables too: a step's tasks get the caller's whole
+environment (srun(1) ``--export``: ALL is the default) and, under ``--mpi=none`` (the default:
+"No special MPI processing"), srun sets no PMI or PMIx variable of its own over them, so every
+rank of a trial's step would carry the enclosing launch's rank, size and server address.
 """
 
 from __future__ import annotations
@@ -88,6 +94,20 @@ def enclosing_job_variables(env: Mapping[str, str]) -> list[str]:
                                               and name not in CLIENT_INPUTS)))
         or (launch and _launch_variable(name))
     )  # fmt: skip
+
+
+def launch_variables(env: Mapping[str, str]) -> list[str]:
+    """The names of ``env`` that are the enclosing MPI launch's (none outside one)."""
+    if launch_rank(env) is None:
+        return []
+    return sorted(name for name in env if _launch_variable(name))
+
+
+def step_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the enclosing MPI launch's variables, its ``SLURM_*`` kept: what the
+    job steps of allocation mode run with (``env`` itself outside a launch)."""
+    drop = set(launch_variables(env))
+    return {k: v for k, v in env.items() if k not in drop}
 
 
 def submit_env(env: Mapping[str, str]) -> dict[str, str]:

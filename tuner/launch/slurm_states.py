@@ -32,9 +32,48 @@ logger = logging.getLogger(__name__)
 Run = Callable[[Sequence[str]], tuple[int, str, str]]
 """Runs one Slurm client command: argv -> (exit code, stdout, stderr)."""
 
+QUEUED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED"})
+ACTIVE = QUEUED | {"RUNNING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT"}
+NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+"""Terminal states that are the cluster's fault, not the config's: retried as node errors
+(PREEMPTED is ``interrupted``: the nodes are fine, someone else needed them)."""
+ENDED = NODE_LOST | {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "DEADLINE",
+                     "OUT_OF_MEMORY", "PREEMPTED"}  # fmt: skip
+"""The states in which a job has ended (squeue(1), "JOB STATE CODES"). Any other that is not
+:data:`ACTIVE` (``RESV_DEL_HOLD``, ``SPECIAL_EXIT``: held, and run unwatched once released;
+``REQUEUE_FED``, ``REVOKED``; a state a later Slurm adds) is no end: the job is cancelled."""
+
 NO_CONFIG = "Could not establish a configuration source"
 """The Slurm commands' words when this machine has no Slurm configuration (no ``slurm.conf``,
 no ``SLURM_CONF``, no configless ``slurmd`` to ask): tune was started off the login nodes."""
+
+
+def parse_job(text: str) -> dict[str, str]:
+    """``scontrol show job -o ID`` output as key -> value (the first job only)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    fields: dict[str, str] = {}
+    # Values may hold spaces (Command=, WorkDir=, StdOut= with a hostile path): a key starts
+    # where " Key=" begins, keys are CamelCase words (some with ':' or '/').
+    for m in re.finditer(r"(?:^| )([A-Z][A-Za-z:/_]*)=(.*?)(?= [A-Z][A-Za-z:/_]*=|$)", line):
+        fields.setdefault(m.group(1), m.group(2))
+    return fields
+
+
+def job_state(fields: Mapping[str, str]) -> str:
+    """The state word (``CANCELLED by 0`` -> ``CANCELLED``)."""
+    return fields.get("JobState", "UNKNOWN").split()[0]
+
+
+def run_seconds(text: str) -> float:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) in seconds; 0 when unreadable."""
+    days, _, clock = text.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not (days or "0").isdigit():
+        return 0.0
+    total = 0
+    for p in parts:
+        total = total * 60 + int(p)
+    return float(total + int(days or 0) * 86400)
 
 
 def slurm_hint(line: str) -> str:
@@ -64,6 +103,19 @@ NEVER_STARTS = frozenset({
 """Pending reasons that cannot clear while the job waits as submitted (module docstring)."""
 
 _DOWN = re.compile(r"\bState=\S*(DOWN|DRAIN|FAIL|FUTURE|NOT_RESPONDING)")
+
+
+_SUBMITTED = re.compile(r"(\d+)(?:;\S+)?|Submitted batch job (\d+)(?: on cluster \S+)?")
+"""``sbatch --parsable``'s line (the job id, then ``;cluster`` on a multi-cluster setup), or
+sbatch's line without ``--parsable`` (a site's wrapper that drops it): sbatch(1)."""
+
+
+def submitted_job_id(stdout: str) -> str | None:
+    """The job id sbatch printed: on its last non-empty line (a site's wrapper of sbatch may
+    print its own lines first), None when that line names none."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    m = _SUBMITTED.fullmatch(lines[-1]) if lines else None
+    return (m.group(1) or m.group(2)) if m else None
 
 
 def pending_reason(fields: Mapping[str, str]) -> str:

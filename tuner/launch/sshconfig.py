@@ -133,7 +133,7 @@ class SSHResolver:
         jump, command = _proxy(found)
         return SSHTarget(
             name=name,
-            hostname=str(found.get("hostname") or name),
+            hostname=_unbracketed(str(found.get("hostname") or name)),
             port=port or self._config_port(name, found) or self.spec.port or 22,
             user=str(user or getpass.getuser()),
             key_files=tuple(os.path.expanduser(k) for k in keys),
@@ -197,6 +197,14 @@ def parse_hop(hop: str) -> tuple[str | None, str, int | None]:
     if not host or (port_text and not port_text.isdigit()):
         raise ConfigError(f"bad ProxyJump hop {hop!r}", path="cluster.ssh.config_file")
     return user or None, host, int(port_text) if port_text else None
+
+
+def _unbracketed(host: str) -> str:
+    """``[fe80::1]`` -> ``fe80::1``: a node may be an IPv6 address in brackets (as in a URL), but
+    the brackets are no part of the address a connection is made to or a rendezvous names."""
+    if host.startswith("[") and host.endswith("]") and ":" in host:
+        return host[1:-1]
+    return host
 
 
 def _identity_files(found: dict[str, Any]) -> list[str]:

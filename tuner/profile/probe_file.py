@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from tuner._loader import describe, load_yaml
+from tuner._loader import describe, load_yaml, yaml_problem
 from tuner.errors import ConfigError
 from tuner.layout import write_atomic
 from tuner.profile.probe import ProbeResult, ProbeRow
@@ -156,7 +156,7 @@ def load_probe(path: Path, spec: StudySpec) -> dict[str, Any]:
     except ConfigError as exc:  # not a regular file, not UTF-8
         why = exc.reason
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
-        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
+        why = yaml_problem(exc)
     raise ProfileError(f"malformed framework probe: {why}; {again} measures it again",
                        file=str(path))  # fmt: skip
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from tuner._loader import load_yaml
+from tuner._loader import load_yaml, yaml_problem
 from tuner.errors import ConfigError, LaunchError
 from tuner.layout import ClusterLayout, write_atomic
 from tuner.profile.fields import Malformed, field_of, optional, present, samples, text, utc_time
@@ -360,8 +360,7 @@ def load_profile(path: Path, spec: StudySpec | None = None) -> ClusterProfile:
     except ConfigError as exc:  # not a regular file, not UTF-8
         why = exc.reason
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # [[[[...]]]], 5000 digits
-        nested = isinstance(exc, RecursionError)
-        why = "not YAML: " + ("nested too deeply" if nested else str(exc).splitlines()[0])
+        why = "not YAML: " + yaml_problem(exc)
     else:
         why = _profile_problem(data)
         if why is None and isinstance(data, Mapping):  # the problem's first check, for mypy

@@ -12,7 +12,6 @@ import functools
 import os
 import re
 import shlex
-import sys
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from tuner._loader import load_dataclass, load_yaml
+from tuner._loader import load_dataclass, load_yaml, yaml_problem
 from tuner.errors import ConfigError, UnknownKeyError
 from tuner.spec.bounds import MAX_GPUS_PER_NODE, host_name_problem, listed_twice
 from tuner.spec.model import ModelSpec
@@ -100,19 +99,11 @@ def read_yaml(path: Path, what: str, shown: str | None = None) -> object:
         raise ConfigError(f"a character YAML does not allow ({chr(exc.character)!r}) at line "
                           f"{line}", file=file) from None  # fmt: skip
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        if "'\\t'" in problem:  # PyYAML's words for a tab where an indent or a token starts
-            where += " (a tab: write spaces there)"
-        raise ConfigError(f"{problem}{where}", file=file) from None
+        raise ConfigError(yaml_problem(exc), file=file) from None
     except ConfigError as exc:
         raise ConfigError(exc.reason, file=file) from None
     except (ValueError, RecursionError) as exc:  # an int of 5000 digits, [[[[...]]]] nesting
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        if "integer string conversion" in reason:  # Python's words, with its advice to change it
-            reason = f"a number of more than {sys.get_int_max_str_digits()} digits"
-        raise ConfigError(f"invalid YAML: {reason}", file=file) from None
+        raise ConfigError(f"invalid YAML: {yaml_problem(exc)}", file=file) from None
 
 
 def _read_hostfile(path: Path, yaml_path: str, gpus_per_node: object = None) -> tuple[str, ...]:

@@ -25,7 +25,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tuner.layout import ResultsLayout, held
+from tuner.errors import StudyError
+from tuner.layout import ResultsLayout, held, write_atomic
 from tuner.study.driver import connect_args
 from tuner.study.holder import provably_dead
 from tuner.study.storage import MISSED_BEATS, retrying
@@ -250,26 +251,46 @@ class _SQLBackend(_Backend):
 
 
 class _FileBackend(_Backend):
-    """One JSON file beside the journal, read and rewritten under an exclusive ``flock``."""
+    """One JSON file beside the journal, read and replaced whole under an exclusive ``flock`` of
+    a lock file beside it (the data file is renamed over, so the lock cannot be on it): a worker
+    killed mid-write, or a full disk, left it cut short, and every later command a traceback."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
+        self._lock = path.with_name(path.name + ".lock")
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, dict[str, Any]]]:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        with self._path.open("a+") as f, held(f):
-            f.seek(0)
-            text = f.read()
-            data: dict[str, dict[str, Any]] = json.loads(text) if text.strip() else {}
+        with self._lock.open("a") as f, held(f):
+            data = self._read()
             before = json.dumps(data, sort_keys=True)
             yield data
             after = json.dumps(data, sort_keys=True)
             if after != before:
-                f.seek(0)
-                f.truncate()
-                f.write(after)
-                f.flush()
+                write_atomic(self._path, after)
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        """The leases in the file; a StudyError naming it when it holds no leases."""
+        try:
+            text = self._path.read_text(encoding="utf-8") if self._path.exists() else ""
+            data = json.loads(text) if text.strip() else {}
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object of leases")
+            for key, row in data.items():
+                if not isinstance(row, dict) or "\n" not in key:
+                    raise ValueError(f"{key[:40]!r} is no lease")
+                lease = self._lease(row)
+                if not isinstance(lease.renewed_at, int | float) or not all(
+                    isinstance(v, str) for v in (lease.resource, lease.holder)
+                ):
+                    raise ValueError(f"{key[:40]!r} is no lease")
+        except (OSError, ValueError, TypeError) as exc:
+            raise StudyError(
+                f"the node leases {self._path} cannot be read ({exc}): another program's file, "
+                "or edited; remove it once no worker of the study runs"
+            ) from None
+        return data
 
     @staticmethod
     def _key(study: str, resource: str) -> str:
