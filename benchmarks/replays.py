@@ -30,17 +30,18 @@ searches the same configs:
 Every launch is charged as on the synthetic surfaces: start-up plus the trial's iterations at
 the config's true step, on the group's node count (``search_efficiency.launch_node_hours``).
 
-**The cluster as a profiled one** (``network="profile"``, the default): a user runs ``tune
-profile`` before a study, and the saved profile's collective measurements replace the catalog's
-link rates in the time model (``tuner.profile.rates``). Where the group's rows cite a measured
-inter-node all-reduce bandwidth (``network_measured_gbps_per_node``: BigScience's 135 Gb/s on
-Jean Zay, measured between two nodes), :func:`measured_profile` is the profile that measurement
-makes: an inter-node all-reduce over two whole nodes at that bus bandwidth, with the catalog's
-latency (the source states none) and nothing else measured, so GEMMs, NVLink and memory stay the
-catalog's. The search writes it where ``tune profile`` saves one (``results/clusters/<name>.yaml``)
-and ``build_loop`` reads it as it reads any (``study_rates``): the same rates
-``time_accuracy.py`` prints as the measured link. ``network="catalog"`` writes none: the
-catalog's line rate x NETWORK_BUS_EFFICIENCY, as before.
+**The cluster as a profiled one** (``search_efficiency.py --replay-network profile``, the
+default): a user runs ``tune profile`` before a study, and the saved profile's collective
+measurements replace the catalog's link rates in the time model (``tuner.profile.rates``).
+Where the group's rows cite a measured inter-node all-reduce bandwidth
+(``network_measured_gbps_per_node``: BigScience's 135 Gb/s on Jean Zay, measured between two
+nodes), :func:`measured_profile` is the profile that measurement makes: an inter-node
+all-reduce over two whole nodes at that bus bandwidth, with the catalog's latency (the source
+states none) and nothing else measured, so GEMMs, NVLink and memory stay the catalog's. The
+search writes it where ``tune profile`` saves one (``results/clusters/<name>.yaml``) and
+``build_loop`` reads it as it reads any (``study_rates``): the same rates ``time_accuracy.py``
+prints as the measured link. ``--replay-network catalog`` writes none: the catalog's line rate
+x NETWORK_BUS_EFFICIENCY, as before.
 """
 
 from __future__ import annotations
