@@ -29,6 +29,19 @@ searches the same configs:
 
 Every launch is charged as on the synthetic surfaces: start-up plus the trial's iterations at
 the config's true step, on the group's node count (``search_efficiency.launch_node_hours``).
+
+**The cluster as a profiled one** (``search_efficiency.py --replay-network profile``, the
+default): a user runs ``tune profile`` before a study, and the saved profile's collective
+measurements replace the catalog's link rates in the time model (``tuner.profile.rates``).
+Where the group's rows cite a measured inter-node all-reduce bandwidth
+(``network_measured_gbps_per_node``: BigScience's 135 Gb/s on Jean Zay, measured between two
+nodes), :func:`measured_profile` is the profile that measurement makes: an inter-node
+all-reduce over two whole nodes at that bus bandwidth, with the catalog's latency (the source
+states none) and nothing else measured, so GEMMs, NVLink and memory stay the catalog's. The
+search writes it where ``tune profile`` saves one (``results/clusters/<name>.yaml``) and
+``build_loop`` reads it as it reads any (``study_rates``): the same rates ``time_accuracy.py``
+prints as the measured link. ``--replay-network catalog`` writes none: the catalog's line rate
+x NETWORK_BUS_EFFICIENCY, as before.
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import datetime as dt
 import hashlib
 import importlib.util
 import io
@@ -54,8 +68,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.time_rows import CSV, GPUS, _model, _precision, _sharding  # noqa: E402
 from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import render_launch  # noqa: E402
+from tuner.layout import ClusterLayout  # noqa: E402
 from tuner.models.memory.estimate import GIB  # noqa: E402
-from tuner.space.enumerate import enumerate_space  # noqa: E402
+from tuner.models.rates import catalog_rates  # noqa: E402
+from tuner.profile.run import ClusterProfile, CollectiveSample, save_profile  # noqa: E402
+from tuner.space.enumerate import enumerate_space, study_gpu  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
 
@@ -239,6 +256,53 @@ def surface_table(name: str) -> Path:
     path = Path(tempfile.gettempdir()) / f"tuner-replay-{name}-{digest}.json"
     if not path.exists():
         path.write_text(text + "\n")
+    return path
+
+
+NETWORKS = ("profile", "catalog")
+"""How a replay states its cluster's network: as a cluster profile would measure it (where the
+rows cite a measured figure), or the catalog's figures alone."""
+PROBE_HOSTS = 2
+"""Nodes of the measured all-reduce (BigScience's was between two Jean Zay nodes)."""
+PROBE_MESSAGE_BYTES = (2**26, 2**28, 2**30, 2**32)
+"""Message sizes of the profile's samples (64 MiB-4 GiB, the large end of ``tune profile``'s)."""
+
+
+def measured_profile(spec: StudySpec, name: str, now: dt.datetime | None = None
+                     ) -> ClusterProfile | None:  # fmt: skip
+    """The cluster profile the replay's cited network measurement makes (module docstring), or
+    None where its rows cite none. Each sample is Hockney's line at the measured bus bandwidth
+    and the catalog's inter-node latency: ``tuner.profile.run.ClusterProfile.alpha_beta`` fits
+    both back exactly."""
+    row = rows_of(name)[0]
+    measured = row.get("network_measured_gbps_per_node", "")
+    if not measured:
+        return None
+    precision = spec.training.precision
+    latency = catalog_rates(study_gpu(spec), precision).inter.latency
+    busbw = float(measured) / 8.0 * 1e9  # Gb/s per node -> bytes/s of a ring over whole nodes
+    ranks = PROBE_HOSTS * spec.cluster.gpus_per_node
+    samples = []
+    for size in PROBE_MESSAGE_BYTES:
+        bus = size * 2.0 * (ranks - 1) / ranks  # nccl-tests' all-reduce bus bytes
+        seconds = latency + bus / busbw
+        samples.append(CollectiveSample(
+            op="all_reduce", link="inter", group_size=ranks, ranks=tuple(range(ranks)),
+            bytes=size, samples_s=(seconds,), median_s=seconds, busbw_gbps=bus / seconds / 1e9,
+        ))  # fmt: skip
+    when = (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds")
+    return ClusterProfile(
+        cluster=spec.cluster_name, gpu=spec.cluster.gpu_name, created=when, versions={},
+        hosts=PROBE_HOSTS, world_size=ranks, dtype=precision, gemm=(),
+        collectives=tuple(samples),
+        tool={"source": f"network_measured_gbps_per_node {measured} ({row['group']})"},
+    )  # fmt: skip
+
+
+def save_measured_profile(spec: StudySpec, profile: ClusterProfile, results: Path) -> Path:
+    """Write ``profile`` where ``tune profile`` saves the cluster's (``build_loop`` reads it)."""
+    path = ClusterLayout(Path(results).resolve(), spec.cluster_name).profile_yaml
+    save_profile(profile, path)
     return path
 
 

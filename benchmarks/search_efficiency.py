@@ -111,6 +111,7 @@ from tuner.calibrate.store import record_study  # noqa: E402
 from tuner.config.parallel import ParallelConfig  # noqa: E402
 from tuner.launch import LaunchRequest, render_launch  # noqa: E402
 from tuner.models.memory.estimate import GIB  # noqa: E402
+from tuner.profile.run import ClusterProfile  # noqa: E402
 from tuner.space.cost import trial_cost  # noqa: E402
 from tuner.space.enumerate import enumerate_space, study_gpu  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
@@ -239,6 +240,9 @@ class Truth:
     """Every valid config, its predicted peak and its true step time: what the anchors see."""
     keep: frozenset[str] | None = None
     """The configs a study may launch (a replay's measured configs); None, the whole space."""
+    profile: ClusterProfile | None = None
+    """The cluster profile every search of a replay starts with (``replays.measured_profile``);
+    None: the catalog's figures."""
 
     def good(self, key: str) -> bool:
         """Within 2 % of the best (a config the screen prunes counts too, for the anchors that
@@ -251,12 +255,13 @@ class Truth:
         return sum(self.good(k) for k in self.step)
 
 
-def truth(spec: StudySpec, surface: str) -> Truth:
-    """Evaluate the surface in-process for every valid config (a replay: its measured rows)."""
+def truth(spec: StudySpec, surface: str, network: str = "profile") -> Truth:
+    """Evaluate the surface in-process for every valid config (a replay: its measured rows, its
+    cluster stated as ``network`` says: :data:`replays.NETWORKS`)."""
     import importlib.util
 
     if surface in replays.REPLAYS:
-        return replay_truth(spec, surface)
+        return replay_truth(spec, surface, network)
 
     module_spec = importlib.util.spec_from_file_location("surfaces", SURFACES_PY)
     assert module_spec is not None and module_spec.loader is not None
@@ -292,9 +297,10 @@ def truth(spec: StudySpec, surface: str) -> Truth:
     )  # fmt: skip
 
 
-def replay_truth(spec: StudySpec, name: str) -> Truth:
+def replay_truth(spec: StudySpec, name: str, network: str = "profile") -> Truth:
     """A replay's truth: its measured configs and OOM rows alone make the space
-    (:mod:`benchmarks.replays`)."""
+    (:mod:`benchmarks.replays`); under ``network="profile"`` its searches start from the profile
+    of the cluster's measured link, where the rows cite one."""
     m = replays.measured(spec, name)
     reachable = {k: v for k, v in m.step.items() if k in m.admitted}
     best_key = min(reachable, key=reachable.__getitem__)
@@ -304,6 +310,7 @@ def replay_truth(spec: StudySpec, name: str) -> Truth:
         step=reachable, oom=set(m.oom), falsely_pruned=set(m.step) - m.admitted,
         valid=len(m.configs), best_key=best_key, best_step=reachable[best_key],
         true_best_step=min(m.step.values()), space=space, keep=frozenset(m.configs),
+        profile=replays.measured_profile(spec, name) if network == "profile" else None,
     )  # fmt: skip
 
 
@@ -327,7 +334,7 @@ def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -
     ``until_stop``, on until it stops by itself (its stop rules), counting every launch, and
     its trials are saved to the cluster's calibration as ``tune run`` does at its end."""
     start = time.perf_counter()
-    loop = build_loop(spec, results=str(results), launcher=fast_launcher, keep=t.keep)
+    loop = open_loop(spec, t, results)
     loop.poll_s = 0.0
     first: tuple[int, bool] | None = None
     try:
@@ -354,6 +361,14 @@ def search(spec: StudySpec, t: Truth, results: Path, until_stop: bool = False) -
     values = tuple(float(x.value) if x.values else None for x in order)
     return Outcome(runs, found, ooms, time.perf_counter() - start,
                    len(keys) if until_stop else None, stop, keys, values)  # fmt: skip
+
+
+def open_loop(spec: StudySpec, t: Truth, results: Path) -> StudyLoop:
+    """The real study loop on ``t``'s configs, with the fast launcher; a replay's cluster profile
+    is saved in ``results`` first, where ``tune profile`` puts one (``build_loop`` reads it)."""
+    if t.profile is not None:
+        replays.save_measured_profile(spec, t.profile, results)
+    return build_loop(spec, results=str(results), launcher=fast_launcher, keep=t.keep)
 
 
 def tally(loop: StudyLoop, t: Truth) -> tuple[int, bool, int]:
@@ -560,6 +575,11 @@ def main() -> int:
         action="store_true",
         help="node-hours of tune and the anchors' emulations (issue 33)",
     )
+    parser.add_argument(
+        "--replay-network", choices=replays.NETWORKS, default="profile",
+        help="a replay's network: its cluster profile's measured link where the rows cite one "
+        "(as after tune profile), or the catalog's figures",
+    )  # fmt: skip
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("tuner").setLevel(logging.WARNING)
@@ -571,7 +591,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tuner-eff-") as tmp:
         for space in args.spaces.split(","):
             for surface in args.surfaces.split(","):
-                t = truth(study_from_mapping(study_data(surface, "tune", 0, 1, space)), surface)
+                base = study_from_mapping(study_data(surface, "tune", 0, 1, space))
+                t = truth(base, surface, args.replay_network)
                 print(f"{space}/{surface}: {t.valid} valid configs, {len(t.oom)} really OOM, "
                       f"{len(t.falsely_pruned)} fit but pruned by the memory model; best "
                       f"{t.best_step:.3f} s ({t.best_key}), {t.n_good} within 2 %; the best that "
@@ -628,7 +649,8 @@ def node_hours_main(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tuner-eff-") as tmp:
         for space, surface in studies(args.spaces, args.surfaces):
-            t = truth(study_from_mapping(study_data(surface, "tune", 0, 1, space)), surface)
+            base = study_from_mapping(study_data(surface, "tune", 0, 1, space))
+            t = truth(base, surface, args.replay_network)
             print(f"{space}/{surface}: {t.valid} valid configs, best {t.best_step:.3f} s, "
                   f"{t.n_good} within 2 %", flush=True)  # fmt: skip
             rows += node_hour_rows(surface, space, t, args.seeds, Path(tmp), methods)

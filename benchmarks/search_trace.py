@@ -34,30 +34,32 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.anchors import ANCHORS, deepspeed  # noqa: E402
+from benchmarks.replays import NETWORKS  # noqa: E402
 from benchmarks.search_efficiency import (  # noqa: E402
     Truth,
-    fast_launcher,
     launch_node_hours,
+    open_loop,
     study_data,
     truth,
 )
+from tuner.profile.rates import profile_rates  # noqa: E402
 from tuner.search.knowledge import launch_values  # noqa: E402
 from tuner.search.sampler import ModelGuidedSampler  # noqa: E402
 from tuner.search.value import best_worth, chance, improvement, purpose_of  # noqa: E402
 from tuner.space.enumerate import enumerate_space  # noqa: E402
 from tuner.spec.file import study_from_mapping  # noqa: E402
 from tuner.spec.study import StudySpec  # noqa: E402
-from tuner.study.build import build_loop  # noqa: E402
 from tuner.study.loop import StudyLoop  # noqa: E402
 
 
-def model_order(spec: StudySpec, keep: frozenset[str] | None = None
-                ) -> dict[str, tuple[int, float]]:  # fmt: skip
-    """Each admitted config's (1-based rank, predicted step s) in the time model's order, among
-    the configs ``keep`` names (a replay's measured ones) when given."""
-    report = enumerate_space(spec, keep_oom=keep is not None)
-    if keep is not None:
-        report = report.restricted(keep)
+def model_order(spec: StudySpec, t: Truth) -> dict[str, tuple[int, float]]:
+    """Each admitted config's (1-based rank, predicted step s) in the time model's order (under
+    a replay's cluster profile, where it has one), among the configs ``t.keep`` names (a
+    replay's measured ones) when given."""
+    rates = None if t.profile is None else profile_rates(spec, t.profile)
+    report = enumerate_space(spec, keep_oom=t.keep is not None, rates=rates)
+    if t.keep is not None:
+        report = report.restricted(t.keep)
     return {c.config.key(): (i, c.time.step if c.time else float("nan"))
             for i, c in enumerate(report.ranked(), 1)}  # fmt: skip
 
@@ -136,8 +138,8 @@ def trace(spec: StudySpec, t: Truth, results: Path, stops: bool = False
     """The launches of one tune search run to its own stop, as table rows; and its stop. With
     ``stops``, the last column is what the stop rules read once the launch was measured
     (:func:`stop_inputs`) instead of what the sampler believed about the best."""
-    order = model_order(spec, t.keep)
-    loop = build_loop(spec, results=str(results), launcher=fast_launcher, keep=t.keep)
+    order = model_order(spec, t)
+    loop = open_loop(spec, t, results)
     loop.poll_s = 0.0
     try:
         loop.seed()
@@ -170,7 +172,7 @@ def trace(spec: StudySpec, t: Truth, results: Path, stops: bool = False
 
 def anchor_rows(spec: StudySpec, t: Truth, name: str, seed: int) -> list[list[str]]:
     """The anchor's launches on the same truth, charged as the benchmark charges them."""
-    order = model_order(spec, t.keep)
+    order = model_order(spec, t)
     rows, spent = [], 0.0
     for n, key in enumerate(ANCHORS[name](t.space, random.Random(seed)), 1):
         spent += launch_node_hours(spec, t, key)
@@ -232,12 +234,16 @@ def main() -> int:
         action="store_true",
         help="DeepSpeed's emulation from every possible first launch",
     )
+    parser.add_argument(
+        "--replay-network", choices=NETWORKS, default="profile",
+        help="a replay's network (search_efficiency.py's option of the same name)",
+    )  # fmt: skip
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("tuner").setLevel(logging.WARNING)
     base = study_from_mapping(study_data(args.surface, "tune", 0, 1, args.space))
-    t = truth(base, args.surface)
-    order = model_order(base, t.keep)
+    t = truth(base, args.surface, args.replay_network)
+    order = model_order(base, t)
     best_rank = order[t.best_key][0]
     good = sorted(order[k][0] for k in t.step if t.good(k))
     where = "replay" if t.keep is not None else args.space

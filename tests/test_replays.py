@@ -104,3 +104,56 @@ def test_tune_on_a_replay_launches_measured_configs_at_their_figures(
     assert out.keys and set(out.keys) <= t.keep and out.found
     for key, value in zip(out.keys, out.values, strict=True):  # the stand-in's +-1 % noise
         assert value is not None and value == pytest.approx(t.space.step[key], rel=0.01)
+
+
+def test_a_replay_states_its_cluster_as_its_profile_would_measure_it(
+    replay: Replay, tmp_path: Path
+) -> None:
+    """The cited measured link (network_measured_gbps_per_node) reaches the model through the
+    saved cluster profile and study_rates, as tune profile's does, and gives the rates
+    time_accuracy.py predicts the rows with; only the inter-node link changes."""
+    from benchmarks.time_rows import measured_network_rates
+    from tuner.models.rates import catalog_rates
+    from tuner.profile.rates import study_rates
+    from tuner.space.enumerate import study_gpu
+
+    spec, t = replay
+    assert t.profile is not None and t.profile.cluster == spec.cluster_name
+    assert study_rates(spec, tmp_path) is None  # nothing saved: the catalog
+    replays.save_measured_profile(spec, t.profile, tmp_path)
+    rates = study_rates(spec, tmp_path)
+    gpu = study_gpu(spec)
+    cited = measured_network_rates(replays.rows_of(NAME)[0], gpu, spec.cluster.gpus_per_node)
+    base = catalog_rates(gpu, spec.training.precision)
+    assert rates is not None and cited is not None
+    assert rates.inter.bandwidth == pytest.approx(135 / 8 * 1e9 / 8)  # 2.1 GB/s per GPU
+    assert rates.inter.bandwidth == pytest.approx(cited.inter.bandwidth)
+    assert rates.inter.latency == pytest.approx(cited.inter.latency)
+    assert rates.inter.bandwidth < base.inter.bandwidth
+    assert (rates.intra, rates.gemm, rates.hbm, rates.gemm_samples) == (
+        base.intra, base.gemm, base.hbm, base.gemm_samples)  # fmt: skip
+    catalog = truth(spec, NAME, "catalog")
+    assert catalog.profile is None and catalog.step == t.step  # the same measured configs
+
+
+def test_the_search_on_a_replay_reads_the_profiled_link(replay: Replay, tmp_path: Path) -> None:
+    """A replay's search starts with the profile saved (open_loop): the loop's rates are the
+    measured link, and under the catalog variant the catalog's."""
+    from benchmarks.search_efficiency import open_loop
+    from tuner.search.sampler import ModelGuidedSampler
+
+    spec, t = replay
+    measured = open_loop(spec, t, tmp_path / "profile")
+    catalog = open_loop(spec, truth(spec, NAME, "catalog"), tmp_path / "catalog")
+    try:
+        rates = []
+        for loop in (measured, catalog):
+            sampler = loop.study.sampler
+            assert isinstance(sampler, ModelGuidedSampler)
+            rates.append(sampler._shared.rates)
+        assert rates[0] is not None
+        assert rates[0].inter.bandwidth == pytest.approx(135 / 8 * 1e9 / 8)
+        assert rates[1] is None  # the catalog's
+    finally:
+        measured.executor.close()
+        catalog.executor.close()
