@@ -87,6 +87,30 @@ def test_measured_gemms_and_links_replace_the_catalogs() -> None:
     assert rates.attention == base.attention
 
 
+def test_a_profile_on_more_nodes_than_its_largest_group_divides_by_the_groups_ranks_a_node() -> (
+    None
+):
+    """``tune profile`` places a group larger than a node on consecutive ranks: on a 6-node
+    profile a 16-rank group holds 8 ranks on each of 2 nodes, and its bus bandwidth is those 8
+    GPUs' shares (it read 16 // 6 = 2 ranks a node: each GPU's share 4x too high). A group of
+    one rank per node (ranks 0, 8, 16, 24) is one GPU's share."""
+    gpu = study_gpu(SPEC)
+    six = dataclasses.replace(profile(100.0), hosts=6, world_size=48)
+    assert rates_from_profile(six, gpu, "bf16").inter.bandwidth == pytest.approx(
+        80e9 / 8, rel=1e-6
+    )
+    spread = tuple(
+        dataclasses.replace(s, group_size=4, ranks=(0, 8, 16, 24))
+        for s in all_reduce("inter", 4, 30.0, 60e-6)
+    )
+    one_each = dataclasses.replace(
+        six, collectives=tuple(all_reduce("intra", 8, 150.0, 20e-6)) + spread
+    )
+    assert rates_from_profile(one_each, gpu, "bf16").inter.bandwidth == pytest.approx(
+        30e9, rel=1e-6
+    )
+
+
 def test_a_measured_all_to_all_is_its_own_link_and_the_all_reduces_otherwise() -> None:
     """The EP dispatch's all-to-all is priced at the profile's own all-to-all fit where it has
     one (gloo's all-to-all of small messages is one exchange with each peer, its all-reduce

@@ -27,16 +27,32 @@ from tuner.space.enumerate import study_gpu
 from tuner.spec.study import StudySpec
 
 
-def _link(fits: list[AlphaBeta], link: str, hosts: int, op: str = "all_reduce") -> Link | None:
+def _link(profile: ClusterProfile, fits: list[AlphaBeta], link: str,
+          op: str = "all_reduce") -> Link | None:  # fmt: skip
     """The ``op`` fit (the all-reduce's by default) of the largest group on ``link`` as a
-    per-GPU link: a group spanning ``hosts`` nodes used the network shares of its ranks on each
-    node (tuner.models.rates.group_link multiplies them back)."""
+    per-GPU link: a group spanning nodes used the network shares of its ranks on each node
+    (tuner.models.rates.group_link multiplies them back)."""
     rows = [f for f in fits if f.op == op and f.link == link and f.busbw_gbps > 0]
     if not rows:
         return None
     best = max(rows, key=lambda f: f.group_size)
-    on_node = max(1, best.group_size // max(hosts, 1)) if link == "inter" else 1
+    on_node = ranks_per_node(profile, op, link, best.group_size) if link == "inter" else 1
     return Link(best.busbw_gbps * 1e9 / on_node, max(best.alpha_s, 0.0))
+
+
+def ranks_per_node(profile: ClusterProfile, op: str, link: str, size: int) -> int:
+    """Most ranks of the measured ``size`` group on one node, from the ranks it ran on (torchrun
+    numbers a node's ranks together: rank // ranks-per-host is the node). A group larger than a
+    node is placed on consecutive ranks, so it is not ``size // hosts`` on a profile of more nodes
+    than the group spans (32 ranks of a 48-node profile hold 8 per node, not 1)."""
+    per_host = max(profile.world_size // max(profile.hosts, 1), 1)
+    for s in profile.collectives:
+        if (s.op, s.link, s.group_size) == (op, link, size) and s.ranks:
+            counts: dict[int, int] = {}
+            for r in s.ranks:
+                counts[r // per_host] = counts.get(r // per_host, 0) + 1
+            return max(counts.values())
+    return max(1, size // max(profile.hosts, 1))  # no ranks saved: the group spans every host
 
 
 def attention_table(profile: ClusterProfile) -> tuple[tuple[float, float, float], ...]:
@@ -70,9 +86,9 @@ def rates_from_profile(profile: ClusterProfile, gpu: GPUSpec, precision: str) ->
         op_latency=launch.per_op_s
         if launch is not None and launch.per_op_s > 0
         else base.op_latency,
-        intra=_link(fits, "intra", profile.hosts) or base.intra,
-        inter=_link(fits, "inter", profile.hosts) or base.inter,
-        all_to_all=_link(fits, "intra", profile.hosts, "all_to_all"),
+        intra=_link(profile, fits, "intra") or base.intra,
+        inter=_link(profile, fits, "inter") or base.inter,
+        all_to_all=_link(profile, fits, "intra", "all_to_all"),
     )
 
 
