@@ -80,12 +80,18 @@ def test_sigkilled_tuner_reattaches_to_its_running_jobs(
     out = second.communicate(timeout=300)[0]
     assert second.returncode == 0, out
     assert _jobs() == {} and standin_processes(tmp_path) == []
-    done = [json.loads(p.read_text()) for p in sorted(results.glob("e2e/trials/*/result.json"))]
-    assert {r["job_id"] for r in done} == before, "the same jobs, watched to their end"
-    assert all(r["exit_codes"] == [0] and not r["cancelled"] for r in done), done
+    files = results.glob("e2e/trials/*/result.json")
+    done = {r["job_id"]: r for r in (json.loads(p.read_text()) for p in files)}
+    assert before <= set(done), "the same jobs, watched to their end"
+    assert all(done[j]["exit_codes"] == [0] and not done[j]["cancelled"] for j in before), done
+    # The "nodes" are this machine: a job whose rendezvous port another program held failed at
+    # its start and ran again as a new trial (a node error), before the first tuner died. Any
+    # other job is one submitted again: Slurm's ids grow, so it would come after the stray.
+    earlier = set(done) - before
+    assert all(int(j) < int(stray) for j in earlier), f"submitted again: {sorted(done)}"
     rows = leaderboard(study_from_mapping(yaml.safe_load(path.read_text())), include_all=True,
                        results=str(results))  # fmt: skip
-    assert list(rows.outcome) == ["ok", "ok"], rows.to_dict()
+    assert sorted(rows.outcome) == ["node_error"] * len(earlier) + ["ok", "ok"], rows.to_dict()
     assert stray not in _jobs()
     acct = subprocess.run(["scontrol", "show", "job", "-o", stray], capture_output=True,
                           text=True, check=False).stdout  # fmt: skip

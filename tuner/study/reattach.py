@@ -83,6 +83,10 @@ class Reattach:
         self.scheduler, self.leases, self.layout = scheduler, leases, layout
         self.study_id, self.worker, self.heartbeat_s = study_id, worker, heartbeat_s
         self.on_adopt = on_adopt
+        self.watched: set[str] = set()
+        """Tokens of the jobs this worker adopted. One adoption may happen inside another: the
+        slot the first needs is leased by a second dead trial, which the scheduler adopts on the
+        way (:meth:`adopt_lease`); the trials read before must not adopt that one again."""
         if hasattr(executor, "attach"):
             scheduler.adopt = self.adopt_lease
 
@@ -106,14 +110,14 @@ class Reattach:
             return
         alive = {t.number for t in live_running(trials, self.leases, self.worker,
                                                 self.heartbeat_s)}  # fmt: skip
-        adopted: list[Adopted] = []
         for t in trials:
-            if self._lost(t, alive):
+            # ``trials`` was read before: a trial adopted inside an earlier adoption still
+            # reads as lost there, and a second adoption would find no slot and cancel its job
+            if self._lost(t, alive) and t.user_attrs["token"] not in self.watched:
                 found = self._adopt(t)
                 if found is not None:
-                    adopted.append(found)
                     self.on_adopt(found)
-        keep = watching | {a.job.token for a in adopted}
+        keep = watching | self.watched
         live = {t.number for t in trials if t.state == TrialState.RUNNING
                 and t.number in alive and not self._lost(t, alive)}  # fmt: skip
         self._cancel_strays(trials, keep, live)
@@ -165,6 +169,7 @@ class Reattach:
             return None
         node_dir = t.user_attrs.get("node_dir")
         self.scheduler.launched(placement, t.number, token, node_dir)
+        self.watched.add(token)
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
         trial = optuna.Trial(self.study, trial_id)
         trial.set_user_attr("worker", self.worker)
