@@ -55,7 +55,6 @@ from tuner.config.settings import settable_keys
 from tuner.config.spelling import spell
 from tuner.errors import ConfigError, StudyError
 from tuner.layout import EXPORT_KINDS
-from tuner.profile.recorded import study_with_profile
 from tuner.report import units
 from tuner.spec.bounds import MAX_ITERS, MAX_TRIALS
 from tuner.spec.file import load_study
@@ -98,6 +97,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from tuner.api import estimate
     from tuner.cli.probe import source_lines
     from tuner.models.memory.stack import study_stack
+    from tuner.profile.recorded import study_with_profile
     from tuner.profile.stack_terms import study_terms
     from tuner.space.enumerate import config_from_settings
 
@@ -142,6 +142,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def _cmd_space(args: argparse.Namespace) -> int:
+    from tuner.profile.recorded import study_with_profile  # reads the profile: not for --help
+
     spec = study_with_profile(args.study, args.results)
     if (columns := render.parse_columns(args.columns, args.format)) is not None:  # before all
         if args.top <= 0:
@@ -180,6 +182,8 @@ def _cmd_space(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from tuner.profile.recorded import study_with_profile  # reads the profile: not for --help
+
     spec = study_with_profile(args.study, args.results)
     if args.dry_run:
         from tuner.cli.dry_run import dry_run
