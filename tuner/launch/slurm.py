@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from tuner.errors import LaunchError, NodeError
 from tuner.launch.base import (
@@ -36,7 +36,7 @@ from tuner.launch.base import (
     NodeProcess,
     new_token,
 )
-from tuner.launch.slurm_commands import SlurmCommands, error_line
+from tuner.launch.slurm_commands import COMMAND_TIMEOUT_S, SlurmCommands, error_line
 from tuner.launch.slurm_env import enclosed, submit_env
 from tuner.launch.slurm_script import (
     BATCH_SCRIPT,
@@ -51,6 +51,7 @@ from tuner.launch.slurm_script import (
 from tuner.launch.slurm_states import (
     ACTIVE,
     ENDED,
+    NO_CONFIG,
     NODE_LOST,
     QUEUED,
     Accounting,
@@ -85,7 +86,8 @@ class SlurmExecutor(Executor):
 
     def __init__(
         self, spec: SlurmSpec | None = None, *, env: Mapping[str, str] | None = None,
-        cancel_timeout_s: float = 120.0, **kwargs: Any,
+        cancel_timeout_s: float = 120.0, submit_timeout_s: float = COMMAND_TIMEOUT_S,
+        **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
@@ -97,6 +99,8 @@ class SlurmExecutor(Executor):
         self.commands = SlurmCommands(env)
         self.accounting = Accounting(self.commands.run)
         self.cancel_timeout_s = cancel_timeout_s
+        self.submit_timeout_s = submit_timeout_s
+        """How long ``sbatch`` may take before it is killed (its job then looked for)."""
 
     def submit(self, request: LaunchRequest, token: str | None = None) -> Job:
         """Write the scripts, ``sbatch`` the job and return it (queued or running), named with
@@ -116,11 +120,18 @@ class SlurmExecutor(Executor):
     def reap_lost(self, request: LaunchRequest, token: str) -> list[str]:
         """Cancel the job of a trial known only by its token, wait until it is gone, then the
         token reaper here; returns the survivors (see :meth:`Executor.reap_lost`)."""
-        for job_id in self.commands.find_jobs(job_name(request, token)):
+        try:
+            self._cancel_named(job_name(request, token))
+        except LaunchError as exc:
+            raise LaunchError(f"{request.what}: {exc}") from None
+        return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
+
+    def _cancel_named(self, name: str) -> None:
+        """Cancel every live job called ``name`` and wait until Slurm has ended each."""
+        for job_id in self.commands.find_jobs(name):
             self.commands.cancel(job_id)
             if not self.commands.wait_gone(job_id, self.cancel_timeout_s):
-                raise LaunchError(f"{request.what}: Slurm job {job_id} did not end")
-        return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
+                raise LaunchError(f"Slurm job {job_id} did not end")
 
     def attach(
         self, request: LaunchRequest, token: str, job_id: str | None = None
@@ -223,17 +234,35 @@ class SlurmJob(Job):
         req = self._req
         write_atomic(req.paths.file(BATCH_SCRIPT), batch_script(self._ex.spec, req, self.token))
         write_atomic(req.paths.file(NODE_WRAPPER), NODE_WRAPPER_TEXT, mode=0o755)
-        code, out, err = self._cmd.run(sbatch_argv(req))
-        if code != 0:
-            raise LaunchError(f"{req.what}: sbatch refused the job: {error_line(err, code)}")
+        try:
+            code, out, err = self._cmd.run(sbatch_argv(req), timeout=self._ex.submit_timeout_s)
+        except LaunchError as exc:  # a hung sbatch, killed: the controller may have the job
+            self._failed_submit(str(exc))
+        if code != 0:  # "Socket timed out on send/recv operation" may come after the queuing
+            said = f"sbatch refused the job: {error_line(err, code)}"
+            if NO_CONFIG in err:  # it found no controller: nothing can have been queued
+                raise LaunchError(f"{req.what}: {said}")
+            self._failed_submit(said)
         self.job_id = submitted_job_id(out)
         if self.job_id is None:  # watched as "" was another job; as text, none ("vanished")
-            for job_id in self._cmd.find_jobs(job_name(req, self.token)):
-                self._cmd.cancel(job_id)  # submitted after all: never left running unwatched
             shown = out.strip().splitlines()[-1:] or ["nothing"]
-            raise LaunchError(f"{req.what}: sbatch printed no job id: {shown[0][:200]!r}")
+            self._failed_submit(f"sbatch printed no job id: {shown[0][:200]!r}")
         self.state = "PENDING"
         logger.info("%s: Slurm job %s submitted", req.what, self.job_id)
+
+    def _failed_submit(self, said: str) -> NoReturn:
+        """sbatch failed, but Slurm may have queued the job before it did: cancel any job of
+        the trial's name (never left to run unwatched while the trial runs again), then raise
+        what sbatch said."""
+        name = job_name(self._req, self.token)
+        try:
+            self._ex._cancel_named(name)
+        except LaunchError as exc:
+            raise LaunchError(
+                f"{self._req.what}: {said}; a Slurm job named {name} may be left ({exc}): "
+                f"see `squeue --name {name}`, cancel it with `scancel --name {name}`"
+            ) from None
+        raise LaunchError(f"{self._req.what}: {said}")
 
     def poll(self) -> JobResult | None:
         """The result once the job has ended (or was just killed for its limit), else None.

@@ -30,8 +30,10 @@ class SlurmCommands:
                 list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
                 check=False, stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except OSError as exc:
             raise LaunchError(f"{argv[0]}: {exc}") from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"{argv[0]}: no answer within {timeout:g} s (killed)") from None
         return done.returncode, done.stdout, done.stderr
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
