@@ -21,11 +21,10 @@ import json
 import logging
 import os
 import re
-import subprocess
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from tuner.errors import LaunchError, NodeError
 from tuner.launch.base import (
@@ -37,6 +36,7 @@ from tuner.launch.base import (
     NodeProcess,
     new_token,
 )
+from tuner.launch.slurm_commands import COMMAND_TIMEOUT_S, SlurmCommands, error_line
 from tuner.launch.slurm_env import enclosed, submit_env
 from tuner.launch.slurm_script import (
     BATCH_SCRIPT,
@@ -51,17 +51,16 @@ from tuner.launch.slurm_script import (
 from tuner.launch.slurm_states import (
     ACTIVE,
     ENDED,
+    NO_CONFIG,
     NODE_LOST,
     QUEUED,
     Accounting,
     failed_before_nodes,
     job_state,
     never_starts,
-    parse_job,
     pending_reason,
     run_seconds,
     scheduler_verdict,
-    slurm_hint,
     submitted_job_id,
 )
 from tuner.layout import write_atomic
@@ -70,83 +69,12 @@ from tuner.spec.study import SlurmSpec
 
 logger = logging.getLogger(__name__)
 
-COMMAND_TIMEOUT_S = 60
 QUERY_FAILURES = 30
 """Consecutive failed state queries after which a job is given up as a node error."""
 
 
-class SlurmCommands:
-    """The Slurm client commands, run here with one environment (``SLURM_CONF`` and PATH)."""
-
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        self.env = None if env is None else dict(env)
-
-    def run(
-        self, argv: Sequence[str], *, timeout: float = COMMAND_TIMEOUT_S
-    ) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr); a missing command or a hang is a :class:`LaunchError`."""
-        try:
-            done = subprocess.run(
-                list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
-                check=False, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LaunchError(f"{argv[0]}: {exc}") from None
-        return done.returncode, done.stdout, done.stderr
-
-    def show_job(self, job_id: str) -> dict[str, str] | None:
-        """The job's fields, or None when Slurm no longer knows it."""
-        code, out, err = self.run(["scontrol", "show", "job", "-o", job_id])
-        if code != 0:
-            if "Invalid job id" in err:
-                return None
-            raise LaunchError(f"scontrol show job {job_id}: {_tail(err, code)}")
-        fields = parse_job(out)
-        if "JobState" not in fields:  # garbage or nothing: asked again, never taken as an end
-            said = out.strip().splitlines()[:1] or ["nothing"]
-            raise LaunchError(f"scontrol show job {job_id} said no JobState: {said[0][:200]!r}")
-        return fields
-
-    def hostnames(self, nodelist: str) -> tuple[str, ...]:
-        """``n[1-2]`` -> ``("n1", "n2")``."""
-        if not nodelist or nodelist == "(null)":
-            return ()
-        code, out, err = self.run(["scontrol", "show", "hostnames", nodelist])
-        if code != 0:
-            raise LaunchError(f"scontrol show hostnames {nodelist}: {_tail(err, code)}")
-        return tuple(out.split())
-
-    def find_jobs(self, name: str) -> list[str]:
-        """Ids of the live jobs called ``name``."""
-        code, out, err = self.run(["squeue", "-h", "--name", name, "-o", "%i"])
-        if code != 0:
-            raise LaunchError(f"squeue --name {name}: {_tail(err, code)}")
-        return out.split()
-
-    def cancel(self, job_id: str) -> None:
-        """``scancel`` the job (an already finished job is no error)."""
-        code, _out, err = self.run(["scancel", job_id])
-        if code != 0 and "Invalid job id" not in err and "already completing" not in err:
-            raise LaunchError(f"scancel {job_id}: {_tail(err, code)}")
-
-    def wait_gone(self, job_id: str, timeout_s: float) -> bool:
-        """Wait until Slurm reports the job ended (no process of it left on any node)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            fields = self.show_job(job_id)
-            if fields is None or job_state(fields) not in ACTIVE:
-                return True
-            time.sleep(0.1)
-        return False
-
-
 _JOB_NAME = re.compile(r"tuner-t(\d+)-([0-9a-f]+)")
 """A trial's job name (:func:`~tuner.launch.slurm_script.job_name`)."""
-
-
-def _tail(err: str, code: int) -> str:
-    lines = err.strip().splitlines()
-    return slurm_hint(lines[-1]) if lines else f"exit status {code}"
 
 
 class SlurmExecutor(Executor):
@@ -158,7 +86,8 @@ class SlurmExecutor(Executor):
 
     def __init__(
         self, spec: SlurmSpec | None = None, *, env: Mapping[str, str] | None = None,
-        cancel_timeout_s: float = 120.0, **kwargs: Any,
+        cancel_timeout_s: float = 120.0, submit_timeout_s: float = COMMAND_TIMEOUT_S,
+        **kwargs: Any,
     ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.spec = spec or SlurmSpec()
@@ -170,6 +99,8 @@ class SlurmExecutor(Executor):
         self.commands = SlurmCommands(env)
         self.accounting = Accounting(self.commands.run)
         self.cancel_timeout_s = cancel_timeout_s
+        self.submit_timeout_s = submit_timeout_s
+        """How long ``sbatch`` may take before it is killed (its job then looked for)."""
 
     def submit(self, request: LaunchRequest, token: str | None = None) -> Job:
         """Write the scripts, ``sbatch`` the job and return it (queued or running), named with
@@ -189,11 +120,18 @@ class SlurmExecutor(Executor):
     def reap_lost(self, request: LaunchRequest, token: str) -> list[str]:
         """Cancel the job of a trial known only by its token, wait until it is gone, then the
         token reaper here; returns the survivors (see :meth:`Executor.reap_lost`)."""
-        for job_id in self.commands.find_jobs(job_name(request, token)):
+        try:
+            self._cancel_named(job_name(request, token))
+        except LaunchError as exc:
+            raise LaunchError(f"{request.what}: {exc}") from None
+        return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
+
+    def _cancel_named(self, name: str) -> None:
+        """Cancel every live job called ``name`` and wait until Slurm has ended each."""
+        for job_id in self.commands.find_jobs(name):
             self.commands.cancel(job_id)
             if not self.commands.wait_gone(job_id, self.cancel_timeout_s):
-                raise LaunchError(f"{request.what}: Slurm job {job_id} did not end")
-        return [f"localhost: {line}" for line in self._reap_here(request, token, self.grace_s)]
+                raise LaunchError(f"Slurm job {job_id} did not end")
 
     def attach(
         self, request: LaunchRequest, token: str, job_id: str | None = None
@@ -220,7 +158,7 @@ class SlurmExecutor(Executor):
         of ``trial_dirs``' parents' children (the study's trial folders on the nodes)."""
         code, out, err = self.commands.run(["squeue", "-h", "-o", "%i|%j|%Z"])
         if code != 0:
-            raise LaunchError(f"squeue: {_tail(err, code)}")
+            raise LaunchError(f"squeue: {error_line(err, code)}")
         roots = {str(PurePosixPath(d).parent) for d in trial_dirs}
         found = []
         for line in out.splitlines():
@@ -267,7 +205,7 @@ class SlurmExecutor(Executor):
              *opts, *argv], timeout=600,
         )  # fmt: skip
         if code != 0 and err.lstrip().startswith("srun: error: Unable to"):
-            raise NodeError(host, f"srun could not start the check: {_tail(err, code)}")
+            raise NodeError(host, f"srun could not start the check: {error_line(err, code)}")
         return code, out, err
 
 
@@ -296,17 +234,35 @@ class SlurmJob(Job):
         req = self._req
         write_atomic(req.paths.file(BATCH_SCRIPT), batch_script(self._ex.spec, req, self.token))
         write_atomic(req.paths.file(NODE_WRAPPER), NODE_WRAPPER_TEXT, mode=0o755)
-        code, out, err = self._cmd.run(sbatch_argv(req))
-        if code != 0:
-            raise LaunchError(f"{req.what}: sbatch refused the job: {_tail(err, code)}")
+        try:
+            code, out, err = self._cmd.run(sbatch_argv(req), timeout=self._ex.submit_timeout_s)
+        except LaunchError as exc:  # a hung sbatch, killed: the controller may have the job
+            self._failed_submit(str(exc))
+        if code != 0:  # "Socket timed out on send/recv operation" may come after the queuing
+            said = f"sbatch refused the job: {error_line(err, code)}"
+            if NO_CONFIG in err:  # it found no controller: nothing can have been queued
+                raise LaunchError(f"{req.what}: {said}")
+            self._failed_submit(said)
         self.job_id = submitted_job_id(out)
         if self.job_id is None:  # watched as "" was another job; as text, none ("vanished")
-            for job_id in self._cmd.find_jobs(job_name(req, self.token)):
-                self._cmd.cancel(job_id)  # submitted after all: never left running unwatched
             shown = out.strip().splitlines()[-1:] or ["nothing"]
-            raise LaunchError(f"{req.what}: sbatch printed no job id: {shown[0][:200]!r}")
+            self._failed_submit(f"sbatch printed no job id: {shown[0][:200]!r}")
         self.state = "PENDING"
         logger.info("%s: Slurm job %s submitted", req.what, self.job_id)
+
+    def _failed_submit(self, said: str) -> NoReturn:
+        """sbatch failed, but Slurm may have queued the job before it did: cancel any job of
+        the trial's name (never left to run unwatched while the trial runs again), then raise
+        what sbatch said."""
+        name = job_name(self._req, self.token)
+        try:
+            self._ex._cancel_named(name)
+        except LaunchError as exc:
+            raise LaunchError(
+                f"{self._req.what}: {said}; a Slurm job named {name} may be left ({exc}): "
+                f"see `squeue --name {name}`, cancel it with `scancel --name {name}`"
+            ) from None
+        raise LaunchError(f"{self._req.what}: {said}")
 
     def poll(self) -> JobResult | None:
         """The result once the job has ended (or was just killed for its limit), else None.

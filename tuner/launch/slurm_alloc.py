@@ -20,7 +20,8 @@ from typing import IO, Any
 
 from tuner.errors import LaunchError, NodeError, StudyError
 from tuner.launch.base import PROCESS_SCRIPT, Executor, LaunchRequest, NodeProcess
-from tuner.launch.slurm import SlurmCommands, SlurmExecutor
+from tuner.launch.slurm import SlurmExecutor
+from tuner.launch.slurm_commands import SlurmCommands
 from tuner.launch.slurm_env import (
     ALLOCATION_MARKERS,
     enclosing_job_variables,
