@@ -169,14 +169,19 @@ def _unknown_key(key: str, allowed: list[str], path: str) -> UnknownKeyError:
     return UnknownKeyError(key, tuple(allowed), path=path, hint=did_you_mean(key, allowed))
 
 
-def did_you_mean(given: object, known: list[str]) -> str:
-    """``; did you mean 'megatron'?`` for the word of ``known`` a mistyped ``given`` is near
-    (``megatron-lm``, ``Megatron``, ``slrum``), else ""."""
-    if not isinstance(given, str):
-        return ""
+def closest(given: str, known: list[str]) -> str | None:
+    """The word of ``known`` a mistyped ``given`` is near, ignoring case (``megatron-lm``,
+    ``Megatron``, ``slrum``), else None."""
     folded = {k.casefold(): k for k in known}
     close = difflib.get_close_matches(given.casefold(), list(folded), n=1, cutoff=0.75)
-    return f"; did you mean {folded[close[0]]!r}?" if close else ""
+    return folded[close[0]] if close else None
+
+
+def did_you_mean(given: object, known: list[str]) -> str:
+    """``; did you mean 'megatron'?`` for the word of ``known`` a mistyped ``given`` is near
+    (:func:`closest`), else ""."""
+    close = closest(given, known) if isinstance(given, str) else None
+    return f"; did you mean {close!r}?" if close else ""
 
 
 def convert(tp: Any, value: object, path: str) -> Any:

@@ -11,7 +11,7 @@ from importlib import resources
 
 import yaml
 
-from tuner._loader import KeptHash, load_dataclass
+from tuner._loader import KeptHash, closest, load_dataclass
 from tuner.errors import ConfigError
 from tuner.layout import name_problem
 
@@ -112,8 +112,7 @@ def nearest_gpu(name: str) -> str | None:
     models = {_name_tokens(entry)[0] for entry in names}
     model = next((word for word in given if word in models), None)
     if model is None:
-        close = difflib.get_close_matches(name.casefold(), names, n=1, cutoff=0.75)
-        return close[0] if close else None
+        return closest(name, names)
 
     def likeness(entry: str) -> tuple[int, float]:
         shared = len(set(_name_tokens(entry)) & set(given))
