@@ -209,16 +209,8 @@ class LocalSlurm:
                 argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, check=True,
                 stdin=subprocess.DEVNULL, start_new_session=True, timeout=30,
             )  # fmt: skip
-
-        def started() -> bool:
-            if _read_pid(pid_file) is not None:
-                return True
-            if not _running(argv):  # it died before writing its pid file: no use waiting
-                raise RuntimeError(f"local Slurm: {name} ended without writing {name}'s pid file")
-            return False
-
         try:
-            self._wait(started, timeout_s, f"{name}'s pid file")
+            self._wait(lambda: _read_pid(pid_file) is not None, timeout_s, f"{name}'s pid file")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}; {self._log_tail(name, log)}") from None
         pid = _read_pid(pid_file)
@@ -354,21 +346,6 @@ def _read_pid(path: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
-
-
-def _running(argv: list[str]) -> bool:
-    """Whether a live process runs exactly ``argv`` (a daemon keeps its command line through
-    its forks into the background, and one of them is alive at every moment)."""
-    want = "\0".join(argv).encode() + b"\0"
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "cmdline").read_bytes() == want and _state(int(entry.name)) != "Z":
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def _state(pid: int) -> str | None:
